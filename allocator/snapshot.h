@@ -1,0 +1,55 @@
+// PyTorch memory snapshots (torch.cuda.memory._snapshot / _dump_snapshot, §9):
+// the in-memory model, reading the pickle files, and writing them back.
+//
+// Contract:
+//  - read_snapshot_file() accepts the pickle subset _dump_snapshot writes (protocols 2-4,
+//    and 5's framing) and rejects anything else with a SnapshotError whose message names
+//    the file and what is wrong (byte offset for malformed pickles, key path for wrong
+//    fields). It never crashes or hangs on hostile input.
+//  - write_snapshot_file() writes protocol 4 with plain dict/list/tuple/str/int/float/
+//    bool/None only, which pytorch.org/memory_viz and torch.cuda._memory_viz load.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "allocator/allocator_config.h"
+#include "allocator/caching_allocator.h"
+
+namespace memsim {
+
+struct SnapshotTraceEntry {
+  TraceAction action = TraceAction::alloc;
+  uint64_t address = 0;  // for oom: device_free
+  uint64_t size = 0;
+  StreamId stream = 0;
+  int64_t time_us = 0;
+};
+
+struct SnapshotSegment {
+  int device = 0;
+  SegmentInfo info;  // blocks in address order
+};
+
+struct Snapshot {
+  std::vector<SnapshotSegment> segments;
+  std::vector<std::vector<SnapshotTraceEntry>> device_traces;  // one list per device
+  AllocatorConfig config;           // from allocator_settings (defaults if absent)
+  std::string alloc_conf_string;    // allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]
+};
+
+class SnapshotError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+Snapshot read_snapshot_file(const std::string& path);
+// `name` is used in error messages (a file name, or "<memory>").
+Snapshot read_snapshot_bytes(const std::string& bytes, const std::string& name);
+
+void write_snapshot_file(const Snapshot& snapshot, const std::string& path);
+std::string write_snapshot_bytes(const Snapshot& snapshot);
+
+}  // namespace memsim

@@ -1,0 +1,116 @@
+// A scenario: one training job described by the user (the YAML format of
+// shared/docs/design.md; the key names are public interface).
+//
+// Contract: a Scenario returned by load_scenario() is complete and valid: presets are
+// expanded, overrides applied, every field has a checked value. Anything wrong raises
+// ScenarioError whose message starts with "FILE:LINE: KEY: ".
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "allocator/allocator_config.h"
+
+namespace memsim {
+
+enum class ModelFamily { cs336, hf_llama, hf_gpt2, megatron };
+enum class AttentionImpl { eager, flash, mem_efficient };
+enum class DType { fp32, bf16, fp16 };
+int dtype_bytes(DType dtype);
+const char* to_string(ModelFamily family);
+const char* to_string(DType dtype);
+
+struct ModelConfig {
+  std::string preset;                 // "" when the fields were given by hand
+  ModelFamily family = ModelFamily::cs336;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;               // == heads unless GQA/MQA
+  int64_t d_ff = 0;
+  int64_t vocab = 0;
+  int64_t context_length = 0;         // max positions (RoPE cache, learned positions)
+  bool tied_embeddings = false;
+  AttentionImpl attention = AttentionImpl::eager;
+  double dropout = 0.0;
+};
+
+struct BatchConfig {
+  int64_t micro_batch = 1;
+  int64_t seq_len = 0;
+  int64_t grad_accum = 1;
+};
+
+struct PrecisionConfig {
+  DType params = DType::fp32;
+  std::optional<DType> autocast;      // nullopt = none
+  bool master_weights = false;
+};
+
+enum class OptimizerType { adamw, adam, sgd, none };
+enum class OptimizerImpl { for_loop, foreach, fused, cs336 };
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::adamw;
+  OptimizerImpl impl = OptimizerImpl::foreach;
+  double momentum = 0.0;              // sgd
+};
+
+enum class StepKind { train, forward, forward_no_grad, forward_backward };
+struct StepConfig {
+  StepKind kind = StepKind::train;
+  int64_t warmup_steps = 1;
+  bool zero_grad_set_to_none = true;
+};
+
+struct CheckpointConfig {
+  std::string policy = "none";        // none | full | selective | uniform | block | modules | custom | sqrt
+  int64_t layers_per_segment = 1;
+  std::vector<std::string> custom;    // policy custom: layer indices or module names
+};
+
+struct ParallelConfig {
+  int64_t data = 1;
+  int64_t tensor = 1;
+  int64_t pipeline = 1;
+  int64_t zero = 0;
+};
+
+struct DeviceConfig {
+  std::string preset;
+  uint64_t capacity = 0;               // bytes usable by the process (cudaMemGetInfo total)
+  uint64_t cuda_context = 0;           // bytes taken outside the allocator
+  uint64_t cublas_workspace = 8519680; // per (handle, stream); 32 MiB on sm_90
+};
+
+struct Scenario {
+  std::string source;                  // file the scenario came from ("<string>" if none)
+  std::string name;
+  ModelConfig model;
+  BatchConfig batch;
+  PrecisionConfig precision;
+  OptimizerConfig optimizer;
+  StepConfig step;
+  CheckpointConfig checkpoint;
+  ParallelConfig parallel;
+  DeviceConfig device;
+  AllocatorConfig allocator;
+};
+
+class ScenarioError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Loads a YAML scenario file, then applies `overrides` ("batch.micro_batch", "8") in
+// order, as given by --set on the command line.
+Scenario load_scenario(const std::string& path,
+                       const std::vector<std::pair<std::string, std::string>>& overrides = {});
+// Same, from text (`source` names it in errors).
+Scenario load_scenario_text(const std::string& text, const std::string& source,
+                            const std::vector<std::pair<std::string, std::string>>& overrides = {});
+
+}  // namespace memsim

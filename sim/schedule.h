@@ -1,0 +1,18 @@
+// The scheduler: turns a Scenario into a Program (the ordered memory events of the
+// measured training step, preceded by model construction and warm-up steps).
+//
+// Contract: deterministic; the same Scenario gives the same Program. Every tensor the
+// model family would allocate in PyTorch eager appears with its kind, op, phase and
+// layer, freed where PyTorch would free it. Marks named "forward_end",
+// "backward_end" and "optimizer_end" bracket the measured step's phases, and
+// "measured_step_begin" opens it (the analysis reports peaks from there on).
+#pragma once
+
+#include "sim/program.h"
+#include "sim/scenario.h"
+
+namespace memsim {
+
+Program build_program(const Scenario& scenario);
+
+}  // namespace memsim
