@@ -1,0 +1,74 @@
+#include "sim/execute.h"
+
+#include <cstring>
+
+namespace memsim {
+
+Timeline execute(const Program& program, const AllocatorConfig& config, DeviceMemory& device,
+                 const ExecuteOptions& options) {
+  CachingAllocator allocator(config, device);
+  Timeline timeline;
+  const size_t n = program.events.size();
+  timeline.allocated.reserve(n);
+  timeline.reserved.reserve(n);
+  timeline.requested.reserve(n);
+  if (options.record_by_kind) timeline.by_kind.reserve(n);
+
+  // Tensor id -> allocator block, and the rounded size each tensor really occupies.
+  std::vector<BlockId> block_of(program.tensors.size(), kNoBlock);
+  std::vector<uint64_t> rounded_of(program.tensors.size(), 0);
+  std::array<uint64_t, kTensorKindCount> by_kind{};
+  uint32_t reset_mark = UINT32_MAX;
+  if (options.reset_peaks_at_mark != nullptr) {
+    for (const MemoryEvent& e : program.events) {
+      if (e.type == EventType::mark &&
+          std::strcmp(program.str(static_cast<uint32_t>(e.bytes)).c_str(),
+                      options.reset_peaks_at_mark) == 0) {
+        reset_mark = static_cast<uint32_t>(e.bytes);
+        break;
+      }
+    }
+  }
+
+  const MemoryStats& stats = allocator.stats();
+  for (size_t i = 0; i < n; ++i) {
+    const MemoryEvent& e = program.events[i];
+    switch (e.type) {
+      case EventType::alloc: {
+        if (e.bytes == 0) break;  // PyTorch never calls the allocator for empty tensors
+        AllocResult r = allocator.malloc(e.bytes, e.stream);
+        if (!r.ok()) {
+          timeline.oom = OomPoint{i, std::move(*r.oom)};
+          timeline.final_stats = stats;
+          return timeline;
+        }
+        block_of[e.tensor] = r.block;
+        rounded_of[e.tensor] = r.size;
+        by_kind[static_cast<int>(e.kind)] += r.size;
+        break;
+      }
+      case EventType::free: {
+        BlockId b = block_of[e.tensor];
+        if (b == kNoBlock) break;  // zero-byte tensor
+        allocator.free(b);
+        block_of[e.tensor] = kNoBlock;
+        by_kind[static_cast<int>(e.kind)] -= rounded_of[e.tensor];
+        break;
+      }
+      case EventType::mark:
+        if (static_cast<uint32_t>(e.bytes) == reset_mark) allocator.reset_peak_stats();
+        break;
+      case EventType::empty_cache:
+        allocator.empty_cache();
+        break;
+    }
+    timeline.allocated.push_back(static_cast<uint64_t>(stats.allocated_bytes.all.current));
+    timeline.reserved.push_back(static_cast<uint64_t>(stats.reserved_bytes.all.current));
+    timeline.requested.push_back(static_cast<uint64_t>(stats.requested_bytes.all.current));
+    if (options.record_by_kind) timeline.by_kind.push_back(by_kind);
+  }
+  timeline.final_stats = stats;
+  return timeline;
+}
+
+}  // namespace memsim

@@ -1,0 +1,51 @@
+// Execution: runs a Program through the caching-allocator emulator and records the
+// Timeline (allocated / reserved / requested bytes after every event, by tensor kind).
+//
+// Contract:
+//  - Events run strictly in order. An alloc that the allocator cannot serve (after its
+//    release-and-retry) stops execution there, as PyTorch's OutOfMemoryError would:
+//    Timeline::oom is set and the timeline ends at that event.
+//  - The hot loop allocates nothing per event beyond the Timeline's preallocated arrays
+//    and does no logging.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "allocator/caching_allocator.h"
+#include "sim/program.h"
+
+namespace memsim {
+
+struct OomPoint {
+  size_t event_index = 0;  // index into Program::events of the failing alloc
+  OutOfMemory details;
+};
+
+struct Timeline {
+  // One entry per executed event, the state after that event.
+  std::vector<uint64_t> allocated;  // allocated_bytes.all.current (rounded block sizes)
+  std::vector<uint64_t> reserved;   // reserved_bytes.all.current
+  std::vector<uint64_t> requested;  // requested_bytes.all.current
+  // Allocated (rounded) bytes by TensorKind after each event.
+  std::vector<std::array<uint64_t, kTensorKindCount>> by_kind;
+  std::optional<OomPoint> oom;
+  MemoryStats final_stats;          // memory_stats() at the end (or at the OOM)
+
+  size_t size() const { return allocated.size(); }
+};
+
+struct ExecuteOptions {
+  bool record_by_kind = true;  // sweeps may turn the per-kind arrays off for speed
+  // Peak statistics are reset at the first mark of this name, as a script calling
+  // torch.cuda.reset_peak_memory_stats() before the measured step would.
+  const char* reset_peaks_at_mark = "measured_step_begin";
+};
+
+// Executes `program` on a fresh allocator with `config` over `device`.
+Timeline execute(const Program& program, const AllocatorConfig& config, DeviceMemory& device,
+                 const ExecuteOptions& options = {});
+
+}  // namespace memsim
