@@ -1,0 +1,1 @@
+// Placeholder translation unit for a pipeline stage that has no sources yet.
