@@ -1,0 +1,161 @@
+// A small, safe Python pickle reader and writer for plain data (no objects, no code).
+//
+// Reader contract (parse_pickle):
+//  - Accepts protocols 2-5 made of None/bool/int/float/str/bytes/list/tuple/dict: the
+//    opcodes torch.cuda.memory._dump_snapshot's protocol-4 output uses plus the protocol
+//    2-5 basics. Opcodes that name or build Python objects (GLOBAL, REDUCE, BUILD, ...)
+//    are rejected: there is no object model to build them into.
+//  - Never crashes, hangs or allocates more than O(input size) on hostile input: every
+//    length is checked against the remaining bytes, memo indices and the stack are
+//    checked, nesting is capped (kMaxDepth) and nothing recurses.
+//  - Errors are PickleError with "NAME: byte OFFSET: what is wrong"; OFFSET is the
+//    position of the opcode that failed.
+//
+// The result is a PickleDoc: a flat arena of nodes that PickleValue handles point into.
+// Memo references (BINGET) share nodes, so the tree is a DAG. It is guaranteed acyclic:
+// a container is frozen once it is put inside another one, and further APPEND/SETITEM
+// on a frozen container is an error (Python's pickler never does that for plain data).
+// Consumers walking the DAG must still not assume nodes are unshared; snapshot_reader
+// rejects shared records so that its work stays linear in the input size.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace memsim {
+
+class PickleError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class PickleKind : uint8_t {
+  none, boolean, int64, uint64,  // uint64: LONG values in [2^63, 2^64)
+  big_int,                        // LONG wider than 64 bits: value not kept
+  float64, str, bytes, list, tuple, dict
+};
+const char* pickle_kind_name(PickleKind kind);  // "int", "str", "dict", ...
+
+class PickleDoc;
+
+// A read-only handle on one node of a PickleDoc; cheap to copy, valid while the doc lives.
+class PickleValue {
+ public:
+  PickleValue(const PickleDoc* doc, uint32_t index) : doc_(doc), index_(index) {}
+
+  PickleKind kind() const;
+  uint32_t id() const { return index_; }  // node index: equal ids = same (shared) object
+  bool is_none() const { return kind() == PickleKind::none; }
+  bool is_int() const { return kind() == PickleKind::int64 || kind() == PickleKind::uint64; }
+
+  // Accessors require the matching kind (checked by the caller through kind()).
+  bool as_bool() const;
+  int64_t as_int64() const;     // int64 kind
+  uint64_t as_uint64() const;   // uint64 kind, or a non-negative int64
+  double as_double() const;
+  std::string_view as_string() const;  // str (UTF-8) or bytes
+
+  // list / tuple / dict: number of items (dict: entries).
+  size_t size() const;
+  PickleValue item(size_t i) const;              // list / tuple
+  PickleValue key(size_t i) const;               // dict entry i, insertion order
+  PickleValue value(size_t i) const;             // dict entry i
+  // Dict lookup by str key; false when absent. Duplicate keys (hostile input only):
+  // the last one wins, as in Python.
+  bool find(std::string_view key, PickleValue* out) const;
+
+ private:
+  const PickleDoc* doc_;
+  uint32_t index_;
+};
+
+class PickleDoc {
+ public:
+  static constexpr uint32_t kMaxDepth = 1000;  // containers inside containers
+
+  PickleValue root() const { return PickleValue(this, root_); }
+  size_t node_count() const { return nodes_.size(); }
+  int protocol() const { return protocol_; }
+
+ private:
+  friend class PickleValue;
+  friend class PickleParser;
+
+  struct Node {
+    PickleKind kind;
+    bool frozen;      // inside another container: no more mutation
+    uint16_t depth;   // 0 for scalars; 1 + deepest child for containers
+    uint32_t a;       // str/bytes: offset into text_; containers: index into children_
+    union {
+      int64_t i;
+      uint64_t u;
+      double f;
+      uint64_t len;  // str/bytes length
+    };
+  };
+  std::vector<Node> nodes_;
+  // Children of each container: list/tuple items, or dict key,value,key,value...
+  // One vector per container, because pickles fill containers in several batches
+  // (APPENDS every 1000 items) interleaved with other containers.
+  std::vector<std::vector<uint32_t>> children_;
+  std::string text_;  // the input bytes: str/bytes nodes point into it
+  uint32_t root_ = 0;
+  int protocol_ = 0;
+};
+
+// Parses `bytes` (copied into the doc). `name` is used in error messages.
+PickleDoc parse_pickle(std::string bytes, const std::string& name);
+
+// ---------------------------------------------------------------------------------
+// Writer: emits protocol 4 using only the opcodes pytorch.org/memory_viz's unpickler
+// accepts (§10.1): PROTO, FRAME, STOP, MARK, EMPTY_DICT, EMPTY_LIST, TUPLE2, APPENDS,
+// SETITEMS, BININT/BININT1/BININT2, LONG1, BINFLOAT, SHORT_BINUNICODE, BINUNICODE,
+// NEWTRUE/NEWFALSE, NONE, MEMOIZE, BINGET/LONG_BINGET. Like Python's pickler it
+// memoizes strings and containers, batches APPENDS/SETITEMS per 1000 items and cuts
+// frames at 64 KiB, so the output reads like what pickle.dump writes.
+// Usage is streaming: begin_dict(); string("a"); integer(1); ...; end_dict(); finish().
+// Misuse (end_list on a dict, unbalanced ends, finish with open containers) throws
+// std::logic_error.
+class PickleWriter {
+ public:
+  void none();
+  void boolean(bool v);
+  void integer(int64_t v);
+  void unsigned_integer(uint64_t v);
+  void real(double v);
+  void string(std::string_view s);  // must be valid UTF-8 (not checked)
+
+  void begin_list();  // then items, then end_list()
+  void end_list();
+  void begin_dict();  // then key, value, key, value..., then end_dict()
+  void end_dict();
+  void tuple2_ints(int64_t a, int64_t b);
+
+  // Appends STOP, adds PROTO and FRAME headers and returns the pickle.
+  std::string finish();
+
+ private:
+  struct Open {
+    bool is_dict;
+    bool expecting_value;  // dict: a key was written, its value comes next
+    uint32_t pending;      // items (dict: pairs) since the last APPENDS/SETITEMS
+  };
+  void before_value();
+  void after_value();
+  void flush_batch(Open& open);
+  void memoize();
+
+  std::string body_;                  // opcodes after PROTO
+  std::vector<size_t> frame_ends_;    // offsets in body_ where frames were cut
+  size_t frame_start_ = 0;
+  std::vector<Open> open_;
+  std::unordered_map<std::string, uint32_t> string_memo_;
+  uint32_t memo_count_ = 0;
+};
+
+}  // namespace memsim
