@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,8 @@ enum class DType { fp32, bf16, fp16 };
 int dtype_bytes(DType dtype);
 const char* to_string(ModelFamily family);
 const char* to_string(DType dtype);
+// The scenario-file spellings ("hf-llama", "mem-efficient", "forward-no-grad", ...).
+const char* to_string(AttentionImpl impl);
 
 struct ModelConfig {
   std::string preset;                 // "" when the fields were given by hand
@@ -33,7 +36,9 @@ struct ModelConfig {
   int64_t kv_heads = 0;               // == heads unless GQA/MQA
   int64_t d_ff = 0;
   int64_t vocab = 0;
-  int64_t context_length = 0;         // max positions (RoPE cache, learned positions)
+  int64_t context_length = 0;         // max positions (RoPE cache, learned positions); in a
+                                      // loaded Scenario always >= batch.seq_len. A preset
+                                      // may hold 0: "built with context_length = seq_len"
   bool tied_embeddings = false;
   AttentionImpl attention = AttentionImpl::eager;
   double dropout = 0.0;
@@ -58,6 +63,8 @@ struct OptimizerConfig {
   OptimizerImpl impl = OptimizerImpl::foreach;
   double momentum = 0.0;              // sgd
 };
+const char* to_string(OptimizerType type);
+const char* to_string(OptimizerImpl impl);
 
 enum class StepKind { train, forward, forward_no_grad, forward_backward };
 struct StepConfig {
@@ -65,6 +72,7 @@ struct StepConfig {
   int64_t warmup_steps = 1;
   bool zero_grad_set_to_none = true;
 };
+const char* to_string(StepKind kind);
 
 struct CheckpointConfig {
   std::string policy = "none";        // none | full | selective | uniform | block | modules | custom | sqrt
@@ -112,5 +120,24 @@ Scenario load_scenario(const std::string& path,
 // Same, from text (`source` names it in errors).
 Scenario load_scenario_text(const std::string& text, const std::string& source,
                             const std::vector<std::pair<std::string, std::string>>& overrides = {});
+
+// Applies "allocator.KEY" overrides (the allocator section's keys, same validation and
+// errors as in a scenario file, "--set KEY: ...") on top of `base`; for `memsim replay`,
+// which has a trace instead of a scenario.
+AllocatorConfig apply_allocator_overrides(
+    AllocatorConfig base, const std::vector<std::pair<std::string, std::string>>& overrides);
+
+// Presets: what `model.preset` / `device.preset` accept, for `memsim presets`.
+struct PresetInfo {
+  std::string name;     // "cs336-xl"
+  std::string summary;  // one line with the numbers the preset fills in
+  std::string source;   // where those numbers come from
+};
+std::vector<PresetInfo> model_presets();
+std::vector<PresetInfo> device_presets();
+// The fields a preset fills in (ModelConfig::preset / DeviceConfig::preset set to `name`);
+// nullptr for an unknown name.
+const ModelConfig* find_model_preset(std::string_view name);
+const DeviceConfig* find_device_preset(std::string_view name);
 
 }  // namespace memsim

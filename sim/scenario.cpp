@@ -1,0 +1,285 @@
+// Scenario files: reading YAML into a Doc, --set overrides, and the enum spellings.
+// Turning a Doc into a checked Scenario is scenario_build.cpp; presets are
+// scenario_presets.cpp.
+#include "sim/scenario.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "sim/scenario_doc.h"
+
+namespace memsim {
+
+int dtype_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::fp32: return 4;
+    case DType::bf16: return 2;
+    case DType::fp16: return 2;
+  }
+  return 4;
+}
+
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::fp32: return "fp32";
+    case DType::bf16: return "bf16";
+    case DType::fp16: return "fp16";
+  }
+  return "?";
+}
+
+const char* to_string(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::cs336: return "cs336";
+    case ModelFamily::hf_llama: return "hf-llama";
+    case ModelFamily::hf_gpt2: return "hf-gpt2";
+    case ModelFamily::megatron: return "megatron";
+  }
+  return "?";
+}
+
+const char* to_string(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::eager: return "eager";
+    case AttentionImpl::flash: return "flash";
+    case AttentionImpl::mem_efficient: return "mem-efficient";
+  }
+  return "?";
+}
+
+const char* to_string(OptimizerType type) {
+  switch (type) {
+    case OptimizerType::adamw: return "adamw";
+    case OptimizerType::adam: return "adam";
+    case OptimizerType::sgd: return "sgd";
+    case OptimizerType::none: return "none";
+  }
+  return "?";
+}
+
+const char* to_string(OptimizerImpl impl) {
+  switch (impl) {
+    case OptimizerImpl::for_loop: return "for-loop";
+    case OptimizerImpl::foreach: return "foreach";
+    case OptimizerImpl::fused: return "fused";
+    case OptimizerImpl::cs336: return "cs336";
+  }
+  return "?";
+}
+
+const char* to_string(StepKind kind) {
+  switch (kind) {
+    case StepKind::train: return "train";
+    case StepKind::forward: return "forward";
+    case StepKind::forward_no_grad: return "forward-no-grad";
+    case StepKind::forward_backward: return "forward-backward";
+  }
+  return "?";
+}
+
+namespace scenario_detail {
+
+const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_schema() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> schema = {
+      {"model", {"preset", "family", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab",
+                 "context_length", "tied_embeddings", "attention", "dropout"}},
+      {"batch", {"micro_batch", "seq_len", "grad_accum"}},
+      {"precision", {"params", "autocast", "master_weights"}},
+      {"optimizer", {"type", "impl", "momentum"}},
+      {"step", {"kind", "warmup_steps", "zero_grad"}},
+      {"checkpoint", {"policy", "layers_per_segment", "custom"}},
+      {"parallel", {"data", "tensor", "pipeline", "zero"}},
+      {"device", {"preset", "capacity", "cuda_context", "cublas_workspace"}},
+      {"allocator", {"conf", "expandable_segments", "max_split_size_mb",
+                     "max_non_split_rounding_mb", "garbage_collection_threshold",
+                     "roundup_power2_divisions", "memory_fraction"}},
+  };
+  return schema;
+}
+
+namespace {
+
+const std::vector<std::string>* section_keys(const std::string& section) {
+  for (const auto& [name, keys] : scenario_schema()) {
+    if (name == section) return &keys;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> all_dotted_keys() {
+  std::vector<std::string> out = {"name"};
+  for (const auto& [section, keys] : scenario_schema()) {
+    for (const auto& key : keys) out.push_back(section + "." + key);
+  }
+  return out;
+}
+
+// A hint for a key written in the wrong place ("seq_len" under model): the one section
+// that has it, if any.
+std::string elsewhere_hint(const std::string& key) {
+  for (const auto& [section, keys] : scenario_schema()) {
+    for (const auto& k : keys) {
+      if (k == key) return "; did you mean '" + section + "." + key + "'?";
+    }
+  }
+  return "";
+}
+
+std::string at(const std::string& source, const YAML::Mark& mark) {
+  // yaml-cpp lines are 0-based, and -1 for nodes built in code.
+  return source + ":" + std::to_string(mark.line >= 0 ? mark.line + 1 : 1);
+}
+
+std::string key_text(const YAML::Node& key, const std::string& where) {
+  if (!key.IsScalar()) fail(where, "(document)", "keys must be plain names, got " + describe(key));
+  return key.Scalar();
+}
+
+void read_section(Doc& doc, const std::string& section, const YAML::Node& body) {
+  const std::string& section_where = doc.section_at[section];
+  if (is_null(body)) return;  // "batch:" with nothing under it: every key keeps its default
+  if (!body.IsMap()) {
+    fail(section_where, section, "expected a mapping of keys, got " + describe(body));
+  }
+  const auto& keys = *section_keys(section);
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string where = at(doc.source, it->first.Mark());
+    const std::string key = key_text(it->first, where);
+    const std::string dotted = section + "." + key;
+    bool known = false;
+    for (const auto& k : keys) known = known || k == key;
+    if (!known) {
+      std::string hint = did_you_mean(key, keys);
+      if (hint.empty()) hint = elsewhere_hint(key);
+      fail(where, dotted, "unknown key" + hint);
+    }
+    if (const Field* first = doc.find(dotted)) {
+      fail(where, dotted, "duplicate key (first given at " + first->where + ")");
+    }
+    doc.fields[dotted] = Field{it->second, where};
+  }
+}
+
+Doc read_doc(const std::string& text, const std::string& source) {
+  Doc doc;
+  doc.source = source;
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    fail(at(source, e.mark), "(yaml)", e.msg);
+  }
+  if (documents.size() > 1) {
+    fail(source + ":1", "(yaml)", "expected one YAML document, found " + std::to_string(documents.size()));
+  }
+  if (documents.empty() || is_null(documents[0])) return doc;  // empty file: defaults, then "required" errors
+  const YAML::Node& root = documents[0];
+  if (!root.IsMap()) {
+    fail(at(source, root.Mark()), "(document)",
+         "expected a mapping of sections (name, model, batch, ...), got " + describe(root));
+  }
+  std::vector<std::string> top = {"name"};
+  for (const auto& [section, keys] : scenario_schema()) top.push_back(section);
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string where = at(source, it->first.Mark());
+    const std::string key = key_text(it->first, where);
+    if (key == "name") {
+      if (doc.find("name")) fail(where, key, "duplicate key");
+      doc.fields["name"] = Field{it->second, where};
+      continue;
+    }
+    if (!section_keys(key)) {
+      std::string hint = did_you_mean(key, top);
+      if (hint.empty()) hint = elsewhere_hint(key);
+      fail(where, key, "unknown section" + hint);
+    }
+    if (doc.section_at.count(key)) {
+      fail(where, key, "duplicate section (first given at " + doc.section_at[key] + ")");
+    }
+    doc.section_at[key] = where;
+    read_section(doc, key, it->second);
+  }
+  return doc;
+}
+
+// A --set value as a YAML node. Values are plain strings ("8", "bf16", "80GiB"), except
+// that "{...}" and "[...]" are YAML flow collections (checkpoint.custom=[0,4,8]).
+// roundup_power2_divisions keeps "[256:1,>:8]" as text: that is PyTorch's own syntax.
+YAML::Node override_node(const std::string& key, const std::string& value) {
+  const bool flow = !value.empty() && (value.front() == '{' || value.front() == '[');
+  if (!flow || key == "allocator.roundup_power2_divisions") return YAML::Node(value);
+  try {
+    return YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    fail("--set", key, "cannot read '" + value + "' as YAML: " + e.msg);
+  }
+}
+
+void apply_overrides(Doc& doc, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  const std::vector<std::string> known = all_dotted_keys();
+  for (const auto& [key, value] : overrides) {
+    bool ok = false;
+    for (const auto& k : known) ok = ok || k == key;
+    if (!ok) {
+      std::string hint = did_you_mean(key, known);
+      if (hint.empty() && key.find('.') == std::string::npos) hint = elsewhere_hint(key);
+      fail("--set", key, "unknown key" + hint);
+    }
+    doc.fields[key] = Field{override_node(key, value), "--set"};
+  }
+}
+
+std::string stem(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  const size_t dot = base.find_last_of('.');
+  return dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
+}
+
+}  // namespace
+}  // namespace scenario_detail
+
+Scenario load_scenario_text(const std::string& text, const std::string& source,
+                            const std::vector<std::pair<std::string, std::string>>& overrides) {
+  using namespace scenario_detail;
+  Doc doc = read_doc(text, source);
+  apply_overrides(doc, overrides);
+  Scenario s = build_scenario(doc);
+  s.source = source;
+  if (s.name.empty()) s.name = stem(source);
+  return s;
+}
+
+Scenario load_scenario(const std::string& path,
+                       const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    scenario_detail::fail(path + ":1", "(file)",
+                          std::string("cannot open the scenario file: ") + std::strerror(err));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    scenario_detail::fail(path + ":1", "(file)", "cannot read the scenario file");
+  }
+  return load_scenario_text(text.str(), path, overrides);
+}
+
+AllocatorConfig apply_allocator_overrides(
+    AllocatorConfig base, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  using namespace scenario_detail;
+  for (const auto& [key, value] : overrides) {
+    if (key.rfind("allocator.", 0) != 0) {
+      fail("--set", key, "only allocator.* settings apply here" + did_you_mean(key, all_dotted_keys()));
+    }
+  }
+  Doc doc;
+  doc.source = "--set";
+  apply_overrides(doc, overrides);
+  return build_allocator(doc, base);
+}
+
+}  // namespace memsim
