@@ -1,0 +1,234 @@
+#include "graph/cs336.h"
+
+#include <string>
+
+namespace memsim::graph {
+
+int64_t cs336_parameter_count(const Cs336Shape& s) {
+  const int64_t D = s.d_model, F = s.d_ff, V = s.vocab;
+  return 2 * V * D + s.layers * (4 * D * D + 3 * D * F + 2 * D) + D;
+}
+
+void Cs336Model::construct() {
+  const uint64_t e = s_.elem;
+  const int64_t D = s_.d_model, F = s_.d_ff;
+  rt_.ctx.module = Module::embedding;
+  embedding_ = rt_.add_parameter(s_.vocab * D * e, "token_embeddings.weight");
+  // One RotaryEmbedding buffer (2, ctx, h/2) fp32, shared by every layer (§1).
+  const uint64_t h = static_cast<uint64_t>(D / s_.heads);
+  rope_buffer_ = rt_.alloc(4 * 2 * s_.context_length * (h / 2), TensorKind::other, OpKind::fill);
+  layers_.resize(s_.layers);
+  for (int32_t l = 0; l < s_.layers; ++l) {
+    rt_.ctx.layer = l;
+    LayerParams& p = layers_[l];
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    rt_.ctx.module = Module::attention;
+    p.q = rt_.add_parameter(D * D * e, pre + "attn.q_proj.weight");
+    p.k = rt_.add_parameter(D * D * e, pre + "attn.k_proj.weight");
+    p.v = rt_.add_parameter(D * D * e, pre + "attn.v_proj.weight");
+    p.o = rt_.add_parameter(D * D * e, pre + "attn.output_proj.weight");
+    rt_.ctx.module = Module::mlp;
+    p.w1 = rt_.add_parameter(F * D * e, pre + "ffn.w1.weight");
+    p.w2 = rt_.add_parameter(D * F * e, pre + "ffn.w2.weight");
+    p.w3 = rt_.add_parameter(F * D * e, pre + "ffn.w3.weight");
+    rt_.ctx.module = Module::norm;
+    p.ln1 = rt_.add_parameter(D * e, pre + "ln1.weight");
+    p.ln2 = rt_.add_parameter(D * e, pre + "ln2.weight");
+  }
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::norm;
+  ln_final_ = rt_.add_parameter(D * e, "ln_final.weight");
+  rt_.ctx.module = Module::head;
+  lm_head_ = rt_.add_parameter(s_.vocab * D * e, "lm_head.weight");
+  rt_.ctx.module = Module::none;
+}
+
+Tensor Cs336Model::linear(const Tensor& x, int32_t weight, int64_t d_in, int64_t d_out) {
+  const double rows = static_cast<double>(s_.batch * s_.seq);
+  Tensor w = rt_.param(weight);
+  return linear_einsum(rt_, x, w, s_.batch * s_.seq * d_out * s_.elem,
+                       2.0 * rows * static_cast<double>(d_in) * static_cast<double>(d_out));
+}
+
+// RMSNorm (§2.3): rms = rsqrt(mean(x^2) + eps); weight * (x * rms). fp32 in, no casts.
+Tensor Cs336Model::rmsnorm(const Tensor& x, int32_t weight) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::norm;
+  const uint64_t rows = s_.batch * s_.seq * 4;
+  Tensor sq = pow2(rt_, x);
+  Tensor ms = mean_dim(rt_, sq, rows);
+  sq.reset();
+  Tensor ms_eps = add_scalar(rt_, ms);
+  ms.reset();
+  Tensor rms = rsqrt(rt_, ms_eps);
+  ms_eps.reset();
+  Tensor xn = mul(rt_, x, rms);
+  Tensor w = rt_.param(weight);
+  Tensor out = mul(rt_, w, xn);
+  rt_.ctx.module = outer;
+  return out;
+}
+
+// nn_utils.softmax (§2.6): max.dim, subtract, exp, sum, divide.
+Tensor Cs336Model::softmax_lastdim(const Tensor& x, uint64_t rows) {
+  MaxResult mx = max_dim(rt_, x, rows, s_.elem);
+  Tensor shifted = sub(rt_, x, mx.values);
+  mx.values.reset();
+  mx.indices.reset();  // the namedtuple is dropped at once (saved under grad)
+  Tensor e = exp(rt_, shifted);
+  Tensor z = sum_dim(rt_, e, rows * s_.elem);
+  Tensor p = div(rt_, e, z);
+  z.reset();
+  e.reset();
+  shifted.reset();
+  return p;
+}
+
+// Staff scaled_dot_product_attention (§2.7).
+Tensor Cs336Model::sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  const double B = static_cast<double>(s_.batch), H = static_cast<double>(s_.heads);
+  const double S = static_cast<double>(s_.seq), hd = static_cast<double>(s_.d_model / s_.heads);
+  const uint64_t rows = s_.batch * s_.heads * s_.seq;
+  Tensor s0 = bmm(rt_, q, k, scores(), 2.0 * B * H * S * S * hd);
+  Tensor s1 = div_scalar(rt_, s0);
+  s0.reset();
+  Tensor scores_masked = where_scalar(rt_, mask, s1, s_.elem);
+  s1.reset();
+  Tensor p = softmax_lastdim(scores_masked, rows);
+  // V is a (B,H,S,h) view with strides (S*D, h, D, 1): the einsum's reshape copies it.
+  Tensor vc = clone(rt_, v);
+  Tensor o = bmm(rt_, p, vc, act(), 2.0 * B * H * S * S * hd);
+  vc.reset();
+  p.reset();
+  // The einsum output view back to (B,H,S,h); its backward reshape gets a permuted grad.
+  Tensor o4 = view(rt_, o, /*copy_in_backward=*/true);
+  o.reset();
+  scores_masked.reset();
+  return o4;
+}
+
+// CausalMultiHeadSelfAttention.forward (§2.8).
+Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::attention;
+  const int64_t D = s_.d_model;
+  Tensor q0 = linear(x, p.q, D, D);
+  Tensor k0 = linear(x, p.k, D, D);
+  Tensor v0 = linear(x, p.v, D, D);
+  // rearrange "... seq (heads d) -> ... heads seq d": view + permute. Its backward
+  // reshape receives a permuted grad and copies.
+  Tensor q = view(rt_, q0, true);
+  q0.reset();
+  Tensor k = view(rt_, k0, true);
+  k0.reset();
+  Tensor v = view(rt_, v0, true);
+  v0.reset();
+  q = rope_cs336(rt_, q, rope_buffer_);  // rebinding frees the projection output
+  k = rope_cs336(rt_, k, rope_buffer_);
+  // Causal mask: arange (int64, kept as a local) and a bool (S,S), rebuilt every call.
+  Tensor positions = new_tensor(rt_, s_.seq * 8, OpKind::arange);
+  Tensor mask = new_tensor(rt_, s_.seq * s_.seq, OpKind::compare);
+  Tensor o4 = sdpa(q, k, v, mask);
+  // rearrange back to (B,S,D): permute + reshape that cannot be a view: clone.
+  Tensor merged = clone(rt_, o4);
+  o4.reset();
+  Tensor out = linear(merged, p.o, D, D);
+  merged.reset();
+  q.reset();
+  k.reset();
+  v.reset();
+  mask.reset();
+  positions.reset();
+  rt_.ctx.module = outer;
+  return out;
+}
+
+// SwiGLU with a hand-written silu (§2.9).
+Tensor Cs336Model::swiglu(const LayerParams& p, const Tensor& x) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::mlp;
+  const int64_t D = s_.d_model, F = s_.d_ff;
+  Tensor a = linear(x, p.w1, D, F);
+  Tensor sig = sigmoid(rt_, a);
+  Tensor s = mul(rt_, a, sig);
+  sig.reset();
+  a.reset();
+  Tensor b = linear(x, p.w3, D, F);
+  Tensor m = mul(rt_, s, b);
+  s.reset();
+  b.reset();
+  Tensor out = linear(m, p.w2, F, D);
+  rt_.ctx.module = outer;
+  return out;
+}
+
+// TransformerBlock.forward (§2.10), pre-norm.
+Tensor Cs336Model::block(int32_t layer, const Tensor& x) {
+  const int32_t outer = rt_.ctx.layer;
+  rt_.ctx.layer = layer;
+  const LayerParams& p = layers_[layer];
+  Tensor x_attn;
+  {
+    Tensor h1 = rmsnorm(x, p.ln1);
+    x_attn = attention(p, h1);
+  }
+  Tensor r1 = add(rt_, x, x_attn);
+  Tensor x_ffn;
+  {
+    Tensor h2 = rmsnorm(r1, p.ln2);
+    x_ffn = swiglu(p, h2);
+  }
+  Tensor out = add(rt_, r1, x_ffn);
+  x_attn.reset();
+  r1.reset();
+  x_ffn.reset();
+  rt_.ctx.layer = outer;
+  return out;
+}
+
+// BasicsTransformerLM.forward (§2.11).
+Tensor Cs336Model::forward(const Tensor& ids) {
+  rt_.ctx.module = Module::embedding;
+  Tensor w = rt_.param(embedding_);
+  Tensor embedded = embedding(rt_, w, ids, act());
+  w.reset();
+  Tensor x = embedded;  // embedded_tokens stays bound for the whole forward
+  for (int32_t l = 0; l < s_.layers; ++l) x = block(l, x);
+  Tensor h = rmsnorm(x, ln_final_);
+  x.reset();
+  rt_.ctx.module = Module::head;
+  Tensor logits = linear(h, lm_head_, s_.d_model, s_.vocab);
+  h.reset();
+  embedded.reset();
+  rt_.ctx.module = Module::none;
+  return logits;
+}
+
+Tensor cs336_cross_entropy(Runtime& rt, const Tensor& logits, const Tensor& targets,
+                           uint64_t rows, uint64_t elem) {
+  const Module outer = rt.ctx.module;
+  rt.ctx.module = Module::loss;
+  // log_softmax: x - max; then (x - max) - log(sum(exp(x - max))).
+  MaxResult mx = max_dim(rt, logits, rows, elem);
+  Tensor shifted = sub(rt, logits, mx.values);
+  Tensor e = exp(rt, shifted);
+  Tensor z = sum_dim(rt, e, rows * elem);
+  Tensor lz = log(rt, z);
+  Tensor lsm = sub(rt, shifted, lz);
+  lz.reset();
+  z.reset();
+  e.reset();
+  shifted.reset();
+  mx.values.reset();
+  mx.indices.reset();
+  Tensor nl = neg(rt, lsm);
+  lsm.reset();
+  Tensor picked = gather(rt, nl, targets, rows * elem);
+  nl.reset();
+  Tensor loss = mean_all(rt, picked, elem);
+  picked.reset();
+  rt.ctx.module = outer;
+  return loss;
+}
+
+}  // namespace memsim::graph

@@ -1,0 +1,68 @@
+// Model family `cs336`: the CS336 staff BasicsTransformerLM (cs336-model.md), written
+// op by op against graph::Runtime.
+//
+// Contract:
+//  - construct() allocates the parameters and the RoPE buffer in construction order
+//    (§1; the allocator's layout depends on it).
+//  - forward() emits the eager forward (§2, §3); block() is the per-layer emitter and
+//    may be re-invoked (checkpoint recomputation) with the same layer index.
+//  - Python lifetimes are mirrored: locals die where the staff code's would (§2.10,
+//    §2.11: embedded_tokens lives for the whole forward, block locals until return).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "graph/ops.h"
+
+namespace memsim::graph {
+
+struct Cs336Shape {
+  int64_t layers = 0, d_model = 0, heads = 0, d_ff = 0, vocab = 0, context_length = 0;
+  int64_t batch = 1, seq = 1;
+  uint64_t elem = 4;  // fp32 parameters and activations
+};
+
+// Parameter count of the staff model: 2VD + L(4D^2 + 3DF + 2D) + D (§1).
+int64_t cs336_parameter_count(const Cs336Shape& s);
+
+class Cs336Model {
+ public:
+  Cs336Model(Runtime& rt, const Cs336Shape& shape) : rt_(rt), s_(shape) {}
+
+  void construct();
+  // ids: (B,S) int64. Returns the logits (B,S,V).
+  Tensor forward(const Tensor& ids);
+  // One TransformerBlock on x (the caller keeps x alive, as its loop variable does).
+  Tensor block(int32_t layer, const Tensor& x);
+
+  const Cs336Shape& shape() const { return s_; }
+  // Byte sizes used throughout (a, f, A of §0, and row vectors).
+  uint64_t act() const { return s_.batch * s_.seq * s_.d_model * s_.elem; }
+  uint64_t ffn() const { return s_.batch * s_.seq * s_.d_ff * s_.elem; }
+  uint64_t scores() const { return s_.batch * s_.heads * s_.seq * s_.seq * s_.elem; }
+
+ private:
+  struct LayerParams {
+    int32_t q, k, v, o, w1, w2, w3, ln1, ln2;
+  };
+  Tensor rmsnorm(const Tensor& x, int32_t weight);
+  Tensor attention(const LayerParams& p, const Tensor& x);
+  Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
+  Tensor softmax_lastdim(const Tensor& x, uint64_t rows);
+  Tensor swiglu(const LayerParams& p, const Tensor& x);
+  Tensor linear(const Tensor& x, int32_t weight, int64_t d_in, int64_t d_out);
+
+  Runtime& rt_;
+  Cs336Shape s_;
+  int32_t embedding_ = -1, ln_final_ = -1, lm_head_ = -1;
+  std::vector<LayerParams> layers_;
+  Tensor rope_buffer_;
+};
+
+// cs336_basics.nn_utils.cross_entropy(logits, targets) (§6, staff version): a manual
+// log-softmax, neg, gather, mean. `rows` = B*S.
+Tensor cs336_cross_entropy(Runtime& rt, const Tensor& logits, const Tensor& targets,
+                           uint64_t rows, uint64_t elem);
+
+}  // namespace memsim::graph

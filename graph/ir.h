@@ -1,0 +1,87 @@
+// graph/ IR: the vocabulary shared by the op library, the autograd emulation and the
+// model-family builders.
+//
+// DESIGN NOTE (read this first). memsim's graph layer is a *symbolic eager PyTorch*:
+//  - A builder (graph/cs336.h, later hf-gpt2 / hf-llama / megatron) is written like the
+//    model's Python forward, one op call per aten op, against graph::Runtime.
+//  - Every op call emits the allocator requests PyTorch eager would make, in the same
+//    order, straight into a sim::Program (no graph is materialised first; the Program
+//    IS the op-by-op trace).
+//  - Storages are reference counted exactly like c10::StorageImpl. References are held
+//    by (a) graph::Tensor handles, which stand for Python names and temporaries: C++
+//    scopes mirror Python lifetimes, and builders reset() a handle where Python rebinds
+//    or drops a name; (b) autograd saved tensors (SavedVariable); (c) gradient buffers.
+//    A storage is freed when its count reaches 0, so every free lands where PyTorch's
+//    would (aten-saved-tensors.md §A.1).
+//  - With grad mode on, each differentiable op records one autograd Node (OpKind +
+//    byte sizes + saved storages + next edges). Runtime::backward() then emulates the
+//    autograd engine: highest sequence number first, saved tensors released after each
+//    node, grads accumulated in place or out of place like InputBuffer::accumulate,
+//    AccumulateGrad stealing or cloning into .grad (aten-saved-tensors.md §E).
+//  - Ops are typed (OpKind) and every event carries phase, layer, Module and a region
+//    id, so a checkpointing pass can re-invoke a layer's forward emitter, and a numeric
+//    executor can interpret the same op stream.
+#pragma once
+
+#include <cstdint>
+
+namespace memsim::graph {
+
+// Element types of device tensors.
+enum class ScalarType : uint8_t { f32, bf16, f16, i64, b8 };
+inline constexpr uint64_t element_size(ScalarType t) {
+  switch (t) {
+    case ScalarType::f32: return 4;
+    case ScalarType::bf16: return 2;
+    case ScalarType::f16: return 2;
+    case ScalarType::i64: return 8;
+    case ScalarType::b8: return 1;
+  }
+  return 4;
+}
+
+// Which part of the model an op belongs to (for reports and checkpoint policies).
+enum class Module : uint8_t { none, embedding, attention, mlp, norm, head, loss, optimizer };
+inline constexpr int kModuleCount = 8;
+const char* to_string(Module m);
+
+// The op library. Forward semantics and backward recipes are in graph/ops.cpp; each
+// enumerator names the aten op (forward) and its autograd node (backward).
+enum class OpKind : uint8_t {
+  // leaves / bookkeeping
+  accumulate_grad,  // AccumulateGrad: steals or clones the incoming grad into .grad
+  // elementwise / reductions
+  pow2,         // pow.Tensor_Scalar(x, 2): saves x
+  mean_dim,     // mean(-1, keepdim): saves nothing; backward materialises input size
+  mean_all,     // mean(): scalar
+  add_scalar,   // x + python scalar: pass-through backward
+  add,          // add.Tensor, same shapes: pass-through to both inputs
+  sub,          // sub.Tensor, other may broadcast (reduced): other gets -grad (+sum_to)
+  mul,          // mul.Tensor, either side may broadcast
+  div,          // div.Tensor(self, other), other may broadcast
+  div_scalar,   // x / python scalar
+  rsqrt,        // saves result
+  sigmoid,      // saves result
+  exp,          // saves result
+  log,          // saves self
+  neg,          // saves nothing
+  max_dim,      // max.dim: values + int64 indices; saves indices
+  sum_dim,      // sum(-1, keepdim): backward is an expand (view)
+  where_scalar, // where(mask, x, python scalar): saves mask
+  gather,       // gather(self, -1, idx): saves self (!) and idx
+  // data movement
+  clone,        // reshape that cannot be a view: clone + _unsafe_view
+  view,         // view/permute/reshape-alias; backward copies when the grad is not viewable
+  rope,         // CS336 RotaryEmbedding.forward, one composite node (cs336-model.md §2.4)
+  // matmuls
+  bmm,          // bmm(self, mat2): saves both
+  linear,       // einops.einsum(x, W) = views + bmm; weight grad reaches AccumulateGrad transposed
+  embedding,    // weight[ids]: aten::index; saves ids
+  // no-grad helpers (never recorded as nodes)
+  arange, compare, scalar_tensor, fill, optimizer_math, other,
+};
+inline constexpr int kOpKindCount = static_cast<int>(OpKind::other) + 1;
+const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"
+const char* backward_name(OpKind k);  // autograd node name, e.g. "BmmBackward0"
+
+}  // namespace memsim::graph

@@ -1,0 +1,312 @@
+#include "graph/runtime.h"
+
+#include <algorithm>
+#include <string>
+
+#include "graph/ops.h"
+
+namespace memsim::graph {
+
+// ---------------------------------------------------------------- Tensor handle
+Tensor::Tensor(const Tensor& o)
+    : storage(o.storage), bytes(o.bytes), grad_fn(o.grad_fn), out_slot(o.out_slot),
+      rt_(o.rt_) {
+  if (rt_ != nullptr) rt_->retain(storage);
+}
+Tensor::Tensor(Tensor&& o) noexcept
+    : storage(o.storage), bytes(o.bytes), grad_fn(o.grad_fn), out_slot(o.out_slot),
+      rt_(o.rt_) {
+  o.rt_ = nullptr;
+  o.storage = kNoStorage;
+}
+Tensor& Tensor::operator=(const Tensor& o) {
+  if (this == &o) return *this;
+  if (o.rt_ != nullptr) o.rt_->retain(o.storage);
+  reset();  // Python: the new value is bound before the old one is dropped
+  storage = o.storage; bytes = o.bytes; grad_fn = o.grad_fn; out_slot = o.out_slot;
+  rt_ = o.rt_;
+  return *this;
+}
+Tensor& Tensor::operator=(Tensor&& o) noexcept {
+  if (this == &o) return *this;
+  reset();
+  storage = o.storage; bytes = o.bytes; grad_fn = o.grad_fn; out_slot = o.out_slot;
+  rt_ = o.rt_;
+  o.rt_ = nullptr;
+  o.storage = kNoStorage;
+  return *this;
+}
+void Tensor::reset() {
+  if (rt_ == nullptr) return;
+  Runtime* rt = rt_;
+  rt_ = nullptr;
+  rt->release(storage);
+  storage = kNoStorage;
+  grad_fn = -1;
+}
+
+// ---------------------------------------------------------------- Runtime
+Runtime::Runtime(Program& program) : program_(program) {
+  for (int k = 0; k < kOpKindCount; ++k) {
+    fwd_name_[k] = program_.intern(forward_name(static_cast<OpKind>(k)));
+    bwd_name_[k] = program_.intern(backward_name(static_cast<OpKind>(k)));
+  }
+  refs_.reserve(1 << 14);
+  nodes_.reserve(1 << 12);
+  saved_.reserve(1 << 13);
+}
+
+uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
+  cur_op_ = op;
+  uint32_t op_name = op_id(op, in_backward_);
+  uint32_t id = program_.alloc(bytes, kind, ctx.phase, op_name, ctx.layer, op_name);
+  refs_.push_back(1);
+  return id;
+}
+
+Tensor Runtime::alloc(uint64_t bytes, TensorKind kind, OpKind op) {
+  Tensor t;
+  t.storage = alloc_raw(bytes, kind, op);
+  t.bytes = bytes;
+  t.rt_ = this;
+  return t;
+}
+
+void Runtime::release(uint32_t s) {
+  if (--refs_[s] == 0) program_.free(s, ctx.phase, op_id(cur_op_, in_backward_), ctx.layer);
+}
+
+Tensor Runtime::view_of(const Tensor& base, uint64_t bytes) {
+  Tensor t(base);
+  t.bytes = bytes;
+  return t;
+}
+
+int32_t Runtime::add_parameter(uint64_t bytes, std::string_view name) {
+  Parameter p;
+  p.bytes = bytes;
+  uint32_t op = program_.intern("empty");
+  p.storage = program_.alloc(bytes, TensorKind::parameter, ctx.phase, op, ctx.layer,
+                             program_.intern(name));
+  refs_.push_back(1);  // owned by the module (never freed)
+  params_.push_back(p);
+  return static_cast<int32_t>(params_.size() - 1);
+}
+
+Tensor Runtime::param(int32_t i) {
+  Parameter& p = params_[i];
+  Tensor t;
+  t.storage = p.storage;
+  t.bytes = p.bytes;
+  t.rt_ = this;
+  retain(p.storage);
+  if (grad_enabled) {
+    if (p.graph_epoch != graph_epoch_ || p.acc_node < 0) {
+      Node n;
+      n.kind = OpKind::accumulate_grad;
+      n.seq = UINT32_MAX;  // AccumulateGrad runs as soon as it is ready
+      n.param = i;
+      n.size[0] = p.bytes;
+      n.layer = ctx.layer;
+      n.module = ctx.module;
+      nodes_.push_back(n);
+      p.acc_node = static_cast<int32_t>(nodes_.size() - 1);
+      p.graph_epoch = graph_epoch_;
+    }
+    t.grad_fn = p.acc_node;
+  }
+  return t;
+}
+
+void Runtime::zero_grad_set_to_none() {
+  cur_op_ = OpKind::other;
+  for (Parameter& p : params_) {
+    if (p.grad != kNoStorage) {
+      release(p.grad);
+      p.grad = kNoStorage;
+    }
+  }
+}
+
+int32_t Runtime::make_node(OpKind kind, std::initializer_list<const Tensor*> inputs) {
+  Node n;
+  n.kind = kind;
+  n.seq = seq_++;
+  n.layer = ctx.layer;
+  n.module = ctx.module;
+  n.region = ctx.region;
+  for (const Tensor* t : inputs) {
+    Edge e;
+    if (t != nullptr && t->grad_fn >= 0) {
+      e.node = t->grad_fn;
+      e.slot = t->out_slot;
+    }
+    n.next[n.n_next++] = e;
+  }
+  n.saved_first = static_cast<uint32_t>(saved_.size());
+  nodes_.push_back(n);
+  return static_cast<int32_t>(nodes_.size() - 1);
+}
+
+void Runtime::save_storage(int32_t id, uint32_t storage) {
+  Node& n = nodes_[id];
+  // Saves are recorded right after make_node, so a node's saves are contiguous.
+  retain(storage);
+  saved_.push_back(storage);
+  ++n.saved_count;
+}
+
+void Runtime::save(int32_t id, const Tensor& t) { save_storage(id, t.storage); }
+
+void Runtime::discard_graph() {
+  cur_op_ = OpKind::other;
+  for (Node& n : nodes_) {
+    for (uint32_t i = 0; i < n.saved_count; ++i) release(saved_[n.saved_first + i]);
+    n.saved_count = 0;
+    for (int s = 0; s < 2; ++s)
+      if (n.grad[s] != kNoStorage) release(n.grad[s]);
+  }
+  nodes_.clear();
+  saved_.clear();
+  ++graph_epoch_;
+}
+
+// ------------------------------------------------------------------- backward
+void Runtime::backward(const Tensor& loss) {
+  const Phase phase = ctx.phase;
+  // Dependencies: the number of edges into each node from nodes reachable from root.
+  std::vector<int32_t> stack;
+  std::vector<uint8_t> seen(nodes_.size(), 0);
+  if (loss.grad_fn < 0) return;
+  stack.push_back(loss.grad_fn);
+  seen[loss.grad_fn] = 1;
+  while (!stack.empty()) {
+    int32_t id = stack.back();
+    stack.pop_back();
+    Node& n = nodes_[id];
+    for (int i = 0; i < n.n_next; ++i) {
+      int32_t t = n.next[i].node;
+      if (t < 0) continue;
+      ++nodes_[t].deps;
+      if (!seen[t]) {
+        seen[t] = 1;
+        stack.push_back(t);
+      }
+    }
+  }
+  in_backward_ = true;
+  // torch.autograd.backward: grad_tensors = ones_like(loss), a 0-d tensor.
+  Node& root = nodes_[loss.grad_fn];
+  ctx.layer = root.layer;
+  root.grad[loss.out_slot] = alloc_raw(loss.bytes, TensorKind::temporary, OpKind::fill);
+  std::vector<int32_t> ready;  // binary heap on seq
+  ready.push_back(loss.grad_fn);
+  auto cmp = [this](int32_t a, int32_t b) { return nodes_[a].seq < nodes_[b].seq; };
+  while (!ready.empty()) {
+    std::pop_heap(ready.begin(), ready.end(), cmp);
+    int32_t id = ready.back();
+    ready.pop_back();
+    run_node(id, ready);
+  }
+  in_backward_ = false;
+  // The graph is freed (retain_graph=False): anything never reached is dropped too.
+  discard_graph();
+  ctx.phase = phase;
+}
+
+void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
+  Node& n = nodes_[id];
+  ctx.layer = n.layer;
+  ctx.module = n.module;
+  ctx.region = n.region;
+  cur_op_ = n.kind;
+  if (n.kind == OpKind::accumulate_grad) {
+    run_accumulate_grad(n);
+    return;
+  }
+  Grad in[2];
+  for (int s = 0; s < 2; ++s) {
+    in[s].storage = n.grad[s];
+    in[s].is_view = n.grad_is_view[s];
+  }
+  Grad out[3];
+  run_backward(*this, n, in, out);
+  add_flops_backward(n.flops);
+  cur_op_ = n.kind;
+  // The node's inputs (incoming grads) die when it returns, then its saved variables
+  // are released (retain_graph=False).
+  for (int s = 0; s < 2; ++s) {
+    if (n.grad[s] != kNoStorage) {
+      uint32_t g = n.grad[s];
+      n.grad[s] = kNoStorage;
+      release(g);
+    }
+  }
+  for (uint32_t i = 0; i < n.saved_count; ++i) release(saved_[n.saved_first + i]);
+  n.saved_count = 0;
+  // Outputs go to the next nodes' input buffers, in input order.
+  const Edge* next = n.next;  // nodes_ is not resized during backward
+  const int n_next = n.n_next;
+  for (int i = 0; i < n_next; ++i) {
+    if (out[i].storage == kNoStorage) continue;
+    deliver(next[i], out[i], ready);
+  }
+}
+
+void Runtime::deliver(const Edge& e, Grad g, std::vector<int32_t>& ready) {
+  if (e.node < 0) {  // that input does not require grad
+    release(g.storage);
+    return;
+  }
+  Node& t = nodes_[e.node];
+  if (t.kind == OpKind::accumulate_grad) {
+    // AccumulateGrad has the highest priority: it runs before anything else is popped.
+    t.grad[0] = g.storage;
+    t.grad_is_view[0] = g.transposed;
+    run_accumulate_grad(t);
+    return;
+  }
+  uint32_t& buf = t.grad[e.slot];
+  if (buf == kNoStorage) {
+    buf = g.storage;
+    t.grad_is_view[e.slot] = g.is_view;
+  } else if (!t.grad_is_view[e.slot] && refs_[buf] == 1) {
+    // InputBuffer::accumulate: the buffered grad is dense and solely owned: add_ in place.
+    release(g.storage);
+  } else {
+    // Otherwise old + new is a new tensor (both operands are dropped).
+    uint32_t sum = alloc_raw(program_.tensors[buf].bytes, TensorKind::temporary, OpKind::add);
+    release(buf);
+    release(g.storage);
+    buf = sum;
+    t.grad_is_view[e.slot] = false;
+  }
+  if (--t.deps == 0) {
+    ready.push_back(e.node);
+    std::push_heap(ready.begin(), ready.end(),
+                   [this](int32_t a, int32_t b) { return nodes_[a].seq < nodes_[b].seq; });
+  }
+}
+
+void Runtime::run_accumulate_grad(Node& n) {
+  Parameter& p = params_[n.param];
+  const uint32_t g = n.grad[0];
+  const bool transposed = n.grad_is_view[0];
+  n.grad[0] = kNoStorage;
+  const OpKind saved_op = cur_op_;
+  cur_op_ = OpKind::accumulate_grad;
+  if (p.grad == kNoStorage) {
+    if (!transposed && refs_[g] == 1) {
+      p.grad = g;  // stolen: no copy
+    } else {
+      // The grad's strides do not obey the parameter's layout: clone into .grad.
+      p.grad = alloc_raw(p.bytes, TensorKind::gradient, OpKind::accumulate_grad);
+      release(g);
+    }
+  } else {
+    release(g);  // .grad += grad, in place
+  }
+  cur_op_ = saved_op;
+}
+
+}  // namespace memsim::graph

@@ -1,0 +1,176 @@
+// graph::Runtime: symbolic eager PyTorch (see the design note in graph/ir.h).
+//
+// Contract:
+//  - Storage ids are Program tensor ids: Runtime::alloc appends an alloc event and the
+//    storage starts with one reference, owned by the returned Tensor handle.
+//  - A storage's free event is emitted the moment its reference count reaches 0, in the
+//    context (phase, layer, op) current at that moment.
+//  - Parameters are created once (add_parameter) and never freed; their .grad storages
+//    are owned by the Runtime until zero_grad_set_to_none().
+//  - The autograd graph recorded since the last backward() is consumed by backward();
+//    discard_graph() drops it without running it (forward-only steps whose outputs die).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "graph/ir.h"
+#include "sim/program.h"
+
+namespace memsim::graph {
+
+class Runtime;
+inline constexpr uint32_t kNoStorage = UINT32_MAX;
+
+// A Python-visible tensor: one reference to a storage plus its autograd identity.
+// Copying a Tensor is binding another Python name (retain); destroying or reset()
+// drops the name (release). `bytes` is this tensor's size (views may be smaller than
+// their storage).
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(const Tensor& o);
+  Tensor(Tensor&& o) noexcept;
+  Tensor& operator=(const Tensor& o);
+  Tensor& operator=(Tensor&& o) noexcept;
+  ~Tensor() { reset(); }
+  void reset();
+  bool defined() const { return rt_ != nullptr; }
+  bool requires_grad() const { return grad_fn >= 0; }
+
+  uint32_t storage = kNoStorage;
+  uint64_t bytes = 0;
+  int32_t grad_fn = -1;  // autograd node that produced it (AccumulateGrad for a parameter)
+  uint8_t out_slot = 0;  // which output of that node
+
+ private:
+  friend class Runtime;
+  Runtime* rt_ = nullptr;
+};
+
+// Where an emitted event belongs (copied into every event and node).
+struct OpContext {
+  Phase phase = Phase::setup;
+  int32_t layer = -1;
+  Module module = Module::none;
+  uint32_t region = 0;  // checkpoint region id; 0 = none
+};
+
+struct Edge {
+  int32_t node = -1;  // -1: that input needs no grad
+  uint8_t slot = 0;
+};
+
+// An autograd node. `size` holds op-specific byte counts documented in graph/ops.cpp.
+struct Node {
+  OpKind kind = OpKind::other;
+  uint8_t n_next = 0;
+  uint8_t flags = 0;
+  Module module = Module::none;
+  int32_t layer = -1;
+  uint32_t seq = 0;
+  uint32_t region = 0;
+  Edge next[3];
+  uint64_t size[4] = {0, 0, 0, 0};
+  double flops = 0;                 // backward FLOPs
+  uint32_t saved_first = 0, saved_count = 0;
+  uint32_t deps = 0;
+  int32_t param = -1;               // accumulate_grad: parameter index
+  uint32_t grad[2] = {kNoStorage, kNoStorage};  // input buffer per output slot
+  bool grad_is_view[2] = {false, false};
+};
+
+// A grad produced by a backward function, on its way to the next node.
+struct Grad {
+  uint32_t storage = kNoStorage;
+  bool is_view = false;    // a view of another result: InputBuffer won't add into it in place
+  bool transposed = false; // layout differs from the parameter's: AccumulateGrad clones it
+};
+
+struct Parameter {
+  uint32_t storage = kNoStorage;
+  uint64_t bytes = 0;
+  uint32_t grad = kNoStorage;  // .grad (None when kNoStorage)
+  int32_t acc_node = -1;       // AccumulateGrad node in the current graph
+  uint32_t graph_epoch = 0;
+};
+
+class Runtime {
+ public:
+  explicit Runtime(Program& program);
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  Program& program() { return program_; }
+  OpContext ctx;
+  bool grad_enabled = true;
+
+  // --- storages ---------------------------------------------------------------
+  // New storage of `bytes`, one reference owned by the returned handle. The event's op
+  // is `op` (forward name in forward, backward name in backward).
+  Tensor alloc(uint64_t bytes, TensorKind kind, OpKind op);
+  // Same, returning a raw storage id with one reference owned by the caller.
+  uint32_t alloc_raw(uint64_t bytes, TensorKind kind, OpKind op);
+  void retain(uint32_t s) { ++refs_[s]; }
+  void release(uint32_t s);
+  int32_t refs(uint32_t s) const { return refs_[s]; }
+  // A new handle on an existing storage (a view): retains it.
+  Tensor view_of(const Tensor& base, uint64_t bytes);
+  // Emits a mark event.
+  void mark(std::string_view name) { program_.mark(name, ctx.phase); }
+
+  // --- parameters ----------------------------------------------------------------
+  int32_t add_parameter(uint64_t bytes, std::string_view name);
+  // A handle on parameter i that requires grad (its grad_fn is AccumulateGrad).
+  Tensor param(int32_t i);
+  const std::vector<Parameter>& parameters() const { return params_; }
+  std::vector<Parameter>& parameters() { return params_; }
+  // optimizer.zero_grad(set_to_none=True): frees every .grad.
+  void zero_grad_set_to_none();
+
+  // --- autograd recording (called by ops) ---------------------------------------
+  // Creates a node whose inputs are `inputs` (grad edges taken from their grad_fn).
+  int32_t make_node(OpKind kind, std::initializer_list<const Tensor*> inputs);
+  Node& node(int32_t id) { return nodes_[id]; }
+  // SavedVariable: keeps `t`'s storage alive until node `id` has run.
+  void save(int32_t id, const Tensor& t);
+  void save_storage(int32_t id, uint32_t storage);
+
+  // --- backward -------------------------------------------------------------------
+  // loss.backward(): root grad = ones_like(loss) (a 0-d tensor), then the engine.
+  void backward(const Tensor& loss);
+  // Drops the recorded graph (its saved tensors are released).
+  void discard_graph();
+  bool has_graph() const { return !nodes_.empty(); }
+
+  // Helpers for backward functions.
+  uint32_t grad_alloc(uint64_t bytes, OpKind op, TensorKind kind = TensorKind::temporary) {
+    return alloc_raw(bytes, kind, op);
+  }
+  void add_flops_forward(double f) { program_.flops.forward += f; }
+  void add_flops_backward(double f) { program_.flops.backward += f; }
+
+ private:
+  friend class Tensor;
+  void run_node(int32_t id, std::vector<int32_t>& ready);
+  void deliver(const Edge& e, Grad g, std::vector<int32_t>& ready);
+  void run_accumulate_grad(Node& n);
+  uint32_t op_id(OpKind k, bool backward) const {
+    return backward ? bwd_name_[static_cast<int>(k)] : fwd_name_[static_cast<int>(k)];
+  }
+
+  Program& program_;
+  std::vector<int32_t> refs_;
+  std::vector<Node> nodes_;
+  std::vector<uint32_t> saved_;
+  std::vector<Parameter> params_;
+  uint32_t seq_ = 0;
+  uint32_t graph_epoch_ = 1;
+  uint32_t fwd_name_[kOpKindCount];
+  uint32_t bwd_name_[kOpKindCount];
+  bool in_backward_ = false;
+  OpKind cur_op_ = OpKind::other;  // op whose frees are being emitted
+};
+
+}  // namespace memsim::graph
