@@ -39,6 +39,19 @@ class DeviceMemory {
   // cudaMemGetInfo: bytes free and the device total (used by the OOM message).
   virtual uint64_t free_bytes() const = 0;
   virtual uint64_t total_bytes() const = 0;
+
+  // Expandable segments (§7, §12). A reservation is virtual address space only; pages
+  // are backed one map at a time. The defaults hand out reservations in a high address
+  // range, accept a map iff free_bytes() covers it, and do no accounting; models that
+  // track capacity (SimulatedDevice, the replay device) override them.
+  virtual uint64_t reserve_address_space(uint64_t bytes);
+  virtual bool map_pages(uint64_t address, uint64_t bytes);
+  virtual void unmap_pages(uint64_t address, uint64_t bytes);
+  // A cudaMalloc made before the allocator was seeded (seed_segment): account for it.
+  virtual void adopt(uint64_t address, uint64_t bytes);
+
+ private:
+  uint64_t next_reservation_ = 0x7f0000000000ull;
 };
 
 // A device with `total` bytes of which `reserved_outside` (CUDA context, other
@@ -50,11 +63,16 @@ class SimulatedDevice final : public DeviceMemory {
   void cuda_free(uint64_t address, uint64_t bytes) override;
   uint64_t free_bytes() const override;
   uint64_t total_bytes() const override { return total_; }
+  uint64_t reserve_address_space(uint64_t bytes) override;
+  bool map_pages(uint64_t address, uint64_t bytes) override;
+  void unmap_pages(uint64_t address, uint64_t bytes) override;
+  void adopt(uint64_t address, uint64_t bytes) override;
 
  private:
   uint64_t total_;
   uint64_t used_;
   uint64_t next_address_;
+  uint64_t next_reservation_ = 0x7f0000000000ull;
 };
 
 // The failing request of an out-of-memory (§4.7).
@@ -135,13 +153,23 @@ class CachingAllocator {
 
   // Seeds state for a trace that starts warm (replay): adds a segment that cudaMalloc
   // returned earlier, tiled by `blocks` (address order; allocated blocks get BlockIds,
-  // returned in order for the allocated ones). Only valid for non-expandable segments.
+  // returned in order for the allocated ones). Adjacent inactive blocks are merged, as
+  // the allocator would have. Statistics count the segment and its blocks as if they had
+  // been allocated; no trace entries are emitted; the device is told via adopt().
+  // An expandable segment (is_expandable) is a mapped run: the first run seeded for a
+  // (pool kind, stream) starts a new reservation at its address (§7.1, sized from the
+  // device total); a later run inside that reservation is placed into it.
   std::vector<BlockId> seed_segment(const SegmentInfo& segment);
 
   const MemoryStats& stats() const;
   void reset_peak_stats();
   std::vector<SegmentInfo> segments() const;  // address order
   const AllocatorConfig& config() const;
+  // Bytes obtained from the device (segments plus mapped pages): what the memory
+  // fraction and garbage collection compare against (§1).
+  uint64_t total_allocated_memory() const;
+  // Address of a block returned by malloc (valid while it is allocated).
+  uint64_t block_address(BlockId block) const;
 
   // Optional observer of every trace entry (pass nullptr to detach). Not owned.
   void set_trace_observer(TraceObserver* observer);

@@ -1,0 +1,129 @@
+// Internal to the allocator emulator: the state and operations behind CachingAllocator.
+// One device, default pools only (no CUDA graphs / MemPools, no record_stream), so every
+// block is either allocated or free; `active_pending_free` never occurs.
+//
+// The member functions are spread over files by concern:
+//   caching_allocator.cpp    malloc/free hot path, splitting, merging (§4, §5)
+//   allocator_release.cpp    release_cached_blocks, release_available_cached_blocks,
+//                            garbage collection, OOM result (§4.4, §4.6, §4.7, §6)
+//   expandable_segments.cpp  expandable segments (§7)
+//   allocator_state.cpp      segments(), seeding, address index (§9.2, §9.3)
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "allocator/block_pool.h"
+#include "allocator/caching_allocator.h"
+
+namespace memsim {
+
+inline constexpr uint64_t kMinBlockSize = 512;
+inline constexpr uint64_t kSmallSize = 1048576;
+inline constexpr uint64_t kSmallBuffer = 2097152;
+inline constexpr uint64_t kLargeBuffer = 20971520;
+inline constexpr uint64_t kMinLargeAlloc = 10485760;
+inline constexpr uint64_t kRoundLarge = 2097152;
+
+namespace detail {
+
+// One free-block pool kind (§1): the mapped free blocks and, in expandable mode, the
+// unmapped remainders of its reservations.
+struct Pool {
+  BlockSet blocks;
+  UnmappedSet unmapped;
+  uint64_t get_free_blocks_call_count = 0;  // §4.4
+  bool small = false;
+};
+
+// One virtual address reservation of expandable mode (§7.1).
+struct ExpandableSegment {
+  uint64_t base = 0;
+  uint64_t page = 0;       // 2 MiB (small pool) or 20 MiB (large pool)
+  uint64_t num_pages = 0;
+  StreamId stream = 0;
+  bool small = false;
+  bool alive = false;
+  std::vector<bool> mapped_pages;
+};
+
+}  // namespace detail
+
+class CachingAllocator::Impl {
+ public:
+  Impl(const AllocatorConfig& config, DeviceMemory& device);
+
+  // --- public operations (CachingAllocator forwards here) ---
+  AllocResult malloc(uint64_t bytes, StreamId stream);
+  void free(BlockId id);
+  bool free_at(uint64_t address);
+  void empty_cache();
+  std::vector<BlockId> seed_segment(const SegmentInfo& segment);
+  std::vector<SegmentInfo> segments() const;
+  uint64_t round_size(uint64_t bytes) const;
+  static uint64_t allocation_size(uint64_t rounded);
+
+  AllocatorConfig config;
+  MemoryStats stats;
+  TraceObserver* observer = nullptr;
+
+  // --- used across the implementation files ---
+  detail::Pool& pool_of(bool small) { return small ? small_pool_ : large_pool_; }
+  void trace(TraceAction action, uint64_t address, uint64_t size, StreamId stream) {
+    if (observer != nullptr) observer->on_trace(TraceEntry{action, address, size, stream});
+  }
+  void pool_insert(BlockId id);
+  void pool_erase(BlockId id);
+  void unmapped_insert(BlockId id);
+  void unmapped_erase(BlockId id);
+  uint64_t try_merge(BlockId dst, BlockId src);
+
+  // malloc steps
+  BlockId get_free_block(detail::Pool& pool, uint64_t size, StreamId stream);
+  BlockId alloc_block(detail::Pool& pool, uint64_t size, uint64_t alloc_size, StreamId stream,
+                      bool is_retry);
+  bool should_split(const detail::Block& block, uint64_t size) const;
+  AllocResult alloc_found_block(BlockId id, uint64_t size, uint64_t orig, bool split);
+  void free_block(BlockId id);
+
+  // release paths (allocator_release.cpp)
+  void garbage_collect_cached_blocks();
+  bool release_available_cached_blocks(detail::Pool& pool, uint64_t size, StreamId stream);
+  void release_cached_blocks();
+  void release_blocks(detail::Pool& pool);
+  void release_block(BlockId id);
+  OutOfMemory make_oom(uint64_t orig, uint64_t size, uint64_t alloc_size, StreamId stream);
+
+  // expandable segments (expandable_segments.cpp)
+  BlockId try_allocate_expandable_block(detail::Pool& pool, uint64_t size, StreamId stream);
+  BlockId find_expandable_block(detail::Pool& pool, uint64_t size, StreamId stream);
+  bool map_block(BlockId id, uint64_t size);
+  void unmap_block(BlockId id);
+  void release_expandable_segment(BlockId id);
+  uint32_t create_expandable_segment(bool small, StreamId stream, uint64_t base);
+  std::vector<BlockId> seed_expandable_run(const SegmentInfo& segment);
+
+  bool gc_active() const {
+    return config.memory_fraction.has_value() && config.garbage_collection_threshold > 0.0;
+  }
+  uint64_t allowed_memory_maximum() const;
+
+  void index_insert(BlockId id);
+  void index_erase(BlockId id);
+
+  DeviceMemory& device;
+  detail::BlockTable blocks;
+  detail::Pool small_pool_;
+  detail::Pool large_pool_;
+  std::vector<detail::ExpandableSegment> expandable_segments;
+  uint64_t total_allocated_memory = 0;
+  bool plain_rounding = true;  // no roundup_power2_divisions entry > 1: 512-rounding only
+
+  // address -> allocated block, built on the first free_at() and maintained after that,
+  // so callers that use BlockIds pay nothing for it.
+  bool index_enabled = false;
+  std::unordered_map<uint64_t, BlockId> address_index;
+};
+
+}  // namespace memsim

@@ -1,0 +1,3 @@
+// The Catch2 v2 test runner entry point (one per test executable).
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
