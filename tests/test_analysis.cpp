@@ -351,3 +351,63 @@ TEST_CASE("analyze reports an OOM from the timeline", "[analysis]") {
   REQUIRE(a.marks[0].second);      // forward_end ran
   CHECK_FALSE(a.marks[1].second);  // backward_end did not
 }
+
+// ---- Through the real allocator emulator --------------------------------------------
+
+TEST_CASE("analyze a Program executed through the caching allocator", "[analysis]") {
+  Step s = two_layer_step();
+  SimulatedDevice device(80 * GiB, 0);
+  Timeline t = execute(s.p, AllocatorConfig{}, device);
+  REQUIRE_FALSE(t.oom);
+  Analysis a = analyze(s.p, t);
+
+  // Every request here is small: 512-byte rounding, so allocated >= requested.
+  REQUIRE(a.peak);
+  CHECK(a.peak->index == s.peak_index);
+  CHECK(a.peak_requested == 7104);
+  CHECK(a.peak_allocated >= a.peak_requested);
+  CHECK(a.peak_allocated == t.allocated[s.peak_index]);
+  // execute() reset the allocator's peaks at measured_step_begin: the final stats agree
+  // with the measured maxima, and the warm-up's 50 KB block is not the peak.
+  CHECK(static_cast<uint64_t>(t.final_stats.allocated_bytes.all.peak) == a.peak_allocated);
+  CHECK(a.peak_allocated < 50000);
+  // The breakdown uses the allocator's rounded sizes, so it sums to allocated.
+  CHECK(a.breakdown_at_peak.total() == a.peak_allocated);
+  CHECK(a.breakdown_at_peak.parameters == 2 * 1024);  // 1000 B rounds to 1024
+  CHECK(a.live_at_peak.bytes == 7104);                // the live set keeps requested sizes
+  // Small blocks come from 2 MiB segments; the warm-up's segment stays cached.
+  CHECK(a.peak_reserved % (2 * MiB) == 0);
+  REQUIRE(a.marks[1].second);
+  CHECK(a.marks[1].second->reserved >= a.marks[1].second->allocated);
+}
+
+TEST_CASE("analyze an out-of-memory from a small simulated device", "[analysis]") {
+  Program p;
+  const uint32_t op = p.intern("matmul");
+  p.alloc(30 * MiB, TensorKind::parameter, Phase::setup, p.intern("init"), -1, p.intern("w"));
+  p.mark("measured_step_begin", Phase::other);
+  p.alloc(20 * MiB, TensorKind::activation, Phase::forward, op, 0, p.intern("h0"));
+  p.alloc(40 * MiB, TensorKind::activation, Phase::forward, op, 1, p.intern("h1"));
+  p.mark("forward_end", Phase::forward);
+
+  SimulatedDevice device(64 * MiB, 0);
+  Timeline t = execute(p, AllocatorConfig{}, device);
+  REQUIRE(t.oom);
+  Analysis a = analyze(p, t);
+  CHECK_FALSE(a.fits());
+  REQUIRE(a.oom);
+  CHECK(a.oom->index == 3);
+  CHECK(a.oom->op == "matmul");
+  CHECK(a.oom->phase == Phase::forward);
+  CHECK(a.oom->layer == 1);
+  CHECK(a.oom->tensor == "h1");
+  CHECK(a.oom->requested_bytes == 40 * MiB);
+  CHECK(a.oom->allocated_bytes == 50 * MiB);
+  CHECK(a.oom->capacity_bytes == 64 * MiB);
+  CHECK(a.oom->message.find("CUDA out of memory. Tried to allocate 40.00 MiB") == 0);
+  CHECK(a.events_executed == 3);
+  CHECK(a.peak_allocated == 50 * MiB);
+  REQUIRE(a.peak);
+  CHECK(a.peak->index == 2);
+  CHECK_FALSE(a.marks[0].second);  // forward never ended
+}

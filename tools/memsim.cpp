@@ -1,3 +1,71 @@
-// memsim command line entry point. Subcommands live in tools/cli/.
+// memsim command line entry point: parses the command line (CLI11), sets up logging and
+// maps errors to the exit statuses of shared/docs/design.md:
+//   0 done and fits, 3 done and out of memory, 1 bad input, 2 bad usage.
+// The subcommands and report writers live in tools/cli/.
 #include <cstdio>
-int main() { std::puts("memsim: under construction"); return 0; }
+#include <exception>
+#include <new>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "allocator/allocator_config.h"
+#include "allocator/snapshot.h"
+#include "sim/scenario.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/errors.h"
+#include "tools/cli/logging.h"
+
+namespace {
+
+int fail(const char* what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "memsim: error: %s\n", what);
+  return memsim::cli::kExitBadInput;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace memsim::cli;
+  CLI::App app{"memsim: predicts the GPU memory of transformer training without a GPU"};
+  app.require_subcommand(1);
+  // Options of the main app (-v) are accepted after the subcommand too.
+  app.fallthrough();
+  int verbosity = 0;
+  app.add_flag("-v,--verbose", verbosity, "More log output on stderr (-v info, -vv debug)");
+
+  CLI::App* presets = add_presets_command(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Prints the message (stderr) or the help text (stdout); help is success, anything
+    // else is bad usage.
+    return app.exit(e) == 0 ? 0 : kExitUsage;
+  }
+
+  setup_logging(verbosity);
+  try {
+    if (presets->parsed()) return run_presets();
+    return kExitUsage;  // unreachable: require_subcommand(1)
+  } catch (const UsageError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "memsim: error: %s\nRun with --help for more information.\n", e.what());
+    return kExitUsage;
+  } catch (const memsim::ScenarioError& e) {
+    return fail(e.what());
+  } catch (const memsim::SnapshotError& e) {
+    return fail(e.what());
+  } catch (const memsim::ConfigError& e) {
+    return fail(e.what());
+  } catch (const InputError& e) {
+    return fail(e.what());
+  } catch (const std::bad_alloc&) {
+    return fail("out of host memory");
+  } catch (const std::exception& e) {
+    // Not a known input error: still a clean message and status 1, never a crash.
+    std::string what = std::string("internal error: ") + e.what();
+    return fail(what.c_str());
+  }
+}

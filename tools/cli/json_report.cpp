@@ -1,0 +1,115 @@
+#include "tools/cli/json_report.h"
+
+namespace memsim::cli {
+
+using nlohmann::json;
+
+json layer_json(int32_t layer) { return layer < 0 ? json(nullptr) : json(layer); }
+
+namespace {
+
+json event_json(const EventPoint& p) {
+  return json{{"index", p.index},
+              {"op", p.op},
+              {"phase", to_string(p.phase)},
+              {"layer", layer_json(p.layer)},
+              {"allocated_bytes", p.allocated},
+              {"reserved_bytes", p.reserved},
+              {"requested_bytes", p.requested}};
+}
+
+json breakdown_json(const Breakdown& b) {
+  return json{{"parameters", b.parameters},       {"gradients", b.gradients},
+              {"optimizer_state", b.optimizer_state}, {"activations", b.activations},
+              {"temporaries", b.temporaries},     {"other", b.other}};
+}
+
+json live_json(const LiveSet& live) {
+  json by_kind = json::object();
+  for (int k = 0; k < kTensorKindCount; ++k) {
+    by_kind[to_string(static_cast<TensorKind>(k))] = live.by_kind[static_cast<size_t>(k)];
+  }
+  json by_layer = json::array();
+  for (const LayerBytes& l : live.by_layer) {
+    by_layer.push_back({{"layer", layer_json(l.layer)}, {"bytes", l.bytes}, {"tensors", l.tensors}});
+  }
+  json by_op = json::array();
+  for (const NamedBytes& o : live.by_op) {
+    by_op.push_back({{"op", o.name}, {"bytes", o.bytes}, {"tensors", o.tensors}});
+  }
+  return json{{"tensors", live.tensors},
+              {"bytes", live.bytes},
+              {"by_kind", std::move(by_kind)},
+              {"by_layer", std::move(by_layer)},
+              {"by_op", std::move(by_op)}};
+}
+
+json oom_json(const OomReport& o) {
+  return json{{"index", o.index},
+              {"op", o.op},
+              {"phase", to_string(o.phase)},
+              {"layer", layer_json(o.layer)},
+              {"kind", to_string(o.kind)},
+              {"tensor", o.tensor},
+              {"requested_bytes", o.requested_bytes},
+              {"allocated_bytes", o.allocated_bytes},
+              {"reserved_bytes", o.reserved_bytes},
+              {"capacity_bytes", o.capacity_bytes},
+              {"free_bytes", o.free_bytes},
+              {"message", o.message}};
+}
+
+}  // namespace
+
+json memory_stats_json(const MemoryStats& stats) {
+  json out = json::object();
+  for (const auto& [key, value] : stats.to_flat_map()) out[key] = value;
+  return out;
+}
+
+json analysis_json(const Analysis& a) {
+  json j = json::object();
+  j["fits"] = a.fits();
+  j["events"] = a.events;
+  j["events_executed"] = a.events_executed;
+  j["measured_from_event"] = a.measured_begin;
+  j["peak_allocated_bytes"] = a.peak_allocated;
+  j["peak_reserved_bytes"] = a.peak_reserved;
+  j["peak_requested_bytes"] = a.peak_requested;
+  j["peak_event"] = a.peak ? event_json(*a.peak) : json(nullptr);
+  j["breakdown_at_peak"] = breakdown_json(a.breakdown_at_peak);
+  j["live_at_peak"] = live_json(a.live_at_peak);
+
+  json peaks = json::array();
+  for (const EventPoint& p : a.top_peaks) peaks.push_back(event_json(p));
+  j["top_peaks"] = std::move(peaks);
+
+  json tensors = json::array();
+  for (const LiveTensor& t : a.live_at_peak.largest) {
+    tensors.push_back({{"name", t.name},
+                       {"kind", to_string(t.kind)},
+                       {"bytes", t.bytes},
+                       {"op", t.op},
+                       {"phase", to_string(t.phase)},
+                       {"layer", layer_json(t.layer)},
+                       {"alloc_event", t.alloc_event}});
+  }
+  j["top_tensors"] = std::move(tensors);
+
+  json marks = json::object();
+  for (const auto& [name, mark] : a.marks) {
+    marks[name] = mark ? json{{"index", mark->index},
+                              {"allocated", mark->allocated},
+                              {"reserved", mark->reserved}}
+                       : json(nullptr);
+  }
+  j["marks"] = std::move(marks);
+
+  j["oom"] = a.oom ? oom_json(*a.oom) : json(nullptr);
+  j["flops"] = json{{"forward", a.flops.forward},
+                    {"backward", a.flops.backward},
+                    {"recompute", a.flops.recompute}};
+  return j;
+}
+
+}  // namespace memsim::cli

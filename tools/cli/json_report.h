@@ -1,0 +1,36 @@
+// The --json report: an Analysis as the JSON object design.md specifies (key names are
+// public interface; bytes are integers; a layer outside any transformer layer is null).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "allocator/memory_stats.h"
+#include "sim/analysis.h"
+
+namespace memsim::cli {
+
+// The keys every summary shares (run, replay; later compare/sweep per point):
+//   fits, events, events_executed, measured_from_event,
+//   peak_allocated_bytes, peak_reserved_bytes, peak_requested_bytes,
+//   peak_event {index, op, phase, layer, allocated_bytes, reserved_bytes,
+//               requested_bytes} | null,
+//   breakdown_at_peak {parameters, gradients, optimizer_state, activations, temporaries,
+//                      other},
+//   live_at_peak {tensors, bytes, by_kind {<each TensorKind>}, by_layer [{layer, bytes,
+//                 tensors}], by_op [{op, bytes, tensors}]},
+//   top_peaks [{index, op, phase, layer, allocated_bytes, reserved_bytes,
+//               requested_bytes}],
+//   top_tensors [{name, kind, bytes, op, phase, layer, alloc_event}],
+//   marks {forward_end, backward_end, optimizer_end: {index, allocated, reserved} | null},
+//   oom null | {index, op, phase, layer, kind, tensor, requested_bytes, allocated_bytes,
+//               reserved_bytes, capacity_bytes, free_bytes, message},
+//   flops {forward, backward, recompute}
+nlohmann::json analysis_json(const Analysis& analysis);
+
+// torch.cuda.memory_stats()-style flat object ("allocated_bytes.all.peak": N, ...).
+nlohmann::json memory_stats_json(const MemoryStats& stats);
+
+// Layer as JSON: null for -1 ("not in a layer").
+nlohmann::json layer_json(int32_t layer);
+
+}  // namespace memsim::cli

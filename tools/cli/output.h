@@ -1,0 +1,30 @@
+// Where reports go: a named file, or stdout for "-".
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+namespace memsim::cli {
+
+// An output stream opened for one report. "-" is stdout (not closed here). Opening or
+// finishing a file that cannot be written throws InputError naming the file, so a full
+// disk or a missing folder is reported, not silently truncated.
+class Output {
+ public:
+  explicit Output(const std::string& path);
+  ~Output();
+  Output(const Output&) = delete;
+  Output& operator=(const Output&) = delete;
+
+  std::FILE* file() const { return file_; }
+  void write(const std::string& text);
+  // Flushes and closes; throws InputError if anything failed to be written.
+  void finish();
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  bool owned_ = false;
+};
+
+}  // namespace memsim::cli

@@ -1,0 +1,60 @@
+#include "tools/cli/scenario_facts.h"
+
+#include "allocator/units.h"
+
+namespace memsim::cli {
+
+namespace {
+
+std::string model_line(const ModelConfig& m) {
+  std::string s = m.preset.empty() ? std::string() : m.preset + ": ";
+  s += std::string(to_string(m.family)) + ", " + std::to_string(m.layers) + " layers, d_model " +
+       std::to_string(m.d_model) + ", " + std::to_string(m.heads) + " heads";
+  if (m.kv_heads != m.heads) s += " (" + std::to_string(m.kv_heads) + " KV)";
+  s += ", d_ff " + std::to_string(m.d_ff) + ", vocab " + std::to_string(m.vocab) + ", " +
+       to_string(m.attention) + " attention";
+  return s;
+}
+
+std::string batch_line(const Scenario& s) {
+  std::string line = "micro_batch " + std::to_string(s.batch.micro_batch) + " x seq_len " +
+                     std::to_string(s.batch.seq_len);
+  if (s.batch.grad_accum != 1) line += ", grad_accum " + std::to_string(s.batch.grad_accum);
+  line += "; params " + std::string(to_string(s.precision.params));
+  line += s.precision.autocast ? ", autocast " + std::string(to_string(*s.precision.autocast))
+                               : std::string(", no autocast");
+  if (s.precision.master_weights) line += ", master weights";
+  return line;
+}
+
+std::string training_line(const Scenario& s) {
+  std::string line = std::string("step ") + to_string(s.step.kind);
+  if (s.optimizer.type != OptimizerType::none) {
+    line += ", " + std::string(to_string(s.optimizer.type)) + " (" + to_string(s.optimizer.impl) + ")";
+  }
+  line += ", checkpoint " + s.checkpoint.policy;
+  const ParallelConfig& p = s.parallel;
+  if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0) {
+    line += ", parallel dp " + std::to_string(p.data) + " tp " + std::to_string(p.tensor) +
+            " pp " + std::to_string(p.pipeline) + " zero " + std::to_string(p.zero);
+  }
+  return line;
+}
+
+std::string device_line(const DeviceConfig& d) {
+  std::string line = d.preset.empty() ? std::string() : d.preset + ": ";
+  if (d.capacity == 0) return line + "unlimited capacity";
+  return line + human_bytes(d.capacity) + " total, " + human_bytes(d.cuda_context) +
+         " CUDA context";
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> scenario_facts(const Scenario& s) {
+  return {{"model", model_line(s.model)},
+          {"batch", batch_line(s)},
+          {"training", training_line(s)},
+          {"device", device_line(s.device)}};
+}
+
+}  // namespace memsim::cli

@@ -1,0 +1,32 @@
+// The terminal summary printed after `run` / `replay` (stdout, human units).
+#pragma once
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sim/analysis.h"
+#include "tools/cli/style.h"
+
+namespace memsim::cli {
+
+// What the summary says about the job, beyond the Analysis.
+struct SummaryHeader {
+  std::string title;                                      // scenario name / trace file
+  std::vector<std::pair<std::string, std::string>> facts;  // ("model", "cs336-xl ..."), ...
+  std::optional<uint64_t> capacity;  // bytes the allocator may use; nullopt = unlimited
+};
+
+// Prints: title and facts, the FITS / OUT OF MEMORY verdict, peak allocated / reserved
+// and where the peak is, the breakdown at the peak (aligned table), the largest live
+// tensors there, the other distinct peaks, the phase marks, FLOPs, and for an OOM the
+// failing request with PyTorch's message.
+void print_summary(std::FILE* out, const SummaryHeader& header, const Analysis& analysis,
+                   const Style& style);
+
+// "1.23 TFLOP"-style count for FLOPs.
+std::string human_flops(double flops);
+
+}  // namespace memsim::cli

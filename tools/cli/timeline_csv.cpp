@@ -1,0 +1,90 @@
+#include "tools/cli/timeline_csv.h"
+
+#include <algorithm>
+#include <charconv>
+#include <string>
+
+namespace memsim::cli {
+namespace {
+
+const char* type_name(EventType type) {
+  switch (type) {
+    case EventType::alloc: return "alloc";
+    case EventType::free: return "free";
+    case EventType::mark: return "mark";
+    case EventType::empty_cache: return "empty_cache";
+  }
+  return "other";
+}
+
+void put_field(std::string& line, const std::string& text) {
+  // RFC 4180 quoting, only when needed (op names are normally plain identifiers).
+  if (text.find_first_of(",\"\r\n") == std::string::npos) {
+    line += text;
+    return;
+  }
+  line += '"';
+  for (char c : text) {
+    if (c == '"') line += '"';
+    line += c;
+  }
+  line += '"';
+}
+
+template <typename Int>
+void put_int(std::string& line, Int value) {
+  char buf[24];
+  auto res = std::to_chars(buf, buf + sizeof buf, value);
+  line.append(buf, res.ptr);
+}
+
+}  // namespace
+
+void write_timeline_csv(std::FILE* out, const Program& program, const Timeline& timeline) {
+  std::string buf = "index,type,op,phase,layer,kind,bytes,allocated,reserved,requested";
+  for (int k = 0; k < kTensorKindCount; ++k) {
+    buf += ',';
+    buf += to_string(static_cast<TensorKind>(k));
+  }
+  buf += '\n';
+
+  const size_t n = std::min({timeline.allocated.size(), timeline.reserved.size(),
+                             timeline.requested.size(), program.events.size()});
+  const bool by_kind = timeline.by_kind.size() >= n;
+  for (size_t i = 0; i < n; ++i) {
+    const MemoryEvent& e = program.events[i];
+    const bool is_tensor = e.type == EventType::alloc || e.type == EventType::free;
+    put_int(buf, i);
+    buf += ',';
+    buf += type_name(e.type);
+    buf += ',';
+    put_field(buf, e.type == EventType::mark ? program.str(static_cast<uint32_t>(e.bytes))
+                                             : program.str(e.op));
+    buf += ',';
+    buf += to_string(e.phase);
+    buf += ',';
+    if (e.layer >= 0) put_int(buf, e.layer);
+    buf += ',';
+    if (is_tensor) buf += to_string(e.kind);
+    buf += ',';
+    put_int(buf, is_tensor ? e.bytes : uint64_t{0});
+    buf += ',';
+    put_int(buf, timeline.allocated[i]);
+    buf += ',';
+    put_int(buf, timeline.reserved[i]);
+    buf += ',';
+    put_int(buf, timeline.requested[i]);
+    for (int k = 0; k < kTensorKindCount; ++k) {
+      buf += ',';
+      if (by_kind) put_int(buf, timeline.by_kind[i][static_cast<size_t>(k)]);
+    }
+    buf += '\n';
+    if (buf.size() > (1u << 20)) {  // write in ~1 MiB chunks: constant memory
+      std::fwrite(buf.data(), 1, buf.size(), out);
+      buf.clear();
+    }
+  }
+  std::fwrite(buf.data(), 1, buf.size(), out);
+}
+
+}  // namespace memsim::cli

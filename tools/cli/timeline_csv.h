@@ -1,0 +1,22 @@
+// The --timeline report: one CSV row per executed event.
+//
+// Columns: index,type,op,phase,layer,kind,bytes,allocated,reserved,requested, then one
+// column per TensorKind (parameters,gradients,optimizer_state,activations,temporaries,
+// input,loss,other) with the allocated (rounded) bytes of that kind after the event.
+//  - type: alloc | free | mark | empty_cache; op: the op, or a mark's name.
+//  - layer and kind are empty when they do not apply (outside a layer; mark rows).
+//  - bytes: the requested bytes of an alloc/free, 0 otherwise.
+//  - After an OOM the rows stop before the failing alloc (the Timeline's length); the
+//    failing request is in the JSON's "oom".
+#pragma once
+
+#include <cstdio>
+
+#include "sim/execute.h"
+#include "sim/program.h"
+
+namespace memsim::cli {
+
+void write_timeline_csv(std::FILE* out, const Program& program, const Timeline& timeline);
+
+}  // namespace memsim::cli
