@@ -204,31 +204,4 @@ Tensor Cs336Model::forward(const Tensor& ids) {
   return logits;
 }
 
-Tensor cs336_cross_entropy(Runtime& rt, const Tensor& logits, const Tensor& targets,
-                           uint64_t rows, uint64_t elem) {
-  const Module outer = rt.ctx.module;
-  rt.ctx.module = Module::loss;
-  // log_softmax: x - max; then (x - max) - log(sum(exp(x - max))).
-  MaxResult mx = max_dim(rt, logits, rows, elem);
-  Tensor shifted = sub(rt, logits, mx.values);
-  Tensor e = exp(rt, shifted);
-  Tensor z = sum_dim(rt, e, rows * elem);
-  Tensor lz = log(rt, z);
-  Tensor lsm = sub(rt, shifted, lz);
-  lz.reset();
-  z.reset();
-  e.reset();
-  shifted.reset();
-  mx.values.reset();
-  mx.indices.reset();
-  Tensor nl = neg(rt, lsm);
-  lsm.reset();
-  Tensor picked = gather(rt, nl, targets, rows * elem);
-  nl.reset();
-  Tensor loss = mean_all(rt, picked, elem);
-  picked.reset();
-  rt.ctx.module = outer;
-  return loss;
-}
-
 }  // namespace memsim::graph

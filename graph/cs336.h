@@ -60,9 +60,4 @@ class Cs336Model {
   Tensor rope_buffer_;
 };
 
-// cs336_basics.nn_utils.cross_entropy(logits, targets) (§6, staff version): a manual
-// log-softmax, neg, gather, mean. `rows` = B*S.
-Tensor cs336_cross_entropy(Runtime& rt, const Tensor& logits, const Tensor& targets,
-                           uint64_t rows, uint64_t elem);
-
 }  // namespace memsim::graph

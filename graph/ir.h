@@ -77,6 +77,8 @@ enum class OpKind : uint8_t {
   bmm,          // bmm(self, mat2): saves both
   linear,       // einops.einsum(x, W) = views + bmm; weight grad reaches AccumulateGrad transposed
   embedding,    // weight[ids]: aten::index; saves ids
+  log_softmax,  // _log_softmax: saves result
+  nll_loss,     // nll_loss_forward: output + total_weight; saves self, target, total_weight
   // no-grad helpers (never recorded as nodes)
   arange, compare, scalar_tensor, fill, optimizer_math, other,
 };

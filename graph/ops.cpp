@@ -45,6 +45,8 @@ const char* forward_name(OpKind k) {
     case OpKind::bmm: return "bmm";
     case OpKind::linear: return "einsum";
     case OpKind::embedding: return "index";
+    case OpKind::log_softmax: return "_log_softmax";
+    case OpKind::nll_loss: return "nll_loss_forward";
     case OpKind::arange: return "arange";
     case OpKind::compare: return "ge";
     case OpKind::scalar_tensor: return "scalar_tensor";
@@ -82,6 +84,8 @@ const char* backward_name(OpKind k) {
     case OpKind::bmm: return "BmmBackward0";
     case OpKind::linear: return "BmmBackward0";
     case OpKind::embedding: return "IndexBackward0";
+    case OpKind::log_softmax: return "LogSoftmaxBackward0";
+    case OpKind::nll_loss: return "NllLossBackward0";
     case OpKind::fill: return "ones_like";
     default: return forward_name(k);
   }
@@ -238,6 +242,7 @@ Tensor view(Runtime& rt, const Tensor& x, bool copy_in_backward) {
 
 Tensor bmm(Runtime& rt, const Tensor& a, const Tensor& b, uint64_t out_bytes, double flops) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::bmm);
+  rt.note_gemm();
   rt.add_flops_forward(flops);
   if (wants_grad(rt, {&a, &b})) {
     int32_t n = rt.make_node(OpKind::bmm, {&a, &b});
@@ -255,6 +260,7 @@ Tensor bmm(Runtime& rt, const Tensor& a, const Tensor& b, uint64_t out_bytes, do
 Tensor linear_einsum(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_bytes,
                      double flops) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::linear);
+  rt.note_gemm();
   rt.add_flops_forward(flops);
   if (wants_grad(rt, {&x, &w})) {
     // Edges in the order the engine reaches them: the weight path's view nodes were
@@ -278,6 +284,22 @@ Tensor embedding(Runtime& rt, const Tensor& weight, const Tensor& ids, uint64_t 
     rt.node(n).size[0] = weight.bytes;
     rt.node(n).size[1] = ids.bytes;
     rt.save(n, ids);
+    out.grad_fn = n;
+  }
+  return out;
+}
+
+Tensor log_softmax(Runtime& rt, const Tensor& x) { return unary(rt, x, OpKind::log_softmax, 2); }
+
+Tensor nll_loss(Runtime& rt, const Tensor& logp, const Tensor& target, uint64_t elem) {
+  Tensor out = out_tensor(rt, elem, OpKind::nll_loss);
+  Tensor total_weight = rt.alloc(elem, TensorKind::temporary, OpKind::nll_loss);
+  if (wants_grad(rt, {&logp})) {
+    int32_t n = rt.make_node(OpKind::nll_loss, {&logp});
+    rt.node(n).size[0] = logp.bytes;
+    rt.save(n, logp);
+    rt.save(n, target);
+    rt.save(n, total_weight);
     out.grad_fn = n;
   }
   return out;
@@ -372,6 +394,8 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     case OpKind::exp:
     case OpKind::log:
     case OpKind::neg:
+    case OpKind::log_softmax:  // _log_softmax_backward_data
+    case OpKind::nll_loss:     // nll_loss_backward: zeros(N, C) + scatter
     case OpKind::gather:  // zeros(self) + scatter_add
       out[0] = Grad{b.A(n.size[0], b.kind_for(0)), false, false};
       break;
@@ -431,12 +455,14 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     }
     case OpKind::bmm:
       if (b.needs(1)) out[1] = Grad{b.A(n.size[1]), false, false};
+      rt.note_gemm();
       if (b.needs(0)) out[0] = Grad{b.A(n.size[0]), false, false};
       break;
     case OpKind::linear:
       // next[0] = weight (its grad arrives transposed: AccumulateGrad clones it),
       // next[1] = input (a view of the bmm result).
       if (b.needs(0)) out[0] = Grad{b.A(n.size[0]), false, true};
+      rt.note_gemm();
       if (b.needs(1)) out[1] = Grad{b.A(n.size[1]), true, false};
       break;
     case OpKind::embedding: {

@@ -44,6 +44,11 @@ Tensor sum_dim(Runtime& rt, const Tensor& x, uint64_t out_bytes);
 Tensor where_scalar(Runtime& rt, const Tensor& mask, const Tensor& x, uint64_t elem);
 Tensor gather(Runtime& rt, const Tensor& self, const Tensor& index, uint64_t out_bytes);
 
+// F.cross_entropy pieces: _log_softmax (saves its result) and nll_loss_forward (a
+// scalar output and a 0-d total_weight; saves the log-probs, target, total_weight).
+Tensor log_softmax(Runtime& rt, const Tensor& x);
+Tensor nll_loss(Runtime& rt, const Tensor& logp, const Tensor& target, uint64_t elem);
+
 // --- data movement --------------------------------------------------------------------
 Tensor clone(Runtime& rt, const Tensor& x);  // reshape that cannot be a view
 // A view (no memory). copy_in_backward: the grad arriving here is not viewable as the

@@ -7,6 +7,11 @@
 
 namespace memsim::graph {
 
+namespace {
+// A node whose graph has been consumed or discarded (its saves are released).
+constexpr uint32_t kDeadNode = UINT32_MAX - 1;
+}  // namespace
+
 // ---------------------------------------------------------------- Tensor handle
 Tensor::Tensor(const Tensor& o)
     : storage(o.storage), bytes(o.bytes), grad_fn(o.grad_fn), out_slot(o.out_slot),
@@ -73,6 +78,7 @@ Tensor Runtime::alloc(uint64_t bytes, TensorKind kind, OpKind op) {
 }
 
 void Runtime::release(uint32_t s) {
+  if (frozen_) return;
   if (--refs_[s] == 0) program_.free(s, ctx.phase, op_id(cur_op_, in_backward_), ctx.layer);
 }
 
@@ -106,10 +112,12 @@ Tensor Runtime::param(int32_t i) {
       n.kind = OpKind::accumulate_grad;
       n.seq = UINT32_MAX;  // AccumulateGrad runs as soon as it is ready
       n.param = i;
+      n.graph = graph_epoch_;
       n.size[0] = p.bytes;
       n.layer = ctx.layer;
       n.module = ctx.module;
       nodes_.push_back(n);
+      ++live_nodes_;
       p.acc_node = static_cast<int32_t>(nodes_.size() - 1);
       p.graph_epoch = graph_epoch_;
     }
@@ -135,6 +143,7 @@ int32_t Runtime::make_node(OpKind kind, std::initializer_list<const Tensor*> inp
   n.layer = ctx.layer;
   n.module = ctx.module;
   n.region = ctx.region;
+  n.graph = graph_epoch_;
   for (const Tensor* t : inputs) {
     Edge e;
     if (t != nullptr && t->grad_fn >= 0) {
@@ -145,6 +154,7 @@ int32_t Runtime::make_node(OpKind kind, std::initializer_list<const Tensor*> inp
   }
   n.saved_first = static_cast<uint32_t>(saved_.size());
   nodes_.push_back(n);
+  ++live_nodes_;
   return static_cast<int32_t>(nodes_.size() - 1);
 }
 
@@ -158,17 +168,30 @@ void Runtime::save_storage(int32_t id, uint32_t storage) {
 
 void Runtime::save(int32_t id, const Tensor& t) { save_storage(id, t.storage); }
 
-void Runtime::discard_graph() {
+void Runtime::discard_graph(uint32_t g) {
+  const OpKind saved_op = cur_op_;
   cur_op_ = OpKind::other;
   for (Node& n : nodes_) {
+    if (n.graph != g || n.seq == kDeadNode) continue;
     for (uint32_t i = 0; i < n.saved_count; ++i) release(saved_[n.saved_first + i]);
     n.saved_count = 0;
     for (int s = 0; s < 2; ++s)
       if (n.grad[s] != kNoStorage) release(n.grad[s]);
+    n.grad[0] = n.grad[1] = kNoStorage;
+    n.seq = kDeadNode;
+    --live_nodes_;
   }
-  nodes_.clear();
-  saved_.clear();
-  ++graph_epoch_;
+  if (live_nodes_ == 0) {
+    nodes_.clear();
+    saved_.clear();
+  }
+  cur_op_ = saved_op;
+}
+
+void Runtime::note_gemm() {
+  const int thread = in_backward_ ? 1 : 0;
+  if (cublas_workspace == 0 || workspace_[thread] != kNoStorage) return;
+  workspace_[thread] = alloc_raw(cublas_workspace, TensorKind::other, OpKind::other);
 }
 
 // ------------------------------------------------------------------- backward
@@ -209,8 +232,17 @@ void Runtime::backward(const Tensor& loss) {
     run_node(id, ready);
   }
   in_backward_ = false;
-  // The graph is freed (retain_graph=False): anything never reached is dropped too.
-  discard_graph();
+  // Reached nodes are dead now (retain_graph=False).
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (seen[i] && nodes_[i].seq != kDeadNode) {
+      nodes_[i].seq = kDeadNode;
+      --live_nodes_;
+    }
+  }
+  if (live_nodes_ == 0) {
+    nodes_.clear();
+    saved_.clear();
+  }
   ctx.phase = phase;
 }
 

@@ -71,6 +71,7 @@ struct Node {
   int32_t layer = -1;
   uint32_t seq = 0;
   uint32_t region = 0;
+  uint32_t graph = 0;               // graph generation (one per forward with grad)
   Edge next[3];
   uint64_t size[4] = {0, 0, 0, 0};
   double flops = 0;                 // backward FLOPs
@@ -115,6 +116,9 @@ class Runtime {
   void retain(uint32_t s) { ++refs_[s]; }
   void release(uint32_t s);
   int32_t refs(uint32_t s) const { return refs_[s]; }
+  // Stops emitting: handles destroyed after this (the end of the simulated program,
+  // when the builder's C++ objects go away) free nothing.
+  void freeze() { frozen_ = true; }
   // A new handle on an existing storage (a view): retains it.
   Tensor view_of(const Tensor& base, uint64_t bytes);
   // Emits a mark event.
@@ -137,12 +141,25 @@ class Runtime {
   void save(int32_t id, const Tensor& t);
   void save_storage(int32_t id, uint32_t storage);
 
+  // --- graphs -------------------------------------------------------------------
+  // Starts a new graph generation: nodes recorded from now on belong to it. Several
+  // generations may be alive at once (a script that keeps an old output's graph).
+  uint32_t begin_graph() { return ++graph_epoch_; }
+  uint32_t current_graph() const { return graph_epoch_; }
+  // The output holding graph `g` died without backward: its saved tensors are released.
+  void discard_graph(uint32_t g);
+
   // --- backward -------------------------------------------------------------------
-  // loss.backward(): root grad = ones_like(loss) (a 0-d tensor), then the engine.
+  // loss.backward(): root grad = ones_like(loss) (a 0-d tensor), then the engine. The
+  // nodes reached are consumed (retain_graph=False).
   void backward(const Tensor& loss);
-  // Drops the recorded graph (its saved tensors are released).
-  void discard_graph();
-  bool has_graph() const { return !nodes_.empty(); }
+
+  // --- cuBLAS workspaces ----------------------------------------------------------
+  // Bytes of one cuBLAS workspace (0 = none). The first GEMM on the forward thread and
+  // the first on the autograd thread each allocate one, kept for the process lifetime
+  // (cs336-model.md §1, aten-saved-tensors.md §E).
+  uint64_t cublas_workspace = 0;
+  void note_gemm();
 
   // Helpers for backward functions.
   uint32_t grad_alloc(uint64_t bytes, OpKind op, TensorKind kind = TensorKind::temporary) {
@@ -167,9 +184,12 @@ class Runtime {
   std::vector<Parameter> params_;
   uint32_t seq_ = 0;
   uint32_t graph_epoch_ = 1;
+  uint32_t workspace_[2] = {kNoStorage, kNoStorage};
+  uint32_t live_nodes_ = 0;
   uint32_t fwd_name_[kOpKindCount];
   uint32_t bwd_name_[kOpKindCount];
   bool in_backward_ = false;
+  bool frozen_ = false;
   OpKind cur_op_ = OpKind::other;  // op whose frees are being emitted
 };
 

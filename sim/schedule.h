@@ -10,9 +10,13 @@
 
 #include "sim/program.h"
 #include "sim/scenario.h"
+#include "sim/training_script.h"
 
 namespace memsim {
 
 Program build_program(const Scenario& scenario);
+// Same, with the training loop's details given explicitly (sim/training_script.h);
+// build_program(s) == build_program(s, default_script(s)).
+Program build_program(const Scenario& scenario, const TrainingScript& script);
 
 }  // namespace memsim

@@ -1,0 +1,159 @@
+#include "sim/optimizer_step.h"
+
+namespace memsim {
+namespace {
+
+using graph::OpKind;
+using graph::Runtime;
+using graph::Tensor;
+
+Tensor temp(Runtime& rt, uint64_t bytes) {
+  return rt.alloc(bytes, TensorKind::temporary, OpKind::optimizer_math);
+}
+Tensor state(Runtime& rt, uint64_t bytes) {
+  return rt.alloc(bytes, TensorKind::optimizer_state, OpKind::optimizer_math);
+}
+
+// cs336_basics.optimizer.AdamW (cs336-model.md §7): a per-parameter Python loop.
+// Lines (staff source): p.data -= lr*wd*p.data; m = state.get("m", zeros_like(grad));
+// v likewise; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g**2;
+// p.data -= lr_t * m / (sqrt(v) + eps); state["m"], state["v"] = m, v.
+class Cs336AdamW final : public OptimizerSim {
+ public:
+  void step(Runtime& rt) override {
+    auto& params = rt.parameters();
+    if (m_.size() < params.size()) {
+      m_.resize(params.size());
+      v_.resize(params.size());
+    }
+    // The loop's locals: they keep the previous parameter's old m and v alive until
+    // they are rebound at the next parameter's state.get() line.
+    Tensor m_local, v_local;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const graph::Parameter& p = params[i];
+      if (p.grad == graph::kNoStorage) continue;
+      const uint64_t P = p.bytes;
+      { Tensor decay = temp(rt, P); }  // p.data -= lr*wd*p.data
+      for (int which = 0; which < 2; ++which) {
+        Tensor& st = which == 0 ? m_[i] : v_[i];
+        Tensor& local = which == 0 ? m_local : v_local;
+        // The default argument zeros_like(grad) is evaluated on every call.
+        Tensor zeros = temp(rt, P);
+        Tensor got = st.defined() ? st : zeros;
+        zeros.reset();
+        local = std::move(got);
+      }
+      Tensor m_new, v_new;
+      {
+        Tensor a = temp(rt, P), b = temp(rt, P);
+        m_new = state(rt, P);
+      }
+      {
+        Tensor a = temp(rt, P);
+        Tensor sq = temp(rt, P);
+        Tensor b = temp(rt, P);
+        sq.reset();
+        v_new = state(rt, P);
+      }
+      {
+        Tensor num = temp(rt, P);
+        Tensor root = temp(rt, P);
+        Tensor denom = temp(rt, P);
+        root.reset();
+        Tensor upd = temp(rt, P);
+        num.reset();
+        denom.reset();
+        upd.reset();
+      }
+      m_[i] = std::move(m_new);
+      v_[i] = std::move(v_new);
+    }
+  }
+
+ private:
+  std::vector<Tensor> m_, v_;
+};
+
+// torch.optim.Adam / AdamW. State per parameter: exp_avg, exp_avg_sq (zeros_like, in
+// parameter order, on the first step); `step` is a CPU scalar (not capturable/fused).
+class TorchAdam final : public OptimizerSim {
+ public:
+  explicit TorchAdam(OptimizerImpl impl) : impl_(impl) {}
+  void step(Runtime& rt) override {
+    auto& params = rt.parameters();
+    if (exp_avg_.size() < params.size()) {
+      exp_avg_.resize(params.size());
+      exp_avg_sq_.resize(params.size());
+    }
+    for (size_t i = 0; i < params.size(); ++i) {  // _init_group
+      if (params[i].grad == graph::kNoStorage || exp_avg_[i].defined()) continue;
+      exp_avg_[i] = state(rt, params[i].bytes);
+      exp_avg_sq_[i] = state(rt, params[i].bytes);
+    }
+    switch (impl_) {
+      case OptimizerImpl::foreach: {
+        // _multi_tensor_adam: every update is an in-place _foreach_ op except
+        // exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs), one new tensor per parameter,
+        // all alive until the addcdiv_ that consumes them.
+        std::vector<Tensor> sqrt_list;
+        sqrt_list.reserve(params.size());
+        for (size_t i = 0; i < params.size(); ++i)
+          if (params[i].grad != graph::kNoStorage) sqrt_list.push_back(temp(rt, params[i].bytes));
+        for (Tensor& t : sqrt_list) t.reset();
+        break;
+      }
+      case OptimizerImpl::for_loop:
+      case OptimizerImpl::cs336: {
+        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps).
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (params[i].grad == graph::kNoStorage) continue;
+          Tensor root = temp(rt, params[i].bytes);
+          Tensor denom = temp(rt, params[i].bytes);
+          root.reset();
+        }
+        break;
+      }
+      case OptimizerImpl::fused:
+        break;  // one kernel per group, no temporaries
+    }
+  }
+
+ private:
+  OptimizerImpl impl_;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+};
+
+// torch.optim.SGD: momentum_buffer = clone(grad) on the first step, then in place.
+class TorchSgd final : public OptimizerSim {
+ public:
+  explicit TorchSgd(double momentum) : momentum_(momentum) {}
+  void step(Runtime& rt) override {
+    if (momentum_ == 0.0) return;
+    auto& params = rt.parameters();
+    if (buf_.size() < params.size()) buf_.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].grad == graph::kNoStorage || buf_[i].defined()) continue;
+      buf_[i] = state(rt, params[i].bytes);
+    }
+  }
+
+ private:
+  double momentum_;
+  std::vector<Tensor> buf_;
+};
+
+}  // namespace
+
+std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config) {
+  switch (config.type) {
+    case OptimizerType::none: return nullptr;
+    case OptimizerType::sgd: return std::make_unique<TorchSgd>(config.momentum);
+    case OptimizerType::adam:
+    case OptimizerType::adamw:
+      if (config.impl == OptimizerImpl::cs336) return std::make_unique<Cs336AdamW>();
+      return std::make_unique<TorchAdam>(config.impl);
+  }
+  return nullptr;
+}
+
+}  // namespace memsim

@@ -1,0 +1,191 @@
+// build_program: model construction, batch tensors, warm-up steps and the measured
+// step of a training loop, emitted through graph::Runtime (symbolic eager PyTorch).
+#include "sim/schedule.h"
+
+#include <stdexcept>
+
+#include "graph/cs336.h"
+#include "graph/losses.h"
+#include "sim/optimizer_step.h"
+
+namespace memsim {
+
+TrainingScript default_script(const Scenario& scenario) {
+  TrainingScript s;
+  s.loss = scenario.optimizer.impl == OptimizerImpl::cs336 ? LossImpl::cs336 : LossImpl::torch;
+  s.zero_grad = scenario.step.zero_grad_set_to_none ? ZeroGradAt::before_forward
+                                                    : ZeroGradAt::never;
+  return s;
+}
+
+namespace {
+
+using graph::Runtime;
+using graph::Tensor;
+
+graph::Cs336Shape cs336_shape(const Scenario& s) {
+  graph::Cs336Shape shape;
+  shape.layers = s.model.layers;
+  shape.d_model = s.model.d_model;
+  shape.heads = s.model.heads;
+  shape.d_ff = s.model.d_ff;
+  shape.vocab = s.model.vocab;
+  shape.context_length = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
+  shape.batch = s.batch.micro_batch;
+  shape.seq = s.batch.seq_len;
+  shape.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+  return shape;
+}
+
+// One training loop over a CS336 model. Members mirror the script's Python names.
+class Loop {
+ public:
+  Loop(const Scenario& s, const TrainingScript& script, Program& program)
+      : s_(s), script_(script), rt_(program), model_(rt_, cs336_shape(s)) {}
+
+  void run() {
+    rt_.cublas_workspace = s_.device.cublas_workspace;
+    rt_.ctx.phase = Phase::setup;
+    model_.construct();
+    optimizer_ = make_optimizer(s_.optimizer);
+    allocate_batches();
+    const int64_t warmup = s_.step.warmup_steps;
+    for (int64_t step = 0; step <= warmup; ++step) {
+      const bool measured = step == warmup;
+      if (measured) {
+        rt_.ctx.phase = Phase::other;
+        if (script_.del_outputs_before_measured) drop_outputs();
+        if (script_.zero_grad_before_measured) zero_grad();
+        if (script_.measure_includes_zero_grad) rt_.mark("measured_step_begin");
+      }
+      train_step(measured, step);
+    }
+    rt_.freeze();  // the script ends here: whatever is alive stays alive
+  }
+
+ private:
+  const graph::Cs336Shape& shape() const { return model_.shape(); }
+  uint64_t batch_bytes() const { return shape().batch * shape().seq * 8; }
+
+  void allocate_batches() {
+    const int64_t warmup = s_.step.warmup_steps;
+    if (script_.per_step_batches) {
+      Tensor warm_in = rt_.alloc(warmup * batch_bytes(), TensorKind::input, graph::OpKind::other);
+      Tensor meas_in = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
+      Tensor warm_tg, meas_tg;
+      if (script_.targets_on_device) {
+        warm_tg = rt_.alloc(warmup * batch_bytes(), TensorKind::input, graph::OpKind::other);
+        meas_tg = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
+      }
+      warm_ids_ = warm_in;
+      ids_ = meas_in;
+      warm_targets_ = warm_tg;
+      targets_ = meas_tg;
+    } else {
+      ids_ = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
+      if (script_.targets_on_device)
+        targets_ = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
+      warm_ids_ = ids_;
+      warm_targets_ = targets_;
+    }
+  }
+
+  void zero_grad() {
+    const Phase p = rt_.ctx.phase;
+    rt_.ctx.phase = Phase::optimizer;
+    rt_.ctx.layer = -1;
+    rt_.zero_grad_set_to_none();
+    rt_.ctx.phase = p;
+  }
+
+  // The output and loss names die; a graph nobody ran backward on dies with them.
+  void drop_outputs() {
+    logits_.reset();
+    loss_.reset();
+    if (logits_graph_ != 0) rt_.discard_graph(logits_graph_);
+    logits_graph_ = 0;
+  }
+
+  void train_step(bool measured, int64_t step) {
+    const StepKind kind = s_.step.kind;
+    const bool with_grad = kind != StepKind::forward_no_grad;
+    const bool with_loss = kind == StepKind::train || kind == StepKind::forward_backward;
+    rt_.ctx.phase = Phase::optimizer;
+    if (script_.zero_grad == ZeroGradAt::before_forward) zero_grad();
+    if (measured && !script_.measure_includes_zero_grad) rt_.mark("measured_step_begin");
+    const Tensor& ids = measured ? ids_ : warm_ids_;
+    const Tensor& targets = measured ? targets_ : warm_targets_;
+    (void)step;
+    const int64_t micro = std::max<int64_t>(1, s_.batch.grad_accum);
+    for (int64_t mb = 0; mb < micro; ++mb) {
+      const bool last = mb + 1 == micro;
+      rt_.ctx.phase = Phase::forward;
+      rt_.grad_enabled = with_grad;
+      const uint32_t graph = with_grad ? rt_.begin_graph() : 0;
+      Tensor out = model_.forward(ids);
+      rt_.grad_enabled = true;
+      if (!script_.bind_output) {
+        out.reset();
+        if (graph != 0) rt_.discard_graph(graph);
+      } else {
+        // `logits = model(x)`: the previous value dies only now.
+        const uint32_t old_graph = logits_graph_;
+        logits_ = std::move(out);
+        logits_graph_ = graph;
+        if (old_graph != 0) rt_.discard_graph(old_graph);
+      }
+      if (measured && last) rt_.mark("forward_end");
+      if (!with_loss) continue;
+      rt_.ctx.phase = Phase::loss;
+      const uint64_t elem = shape().elem;
+      Tensor l = script_.loss == LossImpl::cs336
+                     ? graph::cs336_cross_entropy(rt_, logits_, targets,
+                                                  shape().batch * shape().seq, elem)
+                     : graph::torch_cross_entropy(rt_, logits_, targets, elem);
+      loss_ = std::move(l);
+      rt_.ctx.phase = Phase::backward;
+      rt_.backward(loss_);
+      if (measured && last) rt_.mark("backward_end");
+    }
+    if (kind == StepKind::train && optimizer_) {
+      rt_.ctx.phase = Phase::optimizer;
+      rt_.ctx.layer = -1;
+      rt_.ctx.module = graph::Module::optimizer;
+      optimizer_->step(rt_);
+      rt_.ctx.module = graph::Module::none;
+      if (measured) rt_.mark("optimizer_end");
+    }
+    if (script_.zero_grad == ZeroGradAt::after_step) zero_grad();
+    if (script_.outputs_are_step_locals) {
+      rt_.ctx.phase = Phase::other;
+      drop_outputs();
+    }
+  }
+
+  const Scenario& s_;
+  const TrainingScript& script_;
+  Runtime rt_;
+  graph::Cs336Model model_;
+  std::unique_ptr<OptimizerSim> optimizer_;
+  Tensor warm_ids_, warm_targets_, ids_, targets_;
+  Tensor logits_, loss_;
+  uint32_t logits_graph_ = 0;
+};
+
+}  // namespace
+
+Program build_program(const Scenario& scenario, const TrainingScript& script) {
+  if (scenario.model.family != ModelFamily::cs336)
+    throw std::runtime_error(std::string("build_program: model family '") +
+                             to_string(scenario.model.family) + "' is not implemented yet");
+  Program program;
+  Loop loop(scenario, script, program);
+  loop.run();
+  return program;
+}
+
+Program build_program(const Scenario& scenario) {
+  return build_program(scenario, default_script(scenario));
+}
+
+}  // namespace memsim

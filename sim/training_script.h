@@ -1,0 +1,52 @@
+// The parts of a user's training loop that change memory but are not model, batch or
+// optimizer settings: where zero_grad sits, which Python names outlive a step, which
+// loss function is called, how the batch tensors are allocated. Real scripts differ in
+// exactly these (shared/groundtruth/snapshots/SOURCES.md), and a byte-exact prediction
+// of a real run needs them.
+//
+// Contract: default_script(scenario) is the conventional loop
+//   for step: zero_grad(set_to_none); logits = model(x); loss = CE(logits, y);
+//             loss.backward(); opt.step()
+// with logits/loss bound at loop level (the previous step's logits are alive until the
+// next forward returns), the staff cross_entropy for the CS336 optimizer and
+// F.cross_entropy otherwise.
+#pragma once
+
+#include <cstdint>
+
+#include "sim/scenario.h"
+
+namespace memsim {
+
+enum class LossImpl : uint8_t {
+  cs336,         // cs336_basics.nn_utils.cross_entropy (cs336-model.md §6)
+  torch,         // F.cross_entropy(logits.view(-1, V), targets.view(-1))
+};
+
+enum class ZeroGradAt : uint8_t { before_forward, after_step, never };
+
+struct TrainingScript {
+  LossImpl loss = LossImpl::torch;
+  ZeroGradAt zero_grad = ZeroGradAt::before_forward;
+  // true: logits/loss are locals of a step function and die when it returns;
+  // false: loop-level names, rebound by the next step (alive during its forward).
+  bool outputs_are_step_locals = false;
+  // Bind the forward's output at all (false: `model(x)` result discarded at once).
+  bool bind_output = true;
+  // Between warm-up and the measured step: `del output, loss` / `zero_grad()`.
+  bool del_outputs_before_measured = false;
+  bool zero_grad_before_measured = false;
+  // The "measured_step_begin" mark (peak reset / recording start) comes before the
+  // measured step's leading zero_grad (true) or after it (false).
+  bool measure_includes_zero_grad = true;
+  // Batch tensors: one (steps, B, S) int64 tensor for all warm-up steps plus one for the
+  // measured step (inputs, then targets), instead of one (B, S) pair reused.
+  bool per_step_batches = false;
+  bool targets_on_device = true;
+  // Forward-only steps run under torch.inference_mode()/no_grad (step.kind
+  // forward-no-grad does too); this keeps the scenario's step kind as given.
+};
+
+TrainingScript default_script(const Scenario& scenario);
+
+}  // namespace memsim
