@@ -261,6 +261,17 @@ PreparedReplay prepare_replay(const Snapshot& snapshot, const ReplayOptions& opt
   // 4. Tile each start segment.
   SimulatedDevice scratch(0, 0);
   const CachingAllocator rounding(out.config, scratch);
+  // The manifest's trace-only allocated estimate (see ReplayReport).
+  {
+    int64_t final_allocated = 0, running = 0, max_prefix = 0;
+    for (const SegmentInfo& s : out.final_segments) final_allocated += static_cast<int64_t>(s.allocated_size);
+    for (const PreparedReplay::Step& st : out.steps) {
+      if (st.kind == Kind::alloc) running += static_cast<int64_t>(rounding.round_size(st.size));
+      else if (st.kind == Kind::free) running -= static_cast<int64_t>(rounding.round_size(st.size));
+      max_prefix = std::max(max_prefix, running);
+    }
+    out.trace_estimate_peak_allocated = static_cast<uint64_t>(final_allocated - running + max_prefix);
+  }
   std::sort(allocs.begin(), allocs.end(), [](const TracedAlloc& a, const TracedAlloc& b) {
     return a.address != b.address ? a.address < b.address : a.index < b.index;
   });
@@ -289,6 +300,7 @@ ReplayReport run_replay(const PreparedReplay& prepared, const ReplayOptions& opt
   report.baseline_reserved_bytes = static_cast<uint64_t>(stats.reserved_bytes.all.current);
   report.baseline_requested_bytes = static_cast<uint64_t>(stats.requested_bytes.all.current);
   report.inferred_block_sizes = prepared.inferred_block_sizes;
+  report.trace_estimate_peak_allocated_bytes = prepared.trace_estimate_peak_allocated;
   report.events = prepared.trace_events;
   if (options.record_timeline) report.timeline.reserve(prepared.trace_events);
 

@@ -66,6 +66,12 @@ struct ReplayReport {
   uint64_t peak_reserved_bytes = 0;
   uint64_t peak_requested_bytes = 0;
   size_t peak_allocated_event = 0;  // trace index at which allocated first reached its peak
+  // The trace-only estimate of allocated bytes that needs no emulator (the convention of
+  // shared/groundtruth/snapshots/manifest.json): the snapshot's final allocated bytes
+  // minus the trace's net 512-rounded alloc/free sizes gives a baseline, plus the running
+  // sum of rounded sizes. It misses unsplit remainders (§4.8), so it can differ from
+  // peak_allocated_bytes, which is what memory_stats() reports.
+  uint64_t trace_estimate_peak_allocated_bytes = 0;
 
   // Final state vs the snapshot's segments.
   bool final_segments_match = false;  // every field, stale requested_size included
@@ -107,6 +113,7 @@ struct PreparedReplay {
   uint32_t slot_count = 0;
   size_t trace_events = 0;
   size_t inferred_block_sizes = 0;
+  uint64_t trace_estimate_peak_allocated = 0;  // see ReplayReport
   std::vector<SegmentInfo> final_segments;  // the snapshot's, for the end comparison
 };
 
