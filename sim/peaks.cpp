@@ -9,10 +9,10 @@ namespace {
 constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
 
 // For every i in the range, the lowest value between i and the nearest "higher ground"
-// on one side (inclusive of i, exclusive of the higher point), or kNone when that side
-// has no higher ground. `step` is +1 (look left, scanning forward) or -1 (look right,
-// scanning backward). Looking left, an equal value counts as higher ground, looking
-// right it does not: so of a plateau, only its first event keeps a prominence.
+// on one side (inclusive of i, exclusive of the higher point), or between i and the
+// range's edge when that side has none: what lies beyond the edge is unknown, so the
+// edge counts as no descent. Looking left, an equal value counts as higher ground,
+// looking right it does not: so of a plateau, only its first event keeps a prominence.
 //
 // A monotonic stack keeps the candidates for "nearest higher ground"; each entry carries
 // the minimum of the values between it and the entry above it, so popped stretches fold
@@ -24,6 +24,7 @@ void bases(const std::vector<uint64_t>& v, size_t begin, size_t end, bool look_l
     uint64_t gap_min;  // min of values strictly between this entry and the next one up
   };
   std::vector<Entry> stack;
+  uint64_t edge_min = kNone;  // min of the values between the edge and the stack's bottom
   const size_t n = end - begin;
   for (size_t k = 0; k < n; ++k) {
     const size_t i = look_left ? begin + k : end - 1 - k;
@@ -37,7 +38,8 @@ void bases(const std::vector<uint64_t>& v, size_t begin, size_t end, bool look_l
       stack.pop_back();
     }
     if (stack.empty()) {
-      out[i - begin] = kNone;
+      edge_min = std::min(edge_min, m);
+      out[i - begin] = std::min(edge_min, x);
     } else {
       stack.back().gap_min = std::min(stack.back().gap_min, m);
       out[i - begin] = std::min(stack.back().gap_min, x);
@@ -67,17 +69,9 @@ std::vector<CurvePeak> find_top_peaks(const std::vector<uint64_t>& values, size_
 
   for (size_t k = 0; k < len; ++k) {
     const size_t i = begin + k;
-    const uint64_t lb = left[k], rb = right[k];
-    uint64_t base;
-    if (lb == kNone && rb == kNone) {
-      base = range_min;  // the highest hill: it descends to the bottom of the range
-    } else if (lb == kNone) {
-      base = rb;  // no higher ground on the left: only the right side constrains it
-    } else if (rb == kNone) {
-      base = lb;
-    } else {
-      base = std::max(lb, rb);
-    }
+    // The highest hill descends to the bottom of the range; any other to the higher of
+    // its two bases.
+    const uint64_t base = i == top ? range_min : std::max(left[k], right[k]);
     const uint64_t prominence = values[i] > base ? values[i] - base : 0;
     if (i == top || (prominence > 0 && prominence >= min_prominence)) {
       peaks.push_back(CurvePeak{i, values[i], prominence});

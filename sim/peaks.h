@@ -4,8 +4,9 @@
 // event where the hill's top value is reached. Adjacent events on one plateau, or tiny
 // zig-zags of a temporary allocated and freed while memory sits near a top, are not
 // separate peaks: a candidate counts only if its topographic prominence (how far the curve
-// must descend from it before reaching higher ground, or the range's edge) is at least
-// `min_prominence` bytes.
+// must descend from it, on both sides, before reaching higher ground or the range's edge)
+// is at least `min_prominence` bytes. The range's edges count as unknown ground, not as a
+// descent: the first event of a measured step is not a peak just because it starts high.
 #pragma once
 
 #include <cstddef>

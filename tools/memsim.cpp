@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
   int verbosity = 0;
   app.add_flag("-v,--verbose", verbosity, "More log output on stderr (-v info, -vv debug)");
 
+  RunArgs run_args;
+  CLI::App* run = add_run_command(app, run_args);
   CLI::App* presets = add_presets_command(app);
 
   try {
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
 
   setup_logging(verbosity);
   try {
+    if (run->parsed()) return run_run(run_args);
     if (presets->parsed()) return run_presets();
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
@@ -64,8 +67,8 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     return fail("out of host memory");
   } catch (const std::exception& e) {
-    // Not a known input error: still a clean message and status 1, never a crash.
-    std::string what = std::string("internal error: ") + e.what();
-    return fail(what.c_str());
+    // Any other failure (e.g. a model family the scheduler does not build yet): still a
+    // clean message and status 1, never a crash.
+    return fail(e.what());
   }
 }

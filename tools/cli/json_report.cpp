@@ -2,7 +2,7 @@
 
 namespace memsim::cli {
 
-using nlohmann::json;
+using json = Json;
 
 json layer_json(int32_t layer) { return layer < 0 ? json(nullptr) : json(layer); }
 
@@ -61,6 +61,10 @@ json oom_json(const OomReport& o) {
 
 }  // namespace
 
+std::string dump_json(const Json& j) {
+  return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
+}
+
 json memory_stats_json(const MemoryStats& stats) {
   json out = json::object();
   for (const auto& [key, value] : stats.to_flat_map()) out[key] = value;
@@ -70,15 +74,24 @@ json memory_stats_json(const MemoryStats& stats) {
 json analysis_json(const Analysis& a) {
   json j = json::object();
   j["fits"] = a.fits();
-  j["events"] = a.events;
-  j["events_executed"] = a.events_executed;
-  j["measured_from_event"] = a.measured_begin;
   j["peak_allocated_bytes"] = a.peak_allocated;
   j["peak_reserved_bytes"] = a.peak_reserved;
   j["peak_requested_bytes"] = a.peak_requested;
   j["peak_event"] = a.peak ? event_json(*a.peak) : json(nullptr);
   j["breakdown_at_peak"] = breakdown_json(a.breakdown_at_peak);
-  j["live_at_peak"] = live_json(a.live_at_peak);
+
+  json marks = json::object();
+  for (const auto& [name, mark] : a.marks) {
+    marks[name] = mark ? json{{"index", mark->index},
+                              {"allocated", mark->allocated},
+                              {"reserved", mark->reserved}}
+                       : json(nullptr);
+  }
+  j["marks"] = std::move(marks);
+  j["oom"] = a.oom ? oom_json(*a.oom) : json(nullptr);
+  j["flops"] = json{{"forward", a.flops.forward},
+                    {"backward", a.flops.backward},
+                    {"recompute", a.flops.recompute}};
 
   json peaks = json::array();
   for (const EventPoint& p : a.top_peaks) peaks.push_back(event_json(p));
@@ -95,20 +108,10 @@ json analysis_json(const Analysis& a) {
                        {"alloc_event", t.alloc_event}});
   }
   j["top_tensors"] = std::move(tensors);
-
-  json marks = json::object();
-  for (const auto& [name, mark] : a.marks) {
-    marks[name] = mark ? json{{"index", mark->index},
-                              {"allocated", mark->allocated},
-                              {"reserved", mark->reserved}}
-                       : json(nullptr);
-  }
-  j["marks"] = std::move(marks);
-
-  j["oom"] = a.oom ? oom_json(*a.oom) : json(nullptr);
-  j["flops"] = json{{"forward", a.flops.forward},
-                    {"backward", a.flops.backward},
-                    {"recompute", a.flops.recompute}};
+  j["live_at_peak"] = live_json(a.live_at_peak);
+  j["events"] = a.events;
+  j["events_executed"] = a.events_executed;
+  j["measured_from_event"] = a.measured_begin;
   return j;
 }
 

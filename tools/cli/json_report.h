@@ -1,6 +1,10 @@
 // The --json report: an Analysis as the JSON object design.md specifies (key names are
 // public interface; bytes are integers; a layer outside any transformer layer is null).
+// Objects keep insertion order (nlohmann::ordered_json) so the file reads top-down:
+// verdict and peaks first, details and raw statistics last.
 #pragma once
+
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -9,9 +13,10 @@
 
 namespace memsim::cli {
 
+using Json = nlohmann::ordered_json;
+
 // The keys every summary shares (run, replay; later compare/sweep per point):
-//   fits, events, events_executed, measured_from_event,
-//   peak_allocated_bytes, peak_reserved_bytes, peak_requested_bytes,
+//   fits, peak_allocated_bytes, peak_reserved_bytes, peak_requested_bytes,
 //   peak_event {index, op, phase, layer, allocated_bytes, reserved_bytes,
 //               requested_bytes} | null,
 //   breakdown_at_peak {parameters, gradients, optimizer_state, activations, temporaries,
@@ -24,13 +29,18 @@ namespace memsim::cli {
 //   marks {forward_end, backward_end, optimizer_end: {index, allocated, reserved} | null},
 //   oom null | {index, op, phase, layer, kind, tensor, requested_bytes, allocated_bytes,
 //               reserved_bytes, capacity_bytes, free_bytes, message},
-//   flops {forward, backward, recompute}
-nlohmann::json analysis_json(const Analysis& analysis);
+//   flops {forward, backward, recompute},
+//   events, events_executed, measured_from_event
+Json analysis_json(const Analysis& analysis);
 
 // torch.cuda.memory_stats()-style flat object ("allocated_bytes.all.peak": N, ...).
-nlohmann::json memory_stats_json(const MemoryStats& stats);
+Json memory_stats_json(const MemoryStats& stats);
+
+// The text written for --json: indented, newline-terminated; bytes that are not UTF-8
+// (op names from a foreign trace) are replaced rather than throwing.
+std::string dump_json(const Json& j);
 
 // Layer as JSON: null for -1 ("not in a layer").
-nlohmann::json layer_json(int32_t layer);
+Json layer_json(int32_t layer);
 
 }  // namespace memsim::cli

@@ -1,0 +1,106 @@
+// memsim run: scenario -> Program -> allocator emulator -> Timeline -> analysis -> reports.
+#include <chrono>
+#include <cstdio>
+
+#include <spdlog/spdlog.h>
+
+#include "sim/analysis.h"
+#include "sim/execute.h"
+#include "sim/schedule.h"
+#include "sim/scenario.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/device.h"
+#include "tools/cli/errors.h"
+#include "tools/cli/json_report.h"
+#include "tools/cli/output.h"
+#include "tools/cli/overrides.h"
+#include "tools/cli/scenario_facts.h"
+#include "tools/cli/summary.h"
+#include "tools/cli/timeline_csv.h"
+
+namespace memsim::cli {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// capacity_bytes: the device total (null = unlimited); usable_bytes: what the allocator
+// may reserve, capacity - CUDA context (tools/cli/device.h).
+Json device_json(const DeviceConfig& d) {
+  const auto usable = usable_capacity(d);
+  return {{"preset", d.preset.empty() ? Json(nullptr) : Json(d.preset)},
+          {"capacity_bytes", d.capacity == 0 ? Json(nullptr) : Json(d.capacity)},
+          {"cuda_context_bytes", d.cuda_context},
+          {"usable_bytes", usable ? Json(*usable) : Json(nullptr)}};
+}
+
+}  // namespace
+
+CLI::App* add_run_command(CLI::App& app, RunArgs& args) {
+  CLI::App* cmd = app.add_subcommand("run", "Simulate a training job described by a scenario file");
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML)")->required();
+  // Each --set takes exactly one KEY=VALUE (so it never swallows the positional
+  // SCENARIO) and may repeat; the overrides apply in command-line order.
+  cmd->add_option("--set", args.sets, "Override a scenario key, e.g. --set batch.micro_batch=8")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  cmd->add_option("--json", args.json, "Write the JSON report to FILE ('-' for stdout)")
+      ->type_name("FILE|-");
+  cmd->add_option("--timeline", args.timeline, "Write one CSV row per memory event to FILE")
+      ->type_name("FILE.csv");
+  return cmd;
+}
+
+int run_run(const RunArgs& args) {
+  const Overrides overrides = parse_overrides(args.sets);
+  auto t0 = std::chrono::steady_clock::now();
+  const Scenario scenario = load_scenario(args.scenario, overrides);
+  spdlog::info("scenario '{}' from {} ({} override(s))", scenario.name, args.scenario,
+               overrides.size());
+
+  auto t1 = std::chrono::steady_clock::now();
+  const Program program = build_program(scenario);
+  spdlog::info("program: {} events, {} tensors ({:.3f} s)", program.events.size(),
+               program.tensors.size(), seconds_since(t1));
+
+  auto t2 = std::chrono::steady_clock::now();
+  auto device = make_device(scenario.device);
+  const Timeline timeline = execute(program, scenario.allocator, *device);
+  spdlog::info("executed {} of {} events through the allocator ({:.3f} s){}", timeline.size(),
+               program.events.size(), seconds_since(t2), timeline.oom ? ", out of memory" : "");
+
+  const Analysis analysis = analyze(program, timeline);
+  spdlog::debug("total {:.3f} s", seconds_since(t0));
+
+  if (!args.timeline.empty()) {
+    Output out(args.timeline);
+    write_timeline_csv(out.file(), program, timeline);
+    out.finish();
+    spdlog::info("timeline written to {}", args.timeline);
+  }
+  if (!args.json.empty()) {
+    Json j = Json::object();
+    j["scenario"] = scenario.name;
+    j["scenario_file"] = scenario.source;
+    j["device"] = device_json(scenario.device);
+    Json summary = analysis_json(analysis);
+    for (auto& [key, value] : summary.items()) j[key] = std::move(value);
+    j["memory_stats"] = memory_stats_json(timeline.final_stats);
+    Output out(args.json);
+    out.write(dump_json(j));
+    out.finish();
+  }
+  if (args.json != "-") {
+    SummaryHeader header;
+    header.title = scenario.name.empty() ? scenario.source : scenario.name;
+    header.facts = scenario_facts(scenario);
+    header.capacity = usable_capacity(scenario.device);
+    print_summary(stdout, header, analysis, Style::for_stream(stdout));
+    std::fflush(stdout);
+  }
+  return analysis.fits() ? kExitFits : kExitOom;
+}
+
+}  // namespace memsim::cli
