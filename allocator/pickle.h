@@ -113,13 +113,16 @@ PickleDoc parse_pickle(std::string bytes, const std::string& name);
 
 // ---------------------------------------------------------------------------------
 // Writer: emits protocol 4 using only the opcodes pytorch.org/memory_viz's unpickler
-// accepts (§10.1): PROTO, FRAME, STOP, MARK, EMPTY_DICT, EMPTY_LIST, TUPLE2, APPENDS,
-// SETITEMS, BININT/BININT1/BININT2, LONG1, BINFLOAT, SHORT_BINUNICODE, BINUNICODE,
+// accepts (§10.1): PROTO, FRAME, STOP, MARK, EMPTY_DICT, EMPTY_LIST, TUPLE2, APPEND(S),
+// SETITEM(S), BININT/BININT1/BININT2, LONG1, BINFLOAT, SHORT_BINUNICODE, BINUNICODE,
 // NEWTRUE/NEWFALSE, NONE, MEMOIZE, BINGET/LONG_BINGET. Like Python's pickler it
 // memoizes strings and containers, batches APPENDS/SETITEMS per 1000 items and cuts
 // frames at 64 KiB, so the output reads like what pickle.dump writes.
-// Usage is streaming: begin_dict(); string("a"); integer(1); ...; end_dict(); finish().
-// Misuse (end_list on a dict, unbalanced ends, finish with open containers) throws
+// Usage is streaming: begin_dict(n); string("a"); integer(1); ...; end_dict(); finish().
+// Containers announce their item count up front because CPython picks APPEND vs
+// APPENDS per batch by its size; with it the output is byte-identical to
+// pickle.dumps(obj, protocol=4) for the same data (checked on the 46 real snapshots).
+// Misuse (wrong count, end_list on a dict, finish with open containers) throws
 // std::logic_error.
 class PickleWriter {
  public:
@@ -130,9 +133,9 @@ class PickleWriter {
   void real(double v);
   void string(std::string_view s);  // must be valid UTF-8 (not checked)
 
-  void begin_list();  // then items, then end_list()
+  void begin_list(size_t count);  // then `count` items, then end_list()
   void end_list();
-  void begin_dict();  // then key, value, key, value..., then end_dict()
+  void begin_dict(size_t count);  // then `count` key, value pairs, then end_dict()
   void end_dict();
   void tuple2_ints(int64_t a, int64_t b);
 
@@ -143,11 +146,12 @@ class PickleWriter {
   struct Open {
     bool is_dict;
     bool expecting_value;  // dict: a key was written, its value comes next
-    uint32_t pending;      // items (dict: pairs) since the last APPENDS/SETITEMS
+    uint32_t pending;      // items (dict: pairs) written in the current batch
+    uint32_t batch;        // size of the current batch
+    size_t remaining;      // items (dict: pairs) still to come
   };
   void before_value();
   void after_value();
-  void flush_batch(Open& open);
   void memoize();
 
   std::string body_;                  // opcodes after PROTO
