@@ -81,8 +81,20 @@ enum class OpKind : uint8_t {
   nll_loss,     // nll_loss_forward: output + total_weight; saves self, target, total_weight
   // no-grad helpers (never recorded as nodes)
   arange, compare, scalar_tensor, fill, optimizer_math, other,
+  // Megatron-LM's fused kernels and autograd Functions (graph/ops_fused.h)
+  fused_layer_norm,   // apex FusedLayerNormAffineFunction: saves input, mean, invvar
+  megatron_linear,    // LinearWithGradAccumulationAndAsyncCommunication: saves input
+  qkv_split,          // views of the fused QKV output; backward cats the q, k, v grads
+  baddbmm,            // QK^T into a new scores tensor: saves q and k
+  fused_softmax,      // scaled_upper_triang_masked_softmax: saves its result
+  dropout,            // native_dropout: output + bool mask; saves the mask
+  bias_dropout_add,   // jit-fused bias + dropout + residual add: saves the mask
+  bias_gelu,          // GeLUFunction (fused bias + gelu): saves its input
+  fused_attention,    // flash / cuDNN attention: saves q, k, v, out, softmax lse
+  megatron_embedding, // F.embedding whose weight grad goes to main_grad
+  vocab_parallel_ce,  // _VocabParallelCrossEntropy: saves the fp32 softmax
 };
-inline constexpr int kOpKindCount = static_cast<int>(OpKind::other) + 1;
+inline constexpr int kOpKindCount = static_cast<int>(OpKind::vocab_parallel_ce) + 1;
 const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"
 const char* backward_name(OpKind k);  // autograd node name, e.g. "BmmBackward0"
 
