@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
 
   RunArgs run_args;
   CLI::App* run = add_run_command(app, run_args);
+  ReplayArgs replay_args;
+  CLI::App* replay = add_replay_command(app, replay_args);
   CLI::App* presets = add_presets_command(app);
 
   try {
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
   setup_logging(verbosity);
   try {
     if (run->parsed()) return run_run(run_args);
+    if (replay->parsed()) return run_replay(replay_args);
     if (presets->parsed()) return run_presets();
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {

@@ -56,8 +56,7 @@ void section(std::FILE* out, const Style& style, const char* title) {
 
 void print_verdict(std::FILE* out, const SummaryHeader& h, const Analysis& a,
                    const Style& style) {
-  std::string capacity =
-      h.capacity ? human_bytes(*h.capacity) + " usable" : std::string("unlimited capacity");
+  std::string capacity = h.capacity ? human_bytes(*h.capacity) + " usable" : h.capacity_text;
   if (a.fits()) {
     std::string used = h.capacity ? ", " + percent(a.peak_reserved, *h.capacity) + " reserved" : "";
     std::fprintf(out, "\n%s  peak allocated %s, peak reserved %s of %s%s\n",
@@ -65,10 +64,11 @@ void print_verdict(std::FILE* out, const SummaryHeader& h, const Analysis& a,
                  human_bytes(a.peak_reserved).c_str(), capacity.c_str(), used.c_str());
   } else {
     const OomReport& o = *a.oom;
+    const std::string cap = o.capacity_bytes > 0 ? human_bytes(o.capacity_bytes) : capacity;
     std::fprintf(out, "\n%s  at event %zu: %s requesting %s (capacity %s)\n",
                  style.bad("OUT OF MEMORY").c_str(), o.index,
                  where(o.op, o.phase, o.layer).c_str(), human_bytes(o.requested_bytes).c_str(),
-                 human_bytes(o.capacity_bytes).c_str());
+                 cap.c_str());
     std::fprintf(out, "  allocated %s, reserved %s when it failed\n",
                  human_bytes(o.allocated_bytes).c_str(), human_bytes(o.reserved_bytes).c_str());
     if (!o.message.empty()) std::fprintf(out, "  %s\n", style.warn(o.message).c_str());

@@ -17,6 +17,8 @@ struct SummaryHeader {
   std::string title;                                      // scenario name / trace file
   std::vector<std::pair<std::string, std::string>> facts;  // ("model", "cs336-xl ..."), ...
   std::optional<uint64_t> capacity;  // bytes the allocator may use; nullopt = unlimited
+  // What to say about the capacity when `capacity` is nullopt.
+  std::string capacity_text = "unlimited capacity";
 };
 
 // Prints: title and facts, the FITS / OUT OF MEMORY verdict, peak allocated / reserved

@@ -38,15 +38,27 @@ void put_int(std::string& line, Int value) {
   line.append(buf, res.ptr);
 }
 
+std::string header() {
+  std::string h = "index,type,op,phase,layer,kind,bytes,allocated,reserved,requested";
+  for (int k = 0; k < kTensorKindCount; ++k) {
+    h += ',';
+    h += to_string(static_cast<TensorKind>(k));
+  }
+  return h + '\n';
+}
+
+// Writes `buf` out once it holds ~1 MiB, so memory stays constant for long timelines.
+void flush_if_large(std::FILE* out, std::string& buf) {
+  if (buf.size() > (1u << 20)) {
+    std::fwrite(buf.data(), 1, buf.size(), out);
+    buf.clear();
+  }
+}
+
 }  // namespace
 
 void write_timeline_csv(std::FILE* out, const Program& program, const Timeline& timeline) {
-  std::string buf = "index,type,op,phase,layer,kind,bytes,allocated,reserved,requested";
-  for (int k = 0; k < kTensorKindCount; ++k) {
-    buf += ',';
-    buf += to_string(static_cast<TensorKind>(k));
-  }
-  buf += '\n';
+  std::string buf = header();
 
   const size_t n = std::min({timeline.allocated.size(), timeline.reserved.size(),
                              timeline.requested.size(), program.events.size()});
@@ -79,10 +91,39 @@ void write_timeline_csv(std::FILE* out, const Program& program, const Timeline& 
       if (by_kind) put_int(buf, timeline.by_kind[i][static_cast<size_t>(k)]);
     }
     buf += '\n';
-    if (buf.size() > (1u << 20)) {  // write in ~1 MiB chunks: constant memory
-      std::fwrite(buf.data(), 1, buf.size(), out);
-      buf.clear();
+    flush_if_large(out, buf);
+  }
+  std::fwrite(buf.data(), 1, buf.size(), out);
+}
+
+void write_trace_timeline_csv(std::FILE* out, const std::vector<SnapshotTraceEntry>& trace,
+                              const std::vector<ReplayTimelinePoint>& timeline) {
+  std::string buf = header();
+  const size_t n = std::min(trace.size(), timeline.size());
+  constexpr size_t kOther = static_cast<size_t>(TensorKind::other);
+  for (size_t i = 0; i < n; ++i) {
+    const SnapshotTraceEntry& e = trace[i];
+    const bool is_block = e.action == TraceAction::alloc || e.action == TraceAction::free_requested ||
+                          e.action == TraceAction::free_completed;
+    put_int(buf, i);
+    buf += ',';
+    buf += to_string(e.action);
+    buf += ",,other,,";
+    if (is_block) buf += "other";
+    buf += ',';
+    put_int(buf, e.size);
+    buf += ',';
+    put_int(buf, timeline[i].allocated);
+    buf += ',';
+    put_int(buf, timeline[i].reserved);
+    buf += ',';
+    put_int(buf, timeline[i].requested);
+    for (size_t k = 0; k < static_cast<size_t>(kTensorKindCount); ++k) {
+      buf += ',';
+      put_int(buf, k == kOther ? timeline[i].allocated : uint64_t{0});
     }
+    buf += '\n';
+    flush_if_large(out, buf);
   }
   std::fwrite(buf.data(), 1, buf.size(), out);
 }

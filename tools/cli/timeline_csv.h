@@ -12,11 +12,22 @@
 
 #include <cstdio>
 
+#include <vector>
+
+#include "allocator/snapshot.h"
 #include "sim/execute.h"
 #include "sim/program.h"
+#include "sim/replay.h"
 
 namespace memsim::cli {
 
 void write_timeline_csv(std::FILE* out, const Program& program, const Timeline& timeline);
+
+// The same columns for a replayed trace (memsim replay): type is the trace action
+// (alloc, free_requested, free_completed, segment_alloc, ...), op and layer are empty,
+// phase is "other", kind is "other" for alloc/free rows, bytes is the traced size, and
+// all allocated bytes count as "other" (a trace does not know tensor kinds).
+void write_trace_timeline_csv(std::FILE* out, const std::vector<SnapshotTraceEntry>& trace,
+                              const std::vector<ReplayTimelinePoint>& timeline);
 
 }  // namespace memsim::cli
