@@ -64,7 +64,7 @@ Tensor Cs336Model::rmsnorm(const Tensor& x, int32_t weight) {
   ms_eps.reset();
   Tensor xn = mul(rt_, x, rms);
   Tensor w = rt_.param(weight);
-  Tensor out = mul(rt_, w, xn);
+  Tensor out = mul(rt_, w, xn, Broadcast::leading_dims);
   rt_.ctx.module = outer;
   return out;
 }
@@ -123,8 +123,22 @@ Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
   k0.reset();
   Tensor v = view(rt_, v0, true);
   v0.reset();
-  q = rope_cs336(rt_, q, rope_buffer_);  // rebinding frees the projection output
-  k = rope_cs336(rt_, k, rope_buffer_);
+  Tensor token_positions;
+  if (s_.revision == Cs336Revision::v2025) {
+    token_positions = new_tensor(rt_, s_.seq * 8, OpKind::arange);
+    const uint64_t gathered = 2 * s_.seq * (D / s_.heads / 2) * 4;
+    {
+      Tensor cs = new_tensor(rt_, gathered, OpKind::embedding, TensorKind::temporary);
+      q = rope_cs336(rt_, q, cs);  // rebinding frees the projection output
+    }
+    {
+      Tensor cs = new_tensor(rt_, gathered, OpKind::embedding, TensorKind::temporary);
+      k = rope_cs336(rt_, k, cs);
+    }
+  } else {
+    q = rope_cs336(rt_, q, rope_buffer_);  // rebinding frees the projection output
+    k = rope_cs336(rt_, k, rope_buffer_);
+  }
   // Causal mask: arange (int64, kept as a local) and a bool (S,S), rebuilt every call.
   Tensor positions = new_tensor(rt_, s_.seq * 8, OpKind::arange);
   Tensor mask = new_tensor(rt_, s_.seq * s_.seq, OpKind::compare);
@@ -136,6 +150,7 @@ Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
   merged.reset();
   q.reset();
   k.reset();
+  token_positions.reset();
   v.reset();
   mask.reset();
   positions.reset();
@@ -190,6 +205,11 @@ Tensor Cs336Model::block(int32_t layer, const Tensor& x) {
 Tensor Cs336Model::forward(const Tensor& ids) {
   rt_.ctx.module = Module::embedding;
   Tensor w = rt_.param(embedding_);
+  if (s_.revision == Cs336Revision::v2025) {
+    // The 2025 Embedding indexes a slice of its weight: SliceBackward0 materialises a
+    // zeros(V, D) copy of the index grad at the very end of backward (sidsoc12 trace).
+    w = view(rt_, w, /*copy_in_backward=*/true);
+  }
   Tensor embedded = embedding(rt_, w, ids, act());
   w.reset();
   Tensor x = embedded;  // embedded_tokens stays bound for the whole forward

@@ -17,10 +17,16 @@
 
 namespace memsim::graph {
 
+// Which release of the staff code (cs336-model.md §0). v2025 (v1.0.x) gathers cos/sin
+// with explicit position ids: each attention call allocates an int64 arange(S) and each
+// RoPE call a gathered (2, S, h/2) fp32 copy that its muls save.
+enum class Cs336Revision : uint8_t { v26, v2025 };
+
 struct Cs336Shape {
   int64_t layers = 0, d_model = 0, heads = 0, d_ff = 0, vocab = 0, context_length = 0;
   int64_t batch = 1, seq = 1;
   uint64_t elem = 4;  // fp32 parameters and activations
+  Cs336Revision revision = Cs336Revision::v26;
 };
 
 // Parameter count of the staff model: 2VD + L(4D^2 + 3DF + 2D) + D (§1).

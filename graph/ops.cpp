@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "graph/cuda_reduce.h"
+
 namespace memsim::graph {
 
 const char* to_string(Module m) {
@@ -53,6 +55,17 @@ const char* forward_name(OpKind k) {
     case OpKind::fill: return "ones_like";
     case OpKind::optimizer_math: return "optimizer";
     case OpKind::other: return "other";
+    case OpKind::fused_layer_norm: return "fused_layer_norm";
+    case OpKind::megatron_linear: return "megatron_linear";
+    case OpKind::qkv_split: return "qkv_split";
+    case OpKind::baddbmm: return "baddbmm";
+    case OpKind::fused_softmax: return "scaled_upper_triang_masked_softmax";
+    case OpKind::dropout: return "native_dropout";
+    case OpKind::bias_dropout_add: return "bias_dropout_add";
+    case OpKind::bias_gelu: return "bias_gelu";
+    case OpKind::fused_attention: return "fused_attention";
+    case OpKind::megatron_embedding: return "embedding";
+    case OpKind::vocab_parallel_ce: return "vocab_parallel_cross_entropy";
   }
   return "other";
 }
@@ -168,10 +181,11 @@ Tensor sub(Runtime& rt, const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b) {
+Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b, Broadcast bc) {
   Tensor out = out_tensor(rt, std::max(a.bytes, b.bytes), OpKind::mul);
   if (wants_grad(rt, {&a, &b})) {
     int32_t n = binary_node(rt, OpKind::mul, a, b, out);
+    if (bc == Broadcast::leading_dims) rt.node(n).flags |= kOuterBroadcast;
     // derivatives.yaml: self's grad needs other, other's grad needs self.
     if (a.requires_grad()) rt.save(n, b);
     if (b.requires_grad()) rt.save(n, a);
@@ -353,10 +367,21 @@ struct Bw {
     rt.retain(g.storage);
     return Grad{g.storage, as_view || g.is_view, false};
   }
-  // Engine validate_outputs: a broadcast input's grad is reduced with sum_to.
+  // Engine validate_outputs: a broadcast input's grad is reduced with sum_to. A
+  // reduction over the leading dims may stage partials in global memory.
   void sum_to(Grad& g, uint64_t bytes, int i) {
     if (g.storage == kNoStorage) return;
     uint32_t r = A(bytes, kind_for(i));
+    if (n.flags & kOuterBroadcast) {
+      const uint64_t elem = 4;
+      const ReduceScratch s = outer_reduce_scratch(n.size[2] / bytes, bytes / elem, elem);
+      if (s.global_bytes != 0) {
+        uint32_t staging = A(s.global_bytes);
+        uint32_t sem = A(s.semaphore_bytes);
+        F(sem);
+        F(staging);
+      }
+    }
     F(g.storage);
     g = Grad{r, false, false};
   }

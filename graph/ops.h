@@ -18,6 +18,12 @@ namespace memsim::graph {
 inline constexpr uint8_t kBroadcastA = 1;     // first input was broadcast: its grad is sum_to'd
 inline constexpr uint8_t kBroadcastB = 2;     // second input was broadcast
 inline constexpr uint8_t kCopyInBackward = 4; // view: the grad is not viewable, reshape copies
+inline constexpr uint8_t kOuterBroadcast = 8; // the broadcast operand spans the trailing dims
+
+// How the smaller operand of a binary op broadcasts: over trailing size-1 dims
+// ((B,S,1) against (B,S,D)) or over the leading dims ((D,) against (B,S,D)). Only the
+// second kind's grad reduction needs CUDA reduction scratch (graph/cuda_reduce.h).
+enum class Broadcast : uint8_t { trailing_ones, leading_dims };
 
 // --- elementwise (out size = the larger input) ------------------------------------------
 Tensor pow2(Runtime& rt, const Tensor& x);                        // saves x
@@ -26,7 +32,8 @@ Tensor mean_all(Runtime& rt, const Tensor& x, uint64_t out_bytes);
 Tensor add_scalar(Runtime& rt, const Tensor& x);
 Tensor add(Runtime& rt, const Tensor& a, const Tensor& b);
 Tensor sub(Runtime& rt, const Tensor& a, const Tensor& b);  // b may broadcast
-Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b);  // either may broadcast
+Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b,
+           Broadcast bc = Broadcast::trailing_ones);  // either may broadcast
 Tensor div(Runtime& rt, const Tensor& a, const Tensor& b);  // b may broadcast
 Tensor div_scalar(Runtime& rt, const Tensor& x);
 Tensor rsqrt(Runtime& rt, const Tensor& x);

@@ -221,7 +221,10 @@ void Runtime::backward(const Tensor& loss) {
   // torch.autograd.backward: grad_tensors = ones_like(loss), a 0-d tensor.
   Node& root = nodes_[loss.grad_fn];
   ctx.layer = root.layer;
-  root.grad[loss.out_slot] = alloc_raw(loss.bytes, TensorKind::temporary, OpKind::fill);
+  // The Python frame of torch.autograd.backward holds grad_tensors until it returns.
+  const uint32_t root_grad = alloc_raw(loss.bytes, TensorKind::temporary, OpKind::fill);
+  retain(root_grad);
+  root.grad[loss.out_slot] = root_grad;
   std::vector<int32_t> ready;  // binary heap on seq
   ready.push_back(loss.grad_fn);
   auto cmp = [this](int32_t a, int32_t b) { return nodes_[a].seq < nodes_[b].seq; };
@@ -232,6 +235,8 @@ void Runtime::backward(const Tensor& loss) {
     run_node(id, ready);
   }
   in_backward_ = false;
+  cur_op_ = OpKind::fill;
+  release(root_grad);
   // Reached nodes are dead now (retain_graph=False).
   for (size_t i = 0; i < seen.size(); ++i) {
     if (seen[i] && nodes_[i].seq != kDeadNode) {

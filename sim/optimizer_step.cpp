@@ -20,6 +20,7 @@ Tensor state(Runtime& rt, uint64_t bytes) {
 // p.data -= lr_t * m / (sqrt(v) + eps); state["m"], state["v"] = m, v.
 class Cs336AdamW final : public OptimizerSim {
  public:
+  explicit Cs336AdamW(bool decay_after) : decay_after_(decay_after) {}
   void step(Runtime& rt) override {
     auto& params = rt.parameters();
     if (m_.size() < params.size()) {
@@ -33,7 +34,7 @@ class Cs336AdamW final : public OptimizerSim {
       const graph::Parameter& p = params[i];
       if (p.grad == graph::kNoStorage) continue;
       const uint64_t P = p.bytes;
-      { Tensor decay = temp(rt, P); }  // p.data -= lr*wd*p.data
+      if (!decay_after_) { Tensor decay = temp(rt, P); }  // p.data -= lr*wd*p.data
       for (int which = 0; which < 2; ++which) {
         Tensor& st = which == 0 ? m_[i] : v_[i];
         Tensor& local = which == 0 ? m_local : v_local;
@@ -65,12 +66,14 @@ class Cs336AdamW final : public OptimizerSim {
         denom.reset();
         upd.reset();
       }
+      if (decay_after_) { Tensor decay = temp(rt, P); }
       m_[i] = std::move(m_new);
       v_[i] = std::move(v_new);
     }
   }
 
  private:
+  bool decay_after_;
   std::vector<Tensor> m_, v_;
 };
 
@@ -144,13 +147,14 @@ class TorchSgd final : public OptimizerSim {
 
 }  // namespace
 
-std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config) {
+std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config,
+                                             bool cs336_decay_after_update) {
   switch (config.type) {
     case OptimizerType::none: return nullptr;
     case OptimizerType::sgd: return std::make_unique<TorchSgd>(config.momentum);
     case OptimizerType::adam:
     case OptimizerType::adamw:
-      if (config.impl == OptimizerImpl::cs336) return std::make_unique<Cs336AdamW>();
+      if (config.impl == OptimizerImpl::cs336) return std::make_unique<Cs336AdamW>(cs336_decay_after_update);
       return std::make_unique<TorchAdam>(config.impl);
   }
   return nullptr;

@@ -20,7 +20,9 @@ class OptimizerSim {
   virtual void step(graph::Runtime& rt) = 0;
 };
 
-// nullptr for OptimizerType::none.
-std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config);
+// nullptr for OptimizerType::none. cs336_decay_after_update: the staff AdamW of
+// releases before v1.0.3 applied weight decay after the Adam update (cs336-model.md §0).
+std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config,
+                                             bool cs336_decay_after_update = false);
 
 }  // namespace memsim

@@ -37,17 +37,24 @@ graph::Cs336Shape cs336_shape(const Scenario& s) {
   return shape;
 }
 
+graph::Cs336Shape cs336_shape(const Scenario& s, const TrainingScript& script) {
+  graph::Cs336Shape shape = cs336_shape(s);
+  shape.revision = script.cs336_revision;
+  return shape;
+}
+
 // One training loop over a CS336 model. Members mirror the script's Python names.
 class Loop {
  public:
   Loop(const Scenario& s, const TrainingScript& script, Program& program)
-      : s_(s), script_(script), rt_(program), model_(rt_, cs336_shape(s)) {}
+      : s_(s), script_(script), rt_(program), model_(rt_, cs336_shape(s, script)) {}
 
   void run() {
     rt_.cublas_workspace = s_.device.cublas_workspace;
     rt_.ctx.phase = Phase::setup;
     model_.construct();
-    optimizer_ = make_optimizer(s_.optimizer);
+    optimizer_ = make_optimizer(s_.optimizer,
+                                script_.cs336_revision == graph::Cs336Revision::v2025);
     allocate_batches();
     const int64_t warmup = s_.step.warmup_steps;
     for (int64_t step = 0; step <= warmup; ++step) {
@@ -107,7 +114,8 @@ class Loop {
   }
 
   void train_step(bool measured, int64_t step) {
-    const StepKind kind = s_.step.kind;
+    const StepKind kind =
+        (!measured && script_.warmup_kind_set) ? script_.warmup_kind : s_.step.kind;
     const bool with_grad = kind != StepKind::forward_no_grad;
     const bool with_loss = kind == StepKind::train || kind == StepKind::forward_backward;
     rt_.ctx.phase = Phase::optimizer;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "graph/cs336.h"
 #include "sim/scenario.h"
 
 namespace memsim {
@@ -43,6 +44,13 @@ struct TrainingScript {
   // measured step (inputs, then targets), instead of one (B, S) pair reused.
   bool per_step_batches = false;
   bool targets_on_device = true;
+  // Warm-up steps of another kind than the measured one (e.g. one forward with grad
+  // whose output stays bound while the measured step runs).
+  bool warmup_kind_set = false;
+  StepKind warmup_kind = StepKind::train;
+  // The staff code release (model RoPE, AdamW weight-decay placement). Not a Scenario
+  // field yet.
+  graph::Cs336Revision cs336_revision = graph::Cs336Revision::v26;
   // Forward-only steps run under torch.inference_mode()/no_grad (step.kind
   // forward-no-grad does too); this keeps the scenario's step kind as given.
 };

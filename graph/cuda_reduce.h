@@ -1,0 +1,25 @@
+// Scratch memory of ATen's CUDA reduction kernels (aten/src/ATen/native/cuda/Reduce.cuh,
+// setReduceConfig): a reduction whose per-output work is split across thread blocks
+// stages partial results in global memory and counts finished blocks with semaphores,
+// both allocated through the caching allocator for the duration of the kernel.
+//
+// Modelled case: summing a contiguous (rows, cols) tensor over its leading dim to (cols,)
+// (sum_to of a broadcast weight grad, e.g. RMSNorm's gamma). Checked against the
+// snapshots: medium (1024 rows x 1024) -> 8,388,608 + 32 B; xl (2048 x 2560) ->
+// 41,943,040 + 80 B; 512 rows -> none.
+#pragma once
+
+#include <cstdint>
+
+namespace memsim::graph {
+
+struct ReduceScratch {
+  uint64_t global_bytes = 0;     // 0: no global-memory reduction
+  uint64_t semaphore_bytes = 0;
+};
+
+// `sm_count` only matters for very wide outputs; the default is an H100's.
+ReduceScratch outer_reduce_scratch(uint64_t rows, uint64_t cols, uint64_t elem,
+                                   int sm_count = 132);
+
+}  // namespace memsim::graph
