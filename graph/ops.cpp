@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "graph/cuda_reduce.h"
+#include "graph/ops_fused.h"
 
 namespace memsim::graph {
 
@@ -100,7 +101,10 @@ const char* backward_name(OpKind k) {
     case OpKind::log_softmax: return "LogSoftmaxBackward0";
     case OpKind::nll_loss: return "NllLossBackward0";
     case OpKind::fill: return "ones_like";
-    default: return forward_name(k);
+    default: {
+      const char* fused = fused_op_name(k, true);  // graph/ops_fused.h
+      return fused != nullptr ? fused : forward_name(k);
+    }
   }
 }
 
@@ -390,6 +394,7 @@ struct Bw {
 }  // namespace
 
 void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
+  if (run_fused_backward(rt, n, in, out)) return;  // graph/ops_fused.h
   Bw b{rt, n};
   const Grad& g = in[0];
   if (g.storage == kNoStorage && n.kind != OpKind::max_dim) return;
