@@ -6,6 +6,7 @@
 
 #include "graph/cs336.h"
 #include "graph/losses.h"
+#include "sim/megatron_step.h"
 #include "sim/optimizer_step.h"
 
 namespace memsim {
@@ -183,6 +184,7 @@ class Loop {
 }  // namespace
 
 Program build_program(const Scenario& scenario, const TrainingScript& script) {
+  if (scenario.model.family == ModelFamily::megatron) return build_megatron_program(scenario);
   if (scenario.model.family != ModelFamily::cs336)
     throw std::runtime_error(std::string("build_program: model family '") +
                              to_string(scenario.model.family) + "' is not implemented yet");

@@ -1,0 +1,191 @@
+#include "graph/megatron.h"
+
+#include "graph/ops.h"
+
+namespace memsim::graph {
+
+int64_t megatron_parameter_count(const MegatronShape& s) {
+  const int64_t h = s.hidden, f = s.ffn, bias = s.bias ? 1 : 0;
+  const int64_t per_layer = 3 * h * h + h * h + 2 * h * f   // QKV, dense, fc1, fc2 weights
+                            + bias * (3 * h + h + f + h)     // their biases
+                            + 4 * h;                         // two LayerNorms
+  return s.vocab * h + s.max_positions * h + s.layers * per_layer + 2 * h;
+}
+
+MegatronLayerBytes megatron_layer_saved_bytes(const MegatronShape& s) {
+  const uint64_t sbh = static_cast<uint64_t>(s.seq * s.batch * s.hidden);
+  const uint64_t as2b = static_cast<uint64_t>(s.heads * s.seq * s.seq * s.batch);
+  const uint64_t e = s.elem, mask = s.dropout ? 1 : 0;
+  MegatronLayerBytes r;
+  // 16 sbh-sized 16-bit tensors plus two 1-byte masks (34 sbh for e = 2); eager adds the
+  // softmax output, the dropout output and its mask (5 as^2 b).
+  r.korthikanti = sbh * (16 * e + 2 * mask);
+  if (!s.flash) r.korthikanti += as2b * (e + mask * (e + 1));
+  r.norm_stats = 2 * 2 * 4 * static_cast<uint64_t>(s.seq * s.batch);
+  if (s.flash)
+    r.flash_extras = 4 * static_cast<uint64_t>(s.heads * s.seq * s.batch) + (s.dropout ? 16 : 0);
+  return r;
+}
+
+int32_t MegatronModel::param(uint64_t elems, const std::string& name, bool decay) {
+  const int32_t id = rt_.add_parameter(elems * s_.elem, name);
+  params_.push_back(id);
+  decayed_.push_back(decay);
+  return id;
+}
+
+void MegatronModel::construct() {
+  const uint64_t h = s_.hidden, f = s_.ffn;
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::embedding;
+  param(s_.vocab * h, "embedding.word_embeddings.weight", true);
+  param(s_.max_positions * h, "embedding.position_embeddings.weight", true);
+  for (int32_t l = 0; l < s_.layers; ++l) {
+    rt_.ctx.layer = l;
+    const std::string pre = "decoder.layers." + std::to_string(l) + ".";
+    rt_.ctx.module = Module::norm;
+    param(h, pre + "input_layernorm.weight", false);
+    param(h, pre + "input_layernorm.bias", false);
+    rt_.ctx.module = Module::attention;
+    param(3 * h * h, pre + "self_attention.linear_qkv.weight", true);
+    if (s_.bias) param(3 * h, pre + "self_attention.linear_qkv.bias", false);
+    param(h * h, pre + "self_attention.linear_proj.weight", true);
+    if (s_.bias) param(h, pre + "self_attention.linear_proj.bias", false);
+    rt_.ctx.module = Module::norm;
+    param(h, pre + "pre_mlp_layernorm.weight", false);
+    param(h, pre + "pre_mlp_layernorm.bias", false);
+    rt_.ctx.module = Module::mlp;
+    param(f * h, pre + "mlp.linear_fc1.weight", true);
+    if (s_.bias) param(f, pre + "mlp.linear_fc1.bias", false);
+    param(h * f, pre + "mlp.linear_fc2.weight", true);
+    if (s_.bias) param(h, pre + "mlp.linear_fc2.bias", false);
+  }
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::norm;
+  param(h, "decoder.final_layernorm.weight", false);
+  param(h, "decoder.final_layernorm.bias", false);
+  rt_.ctx.module = Module::none;
+}
+
+// DotProductAttention (local spec) or TE fused attention on the packed QKV output.
+Tensor MegatronModel::core_attention(const Tensor& mixed) {
+  const uint64_t b = s_.batch, a = s_.heads, s = s_.seq, e = s_.elem;
+  const double hd = static_cast<double>(s_.hidden / s_.heads);
+  const double attn_flops = 2.0 * static_cast<double>(b * a * s * s) * hd;  // per GEMM
+  if (s_.flash) {
+    return fused_attention(rt_, mixed, act(), b * a * s * 4, rows() * s_.hidden * 4,
+                           s_.dropout, 2 * attn_flops);
+  }
+  QkvViews qkv = qkv_split(rt_, mixed);
+  if (!global_buffer_.defined()) {
+    // mpu.get_global_memory_buffer().get_tensor(...): allocated at the first call and
+    // kept for the process lifetime (not an activation of any layer).
+    const int32_t layer = rt_.ctx.layer;
+    rt_.ctx.layer = -1;
+    global_buffer_ = rt_.alloc(b * a * s * s * e, TensorKind::other, OpKind::baddbmm);
+    rt_.ctx.layer = layer;
+  }
+  // matmul_result (and its attention_scores view) stay bound until forward returns.
+  Tensor scores = baddbmm_qk(rt_, qkv.q, qkv.k, b * a * s * s * e, attn_flops);
+  Tensor probs = fused_causal_softmax(rt_, scores);
+  probs = dropout(rt_, probs, b * a * s * s, s_.dropout);
+  Tensor context = bmm(rt_, probs, qkv.v, act(), attn_flops);
+  // [b, np, sq, hn] -> [sq, b, np, hn]: permute(...).contiguous(), a copy; the bmm
+  // result dies when the name is rebound.
+  context = clone(rt_, context);
+  return context;
+}
+
+Tensor MegatronModel::attention(const Tensor& ln_out) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::attention;
+  const uint64_t h = s_.hidden, e = s_.elem;
+  const double r = static_cast<double>(rows()), hd = static_cast<double>(h);
+  Tensor mixed = megatron_linear(
+      rt_, ln_out, {3 * act(), 3 * h * h * e, s_.bias ? 3 * h * e : 0, 2 * r * hd * 3 * hd});
+  Tensor context = core_attention(mixed);
+  mixed.reset();
+  // linear_proj: skip_bias_add (its bias goes to bias-dropout-add).
+  Tensor out = megatron_linear(rt_, context, {act(), h * h * e, 0, 2 * r * hd * hd});
+  rt_.ctx.module = outer;
+  return out;
+}
+
+// MLP with bias-GeLU fusion, then the layer's second bias-dropout-add.
+Tensor MegatronModel::mlp(const Tensor& ln_out, const Tensor& residual) {
+  rt_.ctx.module = Module::mlp;
+  const uint64_t h = s_.hidden, f = s_.ffn, e = s_.elem;
+  const double r = static_cast<double>(rows());
+  const double flops = 2 * r * static_cast<double>(h) * static_cast<double>(f);
+  Tensor fc2_out;
+  {
+    Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops});
+    inter = bias_gelu(rt_, inter, s_.bias ? f * e : 0);
+    fc2_out = megatron_linear(rt_, inter, {act(), h * f * e, 0, flops});
+  }
+  // mlp_output_with_bias stays bound until the layer returns.
+  Tensor out = bias_dropout_add(rt_, fc2_out, residual, rows() * h, s_.bias ? h * e : 0,
+                                s_.dropout);
+  return out;
+}
+
+Tensor MegatronModel::layer(int32_t index, const Tensor& x) {
+  const int32_t outer = rt_.ctx.layer;
+  rt_.ctx.layer = index;
+  const uint64_t h = s_.hidden, e = s_.elem;
+  rt_.ctx.module = Module::norm;
+  Tensor ln1 = fused_layer_norm(rt_, x, rows(), h, e);
+  Tensor attn_out = attention(ln1);
+  rt_.ctx.module = Module::attention;
+  Tensor hidden = bias_dropout_add(rt_, attn_out, x, rows() * h, s_.bias ? h * e : 0,
+                                   s_.dropout);
+  rt_.ctx.module = Module::norm;
+  Tensor ln2 = fused_layer_norm(rt_, hidden, rows(), h, e);
+  Tensor out = mlp(ln2, hidden);
+  rt_.ctx.module = Module::none;
+  rt_.ctx.layer = outer;
+  return out;  // ln1, attn_out, hidden, ln2 die with the frame
+}
+
+Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids) {
+  const uint64_t h = s_.hidden, e = s_.elem;
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::embedding;
+  Tensor embedded;
+  {
+    Tensor word = megatron_embedding(rt_, tokens, act(), s_.vocab * h * e, true);
+    Tensor pos = megatron_embedding(rt_, position_ids, act(), s_.max_positions * h * e, true);
+    Tensor sum = add(rt_, word, pos);
+    embedded = clone(rt_, sum);  // transpose(0, 1).contiguous() -> [s, b, h]
+    sum.reset();
+    embedded = dropout(rt_, embedded, rows() * h, s_.dropout);
+  }
+  // GPTModel.forward keeps decoder_input bound; the decoder loop rebinds hidden_states.
+  Tensor hidden = embedded;
+  for (int32_t l = 0; l < s_.layers; ++l) hidden = layer(l, hidden);
+  rt_.ctx.module = Module::norm;
+  Tensor final_ln = fused_layer_norm(rt_, hidden, rows(), h, e);
+  hidden.reset();
+  rt_.ctx.module = Module::head;
+  // Output layer tied to the word embedding: its wgrad also goes to that main_grad.
+  Tensor logits = megatron_linear(
+      rt_, final_ln,
+      {rows() * s_.vocab * e, s_.vocab * h * e, 0,
+       2.0 * static_cast<double>(rows()) * static_cast<double>(h) *
+           static_cast<double>(s_.vocab)});
+  rt_.ctx.module = Module::none;
+  return logits;
+}
+
+Tensor MegatronModel::language_model_loss(const Tensor& logits, const Tensor& labels) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::loss;
+  Tensor labels_t = rt_.alloc(labels.bytes, TensorKind::input, OpKind::clone);
+  Tensor loss = vocab_parallel_cross_entropy(rt_, logits, rows(), s_.vocab);
+  labels_t.reset();
+  loss = clone(rt_, loss);  // transpose(0, 1).contiguous() -> [b, s]
+  rt_.ctx.module = outer;
+  return loss;
+}
+
+}  // namespace memsim::graph

@@ -1,0 +1,115 @@
+// Model family `megatron`: a GPT as Megatron-LM builds it (megatron/core GPTModel with the
+// local layer spec: apex fused LayerNorm, ColumnParallel/RowParallel linears with
+// gradient-accumulation fusion, fused causal scale-mask-softmax, jit-fused
+// bias-dropout-add and bias-GeLU, learned absolute positions, output layer tied to the
+// word embedding, vocab-parallel cross entropy), tensor/pipeline parallel 1, written op
+// by op against graph::Runtime with the ops of graph/ops_fused.h.
+//
+// Layout [s, b, h]; activations in the parameters' 16-bit dtype. Parameters pass to the
+// ops as byte counts: their grads go to Megatron's main_grad buffer (the scheduler owns
+// it, sim/megatron_step.h), never to a lasting .grad.
+//
+// What one transformer layer keeps for backward, term by term against Korthikanti et al.
+// 2022, "Reducing Activation Recomputation in Large Transformer Models", §4.1
+// (16-bit activations, eager attention, dropout on; s*b*h*(34 + 5*a*s/h) bytes):
+//
+//   paper term                         memsim tensor (op that allocates it, who saves it)
+//   attention block, 11sbh + 5as^2b:
+//     QKV input            2sbh        input_layernorm output (fused_layer_norm; QKV linear)
+//     Q and K for QK^T     4sbh        \ the fused QKV output, 3 x 2sbh, one storage
+//     V for attn*V         2sbh        / (megatron_linear; baddbmm saves q,k, bmm saves v)
+//     softmax output       2as^2b      fused_causal_softmax output (saved by itself)
+//     softmax dropout mask as^2b       dropout mask, 1 byte/element (dropout)
+//     dropout output       2as^2b      dropout output (saved by the attn*V bmm)
+//     projection input     2sbh        permute(...).contiguous() copy (clone; dense linear)
+//     attention dropout    sbh         bias_dropout_add mask
+//   MLP block, 19sbh:
+//     fc1 input            2sbh        post_attention_layernorm output (fc1 linear)
+//     GeLU input           8sbh        fc1 output (bias_gelu)
+//     fc2 input            8sbh        bias_gelu output (fc2 linear)
+//     dropout mask         sbh         bias_dropout_add mask
+//   layer norms, 4sbh:
+//     LN1 input            2sbh        the previous layer's output (bias_dropout_add out)
+//     LN2 input            2sbh        the attention bias_dropout_add output
+//
+// What Megatron keeps that the paper leaves out (O(sb), not O(sbh)): each fused
+// LayerNorm's fp32 mean and invvar, 2 x 4sb bytes per norm, 16sb per layer. With
+// attention `flash` (Transformer Engine fused attention on the packed QKV, sbhd): no
+// s^2 tensors; the output [s,b,h] is the projection's input itself (no copy), plus the
+// fp32 softmax logsumexp (4*a*s*b) and, with dropout, a 16-byte RNG state: 34sbh + those.
+//
+// Outside the layers: the embedding (word + position, transpose-contiguous, dropout
+// mask), the final LayerNorm, the bf16 logits [s,b,V] (dead when the model's forward
+// returns) and the fp32 copy the cross entropy turns into its saved softmax (4sbV).
+// Eager attention also allocates Megatron's global "mpu" buffer (b*np, s, s) once: the
+// baddbmm input that beta=0 ignores, alive for the whole run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/ops_fused.h"
+
+namespace memsim::graph {
+
+struct MegatronShape {
+  int64_t layers = 0, hidden = 0, heads = 0, ffn = 0, vocab = 0, max_positions = 0;
+  int64_t batch = 1, seq = 1;
+  uint64_t elem = 2;       // parameter and activation bytes (bf16 / fp16)
+  bool flash = false;      // fused attention instead of the eager core attention
+  bool dropout = true;     // hidden and attention dropout probability > 0
+  bool bias = true;        // add_bias_linear
+};
+
+// Parameters: V*h + P*h + L*(12h^2 + 13h) + 2h for the bias GPT with ffn = 4h; in
+// general L*(4h^2 + 2*h*ffn + 9h + ffn) + ... (tied output layer: no extra V*h).
+int64_t megatron_parameter_count(const MegatronShape& s);
+
+// The formula's terms in bytes for one layer (see the table above), and the extras.
+struct MegatronLayerBytes {
+  uint64_t korthikanti = 0;   // s*b*h*(34 + 5*a*s/h), eager; s*b*h*34 with flash
+  uint64_t norm_stats = 0;    // 2 LayerNorms x (mean + invvar) fp32
+  uint64_t flash_extras = 0;  // logsumexp + RNG state (flash only)
+  uint64_t total() const { return korthikanti + norm_stats + flash_extras; }
+};
+MegatronLayerBytes megatron_layer_saved_bytes(const MegatronShape& s);
+
+class MegatronModel {
+ public:
+  MegatronModel(Runtime& rt, const MegatronShape& shape) : rt_(rt), s_(shape) {}
+
+  // Parameters in Megatron's construction order (embedding, layers, final norm; the
+  // output layer reuses the word embedding).
+  void construct();
+  // GPTModel.forward up to the logits: tokens and position ids (b, s) int64; returns the
+  // logits [s, b, V] in the 16-bit dtype.
+  Tensor forward(const Tensor& tokens, const Tensor& position_ids);
+  // One TransformerLayer (the caller keeps x alive, as the decoder loop does).
+  Tensor layer(int32_t index, const Tensor& x);
+  // compute_language_model_loss: labels transposed, vocab-parallel CE, loss transposed
+  // back to [b, s] (fp32).
+  Tensor language_model_loss(const Tensor& logits, const Tensor& labels);
+
+  const MegatronShape& shape() const { return s_; }
+  // Parameter ids in construction order, and whether each is weight-decayed (Megatron's
+  // param groups: matrices decay, biases and norm parameters do not).
+  const std::vector<int32_t>& parameter_ids() const { return params_; }
+  const std::vector<bool>& decayed() const { return decayed_; }
+  uint64_t rows() const { return static_cast<uint64_t>(s_.batch * s_.seq); }
+  uint64_t act() const { return rows() * s_.hidden * s_.elem; }  // one [s, b, h] tensor
+
+ private:
+  Tensor attention(const Tensor& ln_out);
+  Tensor core_attention(const Tensor& mixed);
+  Tensor mlp(const Tensor& ln_out, const Tensor& residual);
+  int32_t param(uint64_t elems, const std::string& name, bool decay);
+
+  Runtime& rt_;
+  MegatronShape s_;
+  std::vector<int32_t> params_;
+  std::vector<bool> decayed_;
+  Tensor global_buffer_;  // mpu.get_global_memory_buffer() for the baddbmm input
+};
+
+}  // namespace memsim::graph

@@ -1,0 +1,51 @@
+#include "sim/megatron_optimizer.h"
+
+namespace memsim {
+
+using graph::OpKind;
+using graph::Runtime;
+using graph::Tensor;
+
+void MegatronOptimizer::construct(Runtime& rt) {
+  // _dummy_overflow_buf = torch.tensor([0], dtype=torch.int, device='cuda')
+  overflow_buf_ = rt.alloc(4, TensorKind::other, OpKind::optimizer_math);
+  if (!c_.master_weights) return;
+  master_.reserve(order_.size());
+  for (int32_t id : order_) {
+    Tensor clone16 = rt.alloc(numel(rt, id) * c_.param_elem, TensorKind::temporary,
+                              OpKind::optimizer_math);
+    master_.push_back(rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state,
+                               OpKind::optimizer_math));
+  }
+}
+
+void MegatronOptimizer::zero_grad(Runtime& rt) {
+  (void)rt;
+  for (Tensor& g : master_grad_) g.reset();
+  master_grad_.clear();
+}
+
+void MegatronOptimizer::step(Runtime& rt) {
+  if (c_.master_weights && c_.grad_elem != 4) {
+    // main_param.grad = model_param.main_grad.float(): a real copy of a 16-bit buffer.
+    master_grad_.reserve(order_.size());
+    for (int32_t id : order_)
+      master_grad_.push_back(
+          rt.alloc(numel(rt, id) * 4, TensorKind::gradient, OpKind::optimizer_math));
+  }
+  if (c_.adam && exp_avg_.empty()) {
+    // FusedAdam: state initialised on the first step, parameter by parameter.
+    exp_avg_.reserve(order_.size());
+    exp_avg_sq_.reserve(order_.size());
+    for (int32_t id : order_) {
+      exp_avg_.push_back(
+          rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math));
+      exp_avg_sq_.push_back(
+          rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math));
+    }
+  }
+  // The update and the master -> model copy are in place (multi-tensor kernels).
+  if (c_.transient_master_grads) zero_grad(rt);
+}
+
+}  // namespace memsim

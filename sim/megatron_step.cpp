@@ -1,0 +1,189 @@
+#include "sim/megatron_step.h"
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "graph/ops.h"
+#include "sim/megatron_optimizer.h"
+
+namespace memsim {
+
+using graph::OpKind;
+using graph::Runtime;
+using graph::Tensor;
+
+graph::MegatronShape megatron_shape(const Scenario& s) {
+  graph::MegatronShape shape;
+  shape.layers = s.model.layers;
+  shape.hidden = s.model.d_model;
+  shape.heads = s.model.heads;
+  shape.ffn = s.model.d_ff;
+  shape.vocab = s.model.vocab;
+  shape.max_positions = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
+  shape.batch = s.batch.micro_batch;
+  shape.seq = s.batch.seq_len;
+  shape.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+  shape.flash = s.model.attention != AttentionImpl::eager;
+  shape.dropout = s.model.dropout > 0.0;
+  return shape;
+}
+
+namespace {
+
+void check_supported(const Scenario& s) {
+  auto fail = [](const std::string& what) {
+    throw std::runtime_error("model family 'megatron': " + what + " is not modelled yet");
+  };
+  if (s.parallel.tensor != 1 || s.parallel.pipeline != 1 || s.parallel.data != 1)
+    fail("parallelism (parallel.data/tensor/pipeline > 1)");
+  if (s.parallel.zero != 0) fail("ZeRO / the distributed optimizer (parallel.zero)");
+  if (s.checkpoint.policy != "none") fail("activation recomputation (checkpoint.policy)");
+  if (s.precision.autocast.has_value()) fail("torch.autocast (Megatron casts the model instead)");
+  if (s.model.kv_heads != 0 && s.model.kv_heads != s.model.heads) fail("grouped-query attention");
+  if (!s.model.tied_embeddings) fail("an untied output layer");
+}
+
+// One pretrain_gpt run. Members mirror Megatron's Python objects.
+class MegatronLoop {
+ public:
+  MegatronLoop(const Scenario& s, const MegatronOptions& o, Program& program)
+      : s_(s), rt_(program), model_(rt_, megatron_shape(s)) {
+    const graph::MegatronShape& shape = model_.shape();
+    // accumulate_allreduce_grads_in_fp32 is forced on for bf16; fp16 and fp32 keep the
+    // parameters' dtype.
+    grad_elem_ = s.precision.params == DType::bf16 ? 4 : shape.elem;
+    if (o.zero_paper_accounting) grad_elem_ = shape.elem;
+    MegatronOptimizerConfig c;
+    c.master_weights = s.precision.master_weights && shape.elem != 4;
+    c.param_elem = shape.elem;
+    c.grad_elem = grad_elem_;
+    c.adam = s.optimizer.type == OptimizerType::adam || s.optimizer.type == OptimizerType::adamw;
+    c.transient_master_grads = o.zero_paper_accounting;
+    optimizer_config_ = c;
+  }
+
+  void run() {
+    rt_.cublas_workspace = s_.device.cublas_workspace;
+    rt_.ctx.phase = Phase::setup;
+    model_.construct();
+    allocate_grad_buffer();
+    std::vector<int32_t> order;  // param groups: decayed first, then the others
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t i = 0; i < model_.parameter_ids().size(); ++i)
+        if (model_.decayed()[i] == (pass == 0)) order.push_back(model_.parameter_ids()[i]);
+    const bool has_optimizer = s_.optimizer.type != OptimizerType::none;
+    if (has_optimizer) {
+      optimizer_ = std::make_unique<MegatronOptimizer>(optimizer_config_, std::move(order));
+      rt_.ctx.module = graph::Module::optimizer;
+      optimizer_->construct(rt_);
+      rt_.ctx.module = graph::Module::none;
+    }
+    for (int64_t step = 0; step <= s_.step.warmup_steps; ++step)
+      train_step(step == s_.step.warmup_steps);
+    rt_.freeze();
+  }
+
+ private:
+  uint64_t rows() const { return model_.rows(); }
+
+  void allocate_grad_buffer() {
+    // DistributedDataParallel: one grad buffer for all parameters (one bucket when
+    // gradient reduce is not overlapped), torch.zeros(numel, dtype=grad_dtype).
+    uint64_t numel = 0;
+    for (const graph::Parameter& p : rt_.parameters()) numel += p.bytes / model_.shape().elem;
+    rt_.ctx.layer = -1;
+    main_grad_ = rt_.alloc(numel * grad_elem_, TensorKind::gradient, OpKind::fill);
+  }
+
+  void train_step(bool measured) {
+    rt_.ctx.phase = Phase::other;
+    rt_.ctx.layer = -1;
+    if (measured) rt_.mark("measured_step_begin");
+    const StepKind kind = s_.step.kind;
+    // zero_grad_buffer() (in place) and optimizer.zero_grad(set_to_none=True).
+    rt_.ctx.phase = Phase::optimizer;
+    if (optimizer_) optimizer_->zero_grad(rt_);
+    const int64_t micro = std::max<int64_t>(1, s_.batch.grad_accum);
+    for (int64_t mb = 0; mb < micro; ++mb) {
+      const bool last = mb + 1 == micro;
+      micro_batch(kind, measured && last);
+    }
+    if (kind == StepKind::train && optimizer_) {
+      rt_.ctx.phase = Phase::optimizer;
+      rt_.ctx.layer = -1;
+      rt_.ctx.module = graph::Module::optimizer;
+      optimizer_->step(rt_);
+      rt_.ctx.module = graph::Module::none;
+      if (measured) rt_.mark("optimizer_end");
+    }
+  }
+
+  void micro_batch(StepKind kind, bool marks) {
+    const bool with_grad = kind != StepKind::forward_no_grad;
+    const bool with_backward = kind == StepKind::train || kind == StepKind::forward_backward;
+    rt_.ctx.phase = Phase::forward;
+    rt_.ctx.layer = -1;
+    rt_.grad_enabled = with_grad;
+    const uint32_t graph = with_grad ? rt_.begin_graph() : 0;
+    // get_batch_on_this_tp_rank: each field copied to the device.
+    const uint64_t b = model_.shape().batch, s = model_.shape().seq;
+    Tensor tokens = rt_.alloc(rows() * 8, TensorKind::input, OpKind::other);
+    Tensor labels = rt_.alloc(rows() * 8, TensorKind::input, OpKind::other);
+    Tensor loss_mask = rt_.alloc(rows() * 4, TensorKind::input, OpKind::other);
+    Tensor attention_mask = rt_.alloc(b * s * s, TensorKind::input, OpKind::other);
+    Tensor position_ids = rt_.alloc(rows() * 8, TensorKind::input, OpKind::other);
+    Tensor loss;
+    {
+      Tensor logits = model_.forward(tokens, position_ids);
+      rt_.ctx.phase = Phase::loss;
+      loss = model_.language_model_loss(logits, labels);
+    }  // GPTModel.forward returns: the 16-bit logits die
+    // forward_step returns: its batch names die (the embeddings saved the indices).
+    tokens.reset();
+    labels.reset();
+    attention_mask.reset();
+    position_ids.reset();
+    // loss_func: torch.sum(losses.view(-1) * loss_mask).
+    rt_.ctx.module = graph::Module::loss;
+    Tensor masked = graph::mul(rt_, loss, loss_mask);
+    loss_mask.reset();
+    loss.reset();
+    Tensor total = graph::sum_dim(rt_, masked, 4);
+    masked.reset();
+    rt_.ctx.module = graph::Module::none;
+    rt_.grad_enabled = true;
+    if (marks) rt_.mark("forward_end");
+    if (!with_backward) {
+      total.reset();
+      if (graph != 0) rt_.discard_graph(graph);
+      return;
+    }
+    rt_.ctx.phase = Phase::backward;
+    rt_.backward(total);
+    rt_.ctx.phase = Phase::other;
+    total.reset();
+    if (marks) rt_.mark("backward_end");
+  }
+
+  const Scenario& s_;
+  Runtime rt_;
+  graph::MegatronModel model_;
+  uint64_t grad_elem_ = 4;
+  MegatronOptimizerConfig optimizer_config_;
+  std::unique_ptr<MegatronOptimizer> optimizer_;
+  Tensor main_grad_;
+};
+
+}  // namespace
+
+Program build_megatron_program(const Scenario& scenario, const MegatronOptions& options) {
+  check_supported(scenario);
+  Program program;
+  MegatronLoop loop(scenario, options, program);
+  loop.run();
+  return program;
+}
+
+}  // namespace memsim

@@ -1,0 +1,34 @@
+// build_program for the `megatron` family: Megatron-LM's pretrain_gpt loop on one rank
+// (tensor, pipeline and data parallel 1), emitted through graph::Runtime.
+//
+// Setup, in Megatron's order: the model's 16-bit parameters (graph/megatron.h), the DDP
+// main_grad buffer (one contiguous tensor, zeroed in place every step), the optimizer's
+// fp32 master copies (sim/megatron_optimizer.h). Each step: optimizer.zero_grad, then per
+// micro-batch get_batch (tokens, labels, loss_mask, attention_mask, position_ids on the
+// device), GPTModel.forward with the loss inside, loss_func (masked sum), backward; then
+// optimizer.step. Marks: measured_step_begin, forward_end (after loss_func),
+// backward_end, optimizer_end, as in sim/schedule.h.
+#pragma once
+
+#include "graph/megatron.h"
+#include "sim/program.h"
+#include "sim/scenario.h"
+
+namespace memsim {
+
+struct MegatronOptions {
+  // The ZeRO paper's model-state accounting (Rajbhandari et al. 2020, §3.1: 2 + 2 + 12
+  // bytes per parameter) instead of Megatron's: main_grad in the parameters' 16-bit
+  // dtype even for bf16 (Megatron forces fp32 accumulation for bf16), and the fp32 copies
+  // of 16-bit grads transient within the step (Megatron keeps them until zero_grad).
+  bool zero_paper_accounting = false;
+};
+
+// The model shape a scenario describes (family megatron).
+graph::MegatronShape megatron_shape(const Scenario& scenario);
+
+// Throws std::runtime_error for settings this family does not model yet (tensor or
+// pipeline parallelism, ZeRO, activation checkpointing, fp32 autocast).
+Program build_megatron_program(const Scenario& scenario, const MegatronOptions& options = {});
+
+}  // namespace memsim
