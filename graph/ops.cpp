@@ -4,6 +4,7 @@
 
 #include "graph/cuda_reduce.h"
 #include "graph/ops_fused.h"
+#include "graph/ops_nn.h"
 
 namespace memsim::graph {
 
@@ -67,6 +68,10 @@ const char* forward_name(OpKind k) {
     case OpKind::fused_attention: return "fused_attention";
     case OpKind::megatron_embedding: return "embedding";
     case OpKind::vocab_parallel_ce: return "vocab_parallel_cross_entropy";
+    default: {
+      const char* nn = nn_op_name(k, false);  // graph/ops_nn.h
+      return nn != nullptr ? nn : "other";
+    }
   }
   return "other";
 }
@@ -103,6 +108,7 @@ const char* backward_name(OpKind k) {
     case OpKind::fill: return "ones_like";
     default: {
       const char* fused = fused_op_name(k, true);  // graph/ops_fused.h
+      if (fused == nullptr) fused = nn_op_name(k, true);  // graph/ops_nn.h
       return fused != nullptr ? fused : forward_name(k);
     }
   }
@@ -395,6 +401,7 @@ struct Bw {
 
 void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (run_fused_backward(rt, n, in, out)) return;  // graph/ops_fused.h
+  if (run_nn_backward(rt, n, in, out)) return;     // graph/ops_nn.h
   Bw b{rt, n};
   const Grad& g = in[0];
   if (g.storage == kNoStorage && n.kind != OpKind::max_dim) return;

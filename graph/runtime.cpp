@@ -61,6 +61,12 @@ Runtime::Runtime(Program& program) : program_(program) {
   saved_.reserve(1 << 13);
 }
 
+void Runtime::reserve(size_t events) {
+  program_.events.reserve(events);
+  program_.tensors.reserve(events / 2 + 16);
+  refs_.reserve(events / 2 + 16);
+}
+
 uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
   cur_op_ = op;
   uint32_t op_name = op_id(op, in_backward_);

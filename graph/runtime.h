@@ -104,6 +104,9 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   Program& program() { return program_; }
+  // Capacity hint: about this many events will be emitted (avoids regrowing the
+  // Program's arrays, which dominates build time otherwise).
+  void reserve(size_t events);
   OpContext ctx;
   bool grad_enabled = true;
 

@@ -52,6 +52,13 @@ class Loop {
 
   void run() {
     rt_.cublas_workspace = s_.device.cublas_workspace;
+    {
+      // ~330 events per layer and step (forward, backward, optimizer), plus the rest.
+      const size_t steps = static_cast<size_t>(s_.step.warmup_steps + 1) *
+                           static_cast<size_t>(std::max<int64_t>(1, s_.batch.grad_accum));
+      rt_.reserve(steps * (static_cast<size_t>(s_.model.layers) * 340 + 1200) +
+                  static_cast<size_t>(s_.model.layers) * 12);
+    }
     rt_.ctx.phase = Phase::setup;
     model_.construct();
     optimizer_ = make_optimizer(s_.optimizer,
