@@ -7,6 +7,9 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string_view>
+
+#include <yaml-cpp/eventhandler.h>
 
 #include "sim/scenario_doc.h"
 
@@ -162,20 +165,63 @@ void read_section(Doc& doc, const std::string& section, const YAML::Node& body) 
   }
 }
 
+// yaml-cpp 0.7 loops forever on a document whose first token is ',' (jbeder/yaml-cpp
+// #1040, fixed upstream by PR #1319, after the Debian 0.7 package): refuse it first.
+void reject_leading_comma(const std::string& text, const std::string& source) {
+  std::istringstream lines(text);
+  std::string line;
+  bool document_start = true;
+  for (int number = 1; std::getline(lines, line); ++number) {
+    std::string_view rest(line);
+    if (rest.substr(0, 3) == "---" || rest.substr(0, 3) == "...") {
+      document_start = true;
+      rest.remove_prefix(3);
+    } else if (document_start && !rest.empty() && rest.front() == '%') {
+      continue;  // a directive
+    }
+    if (!document_start) continue;
+    const size_t first = rest.find_first_not_of(" \t\r");
+    if (first == std::string_view::npos || rest[first] == '#') continue;
+    if (rest[first] == ',') fail(source + ":" + std::to_string(number), "(yaml)", "unexpected ','");
+    document_start = false;
+  }
+}
+
+// Counts documents without YAML::LoadAll, which is where the loop above lives.
+class IgnoreEvents : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+bool has_second_document(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  IgnoreEvents ignore;
+  return parser.HandleNextDocument(ignore) && parser.HandleNextDocument(ignore);
+}
+
 Doc read_doc(const std::string& text, const std::string& source) {
   Doc doc;
   doc.source = source;
-  std::vector<YAML::Node> documents;
+  reject_leading_comma(text, source);
+  YAML::Node root;
   try {
-    documents = YAML::LoadAll(text);
+    root = YAML::Load(text);
+    if (has_second_document(text)) fail(source + ":1", "(yaml)", "expected one YAML document, found more");
   } catch (const YAML::Exception& e) {
     fail(at(source, e.mark), "(yaml)", e.msg);
   }
-  if (documents.size() > 1) {
-    fail(source + ":1", "(yaml)", "expected one YAML document, found " + std::to_string(documents.size()));
-  }
-  if (documents.empty() || is_null(documents[0])) return doc;  // empty file: defaults, then "required" errors
-  const YAML::Node& root = documents[0];
+  if (is_null(root)) return doc;  // empty file: defaults, then "required" errors
   if (!root.IsMap()) {
     fail(at(source, root.Mark()), "(document)",
          "expected a mapping of sections (name, model, batch, ...), got " + describe(root));
@@ -207,9 +253,13 @@ Doc read_doc(const std::string& text, const std::string& source) {
 // A --set value as a YAML node. Values are plain strings ("8", "bf16", "80GiB"), except
 // that "{...}" and "[...]" are YAML flow collections (checkpoint.custom=[0,4,8]).
 // roundup_power2_divisions keeps "[256:1,>:8]" as text: that is PyTorch's own syntax.
-YAML::Node override_node(const std::string& key, const std::string& value) {
+YAML::Node override_node(const std::string& key, const std::string& raw) {
+  const size_t begin = raw.find_first_not_of(" \t");
+  const std::string value = begin == std::string::npos ? "" : raw.substr(begin, raw.find_last_not_of(" \t") - begin + 1);
   const bool flow = !value.empty() && (value.front() == '{' || value.front() == '[');
-  if (!flow || key == "allocator.roundup_power2_divisions") return YAML::Node(value);
+  if (!flow || (key == "allocator.roundup_power2_divisions" && value.front() == '[')) {
+    return YAML::Node(value);
+  }
   try {
     return YAML::Load(value);
   } catch (const YAML::Exception& e) {

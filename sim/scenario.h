@@ -78,6 +78,7 @@ struct CheckpointConfig {
   std::string policy = "none";        // none | full | selective | uniform | block | modules | custom | sqrt
   int64_t layers_per_segment = 1;
   std::vector<std::string> custom;    // policy custom: layer indices or module names
+                                      // (required); policy modules: module names (optional)
 };
 
 struct ParallelConfig {

@@ -2,6 +2,7 @@
 // several keys at once (divisibility, lengths, 64-bit products).
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <optional>
 #include <cstdint>
 #include <limits>
@@ -143,8 +144,9 @@ PrecisionConfig build_precision(const Doc& d) {
   PrecisionConfig p;
   read_if(d, "precision.params", p.params,
           [](const Field& f, const std::string& k) { return read_enum(f, k, kDTypes); });
-  read_if(d, "precision.autocast", p.autocast,
-          [](const Field& f, const std::string& k) { return read_enum(f, k, kAutocast); });
+  if (const Field* f = d.find("precision.autocast"); f && !is_null(f->node)) {
+    p.autocast = read_enum(*f, "precision.autocast", kAutocast);  // null reads as none
+  }
   if (const Field* f = d.find("precision.master_weights")) {
     p.master_weights = read_bool(*f, "precision.master_weights");
     if (p.master_weights && p.params == DType::fp32) {
@@ -210,14 +212,15 @@ CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
       }
     }
   }
-  const bool custom = c.policy == "custom";
-  if (custom && c.custom.empty()) {
+  // The list says what to checkpoint for "custom" (layers or modules) and may narrow
+  // "modules" to named modules; any other policy would silently ignore it.
+  if (c.policy == "custom" && c.custom.empty()) {
     fail(origin(d, "checkpoint.policy", "checkpoint"), "checkpoint.policy",
          "policy custom needs checkpoint.custom (layer indices or module names)");
   }
-  if (!custom && !c.custom.empty()) {
+  if (c.policy != "custom" && c.policy != "modules" && !c.custom.empty()) {
     fail(d.find("checkpoint.custom")->where, "checkpoint.custom",
-         "only used with checkpoint.policy custom, but the policy is " + c.policy);
+         "only used with checkpoint.policy custom or modules, but the policy is " + c.policy);
   }
   return c;
 }
@@ -247,7 +250,9 @@ ParallelConfig build_parallel(const Doc& d, const ModelConfig& m) {
 }
 
 DeviceConfig build_device(const Doc& d) {
-  // No device at all means the design's reference GPU, an H100 80GB.
+  // No device at all means the design's reference GPU, an H100 80GB. A capacity with no
+  // preset describes a device by hand: no CUDA context unless device.cuda_context says
+  // so, and the default (non-sm_90) cuBLAS workspace.
   std::string name = d.find("device.capacity") ? "" : "h100-80gb";
   const Field* preset_field = d.find("device.preset");
   if (preset_field) name = read_string(*preset_field, "device.preset");
@@ -344,10 +349,16 @@ std::array<uint32_t, 16> read_roundup(const Field& f, const std::string& key) {
   } else {
     conf = read_string(f, key);
     if (conf.empty() || conf.front() != '[') {
-      const int64_t div = read_int(f, key, 1);
-      if (!is_power_of_two(div)) fail(f.where, key, "expected a power of 2, got '" + conf + "'");
+      int64_t div = 0;
+      const char* end = conf.data() + conf.size();
+      const auto [ptr, ec] = std::from_chars(conf.data(), end, div);
+      if (ec != std::errc() || ptr != end || !is_power_of_two(div) || div > (1 << 30)) {
+        fail(f.where, key,
+             "expected a power of 2, a {MiB: divisions} mapping or PyTorch's \"[256:1,>:8]\", got '" +
+                 conf + "'");
+      }
       std::array<uint32_t, 16> all{};
-      all.fill(static_cast<uint32_t>(std::min<int64_t>(div, UINT32_MAX)));
+      all.fill(static_cast<uint32_t>(div));
       return all;
     }
   }

@@ -139,7 +139,7 @@ std::vector<std::string> read_string_list(const Field& f, std::string_view key) 
   if (!f.node.IsSequence()) fail(f.where, key, "expected a list, got " + describe(f.node));
   for (const auto& item : f.node) {
     if (!item.IsScalar() || is_null(item)) {
-      fail(f.where, key, "expected a list of names or numbers, got an item " + describe(item));
+      fail(f.where, key, "expected a list of names or numbers, got " + describe(item) + " as an item");
     }
     out.push_back(item.Scalar());
   }

@@ -162,6 +162,7 @@ TEST_CASE("every section's keys and enum spellings are read", "[scenario]") {
   CHECK_FALSE(d.precision.autocast.has_value());
   CHECK(d.optimizer.impl == OptimizerImpl::foreach);
   CHECK(d.step.kind == StepKind::train);
+  CHECK_FALSE(load(std::string(kXl) + "precision:\n  autocast: null\n").precision.autocast.has_value());
 }
 
 TEST_CASE("sizes accept binary and decimal units and plain bytes", "[scenario]") {
@@ -283,6 +284,8 @@ TEST_CASE("impossible values are located errors", "[scenario]") {
         "t.yaml:7: optimizer.impl: cs336 is the CS336 staff AdamW, but optimizer.type is sgd");
   CHECK(error_of(std::string(kXl) + "checkpoint:\n  policy: custom\n") ==
         "t.yaml:6: checkpoint.policy: policy custom needs checkpoint.custom (layer indices or module names)");
+  CHECK(error_of(std::string(kXl) + "checkpoint:\n  policy: full\n  custom: [attn]\n") ==
+        "t.yaml:7: checkpoint.custom: only used with checkpoint.policy custom or modules, but the policy is full");
   CHECK(error_of(std::string(kXl) + "checkpoint:\n  policy: custom\n  custom: [32]\n") ==
         "t.yaml:7: checkpoint.custom: layer 32 does not exist (the model has 32 layers, 0-based)");
 }
@@ -302,7 +305,11 @@ TEST_CASE("products that overflow 64 bits are errors", "[scenario]") {
 TEST_CASE("YAML syntax errors and missing files are located", "[scenario]") {
   CHECK(error_of("model: [1, 2\nbatch: 3\n") == "t.yaml:2: (yaml): end of sequence flow not found");
   CHECK(error_of("model:\n  preset: cs336-xl\n bad indent: 1\n").rfind("t.yaml:3: (yaml): ", 0) == 0);
-  CHECK(error_of("a: 1\n---\nb: 2\n") == "t.yaml:1: (yaml): expected one YAML document, found 2");
+  CHECK(error_of("a: 1\n---\nb: 2\n") == "t.yaml:1: (yaml): expected one YAML document, found more");
+  // yaml-cpp 0.7 would loop forever on these (jbeder/yaml-cpp#1040).
+  CHECK(error_of(",\n") == "t.yaml:1: (yaml): unexpected ','");
+  CHECK(error_of("# c\n%YAML 1.2\n---\n  , a: 1\n") == "t.yaml:4: (yaml): unexpected ','");
+  CHECK(error_of("model: {preset: cs336-xl}\n---\n,\n") == "t.yaml:3: (yaml): unexpected ','");
   try {
     load_scenario("/nonexistent/dir/x.yaml");
     FAIL("loaded a missing file");
@@ -334,7 +341,8 @@ TEST_CASE("allocator settings", "[scenario]") {
   CHECK(error_of(std::string(kXl) + "allocator:\n  garbage_collection_threshold: 1.0\n") ==
         "t.yaml:6: allocator.garbage_collection_threshold: expected a number in (0, 1), got '1.0'");
   CHECK(error_of(std::string(kXl) + "allocator:\n  roundup_power2_divisions: 3\n") ==
-        "t.yaml:6: allocator.roundup_power2_divisions: expected a power of 2, got '3'");
+        "t.yaml:6: allocator.roundup_power2_divisions: expected a power of 2, a {MiB: divisions} "
+        "mapping or PyTorch's \"[256:1,>:8]\", got '3'");
   CHECK(error_of(std::string(kXl) + "allocator:\n  roundup_power2_divisions: {3: 1}\n") ==
         "t.yaml:6: allocator.roundup_power2_divisions: interval 3 MiB is not a power of 2");
 }
@@ -351,6 +359,8 @@ TEST_CASE("roundup_power2_divisions lists follow PyTorch's parser", "[scenario][
   CHECK(text.allocator.roundup_power2_divisions == expected);
   const Scenario set = load(kXl, {{"allocator.roundup_power2_divisions", "[256:1,512:2,1024:4,>:8]"}});
   CHECK(set.allocator.roundup_power2_divisions == expected);
+  const Scenario set_map = load(kXl, {{"allocator.roundup_power2_divisions", "{256: 1, 512: 2, 1024: 4, '>': 8}"}});
+  CHECK(set_map.allocator.roundup_power2_divisions == expected);
 }
 
 TEST_CASE("--set overrides are applied after loading, with the same checks", "[scenario]") {
