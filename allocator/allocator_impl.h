@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "allocator/block_pool.h"
+#include "allocator/free_index.h"
 #include "allocator/caching_allocator.h"
 
 namespace memsim {
@@ -31,7 +32,7 @@ namespace detail {
 // One free-block pool kind (§1): the mapped free blocks and, in expandable mode, the
 // unmapped remainders of its reservations.
 struct Pool {
-  BlockSet blocks;
+  StreamFreeIndex blocks;
   UnmappedSet unmapped;
   uint64_t get_free_blocks_call_count = 0;  // §4.4
   bool small = false;

@@ -29,11 +29,13 @@ void CachingAllocator::Impl::release_block(BlockId id) {
 // §6.1 step 2: whole ordinary segments are freed in (stream, size, address) order;
 // free blocks of expandable segments are gathered first, then unmapped (§7.5).
 void CachingAllocator::Impl::release_blocks(Pool& pool) {
+  // Releasing a whole segment removes only that block from the pool, so gathering the
+  // pool's order first and then releasing is the same as PyTorch's erase-while-walking.
+  std::vector<BlockId> order;
+  for (const auto& [stream, index] : pool.blocks.streams())
+    index->for_each([&order](const detail::FreeEntry& e) { order.push_back(e.id); });
   std::vector<BlockId> to_unmap;
-  auto& set = pool.blocks.set();
-  for (auto it = set.begin(); it != set.end();) {
-    const BlockId id = it->id;
-    ++it;  // release_block erases the current element
+  for (BlockId id : order) {
     const Block& b = blocks[id];
     if (b.expandable != kNoSegment) {
       to_unmap.push_back(id);
@@ -63,27 +65,28 @@ bool CachingAllocator::Impl::release_available_cached_blocks(Pool& pool, uint64_
   const uint64_t max_split = config.max_split_size;
   if (max_split == AllocatorConfig::kUnlimited) return false;
   const uint64_t key_size = size < max_split ? max_split : size;
-  auto& set = pool.blocks.set();
-  auto it = set.lower_bound(detail::FreeKey{stream, key_size, 0, 0});
-  if (it == set.end() || it->stream != stream || blocks[it->id].expandable != kNoSegment) {
-    if (it == set.begin()) return false;
+  detail::FreeIndex* index = pool.blocks.find(stream);
+  if (index == nullptr || index->empty()) return false;
+  detail::FreeIndex::Pos it = index->lower_bound(key_size, 0);
+  if (!index->valid(it) || blocks[index->at(it).id].expandable != kNoSegment) {
+    // No single block is big enough: release oversize blocks, largest first. Walk back
+    // from the search position (staying on this stream), then release in that order.
+    std::vector<BlockId> victims;
     uint64_t released = 0;
-    --it;  // the largest block of this stream, if it has any
-    while (released < key_size && it->size >= max_split && it->stream == stream) {
-      auto cur = it;
-      const bool is_first = cur == set.begin();
-      if (!is_first) --it;
-      if (blocks[cur->id].expandable == kNoSegment) {
+    if (!index->prev(it)) return false;
+    while (released < key_size && index->at(it).size >= max_split) {
+      const detail::FreeEntry e = index->at(it);
+      if (blocks[e.id].expandable == kNoSegment) {
         // v2.6 reads the size after freeing the block; the intent is this size.
-        const uint64_t bytes = cur->size;
-        release_block(cur->id);
-        released += bytes;
+        victims.push_back(e.id);
+        released += e.size;
       }
-      if (is_first) break;
+      if (!index->prev(it)) break;
     }
+    for (BlockId id : victims) release_block(id);
     if (released < key_size) return false;
   } else {
-    release_block(it->id);
+    release_block(index->at(it).id);
   }
   return true;
 }
@@ -97,12 +100,17 @@ void CachingAllocator::Impl::garbage_collect_cached_blocks() {
   const uint64_t target = total_allocated_memory - gc_threshold;
   uint64_t reclaimed = 0;
 
-  auto& set = large_pool_.blocks.set();
   const uint64_t calls = large_pool_.get_free_blocks_call_count;
+  auto large_blocks_in_order = [this]() {
+    std::vector<BlockId> order;
+    for (const auto& [stream, index] : large_pool_.blocks.streams())
+      index->for_each([&order](const detail::FreeEntry& e) { order.push_back(e.id); });
+    return order;
+  };
   uint64_t total_age = 0;
   int64_t freeable = 0;
-  for (const auto& key : set) {
-    const Block& b = blocks[key.id];
+  for (BlockId id : large_blocks_in_order()) {
+    const Block& b = blocks[id];
     if (!b.is_split()) {
       total_age += calls - b.gc_count_base;
       ++freeable;
@@ -115,9 +123,7 @@ void CachingAllocator::Impl::garbage_collect_cached_blocks() {
     const double age_threshold = static_cast<double>(total_age) / static_cast<double>(freeable);
     freed = false;
     // The pass does not stop when the target is reached.
-    for (auto it = set.begin(); it != set.end();) {
-      const BlockId id = it->id;
-      ++it;
+    for (BlockId id : large_blocks_in_order()) {
       const Block& b = blocks[id];
       const uint64_t age = calls - b.gc_count_base;
       if (!b.is_split() && b.expandable == kNoSegment &&

@@ -4,9 +4,9 @@
 // Why this shape: the emulator must sustain >= 20 M malloc/free events per second, so
 //  - blocks live in one pooled vector indexed by BlockId (a free list of slots recycles
 //    them; no heap allocation per event once warm), and
-//  - a free pool is a std::set ordered by (stream, size, address) whose nodes come from a
-//    per-set free list (NodeArena), so insert/erase never call operator new when warm.
-//    Each free block remembers its set iterator, so removing a known block is O(1).
+//  - the free pools are FreeIndex B-trees (free_index.h); the rarely used unmapped sets of
+//    expandable mode are std::sets whose nodes come from a per-set free list (NodeArena),
+//    and each unmapped block remembers its set iterator.
 #pragma once
 
 #include <cstddef>
@@ -88,14 +88,6 @@ struct FreeKey {
   uint64_t ptr;
   BlockId id;
 };
-// §1: free blocks ordered by (stream, size, address) as unsigned integers.
-struct BySizeOrder {
-  bool operator()(const FreeKey& a, const FreeKey& b) const {
-    if (a.stream != b.stream) return a.stream < b.stream;
-    if (a.size != b.size) return a.size < b.size;
-    return a.ptr < b.ptr;
-  }
-};
 // §1/§7.1: unmapped (expandable) blocks ordered by (stream, address).
 struct ByAddressOrder {
   bool operator()(const FreeKey& a, const FreeKey& b) const {
@@ -119,7 +111,6 @@ class FreeSet {
   std::unique_ptr<NodeArena> arena_;  // declared first: outlives set_
   Set set_;
 };
-using BlockSet = FreeSet<BySizeOrder>;
 using UnmappedSet = FreeSet<ByAddressOrder>;
 
 inline constexpr uint32_t kNoSegment = UINT32_MAX;
@@ -131,7 +122,6 @@ struct Block {
   uint64_t requested_size = 0;  // stale after free (§9.3)
   StreamId stream = 0;
   uint64_t gc_count_base = 0;   // §4.4
-  BlockSet::iterator pos{};     // where it sits in its free set, when `in_pool`
   UnmappedSet::iterator upos{};  // where it sits in the unmapped set, when unmapped
   BlockId prev = kNoBlock;
   BlockId next = kNoBlock;
@@ -139,7 +129,7 @@ struct Block {
   bool small = false;      // pool kind
   bool allocated = false;
   bool mapped = true;      // false only for unmapped expandable ranges
-  bool in_pool = false;    // in the pool's free set (mapped free blocks)
+  bool in_pool = false;    // in the pool's free index (mapped free blocks)
   bool live = false;       // slot in use
 
   bool is_split() const { return prev != kNoBlock || next != kNoBlock; }

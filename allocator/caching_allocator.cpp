@@ -9,7 +9,6 @@
 namespace memsim {
 
 using detail::Block;
-using detail::FreeKey;
 using detail::kNoSegment;
 using detail::Pool;
 
@@ -73,20 +72,20 @@ uint64_t CachingAllocator::Impl::allowed_memory_maximum() const {
 void CachingAllocator::Impl::pool_insert(BlockId id) {
   Block& b = blocks[id];
   Pool& pool = pool_of(b.small);
-  b.pos = pool.blocks.set().insert(FreeKey{b.stream, b.size, b.ptr, id}).first;
+  pool.blocks.of(b.stream).insert(detail::FreeEntry{b.size, b.ptr, id});
   b.in_pool = true;
   b.gc_count_base = pool.get_free_blocks_call_count;  // §4.4: age restarts on insert
 }
 
 void CachingAllocator::Impl::pool_erase(BlockId id) {
   Block& b = blocks[id];
-  pool_of(b.small).blocks.set().erase(b.pos);
+  pool_of(b.small).blocks.of(b.stream).erase(b.size, b.ptr);
   b.in_pool = false;
 }
 
 void CachingAllocator::Impl::unmapped_insert(BlockId id) {
   Block& b = blocks[id];
-  b.upos = pool_of(b.small).unmapped.set().insert(FreeKey{b.stream, b.size, b.ptr, id}).first;
+  b.upos = pool_of(b.small).unmapped.set().insert(detail::FreeKey{b.stream, b.size, b.ptr, id}).first;
 }
 
 void CachingAllocator::Impl::unmapped_erase(BlockId id) {
@@ -133,11 +132,13 @@ AllocResult CachingAllocator::Impl::malloc(uint64_t orig, StreamId stream) {
 // §4.2
 BlockId CachingAllocator::Impl::get_free_block(Pool& pool, uint64_t size, StreamId stream) {
   if (gc_active()) ++pool.get_free_blocks_call_count;
-  auto& set = pool.blocks.set();
-  auto it = set.lower_bound(FreeKey{stream, size, 0, 0});
-  if (it == set.end() || it->stream != stream) return kNoBlock;
+  // One index per stream: a search never sees another stream's blocks (§1).
+  detail::FreeIndex* index = pool.blocks.find(stream);
+  if (index == nullptr) return kNoBlock;
+  detail::FreeIndex::Pos it = index->lower_bound(size, 0);
+  if (!index->valid(it)) return kNoBlock;
 
-  if (blocks[it->id].expandable != kNoSegment) {
+  if (blocks[index->at(it).id].expandable != kNoSegment) {
     if (config.expandable_segments) {
       // Best fit counts the unmapped space after a block as part of its size, so the
       // growing tail of a reservation is passed over for the next-larger block.
@@ -147,28 +148,29 @@ BlockId CachingAllocator::Impl::get_free_block(Pool& pool, uint64_t size, Stream
         if (blk.next != kNoBlock && !blocks[blk.next].mapped) s += blocks[blk.next].size;
         return s;
       };
-      auto next = std::next(it);
-      while (blocks[it->id].expandable != kNoSegment && next != set.end() &&
-             next->stream == stream && expandable_size(next->id) < expandable_size(it->id)) {
-        it = next++;
+      detail::FreeIndex::Pos next = index->next(it);
+      while (blocks[index->at(it).id].expandable != kNoSegment && index->valid(next) &&
+             expandable_size(index->at(next).id) < expandable_size(index->at(it).id)) {
+        it = next;
+        next = index->next(next);
       }
     } else {
       // Expandable segments switched off: only ordinary blocks qualify.
       do {
-        ++it;
-      } while (it != set.end() && blocks[it->id].expandable != kNoSegment &&
-               it->stream == stream);
-      if (it == set.end() || it->stream != stream) return kNoBlock;
+        it = index->next(it);
+      } while (index->valid(it) && blocks[index->at(it).id].expandable != kNoSegment);
+      if (!index->valid(it)) return kNoBlock;
     }
   }
 
   // Oversize rules; the search does not continue past a rejected candidate.
+  const uint64_t found_size = index->at(it).size;
   const uint64_t max_split = config.max_split_size;
-  if (size < max_split && it->size >= max_split) return kNoBlock;
-  if (size >= max_split && it->size >= size + config.max_non_split_rounding) return kNoBlock;
+  if (size < max_split && found_size >= max_split) return kNoBlock;
+  if (size >= max_split && found_size >= size + config.max_non_split_rounding) return kNoBlock;
 
-  const BlockId id = it->id;
-  set.erase(it);
+  const BlockId id = index->at(it).id;
+  index->erase(it);
   blocks[id].in_pool = false;
   return id;
 }

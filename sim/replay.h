@@ -87,6 +87,8 @@ struct ReplayOptions {
   int device = 0;
   size_t keep_mismatches = 10;
   bool record_timeline = false;
+  // Compare the final state with the snapshot's segments (costs a segments() walk).
+  bool check_final_state = true;
   // Replaces the snapshot's own allocator_settings (e.g. memsim replay --set).
   std::optional<AllocatorConfig> config;
 };
