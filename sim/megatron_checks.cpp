@@ -1,0 +1,116 @@
+#include "sim/megatron_checks.h"
+
+#include <stdexcept>
+
+#include "sim/layer_bytes.h"
+#include "sim/megatron_step.h"
+
+namespace memsim {
+
+namespace {
+
+constexpr int kAct = static_cast<int>(TensorKind::activation);
+
+// Per-layer activations at forward_end; throws if the layers disagree (they must: every
+// layer runs the same emitter).
+double bytes_per_layer(const Program& program, int64_t layers) {
+  const LiveBytes live = live_bytes_at_mark(program, "forward_end");
+  if (!live.found_mark) throw std::runtime_error("no forward_end mark");
+  if (static_cast<int64_t>(live.by_layer.size()) != layers)
+    throw std::runtime_error("live activations in an unexpected number of layers");
+  const uint64_t first = live.by_layer[0][kAct];
+  for (const auto& l : live.by_layer)
+    if (l[kAct] != first) throw std::runtime_error("layers keep different activation bytes");
+  return static_cast<double>(first);
+}
+
+FormulaCheck korthikanti(const Scenario& s, bool flash) {
+  Scenario sc = s;
+  sc.model.attention = flash ? AttentionImpl::flash : AttentionImpl::eager;
+  sc.step.warmup_steps = 0;
+  sc.step.kind = StepKind::forward;  // only forward_end matters
+  const graph::MegatronShape shape = megatron_shape(sc);
+  const graph::MegatronLayerBytes expect = graph::megatron_layer_saved_bytes(shape);
+  const Program program = build_megatron_program(sc);
+  FormulaCheck c;
+  c.name = std::string("activations per layer, ") + sc.name + (flash ? ", flash" : ", eager");
+  c.formula = flash ? "s*b*h*34" : "s*b*h*(34 + 5*a*s/h)";
+  c.unit = "bytes/layer";
+  const double sbh = static_cast<double>(shape.seq * shape.batch * shape.hidden);
+  c.expected = flash ? sbh * 34
+                     : sbh * (34.0 + 5.0 * static_cast<double>(shape.heads * shape.seq) /
+                                         static_cast<double>(shape.hidden));
+  c.simulated = bytes_per_layer(program, shape.layers);
+  c.extra = static_cast<double>(expect.norm_stats + expect.flash_extras);
+  c.note = flash ? "LayerNorm mean+invvar fp32 (16sb) + softmax lse fp32 (4asb) + RNG state (16 B)"
+                 : "LayerNorm mean+invvar fp32 (16sb)";
+  return c;
+}
+
+Scenario small_megatron(DType params, bool master) {
+  Scenario s;
+  s.name = "megatron-small";
+  s.model.family = ModelFamily::megatron;
+  s.model.layers = 2;
+  s.model.d_model = 256;
+  s.model.heads = 4;
+  s.model.kv_heads = 4;
+  s.model.d_ff = 1024;
+  s.model.vocab = 1000;
+  s.model.context_length = 128;
+  s.model.tied_embeddings = true;
+  s.model.dropout = 0.1;
+  s.batch.micro_batch = 2;
+  s.batch.seq_len = 128;
+  s.precision.params = params;
+  s.precision.master_weights = master;
+  s.optimizer.type = OptimizerType::adam;
+  s.optimizer.impl = OptimizerImpl::fused;
+  s.step.warmup_steps = 1;
+  return s;
+}
+
+FormulaCheck model_state(DType params, bool master, bool zero, double formula,
+                         const std::string& formula_text, const std::string& note) {
+  const Scenario s = small_megatron(params, master);
+  MegatronOptions o;
+  o.zero_paper_accounting = zero;
+  const Program program = build_megatron_program(s, o);
+  const LiveBytes live = live_bytes_at_mark(program, "optimizer_end");
+  if (!live.found_mark) throw std::runtime_error("no optimizer_end mark");
+  const double P = static_cast<double>(graph::megatron_parameter_count(megatron_shape(s)));
+  const double states = static_cast<double>(live.by_kind[int(TensorKind::parameter)] +
+                                            live.by_kind[int(TensorKind::gradient)] +
+                                            live.by_kind[int(TensorKind::optimizer_state)]);
+  FormulaCheck c;
+  c.name = std::string("model states, ") + to_string(params) +
+           (master ? " + fp32 master" : ", no master") +
+           (zero ? " (ZeRO accounting)" : " (Megatron)");
+  c.formula = formula_text;
+  c.unit = "bytes/param";
+  c.expected = formula;
+  c.simulated = states / P;
+  c.note = note;
+  return c;
+}
+
+}  // namespace
+
+std::vector<FormulaCheck> korthikanti_checks(const Scenario& gpt3) {
+  return {korthikanti(gpt3, false), korthikanti(gpt3, true)};
+}
+
+std::vector<FormulaCheck> model_state_checks() {
+  return {
+      model_state(DType::fp16, true, true, 16, "2 + 2 + 12 (ZeRO)", ""),
+      model_state(DType::fp16, false, true, 12, "2 + 2 + 8", "Adam m, v fp32"),
+      model_state(DType::bf16, true, true, 16, "2 + 2 + 12 (ZeRO)", ""),
+      model_state(DType::bf16, true, false, 18, "2 + 4 + 12",
+                  "bf16: main_grad buffer fp32 (accumulate_allreduce_grads_in_fp32)"),
+      model_state(DType::fp16, true, false, 20, "2 + 2 + 4 + 12",
+                  "fp16: main_param.grad = main_grad.float() copies live until zero_grad"),
+      model_state(DType::bf16, false, false, 14, "2 + 4 + 8", "bf16 main_grad fp32"),
+  };
+}
+
+}  // namespace memsim
