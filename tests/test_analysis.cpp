@@ -127,6 +127,60 @@ TEST_CASE("find_top_peaks drops zig-zags below the prominence threshold", "[anal
   CHECK(fine.size() == 4);
 }
 
+namespace {
+
+// The definition of sim/peaks.h, computed the slow way: for each event, walk out to the
+// nearest higher ground on each side (an equal value counts on the left only).
+std::vector<CurvePeak> brute_force_peaks(const std::vector<uint64_t>& v, uint64_t min_prominence) {
+  std::vector<CurvePeak> out;
+  if (v.empty()) return out;
+  size_t top = 0;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] > v[top]) top = i;
+  const uint64_t range_min = *std::min_element(v.begin(), v.end());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint64_t left = v[i], right = v[i];
+    for (size_t j = i; j-- > 0 && v[j] < v[i];) left = std::min(left, v[j]);
+    for (size_t j = i + 1; j < v.size() && v[j] <= v[i]; ++j) right = std::min(right, v[j]);
+    const uint64_t base = i == top ? range_min : std::max(left, right);
+    const uint64_t prominence = v[i] - base;
+    if (i == top || (prominence > 0 && prominence >= min_prominence)) {
+      out.push_back(CurvePeak{i, v[i], prominence});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const CurvePeak& a, const CurvePeak& b) {
+    return a.value != b.value ? a.value > b.value : a.index < b.index;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("find_top_peaks matches the definition on random curves", "[analysis]") {
+  uint64_t state = 12345;
+  auto next = [&] {  // xorshift: deterministic, no <random> distribution differences
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (int round = 0; round < 300; ++round) {
+    const size_t n = 1 + next() % 60;
+    const uint64_t levels = 1 + next() % 8;  // few levels: plenty of plateaus and ties
+    std::vector<uint64_t> v(n);
+    for (auto& x : v) x = next() % levels;
+    const uint64_t min_prominence = 1 + next() % 3;
+    const auto expected = brute_force_peaks(v, min_prominence);
+    const auto got = find_top_peaks(v, 0, n, n, min_prominence);
+    INFO("round " << round);
+    REQUIRE(got.size() == expected.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      CHECK(got[k].index == expected[k].index);
+      CHECK(got[k].prominence == expected[k].prominence);
+    }
+  }
+}
+
 TEST_CASE("find_top_peaks edge cases", "[analysis]") {
   const std::vector<uint64_t> rising = {1, 2, 3};
   auto r = find_top_peaks(rising, 0, 3, 5, 1);
