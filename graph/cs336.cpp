@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "graph/checkpoint.h"
+
 namespace memsim::graph {
 
 int64_t cs336_parameter_count(const Cs336Shape& s) {
@@ -142,7 +144,9 @@ Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
   // Causal mask: arange (int64, kept as a local) and a bool (S,S), rebuilt every call.
   Tensor positions = new_tensor(rt_, s_.seq * 8, OpKind::arange);
   Tensor mask = new_tensor(rt_, s_.seq * s_.seq, OpKind::compare);
-  Tensor o4 = sdpa(q, k, v, mask);
+  // Megatron's selective recompute checkpoints exactly this call (graph/checkpoint.h).
+  Tensor o4 = run_region(rt_, RegionKind::core_attention, {q, k, v, mask},
+                         [this](const Inputs& in) { return sdpa(in[0], in[1], in[2], in[3]); });
   // rearrange back to (B,S,D): permute + reshape that cannot be a view: clone.
   Tensor merged = clone(rt_, o4);
   o4.reset();
@@ -181,18 +185,19 @@ Tensor Cs336Model::swiglu(const LayerParams& p, const Tensor& x) {
 Tensor Cs336Model::block(int32_t layer, const Tensor& x) {
   const int32_t outer = rt_.ctx.layer;
   rt_.ctx.layer = layer;
-  const LayerParams& p = layers_[layer];
-  Tensor x_attn;
-  {
-    Tensor h1 = rmsnorm(x, p.ln1);
-    x_attn = attention(p, h1);
-  }
+  // The two halves are candidate checkpoint regions (graph/checkpoint.h); the lambdas
+  // capture only values, because a checkpointed half is re-run during backward.
+  Tensor x_attn = run_region(rt_, RegionKind::attention, {x}, [this, layer](const Inputs& in) {
+    const LayerParams& lp = layers_[layer];
+    Tensor h1 = rmsnorm(in[0], lp.ln1);
+    return attention(lp, h1);
+  });
   Tensor r1 = add(rt_, x, x_attn);
-  Tensor x_ffn;
-  {
-    Tensor h2 = rmsnorm(r1, p.ln2);
-    x_ffn = swiglu(p, h2);
-  }
+  Tensor x_ffn = run_region(rt_, RegionKind::mlp, {r1}, [this, layer](const Inputs& in) {
+    const LayerParams& lp = layers_[layer];
+    Tensor h2 = rmsnorm(in[0], lp.ln2);
+    return swiglu(lp, h2);
+  });
   Tensor out = add(rt_, r1, x_ffn);
   x_attn.reset();
   r1.reset();
@@ -212,8 +217,9 @@ Tensor Cs336Model::forward(const Tensor& ids) {
   }
   Tensor embedded = embedding(rt_, w, ids, act());
   w.reset();
-  Tensor x = embedded;  // embedded_tokens stays bound for the whole forward
-  for (int32_t l = 0; l < s_.layers; ++l) x = block(l, x);
+  // embedded_tokens stays bound for the whole forward; the layer loop may checkpoint.
+  Tensor x = run_layers(rt_, static_cast<int32_t>(s_.layers), embedded, {},
+                        [this](int32_t l, const Tensor& in, const Inputs&) { return block(l, in); });
   Tensor h = rmsnorm(x, ln_final_);
   x.reset();
   rt_.ctx.module = Module::head;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "graph/checkpoint.h"
 #include "graph/ops.h"
 
 namespace memsim::graph {
@@ -165,11 +166,21 @@ int32_t Runtime::make_node(OpKind kind, std::initializer_list<const Tensor*> inp
 }
 
 void Runtime::save_storage(int32_t id, uint32_t storage) {
-  Node& n = nodes_[id];
   // Saves are recorded right after make_node, so a node's saves are contiguous.
+  if (checkpoint != nullptr && checkpoint->pack(id, storage)) {
+    saved_.push_back(kNoStorage);  // a checkpoint placeholder: no reference
+    ++nodes_[id].saved_count;
+    return;
+  }
+  Node& n = nodes_[id];
   retain(storage);
   saved_.push_back(storage);
   ++n.saved_count;
+}
+
+void Runtime::fill_saved(int32_t id, uint32_t k, uint32_t storage) {
+  retain(storage);
+  saved_[nodes_[id].saved_first + k] = storage;
 }
 
 void Runtime::save(int32_t id, const Tensor& t) { save_storage(id, t.storage); }
@@ -179,8 +190,10 @@ void Runtime::discard_graph(uint32_t g) {
   cur_op_ = OpKind::other;
   for (Node& n : nodes_) {
     if (n.graph != g || n.seq == kDeadNode) continue;
-    for (uint32_t i = 0; i < n.saved_count; ++i) release(saved_[n.saved_first + i]);
+    for (uint32_t i = 0; i < n.saved_count; ++i)
+      if (saved_[n.saved_first + i] != kNoStorage) release(saved_[n.saved_first + i]);
     n.saved_count = 0;
+    if (checkpoint != nullptr) checkpoint->released(static_cast<int32_t>(&n - nodes_.data()));
     for (int s = 0; s < 2; ++s)
       if (n.grad[s] != kNoStorage) release(n.grad[s]);
     n.grad[0] = n.grad[1] = kNoStorage;
@@ -258,6 +271,8 @@ void Runtime::backward(const Tensor& loss) {
 }
 
 void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
+  // Unpacking a checkpoint placeholder may re-run its region first (appending nodes).
+  if (checkpoint != nullptr && nodes_[id].saved_count > 0) checkpoint->unpack(id);
   Node& n = nodes_[id];
   ctx.layer = n.layer;
   ctx.module = n.module;
@@ -285,10 +300,12 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
       release(g);
     }
   }
-  for (uint32_t i = 0; i < n.saved_count; ++i) release(saved_[n.saved_first + i]);
+  for (uint32_t i = 0; i < n.saved_count; ++i)
+    if (saved_[n.saved_first + i] != kNoStorage) release(saved_[n.saved_first + i]);
   n.saved_count = 0;
+  if (checkpoint != nullptr) checkpoint->released(id);
   // Outputs go to the next nodes' input buffers, in input order.
-  const Edge* next = n.next;  // nodes_ is not resized during backward
+  const Edge* next = n.next;  // only a checkpoint re-run (before n is bound) adds nodes
   const int n_next = n.n_next;
   for (int i = 0; i < n_next; ++i) {
     if (out[i].storage == kNoStorage) continue;

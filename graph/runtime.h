@@ -21,6 +21,7 @@
 namespace memsim::graph {
 
 class Runtime;
+class CheckpointEngine;  // graph/checkpoint.h
 inline constexpr uint32_t kNoStorage = UINT32_MAX;
 
 // A Python-visible tensor: one reference to a storage plus its autograd identity.
@@ -109,6 +110,12 @@ class Runtime {
   void reserve(size_t events);
   OpContext ctx;
   bool grad_enabled = true;
+  // Activation checkpointing (graph/checkpoint.h): the installed engine takes over the
+  // saves of checkpointed regions (a saved slot then holds kNoStorage until recomputed)
+  // and re-runs a region at its first unpack. `recomputing` is set during such a re-run:
+  // forward ops inside backward keep their forward names and count recompute FLOPs.
+  CheckpointEngine* checkpoint = nullptr;
+  bool recomputing = false;
 
   // --- storages ---------------------------------------------------------------
   // New storage of `bytes`, one reference owned by the returned handle. The event's op
@@ -143,6 +150,8 @@ class Runtime {
   // SavedVariable: keeps `t`'s storage alive until node `id` has run.
   void save(int32_t id, const Tensor& t);
   void save_storage(int32_t id, uint32_t storage);
+  // Fills node `id`'s k-th saved slot (a checkpoint placeholder) with `storage`, retained.
+  void fill_saved(int32_t id, uint32_t k, uint32_t storage);
 
   // --- graphs -------------------------------------------------------------------
   // Starts a new graph generation: nodes recorded from now on belong to it. Several
@@ -168,7 +177,9 @@ class Runtime {
   uint32_t grad_alloc(uint64_t bytes, OpKind op, TensorKind kind = TensorKind::temporary) {
     return alloc_raw(bytes, kind, op);
   }
-  void add_flops_forward(double f) { program_.flops.forward += f; }
+  void add_flops_forward(double f) {
+    (recomputing ? program_.flops.recompute : program_.flops.forward) += f;
+  }
   void add_flops_backward(double f) { program_.flops.backward += f; }
 
  private:
@@ -177,7 +188,8 @@ class Runtime {
   void deliver(const Edge& e, Grad g, std::vector<int32_t>& ready);
   void run_accumulate_grad(Node& n);
   uint32_t op_id(OpKind k, bool backward) const {
-    return backward ? bwd_name_[static_cast<int>(k)] : fwd_name_[static_cast<int>(k)];
+    return backward && !recomputing ? bwd_name_[static_cast<int>(k)]
+                                    : fwd_name_[static_cast<int>(k)];
   }
 
   Program& program_;

@@ -7,6 +7,7 @@
 #include "graph/cs336.h"
 #include "graph/losses.h"
 #include "sim/megatron_step.h"
+#include "sim/checkpoint_policy.h"
 #include "sim/optimizer_step.h"
 
 namespace memsim {
@@ -52,6 +53,8 @@ class Loop {
 
   void run() {
     rt_.cublas_workspace = s_.device.cublas_workspace;
+    // Activation checkpointing (sim/checkpoint_policy.h): installs itself on rt_.
+    checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
     {
       // ~330 events per layer and step (forward, backward, optimizer), plus the rest.
       const size_t steps = static_cast<size_t>(s_.step.warmup_steps + 1) *
@@ -183,6 +186,7 @@ class Loop {
   Runtime rt_;
   graph::Cs336Model model_;
   std::unique_ptr<OptimizerSim> optimizer_;
+  std::unique_ptr<graph::CheckpointEngine> checkpoint_;
   Tensor warm_ids_, warm_targets_, ids_, targets_;
   Tensor logits_, loss_;
   uint32_t logits_graph_ = 0;

@@ -51,6 +51,9 @@ struct TrainingScript {
   // The staff code release (model RoPE, AdamW weight-decay placement). Not a Scenario
   // field yet.
   graph::Cs336Revision cs336_revision = graph::Cs336Revision::v26;
+  // torch.utils.checkpoint(use_reentrant=False) stops a region's re-run once its last
+  // saved tensor is recomputed (torch >= 2.1); torch 1.13 re-runs the whole region.
+  bool checkpoint_early_stop = true;
   // Forward-only steps run under torch.inference_mode()/no_grad (step.kind
   // forward-no-grad does too); this keeps the scenario's step kind as given.
 };

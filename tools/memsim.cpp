@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
   ReplayArgs replay_args;
   CLI::App* replay = add_replay_command(app, replay_args);
   CLI::App* presets = add_presets_command(app);
+  CompareArgs compare_args;
+  CLI::App* compare = add_compare_command(app, compare_args);
+  OptimizeArgs optimize_args;
+  CLI::App* optimize = add_optimize_command(app, optimize_args);
 
   try {
     app.parse(argc, argv);
@@ -54,6 +58,8 @@ int main(int argc, char** argv) {
     if (run->parsed()) return run_run(run_args);
     if (replay->parsed()) return run_replay(replay_args);
     if (presets->parsed()) return run_presets();
+    if (compare->parsed()) return run_compare(compare_args);
+    if (optimize->parsed()) return run_optimize(optimize_args);
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
     std::fflush(stdout);

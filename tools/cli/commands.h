@@ -32,6 +32,28 @@ struct ReplayArgs {
 CLI::App* add_replay_command(CLI::App& app, ReplayArgs& args);
 int run_replay(const ReplayArgs& args);
 
+// memsim compare SCENARIO --policies none,full,uniform:2,... [--set K=V]... [--json FILE|-]
+// (tools/cli/compare_command.cpp). Exit 0 when at least one policy fits, 3 when none does.
+struct CompareArgs {
+  std::string scenario;
+  std::string policies;
+  std::vector<std::string> sets;
+  std::string json;
+};
+CLI::App* add_compare_command(CLI::App& app, CompareArgs& args);
+int run_compare(const CompareArgs& args);
+
+// memsim optimize SCENARIO --budget 40GiB [--set K=V]... [--json FILE|-]
+// (tools/cli/optimize_command.cpp). Exit 0 with a plan that fits, 3 when nothing fits.
+struct OptimizeArgs {
+  std::string scenario;
+  std::string budget;
+  std::vector<std::string> sets;
+  std::string json;
+};
+CLI::App* add_optimize_command(CLI::App& app, OptimizeArgs& args);
+int run_optimize(const OptimizeArgs& args);
+
 // memsim presets
 CLI::App* add_presets_command(CLI::App& app);
 int run_presets();

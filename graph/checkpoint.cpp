@@ -1,0 +1,201 @@
+#include "graph/checkpoint.h"
+
+#include <utility>
+
+namespace memsim::graph {
+
+namespace {
+// torch's _StopRecomputationError: unwinds the re-run once every placeholder is filled.
+struct StopRecomputation {};
+}  // namespace
+
+const char* to_string(LayerCheckpoint c) {
+  switch (c) {
+    case LayerCheckpoint::keep: return "keep";
+    case LayerCheckpoint::core_attention: return "core_attention";
+    case LayerCheckpoint::attention: return "attention";
+    case LayerCheckpoint::mlp: return "mlp";
+    case LayerCheckpoint::modules: return "modules";
+    case LayerCheckpoint::layer: return "layer";
+  }
+  return "keep";
+}
+
+bool CheckpointPlan::any() const {
+  for (LayerCheckpoint c : layers)
+    if (c != LayerCheckpoint::keep) return true;
+  return false;
+}
+
+CheckpointEngine::CheckpointEngine(Runtime& rt, CheckpointPlan plan)
+    : rt_(rt), plan_(std::move(plan)) {
+  rt_.checkpoint = this;
+}
+
+CheckpointEngine::~CheckpointEngine() {
+  if (rt_.checkpoint == this) rt_.checkpoint = nullptr;
+}
+
+bool CheckpointEngine::wants(RegionKind kind, int32_t layer) const {
+  // No nesting, and nothing to drop when nothing is saved (checkpoint under no_grad
+  // just calls the function).
+  if (forward_region_ != 0 || recompute_region_ != 0 || !rt_.grad_enabled) return false;
+  const LayerCheckpoint c = plan_.at(layer);
+  switch (kind) {
+    case RegionKind::layers: return c == LayerCheckpoint::layer;
+    case RegionKind::attention:
+      return c == LayerCheckpoint::attention || c == LayerCheckpoint::modules;
+    case RegionKind::mlp: return c == LayerCheckpoint::mlp || c == LayerCheckpoint::modules;
+    case RegionKind::core_attention: return c == LayerCheckpoint::core_attention;
+  }
+  return false;
+}
+
+Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
+  regions_.emplace_back();
+  const uint32_t r = static_cast<uint32_t>(regions_.size());
+  {
+    Region& reg = regions_.back();
+    reg.inputs = std::move(inputs);
+    reg.fn = std::move(fn);
+    reg.ctx = rt_.ctx;
+    reg.ctx.region = r;
+  }
+  const uint32_t outer = rt_.ctx.region;
+  rt_.ctx.region = r;
+  forward_region_ = r;
+  Tensor out;
+  try {
+    // regions_ does not grow while fn runs (no nesting), so the reference stays valid.
+    const Region& reg = regions_[r - 1];
+    out = reg.fn(reg.inputs);
+  } catch (...) {
+    rt_.ctx.region = outer;
+    forward_region_ = 0;
+    throw;
+  }
+  rt_.ctx.region = outer;
+  forward_region_ = 0;
+  // Nothing saved (e.g. no input requires grad): no placeholder holds the frame.
+  if (regions_[r - 1].live == 0) drop_frame(regions_[r - 1]);
+  return out;
+}
+
+bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
+  if (recompute_region_ != 0) {
+    Region& reg = regions_[recompute_region_ - 1];
+    const size_t k = recompute_next_++;
+    if (k < reg.placeholders.size()) {
+      const Placeholder& p = reg.placeholders[k];
+      // A placeholder whose node is gone (its graph was discarded) is not filled.
+      if (static_cast<size_t>(p.node) < node_holds_.size() && node_holds_[p.node] > 0)
+        rt_.fill_saved(p.node, p.slot, storage);
+      if (plan_.early_stop && recompute_next_ == reg.placeholders.size())
+        throw StopRecomputation{};
+    }
+    return true;  // the re-run's own graph keeps nothing
+  }
+  if (forward_region_ == 0) return false;
+  Region& reg = regions_[forward_region_ - 1];
+  reg.placeholders.push_back({node, rt_.node(node).saved_count});
+  ++reg.live;
+  if (node_holds_.size() <= static_cast<size_t>(node)) node_holds_.resize(node + 1, 0);
+  ++node_holds_[node];
+  return true;
+}
+
+void CheckpointEngine::unpack(int32_t node) {
+  if (static_cast<size_t>(node) >= node_holds_.size() || node_holds_[node] == 0) return;
+  const uint32_t r = rt_.node(node).region;
+  if (r == 0 || r > regions_.size() || regions_[r - 1].recomputed) return;
+  recompute(r);
+}
+
+void CheckpointEngine::recompute(uint32_t r) {
+  Region& reg = regions_[r - 1];
+  const OpContext outer_ctx = rt_.ctx;
+  const bool outer_grad = rt_.grad_enabled;
+  const bool outer_recomputing = rt_.recomputing;
+  rt_.ctx.layer = reg.ctx.layer;
+  rt_.ctx.module = reg.ctx.module;
+  rt_.ctx.region = r;  // the phase stays: this happens inside backward
+  rt_.grad_enabled = true;
+  rt_.recomputing = true;
+  recompute_region_ = r;
+  recompute_next_ = 0;
+  // The re-run records a graph of its own, discarded at once (torch detaches what it
+  // keeps and drops the re-run's output).
+  const uint32_t g = rt_.begin_graph();
+  try {
+    Tensor out = reg.fn(reg.inputs);
+  } catch (const StopRecomputation&) {
+    // early stop: the re-run's locals died while unwinding, as in Python
+  }
+  recompute_region_ = 0;
+  rt_.discard_graph(g);
+  rt_.ctx = outer_ctx;
+  rt_.grad_enabled = outer_grad;
+  rt_.recomputing = outer_recomputing;
+  reg.recomputed = true;
+  ++recomputations_;
+}
+
+void CheckpointEngine::released(int32_t node) {
+  if (static_cast<size_t>(node) >= node_holds_.size() || node_holds_[node] == 0) return;
+  const uint32_t r = rt_.node(node).region;
+  Region& reg = regions_[r - 1];
+  reg.live -= node_holds_[node];
+  node_holds_[node] = 0;
+  if (reg.live == 0) drop_frame(reg);
+}
+
+void CheckpointEngine::drop_frame(Region& reg) {
+  // The frame (inputs, function) dies with its last placeholder.
+  reg.fn = nullptr;
+  reg.inputs.clear();
+  reg.placeholders.clear();
+  reg.placeholders.shrink_to_fit();
+}
+
+// ------------------------------------------------------------------ emitter side
+Tensor run_layers(Runtime& rt, int32_t n_layers, Tensor x, const Inputs& extra,
+                  const LayerFn& block) {
+  CheckpointEngine* e = rt.checkpoint;
+  for (int32_t l = 0; l < n_layers;) {
+    if (e == nullptr || !e->wants(RegionKind::layers, l)) {
+      x = block(l, x, extra);
+      ++l;
+      continue;
+    }
+    const CheckpointPlan& plan = e->plan();
+    auto segment_of = [&plan](int32_t j) {
+      return plan.segment.empty() ? j : plan.segment[static_cast<size_t>(j)];
+    };
+    int32_t end = l + 1;
+    while (end < n_layers && plan.at(end) == LayerCheckpoint::layer &&
+           segment_of(end) == segment_of(l))
+      ++end;
+    Inputs in;
+    in.reserve(extra.size() + 1);
+    in.push_back(x);
+    in.insert(in.end(), extra.begin(), extra.end());
+    const int32_t first = l;
+    x = e->run(std::move(in), [block, first, end](const Inputs& args) {
+      // def segment(x, *extra): for layer in layers[first:end]: x = layer(x, *extra)
+      const Inputs rest(args.begin() + 1, args.end());
+      Tensor y = args[0];
+      for (int32_t j = first; j < end; ++j) y = block(j, y, rest);
+      return y;
+    });
+    l = end;
+  }
+  return x;
+}
+
+Tensor run_region(Runtime& rt, RegionKind kind, const Inputs& inputs, const RegionFn& fn) {
+  CheckpointEngine* e = rt.checkpoint;
+  if (e == nullptr || !e->wants(kind, rt.ctx.layer)) return fn(inputs);
+  return e->run(inputs, fn);
+}
+
+}  // namespace memsim::graph

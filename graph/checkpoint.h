@@ -1,0 +1,143 @@
+// Activation checkpointing: torch.utils.checkpoint(fn, *inputs, use_reentrant=False)
+// emulated on graph::Runtime (aten-saved-tensors.md §F).
+//
+// How a family uses it. Emitters open *candidate regions* and never decide anything:
+//   x = run_layers(rt, L, x, extra, block);            // the transformer layer loop
+//   a = run_region(rt, RegionKind::attention, {x}, fn); // inside a layer
+// With no engine installed (rt.checkpoint == nullptr) or a plan that keeps the region,
+// these call the emitter directly: the event stream is the same as without them.
+//
+// What a checkpointed region does (the engine, installed for one Runtime):
+//  - Forward: fn runs with grad mode on, so nodes and edges are recorded as usual, but
+//    every tensor a node would save becomes a placeholder (the pack hook keeps nothing).
+//    Intermediates therefore die at their last Python reference. The region's inputs are
+//    kept alive (the checkpoint frame holds them) until the last placeholder of the
+//    region is released.
+//  - Backward: the first time the engine runs a node of the region that has
+//    placeholders (its first unpack), fn is re-run on the same inputs with grad mode on,
+//    inside backward (events in Phase::backward, forward op names, the autograd thread's
+//    cuBLAS workspace, FLOPs counted in Program::flops.recompute). The k-th save of the
+//    re-run fills the k-th placeholder (a reference, no copy); everything else the re-run
+//    allocates dies with its Python name, and the re-run's own graph is discarded.
+//    With early_stop (torch >= 2.1's default) the re-run is abandoned right after the
+//    last placeholder is filled; without it (torch 1.13) fn runs to its end.
+//  - A recomputed tensor is then released like any saved tensor: when the node holding
+//    it has run (so a region's saved set drains progressively through its backward).
+//  - Regions do not nest: a candidate region opened inside a checkpointed region (in its
+//    forward or its re-run) runs plainly. With grad mode off a region runs plainly.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph/runtime.h"
+
+namespace memsim::graph {
+
+// The candidate regions emitters open.
+enum class RegionKind : uint8_t {
+  layers,          // one or more consecutive transformer layers (run_layers)
+  attention,       // the attention half of a layer: its norm + self-attention
+  mlp,             // the MLP half of a layer: its norm + feed-forward
+  core_attention,  // QK^T, softmax, dropout, attn·V (Megatron's selective recompute)
+};
+
+// What one layer checkpoints.
+enum class LayerCheckpoint : uint8_t {
+  keep,            // nothing
+  core_attention,  // selective
+  attention,       // the attention half
+  mlp,             // the MLP half
+  modules,         // attention half and MLP half, as two regions
+  layer,           // the whole layer (possibly grouped with neighbours, see segment)
+};
+inline constexpr int kLayerCheckpointCount = 6;
+const char* to_string(LayerCheckpoint c);
+
+// A checkpointing plan for a model of layers.size() transformer layers.
+struct CheckpointPlan {
+  std::vector<LayerCheckpoint> layers;
+  // Per layer (same size as layers, or empty = every layer its own segment): consecutive
+  // layers whose choice is `layer` and whose segment ids are equal form one region.
+  std::vector<int32_t> segment;
+  // torch >= 2.1 stops the re-run after the last saved tensor is recomputed; torch 1.13
+  // (and use_reentrant=True) re-runs the whole region.
+  bool early_stop = true;
+
+  bool any() const;
+  LayerCheckpoint at(int32_t layer) const {
+    return layer >= 0 && static_cast<size_t>(layer) < layers.size() ? layers[layer]
+                                                                      : LayerCheckpoint::keep;
+  }
+};
+
+using Inputs = std::vector<Tensor>;
+// A region body: the inputs in, the region's output out (the inputs are the only
+// tensors it may use that are not parameters or buffers alive for the whole run).
+using RegionFn = std::function<Tensor(const Inputs& in)>;
+// One transformer layer: layer index, hidden state, the extra inputs given to run_layers.
+using LayerFn = std::function<Tensor(int32_t layer, const Tensor& x, const Inputs& extra)>;
+
+class CheckpointEngine {
+ public:
+  // Installs itself as rt.checkpoint (one engine per Runtime); the destructor uninstalls.
+  CheckpointEngine(Runtime& rt, CheckpointPlan plan);
+  ~CheckpointEngine();
+  CheckpointEngine(const CheckpointEngine&) = delete;
+  CheckpointEngine& operator=(const CheckpointEngine&) = delete;
+
+  const CheckpointPlan& plan() const { return plan_; }
+  // Whether a candidate region of `kind` opened in `layer` is checkpointed now.
+  bool wants(RegionKind kind, int32_t layer) const;
+  // Runs fn as a checkpointed region (see the file comment).
+  Tensor run(Inputs inputs, RegionFn fn);
+  uint32_t regions_recomputed() const { return recomputations_; }
+
+  // --- Runtime hooks (graph/runtime.cpp) -------------------------------------------
+  // Node `node` is saving `storage`. True: the engine took it over (a placeholder in the
+  // checkpoint's forward, or the re-run's save handed to its placeholder); the Runtime
+  // then keeps no reference.
+  bool pack(int32_t node, uint32_t storage);
+  // The backward is about to run `node`, which has saved tensors: recomputes its region
+  // first if needed. May append nodes (the re-run's), so callers re-fetch node refs.
+  void unpack(int32_t node);
+  // `node`'s saved tensors have just been released (it ran, or its graph was discarded).
+  void released(int32_t node);
+
+ private:
+  struct Placeholder {
+    int32_t node;
+    uint32_t slot;  // index among the node's saved tensors
+  };
+  struct Region {
+    Inputs inputs;  // held by the checkpoint frame
+    RegionFn fn;
+    OpContext ctx;  // where the region was opened (layer, module)
+    std::vector<Placeholder> placeholders;
+    uint32_t live = 0;  // placeholders not yet released
+    bool recomputed = false;
+  };
+  void recompute(uint32_t region);
+  void drop_frame(Region& r);
+
+  Runtime& rt_;
+  CheckpointPlan plan_;
+  std::vector<Region> regions_;       // region id r is regions_[r - 1]
+  std::vector<uint32_t> node_holds_;  // per node id: its placeholders not yet released
+  uint32_t forward_region_ = 0;       // the region whose forward is running
+  uint32_t recompute_region_ = 0;     // the region being re-run
+  size_t recompute_next_ = 0;         // next placeholder the re-run fills
+  uint32_t recomputations_ = 0;
+};
+
+// --- Emitter entry points ---------------------------------------------------------------
+// The layer loop `for l in range(n): x = block(l, x, *extra)`. Consecutive layers that the
+// plan checkpoints as one segment run as one region whose inputs are x and `extra`.
+Tensor run_layers(Runtime& rt, int32_t n_layers, Tensor x, const Inputs& extra,
+                  const LayerFn& block);
+// A candidate region inside layer rt.ctx.layer.
+Tensor run_region(Runtime& rt, RegionKind kind, const Inputs& inputs, const RegionFn& fn);
+
+}  // namespace memsim::graph

@@ -1,0 +1,213 @@
+#include "sim/checkpoint_policy.h"
+
+#include <cmath>
+#include <optional>
+
+namespace memsim {
+
+using graph::CheckpointPlan;
+using graph::LayerCheckpoint;
+
+namespace {
+
+const char* const kPolicyNames[] = {"none",    "full", "uniform", "block", "modules",
+                                    "selective", "sqrt", "custom"};
+
+bool is_policy_name(const std::string& word) {
+  const std::string head = word.substr(0, word.find(':'));
+  for (const char* n : kPolicyNames)
+    if (head == n) return true;
+  return false;
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t end = text.find(sep, start);
+    out.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+std::optional<int64_t> parse_count(const std::string& s) {
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::stoll(s);
+}
+
+// A module word as a per-layer choice.
+std::optional<LayerCheckpoint> module_choice(const std::string& m) {
+  if (m == "attention" || m == "attn") return LayerCheckpoint::attention;
+  if (m == "mlp" || m == "ffn") return LayerCheckpoint::mlp;
+  if (m == "selective" || m == "core_attention") return LayerCheckpoint::core_attention;
+  if (m == "modules") return LayerCheckpoint::modules;
+  if (m == "layer") return LayerCheckpoint::layer;
+  return std::nullopt;
+}
+
+// Two choices for one layer combined (both regions checkpointed).
+std::optional<LayerCheckpoint> combine(LayerCheckpoint a, LayerCheckpoint b) {
+  using C = LayerCheckpoint;
+  if (a == b || b == C::keep) return a;
+  if (a == C::keep) return b;
+  if (a == C::layer || b == C::layer) return C::layer;  // the whole layer covers the rest
+  auto has = [&](C x) { return a == x || b == x; };
+  if (has(C::modules)) return C::modules;
+  if (has(C::attention) && has(C::mlp)) return C::modules;
+  if (has(C::attention) && has(C::core_attention)) return C::attention;  // contains it
+  return std::nullopt;  // core attention + MLP: no such region pair in the plan
+}
+
+}  // namespace
+
+CheckpointConfig parse_policy(const std::string& spec) {
+  CheckpointConfig c;
+  const size_t colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
+  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  const bool has_arg = colon != std::string::npos;
+  if (!is_policy_name(name)) throw PolicyError("unknown checkpoint policy '" + spec + "'");
+  c.policy = name;
+  if (name == "uniform" || name == "block") {
+    const auto k = parse_count(arg);
+    if (!has_arg || !k || *k < 1)
+      throw PolicyError("policy '" + spec + "': expected " + name + ":N with N >= 1");
+    c.layers_per_segment = *k;
+  } else if (name == "modules" || name == "custom") {
+    if (has_arg) c.custom = split(arg, ',');
+    if (name == "custom" && c.custom.empty())
+      throw PolicyError("policy '" + spec + "': expected custom:ITEM,... (layers or modules)");
+    for (const std::string& item : c.custom)
+      if (item.empty()) throw PolicyError("policy '" + spec + "': empty item");
+  } else if (has_arg) {
+    throw PolicyError("policy '" + name + "' takes no argument (got '" + spec + "')");
+  }
+  return c;
+}
+
+std::vector<std::string> split_policies(const std::string& list) {
+  std::vector<std::string> out;
+  for (const std::string& piece : split(list, ',')) {
+    if (piece.empty()) continue;
+    if (!out.empty() && !is_policy_name(piece) && out.back().find(':') != std::string::npos)
+      out.back() += "," + piece;
+    else
+      out.push_back(piece);
+  }
+  return out;
+}
+
+std::string policy_label(const CheckpointConfig& c) {
+  if (c.policy == "uniform" || c.policy == "block")
+    return c.policy + ":" + std::to_string(c.layers_per_segment);
+  if ((c.policy == "custom" || c.policy == "modules") && !c.custom.empty()) {
+    std::string s = c.policy + ":";
+    for (size_t i = 0; i < c.custom.size(); ++i) s += (i ? "," : "") + c.custom[i];
+    return s;
+  }
+  return c.policy;
+}
+
+CheckpointPlan make_plan(const CheckpointConfig& c, int64_t layers) {
+  CheckpointPlan plan;
+  const size_t n = static_cast<size_t>(std::max<int64_t>(0, layers));
+  plan.layers.assign(n, LayerCheckpoint::keep);
+  auto segments_of = [&](int64_t k) {
+    plan.layers.assign(n, LayerCheckpoint::layer);
+    plan.segment.resize(n);
+    for (size_t l = 0; l < n; ++l) plan.segment[l] = static_cast<int32_t>(l / static_cast<size_t>(k));
+  };
+  const std::string& p = c.policy;
+  if (p == "none") return plan;
+  if (p == "full") {
+    plan.layers.assign(n, LayerCheckpoint::layer);
+  } else if (p == "uniform") {
+    segments_of(std::max<int64_t>(1, c.layers_per_segment));
+  } else if (p == "sqrt") {
+    segments_of(std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(n)))));
+  } else if (p == "block") {
+    for (size_t l = 0; l < n && static_cast<int64_t>(l) < c.layers_per_segment; ++l)
+      plan.layers[l] = LayerCheckpoint::layer;
+  } else if (p == "selective") {
+    plan.layers.assign(n, LayerCheckpoint::core_attention);
+  } else if (p == "modules" || p == "custom") {
+    std::vector<std::string> items = c.custom;
+    if (items.empty()) items = {"attention", "mlp"};  // modules: both halves
+    for (const std::string& item : items) {
+      const size_t dot = item.find('.');
+      const std::string head = item.substr(0, dot);
+      std::optional<LayerCheckpoint> what;
+      std::optional<int64_t> layer = parse_count(head);
+      if (dot != std::string::npos) {
+        what = module_choice(item.substr(dot + 1));
+        if (!layer || !what)
+          throw PolicyError("checkpoint item '" + item + "': expected LAYER.MODULE (e.g. 3.mlp)");
+      } else if (layer) {
+        what = LayerCheckpoint::layer;
+      } else {
+        what = module_choice(item);
+        if (!what) throw PolicyError("checkpoint item '" + item + "': not a layer index or module name (attention, mlp, selective, layer)");
+      }
+      if (p == "modules" && (layer || (*what != LayerCheckpoint::attention && *what != LayerCheckpoint::mlp)))
+        throw PolicyError("policy modules takes module names attention and mlp, not '" + item + "'");
+      if (layer && static_cast<size_t>(*layer) >= n)
+        throw PolicyError("checkpoint item '" + item + "': layer " + std::to_string(*layer) +
+                          " does not exist (the model has " + std::to_string(n) + " layers, 0-based)");
+      const size_t lo = layer ? static_cast<size_t>(*layer) : 0;
+      const size_t hi = layer ? lo + 1 : n;
+      for (size_t l = lo; l < hi; ++l) {
+        const auto merged = combine(plan.layers[l], *what);
+        if (!merged)
+          throw PolicyError("checkpoint item '" + item + "': layer " + std::to_string(l) +
+                            " cannot checkpoint both core attention and the MLP half "
+                            "(use attention + mlp instead)");
+        plan.layers[l] = *merged;
+      }
+    }
+  } else {
+    throw PolicyError("unknown checkpoint policy '" + p + "'");
+  }
+  return plan;
+}
+
+CheckpointConfig config_for_plan(const CheckpointPlan& plan) {
+  CheckpointConfig c;
+  if (!plan.any()) return c;
+  bool all_layers = true;
+  for (LayerCheckpoint l : plan.layers) all_layers = all_layers && l == LayerCheckpoint::layer;
+  if (all_layers) {
+    c.policy = "full";
+    return c;
+  }
+  c.policy = "custom";
+  for (size_t l = 0; l < plan.layers.size(); ++l) {
+    switch (plan.layers[l]) {
+      case LayerCheckpoint::keep: break;
+      case LayerCheckpoint::layer: c.custom.push_back(std::to_string(l)); break;
+      case LayerCheckpoint::modules:
+        c.custom.push_back(std::to_string(l) + ".attention");
+        c.custom.push_back(std::to_string(l) + ".mlp");
+        break;
+      case LayerCheckpoint::attention: c.custom.push_back(std::to_string(l) + ".attention"); break;
+      case LayerCheckpoint::mlp: c.custom.push_back(std::to_string(l) + ".mlp"); break;
+      case LayerCheckpoint::core_attention:
+        c.custom.push_back(std::to_string(l) + ".selective");
+        break;
+    }
+  }
+  return c;
+}
+
+std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& rt,
+                                                                const Scenario& scenario,
+                                                                const TrainingScript& script) {
+  CheckpointPlan plan = make_plan(scenario.checkpoint, scenario.model.layers);
+  if (!plan.any()) return nullptr;
+  plan.early_stop = script.checkpoint_early_stop;
+  return std::make_unique<graph::CheckpointEngine>(rt, std::move(plan));
+}
+
+}  // namespace memsim

@@ -1,0 +1,58 @@
+// Checkpointing policies: the names users write (scenario key checkpoint.policy, and
+// `memsim compare --policies`) turned into a graph::CheckpointPlan, one choice per layer.
+//
+// Policy specs (parse_policy):
+//   none                 nothing
+//   full                 every transformer layer its own region
+//   uniform:K            groups of K consecutive layers per region (Megatron uniform,
+//                        the common `checkpoint_sequential` loop); K = layers_per_segment
+//   block:N              the first N layers, each its own region (Megatron block)
+//   modules[:attention,mlp]  the attention half and/or the MLP half of every layer
+//   selective            core attention only (QK^T, softmax, dropout, attn·V; Megatron)
+//   sqrt                 segments of round(sqrt(layers)) layers (Chen et al. 2016)
+//   custom:ITEM,...      ITEM = a layer index (whole layer), a module name for every
+//                        layer (attention, mlp, selective), or LAYER.MODULE ("3.mlp")
+// Module names: attention|attn, mlp|ffn, selective|core_attention, layer, modules.
+//
+// Contract: errors (unknown policy, bad number, layer out of range, a combination one
+// layer cannot have) throw PolicyError with a message naming the offending text.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "graph/checkpoint.h"
+#include "sim/scenario.h"
+#include "sim/training_script.h"
+
+namespace memsim {
+
+class PolicyError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// One spec ("uniform:2") as a CheckpointConfig (policy "uniform", layers_per_segment 2).
+CheckpointConfig parse_policy(const std::string& spec);
+// A --policies list. Commas separate policies, but a piece that is not a policy name
+// continues the previous policy's argument list: "none,modules:attention,mlp,full" is
+// {none, modules:attention,mlp, full}.
+std::vector<std::string> split_policies(const std::string& list);
+// The spec that parse_policy reads back ("uniform:2", "custom:0,3.mlp").
+std::string policy_label(const CheckpointConfig& config);
+
+// The per-layer plan of a policy for a model of `layers` layers.
+graph::CheckpointPlan make_plan(const CheckpointConfig& config, int64_t layers);
+// A plan as a checkpoint config (policy none, full or custom) that make_plan turns back
+// into the same choices (segments of more than one layer are not expressible: whole-layer
+// choices become single-layer regions).
+CheckpointConfig config_for_plan(const graph::CheckpointPlan& plan);
+
+// The engine build_program installs for the scenario's policy (nullptr for none).
+std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& rt,
+                                                                const Scenario& scenario,
+                                                                const TrainingScript& script);
+
+}  // namespace memsim

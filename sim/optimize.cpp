@@ -1,0 +1,315 @@
+#include "sim/optimize.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+
+#include "allocator/caching_allocator.h"
+#include "sim/checkpoint_policy.h"
+#include "sim/execute.h"
+#include "sim/schedule.h"
+
+namespace memsim {
+
+using graph::CheckpointPlan;
+using graph::LayerCheckpoint;
+
+namespace {
+
+constexpr int64_t kNone = INT64_MIN;
+constexpr uint64_t kUnlimited = 1ull << 60;
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The allocator never hands out less than the request rounded up to 512 bytes, so sums
+// of these are a lower bound of allocated (and reserved) bytes.
+int64_t rounded(uint64_t bytes) {
+  if (bytes == 0) return 0;
+  return static_cast<int64_t>(bytes < 512 ? 512 : (bytes + 511) / 512 * 512);
+}
+
+// What one calibration Program says (see the header, step 1).
+struct Windows {
+  std::vector<int64_t> stored, fwd, bwd, gap;
+};
+
+Windows windows_of(const Program& p, int32_t layers) {
+  Windows w;
+  w.stored.assign(layers, 0);
+  w.fwd.assign(layers, kNone);
+  w.bwd.assign(layers, kNone);
+  w.gap.assign(layers + 1, kNone);
+  size_t begin = 0, fwd_end = SIZE_MAX;
+  bool begun = false;
+  for (size_t i = 0; i < p.events.size(); ++i) {
+    const MemoryEvent& e = p.events[i];
+    if (e.type != EventType::mark) continue;
+    const std::string& name = p.str(static_cast<uint32_t>(e.bytes));
+    if (!begun && name == "measured_step_begin") {
+      begin = i;
+      begun = true;
+    }
+    if (name == "forward_end") fwd_end = i;  // the last one: the last micro-batch's
+  }
+  std::vector<int32_t> alloc_layer(p.tensors.size(), -1);
+  std::vector<uint8_t> alive(p.tensors.size(), 0);
+  int64_t live = 0;
+  enum { none, in_fwd, in_bwd } last = none;
+  int32_t last_layer = -1;
+  for (size_t i = 0; i < p.events.size(); ++i) {
+    const MemoryEvent& e = p.events[i];
+    if (e.type == EventType::alloc) {
+      live += rounded(e.bytes);
+      alive[e.tensor] = 1;
+      alloc_layer[e.tensor] = (i >= begin && e.phase == Phase::forward) ? e.layer : -1;
+    } else if (e.type == EventType::free) {
+      live -= rounded(p.tensors[e.tensor].bytes);
+      alive[e.tensor] = 0;
+    } else {
+      if (i == fwd_end) {
+        for (size_t t = 0; t < p.tensors.size(); ++t)
+          if (alive[t] && alloc_layer[t] >= 0 && alloc_layer[t] < layers)
+            w.stored[alloc_layer[t]] += rounded(p.tensors[t].bytes);
+      }
+      continue;
+    }
+    if (i < begin) continue;
+    const bool layered = e.layer >= 0 && e.layer < layers;
+    if (layered && e.phase == Phase::forward) {
+      w.fwd[e.layer] = std::max(w.fwd[e.layer], live);
+      last = in_fwd;
+      last_layer = e.layer;
+    } else if (layered && e.phase == Phase::backward) {
+      w.bwd[e.layer] = std::max(w.bwd[e.layer], live);
+      last = in_bwd;
+      last_layer = e.layer;
+    } else {
+      // Between layers: layers 0..k-1 hold their stored bytes.
+      const int32_t k = last == in_fwd ? last_layer + 1 : last == in_bwd ? last_layer : 0;
+      w.gap[k] = std::max(w.gap[k], live);
+    }
+  }
+  return w;
+}
+
+CheckpointPlan uniform_plan(int32_t layers, LayerCheckpoint c) {
+  CheckpointPlan plan;
+  plan.layers.assign(static_cast<size_t>(layers), c);
+  return plan;
+}
+
+Scenario with_plan(const Scenario& s, const CheckpointPlan& plan) {
+  Scenario out = s;
+  out.checkpoint = config_for_plan(plan);
+  return out;
+}
+
+}  // namespace
+
+LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
+                     const std::vector<LayerCheckpoint>& choices) {
+  LayerCosts c;
+  c.layers = static_cast<int32_t>(scenario.model.layers);
+  c.choices = choices;
+  // Gaps come from the keep Program (any choice would do: gaps differ only by what the
+  // layers store).
+  const size_t found = static_cast<size_t>(
+      std::find(choices.begin(), choices.end(), LayerCheckpoint::keep) - choices.begin());
+  const size_t ref = found < choices.size() ? found : 0;
+  Windows keep;
+  for (LayerCheckpoint choice : choices) {
+    const Program p = build_program(with_plan(scenario, uniform_plan(c.layers, choice)), script);
+    Windows w = windows_of(p, c.layers);
+    std::vector<int64_t> window(c.layers, kNone);
+    int64_t prefix = 0;
+    for (int32_t l = 0; l < c.layers; ++l) {
+      const int64_t peak = std::max(w.fwd[l], w.bwd[l]);
+      if (peak != kNone) window[l] = peak - prefix;
+      prefix += w.stored[l];
+    }
+    c.stored.push_back(w.stored);
+    c.window.push_back(std::move(window));
+    c.flops.push_back(c.layers > 0 ? std::llround(p.flops.recompute / c.layers) : 0);
+    if (c.stored.size() == ref + 1) keep = std::move(w);
+  }
+  c.gap.assign(c.layers + 1, kNone);
+  int64_t prefix = 0;
+  for (int32_t k = 0; k <= c.layers; ++k) {
+    if (keep.gap[k] != kNone) c.gap[k] = keep.gap[k] - prefix;
+    if (k < c.layers) prefix += c.stored[ref][k];
+  }
+  return c;
+}
+
+int64_t model_peak(const LayerCosts& c, const CheckpointPlan& plan) {
+  int64_t peak = kNone, stored = 0;
+  for (int32_t l = 0; l <= c.layers; ++l) {
+    if (c.gap[l] != kNone) peak = std::max(peak, stored + c.gap[l]);
+    if (l == c.layers) break;
+    const size_t ci = static_cast<size_t>(
+        std::find(c.choices.begin(), c.choices.end(), plan.at(l)) - c.choices.begin());
+    if (c.window[ci][l] != kNone) peak = std::max(peak, stored + c.window[ci][l]);
+    stored += c.stored[ci][l];
+  }
+  return peak;
+}
+
+SearchResult search_plan(const LayerCosts& c, int64_t bound) {
+  struct State {
+    int64_t stored, recompute, peak;
+    int32_t parent;
+    uint8_t choice;
+  };
+  std::vector<std::vector<State>> levels(static_cast<size_t>(c.layers) + 1);
+  levels[0].push_back({0, 0, kNone, -1, 0});
+  for (int32_t l = 0; l < c.layers; ++l) {
+    std::vector<State>& next = levels[l + 1];
+    const std::vector<State>& cur = levels[l];
+    for (size_t i = 0; i < cur.size(); ++i) {
+      const State& s = cur[i];
+      int64_t peak = s.peak;
+      if (c.gap[l] != kNone) {
+        if (s.stored + c.gap[l] > bound) continue;
+        peak = std::max(peak, s.stored + c.gap[l]);
+      }
+      for (size_t k = 0; k < c.choices.size(); ++k) {
+        const int64_t w = c.window[k][l];
+        if (w != kNone && s.stored + w > bound) continue;
+        next.push_back({s.stored + c.stored[k][l], s.recompute + c.flops[k],
+                        w == kNone ? peak : std::max(peak, s.stored + w),
+                        static_cast<int32_t>(i), static_cast<uint8_t>(k)});
+      }
+    }
+    // Pareto front on (stored, recompute); equal pairs keep the lower peak.
+    std::sort(next.begin(), next.end(), [](const State& a, const State& b) {
+      if (a.stored != b.stored) return a.stored < b.stored;
+      if (a.recompute != b.recompute) return a.recompute < b.recompute;
+      return a.peak < b.peak;
+    });
+    size_t kept = 0;
+    int64_t best = INT64_MAX;
+    for (const State& s : next) {
+      if (s.recompute >= best) continue;
+      best = s.recompute;
+      next[kept++] = s;
+    }
+    next.resize(kept);
+    if (next.empty()) return {};
+  }
+  SearchResult r;
+  int32_t pick = -1;
+  for (size_t i = 0; i < levels[c.layers].size(); ++i) {
+    const State& s = levels[c.layers][i];
+    int64_t peak = s.peak;
+    if (c.gap[c.layers] != kNone) {
+      if (s.stored + c.gap[c.layers] > bound) continue;
+      peak = std::max(peak, s.stored + c.gap[c.layers]);
+    }
+    if (pick < 0 || s.recompute < r.recompute || (s.recompute == r.recompute && peak < r.peak)) {
+      pick = static_cast<int32_t>(i);
+      r.recompute = s.recompute;
+      r.peak = peak;
+    }
+  }
+  if (pick < 0) return {};
+  r.feasible = true;
+  r.plan.layers.assign(static_cast<size_t>(c.layers), LayerCheckpoint::keep);
+  for (int32_t l = c.layers; l > 0; --l) {
+    const State& s = levels[l][pick];
+    r.plan.layers[l - 1] = c.choices[s.choice];
+    pick = s.parent;
+  }
+  return r;
+}
+
+SearchResult smallest_peak_plan(const LayerCosts& c) {
+  int64_t lo = 0, hi = INT64_MAX / 4;
+  SearchResult best = search_plan(c, hi);
+  if (!best.feasible) return best;
+  hi = best.peak;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    SearchResult r = search_plan(c, mid);
+    if (r.feasible) {
+      best = r;
+      hi = r.peak;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return best;
+}
+
+PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
+                      const CheckpointPlan& plan, uint64_t capacity) {
+  const Program p = build_program(with_plan(scenario, plan), script);
+  SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
+  const Timeline t = execute(p, scenario.allocator, device);
+  return {analyze(p, t), t.final_stats};
+}
+
+OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
+                                      uint64_t budget, const OptimizeOptions& options) {
+  OptimizeResult out;
+  auto t0 = std::chrono::steady_clock::now();
+  const LayerCosts costs = calibrate(scenario, script, options.choices);
+  out.calibrate_ms = ms_since(t0);
+  int64_t bound = static_cast<int64_t>(std::min<uint64_t>(budget, INT64_MAX / 4));
+  while (out.verifications < options.max_verifications) {
+    auto ts = std::chrono::steady_clock::now();
+    const SearchResult r = search_plan(costs, bound);
+    out.search_ms += ms_since(ts);
+    if (!r.feasible) break;
+    auto tv = std::chrono::steady_clock::now();
+    PlanRun run = simulate_plan(scenario, script, r.plan, budget);
+    ++out.verifications;
+    if (run.analysis.fits()) {
+      out.verify_ms += ms_since(tv);
+      out.fits = true;
+      out.plan = r.plan;
+      out.run = std::move(run);
+      out.model_peak = r.peak;
+      return out;
+    }
+    // Does not fit: the next candidate must have a lower modelled peak.
+    int64_t step = 1;
+    if (out.verifications > options.exact_steps) {
+      const PlanRun free_run = simulate_plan(scenario, script, r.plan, 0);
+      step = std::max<int64_t>(1, static_cast<int64_t>(free_run.analysis.peak_reserved) -
+                                      static_cast<int64_t>(budget));
+    }
+    out.verify_ms += ms_since(tv);
+    bound = r.peak - step;
+  }
+  // Nothing fits: report the plan with the smallest peak, simulated without a limit.
+  auto ts = std::chrono::steady_clock::now();
+  const SearchResult smallest = smallest_peak_plan(costs);
+  out.search_ms += ms_since(ts);
+  out.fits = false;
+  out.plan = smallest.plan;
+  out.model_peak = smallest.peak;
+  auto tv = std::chrono::steady_clock::now();
+  out.run = simulate_plan(scenario, script, smallest.plan, 0);
+  out.verify_ms += ms_since(tv);
+  return out;
+}
+
+std::string describe_plan(const CheckpointPlan& plan) {
+  std::string s;
+  size_t i = 0;
+  while (i < plan.layers.size()) {
+    size_t j = i;
+    while (j + 1 < plan.layers.size() && plan.layers[j + 1] == plan.layers[i]) ++j;
+    if (!s.empty()) s += ", ";
+    s += (i == j ? "layer " + std::to_string(i)
+                 : "layers " + std::to_string(i) + "-" + std::to_string(j)) +
+         ": " + graph::to_string(plan.layers[i]);
+    i = j + 1;
+  }
+  return s.empty() ? "no layers" : s;
+}
+
+}  // namespace memsim

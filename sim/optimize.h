@@ -1,0 +1,102 @@
+// memsim optimize: the checkpointing plan with the least recomputation whose simulated
+// peak reserved memory fits a budget.
+//
+// Method (a chain of layers, in the manner of Rotor / Revolve, but over the plans
+// torch.utils.checkpoint can express: one choice per layer among keep, selective, the
+// attention half, the MLP half, both halves, the whole layer):
+//  1. Calibrate: one Program per choice with every layer making that choice. From each
+//     (requested bytes rounded to the allocator's 512-byte blocks, measured step only):
+//       stored_l(c)  bytes layer l's forward leaves alive at forward_end,
+//       window_l(c)  the highest live bytes in layer l's forward or backward (the
+//                    backward includes its recomputation), minus the stored bytes of
+//                    layers 0..l-1 under c,
+//       gap_k        the highest live bytes between layers (embedding, head, loss,
+//                    optimizer) while layers 0..k-1 hold their stored bytes, minus those,
+//       flops(c)     recompute FLOPs per layer.
+//     Layers interact only through what earlier layers store (the backward runs layer
+//     by layer, last first), so for any plan the live bytes at a moment of layer l are
+//     window_l(c_l) + sum_{j<l} stored_j(c_j): the model is exact for requested bytes.
+//  2. Search: dynamic programming over layers 0..L-1 with states (stored prefix bytes,
+//     recompute FLOPs), keeping only the Pareto front (less stored and less recompute
+//     dominates: every later constraint is monotone in the stored prefix). It returns the
+//     least-recompute plan whose modelled peak is <= a bound (ties: the lower peak).
+//  3. Verify: simulate that plan through the allocator emulator on a device whose
+//     allocator may use exactly the budget. The modelled peak is a lower bound of the
+//     reserved peak, so a plan over the budget in the model never fits. If the plan does
+//     not fit (fragmentation, rounding), tighten the bound below its modelled peak and
+//     search again: the first `exact_steps` retries walk the (peak, recompute) front one
+//     plan at a time (exact), later ones jump by the observed overshoot.
+//  4. Nothing fits: the plan with the smallest modelled peak is simulated and reported.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "allocator/memory_stats.h"
+#include "graph/checkpoint.h"
+#include "sim/analysis.h"
+#include "sim/scenario.h"
+#include "sim/training_script.h"
+
+namespace memsim {
+
+struct OptimizeOptions {
+  std::vector<graph::LayerCheckpoint> choices = {
+      graph::LayerCheckpoint::keep,      graph::LayerCheckpoint::core_attention,
+      graph::LayerCheckpoint::attention, graph::LayerCheckpoint::mlp,
+      graph::LayerCheckpoint::modules,   graph::LayerCheckpoint::layer};
+  int exact_steps = 6;         // verifications that step to the next plan of the front
+  int max_verifications = 24;  // then give up and report the smallest peak
+};
+
+// The per-layer cost model of step 1 (bytes are signed: window terms are differences).
+struct LayerCosts {
+  int32_t layers = 0;
+  std::vector<graph::LayerCheckpoint> choices;
+  std::vector<std::vector<int64_t>> stored;  // [choice][layer]
+  std::vector<std::vector<int64_t>> window;  // [choice][layer]
+  std::vector<int64_t> gap;                  // [k], k = 0..layers; INT64_MIN: no such moment
+  std::vector<int64_t> flops;                // [choice]: recompute FLOPs per layer
+};
+
+LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
+                     const std::vector<graph::LayerCheckpoint>& choices);
+
+// The modelled peak (rounded requested bytes) of a plan that uses only calibrated choices.
+int64_t model_peak(const LayerCosts& costs, const graph::CheckpointPlan& plan);
+
+struct SearchResult {
+  bool feasible = false;
+  graph::CheckpointPlan plan;
+  int64_t recompute = 0;   // modelled recompute FLOPs
+  int64_t peak = 0;        // modelled peak
+};
+// Step 2: the least-recompute plan with modelled peak <= bound.
+SearchResult search_plan(const LayerCosts& costs, int64_t bound);
+// The plan with the smallest modelled peak (binary search on the bound).
+SearchResult smallest_peak_plan(const LayerCosts& costs);
+
+// Simulates `plan` on a device whose allocator may use `capacity` bytes (0 = unlimited).
+struct PlanRun {
+  Analysis analysis;
+  MemoryStats stats;
+};
+PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
+                      const graph::CheckpointPlan& plan, uint64_t capacity);
+
+struct OptimizeResult {
+  bool fits = false;
+  graph::CheckpointPlan plan;  // the chosen plan; when nothing fits, the smallest-peak one
+  PlanRun run;                 // its simulation (capacity = budget; unlimited if !fits)
+  int64_t model_peak = 0;
+  int verifications = 0;       // plans simulated while searching
+  double calibrate_ms = 0, search_ms = 0, verify_ms = 0;
+};
+OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
+                                      uint64_t budget, const OptimizeOptions& options = {});
+
+// "layers 0-3: layer, 4: attention, 5-31: keep".
+std::string describe_plan(const graph::CheckpointPlan& plan);
+
+}  // namespace memsim

@@ -1,0 +1,146 @@
+// memsim compare: one scenario simulated under several checkpointing policies.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "allocator/units.h"
+#include "sim/analysis.h"
+#include "sim/checkpoint_policy.h"
+#include "sim/execute.h"
+#include "sim/schedule.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/device.h"
+#include "tools/cli/errors.h"
+#include "tools/cli/json_report.h"
+#include "tools/cli/output.h"
+#include "tools/cli/overrides.h"
+#include "tools/cli/scenario_facts.h"
+#include "tools/cli/style.h"
+#include "tools/cli/summary.h"
+
+namespace memsim::cli {
+
+namespace {
+
+struct PolicyRun {
+  std::string label;
+  Analysis analysis;
+  MemoryStats stats;
+};
+
+double recompute_share(const Flops& f) {
+  const double total = f.forward + f.backward + f.recompute;
+  return total > 0 ? f.recompute / total : 0.0;
+}
+
+std::string verdict(const Analysis& a) {
+  if (a.fits()) return "fits";
+  const OomReport& o = *a.oom;
+  std::string s = "OOM at " + o.op + " (" + to_string(o.phase);
+  if (o.layer >= 0) s += ", layer " + std::to_string(o.layer);
+  return s + ")";
+}
+
+void print_table(std::FILE* out, const Scenario& scenario, const std::vector<PolicyRun>& runs,
+                 const Style& style) {
+  std::fprintf(out, "%s\n", style.bold(scenario.name.empty() ? scenario.source : scenario.name).c_str());
+  for (const auto& [label, text] : scenario_facts(scenario))
+    std::fprintf(out, "  %-9s %s\n", label.c_str(), text.c_str());
+  const auto cap = usable_capacity(scenario.device);
+  std::fprintf(out, "  capacity  %s\n\n", cap ? (human_bytes(*cap) + " usable").c_str() : "unlimited");
+  std::vector<std::vector<std::string>> rows = {
+      {"policy", "peak allocated", "peak reserved", "verdict", "activations at peak",
+       "recompute"}};
+  for (const PolicyRun& r : runs) {
+    char share[32];
+    std::snprintf(share, sizeof share, "%.1f%%", 100.0 * recompute_share(r.analysis.flops));
+    rows.push_back({r.label, human_bytes(r.analysis.peak_allocated),
+                    human_bytes(r.analysis.peak_reserved), verdict(r.analysis),
+                    human_bytes(r.analysis.breakdown_at_peak.activations), share});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows)
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::string line = "  ";
+    for (size_t c = 0; c < rows[r].size(); ++c) {
+      const std::string pad(width[c] - rows[r][c].size(), ' ');
+      const bool left = c == 0 || c == 3;
+      line += left ? rows[r][c] + pad : pad + rows[r][c];
+      if (c + 1 < rows[r].size()) line += "  ";
+    }
+    std::fprintf(out, "%s\n", r == 0 ? style.bold(line).c_str() : line.c_str());
+  }
+}
+
+}  // namespace
+
+CLI::App* add_compare_command(CLI::App& app, CompareArgs& args) {
+  CLI::App* cmd = app.add_subcommand(
+      "compare", "Simulate a scenario under several activation-checkpointing policies");
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("--policies", args.policies,
+                  "Comma-separated policies: none, full, uniform:K, block:N, "
+                  "modules[:attention,mlp], selective, sqrt, custom:ITEMS")
+      ->required();
+  cmd->add_option("--set", args.sets, "Override a scenario key, e.g. --set batch.micro_batch=8")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  cmd->add_option("--json", args.json, "Write one JSON summary per policy to FILE ('-' for stdout)")
+      ->type_name("FILE|-");
+  return cmd;
+}
+
+int run_compare(const CompareArgs& args) {
+  const Overrides overrides = parse_overrides(args.sets);
+  const Scenario base = load_scenario(args.scenario, overrides);
+  std::vector<CheckpointConfig> configs;
+  try {
+    for (const std::string& spec : split_policies(args.policies)) {
+      configs.push_back(parse_policy(spec));
+      make_plan(configs.back(), base.model.layers);  // validates layer indices and modules
+    }
+  } catch (const PolicyError& e) {
+    throw UsageError(std::string("--policies: ") + e.what());
+  }
+  if (configs.empty()) throw UsageError("--policies: no policy given");
+
+  std::vector<PolicyRun> runs;
+  for (const CheckpointConfig& config : configs) {
+    Scenario s = base;
+    s.checkpoint = config;
+    const Program program = build_program(s);
+    auto device = make_device(s.device);
+    const Timeline timeline = execute(program, s.allocator, *device);
+    runs.push_back({policy_label(config), analyze(program, timeline), timeline.final_stats});
+  }
+
+  if (!args.json.empty()) {
+    Json j = Json::object();
+    j["scenario"] = base.name;
+    j["scenario_file"] = base.source;
+    Json list = Json::array();
+    for (const PolicyRun& r : runs) {
+      Json p = Json::object();
+      p["policy"] = r.label;
+      p["recompute_share"] = recompute_share(r.analysis.flops);
+      Json summary = analysis_json(r.analysis);
+      for (auto& [key, value] : summary.items()) p[key] = std::move(value);
+      p["memory_stats"] = memory_stats_json(r.stats);
+      list.push_back(std::move(p));
+    }
+    j["policies"] = std::move(list);
+    Output out(args.json);
+    out.write(dump_json(j));
+    out.finish();
+  }
+  if (args.json != "-") {
+    print_table(stdout, base, runs, Style::for_stream(stdout));
+    std::fflush(stdout);
+  }
+  for (const PolicyRun& r : runs)
+    if (r.analysis.fits()) return kExitFits;
+  return kExitOom;  // no policy fits
+}
+
+}  // namespace memsim::cli

@@ -1,0 +1,117 @@
+// memsim optimize: the least-recompute checkpointing plan that fits a memory budget
+// (sim/optimize.h).
+#include <cstdio>
+#include <string>
+
+#include "allocator/units.h"
+#include "sim/checkpoint_policy.h"
+#include "sim/optimize.h"
+#include "sim/schedule.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/errors.h"
+#include "tools/cli/json_report.h"
+#include "tools/cli/output.h"
+#include "tools/cli/overrides.h"
+#include "tools/cli/scenario_facts.h"
+#include "tools/cli/style.h"
+#include "tools/cli/summary.h"
+
+namespace memsim::cli {
+
+namespace {
+
+double share(const Flops& f) {
+  const double total = f.forward + f.backward + f.recompute;
+  return total > 0 ? f.recompute / total : 0.0;
+}
+
+Json plan_json(const graph::CheckpointPlan& plan) {
+  Json layers = Json::array();
+  for (graph::LayerCheckpoint c : plan.layers) layers.push_back(graph::to_string(c));
+  const CheckpointConfig config = config_for_plan(plan);
+  Json checkpoint = {{"policy", config.policy}, {"custom", config.custom}};
+  return {{"layers", std::move(layers)},
+          {"summary", describe_plan(plan)},
+          {"checkpoint", std::move(checkpoint)}};
+}
+
+}  // namespace
+
+CLI::App* add_optimize_command(CLI::App& app, OptimizeArgs& args) {
+  CLI::App* cmd = app.add_subcommand(
+      "optimize", "Find the checkpointing plan with the least recompute that fits a budget");
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("--budget", args.budget,
+                  "Memory the caching allocator may reserve at most, e.g. 40GiB")
+      ->required();
+  cmd->add_option("--set", args.sets, "Override a scenario key, e.g. --set batch.micro_batch=8")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  cmd->add_option("--json", args.json, "Write the result as JSON to FILE ('-' for stdout)")
+      ->type_name("FILE|-");
+  return cmd;
+}
+
+int run_optimize(const OptimizeArgs& args) {
+  const auto budget = parse_size(args.budget);
+  if (!budget || *budget == 0)
+    throw UsageError("--budget: expected a size such as 40GiB, 500MiB or bytes, got '" +
+                     args.budget + "'");
+  const Overrides overrides = parse_overrides(args.sets);
+  const Scenario scenario = load_scenario(args.scenario, overrides);
+  const OptimizeResult r = optimize_checkpointing(scenario, default_script(scenario), *budget);
+  const Analysis& a = r.run.analysis;
+
+  if (!args.json.empty()) {
+    Json j = Json::object();
+    j["scenario"] = scenario.name;
+    j["scenario_file"] = scenario.source;
+    j["budget_bytes"] = *budget;
+    j["found"] = r.fits;
+    j["plan"] = plan_json(r.plan);
+    j["recompute_share"] = share(a.flops);
+    j["model_peak_bytes"] = r.model_peak;
+    j["verifications"] = r.verifications;
+    j["timing_ms"] = {{"calibrate", r.calibrate_ms}, {"search", r.search_ms},
+                      {"verify", r.verify_ms}};
+    Json summary = analysis_json(a);
+    for (auto& [key, value] : summary.items()) j[key] = std::move(value);
+    j["memory_stats"] = memory_stats_json(r.run.stats);
+    Output out(args.json);
+    out.write(dump_json(j));
+    out.finish();
+  }
+  if (args.json != "-") {
+    const Style style = Style::for_stream(stdout);
+    std::printf("%s\n", style.bold(scenario.name.empty() ? scenario.source : scenario.name).c_str());
+    for (const auto& [label, text] : scenario_facts(scenario))
+      std::printf("  %-9s %s\n", label.c_str(), text.c_str());
+    std::printf("  budget    %s (what the caching allocator may reserve)\n\n",
+                human_bytes(*budget).c_str());
+    if (r.fits) {
+      std::printf("%s  %s\n", style.good("PLAN").c_str(), describe_plan(r.plan).c_str());
+      std::printf("  peak reserved %s, peak allocated %s (simulated through the allocator)\n",
+                  human_bytes(a.peak_reserved).c_str(), human_bytes(a.peak_allocated).c_str());
+    } else {
+      std::printf("%s  nothing fits in %s: the smallest peak is %s reserved with plan %s\n",
+                  style.bad("NO PLAN").c_str(), human_bytes(*budget).c_str(),
+                  human_bytes(a.peak_reserved).c_str(), describe_plan(r.plan).c_str());
+    }
+    std::printf("  recompute %s = %.1f%% of the step's FLOPs\n",
+                human_flops(a.flops.recompute).c_str(), 100.0 * share(a.flops));
+    const CheckpointConfig config = config_for_plan(r.plan);
+    std::printf("  scenario: checkpoint.policy=%s", config.policy.c_str());
+    if (!config.custom.empty()) {
+      std::printf(" checkpoint.custom=[");
+      for (size_t i = 0; i < config.custom.size(); ++i)
+        std::printf("%s%s", i ? "," : "", config.custom[i].c_str());
+      std::printf("]");
+    }
+    std::printf("\n  search: %d plan(s) simulated; calibrate %.0f ms, search %.1f ms, verify %.0f ms\n",
+                r.verifications, r.calibrate_ms, r.search_ms, r.verify_ms);
+    std::fflush(stdout);
+  }
+  return r.fits ? kExitFits : kExitOom;
+}
+
+}  // namespace memsim::cli
