@@ -128,6 +128,12 @@ Analysis analyze(const Program& program, const Timeline& timeline,
     r.capacity_bytes = o.details.device_total;
     r.free_bytes = o.details.device_free;
     r.message = o.details.message;
+    if (o.event_index > 0 && o.event_index <= end) {
+      const size_t before = o.event_index - 1;
+      r.breakdown = before < timeline.by_kind.size()
+                        ? to_breakdown(timeline.by_kind[before])
+                        : to_breakdown(live_set_at(program, before, 0).by_kind);
+    }
     a.oom = std::move(r);
   }
   return a;

@@ -81,6 +81,9 @@ struct OomReport {
   uint64_t capacity_bytes = 0;   // cudaMemGetInfo total of the device
   uint64_t free_bytes = 0;       // cudaMemGetInfo free at the failure
   std::string message;           // PyTorch's OutOfMemoryError text
+  // What was allocated when the request failed (the state after the event before it),
+  // by the same mapping as breakdown_at_peak; zero when the very first event failed.
+  Breakdown breakdown;
 };
 
 struct AnalysisOptions {

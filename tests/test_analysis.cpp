@@ -400,6 +400,8 @@ TEST_CASE("analyze reports an OOM from the timeline", "[analysis]") {
   CHECK(a.oom->reserved_bytes == 52000);
   CHECK(a.oom->capacity_bytes == 53000);
   CHECK(a.oom->message == oom.details.message);
+  CHECK(a.oom->breakdown.activations == 4000);  // the state just before the failing alloc
+  CHECK(a.oom->breakdown.total() == 6104);
   CHECK(a.events_executed == fail_at);
   CHECK(a.peak_allocated == 6104);  // the peak of what did run
   REQUIRE(a.marks[0].second);      // forward_end ran
@@ -459,6 +461,8 @@ TEST_CASE("analyze an out-of-memory from a small simulated device", "[analysis]"
   CHECK(a.oom->allocated_bytes == 50 * MiB);
   CHECK(a.oom->capacity_bytes == 64 * MiB);
   CHECK(a.oom->message.find("CUDA out of memory. Tried to allocate 40.00 MiB") == 0);
+  CHECK(a.oom->breakdown.parameters == 30 * MiB);
+  CHECK(a.oom->breakdown.activations == 20 * MiB);
   CHECK(a.events_executed == 3);
   CHECK(a.peak_allocated == 50 * MiB);
   REQUIRE(a.peak);

@@ -56,7 +56,8 @@ json oom_json(const OomReport& o) {
               {"reserved_bytes", o.reserved_bytes},
               {"capacity_bytes", o.capacity_bytes},
               {"free_bytes", o.free_bytes},
-              {"message", o.message}};
+              {"message", o.message},
+              {"breakdown", breakdown_json(o.breakdown)}};
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ using Json = nlohmann::ordered_json;
 //   top_tensors [{name, kind, bytes, op, phase, layer, alloc_event}],
 //   marks {forward_end, backward_end, optimizer_end: {index, allocated, reserved} | null},
 //   oom null | {index, op, phase, layer, kind, tensor, requested_bytes, allocated_bytes,
-//               reserved_bytes, capacity_bytes, free_bytes, message},
+//               reserved_bytes, capacity_bytes, free_bytes, message,
+//               breakdown {parameters, ...: allocated when the request failed}},
 //   flops {forward, backward, recompute},
 //   events, events_executed, measured_from_event
 Json analysis_json(const Analysis& analysis);

@@ -71,6 +71,14 @@ void print_verdict(std::FILE* out, const SummaryHeader& h, const Analysis& a,
                  cap.c_str());
     std::fprintf(out, "  allocated %s, reserved %s when it failed\n",
                  human_bytes(o.allocated_bytes).c_str(), human_bytes(o.reserved_bytes).c_str());
+    const Breakdown& b = o.breakdown;
+    if (b.total() > 0) {
+      std::fprintf(out, "  live then: parameters %s, gradients %s, optimizer state %s, "
+                   "activations %s, temporaries %s, other %s\n",
+                   human_bytes(b.parameters).c_str(), human_bytes(b.gradients).c_str(),
+                   human_bytes(b.optimizer_state).c_str(), human_bytes(b.activations).c_str(),
+                   human_bytes(b.temporaries).c_str(), human_bytes(b.other).c_str());
+    }
     if (!o.message.empty()) std::fprintf(out, "  %s\n", style.warn(o.message).c_str());
     std::fprintf(out, "  before the failure: peak allocated %s, peak reserved %s\n",
                  human_bytes(a.peak_allocated).c_str(), human_bytes(a.peak_reserved).c_str());
