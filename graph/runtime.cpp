@@ -186,19 +186,47 @@ void Runtime::fill_saved(int32_t id, uint32_t k, uint32_t storage) {
 void Runtime::save(int32_t id, const Tensor& t) { save_storage(id, t.storage); }
 
 void Runtime::discard_graph(uint32_t g) {
+  // The output holding the graph died: torch::autograd::deleteNode. From each root
+  // (a node no other live node points to; the newest first) the node's saved variables
+  // are released, then each next function whose last owner this edge was is pushed on a
+  // stack; the stack is popped from the back. Each node is freed when its last owner
+  // goes, so saved tensors die from the output back towards the inputs.
   const OpKind saved_op = cur_op_;
   cur_op_ = OpKind::other;
-  for (Node& n : nodes_) {
+  std::vector<uint32_t> owners(nodes_.size(), 0);
+  for (const Node& n : nodes_) {
     if (n.graph != g || n.seq == kDeadNode) continue;
+    for (int i = 0; i < n.n_next; ++i)
+      if (n.next[i].node >= 0) ++owners[n.next[i].node];
+  }
+  std::vector<int32_t> stack;
+  auto kill = [&](int32_t id) {
+    Node& n = nodes_[id];
     for (uint32_t i = 0; i < n.saved_count; ++i)
       if (saved_[n.saved_first + i] != kNoStorage) release(saved_[n.saved_first + i]);
     n.saved_count = 0;
-    if (checkpoint != nullptr) checkpoint->released(static_cast<int32_t>(&n - nodes_.data()));
+    if (checkpoint != nullptr) checkpoint->released(id);
     for (int s = 0; s < 2; ++s)
       if (n.grad[s] != kNoStorage) release(n.grad[s]);
     n.grad[0] = n.grad[1] = kNoStorage;
     n.seq = kDeadNode;
     --live_nodes_;
+    for (int i = 0; i < n.n_next; ++i) {
+      const int32_t t = n.next[i].node;
+      // Only this graph's nodes: a checkpoint re-run's graph points into the outer one.
+      if (t >= 0 && nodes_[t].graph == g && --owners[t] == 0 && nodes_[t].seq != kDeadNode)
+        stack.push_back(t);
+    }
+  };
+  for (int32_t id = static_cast<int32_t>(nodes_.size()) - 1; id >= 0; --id) {
+    const Node& n = nodes_[id];
+    if (n.graph != g || n.seq == kDeadNode || owners[id] != 0) continue;
+    kill(id);
+    while (!stack.empty()) {
+      const int32_t t = stack.back();
+      stack.pop_back();
+      kill(t);
+    }
   }
   if (live_nodes_ == 0) {
     nodes_.clear();

@@ -102,7 +102,8 @@ class TorchAdam final : public OptimizerSim {
         sqrt_list.reserve(params.size());
         for (size_t i = 0; i < params.size(); ++i)
           if (params[i].grad != graph::kNoStorage) sqrt_list.push_back(temp(rt, params[i].bytes));
-        for (Tensor& t : sqrt_list) t.reset();
+        // The Python list dies at the end of the step: CPython drops its items last first.
+        for (auto it = sqrt_list.rbegin(); it != sqrt_list.rend(); ++it) it->reset();
         break;
       }
       case OptimizerImpl::for_loop:

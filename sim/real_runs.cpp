@@ -57,6 +57,7 @@ std::vector<RealRun> cs336_real_runs() {
     r.scenario.step.warmup_steps = 5;
     r.script.loss = LossImpl::cs336;
     r.script.zero_grad = ZeroGradAt::after_step;
+    r.script.measured_step_zero_grad = false;
     r.script.del_outputs_before_measured = true;
     r.script.zero_grad_before_measured = true;
     r.script.per_step_batches = true;

@@ -3,9 +3,13 @@
 #include "sim/schedule.h"
 
 #include <stdexcept>
+#include <type_traits>
 
 #include "graph/cs336.h"
+#include "graph/hf_gpt2.h"
+#include "graph/hf_llama.h"
 #include "graph/losses.h"
+#include "sim/hf_family.h"
 #include "sim/megatron_step.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/optimizer_step.h"
@@ -45,11 +49,23 @@ graph::Cs336Shape cs336_shape(const Scenario& s, const TrainingScript& script) {
   return shape;
 }
 
-// One training loop over a CS336 model. Members mirror the script's Python names.
+graph::Cs336Shape shape_for(const graph::Cs336Model*, const Scenario& s,
+                            const TrainingScript& script) {
+  return cs336_shape(s, script);
+}
+template <class HfModel>
+graph::HfShape shape_for(const HfModel*, const Scenario& s, const TrainingScript&) {
+  return hf_shape(s);  // sim/hf_family.h
+}
+
+// One training loop over a model (CS336, or a Hugging Face family whose loss is the
+// model's own). Members mirror the script's Python names.
+template <class Model>
 class Loop {
  public:
   Loop(const Scenario& s, const TrainingScript& script, Program& program)
-      : s_(s), script_(script), rt_(program), model_(rt_, cs336_shape(s, script)) {}
+      : s_(s), script_(script), rt_(program),
+        model_(rt_, shape_for(static_cast<const Model*>(nullptr), s, script)) {}
 
   void run() {
     rt_.cublas_workspace = s_.device.cublas_workspace;
@@ -76,13 +92,13 @@ class Loop {
         if (script_.zero_grad_before_measured) zero_grad();
         if (script_.measure_includes_zero_grad) rt_.mark("measured_step_begin");
       }
-      train_step(measured, step);
+      train_step(measured);
     }
     rt_.freeze();  // the script ends here: whatever is alive stays alive
   }
 
  private:
-  const graph::Cs336Shape& shape() const { return model_.shape(); }
+  const auto& shape() const { return model_.shape(); }
   uint64_t batch_bytes() const { return shape().batch * shape().seq * 8; }
 
   void allocate_batches() {
@@ -124,7 +140,7 @@ class Loop {
     logits_graph_ = 0;
   }
 
-  void train_step(bool measured, int64_t step) {
+  void train_step(bool measured) {
     const StepKind kind =
         (!measured && script_.warmup_kind_set) ? script_.warmup_kind : s_.step.kind;
     const bool with_grad = kind != StepKind::forward_no_grad;
@@ -134,7 +150,6 @@ class Loop {
     if (measured && !script_.measure_includes_zero_grad) rt_.mark("measured_step_begin");
     const Tensor& ids = measured ? ids_ : warm_ids_;
     const Tensor& targets = measured ? targets_ : warm_targets_;
-    (void)step;
     const int64_t micro = std::max<int64_t>(1, s_.batch.grad_accum);
     for (int64_t mb = 0; mb < micro; ++mb) {
       const bool last = mb + 1 == micro;
@@ -157,10 +172,14 @@ class Loop {
       if (!with_loss) continue;
       rt_.ctx.phase = Phase::loss;
       const uint64_t elem = shape().elem;
-      Tensor l = script_.loss == LossImpl::cs336
-                     ? graph::cs336_cross_entropy(rt_, logits_, targets,
-                                                  shape().batch * shape().seq, elem)
-                     : graph::torch_cross_entropy(rt_, logits_, targets, elem);
+      Tensor l;
+      if constexpr (std::is_same_v<Model, graph::Cs336Model>)
+        l = script_.loss == LossImpl::cs336
+                ? graph::cs336_cross_entropy(rt_, logits_, targets,
+                                             shape().batch * shape().seq, elem)
+                : graph::torch_cross_entropy(rt_, logits_, targets, elem);
+      else
+        l = model_.loss(logits_, targets);  // the family's loss (HF: shift + CE)
       loss_ = std::move(l);
       rt_.ctx.phase = Phase::backward;
       rt_.backward(loss_);
@@ -174,7 +193,8 @@ class Loop {
       rt_.ctx.module = graph::Module::none;
       if (measured) rt_.mark("optimizer_end");
     }
-    if (script_.zero_grad == ZeroGradAt::after_step) zero_grad();
+    if (script_.zero_grad == ZeroGradAt::after_step && (!measured || script_.measured_step_zero_grad))
+      zero_grad();
     if (script_.outputs_are_step_locals) {
       rt_.ctx.phase = Phase::other;
       drop_outputs();
@@ -184,7 +204,7 @@ class Loop {
   const Scenario& s_;
   const TrainingScript& script_;
   Runtime rt_;
-  graph::Cs336Model model_;
+  Model model_;
   std::unique_ptr<OptimizerSim> optimizer_;
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
   Tensor warm_ids_, warm_targets_, ids_, targets_;
@@ -196,12 +216,15 @@ class Loop {
 
 Program build_program(const Scenario& scenario, const TrainingScript& script) {
   if (scenario.model.family == ModelFamily::megatron) return build_megatron_program(scenario);
-  if (scenario.model.family != ModelFamily::cs336)
-    throw std::runtime_error(std::string("build_program: model family '") +
-                             to_string(scenario.model.family) + "' is not implemented yet");
   Program program;
-  Loop loop(scenario, script, program);
-  loop.run();
+  switch (scenario.model.family) {
+    case ModelFamily::cs336: Loop<graph::Cs336Model>(scenario, script, program).run(); break;
+    case ModelFamily::hf_gpt2: Loop<graph::HfGpt2Model>(scenario, script, program).run(); break;
+    case ModelFamily::hf_llama: Loop<graph::HfLlamaModel>(scenario, script, program).run(); break;
+    default:
+      throw std::runtime_error(std::string("build_program: model family '") +
+                               to_string(scenario.model.family) + "' is not implemented yet");
+  }
   return program;
 }
 

@@ -28,7 +28,12 @@ enum class ZeroGradAt : uint8_t { before_forward, after_step, never };
 
 struct TrainingScript {
   LossImpl loss = LossImpl::torch;
+  // zero_grad(set_to_none=True) position in each step. (zero_grad(set_to_none=False)
+  // keeps the grads allocated and is memory-wise `never`.)
   ZeroGradAt zero_grad = ZeroGradAt::before_forward;
+  // The measured step ends with the same after_step zero_grad as the warm-up ones
+  // (false: recording stops right after optimizer.step()).
+  bool measured_step_zero_grad = true;
   // true: logits/loss are locals of a step function and die when it returns;
   // false: loop-level names, rebound by the next step (alive during its forward).
   bool outputs_are_step_locals = false;
