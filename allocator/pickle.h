@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -90,19 +91,28 @@ class PickleDoc {
     PickleKind kind;
     bool frozen;      // inside another container: no more mutation
     uint16_t depth;   // 0 for scalars; 1 + deepest child for containers
-    uint32_t a;       // str/bytes: offset into text_; containers: index into children_
+    uint32_t a;       // str/bytes: offset into text_; containers: first slot in kids_
     union {
       int64_t i;
       uint64_t u;
       double f;
       uint64_t len;  // str/bytes length
+      struct {
+        uint32_t count;  // children used
+        uint32_t cap;    // slots reserved at kids_[a, a + cap)
+      } c;
     };
   };
   std::vector<Node> nodes_;
-  // Children of each container: list/tuple items, or dict key,value,key,value...
-  // One vector per container, because pickles fill containers in several batches
-  // (APPENDS every 1000 items) interleaved with other containers.
-  std::vector<std::vector<uint32_t>> children_;
+  // Children of all containers in one array: list/tuple items, or dict key, value,
+  // key, value... Pickles fill a container in batches (APPENDS per 1000 items)
+  // interleaved with building its children, so a container that outgrows its slots
+  // moves to the end with doubled capacity (amortized O(1) per child, at most 2x space).
+  // A raw buffer rather than a vector: growing must not zero-fill (touch) slots that
+  // are reserved but never used; on this scale page faults cost more than parsing.
+  std::unique_ptr<uint32_t[]> kids_;
+  size_t kids_size_ = 0;
+  size_t kids_cap_ = 0;
   std::string text_;  // the input bytes: str/bytes nodes point into it
   uint32_t root_ = 0;
   int protocol_ = 0;

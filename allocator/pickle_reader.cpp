@@ -4,6 +4,7 @@
 // once inserted so the result is acyclic, and nesting depth is tracked incrementally
 // (no recursion anywhere).
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <unordered_map>
@@ -44,23 +45,23 @@ std::string_view PickleValue::as_string() const {
 
 size_t PickleValue::size() const {
   const PickleDoc::Node& n = doc_->nodes_[index_];
-  const size_t count = doc_->children_[n.a].size();
-  return n.kind == PickleKind::dict ? count / 2 : count;
+  return n.kind == PickleKind::dict ? n.c.count / 2 : n.c.count;
 }
 
 PickleValue PickleValue::item(size_t i) const {
-  return PickleValue(doc_, doc_->children_[doc_->nodes_[index_].a][i]);
+  return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + i]);
 }
 PickleValue PickleValue::key(size_t i) const {
-  return PickleValue(doc_, doc_->children_[doc_->nodes_[index_].a][2 * i]);
+  return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + 2 * i]);
 }
 PickleValue PickleValue::value(size_t i) const {
-  return PickleValue(doc_, doc_->children_[doc_->nodes_[index_].a][2 * i + 1]);
+  return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + 2 * i + 1]);
 }
 
 bool PickleValue::find(std::string_view key, PickleValue* out) const {
-  const std::vector<uint32_t>& kv = doc_->children_[doc_->nodes_[index_].a];
-  for (size_t i = kv.size(); i >= 2; i -= 2) {  // from the back: the last duplicate wins
+  const PickleDoc::Node& d = doc_->nodes_[index_];
+  const uint32_t* kv = doc_->kids_.get() + d.a;
+  for (size_t i = d.c.count; i >= 2; i -= 2) {  // from the back: the last duplicate wins
     const PickleDoc::Node& k = doc_->nodes_[kv[i - 2]];
     if (k.kind == PickleKind::str && k.len == key.size() &&
         std::memcmp(doc_->text_.data() + k.a, key.data(), key.size()) == 0) {
@@ -160,14 +161,19 @@ class PickleParser {
  private:
   using Node = PickleDoc::Node;
 
-  [[noreturn]] void fail(const std::string& what) const {
+  // Error paths are out of line and cold so that the hot helpers below inline.
+  [[noreturn]] __attribute__((noinline, cold)) void fail(const std::string& what) const {
     throw PickleError(name_ + ": byte " + std::to_string(op_pos_) + ": " + what);
   }
+  [[noreturn]] __attribute__((noinline, cold)) void truncated(size_t n, const char* opname) const {
+    fail(std::string("truncated ") + opname + " (needs " + std::to_string(n) + " bytes, " +
+         std::to_string(size_ - pos_) + " left)");
+  }
+  [[noreturn]] __attribute__((noinline, cold)) void underflow(const char* opname) const {
+    fail(std::string("stack underflow in ") + opname);
+  }
   const unsigned char* take(size_t n, const char* opname) {
-    if (n > size_ - pos_) {
-      fail(std::string("truncated ") + opname + " (needs " + std::to_string(n) +
-           " bytes, " + std::to_string(size_ - pos_) + " left)");
-    }
+    if (n > size_ - pos_) truncated(n, opname);
     const unsigned char* p = data_ + pos_;
     pos_ += n;
     return p;
@@ -186,9 +192,8 @@ class PickleParser {
   }
   uint32_t new_container(PickleKind kind) {
     const uint32_t id = new_node(kind);
-    doc_.nodes_[id].a = static_cast<uint32_t>(doc_.children_.size());
+    doc_.nodes_[id].a = static_cast<uint32_t>(doc_.kids_size_);
     doc_.nodes_[id].depth = 1;
-    doc_.children_.emplace_back();
     return id;
   }
   uint32_t new_int(int64_t v) {
@@ -197,17 +202,23 @@ class PickleParser {
     return id;
   }
 
+  // The value stack's push: the fast path inlines (vector::push_back does not, in run()).
+  __attribute__((always_inline)) void push(uint32_t v) {
+    if (__builtin_expect(stack_.size() == stack_.capacity(), 0)) stack_.reserve(2 * stack_.capacity() + 16);
+    stack_.emplace_back(v);
+  }
+
   // Number of stack items above the innermost MARK (Python's current stack).
   size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
   size_t available() const { return stack_.size() - floor(); }
   uint32_t pop(const char* opname) {
-    if (available() == 0) fail(std::string("stack underflow in ") + opname);
+    if (available() == 0) underflow(opname);
     const uint32_t v = stack_.back();
     stack_.pop_back();
     return v;
   }
   uint32_t top(const char* opname) {
-    if (available() == 0) fail(std::string("stack underflow in ") + opname);
+    if (available() == 0) underflow(opname);
     return stack_.back();
   }
   size_t pop_mark(const char* opname) {  // returns the start index of the marked items
@@ -217,18 +228,56 @@ class PickleParser {
     return start;
   }
 
-  // Puts `child` into `container` (a list/tuple item, or a dict key/value).
+  [[noreturn]] __attribute__((noinline, cold)) void self_insert() const {
+    fail("a container cannot contain itself");
+  }
+  [[noreturn]] __attribute__((noinline, cold)) void too_deep() const {
+    fail("nesting deeper than " + std::to_string(PickleDoc::kMaxDepth) + " containers");
+  }
+
+  // Makes room for `more` children of `container` (see PickleDoc::kids_).
+  void reserve(uint32_t container, size_t more) {
+    Node& n = doc_.nodes_[container];
+    const size_t need = size_t{n.c.count} + more;
+    if (need <= n.c.cap) return;
+    if (need > UINT32_MAX / 2) fail("container too large");
+    if (size_t{n.a} + n.c.cap == doc_.kids_size_) {  // last in the array: grow in place
+      grow_kids(size_t{n.a} + need);
+      n.c.cap = static_cast<uint32_t>(need);
+      return;
+    }
+    const size_t cap = need > 2 * size_t{n.c.cap} ? need : 2 * size_t{n.c.cap};
+    const size_t start = doc_.kids_size_;
+    grow_kids(start + cap);
+    std::memcpy(doc_.kids_.get() + start, doc_.kids_.get() + n.a, sizeof(uint32_t) * n.c.count);
+    n.a = static_cast<uint32_t>(start);
+    n.c.cap = static_cast<uint32_t>(cap);
+  }
+  // Sets the used size of kids_ to `size`, reallocating (doubling) without zero-filling.
+  void grow_kids(size_t size) {
+    if (size > UINT32_MAX) fail("too many container items");
+    if (size > doc_.kids_cap_) {
+      size_t cap = doc_.kids_cap_ < 1024 ? 1024 : doc_.kids_cap_;
+      while (cap < size) cap *= 2;
+      std::unique_ptr<uint32_t[]> bigger(new uint32_t[cap]);  // default-init: untouched
+      if (doc_.kids_size_ > 0) std::memcpy(bigger.get(), doc_.kids_.get(), sizeof(uint32_t) * doc_.kids_size_);
+      doc_.kids_ = std::move(bigger);
+      doc_.kids_cap_ = cap;
+    }
+    doc_.kids_size_ = size;
+  }
+
+  // Puts `child` into `container` (a list/tuple item, or a dict key/value); the slot
+  // must have been reserved.
   void insert(uint32_t container, uint32_t child) {
-    if (child == container) fail("a container cannot contain itself");
+    if (child == container) self_insert();
     Node& c = doc_.nodes_[child];
     c.frozen = true;
     const uint32_t depth = static_cast<uint32_t>(c.depth) + 1;
-    if (depth > PickleDoc::kMaxDepth) {
-      fail("nesting deeper than " + std::to_string(PickleDoc::kMaxDepth) + " containers");
-    }
+    if (depth > PickleDoc::kMaxDepth) too_deep();
     Node& parent = doc_.nodes_[container];
     if (depth > parent.depth) parent.depth = static_cast<uint16_t>(depth);
-    doc_.children_[parent.a].push_back(child);
+    doc_.kids_[parent.a + parent.c.count++] = child;
   }
   void check_mutable(uint32_t target, PickleKind want, const char* opname) {
     const Node& t = doc_.nodes_[target];
@@ -248,11 +297,13 @@ class PickleParser {
   }
   // Appends stack_[start..] to a list/dict and drops them from the stack.
   void append_items(uint32_t list, size_t start) {
+    reserve(list, stack_.size() - start);
     for (size_t i = start; i < stack_.size(); ++i) insert(list, stack_[i]);
     stack_.resize(start);
   }
   void set_items(uint32_t dict, size_t start, const char* opname) {
     if ((stack_.size() - start) % 2 != 0) fail(std::string(opname) + " with an odd number of items");
+    reserve(dict, stack_.size() - start);
     for (size_t i = start; i < stack_.size(); i += 2) {
       check_key(stack_[i]);
       insert(dict, stack_[i]);
@@ -263,12 +314,13 @@ class PickleParser {
   void make_tuple(size_t start) {
     const uint32_t t = new_container(PickleKind::tuple);
     append_items(t, start);
-    stack_.push_back(t);
+    push(t);
   }
 
   void memo_put(uint64_t index, uint32_t value) {
     if (index < dense_limit_) {
-      if (index >= memo_.size()) memo_.resize(index + 1, kEmpty);
+      if (index == memo_.size()) memo_.push_back(kEmpty);  // the usual case: MEMOIZE
+      else if (index > memo_.size()) memo_.resize(index + 1, kEmpty);
       if (memo_[index] == kEmpty) ++memo_entries_;
       memo_[index] = value;
     } else {
@@ -281,6 +333,9 @@ class PickleParser {
       auto it = sparse_memo_.find(index);
       if (it != sparse_memo_.end()) return it->second;
     }
+    undefined_memo(index);
+  }
+  [[noreturn]] __attribute__((noinline, cold)) void undefined_memo(uint64_t index) const {
     fail("memo index " + std::to_string(index) + " is not defined");
   }
 
@@ -343,8 +398,11 @@ void PickleParser::run(std::string bytes) {
   size_ = doc_.text_.size();
   if (size_ > (size_t{1} << 31)) fail("input larger than 2 GiB");
   dense_limit_ = size_ + 256;
-  // Each opcode makes at most one node; real snapshots have about one node per 6 bytes.
-  doc_.nodes_.reserve(size_ / 6 + 16);
+  stack_.reserve(4096);
+  // Real snapshots have about one node per 23 bytes.
+  doc_.nodes_.reserve(size_ / 16 + 16);
+  grow_kids(size_ / 3 + 16);  // real snapshots: one child per ~3.5 bytes
+  doc_.kids_size_ = 0;
 
   while (true) {
     op_pos_ = pos_;
@@ -378,32 +436,32 @@ void PickleParser::run(std::string bytes) {
       case MARK: marks_.push_back(stack_.size()); break;
       case POP: pop("POP"); break;
       case POP_MARK: stack_.resize(pop_mark("POP_MARK")); break;
-      case DUP: stack_.push_back(top("DUP")); break;
+      case DUP: push(top("DUP")); break;
 
-      case NONE: stack_.push_back(new_node(PickleKind::none)); break;
+      case NONE: push(new_node(PickleKind::none)); break;
       case NEWTRUE:
       case NEWFALSE: {
         const uint32_t id = new_node(PickleKind::boolean);
         doc_.nodes_[id].i = op == NEWTRUE;
-        stack_.push_back(id);
+        push(id);
         break;
       }
       case BININT: {
         const uint32_t v = static_cast<uint32_t>(le(take(4, "BININT"), 4));
-        stack_.push_back(new_int(static_cast<int32_t>(v)));
+        push(new_int(static_cast<int32_t>(v)));
         break;
       }
-      case BININT1: stack_.push_back(new_int(*take(1, "BININT1"))); break;
-      case BININT2: stack_.push_back(new_int(static_cast<int64_t>(le(take(2, "BININT2"), 2)))); break;
+      case BININT1: push(new_int(*take(1, "BININT1"))); break;
+      case BININT2: push(new_int(static_cast<int64_t>(le(take(2, "BININT2"), 2)))); break;
       case LONG1: {
         const size_t n = *take(1, "LONG1");
-        stack_.push_back(read_long(n, "LONG1"));
+        push(read_long(n, "LONG1"));
         break;
       }
       case LONG4: {
         const int32_t n = static_cast<int32_t>(static_cast<uint32_t>(le(take(4, "LONG4"), 4)));
         if (n < 0) fail("LONG4 with negative length");
-        stack_.push_back(read_long(static_cast<size_t>(n), "LONG4"));
+        push(read_long(static_cast<size_t>(n), "LONG4"));
         break;
       }
       case BINFLOAT: {
@@ -412,43 +470,43 @@ void PickleParser::run(std::string bytes) {
         for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];  // big-endian
         const uint32_t id = new_node(PickleKind::float64);
         std::memcpy(&doc_.nodes_[id].f, &bits, sizeof bits);
-        stack_.push_back(id);
+        push(id);
         break;
       }
       case SHORT_BINUNICODE:
-        stack_.push_back(read_text(*take(1, "SHORT_BINUNICODE"), PickleKind::str, "SHORT_BINUNICODE"));
+        push(read_text(*take(1, "SHORT_BINUNICODE"), PickleKind::str, "SHORT_BINUNICODE"));
         break;
       case BINUNICODE:
-        stack_.push_back(read_text(le(take(4, "BINUNICODE"), 4), PickleKind::str, "BINUNICODE"));
+        push(read_text(le(take(4, "BINUNICODE"), 4), PickleKind::str, "BINUNICODE"));
         break;
       case BINUNICODE8:
-        stack_.push_back(read_text(le(take(8, "BINUNICODE8"), 8), PickleKind::str, "BINUNICODE8"));
+        push(read_text(le(take(8, "BINUNICODE8"), 8), PickleKind::str, "BINUNICODE8"));
         break;
       case SHORT_BINBYTES:
-        stack_.push_back(read_text(*take(1, "SHORT_BINBYTES"), PickleKind::bytes, "SHORT_BINBYTES"));
+        push(read_text(*take(1, "SHORT_BINBYTES"), PickleKind::bytes, "SHORT_BINBYTES"));
         break;
       case BINBYTES:
-        stack_.push_back(read_text(le(take(4, "BINBYTES"), 4), PickleKind::bytes, "BINBYTES"));
+        push(read_text(le(take(4, "BINBYTES"), 4), PickleKind::bytes, "BINBYTES"));
         break;
       case BINBYTES8:
-        stack_.push_back(read_text(le(take(8, "BINBYTES8"), 8), PickleKind::bytes, "BINBYTES8"));
+        push(read_text(le(take(8, "BINBYTES8"), 8), PickleKind::bytes, "BINBYTES8"));
         break;
 
-      case EMPTY_LIST: stack_.push_back(new_container(PickleKind::list)); break;
-      case EMPTY_DICT: stack_.push_back(new_container(PickleKind::dict)); break;
-      case EMPTY_TUPLE: stack_.push_back(new_container(PickleKind::tuple)); break;
+      case EMPTY_LIST: push(new_container(PickleKind::list)); break;
+      case EMPTY_DICT: push(new_container(PickleKind::dict)); break;
+      case EMPTY_TUPLE: push(new_container(PickleKind::tuple)); break;
       case LIST: {
         const size_t start = pop_mark("LIST");
         const uint32_t l = new_container(PickleKind::list);
         append_items(l, start);
-        stack_.push_back(l);
+        push(l);
         break;
       }
       case DICT: {
         const size_t start = pop_mark("DICT");
         const uint32_t d = new_container(PickleKind::dict);
         set_items(d, start, "DICT");
-        stack_.push_back(d);
+        push(d);
         break;
       }
       case TUPLE: make_tuple(pop_mark("TUPLE")); break;
@@ -464,6 +522,7 @@ void PickleParser::run(std::string bytes) {
         const uint32_t item = pop("APPEND");
         const uint32_t list = top("APPEND");
         check_mutable(list, PickleKind::list, "APPEND");
+        reserve(list, 1);
         insert(list, item);
         break;
       }
@@ -481,6 +540,7 @@ void PickleParser::run(std::string bytes) {
         const uint32_t dict = top("SETITEM");
         check_mutable(dict, PickleKind::dict, "SETITEM");
         check_key(key);
+        reserve(dict, 2);
         insert(dict, key);
         insert(dict, value);
         break;
@@ -497,8 +557,8 @@ void PickleParser::run(std::string bytes) {
       case MEMOIZE: memo_put(memo_entries_, top("MEMOIZE")); break;
       case BINPUT: memo_put(*take(1, "BINPUT"), top("BINPUT")); break;
       case LONG_BINPUT: memo_put(le(take(4, "LONG_BINPUT"), 4), top("LONG_BINPUT")); break;
-      case BINGET: stack_.push_back(memo_get(*take(1, "BINGET"))); break;
-      case LONG_BINGET: stack_.push_back(memo_get(le(take(4, "LONG_BINGET"), 4))); break;
+      case BINGET: push(memo_get(*take(1, "BINGET"))); break;
+      case LONG_BINGET: push(memo_get(le(take(4, "LONG_BINGET"), 4))); break;
 
       default: {
         const char* why = nullptr;
