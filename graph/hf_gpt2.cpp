@@ -1,0 +1,212 @@
+#include "graph/hf_gpt2.h"
+
+#include <string>
+
+#include "graph/ops_nn.h"
+
+namespace memsim::graph {
+
+void HfGpt2Model::construct() {
+  const uint64_t e = s_.elem;
+  const uint64_t D = s_.d_model, F = s_.d_ff, V = s_.vocab, P = s_.context_length;
+  rt_.ctx.module = Module::embedding;
+  wte_ = rt_.add_parameter(V * D * e, "transformer.wte.weight");
+  wpe_ = rt_.add_parameter(P * D * e, "transformer.wpe.weight");
+  layers_.resize(s_.layers);
+  for (int32_t l = 0; l < s_.layers; ++l) {
+    rt_.ctx.layer = l;
+    LayerParams& p = layers_[l];
+    const std::string pre = "transformer.h." + std::to_string(l) + ".";
+    rt_.ctx.module = Module::norm;
+    p.ln1_w = rt_.add_parameter(D * e, pre + "ln_1.weight");
+    p.ln1_b = rt_.add_parameter(D * e, pre + "ln_1.bias");
+    rt_.ctx.module = Module::attention;
+    // GPT2Attention registers its buffers first: the (P, P) bool causal `bias` and the
+    // 0-d `masked_bias`.
+    p.causal_bias = rt_.alloc(P * P, TensorKind::other, OpKind::fill);
+    p.masked_bias = rt_.alloc(e, TensorKind::other, OpKind::fill);
+    p.attn_w = rt_.add_parameter(D * 3 * D * e, pre + "attn.c_attn.weight");
+    p.attn_b = rt_.add_parameter(3 * D * e, pre + "attn.c_attn.bias");
+    p.aproj_w = rt_.add_parameter(D * D * e, pre + "attn.c_proj.weight");
+    p.aproj_b = rt_.add_parameter(D * e, pre + "attn.c_proj.bias");
+    rt_.ctx.module = Module::norm;
+    p.ln2_w = rt_.add_parameter(D * e, pre + "ln_2.weight");
+    p.ln2_b = rt_.add_parameter(D * e, pre + "ln_2.bias");
+    rt_.ctx.module = Module::mlp;
+    p.fc_w = rt_.add_parameter(D * F * e, pre + "mlp.c_fc.weight");
+    p.fc_b = rt_.add_parameter(F * e, pre + "mlp.c_fc.bias");
+    p.mproj_w = rt_.add_parameter(F * D * e, pre + "mlp.c_proj.weight");
+    p.mproj_b = rt_.add_parameter(D * e, pre + "mlp.c_proj.bias");
+  }
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::norm;
+  lnf_w_ = rt_.add_parameter(D * e, "transformer.ln_f.weight");
+  lnf_b_ = rt_.add_parameter(D * e, "transformer.ln_f.bias");
+  rt_.ctx.module = Module::none;  // lm_head.weight is wte: no parameter of its own
+}
+
+// Conv1D: x.view(-1, in) (a view of a contiguous tensor), addmm(bias, x2d, W), view back.
+Tensor HfGpt2Model::conv1d(const Tensor& x, int32_t w, int32_t b, int64_t d_in, int64_t d_out) {
+  Tensor wt = rt_.param(w), bt = rt_.param(b);
+  const double flops = 2.0 * static_cast<double>(s_.rows()) * d_in * d_out;
+  return addmm_bias(rt_, bt, x, wt, s_.rows() * d_out * s_.elem, flops);
+}
+
+Tensor HfGpt2Model::ln(const Tensor& x, int32_t w, int32_t b) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::norm;
+  Tensor wt = rt_.param(w), bt = rt_.param(b);
+  Tensor out = layer_norm(rt_, x, wt, bt, s_.rows());
+  rt_.ctx.module = outer;
+  return out;
+}
+
+// nn.Dropout: p == 0 returns its input (no op at all); otherwise native_dropout.
+Tensor HfGpt2Model::drop(const Tensor& x) {
+  if (s_.dropout <= 0.0) return x;
+  return native_dropout(rt_, x, s_.elem);
+}
+
+// NewGELUActivation: 0.5 * x * (1.0 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3.0)))).
+// CPython evaluates `0.5 * x` first and frees each temporary after its consumer.
+Tensor HfGpt2Model::gelu_new(const Tensor& x) {
+  Tensor half = mul_scalar(rt_, x);
+  Tensor cube = pow2(rt_, x);  // pow.Tensor_Scalar: saves x; same backward as e = 2
+  Tensor c = mul_scalar(rt_, cube);
+  cube.reset();
+  Tensor inner = add(rt_, x, c);
+  c.reset();
+  Tensor scaled = mul_scalar(rt_, inner);
+  inner.reset();
+  Tensor t = tanh(rt_, scaled);
+  scaled.reset();
+  Tensor one_plus = add_scalar(rt_, t);
+  t.reset();
+  Tensor out = mul(rt_, half, one_plus);
+  return out;
+}
+
+Tensor HfGpt2Model::attention(const LayerParams& p, const Tensor& x) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::attention;
+  const int64_t D = s_.d_model;
+  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t scores = B * H * S * S * e;
+  const double bmm_flops = 2.0 * B * H * S * S * hd;
+  Tensor out;
+  {
+    Tensor qkv = conv1d(x, p.attn_w, p.attn_b, D, 3 * D);
+    SplitQkv split(rt_, qkv);
+    Tensor q = split.head_view(rt_, 0), k = split.head_view(rt_, 1), v = split.head_view(rt_, 2);
+    Tensor attn_output, attn_weights;
+    {
+      // _attn. matmul of (B,H,S,hd) views of the (B,S,3D) projection: reshape copies.
+      Tensor qc = clone(rt_, q);
+      Tensor kc = clone(rt_, k);
+      Tensor w0 = bmm(rt_, qc, kc, scores, bmm_flops);
+      qc.reset();
+      kc.reset();
+      Tensor scale = rt_.alloc(e, TensorKind::temporary, OpKind::scalar_tensor);  // torch.full
+      Tensor w1 = div(rt_, w0, scale);  // saves the 0-d divisor
+      scale.reset();
+      w0.reset();
+      Tensor mask_value = rt_.alloc(e, TensorKind::temporary, OpKind::scalar_tensor);
+      Tensor w2 = where_tensor(rt_, p.causal_bias, w1, e);
+      w1.reset();
+      Tensor w3 = softmax(rt_, w2);
+      w2.reset();
+      attn_weights = drop(w3);
+      w3.reset();
+      Tensor vc = clone(rt_, v);
+      Tensor o = bmm(rt_, attn_weights, vc, B * S * D * e, bmm_flops);
+      vc.reset();
+      mask_value.reset();  // a local of _attn
+      attn_output = view(rt_, o, /*copy_in_backward=*/true);
+    }
+    // _merge_heads: permute(0, 2, 1, 3).contiguous() copies; view.
+    Tensor merged = clone(rt_, attn_output);
+    attn_output.reset();
+    out = conv1d(merged, p.aproj_w, p.aproj_b, D, D);
+    merged.reset();
+    out = drop(out);
+  }  // q, k, v, the projection and attn_weights die with GPT2Attention.forward
+  rt_.ctx.module = outer;
+  return out;
+}
+
+Tensor HfGpt2Model::mlp(const LayerParams& p, const Tensor& x) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::mlp;
+  Tensor h = conv1d(x, p.fc_w, p.fc_b, s_.d_model, s_.d_ff);
+  h = gelu_new(h);
+  h = conv1d(h, p.mproj_w, p.mproj_b, s_.d_ff, s_.d_model);
+  h = drop(h);
+  rt_.ctx.module = outer;
+  return h;
+}
+
+// GPT2Block.forward: pre-norm residual blocks.
+Tensor HfGpt2Model::block(int32_t layer, const Tensor& x) {
+  const int32_t outer = rt_.ctx.layer;
+  rt_.ctx.layer = layer;
+  const LayerParams& p = layers_[layer];
+  Tensor attn_output;
+  {
+    Tensor h1 = ln(x, p.ln1_w, p.ln1_b);
+    attn_output = attention(p, h1);
+  }
+  Tensor r1 = add(rt_, attn_output, x);
+  Tensor ff;
+  {
+    Tensor h2 = ln(r1, p.ln2_w, p.ln2_b);
+    ff = mlp(p, h2);
+  }
+  Tensor out = add(rt_, r1, ff);
+  attn_output.reset();
+  ff.reset();
+  r1.reset();
+  rt_.ctx.layer = outer;
+  return out;
+}
+
+Tensor HfGpt2Model::forward(const Tensor& ids) {
+  const uint64_t e = s_.elem, D = s_.d_model, S = s_.seq;
+  rt_.ctx.module = Module::embedding;
+  TiedWeight wte(rt_, rt_.param(wte_));
+  Tensor hidden;
+  {
+    Tensor position_ids = new_tensor(rt_, S * 8, OpKind::arange);
+    Tensor inputs_embeds = embedding_nn(rt_, wte.use(1), ids, s_.rows() * D * e);
+    Tensor position_embeds = embedding_nn(rt_, rt_.param(wpe_), position_ids, S * D * e);
+    Tensor h = add_bcast(rt_, inputs_embeds, position_embeds);
+    h = drop(h);
+    for (int32_t l = 0; l < s_.layers; ++l) h = block(l, h);
+    rt_.ctx.module = Module::norm;
+    hidden = ln(h, lnf_w_, lnf_b_);
+  }  // GPT2Model.forward returns: its locals (embeddings, position ids) die
+  rt_.ctx.module = Module::head;
+  const double flops = 2.0 * static_cast<double>(s_.rows()) * D * s_.vocab;
+  Tensor logits = mm_linear(rt_, hidden, wte.use(0), s_.rows() * s_.vocab * e, flops);
+  hidden.reset();
+  rt_.ctx.module = Module::none;
+  return logits;
+}
+
+Tensor HfGpt2Model::loss(const Tensor& logits, const Tensor& labels) {
+  (void)labels;  // only its shifted copy is used
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::loss;
+  const uint64_t shifted_rows = static_cast<uint64_t>(s_.batch * (s_.seq - 1));
+  Tensor shift_logits;
+  {
+    Tensor sl = slice_seq(rt_, logits, shifted_rows * s_.vocab * s_.elem);
+    shift_logits = clone(rt_, sl);  // .contiguous()
+  }
+  Tensor shift_labels = new_tensor(rt_, shifted_rows * 8, OpKind::clone, TensorKind::temporary);
+  Tensor logp = log_softmax(rt_, shift_logits);
+  Tensor out = nll_loss(rt_, logp, shift_labels, s_.elem);
+  rt_.ctx.module = outer;
+  return out;
+}
+
+}  // namespace memsim::graph

@@ -1,0 +1,55 @@
+// Model family `hf-gpt2`: Hugging Face GPT2LMHeadModel in eager mode, written op by op
+// against graph::Runtime.
+//
+// Mirrors transformers v4.44 (modeling_gpt2.py): Conv1D linears (addmm with bias, weight
+// stored (in, out)), nn.LayerNorm (native_layer_norm: mean/rstd saved), NewGELU written
+// as elementwise ops, learned positions wpe, lm_head tied to wte, GPT2Attention._attn
+// (matmul q.k^T, / torch.full([], sqrt(hd)), torch.where with the per-layer `bias`
+// buffer and a torch.full mask value, softmax, dropout, matmul with v, merge heads),
+// use_cache=False. The loss is GPT2LMHeadModel's: logits[..., :-1, :].contiguous(),
+// labels[..., 1:].contiguous(), CrossEntropyLoss (no upcast).
+// Checked against real PyTorch (CPU) by tests/test_hf_fixtures.cpp.
+//
+// Contract: construct() allocates parameters and buffers; forward(ids) emits the eager
+// forward and returns the logits (B,S,V); loss(logits, labels) emits the loss.
+// Python lifetimes are mirrored (inputs_embeds/position_embeds live until the
+// transformer returns; a block's attn/mlp outputs until the block returns).
+#pragma once
+
+#include <vector>
+
+#include "graph/hf_shape.h"
+#include "graph/ops.h"
+
+namespace memsim::graph {
+
+class HfGpt2Model {
+ public:
+  HfGpt2Model(Runtime& rt, const HfShape& shape) : rt_(rt), s_(shape) {}
+
+  void construct();
+  Tensor forward(const Tensor& ids);
+  Tensor loss(const Tensor& logits, const Tensor& labels);
+  Tensor block(int32_t layer, const Tensor& x);
+  const HfShape& shape() const { return s_; }
+
+ private:
+  struct LayerParams {
+    int32_t ln1_w, ln1_b, attn_w, attn_b, aproj_w, aproj_b, ln2_w, ln2_b, fc_w, fc_b,
+        mproj_w, mproj_b;
+    Tensor causal_bias, masked_bias;  // buffers
+  };
+  Tensor conv1d(const Tensor& x, int32_t w, int32_t b, int64_t d_in, int64_t d_out);
+  Tensor ln(const Tensor& x, int32_t w, int32_t b);
+  Tensor attention(const LayerParams& p, const Tensor& x);
+  Tensor mlp(const LayerParams& p, const Tensor& x);
+  Tensor gelu_new(const Tensor& x);
+  Tensor drop(const Tensor& x);
+
+  Runtime& rt_;
+  HfShape s_;
+  int32_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  std::vector<LayerParams> layers_;
+};
+
+}  // namespace memsim::graph

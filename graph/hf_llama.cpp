@@ -1,0 +1,239 @@
+#include "graph/hf_llama.h"
+
+#include <string>
+
+#include "graph/ops_nn.h"
+
+namespace memsim::graph {
+
+void HfLlamaModel::construct() {
+  const uint64_t e = s_.elem;
+  const uint64_t D = s_.d_model, F = s_.d_ff, V = s_.vocab;
+  const uint64_t kvD = s_.kv_heads * s_.head_dim();
+  rt_.ctx.module = Module::embedding;
+  embed_ = rt_.add_parameter(V * D * e, "model.embed_tokens.weight");
+  layers_.resize(s_.layers);
+  for (int32_t l = 0; l < s_.layers; ++l) {
+    rt_.ctx.layer = l;
+    LayerParams& p = layers_[l];
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    rt_.ctx.module = Module::attention;
+    p.q = rt_.add_parameter(D * D * e, pre + "self_attn.q_proj.weight");
+    p.k = rt_.add_parameter(kvD * D * e, pre + "self_attn.k_proj.weight");
+    p.v = rt_.add_parameter(kvD * D * e, pre + "self_attn.v_proj.weight");
+    p.o = rt_.add_parameter(D * D * e, pre + "self_attn.o_proj.weight");
+    rt_.ctx.module = Module::mlp;
+    p.gate = rt_.add_parameter(F * D * e, pre + "mlp.gate_proj.weight");
+    p.up = rt_.add_parameter(F * D * e, pre + "mlp.up_proj.weight");
+    p.down = rt_.add_parameter(D * F * e, pre + "mlp.down_proj.weight");
+    rt_.ctx.module = Module::norm;
+    p.ln1 = rt_.add_parameter(D * e, pre + "input_layernorm.weight");
+    p.ln2 = rt_.add_parameter(D * e, pre + "post_attention_layernorm.weight");
+  }
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::norm;
+  norm_ = rt_.add_parameter(D * e, "model.norm.weight");
+  // LlamaRotaryEmbedding's inv_freq buffer (hd/2 fp32, non-persistent).
+  inv_freq_ = rt_.alloc(s_.head_dim() / 2 * 4, TensorKind::other, OpKind::fill);
+  rt_.ctx.module = Module::head;
+  lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+  rt_.ctx.module = Module::none;
+}
+
+// nn.Linear without bias on a contiguous (B,S,in) input: matmul folds it to 2-D (a
+// view) and runs mm.
+Tensor HfLlamaModel::linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out) {
+  const double flops = 2.0 * static_cast<double>(s_.rows()) * d_in * d_out;
+  return mm_linear(rt_, x, rt_.param(w), s_.rows() * d_out * s_.elem, flops);
+}
+
+Tensor HfLlamaModel::rmsnorm(const Tensor& x, int32_t w) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::norm;
+  const uint64_t e = s_.elem;
+  // hidden_states.to(torch.float32): the same tensor in fp32, a copy otherwise.
+  Tensor hf = e == 4 ? x : to_copy(rt_, x, x.bytes / e * 4);
+  Tensor variance;
+  {
+    Tensor sq = pow2(rt_, hf);
+    variance = mean_dim(rt_, sq, s_.rows() * 4);
+  }
+  {
+    Tensor ve = add_scalar(rt_, variance);
+    Tensor r = rsqrt(rt_, ve);
+    ve.reset();
+    hf = mul(rt_, hf, r);
+  }
+  Tensor hb = e == 4 ? hf : to_copy(rt_, hf, hf.bytes / 4 * e);
+  hf.reset();
+  Tensor out = mul(rt_, rt_.param(w), hb);
+  rt_.ctx.module = outer;
+  return out;  // `variance` dies with the forward's locals
+}
+
+Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tensor& mask,
+                               const Tensor& cos, const Tensor& sin) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::attention;
+  const int64_t D = s_.d_model;
+  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t n_rep = static_cast<uint64_t>(s_.heads / s_.kv_heads);
+  const int64_t kvD = s_.kv_heads * static_cast<int64_t>(hd);
+  const double bmm_flops = 2.0 * B * H * S * S * hd;
+  Tensor out;
+  {
+    // q/k/v: mm, then view(B,S,h,hd).transpose(1,2). The grads arriving at these views
+    // are not viewable back as (B,S,h*hd): the view's backward reshape copies.
+    Tensor query = view(rt_, linear(x, p.q, D, D), true);
+    Tensor key = view(rt_, linear(x, p.k, D, kvD), true);
+    Tensor value = view(rt_, linear(x, p.v, D, kvD), true);
+    // RoPE keeps q's (B,S,H,hd) memory layout (TensorIterator follows the first input).
+    query = rope_hf(rt_, query, cos, sin);
+    key = rope_hf(rt_, key, cos, sin);
+    if (n_rep > 1) {
+      key = expand_clone(rt_, key, n_rep);
+      value = expand_clone(rt_, value, n_rep);
+    }
+    Tensor attn_output;
+    if (s_.attention == HfAttention::eager) {
+      // matmul reshapes: q (transposed layout) copies; k^T and v are views when
+      // repeat_kv made contiguous copies, copies otherwise.
+      Tensor qc = clone(rt_, query);
+      Tensor kc = n_rep > 1 ? key : clone(rt_, key);
+      Tensor w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
+      qc.reset();
+      kc.reset();
+      w = div_scalar(rt_, w);
+      if (mask.defined()) w = add(rt_, w, mask);
+      if (e == 4) {
+        w = softmax(rt_, w);
+      } else {  // softmax(dtype=float32) converts first, then .to(dtype) casts back
+        w = to_copy(rt_, w, w.bytes / e * 4);
+        w = softmax(rt_, w);
+        w = to_copy(rt_, w, w.bytes / 4 * e);
+      }
+      if (s_.dropout > 0.0) w = native_dropout(rt_, w, e);
+      Tensor vc = n_rep > 1 ? value : clone(rt_, value);
+      Tensor o = bmm(rt_, w, vc, B * S * D * e, bmm_flops);
+      vc.reset();
+      w.reset();
+      Tensor o4 = view(rt_, o, /*copy_in_backward=*/true);
+      o.reset();
+      attn_output = clone(rt_, o4);  // transpose(1, 2).contiguous()
+    } else {
+      SdpaShape sh{B, H, S, hd, e};
+      // The kernel's (B,S,H,hd) output makes transpose(1,2).contiguous() a no-op.
+      attn_output = s_.attention == HfAttention::flash
+                        ? sdpa_flash(rt_, query, key, value, sh, 2 * bmm_flops)
+                        : sdpa_efficient(rt_, query, key, value, sh, 2 * bmm_flops);
+    }
+    out = linear(attn_output, p.o, D, D);
+  }  // the attention forward's locals (q/k/v states, attn_output) die here
+  rt_.ctx.module = outer;
+  return out;
+}
+
+Tensor HfLlamaModel::mlp(const LayerParams& p, const Tensor& x) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::mlp;
+  const int64_t D = s_.d_model, F = s_.d_ff;
+  Tensor m;
+  {
+    Tensor a = silu(rt_, linear(x, p.gate, D, F));
+    Tensor u = linear(x, p.up, D, F);
+    m = mul(rt_, a, u);
+  }
+  Tensor out = linear(m, p.down, F, D);
+  rt_.ctx.module = outer;
+  return out;
+}
+
+Tensor HfLlamaModel::layer(int32_t l, const Tensor& x, const Tensor& mask, const Tensor& cos,
+                           const Tensor& sin) {
+  const int32_t outer = rt_.ctx.layer;
+  rt_.ctx.layer = l;
+  const LayerParams& p = layers_[l];
+  Tensor h;
+  {
+    Tensor h1 = rmsnorm(x, p.ln1);
+    h = attention(p, h1, mask, cos, sin);
+  }
+  Tensor r1 = add(rt_, x, h);
+  {
+    Tensor h2 = rmsnorm(r1, p.ln2);
+    h = mlp(p, h2);
+  }
+  Tensor out = add(rt_, r1, h);
+  rt_.ctx.layer = outer;
+  return out;
+}
+
+Tensor HfLlamaModel::forward(const Tensor& ids) {
+  const uint64_t e = s_.elem, D = s_.d_model, S = s_.seq, hd = s_.head_dim();
+  rt_.ctx.module = Module::embedding;
+  Tensor hidden;
+  {
+    Tensor inputs_embeds = embedding_nn(rt_, rt_.param(embed_), ids, s_.rows() * D * e);
+    Tensor cache_position = new_tensor(rt_, S * 8, OpKind::arange);
+    Tensor causal_mask;
+    if (s_.attention == HfAttention::eager) {
+      // _prepare_4d_causal_attention_mask_with_cache_position: target = S + 1.
+      const uint64_t T = S + 1;
+      {
+        Tensor full = new_tensor(rt_, S * T * e, OpKind::fill, TensorKind::temporary);
+        causal_mask = new_tensor(rt_, S * T * e, OpKind::fill);  // triu(full)
+      }
+      Tensor ar = new_tensor(rt_, T * 8, OpKind::arange, TensorKind::temporary);
+      Tensor gt = new_tensor(rt_, S * T, OpKind::compare, TensorKind::temporary);
+      ar.reset();  // causal_mask *= (arange > cache_position): in place
+    }
+    Tensor cos, sin;
+    {
+      // LlamaRotaryEmbedding.forward under no_grad, fp32, batch 1 of position ids.
+      const bool was = rt_.grad_enabled;
+      rt_.grad_enabled = false;
+      Tensor pos = new_tensor(rt_, S * 4, OpKind::to_copy, TensorKind::temporary);
+      Tensor freqs = new_tensor(rt_, hd / 2 * S * 4, OpKind::bmm, TensorKind::temporary);
+      Tensor emb = new_tensor(rt_, S * hd * 4, OpKind::other, TensorKind::temporary);
+      cos = new_tensor(rt_, S * hd * 4, OpKind::other);
+      sin = new_tensor(rt_, S * hd * 4, OpKind::other);
+      cos = new_tensor(rt_, S * hd * 4, OpKind::mul_scalar);  // * attention_scaling
+      sin = new_tensor(rt_, S * hd * 4, OpKind::mul_scalar);
+      if (e != 4) {  // .to(x.dtype)
+        cos = new_tensor(rt_, S * hd * e, OpKind::to_copy);
+        sin = new_tensor(rt_, S * hd * e, OpKind::to_copy);
+      }
+      rt_.grad_enabled = was;
+    }
+    Tensor h = inputs_embeds;
+    for (int32_t l = 0; l < s_.layers; ++l) h = layer(l, h, causal_mask, cos, sin);
+    hidden = rmsnorm(h, norm_);
+  }  // LlamaModel.forward returns: the mask, cache_position, cos/sin names die
+  rt_.ctx.module = Module::head;
+  const double flops = 2.0 * static_cast<double>(s_.rows()) * D * s_.vocab;
+  Tensor logits = linear(hidden, lm_head_, D, s_.vocab);
+  (void)flops;
+  hidden.reset();
+  if (e != 4) logits = to_copy(rt_, logits, logits.bytes / e * 4);  // logits.float()
+  rt_.ctx.module = Module::none;
+  return logits;
+}
+
+Tensor HfLlamaModel::loss(const Tensor& logits, const Tensor& labels) {
+  (void)labels;
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::loss;
+  const uint64_t shifted_rows = static_cast<uint64_t>(s_.batch * (s_.seq - 1));
+  Tensor shift_logits;
+  {
+    Tensor sl = slice_seq(rt_, logits, shifted_rows * s_.vocab * 4);
+    shift_logits = clone(rt_, sl);  // .contiguous()
+  }
+  Tensor shift_labels = new_tensor(rt_, shifted_rows * 8, OpKind::clone, TensorKind::temporary);
+  Tensor logp = log_softmax(rt_, shift_logits);
+  Tensor out = nll_loss(rt_, logp, shift_labels, 4);
+  rt_.ctx.module = outer;
+  return out;
+}
+
+}  // namespace memsim::graph

@@ -1,0 +1,26 @@
+#include "sim/hf_family.h"
+
+namespace memsim {
+
+graph::HfShape hf_shape(const Scenario& s) {
+  graph::HfShape shape;
+  shape.layers = s.model.layers;
+  shape.d_model = s.model.d_model;
+  shape.heads = s.model.heads;
+  shape.kv_heads = s.model.kv_heads > 0 ? s.model.kv_heads : s.model.heads;
+  shape.d_ff = s.model.d_ff;
+  shape.vocab = s.model.vocab;
+  shape.context_length = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
+  shape.batch = s.batch.micro_batch;
+  shape.seq = s.batch.seq_len;
+  shape.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+  shape.dropout = s.model.dropout;
+  switch (s.model.attention) {
+    case AttentionImpl::eager: shape.attention = graph::HfAttention::eager; break;
+    case AttentionImpl::flash: shape.attention = graph::HfAttention::flash; break;
+    case AttentionImpl::mem_efficient: shape.attention = graph::HfAttention::mem_efficient; break;
+  }
+  return shape;
+}
+
+}  // namespace memsim

@@ -1,0 +1,177 @@
+// The hf-gpt2 and hf-llama families against real PyTorch: tests/data/torch_cpu/*.json
+// hold training steps of plain-torch stand-ins of the Hugging Face models measured on
+// CPU (tools/fixtures/gen_torch_cpu_fixtures.py; requested bytes, no allocator
+// rounding). For each fixture the same scenario is built and executed, and compared:
+// bytes live at the end of the forward (exactly), the step's peak (within 2%) and the
+// activation bytes each layer leaves alive for backward (exactly).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "sim/execute.h"
+#include "sim/schedule.h"
+
+using namespace memsim;
+
+namespace {
+
+const char* kFixtureDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu";
+
+nlohmann::json load_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  nlohmann::json j;
+  in >> j;
+  return j;
+}
+
+// The fixture's training run as a scenario: fp32, torch.optim for-loop, eager attention,
+// an unlimited device without cuBLAS workspaces (a CPU run has none).
+Scenario scenario_for(const nlohmann::json& c) {
+  const std::string family = c["family"];
+  std::string y = "model:\n  family: " + family + "\n";
+  y += "  layers: " + std::to_string(c["layers"].get<int>()) + "\n";
+  y += "  d_model: " + std::to_string(c["d_model"].get<int>()) + "\n";
+  y += "  heads: " + std::to_string(c["heads"].get<int>()) + "\n";
+  y += "  kv_heads: " + std::to_string(c["kv_heads"].get<int>()) + "\n";
+  y += "  d_ff: " + std::to_string(c["d_ff"].get<int>()) + "\n";
+  y += "  vocab: " + std::to_string(c["vocab"].get<int>()) + "\n";
+  y += "  context_length: " + std::to_string(c["context"].get<int>()) + "\n";
+  y += std::string("  tied_embeddings: ") + (family == "hf-gpt2" ? "true" : "false") + "\n";
+  y += "  attention: eager\n";
+  y += "  dropout: " + std::to_string(c["dropout"].get<double>()) + "\n";
+  y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
+       "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
+  y += "precision:\n  params: fp32\n";
+  y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
+  y += "step:\n  kind: train\n  warmup_steps: 1\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
+  return load_scenario_text(y, "hf-fixture.yaml");
+}
+
+// Requested bytes walked over the Program: live totals at marks, by kind and by the
+// (phase, layer) of the allocation.
+struct Walk {
+  uint64_t forward_end_total = 0;
+  std::map<TensorKind, uint64_t> forward_end_by_kind;
+  std::map<int, uint64_t> forward_end_activations_by_layer;
+  uint64_t step_peak = 0;
+  std::string peak_op;
+  int peak_layer = -1;
+  Phase peak_phase = Phase::other;
+};
+
+Walk walk(const Program& p) {
+  Walk w;
+  std::vector<uint8_t> live(p.tensors.size(), 0);
+  std::vector<Phase> born_phase(p.tensors.size(), Phase::other);
+  std::vector<int> born_layer(p.tensors.size(), -1);
+  uint64_t cur = 0;
+  bool measuring = false;
+  for (const MemoryEvent& e : p.events) {
+    if (e.type == EventType::alloc) {
+      cur += e.bytes;
+      live[e.tensor] = 1;
+      born_phase[e.tensor] = e.phase;
+      born_layer[e.tensor] = e.layer;
+      if (measuring && cur > w.step_peak) {
+        w.step_peak = cur;
+        w.peak_op = p.str(e.op);
+        w.peak_layer = e.layer;
+        w.peak_phase = e.phase;
+      }
+    } else if (e.type == EventType::free) {
+      cur -= p.tensors[e.tensor].bytes;
+      live[e.tensor] = 0;
+    } else if (e.type == EventType::mark) {
+      const std::string& name = p.str(static_cast<uint32_t>(e.bytes));
+      if (name == "measured_step_begin") {
+        measuring = true;
+        w.step_peak = cur;
+      }
+      if (name == "forward_end" && measuring) {
+        w.forward_end_total = cur;
+        for (size_t t = 0; t < live.size(); ++t) {
+          if (!live[t]) continue;
+          const TensorKind k = p.tensors[t].kind;
+          w.forward_end_by_kind[k] += p.tensors[t].bytes;
+          const bool activation = k == TensorKind::activation || k == TensorKind::temporary ||
+                                  k == TensorKind::loss;
+          if (activation && born_phase[t] == Phase::forward)
+            w.forward_end_activations_by_layer[born_layer[t]] += p.tensors[t].bytes;
+        }
+      }
+    }
+  }
+  return w;
+}
+
+double rel(uint64_t predicted, uint64_t real) {
+  return (static_cast<double>(predicted) - static_cast<double>(real)) / static_cast<double>(real);
+}
+
+}  // namespace
+
+TEST_CASE("hf families match real PyTorch training steps (CPU fixtures)", "[hf]") {
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(kFixtureDir))
+    if (entry.path().extension() == ".json") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() >= 4);
+  std::printf("\n| fixture | forward-end real | predicted | error | step peak real | predicted | error | peak op (real / predicted) |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---|\n");
+  for (const auto& path : files) {
+    const nlohmann::json fx = load_json(path);
+    const std::string name = fx["name"];
+    INFO(name);
+    const Scenario scenario = scenario_for(fx["config"]);
+    const Program program = build_program(scenario);
+    const Walk w = walk(program);
+
+    // The allocator emulator agrees with the walk on requested bytes.
+    SimulatedDevice device(scenario.device.capacity, scenario.device.cuda_context);
+    ExecuteOptions options;
+    options.record_by_kind = false;
+    const Timeline t = execute(program, scenario.allocator, device, options);
+    REQUIRE_FALSE(t.oom.has_value());
+
+    const auto& fe = fx["marks"]["forward_end"];
+    const uint64_t real_fe = fe["total"];
+    const uint64_t real_peak = fx["peak_live_bytes"];
+    std::printf("| %s | %llu | %llu | %+.3f%% | %llu | %llu | %+.3f%% | %s / %s (%s, layer %d) |\n",
+                name.c_str(), static_cast<unsigned long long>(real_fe),
+                static_cast<unsigned long long>(w.forward_end_total), 100 * rel(w.forward_end_total, real_fe),
+                static_cast<unsigned long long>(real_peak), static_cast<unsigned long long>(w.step_peak),
+                100 * rel(w.step_peak, real_peak), fx["peak_at"]["op"].get<std::string>().c_str(),
+                w.peak_op.c_str(), to_string(w.peak_phase), w.peak_layer);
+
+    // Itemised: parameters, gradients (none after zero_grad), optimizer state, buffers
+    // and the batch must agree before the activations can.
+    auto kind = [&](TensorKind k) {
+      auto it = w.forward_end_by_kind.find(k);
+      return it == w.forward_end_by_kind.end() ? uint64_t{0} : it->second;
+    };
+    CHECK(kind(TensorKind::parameter) == fe["parameters"].get<uint64_t>());
+    CHECK(kind(TensorKind::gradient) == fe["gradients"].get<uint64_t>());
+    CHECK(kind(TensorKind::optimizer_state) == fe["optimizer_state"].get<uint64_t>());
+    CHECK(kind(TensorKind::input) == fe["inputs"].get<uint64_t>());
+    CHECK(kind(TensorKind::other) == fe["buffers"].get<uint64_t>());
+    CHECK(w.forward_end_total == real_fe);
+    CHECK(std::fabs(rel(w.step_peak, real_peak)) < 0.02);
+
+    // What each layer's forward leaves alive for backward (its saved tensors).
+    for (const auto& [layer, bytes] : fe["activations_by_layer"].items()) {
+      INFO("layer " << layer);
+      const int l = std::stoi(layer);
+      const auto it = w.forward_end_activations_by_layer.find(l);
+      const uint64_t predicted = it == w.forward_end_activations_by_layer.end() ? 0 : it->second;
+      CHECK(predicted == bytes.get<uint64_t>());
+    }
+  }
+}
