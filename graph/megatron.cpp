@@ -83,6 +83,8 @@ Tensor MegatronModel::core_attention(const Tensor& mixed) {
     const int32_t layer = rt_.ctx.layer;
     rt_.ctx.layer = -1;
     global_buffer_ = rt_.alloc(b * a * s * s * e, TensorKind::other, OpKind::baddbmm);
+    rt_.program().tensors[global_buffer_.storage].name =
+        rt_.program().intern("mpu global memory buffer");
     rt_.ctx.layer = layer;
   }
   // matmul_result (and its attention_scores view) stay bound until forward returns.

@@ -6,16 +6,27 @@ using graph::OpKind;
 using graph::Runtime;
 using graph::Tensor;
 
+namespace {
+// Names the tensor in reports (the op name is the default).
+Tensor named(Runtime& rt, Tensor t, const char* name) {
+  rt.program().tensors[t.storage].name = rt.program().intern(name);
+  return t;
+}
+}  // namespace
+
 void MegatronOptimizer::construct(Runtime& rt) {
   // _dummy_overflow_buf = torch.tensor([0], dtype=torch.int, device='cuda')
-  overflow_buf_ = rt.alloc(4, TensorKind::other, OpKind::optimizer_math);
+  overflow_buf_ = named(rt, rt.alloc(4, TensorKind::other, OpKind::optimizer_math),
+                        "_dummy_overflow_buf");
   if (!c_.master_weights) return;
   master_.reserve(order_.size());
   for (int32_t id : order_) {
     Tensor clone16 = rt.alloc(numel(rt, id) * c_.param_elem, TensorKind::temporary,
                               OpKind::optimizer_math);
-    master_.push_back(rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state,
-                               OpKind::optimizer_math));
+    master_.push_back(named(rt,
+                            rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state,
+                                     OpKind::optimizer_math),
+                            "main_param"));
   }
 }
 
@@ -30,18 +41,21 @@ void MegatronOptimizer::step(Runtime& rt) {
     // main_param.grad = model_param.main_grad.float(): a real copy of a 16-bit buffer.
     master_grad_.reserve(order_.size());
     for (int32_t id : order_)
-      master_grad_.push_back(
-          rt.alloc(numel(rt, id) * 4, TensorKind::gradient, OpKind::optimizer_math));
+      master_grad_.push_back(named(
+          rt, rt.alloc(numel(rt, id) * 4, TensorKind::gradient, OpKind::optimizer_math),
+          "main_param.grad"));
   }
   if (c_.adam && exp_avg_.empty()) {
     // FusedAdam: state initialised on the first step, parameter by parameter.
     exp_avg_.reserve(order_.size());
     exp_avg_sq_.reserve(order_.size());
     for (int32_t id : order_) {
-      exp_avg_.push_back(
-          rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math));
-      exp_avg_sq_.push_back(
-          rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math));
+      exp_avg_.push_back(named(
+          rt, rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math),
+          "exp_avg"));
+      exp_avg_sq_.push_back(named(
+          rt, rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math),
+          "exp_avg_sq"));
     }
   }
   // The update and the master -> model copy are in place (multi-tensor kernels).
