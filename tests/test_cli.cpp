@@ -252,6 +252,7 @@ TEST_CASE("memsim: bad usage exits 2", "[cli]") {
   CHECK(memsim("run", dir).status == 2);
   CHECK(memsim("run " + quoted(scenario) + " --no-such-flag", dir).status == 2);
   CHECK(memsim("run " + quoted(scenario) + " --json", dir).status == 2);
+  CHECK(memsim("run " + quoted(scenario) + " --json - --timeline -", dir).status == 2);
   Result r = memsim("run " + quoted(scenario) + " --set no_equals_sign", dir);
   CHECK(r.status == 2);
   CHECK(r.err.find("KEY=VALUE") != std::string::npos);

@@ -42,4 +42,10 @@ void Output::finish() {
   }
 }
 
+void check_stdout_reports(const std::string& json, const std::string& timeline) {
+  if (json == "-" && timeline == "-") {
+    throw UsageError("--json - and --timeline - cannot both write to stdout");
+  }
+}
+
 }  // namespace memsim::cli

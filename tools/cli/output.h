@@ -27,4 +27,8 @@ class Output {
   bool owned_ = false;
 };
 
+// At most one report may go to stdout ("-"); throws UsageError otherwise. When one does,
+// the terminal summary is not printed, so stdout stays machine-readable.
+void check_stdout_reports(const std::string& json, const std::string& timeline);
+
 }  // namespace memsim::cli

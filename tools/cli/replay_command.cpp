@@ -101,13 +101,15 @@ CLI::App* add_replay_command(CLI::App& app, ReplayArgs& args) {
       ->allow_extra_args(false);
   cmd->add_option("--json", args.json, "Write the JSON report to FILE ('-' for stdout)")
       ->type_name("FILE|-");
-  cmd->add_option("--timeline", args.timeline, "Write one CSV row per trace entry to FILE")
+  cmd->add_option("--timeline", args.timeline,
+                  "Write one CSV row per trace entry to FILE ('-' for stdout)")
       ->type_name("FILE.csv");
   return cmd;
 }
 
 int run_replay(const ReplayArgs& args) {
   const Overrides overrides = parse_overrides(args.sets);
+  check_stdout_reports(args.json, args.timeline);
   auto t0 = std::chrono::steady_clock::now();
   const Snapshot snapshot = read_snapshot_file(args.snapshot);
   spdlog::info("snapshot {}: {} segments, {} device trace(s) ({:.3f} s)", args.snapshot,
@@ -153,7 +155,7 @@ int run_replay(const ReplayArgs& args) {
     out.write(dump_json(j));
     out.finish();
   }
-  if (args.json != "-") {
+  if (args.json != "-" && args.timeline != "-") {  // stdout carries a report instead
     const Style style = Style::for_stream(stdout);
     print_summary(stdout, replay_header(args.snapshot, report, config, style), analysis, style);
     std::fflush(stdout);

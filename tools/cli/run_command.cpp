@@ -48,13 +48,15 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& args) {
       ->allow_extra_args(false);
   cmd->add_option("--json", args.json, "Write the JSON report to FILE ('-' for stdout)")
       ->type_name("FILE|-");
-  cmd->add_option("--timeline", args.timeline, "Write one CSV row per memory event to FILE")
+  cmd->add_option("--timeline", args.timeline,
+                  "Write one CSV row per memory event to FILE ('-' for stdout)")
       ->type_name("FILE.csv");
   return cmd;
 }
 
 int run_run(const RunArgs& args) {
   const Overrides overrides = parse_overrides(args.sets);
+  check_stdout_reports(args.json, args.timeline);
   auto t0 = std::chrono::steady_clock::now();
   const Scenario scenario = load_scenario(args.scenario, overrides);
   spdlog::info("scenario '{}' from {} ({} override(s))", scenario.name, args.scenario,
@@ -92,7 +94,7 @@ int run_run(const RunArgs& args) {
     out.write(dump_json(j));
     out.finish();
   }
-  if (args.json != "-") {
+  if (args.json != "-" && args.timeline != "-") {  // stdout carries a report instead
     SummaryHeader header;
     header.title = scenario.name.empty() ? scenario.source : scenario.name;
     header.facts = scenario_facts(scenario);
