@@ -106,5 +106,30 @@ TEST_CASE("megatron: a small model trains end to end and frees what it should", 
     REQUIRE(after.found_mark);
     CHECK(after.by_kind[int(TensorKind::activation)] == 0);
     CHECK(after.by_kind[int(TensorKind::temporary)] == 0);
+    // Every parameter grad went through the DDP hook into main_grad (fp32 for bf16):
+    // the buffer is the only gradient left.
+    const uint64_t P = static_cast<uint64_t>(graph::megatron_parameter_count(megatron_shape(s)));
+    CHECK(after.by_kind[int(TensorKind::gradient)] == 4 * P);
+    CHECK(after.by_kind[int(TensorKind::parameter)] == 2 * P);
+  }
+}
+
+TEST_CASE("megatron: forward-only and no-grad steps leave nothing behind", "[megatron]") {
+  Scenario s = gpt3();
+  s.model.layers = 2;
+  s.model.d_model = 128;
+  s.model.heads = 2;
+  s.model.kv_heads = 2;
+  s.model.d_ff = 512;
+  s.model.vocab = 500;
+  s.model.context_length = 64;
+  s.batch.seq_len = 64;
+  for (StepKind k : {StepKind::forward, StepKind::forward_no_grad, StepKind::forward_backward}) {
+    s.step.kind = k;
+    const Program program = build_program(s);
+    const LiveBytes end = live_bytes_at_mark(program, "");  // the whole program
+    CHECK(end.by_kind[int(TensorKind::activation)] == 0);
+    CHECK(end.by_kind[int(TensorKind::temporary)] == 0);
+    CHECK(end.by_kind[int(TensorKind::input)] == 0);
   }
 }
