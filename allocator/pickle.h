@@ -87,6 +87,10 @@ class PickleDoc {
   friend class PickleValue;
   friend class PickleParser;
 
+  struct Slots {
+    uint32_t count;  // children used
+    uint32_t cap;    // slots reserved at kids_[a, a + cap)
+  };
   struct Node {
     PickleKind kind;
     bool frozen;      // inside another container: no more mutation
@@ -97,10 +101,7 @@ class PickleDoc {
       uint64_t u;
       double f;
       uint64_t len;  // str/bytes length
-      struct {
-        uint32_t count;  // children used
-        uint32_t cap;    // slots reserved at kids_[a, a + cap)
-      } c;
+      Slots c;       // containers
     };
   };
   std::vector<Node> nodes_;
