@@ -243,12 +243,119 @@ SearchResult smallest_peak_plan(const LayerCosts& c) {
   return best;
 }
 
+namespace {
+
+// The exact phase of optimize_checkpointing: all plans whose modelled peak is within the
+// bound, level by level of recompute FLOPs (ascending), each level's plans by modelled
+// peak. Only for models small enough to enumerate (see kMaxSums, kMaxPlansPerLevel).
+class LevelEnumerator {
+ public:
+  static constexpr size_t kMaxSums = 4096;          // distinct suffix recompute sums
+  static constexpr size_t kMaxPlansPerLevel = 4096;
+
+  LevelEnumerator(const LayerCosts& c, int64_t bound) : c_(c), bound_(bound) {
+    const int32_t L = c.layers;
+    best_.assign(L + 1, kNone);
+    sums_.assign(L + 1, {});
+    best_[L] = c.gap[L];
+    sums_[L] = {0};
+    for (int32_t l = L - 1; l >= 0; --l) {
+      int64_t best = INT64_MAX;
+      std::vector<int64_t> sums;
+      for (size_t k = 0; k < c.choices.size(); ++k) {
+        int64_t m = std::max(c.gap[l], c.window[k][l]);
+        if (best_[l + 1] != kNone) m = std::max(m, c.stored[k][l] + best_[l + 1]);
+        best = std::min(best, m);
+        for (int64_t r : sums_[l + 1]) sums.push_back(r + c.flops[k]);
+      }
+      std::sort(sums.begin(), sums.end());
+      sums.erase(std::unique(sums.begin(), sums.end()), sums.end());
+      if (sums.size() > kMaxSums) {
+        usable_ = false;
+        return;
+      }
+      best_[l] = best;
+      sums_[l] = std::move(sums);
+    }
+  }
+  bool usable() const { return usable_; }
+  // Recompute totals that some plan reaches, ascending (memory not yet checked).
+  const std::vector<int64_t>& levels() const { return sums_[0]; }
+
+  // Plans with recompute exactly r and modelled peak <= bound, lowest peak first.
+  std::vector<std::pair<int64_t, CheckpointPlan>> plans(int64_t r) {
+    out_.clear();
+    current_.layers.assign(static_cast<size_t>(c_.layers), LayerCheckpoint::keep);
+    overflow_ = false;
+    dfs(0, 0, 0, kNone, r);
+    std::sort(out_.begin(), out_.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    return std::move(out_);
+  }
+  bool overflowed() const { return overflow_; }
+
+ private:
+  void dfs(int32_t l, int64_t stored, int64_t rec, int64_t peak, int64_t target) {
+    if (overflow_) return;
+    if (c_.gap[l] != kNone) {
+      if (stored + c_.gap[l] > bound_) return;
+      peak = std::max(peak, stored + c_.gap[l]);
+    }
+    if (l == c_.layers) {
+      if (rec != target) return;
+      if (out_.size() >= kMaxPlansPerLevel) {
+        overflow_ = true;
+        return;
+      }
+      out_.emplace_back(peak, current_);
+      return;
+    }
+    for (size_t k = 0; k < c_.choices.size(); ++k) {
+      const int64_t rest = target - rec - c_.flops[k];
+      const auto& next = sums_[l + 1];
+      if (!std::binary_search(next.begin(), next.end(), rest)) continue;
+      const int64_t w = c_.window[k][l];
+      if (w != kNone && stored + w > bound_) continue;
+      const int64_t s = stored + c_.stored[k][l];
+      if (best_[l + 1] != kNone && s + best_[l + 1] > bound_) continue;
+      current_.layers[l] = c_.choices[k];
+      dfs(l + 1, s, rec + c_.flops[k], w == kNone ? peak : std::max(peak, stored + w), target);
+    }
+  }
+
+  const LayerCosts& c_;
+  int64_t bound_;
+  bool usable_ = true;
+  bool overflow_ = false;
+  std::vector<int64_t> best_;               // least peak a suffix adds to its stored prefix
+  std::vector<std::vector<int64_t>> sums_;  // recompute totals a suffix can reach
+  CheckpointPlan current_;
+  std::vector<std::pair<int64_t, CheckpointPlan>> out_;
+};
+
+}  // namespace
+
 PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
                       const CheckpointPlan& plan, uint64_t capacity) {
   const Program p = build_program(with_plan(scenario, plan), script);
   SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
   const Timeline t = execute(p, scenario.allocator, device);
   return {analyze(p, t), t.final_stats};
+}
+
+// Nothing fits: the plan with the smallest modelled peak, simulated without a limit.
+static OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& costs,
+                               const Scenario& scenario, const TrainingScript& script) {
+  auto ts = std::chrono::steady_clock::now();
+  const SearchResult smallest = smallest_peak_plan(costs);
+  out.search_ms += ms_since(ts);
+  out.fits = false;
+  out.plan = smallest.plan;
+  out.model_peak = smallest.peak;
+  auto tv = std::chrono::steady_clock::now();
+  out.run = simulate_plan(scenario, script, smallest.plan, 0);
+  out.verify_ms += ms_since(tv);
+  return out;
 }
 
 OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
@@ -258,7 +365,46 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
   const LayerCosts costs = calibrate(scenario, script, options.choices);
   out.calibrate_ms = ms_since(t0);
   int64_t bound = static_cast<int64_t>(std::min<uint64_t>(budget, INT64_MAX / 4));
-  while (out.verifications < options.max_verifications) {
+  // Exact phase (small models): every plan the model allows, in recompute order. The
+  // model's peak is a lower bound of the reserved peak, so no skipped plan could fit.
+  int exact_tries = 0;
+  {
+    auto ts = std::chrono::steady_clock::now();
+    LevelEnumerator levels(costs, bound);
+    const SearchResult first = search_plan(costs, bound);
+    out.search_ms += ms_since(ts);
+    bool complete = levels.usable() && first.feasible;
+    for (size_t i = 0; complete && i < levels.levels().size(); ++i) {
+      const int64_t r = levels.levels()[i];
+      if (r < first.recompute) continue;  // the DP proved nothing cheaper fits the model
+      ts = std::chrono::steady_clock::now();
+      const auto plans = levels.plans(r);
+      out.search_ms += ms_since(ts);
+      if (levels.overflowed()) complete = false;
+      for (size_t k = 0; complete && k < plans.size(); ++k) {
+        if (exact_tries >= options.max_verifications) {
+          complete = false;
+          break;
+        }
+        auto tv = std::chrono::steady_clock::now();
+        PlanRun run = simulate_plan(scenario, script, plans[k].second, budget);
+        out.verify_ms += ms_since(tv);
+        ++exact_tries;
+        ++out.verifications;
+        if (run.analysis.fits()) {
+          out.fits = true;
+          out.plan = plans[k].second;
+          out.run = std::move(run);
+          out.model_peak = plans[k].first;
+          return out;
+        }
+      }
+    }
+    // Every plan the model allows was simulated and none fits.
+    if (complete && first.feasible) return report_smallest(std::move(out), costs, scenario, script);
+  }
+  // Front walk (large models, or the exact phase gave up).
+  while (out.verifications - exact_tries < options.max_verifications) {
     auto ts = std::chrono::steady_clock::now();
     const SearchResult r = search_plan(costs, bound);
     out.search_ms += ms_since(ts);
@@ -276,7 +422,7 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
     }
     // Does not fit: the next candidate must have a lower modelled peak.
     int64_t step = 1;
-    if (out.verifications > options.exact_steps) {
+    if (out.verifications - exact_tries > options.exact_steps) {
       const PlanRun free_run = simulate_plan(scenario, script, r.plan, 0);
       step = std::max<int64_t>(1, static_cast<int64_t>(free_run.analysis.peak_reserved) -
                                       static_cast<int64_t>(budget));
@@ -284,17 +430,7 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
     out.verify_ms += ms_since(tv);
     bound = r.peak - step;
   }
-  // Nothing fits: report the plan with the smallest peak, simulated without a limit.
-  auto ts = std::chrono::steady_clock::now();
-  const SearchResult smallest = smallest_peak_plan(costs);
-  out.search_ms += ms_since(ts);
-  out.fits = false;
-  out.plan = smallest.plan;
-  out.model_peak = smallest.peak;
-  auto tv = std::chrono::steady_clock::now();
-  out.run = simulate_plan(scenario, script, smallest.plan, 0);
-  out.verify_ms += ms_since(tv);
-  return out;
+  return report_smallest(std::move(out), costs, scenario, script);
 }
 
 std::string describe_plan(const CheckpointPlan& plan) {

@@ -27,6 +27,10 @@
 //     search again: the first `exact_steps` retries walk the (peak, recompute) front one
 //     plan at a time (exact), later ones jump by the observed overshoot.
 //  4. Nothing fits: the plan with the smallest modelled peak is simulated and reported.
+//  Small models (few distinct recompute totals) first get an exact phase instead of the
+//  front walk: every plan the model admits, recompute level by level (ascending), each
+//  level by modelled peak, is simulated until one fits. Allocator effects (a plan with a
+//  higher requested peak but a lower reserved one) then cannot hide the optimum.
 #pragma once
 
 #include <cstdint>
