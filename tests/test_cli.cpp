@@ -230,6 +230,11 @@ TEST_CASE("memsim run: bad input exits 1 naming the file", "[cli]") {
     CHECK(r.status == 1);
     CHECK(r.err.find("missing.yaml") != std::string::npos);
   }
+  SECTION("a folder") {
+    Result r = memsim("run " + quoted(dir.path), dir);
+    CHECK(r.status == 1);
+    CHECK(r.err.find("is a directory") != std::string::npos);
+  }
   SECTION("a bad --set value") {
     const fs::path scenario = dir.write("tiny.yaml", kTiny);
     Result r = memsim("run " + quoted(scenario) + " --set batch.micro_batch=-3", dir);

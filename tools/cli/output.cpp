@@ -2,6 +2,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "tools/cli/errors.h"
 
@@ -40,6 +42,11 @@ void Output::finish() {
   } else if (failed) {
     throw InputError("cannot write to stdout");
   }
+}
+
+void check_input_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": is a directory");
 }
 
 void check_stdout_reports(const std::string& json, const std::string& timeline) {

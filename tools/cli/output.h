@@ -27,6 +27,10 @@ class Output {
   bool owned_ = false;
 };
 
+// Throws InputError "PATH: is a directory" when an input path names a folder: the
+// readers would otherwise fail with a stream error that does not name the path.
+void check_input_file(const std::string& path);
+
 // At most one report may go to stdout ("-"); throws UsageError otherwise. When one does,
 // the terminal summary is not printed, so stdout stays machine-readable.
 void check_stdout_reports(const std::string& json, const std::string& timeline);

@@ -110,6 +110,7 @@ CLI::App* add_replay_command(CLI::App& app, ReplayArgs& args) {
 int run_replay(const ReplayArgs& args) {
   const Overrides overrides = parse_overrides(args.sets);
   check_stdout_reports(args.json, args.timeline);
+  check_input_file(args.snapshot);
   auto t0 = std::chrono::steady_clock::now();
   const Snapshot snapshot = read_snapshot_file(args.snapshot);
   spdlog::info("snapshot {}: {} segments, {} device trace(s) ({:.3f} s)", args.snapshot,

@@ -57,6 +57,7 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& args) {
 int run_run(const RunArgs& args) {
   const Overrides overrides = parse_overrides(args.sets);
   check_stdout_reports(args.json, args.timeline);
+  check_input_file(args.scenario);
   auto t0 = std::chrono::steady_clock::now();
   const Scenario scenario = load_scenario(args.scenario, overrides);
   spdlog::info("scenario '{}' from {} ({} override(s))", scenario.name, args.scenario,
