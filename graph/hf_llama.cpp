@@ -159,6 +159,7 @@ Tensor HfLlamaModel::layer(int32_t l, const Tensor& x, const Tensor& mask, const
     h = attention(p, h1, mask, cos, sin);
   }
   Tensor r1 = add(rt_, x, h);
+  h.reset();  // `hidden_states = residual + hidden_states` drops the attention output
   {
     Tensor h2 = rmsnorm(r1, p.ln2);
     h = mlp(p, h2);
@@ -210,9 +211,7 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
     hidden = rmsnorm(h, norm_);
   }  // LlamaModel.forward returns: the mask, cache_position, cos/sin names die
   rt_.ctx.module = Module::head;
-  const double flops = 2.0 * static_cast<double>(s_.rows()) * D * s_.vocab;
   Tensor logits = linear(hidden, lm_head_, D, s_.vocab);
-  (void)flops;
   hidden.reset();
   if (e != 4) logits = to_copy(rt_, logits, logits.bytes / e * 4);  // logits.float()
   rt_.ctx.module = Module::none;

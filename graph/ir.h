@@ -79,6 +79,10 @@ enum class OpKind : uint8_t {
   embedding,    // weight[ids]: aten::index; saves ids
   log_softmax,  // _log_softmax: saves result
   nll_loss,     // nll_loss_forward: output + total_weight; saves self, target, total_weight
+  // Hugging Face families (graph/ops_nn.h; backward recipes in graph/ops_nn.cpp)
+  addmm, mm_linear, layer_norm, embedding_nn, softmax, tanh, silu, mul_scalar, add_bcast,
+  to_copy, native_dropout, slice_seq, expand_clone, tied_sum, rope_hf, sdpa_flash,
+  sdpa_efficient, split_qkv,
   // no-grad helpers (never recorded as nodes)
   arange, compare, scalar_tensor, fill, optimizer_math, other,
   // Megatron-LM's fused kernels and autograd Functions (graph/ops_fused.h)
