@@ -40,6 +40,30 @@ TEST_CASE("Korthikanti et al. 2022: GPT-3 175B keeps s*b*h*(34 + 5as/h) per laye
     CHECK(c.simulated == c.expected + c.extra);
     CHECK(c.extra / c.expected < 1e-3);
   }
+  // The same seen through the allocator: the Timeline's activation bytes at forward_end
+  // are the 96 layers' share plus what lives outside the layers (rounding to 512-byte
+  // blocks changes nothing here but the 4-byte loss).
+  {
+    Scenario fwd = s;
+    fwd.step.kind = StepKind::forward;
+    fwd.step.warmup_steps = 0;
+    const Program program = build_program(fwd);
+    SimulatedDevice device(1ull << 50, 0);
+    const Timeline t = execute(program, fwd.allocator, device);
+    REQUIRE_FALSE(t.oom.has_value());
+    size_t at = 0;
+    for (size_t i = 0; i < program.events.size(); ++i)
+      if (program.events[i].type == EventType::mark &&
+          program.str(static_cast<uint32_t>(program.events[i].bytes)) == "forward_end")
+        at = i;
+    REQUIRE(at > 0);
+    const LiveBytes live = live_bytes_at_mark(program, "forward_end");
+    const double timeline_layers =
+        static_cast<double>(t.by_kind[at][int(TensorKind::activation)]) -
+        static_cast<double>(live.outside[int(TensorKind::activation)]);
+    CHECK(timeline_layers >= 96 * (checks[0].expected + checks[0].extra));
+    CHECK(timeline_layers < 96 * (checks[0].expected + checks[0].extra) + 512);
+  }
   CHECK(checks[0].extra == 16.0 * 2048);                  // two LayerNorms' mean + invvar
   CHECK(checks[1].extra == 16.0 * 2048 + 4.0 * 96 * 2048 + 16);  // + lse + RNG state
 }
