@@ -74,9 +74,9 @@ Tensor Cs336Model::rmsnorm(const Tensor& x, int32_t weight) {
 // nn_utils.softmax (§2.6): max.dim, subtract, exp, sum, divide.
 Tensor Cs336Model::softmax_lastdim(const Tensor& x, uint64_t rows) {
   MaxResult mx = max_dim(rt_, x, rows, s_.elem);
+  mx.indices.reset();  // `torch.max(...)[0]`: the namedtuple dies (indices saved under grad)
   Tensor shifted = sub(rt_, x, mx.values);
   mx.values.reset();
-  mx.indices.reset();  // the namedtuple is dropped at once (saved under grad)
   Tensor e = exp(rt_, shifted);
   Tensor z = sum_dim(rt_, e, rows * s_.elem);
   Tensor p = div(rt_, e, z);
@@ -151,13 +151,15 @@ Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
   Tensor merged = clone(rt_, o4);
   o4.reset();
   Tensor out = linear(merged, p.o, D, D);
-  merged.reset();
+  // The frame's locals die in slot order: the token_positions parameter (v2025), then
+  // Q, K, V, the arange, the mask and the merged output.
+  token_positions.reset();
   q.reset();
   k.reset();
-  token_positions.reset();
   v.reset();
-  mask.reset();
   positions.reset();
+  mask.reset();
+  merged.reset();
   rt_.ctx.module = outer;
   return out;
 }

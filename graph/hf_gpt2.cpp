@@ -1,5 +1,6 @@
 #include "graph/hf_gpt2.h"
 
+#include <stdexcept>
 #include <string>
 
 #include "graph/ops_nn.h"
@@ -7,6 +8,8 @@
 namespace memsim::graph {
 
 void HfGpt2Model::construct() {
+  if (s_.attention != HfAttention::eager)
+    throw std::runtime_error("hf-gpt2: only model.attention eager is modelled (GPT2Attention._attn)");
   const uint64_t e = s_.elem;
   const uint64_t D = s_.d_model, F = s_.d_ff, V = s_.vocab, P = s_.context_length;
   rt_.ctx.module = Module::embedding;

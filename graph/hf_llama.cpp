@@ -83,10 +83,11 @@ Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tens
   Tensor out;
   {
     // q/k/v: mm, then view(B,S,h,hd).transpose(1,2). The grads arriving at these views
-    // are not viewable back as (B,S,h*hd): the view's backward reshape copies.
-    Tensor query = view(rt_, linear(x, p.q, D, D), true);
-    Tensor key = view(rt_, linear(x, p.k, D, kvD), true);
-    Tensor value = view(rt_, linear(x, p.v, D, kvD), true);
+    // are not viewable back as (B,S,h*hd), so the view's backward reshape copies --
+    // unless h == 1 (MQA k/v), where the transpose only moves a size-1 dimension.
+    Tensor query = view(rt_, linear(x, p.q, D, D), s_.heads > 1);
+    Tensor key = view(rt_, linear(x, p.k, D, kvD), s_.kv_heads > 1);
+    Tensor value = view(rt_, linear(x, p.v, D, kvD), s_.kv_heads > 1);
     // RoPE keeps q's (B,S,H,hd) memory layout (TensorIterator follows the first input).
     query = rope_hf(rt_, query, cos, sin);
     key = rope_hf(rt_, key, cos, sin);

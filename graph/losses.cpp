@@ -9,6 +9,7 @@ Tensor cs336_cross_entropy(Runtime& rt, const Tensor& logits, const Tensor& targ
   // log_softmax: shifted = x - max; shifted - log(sum(exp(shifted))). The max values
   // stay bound until log_softmax returns; log(z) is a temporary of its line.
   MaxResult mx = max_dim(rt, logits, rows, elem);
+  mx.indices.reset();  // only the values are bound (the indices are saved under grad)
   Tensor shifted = sub(rt, logits, mx.values);
   Tensor e = exp(rt, shifted);
   Tensor z = sum_dim(rt, e, rows * elem);
@@ -19,7 +20,6 @@ Tensor cs336_cross_entropy(Runtime& rt, const Tensor& logits, const Tensor& targ
   e.reset();
   shifted.reset();
   mx.values.reset();
-  mx.indices.reset();
   Tensor nl = neg(rt, lsm);
   lsm.reset();
   Tensor picked = gather(rt, nl, targets, rows * elem);

@@ -527,6 +527,7 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       uint32_t m4 = b.A(h);
       n.grad[0] = kNoStorage;  // the narrow views' base dies with the last mul node
       b.F(g.storage);
+      rt.release_saved(n);  // the cos/sin views die with the last mul node too
       b.F(m4);  // added in place into m2
       uint32_t s = b.A(n.size[0]);
       b.F(m2);

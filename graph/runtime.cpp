@@ -185,6 +185,11 @@ void Runtime::fill_saved(int32_t id, uint32_t k, uint32_t storage) {
 
 void Runtime::save(int32_t id, const Tensor& t) { save_storage(id, t.storage); }
 
+void Runtime::release_saved(Node& n) {
+  for (uint32_t i = 0; i < n.saved_count; ++i) release(saved_[n.saved_first + i]);
+  n.saved_count = 0;
+}
+
 void Runtime::discard_graph(uint32_t g) {
   // The output holding the graph died: torch::autograd::deleteNode. From each root
   // (a node no other live node points to; the newest first) the node's saved variables

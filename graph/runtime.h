@@ -150,6 +150,9 @@ class Runtime {
   // SavedVariable: keeps `t`'s storage alive until node `id` has run.
   void save(int32_t id, const Tensor& t);
   void save_storage(int32_t id, uint32_t storage);
+  // Drops node n's saved variables now (a composite node whose inner nodes would have
+  // released them part-way through its backward). The engine's release is then a no-op.
+  void release_saved(Node& n);
   // Fills node `id`'s k-th saved slot (a checkpoint placeholder) with `storage`, retained.
   void fill_saved(int32_t id, uint32_t k, uint32_t storage);
 

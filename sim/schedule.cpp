@@ -133,11 +133,12 @@ class Loop {
   }
 
   // The output and loss names die; a graph nobody ran backward on dies with them.
+  // A TensorImpl drops its grad_fn before its storage: the graph goes first.
   void drop_outputs() {
-    logits_.reset();
-    loss_.reset();
     if (logits_graph_ != 0) rt_.discard_graph(logits_graph_);
     logits_graph_ = 0;
+    logits_.reset();
+    loss_.reset();
   }
 
   void train_step(bool measured) {
@@ -164,9 +165,11 @@ class Loop {
       } else {
         // `logits = model(x)`: the previous value dies only now.
         const uint32_t old_graph = logits_graph_;
+        Tensor old = std::move(logits_);
         logits_ = std::move(out);
         logits_graph_ = graph;
         if (old_graph != 0) rt_.discard_graph(old_graph);
+        old.reset();
       }
       if (measured && last) rt_.mark("forward_end");
       if (!with_loss) continue;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sim/real_runs.h"
+#include "sim/schedule.h"
 
 using namespace memsim;
 
@@ -22,6 +23,29 @@ nlohmann::json load_json(const std::string& path) {
   nlohmann::json j;
   in >> j;
   return j;
+}
+
+// FNV-1a 64 over the measured step's alloc/free events: 'A'/'F' then the requested size
+// as 8 little-endian bytes (the fixture hashes the real trace the same way).
+std::pair<uint64_t, size_t> sequence_hash(const Program& p) {
+  size_t begin = 0;
+  for (size_t i = 0; i < p.events.size(); ++i)
+    if (p.events[i].type == EventType::mark &&
+        p.str(static_cast<uint32_t>(p.events[i].bytes)) == "measured_step_begin") {
+      begin = i;
+      break;
+    }
+  uint64_t h = 0xcbf29ce484222325ULL;
+  size_t n = 0;
+  auto mix = [&h](uint8_t b) { h = (h ^ b) * 0x100000001b3ULL; };
+  for (size_t i = begin; i < p.events.size(); ++i) {
+    const MemoryEvent& e = p.events[i];
+    if (e.type != EventType::alloc && e.type != EventType::free) continue;
+    mix(e.type == EventType::alloc ? 'A' : 'F');
+    for (int k = 0; k < 8; ++k) mix(static_cast<uint8_t>(e.bytes >> (8 * k)));
+    ++n;
+  }
+  return {h, n};
 }
 
 double rel(uint64_t predicted, uint64_t real) {
@@ -74,5 +98,21 @@ TEST_CASE("cs336 real runs: predicted peaks match the snapshots", "[cs336][accur
     // the step makes as many allocations as the recording holds.
     CHECK(p.peak_alloc_ordinal == ordinal);
     CHECK(p.n_allocs == n_allocs);
+  }
+}
+
+TEST_CASE("cs336 real runs: the measured step's allocations and frees equal the trace's",
+          "[cs336][accuracy]") {
+  // Every alloc and free of the recorded step, in order, with the same requested size.
+  const nlohmann::json fixture = load_json(MEMSIM_SOURCE_DIR "/tests/data/cs336_measured.json");
+  REQUIRE(!fixture.is_null());
+  for (const RealRun& run : cs336_real_runs()) {
+    INFO(run.id);
+    const auto& real = fixture["runs"][run.snapshot];
+    const auto [hash, events] = sequence_hash(build_program(run.scenario, run.script));
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+    CHECK(events == real["sequence_events"].get<size_t>());
+    CHECK(std::string(hex) == real["sequence_fnv1a64"].get<std::string>());
   }
 }
