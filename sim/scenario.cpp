@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string_view>
@@ -304,6 +305,10 @@ Scenario load_scenario_text(const std::string& text, const std::string& source,
 
 Scenario load_scenario(const std::string& path,
                        const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    scenario_detail::fail(path + ":1", "(file)", "is a directory, not a scenario file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;

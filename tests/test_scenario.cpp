@@ -317,6 +317,13 @@ TEST_CASE("YAML syntax errors and missing files are located", "[scenario]") {
     CHECK(std::string(e.what()) ==
           "/nonexistent/dir/x.yaml:1: (file): cannot open the scenario file: No such file or directory");
   }
+  try {
+    load_scenario(MEMSIM_SOURCE_DIR "/scenarios");
+    FAIL("loaded a directory");
+  } catch (const ScenarioError& e) {
+    CHECK(std::string(e.what()) ==
+          MEMSIM_SOURCE_DIR "/scenarios:1: (file): is a directory, not a scenario file");
+  }
 }
 
 TEST_CASE("allocator settings", "[scenario]") {
@@ -363,7 +370,7 @@ TEST_CASE("roundup_power2_divisions lists follow PyTorch's parser", "[scenario][
   CHECK(set_map.allocator.roundup_power2_divisions == expected);
 }
 
-TEST_CASE("--set overrides are applied after loading, with the same checks", "[scenario]") {
+TEST_CASE("Overrides (--set) are applied after loading, with the same checks", "[scenario]") {
   const Scenario s = load(kXl, {{"batch.micro_batch", "8"},
                                 {"model.preset", "cs336-large"},
                                 {"device.capacity", "40GiB"},
