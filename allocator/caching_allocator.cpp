@@ -364,6 +364,13 @@ void CachingAllocator::reset_peak_stats() {
   s.oversize_segments.reset_peak();
 }
 std::vector<SegmentInfo> CachingAllocator::segments() const { return impl_->segments(); }
+std::vector<SegmentInfo> CachingAllocator::snapshot() {
+  std::vector<SegmentInfo> result = impl_->segments();
+  uint64_t total_active = 0;
+  for (const SegmentInfo& s : result) total_active += s.active_size;
+  impl_->trace(TraceAction::snapshot, 0, total_active, 0);
+  return result;
+}
 const AllocatorConfig& CachingAllocator::config() const { return impl_->config; }
 void CachingAllocator::set_trace_observer(TraceObserver* observer) { impl_->observer = observer; }
 uint64_t CachingAllocator::round_size(uint64_t bytes) const { return impl_->round_size(bytes); }

@@ -164,6 +164,9 @@ class CachingAllocator {
   const MemoryStats& stats() const;
   void reset_peak_stats();
   std::vector<SegmentInfo> segments() const;  // address order
+  // torch.cuda.memory._snapshot()'s segment walk: segments(), then a `snapshot` trace entry
+  // (address 0, size = total active bytes, stream 0) as PyTorch records it (§9.4).
+  std::vector<SegmentInfo> snapshot();
   const AllocatorConfig& config() const;
   // Bytes obtained from the device (segments plus mapped pages): what the memory
   // fraction and garbage collection compare against (§1).

@@ -398,6 +398,41 @@ ReplayReport replay_snapshot(const Snapshot& snapshot, const ReplayOptions& opti
   return run_replay(prepare_replay(snapshot, options), options);
 }
 
+Program program_from_trace(const Snapshot& snapshot, int device, std::vector<StreamId>* streams) {
+  Program program;
+  std::vector<StreamId> handles{0};
+  auto stream_index = [&handles](StreamId s) {
+    for (size_t i = 0; i < handles.size(); ++i)
+      if (handles[i] == s) return static_cast<uint8_t>(i);
+    handles.push_back(s);
+    return static_cast<uint8_t>(handles.size() - 1);
+  };
+  const auto dev = static_cast<size_t>(device);
+  if (dev < snapshot.device_traces.size()) {
+    std::unordered_map<uint64_t, uint32_t> live;  // address -> tensor id
+    bool in_free_run = false;
+    for (const SnapshotTraceEntry& e : snapshot.device_traces[dev]) {
+      if (e.action == TraceAction::segment_free) {
+        if (!in_free_run) program.empty_cache(Phase::other);
+        in_free_run = true;
+        continue;
+      }
+      in_free_run = false;
+      if (e.action == TraceAction::alloc) {
+        live[e.address] = program.alloc(e.size, TensorKind::other, Phase::other, 0, -1, 0,
+                                        stream_index(e.stream));
+      } else if (e.action == TraceAction::free_requested) {
+        auto it = live.find(e.address);
+        if (it == live.end()) continue;  // older than the trace
+        program.free(it->second, Phase::other, 0, -1);
+        live.erase(it);
+      }
+    }
+  }
+  if (streams != nullptr) *streams = handles;
+  return program;
+}
+
 std::string compare_segments(const std::vector<SegmentInfo>& expected,
                              const std::vector<SegmentInfo>& got, bool ignore_inactive_requested) {
   auto hex = [](uint64_t v) {

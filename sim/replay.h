@@ -26,6 +26,7 @@
 #include "allocator/allocator_config.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/snapshot.h"
+#include "sim/program.h"
 
 namespace memsim {
 
@@ -122,6 +123,15 @@ struct PreparedReplay {
 PreparedReplay prepare_replay(const Snapshot& snapshot, const ReplayOptions& options = {});
 ReplayReport run_replay(const PreparedReplay& prepared, const ReplayOptions& options = {});
 ReplayReport replay_snapshot(const Snapshot& snapshot, const ReplayOptions& options = {});
+
+// The trace as a memsim Program (for the shared timeline/analysis/report path): one
+// `other` tensor per traced alloc, freed where the trace frees it. Blocks older than the
+// trace are not in it (a Program starts empty), and frees of such blocks are dropped, so
+// its absolute numbers lack the warm start's baseline; a run of cudaFrees outside a malloc
+// becomes an empty_cache event. Stream handles are numbered 0, 1, ... in order of first
+// appearance (the default stream 0 stays 0); `streams` (optional) receives the handles.
+Program program_from_trace(const Snapshot& snapshot, int device = 0,
+                           std::vector<StreamId>* streams = nullptr);
 
 // First difference between two segment lists ("" when equal). With
 // ignore_inactive_requested, inactive blocks' requested_size is not compared.

@@ -171,3 +171,16 @@ TEST_CASE("memory_stats flattening uses PyTorch's keys", "[allocator]") {
   CHECK(m.at("num_device_alloc") == 1);
   CHECK(m.begin()->first == "active.all.allocated");
 }
+
+TEST_CASE("snapshot() records a snapshot trace entry with the total active bytes", "[allocator]") {
+  ScriptedDevice dev({A, B});
+  CachingAllocator alloc(AllocatorConfig{}, dev);
+  TraceRecorder rec;
+  alloc.set_trace_observer(&rec);
+  alloc.malloc(1000);
+  alloc.malloc(5 * MiB_);
+  rec.clear();
+  auto segs = alloc.snapshot();
+  REQUIRE(segs.size() == 2);
+  CHECK(rec.lines() == std::vector<std::string>{line(TA::snapshot, 0, 1024 + 5 * MiB_)});
+}

@@ -92,3 +92,17 @@ TEST_CASE("Replay of all real snapshots in shared/groundtruth", "[replay][ground
   CHECK(total_allocs == 137831);
   CHECK(total_segment_allocs == 3006);
 }
+
+TEST_CASE("program_from_trace turns a trace into alloc/free events", "[replay]") {
+  const Snapshot snap =
+      read_snapshot_file(std::string(MEMSIM_SOURCE_DIR "/tests/data/silmont2000_mem_snapshot.pickle"));
+  const Program program = program_from_trace(snap);
+  size_t allocs = 0, frees = 0;
+  for (const MemoryEvent& e : program.events) {
+    allocs += e.type == EventType::alloc;
+    frees += e.type == EventType::free;
+  }
+  CHECK(allocs == 36);
+  CHECK(program.tensors.size() == 36);
+  CHECK(frees <= allocs);
+}
