@@ -8,6 +8,18 @@
 // device), GPTModel.forward with the loss inside, loss_func (masked sum), backward; then
 // optimizer.step. Marks: measured_step_begin, forward_end (after loss_func),
 // backward_end, optimizer_end, as in sim/schedule.h.
+//
+// Modelling choices (each a version- or configuration-dependent point of Megatron):
+//  - gradient_accumulation_fusion on: weight GEMMs accumulate into main_grad; like
+//    current Megatron (grad_added_to_main_grad) each returns an empty weight-sized dummy
+//    grad that the DDP hook drops at once (older releases returned None: no transient).
+//  - create_attention_mask_in_dataloader on: a (b, 1, s, s) bool mask is copied to the
+//    device every micro-batch although the causal fused softmax never reads it.
+//  - FusedAdam creates its state on the first step; no loss-scaler temporaries (bf16
+//    has none; fp16's found_inf and scale tensors are a few bytes and are left out).
+//  - Left out: CUDA reduction scratch of the bias-grad sums (see graph/cuda_reduce.h),
+//    the TorchScript fusion's own backward temporaries, cuDNN attention workspaces, and
+//    the reshape copies a strided q/k grad may need before the QKV split's cat.
 #pragma once
 
 #include "graph/megatron.h"
