@@ -18,8 +18,9 @@
 //  - FusedAdam creates its state on the first step; no loss-scaler temporaries (bf16
 //    has none; fp16's found_inf and scale tensors are a few bytes and are left out).
 //  - Left out: CUDA reduction scratch of the bias-grad sums (see graph/cuda_reduce.h),
-//    the TorchScript fusion's own backward temporaries, cuDNN attention workspaces, and
-//    the reshape copies a strided q/k grad may need before the QKV split's cat.
+//    the TorchScript fusion's own backward temporaries and cuDNN attention workspaces.
+//    (The q/k/v reshapes of the eager path stay views in backward too: their grads
+//    reach the QKV split's cat without copies.)
 #pragma once
 
 #include "graph/megatron.h"

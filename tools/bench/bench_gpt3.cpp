@@ -1,10 +1,10 @@
 // Speed of simulating GPT-3 175B training (scenarios/gpt3-175b.yaml: 96 layers, megatron
 // family): build_program + execute through the allocator emulator, on a device large
 // enough that nothing runs out of memory (so the whole step is simulated, not cut short
-// at the OOM). Timed twice: the scenario as shipped (one warm-up step + the measured
-// step, what `memsim run` simulates) and one step alone; the first line also pays for the
-// process's cold heap (page faults), as a single `memsim run` does. Then the table
-// formula-vs-memsim of sim/megatron_checks.h.
+// at the OOM). Timed: one step alone, the scenario as shipped (one warm-up step + the
+// measured step, what `memsim run` simulates), one step again; the first line also pays
+// for the process's cold heap (page faults), as a single `memsim run` does. Then the
+// formula-vs-memsim table of sim/megatron_checks.h.
 // Usage: bench_gpt3 [SCENARIO.yaml] (default scenarios/gpt3-175b.yaml, relative to the
 // current directory). Prints figures only.
 #include <algorithm>
