@@ -91,16 +91,18 @@ Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tens
     // RoPE keeps q's (B,S,H,hd) memory layout (TensorIterator follows the first input).
     query = rope_hf(rt_, query, cos, sin);
     key = rope_hf(rt_, key, cos, sin);
+    // repeat_kv: expand + reshape copies, except for a single KV head (a view).
+    const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
     if (n_rep > 1) {
-      key = expand_clone(rt_, key, n_rep);
-      value = expand_clone(rt_, value, n_rep);
+      key = repeat_copies ? expand_clone(rt_, key, n_rep) : expand_view(rt_, key, n_rep);
+      value = repeat_copies ? expand_clone(rt_, value, n_rep) : expand_view(rt_, value, n_rep);
     }
     Tensor attn_output;
     if (s_.attention == HfAttention::eager) {
       // matmul reshapes: q (transposed layout) copies; k^T and v are views when
       // repeat_kv made contiguous copies, copies otherwise.
       Tensor qc = clone(rt_, query);
-      Tensor kc = n_rep > 1 ? key : clone(rt_, key);
+      Tensor kc = repeat_copies ? key : clone(rt_, key);
       Tensor w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
       qc.reset();
       kc.reset();
@@ -114,7 +116,7 @@ Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tens
         w = to_copy(rt_, w, w.bytes / 4 * e);
       }
       if (s_.dropout > 0.0) w = native_dropout(rt_, w, e);
-      Tensor vc = n_rep > 1 ? value : clone(rt_, value);
+      Tensor vc = repeat_copies ? value : clone(rt_, value);
       Tensor o = bmm(rt_, w, vc, B * S * D * e, bmm_flops);
       vc.reset();
       w.reset();

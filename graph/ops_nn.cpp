@@ -207,6 +207,17 @@ Tensor SplitQkv::head_view(Runtime& rt, int which) const {
   return piece;
 }
 
+Tensor expand_view(Runtime& rt, const Tensor& x, uint64_t n_rep) {
+  Tensor out = rt.view_of(x, x.bytes * n_rep);
+  if (wants_grad(rt, {&x})) {
+    int32_t n = rt.make_node(OpKind::expand_clone, {&x});
+    rt.node(n).size[0] = x.bytes;
+    out.grad_fn = n;
+    out.out_slot = 0;
+  }
+  return out;
+}
+
 TiedWeight::TiedWeight(Runtime& rt, const Tensor& param) : base_(param) {
   if (wants_grad(rt, {&param})) {
     node_ = rt.make_node(OpKind::tied_sum, {&param});

@@ -57,6 +57,10 @@ Tensor slice_seq(Runtime& rt, const Tensor& x, uint64_t out_bytes);
 // x.expand(...).reshape(...) that copies (repeat_kv): out x.bytes * n; backward is the
 // expand's sum_to (new, x.bytes).
 Tensor expand_clone(Runtime& rt, const Tensor& x, uint64_t n);
+// The same when the reshape is a view (repeat_kv of a single KV head: the merged dims
+// are (1, n_rep) with stride 0): no memory now, the consumer's reshape copies later;
+// backward is the same sum_to.
+Tensor expand_view(Runtime& rt, const Tensor& x, uint64_t n);
 // A tied weight used twice (wte by the embedding and by lm_head): both grads meet in the
 // parameter's input buffer; the first is not solely owned (a transposed view of the mm
 // result), so InputBuffer adds them out of place (a new weight-sized tensor) and

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -65,6 +66,8 @@ struct Walk {
   std::string peak_op;
   int peak_layer = -1;
   Phase peak_phase = Phase::other;
+  // Allocation sizes of the measured step, in order, by (phase, layer).
+  std::map<std::pair<Phase, int>, std::vector<uint64_t>> allocs;
 };
 
 Walk walk(const Program& p) {
@@ -80,6 +83,7 @@ Walk walk(const Program& p) {
       live[e.tensor] = 1;
       born_phase[e.tensor] = e.phase;
       born_layer[e.tensor] = e.layer;
+      if (measuring) w.allocs[{e.phase, e.layer}].push_back(e.bytes);
       if (measuring && cur > w.step_peak) {
         w.step_peak = cur;
         w.peak_op = p.str(e.op);
@@ -123,11 +127,14 @@ TEST_CASE("hf families match real PyTorch training steps (CPU fixtures)", "[hf]"
   for (const auto& entry : std::filesystem::directory_iterator(kFixtureDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() >= 4);
+  REQUIRE(files.size() >= 8);
   std::printf("\n| fixture | forward-end real | predicted | error | step peak real | predicted | error | peak op (real / predicted) |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---|\n");
   for (const auto& path : files) {
     const nlohmann::json fx = load_json(path);
+    // The folder holds other families' CPU fixtures too.
+    const std::string family = fx.value("/config/family"_json_pointer, std::string());
+    if (family != "hf-gpt2" && family != "hf-llama") continue;
     const std::string name = fx["name"];
     INFO(name);
     const Scenario scenario = scenario_for(fx["config"]);
@@ -173,5 +180,39 @@ TEST_CASE("hf families match real PyTorch training steps (CPU fixtures)", "[hf]"
       const uint64_t predicted = it == w.forward_end_activations_by_layer.end() ? 0 : it->second;
       CHECK(predicted == bytes.get<uint64_t>());
     }
+
+    // Layer 0's forward allocates the same sizes in the same order; its backward
+    // allocates the same sizes (the harness attributes backward ops to layers through
+    // gradient hooks, whose boundaries are not exactly the autograd nodes' layers, so
+    // only the multiset is compared).
+    std::vector<uint64_t> real_fw, real_bw;
+    for (const auto& ev : fx["layer0_forward_sequence"])
+      if (ev[0] == "alloc") real_fw.push_back(ev[2].get<uint64_t>());
+    for (const auto& ev : fx["layer0_backward_sequence"])
+      if (ev[0] == "alloc") real_bw.push_back(ev[2].get<uint64_t>());
+    const auto fw_it = w.allocs.find({Phase::forward, 0});
+    const auto bw_it = w.allocs.find({Phase::backward, 0});
+    REQUIRE(fw_it != w.allocs.end());
+    REQUIRE(bw_it != w.allocs.end());
+    CHECK(fw_it->second == real_fw);
+    std::vector<uint64_t> sim_bw = bw_it->second;
+    std::sort(sim_bw.begin(), sim_bw.end());
+    std::sort(real_bw.begin(), real_bw.end());
+    std::vector<uint64_t> only_sim, only_real;
+    std::set_difference(sim_bw.begin(), sim_bw.end(), real_bw.begin(), real_bw.end(),
+                        std::back_inserter(only_sim));
+    std::set_difference(real_bw.begin(), real_bw.end(), sim_bw.begin(), sim_bw.end(),
+                        std::back_inserter(only_real));
+    std::string diff = "only predicted:";
+    for (uint64_t b : only_sim) diff += " " + std::to_string(b);
+    diff += "; only real:";
+    for (uint64_t b : only_real) diff += " " + std::to_string(b);
+    // Known difference, reported rather than failed: real PyTorch adds some gradients
+    // out of place in InputBuffer::accumulate (one (B,S,D) at a residual and one
+    // (B,S,F) in GELU's backward per GPT-2 layer; two (B,S,D) per LLaMA layer) where the
+    // runtime's engine emulation (graph/runtime.cpp, deliver) adds them in place. These
+    // are transients inside a layer's backward; the step peaks above still agree.
+    INFO("layer 0 backward allocations differ: " << diff);
+    CHECK_NOFAIL((only_sim.empty() && only_real.empty()));
   }
 }
