@@ -367,11 +367,14 @@ struct Bw {
   }
   void F(uint32_t s) { rt.release(s); }
   bool needs(int i) const { return n.next[i].node >= 0; }
-  // A grad that AccumulateGrad will steal is a parameter gradient from birth.
+  // A grad that AccumulateGrad will steal (the parameter has no .grad yet) is a
+  // parameter gradient from birth; one added into an existing .grad is a temporary.
   TensorKind kind_for(int i) const {
-    return (needs(i) && rt.node(n.next[i].node).kind == OpKind::accumulate_grad)
-               ? TensorKind::gradient
-               : TensorKind::temporary;
+    if (!needs(i)) return TensorKind::temporary;
+    const Node& target = rt.node(n.next[i].node);
+    if (target.kind != OpKind::accumulate_grad) return TensorKind::temporary;
+    return rt.parameters()[target.param].grad == kNoStorage ? TensorKind::gradient
+                                                             : TensorKind::temporary;
   }
   Grad pass(const Grad& g, bool as_view) {
     rt.retain(g.storage);

@@ -191,3 +191,26 @@ TEST_CASE("InputBuffer accumulation: in place into a solely owned grad, else a n
   REQUIRE(rt.parameters()[w].grad != kNoStorage);
   CHECK(p.tensors[rt.parameters()[w].grad].kind == TensorKind::gradient);
 }
+
+TEST_CASE("gradient accumulation: later micro-batches add into .grad in place",
+          "[graph][cs336]") {
+  Scenario s = xl_scenario(128);
+  s.model.layers = 1;
+  s.optimizer.type = OptimizerType::none;
+  s.step.kind = StepKind::forward_backward;
+  s.step.warmup_steps = 0;
+  auto grad_allocs = [](const Program& p) {
+    int n = 0;
+    for (const MemoryEvent& e : p.events)
+      if (e.type == EventType::alloc && e.kind == TensorKind::gradient) ++n;
+    return n;
+  };
+  s.batch.grad_accum = 1;
+  const Program one = build_program(s);
+  s.batch.grad_accum = 3;
+  const Program three = build_program(s);
+  // .grad tensors are created by the first micro-batch only (clone or steal).
+  CHECK(grad_allocs(one) == grad_allocs(three));
+  CHECK(grad_allocs(one) == 1 * 9 + 3);
+  CHECK(three.flops.forward == Approx(3 * one.flops.forward));
+}
