@@ -2,6 +2,8 @@
 // step of a training loop, emitted through graph::Runtime (symbolic eager PyTorch).
 #include "sim/schedule.h"
 
+#include "sim/modelled_features.h"
+
 #include <stdexcept>
 #include <type_traits>
 
@@ -218,6 +220,7 @@ class Loop {
 }  // namespace
 
 Program build_program(const Scenario& scenario, const TrainingScript& script) {
+  require_modelled(scenario);
   if (scenario.model.family == ModelFamily::megatron) return build_megatron_program(scenario);
   Program program;
   switch (scenario.model.family) {
@@ -225,7 +228,7 @@ Program build_program(const Scenario& scenario, const TrainingScript& script) {
     case ModelFamily::hf_gpt2: Loop<graph::HfGpt2Model>(scenario, script, program).run(); break;
     case ModelFamily::hf_llama: Loop<graph::HfLlamaModel>(scenario, script, program).run(); break;
     default:
-      throw std::runtime_error(std::string("build_program: model family '") +
+      throw ScenarioError(scenario.source + ": model.family: '" +
                                to_string(scenario.model.family) + "' is not implemented yet");
   }
   return program;

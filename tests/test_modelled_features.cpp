@@ -1,0 +1,40 @@
+// Settings the scheduler does not model yet are refused, never silently ignored.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "sim/schedule.h"
+
+using namespace memsim;
+
+namespace {
+const char* kTiny =
+    "model: {family: cs336, layers: 2, d_model: 64, heads: 4, d_ff: 256, vocab: 512}\n"
+    "batch: {micro_batch: 2, seq_len: 32}\n"
+    "device: {capacity: 1GiB}\n";
+
+std::string refusal(const std::vector<std::pair<std::string, std::string>>& overrides) {
+  Scenario s = load_scenario_text(kTiny, "tiny.yaml", overrides);
+  try {
+    build_program(s);
+  } catch (const ScenarioError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("the tiny scenario itself is simulated", "[modelled]") {
+  Scenario s = load_scenario_text(kTiny, "tiny.yaml");
+  CHECK_FALSE(build_program(s).events.empty());
+}
+
+TEST_CASE("parallelism, autocast and unsupported combinations are refused by key",
+          "[modelled]") {
+  CHECK(refusal({{"parallel.tensor", "2"}}).rfind("tiny.yaml: parallel.tensor: multi-GPU", 0) == 0);
+  CHECK(refusal({{"parallel.data", "8"}}).rfind("tiny.yaml: parallel.data: ", 0) == 0);
+  CHECK(refusal({{"parallel.zero", "3"}}).rfind("tiny.yaml: parallel.zero: ", 0) == 0);
+  CHECK(refusal({{"precision.autocast", "bf16"}})
+            .rfind("tiny.yaml: precision.autocast: autocast", 0) == 0);
+  CHECK(refusal({{"model.dropout", "0.1"}}).rfind("tiny.yaml: model.dropout: ", 0) == 0);
+}
