@@ -32,7 +32,7 @@ nlohmann::json load_json(const std::filesystem::path& path) {
   return j;
 }
 
-// The fixture's training run as a scenario: fp32, torch.optim for-loop, eager attention,
+// The fixture's training run as a scenario: its dtype, torch.optim for-loop, eager attention,
 // an unlimited device without cuBLAS workspaces (a CPU run has none).
 Scenario scenario_for(const nlohmann::json& c) {
   const std::string family = c["family"];
@@ -49,7 +49,7 @@ Scenario scenario_for(const nlohmann::json& c) {
   y += "  dropout: " + std::to_string(c["dropout"].get<double>()) + "\n";
   y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
        "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
-  y += "precision:\n  params: fp32\n";
+  y += "precision:\n  params: " + c.value("dtype", std::string("fp32")) + "\n";
   y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
