@@ -45,7 +45,9 @@ void HfGpt2Model::construct() {
   rt_.ctx.module = Module::norm;
   lnf_w_ = rt_.add_parameter(D * e, "transformer.ln_f.weight");
   lnf_b_ = rt_.add_parameter(D * e, "transformer.ln_f.bias");
-  rt_.ctx.module = Module::none;  // lm_head.weight is wte: no parameter of its own
+  rt_.ctx.module = Module::head;
+  if (!s_.tied) lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+  rt_.ctx.module = Module::none;  // tied: lm_head.weight is wte, no parameter of its own
 }
 
 // Conv1D: x.view(-1, in) (a view of a contiguous tensor), addmm(bias, x2d, W), view back.
@@ -175,11 +177,19 @@ Tensor HfGpt2Model::block(int32_t layer, const Tensor& x) {
 Tensor HfGpt2Model::forward(const Tensor& ids) {
   const uint64_t e = s_.elem, D = s_.d_model, S = s_.seq;
   rt_.ctx.module = Module::embedding;
-  TiedWeight wte(rt_, rt_.param(wte_));
+  Tensor wte_w, head_w;
+  if (s_.tied) {
+    TiedWeight wte(rt_, rt_.param(wte_));
+    wte_w = wte.use(1);
+    head_w = wte.use(0);
+  } else {
+    wte_w = rt_.param(wte_);
+    head_w = rt_.param(lm_head_);
+  }
   Tensor hidden;
   {
     Tensor position_ids = new_tensor(rt_, S * 8, OpKind::arange);
-    Tensor inputs_embeds = embedding_nn(rt_, wte.use(1), ids, s_.rows() * D * e);
+    Tensor inputs_embeds = embedding_nn(rt_, wte_w, ids, s_.rows() * D * e);
     Tensor position_embeds = embedding_nn(rt_, rt_.param(wpe_), position_ids, S * D * e);
     Tensor h = add_bcast(rt_, inputs_embeds, position_embeds);
     h = drop(h);
@@ -189,7 +199,7 @@ Tensor HfGpt2Model::forward(const Tensor& ids) {
   }  // GPT2Model.forward returns: its locals (embeddings, position ids) die
   rt_.ctx.module = Module::head;
   const double flops = 2.0 * static_cast<double>(s_.rows()) * D * s_.vocab;
-  Tensor logits = mm_linear(rt_, hidden, wte.use(0), s_.rows() * s_.vocab * e, flops);
+  Tensor logits = mm_linear(rt_, hidden, head_w, s_.rows() * s_.vocab * e, flops);
   hidden.reset();
   rt_.ctx.module = Module::none;
   return logits;

@@ -10,6 +10,7 @@
 // labels[..., 1:].contiguous(), CrossEntropyLoss (no upcast).
 // Checked against real PyTorch (CPU) by tests/test_hf_fixtures.cpp.
 //
+// model.tied_embeddings false (not HF's GPT-2, but allowed) gives lm_head its own weight.
 // Contract: construct() allocates parameters and buffers; forward(ids) emits the eager
 // forward and returns the logits (B,S,V); loss(logits, labels) emits the loss.
 // Python lifetimes are mirrored (inputs_embeds/position_embeds live until the
@@ -48,7 +49,7 @@ class HfGpt2Model {
 
   Runtime& rt_;
   HfShape s_;
-  int32_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  int32_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;  // lm_head_: untied only
   std::vector<LayerParams> layers_;
 };
 

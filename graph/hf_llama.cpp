@@ -36,7 +36,7 @@ void HfLlamaModel::construct() {
   // LlamaRotaryEmbedding's inv_freq buffer (hd/2 fp32, non-persistent).
   inv_freq_ = rt_.alloc(s_.head_dim() / 2 * 4, TensorKind::other, OpKind::fill);
   rt_.ctx.module = Module::head;
-  lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+  if (!s_.tied) lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
   rt_.ctx.module = Module::none;
 }
 
@@ -175,9 +175,18 @@ Tensor HfLlamaModel::layer(int32_t l, const Tensor& x, const Tensor& mask, const
 Tensor HfLlamaModel::forward(const Tensor& ids) {
   const uint64_t e = s_.elem, D = s_.d_model, S = s_.seq, hd = s_.head_dim();
   rt_.ctx.module = Module::embedding;
+  Tensor embed_w, head_w;
+  if (s_.tied) {  // both grads meet in the weight's input buffer (ops_nn.h TiedWeight)
+    TiedWeight tied(rt_, rt_.param(embed_));
+    embed_w = tied.use(1);
+    head_w = tied.use(0);
+  } else {
+    embed_w = rt_.param(embed_);
+  }
   Tensor hidden;
   {
-    Tensor inputs_embeds = embedding_nn(rt_, rt_.param(embed_), ids, s_.rows() * D * e);
+    Tensor inputs_embeds = embedding_nn(rt_, embed_w, ids, s_.rows() * D * e);
+    embed_w.reset();
     Tensor cache_position = new_tensor(rt_, S * 8, OpKind::arange);
     Tensor causal_mask;
     if (s_.attention == HfAttention::eager) {
@@ -214,7 +223,13 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
     hidden = rmsnorm(h, norm_);
   }  // LlamaModel.forward returns: the mask, cache_position, cos/sin names die
   rt_.ctx.module = Module::head;
-  Tensor logits = linear(hidden, lm_head_, D, s_.vocab);
+  Tensor logits;
+  if (s_.tied) {
+    logits = mm_linear(rt_, hidden, head_w, s_.rows() * s_.vocab * e,
+                       2.0 * static_cast<double>(s_.rows()) * D * s_.vocab);
+  } else {
+    logits = linear(hidden, lm_head_, D, s_.vocab);
+  }
   hidden.reset();
   if (e != 4) logits = to_copy(rt_, logits, logits.bytes / e * 4);  // logits.float()
   rt_.ctx.module = Module::none;

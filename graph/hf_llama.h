@@ -16,7 +16,8 @@
 //    dropout, matmul with v, transpose.contiguous(), o_proj.
 //    LlamaSdpaAttention: the same up to repeat_kv, then F.scaled_dot_product_attention
 //    (flash or mem-efficient kernel, is_causal), transpose.contiguous() (no copy), o_proj.
-//  - LlamaMLP: down(silu(gate(x)) * up(x)); untied lm_head; logits.float().
+//  - LlamaMLP: down(silu(gate(x)) * up(x)); lm_head (tied to embed_tokens when
+//    model.tied_embeddings, as Llama 3.2 1B/3B do); logits.float().
 //  - Loss (LlamaForCausalLM): shift_logits = logits[..., :-1, :].contiguous(), shifted
 //    labels, CrossEntropyLoss on the fp32 logits.
 // Checked against real PyTorch (CPU, eager) by tests/test_hf_fixtures.cpp; the SDPA

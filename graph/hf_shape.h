@@ -13,6 +13,7 @@ struct HfShape {
   int64_t batch = 1, seq = 1;
   uint64_t elem = 4;           // parameter / activation element size
   double dropout = 0.0;        // attn/resid/embd pdrop (GPT-2), attention_dropout (LLaMA)
+  bool tied = false;           // lm_head.weight is the token embedding (GPT-2: true)
   HfAttention attention = HfAttention::eager;
 
   uint64_t rows() const { return static_cast<uint64_t>(batch * seq); }

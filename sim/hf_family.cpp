@@ -15,6 +15,7 @@ graph::HfShape hf_shape(const Scenario& s) {
   shape.seq = s.batch.seq_len;
   shape.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
   shape.dropout = s.model.dropout;
+  shape.tied = s.model.tied_embeddings;
   switch (s.model.attention) {
     case AttentionImpl::eager: shape.attention = graph::HfAttention::eager; break;
     case AttentionImpl::flash: shape.attention = graph::HfAttention::flash; break;

@@ -44,7 +44,8 @@ Scenario scenario_for(const nlohmann::json& c) {
   y += "  d_ff: " + std::to_string(c["d_ff"].get<int>()) + "\n";
   y += "  vocab: " + std::to_string(c["vocab"].get<int>()) + "\n";
   y += "  context_length: " + std::to_string(c["context"].get<int>()) + "\n";
-  y += std::string("  tied_embeddings: ") + (family == "hf-gpt2" ? "true" : "false") + "\n";
+  const bool tied = c.value("tied", family == "hf-gpt2");  // HF GPT-2 ties; LLaMA may
+  y += std::string("  tied_embeddings: ") + (tied ? "true" : "false") + "\n";
   y += "  attention: eager\n";
   y += "  dropout: " + std::to_string(c["dropout"].get<double>()) + "\n";
   y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
