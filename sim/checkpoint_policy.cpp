@@ -206,6 +206,12 @@ std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& 
                                                                 const TrainingScript& script) {
   CheckpointPlan plan = make_plan(scenario.checkpoint, scenario.model.layers);
   if (!plan.any()) return nullptr;
+  // A family whose emitter opens no candidate regions (graph::run_layers / run_region)
+  // would silently ignore the policy: refuse instead, until its emitter is wired.
+  if (scenario.model.family != ModelFamily::cs336)
+    throw PolicyError(std::string("checkpoint.policy ") + policy_label(scenario.checkpoint) +
+                      ": activation checkpointing is not wired into the " +
+                      to_string(scenario.model.family) + " family's emitter yet");
   plan.early_stop = script.checkpoint_early_stop;
   return std::make_unique<graph::CheckpointEngine>(rt, std::move(plan));
 }

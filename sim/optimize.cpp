@@ -252,6 +252,9 @@ class LevelEnumerator {
  public:
   static constexpr size_t kMaxSums = 4096;          // distinct suffix recompute sums
   static constexpr size_t kMaxPlansPerLevel = 4096;
+  // Search nodes over all levels: prefixes that reach a recompute total only by breaking
+  // the bound are pruned late, so the walk can blow up on long chains; then give up.
+  static constexpr size_t kMaxNodes = size_t{1} << 21;
 
   LevelEnumerator(const LayerCosts& c, int64_t bound) : c_(c), bound_(bound) {
     const int32_t L = c.layers;
@@ -297,6 +300,10 @@ class LevelEnumerator {
  private:
   void dfs(int32_t l, int64_t stored, int64_t rec, int64_t peak, int64_t target) {
     if (overflow_) return;
+    if (++nodes_ > kMaxNodes) {
+      overflow_ = true;
+      return;
+    }
     if (c_.gap[l] != kNone) {
       if (stored + c_.gap[l] > bound_) return;
       peak = std::max(peak, stored + c_.gap[l]);
@@ -327,6 +334,7 @@ class LevelEnumerator {
   int64_t bound_;
   bool usable_ = true;
   bool overflow_ = false;
+  size_t nodes_ = 0;
   std::vector<int64_t> best_;               // least peak a suffix adds to its stored prefix
   std::vector<std::vector<int64_t>> sums_;  // recompute totals a suffix can reach
   CheckpointPlan current_;
