@@ -4,9 +4,26 @@
 
 namespace memsim {
 
+namespace {
+
+// Forwards the allocator's trace entries with the index of the event being executed.
+class EventTagger : public TraceObserver {
+ public:
+  explicit EventTagger(ExecuteTraceObserver* target) : target_(target) {}
+  void on_trace(const TraceEntry& entry) override { target_->on_trace(event, entry); }
+  size_t event = 0;
+
+ private:
+  ExecuteTraceObserver* target_;
+};
+
+}  // namespace
+
 Timeline execute(const Program& program, const AllocatorConfig& config, DeviceMemory& device,
                  const ExecuteOptions& options) {
   CachingAllocator allocator(config, device);
+  EventTagger tagger(options.trace_observer);
+  if (options.trace_observer != nullptr) allocator.set_trace_observer(&tagger);
   Timeline timeline;
   const size_t n = program.events.size();
   timeline.allocated.reserve(n);
@@ -33,6 +50,7 @@ Timeline execute(const Program& program, const AllocatorConfig& config, DeviceMe
   const MemoryStats& stats = allocator.stats();
   for (size_t i = 0; i < n; ++i) {
     const MemoryEvent& e = program.events[i];
+    tagger.event = i;
     switch (e.type) {
       case EventType::alloc: {
         if (e.bytes == 0) break;  // PyTorch never calls the allocator for empty tensors
@@ -40,6 +58,7 @@ Timeline execute(const Program& program, const AllocatorConfig& config, DeviceMe
         if (!r.ok()) {
           timeline.oom = OomPoint{i, std::move(*r.oom)};
           timeline.final_stats = stats;
+          if (options.final_segments != nullptr) *options.final_segments = allocator.segments();
           return timeline;
         }
         block_of[e.tensor] = r.block;
@@ -68,6 +87,7 @@ Timeline execute(const Program& program, const AllocatorConfig& config, DeviceMe
     if (options.record_by_kind) timeline.by_kind.push_back(by_kind);
   }
   timeline.final_stats = stats;
+  if (options.final_segments != nullptr) *options.final_segments = allocator.segments();
   return timeline;
 }
 

@@ -37,11 +37,25 @@ struct Timeline {
   size_t size() const { return allocated.size(); }
 };
 
+// Receives the allocator's trace entries during execute(), each tagged with the index of
+// the Program event that caused it (reports such as --snapshot and --trace need to place
+// allocator actions on the Program's timeline; a plain TraceObserver cannot know it).
+class ExecuteTraceObserver {
+ public:
+  virtual ~ExecuteTraceObserver() = default;
+  virtual void on_trace(size_t event_index, const TraceEntry& entry) = 0;
+};
+
 struct ExecuteOptions {
   bool record_by_kind = true;  // sweeps may turn the per-kind arrays off for speed
   // Peak statistics are reset at the first mark of this name, as a script calling
   // torch.cuda.reset_peak_memory_stats() before the measured step would.
   const char* reset_peaks_at_mark = "measured_step_begin";
+  // Optional, not owned: sees every allocator trace entry (costs nothing when null).
+  ExecuteTraceObserver* trace_observer = nullptr;
+  // Optional, not owned: receives the allocator's final segments() (at the end, or at
+  // the OOM), for snapshot writers.
+  std::vector<SegmentInfo>* final_segments = nullptr;
 };
 
 // Executes `program` on a fresh allocator with `config` over `device`.

@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
   CLI::App* compare = add_compare_command(app, compare_args);
   OptimizeArgs optimize_args;
   CLI::App* optimize = add_optimize_command(app, optimize_args);
+  SweepArgs sweep_args;
+  CLI::App* sweep = add_sweep_command(app, sweep_args);
 
   try {
     app.parse(argc, argv);
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
     if (presets->parsed()) return run_presets();
     if (compare->parsed()) return run_compare(compare_args);
     if (optimize->parsed()) return run_optimize(optimize_args);
+    if (sweep->parsed()) return run_sweep(sweep_args);
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
     std::fflush(stdout);

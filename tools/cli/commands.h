@@ -12,11 +12,15 @@
 namespace memsim::cli {
 
 // memsim run SCENARIO [--set KEY=VALUE]... [--json FILE|-] [--timeline FILE.csv]
+//                     [--trace FILE.json] [--snapshot FILE.pickle] [--html FILE.html]
 struct RunArgs {
   std::string scenario;
   std::vector<std::string> sets;
   std::string json;      // "" = none, "-" = stdout (the terminal summary is then skipped)
   std::string timeline;  // "" = none
+  std::string trace;     // Chrome/Perfetto trace JSON (tools/cli/trace_report.h)
+  std::string snapshot;  // PyTorch memory snapshot pickle (tools/cli/snapshot_report.h)
+  std::string html;      // self-contained HTML page (tools/cli/html_report.h)
 };
 CLI::App* add_run_command(CLI::App& app, RunArgs& args);
 int run_run(const RunArgs& args);
@@ -53,6 +57,22 @@ struct OptimizeArgs {
 };
 CLI::App* add_optimize_command(CLI::App& app, OptimizeArgs& args);
 int run_optimize(const OptimizeArgs& args);
+
+// memsim sweep SCENARIO --vary KEY=V1,V2,... [--vary ...] [--max KEY] [--set K=V]...
+//              [--json FILE|-] [--csv FILE|-] [-j N] (tools/cli/sweep_command.cpp).
+// Exit 0 when the sweep ran (points that do not fit or are impossible are rows of the
+// result, not failures).
+struct SweepArgs {
+  std::string scenario;
+  std::vector<std::string> vary;
+  std::string max;  // "" = grid mode
+  std::vector<std::string> sets;
+  std::string json;
+  std::string csv;
+  int threads = 0;  // 0 = all cores
+};
+CLI::App* add_sweep_command(CLI::App& app, SweepArgs& args);
+int run_sweep(const SweepArgs& args);
 
 // memsim presets
 CLI::App* add_presets_command(CLI::App& app);

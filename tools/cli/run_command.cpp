@@ -1,6 +1,8 @@
 // memsim run: scenario -> Program -> allocator emulator -> Timeline -> analysis -> reports.
 #include <chrono>
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -11,12 +13,15 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"
+#include "tools/cli/html_report.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
+#include "tools/cli/snapshot_report.h"
 #include "tools/cli/summary.h"
 #include "tools/cli/timeline_csv.h"
+#include "tools/cli/trace_report.h"
 
 namespace memsim::cli {
 
@@ -51,12 +56,23 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& args) {
   cmd->add_option("--timeline", args.timeline,
                   "Write one CSV row per memory event to FILE ('-' for stdout)")
       ->type_name("FILE.csv");
+  cmd->add_option("--trace", args.trace,
+                  "Write a Chrome/Perfetto trace (ui.perfetto.dev) to FILE ('-' for stdout)")
+      ->type_name("FILE.json");
+  cmd->add_option("--snapshot", args.snapshot,
+                  "Write a PyTorch memory snapshot (pytorch.org/memory_viz) to FILE")
+      ->type_name("FILE.pickle");
+  cmd->add_option("--html", args.html, "Write a self-contained HTML report to FILE")
+      ->type_name("FILE.html");
   return cmd;
 }
 
 int run_run(const RunArgs& args) {
   const Overrides overrides = parse_overrides(args.sets);
   check_stdout_reports(args.json, args.timeline);
+  const int to_stdout = (args.json == "-") + (args.timeline == "-") + (args.trace == "-") +
+                        (args.snapshot == "-") + (args.html == "-");
+  if (to_stdout > 1) throw UsageError("at most one report can be written to stdout ('-')");
   check_input_file(args.scenario);
   auto t0 = std::chrono::steady_clock::now();
   const Scenario scenario = load_scenario(args.scenario, overrides);
@@ -70,7 +86,14 @@ int run_run(const RunArgs& args) {
 
   auto t2 = std::chrono::steady_clock::now();
   auto device = make_device(scenario.device);
-  const Timeline timeline = execute(program, scenario.allocator, *device);
+  ExecuteOptions exec_options;
+  SnapshotRecorder recorder;  // only attached for --snapshot: the trace costs memory
+  std::vector<SegmentInfo> final_segments;
+  if (!args.snapshot.empty()) {
+    exec_options.trace_observer = &recorder;
+    exec_options.final_segments = &final_segments;
+  }
+  const Timeline timeline = execute(program, scenario.allocator, *device, exec_options);
   spdlog::info("executed {} of {} events through the allocator ({:.3f} s){}", timeline.size(),
                program.events.size(), seconds_since(t2), timeline.oom ? ", out of memory" : "");
 
@@ -82,6 +105,28 @@ int run_run(const RunArgs& args) {
     write_timeline_csv(out.file(), program, timeline);
     out.finish();
     spdlog::info("timeline written to {}", args.timeline);
+  }
+  if (!args.trace.empty()) {
+    Output out(args.trace);
+    write_trace_json(out.file(), program, timeline);
+    out.finish();
+    spdlog::info("trace written to {}", args.trace);
+  }
+  if (!args.snapshot.empty()) {
+    write_run_snapshot(args.snapshot, std::move(recorder.trace), std::move(final_segments),
+                       scenario.allocator);
+    spdlog::info("snapshot written to {}", args.snapshot);
+  }
+  if (!args.html.empty()) {
+    HtmlReport report;
+    report.title = scenario.name.empty() ? scenario.source : scenario.name;
+    report.facts = scenario_facts(scenario);
+    report.capacity = usable_capacity(scenario.device);
+    report.curves.push_back(downsample_timeline(program, timeline, analysis, report.title));
+    Output out(args.html);
+    write_html_report(out.file(), report, &analysis);
+    out.finish();
+    spdlog::info("HTML report written to {}", args.html);
   }
   if (!args.json.empty()) {
     Json j = Json::object();
@@ -95,7 +140,7 @@ int run_run(const RunArgs& args) {
     out.write(dump_json(j));
     out.finish();
   }
-  if (args.json != "-" && args.timeline != "-") {  // stdout carries a report instead
+  if (to_stdout == 0) {  // stdout carries a report instead
     SummaryHeader header;
     header.title = scenario.name.empty() ? scenario.source : scenario.name;
     header.facts = scenario_facts(scenario);

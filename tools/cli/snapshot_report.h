@@ -1,0 +1,37 @@
+// The --snapshot report: the simulated run as a PyTorch memory snapshot (the pickle
+// torch.cuda.memory._dump_snapshot writes), which pytorch.org/memory_viz opens.
+//
+// Contract:
+//  - SnapshotRecorder, passed to execute() as ExecuteOptions::trace_observer, keeps every
+//    allocator trace entry (alloc, free_requested, free_completed, segment_alloc,
+//    segment_free, oom) in the order the emulator produced them, with time_us = the index
+//    of the Program event that caused it (so the viewer's time axis is the event axis of
+//    --timeline and --trace).
+//  - write_run_snapshot() writes device_traces[0] = that trace and segments = the
+//    allocator's final segments (ExecuteOptions::final_segments); frames and categories
+//    are empty (memsim has no Python stacks). Replaying the file (memsim replay, or
+//    sim/replay.h) reproduces every traced address and cudaMalloc.
+//  - Write failures throw InputError naming the file.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "allocator/allocator_config.h"
+#include "allocator/snapshot.h"
+#include "sim/execute.h"
+
+namespace memsim::cli {
+
+class SnapshotRecorder : public ExecuteTraceObserver {
+ public:
+  void on_trace(size_t event_index, const TraceEntry& e) override {
+    trace.push_back({e.action, e.address, e.size, e.stream, static_cast<int64_t>(event_index)});
+  }
+  std::vector<SnapshotTraceEntry> trace;
+};
+
+void write_run_snapshot(const std::string& path, std::vector<SnapshotTraceEntry> trace,
+                        std::vector<SegmentInfo> segments, const AllocatorConfig& config);
+
+}  // namespace memsim::cli

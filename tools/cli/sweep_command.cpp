@@ -1,0 +1,267 @@
+// memsim sweep: one scenario over the cartesian product of --vary overrides, in
+// parallel (sim/sweep.h), or with --max KEY the largest value of KEY that fits for each
+// combination of the other --vary keys.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "allocator/units.h"
+#include "sim/sweep.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/errors.h"
+#include "tools/cli/json_report.h"
+#include "tools/cli/output.h"
+#include "tools/cli/overrides.h"
+#include "tools/cli/style.h"
+
+namespace memsim::cli {
+
+namespace {
+
+// Progress on stderr: a redrawn bar on a terminal; otherwise, with -v, a line per 10%.
+class Progress {
+ public:
+  Progress() : tty_(isatty(fileno(stderr)) != 0), verbose_(spdlog::should_log(spdlog::level::info)) {}
+  void operator()(size_t done, size_t total) {
+    const int percent = static_cast<int>(100 * done / std::max<size_t>(total, 1));
+    if (tty_) {
+      if (percent == last_ && done != total) return;
+      const int filled = percent * 30 / 100;
+      std::fprintf(stderr, "\r[%s%s] %3d%% (%zu/%zu)", std::string(filled, '#').c_str(),
+                   std::string(30 - filled, ' ').c_str(), percent, done, total);
+      if (done == total) std::fputc('\n', stderr);
+      std::fflush(stderr);
+    } else if (verbose_ && percent / 10 != last_ / 10) {
+      spdlog::info("sweep: {}% ({}/{})", percent, done, total);
+    }
+    last_ = percent;
+  }
+
+ private:
+  bool tty_;
+  bool verbose_;
+  int last_ = -1;
+};
+
+void print_rows(std::FILE* out, const std::vector<std::vector<std::string>>& rows,
+                size_t right_from, size_t right_to, const Style& style) {
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows)
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::string line = "  ";
+    for (size_t c = 0; c < rows[r].size(); ++c) {
+      const bool last = c + 1 == rows[r].size();
+      const std::string pad(last ? 0 : width[c] - rows[r][c].size(), ' ');
+      const bool right = c >= right_from && c < right_to;
+      line += right ? pad + rows[r][c] : rows[r][c] + pad;
+      if (!last) line += "  ";
+    }
+    std::fprintf(out, "%s\n", r == 0 ? style.bold(line).c_str() : line.c_str());
+  }
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+Json values_json(const SweepOverrides& point) {
+  Json v = Json::object();
+  for (const auto& [key, value] : point) v[key] = value;
+  return v;
+}
+
+int run_grid(const SweepArgs& args, const SweepRunner& runner, const std::vector<SweepAxis>& axes,
+             unsigned threads) {
+  const std::vector<SweepOverrides> points = sweep_points(axes);
+  std::vector<SweepResult> results(points.size());
+  SweepEvaluateOptions options;
+  Progress progress;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_parallel(
+      points.size(), [&](size_t i) { results[i] = runner.evaluate(points[i], options); }, threads,
+      [&](size_t done, size_t total) { progress(done, total); });
+  spdlog::info("sweep: {} points in {:.2f} s", points.size(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+
+  if (!args.json.empty()) {
+    Json j = Json::object();
+    j["scenario_file"] = runner.source();
+    Json list = Json::array();
+    for (size_t i = 0; i < points.size(); ++i) {
+      Json p = Json::object();
+      p["values"] = values_json(points[i]);
+      p["error"] = results[i].ok ? Json(nullptr) : Json(results[i].error);
+      if (results[i].ok) {
+        Json summary = analysis_json(results[i].analysis);
+        for (auto& [key, value] : summary.items()) p[key] = std::move(value);
+      }
+      list.push_back(std::move(p));
+    }
+    j["points"] = std::move(list);
+    Output out(args.json);
+    out.write(dump_json(j));
+    out.finish();
+  }
+  if (!args.csv.empty()) {
+    Output out(args.csv);
+    std::string text;
+    for (const SweepAxis& a : axes) text += csv_field(a.key) + ",";
+    text += "peak_allocated_bytes,peak_reserved_bytes,peak_requested_bytes,fits,verdict\n";
+    for (size_t i = 0; i < points.size(); ++i) {
+      for (const auto& kv : points[i]) text += csv_field(kv.second) + ",";
+      const SweepResult& r = results[i];
+      if (r.ok)
+        text += std::to_string(r.analysis.peak_allocated) + "," +
+                std::to_string(r.analysis.peak_reserved) + "," +
+                std::to_string(r.analysis.peak_requested) + ",";
+      else
+        text += ",,,";
+      text += std::string(r.fits() ? "true" : "false") + "," + csv_field(sweep_verdict(r)) + "\n";
+    }
+    out.write(text);
+    out.finish();
+  }
+  if (args.json != "-" && args.csv != "-") {
+    std::vector<std::vector<std::string>> rows(1);
+    for (const SweepAxis& a : axes) rows[0].push_back(a.key);
+    for (const char* h : {"peak allocated", "peak reserved", "verdict"}) rows[0].push_back(h);
+    for (size_t i = 0; i < points.size(); ++i) {
+      std::vector<std::string> row;
+      for (const auto& kv : points[i]) row.push_back(kv.second);
+      const SweepResult& r = results[i];
+      row.push_back(r.ok ? human_bytes(r.analysis.peak_allocated) : "-");
+      row.push_back(r.ok ? human_bytes(r.analysis.peak_reserved) : "-");
+      row.push_back(sweep_verdict(r));
+      rows.push_back(std::move(row));
+    }
+    print_rows(stdout, rows, axes.size(), axes.size() + 2, Style::for_stream(stdout));
+    std::fflush(stdout);
+  }
+  return kExitFits;
+}
+
+int run_max(const SweepArgs& args, const SweepRunner& runner, const std::vector<SweepAxis>& axes,
+            unsigned threads) {
+  const std::vector<SweepOverrides> points = sweep_points(axes);
+  std::vector<MaxSearch> results(points.size());
+  Progress progress;
+  run_parallel(
+      points.size(), [&](size_t i) { results[i] = find_max(runner, points[i], args.max); },
+      threads, [&](size_t done, size_t total) { progress(done, total); });
+
+  auto opt = [](const std::optional<int64_t>& v) { return v ? Json(*v) : Json(nullptr); };
+  if (!args.json.empty()) {
+    Json j = Json::object();
+    j["scenario_file"] = runner.source();
+    j["max_key"] = args.max;
+    Json list = Json::array();
+    for (size_t i = 0; i < points.size(); ++i) {
+      const MaxSearch& m = results[i];
+      list.push_back({{"values", values_json(points[i])},
+                      {"largest_fit", opt(m.largest_fit)},
+                      {"first_failure", opt(m.first_failure)},
+                      {"failure", m.first_failure ? Json(m.failure) : Json(nullptr)},
+                      {"evaluations", m.evaluations}});
+    }
+    j["points"] = std::move(list);
+    Output out(args.json);
+    out.write(dump_json(j));
+    out.finish();
+  }
+  if (!args.csv.empty()) {
+    Output out(args.csv);
+    std::string text;
+    for (const SweepAxis& a : axes) text += csv_field(a.key) + ",";
+    text += "largest_fit,first_failure,failure,evaluations\n";
+    for (size_t i = 0; i < points.size(); ++i) {
+      for (const auto& kv : points[i]) text += csv_field(kv.second) + ",";
+      const MaxSearch& m = results[i];
+      text += (m.largest_fit ? std::to_string(*m.largest_fit) : "") + "," +
+              (m.first_failure ? std::to_string(*m.first_failure) : "") + "," +
+              csv_field(m.failure) + "," + std::to_string(m.evaluations) + "\n";
+    }
+    out.write(text);
+    out.finish();
+  }
+  if (args.json != "-" && args.csv != "-") {
+    std::vector<std::vector<std::string>> rows(1);
+    for (const SweepAxis& a : axes) rows[0].push_back(a.key);
+    for (const std::string& h : std::vector<std::string>{"largest " + args.max, "first failing", "why"})
+      rows[0].push_back(h);
+    for (size_t i = 0; i < points.size(); ++i) {
+      std::vector<std::string> row;
+      for (const auto& kv : points[i]) row.push_back(kv.second);
+      const MaxSearch& m = results[i];
+      row.push_back(m.largest_fit ? std::to_string(*m.largest_fit) : "none");
+      row.push_back(m.first_failure ? std::to_string(*m.first_failure) : "none found");
+      row.push_back(m.first_failure ? m.failure : "");
+      rows.push_back(std::move(row));
+    }
+    print_rows(stdout, rows, axes.size(), axes.size() + 2, Style::for_stream(stdout));
+    std::fflush(stdout);
+  }
+  return kExitFits;
+}
+
+}  // namespace
+
+CLI::App* add_sweep_command(CLI::App& app, SweepArgs& args) {
+  CLI::App* cmd = app.add_subcommand(
+      "sweep", "Simulate a scenario over a grid of overrides, or find the largest value that fits");
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("--vary", args.vary,
+                  "Vary a scenario key over values (A..B: an integer range), e.g. "
+                  "--vary batch.micro_batch=1,2,4,8; repeat for a grid")
+      ->type_name("KEY=V1,V2,...")
+      ->allow_extra_args(false);
+  cmd->add_option("--max", args.max,
+                  "Find the largest integer KEY that fits, for each combination of the --vary keys")
+      ->type_name("KEY");
+  cmd->add_option("--set", args.sets, "Override a scenario key for every point")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  cmd->add_option("--json", args.json, "Write one JSON summary per point to FILE ('-' for stdout)")
+      ->type_name("FILE|-");
+  cmd->add_option("--csv", args.csv, "Write one CSV row per point to FILE ('-' for stdout)")
+      ->type_name("FILE|-");
+  cmd->add_option("-j,--threads", args.threads, "Worker threads (0: all cores)")
+      ->check(CLI::Range(0, 1024));
+  return cmd;
+}
+
+int run_sweep(const SweepArgs& args) {
+  if (args.json == "-" && args.csv == "-")
+    throw UsageError("--json - and --csv - cannot both write to stdout");
+  if (args.vary.empty() && args.max.empty())
+    throw UsageError("sweep needs --vary KEY=V1,V2,... or --max KEY");
+  std::vector<SweepAxis> axes;
+  for (const std::string& v : args.vary) {
+    try {
+      axes.push_back(parse_sweep_axis(v));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    if (axes.back().key == args.max)
+      throw UsageError("--max " + args.max + " is searched: it cannot also be given to --vary");
+    for (size_t i = 0; i + 1 < axes.size(); ++i)
+      if (axes[i].key == axes.back().key)
+        throw UsageError("--vary " + axes.back().key + " is given twice");
+  }
+  check_input_file(args.scenario);
+  const SweepRunner runner = SweepRunner::from_file(args.scenario, parse_overrides(args.sets));
+  const unsigned threads = static_cast<unsigned>(args.threads);
+  return args.max.empty() ? run_grid(args, runner, axes, threads)
+                          : run_max(args, runner, axes, threads);
+}
+
+}  // namespace memsim::cli
