@@ -1,0 +1,126 @@
+// Every shipped scenario (scenarios/*.yaml) loads, simulates, and gives the verdict that
+// docs/claims.md states for it: fits or out of memory (and in which phase), with the
+// measured-step peak allocated within 2% of the number quoted there. A new scenario file
+// fails this test until its claim is written into docs/claims.md and the table below.
+//
+// The device follows tools/cli/device.h: capacity is the device total including the CUDA
+// context, the allocator can use capacity - cuda_context.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "allocator/caching_allocator.h"
+#include "allocator/units.h"
+#include "sim/analysis.h"
+#include "sim/execute.h"
+#include "sim/scenario.h"
+#include "sim/schedule.h"
+
+using namespace memsim;
+
+namespace {
+
+struct Claim {
+  bool fits;
+  std::optional<Phase> oom_phase;  // where it runs out (nullopt when it fits)
+  double peak_allocated_gib;       // docs/claims.md's "memsim predicts" number
+};
+
+// Keep in step with docs/claims.md.
+const std::map<std::string, Claim>& claims() {
+  static const std::map<std::string, Claim> table = {
+      {"cs336-small-train-ctx512.yaml", {true, std::nullopt, 5.08}},
+      {"cs336-medium-train-ctx512.yaml", {true, std::nullopt, 13.77}},
+      {"cs336-large-train-ctx512.yaml", {true, std::nullopt, 27.53}},
+      {"cs336-xl-train-ctx128.yaml", {true, std::nullopt, 51.46}},
+      {"cs336-xl-train-ctx512.yaml", {true, std::nullopt, 65.58}},
+      {"gpt2-large-mi300x.yaml", {true, std::nullopt, 76.86}},
+      {"gpt3-175b.yaml", {false, Phase::setup, 77.70}},
+      {"llama2-13b-seq4096-mi300x.yaml", {false, Phase::forward, 189.76}},
+      {"llama2-13b-seq4096-mi300x-flash.yaml", {true, std::nullopt, 122.30}},
+      {"llama2-13b-seq4096-rtx4070.yaml", {false, Phase::setup, 11.19}},
+      {"llama2-7b-finetune-a100.yaml", {true, std::nullopt, 63.02}},
+      {"llama2-7b-full-finetune-a100.yaml", {true, std::nullopt, 63.02}},
+      {"llama2-7b-full-finetune-a100-ckpt.yaml", {true, std::nullopt, 63.02}},
+  };
+  return table;
+}
+
+std::unique_ptr<SimulatedDevice> device_for(const DeviceConfig& d) {
+  const uint64_t unlimited = 1ull << 60;
+  if (d.capacity == 0) return std::make_unique<SimulatedDevice>(unlimited, d.cuda_context);
+  return std::make_unique<SimulatedDevice>(d.capacity, std::min(d.cuda_context, d.capacity));
+}
+
+double gib(uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(GiB); }
+
+}  // namespace
+
+TEST_CASE("every shipped scenario gives the verdict docs/claims.md states", "[scenarios]") {
+  const std::filesystem::path dir = std::filesystem::path(MEMSIM_SOURCE_DIR) / "scenarios";
+  std::set<std::string> seen;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml" && entry.path().extension() != ".yml") continue;
+    const std::string file = entry.path().filename().string();
+    seen.insert(file);
+    INFO("scenarios/" << file);
+    const auto it = claims().find(file);
+    if (it == claims().end()) {
+      FAIL_CHECK("no claim for scenarios/" << file
+                 << ": add it to docs/claims.md and to this test's table");
+      continue;
+    }
+    const Claim& claim = it->second;
+    const Scenario s = load_scenario(entry.path().string());
+    const Program p = build_program(s);
+    auto device = device_for(s.device);
+    const Timeline t = execute(p, s.allocator, *device);
+    const Analysis a = analyze(p, t);
+    CHECK(a.fits() == claim.fits);
+    if (claim.oom_phase && a.oom) CHECK(a.oom->phase == *claim.oom_phase);
+    INFO("peak allocated " << gib(a.peak_allocated) << " GiB, claimed "
+                           << claim.peak_allocated_gib << " GiB");
+    CHECK(std::abs(gib(a.peak_allocated) / claim.peak_allocated_gib - 1.0) < 0.02);
+    CHECK(a.peak_reserved >= a.peak_allocated);
+  }
+  for (const auto& [file, claim] : claims()) {
+    INFO("docs/claims.md lists scenarios/" << file << ", which is not in scenarios/");
+    CHECK(seen.count(file) == 1);
+  }
+}
+
+// GPT-3 175B on one GPU with unlimited memory: the static bytes per parameter and the
+// activations per layer that docs/claims.md compares with the ZeRO paper and with
+// Korthikanti et al. 2022. Built once, executed on the A100 of the file (out of memory
+// while the weights are built) and on an unlimited device.
+TEST_CASE("gpt3-175b: 18 B/param of state and Korthikanti's activations per layer", "[scenarios]") {
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/gpt3-175b.yaml");
+  const Program p = build_program(s);
+
+  auto a100 = device_for(s.device);
+  const Analysis oom = analyze(p, execute(p, s.allocator, *a100));
+  REQUIRE(oom.oom.has_value());
+  CHECK(oom.oom->phase == Phase::setup);
+  CHECK(oom.oom->kind == TensorKind::parameter);
+
+  SimulatedDevice unlimited(1ull << 60, s.device.cuda_context);
+  const Analysis a = analyze(p, execute(p, s.allocator, unlimited));
+  REQUIRE(a.fits());
+  const Breakdown& b = a.breakdown_at_peak;
+  // bf16 weights: 174.6e9 parameters (96 x 12h^2 + vocab and position embeddings).
+  const double params = static_cast<double>(b.parameters) / 2.0;
+  CHECK(params == Approx(174.6e9).epsilon(0.005));
+  // Megatron bf16: fp32 main_grad (4 B/param), fp32 master + exp_avg + exp_avg_sq (12 B).
+  CHECK(static_cast<double>(b.gradients) == Approx(4.0 * params).epsilon(0.005));
+  CHECK(static_cast<double>(b.optimizer_state) == Approx(12.0 * params).epsilon(0.005));
+  // Korthikanti et al. 2022, sec. 4.1: s*b*h*(34 + 5*a*s/h) bytes per layer.
+  const double s_ = 2048, b_ = 1, h = 12288, heads = 96;
+  const double per_layer = s_ * b_ * h * (34.0 + 5.0 * heads * s_ / h);
+  CHECK(static_cast<double>(b.activations) == Approx(96.0 * per_layer).epsilon(0.01));
+}
