@@ -262,3 +262,24 @@ TEST_CASE("run --html renders in headless Chromium", "[reports][chromium]") {
   REQUIRE(shot.size() > 1000);
   CHECK(shot.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
 }
+
+TEST_CASE("compare --html draws one curve per policy", "[reports]") {
+  TempDir dir;
+  const fs::path scenario = dir.write("tiny.yaml", tiny());
+  const fs::path html = dir.path / "compare.html";
+  const Result r = run_cli("compare " + q(scenario) + " --policies none,full --html " + q(html) +
+                               " --json -",
+                           dir);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const json j = json::parse(r.out);
+  const std::string page = slurp(html);
+  CHECK(page.find("<svg") != std::string::npos);
+  CHECK(page.find("http") == std::string::npos);
+  size_t curves = 0;
+  for (size_t at = page.find("<polyline"); at != std::string::npos;
+       at = page.find("<polyline", at + 1))
+    ++curves;
+  CHECK(curves == 2);  // allocated per policy (no reserved line with several curves)
+  for (const json& p : j["policies"]) CHECK(page.find(p["policy"].get<std::string>()) != std::string::npos);
+}

@@ -37,12 +37,14 @@ CLI::App* add_replay_command(CLI::App& app, ReplayArgs& args);
 int run_replay(const ReplayArgs& args);
 
 // memsim compare SCENARIO --policies none,full,uniform:2,... [--set K=V]... [--json FILE|-]
+//                         [--html FILE.html]
 // (tools/cli/compare_command.cpp). Exit 0 when at least one policy fits, 3 when none does.
 struct CompareArgs {
   std::string scenario;
   std::string policies;
   std::vector<std::string> sets;
   std::string json;
+  std::string html;  // one curve per policy (tools/cli/html_report.h)
 };
 CLI::App* add_compare_command(CLI::App& app, CompareArgs& args);
 int run_compare(const CompareArgs& args);

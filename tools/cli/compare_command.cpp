@@ -11,6 +11,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"
+#include "tools/cli/html_report.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
@@ -88,6 +89,9 @@ CLI::App* add_compare_command(CLI::App& app, CompareArgs& args) {
       ->allow_extra_args(false);
   cmd->add_option("--json", args.json, "Write one JSON summary per policy to FILE ('-' for stdout)")
       ->type_name("FILE|-");
+  cmd->add_option("--html", args.html,
+                  "Write a self-contained HTML page with one memory curve per policy to FILE")
+      ->type_name("FILE.html");
   return cmd;
 }
 
@@ -106,6 +110,7 @@ int run_compare(const CompareArgs& args) {
   if (configs.empty()) throw UsageError("--policies: no policy given");
 
   std::vector<PolicyRun> runs;
+  HtmlReport html;  // downsampled curves only: the timelines are not kept
   for (const CheckpointConfig& config : configs) {
     Scenario s = base;
     s.checkpoint = config;
@@ -113,6 +118,21 @@ int run_compare(const CompareArgs& args) {
     auto device = make_device(s.device);
     const Timeline timeline = execute(program, s.allocator, *device);
     runs.push_back({policy_label(config), analyze(program, timeline), timeline.final_stats});
+    if (!args.html.empty())
+      html.curves.push_back(
+          downsample_timeline(program, timeline, runs.back().analysis, runs.back().label));
+  }
+  if (!args.html.empty()) {
+    html.title = base.name.empty() ? base.source : base.name;
+    html.facts = scenario_facts(base);
+    html.capacity = usable_capacity(base.device);
+    for (const PolicyRun& r : runs)
+      html.notes.push_back(r.label + ": peak allocated " + human_bytes(r.analysis.peak_allocated) +
+                           ", peak reserved " + human_bytes(r.analysis.peak_reserved) + ", " +
+                           verdict(r.analysis));
+    Output out(args.html);
+    write_html_report(out.file(), html, nullptr);
+    out.finish();
   }
 
   if (!args.json.empty()) {

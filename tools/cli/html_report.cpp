@@ -55,12 +55,21 @@ std::string bytes_text(uint64_t b) {
 }
 
 // The smallest 1/2/5 x 10^k step giving at most ~6 ticks up to `top`.
-double tick_step(double top) {
+double decimal_step(double top) {
   const double raw = top / 6.0;
   const double p = std::pow(10.0, std::floor(std::log10(raw)));
   for (double m : {1.0, 2.0, 5.0, 10.0})
     if (m * p >= raw) return m * p;
   return 10.0 * p;
+}
+
+// The smallest 1/2/5 x 10^k step (in the binary unit, KiB/MiB/GiB/..., that labels
+// `top`, so the tick labels read 2 GiB, 4 GiB rather than 1.86 GiB) giving at most ~6
+// ticks up to `top`.
+double tick_step(double top) {
+  double unit = 1;
+  while (top / unit >= 1024 && unit < 1099511627776.0) unit *= 1024;
+  return unit * decimal_step(top / unit);
 }
 
 struct Frame {
