@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "allocator/caching_allocator.h"
@@ -31,6 +32,9 @@ struct Claim {
   bool fits;
   std::optional<Phase> oom_phase;  // where it runs out (nullopt when it fits)
   double peak_allocated_gib;       // docs/claims.md's "memsim predicts" number
+  // Non-empty: memsim refuses the scenario (a setting it does not model yet) with an
+  // error containing this text; the other fields are unused.
+  const char* refused = "";
 };
 
 // Keep in step with docs/claims.md.
@@ -48,7 +52,10 @@ const std::map<std::string, Claim>& claims() {
       {"llama2-13b-seq4096-rtx4070.yaml", {false, Phase::setup, 11.19}},
       {"llama2-7b-finetune-a100.yaml", {true, std::nullopt, 63.02}},
       {"llama2-7b-full-finetune-a100.yaml", {true, std::nullopt, 63.02}},
-      {"llama2-7b-full-finetune-a100-ckpt.yaml", {true, std::nullopt, 63.02}},
+      // checkpoint.policy full: not wired into the hf-llama emitter yet (refused since
+      // 7abcf3d; before that it was silently ignored and gave the no-checkpoint numbers).
+      {"llama2-7b-full-finetune-a100-ckpt.yaml",
+       {false, std::nullopt, 0.0, "activation checkpointing is not wired into the hf-llama"}},
   };
   return table;
 }
@@ -78,8 +85,25 @@ TEST_CASE("every shipped scenario gives the verdict docs/claims.md states", "[sc
       continue;
     }
     const Claim& claim = it->second;
-    const Scenario s = load_scenario(entry.path().string());
-    const Program p = build_program(s);
+    std::optional<Program> built;
+    std::string error;
+    Scenario s;
+    try {
+      s = load_scenario(entry.path().string());
+      built.emplace(build_program(s));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (*claim.refused != '\0') {
+      INFO("error: " << error);
+      CHECK(error.find(claim.refused) != std::string::npos);
+      continue;
+    }
+    if (!built) {
+      FAIL_CHECK("scenarios/" << file << " failed to load or build: " << error);
+      continue;
+    }
+    const Program& p = *built;
     auto device = device_for(s.device);
     const Timeline t = execute(p, s.allocator, *device);
     const Analysis a = analyze(p, t);
