@@ -257,6 +257,15 @@ int run_sweep(const SweepArgs& args) {
       if (axes[i].key == axes.back().key)
         throw UsageError("--vary " + axes.back().key + " is given twice");
   }
+  // Every point's result is kept for the table: bound the grid before building it.
+  constexpr size_t kMaxPoints = 1'000'000;
+  size_t points = 1;
+  for (const SweepAxis& a : axes) {
+    points *= a.values.size();
+    if (points > kMaxPoints)
+      throw UsageError("--vary: the grid has more than " + std::to_string(kMaxPoints) +
+                       " points; sweep fewer values");
+  }
   check_input_file(args.scenario);
   const SweepRunner runner = SweepRunner::from_file(args.scenario, parse_overrides(args.sets));
   const unsigned threads = static_cast<unsigned>(args.threads);

@@ -74,7 +74,7 @@ void runs(size_t n, Key key, Skip skip, Emit emit) {
 void write_trace_json(std::FILE* out, const Program& program, const Timeline& timeline) {
   const size_t n = timeline.size();
   const auto& ev = program.events;
-  std::fputs("{\"displayTimeUnit\":\"ns\",\"otherData\":{\"time_axis\":\"program event index\"},"
+  std::fputs("{\"otherData\":{\"time_axis\":\"program event index\"},"
              "\"traceEvents\":[",
              out);
   EventWriter w(out);
