@@ -81,11 +81,19 @@ class CachingAllocator::Impl {
   uint64_t try_merge(BlockId dst, BlockId src);
 
   // malloc steps
-  BlockId get_free_block(detail::Pool& pool, uint64_t size, StreamId stream);
+  // Where get_free_block() found its block: the entry is left in the index for
+  // alloc_found_block() to erase or, when splitting, to re-key in place as the remainder
+  // (saves a search and two shifts when the remainder sorts where the block did).
+  struct TakenEntry {
+    detail::FreeIndex* index = nullptr;  // nullptr: the block is in no free index
+    detail::FreeIndex::Pos pos{};
+  };
+  BlockId get_free_block(detail::Pool& pool, uint64_t size, StreamId stream, TakenEntry& taken);
   BlockId alloc_block(detail::Pool& pool, uint64_t size, uint64_t alloc_size, StreamId stream,
                       bool is_retry);
   bool should_split(const detail::Block& block, uint64_t size) const;
-  AllocResult alloc_found_block(BlockId id, uint64_t size, uint64_t orig, bool split);
+  AllocResult alloc_found_block(BlockId id, uint64_t size, uint64_t orig, bool split,
+                                const TakenEntry& taken);
   void free_block(BlockId id);
 
   // release paths (allocator_release.cpp)

@@ -110,7 +110,8 @@ AllocResult CachingAllocator::Impl::malloc(uint64_t orig, StreamId stream) {
   Pool& pool = pool_of(size <= kSmallSize);  // §3.4: inclusive
   const uint64_t alloc_size = allocation_size(size);
 
-  BlockId id = get_free_block(pool, size, stream);
+  TakenEntry taken;
+  BlockId id = get_free_block(pool, size, stream, taken);
   if (id == kNoBlock) {
     if (gc_active()) garbage_collect_cached_blocks();
     id = alloc_block(pool, size, alloc_size, stream, false);
@@ -126,11 +127,13 @@ AllocResult CachingAllocator::Impl::malloc(uint64_t orig, StreamId stream) {
       return result;
     }
   }
-  return alloc_found_block(id, size, orig, should_split(blocks[id], size));
+  return alloc_found_block(id, size, orig, should_split(blocks[id], size), taken);
 }
 
 // §4.2
-BlockId CachingAllocator::Impl::get_free_block(Pool& pool, uint64_t size, StreamId stream) {
+// The found entry stays in the index (recorded in `taken`); alloc_found_block() removes it.
+BlockId CachingAllocator::Impl::get_free_block(Pool& pool, uint64_t size, StreamId stream,
+                                               TakenEntry& taken) {
   if (gc_active()) ++pool.get_free_blocks_call_count;
   // One index per stream: a search never sees another stream's blocks (§1).
   detail::FreeIndex* index = pool.blocks.find(stream);
@@ -169,10 +172,9 @@ BlockId CachingAllocator::Impl::get_free_block(Pool& pool, uint64_t size, Stream
   if (size < max_split && found_size >= max_split) return kNoBlock;
   if (size >= max_split && found_size >= size + config.max_non_split_rounding) return kNoBlock;
 
-  const BlockId id = index->at(it).id;
-  index->erase(it);
-  blocks[id].in_pool = false;
-  return id;
+  taken.index = index;
+  taken.pos = it;
+  return index->at(it).id;
 }
 
 // §4.5
@@ -210,7 +212,7 @@ bool CachingAllocator::Impl::should_split(const Block& block, uint64_t size) con
 // §4.8: the returned piece is a NEW block object at the low address; the original
 // object keeps the high remainder (and its stale requested_size, §9.3).
 AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size, uint64_t orig,
-                                                      bool split) {
+                                                      bool split, const TakenEntry& taken) {
   const bool small = blocks[id].small;
   const bool already_split = blocks[id].is_split();
   const bool expandable = blocks[id].expandable != kNoSegment;
@@ -230,7 +232,14 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
     rem.prev = id;
     rem.ptr += size;
     rem.size -= size;
-    pool_insert(rem_id);
+    // The remainder keeps the found block's object, pool and stream, so it belongs in the
+    // same index; re-keying in place equals erase + insert whenever it succeeds.
+    if (taken.index != nullptr && taken.index->rekey(taken.pos, rem.size, rem.ptr)) {
+      rem.gc_count_base = pool_of(small).get_free_blocks_call_count;  // as pool_insert does
+    } else {
+      if (taken.index != nullptr) taken.index->erase(taken.pos);
+      pool_insert(rem_id);
+    }
     if (!expandable) {  // §8: expandable blocks never count in inactive_split*
       if (already_split) {
         stats.inactive_split_bytes.decrease(small, static_cast<int64_t>(size));
@@ -239,9 +248,15 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
         stats.inactive_split.increase(small, 1);
       }
     }
-  } else if (already_split && !expandable) {
-    stats.inactive_split_bytes.decrease(small, static_cast<int64_t>(blocks[id].size));
-    stats.inactive_split.decrease(small, 1);
+  } else {
+    if (taken.index != nullptr) {
+      taken.index->erase(taken.pos);
+      blocks[id].in_pool = false;
+    }
+    if (already_split && !expandable) {
+      stats.inactive_split_bytes.decrease(small, static_cast<int64_t>(blocks[id].size));
+      stats.inactive_split.decrease(small, 1);
+    }
   }
 
   Block& b = blocks[id];
