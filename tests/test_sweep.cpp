@@ -190,3 +190,20 @@ TEST_CASE("memsim sweep: table, JSON with error rows, --max", "[sweep]") {
   CHECK(memsim_cli("sweep " + file + " --vary batch.micro_batch=1 --max batch.micro_batch").status == 2);
   CHECK(memsim_cli("sweep " + file + " --vary no.such_key=1").status == 0);  // an error row
 }
+
+TEST_CASE("memsim sweep -v off a terminal logs progress per 10%", "[sweep]") {
+  const TempFile scenario(tiny());
+  const std::string cmd = std::string("NO_COLOR=1 '") + MEMSIM_BINARY_DIR + "/memsim' sweep '" +
+                          scenario.path.string() +
+                          "' --vary batch.micro_batch=1..10 -v --csv /dev/null 2>&1 >/dev/null";
+  std::string err;
+  std::FILE* pipe = ::popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) err.append(buf, n);
+  REQUIRE(::pclose(pipe) == 0);
+  CHECK(err.find("sweep: 50% (5/10)") != std::string::npos);
+  CHECK(err.find("sweep: 100% (10/10)") != std::string::npos);
+  CHECK(err.find('\r') == std::string::npos);  // no redrawn bar when stderr is a pipe
+}
