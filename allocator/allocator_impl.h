@@ -78,8 +78,7 @@ class CachingAllocator::Impl {
   void pool_erase(BlockId id);
   void unmapped_insert(BlockId id);
   void unmapped_erase(BlockId id);
-  // erase_entry = false: a mapped `src` is left in its free index (the caller re-keys it).
-  uint64_t try_merge(BlockId dst, BlockId src, bool erase_entry = true);
+  uint64_t try_merge(BlockId dst, BlockId src);
 
   // malloc steps
   // Where get_free_block() found its block: the entry is left in the index for

@@ -234,7 +234,7 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
     rem.size -= size;
     // The remainder keeps the found block's object, pool and stream, so it belongs in the
     // same index; re-keying in place equals erase + insert whenever it succeeds.
-    if (taken.index != nullptr && taken.index->rekey(taken.pos, rem.size, rem.ptr, rem_id)) {
+    if (taken.index != nullptr && taken.index->rekey(taken.pos, rem.size, rem.ptr)) {
       rem.gc_count_base = pool_of(small).get_free_blocks_call_count;  // as pool_insert does
     } else {
       if (taken.index != nullptr) taken.index->erase(taken.pos);
@@ -301,44 +301,14 @@ void CachingAllocator::Impl::free_block(BlockId id) {
   int64_t net_bytes = 0;
   const BlockId prev = b.prev;
   const BlockId next = b.next;
-  // The free-index entry of the last neighbour merged below (next if it merges, else
-  // prev) is not erased but re-keyed as the merged block when the merged key still sorts
-  // at its place: one lookup instead of an erase plus an insert. Exact: the index ends
-  // with the same keys in the same order; which neighbours merge does not depend on the
-  // other merge (try_merge reads only the neighbour's state and dst's `mapped`, which
-  // merging never changes); the blocks are merged and destroyed in the same order.
-  auto merges = [&](BlockId src) {
-    return src != kNoBlock && !blocks[src].allocated && blocks[src].mapped == b.mapped;
-  };
-  const BlockId keep = merges(next) ? next : merges(prev) ? prev : kNoBlock;
-  detail::FreeIndex* kept_index = nullptr;
-  detail::FreeIndex::Pos kept_pos{};
   for (BlockId candidate : {prev, next}) {
-    bool erase_entry = true;
-    if (keep != kNoBlock && candidate == keep && blocks[keep].in_pool) {  // prev's is gone
-      const Block& k = blocks[keep];
-      detail::FreeIndex* index = pool_of(k.small).blocks.find(k.stream);
-      const detail::FreeIndex::Pos pos = index->lower_bound(k.size, k.ptr);
-      if (index->valid(pos) && index->at(pos).ptr == k.ptr && index->at(pos).size == k.size) {
-        kept_index = index;
-        kept_pos = pos;
-        erase_entry = false;
-        blocks[keep].in_pool = false;  // as pool_erase leaves it
-      }
-    }
-    const uint64_t subsumed = try_merge(id, candidate, erase_entry);
+    const uint64_t subsumed = try_merge(id, candidate);
     if (subsumed > 0) {
       net_blocks -= 1;
       net_bytes -= static_cast<int64_t>(subsumed);
     }
   }
-  if (kept_index != nullptr && kept_index->rekey(kept_pos, b.size, b.ptr, id)) {
-    b.in_pool = true;
-    b.gc_count_base = pool_of(b.small).get_free_blocks_call_count;  // as pool_insert does
-  } else {
-    if (kept_index != nullptr) kept_index->erase(kept_pos);
-    pool_insert(id);
-  }
+  pool_insert(id);
   if (b.is_split()) {
     net_blocks += 1;
     net_bytes += static_cast<int64_t>(b.size);
@@ -358,7 +328,7 @@ void CachingAllocator::Impl::free_block(BlockId id) {
 
 // try_merge_blocks: merges free `src` into `dst` (which is in no set) when both have the
 // same mapped state. Returns the bytes subsumed, 0 if no merge.
-uint64_t CachingAllocator::Impl::try_merge(BlockId dst, BlockId src, bool erase_entry) {
+uint64_t CachingAllocator::Impl::try_merge(BlockId dst, BlockId src) {
   if (src == kNoBlock) return 0;
   Block& s = blocks[src];
   Block& d = blocks[dst];
@@ -373,11 +343,8 @@ uint64_t CachingAllocator::Impl::try_merge(BlockId dst, BlockId src, bool erase_
   }
   const uint64_t subsumed = s.size;
   d.size += subsumed;
-  if (s.mapped) {
-    if (erase_entry) pool_erase(src);
-  } else {
-    unmapped_erase(src);
-  }
+  if (s.mapped) pool_erase(src);
+  else unmapped_erase(src);
   blocks.destroy(src);
   return subsumed;
 }

@@ -126,11 +126,11 @@ class FreeIndex {
       merge_with_next(p.bucket);
   }
 
-  // Gives the entry at p the key (size, ptr) and payload id in place when that keeps the order, i.e. the
+  // Gives the entry at p the key (size, ptr) in place when that keeps the order, i.e. the
   // new key lies strictly between p's neighbours; false (nothing changed) otherwise.
   // Exact: the entries then hold the same keys in the same order as erase(p) followed by
   // insert() would leave (only the bucket layout, which nothing observes, may differ).
-  bool rekey(Pos p, uint64_t size, uint64_t ptr, uint32_t id) {
+  bool rekey(Pos p, uint64_t size, uint64_t ptr) {
     const FreeKey128 key = pack_key(size, ptr);
     Bucket& bk = bucket(p.bucket);
     if (p.slot > 0 ? !(bk.key[p.slot - 1] < key) : p.bucket > 0 && !(last_[p.bucket - 1] < key))
@@ -140,7 +140,6 @@ class FreeIndex {
                         : p.bucket + 1 < order_.size() && !(key < bucket(p.bucket + 1).key[0]))
       return false;
     bk.key[p.slot] = key;
-    bk.id[p.slot] = id;
     if (last_in_bucket) last_[p.bucket] = key;
     return true;
   }
