@@ -171,16 +171,16 @@ class FreeIndex {
   const Bucket& bucket(uint32_t b) const { return storage_[order_[b]]; }
 
   // Branch-free lower_bound (conditional moves): the comparisons are data-dependent and
-  // would mispredict as branches.
-  static uint32_t search(const FreeKey128* first, uint32_t n, FreeKey128 key) {
+  // would mispredict as branches. With m the largest power of two <= n, one compare picks
+  // the window [0, m) or [n - m, n) (they overlap; when k[m-1] < key every entry before
+  // n - m <= m is < key too), then halving power-of-two steps search it; the last compare
+  // settles the window's final slot, the only one no step examined. Returns the number of entries < key, as a textbook lower_bound.
+  static uint32_t search(const FreeKey128* k, uint32_t n, FreeKey128 key) {
     if (n == 0) return 0;
-    const FreeKey128* base = first;
-    while (n > 1) {
-      const uint32_t half = n / 2;
-      base = base[half - 1] < key ? base + half : base;
-      n -= half;
-    }
-    return static_cast<uint32_t>(base - first) + (*base < key ? 1u : 0u);
+    uint32_t step = uint32_t{1} << (31 - __builtin_clz(n));
+    uint32_t i = step != n && k[step - 1] < key ? n - step : 0;
+    for (step >>= 1; step > 0; step >>= 1) i += k[i + step - 1] < key ? step : 0;
+    return i + (k[i] < key ? 1u : 0u);
   }
 
   // Branch-free lower_bound over one bucket's kCap slots (kCap = 32): fixed steps of
