@@ -102,8 +102,9 @@ void write_svg(std::FILE* out, const HtmlReport& r) {
     for (uint64_t v : c.reserved) top = std::max(top, v);
     for (uint64_t v : c.allocated) top = std::max(top, v);
   }
-  // The capacity line is drawn when it does not squash the curves into a sliver.
-  const bool draw_capacity = r.capacity && *r.capacity <= top * 5 / 4 + 1;
+  // The capacity line is drawn unless it would squash the curves below a quarter of
+  // the chart height: "how close to the limit" is what the reader came for.
+  const bool draw_capacity = r.capacity && *r.capacity <= top * 4;
   if (draw_capacity) top = std::max(top, *r.capacity);
   f.ymax = static_cast<double>(top) * 1.05;
   const bool single = r.curves.size() == 1;
@@ -190,7 +191,8 @@ void write_svg(std::FILE* out, const HtmlReport& r) {
     std::fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#c00\" "
                  "stroke-dasharray=\"8,4\"/><text x=\"%.1f\" y=\"%.1f\" fill=\"#c00\" "
                  "text-anchor=\"end\">capacity %s</text>\n",
-                 f.px(0), f.px(1), y, y, f.px(1) - 4, y - 4,
+                 // Label under the line: the phase-band labels sit along the top edge.
+                 f.px(0), f.px(1), y, y, f.px(1) - 4, y + 14,
                  esc(human_bytes(*r.capacity)).c_str());
   }
   std::fputs("</svg>\n", out);
@@ -324,7 +326,7 @@ void write_html_report(std::FILE* out, const HtmlReport& r, const Analysis* deta
     uint64_t top = 0;
     for (const HtmlCurve& c : r.curves)
       for (uint64_t v : c.reserved) top = std::max(top, v);
-    if (*r.capacity > top * 5 / 4 + 1)
+    if (*r.capacity > top * 4)
       std::fprintf(out, "<p>The capacity (%s) is off the chart's scale.</p>\n",
                    esc(human_bytes(*r.capacity)).c_str());
   }
