@@ -347,7 +347,12 @@ PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
                       const CheckpointPlan& plan, uint64_t capacity) {
   const Program p = build_program(with_plan(scenario, plan), script);
   SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
-  const Timeline t = execute(p, scenario.allocator, device);
+  // Verification needs peaks and the fits/OOM verdict only; the per-kind arrays would
+  // cost more than the simulation (first-touch of megabytes per run), and the analysis
+  // falls back to the live set for the breakdown at the peak.
+  ExecuteOptions options;
+  options.record_by_kind = false;
+  const Timeline t = execute(p, scenario.allocator, device, options);
   return {analyze(p, t), t.final_stats};
 }
 
