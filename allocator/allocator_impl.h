@@ -83,7 +83,8 @@ class CachingAllocator::Impl {
   // malloc steps
   // Where get_free_block() found its block: the entry is left in the index for
   // alloc_found_block() to erase or, when splitting, to re-key in place as the remainder
-  // (saves a search and two shifts when the remainder sorts where the block did).
+  // (saves a search and two shifts when the remainder sorts where the block did). `pos`
+  // stays valid: malloc() calls nothing that touches a free index in between.
   struct TakenEntry {
     detail::FreeIndex* index = nullptr;  // nullptr: the block is in no free index
     detail::FreeIndex::Pos pos{};

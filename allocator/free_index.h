@@ -174,7 +174,8 @@ class FreeIndex {
   // would mispredict as branches. With m the largest power of two <= n, one compare picks
   // the window [0, m) or [n - m, n) (they overlap; when k[m-1] < key every entry before
   // n - m <= m is < key too), then halving power-of-two steps search it; the last compare
-  // settles the window's final slot, the only one no step examined. Returns the number of entries < key, as a textbook lower_bound.
+  // settles the window's final slot, the only one no step examined. Returns the number of
+  // entries < key, as a textbook lower_bound.
   static uint32_t search(const FreeKey128* k, uint32_t n, FreeKey128 key) {
     if (n == 0) return 0;
     uint32_t step = uint32_t{1} << (31 - __builtin_clz(n));
