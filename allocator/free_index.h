@@ -30,10 +30,6 @@ __extension__ typedef unsigned __int128 FreeKey128;
 inline FreeKey128 pack_key(uint64_t size, uint64_t ptr) {
   return (static_cast<FreeKey128>(size) << 64) | ptr;
 }
-// Fills a bucket's unused slots. No real key equals it (sizes are < 2^60, §4), so every
-// searched key is smaller and a lower_bound over all kCap slots never lands past the
-// bucket's last real entry unless the bucket is full.
-inline constexpr FreeKey128 kEmptyKey = ~static_cast<FreeKey128>(0);
 
 class FreeIndex {
  public:
@@ -75,7 +71,7 @@ class FreeIndex {
     const uint32_t b = search(last_.data(), static_cast<uint32_t>(last_.size()), key);
     if (b == order_.size()) return {b, 0};
     const Bucket& bk = bucket(b);
-    return {b, search_bucket(bk.key, key)};  // < n: the bucket's last key >= key
+    return {b, search(bk.key, bk.n, key)};  // < n: the bucket's last key >= key
   }
 
   void insert(const FreeEntry& entry) {
@@ -97,7 +93,7 @@ class FreeIndex {
       if (last_[b] < key) ++b;
     }
     Bucket& bk = bucket(b);
-    const uint32_t lo = search_bucket(bk.key, key);
+    const uint32_t lo = search(bk.key, bk.n, key);
     std::memmove(&bk.key[lo + 1], &bk.key[lo], (bk.n - lo) * sizeof(FreeKey128));
     std::memmove(&bk.id[lo + 1], &bk.id[lo], (bk.n - lo) * sizeof(uint32_t));
     bk.key[lo] = key;
@@ -112,7 +108,6 @@ class FreeIndex {
     std::memmove(&bk.key[p.slot], &bk.key[p.slot + 1], (bk.n - p.slot - 1) * sizeof(FreeKey128));
     std::memmove(&bk.id[p.slot], &bk.id[p.slot + 1], (bk.n - p.slot - 1) * sizeof(uint32_t));
     --bk.n;
-    bk.key[bk.n] = kEmptyKey;  // the vacated last slot
     if (bk.n == 0) {
       free_buckets_.push_back(order_[p.bucket]);
       order_.erase(order_.begin() + p.bucket);
@@ -159,8 +154,7 @@ class FreeIndex {
   }
 
  private:
-  // Structure of arrays: the searches touch only the keys. Slots n..kCap-1 always hold
-  // kEmptyKey, so search_bucket() can search all kCap slots with no length.
+  // Structure of arrays: the searches touch only the keys.
   struct Bucket {
     FreeKey128 key[kCap];
     uint32_t id[kCap];
@@ -171,48 +165,27 @@ class FreeIndex {
   const Bucket& bucket(uint32_t b) const { return storage_[order_[b]]; }
 
   // Branch-free lower_bound (conditional moves): the comparisons are data-dependent and
-  // would mispredict as branches. With m the largest power of two <= n, one compare picks
-  // the window [0, m) or [n - m, n) (they overlap; when k[m-1] < key every entry before
-  // n - m <= m is < key too), then halving power-of-two steps search it; the last compare
-  // settles the window's final slot, the only one no step examined. Returns the number of
-  // entries < key, as a textbook lower_bound.
-  static uint32_t search(const FreeKey128* k, uint32_t n, FreeKey128 key) {
+  // would mispredict as branches.
+  static uint32_t search(const FreeKey128* first, uint32_t n, FreeKey128 key) {
     if (n == 0) return 0;
-    uint32_t step = uint32_t{1} << (31 - __builtin_clz(n));
-    uint32_t i = step != n && k[step - 1] < key ? n - step : 0;
-    for (step >>= 1; step > 0; step >>= 1) i += k[i + step - 1] < key ? step : 0;
-    return i + (k[i] < key ? 1u : 0u);
-  }
-
-  // Branch-free lower_bound over one bucket's kCap slots (kCap = 32): fixed steps of
-  // 16, 8, 4, 2, 1 and a last compare, no loop counter. Exact: the empty slots past n hold
-  // kEmptyKey, greater than any searched key, so they never count as "< key"; the result
-  // is the number of real entries < key, as search(bk.key, bk.n, key) returns.
-  static uint32_t search_bucket(const FreeKey128* k, FreeKey128 key) {
-    static_assert(kCap == 32, "search_bucket's steps assume 32 slots");
-    uint32_t i = 0;
-    i += k[i + 15] < key ? 16u : 0u;
-    i += k[i + 7] < key ? 8u : 0u;
-    i += k[i + 3] < key ? 4u : 0u;
-    i += k[i + 1] < key ? 2u : 0u;
-    i += k[i] < key ? 1u : 0u;
-    // Only i == 31 can leave slot i unchecked (a full bucket whose entries are all < key).
-    return i + (k[i] < key ? 1u : 0u);
+    const FreeKey128* base = first;
+    while (n > 1) {
+      const uint32_t half = n / 2;
+      base = base[half - 1] < key ? base + half : base;
+      n -= half;
+    }
+    return static_cast<uint32_t>(base - first) + (*base < key ? 1u : 0u);
   }
 
   uint32_t new_bucket() {
-    uint32_t id;
     if (!free_buckets_.empty()) {
-      id = free_buckets_.back();
+      const uint32_t id = free_buckets_.back();
       free_buckets_.pop_back();
-    } else {
-      storage_.emplace_back();
-      id = static_cast<uint32_t>(storage_.size() - 1);
+      storage_[id].n = 0;
+      return id;
     }
-    Bucket& bk = storage_[id];
-    bk.n = 0;
-    for (FreeKey128& k : bk.key) k = kEmptyKey;
-    return id;
+    storage_.emplace_back();
+    return static_cast<uint32_t>(storage_.size() - 1);
   }
 
   void split(uint32_t b) {
@@ -223,7 +196,6 @@ class FreeIndex {
     upper.n = lower.n - keep;
     std::memcpy(upper.key, &lower.key[keep], upper.n * sizeof(FreeKey128));
     std::memcpy(upper.id, &lower.id[keep], upper.n * sizeof(uint32_t));
-    for (uint32_t i = keep; i < lower.n; ++i) lower.key[i] = kEmptyKey;
     lower.n = keep;
     const FreeKey128 upper_last = last_[b];
     last_[b] = lower.key[keep - 1];
