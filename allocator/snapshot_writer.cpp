@@ -14,31 +14,6 @@
 namespace memsim {
 namespace {
 
-const char* action_name(TraceAction action) {
-  // Local table rather than to_string(TraceAction): these are the pickle's spellings.
-  switch (action) {
-    case TraceAction::alloc: return "alloc";
-    case TraceAction::free_requested: return "free_requested";
-    case TraceAction::free_completed: return "free_completed";
-    case TraceAction::segment_alloc: return "segment_alloc";
-    case TraceAction::segment_free: return "segment_free";
-    case TraceAction::segment_map: return "segment_map";
-    case TraceAction::segment_unmap: return "segment_unmap";
-    case TraceAction::oom: return "oom";
-    case TraceAction::snapshot: return "snapshot";
-  }
-  return "alloc";
-}
-
-const char* state_name(BlockState state) {
-  switch (state) {
-    case BlockState::active_allocated: return "active_allocated";
-    case BlockState::active_pending_free: return "active_pending_free";
-    case BlockState::inactive: return "inactive";
-  }
-  return "inactive";
-}
-
 void empty_list(PickleWriter& w) {
   w.begin_list(0);
   w.end_list();
@@ -65,7 +40,7 @@ void write_segment(PickleWriter& w, const SnapshotSegment& seg) {
     w.string("address"); w.unsigned_integer(b.address);
     w.string("size"); w.unsigned_integer(b.size);
     w.string("requested_size"); w.unsigned_integer(b.requested_size);
-    w.string("state"); w.string(state_name(b.state));
+    w.string("state"); w.string(to_string(b.state));
     w.string("frames"); empty_list(w);
     w.end_dict();
   }
@@ -75,7 +50,7 @@ void write_segment(PickleWriter& w, const SnapshotSegment& seg) {
 
 void write_trace_entry(PickleWriter& w, const SnapshotTraceEntry& e) {
   w.begin_dict(5);
-  w.string("action"); w.string(action_name(e.action));
+  w.string("action"); w.string(to_string(e.action));
   w.string(e.action == TraceAction::oom ? "device_free" : "addr"); w.unsigned_integer(e.address);
   w.string("size"); w.unsigned_integer(e.size);
   w.string("stream"); w.unsigned_integer(e.stream);
