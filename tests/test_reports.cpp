@@ -283,3 +283,27 @@ TEST_CASE("compare --html draws one curve per policy", "[reports]") {
   CHECK(curves == 2);  // allocated per policy (no reserved line with several curves)
   for (const json& p : j["policies"]) CHECK(page.find(p["policy"].get<std::string>()) != std::string::npos);
 }
+
+TEST_CASE("replay --html draws a real snapshot's trace", "[reports]") {
+  TempDir dir;
+  const fs::path html = dir.path / "replay.html";
+  const Result r = run_cli(std::string("replay '") + MEMSIM_SOURCE_DIR +
+                               "/tests/data/silmont2000_mem_snapshot.pickle' --html " + q(html),
+                           dir);
+  REQUIRE(r.status == 0);
+  const std::string page = slurp(html);
+  CHECK(page.find("<svg") != std::string::npos);
+  CHECK(page.find("http") == std::string::npos);
+  // The trace's peak allocated, 3.03 GiB, is printed in exact bytes on the page.
+  const json report = json::parse(
+      run_cli(std::string("replay '") + MEMSIM_SOURCE_DIR +
+                  "/tests/data/silmont2000_mem_snapshot.pickle' --json -",
+              dir)
+          .out);
+  CHECK(page.find(std::to_string(report["peak_allocated_bytes"].get<uint64_t>())) !=
+        std::string::npos);
+  CHECK(run_cli(std::string("replay '") + MEMSIM_SOURCE_DIR +
+                    "/tests/data/silmont2000_mem_snapshot.pickle' --html -",
+                dir)
+            .status == 2);
+}

@@ -32,6 +32,7 @@ struct ReplayArgs {
   std::vector<std::string> sets;
   std::string json;
   std::string timeline;
+  std::string html;
 };
 CLI::App* add_replay_command(CLI::App& app, ReplayArgs& args);
 int run_replay(const ReplayArgs& args);

@@ -249,8 +249,8 @@ void write_tables(std::FILE* out, const Analysis& a) {
 
 }  // namespace
 
-HtmlCurve downsample_timeline(const Program& program, const Timeline& timeline,
-                              const Analysis& analysis, std::string label, size_t max_points) {
+HtmlCurve downsample_timeline(const Timeline& timeline, const Analysis& analysis,
+                              std::string label, size_t max_points) {
   HtmlCurve c;
   c.label = std::move(label);
   const size_t n = timeline.size();
@@ -275,6 +275,13 @@ HtmlCurve downsample_timeline(const Program& program, const Timeline& timeline,
     c.reserved.push_back(res);
     if (kinds) c.stack.push_back(categories(to_breakdown(timeline.by_kind[m])));
   }
+  return c;
+}
+
+HtmlCurve downsample_timeline(const Program& program, const Timeline& timeline,
+                              const Analysis& analysis, std::string label, size_t max_points) {
+  HtmlCurve c = downsample_timeline(timeline, analysis, std::move(label), max_points);
+  const size_t n = timeline.size();
   for (size_t i = 0; i < n; ++i) {
     const Phase p = program.events[i].phase;
     if (c.bands.empty() || c.bands.back().phase != p) c.bands.push_back({p, i, i + 1});

@@ -54,6 +54,9 @@ struct HtmlCurve {
 HtmlCurve downsample_timeline(const Program& program, const Timeline& timeline,
                               const Analysis& analysis, std::string label,
                               size_t max_points = kMaxHtmlPoints);
+// The same without phase bands, for a timeline no Program describes (a replayed trace).
+HtmlCurve downsample_timeline(const Timeline& timeline, const Analysis& analysis,
+                              std::string label, size_t max_points = kMaxHtmlPoints);
 
 struct HtmlReport {
   std::string title;

@@ -13,6 +13,7 @@
 #include "sim/scenario.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
+#include "tools/cli/html_report.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
@@ -104,6 +105,8 @@ CLI::App* add_replay_command(CLI::App& app, ReplayArgs& args) {
   cmd->add_option("--timeline", args.timeline,
                   "Write one CSV row per trace entry to FILE ('-' for stdout)")
       ->type_name("FILE.csv");
+  cmd->add_option("--html", args.html, "Write a self-contained HTML report to FILE")
+      ->type_name("FILE.html");
   return cmd;
 }
 
@@ -143,6 +146,28 @@ int run_replay(const ReplayArgs& args) {
     Output out(args.timeline);
     write_trace_timeline_csv(out.file(), trace, report.timeline);
     out.finish();
+  }
+  if (!args.html.empty()) {
+    if (args.html == "-") throw UsageError("--html needs a file name");
+    // A trace carries no phases and no tensor kinds: the page shows allocated and
+    // reserved over the trace's entries, without phase bands or stacked kinds.
+    Timeline timeline;
+    timeline.allocated.reserve(report.timeline.size());
+    timeline.reserved.reserve(report.timeline.size());
+    timeline.requested.reserve(report.timeline.size());
+    for (const ReplayTimelinePoint& p : report.timeline) {
+      timeline.allocated.push_back(p.allocated);
+      timeline.reserved.push_back(p.reserved);
+      timeline.requested.push_back(p.requested);
+    }
+    HtmlReport page;
+    page.title = args.snapshot;
+    page.facts = replay_header(args.snapshot, report, config, Style{}).facts;
+    page.curves.push_back(downsample_timeline(timeline, analysis, args.snapshot));
+    Output out(args.html);
+    write_html_report(out.file(), page, &analysis);
+    out.finish();
+    spdlog::info("HTML report written to {}", args.html);
   }
   if (!args.json.empty()) {
     Json j = Json::object();
