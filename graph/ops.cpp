@@ -1,4 +1,5 @@
 #include "graph/ops.h"
+#include "graph/op_helpers.h"
 
 #include <algorithm>
 
@@ -116,16 +117,8 @@ const char* backward_name(OpKind k) {
 
 namespace {
 
-bool wants_grad(const Runtime& rt, std::initializer_list<const Tensor*> ins) {
-  if (!rt.grad_enabled) return false;
-  for (const Tensor* t : ins)
-    if (t->requires_grad()) return true;
-  return false;
-}
-
-Tensor out_tensor(Runtime& rt, uint64_t bytes, OpKind k) {
-  return rt.alloc(bytes, TensorKind::activation, k);
-}
+using detail::out_tensor;
+using detail::wants_grad;
 
 // Unary op: out of x's size; `save` = 0 nothing, 1 self, 2 result.
 Tensor unary(Runtime& rt, const Tensor& x, OpKind k, int save, uint64_t out_bytes = 0) {
@@ -197,8 +190,7 @@ Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b, Broadcast bc) {
     int32_t n = binary_node(rt, OpKind::mul, a, b, out);
     if (bc == Broadcast::leading_dims) rt.node(n).flags |= kOuterBroadcast;
     // derivatives.yaml: self's grad needs other, other's grad needs self.
-    if (a.requires_grad()) rt.save(n, b);
-    if (b.requires_grad()) rt.save(n, a);
+    detail::save_cross(rt, n, a, b);
   }
   return out;
 }
@@ -273,9 +265,8 @@ Tensor bmm(Runtime& rt, const Tensor& a, const Tensor& b, uint64_t out_bytes, do
     Node& node = rt.node(n);
     node.size[0] = a.bytes;
     node.size[1] = b.bytes;
-    node.flops = (a.requires_grad() ? flops : 0) + (b.requires_grad() ? flops : 0);
-    if (a.requires_grad()) rt.save(n, b);
-    if (b.requires_grad()) rt.save(n, a);
+    node.flops = detail::matmul_backward_flops(a, b, flops);
+    detail::save_cross(rt, n, a, b);
     out.grad_fn = n;
   }
   return out;
@@ -293,9 +284,8 @@ Tensor linear_einsum(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out
     Node& node = rt.node(n);
     node.size[0] = w.bytes;
     node.size[1] = x.bytes;
-    node.flops = (x.requires_grad() ? flops : 0) + (w.requires_grad() ? flops : 0);
-    if (w.requires_grad()) rt.save(n, x);
-    if (x.requires_grad()) rt.save(n, w);
+    node.flops = detail::matmul_backward_flops(x, w, flops);
+    detail::save_cross(rt, n, w, x);
     out.grad_fn = n;
   }
   return out;

@@ -1,4 +1,5 @@
 #include "graph/ops_nn.h"
+#include "graph/op_helpers.h"
 
 #include <algorithm>
 
@@ -36,16 +37,8 @@ const char* nn_op_name(OpKind k, bool backward) {
 
 namespace {
 
-bool wants_grad(const Runtime& rt, std::initializer_list<const Tensor*> ins) {
-  if (!rt.grad_enabled) return false;
-  for (const Tensor* t : ins)
-    if (t->requires_grad()) return true;
-  return false;
-}
-
-Tensor out_tensor(Runtime& rt, uint64_t bytes, OpKind k) {
-  return rt.alloc(bytes, TensorKind::activation, k);
-}
+using detail::out_tensor;
+using detail::wants_grad;
 
 // Unary op whose backward allocates one input-sized grad. save: 0 nothing, 1 self, 2 result.
 Tensor unary(Runtime& rt, const Tensor& x, OpKind k, int save, uint64_t out_bytes) {
@@ -79,9 +72,8 @@ Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor
     node.size[0] = bias.bytes;
     node.size[1] = x.bytes;
     node.size[2] = w.bytes;
-    node.flops = (x.requires_grad() ? flops : 0) + (w.requires_grad() ? flops : 0);
-    if (w.requires_grad()) rt.save(n, x);
-    if (x.requires_grad()) rt.save(n, w);
+    node.flops = detail::matmul_backward_flops(x, w, flops);
+    detail::save_cross(rt, n, w, x);
     out.grad_fn = n;
   }
   return out;
@@ -97,9 +89,8 @@ Tensor mm_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_byt
     Node& node = rt.node(n);
     node.size[0] = x.bytes;
     node.size[1] = w.bytes;
-    node.flops = (x.requires_grad() ? flops : 0) + (w.requires_grad() ? flops : 0);
-    if (w.requires_grad()) rt.save(n, x);
-    if (x.requires_grad()) rt.save(n, w);
+    node.flops = detail::matmul_backward_flops(x, w, flops);
+    detail::save_cross(rt, n, w, x);
     out.grad_fn = n;
   }
   return out;

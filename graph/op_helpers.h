@@ -1,0 +1,37 @@
+// Helpers shared by the op libraries (graph/ops.cpp, graph/ops_nn.cpp): the pieces of
+// recording an aten op that every op does the same way. Internal to graph/.
+#pragma once
+
+#include <initializer_list>
+
+#include "graph/runtime.h"
+
+namespace memsim::graph::detail {
+
+// Whether an op records an autograd node: grad mode is on and some input needs a grad.
+inline bool wants_grad(const Runtime& rt, std::initializer_list<const Tensor*> ins) {
+  if (!rt.grad_enabled) return false;
+  for (const Tensor* t : ins)
+    if (t->requires_grad()) return true;
+  return false;
+}
+
+// A forward output: a new activation storage made by op `k`.
+inline Tensor out_tensor(Runtime& rt, uint64_t bytes, OpKind k) {
+  return rt.alloc(bytes, TensorKind::activation, k);
+}
+
+// Products (mul, mm, bmm, addmm; derivatives.yaml): each operand's grad needs the other
+// operand, so `q` is saved when `p` needs a grad, then `p` when `q` does. The order of
+// the two saves is the order autograd releases them, so callers keep theirs.
+inline void save_cross(Runtime& rt, int32_t node, const Tensor& p, const Tensor& q) {
+  if (p.requires_grad()) rt.save(node, q);
+  if (q.requires_grad()) rt.save(node, p);
+}
+
+// Backward FLOPs of a matmul: one forward's worth per operand that needs a grad.
+inline double matmul_backward_flops(const Tensor& a, const Tensor& b, double forward_flops) {
+  return (a.requires_grad() ? forward_flops : 0) + (b.requires_grad() ? forward_flops : 0);
+}
+
+}  // namespace memsim::graph::detail
