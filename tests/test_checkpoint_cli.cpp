@@ -1,6 +1,8 @@
 // memsim compare / memsim optimize through the built binary (MEMSIM_BINARY_DIR/memsim).
 #include <catch2/catch.hpp>
 
+#include "tests/cli_test_support.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,24 +18,11 @@ using nlohmann::json;
 
 namespace {
 
-struct Ran {
-  int status = -1;
-  std::string out;
-};
+using Ran = memsim_test::CommandResult;
 
 // `memsim ARGS` with stderr discarded; stdout captured.
 Ran memsim(const std::string& args) {
-  const std::string cmd =
-      std::string("NO_COLOR=1 '") + MEMSIM_BINARY_DIR + "/memsim' " + args + " 2>/dev/null";
-  Ran r;
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int w = ::pclose(pipe);
-  r.status = WIFEXITED(w) ? WEXITSTATUS(w) : -1;
-  return r;
+  return memsim_test::run_shell(memsim_test::memsim_command() + args + " 2>/dev/null");
 }
 
 // Four layers, sequence 128: the activations decide whether it fits in 64 MiB.

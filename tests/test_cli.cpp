@@ -3,6 +3,8 @@
 // keys of shared/docs/design.md, the timeline CSV and the error messages.
 #include <catch2/catch.hpp>
 
+#include "tests/cli_test_support.h"
+
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -24,12 +26,7 @@ struct Result {
   std::string err;  // stderr
 };
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using memsim_test::slurp;
 
 // A fresh temporary folder per test case, removed at the end.
 struct TempDir {
@@ -56,16 +53,11 @@ struct TempDir {
 // Runs `memsim ARGS` through the shell; stdout through popen, stderr to a file.
 Result memsim(const std::string& args, const TempDir& dir) {
   const fs::path err = dir.path / "stderr.txt";
-  const std::string cmd = std::string("NO_COLOR=1 '") + MEMSIM_BINARY_DIR + "/memsim' " + args +
-                          " 2>'" + err.string() + "'";
+  const auto ran =
+      memsim_test::run_shell(memsim_test::memsim_command() + args + " 2>'" + err.string() + "'");
   Result r;
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int wait_status = ::pclose(pipe);
-  r.status = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1;
+  r.status = ran.status;
+  r.out = ran.out;
   r.err = slurp(err);
   return r;
 }

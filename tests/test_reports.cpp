@@ -3,6 +3,8 @@
 // (Chrome trace JSON with counters and phase slices), --html (self-contained page).
 #include <catch2/catch.hpp>
 
+#include "tests/cli_test_support.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,12 +35,7 @@ struct Result {
   std::string err;
 };
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using memsim_test::slurp;
 
 struct TempDir {
   fs::path path;
@@ -60,16 +57,11 @@ struct TempDir {
 
 Result run_cli(const std::string& args, const TempDir& dir) {
   const fs::path err = dir.path / "stderr.txt";
-  const std::string cmd = std::string("NO_COLOR=1 '") + MEMSIM_BINARY_DIR + "/memsim' " + args +
-                          " 2>'" + err.string() + "'";
+  const auto ran =
+      memsim_test::run_shell(memsim_test::memsim_command() + args + " 2>'" + err.string() + "'");
   Result r;
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int wait_status = ::pclose(pipe);
-  r.status = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1;
+  r.status = ran.status;
+  r.out = ran.out;
   r.err = slurp(err);
   return r;
 }

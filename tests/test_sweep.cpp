@@ -3,6 +3,8 @@
 // (largest fitting value, found in O(log v) evaluations).
 #include <catch2/catch.hpp>
 
+#include "tests/cli_test_support.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,23 +49,10 @@ struct TempFile {
   }
 };
 
-struct Result {
-  int status = -1;
-  std::string out;
-};
+using Result = memsim_test::CommandResult;
 
 Result memsim_cli(const std::string& args) {
-  const std::string cmd =
-      std::string("NO_COLOR=1 '") + MEMSIM_BINARY_DIR + "/memsim' " + args + " 2>/dev/null";
-  Result r;
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int wait_status = ::pclose(pipe);
-  r.status = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1;
-  return r;
+  return memsim_test::run_shell(memsim_test::memsim_command() + args + " 2>/dev/null");
 }
 
 }  // namespace
@@ -193,16 +182,12 @@ TEST_CASE("memsim sweep: table, JSON with error rows, --max", "[sweep]") {
 
 TEST_CASE("memsim sweep -v off a terminal logs progress per 10%", "[sweep]") {
   const TempFile scenario(tiny());
-  const std::string cmd = std::string("NO_COLOR=1 '") + MEMSIM_BINARY_DIR + "/memsim' sweep '" +
-                          scenario.path.string() +
-                          "' --vary batch.micro_batch=1..10 -v --csv /dev/null 2>&1 >/dev/null";
-  std::string err;
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) err.append(buf, n);
-  REQUIRE(::pclose(pipe) == 0);
+  // stderr into the captured pipe, stdout discarded.
+  const auto ran = memsim_test::run_shell(
+      memsim_test::memsim_command() + "sweep '" + scenario.path.string() +
+      "' --vary batch.micro_batch=1..10 -v --csv /dev/null 2>&1 >/dev/null");
+  REQUIRE(ran.status == 0);
+  const std::string& err = ran.out;
   CHECK(err.find("sweep: 50% (5/10)") != std::string::npos);
   CHECK(err.find("sweep: 100% (10/10)") != std::string::npos);
   CHECK(err.find('\r') == std::string::npos);  // no redrawn bar when stderr is a pipe

@@ -1,0 +1,47 @@
+// Running the built `memsim` binary from tests: the one place that spawns a command and
+// captures what it prints. Test files wrap it with their own stderr handling.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+namespace memsim_test {
+
+struct CommandResult {
+  int status = -1;  // exit status; -1 when the command did not exit normally
+  std::string out;  // what it wrote to stdout
+};
+
+// Runs `command` through the shell and captures its stdout.
+inline CommandResult run_shell(const std::string& command) {
+  CommandResult r;
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+  const int wait_status = ::pclose(pipe);
+  r.status = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1;
+  return r;
+}
+
+// The shell words that start the built binary, without colour: append the arguments.
+inline std::string memsim_command() {
+  return std::string("NO_COLOR=1 '") + MEMSIM_BINARY_DIR + "/memsim' ";
+}
+
+inline std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace memsim_test
