@@ -43,6 +43,8 @@ class HfGpt2Model {
   Tensor conv1d(const Tensor& x, int32_t w, int32_t b, int64_t d_in, int64_t d_out);
   Tensor ln(const Tensor& x, int32_t w, int32_t b);
   Tensor attention(const LayerParams& p, const Tensor& x);
+  Tensor attn_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                   Tensor& weights);
   Tensor mlp(const LayerParams& p, const Tensor& x);
   Tensor gelu_new(const Tensor& x);
   Tensor drop(const Tensor& x);

@@ -44,13 +44,14 @@ class HfLlamaModel {
   struct LayerParams {
     int32_t q, k, v, o, gate, up, down, ln1, ln2;
   };
-  Tensor layer(int32_t l, const Tensor& x, const Tensor& mask, const Tensor& cos,
-               const Tensor& sin);
+  // One LlamaDecoderLayer; extra = {causal_mask, cache_position, cos, sin}.
+  Tensor layer(int32_t l, const Tensor& x, const std::vector<Tensor>& extra);
   Tensor linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out);
   Tensor rmsnorm(const Tensor& x, int32_t w);
   Tensor attention(const LayerParams& p, const Tensor& x, const Tensor& mask,
                    const Tensor& cos, const Tensor& sin);
   Tensor mlp(const LayerParams& p, const Tensor& x);
+  Tensor eager_core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 
   Runtime& rt_;
   HfShape s_;
