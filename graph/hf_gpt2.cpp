@@ -135,16 +135,21 @@ Tensor HfGpt2Model::attention(const LayerParams& p, const Tensor& x) {
     Tensor q = split.head_view(rt_, 0), k = split.head_view(rt_, 1), v = split.head_view(rt_, 2);
     // `attn_output, attn_weights = self._attn(q, k, v)`: both names stay bound until
     // GPT2Attention.forward returns. _attn is the candidate region of `selective`
-    // (graph/checkpoint.h). Its second output leaves through `keep`, written only by the
-    // forward run: a re-run in backward has its outputs dropped (and this frame is gone).
+    // (graph/checkpoint.h). Its second output leaves through `keep`. A region that runs
+    // plainly calls the lambda at once, while this frame is alive; a checkpointed one
+    // also stores it for its re-run in backward, whose outputs torch drops (and this
+    // frame is gone by then): `stored` tells the two apart.
     Tensor attn_weights;
     Tensor* keep = &attn_weights;
     const int32_t layer = rt_.ctx.layer;
+    const bool stored =
+        rt_.checkpoint != nullptr && rt_.checkpoint->wants(RegionKind::core_attention, layer);
     Tensor attn_output = run_region(
-        rt_, RegionKind::core_attention, {q, k, v}, [this, layer, keep](const Inputs& in) {
+        rt_, RegionKind::core_attention, {q, k, v},
+        [this, layer, keep, stored](const Inputs& in) {
           Tensor weights;
           Tensor o = attn_core(layers_[layer], in[0], in[1], in[2], weights);
-          if (!rt_.recomputing) *keep = std::move(weights);
+          if (!stored || !rt_.recomputing) *keep = std::move(weights);
           return o;
         });
     // _merge_heads: permute(0, 2, 1, 3).contiguous() copies; view.

@@ -207,10 +207,12 @@ std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& 
   CheckpointPlan plan = make_plan(scenario.checkpoint, scenario.model.layers);
   if (!plan.any()) return nullptr;
   // Every family's emitter opens the candidate regions (graph::run_layers / run_region):
-  // cs336, hf-gpt2 and hf-llama as torch.utils.checkpoint(use_reentrant=False) does,
-  // megatron as its reentrant CheckpointFunction (graph/megatron.h).
+  // cs336, hf-gpt2 and hf-llama as torch.utils.checkpoint(use_reentrant=False) does
+  // unless checkpoint.reentrant says true (Hugging Face's gradient_checkpointing_enable()
+  // default), megatron as its reentrant CheckpointFunction (graph/megatron.h).
   plan.early_stop = script.checkpoint_early_stop;
-  plan.reentrant = scenario.model.family == ModelFamily::megatron;
+  plan.reentrant = scenario.model.family == ModelFamily::megatron ||
+                   scenario.checkpoint.reentrant.value_or(false);
   return std::make_unique<graph::CheckpointEngine>(rt, std::move(plan));
 }
 

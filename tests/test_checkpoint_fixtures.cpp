@@ -11,6 +11,9 @@
 // through a stand-in whose backward saves only sizes, as 2.x's MeanBackward1; the float
 // scale divisions through a Function that saves nothing, as 2.x's wrapped numbers on the
 // CPU): no version correction remains on this side, every number is compared as is.
+// The HF rows are measured with use_reentrant=False and again with use_reentrant=True
+// (Hugging Face's default; memsim checkpoint.reentrant: true, the mode Megatron's own
+// CheckpointFunction has): forward end and step peak exact in both.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -78,10 +81,13 @@ void check_fixture(const nlohmann::json& fx, const Scenario& s) {
   std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
   uint64_t none_forward_end = 0;
   for (const nlohmann::json& row : fx["policies"]) {
+    const bool reentrant = row.value("reentrant", false);
     const std::string policy = row["policy"];
-    INFO(to_string(s.model.family) << " policy " << policy);
+    const std::string label = policy + (reentrant ? " (reentrant)" : "");
+    INFO(to_string(s.model.family) << " policy " << label);
     Scenario sp = s;
     sp.checkpoint = parse_policy(policy);
+    if (reentrant) sp.checkpoint.reentrant = true;
     TrainingScript script = default_script(sp);
     script.loss = LossImpl::torch;
     script.checkpoint_early_stop = fx["early_stop"];
@@ -92,14 +98,23 @@ void check_fixture(const nlohmann::json& fx, const Scenario& s) {
     const double err = static_cast<double>(m.peak) / static_cast<double>(real_peak) - 1.0;
     const double share = program.flops.recompute /
                          (program.flops.forward + program.flops.backward + program.flops.recompute);
-    std::printf("| %s | %llu | %llu | %llu | %llu | %+.3f%% | %.1f%% |\n", policy.c_str(),
+    std::printf("| %s | %llu | %llu | %llu | %llu | %+.3f%% | %.1f%% |\n", label.c_str(),
                 static_cast<unsigned long long>(real_fwd_end),
                 static_cast<unsigned long long>(m.forward_end),
                 static_cast<unsigned long long>(real_peak), static_cast<unsigned long long>(m.peak),
                 100 * err, 100 * share);
     CHECK(m.before_forward == row["before_forward"].get<uint64_t>());
     CHECK(m.forward_end == real_fwd_end);  // issue #4: exact
-    CHECK(m.after_backward == row["after_backward"].get<uint64_t>());
+    // Known difference, not modelled: a reentrant checkpoint keeps its non-tensor
+    // arguments on the backward node's ctx (ctx.inputs) for as long as the graph object
+    // lives, i.e. while the logits are bound. HF LLaMA passes position_embeddings as a
+    // (cos, sin) tuple, so torch keeps those two (S, hd) fp32 tensors after backward.
+    const uint64_t ctx_held = reentrant && s.model.family == ModelFamily::hf_llama &&
+                                      policy != "selective"
+                                  ? 2 * static_cast<uint64_t>(s.batch.seq_len) *
+                                        static_cast<uint64_t>(s.model.d_model / s.model.heads) * 4
+                                  : 0;
+    CHECK(m.after_backward + ctx_held == row["after_backward"].get<uint64_t>());
     CHECK(std::abs(err) < 0.02);           // issue #4: within 2%
     if (policy == "none") {
       none_forward_end = m.forward_end;
