@@ -22,6 +22,15 @@
 //    labels, CrossEntropyLoss on the fp32 logits.
 // Checked against real PyTorch (CPU, eager) by tests/test_hf_fixtures.cpp; the SDPA
 // kernels cannot be checked there (torch 1.13 has no F.scaled_dot_product_attention).
+//
+// Checkpointing (graph/checkpoint.h): the decoder loop runs through run_layers with the
+// tensors HF's checkpoint call passes (causal mask, cache_position / position_ids, cos and
+// sin), so `full` is gradient_checkpointing_enable(); the candidate regions inside a layer
+// are the attention half (input_layernorm + self_attn), the MLP half
+// (post_attention_layernorm + mlp) and the attention core (eager: matmul .. matmul; SDPA:
+// the kernel call). HF passes use_reentrant=True by default (transformers >= 4.35):
+// scenario key checkpoint.reentrant. Checked against torch 1.13 on CPU, both modes, by
+// tests/test_checkpoint_fixtures.cpp.
 #pragma once
 
 #include <vector>
