@@ -90,7 +90,7 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
       // A placeholder whose node is gone (its graph was discarded) is not filled.
       if (static_cast<size_t>(p.node) < node_holds_.size() && node_holds_[p.node] > 0)
         rt_.fill_saved(p.node, p.slot, storage);
-      if (plan_.early_stop && recompute_next_ == reg.placeholders.size())
+      if (plan_.early_stop && !plan_.reentrant && recompute_next_ == reg.placeholders.size())
         throw StopRecomputation{};
     }
     return true;  // the re-run's own graph keeps nothing
@@ -128,6 +128,9 @@ void CheckpointEngine::recompute(uint32_t r) {
   const uint32_t g = rt_.begin_graph();
   try {
     Tensor out = reg.fn(reg.inputs);
+    // Reentrant: `outputs` is a local of CheckpointFunction.backward while it runs the
+    // inner torch.autograd.backward over the region.
+    if (plan_.reentrant) reg.output = std::move(out);
   } catch (const StopRecomputation&) {
     // early stop: the re-run's locals died while unwinding, as in Python
   }
@@ -153,6 +156,7 @@ void CheckpointEngine::drop_frame(Region& reg) {
   // The frame (inputs, function) dies with its last placeholder.
   reg.fn = nullptr;
   reg.inputs.clear();
+  reg.output.reset();
   reg.placeholders.clear();
   reg.placeholders.shrink_to_fit();
 }

@@ -25,6 +25,15 @@
 //    it has run (so a region's saved set drains progressively through its backward).
 //  - Regions do not nest: a candidate region opened inside a checkpointed region (in its
 //    forward or its re-run) runs plainly. With grad mode off a region runs plainly.
+//  - Reentrant mode (plan.reentrant: torch.utils.checkpoint(use_reentrant=True), which
+//    Hugging Face's gradient_checkpointing_enable() passes by default, and Megatron-LM's
+//    own tensor_parallel.CheckpointFunction): the forward runs under no_grad and saves
+//    only the inputs, which keeps the same bytes as the placeholders above. In backward
+//    the checkpoint's node re-runs the whole region with grad (no early stop), then calls
+//    torch.autograd.backward(outputs, grads) on the re-run's graph: the re-run's output
+//    stays alive until that inner backward is done. The engine models exactly those two
+//    differences: the re-run goes to its end, and its output is held with the frame
+//    (freed when the region's last saved tensor is released).
 #pragma once
 
 #include <cstdint>
@@ -65,6 +74,8 @@ struct CheckpointPlan {
   // torch >= 2.1 stops the re-run after the last saved tensor is recomputed; torch 1.13
   // (and use_reentrant=True) re-runs the whole region.
   bool early_stop = true;
+  // Reentrant checkpoint semantics (see the file comment); implies no early stop.
+  bool reentrant = false;
 
   bool any() const;
   LayerCheckpoint at(int32_t layer) const {
@@ -114,6 +125,7 @@ class CheckpointEngine {
   struct Region {
     Inputs inputs;  // held by the checkpoint frame
     RegionFn fn;
+    Tensor output;  // reentrant: the re-run's output, alive until the frame dies
     OpContext ctx;  // where the region was opened (layer, module)
     std::vector<Placeholder> placeholders;
     uint32_t live = 0;  // placeholders not yet released

@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "graph/checkpoint.h"
 #include "graph/ops_nn.h"
 
 namespace memsim::graph {
@@ -91,43 +92,66 @@ Tensor HfGpt2Model::gelu_new(const Tensor& x) {
   return out;
 }
 
+// GPT2Attention._attn: returns attn_output, and its attn_weights (the dropout output)
+// through `weights`.
+Tensor HfGpt2Model::attn_core(const LayerParams& p, const Tensor& q, const Tensor& k,
+                              const Tensor& v, Tensor& weights) {
+  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t D = s_.d_model;
+  const uint64_t scores = B * H * S * S * e;
+  const double bmm_flops = 2.0 * B * H * S * S * hd;
+  // matmul of (B,H,S,hd) views of the (B,S,3D) projection: reshape copies.
+  Tensor qc = clone(rt_, q);
+  Tensor kc = clone(rt_, k);
+  Tensor w0 = bmm(rt_, qc, kc, scores, bmm_flops);
+  qc.reset();
+  kc.reset();
+  Tensor scale = rt_.alloc(e, TensorKind::temporary, OpKind::scalar_tensor);  // torch.full
+  Tensor w1 = div(rt_, w0, scale);  // saves the 0-d divisor
+  scale.reset();
+  w0.reset();
+  Tensor mask_value = rt_.alloc(e, TensorKind::temporary, OpKind::scalar_tensor);
+  Tensor w2 = where_tensor(rt_, p.causal_bias, w1, e);
+  w1.reset();
+  Tensor w3 = softmax(rt_, w2);
+  w2.reset();
+  weights = drop(w3);
+  w3.reset();
+  Tensor vc = clone(rt_, v);
+  Tensor o = bmm(rt_, weights, vc, B * S * D * e, bmm_flops);
+  vc.reset();
+  mask_value.reset();  // a local of _attn
+  return view(rt_, o, /*copy_in_backward=*/true);
+}
+
 Tensor HfGpt2Model::attention(const LayerParams& p, const Tensor& x) {
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::attention;
   const int64_t D = s_.d_model;
-  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
-  const uint64_t scores = B * H * S * S * e;
-  const double bmm_flops = 2.0 * B * H * S * S * hd;
   Tensor out;
   {
     Tensor qkv = conv1d(x, p.attn_w, p.attn_b, D, 3 * D);
     SplitQkv split(rt_, qkv);
     Tensor q = split.head_view(rt_, 0), k = split.head_view(rt_, 1), v = split.head_view(rt_, 2);
-    Tensor attn_output, attn_weights;
-    {
-      // _attn. matmul of (B,H,S,hd) views of the (B,S,3D) projection: reshape copies.
-      Tensor qc = clone(rt_, q);
-      Tensor kc = clone(rt_, k);
-      Tensor w0 = bmm(rt_, qc, kc, scores, bmm_flops);
-      qc.reset();
-      kc.reset();
-      Tensor scale = rt_.alloc(e, TensorKind::temporary, OpKind::scalar_tensor);  // torch.full
-      Tensor w1 = div(rt_, w0, scale);  // saves the 0-d divisor
-      scale.reset();
-      w0.reset();
-      Tensor mask_value = rt_.alloc(e, TensorKind::temporary, OpKind::scalar_tensor);
-      Tensor w2 = where_tensor(rt_, p.causal_bias, w1, e);
-      w1.reset();
-      Tensor w3 = softmax(rt_, w2);
-      w2.reset();
-      attn_weights = drop(w3);
-      w3.reset();
-      Tensor vc = clone(rt_, v);
-      Tensor o = bmm(rt_, attn_weights, vc, B * S * D * e, bmm_flops);
-      vc.reset();
-      mask_value.reset();  // a local of _attn
-      attn_output = view(rt_, o, /*copy_in_backward=*/true);
-    }
+    // `attn_output, attn_weights = self._attn(q, k, v)`: both names stay bound until
+    // GPT2Attention.forward returns. _attn is the candidate region of `selective`
+    // (graph/checkpoint.h). Its second output leaves through `keep`. A region that runs
+    // plainly calls the lambda at once, while this frame is alive; a checkpointed one
+    // also stores it for its re-run in backward, whose outputs torch drops (and this
+    // frame is gone by then): `stored` tells the two apart.
+    Tensor attn_weights;
+    Tensor* keep = &attn_weights;
+    const int32_t layer = rt_.ctx.layer;
+    const bool stored =
+        rt_.checkpoint != nullptr && rt_.checkpoint->wants(RegionKind::core_attention, layer);
+    Tensor attn_output = run_region(
+        rt_, RegionKind::core_attention, {q, k, v},
+        [this, layer, keep, stored](const Inputs& in) {
+          Tensor weights;
+          Tensor o = attn_core(layers_[layer], in[0], in[1], in[2], weights);
+          if (!stored || !rt_.recomputing) *keep = std::move(weights);
+          return o;
+        });
     // _merge_heads: permute(0, 2, 1, 3).contiguous() copies; view.
     Tensor merged = clone(rt_, attn_output);
     attn_output.reset();
@@ -150,22 +174,23 @@ Tensor HfGpt2Model::mlp(const LayerParams& p, const Tensor& x) {
   return h;
 }
 
-// GPT2Block.forward: pre-norm residual blocks.
+// GPT2Block.forward: pre-norm residual blocks. The two halves are candidate checkpoint
+// regions (graph/checkpoint.h); their lambdas capture values only (a checkpointed half
+// is re-run during backward).
 Tensor HfGpt2Model::block(int32_t layer, const Tensor& x) {
   const int32_t outer = rt_.ctx.layer;
   rt_.ctx.layer = layer;
-  const LayerParams& p = layers_[layer];
-  Tensor attn_output;
-  {
-    Tensor h1 = ln(x, p.ln1_w, p.ln1_b);
-    attn_output = attention(p, h1);
-  }
+  Tensor attn_output = run_region(rt_, RegionKind::attention, {x}, [this, layer](const Inputs& in) {
+    const LayerParams& p = layers_[layer];
+    Tensor h1 = ln(in[0], p.ln1_w, p.ln1_b);
+    return attention(p, h1);
+  });
   Tensor r1 = add(rt_, attn_output, x);
-  Tensor ff;
-  {
-    Tensor h2 = ln(r1, p.ln2_w, p.ln2_b);
-    ff = mlp(p, h2);
-  }
+  Tensor ff = run_region(rt_, RegionKind::mlp, {r1}, [this, layer](const Inputs& in) {
+    const LayerParams& p = layers_[layer];
+    Tensor h2 = ln(in[0], p.ln2_w, p.ln2_b);
+    return mlp(p, h2);
+  });
   Tensor out = add(rt_, r1, ff);
   attn_output.reset();
   ff.reset();
@@ -193,7 +218,10 @@ Tensor HfGpt2Model::forward(const Tensor& ids) {
     Tensor position_embeds = embedding_nn(rt_, rt_.param(wpe_), position_ids, S * D * e);
     Tensor h = add_bcast(rt_, inputs_embeds, position_embeds);
     h = drop(h);
-    for (int32_t l = 0; l < s_.layers; ++l) h = block(l, h);
+    // The block loop; with gradient checkpointing HF calls
+    // checkpoint(block.__call__, hidden_states, None, attention_mask (None), ...).
+    h = run_layers(rt_, static_cast<int32_t>(s_.layers), h, {},
+                   [this](int32_t l, const Tensor& in, const Inputs&) { return block(l, in); });
     rt_.ctx.module = Module::norm;
     hidden = ln(h, lnf_w_, lnf_b_);
   }  // GPT2Model.forward returns: its locals (embeddings, position ids) die

@@ -15,6 +15,12 @@
 // forward and returns the logits (B,S,V); loss(logits, labels) emits the loss.
 // Python lifetimes are mirrored (inputs_embeds/position_embeds live until the
 // transformer returns; a block's attn/mlp outputs until the block returns).
+//
+// Checkpointing (graph/checkpoint.h): the block loop runs through run_layers (HF
+// checkpoints block.__call__ with the hidden states only); the candidate regions inside a
+// block are the attention half (ln_1 + attn), the MLP half (ln_2 + mlp) and _attn
+// (`selective`; its attn_weights output stays bound in GPT2Attention.forward). Checked
+// against torch 1.13 on CPU by tests/test_checkpoint_fixtures.cpp.
 #pragma once
 
 #include <vector>
@@ -43,6 +49,8 @@ class HfGpt2Model {
   Tensor conv1d(const Tensor& x, int32_t w, int32_t b, int64_t d_in, int64_t d_out);
   Tensor ln(const Tensor& x, int32_t w, int32_t b);
   Tensor attention(const LayerParams& p, const Tensor& x);
+  Tensor attn_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                   Tensor& weights);
   Tensor mlp(const LayerParams& p, const Tensor& x);
   Tensor gelu_new(const Tensor& x);
   Tensor drop(const Tensor& x);

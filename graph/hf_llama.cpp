@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "graph/checkpoint.h"
 #include "graph/ops_nn.h"
 
 namespace memsim::graph {
@@ -99,41 +100,58 @@ Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tens
     }
     Tensor attn_output;
     if (s_.attention == HfAttention::eager) {
-      // matmul reshapes: q (transposed layout) copies; k^T and v are views when
-      // repeat_kv made contiguous copies, copies otherwise.
-      Tensor qc = clone(rt_, query);
-      Tensor kc = repeat_copies ? key : clone(rt_, key);
-      Tensor w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
-      qc.reset();
-      kc.reset();
-      w = div_scalar(rt_, w);
-      if (mask.defined()) w = add(rt_, w, mask);
-      if (e == 4) {
-        w = softmax(rt_, w);
-      } else {  // softmax(dtype=float32) converts first, then .to(dtype) casts back
-        w = to_copy(rt_, w, w.bytes / e * 4);
-        w = softmax(rt_, w);
-        w = to_copy(rt_, w, w.bytes / 4 * e);
-      }
-      if (s_.dropout > 0.0) w = native_dropout(rt_, w, e);
-      Tensor vc = repeat_copies ? value : clone(rt_, value);
-      Tensor o = bmm(rt_, w, vc, B * S * D * e, bmm_flops);
-      vc.reset();
-      w.reset();
-      Tensor o4 = view(rt_, o, /*copy_in_backward=*/true);
-      o.reset();
+      // The eager attention core (matmul, scale, mask, softmax, dropout, matmul) is the
+      // candidate region of `selective` (graph/checkpoint.h); it captures values only.
+      Tensor o4 = run_region(rt_, RegionKind::core_attention, {query, key, value, mask},
+                             [this](const Inputs& in) { return eager_core(in[0], in[1], in[2], in[3]); });
       attn_output = clone(rt_, o4);  // transpose(1, 2).contiguous()
     } else {
       SdpaShape sh{B, H, S, hd, e};
       // The kernel's (B,S,H,hd) output makes transpose(1,2).contiguous() a no-op.
-      attn_output = s_.attention == HfAttention::flash
-                        ? sdpa_flash(rt_, query, key, value, sh, 2 * bmm_flops)
-                        : sdpa_efficient(rt_, query, key, value, sh, 2 * bmm_flops);
+      const bool flash = s_.attention == HfAttention::flash;
+      attn_output = run_region(rt_, RegionKind::core_attention, {query, key, value},
+                               [this, sh, flash, bmm_flops](const Inputs& in) {
+                                 return flash ? sdpa_flash(rt_, in[0], in[1], in[2], sh, 2 * bmm_flops)
+                                              : sdpa_efficient(rt_, in[0], in[1], in[2], sh, 2 * bmm_flops);
+                               });
     }
     out = linear(attn_output, p.o, D, D);
   }  // the attention forward's locals (q/k/v states, attn_output) die here
   rt_.ctx.module = outer;
   return out;
+}
+
+// matmul(q, k^T) / sqrt(hd) + mask, softmax (fp32), dropout, matmul with v: the
+// (B,H,S,hd) result, still in the bmm's layout.
+Tensor HfLlamaModel::eager_core(const Tensor& query, const Tensor& key, const Tensor& value,
+                                const Tensor& mask) {
+  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t D = s_.d_model;
+  const uint64_t n_rep = static_cast<uint64_t>(s_.heads / s_.kv_heads);
+  const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
+  const double bmm_flops = 2.0 * B * H * S * S * hd;
+  // matmul reshapes: q (transposed layout) copies; k^T and v are views when
+  // repeat_kv made contiguous copies, copies otherwise.
+  Tensor qc = clone(rt_, query);
+  Tensor kc = repeat_copies ? key : clone(rt_, key);
+  Tensor w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
+  qc.reset();
+  kc.reset();
+  w = div_scalar(rt_, w);
+  if (mask.defined()) w = add(rt_, w, mask);
+  if (e == 4) {
+    w = softmax(rt_, w);
+  } else {  // softmax(dtype=float32) converts first, then .to(dtype) casts back
+    w = to_copy(rt_, w, w.bytes / e * 4);
+    w = softmax(rt_, w);
+    w = to_copy(rt_, w, w.bytes / 4 * e);
+  }
+  if (s_.dropout > 0.0) w = native_dropout(rt_, w, e);
+  Tensor vc = repeat_copies ? value : clone(rt_, value);
+  Tensor o = bmm(rt_, w, vc, B * S * D * e, bmm_flops);
+  vc.reset();
+  w.reset();
+  return view(rt_, o, /*copy_in_backward=*/true);  // `o` dies on return
 }
 
 Tensor HfLlamaModel::mlp(const LayerParams& p, const Tensor& x) {
@@ -151,22 +169,25 @@ Tensor HfLlamaModel::mlp(const LayerParams& p, const Tensor& x) {
   return out;
 }
 
-Tensor HfLlamaModel::layer(int32_t l, const Tensor& x, const Tensor& mask, const Tensor& cos,
-                           const Tensor& sin) {
+Tensor HfLlamaModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
   const int32_t outer = rt_.ctx.layer;
   rt_.ctx.layer = l;
-  const LayerParams& p = layers_[l];
-  Tensor h;
-  {
-    Tensor h1 = rmsnorm(x, p.ln1);
-    h = attention(p, h1, mask, cos, sin);
-  }
+  // extra = {causal_mask, cache_position, cos, sin} (see forward). The two halves are
+  // candidate checkpoint regions (graph/checkpoint.h); their lambdas capture values only,
+  // because a checkpointed half is re-run during backward.
+  Tensor h = run_region(rt_, RegionKind::attention, {x, extra[0], extra[2], extra[3]},
+                        [this, l](const Inputs& in) {
+                          const LayerParams& p = layers_[l];
+                          Tensor h1 = rmsnorm(in[0], p.ln1);
+                          return attention(p, h1, in[1], in[2], in[3]);
+                        });
   Tensor r1 = add(rt_, x, h);
   h.reset();  // `hidden_states = residual + hidden_states` drops the attention output
-  {
-    Tensor h2 = rmsnorm(r1, p.ln2);
-    h = mlp(p, h2);
-  }
+  h = run_region(rt_, RegionKind::mlp, {r1}, [this, l](const Inputs& in) {
+    const LayerParams& p = layers_[l];
+    Tensor h2 = rmsnorm(in[0], p.ln2);
+    return mlp(p, h2);
+  });
   Tensor out = add(rt_, r1, h);
   rt_.ctx.layer = outer;
   return out;
@@ -218,8 +239,15 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
       }
       rt_.grad_enabled = was;
     }
-    Tensor h = inputs_embeds;
-    for (int32_t l = 0; l < s_.layers; ++l) h = layer(l, h, causal_mask, cos, sin);
+    // The decoder loop. With gradient checkpointing HF calls
+    // checkpoint(decoder_layer.__call__, hidden_states, causal_mask, position_ids, ...,
+    // cache_position, position_embeddings): the frame holds those tensors (position_ids
+    // is a view of cache_position).
+    Tensor h = run_layers(rt_, static_cast<int32_t>(s_.layers), inputs_embeds,
+                          {causal_mask, cache_position, cos, sin},
+                          [this](int32_t l, const Tensor& in, const Inputs& extra) {
+                            return layer(l, in, extra);
+                          });
     hidden = rmsnorm(h, norm_);
   }  // LlamaModel.forward returns: the mask, cache_position, cos/sin names die
   rt_.ctx.module = Module::head;

@@ -22,6 +22,15 @@
 //    labels, CrossEntropyLoss on the fp32 logits.
 // Checked against real PyTorch (CPU, eager) by tests/test_hf_fixtures.cpp; the SDPA
 // kernels cannot be checked there (torch 1.13 has no F.scaled_dot_product_attention).
+//
+// Checkpointing (graph/checkpoint.h): the decoder loop runs through run_layers with the
+// tensors HF's checkpoint call passes (causal mask, cache_position / position_ids, cos and
+// sin), so `full` is gradient_checkpointing_enable(); the candidate regions inside a layer
+// are the attention half (input_layernorm + self_attn), the MLP half
+// (post_attention_layernorm + mlp) and the attention core (eager: matmul .. matmul; SDPA:
+// the kernel call). HF passes use_reentrant=True by default (transformers >= 4.35):
+// scenario key checkpoint.reentrant. Checked against torch 1.13 on CPU, both modes, by
+// tests/test_checkpoint_fixtures.cpp.
 #pragma once
 
 #include <vector>
@@ -44,13 +53,14 @@ class HfLlamaModel {
   struct LayerParams {
     int32_t q, k, v, o, gate, up, down, ln1, ln2;
   };
-  Tensor layer(int32_t l, const Tensor& x, const Tensor& mask, const Tensor& cos,
-               const Tensor& sin);
+  // One LlamaDecoderLayer; extra = {causal_mask, cache_position, cos, sin}.
+  Tensor layer(int32_t l, const Tensor& x, const std::vector<Tensor>& extra);
   Tensor linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out);
   Tensor rmsnorm(const Tensor& x, int32_t w);
   Tensor attention(const LayerParams& p, const Tensor& x, const Tensor& mask,
                    const Tensor& cos, const Tensor& sin);
   Tensor mlp(const LayerParams& p, const Tensor& x);
+  Tensor eager_core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 
   Runtime& rt_;
   HfShape s_;

@@ -1,5 +1,6 @@
 #include "graph/megatron.h"
 
+#include "graph/checkpoint.h"
 #include "graph/ops.h"
 
 namespace memsim::graph {
@@ -68,44 +69,60 @@ void MegatronModel::construct() {
 }
 
 // DotProductAttention (local spec) or TE fused attention on the packed QKV output.
-Tensor MegatronModel::core_attention(const Tensor& mixed) {
+// `mixed` is the QKV output (flash), or unused when q, k, v are given (eager).
+Tensor MegatronModel::core_attention(const Inputs& in) {
   const uint64_t b = s_.batch, a = s_.heads, s = s_.seq, e = s_.elem;
   const double hd = static_cast<double>(s_.hidden / s_.heads);
   const double attn_flops = 2.0 * static_cast<double>(b * a * s * s) * hd;  // per GEMM
   if (s_.flash) {
-    return fused_attention(rt_, mixed, act(), b * a * s * 4, rows() * s_.hidden * 4,
+    return fused_attention(rt_, in[0], act(), b * a * s * 4, rows() * s_.hidden * 4,
                            s_.dropout, 2 * attn_flops);
   }
-  QkvViews qkv = qkv_split(rt_, mixed);
+  const Tensor& q = in[0];
+  const Tensor& k = in[1];
+  const Tensor& v = in[2];
   if (!global_buffer_.defined()) {
     // mpu.get_global_memory_buffer().get_tensor(...): allocated at the first call and
     // kept for the process lifetime (not an activation of any layer).
     const int32_t layer = rt_.ctx.layer;
+    const uint32_t region = rt_.ctx.region;
     rt_.ctx.layer = -1;
+    rt_.ctx.region = 0;
     global_buffer_ = rt_.alloc(b * a * s * s * e, TensorKind::other, OpKind::baddbmm);
     rt_.program().tensors[global_buffer_.storage].name =
         rt_.program().intern("mpu global memory buffer");
     rt_.ctx.layer = layer;
+    rt_.ctx.region = region;
   }
   // matmul_result (and its attention_scores view) stay bound until forward returns.
-  Tensor scores = baddbmm_qk(rt_, qkv.q, qkv.k, b * a * s * s * e, attn_flops);
+  Tensor scores = baddbmm_qk(rt_, q, k, b * a * s * s * e, attn_flops);
   Tensor probs = fused_causal_softmax(rt_, scores);
   probs = dropout(rt_, probs, b * a * s * s, s_.dropout);
-  Tensor context = bmm(rt_, probs, qkv.v, act(), attn_flops);
+  Tensor context = bmm(rt_, probs, v, act(), attn_flops);
   // [b, np, sq, hn] -> [sq, b, np, hn]: permute(...).contiguous(), a copy; the bmm
   // result dies when the name is rebound.
   context = clone(rt_, context);
   return context;
 }
 
-Tensor MegatronModel::attention(const Tensor& ln_out) {
+Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_mask) {
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::attention;
   const uint64_t h = s_.hidden, e = s_.elem;
   const double r = static_cast<double>(rows()), hd = static_cast<double>(h);
   Tensor mixed = megatron_linear(
       rt_, ln_out, {3 * act(), 3 * h * h * e, s_.bias ? 3 * h * e : 0, 2 * r * hd * 3 * hd});
-  Tensor context = core_attention(mixed);
+  // Selective recomputation checkpoints exactly core_attention(q, k, v, attention_mask)
+  // (tensor_parallel.checkpoint in _checkpointed_attention_forward).
+  Tensor context;
+  if (s_.flash) {
+    context = run_region(rt_, RegionKind::core_attention, {mixed, attention_mask},
+                         [this](const Inputs& in) { return core_attention(in); });
+  } else {
+    QkvViews qkv = qkv_split(rt_, mixed);
+    context = run_region(rt_, RegionKind::core_attention, {qkv.q, qkv.k, qkv.v, attention_mask},
+                         [this](const Inputs& in) { return core_attention(in); });
+  }
   mixed.reset();
   // linear_proj: skip_bias_add (its bias goes to bias-dropout-add).
   Tensor out = megatron_linear(rt_, context, {act(), h * h * e, 0, 2 * r * hd * hd});
@@ -113,43 +130,61 @@ Tensor MegatronModel::attention(const Tensor& ln_out) {
   return out;
 }
 
-// MLP with bias-GeLU fusion, then the layer's second bias-dropout-add.
-Tensor MegatronModel::mlp(const Tensor& ln_out, const Tensor& residual) {
+// MLP with bias-GeLU fusion up to linear_fc2 (its bias goes to bias-dropout-add).
+Tensor MegatronModel::mlp(const Tensor& ln_out) {
   rt_.ctx.module = Module::mlp;
   const uint64_t h = s_.hidden, f = s_.ffn, e = s_.elem;
   const double r = static_cast<double>(rows());
   const double flops = 2 * r * static_cast<double>(h) * static_cast<double>(f);
-  Tensor fc2_out;
-  {
-    Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops});
-    inter = bias_gelu(rt_, inter, s_.bias ? f * e : 0);
-    fc2_out = megatron_linear(rt_, inter, {act(), h * f * e, 0, flops});
-  }
-  // mlp_output_with_bias stays bound until the layer returns.
-  Tensor out = bias_dropout_add(rt_, fc2_out, residual, rows() * h, s_.bias ? h * e : 0,
-                                s_.dropout);
-  return out;
+  Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops});
+  inter = bias_gelu(rt_, inter, s_.bias ? f * e : 0);
+  return megatron_linear(rt_, inter, {act(), h * f * e, 0, flops});
 }
 
-Tensor MegatronModel::layer(int32_t index, const Tensor& x) {
+Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attention_mask) {
   const int32_t outer = rt_.ctx.layer;
   rt_.ctx.layer = index;
   const uint64_t h = s_.hidden, e = s_.elem;
-  rt_.ctx.module = Module::norm;
-  Tensor ln1 = fused_layer_norm(rt_, x, rows(), h, e);
-  Tensor attn_out = attention(ln1);
+  // The attention half (input_layernorm + self_attention) and the MLP half
+  // (pre_mlp_layernorm + mlp) are candidate checkpoint regions (graph/checkpoint.h); the
+  // bias-dropout-adds stay outside. Unless a half is itself checkpointed (then its norm
+  // output is a local of the checkpointed function), the layer frame keeps the norm
+  // output bound until it returns, as TransformerLayer.forward does: the lambda, run at
+  // once and never stored in that case, hands it out through `keep`.
+  CheckpointEngine* engine = rt_.checkpoint;
+  Tensor ln1;
+  Tensor* keep1 = engine && engine->wants(RegionKind::attention, index) ? nullptr : &ln1;
+  Tensor attn_out = run_region(rt_, RegionKind::attention, {x, attention_mask},
+                               [this, keep1](const Inputs& in) {
+                                 rt_.ctx.module = Module::norm;
+                                 Tensor ln = fused_layer_norm(rt_, in[0], rows(), s_.hidden, s_.elem);
+                                 Tensor out = attention(ln, in[1]);
+                                 if (keep1 != nullptr) *keep1 = std::move(ln);
+                                 return out;
+                               });
   rt_.ctx.module = Module::attention;
   Tensor hidden = bias_dropout_add(rt_, attn_out, x, rows() * h, s_.bias ? h * e : 0,
                                    s_.dropout);
-  rt_.ctx.module = Module::norm;
-  Tensor ln2 = fused_layer_norm(rt_, hidden, rows(), h, e);
-  Tensor out = mlp(ln2, hidden);
+  Tensor ln2;
+  Tensor* keep2 = engine && engine->wants(RegionKind::mlp, index) ? nullptr : &ln2;
+  // mlp_output_with_bias stays bound until the layer returns.
+  Tensor fc2_out = run_region(rt_, RegionKind::mlp, {hidden}, [this, keep2](const Inputs& in) {
+    rt_.ctx.module = Module::norm;
+    Tensor ln = fused_layer_norm(rt_, in[0], rows(), s_.hidden, s_.elem);
+    Tensor out = mlp(ln);
+    if (keep2 != nullptr) *keep2 = std::move(ln);
+    return out;
+  });
+  rt_.ctx.module = Module::mlp;
+  Tensor out = bias_dropout_add(rt_, fc2_out, hidden, rows() * h, s_.bias ? h * e : 0,
+                                s_.dropout);
   rt_.ctx.module = Module::none;
   rt_.ctx.layer = outer;
-  return out;  // ln1, attn_out, hidden, ln2 die with the frame
+  return out;  // ln1, attn_out, hidden, ln2, fc2_out die with the frame
 }
 
-Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids) {
+Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids,
+                              const Tensor& attention_mask) {
   const uint64_t h = s_.hidden, e = s_.elem;
   rt_.ctx.layer = -1;
   rt_.ctx.module = Module::embedding;
@@ -164,7 +199,13 @@ Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids) 
   }
   // GPTModel.forward keeps decoder_input bound; the decoder loop rebinds hidden_states.
   Tensor hidden = embedded;
-  for (int32_t l = 0; l < s_.layers; ++l) hidden = layer(l, hidden);
+  // TransformerBlock: the layer loop, or _checkpointed_forward with full recomputation
+  // (tensor_parallel.checkpoint(custom(l, l + n), False, hidden_states, attention_mask,
+  // ...): the chunk's inputs are saved).
+  hidden = run_layers(rt_, static_cast<int32_t>(s_.layers), hidden, {attention_mask},
+                      [this](int32_t l, const Tensor& in, const Inputs& extra) {
+                        return layer(l, in, extra[0]);
+                      });
   rt_.ctx.module = Module::norm;
   Tensor final_ln = fused_layer_norm(rt_, hidden, rows(), h, e);
   hidden.reset();

@@ -38,6 +38,23 @@
 // s^2 tensors; the output [s,b,h] is the projection's input itself (no copy), plus the
 // fp32 softmax logsumexp (4*a*s*b) and, with dropout, a 16-byte RNG state: 34sbh + those.
 //
+// Activation recomputation (sim/checkpoint_policy.h policies, graph/checkpoint.h
+// regions). Megatron's options map to: --recompute-granularity selective = `selective`
+// (core_attention(q, k, v, mask) checkpointed: a layer then keeps 34sbh, Korthikanti
+// Table 2); --recompute-granularity full with --recompute-method uniform and
+// --recompute-num-layers N = `uniform:N` (chunks of N layers, each keeping only its input
+// hidden state, 2sbh, and the attention mask); --recompute-method block with N =
+// `block:N` (the first N layers, one checkpoint each). `modules` / `custom` halves (the
+// norm plus self-attention, the norm plus MLP) are generic checkpoints around those
+// halves, as Megatron-core's newer --recompute-modules does for mlp. Megatron
+// checkpoints with its own tensor_parallel.CheckpointFunction, a reentrant checkpoint:
+// forward under no_grad saving only the inputs (save_for_backward(*args)), and in
+// backward the whole chunk is re-run with grad and torch.autograd.backward is called on
+// its outputs. Two differences from torch.utils.checkpoint(use_reentrant=False), both
+// modelled (CheckpointPlan::reentrant): the re-run always runs to the chunk's end (no
+// early stop), and the re-run's output stays alive until the chunk's backward is done.
+// distribute_saved_activations (tensor parallel only) is not modelled.
+//
 // Outside the layers: the embedding (word + position, transpose-contiguous, dropout
 // mask), the final LayerNorm, the bf16 logits [s,b,V] (dead when the model's forward
 // returns) and the fp32 copy the cross entropy turns into its saved softmax (4sbV).
@@ -82,11 +99,13 @@ class MegatronModel {
   // Parameters in Megatron's construction order (embedding, layers, final norm; the
   // output layer reuses the word embedding).
   void construct();
-  // GPTModel.forward up to the logits: tokens and position ids (b, s) int64; returns the
-  // logits [s, b, V] in the 16-bit dtype.
-  Tensor forward(const Tensor& tokens, const Tensor& position_ids);
+  // GPTModel.forward up to the logits: tokens and position ids (b, s) int64, and the
+  // dataloader's attention mask (never read by the causal fused softmax, but passed down
+  // to every layer and saved by the recompute checkpoints); returns the logits [s, b, V]
+  // in the 16-bit dtype.
+  Tensor forward(const Tensor& tokens, const Tensor& position_ids, const Tensor& attention_mask);
   // One TransformerLayer (the caller keeps x alive, as the decoder loop does).
-  Tensor layer(int32_t index, const Tensor& x);
+  Tensor layer(int32_t index, const Tensor& x, const Tensor& attention_mask);
   // compute_language_model_loss: labels transposed, vocab-parallel CE, loss transposed
   // back to [b, s] (fp32).
   Tensor language_model_loss(const Tensor& logits, const Tensor& labels);
@@ -100,9 +119,10 @@ class MegatronModel {
   uint64_t act() const { return rows() * s_.hidden * s_.elem; }  // one [s, b, h] tensor
 
  private:
-  Tensor attention(const Tensor& ln_out);
-  Tensor core_attention(const Tensor& mixed);
-  Tensor mlp(const Tensor& ln_out, const Tensor& residual);
+  Tensor attention(const Tensor& ln_out, const Tensor& attention_mask);
+  // {q, k, v, mask} (eager) or {mixed QKV, mask} (flash).
+  Tensor core_attention(const std::vector<Tensor>& in);
+  Tensor mlp(const Tensor& ln_out);
   int32_t param(uint64_t elems, const std::string& name, bool decay);
 
   Runtime& rt_;

@@ -206,13 +206,13 @@ std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& 
                                                                 const TrainingScript& script) {
   CheckpointPlan plan = make_plan(scenario.checkpoint, scenario.model.layers);
   if (!plan.any()) return nullptr;
-  // A family whose emitter opens no candidate regions (graph::run_layers / run_region)
-  // would silently ignore the policy: refuse instead, until its emitter is wired.
-  if (scenario.model.family != ModelFamily::cs336)
-    throw PolicyError(std::string("checkpoint.policy ") + policy_label(scenario.checkpoint) +
-                      ": activation checkpointing is not wired into the " +
-                      to_string(scenario.model.family) + " family's emitter yet");
+  // Every family's emitter opens the candidate regions (graph::run_layers / run_region):
+  // cs336, hf-gpt2 and hf-llama as torch.utils.checkpoint(use_reentrant=False) does
+  // unless checkpoint.reentrant says true (Hugging Face's gradient_checkpointing_enable()
+  // default), megatron as its reentrant CheckpointFunction (graph/megatron.h).
   plan.early_stop = script.checkpoint_early_stop;
+  plan.reentrant = scenario.model.family == ModelFamily::megatron ||
+                   scenario.checkpoint.reentrant.value_or(false);
   return std::make_unique<graph::CheckpointEngine>(rt, std::move(plan));
 }
 

@@ -50,7 +50,9 @@ graph::CheckpointPlan make_plan(const CheckpointConfig& config, int64_t layers);
 // choices become single-layer regions).
 CheckpointConfig config_for_plan(const graph::CheckpointPlan& plan);
 
-// The engine build_program installs for the scenario's policy (nullptr for none).
+// The engine build_program installs for the scenario's policy (nullptr for none):
+// non-reentrant (early stop as the script says) unless checkpoint.reentrant is true or
+// the family is megatron (graph::CheckpointPlan::reentrant).
 std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& rt,
                                                                 const Scenario& scenario,
                                                                 const TrainingScript& script);

@@ -6,7 +6,9 @@
 #include <string>
 
 #include "graph/ops.h"
+#include "sim/checkpoint_policy.h"
 #include "sim/megatron_optimizer.h"
+#include "sim/schedule.h"
 
 namespace memsim {
 
@@ -45,7 +47,6 @@ void check_supported(const Scenario& s) {
   if (s.parallel.tensor != 1 || s.parallel.pipeline != 1 || s.parallel.data != 1)
     fail("parallelism (parallel.data/tensor/pipeline > 1)");
   if (s.parallel.zero != 0) fail("ZeRO / the distributed optimizer (parallel.zero)");
-  if (s.checkpoint.policy != "none") fail("activation recomputation (checkpoint.policy)");
   if (s.precision.autocast.has_value()) fail("torch.autocast (Megatron casts the model instead)");
   if (s.model.kv_heads != 0 && s.model.kv_heads != s.model.heads) fail("grouped-query attention");
   if (!s.model.tied_embeddings) fail("an untied output layer");
@@ -72,6 +73,9 @@ class MegatronLoop {
 
   void run() {
     rt_.cublas_workspace = s_.device.cublas_workspace;
+    // Activation recomputation (sim/checkpoint_policy.h; Megatron's reentrant
+    // CheckpointFunction, graph/megatron.h): installs itself on rt_.
+    checkpoint_ = make_checkpoint_engine(rt_, s_, default_script(s_));
     rt_.ctx.phase = Phase::setup;
     model_.construct();
     allocate_grad_buffer();
@@ -146,7 +150,7 @@ class MegatronLoop {
         named(rt_, rt_.alloc(rows() * 8, TensorKind::input, OpKind::other), "position_ids");
     Tensor loss;
     {
-      Tensor logits = model_.forward(tokens, position_ids);
+      Tensor logits = model_.forward(tokens, position_ids, attention_mask);
       rt_.ctx.phase = Phase::loss;
       loss = model_.language_model_loss(logits, labels);
     }  // GPTModel.forward returns: the 16-bit logits die
@@ -183,6 +187,7 @@ class MegatronLoop {
   uint64_t grad_elem_ = 4;
   MegatronOptimizerConfig optimizer_config_;
   std::unique_ptr<MegatronOptimizer> optimizer_;
+  std::unique_ptr<graph::CheckpointEngine> checkpoint_;
   Tensor main_grad_;
 };
 

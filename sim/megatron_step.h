@@ -41,7 +41,7 @@ struct MegatronOptions {
 graph::MegatronShape megatron_shape(const Scenario& scenario);
 
 // Throws std::runtime_error for settings this family does not model yet (tensor or
-// pipeline parallelism, ZeRO, activation checkpointing, fp32 autocast).
+// pipeline parallelism, ZeRO, fp32 autocast).
 Program build_megatron_program(const Scenario& scenario, const MegatronOptions& options = {});
 
 }  // namespace memsim

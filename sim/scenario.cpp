@@ -93,7 +93,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"precision", {"params", "autocast", "master_weights"}},
       {"optimizer", {"type", "impl", "momentum"}},
       {"step", {"kind", "warmup_steps", "zero_grad"}},
-      {"checkpoint", {"policy", "layers_per_segment", "custom"}},
+      {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant"}},
       {"parallel", {"data", "tensor", "pipeline", "zero"}},
       {"device", {"preset", "capacity", "cuda_context", "cublas_workspace"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",

@@ -79,6 +79,9 @@ struct CheckpointConfig {
   int64_t layers_per_segment = 1;
   std::vector<std::string> custom;    // policy custom: layer indices or module names
                                       // (required); policy modules: module names (optional)
+  // torch.utils.checkpoint(use_reentrant=...): unset = the family's usual call (false:
+  // cs336, hf-*, as the torch recommendation; megatron always reentrant).
+  std::optional<bool> reentrant;
 };
 
 struct ParallelConfig {

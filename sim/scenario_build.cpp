@@ -212,6 +212,14 @@ CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
       }
     }
   }
+  if (const Field* f = d.find("checkpoint.reentrant")) {
+    c.reentrant = read_bool(*f, "checkpoint.reentrant");
+    // Megatron's tensor_parallel.checkpoint is reentrant; it has no other mode.
+    if (!*c.reentrant && m.family == ModelFamily::megatron)
+      fail(f->where, "checkpoint.reentrant",
+           "Megatron-LM recomputes with its own reentrant CheckpointFunction; false is not "
+           "a Megatron setting (leave the key out)");
+  }
   // The list says what to checkpoint for "custom" (layers or modules) and may narrow
   // "modules" to named modules; any other policy would silently ignore it.
   if (c.policy == "custom" && c.custom.empty()) {

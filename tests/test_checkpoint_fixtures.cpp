@@ -1,16 +1,23 @@
-// memsim's checkpointing against real PyTorch: tests/data/torch_cpu/checkpoint_cs336.json,
-// measured by tools/fixtures/gen_checkpoint_fixtures.py (torch 1.13 on CPU, fp32, the
-// CS336 staff model written in plain torch, use_reentrant=False, no early stop). Requested
-// bytes: live at the end of forward and the step's peak (forward, loss, backward).
+// memsim's checkpointing against real PyTorch, per family: tests/data/torch_cpu/
+// checkpoint_{cs336,hf_gpt2,hf_llama}.json, measured by
+// tools/fixtures/gen_checkpoint_fixtures.py (torch 1.13 on CPU, fp32, plain-torch stand-ins
+// of the CS336 staff model and of Hugging Face GPT2LMHeadModel / LlamaForCausalLM,
+// torch.utils.checkpoint(use_reentrant=False), which in 1.13 re-runs a whole region: no
+// early stop, so the engine runs in that mode). One step: forward (policy applied), the
+// model's loss, backward; no optimizer, no warm-up. Requested bytes: live before the
+// forward, at its end, after backward, and the step's peak.
 //
-// One version difference is corrected for, not hidden: torch 1.13's MeanBackward1 saves
-// its whole input (RMSNorm's x.pow(2), one (B,S,D) tensor per norm), where torch >= 2.0,
-// which memsim models, saves only sizes. The fixture's generator also divides the scores
-// by a 0-d tensor (4 bytes saved per attention; see the script). Both exist only where
-// the norm / the attention is not checkpointed, so they are counted from the plan.
+// The fixtures are written so that torch 1.13 shows PyTorch 2.x's memory (RMSNorm's mean
+// through a stand-in whose backward saves only sizes, as 2.x's MeanBackward1; the float
+// scale divisions through a Function that saves nothing, as 2.x's wrapped numbers on the
+// CPU): no version correction remains on this side, every number is compared as is.
+// The HF rows are measured with use_reentrant=False and again with use_reentrant=True
+// (Hugging Face's default; memsim checkpoint.reentrant: true, the mode Megatron's own
+// CheckpointFunction has): forward end and step peak exact in both.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -24,7 +31,7 @@ using namespace memsim;
 namespace {
 
 struct Measured {
-  uint64_t before_forward = 0, forward_end = 0, peak = 0;
+  uint64_t before_forward = 0, forward_end = 0, after_backward = 0, peak = 0;
 };
 
 // Requested bytes live after each event, from the measured step's start.
@@ -42,59 +49,89 @@ Measured measure(const Program& p) {
         m.before_forward = live;
       }
       if (name == "forward_end") m.forward_end = live;
-      if (name == "backward_end") measuring = false;
+      if (name == "backward_end") {
+        measuring = false;
+        m.after_backward = live;
+      }
     }
     if (measuring) m.peak = std::max(m.peak, live);
   }
   return m;
 }
 
-// Bytes torch 1.13 keeps at the end of forward that memsim (torch >= 2 semantics) does not.
-uint64_t version_extra(const graph::CheckpointPlan& plan, uint64_t act) {
-  using graph::LayerCheckpoint;
-  uint64_t extra = act;  // ln_final
-  for (LayerCheckpoint c : plan.layers) {
-    const bool attn = c == LayerCheckpoint::layer || c == LayerCheckpoint::attention ||
-                      c == LayerCheckpoint::modules;
-    const bool mlp = c == LayerCheckpoint::layer || c == LayerCheckpoint::mlp ||
-                     c == LayerCheckpoint::modules;
-    if (!attn) extra += act;                                     // ln1's pow output
-    if (!mlp) extra += act;                                      // ln2's pow output
-    if (!attn && c != LayerCheckpoint::core_attention) extra += 4;  // the 0-d divisor
-  }
-  return extra;
+nlohmann::json load(const std::string& file) {
+  std::ifstream in(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu/" + file);
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
 }
 
-// The same inside the largest checkpointed region: alive again while it is recomputed.
-uint64_t region_extra(const graph::CheckpointPlan& plan, uint64_t act) {
-  using graph::LayerCheckpoint;
-  uint64_t most = 0;
-  for (size_t l = 0; l < plan.layers.size();) {
-    const LayerCheckpoint c = plan.layers[l];
-    size_t end = l + 1;
-    if (c == LayerCheckpoint::layer)
-      while (end < plan.layers.size() && plan.layers[end] == LayerCheckpoint::layer &&
-             !plan.segment.empty() && plan.segment[end] == plan.segment[l])
-        ++end;
-    uint64_t e = 0;
-    if (c == LayerCheckpoint::layer) e = (2 * act + 4) * (end - l);
-    if (c == LayerCheckpoint::attention || c == LayerCheckpoint::modules) e = act + 4;
-    if (c == LayerCheckpoint::mlp) e = act;
-    if (c == LayerCheckpoint::core_attention) e = 4;
-    most = std::max(most, e);
-    l = end;
+// The fixture's step: no optimizer, no warm-up, no cuBLAS workspaces (a CPU run).
+Scenario base_scenario() {
+  Scenario s;
+  s.optimizer.type = OptimizerType::none;
+  s.step.warmup_steps = 0;
+  s.device.cublas_workspace = 0;
+  return s;
+}
+
+// Every policy row of a fixture against the same scenario with that policy.
+void check_fixture(const nlohmann::json& fx, const Scenario& s) {
+  std::printf("\n| %s policy | forward end real | predicted | step peak real | predicted | error | recompute share |\n",
+              to_string(s.model.family));
+  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  uint64_t none_forward_end = 0;
+  for (const nlohmann::json& row : fx["policies"]) {
+    const bool reentrant = row.value("reentrant", false);
+    const std::string policy = row["policy"];
+    const std::string label = policy + (reentrant ? " (reentrant)" : "");
+    INFO(to_string(s.model.family) << " policy " << label);
+    Scenario sp = s;
+    sp.checkpoint = parse_policy(policy);
+    if (reentrant) sp.checkpoint.reentrant = true;
+    TrainingScript script = default_script(sp);
+    script.loss = LossImpl::torch;
+    script.checkpoint_early_stop = fx["early_stop"];
+    const Program program = build_program(sp, script);
+    const Measured m = measure(program);
+    const uint64_t real_fwd_end = row["live_at_forward_end"];
+    const uint64_t real_peak = row["step_peak"];
+    const double err = static_cast<double>(m.peak) / static_cast<double>(real_peak) - 1.0;
+    const double share = program.flops.recompute /
+                         (program.flops.forward + program.flops.backward + program.flops.recompute);
+    std::printf("| %s | %llu | %llu | %llu | %llu | %+.3f%% | %.1f%% |\n", label.c_str(),
+                static_cast<unsigned long long>(real_fwd_end),
+                static_cast<unsigned long long>(m.forward_end),
+                static_cast<unsigned long long>(real_peak), static_cast<unsigned long long>(m.peak),
+                100 * err, 100 * share);
+    CHECK(m.before_forward == row["before_forward"].get<uint64_t>());
+    CHECK(m.forward_end == real_fwd_end);  // issue #4: exact
+    // Known difference, not modelled: a reentrant checkpoint keeps its non-tensor
+    // arguments on the backward node's ctx (ctx.inputs) for as long as the graph object
+    // lives, i.e. while the logits are bound. HF LLaMA passes position_embeddings as a
+    // (cos, sin) tuple, so torch keeps those two (S, hd) fp32 tensors after backward.
+    const uint64_t ctx_held = reentrant && s.model.family == ModelFamily::hf_llama &&
+                                      policy != "selective"
+                                  ? 2 * static_cast<uint64_t>(s.batch.seq_len) *
+                                        static_cast<uint64_t>(s.model.d_model / s.model.heads) * 4
+                                  : 0;
+    CHECK(m.after_backward + ctx_held == row["after_backward"].get<uint64_t>());
+    CHECK(std::abs(err) < 0.02);           // issue #4: within 2%
+    if (policy == "none") {
+      none_forward_end = m.forward_end;
+      CHECK(program.flops.recompute == 0);
+    } else {
+      CHECK(m.forward_end < none_forward_end);  // the policy dropped saved activations
+      CHECK(program.flops.recompute > 0);        // and pays for them in backward
+    }
   }
-  return most;
 }
 
 }  // namespace
 
 TEST_CASE("checkpointing matches PyTorch 1.13 on CPU (CS336 model, 4 layers)", "[checkpoint]") {
-  std::ifstream in(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu/checkpoint_cs336.json");
-  REQUIRE(in.good());
-  const nlohmann::json fx = nlohmann::json::parse(in);
+  const nlohmann::json fx = load("checkpoint_cs336.json");
   const nlohmann::json& c = fx["config"];
-  Scenario s;
+  Scenario s = base_scenario();
   s.model.family = ModelFamily::cs336;
   s.model.layers = c["layers"];
   s.model.d_model = c["d_model"];
@@ -105,35 +142,29 @@ TEST_CASE("checkpointing matches PyTorch 1.13 on CPU (CS336 model, 4 layers)", "
   s.model.context_length = c["seq_len"];
   s.batch.micro_batch = c["batch"];
   s.batch.seq_len = c["seq_len"];
-  s.optimizer.type = OptimizerType::none;
-  s.step.warmup_steps = 0;
-  s.device.cublas_workspace = 0;  // CPU: no cuBLAS
-  for (const nlohmann::json& row : fx["policies"]) {
-    const std::string policy = row["policy"];
-    INFO("policy " << policy);
-    Scenario sp = s;
-    sp.checkpoint = parse_policy(policy);
-    TrainingScript script = default_script(sp);
-    script.loss = LossImpl::torch;
-    script.checkpoint_early_stop = fx["early_stop"];
-    const Measured m = measure(build_program(sp, script));
-    const uint64_t act = static_cast<uint64_t>(s.batch.micro_batch * s.batch.seq_len * s.model.d_model * 4);
-    const graph::CheckpointPlan plan = make_plan(sp.checkpoint, s.model.layers);
-    const uint64_t extra = version_extra(plan, act);
-    const uint64_t in_region = region_extra(plan, act);
-    const uint64_t torch_fwd_end = row["live_at_forward_end"];
-    const uint64_t torch_peak = row["step_peak"];
-    CHECK(m.before_forward == row["before_forward"].get<uint64_t>());
-    // Exact once the version difference is taken out.
-    CHECK(m.forward_end + extra == torch_fwd_end);
-    // The step peak: the retained tensors die during backward, so at torch's peak at
-    // most `extra` of them plus those of the region being recomputed are alive.
-    CHECK(m.peak <= torch_peak);
-    CHECK(m.peak + extra + in_region >= torch_peak);
-    // Where checkpointing removed the version difference from the stored activations,
-    // torch's peak is memsim's plus the recomputed region's: within 2%.
-    if (extra * 100 <= torch_peak)
-      CHECK(static_cast<double>(m.peak + in_region) ==
-            Approx(static_cast<double>(torch_peak)).epsilon(0.02));
+  check_fixture(fx, s);
+}
+
+TEST_CASE("checkpointing matches PyTorch 1.13 on CPU (HF GPT-2 and LLaMA stand-ins, 4 layers)",
+          "[checkpoint][hf]") {
+  for (const char* file : {"checkpoint_hf_gpt2.json", "checkpoint_hf_llama.json"}) {
+    const nlohmann::json fx = load(file);
+    const nlohmann::json& c = fx["config"];
+    const std::string family = fx["family"];
+    Scenario s = base_scenario();
+    s.model.family = family == "hf-gpt2" ? ModelFamily::hf_gpt2 : ModelFamily::hf_llama;
+    s.model.layers = c["layers"];
+    s.model.d_model = c["d_model"];
+    s.model.heads = c["heads"];
+    s.model.kv_heads = c["kv_heads"];
+    s.model.d_ff = c["d_ff"];
+    s.model.vocab = c["vocab"];
+    s.model.context_length = c["context"];
+    s.model.dropout = c["dropout"];
+    s.model.tied_embeddings = c.value("tied", family == "hf-gpt2");
+    s.model.attention = AttentionImpl::eager;
+    s.batch.micro_batch = c["batch"];
+    s.batch.seq_len = c["seq"];
+    check_fixture(fx, s);
   }
 }

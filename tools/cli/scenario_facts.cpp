@@ -33,6 +33,10 @@ std::string training_line(const Scenario& s) {
     line += ", " + std::string(to_string(s.optimizer.type)) + " (" + to_string(s.optimizer.impl) + ")";
   }
   line += ", checkpoint " + s.checkpoint.policy;
+  // Megatron's CheckpointFunction is always reentrant; elsewhere only when asked.
+  if (s.checkpoint.policy != "none" &&
+      (s.model.family == ModelFamily::megatron || s.checkpoint.reentrant.value_or(false)))
+    line += " (reentrant)";
   const ParallelConfig& p = s.parallel;
   if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0) {
     line += ", parallel dp " + std::to_string(p.data) + " tp " + std::to_string(p.tensor) +
