@@ -9,6 +9,7 @@
 #include <string>
 
 #include "allocator/units.h"
+#include "sim/checkpoint_policy.h"
 #include "sim/scenario_doc.h"
 
 namespace memsim::scenario_detail {
@@ -191,25 +192,48 @@ StepConfig build_step(const Doc& d) {
 
 CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
   CheckpointConfig c;
-  read_if(d, "checkpoint.policy", c.policy,
-          [](const Field& f, const std::string& k) { return read_enum(f, k, kPolicies); });
-  if (const Field* f = d.find("checkpoint.layers_per_segment")) {
-    c.layers_per_segment = read_int(*f, "checkpoint.layers_per_segment", 1);
-    if (c.layers_per_segment > m.layers) {
-      fail(f->where, "checkpoint.layers_per_segment",
-           std::to_string(c.layers_per_segment) + " is more than the model's " +
-               std::to_string(m.layers) + " layers");
+  if (const Field* f = d.find("checkpoint.policy")) {
+    const std::string text = read_string(*f, "checkpoint.policy");
+    if (text.find(':') == std::string::npos) {
+      c.policy = read_enum(*f, "checkpoint.policy", kPolicies);
+    } else {
+      // The short form `compare --policies` takes ("uniform:2", "custom:0,3.mlp"), so a
+      // policy can be written, and --set, the same way everywhere.
+      CheckpointConfig spec;
+      try {
+        spec = parse_policy(text);
+      } catch (const PolicyError& e) {
+        fail(f->where, "checkpoint.policy", e.what());
+      }
+      for (const char* key : {"checkpoint.layers_per_segment", "checkpoint.custom"})
+        if (d.find(key))
+          fail(f->where, "checkpoint.policy",
+               "'" + text + "' already gives its argument; leave " + key + " out");
+      c.policy = spec.policy;
+      c.layers_per_segment = spec.layers_per_segment;
+      c.custom = spec.custom;
     }
   }
-  if (const Field* f = d.find("checkpoint.custom")) {
+  if (const Field* f = d.find("checkpoint.layers_per_segment"))
+    c.layers_per_segment = read_int(*f, "checkpoint.layers_per_segment", 1);
+  if (const Field* f = d.find("checkpoint.custom"))
     c.custom = read_string_list(*f, "checkpoint.custom");
-    for (const auto& item : c.custom) {
-      // A plain number is a layer index; anything else names modules.
-      if (!item.empty() && item.find_first_not_of("0123456789") == std::string::npos &&
-          (item.size() > 18 || std::stoll(item) >= m.layers)) {
-        fail(f->where, "checkpoint.custom",
-             "layer " + item + " does not exist (the model has " + std::to_string(m.layers) + " layers, 0-based)");
-      }
+  // Checked after both spellings are read, naming the key that gave the value.
+  if (c.layers_per_segment > m.layers) {
+    const char* key = d.find("checkpoint.layers_per_segment") ? "checkpoint.layers_per_segment"
+                                                              : "checkpoint.policy";
+    fail(origin(d, key, "checkpoint"), key,
+         std::to_string(c.layers_per_segment) + " is more than the model's " +
+             std::to_string(m.layers) + " layers");
+  }
+  for (const auto& item : c.custom) {
+    // A plain number is a layer index; anything else names modules.
+    if (!item.empty() && item.find_first_not_of("0123456789") == std::string::npos &&
+        (item.size() > 18 || std::stoll(item) >= m.layers)) {
+      const char* key = d.find("checkpoint.custom") ? "checkpoint.custom" : "checkpoint.policy";
+      fail(origin(d, key, "checkpoint"), key,
+           "layer " + item + " does not exist (the model has " + std::to_string(m.layers) +
+               " layers, 0-based)");
     }
   }
   if (const Field* f = d.find("checkpoint.reentrant")) {

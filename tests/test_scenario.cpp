@@ -422,3 +422,23 @@ TEST_CASE("did-you-mean uses a case-insensitive edit distance with swaps", "[sce
   CHECK(did_you_mean("cs336-xxl", {"cs336-xl", "cs336-small"}) == "; did you mean 'cs336-xl'?");
   CHECK(did_you_mean("banana", {"cs336-xl", "gpt2-small"}).empty());
 }
+
+TEST_CASE("checkpoint.policy takes the short form that compare --policies takes",
+          "[scenario]") {
+  const Scenario u = load(kXl, {{"checkpoint.policy", "uniform:2"}});
+  CHECK(u.checkpoint.policy == "uniform");
+  CHECK(u.checkpoint.layers_per_segment == 2);
+  const Scenario c = load(std::string(kXl) + "checkpoint:\n  policy: custom:0,3.mlp\n");
+  CHECK(c.checkpoint.policy == "custom");
+  CHECK(c.checkpoint.custom == std::vector<std::string>{"0", "3.mlp"});
+  CHECK(error_of(std::string(kXl) + "checkpoint:\n  policy: uniform:x\n") ==
+        "t.yaml:6: checkpoint.policy: policy 'uniform:x': expected uniform:N with N >= 1");
+  CHECK(error_of(std::string(kXl) + "checkpoint:\n  policy: block:40\n") ==
+        "t.yaml:6: checkpoint.policy: 40 is more than the model's 32 layers");
+  CHECK(error_of(std::string(kXl) + "checkpoint:\n  policy: custom:32\n") ==
+        "t.yaml:6: checkpoint.policy: layer 32 does not exist (the model has 32 layers, 0-based)");
+  CHECK(error_of(std::string(kXl) +
+                 "checkpoint:\n  policy: uniform:2\n  layers_per_segment: 4\n") ==
+        "t.yaml:6: checkpoint.policy: 'uniform:2' already gives its argument; leave "
+        "checkpoint.layers_per_segment out");
+}
