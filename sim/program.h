@@ -22,6 +22,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "sim/rank_info.h"
+
 namespace memsim {
 
 // What a tensor is, for the breakdowns users read ("what is live at the peak").
@@ -85,6 +87,7 @@ class Program {
   std::vector<MemoryEvent> events;
   std::vector<TensorInfo> tensors;
   Flops flops;
+  RankInfo rank;  // which GPU of the job these events are (default: the only one)
 
  private:
   std::vector<std::string> strings_{""};

@@ -145,6 +145,11 @@ TEST_CASE("memsim run: a scenario that fits exits 0 with the design's JSON", "[c
     CHECK(j["marks"][key]["reserved"].is_number_unsigned());
   }
   CHECK(j["flops"]["forward"].get<double>() > 0);
+  // One GPU: the rank object says so (distributed runs name the worst rank and why).
+  REQUIRE(j["rank"].is_object());
+  CHECK(j["rank"]["index"] == 0);
+  CHECK(j["rank"]["world_size"] == 1);
+  CHECK(j["rank"]["pipeline_stage"] == 0);
   CHECK_FALSE(j["top_peaks"].empty());
   CHECK(j["top_peaks"][0]["index"] == j["peak_event"]["index"]);
   REQUIRE_FALSE(j["top_tensors"].empty());

@@ -62,6 +62,13 @@ json oom_json(const OomReport& o) {
 
 }  // namespace
 
+json rank_json(const RankInfo& r) {
+  return json{{"index", r.index},       {"world_size", r.world_size},
+              {"data_parallel", r.data}, {"tensor_parallel", r.tensor},
+              {"pipeline_parallel", r.pipeline}, {"pipeline_stage", r.pipeline_stage},
+              {"why", r.why}};
+}
+
 std::string dump_json(const Json& j) {
   return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }

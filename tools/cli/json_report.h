@@ -10,6 +10,7 @@
 
 #include "allocator/memory_stats.h"
 #include "sim/analysis.h"
+#include "sim/rank_info.h"
 
 namespace memsim::cli {
 
@@ -36,6 +37,10 @@ Json analysis_json(const Analysis& analysis);
 
 // torch.cuda.memory_stats()-style flat object ("allocated_bytes.all.peak": N, ...).
 Json memory_stats_json(const MemoryStats& stats);
+
+// Which rank of a distributed job the report is for (sim/rank_info.h); a single-GPU run
+// gives world_size 1.
+Json rank_json(const RankInfo& rank);
 
 // The text written for --json: indented, newline-terminated; bytes that are not UTF-8
 // (op names from a foreign trace) are replaced rather than throwing.

@@ -133,6 +133,7 @@ int run_run(const RunArgs& args) {
     j["scenario"] = scenario.name;
     j["scenario_file"] = scenario.source;
     j["device"] = device_json(scenario.device);
+    j["rank"] = rank_json(program.rank);
     Json summary = analysis_json(analysis);
     for (auto& [key, value] : summary.items()) j[key] = std::move(value);
     j["memory_stats"] = memory_stats_json(timeline.final_stats);
@@ -144,6 +145,11 @@ int run_run(const RunArgs& args) {
     SummaryHeader header;
     header.title = scenario.name.empty() ? scenario.source : scenario.name;
     header.facts = scenario_facts(scenario);
+    if (program.rank.distributed()) {
+      header.facts.emplace_back("rank", "global rank " + std::to_string(program.rank.index) + " of " +
+                                            std::to_string(program.rank.world_size) +
+                                            (program.rank.why.empty() ? "" : ": " + program.rank.why));
+    }
     header.capacity = usable_capacity(scenario.device);
     print_summary(stdout, header, analysis, Style::for_stream(stdout));
     std::fflush(stdout);
