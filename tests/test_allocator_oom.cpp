@@ -87,7 +87,7 @@ TEST_CASE("OOM under a memory fraction prints the allowed size and the segment s
   CHECK(alloc.stats().num_ooms == 1);
 }
 
-TEST_CASE("A small request that cannot get a segment says 2.00 MiB; oom trace has the rounded size", "[allocator]") {
+TEST_CASE("A small request that cannot get a segment says 2.00 MiB, and oom trace has the rounded size", "[allocator]") {
   ScriptedDevice dev({A}, 20 * MiB_);
   CachingAllocator alloc(AllocatorConfig{}, dev);
   TraceRecorder rec;

@@ -53,7 +53,7 @@ TEST_CASE("Garbage collection is inert without a memory fraction", "[allocator]"
                                                      line(TA::alloc, E, 150 * MiB_)});
 }
 
-TEST_CASE("Streams never share cached blocks; empty_cache frees in (stream, size, address) order", "[allocator]") {
+TEST_CASE("Streams never share cached blocks, and empty_cache frees in (stream, size, address) order", "[allocator]") {
   ScriptedDevice dev({A, B, C});
   CachingAllocator alloc(AllocatorConfig{}, dev);
   TraceRecorder rec;
@@ -123,7 +123,7 @@ TEST_CASE("Best fit picks the smallest block, then the lowest address", "[alloca
   CHECK(alloc.stats().inactive_split_bytes.large_pool.current == static_cast<int64_t>(MiB_ + MiB_ / 2));
 }
 
-TEST_CASE("free_at frees by address; seed_segment rebuilds a warm state", "[allocator]") {
+TEST_CASE("free_at frees by address, and seed_segment rebuilds a warm state", "[allocator]") {
   ScriptedDevice dev({B});
   CachingAllocator alloc(AllocatorConfig{}, dev);
   SegmentInfo seg;

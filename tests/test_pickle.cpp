@@ -113,7 +113,7 @@ TEST_CASE("Pickle reader keeps ints wider than 64 bits as big_int", "[pickle]") 
   CHECK(doc.root().item(1).kind() == PickleKind::big_int);
 }
 
-TEST_CASE("Pickle writer output reads back; memo, batches and frames", "[pickle]") {
+TEST_CASE("Pickle writer output reads back, and memo, batches and frames", "[pickle]") {
   PickleWriter w;
   w.begin_dict(3);
   w.string("ints");

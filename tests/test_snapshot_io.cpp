@@ -370,7 +370,7 @@ TEST_CASE("A nonexistent file is a SnapshotError naming it", "[snapshot]") {
   CHECK_THROWS_AS(write_snapshot_file(Snapshot{}, "/nonexistent/dir/x.pickle"), SnapshotError);
 }
 
-TEST_CASE("All real snapshots read and match manifest.json; round trips are exact", "[snapshot]") {
+TEST_CASE("All real snapshots read and match manifest.json, and round trips are exact", "[snapshot]") {
   const std::string manifest_path = kGroundTruth + "/manifest.json";
   if (!std::filesystem::exists(manifest_path)) {
     WARN("shared ground truth not found at " << kGroundTruth << ": skipping the 46-file check");

@@ -77,7 +77,7 @@ TEST_CASE("sweep points: cartesian product, first axis slowest", "[sweep]") {
   CHECK(sweep_points({}).size() == 1);
 }
 
-TEST_CASE("sweep runner: parallel equals sequential; impossible points are errors", "[sweep]") {
+TEST_CASE("sweep runner: parallel equals sequential, and impossible points are errors", "[sweep]") {
   const SweepRunner runner(tiny(), "tiny.yaml");
   const auto points =
       sweep_points({{"batch.micro_batch", {"1", "2", "3"}}, {"model.heads", {"4", "3"}}});
