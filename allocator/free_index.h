@@ -62,6 +62,11 @@ class FreeIndex {
   };
 
   FreeIndex() : classes_(kClasses) {}
+  ~FreeIndex() {
+    for (Class& c : classes_) delete[] c.key;
+  }
+  FreeIndex(const FreeIndex&) = delete;
+  FreeIndex& operator=(const FreeIndex&) = delete;
 
   bool empty() const { return count_ == 0; }
   size_t size() const { return count_; }
@@ -71,9 +76,9 @@ class FreeIndex {
   FreeEntry at(Pos p) const {
     const Class& c = classes_[p.cls];
     return {static_cast<uint64_t>(c.key[p.slot] >> 64), static_cast<uint64_t>(c.key[p.slot]),
-            c.id[p.slot]};
+            c.ids()[p.slot]};
   }
-  uint32_t id_at(Pos p) const { return classes_[p.cls].id[p.slot]; }
+  uint32_t id_at(Pos p) const { return classes_[p.cls].ids()[p.slot]; }
   uint64_t size_at(Pos p) const { return static_cast<uint64_t>(classes_[p.cls].key[p.slot] >> 64); }
 
   Pos next(Pos p) const {
@@ -110,19 +115,16 @@ class FreeIndex {
     Class& cl = classes_[c];
     if (cl.n == cl.cap) grow(cl);
     const uint32_t s = search(cl.key, cl.n, key);
-    std::memmove(&cl.key[s + 1], &cl.key[s], (cl.n - s) * sizeof(FreeKey128));
-    std::memmove(&cl.id[s + 1], &cl.id[s], (cl.n - s) * sizeof(uint32_t));
+    shift_up(cl, s);
     cl.key[s] = key;
-    cl.id[s] = entry.id;
+    cl.ids()[s] = entry.id;
     if (cl.n++ == 0) mark(c);
     ++count_;
   }
 
   void erase(Pos p) {
     Class& cl = classes_[p.cls];
-    const uint32_t tail = cl.n - p.slot - 1;
-    std::memmove(&cl.key[p.slot], &cl.key[p.slot + 1], tail * sizeof(FreeKey128));
-    std::memmove(&cl.id[p.slot], &cl.id[p.slot + 1], tail * sizeof(uint32_t));
+    shift_down(cl, p.slot);
     if (--cl.n == 0) unmark(p.cls);
     --count_;
   }
@@ -158,30 +160,47 @@ class FreeIndex {
   }
 
  private:
-  // One size class: its entries sorted by key, structure of arrays (searches touch only
-  // the keys). Capacity only grows.
+  // One size class: its entries sorted by key, structure of arrays in one buffer (the
+  // searches touch only the keys): `cap` keys, then `cap` ids. 16 bytes, so the class
+  // headers of an index stay within a few KiB of cache. Capacity only grows.
   struct Class {
-    std::unique_ptr<FreeKey128[]> key_store;
-    std::unique_ptr<uint32_t[]> id_store;
     FreeKey128* key = nullptr;
-    uint32_t* id = nullptr;
     uint32_t n = 0;
     uint32_t cap = 0;
+    uint32_t* ids() const { return reinterpret_cast<uint32_t*>(key + cap); }
   };
+  static size_t buffer_keys(uint32_t cap) {  // keys plus ids, in FreeKey128 units
+    return cap + (cap * sizeof(uint32_t) + sizeof(FreeKey128) - 1) / sizeof(FreeKey128);
+  }
 
   static void grow(Class& cl) {
     const uint32_t cap = cl.cap == 0 ? 4 : cl.cap * 2;
-    std::unique_ptr<FreeKey128[]> keys(new FreeKey128[cap]);
-    std::unique_ptr<uint32_t[]> ids(new uint32_t[cap]);
+    FreeKey128* keys = new FreeKey128[buffer_keys(cap)];
     if (cl.n != 0) {
-      std::memcpy(keys.get(), cl.key, cl.n * sizeof(FreeKey128));
-      std::memcpy(ids.get(), cl.id, cl.n * sizeof(uint32_t));
+      std::memcpy(keys, cl.key, cl.n * sizeof(FreeKey128));
+      std::memcpy(reinterpret_cast<uint32_t*>(keys + cap), cl.ids(), cl.n * sizeof(uint32_t));
     }
-    cl.key_store = std::move(keys);
-    cl.id_store = std::move(ids);
-    cl.key = cl.key_store.get();
-    cl.id = cl.id_store.get();
+    delete[] cl.key;
+    cl.key = keys;
     cl.cap = cap;
+  }
+
+  // Moves entries [from, n) one slot up (insert) or [from + 1, n) one slot down (erase).
+  // Element loops rather than memmove: the typical tail is zero to three entries, where a
+  // library call costs more than the copy.
+  static void shift_up(Class& cl, uint32_t from) {
+    uint32_t* ids = cl.ids();
+    for (uint32_t i = cl.n; i > from; --i) {
+      cl.key[i] = cl.key[i - 1];
+      ids[i] = ids[i - 1];
+    }
+  }
+  static void shift_down(Class& cl, uint32_t from) {
+    uint32_t* ids = cl.ids();
+    for (uint32_t i = from; i + 1 < cl.n; ++i) {
+      cl.key[i] = cl.key[i + 1];
+      ids[i] = ids[i + 1];
+    }
   }
 
   // Branch-free lower_bound (conditional moves): the comparisons are data-dependent and
