@@ -14,8 +14,9 @@
 // small sorted array of packed (size, address) keys. Then
 //  - "first block >= size" = a search in one small array, or, when that class has none,
 //    a find-first-set in a two-level bitmap of non-empty classes and its first entry;
-//  - insert / erase by key = a search and a shift in one small array (no tree walk, no
-//    node allocation; a class array only grows, so a warm index never allocates).
+//  - insert / erase by key = a search and a shift of the shorter side in one small array
+//    (no tree walk, no node allocation; a class array only grows, so a warm index never
+//    allocates).
 // Exact best fit is preserved because classes partition the size axis in order and each
 // class is kept fully sorted by (size, address).
 #pragma once
@@ -63,7 +64,8 @@ class FreeIndex {
 
   FreeIndex() : classes_(kClasses) {}
   ~FreeIndex() {
-    for (Class& c : classes_) delete[] c.key;
+    for (Class& c : classes_)
+      if (c.cap != 0) delete[] c.base();
   }
   FreeIndex(const FreeIndex&) = delete;
   FreeIndex& operator=(const FreeIndex&) = delete;
@@ -113,10 +115,28 @@ class FreeIndex {
     const FreeKey128 key = pack_key(entry.size, entry.ptr);
     const uint32_t c = class_of(entry.size);
     Class& cl = classes_[c];
-    if (cl.n == cl.cap) grow(cl);
     const uint32_t s = search(cl.key, cl.n, key);
-    shift_up(cl, s);
-    cl.key[s] = key;
+    // Shift whichever side of the insertion point is shorter, making room there first.
+    const bool down = s < cl.n - s;
+    if (down ? cl.front == 0 : cl.front + cl.n == cl.cap) make_room(cl);
+    FreeKey128* k = cl.key;
+    uint32_t* id = cl.ids();
+    if (down) {
+      FreeKey128* const k_dst = k - 1;
+      uint32_t* const id_dst = id - 1;
+      for (uint32_t i = 0; i < s; ++i) {
+        k_dst[i] = k[i];
+        id_dst[i] = id[i];
+      }
+      --cl.front;
+      --cl.key;
+    } else {
+      for (uint32_t i = cl.n; i > s; --i) {
+        k[i] = k[i - 1];
+        id[i] = id[i - 1];
+      }
+    }
+    cl.key[s] = key;  // the same index either way: a down shift moved `key` back by one
     cl.ids()[s] = entry.id;
     if (cl.n++ == 0) mark(c);
     ++count_;
@@ -124,8 +144,28 @@ class FreeIndex {
 
   void erase(Pos p) {
     Class& cl = classes_[p.cls];
-    shift_down(cl, p.slot);
-    if (--cl.n == 0) unmark(p.cls);
+    FreeKey128* k = cl.key;
+    uint32_t* id = cl.ids();
+    const uint32_t s = p.slot;
+    if (s < cl.n - 1 - s) {  // close the gap from the shorter side
+      for (uint32_t i = s; i > 0; --i) {
+        k[i] = k[i - 1];
+        id[i] = id[i - 1];
+      }
+      ++cl.front;
+      ++cl.key;
+    } else {
+      for (uint32_t i = s; i + 1 < cl.n; ++i) {
+        k[i] = k[i + 1];
+        id[i] = id[i + 1];
+      }
+    }
+    if (--cl.n == 0) {
+      FreeKey128* const base = cl.base();
+      cl.front = cl.cap / 2;  // room on both sides for the next insert
+      cl.key = base + cl.front;
+      unmark(p.cls);
+    }
     --count_;
   }
 
@@ -160,47 +200,49 @@ class FreeIndex {
   }
 
  private:
-  // One size class: its entries sorted by key, structure of arrays in one buffer (the
-  // searches touch only the keys): `cap` keys, then `cap` ids. 16 bytes, so the class
-  // headers of an index stay within a few KiB of cache. Capacity only grows.
+  // One size class: its entries sorted by key in the middle of a buffer of `cap` keys
+  // followed by `cap` ids, entries at [front, front + n). The keys and ids are separate
+  // arrays because the searches touch only the keys. Free room at both ends lets insert
+  // and erase shift the shorter side: PyTorch's best fit takes the lowest address of a
+  // size and blocks tend to come back where they were taken, so the busy end of a class
+  // of many equal sizes (whole 2 MiB small-pool segments) costs no shifting. Capacity
+  // only grows.
   struct Class {
-    FreeKey128* key = nullptr;
+    FreeKey128* key = nullptr;  // the first entry's key (base() + front)
+    uint32_t front = 0;
     uint32_t n = 0;
     uint32_t cap = 0;
-    uint32_t* ids() const { return reinterpret_cast<uint32_t*>(key + cap); }
+    FreeKey128* base() const { return key - front; }
+    uint32_t* ids() const { return reinterpret_cast<uint32_t*>(base() + cap) + front; }
   };
   static size_t buffer_keys(uint32_t cap) {  // keys plus ids, in FreeKey128 units
     return cap + (cap * sizeof(uint32_t) + sizeof(FreeKey128) - 1) / sizeof(FreeKey128);
   }
 
-  static void grow(Class& cl) {
-    const uint32_t cap = cl.cap == 0 ? 4 : cl.cap * 2;
-    FreeKey128* keys = new FreeKey128[buffer_keys(cap)];
+  // Re-centres the entries so that both ends have room, in a buffer twice as large when
+  // the class is at least half full (so each end then has >= cap / 4 room, and re-centring
+  // costs O(1) amortised per insert).
+  static void make_room(Class& cl) {
+    const uint32_t cap = cl.n * 2 >= cl.cap ? (cl.cap == 0 ? 4 : cl.cap * 2) : cl.cap;
+    const uint32_t front = (cap - cl.n) / 2;
+    if (cap == cl.cap) {
+      std::memmove(cl.base() + front, cl.key, cl.n * sizeof(FreeKey128));
+      uint32_t* ids = reinterpret_cast<uint32_t*>(cl.base() + cap);
+      std::memmove(ids + front, ids + cl.front, cl.n * sizeof(uint32_t));
+      cl.key = cl.base() + front;
+      cl.front = front;
+      return;
+    }
+    FreeKey128* buffer = new FreeKey128[buffer_keys(cap)];
     if (cl.n != 0) {
-      std::memcpy(keys, cl.key, cl.n * sizeof(FreeKey128));
-      std::memcpy(reinterpret_cast<uint32_t*>(keys + cap), cl.ids(), cl.n * sizeof(uint32_t));
+      std::memcpy(buffer + front, cl.key, cl.n * sizeof(FreeKey128));
+      std::memcpy(reinterpret_cast<uint32_t*>(buffer + cap) + front, cl.ids(),
+                  cl.n * sizeof(uint32_t));
     }
-    delete[] cl.key;
-    cl.key = keys;
+    delete[] (cl.cap == 0 ? nullptr : cl.base());
+    cl.key = buffer + front;
+    cl.front = front;
     cl.cap = cap;
-  }
-
-  // Moves entries [from, n) one slot up (insert) or [from + 1, n) one slot down (erase).
-  // Element loops rather than memmove: the typical tail is zero to three entries, where a
-  // library call costs more than the copy.
-  static void shift_up(Class& cl, uint32_t from) {
-    uint32_t* ids = cl.ids();
-    for (uint32_t i = cl.n; i > from; --i) {
-      cl.key[i] = cl.key[i - 1];
-      ids[i] = ids[i - 1];
-    }
-  }
-  static void shift_down(Class& cl, uint32_t from) {
-    uint32_t* ids = cl.ids();
-    for (uint32_t i = from; i + 1 < cl.n; ++i) {
-      cl.key[i] = cl.key[i + 1];
-      ids[i] = ids[i + 1];
-    }
   }
 
   // Branch-free lower_bound (conditional moves): the comparisons are data-dependent and

@@ -160,3 +160,38 @@ TEST_CASE("FreeIndex matches a std::set under random operations", "[allocator][f
   REQUIRE_FALSE(index.valid(index.begin()));
   REQUIRE_FALSE(index.valid(index.lower_bound(0, 0)));
 }
+
+TEST_CASE("FreeIndex with many blocks of one size, taken and returned at either end",
+          "[allocator][free_index]") {
+  // Whole 2 MiB small-pool segments: one class, hundreds of entries, inserts and erases
+  // at the front, the back and the middle (each end of the buffer fills up and is
+  // re-centred or grown).
+  FreeIndex index;
+  Reference ref;
+  std::mt19937_64 rng(7);
+  uint32_t id = 0;
+  auto add = [&](uint64_t ptr) {
+    if (ref.insert(Key{2097152, ptr, id}).second) index.insert(FreeEntry{2097152, ptr, id});
+    ++id;
+  };
+  for (uint64_t i = 0; i < 300; ++i) add((10000 + i) << 21);      // ascending: at the back
+  for (uint64_t i = 0; i < 300; ++i) add((9999 - i) << 21);       // descending: at the front
+  require_same(index, ref);
+  for (int step = 0; step < 5000; ++step) {
+    const unsigned where = static_cast<unsigned>(rng() % 3);
+    if (rng() % 2 == 0 && !ref.empty()) {
+      auto it = where == 0 ? ref.begin() : where == 1 ? std::prev(ref.end()) : ref.begin();
+      if (where == 2) std::advance(it, static_cast<long>(rng() % ref.size()));
+      const FreeIndex::Pos p = index.lower_bound(std::get<0>(*it), std::get<1>(*it));
+      REQUIRE(key_of(index.at(p)) == *it);
+      index.erase(p);
+      ref.erase(it);
+    } else {
+      const uint64_t lo = ref.empty() ? 5000 : std::get<1>(*ref.begin()) >> 21;
+      const uint64_t hi = ref.empty() ? 5000 : std::get<1>(*ref.rbegin()) >> 21;
+      add((where == 0 ? lo - 1 : where == 1 ? hi + 1 : lo + rng() % (hi - lo + 1)) << 21);
+    }
+    if (step % 250 == 0) require_same(index, ref);
+  }
+  require_same(index, ref);
+}
