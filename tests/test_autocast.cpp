@@ -1,0 +1,119 @@
+// precision.autocast (graph/autocast.h): the real bf16 snapshots within the acceptance
+// bounds, the weight-cast cache's lifetime, the region key and the refusals.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "sim/execute.h"
+#include "sim/real_runs.h"
+#include "sim/schedule.h"
+
+using namespace memsim;
+
+namespace {
+
+const char* kTiny =
+    "model: {family: cs336, layers: 2, d_model: 64, heads: 4, d_ff: 256, vocab: 512}\n"
+    "batch: {micro_batch: 2, seq_len: 32}\n"
+    "device: {capacity: 1GiB}\n";
+
+std::string error_of(const std::vector<std::pair<std::string, std::string>>& overrides) {
+  try {
+    Scenario s = load_scenario_text(kTiny, "tiny.yaml", overrides);
+    build_program(s);
+  } catch (const ScenarioError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+uint64_t peak_allocated(const Scenario& s, const TrainingScript& script) {
+  return predict_measured_step(s, script).peak_allocated;
+}
+
+// Allocated bytes right after the measured backward ("backward_end" mark).
+uint64_t allocated_after_backward(const Scenario& s) {
+  const Program p = build_program(s, default_script(s));
+  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
+  const Timeline t = execute(p, s.allocator, device, ExecuteOptions{});
+  uint64_t at = 0;
+  for (size_t i = 0; i < p.events.size(); ++i)
+    if (p.events[i].type == EventType::mark &&
+        p.str(static_cast<uint32_t>(p.events[i].bytes)) == "backward_end")
+      at = t.allocated[i];
+  return at;
+}
+
+}  // namespace
+
+TEST_CASE("autocast: the real bf16 cs336 runs within 1% allocated and 3% reserved",
+          "[autocast][accuracy]") {
+  std::ifstream in(MEMSIM_SOURCE_DIR "/tests/data/cs336_bf16_measured.json");
+  REQUIRE(in);
+  nlohmann::json fixture;
+  in >> fixture;
+  const std::vector<RealRun> runs = cs336_bf16_real_runs();
+  REQUIRE(runs.size() == fixture["runs"].size());
+  for (const RealRun& run : runs) {
+    INFO(run.id << " (" << run.snapshot << ")");
+    REQUIRE(fixture["runs"].contains(run.snapshot));
+    const auto& real = fixture["runs"][run.snapshot];
+    const MeasuredStep p = predict_measured_step(run.scenario, run.script);
+    const double ra = real["peak_allocated_in_trace"].get<double>();
+    const double rr = real["peak_reserved_in_trace"].get<double>();
+    CHECK(std::fabs(p.peak_allocated / ra - 1.0) < 0.01);
+    CHECK(std::fabs(p.peak_reserved / rr - 1.0) < 0.03);
+    CHECK(p.n_allocs == real["n_allocs"].get<uint32_t>());  // same op count as the trace
+  }
+}
+
+TEST_CASE("autocast: the weight-cast cache lives until the region exits", "[autocast]") {
+  // xl S128 forward under no_grad (cs336-model.md §8.4): the cached bf16 weights
+  // (6448.83 MiB) are all alive at the lm_head einsum; under inference_mode nothing is
+  // cached, so the peak is far lower; without autocast, lower still.
+  std::vector<RealRun> runs = cs336_bf16_real_runs();
+  const RealRun& fwd = runs.front();
+  REQUIRE(fwd.id == "linyun xl forward no_grad bf16 S128");
+  const uint64_t cached = peak_allocated(fwd.scenario, fwd.script);
+  TrainingScript inference = fwd.script;
+  inference.inference_mode = true;
+  const uint64_t uncached = peak_allocated(fwd.scenario, inference);
+  const uint64_t weights_bf16 = 32ull * (4 * 2560 * 2560 + 3 * 2560 * 10240) * 2 + 10000ull * 2560 * 2;
+  CHECK(weights_bf16 == 6762086400ull);  // 6448.83 MiB
+  CHECK(cached - uncached > weights_bf16 - 200ull * 1048576);
+  Scenario fp32 = fwd.scenario;
+  fp32.precision.autocast.reset();
+  CHECK(peak_allocated(fp32, fwd.script) < cached);
+}
+
+TEST_CASE("autocast: whole-step keeps the bf16 weights through backward", "[autocast]") {
+  Scenario s = load_scenario_text(kTiny, "tiny.yaml",
+                                  {{"precision.autocast", "bf16"}, {"step.kind", "forward-backward"}});
+  const uint64_t fl = allocated_after_backward(s);
+  s.precision.autocast_region = AutocastRegion::whole_step;
+  const uint64_t ws = allocated_after_backward(s);
+  // Tiny model: 2 layers x (4*64*64 + 3*64*256) + 512*64 bf16 weights, still cached.
+  const uint64_t weights_bf16 = (2ull * (4 * 64 * 64 + 3 * 64 * 256) + 512 * 64) * 2;
+  CHECK(ws - fl >= weights_bf16);
+  Scenario fp16 = s;
+  fp16.precision.autocast = DType::fp16;  // same element size: same events
+  CHECK(allocated_after_backward(fp16) == ws);
+}
+
+TEST_CASE("autocast: region key is validated and unmodelled combinations are refused",
+          "[autocast]") {
+  CHECK(error_of({{"precision.autocast", "bf16"}}).empty());
+  CHECK(error_of({{"precision.autocast", "bf16"}, {"precision.autocast_region", "forward"}}).empty());
+  CHECK(error_of({{"precision.autocast", "bf16"}, {"precision.autocast_region", "whole-step"}}).empty());
+  const std::string bad = error_of({{"precision.autocast_region", "backward"}});
+  CHECK(bad.find("precision.autocast_region") != std::string::npos);
+  CHECK(bad.find("forward-and-loss") != std::string::npos);
+  CHECK(error_of({{"precision.autocast", "bf16"}, {"checkpoint.policy", "full"}})
+            .find("checkpoint.policy: activation checkpointing under precision.autocast") !=
+        std::string::npos);
+  CHECK(error_of({{"precision.autocast", "fp16"}, {"precision.params", "bf16"}})
+            .find("precision.autocast") != std::string::npos);
+}
