@@ -8,6 +8,9 @@ namespace {
 // Node flag: a to_copy of a Parameter. Its grad reaches AccumulateGrad in the einsum's
 // transposed layout (_to_copy preserves strides), so AccumulateGrad clones it.
 constexpr uint8_t kWeightCast = 16;
+// add/sub node flags: input 0 / input 1 was a widened low-precision tensor.
+constexpr uint8_t kPromoted0 = 32;
+constexpr uint8_t kPromoted1 = 64;
 }  // namespace
 
 void Autocast::enter(bool inference_mode) {
@@ -72,15 +75,22 @@ Tensor Autocast::to_fp32(const Tensor& x, uint64_t fp32_bytes) {
   return x.bytes == fp32_bytes ? x : cast(x, fp32_bytes);
 }
 
-Tensor Autocast::widen(const Tensor& x) {
-  const uint64_t wide = x.bytes / low_ * 4;
-  Tensor v = rt_.view_of(x, wide);  // sized as the fp32 operand it acts as
-  if (detail::wants_grad(rt_, {&x})) {
-    const int32_t n = rt_.make_node(OpKind::grad_cast, {&x});
-    rt_.node(n).size[0] = x.bytes;
-    v.grad_fn = n;
+Tensor Autocast::widen(const Tensor& x) const { return rt_.view_of(x, x.bytes / low_ * 4); }
+
+void Autocast::promoted(Runtime& rt, const Tensor& out, int slot, const Tensor& low_input) {
+  if (out.grad_fn < 0 || !low_input.requires_grad()) return;
+  Node& n = rt.node(out.grad_fn);
+  n.flags |= slot == 0 ? kPromoted0 : kPromoted1;
+  n.size[3] = low_input.bytes;  // add/sub nodes leave size[3] unused
+}
+
+void cast_promoted_grads(Runtime& rt, Node& n, Grad out[3]) {
+  for (int i = 0; i < 2; ++i) {
+    if (!(n.flags & (i == 0 ? kPromoted0 : kPromoted1)) || out[i].storage == kNoStorage) continue;
+    const uint32_t low = rt.alloc_raw(n.size[3], TensorKind::temporary, OpKind::grad_cast);
+    rt.release(out[i].storage);
+    out[i] = Grad{low, false, false};
   }
-  return v;
 }
 
 Tensor rope_cs336_autocast(Runtime& rt, const Tensor& x, const Tensor& freq_buffer) {
@@ -124,11 +134,8 @@ Tensor cs336_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& log
   }
   Tensor z = sum_dim(rt, e, rows * 4);
   Tensor lz = log(rt, z);
-  Tensor lsm;
-  {
-    Tensor sw = ac.widen(shifted);  // bf16 - fp32 promotes: the grad is cast back
-    lsm = sub(rt, sw, lz);
-  }
+  Tensor lsm = sub(rt, ac.widen(shifted), lz);  // bf16 - fp32 promotes to fp32
+  Autocast::promoted(rt, lsm, 0, shifted);
   lz.reset();
   z.reset();
   e.reset();
@@ -175,7 +182,6 @@ bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) 
   auto F = [&](uint32_t s) { rt.release(s); };
   switch (n.kind) {
     case OpKind::autocast_copy:  // grad.to(self's dtype), strides preserved
-    case OpKind::grad_cast:  // validate_outputs: grad.to(input's dtype)
       out[0] = Grad{A(n.size[0]), false, (n.flags & kWeightCast) != 0};
       break;
     case OpKind::rope_autocast: {

@@ -49,9 +49,12 @@ class Autocast {
                 double flops);
   // An fp32-list op's input: a fp32 copy of a low-precision x (x itself if fp32).
   Tensor to_fp32(const Tensor& x, uint64_t fp32_bytes);
-  // A low-precision x entering a mixed-dtype elementwise op whose output is fp32: a
-  // handle whose backward casts the fp32 grad to x's dtype (validate_outputs).
-  Tensor widen(const Tensor& x);
+  // A low-precision x entering a mixed-dtype add/sub whose output is fp32: a handle
+  // sized as the fp32 operand it acts as (same storage and grad_fn as x). promoted()
+  // then marks the op's node so that the engine's validate_outputs casts the fp32 grad
+  // for input `slot` back to x's dtype (cast_promoted_grads).
+  Tensor widen(const Tensor& x) const;
+  static void promoted(Runtime& rt, const Tensor& out, int slot, const Tensor& low_input);
 
  private:
   Runtime& rt_;
@@ -75,6 +78,10 @@ Tensor cs336_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& log
 // an fp32 copy (dies with the op), then the fp32 log_softmax and nll_loss.
 Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& logits,
                                     const Tensor& targets);
+
+// validate_outputs' dtype cast for an add/sub node marked by Autocast::promoted: the
+// marked output's fp32 grad is replaced by a low-precision copy (hook of graph/ops.cpp).
+void cast_promoted_grads(Runtime& rt, Node& n, Grad out[3]);
 
 // Names and backward of autocast_copy / grad_cast / rope_autocast (hooks of graph/ops.cpp).
 const char* autocast_op_name(OpKind k, bool backward);

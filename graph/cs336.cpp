@@ -229,12 +229,14 @@ Tensor Cs336Model::block(int32_t layer, const Tensor& x) {
   });
   // Under autocast the branch outputs are low precision: the fp32 residual promotes.
   Tensor r1 = autocast_on() ? add(rt_, x, ac_->widen(x_attn)) : add(rt_, x, x_attn);
+  if (autocast_on()) Autocast::promoted(rt_, r1, 1, x_attn);
   Tensor x_ffn = run_region(rt_, RegionKind::mlp, {r1}, [this, layer](const Inputs& in) {
     const LayerParams& lp = layers_[layer];
     Tensor h2 = rmsnorm(in[0], lp.ln2);
     return swiglu(lp, h2);
   });
   Tensor out = autocast_on() ? add(rt_, r1, ac_->widen(x_ffn)) : add(rt_, r1, x_ffn);
+  if (autocast_on()) Autocast::promoted(rt_, out, 1, x_ffn);
   x_attn.reset();
   r1.reset();
   x_ffn.reset();

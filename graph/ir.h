@@ -98,7 +98,7 @@ enum class OpKind : uint8_t {
   megatron_embedding, // F.embedding whose weight grad goes to main_grad
   vocab_parallel_ce,  // _VocabParallelCrossEntropy: saves the fp32 softmax
   autocast_copy,      // _to_copy made by autocast: ToCopyBackward0 casts the grad back
-  grad_cast,          // no forward op: the engine's validate_outputs dtype cast of a grad
+  grad_cast,          // names the engine's validate_outputs dtype cast of a grad (no node)
   rope_autocast,      // CS336 RoPE on a bf16/fp16 input (fp32 products; graph/autocast.h)
 };
 inline constexpr int kOpKindCount = static_cast<int>(OpKind::rope_autocast) + 1;

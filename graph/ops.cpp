@@ -449,10 +449,12 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     case OpKind::add:
       if (b.needs(0)) out[0] = b.pass(g, false);
       if (b.needs(1)) out[1] = b.pass(g, false);
+      cast_promoted_grads(rt, n, out);  // graph/autocast.h (validate_outputs)
       break;
     case OpKind::sub:
       if (b.needs(1)) out[1] = Grad{b.A(n.size[2]), false, false};  // -grad
       if (b.needs(0)) out[0] = b.pass(g, false);
+      cast_promoted_grads(rt, n, out);  // output 0's cast precedes output 1's sum_to
       if (n.flags & kBroadcastB) b.sum_to(out[1], n.size[1], 1);
       break;
     case OpKind::mul:
