@@ -155,12 +155,13 @@ Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& log
                                     const Tensor& targets) {
   const Module outer = rt.ctx.module;
   rt.ctx.module = Module::loss;
-  Tensor logp;
-  {
-    Tensor lf = ac.to_fp32(logits, logits.bytes / ac.low_elem() * 4);
-    logp = log_softmax(rt, lf);
-  }
+  // cross_entropy itself is on the fp32 list: its fp32 copy of the logits lives through
+  // log_softmax and nll_loss (as an explicit `logits.float()` in the call would).
+  Tensor lf = ac.to_fp32(logits, logits.bytes / ac.low_elem() * 4);
+  Tensor logp = log_softmax(rt, lf);
   Tensor loss = nll_loss(rt, logp, targets, 4);
+  logp.reset();
+  lf.reset();
   rt.ctx.module = outer;
   return loss;
 }

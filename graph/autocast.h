@@ -74,8 +74,8 @@ Tensor rope_cs336_autocast(Runtime& rt, const Tensor& x, const Tensor& freq_buff
 // fp32, the log-softmax (bf16 - fp32) promotes to fp32; neg, gather, mean fp32.
 Tensor cs336_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& logits,
                                     const Tensor& targets, uint64_t rows);
-// F.cross_entropy inside the region: log_softmax is on the fp32 list, so the logits get
-// an fp32 copy (dies with the op), then the fp32 log_softmax and nll_loss.
+// F.cross_entropy inside the region: cross_entropy is on the fp32 list, so the logits
+// get an fp32 copy that dies when the call returns; log_softmax and nll_loss are fp32.
 Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& logits,
                                     const Tensor& targets);
 

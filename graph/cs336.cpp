@@ -94,9 +94,10 @@ Tensor Cs336Model::softmax_lastdim(const Tensor& x, uint64_t rows) {
   }
   Tensor z = sum_dim(rt_, e, rows * (ac ? 4 : s_.elem));
   Tensor p = div(rt_, e, z);
+  // The return expression's sum dies first, then the frame's locals in slot order.
   z.reset();
-  e.reset();
   shifted.reset();
+  e.reset();
   return p;
 }
 
@@ -112,6 +113,8 @@ Tensor Cs336Model::sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const
     Tensor qc = ac_->cast(q, q.bytes / 4 * elem);
     Tensor kc = ac_->cast(k, k.bytes / 4 * elem);
     s0 = bmm(rt_, qc, kc, scores() / s_.elem * elem, 2.0 * B * H * S * S * hd);
+    qc.reset();  // the casts die with the einsum call, left operand first
+    kc.reset();
   } else {
     s0 = bmm(rt_, q, k, scores(), 2.0 * B * H * S * S * hd);
   }
@@ -121,20 +124,26 @@ Tensor Cs336Model::sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const
   s1.reset();
   Tensor p = softmax_lastdim(scores_masked, rows);
   // V is a (B,H,S,h) view with strides (S*D, h, D, 1): the einsum's reshape copies it.
-  Tensor vc = clone(rt_, v);
-  Tensor o;
-  if (ac) {  // P is fp32: cast (saved); V is already low precision, its copy too
+  Tensor o, vc;
+  if (ac) {
+    // Autocast casts the einsum's operands before its lowering copies V: P is fp32 and
+    // gets a low-precision copy (saved); V is already low precision, its copy too.
     Tensor pc = ac_->cast(p, p.bytes / 4 * elem);
+    vc = clone(rt_, v);
     o = bmm(rt_, pc, vc, act() / s_.elem * elem, 2.0 * B * H * S * S * hd);
+    vc.reset();  // the lowering's copy dies inside einsum, the autocast cast after it
+    pc.reset();
   } else {
+    vc = clone(rt_, v);
     o = bmm(rt_, p, vc, act(), 2.0 * B * H * S * S * hd);
+    vc.reset();
   }
-  vc.reset();
-  p.reset();
   // The einsum output view back to (B,H,S,h); its backward reshape gets a permuted grad.
   Tensor o4 = view(rt_, o, /*copy_in_backward=*/true);
   o.reset();
+  // The frame's locals die in slot order: the scores, then the softmax weights.
   scores_masked.reset();
+  p.reset();
   return o4;
 }
 
