@@ -45,6 +45,7 @@ const std::map<std::string, Claim>& claims() {
       {"cs336-large-train-ctx512.yaml", {true, std::nullopt, 27.53}},
       {"cs336-xl-train-ctx128.yaml", {true, std::nullopt, 51.46}},
       {"cs336-xl-train-ctx512.yaml", {true, std::nullopt, 65.58}},
+      {"cs336-xl-train-ctx512-bf16.yaml", {true, std::nullopt, 63.77}},  // bf16 autocast
       {"gpt2-large-mi300x.yaml", {true, std::nullopt, 76.86}},
       {"gpt3-175b.yaml", {false, Phase::setup, 77.70}},
       {"llama2-13b-seq4096-mi300x.yaml", {false, Phase::forward, 189.76}},
