@@ -170,3 +170,43 @@ TEST_CASE("autocast: the bf16 runs' allocations and frees equal the traces'",
   }
   CHECK(exact == 6);
 }
+
+namespace {
+// Requested bytes live at the "forward_end" mark of a forward-with-grad step.
+uint64_t requested_at_forward_end(const Scenario& s) {
+  const Program p = build_program(s, default_script(s));
+  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
+  const Timeline t = execute(p, s.allocator, device, ExecuteOptions{});
+  for (size_t i = 0; i < p.events.size(); ++i)
+    if (p.events[i].type == EventType::mark &&
+        p.str(static_cast<uint32_t>(p.events[i].bytes)) == "forward_end")
+      return t.requested[i];
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("autocast: what one cs336 layer keeps for backward (cs336-model.md section 5)",
+          "[autocast]") {
+  // One more layer adds its fp32 parameters, its saved tensors and its cached bf16
+  // weights:
+  //   4a (x, xn1, r1, xn2 fp32) + 9 a/2 (3 h1 + 2 h2 casts, Q/K casts, V copy, merged)
+  //   + A (E fp32) + A/2 (P cast) + 5 f/2 (a_, sig, s, b_, m) + S^2 (mask)
+  //   + 12 BHS (max indices, row sums) + 8 BS (two rms) + (4 D^2 + 3 D F) * 2 (weights),
+  // over the layer's (4 D^2 + 3 D F + 2 D) * 4 parameter bytes.
+  const int64_t B = 2, S = 32, D = 64, H = 4, F = 256;
+  auto scenario = [&](int layers) {
+    return load_scenario_text(
+        "model: {family: cs336, layers: " + std::to_string(layers) +
+            ", d_model: 64, heads: 4, d_ff: 256, vocab: 512}\n"
+            "batch: {micro_batch: 2, seq_len: 32}\n"
+            "precision: {autocast: bf16}\n"
+            "step: {kind: forward, warmup_steps: 0}\n"
+            "device: {capacity: 1GiB, cublas_workspace: 0}\n",
+        "layer.yaml");
+  };
+  const uint64_t a = B * S * D * 4, f = B * S * F * 4, A = B * H * S * S * 4;
+  const uint64_t expected = 4 * a + 9 * a / 2 + A + A / 2 + 5 * f / 2 + S * S + 12 * B * H * S +
+                            8 * B * S + (4 * D * D + 3 * D * F) * 2 +
+                            (4 * D * D + 3 * D * F + 2 * D) * 4;
+  CHECK(requested_at_forward_end(scenario(3)) - requested_at_forward_end(scenario(2)) == expected);
+}
