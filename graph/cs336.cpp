@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "graph/autocast.h"
 #include "graph/checkpoint.h"
 
 namespace memsim::graph {
@@ -45,11 +46,14 @@ void Cs336Model::construct() {
   rt_.ctx.module = Module::none;
 }
 
+bool Cs336Model::autocast_on() const { return ac_ != nullptr && ac_->active(); }
+
 Tensor Cs336Model::linear(const Tensor& x, int32_t weight, int64_t d_in, int64_t d_out) {
   const double rows = static_cast<double>(s_.batch * s_.seq);
+  const double flops = 2.0 * rows * static_cast<double>(d_in) * static_cast<double>(d_out);
+  if (autocast_on()) return ac_->linear(x, weight, s_.batch * s_.seq, d_in, d_out, flops);
   Tensor w = rt_.param(weight);
-  return linear_einsum(rt_, x, w, s_.batch * s_.seq * d_out * s_.elem,
-                       2.0 * rows * static_cast<double>(d_in) * static_cast<double>(d_out));
+  return linear_einsum(rt_, x, w, s_.batch * s_.seq * d_out * s_.elem, flops);
 }
 
 // RMSNorm (§2.3): rms = rsqrt(mean(x^2) + eps); weight * (x * rms). fp32 in, no casts.
@@ -72,17 +76,28 @@ Tensor Cs336Model::rmsnorm(const Tensor& x, int32_t weight) {
 }
 
 // nn_utils.softmax (§2.6): max.dim, subtract, exp, sum, divide.
+// Under autocast x is low precision: max and sub stay low, exp (fp32 list) runs on an
+// fp32 copy of the shifted scores, so E, Z and P are fp32 (cs336-model.md §5).
 Tensor Cs336Model::softmax_lastdim(const Tensor& x, uint64_t rows) {
-  MaxResult mx = max_dim(rt_, x, rows, s_.elem);
+  const bool ac = autocast_on();
+  const uint64_t elem = ac ? ac_->low_elem() : s_.elem;
+  MaxResult mx = max_dim(rt_, x, rows, elem);
   mx.indices.reset();  // `torch.max(...)[0]`: the namedtuple dies (indices saved under grad)
   Tensor shifted = sub(rt_, x, mx.values);
   mx.values.reset();
-  Tensor e = exp(rt_, shifted);
-  Tensor z = sum_dim(rt_, e, rows * s_.elem);
+  Tensor e;
+  if (ac) {
+    Tensor sf = ac_->to_fp32(shifted, shifted.bytes / elem * 4);
+    e = exp(rt_, sf);
+  } else {
+    e = exp(rt_, shifted);
+  }
+  Tensor z = sum_dim(rt_, e, rows * (ac ? 4 : s_.elem));
   Tensor p = div(rt_, e, z);
+  // The return expression's sum dies first, then the frame's locals in slot order.
   z.reset();
-  e.reset();
   shifted.reset();
+  e.reset();
   return p;
 }
 
@@ -91,21 +106,44 @@ Tensor Cs336Model::sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const
   const double B = static_cast<double>(s_.batch), H = static_cast<double>(s_.heads);
   const double S = static_cast<double>(s_.seq), hd = static_cast<double>(s_.d_model / s_.heads);
   const uint64_t rows = s_.batch * s_.heads * s_.seq;
-  Tensor s0 = bmm(rt_, q, k, scores(), 2.0 * B * H * S * S * hd);
+  const bool ac = autocast_on();
+  const uint64_t elem = ac ? ac_->low_elem() : s_.elem;
+  Tensor s0;
+  if (ac) {  // both einsum operands are cast (Q and K are fp32 after RoPE)
+    Tensor qc = ac_->cast(q, q.bytes / 4 * elem);
+    Tensor kc = ac_->cast(k, k.bytes / 4 * elem);
+    s0 = bmm(rt_, qc, kc, scores() / s_.elem * elem, 2.0 * B * H * S * S * hd);
+    qc.reset();  // the casts die with the einsum call, left operand first
+    kc.reset();
+  } else {
+    s0 = bmm(rt_, q, k, scores(), 2.0 * B * H * S * S * hd);
+  }
   Tensor s1 = div_scalar(rt_, s0);
   s0.reset();
-  Tensor scores_masked = where_scalar(rt_, mask, s1, s_.elem);
+  Tensor scores_masked = where_scalar(rt_, mask, s1, elem);
   s1.reset();
   Tensor p = softmax_lastdim(scores_masked, rows);
   // V is a (B,H,S,h) view with strides (S*D, h, D, 1): the einsum's reshape copies it.
-  Tensor vc = clone(rt_, v);
-  Tensor o = bmm(rt_, p, vc, act(), 2.0 * B * H * S * S * hd);
-  vc.reset();
-  p.reset();
+  Tensor o, vc;
+  if (ac) {
+    // Autocast casts the einsum's operands before its lowering copies V: P is fp32 and
+    // gets a low-precision copy (saved); V is already low precision, its copy too.
+    Tensor pc = ac_->cast(p, p.bytes / 4 * elem);
+    vc = clone(rt_, v);
+    o = bmm(rt_, pc, vc, act() / s_.elem * elem, 2.0 * B * H * S * S * hd);
+    vc.reset();  // the lowering's copy dies inside einsum, the autocast cast after it
+    pc.reset();
+  } else {
+    vc = clone(rt_, v);
+    o = bmm(rt_, p, vc, act(), 2.0 * B * H * S * S * hd);
+    vc.reset();
+  }
   // The einsum output view back to (B,H,S,h); its backward reshape gets a permuted grad.
   Tensor o4 = view(rt_, o, /*copy_in_backward=*/true);
   o.reset();
+  // The frame's locals die in slot order: the scores, then the softmax weights.
   scores_masked.reset();
+  p.reset();
   return o4;
 }
 
@@ -131,12 +169,16 @@ Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
     const uint64_t gathered = 2 * s_.seq * (D / s_.heads / 2) * 4;
     {
       Tensor cs = new_tensor(rt_, gathered, OpKind::embedding, TensorKind::temporary);
-      q = rope_cs336(rt_, q, cs);  // rebinding frees the projection output
+      q = autocast_on() ? rope_cs336_autocast(rt_, q, cs)
+                        : rope_cs336(rt_, q, cs);  // rebinding frees the projection output
     }
     {
       Tensor cs = new_tensor(rt_, gathered, OpKind::embedding, TensorKind::temporary);
-      k = rope_cs336(rt_, k, cs);
+      k = autocast_on() ? rope_cs336_autocast(rt_, k, cs) : rope_cs336(rt_, k, cs);
     }
+  } else if (autocast_on()) {  // bf16 Q/K times fp32 cos/sin: fp32 Q/K
+    q = rope_cs336_autocast(rt_, q, rope_buffer_);
+    k = rope_cs336_autocast(rt_, k, rope_buffer_);
   } else {
     q = rope_cs336(rt_, q, rope_buffer_);  // rebinding frees the projection output
     k = rope_cs336(rt_, k, rope_buffer_);
@@ -194,13 +236,16 @@ Tensor Cs336Model::block(int32_t layer, const Tensor& x) {
     Tensor h1 = rmsnorm(in[0], lp.ln1);
     return attention(lp, h1);
   });
-  Tensor r1 = add(rt_, x, x_attn);
+  // Under autocast the branch outputs are low precision: the fp32 residual promotes.
+  Tensor r1 = autocast_on() ? add(rt_, x, ac_->widen(x_attn)) : add(rt_, x, x_attn);
+  if (autocast_on()) Autocast::promoted(rt_, r1, 1, x_attn);
   Tensor x_ffn = run_region(rt_, RegionKind::mlp, {r1}, [this, layer](const Inputs& in) {
     const LayerParams& lp = layers_[layer];
     Tensor h2 = rmsnorm(in[0], lp.ln2);
     return swiglu(lp, h2);
   });
-  Tensor out = add(rt_, r1, x_ffn);
+  Tensor out = autocast_on() ? add(rt_, r1, ac_->widen(x_ffn)) : add(rt_, r1, x_ffn);
+  if (autocast_on()) Autocast::promoted(rt_, out, 1, x_ffn);
   x_attn.reset();
   r1.reset();
   x_ffn.reset();

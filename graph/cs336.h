@@ -17,6 +17,8 @@
 
 namespace memsim::graph {
 
+class Autocast;  // graph/autocast.h
+
 // Which release of the staff code (cs336-model.md §0). v2025 (v1.0.x) gathers cos/sin
 // with explicit position ids: each attention call allocates an int64 arange(S) and each
 // RoPE call a gathered (2, S, h/2) fp32 copy that its muls save.
@@ -43,6 +45,9 @@ class Cs336Model {
   Tensor block(int32_t layer, const Tensor& x);
 
   const Cs336Shape& shape() const { return s_; }
+  // torch.autocast region owner (graph/autocast.h); while it is active the forward
+  // emits the mixed-precision graph of cs336-model.md §5. nullptr = never.
+  void set_autocast(Autocast* ac) { ac_ = ac; }
   // Byte sizes used throughout (a, f, A of §0, and row vectors).
   uint64_t act() const { return s_.batch * s_.seq * s_.d_model * s_.elem; }
   uint64_t ffn() const { return s_.batch * s_.seq * s_.d_ff * s_.elem; }
@@ -59,8 +64,11 @@ class Cs336Model {
   Tensor swiglu(const LayerParams& p, const Tensor& x);
   Tensor linear(const Tensor& x, int32_t weight, int64_t d_in, int64_t d_out);
 
+  bool autocast_on() const;
+
   Runtime& rt_;
   Cs336Shape s_;
+  Autocast* ac_ = nullptr;
   int32_t embedding_ = -1, ln_final_ = -1, lm_head_ = -1;
   std::vector<LayerParams> layers_;
   Tensor rope_buffer_;

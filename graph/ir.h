@@ -97,8 +97,11 @@ enum class OpKind : uint8_t {
   fused_attention,    // flash / cuDNN attention: saves q, k, v, out, softmax lse
   megatron_embedding, // F.embedding whose weight grad goes to main_grad
   vocab_parallel_ce,  // _VocabParallelCrossEntropy: saves the fp32 softmax
+  autocast_copy,      // _to_copy made by autocast: ToCopyBackward0 casts the grad back
+  grad_cast,          // names the engine's validate_outputs dtype cast of a grad (no node)
+  rope_autocast,      // CS336 RoPE on a bf16/fp16 input (fp32 products; graph/autocast.h)
 };
-inline constexpr int kOpKindCount = static_cast<int>(OpKind::vocab_parallel_ce) + 1;
+inline constexpr int kOpKindCount = static_cast<int>(OpKind::rope_autocast) + 1;
 const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"
 const char* backward_name(OpKind k);  // autograd node name, e.g. "BmmBackward0"
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "graph/autocast.h"
 #include "graph/cuda_reduce.h"
 #include "graph/ops_fused.h"
 #include "graph/ops_nn.h"
@@ -71,6 +72,7 @@ const char* forward_name(OpKind k) {
     case OpKind::vocab_parallel_ce: return "vocab_parallel_cross_entropy";
     default: {
       const char* nn = nn_op_name(k, false);  // graph/ops_nn.h
+      if (nn == nullptr) nn = autocast_op_name(k, false);  // graph/autocast.h
       return nn != nullptr ? nn : "other";
     }
   }
@@ -110,6 +112,7 @@ const char* backward_name(OpKind k) {
     default: {
       const char* fused = fused_op_name(k, true);  // graph/ops_fused.h
       if (fused == nullptr) fused = nn_op_name(k, true);  // graph/ops_nn.h
+      if (fused == nullptr) fused = autocast_op_name(k, true);  // graph/autocast.h
       return fused != nullptr ? fused : forward_name(k);
     }
   }
@@ -395,6 +398,7 @@ struct Bw {
 void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (run_fused_backward(rt, n, in, out)) return;  // graph/ops_fused.h
   if (run_nn_backward(rt, n, in, out)) return;     // graph/ops_nn.h
+  if (run_autocast_backward(rt, n, in, out)) return;  // graph/autocast.h
   Bw b{rt, n};
   const Grad& g = in[0];
   if (g.storage == kNoStorage && n.kind != OpKind::max_dim) return;
@@ -445,10 +449,12 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     case OpKind::add:
       if (b.needs(0)) out[0] = b.pass(g, false);
       if (b.needs(1)) out[1] = b.pass(g, false);
+      cast_promoted_grads(rt, n, out);  // graph/autocast.h (validate_outputs)
       break;
     case OpKind::sub:
       if (b.needs(1)) out[1] = Grad{b.A(n.size[2]), false, false};  // -grad
       if (b.needs(0)) out[0] = b.pass(g, false);
+      cast_promoted_grads(rt, n, out);  // output 0's cast precedes output 1's sum_to
       if (n.flags & kBroadcastB) b.sum_to(out[1], n.size[1], 1);
       break;
     case OpKind::mul:

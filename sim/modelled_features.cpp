@@ -8,6 +8,25 @@ namespace {
 [[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
   throw ScenarioError(s.source + ": " + key + ": " + why);
 }
+// Autocast is modelled for the cs336 family with fp32 parameters and no activation
+// checkpointing (graph/autocast.h); everything else is refused by key.
+void require_autocast_modelled(const Scenario& s) {
+  if (s.model.family != ModelFamily::cs336) {
+    refuse(s, "precision.autocast",
+           std::string("autocast is modelled for the cs336 family only, not '") +
+               to_string(s.model.family) + "'; use precision.autocast: none");
+  }
+  if (s.precision.params != DType::fp32) {
+    refuse(s, "precision.autocast",
+           "autocast casts fp32 parameters; with precision.params bf16/fp16 use "
+           "precision.autocast: none");
+  }
+  if (s.checkpoint.policy != "none") {
+    refuse(s, "checkpoint.policy",
+           "activation checkpointing under precision.autocast is not modelled yet; use "
+           "checkpoint.policy: none or precision.autocast: none");
+  }
+}
 }  // namespace
 
 void require_modelled(const Scenario& s) {
@@ -21,11 +40,7 @@ void require_modelled(const Scenario& s) {
            "parallelism) is not modelled yet; memsim simulates one GPU holding the whole "
            "model (set parallel.* to their defaults)");
   }
-  if (s.precision.autocast.has_value()) {
-    refuse(s, "precision.autocast",
-           "autocast (its op dtype rules and weight-cast cache) is not modelled yet; use "
-           "precision.autocast: none, or pure low-precision parameters with precision.params");
-  }
+  if (s.precision.autocast.has_value()) require_autocast_modelled(s);  // below
   if (s.precision.master_weights && s.model.family != ModelFamily::megatron) {
     refuse(s, "precision.master_weights",
            std::string("fp32 master weights are modelled for the megatron family only, not '") +

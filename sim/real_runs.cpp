@@ -45,7 +45,7 @@ std::vector<RealRun> cs336_real_runs() {
   // backward + staff AdamW step. Batches: (5,B,S) warm-up inputs, (1,B,S) measured
   // inputs, then the same two for targets. The 512/1024 training (and 512 inference)
   // snapshots were recorded under bf16 autocast (their traces cast every einsum operand
-  // with _to_copy), so only 128/256 training are fp32.
+  // with _to_copy), so only 128/256 training are fp32 (the bf16 ones: sim/real_runs_bf16.cpp).
   for (int64_t seq : {128, 256}) {
     RealRun r;
     r.id = "wedsonlin medium train" + tag(seq);

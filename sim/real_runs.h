@@ -22,6 +22,8 @@ struct RealRun {
 
 // fp32 runs whose configuration is known; see real_runs.cpp for the evidence per run.
 std::vector<RealRun> cs336_real_runs();
+// The bf16 autocast runs (sim/real_runs_bf16.cpp): same scripts under torch.autocast.
+std::vector<RealRun> cs336_bf16_real_runs();
 
 // What memsim predicts for the measured step (from the "measured_step_begin" mark on,
 // as torch.cuda.reset_peak_memory_stats() / the start of recording would see it).

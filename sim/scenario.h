@@ -50,9 +50,15 @@ struct BatchConfig {
   int64_t grad_accum = 1;
 };
 
+// Which statements run inside `with torch.autocast(...)`: the model call; the model and
+// the loss; or the whole step (backward and optimizer too: the weight-cast cache lives
+// until the step ends).
+enum class AutocastRegion { forward, forward_and_loss, whole_step };
+
 struct PrecisionConfig {
   DType params = DType::fp32;
   std::optional<DType> autocast;      // nullopt = none
+  AutocastRegion autocast_region = AutocastRegion::forward_and_loss;
   bool master_weights = false;
 };
 

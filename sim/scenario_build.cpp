@@ -25,6 +25,10 @@ const std::vector<std::pair<std::string, DType>> kDTypes = {
     {"fp32", DType::fp32}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
 const std::vector<std::pair<std::string, std::optional<DType>>> kAutocast = {
     {"none", std::nullopt}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
+const std::vector<std::pair<std::string, AutocastRegion>> kAutocastRegions = {
+    {"forward", AutocastRegion::forward},
+    {"forward-and-loss", AutocastRegion::forward_and_loss},
+    {"whole-step", AutocastRegion::whole_step}};
 const std::vector<std::pair<std::string, OptimizerType>> kOptimizers = {
     {"adamw", OptimizerType::adamw}, {"adam", OptimizerType::adam},
     {"sgd", OptimizerType::sgd}, {"none", OptimizerType::none}};
@@ -148,6 +152,8 @@ PrecisionConfig build_precision(const Doc& d) {
   if (const Field* f = d.find("precision.autocast"); f && !is_null(f->node)) {
     p.autocast = read_enum(*f, "precision.autocast", kAutocast);  // null reads as none
   }
+  read_if(d, "precision.autocast_region", p.autocast_region,
+          [](const Field& f, const std::string& k) { return read_enum(f, k, kAutocastRegions); });
   if (const Field* f = d.find("precision.master_weights")) {
     p.master_weights = read_bool(*f, "precision.master_weights");
     if (p.master_weights && p.params == DType::fp32) {

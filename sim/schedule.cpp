@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "graph/autocast.h"
 #include "graph/cs336.h"
 #include "graph/hf_gpt2.h"
 #include "graph/hf_llama.h"
@@ -73,6 +74,11 @@ class Loop {
     rt_.cublas_workspace = s_.device.cublas_workspace;
     // Activation checkpointing (sim/checkpoint_policy.h): installs itself on rt_.
     checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
+    if (s_.precision.autocast) {  // cs336 only (sim/modelled_features.cpp)
+      autocast_ = std::make_unique<graph::Autocast>(
+          rt_, static_cast<uint64_t>(dtype_bytes(*s_.precision.autocast)));
+      if constexpr (std::is_same_v<Model, graph::Cs336Model>) model_.set_autocast(autocast_.get());
+    }
     {
       // ~330 events per layer and step (forward, backward, optimizer), plus the rest.
       const size_t steps = static_cast<size_t>(s_.step.warmup_steps + 1) *
@@ -159,7 +165,9 @@ class Loop {
       rt_.ctx.phase = Phase::forward;
       rt_.grad_enabled = with_grad;
       const uint32_t graph = with_grad ? rt_.begin_graph() : 0;
+      if (autocast_) autocast_->enter(!with_grad && script_.inference_mode);
       Tensor out = model_.forward(ids);
+      if (autocast_ && (region_ends(AutocastRegion::forward) || !with_loss)) autocast_->exit();
       rt_.grad_enabled = true;
       if (!script_.bind_output) {
         out.reset();
@@ -176,16 +184,25 @@ class Loop {
       if (measured && last) rt_.mark("forward_end");
       if (!with_loss) continue;
       rt_.ctx.phase = Phase::loss;
-      const uint64_t elem = shape().elem;
+      // Low-precision logits outside the autocast region keep their dtype in the loss.
+      const uint64_t elem = autocast_ ? logits_.bytes / (shape().batch * shape().seq * shape().vocab)
+                                      : shape().elem;
       Tensor l;
-      if constexpr (std::is_same_v<Model, graph::Cs336Model>)
-        l = script_.loss == LossImpl::cs336
-                ? graph::cs336_cross_entropy(rt_, logits_, targets,
-                                             shape().batch * shape().seq, elem)
-                : graph::torch_cross_entropy(rt_, logits_, targets, elem);
-      else
+      if constexpr (std::is_same_v<Model, graph::Cs336Model>) {
+        const uint64_t rows = shape().batch * shape().seq;
+        if (autocast_ && autocast_->active())
+          l = script_.loss == LossImpl::cs336
+                  ? graph::cs336_cross_entropy_autocast(*autocast_, rt_, logits_, targets, rows)
+                  : graph::torch_cross_entropy_autocast(*autocast_, rt_, logits_, targets);
+        else
+          l = script_.loss == LossImpl::cs336
+                  ? graph::cs336_cross_entropy(rt_, logits_, targets, rows, elem)
+                  : graph::torch_cross_entropy(rt_, logits_, targets, elem);
+      } else {
         l = model_.loss(logits_, targets);  // the family's loss (HF: shift + CE)
+      }
       loss_ = std::move(l);
+      if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
       rt_.ctx.phase = Phase::backward;
       rt_.backward(loss_);
       if (measured && last) rt_.mark("backward_end");
@@ -198,6 +215,7 @@ class Loop {
       rt_.ctx.module = graph::Module::none;
       if (measured) rt_.mark("optimizer_end");
     }
+    if (autocast_) autocast_->exit();  // whole-step: the cache dies with the region
     if (script_.zero_grad == ZeroGradAt::after_step && (!measured || script_.measured_step_zero_grad))
       zero_grad();
     if (script_.outputs_are_step_locals) {
@@ -206,12 +224,15 @@ class Loop {
     }
   }
 
+  bool region_ends(AutocastRegion at) const { return s_.precision.autocast_region == at; }
+
   const Scenario& s_;
   const TrainingScript& script_;
   Runtime rt_;
   Model model_;
   std::unique_ptr<OptimizerSim> optimizer_;
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
+  std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
   Tensor warm_ids_, warm_targets_, ids_, targets_;
   Tensor logits_, loss_;
   uint32_t logits_graph_ = 0;

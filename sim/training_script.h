@@ -59,6 +59,9 @@ struct TrainingScript {
   // torch.utils.checkpoint(use_reentrant=False) stops a region's re-run once its last
   // saved tensor is recomputed (torch >= 2.1); torch 1.13 re-runs the whole region.
   bool checkpoint_early_stop = true;
+  // Forward-only steps run under torch.inference_mode() rather than no_grad: autocast
+  // then caches no weight casts (graph/autocast.h).
+  bool inference_mode = false;
   // Forward-only steps run under torch.inference_mode()/no_grad (step.kind
   // forward-no-grad does too); this keeps the scenario's step kind as given.
 };

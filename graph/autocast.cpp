@@ -1,0 +1,226 @@
+#include "graph/autocast.h"
+
+#include "graph/op_helpers.h"
+
+namespace memsim::graph {
+
+namespace {
+// Node flag: a to_copy of a Parameter. Its grad reaches AccumulateGrad in the einsum's
+// transposed layout (_to_copy preserves strides), so AccumulateGrad clones it.
+constexpr uint8_t kWeightCast = 16;
+// add/sub node flags: input 0 / input 1 was a widened low-precision tensor.
+constexpr uint8_t kPromoted0 = 32;
+constexpr uint8_t kPromoted1 = 64;
+}  // namespace
+
+void Autocast::enter(bool inference_mode) {
+  active_ = true;
+  cache_enabled_ = !inference_mode;
+}
+
+void Autocast::exit() {
+  active_ = false;
+  for (Tensor& t : cache_) t.reset();  // copies saved for backward stay alive as saved tensors
+}
+
+Tensor Autocast::cast(const Tensor& x, uint64_t out_bytes) {
+  Tensor out = rt_.alloc(out_bytes, TensorKind::activation, OpKind::autocast_copy);
+  if (detail::wants_grad(rt_, {&x})) {
+    const int32_t n = rt_.make_node(OpKind::autocast_copy, {&x});
+    rt_.node(n).size[0] = x.bytes;
+    out.grad_fn = n;
+  }
+  return out;
+}
+
+Tensor Autocast::weight(int32_t param) {
+  if (cache_enabled_ && static_cast<size_t>(param) < cache_.size() && cache_[param].defined())
+    return cache_[param];
+  Tensor w = rt_.param(param);
+  Tensor c = cast(w, w.bytes / 4 * low_);  // autocast casts fp32 parameters only
+  if (c.grad_fn >= 0) rt_.node(c.grad_fn).flags |= kWeightCast;
+  if (cache_enabled_) {
+    if (cache_.size() <= static_cast<size_t>(param)) cache_.resize(param + 1);
+    cache_[param] = c;
+  }
+  return c;
+}
+
+Tensor Autocast::linear(const Tensor& x, int32_t param, int64_t rows, int64_t d_in,
+                        int64_t d_out, double flops) {
+  const uint64_t low_in = static_cast<uint64_t>(rows * d_in) * low_;
+  Tensor xc = x.bytes == low_in ? x : cast(x, low_in);
+  Tensor wc = weight(param);
+  Tensor out = detail::out_tensor(rt_, static_cast<uint64_t>(rows * d_out) * low_, OpKind::linear);
+  rt_.note_gemm();
+  rt_.add_flops_forward(flops);
+  if (detail::wants_grad(rt_, {&xc, &wc})) {
+    const int32_t n = rt_.make_node(OpKind::linear, {&wc, &xc});
+    Node& node = rt_.node(n);
+    node.size[0] = wc.bytes;
+    node.size[1] = xc.bytes;
+    node.flops = detail::matmul_backward_flops(xc, wc, flops);
+    // BmmBackward0 releases the W copy before the x copy (LINYUN bf16 trace).
+    if (xc.requires_grad()) rt_.save(n, wc);
+    if (wc.requires_grad()) rt_.save(n, xc);
+    out.grad_fn = n;
+  }
+  // Uncached (inference_mode): the casts are temporaries of the einsum, x's first.
+  xc.reset();
+  wc.reset();
+  return out;
+}
+
+Tensor Autocast::to_fp32(const Tensor& x, uint64_t fp32_bytes) {
+  return x.bytes == fp32_bytes ? x : cast(x, fp32_bytes);
+}
+
+Tensor Autocast::widen(const Tensor& x) const { return rt_.view_of(x, x.bytes / low_ * 4); }
+
+void Autocast::promoted(Runtime& rt, const Tensor& out, int slot, const Tensor& low_input) {
+  if (out.grad_fn < 0 || !low_input.requires_grad()) return;
+  Node& n = rt.node(out.grad_fn);
+  n.flags |= slot == 0 ? kPromoted0 : kPromoted1;
+  n.size[3] = low_input.bytes;  // add/sub nodes leave size[3] unused
+}
+
+void cast_promoted_grads(Runtime& rt, Node& n, Grad out[3]) {
+  for (int i = 0; i < 2; ++i) {
+    if (!(n.flags & (i == 0 ? kPromoted0 : kPromoted1)) || out[i].storage == kNoStorage) continue;
+    const uint32_t low = rt.alloc_raw(n.size[3], TensorKind::temporary, OpKind::grad_cast);
+    rt.release(out[i].storage);
+    out[i] = Grad{low, false, false};
+  }
+}
+
+Tensor rope_cs336_autocast(Runtime& rt, const Tensor& x, const Tensor& freq_buffer) {
+  // As rope_cs336, but each product of a low-precision half with fp32 cos/sin is an
+  // fp32 half: x.bytes. CPython drops a binary op's left operand, then its right one.
+  const uint64_t h = x.bytes;
+  Tensor t1 = rt.alloc(h, TensorKind::temporary, OpKind::mul);
+  Tensor t2 = rt.alloc(h, TensorKind::temporary, OpKind::mul);
+  Tensor x1r = rt.alloc(h, TensorKind::temporary, OpKind::sub);
+  t1.reset();
+  t2.reset();
+  Tensor t3 = rt.alloc(h, TensorKind::temporary, OpKind::mul);
+  Tensor t4 = rt.alloc(h, TensorKind::temporary, OpKind::mul);
+  Tensor x2r = rt.alloc(h, TensorKind::temporary, OpKind::add);
+  t3.reset();
+  t4.reset();
+  Tensor out = detail::out_tensor(rt, 2 * x.bytes, OpKind::rope);
+  if (detail::wants_grad(rt, {&x})) {
+    const int32_t n = rt.make_node(OpKind::rope_autocast, {&x});
+    rt.node(n).size[0] = x.bytes;
+    for (int i = 0; i < 4; ++i) rt.save(n, freq_buffer);
+    out.grad_fn = n;
+  }
+  x1r.reset();
+  x2r.reset();
+  return out;
+}
+
+Tensor cs336_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& logits,
+                                    const Tensor& targets, uint64_t rows) {
+  const Module outer = rt.ctx.module;
+  rt.ctx.module = Module::loss;
+  const uint64_t low = ac.low_elem();
+  MaxResult mx = max_dim(rt, logits, rows, low);  // bf16 values
+  mx.indices.reset();
+  Tensor shifted = sub(rt, logits, mx.values);    // bf16
+  Tensor e;
+  {
+    Tensor ef = ac.to_fp32(shifted, shifted.bytes / low * 4);  // exp is on the fp32 list
+    e = exp(rt, ef);
+  }
+  Tensor z = sum_dim(rt, e, rows * 4);
+  Tensor lz = log(rt, z);
+  Tensor lsm = sub(rt, ac.widen(shifted), lz);  // bf16 - fp32 promotes to fp32
+  Autocast::promoted(rt, lsm, 0, shifted);
+  lz.reset();
+  z.reset();
+  e.reset();
+  shifted.reset();
+  mx.values.reset();
+  Tensor nl = neg(rt, lsm);
+  lsm.reset();
+  Tensor picked = gather(rt, nl, targets, rows * 4);
+  nl.reset();
+  Tensor loss = mean_all(rt, picked, 4);
+  picked.reset();
+  rt.ctx.module = outer;
+  return loss;
+}
+
+Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& logits,
+                                    const Tensor& targets) {
+  const Module outer = rt.ctx.module;
+  rt.ctx.module = Module::loss;
+  // cross_entropy itself is on the fp32 list: its fp32 copy of the logits lives through
+  // log_softmax and nll_loss (as an explicit `logits.float()` in the call would).
+  Tensor lf = ac.to_fp32(logits, logits.bytes / ac.low_elem() * 4);
+  Tensor logp = log_softmax(rt, lf);
+  Tensor loss = nll_loss(rt, logp, targets, 4);
+  logp.reset();
+  lf.reset();
+  rt.ctx.module = outer;
+  return loss;
+}
+
+const char* autocast_op_name(OpKind k, bool backward) {
+  switch (k) {
+    case OpKind::autocast_copy: return backward ? "ToCopyBackward0" : "_to_copy";
+    case OpKind::grad_cast: return backward ? "validate_outputs" : "type_promotion";
+    case OpKind::rope_autocast: return backward ? "RopeBackward" : "rope";
+    default: return nullptr;
+  }
+}
+
+bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
+  if (autocast_op_name(n.kind, false) == nullptr) return false;
+  const Grad& g = in[0];
+  if (g.storage == kNoStorage) return true;
+  auto A = [&](uint64_t bytes) { return rt.alloc_raw(bytes, TensorKind::temporary, n.kind); };
+  auto F = [&](uint32_t s) { rt.release(s); };
+  switch (n.kind) {
+    case OpKind::autocast_copy:  // grad.to(self's dtype), strides preserved
+      out[0] = Grad{A(n.size[0]), false, (n.flags & kWeightCast) != 0};
+      break;
+    case OpKind::rope_autocast: {
+      // The four muls' grads are fp32 halves (x.bytes), each cast to the input's dtype by
+      // validate_outputs (x.bytes/2); the sub's -grad; two casts add into earlier
+      // buffers in place; unbind's stack and the einops reshape copy (LINYUN trace).
+      const uint64_t h = n.size[0];
+      uint32_t m = A(h);
+      uint32_t c1 = A(h / 2);
+      F(m);
+      m = A(h);
+      uint32_t c2 = A(h / 2);
+      F(m);
+      uint32_t ng = A(h);
+      m = A(h);
+      uint32_t c3 = A(h / 2);
+      F(m);
+      F(ng);
+      F(c3);
+      m = A(h);
+      uint32_t c4 = A(h / 2);
+      F(m);
+      n.grad[0] = kNoStorage;  // the cat grad dies with the last mul node
+      F(g.storage);
+      rt.release_saved(n);
+      F(c4);
+      uint32_t s = A(h);  // stack
+      F(c1);
+      F(c2);
+      uint32_t c = A(h);  // reshape copy
+      F(s);
+      out[0] = Grad{c, false, false};
+      break;
+    }
+    default:
+      return false;
+  }
+  return true;
+}
+
+}  // namespace memsim::graph

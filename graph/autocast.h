@@ -1,0 +1,90 @@
+// torch.autocast (CUDA, bf16 or fp16) for the op-by-op model families: which ops run in
+// the low precision, which are cast up to fp32, the weight-cast cache, and what autograd
+// saves in the new dtypes (cs336-model.md §5; checked against the real bf16 snapshots
+// listed in sim/real_runs.cpp).
+//
+// Contract:
+//  - An Autocast object is one `with torch.autocast(...)` region at a time: enter() opens
+//    it, exit() closes it and drops the weight-cast cache. Outside a region active() is
+//    false and the model emits its fp32 graph unchanged.
+//  - Lower-precision ops (einsum/bmm/matmul/linear): every operand that is not already in
+//    the low dtype gets a _to_copy (ToCopyBackward0, saves nothing). Activations are cast
+//    at every use; a weight (a leaf Parameter with requires_grad) is cast once per region
+//    and the copy is kept by the cache until exit(), under no_grad too. Under
+//    inference_mode nothing is cached: each cast dies with its op (x cast, then W cast).
+//  - fp32-list ops (exp, log, pow, rsqrt, sum, softmax, log_softmax, cross_entropy...)
+//    cast a low-precision input to fp32 first (a temporary of the op).
+//  - Mixed-dtype elementwise ops promote to fp32; in backward the engine casts the fp32
+//    grad back to the low-precision input's dtype (validate_outputs): widen() records it.
+//  - Element sizes: fp16 and bf16 are both 2 bytes, so they emit the same memory events.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "graph/ops.h"
+
+namespace memsim::graph {
+
+class Autocast {
+ public:
+  Autocast(Runtime& rt, uint64_t low_elem) : rt_(rt), low_(low_elem) {}
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+  // `inference_mode`: torch.inference_mode() is on, so casts are not cached.
+  void enter(bool inference_mode);
+  void exit();  // the cached weight copies lose the cache's reference
+  bool active() const { return active_; }
+  uint64_t low_elem() const { return low_; }
+
+  // x.to(low or fp32 dtype) as a new tensor of `out_bytes` (ToCopyBackward0 under grad).
+  Tensor cast(const Tensor& x, uint64_t out_bytes);
+  // The low-precision copy of parameter `param` (cached for the region when allowed).
+  Tensor weight(int32_t param);
+  // einops.einsum(x, W) (cs336-model.md §2.1) under autocast: casts x unless it is
+  // already low (`rows*d_in*low` bytes), casts W through the cache, one bmm of
+  // rows*d_out*low bytes. BmmBackward0 saves the W copy and the x copy.
+  Tensor linear(const Tensor& x, int32_t param, int64_t rows, int64_t d_in, int64_t d_out,
+                double flops);
+  // An fp32-list op's input: a fp32 copy of a low-precision x (x itself if fp32).
+  Tensor to_fp32(const Tensor& x, uint64_t fp32_bytes);
+  // A low-precision x entering a mixed-dtype add/sub whose output is fp32: a handle
+  // sized as the fp32 operand it acts as (same storage and grad_fn as x). promoted()
+  // then marks the op's node so that the engine's validate_outputs casts the fp32 grad
+  // for input `slot` back to x's dtype (cast_promoted_grads).
+  Tensor widen(const Tensor& x) const;
+  static void promoted(Runtime& rt, const Tensor& out, int slot, const Tensor& low_input);
+
+ private:
+  Runtime& rt_;
+  uint64_t low_;
+  bool active_ = false;
+  bool cache_enabled_ = true;
+  std::vector<Tensor> cache_;  // by parameter index; undefined = not cast yet
+};
+
+// CS336 RotaryEmbedding.forward on a low-precision (B,H,S,h) view: the products with
+// the fp32 cos/sin promote to fp32 (each x.bytes), the cat output is fp32 (2*x.bytes).
+// Saves the four cos/sin views, like rope_cs336.
+Tensor rope_cs336_autocast(Runtime& rt, const Tensor& x, const Tensor& freq_buffer);
+
+// cs336_basics.nn_utils.cross_entropy on low-precision logits inside the autocast
+// region (Wedsonlin's trace): max and x - max in bf16, exp on an fp32 copy, sum/log
+// fp32, the log-softmax (bf16 - fp32) promotes to fp32; neg, gather, mean fp32.
+Tensor cs336_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& logits,
+                                    const Tensor& targets, uint64_t rows);
+// F.cross_entropy inside the region: cross_entropy is on the fp32 list, so the logits
+// get an fp32 copy that dies when the call returns; log_softmax and nll_loss are fp32.
+Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& logits,
+                                    const Tensor& targets);
+
+// validate_outputs' dtype cast for an add/sub node marked by Autocast::promoted: the
+// marked output's fp32 grad is replaced by a low-precision copy (hook of graph/ops.cpp).
+void cast_promoted_grads(Runtime& rt, Node& n, Grad out[3]);
+
+// Names and backward of autocast_copy / grad_cast / rope_autocast (hooks of graph/ops.cpp).
+const char* autocast_op_name(OpKind k, bool backward);
+bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
+
+}  // namespace memsim::graph
