@@ -73,6 +73,8 @@ int main(int argc, char** argv) {
               human_bytes(static_cast<uint64_t>(bound)).c_str(), reps, search);
   std::printf("| optimize end to end (%d verification(s), %s) | %.1f |\n", full.verifications,
               full.fits ? "fits" : "nothing fits", total_ms);
+  std::printf("(inside: calibrate %.1f ms, search %.1f ms, verify %.1f ms)\n", full.calibrate_ms,
+              full.search_ms, full.verify_ms);
   std::printf("plan: %s\n", describe_plan(full.plan).c_str());
   return r.feasible ? 0 : 1;
 }
