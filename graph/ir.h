@@ -97,8 +97,10 @@ enum class OpKind : uint8_t {
   fused_attention,    // flash / cuDNN attention: saves q, k, v, out, softmax lse
   megatron_embedding, // F.embedding whose weight grad goes to main_grad
   vocab_parallel_ce,  // _VocabParallelCrossEntropy: saves the fp32 softmax
+  // bitsandbytes (graph/ops_lora.h)
+  matmul_4bit,        // MatMul4Bit: dequantise the NF4 weight, linear; saves nothing
 };
-inline constexpr int kOpKindCount = static_cast<int>(OpKind::vocab_parallel_ce) + 1;
+inline constexpr int kOpKindCount = static_cast<int>(OpKind::matmul_4bit) + 1;
 const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"
 const char* backward_name(OpKind k);  // autograd node name, e.g. "BmmBackward0"
 
