@@ -37,9 +37,6 @@ void require_modelled(const Scenario& s) {
            "Megatron-LM's optimizer is a fused fp32 Adam; bitsandbytes 8-bit Adam is modelled "
            "for cs336, hf-gpt2 and hf-llama");
   }
-  if (s.lora.rank > 0 && s.model.family == ModelFamily::hf_gpt2) {
-    refuse(s, "lora.targets", "LoRA on hf-gpt2 (Conv1D base layers) is not modelled yet; use hf-llama");
-  }
   if (s.lora.rank > 0 && s.checkpoint.policy != "none" && s.checkpoint.reentrant.value_or(false)) {
     refuse(s, "checkpoint.reentrant",
            "LoRA with reentrant checkpointing is not modelled: torch's CheckpointFunction sees "

@@ -1,5 +1,5 @@
 // Optimizer variants, fp32 master weights and LoRA against real PyTorch: the fixtures in
-// tests/data/torch_cpu_optim/*.json are training steps of the plain-torch LLaMA stand-in
+// tests/data/torch_cpu_optim/*.json are training steps of the plain-torch LLaMA / GPT-2 stand-ins
 // measured on CPU (tools/fixtures/gen_optim_lora_fixtures.py, torch 1.13; requested
 // bytes). For each, the same scenario is built and compared: bytes live at the end of the
 // forward (exactly, and by kind), gradient bytes after backward (frozen LoRA base weights
@@ -30,11 +30,13 @@ std::string num(double v) {
 }
 
 Scenario scenario_for(const nlohmann::json& c) {
-  std::string y = "model:\n  family: hf-llama\n";
+  const std::string family = c["family"];
+  std::string y = "model:\n  family: " + family + "\n";
   for (const char* k : {"layers", "d_model", "heads", "kv_heads", "d_ff", "vocab"})
     y += std::string("  ") + k + ": " + std::to_string(c[k].get<int>()) + "\n";
   y += "  context_length: " + std::to_string(c["context"].get<int>()) + "\n";
-  y += "  tied_embeddings: false\n  attention: eager\n";
+  const bool tied = c.value("tied", family == "hf-gpt2");  // HF GPT-2 ties; LLaMA may
+  y += std::string("  tied_embeddings: ") + (tied ? "true" : "false") + "\n  attention: eager\n";
   y += "  dropout: " + num(c["dropout"].get<double>()) + "\n";
   y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
        "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
