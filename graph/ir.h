@@ -100,8 +100,10 @@ enum class OpKind : uint8_t {
   autocast_copy,      // _to_copy made by autocast: ToCopyBackward0 casts the grad back
   grad_cast,          // names the engine's validate_outputs dtype cast of a grad (no node)
   rope_autocast,      // CS336 RoPE on a bf16/fp16 input (fp32 products; graph/autocast.h)
+  // bitsandbytes (graph/ops_lora.h)
+  matmul_4bit,        // MatMul4Bit: dequantise the NF4 weight, linear; saves nothing
 };
-inline constexpr int kOpKindCount = static_cast<int>(OpKind::rope_autocast) + 1;
+inline constexpr int kOpKindCount = static_cast<int>(OpKind::matmul_4bit) + 1;
 const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"
 const char* backward_name(OpKind k);  // autograd node name, e.g. "BmmBackward0"
 

@@ -113,7 +113,7 @@ Tensor Runtime::param(int32_t i) {
   t.bytes = p.bytes;
   t.rt_ = this;
   retain(p.storage);
-  if (grad_enabled) {
+  if (grad_enabled && !p.frozen) {
     if (p.graph_epoch != graph_epoch_ || p.acc_node < 0) {
       Node n;
       n.kind = OpKind::accumulate_grad;

@@ -96,6 +96,8 @@ struct Parameter {
   uint32_t grad = kNoStorage;  // .grad (None when kNoStorage)
   int32_t acc_node = -1;       // AccumulateGrad node in the current graph
   uint32_t graph_epoch = 0;
+  bool frozen = false;         // requires_grad=False (LoRA base weights): param() gives a
+                               // handle without grad_fn, so it never gets a .grad
 };
 
 class Runtime {
