@@ -399,6 +399,7 @@ void Runtime::run_accumulate_grad(Node& n) {
   } else {
     release(g);  // .grad += grad, in place
   }
+  if (grad_ready_log != nullptr) grad_ready_log->push_back(n.param);
   cur_op_ = saved_op;
 }
 

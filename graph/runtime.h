@@ -116,6 +116,9 @@ class Runtime {
   // forward ops inside backward keep their forward names and count recompute FLOPs.
   CheckpointEngine* checkpoint = nullptr;
   bool recomputing = false;
+  // When set, every AccumulateGrad run appends its parameter index (torch DDP's
+  // autograd hooks, sim/data_parallel.h, learn the gradient-ready order from it).
+  std::vector<int32_t>* grad_ready_log = nullptr;
 
   // --- storages ---------------------------------------------------------------
   // New storage of `bytes`, one reference owned by the returned handle. The event's op

@@ -11,6 +11,7 @@
 #include "graph/hf_gpt2.h"
 #include "graph/hf_llama.h"
 #include "graph/losses.h"
+#include "sim/data_parallel.h"
 #include "sim/hf_family.h"
 #include "sim/megatron_step.h"
 #include "sim/checkpoint_policy.h"
@@ -82,6 +83,8 @@ class Loop {
     }
     rt_.ctx.phase = Phase::setup;
     model_.construct();
+    // model = DistributedDataParallel(model) (sim/data_parallel.h), before the optimizer.
+    if (s_.parallel.data > 1) ddp_ = std::make_unique<TorchDdp>(rt_);
     optimizer_ = make_optimizer(s_.optimizer,
                                 script_.cs336_revision == graph::Cs336Revision::v2025);
     allocate_batches();
@@ -159,6 +162,7 @@ class Loop {
       rt_.ctx.phase = Phase::forward;
       rt_.grad_enabled = with_grad;
       const uint32_t graph = with_grad ? rt_.begin_graph() : 0;
+      if (ddp_) ddp_->pre_forward(rt_, with_grad);
       Tensor out = model_.forward(ids);
       rt_.grad_enabled = true;
       if (!script_.bind_output) {
@@ -212,6 +216,7 @@ class Loop {
   Model model_;
   std::unique_ptr<OptimizerSim> optimizer_;
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
+  std::unique_ptr<TorchDdp> ddp_;
   Tensor warm_ids_, warm_targets_, ids_, targets_;
   Tensor logits_, loss_;
   uint32_t logits_graph_ = 0;
@@ -231,6 +236,7 @@ Program build_program(const Scenario& scenario, const TrainingScript& script) {
       throw ScenarioError(scenario.source + ": model.family: '" +
                                to_string(scenario.model.family) + "' is not implemented yet");
   }
+  program.rank = data_parallel_rank(scenario);
   return program;
 }
 
