@@ -13,14 +13,23 @@ using graph::Tensor;
 
 void require_data_parallel_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
-  if (s.model.family == ModelFamily::megatron) return;  // build_megatron_program checks
-  if (p.zero != 0)
-    throw ScenarioError(s.source + ": parallel.zero: ZeRO sharding (stage " +
-                        std::to_string(p.zero) + ") is modelled for the megatron family's "
-                        "distributed optimizer (stage 1) only, not for '" +
-                        to_string(s.model.family) +
-                        "' (FSDP / DeepSpeed are not modelled yet); use parallel.zero: 0 "
-                        "(torch DistributedDataParallel)");
+  if (s.model.family == ModelFamily::megatron) {
+    if (p.sharding != Sharding::none)
+      throw ScenarioError(s.source + ": parallel.sharding: the megatron family shards with "
+                          "its distributed optimizer (parallel.zero: 1), not FSDP / DeepSpeed; "
+                          "use parallel.sharding: none");
+    return;  // build_megatron_program checks parallel.zero
+  }
+  if (p.sharding == Sharding::deepspeed)
+    throw ScenarioError(s.source + ": parallel.sharding: DeepSpeed ZeRO is not modelled yet "
+                        "(its bucketed partitioned gradients and parameter fetching differ "
+                        "from FSDP's); use parallel.sharding: fsdp");
+  if (p.zero != 0 && p.sharding != Sharding::fsdp)
+    throw ScenarioError(s.source + ": parallel.zero: ZeRO stage " + std::to_string(p.zero) +
+                        " for '" + to_string(s.model.family) +
+                        "' needs a sharding implementation: set parallel.sharding: fsdp "
+                        "(zero 3 = FULL_SHARD, zero 2 = SHARD_GRAD_OP); zero 1 has no FSDP "
+                        "strategy");
 }
 
 void require_megatron_data_parallel_modelled(const Scenario& s) {
@@ -44,9 +53,9 @@ RankInfo data_parallel_rank(const Scenario& s) {
     r.why = "data-parallel replicas hold the same memory; rank 0 stands for all " +
             std::to_string(p.data);
   else if (p.data > 1)
-    r.why = "ZeRO stage " + std::to_string(p.zero) +
-            " shards are equal (the buffer is padded to a multiple of " +
-            std::to_string(p.data) + "); rank 0 owns the first shard";
+    r.why = std::string(p.sharding == Sharding::fsdp ? "FSDP" : "ZeRO") + " stage " +
+            std::to_string(p.zero) + " shards are equal-sized (padded to a multiple of " +
+            std::to_string(p.data) + "); rank 0's shard is reported";
   return r;
 }
 
@@ -84,11 +93,11 @@ TorchDdp::TorchDdp(Runtime& rt) : rt_(&rt) {
   std::vector<int32_t> all;
   for (size_t i = 0; i < rt.parameters().size(); ++i) all.push_back(static_cast<int32_t>(i));
   allocate(rt, {all});
-  rt.grad_ready_log = &ready_log_;
+  rt.hooks = this;
 }
 
 TorchDdp::~TorchDdp() {
-  if (rt_->grad_ready_log == &ready_log_) rt_->grad_ready_log = nullptr;
+  if (rt_->hooks == this) rt_->hooks = nullptr;
 }
 
 void TorchDdp::allocate(Runtime& rt, const std::vector<std::vector<int32_t>>& buckets) {
@@ -122,7 +131,7 @@ void TorchDdp::pre_forward(Runtime& rt, bool grad_enabled) {
   for (const graph::Parameter& p : rt.parameters()) bytes.push_back(p.bytes);
   allocate(rt, ddp_bucket_assignment(bytes, order, {kDdpFirstBucketBytes, kDdpBucketCapBytes}));
   rebuilt_ = true;
-  rt.grad_ready_log = nullptr;
+  if (rt.hooks == this) rt.hooks = nullptr;  // nothing more to learn
   ready_log_.clear();
   ready_log_.shrink_to_fit();
 }

@@ -59,7 +59,7 @@ inline constexpr uint64_t kDdpFirstBucketBytes = 1024 * 1024;      // _DEFAULT_F
 inline constexpr uint64_t kDdpBucketCapBytes = 25 * 1024 * 1024;   // bucket_cap_mb = 25
 
 // torch DDP's reducer buckets on the simulated rank.
-class TorchDdp {
+class TorchDdp : public graph::RuntimeHooks {
  public:
   // DistributedDataParallel(model): the one initial bucket (all parameters). Installs
   // itself as rt's grad-ready log for the first backward.
@@ -71,6 +71,10 @@ class TorchDdp {
   void pre_forward(graph::Runtime& rt, bool grad_enabled);
   // Bucket buffer sizes in bytes, current assignment.
   std::vector<uint64_t> bucket_bytes() const;
+  void grad_ready(graph::Runtime&, int32_t param) override {
+    if (!rebuilt_) ready_log_.push_back(param);
+  }
+  void layer_entered(graph::Runtime&, int32_t) override {}
 
  private:
   void allocate(graph::Runtime& rt, const std::vector<std::vector<int32_t>>& buckets);

@@ -12,6 +12,7 @@
 #include "graph/hf_llama.h"
 #include "graph/losses.h"
 #include "sim/data_parallel.h"
+#include "sim/fsdp.h"
 #include "sim/hf_family.h"
 #include "sim/megatron_step.h"
 #include "sim/checkpoint_policy.h"
@@ -83,8 +84,12 @@ class Loop {
     }
     rt_.ctx.phase = Phase::setup;
     model_.construct();
-    // model = DistributedDataParallel(model) (sim/data_parallel.h), before the optimizer.
-    if (s_.parallel.data > 1) ddp_ = std::make_unique<TorchDdp>(rt_);
+    // model = FSDP(model) (sim/fsdp.h) or DistributedDataParallel(model)
+    // (sim/data_parallel.h), before the optimizer.
+    if (s_.parallel.sharding == Sharding::fsdp)
+      fsdp_ = std::make_unique<Fsdp>(rt_, s_);
+    else if (s_.parallel.data > 1)
+      ddp_ = std::make_unique<TorchDdp>(rt_);
     optimizer_ = make_optimizer(s_.optimizer,
                                 script_.cs336_revision == graph::Cs336Revision::v2025);
     allocate_batches();
@@ -163,6 +168,7 @@ class Loop {
       rt_.grad_enabled = with_grad;
       const uint32_t graph = with_grad ? rt_.begin_graph() : 0;
       if (ddp_) ddp_->pre_forward(rt_, with_grad);
+      if (fsdp_) fsdp_->pre_forward(rt_);
       Tensor out = model_.forward(ids);
       rt_.grad_enabled = true;
       if (!script_.bind_output) {
@@ -192,6 +198,7 @@ class Loop {
       loss_ = std::move(l);
       rt_.ctx.phase = Phase::backward;
       rt_.backward(loss_);
+      if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
       if (measured && last) rt_.mark("backward_end");
     }
     if (kind == StepKind::train && optimizer_) {
@@ -217,6 +224,7 @@ class Loop {
   std::unique_ptr<OptimizerSim> optimizer_;
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
   std::unique_ptr<TorchDdp> ddp_;
+  std::unique_ptr<Fsdp> fsdp_;
   Tensor warm_ids_, warm_targets_, ids_, targets_;
   Tensor logits_, loss_;
   uint32_t logits_graph_ = 0;
