@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "sim/data_parallel.h"
+
 namespace memsim {
 
 namespace {
@@ -31,15 +33,13 @@ void require_autocast_modelled(const Scenario& s) {
 
 void require_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
-  if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0) {
-    const char* key = p.data != 1 ? "parallel.data"
-                      : p.tensor != 1 ? "parallel.tensor"
-                      : p.pipeline != 1 ? "parallel.pipeline" : "parallel.zero";
+  if (p.tensor != 1 || p.pipeline != 1) {
+    const char* key = p.tensor != 1 ? "parallel.tensor" : "parallel.pipeline";
     refuse(s, key,
-           "multi-GPU memory (DDP buckets, ZeRO/FSDP sharding, tensor, sequence and pipeline "
-           "parallelism) is not modelled yet; memsim simulates one GPU holding the whole "
-           "model (set parallel.* to their defaults)");
+           "multi-GPU memory of tensor, sequence and pipeline parallelism is not modelled "
+           "yet (set parallel.tensor and parallel.pipeline to 1)");
   }
+  require_data_parallel_modelled(s);  // sim/data_parallel.h
   if (s.precision.autocast.has_value()) require_autocast_modelled(s);  // below
   if (s.precision.master_weights && s.optimizer.impl == OptimizerImpl::cs336) {
     refuse(s, "precision.master_weights",
