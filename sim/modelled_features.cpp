@@ -40,6 +40,19 @@ void require_modelled(const Scenario& s) {
            "yet (set parallel.tensor and parallel.pipeline to 1)");
   }
   require_data_parallel_modelled(s);  // sim/data_parallel.h
+  // Data parallelism, LoRA, master weights and autocast were each checked alone; their
+  // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
+  // parameters together, DDP buckets only parameters that need a gradient, master copies
+  // would be of shards) and are not modelled until they are checked too.
+  if (p.data > 1 || p.sharding != Sharding::none) {
+    const char* key = s.lora.rank > 0 ? "lora"
+                      : s.precision.master_weights ? "precision.master_weights"
+                      : s.precision.autocast.has_value() ? "precision.autocast" : nullptr;
+    if (key != nullptr && s.model.family != ModelFamily::megatron)
+      refuse(s, key,
+             "is not modelled together with data parallelism (parallel.data > 1 or "
+             "parallel.sharding) yet; simulate one GPU, or drop this key");
+  }
   if (s.precision.autocast.has_value()) require_autocast_modelled(s);  // below
   if (s.precision.master_weights && s.optimizer.impl == OptimizerImpl::cs336) {
     refuse(s, "precision.master_weights",
