@@ -1,6 +1,7 @@
 #include "sim/optimizer_step.h"
 
 #include "sim/master_weights.h"
+#include "sim/optimizer_adafactor.h"
 #include "sim/optimizer_8bit.h"
 
 namespace memsim {
@@ -117,13 +118,18 @@ class TorchAdam final : public OptimizerSim {
       }
       case OptimizerImpl::for_loop:
       case OptimizerImpl::cs336: {
-        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps).
+        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps). `denom`
+        // is a local of the loop: the previous parameter's lives until it is rebound,
+        // after the new one is made, and the last one until the function returns.
+        Tensor denom;
         for (size_t i = 0; i < params.size(); ++i) {
           if (params[i].grad == graph::kNoStorage) continue;
           Tensor root = temp(rt, size_(params[i]));
-          Tensor denom = temp(rt, size_(params[i]));
+          Tensor d = temp(rt, size_(params[i]));
           root.reset();
+          denom = std::move(d);
         }
+        denom.reset();
         break;
       }
       case OptimizerImpl::fused:
@@ -174,6 +180,8 @@ std::unique_ptr<OptimizerSim> make_inner_optimizer(const OptimizerConfig& config
     case OptimizerType::adam8bit:
     case OptimizerType::adamw8bit:
       return make_bnb_adam8bit(setup.param_elem);
+    case OptimizerType::adafactor:
+      return make_hf_adafactor(setup.param_elem, state_elem);
   }
   return nullptr;
 }

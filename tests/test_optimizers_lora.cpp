@@ -195,3 +195,20 @@ TEST_CASE("lora, master weights and 8-bit optimizer keys are checked", "[lora][o
             .find("precision.master_weights: the CS336 staff AdamW") != std::string::npos);
   CHECK(error_of(l + "precision: {params: bf16, master_weights: true}\noptimizer: {type: sgd}\n").empty());
 }
+
+TEST_CASE("Adafactor: factored second moment, rows + cols per matrix, full for vectors", "[optim]") {
+  // Llama 2 7B: per layer q, k, v, o (4096 x 4096), gate, up (11008 x 4096), down
+  // (4096 x 11008), two norms (4096); embed and lm_head (32000 x 4096); final norm.
+  const Program p = build_program(load_scenario_text(
+      "model: {preset: llama2-7b, attention: flash}\nbatch: {micro_batch: 1, seq_len: 128}\n"
+      "precision: {params: bf16}\noptimizer: {type: adafactor}\ndevice: {capacity: 1TiB}\n", "t.yaml"));
+  const uint64_t D = 4096, F = 11008, V = 32000;
+  const uint64_t per_layer = 4 * (D + D) + 2 * (F + D) + (D + F) + 2 * D + 9;  // + 9 RMS
+  const uint64_t expected = 4 * (32 * per_layer + 2 * (V + D) + D + 3);
+  CHECK(live_at(p, "optimizer_end").at(TensorKind::optimizer_state) == expected);
+  CHECK(error_of(std::string(kLlama) + "optimizer: {type: adafactor, impl: for-loop}\n")
+            .find("optimizer.impl: adafactor") != std::string::npos);
+  CHECK(error_of("model: {family: cs336, layers: 2, d_model: 64, heads: 4, d_ff: 256, vocab: 512}\n"
+                 "batch: {micro_batch: 2, seq_len: 32}\noptimizer: {type: adafactor}\n")
+            .find("optimizer.type: Adafactor's factored state needs") != std::string::npos);
+}
