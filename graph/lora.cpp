@@ -52,6 +52,8 @@ LoraAdapter LoraModules::add_adapter(uint64_t out, uint64_t in, const std::strin
   ad.b = rt_.add_parameter(out * r * a, module_name + ".lora_B.default.weight");
   rt_.parameters()[ad.a].rows = r;
   rt_.parameters()[ad.b].rows = out;
+  rt_.parameters()[ad.a].elem = static_cast<uint8_t>(a);
+  rt_.parameters()[ad.b].elem = static_cast<uint8_t>(a);
   return ad;
 }
 

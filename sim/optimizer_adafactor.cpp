@@ -20,8 +20,8 @@ Tensor state(Runtime& rt, uint64_t bytes, const char* name) {
 
 class HfAdafactor final : public OptimizerSim {
  public:
-  HfAdafactor(uint64_t param_elem, uint64_t state_elem)
-      : param_elem_(param_elem), upcast_(state_elem != 4) {}
+  HfAdafactor(uint64_t param_elem, bool on_fp32_masters)
+      : param_elem_(param_elem), on_masters_(on_fp32_masters) {}
 
   void step(Runtime& rt) override {
     const auto& params = rt.parameters();
@@ -31,10 +31,12 @@ class HfAdafactor final : public OptimizerSim {
     for (size_t i = 0; i < params.size(); ++i) {
       const graph::Parameter& p = params[i];
       if (p.grad == graph::kNoStorage) continue;
-      const uint64_t n = p.bytes / param_elem_;
+      const uint64_t n = numel_of(p, param_elem_);
+      // grad.float() / p.float() copy 16-bit tensors only.
+      const bool upcast = !on_masters_ && elem_of(p, param_elem_) != 4;
       const uint64_t rows = p.rows, cols = rows > 0 ? n / rows : 0;
       grad.reset();                            // grad = p.grad
-      if (upcast_) grad = temp(rt, n * 4);     // grad = grad.float()
+      if (upcast) grad = temp(rt, n * 4);     // grad = grad.float()
       State& s = st_[i];
       if (!s.initialised) {
         s.initialised = true;
@@ -46,7 +48,7 @@ class HfAdafactor final : public OptimizerSim {
         }
       }
       p_data_fp32.reset();                     // p_data_fp32 = p
-      if (upcast_) p_data_fp32 = temp(rt, n * 4);
+      if (upcast) p_data_fp32 = temp(rt, n * 4);
       {
         // state["RMS"] = self._rms(p_data_fp32): norm(2) / sqrt(numel).
         Tensor norm = temp(rt, 4);
@@ -99,14 +101,14 @@ class HfAdafactor final : public OptimizerSim {
     Tensor row, col, sq, rms;
   };
   uint64_t param_elem_;
-  bool upcast_;
+  bool on_masters_;
   std::vector<State> st_;
 };
 
 }  // namespace
 
-std::unique_ptr<OptimizerSim> make_hf_adafactor(uint64_t param_elem, uint64_t state_elem) {
-  return std::make_unique<HfAdafactor>(param_elem, state_elem);
+std::unique_ptr<OptimizerSim> make_hf_adafactor(uint64_t param_elem, bool on_fp32_masters) {
+  return std::make_unique<HfAdafactor>(param_elem, on_fp32_masters);
 }
 
 }  // namespace memsim

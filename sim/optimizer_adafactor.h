@@ -26,8 +26,8 @@
 
 namespace memsim {
 
-// param_elem: bytes per element of the parameters; state_elem: of the tensors updated (4
-// under fp32 master weights: no upcast copies then).
-std::unique_ptr<OptimizerSim> make_hf_adafactor(uint64_t param_elem, uint64_t state_elem);
+// param_elem: bytes per element of the model's parameters; on_fp32_masters: it updates fp32
+// master copies (no upcast copies then).
+std::unique_ptr<OptimizerSim> make_hf_adafactor(uint64_t param_elem, bool on_fp32_masters);
 
 }  // namespace memsim

@@ -82,9 +82,13 @@ class Cs336AdamW final : public OptimizerSim {
 };
 
 // Bytes of a tensor shaped like parameter `p` holding `state_elem`-byte elements.
+// zeros_like(the tensor updated): the parameter itself, or its fp32 master.
 struct Sizer {
-  uint64_t param_elem = 4, state_elem = 4;
-  uint64_t operator()(const graph::Parameter& p) const { return p.bytes / param_elem * state_elem; }
+  uint64_t model_elem = 4;
+  bool fp32_masters = false;
+  uint64_t operator()(const graph::Parameter& p) const {
+    return fp32_masters ? numel_of(p, model_elem) * 4 : p.bytes;
+  }
 };
 
 // torch.optim.Adam / AdamW. State per parameter: exp_avg, exp_avg_sq (zeros_like, in
@@ -167,8 +171,8 @@ class TorchSgd final : public OptimizerSim {
 
 std::unique_ptr<OptimizerSim> make_inner_optimizer(const OptimizerConfig& config,
                                                    const OptimizerSetup& setup,
-                                                   uint64_t state_elem) {
-  const Sizer size{setup.param_elem, state_elem};
+                                                   bool on_fp32_masters) {
+  const Sizer size{setup.param_elem, on_fp32_masters};
   switch (config.type) {
     case OptimizerType::none: return nullptr;
     case OptimizerType::sgd: return std::make_unique<TorchSgd>(config.momentum, size);
@@ -181,7 +185,7 @@ std::unique_ptr<OptimizerSim> make_inner_optimizer(const OptimizerConfig& config
     case OptimizerType::adamw8bit:
       return make_bnb_adam8bit(setup.param_elem);
     case OptimizerType::adafactor:
-      return make_hf_adafactor(setup.param_elem, state_elem);
+      return make_hf_adafactor(setup.param_elem, on_fp32_masters);
   }
   return nullptr;
 }
@@ -190,7 +194,7 @@ std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config,
                                              const OptimizerSetup& setup) {
   if (config.type == OptimizerType::none) return nullptr;
   if (setup.master_weights) return make_master_weights(config, setup);
-  return make_inner_optimizer(config, setup, setup.param_elem);
+  return make_inner_optimizer(config, setup, false);
 }
 
 }  // namespace memsim

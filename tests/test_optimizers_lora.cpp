@@ -212,3 +212,25 @@ TEST_CASE("Adafactor: factored second moment, rows + cols per matrix, full for v
                  "batch: {micro_batch: 2, seq_len: 32}\noptimizer: {type: adafactor}\n")
             .find("optimizer.type: Adafactor's factored state needs") != std::string::npos);
 }
+
+TEST_CASE("optimizers size fp32 adapters of a bf16 model by their own dtype", "[optim][lora]") {
+  const std::string y = std::string(kLlama) + "precision: {params: bf16}\n"
+                        "lora: {rank: 8, targets: [q_proj], adapter_dtype: fp32}\n";
+  // q adapters: A 8x64 + B 64x8 per layer = 2048 fp32 elements (8 KiB) over 2 layers.
+  const uint64_t n = 2 * (8 * 64 + 64 * 8);
+  // AdamW: state like the fp32 adapters.
+  CHECK(live_at(build_program(load_scenario_text(y, "t.yaml")), "optimizer_end")
+            .at(TensorKind::optimizer_state) == 2 * 4 * n);
+  // Master weights: an fp32 adapter is its own master (.float() returns it).
+  const auto m = live_at(build_program(load_scenario_text(y, "t.yaml", {{"precision.master_weights", "true"}})),
+                         "optimizer_end");
+  CHECK(m.at(TensorKind::optimizer_state) == 2 * 4 * n);
+  // bitsandbytes: each adapter matrix (512 elements) is under 4096: fp32 state.
+  CHECK(live_at(build_program(load_scenario_text(y, "t.yaml", {{"optimizer.type", "adamw8bit"}})),
+                "optimizer_end")
+            .at(TensorKind::optimizer_state) == 2 * 4 * n);
+  // Adafactor: A (8 x 64) rows 8 + cols 64; B (64 x 8) rows 64 + cols 8; + RMS each.
+  CHECK(live_at(build_program(load_scenario_text(y, "t.yaml", {{"optimizer.type", "adafactor"}})),
+                "optimizer_end")
+            .at(TensorKind::optimizer_state) == 2 * 4 * (8 + 64 + 1 + 64 + 8 + 1));
+}
