@@ -188,6 +188,8 @@ TEST_CASE("lora, master weights and 8-bit optimizer keys are checked", "[lora][o
   CHECK(error_of("model: {family: cs336, layers: 2, d_model: 64, heads: 4, d_ff: 256, vocab: 512}\n"
                  "batch: {micro_batch: 2, seq_len: 32}\nlora: {rank: 8, targets: [q_proj]}\n")
             .find("LoRA is modelled for the hf-llama and hf-gpt2 families") != std::string::npos);
+  const Scenario comma = load_scenario_text(l, "t.yaml", {{"lora.rank", "8"}, {"lora.targets", "q_proj, v_proj"}});
+  CHECK(comma.lora.targets == std::vector<std::string>{"q_proj", "v_proj"});
   CHECK(error_of(l + "optimizer: {type: adamw8bit, impl: fused}\n").find("optimizer.impl: adamw8bit") != std::string::npos);
   CHECK(error_of("model: {family: cs336, layers: 2, d_model: 64, heads: 4, d_ff: 256, vocab: 512}\n"
                  "batch: {micro_batch: 2, seq_len: 32}\nprecision: {params: bf16, master_weights: true}\n"
