@@ -16,6 +16,8 @@ void HfGpt2Model::construct() {
   rt_.ctx.module = Module::embedding;
   wte_ = rt_.add_parameter(V * D * e, "transformer.wte.weight");
   wpe_ = rt_.add_parameter(P * D * e, "transformer.wpe.weight");
+  rt_.parameters()[wte_].rows = V;  // shapes for Adafactor's factored state
+  rt_.parameters()[wpe_].rows = P;
   layers_.resize(s_.layers);
   for (int32_t l = 0; l < s_.layers; ++l) {
     rt_.ctx.layer = l;
@@ -29,17 +31,17 @@ void HfGpt2Model::construct() {
     // 0-d `masked_bias`.
     p.causal_bias = rt_.alloc(P * P, TensorKind::other, OpKind::fill);
     p.masked_bias = rt_.alloc(e, TensorKind::other, OpKind::fill);
-    p.attn_w = lora_.add_base_weight(3 * D, D, pre + "attn.c_attn.weight");
+    p.attn_w = lora_.add_base_weight(3 * D, D, pre + "attn.c_attn.weight", true);
     p.attn_b = rt_.add_parameter(3 * D * e, pre + "attn.c_attn.bias");
-    p.aproj_w = lora_.add_base_weight(D, D, pre + "attn.c_proj.weight");
+    p.aproj_w = lora_.add_base_weight(D, D, pre + "attn.c_proj.weight", true);
     p.aproj_b = rt_.add_parameter(D * e, pre + "attn.c_proj.bias");
     rt_.ctx.module = Module::norm;
     p.ln2_w = rt_.add_parameter(D * e, pre + "ln_2.weight");
     p.ln2_b = rt_.add_parameter(D * e, pre + "ln_2.bias");
     rt_.ctx.module = Module::mlp;
-    p.fc_w = lora_.add_base_weight(F, D, pre + "mlp.c_fc.weight");
+    p.fc_w = lora_.add_base_weight(F, D, pre + "mlp.c_fc.weight", true);
     p.fc_b = rt_.add_parameter(F * e, pre + "mlp.c_fc.bias");
-    p.mproj_w = lora_.add_base_weight(D, F, pre + "mlp.c_proj.weight");
+    p.mproj_w = lora_.add_base_weight(D, F, pre + "mlp.c_proj.weight", true);
     p.mproj_b = rt_.add_parameter(D * e, pre + "mlp.c_proj.bias");
   }
   rt_.ctx.layer = -1;
@@ -47,7 +49,10 @@ void HfGpt2Model::construct() {
   lnf_w_ = rt_.add_parameter(D * e, "transformer.ln_f.weight");
   lnf_b_ = rt_.add_parameter(D * e, "transformer.ln_f.bias");
   rt_.ctx.module = Module::head;
-  if (!s_.tied) lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+  if (!s_.tied) {
+    lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+    rt_.parameters()[lm_head_].rows = V;
+  }
   if (lora_.enabled()) {
     // get_peft_model: freeze the base model, then inject the adapters module by module.
     lora_.freeze_all();

@@ -13,6 +13,7 @@ void HfLlamaModel::construct() {
   const uint64_t kvD = s_.kv_heads * s_.head_dim();
   rt_.ctx.module = Module::embedding;
   embed_ = rt_.add_parameter(V * D * e, "model.embed_tokens.weight");
+  rt_.parameters()[embed_].rows = V;  // shapes for Adafactor's factored state
   layers_.resize(s_.layers);
   for (int32_t l = 0; l < s_.layers; ++l) {
     rt_.ctx.layer = l;
@@ -37,7 +38,10 @@ void HfLlamaModel::construct() {
   // LlamaRotaryEmbedding's inv_freq buffer (hd/2 fp32, non-persistent).
   inv_freq_ = rt_.alloc(s_.head_dim() / 2 * 4, TensorKind::other, OpKind::fill);
   rt_.ctx.module = Module::head;
-  if (!s_.tied) lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+  if (!s_.tied) {
+    lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+    rt_.parameters()[lm_head_].rows = V;
+  }
   if (lora_.enabled()) {
     // get_peft_model: freeze the base model, then inject the adapters module by module.
     lora_.freeze_all();

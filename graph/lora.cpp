@@ -13,9 +13,14 @@ Tensor named(Runtime& rt, Tensor t, const std::string& name) {
 }
 }  // namespace
 
-int32_t LoraModules::add_base_weight(uint64_t out, uint64_t in, const std::string& name) {
+int32_t LoraModules::add_base_weight(uint64_t out, uint64_t in, const std::string& name,
+                                     bool conv1d_layout) {
   const uint64_t n = out * in;
-  if (!quantized()) return rt_.add_parameter(n * s_.elem, name);
+  if (!quantized()) {
+    const int32_t id = rt_.add_parameter(n * s_.elem, name);
+    rt_.parameters()[id].rows = conv1d_layout ? in : out;
+    return id;
+  }
   // quantize_4bit(blocksize=64, compress_statistics=True, quant_type="nf4"): the packed
   // codes, then the double-quantised statistics kept in the weight's QuantState.
   const int32_t id = rt_.add_parameter(nf4_packed_bytes(n), name);
@@ -45,6 +50,10 @@ LoraAdapter LoraModules::add_adapter(uint64_t out, uint64_t in, const std::strin
   LoraAdapter ad;
   ad.a = rt_.add_parameter(r * in * a, module_name + ".lora_A.default.weight");
   ad.b = rt_.add_parameter(out * r * a, module_name + ".lora_B.default.weight");
+  rt_.parameters()[ad.a].rows = r;
+  rt_.parameters()[ad.b].rows = out;
+  rt_.parameters()[ad.a].elem = static_cast<uint8_t>(a);
+  rt_.parameters()[ad.b].elem = static_cast<uint8_t>(a);
   return ad;
 }
 

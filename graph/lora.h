@@ -60,8 +60,11 @@ class LoraModules {
   bool targets(uint32_t module) const { return enabled() && (s_.lora.targets >> module) & 1u; }
   bool quantized() const { return enabled() && s_.lora.nf4; }
 
-  // A decoder-layer linear weight (out x in): NF4-packed under QLoRA, else elem bytes.
-  int32_t add_base_weight(uint64_t out, uint64_t in, const std::string& name);
+  // A decoder-layer linear weight: NF4-packed under QLoRA, else elem bytes. Stored
+  // (out, in) as nn.Linear, or (in, out) as GPT-2's Conv1D (`conv1d_layout`); the
+  // parameter's rows are set accordingly.
+  int32_t add_base_weight(uint64_t out, uint64_t in, const std::string& name,
+                          bool conv1d_layout = false);
   // get_peft_model: freezes every parameter added so far.
   void freeze_all();
   LoraAdapter add_adapter(uint64_t out, uint64_t in, const std::string& module_name);

@@ -109,6 +109,10 @@ struct Parameter {
   uint32_t graph_epoch = 0;
   bool frozen = false;         // requires_grad=False (LoRA base weights): param() gives a
                                // handle without grad_fn, so it never gets a .grad
+  uint8_t elem = 0;            // bytes per element; 0: the model's dtype (LoRA adapters may
+                               // differ: lora.adapter_dtype)
+  uint64_t rows = 0;           // a matrix's shape[0] (numel / shape[-1]); 0: a vector, or a
+                               // family that does not record shapes (Adafactor factors on it)
 };
 
 class Runtime {

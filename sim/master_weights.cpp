@@ -26,7 +26,7 @@ class MasterWeights final : public OptimizerSim {
     master_.reserve(params.size());
     // Only trainable parameters get a master (frozen LoRA base weights do not).
     for (const graph::Parameter& p : params)
-      master_.push_back(p.frozen ? Tensor()
+      master_.push_back(p.frozen || !needs_copy(p) ? Tensor()
                                  : named(rt, rt.alloc(fp32(p), TensorKind::optimizer_state, OpKind::optimizer_math),
                                          "master_param"));
   }
@@ -37,7 +37,7 @@ class MasterWeights final : public OptimizerSim {
       throw std::logic_error("master weights: parameters were added after construct()");
     grads_.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {  // m.grad = p.grad.float()
-      if (params[i].grad == graph::kNoStorage) continue;
+      if (params[i].grad == graph::kNoStorage || !needs_copy(params[i])) continue;
       grads_[i] = named(rt, rt.alloc(fp32(params[i]), TensorKind::gradient, OpKind::optimizer_math),
                         "master_param.grad");
     }
@@ -47,7 +47,9 @@ class MasterWeights final : public OptimizerSim {
   }
 
  private:
-  uint64_t fp32(const graph::Parameter& p) const { return p.bytes / param_elem_ * 4; }
+  uint64_t fp32(const graph::Parameter& p) const { return numel_of(p, param_elem_) * 4; }
+  // .float() of an fp32 tensor returns it: no master copy, no grad copy (fp32 adapters).
+  bool needs_copy(const graph::Parameter& p) const { return elem_of(p, param_elem_) != 4; }
 
   std::unique_ptr<OptimizerSim> inner_;
   uint64_t param_elem_;
@@ -58,7 +60,7 @@ class MasterWeights final : public OptimizerSim {
 
 std::unique_ptr<OptimizerSim> make_master_weights(const OptimizerConfig& config,
                                                   const OptimizerSetup& setup) {
-  return std::make_unique<MasterWeights>(make_inner_optimizer(config, setup, 4), setup.param_elem);
+  return std::make_unique<MasterWeights>(make_inner_optimizer(config, setup, true), setup.param_elem);
 }
 
 }  // namespace memsim

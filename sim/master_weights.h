@@ -10,7 +10,8 @@
 //   opt.step()
 //   for m, p in zip(master, params): p.data.copy_(m); m.grad = None
 // Contract: construct() allocates the fp32 masters (TensorKind::optimizer_state, named
-// "master_param"); step() allocates every fp32 grad copy (a parameter without .grad is
+// "master_param") of the trainable 16-bit parameters (an fp32 parameter, e.g. an fp32
+// LoRA adapter, is its own master: .float() returns it); step() allocates every fp32 grad copy (a parameter without .grad is
 // skipped), runs the wrapped optimizer on fp32-sized tensors (its state and temporaries
 // are fp32), copies back in place and frees the fp32 grads in parameter order. Between
 // steps a parameter costs 2 (param) + 2 (grad, until zero_grad) + 4 (master) + 8 (Adam's

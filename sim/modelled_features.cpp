@@ -59,6 +59,13 @@ void require_modelled(const Scenario& s) {
            "the CS336 staff AdamW updates the parameters themselves (no fp32 master copy); "
            "use optimizer.impl for-loop, foreach or fused");
   }
+  if (s.optimizer.type == OptimizerType::adafactor && s.model.family != ModelFamily::hf_llama &&
+      s.model.family != ModelFamily::hf_gpt2) {
+    refuse(s, "optimizer.type",
+           std::string("Adafactor's factored state needs the parameters' shapes, which memsim "
+                       "records for hf-llama and hf-gpt2 only, not '") +
+               to_string(s.model.family) + "'");
+  }
   if ((s.optimizer.type == OptimizerType::adam8bit || s.optimizer.type == OptimizerType::adamw8bit) &&
       s.model.family == ModelFamily::megatron) {
     refuse(s, "optimizer.type",

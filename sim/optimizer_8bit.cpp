@@ -24,7 +24,7 @@ class BnbAdam8bit final : public OptimizerSim {
     if (st_.size() < params.size()) st_.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].grad == graph::kNoStorage || st_[i].state1.defined()) continue;
-      const uint64_t n = params[i].bytes / param_elem_;
+      const uint64_t n = numel_of(params[i], param_elem_);
       State& s = st_[i];
       if (n < kBnbMin8bitSize) {
         s.state1 = state(rt, n * 4, "state1");

@@ -1,6 +1,7 @@
 #include "sim/optimizer_step.h"
 
 #include "sim/master_weights.h"
+#include "sim/optimizer_adafactor.h"
 #include "sim/optimizer_8bit.h"
 
 namespace memsim {
@@ -81,9 +82,13 @@ class Cs336AdamW final : public OptimizerSim {
 };
 
 // Bytes of a tensor shaped like parameter `p` holding `state_elem`-byte elements.
+// zeros_like(the tensor updated): the parameter itself, or its fp32 master.
 struct Sizer {
-  uint64_t param_elem = 4, state_elem = 4;
-  uint64_t operator()(const graph::Parameter& p) const { return p.bytes / param_elem * state_elem; }
+  uint64_t model_elem = 4;
+  bool fp32_masters = false;
+  uint64_t operator()(const graph::Parameter& p) const {
+    return fp32_masters ? numel_of(p, model_elem) * 4 : p.bytes;
+  }
 };
 
 // torch.optim.Adam / AdamW. State per parameter: exp_avg, exp_avg_sq (zeros_like, in
@@ -117,13 +122,18 @@ class TorchAdam final : public OptimizerSim {
       }
       case OptimizerImpl::for_loop:
       case OptimizerImpl::cs336: {
-        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps).
+        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps). `denom`
+        // is a local of the loop: the previous parameter's lives until it is rebound,
+        // after the new one is made, and the last one until the function returns.
+        Tensor denom;
         for (size_t i = 0; i < params.size(); ++i) {
           if (params[i].grad == graph::kNoStorage) continue;
           Tensor root = temp(rt, size_(params[i]));
-          Tensor denom = temp(rt, size_(params[i]));
+          Tensor d = temp(rt, size_(params[i]));
           root.reset();
+          denom = std::move(d);
         }
+        denom.reset();
         break;
       }
       case OptimizerImpl::fused:
@@ -161,8 +171,8 @@ class TorchSgd final : public OptimizerSim {
 
 std::unique_ptr<OptimizerSim> make_inner_optimizer(const OptimizerConfig& config,
                                                    const OptimizerSetup& setup,
-                                                   uint64_t state_elem) {
-  const Sizer size{setup.param_elem, state_elem};
+                                                   bool on_fp32_masters) {
+  const Sizer size{setup.param_elem, on_fp32_masters};
   switch (config.type) {
     case OptimizerType::none: return nullptr;
     case OptimizerType::sgd: return std::make_unique<TorchSgd>(config.momentum, size);
@@ -174,6 +184,8 @@ std::unique_ptr<OptimizerSim> make_inner_optimizer(const OptimizerConfig& config
     case OptimizerType::adam8bit:
     case OptimizerType::adamw8bit:
       return make_bnb_adam8bit(setup.param_elem);
+    case OptimizerType::adafactor:
+      return make_hf_adafactor(setup.param_elem, on_fp32_masters);
   }
   return nullptr;
 }
@@ -182,7 +194,7 @@ std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config,
                                              const OptimizerSetup& setup) {
   if (config.type == OptimizerType::none) return nullptr;
   if (setup.master_weights) return make_master_weights(config, setup);
-  return make_inner_optimizer(config, setup, setup.param_elem);
+  return make_inner_optimizer(config, setup, false);
 }
 
 }  // namespace memsim

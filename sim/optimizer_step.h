@@ -36,13 +36,21 @@ struct OptimizerSetup {
   bool master_weights = false;  // precision.master_weights (sim/master_weights.h)
 };
 
+// Bytes per element of parameter p (its own dtype, else the model's).
+inline uint64_t elem_of(const graph::Parameter& p, uint64_t model_elem) {
+  return p.elem != 0 ? p.elem : model_elem;
+}
+inline uint64_t numel_of(const graph::Parameter& p, uint64_t model_elem) {
+  return p.bytes / elem_of(p, model_elem);
+}
+
 // nullptr for OptimizerType::none.
 std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config,
                                              const OptimizerSetup& setup);
-// The optimizer alone, updating tensors of `state_elem` bytes per element (no master
-// wrapper); for sim/master_weights.cpp.
+// The optimizer alone (no master wrapper); `on_fp32_masters`: it updates fp32 copies of
+// the parameters (sim/master_weights.cpp), so its state and temporaries are fp32.
 std::unique_ptr<OptimizerSim> make_inner_optimizer(const OptimizerConfig& config,
                                                    const OptimizerSetup& setup,
-                                                   uint64_t state_elem);
+                                                   bool on_fp32_masters);
 
 }  // namespace memsim

@@ -61,6 +61,7 @@ const char* to_string(OptimizerType type) {
     case OptimizerType::none: return "none";
     case OptimizerType::adam8bit: return "adam8bit";
     case OptimizerType::adamw8bit: return "adamw8bit";
+    case OptimizerType::adafactor: return "adafactor";
   }
   return "?";
 }

@@ -62,7 +62,7 @@ struct PrecisionConfig {
   bool master_weights = false;
 };
 
-enum class OptimizerType { adamw, adam, sgd, none, adam8bit, adamw8bit };  // 8bit: bitsandbytes
+enum class OptimizerType { adamw, adam, sgd, none, adam8bit, adamw8bit, adafactor };  // 8bit: bitsandbytes; adafactor: transformers
 enum class OptimizerImpl { for_loop, foreach, fused, cs336 };
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::adamw;

@@ -34,7 +34,8 @@ const std::vector<std::pair<std::string, AutocastRegion>> kAutocastRegions = {
 const std::vector<std::pair<std::string, OptimizerType>> kOptimizers = {
     {"adamw", OptimizerType::adamw}, {"adam", OptimizerType::adam},
     {"sgd", OptimizerType::sgd}, {"none", OptimizerType::none},
-    {"adam8bit", OptimizerType::adam8bit}, {"adamw8bit", OptimizerType::adamw8bit}};
+    {"adam8bit", OptimizerType::adam8bit}, {"adamw8bit", OptimizerType::adamw8bit},
+    {"adafactor", OptimizerType::adafactor}};
 const std::vector<std::pair<std::string, OptimizerImpl>> kImpls = {
     {"for-loop", OptimizerImpl::for_loop}, {"foreach", OptimizerImpl::foreach},
     {"fused", OptimizerImpl::fused}, {"cs336", OptimizerImpl::cs336}};
@@ -183,6 +184,11 @@ OptimizerConfig build_optimizer(const Doc& d) {
     fail(origin(d, "optimizer.impl", "optimizer"), "optimizer.impl",
          std::string(to_string(o.type)) + " is bitsandbytes' fused 8-bit kernel, which has no "
          "torch.optim implementation variants; leave optimizer.impl out");
+  }
+  if (o.type == OptimizerType::adafactor && o.impl != OptimizerImpl::foreach && d.find("optimizer.impl")) {
+    fail(origin(d, "optimizer.impl", "optimizer"), "optimizer.impl",
+         "adafactor is transformers.optimization.Adafactor, a per-parameter loop with no "
+         "implementation variants; leave optimizer.impl out");
   }
   if (const Field* f = d.find("optimizer.momentum")) {
     o.momentum = read_number(*f, "optimizer.momentum");

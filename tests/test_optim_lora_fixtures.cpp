@@ -67,18 +67,20 @@ struct Walk {
   std::map<std::string, std::map<TensorKind, uint64_t>> at;  // mark -> live bytes by kind
   std::map<std::string, uint64_t> total;
   uint64_t step_peak = 0;
+  uint64_t optimizer_peak = 0;  // from the backward_end mark to the optimizer_end mark
 };
 
 Walk walk(const Program& p) {
   Walk w;
   std::vector<uint8_t> live(p.tensors.size(), 0);
   uint64_t cur = 0;
-  bool measuring = false;
+  bool measuring = false, in_optimizer = false;
   for (const MemoryEvent& e : p.events) {
     if (e.type == EventType::alloc) {
       cur += e.bytes;
       live[e.tensor] = 1;
       if (measuring) w.step_peak = std::max(w.step_peak, cur);
+      if (in_optimizer) w.optimizer_peak = std::max(w.optimizer_peak, cur);
     } else if (e.type == EventType::free) {
       cur -= p.tensors[e.tensor].bytes;
       live[e.tensor] = 0;
@@ -89,6 +91,11 @@ Walk walk(const Program& p) {
         w.step_peak = cur;
       }
       if (!measuring) continue;
+      if (name == "backward_end") {
+        in_optimizer = true;
+        w.optimizer_peak = cur;
+      }
+      if (name == "optimizer_end") in_optimizer = false;
       w.total[name] = cur;
       auto& by_kind = w.at[name];
       for (size_t t = 0; t < live.size(); ++t)
@@ -141,6 +148,11 @@ TEST_CASE("optimizer variants, master weights and LoRA match torch CPU steps", "
     CHECK(w.total.at("forward_end") == marks["forward_end"]["total"].get<uint64_t>());
     CHECK(w.total.at("backward_end") == marks["backward_end"]["total"].get<uint64_t>());
     CHECK(std::fabs(err) < 0.01);
+    // The optimizer step's own peak (its state and temporaries on top of the step's
+    // parameters and grads).
+    const uint64_t real_opt = fx["optimizer_step_peak_bytes"];
+    INFO("optimizer step peak real " << real_opt << " predicted " << w.optimizer_peak);
+    CHECK(std::fabs((static_cast<double>(w.optimizer_peak) - real_opt) / real_opt) < 0.001);
     // Frozen base weights: no .grad after backward in either.
     CHECK(fx["frozen_parameters_with_grad"].get<int>() == 0);
   }

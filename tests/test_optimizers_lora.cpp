@@ -188,10 +188,51 @@ TEST_CASE("lora, master weights and 8-bit optimizer keys are checked", "[lora][o
   CHECK(error_of("model: {family: cs336, layers: 2, d_model: 64, heads: 4, d_ff: 256, vocab: 512}\n"
                  "batch: {micro_batch: 2, seq_len: 32}\nlora: {rank: 8, targets: [q_proj]}\n")
             .find("LoRA is modelled for the hf-llama and hf-gpt2 families") != std::string::npos);
+  const Scenario comma = load_scenario_text(l, "t.yaml", {{"lora.rank", "8"}, {"lora.targets", "q_proj, v_proj"}});
+  CHECK(comma.lora.targets == std::vector<std::string>{"q_proj", "v_proj"});
   CHECK(error_of(l + "optimizer: {type: adamw8bit, impl: fused}\n").find("optimizer.impl: adamw8bit") != std::string::npos);
   CHECK(error_of("model: {family: cs336, layers: 2, d_model: 64, heads: 4, d_ff: 256, vocab: 512}\n"
                  "batch: {micro_batch: 2, seq_len: 32}\nprecision: {params: bf16, master_weights: true}\n"
                  "optimizer: {type: adamw, impl: cs336}\n")
             .find("precision.master_weights: the CS336 staff AdamW") != std::string::npos);
   CHECK(error_of(l + "precision: {params: bf16, master_weights: true}\noptimizer: {type: sgd}\n").empty());
+}
+
+TEST_CASE("Adafactor: factored second moment, rows + cols per matrix, full for vectors", "[optim]") {
+  // Llama 2 7B: per layer q, k, v, o (4096 x 4096), gate, up (11008 x 4096), down
+  // (4096 x 11008), two norms (4096); embed and lm_head (32000 x 4096); final norm.
+  const Program p = build_program(load_scenario_text(
+      "model: {preset: llama2-7b, attention: flash}\nbatch: {micro_batch: 1, seq_len: 128}\n"
+      "precision: {params: bf16}\noptimizer: {type: adafactor}\ndevice: {capacity: 1TiB}\n", "t.yaml"));
+  const uint64_t D = 4096, F = 11008, V = 32000;
+  const uint64_t per_layer = 4 * (D + D) + 2 * (F + D) + (D + F) + 2 * D + 9;  // + 9 RMS
+  const uint64_t expected = 4 * (32 * per_layer + 2 * (V + D) + D + 3);
+  CHECK(live_at(p, "optimizer_end").at(TensorKind::optimizer_state) == expected);
+  CHECK(error_of(std::string(kLlama) + "optimizer: {type: adafactor, impl: for-loop}\n")
+            .find("optimizer.impl: adafactor") != std::string::npos);
+  CHECK(error_of("model: {family: cs336, layers: 2, d_model: 64, heads: 4, d_ff: 256, vocab: 512}\n"
+                 "batch: {micro_batch: 2, seq_len: 32}\noptimizer: {type: adafactor}\n")
+            .find("optimizer.type: Adafactor's factored state needs") != std::string::npos);
+}
+
+TEST_CASE("optimizers size fp32 adapters of a bf16 model by their own dtype", "[optim][lora]") {
+  const std::string y = std::string(kLlama) + "precision: {params: bf16}\n"
+                        "lora: {rank: 8, targets: [q_proj], adapter_dtype: fp32}\n";
+  // q adapters: A 8x64 + B 64x8 per layer = 2048 fp32 elements (8 KiB) over 2 layers.
+  const uint64_t n = 2 * (8 * 64 + 64 * 8);
+  // AdamW: state like the fp32 adapters.
+  CHECK(live_at(build_program(load_scenario_text(y, "t.yaml")), "optimizer_end")
+            .at(TensorKind::optimizer_state) == 2 * 4 * n);
+  // Master weights: an fp32 adapter is its own master (.float() returns it).
+  const auto m = live_at(build_program(load_scenario_text(y, "t.yaml", {{"precision.master_weights", "true"}})),
+                         "optimizer_end");
+  CHECK(m.at(TensorKind::optimizer_state) == 2 * 4 * n);
+  // bitsandbytes: each adapter matrix (512 elements) is under 4096: fp32 state.
+  CHECK(live_at(build_program(load_scenario_text(y, "t.yaml", {{"optimizer.type", "adamw8bit"}})),
+                "optimizer_end")
+            .at(TensorKind::optimizer_state) == 2 * 4 * n);
+  // Adafactor: A (8 x 64) rows 8 + cols 64; B (64 x 8) rows 64 + cols 8; + RMS each.
+  CHECK(live_at(build_program(load_scenario_text(y, "t.yaml", {{"optimizer.type", "adafactor"}})),
+                "optimizer_end")
+            .at(TensorKind::optimizer_state) == 2 * 4 * (8 + 64 + 1 + 64 + 8 + 1));
 }

@@ -32,7 +32,15 @@ std::string training_line(const Scenario& s) {
   if (s.optimizer.type != OptimizerType::none) {
     line += ", " + std::string(to_string(s.optimizer.type));
     const bool bnb = s.optimizer.type == OptimizerType::adam8bit || s.optimizer.type == OptimizerType::adamw8bit;
-    line += bnb ? std::string(" (bitsandbytes)") : " (" + std::string(to_string(s.optimizer.impl)) + ")";
+    const bool hf = s.optimizer.type == OptimizerType::adafactor;
+    line += bnb  ? std::string(" (bitsandbytes)")
+            : hf ? std::string(" (transformers)")
+                 : " (" + std::string(to_string(s.optimizer.impl)) + ")";
+  }
+  if (s.lora.rank > 0) {
+    line += ", lora r" + std::to_string(s.lora.rank) + " (";
+    for (size_t i = 0; i < s.lora.targets.size(); ++i) line += (i ? "," : "") + s.lora.targets[i];
+    line += std::string(")") + (s.lora.base_nf4 ? " nf4 base" : "");
   }
   line += ", checkpoint " + s.checkpoint.policy;
   // Megatron's CheckpointFunction is always reentrant; elsewhere only when asked.
