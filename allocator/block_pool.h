@@ -4,9 +4,9 @@
 // Why this shape: the emulator must sustain >= 20 M malloc/free events per second, so
 //  - blocks live in one pooled vector indexed by BlockId (a free list of slots recycles
 //    them; no heap allocation per event once warm), and
-//  - the free pools are FreeIndex B-trees (free_index.h); the rarely used unmapped sets of
-//    expandable mode are std::sets whose nodes come from a per-set free list (NodeArena),
-//    and each unmapped block remembers its set iterator.
+//  - the free pools are size-class indexes (FreeIndex, free_index.h); the rarely used
+//    unmapped sets of expandable mode are std::sets whose nodes come from a per-set free
+//    list (NodeArena), and each unmapped block remembers its set iterator.
 #pragma once
 
 #include <cstddef>

@@ -130,6 +130,7 @@ class FreeIndex {
       }
       --cl.front;
       --cl.key;
+      --cl.id;
     } else {
       for (uint32_t i = cl.n; i > s; --i) {
         k[i] = k[i - 1];
@@ -154,6 +155,7 @@ class FreeIndex {
       }
       ++cl.front;
       ++cl.key;
+      ++cl.id;
     } else {
       for (uint32_t i = s; i + 1 < cl.n; ++i) {
         k[i] = k[i + 1];
@@ -162,8 +164,10 @@ class FreeIndex {
     }
     if (--cl.n == 0) {
       FreeKey128* const base = cl.base();
+      uint32_t* const id_base = cl.id - cl.front;
       cl.front = cl.cap / 2;  // room on both sides for the next insert
       cl.key = base + cl.front;
+      cl.id = id_base + cl.front;
       unmark(p.cls);
     }
     --count_;
@@ -209,11 +213,12 @@ class FreeIndex {
   // only grows.
   struct Class {
     FreeKey128* key = nullptr;  // the first entry's key (base() + front)
+    uint32_t* id = nullptr;     // the first entry's id
     uint32_t front = 0;
     uint32_t n = 0;
     uint32_t cap = 0;
     FreeKey128* base() const { return key - front; }
-    uint32_t* ids() const { return reinterpret_cast<uint32_t*>(base() + cap) + front; }
+    uint32_t* ids() const { return id; }
   };
   static size_t buffer_keys(uint32_t cap) {  // keys plus ids, in FreeKey128 units
     return cap + (cap * sizeof(uint32_t) + sizeof(FreeKey128) - 1) / sizeof(FreeKey128);
@@ -222,25 +227,30 @@ class FreeIndex {
   // Re-centres the entries so that both ends have room, in a buffer twice as large when
   // the class is at least half full (so each end then has >= cap / 4 room, and re-centring
   // costs O(1) amortised per insert).
-  static void make_room(Class& cl) {
+  // Out of line and cold: it runs O(log n) times per class, and keeping it out of
+  // insert() lets insert() inline into the callers.
+  __attribute__((noinline, cold)) static void make_room(Class& cl) {
     const uint32_t cap = cl.n * 2 >= cl.cap ? (cl.cap == 0 ? 4 : cl.cap * 2) : cl.cap;
     const uint32_t front = (cap - cl.n) / 2;
+    FreeKey128* const old_base = cl.base();
+    uint32_t* const old_ids = cl.id - cl.front;
     if (cap == cl.cap) {
-      std::memmove(cl.base() + front, cl.key, cl.n * sizeof(FreeKey128));
-      uint32_t* ids = reinterpret_cast<uint32_t*>(cl.base() + cap);
-      std::memmove(ids + front, ids + cl.front, cl.n * sizeof(uint32_t));
-      cl.key = cl.base() + front;
+      std::memmove(old_base + front, cl.key, cl.n * sizeof(FreeKey128));
+      std::memmove(old_ids + front, cl.id, cl.n * sizeof(uint32_t));
+      cl.key = old_base + front;
+      cl.id = old_ids + front;
       cl.front = front;
       return;
     }
     FreeKey128* buffer = new FreeKey128[buffer_keys(cap)];
+    uint32_t* const ids = reinterpret_cast<uint32_t*>(buffer + cap);
     if (cl.n != 0) {
       std::memcpy(buffer + front, cl.key, cl.n * sizeof(FreeKey128));
-      std::memcpy(reinterpret_cast<uint32_t*>(buffer + cap) + front, cl.ids(),
-                  cl.n * sizeof(uint32_t));
+      std::memcpy(ids + front, cl.id, cl.n * sizeof(uint32_t));
     }
-    delete[] (cl.cap == 0 ? nullptr : cl.base());
+    delete[] (cl.cap == 0 ? nullptr : old_base);
     cl.key = buffer + front;
+    cl.id = ids + front;
     cl.front = front;
     cl.cap = cap;
   }
