@@ -101,9 +101,14 @@ CheckpointPlan uniform_plan(int32_t layers, LayerCheckpoint c) {
   return plan;
 }
 
+// The scenario with `plan` as its checkpoint section. The scenario's own
+// checkpoint.reentrant stays: it changes what a checkpointed region holds (a reentrant
+// re-run keeps its output alive through the region's backward), so plans must be
+// calibrated and verified the way the user's script calls torch.utils.checkpoint.
 Scenario with_plan(const Scenario& s, const CheckpointPlan& plan) {
   Scenario out = s;
   out.checkpoint = config_for_plan(plan);
+  out.checkpoint.reentrant = s.checkpoint.reentrant;
   return out;
 }
 
