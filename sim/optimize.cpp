@@ -114,8 +114,47 @@ Scenario with_plan(const Scenario& s, const CheckpointPlan& plan) {
 
 }  // namespace
 
-LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
-                     const std::vector<LayerCheckpoint>& choices) {
+namespace {
+
+// Builds and runs the Programs of one scenario's plans, reusing storage from one to the
+// next (results are those of build_program + execute + analyze on fresh storage).
+class PlanSimulator {
+ public:
+  PlanSimulator(const Scenario& scenario, const TrainingScript& script)
+      : scenario_(scenario), script_(script) {}
+
+  // The Program of `plan`; valid until the next build or run.
+  const Program& build(const CheckpointPlan& plan) {
+    return build_program(with_plan(scenario_, plan), script_, build_);
+  }
+  // Builds and executes `plan` on an allocator that may use `capacity` bytes (0 =
+  // unlimited); true when it runs without running out of memory (Analysis::fits).
+  bool run(const CheckpointPlan& plan, uint64_t capacity) {
+    const Program& p = build(plan);
+    SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
+    // Verification needs peaks and the fits/OOM verdict only; the per-kind arrays would
+    // cost more than the simulation (first-touch of megabytes per run), and the analysis
+    // falls back to the live set for the breakdown at the peak.
+    ExecuteOptions options;
+    options.record_by_kind = false;
+    options.buffers = &exec_;
+    exec_.timeline = std::move(timeline_);  // the previous run's arrays, reused
+    timeline_ = execute(p, scenario_.allocator, device, options);
+    return !timeline_.oom.has_value();
+  }
+  // The last run, analysed (only runs that are reported need this).
+  PlanRun result() const { return {analyze(build_.program, timeline_), timeline_.final_stats}; }
+
+ private:
+  const Scenario& scenario_;
+  const TrainingScript& script_;
+  BuildBuffers build_;
+  ExecuteBuffers exec_;
+  Timeline timeline_;
+};
+
+LayerCosts calibrate_with(PlanSimulator& sim, const Scenario& scenario,
+                          const std::vector<LayerCheckpoint>& choices) {
   LayerCosts c;
   c.layers = static_cast<int32_t>(scenario.model.layers);
   c.choices = choices;
@@ -126,7 +165,7 @@ LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
   const size_t ref = found < choices.size() ? found : 0;
   Windows keep;
   for (LayerCheckpoint choice : choices) {
-    const Program p = build_program(with_plan(scenario, uniform_plan(c.layers, choice)), script);
+    const Program& p = sim.build(uniform_plan(c.layers, choice));
     Windows w = windows_of(p, c.layers);
     std::vector<int64_t> window(c.layers, kNone);
     int64_t prefix = 0;
@@ -147,6 +186,14 @@ LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
     if (k < c.layers) prefix += c.stored[ref][k];
   }
   return c;
+}
+
+}  // namespace
+
+LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
+                     const std::vector<LayerCheckpoint>& choices) {
+  PlanSimulator sim(scenario, script);
+  return calibrate_with(sim, scenario, choices);
 }
 
 int64_t model_peak(const LayerCosts& c, const CheckpointPlan& plan) {
@@ -350,20 +397,15 @@ class LevelEnumerator {
 
 PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
                       const CheckpointPlan& plan, uint64_t capacity) {
-  const Program p = build_program(with_plan(scenario, plan), script);
-  SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
-  // Verification needs peaks and the fits/OOM verdict only; the per-kind arrays would
-  // cost more than the simulation (first-touch of megabytes per run), and the analysis
-  // falls back to the live set for the breakdown at the peak.
-  ExecuteOptions options;
-  options.record_by_kind = false;
-  const Timeline t = execute(p, scenario.allocator, device, options);
-  return {analyze(p, t), t.final_stats};
+  PlanSimulator sim(scenario, script);
+  sim.run(plan, capacity);
+  return sim.result();
 }
 
+namespace {
+
 // Nothing fits: the plan with the smallest modelled peak, simulated without a limit.
-static OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& costs,
-                               const Scenario& scenario, const TrainingScript& script) {
+OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& costs, PlanSimulator& sim) {
   auto ts = std::chrono::steady_clock::now();
   const SearchResult smallest = smallest_peak_plan(costs);
   out.search_ms += ms_since(ts);
@@ -371,16 +413,20 @@ static OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& cost
   out.plan = smallest.plan;
   out.model_peak = smallest.peak;
   auto tv = std::chrono::steady_clock::now();
-  out.run = simulate_plan(scenario, script, smallest.plan, 0);
+  sim.run(smallest.plan, 0);
+  out.run = sim.result();
   out.verify_ms += ms_since(tv);
   return out;
 }
 
+}  // namespace
+
 OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
                                       uint64_t budget, const OptimizeOptions& options) {
   OptimizeResult out;
+  PlanSimulator sim(scenario, script);
   auto t0 = std::chrono::steady_clock::now();
-  const LayerCosts costs = calibrate(scenario, script, options.choices);
+  const LayerCosts costs = calibrate_with(sim, scenario, options.choices);
   out.calibrate_ms = ms_since(t0);
   int64_t bound = static_cast<int64_t>(std::min<uint64_t>(budget, INT64_MAX / 4));
   // Exact phase (small models): every plan the model allows, in recompute order. The
@@ -407,21 +453,21 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
           break;
         }
         auto tv = std::chrono::steady_clock::now();
-        PlanRun run = simulate_plan(scenario, script, plans[k].second, budget);
+        const bool fits = sim.run(plans[k].second, budget);
+        if (fits) out.run = sim.result();
         out.verify_ms += ms_since(tv);
         ++exact_tries;
         ++out.verifications;
-        if (run.analysis.fits()) {
+        if (fits) {
           out.fits = true;
           out.plan = plans[k].second;
-          out.run = std::move(run);
           out.model_peak = plans[k].first;
           return out;
         }
       }
     }
     // Every plan the model allows was simulated and none fits.
-    if (complete && first.feasible) return report_smallest(std::move(out), costs, scenario, script);
+    if (complete && first.feasible) return report_smallest(std::move(out), costs, sim);
   }
   // Front walk (large models, or the exact phase gave up). `bound` is still the budget
   // here: the exact phase does not move it.
@@ -434,27 +480,26 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
     out.search_ms += ms_since(ts);
     if (!r.feasible) break;
     auto tv = std::chrono::steady_clock::now();
-    PlanRun run = simulate_plan(scenario, script, r.plan, budget);
     ++out.verifications;
-    if (run.analysis.fits()) {
+    if (sim.run(r.plan, budget)) {
+      out.run = sim.result();
       out.verify_ms += ms_since(tv);
       out.fits = true;
       out.plan = r.plan;
-      out.run = std::move(run);
       out.model_peak = r.peak;
       return out;
     }
     // Does not fit: the next candidate must have a lower modelled peak.
     int64_t step = 1;
     if (out.verifications - exact_tries > options.exact_steps) {
-      const PlanRun free_run = simulate_plan(scenario, script, r.plan, 0);
-      step = std::max<int64_t>(1, static_cast<int64_t>(free_run.analysis.peak_reserved) -
+      sim.run(r.plan, 0);
+      step = std::max<int64_t>(1, static_cast<int64_t>(sim.result().analysis.peak_reserved) -
                                       static_cast<int64_t>(budget));
     }
     out.verify_ms += ms_since(tv);
     bound = r.peak - step;
   }
-  return report_smallest(std::move(out), costs, scenario, script);
+  return report_smallest(std::move(out), costs, sim);
 }
 
 std::string describe_plan(const CheckpointPlan& plan) {
