@@ -244,7 +244,8 @@ const Program& build_program(const Scenario& scenario, const TrainingScript& scr
     case ModelFamily::cs336: program.clear(); Loop<graph::Cs336Model>(scenario, script, program, rb).run(); break;
     case ModelFamily::hf_gpt2: program.clear(); Loop<graph::HfGpt2Model>(scenario, script, program, rb).run(); break;
     case ModelFamily::hf_llama: program.clear(); Loop<graph::HfLlamaModel>(scenario, script, program, rb).run(); break;
-    default: program = build_program(scenario, script); break;  // megatron: no reuse yet
+    case ModelFamily::megatron: build_megatron_program(scenario, {}, program, rb); break;
+    default: program = build_program(scenario, script); break;  // throws: not implemented
   }
   return program;
 }
