@@ -217,9 +217,12 @@ SearchResult search_plan(const LayerCosts& c, int64_t bound) {
   };
   std::vector<std::vector<State>> levels(static_cast<size_t>(c.layers) + 1);
   levels[0].push_back({0, 0, kNone, -1, 0});
+  std::vector<State> cand;       // one layer's candidates, before pruning
+  std::vector<uint32_t> order;   // cand sorted, as indices
   for (int32_t l = 0; l < c.layers; ++l) {
     std::vector<State>& next = levels[l + 1];
     const std::vector<State>& cur = levels[l];
+    cand.clear();
     for (size_t i = 0; i < cur.size(); ++i) {
       const State& s = cur[i];
       int64_t peak = s.peak;
@@ -230,25 +233,31 @@ SearchResult search_plan(const LayerCosts& c, int64_t bound) {
       for (size_t k = 0; k < c.choices.size(); ++k) {
         const int64_t w = c.window[k][l];
         if (w != kNone && s.stored + w > bound) continue;
-        next.push_back({s.stored + c.stored[k][l], s.recompute + c.flops[k],
+        cand.push_back({s.stored + c.stored[k][l], s.recompute + c.flops[k],
                         w == kNone ? peak : std::max(peak, s.stored + w),
                         static_cast<int32_t>(i), static_cast<uint8_t>(k)});
       }
     }
-    // Pareto front on (stored, recompute); equal pairs keep the lower peak.
-    std::sort(next.begin(), next.end(), [](const State& a, const State& b) {
+    // Pareto front on (stored, recompute); equal pairs keep the lower peak. Sorting
+    // 4-byte indices instead of the 32-byte states is cheaper and, the comparisons being
+    // the same, std::sort leaves ties in the same order (which tie survives picks the plan
+    // among modelled equals).
+    order.resize(cand.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
+    std::sort(order.begin(), order.end(), [&cand](uint32_t ia, uint32_t ib) {
+      const State& a = cand[ia];
+      const State& b = cand[ib];
       if (a.stored != b.stored) return a.stored < b.stored;
       if (a.recompute != b.recompute) return a.recompute < b.recompute;
       return a.peak < b.peak;
     });
-    size_t kept = 0;
     int64_t best = INT64_MAX;
-    for (const State& s : next) {
+    for (uint32_t i : order) {
+      const State& s = cand[i];
       if (s.recompute >= best) continue;
       best = s.recompute;
-      next[kept++] = s;
+      next.push_back(s);
     }
-    next.resize(kept);
     if (next.empty()) return {};
   }
   SearchResult r;
