@@ -52,14 +52,30 @@ void Tensor::reset() {
 }
 
 // ---------------------------------------------------------------- Runtime
-Runtime::Runtime(Program& program) : program_(program) {
+Runtime::Runtime(Program& program, RuntimeBuffers* buffers)
+    : program_(program), buffers_(buffers) {
   for (int k = 0; k < kOpKindCount; ++k) {
     fwd_name_[k] = program_.intern(forward_name(static_cast<OpKind>(k)));
     bwd_name_[k] = program_.intern(backward_name(static_cast<OpKind>(k)));
   }
+  if (buffers_ != nullptr) {
+    refs_.swap(buffers_->refs);
+    nodes_.swap(buffers_->nodes);
+    saved_.swap(buffers_->saved);
+    refs_.clear();
+    nodes_.clear();
+    saved_.clear();
+  }
   refs_.reserve(1 << 14);
   nodes_.reserve(1 << 12);
   saved_.reserve(1 << 13);
+}
+
+Runtime::~Runtime() {
+  if (buffers_ == nullptr) return;
+  refs_.swap(buffers_->refs);
+  nodes_.swap(buffers_->nodes);
+  saved_.swap(buffers_->saved);
 }
 
 void Runtime::reserve(size_t events) {

@@ -115,9 +115,19 @@ struct Parameter {
                                // family that does not record shapes (Adafactor factors on it)
 };
 
+// Storage a Runtime may borrow for its lifetime (and hands back when destroyed), so that
+// consecutive builds reuse capacity instead of faulting in fresh memory. What it holds
+// between Runtimes is meaningless.
+struct RuntimeBuffers {
+  std::vector<int32_t> refs;
+  std::vector<Node> nodes;
+  std::vector<uint32_t> saved;
+};
+
 class Runtime {
  public:
-  explicit Runtime(Program& program);
+  explicit Runtime(Program& program, RuntimeBuffers* buffers = nullptr);
+  ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
@@ -219,6 +229,7 @@ class Runtime {
   }
 
   Program& program_;
+  RuntimeBuffers* buffers_ = nullptr;  // borrowed storage, handed back by the destructor
   std::vector<int32_t> refs_;
   std::vector<Node> nodes_;
   std::vector<uint32_t> saved_;

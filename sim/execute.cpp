@@ -25,6 +25,17 @@ Timeline execute(const Program& program, const AllocatorConfig& config, DeviceMe
   EventTagger tagger(options.trace_observer);
   if (options.trace_observer != nullptr) allocator.set_trace_observer(&tagger);
   Timeline timeline;
+  std::vector<BlockId> own_block_of;
+  std::vector<uint64_t> own_rounded_of;
+  if (options.buffers != nullptr) {
+    timeline = std::move(options.buffers->timeline);
+    timeline.allocated.clear();
+    timeline.reserved.clear();
+    timeline.requested.clear();
+    timeline.by_kind.clear();
+    timeline.oom.reset();
+    timeline.final_stats = MemoryStats{};
+  }
   const size_t n = program.events.size();
   timeline.allocated.reserve(n);
   timeline.reserved.reserve(n);
@@ -32,8 +43,12 @@ Timeline execute(const Program& program, const AllocatorConfig& config, DeviceMe
   if (options.record_by_kind) timeline.by_kind.reserve(n);
 
   // Tensor id -> allocator block, and the rounded size each tensor really occupies.
-  std::vector<BlockId> block_of(program.tensors.size(), kNoBlock);
-  std::vector<uint64_t> rounded_of(program.tensors.size(), 0);
+  std::vector<BlockId>& block_of =
+      options.buffers != nullptr ? options.buffers->block_of : own_block_of;
+  std::vector<uint64_t>& rounded_of =
+      options.buffers != nullptr ? options.buffers->rounded_of : own_rounded_of;
+  block_of.assign(program.tensors.size(), kNoBlock);
+  rounded_of.assign(program.tensors.size(), 0);
   std::array<uint64_t, kTensorKindCount> by_kind{};
   uint32_t reset_mark = UINT32_MAX;
   if (options.reset_peaks_at_mark != nullptr) {

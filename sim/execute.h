@@ -46,6 +46,15 @@ class ExecuteTraceObserver {
   virtual void on_trace(size_t event_index, const TraceEntry& entry) = 0;
 };
 
+// Storage execute() may reuse from one call to the next (ExecuteOptions::buffers), so that
+// repeated runs (memsim optimize) touch memory already mapped. Hand a Timeline that is no
+// longer needed back into `timeline` to have its arrays reused by the next call.
+struct ExecuteBuffers {
+  Timeline timeline;
+  std::vector<BlockId> block_of;
+  std::vector<uint64_t> rounded_of;
+};
+
 struct ExecuteOptions {
   bool record_by_kind = true;  // sweeps may turn the per-kind arrays off for speed
   // Peak statistics are reset at the first mark of this name, as a script calling
@@ -56,6 +65,9 @@ struct ExecuteOptions {
   // Optional, not owned: receives the allocator's final segments() (at the end, or at
   // the OOM), for snapshot writers.
   std::vector<SegmentInfo>* final_segments = nullptr;
+  // Optional, not owned: storage to reuse (its contents are discarded, the result is the
+  // same as without it).
+  ExecuteBuffers* buffers = nullptr;
 };
 
 // Executes `program` on a fresh allocator with `config` over `device`.

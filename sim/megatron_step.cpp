@@ -57,8 +57,9 @@ void check_supported(const Scenario& s) {
 // One pretrain_gpt run. Members mirror Megatron's Python objects.
 class MegatronLoop {
  public:
-  MegatronLoop(const Scenario& s, const MegatronOptions& o, Program& program)
-      : s_(s), rt_(program), model_(rt_, megatron_shape(s)) {
+  MegatronLoop(const Scenario& s, const MegatronOptions& o, Program& program,
+               graph::RuntimeBuffers* buffers = nullptr)
+      : s_(s), rt_(program, buffers), model_(rt_, megatron_shape(s)) {
     const graph::MegatronShape& shape = model_.shape();
     // accumulate_allreduce_grads_in_fp32 is forced on for bf16; fp16 and fp32 keep the
     // parameters' dtype.
@@ -200,8 +201,15 @@ class MegatronLoop {
 }  // namespace
 
 Program build_megatron_program(const Scenario& scenario, const MegatronOptions& options) {
-  check_supported(scenario);
   Program program;
+  build_megatron_program(scenario, options, program, nullptr);
+  return program;
+}
+
+void build_megatron_program(const Scenario& scenario, const MegatronOptions& options,
+                            Program& program, graph::RuntimeBuffers* buffers) {
+  check_supported(scenario);
+  program.clear();
   {
     // Growing the event vector dominates building a 96-layer Program: reserve it (about
     // 115 events per layer and micro-batch, 13 per layer at setup and per optimizer step).
@@ -212,10 +220,9 @@ Program build_megatron_program(const Scenario& scenario, const MegatronOptions& 
     program.events.reserve(events);
     program.tensors.reserve(events / 2 + layers * 40);
   }
-  MegatronLoop loop(scenario, options, program);
+  MegatronLoop loop(scenario, options, program, buffers);
   loop.run();
   program.rank = data_parallel_rank(scenario);
-  return program;
 }
 
 }  // namespace memsim

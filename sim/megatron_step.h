@@ -43,5 +43,9 @@ graph::MegatronShape megatron_shape(const Scenario& scenario);
 // Throws std::runtime_error for settings this family does not model yet (tensor or
 // pipeline parallelism, ZeRO, fp32 autocast).
 Program build_megatron_program(const Scenario& scenario, const MegatronOptions& options = {});
+// Same Program, built into `program` (cleared first, capacity kept) by a Runtime that
+// borrows `buffers` (may be null): repeated builds reuse storage (sim/schedule.h).
+void build_megatron_program(const Scenario& scenario, const MegatronOptions& options,
+                            Program& program, graph::RuntimeBuffers* buffers);
 
 }  // namespace memsim

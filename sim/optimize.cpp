@@ -101,16 +101,60 @@ CheckpointPlan uniform_plan(int32_t layers, LayerCheckpoint c) {
   return plan;
 }
 
+// The scenario with `plan` as its checkpoint section. The scenario's own
+// checkpoint.reentrant stays: it changes what a checkpointed region holds (a reentrant
+// re-run keeps its output alive through the region's backward), so plans must be
+// calibrated and verified the way the user's script calls torch.utils.checkpoint.
 Scenario with_plan(const Scenario& s, const CheckpointPlan& plan) {
   Scenario out = s;
   out.checkpoint = config_for_plan(plan);
+  out.checkpoint.reentrant = s.checkpoint.reentrant;
   return out;
 }
 
 }  // namespace
 
-LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
-                     const std::vector<LayerCheckpoint>& choices) {
+namespace {
+
+// Builds and runs the Programs of one scenario's plans, reusing storage from one to the
+// next (results are those of build_program + execute + analyze on fresh storage).
+class PlanSimulator {
+ public:
+  PlanSimulator(const Scenario& scenario, const TrainingScript& script)
+      : scenario_(scenario), script_(script) {}
+
+  // The Program of `plan`; valid until the next build or run.
+  const Program& build(const CheckpointPlan& plan) {
+    return build_program(with_plan(scenario_, plan), script_, build_);
+  }
+  // Builds and executes `plan` on an allocator that may use `capacity` bytes (0 =
+  // unlimited); true when it runs without running out of memory (Analysis::fits).
+  bool run(const CheckpointPlan& plan, uint64_t capacity) {
+    const Program& p = build(plan);
+    SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
+    // Verification needs peaks and the fits/OOM verdict only; the per-kind arrays would
+    // cost more than the simulation (first-touch of megabytes per run), and the analysis
+    // falls back to the live set for the breakdown at the peak.
+    ExecuteOptions options;
+    options.record_by_kind = false;
+    options.buffers = &exec_;
+    exec_.timeline = std::move(timeline_);  // the previous run's arrays, reused
+    timeline_ = execute(p, scenario_.allocator, device, options);
+    return !timeline_.oom.has_value();
+  }
+  // The last run, analysed (only runs that are reported need this).
+  PlanRun result() const { return {analyze(build_.program, timeline_), timeline_.final_stats}; }
+
+ private:
+  const Scenario& scenario_;
+  const TrainingScript& script_;
+  BuildBuffers build_;
+  ExecuteBuffers exec_;
+  Timeline timeline_;
+};
+
+LayerCosts calibrate_with(PlanSimulator& sim, const Scenario& scenario,
+                          const std::vector<LayerCheckpoint>& choices) {
   LayerCosts c;
   c.layers = static_cast<int32_t>(scenario.model.layers);
   c.choices = choices;
@@ -121,7 +165,7 @@ LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
   const size_t ref = found < choices.size() ? found : 0;
   Windows keep;
   for (LayerCheckpoint choice : choices) {
-    const Program p = build_program(with_plan(scenario, uniform_plan(c.layers, choice)), script);
+    const Program& p = sim.build(uniform_plan(c.layers, choice));
     Windows w = windows_of(p, c.layers);
     std::vector<int64_t> window(c.layers, kNone);
     int64_t prefix = 0;
@@ -142,6 +186,14 @@ LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
     if (k < c.layers) prefix += c.stored[ref][k];
   }
   return c;
+}
+
+}  // namespace
+
+LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
+                     const std::vector<LayerCheckpoint>& choices) {
+  PlanSimulator sim(scenario, script);
+  return calibrate_with(sim, scenario, choices);
 }
 
 int64_t model_peak(const LayerCosts& c, const CheckpointPlan& plan) {
@@ -165,9 +217,12 @@ SearchResult search_plan(const LayerCosts& c, int64_t bound) {
   };
   std::vector<std::vector<State>> levels(static_cast<size_t>(c.layers) + 1);
   levels[0].push_back({0, 0, kNone, -1, 0});
+  std::vector<State> cand;       // one layer's candidates, before pruning
+  std::vector<uint32_t> order;   // cand sorted, as indices
   for (int32_t l = 0; l < c.layers; ++l) {
     std::vector<State>& next = levels[l + 1];
     const std::vector<State>& cur = levels[l];
+    cand.clear();
     for (size_t i = 0; i < cur.size(); ++i) {
       const State& s = cur[i];
       int64_t peak = s.peak;
@@ -178,25 +233,31 @@ SearchResult search_plan(const LayerCosts& c, int64_t bound) {
       for (size_t k = 0; k < c.choices.size(); ++k) {
         const int64_t w = c.window[k][l];
         if (w != kNone && s.stored + w > bound) continue;
-        next.push_back({s.stored + c.stored[k][l], s.recompute + c.flops[k],
+        cand.push_back({s.stored + c.stored[k][l], s.recompute + c.flops[k],
                         w == kNone ? peak : std::max(peak, s.stored + w),
                         static_cast<int32_t>(i), static_cast<uint8_t>(k)});
       }
     }
-    // Pareto front on (stored, recompute); equal pairs keep the lower peak.
-    std::sort(next.begin(), next.end(), [](const State& a, const State& b) {
+    // Pareto front on (stored, recompute); equal pairs keep the lower peak. Sorting
+    // 4-byte indices instead of the 32-byte states is cheaper and, the comparisons being
+    // the same, std::sort leaves ties in the same order (which tie survives picks the plan
+    // among modelled equals).
+    order.resize(cand.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
+    std::sort(order.begin(), order.end(), [&cand](uint32_t ia, uint32_t ib) {
+      const State& a = cand[ia];
+      const State& b = cand[ib];
       if (a.stored != b.stored) return a.stored < b.stored;
       if (a.recompute != b.recompute) return a.recompute < b.recompute;
       return a.peak < b.peak;
     });
-    size_t kept = 0;
     int64_t best = INT64_MAX;
-    for (const State& s : next) {
+    for (uint32_t i : order) {
+      const State& s = cand[i];
       if (s.recompute >= best) continue;
       best = s.recompute;
-      next[kept++] = s;
+      next.push_back(s);
     }
-    next.resize(kept);
     if (next.empty()) return {};
   }
   SearchResult r;
@@ -254,7 +315,10 @@ class LevelEnumerator {
   static constexpr size_t kMaxPlansPerLevel = 4096;
   // Search nodes over all levels: prefixes that reach a recompute total only by breaking
   // the bound are pruned late, so the walk can blow up on long chains; then give up.
-  static constexpr size_t kMaxNodes = size_t{1} << 21;
+  // 2^18 nodes cost ~8 ms; the enumerations that complete need far fewer (with 2^21, on
+  // 66 optimisations of 8 to 20 layers over three families, every one either completed
+  // under 2^18 or overflowed, after up to 60 ms for nothing).
+  static constexpr size_t kMaxNodes = size_t{1} << 18;
 
   LevelEnumerator(const LayerCosts& c, int64_t bound) : c_(c), bound_(bound) {
     const int32_t L = c.layers;
@@ -345,20 +409,15 @@ class LevelEnumerator {
 
 PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
                       const CheckpointPlan& plan, uint64_t capacity) {
-  const Program p = build_program(with_plan(scenario, plan), script);
-  SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
-  // Verification needs peaks and the fits/OOM verdict only; the per-kind arrays would
-  // cost more than the simulation (first-touch of megabytes per run), and the analysis
-  // falls back to the live set for the breakdown at the peak.
-  ExecuteOptions options;
-  options.record_by_kind = false;
-  const Timeline t = execute(p, scenario.allocator, device, options);
-  return {analyze(p, t), t.final_stats};
+  PlanSimulator sim(scenario, script);
+  sim.run(plan, capacity);
+  return sim.result();
 }
 
+namespace {
+
 // Nothing fits: the plan with the smallest modelled peak, simulated without a limit.
-static OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& costs,
-                               const Scenario& scenario, const TrainingScript& script) {
+OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& costs, PlanSimulator& sim) {
   auto ts = std::chrono::steady_clock::now();
   const SearchResult smallest = smallest_peak_plan(costs);
   out.search_ms += ms_since(ts);
@@ -366,16 +425,20 @@ static OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& cost
   out.plan = smallest.plan;
   out.model_peak = smallest.peak;
   auto tv = std::chrono::steady_clock::now();
-  out.run = simulate_plan(scenario, script, smallest.plan, 0);
+  sim.run(smallest.plan, 0);
+  out.run = sim.result();
   out.verify_ms += ms_since(tv);
   return out;
 }
 
+}  // namespace
+
 OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
                                       uint64_t budget, const OptimizeOptions& options) {
   OptimizeResult out;
+  PlanSimulator sim(scenario, script);
   auto t0 = std::chrono::steady_clock::now();
-  const LayerCosts costs = calibrate(scenario, script, options.choices);
+  const LayerCosts costs = calibrate_with(sim, scenario, options.choices);
   out.calibrate_ms = ms_since(t0);
   int64_t bound = static_cast<int64_t>(std::min<uint64_t>(budget, INT64_MAX / 4));
   // Exact phase (small models): every plan the model allows, in recompute order. The
@@ -402,21 +465,21 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
           break;
         }
         auto tv = std::chrono::steady_clock::now();
-        PlanRun run = simulate_plan(scenario, script, plans[k].second, budget);
+        const bool fits = sim.run(plans[k].second, budget);
+        if (fits) out.run = sim.result();
         out.verify_ms += ms_since(tv);
         ++exact_tries;
         ++out.verifications;
-        if (run.analysis.fits()) {
+        if (fits) {
           out.fits = true;
           out.plan = plans[k].second;
-          out.run = std::move(run);
           out.model_peak = plans[k].first;
           return out;
         }
       }
     }
     // Every plan the model allows was simulated and none fits.
-    if (complete && first.feasible) return report_smallest(std::move(out), costs, scenario, script);
+    if (complete && first.feasible) return report_smallest(std::move(out), costs, sim);
   }
   // Front walk (large models, or the exact phase gave up). `bound` is still the budget
   // here: the exact phase does not move it.
@@ -429,27 +492,26 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
     out.search_ms += ms_since(ts);
     if (!r.feasible) break;
     auto tv = std::chrono::steady_clock::now();
-    PlanRun run = simulate_plan(scenario, script, r.plan, budget);
     ++out.verifications;
-    if (run.analysis.fits()) {
+    if (sim.run(r.plan, budget)) {
+      out.run = sim.result();
       out.verify_ms += ms_since(tv);
       out.fits = true;
       out.plan = r.plan;
-      out.run = std::move(run);
       out.model_peak = r.peak;
       return out;
     }
     // Does not fit: the next candidate must have a lower modelled peak.
     int64_t step = 1;
     if (out.verifications - exact_tries > options.exact_steps) {
-      const PlanRun free_run = simulate_plan(scenario, script, r.plan, 0);
-      step = std::max<int64_t>(1, static_cast<int64_t>(free_run.analysis.peak_reserved) -
+      sim.run(r.plan, 0);
+      step = std::max<int64_t>(1, static_cast<int64_t>(sim.result().analysis.peak_reserved) -
                                       static_cast<int64_t>(budget));
     }
     out.verify_ms += ms_since(tv);
     bound = r.peak - step;
   }
-  return report_smallest(std::move(out), costs, scenario, script);
+  return report_smallest(std::move(out), costs, sim);
 }
 
 std::string describe_plan(const CheckpointPlan& plan) {

@@ -59,6 +59,16 @@ void Program::mark(std::string_view name, Phase phase) {
   events.push_back(e);
 }
 
+void Program::clear() {
+  events.clear();
+  tensors.clear();
+  flops = Flops{};
+  rank = RankInfo{};
+  strings_.resize(1);  // "" stays index 0
+  string_index_.clear();
+  string_index_.emplace("", 0);
+}
+
 void Program::empty_cache(Phase phase) {
   MemoryEvent e;
   e.type = EventType::empty_cache;

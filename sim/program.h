@@ -83,6 +83,9 @@ class Program {
   void free(uint32_t tensor, Phase phase, uint32_t op, int32_t layer);
   void mark(std::string_view name, Phase phase);
   void empty_cache(Phase phase);
+  // Back to a newly constructed Program (same string indices on the next build), keeping
+  // the arrays' capacity: repeated builds then reuse memory already mapped.
+  void clear();
 
   std::vector<MemoryEvent> events;
   std::vector<TensorInfo> tensors;

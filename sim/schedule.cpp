@@ -68,8 +68,9 @@ graph::HfShape shape_for(const HfModel*, const Scenario& s, const TrainingScript
 template <class Model>
 class Loop {
  public:
-  Loop(const Scenario& s, const TrainingScript& script, Program& program)
-      : s_(s), script_(script), rt_(program),
+  Loop(const Scenario& s, const TrainingScript& script, Program& program,
+       graph::RuntimeBuffers* buffers = nullptr)
+      : s_(s), script_(script), rt_(program, buffers),
         model_(rt_, shape_for(static_cast<const Model*>(nullptr), s, script)) {}
 
   void run() {
@@ -270,6 +271,22 @@ Program build_program(const Scenario& scenario, const TrainingScript& script) {
     default:
       throw ScenarioError(scenario.source + ": model.family: '" +
                                to_string(scenario.model.family) + "' is not implemented yet");
+  }
+  program.rank = data_parallel_rank(scenario);
+  return program;
+}
+
+const Program& build_program(const Scenario& scenario, const TrainingScript& script,
+                             BuildBuffers& buffers) {
+  require_modelled(scenario);
+  Program& program = buffers.program;
+  graph::RuntimeBuffers* rb = &buffers.runtime;
+  switch (scenario.model.family) {
+    case ModelFamily::cs336: program.clear(); Loop<graph::Cs336Model>(scenario, script, program, rb).run(); break;
+    case ModelFamily::hf_gpt2: program.clear(); Loop<graph::HfGpt2Model>(scenario, script, program, rb).run(); break;
+    case ModelFamily::hf_llama: program.clear(); Loop<graph::HfLlamaModel>(scenario, script, program, rb).run(); break;
+    case ModelFamily::megatron: build_megatron_program(scenario, {}, program, rb); break;
+    default: program = build_program(scenario, script); break;  // throws: not implemented
   }
   program.rank = data_parallel_rank(scenario);
   return program;

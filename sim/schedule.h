@@ -8,6 +8,7 @@
 // "measured_step_begin" opens it (the analysis reports peaks from there on).
 #pragma once
 
+#include "graph/runtime.h"
 #include "sim/program.h"
 #include "sim/scenario.h"
 #include "sim/training_script.h"
@@ -18,5 +19,16 @@ Program build_program(const Scenario& scenario);
 // Same, with the training loop's details given explicitly (sim/training_script.h);
 // build_program(s) == build_program(s, default_script(s)).
 Program build_program(const Scenario& scenario, const TrainingScript& script);
+
+// Storage reused from one build to the next (memsim optimize builds dozens of Programs
+// of one scenario; fresh arrays each time cost more in page faults than the build).
+struct BuildBuffers {
+  Program program;  // the last Program built
+  graph::RuntimeBuffers runtime;
+};
+// Same Program as build_program(scenario, script), built into buffers.program (cleared
+// first, capacity kept); the reference is valid until the next build into `buffers`.
+const Program& build_program(const Scenario& scenario, const TrainingScript& script,
+                             BuildBuffers& buffers);
 
 }  // namespace memsim

@@ -325,3 +325,58 @@ TEST_CASE("memsim compare and optimize run hf-gpt2, hf-llama and megatron scenar
     fs::remove(file);
   }
 }
+
+TEST_CASE("optimize keeps the scenario's checkpoint.reentrant for every plan it simulates",
+          "[optimize]") {
+  // A reentrant checkpoint holds its re-run's output until the region's backward is done
+  // (graph/checkpoint.h): plans must be calibrated and verified that way, or the plan
+  // returned behaves differently once written into the user's scenario.
+  Scenario s = small(ModelFamily::hf_llama, AttentionImpl::eager);
+  s.model.d_model = 256;  // hidden states large enough to show in the peak
+  s.model.d_ff = 1024;
+  s.batch.seq_len = s.model.context_length = 256;
+  s.checkpoint.reentrant = true;
+  s.optimizer.type = OptimizerType::none;  // activations decide the peak
+  s.step.kind = StepKind::forward_backward;
+  const TrainingScript script = default_script(s);
+  auto peak_allocated = [&](const Scenario& sc) {
+    const Program p = build_program(sc, script);
+    SimulatedDevice device(uint64_t{1} << 40, 0);
+    return analyze(p, execute(p, sc.allocator, device)).peak_allocated;
+  };
+  Scenario full = with_policy(s, "full");
+  full.checkpoint.reentrant = true;
+  Scenario full_plain = full;
+  full_plain.checkpoint.reentrant = false;
+  REQUIRE(peak_allocated(full) > peak_allocated(full_plain));  // the held output shows
+
+  CheckpointPlan all;
+  all.layers.assign(kLayers, LayerCheckpoint::layer);
+  CHECK(simulate_plan(s, script, all, 0).analysis.peak_allocated == peak_allocated(full));
+  // The calibration sees it too: the modelled peak of the all-checkpointed plan is the
+  // simulated one's lower bound within the allocator's rounding (few 512-byte blocks),
+  // not a hidden state below it.
+  const LayerCosts costs = calibrate(s, script, {LayerCheckpoint::keep, LayerCheckpoint::layer});
+  const int64_t hidden = static_cast<int64_t>(kB * 256 * 256 * 4);
+  CHECK(model_peak(costs, all) <= static_cast<int64_t>(peak_allocated(full)));
+  CHECK(model_peak(costs, all) > static_cast<int64_t>(peak_allocated(full)) - hidden / 2);
+
+  // optimize's answer, written into the scenario and run the ordinary way, fits.
+  CheckpointPlan keep;
+  keep.layers.assign(kLayers, LayerCheckpoint::keep);
+  const uint64_t hi = simulate_plan(s, script, keep, 0).analysis.peak_reserved;
+  const uint64_t lo = simulate_plan(s, script, all, 0).analysis.peak_reserved;
+  REQUIRE(lo < hi);
+  const uint64_t budget = lo + (hi - lo) / 2;
+  const OptimizeResult r = optimize_checkpointing(s, script, budget);
+  REQUIRE(r.fits);
+  Scenario planned = s;
+  planned.checkpoint = config_for_plan(r.plan);
+  planned.checkpoint.reentrant = true;
+  const Program p = build_program(planned, script);
+  SimulatedDevice device(budget, 0);
+  const Analysis a = analyze(p, execute(p, planned.allocator, device));
+  CHECK(a.fits());
+  CHECK(r.run.analysis.peak_allocated == a.peak_allocated);
+  CHECK(r.run.analysis.peak_reserved == a.peak_reserved);
+}
