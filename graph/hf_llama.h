@@ -40,6 +40,8 @@
 
 namespace memsim::graph {
 
+class Autocast;  // graph/autocast.h
+
 class HfLlamaModel {
  public:
   HfLlamaModel(Runtime& rt, const HfShape& shape) : rt_(rt), s_(shape) {}
@@ -48,6 +50,8 @@ class HfLlamaModel {
   Tensor forward(const Tensor& ids);
   Tensor loss(const Tensor& logits, const Tensor& labels);
   const HfShape& shape() const { return s_; }
+  // torch.autocast region owner (graph/autocast.h); eager attention only. nullptr = never.
+  void set_autocast(Autocast* ac) { ac_ = ac; }
 
  private:
   struct LayerParams {
@@ -62,8 +66,11 @@ class HfLlamaModel {
   Tensor mlp(const LayerParams& p, const Tensor& x);
   Tensor eager_core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 
+  bool autocast_on() const;
+
   Runtime& rt_;
   HfShape s_;
+  Autocast* ac_ = nullptr;
   int32_t embed_ = -1, norm_ = -1, lm_head_ = -1;
   std::vector<LayerParams> layers_;
   Tensor inv_freq_;
