@@ -141,7 +141,9 @@ BlockId CachingAllocator::Impl::get_free_block(Pool& pool, uint64_t size, Stream
   detail::FreeIndex::Pos it = index->lower_bound(size, 0);
   if (!index->valid(it)) return kNoBlock;
 
-  if (blocks[index->at(it).id].expandable != kNoSegment) {
+  // Only blocks of expandable segments need a look at the block itself; without any
+  // such segment the block table is not touched here.
+  if (!expandable_segments.empty() && blocks[index->id_at(it)].expandable != kNoSegment) {
     if (config.expandable_segments) {
       // Best fit counts the unmapped space after a block as part of its size, so the
       // growing tail of a reservation is passed over for the next-larger block.
@@ -167,14 +169,14 @@ BlockId CachingAllocator::Impl::get_free_block(Pool& pool, uint64_t size, Stream
   }
 
   // Oversize rules; the search does not continue past a rejected candidate.
-  const uint64_t found_size = index->at(it).size;
+  const uint64_t found_size = index->size_at(it);
   const uint64_t max_split = config.max_split_size;
   if (size < max_split && found_size >= max_split) return kNoBlock;
   if (size >= max_split && found_size >= size + config.max_non_split_rounding) return kNoBlock;
 
   taken.index = index;
   taken.pos = it;
-  return index->at(it).id;
+  return index->id_at(it);
 }
 
 // §4.5

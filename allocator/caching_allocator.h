@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "allocator/allocator_config.h"
@@ -87,11 +88,46 @@ struct OutOfMemory {
   std::string message;            // PyTorch's OutOfMemoryError text, verbatim
 };
 
+// std::optional's interface for the OOM details, stored out of line: malloc() returns an
+// AllocResult per event, and an inline OutOfMemory (strings and eight counters) made each
+// result ~120 bytes to zero and destroy on the hot path. Empty = one null pointer.
+// Copies are deep, as std::optional's.
+class OomDetails {
+ public:
+  OomDetails() = default;
+  OomDetails(const OomDetails& other)
+      : p_(other.p_ ? std::make_unique<OutOfMemory>(*other.p_) : nullptr) {}
+  OomDetails(OomDetails&&) noexcept = default;
+  OomDetails& operator=(const OomDetails& other) {
+    if (this != &other) p_ = other.p_ ? std::make_unique<OutOfMemory>(*other.p_) : nullptr;
+    return *this;
+  }
+  OomDetails& operator=(OomDetails&&) noexcept = default;
+  OomDetails& operator=(OutOfMemory oom) {
+    p_ = std::make_unique<OutOfMemory>(std::move(oom));
+    return *this;
+  }
+  bool has_value() const { return p_ != nullptr; }
+  explicit operator bool() const { return p_ != nullptr; }
+  OutOfMemory& operator*() { return *p_; }
+  const OutOfMemory& operator*() const { return *p_; }
+  OutOfMemory* operator->() { return p_.get(); }
+  const OutOfMemory* operator->() const { return p_.get(); }
+  const OutOfMemory& value() const {
+    if (!p_) throw std::bad_optional_access();
+    return *p_;
+  }
+  void reset() { p_.reset(); }
+
+ private:
+  std::unique_ptr<OutOfMemory> p_;
+};
+
 struct AllocResult {
   BlockId block = kNoBlock;       // kNoBlock on OOM
   uint64_t address = 0;
   uint64_t size = 0;              // rounded block size as handed out (may exceed request)
-  std::optional<OutOfMemory> oom;
+  OomDetails oom;                 // set on OOM only
   bool ok() const { return block != kNoBlock; }
 };
 

@@ -3,11 +3,22 @@
 // address); one FreeIndex per stream gives the same order and the same "never another
 // stream's block" search).
 //
-// Why not std::set: the emulator must run >= 20 M events/s, and a red-black tree with
-// hundreds to thousands of free blocks spends its time in cache misses. This is a
-// two-level B-tree: sorted buckets of at most kCap entries, plus a contiguous array of
-// each bucket's last key for the first-level binary search. Insert/erase shift at most
-// one bucket; positions are (bucket, slot) and are invalidated by any modification.
+// Contract: exactly the order and answers of a std::set<(size, address)>: lower_bound,
+// in-order iteration (next/prev), insert, erase by position or by exact key. Positions
+// are invalidated by any modification (insert, erase, a successful rekey).
+//
+// Why this shape: the emulator must run >= 20 M events/s, and every malloc/free does one
+// to three searches here. Free blocks are bucketed into size classes (TLSF-style: the
+// power of two, then kSubBits more bits of the size, so classes are monotone in size and
+// a class spans at most 1/16 of its size), and each class keeps its few entries as a
+// small sorted array of packed (size, address) keys. Then
+//  - "first block >= size" = a search in one small array, or, when that class has none,
+//    a find-first-set in a two-level bitmap of non-empty classes and its first entry;
+//  - insert / erase by key = a search and a shift of the shorter side in one small array
+//    (no tree walk, no node allocation; a class array only grows, so a warm index never
+//    allocates).
+// Exact best fit is preserved because classes partition the size axis in order and each
+// class is kept fully sorted by (size, address).
 #pragma once
 
 #include <cstdint>
@@ -33,136 +44,206 @@ inline FreeKey128 pack_key(uint64_t size, uint64_t ptr) {
 
 class FreeIndex {
  public:
-  static constexpr uint32_t kCap = 32;
+  static constexpr unsigned kSubBits = 4;                  // 16 classes per power of two
+  static constexpr unsigned kSub = 1u << kSubBits;
+  static constexpr unsigned kGroups = 64 - kSubBits + 1;  // first-level bitmap entries
+  static constexpr uint32_t kClasses = kGroups * kSub;
+
+  // Class of a size: monotone non-decreasing in size, < kClasses.
+  static uint32_t class_of(uint64_t size) {
+    if (size < kSub) return static_cast<uint32_t>(size);
+    const unsigned log2 = 63u - static_cast<unsigned>(__builtin_clzll(size));
+    const unsigned shift = log2 - kSubBits;
+    return ((shift + 1) << kSubBits) + static_cast<uint32_t>((size >> shift) - kSub);
+  }
 
   struct Pos {
-    uint32_t bucket;
+    uint32_t cls;   // kClasses: the end position
     uint32_t slot;
   };
 
-  bool empty() const { return order_.empty(); }
-  size_t size() const { return count_; }
-  Pos begin() const { return {0, 0}; }
-  bool valid(Pos p) const { return p.bucket < order_.size(); }
-  FreeEntry at(Pos p) const {
-    const Bucket& bk = bucket(p.bucket);
-    return {static_cast<uint64_t>(bk.key[p.slot] >> 64), static_cast<uint64_t>(bk.key[p.slot]),
-            bk.id[p.slot]};
+  FreeIndex() : classes_(kClasses) {}
+  ~FreeIndex() {
+    for (Class& c : classes_)
+      if (c.cap != 0) delete[] c.base();
   }
+  FreeIndex(const FreeIndex&) = delete;
+  FreeIndex& operator=(const FreeIndex&) = delete;
+
+  bool empty() const { return count_ == 0; }
+  size_t size() const { return count_; }
+  Pos begin() const { return {next_nonempty(0), 0}; }
+  Pos end() const { return {kClasses, 0}; }
+  bool valid(Pos p) const { return p.cls < kClasses; }
+  FreeEntry at(Pos p) const {
+    const Class& c = classes_[p.cls];
+    return {static_cast<uint64_t>(c.key[p.slot] >> 64), static_cast<uint64_t>(c.key[p.slot]),
+            c.ids()[p.slot]};
+  }
+  uint32_t id_at(Pos p) const { return classes_[p.cls].ids()[p.slot]; }
+  uint64_t size_at(Pos p) const { return static_cast<uint64_t>(classes_[p.cls].key[p.slot] >> 64); }
+
   Pos next(Pos p) const {
-    if (p.slot + 1 < bucket(p.bucket).n) return {p.bucket, p.slot + 1};
-    return {p.bucket + 1, 0};
+    if (p.slot + 1 < classes_[p.cls].n) return {p.cls, p.slot + 1};
+    return {p.cls + 1 < kClasses ? next_nonempty(p.cls + 1) : kClasses, 0};
   }
   // Precondition: p is valid or the end position; returns false at the very first entry.
   bool prev(Pos& p) const {
-    if (p.bucket < order_.size() && p.slot > 0) {
+    if (p.cls < kClasses && p.slot > 0) {
       --p.slot;
       return true;
     }
-    if (p.bucket == 0) return false;
-    --p.bucket;
-    p.slot = bucket(p.bucket).n - 1;
+    if (p.cls == 0) return false;
+    const uint32_t c = prev_nonempty(p.cls - 1);
+    if (c == kClasses) return false;
+    p = {c, classes_[c].n - 1};
     return true;
   }
 
-  // First entry with (size, ptr) >= the key; invalid (end) if none.
+  // First entry with (size, ptr) >= the key; the end position if none.
   Pos lower_bound(uint64_t size, uint64_t ptr) const {
-    const FreeKey128 key = pack_key(size, ptr);
-    const uint32_t b = search(last_.data(), static_cast<uint32_t>(last_.size()), key);
-    if (b == order_.size()) return {b, 0};
-    const Bucket& bk = bucket(b);
-    return {b, search(bk.key, bk.n, key)};  // < n: the bucket's last key >= key
+    const uint32_t c = class_of(size);
+    const Class& cl = classes_[c];
+    if (cl.n != 0) {
+      const uint32_t s = search(cl.key, cl.n, pack_key(size, ptr));
+      if (s < cl.n) return {c, s};
+    }
+    return {c + 1 < kClasses ? next_nonempty(c + 1) : kClasses, 0};
   }
 
   void insert(const FreeEntry& entry) {
-    ++count_;
     const FreeKey128 key = pack_key(entry.size, entry.ptr);
-    if (order_.empty()) {
-      const uint32_t id = new_bucket();
-      order_.push_back(id);
-      last_.push_back(key);
-      storage_[id].key[0] = key;
-      storage_[id].id[0] = entry.id;
-      storage_[id].n = 1;
-      return;
+    const uint32_t c = class_of(entry.size);
+    Class& cl = classes_[c];
+    const uint32_t s = search(cl.key, cl.n, key);
+    // Shift whichever side of the insertion point is shorter, making room there first.
+    const bool down = s < cl.n - s;
+    if (down ? cl.front == 0 : cl.front + cl.n == cl.cap) make_room(cl);
+    FreeKey128* k = cl.key;
+    uint32_t* id = cl.ids();
+    if (down) {
+      FreeKey128* const k_dst = k - 1;
+      uint32_t* const id_dst = id - 1;
+      for (uint32_t i = 0; i < s; ++i) {
+        k_dst[i] = k[i];
+        id_dst[i] = id[i];
+      }
+      --cl.front;
+      --cl.key;
+    } else {
+      for (uint32_t i = cl.n; i > s; --i) {
+        k[i] = k[i - 1];
+        id[i] = id[i - 1];
+      }
     }
-    uint32_t b = search(last_.data(), static_cast<uint32_t>(last_.size()), key);
-    if (b == order_.size()) b = static_cast<uint32_t>(order_.size() - 1);
-    if (bucket(b).n == kCap) {
-      split(b);
-      if (last_[b] < key) ++b;
-    }
-    Bucket& bk = bucket(b);
-    const uint32_t lo = search(bk.key, bk.n, key);
-    std::memmove(&bk.key[lo + 1], &bk.key[lo], (bk.n - lo) * sizeof(FreeKey128));
-    std::memmove(&bk.id[lo + 1], &bk.id[lo], (bk.n - lo) * sizeof(uint32_t));
-    bk.key[lo] = key;
-    bk.id[lo] = entry.id;
-    ++bk.n;
-    if (lo + 1 == bk.n) last_[b] = key;
+    cl.key[s] = key;  // the same index either way: a down shift moved `key` back by one
+    cl.ids()[s] = entry.id;
+    if (cl.n++ == 0) mark(c);
+    ++count_;
   }
 
   void erase(Pos p) {
-    --count_;
-    Bucket& bk = bucket(p.bucket);
-    std::memmove(&bk.key[p.slot], &bk.key[p.slot + 1], (bk.n - p.slot - 1) * sizeof(FreeKey128));
-    std::memmove(&bk.id[p.slot], &bk.id[p.slot + 1], (bk.n - p.slot - 1) * sizeof(uint32_t));
-    --bk.n;
-    if (bk.n == 0) {
-      free_buckets_.push_back(order_[p.bucket]);
-      order_.erase(order_.begin() + p.bucket);
-      last_.erase(last_.begin() + p.bucket);
-      return;
+    Class& cl = classes_[p.cls];
+    FreeKey128* k = cl.key;
+    uint32_t* id = cl.ids();
+    const uint32_t s = p.slot;
+    if (s < cl.n - 1 - s) {  // close the gap from the shorter side
+      for (uint32_t i = s; i > 0; --i) {
+        k[i] = k[i - 1];
+        id[i] = id[i - 1];
+      }
+      ++cl.front;
+      ++cl.key;
+    } else {
+      for (uint32_t i = s; i + 1 < cl.n; ++i) {
+        k[i] = k[i + 1];
+        id[i] = id[i + 1];
+      }
     }
-    if (p.slot == bk.n) last_[p.bucket] = bk.key[bk.n - 1];
-    // Keep buckets reasonably full so the first level stays short.
-    if (bk.n < kCap / 4 && p.bucket + 1 < order_.size() &&
-        bk.n + bucket(p.bucket + 1).n <= kCap / 2)
-      merge_with_next(p.bucket);
+    if (--cl.n == 0) {
+      FreeKey128* const base = cl.base();
+      cl.front = cl.cap / 2;  // room on both sides for the next insert
+      cl.key = base + cl.front;
+      unmark(p.cls);
+    }
+    --count_;
   }
 
   // Gives the entry at p the key (size, ptr) in place when that keeps the order, i.e. the
-  // new key lies strictly between p's neighbours; false (nothing changed) otherwise.
-  // Exact: the entries then hold the same keys in the same order as erase(p) followed by
-  // insert() would leave (only the bucket layout, which nothing observes, may differ).
+  // new key stays in p's class and lies strictly between p's neighbours; false (nothing
+  // changed) otherwise. Exact: the entries then hold the same keys in the same order as
+  // erase(p) followed by insert() would leave.
   bool rekey(Pos p, uint64_t size, uint64_t ptr) {
+    if (class_of(size) != p.cls) return false;
+    Class& cl = classes_[p.cls];
     const FreeKey128 key = pack_key(size, ptr);
-    Bucket& bk = bucket(p.bucket);
-    if (p.slot > 0 ? !(bk.key[p.slot - 1] < key) : p.bucket > 0 && !(last_[p.bucket - 1] < key))
-      return false;
-    const bool last_in_bucket = p.slot + 1 == bk.n;
-    if (!last_in_bucket ? !(key < bk.key[p.slot + 1])
-                        : p.bucket + 1 < order_.size() && !(key < bucket(p.bucket + 1).key[0]))
-      return false;
-    bk.key[p.slot] = key;
-    if (last_in_bucket) last_[p.bucket] = key;
+    if (p.slot > 0 && !(cl.key[p.slot - 1] < key)) return false;
+    if (p.slot + 1 < cl.n && !(key < cl.key[p.slot + 1])) return false;
+    cl.key[p.slot] = key;
     return true;
   }
 
   // Erases the entry with exactly this key; false if absent.
   bool erase(uint64_t size, uint64_t ptr) {
-    const Pos p = lower_bound(size, ptr);
-    if (!valid(p) || bucket(p.bucket).key[p.slot] != pack_key(size, ptr)) return false;
-    erase(p);
+    const uint32_t c = class_of(size);
+    const Class& cl = classes_[c];
+    const FreeKey128 key = pack_key(size, ptr);
+    const uint32_t s = search(cl.key, cl.n, key);
+    if (s == cl.n || cl.key[s] != key) return false;
+    erase(Pos{c, s});
     return true;
   }
 
   template <class F>
   void for_each(F&& f) const {
-    for (uint32_t b = 0; b < order_.size(); ++b)
-      for (uint32_t i = 0; i < bucket(b).n; ++i) f(at({b, i}));
+    for (Pos p = begin(); valid(p); p = next(p)) f(at(p));
   }
 
  private:
-  // Structure of arrays: the searches touch only the keys.
-  struct Bucket {
-    FreeKey128 key[kCap];
-    uint32_t id[kCap];
+  // One size class: its entries sorted by key in the middle of a buffer of `cap` keys
+  // followed by `cap` ids, entries at [front, front + n). The keys and ids are separate
+  // arrays because the searches touch only the keys. Free room at both ends lets insert
+  // and erase shift the shorter side: PyTorch's best fit takes the lowest address of a
+  // size and blocks tend to come back where they were taken, so the busy end of a class
+  // of many equal sizes (whole 2 MiB small-pool segments) costs no shifting. Capacity
+  // only grows.
+  struct Class {
+    FreeKey128* key = nullptr;  // the first entry's key (base() + front)
+    uint32_t front = 0;
     uint32_t n = 0;
+    uint32_t cap = 0;
+    FreeKey128* base() const { return key - front; }
+    uint32_t* ids() const { return reinterpret_cast<uint32_t*>(base() + cap) + front; }
   };
+  static size_t buffer_keys(uint32_t cap) {  // keys plus ids, in FreeKey128 units
+    return cap + (cap * sizeof(uint32_t) + sizeof(FreeKey128) - 1) / sizeof(FreeKey128);
+  }
 
-  Bucket& bucket(uint32_t b) { return storage_[order_[b]]; }
-  const Bucket& bucket(uint32_t b) const { return storage_[order_[b]]; }
+  // Re-centres the entries so that both ends have room, in a buffer twice as large when
+  // the class is at least half full (so each end then has >= cap / 4 room, and re-centring
+  // costs O(1) amortised per insert).
+  static void make_room(Class& cl) {
+    const uint32_t cap = cl.n * 2 >= cl.cap ? (cl.cap == 0 ? 4 : cl.cap * 2) : cl.cap;
+    const uint32_t front = (cap - cl.n) / 2;
+    if (cap == cl.cap) {
+      std::memmove(cl.base() + front, cl.key, cl.n * sizeof(FreeKey128));
+      uint32_t* ids = reinterpret_cast<uint32_t*>(cl.base() + cap);
+      std::memmove(ids + front, ids + cl.front, cl.n * sizeof(uint32_t));
+      cl.key = cl.base() + front;
+      cl.front = front;
+      return;
+    }
+    FreeKey128* buffer = new FreeKey128[buffer_keys(cap)];
+    if (cl.n != 0) {
+      std::memcpy(buffer + front, cl.key, cl.n * sizeof(FreeKey128));
+      std::memcpy(reinterpret_cast<uint32_t*>(buffer + cap) + front, cl.ids(),
+                  cl.n * sizeof(uint32_t));
+    }
+    delete[] (cl.cap == 0 ? nullptr : cl.base());
+    cl.key = buffer + front;
+    cl.front = front;
+    cl.cap = cap;
+  }
 
   // Branch-free lower_bound (conditional moves): the comparisons are data-dependent and
   // would mispredict as branches.
@@ -177,48 +258,40 @@ class FreeIndex {
     return static_cast<uint32_t>(base - first) + (*base < key ? 1u : 0u);
   }
 
-  uint32_t new_bucket() {
-    if (!free_buckets_.empty()) {
-      const uint32_t id = free_buckets_.back();
-      free_buckets_.pop_back();
-      storage_[id].n = 0;
-      return id;
-    }
-    storage_.emplace_back();
-    return static_cast<uint32_t>(storage_.size() - 1);
+  // Two-level bitmap of non-empty classes: group_map_ bit g <=> class_map_[g] != 0.
+  void mark(uint32_t c) {
+    class_map_[c >> kSubBits] |= 1u << (c & (kSub - 1));
+    group_map_ |= uint64_t{1} << (c >> kSubBits);
+  }
+  void unmark(uint32_t c) {
+    const uint32_t g = c >> kSubBits;
+    class_map_[g] &= ~(1u << (c & (kSub - 1)));
+    if (class_map_[g] == 0) group_map_ &= ~(uint64_t{1} << g);
+  }
+  // Smallest non-empty class >= c (c < kClasses), or kClasses.
+  uint32_t next_nonempty(uint32_t c) const {
+    const uint32_t g = c >> kSubBits;
+    const uint32_t in_group = class_map_[g] & (~0u << (c & (kSub - 1)));
+    if (in_group != 0) return (g << kSubBits) | static_cast<uint32_t>(__builtin_ctz(in_group));
+    const uint64_t groups = g + 1 < 64 ? group_map_ & (~uint64_t{0} << (g + 1)) : 0;
+    if (groups == 0) return kClasses;
+    const uint32_t g2 = static_cast<uint32_t>(__builtin_ctzll(groups));
+    return (g2 << kSubBits) | static_cast<uint32_t>(__builtin_ctz(class_map_[g2]));
+  }
+  // Largest non-empty class <= c (c < kClasses), or kClasses.
+  uint32_t prev_nonempty(uint32_t c) const {
+    const uint32_t g = c >> kSubBits;
+    const uint32_t in_group = class_map_[g] & ((2u << (c & (kSub - 1))) - 1u);
+    if (in_group != 0) return (g << kSubBits) | (31u - static_cast<uint32_t>(__builtin_clz(in_group)));
+    const uint64_t groups = group_map_ & ((uint64_t{1} << g) - 1u);
+    if (groups == 0) return kClasses;
+    const uint32_t g2 = 63u - static_cast<uint32_t>(__builtin_clzll(groups));
+    return (g2 << kSubBits) | (31u - static_cast<uint32_t>(__builtin_clz(class_map_[g2])));
   }
 
-  void split(uint32_t b) {
-    const uint32_t upper_id = new_bucket();  // may move storage_: take references after
-    Bucket& lower = bucket(b);
-    Bucket& upper = storage_[upper_id];
-    const uint32_t keep = lower.n / 2;
-    upper.n = lower.n - keep;
-    std::memcpy(upper.key, &lower.key[keep], upper.n * sizeof(FreeKey128));
-    std::memcpy(upper.id, &lower.id[keep], upper.n * sizeof(uint32_t));
-    lower.n = keep;
-    const FreeKey128 upper_last = last_[b];
-    last_[b] = lower.key[keep - 1];
-    order_.insert(order_.begin() + b + 1, upper_id);
-    last_.insert(last_.begin() + b + 1, upper_last);
-  }
-
-  void merge_with_next(uint32_t b) {
-    Bucket& lower = bucket(b);
-    Bucket& upper = bucket(b + 1);
-    std::memcpy(&lower.key[lower.n], upper.key, upper.n * sizeof(FreeKey128));
-    std::memcpy(&lower.id[lower.n], upper.id, upper.n * sizeof(uint32_t));
-    lower.n += upper.n;
-    last_[b] = last_[b + 1];
-    free_buckets_.push_back(order_[b + 1]);
-    order_.erase(order_.begin() + b + 1);
-    last_.erase(last_.begin() + b + 1);
-  }
-
-  std::vector<Bucket> storage_;
-  std::vector<uint32_t> free_buckets_;
-  std::vector<uint32_t> order_;    // bucket ids in key order
-  std::vector<FreeKey128> last_;   // last key of each bucket, in key order
+  std::vector<Class> classes_;
+  uint32_t class_map_[kGroups] = {};
+  uint64_t group_map_ = 0;
   size_t count_ = 0;
 };
 

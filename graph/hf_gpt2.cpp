@@ -29,17 +29,17 @@ void HfGpt2Model::construct() {
     // 0-d `masked_bias`.
     p.causal_bias = rt_.alloc(P * P, TensorKind::other, OpKind::fill);
     p.masked_bias = rt_.alloc(e, TensorKind::other, OpKind::fill);
-    p.attn_w = rt_.add_parameter(D * 3 * D * e, pre + "attn.c_attn.weight");
+    p.attn_w = lora_.add_base_weight(3 * D, D, pre + "attn.c_attn.weight");
     p.attn_b = rt_.add_parameter(3 * D * e, pre + "attn.c_attn.bias");
-    p.aproj_w = rt_.add_parameter(D * D * e, pre + "attn.c_proj.weight");
+    p.aproj_w = lora_.add_base_weight(D, D, pre + "attn.c_proj.weight");
     p.aproj_b = rt_.add_parameter(D * e, pre + "attn.c_proj.bias");
     rt_.ctx.module = Module::norm;
     p.ln2_w = rt_.add_parameter(D * e, pre + "ln_2.weight");
     p.ln2_b = rt_.add_parameter(D * e, pre + "ln_2.bias");
     rt_.ctx.module = Module::mlp;
-    p.fc_w = rt_.add_parameter(D * F * e, pre + "mlp.c_fc.weight");
+    p.fc_w = lora_.add_base_weight(F, D, pre + "mlp.c_fc.weight");
     p.fc_b = rt_.add_parameter(F * e, pre + "mlp.c_fc.bias");
-    p.mproj_w = rt_.add_parameter(F * D * e, pre + "mlp.c_proj.weight");
+    p.mproj_w = lora_.add_base_weight(D, F, pre + "mlp.c_proj.weight");
     p.mproj_b = rt_.add_parameter(D * e, pre + "mlp.c_proj.bias");
   }
   rt_.ctx.layer = -1;
@@ -48,14 +48,40 @@ void HfGpt2Model::construct() {
   lnf_b_ = rt_.add_parameter(D * e, "transformer.ln_f.bias");
   rt_.ctx.module = Module::head;
   if (!s_.tied) lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+  if (lora_.enabled()) {
+    // get_peft_model: freeze the base model, then inject the adapters module by module.
+    lora_.freeze_all();
+    static const char* const kNames[kGpt2Linears] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                                     "mlp.c_proj"};
+    const uint64_t out[kGpt2Linears] = {3 * D, D, F, D};
+    const uint64_t in[kGpt2Linears] = {D, D, D, F};
+    for (int32_t l = 0; l < s_.layers; ++l) {
+      rt_.ctx.layer = l;
+      const std::string pre = "transformer.h." + std::to_string(l) + ".";
+      for (uint32_t m = 0; m < kGpt2Linears; ++m) {
+        if (!lora_.targets(m)) continue;
+        rt_.ctx.module = m < kCFc ? Module::attention : Module::mlp;
+        layers_[l].ad[m] = lora_.add_adapter(out[m], in[m], pre + kNames[m]);
+      }
+    }
+    rt_.ctx.layer = -1;
+  }
   rt_.ctx.module = Module::none;  // tied: lm_head.weight is wte, no parameter of its own
 }
 
 // Conv1D: x.view(-1, in) (a view of a contiguous tensor), addmm(bias, x2d, W), view back.
-Tensor HfGpt2Model::conv1d(const Tensor& x, int32_t w, int32_t b, int64_t d_in, int64_t d_out) {
-  Tensor wt = rt_.param(w), bt = rt_.param(b);
-  const double flops = 2.0 * static_cast<double>(s_.rows()) * d_in * d_out;
-  return addmm_bias(rt_, bt, x, wt, s_.rows() * d_out * s_.elem, flops);
+// Under QLoRA, Linear4bit: matmul_4bit with the bias fused into the linear.
+Tensor HfGpt2Model::conv1d(const Tensor& x, int32_t w, int32_t b, int64_t d_in, int64_t d_out,
+                           const LoraAdapter& ad) {
+  Tensor base;
+  if (lora_.quantized()) {
+    base = lora_.base_linear(x, w, d_in, d_out);
+  } else {
+    Tensor wt = rt_.param(w), bt = rt_.param(b);
+    const double flops = 2.0 * static_cast<double>(s_.rows()) * d_in * d_out;
+    base = addmm_bias(rt_, bt, x, wt, s_.rows() * d_out * s_.elem, flops);
+  }
+  return lora_.add_adapter_path(x, std::move(base), ad, d_in, d_out);
 }
 
 Tensor HfGpt2Model::ln(const Tensor& x, int32_t w, int32_t b) {
@@ -130,7 +156,7 @@ Tensor HfGpt2Model::attention(const LayerParams& p, const Tensor& x) {
   const int64_t D = s_.d_model;
   Tensor out;
   {
-    Tensor qkv = conv1d(x, p.attn_w, p.attn_b, D, 3 * D);
+    Tensor qkv = conv1d(x, p.attn_w, p.attn_b, D, 3 * D, p.ad[kCAttn]);
     SplitQkv split(rt_, qkv);
     Tensor q = split.head_view(rt_, 0), k = split.head_view(rt_, 1), v = split.head_view(rt_, 2);
     // `attn_output, attn_weights = self._attn(q, k, v)`: both names stay bound until
@@ -155,7 +181,7 @@ Tensor HfGpt2Model::attention(const LayerParams& p, const Tensor& x) {
     // _merge_heads: permute(0, 2, 1, 3).contiguous() copies; view.
     Tensor merged = clone(rt_, attn_output);
     attn_output.reset();
-    out = conv1d(merged, p.aproj_w, p.aproj_b, D, D);
+    out = conv1d(merged, p.aproj_w, p.aproj_b, D, D, p.ad[kAttnCProj]);
     merged.reset();
     out = drop(out);
   }  // q, k, v, the projection and attn_weights die with GPT2Attention.forward
@@ -166,9 +192,9 @@ Tensor HfGpt2Model::attention(const LayerParams& p, const Tensor& x) {
 Tensor HfGpt2Model::mlp(const LayerParams& p, const Tensor& x) {
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::mlp;
-  Tensor h = conv1d(x, p.fc_w, p.fc_b, s_.d_model, s_.d_ff);
+  Tensor h = conv1d(x, p.fc_w, p.fc_b, s_.d_model, s_.d_ff, p.ad[kCFc]);
   h = gelu_new(h);
-  h = conv1d(h, p.mproj_w, p.mproj_b, s_.d_ff, s_.d_model);
+  h = conv1d(h, p.mproj_w, p.mproj_b, s_.d_ff, s_.d_model, p.ad[kMlpCProj]);
   h = drop(h);
   rt_.ctx.module = outer;
   return h;

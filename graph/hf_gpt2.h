@@ -21,18 +21,25 @@
 // block are the attention half (ln_1 + attn), the MLP half (ln_2 + mlp) and _attn
 // (`selective`; its attn_weights output stays bound in GPT2Attention.forward). Checked
 // against torch 1.13 on CPU by tests/test_checkpoint_fixtures.cpp.
+//
+// LoRA / QLoRA (shape.lora, graph/lora.h): every parameter frozen, adapters on the
+// targeted Conv1D modules (c_attn, attn.c_proj, c_fc, mlp.c_proj; PEFT's "c_proj" matches
+// both); under QLoRA those four weights are NF4 (bitsandbytes Linear4bit with the bias
+// kept in the compute dtype; the bias add is fused into the linear). Checked against
+// torch 1.13 on CPU by tests/test_optim_lora_fixtures.cpp.
 #pragma once
 
 #include <vector>
 
 #include "graph/hf_shape.h"
+#include "graph/lora.h"
 #include "graph/ops.h"
 
 namespace memsim::graph {
 
 class HfGpt2Model {
  public:
-  HfGpt2Model(Runtime& rt, const HfShape& shape) : rt_(rt), s_(shape) {}
+  HfGpt2Model(Runtime& rt, const HfShape& shape) : rt_(rt), s_(shape), lora_(rt, s_) {}
 
   void construct();
   Tensor forward(const Tensor& ids);
@@ -45,8 +52,11 @@ class HfGpt2Model {
     int32_t ln1_w, ln1_b, attn_w, attn_b, aproj_w, aproj_b, ln2_w, ln2_b, fc_w, fc_b,
         mproj_w, mproj_b;
     Tensor causal_bias, masked_bias;  // buffers
+    LoraAdapter ad[kGpt2Linears];
   };
-  Tensor conv1d(const Tensor& x, int32_t w, int32_t b, int64_t d_in, int64_t d_out);
+  // Conv1D (NF4 under QLoRA) plus its LoRA adapter, if any.
+  Tensor conv1d(const Tensor& x, int32_t w, int32_t b, int64_t d_in, int64_t d_out,
+                const LoraAdapter& ad);
   Tensor ln(const Tensor& x, int32_t w, int32_t b);
   Tensor attention(const LayerParams& p, const Tensor& x);
   Tensor attn_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -57,6 +67,7 @@ class HfGpt2Model {
 
   Runtime& rt_;
   HfShape s_;
+  LoraModules lora_;
   int32_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;  // lm_head_: untied only
   std::vector<LayerParams> layers_;
 };

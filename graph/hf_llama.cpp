@@ -20,14 +20,14 @@ void HfLlamaModel::construct() {
     LayerParams& p = layers_[l];
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     rt_.ctx.module = Module::attention;
-    p.q = rt_.add_parameter(D * D * e, pre + "self_attn.q_proj.weight");
-    p.k = rt_.add_parameter(kvD * D * e, pre + "self_attn.k_proj.weight");
-    p.v = rt_.add_parameter(kvD * D * e, pre + "self_attn.v_proj.weight");
-    p.o = rt_.add_parameter(D * D * e, pre + "self_attn.o_proj.weight");
+    p.q = lora_.add_base_weight(D, D, pre + "self_attn.q_proj.weight");
+    p.k = lora_.add_base_weight(kvD, D, pre + "self_attn.k_proj.weight");
+    p.v = lora_.add_base_weight(kvD, D, pre + "self_attn.v_proj.weight");
+    p.o = lora_.add_base_weight(D, D, pre + "self_attn.o_proj.weight");
     rt_.ctx.module = Module::mlp;
-    p.gate = rt_.add_parameter(F * D * e, pre + "mlp.gate_proj.weight");
-    p.up = rt_.add_parameter(F * D * e, pre + "mlp.up_proj.weight");
-    p.down = rt_.add_parameter(D * F * e, pre + "mlp.down_proj.weight");
+    p.gate = lora_.add_base_weight(F, D, pre + "mlp.gate_proj.weight");
+    p.up = lora_.add_base_weight(F, D, pre + "mlp.up_proj.weight");
+    p.down = lora_.add_base_weight(D, F, pre + "mlp.down_proj.weight");
     rt_.ctx.module = Module::norm;
     p.ln1 = rt_.add_parameter(D * e, pre + "input_layernorm.weight");
     p.ln2 = rt_.add_parameter(D * e, pre + "post_attention_layernorm.weight");
@@ -39,13 +39,39 @@ void HfLlamaModel::construct() {
   inv_freq_ = rt_.alloc(s_.head_dim() / 2 * 4, TensorKind::other, OpKind::fill);
   rt_.ctx.module = Module::head;
   if (!s_.tied) lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+  if (lora_.enabled()) {
+    // get_peft_model: freeze the base model, then inject the adapters module by module.
+    lora_.freeze_all();
+    static const char* const kNames[kLlamaLinears] = {
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    const uint64_t out[kLlamaLinears] = {D, kvD, kvD, D, F, F, D};
+    const uint64_t in[kLlamaLinears] = {D, D, D, D, D, D, F};
+    for (int32_t l = 0; l < s_.layers; ++l) {
+      rt_.ctx.layer = l;
+      const std::string pre = "model.layers." + std::to_string(l) + ".";
+      for (uint32_t m = 0; m < kLlamaLinears; ++m) {
+        if (!lora_.targets(m)) continue;
+        rt_.ctx.module = m < kGateProj ? Module::attention : Module::mlp;
+        layers_[l].ad[m] = lora_.add_adapter(out[m], in[m], pre + kNames[m]);
+      }
+    }
+    rt_.ctx.layer = -1;
+  }
   rt_.ctx.module = Module::none;
 }
 
-// nn.Linear without bias on a contiguous (B,S,in) input: matmul folds it to 2-D (a
-// view) and runs mm.
+Tensor HfLlamaModel::proj(const Tensor& x, const LayerParams& p, LlamaLinear which, int32_t w,
+                          int64_t d_in, int64_t d_out) {
+  if (autocast_on()) return linear(x, w, d_in, d_out);  // no LoRA under autocast (refused)
+  Tensor base = lora_.base_linear(x, w, d_in, d_out);
+  return lora_.add_adapter_path(x, std::move(base), p.ad[which], d_in, d_out);
+}
+
 bool HfLlamaModel::autocast_on() const { return ac_ != nullptr && ac_->active(); }
 
+// nn.Linear without bias on a contiguous (B,S,in) input: matmul folds it to 2-D (a
+// view) and runs mm.
 Tensor HfLlamaModel::linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out) {
   const double flops = 2.0 * static_cast<double>(s_.rows()) * d_in * d_out;
   if (autocast_on())
@@ -91,9 +117,9 @@ Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tens
     // q/k/v: mm, then view(B,S,h,hd).transpose(1,2). The grads arriving at these views
     // are not viewable back as (B,S,h*hd), so the view's backward reshape copies --
     // unless h == 1 (MQA k/v), where the transpose only moves a size-1 dimension.
-    Tensor query = view(rt_, linear(x, p.q, D, D), s_.heads > 1);
-    Tensor key = view(rt_, linear(x, p.k, D, kvD), s_.kv_heads > 1);
-    Tensor value = view(rt_, linear(x, p.v, D, kvD), s_.kv_heads > 1);
+    Tensor query = view(rt_, proj(x, p, kQProj, p.q, D, D), s_.heads > 1);
+    Tensor key = view(rt_, proj(x, p, kKProj, p.k, D, kvD), s_.kv_heads > 1);
+    Tensor value = view(rt_, proj(x, p, kVProj, p.v, D, kvD), s_.kv_heads > 1);
     // RoPE keeps q's (B,S,H,hd) memory layout (TensorIterator follows the first input).
     if (autocast_on()) {  // low-precision q/k times fp32 cos/sin: fp32 q/k
       query = rope_hf_autocast(rt_, query, cos, sin);
@@ -125,7 +151,7 @@ Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tens
                                               : sdpa_efficient(rt_, in[0], in[1], in[2], sh, 2 * bmm_flops);
                                });
     }
-    out = linear(attn_output, p.o, D, D);
+    out = proj(attn_output, p, kOProj, p.o, D, D);
   }  // the attention forward's locals (q/k/v states, attn_output) die here
   rt_.ctx.module = outer;
   return out;
@@ -202,11 +228,11 @@ Tensor HfLlamaModel::mlp(const LayerParams& p, const Tensor& x) {
   const int64_t D = s_.d_model, F = s_.d_ff;
   Tensor m;
   {
-    Tensor a = silu(rt_, linear(x, p.gate, D, F));
-    Tensor u = linear(x, p.up, D, F);
+    Tensor a = silu(rt_, proj(x, p, kGateProj, p.gate, D, F));
+    Tensor u = proj(x, p, kUpProj, p.up, D, F);
     m = mul(rt_, a, u);
   }
-  Tensor out = linear(m, p.down, F, D);
+  Tensor out = proj(m, p, kDownProj, p.down, F, D);
   rt_.ctx.module = outer;
   return out;
 }

@@ -31,11 +31,17 @@
 // the kernel call). HF passes use_reentrant=True by default (transformers >= 4.35):
 // scenario key checkpoint.reentrant. Checked against torch 1.13 on CPU, both modes, by
 // tests/test_checkpoint_fixtures.cpp.
+//
+// LoRA / QLoRA (shape.lora, graph/lora.h): every parameter frozen, adapters on the
+// targeted decoder linears (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj);
+// under QLoRA those seven weights are NF4. Checked against torch 1.13 on CPU by
+// tests/test_optim_lora_fixtures.cpp.
 #pragma once
 
 #include <vector>
 
 #include "graph/hf_shape.h"
+#include "graph/lora.h"
 #include "graph/ops.h"
 
 namespace memsim::graph {
@@ -44,7 +50,7 @@ class Autocast;  // graph/autocast.h
 
 class HfLlamaModel {
  public:
-  HfLlamaModel(Runtime& rt, const HfShape& shape) : rt_(rt), s_(shape) {}
+  HfLlamaModel(Runtime& rt, const HfShape& shape) : rt_(rt), s_(shape), lora_(rt, s_) {}
 
   void construct();
   Tensor forward(const Tensor& ids);
@@ -56,10 +62,14 @@ class HfLlamaModel {
  private:
   struct LayerParams {
     int32_t q, k, v, o, gate, up, down, ln1, ln2;
+    LoraAdapter ad[kLlamaLinears];
   };
   // One LlamaDecoderLayer; extra = {causal_mask, cache_position, cos, sin}.
   Tensor layer(int32_t l, const Tensor& x, const std::vector<Tensor>& extra);
   Tensor linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out);
+  // A decoder linear: the base layer (NF4 under QLoRA) plus its LoRA adapter, if any.
+  Tensor proj(const Tensor& x, const LayerParams& p, LlamaLinear which, int32_t w, int64_t d_in,
+              int64_t d_out);
   Tensor rmsnorm(const Tensor& x, int32_t w);
   Tensor attention(const LayerParams& p, const Tensor& x, const Tensor& mask,
                    const Tensor& cos, const Tensor& sin);
@@ -71,6 +81,7 @@ class HfLlamaModel {
   Runtime& rt_;
   HfShape s_;
   Autocast* ac_ = nullptr;
+  LoraModules lora_;
   int32_t embed_ = -1, norm_ = -1, lm_head_ = -1;
   std::vector<LayerParams> layers_;
   Tensor inv_freq_;

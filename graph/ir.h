@@ -100,6 +100,8 @@ enum class OpKind : uint8_t {
   autocast_copy,      // _to_copy made by autocast: ToCopyBackward0 casts the grad back
   grad_cast,          // names the engine's validate_outputs dtype cast of a grad (no node)
   rope_autocast,      // CS336 RoPE on a bf16/fp16 input (fp32 products; graph/autocast.h)
+  // bitsandbytes (graph/ops_lora.h)
+  matmul_4bit,        // MatMul4Bit: dequantise the NF4 weight, linear; saves nothing
   rope_hf_autocast,   // HF apply_rotary_pos_emb on a bf16/fp16 input with fp32 cos/sin
 };
 inline constexpr int kOpKindCount = static_cast<int>(OpKind::rope_hf_autocast) + 1;

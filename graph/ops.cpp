@@ -6,6 +6,7 @@
 #include "graph/autocast.h"
 #include "graph/cuda_reduce.h"
 #include "graph/ops_fused.h"
+#include "graph/ops_lora.h"
 #include "graph/ops_nn.h"
 
 namespace memsim::graph {
@@ -70,6 +71,7 @@ const char* forward_name(OpKind k) {
     case OpKind::fused_attention: return "fused_attention";
     case OpKind::megatron_embedding: return "embedding";
     case OpKind::vocab_parallel_ce: return "vocab_parallel_cross_entropy";
+    case OpKind::matmul_4bit: return "matmul_4bit";  // graph/ops_lora.h
     default: {
       const char* nn = nn_op_name(k, false);  // graph/ops_nn.h
       if (nn == nullptr) nn = autocast_op_name(k, false);  // graph/autocast.h
@@ -109,6 +111,7 @@ const char* backward_name(OpKind k) {
     case OpKind::log_softmax: return "LogSoftmaxBackward0";
     case OpKind::nll_loss: return "NllLossBackward0";
     case OpKind::fill: return "ones_like";
+    case OpKind::matmul_4bit: return "MatMul4BitBackward";  // graph/ops_lora.h
     default: {
       const char* fused = fused_op_name(k, true);  // graph/ops_fused.h
       if (fused == nullptr) fused = nn_op_name(k, true);  // graph/ops_nn.h
@@ -399,6 +402,7 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (run_fused_backward(rt, n, in, out)) return;  // graph/ops_fused.h
   if (run_nn_backward(rt, n, in, out)) return;     // graph/ops_nn.h
   if (run_autocast_backward(rt, n, in, out)) return;  // graph/autocast.h
+  if (run_lora_backward(rt, n, in, out)) return;   // graph/ops_lora.h
   Bw b{rt, n};
   const Grad& g = in[0];
   if (g.storage == kNoStorage && n.kind != OpKind::max_dim) return;

@@ -113,7 +113,7 @@ Tensor Runtime::param(int32_t i) {
   t.bytes = p.bytes;
   t.rt_ = this;
   retain(p.storage);
-  if (grad_enabled) {
+  if (grad_enabled && !p.frozen) {
     if (p.graph_epoch != graph_epoch_ || p.acc_node < 0) {
       Node n;
       n.kind = OpKind::accumulate_grad;
@@ -198,13 +198,26 @@ void Runtime::discard_graph(uint32_t g) {
   // goes, so saved tensors die from the output back towards the inputs.
   const OpKind saved_op = cur_op_;
   cur_op_ = OpKind::other;
-  std::vector<uint32_t> owners(nodes_.size(), 0);
-  for (const Node& n : nodes_) {
+  // Only nodes_[first..] can belong to g (see graph_start_).
+  size_t first = 0;
+  if (g >= 2 && g > cleared_epoch_ && g - 2 < graph_start_.size()) first = graph_start_[g - 2];
+  first = std::min(first, nodes_.size());
+  // Scratch buffers taken from the members (and handed back below) keep their capacity
+  // across calls; taking them also keeps a nested call (none today) from sharing them.
+  std::vector<uint32_t> owners = std::move(owners_scratch_);
+  std::vector<int32_t> stack = std::move(stack_scratch_);
+  owners.assign(nodes_.size() - first, 0);  // owners[id - first]
+  stack.clear();
+  for (size_t id = first; id < nodes_.size(); ++id) {
+    const Node& n = nodes_[id];
     if (n.graph != g || n.seq == kDeadNode) continue;
-    for (int i = 0; i < n.n_next; ++i)
-      if (n.next[i].node >= 0) ++owners[n.next[i].node];
+    for (int i = 0; i < n.n_next; ++i) {
+      const int32_t t = n.next[i].node;
+      // An edge into an older graph (a re-run's graph points into the outer one) is
+      // never followed below; only g's own nodes need owner counts.
+      if (t >= 0 && static_cast<size_t>(t) >= first) ++owners[t - first];
+    }
   }
-  std::vector<int32_t> stack;
   auto kill = [&](int32_t id) {
     Node& n = nodes_[id];
     for (uint32_t i = 0; i < n.saved_count; ++i)
@@ -219,13 +232,16 @@ void Runtime::discard_graph(uint32_t g) {
     for (int i = 0; i < n.n_next; ++i) {
       const int32_t t = n.next[i].node;
       // Only this graph's nodes: a checkpoint re-run's graph points into the outer one.
-      if (t >= 0 && nodes_[t].graph == g && --owners[t] == 0 && nodes_[t].seq != kDeadNode)
+      if (t >= 0 && static_cast<size_t>(t) >= first && nodes_[t].graph == g &&
+          --owners[t - first] == 0 &&
+          nodes_[t].seq != kDeadNode)
         stack.push_back(t);
     }
   };
-  for (int32_t id = static_cast<int32_t>(nodes_.size()) - 1; id >= 0; --id) {
+  for (int32_t id = static_cast<int32_t>(nodes_.size()) - 1; id >= static_cast<int32_t>(first);
+       --id) {
     const Node& n = nodes_[id];
-    if (n.graph != g || n.seq == kDeadNode || owners[id] != 0) continue;
+    if (n.graph != g || n.seq == kDeadNode || owners[id - first] != 0) continue;
     kill(id);
     while (!stack.empty()) {
       const int32_t t = stack.back();
@@ -236,7 +252,10 @@ void Runtime::discard_graph(uint32_t g) {
   if (live_nodes_ == 0) {
     nodes_.clear();
     saved_.clear();
+    cleared_epoch_ = graph_epoch_;
   }
+  owners_scratch_ = std::move(owners);
+  stack_scratch_ = std::move(stack);
   cur_op_ = saved_op;
 }
 
@@ -299,6 +318,7 @@ void Runtime::backward(const Tensor& loss) {
   if (live_nodes_ == 0) {
     nodes_.clear();
     saved_.clear();
+    cleared_epoch_ = graph_epoch_;
   }
   ctx.phase = phase;
 }

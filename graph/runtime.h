@@ -96,6 +96,8 @@ struct Parameter {
   uint32_t grad = kNoStorage;  // .grad (None when kNoStorage)
   int32_t acc_node = -1;       // AccumulateGrad node in the current graph
   uint32_t graph_epoch = 0;
+  bool frozen = false;         // requires_grad=False (LoRA base weights): param() gives a
+                               // handle without grad_fn, so it never gets a .grad
 };
 
 class Runtime {
@@ -159,7 +161,10 @@ class Runtime {
   // --- graphs -------------------------------------------------------------------
   // Starts a new graph generation: nodes recorded from now on belong to it. Several
   // generations may be alive at once (a script that keeps an old output's graph).
-  uint32_t begin_graph() { return ++graph_epoch_; }
+  uint32_t begin_graph() {
+    graph_start_.push_back(static_cast<uint32_t>(nodes_.size()));
+    return ++graph_epoch_;
+  }
   uint32_t current_graph() const { return graph_epoch_; }
   // The output holding graph `g` died without backward: its saved tensors are released.
   void discard_graph(uint32_t g);
@@ -202,6 +207,15 @@ class Runtime {
   std::vector<Parameter> params_;
   uint32_t seq_ = 0;
   uint32_t graph_epoch_ = 1;
+  // Where graph g's nodes begin: nodes_[graph_start_[g - 2]] for g >= 2 (graph 1 begins
+  // at 0). Epochs only grow and nodes take the current epoch, so all of graph g lies at or
+  // after its start, and discard_graph scans only that tail (a checkpoint re-run's graph
+  // is discarded once per region: scanning every node made that quadratic). A graph begun
+  // before nodes_ was last cleared (cleared_epoch_) starts at 0.
+  std::vector<uint32_t> graph_start_;
+  uint32_t cleared_epoch_ = 0;
+  std::vector<uint32_t> owners_scratch_;  // discard_graph's buffers, kept for capacity
+  std::vector<int32_t> stack_scratch_;
   uint32_t workspace_[2] = {kNoStorage, kNoStorage};
   uint32_t live_nodes_ = 0;
   uint32_t fwd_name_[kOpKindCount];

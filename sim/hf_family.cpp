@@ -1,5 +1,7 @@
 #include "sim/hf_family.h"
 
+#include "sim/scenario_lora.h"
+
 namespace memsim {
 
 graph::HfShape hf_shape(const Scenario& s) {
@@ -16,6 +18,13 @@ graph::HfShape hf_shape(const Scenario& s) {
   shape.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
   shape.dropout = s.model.dropout;
   shape.tied = s.model.tied_embeddings;
+  if (s.lora.rank > 0) {  // graph/lora.h
+    shape.lora.rank = s.lora.rank;
+    shape.lora.targets = lora_target_mask(s.lora, s.model.family);
+    shape.lora.adapter_elem = static_cast<uint64_t>(dtype_bytes(s.lora.adapter_dtype));
+    shape.lora.dropout = s.lora.dropout;
+    shape.lora.nf4 = s.lora.base_nf4;
+  }
   switch (s.model.attention) {
     case AttentionImpl::eager: shape.attention = graph::HfAttention::eager; break;
     case AttentionImpl::flash: shape.attention = graph::HfAttention::flash; break;

@@ -27,6 +27,11 @@ void require_autocast_modelled(const Scenario& s) {
            "attention dropout under autocast is not checked against torch yet for hf-llama; "
            "use model.dropout: 0 or precision.autocast: none");
   }
+  if (s.lora.rank > 0) {
+    refuse(s, "lora.rank",
+           "LoRA adapters under precision.autocast are not modelled yet; use lora.rank: 0 "
+           "or precision.autocast: none");
+  }
   if (s.model.family == ModelFamily::hf_llama && s.model.tied_embeddings) {
     refuse(s, "model.tied_embeddings",
            "autocast with a tied embedding/lm_head weight is not modelled yet; use "
@@ -57,10 +62,23 @@ void require_modelled(const Scenario& s) {
            "model (set parallel.* to their defaults)");
   }
   if (s.precision.autocast.has_value()) require_autocast_modelled(s);  // below
-  if (s.precision.master_weights && s.model.family != ModelFamily::megatron) {
+  if (s.precision.master_weights && s.optimizer.impl == OptimizerImpl::cs336) {
     refuse(s, "precision.master_weights",
-           std::string("fp32 master weights are modelled for the megatron family only, not '") +
-               to_string(s.model.family) + "'");
+           "the CS336 staff AdamW updates the parameters themselves (no fp32 master copy); "
+           "use optimizer.impl for-loop, foreach or fused");
+  }
+  if ((s.optimizer.type == OptimizerType::adam8bit || s.optimizer.type == OptimizerType::adamw8bit) &&
+      s.model.family == ModelFamily::megatron) {
+    refuse(s, "optimizer.type",
+           "Megatron-LM's optimizer is a fused fp32 Adam; bitsandbytes 8-bit Adam is modelled "
+           "for cs336, hf-gpt2 and hf-llama");
+  }
+  if (s.lora.rank > 0 && s.checkpoint.policy != "none" && s.checkpoint.reentrant.value_or(false)) {
+    refuse(s, "checkpoint.reentrant",
+           "LoRA with reentrant checkpointing is not modelled: torch's CheckpointFunction sees "
+           "no input that requires grad (the embedding is frozen), so the adapters would get "
+           "no gradient unless model.enable_input_require_grads() is called; use "
+           "checkpoint.reentrant: false (torch.utils.checkpoint(use_reentrant=False))");
   }
   if (s.model.family == ModelFamily::cs336 && s.model.dropout > 0.0) {
     refuse(s, "model.dropout",

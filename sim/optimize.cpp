@@ -381,10 +381,12 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
   // Exact phase (small models): every plan the model allows, in recompute order. The
   // model's peak is a lower bound of the reserved peak, so no skipped plan could fit.
   int exact_tries = 0;
-  {
+  auto ts0 = std::chrono::steady_clock::now();
+  const SearchResult first = search_plan(costs, bound);
+  out.search_ms += ms_since(ts0);
+  if (costs.layers <= options.exact_max_layers) {
     auto ts = std::chrono::steady_clock::now();
     LevelEnumerator levels(costs, bound);
-    const SearchResult first = search_plan(costs, bound);
     out.search_ms += ms_since(ts);
     bool complete = levels.usable() && first.feasible;
     for (size_t i = 0; complete && i < levels.levels().size(); ++i) {
@@ -416,10 +418,14 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
     // Every plan the model allows was simulated and none fits.
     if (complete && first.feasible) return report_smallest(std::move(out), costs, scenario, script);
   }
-  // Front walk (large models, or the exact phase gave up).
+  // Front walk (large models, or the exact phase gave up). `bound` is still the budget
+  // here: the exact phase does not move it.
+  // The first candidate is the DP's answer for the budget itself (already searched).
+  bool first_candidate = true;
   while (out.verifications - exact_tries < options.max_verifications) {
     auto ts = std::chrono::steady_clock::now();
-    const SearchResult r = search_plan(costs, bound);
+    const SearchResult r = first_candidate ? first : search_plan(costs, bound);
+    first_candidate = false;
     out.search_ms += ms_since(ts);
     if (!r.feasible) break;
     auto tv = std::chrono::steady_clock::now();

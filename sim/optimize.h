@@ -27,9 +27,9 @@
 //     search again: the first `exact_steps` retries walk the (peak, recompute) front one
 //     plan at a time (exact), later ones jump by the observed overshoot.
 //  4. Nothing fits: the plan with the smallest modelled peak is simulated and reported.
-//  Small models (few distinct recompute totals) first get an exact phase instead of the
-//  front walk: every plan the model admits, recompute level by level (ascending), each
-//  level by modelled peak, is simulated until one fits. Allocator effects (a plan with a
+//  Small models (at most exact_max_layers layers, few distinct recompute totals) first
+//  get an exact phase instead of the front walk: every plan the model admits, recompute
+//  level by level (ascending), each level by modelled peak, is simulated until one fits. Allocator effects (a plan with a
 //  higher requested peak but a lower reserved one) then cannot hide the optimum.
 #pragma once
 
@@ -52,6 +52,10 @@ struct OptimizeOptions {
       graph::LayerCheckpoint::modules,   graph::LayerCheckpoint::layer};
   int exact_steps = 6;         // verifications that step to the next plan of the front
   int max_verifications = 24;  // then give up and report the smallest peak
+  // The exact phase (see the note after step 4) runs only for models of at most this many layers:
+  // beyond, its enumeration nearly always overflows its node cap (plans of one recompute
+  // total grow combinatorially with the layers) after ~70 ms spent for nothing.
+  int exact_max_layers = 20;
 };
 
 // The per-layer cost model of step 1 (bytes are signed: window terms are differences).

@@ -1,5 +1,8 @@
 #include "sim/optimizer_step.h"
 
+#include "sim/master_weights.h"
+#include "sim/optimizer_8bit.h"
+
 namespace memsim {
 namespace {
 
@@ -77,11 +80,17 @@ class Cs336AdamW final : public OptimizerSim {
   std::vector<Tensor> m_, v_;
 };
 
+// Bytes of a tensor shaped like parameter `p` holding `state_elem`-byte elements.
+struct Sizer {
+  uint64_t param_elem = 4, state_elem = 4;
+  uint64_t operator()(const graph::Parameter& p) const { return p.bytes / param_elem * state_elem; }
+};
+
 // torch.optim.Adam / AdamW. State per parameter: exp_avg, exp_avg_sq (zeros_like, in
 // parameter order, on the first step); `step` is a CPU scalar (not capturable/fused).
 class TorchAdam final : public OptimizerSim {
  public:
-  explicit TorchAdam(OptimizerImpl impl) : impl_(impl) {}
+  TorchAdam(OptimizerImpl impl, Sizer size) : impl_(impl), size_(size) {}
   void step(Runtime& rt) override {
     auto& params = rt.parameters();
     if (exp_avg_.size() < params.size()) {
@@ -90,8 +99,8 @@ class TorchAdam final : public OptimizerSim {
     }
     for (size_t i = 0; i < params.size(); ++i) {  // _init_group
       if (params[i].grad == graph::kNoStorage || exp_avg_[i].defined()) continue;
-      exp_avg_[i] = state(rt, params[i].bytes);
-      exp_avg_sq_[i] = state(rt, params[i].bytes);
+      exp_avg_[i] = state(rt, size_(params[i]));
+      exp_avg_sq_[i] = state(rt, size_(params[i]));
     }
     switch (impl_) {
       case OptimizerImpl::foreach: {
@@ -101,7 +110,7 @@ class TorchAdam final : public OptimizerSim {
         std::vector<Tensor> sqrt_list;
         sqrt_list.reserve(params.size());
         for (size_t i = 0; i < params.size(); ++i)
-          if (params[i].grad != graph::kNoStorage) sqrt_list.push_back(temp(rt, params[i].bytes));
+          if (params[i].grad != graph::kNoStorage) sqrt_list.push_back(temp(rt, size_(params[i])));
         // The Python list dies at the end of the step: CPython drops its items last first.
         for (auto it = sqrt_list.rbegin(); it != sqrt_list.rend(); ++it) it->reset();
         break;
@@ -111,8 +120,8 @@ class TorchAdam final : public OptimizerSim {
         // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps).
         for (size_t i = 0; i < params.size(); ++i) {
           if (params[i].grad == graph::kNoStorage) continue;
-          Tensor root = temp(rt, params[i].bytes);
-          Tensor denom = temp(rt, params[i].bytes);
+          Tensor root = temp(rt, size_(params[i]));
+          Tensor denom = temp(rt, size_(params[i]));
           root.reset();
         }
         break;
@@ -124,41 +133,56 @@ class TorchAdam final : public OptimizerSim {
 
  private:
   OptimizerImpl impl_;
+  Sizer size_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
 };
 
 // torch.optim.SGD: momentum_buffer = clone(grad) on the first step, then in place.
 class TorchSgd final : public OptimizerSim {
  public:
-  explicit TorchSgd(double momentum) : momentum_(momentum) {}
+  TorchSgd(double momentum, Sizer size) : momentum_(momentum), size_(size) {}
   void step(Runtime& rt) override {
     if (momentum_ == 0.0) return;
     auto& params = rt.parameters();
     if (buf_.size() < params.size()) buf_.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].grad == graph::kNoStorage || buf_[i].defined()) continue;
-      buf_[i] = state(rt, params[i].bytes);
+      buf_[i] = state(rt, size_(params[i]));
     }
   }
 
  private:
   double momentum_;
+  Sizer size_;
   std::vector<Tensor> buf_;
 };
 
 }  // namespace
 
-std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config,
-                                             bool cs336_decay_after_update) {
+std::unique_ptr<OptimizerSim> make_inner_optimizer(const OptimizerConfig& config,
+                                                   const OptimizerSetup& setup,
+                                                   uint64_t state_elem) {
+  const Sizer size{setup.param_elem, state_elem};
   switch (config.type) {
     case OptimizerType::none: return nullptr;
-    case OptimizerType::sgd: return std::make_unique<TorchSgd>(config.momentum);
+    case OptimizerType::sgd: return std::make_unique<TorchSgd>(config.momentum, size);
     case OptimizerType::adam:
     case OptimizerType::adamw:
-      if (config.impl == OptimizerImpl::cs336) return std::make_unique<Cs336AdamW>(cs336_decay_after_update);
-      return std::make_unique<TorchAdam>(config.impl);
+      if (config.impl == OptimizerImpl::cs336)
+        return std::make_unique<Cs336AdamW>(setup.cs336_decay_after_update);
+      return std::make_unique<TorchAdam>(config.impl, size);
+    case OptimizerType::adam8bit:
+    case OptimizerType::adamw8bit:
+      return make_bnb_adam8bit(setup.param_elem);
   }
   return nullptr;
+}
+
+std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config,
+                                             const OptimizerSetup& setup) {
+  if (config.type == OptimizerType::none) return nullptr;
+  if (setup.master_weights) return make_master_weights(config, setup);
+  return make_inner_optimizer(config, setup, setup.param_elem);
 }
 
 }  // namespace memsim

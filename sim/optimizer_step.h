@@ -2,8 +2,14 @@
 // temporaries each implementation allocates, parameter by parameter or per group.
 //
 // Contract: step() reads the parameters' .grad from the Runtime (a parameter with no
-// grad is skipped, as torch.optim does), emits every allocation and free of the real
-// implementation in order, and leaves the state alive in the optimizer object.
+// grad is skipped, as torch.optim does: frozen LoRA base weights are not parameters of
+// the Runtime at all), emits every allocation and free of the real implementation in
+// order, and leaves the state alive in the optimizer object. construct() runs once at
+// setup, after the model is built (fp32 master copies, sim/master_weights.h).
+//
+// State sizes follow the tensors the optimizer updates: zeros_like(param) for torch.optim
+// (the parameter's dtype, or fp32 when it updates fp32 master copies); bitsandbytes 8-bit
+// state (sim/optimizer_8bit.h) has its own layout.
 #pragma once
 
 #include <memory>
@@ -17,12 +23,26 @@ namespace memsim {
 class OptimizerSim {
  public:
   virtual ~OptimizerSim() = default;
+  virtual void construct(graph::Runtime& rt) { (void)rt; }
   virtual void step(graph::Runtime& rt) = 0;
 };
 
-// nullptr for OptimizerType::none. cs336_decay_after_update: the staff AdamW of
-// releases before v1.0.3 applied weight decay after the Adam update (cs336-model.md §0).
+// How the optimizer is set up around the model.
+struct OptimizerSetup {
+  // cs336: the staff AdamW of releases before v1.0.3 applied weight decay after the
+  // Adam update (cs336-model.md §0).
+  bool cs336_decay_after_update = false;
+  uint64_t param_elem = 4;      // bytes per element of the model's parameters
+  bool master_weights = false;  // precision.master_weights (sim/master_weights.h)
+};
+
+// nullptr for OptimizerType::none.
 std::unique_ptr<OptimizerSim> make_optimizer(const OptimizerConfig& config,
-                                             bool cs336_decay_after_update = false);
+                                             const OptimizerSetup& setup);
+// The optimizer alone, updating tensors of `state_elem` bytes per element (no master
+// wrapper); for sim/master_weights.cpp.
+std::unique_ptr<OptimizerSim> make_inner_optimizer(const OptimizerConfig& config,
+                                                   const OptimizerSetup& setup,
+                                                   uint64_t state_elem);
 
 }  // namespace memsim

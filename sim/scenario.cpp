@@ -59,6 +59,8 @@ const char* to_string(OptimizerType type) {
     case OptimizerType::adam: return "adam";
     case OptimizerType::sgd: return "sgd";
     case OptimizerType::none: return "none";
+    case OptimizerType::adam8bit: return "adam8bit";
+    case OptimizerType::adamw8bit: return "adamw8bit";
   }
   return "?";
 }
@@ -94,6 +96,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"optimizer", {"type", "impl", "momentum"}},
       {"step", {"kind", "warmup_steps", "zero_grad"}},
       {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant"}},
+      {"lora", {"rank", "alpha", "targets", "dropout", "base_dtype", "adapter_dtype"}},
       {"parallel", {"data", "tensor", "pipeline", "zero"}},
       {"device", {"preset", "capacity", "cuda_context", "cublas_workspace"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",

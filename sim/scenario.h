@@ -62,7 +62,7 @@ struct PrecisionConfig {
   bool master_weights = false;
 };
 
-enum class OptimizerType { adamw, adam, sgd, none };
+enum class OptimizerType { adamw, adam, sgd, none, adam8bit, adamw8bit };  // 8bit: bitsandbytes
 enum class OptimizerImpl { for_loop, foreach, fused, cs336 };
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::adamw;
@@ -90,6 +90,16 @@ struct CheckpointConfig {
   std::optional<bool> reentrant;
 };
 
+// PEFT LoRA / QLoRA (sim/scenario_lora.cpp, graph/lora.h). rank 0 = no LoRA.
+struct LoraConfig {
+  int64_t rank = 0;
+  double alpha = 0.0;                 // scaling alpha/rank: no effect on memory
+  std::vector<std::string> targets;   // module names (q_proj, ...) or {"all-linear"}
+  double dropout = 0.0;
+  bool base_nf4 = false;              // lora.base_dtype nf4 (else the params dtype)
+  DType adapter_dtype = DType::fp32;
+};
+
 struct ParallelConfig {
   int64_t data = 1;
   int64_t tensor = 1;
@@ -113,6 +123,7 @@ struct Scenario {
   OptimizerConfig optimizer;
   StepConfig step;
   CheckpointConfig checkpoint;
+  LoraConfig lora;
   ParallelConfig parallel;
   DeviceConfig device;
   AllocatorConfig allocator;

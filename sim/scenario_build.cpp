@@ -9,6 +9,7 @@
 #include <string>
 
 #include "allocator/units.h"
+#include "sim/scenario_lora.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/scenario_doc.h"
 
@@ -31,7 +32,8 @@ const std::vector<std::pair<std::string, AutocastRegion>> kAutocastRegions = {
     {"whole-step", AutocastRegion::whole_step}};
 const std::vector<std::pair<std::string, OptimizerType>> kOptimizers = {
     {"adamw", OptimizerType::adamw}, {"adam", OptimizerType::adam},
-    {"sgd", OptimizerType::sgd}, {"none", OptimizerType::none}};
+    {"sgd", OptimizerType::sgd}, {"none", OptimizerType::none},
+    {"adam8bit", OptimizerType::adam8bit}, {"adamw8bit", OptimizerType::adamw8bit}};
 const std::vector<std::pair<std::string, OptimizerImpl>> kImpls = {
     {"for-loop", OptimizerImpl::for_loop}, {"foreach", OptimizerImpl::foreach},
     {"fused", OptimizerImpl::fused}, {"cs336", OptimizerImpl::cs336}};
@@ -174,6 +176,12 @@ OptimizerConfig build_optimizer(const Doc& d) {
       o.type != OptimizerType::none) {
     fail(origin(d, "optimizer.impl", "optimizer"), "optimizer.impl",
          std::string("cs336 is the CS336 staff AdamW, but optimizer.type is ") + to_string(o.type));
+  }
+  if ((o.type == OptimizerType::adam8bit || o.type == OptimizerType::adamw8bit) &&
+      o.impl != OptimizerImpl::foreach && d.find("optimizer.impl")) {
+    fail(origin(d, "optimizer.impl", "optimizer"), "optimizer.impl",
+         std::string(to_string(o.type)) + " is bitsandbytes' fused 8-bit kernel, which has no "
+         "torch.optim implementation variants; leave optimizer.impl out");
   }
   if (const Field* f = d.find("optimizer.momentum")) {
     o.momentum = read_number(*f, "optimizer.momentum");
@@ -467,6 +475,7 @@ Scenario build_scenario(const Doc& d) {
   s.optimizer = build_optimizer(d);
   s.step = build_step(d);
   s.checkpoint = build_checkpoint(d, s.model);
+  s.lora = build_lora(d, s.model, s.precision);  // sim/scenario_lora.h
   s.parallel = build_parallel(d, s.model);
   s.device = build_device(d);
   s.allocator = build_allocator(d, AllocatorConfig{});

@@ -90,8 +90,14 @@ class Loop {
     }
     rt_.ctx.phase = Phase::setup;
     model_.construct();
-    optimizer_ = make_optimizer(s_.optimizer,
-                                script_.cs336_revision == graph::Cs336Revision::v2025);
+    {
+      OptimizerSetup setup;
+      setup.cs336_decay_after_update = script_.cs336_revision == graph::Cs336Revision::v2025;
+      setup.param_elem = static_cast<uint64_t>(dtype_bytes(s_.precision.params));
+      setup.master_weights = s_.precision.master_weights;
+      optimizer_ = make_optimizer(s_.optimizer, setup);
+      if (optimizer_) optimizer_->construct(rt_);
+    }
     allocate_batches();
     const int64_t warmup = s_.step.warmup_steps;
     for (int64_t step = 0; step <= warmup; ++step) {

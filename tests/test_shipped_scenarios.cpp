@@ -55,6 +55,12 @@ const std::map<std::string, Claim>& claims() {
       {"llama2-7b-full-finetune-a100.yaml", {true, std::nullopt, 63.02}},
       // checkpoint.policy full: the peak is the AdamW step, as without checkpointing.
       {"llama2-7b-full-finetune-a100-ckpt.yaml", {true, std::nullopt, 63.02}},
+      // fp32 master weights (16 B/param): out of memory making the fp32 grad copies.
+      {"llama2-7b-full-finetune-a100-master.yaml", {false, Phase::optimizer, 78.55}},
+      // LoRA r16 q/v on a bf16 base: the peak is the loss's backward (4 x 2048 tokens).
+      {"llama2-7b-lora-a100.yaml", {true, std::nullopt, 58.70}},
+      // QLoRA NF4 r64 all-linear, full (non-reentrant) checkpointing, 1 x 512 tokens.
+      {"llama2-7b-qlora-rtx4090.yaml", {true, std::nullopt, 6.71}},
   };
   return table;
 }

@@ -30,7 +30,9 @@ std::string batch_line(const Scenario& s) {
 std::string training_line(const Scenario& s) {
   std::string line = std::string("step ") + to_string(s.step.kind);
   if (s.optimizer.type != OptimizerType::none) {
-    line += ", " + std::string(to_string(s.optimizer.type)) + " (" + to_string(s.optimizer.impl) + ")";
+    line += ", " + std::string(to_string(s.optimizer.type));
+    const bool bnb = s.optimizer.type == OptimizerType::adam8bit || s.optimizer.type == OptimizerType::adamw8bit;
+    line += bnb ? std::string(" (bitsandbytes)") : " (" + std::string(to_string(s.optimizer.impl)) + ")";
   }
   line += ", checkpoint " + s.checkpoint.policy;
   // Megatron's CheckpointFunction is always reentrant; elsewhere only when asked.
