@@ -69,6 +69,10 @@ void Runtime::reserve(size_t events) {
 }
 
 uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
+  if (hooks != nullptr && ctx.layer != hooked_layer_) {
+    hooked_layer_ = ctx.layer;  // first: the hook's own allocations do not re-enter
+    hooks->layer_entered(*this, ctx.layer);
+  }
   cur_op_ = op;
   uint32_t op_name = op_id(op, in_backward_);
   uint32_t id = program_.alloc(bytes, kind, ctx.phase, op_name, ctx.layer, op_name);
@@ -419,6 +423,7 @@ void Runtime::run_accumulate_grad(Node& n) {
   } else {
     release(g);  // .grad += grad, in place
   }
+  if (hooks != nullptr) hooks->grad_ready(*this, n.param);
   cur_op_ = saved_op;
 }
 

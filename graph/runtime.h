@@ -24,6 +24,17 @@ class Runtime;
 class CheckpointEngine;  // graph/checkpoint.h
 inline constexpr uint32_t kNoStorage = UINT32_MAX;
 
+// What torch DDP / FSDP hook into: called by the Runtime, may emit events themselves.
+class RuntimeHooks {
+ public:
+  virtual ~RuntimeHooks() = default;
+  // An AccumulateGrad node ran for parameter `param` (its .grad was just set or added to).
+  virtual void grad_ready(Runtime& rt, int32_t param) = 0;
+  // The next allocation is in a different transformer layer (ctx.layer) than the last
+  // one: module pre-forward / pre-backward hooks key on this.
+  virtual void layer_entered(Runtime& rt, int32_t layer) = 0;
+};
+
 // A Python-visible tensor: one reference to a storage plus its autograd identity.
 // Copying a Tensor is binding another Python name (retain); destroying or reset()
 // drops the name (release). `bytes` is this tensor's size (views may be smaller than
@@ -118,6 +129,9 @@ class Runtime {
   // forward ops inside backward keep their forward names and count recompute FLOPs.
   CheckpointEngine* checkpoint = nullptr;
   bool recomputing = false;
+  // Module and autograd hooks of data-parallel wrappers (sim/data_parallel.h,
+  // sim/fsdp.h); nullptr: none.
+  RuntimeHooks* hooks = nullptr;
 
   // --- storages ---------------------------------------------------------------
   // New storage of `bytes`, one reference owned by the returned handle. The event's op
@@ -222,6 +236,7 @@ class Runtime {
   uint32_t bwd_name_[kOpKindCount];
   bool in_backward_ = false;
   bool frozen_ = false;
+  int32_t hooked_layer_ = -1;  // ctx.layer of the last allocation seen by hooks
   OpKind cur_op_ = OpKind::other;  // op whose frees are being emitted
 };
 

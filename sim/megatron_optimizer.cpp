@@ -21,6 +21,7 @@ void MegatronOptimizer::construct(Runtime& rt) {
   if (!c_.master_weights) return;
   master_.reserve(order_.size());
   for (int32_t id : order_) {
+    if (numel(rt, id) == 0) continue;  // another rank's shard
     Tensor clone16 = rt.alloc(numel(rt, id) * c_.param_elem, TensorKind::temporary,
                               OpKind::optimizer_math);
     master_.push_back(named(rt,
@@ -41,7 +42,8 @@ void MegatronOptimizer::step(Runtime& rt) {
     // main_param.grad = model_param.main_grad.float(): a real copy of a 16-bit buffer.
     master_grad_.reserve(order_.size());
     for (int32_t id : order_)
-      master_grad_.push_back(named(
+      if (numel(rt, id) != 0)
+        master_grad_.push_back(named(
           rt, rt.alloc(numel(rt, id) * 4, TensorKind::gradient, OpKind::optimizer_math),
           "main_param.grad"));
   }
@@ -50,6 +52,7 @@ void MegatronOptimizer::step(Runtime& rt) {
     exp_avg_.reserve(order_.size());
     exp_avg_sq_.reserve(order_.size());
     for (int32_t id : order_) {
+      if (numel(rt, id) == 0) continue;
       exp_avg_.push_back(named(
           rt, rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math),
           "exp_avg"));

@@ -14,6 +14,9 @@
 //    copy. Without master weights Adam updates the 16-bit parameters directly from
 //    main_grad, with fp32 state.
 //  - zero_grad(): optimizer.zero_grad(set_to_none=True) drops the master grads.
+//  - owned_numel (the distributed optimizer, parallel.zero 1): every tensor above is
+//    allocated for this rank's shard of each parameter only (Megatron's
+//    `shard_model_param.clone().float()`, shard grads `.float()` of a main_grad slice).
 //  - transient_master_grads (the ZeRO paper's accounting, not Megatron's behaviour):
 //    the fp32 copies die at the end of step(), as if the cast were fused into Adam.
 #pragma once
@@ -32,6 +35,10 @@ struct MegatronOptimizerConfig {
   uint64_t grad_elem = 4;    // bytes per main_grad element
   bool adam = true;          // false: SGD without momentum (no state)
   bool transient_master_grads = false;
+  // Distributed optimizer (sim/zero_sharding.h): elements of each parameter (by id) whose
+  // fp32 main copy, main grad and Adam state this rank owns. Empty: every element (no
+  // sharding). Parameters with no element here get no optimizer tensors.
+  std::vector<uint64_t> owned_numel;
 };
 
 class MegatronOptimizer {
@@ -46,7 +53,8 @@ class MegatronOptimizer {
 
  private:
   uint64_t numel(const graph::Runtime& rt, int32_t id) const {
-    return rt.parameters()[id].bytes / c_.param_elem;
+    return c_.owned_numel.empty() ? rt.parameters()[id].bytes / c_.param_elem
+                                  : c_.owned_numel[static_cast<size_t>(id)];
   }
 
   MegatronOptimizerConfig c_;

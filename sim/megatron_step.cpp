@@ -7,8 +7,10 @@
 
 #include "graph/ops.h"
 #include "sim/checkpoint_policy.h"
+#include "sim/data_parallel.h"
 #include "sim/megatron_optimizer.h"
 #include "sim/schedule.h"
+#include "sim/zero_sharding.h"
 
 namespace memsim {
 
@@ -44,9 +46,9 @@ void check_supported(const Scenario& s) {
   auto fail = [](const std::string& what) {
     throw std::runtime_error("model family 'megatron': " + what + " is not modelled yet");
   };
-  if (s.parallel.tensor != 1 || s.parallel.pipeline != 1 || s.parallel.data != 1)
-    fail("parallelism (parallel.data/tensor/pipeline > 1)");
-  if (s.parallel.zero != 0) fail("ZeRO / the distributed optimizer (parallel.zero)");
+  if (s.parallel.tensor != 1 || s.parallel.pipeline != 1)
+    fail("parallelism (parallel.tensor/pipeline > 1)");
+  require_megatron_data_parallel_modelled(s);  // sim/data_parallel.h
   if (s.precision.autocast.has_value()) fail("torch.autocast (Megatron casts the model instead)");
   if (s.model.kv_heads != 0 && s.model.kv_heads != s.model.heads) fail("grouped-query attention");
   if (!s.model.tied_embeddings) fail("an untied output layer");
@@ -85,6 +87,8 @@ class MegatronLoop {
         if (model_.decayed()[i] == (pass == 0)) order.push_back(model_.parameter_ids()[i]);
     const bool has_optimizer = s_.optimizer.type != OptimizerType::none;
     if (has_optimizer) {
+      if (s_.parallel.zero >= 1)  // --use-distributed-optimizer: this rank's shard only
+        optimizer_config_.owned_numel = megatron_owned_numel(rt_, model_.shape().elem, s_);
       optimizer_ = std::make_unique<MegatronOptimizer>(optimizer_config_, std::move(order));
       rt_.ctx.module = graph::Module::optimizer;
       optimizer_->construct(rt_);
@@ -104,6 +108,8 @@ class MegatronLoop {
     uint64_t numel = 0;
     for (const graph::Parameter& p : rt_.parameters()) numel += p.bytes / model_.shape().elem;
     rt_.ctx.layer = -1;
+    // The distributed optimizer pads the buffer to a multiple of the data-parallel size.
+    if (s_.parallel.zero >= 1) numel = padded_numel(numel, s_.parallel.data);
     main_grad_ = named(rt_, rt_.alloc(numel * grad_elem_, TensorKind::gradient, OpKind::other),
                        "ddp.grad_buffer (main_grad)");
   }
@@ -208,6 +214,7 @@ Program build_megatron_program(const Scenario& scenario, const MegatronOptions& 
   }
   MegatronLoop loop(scenario, options, program);
   loop.run();
+  program.rank = data_parallel_rank(scenario);
   return program;
 }
 

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "sim/data_parallel.h"
+
 namespace memsim {
 
 namespace {
@@ -52,14 +54,25 @@ void require_autocast_modelled(const Scenario& s) {
 
 void require_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
-  if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0) {
-    const char* key = p.data != 1 ? "parallel.data"
-                      : p.tensor != 1 ? "parallel.tensor"
-                      : p.pipeline != 1 ? "parallel.pipeline" : "parallel.zero";
+  if (p.tensor != 1 || p.pipeline != 1) {
+    const char* key = p.tensor != 1 ? "parallel.tensor" : "parallel.pipeline";
     refuse(s, key,
-           "multi-GPU memory (DDP buckets, ZeRO/FSDP sharding, tensor, sequence and pipeline "
-           "parallelism) is not modelled yet; memsim simulates one GPU holding the whole "
-           "model (set parallel.* to their defaults)");
+           "multi-GPU memory of tensor, sequence and pipeline parallelism is not modelled "
+           "yet (set parallel.tensor and parallel.pipeline to 1)");
+  }
+  require_data_parallel_modelled(s);  // sim/data_parallel.h
+  // Data parallelism, LoRA, master weights and autocast were each checked alone; their
+  // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
+  // parameters together, DDP buckets only parameters that need a gradient, master copies
+  // would be of shards) and are not modelled until they are checked too.
+  if (p.data > 1 || p.sharding != Sharding::none) {
+    const char* key = s.lora.rank > 0 ? "lora"
+                      : s.precision.master_weights ? "precision.master_weights"
+                      : s.precision.autocast.has_value() ? "precision.autocast" : nullptr;
+    if (key != nullptr && s.model.family != ModelFamily::megatron)
+      refuse(s, key,
+             "is not modelled together with data parallelism (parallel.data > 1 or "
+             "parallel.sharding) yet; simulate one GPU, or drop this key");
   }
   if (s.precision.autocast.has_value()) require_autocast_modelled(s);  // below
   if (s.precision.master_weights && s.optimizer.impl == OptimizerImpl::cs336) {

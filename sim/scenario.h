@@ -100,11 +100,16 @@ struct LoraConfig {
   DType adapter_dtype = DType::fp32;
 };
 
+enum class Sharding { none, fsdp, deepspeed };
 struct ParallelConfig {
   int64_t data = 1;
   int64_t tensor = 1;
   int64_t pipeline = 1;
   int64_t zero = 0;
+  // cs336 / hf-*: who shards (sim/fsdp.h). With fsdp, zero is 3 (FULL_SHARD) or 2
+  // (SHARD_GRAD_OP), set from reshard_after_forward when not given.
+  Sharding sharding = Sharding::none;
+  bool reshard_after_forward = true;
 };
 
 struct DeviceConfig {

@@ -11,6 +11,7 @@
 #include "allocator/units.h"
 #include "sim/scenario_lora.h"
 #include "sim/checkpoint_policy.h"
+#include "sim/fsdp_keys.h"
 #include "sim/scenario_doc.h"
 
 namespace memsim::scenario_detail {
@@ -281,6 +282,7 @@ ParallelConfig build_parallel(const Doc& d, const ModelConfig& m) {
     p.zero = read_int(*f, "parallel.zero", 0);
     if (p.zero > 3) fail(f->where, "parallel.zero", "expected a ZeRO stage 0-3, got '" + f->node.Scalar() + "'");
   }
+  read_sharding(d, p);  // sim/fsdp_keys.cpp
   // Tensor parallelism splits heads (and KV groups) across ranks; pipeline stages take
   // whole layers, as Megatron requires.
   if (m.heads % p.tensor != 0 || m.kv_heads % p.tensor != 0) {

@@ -12,6 +12,8 @@
 #include "graph/hf_gpt2.h"
 #include "graph/hf_llama.h"
 #include "graph/losses.h"
+#include "sim/data_parallel.h"
+#include "sim/fsdp.h"
 #include "sim/hf_family.h"
 #include "sim/megatron_step.h"
 #include "sim/checkpoint_policy.h"
@@ -90,6 +92,12 @@ class Loop {
     }
     rt_.ctx.phase = Phase::setup;
     model_.construct();
+    // model = FSDP(model) (sim/fsdp.h) or DistributedDataParallel(model)
+    // (sim/data_parallel.h), before the optimizer.
+    if (s_.parallel.sharding == Sharding::fsdp)
+      fsdp_ = std::make_unique<Fsdp>(rt_, s_);
+    else if (s_.parallel.data > 1)
+      ddp_ = std::make_unique<TorchDdp>(rt_);
     {
       OptimizerSetup setup;
       setup.cs336_decay_after_update = script_.cs336_revision == graph::Cs336Revision::v2025;
@@ -174,6 +182,8 @@ class Loop {
       rt_.grad_enabled = with_grad;
       const uint32_t graph = with_grad ? rt_.begin_graph() : 0;
       if (autocast_) autocast_->enter(!with_grad && script_.inference_mode);
+      if (ddp_) ddp_->pre_forward(rt_, with_grad);
+      if (fsdp_) fsdp_->pre_forward(rt_);
       Tensor out = model_.forward(ids);
       if (autocast_ && (region_ends(AutocastRegion::forward) || !with_loss)) autocast_->exit();
       rt_.grad_enabled = true;
@@ -213,6 +223,7 @@ class Loop {
       if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
       rt_.ctx.phase = Phase::backward;
       rt_.backward(loss_);
+      if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
       if (measured && last) rt_.mark("backward_end");
     }
     if (kind == StepKind::train && optimizer_) {
@@ -241,6 +252,8 @@ class Loop {
   std::unique_ptr<OptimizerSim> optimizer_;
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
   std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
+  std::unique_ptr<TorchDdp> ddp_;
+  std::unique_ptr<Fsdp> fsdp_;
   Tensor warm_ids_, warm_targets_, ids_, targets_;
   Tensor logits_, loss_;
   uint32_t logits_graph_ = 0;
@@ -260,6 +273,7 @@ Program build_program(const Scenario& scenario, const TrainingScript& script) {
       throw ScenarioError(scenario.source + ": model.family: '" +
                                to_string(scenario.model.family) + "' is not implemented yet");
   }
+  program.rank = data_parallel_rank(scenario);
   return program;
 }
 

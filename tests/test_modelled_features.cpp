@@ -32,11 +32,25 @@ TEST_CASE("the tiny scenario itself is simulated", "[modelled]") {
 TEST_CASE("parallelism, autocast and unsupported combinations are refused by key",
           "[modelled]") {
   CHECK(refusal({{"parallel.tensor", "2"}}).rfind("tiny.yaml: parallel.tensor: multi-GPU", 0) == 0);
-  CHECK(refusal({{"parallel.data", "8"}}).rfind("tiny.yaml: parallel.data: ", 0) == 0);
+  CHECK(refusal({{"parallel.data", "8"}}).empty());  // torch DDP (sim/data_parallel.h)
   CHECK(refusal({{"parallel.zero", "3"}}).rfind("tiny.yaml: parallel.zero: ", 0) == 0);
   // autocast: modelled for cs336 with fp32 params (graph/autocast.h), refused otherwise.
   CHECK(refusal({{"precision.autocast", "bf16"}}).empty());
   CHECK(refusal({{"precision.autocast", "bf16"}, {"precision.params", "bf16"}})
             .rfind("tiny.yaml: precision.autocast: autocast casts fp32", 0) == 0);
   CHECK(refusal({{"model.dropout", "0.1"}}).rfind("tiny.yaml: model.dropout: ", 0) == 0);
+}
+
+TEST_CASE("data parallelism with LoRA, master weights or autocast is refused by key",
+          "[modelled]") {
+  CHECK(refusal({{"parallel.data", "8"}, {"precision.autocast", "bf16"}})
+            .rfind("tiny.yaml: precision.autocast: is not modelled together with data", 0) == 0);
+  CHECK(refusal({{"parallel.data", "8"}, {"parallel.sharding", "fsdp"},
+                 {"precision.params", "bf16"}, {"precision.master_weights", "true"},
+                 {"optimizer.impl", "foreach"}})
+            .rfind("tiny.yaml: precision.master_weights: is not modelled together", 0) == 0);
+  // Each alone is simulated.
+  CHECK(refusal({{"precision.params", "bf16"}, {"precision.master_weights", "true"},
+                 {"optimizer.impl", "foreach"}})
+            .empty());
 }

@@ -1,0 +1,89 @@
+// Data parallelism on one simulated rank: which parallel.* settings each family models,
+// the RankInfo of a data-parallel run, and torch DistributedDataParallel's gradient
+// buckets (cs336, hf-gpt2, hf-llama).
+//
+// torch DDP (torch 1.13, nn/parallel/distributed.py and c10d reducer.cpp; checked by
+// tools/fixtures/gen_ddp_fixtures.py -> tests/data/ddp/*.json):
+//  - At construction, with find_unused_parameters=False (the default) and no static
+//    graph, ALL parameters go into ONE bucket (bucket_size_limits = [sys.maxsize]): the
+//    reducer allocates its flat gradient buffer, sum of the parameters' bytes, at once.
+//  - gradient_as_bucket_view=False (the default): .grad tensors are allocated by autograd
+//    as without DDP and COPIED into the bucket (mul_out by 1/world_size, no temporary);
+//    the all-reduce is in place and the result is copied back into .grad. So DDP adds
+//    the bucket buffers on top of the gradients, from construction on.
+//  - Rebuild: the first forward after the first backward (DDP.forward ->
+//    reducer._rebuild_buckets) reassigns the buckets in the order gradients became ready
+//    in that backward, with size limits [1 MiB, bucket_cap_mb (25 MiB), 25 MiB, ...]
+//    (a bucket closes once it reaches its limit), frees the old buffers and allocates
+//    the new ones (initialize_buckets clears buckets_ before building the new ones).
+//  - _sync_module_states' broadcast from rank 0 (coalesced into 250 MB temporaries for
+//    world_size > 1) is not modelled.
+//
+// Megatron's own DDP (sim/megatron_step.cpp) already keeps one grad buffer that the
+// all-reduce / reduce-scatter works in place on: data parallelism adds no memory there.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "graph/runtime.h"
+#include "sim/rank_info.h"
+#include "sim/scenario.h"
+
+namespace memsim {
+
+// Throws ScenarioError ("SOURCE: parallel.KEY: ...") for data-parallel settings the
+// scenario's family does not model (tensor/pipeline are checked elsewhere).
+void require_data_parallel_modelled(const Scenario& scenario);
+// Megatron: parallel.zero 0 (DDP) and 1 (distributed optimizer) are modelled; throws
+// std::runtime_error for 2 and 3.
+void require_megatron_data_parallel_modelled(const Scenario& scenario);
+
+// The rank simulated for a data-parallel run (index 0; world = data * tensor * pipeline),
+// with why rank 0 stands for all. The default RankInfo when data == 1 and zero == 0.
+RankInfo data_parallel_rank(const Scenario& scenario);
+
+// Megatron distributed optimizer: elements of each parameter (by id) owned by the
+// simulated rank (sim/zero_sharding.h). `elem`: bytes per parameter element.
+std::vector<uint64_t> megatron_owned_numel(const graph::Runtime& rt, uint64_t elem,
+                                           const Scenario& scenario);
+
+// compute_bucket_assignment_by_size for tensors of one dtype, visited in `order`:
+// `limits` are used in turn, the last repeating. Returns the buckets (indices into
+// `bytes`) in creation order.
+std::vector<std::vector<int32_t>> ddp_bucket_assignment(const std::vector<uint64_t>& bytes,
+                                                        const std::vector<int32_t>& order,
+                                                        const std::vector<uint64_t>& limits);
+
+inline constexpr uint64_t kDdpFirstBucketBytes = 1024 * 1024;      // _DEFAULT_FIRST_BUCKET_BYTES
+inline constexpr uint64_t kDdpBucketCapBytes = 25 * 1024 * 1024;   // bucket_cap_mb = 25
+
+// torch DDP's reducer buckets on the simulated rank.
+class TorchDdp : public graph::RuntimeHooks {
+ public:
+  // DistributedDataParallel(model): the one initial bucket (all parameters). Installs
+  // itself as rt's grad-ready log for the first backward.
+  explicit TorchDdp(graph::Runtime& rt);
+  ~TorchDdp();
+  TorchDdp(const TorchDdp&) = delete;
+  TorchDdp& operator=(const TorchDdp&) = delete;
+  // DDP.forward's pre-forward: rebuilds the buckets once, after the first backward.
+  void pre_forward(graph::Runtime& rt, bool grad_enabled);
+  // Bucket buffer sizes in bytes, current assignment.
+  std::vector<uint64_t> bucket_bytes() const;
+  void grad_ready(graph::Runtime&, int32_t param) override {
+    if (!rebuilt_) ready_log_.push_back(param);
+  }
+  void layer_entered(graph::Runtime&, int32_t) override {}
+
+ private:
+  void allocate(graph::Runtime& rt, const std::vector<std::vector<int32_t>>& buckets);
+
+  graph::Runtime* rt_;
+  std::vector<int32_t> ready_log_;  // parameter ids, one per AccumulateGrad run
+  std::vector<graph::Tensor> buffers_;
+  std::vector<uint64_t> sizes_;
+  bool rebuilt_ = false;
+};
+
+}  // namespace memsim

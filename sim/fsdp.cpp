@@ -1,0 +1,167 @@
+#include "sim/fsdp.h"
+
+#include <stdexcept>
+#include <unordered_map>
+
+#include "sim/zero_sharding.h"
+
+namespace memsim {
+
+using graph::OpKind;
+using graph::Runtime;
+using graph::Tensor;
+
+Fsdp::Fsdp(Runtime& rt, const Scenario& s)
+    : rt_(&rt),
+      d_(static_cast<uint64_t>(s.parallel.data)),
+      elem_(static_cast<uint64_t>(dtype_bytes(s.precision.params))),
+      reshard_after_forward_(s.parallel.reshard_after_forward) {
+  Program& program = rt.program();
+  // Which layer each parameter was created in (its alloc event): the auto-wrap units.
+  std::unordered_map<uint32_t, int32_t> layer_of_storage;
+  for (const MemoryEvent& e : program.events)
+    if (e.type == EventType::alloc && e.kind == TensorKind::parameter)
+      layer_of_storage[e.tensor] = e.layer;
+  int32_t layers = 0;
+  for (const auto& [storage, layer] : layer_of_storage) layers = std::max(layers, layer + 1);
+  units_.resize(1 + static_cast<size_t>(layers));
+  const size_t n = rt.parameters().size();
+  unit_of_param_.resize(n);
+  stamp_.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t u = unit_of_layer(layer_of_storage.at(rt.parameters()[i].storage));
+    unit_of_param_[i] = u;
+    units_[u].params.push_back(static_cast<int32_t>(i));
+  }
+  // Wrap: inner units first (auto_wrap_policy wraps children before the root).
+  const graph::OpContext saved = rt.ctx;
+  rt.ctx.phase = Phase::setup;
+  rt.ctx.module = graph::Module::none;
+  const uint32_t wrap_op = program.intern("FSDP flatten");
+  for (size_t k = 1; k <= units_.size(); ++k) {
+    const size_t u = k % units_.size();  // layers 0.., then the root
+    Unit& unit = units_[u];
+    rt.ctx.layer = u == 0 ? -1 : static_cast<int32_t>(u - 1);
+    uint64_t numel = 0;
+    for (int32_t p : unit.params) numel += rt.parameters()[p].bytes / elem_;
+    unit.padded_bytes = padded_numel(numel, static_cast<int64_t>(d_)) * elem_;
+    Tensor flat = named(rt, rt.alloc(unit.padded_bytes, TensorKind::parameter, OpKind::other), u,
+                        "FlatParameter (wrap)");
+    // The original parameters become views of the flat parameter: their storages go.
+    // (The Runtime's module reference stays, so they are never freed a second time.)
+    for (int32_t p : unit.params)
+      program.free(rt.parameters()[p].storage, Phase::setup, wrap_op, rt.ctx.layer);
+    unit.shard = rt.add_parameter(unit.padded_bytes / d_, u == 0 ? "FSDP root flat_param shard"
+                                                                 : "FSDP flat_param shard");
+    flat.reset();
+  }
+  rt.ctx = saved;
+  unit_of_param_.resize(rt.parameters().size(), 0);  // shards: never get autograd grads
+  stamp_.resize(rt.parameters().size(), 0);
+  rt.hooks = this;
+}
+
+Fsdp::~Fsdp() {
+  if (rt_->hooks == this) rt_->hooks = nullptr;
+}
+
+Tensor Fsdp::named(Runtime& rt, Tensor t, size_t, const char* what) {
+  rt.program().tensors[t.storage].name = rt.program().intern(what);
+  return t;
+}
+
+void Fsdp::gather(Runtime& rt, size_t u) {
+  Unit& unit = units_[u];
+  if (unit.full.defined()) return;
+  unit.full = named(rt, rt.alloc(unit.padded_bytes, TensorKind::parameter, OpKind::other), u,
+                    "FSDP all-gather (unsharded flat_param)");
+}
+
+void Fsdp::reshard(Runtime&, size_t u) { units_[u].full.reset(); }
+
+void Fsdp::reduce_scatter(Runtime& rt, size_t u) {
+  Unit& unit = units_[u];
+  // SplitWithSizesBackward: the per-parameter gradients concatenated into the
+  // FlatParameter's full gradient, then they die.
+  Tensor flat = named(rt, rt.alloc(unit.padded_bytes, TensorKind::gradient, OpKind::other), u,
+                      "FlatParameter.grad (unsharded)");
+  for (int32_t p : unit.params) {
+    graph::Parameter& param = rt.parameters()[p];
+    if (param.grad == graph::kNoStorage) continue;
+    const uint32_t g = param.grad;
+    param.grad = graph::kNoStorage;
+    rt.release(g);
+  }
+  // Reduce-scatter into a new shard; accumulated into the saved shard if there is one.
+  const uint32_t shard_grad =
+      rt.alloc_raw(unit.padded_bytes / d_, TensorKind::gradient, OpKind::other);
+  rt.program().tensors[shard_grad].name = rt.program().intern("FSDP sharded grad");
+  flat.reset();
+  graph::Parameter& shard = rt.parameters()[unit.shard];
+  if (shard.grad == graph::kNoStorage)
+    shard.grad = shard_grad;
+  else
+    rt.release(shard_grad);
+}
+
+void Fsdp::pre_forward(Runtime& rt) {
+  ++iteration_;
+  for (Unit& unit : units_) {
+    unit.ready = 0;
+    unit.forward_done = false;
+    unit.backward_done = false;
+  }
+  forward_unit_ = 0;
+  backward_started_ = false;
+  gather(rt, 0);
+}
+
+void Fsdp::layer_entered(Runtime& rt, int32_t layer) {
+  const size_t u = unit_of_layer(layer);
+  if (u >= units_.size()) return;
+  if (rt.ctx.phase == Phase::forward && !rt.recomputing) {
+    if (units_[u].forward_done) return;  // an op of a finished layer: no hook fires
+    if (forward_unit_ != 0 && forward_unit_ != u) {
+      if (reshard_after_forward_) reshard(rt, forward_unit_);  // post-forward
+      units_[forward_unit_].forward_done = true;
+    }
+    if (u != 0) gather(rt, u);  // pre-forward
+    forward_unit_ = u;
+  } else if (rt.ctx.phase == Phase::backward || rt.recomputing) {
+    if (u == 0 || units_[u].backward_done) return;
+    gather(rt, u);                                              // pre-backward
+    if (u > 1 && !units_[u - 1].backward_done) gather(rt, u - 1);  // BACKWARD_PRE prefetch
+  }
+}
+
+void Fsdp::grad_ready(Runtime& rt, int32_t param) {
+  if (!backward_started_) {
+    // The root's pre-backward hook: prefetch the last layer's unit.
+    backward_started_ = true;
+    if (units_.size() > 1) gather(rt, units_.size() - 1);
+  }
+  const size_t i = static_cast<size_t>(param);
+  const size_t u = unit_of_param_[i];
+  if (stamp_[i] != iteration_) {
+    stamp_[i] = iteration_;
+    ++units_[u].ready;
+  }
+  Unit& unit = units_[u];
+  if (u != 0 && !unit.backward_done && unit.ready == unit.params.size()) {
+    reduce_scatter(rt, u);  // post-backward
+    reshard(rt, u);
+    unit.backward_done = true;
+  }
+}
+
+void Fsdp::post_backward(Runtime& rt) {
+  Unit& root = units_[0];
+  if (root.ready > 0 && !root.backward_done) {
+    reduce_scatter(rt, 0);
+    root.backward_done = true;
+  }
+  // _post_backward_final_callback: every unit ends the backward sharded.
+  for (size_t u = 0; u < units_.size(); ++u) reshard(rt, u);
+}
+
+}  // namespace memsim

@@ -1,0 +1,89 @@
+// PyTorch FullyShardedDataParallel on one simulated rank (cs336, hf-gpt2, hf-llama;
+// parallel.sharding: fsdp). Models torch 2.x FSDP with use_orig_params=False, an
+// auto-wrap policy that makes each transformer layer a unit, and the root unit holding
+// the rest (embeddings, final norm, LM head); no MixedPrecision (parameters are in
+// precision.params), default BACKWARD_PRE prefetch, no forward prefetch.
+//
+// Events (d = parallel.data, elem = parameter bytes):
+//  - Wrapping (after the model is built on the GPU): per unit, FlatParameter = cat of the
+//    unit's parameters padded to a multiple of d (a full-size allocation), the original
+//    parameter storages freed, this rank's shard cloned (padded / d elements: a new
+//    parameter the optimizer sees), the full flat parameter freed.
+//  - Forward: the root's pre-forward all-gathers the root unit; entering layer l
+//    all-gathers unit l (a full padded flat parameter, the layer's weights are views of
+//    it); FULL_SHARD (zero 3, reshard_after_forward) frees unit l again when the forward
+//    moves on; SHARD_GRAD_OP (zero 2) keeps it until after its backward. The root is never
+//    resharded after forward (FSDP keeps the root's parameters for the backward).
+//  - Backward: entering layer l all-gathers unit l if it is not gathered and prefetches
+//    unit l-1 (BACKWARD_PRE), so two units' full parameters are live; the root's
+//    pre-backward prefetches the last layer at the first gradient of the backward. Once
+//    every parameter of a unit has its gradient, the post-backward hook runs: the
+//    FlatParameter's gradient (the per-parameter gradients concatenated: a full padded
+//    flat allocation, then they die), reduce-scatter into a new shard-sized gradient
+//    (added into the previous one under gradient accumulation), the full gradient
+//    freed, the unit resharded. The root's post-backward runs when backward returns.
+//  - The optimizer then steps the shards only (the original parameters hold no grad),
+//    so its state is sharded too: zero 3 = 16/d bytes per fp32 parameter with Adam.
+// Left out: the all-gather / reduce-scatter staging of NCCL, the rate limiter
+// (limit_all_gathers), which only bounds what prefetching already bounds here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/runtime.h"
+#include "sim/scenario.h"
+
+namespace memsim {
+
+class Fsdp : public graph::RuntimeHooks {
+ public:
+  // FSDP(model): wraps and shards; installs itself as rt's hooks.
+  Fsdp(graph::Runtime& rt, const Scenario& scenario);
+  ~Fsdp() override;
+  Fsdp(const Fsdp&) = delete;
+  Fsdp& operator=(const Fsdp&) = delete;
+
+  // FSDP root's forward: gathers the root unit, starts a new iteration's hook state.
+  void pre_forward(graph::Runtime& rt);
+  // loss.backward() returned: the root's post-backward (its grads, reshard).
+  void post_backward(graph::Runtime& rt);
+
+  void grad_ready(graph::Runtime& rt, int32_t param) override;
+  void layer_entered(graph::Runtime& rt, int32_t layer) override;
+
+  // Padded flat-parameter bytes of unit u (0: root, 1 + l: layer l) and one shard's.
+  uint64_t unit_bytes(size_t u) const { return units_[u].padded_bytes; }
+  uint64_t shard_bytes(size_t u) const { return units_[u].padded_bytes / d_; }
+  size_t units() const { return units_.size(); }
+
+ private:
+  struct Unit {
+    std::vector<int32_t> params;  // original parameters (Runtime ids)
+    uint64_t padded_bytes = 0;
+    int32_t shard = -1;           // the shard's Runtime parameter id
+    graph::Tensor full;           // gathered flat parameter (undefined when sharded)
+    size_t ready = 0;             // parameters with a gradient in this backward
+    bool forward_done = false;    // resharded after its forward in this iteration
+    bool backward_done = false;   // post-backward ran in this iteration
+  };
+  size_t unit_of_layer(int32_t layer) const { return layer < 0 ? 0 : 1 + static_cast<size_t>(layer); }
+  void gather(graph::Runtime& rt, size_t u);
+  void reshard(graph::Runtime& rt, size_t u);
+  void reduce_scatter(graph::Runtime& rt, size_t u);
+  graph::Tensor named(graph::Runtime& rt, graph::Tensor t, size_t u, const char* what);
+
+  graph::Runtime* rt_;
+  uint64_t d_ = 1;
+  uint64_t elem_ = 4;
+  bool reshard_after_forward_ = true;
+  std::vector<Unit> units_;
+  std::vector<size_t> unit_of_param_;
+  std::vector<uint32_t> stamp_;   // iteration in which a parameter last got a gradient
+  uint32_t iteration_ = 0;
+  size_t forward_unit_ = 0;       // unit whose forward runs (0: root / none)
+  bool backward_started_ = false;
+};
+
+}  // namespace memsim

@@ -1,0 +1,45 @@
+#include "sim/fsdp_keys.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sim/yaml_fields.h"
+
+namespace memsim::scenario_detail {
+
+namespace {
+const std::vector<std::pair<std::string, Sharding>> kSharding = {
+    {"none", Sharding::none}, {"fsdp", Sharding::fsdp}, {"deepspeed", Sharding::deepspeed}};
+}  // namespace
+
+void read_sharding(const Doc& d, ParallelConfig& p) {
+  if (const Field* f = d.find("parallel.sharding"))
+    p.sharding = read_enum(*f, "parallel.sharding", kSharding);
+  const Field* reshard = d.find("parallel.reshard_after_forward");
+  if (reshard != nullptr) {
+    if (p.sharding != Sharding::fsdp)
+      fail(reshard->where, "parallel.reshard_after_forward",
+           "only applies with parallel.sharding: fsdp");
+    p.reshard_after_forward = read_bool(*reshard, "parallel.reshard_after_forward");
+  }
+  if (p.sharding != Sharding::fsdp) return;
+  const Field* zero = d.find("parallel.zero");
+  if (zero == nullptr) {
+    p.zero = p.reshard_after_forward ? 3 : 2;
+    return;
+  }
+  if (p.zero != 2 && p.zero != 3)
+    fail(zero->where, "parallel.zero",
+         "FSDP shards gradients and optimizer state (2, SHARD_GRAD_OP) or also parameters "
+         "(3, FULL_SHARD); stage " + std::to_string(p.zero) + " has no FSDP strategy");
+  if (reshard == nullptr) {
+    p.reshard_after_forward = p.zero == 3;
+  } else if (p.reshard_after_forward != (p.zero == 3)) {
+    fail(reshard->where, "parallel.reshard_after_forward",
+         std::string("disagrees with parallel.zero ") + std::to_string(p.zero) +
+             " (FULL_SHARD = zero 3 reshards after forward, SHARD_GRAD_OP = zero 2 does not)");
+  }
+}
+
+}  // namespace memsim::scenario_detail

@@ -1,0 +1,130 @@
+// FSDP (sim/fsdp.h) on the hf and cs336 families: what is sharded, what is gathered when,
+// and the model states against the ZeRO-3 / ZeRO-2 accounting.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+
+#include "sim/layer_bytes.h"
+#include "sim/schedule.h"
+#include "sim/zero_sharding.h"
+
+using namespace memsim;
+
+namespace {
+
+Scenario fsdp_scenario(const std::string& family, int64_t d, const std::string& extra = "") {
+  std::string y = "model:\n  family: " + family +
+                  "\n  layers: 4\n  d_model: 256\n  heads: 4\n  kv_heads: 4\n  d_ff: 1024\n"
+                  "  vocab: 1000\n  context_length: 64\n";
+  y += "batch:\n  micro_batch: 2\n  seq_len: 64\n";
+  y += "optimizer:\n  type: adamw\n  impl: for-loop\n";
+  y += "step:\n  kind: train\n  warmup_steps: 1\n";
+  y += "parallel:\n  data: " + std::to_string(d) + "\n  sharding: fsdp\n" + extra;
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
+  return load_scenario_text(y, "fsdp.yaml");
+}
+
+uint64_t live(const Program& p, const char* mark, TensorKind k) {
+  const LiveBytes l = live_bytes_at_mark(p, mark);
+  REQUIRE(l.found_mark);
+  return l.by_kind[static_cast<int>(k)];
+}
+
+// Sum of a named tensor's live bytes at each event; returns the maximum count live.
+int max_live_named(const Program& p, const std::string& name, Phase phase) {
+  std::vector<char> is(p.tensors.size(), 0);
+  for (size_t t = 0; t < p.tensors.size(); ++t) is[t] = p.str(p.tensors[t].name) == name;
+  int live = 0, best = 0;
+  for (const MemoryEvent& e : p.events) {
+    if (e.type == EventType::alloc && is[e.tensor]) ++live;
+    if (e.type == EventType::free && is[e.tensor]) --live;
+    if (e.phase == phase) best = std::max(best, live);
+  }
+  return best;
+}
+
+uint64_t parameter_count_bytes(const Scenario& single) {
+  Scenario s = single;
+  s.parallel = ParallelConfig{};
+  const Program p = build_program(s);
+  return live(p, "optimizer_end", TensorKind::parameter);
+}
+
+}  // namespace
+
+TEST_CASE("FSDP FULL_SHARD keeps 16/d bytes of model state per fp32 parameter", "[fsdp][zero]") {
+  for (const char* family : {"hf-llama", "hf-gpt2", "cs336"}) {
+    for (int64_t d : {1, 2, 8}) {
+      INFO(family << " d = " << d);
+      const Scenario s = fsdp_scenario(family, d);
+      REQUIRE(s.parallel.zero == 3);
+      const double P = static_cast<double>(parameter_count_bytes(s)) / 4;  // fp32
+      const Program p = build_program(s);
+      const double params = static_cast<double>(live(p, "optimizer_end", TensorKind::parameter));
+      const double grads = static_cast<double>(live(p, "optimizer_end", TensorKind::gradient));
+      const double state =
+          static_cast<double>(live(p, "optimizer_end", TensorKind::optimizer_state));
+      // Shards are padded to a multiple of d per unit: at most d - 1 elements each.
+      CHECK(params / P == Approx(4.0 / d).epsilon(1e-4));
+      CHECK(grads / P == Approx(4.0 / d).epsilon(1e-4));
+      CHECK(state / P == Approx(8.0 / d).epsilon(1e-4));
+      CHECK(p.rank.data == d);
+    }
+  }
+}
+
+TEST_CASE("FSDP gathers one layer in forward and two in backward (prefetch)", "[fsdp]") {
+  const Program full = build_program(fsdp_scenario("hf-llama", 4));
+  const std::string gathered = "FSDP all-gather (unsharded flat_param)";
+  // The root's unit stays gathered from its forward through its backward.
+  CHECK(max_live_named(full, gathered, Phase::forward) == 2);   // root + the running layer
+  CHECK(max_live_named(full, gathered, Phase::backward) == 3);  // root + layer + prefetched
+  // SHARD_GRAD_OP keeps every layer gathered from its forward to its backward.
+  const Program op = build_program(
+      fsdp_scenario("hf-llama", 4, "  reshard_after_forward: false\n"));
+  REQUIRE(op.events.size() > 0);
+  CHECK(max_live_named(op, gathered, Phase::forward) == 5);
+  // At forward_end: FULL_SHARD holds the shards and the root; SHARD_GRAD_OP every layer too.
+  const uint64_t p_full = live(full, "forward_end", TensorKind::parameter);
+  const uint64_t p_op = live(op, "forward_end", TensorKind::parameter);
+  const uint64_t P = parameter_count_bytes(fsdp_scenario("hf-llama", 4));
+  CHECK(p_op > p_full);
+  CHECK(p_op < P + P / 4 + 4096);  // all gathered + the shards (+ padding)
+  CHECK(p_op > P);
+}
+
+TEST_CASE("FSDP keys are validated and unmodelled combinations refused", "[fsdp][scenario]") {
+  CHECK(fsdp_scenario("hf-llama", 2, "  zero: 2\n").parallel.reshard_after_forward == false);
+  CHECK_THROWS_WITH(fsdp_scenario("hf-llama", 2, "  zero: 1\n"),
+                    Catch::Contains("parallel.zero: FSDP shards"));
+  CHECK_THROWS_WITH(fsdp_scenario("hf-llama", 2, "  zero: 3\n  reshard_after_forward: false\n"),
+                    Catch::Contains("parallel.reshard_after_forward: disagrees"));
+  CHECK_THROWS_WITH(fsdp_scenario("hf-llama", 2, "  reshard_after_forward: true\n  zero: 0\n"),
+                    Catch::Contains("parallel.zero: FSDP shards"));
+  const std::string base = "model:\n  family: hf-llama\n  layers: 2\n  d_model: 64\n  heads: 4\n"
+                           "  d_ff: 128\n  vocab: 100\nbatch:\n  seq_len: 16\n";
+  CHECK_THROWS_WITH(load_scenario_text(base, "x.yaml", {{"parallel.reshard_after_forward", "true"}}),
+                    Catch::Contains("parallel.reshard_after_forward: only applies"));
+  CHECK_THROWS_WITH(load_scenario_text(base, "x.yaml", {{"parallel.sharding", "zero"}}),
+                    Catch::Contains("parallel.sharding: expected one of none, fsdp, deepspeed"));
+  CHECK_THROWS_WITH(build_program(load_scenario_text(base, "x.yaml", {{"parallel.zero", "3"}})),
+                    Catch::StartsWith("x.yaml: parallel.zero: ZeRO stage 3 for 'hf-llama'"));
+  Scenario ds = fsdp_scenario("hf-llama", 2);
+  ds.parallel.sharding = Sharding::deepspeed;
+  CHECK_THROWS_WITH(build_program(ds), Catch::StartsWith("fsdp.yaml: parallel.sharding: DeepSpeed"));
+}
+
+TEST_CASE("llama2-7b-fsdp-8xa100: 16/8 bytes of model state per parameter on each GPU",
+          "[fsdp][scenarios]") {
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-fsdp-8xa100.yaml");
+  const Program p = build_program(s);
+  const double P = 6738415616.0;  // LlamaForCausalLM 7B (untied LM head)
+  const LiveBytes l = live_bytes_at_mark(p, "optimizer_end");
+  REQUIRE(l.found_mark);
+  const double states = static_cast<double>(l.by_kind[int(TensorKind::parameter)] +
+                                            l.by_kind[int(TensorKind::gradient)] +
+                                            l.by_kind[int(TensorKind::optimizer_state)]);
+  CHECK(states / P == Approx(16.0 / 8).epsilon(1e-6));
+  CHECK(p.rank.world_size == 8);
+}
