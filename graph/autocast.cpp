@@ -1,6 +1,7 @@
 #include "graph/autocast.h"
 
 #include "graph/op_helpers.h"
+#include "graph/ops_nn.h"
 
 namespace memsim::graph {
 
@@ -33,12 +34,12 @@ Tensor Autocast::cast(const Tensor& x, uint64_t out_bytes) {
   return out;
 }
 
-Tensor Autocast::weight(int32_t param) {
+Tensor Autocast::weight(int32_t param, bool grad_transposed) {
   if (cache_enabled_ && static_cast<size_t>(param) < cache_.size() && cache_[param].defined())
     return cache_[param];
   Tensor w = rt_.param(param);
   Tensor c = cast(w, w.bytes / 4 * low_);  // autocast casts fp32 parameters only
-  if (c.grad_fn >= 0) rt_.node(c.grad_fn).flags |= kWeightCast;
+  if (c.grad_fn >= 0 && grad_transposed) rt_.node(c.grad_fn).flags |= kWeightCast;
   if (cache_enabled_) {
     if (cache_.size() <= static_cast<size_t>(param)) cache_.resize(param + 1);
     cache_[param] = c;
@@ -66,6 +67,17 @@ Tensor Autocast::linear(const Tensor& x, int32_t param, int64_t rows, int64_t d_
     out.grad_fn = n;
   }
   // Uncached (inference_mode): the casts are temporaries of the einsum, x's first.
+  xc.reset();
+  wc.reset();
+  return out;
+}
+
+Tensor Autocast::mm_linear(const Tensor& x, int32_t param, int64_t rows, int64_t d_in,
+                           int64_t d_out, double flops) {
+  const uint64_t low_in = static_cast<uint64_t>(rows * d_in) * low_;
+  Tensor wc = weight(param, /*grad_transposed=*/false);
+  Tensor xc = x.bytes == low_in ? x : cast(x, low_in);
+  Tensor out = graph::mm_linear(rt_, xc, wc, static_cast<uint64_t>(rows * d_out) * low_, flops);
   xc.reset();
   wc.reset();
   return out;
@@ -116,6 +128,29 @@ Tensor rope_cs336_autocast(Runtime& rt, const Tensor& x, const Tensor& freq_buff
   }
   x1r.reset();
   x2r.reset();
+  return out;
+}
+
+Tensor rope_hf_autocast(Runtime& rt, const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  // CPython frees each temporary once the op that consumes it returns (CPU fixture
+  // llama_..._autocast_bf16: mul 2X, neg X/2, cat X, mul 2X, add 2X).
+  const uint64_t X = x.bytes;
+  Tensor a = rt.alloc(2 * X, TensorKind::temporary, OpKind::mul);  // x * cos: fp32
+  Tensor neg = rt.alloc(X / 2, TensorKind::temporary, OpKind::neg);
+  Tensor cat = rt.alloc(X, TensorKind::temporary, OpKind::rope_hf_autocast);
+  neg.reset();
+  Tensor b = rt.alloc(2 * X, TensorKind::temporary, OpKind::mul);  // rotate_half(x) * sin
+  cat.reset();
+  Tensor out = detail::out_tensor(rt, 2 * X, OpKind::rope_hf_autocast);  // a + b
+  if (detail::wants_grad(rt, {&x})) {
+    const int32_t n = rt.make_node(OpKind::rope_hf_autocast, {&x});
+    rt.node(n).size[0] = X;
+    rt.save(n, cos);
+    rt.save(n, sin);
+    out.grad_fn = n;
+  }
+  a.reset();
+  b.reset();
   return out;
 }
 
@@ -171,6 +206,7 @@ const char* autocast_op_name(OpKind k, bool backward) {
     case OpKind::autocast_copy: return backward ? "ToCopyBackward0" : "_to_copy";
     case OpKind::grad_cast: return backward ? "validate_outputs" : "type_promotion";
     case OpKind::rope_autocast: return backward ? "RopeBackward" : "rope";
+    case OpKind::rope_hf_autocast: return backward ? "RotaryBackward" : "apply_rotary_pos_emb";
     default: return nullptr;
   }
 }
@@ -215,6 +251,33 @@ bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) 
       uint32_t c = A(h);  // reshape copy
       F(s);
       out[0] = Grad{c, false, false};
+      break;
+    }
+    case OpKind::rope_hf_autocast: {
+      // grad*sin (fp32), cast to x's dtype (validate_outputs); rotate_half's backward:
+      // neg of a half, two slice_backward zeros+copies summed; grad*cos (fp32) and its
+      // cast; the two grads into x summed (CPU fixture's order).
+      const uint64_t X = n.size[0];
+      uint32_t m1 = A(2 * X);
+      uint32_t c1 = A(X);
+      F(m1);
+      uint32_t ng = A(X / 2);
+      uint32_t s1 = A(X);
+      F(ng);
+      uint32_t s2 = A(X);
+      F(c1);
+      uint32_t sum = A(X);
+      F(s1);
+      F(s2);
+      uint32_t m2 = A(2 * X);
+      uint32_t c2 = A(X);
+      F(m2);
+      n.grad[0] = kNoStorage;
+      F(g.storage);
+      uint32_t r = A(X);
+      F(sum);
+      F(c2);
+      out[0] = Grad{r, false, false};
       break;
     }
     default:

@@ -41,12 +41,19 @@ class Autocast {
   // x.to(low or fp32 dtype) as a new tensor of `out_bytes` (ToCopyBackward0 under grad).
   Tensor cast(const Tensor& x, uint64_t out_bytes);
   // The low-precision copy of parameter `param` (cached for the region when allowed).
-  Tensor weight(int32_t param);
+  // grad_transposed: the op hands the weight's grad back in the transposed layout (an
+  // einsum's (d_in, d_out) operand), so AccumulateGrad clones the fp32 grad.
+  Tensor weight(int32_t param, bool grad_transposed = true);
   // einops.einsum(x, W) (cs336-model.md §2.1) under autocast: casts x unless it is
   // already low (`rows*d_in*low` bytes), casts W through the cache, one bmm of
   // rows*d_out*low bytes. BmmBackward0 saves the W copy and the x copy.
   Tensor linear(const Tensor& x, int32_t param, int64_t rows, int64_t d_in, int64_t d_out,
                 double flops);
+  // nn.Linear without bias (F.linear -> mm on the folded input) under autocast: the
+  // wrapper casts its arguments right to left (W, then x: the CPU fixture's order),
+  // then mm saves the x copy and W.t(); W's grad comes back in W's layout (stolen).
+  Tensor mm_linear(const Tensor& x, int32_t param, int64_t rows, int64_t d_in, int64_t d_out,
+                   double flops);
   // An fp32-list op's input: a fp32 copy of a low-precision x (x itself if fp32).
   Tensor to_fp32(const Tensor& x, uint64_t fp32_bytes);
   // A low-precision x entering a mixed-dtype add/sub whose output is fp32: a handle
@@ -68,6 +75,11 @@ class Autocast {
 // the fp32 cos/sin promote to fp32 (each x.bytes), the cat output is fp32 (2*x.bytes).
 // Saves the four cos/sin views, like rope_cs336.
 Tensor rope_cs336_autocast(Runtime& rt, const Tensor& x, const Tensor& freq_buffer);
+
+// HF apply_rotary_pos_emb for one of q/k in the low dtype, cos/sin fp32:
+// (x * cos) + (rotate_half(x) * sin) with fp32 products and output (2 * x.bytes); the
+// neg and cat of rotate_half stay low precision. Saves cos and sin.
+Tensor rope_hf_autocast(Runtime& rt, const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 // cs336_basics.nn_utils.cross_entropy on low-precision logits inside the autocast
 // region (Wedsonlin's trace): max and x - max in bf16, exp on an fp32 copy, sum/log

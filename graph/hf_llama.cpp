@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "graph/autocast.h"
 #include "graph/checkpoint.h"
 #include "graph/ops_nn.h"
 
@@ -66,14 +67,19 @@ void HfLlamaModel::construct() {
 
 Tensor HfLlamaModel::proj(const Tensor& x, const LayerParams& p, LlamaLinear which, int32_t w,
                           int64_t d_in, int64_t d_out) {
+  if (autocast_on()) return linear(x, w, d_in, d_out);  // no LoRA under autocast (refused)
   Tensor base = lora_.base_linear(x, w, d_in, d_out);
   return lora_.add_adapter_path(x, std::move(base), p.ad[which], d_in, d_out);
 }
+
+bool HfLlamaModel::autocast_on() const { return ac_ != nullptr && ac_->active(); }
 
 // nn.Linear without bias on a contiguous (B,S,in) input: matmul folds it to 2-D (a
 // view) and runs mm.
 Tensor HfLlamaModel::linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out) {
   const double flops = 2.0 * static_cast<double>(s_.rows()) * d_in * d_out;
+  if (autocast_on())
+    return ac_->mm_linear(x, w, static_cast<int64_t>(s_.rows()), d_in, d_out, flops);
   return mm_linear(rt_, x, rt_.param(w), s_.rows() * d_out * s_.elem, flops);
 }
 
@@ -119,8 +125,13 @@ Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tens
     Tensor key = view(rt_, proj(x, p, kKProj, p.k, D, kvD), s_.kv_heads > 1);
     Tensor value = view(rt_, proj(x, p, kVProj, p.v, D, kvD), s_.kv_heads > 1);
     // RoPE keeps q's (B,S,H,hd) memory layout (TensorIterator follows the first input).
-    query = rope_hf(rt_, query, cos, sin);
-    key = rope_hf(rt_, key, cos, sin);
+    if (autocast_on()) {  // low-precision q/k times fp32 cos/sin: fp32 q/k
+      query = rope_hf_autocast(rt_, query, cos, sin);
+      key = rope_hf_autocast(rt_, key, cos, sin);
+    } else {
+      query = rope_hf(rt_, query, cos, sin);
+      key = rope_hf(rt_, key, cos, sin);
+    }
     // repeat_kv: expand + reshape copies, except for a single KV head (a view).
     const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
     if (n_rep > 1) {
@@ -161,13 +172,38 @@ Tensor HfLlamaModel::eager_core(const Tensor& query, const Tensor& key, const Te
   const double bmm_flops = 2.0 * B * H * S * S * hd;
   // matmul reshapes: q (transposed layout) copies; k^T and v are views when
   // repeat_kv made contiguous copies, copies otherwise.
-  Tensor qc = clone(rt_, query);
-  Tensor kc = repeat_copies ? key : clone(rt_, key);
-  Tensor w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
-  qc.reset();
-  kc.reset();
+  const bool ac = autocast_on();
+  Tensor w;
+  if (ac) {
+    // matmul is a lower-precision op: q and k (fp32 after RoPE) are cast first (saved),
+    // then matmul's reshape copies the q copy (it keeps q's transposed layout); k^T
+    // of a contiguous key copy is a view. Scores are low precision.
+    const uint64_t low = ac_->low_elem();
+    Tensor qa = ac_->cast(query, query.bytes / 4 * low);
+    Tensor ka = ac_->cast(key, key.bytes / 4 * low);
+    // The cast of an expanded (single-KV-head) key is a dense copy too: k^T is a view.
+    Tensor qc = clone(rt_, qa);
+    Tensor kc = n_rep > 1 ? ka : clone(rt_, ka);
+    w = bmm(rt_, qc, kc, B * H * S * S * low, bmm_flops);
+    qc.reset();
+    kc.reset();
+    qa.reset();  // not saved (bmm saved the reshaped copy): dies with the matmul
+    ka.reset();
+  } else {
+    Tensor qc = clone(rt_, query);
+    Tensor kc = repeat_copies ? key : clone(rt_, key);
+    w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
+    qc.reset();
+    kc.reset();
+  }
   w = div_scalar(rt_, w);
-  if (mask.defined()) w = add(rt_, w, mask);
+  if (mask.defined() && ac) {  // low-precision scores + the fp32 mask: fp32
+    Tensor low_w = w;
+    w = add(rt_, ac_->widen(low_w), mask);
+    Autocast::promoted(rt_, w, 0, low_w);
+  } else if (mask.defined()) {
+    w = add(rt_, w, mask);
+  }
   if (e == 4) {
     w = softmax(rt_, w);
   } else {  // softmax(dtype=float32) converts first, then .to(dtype) casts back
@@ -176,9 +212,16 @@ Tensor HfLlamaModel::eager_core(const Tensor& query, const Tensor& key, const Te
     w = to_copy(rt_, w, w.bytes / 4 * e);
   }
   if (s_.dropout > 0.0) w = native_dropout(rt_, w, e);
-  Tensor vc = repeat_copies ? value : clone(rt_, value);
-  Tensor o = bmm(rt_, w, vc, B * S * D * e, bmm_flops);
-  vc.reset();
+  Tensor o;
+  if (ac) {  // the fp32 probabilities are cast (saved) before matmul copies v
+    Tensor wa = ac_->cast(w, w.bytes / 4 * ac_->low_elem());
+    Tensor vc = repeat_copies ? value : clone(rt_, value);
+    o = bmm(rt_, wa, vc, B * S * D * ac_->low_elem(), bmm_flops);
+  } else {
+    Tensor vc = repeat_copies ? value : clone(rt_, value);
+    o = bmm(rt_, w, vc, B * S * D * e, bmm_flops);
+    vc.reset();
+  }
   w.reset();
   return view(rt_, o, /*copy_in_backward=*/true);  // `o` dies on return
 }
@@ -210,14 +253,17 @@ Tensor HfLlamaModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
                           Tensor h1 = rmsnorm(in[0], p.ln1);
                           return attention(p, h1, in[1], in[2], in[3]);
                         });
-  Tensor r1 = add(rt_, x, h);
+  // Under autocast the attention/MLP outputs are low precision: the fp32 residual promotes.
+  Tensor r1 = autocast_on() ? add(rt_, x, ac_->widen(h)) : add(rt_, x, h);
+  if (autocast_on()) Autocast::promoted(rt_, r1, 1, h);
   h.reset();  // `hidden_states = residual + hidden_states` drops the attention output
   h = run_region(rt_, RegionKind::mlp, {r1}, [this, l](const Inputs& in) {
     const LayerParams& p = layers_[l];
     Tensor h2 = rmsnorm(in[0], p.ln2);
     return mlp(p, h2);
   });
-  Tensor out = add(rt_, r1, h);
+  Tensor out = autocast_on() ? add(rt_, r1, ac_->widen(h)) : add(rt_, r1, h);
+  if (autocast_on()) Autocast::promoted(rt_, out, 1, h);
   rt_.ctx.layer = outer;
   return out;
 }
@@ -288,7 +334,10 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
     logits = linear(hidden, lm_head_, D, s_.vocab);
   }
   hidden.reset();
-  if (e != 4) logits = to_copy(rt_, logits, logits.bytes / e * 4);  // logits.float()
+  if (autocast_on())
+    logits = to_copy(rt_, logits, logits.bytes / ac_->low_elem() * 4);  // logits.float()
+  else if (e != 4)
+    logits = to_copy(rt_, logits, logits.bytes / e * 4);  // logits.float()
   rt_.ctx.module = Module::none;
   return logits;
 }

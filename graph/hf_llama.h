@@ -46,6 +46,8 @@
 
 namespace memsim::graph {
 
+class Autocast;  // graph/autocast.h
+
 class HfLlamaModel {
  public:
   HfLlamaModel(Runtime& rt, const HfShape& shape) : rt_(rt), s_(shape), lora_(rt, s_) {}
@@ -54,6 +56,8 @@ class HfLlamaModel {
   Tensor forward(const Tensor& ids);
   Tensor loss(const Tensor& logits, const Tensor& labels);
   const HfShape& shape() const { return s_; }
+  // torch.autocast region owner (graph/autocast.h); eager attention only. nullptr = never.
+  void set_autocast(Autocast* ac) { ac_ = ac; }
 
  private:
   struct LayerParams {
@@ -72,8 +76,11 @@ class HfLlamaModel {
   Tensor mlp(const LayerParams& p, const Tensor& x);
   Tensor eager_core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 
+  bool autocast_on() const;
+
   Runtime& rt_;
   HfShape s_;
+  Autocast* ac_ = nullptr;
   LoraModules lora_;
   int32_t embed_ = -1, norm_ = -1, lm_head_ = -1;
   std::vector<LayerParams> layers_;

@@ -102,8 +102,9 @@ enum class OpKind : uint8_t {
   rope_autocast,      // CS336 RoPE on a bf16/fp16 input (fp32 products; graph/autocast.h)
   // bitsandbytes (graph/ops_lora.h)
   matmul_4bit,        // MatMul4Bit: dequantise the NF4 weight, linear; saves nothing
+  rope_hf_autocast,   // HF apply_rotary_pos_emb on a bf16/fp16 input with fp32 cos/sin
 };
-inline constexpr int kOpKindCount = static_cast<int>(OpKind::matmul_4bit) + 1;
+inline constexpr int kOpKindCount = static_cast<int>(OpKind::rope_hf_autocast) + 1;
 const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"
 const char* backward_name(OpKind k);  // autograd node name, e.g. "BmmBackward0"
 

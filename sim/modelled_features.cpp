@@ -10,13 +10,34 @@ namespace {
 [[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
   throw ScenarioError(s.source + ": " + key + ": " + why);
 }
-// Autocast is modelled for the cs336 family with fp32 parameters and no activation
-// checkpointing (graph/autocast.h); everything else is refused by key.
+// Autocast is modelled for the cs336 family and hf-llama (eager attention, untied head)
+// with fp32 parameters and no activation checkpointing (graph/autocast.h); everything
+// else is refused by key.
 void require_autocast_modelled(const Scenario& s) {
-  if (s.model.family != ModelFamily::cs336) {
+  if (s.model.family != ModelFamily::cs336 && s.model.family != ModelFamily::hf_llama) {
     refuse(s, "precision.autocast",
-           std::string("autocast is modelled for the cs336 family only, not '") +
+           std::string("autocast is modelled for the cs336 and hf-llama families only, not '") +
                to_string(s.model.family) + "'; use precision.autocast: none");
+  }
+  if (s.model.family == ModelFamily::hf_llama && s.model.attention != AttentionImpl::eager) {
+    refuse(s, "model.attention",
+           "autocast is modelled for hf-llama's eager attention only (the fused SDPA kernels' "
+           "low-precision inputs are not); use model.attention: eager or precision.autocast: none");
+  }
+  if (s.model.family == ModelFamily::hf_llama && s.model.dropout > 0.0) {
+    refuse(s, "model.dropout",
+           "attention dropout under autocast is not checked against torch yet for hf-llama; "
+           "use model.dropout: 0 or precision.autocast: none");
+  }
+  if (s.lora.rank > 0) {
+    refuse(s, "lora.rank",
+           "LoRA adapters under precision.autocast are not modelled yet; use lora.rank: 0 "
+           "or precision.autocast: none");
+  }
+  if (s.model.family == ModelFamily::hf_llama && s.model.tied_embeddings) {
+    refuse(s, "model.tied_embeddings",
+           "autocast with a tied embedding/lm_head weight is not modelled yet; use "
+           "model.tied_embeddings: false or precision.autocast: none");
   }
   if (s.precision.params != DType::fp32) {
     refuse(s, "precision.autocast",

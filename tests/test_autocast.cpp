@@ -116,6 +116,31 @@ TEST_CASE("autocast: region key is validated and unmodelled combinations are ref
         std::string::npos);
   CHECK(error_of({{"precision.autocast", "fp16"}, {"precision.params", "bf16"}})
             .find("precision.autocast") != std::string::npos);
+  // Families: hf-llama (eager attention, untied head, no dropout) is modelled
+  // (tests/test_hf_fixtures.cpp checks it against torch); the rest is refused by key.
+  auto family_error = [](const std::string& family, const std::string& extra,
+                          const std::string& section = "") {
+    try {
+      Scenario s = load_scenario_text(
+          "model: {family: " + family + ", layers: 2, d_model: 64, heads: 4, kv_heads: 2, "
+              "d_ff: 172, vocab: 512" + extra + "}\n" + section +
+              "batch: {micro_batch: 2, seq_len: 32}\n"
+              "precision: {autocast: bf16}\n"
+              "device: {capacity: 1GiB}\n",
+          "fam.yaml");
+      build_program(s);
+    } catch (const ScenarioError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(family_error("hf-llama", "").empty());
+  CHECK(family_error("hf-llama", ", attention: flash").find("fam.yaml: model.attention: ") == 0);
+  CHECK(family_error("hf-llama", ", tied_embeddings: true").find("fam.yaml: model.tied_embeddings: ") == 0);
+  CHECK(family_error("hf-llama", ", dropout: 0.1").find("fam.yaml: model.dropout: ") == 0);
+  CHECK(family_error("hf-llama", "", "lora: {rank: 8, targets: [q_proj]}\n")
+            .find("fam.yaml: lora.rank: LoRA adapters under precision.autocast") == 0);
+  CHECK(family_error("hf-gpt2", "").find("fam.yaml: precision.autocast: autocast is modelled for the cs336 and hf-llama") == 0);
 }
 
 namespace {
