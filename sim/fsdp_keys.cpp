@@ -14,6 +14,8 @@ const std::vector<std::pair<std::string, Sharding>> kSharding = {
 }  // namespace
 
 void read_sharding(const Doc& d, ParallelConfig& p) {
+  if (const Field* f = d.find("parallel.gradient_as_bucket_view"))
+    p.gradient_as_bucket_view = read_bool(*f, "parallel.gradient_as_bucket_view");
   if (const Field* f = d.find("parallel.sharding"))
     p.sharding = read_enum(*f, "parallel.sharding", kSharding);
   const Field* reshard = d.find("parallel.reshard_after_forward");

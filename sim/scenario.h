@@ -94,6 +94,8 @@ struct ParallelConfig {
   // (SHARD_GRAD_OP), set from reshard_after_forward when not given.
   Sharding sharding = Sharding::none;
   bool reshard_after_forward = true;
+  // torch DDP's gradient_as_bucket_view (sim/data_parallel.h); false is torch's default.
+  bool gradient_as_bucket_view = false;
 };
 
 struct DeviceConfig {

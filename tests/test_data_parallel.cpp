@@ -143,6 +143,23 @@ TEST_CASE("DDP adds its bucket buffers to the gradients from construction on", "
   CHECK_FALSE(p.rank.why.empty());
 }
 
+TEST_CASE("DDP gradient_as_bucket_view: the buckets are the gradients", "[dp]") {
+  nlohmann::json f = load_json(std::string(kDdpDir) + "/gpt2_l4_d512_v8192_w2.json");
+  Scenario s = ddp_scenario(f);
+  s.parallel.data = 1;
+  const ModelStateBytes single = model_states(build_program(s));
+  s.parallel.data = 8;
+  s.parallel.gradient_as_bucket_view = true;
+  const Program p = build_program(s);
+  CHECK(model_states(p).gradients == single.gradients);
+  // Only the buckets hold gradients after the first backward's hooks: no .grad allocation
+  // outlives its AccumulateGrad in the measured step.
+  const std::vector<uint64_t> buckets = named_allocs(p, "ddp.reducer.bucket");
+  CHECK(buckets.size() == 1 + f["rebuilt_bucket_sizes"].size());
+  s.parallel.data = 1;
+  CHECK_THROWS_WITH(build_program(s), Catch::Contains("parallel.gradient_as_bucket_view: applies"));
+}
+
 TEST_CASE("Megatron distributed optimizer: 6 + 12/d bytes per parameter (bf16)", "[zero]") {
   Scenario s = megatron(DType::bf16, 2, 256, 1000);
   const double P = static_cast<double>(graph::megatron_parameter_count(megatron_shape(s)));
