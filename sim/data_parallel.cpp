@@ -26,6 +26,10 @@ void require_data_parallel_modelled(const Scenario& s) {
                           "use parallel.sharding: none");
     return;  // build_megatron_program checks parallel.zero
   }
+  if (p.sharding == Sharding::fsdp && p.data == 1)
+    throw ScenarioError(s.source + ": parallel.sharding: FSDP on one GPU switches to NO_SHARD "
+                        "(nothing to shard), which is not modelled; set parallel.data > 1 or "
+                        "parallel.sharding: none");
   if (p.sharding == Sharding::deepspeed)
     throw ScenarioError(s.source + ": parallel.sharding: DeepSpeed ZeRO is not modelled yet "
                         "(its bucketed partitioned gradients and parameter fetching differ "

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "cli_test_support.h"
 #include "sim/layer_bytes.h"
 #include "sim/schedule.h"
 #include "sim/zero_sharding.h"
@@ -55,7 +58,7 @@ uint64_t parameter_count_bytes(const Scenario& single) {
 
 TEST_CASE("FSDP FULL_SHARD keeps 16/d bytes of model state per fp32 parameter", "[fsdp][zero]") {
   for (const char* family : {"hf-llama", "hf-gpt2", "cs336"}) {
-    for (int64_t d : {1, 2, 8}) {
+    for (int64_t d : {2, 8}) {
       INFO(family << " d = " << d);
       const Scenario s = fsdp_scenario(family, d);
       REQUIRE(s.parallel.zero == 3);
@@ -80,6 +83,9 @@ TEST_CASE("FSDP gathers one layer in forward and two in backward (prefetch)", "[
   // The root's unit stays gathered from its forward through its backward.
   CHECK(max_live_named(full, gathered, Phase::forward) == 2);   // root + the running layer
   CHECK(max_live_named(full, gathered, Phase::backward) == 3);  // root + layer + prefetched
+  // Recomputation inside the backward uses the units the backward gathered.
+  const Program ckpt = build_program(fsdp_scenario("hf-llama", 4, "checkpoint:\n  policy: full\n"));
+  CHECK(max_live_named(ckpt, gathered, Phase::backward) == 3);
   // SHARD_GRAD_OP keeps every layer gathered from its forward to its backward.
   const Program op = build_program(
       fsdp_scenario("hf-llama", 4, "  reshard_after_forward: false\n"));
@@ -113,6 +119,8 @@ TEST_CASE("FSDP keys are validated and unmodelled combinations refused", "[fsdp]
   Scenario ds = fsdp_scenario("hf-llama", 2);
   ds.parallel.sharding = Sharding::deepspeed;
   CHECK_THROWS_WITH(build_program(ds), Catch::StartsWith("fsdp.yaml: parallel.sharding: DeepSpeed"));
+  CHECK_THROWS_WITH(build_program(fsdp_scenario("hf-llama", 1)),
+                    Catch::StartsWith("fsdp.yaml: parallel.sharding: FSDP on one GPU"));
 }
 
 TEST_CASE("llama2-7b-fsdp-8xa100: 16/8 bytes of model state per parameter on each GPU",
@@ -127,4 +135,16 @@ TEST_CASE("llama2-7b-fsdp-8xa100: 16/8 bytes of model state per parameter on eac
                                             l.by_kind[int(TensorKind::optimizer_state)]);
   CHECK(states / P == Approx(16.0 / 8).epsilon(1e-6));
   CHECK(p.rank.world_size == 8);
+}
+
+TEST_CASE("memsim run --json reports the simulated rank of an FSDP job", "[fsdp][cli]") {
+  const memsim_test::CommandResult r = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" MEMSIM_SOURCE_DIR
+      "/scenarios/llama2-7b-fsdp-8xa100.yaml' --json - 2>/dev/null");
+  REQUIRE(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["rank"]["world_size"] == 8);
+  CHECK(j["rank"]["data_parallel"] == 8);
+  CHECK(j["rank"]["index"] == 0);
+  CHECK(j["rank"]["why"].get<std::string>().find("FSDP stage 3") != std::string::npos);
 }
