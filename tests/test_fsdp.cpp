@@ -83,6 +83,12 @@ TEST_CASE("FSDP gathers one layer in forward and two in backward (prefetch)", "[
   // The root's unit stays gathered from its forward through its backward.
   CHECK(max_live_named(full, gathered, Phase::forward) == 2);   // root + the running layer
   CHECK(max_live_named(full, gathered, Phase::backward) == 3);  // root + layer + prefetched
+  for (const char* family : {"hf-gpt2", "cs336"}) {
+    INFO(family);
+    const Program f = build_program(fsdp_scenario(family, 4));
+    CHECK(max_live_named(f, gathered, Phase::forward) == 2);
+    CHECK(max_live_named(f, gathered, Phase::backward) == 3);
+  }
   // Recomputation inside the backward uses the units the backward gathered.
   const Program ckpt = build_program(fsdp_scenario("hf-llama", 4, "checkpoint:\n  policy: full\n"));
   CHECK(max_live_named(ckpt, gathered, Phase::backward) == 3);
