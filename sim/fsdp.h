@@ -5,7 +5,9 @@
 // precision.params), default BACKWARD_PRE prefetch, no forward prefetch.
 //
 // Events (d = parallel.data, elem = parameter bytes):
-//  - Wrapping (after the model is built on the GPU): per unit, FlatParameter = cat of the
+//  - Wrapping (after the model is built on the GPU; with parallel.fsdp_init: cpu the
+//    model is built off the GPU and each unit's parameters are allocated on the GPU just
+//    before that unit is flattened, as FSDP(module, device_id=...) moves unit by unit): per unit, FlatParameter = cat of the
 //    unit's parameters padded to a multiple of d (a full-size allocation), the original
 //    parameter storages freed, this rank's shard cloned (padded / d elements: a new
 //    parameter the optimizer sees), the full flat parameter freed.

@@ -1,4 +1,4 @@
-// Reading parallel.sharding, parallel.reshard_after_forward and
+// Reading parallel.sharding, parallel.reshard_after_forward, parallel.fsdp_init and
 // parallel.gradient_as_bucket_view (internal to the scenario
 // loader; the keys are documented in docs/scenario-format.md).
 //

@@ -95,7 +95,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"step", {"kind", "warmup_steps", "zero_grad"}},
       {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant"}},
       {"parallel", {"data", "tensor", "pipeline", "zero", "sharding", "reshard_after_forward",
-                    "gradient_as_bucket_view"}},
+                    "gradient_as_bucket_view", "fsdp_init"}},
       {"device", {"preset", "capacity", "cuda_context", "cublas_workspace"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",
                      "max_non_split_rounding_mb", "garbage_collection_threshold",

@@ -154,3 +154,34 @@ TEST_CASE("memsim run --json reports the simulated rank of an FSDP job", "[fsdp]
   CHECK(j["rank"]["index"] == 0);
   CHECK(j["rank"]["why"].get<std::string>().find("FSDP stage 3") != std::string::npos);
 }
+
+TEST_CASE("FSDP fsdp_init: cpu moves the model to the GPU one unit at a time", "[fsdp]") {
+  auto setup_peak = [](const Program& p) {
+    uint64_t live = 0, peak = 0;
+    for (const MemoryEvent& e : p.events) {
+      if (e.phase != Phase::setup) continue;
+      if (e.type == EventType::alloc) live += e.bytes;
+      if (e.type == EventType::free) live -= p.tensors[e.tensor].bytes;
+      peak = std::max(peak, live);
+    }
+    return peak;
+  };
+  const Scenario gpu = fsdp_scenario("hf-llama", 8);
+  const Scenario cpu = fsdp_scenario("hf-llama", 8, "  fsdp_init: cpu\n");
+  REQUIRE(cpu.parallel.fsdp_init_on_cpu);
+  const uint64_t P = parameter_count_bytes(gpu);
+  const Program on_gpu = build_program(gpu);
+  const Program on_cpu = build_program(cpu);
+  CHECK(setup_peak(on_gpu) > P);  // the whole model, then each flat copy
+  // The root (embedding + LM head) is the largest unit: it and its flat copy, plus the
+  // layer shards already made.
+  CHECK(setup_peak(on_cpu) < P * 3 / 4);
+  // After setup both hold the same shards, and the training step is the same.
+  CHECK(live(on_gpu, "optimizer_end", TensorKind::parameter) ==
+        live(on_cpu, "optimizer_end", TensorKind::parameter));
+  CHECK_THROWS_WITH(load_scenario_text("model:\n  family: hf-llama\n  layers: 2\n  d_model: 64\n"
+                                       "  heads: 4\n  d_ff: 128\n  vocab: 100\nbatch:\n"
+                                       "  seq_len: 16\nparallel:\n  fsdp_init: cpu\n",
+                                       "x.yaml"),
+                    Catch::Contains("parallel.fsdp_init: only applies"));
+}
