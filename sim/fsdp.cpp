@@ -145,18 +145,21 @@ void Fsdp::layer_entered(Runtime& rt, int32_t layer) {
     if (u != 0) gather(rt, u);  // pre-forward
     forward_unit_ = u;
   } else if (rt.ctx.phase == Phase::backward || rt.recomputing) {
+    if (!backward_started_ && rt.ctx.module == graph::Module::head) root_pre_backward(rt);
     if (u == 0 || units_[u].backward_done) return;
     gather(rt, u);                                              // pre-backward
     if (u > 1 && !units_[u - 1].backward_done) gather(rt, u - 1);  // BACKWARD_PRE prefetch
   }
 }
 
+void Fsdp::root_pre_backward(Runtime& rt) {
+  // The root's pre-backward hook (on its output, the logits): prefetch the last layer.
+  backward_started_ = true;
+  if (units_.size() > 1) gather(rt, units_.size() - 1);
+}
+
 void Fsdp::grad_ready(Runtime& rt, int32_t param) {
-  if (!backward_started_) {
-    // The root's pre-backward hook: prefetch the last layer's unit.
-    backward_started_ = true;
-    if (units_.size() > 1) gather(rt, units_.size() - 1);
-  }
+  if (!backward_started_) root_pre_backward(rt);  // a model whose head allocates nothing
   const size_t i = static_cast<size_t>(param);
   const size_t u = unit_of_param_[i];
   if (stamp_[i] != iteration_) {

@@ -18,7 +18,8 @@
 //    resharded after forward (FSDP keeps the root's parameters for the backward).
 //  - Backward: entering layer l all-gathers unit l if it is not gathered and prefetches
 //    unit l-1 (BACKWARD_PRE), so two units' full parameters are live; the root's
-//    pre-backward prefetches the last layer at the first gradient of the backward. Once
+//    pre-backward hook (on the logits) prefetches the last layer when the backward first
+//    allocates in the LM head (module head), i.e. once the logits' gradient exists. Once
 //    every parameter of a unit has its gradient, the post-backward hook runs: the
 //    FlatParameter's gradient (the per-parameter gradients concatenated: a full padded
 //    flat allocation, then they die), reduce-scatter into a new shard-sized gradient
@@ -74,6 +75,7 @@ class Fsdp : public graph::RuntimeHooks {
   void gather(graph::Runtime& rt, size_t u);
   void reshard(graph::Runtime& rt, size_t u);
   void reduce_scatter(graph::Runtime& rt, size_t u);
+  void root_pre_backward(graph::Runtime& rt);
   graph::Tensor named(graph::Runtime& rt, graph::Tensor t, size_t u, const char* what);
 
   graph::Runtime* rt_;
