@@ -85,8 +85,9 @@ void Runtime::reserve(size_t events) {
 }
 
 uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
-  if (hooks != nullptr && ctx.layer != hooked_layer_) {
+  if (hooks != nullptr && (ctx.layer != hooked_layer_ || ctx.module != hooked_module_)) {
     hooked_layer_ = ctx.layer;  // first: the hook's own allocations do not re-enter
+    hooked_module_ = ctx.module;
     hooks->layer_entered(*this, ctx.layer);
   }
   cur_op_ = op;

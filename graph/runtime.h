@@ -30,8 +30,8 @@ class RuntimeHooks {
   virtual ~RuntimeHooks() = default;
   // An AccumulateGrad node ran for parameter `param` (its .grad was just set or added to).
   virtual void grad_ready(Runtime& rt, int32_t param) = 0;
-  // The next allocation is in a different transformer layer (ctx.layer) than the last
-  // one: module pre-forward / pre-backward hooks key on this.
+  // The next allocation is in a different transformer layer or module (ctx.layer,
+  // ctx.module) than the last one: module pre-forward / pre-backward hooks key on this.
   virtual void layer_entered(Runtime& rt, int32_t layer) = 0;
 };
 
@@ -251,7 +251,8 @@ class Runtime {
   uint32_t bwd_name_[kOpKindCount];
   bool in_backward_ = false;
   bool frozen_ = false;
-  int32_t hooked_layer_ = -1;  // ctx.layer of the last allocation seen by hooks
+  int32_t hooked_layer_ = -1;  // ctx.layer / ctx.module of the last allocation seen by hooks
+  Module hooked_module_ = Module::none;
   OpKind cur_op_ = OpKind::other;  // op whose frees are being emitted
 };
 

@@ -13,6 +13,12 @@ using graph::Tensor;
 
 void require_data_parallel_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
+  if (p.gradient_as_bucket_view &&
+      (s.model.family == ModelFamily::megatron || p.sharding != Sharding::none || p.data == 1))
+    throw ScenarioError(s.source + ": parallel.gradient_as_bucket_view: applies to torch "
+                        "DistributedDataParallel only (cs336 / hf-* with parallel.data > 1 and "
+                        "parallel.sharding: none); megatron's gradients always live in its "
+                        "grad buffer");
   if (s.model.family == ModelFamily::megatron) {
     if (p.sharding != Sharding::none)
       throw ScenarioError(s.source + ": parallel.sharding: the megatron family shards with "
@@ -20,6 +26,10 @@ void require_data_parallel_modelled(const Scenario& s) {
                           "use parallel.sharding: none");
     return;  // build_megatron_program checks parallel.zero
   }
+  if (p.sharding == Sharding::fsdp && p.data == 1)
+    throw ScenarioError(s.source + ": parallel.sharding: FSDP on one GPU switches to NO_SHARD "
+                        "(nothing to shard), which is not modelled; set parallel.data > 1 or "
+                        "parallel.sharding: none");
   if (p.sharding == Sharding::deepspeed)
     throw ScenarioError(s.source + ": parallel.sharding: DeepSpeed ZeRO is not modelled yet "
                         "(its bucketed partitioned gradients and parameter fetching differ "
@@ -88,7 +98,9 @@ std::vector<std::vector<int32_t>> ddp_bucket_assignment(const std::vector<uint64
   return buckets;
 }
 
-TorchDdp::TorchDdp(Runtime& rt) : rt_(&rt) {
+TorchDdp::TorchDdp(Runtime& rt, bool gradient_as_bucket_view)
+    : rt_(&rt), view_(gradient_as_bucket_view) {
+  bucket_of_param_.assign(rt.parameters().size(), graph::kNoStorage);
   // find_unused_parameters=False: bucket_size_limits = [sys.maxsize], one bucket.
   std::vector<int32_t> all;
   for (size_t i = 0; i < rt.parameters().size(); ++i) all.push_back(static_cast<int32_t>(i));
@@ -111,6 +123,18 @@ void TorchDdp::allocate(Runtime& rt, const std::vector<std::vector<int32_t>>& bu
     for (int32_t i : b) bytes += rt.parameters()[static_cast<size_t>(i)].bytes;
     Tensor t = rt.alloc(bytes, TensorKind::gradient, OpKind::other);
     rt.program().tensors[t.storage].name = rt.program().intern("ddp.reducer.bucket");
+    for (int32_t i : b) {
+      const size_t k = static_cast<size_t>(i);
+      graph::Parameter& p = rt.parameters()[k];
+      // gradient_as_bucket_view: a .grad that views the old bucket is copied into its
+      // view of the new one (initialize_bucket_views); the old bucket dies with it.
+      if (view_ && p.grad != graph::kNoStorage && p.grad == bucket_of_param_[k]) {
+        rt.retain(t.storage);
+        rt.release(p.grad);
+        p.grad = t.storage;
+      }
+      bucket_of_param_[k] = t.storage;
+    }
     buffers_.push_back(std::move(t));
     sizes_.push_back(bytes);
   }
@@ -131,11 +155,26 @@ void TorchDdp::pre_forward(Runtime& rt, bool grad_enabled) {
   for (const graph::Parameter& p : rt.parameters()) bytes.push_back(p.bytes);
   allocate(rt, ddp_bucket_assignment(bytes, order, {kDdpFirstBucketBytes, kDdpBucketCapBytes}));
   rebuilt_ = true;
-  if (rt.hooks == this) rt.hooks = nullptr;  // nothing more to learn
+  if (!view_ && rt.hooks == this) rt.hooks = nullptr;  // nothing more to learn
   ready_log_.clear();
   ready_log_.shrink_to_fit();
 }
 
 std::vector<uint64_t> TorchDdp::bucket_bytes() const { return sizes_; }
+
+void TorchDdp::grad_ready(Runtime& rt, int32_t param) {
+  if (!rebuilt_) ready_log_.push_back(param);
+  if (!view_) return;
+  // gradient_as_bucket_view: the reducer's autograd hook copies a fresh .grad into the
+  // parameter's bucket view and makes the view the .grad; the fresh tensor dies.
+  const size_t k = static_cast<size_t>(param);
+  graph::Parameter& p = rt.parameters()[k];
+  const uint32_t bucket = bucket_of_param_[k];
+  if (p.grad == bucket || p.grad == graph::kNoStorage) return;
+  rt.retain(bucket);
+  const uint32_t fresh = p.grad;
+  p.grad = bucket;
+  rt.release(fresh);
+}
 
 }  // namespace memsim

@@ -11,6 +11,10 @@
 //    as without DDP and COPIED into the bucket (mul_out by 1/world_size, no temporary);
 //    the all-reduce is in place and the result is copied back into .grad. So DDP adds
 //    the bucket buffers on top of the gradients, from construction on.
+//  - gradient_as_bucket_view=True (parallel.gradient_as_bucket_view): the hook copies the
+//    fresh gradient into the bucket and makes .grad a view of it, so the fresh tensor
+//    dies at once and gradients cost only the buckets (allocated up front); the views
+//    keep a bucket alive after a rebuild until they are moved to the new one.
 //  - Rebuild: the first forward after the first backward (DDP.forward ->
 //    reducer._rebuild_buckets) reassigns the buckets in the order gradients became ready
 //    in that backward, with size limits [1 MiB, bucket_cap_mb (25 MiB), 25 MiB, ...]
@@ -63,7 +67,7 @@ class TorchDdp : public graph::RuntimeHooks {
  public:
   // DistributedDataParallel(model): the one initial bucket (all parameters). Installs
   // itself as rt's grad-ready log for the first backward.
-  explicit TorchDdp(graph::Runtime& rt);
+  TorchDdp(graph::Runtime& rt, bool gradient_as_bucket_view);
   ~TorchDdp();
   TorchDdp(const TorchDdp&) = delete;
   TorchDdp& operator=(const TorchDdp&) = delete;
@@ -71,9 +75,7 @@ class TorchDdp : public graph::RuntimeHooks {
   void pre_forward(graph::Runtime& rt, bool grad_enabled);
   // Bucket buffer sizes in bytes, current assignment.
   std::vector<uint64_t> bucket_bytes() const;
-  void grad_ready(graph::Runtime&, int32_t param) override {
-    if (!rebuilt_) ready_log_.push_back(param);
-  }
+  void grad_ready(graph::Runtime& rt, int32_t param) override;
   void layer_entered(graph::Runtime&, int32_t) override {}
 
  private:
@@ -83,6 +85,8 @@ class TorchDdp : public graph::RuntimeHooks {
   std::vector<int32_t> ready_log_;  // parameter ids, one per AccumulateGrad run
   std::vector<graph::Tensor> buffers_;
   std::vector<uint64_t> sizes_;
+  std::vector<uint32_t> bucket_of_param_;  // storage of each parameter's bucket
+  bool view_ = false;
   bool rebuilt_ = false;
 };
 

@@ -33,6 +33,22 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     unit_of_param_[i] = u;
     units_[u].params.push_back(static_cast<int32_t>(i));
   }
+  // fsdp_init cpu: the model was built off the GPU; FSDP(device_id=...) moves each unit
+  // to the GPU just before flattening it. The parameters' GPU allocations, emitted by
+  // the model's construction, move from there to their unit's wrap (setup events only:
+  // each allocation stays before its free).
+  std::vector<std::vector<MemoryEvent>> moved(units_.size());
+  if (s.parallel.fsdp_init_on_cpu) {
+    std::vector<MemoryEvent> kept;
+    kept.reserve(program.events.size());
+    for (const MemoryEvent& e : program.events) {
+      if (e.type == EventType::alloc && e.kind == TensorKind::parameter)
+        moved[unit_of_layer(e.layer)].push_back(e);
+      else
+        kept.push_back(e);
+    }
+    program.events.swap(kept);
+  }
   // Wrap: inner units first (auto_wrap_policy wraps children before the root).
   const graph::OpContext saved = rt.ctx;
   rt.ctx.phase = Phase::setup;
@@ -42,6 +58,7 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     const size_t u = k % units_.size();  // layers 0.., then the root
     Unit& unit = units_[u];
     rt.ctx.layer = u == 0 ? -1 : static_cast<int32_t>(u - 1);
+    for (const MemoryEvent& e : moved[u]) program.events.push_back(e);  // unit.to(device)
     uint64_t numel = 0;
     for (int32_t p : unit.params) numel += rt.parameters()[p].bytes / elem_;
     unit.padded_bytes = padded_numel(numel, static_cast<int64_t>(d_)) * elem_;
@@ -128,18 +145,21 @@ void Fsdp::layer_entered(Runtime& rt, int32_t layer) {
     if (u != 0) gather(rt, u);  // pre-forward
     forward_unit_ = u;
   } else if (rt.ctx.phase == Phase::backward || rt.recomputing) {
+    if (!backward_started_ && rt.ctx.module == graph::Module::head) root_pre_backward(rt);
     if (u == 0 || units_[u].backward_done) return;
     gather(rt, u);                                              // pre-backward
     if (u > 1 && !units_[u - 1].backward_done) gather(rt, u - 1);  // BACKWARD_PRE prefetch
   }
 }
 
+void Fsdp::root_pre_backward(Runtime& rt) {
+  // The root's pre-backward hook (on its output, the logits): prefetch the last layer.
+  backward_started_ = true;
+  if (units_.size() > 1) gather(rt, units_.size() - 1);
+}
+
 void Fsdp::grad_ready(Runtime& rt, int32_t param) {
-  if (!backward_started_) {
-    // The root's pre-backward hook: prefetch the last layer's unit.
-    backward_started_ = true;
-    if (units_.size() > 1) gather(rt, units_.size() - 1);
-  }
+  if (!backward_started_) root_pre_backward(rt);  // a model whose head allocates nothing
   const size_t i = static_cast<size_t>(param);
   const size_t u = unit_of_param_[i];
   if (stamp_[i] != iteration_) {

@@ -5,7 +5,9 @@
 // precision.params), default BACKWARD_PRE prefetch, no forward prefetch.
 //
 // Events (d = parallel.data, elem = parameter bytes):
-//  - Wrapping (after the model is built on the GPU): per unit, FlatParameter = cat of the
+//  - Wrapping (after the model is built on the GPU; with parallel.fsdp_init: cpu the
+//    model is built off the GPU and each unit's parameters are allocated on the GPU just
+//    before that unit is flattened, as FSDP(module, device_id=...) moves unit by unit): per unit, FlatParameter = cat of the
 //    unit's parameters padded to a multiple of d (a full-size allocation), the original
 //    parameter storages freed, this rank's shard cloned (padded / d elements: a new
 //    parameter the optimizer sees), the full flat parameter freed.
@@ -16,7 +18,8 @@
 //    resharded after forward (FSDP keeps the root's parameters for the backward).
 //  - Backward: entering layer l all-gathers unit l if it is not gathered and prefetches
 //    unit l-1 (BACKWARD_PRE), so two units' full parameters are live; the root's
-//    pre-backward prefetches the last layer at the first gradient of the backward. Once
+//    pre-backward hook (on the logits) prefetches the last layer when the backward first
+//    allocates in the LM head (module head), i.e. once the logits' gradient exists. Once
 //    every parameter of a unit has its gradient, the post-backward hook runs: the
 //    FlatParameter's gradient (the per-parameter gradients concatenated: a full padded
 //    flat allocation, then they die), reduce-scatter into a new shard-sized gradient
@@ -72,6 +75,7 @@ class Fsdp : public graph::RuntimeHooks {
   void gather(graph::Runtime& rt, size_t u);
   void reshard(graph::Runtime& rt, size_t u);
   void reduce_scatter(graph::Runtime& rt, size_t u);
+  void root_pre_backward(graph::Runtime& rt);
   graph::Tensor named(graph::Runtime& rt, graph::Tensor t, size_t u, const char* what);
 
   graph::Runtime* rt_;

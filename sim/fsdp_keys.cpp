@@ -11,9 +11,12 @@ namespace memsim::scenario_detail {
 namespace {
 const std::vector<std::pair<std::string, Sharding>> kSharding = {
     {"none", Sharding::none}, {"fsdp", Sharding::fsdp}, {"deepspeed", Sharding::deepspeed}};
+const std::vector<std::pair<std::string, bool>> kInit = {{"gpu", false}, {"cpu", true}};
 }  // namespace
 
 void read_sharding(const Doc& d, ParallelConfig& p) {
+  if (const Field* f = d.find("parallel.gradient_as_bucket_view"))
+    p.gradient_as_bucket_view = read_bool(*f, "parallel.gradient_as_bucket_view");
   if (const Field* f = d.find("parallel.sharding"))
     p.sharding = read_enum(*f, "parallel.sharding", kSharding);
   const Field* reshard = d.find("parallel.reshard_after_forward");
@@ -22,6 +25,11 @@ void read_sharding(const Doc& d, ParallelConfig& p) {
       fail(reshard->where, "parallel.reshard_after_forward",
            "only applies with parallel.sharding: fsdp");
     p.reshard_after_forward = read_bool(*reshard, "parallel.reshard_after_forward");
+  }
+  if (const Field* f = d.find("parallel.fsdp_init")) {
+    if (p.sharding != Sharding::fsdp)
+      fail(f->where, "parallel.fsdp_init", "only applies with parallel.sharding: fsdp");
+    p.fsdp_init_on_cpu = read_enum(*f, "parallel.fsdp_init", kInit);
   }
   if (p.sharding != Sharding::fsdp) return;
   const Field* zero = d.find("parallel.zero");

@@ -1,4 +1,5 @@
-// Reading parallel.sharding and parallel.reshard_after_forward (internal to the scenario
+// Reading parallel.sharding, parallel.reshard_after_forward, parallel.fsdp_init and
+// parallel.gradient_as_bucket_view (internal to the scenario
 // loader; the keys are documented in docs/scenario-format.md).
 //
 // Contract: parallel.sharding is none | fsdp | deepspeed. With fsdp, parallel.zero ends

@@ -110,6 +110,11 @@ struct ParallelConfig {
   // (SHARD_GRAD_OP), set from reshard_after_forward when not given.
   Sharding sharding = Sharding::none;
   bool reshard_after_forward = true;
+  // fsdp: false = the model is built on the GPU, then wrapped (FSDP(model.cuda()));
+  // true = built on the CPU / meta device and moved unit by unit (FSDP(device_id=...)).
+  bool fsdp_init_on_cpu = false;
+  // torch DDP's gradient_as_bucket_view (sim/data_parallel.h); false is torch's default.
+  bool gradient_as_bucket_view = false;
 };
 
 struct DeviceConfig {

@@ -98,7 +98,7 @@ class Loop {
     if (s_.parallel.sharding == Sharding::fsdp)
       fsdp_ = std::make_unique<Fsdp>(rt_, s_);
     else if (s_.parallel.data > 1)
-      ddp_ = std::make_unique<TorchDdp>(rt_);
+      ddp_ = std::make_unique<TorchDdp>(rt_, s_.parallel.gradient_as_bucket_view);
     {
       OptimizerSetup setup;
       setup.cs336_decay_after_update = script_.cs336_revision == graph::Cs336Revision::v2025;

@@ -106,10 +106,11 @@ TEST_CASE("torch DDP buckets match torch 1.13 (CPU, gloo) at construction and af
     if (entry.path().extension() != ".json") continue;
     const nlohmann::json f = load_json(entry.path());
     INFO(entry.path().filename().string());
-    REQUIRE(f["gradient_as_bucket_view"].get<int>() == 0);
     REQUIRE(f["bucket_cap_bytes"].get<uint64_t>() == kDdpBucketCapBytes);
+    const bool view = f["gradient_as_bucket_view"].get<int>() != 0;
     Scenario s = ddp_scenario(f);
     s.parallel.data = f["world_size"].get<int>() + 1;  // DDP is wrapped for data > 1 only
+    s.parallel.gradient_as_bucket_view = view;
     const Program p = build_program(s);
     // Same parameters, same order.
     std::vector<uint64_t> params;
@@ -120,11 +121,22 @@ TEST_CASE("torch DDP buckets match torch 1.13 (CPU, gloo) at construction and af
     REQUIRE(params == torch_params);
     // The one bucket at construction, then the rebuilt ones, nothing else.
     std::vector<uint64_t> expect = f["construction_bucket_sizes"].get<std::vector<uint64_t>>();
-    for (uint64_t b : f["rebuilt_bucket_sizes"].get<std::vector<uint64_t>>()) expect.push_back(b);
+    uint64_t rebuilt = 0;
+    for (uint64_t b : f["rebuilt_bucket_sizes"].get<std::vector<uint64_t>>()) {
+      expect.push_back(b);
+      rebuilt += b;
+    }
     CHECK(named_allocs(p, "ddp.reducer.bucket") == expect);
+    // Gradient bytes after the step's backward: torch's .grad storages are their own
+    // tensors plus the buckets, or (gradient_as_bucket_view) the buckets themselves.
+    uint64_t own = 0;
+    for (const auto& b : f["grad_storage_bytes"]) own += b.get<uint64_t>();
+    if (view) CHECK(own >= rebuilt);  // every .grad reports its whole bucket
+    const uint64_t torch_grads = view ? rebuilt : own + rebuilt;
+    CHECK(model_states(p).gradients == static_cast<double>(torch_grads));
     ++seen;
   }
-  CHECK(seen == 4);
+  CHECK(seen == 6);
 }
 
 TEST_CASE("DDP adds its bucket buffers to the gradients from construction on", "[dp]") {
@@ -141,6 +153,23 @@ TEST_CASE("DDP adds its bucket buffers to the gradients from construction on", "
   CHECK(p.rank.world_size == 8);
   CHECK(p.rank.index == 0);
   CHECK_FALSE(p.rank.why.empty());
+}
+
+TEST_CASE("DDP gradient_as_bucket_view: the buckets are the gradients", "[dp]") {
+  nlohmann::json f = load_json(std::string(kDdpDir) + "/gpt2_l4_d512_v8192_w2.json");
+  Scenario s = ddp_scenario(f);
+  s.parallel.data = 1;
+  const ModelStateBytes single = model_states(build_program(s));
+  s.parallel.data = 8;
+  s.parallel.gradient_as_bucket_view = true;
+  const Program p = build_program(s);
+  CHECK(model_states(p).gradients == single.gradients);
+  // Only the buckets hold gradients after the first backward's hooks: no .grad allocation
+  // outlives its AccumulateGrad in the measured step.
+  const std::vector<uint64_t> buckets = named_allocs(p, "ddp.reducer.bucket");
+  CHECK(buckets.size() == 1 + f["rebuilt_bucket_sizes"].size());
+  s.parallel.data = 1;
+  CHECK_THROWS_WITH(build_program(s), Catch::Contains("parallel.gradient_as_bucket_view: applies"));
 }
 
 TEST_CASE("Megatron distributed optimizer: 6 + 12/d bytes per parameter (bf16)", "[zero]") {

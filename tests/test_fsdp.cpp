@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "cli_test_support.h"
 #include "sim/layer_bytes.h"
 #include "sim/schedule.h"
 #include "sim/zero_sharding.h"
@@ -55,7 +58,7 @@ uint64_t parameter_count_bytes(const Scenario& single) {
 
 TEST_CASE("FSDP FULL_SHARD keeps 16/d bytes of model state per fp32 parameter", "[fsdp][zero]") {
   for (const char* family : {"hf-llama", "hf-gpt2", "cs336"}) {
-    for (int64_t d : {1, 2, 8}) {
+    for (int64_t d : {2, 8}) {
       INFO(family << " d = " << d);
       const Scenario s = fsdp_scenario(family, d);
       REQUIRE(s.parallel.zero == 3);
@@ -80,6 +83,15 @@ TEST_CASE("FSDP gathers one layer in forward and two in backward (prefetch)", "[
   // The root's unit stays gathered from its forward through its backward.
   CHECK(max_live_named(full, gathered, Phase::forward) == 2);   // root + the running layer
   CHECK(max_live_named(full, gathered, Phase::backward) == 3);  // root + layer + prefetched
+  for (const char* family : {"hf-gpt2", "cs336"}) {
+    INFO(family);
+    const Program f = build_program(fsdp_scenario(family, 4));
+    CHECK(max_live_named(f, gathered, Phase::forward) == 2);
+    CHECK(max_live_named(f, gathered, Phase::backward) == 3);
+  }
+  // Recomputation inside the backward uses the units the backward gathered.
+  const Program ckpt = build_program(fsdp_scenario("hf-llama", 4, "checkpoint:\n  policy: full\n"));
+  CHECK(max_live_named(ckpt, gathered, Phase::backward) == 3);
   // SHARD_GRAD_OP keeps every layer gathered from its forward to its backward.
   const Program op = build_program(
       fsdp_scenario("hf-llama", 4, "  reshard_after_forward: false\n"));
@@ -113,6 +125,8 @@ TEST_CASE("FSDP keys are validated and unmodelled combinations refused", "[fsdp]
   Scenario ds = fsdp_scenario("hf-llama", 2);
   ds.parallel.sharding = Sharding::deepspeed;
   CHECK_THROWS_WITH(build_program(ds), Catch::StartsWith("fsdp.yaml: parallel.sharding: DeepSpeed"));
+  CHECK_THROWS_WITH(build_program(fsdp_scenario("hf-llama", 1)),
+                    Catch::StartsWith("fsdp.yaml: parallel.sharding: FSDP on one GPU"));
 }
 
 TEST_CASE("llama2-7b-fsdp-8xa100: 16/8 bytes of model state per parameter on each GPU",
@@ -127,4 +141,47 @@ TEST_CASE("llama2-7b-fsdp-8xa100: 16/8 bytes of model state per parameter on eac
                                             l.by_kind[int(TensorKind::optimizer_state)]);
   CHECK(states / P == Approx(16.0 / 8).epsilon(1e-6));
   CHECK(p.rank.world_size == 8);
+}
+
+TEST_CASE("memsim run --json reports the simulated rank of an FSDP job", "[fsdp][cli]") {
+  const memsim_test::CommandResult r = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" MEMSIM_SOURCE_DIR
+      "/scenarios/llama2-7b-fsdp-8xa100.yaml' --json - 2>/dev/null");
+  REQUIRE(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["rank"]["world_size"] == 8);
+  CHECK(j["rank"]["data_parallel"] == 8);
+  CHECK(j["rank"]["index"] == 0);
+  CHECK(j["rank"]["why"].get<std::string>().find("FSDP stage 3") != std::string::npos);
+}
+
+TEST_CASE("FSDP fsdp_init: cpu moves the model to the GPU one unit at a time", "[fsdp]") {
+  auto setup_peak = [](const Program& p) {
+    uint64_t live = 0, peak = 0;
+    for (const MemoryEvent& e : p.events) {
+      if (e.phase != Phase::setup) continue;
+      if (e.type == EventType::alloc) live += e.bytes;
+      if (e.type == EventType::free) live -= p.tensors[e.tensor].bytes;
+      peak = std::max(peak, live);
+    }
+    return peak;
+  };
+  const Scenario gpu = fsdp_scenario("hf-llama", 8);
+  const Scenario cpu = fsdp_scenario("hf-llama", 8, "  fsdp_init: cpu\n");
+  REQUIRE(cpu.parallel.fsdp_init_on_cpu);
+  const uint64_t P = parameter_count_bytes(gpu);
+  const Program on_gpu = build_program(gpu);
+  const Program on_cpu = build_program(cpu);
+  CHECK(setup_peak(on_gpu) > P);  // the whole model, then each flat copy
+  // The root (embedding + LM head) is the largest unit: it and its flat copy, plus the
+  // layer shards already made.
+  CHECK(setup_peak(on_cpu) < P * 3 / 4);
+  // After setup both hold the same shards, and the training step is the same.
+  CHECK(live(on_gpu, "optimizer_end", TensorKind::parameter) ==
+        live(on_cpu, "optimizer_end", TensorKind::parameter));
+  CHECK_THROWS_WITH(load_scenario_text("model:\n  family: hf-llama\n  layers: 2\n  d_model: 64\n"
+                                       "  heads: 4\n  d_ff: 128\n  vocab: 100\nbatch:\n"
+                                       "  seq_len: 16\nparallel:\n  fsdp_init: cpu\n",
+                                       "x.yaml"),
+                    Catch::Contains("parallel.fsdp_init: only applies"));
 }

@@ -51,6 +51,12 @@ std::string training_line(const Scenario& s) {
   if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0) {
     line += ", parallel dp " + std::to_string(p.data) + " tp " + std::to_string(p.tensor) +
             " pp " + std::to_string(p.pipeline) + " zero " + std::to_string(p.zero);
+    if (p.sharding == Sharding::fsdp)
+      line += p.reshard_after_forward ? " (FSDP FULL_SHARD)" : " (FSDP SHARD_GRAD_OP)";
+    else if (p.zero == 1)
+      line += " (distributed optimizer)";
+    else if (p.gradient_as_bucket_view)
+      line += " (DDP gradient_as_bucket_view)";
   }
   return line;
 }
