@@ -24,9 +24,10 @@ double bytes_per_layer(const Program& program, int64_t layers) {
   return static_cast<double>(first);
 }
 
-FormulaCheck korthikanti(const Scenario& s, bool flash) {
+FormulaCheck korthikanti(const Scenario& s, bool flash, int64_t tensor = 1) {
   Scenario sc = s;
   sc.model.attention = flash ? AttentionImpl::flash : AttentionImpl::eager;
+  sc.parallel.tensor = tensor;
   sc.step.warmup_steps = 0;
   sc.step.kind = StepKind::forward;  // only forward_end matters
   const graph::MegatronShape shape = megatron_shape(sc);
@@ -34,15 +35,22 @@ FormulaCheck korthikanti(const Scenario& s, bool flash) {
   const Program program = build_megatron_program(sc);
   FormulaCheck c;
   c.name = std::string("activations per layer, ") + sc.name + (flash ? ", flash" : ", eager");
-  c.formula = flash ? "s*b*h*34" : "s*b*h*(34 + 5*a*s/h)";
-  c.unit = "bytes/layer";
   const double sbh = static_cast<double>(shape.seq * shape.batch * shape.hidden);
-  c.expected = flash ? sbh * 34
-                     : sbh * (34.0 + 5.0 * static_cast<double>(shape.heads * shape.seq) /
-                                         static_cast<double>(shape.hidden));
+  const double t = static_cast<double>(tensor);
+  const double s2 = 5.0 * static_cast<double>(shape.heads * shape.seq) /
+                    (static_cast<double>(shape.hidden) * t);
+  if (tensor == 1) {
+    c.formula = flash ? "s*b*h*34" : "s*b*h*(34 + 5*a*s/h)";
+    c.expected = flash ? sbh * 34 : sbh * (34.0 + s2);
+  } else {  // Korthikanti Table 2, "tensor parallel (baseline)"
+    c.name += ", tensor parallel " + std::to_string(tensor);
+    c.formula = flash ? "s*b*h*(10 + 24/t)" : "s*b*h*(10 + 24/t + 5*a*s/(h*t))";
+    c.expected = sbh * (10.0 + 24.0 / t + (flash ? 0.0 : s2));
+  }
+  c.unit = "bytes/layer";
   c.simulated = bytes_per_layer(program, shape.layers);
   c.extra = static_cast<double>(expect.norm_stats + expect.flash_extras);
-  c.note = flash ? "LayerNorm mean+invvar fp32 (16sb) + softmax lse fp32 (4asb) + RNG state (16 B)"
+  c.note = flash ? "LayerNorm mean+invvar fp32 (16sb) + softmax lse fp32 (4asb/t) + RNG state (16 B)"
                  : "LayerNorm mean+invvar fp32 (16sb)";
   return c;
 }
@@ -98,6 +106,11 @@ FormulaCheck model_state(DType params, bool master, bool zero, double formula,
 
 std::vector<FormulaCheck> korthikanti_checks(const Scenario& gpt3) {
   return {korthikanti(gpt3, false), korthikanti(gpt3, true)};
+}
+
+std::vector<FormulaCheck> korthikanti_tensor_parallel_checks(const Scenario& gpt3,
+                                                             int64_t tensor) {
+  return {korthikanti(gpt3, false, tensor), korthikanti(gpt3, true, tensor)};
 }
 
 std::vector<FormulaCheck> model_state_checks() {
