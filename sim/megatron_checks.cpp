@@ -113,6 +113,34 @@ std::vector<FormulaCheck> korthikanti_tensor_parallel_checks(const Scenario& gpt
   return {korthikanti(gpt3, false, tensor), korthikanti(gpt3, true, tensor)};
 }
 
+FormulaCheck megatron_theoretical_weight_optimizer_check(const Scenario& s) {
+  const graph::MegatronShape shape = megatron_shape(s);
+  const double L = static_cast<double>(shape.layers), h = static_cast<double>(shape.hidden);
+  const double ffn = static_cast<double>(shape.ffn), t = static_cast<double>(shape.tensor);
+  // megatron/training/theoretical_memory_usage.py, compute_weight_and_optimizer_memory
+  // (MHA, no MoE, no swiglu, tied embeddings, pipeline 1, no distributed optimizer).
+  const double layers_params = 2 * L * h * h * (2 + ffn / h + 2 / h + 1 / (L * h));
+  const double embedding = h * static_cast<double>(shape.padded_vocab());
+  const double shard = (layers_params + embedding) / t;
+  Scenario sc = s;
+  sc.step.warmup_steps = 0;
+  const Program program = build_megatron_program(sc);
+  const LiveBytes live = live_bytes_at_mark(program, "optimizer_end");
+  if (!live.found_mark) throw std::runtime_error("no optimizer_end mark");
+  FormulaCheck c;
+  c.name = "weights + grads + optimizer of tensor-parallel rank 0, " + s.name;
+  c.formula = "18 * ((P_layers + V_pad*h) / t) (Megatron theoretical)";
+  c.unit = "bytes";
+  c.expected = 18 * shard;
+  c.simulated = static_cast<double>(live.by_kind[int(TensorKind::parameter)] +
+                                    live.by_kind[int(TensorKind::gradient)] +
+                                    live.by_kind[int(TensorKind::optimizer_state)]);
+  c.extra = c.simulated - c.expected;
+  c.note = "formula leaves out biases and position embeddings and splits the replicated "
+           "LayerNorms / row-parallel biases by t";
+  return c;
+}
+
 std::vector<FormulaCheck> model_state_checks() {
   return {
       model_state(DType::fp16, true, true, 16, "2 + 2 + 12 (ZeRO)", ""),

@@ -40,6 +40,10 @@ std::vector<FormulaCheck> korthikanti_checks(const Scenario& gpt3);
 // eager, the s^2 term dropped with flash), on tensor-parallel rank 0.
 std::vector<FormulaCheck> korthikanti_tensor_parallel_checks(const Scenario& gpt3,
                                                              int64_t tensor);
+// Megatron-LM's theoretical weight + optimizer memory (theoretical_memory_usage.py,
+// 18 bytes/param on the most loaded shard, pipeline 1) against memsim's parameters +
+// gradients + optimizer state at optimizer_end of `s` (bf16, fp32 master, Adam).
+FormulaCheck megatron_theoretical_weight_optimizer_check(const Scenario& s);
 // Model-state checks on a small megatron model.
 std::vector<FormulaCheck> model_state_checks();
 

@@ -3,6 +3,7 @@
 // share, vocabulary padding, the RankInfo, and what is refused.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -100,4 +101,23 @@ TEST_CASE("tensor parallel: end to end train step, RankInfo, and refusals",
                                  "/scenarios/cs336-small-train-ctx512.yaml");
   other.parallel.tensor = 2;
   CHECK_THROWS_WITH(build_program(other), Catch::Contains("parallel.tensor"));
+}
+
+TEST_CASE("tensor parallel: weights + optimizer vs Megatron-LM's theoretical memory formula",
+          "[megatron][tensor-parallel]") {
+  Scenario s = gpt3();
+  s.parallel.tensor = 8;
+  const FormulaCheck c = megatron_theoretical_weight_optimizer_check(s);
+  std::printf("  %s: formula %.1f memsim %.1f (%+.3f%%) %s\n", c.name.c_str(), c.expected,
+              c.simulated, 100 * c.extra / c.expected, c.note.c_str());
+  // By hand: per layer 12h^2/8 + (3h + f)/8 + 2h biases and 4h LayerNorm (full),
+  // position embedding 2048*h, word embedding 51200/8*h, final norm 2h; 18 B/param
+  // (bf16 weight 2, fp32 main_grad 4, fp32 master + Adam m, v 12).
+  const double h = 12288, f = 49152;
+  const double rank_params = 96 * (12 * h * h / 8 + (3 * h + f) / 8 + 6 * h) + 2048 * h +
+                             51200 / 8 * h + 2 * h;
+  const double formula_params = (2 * 96 * h * h * (2 + 4 + 2 / h + 1 / (96 * h)) + 51200 * h) / 8;
+  CHECK(c.expected == Approx(18 * formula_params).epsilon(1e-12));
+  CHECK(c.extra == Approx(18 * (rank_params - formula_params)).epsilon(1e-9));
+  CHECK(std::abs(c.extra) / c.expected < 5e-3);
 }
