@@ -102,6 +102,8 @@ enum class OpKind : uint8_t {
   rope_autocast,      // CS336 RoPE on a bf16/fp16 input (fp32 products; graph/autocast.h)
   // bitsandbytes (graph/ops_lora.h)
   matmul_4bit,        // MatMul4Bit: dequantise the NF4 weight, linear; saves nothing
+  // Megatron sequence parallelism (graph/ops_fused.h)
+  sequence_scatter,   // _ScatterToSequenceParallelRegion: this rank's contiguous shard
 };
 inline constexpr int kOpKindCount = static_cast<int>(OpKind::matmul_4bit) + 1;
 const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"

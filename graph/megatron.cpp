@@ -26,12 +26,29 @@ MegatronLayerBytes megatron_layer_saved_bytes(const MegatronShape& s) {
   // + 2 masks = 10 sbh); Q, K, V, the projection input, the fc1 output and the GeLU
   // output are split (12 tensors = 24 sbh / t), and so are the heads.
   r.korthikanti = sbh * (4 * e + 2 * mask) + sbh * 12 * e / t;
+  // With sequence parallel (Table 2: sbh(34/t + 5as/(ht))) the full ones are split too.
+  if (s.sequence_parallel) r.korthikanti = sbh * (16 * e + 2 * mask) / t;
   if (!s.flash) r.korthikanti += as2b * (e + mask * (e + 1));
-  r.norm_stats = 2 * 2 * 4 * static_cast<uint64_t>(s.seq * s.batch);
+  r.norm_stats = 2 * 2 * 4 * static_cast<uint64_t>(s.seq * s.batch) / (s.sequence_parallel ? t : 1);
   if (s.flash)
     r.flash_extras =
         4 * static_cast<uint64_t>(s.heads / s.tensor * s.seq * s.batch) + (s.dropout ? 16 : 0);
   return r;
+}
+
+void MegatronModel::use_global_buffer(uint64_t bytes) {
+  if (global_buffer_.defined() && global_buffer_.bytes >= bytes) return;
+  // Not an activation of any layer: a new, larger buffer replaces the old one (which dies
+  // when the dict entry is rebound).
+  const int32_t layer = rt_.ctx.layer;
+  const uint32_t region = rt_.ctx.region;
+  rt_.ctx.layer = -1;
+  rt_.ctx.region = 0;
+  Tensor buffer = rt_.alloc(bytes, TensorKind::other, OpKind::baddbmm);
+  rt_.program().tensors[buffer.storage].name = rt_.program().intern("mpu global memory buffer");
+  global_buffer_ = std::move(buffer);
+  rt_.ctx.layer = layer;
+  rt_.ctx.region = region;
 }
 
 int32_t MegatronModel::param(uint64_t elems, const std::string& name, bool decay) {
@@ -90,19 +107,7 @@ Tensor MegatronModel::core_attention(const Inputs& in) {
   const Tensor& q = in[0];
   const Tensor& k = in[1];
   const Tensor& v = in[2];
-  if (!global_buffer_.defined()) {
-    // mpu.get_global_memory_buffer().get_tensor(...): allocated at the first call and
-    // kept for the process lifetime (not an activation of any layer).
-    const int32_t layer = rt_.ctx.layer;
-    const uint32_t region = rt_.ctx.region;
-    rt_.ctx.layer = -1;
-    rt_.ctx.region = 0;
-    global_buffer_ = rt_.alloc(b * a * s * s * e, TensorKind::other, OpKind::baddbmm);
-    rt_.program().tensors[global_buffer_.storage].name =
-        rt_.program().intern("mpu global memory buffer");
-    rt_.ctx.layer = layer;
-    rt_.ctx.region = region;
-  }
+  use_global_buffer(b * a * s * s * e);  // the baddbmm input
   // matmul_result (and its attention_scores view) stay bound until forward returns.
   Tensor scores = baddbmm_qk(rt_, q, k, b * a * s * s * e, attn_flops);
   Tensor probs = fused_causal_softmax(rt_, scores);
@@ -123,7 +128,7 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
   // ColumnParallelLinear: this rank's 3h/t output columns.
   Tensor mixed = megatron_linear(rt_, ln_out,
                                  {3 * act() / t, 3 * h * h * e / t, s_.bias ? 3 * h * e / t : 0,
-                                  2 * r * hd * 3 * hd / td});
+                                  2 * r * hd * 3 * hd / td, sp_gather()});
   // Selective recomputation checkpoints exactly core_attention(q, k, v, attention_mask)
   // (tensor_parallel.checkpoint in _checkpointed_attention_forward).
   Tensor context;
@@ -138,7 +143,8 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
   mixed.reset();
   // linear_proj: RowParallelLinear, skip_bias_add (its bias goes to bias-dropout-add);
   // the partial [s, b, h] output is all-reduced in place.
-  Tensor out = megatron_linear(rt_, context, {act(), h * h * e / t, 0, 2 * r * hd * hd / td});
+  Tensor out = megatron_linear(
+      rt_, context, {act(), h * h * e / t, 0, 2 * r * hd * hd / td, 0, sp_scatter(act())});
   rt_.ctx.module = outer;
   return out;
 }
@@ -149,9 +155,9 @@ Tensor MegatronModel::mlp(const Tensor& ln_out) {
   const uint64_t h = s_.hidden, f = s_.ffn / tp(), e = s_.elem;  // f: this rank's columns
   const double r = static_cast<double>(rows());
   const double flops = 2 * r * static_cast<double>(h) * static_cast<double>(f);
-  Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops});
+  Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops, sp_gather()});
   inter = bias_gelu(rt_, inter, s_.bias ? f * e : 0);
-  return megatron_linear(rt_, inter, {act(), h * f * e, 0, flops});
+  return megatron_linear(rt_, inter, {act(), h * f * e, 0, flops, 0, sp_scatter(act())});
 }
 
 Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attention_mask) {
@@ -170,26 +176,26 @@ Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attent
   Tensor attn_out = run_region(rt_, RegionKind::attention, {x, attention_mask},
                                [this, keep1](const Inputs& in) {
                                  rt_.ctx.module = Module::norm;
-                                 Tensor ln = fused_layer_norm(rt_, in[0], rows(), s_.hidden, s_.elem);
+                                 Tensor ln = fused_layer_norm(rt_, in[0], rows_sp(), s_.hidden, s_.elem);
                                  Tensor out = attention(ln, in[1]);
                                  if (keep1 != nullptr) *keep1 = std::move(ln);
                                  return out;
                                });
   rt_.ctx.module = Module::attention;
-  Tensor hidden = bias_dropout_add(rt_, attn_out, x, rows() * h, s_.bias ? h * e : 0,
+  Tensor hidden = bias_dropout_add(rt_, attn_out, x, rows_sp() * h, s_.bias ? h * e : 0,
                                    s_.dropout);
   Tensor ln2;
   Tensor* keep2 = engine && engine->wants(RegionKind::mlp, index) ? nullptr : &ln2;
   // mlp_output_with_bias stays bound until the layer returns.
   Tensor fc2_out = run_region(rt_, RegionKind::mlp, {hidden}, [this, keep2](const Inputs& in) {
     rt_.ctx.module = Module::norm;
-    Tensor ln = fused_layer_norm(rt_, in[0], rows(), s_.hidden, s_.elem);
+    Tensor ln = fused_layer_norm(rt_, in[0], rows_sp(), s_.hidden, s_.elem);
     Tensor out = mlp(ln);
     if (keep2 != nullptr) *keep2 = std::move(ln);
     return out;
   });
   rt_.ctx.module = Module::mlp;
-  Tensor out = bias_dropout_add(rt_, fc2_out, hidden, rows() * h, s_.bias ? h * e : 0,
+  Tensor out = bias_dropout_add(rt_, fc2_out, hidden, rows_sp() * h, s_.bias ? h * e : 0,
                                 s_.dropout);
   rt_.ctx.module = Module::none;
   rt_.ctx.layer = outer;
@@ -210,7 +216,12 @@ Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids,
     Tensor sum = add(rt_, word, pos);
     embedded = clone(rt_, sum);  // transpose(0, 1).contiguous() -> [s, b, h]
     sum.reset();
-    embedded = dropout(rt_, embedded, rows() * h, s_.dropout);
+    if (s_.sequence_parallel) {
+      // scatter_to_sequence_parallel_region, then .clone() (clone_scatter_output_in_embedding).
+      embedded = sequence_scatter(rt_, embedded, act() / tp());
+      embedded = clone(rt_, embedded);
+    }
+    embedded = dropout(rt_, embedded, rows_sp() * h, s_.dropout);
   }
   // GPTModel.forward keeps decoder_input bound; the decoder loop rebinds hidden_states.
   Tensor hidden = embedded;
@@ -222,7 +233,7 @@ Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids,
                         return layer(l, in, extra[0]);
                       });
   rt_.ctx.module = Module::norm;
-  Tensor final_ln = fused_layer_norm(rt_, hidden, rows(), h, e);
+  Tensor final_ln = fused_layer_norm(rt_, hidden, rows_sp(), h, e);
   hidden.reset();
   rt_.ctx.module = Module::head;
   // Output layer tied to the word embedding: its wgrad also goes to that main_grad.
@@ -232,7 +243,8 @@ Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids,
       rt_, final_ln,
       {rows() * local_vocab * e, local_vocab * h * e, 0,
        2.0 * static_cast<double>(rows()) * static_cast<double>(h) *
-           static_cast<double>(local_vocab)});
+           static_cast<double>(local_vocab),
+       sp_gather()});
   rt_.ctx.module = Module::none;
   return logits;
 }

@@ -84,6 +84,12 @@ struct MegatronShape {
   // vocab-parallel over the padded vocabulary; LayerNorms, position embedding and the
   // row-parallel biases are replicated. heads and ffn must divide by t.
   int64_t tensor = 1;
+  // Sequence parallelism (Korthikanti et al. 2022 §4.2.2, --sequence-parallel, t > 1):
+  // LayerNorms, dropouts and residual adds work on this rank's s/t sequence shard; the
+  // column-parallel linears all-gather their input into the global buffer and save only
+  // the shard, the row-parallel ones reduce-scatter their output; the embedding output
+  // is scattered. seq must divide by t.
+  bool sequence_parallel = false;
   // Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by (128)
   // times t. With t == 1 the vocabulary is used as given (memsim's behaviour before
   // tensor parallelism; the shipped one-GPU numbers keep it).
@@ -133,6 +139,8 @@ class MegatronModel {
   uint64_t rows() const { return static_cast<uint64_t>(s_.batch * s_.seq); }
   uint64_t act() const { return rows() * s_.hidden * s_.elem; }  // one [s, b, h] tensor
   uint64_t tp() const { return static_cast<uint64_t>(s_.tensor); }
+  // Rows of the tensors outside the tensor-parallel regions ([s/t, b, h] with SP).
+  uint64_t rows_sp() const { return s_.sequence_parallel ? rows() / tp() : rows(); }
 
  private:
   Tensor attention(const Tensor& ln_out, const Tensor& attention_mask);
@@ -140,6 +148,16 @@ class MegatronModel {
   Tensor core_attention(const std::vector<Tensor>& in);
   Tensor mlp(const Tensor& ln_out);
   int32_t param(uint64_t elems, const std::string& name, bool decay);
+  // get_global_memory_buffer().get_tensor(bytes, "mpu"): allocated at the first use and
+  // replaced by a larger one when a use needs more; kept for the process lifetime.
+  void use_global_buffer(uint64_t bytes);
+  // The all-gathered input of a sequence-parallel column-parallel linear (0 without SP).
+  uint64_t sp_gather() {
+    if (!s_.sequence_parallel) return 0;
+    use_global_buffer(act());
+    return act();
+  }
+  uint64_t sp_scatter(uint64_t full) const { return s_.sequence_parallel ? full / tp() : 0; }
 
   Runtime& rt_;
   MegatronShape s_;

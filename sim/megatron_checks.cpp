@@ -24,10 +24,12 @@ double bytes_per_layer(const Program& program, int64_t layers) {
   return static_cast<double>(first);
 }
 
-FormulaCheck korthikanti(const Scenario& s, bool flash, int64_t tensor = 1) {
+FormulaCheck korthikanti(const Scenario& s, bool flash, int64_t tensor = 1,
+                         bool sequence = false) {
   Scenario sc = s;
   sc.model.attention = flash ? AttentionImpl::flash : AttentionImpl::eager;
   sc.parallel.tensor = tensor;
+  sc.parallel.sequence = sequence;
   sc.step.warmup_steps = 0;
   sc.step.kind = StepKind::forward;  // only forward_end matters
   const graph::MegatronShape shape = megatron_shape(sc);
@@ -42,6 +44,10 @@ FormulaCheck korthikanti(const Scenario& s, bool flash, int64_t tensor = 1) {
   if (tensor == 1) {
     c.formula = flash ? "s*b*h*34" : "s*b*h*(34 + 5*a*s/h)";
     c.expected = flash ? sbh * 34 : sbh * (34.0 + s2);
+  } else if (sequence) {  // Korthikanti Table 2, "tensor + sequence parallel"
+    c.name += ", tensor + sequence parallel " + std::to_string(tensor);
+    c.formula = flash ? "s*b*h*34/t" : "s*b*h*(34/t + 5*a*s/(h*t))";
+    c.expected = sbh * (34.0 / t + (flash ? 0.0 : s2));
   } else {  // Korthikanti Table 2, "tensor parallel (baseline)"
     c.name += ", tensor parallel " + std::to_string(tensor);
     c.formula = flash ? "s*b*h*(10 + 24/t)" : "s*b*h*(10 + 24/t + 5*a*s/(h*t))";
@@ -50,8 +56,8 @@ FormulaCheck korthikanti(const Scenario& s, bool flash, int64_t tensor = 1) {
   c.unit = "bytes/layer";
   c.simulated = bytes_per_layer(program, shape.layers);
   c.extra = static_cast<double>(expect.norm_stats + expect.flash_extras);
-  c.note = flash ? "LayerNorm mean+invvar fp32 (16sb) + softmax lse fp32 (4asb/t) + RNG state (16 B)"
-                 : "LayerNorm mean+invvar fp32 (16sb)";
+  c.note = flash ? "LayerNorm mean+invvar fp32 (16sb, /t with SP) + softmax lse fp32 (4asb/t) + RNG state (16 B)"
+                 : "LayerNorm mean+invvar fp32 (16sb, /t with SP)";
   return c;
 }
 
@@ -109,8 +115,8 @@ std::vector<FormulaCheck> korthikanti_checks(const Scenario& gpt3) {
 }
 
 std::vector<FormulaCheck> korthikanti_tensor_parallel_checks(const Scenario& gpt3,
-                                                             int64_t tensor) {
-  return {korthikanti(gpt3, false, tensor), korthikanti(gpt3, true, tensor)};
+                                                             int64_t tensor, bool sequence) {
+  return {korthikanti(gpt3, false, tensor, sequence), korthikanti(gpt3, true, tensor, sequence)};
 }
 
 FormulaCheck megatron_theoretical_weight_optimizer_check(const Scenario& s) {

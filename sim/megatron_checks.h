@@ -38,8 +38,9 @@ struct FormulaCheck {
 std::vector<FormulaCheck> korthikanti_checks(const Scenario& gpt3);
 // The same with tensor parallel t (Korthikanti Table 2: s*b*h*(10 + 24/t + 5*a*s/(h*t))
 // eager, the s^2 term dropped with flash), on tensor-parallel rank 0.
+// With `sequence`: s*b*h*(34/t + 5*a*s/(h*t)).
 std::vector<FormulaCheck> korthikanti_tensor_parallel_checks(const Scenario& gpt3,
-                                                             int64_t tensor);
+                                                             int64_t tensor, bool sequence = false);
 // Megatron-LM's theoretical weight + optimizer memory (theoretical_memory_usage.py,
 // 18 bytes/param on the most loaded shard, pipeline 1) against memsim's parameters +
 // gradients + optimizer state at optimizer_end of `s` (bf16, fp32 master, Adam).

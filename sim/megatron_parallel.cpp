@@ -16,7 +16,14 @@ void require_megatron_model_parallel_modelled(const Scenario& s) {
     refuse(s, "parallel.pipeline",
            "pipeline parallelism is not modelled yet for model family 'megatron' (set "
            "parallel.pipeline to 1)");
+  if (p.sequence && p.tensor == 1)
+    refuse(s, "parallel.sequence",
+           "sequence parallelism needs parallel.tensor > 1 (Megatron turns it off otherwise)");
   if (p.tensor == 1) return;
+  if (p.sequence && s.batch.seq_len % p.tensor != 0)
+    refuse(s, "parallel.sequence",
+           "batch.seq_len (" + std::to_string(s.batch.seq_len) + ") must be divisible by " +
+               "parallel.tensor (" + std::to_string(p.tensor) + ")");
   if (p.data != 1 || p.zero != 0)
     refuse(s, "parallel.tensor",
            "tensor parallelism combined with data parallelism or ZeRO is not modelled yet "

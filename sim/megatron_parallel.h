@@ -5,7 +5,8 @@
 // (graph/megatron.h: column-parallel QKV and fc1, row-parallel proj and fc2, heads,
 // vocab-parallel embedding and cross entropy over the vocabulary padded to a multiple of
 // 128*t). Every tensor-parallel rank holds the same shapes, so rank 0 stands for all.
-// Pipeline parallelism (parallel.pipeline > 1), sequence parallelism, and tensor
+// parallel.sequence adds Megatron's sequence parallelism (Korthikanti et al. 2022).
+// Pipeline parallelism (parallel.pipeline > 1), and tensor
 // parallelism combined with data parallelism or ZeRO are not modelled yet and refused.
 #pragma once
 

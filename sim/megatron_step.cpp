@@ -33,6 +33,7 @@ graph::MegatronShape megatron_shape(const Scenario& s) {
   shape.flash = s.model.attention != AttentionImpl::eager;
   shape.dropout = s.model.dropout > 0.0;
   shape.tensor = s.parallel.tensor;
+  shape.sequence_parallel = s.parallel.sequence;
   return shape;
 }
 

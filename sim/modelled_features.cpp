@@ -41,6 +41,8 @@ void require_modelled(const Scenario& s) {
            "multi-GPU memory of tensor, sequence and pipeline parallelism is not modelled "
            "yet (set parallel.tensor and parallel.pipeline to 1)");
   }
+  if (p.sequence && !tensor_modelled)
+    refuse(s, "parallel.sequence", "sequence parallelism is modelled for model family 'megatron' only");
   require_data_parallel_modelled(s);  // sim/data_parallel.h
   // Data parallelism, LoRA, master weights and autocast were each checked alone; their
   // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable

@@ -98,7 +98,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"step", {"kind", "warmup_steps", "zero_grad"}},
       {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant"}},
       {"lora", {"rank", "alpha", "targets", "dropout", "base_dtype", "adapter_dtype"}},
-      {"parallel", {"data", "tensor", "pipeline", "zero", "sharding", "reshard_after_forward"}},
+      {"parallel", {"data", "tensor", "pipeline", "zero", "sharding", "reshard_after_forward", "sequence"}},
       {"device", {"preset", "capacity", "cuda_context", "cublas_workspace"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",
                      "max_non_split_rounding_mb", "garbage_collection_threshold",

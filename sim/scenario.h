@@ -110,6 +110,8 @@ struct ParallelConfig {
   // (SHARD_GRAD_OP), set from reshard_after_forward when not given.
   Sharding sharding = Sharding::none;
   bool reshard_after_forward = true;
+  // megatron, tensor > 1: Megatron's --sequence-parallel (sim/megatron_parallel.h).
+  bool sequence = false;
 };
 
 struct DeviceConfig {

@@ -121,3 +121,65 @@ TEST_CASE("tensor parallel: weights + optimizer vs Megatron-LM's theoretical mem
   CHECK(c.extra == Approx(18 * (rank_params - formula_params)).epsilon(1e-9));
   CHECK(std::abs(c.extra) / c.expected < 5e-3);
 }
+
+TEST_CASE("Korthikanti Table 2: sequence parallel keeps s*b*h*(34/t + 5as/(ht)) per layer",
+          "[megatron][tensor-parallel][sequence-parallel]") {
+  const Scenario s = gpt3();
+  const double sbh = 2048.0 * 1 * 12288;
+  for (int64_t t : {2, 8}) {
+    const auto checks = korthikanti_tensor_parallel_checks(s, t, true);
+    REQUIRE(checks.size() == 2);
+    const double td = static_cast<double>(t);
+    CHECK(checks[0].expected == sbh * (34 / td + 80 / td));
+    CHECK(checks[1].expected == sbh * (34 / td));
+    for (const FormulaCheck& c : checks) {
+      std::printf("  %-70s %-32s formula %14.1f memsim %14.1f extra %8.1f %s\n", c.name.c_str(),
+                  c.formula.c_str(), c.expected, c.simulated, c.extra, c.note.c_str());
+      // LayerNorm fp32 mean/invvar (16sb/t: the norms see the sequence shard only).
+      CHECK(c.simulated == c.expected + c.extra);
+      CHECK(c.extra / c.expected < 1e-3);
+    }
+  }
+}
+
+TEST_CASE("sequence parallel with selective recompute keeps 34*s*b*h/t per layer",
+          "[megatron][tensor-parallel][sequence-parallel]") {
+  Scenario s = gpt3();
+  s.parallel.tensor = 8;
+  s.parallel.sequence = true;
+  s.checkpoint.policy = "selective";
+  s.step.kind = StepKind::forward;
+  s.step.warmup_steps = 0;
+  s.model.layers = 4;
+  const Program program = build_megatron_program(s);
+  const LiveBytes live = live_bytes_at_mark(program, "forward_end");
+  REQUIRE(live.found_mark);
+  const double sbh = 2048.0 * 12288;
+  const double sb = 2048.0;
+  for (const auto& l : live.by_layer) {
+    const double act = static_cast<double>(l[static_cast<int>(TensorKind::activation)]);
+    // 34sbh/t plus the LayerNorm statistics 16sb/t.
+    CHECK(act == 34 * sbh / 8 + 16 * sb / 8);
+  }
+}
+
+TEST_CASE("sequence parallel: end to end train step and refusals",
+          "[megatron][tensor-parallel][sequence-parallel]") {
+  Scenario s = gpt3();
+  s.model.layers = 2;
+  s.parallel.tensor = 4;
+  s.parallel.sequence = true;
+  const Program sp = build_program(s);
+  s.parallel.sequence = false;
+  const Program tp = build_program(s);
+  // The activations shrink; the parameters do not change.
+  const LiveBytes a = live_bytes_at_mark(sp, "forward_end");
+  const LiveBytes b = live_bytes_at_mark(tp, "forward_end");
+  CHECK(a.by_kind[static_cast<int>(TensorKind::activation)] <
+        b.by_kind[static_cast<int>(TensorKind::activation)]);
+  CHECK(a.by_kind[static_cast<int>(TensorKind::parameter)] ==
+        b.by_kind[static_cast<int>(TensorKind::parameter)]);
+  Scenario one = gpt3();
+  one.parallel.sequence = true;
+  CHECK_THROWS_WITH(build_program(one), Catch::Contains("parallel.sequence"));
+}
