@@ -182,4 +182,8 @@ TEST_CASE("sequence parallel: end to end train step and refusals",
   Scenario one = gpt3();
   one.parallel.sequence = true;
   CHECK_THROWS_WITH(build_program(one), Catch::Contains("parallel.sequence"));
+  Scenario other = load_scenario(std::string(MEMSIM_SOURCE_DIR) +
+                                 "/scenarios/cs336-small-train-ctx512.yaml");
+  other.parallel.sequence = true;
+  CHECK_THROWS_WITH(build_program(other), Catch::Contains("parallel.sequence"));
 }
