@@ -6,26 +6,49 @@
 namespace memsim::graph {
 
 int64_t megatron_parameter_count(const MegatronShape& s) {
-  const int64_t h = s.hidden, f = s.ffn, bias = s.bias ? 1 : 0;
-  const int64_t per_layer = 3 * h * h + h * h + 2 * h * f   // QKV, dense, fc1, fc2 weights
-                            + bias * (3 * h + h + f + h)     // their biases
-                            + 4 * h;                         // two LayerNorms
-  return s.vocab * h + s.max_positions * h + s.layers * per_layer + 2 * h;
+  const int64_t h = s.hidden, f = s.ffn, bias = s.bias ? 1 : 0, t = s.tensor;
+  const int64_t per_layer = (3 * h * h + h * h + 2 * h * f) / t  // QKV, dense, fc1, fc2 weights
+                            + bias * ((3 * h + f) / t + h + h)   // their biases (row-parallel: full)
+                            + 4 * h;                             // two LayerNorms
+  return s.padded_vocab() / t * h + s.max_positions * h + s.layers * per_layer + 2 * h;
 }
 
 MegatronLayerBytes megatron_layer_saved_bytes(const MegatronShape& s) {
   const uint64_t sbh = static_cast<uint64_t>(s.seq * s.batch * s.hidden);
-  const uint64_t as2b = static_cast<uint64_t>(s.heads * s.seq * s.seq * s.batch);
+  const uint64_t t = static_cast<uint64_t>(s.tensor);
+  const uint64_t as2b = static_cast<uint64_t>(s.heads / s.tensor * s.seq * s.seq * s.batch);
   const uint64_t e = s.elem, mask = s.dropout ? 1 : 0;
   MegatronLayerBytes r;
   // 16 sbh-sized 16-bit tensors plus two 1-byte masks (34 sbh for e = 2); eager adds the
-  // softmax output, the dropout output and its mask (5 as^2 b).
-  r.korthikanti = sbh * (16 * e + 2 * mask);
+  // softmax output, the dropout output and its mask (5 as^2 b). With tensor parallel t
+  // (Korthikanti Table 2, sbh(10 + 24/t + 5as/(ht))): the two LayerNorm inputs, the two
+  // LayerNorm outputs (QKV and fc1 inputs) and the two dropout masks stay full (5 tensors
+  // + 2 masks = 10 sbh); Q, K, V, the projection input, the fc1 output and the GeLU
+  // output are split (12 tensors = 24 sbh / t), and so are the heads.
+  r.korthikanti = sbh * (4 * e + 2 * mask) + sbh * 12 * e / t;
+  // With sequence parallel (Table 2: sbh(34/t + 5as/(ht))) the full ones are split too.
+  if (s.sequence_parallel) r.korthikanti = sbh * (16 * e + 2 * mask) / t;
   if (!s.flash) r.korthikanti += as2b * (e + mask * (e + 1));
-  r.norm_stats = 2 * 2 * 4 * static_cast<uint64_t>(s.seq * s.batch);
+  r.norm_stats = 2 * 2 * 4 * static_cast<uint64_t>(s.seq * s.batch) / (s.sequence_parallel ? t : 1);
   if (s.flash)
-    r.flash_extras = 4 * static_cast<uint64_t>(s.heads * s.seq * s.batch) + (s.dropout ? 16 : 0);
+    r.flash_extras =
+        4 * static_cast<uint64_t>(s.heads / s.tensor * s.seq * s.batch) + (s.dropout ? 16 : 0);
   return r;
+}
+
+void MegatronModel::use_global_buffer(uint64_t bytes) {
+  if (global_buffer_.defined() && global_buffer_.bytes >= bytes) return;
+  // Not an activation of any layer: a new, larger buffer replaces the old one (which dies
+  // when the dict entry is rebound).
+  const int32_t layer = rt_.ctx.layer;
+  const uint32_t region = rt_.ctx.region;
+  rt_.ctx.layer = -1;
+  rt_.ctx.region = 0;
+  Tensor buffer = rt_.alloc(bytes, TensorKind::other, OpKind::baddbmm);
+  rt_.program().tensors[buffer.storage].name = rt_.program().intern("mpu global memory buffer");
+  global_buffer_ = std::move(buffer);
+  rt_.ctx.layer = layer;
+  rt_.ctx.region = region;
 }
 
 int32_t MegatronModel::param(uint64_t elems, const std::string& name, bool decay) {
@@ -36,10 +59,12 @@ int32_t MegatronModel::param(uint64_t elems, const std::string& name, bool decay
 }
 
 void MegatronModel::construct() {
-  const uint64_t h = s_.hidden, f = s_.ffn;
+  const uint64_t h = s_.hidden, f = s_.ffn, t = tp();
   rt_.ctx.layer = -1;
   rt_.ctx.module = Module::embedding;
-  param(s_.vocab * h, "embedding.word_embeddings.weight", true);
+  // VocabParallelEmbedding: this rank's rows of the padded vocabulary.
+  param(static_cast<uint64_t>(s_.padded_vocab()) / t * h, "embedding.word_embeddings.weight",
+        true);
   param(s_.max_positions * h, "embedding.position_embeddings.weight", true);
   for (int32_t l = 0; l < s_.layers; ++l) {
     rt_.ctx.layer = l;
@@ -48,17 +73,17 @@ void MegatronModel::construct() {
     param(h, pre + "input_layernorm.weight", false);
     param(h, pre + "input_layernorm.bias", false);
     rt_.ctx.module = Module::attention;
-    param(3 * h * h, pre + "self_attention.linear_qkv.weight", true);
-    if (s_.bias) param(3 * h, pre + "self_attention.linear_qkv.bias", false);
-    param(h * h, pre + "self_attention.linear_proj.weight", true);
+    param(3 * h * h / t, pre + "self_attention.linear_qkv.weight", true);
+    if (s_.bias) param(3 * h / t, pre + "self_attention.linear_qkv.bias", false);
+    param(h * h / t, pre + "self_attention.linear_proj.weight", true);
     if (s_.bias) param(h, pre + "self_attention.linear_proj.bias", false);
     rt_.ctx.module = Module::norm;
     param(h, pre + "pre_mlp_layernorm.weight", false);
     param(h, pre + "pre_mlp_layernorm.bias", false);
     rt_.ctx.module = Module::mlp;
-    param(f * h, pre + "mlp.linear_fc1.weight", true);
-    if (s_.bias) param(f, pre + "mlp.linear_fc1.bias", false);
-    param(h * f, pre + "mlp.linear_fc2.weight", true);
+    param(f * h / t, pre + "mlp.linear_fc1.weight", true);
+    if (s_.bias) param(f / t, pre + "mlp.linear_fc1.bias", false);
+    param(h * f / t, pre + "mlp.linear_fc2.weight", true);
     if (s_.bias) param(h, pre + "mlp.linear_fc2.bias", false);
   }
   rt_.ctx.layer = -1;
@@ -71,34 +96,23 @@ void MegatronModel::construct() {
 // DotProductAttention (local spec) or TE fused attention on the packed QKV output.
 // `mixed` is the QKV output (flash), or unused when q, k, v are given (eager).
 Tensor MegatronModel::core_attention(const Inputs& in) {
-  const uint64_t b = s_.batch, a = s_.heads, s = s_.seq, e = s_.elem;
+  // This rank's heads (np = a / t); the context is [s, b, h / t].
+  const uint64_t b = s_.batch, a = s_.heads / tp(), s = s_.seq, e = s_.elem;
   const double hd = static_cast<double>(s_.hidden / s_.heads);
   const double attn_flops = 2.0 * static_cast<double>(b * a * s * s) * hd;  // per GEMM
   if (s_.flash) {
-    return fused_attention(rt_, in[0], act(), b * a * s * 4, rows() * s_.hidden * 4,
+    return fused_attention(rt_, in[0], act() / tp(), b * a * s * 4, rows() * s_.hidden / tp() * 4,
                            s_.dropout, 2 * attn_flops);
   }
   const Tensor& q = in[0];
   const Tensor& k = in[1];
   const Tensor& v = in[2];
-  if (!global_buffer_.defined()) {
-    // mpu.get_global_memory_buffer().get_tensor(...): allocated at the first call and
-    // kept for the process lifetime (not an activation of any layer).
-    const int32_t layer = rt_.ctx.layer;
-    const uint32_t region = rt_.ctx.region;
-    rt_.ctx.layer = -1;
-    rt_.ctx.region = 0;
-    global_buffer_ = rt_.alloc(b * a * s * s * e, TensorKind::other, OpKind::baddbmm);
-    rt_.program().tensors[global_buffer_.storage].name =
-        rt_.program().intern("mpu global memory buffer");
-    rt_.ctx.layer = layer;
-    rt_.ctx.region = region;
-  }
+  use_global_buffer(b * a * s * s * e);  // the baddbmm input
   // matmul_result (and its attention_scores view) stay bound until forward returns.
   Tensor scores = baddbmm_qk(rt_, q, k, b * a * s * s * e, attn_flops);
   Tensor probs = fused_causal_softmax(rt_, scores);
   probs = dropout(rt_, probs, b * a * s * s, s_.dropout);
-  Tensor context = bmm(rt_, probs, v, act(), attn_flops);
+  Tensor context = bmm(rt_, probs, v, act() / tp(), attn_flops);
   // [b, np, sq, hn] -> [sq, b, np, hn]: permute(...).contiguous(), a copy; the bmm
   // result dies when the name is rebound.
   context = clone(rt_, context);
@@ -108,10 +122,13 @@ Tensor MegatronModel::core_attention(const Inputs& in) {
 Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_mask) {
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::attention;
-  const uint64_t h = s_.hidden, e = s_.elem;
+  const uint64_t h = s_.hidden, e = s_.elem, t = tp();
   const double r = static_cast<double>(rows()), hd = static_cast<double>(h);
-  Tensor mixed = megatron_linear(
-      rt_, ln_out, {3 * act(), 3 * h * h * e, s_.bias ? 3 * h * e : 0, 2 * r * hd * 3 * hd});
+  const double td = static_cast<double>(t);
+  // ColumnParallelLinear: this rank's 3h/t output columns.
+  Tensor mixed = megatron_linear(rt_, ln_out,
+                                 {3 * act() / t, 3 * h * h * e / t, s_.bias ? 3 * h * e / t : 0,
+                                  2 * r * hd * 3 * hd / td, sp_gather()});
   // Selective recomputation checkpoints exactly core_attention(q, k, v, attention_mask)
   // (tensor_parallel.checkpoint in _checkpointed_attention_forward).
   Tensor context;
@@ -124,8 +141,10 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
                          [this](const Inputs& in) { return core_attention(in); });
   }
   mixed.reset();
-  // linear_proj: skip_bias_add (its bias goes to bias-dropout-add).
-  Tensor out = megatron_linear(rt_, context, {act(), h * h * e, 0, 2 * r * hd * hd});
+  // linear_proj: RowParallelLinear, skip_bias_add (its bias goes to bias-dropout-add);
+  // the partial [s, b, h] output is all-reduced in place.
+  Tensor out = megatron_linear(
+      rt_, context, {act(), h * h * e / t, 0, 2 * r * hd * hd / td, 0, sp_scatter(act())});
   rt_.ctx.module = outer;
   return out;
 }
@@ -133,12 +152,12 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
 // MLP with bias-GeLU fusion up to linear_fc2 (its bias goes to bias-dropout-add).
 Tensor MegatronModel::mlp(const Tensor& ln_out) {
   rt_.ctx.module = Module::mlp;
-  const uint64_t h = s_.hidden, f = s_.ffn, e = s_.elem;
+  const uint64_t h = s_.hidden, f = s_.ffn / tp(), e = s_.elem;  // f: this rank's columns
   const double r = static_cast<double>(rows());
   const double flops = 2 * r * static_cast<double>(h) * static_cast<double>(f);
-  Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops});
+  Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops, sp_gather()});
   inter = bias_gelu(rt_, inter, s_.bias ? f * e : 0);
-  return megatron_linear(rt_, inter, {act(), h * f * e, 0, flops});
+  return megatron_linear(rt_, inter, {act(), h * f * e, 0, flops, 0, sp_scatter(act())});
 }
 
 Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attention_mask) {
@@ -157,26 +176,26 @@ Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attent
   Tensor attn_out = run_region(rt_, RegionKind::attention, {x, attention_mask},
                                [this, keep1](const Inputs& in) {
                                  rt_.ctx.module = Module::norm;
-                                 Tensor ln = fused_layer_norm(rt_, in[0], rows(), s_.hidden, s_.elem);
+                                 Tensor ln = fused_layer_norm(rt_, in[0], rows_sp(), s_.hidden, s_.elem);
                                  Tensor out = attention(ln, in[1]);
                                  if (keep1 != nullptr) *keep1 = std::move(ln);
                                  return out;
                                });
   rt_.ctx.module = Module::attention;
-  Tensor hidden = bias_dropout_add(rt_, attn_out, x, rows() * h, s_.bias ? h * e : 0,
+  Tensor hidden = bias_dropout_add(rt_, attn_out, x, rows_sp() * h, s_.bias ? h * e : 0,
                                    s_.dropout);
   Tensor ln2;
   Tensor* keep2 = engine && engine->wants(RegionKind::mlp, index) ? nullptr : &ln2;
   // mlp_output_with_bias stays bound until the layer returns.
   Tensor fc2_out = run_region(rt_, RegionKind::mlp, {hidden}, [this, keep2](const Inputs& in) {
     rt_.ctx.module = Module::norm;
-    Tensor ln = fused_layer_norm(rt_, in[0], rows(), s_.hidden, s_.elem);
+    Tensor ln = fused_layer_norm(rt_, in[0], rows_sp(), s_.hidden, s_.elem);
     Tensor out = mlp(ln);
     if (keep2 != nullptr) *keep2 = std::move(ln);
     return out;
   });
   rt_.ctx.module = Module::mlp;
-  Tensor out = bias_dropout_add(rt_, fc2_out, hidden, rows() * h, s_.bias ? h * e : 0,
+  Tensor out = bias_dropout_add(rt_, fc2_out, hidden, rows_sp() * h, s_.bias ? h * e : 0,
                                 s_.dropout);
   rt_.ctx.module = Module::none;
   rt_.ctx.layer = outer;
@@ -190,12 +209,19 @@ Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids,
   rt_.ctx.module = Module::embedding;
   Tensor embedded;
   {
-    Tensor word = megatron_embedding(rt_, tokens, act(), s_.vocab * h * e, true);
+    // VocabParallelEmbedding: a full [b, s, h] output (masked lookup, then all-reduce).
+    const uint64_t local_vocab = static_cast<uint64_t>(s_.padded_vocab()) / tp();
+    Tensor word = megatron_embedding(rt_, tokens, act(), local_vocab * h * e, true);
     Tensor pos = megatron_embedding(rt_, position_ids, act(), s_.max_positions * h * e, true);
     Tensor sum = add(rt_, word, pos);
     embedded = clone(rt_, sum);  // transpose(0, 1).contiguous() -> [s, b, h]
     sum.reset();
-    embedded = dropout(rt_, embedded, rows() * h, s_.dropout);
+    if (s_.sequence_parallel) {
+      // scatter_to_sequence_parallel_region, then .clone() (clone_scatter_output_in_embedding).
+      embedded = sequence_scatter(rt_, embedded, act() / tp());
+      embedded = clone(rt_, embedded);
+    }
+    embedded = dropout(rt_, embedded, rows_sp() * h, s_.dropout);
   }
   // GPTModel.forward keeps decoder_input bound; the decoder loop rebinds hidden_states.
   Tensor hidden = embedded;
@@ -207,15 +233,18 @@ Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids,
                         return layer(l, in, extra[0]);
                       });
   rt_.ctx.module = Module::norm;
-  Tensor final_ln = fused_layer_norm(rt_, hidden, rows(), h, e);
+  Tensor final_ln = fused_layer_norm(rt_, hidden, rows_sp(), h, e);
   hidden.reset();
   rt_.ctx.module = Module::head;
   // Output layer tied to the word embedding: its wgrad also goes to that main_grad.
+  // Column-parallel over the padded vocabulary: this rank's V/t logits.
+  const uint64_t local_vocab = static_cast<uint64_t>(s_.padded_vocab()) / tp();
   Tensor logits = megatron_linear(
       rt_, final_ln,
-      {rows() * s_.vocab * e, s_.vocab * h * e, 0,
+      {rows() * local_vocab * e, local_vocab * h * e, 0,
        2.0 * static_cast<double>(rows()) * static_cast<double>(h) *
-           static_cast<double>(s_.vocab)});
+           static_cast<double>(local_vocab),
+       sp_gather()});
   rt_.ctx.module = Module::none;
   return logits;
 }
@@ -224,7 +253,8 @@ Tensor MegatronModel::language_model_loss(const Tensor& logits, const Tensor& la
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::loss;
   Tensor labels_t = rt_.alloc(labels.bytes, TensorKind::input, OpKind::clone);
-  Tensor loss = vocab_parallel_cross_entropy(rt_, logits, rows(), s_.vocab);
+  Tensor loss = vocab_parallel_cross_entropy(
+      rt_, logits, rows(), static_cast<uint64_t>(s_.padded_vocab()) / tp());
   labels_t.reset();
   loss = clone(rt_, loss);  // transpose(0, 1).contiguous() -> [b, s]
   rt_.ctx.module = outer;

@@ -2,7 +2,8 @@
 // local layer spec: apex fused LayerNorm, ColumnParallel/RowParallel linears with
 // gradient-accumulation fusion, fused causal scale-mask-softmax, jit-fused
 // bias-dropout-add and bias-GeLU, learned absolute positions, output layer tied to the
-// word embedding, vocab-parallel cross entropy), tensor/pipeline parallel 1, written op
+// word embedding, vocab-parallel cross entropy), tensor parallel t (MegatronShape::tensor),
+// pipeline parallel 1, written op
 // by op against graph::Runtime with the ops of graph/ops_fused.h.
 //
 // Layout [s, b, h]; activations in the parameters' 16-bit dtype. Parameters pass to the
@@ -77,9 +78,29 @@ struct MegatronShape {
   bool flash = false;      // fused attention instead of the eager core attention
   bool dropout = true;     // hidden and attention dropout probability > 0
   bool bias = true;        // add_bias_linear
+  // Tensor parallel degree t (Megatron's Shoeybi et al. 2019 split): QKV and fc1
+  // column-parallel (outputs and weights / t, heads / t), proj and fc2 row-parallel
+  // (weights / t, outputs full after the all-reduce), the word embedding and the logits
+  // vocab-parallel over the padded vocabulary; LayerNorms, position embedding and the
+  // row-parallel biases are replicated. heads and ffn must divide by t.
+  int64_t tensor = 1;
+  // Sequence parallelism (Korthikanti et al. 2022 §4.2.2, --sequence-parallel, t > 1):
+  // LayerNorms, dropouts and residual adds work on this rank's s/t sequence shard; the
+  // column-parallel linears all-gather their input into the global buffer and save only
+  // the shard, the row-parallel ones reduce-scatter their output; the embedding output
+  // is scattered. seq must divide by t.
+  bool sequence_parallel = false;
+  // Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by (128)
+  // times t. With t == 1 the vocabulary is used as given (memsim's behaviour before
+  // tensor parallelism; the shipped one-GPU numbers keep it).
+  int64_t padded_vocab() const {
+    if (tensor == 1) return vocab;
+    const int64_t m = 128 * tensor;
+    return (vocab + m - 1) / m * m;
+  }
 };
 
-// Parameters: V*h + P*h + L*(12h^2 + 13h) + 2h for the bias GPT with ffn = 4h; in
+// Parameters of one tensor-parallel rank (all of them for t == 1): V*h + P*h + L*(12h^2 + 13h) + 2h for the bias GPT with ffn = 4h; in
 // general L*(4h^2 + 2*h*ffn + 9h + ffn) + ... (tied output layer: no extra V*h).
 int64_t megatron_parameter_count(const MegatronShape& s);
 
@@ -117,6 +138,9 @@ class MegatronModel {
   const std::vector<bool>& decayed() const { return decayed_; }
   uint64_t rows() const { return static_cast<uint64_t>(s_.batch * s_.seq); }
   uint64_t act() const { return rows() * s_.hidden * s_.elem; }  // one [s, b, h] tensor
+  uint64_t tp() const { return static_cast<uint64_t>(s_.tensor); }
+  // Rows of the tensors outside the tensor-parallel regions ([s/t, b, h] with SP).
+  uint64_t rows_sp() const { return s_.sequence_parallel ? rows() / tp() : rows(); }
 
  private:
   Tensor attention(const Tensor& ln_out, const Tensor& attention_mask);
@@ -124,6 +148,16 @@ class MegatronModel {
   Tensor core_attention(const std::vector<Tensor>& in);
   Tensor mlp(const Tensor& ln_out);
   int32_t param(uint64_t elems, const std::string& name, bool decay);
+  // get_global_memory_buffer().get_tensor(bytes, "mpu"): allocated at the first use and
+  // replaced by a larger one when a use needs more; kept for the process lifetime.
+  void use_global_buffer(uint64_t bytes);
+  // The all-gathered input of a sequence-parallel column-parallel linear (0 without SP).
+  uint64_t sp_gather() {
+    if (!s_.sequence_parallel) return 0;
+    use_global_buffer(act());
+    return act();
+  }
+  uint64_t sp_scatter(uint64_t full) const { return s_.sequence_parallel ? full / tp() : 0; }
 
   Runtime& rt_;
   MegatronShape s_;

@@ -70,6 +70,7 @@ const char* forward_name(OpKind k) {
     case OpKind::bias_gelu: return "bias_gelu";
     case OpKind::fused_attention: return "fused_attention";
     case OpKind::megatron_embedding: return "embedding";
+    case OpKind::sequence_scatter: return "scatter_to_sequence_parallel_region";
     case OpKind::vocab_parallel_ce: return "vocab_parallel_cross_entropy";
     case OpKind::matmul_4bit: return "matmul_4bit";  // graph/ops_lora.h
     default: {

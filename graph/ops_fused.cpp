@@ -38,6 +38,9 @@ const char* fused_op_name(OpKind k, bool backward) {
       return backward ? "EmbeddingBackward0" : "embedding";
     case OpKind::vocab_parallel_ce:
       return backward ? "_VocabParallelCrossEntropyBackward" : "vocab_parallel_cross_entropy";
+    case OpKind::sequence_scatter:
+      return backward ? "_ScatterToSequenceParallelRegionBackward"
+                      : "scatter_to_sequence_parallel_region";
     default: return nullptr;
   }
 }
@@ -57,6 +60,8 @@ bool records(const Runtime& rt, std::initializer_list<const Tensor*> ins, bool h
 Tensor act(Runtime& rt, uint64_t bytes, OpKind k) {
   return rt.alloc(bytes, TensorKind::activation, k);
 }
+
+constexpr uint64_t kRowScatterBit = 1ull << 63;
 
 }  // namespace
 
@@ -89,6 +94,11 @@ Tensor megatron_linear(Runtime& rt, const Tensor& x, const LinearSpec& spec) {
     Tensor biased = act(rt, spec.out_bytes, OpKind::megatron_linear);
     out = std::move(biased);
   }
+  if (spec.scatter_bytes != 0) {
+    // reduce_scatter_to_sequence_parallel_region: torch.empty(shard) then the collective.
+    Tensor shard = act(rt, spec.scatter_bytes, OpKind::megatron_linear);
+    out = std::move(shard);
+  }
   if (records(rt, {&x}, true)) {
     const int32_t n = rt.make_node(OpKind::megatron_linear, {&x});
     Node& node = rt.node(n);
@@ -96,6 +106,11 @@ Tensor megatron_linear(Runtime& rt, const Tensor& x, const LinearSpec& spec) {
     node.size[1] = spec.weight_bytes;
     node.size[2] = spec.bias_bytes;
     node.flops = 2 * spec.flops;  // dgrad + wgrad
+    // size[3]: sequence parallel, the all-gathered input (column) or, with the top bit
+    // set, the full GEMM output whose grad is all-gathered first (row).
+    node.size[3] = spec.gather_bytes != 0    ? spec.gather_bytes
+                   : spec.scatter_bytes != 0 ? (spec.out_bytes | kRowScatterBit)
+                                             : 0;
     rt.save(n, x);
     out.grad_fn = n;
   }
@@ -312,8 +327,21 @@ bool run_fused_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     }
     case OpKind::megatron_linear: {
       if (g.storage == kNoStorage) break;
+      const bool row_sp = (n.size[3] & kRowScatterBit) != 0;
+      const uint64_t sp_bytes = n.size[3] & ~kRowScatterBit;
+      // Row-parallel SP: the grad shard all-gathered (gather_from_sequence_parallel_region).
+      const uint32_t gathered = row_sp ? b.A(sp_bytes) : kNoStorage;
       uint32_t gi = kNoStorage;
-      if (b.needs(0)) gi = b.A(n.size[0]);  // grad_output @ W
+      if (b.needs(0)) {
+        if (!row_sp && sp_bytes != 0) {
+          // Column-parallel SP: the full dgrad, reduce-scattered into this rank's shard.
+          const uint32_t full = b.A(sp_bytes);
+          gi = b.A(n.size[0]);
+          b.F(full);
+        } else {
+          gi = b.A(n.size[0]);  // grad_output @ W
+        }
+      }
       rt.note_gemm();
       // wgrad GEMM accumulates into main_grad; the dummy grad_weight keeps the hook on
       // the main thread; grad_bias = grad_output.sum(0).
@@ -321,7 +349,15 @@ bool run_fused_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       const uint32_t gbias = n.size[2] ? b.A(n.size[2], TensorKind::gradient) : kNoStorage;
       b.F(dummy);
       if (gbias != kNoStorage) b.F(gbias);
+      if (gathered != kNoStorage) b.F(gathered);
       if (gi != kNoStorage) out[0] = Grad{gi, false, false};
+      break;
+    }
+    case OpKind::sequence_scatter: {
+      if (g.storage == kNoStorage) break;
+      const uint32_t full = b.A(n.size[0]);  // all-gather of the grad shards
+      if (b.needs(0)) out[0] = Grad{full, false, false};
+      else b.F(full);
       break;
     }
     case OpKind::qkv_split: {
@@ -427,6 +463,16 @@ bool run_fused_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       break;
   }
   return true;
+}
+
+Tensor sequence_scatter(Runtime& rt, const Tensor& x, uint64_t out_bytes) {
+  Tensor out = act(rt, out_bytes, OpKind::sequence_scatter);
+  if (records(rt, {&x}, false)) {
+    const int32_t n = rt.make_node(OpKind::sequence_scatter, {&x});
+    rt.node(n).size[0] = x.bytes;
+    out.grad_fn = n;
+  }
+  return out;
 }
 
 }  // namespace memsim::graph

@@ -43,6 +43,15 @@ struct LinearSpec {
   uint64_t weight_bytes = 0;
   uint64_t bias_bytes = 0;   // 0: no bias in this Function
   double flops = 0;          // forward GEMM FLOPs
+  // Sequence parallel (Megatron --sequence-parallel), 0 otherwise. gather_bytes: a
+  // column-parallel linear whose input x is this rank's sequence shard; forward
+  // all-gathers it into Megatron's global buffer (the model owns it) and saves only x;
+  // backward's dgrad is gather_bytes, reduce-scattered into a new x-sized grad.
+  // scatter_bytes: a row-parallel linear whose out_bytes GEMM output is reduce-scattered
+  // into a new scatter_bytes tensor (the full one dies); backward all-gathers the
+  // incoming grad into a new out_bytes tensor first.
+  uint64_t gather_bytes = 0;
+  uint64_t scatter_bytes = 0;
 };
 Tensor megatron_linear(Runtime& rt, const Tensor& x, const LinearSpec& spec);
 
@@ -100,5 +109,9 @@ Tensor megatron_embedding(Runtime& rt, const Tensor& ids, uint64_t out_bytes,
 // place), cast back to the logits' dtype by the engine (a new logits-sized tensor).
 Tensor vocab_parallel_cross_entropy(Runtime& rt, const Tensor& logits, uint64_t rows,
                                     uint64_t vocab);
+
+// scatter_to_sequence_parallel_region: this rank's sequence shard as a new contiguous
+// out_bytes tensor (saves nothing). Backward all-gathers the grad into a new x-sized one.
+Tensor sequence_scatter(Runtime& rt, const Tensor& x, uint64_t out_bytes);
 
 }  // namespace memsim::graph

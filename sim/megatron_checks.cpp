@@ -24,9 +24,12 @@ double bytes_per_layer(const Program& program, int64_t layers) {
   return static_cast<double>(first);
 }
 
-FormulaCheck korthikanti(const Scenario& s, bool flash) {
+FormulaCheck korthikanti(const Scenario& s, bool flash, int64_t tensor = 1,
+                         bool sequence = false) {
   Scenario sc = s;
   sc.model.attention = flash ? AttentionImpl::flash : AttentionImpl::eager;
+  sc.parallel.tensor = tensor;
+  sc.parallel.sequence = sequence;
   sc.step.warmup_steps = 0;
   sc.step.kind = StepKind::forward;  // only forward_end matters
   const graph::MegatronShape shape = megatron_shape(sc);
@@ -34,16 +37,27 @@ FormulaCheck korthikanti(const Scenario& s, bool flash) {
   const Program program = build_megatron_program(sc);
   FormulaCheck c;
   c.name = std::string("activations per layer, ") + sc.name + (flash ? ", flash" : ", eager");
-  c.formula = flash ? "s*b*h*34" : "s*b*h*(34 + 5*a*s/h)";
-  c.unit = "bytes/layer";
   const double sbh = static_cast<double>(shape.seq * shape.batch * shape.hidden);
-  c.expected = flash ? sbh * 34
-                     : sbh * (34.0 + 5.0 * static_cast<double>(shape.heads * shape.seq) /
-                                         static_cast<double>(shape.hidden));
+  const double t = static_cast<double>(tensor);
+  const double s2 = 5.0 * static_cast<double>(shape.heads * shape.seq) /
+                    (static_cast<double>(shape.hidden) * t);
+  if (tensor == 1) {
+    c.formula = flash ? "s*b*h*34" : "s*b*h*(34 + 5*a*s/h)";
+    c.expected = flash ? sbh * 34 : sbh * (34.0 + s2);
+  } else if (sequence) {  // Korthikanti Table 2, "tensor + sequence parallel"
+    c.name += ", tensor + sequence parallel " + std::to_string(tensor);
+    c.formula = flash ? "s*b*h*34/t" : "s*b*h*(34/t + 5*a*s/(h*t))";
+    c.expected = sbh * (34.0 / t + (flash ? 0.0 : s2));
+  } else {  // Korthikanti Table 2, "tensor parallel (baseline)"
+    c.name += ", tensor parallel " + std::to_string(tensor);
+    c.formula = flash ? "s*b*h*(10 + 24/t)" : "s*b*h*(10 + 24/t + 5*a*s/(h*t))";
+    c.expected = sbh * (10.0 + 24.0 / t + (flash ? 0.0 : s2));
+  }
+  c.unit = "bytes/layer";
   c.simulated = bytes_per_layer(program, shape.layers);
   c.extra = static_cast<double>(expect.norm_stats + expect.flash_extras);
-  c.note = flash ? "LayerNorm mean+invvar fp32 (16sb) + softmax lse fp32 (4asb) + RNG state (16 B)"
-                 : "LayerNorm mean+invvar fp32 (16sb)";
+  c.note = flash ? "LayerNorm mean+invvar fp32 (16sb, /t with SP) + softmax lse fp32 (4asb/t) + RNG state (16 B)"
+                 : "LayerNorm mean+invvar fp32 (16sb, /t with SP)";
   return c;
 }
 
@@ -98,6 +112,39 @@ FormulaCheck model_state(DType params, bool master, bool zero, double formula,
 
 std::vector<FormulaCheck> korthikanti_checks(const Scenario& gpt3) {
   return {korthikanti(gpt3, false), korthikanti(gpt3, true)};
+}
+
+std::vector<FormulaCheck> korthikanti_tensor_parallel_checks(const Scenario& gpt3,
+                                                             int64_t tensor, bool sequence) {
+  return {korthikanti(gpt3, false, tensor, sequence), korthikanti(gpt3, true, tensor, sequence)};
+}
+
+FormulaCheck megatron_theoretical_weight_optimizer_check(const Scenario& s) {
+  const graph::MegatronShape shape = megatron_shape(s);
+  const double L = static_cast<double>(shape.layers), h = static_cast<double>(shape.hidden);
+  const double ffn = static_cast<double>(shape.ffn), t = static_cast<double>(shape.tensor);
+  // megatron/training/theoretical_memory_usage.py, compute_weight_and_optimizer_memory
+  // (MHA, no MoE, no swiglu, tied embeddings, pipeline 1, no distributed optimizer).
+  const double layers_params = 2 * L * h * h * (2 + ffn / h + 2 / h + 1 / (L * h));
+  const double embedding = h * static_cast<double>(shape.padded_vocab());
+  const double shard = (layers_params + embedding) / t;
+  Scenario sc = s;
+  sc.step.warmup_steps = 0;
+  const Program program = build_megatron_program(sc);
+  const LiveBytes live = live_bytes_at_mark(program, "optimizer_end");
+  if (!live.found_mark) throw std::runtime_error("no optimizer_end mark");
+  FormulaCheck c;
+  c.name = "weights + grads + optimizer of tensor-parallel rank 0, " + s.name;
+  c.formula = "18 * ((P_layers + V_pad*h) / t) (Megatron theoretical)";
+  c.unit = "bytes";
+  c.expected = 18 * shard;
+  c.simulated = static_cast<double>(live.by_kind[int(TensorKind::parameter)] +
+                                    live.by_kind[int(TensorKind::gradient)] +
+                                    live.by_kind[int(TensorKind::optimizer_state)]);
+  c.extra = c.simulated - c.expected;
+  c.note = "formula leaves out biases and position embeddings and splits the replicated "
+           "LayerNorms / row-parallel biases by t";
+  return c;
 }
 
 std::vector<FormulaCheck> model_state_checks() {

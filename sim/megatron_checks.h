@@ -5,7 +5,8 @@
 //
 //  - Korthikanti et al. 2022 (§4.1): activation bytes a transformer layer keeps for
 //    backward, s*b*h*(34 + 5*a*s/h) with eager attention and dropout, s*b*h*34 without
-//    the s^2 terms (here: fused attention). memsim's figure is the requested bytes of
+//    the s^2 terms (here: fused attention); with tensor parallel t, Table 2's
+//    s*b*h*(10 + 24/t + 5*a*s/(h*t)). memsim's figure is the requested bytes of
 //    activation tensors allocated in that layer and live at forward_end; `extra` is what
 //    Megatron keeps that the paper leaves out (LayerNorm mean/invvar, flash logsumexp and
 //    RNG state), so that simulated == formula + extra exactly.
@@ -35,6 +36,15 @@ struct FormulaCheck {
 
 // Korthikanti checks on `gpt3` (the shipped GPT-3 175B scenario): eager and flash.
 std::vector<FormulaCheck> korthikanti_checks(const Scenario& gpt3);
+// The same with tensor parallel t (Korthikanti Table 2: s*b*h*(10 + 24/t + 5*a*s/(h*t))
+// eager, the s^2 term dropped with flash), on tensor-parallel rank 0.
+// With `sequence`: s*b*h*(34/t + 5*a*s/(h*t)).
+std::vector<FormulaCheck> korthikanti_tensor_parallel_checks(const Scenario& gpt3,
+                                                             int64_t tensor, bool sequence = false);
+// Megatron-LM's theoretical weight + optimizer memory (theoretical_memory_usage.py,
+// 18 bytes/param on the most loaded shard, pipeline 1) against memsim's parameters +
+// gradients + optimizer state at optimizer_end of `s` (bf16, fp32 master, Adam).
+FormulaCheck megatron_theoretical_weight_optimizer_check(const Scenario& s);
 // Model-state checks on a small megatron model.
 std::vector<FormulaCheck> model_state_checks();
 

@@ -9,6 +9,7 @@
 #include "sim/checkpoint_policy.h"
 #include "sim/data_parallel.h"
 #include "sim/megatron_optimizer.h"
+#include "sim/megatron_parallel.h"
 #include "sim/schedule.h"
 #include "sim/zero_sharding.h"
 
@@ -31,6 +32,8 @@ graph::MegatronShape megatron_shape(const Scenario& s) {
   shape.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
   shape.flash = s.model.attention != AttentionImpl::eager;
   shape.dropout = s.model.dropout > 0.0;
+  shape.tensor = s.parallel.tensor;
+  shape.sequence_parallel = s.parallel.sequence;
   return shape;
 }
 
@@ -46,8 +49,7 @@ void check_supported(const Scenario& s) {
   auto fail = [](const std::string& what) {
     throw std::runtime_error("model family 'megatron': " + what + " is not modelled yet");
   };
-  if (s.parallel.tensor != 1 || s.parallel.pipeline != 1)
-    fail("parallelism (parallel.tensor/pipeline > 1)");
+  require_megatron_model_parallel_modelled(s);  // sim/megatron_parallel.h
   require_megatron_data_parallel_modelled(s);  // sim/data_parallel.h
   if (s.precision.autocast.has_value()) fail("torch.autocast (Megatron casts the model instead)");
   if (s.model.kv_heads != 0 && s.model.kv_heads != s.model.heads) fail("grouped-query attention");
@@ -222,7 +224,7 @@ void build_megatron_program(const Scenario& scenario, const MegatronOptions& opt
   }
   MegatronLoop loop(scenario, options, program, buffers);
   loop.run();
-  program.rank = data_parallel_rank(scenario);
+  program.rank = megatron_model_parallel_rank(scenario, data_parallel_rank(scenario));
 }
 
 }  // namespace memsim

@@ -54,12 +54,16 @@ void require_autocast_modelled(const Scenario& s) {
 
 void require_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
-  if (p.tensor != 1 || p.pipeline != 1) {
-    const char* key = p.tensor != 1 ? "parallel.tensor" : "parallel.pipeline";
+  // The megatron family models tensor parallelism (sim/megatron_parallel.h checks the rest).
+  const bool tensor_modelled = s.model.family == ModelFamily::megatron;
+  if ((p.tensor != 1 && !tensor_modelled) || p.pipeline != 1) {
+    const char* key = p.pipeline != 1 ? "parallel.pipeline" : "parallel.tensor";
     refuse(s, key,
            "multi-GPU memory of tensor, sequence and pipeline parallelism is not modelled "
            "yet (set parallel.tensor and parallel.pipeline to 1)");
   }
+  if (p.sequence && !tensor_modelled)
+    refuse(s, "parallel.sequence", "sequence parallelism is modelled for model family 'megatron' only");
   require_data_parallel_modelled(s);  // sim/data_parallel.h
   // Data parallelism, LoRA, master weights and autocast were each checked alone; their
   // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable

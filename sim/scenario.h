@@ -115,6 +115,8 @@ struct ParallelConfig {
   bool fsdp_init_on_cpu = false;
   // torch DDP's gradient_as_bucket_view (sim/data_parallel.h); false is torch's default.
   bool gradient_as_bucket_view = false;
+  // megatron, tensor > 1: Megatron's --sequence-parallel (sim/megatron_parallel.h).
+  bool sequence = false;
 };
 
 struct DeviceConfig {

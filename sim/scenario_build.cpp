@@ -289,6 +289,7 @@ ParallelConfig build_parallel(const Doc& d, const ModelConfig& m) {
     if (p.zero > 3) fail(f->where, "parallel.zero", "expected a ZeRO stage 0-3, got '" + f->node.Scalar() + "'");
   }
   read_sharding(d, p);  // sim/fsdp_keys.cpp
+  if (const Field* f = d.find("parallel.sequence")) p.sequence = read_bool(*f, "parallel.sequence");
   // Tensor parallelism splits heads (and KV groups) across ranks; pipeline stages take
   // whole layers, as Megatron requires.
   if (m.heads % p.tensor != 0 || m.kv_heads % p.tensor != 0) {

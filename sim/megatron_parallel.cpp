@@ -1,0 +1,48 @@
+#include "sim/megatron_parallel.h"
+
+#include <string>
+
+namespace memsim {
+
+namespace {
+[[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
+  throw ScenarioError(s.source + ": " + key + ": " + why);
+}
+}  // namespace
+
+void require_megatron_model_parallel_modelled(const Scenario& s) {
+  const ParallelConfig& p = s.parallel;
+  if (p.pipeline != 1)
+    refuse(s, "parallel.pipeline",
+           "pipeline parallelism is not modelled yet for model family 'megatron' (set "
+           "parallel.pipeline to 1)");
+  if (p.sequence && p.tensor == 1)
+    refuse(s, "parallel.sequence",
+           "sequence parallelism needs parallel.tensor > 1 (Megatron turns it off otherwise)");
+  if (p.tensor == 1) return;
+  if (p.sequence && s.batch.seq_len % p.tensor != 0)
+    refuse(s, "parallel.sequence",
+           "batch.seq_len (" + std::to_string(s.batch.seq_len) + ") must be divisible by " +
+               "parallel.tensor (" + std::to_string(p.tensor) + ")");
+  if (p.data != 1 || p.zero != 0)
+    refuse(s, "parallel.tensor",
+           "tensor parallelism combined with data parallelism or ZeRO is not modelled yet "
+           "(set parallel.data to 1 and parallel.zero to 0, or parallel.tensor to 1)");
+  if (s.model.heads % p.tensor != 0)
+    refuse(s, "parallel.tensor",
+           "model.heads (" + std::to_string(s.model.heads) + ") must be divisible by " +
+               "parallel.tensor (" + std::to_string(p.tensor) + ")");
+  if (s.model.d_ff % p.tensor != 0)
+    refuse(s, "parallel.tensor",
+           "model.d_ff (" + std::to_string(s.model.d_ff) + ") must be divisible by " +
+               "parallel.tensor (" + std::to_string(p.tensor) + ")");
+}
+
+RankInfo megatron_model_parallel_rank(const Scenario& s, RankInfo base) {
+  if (s.parallel.tensor > 1 && base.why.empty())
+    base.why = "tensor-parallel ranks hold equal shards (heads, FFN columns and vocabulary "
+               "split " + std::to_string(s.parallel.tensor) + " ways); rank 0 stands for all";
+  return base;
+}
+
+}  // namespace memsim

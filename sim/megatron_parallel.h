@@ -1,0 +1,26 @@
+// Model parallelism of the megatron family: which tensor/pipeline settings are modelled,
+// and which rank a model-parallel Program stands for.
+//
+// Tensor parallelism (parallel.tensor = t > 1) is modelled as Megatron splits a GPT
+// (graph/megatron.h: column-parallel QKV and fc1, row-parallel proj and fc2, heads,
+// vocab-parallel embedding and cross entropy over the vocabulary padded to a multiple of
+// 128*t). Every tensor-parallel rank holds the same shapes, so rank 0 stands for all.
+// parallel.sequence adds Megatron's sequence parallelism (Korthikanti et al. 2022).
+// Pipeline parallelism (parallel.pipeline > 1), and tensor
+// parallelism combined with data parallelism or ZeRO are not modelled yet and refused.
+#pragma once
+
+#include "sim/rank_info.h"
+#include "sim/scenario.h"
+
+namespace memsim {
+
+// Throws ScenarioError ("SOURCE: parallel.KEY: ...") for model-parallel settings the
+// megatron family does not model: pipeline > 1, tensor > 1 with data > 1 or zero > 0,
+// heads or d_ff not divisible by tensor.
+void require_megatron_model_parallel_modelled(const Scenario& s);
+
+// `base` (the data-parallel RankInfo) with the tensor-parallel reason filled in.
+RankInfo megatron_model_parallel_rank(const Scenario& s, RankInfo base);
+
+}  // namespace memsim
