@@ -22,6 +22,7 @@ namespace memsim::graph {
 
 class Runtime;
 class CheckpointEngine;  // graph/checkpoint.h
+class NumericContext;    // graph/numeric.h
 inline constexpr uint32_t kNoStorage = UINT32_MAX;
 
 // A Python-visible tensor: one reference to a storage plus its autograd identity.
@@ -116,6 +117,12 @@ class Runtime {
   // forward ops inside backward keep their forward names and count recompute FLOPs.
   CheckpointEngine* checkpoint = nullptr;
   bool recomputing = false;
+  // Numeric mode (graph/numeric.h): null in normal runs (then no hook does any work).
+  NumericContext* numeric = nullptr;
+  // Test-only fault injection: the save with this ordinal (0 = the first save of the
+  // run) takes no reference, so its storage is freed early (a deliberate schedule bug
+  // that numeric mode must catch). -1: off.
+  int64_t test_drop_save = -1;
 
   // --- storages ---------------------------------------------------------------
   // New storage of `bytes`, one reference owned by the returned handle. The event's op
@@ -201,6 +208,7 @@ class Runtime {
   std::vector<uint32_t> saved_;
   std::vector<Parameter> params_;
   uint32_t seq_ = 0;
+  int64_t saves_ = 0;
   uint32_t graph_epoch_ = 1;
   uint32_t workspace_[2] = {kNoStorage, kNoStorage};
   uint32_t live_nodes_ = 0;

@@ -11,6 +11,7 @@
 #include "graph/hf_gpt2.h"
 #include "graph/hf_llama.h"
 #include "graph/losses.h"
+#include "graph/numeric.h"
 #include "sim/hf_family.h"
 #include "sim/megatron_step.h"
 #include "sim/checkpoint_policy.h"
@@ -65,9 +66,13 @@ graph::HfShape shape_for(const HfModel*, const Scenario& s, const TrainingScript
 template <class Model>
 class Loop {
  public:
-  Loop(const Scenario& s, const TrainingScript& script, Program& program)
+  Loop(const Scenario& s, const TrainingScript& script, Program& program,
+       graph::NumericContext* numeric = nullptr)
       : s_(s), script_(script), rt_(program),
-        model_(rt_, shape_for(static_cast<const Model*>(nullptr), s, script)) {}
+        model_(rt_, shape_for(static_cast<const Model*>(nullptr), s, script)) {
+    rt_.numeric = numeric;  // numeric mode (graph/numeric.h); null in normal runs
+    if (numeric != nullptr) rt_.test_drop_save = numeric->test_drop_save;
+  }
 
   void run() {
     rt_.cublas_workspace = s_.device.cublas_workspace;
@@ -121,6 +126,10 @@ class Loop {
       ids_ = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
       if (script_.targets_on_device)
         targets_ = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
+      if (rt_.numeric != nullptr) {
+        rt_.numeric->fill_tokens(ids_, 0);
+        if (targets_.defined()) rt_.numeric->fill_tokens(targets_, 1);
+      }
       warm_ids_ = ids_;
       warm_targets_ = targets_;
     }
@@ -195,6 +204,7 @@ class Loop {
       rt_.ctx.layer = -1;
       rt_.ctx.module = graph::Module::optimizer;
       optimizer_->step(rt_);
+      if (rt_.numeric != nullptr) rt_.numeric->on_optimizer_step(rt_);
       rt_.ctx.module = graph::Module::none;
       if (measured) rt_.mark("optimizer_end");
     }
@@ -231,6 +241,18 @@ Program build_program(const Scenario& scenario, const TrainingScript& script) {
       throw ScenarioError(scenario.source + ": model.family: '" +
                                to_string(scenario.model.family) + "' is not implemented yet");
   }
+  return program;
+}
+
+Program build_program(const Scenario& scenario, const TrainingScript& script,
+                      graph::NumericContext* numeric) {
+  require_modelled(scenario);
+  if (scenario.model.family != ModelFamily::cs336)
+    throw ScenarioError(scenario.source + ": model.family: '" +
+                        to_string(scenario.model.family) +
+                        "' has no numeric kernels (numeric mode supports cs336 only)");
+  Program program;
+  Loop<graph::Cs336Model>(scenario, script, program, numeric).run();
   return program;
 }
 

@@ -12,11 +12,17 @@
 #include "sim/scenario.h"
 #include "sim/training_script.h"
 
+namespace memsim::graph { class NumericContext; }
+
 namespace memsim {
 
 Program build_program(const Scenario& scenario);
 // Same, with the training loop's details given explicitly (sim/training_script.h);
 // build_program(s) == build_program(s, default_script(s)).
 Program build_program(const Scenario& scenario, const TrainingScript& script);
+// Same, executed numerically by `numeric` (graph/numeric.h; sim/numeric_check.h), which
+// is attached to the Runtime for the whole program. cs336 family only.
+Program build_program(const Scenario& scenario, const TrainingScript& script,
+                      graph::NumericContext* numeric);
 
 }  // namespace memsim
