@@ -81,3 +81,23 @@ TEST_CASE("numeric mode refuses other families and large configurations", "[nume
   CHECK_THROWS_WITH(run_numeric_check(tiny({{"precision.params", "bf16"}}), {}),
                     Catch::Contains("fp32"));
 }
+
+#include "tests/cli_test_support.h"
+
+using namespace memsim_test;
+
+TEST_CASE("memsim check: exit 0 on pass, 4 on a failed check, 1 when refused", "[numeric][cli]") {
+  const std::string tiny_path =
+      (std::filesystem::path(MEMSIM_SOURCE_DIR) / "scenarios/numeric/cs336-tiny.yaml").string();
+  const std::string base = memsim_command() + " check " + tiny_path + " --fd-samples 0";
+  const auto ok = run_shell(base + " --policies none,full 2>&1");
+  CHECK(ok.status == 0);
+  CHECK(ok.out.find("all numeric checks passed") != std::string::npos);
+  CHECK(ok.out.find("bit-identical") != std::string::npos);
+  const auto bad = run_shell(base + " --policies none --test-drop-save 5 2>&1");
+  CHECK(bad.status == 4);
+  CHECK(bad.out.find("check failed") != std::string::npos);
+  const auto refused = run_shell(base + " --set model.family=hf-llama 2>&1");
+  CHECK(refused.status == 1);
+  CHECK(refused.out.find("not supported by numeric mode") != std::string::npos);
+}

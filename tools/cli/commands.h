@@ -44,6 +44,7 @@ struct CheckArgs {
   std::vector<std::string> sets;
   std::string policies;
   int fd_samples = 3;
+  int64_t test_drop_save = -1;  // hidden: fault injection for the test suite
 };
 CLI::App* add_check_command(CLI::App& app, CheckArgs& args);
 int run_check(const CheckArgs& args);
