@@ -101,3 +101,44 @@ TEST_CASE("memsim check: exit 0 on pass, 4 on a failed check, 1 when refused", "
   CHECK(refused.status == 1);
   CHECK(refused.out.find("not supported by numeric mode") != std::string::npos);
 }
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "graph/numeric.h"
+#include "sim/schedule.h"
+
+TEST_CASE("numeric cs336-tiny matches torch 1.13 (float64, same weights)", "[numeric][fixture]") {
+  // tests/data/numeric/cs336_tiny_torch.json: tools/fixtures/numeric_cs336_tiny.py
+  std::ifstream in(std::filesystem::path(MEMSIM_SOURCE_DIR) / "tests/data/numeric/cs336_tiny_torch.json");
+  REQUIRE(in.good());
+  const nlohmann::json fx = nlohmann::json::parse(in);
+  Scenario s = tiny();
+  s.step.warmup_steps = 0;
+  graph::NumericModel m;
+  m.batch = s.batch.micro_batch;
+  m.seq = s.batch.seq_len;
+  m.d_model = s.model.d_model;
+  m.heads = s.model.heads;
+  m.d_ff = s.model.d_ff;
+  m.vocab = s.model.vocab;
+  m.context = s.model.context_length;
+  graph::NumericContext ctx(m);
+  build_program(s, default_script(s), &ctx);
+  REQUIRE(ctx.violations().empty());
+  CHECK(ctx.first_loss() == Approx(fx["loss"].get<double>()).epsilon(1e-12));
+  int compared = 0;
+  for (const auto& [name, g] : fx["grads"].items()) {
+    const size_t i = g["index"].get<size_t>();
+    REQUIRE(ctx.param_names().at(i) == name);
+    const Eigen::ArrayXd& ours = ctx.first_grads().at(i);
+    INFO(name);
+    CHECK(std::sqrt(ours.square().sum()) == Approx(g["norm"].get<double>()).epsilon(1e-9));
+    const auto first = g["first"].get<std::vector<double>>();
+    for (size_t j = 0; j < first.size(); ++j)
+      CHECK(ours[static_cast<Eigen::Index>(j)] == Approx(first[j]).epsilon(1e-8).margin(1e-13));
+    ++compared;
+  }
+  CHECK(compared == 21);
+}
