@@ -4,6 +4,7 @@
 
 #include "graph/autocast.h"
 #include "graph/checkpoint.h"
+#include "graph/numeric.h"
 
 namespace memsim::graph {
 
@@ -20,6 +21,7 @@ void Cs336Model::construct() {
   // One RotaryEmbedding buffer (2, ctx, h/2) fp32, shared by every layer (§1).
   const uint64_t h = static_cast<uint64_t>(D / s_.heads);
   rope_buffer_ = rt_.alloc(4 * 2 * s_.context_length * (h / 2), TensorKind::other, OpKind::fill);
+  if (rt_.numeric != nullptr) rt_.numeric->init_rope_buffer(rope_buffer_);
   layers_.resize(s_.layers);
   for (int32_t l = 0; l < s_.layers; ++l) {
     rt_.ctx.layer = l;
@@ -116,6 +118,7 @@ Tensor Cs336Model::sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const
     qc.reset();  // the casts die with the einsum call, left operand first
     kc.reset();
   } else {
+    numeric_hint(rt_, NumericHint::transpose_b);  // einsum "... q d, ... k d -> ... q k"
     s0 = bmm(rt_, q, k, scores(), 2.0 * B * H * S * S * hd);
   }
   Tensor s1 = div_scalar(rt_, s0);
@@ -157,10 +160,13 @@ Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
   Tensor v0 = linear(x, p.v, D, D);
   // rearrange "... seq (heads d) -> ... heads seq d": view + permute. Its backward
   // reshape receives a permuted grad and copies.
+  numeric_hint(rt_, NumericHint::split_heads);
   Tensor q = view(rt_, q0, true);
   q0.reset();
+  numeric_hint(rt_, NumericHint::split_heads);
   Tensor k = view(rt_, k0, true);
   k0.reset();
+  numeric_hint(rt_, NumericHint::split_heads);
   Tensor v = view(rt_, v0, true);
   v0.reset();
   Tensor token_positions;
@@ -190,6 +196,7 @@ Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
   Tensor o4 = run_region(rt_, RegionKind::core_attention, {q, k, v, mask},
                          [this](const Inputs& in) { return sdpa(in[0], in[1], in[2], in[3]); });
   // rearrange back to (B,S,D): permute + reshape that cannot be a view: clone.
+  numeric_hint(rt_, NumericHint::merge_heads);
   Tensor merged = clone(rt_, o4);
   o4.reset();
   Tensor out = linear(merged, p.o, D, D);

@@ -8,6 +8,16 @@
 
 namespace memsim::graph::detail {
 
+// Numeric mode (graph/numeric.h): runs op k's forward kernel on the freshly allocated
+// outputs. Called right after the outputs are allocated, before the node saves anything
+// (a checkpoint re-run may stop at a save). Out of line: ops.cpp stays free of Eigen.
+void numeric_forward_impl(Runtime& rt, OpKind k, std::initializer_list<const Tensor*> in,
+                          std::initializer_list<const Tensor*> out);
+inline void numeric_forward(Runtime& rt, OpKind k, std::initializer_list<const Tensor*> in,
+                            std::initializer_list<const Tensor*> out) {
+  if (rt.numeric != nullptr) numeric_forward_impl(rt, k, in, out);
+}
+
 // Whether an op records an autograd node: grad mode is on and some input needs a grad.
 inline bool wants_grad(const Runtime& rt, std::initializer_list<const Tensor*> ins) {
   if (!rt.grad_enabled) return false;

@@ -130,6 +130,7 @@ using detail::wants_grad;
 // Unary op: out of x's size; `save` = 0 nothing, 1 self, 2 result.
 Tensor unary(Runtime& rt, const Tensor& x, OpKind k, int save, uint64_t out_bytes = 0) {
   Tensor out = out_tensor(rt, out_bytes ? out_bytes : x.bytes, k);
+  detail::numeric_forward(rt, k, {&x}, {&out});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(k, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -157,7 +158,9 @@ int32_t binary_node(Runtime& rt, OpKind k, const Tensor& a, const Tensor& b, Ten
 }  // namespace
 
 Tensor new_tensor(Runtime& rt, uint64_t bytes, OpKind op, TensorKind kind) {
-  return rt.alloc(bytes, kind, op);
+  Tensor t = rt.alloc(bytes, kind, op);
+  detail::numeric_forward(rt, op, {}, {&t});  // arange, mask, gathered cos/sin
+  return t;
 }
 
 Tensor pow2(Runtime& rt, const Tensor& x) { return unary(rt, x, OpKind::pow2, 1); }
@@ -181,18 +184,21 @@ Tensor clone(Runtime& rt, const Tensor& x) { return unary(rt, x, OpKind::clone, 
 
 Tensor add(Runtime& rt, const Tensor& a, const Tensor& b) {
   Tensor out = out_tensor(rt, std::max(a.bytes, b.bytes), OpKind::add);
+  detail::numeric_forward(rt, OpKind::add, {&a, &b}, {&out});
   if (wants_grad(rt, {&a, &b})) binary_node(rt, OpKind::add, a, b, out);
   return out;
 }
 
 Tensor sub(Runtime& rt, const Tensor& a, const Tensor& b) {
   Tensor out = out_tensor(rt, std::max(a.bytes, b.bytes), OpKind::sub);
+  detail::numeric_forward(rt, OpKind::sub, {&a, &b}, {&out});
   if (wants_grad(rt, {&a, &b})) binary_node(rt, OpKind::sub, a, b, out);
   return out;
 }
 
 Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b, Broadcast bc) {
   Tensor out = out_tensor(rt, std::max(a.bytes, b.bytes), OpKind::mul);
+  detail::numeric_forward(rt, OpKind::mul, {&a, &b}, {&out});
   if (wants_grad(rt, {&a, &b})) {
     int32_t n = binary_node(rt, OpKind::mul, a, b, out);
     if (bc == Broadcast::leading_dims) rt.node(n).flags |= kOuterBroadcast;
@@ -204,6 +210,7 @@ Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b, Broadcast bc) {
 
 Tensor div(Runtime& rt, const Tensor& a, const Tensor& b) {
   Tensor out = out_tensor(rt, std::max(a.bytes, b.bytes), OpKind::div);
+  detail::numeric_forward(rt, OpKind::div, {&a, &b}, {&out});
   if (wants_grad(rt, {&a, &b})) {
     int32_t n = binary_node(rt, OpKind::div, a, b, out);
     rt.save(n, b);                        // other: needed by both grads
@@ -216,6 +223,7 @@ MaxResult max_dim(Runtime& rt, const Tensor& x, uint64_t rows, uint64_t elem) {
   MaxResult r;
   r.values = out_tensor(rt, rows * elem, OpKind::max_dim);
   r.indices = out_tensor(rt, rows * 8, OpKind::max_dim);
+  detail::numeric_forward(rt, OpKind::max_dim, {&x}, {&r.values, &r.indices});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::max_dim, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -229,6 +237,7 @@ Tensor where_scalar(Runtime& rt, const Tensor& mask, const Tensor& x, uint64_t e
   // The python scalar becomes a 0-d device tensor (a 512-B block), freed after the op.
   Tensor scalar = rt.alloc(elem, TensorKind::temporary, OpKind::scalar_tensor);
   Tensor out = out_tensor(rt, x.bytes, OpKind::where_scalar);
+  detail::numeric_forward(rt, OpKind::where_scalar, {&mask, &x}, {&out});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::where_scalar, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -242,6 +251,7 @@ Tensor where_scalar(Runtime& rt, const Tensor& mask, const Tensor& x, uint64_t e
 
 Tensor gather(Runtime& rt, const Tensor& self, const Tensor& index, uint64_t out_bytes) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::gather);
+  detail::numeric_forward(rt, OpKind::gather, {&self, &index}, {&out});
   if (wants_grad(rt, {&self})) {
     int32_t n = rt.make_node(OpKind::gather, {&self});
     rt.node(n).size[0] = self.bytes;
@@ -254,6 +264,7 @@ Tensor gather(Runtime& rt, const Tensor& self, const Tensor& index, uint64_t out
 
 Tensor view(Runtime& rt, const Tensor& x, bool copy_in_backward) {
   Tensor out = rt.view_of(x, x.bytes);
+  detail::numeric_forward(rt, OpKind::view, {&x}, {&out});
   if (copy_in_backward && wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::view, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -265,6 +276,7 @@ Tensor view(Runtime& rt, const Tensor& x, bool copy_in_backward) {
 
 Tensor bmm(Runtime& rt, const Tensor& a, const Tensor& b, uint64_t out_bytes, double flops) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::bmm);
+  detail::numeric_forward(rt, OpKind::bmm, {&a, &b}, {&out});
   rt.note_gemm();
   rt.add_flops_forward(flops);
   if (wants_grad(rt, {&a, &b})) {
@@ -282,6 +294,7 @@ Tensor bmm(Runtime& rt, const Tensor& a, const Tensor& b, uint64_t out_bytes, do
 Tensor linear_einsum(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_bytes,
                      double flops) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::linear);
+  detail::numeric_forward(rt, OpKind::linear, {&x, &w}, {&out});
   rt.note_gemm();
   rt.add_flops_forward(flops);
   if (wants_grad(rt, {&x, &w})) {
@@ -300,6 +313,7 @@ Tensor linear_einsum(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out
 
 Tensor embedding(Runtime& rt, const Tensor& weight, const Tensor& ids, uint64_t out_bytes) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::embedding);
+  detail::numeric_forward(rt, OpKind::embedding, {&weight, &ids}, {&out});
   if (wants_grad(rt, {&weight})) {
     int32_t n = rt.make_node(OpKind::embedding, {&weight});
     rt.node(n).size[0] = weight.bytes;
@@ -315,6 +329,7 @@ Tensor log_softmax(Runtime& rt, const Tensor& x) { return unary(rt, x, OpKind::l
 Tensor nll_loss(Runtime& rt, const Tensor& logp, const Tensor& target, uint64_t elem) {
   Tensor out = out_tensor(rt, elem, OpKind::nll_loss);
   Tensor total_weight = rt.alloc(elem, TensorKind::temporary, OpKind::nll_loss);
+  detail::numeric_forward(rt, OpKind::nll_loss, {&logp, &target}, {&out, &total_weight});
   if (wants_grad(rt, {&logp})) {
     int32_t n = rt.make_node(OpKind::nll_loss, {&logp});
     rt.node(n).size[0] = logp.bytes;
@@ -341,6 +356,7 @@ Tensor rope_cs336(Runtime& rt, const Tensor& x, const Tensor& freq_buffer) {
   t3.reset();
   t4.reset();
   Tensor out = out_tensor(rt, x.bytes, OpKind::rope);
+  detail::numeric_forward(rt, OpKind::rope, {&x, &freq_buffer}, {&out});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::rope, {&x});
     rt.node(n).size[0] = x.bytes;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "graph/checkpoint.h"
+#include "graph/numeric.h"
 #include "graph/ops.h"
 
 namespace memsim::graph {
@@ -94,6 +95,7 @@ uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
   uint32_t op_name = op_id(op, in_backward_);
   uint32_t id = program_.alloc(bytes, kind, ctx.phase, op_name, ctx.layer, op_name);
   refs_.push_back(1);
+  if (numeric != nullptr) numeric->on_alloc(id, bytes);
   return id;
 }
 
@@ -107,7 +109,10 @@ Tensor Runtime::alloc(uint64_t bytes, TensorKind kind, OpKind op) {
 
 void Runtime::release(uint32_t s) {
   if (frozen_) return;
-  if (--refs_[s] == 0) program_.free(s, ctx.phase, op_id(cur_op_, in_backward_), ctx.layer);
+  if (--refs_[s] == 0) {
+    program_.free(s, ctx.phase, op_id(cur_op_, in_backward_), ctx.layer);
+    if (numeric != nullptr) numeric->on_free(s);
+  }
 }
 
 Tensor Runtime::view_of(const Tensor& base, uint64_t bytes) {
@@ -124,6 +129,10 @@ int32_t Runtime::add_parameter(uint64_t bytes, std::string_view name) {
                              program_.intern(name));
   refs_.push_back(1);  // owned by the module (never freed)
   params_.push_back(p);
+  if (numeric != nullptr) {
+    numeric->on_alloc(p.storage, bytes);
+    numeric->on_parameter(static_cast<int32_t>(params_.size() - 1), p.storage, name);
+  }
   return static_cast<int32_t>(params_.size() - 1);
 }
 
@@ -183,7 +192,9 @@ int32_t Runtime::make_node(OpKind kind, std::initializer_list<const Tensor*> inp
   n.saved_first = static_cast<uint32_t>(saved_.size());
   nodes_.push_back(n);
   ++live_nodes_;
-  return static_cast<int32_t>(nodes_.size() - 1);
+  const int32_t id = static_cast<int32_t>(nodes_.size() - 1);
+  if (numeric != nullptr) numeric->on_node(id, kind);
+  return id;
 }
 
 void Runtime::save_storage(int32_t id, uint32_t storage) {
@@ -194,7 +205,7 @@ void Runtime::save_storage(int32_t id, uint32_t storage) {
     return;
   }
   Node& n = nodes_[id];
-  retain(storage);
+  if (saves_++ != test_drop_save) retain(storage);  // test_drop_save: see runtime.h
   saved_.push_back(storage);
   ++n.saved_count;
 }
@@ -316,6 +327,7 @@ void Runtime::backward(const Tensor& loss) {
   // The Python frame of torch.autograd.backward holds grad_tensors until it returns.
   const uint32_t root_grad = alloc_raw(loss.bytes, TensorKind::temporary, OpKind::fill);
   retain(root_grad);
+  if (numeric != nullptr) numeric->on_root_grad(root_grad, loss.storage);
   root.grad[loss.out_slot] = root_grad;
   std::vector<int32_t> ready;  // binary heap on seq
   ready.push_back(loss.grad_fn);
@@ -329,6 +341,7 @@ void Runtime::backward(const Tensor& loss) {
   in_backward_ = false;
   cur_op_ = OpKind::fill;
   release(root_grad);
+  if (numeric != nullptr) numeric->on_backward_done(*this);
   // Reached nodes are dead now (retain_graph=False).
   for (size_t i = 0; i < seen.size(); ++i) {
     if (seen[i] && nodes_[i].seq != kDeadNode) {
@@ -362,7 +375,9 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
     in[s].is_view = n.grad_is_view[s];
   }
   Grad out[3];
+  if (numeric != nullptr) numeric->backward_begin(*this, id, n, saved_.data() + n.saved_first);
   run_backward(*this, n, in, out);
+  if (numeric != nullptr) numeric->backward_end(out);
   add_flops_backward(n.flops);
   cur_op_ = n.kind;
   // The node's inputs (incoming grads) die when it returns, then its saved variables
@@ -406,10 +421,12 @@ void Runtime::deliver(const Edge& e, Grad g, std::vector<int32_t>& ready) {
     t.grad_is_view[e.slot] = g.is_view;
   } else if (!t.grad_is_view[e.slot] && refs_[buf] == 1) {
     // InputBuffer::accumulate: the buffered grad is dense and solely owned: add_ in place.
+    if (numeric != nullptr) numeric->accumulate(buf, g.storage);
     release(g.storage);
   } else {
     // Otherwise old + new is a new tensor (both operands are dropped).
     uint32_t sum = alloc_raw(program_.tensors[buf].bytes, TensorKind::temporary, OpKind::add);
+    if (numeric != nullptr) numeric->add_into(sum, buf, g.storage);
     release(buf);
     release(g.storage);
     buf = sum;
@@ -435,9 +452,11 @@ void Runtime::run_accumulate_grad(Node& n) {
     } else {
       // The grad's strides do not obey the parameter's layout: clone into .grad.
       p.grad = alloc_raw(p.bytes, TensorKind::gradient, OpKind::accumulate_grad);
+      if (numeric != nullptr) numeric->copy(p.grad, g);
       release(g);
     }
   } else {
+    if (numeric != nullptr) numeric->accumulate(p.grad, g);
     release(g);  // .grad += grad, in place
   }
   if (hooks != nullptr) hooks->grad_ready(*this, n.param);

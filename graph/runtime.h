@@ -22,6 +22,7 @@ namespace memsim::graph {
 
 class Runtime;
 class CheckpointEngine;  // graph/checkpoint.h
+class NumericContext;    // graph/numeric.h
 inline constexpr uint32_t kNoStorage = UINT32_MAX;
 
 // What torch DDP / FSDP hook into: called by the Runtime, may emit events themselves.
@@ -146,6 +147,12 @@ class Runtime {
   // Module and autograd hooks of data-parallel wrappers (sim/data_parallel.h,
   // sim/fsdp.h); nullptr: none.
   RuntimeHooks* hooks = nullptr;
+  // Numeric mode (graph/numeric.h): null in normal runs (then no hook does any work).
+  NumericContext* numeric = nullptr;
+  // Test-only fault injection: the save with this ordinal (0 = the first save of the
+  // run) takes no reference, so its storage is freed early (a deliberate schedule bug
+  // that numeric mode must catch). -1: off.
+  int64_t test_drop_save = -1;
 
   // --- storages ---------------------------------------------------------------
   // New storage of `bytes`, one reference owned by the returned handle. The event's op
@@ -235,6 +242,7 @@ class Runtime {
   std::vector<uint32_t> saved_;
   std::vector<Parameter> params_;
   uint32_t seq_ = 0;
+  int64_t saves_ = 0;
   uint32_t graph_epoch_ = 1;
   // Where graph g's nodes begin: nodes_[graph_start_[g - 2]] for g >= 2 (graph 1 begins
   // at 0). Epochs only grow and nodes take the current epoch, so all of graph g lies at or

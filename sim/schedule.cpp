@@ -12,6 +12,7 @@
 #include "graph/hf_gpt2.h"
 #include "graph/hf_llama.h"
 #include "graph/losses.h"
+#include "graph/numeric.h"
 #include "sim/data_parallel.h"
 #include "sim/fsdp.h"
 #include "sim/hf_family.h"
@@ -69,9 +70,12 @@ template <class Model>
 class Loop {
  public:
   Loop(const Scenario& s, const TrainingScript& script, Program& program,
-       graph::RuntimeBuffers* buffers = nullptr)
+       graph::RuntimeBuffers* buffers = nullptr, graph::NumericContext* numeric = nullptr)
       : s_(s), script_(script), rt_(program, buffers),
-        model_(rt_, shape_for(static_cast<const Model*>(nullptr), s, script)) {}
+        model_(rt_, shape_for(static_cast<const Model*>(nullptr), s, script)) {
+    rt_.numeric = numeric;  // numeric mode (graph/numeric.h); null in normal runs
+    if (numeric != nullptr) rt_.test_drop_save = numeric->test_drop_save;
+  }
 
   void run() {
     rt_.cublas_workspace = s_.device.cublas_workspace;
@@ -144,6 +148,10 @@ class Loop {
       ids_ = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
       if (script_.targets_on_device)
         targets_ = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
+      if (rt_.numeric != nullptr) {
+        rt_.numeric->fill_tokens(ids_, 0);
+        if (targets_.defined()) rt_.numeric->fill_tokens(targets_, 1);
+      }
       warm_ids_ = ids_;
       warm_targets_ = targets_;
     }
@@ -232,6 +240,7 @@ class Loop {
       rt_.ctx.layer = -1;
       rt_.ctx.module = graph::Module::optimizer;
       optimizer_->step(rt_);
+      if (rt_.numeric != nullptr) rt_.numeric->on_optimizer_step(rt_);
       rt_.ctx.module = graph::Module::none;
       if (measured) rt_.mark("optimizer_end");
     }
@@ -290,7 +299,20 @@ const Program& build_program(const Scenario& scenario, const TrainingScript& scr
     case ModelFamily::megatron: build_megatron_program(scenario, {}, program, rb); break;
     default: program = build_program(scenario, script); break;  // throws: not implemented
   }
-  program.rank = data_parallel_rank(scenario);
+  if (scenario.model.family != ModelFamily::megatron)  // megatron records its own rank
+    program.rank = data_parallel_rank(scenario);
+  return program;
+}
+
+Program build_program(const Scenario& scenario, const TrainingScript& script,
+                      graph::NumericContext* numeric) {
+  require_modelled(scenario);
+  if (scenario.model.family != ModelFamily::cs336)
+    throw ScenarioError(scenario.source + ": model.family: '" +
+                        to_string(scenario.model.family) +
+                        "' has no numeric kernels (numeric mode supports cs336 only)");
+  Program program;
+  Loop<graph::Cs336Model>(scenario, script, program, nullptr, numeric).run();
   return program;
 }
 

@@ -13,12 +13,18 @@
 #include "sim/scenario.h"
 #include "sim/training_script.h"
 
+namespace memsim::graph { class NumericContext; }
+
 namespace memsim {
 
 Program build_program(const Scenario& scenario);
 // Same, with the training loop's details given explicitly (sim/training_script.h);
 // build_program(s) == build_program(s, default_script(s)).
 Program build_program(const Scenario& scenario, const TrainingScript& script);
+// Same, executed numerically by `numeric` (graph/numeric.h; sim/numeric_check.h), which
+// is attached to the Runtime for the whole program. cs336 family only.
+Program build_program(const Scenario& scenario, const TrainingScript& script,
+                      graph::NumericContext* numeric);
 
 // Storage reused from one build to the next (memsim optimize builds dozens of Programs
 // of one scenario; fresh arrays each time cost more in page faults than the build).

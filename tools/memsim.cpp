@@ -1,6 +1,7 @@
 // memsim command line entry point: parses the command line (CLI11), sets up logging and
 // maps errors to the exit statuses of shared/docs/design.md:
-//   0 done and fits, 3 done and out of memory, 1 bad input, 2 bad usage.
+//   0 done and fits, 3 done and out of memory, 1 bad input, 2 bad usage,
+//   4 `memsim check` found a numeric failure.
 // The subcommands and report writers live in tools/cli/.
 #include <cstdio>
 #include <exception>
@@ -46,6 +47,8 @@ int main(int argc, char** argv) {
   CLI::App* optimize = add_optimize_command(app, optimize_args);
   SweepArgs sweep_args;
   CLI::App* sweep = add_sweep_command(app, sweep_args);
+  CheckArgs check_args;
+  CLI::App* check = add_check_command(app, check_args);
 
   try {
     app.parse(argc, argv);
@@ -63,6 +66,7 @@ int main(int argc, char** argv) {
     if (compare->parsed()) return run_compare(compare_args);
     if (optimize->parsed()) return run_optimize(optimize_args);
     if (sweep->parsed()) return run_sweep(sweep_args);
+    if (check->parsed()) return run_check(check_args);
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
     std::fflush(stdout);

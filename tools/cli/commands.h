@@ -37,6 +37,18 @@ struct ReplayArgs {
 CLI::App* add_replay_command(CLI::App& app, ReplayArgs& args);
 int run_replay(const ReplayArgs& args);
 
+// memsim check SCENARIO [--set K=V]... [--policies LIST] [--fd-samples N]
+// (tools/cli/check_command.cpp). Exit 0 all checks pass, 4 a check failed, 1 refused.
+struct CheckArgs {
+  std::string scenario;
+  std::vector<std::string> sets;
+  std::string policies;
+  int fd_samples = 3;
+  int64_t test_drop_save = -1;  // hidden: fault injection for the test suite
+};
+CLI::App* add_check_command(CLI::App& app, CheckArgs& args);
+int run_check(const CheckArgs& args);
+
 // memsim compare SCENARIO --policies none,full,uniform:2,... [--set K=V]... [--json FILE|-]
 //                         [--html FILE.html]
 // (tools/cli/compare_command.cpp). Exit 0 when at least one policy fits, 3 when none does.

@@ -11,6 +11,7 @@ inline constexpr int kExitFits = 0;      // done, and it fits
 inline constexpr int kExitBadInput = 1;  // unreadable / invalid input, unwritable output
 inline constexpr int kExitUsage = 2;     // the command line itself is wrong
 inline constexpr int kExitOom = 3;       // done, and it runs out of memory
+inline constexpr int kExitCheckFailed = 4;  // memsim check: a numeric check failed
 
 // Bad input the CLI detects (a file it cannot read or write). Exit status 1.
 class InputError : public std::runtime_error {

@@ -1,0 +1,174 @@
+// Numeric mode: the graph layer's op stream executed with real numbers (double, Eigen),
+// strictly in the order of the Program's alloc/free events, to prove the schedule.
+//
+// Contract:
+//  - A NumericContext attached to a Runtime (rt.numeric) holds one buffer per storage id.
+//    A buffer exists only between its alloc and free events: on free its values are
+//    poisoned (NaN). Reading a freed buffer, a never-written one, or a saved slot that
+//    was never recomputed is a *violation*: it is recorded (first messages kept) and the
+//    poisoned values flow on, so a premature free shows in the loss and the gradients.
+//  - Forward kernels run right after an op allocates its output (before it records its
+//    node), reading inputs only through the store. Backward kernels read the incoming
+//    grads and the node's *saved slots* (what the schedule saved or recomputed) when the
+//    engine starts the node, and write the results into the storages the schedule's
+//    backward allocated for them.
+//  - Shapes are tracked per storage (they survive a free; values do not). Each written
+//    float buffer is checked against the bytes the schedule allocated for it.
+//  - Only the cs336 family has kernels; ops without one raise NumericError.
+//  - With rt.numeric == nullptr (every normal run) none of this code is reached.
+#pragma once
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/runtime.h"
+
+namespace memsim::graph {
+
+class NumericError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// How the next op reads its operands where byte sizes cannot tell (set by a builder via
+// numeric_hint(), consumed by the next forward kernel).
+enum class NumericHint : uint8_t {
+  none,
+  split_heads,  // view (B,S,D) -> (B,H,S,h)
+  merge_heads,  // clone (B,H,S,h) -> (B,S,D)
+  transpose_b,  // bmm(a, b) = a @ b^T over the last two dims
+};
+
+struct NumericModel {
+  int64_t batch = 1, seq = 1, d_model = 0, heads = 1, d_ff = 0, vocab = 0, context = 0;
+  uint64_t elem = 4;          // bytes of a float element in the schedule
+  double rms_eps = 1e-5;      // cs336 RMSNorm
+  double rope_theta = 10000.0;
+  uint64_t seed = 1;          // parameters and token ids
+};
+
+struct NumericBuffer {
+  enum class State : uint8_t { absent, allocated, live, freed };
+  State state = State::absent;
+  uint64_t bytes = 0;
+  std::vector<int64_t> shape;
+  Eigen::ArrayXd v;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+class NumericContext {
+ public:
+  explicit NumericContext(NumericModel m) : m_(m) {}
+
+  // --- Runtime hooks (graph/runtime.cpp) ---------------------------------------------
+  void on_alloc(uint32_t id, uint64_t bytes);
+  void on_free(uint32_t id);
+  void on_parameter(int32_t index, uint32_t storage, std::string_view name);
+  void on_root_grad(uint32_t grad, uint32_t loss);  // backward(): ones_like(loss)
+  void backward_begin(Runtime& rt, int32_t id, const Node& n, const uint32_t* saved);
+  void backward_end(const Grad out[3]);
+  void accumulate(uint32_t dst, uint32_t src);              // dst += src (in place)
+  void add_into(uint32_t dst, uint32_t a, uint32_t b);      // dst = a + b
+  void copy(uint32_t dst, uint32_t src);                    // dst = src
+  void on_backward_done(Runtime& rt);
+  void on_node(int32_t id, OpKind k);
+  // After the schedule's optimizer step (sim/schedule.cpp): runs optimizer_step if set.
+  void on_optimizer_step(Runtime& rt) {
+    if (optimizer_step) optimizer_step(rt, *this);
+  }
+  std::function<void(Runtime&, NumericContext&)> optimizer_step;  // binds the last forward's operand shapes to a node
+
+  // --- op hooks (graph/ops.cpp) -----------------------------------------------------
+  void forward(Runtime& rt, OpKind k, std::initializer_list<const Tensor*> in,
+               std::initializer_list<const Tensor*> out);
+  void init_rope_buffer(const Tensor& t);            // the cs336 RoPE buffer
+  void fill_tokens(const Tensor& t, uint64_t salt);  // a (B,S) batch of token ids
+
+  NumericHint hint = NumericHint::none;
+
+  // --- results ----------------------------------------------------------------------
+  const std::vector<std::string>& violations() const { return violations_; }
+  size_t violation_count() const { return violation_count_; }
+  // The first backward's loss and the parameters' .grad right after it.
+  bool have_first() const { return first_done_; }
+  double first_loss() const { return first_loss_; }
+  const std::vector<Eigen::ArrayXd>& first_grads() const { return first_grads_; }
+  // Initial parameter values (index order); override before the run for FD.
+  std::vector<Eigen::ArrayXd>& initial_params() { return init_params_; }
+  const std::vector<std::vector<int64_t>>& param_shapes() const { return param_shapes_; }
+  const std::vector<std::string>& param_names() const { return param_names_; }
+  void set_initial_params(std::vector<Eigen::ArrayXd> p) { override_ = std::move(p); }
+  // Current values of parameter i (its storage).
+  const Eigen::ArrayXd& param_values(const Runtime& rt, int32_t i) const;
+  Eigen::ArrayXd& param_values_mut(const Runtime& rt, int32_t i);
+  const Eigen::ArrayXd* grad_values(const Runtime& rt, int32_t i);  // nullptr: no .grad
+  // Parameter i's values now (after the run: the final parameters).
+  const Eigen::ArrayXd& current_param(size_t i) const { return store_.at(param_storage_.at(i)).v; }
+  const NumericModel& model() const { return m_; }
+  // Copied into Runtime::test_drop_save when the schedule attaches this context.
+  int64_t test_drop_save = -1;
+  void violation(const std::string& what);
+
+  // Kernel access (graph/numeric_ops.cpp).
+  NumericBuffer& buf(uint32_t id);
+  const NumericBuffer& read(uint32_t id, const char* what);
+  NumericBuffer& write(uint32_t id, std::vector<int64_t> shape, uint64_t esize);
+
+ private:
+  NumericModel m_;
+  std::vector<NumericBuffer> store_;
+  std::vector<std::string> violations_;
+  size_t violation_count_ = 0;
+  std::vector<Eigen::ArrayXd> init_params_, override_, first_grads_;
+  std::vector<std::vector<int64_t>> param_shapes_;
+  std::vector<std::string> param_names_;
+  std::vector<uint32_t> param_storage_;
+  bool first_done_ = false;
+  double first_loss_ = 0;
+  uint32_t loss_storage_ = kNoStorage;
+  // backward_begin's results, written by backward_end.
+  std::vector<int64_t> pending_shape_[3];
+  Eigen::ArrayXd pending_[3];
+  bool pending_set_[3] = {false, false, false};
+  uint32_t rope_buffer_ = kNoStorage;
+
+ public:
+  // What backward needs of the forward that are not values: operand shapes, the hint.
+  friend struct NumericKernels;  // graph/numeric_ops.cpp
+  struct NodeInfo {
+    OpKind kind = OpKind::other;
+    NumericHint hint = NumericHint::none;
+    std::vector<std::vector<int64_t>> in_shapes;
+  };
+
+ private:
+  NodeInfo last_fwd_;
+  std::vector<NodeInfo> nodes_;
+  std::string where_;  // the op being run, for violation messages
+
+};
+
+// The op kernels (graph/numeric_ops.cpp).
+struct NumericKernels {
+  static void forward(NumericContext& c, Runtime& rt, OpKind k,
+                      std::initializer_list<const Tensor*> in,
+                      std::initializer_list<const Tensor*> out);
+  static void backward(NumericContext& c, Runtime& rt, const Node& n, const uint32_t* saved,
+                       const NumericContext::NodeInfo& info);
+};
+
+// Builder-side hint (no-op in normal runs).
+inline void numeric_hint(Runtime& rt, NumericHint h) {
+  if (rt.numeric != nullptr) rt.numeric->hint = h;
+}
+
+}  // namespace memsim::graph

@@ -1,0 +1,267 @@
+#include "sim/numeric_check.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "graph/numeric.h"
+#include "sim/checkpoint_policy.h"
+#include "sim/numeric_optimizer.h"
+#include "sim/schedule.h"
+
+namespace memsim {
+namespace {
+
+using Eigen::ArrayXd;
+
+graph::NumericModel numeric_model(const Scenario& s) {
+  graph::NumericModel m;
+  m.batch = s.batch.micro_batch;
+  m.seq = s.batch.seq_len;
+  m.d_model = s.model.d_model;
+  m.heads = s.model.heads;
+  m.d_ff = s.model.d_ff;
+  m.vocab = s.model.vocab;
+  m.context = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
+  m.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+  return m;
+}
+
+// One numeric run of the whole program.
+struct RunOut {
+  double loss = 0;
+  std::vector<ArrayXd> grads, init_params, final_params;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::string> names;
+  std::string error;  // first violation or NumericError
+  size_t violations = 0;
+  int optimizer_steps = 0;
+  double optimizer_err = 0;
+};
+
+double max_abs(const ArrayXd& a) { return a.size() == 0 ? 0.0 : a.abs().maxCoeff(); }
+
+RunOut run_once(const Scenario& s, const TrainingScript& script, const NumericCheckOptions& o,
+                const std::vector<ArrayXd>* init) {
+  RunOut out;
+  graph::NumericContext ctx(numeric_model(s));
+  ctx.test_drop_save = o.test_drop_save;
+  if (init != nullptr) ctx.set_initial_params(*init);
+  const bool decay_after = script.cs336_revision == graph::Cs336Revision::v2025;
+  NumericOptimizer modelled(s.optimizer, decay_after, false);
+  NumericOptimizer reference(s.optimizer, decay_after, true);
+  ctx.optimizer_step = [&](graph::Runtime& rt, graph::NumericContext& c) {
+    const size_t n = rt.parameters().size();
+    std::vector<ArrayXd> before(n), grads(n), ref(n);
+    std::vector<ArrayXd*> mp(n, nullptr), rp(n, nullptr);
+    std::vector<const ArrayXd*> g(n, nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      const ArrayXd* gv = c.grad_values(rt, static_cast<int32_t>(i));
+      if (gv != nullptr) {
+        grads[i] = *gv;
+        g[i] = &grads[i];
+      }
+      before[i] = c.param_values(rt, static_cast<int32_t>(i));
+      ref[i] = before[i];
+      mp[i] = &c.param_values_mut(rt, static_cast<int32_t>(i));
+      rp[i] = &ref[i];
+    }
+    modelled.step(mp, g);
+    reference.step(rp, g);
+    for (size_t i = 0; i < n; ++i) {
+      if (g[i] == nullptr) continue;
+      const ArrayXd dm = *mp[i] - before[i], dr = ref[i] - before[i];
+      const double scale = std::max(max_abs(dr), 1e-300);
+      double err = max_abs(dm - dr) / scale;
+      if (!std::isfinite(err)) err = INFINITY;
+      out.optimizer_err = std::max(out.optimizer_err, err);
+    }
+    ++out.optimizer_steps;
+  };
+  try {
+    build_program(s, script, &ctx);
+  } catch (const graph::NumericError& e) {
+    out.error = e.what();
+  }
+  out.violations = ctx.violation_count();
+  if (out.error.empty() && !ctx.violations().empty()) out.error = ctx.violations().front();
+  out.loss = ctx.have_first() ? ctx.first_loss() : NAN;
+  out.grads = ctx.first_grads();
+  out.init_params = ctx.initial_params();
+  out.shapes = ctx.param_shapes();
+  out.names = ctx.param_names();
+  for (size_t i = 0; i < out.names.size(); ++i) out.final_params.push_back(ctx.current_param(i));
+  return out;
+}
+
+bool all_finite(const RunOut& r) {
+  if (!std::isfinite(r.loss)) return false;
+  for (const ArrayXd& g : r.grads)
+    if (!g.allFinite()) return false;
+  for (const ArrayXd& p : r.final_params)
+    if (!p.allFinite()) return false;
+  return true;
+}
+
+// Bitwise comparison (NaN never equals): returns the largest |difference|, or inf.
+double diff(const RunOut& a, const RunOut& b, bool& identical) {
+  identical = a.loss == b.loss && a.grads.size() == b.grads.size() &&
+              a.final_params.size() == b.final_params.size();
+  double d = std::isfinite(a.loss - b.loss) ? std::abs(a.loss - b.loss) : INFINITY;
+  if (!identical) return d == 0 ? INFINITY : d;
+  auto cmp = [&](const std::vector<ArrayXd>& x, const std::vector<ArrayXd>& y) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (x[i].size() != y[i].size()) {
+        identical = false;
+        d = INFINITY;
+        continue;
+      }
+      for (Eigen::Index j = 0; j < x[i].size(); ++j) {
+        if (!(x[i][j] == y[i][j])) identical = false;
+        const double e = std::abs(x[i][j] - y[i][j]);
+        d = std::max(d, std::isfinite(e) ? e : INFINITY);
+      }
+    }
+  };
+  cmp(a.grads, b.grads);
+  cmp(a.final_params, b.final_params);
+  return d;
+}
+
+std::vector<std::string> default_policies(int64_t layers) {
+  std::vector<std::string> p = {"none", "full", "uniform:2", "block:1", "modules",
+                                "selective", "sqrt"};
+  if (layers < 2) p[2] = "uniform:1";
+  p.push_back(layers >= 2 ? "custom:0,1.mlp" : "custom:0.attention");
+  p.push_back("full+reentrant");
+  p.push_back("full+no-early-stop");
+  return p;
+}
+
+}  // namespace
+
+void validate_numeric_scenario(const Scenario& s) {
+  const std::string where = s.source + ": ";
+  if (s.model.family != ModelFamily::cs336)
+    throw ScenarioError(where + "model.family: '" + to_string(s.model.family) +
+                        "' is not supported by numeric mode (supported: cs336)");
+  if (s.precision.params != DType::fp32 || s.precision.autocast || s.precision.master_weights)
+    throw ScenarioError(where + "precision: numeric mode needs fp32 parameters without "
+                        "autocast or master weights");
+  const int64_t D = s.model.d_model, H = s.model.heads;
+  if (H <= 0 || D % H != 0 || (D / H) % 2 != 0)
+    throw ScenarioError(where + "model.heads: d_model must split into heads of even size");
+  const int64_t params = 2 * s.model.vocab * D +
+                         s.model.layers * (4 * D * D + 3 * D * s.model.d_ff + 2 * D) + D;
+  const int64_t tokens = s.batch.micro_batch * s.batch.seq_len;
+  if (params > 200000 || tokens > 256 || s.model.layers > 8 || s.step.warmup_steps > 8 ||
+      s.batch.grad_accum > 4)
+    throw ScenarioError(where + "numeric mode is for tiny configurations (at most 200000 "
+                        "parameters, 256 tokens per micro-batch, 8 layers, 8 warm-up steps, "
+                        "grad_accum 4); this one has " + std::to_string(params) +
+                        " parameters and " + std::to_string(tokens) + " tokens");
+}
+
+NumericCheckReport run_numeric_check(const Scenario& scenario, const NumericCheckOptions& o) {
+  validate_numeric_scenario(scenario);
+  NumericCheckReport rep;
+  const TrainingScript script = default_script(scenario);
+  std::vector<std::string> policies = o.policies.empty() ? default_policies(scenario.model.layers)
+                                                         : o.policies;
+  // The reference run: the scenario as written, no checkpointing.
+  Scenario base = scenario;
+  base.checkpoint = CheckpointConfig{};
+  const RunOut ref = run_once(base, script, o, nullptr);
+  rep.loss = ref.loss;
+  for (const ArrayXd& p : ref.init_params) rep.parameters += p.size();
+  rep.optimizer = numeric_optimizer_name(scenario.optimizer,
+                                         script.cs336_revision == graph::Cs336Revision::v2025);
+  rep.optimizer_steps = ref.optimizer_steps;
+  rep.optimizer_max_rel_error = ref.optimizer_err;
+  if (!ref.error.empty())
+    rep.failures.push_back("policy none: " + ref.error + " (" + std::to_string(ref.violations) +
+                           " violations)");
+  else if (!all_finite(ref))
+    rep.failures.push_back("policy none: the loss, a gradient or a parameter is not finite");
+  if (!(rep.optimizer_max_rel_error <= o.optimizer_tolerance))
+    rep.failures.push_back("optimizer: the modelled update differs from the reference by " +
+                           std::to_string(rep.optimizer_max_rel_error) + " (relative)");
+
+  // Finite differences of the first loss (forward + backward only, no warm-up).
+  {
+    Scenario fd = base;
+    fd.step.warmup_steps = 0;
+    fd.step.kind = StepKind::forward_backward;
+    const TrainingScript fd_script = default_script(fd);
+    for (size_t i = 0; i < ref.init_params.size() && ref.error.empty(); ++i) {
+      const ArrayXd& g = ref.grads[i];
+      if (g.size() == 0) continue;
+      std::vector<Eigen::Index> picks;
+      Eigen::Index top = 0;
+      g.abs().maxCoeff(&top);
+      picks.push_back(top);
+      for (int k = 0; k < o.fd_samples; ++k)
+        picks.push_back(static_cast<Eigen::Index>((static_cast<uint64_t>(k) * 7919u + i * 31u + 1u) %
+                                                  static_cast<uint64_t>(g.size())));
+      for (Eigen::Index j : picks) {
+        std::vector<ArrayXd> plus = ref.init_params, minus = ref.init_params;
+        plus[i][j] += o.fd_step;
+        minus[i][j] -= o.fd_step;
+        const RunOut a = run_once(fd, fd_script, o, &plus);
+        const RunOut b = run_once(fd, fd_script, o, &minus);
+        const double num = (a.loss - b.loss) / (2 * o.fd_step);
+        // Relative, with an absolute floor at the differences' own noise (~1e-10).
+        double rel = std::abs(num - g[j]) / (std::max(std::abs(num), std::abs(g[j])) + 1e-6);
+        if (!std::isfinite(rel)) rel = INFINITY;
+        ++rep.fd_points;
+        if (rel >= rep.fd_max_rel_error) {
+          rep.fd_max_rel_error = rel;
+          std::ostringstream w;
+          w.precision(10);
+          w << ref.names[i] << "[" << j << "]: analytic " << g[j] << ", finite difference " << num;
+          rep.fd_worst = w.str();
+        }
+      }
+    }
+    if (!(rep.fd_max_rel_error <= o.fd_tolerance))
+      rep.failures.push_back("finite differences: max relative error " +
+                             std::to_string(rep.fd_max_rel_error) + " at " + rep.fd_worst);
+  }
+
+  // Every policy against the reference, bit for bit.
+  for (const std::string& spec : policies) {
+    PolicyCheck pc;
+    pc.policy = spec;
+    Scenario s = scenario;
+    TrainingScript sc = script;
+    std::string name = spec;
+    const size_t plus = spec.find('+');
+    if (plus != std::string::npos) {
+      name = spec.substr(0, plus);
+      const std::string variant = spec.substr(plus + 1);
+      if (variant == "reentrant") s.checkpoint.reentrant = true;
+      else if (variant == "no-early-stop") sc.checkpoint_early_stop = false;
+      else throw ScenarioError("--policies: unknown variant '+" + variant +
+                               "' (known: +reentrant, +no-early-stop)");
+    }
+    const std::optional<bool> reentrant = s.checkpoint.reentrant;
+    try {
+      s.checkpoint = parse_policy(name);
+    } catch (const PolicyError& e) {
+      throw ScenarioError(std::string("--policies: ") + e.what());
+    }
+    s.checkpoint.reentrant = reentrant;
+    const RunOut r = run_once(s, sc, o, nullptr);
+    pc.error = r.error;
+    pc.max_abs_diff = diff(r, ref, pc.identical);
+    if (!r.error.empty()) pc.identical = false;
+    if (!pc.identical)
+      rep.failures.push_back("policy " + spec + ": " +
+                             (r.error.empty() ? "results differ from policy none by " +
+                                                    std::to_string(pc.max_abs_diff)
+                                              : r.error));
+    rep.policies.push_back(pc);
+  }
+  return rep;
+}
+
+}  // namespace memsim

@@ -1,0 +1,62 @@
+// `memsim check`: proves a scenario's schedule numerically (graph/numeric.h).
+//
+// Contract (run_numeric_check):
+//  1. Runs the scenario's program (warm-up steps + measured step) with a NumericContext
+//     attached: every op computed in double in the Program's event order, freed buffers
+//     poisoned. The first backward's loss and .grad are kept.
+//  2. Finite differences: for sampled entries of every parameter (the largest-|grad|
+//     entry plus fd_samples others), central differences of the first loss in double
+//     (forward+backward runs with the parameter perturbed); max relative error.
+//  3. Every checkpointing policy (policies; default: none, full, uniform:2, block:1,
+//     modules, selective, sqrt, custom, and full reentrant / without early stop) gives a
+//     loss, gradients and final parameters bit-identical to the policy-none run.
+//  4. Every optimizer step: the update as memsim models the implementation equals the
+//     textbook reference (sim/numeric_optimizer.h) within optimizer_tolerance.
+//  Any violation (a read of a freed buffer), NumericError, NaN or mismatch is a failure
+//  listed in the report. validate_numeric_scenario throws ScenarioError for a scenario
+//  numeric mode refuses (family other than cs336, non-fp32, too large).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/scenario.h"
+
+namespace memsim {
+
+struct NumericCheckOptions {
+  std::vector<std::string> policies;  // empty: the default list (see above)
+  int fd_samples = 3;                 // sampled entries per parameter besides the largest
+  double fd_step = 1e-5;
+  double fd_tolerance = 1e-6;         // max relative FD error
+  double optimizer_tolerance = 1e-10; // max normwise relative error of an update
+  // Test-only fault injection (graph::Runtime::test_drop_save) in every run.
+  int64_t test_drop_save = -1;
+};
+
+struct PolicyCheck {
+  std::string policy;
+  bool identical = false;
+  double max_abs_diff = 0;  // over loss, grads, final parameters
+  std::string error;        // a violation or NumericError, "" if none
+};
+
+struct NumericCheckReport {
+  double loss = 0;
+  int64_t parameters = 0;
+  double fd_max_rel_error = 0;
+  int fd_points = 0;
+  std::string fd_worst;  // "layers.0.ffn.w1.weight[12]: analytic ..., fd ..."
+  std::vector<PolicyCheck> policies;
+  std::string optimizer;
+  int optimizer_steps = 0;
+  double optimizer_max_rel_error = 0;
+  std::vector<std::string> failures;
+  bool passed() const { return failures.empty(); }
+};
+
+void validate_numeric_scenario(const Scenario& scenario);
+NumericCheckReport run_numeric_check(const Scenario& scenario, const NumericCheckOptions& options);
+
+}  // namespace memsim
