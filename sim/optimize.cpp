@@ -239,9 +239,9 @@ SearchResult search_plan(const LayerCosts& c, int64_t bound) {
       }
     }
     // Pareto front on (stored, recompute); equal pairs keep the lower peak. Sorting
-    // 4-byte indices instead of the 32-byte states is cheaper and, the comparisons being
-    // the same, std::sort leaves ties in the same order (which tie survives picks the plan
-    // among modelled equals).
+    // 4-byte indices instead of the 32-byte states is cheaper. Full ties are broken by
+    // candidate index, so the order is total and the plan picked among modelled equals
+    // does not depend on the standard library's (unstable) sort.
     order.resize(cand.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
     std::sort(order.begin(), order.end(), [&cand](uint32_t ia, uint32_t ib) {
@@ -249,7 +249,8 @@ SearchResult search_plan(const LayerCosts& c, int64_t bound) {
       const State& b = cand[ib];
       if (a.stored != b.stored) return a.stored < b.stored;
       if (a.recompute != b.recompute) return a.recompute < b.recompute;
-      return a.peak < b.peak;
+      if (a.peak != b.peak) return a.peak < b.peak;
+      return ia < ib;
     });
     int64_t best = INT64_MAX;
     for (uint32_t i : order) {
@@ -355,8 +356,9 @@ class LevelEnumerator {
     current_.layers.assign(static_cast<size_t>(c_.layers), LayerCheckpoint::keep);
     overflow_ = false;
     dfs(0, 0, 0, kNone, r);
-    std::sort(out_.begin(), out_.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
+    // Stable: plans of equal peak stay in search order (deterministic across libraries).
+    std::stable_sort(out_.begin(), out_.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
     return std::move(out_);
   }
   bool overflowed() const { return overflow_; }
