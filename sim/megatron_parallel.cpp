@@ -1,5 +1,6 @@
 #include "sim/megatron_parallel.h"
 
+#include <algorithm>
 #include <string>
 
 namespace memsim {
@@ -12,10 +13,13 @@ namespace {
 
 void require_megatron_model_parallel_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
-  if (p.pipeline != 1)
-    refuse(s, "parallel.pipeline",
-           "pipeline parallelism is not modelled yet for model family 'megatron' (set "
-           "parallel.pipeline to 1)");
+  if (p.pipeline_schedule == PipelineSchedule::interleaved &&
+      std::max<int64_t>(1, s.batch.grad_accum) % p.pipeline != 0)
+    refuse(s, "batch.grad_accum",
+           "the interleaved schedule needs the number of micro-batches (" +
+               std::to_string(std::max<int64_t>(1, s.batch.grad_accum)) +
+               ") to be a multiple of parallel.pipeline (" + std::to_string(p.pipeline) +
+               "), as Megatron-LM requires");
   if (p.sequence && p.tensor == 1)
     refuse(s, "parallel.sequence",
            "sequence parallelism needs parallel.tensor > 1 (Megatron turns it off otherwise)");

@@ -87,7 +87,9 @@ TEST_CASE("tensor parallel: end to end train step, RankInfo, and refusals",
   CHECK(program.rank.index == 0);
   CHECK(program.rank.why.find("tensor-parallel") != std::string::npos);
 
-  Scenario pp = gpt3();
+  // Pipeline parallelism is modelled for megatron (tests/test_megatron_pipeline.cpp) only.
+  Scenario pp = load_scenario(std::string(MEMSIM_SOURCE_DIR) +
+                              "/scenarios/cs336-small-train-ctx512.yaml");
   pp.parallel.pipeline = 2;
   CHECK_THROWS_WITH(build_program(pp), Catch::Contains("parallel.pipeline"));
   Scenario dp = gpt3();

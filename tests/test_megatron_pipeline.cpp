@@ -1,0 +1,255 @@
+// Pipeline parallelism in the megatron family (sim/pipeline_schedule.h,
+// sim/megatron_pipeline.h): the schedules' order, the micro-batches each stage holds at
+// its peak, the per-stage parameters, the stage reported, and what is refused.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "allocator/caching_allocator.h"
+#include "graph/megatron.h"
+#include "sim/execute.h"
+#include "sim/megatron_pipeline.h"
+#include "sim/megatron_step.h"
+#include "sim/pipeline_schedule.h"
+#include "sim/schedule.h"
+
+using namespace memsim;
+
+namespace {
+
+Scenario tiny(int64_t pipeline, int64_t micro_batches,
+              PipelineSchedule schedule = PipelineSchedule::one_f_one_b, int64_t v = 1) {
+  Scenario s;
+  s.name = "megatron-tiny-pipeline";
+  s.source = "tiny.yaml";
+  s.model.family = ModelFamily::megatron;
+  s.model.layers = 8;
+  s.model.d_model = 256;
+  s.model.heads = 4;
+  s.model.kv_heads = 4;
+  s.model.d_ff = 1024;
+  s.model.vocab = 1000;
+  s.model.context_length = 128;
+  s.model.tied_embeddings = true;
+  s.model.dropout = 0.1;
+  s.batch.micro_batch = 2;
+  s.batch.seq_len = 128;
+  s.batch.grad_accum = micro_batches;
+  s.precision.params = DType::bf16;
+  s.precision.master_weights = true;
+  s.optimizer.type = OptimizerType::adamw;
+  s.optimizer.impl = OptimizerImpl::fused;
+  s.step.warmup_steps = 1;
+  s.parallel.pipeline = pipeline;
+  s.parallel.pipeline_schedule = schedule;
+  s.parallel.virtual_stages = v;
+  return s;
+}
+
+// Tensors named `name` live right after the measured step's peak-allocated event.
+int64_t live_named_at_peak(const Program& program, const std::string& name) {
+  SimulatedDevice device(1ull << 60, 0);
+  const Timeline t = execute(program, AllocatorConfig{}, device);
+  size_t begin = 0;
+  for (size_t i = 0; i < program.events.size(); ++i)
+    if (program.events[i].type == EventType::mark &&
+        program.str(static_cast<uint32_t>(program.events[i].bytes)) == "measured_step_begin")
+      begin = i;
+  size_t peak = begin;
+  for (size_t i = begin; i < t.size(); ++i)
+    if (t.allocated[i] > t.allocated[peak]) peak = i;
+  std::set<uint32_t> live;
+  for (size_t i = 0; i <= peak; ++i) {
+    const MemoryEvent& e = program.events[i];
+    if (e.type == EventType::alloc && program.str(program.tensors[e.tensor].name) == name)
+      live.insert(e.tensor);
+    if (e.type == EventType::free) live.erase(e.tensor);
+  }
+  return static_cast<int64_t>(live.size());
+}
+
+uint64_t bytes_of_kind(const Program& program, TensorKind kind) {
+  uint64_t sum = 0;
+  for (const TensorInfo& t : program.tensors)
+    if (t.kind == kind) sum += t.bytes;
+  return sum;
+}
+
+const char* kHeld = "pipeline output (deallocated to 1 element)";
+
+}  // namespace
+
+TEST_CASE("pipeline schedules: Megatron's order and the micro-batches in flight",
+          "[pipeline]") {
+  for (int64_t p : {2, 4, 8})
+    for (int64_t m : {1, 3, 4, 8, 16})
+      for (int64_t k = 0; k < p; ++k) {
+        const auto f1b1 = pipeline_actions(PipelineSchedule::one_f_one_b, p, 1, m, k, false);
+        CHECK(max_in_flight(f1b1) == std::min(p - k, m));
+        const auto gpipe = pipeline_actions(PipelineSchedule::gpipe, p, 1, m, k, false);
+        CHECK(max_in_flight(gpipe) == m);
+        for (const auto* actions : {&f1b1, &gpipe}) {
+          // Each micro-batch once forward, then once backward, both in order.
+          std::vector<int> state(static_cast<size_t>(m), 0);
+          int32_t next_f = 0, next_b = 0;
+          for (const PipelineAction& a : *actions) {
+            CHECK(a.chunk == 0);
+            if (a.forward) {
+              CHECK(a.micro_batch == next_f++);
+              CHECK(state[static_cast<size_t>(a.micro_batch)]++ == 0);
+            } else {
+              CHECK(a.micro_batch == next_b++);
+              CHECK(state[static_cast<size_t>(a.micro_batch)]++ == 1);
+            }
+          }
+          CHECK(next_f == m);
+          CHECK(next_b == m);
+        }
+      }
+  // 1F1B on stage 1 of 4 with 6 micro-batches: 2 warm-up forwards, 4 pairs, 2 cool-down.
+  const auto a = pipeline_actions(PipelineSchedule::one_f_one_b, 4, 1, 6, 1, false);
+  std::string order;
+  for (const PipelineAction& x : a) order += (x.forward ? "F" : "B") + std::to_string(x.micro_batch) + " ";
+  CHECK(order == "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5 ");
+  // Forward only: the forwards in order.
+  CHECK(max_in_flight(pipeline_actions(PipelineSchedule::one_f_one_b, 4, 1, 6, 0, true)) == 6);
+}
+
+TEST_CASE("interleaved schedule: get_model_chunk_id order, warm-up, Megatron's penalty",
+          "[pipeline]") {
+  for (int64_t p : {2, 4})
+    for (int64_t v : {2, 3})
+      for (int64_t m : {p, 2 * p, 4 * p})
+        for (int64_t k = 0; k < p; ++k) {
+          const auto a = pipeline_actions(PipelineSchedule::interleaved, p, v, m, k, false);
+          REQUIRE(a.size() == static_cast<size_t>(2 * m * v));
+          const int64_t warmup = std::min((p - k - 1) * 2 + (v - 1) * p, m * v);
+          for (int64_t j = 0; j < warmup; ++j) CHECK(a[static_cast<size_t>(j)].forward);
+          // Virtual micro-batch j: chunk (j mod pv) / p forward, v-1 minus that backward.
+          int64_t f = 0, b = 0;
+          std::map<std::pair<int, int>, int> seen;
+          for (const PipelineAction& x : a) {
+            const int64_t j = x.forward ? f++ : b++;
+            const int64_t chunk = (j % (p * v)) / p;
+            CHECK(x.chunk == (x.forward ? chunk : v - 1 - chunk));
+            CHECK(seen[{x.chunk, x.micro_batch}]++ == (x.forward ? 0 : 1));
+          }
+          CHECK(max_in_flight(a) == std::min(warmup + 1, m * v));
+          if (k == 0 && warmup < m * v) {
+            // Megatron's theoretical memory: stage 0 holds the activations of
+            // (1 + (p-1)/(p*v)) * p micro-batches of L/p layers, i.e. of pv + p - 1 chunk
+            // passes of L/(pv) layers.
+            CHECK(max_in_flight(a) == p * v + p - 1);
+          }
+        }
+}
+
+TEST_CASE("pipeline stages hold min(p - k, m) micro-batches at their peak (1F1B), m (GPipe)",
+          "[pipeline]") {
+  // A micro-batch is in flight on stage k > 0 while its received input activation lives;
+  // stage 0 (no input) peaks in its first backward, when every micro-batch it has run
+  // forward still holds its deallocated output's 1-element stand-in.
+  auto in_flight_at_peak = [](const Program& program, int64_t k) {
+    return live_named_at_peak(program, k == 0 ? kHeld : "pipeline recv: input activation");
+  };
+  for (int64_t m : {2, 6}) {
+    const Scenario s = tiny(4, m);
+    const Scenario g = tiny(4, m, PipelineSchedule::gpipe);
+    for (int64_t k = 0; k < 4; ++k) {
+      Program program;
+      build_megatron_stage_program(s, {}, k, program);
+      CHECK(program.rank.pipeline_stage == k);
+      CHECK(program.rank.pipeline == 4);
+      CHECK(in_flight_at_peak(program, k) == std::min<int64_t>(4 - k, m));
+      Program gp;
+      build_megatron_stage_program(g, {}, k, gp);
+      CHECK(in_flight_at_peak(gp, k) == m);
+    }
+  }
+}
+
+TEST_CASE("pipeline stages: parameters add up to the model's plus the last stage's "
+          "shared word embedding",
+          "[pipeline]") {
+  for (int64_t p : {2, 4, 8}) {
+    for (int64_t t : {1, 2}) {
+      Scenario s = tiny(p, 8);
+      s.parallel.tensor = t;
+      graph::MegatronShape whole_shape = megatron_shape(s);
+      const uint64_t whole = static_cast<uint64_t>(graph::megatron_parameter_count(whole_shape));
+      uint64_t sum = 0;
+      for (int64_t k = 0; k < p; ++k) {
+        Program program;
+        build_megatron_stage_program(s, {}, k, program);
+        const uint64_t params = bytes_of_kind(program, TensorKind::parameter) / 2;  // bf16
+        // The stage's own count (graph/megatron.h) agrees with what it allocates.
+        graph::MegatronShape stage = whole_shape;
+        stage.layers = s.model.layers / p;
+        stage.pre_process = k == 0;
+        stage.post_process = k == p - 1;
+        CHECK(params == static_cast<uint64_t>(graph::megatron_parameter_count(stage)));
+        sum += params;
+      }
+      const uint64_t word = static_cast<uint64_t>(whole_shape.padded_vocab() / t * 256);
+      CHECK(sum == whole + word);
+    }
+  }
+  // Interleaved: v chunks per rank, the first chunk of rank 0 embeds, the last of the last
+  // rank has the output layer.
+  Scenario s = tiny(2, 4, PipelineSchedule::interleaved, 2);
+  const uint64_t whole = static_cast<uint64_t>(graph::megatron_parameter_count(megatron_shape(s)));
+  uint64_t sum = 0;
+  for (int64_t k = 0; k < 2; ++k) {
+    Program program;
+    build_megatron_stage_program(s, {}, k, program);
+    sum += bytes_of_kind(program, TensorKind::parameter) / 2;
+  }
+  CHECK(sum == whole + 1000 * 256);
+}
+
+TEST_CASE("pipeline: build_program reports the stage with the largest peak reserved",
+          "[pipeline]") {
+  const Scenario s = tiny(4, 8);
+  const Program program = build_program(s);
+  CHECK(program.rank.pipeline == 4);
+  CHECK(program.rank.world_size == 4);
+  Program check;
+  const PipelineStagePeaks peaks = build_megatron_pipeline_program(s, {}, check);
+  REQUIRE(peaks.peak_reserved.size() == 4);
+  const auto worst = std::max_element(peaks.peak_reserved.begin(), peaks.peak_reserved.end());
+  CHECK(peaks.worst == worst - peaks.peak_reserved.begin());
+  CHECK(program.rank.pipeline_stage == peaks.worst);
+  CHECK(program.rank.why.find("pipeline stage " + std::to_string(peaks.worst) + " of 4") == 0);
+  CHECK(program.events.size() == check.events.size());
+  // Stage 0 holds 4 micro-batches of activations and the embedding: the worst here.
+  CHECK(peaks.worst == 0);
+}
+
+TEST_CASE("pipeline: forward-only steps and selective recompute run on every stage",
+          "[pipeline]") {
+  for (StepKind kind : {StepKind::forward, StepKind::forward_no_grad, StepKind::forward_backward}) {
+    Scenario s = tiny(2, 4);
+    s.step.kind = kind;
+    s.checkpoint.policy = "selective";
+    const Program program = build_program(s);
+    CHECK(program.rank.pipeline == 2);
+    CHECK_FALSE(program.events.empty());
+  }
+}
+
+TEST_CASE("pipeline: refusals by key", "[pipeline]") {
+  Scenario interleaved = tiny(4, 6, PipelineSchedule::interleaved, 2);
+  CHECK_THROWS_WITH(build_program(interleaved), Catch::Contains("tiny.yaml: batch.grad_accum:") &&
+                                                    Catch::Contains("multiple of parallel.pipeline"));
+  interleaved.batch.grad_accum = 8;
+  CHECK_NOTHROW(build_program(interleaved));
+  Scenario other = load_scenario(std::string(MEMSIM_SOURCE_DIR) +
+                                 "/scenarios/cs336-small-train-ctx512.yaml");
+  other.parallel.pipeline = 2;
+  CHECK_THROWS_WITH(build_program(other), Catch::Contains("parallel.pipeline:") &&
+                                              Catch::Contains("'megatron' only"));
+}
