@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <string>
@@ -13,6 +15,7 @@
 #include "graph/megatron.h"
 #include "sim/execute.h"
 #include "sim/megatron_pipeline.h"
+#include "sim/megatron_pipeline_checks.h"
 #include "sim/megatron_step.h"
 #include "sim/pipeline_schedule.h"
 #include "sim/schedule.h"
@@ -252,4 +255,100 @@ TEST_CASE("pipeline: refusals by key", "[pipeline]") {
   other.parallel.pipeline = 2;
   CHECK_THROWS_WITH(build_program(other), Catch::Contains("parallel.pipeline:") &&
                                               Catch::Contains("'megatron' only"));
+}
+
+TEST_CASE("pipeline scenario keys: values read, bad ones refused with FILE:LINE: KEY",
+          "[pipeline]") {
+  const std::string base =
+      "model:\n  preset: gpt3-175b\n  layers: 16\nbatch:\n  grad_accum: 8\nparallel:\n"
+      "  pipeline: 4\n";
+  auto error_of = [](const std::string& text) -> std::string {
+    try {
+      load_scenario_text(text, "p.yaml");
+    } catch (const ScenarioError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const Scenario d = load_scenario_text(base, "p.yaml");
+  CHECK(d.parallel.pipeline_schedule == PipelineSchedule::one_f_one_b);
+  CHECK(d.parallel.virtual_stages == 1);
+  const Scenario i =
+      load_scenario_text(base + "  pipeline_schedule: interleaved\n  virtual_stages: 2\n", "p.yaml");
+  CHECK(i.parallel.pipeline_schedule == PipelineSchedule::interleaved);
+  CHECK(i.parallel.virtual_stages == 2);
+  CHECK(load_scenario_text(base + "  pipeline_schedule: gpipe\n", "p.yaml").parallel.pipeline_schedule ==
+        PipelineSchedule::gpipe);
+  CHECK(error_of(base + "  pipeline_schedule: zb\n") ==
+        "p.yaml:8: parallel.pipeline_schedule: expected one of 1f1b, gpipe, interleaved, got 'zb'");
+  CHECK(error_of(base + "  virtual_stages: 2\n") ==
+        "p.yaml:8: parallel.virtual_stages: model chunks per rank (> 1) need "
+        "parallel.pipeline_schedule: interleaved");
+  CHECK(error_of(base + "  virtual_stages: 0\n") ==
+        "p.yaml:8: parallel.virtual_stages: expected a positive integer, got '0'");
+  CHECK(error_of(base + "  pipeline_schedule: interleaved\n") ==
+        "p.yaml:8: parallel.pipeline_schedule: interleaved needs parallel.virtual_stages >= 2 "
+        "(model chunks per rank)");
+  CHECK(error_of(base + "  pipeline_schedule: interleaved\n  virtual_stages: 3\n") ==
+        "p.yaml:9: parallel.virtual_stages: 4 stages x 3 chunks do not divide 16 layers");
+  CHECK(error_of("model:\n  preset: gpt3-175b\nparallel:\n  pipeline_schedule: gpipe\n") ==
+        "p.yaml:4: parallel.pipeline_schedule: gpipe needs parallel.pipeline > 1 (one stage "
+        "runs the plain loop)");
+  // --set goes through the same checks.
+  CHECK_THROWS_WITH(load_scenario_text(base, "p.yaml", {{"parallel.pipeline_schedule", "1F1B"}}),
+                    Catch::Contains("parallel.pipeline_schedule: expected one of"));
+}
+
+TEST_CASE("pipeline: stage 0 against Megatron-LM's theoretical memory, term by term",
+          "[pipeline][megatron-theory]") {
+  Scenario s = load_scenario(std::string(MEMSIM_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml");
+  s.parallel.tensor = 8;
+  s.parallel.sequence = true;
+  s.parallel.pipeline = 8;
+  s.checkpoint.policy = "selective";
+  s.batch.grad_accum = 16;
+  const std::vector<FormulaCheck> rows = megatron_theoretical_first_stage_checks(s);
+  REQUIRE(rows.size() == 6);
+  for (const FormulaCheck& c : rows)
+    std::printf("  %-70s %-48s formula %16.1f memsim %16.1f (%+.3f%%) %s\n", c.name.c_str(),
+                c.formula.c_str(), c.expected, c.simulated, 100 * c.extra / c.expected,
+                c.note.c_str());
+  const double sb = 2048.0, h = 12288, t = 8, p = 8, sbh = sb * h, L = 96;
+  // Layers: the formula's 34sbh/t per layer and micro-batch (96 layer-passes in flight),
+  // plus LayerNorm stats, minus each in-flight micro-batch's deallocated last output.
+  CHECK(rows[0].expected == Approx(34 * sbh * L / t).epsilon(1e-12));
+  CHECK(rows[0].simulated == 34 * sbh * L / t + 16 * sb * L / t - p * 2 * sbh / t);
+  // Embedding: the dropout mask, plus its output and the stand-ins.
+  CHECK(rows[1].expected == Approx(sbh * p / t).epsilon(1e-12));
+  CHECK(rows[1].simulated == p * (sbh / t + 2 * sbh / t + 2));
+  // Batch tensors: token and position ids and the attention mask of 8 micro-batches.
+  CHECK(rows[2].simulated == p * (8 * sb + 8 * sb + sb * sb));
+  // Activations in all: within 0.5% of the formula.
+  CHECK(std::abs(rows[3].extra) / rows[3].expected < 5e-3);
+  // Weights + optimizer: 18 B/param of stage 0's parameters by hand (word embedding
+  // 51200/8 rows, the full position embedding, 12 layers with replicated LayerNorms and
+  // row-parallel biases), +0.93% over the formula, nearly all of it the position embedding.
+  const double f = 49152;
+  const double stage0 = 51200 / t * h + 2048 * h + 12 * ((12 * h * h + 3 * h + f) / t + 6 * h);
+  CHECK(rows[4].simulated == 18 * stage0);
+  CHECK(std::abs(rows[4].extra - 18 * 2048 * h) / rows[4].expected < 1e-3);
+  CHECK(rows[5].simulated > rows[5].expected);
+
+  // Fewer micro-batches than stages: min(1, m/p) of the activations.
+  s.batch.grad_accum = 4;
+  const auto few = megatron_theoretical_first_stage_checks(s);
+  CHECK(few[0].expected == Approx(rows[0].expected / 2).epsilon(1e-12));
+  CHECK(few[0].simulated == 4 * (34 * sbh * 12 / t + 16 * sb * 12 / t - 2 * sbh / t));
+
+  // Interleaved, v = 2: the formula's penalty (1 + (p-1)/(p*v)) is exactly the layer
+  // passes stage 0 holds (pv + p - 1 chunks of L/(pv) layers).
+  s.batch.grad_accum = 16;
+  s.parallel.pipeline_schedule = PipelineSchedule::interleaved;
+  s.parallel.virtual_stages = 2;
+  const auto inter = megatron_theoretical_first_stage_checks(s);
+  const double passes = p * 2 + p - 1;
+  CHECK(inter[0].expected == Approx(34 * sbh * L / t * (1 + 7.0 / 16)).epsilon(1e-12));
+  // Every chunk pass ends in a deallocated output, except on the chunk that is not the
+  // pipeline's last (all are, here: stage 0 is never last).
+  CHECK(inter[0].simulated == passes * (34 * sbh * 6 / t + 16 * sb * 6 / t - 2 * sbh / t));
 }
