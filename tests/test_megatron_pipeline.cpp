@@ -11,7 +11,10 @@
 #include <string>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "allocator/caching_allocator.h"
+#include "tests/cli_test_support.h"
 #include "graph/megatron.h"
 #include "sim/execute.h"
 #include "sim/megatron_pipeline.h"
@@ -301,12 +304,10 @@ TEST_CASE("pipeline scenario keys: values read, bad ones refused with FILE:LINE:
 
 TEST_CASE("pipeline: stage 0 against Megatron-LM's theoretical memory, term by term",
           "[pipeline][megatron-theory]") {
-  Scenario s = load_scenario(std::string(MEMSIM_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml");
-  s.parallel.tensor = 8;
-  s.parallel.sequence = true;
-  s.parallel.pipeline = 8;
-  s.checkpoint.policy = "selective";
-  s.batch.grad_accum = 16;
+  // The shipped scenario: GPT-3 175B, tensor 8 + SP, pipeline 8 (1F1B), selective, m = 16.
+  Scenario s = load_scenario(std::string(MEMSIM_SOURCE_DIR) +
+                             "/scenarios/gpt3-175b-tp8-pp8-64xh100.yaml");
+  REQUIRE(s.batch.grad_accum == 16);
   const std::vector<FormulaCheck> rows = megatron_theoretical_first_stage_checks(s);
   REQUIRE(rows.size() == 6);
   for (const FormulaCheck& c : rows)
@@ -351,4 +352,46 @@ TEST_CASE("pipeline: stage 0 against Megatron-LM's theoretical memory, term by t
   // Every chunk pass ends in a deallocated output, except on the chunk that is not the
   // pipeline's last (all are, here: stage 0 is never last).
   CHECK(inter[0].simulated == passes * (34 * sbh * 6 / t + 16 * sb * 6 / t - 2 * sbh / t));
+}
+
+TEST_CASE("memsim run on the shipped pipeline scenario reports stage 0 of 8, JSON and text",
+          "[pipeline][cli]") {
+  using memsim_test::memsim_command;
+  using memsim_test::run_shell;
+  const std::string scenario =
+      std::string(MEMSIM_SOURCE_DIR) + "/scenarios/gpt3-175b-tp8-pp8-64xh100.yaml";
+  const memsim_test::CommandResult json_run =
+      run_shell(memsim_command() + "run '" + scenario + "' --json - 2>/dev/null");
+  REQUIRE(json_run.status == 0);  // fits
+  const nlohmann::json j = nlohmann::json::parse(json_run.out);
+  CHECK(j["fits"] == true);
+  CHECK(j["rank"]["world_size"] == 64);
+  CHECK(j["rank"]["pipeline_parallel"] == 8);
+  CHECK(j["rank"]["tensor_parallel"] == 8);
+  CHECK(j["rank"]["pipeline_stage"] == 0);
+  CHECK(j["rank"]["index"] == 0);
+  const std::string why = j["rank"]["why"];
+  CHECK(why.rfind("pipeline stage 0 of 8 has the largest peak reserved", 0) == 0);
+  CHECK(why.find("1f1b schedule, 16 micro-batches") != std::string::npos);
+  // Stage 0 holds 8 micro-batches of 12 layers: 57.38 GiB at its first backward.
+  const double gib = j["peak_allocated_bytes"].get<double>() / (1024.0 * 1024 * 1024);
+  CHECK(gib == Approx(57.38).margin(0.005));
+  const memsim_test::CommandResult text =
+      run_shell(memsim_command() + "run '" + scenario + "' 2>/dev/null");
+  CHECK(text.status == 0);
+  CHECK(text.out.find("rank      global rank 0 of 64: pipeline stage 0 of 8") != std::string::npos);
+  // GPipe holds all 16 micro-batches: the last stage (its cross-entropy's fp32 softmax
+  // per micro-batch) is the worst, 67.44 GiB, still under the H100's 78.62 usable.
+  const memsim_test::CommandResult gpipe = run_shell(
+      memsim_command() + "run '" + scenario +
+      "' --set parallel.pipeline_schedule=gpipe --json - 2>/dev/null");
+  REQUIRE(gpipe.status == 0);
+  const nlohmann::json g = nlohmann::json::parse(gpipe.out);
+  CHECK(g["rank"]["pipeline_stage"] == 7);
+  CHECK(g["rank"]["index"] == 56);
+  // A bad value through --set: exit 2 with the key named.
+  const memsim_test::CommandResult bad = run_shell(
+      memsim_command() + "run '" + scenario + "' --set parallel.virtual_stages=2 2>&1");
+  CHECK(bad.status != 0);
+  CHECK(bad.out.find("parallel.virtual_stages: model chunks per rank") != std::string::npos);
 }
