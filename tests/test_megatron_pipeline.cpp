@@ -17,6 +17,8 @@
 #include "tests/cli_test_support.h"
 #include "graph/megatron.h"
 #include "sim/execute.h"
+#include "sim/layer_bytes.h"
+#include "sim/megatron_checks.h"
 #include "sim/megatron_pipeline.h"
 #include "sim/megatron_pipeline_checks.h"
 #include "sim/megatron_step.h"
@@ -394,4 +396,65 @@ TEST_CASE("memsim run on the shipped pipeline scenario reports stage 0 of 8, JSO
       memsim_command() + "run '" + scenario + "' --set parallel.virtual_stages=2 2>&1");
   CHECK(bad.status != 0);
   CHECK(bad.out.find("parallel.virtual_stages: model chunks per rank") != std::string::npos);
+}
+
+TEST_CASE("3D parallelism: tensor x data (x pipeline), the distributed optimizer over the "
+          "data-parallel group of a tensor-parallel rank",
+          "[pipeline][3d]") {
+  Scenario s = load_scenario(std::string(MEMSIM_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml");
+  s.model.layers = 4;
+  s.parallel.tensor = 8;
+  const graph::MegatronShape shape = megatron_shape(s);
+  const double P = static_cast<double>(graph::megatron_parameter_count(shape));
+  auto states_per_param = [&](const Scenario& sc) {
+    Scenario one = sc;
+    one.step.warmup_steps = 1;
+    const Program program = build_megatron_program(one);
+    const LiveBytes live = live_bytes_at_mark(program, "optimizer_end");
+    REQUIRE(live.found_mark);
+    return static_cast<double>(live.by_kind[int(TensorKind::parameter)] +
+                               live.by_kind[int(TensorKind::gradient)] +
+                               live.by_kind[int(TensorKind::optimizer_state)]) /
+           P;
+  };
+  for (int64_t d : {2, 8}) {
+    s.parallel.data = d;
+    s.parallel.zero = 0;
+    CHECK(states_per_param(s) == Approx(18.0).epsilon(1e-9));  // DDP: all-reduce in place
+    const Program plain = build_program(s);
+    CHECK(plain.rank.world_size == 8 * d);
+    CHECK(plain.rank.why.find("tensor-parallel ranks hold equal shards") == 0);
+    CHECK(plain.rank.why.find("data-parallel group") != std::string::npos);
+    s.parallel.zero = 1;
+    // Megatron's 6 + 12/d bytes per parameter of the tensor-parallel shard (the buffer is
+    // padded to a multiple of d: at most d - 1 elements more).
+    CHECK(states_per_param(s) == Approx(6.0 + 12.0 / static_cast<double>(d)).epsilon(1e-6));
+    // And Megatron-LM's theoretical formula with the distributed optimizer, on all 96
+    // layers (biases and the position embedding outside the formula).
+    Scenario full = s;
+    full.model.layers = 96;
+    const FormulaCheck c = megatron_theoretical_weight_optimizer_check(full);
+    std::printf("  %s: %s formula %.1f memsim %.1f (%+.3f%%)\n", c.name.c_str(), c.formula.c_str(),
+                c.expected, c.simulated, 100 * c.extra / c.expected);
+    CHECK(c.formula.rfind("(6 + 12/d)", 0) == 0);
+    CHECK(std::abs(c.extra) / c.expected < 5e-3);
+  }
+  // With a pipeline too: each stage's DDP buffer sharded over the data-parallel group.
+  Scenario pp = tiny(2, 4);
+  pp.parallel.tensor = 2;
+  pp.parallel.data = 4;
+  pp.parallel.zero = 1;
+  for (int64_t k = 0; k < 2; ++k) {
+    Program program;
+    build_megatron_stage_program(pp, {}, k, program);
+    const LiveBytes live = live_bytes_at_mark(program, "optimizer_end");
+    REQUIRE(live.found_mark);
+    const double params = static_cast<double>(live.by_kind[int(TensorKind::parameter)]) / 2;
+    const double states = static_cast<double>(live.by_kind[int(TensorKind::parameter)] +
+                                              live.by_kind[int(TensorKind::gradient)] +
+                                              live.by_kind[int(TensorKind::optimizer_state)]);
+    CHECK(states / params == Approx(6.0 + 12.0 / 4).epsilon(1e-4));
+    CHECK(program.rank.index == static_cast<int>(k * 2 * 4));
+    CHECK(program.rank.world_size == 16);
+  }
 }
