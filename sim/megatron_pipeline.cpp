@@ -75,7 +75,16 @@ class StageLoop {
 
   void run() {
     rt_.cublas_workspace = s_.device.cublas_workspace;
-    checkpoint_ = make_checkpoint_engine(rt_, chunk_scenario_, default_script(chunk_scenario_));
+    try {
+      checkpoint_ = make_checkpoint_engine(rt_, chunk_scenario_, default_script(chunk_scenario_));
+    } catch (const PolicyError& e) {
+      // Megatron numbers each chunk's layers from 0, and its recompute settings apply per
+      // chunk: say so, or "the model has 12 layers" would puzzle a 96-layer scenario.
+      throw PolicyError(std::string(e.what()) + "; with parallel.pipeline " +
+                        std::to_string(s_.parallel.pipeline) +
+                        " checkpoint.custom numbers the layers of each stage's chunk (0-" +
+                        std::to_string(chunk_scenario_.model.layers - 1) + "), as Megatron does");
+    }
     rt_.ctx.phase = Phase::setup;
     // get_model builds every chunk, then wraps each in its own DDP (one grad buffer each).
     for (Chunk& c : chunks_) {

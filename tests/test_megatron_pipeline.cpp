@@ -23,6 +23,7 @@
 #include "sim/megatron_pipeline_checks.h"
 #include "sim/megatron_step.h"
 #include "sim/pipeline_schedule.h"
+#include "sim/optimize.h"
 #include "sim/schedule.h"
 
 using namespace memsim;
@@ -457,4 +458,27 @@ TEST_CASE("3D parallelism: tensor x data (x pipeline), the distributed optimizer
     CHECK(program.rank.index == static_cast<int>(k * 2 * 4));
     CHECK(program.rank.world_size == 16);
   }
+}
+
+TEST_CASE("pipeline: checkpointing applies per stage; optimize refuses", "[pipeline]") {
+  // checkpoint.custom numbers each stage's layers from 0 (the tiny model: 2 per stage).
+  Scenario s = tiny(4, 4);
+  s.checkpoint.policy = "custom";
+  s.checkpoint.custom = {"1"};
+  CHECK_NOTHROW(build_program(s));
+  s.checkpoint.custom = {"5"};
+  CHECK_THROWS_WITH(build_program(s), Catch::Contains("layer 5 does not exist") &&
+                                          Catch::Contains("each stage's chunk (0-1)"));
+  // Full recompute per stage keeps less than selective, which keeps less than none.
+  auto peak = [](Scenario sc, const char* policy) {
+    sc.checkpoint.policy = policy;
+    sc.checkpoint.custom.clear();
+    Program program;
+    return build_megatron_pipeline_program(sc, {}, program).peak_reserved[0];
+  };
+  CHECK(peak(s, "full") < peak(s, "selective"));
+  CHECK(peak(s, "selective") < peak(s, "none"));
+  Scenario o = tiny(2, 2);
+  CHECK_THROWS_WITH(optimize_checkpointing(o, default_script(o), 1ull << 30, {}),
+                    Catch::Contains("parallel.pipeline: memsim optimize"));
 }
