@@ -13,7 +13,7 @@ int64_t megatron_parameter_count(const MegatronShape& s) {
   const int64_t word = s.padded_vocab() / t * h;
   int64_t n = s.layers * per_layer;
   if (s.pre_process) n += word + s.max_positions * h;
-  if (s.post_process) n += 2 * h + (s.pre_process ? 0 : word);
+  if (s.post_process) n += 2 * h + (s.pre_process && s.tied ? 0 : word);
   return n;
 }
 
@@ -97,8 +97,9 @@ void MegatronModel::construct() {
     rt_.ctx.module = Module::norm;
     param(h, "decoder.final_layernorm.weight", false);
     param(h, "decoder.final_layernorm.bias", false);
-    if (!s_.pre_process) {
-      // The last pipeline stage's copy of the word embedding for the tied output layer.
+    if (!s_.pre_process || !s_.tied) {
+      // The untied output layer's weight, or the last pipeline stage's copy of the word
+      // embedding for the tied one.
       rt_.ctx.module = Module::head;
       param(static_cast<uint64_t>(s_.padded_vocab()) / t * h, "output_layer.weight", true);
     }
@@ -262,7 +263,8 @@ Tensor MegatronModel::head(Tensor hidden) {
   Tensor final_ln = fused_layer_norm(rt_, hidden, rows_sp(), h, e);
   hidden.reset();
   rt_.ctx.module = Module::head;
-  // Output layer tied to the word embedding: its wgrad also goes to that main_grad.
+  // Output layer tied to the word embedding (its wgrad also goes to that main_grad), or
+  // its own weight (untied, or the last stage's shared copy).
   // Column-parallel over the padded vocabulary: this rank's V/t logits.
   const uint64_t local_vocab = static_cast<uint64_t>(s_.padded_vocab()) / tp();
   Tensor logits = megatron_linear(

@@ -99,6 +99,10 @@ struct MegatronShape {
   // "output_layer.weight", initialised from and all-reduced with stage 0's). The whole
   // model is both.
   bool pre_process = true, post_process = true;
+  // Output layer tied to the word embedding (Megatron's default); false =
+  // --untie-embeddings-and-output-weights: the output layer has its own V_pad/t x h weight
+  // (on the last stage, where the tied case keeps the shared copy: the same bytes there).
+  bool tied = true;
   // Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by (128)
   // times t. With t == 1 the vocabulary is used as given (memsim's behaviour before
   // tensor parallelism; the shipped one-GPU numbers keep it).
@@ -112,7 +116,7 @@ struct MegatronShape {
 // Parameters of one tensor-parallel rank (all of them for t == 1): V*h + P*h + L*(12h^2 + 13h) + 2h for the bias GPT with ffn = 4h; in
 // general L*(4h^2 + 2*h*ffn + 9h + ffn) + ... (tied output layer: no extra V*h). For a
 // pipeline chunk: its layers, plus V*h + P*h with pre_process, plus 2h (final norm) with
-// post_process, plus V*h (the shared output weight) with post_process alone.
+// post_process, plus V*h (the output weight) with post_process alone or untied.
 int64_t megatron_parameter_count(const MegatronShape& s);
 
 // The formula's terms in bytes for one layer (see the table above), and the extras.

@@ -124,9 +124,10 @@ FormulaCheck megatron_theoretical_weight_optimizer_check(const Scenario& s) {
   const double L = static_cast<double>(shape.layers), h = static_cast<double>(shape.hidden);
   const double ffn = static_cast<double>(shape.ffn), t = static_cast<double>(shape.tensor);
   // megatron/training/theoretical_memory_usage.py, compute_weight_and_optimizer_memory
-  // (MHA, no MoE, no swiglu, tied embeddings, pipeline 1).
+  // (MHA, no MoE, no swiglu, pipeline 1).
   const double layers_params = 2 * L * h * h * (2 + ffn / h + 2 / h + 1 / (L * h));
-  const double embedding = h * static_cast<double>(shape.padded_vocab());
+  // Untied, the output layer's weight is a second embedding-sized matrix (pipeline 1).
+  const double embedding = h * static_cast<double>(shape.padded_vocab()) * (shape.tied ? 1 : 2);
   const double shard = (layers_params + embedding) / t;
   Scenario sc = s;
   sc.step.warmup_steps = 0;

@@ -35,6 +35,7 @@ graph::MegatronShape megatron_shape(const Scenario& s) {
   shape.dropout = s.model.dropout > 0.0;
   shape.tensor = s.parallel.tensor;
   shape.sequence_parallel = s.parallel.sequence;
+  shape.tied = s.model.tied_embeddings;
   return shape;
 }
 
@@ -54,7 +55,6 @@ void check_supported(const Scenario& s) {
   require_megatron_data_parallel_modelled(s);  // sim/data_parallel.h
   if (s.precision.autocast.has_value()) fail("torch.autocast (Megatron casts the model instead)");
   if (s.model.kv_heads != 0 && s.model.kv_heads != s.model.heads) fail("grouped-query attention");
-  if (!s.model.tied_embeddings) fail("an untied output layer");
 }
 
 // One pretrain_gpt run. Members mirror Megatron's Python objects.

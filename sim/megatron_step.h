@@ -42,7 +42,7 @@ struct MegatronOptions {
 graph::MegatronShape megatron_shape(const Scenario& scenario);
 
 // Throws std::runtime_error / ScenarioError for settings this family does not model yet
-// (sim/megatron_parallel.h, sim/data_parallel.h, autocast, GQA, an untied output layer).
+// (sim/megatron_parallel.h, sim/data_parallel.h, autocast, GQA).
 Program build_megatron_program(const Scenario& scenario, const MegatronOptions& options = {});
 // Same Program, built into `program` (cleared first, capacity kept) by a Runtime that
 // borrows `buffers` (may be null): repeated builds reuse storage (sim/schedule.h).

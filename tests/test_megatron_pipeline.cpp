@@ -482,3 +482,33 @@ TEST_CASE("pipeline: checkpointing applies per stage; optimize refuses", "[pipel
   CHECK_THROWS_WITH(optimize_checkpointing(o, default_script(o), 1ull << 30, {}),
                     Catch::Contains("parallel.pipeline: memsim optimize"));
 }
+
+TEST_CASE("untied output layer: its own weight (one GPU); on a pipeline the same bytes as "
+          "the tied last stage's shared copy",
+          "[pipeline][megatron]") {
+  Scenario s = tiny(1, 1);
+  Program tied_one;
+  build_megatron_program(s, {}, tied_one, nullptr);
+  s.model.tied_embeddings = false;
+  Program untied_one;
+  build_megatron_program(s, {}, untied_one, nullptr);
+  CHECK(bytes_of_kind(untied_one, TensorKind::parameter) ==
+        bytes_of_kind(tied_one, TensorKind::parameter) + 2 * 1000 * 256);
+  CHECK(static_cast<uint64_t>(graph::megatron_parameter_count(megatron_shape(s))) * 2 ==
+        bytes_of_kind(untied_one, TensorKind::parameter));
+  // Theoretical formula, untied and pipeline 1: a second V_pad*h matrix.
+  Scenario g = load_scenario(std::string(MEMSIM_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml");
+  g.parallel.tensor = 8;
+  g.model.tied_embeddings = false;
+  g.model.layers = 96;
+  const FormulaCheck c = megatron_theoretical_weight_optimizer_check(g);
+  CHECK(std::abs(c.extra) / c.expected < 5e-3);
+  for (int64_t k : {0, 3}) {
+    Scenario tied = tiny(4, 4), untied = tiny(4, 4);
+    untied.model.tied_embeddings = false;
+    Program a, b;
+    build_megatron_stage_program(tied, {}, k, a);
+    build_megatron_stage_program(untied, {}, k, b);
+    CHECK(bytes_of_kind(a, TensorKind::parameter) == bytes_of_kind(b, TensorKind::parameter));
+  }
+}
