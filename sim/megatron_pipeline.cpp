@@ -45,6 +45,9 @@ struct Chunk {
   std::unique_ptr<graph::MegatronModel> model;
   size_t first_param = 0, end_param = 0;  // its parameter ids
   std::deque<InFlight> in_flight;
+  // set_input_tensor: the decoder's input_tensor attribute keeps the last received input
+  // until the chunk's next forward (past its backward, through the optimizer step).
+  Tensor input_attribute;
 };
 
 class StageLoop {
@@ -200,6 +203,7 @@ class StageLoop {
                              : rt_.alloc(p2p_bytes_, TensorKind::activation, OpKind::other);
       input_tensor_ = named(rt_, std::move(in), "pipeline recv: input activation");
       f.input = input_tensor_;
+      chunk.input_attribute = input_tensor_;  // set_input_tensor
     }
     f.graph = with_grad_ ? rt_.begin_graph() : 0;
     Tensor output;

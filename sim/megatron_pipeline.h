@@ -21,13 +21,17 @@
 //    that is not the last virtual stage receives the output's gradient (same shape) and
 //    runs the engine from the deallocated output (custom_backward). The schedule's Python
 //    locals (input_tensor, output_tensor_grad, input_tensor_grad) keep their tensors until
-//    rebound, as in forward_backward_pipelining_without_interleaving.
+//    rebound, as in forward_backward_pipelining_without_interleaving, and each chunk's
+//    set_input_tensor attribute keeps its last received input until its next forward.
 //  - Marks: measured_step_begin, forward_end (after the measured step's last forward),
 //    backward_end (after its last backward), optimizer_end.
 //
 // Left out: the p2p send side (isend reads the tensor in place), the coalesced buffer in
 // which sequence-parallel LayerNorm grads are all-reduced (a few MiB), the embedding-grad
-// all-reduce between first and last stage (in place on main_grad).
+// all-reduce between first and last stage (in place on main_grad), the last stage's
+// per-micro-batch reduced losses (a few bytes each). The interleaved schedule's receives
+// are placed right before the pass that uses them (Megatron posts each one step earlier,
+// together with the previous send: one p2p tensor, s/t*b*h, earlier per receive).
 #pragma once
 
 #include <cstdint>

@@ -81,6 +81,23 @@ int64_t live_named_at_peak(const Program& program, const std::string& name) {
   return static_cast<int64_t>(live.size());
 }
 
+// Tensors named `name` live at the measured step's mark `mark`.
+int64_t live_named_at_mark(const Program& program, const std::string& name, const std::string& mark) {
+  std::set<uint32_t> live;
+  bool measured = false;
+  for (const MemoryEvent& e : program.events) {
+    if (e.type == EventType::mark) {
+      const std::string& m = program.str(static_cast<uint32_t>(e.bytes));
+      if (m == "measured_step_begin") measured = true;
+      if (measured && m == mark) return static_cast<int64_t>(live.size());
+    }
+    if (e.type == EventType::alloc && program.str(program.tensors[e.tensor].name) == name)
+      live.insert(e.tensor);
+    if (e.type == EventType::free) live.erase(e.tensor);
+  }
+  return -1;
+}
+
 uint64_t bytes_of_kind(const Program& program, TensorKind kind) {
   uint64_t sum = 0;
   for (const TensorInfo& t : program.tensors)
@@ -174,6 +191,10 @@ TEST_CASE("pipeline stages hold min(p - k, m) micro-batches at their peak (1F1B)
       CHECK(program.rank.pipeline_stage == k);
       CHECK(program.rank.pipeline == 4);
       CHECK(in_flight_at_peak(program, k) == std::min<int64_t>(4 - k, m));
+      // After the step, only set_input_tensor's attribute holds a received input.
+      CHECK(live_named_at_mark(program, "pipeline recv: input activation", "optimizer_end") ==
+            (k == 0 ? 0 : 1));
+      CHECK(live_named_at_mark(program, kHeld, "optimizer_end") == 0);
       Program gp;
       build_megatron_stage_program(g, {}, k, gp);
       CHECK(in_flight_at_peak(gp, k) == m);
