@@ -196,6 +196,8 @@ class StageLoop {
     rt_.ctx.module = graph::Module::none;
     rt_.grad_enabled = with_grad_;
     InFlight f;
+    // A new graph generation first: the received leaf belongs to this micro-batch's graph.
+    f.graph = with_grad_ ? rt_.begin_graph() : 0;
     if (!shape.pre_process) {
       // p2p recv: torch.empty(shape, requires_grad=True), bound to input_tensor.
       Tensor in = with_grad_ ? rt_.alloc_leaf(p2p_bytes_, TensorKind::activation, OpKind::other,
@@ -205,7 +207,6 @@ class StageLoop {
       f.input = input_tensor_;
       chunk.input_attribute = input_tensor_;  // set_input_tensor
     }
-    f.graph = with_grad_ ? rt_.begin_graph() : 0;
     Tensor output;
     {
       // get_batch: the first and last virtual stages load the batch (tensor-parallel rank 0
