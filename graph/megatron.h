@@ -2,9 +2,9 @@
 // local layer spec: apex fused LayerNorm, ColumnParallel/RowParallel linears with
 // gradient-accumulation fusion, fused causal scale-mask-softmax, jit-fused
 // bias-dropout-add and bias-GeLU, learned absolute positions, output layer tied to the
-// word embedding, vocab-parallel cross entropy), tensor parallel t (MegatronShape::tensor),
-// pipeline parallel 1, written op
-// by op against graph::Runtime with the ops of graph/ops_fused.h.
+// word embedding or not, vocab-parallel cross entropy), tensor parallel t
+// (MegatronShape::tensor), the whole model or one pipeline chunk (pre_process /
+// post_process), written op by op against graph::Runtime with the ops of graph/ops_fused.h.
 //
 // Layout [s, b, h]; activations in the parameters' 16-bit dtype. Parameters pass to the
 // ops as byte counts: their grads go to Megatron's main_grad buffer (the scheduler owns
