@@ -10,7 +10,11 @@ int64_t megatron_parameter_count(const MegatronShape& s) {
   const int64_t per_layer = (3 * h * h + h * h + 2 * h * f) / t  // QKV, dense, fc1, fc2 weights
                             + bias * ((3 * h + f) / t + h + h)   // their biases (row-parallel: full)
                             + 4 * h;                             // two LayerNorms
-  return s.padded_vocab() / t * h + s.max_positions * h + s.layers * per_layer + 2 * h;
+  const int64_t word = s.padded_vocab() / t * h;
+  int64_t n = s.layers * per_layer;
+  if (s.pre_process) n += word + s.max_positions * h;
+  if (s.post_process) n += 2 * h + (s.pre_process && s.tied ? 0 : word);
+  return n;
 }
 
 MegatronLayerBytes megatron_layer_saved_bytes(const MegatronShape& s) {
@@ -63,9 +67,11 @@ void MegatronModel::construct() {
   rt_.ctx.layer = -1;
   rt_.ctx.module = Module::embedding;
   // VocabParallelEmbedding: this rank's rows of the padded vocabulary.
-  param(static_cast<uint64_t>(s_.padded_vocab()) / t * h, "embedding.word_embeddings.weight",
-        true);
-  param(s_.max_positions * h, "embedding.position_embeddings.weight", true);
+  if (s_.pre_process) {
+    param(static_cast<uint64_t>(s_.padded_vocab()) / t * h, "embedding.word_embeddings.weight",
+          true);
+    param(s_.max_positions * h, "embedding.position_embeddings.weight", true);
+  }
   for (int32_t l = 0; l < s_.layers; ++l) {
     rt_.ctx.layer = l;
     const std::string pre = "decoder.layers." + std::to_string(l) + ".";
@@ -87,9 +93,17 @@ void MegatronModel::construct() {
     if (s_.bias) param(h, pre + "mlp.linear_fc2.bias", false);
   }
   rt_.ctx.layer = -1;
-  rt_.ctx.module = Module::norm;
-  param(h, "decoder.final_layernorm.weight", false);
-  param(h, "decoder.final_layernorm.bias", false);
+  if (s_.post_process) {
+    rt_.ctx.module = Module::norm;
+    param(h, "decoder.final_layernorm.weight", false);
+    param(h, "decoder.final_layernorm.bias", false);
+    if (!s_.pre_process || !s_.tied) {
+      // The untied output layer's weight, or the last pipeline stage's copy of the word
+      // embedding for the tied one.
+      rt_.ctx.module = Module::head;
+      param(static_cast<uint64_t>(s_.padded_vocab()) / t * h, "output_layer.weight", true);
+    }
+  }
   rt_.ctx.module = Module::none;
 }
 
@@ -204,6 +218,12 @@ Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attent
 
 Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids,
                               const Tensor& attention_mask) {
+  // GPTModel.forward keeps decoder_input bound until it returns.
+  Tensor embedded = embed(tokens, position_ids);
+  return head(decoder(embedded, attention_mask));
+}
+
+Tensor MegatronModel::embed(const Tensor& tokens, const Tensor& position_ids) {
   const uint64_t h = s_.hidden, e = s_.elem;
   rt_.ctx.layer = -1;
   rt_.ctx.module = Module::embedding;
@@ -223,20 +243,28 @@ Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids,
     }
     embedded = dropout(rt_, embedded, rows_sp() * h, s_.dropout);
   }
-  // GPTModel.forward keeps decoder_input bound; the decoder loop rebinds hidden_states.
-  Tensor hidden = embedded;
-  // TransformerBlock: the layer loop, or _checkpointed_forward with full recomputation
-  // (tensor_parallel.checkpoint(custom(l, l + n), False, hidden_states, attention_mask,
-  // ...): the chunk's inputs are saved).
-  hidden = run_layers(rt_, static_cast<int32_t>(s_.layers), hidden, {attention_mask},
-                      [this](int32_t l, const Tensor& in, const Inputs& extra) {
-                        return layer(l, in, extra[0]);
-                      });
+  return embedded;
+}
+
+Tensor MegatronModel::decoder(const Tensor& input, const Tensor& attention_mask) {
+  // The decoder loop rebinds hidden_states. TransformerBlock: the layer loop, or
+  // _checkpointed_forward with full recomputation (tensor_parallel.checkpoint(custom(l,
+  // l + n), False, hidden_states, attention_mask, ...): the chunk's inputs are saved).
+  return run_layers(rt_, static_cast<int32_t>(s_.layers), input, {attention_mask},
+                    [this](int32_t l, const Tensor& in, const Inputs& extra) {
+                      return layer(l, in, extra[0]);
+                    });
+}
+
+Tensor MegatronModel::head(Tensor hidden) {
+  const uint64_t h = s_.hidden, e = s_.elem;
+  rt_.ctx.layer = -1;
   rt_.ctx.module = Module::norm;
   Tensor final_ln = fused_layer_norm(rt_, hidden, rows_sp(), h, e);
   hidden.reset();
   rt_.ctx.module = Module::head;
-  // Output layer tied to the word embedding: its wgrad also goes to that main_grad.
+  // Output layer tied to the word embedding (its wgrad also goes to that main_grad), or
+  // its own weight (untied, or the last stage's shared copy).
   // Column-parallel over the padded vocabulary: this rank's V/t logits.
   const uint64_t local_vocab = static_cast<uint64_t>(s_.padded_vocab()) / tp();
   Tensor logits = megatron_linear(

@@ -2,9 +2,9 @@
 // local layer spec: apex fused LayerNorm, ColumnParallel/RowParallel linears with
 // gradient-accumulation fusion, fused causal scale-mask-softmax, jit-fused
 // bias-dropout-add and bias-GeLU, learned absolute positions, output layer tied to the
-// word embedding, vocab-parallel cross entropy), tensor parallel t (MegatronShape::tensor),
-// pipeline parallel 1, written op
-// by op against graph::Runtime with the ops of graph/ops_fused.h.
+// word embedding or not, vocab-parallel cross entropy), tensor parallel t
+// (MegatronShape::tensor), the whole model or one pipeline chunk (pre_process /
+// post_process), written op by op against graph::Runtime with the ops of graph/ops_fused.h.
 //
 // Layout [s, b, h]; activations in the parameters' 16-bit dtype. Parameters pass to the
 // ops as byte counts: their grads go to Megatron's main_grad buffer (the scheduler owns
@@ -90,6 +90,19 @@ struct MegatronShape {
   // the shard, the row-parallel ones reduce-scatter their output; the embedding output
   // is scattered. seq must divide by t.
   bool sequence_parallel = false;
+  // Pipeline parallelism (sim/megatron_pipeline.h): the model is one chunk of the GPT,
+  // `layers` of its transformer layers (numbered from 0 within the chunk, as Megatron's
+  // TransformerBlock numbers its local layers). pre_process: the chunk holds the
+  // embedding (the first stage); post_process: the final LayerNorm, the output layer and
+  // the loss (the last stage). A last stage without the embedding keeps its own copy of
+  // the word embedding for the tied output layer (Megatron's shared_embedding,
+  // "output_layer.weight", initialised from and all-reduced with stage 0's). The whole
+  // model is both.
+  bool pre_process = true, post_process = true;
+  // Output layer tied to the word embedding (Megatron's default); false =
+  // --untie-embeddings-and-output-weights: the output layer has its own V_pad/t x h weight
+  // (on the last stage, where the tied case keeps the shared copy: the same bytes there).
+  bool tied = true;
   // Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by (128)
   // times t. With t == 1 the vocabulary is used as given (memsim's behaviour before
   // tensor parallelism; the shipped one-GPU numbers keep it).
@@ -101,7 +114,9 @@ struct MegatronShape {
 };
 
 // Parameters of one tensor-parallel rank (all of them for t == 1): V*h + P*h + L*(12h^2 + 13h) + 2h for the bias GPT with ffn = 4h; in
-// general L*(4h^2 + 2*h*ffn + 9h + ffn) + ... (tied output layer: no extra V*h).
+// general L*(4h^2 + 2*h*ffn + 9h + ffn) + ... (tied output layer: no extra V*h). For a
+// pipeline chunk: its layers, plus V*h + P*h with pre_process, plus 2h (final norm) with
+// post_process, plus V*h (the output weight) with post_process alone or untied.
 int64_t megatron_parameter_count(const MegatronShape& s);
 
 // The formula's terms in bytes for one layer (see the table above), and the extras.
@@ -125,6 +140,12 @@ class MegatronModel {
   // to every layer and saved by the recompute checkpoints); returns the logits [s, b, V]
   // in the 16-bit dtype.
   Tensor forward(const Tensor& tokens, const Tensor& position_ids, const Tensor& attention_mask);
+  // The three parts of forward, for pipeline chunks: the embedding ([s, b, h] after
+  // dropout, [s/t, b, h] with SP; pre_process), the chunk's layers on `hidden` (the
+  // caller keeps it alive), and the final LayerNorm + output layer (post_process).
+  Tensor embed(const Tensor& tokens, const Tensor& position_ids);
+  Tensor decoder(const Tensor& hidden, const Tensor& attention_mask);
+  Tensor head(Tensor hidden);
   // One TransformerLayer (the caller keeps x alive, as the decoder loop does).
   Tensor layer(int32_t index, const Tensor& x, const Tensor& attention_mask);
   // compute_language_model_loss: labels transposed, vocab-parallel CE, loss transposed

@@ -385,7 +385,7 @@ struct Bw {
   TensorKind kind_for(int i) const {
     if (!needs(i)) return TensorKind::temporary;
     const Node& target = rt.node(n.next[i].node);
-    if (target.kind != OpKind::accumulate_grad) return TensorKind::temporary;
+    if (target.kind != OpKind::accumulate_grad || target.param < 0) return TensorKind::temporary;
     return rt.parameters()[target.param].grad == kNoStorage ? TensorKind::gradient
                                                              : TensorKind::temporary;
   }

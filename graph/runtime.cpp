@@ -136,6 +136,30 @@ int32_t Runtime::add_parameter(uint64_t bytes, std::string_view name) {
   return static_cast<int32_t>(params_.size() - 1);
 }
 
+Tensor Runtime::alloc_leaf(uint64_t bytes, TensorKind kind, OpKind op, int32_t* leaf) {
+  Tensor t = alloc(bytes, kind, op);
+  *leaf = static_cast<int32_t>(leaf_grads_.size());
+  leaf_grads_.push_back(kNoStorage);
+  Node n;
+  n.kind = OpKind::accumulate_grad;
+  n.seq = UINT32_MAX;  // AccumulateGrad runs as soon as it is ready
+  n.param = -2 - *leaf;
+  n.graph = graph_epoch_;
+  n.size[0] = bytes;
+  n.layer = ctx.layer;
+  n.module = ctx.module;
+  nodes_.push_back(n);
+  ++live_nodes_;
+  t.grad_fn = static_cast<int32_t>(nodes_.size() - 1);
+  return t;
+}
+
+uint32_t Runtime::take_leaf_grad(int32_t leaf) {
+  const uint32_t g = leaf_grads_[static_cast<size_t>(leaf)];
+  leaf_grads_[static_cast<size_t>(leaf)] = kNoStorage;
+  return g;
+}
+
 Tensor Runtime::param(int32_t i) {
   Parameter& p = params_[i];
   Tensor t;
@@ -299,13 +323,33 @@ void Runtime::note_gemm() {
 
 // ------------------------------------------------------------------- backward
 void Runtime::backward(const Tensor& loss) {
+  if (loss.grad_fn < 0) return;
+  // torch.autograd.backward: grad_tensors = ones_like(loss), a 0-d tensor.
+  ctx.layer = nodes_[loss.grad_fn].layer;
+  in_backward_ = true;  // the engine's thread allocates it (its op name is fill's backward one)
+  const uint32_t root_grad = alloc_raw(loss.bytes, TensorKind::temporary, OpKind::fill);
+  in_backward_ = false;
+  if (numeric != nullptr) numeric->on_root_grad(root_grad, loss.storage);
+  // The Python frame of torch.autograd.backward holds grad_tensors until it returns.
+  run_engine(loss.grad_fn, loss.out_slot, root_grad);
+  cur_op_ = OpKind::fill;
+  release(root_grad);
+  if (numeric != nullptr) numeric->on_backward_done(*this);
+}
+
+void Runtime::backward(int32_t grad_fn, uint8_t out_slot, uint32_t grad) {
+  run_engine(grad_fn, out_slot, grad);
+  if (numeric != nullptr) numeric->on_backward_done(*this);
+}
+
+void Runtime::run_engine(int32_t grad_fn, uint8_t out_slot, uint32_t root_grad) {
   const Phase phase = ctx.phase;
   // Dependencies: the number of edges into each node from nodes reachable from root.
   std::vector<int32_t> stack;
   std::vector<uint8_t> seen(nodes_.size(), 0);
-  if (loss.grad_fn < 0) return;
-  stack.push_back(loss.grad_fn);
-  seen[loss.grad_fn] = 1;
+  if (grad_fn < 0) return;
+  stack.push_back(grad_fn);
+  seen[grad_fn] = 1;
   while (!stack.empty()) {
     int32_t id = stack.back();
     stack.pop_back();
@@ -321,16 +365,12 @@ void Runtime::backward(const Tensor& loss) {
     }
   }
   in_backward_ = true;
-  // torch.autograd.backward: grad_tensors = ones_like(loss), a 0-d tensor.
-  Node& root = nodes_[loss.grad_fn];
+  Node& root = nodes_[grad_fn];
   ctx.layer = root.layer;
-  // The Python frame of torch.autograd.backward holds grad_tensors until it returns.
-  const uint32_t root_grad = alloc_raw(loss.bytes, TensorKind::temporary, OpKind::fill);
-  retain(root_grad);
-  if (numeric != nullptr) numeric->on_root_grad(root_grad, loss.storage);
-  root.grad[loss.out_slot] = root_grad;
+  retain(root_grad);  // the root node's input buffer; the caller keeps its own
+  root.grad[out_slot] = root_grad;
   std::vector<int32_t> ready;  // binary heap on seq
-  ready.push_back(loss.grad_fn);
+  ready.push_back(grad_fn);
   auto cmp = [this](int32_t a, int32_t b) { return nodes_[a].seq < nodes_[b].seq; };
   while (!ready.empty()) {
     std::pop_heap(ready.begin(), ready.end(), cmp);
@@ -339,9 +379,6 @@ void Runtime::backward(const Tensor& loss) {
     run_node(id, ready);
   }
   in_backward_ = false;
-  cur_op_ = OpKind::fill;
-  release(root_grad);
-  if (numeric != nullptr) numeric->on_backward_done(*this);
   // Reached nodes are dead now (retain_graph=False).
   for (size_t i = 0; i < seen.size(); ++i) {
     if (seen[i] && nodes_[i].seq != kDeadNode) {
@@ -440,12 +477,25 @@ void Runtime::deliver(const Edge& e, Grad g, std::vector<int32_t>& ready) {
 }
 
 void Runtime::run_accumulate_grad(Node& n) {
-  Parameter& p = params_[n.param];
   const uint32_t g = n.grad[0];
   const bool transposed = n.grad_is_view[0];
   n.grad[0] = kNoStorage;
   const OpKind saved_op = cur_op_;
   cur_op_ = OpKind::accumulate_grad;
+  if (n.param <= -2) {  // an alloc_leaf tensor: the same rules, into its own .grad
+    uint32_t& leaf_grad = leaf_grads_[static_cast<size_t>(-2 - n.param)];
+    if (leaf_grad == kNoStorage && !transposed && refs_[g] == 1) {
+      leaf_grad = g;
+    } else if (leaf_grad == kNoStorage) {
+      leaf_grad = alloc_raw(n.size[0], TensorKind::temporary, OpKind::accumulate_grad);
+      release(g);
+    } else {
+      release(g);
+    }
+    cur_op_ = saved_op;
+    return;
+  }
+  Parameter& p = params_[n.param];
   if (p.grad == kNoStorage) {
     if (!transposed && refs_[g] == 1) {
       p.grad = g;  // stolen: no copy

@@ -180,6 +180,15 @@ class Runtime {
   // optimizer.zero_grad(set_to_none=True): frees every .grad.
   void zero_grad_set_to_none();
 
+  // --- leaves that are not parameters ----------------------------------------------
+  // torch.empty(..., requires_grad=True): a new storage (as alloc) that is a leaf of the
+  // graph recorded from now on, as Megatron's received pipeline activations are. Its
+  // grad accumulates into a .grad of its own (no parameter, no hooks); *leaf names it.
+  Tensor alloc_leaf(uint64_t bytes, TensorKind kind, OpKind op, int32_t* leaf);
+  // That leaf's .grad after backward (kNoStorage if none reached it): the caller owns
+  // the reference from now on.
+  uint32_t take_leaf_grad(int32_t leaf);
+
   // --- autograd recording (called by ops) ---------------------------------------
   // Creates a node whose inputs are `inputs` (grad edges taken from their grad_fn).
   int32_t make_node(OpKind kind, std::initializer_list<const Tensor*> inputs);
@@ -208,6 +217,10 @@ class Runtime {
   // loss.backward(): root grad = ones_like(loss) (a 0-d tensor), then the engine. The
   // nodes reached are consumed (retain_graph=False).
   void backward(const Tensor& loss);
+  // Megatron's custom_backward: the C++ engine run from output slot `out_slot` of node
+  // `grad_fn` with grad_tensors = `grad` (a storage the caller keeps its own reference
+  // to): the output's data may be gone already (deallocate_pipeline_outputs).
+  void backward(int32_t grad_fn, uint8_t out_slot, uint32_t grad);
 
   // --- cuBLAS workspaces ----------------------------------------------------------
   // Bytes of one cuBLAS workspace (0 = none). The first GEMM on the forward thread and
@@ -227,6 +240,8 @@ class Runtime {
 
  private:
   friend class Tensor;
+  // The engine from `root_grad` in node grad_fn's slot out_slot (both backward()s).
+  void run_engine(int32_t grad_fn, uint8_t out_slot, uint32_t root_grad);
   void run_node(int32_t id, std::vector<int32_t>& ready);
   void deliver(const Edge& e, Grad g, std::vector<int32_t>& ready);
   void run_accumulate_grad(Node& n);
@@ -241,6 +256,7 @@ class Runtime {
   std::vector<Node> nodes_;
   std::vector<uint32_t> saved_;
   std::vector<Parameter> params_;
+  std::vector<uint32_t> leaf_grads_;  // alloc_leaf's .grad storages, by leaf id
   uint32_t seq_ = 0;
   int64_t saves_ = 0;
   uint32_t graph_epoch_ = 1;

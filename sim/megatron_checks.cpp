@@ -124,9 +124,10 @@ FormulaCheck megatron_theoretical_weight_optimizer_check(const Scenario& s) {
   const double L = static_cast<double>(shape.layers), h = static_cast<double>(shape.hidden);
   const double ffn = static_cast<double>(shape.ffn), t = static_cast<double>(shape.tensor);
   // megatron/training/theoretical_memory_usage.py, compute_weight_and_optimizer_memory
-  // (MHA, no MoE, no swiglu, tied embeddings, pipeline 1, no distributed optimizer).
+  // (MHA, no MoE, no swiglu, pipeline 1).
   const double layers_params = 2 * L * h * h * (2 + ffn / h + 2 / h + 1 / (L * h));
-  const double embedding = h * static_cast<double>(shape.padded_vocab());
+  // Untied, the output layer's weight is a second embedding-sized matrix (pipeline 1).
+  const double embedding = h * static_cast<double>(shape.padded_vocab()) * (shape.tied ? 1 : 2);
   const double shard = (layers_params + embedding) / t;
   Scenario sc = s;
   sc.step.warmup_steps = 0;
@@ -135,9 +136,13 @@ FormulaCheck megatron_theoretical_weight_optimizer_check(const Scenario& s) {
   if (!live.found_mark) throw std::runtime_error("no optimizer_end mark");
   FormulaCheck c;
   c.name = "weights + grads + optimizer of tensor-parallel rank 0, " + s.name;
-  c.formula = "18 * ((P_layers + V_pad*h) / t) (Megatron theoretical)";
+  // 18 bytes per parameter, 6 + 12/d with the distributed optimizer over d ranks.
+  const double per_param =
+      s.parallel.zero >= 1 ? 6 + 12 / static_cast<double>(s.parallel.data) : 18;
+  c.formula = s.parallel.zero >= 1 ? "(6 + 12/d) * ((P_layers + V_pad*h) / t) (Megatron theoretical)"
+                                   : "18 * ((P_layers + V_pad*h) / t) (Megatron theoretical)";
   c.unit = "bytes";
-  c.expected = 18 * shard;
+  c.expected = per_param * shard;
   c.simulated = static_cast<double>(live.by_kind[int(TensorKind::parameter)] +
                                     live.by_kind[int(TensorKind::gradient)] +
                                     live.by_kind[int(TensorKind::optimizer_state)]);

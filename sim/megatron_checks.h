@@ -42,7 +42,7 @@ std::vector<FormulaCheck> korthikanti_checks(const Scenario& gpt3);
 std::vector<FormulaCheck> korthikanti_tensor_parallel_checks(const Scenario& gpt3,
                                                              int64_t tensor, bool sequence = false);
 // Megatron-LM's theoretical weight + optimizer memory (theoretical_memory_usage.py,
-// 18 bytes/param on the most loaded shard, pipeline 1) against memsim's parameters +
+// 18 bytes/param, 6 + 12/d with parallel.zero 1, on the most loaded shard, pipeline 1) against memsim's parameters +
 // gradients + optimizer state at optimizer_end of `s` (bf16, fp32 master, Adam).
 FormulaCheck megatron_theoretical_weight_optimizer_check(const Scenario& s);
 // Model-state checks on a small megatron model.

@@ -2,6 +2,17 @@
 
 namespace memsim {
 
+MegatronOptimizerConfig megatron_optimizer_config(const Scenario& s, bool zero_paper_accounting) {
+  const uint64_t elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+  MegatronOptimizerConfig c;
+  c.grad_elem = s.precision.params == DType::bf16 && !zero_paper_accounting ? 4 : elem;
+  c.master_weights = s.precision.master_weights && elem != 4;
+  c.param_elem = elem;
+  c.adam = s.optimizer.type == OptimizerType::adam || s.optimizer.type == OptimizerType::adamw;
+  c.transient_master_grads = zero_paper_accounting;
+  return c;
+}
+
 using graph::OpKind;
 using graph::Runtime;
 using graph::Tensor;

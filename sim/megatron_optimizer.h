@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "graph/runtime.h"
+#include "sim/scenario.h"
 
 namespace memsim {
 
@@ -40,6 +41,12 @@ struct MegatronOptimizerConfig {
   // sharding). Parameters with no element here get no optimizer tensors.
   std::vector<uint64_t> owned_numel;
 };
+
+// What Megatron derives from the scenario (owned_numel left empty): bf16 forces fp32
+// main_grad accumulation (accumulate_allreduce_grads_in_fp32), fp16/fp32 keep the
+// parameters' dtype; `zero_paper_accounting` (sim/megatron_step.h) keeps main_grad 16-bit
+// and the fp32 grad copies transient.
+MegatronOptimizerConfig megatron_optimizer_config(const Scenario& s, bool zero_paper_accounting);
 
 class MegatronOptimizer {
  public:

@@ -1,5 +1,6 @@
 #include "sim/megatron_parallel.h"
 
+#include <algorithm>
 #include <string>
 
 namespace memsim {
@@ -12,10 +13,13 @@ namespace {
 
 void require_megatron_model_parallel_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
-  if (p.pipeline != 1)
-    refuse(s, "parallel.pipeline",
-           "pipeline parallelism is not modelled yet for model family 'megatron' (set "
-           "parallel.pipeline to 1)");
+  if (p.pipeline_schedule == PipelineSchedule::interleaved &&
+      std::max<int64_t>(1, s.batch.grad_accum) % p.pipeline != 0)
+    refuse(s, "batch.grad_accum",
+           "the interleaved schedule needs the number of micro-batches (" +
+               std::to_string(std::max<int64_t>(1, s.batch.grad_accum)) +
+               ") to be a multiple of parallel.pipeline (" + std::to_string(p.pipeline) +
+               "), as Megatron-LM requires");
   if (p.sequence && p.tensor == 1)
     refuse(s, "parallel.sequence",
            "sequence parallelism needs parallel.tensor > 1 (Megatron turns it off otherwise)");
@@ -24,10 +28,6 @@ void require_megatron_model_parallel_modelled(const Scenario& s) {
     refuse(s, "parallel.sequence",
            "batch.seq_len (" + std::to_string(s.batch.seq_len) + ") must be divisible by " +
                "parallel.tensor (" + std::to_string(p.tensor) + ")");
-  if (p.data != 1 || p.zero != 0)
-    refuse(s, "parallel.tensor",
-           "tensor parallelism combined with data parallelism or ZeRO is not modelled yet "
-           "(set parallel.data to 1 and parallel.zero to 0, or parallel.tensor to 1)");
   if (s.model.heads % p.tensor != 0)
     refuse(s, "parallel.tensor",
            "model.heads (" + std::to_string(s.model.heads) + ") must be divisible by " +
@@ -39,9 +39,13 @@ void require_megatron_model_parallel_modelled(const Scenario& s) {
 }
 
 RankInfo megatron_model_parallel_rank(const Scenario& s, RankInfo base) {
-  if (s.parallel.tensor > 1 && base.why.empty())
-    base.why = "tensor-parallel ranks hold equal shards (heads, FFN columns and vocabulary "
-               "split " + std::to_string(s.parallel.tensor) + " ways); rank 0 stands for all";
+  if (s.parallel.tensor <= 1) return base;
+  const std::string tp = "tensor-parallel ranks hold equal shards (heads, FFN columns and "
+                         "vocabulary split " + std::to_string(s.parallel.tensor) +
+                         " ways); rank 0 stands for all";
+  // 3D parallelism: the data-parallel group of tensor-parallel rank 0 (its DDP buffer and
+  // distributed-optimizer shards hold that rank's shard of the model).
+  base.why = base.why.empty() ? tp : tp + "; " + base.why + " of its data-parallel group";
   return base;
 }
 

@@ -10,6 +10,7 @@
 #include "sim/data_parallel.h"
 #include "sim/megatron_optimizer.h"
 #include "sim/megatron_parallel.h"
+#include "sim/megatron_pipeline.h"
 #include "sim/schedule.h"
 #include "sim/zero_sharding.h"
 
@@ -34,6 +35,7 @@ graph::MegatronShape megatron_shape(const Scenario& s) {
   shape.dropout = s.model.dropout > 0.0;
   shape.tensor = s.parallel.tensor;
   shape.sequence_parallel = s.parallel.sequence;
+  shape.tied = s.model.tied_embeddings;
   return shape;
 }
 
@@ -53,7 +55,6 @@ void check_supported(const Scenario& s) {
   require_megatron_data_parallel_modelled(s);  // sim/data_parallel.h
   if (s.precision.autocast.has_value()) fail("torch.autocast (Megatron casts the model instead)");
   if (s.model.kv_heads != 0 && s.model.kv_heads != s.model.heads) fail("grouped-query attention");
-  if (!s.model.tied_embeddings) fail("an untied output layer");
 }
 
 // One pretrain_gpt run. Members mirror Megatron's Python objects.
@@ -62,18 +63,8 @@ class MegatronLoop {
   MegatronLoop(const Scenario& s, const MegatronOptions& o, Program& program,
                graph::RuntimeBuffers* buffers = nullptr)
       : s_(s), rt_(program, buffers), model_(rt_, megatron_shape(s)) {
-    const graph::MegatronShape& shape = model_.shape();
-    // accumulate_allreduce_grads_in_fp32 is forced on for bf16; fp16 and fp32 keep the
-    // parameters' dtype.
-    grad_elem_ = s.precision.params == DType::bf16 ? 4 : shape.elem;
-    if (o.zero_paper_accounting) grad_elem_ = shape.elem;
-    MegatronOptimizerConfig c;
-    c.master_weights = s.precision.master_weights && shape.elem != 4;
-    c.param_elem = shape.elem;
-    c.grad_elem = grad_elem_;
-    c.adam = s.optimizer.type == OptimizerType::adam || s.optimizer.type == OptimizerType::adamw;
-    c.transient_master_grads = o.zero_paper_accounting;
-    optimizer_config_ = c;
+    optimizer_config_ = megatron_optimizer_config(s, o.zero_paper_accounting);
+    grad_elem_ = optimizer_config_.grad_elem;
   }
 
   void run() {
@@ -211,6 +202,10 @@ Program build_megatron_program(const Scenario& scenario, const MegatronOptions& 
 void build_megatron_program(const Scenario& scenario, const MegatronOptions& options,
                             Program& program, graph::RuntimeBuffers* buffers) {
   check_supported(scenario);
+  if (scenario.parallel.pipeline > 1) {  // one Program per stage, the worst reported
+    build_megatron_pipeline_program(scenario, options, program, buffers);
+    return;
+  }
   program.clear();
   {
     // Growing the event vector dominates building a 96-layer Program: reserve it (about

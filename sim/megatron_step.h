@@ -1,5 +1,6 @@
 // build_program for the `megatron` family: Megatron-LM's pretrain_gpt loop on one rank
-// (tensor, pipeline and data parallel 1), emitted through graph::Runtime.
+// (pipeline parallel 1; parallel.pipeline > 1 is sim/megatron_pipeline.h: every stage is
+// built and the worst one returned), emitted through graph::Runtime.
 //
 // Setup, in Megatron's order: the model's 16-bit parameters (graph/megatron.h), the DDP
 // main_grad buffer (one contiguous tensor, zeroed in place every step), the optimizer's
@@ -40,8 +41,8 @@ struct MegatronOptions {
 // The model shape a scenario describes (family megatron).
 graph::MegatronShape megatron_shape(const Scenario& scenario);
 
-// Throws std::runtime_error for settings this family does not model yet (tensor or
-// pipeline parallelism, ZeRO, fp32 autocast).
+// Throws std::runtime_error / ScenarioError for settings this family does not model yet
+// (sim/megatron_parallel.h, sim/data_parallel.h, autocast, GQA).
 Program build_megatron_program(const Scenario& scenario, const MegatronOptions& options = {});
 // Same Program, built into `program` (cleared first, capacity kept) by a Runtime that
 // borrows `buffers` (may be null): repeated builds reuse storage (sim/schedule.h).

@@ -54,13 +54,15 @@ void require_autocast_modelled(const Scenario& s) {
 
 void require_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
-  // The megatron family models tensor parallelism (sim/megatron_parallel.h checks the rest).
+  // The megatron family models tensor and pipeline parallelism (sim/megatron_parallel.h
+  // checks the rest).
   const bool tensor_modelled = s.model.family == ModelFamily::megatron;
-  if ((p.tensor != 1 && !tensor_modelled) || p.pipeline != 1) {
+  if ((p.tensor != 1 || p.pipeline != 1) && !tensor_modelled) {
     const char* key = p.pipeline != 1 ? "parallel.pipeline" : "parallel.tensor";
     refuse(s, key,
-           "multi-GPU memory of tensor, sequence and pipeline parallelism is not modelled "
-           "yet (set parallel.tensor and parallel.pipeline to 1)");
+           std::string("multi-GPU memory of tensor and pipeline parallelism is modelled for "
+                       "model family 'megatron' only, not '") +
+               to_string(s.model.family) + "' (set parallel.tensor and parallel.pipeline to 1)");
   }
   if (p.sequence && !tensor_modelled)
     refuse(s, "parallel.sequence", "sequence parallelism is modelled for model family 'megatron' only");

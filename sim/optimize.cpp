@@ -437,6 +437,13 @@ OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& costs, Plan
 
 OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
                                       uint64_t budget, const OptimizeOptions& options) {
+  // Plans choose per layer of the whole model; Megatron's recompute settings apply to each
+  // pipeline stage's own layers (numbered from 0 per stage), which a plan cannot express.
+  if (scenario.parallel.pipeline > 1)
+    throw ScenarioError(scenario.source +
+                        ": parallel.pipeline: memsim optimize plans the checkpointing of a "
+                        "whole model's layers; with pipeline stages the policy applies to each "
+                        "stage's layers: compare policies with `memsim compare` instead");
   OptimizeResult out;
   PlanSimulator sim(scenario, script);
   auto t0 = std::chrono::steady_clock::now();

@@ -101,6 +101,9 @@ struct LoraConfig {
 };
 
 enum class Sharding { none, fsdp, deepspeed };
+// Megatron's pipeline schedules (sim/pipeline_schedule.h).
+enum class PipelineSchedule { one_f_one_b, gpipe, interleaved };
+const char* to_string(PipelineSchedule schedule);
 struct ParallelConfig {
   int64_t data = 1;
   int64_t tensor = 1;
@@ -117,6 +120,10 @@ struct ParallelConfig {
   bool gradient_as_bucket_view = false;
   // megatron, tensor > 1: Megatron's --sequence-parallel (sim/megatron_parallel.h).
   bool sequence = false;
+  // megatron, pipeline > 1 (sim/pipeline_keys.h): the schedule, and the model chunks per
+  // rank of the interleaved one (--num-layers-per-virtual-pipeline-stage = layers / (p*v)).
+  PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
+  int64_t virtual_stages = 1;
 };
 
 struct DeviceConfig {

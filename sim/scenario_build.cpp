@@ -12,6 +12,7 @@
 #include "sim/scenario_lora.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/fsdp_keys.h"
+#include "sim/pipeline_keys.h"
 #include "sim/scenario_doc.h"
 
 namespace memsim::scenario_detail {
@@ -301,6 +302,7 @@ ParallelConfig build_parallel(const Doc& d, const ModelConfig& m) {
     fail(origin(d, "parallel.pipeline", "parallel"), "parallel.pipeline",
          std::to_string(p.pipeline) + " stages do not divide " + std::to_string(m.layers) + " layers");
   }
+  read_pipeline_schedule(d, m, p);  // sim/pipeline_keys.cpp
   return p;
 }
 

@@ -87,13 +87,12 @@ TEST_CASE("tensor parallel: end to end train step, RankInfo, and refusals",
   CHECK(program.rank.index == 0);
   CHECK(program.rank.why.find("tensor-parallel") != std::string::npos);
 
-  Scenario pp = gpt3();
+  // Pipeline parallelism is modelled for megatron (tests/test_megatron_pipeline.cpp) only.
+  Scenario pp = load_scenario(std::string(MEMSIM_SOURCE_DIR) +
+                              "/scenarios/cs336-small-train-ctx512.yaml");
   pp.parallel.pipeline = 2;
   CHECK_THROWS_WITH(build_program(pp), Catch::Contains("parallel.pipeline"));
-  Scenario dp = gpt3();
-  dp.parallel.tensor = 2;
-  dp.parallel.data = 2;
-  CHECK_THROWS_WITH(build_program(dp), Catch::Contains("parallel.tensor"));
+  // Tensor x data parallelism (tests/test_megatron_pipeline.cpp [3d]) is modelled.
   Scenario odd = gpt3();
   odd.parallel.tensor = 5;  // 96 heads
   CHECK_THROWS_WITH(build_program(odd), Catch::Contains("model.heads"));

@@ -4,7 +4,8 @@
 // at the OOM). Timed: one step alone, the scenario as shipped (one warm-up step + the
 // measured step, what `memsim run` simulates), one step again; the first line also pays
 // for the process's cold heap (page faults), as a single `memsim run` does. Then the
-// formula-vs-memsim table of sim/megatron_checks.h.
+// formula-vs-memsim table of sim/megatron_checks.h (of sim/megatron_pipeline_checks.h for
+// a pipeline scenario, whose build_program builds and runs every stage).
 // Usage: bench_gpt3 [SCENARIO.yaml] (default scenarios/gpt3-175b.yaml, relative to the
 // current directory). Prints figures only.
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "sim/execute.h"
 #include "sim/megatron_checks.h"
+#include "sim/megatron_pipeline_checks.h"
 #include "sim/schedule.h"
 
 using namespace memsim;
@@ -87,6 +89,14 @@ int main(int argc, char** argv) {
                 c.expected, c.unit.c_str(), c.simulated, d.c_str(), c.note.empty() ? "" : ": ",
                 c.note.c_str());
   };
+  if (s.parallel.pipeline > 1) {
+    // A pipeline scenario (e.g. scenarios/gpt3-175b-tp8-pp8-64xh100.yaml): build_program
+    // above built and ran every stage; the table is stage 0 against Megatron-LM's
+    // theoretical memory (sim/megatron_pipeline_checks.h).
+    if (s.parallel.sequence && s.checkpoint.policy == "selective")
+      for (const FormulaCheck& c : megatron_theoretical_first_stage_checks(s)) row(c);
+    return 0;
+  }
   for (const FormulaCheck& c : korthikanti_checks(s)) row(c);
   for (const FormulaCheck& c : model_state_checks()) row(c);
   return 0;

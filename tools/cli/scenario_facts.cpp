@@ -51,6 +51,14 @@ std::string training_line(const Scenario& s) {
   if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0) {
     line += ", parallel dp " + std::to_string(p.data) + " tp " + std::to_string(p.tensor) +
             " pp " + std::to_string(p.pipeline) + " zero " + std::to_string(p.zero);
+    if (p.pipeline > 1) {
+      line += std::string(" (") + to_string(p.pipeline_schedule);
+      if (p.pipeline_schedule == PipelineSchedule::interleaved)
+        line += ", " + std::to_string(p.virtual_stages) + " chunks per rank";
+      line += p.sequence ? ", sequence parallel)" : ")";
+    } else if (p.sequence) {
+      line += " (sequence parallel)";
+    }
     if (p.sharding == Sharding::fsdp)
       line += p.reshard_after_forward ? " (FSDP FULL_SHARD)" : " (FSDP SHARD_GRAD_OP)";
     else if (p.zero == 1)
