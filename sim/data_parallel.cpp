@@ -34,6 +34,12 @@ void require_data_parallel_modelled(const Scenario& s) {
     throw ScenarioError(s.source + ": parallel.sharding: DeepSpeed ZeRO is not modelled yet "
                         "(its bucketed partitioned gradients and parameter fetching differ "
                         "from FSDP's); use parallel.sharding: fsdp");
+  if (p.cpu_offload && (s.optimizer.type == OptimizerType::adam8bit ||
+                        s.optimizer.type == OptimizerType::adamw8bit))
+    throw ScenarioError(s.source + ": optimizer.type: bitsandbytes 8-bit optimizers run CUDA "
+                        "kernels and cannot step FSDP's CPU-offloaded shards "
+                        "(parallel.cpu_offload); use adam/adamw/sgd/adafactor or "
+                        "parallel.cpu_offload: false");
   if (p.zero != 0 && p.sharding != Sharding::fsdp)
     throw ScenarioError(s.source + ": parallel.zero: ZeRO stage " + std::to_string(p.zero) +
                         " for '" + to_string(s.model.family) +
@@ -65,7 +71,9 @@ RankInfo data_parallel_rank(const Scenario& s) {
   else if (p.data > 1)
     r.why = std::string(p.sharding == Sharding::fsdp ? "FSDP" : "ZeRO") + " stage " +
             std::to_string(p.zero) + " shards are equal-sized (padded to a multiple of " +
-            std::to_string(p.data) + "); rank 0's shard is reported";
+            std::to_string(p.data) + "); rank 0's shard is reported" +
+            (p.cpu_offload ? "; shards, their gradients and the optimizer state live on the "
+                             "CPU (CPUOffload)" : "");
   return r;
 }
 

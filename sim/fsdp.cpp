@@ -15,7 +15,8 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     : rt_(&rt),
       d_(static_cast<uint64_t>(s.parallel.data)),
       elem_(static_cast<uint64_t>(dtype_bytes(s.precision.params))),
-      reshard_after_forward_(s.parallel.reshard_after_forward) {
+      reshard_after_forward_(s.parallel.reshard_after_forward),
+      offload_(s.parallel.cpu_offload) {
   Program& program = rt.program();
   // Which layer each parameter was created in (its alloc event): the auto-wrap units.
   std::unordered_map<uint32_t, int32_t> layer_of_storage;
@@ -54,6 +55,7 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
   rt.ctx.phase = Phase::setup;
   rt.ctx.module = graph::Module::none;
   const uint32_t wrap_op = program.intern("FSDP flatten");
+  const uint32_t offload_op = program.intern("FSDP flat_param_to(cpu)");
   for (size_t k = 1; k <= units_.size(); ++k) {
     const size_t u = k % units_.size();  // layers 0.., then the root
     Unit& unit = units_[u];
@@ -71,6 +73,10 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     unit.shard = rt.add_parameter(unit.padded_bytes / d_, u == 0 ? "FSDP root flat_param shard"
                                                                  : "FSDP flat_param shard");
     flat.reset();
+    // cpu_offload: handle.flat_param_to(cpu) after shard(): the GPU shard goes (the
+    // Runtime's parameter entry stays, its storage is never freed a second time).
+    if (offload_)
+      program.free(rt.parameters()[unit.shard].storage, Phase::setup, offload_op, rt.ctx.layer);
   }
   rt.ctx = saved;
   unit_of_param_.resize(rt.parameters().size(), 0);  // shards: never get autograd grads
@@ -90,8 +96,16 @@ Tensor Fsdp::named(Runtime& rt, Tensor t, size_t, const char* what) {
 void Fsdp::gather(Runtime& rt, size_t u) {
   Unit& unit = units_[u];
   if (unit.full.defined()) return;
+  // cpu_offload: pre_unshard copies the CPU shard to the GPU (the all-gather input).
+  Tensor staged;
+  if (offload_)
+    staged = named(rt, rt.alloc(unit.padded_bytes / d_, TensorKind::parameter, OpKind::other), u,
+                   "FSDP shard copied to GPU (flat_param_to(device))");
   unit.full = named(rt, rt.alloc(unit.padded_bytes, TensorKind::parameter, OpKind::other), u,
                     "FSDP all-gather (unsharded flat_param)");
+  // _use_unsharded_flat_param: flat_param.data now views the gathered tensor; the GPU
+  // copy of the shard loses its last reference.
+  staged.reset();
 }
 
 void Fsdp::reshard(Runtime&, size_t u) { units_[u].full.reset(); }
@@ -114,6 +128,12 @@ void Fsdp::reduce_scatter(Runtime& rt, size_t u) {
       rt.alloc_raw(unit.padded_bytes / d_, TensorKind::gradient, OpKind::other);
   rt.program().tensors[shard_grad].name = rt.program().intern("FSDP sharded grad");
   flat.reset();
+  if (offload_) {
+    // _saved_grad_shard stays on the GPU (copied into the pinned CPU .grad) until the
+    // final callback; one post-backward per unit and backward, so nothing to add into.
+    unit.saved_grad = shard_grad;
+    return;
+  }
   graph::Parameter& shard = rt.parameters()[unit.shard];
   if (shard.grad == graph::kNoStorage)
     shard.grad = shard_grad;
@@ -180,8 +200,24 @@ void Fsdp::post_backward(Runtime& rt) {
     reduce_scatter(rt, 0);
     root.backward_done = true;
   }
-  // _post_backward_final_callback: every unit ends the backward sharded.
-  for (size_t u = 0; u < units_.size(); ++u) reshard(rt, u);
+  // _post_backward_final_callback, per FSDP state (root first): _catch_all_reshard, then
+  // _finalize_params (cpu_offload: .grad = the CPU gradient, _saved_grad_shard deleted).
+  for (size_t u = 0; u < units_.size(); ++u) {
+    reshard(rt, u);
+    if (units_[u].saved_grad != graph::kNoStorage) rt.release(units_[u].saved_grad);
+    units_[u].saved_grad = graph::kNoStorage;
+  }
+}
+
+namespace {
+class CpuOffloadedOptimizer final : public OptimizerSim {
+ public:
+  void step(Runtime&) override {}  // CPU tensors only
+};
+}  // namespace
+
+std::unique_ptr<OptimizerSim> make_cpu_offloaded_optimizer() {
+  return std::make_unique<CpuOffloadedOptimizer>();
 }
 
 }  // namespace memsim

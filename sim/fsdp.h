@@ -27,8 +27,24 @@
 //    freed, the unit resharded. The root's post-backward runs when backward returns.
 //  - The optimizer then steps the shards only (the original parameters hold no grad),
 //    so its state is sharded too: zero 3 = 16/d bytes per fp32 parameter with Adam.
+//  - parallel.cpu_offload (CPUOffload(offload_params=True); torch 2.x
+//    _init_utils._init_param_handle_from_params, FlatParamHandle.pre_unshard /
+//    init_flat_param_attributes, _runtime_utils._reduce_grad / _offload_grad /
+//    _post_backward_final_callback): each shard is moved to the CPU right after it is
+//    made (flat_param_to(cpu): its GPU copy freed at wrap time); every all-gather first
+//    copies the CPU shard to the GPU (flat_param_to(device): a shard-sized GPU tensor,
+//    the all-gather input, dropped once the flat parameter points at the gathered
+//    tensor); the reduce-scattered shard gradient is kept on the GPU as
+//    _saved_grad_shard while its copy to the pinned CPU gradient runs, and freed only in
+//    the final backward callback (prepare_gradient_for_optim deletes it), so the GPU
+//    holds the shard gradients of the units done so far until the backward ends. The
+//    shard's .grad is the CPU gradient: the optimizer steps on the CPU and owns nothing
+//    on the GPU (make_cpu_offloaded_optimizer). Gradient accumulation outside no_sync()
+//    overwrites the CPU gradient in torch (a TODO in prepare_gradient_for_backward); the
+//    GPU memory of each micro-batch is as modelled.
 // Left out: the all-gather / reduce-scatter staging of NCCL, the rate limiter
-// (limit_all_gathers), which only bounds what prefetching already bounds here.
+// (limit_all_gathers), which only bounds what prefetching already bounds here; pinned
+// CPU memory.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +52,7 @@
 #include <vector>
 
 #include "graph/runtime.h"
+#include "sim/optimizer_step.h"
 #include "sim/scenario.h"
 
 namespace memsim {
@@ -56,6 +73,9 @@ class Fsdp : public graph::RuntimeHooks {
   void grad_ready(graph::Runtime& rt, int32_t param) override;
   void layer_entered(graph::Runtime& rt, int32_t layer) override;
 
+  // CPUOffload(offload_params=True): shards, their gradients and the optimizer are on the CPU.
+  bool offloads_params() const { return offload_; }
+
   // Padded flat-parameter bytes of unit u (0: root, 1 + l: layer l) and one shard's.
   uint64_t unit_bytes(size_t u) const { return units_[u].padded_bytes; }
   uint64_t shard_bytes(size_t u) const { return units_[u].padded_bytes / d_; }
@@ -67,6 +87,7 @@ class Fsdp : public graph::RuntimeHooks {
     uint64_t padded_bytes = 0;
     int32_t shard = -1;           // the shard's Runtime parameter id
     graph::Tensor full;           // gathered flat parameter (undefined when sharded)
+    uint32_t saved_grad = graph::kNoStorage;  // cpu_offload: the GPU _saved_grad_shard
     size_t ready = 0;             // parameters with a gradient in this backward
     bool forward_done = false;    // resharded after its forward in this iteration
     bool backward_done = false;   // post-backward ran in this iteration
@@ -82,6 +103,7 @@ class Fsdp : public graph::RuntimeHooks {
   uint64_t d_ = 1;
   uint64_t elem_ = 4;
   bool reshard_after_forward_ = true;
+  bool offload_ = false;
   std::vector<Unit> units_;
   std::vector<size_t> unit_of_param_;
   std::vector<uint32_t> stamp_;   // iteration in which a parameter last got a gradient
@@ -89,5 +111,9 @@ class Fsdp : public graph::RuntimeHooks {
   size_t forward_unit_ = 0;       // unit whose forward runs (0: root / none)
   bool backward_started_ = false;
 };
+
+// The optimizer of a CPU-offloaded FSDP model: it steps the CPU shards with their CPU
+// gradients, so its state and temporaries never touch the GPU (no events).
+std::unique_ptr<OptimizerSim> make_cpu_offloaded_optimizer();
 
 }  // namespace memsim

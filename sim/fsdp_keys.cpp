@@ -31,6 +31,13 @@ void read_sharding(const Doc& d, ParallelConfig& p) {
       fail(f->where, "parallel.fsdp_init", "only applies with parallel.sharding: fsdp");
     p.fsdp_init_on_cpu = read_enum(*f, "parallel.fsdp_init", kInit);
   }
+  if (const Field* f = d.find("parallel.cpu_offload")) {
+    if (p.sharding != Sharding::fsdp)
+      fail(f->where, "parallel.cpu_offload",
+           "only applies with parallel.sharding: fsdp (FSDP's CPUOffload(offload_params=True)); "
+           "ZeroRedundancyOptimizer and DDP keep everything on the GPU");
+    p.cpu_offload = read_bool(*f, "parallel.cpu_offload");
+  }
   if (p.sharding != Sharding::fsdp) return;
   const Field* zero = d.find("parallel.zero");
   if (zero == nullptr) {

@@ -109,6 +109,8 @@ class Loop {
       setup.param_elem = static_cast<uint64_t>(dtype_bytes(s_.precision.params));
       setup.master_weights = s_.precision.master_weights;
       optimizer_ = make_optimizer(s_.optimizer, setup);
+      if (optimizer_ && fsdp_ && fsdp_->offloads_params())
+        optimizer_ = make_cpu_offloaded_optimizer();  // steps the CPU shards (sim/fsdp.h)
       if (optimizer_) optimizer_->construct(rt_);
     }
     allocate_batches();
