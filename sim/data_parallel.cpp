@@ -40,12 +40,19 @@ void require_data_parallel_modelled(const Scenario& s) {
                         "kernels and cannot step FSDP's CPU-offloaded shards "
                         "(parallel.cpu_offload); use adam/adamw/sgd/adafactor or "
                         "parallel.cpu_offload: false");
+  if (p.zero == 1 && p.sharding == Sharding::none) {  // sim/zero_redundancy.h
+    if (p.data == 1)
+      throw ScenarioError(s.source + ": parallel.zero: ZeRO stage 1 on one GPU partitions "
+                          "nothing (ZeroRedundancyOptimizer over a world of 1); set "
+                          "parallel.data > 1 or parallel.zero: 0");
+    return;
+  }
   if (p.zero != 0 && p.sharding != Sharding::fsdp)
     throw ScenarioError(s.source + ": parallel.zero: ZeRO stage " + std::to_string(p.zero) +
                         " for '" + to_string(s.model.family) +
                         "' needs a sharding implementation: set parallel.sharding: fsdp "
-                        "(zero 3 = FULL_SHARD, zero 2 = SHARD_GRAD_OP); zero 1 has no FSDP "
-                        "strategy");
+                        "(zero 3 = FULL_SHARD, zero 2 = SHARD_GRAD_OP); zero 1 is torch's "
+                        "ZeroRedundancyOptimizer with DDP (parallel.sharding: none)");
 }
 
 void require_megatron_data_parallel_modelled(const Scenario& s) {

@@ -117,8 +117,9 @@ struct ParallelConfig {
   bool gradient_as_bucket_view = false;
   // megatron, tensor > 1: Megatron's --sequence-parallel (sim/megatron_parallel.h).
   bool sequence = false;
-  // fsdp (kept last: some callers brace-initialise the fields above): CPUOffload(offload_params=True): sharded parameters, their gradients and the
-  // optimizer live on the CPU (sim/fsdp.h).
+  // fsdp: CPUOffload(offload_params=True): sharded parameters, their gradients and the
+  // optimizer live on the CPU (sim/fsdp.h). Kept last: some callers brace-initialise the
+  // fields above.
   bool cpu_offload = false;
 };
 

@@ -52,9 +52,11 @@ std::string training_line(const Scenario& s) {
     line += ", parallel dp " + std::to_string(p.data) + " tp " + std::to_string(p.tensor) +
             " pp " + std::to_string(p.pipeline) + " zero " + std::to_string(p.zero);
     if (p.sharding == Sharding::fsdp)
-      line += p.reshard_after_forward ? " (FSDP FULL_SHARD)" : " (FSDP SHARD_GRAD_OP)";
+      line += std::string(p.reshard_after_forward ? " (FSDP FULL_SHARD" : " (FSDP SHARD_GRAD_OP") +
+              (p.cpu_offload ? ", CPU offload)" : ")");
     else if (p.zero == 1)
-      line += " (distributed optimizer)";
+      line += s.model.family == ModelFamily::megatron ? " (distributed optimizer)"
+                                                      : " (DDP + ZeroRedundancyOptimizer)";
     else if (p.gradient_as_bucket_view)
       line += " (DDP gradient_as_bucket_view)";
   }
