@@ -34,6 +34,11 @@ void require_data_parallel_modelled(const Scenario& s) {
     throw ScenarioError(s.source + ": parallel.sharding: DeepSpeed ZeRO is not modelled yet "
                         "(its bucketed partitioned gradients and parameter fetching differ "
                         "from FSDP's); use parallel.sharding: fsdp");
+  if (p.fsdp_mixed_precision && s.precision.params != DType::fp32)
+    throw ScenarioError(s.source + ": parallel.fsdp_mixed_precision: FSDP MixedPrecision casts "
+                        "fp32 parameters for compute; with precision.params " +
+                        std::string(to_string(s.precision.params)) +
+                        " use parallel.fsdp_mixed_precision: none");
   if (p.cpu_offload && (s.optimizer.type == OptimizerType::adam8bit ||
                         s.optimizer.type == OptimizerType::adamw8bit))
     throw ScenarioError(s.source + ": optimizer.type: bitsandbytes 8-bit optimizers run CUDA "

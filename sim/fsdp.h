@@ -1,8 +1,9 @@
 // PyTorch FullyShardedDataParallel on one simulated rank (cs336, hf-gpt2, hf-llama;
 // parallel.sharding: fsdp). Models torch 2.x FSDP with use_orig_params=False, an
 // auto-wrap policy that makes each transformer layer a unit, and the root unit holding
-// the rest (embeddings, final norm, LM head); no MixedPrecision (parameters are in
-// precision.params), default BACKWARD_PRE prefetch, no forward prefetch.
+// the rest (embeddings, final norm, LM head), default BACKWARD_PRE prefetch, no forward
+// prefetch. Parameters are in precision.params; parallel.fsdp_mixed_precision adds
+// MixedPrecision(param_dtype=reduce_dtype=bf16|fp16), described below.
 //
 // Events (d = parallel.data, elem = parameter bytes):
 //  - Wrapping (after the model is built on the GPU; with parallel.fsdp_init: cpu the
@@ -42,9 +43,18 @@
 //    on the GPU (make_cpu_offloaded_optimizer). Gradient accumulation outside no_sync()
 //    overwrites the CPU gradient in torch (a TODO in prepare_gradient_for_backward); the
 //    GPU memory of each micro-batch is as modelled.
+//  - parallel.fsdp_mixed_precision (MixedPrecision(param_dtype=X, reduce_dtype=X),
+//    keep_low_precision_grads False; FlatParamHandle._use_low_precision_shard /
+//    post_unshard, _runtime_utils._cast_grad_to_param_dtype): the module is built and
+//    sharded in precision.params (fp32); each all-gather first allocates _mp_shard (the
+//    shard cast to X), gathers into an X-sized flat parameter and frees _mp_shard; the
+//    model computes in X (activations, per-parameter and flat gradients in X); the
+//    reduce-scatter output is an X shard, cast to a new fp32 shard (the X one freed),
+//    which the optimizer steps as without MixedPrecision.
 // Left out: the all-gather / reduce-scatter staging of NCCL, the rate limiter
 // (limit_all_gathers), which only bounds what prefetching already bounds here; pinned
-// CPU memory.
+// CPU memory; under MixedPrecision, buffers built in param_dtype rather than fp32 (GPT-2's
+// 0-d masked_bias: 2 B per layer).
 #pragma once
 
 #include <cstdint>
@@ -84,7 +94,8 @@ class Fsdp : public graph::RuntimeHooks {
  private:
   struct Unit {
     std::vector<int32_t> params;  // original parameters (Runtime ids)
-    uint64_t padded_bytes = 0;
+    uint64_t padded_numel = 0;    // elements, padded to a multiple of d
+    uint64_t padded_bytes = 0;    // in precision.params (the flat parameter and its shards)
     int32_t shard = -1;           // the shard's Runtime parameter id
     graph::Tensor full;           // gathered flat parameter (undefined when sharded)
     uint32_t saved_grad = graph::kNoStorage;  // cpu_offload: the GPU _saved_grad_shard
@@ -101,7 +112,8 @@ class Fsdp : public graph::RuntimeHooks {
 
   graph::Runtime* rt_;
   uint64_t d_ = 1;
-  uint64_t elem_ = 4;
+  uint64_t elem_ = 4;          // precision.params: the shards, flat parameter, sharded grads
+  uint64_t compute_elem_ = 4;  // MixedPrecision param_dtype (= elem_ without it)
   bool reshard_after_forward_ = true;
   bool offload_ = false;
   std::vector<Unit> units_;

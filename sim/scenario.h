@@ -121,6 +121,9 @@ struct ParallelConfig {
   // optimizer live on the CPU (sim/fsdp.h). Kept last: some callers brace-initialise the
   // fields above.
   bool cpu_offload = false;
+  // fsdp: MixedPrecision(param_dtype=reduce_dtype=this): fp32 shards, gathered parameters
+  // and gradients in this dtype (sim/fsdp.h); nullopt = none.
+  std::optional<DType> fsdp_mixed_precision;
 };
 
 struct DeviceConfig {

@@ -15,6 +15,7 @@
 #include "graph/numeric.h"
 #include "sim/data_parallel.h"
 #include "sim/fsdp.h"
+#include "sim/fsdp_precision.h"
 #include "sim/hf_family.h"
 #include "sim/megatron_step.h"
 #include "sim/checkpoint_policy.h"
@@ -46,7 +47,7 @@ graph::Cs336Shape cs336_shape(const Scenario& s) {
   shape.context_length = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
   shape.batch = s.batch.micro_batch;
   shape.seq = s.batch.seq_len;
-  shape.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+  shape.elem = model_compute_elem(s);  // precision.params or FSDP MixedPrecision
   return shape;
 }
 
