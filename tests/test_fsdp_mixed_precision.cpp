@@ -143,3 +143,22 @@ TEST_CASE("FSDP MixedPrecision keys are validated", "[fsdp][mixed][scenario]") {
       build_program(mp_scenario("hf-llama", 2, "  fsdp_mixed_precision: bf16\n", "bf16")),
       Catch::StartsWith("mp.yaml: parallel.fsdp_mixed_precision: FSDP MixedPrecision casts fp32"));
 }
+
+TEST_CASE("llama2-7b-fsdp-bf16-8xa100: 16/8 B/param of fp32 state, bf16 activations",
+          "[fsdp][mixed][scenarios]") {
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-fsdp-bf16-8xa100.yaml");
+  REQUIRE(s.parallel.fsdp_mixed_precision == DType::bf16);
+  const Program p = build_program(s);
+  const double P = 6738415616.0;
+  const LiveBytes l = at(p, "optimizer_end");
+  CHECK(static_cast<double>(kind(l, TensorKind::parameter) + kind(l, TensorKind::gradient) +
+                            kind(l, TensorKind::optimizer_state)) / P ==
+        Approx(16.0 / 8).epsilon(1e-6));
+  Scenario fp32 = s;
+  fp32.parallel.fsdp_mixed_precision.reset();
+  const Program q = build_program(fp32);
+  const double ratio = static_cast<double>(kind(at(p, "forward_end"), TensorKind::activation)) /
+                       static_cast<double>(kind(at(q, "forward_end"), TensorKind::activation));
+  CHECK(ratio > 0.5);   // the fp32 logits copy for the loss stays fp32
+  CHECK(ratio < 0.6);
+}

@@ -53,6 +53,9 @@ std::string training_line(const Scenario& s) {
             " pp " + std::to_string(p.pipeline) + " zero " + std::to_string(p.zero);
     if (p.sharding == Sharding::fsdp)
       line += std::string(p.reshard_after_forward ? " (FSDP FULL_SHARD" : " (FSDP SHARD_GRAD_OP") +
+              (p.fsdp_mixed_precision
+                   ? std::string(", ") + to_string(*p.fsdp_mixed_precision) + " MixedPrecision"
+                   : std::string()) +
               (p.cpu_offload ? ", CPU offload)" : ")");
     else if (p.zero == 1)
       line += s.model.family == ModelFamily::megatron ? " (distributed optimizer)"
