@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "allocator/units.h"
 #include "sim/data_parallel.h"
 
 namespace memsim {
@@ -46,13 +47,16 @@ ZeroRedundancyRank zero_redundancy_rank(const std::vector<std::vector<int32_t>>&
   const auto [lo, hi] = std::minmax_element(z.partition_bytes.begin(), z.partition_bytes.end());
   z.info = data_parallel_rank(s);
   z.info.index = static_cast<int>(z.rank);
-  auto mib = [](uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; };
-  z.info.why = "ZeroRedundancyOptimizer (ZeRO stage 1) gives each of the " +
-               std::to_string(partition.size()) +
-               " ranks whole parameters, largest first to the smallest partition; rank " +
-               std::to_string(z.rank) + " has the largest (" + mib(*hi) + " of " + mib(total) +
-               " of parameters; smallest " + mib(*lo) +
-               "), so the most optimizer state: it is simulated";
+  const std::string head = "ZeroRedundancyOptimizer (ZeRO stage 1) gives each of the " +
+                           std::to_string(partition.size()) +
+                           " ranks whole parameters, largest first to the smallest partition; ";
+  if (*hi == *lo)
+    z.info.why = head + "every partition holds " + human_bytes(*hi) + " of the " +
+                 human_bytes(total) + " of parameters: rank 0 stands for all";
+  else
+    z.info.why = head + "rank " + std::to_string(z.rank) + " has the largest (" +
+                 human_bytes(*hi) + " of " + human_bytes(total) + " of parameters; smallest " +
+                 human_bytes(*lo) + "), so the most optimizer state: it is simulated";
   return z;
 }
 
