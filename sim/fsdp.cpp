@@ -188,7 +188,28 @@ void Fsdp::pre_forward(Runtime& rt) {
   }
   forward_unit_ = 0;
   backward_started_ = false;
+  if (iteration_ == 1) lazy_init(rt);
   gather(rt, 0);
+}
+
+void Fsdp::lazy_init(Runtime& rt) {
+  // _lazy_init -> init_flat_param_attributes, the root's handle first, then the others in
+  // module order: each unsharded buffer the handle will gather into is created with
+  // torch.zeros on the GPU and its storage freed at once (_free_storage), so that later
+  // all-gathers only resize it; MixedPrecision also creates and frees _mp_shard and the
+  // full-precision padded buffer. Transient, but they pass through the caching allocator.
+  const uint32_t name = rt.program().intern("FSDP lazy init (zeros, storage freed at once)");
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = units_[u];
+    const uint64_t sizes[3] = {compute_elem_ != elem_ ? unit.padded_numel / d_ * compute_elem_ : 0,
+                               unit.padded_numel * compute_elem_,
+                               compute_elem_ != elem_ ? unit.padded_numel * elem_ : 0};
+    for (uint64_t bytes : sizes) {
+      if (bytes == 0) continue;
+      Tensor t = rt.alloc(bytes, TensorKind::parameter, OpKind::other);
+      rt.program().tensors[t.storage].name = name;
+    }
+  }
 }
 
 void Fsdp::layer_entered(Runtime& rt, int32_t layer) {

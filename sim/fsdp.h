@@ -12,6 +12,10 @@
 //    unit's parameters padded to a multiple of d (a full-size allocation), the original
 //    parameter storages freed, this rank's shard cloned (padded / d elements: a new
 //    parameter the optimizer sees), the full flat parameter freed.
+//  - Lazy init (the first forward, before anything is gathered): per unit, root first,
+//    the padded unsharded buffer is made with torch.zeros and its storage freed at once
+//    (init_flat_param_attributes; MixedPrecision: also _mp_shard and the full-precision
+//    padded buffer): alloc/free pairs that only shape the caching allocator's segments.
 //  - Forward: the root's pre-forward all-gathers the root unit; entering layer l
 //    all-gathers unit l (a full padded flat parameter, the layer's weights are views of
 //    it); FULL_SHARD (zero 3, reshard_after_forward) frees unit l again when the forward
@@ -108,6 +112,7 @@ class Fsdp : public graph::RuntimeHooks {
   void reshard(graph::Runtime& rt, size_t u);
   void reduce_scatter(graph::Runtime& rt, size_t u);
   void root_pre_backward(graph::Runtime& rt);
+  void lazy_init(graph::Runtime& rt);
   graph::Tensor named(graph::Runtime& rt, graph::Tensor t, size_t u, const char* what);
 
   graph::Runtime* rt_;

@@ -162,3 +162,33 @@ TEST_CASE("llama2-7b-fsdp-bf16-8xa100: 16/8 B/param of fp32 state, bf16 activati
   CHECK(ratio > 0.5);   // the fp32 logits copy for the loss stays fp32
   CHECK(ratio < 0.6);
 }
+
+TEST_CASE("FSDP lazy init: each handle's buffers are made and freed at the first forward",
+          "[fsdp][mixed]") {
+  const std::string lazy = "FSDP lazy init (zeros, storage freed at once)";
+  for (const char* extra : {"", "  fsdp_mixed_precision: bf16\n"}) {
+    const bool mp = std::string(extra).size() > 0;
+    INFO("mixed precision " << mp);
+    const Program p = build_program(mp_scenario("hf-llama", 4, extra));
+    std::vector<uint64_t> sizes;
+    bool seen_gather = false;
+    for (size_t i = 0; i < p.events.size(); ++i) {
+      const MemoryEvent& e = p.events[i];
+      if (e.type == EventType::alloc && named(p, e.tensor, kGathered)) seen_gather = true;
+      if (e.type != EventType::alloc || !named(p, e.tensor, lazy)) continue;
+      CHECK_FALSE(seen_gather);  // before the root's first all-gather
+      CHECK(e.phase == Phase::forward);
+      REQUIRE(i + 1 < p.events.size());
+      CHECK(p.events[i + 1].type == EventType::free);
+      CHECK(p.events[i + 1].tensor == e.tensor);
+      sizes.push_back(e.bytes);
+    }
+    CHECK(sizes.size() == (mp ? 3u : 1u) * 5u);  // root + 4 layers
+    if (mp) {  // _mp_shard (bf16 shard), _full_param_padded (bf16), fp32 padded
+      for (size_t k = 0; k + 2 < sizes.size(); k += 3) {
+        CHECK(sizes[k] * 4 == sizes[k + 1]);
+        CHECK(sizes[k + 1] * 2 == sizes[k + 2]);
+      }
+    }
+  }
+}
