@@ -58,7 +58,8 @@
 // Left out: the all-gather / reduce-scatter staging of NCCL, the rate limiter
 // (limit_all_gathers), which only bounds what prefetching already bounds here; pinned
 // CPU memory; under MixedPrecision, buffers built in param_dtype rather than fp32 (GPT-2's
-// 0-d masked_bias: 2 B per layer).
+// 0-d masked_bias: 2 B per layer); FSDP2 (fully_shard, CPUOffloadPolicy), whose
+// offloaded gradients and low-precision casts are managed differently.
 #pragma once
 
 #include <cstdint>
