@@ -105,7 +105,6 @@ class ZeroRedundancyOptimizer final : public OptimizerSim {
 std::unique_ptr<OptimizerSim> make_zero_redundancy_optimizer(std::unique_ptr<OptimizerSim> inner,
                                                              Runtime& rt, const Scenario& s,
                                                              uint64_t param_elem) {
-  if (!inner) return nullptr;
   std::vector<uint64_t> numel, bytes;
   for (const graph::Parameter& p : rt.parameters()) {
     numel.push_back(numel_of(p, param_elem));
@@ -113,7 +112,8 @@ std::unique_ptr<OptimizerSim> make_zero_redundancy_optimizer(std::unique_ptr<Opt
   }
   const std::vector<std::vector<int32_t>> parts = zero_redundancy_partition(numel, s.parallel.data);
   const ZeroRedundancyRank z = zero_redundancy_rank(parts, bytes, s);
-  rt.program().rank = z.info;
+  rt.program().rank = z.info;  // optimizer.type none: the rank a step would need
+  if (!inner) return nullptr;
   return std::make_unique<ZeroRedundancyOptimizer>(std::move(inner),
                                                    parts[static_cast<size_t>(z.rank)]);
 }
