@@ -34,12 +34,30 @@ void require_data_parallel_modelled(const Scenario& s) {
     throw ScenarioError(s.source + ": parallel.sharding: DeepSpeed ZeRO is not modelled yet "
                         "(its bucketed partitioned gradients and parameter fetching differ "
                         "from FSDP's); use parallel.sharding: fsdp");
+  if (p.fsdp_mixed_precision && s.precision.params != DType::fp32)
+    throw ScenarioError(s.source + ": parallel.fsdp_mixed_precision: FSDP MixedPrecision casts "
+                        "fp32 parameters for compute; with precision.params " +
+                        std::string(to_string(s.precision.params)) +
+                        " use parallel.fsdp_mixed_precision: none");
+  if (p.cpu_offload && (s.optimizer.type == OptimizerType::adam8bit ||
+                        s.optimizer.type == OptimizerType::adamw8bit))
+    throw ScenarioError(s.source + ": optimizer.type: bitsandbytes 8-bit optimizers run CUDA "
+                        "kernels and cannot step FSDP's CPU-offloaded shards "
+                        "(parallel.cpu_offload); use adam/adamw/sgd/adafactor or "
+                        "parallel.cpu_offload: false");
+  if (p.zero == 1 && p.sharding == Sharding::none) {  // sim/zero_redundancy.h
+    if (p.data == 1)
+      throw ScenarioError(s.source + ": parallel.zero: ZeRO stage 1 on one GPU partitions "
+                          "nothing (ZeroRedundancyOptimizer over a world of 1); set "
+                          "parallel.data > 1 or parallel.zero: 0");
+    return;
+  }
   if (p.zero != 0 && p.sharding != Sharding::fsdp)
     throw ScenarioError(s.source + ": parallel.zero: ZeRO stage " + std::to_string(p.zero) +
                         " for '" + to_string(s.model.family) +
                         "' needs a sharding implementation: set parallel.sharding: fsdp "
-                        "(zero 3 = FULL_SHARD, zero 2 = SHARD_GRAD_OP); zero 1 has no FSDP "
-                        "strategy");
+                        "(zero 3 = FULL_SHARD, zero 2 = SHARD_GRAD_OP); zero 1 is torch's "
+                        "ZeroRedundancyOptimizer with DDP (parallel.sharding: none)");
 }
 
 void require_megatron_data_parallel_modelled(const Scenario& s) {
@@ -65,7 +83,9 @@ RankInfo data_parallel_rank(const Scenario& s) {
   else if (p.data > 1)
     r.why = std::string(p.sharding == Sharding::fsdp ? "FSDP" : "ZeRO") + " stage " +
             std::to_string(p.zero) + " shards are equal-sized (padded to a multiple of " +
-            std::to_string(p.data) + "); rank 0's shard is reported";
+            std::to_string(p.data) + "); rank 0's shard is reported" +
+            (p.cpu_offload ? "; shards, their gradients and the optimizer state live on the "
+                             "CPU (CPUOffload)" : "");
   return r;
 }
 

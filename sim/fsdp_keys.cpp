@@ -1,5 +1,6 @@
 #include "sim/fsdp_keys.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,8 @@ namespace {
 const std::vector<std::pair<std::string, Sharding>> kSharding = {
     {"none", Sharding::none}, {"fsdp", Sharding::fsdp}, {"deepspeed", Sharding::deepspeed}};
 const std::vector<std::pair<std::string, bool>> kInit = {{"gpu", false}, {"cpu", true}};
+const std::vector<std::pair<std::string, std::optional<DType>>> kMixedPrecision = {
+    {"none", std::nullopt}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
 }  // namespace
 
 void read_sharding(const Doc& d, ParallelConfig& p) {
@@ -30,6 +33,20 @@ void read_sharding(const Doc& d, ParallelConfig& p) {
     if (p.sharding != Sharding::fsdp)
       fail(f->where, "parallel.fsdp_init", "only applies with parallel.sharding: fsdp");
     p.fsdp_init_on_cpu = read_enum(*f, "parallel.fsdp_init", kInit);
+  }
+  if (const Field* f = d.find("parallel.cpu_offload")) {
+    if (p.sharding != Sharding::fsdp)
+      fail(f->where, "parallel.cpu_offload",
+           "only applies with parallel.sharding: fsdp (FSDP's CPUOffload(offload_params=True)); "
+           "ZeroRedundancyOptimizer and DDP keep everything on the GPU");
+    p.cpu_offload = read_bool(*f, "parallel.cpu_offload");
+  }
+  if (const Field* f = d.find("parallel.fsdp_mixed_precision")) {
+    if (p.sharding != Sharding::fsdp)
+      fail(f->where, "parallel.fsdp_mixed_precision",
+           "only applies with parallel.sharding: fsdp (FSDP's MixedPrecision policy); use "
+           "precision.autocast for a single GPU");
+    p.fsdp_mixed_precision = read_enum(*f, "parallel.fsdp_mixed_precision", kMixedPrecision);
   }
   if (p.sharding != Sharding::fsdp) return;
   const Field* zero = d.find("parallel.zero");

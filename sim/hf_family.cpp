@@ -1,5 +1,6 @@
 #include "sim/hf_family.h"
 
+#include "sim/fsdp_precision.h"
 #include "sim/scenario_lora.h"
 
 namespace memsim {
@@ -15,7 +16,7 @@ graph::HfShape hf_shape(const Scenario& s) {
   shape.context_length = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
   shape.batch = s.batch.micro_batch;
   shape.seq = s.batch.seq_len;
-  shape.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+  shape.elem = model_compute_elem(s);  // precision.params or FSDP MixedPrecision
   shape.dropout = s.model.dropout;
   shape.tied = s.model.tied_embeddings;
   if (s.lora.rank > 0) {  // graph/lora.h

@@ -67,14 +67,23 @@ void require_modelled(const Scenario& s) {
   if (p.sequence && !tensor_modelled)
     refuse(s, "parallel.sequence", "sequence parallelism is modelled for model family 'megatron' only");
   require_data_parallel_modelled(s);  // sim/data_parallel.h
-  // Data parallelism, LoRA, master weights and autocast were each checked alone; their
+  // Data parallelism, LoRA and master weights were each checked alone; their
   // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
   // parameters together, DDP buckets only parameters that need a gradient, master copies
   // would be of shards) and are not modelled until they are checked too.
+  // Autocast composes with torch DDP / ZeroRedundancyOptimizer (fp32 leaf parameters,
+  // as on one GPU; tests/test_dp_autocast.cpp), not with FSDP, whose parameters are views
+  // of the gathered flat parameter (autocast does not cache casts of views).
+  if (p.sharding == Sharding::fsdp && s.precision.autocast.has_value() &&
+      s.model.family != ModelFamily::megatron && s.lora.rank == 0 && !s.precision.master_weights)
+    refuse(s, "precision.autocast",
+           "autocast under FSDP is not modelled (FSDP's parameters are views of the gathered "
+           "flat parameter, which autocast's weight-cast cache skips); use "
+           "parallel.fsdp_mixed_precision: bf16 for FSDP's own mixed precision, or "
+           "parallel.sharding: none (DDP)");
   if (p.data > 1 || p.sharding != Sharding::none) {
     const char* key = s.lora.rank > 0 ? "lora"
-                      : s.precision.master_weights ? "precision.master_weights"
-                      : s.precision.autocast.has_value() ? "precision.autocast" : nullptr;
+                      : s.precision.master_weights ? "precision.master_weights" : nullptr;
     if (key != nullptr && s.model.family != ModelFamily::megatron)
       refuse(s, key,
              "is not modelled together with data parallelism (parallel.data > 1 or "

@@ -124,6 +124,13 @@ struct ParallelConfig {
   // rank of the interleaved one (--num-layers-per-virtual-pipeline-stage = layers / (p*v)).
   PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
   int64_t virtual_stages = 1;
+  // fsdp: CPUOffload(offload_params=True): sharded parameters, their gradients and the
+  // optimizer live on the CPU (sim/fsdp.h). Kept after the fields some callers
+  // brace-initialise.
+  bool cpu_offload = false;
+  // fsdp: MixedPrecision(param_dtype=reduce_dtype=this): fp32 shards, gathered parameters
+  // and gradients in this dtype (sim/fsdp.h); nullopt = none.
+  std::optional<DType> fsdp_mixed_precision;
 };
 
 struct DeviceConfig {

@@ -15,10 +15,12 @@
 #include "graph/numeric.h"
 #include "sim/data_parallel.h"
 #include "sim/fsdp.h"
+#include "sim/fsdp_precision.h"
 #include "sim/hf_family.h"
 #include "sim/megatron_step.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/optimizer_step.h"
+#include "sim/zero_redundancy.h"
 
 namespace memsim {
 
@@ -45,7 +47,7 @@ graph::Cs336Shape cs336_shape(const Scenario& s) {
   shape.context_length = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
   shape.batch = s.batch.micro_batch;
   shape.seq = s.batch.seq_len;
-  shape.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+  shape.elem = model_compute_elem(s);  // precision.params or FSDP MixedPrecision
   return shape;
 }
 
@@ -109,6 +111,10 @@ class Loop {
       setup.param_elem = static_cast<uint64_t>(dtype_bytes(s_.precision.params));
       setup.master_weights = s_.precision.master_weights;
       optimizer_ = make_optimizer(s_.optimizer, setup);
+      if (optimizer_ && fsdp_ && fsdp_->offloads_params())
+        optimizer_ = make_cpu_offloaded_optimizer();  // steps the CPU shards (sim/fsdp.h)
+      if (s_.parallel.zero == 1 && s_.parallel.sharding == Sharding::none)  // ZeRO-1
+        optimizer_ = make_zero_redundancy_optimizer(std::move(optimizer_), rt_, s_, setup.param_elem);
       if (optimizer_) optimizer_->construct(rt_);
     }
     allocate_batches();
@@ -283,7 +289,8 @@ Program build_program(const Scenario& scenario, const TrainingScript& script) {
       throw ScenarioError(scenario.source + ": model.family: '" +
                                to_string(scenario.model.family) + "' is not implemented yet");
   }
-  program.rank = data_parallel_rank(scenario);
+  if (!program.rank.distributed())  // ZeRO-1 records the rank it simulates itself
+    program.rank = data_parallel_rank(scenario);
   return program;
 }
 
@@ -299,7 +306,8 @@ const Program& build_program(const Scenario& scenario, const TrainingScript& scr
     case ModelFamily::megatron: build_megatron_program(scenario, {}, program, rb); break;
     default: program = build_program(scenario, script); break;  // throws: not implemented
   }
-  if (scenario.model.family != ModelFamily::megatron)  // megatron records its own rank
+  // megatron and ZeRO-1 (sim/zero_redundancy.h) record the rank they simulate themselves
+  if (scenario.model.family != ModelFamily::megatron && !program.rank.distributed())
     program.rank = data_parallel_rank(scenario);
   return program;
 }

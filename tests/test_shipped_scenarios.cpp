@@ -68,6 +68,12 @@ const std::map<std::string, Claim>& claims() {
       {"llama2-7b-qlora-rtx4090.yaml", {true, std::nullopt, 6.71}},
       // FSDP FULL_SHARD over 8 GPUs: the peak is the backward of the last layer.
       {"llama2-7b-fsdp-8xa100.yaml", {true, std::nullopt, 34.36}},
+      // ... with CPUOffload: shards and AdamW state in host RAM, activations unchanged.
+      {"llama2-7b-fsdp-offload-8xa100.yaml", {true, std::nullopt, 24.95}},
+      // ... with bf16 MixedPrecision: fp32 shards and AdamW, bf16 gathers and activations.
+      {"llama2-7b-fsdp-bf16-8xa100.yaml", {true, std::nullopt, 23.03}},
+      // ZeroRedundancyOptimizer + DDP on 4 GPUs; plain DDP runs out of memory.
+      {"gpt2-large-zero1-4xv100.yaml", {true, std::nullopt, 11.12}},
   };
   return table;
 }

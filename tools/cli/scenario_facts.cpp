@@ -60,9 +60,14 @@ std::string training_line(const Scenario& s) {
       line += " (sequence parallel)";
     }
     if (p.sharding == Sharding::fsdp)
-      line += p.reshard_after_forward ? " (FSDP FULL_SHARD)" : " (FSDP SHARD_GRAD_OP)";
+      line += std::string(p.reshard_after_forward ? " (FSDP FULL_SHARD" : " (FSDP SHARD_GRAD_OP") +
+              (p.fsdp_mixed_precision
+                   ? std::string(", ") + to_string(*p.fsdp_mixed_precision) + " MixedPrecision"
+                   : std::string()) +
+              (p.cpu_offload ? ", CPU offload)" : ")");
     else if (p.zero == 1)
-      line += " (distributed optimizer)";
+      line += s.model.family == ModelFamily::megatron ? " (distributed optimizer)"
+                                                      : " (DDP + ZeroRedundancyOptimizer)";
     else if (p.gradient_as_bucket_view)
       line += " (DDP gradient_as_bucket_view)";
   }
