@@ -31,9 +31,6 @@ double uniform(uint64_t seed, uint64_t salt, uint64_t i) {  // in [-1, 1)
   const uint64_t r = mix(mix(seed * 1000003ull + salt) + i);
   return static_cast<double>(r >> 11) * (2.0 / 9007199254740992.0) - 1.0;
 }
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
 }  // namespace
 
 NumericBuffer& NumericContext::buf(uint32_t id) {
@@ -99,31 +96,9 @@ void NumericContext::on_free(uint32_t id) {
 }
 
 void NumericContext::on_parameter(int32_t index, uint32_t storage, std::string_view name) {
-  const int64_t D = m_.d_model, F = m_.d_ff, V = m_.vocab;
-  std::vector<int64_t> shape;
-  double scale = 1.0, offset = 0.0;
-  if (ends_with(name, "token_embeddings.weight") || ends_with(name, "lm_head.weight")) {
-    shape = {V, D};
-    scale = ends_with(name, "lm_head.weight") ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
-  } else if (ends_with(name, "q_proj.weight") || ends_with(name, "k_proj.weight") ||
-             ends_with(name, "v_proj.weight") || ends_with(name, "output_proj.weight")) {
-    shape = {D, D};
-    scale = 1.0 / std::sqrt(static_cast<double>(D));
-  } else if (ends_with(name, "w1.weight") || ends_with(name, "w3.weight")) {
-    shape = {F, D};
-    scale = 1.0 / std::sqrt(static_cast<double>(D));
-  } else if (ends_with(name, "w2.weight")) {
-    shape = {D, F};
-    scale = 1.0 / std::sqrt(static_cast<double>(F));
-  } else if (ends_with(name, "ln1.weight") || ends_with(name, "ln2.weight") ||
-             ends_with(name, "ln_final.weight")) {
-    shape = {D};
-    scale = 0.2;  // around 1, not exactly 1: the weight's gradient path matters
-    offset = 1.0;
-  } else {
-    throw NumericError("numeric: parameter '" + std::string(name) +
-                       "' has no numeric shape (only the cs336 family is supported)");
-  }
+  const NumericParamInit init = numeric_param_init(m_, name);
+  const std::vector<int64_t>& shape = init.shape;
+  const double scale = init.scale, offset = init.offset;
   where_ = "parameter " + std::string(name);
   NumericBuffer& b = write(storage, shape, m_.elem);
   const size_t i = static_cast<size_t>(index);
@@ -173,20 +148,50 @@ void NumericContext::fill_tokens(const Tensor& t, uint64_t salt) {
   }
 }
 
+bool numeric_hint_applies(NumericHint h, OpKind k, bool new_tensor) {
+  switch (h) {
+    case NumericHint::none: return false;
+    case NumericHint::split_heads: return k == OpKind::view;
+    case NumericHint::merge_heads: return k == OpKind::clone;
+    case NumericHint::transpose_b: return k == OpKind::bmm;
+    case NumericHint::scalar: return k == OpKind::mul_scalar || k == OpKind::add_scalar;
+    case NumericHint::cube: return k == OpKind::pow2;
+    case NumericHint::mask_slice: return k == OpKind::add;
+    case NumericHint::shift_logits: return k == OpKind::clone;
+    case NumericHint::qkv_piece: return k == OpKind::clone || k == OpKind::view;
+    case NumericHint::fill_scalar:
+    case NumericHint::unread:
+    case NumericHint::causal_tril:
+    case NumericHint::causal_mask:
+    case NumericHint::rope_cos:
+    case NumericHint::rope_sin:
+    case NumericHint::shift_labels: return new_tensor;
+  }
+  return false;
+}
+
 void NumericContext::forward(Runtime& rt, OpKind k, std::initializer_list<const Tensor*> in,
                              std::initializer_list<const Tensor*> out) {
   where_ = std::string(forward_name(k)) + (rt.recomputing ? " (recompute)" : "");
+  // A hint is consumed by the first forward of a kind it applies to (see NumericHint).
+  const bool applies = numeric_hint_applies(hint, k, in.size() == 0);
   last_fwd_.kind = k;
-  last_fwd_.hint = hint;
+  last_fwd_.hint = applies ? hint : NumericHint::none;
+  last_fwd_.scalar = applies ? hint_scalar : 0.0;
   last_fwd_.in_shapes.clear();
   for (const Tensor* t : in) last_fwd_.in_shapes.push_back(buf(t->storage).shape);
+  const uint32_t aux = hint_storage;
+  if (applies) {
+    hint = NumericHint::none;
+    hint_storage = kNoStorage;
+  }
+  last_aux_ = applies ? aux : kNoStorage;
   NumericKernels::forward(*this, rt, k, in, out);
-  hint = NumericHint::none;
 }
 
 void NumericContext::on_node(int32_t id, OpKind k) {
   if (nodes_.size() <= static_cast<size_t>(id)) nodes_.resize(static_cast<size_t>(id) + 1);
-  nodes_[id] = last_fwd_.kind == k ? last_fwd_ : NodeInfo{k, NumericHint::none, {}};
+  nodes_[id] = last_fwd_.kind == k ? last_fwd_ : NodeInfo{k, NumericHint::none, 0.0, {}};
 }
 
 void NumericContext::on_root_grad(uint32_t grad, uint32_t loss) {
@@ -199,6 +204,7 @@ void NumericContext::on_root_grad(uint32_t grad, uint32_t loss) {
 void NumericContext::backward_begin(Runtime& rt, int32_t id, const Node& n,
                                     const uint32_t* saved) {
   where_ = backward_name(n.kind);
+  cur_node_ = id;
   for (bool& s : pending_set_) s = false;
   static const NodeInfo kNone;
   const NodeInfo& info = static_cast<size_t>(id) < nodes_.size() ? nodes_[id] : kNone;

@@ -14,7 +14,8 @@
 //    backward allocated for them.
 //  - Shapes are tracked per storage (they survive a free; values do not). Each written
 //    float buffer is checked against the bytes the schedule allocated for it.
-//  - Only the cs336 family has kernels; ops without one raise NumericError.
+//  - Kernels exist for the cs336, hf-llama and hf-gpt2 families (eager attention, fp32,
+//    no dropout, no LoRA); ops without one raise NumericError.
 //  - With rt.numeric == nullptr (every normal run) none of this code is reached.
 #pragma once
 
@@ -36,20 +37,41 @@ class NumericError : public std::runtime_error {
 };
 
 // How the next op reads its operands where byte sizes cannot tell (set by a builder via
-// numeric_hint(), consumed by the next forward kernel).
+// numeric_hint(), right before the op). A hint applies to the next forward kernel of the
+// op kinds it names (below); forward kernels of other kinds leave it pending.
 enum class NumericHint : uint8_t {
   none,
-  split_heads,  // view (B,S,D) -> (B,H,S,h)
+  split_heads,  // view (B,S,H*h) -> (B,H,S,h), H = last dim / head_dim (q, or GQA k/v)
   merge_heads,  // clone (B,H,S,h) -> (B,S,D)
   transpose_b,  // bmm(a, b) = a @ b^T over the last two dims
+  // --- Hugging Face families (graph/numeric_ops_nn.cpp) ---
+  scalar,       // mul_scalar / add_scalar by NumericContext::hint_scalar
+  cube,         // pow2 is pow(x, 3.0) (GPT-2's NewGELU)
+  fill_scalar,  // a new 0-d tensor holding hint_scalar (torch.full([], v))
+  unread,       // a new tensor no numeric kernel reads (left unwritten)
+  causal_tril,  // a new (P,P) bool tril(ones) (GPT-2's `bias` buffer)
+  causal_mask,  // a new (S,S+1) float mask: 0 where key <= query, else finfo.min (LLaMA)
+  mask_slice,   // add(scores (...,S,S), mask (S,T)): mask[:, :S] (LLaMA eager)
+  rope_cos,     // a new (S,hd) cos(pos * inv_freq), emb = cat(freqs, freqs) (LLaMA)
+  rope_sin,     // the same with sin
+  shift_logits, // clone(logits[:, :-1, :]) of a slice view: (B,S-1,V)
+  shift_labels, // a new labels[:, 1:].contiguous() of hint_storage: (B,S-1)
+  qkv_piece,    // GPT-2: view/clone of piece hint_scalar (0 q, 1 k, 2 v) of the fused
+                // (B,S,3D) projection, heads split: (B,H,S,h)
 };
 
+enum class NumericFamily : uint8_t { cs336, hf_llama, hf_gpt2 };
+
 struct NumericModel {
+  NumericFamily family = NumericFamily::cs336;
   int64_t batch = 1, seq = 1, d_model = 0, heads = 1, d_ff = 0, vocab = 0, context = 0;
+  int64_t kv_heads = 0;       // 0: heads (hf-llama GQA: fewer)
+  bool tied = false;          // hf: lm_head is the token embedding
   uint64_t elem = 4;          // bytes of a float element in the schedule
-  double rms_eps = 1e-5;      // cs336 RMSNorm
+  double rms_eps = 1e-5;      // cs336 / LLaMA RMSNorm, GPT-2 LayerNorm
   double rope_theta = 10000.0;
   uint64_t seed = 1;          // parameters and token ids
+  int64_t head_dim() const { return d_model / (heads > 0 ? heads : 1); }
 };
 
 struct NumericBuffer {
@@ -94,6 +116,8 @@ class NumericContext {
   void fill_tokens(const Tensor& t, uint64_t salt);  // a (B,S) batch of token ids
 
   NumericHint hint = NumericHint::none;
+  double hint_scalar = 0;              // NumericHint::scalar / fill_scalar / qkv_piece
+  uint32_t hint_storage = UINT32_MAX;  // NumericHint::shift_labels: the labels
 
   // --- results ----------------------------------------------------------------------
   const std::vector<std::string>& violations() const { return violations_; }
@@ -147,11 +171,23 @@ class NumericContext {
   struct NodeInfo {
     OpKind kind = OpKind::other;
     NumericHint hint = NumericHint::none;
+    double scalar = 0;
     std::vector<std::vector<int64_t>> in_shapes;
   };
+  // GPT-2's fused QKV split: memsim buffers the k and v pieces' grads in one slot of the
+  // split node (summed), so their ViewBackward kernels also keep each part here, keyed by
+  // the split node; SplitBackward checks the slot against their sum and concatenates.
+  struct SplitParts {
+    int32_t node = -1;
+    Eigen::ArrayXd part[3];
+    bool set[3] = {false, false, false};
+  };
+  std::vector<SplitParts> split_parts_;
 
  private:
-  NodeInfo last_fwd_;
+  NodeInfo last_fwd_;          // the forward being run (its effective hint)
+  uint32_t last_aux_ = kNoStorage;  // its hint_storage, if its hint applies
+  int32_t cur_node_ = -1;           // the node whose backward is running
   std::vector<NodeInfo> nodes_;
   std::string where_;  // the op being run, for violation messages
 
@@ -164,11 +200,42 @@ struct NumericKernels {
                       std::initializer_list<const Tensor*> out);
   static void backward(NumericContext& c, Runtime& rt, const Node& n, const uint32_t* saved,
                        const NumericContext::NodeInfo& info);
+  // A tensor made from no operands (graph/ops.cpp new_tensor).
+  static void new_tensor(NumericContext& c, Runtime& rt, OpKind k,
+                         const std::vector<const Tensor*>& out);
+  // Backward result for input i of the node being run.
+  static void set_grad(NumericContext& c, int i, std::vector<int64_t> shape, Eigen::ArrayXd v);
+  // The Hugging Face families' ops (graph/numeric_ops_nn.cpp): false if k has no kernel.
+  static bool forward_nn(NumericContext& c, Runtime& rt, OpKind k,
+                         const std::vector<const Tensor*>& in,
+                         const std::vector<const Tensor*>& out);
+  static void new_tensor_nn(NumericContext& c, const std::vector<const Tensor*>& out);
+  static bool backward_nn(NumericContext& c, Runtime& rt, const Node& n, const uint32_t* saved,
+                          const NumericContext::NodeInfo& info);
+  // GPT-2: a k or v piece's grad, kept for SplitBackward (see SplitParts).
+  static void keep_split_part(NumericContext& c, const Node& n,
+                              const NumericContext::NodeInfo& info, const Eigen::ArrayXd& g);
 };
 
-// Builder-side hint (no-op in normal runs).
-inline void numeric_hint(Runtime& rt, NumericHint h) {
-  if (rt.numeric != nullptr) rt.numeric->hint = h;
+// Builder-side hints (no-op in normal runs).
+inline void numeric_hint(Runtime& rt, NumericHint h, double scalar = 0) {
+  if (rt.numeric == nullptr) return;
+  rt.numeric->hint = h;
+  rt.numeric->hint_scalar = scalar;
 }
+inline void numeric_hint(Runtime& rt, NumericHint h, const Tensor& operand) {
+  if (rt.numeric == nullptr) return;
+  rt.numeric->hint = h;
+  rt.numeric->hint_storage = operand.storage;
+}
+// Whether hint h applies to a forward of kind k (new: a tensor made from no operands).
+bool numeric_hint_applies(NumericHint h, OpKind k, bool new_tensor);
+// Parameter `name`'s shape and initial values' scale/offset in family m.family
+// (graph/numeric_params.cpp); throws NumericError for an unknown name.
+struct NumericParamInit {
+  std::vector<int64_t> shape;
+  double scale = 1.0, offset = 0.0;
+};
+NumericParamInit numeric_param_init(const NumericModel& m, std::string_view name);
 
 }  // namespace memsim::graph

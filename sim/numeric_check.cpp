@@ -13,18 +13,50 @@ namespace {
 
 using Eigen::ArrayXd;
 
+graph::NumericFamily numeric_family(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::hf_llama: return graph::NumericFamily::hf_llama;
+    case ModelFamily::hf_gpt2: return graph::NumericFamily::hf_gpt2;
+    default: return graph::NumericFamily::cs336;
+  }
+}
+
+// Parameter count of a tiny model (for the size limit).
+int64_t numeric_parameters(const Scenario& s) {
+  const int64_t D = s.model.d_model, F = s.model.d_ff, V = s.model.vocab, L = s.model.layers;
+  const int64_t kvD = (s.model.kv_heads > 0 ? s.model.kv_heads : s.model.heads) *
+                      (s.model.heads > 0 ? D / s.model.heads : 0);
+  const int64_t head = s.model.tied_embeddings ? 0 : V * D;
+  switch (s.model.family) {
+    case ModelFamily::hf_llama:
+      return V * D + head + L * (2 * D * D + 2 * kvD * D + 3 * D * F + 2 * D) + D;
+    case ModelFamily::hf_gpt2:
+      return V * D + head + s.model.context_length * D +
+             L * (4 * D * D + 2 * D * F + 9 * D + F) + 2 * D;
+    default:
+      return 2 * V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D;
+  }
+}
+
+}  // namespace
+
 graph::NumericModel numeric_model(const Scenario& s) {
   graph::NumericModel m;
+  m.family = numeric_family(s.model.family);
   m.batch = s.batch.micro_batch;
   m.seq = s.batch.seq_len;
   m.d_model = s.model.d_model;
   m.heads = s.model.heads;
+  m.kv_heads = s.model.kv_heads > 0 ? s.model.kv_heads : s.model.heads;
   m.d_ff = s.model.d_ff;
   m.vocab = s.model.vocab;
   m.context = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
+  m.tied = s.model.tied_embeddings;
   m.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
   return m;
 }
+
+namespace {
 
 // One numeric run of the whole program.
 struct RunOut {
@@ -141,17 +173,35 @@ std::vector<std::string> default_policies(int64_t layers) {
 
 void validate_numeric_scenario(const Scenario& s) {
   const std::string where = s.source + ": ";
-  if (s.model.family != ModelFamily::cs336)
-    throw ScenarioError(where + "model.family: '" + to_string(s.model.family) +
-                        "' is not supported by numeric mode (supported: cs336)");
+  const ModelFamily f = s.model.family;
+  if (f != ModelFamily::cs336 && f != ModelFamily::hf_llama && f != ModelFamily::hf_gpt2)
+    throw ScenarioError(where + "model.family: '" + to_string(f) +
+                        "' is not supported by numeric mode (supported: cs336, hf-llama, hf-gpt2)");
   if (s.precision.params != DType::fp32 || s.precision.autocast || s.precision.master_weights)
     throw ScenarioError(where + "precision: numeric mode needs fp32 parameters without "
                         "autocast or master weights");
+  if (f != ModelFamily::cs336) {
+    if (s.model.attention != AttentionImpl::eager)
+      throw ScenarioError(where + "model.attention: numeric mode has kernels for eager "
+                          "attention only (not '" + to_string(s.model.attention) + "')");
+    // Dropout masks are random: torch's checkpoint re-run reproduces them by restoring the
+    // RNG state; numeric mode has no such masks and refuses dropout instead.
+    if (s.model.dropout > 0.0)
+      throw ScenarioError(where + "model.dropout: numeric mode needs 0 (no dropout masks)");
+    if (s.lora.rank > 0)
+      throw ScenarioError(where + "lora.rank: numeric mode has no LoRA / QLoRA kernels");
+  }
+  if (s.optimizer.type != OptimizerType::adamw && s.optimizer.type != OptimizerType::adam &&
+      s.optimizer.type != OptimizerType::sgd && s.optimizer.type != OptimizerType::none)
+    throw ScenarioError(where + "optimizer.type: numeric mode models adamw, adam and sgd only");
+  if (s.parallel.data > 1 || s.parallel.sharding != Sharding::none)
+    throw ScenarioError(where + "parallel: numeric mode runs a single process (data 1, no FSDP)");
   const int64_t D = s.model.d_model, H = s.model.heads;
-  if (H <= 0 || D % H != 0 || (D / H) % 2 != 0)
-    throw ScenarioError(where + "model.heads: d_model must split into heads of even size");
-  const int64_t params = 2 * s.model.vocab * D +
-                         s.model.layers * (4 * D * D + 3 * D * s.model.d_ff + 2 * D) + D;
+  const int64_t KV = s.model.kv_heads > 0 ? s.model.kv_heads : H;
+  if (H <= 0 || D % H != 0 || (D / H) % 2 != 0 || KV <= 0 || H % KV != 0)
+    throw ScenarioError(where + "model.heads: d_model must split into heads of even size "
+                        "(and heads into kv_heads groups)");
+  const int64_t params = numeric_parameters(s);
   const int64_t tokens = s.batch.micro_batch * s.batch.seq_len;
   if (params > 200000 || tokens > 256 || s.model.layers > 8 || s.step.warmup_steps > 8 ||
       s.batch.grad_accum > 4)
@@ -203,12 +253,17 @@ NumericCheckReport run_numeric_check(const Scenario& scenario, const NumericChec
         picks.push_back(static_cast<Eigen::Index>((static_cast<uint64_t>(k) * 7919u + i * 31u + 1u) %
                                                   static_cast<uint64_t>(g.size())));
       for (Eigen::Index j : picks) {
-        std::vector<ArrayXd> plus = ref.init_params, minus = ref.init_params;
-        plus[i][j] += o.fd_step;
-        minus[i][j] -= o.fd_step;
-        const RunOut a = run_once(fd, fd_script, o, &plus);
-        const RunOut b = run_once(fd, fd_script, o, &minus);
-        const double num = (a.loss - b.loss) / (2 * o.fd_step);
+        // Fourth-order central differences: (8 (L(+h) - L(-h)) - (L(+2h) - L(-2h))) / 12h.
+        // Truncation O(h^4) and rounding (1e-16 |L| / h) both stay near 1e-12 at h 1e-3,
+        // well below the smallest gradients a tiny model has (~1e-5).
+        auto loss_at = [&](double delta) {
+          std::vector<ArrayXd> p = ref.init_params;
+          p[i][j] += delta;
+          return run_once(fd, fd_script, o, &p).loss;
+        };
+        const double h = o.fd_step;
+        const double num = (8.0 * (loss_at(h) - loss_at(-h)) - (loss_at(2 * h) - loss_at(-2 * h))) /
+                           (12.0 * h);
         // Relative, with an absolute floor at the differences' own noise (~1e-10).
         double rel = std::abs(num - g[j]) / (std::max(std::abs(num), std::abs(g[j])) + 1e-6);
         if (!std::isfinite(rel)) rel = INFINITY;
