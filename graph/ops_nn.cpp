@@ -281,6 +281,8 @@ Tensor sdpa(Runtime& rt, OpKind kind, const Tensor& q, const Tensor& k, const Te
   const bool grad = wants_grad(rt, {&q, &k, &v});
   Tensor lse;
   if (grad || kind == OpKind::sdpa_flash) lse = out_tensor(rt, lse_bytes, kind);
+  if (lse.defined()) detail::numeric_forward(rt, kind, {&q, &k, &v}, {&out, &lse});
+  else detail::numeric_forward(rt, kind, {&q, &k, &v}, {&out});
   rt.add_flops_forward(flops);
   if (grad) {
     int32_t n = rt.make_node(kind, {&q, &k, &v});

@@ -181,9 +181,11 @@ void validate_numeric_scenario(const Scenario& s) {
     throw ScenarioError(where + "precision: numeric mode needs fp32 parameters without "
                         "autocast or master weights");
   if (f != ModelFamily::cs336) {
-    if (s.model.attention != AttentionImpl::eager)
-      throw ScenarioError(where + "model.attention: numeric mode has kernels for eager "
-                          "attention only (not '" + to_string(s.model.attention) + "')");
+    // hf-llama's flash and mem-efficient kernels have numeric kernels (causal, no dropout);
+    // hf-gpt2 models eager attention only.
+    if (f == ModelFamily::hf_gpt2 && s.model.attention != AttentionImpl::eager)
+      throw ScenarioError(where + "model.attention: hf-gpt2 is modelled with eager attention "
+                          "only (not '" + to_string(s.model.attention) + "')");
     // Dropout masks are random: torch's checkpoint re-run reproduces them by restoring the
     // RNG state; numeric mode has no such masks and refuses dropout instead.
     if (s.model.dropout > 0.0)

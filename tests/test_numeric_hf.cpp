@@ -81,11 +81,11 @@ void check_sabotage(const char* file) {
 
 // tests/data/numeric/*_torch.json (tools/fixtures/numeric_hf_tiny.py) against the numeric
 // run of the scenario's first step.
-void check_fixture(const char* file, const char* json, size_t params) {
+void check_fixture(const char* file, const char* json, size_t params, const Sets& sets = {}) {
   std::ifstream in(std::filesystem::path(MEMSIM_SOURCE_DIR) / "tests/data/numeric" / json);
   REQUIRE(in.good());
   const nlohmann::json fx = nlohmann::json::parse(in);
-  Scenario s = load(file);
+  Scenario s = load(file, sets);
   s.step.warmup_steps = 0;
   graph::NumericContext ctx(numeric_model(s));
   build_program(s, default_script(s), &ctx);
@@ -138,6 +138,30 @@ TEST_CASE("numeric hf-llama catches a saved tensor freed early", "[numeric][hf-l
 TEST_CASE("numeric hf-llama-tiny matches torch 1.13 (float64, same weights)",
           "[numeric][hf-llama][fixture]") {
   check_fixture("hf-llama-tiny.yaml", "hf_llama_tiny_torch.json", 2 * 9 + 3);
+  // The SDPA kernels compute the same attention (torch 1.13 has no SDPA to measure).
+  check_fixture("hf-llama-tiny.yaml", "hf_llama_tiny_torch.json", 2 * 9 + 3,
+                {{"model.attention", "flash"}});
+  check_fixture("hf-llama-tiny.yaml", "hf_llama_tiny_torch.json", 2 * 9 + 3,
+                {{"model.attention", "mem-efficient"}});
+}
+
+TEST_CASE("numeric hf-llama with SDPA (flash, mem-efficient): FD, every policy, sabotage",
+          "[numeric][hf-llama][sdpa]") {
+  check_full("hf-llama-tiny.yaml", {{"model.attention", "flash"}}, 2 * 9 + 3);
+  check_full("hf-llama-tiny.yaml", {{"model.attention", "mem-efficient"}}, 2 * 9 + 3);
+  check_variants("hf-llama-tiny.yaml", {{{"model.attention", "flash"}, {"model.kv_heads", "1"}}});
+  for (int64_t k : {20, 30}) {  // #20: the flash node's saved output
+    NumericCheckOptions o;
+    o.fd_samples = 0;
+    o.policies = {"none"};
+    o.test_drop_save = k;
+    const NumericCheckReport r =
+        run_numeric_check(load("hf-llama-tiny.yaml", {{"model.attention", "flash"}}), o);
+    INFO("dropped save #" << k);
+    CHECK_FALSE(r.passed());
+    REQUIRE_FALSE(r.failures.empty());
+    CHECK(r.failures[0].find("after the schedule freed it") != std::string::npos);
+  }
 }
 
 TEST_CASE("numeric hf-gpt2-tiny (tied): FD gradients, every policy bit-identical, optimizer",
@@ -165,7 +189,7 @@ TEST_CASE("numeric mode refuses what the HF kernels do not cover, by key", "[num
   CHECK_THROWS_WITH(run_numeric_check(load("hf-gpt2-tiny.yaml", {{"model.dropout", "0.1"}}), {}),
                     Catch::Contains("model.dropout"));
   CHECK_THROWS_WITH(
-      run_numeric_check(load("hf-llama-tiny.yaml", {{"model.attention", "flash"}}), {}),
+      run_numeric_check(load("hf-gpt2-tiny.yaml", {{"model.attention", "flash"}}), {}),
       Catch::Contains("model.attention"));
   CHECK_THROWS_WITH(run_numeric_check(load("hf-llama-tiny.yaml", {{"lora.rank", "4"},
                                                                    {"lora.targets", "q_proj"}}),
