@@ -159,6 +159,12 @@ bool numeric_hint_applies(NumericHint h, OpKind k, bool new_tensor) {
     case NumericHint::mask_slice: return k == OpKind::add;
     case NumericHint::shift_logits: return k == OpKind::clone;
     case NumericHint::qkv_piece: return k == OpKind::clone || k == OpKind::view;
+    case NumericHint::param:
+      return k == OpKind::megatron_embedding || k == OpKind::megatron_linear ||
+             k == OpKind::fused_layer_norm || k == OpKind::bias_dropout_add ||
+             k == OpKind::bias_gelu;
+    case NumericHint::labels: return k == OpKind::vocab_parallel_ce;
+    case NumericHint::megatron_v: return k == OpKind::bmm;
     case NumericHint::fill_scalar:
     case NumericHint::unread:
     case NumericHint::causal_tril:
@@ -170,6 +176,17 @@ bool numeric_hint_applies(NumericHint h, OpKind k, bool new_tensor) {
   return false;
 }
 
+void NumericContext::fill_megatron_batch(const Tensor& tokens, const Tensor& labels,
+                                         const Tensor& loss_mask, const Tensor& position_ids) {
+  fill_tokens(tokens, 0);
+  fill_tokens(labels, 1);
+  where_ = "megatron batch";
+  write(loss_mask.storage, {m_.batch * m_.seq}, 4).v.setOnes();
+  NumericBuffer& p = write(position_ids.storage, {m_.batch, m_.seq}, 8);
+  for (int64_t b = 0; b < m_.batch; ++b)
+    for (int64_t s = 0; s < m_.seq; ++s) p.v[b * m_.seq + s] = static_cast<double>(s);
+}
+
 void NumericContext::forward(Runtime& rt, OpKind k, std::initializer_list<const Tensor*> in,
                              std::initializer_list<const Tensor*> out) {
   where_ = std::string(forward_name(k)) + (rt.recomputing ? " (recompute)" : "");
@@ -178,6 +195,7 @@ void NumericContext::forward(Runtime& rt, OpKind k, std::initializer_list<const 
   last_fwd_.kind = k;
   last_fwd_.hint = applies ? hint : NumericHint::none;
   last_fwd_.scalar = applies ? hint_scalar : 0.0;
+  last_fwd_.bias = applies && hint == NumericHint::param ? hint_bias : -1;
   last_fwd_.in_shapes.clear();
   for (const Tensor* t : in) last_fwd_.in_shapes.push_back(buf(t->storage).shape);
   const uint32_t aux = hint_storage;
@@ -191,7 +209,7 @@ void NumericContext::forward(Runtime& rt, OpKind k, std::initializer_list<const 
 
 void NumericContext::on_node(int32_t id, OpKind k) {
   if (nodes_.size() <= static_cast<size_t>(id)) nodes_.resize(static_cast<size_t>(id) + 1);
-  nodes_[id] = last_fwd_.kind == k ? last_fwd_ : NodeInfo{k, NumericHint::none, 0.0, {}};
+  nodes_[id] = last_fwd_.kind == k ? last_fwd_ : NodeInfo{k, NumericHint::none, 0.0, -1, {}};
 }
 
 void NumericContext::on_root_grad(uint32_t grad, uint32_t loss) {
@@ -261,6 +279,21 @@ void NumericContext::on_backward_done(Runtime& rt) {
   }
 }
 
+void NumericContext::zero_main_grads() {
+  main_grad_.resize(param_shapes_.size());
+  for (size_t i = 0; i < main_grad_.size(); ++i)
+    main_grad_[i] = Eigen::ArrayXd::Zero(init_params_[i].size());
+}
+
+void NumericContext::add_main_grad(int32_t param, const Eigen::ArrayXd& g) {
+  const size_t i = static_cast<size_t>(param);
+  if (i >= main_grad_.size() || main_grad_[i].size() != g.size())
+    throw NumericError("numeric: " + where_ + ": a main_grad of " + std::to_string(g.size()) +
+                       " elements for parameter #" + std::to_string(param) +
+                       " (zero_main_grads not called, or a wrong parameter)");
+  main_grad_[i] += g;
+}
+
 const Eigen::ArrayXd& NumericContext::param_values(const Runtime& rt, int32_t i) const {
   return store_.at(rt.parameters()[static_cast<size_t>(i)].storage).v;
 }
@@ -270,6 +303,8 @@ Eigen::ArrayXd& NumericContext::param_values_mut(const Runtime& rt, int32_t i) {
 }
 
 const Eigen::ArrayXd* NumericContext::grad_values(const Runtime& rt, int32_t i) {
+  if (m_.family == NumericFamily::megatron)  // main_grad, not .grad
+    return static_cast<size_t>(i) < main_grad_.size() ? &main_grad_[static_cast<size_t>(i)] : nullptr;
   const uint32_t g = rt.parameters()[static_cast<size_t>(i)].grad;
   if (g == kNoStorage) return nullptr;
   where_ = "reading .grad of " + param_names_.at(static_cast<size_t>(i));

@@ -14,8 +14,10 @@
 //    backward allocated for them.
 //  - Shapes are tracked per storage (they survive a free; values do not). Each written
 //    float buffer is checked against the bytes the schedule allocated for it.
-//  - Kernels exist for the cs336, hf-llama and hf-gpt2 families (eager attention, fp32,
-//    no dropout, no LoRA); ops without one raise NumericError.
+//  - Kernels exist for the cs336, hf-llama, hf-gpt2 and megatron families (fp32, no
+//    dropout, no LoRA, one process); ops without one raise NumericError.
+//  - megatron's parameter grads go to main_grad (not .grad): the context keeps one
+//    main_grad array per parameter, zeroed by zero_main_grads() and read by grad_values().
 //  - With rt.numeric == nullptr (every normal run) none of this code is reached.
 #pragma once
 
@@ -58,9 +60,13 @@ enum class NumericHint : uint8_t {
   shift_labels, // a new labels[:, 1:].contiguous() of hint_storage: (B,S-1)
   qkv_piece,    // GPT-2: view/clone of piece hint_scalar (0 q, 1 k, 2 v) of the fused
                 // (B,S,3D) projection, heads split: (B,H,S,h)
+  // --- megatron (graph/numeric_ops_fused.cpp) ---
+  param,        // a fused op's parameter: index hint_scalar (a bias: the next index; -1 none)
+  labels,       // vocab-parallel cross entropy against hint_storage
+  megatron_v,   // bmm(probs, v) with v the value piece of the fused QKV output
 };
 
-enum class NumericFamily : uint8_t { cs336, hf_llama, hf_gpt2 };
+enum class NumericFamily : uint8_t { cs336, hf_llama, hf_gpt2, megatron };
 
 struct NumericModel {
   NumericFamily family = NumericFamily::cs336;
@@ -102,6 +108,9 @@ class NumericContext {
   void add_into(uint32_t dst, uint32_t a, uint32_t b);      // dst = a + b
   void copy(uint32_t dst, uint32_t src);                    // dst = src
   void on_backward_done(Runtime& rt);
+  // megatron: main_grad.zero_() of every parameter (the step's zero_grad).
+  void zero_main_grads();
+  void add_main_grad(int32_t param, const Eigen::ArrayXd& g);
   void on_node(int32_t id, OpKind k);
   // After the schedule's optimizer step (sim/schedule.cpp): runs optimizer_step if set.
   void on_optimizer_step(Runtime& rt) {
@@ -114,10 +123,15 @@ class NumericContext {
                std::initializer_list<const Tensor*> out);
   void init_rope_buffer(const Tensor& t);            // the cs336 RoPE buffer
   void fill_tokens(const Tensor& t, uint64_t salt);  // a (B,S) batch of token ids
+  // megatron's per-micro-batch inputs: tokens (salt 0), labels (salt 1), loss_mask ones,
+  // position_ids arange(S) per row.
+  void fill_megatron_batch(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
+                           const Tensor& position_ids);
 
   NumericHint hint = NumericHint::none;
   double hint_scalar = 0;              // NumericHint::scalar / fill_scalar / qkv_piece
   uint32_t hint_storage = UINT32_MAX;  // NumericHint::shift_labels: the labels
+  int32_t hint_bias = -1;              // NumericHint::param: the bias parameter (-1: none)
 
   // --- results ----------------------------------------------------------------------
   const std::vector<std::string>& violations() const { return violations_; }
@@ -156,6 +170,7 @@ class NumericContext {
   std::vector<std::vector<int64_t>> param_shapes_;
   std::vector<std::string> param_names_;
   std::vector<uint32_t> param_storage_;
+  std::vector<Eigen::ArrayXd> main_grad_;  // megatron
   bool first_done_ = false;
   double first_loss_ = 0;
   uint32_t loss_storage_ = kNoStorage;
@@ -172,6 +187,7 @@ class NumericContext {
     OpKind kind = OpKind::other;
     NumericHint hint = NumericHint::none;
     double scalar = 0;
+    int32_t bias = -1;  // NumericHint::param
     std::vector<std::vector<int64_t>> in_shapes;
   };
   // GPT-2's fused QKV split: memsim buffers the k and v pieces' grads in one slot of the
@@ -212,9 +228,18 @@ struct NumericKernels {
   static void new_tensor_nn(NumericContext& c, const std::vector<const Tensor*>& out);
   static bool backward_nn(NumericContext& c, Runtime& rt, const Node& n, const uint32_t* saved,
                           const NumericContext::NodeInfo& info);
+  // Megatron's fused ops (graph/numeric_ops_fused.cpp): false if k has no kernel.
+  static bool forward_fused(NumericContext& c, Runtime& rt, OpKind k,
+                            const std::vector<const Tensor*>& in,
+                            const std::vector<const Tensor*>& out);
+  static bool backward_fused(NumericContext& c, Runtime& rt, const Node& n,
+                             const uint32_t* saved, const NumericContext::NodeInfo& info);
   // GPT-2: a k or v piece's grad, kept for SplitBackward (see SplitParts).
   static void keep_split_part(NumericContext& c, const Node& n,
                               const NumericContext::NodeInfo& info, const Eigen::ArrayXd& g);
+  static void stash_split_part(NumericContext& c, int32_t split_node, int which,
+                               const Eigen::ArrayXd& g);
+  static NumericContext::SplitParts take_split_parts(NumericContext& c);
 };
 
 // Builder-side hints (no-op in normal runs).
@@ -222,6 +247,13 @@ inline void numeric_hint(Runtime& rt, NumericHint h, double scalar = 0) {
   if (rt.numeric == nullptr) return;
   rt.numeric->hint = h;
   rt.numeric->hint_scalar = scalar;
+}
+// megatron: the parameters a fused op uses (indices into rt.parameters(); -1: none).
+inline void numeric_param_hint(Runtime& rt, int32_t param, int32_t bias = -1) {
+  if (rt.numeric == nullptr) return;
+  rt.numeric->hint = NumericHint::param;
+  rt.numeric->hint_scalar = param;
+  rt.numeric->hint_bias = bias;
 }
 inline void numeric_hint(Runtime& rt, NumericHint h, const Tensor& operand) {
   if (rt.numeric == nullptr) return;

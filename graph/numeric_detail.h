@@ -122,4 +122,18 @@ inline Arr mask_columns(const NumericBuffer& m, int64_t cols) {
   return r;
 }
 
+// megatron: piece p (0 q, 1 k, 2 v) of the fused QKV output (B,S,3h), whose last dim is
+// laid out (np, 3, hn) (mixed.view(s, b, np, 3 hn).split(hn)): (B,np,S,hn).
+inline Arr megatron_piece(const NumericBuffer& mixed, int p, int64_t hn, Shape* shape) {
+  const int64_t B = mixed.shape[0], S = mixed.shape[1], h3 = mixed.shape[2], np = h3 / 3 / hn;
+  Arr r(B * np * S * hn);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < np; ++j)
+      for (int64_t s = 0; s < S; ++s)
+        r.segment(((b * np + j) * S + s) * hn, hn) =
+            mixed.v.segment((b * S + s) * h3 + (j * 3 + p) * hn, hn);
+  if (shape != nullptr) *shape = {B, np, S, hn};
+  return r;
+}
+
 }  // namespace memsim::graph::numeric_detail

@@ -219,7 +219,15 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
     // --- matmuls -------------------------------------------------------------------------
     case OpKind::bmm: {
       const auto& a = R(0, "self");
-      const auto& b = R(1, "mat2");
+      const auto& braw = R(1, "mat2");
+      // megatron: v is a piece of the fused QKV output (B,S,3h): (B,np,S,hn).
+      const NumericBuffer* bp = &braw;
+      NumericBuffer vpiece;
+      if (hint == NumericHint::megatron_v) {
+        vpiece.v = megatron_piece(braw, 2, c.model().head_dim(), &vpiece.shape);
+        bp = &vpiece;
+      }
+      const NumericBuffer& b = *bp;
       const bool tb = hint == NumericHint::transpose_b;
       const size_t na = a.shape.size(), nb = b.shape.size();
       const int64_t M = a.shape[na - 2], K = a.shape[na - 1];
@@ -259,7 +267,8 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
       break;
     }
     default:
-      if (forward_nn(c, rt, k, in, out)) break;  // graph/numeric_ops_nn.cpp
+      if (forward_nn(c, rt, k, in, out)) break;     // graph/numeric_ops_nn.cpp
+      if (forward_fused(c, rt, k, in, out)) break;  // graph/numeric_ops_fused.cpp
       throw NumericError(std::string("numeric: no forward kernel for ") + forward_name(k));
   }
 }
@@ -333,6 +342,10 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
   // Nodes whose two input slots both carry grads (tied weights, GPT-2's QKV split).
   if (n.kind == OpKind::tied_sum || n.kind == OpKind::split_qkv) {
     backward_nn(c, rt, n, saved, info);
+    return;
+  }
+  if (n.kind == OpKind::qkv_split) {  // megatron: q's grad in slot 0, v's in slot 1
+    backward_fused(c, rt, n, saved, info);
     return;
   }
   if (n.grad[0] == kNoStorage && n.kind != OpKind::max_dim) return;
@@ -489,14 +502,23 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
     }
     case OpKind::bmm: {  // saved: mat2 (if self needs grad), then self (if mat2 does)
       const bool tb = info.hint == NumericHint::transpose_b;
+      const bool mv = info.hint == NumericHint::megatron_v;
       const Shape& as = in_shape(0);
-      const Shape& bs = in_shape(1);
+      Shape bs = in_shape(1);
+      if (mv) bs = {as[0], as[1], as[2], c.model().head_dim()};  // the value piece
       const size_t na = as.size(), nb = bs.size();
       const int64_t M = as[na - 2], K = as[na - 1], N = tb ? bs[nb - 2] : bs[nb - 1];
       const int64_t batch = numel(as) / (M * K);
       uint32_t k = 0;
       if (needs(0)) {  // dA = dC @ B^T (B: K x N) or dC @ B (B^T given: N x K)
-        const auto& b = S(k++, "mat2");
+        const auto& braw = S(k++, "mat2");
+        const NumericBuffer* bp = &braw;
+        NumericBuffer vpiece;
+        if (mv) {
+          vpiece.v = megatron_piece(braw, 2, c.model().head_dim(), &vpiece.shape);
+          bp = &vpiece;
+        }
+        const auto& b = *bp;
         Arr r(batch * M * K);
         for (int64_t i = 0; i < batch; ++i) {
           MapM dC(g.data() + i * M * N, M, N);
@@ -549,7 +571,8 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
       break;
     }
     default:
-      if (backward_nn(c, rt, n, saved, info)) break;  // graph/numeric_ops_nn.cpp
+      if (backward_nn(c, rt, n, saved, info)) break;     // graph/numeric_ops_nn.cpp
+      if (backward_fused(c, rt, n, saved, info)) break;  // graph/numeric_ops_fused.cpp
       throw NumericError(std::string("numeric: no backward kernel for ") + backward_name(n.kind));
   }
 }

@@ -287,7 +287,10 @@ void NumericKernels::new_tensor_nn(NumericContext& c, const std::vector<const Te
 
 void NumericKernels::keep_split_part(NumericContext& c, const Node& n,
                                      const NumericContext::NodeInfo& info, const Arr& g) {
-  const int32_t split = n.next[0].node;
+  stash_split_part(c, n.next[0].node, static_cast<int>(info.scalar), g);
+}
+
+void NumericKernels::stash_split_part(NumericContext& c, int32_t split, int which, const Arr& g) {
   if (split < 0) return;
   NumericContext::SplitParts* p = nullptr;
   for (auto& q : c.split_parts_)
@@ -297,9 +300,19 @@ void NumericKernels::keep_split_part(NumericContext& c, const Node& n,
     p = &c.split_parts_.back();
     p->node = split;
   }
-  const int which = static_cast<int>(info.scalar);
   p->part[which] = g;
   p->set[which] = true;
+}
+
+NumericContext::SplitParts NumericKernels::take_split_parts(NumericContext& c) {
+  NumericContext::SplitParts parts;
+  for (auto it = c.split_parts_.begin(); it != c.split_parts_.end(); ++it)
+    if (it->node == c.cur_node_) {
+      parts = std::move(*it);
+      c.split_parts_.erase(it);
+      break;
+    }
+  return parts;
 }
 
 bool NumericKernels::backward_nn(NumericContext& c, Runtime& rt, const Node& n,
@@ -334,13 +347,7 @@ bool NumericKernels::backward_nn(NumericContext& c, Runtime& rt, const Node& n,
     // summed in slot 1: the parts come from their ViewBackward kernels (SplitParts) and
     // the slots must hold exactly grad_q and grad_k + grad_v.
     if (n.grad[0] == kNoStorage && n.grad[1] == kNoStorage) return true;
-    NumericContext::SplitParts parts;
-    for (auto it = c.split_parts_.begin(); it != c.split_parts_.end(); ++it)
-      if (it->node == c.cur_node_) {
-        parts = std::move(*it);
-        c.split_parts_.erase(it);
-        break;
-      }
+    NumericContext::SplitParts parts = take_split_parts(c);
     const Shape& base = in_shape(0);  // (B,S,3D)
     const int64_t D = base.back() / 3, rows = numel(base) / base.back();
     for (int i = 0; i < 3; ++i)

@@ -84,6 +84,21 @@ NumericParamInit numeric_param_init(const NumericModel& m, std::string_view name
                {".weight", {D}, 0.2, 1.0},  // ln_1, ln_2, ln_f (the rest matched above)
                {".bias", {D}, 0.1, 0}};
       break;
+    case NumericFamily::megatron:
+      // Megatron stores linear weights (out, in); vocab as given (t == 1: no padding).
+      rules = {{"word_embeddings.weight", {V, D}, 0.5, 0},
+               {"position_embeddings.weight", {P, D}, 0.5, 0},
+               {"linear_qkv.weight", {3 * D, D}, inv_sqrt(D), 0},
+               {"linear_qkv.bias", {3 * D}, 0.1, 0},
+               {"linear_proj.weight", {D, D}, inv_sqrt(D), 0},
+               {"linear_proj.bias", {D}, 0.1, 0},
+               {"linear_fc1.weight", {F, D}, inv_sqrt(D), 0},
+               {"linear_fc1.bias", {F}, 0.1, 0},
+               {"linear_fc2.weight", {D, F}, inv_sqrt(F), 0},
+               {"linear_fc2.bias", {D}, 0.1, 0},
+               {"layernorm.weight", {D}, 0.2, 1.0},  // input_, pre_mlp_, final_layernorm
+               {"layernorm.bias", {D}, 0.1, 0}};
+      break;
   }
   NumericParamInit out;
   if (!match(rules, name, out))

@@ -5,6 +5,7 @@
 
 #include "graph/numeric.h"
 #include "sim/checkpoint_policy.h"
+#include "sim/megatron_step.h"
 #include "sim/numeric_optimizer.h"
 #include "sim/schedule.h"
 
@@ -17,6 +18,7 @@ graph::NumericFamily numeric_family(ModelFamily f) {
   switch (f) {
     case ModelFamily::hf_llama: return graph::NumericFamily::hf_llama;
     case ModelFamily::hf_gpt2: return graph::NumericFamily::hf_gpt2;
+    case ModelFamily::megatron: return graph::NumericFamily::megatron;
     default: return graph::NumericFamily::cs336;
   }
 }
@@ -33,6 +35,8 @@ int64_t numeric_parameters(const Scenario& s) {
     case ModelFamily::hf_gpt2:
       return V * D + head + s.model.context_length * D +
              L * (4 * D * D + 2 * D * F + 9 * D + F) + 2 * D;
+    case ModelFamily::megatron:
+      return graph::megatron_parameter_count(megatron_shape(s));
     default:
       return 2 * V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D;
   }
@@ -81,8 +85,15 @@ RunOut run_once(const Scenario& s, const TrainingScript& script, const NumericCh
   const bool decay_after = script.cs336_revision == graph::Cs336Revision::v2025;
   NumericOptimizer modelled(s.optimizer, decay_after, false);
   NumericOptimizer reference(s.optimizer, decay_after, true);
+  const bool megatron = s.model.family == ModelFamily::megatron;
   ctx.optimizer_step = [&](graph::Runtime& rt, graph::NumericContext& c) {
     const size_t n = rt.parameters().size();
+    if (megatron) {  // Megatron's param groups: 1-D parameters (biases, norms) do not decay
+      std::vector<bool> no_decay(n);
+      for (size_t i = 0; i < n; ++i) no_decay[i] = c.param_shapes().at(i).size() == 1;
+      modelled.set_no_decay(no_decay);
+      reference.set_no_decay(std::move(no_decay));
+    }
     std::vector<ArrayXd> before(n), grads(n), ref(n);
     std::vector<ArrayXd*> mp(n, nullptr), rp(n, nullptr);
     std::vector<const ArrayXd*> g(n, nullptr);
@@ -174,14 +185,19 @@ std::vector<std::string> default_policies(int64_t layers) {
 void validate_numeric_scenario(const Scenario& s) {
   const std::string where = s.source + ": ";
   const ModelFamily f = s.model.family;
-  if (f != ModelFamily::cs336 && f != ModelFamily::hf_llama && f != ModelFamily::hf_gpt2)
-    throw ScenarioError(where + "model.family: '" + to_string(f) +
-                        "' is not supported by numeric mode (supported: cs336, hf-llama, hf-gpt2)");
+  if (f == ModelFamily::megatron) {
+    if (s.parallel.tensor > 1 || s.parallel.sequence || s.parallel.pipeline > 1)
+      throw ScenarioError(where + "parallel: numeric mode runs megatron with tensor 1, "
+                          "pipeline 1 and no sequence parallelism");
+    if (s.model.attention != AttentionImpl::eager)
+      throw ScenarioError(where + "model.attention: numeric mode has megatron kernels for "
+                          "the eager core attention only (no fused attention)");
+  }
   if (s.precision.params != DType::fp32 || s.precision.autocast || s.precision.master_weights)
     throw ScenarioError(where + "precision: numeric mode needs fp32 parameters without "
                         "autocast or master weights");
   if (f != ModelFamily::cs336) {
-    // hf-llama's flash and mem-efficient kernels have numeric kernels (causal, no dropout);
+    // megatron's dropout masks, like HF's, are not emulated; hf-llama's flash and mem-efficient kernels have numeric kernels (causal, no dropout);
     // hf-gpt2 models eager attention only.
     if (f == ModelFamily::hf_gpt2 && s.model.attention != AttentionImpl::eager)
       throw ScenarioError(where + "model.attention: hf-gpt2 is modelled with eager attention "
@@ -227,6 +243,9 @@ NumericCheckReport run_numeric_check(const Scenario& scenario, const NumericChec
   for (const ArrayXd& p : ref.init_params) rep.parameters += p.size();
   rep.optimizer = numeric_optimizer_name(scenario.optimizer,
                                          script.cs336_revision == graph::Cs336Revision::v2025);
+  if (scenario.model.family == ModelFamily::megatron)
+    rep.optimizer = "Megatron " + rep.optimizer.substr(rep.optimizer.find(' ') + 1) +
+                    ", 1-D parameters (biases, norms) not decayed";
   rep.optimizer_steps = ref.optimizer_steps;
   rep.optimizer_max_rel_error = ref.optimizer_err;
   if (!ref.error.empty())
@@ -267,7 +286,10 @@ NumericCheckReport run_numeric_check(const Scenario& scenario, const NumericChec
         const double num = (8.0 * (loss_at(h) - loss_at(-h)) - (loss_at(2 * h) - loss_at(-2 * h))) /
                            (12.0 * h);
         // Relative, with an absolute floor at the differences' own noise (~1e-10).
-        double rel = std::abs(num - g[j]) / (std::max(std::abs(num), std::abs(g[j])) + 1e-6);
+        // The floor scales with |loss|: the differences' rounding noise does (megatron's
+        // loss is a sum over tokens, ~70 for the tiny model, not a mean).
+        double rel = std::abs(num - g[j]) /
+                     (std::max(std::abs(num), std::abs(g[j])) + 1e-6 * std::max(1.0, std::abs(ref.loss)));
         if (!std::isfinite(rel)) rel = INFINITY;
         ++rep.fd_points;
         if (rel >= rep.fd_max_rel_error) {

@@ -312,6 +312,7 @@ Program build_program(const Scenario& scenario, const TrainingScript& script,
     case ModelFamily::cs336: Loop<graph::Cs336Model>(scenario, script, program, nullptr, numeric).run(); break;
     case ModelFamily::hf_llama: Loop<graph::HfLlamaModel>(scenario, script, program, nullptr, numeric).run(); break;
     case ModelFamily::hf_gpt2: Loop<graph::HfGpt2Model>(scenario, script, program, nullptr, numeric).run(); break;
+    case ModelFamily::megatron: build_megatron_program(scenario, program, numeric); break;
     default:
       throw ScenarioError(scenario.source + ": model.family: '" +
                           to_string(scenario.model.family) + "' has no numeric kernels");

@@ -73,9 +73,11 @@ TEST_CASE("numeric mode catches a saved tensor freed early", "[numeric]") {
   }
 }
 
-TEST_CASE("numeric mode refuses other families and large configurations", "[numeric]") {
-  CHECK_THROWS_WITH(run_numeric_check(tiny({{"model.family", "megatron"}}), {}),
-                    Catch::Contains("not supported by numeric mode"));
+TEST_CASE("numeric mode refuses what it has no kernels for and large configurations", "[numeric]") {
+  CHECK_THROWS_WITH(run_numeric_check(tiny({{"model.family", "hf-gpt2"},
+                                            {"model.attention", "flash"}}),
+                                      {}),
+                    Catch::Contains("model.attention"));
   CHECK_THROWS_WITH(run_numeric_check(tiny({{"parallel.data", "2"}}), {}),
                     Catch::Contains("single process"));
   CHECK_THROWS_WITH(run_numeric_check(tiny({{"model.d_model", "1024"}, {"model.heads", "8"}}), {}),
@@ -99,9 +101,9 @@ TEST_CASE("memsim check: exit 0 on pass, 4 on a failed check, 1 when refused", "
   const auto bad = run_shell(base + " --policies none --test-drop-save 5 2>&1");
   CHECK(bad.status == 4);
   CHECK(bad.out.find("check failed") != std::string::npos);
-  const auto refused = run_shell(base + " --set model.family=megatron 2>&1");
+  const auto refused = run_shell(base + " --set precision.params=bf16 2>&1");
   CHECK(refused.status == 1);
-  CHECK(refused.out.find("not supported by numeric mode") != std::string::npos);
+  CHECK(refused.out.find("numeric mode needs fp32") != std::string::npos);
 }
 
 #include <fstream>

@@ -1,7 +1,8 @@
-// Numeric mode for the Hugging Face families (graph/numeric_ops_nn.cpp): the hf-llama
-// (GQA, MQA, tied) and hf-gpt2 (tied, untied) schedules executed with real numbers prove
-// their gradients (finite differences), their checkpointing policies (bit-identical),
-// their optimizer steps, catch a premature free, and agree with torch 1.13 in float64.
+// Numeric mode for the Hugging Face families (graph/numeric_ops_nn.cpp) and megatron
+// (graph/numeric_ops_fused.cpp): the hf-llama (GQA, MQA, tied, SDPA), hf-gpt2 (tied,
+// untied) and megatron schedules executed with real numbers prove their gradients (finite
+// differences), their checkpointing policies (bit-identical), their optimizer steps,
+// catch a premature free, and agree with torch 1.13 in float64.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -28,7 +29,8 @@ Scenario load(const char* file, const Sets& sets = {}) {
   return load_scenario(scenario_path(file), sets);
 }
 
-void check_full(const char* file, const Sets& sets, int params) {
+void check_full(const char* file, const Sets& sets, int params, double loss_lo = 2.0,
+                double loss_hi = 6.0) {
   NumericCheckOptions o;
   o.fd_samples = 2;
   const NumericCheckReport r = run_numeric_check(load(file, sets), o);
@@ -45,8 +47,8 @@ void check_full(const char* file, const Sets& sets, int params) {
     CHECK(p.identical);
   }
   CHECK(std::isfinite(r.loss));
-  CHECK(r.loss > 2.0);
-  CHECK(r.loss < 6.0);
+  CHECK(r.loss > loss_lo);
+  CHECK(r.loss < loss_hi);
 }
 
 void check_variants(const char* file, const std::vector<Sets>& variants) {
@@ -185,7 +187,35 @@ TEST_CASE("numeric hf-gpt2-tiny matches torch 1.13 (float64, same weights)",
   check_fixture("hf-gpt2-tiny.yaml", "hf_gpt2_tiny_torch.json", 2 + 2 * 12 + 2);
 }
 
+TEST_CASE("numeric megatron-tiny: FD gradients, every policy bit-identical, optimizer",
+          "[numeric][megatron]") {
+  // The loss is a sum over the 16 tokens (about 16 log 32 = 55 untrained).
+  check_full("megatron-tiny.yaml", {}, 2 + 2 * 12 + 2, 30.0, 120.0);
+}
+
+TEST_CASE("numeric megatron: grad accumulation into main_grad, each optimizer variant",
+          "[numeric][megatron]") {
+  check_variants("megatron-tiny.yaml",
+                 {{{"batch.grad_accum", "2"}},
+                  {{"optimizer.type", "adam"}},
+                  {{"optimizer.type", "sgd"}, {"optimizer.momentum", "0.9"}},
+                  {{"optimizer.type", "sgd"}}});
+}
+
+TEST_CASE("numeric megatron catches a saved tensor freed early", "[numeric][megatron]") {
+  check_sabotage("megatron-tiny.yaml");
+}
+
+TEST_CASE("numeric megatron-tiny matches torch 1.13 (float64, same weights)",
+          "[numeric][megatron][fixture]") {
+  check_fixture("megatron-tiny.yaml", "megatron_tiny_torch.json", 2 + 2 * 12 + 2);
+}
+
 TEST_CASE("numeric mode refuses what the HF kernels do not cover, by key", "[numeric]") {
+  CHECK_THROWS_WITH(run_numeric_check(load("megatron-tiny.yaml", {{"parallel.tensor", "2"}}), {}),
+                    Catch::Contains("parallel"));
+  CHECK_THROWS_WITH(run_numeric_check(load("megatron-tiny.yaml", {{"model.attention", "flash"}}), {}),
+                    Catch::Contains("model.attention"));
   CHECK_THROWS_WITH(run_numeric_check(load("hf-gpt2-tiny.yaml", {{"model.dropout", "0.1"}}), {}),
                     Catch::Contains("model.dropout"));
   CHECK_THROWS_WITH(
@@ -200,10 +230,10 @@ TEST_CASE("numeric mode refuses what the HF kernels do not cover, by key", "[num
       Catch::Contains("optimizer.type"));
 }
 
-TEST_CASE("memsim check on the HF tiny scenarios: exit 0, 4 with a schedule bug",
+TEST_CASE("memsim check on the HF and megatron tiny scenarios: exit 0, 4 with a schedule bug",
           "[numeric][cli]") {
   using namespace memsim_test;
-  for (const char* file : {"hf-llama-tiny.yaml", "hf-gpt2-tiny.yaml"}) {
+  for (const char* file : {"hf-llama-tiny.yaml", "hf-gpt2-tiny.yaml", "megatron-tiny.yaml"}) {
     const std::string base = memsim_command() + " check " + scenario_path(file) + " --fd-samples 0";
     const auto ok = run_shell(base + " --policies none,selective 2>&1");
     INFO(ok.out);

@@ -1,8 +1,9 @@
 // Prints milliseconds to build the Program (graph layer only: builders, ops, autograd
-// emulation) of the shipped Hugging Face scenarios, minimum over repetitions. Written to
-// show that numeric mode's hooks in the HF builders and graph/ops_nn.cpp (a null test
-// of rt.numeric each) leave the normal path's speed unchanged.
-// Usage: bench_hf_build [repetitions] (run from the repository root)
+// emulation) of shipped hf-gpt2, hf-llama and megatron scenarios, minimum over
+// repetitions. Written to show that numeric mode's hooks in those builders and in
+// graph/ops_nn.cpp / ops_fused.cpp (a null test of rt.numeric each) leave the normal
+// path's speed unchanged.
+// Usage: bench_family_build [repetitions] (run from the repository root)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,7 +18,8 @@ int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 50;
   std::printf("| scenario | events | build ms (min of %d) |\n|---|---:|---:|\n", reps);
   for (const char* name : {"gpt2-large-mi300x", "llama2-13b-seq4096-mi300x",
-                           "llama2-7b-full-finetune-a100-ckpt", "llama2-7b-lora-a100"}) {
+                           "llama2-7b-full-finetune-a100-ckpt", "llama2-7b-lora-a100",
+                           "gpt3-175b", "gpt3-175b-tp8-8xh100"}) {
     const Scenario s = load_scenario(std::string("scenarios/") + name + ".yaml", {});
     double best = 1e30;
     size_t events = 0;
