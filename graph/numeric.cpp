@@ -204,7 +204,34 @@ void NumericContext::forward(Runtime& rt, OpKind k, std::initializer_list<const 
     hint_storage = kNoStorage;
   }
   last_aux_ = applies ? aux : kNoStorage;
+  // Dropout keys (dropout_mask): a new forward pass, or a checkpoint re-run's first op.
+  if (!rt.recomputing && rt.current_graph() != pass_graph_) {
+    pass_graph_ = rt.current_graph();
+    ++pass_;
+    fwd_counts_.clear();
+  }
+  if (rt.recomputing && backward_since_forward_) rec_counts_.clear();
+  backward_since_forward_ = false;
   NumericKernels::forward(*this, rt, k, in, out);
+}
+
+Eigen::ArrayXd NumericContext::dropout_mask(Runtime& rt, int64_t n) {
+  auto& counts = rt.recomputing ? rec_counts_ : fwd_counts_;
+  const int64_t where = (static_cast<int64_t>(rt.ctx.layer) + 1) * kModuleCount +
+                        static_cast<int64_t>(rt.ctx.module);
+  uint32_t ordinal = 0;
+  bool found = false;
+  for (auto& c : counts)
+    if (c.first == where) {
+      ordinal = c.second++;
+      found = true;
+    }
+  if (!found) counts.emplace_back(where, 1);
+  const uint64_t key = mix(mix(mix(pass_) + static_cast<uint64_t>(where)) + ordinal);
+  Eigen::ArrayXd keep(n);
+  for (int64_t i = 0; i < n; ++i)
+    keep[i] = (uniform(m_.seed, key, static_cast<uint64_t>(i)) + 1.0) / 2.0 >= m_.dropout ? 1.0 : 0.0;
+  return keep;
 }
 
 void NumericContext::on_node(int32_t id, OpKind k) {
@@ -223,6 +250,7 @@ void NumericContext::backward_begin(Runtime& rt, int32_t id, const Node& n,
                                     const uint32_t* saved) {
   where_ = backward_name(n.kind);
   cur_node_ = id;
+  backward_since_forward_ = true;
   for (bool& s : pending_set_) s = false;
   static const NodeInfo kNone;
   const NodeInfo& info = static_cast<size_t>(id) < nodes_.size() ? nodes_[id] : kNone;

@@ -15,7 +15,8 @@
 //  - Shapes are tracked per storage (they survive a free; values do not). Each written
 //    float buffer is checked against the bytes the schedule allocated for it.
 //  - Kernels exist for the cs336, hf-llama, hf-gpt2 and megatron families (fp32, no
-//    dropout, no LoRA, one process); ops without one raise NumericError.
+//    LoRA, one process; dropout with deterministic masks, dropout_mask()); ops without
+//    one raise NumericError.
 //  - megatron's parameter grads go to main_grad (not .grad): the context keeps one
 //    main_grad array per parameter, zeroed by zero_main_grads() and read by grad_values().
 //  - With rt.numeric == nullptr (every normal run) none of this code is reached.
@@ -76,6 +77,7 @@ struct NumericModel {
   uint64_t elem = 4;          // bytes of a float element in the schedule
   double rms_eps = 1e-5;      // cs336 / LLaMA RMSNorm, GPT-2 LayerNorm
   double rope_theta = 10000.0;
+  double dropout = 0.0;       // hf / megatron dropout probability (graph/numeric.cpp masks)
   uint64_t seed = 1;          // parameters and token ids
   int64_t head_dim() const { return d_model / (heads > 0 ? heads : 1); }
 };
@@ -132,6 +134,13 @@ class NumericContext {
   double hint_scalar = 0;              // NumericHint::scalar / fill_scalar / qkv_piece
   uint32_t hint_storage = UINT32_MAX;  // NumericHint::shift_labels: the labels
   int32_t hint_bias = -1;              // NumericHint::param: the bias parameter (-1: none)
+
+  // Dropout (graph/numeric.cpp): the keep-mask of the dropout op running now, 1 keep /
+  // 0 drop, a function of a structural key (forward pass, layer, module, ordinal of the
+  // dropout within them), never of values: a checkpoint re-run regenerates the mask its
+  // forward drew (torch restores the RNG state for that), and finite differences see
+  // fixed masks.
+  Eigen::ArrayXd dropout_mask(Runtime& rt, int64_t n);
 
   // --- results ----------------------------------------------------------------------
   const std::vector<std::string>& violations() const { return violations_; }
@@ -204,6 +213,12 @@ class NumericContext {
   NodeInfo last_fwd_;          // the forward being run (its effective hint)
   uint32_t last_aux_ = kNoStorage;  // its hint_storage, if its hint applies
   int32_t cur_node_ = -1;           // the node whose backward is running
+  // Dropout keys: the forward pass (its graph), per (layer, module) ordinals of the pass
+  // and of the current checkpoint re-run (reset at a re-run's first op).
+  uint32_t pass_graph_ = 0;
+  uint64_t pass_ = 0;
+  std::vector<std::pair<int64_t, uint32_t>> fwd_counts_, rec_counts_;
+  bool backward_since_forward_ = true;
   std::vector<NodeInfo> nodes_;
   std::string where_;  // the op being run, for violation messages
 

@@ -1,5 +1,5 @@
 // Numeric kernels of Megatron-LM's fused ops (graph/ops_fused.h), tensor parallel 1, no
-// sequence parallelism, eager core attention, no dropout, fp32.
+// sequence parallelism, eager core attention, fp32 (dropout: NumericContext::dropout_mask).
 //
 // Megatron's ops take their parameters as byte counts, so the builder names them
 // (numeric_param_hint: weight and bias indices) and the kernels read the parameters'
@@ -142,15 +142,27 @@ bool NumericKernels::forward_fused(NumericContext& c, Runtime& rt, OpKind k,
       W(0, x.shape) = r;
       return true;
     }
-    case OpKind::bias_dropout_add: {  // residual + (x + bias), dropout off
+    case OpKind::bias_dropout_add: {  // residual + dropout(x + bias)
       const auto& x = R(0, "input");
       const auto& res = R(1, "residual");
-      Arr r = x.v + res.v;
+      Arr z = x.v;
       if (info.bias >= 0) {
         const auto& b = P(info.bias, "bias");
-        r += expand(b.v, b.shape, x.shape);
+        z += expand(b.v, b.shape, x.shape);
       }
-      W(0, x.shape) = r;
+      if (out.size() > 1) {  // dropout active: the mask is an output
+        const Arr keep = c.dropout_mask(rt, z.size());
+        z = z * keep / (1.0 - m.dropout);
+        W(1, x.shape, 1) = keep;
+      }
+      W(0, x.shape) = res.v + z;
+      return true;
+    }
+    case OpKind::dropout: {
+      const auto& x = R(0, "input");
+      const Arr keep = c.dropout_mask(rt, x.v.size());
+      W(0, x.shape) = x.v * keep / (1.0 - m.dropout);
+      W(1, x.shape, 1) = keep;
       return true;
     }
     case OpKind::bias_gelu: {
@@ -312,10 +324,16 @@ bool NumericKernels::backward_fused(NumericContext& c, Runtime& rt, const Node& 
       set(0, y.shape, std::move(r));
       return true;
     }
-    case OpKind::bias_dropout_add:
-      if (needs(0)) set(0, gs, g);
+    case OpKind::bias_dropout_add: {  // saved: the mask (dropout active)
+      Arr gz = g;
+      if (n.saved_count > 0) gz = g * S(0, "mask").v / (1.0 - c.model().dropout);
+      if (info.bias >= 0) c.add_main_grad(info.bias, col_sums(gz, gs.back()));
+      if (needs(0)) set(0, gs, std::move(gz));
       if (needs(1)) set(1, gs, g);
-      if (info.bias >= 0) c.add_main_grad(info.bias, col_sums(g, gs.back()));
+      return true;
+    }
+    case OpKind::dropout:  // saved: the mask
+      set(0, gs, g * S(0, "mask").v / (1.0 - c.model().dropout));
       return true;
     case OpKind::bias_gelu: {  // saved: input (the bias is a parameter, alive)
       const auto& x = S(0, "input");

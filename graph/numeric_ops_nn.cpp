@@ -1,5 +1,5 @@
 // Numeric kernels of the Hugging Face families' ops (graph/ops_nn.h): hf-llama and
-// hf-gpt2, eager attention, fp32, no dropout. Forward kernels run on the outputs the op
+// hf-gpt2, fp32 (dropout: NumericContext::dropout_mask). Forward kernels run on the outputs the op
 // allocated; backward kernels read the incoming grads and the node's saved slots only
 // (plus operand shapes), exactly like graph/numeric_ops.cpp.
 //
@@ -213,6 +213,13 @@ bool NumericKernels::forward_nn(NumericContext& c, Runtime& rt, OpKind k,
         }
       W(0, {B, Sq, H * hd}) = o;
       if (out.size() > 1) W(1, {B, H, lse_len}, 4) = lse;
+      return true;
+    }
+    case OpKind::native_dropout: {  // x * mask / (1 - p), mask 1 byte per element
+      const auto& x = R(0, "input");
+      const Arr keep = c.dropout_mask(rt, x.v.size());
+      W(0, x.shape) = x.v * keep / (1.0 - m.dropout);
+      W(1, x.shape, 1) = keep;
       return true;
     }
     case OpKind::rope_hf: {
@@ -517,6 +524,11 @@ bool NumericKernels::backward_nn(NumericContext& c, Runtime& rt, const Node& n,
       if (needs(0)) set(0, q.shape, dq);
       if (needs(1)) set(1, kk.shape, dk);
       if (needs(2)) set(2, v.shape, dv);
+      return true;
+    }
+    case OpKind::native_dropout: {  // saved: mask
+      const auto& keep = S(0, "mask");
+      set(0, gs, g * keep.v / (1.0 - c.model().dropout));
       return true;
     }
     case OpKind::rope_hf: {  // saved: cos, sin

@@ -176,6 +176,7 @@ Tensor dropout(Runtime& rt, const Tensor& x, uint64_t elems, bool active) {
   if (!active) return x;  // p == 0: at::dropout returns its input
   Tensor out = act(rt, x.bytes, OpKind::dropout);
   Tensor mask = act(rt, elems, OpKind::dropout);
+  detail::numeric_forward(rt, OpKind::dropout, {&x}, {&out, &mask});
   if (records(rt, {&x}, false)) {
     const int32_t n = rt.make_node(OpKind::dropout, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -190,7 +191,8 @@ Tensor bias_dropout_add(Runtime& rt, const Tensor& x, const Tensor& residual, ui
   Tensor out = act(rt, residual.bytes, OpKind::bias_dropout_add);
   Tensor mask;
   if (dropout_active) mask = act(rt, elems, OpKind::bias_dropout_add);
-  detail::numeric_forward(rt, OpKind::bias_dropout_add, {&x, &residual}, {&out});
+  if (mask.defined()) detail::numeric_forward(rt, OpKind::bias_dropout_add, {&x, &residual}, {&out, &mask});
+  else detail::numeric_forward(rt, OpKind::bias_dropout_add, {&x, &residual}, {&out});
   if (records(rt, {&x, &residual}, bias_bytes != 0)) {
     const int32_t n = rt.make_node(OpKind::bias_dropout_add, {&x, &residual});
     Node& node = rt.node(n);

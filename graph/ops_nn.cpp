@@ -145,6 +145,7 @@ Tensor add_bcast(Runtime& rt, const Tensor& a, const Tensor& b) {
 Tensor native_dropout(Runtime& rt, const Tensor& x, uint64_t elem) {
   Tensor out = out_tensor(rt, x.bytes, OpKind::native_dropout);
   Tensor mask = out_tensor(rt, x.bytes / elem, OpKind::native_dropout);
+  detail::numeric_forward(rt, OpKind::native_dropout, {&x}, {&out, &mask});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::native_dropout, {&x});
     rt.node(n).size[0] = x.bytes;

@@ -57,6 +57,7 @@ graph::NumericModel numeric_model(const Scenario& s) {
   m.context = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
   m.tied = s.model.tied_embeddings;
   m.elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+  m.dropout = s.model.dropout;
   return m;
 }
 
@@ -197,15 +198,16 @@ void validate_numeric_scenario(const Scenario& s) {
     throw ScenarioError(where + "precision: numeric mode needs fp32 parameters without "
                         "autocast or master weights");
   if (f != ModelFamily::cs336) {
-    // megatron's dropout masks, like HF's, are not emulated; hf-llama's flash and mem-efficient kernels have numeric kernels (causal, no dropout);
+    // hf-llama's flash and mem-efficient kernels have numeric kernels (causal, no dropout);
     // hf-gpt2 models eager attention only.
     if (f == ModelFamily::hf_gpt2 && s.model.attention != AttentionImpl::eager)
       throw ScenarioError(where + "model.attention: hf-gpt2 is modelled with eager attention "
                           "only (not '" + to_string(s.model.attention) + "')");
-    // Dropout masks are random: torch's checkpoint re-run reproduces them by restoring the
-    // RNG state; numeric mode has no such masks and refuses dropout instead.
-    if (s.model.dropout > 0.0)
-      throw ScenarioError(where + "model.dropout: numeric mode needs 0 (no dropout masks)");
+    // Dropout masks are deterministic in numeric mode (NumericContext::dropout_mask); the
+    // SDPA kernels' internal dropout has no numeric kernel.
+    if (s.model.dropout > 0.0 && s.model.attention != AttentionImpl::eager)
+      throw ScenarioError(where + "model.dropout: numeric mode has no dropout inside the "
+                          "SDPA / fused attention kernels (use attention eager or dropout 0)");
     if (s.lora.rank > 0)
       throw ScenarioError(where + "lora.rank: numeric mode has no LoRA / QLoRA kernels");
   }

@@ -211,12 +211,38 @@ TEST_CASE("numeric megatron-tiny matches torch 1.13 (float64, same weights)",
   check_fixture("megatron-tiny.yaml", "megatron_tiny_torch.json", 2 + 2 * 12 + 2);
 }
 
+TEST_CASE("numeric dropout: deterministic masks that checkpoint re-runs reproduce",
+          "[numeric][dropout]") {
+  // GPT-2: embedding, attention-probability and residual dropouts; every policy.
+  check_full("hf-gpt2-tiny.yaml", {{"model.dropout", "0.1"}}, 2 + 2 * 12 + 2);
+  check_variants("hf-llama-tiny.yaml", {{{"model.dropout", "0.1"}}});
+  check_variants("megatron-tiny.yaml", {{{"model.dropout", "0.1"}}});
+  // The masks are used: the loss differs from the run without dropout.
+  NumericCheckOptions o;
+  o.fd_samples = 0;
+  o.policies = {"none"};
+  const double plain = run_numeric_check(load("hf-gpt2-tiny.yaml"), o).loss;
+  const double dropped = run_numeric_check(load("hf-gpt2-tiny.yaml", {{"model.dropout", "0.1"}}), o).loss;
+  CHECK(std::abs(plain - dropped) > 1e-3);
+  // A freed mask is caught like any saved tensor (saves #2, 15, 20, 34 are masks).
+  o.policies = {"none"};
+  for (int64_t k : {2, 15, 20, 34}) {
+    o.test_drop_save = k;
+    const NumericCheckReport r = run_numeric_check(load("hf-gpt2-tiny.yaml", {{"model.dropout", "0.1"}}), o);
+    INFO("dropped save #" << k);
+    REQUIRE_FALSE(r.passed());
+    CHECK(r.failures[0].find("NativeDropoutBackward0 reads mask") != std::string::npos);
+  }
+}
+
 TEST_CASE("numeric mode refuses what the HF kernels do not cover, by key", "[numeric]") {
   CHECK_THROWS_WITH(run_numeric_check(load("megatron-tiny.yaml", {{"parallel.tensor", "2"}}), {}),
                     Catch::Contains("parallel"));
   CHECK_THROWS_WITH(run_numeric_check(load("megatron-tiny.yaml", {{"model.attention", "flash"}}), {}),
                     Catch::Contains("model.attention"));
-  CHECK_THROWS_WITH(run_numeric_check(load("hf-gpt2-tiny.yaml", {{"model.dropout", "0.1"}}), {}),
+  CHECK_THROWS_WITH(run_numeric_check(load("hf-llama-tiny.yaml", {{"model.dropout", "0.1"},
+                                                                   {"model.attention", "flash"}}),
+                                      {}),
                     Catch::Contains("model.dropout"));
   CHECK_THROWS_WITH(
       run_numeric_check(load("hf-gpt2-tiny.yaml", {{"model.attention", "flash"}}), {}),
