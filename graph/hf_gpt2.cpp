@@ -1,9 +1,11 @@
 #include "graph/hf_gpt2.h"
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
 #include "graph/checkpoint.h"
+#include "graph/numeric.h"
 #include "graph/ops_nn.h"
 
 namespace memsim::graph {
@@ -29,7 +31,8 @@ void HfGpt2Model::construct() {
     rt_.ctx.module = Module::attention;
     // GPT2Attention registers its buffers first: the (P, P) bool causal `bias` and the
     // 0-d `masked_bias`.
-    p.causal_bias = rt_.alloc(P * P, TensorKind::other, OpKind::fill);
+    numeric_hint(rt_, NumericHint::causal_tril);  // numeric mode only (graph/numeric.h)
+    p.causal_bias = new_tensor(rt_, P * P, OpKind::fill, TensorKind::other);
     p.masked_bias = rt_.alloc(e, TensorKind::other, OpKind::fill);
     p.attn_w = lora_.add_base_weight(3 * D, D, pre + "attn.c_attn.weight", true);
     p.attn_b = rt_.add_parameter(3 * D * e, pre + "attn.c_attn.bias");
@@ -107,16 +110,21 @@ Tensor HfGpt2Model::drop(const Tensor& x) {
 // NewGELUActivation: 0.5 * x * (1.0 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3.0)))).
 // CPython evaluates `0.5 * x` first and frees each temporary after its consumer.
 Tensor HfGpt2Model::gelu_new(const Tensor& x) {
+  numeric_hint(rt_, NumericHint::scalar, 0.5);
   Tensor half = mul_scalar(rt_, x);
+  numeric_hint(rt_, NumericHint::cube);
   Tensor cube = pow2(rt_, x);  // pow.Tensor_Scalar: saves x; same backward as e = 2
+  numeric_hint(rt_, NumericHint::scalar, 0.044715);
   Tensor c = mul_scalar(rt_, cube);
   cube.reset();
   Tensor inner = add(rt_, x, c);
   c.reset();
+  numeric_hint(rt_, NumericHint::scalar, std::sqrt(2.0 / M_PI));
   Tensor scaled = mul_scalar(rt_, inner);
   inner.reset();
   Tensor t = tanh(rt_, scaled);
   scaled.reset();
+  numeric_hint(rt_, NumericHint::scalar, 1.0);
   Tensor one_plus = add_scalar(rt_, t);
   t.reset();
   Tensor out = mul(rt_, half, one_plus);
@@ -132,12 +140,16 @@ Tensor HfGpt2Model::attn_core(const LayerParams& p, const Tensor& q, const Tenso
   const uint64_t scores = B * H * S * S * e;
   const double bmm_flops = 2.0 * B * H * S * S * hd;
   // matmul of (B,H,S,hd) views of the (B,S,3D) projection: reshape copies.
+  numeric_hint(rt_, NumericHint::qkv_piece, 0);
   Tensor qc = clone(rt_, q);
+  numeric_hint(rt_, NumericHint::qkv_piece, 1);
   Tensor kc = clone(rt_, k);
+  numeric_hint(rt_, NumericHint::transpose_b);  // q @ k^T (k kept (B,H,S,hd))
   Tensor w0 = bmm(rt_, qc, kc, scores, bmm_flops);
   qc.reset();
   kc.reset();
-  Tensor scale = rt_.alloc(e, TensorKind::temporary, OpKind::scalar_tensor);  // torch.full
+  numeric_hint(rt_, NumericHint::fill_scalar, std::sqrt(static_cast<double>(hd)));
+  Tensor scale = new_tensor(rt_, e, OpKind::scalar_tensor, TensorKind::temporary);  // torch.full
   Tensor w1 = div(rt_, w0, scale);  // saves the 0-d divisor
   scale.reset();
   w0.reset();
@@ -148,6 +160,7 @@ Tensor HfGpt2Model::attn_core(const LayerParams& p, const Tensor& q, const Tenso
   w2.reset();
   weights = drop(w3);
   w3.reset();
+  numeric_hint(rt_, NumericHint::qkv_piece, 2);
   Tensor vc = clone(rt_, v);
   Tensor o = bmm(rt_, weights, vc, B * S * D * e, bmm_flops);
   vc.reset();
@@ -163,7 +176,12 @@ Tensor HfGpt2Model::attention(const LayerParams& p, const Tensor& x) {
   {
     Tensor qkv = conv1d(x, p.attn_w, p.attn_b, D, 3 * D, p.ad[kCAttn]);
     SplitQkv split(rt_, qkv);
-    Tensor q = split.head_view(rt_, 0), k = split.head_view(rt_, 1), v = split.head_view(rt_, 2);
+    numeric_hint(rt_, NumericHint::qkv_piece, 0);
+    Tensor q = split.head_view(rt_, 0);
+    numeric_hint(rt_, NumericHint::qkv_piece, 1);
+    Tensor k = split.head_view(rt_, 1);
+    numeric_hint(rt_, NumericHint::qkv_piece, 2);
+    Tensor v = split.head_view(rt_, 2);
     // `attn_output, attn_weights = self._attn(q, k, v)`: both names stay bound until
     // GPT2Attention.forward returns. _attn is the candidate region of `selective`
     // (graph/checkpoint.h). Its second output leaves through `keep`. A region that runs
@@ -184,6 +202,7 @@ Tensor HfGpt2Model::attention(const LayerParams& p, const Tensor& x) {
           return o;
         });
     // _merge_heads: permute(0, 2, 1, 3).contiguous() copies; view.
+    numeric_hint(rt_, NumericHint::merge_heads);
     Tensor merged = clone(rt_, attn_output);
     attn_output.reset();
     out = conv1d(merged, p.aproj_w, p.aproj_b, D, D, p.ad[kAttnCProj]);
@@ -265,15 +284,16 @@ Tensor HfGpt2Model::forward(const Tensor& ids) {
 }
 
 Tensor HfGpt2Model::loss(const Tensor& logits, const Tensor& labels) {
-  (void)labels;  // only its shifted copy is used
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::loss;
   const uint64_t shifted_rows = static_cast<uint64_t>(s_.batch * (s_.seq - 1));
   Tensor shift_logits;
   {
     Tensor sl = slice_seq(rt_, logits, shifted_rows * s_.vocab * s_.elem);
+    numeric_hint(rt_, NumericHint::shift_logits);
     shift_logits = clone(rt_, sl);  // .contiguous()
   }
+  numeric_hint(rt_, NumericHint::shift_labels, labels);  // labels[..., 1:].contiguous()
   Tensor shift_labels = new_tensor(rt_, shifted_rows * 8, OpKind::clone, TensorKind::temporary);
   Tensor logp = log_softmax(rt_, shift_logits);
   Tensor out = nll_loss(rt_, logp, shift_labels, s_.elem);

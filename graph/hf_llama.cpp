@@ -4,6 +4,7 @@
 
 #include "graph/autocast.h"
 #include "graph/checkpoint.h"
+#include "graph/numeric.h"
 #include "graph/ops_nn.h"
 
 namespace memsim::graph {
@@ -121,8 +122,11 @@ Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tens
     // q/k/v: mm, then view(B,S,h,hd).transpose(1,2). The grads arriving at these views
     // are not viewable back as (B,S,h*hd), so the view's backward reshape copies --
     // unless h == 1 (MQA k/v), where the transpose only moves a size-1 dimension.
+    numeric_hint(rt_, NumericHint::split_heads);  // numeric mode only (graph/numeric.h)
     Tensor query = view(rt_, proj(x, p, kQProj, p.q, D, D), s_.heads > 1);
+    numeric_hint(rt_, NumericHint::split_heads);
     Tensor key = view(rt_, proj(x, p, kKProj, p.k, D, kvD), s_.kv_heads > 1);
+    numeric_hint(rt_, NumericHint::split_heads);
     Tensor value = view(rt_, proj(x, p, kVProj, p.v, D, kvD), s_.kv_heads > 1);
     // RoPE keeps q's (B,S,H,hd) memory layout (TensorIterator follows the first input).
     if (autocast_on()) {  // low-precision q/k times fp32 cos/sin: fp32 q/k
@@ -144,6 +148,7 @@ Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tens
       // candidate region of `selective` (graph/checkpoint.h); it captures values only.
       Tensor o4 = run_region(rt_, RegionKind::core_attention, {query, key, value, mask},
                              [this](const Inputs& in) { return eager_core(in[0], in[1], in[2], in[3]); });
+      numeric_hint(rt_, NumericHint::merge_heads);
       attn_output = clone(rt_, o4);  // transpose(1, 2).contiguous()
     } else {
       SdpaShape sh{B, H, S, hd, e};
@@ -192,6 +197,7 @@ Tensor HfLlamaModel::eager_core(const Tensor& query, const Tensor& key, const Te
   } else {
     Tensor qc = clone(rt_, query);
     Tensor kc = repeat_copies ? key : clone(rt_, key);
+    numeric_hint(rt_, NumericHint::transpose_b);  // q @ k^T (k kept (B,H,S,hd))
     w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
     qc.reset();
     kc.reset();
@@ -202,6 +208,7 @@ Tensor HfLlamaModel::eager_core(const Tensor& query, const Tensor& key, const Te
     w = add(rt_, ac_->widen(low_w), mask);
     Autocast::promoted(rt_, w, 0, low_w);
   } else if (mask.defined()) {
+    numeric_hint(rt_, NumericHint::mask_slice);  // attention_mask[:, :, :, :S]
     w = add(rt_, w, mask);
   }
   if (e == 4) {
@@ -290,9 +297,11 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
       const uint64_t T = S + 1;
       {
         Tensor full = new_tensor(rt_, S * T * e, OpKind::fill, TensorKind::temporary);
+        numeric_hint(rt_, NumericHint::causal_mask);
         causal_mask = new_tensor(rt_, S * T * e, OpKind::fill);  // triu(full)
       }
       Tensor ar = new_tensor(rt_, T * 8, OpKind::arange, TensorKind::temporary);
+      numeric_hint(rt_, NumericHint::unread);  // folded into causal_mask above
       Tensor gt = new_tensor(rt_, S * T, OpKind::compare, TensorKind::temporary);
       ar.reset();  // causal_mask *= (arange > cache_position): in place
     }
@@ -306,7 +315,9 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
       Tensor emb = new_tensor(rt_, S * hd * 4, OpKind::other, TensorKind::temporary);
       cos = new_tensor(rt_, S * hd * 4, OpKind::other);
       sin = new_tensor(rt_, S * hd * 4, OpKind::other);
+      numeric_hint(rt_, NumericHint::rope_cos);
       cos = new_tensor(rt_, S * hd * 4, OpKind::mul_scalar);  // * attention_scaling
+      numeric_hint(rt_, NumericHint::rope_sin);
       sin = new_tensor(rt_, S * hd * 4, OpKind::mul_scalar);
       if (e != 4) {  // .to(x.dtype)
         cos = new_tensor(rt_, S * hd * e, OpKind::to_copy);
@@ -343,15 +354,16 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
 }
 
 Tensor HfLlamaModel::loss(const Tensor& logits, const Tensor& labels) {
-  (void)labels;
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::loss;
   const uint64_t shifted_rows = static_cast<uint64_t>(s_.batch * (s_.seq - 1));
   Tensor shift_logits;
   {
     Tensor sl = slice_seq(rt_, logits, shifted_rows * s_.vocab * 4);
+    numeric_hint(rt_, NumericHint::shift_logits);
     shift_logits = clone(rt_, sl);  // .contiguous()
   }
+  numeric_hint(rt_, NumericHint::shift_labels, labels);  // labels[..., 1:].contiguous()
   Tensor shift_labels = new_tensor(rt_, shifted_rows * 8, OpKind::clone, TensorKind::temporary);
   Tensor logp = log_softmax(rt_, shift_logits);
   Tensor out = nll_loss(rt_, logp, shift_labels, 4);

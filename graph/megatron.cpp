@@ -1,6 +1,7 @@
 #include "graph/megatron.h"
 
 #include "graph/checkpoint.h"
+#include "graph/numeric.h"
 #include "graph/ops.h"
 
 namespace memsim::graph {
@@ -68,40 +69,43 @@ void MegatronModel::construct() {
   rt_.ctx.module = Module::embedding;
   // VocabParallelEmbedding: this rank's rows of the padded vocabulary.
   if (s_.pre_process) {
-    param(static_cast<uint64_t>(s_.padded_vocab()) / t * h, "embedding.word_embeddings.weight",
-          true);
-    param(s_.max_positions * h, "embedding.position_embeddings.weight", true);
+    word_ = param(static_cast<uint64_t>(s_.padded_vocab()) / t * h,
+                  "embedding.word_embeddings.weight", true);
+    pos_ = param(s_.max_positions * h, "embedding.position_embeddings.weight", true);
   }
+  ids_.assign(static_cast<size_t>(s_.layers), LayerIds{});
   for (int32_t l = 0; l < s_.layers; ++l) {
     rt_.ctx.layer = l;
+    LayerIds& id = ids_[static_cast<size_t>(l)];
     const std::string pre = "decoder.layers." + std::to_string(l) + ".";
     rt_.ctx.module = Module::norm;
-    param(h, pre + "input_layernorm.weight", false);
+    id.ln1 = param(h, pre + "input_layernorm.weight", false);
     param(h, pre + "input_layernorm.bias", false);
     rt_.ctx.module = Module::attention;
-    param(3 * h * h / t, pre + "self_attention.linear_qkv.weight", true);
-    if (s_.bias) param(3 * h / t, pre + "self_attention.linear_qkv.bias", false);
-    param(h * h / t, pre + "self_attention.linear_proj.weight", true);
-    if (s_.bias) param(h, pre + "self_attention.linear_proj.bias", false);
+    id.qkv = param(3 * h * h / t, pre + "self_attention.linear_qkv.weight", true);
+    if (s_.bias) id.qkv_b = param(3 * h / t, pre + "self_attention.linear_qkv.bias", false);
+    id.proj = param(h * h / t, pre + "self_attention.linear_proj.weight", true);
+    if (s_.bias) id.proj_b = param(h, pre + "self_attention.linear_proj.bias", false);
     rt_.ctx.module = Module::norm;
-    param(h, pre + "pre_mlp_layernorm.weight", false);
+    id.ln2 = param(h, pre + "pre_mlp_layernorm.weight", false);
     param(h, pre + "pre_mlp_layernorm.bias", false);
     rt_.ctx.module = Module::mlp;
-    param(f * h / t, pre + "mlp.linear_fc1.weight", true);
-    if (s_.bias) param(f / t, pre + "mlp.linear_fc1.bias", false);
-    param(h * f / t, pre + "mlp.linear_fc2.weight", true);
-    if (s_.bias) param(h, pre + "mlp.linear_fc2.bias", false);
+    id.fc1 = param(f * h / t, pre + "mlp.linear_fc1.weight", true);
+    if (s_.bias) id.fc1_b = param(f / t, pre + "mlp.linear_fc1.bias", false);
+    id.fc2 = param(h * f / t, pre + "mlp.linear_fc2.weight", true);
+    if (s_.bias) id.fc2_b = param(h, pre + "mlp.linear_fc2.bias", false);
   }
   rt_.ctx.layer = -1;
   if (s_.post_process) {
     rt_.ctx.module = Module::norm;
-    param(h, "decoder.final_layernorm.weight", false);
+    final_ln_ = param(h, "decoder.final_layernorm.weight", false);
     param(h, "decoder.final_layernorm.bias", false);
     if (!s_.pre_process || !s_.tied) {
       // The untied output layer's weight, or the last pipeline stage's copy of the word
       // embedding for the tied one.
       rt_.ctx.module = Module::head;
-      param(static_cast<uint64_t>(s_.padded_vocab()) / t * h, "output_layer.weight", true);
+      output_ = param(static_cast<uint64_t>(s_.padded_vocab()) / t * h, "output_layer.weight",
+                      true);
     }
   }
   rt_.ctx.module = Module::none;
@@ -126,9 +130,11 @@ Tensor MegatronModel::core_attention(const Inputs& in) {
   Tensor scores = baddbmm_qk(rt_, q, k, b * a * s * s * e, attn_flops);
   Tensor probs = fused_causal_softmax(rt_, scores);
   probs = dropout(rt_, probs, b * a * s * s, s_.dropout);
+  numeric_hint(rt_, NumericHint::megatron_v);  // numeric mode only (graph/numeric.h)
   Tensor context = bmm(rt_, probs, v, act() / tp(), attn_flops);
   // [b, np, sq, hn] -> [sq, b, np, hn]: permute(...).contiguous(), a copy; the bmm
   // result dies when the name is rebound.
+  numeric_hint(rt_, NumericHint::merge_heads);
   context = clone(rt_, context);
   return context;
 }
@@ -139,7 +145,9 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
   const uint64_t h = s_.hidden, e = s_.elem, t = tp();
   const double r = static_cast<double>(rows()), hd = static_cast<double>(h);
   const double td = static_cast<double>(t);
+  const LayerIds& id = ids_[static_cast<size_t>(rt_.ctx.layer)];
   // ColumnParallelLinear: this rank's 3h/t output columns.
+  numeric_param_hint(rt_, id.qkv, id.qkv_b);
   Tensor mixed = megatron_linear(rt_, ln_out,
                                  {3 * act() / t, 3 * h * h * e / t, s_.bias ? 3 * h * e / t : 0,
                                   2 * r * hd * 3 * hd / td, sp_gather()});
@@ -157,6 +165,7 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
   mixed.reset();
   // linear_proj: RowParallelLinear, skip_bias_add (its bias goes to bias-dropout-add);
   // the partial [s, b, h] output is all-reduced in place.
+  numeric_param_hint(rt_, id.proj);
   Tensor out = megatron_linear(
       rt_, context, {act(), h * h * e / t, 0, 2 * r * hd * hd / td, 0, sp_scatter(act())});
   rt_.ctx.module = outer;
@@ -169,8 +178,12 @@ Tensor MegatronModel::mlp(const Tensor& ln_out) {
   const uint64_t h = s_.hidden, f = s_.ffn / tp(), e = s_.elem;  // f: this rank's columns
   const double r = static_cast<double>(rows());
   const double flops = 2 * r * static_cast<double>(h) * static_cast<double>(f);
+  const LayerIds& id = ids_[static_cast<size_t>(rt_.ctx.layer)];
+  numeric_param_hint(rt_, id.fc1);
   Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops, sp_gather()});
+  numeric_param_hint(rt_, -1, id.fc1_b);
   inter = bias_gelu(rt_, inter, s_.bias ? f * e : 0);
+  numeric_param_hint(rt_, id.fc2);
   return megatron_linear(rt_, inter, {act(), h * f * e, 0, flops, 0, sp_scatter(act())});
 }
 
@@ -188,27 +201,34 @@ Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attent
   Tensor ln1;
   Tensor* keep1 = engine && engine->wants(RegionKind::attention, index) ? nullptr : &ln1;
   Tensor attn_out = run_region(rt_, RegionKind::attention, {x, attention_mask},
-                               [this, keep1](const Inputs& in) {
+                               [this, keep1, index](const Inputs& in) {
                                  rt_.ctx.module = Module::norm;
+                                 const LayerIds& id = ids_[static_cast<size_t>(index)];
+                                 numeric_param_hint(rt_, id.ln1, id.ln1 + 1);
                                  Tensor ln = fused_layer_norm(rt_, in[0], rows_sp(), s_.hidden, s_.elem);
                                  Tensor out = attention(ln, in[1]);
                                  if (keep1 != nullptr) *keep1 = std::move(ln);
                                  return out;
                                });
   rt_.ctx.module = Module::attention;
+  const LayerIds& id = ids_[static_cast<size_t>(index)];
+  numeric_param_hint(rt_, -1, id.proj_b);
   Tensor hidden = bias_dropout_add(rt_, attn_out, x, rows_sp() * h, s_.bias ? h * e : 0,
                                    s_.dropout);
   Tensor ln2;
   Tensor* keep2 = engine && engine->wants(RegionKind::mlp, index) ? nullptr : &ln2;
   // mlp_output_with_bias stays bound until the layer returns.
-  Tensor fc2_out = run_region(rt_, RegionKind::mlp, {hidden}, [this, keep2](const Inputs& in) {
+  Tensor fc2_out = run_region(rt_, RegionKind::mlp, {hidden}, [this, keep2, index](const Inputs& in) {
     rt_.ctx.module = Module::norm;
+    const LayerIds& lid = ids_[static_cast<size_t>(index)];
+    numeric_param_hint(rt_, lid.ln2, lid.ln2 + 1);
     Tensor ln = fused_layer_norm(rt_, in[0], rows_sp(), s_.hidden, s_.elem);
     Tensor out = mlp(ln);
     if (keep2 != nullptr) *keep2 = std::move(ln);
     return out;
   });
   rt_.ctx.module = Module::mlp;
+  numeric_param_hint(rt_, -1, id.fc2_b);
   Tensor out = bias_dropout_add(rt_, fc2_out, hidden, rows_sp() * h, s_.bias ? h * e : 0,
                                 s_.dropout);
   rt_.ctx.module = Module::none;
@@ -231,7 +251,9 @@ Tensor MegatronModel::embed(const Tensor& tokens, const Tensor& position_ids) {
   {
     // VocabParallelEmbedding: a full [b, s, h] output (masked lookup, then all-reduce).
     const uint64_t local_vocab = static_cast<uint64_t>(s_.padded_vocab()) / tp();
+    numeric_param_hint(rt_, word_);
     Tensor word = megatron_embedding(rt_, tokens, act(), local_vocab * h * e, true);
+    numeric_param_hint(rt_, pos_);
     Tensor pos = megatron_embedding(rt_, position_ids, act(), s_.max_positions * h * e, true);
     Tensor sum = add(rt_, word, pos);
     embedded = clone(rt_, sum);  // transpose(0, 1).contiguous() -> [s, b, h]
@@ -260,6 +282,7 @@ Tensor MegatronModel::head(Tensor hidden) {
   const uint64_t h = s_.hidden, e = s_.elem;
   rt_.ctx.layer = -1;
   rt_.ctx.module = Module::norm;
+  numeric_param_hint(rt_, final_ln_, final_ln_ + 1);
   Tensor final_ln = fused_layer_norm(rt_, hidden, rows_sp(), h, e);
   hidden.reset();
   rt_.ctx.module = Module::head;
@@ -267,6 +290,7 @@ Tensor MegatronModel::head(Tensor hidden) {
   // its own weight (untied, or the last stage's shared copy).
   // Column-parallel over the padded vocabulary: this rank's V/t logits.
   const uint64_t local_vocab = static_cast<uint64_t>(s_.padded_vocab()) / tp();
+  numeric_param_hint(rt_, output_ >= 0 ? output_ : word_);
   Tensor logits = megatron_linear(
       rt_, final_ln,
       {rows() * local_vocab * e, local_vocab * h * e, 0,
@@ -281,6 +305,7 @@ Tensor MegatronModel::language_model_loss(const Tensor& logits, const Tensor& la
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::loss;
   Tensor labels_t = rt_.alloc(labels.bytes, TensorKind::input, OpKind::clone);
+  numeric_hint(rt_, NumericHint::labels, labels);  // rows kept in [b, s] order numerically
   Tensor loss = vocab_parallel_cross_entropy(
       rt_, logits, rows(), static_cast<uint64_t>(s_.padded_vocab()) / tp());
   labels_t.reset();

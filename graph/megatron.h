@@ -182,6 +182,14 @@ class MegatronModel {
 
   Runtime& rt_;
   MegatronShape s_;
+  // Parameter ids per layer (numeric mode names them to the fused ops; -1: no bias).
+  struct LayerIds {
+    int32_t ln1 = -1, qkv = -1, qkv_b = -1, proj = -1, proj_b = -1, ln2 = -1, fc1 = -1,
+            fc1_b = -1, fc2 = -1, fc2_b = -1;
+  };
+  std::vector<LayerIds> ids_;
+  int32_t word_ = -1, pos_ = -1, final_ln_ = -1;
+  int32_t output_ = -1;  // output_layer.weight (untied head, or a last stage's copy)
   std::vector<int32_t> params_;
   std::vector<bool> decayed_;
   Tensor global_buffer_;  // mpu.get_global_memory_buffer() for the baddbmm input

@@ -31,9 +31,6 @@ double uniform(uint64_t seed, uint64_t salt, uint64_t i) {  // in [-1, 1)
   const uint64_t r = mix(mix(seed * 1000003ull + salt) + i);
   return static_cast<double>(r >> 11) * (2.0 / 9007199254740992.0) - 1.0;
 }
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
 }  // namespace
 
 NumericBuffer& NumericContext::buf(uint32_t id) {
@@ -99,31 +96,9 @@ void NumericContext::on_free(uint32_t id) {
 }
 
 void NumericContext::on_parameter(int32_t index, uint32_t storage, std::string_view name) {
-  const int64_t D = m_.d_model, F = m_.d_ff, V = m_.vocab;
-  std::vector<int64_t> shape;
-  double scale = 1.0, offset = 0.0;
-  if (ends_with(name, "token_embeddings.weight") || ends_with(name, "lm_head.weight")) {
-    shape = {V, D};
-    scale = ends_with(name, "lm_head.weight") ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
-  } else if (ends_with(name, "q_proj.weight") || ends_with(name, "k_proj.weight") ||
-             ends_with(name, "v_proj.weight") || ends_with(name, "output_proj.weight")) {
-    shape = {D, D};
-    scale = 1.0 / std::sqrt(static_cast<double>(D));
-  } else if (ends_with(name, "w1.weight") || ends_with(name, "w3.weight")) {
-    shape = {F, D};
-    scale = 1.0 / std::sqrt(static_cast<double>(D));
-  } else if (ends_with(name, "w2.weight")) {
-    shape = {D, F};
-    scale = 1.0 / std::sqrt(static_cast<double>(F));
-  } else if (ends_with(name, "ln1.weight") || ends_with(name, "ln2.weight") ||
-             ends_with(name, "ln_final.weight")) {
-    shape = {D};
-    scale = 0.2;  // around 1, not exactly 1: the weight's gradient path matters
-    offset = 1.0;
-  } else {
-    throw NumericError("numeric: parameter '" + std::string(name) +
-                       "' has no numeric shape (only the cs336 family is supported)");
-  }
+  const NumericParamInit init = numeric_param_init(m_, name);
+  const std::vector<int64_t>& shape = init.shape;
+  const double scale = init.scale, offset = init.offset;
   where_ = "parameter " + std::string(name);
   NumericBuffer& b = write(storage, shape, m_.elem);
   const size_t i = static_cast<size_t>(index);
@@ -173,20 +148,95 @@ void NumericContext::fill_tokens(const Tensor& t, uint64_t salt) {
   }
 }
 
+bool numeric_hint_applies(NumericHint h, OpKind k, bool new_tensor) {
+  switch (h) {
+    case NumericHint::none: return false;
+    case NumericHint::split_heads: return k == OpKind::view;
+    case NumericHint::merge_heads: return k == OpKind::clone;
+    case NumericHint::transpose_b: return k == OpKind::bmm;
+    case NumericHint::scalar: return k == OpKind::mul_scalar || k == OpKind::add_scalar;
+    case NumericHint::cube: return k == OpKind::pow2;
+    case NumericHint::mask_slice: return k == OpKind::add;
+    case NumericHint::shift_logits: return k == OpKind::clone;
+    case NumericHint::qkv_piece: return k == OpKind::clone || k == OpKind::view;
+    case NumericHint::param:
+      return k == OpKind::megatron_embedding || k == OpKind::megatron_linear ||
+             k == OpKind::fused_layer_norm || k == OpKind::bias_dropout_add ||
+             k == OpKind::bias_gelu;
+    case NumericHint::labels: return k == OpKind::vocab_parallel_ce;
+    case NumericHint::megatron_v: return k == OpKind::bmm;
+    case NumericHint::fill_scalar:
+    case NumericHint::unread:
+    case NumericHint::causal_tril:
+    case NumericHint::causal_mask:
+    case NumericHint::rope_cos:
+    case NumericHint::rope_sin:
+    case NumericHint::shift_labels: return new_tensor;
+  }
+  return false;
+}
+
+void NumericContext::fill_megatron_batch(const Tensor& tokens, const Tensor& labels,
+                                         const Tensor& loss_mask, const Tensor& position_ids) {
+  fill_tokens(tokens, 0);
+  fill_tokens(labels, 1);
+  where_ = "megatron batch";
+  write(loss_mask.storage, {m_.batch * m_.seq}, 4).v.setOnes();
+  NumericBuffer& p = write(position_ids.storage, {m_.batch, m_.seq}, 8);
+  for (int64_t b = 0; b < m_.batch; ++b)
+    for (int64_t s = 0; s < m_.seq; ++s) p.v[b * m_.seq + s] = static_cast<double>(s);
+}
+
 void NumericContext::forward(Runtime& rt, OpKind k, std::initializer_list<const Tensor*> in,
                              std::initializer_list<const Tensor*> out) {
   where_ = std::string(forward_name(k)) + (rt.recomputing ? " (recompute)" : "");
+  // A hint is consumed by the first forward of a kind it applies to (see NumericHint).
+  const bool applies = numeric_hint_applies(hint, k, in.size() == 0);
   last_fwd_.kind = k;
-  last_fwd_.hint = hint;
+  last_fwd_.hint = applies ? hint : NumericHint::none;
+  last_fwd_.scalar = applies ? hint_scalar : 0.0;
+  last_fwd_.bias = applies && hint == NumericHint::param ? hint_bias : -1;
   last_fwd_.in_shapes.clear();
   for (const Tensor* t : in) last_fwd_.in_shapes.push_back(buf(t->storage).shape);
+  const uint32_t aux = hint_storage;
+  if (applies) {
+    hint = NumericHint::none;
+    hint_storage = kNoStorage;
+  }
+  last_aux_ = applies ? aux : kNoStorage;
+  // Dropout keys (dropout_mask): a new forward pass, or a checkpoint re-run's first op.
+  if (!rt.recomputing && rt.current_graph() != pass_graph_) {
+    pass_graph_ = rt.current_graph();
+    ++pass_;
+    fwd_counts_.clear();
+  }
+  if (rt.recomputing && backward_since_forward_) rec_counts_.clear();
+  backward_since_forward_ = false;
   NumericKernels::forward(*this, rt, k, in, out);
-  hint = NumericHint::none;
+}
+
+Eigen::ArrayXd NumericContext::dropout_mask(Runtime& rt, int64_t n) {
+  auto& counts = rt.recomputing ? rec_counts_ : fwd_counts_;
+  const int64_t where = (static_cast<int64_t>(rt.ctx.layer) + 1) * kModuleCount +
+                        static_cast<int64_t>(rt.ctx.module);
+  uint32_t ordinal = 0;
+  bool found = false;
+  for (auto& c : counts)
+    if (c.first == where) {
+      ordinal = c.second++;
+      found = true;
+    }
+  if (!found) counts.emplace_back(where, 1);
+  const uint64_t key = mix(mix(mix(pass_) + static_cast<uint64_t>(where)) + ordinal);
+  Eigen::ArrayXd keep(n);
+  for (int64_t i = 0; i < n; ++i)
+    keep[i] = (uniform(m_.seed, key, static_cast<uint64_t>(i)) + 1.0) / 2.0 >= m_.dropout ? 1.0 : 0.0;
+  return keep;
 }
 
 void NumericContext::on_node(int32_t id, OpKind k) {
   if (nodes_.size() <= static_cast<size_t>(id)) nodes_.resize(static_cast<size_t>(id) + 1);
-  nodes_[id] = last_fwd_.kind == k ? last_fwd_ : NodeInfo{k, NumericHint::none, {}};
+  nodes_[id] = last_fwd_.kind == k ? last_fwd_ : NodeInfo{k, NumericHint::none, 0.0, -1, {}};
 }
 
 void NumericContext::on_root_grad(uint32_t grad, uint32_t loss) {
@@ -199,6 +249,8 @@ void NumericContext::on_root_grad(uint32_t grad, uint32_t loss) {
 void NumericContext::backward_begin(Runtime& rt, int32_t id, const Node& n,
                                     const uint32_t* saved) {
   where_ = backward_name(n.kind);
+  cur_node_ = id;
+  backward_since_forward_ = true;
   for (bool& s : pending_set_) s = false;
   static const NodeInfo kNone;
   const NodeInfo& info = static_cast<size_t>(id) < nodes_.size() ? nodes_[id] : kNone;
@@ -255,6 +307,21 @@ void NumericContext::on_backward_done(Runtime& rt) {
   }
 }
 
+void NumericContext::zero_main_grads() {
+  main_grad_.resize(param_shapes_.size());
+  for (size_t i = 0; i < main_grad_.size(); ++i)
+    main_grad_[i] = Eigen::ArrayXd::Zero(init_params_[i].size());
+}
+
+void NumericContext::add_main_grad(int32_t param, const Eigen::ArrayXd& g) {
+  const size_t i = static_cast<size_t>(param);
+  if (i >= main_grad_.size() || main_grad_[i].size() != g.size())
+    throw NumericError("numeric: " + where_ + ": a main_grad of " + std::to_string(g.size()) +
+                       " elements for parameter #" + std::to_string(param) +
+                       " (zero_main_grads not called, or a wrong parameter)");
+  main_grad_[i] += g;
+}
+
 const Eigen::ArrayXd& NumericContext::param_values(const Runtime& rt, int32_t i) const {
   return store_.at(rt.parameters()[static_cast<size_t>(i)].storage).v;
 }
@@ -264,6 +331,8 @@ Eigen::ArrayXd& NumericContext::param_values_mut(const Runtime& rt, int32_t i) {
 }
 
 const Eigen::ArrayXd* NumericContext::grad_values(const Runtime& rt, int32_t i) {
+  if (m_.family == NumericFamily::megatron)  // main_grad, not .grad
+    return static_cast<size_t>(i) < main_grad_.size() ? &main_grad_[static_cast<size_t>(i)] : nullptr;
   const uint32_t g = rt.parameters()[static_cast<size_t>(i)].grad;
   if (g == kNoStorage) return nullptr;
   where_ = "reading .grad of " + param_names_.at(static_cast<size_t>(i));

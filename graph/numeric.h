@@ -14,7 +14,11 @@
 //    backward allocated for them.
 //  - Shapes are tracked per storage (they survive a free; values do not). Each written
 //    float buffer is checked against the bytes the schedule allocated for it.
-//  - Only the cs336 family has kernels; ops without one raise NumericError.
+//  - Kernels exist for the cs336, hf-llama, hf-gpt2 and megatron families (fp32, no
+//    LoRA, one process; dropout with deterministic masks, dropout_mask()); ops without
+//    one raise NumericError.
+//  - megatron's parameter grads go to main_grad (not .grad): the context keeps one
+//    main_grad array per parameter, zeroed by zero_main_grads() and read by grad_values().
 //  - With rt.numeric == nullptr (every normal run) none of this code is reached.
 #pragma once
 
@@ -36,20 +40,46 @@ class NumericError : public std::runtime_error {
 };
 
 // How the next op reads its operands where byte sizes cannot tell (set by a builder via
-// numeric_hint(), consumed by the next forward kernel).
+// numeric_hint(), right before the op). A hint applies to the next forward kernel of the
+// op kinds it names (below); forward kernels of other kinds leave it pending.
 enum class NumericHint : uint8_t {
   none,
-  split_heads,  // view (B,S,D) -> (B,H,S,h)
+  split_heads,  // view (B,S,H*h) -> (B,H,S,h), H = last dim / head_dim (q, or GQA k/v)
   merge_heads,  // clone (B,H,S,h) -> (B,S,D)
   transpose_b,  // bmm(a, b) = a @ b^T over the last two dims
+  // --- Hugging Face families (graph/numeric_ops_nn.cpp) ---
+  scalar,       // mul_scalar / add_scalar by NumericContext::hint_scalar
+  cube,         // pow2 is pow(x, 3.0) (GPT-2's NewGELU)
+  fill_scalar,  // a new 0-d tensor holding hint_scalar (torch.full([], v))
+  unread,       // a new tensor no numeric kernel reads (left unwritten)
+  causal_tril,  // a new (P,P) bool tril(ones) (GPT-2's `bias` buffer)
+  causal_mask,  // a new (S,S+1) float mask: 0 where key <= query, else finfo.min (LLaMA)
+  mask_slice,   // add(scores (...,S,S), mask (S,T)): mask[:, :S] (LLaMA eager)
+  rope_cos,     // a new (S,hd) cos(pos * inv_freq), emb = cat(freqs, freqs) (LLaMA)
+  rope_sin,     // the same with sin
+  shift_logits, // clone(logits[:, :-1, :]) of a slice view: (B,S-1,V)
+  shift_labels, // a new labels[:, 1:].contiguous() of hint_storage: (B,S-1)
+  qkv_piece,    // GPT-2: view/clone of piece hint_scalar (0 q, 1 k, 2 v) of the fused
+                // (B,S,3D) projection, heads split: (B,H,S,h)
+  // --- megatron (graph/numeric_ops_fused.cpp) ---
+  param,        // a fused op's parameter: index hint_scalar (a bias: the next index; -1 none)
+  labels,       // vocab-parallel cross entropy against hint_storage
+  megatron_v,   // bmm(probs, v) with v the value piece of the fused QKV output
 };
 
+enum class NumericFamily : uint8_t { cs336, hf_llama, hf_gpt2, megatron };
+
 struct NumericModel {
+  NumericFamily family = NumericFamily::cs336;
   int64_t batch = 1, seq = 1, d_model = 0, heads = 1, d_ff = 0, vocab = 0, context = 0;
+  int64_t kv_heads = 0;       // 0: heads (hf-llama GQA: fewer)
+  bool tied = false;          // hf: lm_head is the token embedding
   uint64_t elem = 4;          // bytes of a float element in the schedule
-  double rms_eps = 1e-5;      // cs336 RMSNorm
+  double rms_eps = 1e-5;      // cs336 / LLaMA RMSNorm, GPT-2 LayerNorm
   double rope_theta = 10000.0;
+  double dropout = 0.0;       // hf / megatron dropout probability (graph/numeric.cpp masks)
   uint64_t seed = 1;          // parameters and token ids
+  int64_t head_dim() const { return d_model / (heads > 0 ? heads : 1); }
 };
 
 struct NumericBuffer {
@@ -80,6 +110,9 @@ class NumericContext {
   void add_into(uint32_t dst, uint32_t a, uint32_t b);      // dst = a + b
   void copy(uint32_t dst, uint32_t src);                    // dst = src
   void on_backward_done(Runtime& rt);
+  // megatron: main_grad.zero_() of every parameter (the step's zero_grad).
+  void zero_main_grads();
+  void add_main_grad(int32_t param, const Eigen::ArrayXd& g);
   void on_node(int32_t id, OpKind k);
   // After the schedule's optimizer step (sim/schedule.cpp): runs optimizer_step if set.
   void on_optimizer_step(Runtime& rt) {
@@ -92,8 +125,22 @@ class NumericContext {
                std::initializer_list<const Tensor*> out);
   void init_rope_buffer(const Tensor& t);            // the cs336 RoPE buffer
   void fill_tokens(const Tensor& t, uint64_t salt);  // a (B,S) batch of token ids
+  // megatron's per-micro-batch inputs: tokens (salt 0), labels (salt 1), loss_mask ones,
+  // position_ids arange(S) per row.
+  void fill_megatron_batch(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
+                           const Tensor& position_ids);
 
   NumericHint hint = NumericHint::none;
+  double hint_scalar = 0;              // NumericHint::scalar / fill_scalar / qkv_piece
+  uint32_t hint_storage = UINT32_MAX;  // NumericHint::shift_labels: the labels
+  int32_t hint_bias = -1;              // NumericHint::param: the bias parameter (-1: none)
+
+  // Dropout (graph/numeric.cpp): the keep-mask of the dropout op running now, 1 keep /
+  // 0 drop, a function of a structural key (forward pass, layer, module, ordinal of the
+  // dropout within them), never of values: a checkpoint re-run regenerates the mask its
+  // forward drew (torch restores the RNG state for that), and finite differences see
+  // fixed masks.
+  Eigen::ArrayXd dropout_mask(Runtime& rt, int64_t n);
 
   // --- results ----------------------------------------------------------------------
   const std::vector<std::string>& violations() const { return violations_; }
@@ -132,6 +179,7 @@ class NumericContext {
   std::vector<std::vector<int64_t>> param_shapes_;
   std::vector<std::string> param_names_;
   std::vector<uint32_t> param_storage_;
+  std::vector<Eigen::ArrayXd> main_grad_;  // megatron
   bool first_done_ = false;
   double first_loss_ = 0;
   uint32_t loss_storage_ = kNoStorage;
@@ -147,11 +195,30 @@ class NumericContext {
   struct NodeInfo {
     OpKind kind = OpKind::other;
     NumericHint hint = NumericHint::none;
+    double scalar = 0;
+    int32_t bias = -1;  // NumericHint::param
     std::vector<std::vector<int64_t>> in_shapes;
   };
+  // GPT-2's fused QKV split: memsim buffers the k and v pieces' grads in one slot of the
+  // split node (summed), so their ViewBackward kernels also keep each part here, keyed by
+  // the split node; SplitBackward checks the slot against their sum and concatenates.
+  struct SplitParts {
+    int32_t node = -1;
+    Eigen::ArrayXd part[3];
+    bool set[3] = {false, false, false};
+  };
+  std::vector<SplitParts> split_parts_;
 
  private:
-  NodeInfo last_fwd_;
+  NodeInfo last_fwd_;          // the forward being run (its effective hint)
+  uint32_t last_aux_ = kNoStorage;  // its hint_storage, if its hint applies
+  int32_t cur_node_ = -1;           // the node whose backward is running
+  // Dropout keys: the forward pass (its graph), per (layer, module) ordinals of the pass
+  // and of the current checkpoint re-run (reset at a re-run's first op).
+  uint32_t pass_graph_ = 0;
+  uint64_t pass_ = 0;
+  std::vector<std::pair<int64_t, uint32_t>> fwd_counts_, rec_counts_;
+  bool backward_since_forward_ = true;
   std::vector<NodeInfo> nodes_;
   std::string where_;  // the op being run, for violation messages
 
@@ -164,11 +231,58 @@ struct NumericKernels {
                       std::initializer_list<const Tensor*> out);
   static void backward(NumericContext& c, Runtime& rt, const Node& n, const uint32_t* saved,
                        const NumericContext::NodeInfo& info);
+  // A tensor made from no operands (graph/ops.cpp new_tensor).
+  static void new_tensor(NumericContext& c, Runtime& rt, OpKind k,
+                         const std::vector<const Tensor*>& out);
+  // Backward result for input i of the node being run.
+  static void set_grad(NumericContext& c, int i, std::vector<int64_t> shape, Eigen::ArrayXd v);
+  // The Hugging Face families' ops (graph/numeric_ops_nn.cpp): false if k has no kernel.
+  static bool forward_nn(NumericContext& c, Runtime& rt, OpKind k,
+                         const std::vector<const Tensor*>& in,
+                         const std::vector<const Tensor*>& out);
+  static void new_tensor_nn(NumericContext& c, const std::vector<const Tensor*>& out);
+  static bool backward_nn(NumericContext& c, Runtime& rt, const Node& n, const uint32_t* saved,
+                          const NumericContext::NodeInfo& info);
+  // Megatron's fused ops (graph/numeric_ops_fused.cpp): false if k has no kernel.
+  static bool forward_fused(NumericContext& c, Runtime& rt, OpKind k,
+                            const std::vector<const Tensor*>& in,
+                            const std::vector<const Tensor*>& out);
+  static bool backward_fused(NumericContext& c, Runtime& rt, const Node& n,
+                             const uint32_t* saved, const NumericContext::NodeInfo& info);
+  // GPT-2: a k or v piece's grad, kept for SplitBackward (see SplitParts).
+  static void keep_split_part(NumericContext& c, const Node& n,
+                              const NumericContext::NodeInfo& info, const Eigen::ArrayXd& g);
+  static void stash_split_part(NumericContext& c, int32_t split_node, int which,
+                               const Eigen::ArrayXd& g);
+  static NumericContext::SplitParts take_split_parts(NumericContext& c);
 };
 
-// Builder-side hint (no-op in normal runs).
-inline void numeric_hint(Runtime& rt, NumericHint h) {
-  if (rt.numeric != nullptr) rt.numeric->hint = h;
+// Builder-side hints (no-op in normal runs).
+inline void numeric_hint(Runtime& rt, NumericHint h, double scalar = 0) {
+  if (rt.numeric == nullptr) return;
+  rt.numeric->hint = h;
+  rt.numeric->hint_scalar = scalar;
 }
+// megatron: the parameters a fused op uses (indices into rt.parameters(); -1: none).
+inline void numeric_param_hint(Runtime& rt, int32_t param, int32_t bias = -1) {
+  if (rt.numeric == nullptr) return;
+  rt.numeric->hint = NumericHint::param;
+  rt.numeric->hint_scalar = param;
+  rt.numeric->hint_bias = bias;
+}
+inline void numeric_hint(Runtime& rt, NumericHint h, const Tensor& operand) {
+  if (rt.numeric == nullptr) return;
+  rt.numeric->hint = h;
+  rt.numeric->hint_storage = operand.storage;
+}
+// Whether hint h applies to a forward of kind k (new: a tensor made from no operands).
+bool numeric_hint_applies(NumericHint h, OpKind k, bool new_tensor);
+// Parameter `name`'s shape and initial values' scale/offset in family m.family
+// (graph/numeric_params.cpp); throws NumericError for an unknown name.
+struct NumericParamInit {
+  std::vector<int64_t> shape;
+  double scale = 1.0, offset = 0.0;
+};
+NumericParamInit numeric_param_init(const NumericModel& m, std::string_view name);
 
 }  // namespace memsim::graph

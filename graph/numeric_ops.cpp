@@ -6,101 +6,12 @@
 #include <limits>
 
 #include "graph/numeric.h"
+#include "graph/numeric_detail.h"
 
 namespace memsim::graph {
 
-namespace {
+using namespace numeric_detail;
 
-using Shape = std::vector<int64_t>;
-using Arr = Eigen::ArrayXd;
-using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MapM = Eigen::Map<const Mat>;
-
-int64_t numel(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
-// Numpy broadcasting: the output shape of two operands.
-Shape broadcast_shape(const Shape& a, const Shape& b) {
-  const size_t n = std::max(a.size(), b.size());
-  Shape out(n, 1);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
-    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    if (da != db && da != 1 && db != 1) throw NumericError("numeric: shapes do not broadcast");
-    out[i] = std::max(da, db);
-  }
-  return out;
-}
-
-// For each element of `out`, the flat index of the element of `in` it reads.
-std::vector<int64_t> broadcast_map(const Shape& out, const Shape& in) {
-  const size_t n = out.size();
-  std::vector<int64_t> stride(n, 0);
-  int64_t s = 1;
-  for (size_t i = in.size(); i-- > 0;) {
-    const size_t o = i + (n - in.size());
-    stride[o] = in[i] == 1 ? 0 : s;
-    s *= in[i];
-  }
-  std::vector<int64_t> map(static_cast<size_t>(numel(out)));
-  std::vector<int64_t> idx(n, 0);
-  for (size_t j = 0; j < map.size(); ++j) {
-    int64_t f = 0;
-    for (size_t d = 0; d < n; ++d) f += idx[d] * stride[d];
-    map[j] = f;
-    for (size_t d = n; d-- > 0;) {
-      if (++idx[d] < out[d]) break;
-      idx[d] = 0;
-    }
-  }
-  return map;
-}
-
-Arr expand(const Arr& v, const Shape& from, const Shape& to) {
-  const std::vector<int64_t> m = broadcast_map(to, from);
-  Arr r(static_cast<Eigen::Index>(m.size()));
-  for (size_t j = 0; j < m.size(); ++j) r[j] = v[m[j]];
-  return r;
-}
-
-// sum_to: reduce a grad of shape `from` to a broadcast operand's shape `to`.
-Arr sum_to(const Arr& g, const Shape& from, const Shape& to) {
-  if (from == to) return g;
-  const std::vector<int64_t> m = broadcast_map(from, to);
-  Arr r = Arr::Zero(numel(to));
-  for (size_t j = 0; j < m.size(); ++j) r[m[j]] += g[static_cast<Eigen::Index>(j)];
-  return r;
-}
-
-// (B,S,H,h) <-> (B,H,S,h) with D = H*h as the last dim of the merged layout.
-Arr split_heads(const Arr& x, int64_t B, int64_t S, int64_t H, int64_t h) {
-  Arr r(x.size());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t hh = 0; hh < H; ++hh)
-        for (int64_t d = 0; d < h; ++d)
-          r[((b * H + hh) * S + s) * h + d] = x[((b * S + s) * H + hh) * h + d];
-  return r;
-}
-Arr merge_heads(const Arr& x, int64_t B, int64_t S, int64_t H, int64_t h) {
-  Arr r(x.size());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t hh = 0; hh < H; ++hh)
-        for (int64_t d = 0; d < h; ++d)
-          r[((b * S + s) * H + hh) * h + d] = x[((b * H + hh) * S + s) * h + d];
-  return r;
-}
-
-Shape with_last(Shape s, int64_t last) {
-  s.back() = last;
-  return s;
-}
-
-}  // namespace
 
 
 void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
@@ -115,10 +26,20 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
   auto W = [&](size_t i, Shape s, uint64_t esize = 0) -> Arr& {
     return c.write(out[i]->storage, std::move(s), esize ? esize : E).v;
   };
-  const int64_t H = m.heads, h = m.d_model / std::max<int64_t>(1, m.heads);
+  const int64_t h = m.head_dim();
+  const NumericHint hint = c.last_fwd_.hint;
+  if (in.empty()) {  // a tensor made from no operands (arange, masks, cos/sin, ...)
+    new_tensor(c, rt, k, out);
+    return;
+  }
   switch (k) {
     // --- elementwise unary -------------------------------------------------------
-    case OpKind::pow2: { const auto& x = R(0, "self"); Arr r = x.v.square(); W(0, x.shape) = r; break; }
+    case OpKind::pow2: {
+      const auto& x = R(0, "self");
+      Arr r = hint == NumericHint::cube ? Arr(x.v.cube()) : Arr(x.v.square());
+      W(0, x.shape) = r;
+      break;
+    }
     case OpKind::rsqrt: { const auto& x = R(0, "self"); Arr r = x.v.rsqrt(); W(0, x.shape) = r; break; }
     case OpKind::sigmoid: {
       const auto& x = R(0, "self");
@@ -129,9 +50,9 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
     case OpKind::exp: { const auto& x = R(0, "self"); Arr r = x.v.exp(); W(0, x.shape) = r; break; }
     case OpKind::log: { const auto& x = R(0, "self"); Arr r = x.v.log(); W(0, x.shape) = r; break; }
     case OpKind::neg: { const auto& x = R(0, "self"); Arr r = -x.v; W(0, x.shape) = r; break; }
-    case OpKind::add_scalar: {  // cs336 RMSNorm: mean(x^2) + eps
+    case OpKind::add_scalar: {  // RMSNorm: mean(x^2) + eps; GPT-2's 1.0 + tanh (a hint)
       const auto& x = R(0, "self");
-      Arr r = x.v + m.rms_eps;
+      Arr r = x.v + (hint == NumericHint::scalar ? c.last_fwd_.scalar : m.rms_eps);
       W(0, x.shape) = r;
       break;
     }
@@ -143,7 +64,20 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
     }
     case OpKind::clone: {
       const auto& x = R(0, "self");
-      if (c.hint == NumericHint::merge_heads) {
+      if (hint == NumericHint::shift_logits) {  // logits[:, :-1, :].contiguous()
+        const Shape& xs = x.shape;
+        const int64_t B = xs[0], S = xs[1], V = xs[2];
+        Arr r(B * (S - 1) * V);
+        for (int64_t b = 0; b < B; ++b)
+          r.segment(b * (S - 1) * V, (S - 1) * V) = x.v.segment(b * S * V, (S - 1) * V);
+        W(0, {B, S - 1, V}) = r;
+      } else if (hint == NumericHint::qkv_piece) {  // GPT-2: one piece of (B,S,3D), heads split
+        const int64_t B = x.shape[0], S = x.shape[1], D3 = x.shape[2], D = D3 / 3;
+        const int64_t piece = static_cast<int64_t>(c.last_fwd_.scalar);
+        Arr p(B * S * D);
+        for (int64_t r = 0; r < B * S; ++r) p.segment(r * D, D) = x.v.segment(r * D3 + piece * D, D);
+        W(0, {B, D / h, S, h}) = split_heads(p, B, S, D / h, h);
+      } else if (hint == NumericHint::merge_heads) {
         const int64_t B = x.shape[0], S = x.shape[2];
         Arr r = merge_heads(x.v, B, S, x.shape[1], x.shape[3]);
         W(0, {B, S, x.shape[1] * x.shape[3]}) = r;
@@ -204,6 +138,12 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
     case OpKind::div: {
       const auto& a = R(0, "self");
       const auto& b = R(1, "other");
+      if (hint == NumericHint::mask_slice) {  // scores + mask[:, :S] (LLaMA eager)
+        const Arr mv = mask_columns(b, a.shape.back());
+        Arr r = a.v + expand(mv, {b.shape[0], a.shape.back()}, a.shape);
+        W(0, a.shape) = r;
+        break;
+      }
       const Shape s = broadcast_shape(a.shape, b.shape);
       const Arr av = expand(a.v, a.shape, s), bv = expand(b.v, b.shape, s);
       Arr r = k == OpKind::add ? Arr(av + bv)
@@ -213,10 +153,10 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
       W(0, s) = r;
       break;
     }
-    case OpKind::where_scalar: {  // where(mask (S,S), x (...,S,S), -inf)
+    case OpKind::where_scalar: {  // where(mask, x (...,S,S), -inf); mask (S,S) or GPT-2's (P,P)
       const auto& mask = R(0, "condition");
       const auto& x = R(1, "self");
-      const Arr mv = expand(mask.v, mask.shape, x.shape);
+      const Arr mv = expand_mask(mask, x.shape);
       Arr r = (mv != 0).select(x.v, -std::numeric_limits<double>::infinity());
       W(0, x.shape) = r;
       break;
@@ -247,14 +187,15 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
     case OpKind::view: {
       // A view shares its base's storage. cs336's head split is taken of a projection
       // output whose only other name dies at once: the storage is re-laid out in place.
-      if (c.hint != NumericHint::split_heads) break;  // same layout
+      if (hint != NumericHint::split_heads) break;  // same layout (or a GPT-2 piece: see clone)
       if (rt.refs(in[0]->storage) != 2)
         throw NumericError("numeric: split_heads view of a storage with other live names");
       NumericBuffer& x = c.buf(in[0]->storage);
       c.read(in[0]->storage, "self");
       const int64_t B = x.shape[0], S = x.shape[1];
-      x.v = split_heads(x.v, B, S, H, h);
-      x.shape = {B, H, S, h};
+      const int64_t Hx = x.shape[2] / h;  // q: heads; k/v: kv_heads (GQA)
+      x.v = split_heads(x.v, B, S, Hx, h);
+      x.shape = {B, Hx, S, h};
       break;
     }
     case OpKind::rope: {  // x (B,H,S,h): even lanes x1, odd lanes x2; out = cat(x1r, x2r)
@@ -278,8 +219,16 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
     // --- matmuls -------------------------------------------------------------------------
     case OpKind::bmm: {
       const auto& a = R(0, "self");
-      const auto& b = R(1, "mat2");
-      const bool tb = c.hint == NumericHint::transpose_b;
+      const auto& braw = R(1, "mat2");
+      // megatron: v is a piece of the fused QKV output (B,S,3h): (B,np,S,hn).
+      const NumericBuffer* bp = &braw;
+      NumericBuffer vpiece;
+      if (hint == NumericHint::megatron_v) {
+        vpiece.v = megatron_piece(braw, 2, c.model().head_dim(), &vpiece.shape);
+        bp = &vpiece;
+      }
+      const NumericBuffer& b = *bp;
+      const bool tb = hint == NumericHint::transpose_b;
       const size_t na = a.shape.size(), nb = b.shape.size();
       const int64_t M = a.shape[na - 2], K = a.shape[na - 1];
       const int64_t N = tb ? b.shape[nb - 2] : b.shape[nb - 1];
@@ -304,51 +253,78 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
       W(0, with_last(x.shape, dout)) = Eigen::Map<const Arr>(C.data(), rows * dout);
       break;
     }
-    // --- new tensors -------------------------------------------------------------------
+    case OpKind::embedding:
+    case OpKind::embedding_nn: {  // cs336 (index) and HF (embedding): weight[ids]
+      const auto& w = R(0, "weight");
+      const auto& ids = R(1, "indices");
+      const int64_t D = w.shape[1];
+      Arr r(ids.v.size() * D);
+      for (Eigen::Index i = 0; i < ids.v.size(); ++i)
+        r.segment(i * D, D) = w.v.segment(static_cast<int64_t>(ids.v[i]) * D, D);
+      Shape s = ids.shape;
+      s.push_back(D);
+      W(0, s) = r;
+      break;
+    }
+    default:
+      if (forward_nn(c, rt, k, in, out)) break;     // graph/numeric_ops_nn.cpp
+      if (forward_fused(c, rt, k, in, out)) break;  // graph/numeric_ops_fused.cpp
+      throw NumericError(std::string("numeric: no forward kernel for ") + forward_name(k));
+  }
+}
+
+void NumericKernels::new_tensor(NumericContext& c, Runtime& rt, OpKind k,
+                                const std::vector<const Tensor*>& out) {
+  (void)rt;
+  const NumericModel& m = c.model();
+  const NumericHint hint = c.last_fwd_.hint;
+  auto W = [&](Shape s, uint64_t esize) -> Arr& {
+    return c.write(out[0]->storage, std::move(s), esize).v;
+  };
+  if (hint != NumericHint::none) {
+    new_tensor_nn(c, out);  // graph/numeric_ops_nn.cpp
+    return;
+  }
+  switch (k) {
+    case OpKind::arange: {
+      const int64_t n = static_cast<int64_t>(out[0]->bytes / 8);
+      W({n}, 8) = Arr::LinSpaced(n, 0, static_cast<double>(n - 1));
+      break;
+    }
+    case OpKind::compare: {  // cs336 causal mask qi >= kj, (S,S) bool
+      const int64_t S = m.seq;
+      Arr r(S * S);
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) r[i * S + j] = i >= j ? 1.0 : 0.0;
+      W({S, S}, 1) = r;
+      break;
+    }
     case OpKind::embedding: {
-      if (!in.empty()) {
-        const auto& w = R(0, "weight");
-        const auto& ids = R(1, "indices");
-        const int64_t D = w.shape[1];
-        Arr r(ids.v.size() * D);
-        for (Eigen::Index i = 0; i < ids.v.size(); ++i)
-          r.segment(i * D, D) = w.v.segment(static_cast<int64_t>(ids.v[i]) * D, D);
-        Shape s = ids.shape;
-        s.push_back(D);
-        W(0, s) = r;
-        break;
-      }
       // cs336 v2025: cos/sin gathered at positions arange(S) from the RoPE buffer.
       const auto& f = c.read(c.rope_buffer_, "the RoPE buffer");
       const int64_t ctx = f.shape[1], half = f.shape[2], Sq = m.seq;
       Arr r(2 * Sq * half);
       for (int64_t t = 0; t < 2; ++t)
         r.segment(t * Sq * half, Sq * half) = f.v.segment(t * ctx * half, Sq * half);
-      W(0, {2, Sq, half}, 4) = r;
-      break;
-    }
-    case OpKind::arange: {
-      const int64_t n = static_cast<int64_t>(out[0]->bytes / 8);
-      W(0, {n}, 8) = Arr::LinSpaced(n, 0, static_cast<double>(n - 1));
-      break;
-    }
-    case OpKind::compare: {  // causal mask qi >= kj, (S,S) bool
-      const int64_t S = m.seq;
-      Arr r(S * S);
-      for (int64_t i = 0; i < S; ++i)
-        for (int64_t j = 0; j < S; ++j) r[i * S + j] = i >= j ? 1.0 : 0.0;
-      W(0, {S, S}, 1) = r;
+      W({2, Sq, half}, 4) = r;
       break;
     }
     default:
-      throw NumericError(std::string("numeric: no forward kernel for ") + forward_name(k) +
-                         " (numeric mode supports the cs336 family only)");
+      // Scratch no kernel reads (ones_like, torch.full, no-grad temporaries): left
+      // unwritten, so a read would be a NumericError ("never computed").
+      break;
   }
+}
+
+void NumericKernels::set_grad(NumericContext& c, int i, std::vector<int64_t> shape,
+                              Eigen::ArrayXd v) {
+  c.pending_shape_[i] = std::move(shape);
+  c.pending_[i] = std::move(v);
+  c.pending_set_[i] = true;
 }
 
 void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
                               const uint32_t* saved, const NumericContext::NodeInfo& info) {
-  (void)rt;
   auto needs = [&](int i) { return n.next[i].node >= 0; };
   auto S = [&](uint32_t k, const char* what) -> const NumericBuffer& {
     if (k >= n.saved_count)
@@ -356,24 +332,34 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
                          " has no saved slot " + std::to_string(k));
     return c.read(saved[k], what);
   };
-  auto set = [&](int i, Shape s, Arr v) {
-    c.pending_shape_[i] = std::move(s);
-    c.pending_[i] = std::move(v);
-    c.pending_set_[i] = true;
-  };
+  auto set = [&](int i, Shape s, Arr v) { set_grad(c, i, std::move(s), std::move(v)); };
   auto in_shape = [&](size_t i) -> const Shape& {
     if (i >= info.in_shapes.size())
       throw NumericError("numeric: " + std::string(backward_name(n.kind)) +
                          ": the forward's operand shapes are unknown (no forward kernel ran)");
     return info.in_shapes[i];
   };
+  // Nodes whose two input slots both carry grads (tied weights, GPT-2's QKV split).
+  if (n.kind == OpKind::tied_sum || n.kind == OpKind::split_qkv) {
+    backward_nn(c, rt, n, saved, info);
+    return;
+  }
+  if (n.kind == OpKind::qkv_split) {  // megatron: q's grad in slot 0, v's in slot 1
+    backward_fused(c, rt, n, saved, info);
+    return;
+  }
   if (n.grad[0] == kNoStorage && n.kind != OpKind::max_dim) return;
   const NumericBuffer& gb = c.read(n.grad[0], "grad_output");
   const Arr g = gb.v;
   const Shape gs = gb.shape;
-  const int64_t H = c.model().heads, h = c.model().d_model / std::max<int64_t>(1, c.model().heads);
+  const int64_t h = c.model().head_dim();
   switch (n.kind) {
-    case OpKind::pow2: { const auto& x = S(0, "self"); set(0, x.shape, 2.0 * x.v * g); break; }
+    case OpKind::pow2: {
+      const auto& x = S(0, "self");
+      if (info.hint == NumericHint::cube) set(0, x.shape, 3.0 * x.v.square() * g);
+      else set(0, x.shape, 2.0 * x.v * g);
+      break;
+    }
     case OpKind::rsqrt: {
       const auto& r = S(0, "result");
       set(0, r.shape, -0.5 * g * r.v.cube());
@@ -461,7 +447,7 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
     }
     case OpKind::where_scalar: {
       const auto& mask = S(0, "condition");
-      const Arr mv = expand(mask.v, mask.shape, gs);
+      const Arr mv = expand_mask(mask, gs);
       set(0, gs, (mv != 0).select(g, 0.0));
       break;
     }
@@ -486,9 +472,11 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
       break;
     }
     case OpKind::view: {
-      if (info.hint == NumericHint::split_heads) {
+      if (info.hint == NumericHint::split_heads || info.hint == NumericHint::qkv_piece) {
         // grad (B,H,S,h) back to the projection's (B,S,D)
-        set(0, {gs[0], gs[2], gs[1] * gs[3]}, merge_heads(g, gs[0], gs[2], gs[1], gs[3]));
+        Arr merged = merge_heads(g, gs[0], gs[2], gs[1], gs[3]);
+        if (info.hint == NumericHint::qkv_piece) keep_split_part(c, n, info, merged);
+        set(0, {gs[0], gs[2], gs[1] * gs[3]}, std::move(merged));
       } else {
         set(0, in_shape(0), g);
       }
@@ -514,14 +502,23 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
     }
     case OpKind::bmm: {  // saved: mat2 (if self needs grad), then self (if mat2 does)
       const bool tb = info.hint == NumericHint::transpose_b;
+      const bool mv = info.hint == NumericHint::megatron_v;
       const Shape& as = in_shape(0);
-      const Shape& bs = in_shape(1);
+      Shape bs = in_shape(1);
+      if (mv) bs = {as[0], as[1], as[2], c.model().head_dim()};  // the value piece
       const size_t na = as.size(), nb = bs.size();
       const int64_t M = as[na - 2], K = as[na - 1], N = tb ? bs[nb - 2] : bs[nb - 1];
       const int64_t batch = numel(as) / (M * K);
       uint32_t k = 0;
       if (needs(0)) {  // dA = dC @ B^T (B: K x N) or dC @ B (B^T given: N x K)
-        const auto& b = S(k++, "mat2");
+        const auto& braw = S(k++, "mat2");
+        const NumericBuffer* bp = &braw;
+        NumericBuffer vpiece;
+        if (mv) {
+          vpiece.v = megatron_piece(braw, 2, c.model().head_dim(), &vpiece.shape);
+          bp = &vpiece;
+        }
+        const auto& b = *bp;
         Arr r(batch * M * K);
         for (int64_t i = 0; i < batch; ++i) {
           MapM dC(g.data() + i * M * N, M, N);
@@ -562,7 +559,8 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
       }
       break;
     }
-    case OpKind::embedding: {
+    case OpKind::embedding:
+    case OpKind::embedding_nn: {
       const auto& ids = S(0, "indices");
       const Shape& ws = in_shape(0);
       const int64_t D = ws[1];
@@ -573,10 +571,10 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
       break;
     }
     default:
-      throw NumericError(std::string("numeric: no backward kernel for ") + backward_name(n.kind) +
-                         " (numeric mode supports the cs336 family only)");
+      if (backward_nn(c, rt, n, saved, info)) break;     // graph/numeric_ops_nn.cpp
+      if (backward_fused(c, rt, n, saved, info)) break;  // graph/numeric_ops_fused.cpp
+      throw NumericError(std::string("numeric: no backward kernel for ") + backward_name(n.kind));
   }
-  (void)H;
 }
 
 }  // namespace memsim::graph

@@ -14,6 +14,8 @@
 //   vocab_parallel_ce  [0] logits (16-bit) [1] rows
 #include "graph/ops_fused.h"
 
+#include "graph/op_helpers.h"
+
 namespace memsim::graph {
 
 const char* fused_op_name(OpKind k, bool backward) {
@@ -70,6 +72,7 @@ Tensor fused_layer_norm(Runtime& rt, const Tensor& x, uint64_t rows, uint64_t hi
   Tensor out = act(rt, x.bytes, OpKind::fused_layer_norm);
   Tensor mean = act(rt, rows * 4, OpKind::fused_layer_norm);
   Tensor invvar = act(rt, rows * 4, OpKind::fused_layer_norm);
+  detail::numeric_forward(rt, OpKind::fused_layer_norm, {&x}, {&out, &mean, &invvar});
   if (records(rt, {&x}, true)) {
     const int32_t n = rt.make_node(OpKind::fused_layer_norm, {&x});
     Node& node = rt.node(n);
@@ -99,6 +102,7 @@ Tensor megatron_linear(Runtime& rt, const Tensor& x, const LinearSpec& spec) {
     Tensor shard = act(rt, spec.scatter_bytes, OpKind::megatron_linear);
     out = std::move(shard);
   }
+  detail::numeric_forward(rt, OpKind::megatron_linear, {&x}, {&out});  // numeric mode
   if (records(rt, {&x}, true)) {
     const int32_t n = rt.make_node(OpKind::megatron_linear, {&x});
     Node& node = rt.node(n);
@@ -122,6 +126,7 @@ QkvViews qkv_split(Runtime& rt, const Tensor& mixed) {
   v.q = rt.view_of(mixed, mixed.bytes / 3);
   v.k = rt.view_of(mixed, mixed.bytes / 3);
   v.v = rt.view_of(mixed, mixed.bytes / 3);
+  detail::numeric_forward(rt, OpKind::qkv_split, {&mixed}, {});
   if (records(rt, {&mixed}, false)) {
     const int32_t n = rt.make_node(OpKind::qkv_split, {&mixed});
     rt.node(n).size[0] = mixed.bytes;
@@ -138,6 +143,7 @@ QkvViews qkv_split(Runtime& rt, const Tensor& mixed) {
 Tensor baddbmm_qk(Runtime& rt, const Tensor& q, const Tensor& k, uint64_t out_bytes,
                   double flops) {
   Tensor out = act(rt, out_bytes, OpKind::baddbmm);
+  detail::numeric_forward(rt, OpKind::baddbmm, {&q, &k}, {&out});
   rt.note_gemm();
   rt.add_flops_forward(flops);
   if (records(rt, {&q, &k}, false)) {
@@ -156,6 +162,7 @@ Tensor baddbmm_qk(Runtime& rt, const Tensor& q, const Tensor& k, uint64_t out_by
 
 Tensor fused_causal_softmax(Runtime& rt, const Tensor& scores) {
   Tensor out = act(rt, scores.bytes, OpKind::fused_softmax);
+  detail::numeric_forward(rt, OpKind::fused_softmax, {&scores}, {&out});
   if (records(rt, {&scores}, false)) {
     const int32_t n = rt.make_node(OpKind::fused_softmax, {&scores});
     rt.node(n).size[0] = scores.bytes;
@@ -169,6 +176,7 @@ Tensor dropout(Runtime& rt, const Tensor& x, uint64_t elems, bool active) {
   if (!active) return x;  // p == 0: at::dropout returns its input
   Tensor out = act(rt, x.bytes, OpKind::dropout);
   Tensor mask = act(rt, elems, OpKind::dropout);
+  detail::numeric_forward(rt, OpKind::dropout, {&x}, {&out, &mask});
   if (records(rt, {&x}, false)) {
     const int32_t n = rt.make_node(OpKind::dropout, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -183,6 +191,8 @@ Tensor bias_dropout_add(Runtime& rt, const Tensor& x, const Tensor& residual, ui
   Tensor out = act(rt, residual.bytes, OpKind::bias_dropout_add);
   Tensor mask;
   if (dropout_active) mask = act(rt, elems, OpKind::bias_dropout_add);
+  if (mask.defined()) detail::numeric_forward(rt, OpKind::bias_dropout_add, {&x, &residual}, {&out, &mask});
+  else detail::numeric_forward(rt, OpKind::bias_dropout_add, {&x, &residual}, {&out});
   if (records(rt, {&x, &residual}, bias_bytes != 0)) {
     const int32_t n = rt.make_node(OpKind::bias_dropout_add, {&x, &residual});
     Node& node = rt.node(n);
@@ -196,6 +206,7 @@ Tensor bias_dropout_add(Runtime& rt, const Tensor& x, const Tensor& residual, ui
 
 Tensor bias_gelu(Runtime& rt, const Tensor& x, uint64_t bias_bytes) {
   Tensor out = act(rt, x.bytes, OpKind::bias_gelu);
+  detail::numeric_forward(rt, OpKind::bias_gelu, {&x}, {&out});
   if (records(rt, {&x}, bias_bytes != 0)) {
     const int32_t n = rt.make_node(OpKind::bias_gelu, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -232,6 +243,7 @@ Tensor fused_attention(Runtime& rt, const Tensor& mixed, uint64_t out_bytes, uin
 Tensor megatron_embedding(Runtime& rt, const Tensor& ids, uint64_t out_bytes,
                           uint64_t weight_bytes, bool grad_arrives_transposed) {
   Tensor out = act(rt, out_bytes, OpKind::megatron_embedding);
+  detail::numeric_forward(rt, OpKind::megatron_embedding, {&ids}, {&out});
   if (records(rt, {}, true)) {
     const int32_t n = rt.make_node(OpKind::megatron_embedding, {});
     Node& node = rt.node(n);
@@ -272,6 +284,8 @@ Tensor vocab_parallel_cross_entropy(Runtime& rt, const Tensor& logits, uint64_t 
   Tensor log_sum = rt.alloc(rows * 4, TensorKind::temporary, OpKind::vocab_parallel_ce);
   Tensor loss = act(rt, rows * 4, OpKind::vocab_parallel_ce);
   log_sum.reset();
+  detail::numeric_forward(rt, OpKind::vocab_parallel_ce, {&logits},
+                          {&loss, &fp32, &target_mask, &masked_target});
   if (records(rt, {&logits}, false)) {
     const int32_t n = rt.make_node(OpKind::vocab_parallel_ce, {&logits});
     rt.node(n).size[0] = logits.bytes;

@@ -43,6 +43,7 @@ using detail::wants_grad;
 // Unary op whose backward allocates one input-sized grad. save: 0 nothing, 1 self, 2 result.
 Tensor unary(Runtime& rt, const Tensor& x, OpKind k, int save, uint64_t out_bytes) {
   Tensor out = out_tensor(rt, out_bytes, k);
+  detail::numeric_forward(rt, k, {&x}, {&out});  // numeric mode (graph/numeric.h)
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(k, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -64,6 +65,7 @@ uint64_t round_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
 Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor& w,
                   uint64_t out_bytes, double flops) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::addmm);
+  detail::numeric_forward(rt, OpKind::addmm, {&bias, &x, &w}, {&out});
   rt.note_gemm();
   rt.add_flops_forward(flops);
   if (wants_grad(rt, {&bias, &x, &w})) {
@@ -82,6 +84,7 @@ Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor
 Tensor mm_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_bytes,
                  double flops) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::mm_linear);
+  detail::numeric_forward(rt, OpKind::mm_linear, {&x, &w}, {&out});
   rt.note_gemm();
   rt.add_flops_forward(flops);
   if (wants_grad(rt, {&x, &w})) {
@@ -100,6 +103,7 @@ Tensor layer_norm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& b
   Tensor out = out_tensor(rt, x.bytes, OpKind::layer_norm);
   Tensor mean = out_tensor(rt, rows * 4, OpKind::layer_norm);
   Tensor rstd = out_tensor(rt, rows * 4, OpKind::layer_norm);
+  detail::numeric_forward(rt, OpKind::layer_norm, {&x, &w, &b}, {&out, &mean, &rstd});
   if (wants_grad(rt, {&x, &w, &b})) {
     int32_t n = rt.make_node(OpKind::layer_norm, {&x, &w, &b});
     Node& node = rt.node(n);
@@ -128,6 +132,7 @@ Tensor to_copy(Runtime& rt, const Tensor& x, uint64_t out_bytes) {
 
 Tensor add_bcast(Runtime& rt, const Tensor& a, const Tensor& b) {
   Tensor out = out_tensor(rt, std::max(a.bytes, b.bytes), OpKind::add_bcast);
+  detail::numeric_forward(rt, OpKind::add_bcast, {&a, &b}, {&out});
   if (wants_grad(rt, {&a, &b})) {
     int32_t n = rt.make_node(OpKind::add_bcast, {&a, &b});
     rt.node(n).size[0] = a.bytes;
@@ -140,6 +145,7 @@ Tensor add_bcast(Runtime& rt, const Tensor& a, const Tensor& b) {
 Tensor native_dropout(Runtime& rt, const Tensor& x, uint64_t elem) {
   Tensor out = out_tensor(rt, x.bytes, OpKind::native_dropout);
   Tensor mask = out_tensor(rt, x.bytes / elem, OpKind::native_dropout);
+  detail::numeric_forward(rt, OpKind::native_dropout, {&x}, {&out, &mask});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::native_dropout, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -151,6 +157,7 @@ Tensor native_dropout(Runtime& rt, const Tensor& x, uint64_t elem) {
 
 Tensor embedding_nn(Runtime& rt, const Tensor& weight, const Tensor& ids, uint64_t out_bytes) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::embedding_nn);
+  detail::numeric_forward(rt, OpKind::embedding_nn, {&weight, &ids}, {&out});
   if (wants_grad(rt, {&weight})) {
     int32_t n = rt.make_node(OpKind::embedding_nn, {&weight});
     rt.node(n).size[0] = weight.bytes;
@@ -163,6 +170,7 @@ Tensor embedding_nn(Runtime& rt, const Tensor& weight, const Tensor& ids, uint64
 
 Tensor slice_seq(Runtime& rt, const Tensor& x, uint64_t out_bytes) {
   Tensor out = rt.view_of(x, out_bytes);
+  detail::numeric_forward(rt, OpKind::slice_seq, {&x}, {&out});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::slice_seq, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -177,6 +185,7 @@ Tensor expand_clone(Runtime& rt, const Tensor& x, uint64_t n_rep) {
 }
 
 SplitQkv::SplitQkv(Runtime& rt, const Tensor& qkv) : base_(qkv) {
+  detail::numeric_forward(rt, OpKind::split_qkv, {&qkv}, {});  // records the (B,S,3D) shape
   if (wants_grad(rt, {&qkv})) {
     node_ = rt.make_node(OpKind::split_qkv, {&qkv});
     rt.node(node_).size[0] = qkv.bytes;
@@ -187,6 +196,8 @@ Tensor SplitQkv::head_view(Runtime& rt, int which) const {
   // split piece -> view(B,S,H,hd) -> permute: the permuted grad arriving here is not
   // viewable as (B,S,D), so the view's backward reshape copies (a piece-sized tensor).
   Tensor piece = rt.view_of(base_, base_.bytes / 3);
+  // Numeric mode: records the piece's view (the builder hints which piece it is).
+  detail::numeric_forward(rt, OpKind::view, {&piece}, {&piece});
   if (node_ < 0) return piece;
   piece.grad_fn = node_;
   piece.out_slot = which == 0 ? 0 : 1;
@@ -200,6 +211,7 @@ Tensor SplitQkv::head_view(Runtime& rt, int which) const {
 
 Tensor expand_view(Runtime& rt, const Tensor& x, uint64_t n_rep) {
   Tensor out = rt.view_of(x, x.bytes * n_rep);
+  detail::numeric_forward(rt, OpKind::expand_clone, {&x}, {&out});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::expand_clone, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -227,6 +239,7 @@ Tensor TiedWeight::use(uint8_t slot) const {
 
 Tensor where_tensor(Runtime& rt, const Tensor& cond, const Tensor& x, uint64_t elem) {
   Tensor out = out_tensor(rt, x.bytes, OpKind::where_scalar);
+  detail::numeric_forward(rt, OpKind::where_scalar, {&cond, &x}, {&out});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::where_scalar, {&x});
     rt.node(n).size[0] = x.bytes;
@@ -248,6 +261,7 @@ Tensor rope_hf(Runtime& rt, const Tensor& x, const Tensor& cos, const Tensor& si
   Tensor b = rt.alloc(X, TensorKind::temporary, OpKind::mul);  // rotate_half(x) * sin
   cat.reset();
   Tensor out = out_tensor(rt, X, OpKind::rope_hf);  // a + b
+  detail::numeric_forward(rt, OpKind::rope_hf, {&x, &cos, &sin}, {&out});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::rope_hf, {&x});
     rt.node(n).size[0] = X;
@@ -268,6 +282,8 @@ Tensor sdpa(Runtime& rt, OpKind kind, const Tensor& q, const Tensor& k, const Te
   const bool grad = wants_grad(rt, {&q, &k, &v});
   Tensor lse;
   if (grad || kind == OpKind::sdpa_flash) lse = out_tensor(rt, lse_bytes, kind);
+  if (lse.defined()) detail::numeric_forward(rt, kind, {&q, &k, &v}, {&out, &lse});
+  else detail::numeric_forward(rt, kind, {&q, &k, &v}, {&out});
   rt.add_flops_forward(flops);
   if (grad) {
     int32_t n = rt.make_node(kind, {&q, &k, &v});

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "graph/numeric.h"
 #include "graph/ops.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/data_parallel.h"
@@ -61,8 +62,10 @@ void check_supported(const Scenario& s) {
 class MegatronLoop {
  public:
   MegatronLoop(const Scenario& s, const MegatronOptions& o, Program& program,
-               graph::RuntimeBuffers* buffers = nullptr)
+               graph::RuntimeBuffers* buffers = nullptr, graph::NumericContext* numeric = nullptr)
       : s_(s), rt_(program, buffers), model_(rt_, megatron_shape(s)) {
+    rt_.numeric = numeric;  // numeric mode (graph/numeric.h); null in normal runs
+    if (numeric != nullptr) rt_.test_drop_save = numeric->test_drop_save;
     optimizer_config_ = megatron_optimizer_config(s, o.zero_paper_accounting);
     grad_elem_ = optimizer_config_.grad_elem;
   }
@@ -116,6 +119,7 @@ class MegatronLoop {
     // zero_grad_buffer() (in place) and optimizer.zero_grad(set_to_none=True).
     rt_.ctx.phase = Phase::optimizer;
     if (optimizer_) optimizer_->zero_grad(rt_);
+    if (rt_.numeric != nullptr) rt_.numeric->zero_main_grads();
     const int64_t micro = std::max<int64_t>(1, s_.batch.grad_accum);
     for (int64_t mb = 0; mb < micro; ++mb) {
       const bool last = mb + 1 == micro;
@@ -126,6 +130,7 @@ class MegatronLoop {
       rt_.ctx.layer = -1;
       rt_.ctx.module = graph::Module::optimizer;
       optimizer_->step(rt_);
+      if (rt_.numeric != nullptr) rt_.numeric->on_optimizer_step(rt_);
       rt_.ctx.module = graph::Module::none;
       if (measured) rt_.mark("optimizer_end");
     }
@@ -148,6 +153,8 @@ class MegatronLoop {
         named(rt_, rt_.alloc(b * s * s, TensorKind::input, OpKind::other), "attention_mask");
     Tensor position_ids =
         named(rt_, rt_.alloc(rows() * 8, TensorKind::input, OpKind::other), "position_ids");
+    if (rt_.numeric != nullptr)
+      rt_.numeric->fill_megatron_batch(tokens, labels, loss_mask, position_ids);
     Tensor loss;
     {
       Tensor logits = model_.forward(tokens, position_ids, attention_mask);
@@ -220,6 +227,12 @@ void build_megatron_program(const Scenario& scenario, const MegatronOptions& opt
   MegatronLoop loop(scenario, options, program, buffers);
   loop.run();
   program.rank = megatron_model_parallel_rank(scenario, data_parallel_rank(scenario));
+}
+
+void build_megatron_program(const Scenario& scenario, Program& program,
+                            graph::NumericContext* numeric) {
+  check_supported(scenario);
+  MegatronLoop(scenario, {}, program, nullptr, numeric).run();
 }
 
 }  // namespace memsim

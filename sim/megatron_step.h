@@ -28,6 +28,10 @@
 #include "sim/program.h"
 #include "sim/scenario.h"
 
+namespace memsim::graph {
+class NumericContext;
+}
+
 namespace memsim {
 
 struct MegatronOptions {
@@ -48,5 +52,8 @@ Program build_megatron_program(const Scenario& scenario, const MegatronOptions& 
 // borrows `buffers` (may be null): repeated builds reuse storage (sim/schedule.h).
 void build_megatron_program(const Scenario& scenario, const MegatronOptions& options,
                             Program& program, graph::RuntimeBuffers* buffers);
+// Numeric mode (graph/numeric.h, sim/numeric_check.h): the same loop executed by `numeric`.
+void build_megatron_program(const Scenario& scenario, Program& program,
+                            graph::NumericContext* numeric);
 
 }  // namespace memsim

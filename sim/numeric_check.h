@@ -5,7 +5,7 @@
 //     attached: every op computed in double in the Program's event order, freed buffers
 //     poisoned. The first backward's loss and .grad are kept.
 //  2. Finite differences: for sampled entries of every parameter (the largest-|grad|
-//     entry plus fd_samples others), central differences of the first loss in double
+//     entry plus fd_samples others), fourth-order central differences of the first loss in double
 //     (forward+backward runs with the parameter perturbed); max relative error.
 //  3. Every checkpointing policy (policies; default: none, full, uniform:2, block:1,
 //     modules, selective, sqrt, custom, and full reentrant / without early stop) gives a
@@ -14,13 +14,16 @@
 //     textbook reference (sim/numeric_optimizer.h) within optimizer_tolerance.
 //  Any violation (a read of a freed buffer), NumericError, NaN or mismatch is a failure
 //  listed in the report. validate_numeric_scenario throws ScenarioError for a scenario
-//  numeric mode refuses (family other than cs336, non-fp32, too large).
+//  numeric mode refuses (non-fp32, SDPA for hf-gpt2 / megatron, megatron model
+//  parallelism, dropout, LoRA, Adafactor or 8-bit optimizers, several processes, too
+//  large).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "graph/numeric.h"
 #include "sim/scenario.h"
 
 namespace memsim {
@@ -28,7 +31,7 @@ namespace memsim {
 struct NumericCheckOptions {
   std::vector<std::string> policies;  // empty: the default list (see above)
   int fd_samples = 3;                 // sampled entries per parameter besides the largest
-  double fd_step = 1e-5;
+  double fd_step = 1e-3;              // of the fourth-order central difference
   double fd_tolerance = 1e-6;         // max relative FD error
   double optimizer_tolerance = 1e-10; // max normwise relative error of an update
   // Test-only fault injection (graph::Runtime::test_drop_save) in every run.
@@ -57,6 +60,8 @@ struct NumericCheckReport {
 };
 
 void validate_numeric_scenario(const Scenario& scenario);
+// The tiny model numeric mode builds for a scenario (family, shapes, seed).
+graph::NumericModel numeric_model(const Scenario& scenario);
 NumericCheckReport run_numeric_check(const Scenario& scenario, const NumericCheckOptions& options);
 
 }  // namespace memsim

@@ -51,7 +51,7 @@ void NumericOptimizer::step(const std::vector<Eigen::ArrayXd*>& params,
 
 // As the implementations write it (see the header).
 void NumericOptimizer::modelled(size_t i, Eigen::ArrayXd& p, const Eigen::ArrayXd& g) {
-  const double lr = h_.lr, b1 = h_.beta1, b2 = h_.beta2, eps = h_.eps, wd = h_.weight_decay;
+  const double lr = h_.lr, b1 = h_.beta1, b2 = h_.beta2, eps = h_.eps, wd = decay(i);
   const double t = static_cast<double>(t_[i]);
   Eigen::ArrayXd& m = m_[i];
   Eigen::ArrayXd& v = v_[i];
@@ -86,7 +86,7 @@ void NumericOptimizer::modelled(size_t i, Eigen::ArrayXd& p, const Eigen::ArrayX
 
 // Textbook forms.
 void NumericOptimizer::textbook(size_t i, Eigen::ArrayXd& p, const Eigen::ArrayXd& g) {
-  const double lr = h_.lr, b1 = h_.beta1, b2 = h_.beta2, eps = h_.eps, wd = h_.weight_decay;
+  const double lr = h_.lr, b1 = h_.beta1, b2 = h_.beta2, eps = h_.eps, wd = decay(i);
   const int64_t t = t_[i];
   if (config_.type == OptimizerType::sgd) {
     // v_t = mu * v_{t-1} + g_t (v_1 = g_1), theta -= lr * v_t

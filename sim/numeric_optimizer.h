@@ -35,6 +35,9 @@ class NumericOptimizer {
   // params[i] updated in place with grads[i]; a null grad skips parameter i.
   void step(const std::vector<Eigen::ArrayXd*>& params,
             const std::vector<const Eigen::ArrayXd*>& grads);
+  // Parameters exempt from weight decay (Megatron's no_wd group: biases and norm
+  // parameters); empty: every parameter decays.
+  void set_no_decay(std::vector<bool> no_decay) { no_decay_ = std::move(no_decay); }
 
  private:
   void modelled(size_t i, Eigen::ArrayXd& p, const Eigen::ArrayXd& g);
@@ -43,7 +46,11 @@ class NumericOptimizer {
   NumericHyper h_;
   bool decay_after_, reference_;
   std::vector<Eigen::ArrayXd> m_, v_;
-  std::vector<int64_t> t_;  // per-parameter step count (torch keeps `step` per param)
+  std::vector<int64_t> t_;
+  std::vector<bool> no_decay_;
+  double decay(size_t i) const {
+    return i < no_decay_.size() && no_decay_[i] ? 0.0 : h_.weight_decay;
+  }  // per-parameter step count (torch keeps `step` per param)
 };
 
 }  // namespace memsim

@@ -315,12 +315,16 @@ const Program& build_program(const Scenario& scenario, const TrainingScript& scr
 Program build_program(const Scenario& scenario, const TrainingScript& script,
                       graph::NumericContext* numeric) {
   require_modelled(scenario);
-  if (scenario.model.family != ModelFamily::cs336)
-    throw ScenarioError(scenario.source + ": model.family: '" +
-                        to_string(scenario.model.family) +
-                        "' has no numeric kernels (numeric mode supports cs336 only)");
   Program program;
-  Loop<graph::Cs336Model>(scenario, script, program, nullptr, numeric).run();
+  switch (scenario.model.family) {  // numeric kernels: graph/numeric.h
+    case ModelFamily::cs336: Loop<graph::Cs336Model>(scenario, script, program, nullptr, numeric).run(); break;
+    case ModelFamily::hf_llama: Loop<graph::HfLlamaModel>(scenario, script, program, nullptr, numeric).run(); break;
+    case ModelFamily::hf_gpt2: Loop<graph::HfGpt2Model>(scenario, script, program, nullptr, numeric).run(); break;
+    case ModelFamily::megatron: build_megatron_program(scenario, program, numeric); break;
+    default:
+      throw ScenarioError(scenario.source + ": model.family: '" +
+                          to_string(scenario.model.family) + "' has no numeric kernels");
+  }
   return program;
 }
 

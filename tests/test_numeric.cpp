@@ -73,9 +73,13 @@ TEST_CASE("numeric mode catches a saved tensor freed early", "[numeric]") {
   }
 }
 
-TEST_CASE("numeric mode refuses other families and large configurations", "[numeric]") {
-  CHECK_THROWS_WITH(run_numeric_check(tiny({{"model.family", "hf-gpt2"}}), {}),
-                    Catch::Contains("not supported by numeric mode"));
+TEST_CASE("numeric mode refuses what it has no kernels for and large configurations", "[numeric]") {
+  CHECK_THROWS_WITH(run_numeric_check(tiny({{"model.family", "hf-gpt2"},
+                                            {"model.attention", "flash"}}),
+                                      {}),
+                    Catch::Contains("model.attention"));
+  CHECK_THROWS_WITH(run_numeric_check(tiny({{"parallel.data", "2"}}), {}),
+                    Catch::Contains("single process"));
   CHECK_THROWS_WITH(run_numeric_check(tiny({{"model.d_model", "1024"}, {"model.heads", "8"}}), {}),
                     Catch::Contains("tiny configurations"));
   CHECK_THROWS_WITH(run_numeric_check(tiny({{"precision.params", "bf16"}}), {}),
@@ -97,9 +101,9 @@ TEST_CASE("memsim check: exit 0 on pass, 4 on a failed check, 1 when refused", "
   const auto bad = run_shell(base + " --policies none --test-drop-save 5 2>&1");
   CHECK(bad.status == 4);
   CHECK(bad.out.find("check failed") != std::string::npos);
-  const auto refused = run_shell(base + " --set model.family=hf-llama 2>&1");
+  const auto refused = run_shell(base + " --set precision.params=bf16 2>&1");
   CHECK(refused.status == 1);
-  CHECK(refused.out.find("not supported by numeric mode") != std::string::npos);
+  CHECK(refused.out.find("numeric mode needs fp32") != std::string::npos);
 }
 
 #include <fstream>
@@ -116,15 +120,7 @@ TEST_CASE("numeric cs336-tiny matches torch 1.13 (float64, same weights)", "[num
   const nlohmann::json fx = nlohmann::json::parse(in);
   Scenario s = tiny();
   s.step.warmup_steps = 0;
-  graph::NumericModel m;
-  m.batch = s.batch.micro_batch;
-  m.seq = s.batch.seq_len;
-  m.d_model = s.model.d_model;
-  m.heads = s.model.heads;
-  m.d_ff = s.model.d_ff;
-  m.vocab = s.model.vocab;
-  m.context = s.model.context_length;
-  graph::NumericContext ctx(m);
+  graph::NumericContext ctx(numeric_model(s));
   build_program(s, default_script(s), &ctx);
   REQUIRE(ctx.violations().empty());
   CHECK(ctx.first_loss() == Approx(fx["loss"].get<double>()).epsilon(1e-12));

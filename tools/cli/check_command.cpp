@@ -1,7 +1,7 @@
 // memsim check SCENARIO: numeric mode (sim/numeric_check.h). Runs the scenario's program
 // with real numbers and prints the finite-difference error, the checkpointing-policy
 // comparison and the optimizer check. Exit 0: every check passed; 4 (kExitCheckFailed):
-// a check failed; 1: bad input or a scenario numeric mode refuses (family, size).
+// a check failed; 1: bad input or a scenario numeric mode refuses (family, size, ...).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -18,7 +18,7 @@ CLI::App* add_check_command(CLI::App& app, CheckArgs& args) {
   CLI::App* cmd = app.add_subcommand(
       "check", "Prove a tiny scenario's schedule numerically (gradients vs finite "
                "differences, checkpointing policies bit-identical, optimizer step)");
-  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML), a tiny cs336 model")->required();
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML), a tiny cs336, hf-llama or hf-gpt2 model")->required();
   cmd->add_option("--set", args.sets, "Override a scenario key, e.g. --set model.layers=3")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
@@ -42,9 +42,9 @@ int run_check(const CheckArgs& args) {
   if (!args.policies.empty()) o.policies = split_policies(args.policies);
   const NumericCheckReport r = run_numeric_check(scenario, o);
 
-  std::printf("%s: numeric check (cs336, %lld parameters, double precision)\n",
+  std::printf("%s: numeric check (%s, %lld parameters, double precision)\n",
               scenario.name.empty() ? scenario.source.c_str() : scenario.name.c_str(),
-              static_cast<long long>(r.parameters));
+              to_string(scenario.model.family), static_cast<long long>(r.parameters));
   std::printf("  loss (first step)       %.12g\n", r.loss);
   std::printf("  finite differences      max relative error %.3e over %d entries%s\n",
               r.fd_max_rel_error, r.fd_points, r.fd_max_rel_error <= o.fd_tolerance ? "" : "  FAIL");
