@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "graph/numeric.h"
@@ -134,6 +135,55 @@ inline Arr megatron_piece(const NumericBuffer& mixed, int p, int64_t hn, Shape* 
             mixed.v.segment((b * S + s) * h3 + (j * 3 + p) * hn, hn);
   if (shape != nullptr) *shape = {B, np, S, hn};
   return r;
+}
+
+// Causal scaled-dot-product attention over `heads` independent (S, hd) blocks laid out
+// contiguously (q, k, v: heads*S*hd): o (heads,S,hd) and the log-sum-exp of each scaled
+// score row, lse (heads,S). The flash / mem-efficient / TE kernels' math.
+inline void flash_forward(const Arr& q, const Arr& k, const Arr& v, int64_t heads, int64_t S,
+                          int64_t hd, Arr& o, Arr& lse) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  o.resize(heads * S * hd);
+  lse.resize(heads * S);
+  for (int64_t x = 0; x < heads; ++x) {
+    const int64_t off = x * S * hd;
+    Mat p = MapM(q.data() + off, S, hd) * MapM(k.data() + off, S, hd).transpose() * scale;
+    for (int64_t i = 0; i < S; ++i) {
+      const double mx = p.row(i).head(i + 1).maxCoeff();
+      const double l = mx + std::log((p.row(i).head(i + 1).array() - mx).exp().sum());
+      lse[x * S + i] = l;
+      for (int64_t j = 0; j < S; ++j) p(i, j) = j <= i ? std::exp(p(i, j) - l) : 0.0;
+    }
+    const Mat oh = p * MapM(v.data() + off, S, hd);
+    o.segment(off, S * hd) = Eigen::Map<const Arr>(oh.data(), S * hd);
+  }
+}
+
+// Its backward from the saved output and log-sum-exp (P recomputed as exp(s - lse), as
+// the kernels do): dq, dk, dv (heads,S,hd) from dO (heads,S,hd).
+inline void flash_backward(const Arr& q, const Arr& k, const Arr& v, const Arr& o, const Arr& lse,
+                           const Arr& dO, int64_t heads, int64_t S, int64_t hd, Arr& dq, Arr& dk,
+                           Arr& dv) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  dq.resize(heads * S * hd);
+  dk.resize(heads * S * hd);
+  dv.resize(heads * S * hd);
+  for (int64_t x = 0; x < heads; ++x) {
+    const int64_t off = x * S * hd;
+    Mat P = MapM(q.data() + off, S, hd) * MapM(k.data() + off, S, hd).transpose() * scale;
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t j = 0; j < S; ++j) P(i, j) = j <= i ? std::exp(P(i, j) - lse[x * S + i]) : 0.0;
+    MapM dOx(dO.data() + off, S, hd), Ox(o.data() + off, S, hd);
+    const Mat dV = P.transpose() * dOx;
+    const Mat dP = dOx * MapM(v.data() + off, S, hd).transpose();
+    const Eigen::VectorXd Di = (dOx.array() * Ox.array()).rowwise().sum();
+    const Mat dS = (P.array() * (dP.colwise() - Di).array()).matrix() * scale;
+    const Mat dQ = dS * MapM(k.data() + off, S, hd);
+    const Mat dK = dS.transpose() * MapM(q.data() + off, S, hd);
+    dq.segment(off, S * hd) = Eigen::Map<const Arr>(dQ.data(), S * hd);
+    dk.segment(off, S * hd) = Eigen::Map<const Arr>(dK.data(), S * hd);
+    dv.segment(off, S * hd) = Eigen::Map<const Arr>(dV.data(), S * hd);
+  }
 }
 
 }  // namespace memsim::graph::numeric_detail

@@ -1,5 +1,6 @@
 // Numeric kernels of Megatron-LM's fused ops (graph/ops_fused.h), tensor parallel 1, no
-// sequence parallelism, eager core attention, fp32 (dropout: NumericContext::dropout_mask).
+// sequence parallelism, eager core attention or TE fused attention, fp32 (dropout:
+// NumericContext::dropout_mask).
 //
 // Megatron's ops take their parameters as byte counts, so the builder names them
 // (numeric_param_hint: weight and bias indices) and the kernels read the parameters'
@@ -156,6 +157,18 @@ bool NumericKernels::forward_fused(NumericContext& c, Runtime& rt, OpKind k,
         W(1, x.shape, 1) = keep;
       }
       W(0, x.shape) = res.v + z;
+      return true;
+    }
+    case OpKind::fused_attention: {  // TE fused attention on the packed QKV, causal
+      const auto& mixed = R(0, "qkv");
+      Shape qs;
+      const Arr q = megatron_piece(mixed, 0, hn, &qs), kk = megatron_piece(mixed, 1, hn, nullptr),
+                v = megatron_piece(mixed, 2, hn, nullptr);
+      const int64_t B = qs[0], np = qs[1], Sq = qs[2];
+      Arr o, lse;
+      flash_forward(q, kk, v, B * np, Sq, hn, o, lse);
+      W(0, {B, Sq, np * hn}) = merge_heads(o, B, Sq, np, hn);  // [s, b, h]: the proj input
+      W(1, {B, np, Sq}, 4) = lse;
       return true;
     }
     case OpKind::dropout: {
@@ -330,6 +343,22 @@ bool NumericKernels::backward_fused(NumericContext& c, Runtime& rt, const Node& 
       if (info.bias >= 0) c.add_main_grad(info.bias, col_sums(gz, gs.back()));
       if (needs(0)) set(0, gs, std::move(gz));
       if (needs(1)) set(1, gs, g);
+      return true;
+    }
+    case OpKind::fused_attention: {  // saved: qkv (3 times), out, lse
+      const auto& mixed = S(0, "query");
+      S(1, "key");
+      S(2, "value");
+      const auto& o = S(3, "out");
+      const auto& lse = S(4, "softmax_lse");
+      Shape qs;
+      const Arr q = megatron_piece(mixed, 0, hn, &qs), kk = megatron_piece(mixed, 1, hn, nullptr),
+                v = megatron_piece(mixed, 2, hn, nullptr);
+      const int64_t B = qs[0], np = qs[1], Sq = qs[2];
+      Arr d[3];
+      flash_backward(q, kk, v, split_heads(o.v, B, Sq, np, hn), lse.v, split_heads(g, B, Sq, np, hn),
+                     B * np, Sq, hn, d[0], d[1], d[2]);
+      if (needs(0)) set(0, mixed.shape, megatron_cat(d, B, np, Sq, hn));
       return true;
     }
     case OpKind::dropout:  // saved: the mask

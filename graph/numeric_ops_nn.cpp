@@ -61,25 +61,6 @@ Arr sum_heads(const Arr& g, const Shape& xs, int64_t rep) {
   return r;
 }
 
-// Causal scaled-dot-product attention of one (batch, head): q, k, v (S, hd) row-major.
-// P = softmax(q k^T / sqrt(hd) + causal), lse = log-sum-exp of each scaled row.
-struct Attn1 {
-  Mat p;
-  Eigen::VectorXd lse;
-};
-Attn1 causal_attention(const double* q, const double* k, int64_t S, int64_t hd) {
-  Attn1 a;
-  a.p = MapM(q, S, hd) * MapM(k, S, hd).transpose() / std::sqrt(static_cast<double>(hd));
-  a.lse.resize(S);
-  for (int64_t i = 0; i < S; ++i) {
-    const double mx = a.p.row(i).head(i + 1).maxCoeff();
-    const double l = mx + std::log((a.p.row(i).head(i + 1).array() - mx).exp().sum());
-    a.lse[i] = l;
-    for (int64_t j = 0; j < S; ++j) a.p(i, j) = j <= i ? std::exp(a.p(i, j) - l) : 0.0;
-  }
-  return a;
-}
-
 }  // namespace
 
 bool NumericKernels::forward_nn(NumericContext& c, Runtime& rt, OpKind k,
@@ -198,19 +179,12 @@ bool NumericKernels::forward_nn(NumericContext& c, Runtime& rt, OpKind k,
       const auto& kk = R(1, "key");
       const auto& v = R(2, "value");
       const int64_t B = q.shape[0], H = q.shape[1], Sq = q.shape[2], hd = q.shape[3];
-      Arr o(B * Sq * H * hd);
+      Arr o4, lse4;
+      flash_forward(q.v, kk.v, v.v, B * H, Sq, hd, o4, lse4);
+      const Arr o = merge_heads(o4, B, Sq, H, hd);
       const int64_t lse_len = out.size() > 1 ? static_cast<int64_t>(out[1]->bytes / 4) / (B * H) : Sq;
       Arr lse = Arr::Zero(B * H * lse_len);
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t hh = 0; hh < H; ++hh) {
-          const int64_t off = (b * H + hh) * Sq * hd;
-          const Attn1 a = causal_attention(q.v.data() + off, kk.v.data() + off, Sq, hd);
-          const Mat oh = a.p * MapM(v.v.data() + off, Sq, hd);
-          for (int64_t i = 0; i < Sq; ++i) {
-            o.segment(((b * Sq + i) * H + hh) * hd, hd) = oh.row(i).transpose().array();
-            lse[(b * H + hh) * lse_len + i] = a.lse[i];
-          }
-        }
+      for (int64_t x = 0; x < B * H; ++x) lse.segment(x * lse_len, Sq) = lse4.segment(x * Sq, Sq);
       W(0, {B, Sq, H * hd}) = o;
       if (out.size() > 1) W(1, {B, H, lse_len}, 4) = lse;
       return true;
@@ -495,32 +469,10 @@ bool NumericKernels::backward_nn(NumericContext& c, Runtime& rt, const Node& n,
       const auto& lse = S(4, "logsumexp");
       const int64_t B = q.shape[0], H = q.shape[1], Sq = q.shape[2], hd = q.shape[3];
       const int64_t lse_len = lse.shape[2];
-      const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-      Arr dq(q.v.size()), dk(kk.v.size()), dv(v.v.size());
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t hh = 0; hh < H; ++hh) {
-          const int64_t off = (b * H + hh) * Sq * hd;
-          Mat dO(Sq, hd), O(Sq, hd);
-          for (int64_t i = 0; i < Sq; ++i) {
-            const int64_t at = ((b * Sq + i) * H + hh) * hd;
-            dO.row(i) = Eigen::Map<const Eigen::RowVectorXd>(g.data() + at, hd);
-            O.row(i) = Eigen::Map<const Eigen::RowVectorXd>(o.v.data() + at, hd);
-          }
-          // P from the saved log-sum-exp (as the kernels' backward recomputes it).
-          Mat P = MapM(q.v.data() + off, Sq, hd) * MapM(kk.v.data() + off, Sq, hd).transpose() * scale;
-          for (int64_t i = 0; i < Sq; ++i)
-            for (int64_t j = 0; j < Sq; ++j)
-              P(i, j) = j <= i ? std::exp(P(i, j) - lse.v[(b * H + hh) * lse_len + i]) : 0.0;
-          const Mat dV = P.transpose() * dO;
-          const Mat dP = dO * MapM(v.v.data() + off, Sq, hd).transpose();
-          const Eigen::VectorXd Di = (dO.array() * O.array()).rowwise().sum();
-          const Mat dS = (P.array() * (dP.colwise() - Di).array()).matrix() * scale;
-          const Mat dQ = dS * MapM(kk.v.data() + off, Sq, hd);
-          const Mat dK = dS.transpose() * MapM(q.v.data() + off, Sq, hd);
-          dq.segment(off, Sq * hd) = Eigen::Map<const Arr>(dQ.data(), Sq * hd);
-          dk.segment(off, Sq * hd) = Eigen::Map<const Arr>(dK.data(), Sq * hd);
-          dv.segment(off, Sq * hd) = Eigen::Map<const Arr>(dV.data(), Sq * hd);
-        }
+      Arr lse4(B * H * Sq), dq, dk, dv;
+      for (int64_t x = 0; x < B * H; ++x) lse4.segment(x * Sq, Sq) = lse.v.segment(x * lse_len, Sq);
+      flash_backward(q.v, kk.v, v.v, split_heads(o.v, B, Sq, H, hd), lse4,
+                     split_heads(g, B, Sq, H, hd), B * H, Sq, hd, dq, dk, dv);
       if (needs(0)) set(0, q.shape, dq);
       if (needs(1)) set(1, kk.shape, dk);
       if (needs(2)) set(2, v.shape, dv);

@@ -223,6 +223,7 @@ Tensor fused_attention(Runtime& rt, const Tensor& mixed, uint64_t out_bytes, uin
   Tensor lse = act(rt, lse_bytes, OpKind::fused_attention);
   Tensor rng;
   if (dropout_active) rng = act(rt, 16, OpKind::fused_attention);  // philox seed, offset
+  detail::numeric_forward(rt, OpKind::fused_attention, {&mixed}, {&out, &lse});
   rt.add_flops_forward(flops);
   if (records(rt, {&mixed}, false)) {
     const int32_t n = rt.make_node(OpKind::fused_attention, {&mixed});

@@ -190,9 +190,6 @@ void validate_numeric_scenario(const Scenario& s) {
     if (s.parallel.tensor > 1 || s.parallel.sequence || s.parallel.pipeline > 1)
       throw ScenarioError(where + "parallel: numeric mode runs megatron with tensor 1, "
                           "pipeline 1 and no sequence parallelism");
-    if (s.model.attention != AttentionImpl::eager)
-      throw ScenarioError(where + "model.attention: numeric mode has megatron kernels for "
-                          "the eager core attention only (no fused attention)");
   }
   if (s.precision.params != DType::fp32 || s.precision.autocast || s.precision.master_weights)
     throw ScenarioError(where + "precision: numeric mode needs fp32 parameters without "

@@ -14,9 +14,9 @@
 //     textbook reference (sim/numeric_optimizer.h) within optimizer_tolerance.
 //  Any violation (a read of a freed buffer), NumericError, NaN or mismatch is a failure
 //  listed in the report. validate_numeric_scenario throws ScenarioError for a scenario
-//  numeric mode refuses (non-fp32, SDPA for hf-gpt2 / megatron, megatron model
-//  parallelism, dropout, LoRA, Adafactor or 8-bit optimizers, several processes, too
-//  large).
+//  numeric mode refuses (non-fp32, SDPA for hf-gpt2, megatron model parallelism,
+//  dropout inside SDPA / fused attention, LoRA, Adafactor or 8-bit optimizers, several
+//  processes, too large).
 #pragma once
 
 #include <cstdint>

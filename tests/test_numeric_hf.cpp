@@ -209,6 +209,25 @@ TEST_CASE("numeric megatron catches a saved tensor freed early", "[numeric][mega
 TEST_CASE("numeric megatron-tiny matches torch 1.13 (float64, same weights)",
           "[numeric][megatron][fixture]") {
   check_fixture("megatron-tiny.yaml", "megatron_tiny_torch.json", 2 + 2 * 12 + 2);
+  // TE fused attention computes the same attention on the packed QKV.
+  check_fixture("megatron-tiny.yaml", "megatron_tiny_torch.json", 2 + 2 * 12 + 2,
+                {{"model.attention", "flash"}});
+}
+
+TEST_CASE("numeric megatron with TE fused attention: FD, every policy, its saves",
+          "[numeric][megatron][sdpa]") {
+  check_full("megatron-tiny.yaml", {{"model.attention", "flash"}}, 2 + 2 * 12 + 2, 30.0, 120.0);
+  for (int64_t k : {9, 10}) {  // the fused attention node's saved output and log-sum-exp
+    NumericCheckOptions o;
+    o.fd_samples = 0;
+    o.policies = {"none"};
+    o.test_drop_save = k;
+    const NumericCheckReport r =
+        run_numeric_check(load("megatron-tiny.yaml", {{"model.attention", "flash"}}), o);
+    INFO("dropped save #" << k);
+    REQUIRE_FALSE(r.passed());
+    CHECK(r.failures[0].find("FusedAttnFuncBackward reads") != std::string::npos);
+  }
 }
 
 TEST_CASE("numeric dropout: deterministic masks that checkpoint re-runs reproduce",
@@ -238,8 +257,10 @@ TEST_CASE("numeric dropout: deterministic masks that checkpoint re-runs reproduc
 TEST_CASE("numeric mode refuses what the HF kernels do not cover, by key", "[numeric]") {
   CHECK_THROWS_WITH(run_numeric_check(load("megatron-tiny.yaml", {{"parallel.tensor", "2"}}), {}),
                     Catch::Contains("parallel"));
-  CHECK_THROWS_WITH(run_numeric_check(load("megatron-tiny.yaml", {{"model.attention", "flash"}}), {}),
-                    Catch::Contains("model.attention"));
+  CHECK_THROWS_WITH(run_numeric_check(load("megatron-tiny.yaml", {{"model.attention", "flash"},
+                                                                  {"model.dropout", "0.1"}}),
+                                      {}),
+                    Catch::Contains("model.dropout"));
   CHECK_THROWS_WITH(run_numeric_check(load("hf-llama-tiny.yaml", {{"model.dropout", "0.1"},
                                                                    {"model.attention", "flash"}}),
                                       {}),
