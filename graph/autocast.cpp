@@ -1,5 +1,7 @@
 #include "graph/autocast.h"
 
+#include <stdexcept>
+
 #include "graph/op_helpers.h"
 #include "graph/ops_nn.h"
 
@@ -22,6 +24,26 @@ void Autocast::enter(bool inference_mode) {
 void Autocast::exit() {
   active_ = false;
   for (Tensor& t : cache_) t.reset();  // copies saved for backward stay alive as saved tensors
+}
+
+void Autocast::enter_nested() {
+  if (nested_) throw std::logic_error("Autocast::enter_nested: already nested");
+  nested_ = true;
+  outer_active_ = active_;
+  outer_cache_enabled_ = cache_enabled_;
+  outer_cache_.swap(cache_);  // the recompute's casts start afresh
+  active_ = true;
+  cache_enabled_ = true;  // checkpoint records is_autocast_cache_enabled() (true in training)
+}
+
+void Autocast::leave_nested() {
+  if (!nested_) return;
+  nested_ = false;
+  for (Tensor& t : cache_) t.reset();  // clear_autocast_cache at the outermost exit
+  cache_.clear();
+  cache_.swap(outer_cache_);
+  active_ = outer_active_;
+  cache_enabled_ = outer_cache_enabled_;
 }
 
 Tensor Autocast::cast(const Tensor& x, uint64_t out_bytes) {

@@ -36,6 +36,16 @@ class Autocast {
   void enter(bool inference_mode);
   void exit();  // the cached weight copies lose the cache's reference
   bool active() const { return active_; }
+
+  // A nested `with torch.autocast(...)` that starts with an empty weight-cast cache and
+  // drops it on leave(): torch.utils.checkpoint's recompute (graph/checkpoint.h), which
+  // re-enters autocast with the state it recorded in the forward. The backward (and so
+  // the recompute) runs outside the forward's region, where autocast's nesting count is
+  // 0, so the recompute's exit is the outermost one and clears the cache
+  // (clear_autocast_cache). Casts saved for backward outlive it as saved tensors.
+  // enter_nested/leave_nested pair up; the outer state is restored on leave.
+  void enter_nested();
+  void leave_nested();
   uint64_t low_elem() const { return low_; }
 
   // x.to(low or fp32 dtype) as a new tensor of `out_bytes` (ToCopyBackward0 under grad).
@@ -69,6 +79,9 @@ class Autocast {
   bool active_ = false;
   bool cache_enabled_ = true;
   std::vector<Tensor> cache_;  // by parameter index; undefined = not cast yet
+  // The state enter_nested() replaced (one level: checkpoint regions do not nest).
+  bool outer_active_ = false, outer_cache_enabled_ = true, nested_ = false;
+  std::vector<Tensor> outer_cache_;
 };
 
 // CS336 RotaryEmbedding.forward on a low-precision (B,H,S,h) view: the products with

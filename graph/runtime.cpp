@@ -358,8 +358,9 @@ void Runtime::backward(const Tensor& loss) {
 }
 
 void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
-  // Unpacking a checkpoint placeholder may re-run its region first (appending nodes).
-  if (checkpoint != nullptr && nodes_[id].saved_count > 0) checkpoint->unpack(id);
+  // Unpacking a checkpoint placeholder (or reaching a reentrant region's output node) may
+  // re-run its region first (appending nodes).
+  if (checkpoint != nullptr) checkpoint->unpack(id);
   Node& n = nodes_[id];
   ctx.layer = n.layer;
   ctx.module = n.module;

@@ -87,6 +87,7 @@ class Loop {
       if constexpr (std::is_same_v<Model, graph::Cs336Model> ||
                     std::is_same_v<Model, graph::HfLlamaModel>)
         model_.set_autocast(autocast_.get());
+      if (checkpoint_) checkpoint_->set_autocast(autocast_.get());  // recompute re-enters it
     }
     {
       // ~330 events per layer and step (forward, backward, optimizer), plus the rest.
