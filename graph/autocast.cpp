@@ -56,10 +56,10 @@ Tensor Autocast::cast(const Tensor& x, uint64_t out_bytes) {
   return out;
 }
 
-Tensor Autocast::weight(int32_t param, bool grad_transposed) {
+Tensor Autocast::weight(int32_t param, bool grad_transposed, const Tensor* source) {
   if (cache_enabled_ && static_cast<size_t>(param) < cache_.size() && cache_[param].defined())
     return cache_[param];
-  Tensor w = rt_.param(param);
+  Tensor w = source != nullptr ? *source : rt_.param(param);
   Tensor c = cast(w, w.bytes / 4 * low_);  // autocast casts fp32 parameters only
   if (c.grad_fn >= 0 && grad_transposed) rt_.node(c.grad_fn).flags |= kWeightCast;
   if (cache_enabled_) {
@@ -102,6 +102,38 @@ Tensor Autocast::mm_linear(const Tensor& x, int32_t param, int64_t rows, int64_t
   Tensor out = graph::mm_linear(rt_, xc, wc, static_cast<uint64_t>(rows * d_out) * low_, flops);
   xc.reset();
   wc.reset();
+  return out;
+}
+
+Tensor Autocast::addmm(const Tensor& x, int32_t w, int32_t b, int64_t rows, int64_t d_in,
+                       int64_t d_out, double flops) {
+  const uint64_t low_in = static_cast<uint64_t>(rows * d_in) * low_;
+  // Conv1D's W is (in, out): addmm's mat2 grad comes back in W's layout (stolen).
+  Tensor wc = weight(w, /*grad_transposed=*/false);
+  Tensor xc = x.bytes == low_in ? x : cast(x, low_in);
+  Tensor bc = weight(b, /*grad_transposed=*/false);
+  Tensor out = graph::addmm_bias(rt_, bc, xc, wc, static_cast<uint64_t>(rows * d_out) * low_, flops);
+  xc.reset();
+  wc.reset();
+  bc.reset();
+  return out;
+}
+
+Tensor Autocast::fp32_softmax(const Tensor& x) {
+  const uint64_t f32 = x.bytes / low_ * 4;
+  if (!fp16_) {
+    Tensor xf = cast(x, f32);  // softmax's own toType: ToCopyBackward0, saves nothing
+    return graph::softmax(rt_, xf);
+  }
+  // _softmax(x, dim, half_to_float=true): fp32 out (saved), backward gives x's dtype.
+  Tensor out = detail::out_tensor(rt_, f32, OpKind::softmax);
+  if (detail::wants_grad(rt_, {&x})) {
+    const int32_t n = rt_.make_node(OpKind::softmax, {&x});
+    rt_.node(n).size[0] = x.bytes;
+    rt_.node(n).size[2] = f32;
+    rt_.save(n, out);
+    out.grad_fn = n;
+  }
   return out;
 }
 
@@ -240,9 +272,16 @@ bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) 
   auto A = [&](uint64_t bytes) { return rt.alloc_raw(bytes, TensorKind::temporary, n.kind); };
   auto F = [&](uint32_t s) { rt.release(s); };
   switch (n.kind) {
-    case OpKind::autocast_copy:  // grad.to(self's dtype), strides preserved
-      out[0] = Grad{A(n.size[0]), false, (n.flags & kWeightCast) != 0};
+    case OpKind::autocast_copy: {  // grad.to(self's dtype), strides preserved
+      // A weight's fp32 grad in its own layout is stolen by AccumulateGrad: a gradient
+      // from birth (a transposed one is cloned, so this copy stays a temporary).
+      const bool stolen = !(n.flags & kWeightCast) && n.next[0].node >= 0 &&
+                          rt.node(n.next[0].node).kind == OpKind::accumulate_grad;
+      out[0] = Grad{rt.alloc_raw(n.size[0], stolen ? TensorKind::gradient : TensorKind::temporary,
+                                 n.kind),
+                    false, (n.flags & kWeightCast) != 0};
       break;
+    }
     case OpKind::rope_autocast: {
       // The four muls' grads are fp32 halves (x.bytes), each cast to the input's dtype by
       // validate_outputs (x.bytes/2); the sub's -grad; two casts add into earlier

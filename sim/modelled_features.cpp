@@ -14,19 +14,21 @@ namespace {
 // with fp32 parameters (graph/autocast.h); with activation checkpointing when backward
 // runs outside the region; everything else is refused by key.
 void require_autocast_modelled(const Scenario& s) {
-  if (s.model.family != ModelFamily::cs336 && s.model.family != ModelFamily::hf_llama) {
+  const bool hf = s.model.family == ModelFamily::hf_llama || s.model.family == ModelFamily::hf_gpt2;
+  if (s.model.family != ModelFamily::cs336 && !hf) {
     refuse(s, "precision.autocast",
-           std::string("autocast is modelled for the cs336 and hf-llama families only, not '") +
+           std::string("autocast is modelled for the cs336, hf-llama and hf-gpt2 families only, "
+                       "not '") +
                to_string(s.model.family) + "'; use precision.autocast: none");
   }
-  if (s.model.family == ModelFamily::hf_llama && s.model.attention != AttentionImpl::eager) {
+  if (hf && s.model.attention != AttentionImpl::eager) {
     refuse(s, "model.attention",
-           "autocast is modelled for hf-llama's eager attention only (the fused SDPA kernels' "
+           "autocast is modelled for eager attention only (the fused SDPA kernels' "
            "low-precision inputs are not); use model.attention: eager or precision.autocast: none");
   }
-  if (s.model.family == ModelFamily::hf_llama && s.model.dropout > 0.0) {
+  if (hf && s.model.dropout > 0.0) {
     refuse(s, "model.dropout",
-           "attention dropout under autocast is not checked against torch yet for hf-llama; "
+           "dropout under autocast is not checked against torch yet for the hf families; "
            "use model.dropout: 0 or precision.autocast: none");
   }
   if (s.lora.rank > 0) {

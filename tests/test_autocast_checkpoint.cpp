@@ -1,10 +1,10 @@
 // Activation checkpointing under torch.autocast (bf16) against real PyTorch: tests/data/
-// torch_cpu/checkpoint_{cs336,hf_llama}_autocast_bf16.json, measured by
+// torch_cpu/checkpoint_{cs336,hf_llama,hf_gpt2}_autocast_bf16.json, measured by
 // tools/fixtures/gen_checkpoint_fixtures.py (torch 1.13 on CPU; the forward and the loss
 // inside torch.autocast("cpu", bfloat16), backward outside it; every policy with
 // use_reentrant False and True; no early stop, as 1.13 re-runs whole regions). The CS336
-// stand-in applies CUDA autocast's rule for einsum and exp, where the CPU lists differ
-// (docs/autocast.md). One step: forward, F.cross_entropy / the model's loss, backward; no
+// stand-in applies CUDA autocast's rule for einsum and exp, the GPT-2 one for pow and
+// softmax, where the CPU lists differ (docs/autocast.md). One step: forward, F.cross_entropy / the model's loss, backward; no
 // optimizer, no warm-up. Requested bytes: before the forward, at its end, after backward,
 // and the step's peak, all compared exactly.
 //
@@ -147,25 +147,29 @@ TEST_CASE("autocast + checkpointing matches PyTorch 1.13 on CPU (CS336 model, 4 
   check_fixture(fx, s);
 }
 
-TEST_CASE("autocast + checkpointing matches PyTorch 1.13 on CPU (HF LLaMA stand-in, 4 layers)",
+TEST_CASE("autocast + checkpointing matches PyTorch 1.13 on CPU (HF LLaMA and GPT-2 stand-ins, 4 layers)",
           "[autocast][checkpoint][hf]") {
-  const nlohmann::json fx = load("checkpoint_hf_llama_autocast_bf16.json");
-  const nlohmann::json& c = fx["config"];
-  Scenario s = base_scenario(fx);
-  s.model.family = ModelFamily::hf_llama;
-  s.model.layers = c["layers"];
-  s.model.d_model = c["d_model"];
-  s.model.heads = c["heads"];
-  s.model.kv_heads = c["kv_heads"];
-  s.model.d_ff = c["d_ff"];
-  s.model.vocab = c["vocab"];
-  s.model.context_length = c["context"];
-  s.model.dropout = c["dropout"];
-  s.model.tied_embeddings = c.value("tied", false);
-  s.model.attention = AttentionImpl::eager;
-  s.batch.micro_batch = c["batch"];
-  s.batch.seq_len = c["seq"];
-  check_fixture(fx, s);
+  for (const char* file :
+       {"checkpoint_hf_llama_autocast_bf16.json", "checkpoint_hf_gpt2_autocast_bf16.json"}) {
+    const nlohmann::json fx = load(file);
+    const nlohmann::json& c = fx["config"];
+    const std::string family = fx["family"];
+    Scenario s = base_scenario(fx);
+    s.model.family = family == "hf-gpt2" ? ModelFamily::hf_gpt2 : ModelFamily::hf_llama;
+    s.model.layers = c["layers"];
+    s.model.d_model = c["d_model"];
+    s.model.heads = c["heads"];
+    s.model.kv_heads = c["kv_heads"];
+    s.model.d_ff = c["d_ff"];
+    s.model.vocab = c["vocab"];
+    s.model.context_length = c["context"];
+    s.model.dropout = c["dropout"];
+    s.model.tied_embeddings = c.value("tied", family == "hf-gpt2");  // HF GPT-2 ties
+    s.model.attention = AttentionImpl::eager;
+    s.batch.micro_batch = c["batch"];
+    s.batch.seq_len = c["seq"];
+    check_fixture(fx, s);
+  }
 }
 
 TEST_CASE("memsim optimize plans checkpointing for autocast scenarios", "[autocast][checkpoint][optimize]") {
@@ -194,4 +198,30 @@ TEST_CASE("memsim optimize plans checkpointing for autocast scenarios", "[autoca
     CHECK(r.run.analysis.peak_reserved <= budget);
     CHECK(r.run.analysis.flops.recompute > 0);
   }
+}
+
+TEST_CASE("hf-gpt2 under fp16 autocast: softmax reads fp16 directly (half_to_float)", "[autocast][hf]") {
+  // GPT-2's F.softmax gets dtype=float32 under autocast. For bf16 scores ATen converts
+  // first (an fp32 copy of the (B,H,S,S) scores, freed at once) and the grad comes back
+  // through the conversion's ToCopyBackward0; for fp16 the CUDA kernel reads fp16 and
+  // writes fp32 (half_to_float). Same forward end, a lower or equal peak, fewer events.
+  auto run = [](const char* dtype) {
+    const Scenario s = load_scenario_text(
+        std::string("model: {family: hf-gpt2, layers: 2, d_model: 64, heads: 4, d_ff: 256, "
+                    "vocab: 64, context_length: 128, attention: eager}\n"
+                    "batch: {micro_batch: 2, seq_len: 96}\n"
+                    "precision: {autocast: ") + dtype + "}\n"
+            "optimizer: {type: sgd}\n"
+            "device: {capacity: 1GiB, cublas_workspace: 0}\n",
+        "gpt2.yaml");
+    const Program p = build_program(s);
+    return std::make_pair(measure(p), p.events.size());
+  };
+  const auto [bf16, bf16_events] = run("bf16");
+  const auto [fp16, fp16_events] = run("fp16");
+  CHECK(fp16.forward_end == bf16.forward_end);
+  CHECK(fp16.after_backward == bf16.after_backward);
+  CHECK(fp16.peak <= bf16.peak);
+  // Per layer and step: the forward's conversion (alloc + free) and its backward cast.
+  CHECK(fp16_events < bf16_events);
 }
