@@ -10,9 +10,10 @@ namespace {
 [[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
   throw ScenarioError(s.source + ": " + key + ": " + why);
 }
-// Autocast is modelled for the cs336 family and hf-llama (eager attention, untied head)
-// with fp32 parameters (graph/autocast.h); with activation checkpointing when backward
-// runs outside the region; everything else is refused by key.
+// Autocast is modelled for the cs336 family, hf-llama (eager attention, untied head, no
+// dropout) and hf-gpt2 (eager attention, no dropout) with fp32 parameters
+// (graph/autocast.h); with activation checkpointing when backward runs outside the
+// region; everything else is refused by key.
 void require_autocast_modelled(const Scenario& s) {
   const bool hf = s.model.family == ModelFamily::hf_llama || s.model.family == ModelFamily::hf_gpt2;
   if (s.model.family != ModelFamily::cs336 && !hf) {
