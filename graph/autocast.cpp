@@ -26,9 +26,14 @@ void Autocast::exit() {
   for (Tensor& t : cache_) t.reset();  // copies saved for backward stay alive as saved tensors
 }
 
-void Autocast::enter_nested() {
+void Autocast::enter_nested(const std::vector<Tensor>* leaves) {
   if (nested_) throw std::logic_error("Autocast::enter_nested: already nested");
   nested_ = true;
+  leaves_.clear();
+  if (leaves != nullptr)
+    for (const Tensor& t : *leaves)
+      if (t.requires_grad()) leaves_.push_back(t);  // detach_variable keeps requires_grad
+  leaf_casts_.assign(leaves_.size(), Tensor());
   outer_active_ = active_;
   outer_cache_enabled_ = cache_enabled_;
   outer_cache_.swap(cache_);  // the recompute's casts start afresh
@@ -41,12 +46,29 @@ void Autocast::leave_nested() {
   nested_ = false;
   for (Tensor& t : cache_) t.reset();  // clear_autocast_cache at the outermost exit
   cache_.clear();
+  for (Tensor& t : leaf_casts_) t.reset();
+  leaf_casts_.clear();
+  leaves_.clear();
   cache_.swap(outer_cache_);
   active_ = outer_active_;
   cache_enabled_ = outer_cache_enabled_;
 }
 
 Tensor Autocast::cast(const Tensor& x, uint64_t out_bytes) {
+  // A reentrant recompute's input (a detached leaf requiring grad) cast to the low dtype:
+  // cached like a weight (enter_nested). The same handle, not a view of it.
+  for (size_t i = 0; i < leaves_.size() && out_bytes < x.bytes; ++i) {
+    const Tensor& l = leaves_[i];
+    if (l.storage != x.storage || l.bytes != x.bytes || l.grad_fn != x.grad_fn ||
+        l.out_slot != x.out_slot)
+      continue;
+    if (!leaf_casts_[i].defined()) leaf_casts_[i] = new_cast(x, out_bytes);
+    return leaf_casts_[i];
+  }
+  return new_cast(x, out_bytes);
+}
+
+Tensor Autocast::new_cast(const Tensor& x, uint64_t out_bytes) {
   Tensor out = rt_.alloc(out_bytes, TensorKind::activation, OpKind::autocast_copy);
   if (detail::wants_grad(rt_, {&x})) {
     const int32_t n = rt_.make_node(OpKind::autocast_copy, {&x});
@@ -60,7 +82,7 @@ Tensor Autocast::weight(int32_t param, bool grad_transposed, const Tensor* sourc
   if (cache_enabled_ && static_cast<size_t>(param) < cache_.size() && cache_[param].defined())
     return cache_[param];
   Tensor w = source != nullptr ? *source : rt_.param(param);
-  Tensor c = cast(w, w.bytes / 4 * low_);  // autocast casts fp32 parameters only
+  Tensor c = new_cast(w, w.bytes / 4 * low_);  // autocast casts fp32 parameters only
   if (c.grad_fn >= 0 && grad_transposed) rt_.node(c.grad_fn).flags |= kWeightCast;
   if (cache_enabled_) {
     if (cache_.size() <= static_cast<size_t>(param)) cache_.resize(param + 1);

@@ -48,7 +48,12 @@ class Autocast {
   // 0, so the recompute's exit is the outermost one and clears the cache
   // (clear_autocast_cache). Casts saved for backward outlive it as saved tensors.
   // enter_nested/leave_nested pair up; the outer state is restored on leave.
-  void enter_nested();
+  // leaves: the reentrant recompute's inputs. CheckpointFunction.backward re-runs the
+  // region on detach_variable(inputs): leaves that require grad (not views), which
+  // cached_cast's rule (an fp32 leaf requiring grad) treats like weights, so a cast of
+  // one of them is cached too and lives until leave_nested (HF LLaMA's selective core:
+  // the q cast, which matmul's reshape copies, no longer dies with the matmul).
+  void enter_nested(const std::vector<Tensor>* leaves = nullptr);
   void leave_nested();
   uint64_t low_elem() const { return low_; }
 
@@ -90,6 +95,7 @@ class Autocast {
   static void promoted(Runtime& rt, const Tensor& out, int slot, const Tensor& low_input);
 
  private:
+  Tensor new_cast(const Tensor& x, uint64_t out_bytes);  // an uncached _to_copy
   Runtime& rt_;
   uint64_t low_;
   bool fp16_ = false;
@@ -99,6 +105,7 @@ class Autocast {
   // The state enter_nested() replaced (one level: checkpoint regions do not nest).
   bool outer_active_ = false, outer_cache_enabled_ = true, nested_ = false;
   std::vector<Tensor> outer_cache_;
+  std::vector<Tensor> leaves_, leaf_casts_;  // reentrant recompute (enter_nested)
 };
 
 // CS336 RotaryEmbedding.forward on a low-precision (B,H,S,h) view: the products with

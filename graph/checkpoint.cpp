@@ -155,7 +155,8 @@ void CheckpointEngine::recompute(uint32_t r) {
   // keeps and drops the re-run's output).
   const uint32_t g = rt_.begin_graph();
   if (reg.autocast && autocast_ != nullptr) {
-    autocast_->enter_nested();
+    // Reentrant: the re-run's inputs are detach_variable()'s leaves (graph/autocast.h).
+    autocast_->enter_nested(plan_.reentrant ? &reg.inputs : nullptr);
     autocast_entered_ = true;
   }
   Tensor out;
