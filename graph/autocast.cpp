@@ -1,5 +1,7 @@
 #include "graph/autocast.h"
 
+#include <stdexcept>
+
 #include "graph/op_helpers.h"
 #include "graph/ops_nn.h"
 
@@ -24,7 +26,49 @@ void Autocast::exit() {
   for (Tensor& t : cache_) t.reset();  // copies saved for backward stay alive as saved tensors
 }
 
+void Autocast::enter_nested(const std::vector<Tensor>* leaves) {
+  if (nested_) throw std::logic_error("Autocast::enter_nested: already nested");
+  nested_ = true;
+  leaves_.clear();
+  if (leaves != nullptr)
+    for (const Tensor& t : *leaves)
+      if (t.requires_grad()) leaves_.push_back(t);  // detach_variable keeps requires_grad
+  leaf_casts_.assign(leaves_.size(), Tensor());
+  outer_active_ = active_;
+  outer_cache_enabled_ = cache_enabled_;
+  outer_cache_.swap(cache_);  // the recompute's casts start afresh
+  active_ = true;
+  cache_enabled_ = true;  // checkpoint records is_autocast_cache_enabled() (true in training)
+}
+
+void Autocast::leave_nested() {
+  if (!nested_) return;
+  nested_ = false;
+  for (Tensor& t : cache_) t.reset();  // clear_autocast_cache at the outermost exit
+  cache_.clear();
+  for (Tensor& t : leaf_casts_) t.reset();
+  leaf_casts_.clear();
+  leaves_.clear();
+  cache_.swap(outer_cache_);
+  active_ = outer_active_;
+  cache_enabled_ = outer_cache_enabled_;
+}
+
 Tensor Autocast::cast(const Tensor& x, uint64_t out_bytes) {
+  // A reentrant recompute's input (a detached leaf requiring grad) cast to the low dtype:
+  // cached like a weight (enter_nested). The same handle, not a view of it.
+  for (size_t i = 0; i < leaves_.size() && out_bytes < x.bytes; ++i) {
+    const Tensor& l = leaves_[i];
+    if (l.storage != x.storage || l.bytes != x.bytes || l.grad_fn != x.grad_fn ||
+        l.out_slot != x.out_slot)
+      continue;
+    if (!leaf_casts_[i].defined()) leaf_casts_[i] = new_cast(x, out_bytes);
+    return leaf_casts_[i];
+  }
+  return new_cast(x, out_bytes);
+}
+
+Tensor Autocast::new_cast(const Tensor& x, uint64_t out_bytes) {
   Tensor out = rt_.alloc(out_bytes, TensorKind::activation, OpKind::autocast_copy);
   if (detail::wants_grad(rt_, {&x})) {
     const int32_t n = rt_.make_node(OpKind::autocast_copy, {&x});
@@ -34,11 +78,11 @@ Tensor Autocast::cast(const Tensor& x, uint64_t out_bytes) {
   return out;
 }
 
-Tensor Autocast::weight(int32_t param, bool grad_transposed) {
+Tensor Autocast::weight(int32_t param, bool grad_transposed, const Tensor* source) {
   if (cache_enabled_ && static_cast<size_t>(param) < cache_.size() && cache_[param].defined())
     return cache_[param];
-  Tensor w = rt_.param(param);
-  Tensor c = cast(w, w.bytes / 4 * low_);  // autocast casts fp32 parameters only
+  Tensor w = source != nullptr ? *source : rt_.param(param);
+  Tensor c = new_cast(w, w.bytes / 4 * low_);  // autocast casts fp32 parameters only
   if (c.grad_fn >= 0 && grad_transposed) rt_.node(c.grad_fn).flags |= kWeightCast;
   if (cache_enabled_) {
     if (cache_.size() <= static_cast<size_t>(param)) cache_.resize(param + 1);
@@ -80,6 +124,38 @@ Tensor Autocast::mm_linear(const Tensor& x, int32_t param, int64_t rows, int64_t
   Tensor out = graph::mm_linear(rt_, xc, wc, static_cast<uint64_t>(rows * d_out) * low_, flops);
   xc.reset();
   wc.reset();
+  return out;
+}
+
+Tensor Autocast::addmm(const Tensor& x, int32_t w, int32_t b, int64_t rows, int64_t d_in,
+                       int64_t d_out, double flops) {
+  const uint64_t low_in = static_cast<uint64_t>(rows * d_in) * low_;
+  // Conv1D's W is (in, out): addmm's mat2 grad comes back in W's layout (stolen).
+  Tensor wc = weight(w, /*grad_transposed=*/false);
+  Tensor xc = x.bytes == low_in ? x : cast(x, low_in);
+  Tensor bc = weight(b, /*grad_transposed=*/false);
+  Tensor out = graph::addmm_bias(rt_, bc, xc, wc, static_cast<uint64_t>(rows * d_out) * low_, flops);
+  xc.reset();
+  wc.reset();
+  bc.reset();
+  return out;
+}
+
+Tensor Autocast::fp32_softmax(const Tensor& x) {
+  const uint64_t f32 = x.bytes / low_ * 4;
+  if (!fp16_) {
+    Tensor xf = cast(x, f32);  // softmax's own toType: ToCopyBackward0, saves nothing
+    return graph::softmax(rt_, xf);
+  }
+  // _softmax(x, dim, half_to_float=true): fp32 out (saved), backward gives x's dtype.
+  Tensor out = detail::out_tensor(rt_, f32, OpKind::softmax);
+  if (detail::wants_grad(rt_, {&x})) {
+    const int32_t n = rt_.make_node(OpKind::softmax, {&x});
+    rt_.node(n).size[0] = x.bytes;
+    rt_.node(n).size[2] = f32;
+    rt_.save(n, out);
+    out.grad_fn = n;
+  }
   return out;
 }
 
@@ -218,9 +294,16 @@ bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) 
   auto A = [&](uint64_t bytes) { return rt.alloc_raw(bytes, TensorKind::temporary, n.kind); };
   auto F = [&](uint32_t s) { rt.release(s); };
   switch (n.kind) {
-    case OpKind::autocast_copy:  // grad.to(self's dtype), strides preserved
-      out[0] = Grad{A(n.size[0]), false, (n.flags & kWeightCast) != 0};
+    case OpKind::autocast_copy: {  // grad.to(self's dtype), strides preserved
+      // A weight's fp32 grad in its own layout is stolen by AccumulateGrad: a gradient
+      // from birth (a transposed one is cloned, so this copy stays a temporary).
+      const bool stolen = !(n.flags & kWeightCast) && n.next[0].node >= 0 &&
+                          rt.node(n.next[0].node).kind == OpKind::accumulate_grad;
+      out[0] = Grad{rt.alloc_raw(n.size[0], stolen ? TensorKind::gradient : TensorKind::temporary,
+                                 n.kind),
+                    false, (n.flags & kWeightCast) != 0};
       break;
+    }
     case OpKind::rope_autocast: {
       // The four muls' grads are fp32 halves (x.bytes), each cast to the input's dtype by
       // validate_outputs (x.bytes/2); the sub's -grad; two casts add into earlier

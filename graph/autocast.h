@@ -28,7 +28,11 @@ namespace memsim::graph {
 
 class Autocast {
  public:
-  Autocast(Runtime& rt, uint64_t low_elem) : rt_(rt), low_(low_elem) {}
+  // fp16: the low dtype is float16 (not bfloat16). Same element size; the one op whose
+  // memory differs is softmax with dtype=float32 (CUDA's half_to_float kernel reads fp16
+  // directly, bf16 input is converted first: fp32_softmax below).
+  Autocast(Runtime& rt, uint64_t low_elem, bool fp16 = false)
+      : rt_(rt), low_(low_elem), fp16_(fp16) {}
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
 
@@ -36,6 +40,21 @@ class Autocast {
   void enter(bool inference_mode);
   void exit();  // the cached weight copies lose the cache's reference
   bool active() const { return active_; }
+
+  // A nested `with torch.autocast(...)` that starts with an empty weight-cast cache and
+  // drops it on leave(): torch.utils.checkpoint's recompute (graph/checkpoint.h), which
+  // re-enters autocast with the state it recorded in the forward. The backward (and so
+  // the recompute) runs outside the forward's region, where autocast's nesting count is
+  // 0, so the recompute's exit is the outermost one and clears the cache
+  // (clear_autocast_cache). Casts saved for backward outlive it as saved tensors.
+  // enter_nested/leave_nested pair up; the outer state is restored on leave.
+  // leaves: the reentrant recompute's inputs. CheckpointFunction.backward re-runs the
+  // region on detach_variable(inputs): leaves that require grad (not views), which
+  // cached_cast's rule (an fp32 leaf requiring grad) treats like weights, so a cast of
+  // one of them is cached too and lives until leave_nested (HF LLaMA's selective core:
+  // the q cast, which matmul's reshape copies, no longer dies with the matmul).
+  void enter_nested(const std::vector<Tensor>* leaves = nullptr);
+  void leave_nested();
   uint64_t low_elem() const { return low_; }
 
   // x.to(low or fp32 dtype) as a new tensor of `out_bytes` (ToCopyBackward0 under grad).
@@ -43,7 +62,8 @@ class Autocast {
   // The low-precision copy of parameter `param` (cached for the region when allowed).
   // grad_transposed: the op hands the weight's grad back in the transposed layout (an
   // einsum's (d_in, d_out) operand), so AccumulateGrad clones the fp32 grad.
-  Tensor weight(int32_t param, bool grad_transposed = true);
+  // source: the handle the cast reads (a tied weight's use), default rt.param(param).
+  Tensor weight(int32_t param, bool grad_transposed = true, const Tensor* source = nullptr);
   // einops.einsum(x, W) (cs336-model.md §2.1) under autocast: casts x unless it is
   // already low (`rows*d_in*low` bytes), casts W through the cache, one bmm of
   // rows*d_out*low bytes. BmmBackward0 saves the W copy and the x copy.
@@ -54,6 +74,17 @@ class Autocast {
   // then mm saves the x copy and W.t(); W's grad comes back in W's layout (stolen).
   Tensor mm_linear(const Tensor& x, int32_t param, int64_t rows, int64_t d_in, int64_t d_out,
                    double flops);
+  // HF Conv1D: addmm(bias, x2d, W) under autocast. The wrapper casts right to left (W,
+  // x, bias: the CPU fixture's order); W and the bias are parameters (cached), x is cast
+  // unless already low. addmm saves the x and W copies; the bias grad is the engine's
+  // sum_to of the low grad, cast back to fp32 by the bias cast's node.
+  Tensor addmm(const Tensor& x, int32_t w, int32_t b, int64_t rows, int64_t d_in, int64_t d_out,
+               double flops);
+  // F.softmax(x, dim) on low-precision x under autocast (softmax is CUDA's
+  // fp32_set_opt_dtype: dtype=float32 is added). bf16: x.toType(float) (a temporary)
+  // then _softmax in fp32; fp16: _softmax(x, half_to_float), whose backward returns the
+  // fp16 grad directly. The result is fp32 (saved).
+  Tensor fp32_softmax(const Tensor& x);
   // An fp32-list op's input: a fp32 copy of a low-precision x (x itself if fp32).
   Tensor to_fp32(const Tensor& x, uint64_t fp32_bytes);
   // A low-precision x entering a mixed-dtype add/sub whose output is fp32: a handle
@@ -64,11 +95,17 @@ class Autocast {
   static void promoted(Runtime& rt, const Tensor& out, int slot, const Tensor& low_input);
 
  private:
+  Tensor new_cast(const Tensor& x, uint64_t out_bytes);  // an uncached _to_copy
   Runtime& rt_;
   uint64_t low_;
+  bool fp16_ = false;
   bool active_ = false;
   bool cache_enabled_ = true;
   std::vector<Tensor> cache_;  // by parameter index; undefined = not cast yet
+  // The state enter_nested() replaced (one level: checkpoint regions do not nest).
+  bool outer_active_ = false, outer_cache_enabled_ = true, nested_ = false;
+  std::vector<Tensor> outer_cache_;
+  std::vector<Tensor> leaves_, leaf_casts_;  // reentrant recompute (enter_nested)
 };
 
 // CS336 RotaryEmbedding.forward on a low-precision (B,H,S,h) view: the products with

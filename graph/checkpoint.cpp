@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "graph/autocast.h"
+
 namespace memsim::graph {
 
 namespace {
@@ -60,6 +62,7 @@ Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
     reg.fn = std::move(fn);
     reg.ctx = rt_.ctx;
     reg.ctx.region = r;
+    reg.autocast = autocast_ != nullptr && autocast_->active();
   }
   const uint32_t outer = rt_.ctx.region;
   rt_.ctx.region = r;
@@ -77,7 +80,14 @@ Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
   rt_.ctx.region = outer;
   forward_region_ = 0;
   // Nothing saved (e.g. no input requires grad): no placeholder holds the frame.
-  if (regions_[r - 1].live == 0) drop_frame(regions_[r - 1]);
+  if (regions_[r - 1].live == 0) {
+    drop_frame(regions_[r - 1]);
+  } else if (plan_.reentrant && out.grad_fn >= 0) {
+    // CheckpointFunctionBackward: the node the region's output grad is delivered to.
+    const size_t node = static_cast<size_t>(out.grad_fn);
+    if (output_of_.size() <= node) output_of_.resize(node + 1, 0);
+    output_of_[node] = r;
+  }
   return out;
 }
 
@@ -90,8 +100,12 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
       // A placeholder whose node is gone (its graph was discarded) is not filled.
       if (static_cast<size_t>(p.node) < node_holds_.size() && node_holds_[p.node] > 0)
         rt_.fill_saved(p.node, p.slot, storage);
-      if (plan_.early_stop && !plan_.reentrant && recompute_next_ == reg.placeholders.size())
+      if (plan_.early_stop && !plan_.reentrant && recompute_next_ == reg.placeholders.size()) {
+        // torch exits the re-run's autocast context while the exception unwinds; the
+        // re-run's locals die later, with the traceback that holds their frames.
+        leave_autocast();
         throw StopRecomputation{};
+      }
     }
     return true;  // the re-run's own graph keeps nothing
   }
@@ -105,6 +119,20 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
 }
 
 void CheckpointEngine::unpack(int32_t node) {
+  if (static_cast<size_t>(node) < output_of_.size() && output_of_[node] != 0) {
+    const uint32_t r = output_of_[node];
+    output_of_[node] = 0;
+    Region& reg = regions_[r - 1];
+    if (reg.live > 0) {  // the frame is still alive: this is the region's backward
+      const Node& n = rt_.node(node);
+      for (int s = 0; s < 2 && reg.held_grad == kNoStorage; ++s) {
+        if (n.grad[s] == kNoStorage) continue;
+        reg.held_grad = n.grad[s];
+        rt_.retain(reg.held_grad);
+      }
+      if (!reg.recomputed) recompute(r);
+    }
+  }
   if (static_cast<size_t>(node) >= node_holds_.size() || node_holds_[node] == 0) return;
   const uint32_t r = rt_.node(node).region;
   if (r == 0 || r > regions_.size() || regions_[r - 1].recomputed) return;
@@ -126,14 +154,26 @@ void CheckpointEngine::recompute(uint32_t r) {
   // The re-run records a graph of its own, discarded at once (torch detaches what it
   // keeps and drops the re-run's output).
   const uint32_t g = rt_.begin_graph();
+  if (reg.autocast && autocast_ != nullptr) {
+    // Reentrant: the re-run's inputs are detach_variable()'s leaves (graph/autocast.h).
+    autocast_->enter_nested(plan_.reentrant ? &reg.inputs : nullptr);
+    autocast_entered_ = true;
+  }
+  Tensor out;
   try {
-    Tensor out = reg.fn(reg.inputs);
-    // Reentrant: `outputs` is a local of CheckpointFunction.backward while it runs the
-    // inner torch.autograd.backward over the region.
-    if (plan_.reentrant) reg.output = std::move(out);
+    out = reg.fn(reg.inputs);
   } catch (const StopRecomputation&) {
     // early stop: the re-run's locals died while unwinding, as in Python
+  } catch (...) {
+    leave_autocast();
+    throw;
   }
+  leave_autocast();  // the with-block ends: the re-run's casts leave the cache
+  // Reentrant: `outputs` is a local of CheckpointFunction.backward while it runs the
+  // inner torch.autograd.backward over the region. Non-reentrant (no early stop):
+  // unpack's `_unused` dies when unpack returns.
+  if (plan_.reentrant) reg.output = std::move(out);
+  out.reset();
   recompute_region_ = 0;
   rt_.discard_graph(g);
   rt_.ctx = outer_ctx;
@@ -141,6 +181,12 @@ void CheckpointEngine::recompute(uint32_t r) {
   rt_.recomputing = outer_recomputing;
   reg.recomputed = true;
   ++recomputations_;
+}
+
+void CheckpointEngine::leave_autocast() {
+  if (!autocast_entered_) return;
+  autocast_entered_ = false;
+  autocast_->leave_nested();
 }
 
 void CheckpointEngine::released(int32_t node) {
@@ -157,6 +203,11 @@ void CheckpointEngine::drop_frame(Region& reg) {
   reg.fn = nullptr;
   reg.inputs.clear();
   reg.output.reset();
+  if (reg.held_grad != kNoStorage) {
+    const uint32_t g = reg.held_grad;
+    reg.held_grad = kNoStorage;
+    rt_.release(g);
+  }
   reg.placeholders.clear();
   reg.placeholders.shrink_to_fit();
 }

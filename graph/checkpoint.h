@@ -33,7 +33,18 @@
 //    torch.autograd.backward(outputs, grads) on the re-run's graph: the re-run's output
 //    stays alive until that inner backward is done. The engine models exactly those two
 //    differences: the re-run goes to its end, and its output is held with the frame
-//    (freed when the region's last saved tensor is released).
+//    (freed when the region's last saved tensor is released). The grad arriving at the
+//    region's output is held as long (CheckpointFunction.backward's `args`, which the
+//    inner backward's root also keeps), and the re-run starts when the output's node is
+//    about to run (CheckpointFunctionBackward is that node), saves or not.
+//  - Autocast (set_autocast): a region opened while torch.autocast is active records it,
+//    as torch.utils.checkpoint records the autocast state (_get_autocast_kwargs), and its
+//    re-run happens inside a nested autocast context with an empty weight-cast cache
+//    (graph/autocast.h enter_nested), so the weights are cast again. The context exits
+//    when the re-run ends (after fn returns, or while the early stop unwinds, before the
+//    re-run's locals die); its exit clears the cache, and the recomputed casts live on
+//    only as the saved tensors they fill. The re-run's output (non-reentrant: `_unused`
+//    in unpack; reentrant: `outputs`) outlives that exit.
 #pragma once
 
 #include <cstdint>
@@ -91,6 +102,8 @@ using RegionFn = std::function<Tensor(const Inputs& in)>;
 // One transformer layer: layer index, hidden state, the extra inputs given to run_layers.
 using LayerFn = std::function<Tensor(int32_t layer, const Tensor& x, const Inputs& extra)>;
 
+class Autocast;
+
 class CheckpointEngine {
  public:
   // Installs itself as rt.checkpoint (one engine per Runtime); the destructor uninstalls.
@@ -105,14 +118,17 @@ class CheckpointEngine {
   // Runs fn as a checkpointed region (see the file comment).
   Tensor run(Inputs inputs, RegionFn fn);
   uint32_t regions_recomputed() const { return recomputations_; }
+  // The model's torch.autocast state (null: no autocast in this run).
+  void set_autocast(Autocast* autocast) { autocast_ = autocast; }
 
   // --- Runtime hooks (graph/runtime.cpp) -------------------------------------------
   // Node `node` is saving `storage`. True: the engine took it over (a placeholder in the
   // checkpoint's forward, or the re-run's save handed to its placeholder); the Runtime
   // then keeps no reference.
   bool pack(int32_t node, uint32_t storage);
-  // The backward is about to run `node`, which has saved tensors: recomputes its region
-  // first if needed. May append nodes (the re-run's), so callers re-fetch node refs.
+  // The backward is about to run `node`: recomputes its region first if the node has
+  // placeholders (or, reentrant, is the region's output node, whose incoming grad it then
+  // holds). May append nodes (the re-run's), so callers re-fetch node refs.
   void unpack(int32_t node);
   // `node`'s saved tensors have just been released (it ran, or its graph was discarded).
   void released(int32_t node);
@@ -130,14 +146,21 @@ class CheckpointEngine {
     std::vector<Placeholder> placeholders;
     uint32_t live = 0;  // placeholders not yet released
     bool recomputed = false;
+    bool autocast = false;  // opened inside a torch.autocast region
+    uint32_t held_grad = kNoStorage;  // reentrant: the grad that reached the output
   };
   void recompute(uint32_t region);
   void drop_frame(Region& r);
 
+  void leave_autocast();
+
   Runtime& rt_;
   CheckpointPlan plan_;
+  Autocast* autocast_ = nullptr;
+  bool autocast_entered_ = false;  // the re-run's nested autocast context is open
   std::vector<Region> regions_;       // region id r is regions_[r - 1]
   std::vector<uint32_t> node_holds_;  // per node id: its placeholders not yet released
+  std::vector<uint32_t> output_of_;   // reentrant, per node id: the region it outputs (0: none)
   uint32_t forward_region_ = 0;       // the region whose forward is running
   uint32_t recompute_region_ = 0;     // the region being re-run
   size_t recompute_next_ = 0;         // next placeholder the re-run fills

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "graph/autocast.h"
 #include "graph/checkpoint.h"
 #include "graph/numeric.h"
 #include "graph/ops_nn.h"
@@ -77,11 +78,18 @@ void HfGpt2Model::construct() {
   rt_.ctx.module = Module::none;  // tied: lm_head.weight is wte, no parameter of its own
 }
 
+bool HfGpt2Model::autocast_on() const { return ac_ != nullptr && ac_->active(); }
+uint64_t HfGpt2Model::act_elem() const { return autocast_on() ? ac_->low_elem() : s_.elem; }
+
 // Conv1D: x.view(-1, in) (a view of a contiguous tensor), addmm(bias, x2d, W), view back.
 // Under QLoRA, Linear4bit: matmul_4bit with the bias fused into the linear.
 Tensor HfGpt2Model::conv1d(const Tensor& x, int32_t w, int32_t b, int64_t d_in, int64_t d_out,
                            const LoraAdapter& ad) {
   Tensor base;
+  if (autocast_on()) {  // no LoRA under autocast (refused)
+    const double flops = 2.0 * static_cast<double>(s_.rows()) * d_in * d_out;
+    return ac_->addmm(x, w, b, static_cast<int64_t>(s_.rows()), d_in, d_out, flops);
+  }
   if (lora_.quantized()) {
     base = lora_.base_linear(x, w, d_in, d_out);
   } else {
@@ -131,11 +139,39 @@ Tensor HfGpt2Model::gelu_new(const Tensor& x) {
   return out;
 }
 
+// NewGELUActivation under autocast on a low-precision x: `0.5 * x` stays low; pow is on
+// CUDA's fp32 list (an fp32 copy of x, saved by PowBackward0); `x + 0.044715 * pow`
+// promotes to fp32, and so does everything after it: the output is fp32.
+Tensor HfGpt2Model::gelu_new_autocast(const Tensor& x) {
+  const uint64_t f32 = x.bytes / ac_->low_elem() * 4;
+  Tensor half = mul_scalar(rt_, x);
+  Tensor cube;
+  {
+    Tensor xf = ac_->to_fp32(x, f32);
+    cube = pow2(rt_, xf);
+  }
+  Tensor c = mul_scalar(rt_, cube);
+  cube.reset();
+  Tensor inner = add(rt_, ac_->widen(x), c);
+  Autocast::promoted(rt_, inner, 0, x);
+  c.reset();
+  Tensor scaled = mul_scalar(rt_, inner);
+  inner.reset();
+  Tensor t = tanh(rt_, scaled);
+  scaled.reset();
+  Tensor one_plus = add_scalar(rt_, t);
+  t.reset();
+  Tensor out = mul(rt_, ac_->widen(half), one_plus);
+  Autocast::promoted(rt_, out, 0, half);
+  return out;
+}
+
 // GPT2Attention._attn: returns attn_output, and its attn_weights (the dropout output)
 // through `weights`.
 Tensor HfGpt2Model::attn_core(const LayerParams& p, const Tensor& q, const Tensor& k,
                               const Tensor& v, Tensor& weights) {
-  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  // Under autocast q/k/v are the bf16 addmm output: matmul casts nothing.
+  const uint64_t e = act_elem(), B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
   const uint64_t D = s_.d_model;
   const uint64_t scores = B * H * S * S * e;
   const double bmm_flops = 2.0 * B * H * S * S * hd;
@@ -156,8 +192,18 @@ Tensor HfGpt2Model::attn_core(const LayerParams& p, const Tensor& q, const Tenso
   Tensor mask_value = rt_.alloc(e, TensorKind::temporary, OpKind::scalar_tensor);
   Tensor w2 = where_tensor(rt_, p.causal_bias, w1, e);
   w1.reset();
-  Tensor w3 = softmax(rt_, w2);
-  w2.reset();
+  Tensor w3;
+  if (autocast_on()) {
+    // softmax gets dtype=float32 under autocast; `.type(value.dtype)` casts back.
+    w3 = ac_->fp32_softmax(w2);
+    w2.reset();
+    Tensor wl = to_copy(rt_, w3, w3.bytes / 4 * e);
+    w3.reset();
+    w3 = std::move(wl);
+  } else {
+    w3 = softmax(rt_, w2);
+    w2.reset();
+  }
   weights = drop(w3);
   w3.reset();
   numeric_hint(rt_, NumericHint::qkv_piece, 2);
@@ -217,7 +263,7 @@ Tensor HfGpt2Model::mlp(const LayerParams& p, const Tensor& x) {
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::mlp;
   Tensor h = conv1d(x, p.fc_w, p.fc_b, s_.d_model, s_.d_ff, p.ad[kCFc]);
-  h = gelu_new(h);
+  h = autocast_on() ? gelu_new_autocast(h) : gelu_new(h);
   h = conv1d(h, p.mproj_w, p.mproj_b, s_.d_ff, s_.d_model, p.ad[kMlpCProj]);
   h = drop(h);
   rt_.ctx.module = outer;
@@ -235,13 +281,16 @@ Tensor HfGpt2Model::block(int32_t layer, const Tensor& x) {
     Tensor h1 = ln(in[0], p.ln1_w, p.ln1_b);
     return attention(p, h1);
   });
-  Tensor r1 = add(rt_, attn_output, x);
+  // Under autocast the branch outputs are low precision: the fp32 residual promotes.
+  Tensor r1 = autocast_on() ? add(rt_, ac_->widen(attn_output), x) : add(rt_, attn_output, x);
+  if (autocast_on()) Autocast::promoted(rt_, r1, 0, attn_output);
   Tensor ff = run_region(rt_, RegionKind::mlp, {r1}, [this, layer](const Inputs& in) {
     const LayerParams& p = layers_[layer];
     Tensor h2 = ln(in[0], p.ln2_w, p.ln2_b);
     return mlp(p, h2);
   });
-  Tensor out = add(rt_, r1, ff);
+  Tensor out = autocast_on() ? add(rt_, r1, ac_->widen(ff)) : add(rt_, r1, ff);
+  if (autocast_on()) Autocast::promoted(rt_, out, 1, ff);
   attn_output.reset();
   ff.reset();
   r1.reset();
@@ -257,6 +306,10 @@ Tensor HfGpt2Model::forward(const Tensor& ids) {
     TiedWeight wte(rt_, rt_.param(wte_));
     wte_w = wte.use(1);
     head_w = wte.use(0);
+    // Under autocast lm_head's grad reaches wte as a fresh fp32 copy (the cast's
+    // backward), which the engine's InputBuffer then owns alone: PyTorch 2.x adds the
+    // embedding's grad into it in place.
+    if (autocast_on() && head_w.grad_fn >= 0) rt_.node(head_w.grad_fn).flags |= kTiedSumInPlace;
   } else {
     wte_w = rt_.param(wte_);
     head_w = rt_.param(lm_head_);
@@ -277,7 +330,16 @@ Tensor HfGpt2Model::forward(const Tensor& ids) {
   }  // GPT2Model.forward returns: its locals (embeddings, position ids) die
   rt_.ctx.module = Module::head;
   const double flops = 2.0 * static_cast<double>(s_.rows()) * D * s_.vocab;
-  Tensor logits = mm_linear(rt_, hidden, head_w, s_.rows() * s_.vocab * e, flops);
+  Tensor logits;
+  if (autocast_on()) {  // F.linear casts W (cached; the tied handle), then x
+    const int32_t w = s_.tied ? wte_ : lm_head_;
+    Tensor wc = ac_->weight(w, /*grad_transposed=*/false, &head_w);
+    const uint64_t low_in = s_.rows() * D * ac_->low_elem();
+    Tensor xc = hidden.bytes == low_in ? hidden : ac_->cast(hidden, low_in);
+    logits = mm_linear(rt_, xc, wc, s_.rows() * s_.vocab * ac_->low_elem(), flops);
+  } else {
+    logits = mm_linear(rt_, hidden, head_w, s_.rows() * s_.vocab * e, flops);
+  }
   hidden.reset();
   rt_.ctx.module = Module::none;
   return logits;
@@ -287,16 +349,28 @@ Tensor HfGpt2Model::loss(const Tensor& logits, const Tensor& labels) {
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::loss;
   const uint64_t shifted_rows = static_cast<uint64_t>(s_.batch * (s_.seq - 1));
+  // The logits' element size: low precision under autocast (also when the loss runs
+  // outside the region: precision.autocast_region forward).
+  const uint64_t e = logits.bytes / (s_.rows() * s_.vocab);
   Tensor shift_logits;
   {
-    Tensor sl = slice_seq(rt_, logits, shifted_rows * s_.vocab * s_.elem);
+    Tensor sl = slice_seq(rt_, logits, shifted_rows * s_.vocab * e);
     numeric_hint(rt_, NumericHint::shift_logits);
     shift_logits = clone(rt_, sl);  // .contiguous()
   }
   numeric_hint(rt_, NumericHint::shift_labels, labels);  // labels[..., 1:].contiguous()
   Tensor shift_labels = new_tensor(rt_, shifted_rows * 8, OpKind::clone, TensorKind::temporary);
-  Tensor logp = log_softmax(rt_, shift_logits);
-  Tensor out = nll_loss(rt_, logp, shift_labels, s_.elem);
+  Tensor out;
+  if (autocast_on()) {
+    // cross_entropy is on the fp32 list: its fp32 copy of the logits lives through
+    // log_softmax and nll_loss.
+    Tensor lf = ac_->to_fp32(shift_logits, shift_logits.bytes / e * 4);
+    Tensor logp = log_softmax(rt_, lf);
+    out = nll_loss(rt_, logp, shift_labels, 4);
+  } else {
+    Tensor logp = log_softmax(rt_, shift_logits);
+    out = nll_loss(rt_, logp, shift_labels, e);
+  }
   rt_.ctx.module = outer;
   return out;
 }

@@ -22,6 +22,17 @@
 // (`selective`; its attn_weights output stays bound in GPT2Attention.forward). Checked
 // against torch 1.13 on CPU by tests/test_checkpoint_fixtures.cpp.
 //
+// torch.autocast (set_autocast, graph/autocast.h; docs/autocast.md): Conv1D's addmm casts
+// W, x and the bias (W and bias through the weight-cast cache) and returns bf16; the
+// residual stream stays fp32 (bf16 branch + fp32 residual promotes), so LayerNorm runs
+// in fp32 without casts; new-GELU's pow runs on an fp32 copy (CUDA's fp32 list) and
+// promotes the rest of the activation to fp32; _attn's matmuls run on the bf16 q/k/v,
+// the 0-d scale and mask value are bf16, softmax gets dtype=float32 (CUDA's
+// fp32_set_opt_dtype) and `.type(value.dtype)` casts the probabilities back; the tied
+// lm_head casts wte (cached); the loss's cross_entropy takes an fp32 copy of the logits.
+// Checked against CPU autocast fixtures with CUDA's rules applied to pow and softmax
+// (tests/test_hf_fixtures.cpp).
+//
 // LoRA / QLoRA (shape.lora, graph/lora.h): every parameter frozen, adapters on the
 // targeted Conv1D modules (c_attn, attn.c_proj, c_fc, mlp.c_proj; PEFT's "c_proj" matches
 // both); under QLoRA those four weights are NF4 (bitsandbytes Linear4bit with the bias
@@ -37,6 +48,8 @@
 
 namespace memsim::graph {
 
+class Autocast;  // graph/autocast.h
+
 class HfGpt2Model {
  public:
   HfGpt2Model(Runtime& rt, const HfShape& shape) : rt_(rt), s_(shape), lora_(rt, s_) {}
@@ -46,6 +59,7 @@ class HfGpt2Model {
   Tensor loss(const Tensor& logits, const Tensor& labels);
   Tensor block(int32_t layer, const Tensor& x);
   const HfShape& shape() const { return s_; }
+  void set_autocast(Autocast* ac) { ac_ = ac; }
 
  private:
   struct LayerParams {
@@ -64,12 +78,17 @@ class HfGpt2Model {
   Tensor mlp(const LayerParams& p, const Tensor& x);
   Tensor gelu_new(const Tensor& x);
   Tensor drop(const Tensor& x);
+  Tensor gelu_new_autocast(const Tensor& x);
+  bool autocast_on() const;
+  // The element size of the activations the current op produces (low under autocast).
+  uint64_t act_elem() const;
 
   Runtime& rt_;
   HfShape s_;
   LoraModules lora_;
   int32_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;  // lm_head_: untied only
   std::vector<LayerParams> layers_;
+  Autocast* ac_ = nullptr;
 };
 
 }  // namespace memsim::graph

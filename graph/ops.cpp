@@ -482,6 +482,7 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       // The generated code computes the later input's grad first.
       if (b.needs(1)) out[1] = Grad{b.A(n.size[2]), false, false};
       if (b.needs(0)) out[0] = Grad{b.A(n.size[2]), false, false};
+      cast_promoted_grads(rt, n, out);  // a low-precision input of an fp32 product
       if (n.flags & kBroadcastA) b.sum_to(out[0], n.size[0], 0);
       if (n.flags & kBroadcastB) b.sum_to(out[1], n.size[1], 1);
       break;

@@ -194,7 +194,8 @@ SplitQkv::SplitQkv(Runtime& rt, const Tensor& qkv) : base_(qkv) {
 
 Tensor SplitQkv::head_view(Runtime& rt, int which) const {
   // split piece -> view(B,S,H,hd) -> permute: the permuted grad arriving here is not
-  // viewable as (B,S,D), so the view's backward reshape copies (a piece-sized tensor).
+  // viewable as (B,S,D) for q and v, so the view's backward reshape copies (a
+  // piece-sized tensor); k's is (see ops_nn.h).
   Tensor piece = rt.view_of(base_, base_.bytes / 3);
   // Numeric mode: records the piece's view (the builder hints which piece it is).
   detail::numeric_forward(rt, OpKind::view, {&piece}, {&piece});
@@ -203,7 +204,7 @@ Tensor SplitQkv::head_view(Runtime& rt, int which) const {
   piece.out_slot = which == 0 ? 0 : 1;
   int32_t v = rt.make_node(OpKind::view, {&piece});
   rt.node(v).size[0] = piece.bytes;
-  rt.node(v).flags |= kCopyInBackward;
+  if (which != 1) rt.node(v).flags |= kCopyInBackward;  // k: viewable (see ops_nn.h)
   piece.grad_fn = v;
   piece.out_slot = 0;
   return piece;
@@ -351,7 +352,11 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   }
   if (n.kind == OpKind::tied_sum) {
     // Both uses' grads are buffered here; old + new is a new tensor (see ops_nn.h).
-    if (in[0].storage != kNoStorage && in[1].storage != kNoStorage) {
+    if (in[0].storage != kNoStorage && in[1].storage != kNoStorage &&
+        (n.flags & kTiedSumInPlace)) {
+      rt.retain(in[0].storage);  // old.add_(new): the first grad's storage
+      out[0] = Grad{in[0].storage, false, false};
+    } else if (in[0].storage != kNoStorage && in[1].storage != kNoStorage) {
       out[0] = fresh(A(n.size[0], TensorKind::gradient));
     } else {
       const Grad& only = in[0].storage != kNoStorage ? in[0] : in[1];

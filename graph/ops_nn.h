@@ -65,10 +65,16 @@ Tensor expand_view(Runtime& rt, const Tensor& x, uint64_t n);
 // parameter's input buffer; the first is not solely owned (a transposed view of the mm
 // result), so InputBuffer adds them out of place (a new weight-sized tensor) and
 // AccumulateGrad steals the sum. use(slot) gives the handle for each use: slot 0 is
-// the use whose grad arrives first (lm_head), slot 1 the other.
+// the use whose grad arrives first (lm_head), slot 1 the other. kTiedSumInPlace on the
+// node: the first grad is a fresh dense tensor the buffer owns alone (autocast's cast
+// back to fp32), so PyTorch 2.x adds the second into it in place (no new tensor).
+inline constexpr uint8_t kTiedSumInPlace = 128;
 // qkv.split(D, dim=2) + per-piece view/permute (GPT-2 c_attn). head_view(0|1|2) is the
-// (B,H,S,hd) view of q, k or v. Backward: each view's reshape copies, then the split's
-// cat allocates the (B,S,3D) grad. Slot limitation: k and v share one input slot.
+// (B,H,S,hd) view of q, k or v. Backward: q's and v's view reshape copies (their grads
+// arrive permuted); k's grad is the transpose of matmul's contiguous k^T grad, which
+// permuted back is viewable as (B,S,D): no copy (CPU fixtures: two clones per layer).
+// Then the split's cat allocates the (B,S,3D) grad. Slot limitation: k and v share one
+// input slot.
 class SplitQkv {
  public:
   SplitQkv(Runtime& rt, const Tensor& qkv);

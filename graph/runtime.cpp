@@ -395,8 +395,9 @@ void Runtime::run_engine(int32_t grad_fn, uint8_t out_slot, uint32_t root_grad) 
 }
 
 void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
-  // Unpacking a checkpoint placeholder may re-run its region first (appending nodes).
-  if (checkpoint != nullptr && nodes_[id].saved_count > 0) checkpoint->unpack(id);
+  // Unpacking a checkpoint placeholder (or reaching a reentrant region's output node) may
+  // re-run its region first (appending nodes).
+  if (checkpoint != nullptr) checkpoint->unpack(id);
   Node& n = nodes_[id];
   ctx.layer = n.layer;
   ctx.module = n.module;

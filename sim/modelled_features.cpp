@@ -10,23 +10,26 @@ namespace {
 [[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
   throw ScenarioError(s.source + ": " + key + ": " + why);
 }
-// Autocast is modelled for the cs336 family and hf-llama (eager attention, untied head)
-// with fp32 parameters and no activation checkpointing (graph/autocast.h); everything
-// else is refused by key.
+// Autocast is modelled for the cs336 family, hf-llama (eager attention, untied head, no
+// dropout) and hf-gpt2 (eager attention, no dropout) with fp32 parameters
+// (graph/autocast.h); with activation checkpointing when backward runs outside the
+// region; everything else is refused by key.
 void require_autocast_modelled(const Scenario& s) {
-  if (s.model.family != ModelFamily::cs336 && s.model.family != ModelFamily::hf_llama) {
+  const bool hf = s.model.family == ModelFamily::hf_llama || s.model.family == ModelFamily::hf_gpt2;
+  if (s.model.family != ModelFamily::cs336 && !hf) {
     refuse(s, "precision.autocast",
-           std::string("autocast is modelled for the cs336 and hf-llama families only, not '") +
+           std::string("autocast is modelled for the cs336, hf-llama and hf-gpt2 families only, "
+                       "not '") +
                to_string(s.model.family) + "'; use precision.autocast: none");
   }
-  if (s.model.family == ModelFamily::hf_llama && s.model.attention != AttentionImpl::eager) {
+  if (hf && s.model.attention != AttentionImpl::eager) {
     refuse(s, "model.attention",
-           "autocast is modelled for hf-llama's eager attention only (the fused SDPA kernels' "
+           "autocast is modelled for eager attention only (the fused SDPA kernels' "
            "low-precision inputs are not); use model.attention: eager or precision.autocast: none");
   }
-  if (s.model.family == ModelFamily::hf_llama && s.model.dropout > 0.0) {
+  if (hf && s.model.dropout > 0.0) {
     refuse(s, "model.dropout",
-           "attention dropout under autocast is not checked against torch yet for hf-llama; "
+           "dropout under autocast is not checked against torch yet for the hf families; "
            "use model.dropout: 0 or precision.autocast: none");
   }
   if (s.lora.rank > 0) {
@@ -44,10 +47,14 @@ void require_autocast_modelled(const Scenario& s) {
            "autocast casts fp32 parameters; with precision.params bf16/fp16 use "
            "precision.autocast: none");
   }
-  if (s.checkpoint.policy != "none") {
-    refuse(s, "checkpoint.policy",
-           "activation checkpointing under precision.autocast is not modelled yet; use "
-           "checkpoint.policy: none or precision.autocast: none");
+  if (s.checkpoint.policy != "none" && s.precision.autocast_region == AutocastRegion::whole_step) {
+    // The recompute runs inside backward, i.e. inside the region: what it finds in the
+    // weight-cast cache depends on torch's version (1.13: a per-thread cache, and CUDA's
+    // backward runs on its own thread; 2.x: one cache, which the recompute's exit clears
+    // for everyone). Not modelled.
+    refuse(s, "precision.autocast_region",
+           "whole-step autocast with activation checkpointing is not modelled (the recompute "
+           "would run inside the region); use autocast_region forward-and-loss or forward");
   }
 }
 }  // namespace

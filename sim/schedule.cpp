@@ -83,12 +83,12 @@ class Loop {
     rt_.cublas_workspace = s_.device.cublas_workspace;
     // Activation checkpointing (sim/checkpoint_policy.h): installs itself on rt_.
     checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
-    if (s_.precision.autocast) {  // cs336, hf-llama (sim/modelled_features.cpp)
+    if (s_.precision.autocast) {  // cs336, hf-llama, hf-gpt2 (sim/modelled_features.cpp)
       autocast_ = std::make_unique<graph::Autocast>(
-          rt_, static_cast<uint64_t>(dtype_bytes(*s_.precision.autocast)));
-      if constexpr (std::is_same_v<Model, graph::Cs336Model> ||
-                    std::is_same_v<Model, graph::HfLlamaModel>)
-        model_.set_autocast(autocast_.get());
+          rt_, static_cast<uint64_t>(dtype_bytes(*s_.precision.autocast)),
+          *s_.precision.autocast == DType::fp16);
+      model_.set_autocast(autocast_.get());
+      if (checkpoint_) checkpoint_->set_autocast(autocast_.get());  // recompute re-enters it
     }
     {
       // ~330 events per layer and step (forward, backward, optimizer), plus the rest.
