@@ -113,6 +113,14 @@ class CachingAllocator::Impl {
   void release_expandable_segment(BlockId id);
   uint32_t create_expandable_segment(bool small, StreamId stream, uint64_t base);
   std::vector<BlockId> seed_expandable_run(const SegmentInfo& segment);
+  // Creates the blocks of a seeded run `tiling` starting at `start`, linked after `prev`
+  // (kNoBlock for a segment's first block): free blocks go to their pool, allocated
+  // ones are counted in the stats and appended to `allocated`. `count_inactive_split`:
+  // free blocks of a split cudaMalloc segment count as inactive splits (not for
+  // expandable runs, as PyTorch). Returns the last block created.
+  BlockId create_seeded_blocks(const std::vector<BlockInfo>& tiling, uint64_t start,
+                               BlockId prev, const SegmentInfo& segment, uint32_t expandable,
+                               bool count_inactive_split, std::vector<BlockId>& allocated);
 
   bool gc_active() const {
     return config.memory_fraction.has_value() && config.garbage_collection_threshold > 0.0;

@@ -85,9 +85,19 @@ std::vector<BlockId> CachingAllocator::Impl::seed_segment(const SegmentInfo& seg
   ++stats.num_device_alloc;
 
   std::vector<BlockId> allocated;
-  const bool split = tiling.size() > 1;
-  BlockId prev = kNoBlock;
-  uint64_t ptr = segment.address;
+  create_seeded_blocks(tiling, segment.address, kNoBlock, segment, kNoSegment,
+                       /*count_inactive_split=*/tiling.size() > 1, allocated);
+  return allocated;
+}
+
+BlockId CachingAllocator::Impl::create_seeded_blocks(const std::vector<BlockInfo>& tiling,
+                                                     uint64_t start, BlockId prev,
+                                                     const SegmentInfo& segment,
+                                                     uint32_t expandable,
+                                                     bool count_inactive_split,
+                                                     std::vector<BlockId>& allocated) {
+  const bool small = segment.is_small;
+  uint64_t ptr = start;
   for (const BlockInfo& info : tiling) {
     const BlockId id = blocks.create();
     Block& b = blocks[id];
@@ -96,30 +106,31 @@ std::vector<BlockId> CachingAllocator::Impl::seed_segment(const SegmentInfo& seg
     b.requested_size = info.requested_size;
     b.stream = segment.stream;
     b.small = small;
+    b.expandable = expandable;
     b.prev = prev;
     if (prev != kNoBlock) blocks[prev].next = id;
     prev = id;
     ptr += info.size;
     if (info.state == BlockState::inactive) {
       pool_insert(id);
-      if (split) {
+      if (count_inactive_split) {
         stats.inactive_split.increase(small, 1);
         stats.inactive_split_bytes.increase(small, static_cast<int64_t>(info.size));
       }
-    } else {
-      blocks[id].allocated = true;
-      const auto bytes = static_cast<int64_t>(info.size);
-      stats.allocation.increase(small, 1);
-      stats.allocated_bytes.increase(small, bytes);
-      stats.active.increase(small, 1);
-      stats.active_bytes.increase(small, bytes);
-      stats.requested_bytes.increase(small, static_cast<int64_t>(info.requested_size));
-      if (info.size >= config.max_split_size) stats.oversize_allocations.increase(1);
-      if (index_enabled) index_insert(id);
-      allocated.push_back(id);
+      continue;
     }
+    blocks[id].allocated = true;
+    const auto bytes = static_cast<int64_t>(info.size);
+    stats.allocation.increase(small, 1);
+    stats.allocated_bytes.increase(small, bytes);
+    stats.active.increase(small, 1);
+    stats.active_bytes.increase(small, bytes);
+    stats.requested_bytes.increase(small, static_cast<int64_t>(info.requested_size));
+    if (info.size >= config.max_split_size) stats.oversize_allocations.increase(1);
+    if (index_enabled) index_insert(id);
+    allocated.push_back(id);
   }
-  return allocated;
+  return prev;
 }
 
 // A mapped run of an expandable reservation: carve it out of the unmapped block that
@@ -189,36 +200,8 @@ std::vector<BlockId> CachingAllocator::Impl::seed_expandable_run(const SegmentIn
   ++stats.num_device_alloc;
 
   std::vector<BlockId> allocated;
-  BlockId prev = prev_of_run;
-  uint64_t ptr = start;
-  for (const BlockInfo& info : tiling) {
-    const BlockId id = blocks.create();
-    Block& b = blocks[id];
-    b.ptr = ptr;
-    b.size = info.size;
-    b.requested_size = info.requested_size;
-    b.stream = segment.stream;
-    b.small = small;
-    b.expandable = seg_index;
-    b.prev = prev;
-    if (prev != kNoBlock) blocks[prev].next = id;
-    prev = id;
-    ptr += info.size;
-    if (info.state == BlockState::inactive) {
-      pool_insert(id);
-    } else {
-      blocks[id].allocated = true;
-      const auto bytes = static_cast<int64_t>(info.size);
-      stats.allocation.increase(small, 1);
-      stats.allocated_bytes.increase(small, bytes);
-      stats.active.increase(small, 1);
-      stats.active_bytes.increase(small, bytes);
-      stats.requested_bytes.increase(small, static_cast<int64_t>(info.requested_size));
-      if (info.size >= config.max_split_size) stats.oversize_allocations.increase(1);
-      if (index_enabled) index_insert(id);
-      allocated.push_back(id);
-    }
-  }
+  const BlockId prev = create_seeded_blocks(tiling, start, prev_of_run, segment, seg_index,
+                                            /*count_inactive_split=*/false, allocated);
   blocks[prev].next = after;
   if (after != kNoBlock) blocks[after].prev = prev;
   return allocated;
