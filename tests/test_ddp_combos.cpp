@@ -119,6 +119,17 @@ TEST_CASE("DDP around LoRA / master-weight models: buckets match torch 1.13 exac
         if (q["requires_grad"].get<bool>() == trainable)
           torch_params.push_back(q["bytes"].get<uint64_t>());
     REQUIRE(params == torch_params);
+    // torch's rebuilt buckets index the reducer's parameters: the trainable ones alone.
+    std::vector<uint64_t> trainable;
+    for (const auto& q : f["parameters"])
+      if (q["requires_grad"].get<bool>()) trainable.push_back(q["bytes"].get<uint64_t>());
+    const auto& idx = f["rebuilt_per_bucket_param_indices"];
+    REQUIRE(idx.size() == f["rebuilt_bucket_sizes"].size());
+    for (size_t b = 0; b < idx.size(); ++b) {
+      uint64_t sum = 0;
+      for (const auto& i : idx[b]) sum += trainable.at(i.get<size_t>());
+      CHECK(sum == f["rebuilt_bucket_sizes"][b].get<uint64_t>());
+    }
     // The one bucket of the trainable parameters at construction, then the rebuilt ones.
     const std::vector<uint64_t> expect = torch_buckets(f);
     CHECK(named_allocs(p, "ddp.reducer.bucket") == expect);
