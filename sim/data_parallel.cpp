@@ -121,10 +121,24 @@ std::vector<std::vector<int32_t>> ddp_bucket_assignment(const std::vector<uint64
 TorchDdp::TorchDdp(Runtime& rt, bool gradient_as_bucket_view)
     : rt_(&rt), view_(gradient_as_bucket_view) {
   bucket_of_param_.assign(rt.parameters().size(), graph::kNoStorage);
+  // _build_params_for_reducer: only parameters that require grad (a LoRA model's
+  // adapters; its frozen base weights get no bucket and no .grad).
   // find_unused_parameters=False: bucket_size_limits = [sys.maxsize], one bucket.
-  std::vector<int32_t> all;
-  for (size_t i = 0; i < rt.parameters().size(); ++i) all.push_back(static_cast<int32_t>(i));
-  allocate(rt, {all});
+  std::vector<int32_t> trainable;
+  uint64_t elem = 0;
+  for (size_t i = 0; i < rt.parameters().size(); ++i) {
+    const graph::Parameter& p = rt.parameters()[i];
+    if (p.frozen) continue;
+    // compute_bucket_assignment_by_size keys buckets by dtype; every modelled trainable
+    // set has one (the adapters' lora.adapter_dtype, or the model's precision.params).
+    if (!trainable.empty() && p.elem != elem)
+      throw std::logic_error("TorchDdp: trainable parameters of mixed dtypes are not modelled");
+    elem = p.elem;
+    trainable.push_back(static_cast<int32_t>(i));
+  }
+  if (trainable.empty())  // DistributedDataParallel.__init__ raises the same
+    throw std::logic_error("TorchDdp: no parameter requires a gradient");
+  allocate(rt, {trainable});
   rt.hooks = this;
 }
 

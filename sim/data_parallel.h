@@ -4,8 +4,12 @@
 //
 // torch DDP (torch 1.13, nn/parallel/distributed.py and c10d reducer.cpp; checked by
 // tools/fixtures/gen_ddp_fixtures.py -> tests/data/ddp/*.json):
+//  - The reducer takes only the parameters that require grad (_build_params_for_reducer):
+//    a LoRA / QLoRA model's adapters, not its frozen base weights; a 16-bit model trained
+//    with fp32 master weights buckets its 16-bit parameters (tools/fixtures/
+//    gen_ddp_lora_master_fixtures.py -> tests/data/ddp_combos/*.json).
 //  - At construction, with find_unused_parameters=False (the default) and no static
-//    graph, ALL parameters go into ONE bucket (bucket_size_limits = [sys.maxsize]): the
+//    graph, ALL those parameters go into ONE bucket (bucket_size_limits = [sys.maxsize]): the
 //    reducer allocates its flat gradient buffer, sum of the parameters' bytes, at once.
 //  - gradient_as_bucket_view=False (the default): .grad tensors are allocated by autograd
 //    as without DDP and COPIED into the bucket (mul_out by 1/world_size, no temporary);
@@ -65,7 +69,8 @@ inline constexpr uint64_t kDdpBucketCapBytes = 25 * 1024 * 1024;   // bucket_cap
 // torch DDP's reducer buckets on the simulated rank.
 class TorchDdp : public graph::RuntimeHooks {
  public:
-  // DistributedDataParallel(model): the one initial bucket (all parameters). Installs
+  // DistributedDataParallel(model): the one initial bucket (all parameters that require
+  // grad; std::logic_error when there are none, or of mixed dtypes). Installs
   // itself as rt's grad-ready log for the first backward.
   TorchDdp(graph::Runtime& rt, bool gradient_as_bucket_view);
   ~TorchDdp();

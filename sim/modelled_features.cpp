@@ -88,13 +88,20 @@ void require_modelled(const Scenario& s) {
            "flat parameter, which autocast's weight-cast cache skips); use "
            "parallel.fsdp_mixed_precision: bf16 for FSDP's own mixed precision, or "
            "parallel.sharding: none (DDP)");
-  if (p.data > 1 || p.sharding != Sharding::none) {
+  // torch DDP composes with both (sim/data_parallel.h: the reducer buckets only the
+  // parameters that require grad, in their dtype; tests/test_ddp_combos.cpp). FSDP and
+  // ZeRO-1 do not yet.
+  const bool sharded = p.sharding != Sharding::none || p.zero != 0;
+  if (p.data > 1 && sharded && s.model.family != ModelFamily::megatron) {
     const char* key = s.lora.rank > 0 ? "lora"
                       : s.precision.master_weights ? "precision.master_weights" : nullptr;
-    if (key != nullptr && s.model.family != ModelFamily::megatron)
+    if (key != nullptr)
       refuse(s, key,
-             "is not modelled together with data parallelism (parallel.data > 1 or "
-             "parallel.sharding) yet; simulate one GPU, or drop this key");
+             std::string("is modelled with torch DDP (parallel.data > 1, parallel.sharding: "
+                         "none, parallel.zero: 0) but not with ") +
+                 (p.sharding == Sharding::fsdp ? "FSDP (parallel.sharding: fsdp)"
+                                                : "ZeRO-1 (parallel.zero: 1)") +
+                 " yet; use plain DDP, simulate one GPU, or drop this key");
   }
   if (s.precision.autocast.has_value()) require_autocast_modelled(s);  // below
   if (s.precision.master_weights && s.optimizer.impl == OptimizerImpl::cs336) {

@@ -41,7 +41,7 @@ TEST_CASE("parallelism, autocast and unsupported combinations are refused by key
   CHECK(refusal({{"model.dropout", "0.1"}}).rfind("tiny.yaml: model.dropout: ", 0) == 0);
 }
 
-TEST_CASE("data parallelism with LoRA, master weights or autocast is refused by key",
+TEST_CASE("sharded data parallelism with LoRA, master weights or autocast is refused by key",
           "[modelled]") {
   // Autocast composes with DDP (tests/test_dp_autocast.cpp), not with FSDP.
   CHECK(refusal({{"parallel.data", "8"}, {"precision.autocast", "bf16"}}).empty());
@@ -50,7 +50,19 @@ TEST_CASE("data parallelism with LoRA, master weights or autocast is refused by 
   CHECK(refusal({{"parallel.data", "8"}, {"parallel.sharding", "fsdp"},
                  {"precision.params", "bf16"}, {"precision.master_weights", "true"},
                  {"optimizer.impl", "foreach"}})
-            .rfind("tiny.yaml: precision.master_weights: is not modelled together", 0) == 0);
+            .rfind("tiny.yaml: precision.master_weights: is modelled with torch DDP "
+                   "(parallel.data > 1, parallel.sharding: none, parallel.zero: 0) but not "
+                   "with FSDP", 0) == 0);
+  CHECK(refusal({{"parallel.data", "8"}, {"parallel.zero", "1"}, {"precision.params", "bf16"},
+                 {"precision.master_weights", "true"}, {"optimizer.impl", "foreach"}})
+            .rfind("tiny.yaml: precision.master_weights: is modelled with torch DDP", 0) == 0);
+  CHECK(refusal({{"parallel.data", "8"}, {"parallel.zero", "1"}, {"precision.params", "bf16"},
+                 {"precision.master_weights", "true"}, {"optimizer.impl", "foreach"}})
+            .find("not with ZeRO-1 (parallel.zero: 1)") != std::string::npos);
+  // torch DDP with master weights is simulated (tests/test_ddp_combos.cpp; LoRA too).
+  CHECK(refusal({{"parallel.data", "8"}, {"precision.params", "bf16"},
+                 {"precision.master_weights", "true"}, {"optimizer.impl", "foreach"}})
+            .empty());
   // Each alone is simulated.
   CHECK(refusal({{"precision.params", "bf16"}, {"precision.master_weights", "true"},
                  {"optimizer.impl", "foreach"}})

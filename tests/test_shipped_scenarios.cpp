@@ -67,6 +67,8 @@ const std::map<std::string, Claim>& claims() {
       {"llama2-7b-bf16-autocast-ckpt-a100.yaml", {false, Phase::optimizer, 76.24}},
       // LoRA r16 q/v on a bf16 base: the peak is the loss's backward (4 x 2048 tokens).
       {"llama2-7b-lora-a100.yaml", {true, std::nullopt, 58.70}},
+      // ... wrapped in torch DDP on 8 GPUs: + the adapters' 32 MiB of buckets.
+      {"llama2-7b-lora-ddp-8xa100.yaml", {true, std::nullopt, 58.73}},
       // QLoRA NF4 r64 all-linear, full (non-reentrant) checkpointing, 1 x 512 tokens.
       {"llama2-7b-qlora-rtx4090.yaml", {true, std::nullopt, 6.71}},
       // FSDP FULL_SHARD over 8 GPUs: the peak is the backward of the last layer.
