@@ -25,44 +25,15 @@
 #include "sim/modelled_features.h"
 #include "sim/optimize.h"
 #include "sim/schedule.h"
+#include "step_measure_test_support.h"
 
 using namespace memsim;
 
 namespace {
 
-struct Measured {
-  uint64_t before_forward = 0, forward_end = 0, after_backward = 0, peak = 0;
-};
-
-Measured measure(const Program& p) {
-  Measured m;
-  uint64_t live = 0;
-  bool measuring = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::alloc) live += e.bytes;
-    if (e.type == EventType::free) live -= p.tensors[e.tensor].bytes;
-    if (e.type == EventType::mark) {
-      const std::string& name = p.str(static_cast<uint32_t>(e.bytes));
-      if (name == "measured_step_begin") {
-        measuring = true;
-        m.before_forward = live;
-      }
-      if (name == "forward_end") m.forward_end = live;
-      if (name == "backward_end") {
-        measuring = false;
-        m.after_backward = live;
-      }
-    }
-    if (measuring) m.peak = std::max(m.peak, live);
-  }
-  return m;
-}
-
-nlohmann::json load(const std::string& file) {
-  std::ifstream in(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu/" + file);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
+using memsim_test::load_torch_cpu_fixture;
+using memsim_test::measure_step;
+using Measured = memsim_test::StepMeasure;
 
 Scenario base_scenario(const nlohmann::json& fx) {
   Scenario s;
@@ -97,7 +68,7 @@ void check_fixture(const nlohmann::json& fx, const Scenario& s) {
     const std::string label = policy + (reentrant ? " (reentrant)" : "");
     INFO(to_string(s.model.family) << " autocast policy " << label);
     const Program program = build(s, policy, reentrant, fx["early_stop"]);
-    const Measured m = measure(program);
+    const Measured m = measure_step(program);
     std::printf("| %s | %llu | %llu | %llu | %llu | %llu | %llu |\n", label.c_str(),
                 static_cast<unsigned long long>(row["live_at_forward_end"].get<uint64_t>()),
                 static_cast<unsigned long long>(m.forward_end),
@@ -131,19 +102,10 @@ void check_fixture(const nlohmann::json& fx, const Scenario& s) {
 
 TEST_CASE("autocast + checkpointing matches PyTorch 1.13 on CPU (CS336 model, 4 layers)",
           "[autocast][checkpoint]") {
-  const nlohmann::json fx = load("checkpoint_cs336_autocast_bf16.json");
+  const nlohmann::json fx = load_torch_cpu_fixture("checkpoint_cs336_autocast_bf16.json");
   const nlohmann::json& c = fx["config"];
   Scenario s = base_scenario(fx);
-  s.model.family = ModelFamily::cs336;
-  s.model.layers = c["layers"];
-  s.model.d_model = c["d_model"];
-  s.model.heads = c["heads"];
-  s.model.kv_heads = c["heads"];
-  s.model.d_ff = c["d_ff"];
-  s.model.vocab = c["vocab"];
-  s.model.context_length = c["seq_len"];
-  s.batch.micro_batch = c["batch"];
-  s.batch.seq_len = c["seq_len"];
+  memsim_test::apply_cs336_fixture_config(s, c);
   check_fixture(fx, s);
 }
 
@@ -152,7 +114,7 @@ TEST_CASE("autocast + checkpointing matches PyTorch 1.13 on CPU (HF LLaMA and GP
   for (const char* file :
        {"checkpoint_hf_llama_autocast_bf16.json", "checkpoint_hf_gpt2_autocast_bf16.json",
         "checkpoint_hf_llama_s128_autocast_bf16.json"}) {
-    const nlohmann::json fx = load(file);
+    const nlohmann::json fx = load_torch_cpu_fixture(file);
     const nlohmann::json& c = fx["config"];
     const std::string family = fx["family"];
     Scenario s = base_scenario(fx);
@@ -216,7 +178,7 @@ TEST_CASE("hf-gpt2 under fp16 autocast: softmax reads fp16 directly (half_to_flo
             "device: {capacity: 1GiB, cublas_workspace: 0}\n",
         "gpt2.yaml");
     const Program p = build_program(s);
-    return std::make_pair(measure(p), p.events.size());
+    return std::make_pair(measure_step(p), p.events.size());
   };
   const auto [bf16, bf16_events] = run("bf16");
   const auto [fp16, fp16_events] = run("fp16");

@@ -25,45 +25,15 @@
 
 #include "sim/checkpoint_policy.h"
 #include "sim/schedule.h"
+#include "step_measure_test_support.h"
 
 using namespace memsim;
 
 namespace {
 
-struct Measured {
-  uint64_t before_forward = 0, forward_end = 0, after_backward = 0, peak = 0;
-};
-
-// Requested bytes live after each event, from the measured step's start.
-Measured measure(const Program& p) {
-  Measured m;
-  uint64_t live = 0;
-  bool measuring = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::alloc) live += e.bytes;
-    if (e.type == EventType::free) live -= p.tensors[e.tensor].bytes;
-    if (e.type == EventType::mark) {
-      const std::string& name = p.str(static_cast<uint32_t>(e.bytes));
-      if (name == "measured_step_begin") {
-        measuring = true;
-        m.before_forward = live;
-      }
-      if (name == "forward_end") m.forward_end = live;
-      if (name == "backward_end") {
-        measuring = false;
-        m.after_backward = live;
-      }
-    }
-    if (measuring) m.peak = std::max(m.peak, live);
-  }
-  return m;
-}
-
-nlohmann::json load(const std::string& file) {
-  std::ifstream in(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu/" + file);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
+using memsim_test::load_torch_cpu_fixture;
+using memsim_test::measure_step;
+using Measured = memsim_test::StepMeasure;
 
 // The fixture's step: no optimizer, no warm-up, no cuBLAS workspaces (a CPU run).
 Scenario base_scenario() {
@@ -92,7 +62,7 @@ void check_fixture(const nlohmann::json& fx, const Scenario& s) {
     script.loss = LossImpl::torch;
     script.checkpoint_early_stop = fx["early_stop"];
     const Program program = build_program(sp, script);
-    const Measured m = measure(program);
+    const Measured m = measure_step(program);
     const uint64_t real_fwd_end = row["live_at_forward_end"];
     const uint64_t real_peak = row["step_peak"];
     const double err = static_cast<double>(m.peak) / static_cast<double>(real_peak) - 1.0;
@@ -129,26 +99,17 @@ void check_fixture(const nlohmann::json& fx, const Scenario& s) {
 }  // namespace
 
 TEST_CASE("checkpointing matches PyTorch 1.13 on CPU (CS336 model, 4 layers)", "[checkpoint]") {
-  const nlohmann::json fx = load("checkpoint_cs336.json");
+  const nlohmann::json fx = load_torch_cpu_fixture("checkpoint_cs336.json");
   const nlohmann::json& c = fx["config"];
   Scenario s = base_scenario();
-  s.model.family = ModelFamily::cs336;
-  s.model.layers = c["layers"];
-  s.model.d_model = c["d_model"];
-  s.model.heads = c["heads"];
-  s.model.kv_heads = c["heads"];
-  s.model.d_ff = c["d_ff"];
-  s.model.vocab = c["vocab"];
-  s.model.context_length = c["seq_len"];
-  s.batch.micro_batch = c["batch"];
-  s.batch.seq_len = c["seq_len"];
+  memsim_test::apply_cs336_fixture_config(s, c);
   check_fixture(fx, s);
 }
 
 TEST_CASE("checkpointing matches PyTorch 1.13 on CPU (HF GPT-2 and LLaMA stand-ins, 4 layers)",
           "[checkpoint][hf]") {
   for (const char* file : {"checkpoint_hf_gpt2.json", "checkpoint_hf_llama.json"}) {
-    const nlohmann::json fx = load(file);
+    const nlohmann::json fx = load_torch_cpu_fixture(file);
     const nlohmann::json& c = fx["config"];
     const std::string family = fx["family"];
     Scenario s = base_scenario();
