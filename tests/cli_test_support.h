@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -42,6 +43,45 @@ inline std::string slurp(const std::filesystem::path& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// A fresh temporary folder (named after `prefix`, the process and a counter), removed
+// with everything in it when the object goes out of scope.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& prefix) {
+    static int counter = 0;
+    path = std::filesystem::temp_directory_path() /
+           (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::filesystem::path write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name, std::ios::binary) << text;
+    return path / name;
+  }
+};
+
+struct CliResult {
+  int status = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `memsim ARGS` through the shell: stdout through popen, stderr through a file in `dir`.
+inline CliResult run_memsim(const std::string& args, const TempDir& dir) {
+  const std::filesystem::path err = dir.path / "stderr.txt";
+  const CommandResult ran = run_shell(memsim_command() + args + " 2>'" + err.string() + "'");
+  CliResult r;
+  r.status = ran.status;
+  r.out = ran.out;
+  r.err = slurp(err);
+  return r;
 }
 
 }  // namespace memsim_test

@@ -20,46 +20,16 @@ using nlohmann::json;
 
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
 using memsim_test::slurp;
+using Result = memsim_test::CliResult;
 
 // A fresh temporary folder per test case, removed at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("memsim_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-  fs::path write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return path / name;
-  }
+struct TempDir : memsim_test::TempDir {
+  TempDir() : memsim_test::TempDir("memsim_cli") {}
 };
 
-// Runs `memsim ARGS` through the shell; stdout through popen, stderr to a file.
 Result memsim(const std::string& args, const TempDir& dir) {
-  const fs::path err = dir.path / "stderr.txt";
-  const auto ran =
-      memsim_test::run_shell(memsim_test::memsim_command() + args + " 2>'" + err.string() + "'");
-  Result r;
-  r.status = ran.status;
-  r.out = ran.out;
-  r.err = slurp(err);
-  return r;
+  return memsim_test::run_memsim(args, dir);
 }
 
 std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }

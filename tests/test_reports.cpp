@@ -29,41 +29,15 @@ using nlohmann::json;
 
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
 using memsim_test::slurp;
+using Result = memsim_test::CliResult;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("memsim_reports_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return path / name;
-  }
+struct TempDir : memsim_test::TempDir {
+  TempDir() : memsim_test::TempDir("memsim_reports") {}
 };
 
 Result run_cli(const std::string& args, const TempDir& dir) {
-  const fs::path err = dir.path / "stderr.txt";
-  const auto ran =
-      memsim_test::run_shell(memsim_test::memsim_command() + args + " 2>'" + err.string() + "'");
-  Result r;
-  r.status = ran.status;
-  r.out = ran.out;
-  r.err = slurp(err);
-  return r;
+  return memsim_test::run_memsim(args, dir);
 }
 
 std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
