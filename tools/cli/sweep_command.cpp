@@ -80,6 +80,45 @@ Json values_json(const SweepOverrides& point) {
   return v;
 }
 
+void write_to(const std::string& path, const std::string& text) {
+  Output out(path);
+  out.write(text);
+  out.finish();
+}
+
+// One CSV row per point: the axes' values, then `row_tail(i)` (which ends the line).
+template <typename RowTail>
+std::string points_csv(const std::vector<SweepAxis>& axes,
+                       const std::vector<SweepOverrides>& points, const char* header_tail,
+                       RowTail row_tail) {
+  std::string text;
+  for (const SweepAxis& a : axes) text += csv_field(a.key) + ",";
+  text += header_tail;
+  for (size_t i = 0; i < points.size(); ++i) {
+    for (const auto& kv : points[i]) text += csv_field(kv.second) + ",";
+    text += row_tail(i);
+  }
+  return text;
+}
+
+// The human table on stdout: the axes' values, then `row_tail(i)`'s cells; the two
+// columns after the axes are right-aligned (numbers).
+template <typename RowTail>
+void print_points(const std::vector<SweepAxis>& axes, const std::vector<SweepOverrides>& points,
+                  const std::vector<std::string>& tail_headers, RowTail row_tail) {
+  std::vector<std::vector<std::string>> rows(1);
+  for (const SweepAxis& a : axes) rows[0].push_back(a.key);
+  for (const std::string& h : tail_headers) rows[0].push_back(h);
+  for (size_t i = 0; i < points.size(); ++i) {
+    std::vector<std::string> row;
+    for (const auto& kv : points[i]) row.push_back(kv.second);
+    for (std::string& cell : row_tail(i)) row.push_back(std::move(cell));
+    rows.push_back(std::move(row));
+  }
+  print_rows(stdout, rows, axes.size(), axes.size() + 2, Style::for_stream(stdout));
+  std::fflush(stdout);
+}
+
 int run_grid(const SweepArgs& args, const SweepRunner& runner, const std::vector<SweepAxis>& axes,
              unsigned threads) {
   const std::vector<SweepOverrides> points = sweep_points(axes);
@@ -108,44 +147,31 @@ int run_grid(const SweepArgs& args, const SweepRunner& runner, const std::vector
       list.push_back(std::move(p));
     }
     j["points"] = std::move(list);
-    Output out(args.json);
-    out.write(dump_json(j));
-    out.finish();
+    write_to(args.json, dump_json(j));
   }
   if (!args.csv.empty()) {
-    Output out(args.csv);
-    std::string text;
-    for (const SweepAxis& a : axes) text += csv_field(a.key) + ",";
-    text += "peak_allocated_bytes,peak_reserved_bytes,peak_requested_bytes,fits,verdict\n";
-    for (size_t i = 0; i < points.size(); ++i) {
-      for (const auto& kv : points[i]) text += csv_field(kv.second) + ",";
-      const SweepResult& r = results[i];
-      if (r.ok)
-        text += std::to_string(r.analysis.peak_allocated) + "," +
-                std::to_string(r.analysis.peak_reserved) + "," +
-                std::to_string(r.analysis.peak_requested) + ",";
-      else
-        text += ",,,";
-      text += std::string(r.fits() ? "true" : "false") + "," + csv_field(sweep_verdict(r)) + "\n";
-    }
-    out.write(text);
-    out.finish();
+    write_to(args.csv,
+             points_csv(axes, points,
+                        "peak_allocated_bytes,peak_reserved_bytes,peak_requested_bytes,fits,"
+                        "verdict\n",
+                        [&](size_t i) {
+                          const SweepResult& r = results[i];
+                          const std::string peaks =
+                              r.ok ? std::to_string(r.analysis.peak_allocated) + "," +
+                                         std::to_string(r.analysis.peak_reserved) + "," +
+                                         std::to_string(r.analysis.peak_requested) + ","
+                                   : std::string(",,,");
+                          return peaks + (r.fits() ? "true" : "false") + "," +
+                                 csv_field(sweep_verdict(r)) + "\n";
+                        }));
   }
   if (args.json != "-" && args.csv != "-") {
-    std::vector<std::vector<std::string>> rows(1);
-    for (const SweepAxis& a : axes) rows[0].push_back(a.key);
-    for (const char* h : {"peak allocated", "peak reserved", "verdict"}) rows[0].push_back(h);
-    for (size_t i = 0; i < points.size(); ++i) {
-      std::vector<std::string> row;
-      for (const auto& kv : points[i]) row.push_back(kv.second);
+    print_points(axes, points, {"peak allocated", "peak reserved", "verdict"}, [&](size_t i) {
       const SweepResult& r = results[i];
-      row.push_back(r.ok ? human_bytes(r.analysis.peak_allocated) : "-");
-      row.push_back(r.ok ? human_bytes(r.analysis.peak_reserved) : "-");
-      row.push_back(sweep_verdict(r));
-      rows.push_back(std::move(row));
-    }
-    print_rows(stdout, rows, axes.size(), axes.size() + 2, Style::for_stream(stdout));
-    std::fflush(stdout);
+      return std::vector<std::string>{r.ok ? human_bytes(r.analysis.peak_allocated) : "-",
+                                      r.ok ? human_bytes(r.analysis.peak_reserved) : "-",
+                                      sweep_verdict(r)};
+    });
   }
   return kExitFits;
 }
@@ -174,41 +200,28 @@ int run_max(const SweepArgs& args, const SweepRunner& runner, const std::vector<
                       {"evaluations", m.evaluations}});
     }
     j["points"] = std::move(list);
-    Output out(args.json);
-    out.write(dump_json(j));
-    out.finish();
+    write_to(args.json, dump_json(j));
   }
   if (!args.csv.empty()) {
-    Output out(args.csv);
-    std::string text;
-    for (const SweepAxis& a : axes) text += csv_field(a.key) + ",";
-    text += "largest_fit,first_failure,failure,evaluations\n";
-    for (size_t i = 0; i < points.size(); ++i) {
-      for (const auto& kv : points[i]) text += csv_field(kv.second) + ",";
-      const MaxSearch& m = results[i];
-      text += (m.largest_fit ? std::to_string(*m.largest_fit) : "") + "," +
-              (m.first_failure ? std::to_string(*m.first_failure) : "") + "," +
-              csv_field(m.failure) + "," + std::to_string(m.evaluations) + "\n";
-    }
-    out.write(text);
-    out.finish();
+    write_to(args.csv, points_csv(axes, points, "largest_fit,first_failure,failure,evaluations\n",
+                                  [&](size_t i) {
+                                    const MaxSearch& m = results[i];
+                                    return (m.largest_fit ? std::to_string(*m.largest_fit) : "") +
+                                           "," +
+                                           (m.first_failure ? std::to_string(*m.first_failure)
+                                                            : "") +
+                                           "," + csv_field(m.failure) + "," +
+                                           std::to_string(m.evaluations) + "\n";
+                                  }));
   }
   if (args.json != "-" && args.csv != "-") {
-    std::vector<std::vector<std::string>> rows(1);
-    for (const SweepAxis& a : axes) rows[0].push_back(a.key);
-    for (const std::string& h : std::vector<std::string>{"largest " + args.max, "first failing", "why"})
-      rows[0].push_back(h);
-    for (size_t i = 0; i < points.size(); ++i) {
-      std::vector<std::string> row;
-      for (const auto& kv : points[i]) row.push_back(kv.second);
+    print_points(axes, points, {"largest " + args.max, "first failing", "why"}, [&](size_t i) {
       const MaxSearch& m = results[i];
-      row.push_back(m.largest_fit ? std::to_string(*m.largest_fit) : "none");
-      row.push_back(m.first_failure ? std::to_string(*m.first_failure) : "none found");
-      row.push_back(m.first_failure ? m.failure : "");
-      rows.push_back(std::move(row));
-    }
-    print_rows(stdout, rows, axes.size(), axes.size() + 2, Style::for_stream(stdout));
-    std::fflush(stdout);
+      return std::vector<std::string>{
+          m.largest_fit ? std::to_string(*m.largest_fit) : "none",
+          m.first_failure ? std::to_string(*m.first_failure) : "none found",
+          m.first_failure ? m.failure : ""};
+    });
   }
   return kExitFits;
 }
