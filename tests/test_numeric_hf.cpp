@@ -272,8 +272,12 @@ TEST_CASE("numeric mode refuses what the HF kernels do not cover, by key", "[num
                                                                    {"lora.targets", "q_proj"}}),
                                       {}),
                     Catch::Contains("lora.rank"));
+  // Adafactor and 8-bit Adam(W) have kernels for the hf families only.
+  Scenario cs336_adafactor = load("cs336-tiny.yaml");
+  cs336_adafactor.optimizer.type = OptimizerType::adafactor;
+  CHECK_THROWS_WITH(run_numeric_check(cs336_adafactor, {}), Catch::Contains("optimizer.type"));
   CHECK_THROWS_WITH(
-      run_numeric_check(load("hf-gpt2-tiny.yaml", {{"optimizer.type", "adafactor"}}), {}),
+      run_numeric_check(load("cs336-tiny.yaml", {{"optimizer.type", "adamw8bit"}}), {}),
       Catch::Contains("optimizer.type"));
 }
 
