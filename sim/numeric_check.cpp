@@ -231,14 +231,17 @@ void validate_numeric_scenario(const Scenario& s) {
     if (s.lora.rank > 0)
       throw ScenarioError(where + "lora.rank: numeric mode has no LoRA / QLoRA kernels");
   }
-  // Adafactor and 8-bit Adam(W) have numeric kernels on the state the HF families'
-  // schedules allocate (sim/numeric_adafactor.h, sim/numeric_adam8bit.h).
+  // Adafactor and 8-bit Adam(W) have numeric kernels on the state the schedules allocate
+  // (sim/numeric_adafactor.h, sim/numeric_adam8bit.h) where memsim models them.
   const OptimizerType ot = s.optimizer.type;
   const bool hf = f == ModelFamily::hf_llama || f == ModelFamily::hf_gpt2;
-  if ((ot == OptimizerType::adafactor || ot == OptimizerType::adam8bit ||
-       ot == OptimizerType::adamw8bit) && !hf)
+  if (ot == OptimizerType::adafactor && !hf)
+    throw ScenarioError(where + "optimizer.type: numeric mode runs adafactor on hf-llama and "
+                        "hf-gpt2 only (family '" + to_string(f) + "')");
+  if ((ot == OptimizerType::adam8bit || ot == OptimizerType::adamw8bit) && !hf &&
+      f != ModelFamily::cs336)
     throw ScenarioError(where + "optimizer.type: numeric mode runs " + to_string(ot) +
-                        " on hf-llama and hf-gpt2 only (family '" + to_string(f) + "')");
+                        " on cs336, hf-llama and hf-gpt2 only (family '" + to_string(f) + "')");
   if (s.parallel.data > 1 || s.parallel.sharding != Sharding::none)
     throw ScenarioError(where + "parallel: numeric mode runs a single process (data 1, no FSDP)");
   const int64_t D = s.model.d_model, H = s.model.heads;

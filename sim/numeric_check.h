@@ -17,8 +17,8 @@
 //  Any violation (a read of a freed buffer), NumericError, NaN or mismatch is a failure
 //  listed in the report. validate_numeric_scenario throws ScenarioError for a scenario
 //  numeric mode refuses (non-fp32, SDPA for hf-gpt2, megatron model parallelism,
-//  dropout inside SDPA / fused attention, LoRA, Adafactor or 8-bit optimizers outside the
-//  hf families, several processes, too large).
+//  dropout inside SDPA / fused attention, LoRA, Adafactor outside the hf families, 8-bit
+//  optimizers for megatron, several processes, too large).
 #pragma once
 
 #include <cstdint>

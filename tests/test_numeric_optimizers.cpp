@@ -1,7 +1,7 @@
 // Numeric mode's Adafactor and bitsandbytes 8-bit Adam / AdamW kernels
 // (sim/numeric_adafactor.h, sim/numeric_adam8bit.h): each runs on the state buffers the
 // schedule allocates and matches an independent reference on the hf-llama and hf-gpt2
-// tiny scenarios; a freed state buffer or a wrong step count fails the check; the
+// (8-bit: also cs336) tiny scenarios; a freed state buffer or a wrong step count fails the check; the
 // quantisation maps equal torch's bit for bit.
 #include <catch2/catch.hpp>
 
@@ -67,6 +67,7 @@ TEST_CASE("8-bit Adam / AdamW in numeric mode: block-wise state matches the refe
   };
   const std::vector<Case> cases = {
       {"hf-llama-tiny-adamw8bit.yaml", {}, 2},                    // 4160: a partial block
+      {"cs336-tiny-adamw8bit.yaml", {}, 2},                       // 4096: 16 full blocks
       {"hf-llama-tiny.yaml", {{"optimizer.type", "adamw8bit"}}, 0},  // fp32 state only
       {"hf-gpt2-tiny.yaml", {{"optimizer.type", "adamw8bit"}, {"model.vocab", "256"}}, 1},
       {"hf-gpt2-tiny.yaml",
@@ -93,6 +94,7 @@ TEST_CASE("Adafactor / 8-bit numeric kernels: a dropped state buffer or a wrong 
       {"hf-llama-tiny.yaml", {{"optimizer.type", "adafactor"}}},
       {"hf-gpt2-tiny.yaml", {{"optimizer.type", "adafactor"}}},
       {"hf-llama-tiny-adamw8bit.yaml", {}},
+      {"cs336-tiny-adamw8bit.yaml", {}},
       {"hf-gpt2-tiny.yaml", {{"optimizer.type", "adam8bit"}, {"model.vocab", "256"}}},
   };
   for (const auto& [file, sets] : runs) {
