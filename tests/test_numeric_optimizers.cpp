@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sim/numeric_adafactor.h"
 #include "sim/numeric_adam8bit.h"
 #include "sim/numeric_check.h"
 #include "sim/schedule.h"
@@ -143,6 +144,46 @@ TEST_CASE("bitsandbytes' dynamic maps equal torch's create_dynamic_map bit for b
   CHECK(s[255] == 1.0f);
   CHECK(u[0] == 0.0f);
   CHECK(u[255] == 1.0f);
+}
+
+TEST_CASE("Adafactor reference equals transformers' step run by torch",
+          "[numeric][optimizer][adafactor][fixture]") {
+  std::ifstream in(std::filesystem::path(MEMSIM_SOURCE_DIR) / "tests/data/numeric/adafactor_torch.json");
+  REQUIRE(in.good());
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<Eigen::ArrayXd> p, before;
+  for (const auto& e : j.at("params")) {
+    shapes.push_back(e.at("shape").get<std::vector<int64_t>>());
+    const auto init = e.at("init").get<std::vector<double>>();
+    p.push_back(Eigen::Map<const Eigen::ArrayXd>(init.data(), static_cast<Eigen::Index>(init.size())));
+  }
+  AdafactorReference ref;
+  double worst = 0;
+  for (int t = 0; t < 3; ++t) {
+    std::vector<Eigen::ArrayXd> g(p.size());
+    std::vector<Eigen::ArrayXd*> pp;
+    std::vector<const Eigen::ArrayXd*> gp;
+    before = p;
+    for (size_t k = 0; k < p.size(); ++k) {
+      const auto gv = j["params"][k]["grads"][t].get<std::vector<double>>();
+      g[k] = Eigen::Map<const Eigen::ArrayXd>(gv.data(), static_cast<Eigen::Index>(gv.size()));
+      pp.push_back(&p[k]);
+      gp.push_back(&g[k]);
+    }
+    ref.step(shapes, pp, gp);
+    for (size_t k = 0; k < p.size(); ++k) {
+      const auto want = j["params"][k]["after"][t].get<std::vector<double>>();
+      const Eigen::Map<const Eigen::ArrayXd> w(want.data(), static_cast<Eigen::Index>(want.size()));
+      const double scale = (w - before[k]).abs().maxCoeff();
+      REQUIRE(scale > 0);
+      worst = std::max(worst, (p[k] - w).abs().maxCoeff() / scale);
+    }
+  }
+  INFO("worst normwise relative difference of an update " << worst);
+  CHECK(p[0][0] == Approx(j["params"][0]["after"][2][0].get<double>()).epsilon(1e-12));
+  CHECK(p[0][0] != Approx(j["params"][0]["init"][0].get<double>()).epsilon(1e-3));  // it moved
+  CHECK(worst < 1e-12);
 }
 
 TEST_CASE("bitsandbytes' quantize_2D picks the nearest code", "[numeric][optimizer][adam8bit]") {
