@@ -169,6 +169,14 @@ void NumericAdam8bit::step(graph::Runtime& rt, graph::NumericContext& c,
     ArrayXd& am1 = state(c, i, "absmax1", blocks, 4, first);
     ArrayXd& am2 = state(c, i, "absmax2", blocks, 4, first);
     ArrayXd s1(B), s2(B);
+    auto margin = [&](const ArrayXd& code, double x, int q) {
+      if (!(std::abs(x) < 1.0) || x == 0.0) return;  // exact in float32 too (or NaN)
+      double d = HUGE_VAL;
+      if (q > 0) d = std::min(d, std::abs(x - 0.5 * (code[q] + code[q - 1])));
+      if (q < 255) d = std::min(d, std::abs(x - 0.5 * (code[q] + code[q + 1])));
+      min_margin = std::min(min_margin, d / std::abs(x));
+      ++decisions;
+    };
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t base = blk * B, valid = std::min(B, n - base);
       double max1 = -HUGE_VAL, max2 = -HUGE_VAL;
@@ -191,8 +199,11 @@ void NumericAdam8bit::step(graph::Runtime& rt, graph::NumericContext& c,
         double& pv = p[base + j];
         pv = pv + step_size * (s1[j] / (std::sqrt(s2[j]) + c2 * eps));
         if (wd > 0.0) pv = pv * (1.0 - lr * wd);
-        uint8_t q1s = bnb_quantize_2d(code1, true, s1[j] / max1);
-        const uint8_t q2s = bnb_quantize_2d(code2, false, s2[j] / max2);
+        const double x1 = s1[j] / max1, x2 = s2[j] / max2;
+        uint8_t q1s = bnb_quantize_2d(code1, true, x1);
+        const uint8_t q2s = bnb_quantize_2d(code2, false, x2);
+        margin(code1, x1, q1s);
+        margin(code2, x2, q2s);
         // Keep m's sign: the index moves one step when the code's sign differs.
         if (std::signbit(code1[q1s]) != std::signbit(s1[j])) {
           if (s1[j] > 0.0) ++q1s;

@@ -30,6 +30,7 @@
 
 #include <Eigen/Core>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -51,6 +52,11 @@ class NumericAdam8bit {
             const std::vector<const Eigen::ArrayXd*>& grads);
   int64_t test_step_offset = 0;
   int64_t quantised_params = 0;  // parameters updated through the 8-bit path (last step)
+  // How close the run came to a different code: over every quantisation of a value
+  // strictly inside (-1, 1), the smallest |x - nearest decision midpoint| / |x| (float32
+  // arithmetic on the GPU moves x by a few 2^-24 relative), and the count.
+  double min_margin = HUGE_VAL;
+  int64_t decisions = 0;
 
  private:
   double wd_;

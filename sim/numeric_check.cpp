@@ -76,6 +76,8 @@ struct RunOut {
   int optimizer_steps = 0;
   double optimizer_err = 0;
   int optimizer_8bit_params = 0;
+  int64_t quantisations = 0;
+  double quantisation_margin = 0;
 };
 
 double max_abs(const ArrayXd& a) { return a.size() == 0 ? 0.0 : a.abs().maxCoeff(); }
@@ -130,6 +132,8 @@ RunOut run_once(const Scenario& s, const TrainingScript& script, const NumericCh
       adam8.step(rt, c, mp, g);
       adam8_ref.step(rp, g);
       out.optimizer_8bit_params = static_cast<int>(adam8.quantised_params);
+      out.quantisations = adam8.decisions;
+      out.quantisation_margin = adam8.min_margin;
     } else {
       modelled.step(mp, g);
       reference.step(rp, g);
@@ -279,6 +283,8 @@ NumericCheckReport run_numeric_check(const Scenario& scenario, const NumericChec
   rep.optimizer_steps = ref.optimizer_steps;
   rep.optimizer_max_rel_error = ref.optimizer_err;
   rep.optimizer_8bit_params = ref.optimizer_8bit_params;
+  rep.quantisations = ref.quantisations;
+  rep.quantisation_margin = ref.quantisation_margin;
   if (!ref.error.empty())
     rep.failures.push_back("policy none: " + ref.error + " (" + std::to_string(ref.violations) +
                            " violations)");

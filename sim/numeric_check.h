@@ -62,6 +62,8 @@ struct NumericCheckReport {
   int optimizer_steps = 0;
   double optimizer_max_rel_error = 0;
   int optimizer_8bit_params = 0;  // bitsandbytes 8-bit: parameters with quantised state
+  int64_t quantisations = 0;       // 8-bit: values quantised strictly inside (-1, 1)
+  double quantisation_margin = 0;  // their smallest relative distance to a code midpoint
   std::vector<std::string> failures;
   bool passed() const { return failures.empty(); }
 };

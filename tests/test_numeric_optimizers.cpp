@@ -85,6 +85,8 @@ TEST_CASE("8-bit Adam / AdamW in numeric mode: block-wise state matches the refe
       CHECK(r.optimizer_steps == 3);
       CHECK(r.optimizer_max_rel_error < 1e-12);
       CHECK(r.optimizer_8bit_params == c.quantised);
+      CHECK((r.quantisations > 20000) == (c.quantised > 0));
+      if (c.quantised > 0) CHECK(r.quantisation_margin > 0);
     }
   }
 }

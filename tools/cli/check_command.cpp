@@ -63,8 +63,10 @@ int run_check(const CheckArgs& args) {
               r.optimizer.c_str(), r.optimizer_steps, r.optimizer_max_rel_error,
               r.optimizer_max_rel_error <= o.optimizer_tolerance ? "" : "  FAIL");
   if (r.optimizer_8bit_params > 0)
-    std::printf("                          %d parameters with 8-bit block-wise state\n",
-                r.optimizer_8bit_params);
+    std::printf("                          %d parameters with 8-bit block-wise state; %lld "
+                "quantisations, the closest %.2e (relative) from a code midpoint\n",
+                r.optimizer_8bit_params, static_cast<long long>(r.quantisations),
+                r.quantisation_margin);
   if (r.passed()) {
     std::printf("all numeric checks passed\n");
     return kExitFits;
