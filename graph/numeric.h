@@ -25,6 +25,7 @@
 #include <Eigen/Core>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -120,6 +121,25 @@ class NumericContext {
   }
   std::function<void(Runtime&, NumericContext&)> optimizer_step;  // binds the last forward's operand shapes to a node
 
+  // --- optimizer state (sim/optimizer_adafactor.cpp, sim/optimizer_8bit.cpp) ----------
+  // The schedule's optimizer registers every state tensor it allocates, by parameter
+  // index (-1: shared by all, bitsandbytes' quantisation maps) and name; the numeric
+  // optimizer kernels (sim/numeric_adafactor.h, sim/numeric_adam8bit.h) keep their state
+  // only in these buffers, so a state the schedule frees or re-creates shows.
+  void on_optimizer_state(int32_t param, std::string_view name, uint32_t storage) {
+    opt_state_[{param, std::string(name)}] = storage;
+  }
+  uint32_t optimizer_state(int32_t param, std::string_view name) const {  // kNoStorage: none
+    auto it = opt_state_.find({param, std::string(name)});
+    return it == opt_state_.end() ? kNoStorage : it->second;
+  }
+  // Test-only: the optimizer frees the k-th state tensor it registers right after creating
+  // it (0-based over the run), a schedule bug the check must see.
+  int64_t test_drop_optimizer_state = -1;
+  int64_t optimizer_states_registered = 0;
+  // Names the code running now in violation / error messages (the optimizer kernels).
+  void set_where(std::string w) { where_ = std::move(w); }
+
   // --- op hooks (graph/ops.cpp) -----------------------------------------------------
   void forward(Runtime& rt, OpKind k, std::initializer_list<const Tensor*> in,
                std::initializer_list<const Tensor*> out);
@@ -180,6 +200,7 @@ class NumericContext {
   std::vector<std::string> param_names_;
   std::vector<uint32_t> param_storage_;
   std::vector<Eigen::ArrayXd> main_grad_;  // megatron
+  std::map<std::pair<int32_t, std::string>, uint32_t> opt_state_;
   bool first_done_ = false;
   double first_loss_ = 0;
   uint32_t loss_storage_ = kNoStorage;
@@ -274,6 +295,14 @@ inline void numeric_hint(Runtime& rt, NumericHint h, const Tensor& operand) {
   if (rt.numeric == nullptr) return;
   rt.numeric->hint = h;
   rt.numeric->hint_storage = operand.storage;
+}
+// The schedule's optimizer: state tensor t of parameter `param` was just created
+// (NumericContext::on_optimizer_state; no-op in normal runs).
+inline void numeric_optimizer_state(Runtime& rt, int32_t param, const char* name, Tensor& t) {
+  if (rt.numeric == nullptr) return;
+  rt.numeric->on_optimizer_state(param, name, t.storage);
+  if (rt.numeric->test_drop_optimizer_state == rt.numeric->optimizer_states_registered++)
+    t.reset();
 }
 // Whether hint h applies to a forward of kind k (new: a tensor made from no operands).
 bool numeric_hint_applies(NumericHint h, OpKind k, bool new_tensor);

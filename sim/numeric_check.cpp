@@ -6,6 +6,8 @@
 #include "graph/numeric.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/megatron_step.h"
+#include "sim/numeric_adafactor.h"
+#include "sim/numeric_adam8bit.h"
 #include "sim/numeric_optimizer.h"
 #include "sim/schedule.h"
 
@@ -73,6 +75,9 @@ struct RunOut {
   size_t violations = 0;
   int optimizer_steps = 0;
   double optimizer_err = 0;
+  int optimizer_8bit_params = 0;
+  int64_t quantisations = 0;
+  double quantisation_margin = 0;
 };
 
 double max_abs(const ArrayXd& a) { return a.size() == 0 ? 0.0 : a.abs().maxCoeff(); }
@@ -82,10 +87,21 @@ RunOut run_once(const Scenario& s, const TrainingScript& script, const NumericCh
   RunOut out;
   graph::NumericContext ctx(numeric_model(s));
   ctx.test_drop_save = o.test_drop_save;
+  ctx.test_drop_optimizer_state = o.test_drop_optimizer_state;
   if (init != nullptr) ctx.set_initial_params(*init);
   const bool decay_after = script.cs336_revision == graph::Cs336Revision::v2025;
   NumericOptimizer modelled(s.optimizer, decay_after, false);
   NumericOptimizer reference(s.optimizer, decay_after, true);
+  // Adafactor and bitsandbytes 8-bit Adam(W): modelled kernels on the schedule's state
+  // buffers (sim/numeric_adafactor.h, sim/numeric_adam8bit.h), independent references.
+  const OptimizerType type = s.optimizer.type;
+  NumericAdafactor adafactor;
+  AdafactorReference adafactor_ref;
+  adafactor.test_step_offset = o.test_optimizer_step_offset;
+  const double wd8 = type == OptimizerType::adamw8bit ? numeric_hyper_8bit_weight_decay : 0.0;
+  NumericAdam8bit adam8(wd8);
+  Adam8bitReference adam8_ref(wd8);
+  adam8.test_step_offset = o.test_optimizer_step_offset;
   const bool megatron = s.model.family == ModelFamily::megatron;
   ctx.optimizer_step = [&](graph::Runtime& rt, graph::NumericContext& c) {
     const size_t n = rt.parameters().size();
@@ -109,8 +125,19 @@ RunOut run_once(const Scenario& s, const TrainingScript& script, const NumericCh
       mp[i] = &c.param_values_mut(rt, static_cast<int32_t>(i));
       rp[i] = &ref[i];
     }
-    modelled.step(mp, g);
-    reference.step(rp, g);
+    if (type == OptimizerType::adafactor) {
+      adafactor.step(rt, c, mp, g);
+      adafactor_ref.step(c.param_shapes(), rp, g);
+    } else if (type == OptimizerType::adam8bit || type == OptimizerType::adamw8bit) {
+      adam8.step(rt, c, mp, g);
+      adam8_ref.step(rp, g);
+      out.optimizer_8bit_params = static_cast<int>(adam8.quantised_params);
+      out.quantisations = adam8.decisions;
+      out.quantisation_margin = adam8.min_margin;
+    } else {
+      modelled.step(mp, g);
+      reference.step(rp, g);
+    }
     for (size_t i = 0; i < n; ++i) {
       if (g[i] == nullptr) continue;
       const ArrayXd dm = *mp[i] - before[i], dr = ref[i] - before[i];
@@ -208,9 +235,17 @@ void validate_numeric_scenario(const Scenario& s) {
     if (s.lora.rank > 0)
       throw ScenarioError(where + "lora.rank: numeric mode has no LoRA / QLoRA kernels");
   }
-  if (s.optimizer.type != OptimizerType::adamw && s.optimizer.type != OptimizerType::adam &&
-      s.optimizer.type != OptimizerType::sgd && s.optimizer.type != OptimizerType::none)
-    throw ScenarioError(where + "optimizer.type: numeric mode models adamw, adam and sgd only");
+  // Adafactor and 8-bit Adam(W) have numeric kernels on the state the schedules allocate
+  // (sim/numeric_adafactor.h, sim/numeric_adam8bit.h) where memsim models them.
+  const OptimizerType ot = s.optimizer.type;
+  const bool hf = f == ModelFamily::hf_llama || f == ModelFamily::hf_gpt2;
+  if (ot == OptimizerType::adafactor && !hf)
+    throw ScenarioError(where + "optimizer.type: numeric mode runs adafactor on hf-llama and "
+                        "hf-gpt2 only (family '" + to_string(f) + "')");
+  if ((ot == OptimizerType::adam8bit || ot == OptimizerType::adamw8bit) && !hf &&
+      f != ModelFamily::cs336)
+    throw ScenarioError(where + "optimizer.type: numeric mode runs " + to_string(ot) +
+                        " on cs336, hf-llama and hf-gpt2 only (family '" + to_string(f) + "')");
   if (s.parallel.data > 1 || s.parallel.sharding != Sharding::none)
     throw ScenarioError(where + "parallel: numeric mode runs a single process (data 1, no FSDP)");
   const int64_t D = s.model.d_model, H = s.model.heads;
@@ -247,6 +282,9 @@ NumericCheckReport run_numeric_check(const Scenario& scenario, const NumericChec
                     ", 1-D parameters (biases, norms) not decayed";
   rep.optimizer_steps = ref.optimizer_steps;
   rep.optimizer_max_rel_error = ref.optimizer_err;
+  rep.optimizer_8bit_params = ref.optimizer_8bit_params;
+  rep.quantisations = ref.quantisations;
+  rep.quantisation_margin = ref.quantisation_margin;
   if (!ref.error.empty())
     rep.failures.push_back("policy none: " + ref.error + " (" + std::to_string(ref.violations) +
                            " violations)");

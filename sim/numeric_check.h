@@ -11,12 +11,14 @@
 //     modules, selective, sqrt, custom, and full reentrant / without early stop) gives a
 //     loss, gradients and final parameters bit-identical to the policy-none run.
 //  4. Every optimizer step: the update as memsim models the implementation equals the
-//     textbook reference (sim/numeric_optimizer.h) within optimizer_tolerance.
+//     textbook reference (sim/numeric_optimizer.h; Adafactor sim/numeric_adafactor.h,
+//     bitsandbytes 8-bit Adam(W) sim/numeric_adam8bit.h, whose state lives in the buffers
+//     the schedule allocated) within optimizer_tolerance.
 //  Any violation (a read of a freed buffer), NumericError, NaN or mismatch is a failure
 //  listed in the report. validate_numeric_scenario throws ScenarioError for a scenario
 //  numeric mode refuses (non-fp32, SDPA for hf-gpt2, megatron model parallelism,
-//  dropout inside SDPA / fused attention, LoRA, Adafactor or 8-bit optimizers, several
-//  processes, too large).
+//  dropout inside SDPA / fused attention, LoRA, Adafactor outside the hf families, 8-bit
+//  optimizers for megatron, several processes, too large).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +38,10 @@ struct NumericCheckOptions {
   double optimizer_tolerance = 1e-10; // max normwise relative error of an update
   // Test-only fault injection (graph::Runtime::test_drop_save) in every run.
   int64_t test_drop_save = -1;
+  // Test-only sabotage of the Adafactor / 8-bit kernels: the k-th optimizer state tensor
+  // is freed as soon as the schedule creates it; the modelled kernel's step count is off.
+  int64_t test_drop_optimizer_state = -1;
+  int64_t test_optimizer_step_offset = 0;
 };
 
 struct PolicyCheck {
@@ -55,6 +61,9 @@ struct NumericCheckReport {
   std::string optimizer;
   int optimizer_steps = 0;
   double optimizer_max_rel_error = 0;
+  int optimizer_8bit_params = 0;  // bitsandbytes 8-bit: parameters with quantised state
+  int64_t quantisations = 0;       // 8-bit: values quantised strictly inside (-1, 1)
+  double quantisation_margin = 0;  // their smallest relative distance to a code midpoint
   std::vector<std::string> failures;
   bool passed() const { return failures.empty(); }
 };

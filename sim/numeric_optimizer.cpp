@@ -11,12 +11,19 @@ NumericHyper numeric_hyper(const OptimizerConfig& config) {
     case OptimizerType::adam: h.weight_decay = 0.0; break;
     case OptimizerType::sgd: h.lr = 0.1; h.momentum = config.momentum; break;
     case OptimizerType::none: break;
+    default: break;  // Adafactor / 8-bit: sim/numeric_adafactor.h, sim/numeric_adam8bit.h
   }
   return h;
 }
 
 std::string numeric_optimizer_name(const OptimizerConfig& config, bool cs336_decay_after) {
   if (config.type == OptimizerType::none) return "none";
+  if (config.type == OptimizerType::adafactor)
+    return "transformers Adafactor (defaults: relative step, scale_parameter, factored)";
+  if (config.type == OptimizerType::adam8bit || config.type == OptimizerType::adamw8bit)
+    return std::string("bitsandbytes ") +
+           (config.type == OptimizerType::adamw8bit ? "AdamW8bit" : "Adam8bit") +
+           " (block-wise 256, min_8bit_size 4096)";
   if (config.type == OptimizerType::sgd)
     return "torch SGD (momentum " + std::to_string(config.momentum) + ")";
   const std::string t = config.type == OptimizerType::adamw ? "AdamW" : "Adam";

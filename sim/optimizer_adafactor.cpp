@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "graph/numeric.h"
+
 namespace memsim {
 namespace {
 
@@ -40,11 +42,15 @@ class HfAdafactor final : public OptimizerSim {
       State& s = st_[i];
       if (!s.initialised) {
         s.initialised = true;
+        const auto idx = static_cast<int32_t>(i);  // numeric mode keeps its state here
         if (rows > 0) {
           s.row = state(rt, rows * 4, "exp_avg_sq_row");  // torch.zeros(...).to(grad)
+          graph::numeric_optimizer_state(rt, idx, "exp_avg_sq_row", s.row);
           s.col = state(rt, cols * 4, "exp_avg_sq_col");
+          graph::numeric_optimizer_state(rt, idx, "exp_avg_sq_col", s.col);
         } else {
           s.sq = state(rt, n * 4, "exp_avg_sq");
+          graph::numeric_optimizer_state(rt, idx, "exp_avg_sq", s.sq);
         }
       }
       p_data_fp32.reset();                     // p_data_fp32 = p
@@ -55,6 +61,7 @@ class HfAdafactor final : public OptimizerSim {
         Tensor rms = state(rt, 4, "RMS");
         norm.reset();
         s.rms = std::move(rms);
+        graph::numeric_optimizer_state(rt, static_cast<int32_t>(i), "RMS", s.rms);
       }
       lr = temp(rt, 4);  // rel_step_sz * max(eps2, RMS): a 0-d tensor (old lr freed)
       {

@@ -272,9 +272,13 @@ TEST_CASE("numeric mode refuses what the HF kernels do not cover, by key", "[num
                                                                    {"lora.targets", "q_proj"}}),
                                       {}),
                     Catch::Contains("lora.rank"));
-  CHECK_THROWS_WITH(
-      run_numeric_check(load("hf-gpt2-tiny.yaml", {{"optimizer.type", "adafactor"}}), {}),
-      Catch::Contains("optimizer.type"));
+  // Adafactor has kernels for the hf families, 8-bit Adam(W) also for cs336.
+  Scenario cs336_adafactor = load("cs336-tiny.yaml");
+  cs336_adafactor.optimizer.type = OptimizerType::adafactor;
+  CHECK_THROWS_WITH(run_numeric_check(cs336_adafactor, {}), Catch::Contains("optimizer.type"));
+  Scenario megatron_8bit = load("megatron-tiny.yaml");
+  megatron_8bit.optimizer.type = OptimizerType::adamw8bit;
+  CHECK_THROWS_WITH(run_numeric_check(megatron_8bit, {}), Catch::Contains("optimizer.type"));
 }
 
 TEST_CASE("memsim check on the HF and megatron tiny scenarios: exit 0, 4 with a schedule bug",

@@ -30,6 +30,8 @@ CLI::App* add_check_command(CLI::App& app, CheckArgs& args) {
       ->check(CLI::Range(0, 1000));
   // Hidden, for the test suite: the N-th save takes no reference (a schedule bug).
   cmd->add_option("--test-drop-save", args.test_drop_save)->group("");
+  // Hidden: the N-th optimizer state tensor is freed as soon as it is created.
+  cmd->add_option("--test-drop-optimizer-state", args.test_drop_optimizer_state)->group("");
   return cmd;
 }
 
@@ -39,6 +41,7 @@ int run_check(const CheckArgs& args) {
   NumericCheckOptions o;
   o.fd_samples = args.fd_samples;
   o.test_drop_save = args.test_drop_save;
+  o.test_drop_optimizer_state = args.test_drop_optimizer_state;
   if (!args.policies.empty()) o.policies = split_policies(args.policies);
   const NumericCheckReport r = run_numeric_check(scenario, o);
 
@@ -59,6 +62,11 @@ int run_check(const CheckArgs& args) {
               "reference %.3e%s\n",
               r.optimizer.c_str(), r.optimizer_steps, r.optimizer_max_rel_error,
               r.optimizer_max_rel_error <= o.optimizer_tolerance ? "" : "  FAIL");
+  if (r.optimizer_8bit_params > 0)
+    std::printf("                          %d parameters with 8-bit block-wise state; %lld "
+                "quantisations, the closest %.2e (relative) from a code midpoint\n",
+                r.optimizer_8bit_params, static_cast<long long>(r.quantisations),
+                r.quantisation_margin);
   if (r.passed()) {
     std::printf("all numeric checks passed\n");
     return kExitFits;
