@@ -5,6 +5,7 @@
 #include "graph/autocast.h"
 #include "graph/checkpoint.h"
 #include "graph/numeric.h"
+#include "graph/op_helpers.h"
 
 namespace memsim::graph {
 
@@ -81,6 +82,7 @@ Tensor Cs336Model::rmsnorm(const Tensor& x, int32_t weight) {
 // Under autocast x is low precision: max and sub stay low, exp (fp32 list) runs on an
 // fp32 copy of the shifted scores, so E, Z and P are fp32 (cs336-model.md §5).
 Tensor Cs336Model::softmax_lastdim(const Tensor& x, uint64_t rows) {
+  if (s_.softmax == Cs336Softmax::exp_twice) return softmax_exp_twice(x, rows);
   const bool ac = autocast_on();
   const uint64_t elem = ac ? ac_->low_elem() : s_.elem;
   MaxResult mx = max_dim(rt_, x, rows, elem);
@@ -101,6 +103,112 @@ Tensor Cs336Model::softmax_lastdim(const Tensor& x, uint64_t rows) {
   shifted.reset();
   e.reset();
   return p;
+}
+
+// `max_value, _ = torch.max(x, dim, keepdim=True)` then
+// `torch.exp(x - max_value) / torch.sum(torch.exp(x - max_value), dim, keepdim=True)`.
+// Python evaluates the numerator's sub and exp, then the denominator's sub, exp and sum,
+// then the div; each sub result dies once its exp has consumed it (under autocast the
+// exp's fp32 input copy dies first). Under grad both exp outputs are saved (the first by
+// DivBackward0 and its ExpBackward0, the second by its ExpBackward0), the sum by the div,
+// the indices by MaxBackward0; the max values and `_` are locals until the return.
+Tensor Cs336Model::softmax_exp_twice(const Tensor& x, uint64_t rows) {
+  const bool ac = autocast_on();
+  const uint64_t elem = ac ? ac_->low_elem() : s_.elem;
+  MaxResult mx = max_dim(rt_, x, rows, elem);
+  auto shifted_exp = [&]() {
+    Tensor shifted = sub(rt_, x, mx.values);
+    if (!ac) return exp(rt_, shifted);
+    Tensor sf = ac_->to_fp32(shifted, shifted.bytes / elem * 4);
+    Tensor e = exp(rt_, sf);
+    sf.reset();
+    return e;
+  };
+  Tensor num = shifted_exp();
+  Tensor den = shifted_exp();
+  Tensor z = sum_dim(rt_, den, rows * (ac ? 4 : s_.elem));
+  den.reset();
+  Tensor p = div(rt_, num, z);
+  z.reset();
+  num.reset();
+  mx.values.reset();  // locals die at the return: max_value, then `_`
+  mx.indices.reset();
+  return p;
+}
+
+namespace {
+// `x.masked_fill_(mask, -inf)`: no allocation, the result is x's storage with a new
+// grad_fn (MaskedFillBackward0 saves the mask; its backward, grad.masked_fill(mask, 0),
+// allocates one grad-sized tensor, as WhereBackward0 does, with no scalar tensor).
+Tensor masked_fill_inplace(Runtime& rt, const Tensor& x, const Tensor& mask) {
+  Tensor out = x;
+  if (detail::wants_grad(rt, {&x})) {
+    int32_t n = rt.make_node(OpKind::where_scalar, {&x});
+    rt.node(n).size[0] = x.bytes;
+    rt.node(n).size[3] = 0;
+    rt.save(n, mask);
+    out.grad_fn = n;
+    out.out_slot = 0;
+  }
+  return out;
+}
+}  // namespace
+
+// The masked_fill attention (Cs336Sdpa::masked_fill); `mask` is the fp32 GPU copy.
+Tensor Cs336Model::sdpa_masked_fill(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& mask) {
+  const double B = static_cast<double>(s_.batch), H = static_cast<double>(s_.heads);
+  const double S = static_cast<double>(s_.seq), hd = static_cast<double>(s_.d_model / s_.heads);
+  const uint64_t rows = s_.batch * s_.heads * s_.seq;
+  const bool ac = autocast_on();
+  const uint64_t elem = ac ? ac_->low_elem() : s_.elem;
+  Tensor dot;
+  if (ac) {
+    Tensor qc = ac_->cast(q, q.bytes / 4 * elem);
+    Tensor kc = ac_->cast(k, k.bytes / 4 * elem);
+    dot = bmm(rt_, qc, kc, scores() / s_.elem * elem, 2.0 * B * H * S * S * hd);
+    qc.reset();
+    kc.reset();
+  } else {
+    dot = bmm(rt_, q, k, scores(), 2.0 * B * H * S * S * hd);
+  }
+  // torch.sqrt(torch.tensor(d_k, device=...)): an int64 0-d tensor, dead once its fp32
+  // root exists; the root is saved by DivBackward0 (other).
+  Tensor root;
+  {
+    Tensor d_k = new_tensor(rt_, 8, OpKind::scalar_tensor, TensorKind::temporary);
+    root = new_tensor(rt_, 4, OpKind::scalar_tensor, TensorKind::temporary);
+  }
+  Tensor scaled = div(rt_, dot, root);  // low precision under autocast (0-d fp32 other)
+  root.reset();
+  Tensor keep;  // ~mask.bool(): the bool copy dies once inverted; the inverse is saved
+  {
+    Tensor as_bool = new_tensor(rt_, s_.seq * s_.seq, OpKind::compare, TensorKind::temporary);
+    keep = new_tensor(rt_, s_.seq * s_.seq, OpKind::compare);
+  }
+  Tensor masked = masked_fill_inplace(rt_, scaled, keep);
+  keep.reset();
+  Tensor p = softmax_lastdim(masked, rows);
+  Tensor o, vc;
+  if (ac) {
+    Tensor pc = ac_->cast(p, p.bytes / 4 * elem);
+    vc = clone(rt_, v);
+    o = bmm(rt_, pc, vc, act() / s_.elem * elem, 2.0 * B * H * S * S * hd);
+    vc.reset();
+    pc.reset();
+  } else {
+    vc = clone(rt_, v);
+    o = bmm(rt_, p, vc, act(), 2.0 * B * H * S * S * hd);
+    vc.reset();
+  }
+  Tensor o4 = view(rt_, o, /*copy_in_backward=*/true);
+  o.reset();
+  // The locals die at the return: the raw scores, the scaled (= masked) ones, the weights.
+  dot.reset();
+  scaled.reset();
+  masked.reset();
+  p.reset();
+  return o4;
 }
 
 // Staff scaled_dot_product_attention (§2.7).
@@ -190,11 +298,23 @@ Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
     k = rope_cs336(rt_, k, rope_buffer_);
   }
   // Causal mask: arange (int64, kept as a local) and a bool (S,S), rebuilt every call.
-  Tensor positions = new_tensor(rt_, s_.seq * 8, OpKind::arange);
-  Tensor mask = new_tensor(rt_, s_.seq * s_.seq, OpKind::compare);
+  // masked_fill: the CPU float mask's GPU copy, made at the top of the attention function
+  // (which owns it: it dies when that function returns).
+  const bool masked_fill = s_.sdpa == Cs336Sdpa::masked_fill;
+  Tensor positions, mask;
+  if (masked_fill) {
+    mask = new_tensor(rt_, s_.seq * s_.seq * 4, OpKind::compare);
+  } else {
+    positions = new_tensor(rt_, s_.seq * 8, OpKind::arange);
+    mask = new_tensor(rt_, s_.seq * s_.seq, OpKind::compare);
+  }
   // Megatron's selective recompute checkpoints exactly this call (graph/checkpoint.h).
   Tensor o4 = run_region(rt_, RegionKind::core_attention, {q, k, v, mask},
-                         [this](const Inputs& in) { return sdpa(in[0], in[1], in[2], in[3]); });
+                         [this, masked_fill](const Inputs& in) {
+                           return masked_fill ? sdpa_masked_fill(in[0], in[1], in[2], in[3])
+                                              : sdpa(in[0], in[1], in[2], in[3]);
+                         });
+  if (masked_fill) mask.reset();
   // rearrange back to (B,S,D): permute + reshape that cannot be a view: clone.
   numeric_hint(rt_, NumericHint::merge_heads);
   Tensor merged = clone(rt_, o4);

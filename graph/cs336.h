@@ -24,11 +24,30 @@ class Autocast;  // graph/autocast.h
 // RoPE call a gathered (2, S, h/2) fp32 copy that its muls save.
 enum class Cs336Revision : uint8_t { v26, v2025 };
 
+// The attention softmax as the user's code writes it. staff: nn_utils.softmax (§2.6),
+// exp(x - max) once. exp_twice: `exp(x - max) / sum(exp(x - max))`, a common hand-written
+// form that evaluates the shifted exp twice: the denominator's exp output is saved by its
+// ExpBackward0 too (one more S x S tensor per attention call), and the max values live
+// until the function returns (scenario key model.softmax: exp-twice).
+enum class Cs336Softmax : uint8_t { staff, exp_twice };
+
+// The attention's scaling and masking as the user's code writes it. staff: §2.5/§2.7
+// (bool mask from an arange compare, scores / sqrt(h), torch.where). masked_fill:
+// `mask = torch.tril(torch.ones(S, S))` built on the CPU, copied to the GPU inside the
+// attention function (fp32 S x S); scores = QK^T / torch.sqrt(torch.tensor(h, device=...))
+// (a 0-d int64 tensor and its fp32 square root, which the div saves);
+// `scores.masked_fill_(~mask.bool(), -inf)` in place (the inverted bool mask is saved);
+// the raw and the scaled scores are locals that live until the function returns
+// (scenario key model.sdpa: masked-fill).
+enum class Cs336Sdpa : uint8_t { staff, masked_fill };
+
 struct Cs336Shape {
   int64_t layers = 0, d_model = 0, heads = 0, d_ff = 0, vocab = 0, context_length = 0;
   int64_t batch = 1, seq = 1;
   uint64_t elem = 4;  // fp32 parameters and activations
   Cs336Revision revision = Cs336Revision::v26;
+  Cs336Softmax softmax = Cs336Softmax::staff;
+  Cs336Sdpa sdpa = Cs336Sdpa::staff;
 };
 
 // Parameter count of the staff model: 2VD + L(4D^2 + 3DF + 2D) + D (§1).
@@ -61,6 +80,9 @@ class Cs336Model {
   Tensor attention(const LayerParams& p, const Tensor& x);
   Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
   Tensor softmax_lastdim(const Tensor& x, uint64_t rows);
+  Tensor softmax_exp_twice(const Tensor& x, uint64_t rows);
+  Tensor sdpa_masked_fill(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& mask);
   Tensor swiglu(const LayerParams& p, const Tensor& x);
   Tensor linear(const Tensor& x, int32_t weight, int64_t d_in, int64_t d_out);
 

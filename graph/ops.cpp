@@ -505,9 +505,11 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       out[0] = Grad{b.A(n.size[0]), false, false};  // zeros + scatter
       break;
     case OpKind::where_scalar: {
-      uint32_t s = b.A(n.size[3]);
+      // size[3] 0: masked_fill_'s backward (grad.masked_fill(mask, 0)) has no 0-d tensor.
+      const bool scalar = n.size[3] != 0;
+      uint32_t s = scalar ? b.A(n.size[3]) : 0;
       uint32_t r = b.A(n.size[0]);
-      b.F(s);
+      if (scalar) b.F(s);
       out[0] = Grad{r, false, false};
       break;
     }

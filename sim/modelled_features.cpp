@@ -61,6 +61,13 @@ void require_autocast_modelled(const Scenario& s) {
 
 void require_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
+  if (s.model.family != ModelFamily::cs336) {
+    // The other families call torch's softmax and build their masks their own way.
+    const std::string why = std::string(" is a cs336-family option, not for family '") +
+                            to_string(s.model.family) + "'; remove it";
+    if (s.model.softmax != SoftmaxImpl::staff) refuse(s, "model.softmax", "model.softmax" + why);
+    if (s.model.sdpa != SdpaImpl::staff) refuse(s, "model.sdpa", "model.sdpa" + why);
+  }
   // The megatron family models tensor and pipeline parallelism (sim/megatron_parallel.h
   // checks the rest).
   const bool tensor_modelled = s.model.family == ModelFamily::megatron;

@@ -221,6 +221,9 @@ void validate_numeric_scenario(const Scenario& s) {
   if (s.precision.params != DType::fp32 || s.precision.autocast || s.precision.master_weights)
     throw ScenarioError(where + "precision: numeric mode needs fp32 parameters without "
                         "autocast or master weights");
+  if (s.model.softmax != SoftmaxImpl::staff || s.model.sdpa != SdpaImpl::staff)
+    throw ScenarioError(where + "model.softmax / model.sdpa: numeric mode checks the staff "
+                        "softmax and attention only");
   if (f != ModelFamily::cs336) {
     // hf-llama's flash and mem-efficient kernels have numeric kernels (causal, no dropout);
     // hf-gpt2 models eager attention only.

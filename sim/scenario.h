@@ -27,6 +27,11 @@ const char* to_string(DType dtype);
 // The scenario-file spellings ("hf-llama", "mem-efficient", "forward-no-grad", ...).
 const char* to_string(AttentionImpl impl);
 
+// model.softmax: `staff` = cs336_basics' softmax; `exp-twice` = exp(x-max)/sum(exp(x-max)).
+enum class SoftmaxImpl { staff, exp_twice };
+// model.sdpa: `staff` = cs336_basics' attention masking; `masked-fill` = graph::Cs336Sdpa.
+enum class SdpaImpl { staff, masked_fill };
+
 struct ModelConfig {
   std::string preset;                 // "" when the fields were given by hand
   ModelFamily family = ModelFamily::cs336;
@@ -42,6 +47,9 @@ struct ModelConfig {
   bool tied_embeddings = false;
   AttentionImpl attention = AttentionImpl::eager;
   double dropout = 0.0;
+  // cs336 only: the attention softmax's implementation (graph::Cs336Softmax).
+  SoftmaxImpl softmax = SoftmaxImpl::staff;
+  SdpaImpl sdpa = SdpaImpl::staff;
 };
 
 struct BatchConfig {

@@ -24,6 +24,10 @@ const std::vector<std::pair<std::string, ModelFamily>> kFamilies = {
 const std::vector<std::pair<std::string, AttentionImpl>> kAttention = {
     {"eager", AttentionImpl::eager}, {"flash", AttentionImpl::flash},
     {"mem-efficient", AttentionImpl::mem_efficient}};
+const std::vector<std::pair<std::string, SoftmaxImpl>> kSoftmax = {
+    {"staff", SoftmaxImpl::staff}, {"exp-twice", SoftmaxImpl::exp_twice}};
+const std::vector<std::pair<std::string, SdpaImpl>> kSdpa = {
+    {"staff", SdpaImpl::staff}, {"masked-fill", SdpaImpl::masked_fill}};
 const std::vector<std::pair<std::string, DType>> kDTypes = {
     {"fp32", DType::fp32}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
 const std::vector<std::pair<std::string, std::optional<DType>>> kAutocast = {
@@ -101,6 +105,10 @@ ModelConfig build_model(const Doc& d) {
   read_if(d, "model.tied_embeddings", m.tied_embeddings, read_bool);
   read_if(d, "model.attention", m.attention,
           [](const Field& f, const std::string& k) { return read_enum(f, k, kAttention); });
+  read_if(d, "model.softmax", m.softmax,
+          [](const Field& f, const std::string& k) { return read_enum(f, k, kSoftmax); });
+  read_if(d, "model.sdpa", m.sdpa,
+          [](const Field& f, const std::string& k) { return read_enum(f, k, kSdpa); });
   if (const Field* f = d.find("model.dropout")) {
     m.dropout = read_number(*f, "model.dropout");
     if (m.dropout < 0.0 || m.dropout >= 1.0) {

@@ -48,6 +48,10 @@ graph::Cs336Shape cs336_shape(const Scenario& s) {
   shape.batch = s.batch.micro_batch;
   shape.seq = s.batch.seq_len;
   shape.elem = model_compute_elem(s);  // precision.params or FSDP MixedPrecision
+  shape.softmax = s.model.softmax == SoftmaxImpl::exp_twice ? graph::Cs336Softmax::exp_twice
+                                                             : graph::Cs336Softmax::staff;
+  shape.sdpa = s.model.sdpa == SdpaImpl::masked_fill ? graph::Cs336Sdpa::masked_fill
+                                                      : graph::Cs336Sdpa::staff;
   return shape;
 }
 
