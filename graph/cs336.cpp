@@ -154,9 +154,10 @@ Tensor masked_fill_inplace(Runtime& rt, const Tensor& x, const Tensor& mask) {
 }
 }  // namespace
 
-// The masked_fill attention (Cs336Sdpa::masked_fill); `mask` is the fp32 GPU copy.
+// The masked_fill attention (Cs336Sdpa::masked_fill). The fp32 GPU copy of the mask
+// (the last argument) is only read: its bool copy below is what the op allocates.
 Tensor Cs336Model::sdpa_masked_fill(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& mask) {
+                                    const Tensor& /*mask*/) {
   const double B = static_cast<double>(s_.batch), H = static_cast<double>(s_.heads);
   const double S = static_cast<double>(s_.seq), hd = static_cast<double>(s_.d_model / s_.heads);
   const uint64_t rows = s_.batch * s_.heads * s_.seq;
