@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "json_test_support.h"
 #include "sim/program.h"
 #include "sim/scenario.h"
 
@@ -48,9 +48,7 @@ inline StepMeasure measure_step(const memsim::Program& p) {
 
 // A fixture of tests/data/torch_cpu/ (written by tools/fixtures/).
 inline nlohmann::json load_torch_cpu_fixture(const std::string& file) {
-  std::ifstream in(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu/" + file);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
+  return load_json(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu/" + file);
 }
 
 // The model and batch of a CS336 checkpoint fixture's "config" (gen_checkpoint_fixtures.py).

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "json_test_support.h"
 #include "graph/megatron.h"
 #include "sim/data_parallel.h"
 #include "sim/layer_bytes.h"
@@ -23,12 +24,7 @@ namespace {
 
 const char* kDdpDir = MEMSIM_SOURCE_DIR "/tests/data/ddp";
 
-nlohmann::json load_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  nlohmann::json j;
-  in >> j;
-  return j;
-}
+using memsim_test::load_json;
 
 Scenario ddp_scenario(const nlohmann::json& f) {
   const nlohmann::json& c = f["config"];

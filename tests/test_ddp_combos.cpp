@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "json_test_support.h"
 #include "sim/data_parallel.h"
 #include "sim/layer_bytes.h"
 #include "sim/schedule.h"
@@ -22,12 +23,7 @@ namespace {
 
 const char* kDir = MEMSIM_SOURCE_DIR "/tests/data/ddp_combos";
 
-nlohmann::json load_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  nlohmann::json j;
-  in >> j;
-  return j;
-}
+using memsim_test::load_json;
 
 std::string num(double v) {
   char buf[32];

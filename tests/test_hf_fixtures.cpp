@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "json_test_support.h"
 #include "sim/execute.h"
 #include "sim/schedule.h"
 
@@ -25,12 +26,7 @@ namespace {
 
 const char* kFixtureDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu";
 
-nlohmann::json load_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  nlohmann::json j;
-  in >> j;
-  return j;
-}
+using memsim_test::load_json;
 
 // The fixture's training run as a scenario: its dtype, torch.optim for-loop, eager attention,
 // an unlimited device without cuBLAS workspaces (a CPU run has none).

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_test_support.h"
 #include "cli_test_support.h"
 #include "sim/layer_bytes.h"
 #include "sim/schedule.h"
@@ -24,12 +25,7 @@ namespace {
 
 const char* kZeroDir = MEMSIM_SOURCE_DIR "/tests/data/zero";
 
-nlohmann::json load_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  nlohmann::json j;
-  in >> j;
-  return j;
-}
+using memsim_test::load_json;
 
 // The fixture's model, DDP + ZeroRedundancyOptimizer(AdamW) on `world` ranks.
 Scenario zero1_scenario(const nlohmann::json& f, const std::string& impl = "foreach") {
