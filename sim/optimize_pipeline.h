@@ -11,9 +11,12 @@
 // (block with N checkpoints the first N local layers of every stage). Per-stage plans
 // would need per-rank arguments Megatron does not have, so the search does not offer them,
 // although stage 0 (holding the most micro-batches under 1F1B) is usually the only stage
-// that needs that much recomputation. Since every stage runs the same plan on the same
-// number of layers, the recompute of a plan summed over stages is p times one stage's:
-// minimising one minimises the other.
+// that needs that much recomputation. The choices per layer are memsim's (custom, see
+// sim/checkpoint_policy.h): stock Megatron flags express "the first N local layers whole"
+// (full, block, N), "every layer's core attention" (selective) and none; a mix (some
+// layers whole, the rest selective) needs the checkpoint calls placed per layer. Since
+// every stage runs the same plan on the same number of layers, the recompute of a plan
+// summed over stages is p times one stage's: minimising one minimises the other.
 //
 // Cost model (calibrate_pipeline). Under a pipeline schedule a stage holds several
 // micro-batches of activations at once, so at any moment of stage s its live bytes are
@@ -28,10 +31,17 @@
 // the maximum over stages. The passes are found in each Program's event stream (a forward
 // runs its layers up, a backward down) and checked against sim/pipeline_schedule.h's order.
 // stored_l(c) is measured on stage 0: the bytes its first micro-batch's layer-l tensors
-// still hold when the next pass starts. The model is exact for requested bytes when what
-// a layer stores does not differ between stages in a choice-dependent way (it does not in
-// the megatron family: the last stage's final LayerNorm keeps the last layer's output
-// whatever its choice).
+// still hold when the next pass starts. Differences between stages that do not depend on
+// the choice (the last stage's final LayerNorm keeps the last layer's output, which other
+// stages send and deallocate) fall into the residuals. Gaps come from the keep Program.
+// Exactness: the model equals the simulated requested peak (rounded) except for tensors
+// that are not a layer's but that a checkpointed region keeps while its micro-batch is in
+// flight: on the first and last stages the attention mask (b*s^2 bytes per micro-batch)
+// is an input of core-attention, attention-half and whole-layer regions, held once
+// however many layers keep it. A window measured under choice c charges it only inside
+// layers making such a choice, gaps never, so the model stays a lower bound of the
+// simulated peak (off by at most that tensor per micro-batch in flight), which is what the
+// verification needs: no plan the model rejects could fit.
 //
 // Search (search_pipeline_plan). A dynamic program over layers 0..L-1 as for one GPU
 // (sim/optimize.h), but the constraints with a >= 1 involve the final S, which the prefix
@@ -46,9 +56,9 @@
 // run through the allocator on every stage with the budget as capacity (the stage that
 // failed last first, so a plan that does not fit usually costs one stage's simulation); a
 // failure tightens the bound below the plan's modelled peak. Small plan spaces (at most
-// OptimizeOptions::exact_max_plans plans) are enumerated instead: all plans the model admits, by recompute
-// then modelled peak, simulated until one fits, so allocator effects cannot hide the
-// optimum. The result carries every stage's peaks with the chosen plan; its `run` is the
+// OptimizeOptions::exact_max_plans plans) are enumerated instead: all plans the model
+// admits, by recompute then modelled peak, simulated until one fits, so allocator effects
+// cannot hide the optimum. The result carries every stage's peaks with the chosen plan; its `run` is the
 // stage with the largest peak reserved.
 #pragma once
 

@@ -16,6 +16,7 @@
 #include "sim/checkpoint_policy.h"
 #include "sim/execute.h"
 #include "sim/megatron_pipeline.h"
+#include "sim/megatron_recompute_flags.h"
 #include "sim/optimize.h"
 #include "sim/optimize_pipeline.h"
 #include "sim/scenario.h"
@@ -364,9 +365,29 @@ TEST_CASE("memsim optimize on a pipeline scenario: per-stage peaks in the text a
   CHECK(text.status == 0);
   CHECK(text.out.find("plan applies to each stage's 12 local layers") != std::string::npos);
   CHECK(text.out.find("stage 7") != std::string::npos);
+  CHECK(text.out.find("megatron: ") != std::string::npos);
   // Nothing fits: the existing verdict (exit 3), the smallest peak reported.
   const auto none = memsim_test::run_shell(memsim_test::memsim_command() + "optimize '" + file +
                                            "' --budget 40GiB 2>/dev/null");
   CHECK(none.status == 3);
   CHECK(none.out.find("nothing fits") != std::string::npos);
+}
+
+TEST_CASE("Megatron's stock recompute flags for a plan, when they exist", "[optimize][pipeline]") {
+  auto plan = [](std::vector<LayerCheckpoint> l) {
+    CheckpointPlan p;
+    p.layers = std::move(l);
+    return p;
+  };
+  using C = LayerCheckpoint;
+  CHECK(megatron_recompute_flags(plan({C::keep, C::keep})) == std::string());
+  CHECK(megatron_recompute_flags(plan({C::core_attention, C::core_attention})) ==
+        std::string("--recompute-granularity selective"));
+  CHECK(megatron_recompute_flags(plan({C::layer, C::layer, C::keep})) ==
+        std::string("--recompute-granularity full --recompute-method block --recompute-num-layers 2"));
+  CHECK(megatron_recompute_flags(plan({C::layer, C::layer})) ==
+        std::string("--recompute-granularity full --recompute-method block --recompute-num-layers 2"));
+  CHECK_FALSE(megatron_recompute_flags(plan({C::layer, C::core_attention})).has_value());
+  CHECK_FALSE(megatron_recompute_flags(plan({C::keep, C::layer})).has_value());
+  CHECK_FALSE(megatron_recompute_flags(plan({C::attention, C::attention})).has_value());
 }

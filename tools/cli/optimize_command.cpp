@@ -5,6 +5,7 @@
 
 #include "allocator/units.h"
 #include "sim/checkpoint_policy.h"
+#include "sim/megatron_recompute_flags.h"
 #include "sim/optimize.h"
 #include "sim/schedule.h"
 #include "tools/cli/commands.h"
@@ -91,6 +92,10 @@ int run_optimize(const OptimizeArgs& args) {
     j["timing_ms"] = {{"calibrate", r.calibrate_ms}, {"search", r.search_ms},
                       {"verify", r.verify_ms}};
     if (!r.stages.empty()) j["pipeline"] = stages_json(r);
+    if (scenario.model.family == ModelFamily::megatron) {
+      const auto flags = megatron_recompute_flags(r.plan);
+      j["megatron_flags"] = flags ? Json(*flags) : Json(nullptr);
+    }
     Json summary = analysis_json(a);
     for (auto& [key, value] : summary.items()) j[key] = std::move(value);
     j["memory_stats"] = memory_stats_json(r.run.stats);
@@ -137,6 +142,14 @@ int run_optimize(const OptimizeArgs& args) {
       for (size_t i = 0; i < config.custom.size(); ++i)
         std::printf("%s%s", i ? "," : "", config.custom[i].c_str());
       std::printf("]");
+    }
+    if (scenario.model.family == ModelFamily::megatron) {
+      const auto flags = megatron_recompute_flags(r.plan);
+      if (!flags)
+        std::printf("\n  megatron: no stock recompute flags give this per-layer mix (selective "
+                    "and full/block apply one granularity to every local layer)");
+      else
+        std::printf("\n  megatron: %s", flags->empty() ? "no recompute flags" : flags->c_str());
     }
     std::printf("\n  search: %d plan(s) simulated; calibrate %.0f ms, search %.1f ms, verify %.0f ms\n",
                 r.verifications, r.calibrate_ms, r.search_ms, r.verify_ms);
