@@ -53,6 +53,7 @@ StageScan scan_stage(const Program& p, int32_t L, int32_t depth,
   int64_t forwards = 0, backwards = 0;  // passes begun in the measured step
   size_t next_tensor = 0;               // one past the highest tensor id allocated so far
   size_t first_tensor = 0;              // the first forward's first tensor
+  bool outside_since_layer = false;     // allocations outside the layers since the last inside
   auto measure_stored = [&] {
     for (size_t t = first_tensor; t < next_tensor; ++t)
       if (alive[t] && alloc_layer[t] >= 0) scan.stored[alloc_layer[t]] += rounded(p.tensors[t].bytes);
@@ -72,8 +73,14 @@ StageScan scan_stage(const Program& p, int32_t L, int32_t depth,
     if (measured && layered) {
       // A forward runs its layers up, a backward down: a step the other way, or a change of
       // direction, begins the next pass.
+      // With one layer per chunk the layer index cannot step back: there, a pass begins
+      // after allocations outside the layer (the receive, the batch, the send's stand-in;
+      // a layer's re-run frees some of its tensors outside it, and what a layer allocates
+      // outside itself on first use, the mpu buffer or a cuBLAS workspace, is `other`).
       const bool forward = e.phase == Phase::forward;
-      const bool begins = forward ? (mode != fwd || e.layer < cur) : (mode != bwd || e.layer > cur);
+      const bool again = L == 1 && outside_since_layer;
+      const bool begins = forward ? (mode != fwd || e.layer < cur || again)
+                                  : (mode != bwd || e.layer > cur || again);
       if (begins) {
         // What the first micro-batch's layers still hold once its forward is over (taken
         // before this event changes anything).
@@ -87,6 +94,9 @@ StageScan scan_stage(const Program& p, int32_t L, int32_t depth,
         }
       }
       cur = e.layer;
+      outside_since_layer = false;
+    } else if (measured && e.type == EventType::alloc && e.kind != TensorKind::other) {
+      outside_since_layer = true;
     }
     if (e.type == EventType::alloc) {
       live += rounded(e.bytes);

@@ -149,6 +149,13 @@ TEST_CASE("pipeline cost model: a lower bound of requested bytes, exact but for 
       tiny(12, 4, 3),                                      // fewer micro-batches than stages
       tiny(12, 3, 4, PipelineSchedule::gpipe),             // all 4 held
       tiny(16, 2, 4, PipelineSchedule::interleaved, 2),    // 2 chunks per rank
+      tiny(4, 4, 6),                                       // one layer per stage
+      tiny(8, 2, 4, PipelineSchedule::interleaved, 4),     // one layer per chunk
+      [] {  // measured from the first step: the mpu buffer is allocated inside layer 0
+        Scenario s = tiny(4, 4, 6);
+        s.step.warmup_steps = 0;
+        return s;
+      }(),
   };
   const OptimizeOptions o;
   for (const Scenario& s : cases) {
@@ -157,11 +164,12 @@ TEST_CASE("pipeline cost model: a lower bound of requested bytes, exact but for 
     const PipelineCosts costs = calibrate_pipeline(s, o.choices);
     REQUIRE(costs.layers == local_layers(s));
     CHECK(costs.depth > 1);
+    CHECK(calibrate_pipeline(s, o.choices).window == costs.window);  // deterministic
     // Uniform plans (the calibration's own) and mixed ones.
     std::vector<CheckpointPlan> plans;
     for (LayerCheckpoint c : o.choices) plans.push_back(uniform(costs.layers, c));
     CheckpointPlan keep_mlp = uniform(costs.layers, LayerCheckpoint::keep);
-    keep_mlp.layers[1] = LayerCheckpoint::mlp;
+    keep_mlp.layers.back() = LayerCheckpoint::mlp;
     plans.push_back(keep_mlp);
     const LayerCheckpoint mix[] = {LayerCheckpoint::layer, LayerCheckpoint::keep,
                                    LayerCheckpoint::attention, LayerCheckpoint::core_attention,
