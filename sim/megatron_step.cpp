@@ -200,6 +200,8 @@ class MegatronLoop {
 
 }  // namespace
 
+void check_megatron_supported(const Scenario& scenario) { check_supported(scenario); }
+
 Program build_megatron_program(const Scenario& scenario, const MegatronOptions& options) {
   Program program;
   build_megatron_program(scenario, options, program, nullptr);

@@ -46,7 +46,8 @@ struct MegatronOptions {
 graph::MegatronShape megatron_shape(const Scenario& scenario);
 
 // Throws std::runtime_error / ScenarioError for settings this family does not model yet
-// (sim/megatron_parallel.h, sim/data_parallel.h, autocast, GQA).
+// (sim/megatron_parallel.h, sim/data_parallel.h, autocast, GQA); the builders check first.
+void check_megatron_supported(const Scenario& scenario);
 Program build_megatron_program(const Scenario& scenario, const MegatronOptions& options = {});
 // Same Program, built into `program` (cleared first, capacity kept) by a Runtime that
 // borrows `buffers` (may be null): repeated builds reuse storage (sim/schedule.h).

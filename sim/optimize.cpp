@@ -8,6 +8,7 @@
 #include "allocator/caching_allocator.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/execute.h"
+#include "sim/optimize_pipeline.h"
 #include "sim/schedule.h"
 
 namespace memsim {
@@ -435,15 +436,10 @@ OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& costs, Plan
 
 }  // namespace
 
-OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
-                                      uint64_t budget, const OptimizeOptions& options) {
-  // Plans choose per layer of the whole model; Megatron's recompute settings apply to each
-  // pipeline stage's own layers (numbered from 0 per stage), which a plan cannot express.
-  if (scenario.parallel.pipeline > 1)
-    throw ScenarioError(scenario.source +
-                        ": parallel.pipeline: memsim optimize plans the checkpointing of a "
-                        "whole model's layers; with pipeline stages the policy applies to each "
-                        "stage's layers: compare policies with `memsim compare` instead");
+namespace {
+
+OptimizeResult optimize_one_gpu(const Scenario& scenario, const TrainingScript& script,
+                                uint64_t budget, const OptimizeOptions& options) {
   OptimizeResult out;
   PlanSimulator sim(scenario, script);
   auto t0 = std::chrono::steady_clock::now();
@@ -521,6 +517,19 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
     bound = r.peak - step;
   }
   return report_smallest(std::move(out), costs, sim);
+}
+
+}  // namespace
+
+OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
+                                      uint64_t budget, const OptimizeOptions& options) {
+  // Pipeline stages: one plan over each stage's local layers, the budget held on every
+  // stage (the megatron family's loop is its own training script).
+  if (scenario.parallel.pipeline > 1)
+    return optimize_pipeline_checkpointing(scenario, budget, options);
+  OptimizeResult out = optimize_one_gpu(scenario, script, budget, options);
+  out.flops = out.run.analysis.flops;
+  return out;
 }
 
 std::string describe_plan(const CheckpointPlan& plan) {

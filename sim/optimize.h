@@ -1,6 +1,9 @@
 // memsim optimize: the checkpointing plan with the least recomputation whose simulated
 // peak reserved memory fits a budget.
 //
+// Pipeline-parallel megatron scenarios: sim/optimize_pipeline.h (one plan for every
+// stage's local layers, the budget held on every stage).
+//
 // Method (a chain of layers, in the manner of Rotor / Revolve, but over the plans
 // torch.utils.checkpoint can express: one choice per layer among keep, selective, the
 // attention half, the MLP half, both halves, the whole layer):
@@ -60,6 +63,9 @@ struct OptimizeOptions {
   // many layers: beyond, its enumeration nearly always overflows its node cap (plans of
   // one recompute total grow combinatorially with the layers), time spent for nothing.
   int exact_max_layers = 20;
+  // Pipeline scenarios (sim/optimize_pipeline.h): the plan space (choices^local layers) is
+  // enumerated instead when it has at most this many plans.
+  int64_t exact_max_plans = int64_t{1} << 16;
 };
 
 // The per-layer cost model of step 1 (bytes are signed: window terms are differences).
@@ -97,6 +103,14 @@ struct PlanRun {
 PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
                       const graph::CheckpointPlan& plan, uint64_t capacity);
 
+// One pipeline stage run with the chosen plan (memsim optimize on parallel.pipeline > 1).
+struct StagePeak {
+  int64_t stage = 0;
+  uint64_t peak_allocated = 0, peak_reserved = 0;  // measured step
+  bool fits = true;
+  Flops flops;
+};
+
 struct OptimizeResult {
   bool fits = false;
   graph::CheckpointPlan plan;  // the chosen plan; when nothing fits, the smallest-peak one
@@ -104,6 +118,13 @@ struct OptimizeResult {
   int64_t model_peak = 0;
   int verifications = 0;       // plans simulated while searching
   double calibrate_ms = 0, search_ms = 0, verify_ms = 0;
+  // The step's FLOPs: the simulated GPU's, or with pipeline stages the sum over stages.
+  Flops flops;
+  // Pipeline-parallel scenarios (sim/optimize_pipeline.h): every stage with the plan, run
+  // with the budget as capacity (unlimited when nothing fits); `run` is the stage with the
+  // largest peak reserved, `worst_stage`. Empty / -1 otherwise.
+  std::vector<StagePeak> stages;
+  int64_t worst_stage = -1;
 };
 OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
                                       uint64_t budget, const OptimizeOptions& options = {});

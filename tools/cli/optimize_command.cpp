@@ -5,6 +5,7 @@
 
 #include "allocator/units.h"
 #include "sim/checkpoint_policy.h"
+#include "sim/megatron_recompute_flags.h"
 #include "sim/optimize.h"
 #include "sim/schedule.h"
 #include "tools/cli/commands.h"
@@ -33,6 +34,22 @@ Json plan_json(const graph::CheckpointPlan& plan) {
   return {{"layers", std::move(layers)},
           {"summary", describe_plan(plan)},
           {"checkpoint", std::move(checkpoint)}};
+}
+
+// Pipeline scenarios: every stage's peaks with the plan (sim/optimize_pipeline.h).
+Json stages_json(const OptimizeResult& r) {
+  Json stages = Json::array();
+  for (const StagePeak& s : r.stages)
+    stages.push_back({{"stage", s.stage},
+                      {"peak_allocated_bytes", s.peak_allocated},
+                      {"peak_reserved_bytes", s.peak_reserved},
+                      {"fits", s.fits},
+                      {"recompute_flops", s.flops.recompute}});
+  return {{"worst_stage", r.worst_stage},
+          {"recompute_flops", r.flops.recompute},
+          {"plan_applies_to", "every stage's local layers (checkpoint.custom numbers each "
+                              "stage's chunk from 0, as Megatron's recompute settings do)"},
+          {"stages", std::move(stages)}};
 }
 
 }  // namespace
@@ -69,11 +86,16 @@ int run_optimize(const OptimizeArgs& args) {
     j["budget_bytes"] = *budget;
     j["found"] = r.fits;
     j["plan"] = plan_json(r.plan);
-    j["recompute_share"] = share(a.flops);
+    j["recompute_share"] = share(r.flops);
     j["model_peak_bytes"] = r.model_peak;
     j["verifications"] = r.verifications;
     j["timing_ms"] = {{"calibrate", r.calibrate_ms}, {"search", r.search_ms},
                       {"verify", r.verify_ms}};
+    if (!r.stages.empty()) j["pipeline"] = stages_json(r);
+    if (scenario.model.family == ModelFamily::megatron) {
+      const auto flags = megatron_recompute_flags(r.plan);
+      j["megatron_flags"] = flags ? Json(*flags) : Json(nullptr);
+    }
     Json summary = analysis_json(a);
     for (auto& [key, value] : summary.items()) j[key] = std::move(value);
     j["memory_stats"] = memory_stats_json(r.run.stats);
@@ -90,15 +112,29 @@ int run_optimize(const OptimizeArgs& args) {
                 human_bytes(*budget).c_str());
     if (r.fits) {
       std::printf("%s  %s\n", style.good("PLAN").c_str(), describe_plan(r.plan).c_str());
-      std::printf("  peak reserved %s, peak allocated %s (simulated through the allocator)\n",
-                  human_bytes(a.peak_reserved).c_str(), human_bytes(a.peak_allocated).c_str());
+      std::printf("  peak reserved %s, peak allocated %s%s (simulated through the allocator)\n",
+                  human_bytes(a.peak_reserved).c_str(), human_bytes(a.peak_allocated).c_str(),
+                  r.stages.empty() ? ""
+                                   : (" on stage " + std::to_string(r.worst_stage) + ", the worst")
+                                         .c_str());
     } else {
       std::printf("%s  nothing fits in %s: the smallest peak is %s reserved with plan %s\n",
                   style.bad("NO PLAN").c_str(), human_bytes(*budget).c_str(),
                   human_bytes(a.peak_reserved).c_str(), describe_plan(r.plan).c_str());
     }
-    std::printf("  recompute %s = %.1f%% of the step's FLOPs\n",
-                human_flops(a.flops.recompute).c_str(), 100.0 * share(a.flops));
+    if (!r.stages.empty()) {
+      // Every stage runs the plan on its own layers; the budget holds on each.
+      std::printf("  plan applies to each stage's %zu local layers; peak reserved by stage "
+                  "(the worst is stage %lld):\n",
+                  r.plan.layers.size(), static_cast<long long>(r.worst_stage));
+      for (const StagePeak& s : r.stages)
+        std::printf("    stage %-3lld %s reserved, %s allocated%s\n",
+                    static_cast<long long>(s.stage), human_bytes(s.peak_reserved).c_str(),
+                    human_bytes(s.peak_allocated).c_str(), s.fits ? "" : "  (out of memory)");
+    }
+    std::printf("  recompute %s = %.1f%% of the step's FLOPs%s\n",
+                human_flops(r.flops.recompute).c_str(), 100.0 * share(r.flops),
+                r.stages.empty() ? "" : " (all stages)");
     const CheckpointConfig config = config_for_plan(r.plan);
     std::printf("  scenario: checkpoint.policy=%s", config.policy.c_str());
     if (!config.custom.empty()) {
@@ -106,6 +142,14 @@ int run_optimize(const OptimizeArgs& args) {
       for (size_t i = 0; i < config.custom.size(); ++i)
         std::printf("%s%s", i ? "," : "", config.custom[i].c_str());
       std::printf("]");
+    }
+    if (scenario.model.family == ModelFamily::megatron) {
+      const auto flags = megatron_recompute_flags(r.plan);
+      if (!flags)
+        std::printf("\n  megatron: no stock recompute flags give this per-layer mix (selective "
+                    "and full/block apply one granularity to every local layer)");
+      else
+        std::printf("\n  megatron: %s", flags->empty() ? "no recompute flags" : flags->c_str());
     }
     std::printf("\n  search: %d plan(s) simulated; calibrate %.0f ms, search %.1f ms, verify %.0f ms\n",
                 r.verifications, r.calibrate_ms, r.search_ms, r.verify_ms);
