@@ -1,5 +1,5 @@
-// Shape helpers shared by the numeric kernels (graph/numeric_ops.cpp,
-// graph/numeric_ops_nn.cpp). Internal to graph/. Values are row-major in the logical
+// Shape helpers and shared math of the numeric kernels (graph/numeric_ops.cpp,
+// graph/numeric_ops_nn.cpp, graph/numeric_ops_fused.cpp). Internal to graph/. Values are row-major in the logical
 // shape of their storage (graph/numeric.h).
 #pragma once
 
@@ -20,6 +20,44 @@ inline int64_t numel(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
   return n;
+}
+
+// LayerNorm over the last dimension D of `x` (rows of D values): y = (x - mean) * rstd *
+// w + b, with each row's mean and rstd = 1 / sqrt(var + eps) kept for backward (torch's
+// native_layer_norm and Megatron's fused LayerNorm compute the same).
+struct LayerNormForward {
+  Arr y, mean, rstd;
+};
+inline LayerNormForward layer_norm_forward(const Arr& x, int64_t D, const Arr& w, const Arr& b,
+                                           double eps) {
+  const int64_t rows = x.size() / D;
+  LayerNormForward f{Arr(x.size()), Arr(rows), Arr(rows)};
+  for (int64_t i = 0; i < rows; ++i) {
+    const Arr row = x.segment(i * D, D);
+    f.mean[i] = row.mean();
+    f.rstd[i] = 1.0 / std::sqrt((row - f.mean[i]).square().mean() + eps);
+    f.y.segment(i * D, D) = (row - f.mean[i]) * f.rstd[i] * w + b;
+  }
+  return f;
+}
+
+// LayerNorm's backward from the saved input, mean and rstd and the incoming grad `g`.
+struct LayerNormBackward {
+  Arr dx, dw, db;
+};
+inline LayerNormBackward layer_norm_backward(const Arr& x, int64_t D, const Arr& w,
+                                             const Arr& mean, const Arr& rstd, const Arr& g) {
+  const int64_t rows = x.size() / D;
+  LayerNormBackward b{Arr(x.size()), Arr::Zero(D), Arr::Zero(D)};
+  for (int64_t i = 0; i < rows; ++i) {
+    const Arr xh = (x.segment(i * D, D) - mean[i]) * rstd[i];
+    const Arr dy = g.segment(i * D, D);
+    const Arr dxh = dy * w;
+    b.dx.segment(i * D, D) = rstd[i] * (dxh - dxh.mean() - xh * (dxh * xh).mean());
+    b.dw += dy * xh;
+    b.db += dy;
+  }
+  return b;
 }
 
 // Numpy broadcasting: the output shape of two operands.

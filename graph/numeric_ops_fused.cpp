@@ -99,17 +99,10 @@ bool NumericKernels::forward_fused(NumericContext& c, Runtime& rt, OpKind k,
       const auto& x = R(0, "input");
       const auto& w = P(weight, "weight");
       const auto& b = P(info.bias, "bias");
-      const int64_t D = x.shape.back(), rows = numel(x.shape) / D;
-      Arr y(x.v.size()), mean(rows), invvar(rows);
-      for (int64_t i = 0; i < rows; ++i) {
-        const Arr row = x.v.segment(i * D, D);
-        mean[i] = row.mean();
-        invvar[i] = 1.0 / std::sqrt((row - mean[i]).square().mean() + m.rms_eps);
-        y.segment(i * D, D) = (row - mean[i]) * invvar[i] * w.v + b.v;
-      }
-      W(0, x.shape) = y;
-      W(1, with_last(x.shape, 1), 4) = mean;
-      W(2, with_last(x.shape, 1), 4) = invvar;
+      const LayerNormForward f = layer_norm_forward(x.v, x.shape.back(), w.v, b.v, m.rms_eps);
+      W(0, x.shape) = f.y;
+      W(1, with_last(x.shape, 1), 4) = f.mean;
+      W(2, with_last(x.shape, 1), 4) = f.rstd;  // Megatron's invvar
       return true;
     }
     case OpKind::qkv_split:  // views; the attention kernels read the pieces
@@ -291,19 +284,11 @@ bool NumericKernels::backward_fused(NumericContext& c, Runtime& rt, const Node& 
       const auto& mean = S(1, "mean");
       const auto& invvar = S(2, "invvar");
       const auto& w = P(weight, "weight");
-      const int64_t D = x.shape.back(), rows = numel(x.shape) / D;
-      Arr dx(x.v.size()), dw = Arr::Zero(D), db = Arr::Zero(D);
-      for (int64_t i = 0; i < rows; ++i) {
-        const Arr xh = (x.v.segment(i * D, D) - mean.v[i]) * invvar.v[i];
-        const Arr dy = g.segment(i * D, D);
-        const Arr dxh = dy * w.v;
-        dx.segment(i * D, D) = invvar.v[i] * (dxh - dxh.mean() - xh * (dxh * xh).mean());
-        dw += dy * xh;
-        db += dy;
-      }
-      if (needs(0)) set(0, x.shape, dx);
-      c.add_main_grad(weight, dw);
-      c.add_main_grad(info.bias, db);
+      const LayerNormBackward d =
+          layer_norm_backward(x.v, x.shape.back(), w.v, mean.v, invvar.v, g);
+      if (needs(0)) set(0, x.shape, d.dx);
+      c.add_main_grad(weight, d.dw);
+      c.add_main_grad(info.bias, d.db);
       return true;
     }
     case OpKind::baddbmm: {  // saved: q, k (the fused output); grad (B,np,S,S)

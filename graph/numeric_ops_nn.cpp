@@ -98,17 +98,10 @@ bool NumericKernels::forward_nn(NumericContext& c, Runtime& rt, OpKind k,
       const auto& x = R(0, "input");
       const auto& w = R(1, "weight");
       const auto& b = R(2, "bias");
-      const int64_t D = x.shape.back(), rows = numel(x.shape) / D;
-      Arr y(x.v.size()), mean(rows), rstd(rows);
-      for (int64_t i = 0; i < rows; ++i) {
-        const Arr row = x.v.segment(i * D, D);
-        mean[i] = row.mean();
-        rstd[i] = 1.0 / std::sqrt((row - mean[i]).square().mean() + m.rms_eps);
-        y.segment(i * D, D) = (row - mean[i]) * rstd[i] * w.v + b.v;
-      }
-      W(0, x.shape) = y;
-      W(1, with_last(x.shape, 1), 4) = mean;
-      W(2, with_last(x.shape, 1), 4) = rstd;
+      const LayerNormForward f = layer_norm_forward(x.v, x.shape.back(), w.v, b.v, m.rms_eps);
+      W(0, x.shape) = f.y;
+      W(1, with_last(x.shape, 1), 4) = f.mean;
+      W(2, with_last(x.shape, 1), 4) = f.rstd;
       return true;
     }
     case OpKind::softmax: {
@@ -401,20 +394,10 @@ bool NumericKernels::backward_nn(NumericContext& c, Runtime& rt, const Node& n,
       S(2, "bias");
       const auto& mean = S(3, "mean");
       const auto& rstd = S(4, "rstd");
-      const int64_t D = x.shape.back(), rows = numel(x.shape) / D;
-      Arr dx(x.v.size()), dw = Arr::Zero(D), db = Arr::Zero(D);
-      for (int64_t i = 0; i < rows; ++i) {
-        const Arr xh = (x.v.segment(i * D, D) - mean.v[i]) * rstd.v[i];
-        const Arr dy = g.segment(i * D, D);
-        const Arr dxh = dy * w.v;
-        dx.segment(i * D, D) =
-            rstd.v[i] * (dxh - dxh.mean() - xh * (dxh * xh).mean());
-        dw += dy * xh;
-        db += dy;
-      }
-      if (needs(0)) set(0, x.shape, dx);
-      if (needs(1)) set(1, w.shape, dw);
-      if (needs(2)) set(2, in_shape(2), db);
+      const LayerNormBackward d = layer_norm_backward(x.v, x.shape.back(), w.v, mean.v, rstd.v, g);
+      if (needs(0)) set(0, x.shape, d.dx);
+      if (needs(1)) set(1, w.shape, d.dw);
+      if (needs(2)) set(2, in_shape(2), d.db);
       return true;
     }
     case OpKind::softmax: {
