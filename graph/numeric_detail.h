@@ -22,6 +22,19 @@ inline int64_t numel(const Shape& s) {
   return n;
 }
 
+// y = x W^T for x (rows, din) and W (dout, din): the weight's grad dY^T x and the input's
+// grad dY W, from the incoming grad dY (rows, dout).
+inline Arr linear_weight_grad(const Arr& dY, const Arr& x, int64_t rows, int64_t din,
+                              int64_t dout) {
+  const Mat dW = MapM(dY.data(), rows, dout).transpose() * MapM(x.data(), rows, din);
+  return Eigen::Map<const Arr>(dW.data(), dout * din);
+}
+inline Arr linear_input_grad(const Arr& dY, const Arr& w, int64_t rows, int64_t din,
+                             int64_t dout) {
+  const Mat dX = MapM(dY.data(), rows, dout) * MapM(w.data(), dout, din);
+  return Eigen::Map<const Arr>(dX.data(), rows * din);
+}
+
 // LayerNorm over the last dimension D of `x` (rows of D values): y = (x - mean) * rstd *
 // w + b, with each row's mean and rstd = 1 / sqrt(var + eps) kept for backward (torch's
 // native_layer_norm and Megatron's fused LayerNorm compute the same).

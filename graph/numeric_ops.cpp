@@ -545,18 +545,9 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
       const Shape& xs = in_shape(0);
       const Shape& ws = in_shape(1);
       const int64_t dout = ws[0], din = ws[1], rows = numel(xs) / din;
-      MapM dY(g.data(), rows, dout);
       uint32_t k = 0;
-      if (needs(0)) {
-        const auto& x = S(k++, "input");
-        Mat dW = dY.transpose() * MapM(x.v.data(), rows, din);
-        set(0, ws, Eigen::Map<const Arr>(dW.data(), dout * din));
-      }
-      if (needs(1)) {
-        const auto& w = S(k++, "weight");
-        Mat dX = dY * MapM(w.v.data(), dout, din);
-        set(1, xs, Eigen::Map<const Arr>(dX.data(), rows * din));
-      }
+      if (needs(0)) set(0, ws, linear_weight_grad(g, S(k++, "input").v, rows, din, dout));
+      if (needs(1)) set(1, xs, linear_input_grad(g, S(k++, "weight").v, rows, din, dout));
       break;
     }
     case OpKind::embedding:

@@ -352,18 +352,9 @@ bool NumericKernels::backward_nn(NumericContext& c, Runtime& rt, const Node& n,
       const Shape& xs = in_shape(0);
       const Shape& ws = in_shape(1);
       const int64_t dout = ws[0], din = ws[1], rows = numel(xs) / din;
-      MapM dY(g.data(), rows, dout);
       uint32_t k = 0;
-      if (needs(1)) {
-        const auto& x = S(k++, "self");
-        Mat dW = dY.transpose() * MapM(x.v.data(), rows, din);
-        set(1, ws, Eigen::Map<const Arr>(dW.data(), dout * din));
-      }
-      if (needs(0)) {
-        const auto& w = S(k++, "mat2");
-        Mat dX = dY * MapM(w.v.data(), dout, din);
-        set(0, xs, Eigen::Map<const Arr>(dX.data(), rows * din));
-      }
+      if (needs(1)) set(1, ws, linear_weight_grad(g, S(k++, "self").v, rows, din, dout));
+      if (needs(0)) set(0, xs, linear_input_grad(g, S(k++, "mat2").v, rows, din, dout));
       return true;
     }
     case OpKind::addmm: {  // next = {bias, x, w}; saved: x (if w needs grad), then w
