@@ -444,6 +444,11 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
                         ": parallel.pipeline: memsim optimize plans the checkpointing of a "
                         "whole model's layers; with pipeline stages the policy applies to each "
                         "stage's layers: compare policies with `memsim compare` instead");
+  // Plans are costed from the measured step's layer windows (windows_of).
+  if (scenario.step.measure_whole_run)
+    throw ScenarioError(scenario.source +
+                        ": step.measure: memsim optimize plans the measured step's "
+                        "checkpointing; use step.measure: last-step");
   OptimizeResult out;
   PlanSimulator sim(scenario, script);
   auto t0 = std::chrono::steady_clock::now();

@@ -96,7 +96,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
       {"precision", {"params", "autocast", "autocast_region", "master_weights"}},
       {"optimizer", {"type", "impl", "momentum"}},
-      {"step", {"kind", "warmup_steps", "zero_grad"}},
+      {"step", {"kind", "warmup_steps", "zero_grad", "measure"}},
       {"loss", {"impl", "positions"}},
       {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant"}},
       {"lora", {"rank", "alpha", "targets", "dropout", "base_dtype", "adapter_dtype"}},

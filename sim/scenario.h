@@ -89,6 +89,10 @@ struct StepConfig {
   StepKind kind = StepKind::train;
   int64_t warmup_steps = 1;
   bool zero_grad_set_to_none = true;
+  // step.measure whole-run: peaks are measured from the program's start (a script that
+  // records or reads max_memory_allocated() from before the model is built, never
+  // resetting the peak), not from the measured (last) step (sim/script_keys.h).
+  bool measure_whole_run = false;
 };
 const char* to_string(StepKind kind);
 

@@ -498,6 +498,7 @@ Scenario build_scenario(const Doc& d) {
   check_script_optimizer(d, s.optimizer);  // sim/script_keys.cpp
   s.loss = build_loss(d, s.model);         // sim/script_keys.cpp
   s.step = build_step(d);
+  read_step_measure(d, s.step);            // sim/script_keys.cpp
   s.checkpoint = build_checkpoint(d, s.model);
   s.lora = build_lora(d, s.model, s.precision);  // sim/scenario_lora.h
   s.parallel = build_parallel(d, s.model);

@@ -109,6 +109,9 @@ class Loop {
                   static_cast<size_t>(s_.model.layers) * 12);
     }
     rt_.ctx.phase = Phase::setup;
+    // step.measure whole-run: the peaks count from here (recording started before the
+    // model was built); the measured step then sets no mark of its own.
+    if (s_.step.measure_whole_run) rt_.mark("measured_step_begin");
     model_.construct();
     // model = FSDP(model) (sim/fsdp.h) or DistributedDataParallel(model)
     // (sim/data_parallel.h), before the optimizer.
@@ -136,7 +139,8 @@ class Loop {
         rt_.ctx.phase = Phase::other;
         if (script_.del_outputs_before_measured) drop_outputs();
         if (script_.zero_grad_before_measured) zero_grad();
-        if (script_.measure_includes_zero_grad) rt_.mark("measured_step_begin");
+        if (script_.measure_includes_zero_grad && !s_.step.measure_whole_run)
+          rt_.mark("measured_step_begin");
       }
       train_step(measured);
     }
@@ -203,7 +207,8 @@ class Loop {
     const bool with_loss = kind == StepKind::train || kind == StepKind::forward_backward;
     rt_.ctx.phase = Phase::optimizer;
     if (script_.zero_grad == ZeroGradAt::before_forward) zero_grad();
-    if (measured && !script_.measure_includes_zero_grad) rt_.mark("measured_step_begin");
+    if (measured && !script_.measure_includes_zero_grad && !s_.step.measure_whole_run)
+      rt_.mark("measured_step_begin");
     const Tensor& ids = measured ? ids_ : warm_ids_;
     const Tensor& targets = measured ? targets_ : warm_targets_;
     const int64_t micro = std::max<int64_t>(1, s_.batch.grad_accum);

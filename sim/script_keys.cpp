@@ -14,6 +14,8 @@ const std::vector<std::pair<std::string, LossFunction>> kLossImpls = {
     {"one-hot", LossFunction::one_hot}};
 const std::vector<std::pair<std::string, LossPositions>> kPositions = {
     {"all", LossPositions::all}, {"last", LossPositions::last}};
+const std::vector<std::pair<std::string, bool>> kMeasure = {{"last-step", false},
+                                                            {"whole-run", true}};
 }  // namespace
 
 LossConfig build_loss(const Doc& d, const ModelConfig& m) {
@@ -33,6 +35,10 @@ LossConfig build_loss(const Doc& d, const ModelConfig& m) {
                to_string(m.family) + "', whose loss is the model's; remove it");
   }
   return l;
+}
+
+void read_step_measure(const Doc& d, StepConfig& s) {
+  if (const Field* f = d.find("step.measure")) s.measure_whole_run = read_enum(*f, "step.measure", kMeasure);
 }
 
 void check_script_optimizer(const Doc& d, const OptimizerConfig& o) {
@@ -73,6 +79,10 @@ void require_script_keys_modelled(const Scenario& s) {
              "out-of-place (a hand-written Adam rebinding p.data) is modelled on one GPU only; "
              "use parallel.data: 1 or a torch.optim implementation");
   }
+  if (s.step.measure_whole_run && s.model.family == ModelFamily::megatron)
+    refuse(s, "step.measure",
+           "whole-run is modelled for the cs336 and hf families (megatron's step marks its "
+           "own measured step); use step.measure: last-step");
   if (s.precision.autocast && s.precision.autocast_region == AutocastRegion::whole_run &&
       s.checkpoint.policy != "none")
     refuse(s, "precision.autocast_region",

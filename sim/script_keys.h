@@ -7,7 +7,8 @@
 // Contract: loss.impl is automatic (absent) | torch | cs336 | one-hot; loss.positions is
 // all (default) | last; both are cs336-family options (the other families compute their
 // own loss: refused by key). optimizer.impl out-of-place needs optimizer.type adam or
-// adamw. Errors name FILE:LINE and the key.
+// adamw. step.measure is last-step (default) | whole-run. Errors name FILE:LINE and the
+// key.
 #pragma once
 
 #include "sim/scenario.h"
@@ -18,6 +19,8 @@ namespace memsim::scenario_detail {
 LossConfig build_loss(const Doc& d, const ModelConfig& m);
 // After optimizer.* has been read into o.
 void check_script_optimizer(const Doc& d, const OptimizerConfig& o);
+// step.measure: last-step (default) | whole-run.
+void read_step_measure(const Doc& d, StepConfig& s);
 
 }  // namespace memsim::scenario_detail
 

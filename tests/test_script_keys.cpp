@@ -4,8 +4,11 @@
 // tests/test_niu_runs.cpp.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
+#include "sim/analysis.h"
 #include "sim/execute.h"
 #include "sim/scenario.h"
 #include "sim/schedule.h"
@@ -157,4 +160,37 @@ TEST_CASE("script keys: bad values and unmodelled combinations are refused by ke
       "model: { preset: llama2-7b, layers: 1 }\nbatch: { micro_batch: 1, seq_len: 16 }\n";
   has(error_of({{"loss.impl", "one-hot"}}, llama), "cs336-family option");
   has(error_of({{"loss.positions", "last"}}, llama), "loss.positions");
+}
+
+TEST_CASE("script keys: step.measure whole-run measures from the program's start",
+          "[script-keys][scenario]") {
+  const Scenario last = load({{"optimizer.type", "adamw"}, {"optimizer.impl", "out-of-place"},
+                              {"loss.impl", "one-hot"}, {"loss.positions", "last"}});
+  Scenario whole = last;
+  whole.step.measure_whole_run = true;
+  const Program pl = build_program(last), pw = build_program(whole);
+  SimulatedDevice d1(80ull << 30, 0), d2(80ull << 30, 0);
+  const Timeline tl = execute(pl, last.allocator, d1), tw = execute(pw, whole.allocator, d2);
+  // The same events; only the mark moves (to before the model's first parameter).
+  size_t allocs_l = 0, allocs_w = 0, first_mark = SIZE_MAX;
+  for (size_t i = 0; i < pw.events.size(); ++i) {
+    if (pw.events[i].type == EventType::alloc) ++allocs_w;
+    if (pw.events[i].type == EventType::mark && first_mark == SIZE_MAX) first_mark = i;
+  }
+  for (const MemoryEvent& e : pl.events)
+    if (e.type == EventType::alloc) ++allocs_l;
+  CHECK(allocs_l == allocs_w);
+  CHECK(first_mark == 0);
+  uint64_t max_alloc = 0;
+  for (uint64_t a : tw.allocated) max_alloc = std::max(max_alloc, a);
+  const Analysis a = analyze(pw, tw);
+  CHECK(a.peak_allocated == max_alloc);
+  CHECK(a.peak_allocated >= analyze(pl, tl).peak_allocated);
+  // Bad values and megatron are refused by key.
+  CHECK(error_of({{"step.measure", "all"}}).find("step.measure") != std::string::npos);
+  const std::string megatron =
+      "model: { family: megatron, layers: 2, d_model: 64, heads: 4, d_ff: 256, vocab: 1000 }\n"
+      "batch: { micro_batch: 1, seq_len: 16 }\n";
+  CHECK(error_of({{"step.measure", "whole-run"}}, megatron).find("step.measure") !=
+        std::string::npos);
 }
