@@ -37,6 +37,8 @@ void Autocast::enter_nested(const std::vector<Tensor>* leaves) {
   outer_active_ = active_;
   outer_cache_enabled_ = cache_enabled_;
   outer_cache_.swap(cache_);  // the recompute's casts start afresh
+  outer_cache_graph_.swap(cache_graph_);
+  outer_cache_seq_.swap(cache_seq_);
   active_ = true;
   cache_enabled_ = true;  // checkpoint records is_autocast_cache_enabled() (true in training)
 }
@@ -46,10 +48,14 @@ void Autocast::leave_nested() {
   nested_ = false;
   for (Tensor& t : cache_) t.reset();  // clear_autocast_cache at the outermost exit
   cache_.clear();
+  cache_graph_.clear();
+  cache_seq_.clear();
   for (Tensor& t : leaf_casts_) t.reset();
   leaf_casts_.clear();
   leaves_.clear();
   cache_.swap(outer_cache_);
+  cache_graph_.swap(outer_cache_graph_);
+  cache_seq_.swap(outer_cache_seq_);
   active_ = outer_active_;
   cache_enabled_ = outer_cache_enabled_;
 }
@@ -79,14 +85,39 @@ Tensor Autocast::new_cast(const Tensor& x, uint64_t out_bytes) {
 }
 
 Tensor Autocast::weight(int32_t param, bool grad_transposed, const Tensor* source) {
-  if (cache_enabled_ && static_cast<size_t>(param) < cache_.size() && cache_[param].defined())
-    return cache_[param];
+  if (cache_enabled_ && static_cast<size_t>(param) < cache_.size() && cache_[param].defined()) {
+    Tensor& c = cache_[param];
+    // A region spanning several steps (autocast_region whole-run): the copy was made in
+    // an earlier forward whose graph is gone. torch reuses its ToCopyBackward0 node, whose
+    // edge still leads to the parameter's AccumulateGrad; memsim records that node again
+    // in the current graph (it saves nothing) with the old node's sequence number: the
+    // engine runs it after every node of the new graph, so the low-precision weight
+    // grads wait in its input buffer until the end of backward (NiuHuangxiaozi's bf16
+    // trace: iterations 2 and 3 cast all weight grads to fp32 after the embedding's).
+    if (c.grad_fn >= 0 && rt_.grad_enabled && static_cast<size_t>(param) < cache_graph_.size() &&
+        cache_graph_[param] != rt_.current_graph()) {
+      Tensor w = source != nullptr ? *source : rt_.param(param);
+      const int32_t n = rt_.make_node(OpKind::autocast_copy, {&w});
+      rt_.node(n).size[0] = w.bytes;
+      if (grad_transposed) rt_.node(n).flags |= kWeightCast;
+      rt_.node(n).seq = cache_seq_[param];
+      c.grad_fn = n;
+      cache_graph_[param] = rt_.current_graph();
+    }
+    return c;
+  }
   Tensor w = source != nullptr ? *source : rt_.param(param);
   Tensor c = new_cast(w, w.bytes / 4 * low_);  // autocast casts fp32 parameters only
   if (c.grad_fn >= 0 && grad_transposed) rt_.node(c.grad_fn).flags |= kWeightCast;
   if (cache_enabled_) {
     if (cache_.size() <= static_cast<size_t>(param)) cache_.resize(param + 1);
+    if (cache_graph_.size() <= static_cast<size_t>(param)) {
+      cache_graph_.resize(param + 1, 0);
+      cache_seq_.resize(param + 1, 0);
+    }
     cache_[param] = c;
+    cache_graph_[param] = rt_.current_graph();
+    cache_seq_[param] = c.grad_fn >= 0 ? rt_.node(c.grad_fn).seq : 0;
   }
   return c;
 }

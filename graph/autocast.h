@@ -102,9 +102,12 @@ class Autocast {
   bool active_ = false;
   bool cache_enabled_ = true;
   std::vector<Tensor> cache_;  // by parameter index; undefined = not cast yet
+  std::vector<uint32_t> cache_graph_;  // the graph each cached copy's node belongs to
+  std::vector<uint32_t> cache_seq_;    // that node's sequence number when first recorded
   // The state enter_nested() replaced (one level: checkpoint regions do not nest).
   bool outer_active_ = false, outer_cache_enabled_ = true, nested_ = false;
   std::vector<Tensor> outer_cache_;
+  std::vector<uint32_t> outer_cache_graph_, outer_cache_seq_;
   std::vector<Tensor> leaves_, leaf_casts_;  // reentrant recompute (enter_nested)
 };
 

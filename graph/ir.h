@@ -105,8 +105,10 @@ enum class OpKind : uint8_t {
   rope_hf_autocast,   // HF apply_rotary_pos_emb on a bf16/fp16 input with fp32 cos/sin
   // Megatron sequence parallelism (graph/ops_fused.h)
   sequence_scatter,   // _ScatterToSequenceParallelRegion: this rank's contiguous shard
+  // indexing (graph/ops_nn.h)
+  select_dim,         // x.select(dim, i), a view; SelectBackward0 = zeros(input) + copy
 };
-inline constexpr int kOpKindCount = static_cast<int>(OpKind::sequence_scatter) + 1;
+inline constexpr int kOpKindCount = static_cast<int>(OpKind::select_dim) + 1;
 const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"
 const char* backward_name(OpKind k);  // autograd node name, e.g. "BmmBackward0"
 

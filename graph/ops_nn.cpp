@@ -21,6 +21,7 @@ const char* nn_op_name(OpKind k, bool backward) {
     case OpKind::to_copy: return backward ? "ToCopyBackward0" : "_to_copy";
     case OpKind::native_dropout: return backward ? "NativeDropoutBackward0" : "native_dropout";
     case OpKind::slice_seq: return backward ? "SliceBackward0" : "slice";
+    case OpKind::select_dim: return backward ? "SelectBackward0" : "select";
     case OpKind::expand_clone: return backward ? "ExpandBackward0" : "clone";
     case OpKind::tied_sum: return backward ? "InputBuffer::accumulate" : "tied_weight";
     case OpKind::rope_hf: return backward ? "RotaryBackward" : "apply_rotary_pos_emb";
@@ -173,6 +174,17 @@ Tensor slice_seq(Runtime& rt, const Tensor& x, uint64_t out_bytes) {
   detail::numeric_forward(rt, OpKind::slice_seq, {&x}, {&out});
   if (wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::slice_seq, {&x});
+    rt.node(n).size[0] = x.bytes;
+    out.grad_fn = n;
+    out.out_slot = 0;
+  }
+  return out;
+}
+
+Tensor select_dim(Runtime& rt, const Tensor& x, uint64_t out_bytes) {
+  Tensor out = rt.view_of(x, out_bytes);
+  if (wants_grad(rt, {&x})) {
+    int32_t n = rt.make_node(OpKind::select_dim, {&x});
     rt.node(n).size[0] = x.bytes;
     out.grad_fn = n;
     out.out_slot = 0;
@@ -391,6 +403,7 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     case OpKind::to_copy:  // the grad cast back to the source dtype
     case OpKind::native_dropout:  // native_dropout_backward: grad * mask * scale
     case OpKind::slice_seq:       // zeros(input) + copy into the slice
+    case OpKind::select_dim:      // select_backward: zeros(input) + copy into the index
     case OpKind::expand_clone:    // expand's sum_to
       out[0] = fresh(A(n.size[0], kind_for(0)));
       break;

@@ -54,6 +54,9 @@ Tensor native_dropout(Runtime& rt, const Tensor& x, uint64_t elem);
 Tensor embedding_nn(Runtime& rt, const Tensor& weight, const Tensor& ids, uint64_t out_bytes);
 // x.narrow(seq) (logits[..., :-1, :]): a view; backward zeros(input) + copy (new, x.bytes).
 Tensor slice_seq(Runtime& rt, const Tensor& x, uint64_t out_bytes);
+// x.select(dim, i): a view of out_bytes; SelectBackward0 allocates zeros of x's size and
+// copies the grad into the selected index (a new x-sized tensor). No numeric kernel.
+Tensor select_dim(Runtime& rt, const Tensor& x, uint64_t out_bytes);
 // x.expand(...).reshape(...) that copies (repeat_kv): out x.bytes * n; backward is the
 // expand's sum_to (new, x.bytes).
 Tensor expand_clone(Runtime& rt, const Tensor& x, uint64_t n);

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "sim/data_parallel.h"
+#include "sim/script_keys.h"
 
 namespace memsim {
 
@@ -81,6 +82,7 @@ void require_modelled(const Scenario& s) {
   if (p.sequence && !tensor_modelled)
     refuse(s, "parallel.sequence", "sequence parallelism is modelled for model family 'megatron' only");
   require_data_parallel_modelled(s);  // sim/data_parallel.h
+  require_script_keys_modelled(s);    // sim/script_keys.h: loss.*, out-of-place, whole-run
   // Data parallelism, LoRA and master weights were each checked alone; their
   // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
   // parameters together, DDP buckets only parameters that need a gradient, master copies

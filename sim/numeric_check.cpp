@@ -221,6 +221,11 @@ void validate_numeric_scenario(const Scenario& s) {
   if (s.precision.params != DType::fp32 || s.precision.autocast || s.precision.master_weights)
     throw ScenarioError(where + "precision: numeric mode needs fp32 parameters without "
                         "autocast or master weights");
+  if (s.loss.impl == LossFunction::one_hot || s.loss.positions != LossPositions::all ||
+      s.optimizer.impl == OptimizerImpl::out_of_place)
+    throw ScenarioError(where + "loss.impl / loss.positions / optimizer.impl: numeric mode "
+                        "has no kernels for the one-hot loss, the last-position select and the "
+                        "out-of-place Adam");
   if (s.model.softmax != SoftmaxImpl::staff || s.model.sdpa != SdpaImpl::staff)
     throw ScenarioError(where + "model.softmax / model.sdpa: numeric mode checks the staff "
                         "softmax and attention only");

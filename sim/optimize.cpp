@@ -523,6 +523,11 @@ OptimizeResult optimize_one_gpu(const Scenario& scenario, const TrainingScript& 
 
 OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
                                       uint64_t budget, const OptimizeOptions& options) {
+  // Plans are costed from the measured step's layer windows (windows_of).
+  if (scenario.step.measure_whole_run)
+    throw ScenarioError(scenario.source +
+                        ": step.measure: memsim optimize plans the measured step's "
+                        "checkpointing; use step.measure: last-step");
   // Pipeline stages: one plan over each stage's local layers, the budget held on every
   // stage (the megatron family's loop is its own training script).
   if (scenario.parallel.pipeline > 1)

@@ -3,6 +3,7 @@
 #include "sim/master_weights.h"
 #include "sim/optimizer_adafactor.h"
 #include "sim/optimizer_8bit.h"
+#include "sim/optimizer_out_of_place.h"
 
 namespace memsim {
 namespace {
@@ -138,6 +139,8 @@ class TorchAdam final : public OptimizerSim {
       }
       case OptimizerImpl::fused:
         break;  // one kernel per group, no temporaries
+      case OptimizerImpl::out_of_place:
+        break;  // never a TorchAdam (sim/optimizer_out_of_place.h)
     }
   }
 
@@ -180,6 +183,8 @@ std::unique_ptr<OptimizerSim> make_inner_optimizer(const OptimizerConfig& config
     case OptimizerType::adamw:
       if (config.impl == OptimizerImpl::cs336)
         return std::make_unique<Cs336AdamW>(setup.cs336_decay_after_update);
+      if (config.impl == OptimizerImpl::out_of_place)  // sim/optimizer_out_of_place.h
+        return make_out_of_place_adam(config.type == OptimizerType::adamw);
       return std::make_unique<TorchAdam>(config.impl, size);
     case OptimizerType::adam8bit:
     case OptimizerType::adamw8bit:

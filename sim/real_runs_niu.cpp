@@ -76,4 +76,49 @@ std::vector<RealRun> niu_forward_runs() {
   return runs;
 }
 
+std::vector<RealRun> niu_train_runs() {
+  std::vector<RealRun> runs;
+  // profile_memory.py / profile_mixprecision_memory.py @9d868b9b, mode
+  // "forward_and_backward": `_record_memory_history()`, the model on the GPU,
+  // `NIUAdam(model.parameters(), lr=0.001)` (its __init__ makes m and v for every
+  // parameter), `dummy_data` (10, S) and `labels` (10,) int64 on the GPU, then three times
+  // `zero_grad(); logits = model(dummy_data); predict = logits[:, -1, :];
+  // loss = NIUCrossEntropyLoss()(predict, labels); loss.backward(); step()`. Mixed
+  // precision: one `with autocast(bf16)` around the whole loop.
+  struct Case {
+    int64_t seq;
+    bool bf16;
+    const char* file;
+  };
+  const Case cases[] = {
+      {100, false, "forward_and_backward_memory_snapshot_100__9ab7a6e9.pickle"},
+      {150, false, "forward_and_backward_memory_snapshot_150__16edf316.pickle"},
+      {200, false, "forward_and_backward_memory_snapshot_200__cee681b8.pickle"},
+      {200, true, "forward_and_backward_memory_snapshot_200_mixed_precision__4ed70088.pickle"}};
+  const std::vector<RealRun> forward = niu_forward_runs();
+  for (const Case& c : cases) {
+    RealRun r;
+    r.id = std::string("niu train ") + (c.bf16 ? "bf16 autocast" : "fp32") + " S" +
+           std::to_string(c.seq);
+    r.snapshot = kDir + c.file;
+    Scenario& s = r.scenario;
+    s = forward[0].scenario;  // the same model, batch 10
+    s.batch.seq_len = c.seq;
+    s.precision.autocast.reset();
+    if (c.bf16) {
+      s.precision.autocast = DType::bf16;
+      s.precision.autocast_region = AutocastRegion::whole_run;  // `with cm:` around the loop
+    }
+    s.loss.impl = LossFunction::one_hot;         // NIUCrossEntropyLoss
+    s.loss.positions = LossPositions::last;      // logits[:, -1, :], labels (10,)
+    s.optimizer.type = OptimizerType::adamw;     // NIUAdam's p.data - lr*wd*p.data line
+    s.optimizer.impl = OptimizerImpl::out_of_place;
+    s.step.kind = StepKind::train;
+    s.step.warmup_steps = 2;                     // iterations 1 and 2, then the third
+    r.script = default_script(s);                // zero_grad() first, logits/loss loop names
+    runs.push_back(r);
+  }
+  return runs;
+}
+
 }  // namespace memsim

@@ -30,8 +30,15 @@ struct NiuMeasured {
 const std::vector<NiuMeasured>& niu_measured();
 
 // The four forward runs (3 forwards with grad, outputs discarded; the _mixed_precision
-// one under torch.autocast(bf16) around each forward). The forward_and_backward runs are
-// not among them: see docs/niu-runs.md for why and by how much memsim misses them.
+// one under torch.autocast(bf16) around each forward).
 std::vector<RealRun> niu_forward_runs();
+
+// The four forward_and_backward runs (fp32 S100/150/200, bf16 autocast S200): NIUAdam
+// built after the model, then 3 x (zero_grad, logits = model(x), the one-hot loss on
+// logits[:, -1, :], backward, step), expressed with the scenario keys loss.impl one-hot,
+// loss.positions last, optimizer.impl out-of-place and (bf16) precision.autocast_region
+// whole-run (docs/niu-runs.md). Recording covers the whole run: compare whole-program
+// peaks, not the measured step's.
+std::vector<RealRun> niu_train_runs();
 
 }  // namespace memsim

@@ -72,6 +72,7 @@ const char* to_string(OptimizerImpl impl) {
     case OptimizerImpl::foreach: return "foreach";
     case OptimizerImpl::fused: return "fused";
     case OptimizerImpl::cs336: return "cs336";
+    case OptimizerImpl::out_of_place: return "out-of-place";
   }
   return "?";
 }
@@ -95,7 +96,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
       {"precision", {"params", "autocast", "autocast_region", "master_weights"}},
       {"optimizer", {"type", "impl", "momentum"}},
-      {"step", {"kind", "warmup_steps", "zero_grad"}},
+      {"step", {"kind", "warmup_steps", "zero_grad", "measure"}},
+      {"loss", {"impl", "positions"}},
       {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant"}},
       {"lora", {"rank", "alpha", "targets", "dropout", "base_dtype", "adapter_dtype"}},
       {"parallel", {"data", "tensor", "pipeline", "zero", "sharding", "reshard_after_forward",

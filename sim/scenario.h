@@ -61,7 +61,9 @@ struct BatchConfig {
 // Which statements run inside `with torch.autocast(...)`: the model call; the model and
 // the loss; or the whole step (backward and optimizer too: the weight-cast cache lives
 // until the step ends).
-enum class AutocastRegion { forward, forward_and_loss, whole_step };
+// whole_run: one `with torch.autocast(...)` around the whole loop (every step): the
+// weight-cast cache is never cleared (sim/script_loss.h, docs/scenario-format.md).
+enum class AutocastRegion { forward, forward_and_loss, whole_step, whole_run };
 
 struct PrecisionConfig {
   DType params = DType::fp32;
@@ -71,7 +73,9 @@ struct PrecisionConfig {
 };
 
 enum class OptimizerType { adamw, adam, sgd, none, adam8bit, adamw8bit, adafactor };  // 8bit: bitsandbytes; adafactor: transformers
-enum class OptimizerImpl { for_loop, foreach, fused, cs336 };
+// out_of_place: a hand-written Adam(W) that creates its state at construction and
+// rebinds p.data / its moments to new tensors every step (sim/optimizer_out_of_place.h).
+enum class OptimizerImpl { for_loop, foreach, fused, cs336, out_of_place };
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::adamw;
   OptimizerImpl impl = OptimizerImpl::foreach;
@@ -85,8 +89,23 @@ struct StepConfig {
   StepKind kind = StepKind::train;
   int64_t warmup_steps = 1;
   bool zero_grad_set_to_none = true;
+  // step.measure whole-run: peaks are measured from the program's start (a script that
+  // records or reads max_memory_allocated() from before the model is built, never
+  // resetting the peak), not from the measured (last) step (sim/script_keys.h).
+  bool measure_whole_run = false;
 };
 const char* to_string(StepKind kind);
+
+// The loss the user's loop computes (cs336 family; sim/script_loss.h). impl: automatic =
+// the staff cross_entropy with optimizer.impl cs336, F.cross_entropy otherwise; one_hot =
+// a hand-written `-sum(one_hot * log_softmax(x)) / B`. positions: last = the loss on
+// `logits[:, -1, :]` only (targets are (B,)).
+enum class LossFunction { automatic, torch, cs336, one_hot };
+enum class LossPositions { all, last };
+struct LossConfig {
+  LossFunction impl = LossFunction::automatic;
+  LossPositions positions = LossPositions::all;
+};
 
 struct CheckpointConfig {
   std::string policy = "none";        // none | full | selective | uniform | block | modules | custom | sqrt
@@ -161,6 +180,7 @@ struct Scenario {
   ParallelConfig parallel;
   DeviceConfig device;
   AllocatorConfig allocator;
+  LossConfig loss;                     // after the fields callers brace-initialise
 };
 
 class ScenarioError : public std::runtime_error {

@@ -14,6 +14,7 @@
 #include "sim/fsdp_keys.h"
 #include "sim/pipeline_keys.h"
 #include "sim/scenario_doc.h"
+#include "sim/script_keys.h"
 
 namespace memsim::scenario_detail {
 namespace {
@@ -35,7 +36,8 @@ const std::vector<std::pair<std::string, std::optional<DType>>> kAutocast = {
 const std::vector<std::pair<std::string, AutocastRegion>> kAutocastRegions = {
     {"forward", AutocastRegion::forward},
     {"forward-and-loss", AutocastRegion::forward_and_loss},
-    {"whole-step", AutocastRegion::whole_step}};
+    {"whole-step", AutocastRegion::whole_step},
+    {"whole-run", AutocastRegion::whole_run}};
 const std::vector<std::pair<std::string, OptimizerType>> kOptimizers = {
     {"adamw", OptimizerType::adamw}, {"adam", OptimizerType::adam},
     {"sgd", OptimizerType::sgd}, {"none", OptimizerType::none},
@@ -43,7 +45,8 @@ const std::vector<std::pair<std::string, OptimizerType>> kOptimizers = {
     {"adafactor", OptimizerType::adafactor}};
 const std::vector<std::pair<std::string, OptimizerImpl>> kImpls = {
     {"for-loop", OptimizerImpl::for_loop}, {"foreach", OptimizerImpl::foreach},
-    {"fused", OptimizerImpl::fused}, {"cs336", OptimizerImpl::cs336}};
+    {"fused", OptimizerImpl::fused}, {"cs336", OptimizerImpl::cs336},
+    {"out-of-place", OptimizerImpl::out_of_place}};
 const std::vector<std::pair<std::string, StepKind>> kSteps = {
     {"train", StepKind::train}, {"forward", StepKind::forward},
     {"forward-no-grad", StepKind::forward_no_grad},
@@ -492,7 +495,10 @@ Scenario build_scenario(const Doc& d) {
   s.batch = build_batch(d, s.model);
   s.precision = build_precision(d);
   s.optimizer = build_optimizer(d);
+  check_script_optimizer(d, s.optimizer);  // sim/script_keys.cpp
+  s.loss = build_loss(d, s.model);         // sim/script_keys.cpp
   s.step = build_step(d);
+  read_step_measure(d, s.step);            // sim/script_keys.cpp
   s.checkpoint = build_checkpoint(d, s.model);
   s.lora = build_lora(d, s.model, s.precision);  // sim/scenario_lora.h
   s.parallel = build_parallel(d, s.model);

@@ -20,6 +20,7 @@
 #include "sim/megatron_step.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/optimizer_step.h"
+#include "sim/script_loss.h"
 #include "sim/zero_redundancy.h"
 
 namespace memsim {
@@ -27,6 +28,12 @@ namespace memsim {
 TrainingScript default_script(const Scenario& scenario) {
   TrainingScript s;
   s.loss = scenario.optimizer.impl == OptimizerImpl::cs336 ? LossImpl::cs336 : LossImpl::torch;
+  switch (scenario.loss.impl) {  // loss.impl (sim/script_loss.h)
+    case LossFunction::automatic: break;
+    case LossFunction::torch: s.loss = LossImpl::torch; break;
+    case LossFunction::cs336: s.loss = LossImpl::cs336; break;
+    case LossFunction::one_hot: s.loss = LossImpl::one_hot; break;
+  }
   s.zero_grad = scenario.step.zero_grad_set_to_none ? ZeroGradAt::before_forward
                                                     : ZeroGradAt::never;
   return s;
@@ -102,6 +109,9 @@ class Loop {
                   static_cast<size_t>(s_.model.layers) * 12);
     }
     rt_.ctx.phase = Phase::setup;
+    // step.measure whole-run: the peaks count from here (recording started before the
+    // model was built); the measured step then sets no mark of its own.
+    if (s_.step.measure_whole_run) rt_.mark("measured_step_begin");
     model_.construct();
     // model = FSDP(model) (sim/fsdp.h) or DistributedDataParallel(model)
     // (sim/data_parallel.h), before the optimizer.
@@ -129,16 +139,22 @@ class Loop {
         rt_.ctx.phase = Phase::other;
         if (script_.del_outputs_before_measured) drop_outputs();
         if (script_.zero_grad_before_measured) zero_grad();
-        if (script_.measure_includes_zero_grad) rt_.mark("measured_step_begin");
+        if (script_.measure_includes_zero_grad && !s_.step.measure_whole_run)
+          rt_.mark("measured_step_begin");
       }
       train_step(measured);
     }
+    if (autocast_) autocast_->exit();  // whole-run: the `with` block ends after the loop
     rt_.freeze();  // the script ends here: whatever is alive stays alive
   }
 
  private:
   const auto& shape() const { return model_.shape(); }
   uint64_t batch_bytes() const { return shape().batch * shape().seq * 8; }
+  // loss.positions last: one int64 target per sequence.
+  uint64_t target_bytes() const {
+    return s_.loss.positions == LossPositions::last ? shape().batch * 8 : batch_bytes();
+  }
 
   void allocate_batches() {
     const int64_t warmup = s_.step.warmup_steps;
@@ -147,8 +163,8 @@ class Loop {
       Tensor meas_in = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
       Tensor warm_tg, meas_tg;
       if (script_.targets_on_device) {
-        warm_tg = rt_.alloc(warmup * batch_bytes(), TensorKind::input, graph::OpKind::other);
-        meas_tg = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
+        warm_tg = rt_.alloc(warmup * target_bytes(), TensorKind::input, graph::OpKind::other);
+        meas_tg = rt_.alloc(target_bytes(), TensorKind::input, graph::OpKind::other);
       }
       warm_ids_ = warm_in;
       ids_ = meas_in;
@@ -157,7 +173,7 @@ class Loop {
     } else {
       ids_ = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
       if (script_.targets_on_device)
-        targets_ = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
+        targets_ = rt_.alloc(target_bytes(), TensorKind::input, graph::OpKind::other);
       if (rt_.numeric != nullptr) {
         rt_.numeric->fill_tokens(ids_, 0);
         if (targets_.defined()) rt_.numeric->fill_tokens(targets_, 1);
@@ -191,7 +207,8 @@ class Loop {
     const bool with_loss = kind == StepKind::train || kind == StepKind::forward_backward;
     rt_.ctx.phase = Phase::optimizer;
     if (script_.zero_grad == ZeroGradAt::before_forward) zero_grad();
-    if (measured && !script_.measure_includes_zero_grad) rt_.mark("measured_step_begin");
+    if (measured && !script_.measure_includes_zero_grad && !s_.step.measure_whole_run)
+      rt_.mark("measured_step_begin");
     const Tensor& ids = measured ? ids_ : warm_ids_;
     const Tensor& targets = measured ? targets_ : warm_targets_;
     const int64_t micro = std::max<int64_t>(1, s_.batch.grad_accum);
@@ -200,11 +217,13 @@ class Loop {
       rt_.ctx.phase = Phase::forward;
       rt_.grad_enabled = with_grad;
       const uint32_t graph = with_grad ? rt_.begin_graph() : 0;
-      if (autocast_) autocast_->enter(!with_grad && script_.inference_mode);
+      if (autocast_ && !autocast_->active()) autocast_->enter(!with_grad && script_.inference_mode);
       if (ddp_) ddp_->pre_forward(rt_, with_grad);
       if (fsdp_) fsdp_->pre_forward(rt_);
       Tensor out = model_.forward(ids);
-      if (autocast_ && (region_ends(AutocastRegion::forward) || !with_loss)) autocast_->exit();
+      if (autocast_ && !region_ends(AutocastRegion::whole_run) &&
+          (region_ends(AutocastRegion::forward) || !with_loss))
+        autocast_->exit();
       rt_.grad_enabled = true;
       if (!script_.bind_output) {
         out.reset();
@@ -226,15 +245,8 @@ class Loop {
                                       : shape().elem;
       Tensor l;
       if constexpr (std::is_same_v<Model, graph::Cs336Model>) {
-        const uint64_t rows = shape().batch * shape().seq;
-        if (autocast_ && autocast_->active())
-          l = script_.loss == LossImpl::cs336
-                  ? graph::cs336_cross_entropy_autocast(*autocast_, rt_, logits_, targets, rows)
-                  : graph::torch_cross_entropy_autocast(*autocast_, rt_, logits_, targets);
-        else
-          l = script_.loss == LossImpl::cs336
-                  ? graph::cs336_cross_entropy(rt_, logits_, targets, rows, elem)
-                  : graph::torch_cross_entropy(rt_, logits_, targets, elem);
+        l = cs336_script_loss(rt_, autocast_.get(), logits_, targets, shape(), elem,
+                              script_.loss, s_.loss.positions);  // sim/script_loss.h
       } else {
         l = model_.loss(logits_, targets);  // the family's loss (HF: shift + CE)
       }
@@ -254,7 +266,8 @@ class Loop {
       rt_.ctx.module = graph::Module::none;
       if (measured) rt_.mark("optimizer_end");
     }
-    if (autocast_) autocast_->exit();  // whole-step: the cache dies with the region
+    // whole-step: the cache dies with the region; whole-run keeps it for the next step.
+    if (autocast_ && !region_ends(AutocastRegion::whole_run)) autocast_->exit();
     if (script_.zero_grad == ZeroGradAt::after_step && (!measured || script_.measured_step_zero_grad))
       zero_grad();
     if (script_.outputs_are_step_locals) {
