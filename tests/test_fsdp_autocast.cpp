@@ -233,6 +233,12 @@ TEST_CASE("FSDP + autocast: weight casts die with their op or their backward, ne
   CHECK(c.made == 4 * 7 + 1);
   CHECK(c.freed_in_backward == 0);
   CHECK(c.freed_later == c.made);
+  // Under checkpointing nothing saves them in the forward: each dies with its op (on one
+  // GPU the cache would keep them until the region exits).
+  const Program ck = build_program(tiny("hf-llama", "  autocast: bf16\n", kFsdp + "checkpoint:\n  policy: full\n"));
+  const WeightCasts k = weight_casts(ck, sizes);
+  CHECK(k.made == 4 * 7 + 1);
+  CHECK(k.freed_in_forward == 4 * 7);  // the lm_head's (outside the layers) is saved
   // GPT-2: the bias casts are not saved by addmm: freed in the forward under FSDP.
   const Program g = build_program(tiny("hf-gpt2", "  autocast: bf16\n", kFsdp));
   const WeightCasts b = weight_casts(g, {3 * D * 2, 4 * D * 2});  // c_attn and c_fc biases
