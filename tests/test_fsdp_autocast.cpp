@@ -2,7 +2,7 @@
 // weight-cast cache rule it rests on (graph/autocast.h, docs/autocast.md "Under FSDP").
 //
 // The rule, measured with torch 1.13 on CPU (tools/fixtures/gen_autocast_view_fixtures.py,
-// tests/data/torch_cpu/autocast_views_{hf_llama,hf_gpt2}.json): cached_cast caches only fp32
+// tests/data/torch_cpu/autocast_views_{hf_llama,hf_gpt2,cs336}.json): cached_cast caches only fp32
 // leaves that require grad and are not views. FSDP's module weights are non-leaf views of
 // the FlatParameter (torch.split(flat, numels)[i].view(shape), set before every forward),
 // so their casts are never cached: the fixture's `views` rows equal its `leaf_nocache`
@@ -39,6 +39,10 @@ Scenario fixture_scenario(const nlohmann::json& fx, const nlohmann::json& row) {
                                     : AutocastRegion::forward_and_loss;
   // `leaf`: cached; `views` (FSDP's) and `leaf_nocache`: nothing cached.
   s.precision.autocast_cache = row["weights"] == "leaf";
+  if (family == "cs336") {
+    memsim_test::apply_cs336_fixture_config(s, c);
+    return s;
+  }
   s.model.family = family == "hf-gpt2" ? ModelFamily::hf_gpt2 : ModelFamily::hf_llama;
   s.model.layers = c["layers"];
   s.model.d_model = c["d_model"];
@@ -118,7 +122,11 @@ WeightCasts weight_casts(const Program& p, const std::vector<uint64_t>& weight_b
 
 TEST_CASE("autocast does not cache casts of FSDP-style parameter views (torch 1.13 CPU)",
           "[autocast][fsdp][views]") {
-  for (const char* file : {"autocast_views_hf_llama.json", "autocast_views_hf_gpt2.json"}) {
+  // cs336: the stand-in applies cached_cast's rule itself for its einsums (CUDA's
+  // einsum casts; gen_autocast_view_fixtures.py), so that file checks memsim's uncached
+  // CS336 program; the Hugging Face files measure torch's own rule.
+  for (const char* file : {"autocast_views_hf_llama.json", "autocast_views_hf_gpt2.json",
+                           "autocast_views_cs336.json"}) {
     const nlohmann::json fx = memsim_test::load_torch_cpu_fixture(file);
     std::printf("\n| %s | forward end real | memsim | after backward real | memsim | step peak real | memsim |\n",
                 file);
