@@ -18,7 +18,7 @@ constexpr uint8_t kPromoted1 = 64;
 
 void Autocast::enter(bool inference_mode) {
   active_ = true;
-  cache_enabled_ = !inference_mode;
+  cache_enabled_ = !inference_mode && cache_flag_;
 }
 
 void Autocast::exit() {
@@ -40,7 +40,7 @@ void Autocast::enter_nested(const std::vector<Tensor>* leaves) {
   outer_cache_graph_.swap(cache_graph_);
   outer_cache_seq_.swap(cache_seq_);
   active_ = true;
-  cache_enabled_ = true;  // checkpoint records is_autocast_cache_enabled() (true in training)
+  cache_enabled_ = cache_flag_;  // checkpoint records is_autocast_cache_enabled()
 }
 
 void Autocast::leave_nested() {
@@ -63,7 +63,7 @@ void Autocast::leave_nested() {
 Tensor Autocast::cast(const Tensor& x, uint64_t out_bytes) {
   // A reentrant recompute's input (a detached leaf requiring grad) cast to the low dtype:
   // cached like a weight (enter_nested). The same handle, not a view of it.
-  for (size_t i = 0; i < leaves_.size() && out_bytes < x.bytes; ++i) {
+  for (size_t i = 0; cache_enabled_ && i < leaves_.size() && out_bytes < x.bytes; ++i) {
     const Tensor& l = leaves_[i];
     if (l.storage != x.storage || l.bytes != x.bytes || l.grad_fn != x.grad_fn ||
         l.out_slot != x.out_slot)
@@ -85,7 +85,9 @@ Tensor Autocast::new_cast(const Tensor& x, uint64_t out_bytes) {
 }
 
 Tensor Autocast::weight(int32_t param, bool grad_transposed, const Tensor* source) {
-  if (cache_enabled_ && static_cast<size_t>(param) < cache_.size() && cache_[param].defined()) {
+  // cached_cast: only a leaf (not a view) is cached; FSDP's parameters are views.
+  const bool cache = cache_enabled_ && !params_are_views_;
+  if (cache && static_cast<size_t>(param) < cache_.size() && cache_[param].defined()) {
     Tensor& c = cache_[param];
     // A region spanning several steps (autocast_region whole-run): the copy was made in
     // an earlier forward whose graph is gone. torch reuses its ToCopyBackward0 node, whose
@@ -109,7 +111,7 @@ Tensor Autocast::weight(int32_t param, bool grad_transposed, const Tensor* sourc
   Tensor w = source != nullptr ? *source : rt_.param(param);
   Tensor c = new_cast(w, w.bytes / 4 * low_);  // autocast casts fp32 parameters only
   if (c.grad_fn >= 0 && grad_transposed) rt_.node(c.grad_fn).flags |= kWeightCast;
-  if (cache_enabled_) {
+  if (cache) {
     if (cache_.size() <= static_cast<size_t>(param)) cache_.resize(param + 1);
     if (cache_graph_.size() <= static_cast<size_t>(param)) {
       cache_graph_.resize(param + 1, 0);

@@ -17,6 +17,14 @@
 //  - Mixed-dtype elementwise ops promote to fp32; in backward the engine casts the fp32
 //    grad back to the low-precision input's dtype (validate_outputs): widen() records it.
 //  - Element sizes: fp16 and bf16 are both 2 bytes, so they emit the same memory events.
+//  - The cache's rule (at::autocast::cached_cast, torch 1.13 and 2.x): a cast is cached
+//    only if its argument is an fp32 leaf that requires grad and is not a view, and the
+//    cache is enabled. set_cache_enabled(false) is torch.autocast(cache_enabled=False):
+//    nothing is cached. set_params_are_views(true) is FSDP: the modules' weights are
+//    non-leaf views of the gathered FlatParameter (torch.split(flat_param, numels)[i]
+//    .view(shape), set on the module at every forward), so no weight cast is cached,
+//    each use casts anew and the copy lives only as long as an op saves it; a reentrant
+//    recompute's detached inputs are still leaves (cached while the cache is enabled).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +48,10 @@ class Autocast {
   void enter(bool inference_mode);
   void exit();  // the cached weight copies lose the cache's reference
   bool active() const { return active_; }
+  // torch.autocast(..., cache_enabled=flag) (default true); set before enter().
+  void set_cache_enabled(bool flag) { cache_flag_ = flag; }
+  // FSDP: parameters are views of the unsharded flat parameter, never cached (above).
+  void set_params_are_views(bool views) { params_are_views_ = views; }
 
   // A nested `with torch.autocast(...)` that starts with an empty weight-cast cache and
   // drops it on leave(): torch.utils.checkpoint's recompute (graph/checkpoint.h), which
@@ -100,7 +112,9 @@ class Autocast {
   uint64_t low_;
   bool fp16_ = false;
   bool active_ = false;
-  bool cache_enabled_ = true;
+  bool cache_enabled_ = true;     // in the current region (false under inference_mode)
+  bool cache_flag_ = true;        // torch.autocast(cache_enabled=...)
+  bool params_are_views_ = false;  // FSDP (set_params_are_views)
   std::vector<Tensor> cache_;  // by parameter index; undefined = not cast yet
   std::vector<uint32_t> cache_graph_;  // the graph each cached copy's node belongs to
   std::vector<uint32_t> cache_seq_;    // that node's sequence number when first recorded

@@ -55,6 +55,10 @@
 //    model computes in X (activations, per-parameter and flat gradients in X); the
 //    reduce-scatter output is an X shard, cast to a new fp32 shard (the X one freed),
 //    which the optimizer steps as without MixedPrecision.
+//  - precision.autocast (without fsdp_mixed_precision): the modules' weights are non-leaf
+//    views of the gathered flat parameter, so autocast caches none of their casts
+//    (graph/autocast.h set_params_are_views; docs/autocast.md "Under FSDP"); the
+//    gathers, shards and gradients stay fp32 and are as without autocast.
 // Left out: the all-gather / reduce-scatter staging of NCCL, the rate limiter
 // (limit_all_gathers), which only bounds what prefetching already bounds here; pinned
 // CPU memory; under MixedPrecision, buffers built in param_dtype rather than fp32 (GPT-2's

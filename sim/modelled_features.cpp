@@ -88,15 +88,18 @@ void require_modelled(const Scenario& s) {
   // parameters together, DDP buckets only parameters that need a gradient, master copies
   // would be of shards) and are not modelled until they are checked too.
   // Autocast composes with torch DDP / ZeroRedundancyOptimizer (fp32 leaf parameters,
-  // as on one GPU; tests/test_dp_autocast.cpp), not with FSDP, whose parameters are views
-  // of the gathered flat parameter (autocast does not cache casts of views).
+  // as on one GPU; tests/test_dp_autocast.cpp) and with FSDP, whose parameters are views
+  // of the gathered flat parameter, which autocast's weight-cast cache skips
+  // (graph/autocast.h set_params_are_views). Not with FSDP's own MixedPrecision as well: autocast would see
+  // low-precision views, which memsim does not model.
   if (p.sharding == Sharding::fsdp && s.precision.autocast.has_value() &&
-      s.model.family != ModelFamily::megatron && s.lora.rank == 0 && !s.precision.master_weights)
+      p.fsdp_mixed_precision.has_value() && s.model.family != ModelFamily::megatron &&
+      s.lora.rank == 0 && !s.precision.master_weights)
     refuse(s, "precision.autocast",
-           "autocast under FSDP is not modelled (FSDP's parameters are views of the gathered "
-           "flat parameter, which autocast's weight-cast cache skips); use "
-           "parallel.fsdp_mixed_precision: bf16 for FSDP's own mixed precision, or "
-           "parallel.sharding: none (DDP)");
+           "autocast together with parallel.fsdp_mixed_precision is not modelled (autocast "
+           "would run on FSDP's low-precision parameter views); use one of them: "
+           "parallel.fsdp_mixed_precision: none (autocast casts FSDP's fp32 views at every "
+           "use) or precision.autocast: none");
   // torch DDP composes with both (sim/data_parallel.h: the reducer buckets only the
   // parameters that require grad, in their dtype; tests/test_ddp_combos.cpp). FSDP and
   // ZeRO-1 do not yet.

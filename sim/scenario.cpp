@@ -94,7 +94,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"model", {"preset", "family", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab",
                  "context_length", "tied_embeddings", "attention", "dropout", "softmax", "sdpa"}},
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
-      {"precision", {"params", "autocast", "autocast_region", "master_weights"}},
+      {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache"}},
       {"optimizer", {"type", "impl", "momentum"}},
       {"step", {"kind", "warmup_steps", "zero_grad", "measure"}},
       {"loss", {"impl", "positions"}},

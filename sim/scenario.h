@@ -69,6 +69,7 @@ struct PrecisionConfig {
   DType params = DType::fp32;
   std::optional<DType> autocast;      // nullopt = none
   AutocastRegion autocast_region = AutocastRegion::forward_and_loss;
+  bool autocast_cache = true;         // torch.autocast(cache_enabled=...)
   bool master_weights = false;
 };
 

@@ -170,6 +170,12 @@ PrecisionConfig build_precision(const Doc& d) {
   }
   read_if(d, "precision.autocast_region", p.autocast_region,
           [](const Field& f, const std::string& k) { return read_enum(f, k, kAutocastRegions); });
+  if (const Field* f = d.find("precision.autocast_cache")) {  // docs/autocast.md
+    p.autocast_cache = read_bool(*f, "precision.autocast_cache");
+    if (!p.autocast)
+      fail(f->where, "precision.autocast_cache",
+           "torch.autocast's cache_enabled only applies with precision.autocast bf16 or fp16");
+  }
   if (const Field* f = d.find("precision.master_weights")) {
     p.master_weights = read_bool(*f, "precision.master_weights");
     if (p.master_weights && p.params == DType::fp32) {

@@ -98,6 +98,9 @@ class Loop {
       autocast_ = std::make_unique<graph::Autocast>(
           rt_, static_cast<uint64_t>(dtype_bytes(*s_.precision.autocast)),
           *s_.precision.autocast == DType::fp16);
+      autocast_->set_cache_enabled(s_.precision.autocast_cache);
+      // FSDP: the weights are views of the gathered flat parameter, never cached.
+      autocast_->set_params_are_views(s_.parallel.sharding == Sharding::fsdp);
       model_.set_autocast(autocast_.get());
       if (checkpoint_) checkpoint_->set_autocast(autocast_.get());  // recompute re-enters it
     }
