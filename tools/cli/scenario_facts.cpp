@@ -45,6 +45,12 @@ std::string training_line(const Scenario& s) {
     for (size_t i = 0; i < s.lora.targets.size(); ++i) line += (i ? "," : "") + s.lora.targets[i];
     line += std::string(")") + (s.lora.base_nf4 ? " nf4 base" : "");
   }
+  // The loss of a hand-written loop (scenario keys loss.impl / loss.positions), when set.
+  const bool one_hot = s.loss.impl == LossFunction::one_hot;
+  const bool last = s.loss.positions == LossPositions::last;
+  if (one_hot || last)
+    line += std::string(one_hot ? ", one-hot loss" : ", loss") + (last ? " on the last position" : "");
+  if (s.step.measure_whole_run) line += ", peaks over the whole run";
   line += ", checkpoint " + s.checkpoint.policy;
   // Megatron's CheckpointFunction is always reentrant; elsewhere only when asked.
   if (s.checkpoint.policy != "none" &&
