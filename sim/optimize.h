@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "allocator/memory_stats.h"
@@ -94,6 +95,27 @@ struct SearchResult {
 SearchResult search_plan(const LayerCosts& costs, int64_t bound);
 // The plan with the smallest modelled peak (binary search on the bound).
 SearchResult smallest_peak_plan(const LayerCosts& costs);
+
+// The smallest-peak plan of a bounded search `search(bound) -> SearchResult`: a binary
+// search on the bound, each feasible answer lowering the upper end to its own peak.
+template <typename BoundedSearch>
+SearchResult smallest_peak_by_bisection(BoundedSearch search) {
+  int64_t lo = 0, hi = INT64_MAX / 4;
+  SearchResult best = search(hi);
+  if (!best.feasible) return best;
+  hi = best.peak;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    SearchResult r = search(mid);
+    if (r.feasible) {
+      best = std::move(r);
+      hi = best.peak;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return best;
+}
 
 // Simulates `plan` on a device whose allocator may use `capacity` bytes (0 = unlimited).
 struct PlanRun {

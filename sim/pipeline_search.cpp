@@ -158,21 +158,8 @@ SearchResult search_pipeline_plan(const PipelineCosts& c, int64_t bound) {
 }
 
 SearchResult smallest_pipeline_peak_plan(const PipelineCosts& c) {
-  int64_t lo = 0, hi = INT64_MAX / 4;
-  SearchResult best = search_pipeline_plan(c, hi);
-  if (!best.feasible) return best;
-  hi = best.peak;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    SearchResult r = search_pipeline_plan(c, mid);
-    if (r.feasible) {
-      best = r;
-      hi = r.peak;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  return best;
+  return smallest_peak_by_bisection(
+      [&c](int64_t bound) { return search_pipeline_plan(c, bound); });
 }
 
 }  // namespace memsim
