@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "megatron_pipeline_test_support.h"
 #include "allocator/caching_allocator.h"
 #include "tests/cli_test_support.h"
 #include "graph/megatron.h"
@@ -32,31 +33,7 @@ namespace {
 
 Scenario tiny(int64_t pipeline, int64_t micro_batches,
               PipelineSchedule schedule = PipelineSchedule::one_f_one_b, int64_t v = 1) {
-  Scenario s;
-  s.name = "megatron-tiny-pipeline";
-  s.source = "tiny.yaml";
-  s.model.family = ModelFamily::megatron;
-  s.model.layers = 8;
-  s.model.d_model = 256;
-  s.model.heads = 4;
-  s.model.kv_heads = 4;
-  s.model.d_ff = 1024;
-  s.model.vocab = 1000;
-  s.model.context_length = 128;
-  s.model.tied_embeddings = true;
-  s.model.dropout = 0.1;
-  s.batch.micro_batch = 2;
-  s.batch.seq_len = 128;
-  s.batch.grad_accum = micro_batches;
-  s.precision.params = DType::bf16;
-  s.precision.master_weights = true;
-  s.optimizer.type = OptimizerType::adamw;
-  s.optimizer.impl = OptimizerImpl::fused;
-  s.step.warmup_steps = 1;
-  s.parallel.pipeline = pipeline;
-  s.parallel.pipeline_schedule = schedule;
-  s.parallel.virtual_stages = v;
-  return s;
+  return memsim_test::tiny_pipeline(8, pipeline, micro_batches, schedule, v);
 }
 
 // Tensors named `name` live right after the measured step's peak-allocated event.

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "megatron_pipeline_test_support.h"
 #include "allocator/caching_allocator.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/execute.h"
@@ -31,31 +32,7 @@ namespace {
 
 Scenario tiny(int64_t layers, int64_t pipeline, int64_t micro_batches,
               PipelineSchedule schedule = PipelineSchedule::one_f_one_b, int64_t v = 1) {
-  Scenario s;
-  s.name = "megatron-tiny-pipeline";
-  s.source = "tiny.yaml";
-  s.model.family = ModelFamily::megatron;
-  s.model.layers = layers;
-  s.model.d_model = 256;
-  s.model.heads = 4;
-  s.model.kv_heads = 4;
-  s.model.d_ff = 1024;
-  s.model.vocab = 1000;
-  s.model.context_length = 128;
-  s.model.tied_embeddings = true;
-  s.model.dropout = 0.1;
-  s.batch.micro_batch = 2;
-  s.batch.seq_len = 128;
-  s.batch.grad_accum = micro_batches;
-  s.precision.params = DType::bf16;
-  s.precision.master_weights = true;
-  s.optimizer.type = OptimizerType::adamw;
-  s.optimizer.impl = OptimizerImpl::fused;
-  s.step.warmup_steps = 1;
-  s.parallel.pipeline = pipeline;
-  s.parallel.pipeline_schedule = schedule;
-  s.parallel.virtual_stages = v;
-  return s;
+  return memsim_test::tiny_pipeline(layers, pipeline, micro_batches, schedule, v);
 }
 
 Scenario planned(const Scenario& s, const CheckpointPlan& plan) {
