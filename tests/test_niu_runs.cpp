@@ -64,22 +64,32 @@ TEST_CASE("niu runs: measured peaks are the replay of the shared snapshots", "[n
   }
 }
 
+// The comparison table printed by the accuracy tests (predicted vs real, bytes and %).
+void print_comparison_header() {
+  std::printf("\n| case | predicted allocated | real allocated | error | predicted reserved | "
+              "real reserved | error |\n|---|---:|---:|---:|---:|---:|---:|\n");
+}
+void print_comparison_row(const std::string& id, uint64_t allocated, uint64_t real_allocated,
+                          uint64_t reserved, uint64_t real_reserved) {
+  std::printf("| %s | %llu | %llu | %+.3f%% | %llu | %llu | %+.3f%% |\n", id.c_str(),
+              static_cast<unsigned long long>(allocated),
+              static_cast<unsigned long long>(real_allocated),
+              100 * rel(allocated, real_allocated), static_cast<unsigned long long>(reserved),
+              static_cast<unsigned long long>(real_reserved), 100 * rel(reserved, real_reserved));
+}
+
 TEST_CASE("niu runs: predicted forward peaks match the snapshots", "[niu][accuracy]") {
   const std::vector<RealRun> runs = niu_forward_runs();
   REQUIRE(runs.size() == 4);
-  std::printf("\n| case | predicted allocated | real allocated | error | predicted reserved | real reserved | error |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  print_comparison_header();
   for (const RealRun& run : runs) {
     INFO(run.id);
     const NiuMeasured& real = measured(run.snapshot);
     const MeasuredStep p = predict_measured_step(run.scenario, run.script);
     const double ea = rel(p.peak_allocated, real.peak_allocated);
     const double er = rel(p.peak_reserved, real.peak_reserved);
-    std::printf("| %s | %llu | %llu | %+.3f%% | %llu | %llu | %+.3f%% |\n", run.id.c_str(),
-                static_cast<unsigned long long>(p.peak_allocated),
-                static_cast<unsigned long long>(real.peak_allocated), 100 * ea,
-                static_cast<unsigned long long>(p.peak_reserved),
-                static_cast<unsigned long long>(real.peak_reserved), 100 * er);
+    print_comparison_row(run.id, p.peak_allocated, real.peak_allocated, p.peak_reserved,
+                         real.peak_reserved);
     CHECK(std::fabs(ea) < 0.01);
     // The peak is the lm_head einsum output (logits) at the end of a forward.
     CHECK(p.peak_op == "einsum");
@@ -228,19 +238,15 @@ TEST_CASE("niu runs: predicted forward_and_backward peaks match the snapshots",
   // allocated, 3% reserved (memsim: within 0.2%, reserved exact).
   const std::vector<RealRun> runs = niu_train_runs();
   REQUIRE(runs.size() == 4);
-  std::printf("\n| case | predicted allocated | real allocated | error | predicted reserved | real reserved | error |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  print_comparison_header();
   for (const RealRun& run : runs) {
     INFO(run.id);
     const NiuMeasured& real = measured(run.snapshot);
     const WholeRun p = predict_whole_run(run.scenario, run.script);
     const double ea = rel(p.peak_allocated, real.peak_allocated);
     const double er = rel(p.peak_reserved, real.peak_reserved);
-    std::printf("| %s | %llu | %llu | %+.3f%% | %llu | %llu | %+.3f%% |\n", run.id.c_str(),
-                static_cast<unsigned long long>(p.peak_allocated),
-                static_cast<unsigned long long>(real.peak_allocated), 100 * ea,
-                static_cast<unsigned long long>(p.peak_reserved),
-                static_cast<unsigned long long>(real.peak_reserved), 100 * er);
+    print_comparison_row(run.id, p.peak_allocated, real.peak_allocated, p.peak_reserved,
+                         real.peak_reserved);
     CHECK(std::fabs(ea) < 0.01);
     CHECK(std::fabs(er) < 0.03);
     // fp32: the peak is SliceBackward0's (B, S, V) zeros while SelectBackward0's is alive
