@@ -65,4 +65,24 @@ inline void apply_cs336_fixture_config(memsim::Scenario& s, const nlohmann::json
   s.batch.seq_len = c["seq_len"];
 }
 
+// The model and batch of a Hugging Face checkpoint fixture (family "hf-gpt2" or
+// "hf-llama", eager attention; HF GPT-2 ties its head unless the fixture says otherwise).
+inline void apply_hf_fixture_config(memsim::Scenario& s, const std::string& family,
+                                    const nlohmann::json& c) {
+  using namespace memsim;
+  s.model.family = family == "hf-gpt2" ? ModelFamily::hf_gpt2 : ModelFamily::hf_llama;
+  s.model.layers = c["layers"];
+  s.model.d_model = c["d_model"];
+  s.model.heads = c["heads"];
+  s.model.kv_heads = c["kv_heads"];
+  s.model.d_ff = c["d_ff"];
+  s.model.vocab = c["vocab"];
+  s.model.context_length = c["context"];
+  s.model.dropout = c["dropout"];
+  s.model.tied_embeddings = c.value("tied", family == "hf-gpt2");
+  s.model.attention = AttentionImpl::eager;
+  s.batch.micro_batch = c["batch"];
+  s.batch.seq_len = c["seq"];
+}
+
 }  // namespace memsim_test

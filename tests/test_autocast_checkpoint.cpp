@@ -118,19 +118,7 @@ TEST_CASE("autocast + checkpointing matches PyTorch 1.13 on CPU (HF LLaMA and GP
     const nlohmann::json& c = fx["config"];
     const std::string family = fx["family"];
     Scenario s = base_scenario(fx);
-    s.model.family = family == "hf-gpt2" ? ModelFamily::hf_gpt2 : ModelFamily::hf_llama;
-    s.model.layers = c["layers"];
-    s.model.d_model = c["d_model"];
-    s.model.heads = c["heads"];
-    s.model.kv_heads = c["kv_heads"];
-    s.model.d_ff = c["d_ff"];
-    s.model.vocab = c["vocab"];
-    s.model.context_length = c["context"];
-    s.model.dropout = c["dropout"];
-    s.model.tied_embeddings = c.value("tied", family == "hf-gpt2");  // HF GPT-2 ties
-    s.model.attention = AttentionImpl::eager;
-    s.batch.micro_batch = c["batch"];
-    s.batch.seq_len = c["seq"];
+    memsim_test::apply_hf_fixture_config(s, family, c);
     check_fixture(fx, s);
   }
 }

@@ -43,19 +43,7 @@ Scenario fixture_scenario(const nlohmann::json& fx, const nlohmann::json& row) {
     memsim_test::apply_cs336_fixture_config(s, c);
     return s;
   }
-  s.model.family = family == "hf-gpt2" ? ModelFamily::hf_gpt2 : ModelFamily::hf_llama;
-  s.model.layers = c["layers"];
-  s.model.d_model = c["d_model"];
-  s.model.heads = c["heads"];
-  s.model.kv_heads = c["kv_heads"];
-  s.model.d_ff = c["d_ff"];
-  s.model.vocab = c["vocab"];
-  s.model.context_length = c["context"];
-  s.model.dropout = c["dropout"];
-  s.model.tied_embeddings = c.value("tied", family == "hf-gpt2");  // HF GPT-2 ties
-  s.model.attention = AttentionImpl::eager;
-  s.batch.micro_batch = c["batch"];
-  s.batch.seq_len = c["seq"];
+  memsim_test::apply_hf_fixture_config(s, family, c);
   return s;
 }
 
