@@ -47,6 +47,33 @@ const std::vector<ReplayPeaks>& other_runs_measured() {
 std::vector<RealRun> other_real_runs() {
   std::vector<RealRun> runs;
 
+  // silmont2000 cs336_systems/benchmark.py @0f94da4e: their own TransformerLM "Small"
+  // (768/3072/12/12, vocab 10000, ctx 128), batch 4, input_ids (4, 128) on the GPU, their
+  // AdamW constructed (never stepped in forward mode). run_mode(): zero_grad(set_to_none),
+  // `with ctx: with torch.no_grad(): _ = model.forward(input_ids)["logits"]` (`_` a local
+  // of run_mode); ctx = nullcontext (fp32) or torch.autocast("cuda", bf16) around the
+  // forward only. 5 warm-up + 1 timed run_mode, then recording covers one more.
+  for (const bool bf16 : {false, true}) {
+    RealRun r;
+    r.id = std::string("silmont2000 small forward no_grad ") + (bf16 ? "bf16 autocast" : "fp32") +
+           " S128";
+    r.snapshot = kSilmont + (bf16 ? "memory_forward_bf16_128__d9ecf8be.pickle"
+                                  : "memory_forward_fp32_128__769df2d4.pickle");
+    r.scenario = small_cs336(4, 128);
+    // swiglu.py: `a = w1(x)`, `b = w3(x)` (trace entries 141, 142), then w2(SiLU(a) * b).
+    r.scenario.model.swiglu = SwigluImpl::projections_first;
+    r.scenario.optimizer.type = OptimizerType::none;  // never stepped: no state
+    r.scenario.step.kind = StepKind::forward_no_grad;
+    r.scenario.step.warmup_steps = 6;
+    if (bf16) {
+      r.scenario.precision.autocast = DType::bf16;
+      r.scenario.precision.autocast_region = AutocastRegion::forward;
+    }
+    r.script.outputs_are_step_locals = true;  // `_` dies when run_mode returns
+    r.script.targets_on_device = false;       // forward mode: no targets
+    runs.push_back(r);
+  }
+
   // MAGMA27 cs336_systems/benchmarking_script.py @15883f2b: the staff
   // BasicsTransformerLM small (768/3072/12/12, vocab 10000, ctx 256), batch 32, fp32, data
   // and target (32, 256) int64 on the GPU. 5 warm-up iterations of `lm_head = model(data);

@@ -1,6 +1,7 @@
 // Acceptance for the other assignment2-systems snapshots memsim expresses
-// (sim/real_runs_other.h, docs/real-runs-other.md): MAGMA27's gradient-accumulating
-// forward + backward, Charan6924's five no_grad forwards. Peak allocated within 1% and peak reserved within 3% of `memsim replay` of
+// (sim/real_runs_other.h, docs/real-runs-other.md): silmont2000's fp32 and bf16 no_grad
+// forwards of their own model (model.swiglu: projections-first), MAGMA27's
+// gradient-accumulating forward + backward, Charan6924's five no_grad forwards. Peak allocated within 1% and peak reserved within 3% of `memsim replay` of
 // each snapshot (the measured numbers are copied in sim/real_runs_other.cpp; when shared/
 // is checked out the snapshots are replayed again and compared with the copy).
 #include <catch2/catch.hpp>
@@ -12,6 +13,8 @@
 #include "allocator/snapshot.h"
 #include "sim/real_runs_other.h"
 #include "sim/replay.h"
+#include "sim/scenario.h"
+#include "sim/schedule.h"
 
 using namespace memsim;
 
@@ -74,6 +77,21 @@ TEST_CASE("other runs: the script details the predictions depend on", "[other-ru
     FAIL("no run " << prefix);
     throw 0;
   };
+  SECTION("silmont2000: their SwiGLU computes w1 x and w3 x before the silu") {
+    // swiglu.py: `a = w1(x)`, `b = w3(x)` (trace entries 141, 142), then
+    // `w2(SiLU(a) * b)`: the fp32 peak (entry 144) is a, b, sigmoid(a) and a * sigmoid(a)
+    // alive together. The staff order frees w1 x's silu temporaries before w3 x exists:
+    // one (4, 128, 3072) fp32 tensor (6,291,456 B) less, -1.26% allocated.
+    RealRun run = find("silmont2000 small forward no_grad fp32");
+    const uint64_t real = measured(run.snapshot).peak_allocated;
+    const MeasuredStep theirs = predict_measured_step(run.scenario, run.script);
+    CHECK(theirs.peak_op == "mul");
+    CHECK(theirs.peak_phase == Phase::forward);
+    run.scenario.model.swiglu = SwigluImpl::staff;
+    const MeasuredStep staff = predict_measured_step(run.scenario, run.script);
+    CHECK(theirs.peak_allocated - staff.peak_allocated == 4ull * 128 * 3072 * 4);
+    CHECK(rel(staff.peak_allocated, real) < -0.01);
+  }
   SECTION("MAGMA27: no zero_grad, so five warm-up backwards leave the grads allocated") {
     // The real peak is the recorded step's cross-entropy (trace entry 1402: the old
     // lm_head has died, the new logits and every grad are alive). With a zero_grad
@@ -100,4 +118,34 @@ TEST_CASE("other runs: the script details the predictions depend on", "[other-ru
     const MeasuredStep bound = predict_measured_step(run.scenario, run.script);
     CHECK(bound.peak_allocated - as_run.peak_allocated >= 81920000);
   }
+}
+
+TEST_CASE("other runs: model.swiglu is a validated cs336 key", "[other-runs][scenario]") {
+  const std::string base =
+      "model: { family: cs336, layers: 1, d_model: 64, heads: 4, d_ff: 128, vocab: 100 }\n"
+      "batch: { micro_batch: 1, seq_len: 16 }\n";
+  const Scenario s = load_scenario_text(base, "ok.yaml", {{"model.swiglu", "projections-first"}});
+  CHECK(s.model.swiglu == SwigluImpl::projections_first);
+  CHECK(load_scenario_text(base, "ok.yaml").model.swiglu == SwigluImpl::staff);
+  try {
+    load_scenario_text(base, "bad.yaml", {{"model.swiglu", "fused"}});
+    FAIL("accepted model.swiglu: fused");
+  } catch (const std::exception& e) {
+    CHECK(std::string(e.what()).find("model.swiglu") != std::string::npos);
+  }
+  const std::string llama =
+      "model: { preset: llama2-7b, layers: 1 }\nbatch: { micro_batch: 1, seq_len: 16 }\n";
+  try {
+    build_program(load_scenario_text(llama, "llama.yaml", {{"model.swiglu", "projections-first"}}));
+    FAIL("hf-llama accepted model.swiglu");
+  } catch (const std::exception& e) {
+    CHECK(std::string(e.what()).find("model.swiglu") != std::string::npos);
+    CHECK(std::string(e.what()).find("cs336-family option") != std::string::npos);
+  }
+  // Under grad the same tensors are saved in another order: train runs end to end.
+  const Scenario train = load_scenario_text(
+      base + "optimizer: { type: adamw }\nstep: { kind: train, warmup_steps: 1 }\n", "train.yaml",
+      {{"model.swiglu", "projections-first"}});
+  const MeasuredStep p = predict_measured_step(train, default_script(train));
+  CHECK(p.peak_allocated > 0);
 }
