@@ -92,6 +92,20 @@ TEST_CASE("other runs: the script details the predictions depend on", "[other-ru
     CHECK(theirs.peak_allocated - staff.peak_allocated == 4ull * 128 * 3072 * 4);
     CHECK(rel(staff.peak_allocated, real) < -0.01);
   }
+  SECTION("silmont2000 bf16: the peak is the lm_head with every cached weight cast") {
+    // Trace entry 2630: the lm_head einsum's bf16 logits, after its weight cast
+    // (15,360,000 B), with all layers' bf16 weight copies alive (autocast caches the casts
+    // of weights that require grad under no_grad too, until the `with` exits).
+    RealRun run = find("silmont2000 small forward no_grad bf16");
+    const MeasuredStep p = predict_measured_step(run.scenario, run.script);
+    CHECK(p.peak_op == "einsum");
+    CHECK(p.peak_layer == -1);
+    CHECK(p.peak_phase == Phase::forward);
+    // Without the cache each layer's copies would die with the layer: far below the peak.
+    run.scenario.precision.autocast_cache = false;
+    const MeasuredStep uncached = predict_measured_step(run.scenario, run.script);
+    CHECK(rel(uncached.peak_allocated, measured(run.snapshot).peak_allocated) < -0.2);
+  }
   SECTION("MAGMA27: no zero_grad, so five warm-up backwards leave the grads allocated") {
     // The real peak is the recorded step's cross-entropy (trace entry 1402: the old
     // lm_head has died, the new logits and every grad are alive). With a zero_grad
