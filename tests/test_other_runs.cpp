@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "allocator/snapshot.h"
+#include "sim/numeric_check.h"
 #include "sim/real_runs_other.h"
 #include "sim/replay.h"
 #include "sim/scenario.h"
@@ -188,5 +189,23 @@ TEST_CASE("other runs: the shipped scenario files reproduce the runs",
     const MeasuredStep p = predict_measured_step(s, default_script(s));
     CHECK(std::fabs(rel(p.peak_allocated, real.peak_allocated)) < 0.01);
     CHECK(std::fabs(rel(p.peak_reserved, real.peak_reserved)) < 0.03);
+  }
+}
+
+TEST_CASE("other runs: model.swiglu projections-first passes the numeric check",
+          "[other-runs][numeric]") {
+  // Numeric mode runs the variant's schedule with real numbers: finite-difference
+  // gradients and bit-identical checkpointing policies prove that the reordered
+  // feed-forward frees nothing a backward node still reads.
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/numeric/cs336-tiny.yaml",
+                                   {{"model.swiglu", "projections-first"}});
+  NumericCheckOptions o;
+  o.fd_samples = 2;
+  const NumericCheckReport r = run_numeric_check(s, o);
+  INFO(r.failures.size() << " failures; first: " << (r.failures.empty() ? "" : r.failures[0]));
+  CHECK(r.passed());
+  for (const PolicyCheck& p : r.policies) {
+    INFO(p.policy << " " << p.error);
+    CHECK(p.identical);
   }
 }
