@@ -339,6 +339,21 @@ Tensor Cs336Model::swiglu(const LayerParams& p, const Tensor& x) {
   const Module outer = rt_.ctx.module;
   rt_.ctx.module = Module::mlp;
   const int64_t D = s_.d_model, F = s_.d_ff;
+  if (s_.swiglu == Cs336Swiglu::projections_first) {
+    Tensor a = linear(x, p.w1, D, F);
+    Tensor b = linear(x, p.w3, D, F);
+    Tensor sig = sigmoid(rt_, a);
+    Tensor s = mul(rt_, a, sig);  // silu(a) = a * sigmoid(a)
+    sig.reset();
+    Tensor m = mul(rt_, s, b);
+    s.reset();
+    Tensor out = linear(m, p.w2, F, D);
+    m.reset();
+    a.reset();  // the locals a and b die at the return
+    b.reset();
+    rt_.ctx.module = outer;
+    return out;
+  }
   Tensor a = linear(x, p.w1, D, F);
   Tensor sig = sigmoid(rt_, a);
   Tensor s = mul(rt_, a, sig);

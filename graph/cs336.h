@@ -41,6 +41,15 @@ enum class Cs336Softmax : uint8_t { staff, exp_twice };
 // (scenario key model.sdpa: masked-fill).
 enum class Cs336Sdpa : uint8_t { staff, masked_fill };
 
+// The SwiGLU feed-forward as the user's code writes it. staff: §2.9,
+// `w2(silu(w1 x) * w3 x)` evaluated left to right (w1 x and its silu temporaries die
+// under no_grad before w3 x exists). projections_first: `a = w1(x); b = w3(x);
+// return w2(silu(a) * b)`: both d_ff projections exist before the silu and stay alive
+// (locals) until the function returns, one more B x S x d_ff tensor at a no_grad
+// forward's FFN peak; under grad the same tensors in another order (scenario key
+// model.swiglu: projections-first).
+enum class Cs336Swiglu : uint8_t { staff, projections_first };
+
 struct Cs336Shape {
   int64_t layers = 0, d_model = 0, heads = 0, d_ff = 0, vocab = 0, context_length = 0;
   int64_t batch = 1, seq = 1;
@@ -48,6 +57,7 @@ struct Cs336Shape {
   Cs336Revision revision = Cs336Revision::v26;
   Cs336Softmax softmax = Cs336Softmax::staff;
   Cs336Sdpa sdpa = Cs336Sdpa::staff;
+  Cs336Swiglu swiglu = Cs336Swiglu::staff;
 };
 
 // Parameter count of the staff model: 2VD + L(4D^2 + 3DF + 2D) + D (§1).

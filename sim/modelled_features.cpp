@@ -68,6 +68,7 @@ void require_modelled(const Scenario& s) {
                             to_string(s.model.family) + "'; remove it";
     if (s.model.softmax != SoftmaxImpl::staff) refuse(s, "model.softmax", "model.softmax" + why);
     if (s.model.sdpa != SdpaImpl::staff) refuse(s, "model.sdpa", "model.sdpa" + why);
+    if (s.model.swiglu != SwigluImpl::staff) refuse(s, "model.swiglu", "model.swiglu" + why);
   }
   // The megatron family models tensor and pipeline parallelism (sim/megatron_parallel.h
   // checks the rest).

@@ -92,7 +92,8 @@ namespace scenario_detail {
 const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_schema() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> schema = {
       {"model", {"preset", "family", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab",
-                 "context_length", "tied_embeddings", "attention", "dropout", "softmax", "sdpa"}},
+                 "context_length", "tied_embeddings", "attention", "dropout", "softmax", "sdpa",
+                 "swiglu"}},
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
       {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache"}},
       {"optimizer", {"type", "impl", "momentum"}},

@@ -31,6 +31,8 @@ const char* to_string(AttentionImpl impl);
 enum class SoftmaxImpl { staff, exp_twice };
 // model.sdpa: `staff` = cs336_basics' attention masking; `masked-fill` = graph::Cs336Sdpa.
 enum class SdpaImpl { staff, masked_fill };
+// model.swiglu: `staff` = cs336_basics' SwiGLU; `projections-first` = graph::Cs336Swiglu.
+enum class SwigluImpl { staff, projections_first };
 
 struct ModelConfig {
   std::string preset;                 // "" when the fields were given by hand
@@ -50,6 +52,7 @@ struct ModelConfig {
   // cs336 only: the attention softmax's implementation (graph::Cs336Softmax).
   SoftmaxImpl softmax = SoftmaxImpl::staff;
   SdpaImpl sdpa = SdpaImpl::staff;
+  SwigluImpl swiglu = SwigluImpl::staff;
 };
 
 struct BatchConfig {

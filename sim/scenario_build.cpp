@@ -29,6 +29,8 @@ const std::vector<std::pair<std::string, SoftmaxImpl>> kSoftmax = {
     {"staff", SoftmaxImpl::staff}, {"exp-twice", SoftmaxImpl::exp_twice}};
 const std::vector<std::pair<std::string, SdpaImpl>> kSdpa = {
     {"staff", SdpaImpl::staff}, {"masked-fill", SdpaImpl::masked_fill}};
+const std::vector<std::pair<std::string, SwigluImpl>> kSwiglu = {
+    {"staff", SwigluImpl::staff}, {"projections-first", SwigluImpl::projections_first}};
 const std::vector<std::pair<std::string, DType>> kDTypes = {
     {"fp32", DType::fp32}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
 const std::vector<std::pair<std::string, std::optional<DType>>> kAutocast = {
@@ -112,6 +114,8 @@ ModelConfig build_model(const Doc& d) {
           [](const Field& f, const std::string& k) { return read_enum(f, k, kSoftmax); });
   read_if(d, "model.sdpa", m.sdpa,
           [](const Field& f, const std::string& k) { return read_enum(f, k, kSdpa); });
+  read_if(d, "model.swiglu", m.swiglu,
+          [](const Field& f, const std::string& k) { return read_enum(f, k, kSwiglu); });
   if (const Field* f = d.find("model.dropout")) {
     m.dropout = read_number(*f, "model.dropout");
     if (m.dropout < 0.0 || m.dropout >= 1.0) {

@@ -59,6 +59,9 @@ graph::Cs336Shape cs336_shape(const Scenario& s) {
                                                              : graph::Cs336Softmax::staff;
   shape.sdpa = s.model.sdpa == SdpaImpl::masked_fill ? graph::Cs336Sdpa::masked_fill
                                                       : graph::Cs336Sdpa::staff;
+  shape.swiglu = s.model.swiglu == SwigluImpl::projections_first
+                     ? graph::Cs336Swiglu::projections_first
+                     : graph::Cs336Swiglu::staff;
   return shape;
 }
 

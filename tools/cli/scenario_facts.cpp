@@ -13,9 +13,10 @@ std::string model_line(const ModelConfig& m) {
   if (m.kv_heads != m.heads) s += " (" + std::to_string(m.kv_heads) + " KV)";
   s += ", d_ff " + std::to_string(m.d_ff) + ", vocab " + std::to_string(m.vocab) + ", " +
        to_string(m.attention) + " attention";
-  // cs336 hand-written variants (scenario keys model.softmax / model.sdpa), when not staff.
+  // cs336 hand-written variants (scenario keys model.softmax / model.sdpa / model.swiglu), when not staff.
   if (m.softmax == SoftmaxImpl::exp_twice) s += ", softmax exp-twice";
   if (m.sdpa == SdpaImpl::masked_fill) s += ", sdpa masked-fill";
+  if (m.swiglu == SwigluImpl::projections_first) s += ", swiglu projections-first";
   return s;
 }
 
