@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "real_run_test_support.h"
 #include "sim/real_runs.h"
 #include "sim/schedule.h"
 
@@ -48,9 +49,7 @@ std::pair<uint64_t, size_t> sequence_hash(const Program& p) {
   return {h, n};
 }
 
-double rel(uint64_t predicted, uint64_t real) {
-  return (static_cast<double>(predicted) - static_cast<double>(real)) / static_cast<double>(real);
-}
+using memsim_test::rel;
 
 }  // namespace
 

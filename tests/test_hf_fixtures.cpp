@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "real_run_test_support.h"
 #include "json_test_support.h"
 #include "sim/execute.h"
 #include "sim/schedule.h"
@@ -114,9 +115,7 @@ Walk walk(const Program& p) {
   return w;
 }
 
-double rel(uint64_t predicted, uint64_t real) {
-  return (static_cast<double>(predicted) - static_cast<double>(real)) / static_cast<double>(real);
-}
+using memsim_test::rel;
 
 }  // namespace
 

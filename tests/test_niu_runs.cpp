@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "real_run_test_support.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/snapshot.h"
 #include "sim/analysis.h"
@@ -25,11 +26,9 @@ using namespace memsim;
 
 namespace {
 
-const std::string kShared = MEMSIM_SOURCE_DIR "/../shared/groundtruth/snapshots/";
+const std::string& kShared = memsim_test::shared_snapshots_dir();
 
-double rel(uint64_t predicted, uint64_t real) {
-  return (static_cast<double>(predicted) - static_cast<double>(real)) / static_cast<double>(real);
-}
+using memsim_test::rel;
 
 const NiuMeasured& measured(const std::string& snapshot) {
   for (const NiuMeasured& m : niu_measured())
@@ -64,19 +63,8 @@ TEST_CASE("niu runs: measured peaks are the replay of the shared snapshots", "[n
   }
 }
 
-// The comparison table printed by the accuracy tests (predicted vs real, bytes and %).
-void print_comparison_header() {
-  std::printf("\n| case | predicted allocated | real allocated | error | predicted reserved | "
-              "real reserved | error |\n|---|---:|---:|---:|---:|---:|---:|\n");
-}
-void print_comparison_row(const std::string& id, uint64_t allocated, uint64_t real_allocated,
-                          uint64_t reserved, uint64_t real_reserved) {
-  std::printf("| %s | %llu | %llu | %+.3f%% | %llu | %llu | %+.3f%% |\n", id.c_str(),
-              static_cast<unsigned long long>(allocated),
-              static_cast<unsigned long long>(real_allocated),
-              100 * rel(allocated, real_allocated), static_cast<unsigned long long>(reserved),
-              static_cast<unsigned long long>(real_reserved), 100 * rel(reserved, real_reserved));
-}
+using memsim_test::print_comparison_header;
+using memsim_test::print_comparison_row;
 
 TEST_CASE("niu runs: predicted forward peaks match the snapshots", "[niu][accuracy]") {
   const std::vector<RealRun> runs = niu_forward_runs();

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "real_run_test_support.h"
 #include "allocator/snapshot.h"
 #include "sim/numeric_check.h"
 #include "sim/real_runs_other.h"
@@ -21,11 +22,9 @@ using namespace memsim;
 
 namespace {
 
-const std::string kShared = MEMSIM_SOURCE_DIR "/../shared/groundtruth/snapshots/";
+const std::string& kShared = memsim_test::shared_snapshots_dir();
 
-double rel(uint64_t predicted, uint64_t real) {
-  return (static_cast<double>(predicted) - static_cast<double>(real)) / static_cast<double>(real);
-}
+using memsim_test::rel;
 
 const ReplayPeaks& measured(const std::string& snapshot) {
   for (const ReplayPeaks& m : other_runs_measured())
@@ -51,20 +50,16 @@ TEST_CASE("other runs: measured peaks are the replay of the shared snapshots",
 
 TEST_CASE("other runs: predicted peaks match the snapshots", "[other-runs][accuracy]") {
   const std::vector<RealRun> runs = other_real_runs();
-  std::printf("\n| run | predicted allocated | real | error | predicted reserved | real | error |\n"
-              "|---|---:|---:|---:|---:|---:|---:|\n");
+  memsim_test::print_comparison_header();
   for (const RealRun& run : runs) {
     INFO(run.id);
     const ReplayPeaks& real = measured(run.snapshot);
     const MeasuredStep p = predict_measured_step(run.scenario, run.script);
     const double ea = rel(p.peak_allocated, real.peak_allocated);
     const double er = rel(p.peak_reserved, real.peak_reserved);
-    std::printf("| %s | %llu | %llu | %+.3f%% | %llu | %llu | %+.3f%% |  peak op %s layer %d\n",
-                run.id.c_str(), static_cast<unsigned long long>(p.peak_allocated),
-                static_cast<unsigned long long>(real.peak_allocated), 100 * ea,
-                static_cast<unsigned long long>(p.peak_reserved),
-                static_cast<unsigned long long>(real.peak_reserved), 100 * er, p.peak_op.c_str(),
-                p.peak_layer);
+    memsim_test::print_comparison_row(
+        run.id, p.peak_allocated, real.peak_allocated, p.peak_reserved, real.peak_reserved,
+        "peak op " + p.peak_op + " layer " + std::to_string(p.peak_layer));
     CHECK(std::fabs(ea) < 0.01);
     CHECK(std::fabs(er) < 0.03);
   }

@@ -1,0 +1,39 @@
+// Shared by the tests that compare memsim's predictions with real runs: the relative
+// error, where the real snapshots are when ../shared is checked out, and the comparison
+// table the accuracy tests print.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace memsim_test {
+
+// (predicted - real) / real.
+inline double rel(uint64_t predicted, uint64_t real) {
+  return (static_cast<double>(predicted) - static_cast<double>(real)) / static_cast<double>(real);
+}
+
+// The real snapshots (shared/groundtruth), next to the project; absent in some checkouts.
+inline const std::string& shared_snapshots_dir() {
+  static const std::string dir = MEMSIM_SOURCE_DIR "/../shared/groundtruth/snapshots/";
+  return dir;
+}
+
+// The Markdown comparison table: predicted vs real peak allocated and reserved, bytes and %.
+inline void print_comparison_header() {
+  std::printf("\n| case | predicted allocated | real allocated | error | predicted reserved | "
+              "real reserved | error |\n|---|---:|---:|---:|---:|---:|---:|\n");
+}
+inline void print_comparison_row(const std::string& id, uint64_t allocated,
+                                 uint64_t real_allocated, uint64_t reserved,
+                                 uint64_t real_reserved, const std::string& note = "") {
+  std::printf("| %s | %llu | %llu | %+.3f%% | %llu | %llu | %+.3f%% |%s\n", id.c_str(),
+              static_cast<unsigned long long>(allocated),
+              static_cast<unsigned long long>(real_allocated),
+              100 * rel(allocated, real_allocated), static_cast<unsigned long long>(reserved),
+              static_cast<unsigned long long>(real_reserved), 100 * rel(reserved, real_reserved),
+              note.empty() ? "" : ("  " + note).c_str());
+}
+
+}  // namespace memsim_test
