@@ -20,6 +20,15 @@ struct RealRun {
   TrainingScript script;
 };
 
+// What `memsim replay FILE --json -` reports for one snapshot (the trace replayed from
+// the allocator state at its start: max_memory_allocated / max_memory_reserved over the
+// recorded window, as torch would have reported them). Copied into the code so the
+// accuracy tests run without shared/; they re-replay the snapshots when it exists.
+struct ReplayPeaks {
+  std::string snapshot;  // manifest.json "file"
+  uint64_t peak_allocated = 0, peak_reserved = 0, peak_requested = 0;
+};
+
 // fp32 runs whose configuration is known; see real_runs.cpp for the evidence per run.
 std::vector<RealRun> cs336_real_runs();
 // The bf16 autocast runs (sim/real_runs_bf16.cpp): same scripts under torch.autocast.

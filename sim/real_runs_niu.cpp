@@ -6,11 +6,11 @@ namespace {
 const std::string kDir = "NiuHuangxiaozi__assignment2-systems/cs336_systems_profile_memory_";
 }  // namespace
 
-const std::vector<NiuMeasured>& niu_measured() {
+const std::vector<ReplayPeaks>& niu_measured() {
   // `memsim replay FILE --json -` peak_allocated_bytes / peak_reserved_bytes /
   // peak_requested_bytes (tests/test_niu_runs.cpp re-replays the files when shared/ is
   // checked out and compares the requested peak with manifest.json's).
-  static const std::vector<NiuMeasured> m = {
+  static const std::vector<ReplayPeaks> m = {
       {kDir + "forward_memory_snapshot_100__baf850cc.pickle", 416297472, 463470592, 412643888},
       {kDir + "forward_memory_snapshot_150__f1c4f97d.pickle", 639149056, 666894336, 626943088},
       {kDir + "forward_memory_snapshot_200__b4768efa.pickle", 882670592, 945815552, 879662288},

@@ -19,15 +19,8 @@
 
 namespace memsim {
 
-// What `memsim replay` (the allocator emulator fed the real trace) reports for one
-// snapshot: torch.cuda.max_memory_allocated / max_memory_reserved over the whole run.
-struct NiuMeasured {
-  std::string snapshot;  // file under shared/groundtruth/snapshots/
-  uint64_t peak_allocated = 0, peak_reserved = 0, peak_requested = 0;
-};
-
 // All eight snapshots (forward and forward_and_backward, fp32 S100/150/200, bf16 S200).
-const std::vector<NiuMeasured>& niu_measured();
+const std::vector<ReplayPeaks>& niu_measured();
 
 // The four forward runs (3 forwards with grad, outputs discarded; the _mixed_precision
 // one under torch.autocast(bf16) around each forward).

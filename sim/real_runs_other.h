@@ -15,14 +15,6 @@
 
 namespace memsim {
 
-// What `memsim replay FILE --json -` reports for one snapshot (the trace replayed from
-// the allocator state at its start: max_memory_allocated / max_memory_reserved over the
-// recorded window, as torch would have reported them).
-struct ReplayPeaks {
-  std::string snapshot;  // manifest.json "file"
-  uint64_t peak_allocated = 0, peak_reserved = 0, peak_requested = 0;
-};
-
 // The measured peaks of the snapshots below (copied from memsim replay, so tests run
 // without shared/; tests/test_other_runs.cpp re-replays them when shared/ exists).
 const std::vector<ReplayPeaks>& other_runs_measured();

@@ -6,6 +6,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "sim/real_runs.h"
 
 namespace memsim_test {
 
@@ -18,6 +23,15 @@ inline double rel(uint64_t predicted, uint64_t real) {
 inline const std::string& shared_snapshots_dir() {
   static const std::string dir = MEMSIM_SOURCE_DIR "/../shared/groundtruth/snapshots/";
   return dir;
+}
+
+// The stored replay peaks of `snapshot` in `measured` (the test fails when absent).
+inline const memsim::ReplayPeaks& find_measured(const std::vector<memsim::ReplayPeaks>& measured,
+                                                const std::string& snapshot) {
+  for (const memsim::ReplayPeaks& m : measured)
+    if (m.snapshot == snapshot) return m;
+  FAIL("no measured peaks for " << snapshot);
+  throw 0;
 }
 
 // The Markdown comparison table: predicted vs real peak allocated and reserved, bytes and %.

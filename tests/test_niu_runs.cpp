@@ -30,11 +30,8 @@ const std::string& kShared = memsim_test::shared_snapshots_dir();
 
 using memsim_test::rel;
 
-const NiuMeasured& measured(const std::string& snapshot) {
-  for (const NiuMeasured& m : niu_measured())
-    if (m.snapshot == snapshot) return m;
-  FAIL("no measured peaks for " << snapshot);
-  throw 0;
+const ReplayPeaks& measured(const std::string& snapshot) {
+  return memsim_test::find_measured(niu_measured(), snapshot);
 }
 
 }  // namespace
@@ -45,7 +42,7 @@ TEST_CASE("niu runs: measured peaks are the replay of the shared snapshots", "[n
   nlohmann::json manifest;
   manifest_in >> manifest;
   REQUIRE(niu_measured().size() == 8);
-  for (const NiuMeasured& m : niu_measured()) {
+  for (const ReplayPeaks& m : niu_measured()) {
     INFO(m.snapshot);
     const ReplayReport r = replay_snapshot(read_snapshot_file(kShared + m.snapshot));
     CHECK(r.mismatches == 0);
@@ -72,7 +69,7 @@ TEST_CASE("niu runs: predicted forward peaks match the snapshots", "[niu][accura
   print_comparison_header();
   for (const RealRun& run : runs) {
     INFO(run.id);
-    const NiuMeasured& real = measured(run.snapshot);
+    const ReplayPeaks& real = measured(run.snapshot);
     const MeasuredStep p = predict_measured_step(run.scenario, run.script);
     const double ea = rel(p.peak_allocated, real.peak_allocated);
     const double er = rel(p.peak_reserved, real.peak_reserved);
@@ -118,7 +115,7 @@ TEST_CASE("niu runs: the shipped scenario file reproduces all four forward runs"
       {{}, 2},
       {{{"precision.autocast", "bf16"}}, 3}};
   for (const auto& [overrides, index] : cases) {
-    const NiuMeasured& real = niu_measured()[index];
+    const ReplayPeaks& real = niu_measured()[index];
     INFO(real.snapshot);
     const Scenario s = load_scenario(file, overrides);
     const Program p = build_program(s);
@@ -229,7 +226,7 @@ TEST_CASE("niu runs: predicted forward_and_backward peaks match the snapshots",
   print_comparison_header();
   for (const RealRun& run : runs) {
     INFO(run.id);
-    const NiuMeasured& real = measured(run.snapshot);
+    const ReplayPeaks& real = measured(run.snapshot);
     const WholeRun p = predict_whole_run(run.scenario, run.script);
     const double ea = rel(p.peak_allocated, real.peak_allocated);
     const double er = rel(p.peak_reserved, real.peak_reserved);
@@ -247,7 +244,7 @@ TEST_CASE("niu runs: predicted forward_and_backward peaks match the snapshots",
 TEST_CASE("niu runs: each forward_and_backward key is needed", "[niu][accuracy]") {
   const std::vector<RealRun> runs = niu_train_runs();
   const RealRun& fp32 = runs[2];  // S200
-  const NiuMeasured& real = measured(fp32.snapshot);
+  const ReplayPeaks& real = measured(fp32.snapshot);
   auto off = [&](const RealRun& r, auto edit) {
     RealRun changed = r;
     edit(changed.scenario);
@@ -342,7 +339,7 @@ TEST_CASE("niu runs: the shipped scenario file reproduces the forward_and_backwa
       {{}, 6},
       {{{"precision.autocast", "bf16"}, {"precision.autocast_region", "whole-run"}}, 7}};
   for (const auto& [overrides, index] : cases) {
-    const NiuMeasured& real = niu_measured()[index];
+    const ReplayPeaks& real = niu_measured()[index];
     INFO(real.snapshot);
     const Scenario s = load_scenario(file, overrides);
     const WholeRun w = predict_whole_run(s, default_script(s));

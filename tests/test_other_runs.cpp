@@ -27,10 +27,7 @@ const std::string& kShared = memsim_test::shared_snapshots_dir();
 using memsim_test::rel;
 
 const ReplayPeaks& measured(const std::string& snapshot) {
-  for (const ReplayPeaks& m : other_runs_measured())
-    if (m.snapshot == snapshot) return m;
-  FAIL("no measured peaks for " << snapshot);
-  throw 0;
+  return memsim_test::find_measured(other_runs_measured(), snapshot);
 }
 
 }  // namespace
