@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "numeric_test_support.h"
 #include "sim/numeric_check.h"
 
 using namespace memsim;
@@ -115,26 +116,5 @@ TEST_CASE("memsim check: exit 0 on pass, 4 on a failed check, 1 when refused", "
 
 TEST_CASE("numeric cs336-tiny matches torch 1.13 (float64, same weights)", "[numeric][fixture]") {
   // tests/data/numeric/cs336_tiny_torch.json: tools/fixtures/numeric_cs336_tiny.py
-  std::ifstream in(std::filesystem::path(MEMSIM_SOURCE_DIR) / "tests/data/numeric/cs336_tiny_torch.json");
-  REQUIRE(in.good());
-  const nlohmann::json fx = nlohmann::json::parse(in);
-  Scenario s = tiny();
-  s.step.warmup_steps = 0;
-  graph::NumericContext ctx(numeric_model(s));
-  build_program(s, default_script(s), &ctx);
-  REQUIRE(ctx.violations().empty());
-  CHECK(ctx.first_loss() == Approx(fx["loss"].get<double>()).epsilon(1e-12));
-  int compared = 0;
-  for (const auto& [name, g] : fx["grads"].items()) {
-    const size_t i = g["index"].get<size_t>();
-    REQUIRE(ctx.param_names().at(i) == name);
-    const Eigen::ArrayXd& ours = ctx.first_grads().at(i);
-    INFO(name);
-    CHECK(std::sqrt(ours.square().sum()) == Approx(g["norm"].get<double>()).epsilon(1e-9));
-    const auto first = g["first"].get<std::vector<double>>();
-    for (size_t j = 0; j < first.size(); ++j)
-      CHECK(ours[static_cast<Eigen::Index>(j)] == Approx(first[j]).epsilon(1e-8).margin(1e-13));
-    ++compared;
-  }
-  CHECK(compared == 21);
+  CHECK(memsim_test::check_numeric_against_torch(tiny(), "cs336_tiny_torch.json") == 21);
 }

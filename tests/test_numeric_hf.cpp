@@ -14,19 +14,18 @@
 #include "graph/numeric.h"
 #include "sim/numeric_check.h"
 #include "sim/schedule.h"
+#include "numeric_test_support.h"
 #include "tests/cli_test_support.h"
 
 using namespace memsim;
 
 namespace {
 
-using Sets = std::vector<std::pair<std::string, std::string>>;
+using memsim_test::Sets;
+using memsim_test::numeric_scenario_path;
 
-std::string scenario_path(const char* file) {
-  return (std::filesystem::path(MEMSIM_SOURCE_DIR) / "scenarios/numeric" / file).string();
-}
 Scenario load(const char* file, const Sets& sets = {}) {
-  return load_scenario(scenario_path(file), sets);
+  return memsim_test::load_numeric_scenario(file, sets);
 }
 
 void check_full(const char* file, const Sets& sets, int params, double loss_lo = 2.0,
@@ -84,29 +83,7 @@ void check_sabotage(const char* file) {
 // tests/data/numeric/*_torch.json (tools/fixtures/numeric_hf_tiny.py) against the numeric
 // run of the scenario's first step.
 void check_fixture(const char* file, const char* json, size_t params, const Sets& sets = {}) {
-  std::ifstream in(std::filesystem::path(MEMSIM_SOURCE_DIR) / "tests/data/numeric" / json);
-  REQUIRE(in.good());
-  const nlohmann::json fx = nlohmann::json::parse(in);
-  Scenario s = load(file, sets);
-  s.step.warmup_steps = 0;
-  graph::NumericContext ctx(numeric_model(s));
-  build_program(s, default_script(s), &ctx);
-  REQUIRE(ctx.violations().empty());
-  CHECK(ctx.first_loss() == Approx(fx["loss"].get<double>()).epsilon(1e-12));
-  size_t compared = 0;
-  for (const auto& [name, g] : fx["grads"].items()) {
-    const size_t i = g["index"].get<size_t>();
-    REQUIRE(ctx.param_names().at(i) == name);
-    const Eigen::ArrayXd& ours = ctx.first_grads().at(i);
-    INFO(name);
-    CHECK(std::sqrt(ours.square().sum()) == Approx(g["norm"].get<double>()).epsilon(1e-9));
-    const auto first = g["first"].get<std::vector<double>>();
-    for (size_t j = 0; j < first.size(); ++j)
-      CHECK(ours[static_cast<Eigen::Index>(j)] == Approx(first[j]).epsilon(1e-8).margin(1e-13));
-    ++compared;
-  }
-  CHECK(compared == params);
-  CHECK(ctx.param_names().size() == params);
+  CHECK(memsim_test::check_numeric_against_torch(load(file, sets), json) == params);
 }
 
 const std::vector<Sets> kOptimizers = {
@@ -285,7 +262,8 @@ TEST_CASE("memsim check on the HF and megatron tiny scenarios: exit 0, 4 with a 
           "[numeric][cli]") {
   using namespace memsim_test;
   for (const char* file : {"hf-llama-tiny.yaml", "hf-gpt2-tiny.yaml", "megatron-tiny.yaml"}) {
-    const std::string base = memsim_command() + " check " + scenario_path(file) + " --fd-samples 0";
+    const std::string base =
+        memsim_command() + " check " + numeric_scenario_path(file) + " --fd-samples 0";
     const auto ok = run_shell(base + " --policies none,selective 2>&1");
     INFO(ok.out);
     CHECK(ok.status == 0);

@@ -15,19 +15,18 @@
 #include "sim/numeric_adam8bit.h"
 #include "sim/numeric_check.h"
 #include "sim/schedule.h"
+#include "numeric_test_support.h"
 #include "tests/cli_test_support.h"
 
 using namespace memsim;
 
 namespace {
 
-using Sets = std::vector<std::pair<std::string, std::string>>;
+using memsim_test::Sets;
+using memsim_test::numeric_scenario_path;
 
-std::string scenario_path(const char* file) {
-  return (std::filesystem::path(MEMSIM_SOURCE_DIR) / "scenarios/numeric" / file).string();
-}
 Scenario load(const char* file, const Sets& sets = {}) {
-  return load_scenario(scenario_path(file), sets);
+  return memsim_test::load_numeric_scenario(file, sets);
 }
 
 NumericCheckReport check(const char* file, const Sets& sets, NumericCheckOptions o = {}) {
@@ -212,14 +211,16 @@ TEST_CASE("bitsandbytes' quantize_2D picks the nearest code", "[numeric][optimiz
 TEST_CASE("memsim check runs Adafactor and 8-bit AdamW; a dropped state exits 4",
           "[numeric][optimizer][cli]") {
   using namespace memsim_test;
-  const std::string a = memsim_command() + " check " + scenario_path("hf-gpt2-tiny.yaml") +
+  const std::string a = memsim_command() + " check " +
+                        numeric_scenario_path("hf-gpt2-tiny.yaml") +
                         " --set optimizer.type=adafactor --fd-samples 0 --policies none";
   const auto ok = run_shell(a + " 2>&1");
   INFO(ok.out);
   CHECK(ok.status == 0);
   CHECK(ok.out.find("Adafactor") != std::string::npos);
   const std::string b = memsim_command() + " check " +
-                        scenario_path("hf-llama-tiny-adamw8bit.yaml") + " --fd-samples 0 --policies none";
+                        numeric_scenario_path("hf-llama-tiny-adamw8bit.yaml") +
+                        " --fd-samples 0 --policies none";
   const auto ok8 = run_shell(b + " 2>&1");
   INFO(ok8.out);
   CHECK(ok8.status == 0);
