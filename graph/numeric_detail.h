@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "graph/numeric.h"
@@ -20,6 +21,23 @@ inline int64_t numel(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
   return n;
+}
+
+// A backward kernel's inputs, checked: saved slot `k` of node `n` (read through the
+// context, so a freed buffer is a recorded violation), and the shape of the forward's
+// operand `i` (known once its forward kernel ran).
+inline const NumericBuffer& saved_slot(NumericContext& c, const Node& n, const uint32_t* saved,
+                                       uint32_t k, const char* what) {
+  if (k >= n.saved_count)
+    throw NumericError("numeric: " + std::string(backward_name(n.kind)) + " has no saved slot " +
+                       std::to_string(k));
+  return c.read(saved[k], what);
+}
+inline const Shape& operand_shape(const Node& n, const NumericContext::NodeInfo& info, size_t i) {
+  if (i >= info.in_shapes.size())
+    throw NumericError("numeric: " + std::string(backward_name(n.kind)) +
+                       ": the forward's operand shapes are unknown (no forward kernel ran)");
+  return info.in_shapes[i];
 }
 
 // y = x W^T for x (rows, din) and W (dout, din): the weight's grad dY^T x and the input's

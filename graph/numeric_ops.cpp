@@ -327,18 +327,10 @@ void NumericKernels::backward(NumericContext& c, Runtime& rt, const Node& n,
                               const uint32_t* saved, const NumericContext::NodeInfo& info) {
   auto needs = [&](int i) { return n.next[i].node >= 0; };
   auto S = [&](uint32_t k, const char* what) -> const NumericBuffer& {
-    if (k >= n.saved_count)
-      throw NumericError("numeric: " + std::string(backward_name(n.kind)) +
-                         " has no saved slot " + std::to_string(k));
-    return c.read(saved[k], what);
+    return saved_slot(c, n, saved, k, what);
   };
   auto set = [&](int i, Shape s, Arr v) { set_grad(c, i, std::move(s), std::move(v)); };
-  auto in_shape = [&](size_t i) -> const Shape& {
-    if (i >= info.in_shapes.size())
-      throw NumericError("numeric: " + std::string(backward_name(n.kind)) +
-                         ": the forward's operand shapes are unknown (no forward kernel ran)");
-    return info.in_shapes[i];
-  };
+  auto in_shape = [&](size_t i) -> const Shape& { return operand_shape(n, info, i); };
   // Nodes whose two input slots both carry grads (tied weights, GPT-2's QKV split).
   if (n.kind == OpKind::tied_sum || n.kind == OpKind::split_qkv) {
     backward_nn(c, rt, n, saved, info);

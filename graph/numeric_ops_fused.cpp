@@ -213,10 +213,7 @@ bool NumericKernels::backward_fused(NumericContext& c, Runtime& rt, const Node& 
                                     const uint32_t* saved, const NumericContext::NodeInfo& info) {
   auto needs = [&](int i) { return i < n.n_next && n.next[i].node >= 0; };
   auto S = [&](uint32_t k, const char* what) -> const NumericBuffer& {
-    if (k >= n.saved_count)
-      throw NumericError("numeric: " + std::string(backward_name(n.kind)) +
-                         " has no saved slot " + std::to_string(k));
-    return c.read(saved[k], what);
+    return saved_slot(c, n, saved, k, what);
   };
   auto P = [&](int32_t i, const char* what) -> const NumericBuffer& {
     if (i < 0 || static_cast<size_t>(i) >= rt.parameters().size())
@@ -225,12 +222,7 @@ bool NumericKernels::backward_fused(NumericContext& c, Runtime& rt, const Node& 
     return c.read(rt.parameters()[static_cast<size_t>(i)].storage, what);
   };
   auto set = [&](int i, Shape s, Arr v) { set_grad(c, i, std::move(s), std::move(v)); };
-  auto in_shape = [&](size_t i) -> const Shape& {
-    if (i >= info.in_shapes.size())
-      throw NumericError("numeric: " + std::string(backward_name(n.kind)) +
-                         ": the forward's operand shapes are unknown (no forward kernel ran)");
-    return info.in_shapes[i];
-  };
+  auto in_shape = [&](size_t i) -> const Shape& { return operand_shape(n, info, i); };
   const int32_t weight = info.hint == NumericHint::param ? static_cast<int32_t>(info.scalar) : -1;
   const int64_t hn = c.model().head_dim();
   if (n.kind == OpKind::qkv_split) {

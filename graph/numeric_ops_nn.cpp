@@ -294,18 +294,10 @@ bool NumericKernels::backward_nn(NumericContext& c, Runtime& rt, const Node& n,
   (void)rt;
   auto needs = [&](int i) { return n.next[i].node >= 0; };
   auto S = [&](uint32_t k, const char* what) -> const NumericBuffer& {
-    if (k >= n.saved_count)
-      throw NumericError("numeric: " + std::string(backward_name(n.kind)) +
-                         " has no saved slot " + std::to_string(k));
-    return c.read(saved[k], what);
+    return saved_slot(c, n, saved, k, what);
   };
   auto set = [&](int i, Shape s, Arr v) { set_grad(c, i, std::move(s), std::move(v)); };
-  auto in_shape = [&](size_t i) -> const Shape& {
-    if (i >= info.in_shapes.size())
-      throw NumericError("numeric: " + std::string(backward_name(n.kind)) +
-                         ": the forward's operand shapes are unknown (no forward kernel ran)");
-    return info.in_shapes[i];
-  };
+  auto in_shape = [&](size_t i) -> const Shape& { return operand_shape(n, info, i); };
   if (n.kind == OpKind::tied_sum) {  // the two uses' grads of one weight: their sum
     const bool a = n.grad[0] != kNoStorage, b = n.grad[1] != kNoStorage;
     if (!a && !b) return true;
