@@ -154,25 +154,58 @@ Tensor masked_fill_inplace(Runtime& rt, const Tensor& x, const Tensor& mask) {
 }
 }  // namespace
 
+// einsum "... q d, ... k d -> ... q k": the raw attention scores.
+Tensor Cs336Model::attention_scores(const Tensor& q, const Tensor& k) {
+  const double B = static_cast<double>(s_.batch), H = static_cast<double>(s_.heads);
+  const double S = static_cast<double>(s_.seq), hd = static_cast<double>(s_.d_model / s_.heads);
+  const double flops = 2.0 * B * H * S * S * hd;
+  if (!autocast_on()) {
+    numeric_hint(rt_, NumericHint::transpose_b);
+    return bmm(rt_, q, k, scores(), flops);
+  }
+  // Both einsum operands are cast (Q and K are fp32 after RoPE).
+  const uint64_t elem = ac_->low_elem();
+  Tensor qc = ac_->cast(q, q.bytes / 4 * elem);
+  Tensor kc = ac_->cast(k, k.bytes / 4 * elem);
+  Tensor out = bmm(rt_, qc, kc, scores() / s_.elem * elem, flops);
+  qc.reset();  // the casts die with the einsum call, left operand first
+  kc.reset();
+  return out;
+}
+
+// einsum "... q k, ... k d -> ... q d" and the view back to (B,H,S,h). V is a (B,H,S,h)
+// view with strides (S*D, h, D, 1): the einsum's reshape copies it.
+Tensor Cs336Model::attention_output(const Tensor& weights, const Tensor& v) {
+  const double B = static_cast<double>(s_.batch), H = static_cast<double>(s_.heads);
+  const double S = static_cast<double>(s_.seq), hd = static_cast<double>(s_.d_model / s_.heads);
+  const double flops = 2.0 * B * H * S * S * hd;
+  Tensor o;
+  if (autocast_on()) {
+    // Autocast casts the einsum's operands before its lowering copies V: the weights are
+    // fp32 and get a low-precision copy (saved); V is already low precision, its copy too.
+    const uint64_t elem = ac_->low_elem();
+    Tensor pc = ac_->cast(weights, weights.bytes / 4 * elem);
+    Tensor vc = clone(rt_, v);
+    o = bmm(rt_, pc, vc, act() / s_.elem * elem, flops);
+    vc.reset();  // the lowering's copy dies inside einsum, the autocast cast after it
+    pc.reset();
+  } else {
+    Tensor vc = clone(rt_, v);
+    o = bmm(rt_, weights, vc, act(), flops);
+    vc.reset();
+  }
+  // The einsum output view back to (B,H,S,h); its backward reshape gets a permuted grad.
+  Tensor o4 = view(rt_, o, /*copy_in_backward=*/true);
+  o.reset();
+  return o4;
+}
+
 // The masked_fill attention (Cs336Sdpa::masked_fill). The fp32 GPU copy of the mask
 // (the last argument) is only read: its bool copy below is what the op allocates.
 Tensor Cs336Model::sdpa_masked_fill(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& /*mask*/) {
-  const double B = static_cast<double>(s_.batch), H = static_cast<double>(s_.heads);
-  const double S = static_cast<double>(s_.seq), hd = static_cast<double>(s_.d_model / s_.heads);
   const uint64_t rows = s_.batch * s_.heads * s_.seq;
-  const bool ac = autocast_on();
-  const uint64_t elem = ac ? ac_->low_elem() : s_.elem;
-  Tensor dot;
-  if (ac) {
-    Tensor qc = ac_->cast(q, q.bytes / 4 * elem);
-    Tensor kc = ac_->cast(k, k.bytes / 4 * elem);
-    dot = bmm(rt_, qc, kc, scores() / s_.elem * elem, 2.0 * B * H * S * S * hd);
-    qc.reset();
-    kc.reset();
-  } else {
-    dot = bmm(rt_, q, k, scores(), 2.0 * B * H * S * S * hd);
-  }
+  Tensor dot = attention_scores(q, k);
   // torch.sqrt(torch.tensor(d_k, device=...)): an int64 0-d tensor, dead once its fp32
   // root exists; the root is saved by DivBackward0 (other).
   Tensor root;
@@ -190,20 +223,7 @@ Tensor Cs336Model::sdpa_masked_fill(const Tensor& q, const Tensor& k, const Tens
   Tensor masked = masked_fill_inplace(rt_, scaled, keep);
   keep.reset();
   Tensor p = softmax_lastdim(masked, rows);
-  Tensor o, vc;
-  if (ac) {
-    Tensor pc = ac_->cast(p, p.bytes / 4 * elem);
-    vc = clone(rt_, v);
-    o = bmm(rt_, pc, vc, act() / s_.elem * elem, 2.0 * B * H * S * S * hd);
-    vc.reset();
-    pc.reset();
-  } else {
-    vc = clone(rt_, v);
-    o = bmm(rt_, p, vc, act(), 2.0 * B * H * S * S * hd);
-    vc.reset();
-  }
-  Tensor o4 = view(rt_, o, /*copy_in_backward=*/true);
-  o.reset();
+  Tensor o4 = attention_output(p, v);
   // The locals die at the return: the raw scores, the scaled (= masked) ones, the weights.
   dot.reset();
   scaled.reset();
@@ -214,45 +234,15 @@ Tensor Cs336Model::sdpa_masked_fill(const Tensor& q, const Tensor& k, const Tens
 
 // Staff scaled_dot_product_attention (§2.7).
 Tensor Cs336Model::sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
-  const double B = static_cast<double>(s_.batch), H = static_cast<double>(s_.heads);
-  const double S = static_cast<double>(s_.seq), hd = static_cast<double>(s_.d_model / s_.heads);
   const uint64_t rows = s_.batch * s_.heads * s_.seq;
-  const bool ac = autocast_on();
-  const uint64_t elem = ac ? ac_->low_elem() : s_.elem;
-  Tensor s0;
-  if (ac) {  // both einsum operands are cast (Q and K are fp32 after RoPE)
-    Tensor qc = ac_->cast(q, q.bytes / 4 * elem);
-    Tensor kc = ac_->cast(k, k.bytes / 4 * elem);
-    s0 = bmm(rt_, qc, kc, scores() / s_.elem * elem, 2.0 * B * H * S * S * hd);
-    qc.reset();  // the casts die with the einsum call, left operand first
-    kc.reset();
-  } else {
-    numeric_hint(rt_, NumericHint::transpose_b);  // einsum "... q d, ... k d -> ... q k"
-    s0 = bmm(rt_, q, k, scores(), 2.0 * B * H * S * S * hd);
-  }
+  const uint64_t elem = autocast_on() ? ac_->low_elem() : s_.elem;
+  Tensor s0 = attention_scores(q, k);
   Tensor s1 = div_scalar(rt_, s0);
   s0.reset();
   Tensor scores_masked = where_scalar(rt_, mask, s1, elem);
   s1.reset();
   Tensor p = softmax_lastdim(scores_masked, rows);
-  // V is a (B,H,S,h) view with strides (S*D, h, D, 1): the einsum's reshape copies it.
-  Tensor o, vc;
-  if (ac) {
-    // Autocast casts the einsum's operands before its lowering copies V: P is fp32 and
-    // gets a low-precision copy (saved); V is already low precision, its copy too.
-    Tensor pc = ac_->cast(p, p.bytes / 4 * elem);
-    vc = clone(rt_, v);
-    o = bmm(rt_, pc, vc, act() / s_.elem * elem, 2.0 * B * H * S * S * hd);
-    vc.reset();  // the lowering's copy dies inside einsum, the autocast cast after it
-    pc.reset();
-  } else {
-    vc = clone(rt_, v);
-    o = bmm(rt_, p, vc, act(), 2.0 * B * H * S * S * hd);
-    vc.reset();
-  }
-  // The einsum output view back to (B,H,S,h); its backward reshape gets a permuted grad.
-  Tensor o4 = view(rt_, o, /*copy_in_backward=*/true);
-  o.reset();
+  Tensor o4 = attention_output(p, v);
   // The frame's locals die in slot order: the scores, then the softmax weights.
   scores_masked.reset();
   p.reset();

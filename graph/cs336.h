@@ -89,6 +89,10 @@ class Cs336Model {
   Tensor rmsnorm(const Tensor& x, int32_t weight);
   Tensor attention(const LayerParams& p, const Tensor& x);
   Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
+  // The two einsums both attention variants share: Q Kᵀ (the raw scores) and the
+  // weights times V, viewed back to (B, H, S, h).
+  Tensor attention_scores(const Tensor& q, const Tensor& k);
+  Tensor attention_output(const Tensor& weights, const Tensor& v);
   Tensor softmax_lastdim(const Tensor& x, uint64_t rows);
   Tensor softmax_exp_twice(const Tensor& x, uint64_t rows);
   Tensor sdpa_masked_fill(const Tensor& q, const Tensor& k, const Tensor& v,
