@@ -317,8 +317,8 @@ Tensor HfGpt2Model::forward(const Tensor& ids) {
   Tensor hidden;
   {
     Tensor position_ids = new_tensor(rt_, S * 8, OpKind::arange);
-    Tensor inputs_embeds = embedding_nn(rt_, wte_w, ids, s_.rows() * D * e);
-    Tensor position_embeds = embedding_nn(rt_, rt_.param(wpe_), position_ids, S * D * e);
+    Tensor inputs_embeds = embedding_nn(rt_, wte_w, ids, s_.rows() * D * e, D);
+    Tensor position_embeds = embedding_nn(rt_, rt_.param(wpe_), position_ids, S * D * e, D);
     Tensor h = add_bcast(rt_, inputs_embeds, position_embeds);
     h = drop(h);
     // The block loop; with gradient checkpointing HF calls

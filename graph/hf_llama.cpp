@@ -37,8 +37,25 @@ void HfLlamaModel::construct() {
   rt_.ctx.layer = -1;
   rt_.ctx.module = Module::norm;
   norm_ = rt_.add_parameter(D * e, "model.norm.weight");
-  // LlamaRotaryEmbedding's inv_freq buffer (hd/2 fp32, non-persistent).
-  inv_freq_ = rt_.alloc(s_.head_dim() / 2 * 4, TensorKind::other, OpKind::fill);
+  // LlamaRotaryEmbedding's inv_freq buffer (hd/2 fp32, non-persistent):
+  // 1.0 / (base ** (torch.arange(0, hd, 2, dtype=int64).float() / hd)), built on the
+  // device op by op (H100 trace): arange, float, / hd, base ** x (the Python float base
+  // becomes a 0-d double tensor), reciprocal, * 1.0.
+  {
+    const uint64_t n = s_.head_dim() / 2;
+    Tensor ar = rt_.alloc(n * 8, TensorKind::temporary, OpKind::arange);
+    Tensor f = rt_.alloc(n * 4, TensorKind::temporary, OpKind::to_copy);
+    ar.reset();
+    Tensor scaled = rt_.alloc(n * 4, TensorKind::temporary, OpKind::div_scalar);
+    f.reset();
+    Tensor pw = rt_.alloc(n * 4, TensorKind::temporary, OpKind::other);  // pow
+    rt_.alloc(8, TensorKind::temporary, OpKind::fill).reset();  // the wrapped base
+    scaled.reset();
+    Tensor rec = rt_.alloc(n * 4, TensorKind::temporary, OpKind::other);  // reciprocal
+    inv_freq_ = rt_.alloc(n * 4, TensorKind::other, OpKind::mul_scalar);
+    rec.reset();
+    pw.reset();
+  }
   rt_.ctx.module = Module::head;
   if (!s_.tied) {
     lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
@@ -103,7 +120,10 @@ Tensor HfLlamaModel::rmsnorm(const Tensor& x, int32_t w) {
   }
   Tensor hb = e == 4 ? hf : to_copy(rt_, hf, hf.bytes / 4 * e);
   hf.reset();
-  Tensor out = mul(rt_, rt_.param(w), hb);
+  // weight * x: the weight's grad sums over (B, S), a CUDA reduction that stages its
+  // partial sums in global memory (graph/cuda_reduce.h; 32 MiB at 4 x 1024 x 1024 on
+  // an H100).
+  Tensor out = mul(rt_, rt_.param(w), hb, Broadcast::leading_dims);
   rt_.ctx.module = outer;
   return out;  // `variance` dies with the forward's locals
 }
@@ -122,19 +142,27 @@ Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tens
     // q/k/v: mm, then view(B,S,h,hd).transpose(1,2). The grads arriving at these views
     // are not viewable back as (B,S,h*hd), so the view's backward reshape copies --
     // unless h == 1 (MQA k/v), where the transpose only moves a size-1 dimension.
+    // HF runs the three projections, then the three view+transposes: the views' autograd
+    // nodes are newer than every projection's, so backward copies all three grads back
+    // before the first projection's MmBackward (H100 trace).
+    Tensor query = proj(x, p, kQProj, p.q, D, D);
+    Tensor key = proj(x, p, kKProj, p.k, D, kvD);
+    Tensor value = proj(x, p, kVProj, p.v, D, kvD);
     numeric_hint(rt_, NumericHint::split_heads);  // numeric mode only (graph/numeric.h)
-    Tensor query = view(rt_, proj(x, p, kQProj, p.q, D, D), s_.heads > 1);
+    query = view(rt_, query, s_.heads > 1);
     numeric_hint(rt_, NumericHint::split_heads);
-    Tensor key = view(rt_, proj(x, p, kKProj, p.k, D, kvD), s_.kv_heads > 1);
+    key = view(rt_, key, s_.kv_heads > 1);
     numeric_hint(rt_, NumericHint::split_heads);
-    Tensor value = view(rt_, proj(x, p, kVProj, p.v, D, kvD), s_.kv_heads > 1);
+    value = view(rt_, value, s_.kv_heads > 1);
     // RoPE keeps q's (B,S,H,hd) memory layout (TensorIterator follows the first input).
-    if (autocast_on()) {  // low-precision q/k times fp32 cos/sin: fp32 q/k
-      query = rope_hf_autocast(rt_, query, cos, sin);
-      key = rope_hf_autocast(rt_, key, cos, sin);
-    } else {
-      query = rope_hf(rt_, query, cos, sin);
-      key = rope_hf(rt_, key, cos, sin);
+    // `query_states, key_states = apply_rotary_pos_emb(query_states, key_states, ...)`:
+    // the un-rotated q and k stay alive until both rotations have returned.
+    {
+      const bool low = autocast_on();  // low-precision q/k times fp32 cos/sin: fp32 q/k
+      Tensor q_embed = low ? rope_hf_autocast(rt_, query, cos, sin) : rope_hf(rt_, query, cos, sin);
+      Tensor k_embed = low ? rope_hf_autocast(rt_, key, cos, sin) : rope_hf(rt_, key, cos, sin);
+      query = std::move(q_embed);
+      key = std::move(k_embed);
     }
     // repeat_kv: expand + reshape copies, except for a single KV head (a view).
     const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
@@ -288,7 +316,7 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
   }
   Tensor hidden;
   {
-    Tensor inputs_embeds = embedding_nn(rt_, embed_w, ids, s_.rows() * D * e);
+    Tensor inputs_embeds = embedding_nn(rt_, embed_w, ids, s_.rows() * D * e, D);
     embed_w.reset();
     Tensor cache_position = new_tensor(rt_, S * 8, OpKind::arange);
     Tensor causal_mask;
@@ -312,17 +340,30 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
       rt_.grad_enabled = false;
       Tensor pos = new_tensor(rt_, S * 4, OpKind::to_copy, TensorKind::temporary);
       Tensor freqs = new_tensor(rt_, hd / 2 * S * 4, OpKind::bmm, TensorKind::temporary);
+      // inv_freq @ position_ids is a cuBLAS matmul: the step's first one, so it is where
+      // the forward thread's cuBLAS workspace is allocated (measured on an H100,
+      // tests/data/cuda_runs.json), not at q_proj.
+      rt_.note_gemm();
       Tensor emb = new_tensor(rt_, S * hd * 4, OpKind::other, TensorKind::temporary);
-      cos = new_tensor(rt_, S * hd * 4, OpKind::other);
-      sin = new_tensor(rt_, S * hd * 4, OpKind::other);
+      Tensor cos32 = new_tensor(rt_, S * hd * 4, OpKind::other);
+      Tensor sin32 = new_tensor(rt_, S * hd * 4, OpKind::other);
       numeric_hint(rt_, NumericHint::rope_cos);
-      cos = new_tensor(rt_, S * hd * 4, OpKind::mul_scalar);  // * attention_scaling
+      cos32 = new_tensor(rt_, S * hd * 4, OpKind::mul_scalar);  // * attention_scaling
       numeric_hint(rt_, NumericHint::rope_sin);
-      sin = new_tensor(rt_, S * hd * 4, OpKind::mul_scalar);
-      if (e != 4) {  // .to(x.dtype)
+      sin32 = new_tensor(rt_, S * hd * 4, OpKind::mul_scalar);
+      if (e != 4) {  // return cos.to(x.dtype), sin.to(x.dtype)
         cos = new_tensor(rt_, S * hd * e, OpKind::to_copy);
         sin = new_tensor(rt_, S * hd * e, OpKind::to_copy);
+      } else {
+        cos = std::move(cos32);
+        sin = std::move(sin32);
       }
+      // The frame's locals die in declaration order (H100 trace).
+      pos.reset();
+      freqs.reset();
+      emb.reset();
+      cos32.reset();
+      sin32.reset();
       rt_.grad_enabled = was;
     }
     // The decoder loop. With gradient checkpointing HF calls
@@ -335,7 +376,14 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
                             return layer(l, in, extra);
                           });
     hidden = rmsnorm(h, norm_);
-  }  // LlamaModel.forward returns: the mask, cache_position, cos/sin names die
+    // LlamaModel.forward returns: its locals die in declaration order (H100 trace).
+    inputs_embeds.reset();
+    cache_position.reset();
+    causal_mask.reset();
+    h.reset();
+    cos.reset();
+    sin.reset();
+  }
   rt_.ctx.module = Module::head;
   Tensor logits;
   if (s_.tied) {

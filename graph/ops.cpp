@@ -398,7 +398,7 @@ struct Bw {
   void sum_to(Grad& g, uint64_t bytes, int i) {
     if (g.storage == kNoStorage) return;
     uint32_t r = A(bytes, kind_for(i));
-    if (n.flags & kOuterBroadcast) {
+    if ((n.flags & kOuterBroadcast) && rt.kernel_scratch) {
       const uint64_t elem = 4;
       const ReduceScratch s = outer_reduce_scratch(n.size[2] / bytes, bytes / elem, elem);
       if (s.global_bytes != 0) {

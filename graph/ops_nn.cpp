@@ -156,13 +156,15 @@ Tensor native_dropout(Runtime& rt, const Tensor& x, uint64_t elem) {
   return out;
 }
 
-Tensor embedding_nn(Runtime& rt, const Tensor& weight, const Tensor& ids, uint64_t out_bytes) {
+Tensor embedding_nn(Runtime& rt, const Tensor& weight, const Tensor& ids, uint64_t out_bytes,
+                    uint64_t d_model) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::embedding_nn);
   detail::numeric_forward(rt, OpKind::embedding_nn, {&weight, &ids}, {&out});
   if (wants_grad(rt, {&weight})) {
     int32_t n = rt.make_node(OpKind::embedding_nn, {&weight});
     rt.node(n).size[0] = weight.bytes;
     rt.node(n).size[1] = ids.bytes;
+    rt.node(n).size[2] = d_model * 4;  // an fp32 accumulation row (backward)
     rt.save(n, ids);
     out.grad_fn = n;
   }
@@ -386,17 +388,33 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       if (needs(2)) out[2] = fresh(A(n.size[2], kind_for(2)));
       if (needs(0)) out[0] = fresh(A(n.size[0], kind_for(0)));
       break;
-    case OpKind::mm_linear:  // mat2 (W.t()) grad first, then self's
-      rt.note_gemm();
-      if (needs(1)) out[1] = fresh(A(n.size[1], kind_for(1)));
-      if (needs(0)) out[0] = fresh(A(n.size[0]));
+    case OpKind::mm_linear:
+      // mat2 (W.t()) grad first, then self's; the backward thread's cuBLAS workspace is
+      // taken inside the first mm, after its output (H100 trace, tests/data/cuda_runs.json).
+      if (needs(1)) {
+        out[1] = fresh(A(n.size[1], kind_for(1)));
+        rt.note_gemm();
+      }
+      if (needs(0)) {
+        // F.linear on (B, S, D) folds x to (B*S, D): x's grad is the mm result reshaped
+        // back, a view whose base keeps the storage shared, so the InputBuffer adds a
+        // second grad for x out of place (H100 trace: gate_proj + up_proj).
+        out[0] = Grad{A(n.size[0]), true, false};
+        rt.note_gemm();
+      }
       break;
     case OpKind::layer_norm:
       if (needs(0)) out[0] = fresh(A(n.size[0]));
       if (needs(1)) out[1] = fresh(A(n.size[1], kind_for(1)));
       if (needs(2)) out[2] = fresh(A(n.size[2], kind_for(2)));
       break;
-    case OpKind::softmax:  // _softmax_backward_data
+    case OpKind::softmax: {
+      // _softmax_backward_data on CUDA (SoftMax.cu): grad_input first, then the kernel's
+      // input `tmp = grad * output` (the output's dtype), freed when it returns.
+      out[0] = fresh(A(n.size[0], kind_for(0)));
+      if (rt.kernel_scratch) F(A(n.size[2] != 0 ? n.size[2] : n.size[0]));
+      break;
+    }
     case OpKind::tanh:     // tanh_backward
     case OpKind::silu:     // silu_backward
     case OpKind::mul_scalar:
@@ -415,25 +433,41 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       }
       break;
     case OpKind::embedding_nn: {
-      // embedding_dense_backward (CUDA): new (V, D), then sort-based accumulation with
-      // int64 temporaries of the index count (CPU skips those: a few KiB here).
+      // embedding_dense_backward on CUDA (H100 trace, torch 2.11): sorted and original
+      // indices, an arange for the radix sort's values; then grad_weight = zeros(V, D);
+      // embedding_backward_cuda_kernel's segment offsets and counts, and its partial
+      // sums, sized for the worst case (n + n/10 segments, NROWS_PER_THREAD = 10) of fp32
+      // rows. CUB's own scratch (a few KiB to tens of KiB, small pool) is not modelled.
+      if (!rt.kernel_scratch) {  // CPU: the (V, D) grad alone
+        out[0] = fresh(A(n.size[0], kind_for(0)));
+        break;
+      }
+      const uint64_t k = n.size[1], idx = k / 8;
+      const uint64_t max_segments = idx + idx / 10;
+      uint32_t sorted = A(k), orig = A(k);
+      F(A(k));  // arange
       uint32_t w = A(n.size[0], kind_for(0));
-      const uint64_t k = n.size[1];
-      uint32_t a1 = A(k), a2 = A(k);
-      F(a1);
-      uint32_t a3 = A(k), a4 = A(k), a5 = A(k), a6 = A(1);
-      F(a6);
-      F(a2);
-      F(a3);
-      F(a4);
-      F(a5);
+      uint32_t seg_offsets = A(k), n_segments = A(8);
+      F(A(k));
+      uint32_t partials_per_segment = A(k), partials_offset = A(k);
+      uint32_t n_partials = A(8), partial_offsets = A(max_segments * 8);
+      F(A(max_segments * n.size[2]));  // grad_weight_per_segment
+      F(partial_offsets);
+      F(n_partials);
+      F(partials_offset);
+      F(partials_per_segment);
+      F(n_segments);
+      F(seg_offsets);
+      F(orig);
+      F(sorted);
       out[0] = fresh(w);
       break;
     }
     case OpKind::rope_hf: {
-      // Measured (tools/fixtures): grad*sin, neg of the x2 half, slice_backward of the
-      // x2 slice (zeros + copy), slice_backward of the x1 slice, their sum out of place,
-      // grad*cos, and the final accumulation out of place.
+      // The autograd nodes of (x * cos) + (rotate_half(x) * sin), latest first (H100
+      // trace, tests/data/cuda_runs.json): grad*sin; cat's grads are views of it; neg of
+      // the x2 half; slice_backward of x2 (zeros + copy); slice_backward of x1, added
+      // into x2's in place (the InputBuffer owns it alone); grad*cos, added in place too.
       const uint64_t X = n.size[0], h = X / 2;
       uint32_t m1 = A(X);
       uint32_t ng = A(h);
@@ -441,14 +475,10 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       F(ng);
       uint32_t s1 = A(X);
       F(m1);
-      uint32_t a1 = A(X);
       F(s1);
-      F(s2);
       uint32_t m2 = A(X);
-      uint32_t a2 = A(X);
-      F(a1);
       F(m2);
-      out[0] = fresh(a2);
+      out[0] = fresh(s2);
       break;
     }
     case OpKind::sdpa_flash:

@@ -51,7 +51,9 @@ Tensor native_dropout(Runtime& rt, const Tensor& x, uint64_t elem);
 // --- embedding / data movement ------------------------------------------------------------
 // nn.Embedding (aten::embedding): saves the indices; backward embedding_dense_backward
 // = a (num_weights, D) grad plus CUDA's sort-based int64 temporaries.
-Tensor embedding_nn(Runtime& rt, const Tensor& weight, const Tensor& ids, uint64_t out_bytes);
+// d_model sizes embedding_dense_backward's fp32 partial sums (backward).
+Tensor embedding_nn(Runtime& rt, const Tensor& weight, const Tensor& ids, uint64_t out_bytes,
+                    uint64_t d_model);
 // x.narrow(seq) (logits[..., :-1, :]): a view; backward zeros(input) + copy (new, x.bytes).
 Tensor slice_seq(Runtime& rt, const Tensor& x, uint64_t out_bytes);
 // x.select(dim, i): a view of out_bytes; SelectBackward0 allocates zeros of x's size and

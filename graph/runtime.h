@@ -228,6 +228,8 @@ class Runtime {
   // (cs336-model.md §1, aten-saved-tensors.md §E).
   uint64_t cublas_workspace = 0;
   void note_gemm();
+  // Allocate CUDA kernels' scratch (DeviceConfig::kernel_scratch).
+  bool kernel_scratch = true;
 
   // Helpers for backward functions.
   uint32_t grad_alloc(uint64_t bytes, OpKind op, TensorKind kind = TensorKind::temporary) {

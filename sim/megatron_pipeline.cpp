@@ -78,6 +78,7 @@ class StageLoop {
 
   void run() {
     rt_.cublas_workspace = s_.device.cublas_workspace;
+    rt_.kernel_scratch = s_.device.kernel_scratch;
     try {
       checkpoint_ = make_checkpoint_engine(rt_, chunk_scenario_, default_script(chunk_scenario_));
     } catch (const PolicyError& e) {

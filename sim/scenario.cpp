@@ -104,7 +104,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"parallel", {"data", "tensor", "pipeline", "zero", "sharding", "reshard_after_forward",
                     "gradient_as_bucket_view", "fsdp_init", "sequence", "pipeline_schedule",
                     "virtual_stages", "cpu_offload", "fsdp_mixed_precision"}},
-      {"device", {"preset", "capacity", "cuda_context", "cublas_workspace"}},
+      {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",
                      "max_non_split_rounding_mb", "garbage_collection_threshold",
                      "roundup_power2_divisions", "memory_fraction"}},

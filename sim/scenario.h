@@ -169,6 +169,10 @@ struct DeviceConfig {
   uint64_t capacity = 0;               // bytes usable by the process (cudaMemGetInfo total)
   uint64_t cuda_context = 0;           // bytes taken outside the allocator
   uint64_t cublas_workspace = 8519680; // per (handle, stream); 32 MiB on sm_90
+  // CUDA kernels' own scratch through the caching allocator (softmax backward's
+  // grad * output, reductions' global staging, embedding backward's sort and partial
+  // sums). false describes a CPU run: the tests that compare with PyTorch on CPU.
+  bool kernel_scratch = true;
 };
 
 struct Scenario {

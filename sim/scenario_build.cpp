@@ -349,6 +349,7 @@ DeviceConfig build_device(const Doc& d) {
   read_if(d, "device.capacity", dev.capacity, read_size);
   read_if(d, "device.cuda_context", dev.cuda_context, read_size);
   read_if(d, "device.cublas_workspace", dev.cublas_workspace, read_size);
+  read_if(d, "device.kernel_scratch", dev.kernel_scratch, read_bool);
   if (dev.capacity == 0) fail(origin(d, "device.capacity", "device"), "device.capacity", "must be more than 0 bytes");
   if (dev.cuda_context >= dev.capacity) {
     fail(origin(d, "device.cuda_context", "device"), "device.cuda_context",

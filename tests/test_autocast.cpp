@@ -233,7 +233,7 @@ TEST_CASE("autocast: what one cs336 layer keeps for backward (cs336-model.md sec
             "batch: {micro_batch: 2, seq_len: 32}\n"
             "precision: {autocast: bf16}\n"
             "step: {kind: forward, warmup_steps: 0}\n"
-            "device: {capacity: 1GiB, cublas_workspace: 0}\n",
+            "device: {capacity: 1GiB, cublas_workspace: 0, kernel_scratch: false}\n",
         "layer.yaml");
   };
   const uint64_t a = B * S * D * 4, f = B * S * F * 4, A = B * H * S * S * 4;

@@ -40,6 +40,7 @@ Scenario base_scenario(const nlohmann::json& fx) {
   s.optimizer.type = OptimizerType::none;
   s.step.warmup_steps = 0;
   s.device.cublas_workspace = 0;
+  s.device.kernel_scratch = false;
   REQUIRE(fx["autocast"] == "bf16");
   REQUIRE(fx["autocast_region"] == "forward-and-loss");
   s.precision.autocast = DType::bf16;
@@ -163,7 +164,7 @@ TEST_CASE("hf-gpt2 under fp16 autocast: softmax reads fp16 directly (half_to_flo
                     "batch: {micro_batch: 2, seq_len: 96}\n"
                     "precision: {autocast: ") + dtype + "}\n"
             "optimizer: {type: sgd}\n"
-            "device: {capacity: 1GiB, cublas_workspace: 0}\n",
+            "device: {capacity: 1GiB, cublas_workspace: 0, kernel_scratch: false}\n",
         "gpt2.yaml");
     const Program p = build_program(s);
     return std::make_pair(measure_step(p), p.events.size());
@@ -192,7 +193,7 @@ TEST_CASE("reentrant recompute caches the casts of its detached inputs", "[autoc
         "precision: {autocast: bf16}\n"
         "optimizer: {type: none}\n"
         "checkpoint: {policy: selective}\n"
-        "device: {capacity: 1GiB, cublas_workspace: 0}\n",
+        "device: {capacity: 1GiB, cublas_workspace: 0, kernel_scratch: false}\n",
         "llama.yaml");
     s.checkpoint.reentrant = reentrant;
     const Program p = build_program(s);

@@ -34,6 +34,7 @@ Scenario model(ModelFamily family, int64_t layers, int64_t seq, const std::strin
   s.optimizer.impl = OptimizerImpl::foreach;
   s.step.warmup_steps = 1;
   s.device.cublas_workspace = 0;
+  s.device.kernel_scratch = false;
   s.checkpoint = parse_policy(policy);
   return s;
 }

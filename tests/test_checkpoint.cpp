@@ -35,6 +35,7 @@ Scenario small(int64_t layers = 4, int64_t seq = 64) {
   s.optimizer.impl = OptimizerImpl::foreach;
   s.step.warmup_steps = 1;
   s.device.cublas_workspace = 0;
+  s.device.kernel_scratch = false;
   return s;
 }
 

@@ -34,7 +34,7 @@ fs::path scenario_file() {
                       "  d_ff: 172\n  vocab: 96\n"
                       "batch:\n  micro_batch: 4\n  seq_len: 128\n"
                       "step:\n  warmup_steps: 1\n"
-                      "device:\n  capacity: 64MiB\n  cuda_context: 0\n  cublas_workspace: 0\n";
+                      "device:\n  capacity: 64MiB\n  cuda_context: 0\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return p;
 }
 

@@ -59,6 +59,7 @@ Scenario small(ModelFamily family, AttentionImpl attention) {
   s.optimizer.impl = OptimizerImpl::foreach;
   s.step.warmup_steps = 1;
   s.device.cublas_workspace = 0;
+  s.device.kernel_scratch = false;
   return s;
 }
 
@@ -297,7 +298,7 @@ TEST_CASE("memsim compare and optimize run hf-gpt2, hf-llama and megatron scenar
                         << "batch:\n  micro_batch: 4\n  seq_len: 128\n"
                            "precision:\n  params: bf16\n"
                            "step:\n  warmup_steps: 1\n"
-                           "device:\n  capacity: 1GiB\n  cuda_context: 0\n  cublas_workspace: 0\n";
+                           "device:\n  capacity: 1GiB\n  cuda_context: 0\n  cublas_workspace: 0\n  kernel_scratch: false\n";
     const std::string cmd = memsim_test::memsim_command();
     const auto compare = memsim_test::run_shell(
         cmd + "compare '" + file.string() + "' --policies none,full,selective --json - 2>&1");

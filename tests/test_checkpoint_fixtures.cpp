@@ -41,6 +41,7 @@ Scenario base_scenario() {
   s.optimizer.type = OptimizerType::none;
   s.step.warmup_steps = 0;
   s.device.cublas_workspace = 0;
+  s.device.kernel_scratch = false;
   return s;
 }
 

@@ -39,7 +39,7 @@ Scenario ddp_scenario(const nlohmann::json& f) {
   y += "optimizer:\n  type: sgd\n  impl: for-loop\n";
   y += "step:\n  kind: train\n  warmup_steps: 2\n";
   y += "parallel:\n  data: " + std::to_string(f["world_size"].get<int>() + 1) + "\n";
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return load_scenario_text(y, "ddp-fixture.yaml");
 }
 

@@ -65,7 +65,7 @@ Scenario combo_scenario(const nlohmann::json& f, bool qlora = false) {
   // DDP wraps the model for data > 1 only; world size 1 in torch is the same reducer.
   y += "parallel:\n  data: " + std::to_string(f["world_size"].get<int>() + 1) + "\n";
   if (f["gradient_as_bucket_view"].get<int>() != 0) y += "  gradient_as_bucket_view: true\n";
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return load_scenario_text(y, "ddp-combo-fixture.yaml");
 }
 

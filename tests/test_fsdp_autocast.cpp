@@ -33,6 +33,7 @@ Scenario fixture_scenario(const nlohmann::json& fx, const nlohmann::json& row) {
   s.optimizer.type = OptimizerType::none;
   s.step.warmup_steps = 0;
   s.device.cublas_workspace = 0;
+  s.device.kernel_scratch = false;
   s.precision.autocast = DType::bf16;
   s.precision.autocast_region = row["autocast_region"] == "whole-step"
                                     ? AutocastRegion::whole_step
@@ -58,7 +59,7 @@ Scenario tiny(const std::string& family, const std::string& precision,
   y += "optimizer:\n  type: adamw\n  impl: foreach\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "parallel:\n" + parallel;
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return load_scenario_text(y, "fsdp-autocast.yaml");
 }
 

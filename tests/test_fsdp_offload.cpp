@@ -25,7 +25,7 @@ Scenario offload_scenario(const std::string& family, int64_t d, const std::strin
   y += "optimizer:\n  type: " + optimizer + "\n  impl: foreach\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "parallel:\n  data: " + std::to_string(d) + "\n  sharding: fsdp\n" + extra;
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return load_scenario_text(y, "offload.yaml");
 }
 

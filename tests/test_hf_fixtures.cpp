@@ -51,7 +51,7 @@ Scenario scenario_for(const nlohmann::json& c) {
   y += "  autocast: " + c.value("autocast", std::string("none")) + "\n";  // forward-and-loss
   y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return load_scenario_text(y, "hf-fixture.yaml");
 }
 

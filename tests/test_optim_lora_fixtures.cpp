@@ -59,7 +59,7 @@ Scenario scenario_for(const nlohmann::json& c) {
     y += "  adapter_dtype: " + l.value("adapter_dtype", std::string("fp32")) + "\n";
   }
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return load_scenario_text(y, "optim-lora-fixture.yaml");
 }
 

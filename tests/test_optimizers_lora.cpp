@@ -18,7 +18,7 @@ const char* kLlama =
     "vocab: 512, context_length: 64, attention: eager}\n"
     "batch: {micro_batch: 2, seq_len: 32}\n"
     "step: {kind: train, warmup_steps: 1}\n"
-    "device: {capacity: 1TiB, cublas_workspace: 0}\n";
+    "device: {capacity: 1TiB, cublas_workspace: 0, kernel_scratch: false}\n";
 
 // Live bytes by kind at a mark of the measured step.
 std::map<TensorKind, uint64_t> live_at(const Program& p, const std::string& mark) {

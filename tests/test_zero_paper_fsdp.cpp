@@ -41,7 +41,7 @@ Scenario zero_paper_model(int zero) {
   if (zero > 0)
     y += "parallel:\n  data: " + std::to_string(kRanks) + "\n  sharding: fsdp\n  zero: " +
          std::to_string(zero) + "\n  fsdp_mixed_precision: bf16\n";
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return load_scenario_text(y, "zero-paper-fsdp.yaml");
 }
 

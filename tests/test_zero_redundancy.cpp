@@ -41,7 +41,7 @@ Scenario zero1_scenario(const nlohmann::json& f, const std::string& impl = "fore
   y += "optimizer:\n  type: adamw\n  impl: " + impl + "\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "parallel:\n  data: " + std::to_string(f["world_size"].get<int>()) + "\n  zero: 1\n";
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return load_scenario_text(y, "zero1.yaml");
 }
 
