@@ -299,13 +299,14 @@ Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& log
                                     const Tensor& targets) {
   const Module outer = rt.ctx.module;
   rt.ctx.module = Module::loss;
-  // cross_entropy itself is on the fp32 list: its fp32 copy of the logits lives through
-  // log_softmax and nll_loss (as an explicit `logits.float()` in the call would).
-  Tensor lf = ac.to_fp32(logits, logits.bytes / ac.low_elem() * 4);
-  Tensor logp = log_softmax(rt, lf);
-  Tensor loss = nll_loss(rt, logp, targets, 4);
-  logp.reset();
+  // CUDA autocast (H100 trace, torch 2.11): cross_entropy_loss calls log_softmax with the
+  // input's own dtype, so it runs in low precision (its result saved); nll_loss is on the
+  // fp32 list and saves its fp32 copy of the log-probabilities.
+  Tensor logp = log_softmax(rt, logits);
+  Tensor lf = ac.to_fp32(logp, logp.bytes / ac.low_elem() * 4);
+  Tensor loss = nll_loss(rt, lf, targets, 4);
   lf.reset();
+  logp.reset();
   rt.ctx.module = outer;
   return loss;
 }
@@ -370,30 +371,30 @@ bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) 
       break;
     }
     case OpKind::rope_hf_autocast: {
-      // grad*sin (fp32), cast to x's dtype (validate_outputs); rotate_half's backward:
-      // neg of a half, two slice_backward zeros+copies summed; grad*cos (fp32) and its
-      // cast; the two grads into x summed (CPU fixture's order).
+      // The autograd nodes of (x * cos) + (rotate_half(x) * sin) with low-precision x and
+      // fp32 cos/sin, latest first (H100 trace, torch 2.11): grad*sin (fp32), cast to x's
+      // dtype (validate_outputs); neg of the x2 half; slice_backward of x2 (zeros + copy)
+      // and of x1, added into x2's in place; grad*cos (fp32) and its cast, the incoming
+      // grad released, the cast added in place too.
       const uint64_t X = n.size[0];
       uint32_t m1 = A(2 * X);
       uint32_t c1 = A(X);
       F(m1);
+      rt.release_saved_slot(n, 1);  // sin, once its MulBackward0 has run
       uint32_t ng = A(X / 2);
-      uint32_t s1 = A(X);
-      F(ng);
       uint32_t s2 = A(X);
+      F(ng);
+      uint32_t s1 = A(X);
       F(c1);
-      uint32_t sum = A(X);
       F(s1);
-      F(s2);
       uint32_t m2 = A(2 * X);
       uint32_t c2 = A(X);
       F(m2);
+      rt.release_saved_slot(n, 0);  // cos
       n.grad[0] = kNoStorage;
       F(g.storage);
-      uint32_t r = A(X);
-      F(sum);
       F(c2);
-      out[0] = Grad{r, false, false};
+      out[0] = Grad{s2, false, false};
       break;
     }
     default:

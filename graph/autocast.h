@@ -140,8 +140,8 @@ Tensor rope_hf_autocast(Runtime& rt, const Tensor& x, const Tensor& cos, const T
 // fp32, the log-softmax (bf16 - fp32) promotes to fp32; neg, gather, mean fp32.
 Tensor cs336_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& logits,
                                     const Tensor& targets, uint64_t rows);
-// F.cross_entropy inside the region: cross_entropy is on the fp32 list, so the logits
-// get an fp32 copy that dies when the call returns; log_softmax and nll_loss are fp32.
+// F.cross_entropy inside the region, as CUDA autocast runs it: log_softmax in the logits'
+// low precision, then nll_loss (fp32 list) on an fp32 copy of the log-probabilities.
 Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& logits,
                                     const Tensor& targets);
 

@@ -32,8 +32,11 @@ void HfGpt2Model::construct() {
     rt_.ctx.module = Module::attention;
     // GPT2Attention registers its buffers first: the (P, P) bool causal `bias` and the
     // 0-d `masked_bias`.
+    // torch.tril(torch.ones((P, P), dtype=torch.bool)): the ones are a temporary.
+    Tensor ones = new_tensor(rt_, P * P, OpKind::fill, TensorKind::temporary);
     numeric_hint(rt_, NumericHint::causal_tril);  // numeric mode only (graph/numeric.h)
     p.causal_bias = new_tensor(rt_, P * P, OpKind::fill, TensorKind::other);
+    ones.reset();
     p.masked_bias = rt_.alloc(e, TensorKind::other, OpKind::fill);
     p.attn_w = lora_.add_base_weight(3 * D, D, pre + "attn.c_attn.weight", true);
     p.attn_b = rt_.add_parameter(3 * D * e, pre + "attn.c_attn.bias");
@@ -362,11 +365,7 @@ Tensor HfGpt2Model::loss(const Tensor& logits, const Tensor& labels) {
   Tensor shift_labels = new_tensor(rt_, shifted_rows * 8, OpKind::clone, TensorKind::temporary);
   Tensor out;
   if (autocast_on()) {
-    // cross_entropy is on the fp32 list: its fp32 copy of the logits lives through
-    // log_softmax and nll_loss.
-    Tensor lf = ac_->to_fp32(shift_logits, shift_logits.bytes / e * 4);
-    Tensor logp = log_softmax(rt_, lf);
-    out = nll_loss(rt_, logp, shift_labels, 4);
+    out = torch_cross_entropy_autocast(*ac_, rt_, shift_logits, shift_labels);
   } else {
     Tensor logp = log_softmax(rt_, shift_logits);
     out = nll_loss(rt_, logp, shift_labels, e);

@@ -118,12 +118,16 @@ Tensor HfLlamaModel::rmsnorm(const Tensor& x, int32_t w) {
     ve.reset();
     hf = mul(rt_, hf, r);
   }
+  // `return self.weight * hidden_states.to(input_dtype)`: the fp32 `hidden_states` is a
+  // local until forward returns (H100 trace, bf16).
   Tensor hb = e == 4 ? hf : to_copy(rt_, hf, hf.bytes / 4 * e);
-  hf.reset();
   // weight * x: the weight's grad sums over (B, S), a CUDA reduction that stages its
   // partial sums in global memory (graph/cuda_reduce.h; 32 MiB at 4 x 1024 x 1024 on
   // an H100).
-  Tensor out = mul(rt_, rt_.param(w), hb, Broadcast::leading_dims);
+  Tensor out = mul(rt_, rt_.param(w), hb, Broadcast::leading_dims, e);
+  hb.reset();
+  variance.reset();
+  hf.reset();
   rt_.ctx.module = outer;
   return out;  // `variance` dies with the forward's locals
 }
@@ -241,10 +245,18 @@ Tensor HfLlamaModel::eager_core(const Tensor& query, const Tensor& key, const Te
   }
   if (e == 4) {
     w = softmax(rt_, w);
-  } else {  // softmax(dtype=float32) converts first, then .to(dtype) casts back
-    w = to_copy(rt_, w, w.bytes / e * 4);
-    w = softmax(rt_, w);
-    w = to_copy(rt_, w, w.bytes / 4 * e);
+  } else {
+    // `attn_weights = F.softmax(attn_weights, dtype=float32).to(dtype)`: softmax converts
+    // its input first (the copy dies with the call), .to casts back; the bf16 scores are
+    // rebound only once the whole expression has returned (H100 trace).
+    Tensor p32;
+    {
+      Tensor w32 = to_copy(rt_, w, w.bytes / e * 4);
+      p32 = softmax(rt_, w32);
+    }
+    Tensor p = to_copy(rt_, p32, p32.bytes / 4 * e);
+    p32.reset();
+    w = std::move(p);
   }
   if (s_.dropout > 0.0) w = native_dropout(rt_, w, e);
   Tensor o;
@@ -392,11 +404,11 @@ Tensor HfLlamaModel::forward(const Tensor& ids) {
   } else {
     logits = linear(hidden, lm_head_, D, s_.vocab);
   }
-  hidden.reset();
   if (autocast_on())
     logits = to_copy(rt_, logits, logits.bytes / ac_->low_elem() * 4);  // logits.float()
   else if (e != 4)
     logits = to_copy(rt_, logits, logits.bytes / e * 4);  // logits.float()
+  hidden.reset();  // a local of forward: it dies when forward returns (H100 trace)
   rt_.ctx.module = Module::none;
   return logits;
 }

@@ -196,12 +196,15 @@ Tensor sub(Runtime& rt, const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b, Broadcast bc) {
+Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b, Broadcast bc, uint64_t elem) {
   Tensor out = out_tensor(rt, std::max(a.bytes, b.bytes), OpKind::mul);
   detail::numeric_forward(rt, OpKind::mul, {&a, &b}, {&out});
   if (wants_grad(rt, {&a, &b})) {
     int32_t n = binary_node(rt, OpKind::mul, a, b, out);
-    if (bc == Broadcast::leading_dims) rt.node(n).flags |= kOuterBroadcast;
+    if (bc == Broadcast::leading_dims) {
+      rt.node(n).flags |= kOuterBroadcast;
+      rt.node(n).size[3] = elem;
+    }
     // derivatives.yaml: self's grad needs other, other's grad needs self.
     detail::save_cross(rt, n, a, b);
   }
@@ -399,8 +402,10 @@ struct Bw {
     if (g.storage == kNoStorage) return;
     uint32_t r = A(bytes, kind_for(i));
     if ((n.flags & kOuterBroadcast) && rt.kernel_scratch) {
-      const uint64_t elem = 4;
-      const ReduceScratch s = outer_reduce_scratch(n.size[2] / bytes, bytes / elem, elem);
+      // The kernel vectorises 4 outputs and stages fp32 partials whatever the dtype
+      // (bf16 weights: the same 32 MiB + 32 B as fp32 on the H100 trace).
+      const uint64_t elem = n.size[3] != 0 ? n.size[3] : 4;
+      const ReduceScratch s = outer_reduce_scratch(n.size[2] / bytes, bytes / elem, 4);
       if (s.global_bytes != 0) {
         uint32_t staging = A(s.global_bytes);
         uint32_t sem = A(s.semaphore_bytes);

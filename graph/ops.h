@@ -32,8 +32,9 @@ Tensor mean_all(Runtime& rt, const Tensor& x, uint64_t out_bytes);
 Tensor add_scalar(Runtime& rt, const Tensor& x);
 Tensor add(Runtime& rt, const Tensor& a, const Tensor& b);
 Tensor sub(Runtime& rt, const Tensor& a, const Tensor& b);  // b may broadcast
+// elem: bytes per element of the broadcast operand (leading_dims: its grad's reduction).
 Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b,
-           Broadcast bc = Broadcast::trailing_ones);  // either may broadcast
+           Broadcast bc = Broadcast::trailing_ones, uint64_t elem = 4);  // either may broadcast
 Tensor div(Runtime& rt, const Tensor& a, const Tensor& b);  // b may broadcast
 Tensor div_scalar(Runtime& rt, const Tensor& x);
 Tensor rsqrt(Runtime& rt, const Tensor& x);

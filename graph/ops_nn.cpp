@@ -67,7 +67,7 @@ Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor
                   uint64_t out_bytes, double flops) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::addmm);
   detail::numeric_forward(rt, OpKind::addmm, {&bias, &x, &w}, {&out});
-  rt.note_gemm();
+  rt.note_gemm_lt();
   rt.add_flops_forward(flops);
   if (wants_grad(rt, {&bias, &x, &w})) {
     int32_t n = rt.make_node(OpKind::addmm, {&bias, &x, &w});
@@ -468,8 +468,10 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       // trace, tests/data/cuda_runs.json): grad*sin; cat's grads are views of it; neg of
       // the x2 half; slice_backward of x2 (zeros + copy); slice_backward of x1, added
       // into x2's in place (the InputBuffer owns it alone); grad*cos, added in place too.
+      // Each MulBackward0 drops its saved sin / cos once it has run.
       const uint64_t X = n.size[0], h = X / 2;
       uint32_t m1 = A(X);
+      rt.release_saved_slot(n, 1);  // sin
       uint32_t ng = A(h);
       uint32_t s2 = A(X);
       F(ng);
@@ -477,6 +479,7 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       F(m1);
       F(s1);
       uint32_t m2 = A(X);
+      rt.release_saved_slot(n, 0);  // cos
       F(m2);
       out[0] = fresh(s2);
       break;

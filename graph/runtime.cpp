@@ -242,8 +242,17 @@ void Runtime::fill_saved(int32_t id, uint32_t k, uint32_t storage) {
 void Runtime::save(int32_t id, const Tensor& t) { save_storage(id, t.storage); }
 
 void Runtime::release_saved(Node& n) {
-  for (uint32_t i = 0; i < n.saved_count; ++i) release(saved_[n.saved_first + i]);
+  for (uint32_t i = 0; i < n.saved_count; ++i)
+    if (saved_[n.saved_first + i] != kNoStorage) release(saved_[n.saved_first + i]);
   n.saved_count = 0;
+}
+
+void Runtime::release_saved_slot(Node& n, uint32_t k) {
+  if (k >= n.saved_count) return;
+  uint32_t& s = saved_[n.saved_first + k];
+  if (s == kNoStorage) return;
+  release(s);
+  s = kNoStorage;
 }
 
 void Runtime::discard_graph(uint32_t g) {
@@ -319,6 +328,13 @@ void Runtime::note_gemm() {
   const int thread = in_backward_ ? 1 : 0;
   if (cublas_workspace == 0 || workspace_[thread] != kNoStorage) return;
   workspace_[thread] = alloc_raw(cublas_workspace, TensorKind::other, OpKind::other);
+}
+
+void Runtime::note_gemm_lt() {
+  note_gemm();
+  const int thread = in_backward_ ? 1 : 0;
+  if (cublas_workspace == 0 || lt_workspace_[thread] != kNoStorage) return;
+  lt_workspace_[thread] = alloc_raw(kCublasLtWorkspace, TensorKind::other, OpKind::other);
 }
 
 // ------------------------------------------------------------------- backward

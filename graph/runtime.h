@@ -199,6 +199,9 @@ class Runtime {
   // Drops node n's saved variables now (a composite node whose inner nodes would have
   // released them part-way through its backward). The engine's release is then a no-op.
   void release_saved(Node& n);
+  // Drops node n's k-th saved variable now (the inner node that used it has run); the
+  // engine's release later skips the emptied slot.
+  void release_saved_slot(Node& n, uint32_t k);
   // Fills node `id`'s k-th saved slot (a checkpoint placeholder) with `storage`, retained.
   void fill_saved(int32_t id, uint32_t k, uint32_t storage);
 
@@ -228,6 +231,12 @@ class Runtime {
   // (cs336-model.md §1, aten-saved-tensors.md §E).
   uint64_t cublas_workspace = 0;
   void note_gemm();
+  // A cuBLASLt GEMM (addmm with a bias: the epilogue fuses it): the thread's cuBLAS
+  // workspace, then cuBLASLt's own 1 MiB one (CUBLASLT_WORKSPACE_SIZE's default), also
+  // kept for the process lifetime (H100 trace, torch 2.11: GPT-2's first Conv1D addmm).
+  // None when cublas_workspace is 0.
+  void note_gemm_lt();
+  static constexpr uint64_t kCublasLtWorkspace = 1 << 20;
   // Allocate CUDA kernels' scratch (DeviceConfig::kernel_scratch).
   bool kernel_scratch = true;
 
@@ -272,6 +281,7 @@ class Runtime {
   std::vector<uint32_t> owners_scratch_;  // discard_graph's buffers, kept for capacity
   std::vector<int32_t> stack_scratch_;
   uint32_t workspace_[2] = {kNoStorage, kNoStorage};
+  uint32_t lt_workspace_[2] = {kNoStorage, kNoStorage};
   uint32_t live_nodes_ = 0;
   uint32_t fwd_name_[kOpKindCount];
   uint32_t bwd_name_[kOpKindCount];

@@ -93,7 +93,9 @@ struct Sizer {
 };
 
 // torch.optim.Adam / AdamW. State per parameter: exp_avg, exp_avg_sq (zeros_like, in
-// parameter order, on the first step); `step` is a CPU scalar (not capturable/fused).
+// parameter order, on the first step); `step` is a CPU scalar, except with fused=True,
+// where _init_group makes it a 0-d fp32 tensor on the device before the moments (512 B
+// each after rounding; H100 trace, torch 2.11).
 class TorchAdam final : public OptimizerSim {
  public:
   TorchAdam(OptimizerImpl impl, Sizer size) : impl_(impl), size_(size) {}
@@ -105,6 +107,7 @@ class TorchAdam final : public OptimizerSim {
     }
     for (size_t i = 0; i < params.size(); ++i) {  // _init_group
       if (params[i].grad == graph::kNoStorage || exp_avg_[i].defined()) continue;
+      if (impl_ == OptimizerImpl::fused) device_step_.push_back(state(rt, 4));
       exp_avg_[i] = state(rt, size_(params[i]));
       exp_avg_sq_[i] = state(rt, size_(params[i]));
     }
@@ -148,6 +151,7 @@ class TorchAdam final : public OptimizerSim {
   OptimizerImpl impl_;
   Sizer size_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<Tensor> device_step_;  // fused only
 };
 
 // torch.optim.SGD: momentum_buffer = clone(grad) on the first step, then in place.

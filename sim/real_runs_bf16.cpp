@@ -61,8 +61,7 @@ std::vector<RealRun> cs336_bf16_real_runs() {
     runs.push_back(r);
   }
   // Full step: forward in the region, then `F.cross_entropy(logits.float(), ...)`: the
-  // fp32 copy of the bf16 logits dies after the loss, as autocast's own fp32 cast for
-  // log_softmax would (forward-and-loss with F.cross_entropy emits the same events).
+  // fp32 copy of the bf16 logits lives through log_softmax and nll_loss.
   for (int64_t seq : {128, 512}) {
     RealRun r;
     r.id = "linyun xl train foreach AdamW bf16" + tag(seq);
@@ -72,6 +71,8 @@ std::vector<RealRun> cs336_bf16_real_runs() {
     r.scenario.optimizer.impl = OptimizerImpl::foreach;
     r.scenario.step.warmup_steps = 5;
     r.scenario.precision.autocast_region = AutocastRegion::forward_and_loss;
+    r.scenario.loss.impl = LossFunction::torch_float;
+    r.script.loss = LossImpl::torch_float;
     r.script.outputs_are_step_locals = true;
     runs.push_back(r);
   }

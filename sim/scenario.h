@@ -102,9 +102,10 @@ const char* to_string(StepKind kind);
 
 // The loss the user's loop computes (cs336 family; sim/script_loss.h). impl: automatic =
 // the staff cross_entropy with optimizer.impl cs336, F.cross_entropy otherwise; one_hot =
-// a hand-written `-sum(one_hot * log_softmax(x)) / B`. positions: last = the loss on
+// a hand-written `-sum(one_hot * log_softmax(x)) / B`; torch_float = F.cross_entropy on
+// `logits.float()`. positions: last = the loss on
 // `logits[:, -1, :]` only (targets are (B,)).
-enum class LossFunction { automatic, torch, cs336, one_hot };
+enum class LossFunction { automatic, torch, torch_float, cs336, one_hot };
 enum class LossPositions { all, last };
 struct LossConfig {
   LossFunction impl = LossFunction::automatic;

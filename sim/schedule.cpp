@@ -31,6 +31,7 @@ TrainingScript default_script(const Scenario& scenario) {
   switch (scenario.loss.impl) {  // loss.impl (sim/script_loss.h)
     case LossFunction::automatic: break;
     case LossFunction::torch: s.loss = LossImpl::torch; break;
+    case LossFunction::torch_float: s.loss = LossImpl::torch_float; break;
     case LossFunction::cs336: s.loss = LossImpl::cs336; break;
     case LossFunction::one_hot: s.loss = LossImpl::one_hot; break;
   }

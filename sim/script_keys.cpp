@@ -10,7 +10,8 @@ namespace memsim::scenario_detail {
 
 namespace {
 const std::vector<std::pair<std::string, LossFunction>> kLossImpls = {
-    {"torch", LossFunction::torch}, {"cs336", LossFunction::cs336},
+    {"torch", LossFunction::torch}, {"torch-float", LossFunction::torch_float},
+    {"cs336", LossFunction::cs336},
     {"one-hot", LossFunction::one_hot}};
 const std::vector<std::pair<std::string, LossPositions>> kPositions = {
     {"all", LossPositions::all}, {"last", LossPositions::last}};
@@ -62,7 +63,7 @@ namespace {
 
 void require_script_keys_modelled(const Scenario& s) {
   const bool torch_loss =
-      s.loss.impl == LossFunction::torch ||
+      s.loss.impl == LossFunction::torch || s.loss.impl == LossFunction::torch_float ||
       (s.loss.impl == LossFunction::automatic && s.optimizer.impl != OptimizerImpl::cs336);
   if (s.loss.positions == LossPositions::last && torch_loss)
     refuse(s, "loss.positions",

@@ -1,6 +1,8 @@
 #include "sim/script_loss.h"
 
+#include "graph/autocast.h"
 #include "graph/losses.h"
+#include "graph/ops_nn.h"
 #include "graph/script_losses.h"
 
 namespace memsim {
@@ -23,6 +25,15 @@ graph::Tensor cs336_script_loss(graph::Runtime& rt, graph::Autocast* autocast,
                            : graph::cs336_cross_entropy(rt, x, targets, rows, logits_elem);
     case LossImpl::torch:
       break;
+    case LossImpl::torch_float: {
+      // `logits.float()`: an fp32 copy (none when already fp32), then F.cross_entropy on
+      // fp32, which autocast leaves alone.
+      if (logits_elem == 4) return graph::torch_cross_entropy(rt, x, targets, 4);
+      graph::Tensor xf = ac != nullptr ? ac->to_fp32(x, x.bytes / logits_elem * 4)
+                                       : graph::to_copy(rt, x, x.bytes / logits_elem * 4);
+      x.reset();
+      return graph::torch_cross_entropy(rt, xf, targets, 4);
+    }
   }
   // F.cross_entropy on the last position is refused when the scenario is checked
   // (sim/script_keys.h): its CUDA kernel's handling of the strided view is not checked.

@@ -22,6 +22,7 @@ namespace memsim {
 enum class LossImpl : uint8_t {
   cs336,         // cs336_basics.nn_utils.cross_entropy (cs336-model.md §6)
   torch,         // F.cross_entropy(logits.view(-1, V), targets.view(-1))
+  torch_float,   // F.cross_entropy(logits.float().view(-1, V), ...): an explicit fp32 copy
   one_hot,       // -sum(one_hot * log_softmax) / B, hand-written (graph/script_losses.h)
 };
 
