@@ -53,6 +53,12 @@ LLAMA = dict(layers=4, d_model=1024, heads=16, kv_heads=4, d_ff=2816, vocab=3200
              seq=1024, batch=4, dropout=0.0)
 GPT2 = dict(layers=4, d_model=1024, heads=16, kv_heads=16, d_ff=4096, vocab=50257, context=1024,
             seq=1024, batch=4, dropout=0.1)
+# Blind checks: memsim's predictions for these were committed before they were measured
+# (tests/data/h100/blind_predictions.json).
+LLAMA_BIG = dict(layers=8, d_model=2048, heads=16, kv_heads=8, d_ff=5632, vocab=32000,
+                 context=2048, seq=2048, batch=2, dropout=0.0)
+GPT2_BIG = dict(layers=8, d_model=1280, heads=20, kv_heads=20, d_ff=5120, vocab=50257,
+                context=1024, seq=1024, batch=4, dropout=0.1)
 
 
 def spec(name, family, cfg, impl="standin", optimizer="adamw", opt_impl="foreach",
@@ -90,7 +96,17 @@ def all_specs():
                   impl="transformers", attention="sdpa", autocast="bf16"))
     s.append(spec("tf_llama_l4_d1024_s1024_b4_eager_full", "hf-llama", LLAMA,
                   impl="transformers", policy="full"))
-    # 3. The CPU fixtures' tiny configurations (tests/data/torch_cpu), now on CUDA.
+    # 3. Blind checks (predicted before they were run).
+    s.append(spec("blind_llama_l8_d2048_s2048_b2", "hf-llama", LLAMA_BIG))
+    s.append(spec("blind_llama_l8_d2048_s2048_b2_full", "hf-llama", LLAMA_BIG, policy="full"))
+    s.append(spec("blind_llama_l8_d2048_s2048_b2_autocast_bf16", "hf-llama", LLAMA_BIG,
+                  autocast="bf16"))
+    s.append(spec("blind_llama_l8_d2048_s2048_b2_selective_fused", "hf-llama", LLAMA_BIG,
+                  policy="selective", opt_impl="fused"))
+    s.append(spec("blind_gpt2_l8_d1280_s1024_b4_drop0.1", "hf-gpt2", GPT2_BIG))
+    s.append(spec("blind_gpt2_l8_d1280_s1024_b4_autocast_bf16", "hf-gpt2", GPT2_BIG,
+                  dropout=0.0, autocast="bf16"))
+    # 4. The CPU fixtures' tiny configurations (tests/data/torch_cpu), now on CUDA.
     try:
         import gen_torch_cpu_fixtures as cpu
         for name, family, cfg, optimizer in cpu.CONFIGS:
