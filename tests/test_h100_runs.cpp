@@ -55,6 +55,12 @@ const std::map<std::string, KnownGap> kKnownGaps = {
     // models: the setup leaves other cached blocks behind.
     {"gpt2_l4_d1024_s1024_b4_drop0.1", {0.0001, 0.0005, "stand-in's Conv1D init"}},
     {"gpt2_l4_d1024_s1024_b4_autocast_bf16", {0.0, 0.002, "stand-in's Conv1D init"}},
+    // Blind checks (predicted before they ran, tests/data/h100/blind_predictions.json):
+    // the re-runs of full checkpointing leave 16 MiB more cached in memsim; GPT-2's
+    // allocated differs by block rounding (reserved exact).
+    {"blind_llama_l8_d2048_s2048_b2_full", {0.0, 0.0013, "full re-run transients"}},
+    {"blind_gpt2_l8_d1280_s1024_b4_drop0.1", {0.0002, 0.0, "block rounding"}},
+    {"blind_gpt2_l8_d1280_s1024_b4_autocast_bf16", {0.00002, 0.0, "block rounding"}},
     // transformers 5.17 is not the v4.44-era code memsim models (docs/h100-runs.md).
     {"tf_llama_l4_d1024_s1024_b4_eager", {0.0004, 0.08, "transformers 5.17"}},
     {"tf_llama_l4_d1024_s1024_b4_sdpa", {0.18, 0.11, "transformers 5.17"}},
@@ -115,7 +121,7 @@ using memsim_test::rel;
 
 TEST_CASE("H100 snapshots (PyTorch 2.11) replay through the emulator with no mismatch", "[h100][replay]") {
   const nlohmann::json runs = memsim_test::load_json(kRuns);
-  REQUIRE(runs["results"].size() == 30);
+  REQUIRE(runs["results"].size() == 41);
   for (const nlohmann::json& r : runs["results"]) {
     const std::string name = r["spec"]["name"];
     INFO(name);
@@ -167,5 +173,5 @@ TEST_CASE("Measured steps on an H100 (PyTorch 2.11): hf stand-ins and transforme
     }
   }
   std::printf("%zu runs compared, %zu exact in both peaks\n", compared, exact);
-  CHECK(compared == 28);
+  CHECK(compared == 39);
 }
