@@ -91,6 +91,27 @@ Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
   return out;
 }
 
+void CheckpointEngine::undo_unborn_output() {
+  const uint32_t t = unborn_output_;
+  unborn_output_ = kNoStorage;
+  if (t == kNoStorage) return;
+  auto& events = rt_.program().events;
+  // Its alloc, and its free while the exception unwound (none: a kept tensor such as a
+  // cuBLAS workspace, which stays).
+  size_t a = events.size(), f = events.size();
+  for (size_t i = events.size(); i-- > 0;) {
+    if (events[i].tensor != t) continue;
+    if (events[i].type == EventType::free && f == events.size()) f = i;
+    if (events[i].type == EventType::alloc) {
+      a = i;
+      break;
+    }
+  }
+  if (a == events.size() || f == events.size() || f < a) return;
+  events.erase(events.begin() + static_cast<std::ptrdiff_t>(f));
+  events.erase(events.begin() + static_cast<std::ptrdiff_t>(a));
+}
+
 bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
   if (recompute_region_ != 0) {
     Region& reg = regions_[recompute_region_ - 1];
@@ -103,6 +124,15 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
       if (plan_.early_stop && !plan_.reentrant && recompute_next_ == reg.placeholders.size()) {
         // torch exits the re-run's autocast context while the exception unwinds; the
         // re-run's locals die later, with the traceback that holds their frames.
+        // torch makes an op's node and saves its inputs before the kernel runs
+        // (VariableType); memsim's ops allocate their output first. When the save that
+        // ends the re-run is not of the tensor just allocated, that output never existed
+        // in the real re-run (H100 trace: no down_proj output in an MLP region's re-run).
+        const auto& events = rt_.program().events;
+        unborn_output_ = (!events.empty() && events.back().type == EventType::alloc &&
+                          events.back().tensor != storage)
+                             ? events.back().tensor
+                             : kNoStorage;
         leave_autocast();
         throw StopRecomputation{};
       }
@@ -164,6 +194,7 @@ void CheckpointEngine::recompute(uint32_t r) {
     out = reg.fn(reg.inputs);
   } catch (const StopRecomputation&) {
     // early stop: the re-run's locals died while unwinding, as in Python
+    undo_unborn_output();
   } catch (...) {
     leave_autocast();
     throw;

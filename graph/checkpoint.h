@@ -153,6 +153,9 @@ class CheckpointEngine {
   void drop_frame(Region& r);
 
   void leave_autocast();
+  // Early stop: removes the alloc and free of an output that the real re-run never made
+  // (see pack()).
+  void undo_unborn_output();
 
   Runtime& rt_;
   CheckpointPlan plan_;
@@ -164,6 +167,7 @@ class CheckpointEngine {
   uint32_t forward_region_ = 0;       // the region whose forward is running
   uint32_t recompute_region_ = 0;     // the region being re-run
   size_t recompute_next_ = 0;         // next placeholder the re-run fills
+  uint32_t unborn_output_ = kNoStorage;  // early stop: an output allocated before the stop
   uint32_t recomputations_ = 0;
 };
 
