@@ -117,6 +117,23 @@ Predicted simulate(const nlohmann::json& sp) {
 
 using memsim_test::rel;
 
+// The sizes of the allocations above 1 MiB (the large pool), in order: from the trace,
+// and from the simulated Program (requests rounded as the allocator rounds them).
+std::vector<uint64_t> large_allocs(const Snapshot& snap) {
+  std::vector<uint64_t> out;
+  for (const SnapshotTraceEntry& e : snap.device_traces.at(0))
+    if (e.action == TraceAction::alloc && e.size > (1u << 20)) out.push_back(e.size);
+  return out;
+}
+std::vector<uint64_t> large_allocs(const Program& p) {
+  std::vector<uint64_t> out;
+  for (const MemoryEvent& e : p.events) {
+    const uint64_t rounded = (e.bytes + 511) / 512 * 512;
+    if (e.type == EventType::alloc && rounded > (1u << 20)) out.push_back(rounded);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("H100 snapshots (PyTorch 2.11) replay through the emulator with no mismatch", "[h100][replay]") {
@@ -140,6 +157,30 @@ TEST_CASE("H100 snapshots (PyTorch 2.11) replay through the emulator with no mis
     CHECK(rep.peak_allocated_bytes == alloc_peak);
     CHECK(rep.peak_reserved_bytes == reserved_peak);
   }
+}
+
+TEST_CASE("H100 LLaMA runs: every large allocation of the program in the trace's order and size", "[h100]") {
+  // Setup, warm-up and measured step: the parameters, each activation, gradient, optimizer
+  // state, workspace and kernel scratch above 1 MiB.
+  const nlohmann::json runs = memsim_test::load_json(kRuns);
+  size_t checked = 0;
+  for (const nlohmann::json& r : runs["results"]) {
+    const nlohmann::json& sp = r["spec"];
+    const std::string name = sp["name"];
+    const bool same = name == "llama_l4_d1024_s1024_b4_none" || name == "llama_l4_d1024_s1024_b4_selective" ||
+                      name == "llama_l4_d1024_s1024_b4_fused" || name == "llama_l4_d1024_s1024_b4_bf16" ||
+                      name == "llama_l4_d1024_s1024_b4_autocast_bf16" || name == "blind_llama_l8_d2048_s2048_b2";
+    if (!same) continue;
+    INFO(name);
+    const Scenario s = load_scenario_text(scenario_yaml(sp), name + ".yaml");
+    const std::vector<uint64_t> predicted = large_allocs(build_program(s));
+    const std::vector<uint64_t> real =
+        large_allocs(read_snapshot_file(kSnapshots + "/" + name + ".pickle"));
+    CHECK(predicted.size() == real.size());
+    CHECK(predicted == real);
+    ++checked;
+  }
+  CHECK(checked == 6);
 }
 
 TEST_CASE("Measured steps on an H100 (PyTorch 2.11): hf stand-ins and transformers 5.17", "[h100]") {
