@@ -172,7 +172,9 @@ struct DeviceConfig {
   uint64_t cublas_workspace = 8519680; // per (handle, stream); 32 MiB on sm_90
   // CUDA kernels' own scratch through the caching allocator (softmax backward's
   // grad * output, reductions' global staging, embedding backward's sort and partial
-  // sums). false describes a CPU run: the tests that compare with PyTorch on CPU.
+  // sums), and CUDA's allocation order where its kernel differs from the CPU one
+  // (dropout's mask first). false describes a CPU run: the tests that compare with
+  // PyTorch on CPU.
   bool kernel_scratch = true;
 };
 

@@ -53,20 +53,20 @@ const std::map<std::string, KnownGap> kKnownGaps = {
     // The stand-in initialises each Conv1D weight out of place (randn(...) * 0.02: a
     // temporary per weight at setup) where HF's Conv1D fills it in place, which memsim
     // models: the setup leaves other cached blocks behind.
-    {"gpt2_l4_d1024_s1024_b4_drop0.1", {0.0001, 0.0005, "stand-in's Conv1D init"}},
+    {"gpt2_l4_d1024_s1024_b4_drop0.1", {0.0, 0.001, "stand-in's Conv1D init"}},
     {"gpt2_l4_d1024_s1024_b4_autocast_bf16", {0.0, 0.002, "stand-in's Conv1D init"}},
     // Blind checks (predicted before they ran, tests/data/h100/blind_predictions.json):
     // the re-runs of full checkpointing leave 16 MiB more cached in memsim; GPT-2's
     // allocated differs by block rounding (reserved exact).
     {"blind_llama_l8_d2048_s2048_b2_full", {0.0, 0.0013, "full re-run transients"}},
-    {"blind_gpt2_l8_d1280_s1024_b4_drop0.1", {0.0002, 0.0, "block rounding"}},
+    {"blind_gpt2_l8_d1280_s1024_b4_drop0.1", {0.00012, 0.0, "attention backward order"}},
     {"blind_gpt2_l8_d1280_s1024_b4_autocast_bf16", {0.00002, 0.0, "block rounding"}},
     // transformers 5.17 is not the v4.44-era code memsim models (docs/h100-runs.md).
     {"tf_llama_l4_d1024_s1024_b4_eager", {0.0004, 0.08, "transformers 5.17"}},
     // fp32 GQA through transformers 5.17's SDPA ran PyTorch's math kernel (S x S kept):
     // as mem-efficient memsim is far under; as eager it is close (checked below).
     {"tf_llama_l4_d1024_s1024_b4_sdpa", {0.18, 0.11, "SDPA ran the math kernel"}},
-    {"tf_gpt2_l4_d1024_s1024_b4_eager", {0.0002, 0.0015, "transformers 5.17"}},
+    {"tf_gpt2_l4_d1024_s1024_b4_eager", {0.0001, 0.003, "transformers 5.17"}},
     {"tf_llama_l4_d1024_s1024_b4_eager_full", {0.0032, 0.003, "transformers 5.17"}},
 };
 
