@@ -59,6 +59,11 @@ LLAMA_BIG = dict(layers=8, d_model=2048, heads=16, kv_heads=8, d_ff=5632, vocab=
                  context=2048, seq=2048, batch=2, dropout=0.0)
 GPT2_BIG = dict(layers=8, d_model=1280, heads=20, kv_heads=20, d_ff=5120, vocab=50257,
                 context=1024, seq=1024, batch=4, dropout=0.1)
+# Second blind round, after the GPT-2 corrections (tests/data/h100/blind2_predictions.json).
+GPT2_SMALL = dict(layers=12, d_model=768, heads=12, kv_heads=12, d_ff=3072, vocab=50257,
+                  context=1024, seq=1024, batch=8, dropout=0.1)
+LLAMA_MID = dict(layers=6, d_model=1536, heads=12, kv_heads=4, d_ff=4096, vocab=32000,
+                 context=1536, seq=1536, batch=2, dropout=0.0)
 
 
 def spec(name, family, cfg, impl="standin", optimizer="adamw", opt_impl="foreach",
@@ -106,6 +111,11 @@ def all_specs():
     s.append(spec("blind_gpt2_l8_d1280_s1024_b4_drop0.1", "hf-gpt2", GPT2_BIG))
     s.append(spec("blind_gpt2_l8_d1280_s1024_b4_autocast_bf16", "hf-gpt2", GPT2_BIG,
                   dropout=0.0, autocast="bf16"))
+    s.append(spec("blind2_gpt2_l12_d768_s1024_b8_drop0.1", "hf-gpt2", GPT2_SMALL))
+    s.append(spec("blind2_gpt2_l12_d768_s1024_b8_autocast_bf16", "hf-gpt2", GPT2_SMALL,
+                  dropout=0.0, autocast="bf16"))
+    s.append(spec("blind2_llama_l6_d1536_s1536_b2_uniform2", "hf-llama", LLAMA_MID,
+                  policy="uniform:2"))
     # 4. The CPU fixtures' tiny configurations (tests/data/torch_cpu), now on CUDA.
     try:
         import gen_torch_cpu_fixtures as cpu
