@@ -122,8 +122,6 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
       if (static_cast<size_t>(p.node) < node_holds_.size() && node_holds_[p.node] > 0)
         rt_.fill_saved(p.node, p.slot, storage);
       if (plan_.early_stop && !plan_.reentrant && recompute_next_ == reg.placeholders.size()) {
-        // torch exits the re-run's autocast context while the exception unwinds; the
-        // re-run's locals die later, with the traceback that holds their frames.
         // torch makes an op's node and saves its inputs before the kernel runs
         // (VariableType); memsim's ops allocate their output first. When the save that
         // ends the re-run is not of the tensor just allocated, that output never existed
@@ -133,6 +131,8 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
                           events.back().tensor != storage)
                              ? events.back().tensor
                              : kNoStorage;
+        // torch exits the re-run's autocast context while the exception unwinds; the
+        // re-run's locals die later, with the traceback that holds their frames.
         leave_autocast();
         throw StopRecomputation{};
       }

@@ -129,7 +129,7 @@ Tensor HfLlamaModel::rmsnorm(const Tensor& x, int32_t w) {
   variance.reset();
   hf.reset();
   rt_.ctx.module = outer;
-  return out;  // `variance` dies with the forward's locals
+  return out;
 }
 
 Tensor HfLlamaModel::attention(const LayerParams& p, const Tensor& x, const Tensor& mask,

@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 
+#include "graph/cuda_reduce.h"
 #include "graph/runtime.h"
 
 namespace memsim::graph::detail {
@@ -37,6 +38,20 @@ inline Tensor out_tensor(Runtime& rt, uint64_t bytes, OpKind k) {
 inline void save_cross(Runtime& rt, int32_t node, const Tensor& p, const Tensor& q) {
   if (p.requires_grad()) rt.save(node, q);
   if (q.requires_grad()) rt.save(node, p);
+}
+
+// A grad summed over the leading dim of a (rows, cols) tensor (a broadcast weight's or a
+// bias's): CUDA's reduction kernel may stage fp32 partials and semaphores in global
+// memory for its duration (graph/cuda_reduce.h). It vectorises 4 outputs whatever the
+// dtype, so the config is fp32's (bf16 weights: the same 32 MiB + 32 B on the H100
+// trace). Emitted by backward op `op`; nothing without kernel scratch (a CPU run).
+inline void outer_reduce_staging(Runtime& rt, uint64_t rows, uint64_t cols, OpKind op) {
+  if (!rt.kernel_scratch) return;
+  const ReduceScratch s = outer_reduce_scratch(rows, cols, 4);
+  if (s.global_bytes == 0) return;
+  const uint32_t staging = rt.grad_alloc(s.global_bytes, op);
+  rt.release(rt.grad_alloc(s.semaphore_bytes, op));
+  rt.release(staging);
 }
 
 // Backward FLOPs of a matmul: one forward's worth per operand that needs a grad.

@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "graph/autocast.h"
-#include "graph/cuda_reduce.h"
 #include "graph/ops_fused.h"
 #include "graph/ops_lora.h"
 #include "graph/ops_nn.h"
@@ -401,17 +400,9 @@ struct Bw {
   void sum_to(Grad& g, uint64_t bytes, int i) {
     if (g.storage == kNoStorage) return;
     uint32_t r = A(bytes, kind_for(i));
-    if ((n.flags & kOuterBroadcast) && rt.kernel_scratch) {
-      // The kernel vectorises 4 outputs and stages fp32 partials whatever the dtype
-      // (bf16 weights: the same 32 MiB + 32 B as fp32 on the H100 trace).
+    if (n.flags & kOuterBroadcast) {
       const uint64_t elem = n.size[3] != 0 ? n.size[3] : 4;
-      const ReduceScratch s = outer_reduce_scratch(n.size[2] / bytes, bytes / elem, 4);
-      if (s.global_bytes != 0) {
-        uint32_t staging = A(s.global_bytes);
-        uint32_t sem = A(s.semaphore_bytes);
-        F(sem);
-        F(staging);
-      }
+      detail::outer_reduce_staging(rt, n.size[2] / bytes, bytes / elem, n.kind);
     }
     F(g.storage);
     g = Grad{r, false, false};

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "graph/cuda_reduce.h"
 #include "graph/ops.h"
 
 namespace memsim::graph {
@@ -397,20 +396,12 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       if (needs(2)) out[2] = fresh(A(n.size[2], kind_for(2)));
       if (needs(0)) {
         out[0] = fresh(A(n.size[0], kind_for(0)));
-        if (rt.kernel_scratch) {
-          // The bias grad sums the (rows, out) grad over its rows: a CUDA reduction that
-          // may stage fp32 partials (H100 trace: 40 MiB for GPT-2's 4096 x 1280 c_proj).
-          // x = rows * in * e, w = in * out * e, bias = out * e.
-          const uint64_t g_bytes = rt.program().tensors[g.storage].bytes;
-          const uint64_t rows = g_bytes / n.size[0];
-          const uint64_t elem = n.size[0] * n.size[1] / (n.size[2] * rows);
-          const ReduceScratch s = outer_reduce_scratch(rows, n.size[0] / elem, 4);
-          if (s.global_bytes != 0) {
-            uint32_t staging = A(s.global_bytes);
-            F(A(s.semaphore_bytes));
-            F(staging);
-          }
-        }
+        // The bias grad sums the (rows, out) grad over its rows (H100 trace: 40 MiB of
+        // staging for GPT-2's 4096 x 1280 c_proj). x = rows * in * e, w = in * out * e,
+        // bias = out * e.
+        const uint64_t rows = rt.program().tensors[g.storage].bytes / n.size[0];
+        const uint64_t elem = n.size[0] * n.size[1] / (n.size[2] * rows);
+        detail::outer_reduce_staging(rt, rows, n.size[0] / elem, n.kind);
       }
       break;
     case OpKind::mm_linear:

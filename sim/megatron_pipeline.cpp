@@ -15,6 +15,7 @@
 #include "sim/megatron_optimizer.h"
 #include "sim/megatron_parallel.h"
 #include "sim/pipeline_schedule.h"
+#include "sim/schedule.h"
 #include "sim/zero_sharding.h"
 
 namespace memsim {
@@ -77,8 +78,7 @@ class StageLoop {
   }
 
   void run() {
-    rt_.cublas_workspace = s_.device.cublas_workspace;
-    rt_.kernel_scratch = s_.device.kernel_scratch;
+    configure_device(rt_, s_.device);
     try {
       checkpoint_ = make_checkpoint_engine(rt_, chunk_scenario_, default_script(chunk_scenario_));
     } catch (const PolicyError& e) {

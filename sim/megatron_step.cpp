@@ -71,8 +71,7 @@ class MegatronLoop {
   }
 
   void run() {
-    rt_.cublas_workspace = s_.device.cublas_workspace;
-    rt_.kernel_scratch = s_.device.kernel_scratch;
+    configure_device(rt_, s_.device);
     // Activation recomputation (sim/checkpoint_policy.h; Megatron's reentrant
     // CheckpointFunction, graph/megatron.h): installs itself on rt_.
     checkpoint_ = make_checkpoint_engine(rt_, s_, default_script(s_));

@@ -95,8 +95,7 @@ class Loop {
   }
 
   void run() {
-    rt_.cublas_workspace = s_.device.cublas_workspace;
-    rt_.kernel_scratch = s_.device.kernel_scratch;
+    configure_device(rt_, s_.device);
     // Activation checkpointing (sim/checkpoint_policy.h): installs itself on rt_.
     checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
     if (s_.precision.autocast) {  // cs336, hf-llama, hf-gpt2 (sim/modelled_features.cpp)

@@ -17,6 +17,13 @@ namespace memsim::graph { class NumericContext; }
 
 namespace memsim {
 
+// The device's kernel-level settings on a Runtime: cuBLAS workspace size and whether
+// CUDA kernels' scratch is emitted (DeviceConfig). Every step loop calls it first.
+inline void configure_device(graph::Runtime& rt, const DeviceConfig& device) {
+  rt.cublas_workspace = device.cublas_workspace;
+  rt.kernel_scratch = device.kernel_scratch;
+}
+
 Program build_program(const Scenario& scenario);
 // Same, with the training loop's details given explicitly (sim/training_script.h);
 // build_program(s) == build_program(s, default_script(s)).
