@@ -1,7 +1,10 @@
-// Shape and options shared by the Hugging Face families (graph/hf_gpt2.h, hf_llama.h).
+// Shape and options of a Hugging Face decoder (graph/decoder.h): the run's dimensions and
+// the architecture row (graph/decoder_spec.h).
 #pragma once
 
 #include <cstdint>
+
+#include "graph/decoder_spec.h"
 
 namespace memsim::graph {
 
@@ -25,9 +28,18 @@ struct HfShape {
   bool tied = false;           // lm_head.weight is the token embedding (GPT-2: true)
   HfAttention attention = HfAttention::eager;
   HfLora lora;
+  DecoderArch arch;            // which shared modules the layers use (graph/decoder.h)
 
   uint64_t rows() const { return static_cast<uint64_t>(batch * seq); }
-  uint64_t head_dim() const { return static_cast<uint64_t>(d_model / heads); }
+  uint64_t head_dim() const {
+    return static_cast<uint64_t>(arch.head_dim > 0 ? arch.head_dim : d_model / heads);
+  }
+  // Width of the attention's q (and o_proj's input): heads x head_dim.
+  uint64_t q_dim() const { return static_cast<uint64_t>(heads) * head_dim(); }
+  uint64_t kv_dim() const { return static_cast<uint64_t>(kv_heads) * head_dim(); }
+  uint64_t rotary_dim() const {
+    return arch.rotary_dim > 0 ? static_cast<uint64_t>(arch.rotary_dim) : head_dim();
+  }
 };
 
 }  // namespace memsim::graph

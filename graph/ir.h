@@ -107,8 +107,10 @@ enum class OpKind : uint8_t {
   sequence_scatter,   // _ScatterToSequenceParallelRegion: this rank's contiguous shard
   // indexing (graph/ops_nn.h)
   select_dim,         // x.select(dim, i), a view; SelectBackward0 = zeros(input) + copy
+  // activations (graph/ops_nn.h)
+  gelu,               // F.gelu (exact or approximate='tanh'): saves self
 };
-inline constexpr int kOpKindCount = static_cast<int>(OpKind::select_dim) + 1;
+inline constexpr int kOpKindCount = static_cast<int>(OpKind::gelu) + 1;
 const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"
 const char* backward_name(OpKind k);  // autograd node name, e.g. "BmmBackward0"
 

@@ -16,6 +16,7 @@ const char* nn_op_name(OpKind k, bool backward) {
     case OpKind::softmax: return backward ? "SoftmaxBackward0" : "_softmax";
     case OpKind::tanh: return backward ? "TanhBackward0" : "tanh";
     case OpKind::silu: return backward ? "SiluBackward0" : "silu";
+    case OpKind::gelu: return backward ? "GeluBackward0" : "gelu";
     case OpKind::mul_scalar: return backward ? "MulBackward1" : "mul.Scalar";
     case OpKind::add_bcast: return backward ? "AddBackward0" : "add";
     case OpKind::to_copy: return backward ? "ToCopyBackward0" : "_to_copy";
@@ -124,6 +125,7 @@ Tensor layer_norm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& b
 Tensor softmax(Runtime& rt, const Tensor& x) { return unary(rt, x, OpKind::softmax, 2, x.bytes); }
 Tensor tanh(Runtime& rt, const Tensor& x) { return unary(rt, x, OpKind::tanh, 2, x.bytes); }
 Tensor silu(Runtime& rt, const Tensor& x) { return unary(rt, x, OpKind::silu, 1, x.bytes); }
+Tensor gelu(Runtime& rt, const Tensor& x) { return unary(rt, x, OpKind::gelu, 1, x.bytes); }
 Tensor mul_scalar(Runtime& rt, const Tensor& x) {
   return unary(rt, x, OpKind::mul_scalar, 0, x.bytes);
 }
@@ -433,6 +435,7 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     }
     case OpKind::tanh:     // tanh_backward
     case OpKind::silu:     // silu_backward
+    case OpKind::gelu:     // gelu_backward
     case OpKind::mul_scalar:
     case OpKind::to_copy:  // the grad cast back to the source dtype
     case OpKind::native_dropout:  // native_dropout_backward: grad * mask * scale

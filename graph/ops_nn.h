@@ -1,5 +1,4 @@
-// torch.nn-level aten ops used by the Hugging Face families (graph/hf_gpt2.h,
-// graph/hf_llama.h), with PyTorch eager semantics like graph/ops.h: each forward emits
+// torch.nn-level aten ops used by the Hugging Face decoders (graph/decoder.h), with PyTorch eager semantics like graph/ops.h: each forward emits
 // the op's allocations, records one autograd Node saving what derivatives.yaml saves,
 // and run_nn_backward() replays the node's backward allocations in PyTorch's order.
 //
@@ -38,6 +37,9 @@ Tensor layer_norm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& b
 Tensor softmax(Runtime& rt, const Tensor& x);     // _softmax: saves result
 Tensor tanh(Runtime& rt, const Tensor& x);        // saves result
 Tensor silu(Runtime& rt, const Tensor& x);        // saves self
+// F.gelu, exact or approximate="tanh" (gelu_pytorch_tanh): saves self; backward
+// gelu_backward allocates the input's grad.
+Tensor gelu(Runtime& rt, const Tensor& x);
 Tensor mul_scalar(Runtime& rt, const Tensor& x);  // x * python scalar: saves nothing
 // a + b with b broadcast (smaller): b's grad is reduced by the engine's sum_to (new).
 Tensor add_bcast(Runtime& rt, const Tensor& a, const Tensor& b);

@@ -26,6 +26,7 @@ graph::HfShape hf_shape(const Scenario& s) {
     shape.lora.dropout = s.lora.dropout;
     shape.lora.nf4 = s.lora.base_nf4;
   }
+  if (s.model.family == ModelFamily::hf_gpt2) shape.arch = graph::gpt2_arch();
   switch (s.model.attention) {
     case AttentionImpl::eager: shape.attention = graph::HfAttention::eager; break;
     case AttentionImpl::flash: shape.attention = graph::HfAttention::flash; break;

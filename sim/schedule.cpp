@@ -9,8 +9,7 @@
 
 #include "graph/autocast.h"
 #include "graph/cs336.h"
-#include "graph/hf_gpt2.h"
-#include "graph/hf_llama.h"
+#include "graph/decoder.h"
 #include "graph/losses.h"
 #include "graph/numeric.h"
 #include "sim/data_parallel.h"
@@ -307,8 +306,8 @@ Program build_program(const Scenario& scenario, const TrainingScript& script) {
   Program program;
   switch (scenario.model.family) {
     case ModelFamily::cs336: Loop<graph::Cs336Model>(scenario, script, program).run(); break;
-    case ModelFamily::hf_gpt2: Loop<graph::HfGpt2Model>(scenario, script, program).run(); break;
-    case ModelFamily::hf_llama: Loop<graph::HfLlamaModel>(scenario, script, program).run(); break;
+    case ModelFamily::hf_gpt2:
+    case ModelFamily::hf_llama: Loop<graph::DecoderModel>(scenario, script, program).run(); break;
     default:
       throw ScenarioError(scenario.source + ": model.family: '" +
                                to_string(scenario.model.family) + "' is not implemented yet");
@@ -325,8 +324,8 @@ const Program& build_program(const Scenario& scenario, const TrainingScript& scr
   graph::RuntimeBuffers* rb = &buffers.runtime;
   switch (scenario.model.family) {
     case ModelFamily::cs336: program.clear(); Loop<graph::Cs336Model>(scenario, script, program, rb).run(); break;
-    case ModelFamily::hf_gpt2: program.clear(); Loop<graph::HfGpt2Model>(scenario, script, program, rb).run(); break;
-    case ModelFamily::hf_llama: program.clear(); Loop<graph::HfLlamaModel>(scenario, script, program, rb).run(); break;
+    case ModelFamily::hf_gpt2:
+    case ModelFamily::hf_llama: program.clear(); Loop<graph::DecoderModel>(scenario, script, program, rb).run(); break;
     case ModelFamily::megatron: build_megatron_program(scenario, {}, program, rb); break;
     default: program = build_program(scenario, script); break;  // throws: not implemented
   }
@@ -342,8 +341,8 @@ Program build_program(const Scenario& scenario, const TrainingScript& script,
   Program program;
   switch (scenario.model.family) {  // numeric kernels: graph/numeric.h
     case ModelFamily::cs336: Loop<graph::Cs336Model>(scenario, script, program, nullptr, numeric).run(); break;
-    case ModelFamily::hf_llama: Loop<graph::HfLlamaModel>(scenario, script, program, nullptr, numeric).run(); break;
-    case ModelFamily::hf_gpt2: Loop<graph::HfGpt2Model>(scenario, script, program, nullptr, numeric).run(); break;
+    case ModelFamily::hf_llama:
+    case ModelFamily::hf_gpt2: Loop<graph::DecoderModel>(scenario, script, program, nullptr, numeric).run(); break;
     case ModelFamily::megatron: build_megatron_program(scenario, program, numeric); break;
     default:
       throw ScenarioError(scenario.source + ": model.family: '" +

@@ -1,0 +1,474 @@
+// DecoderModel: construction, the decoder layers, the model's forward, the head and the
+// loss (graph/decoder.h). The modules are in decoder_modules.cpp and
+// decoder_attention.cpp.
+#include "graph/decoder.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "graph/autocast.h"
+#include "graph/checkpoint.h"
+#include "graph/numeric.h"
+#include "graph/ops_nn.h"
+
+namespace memsim::graph {
+
+bool DecoderModel::autocast_on() const { return ac_ != nullptr && ac_->active(); }
+uint64_t DecoderModel::act_elem() const { return autocast_on() ? ac_->low_elem() : s_.elem; }
+
+// --- construction --------------------------------------------------------------------
+
+DecoderModel::Proj DecoderModel::add_proj(uint64_t out, uint64_t in, const std::string& name,
+                                          bool bias, int32_t lora) {
+  Proj p;
+  p.in = static_cast<int64_t>(in);
+  p.out = static_cast<int64_t>(out);
+  p.lora = lora;
+  p.w = lora_.add_base_weight(out, in, name + ".weight", arch().linear == LinearKind::conv1d);
+  if (bias) p.b = rt_.add_parameter(out * s_.elem, name + ".bias");
+  return p;
+}
+
+DecoderModel::Norm DecoderModel::add_norm(uint64_t width, const std::string& name) {
+  Norm n;
+  n.w = rt_.add_parameter(width * s_.elem, name + ".weight");
+  if (arch().norm == NormKind::layer) n.b = rt_.add_parameter(width * s_.elem, name + ".bias");
+  return n;
+}
+
+void DecoderModel::construct() {
+  const DecoderArch& a = arch();
+  if (a.eager_core == EagerCore::where_buffer && s_.attention != HfAttention::eager)
+    throw std::runtime_error("hf-gpt2: only model.attention eager is modelled (GPT2Attention._attn)");
+  if (a.fused_qkv && a.linear != LinearKind::conv1d)
+    throw std::runtime_error("model.fused_qkv: only GPT-2's c_attn is modelled so far");
+  const uint64_t e = s_.elem, D = s_.d_model, F = s_.d_ff, V = s_.vocab, P = s_.context_length;
+  const uint64_t qD = s_.q_dim(), kvD = s_.kv_dim(), hd = s_.head_dim();
+  const bool gpt2 = a.code == ModelCode::gpt2;
+  rt_.ctx.module = Module::embedding;
+  embed_ = rt_.add_parameter(V * D * e, gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight");
+  if (a.positions == Positions::learned) wpe_ = rt_.add_parameter(P * D * e, "transformer.wpe.weight");
+  rt_.parameters()[embed_].rows = V;  // shapes for Adafactor's factored state
+  if (wpe_ >= 0) rt_.parameters()[wpe_].rows = P;
+  layers_.resize(s_.layers);
+  for (int32_t l = 0; l < s_.layers; ++l) {
+    rt_.ctx.layer = l;
+    LayerParams& p = layers_[l];
+    if (gpt2) {
+      // GPT2Block registers ln_1, attn (its buffers first), ln_2, mlp.
+      const std::string pre = "transformer.h." + std::to_string(l) + ".";
+      rt_.ctx.module = Module::norm;
+      p.norm[kInputNorm] = add_norm(D, pre + "ln_1");
+      rt_.ctx.module = Module::attention;
+      // GPT2Attention's (P, P) bool causal `bias` and 0-d `masked_bias` buffers:
+      // torch.tril(torch.ones((P, P), dtype=torch.bool)), the ones a temporary.
+      Tensor ones = new_tensor(rt_, P * P, OpKind::fill, TensorKind::temporary);
+      numeric_hint(rt_, NumericHint::causal_tril);  // numeric mode only (graph/numeric.h)
+      p.causal_bias = new_tensor(rt_, P * P, OpKind::fill, TensorKind::other);
+      ones.reset();
+      p.masked_bias = rt_.alloc(e, TensorKind::other, OpKind::fill);
+      p.qkv = add_proj(3 * D, D, pre + "attn.c_attn", a.qkv_bias, kCAttn);
+      p.o = add_proj(D, D, pre + "attn.c_proj", a.o_bias, kAttnCProj);
+      rt_.ctx.module = Module::norm;
+      p.norm[kPostAttnNorm] = add_norm(D, pre + "ln_2");
+      rt_.ctx.module = Module::mlp;
+      p.up = add_proj(F, D, pre + "mlp.c_fc", a.mlp_bias, kCFc);
+      p.down = add_proj(D, F, pre + "mlp.c_proj", a.mlp_bias, kMlpCProj);
+      continue;
+    }
+    // Llama-lineage decoder layers register self_attn, mlp, then their norms.
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    rt_.ctx.module = Module::attention;
+    p.q = add_proj(qD, D, pre + "self_attn.q_proj", a.qkv_bias, kQProj);
+    p.k = add_proj(kvD, D, pre + "self_attn.k_proj", a.qkv_bias, kKProj);
+    p.v = add_proj(kvD, D, pre + "self_attn.v_proj", a.qkv_bias, kVProj);
+    p.o = add_proj(D, qD, pre + "self_attn.o_proj", a.o_bias, kOProj);
+    if (a.qk_norm != QkNorm::none) {
+      rt_.ctx.module = Module::norm;
+      const bool head = a.qk_norm == QkNorm::head;
+      p.q_norm = add_norm(head ? hd : qD, pre + "self_attn.q_norm");
+      p.k_norm = add_norm(head ? hd : kvD, pre + "self_attn.k_norm");
+    }
+    rt_.ctx.module = Module::mlp;
+    if (a.mlp == MlpKind::glu) {
+      p.gate = add_proj(F, D, pre + "mlp.gate_proj", a.mlp_bias, kGateProj);
+      p.up = add_proj(F, D, pre + "mlp.up_proj", a.mlp_bias, kUpProj);
+    } else {
+      p.up = add_proj(F, D, pre + "mlp.fc1", a.mlp_bias, kUpProj);
+    }
+    p.down = add_proj(D, F, pre + (a.mlp == MlpKind::glu ? "mlp.down_proj" : "mlp.fc2"),
+                      a.mlp_bias, kDownProj);
+    rt_.ctx.module = Module::norm;
+    switch (a.placement) {
+      case NormPlacement::pre:
+        p.norm[kInputNorm] = add_norm(D, pre + "input_layernorm");
+        p.norm[kPostAttnNorm] = add_norm(D, pre + "post_attention_layernorm");
+        break;
+      case NormPlacement::post:
+        p.norm[kPostAttnNorm] = add_norm(D, pre + "post_attention_layernorm");
+        p.norm[kPostFfNorm] = add_norm(D, pre + "post_feedforward_layernorm");
+        break;
+      case NormPlacement::sandwich:
+        p.norm[kInputNorm] = add_norm(D, pre + "input_layernorm");
+        p.norm[kPostAttnNorm] = add_norm(D, pre + "post_attention_layernorm");
+        p.norm[kPreFfNorm] = add_norm(D, pre + "pre_feedforward_layernorm");
+        p.norm[kPostFfNorm] = add_norm(D, pre + "post_feedforward_layernorm");
+        break;
+    }
+  }
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::norm;
+  final_norm_ = add_norm(D, gpt2 ? "transformer.ln_f" : "model.norm");
+  if (a.positions == Positions::rotary) {
+    // LlamaRotaryEmbedding's inv_freq buffer (rotary_dim/2 fp32, non-persistent):
+    // 1.0 / (base ** (torch.arange(0, dim, 2, dtype=int64).float() / dim)), built on
+    // the device op by op (H100 trace): arange, float, / dim, base ** x (the Python
+    // float base becomes a 0-d double tensor), reciprocal, * 1.0.
+    const uint64_t n = s_.rotary_dim() / 2;
+    Tensor ar = rt_.alloc(n * 8, TensorKind::temporary, OpKind::arange);
+    Tensor f = rt_.alloc(n * 4, TensorKind::temporary, OpKind::to_copy);
+    ar.reset();
+    Tensor scaled = rt_.alloc(n * 4, TensorKind::temporary, OpKind::div_scalar);
+    f.reset();
+    Tensor pw = rt_.alloc(n * 4, TensorKind::temporary, OpKind::other);  // pow
+    rt_.alloc(8, TensorKind::temporary, OpKind::fill).reset();  // the wrapped base
+    scaled.reset();
+    Tensor rec = rt_.alloc(n * 4, TensorKind::temporary, OpKind::other);  // reciprocal
+    inv_freq_ = rt_.alloc(n * 4, TensorKind::other, OpKind::mul_scalar);
+    rec.reset();
+    pw.reset();
+  }
+  rt_.ctx.module = Module::head;
+  if (!s_.tied) {
+    lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+    rt_.parameters()[lm_head_].rows = V;
+  }
+  if (lora_.enabled()) add_adapters();
+  rt_.ctx.module = Module::none;
+}
+
+// get_peft_model: freeze the base model, then inject the adapters module by module.
+void DecoderModel::add_adapters() {
+  lora_.freeze_all();
+  const bool gpt2 = arch().code == ModelCode::gpt2;
+  for (int32_t l = 0; l < s_.layers; ++l) {
+    rt_.ctx.layer = l;
+    LayerParams& p = layers_[l];
+    if (gpt2) {
+      static const char* const kNames[kGpt2Linears] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                                       "mlp.c_proj"};
+      const Proj* proj[kGpt2Linears] = {&p.qkv, &p.o, &p.up, &p.down};
+      const std::string pre = "transformer.h." + std::to_string(l) + ".";
+      for (uint32_t m = 0; m < kGpt2Linears; ++m) {
+        if (!lora_.targets(m)) continue;
+        rt_.ctx.module = m < kCFc ? Module::attention : Module::mlp;
+        p.ad[m] = lora_.add_adapter(proj[m]->out, proj[m]->in, pre + kNames[m]);
+      }
+      continue;
+    }
+    static const char* const kNames[kLlamaLinears] = {
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    const Proj* proj[kLlamaLinears] = {&p.q, &p.k, &p.v, &p.o, &p.gate, &p.up, &p.down};
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    for (uint32_t m = 0; m < kLlamaLinears; ++m) {
+      if (!lora_.targets(m) || proj[m]->w < 0) continue;
+      rt_.ctx.module = m < kGateProj ? Module::attention : Module::mlp;
+      p.ad[m] = lora_.add_adapter(proj[m]->out, proj[m]->in, pre + kNames[m]);
+    }
+  }
+  rt_.ctx.layer = -1;
+}
+
+// --- Llama-lineage decoder layers --------------------------------------------------------
+
+// The attention half: its norms and self_attn (a candidate checkpoint region).
+// in = {x, causal_mask, cos, sin}.
+Tensor DecoderModel::attn_half(int32_t l, const Inputs& in) {
+  const LayerParams& p = layers_[l];
+  switch (arch().placement) {
+    case NormPlacement::pre: {
+      Tensor h1 = norm(in[0], p.norm[kInputNorm], s_.rows(), s_.d_model);
+      return attention(p, h1, in[1], in[2], in[3]);
+    }
+    case NormPlacement::post: {
+      Tensor a = attention(p, in[0], in[1], in[2], in[3]);
+      return norm(a, p.norm[kPostAttnNorm], s_.rows(), s_.d_model);
+    }
+    case NormPlacement::sandwich: {
+      Tensor a;
+      {
+        Tensor h1 = norm(in[0], p.norm[kInputNorm], s_.rows(), s_.d_model);
+        a = attention(p, h1, in[1], in[2], in[3]);
+      }
+      return norm(a, p.norm[kPostAttnNorm], s_.rows(), s_.d_model);
+    }
+  }
+  return {};
+}
+
+// The MLP half: its norms and mlp (a candidate checkpoint region). in = {x}.
+Tensor DecoderModel::mlp_half(int32_t l, const Inputs& in) {
+  const LayerParams& p = layers_[l];
+  switch (arch().placement) {
+    case NormPlacement::pre: {
+      Tensor h2 = norm(in[0], p.norm[kPostAttnNorm], s_.rows(), s_.d_model);
+      return mlp(p, h2);
+    }
+    case NormPlacement::post: {
+      Tensor m = mlp(p, in[0]);
+      return norm(m, p.norm[kPostFfNorm], s_.rows(), s_.d_model);
+    }
+    case NormPlacement::sandwich: {
+      Tensor m;
+      {
+        Tensor h2 = norm(in[0], p.norm[kPreFfNorm], s_.rows(), s_.d_model);
+        m = mlp(p, h2);
+      }
+      return norm(m, p.norm[kPostFfNorm], s_.rows(), s_.d_model);
+    }
+  }
+  return {};
+}
+
+// One LlamaDecoderLayer; extra = {causal_mask, cache_position, cos, sin}. The two halves
+// are candidate checkpoint regions (graph/checkpoint.h); their lambdas capture values
+// only, because a checkpointed half is re-run during backward.
+Tensor DecoderModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
+  const int32_t outer = rt_.ctx.layer;
+  rt_.ctx.layer = l;
+  Tensor h = run_region(rt_, RegionKind::attention, {x, extra[0], extra[2], extra[3]},
+                        [this, l](const Inputs& in) { return attn_half(l, in); });
+  // Under autocast the attention/MLP outputs are low precision: the fp32 residual promotes.
+  Tensor r1 = autocast_on() ? add(rt_, x, ac_->widen(h)) : add(rt_, x, h);
+  if (autocast_on()) Autocast::promoted(rt_, r1, 1, h);
+  h.reset();  // `hidden_states = residual + hidden_states` drops the attention output
+  h = run_region(rt_, RegionKind::mlp, {r1}, [this, l](const Inputs& in) { return mlp_half(l, in); });
+  Tensor out = autocast_on() ? add(rt_, r1, ac_->widen(h)) : add(rt_, r1, h);
+  if (autocast_on()) Autocast::promoted(rt_, out, 1, h);
+  rt_.ctx.layer = outer;
+  return out;
+}
+
+Tensor DecoderModel::forward(const Tensor& ids) {
+  if (arch().code == ModelCode::gpt2) return forward_gpt2(ids);
+  const uint64_t e = s_.elem, D = s_.d_model, S = s_.seq, rd = s_.rotary_dim();
+  rt_.ctx.module = Module::embedding;
+  Tensor embed_w, head_w;
+  if (s_.tied) {  // both grads meet in the weight's input buffer (ops_nn.h TiedWeight)
+    TiedWeight tied(rt_, rt_.param(embed_));
+    embed_w = tied.use(1);
+    head_w = tied.use(0);
+  } else {
+    embed_w = rt_.param(embed_);
+  }
+  Tensor hidden;
+  {
+    Tensor inputs_embeds = embedding_nn(rt_, embed_w, ids, s_.rows() * D * e, D);
+    embed_w.reset();
+    Tensor cache_position = new_tensor(rt_, S * 8, OpKind::arange);
+    Tensor causal_mask;
+    if (s_.attention == HfAttention::eager) {
+      // _prepare_4d_causal_attention_mask_with_cache_position: target = S + 1.
+      const uint64_t T = S + 1;
+      {
+        Tensor full = new_tensor(rt_, S * T * e, OpKind::fill, TensorKind::temporary);
+        numeric_hint(rt_, NumericHint::causal_mask);
+        causal_mask = new_tensor(rt_, S * T * e, OpKind::fill);  // triu(full)
+      }
+      Tensor ar = new_tensor(rt_, T * 8, OpKind::arange, TensorKind::temporary);
+      numeric_hint(rt_, NumericHint::unread);  // folded into causal_mask above
+      Tensor gt = new_tensor(rt_, S * T, OpKind::compare, TensorKind::temporary);
+      ar.reset();  // causal_mask *= (arange > cache_position): in place
+    }
+    Tensor cos, sin;
+    {
+      // LlamaRotaryEmbedding.forward under no_grad, fp32, batch 1 of position ids.
+      const bool was = rt_.grad_enabled;
+      rt_.grad_enabled = false;
+      Tensor pos = new_tensor(rt_, S * 4, OpKind::to_copy, TensorKind::temporary);
+      Tensor freqs = new_tensor(rt_, rd / 2 * S * 4, OpKind::bmm, TensorKind::temporary);
+      // inv_freq @ position_ids is a cuBLAS matmul: the step's first one, so it is where
+      // the forward thread's cuBLAS workspace is allocated (measured on an H100,
+      // tests/data/cuda_runs.json), not at q_proj.
+      rt_.note_gemm();
+      Tensor emb = new_tensor(rt_, S * rd * 4, OpKind::other, TensorKind::temporary);
+      Tensor cos32 = new_tensor(rt_, S * rd * 4, OpKind::other);
+      Tensor sin32 = new_tensor(rt_, S * rd * 4, OpKind::other);
+      numeric_hint(rt_, NumericHint::rope_cos);
+      cos32 = new_tensor(rt_, S * rd * 4, OpKind::mul_scalar);  // * attention_scaling
+      numeric_hint(rt_, NumericHint::rope_sin);
+      sin32 = new_tensor(rt_, S * rd * 4, OpKind::mul_scalar);
+      if (e != 4) {  // return cos.to(x.dtype), sin.to(x.dtype)
+        cos = new_tensor(rt_, S * rd * e, OpKind::to_copy);
+        sin = new_tensor(rt_, S * rd * e, OpKind::to_copy);
+      } else {
+        cos = std::move(cos32);
+        sin = std::move(sin32);
+      }
+      // The frame's locals die in declaration order (H100 trace).
+      pos.reset();
+      freqs.reset();
+      emb.reset();
+      cos32.reset();
+      sin32.reset();
+      rt_.grad_enabled = was;
+    }
+    // Gemma: `hidden_states = inputs_embeds * normalizer`, a CPU 0-d scalar (no device
+    // bytes); MulBackward0 scales the grad (a new tensor).
+    Tensor h0 = inputs_embeds;
+    if (arch().embed_scale) h0 = mul_scalar(rt_, inputs_embeds);
+    // The decoder loop. With gradient checkpointing HF calls
+    // checkpoint(decoder_layer.__call__, hidden_states, causal_mask, position_ids, ...,
+    // cache_position, position_embeddings): the frame holds those tensors (position_ids
+    // is a view of cache_position).
+    Tensor h = run_layers(rt_, static_cast<int32_t>(s_.layers), std::move(h0),
+                          {causal_mask, cache_position, cos, sin},
+                          [this](int32_t l, const Tensor& in, const Inputs& extra) {
+                            return layer(l, in, extra);
+                          });
+    hidden = norm(h, final_norm_, s_.rows(), D);
+    // LlamaModel.forward returns: its locals die in declaration order (H100 trace).
+    inputs_embeds.reset();
+    cache_position.reset();
+    causal_mask.reset();
+    h.reset();
+    cos.reset();
+    sin.reset();
+  }
+  rt_.ctx.module = Module::head;
+  Tensor logits = logits_head(hidden, head_w);
+  hidden.reset();  // a local of forward: it dies when forward returns (H100 trace)
+  rt_.ctx.module = Module::none;
+  return logits;
+}
+
+// lm_head, final-logit soft-capping, logits.float() (LlamaForCausalLM / Gemma2ForCausalLM).
+Tensor DecoderModel::logits_head(const Tensor& hidden, const Tensor& head_w) {
+  const uint64_t e = s_.elem, D = s_.d_model;
+  Tensor logits;
+  if (s_.tied) {
+    logits = mm_linear(rt_, hidden, head_w, s_.rows() * s_.vocab * e,
+                       2.0 * static_cast<double>(s_.rows()) * D * s_.vocab);
+  } else {
+    logits = lm_linear(hidden, lm_head_, D, s_.vocab);
+  }
+  if (arch().final_softcap > 0.0) {
+    numeric_hint(rt_, NumericHint::scalar, 1.0 / arch().final_softcap);
+    logits = softcap(logits);
+  }
+  if (!arch().logits_upcast) return logits;
+  if (autocast_on())
+    logits = to_copy(rt_, logits, logits.bytes / ac_->low_elem() * 4);  // logits.float()
+  else if (e != 4)
+    logits = to_copy(rt_, logits, logits.bytes / e * 4);  // logits.float()
+  return logits;
+}
+
+// The causal-LM loss: shift_logits = logits[..., :-1, :].contiguous(), shifted labels,
+// CrossEntropyLoss (on the fp32 logits where the model upcasts them; GPT-2's in the
+// logits' dtype, an fp32 copy inside CUDA autocast's cross_entropy).
+Tensor DecoderModel::loss(const Tensor& logits, const Tensor& labels) {
+  const Module outer = rt_.ctx.module;
+  rt_.ctx.module = Module::loss;
+  const uint64_t shifted_rows = static_cast<uint64_t>(s_.batch * (s_.seq - 1));
+  // The logits' element size: fp32 after an upcast; else low precision under autocast
+  // (also when the loss runs outside the region: precision.autocast_region forward).
+  const uint64_t e = logits.bytes / (s_.rows() * s_.vocab);
+  Tensor shift_logits;
+  {
+    Tensor sl = slice_seq(rt_, logits, shifted_rows * s_.vocab * e);
+    numeric_hint(rt_, NumericHint::shift_logits);
+    shift_logits = clone(rt_, sl);  // .contiguous()
+  }
+  numeric_hint(rt_, NumericHint::shift_labels, labels);  // labels[..., 1:].contiguous()
+  Tensor shift_labels = new_tensor(rt_, shifted_rows * 8, OpKind::clone, TensorKind::temporary);
+  Tensor out;
+  if (!arch().logits_upcast && autocast_on()) {
+    out = torch_cross_entropy_autocast(*ac_, rt_, shift_logits, shift_labels);
+  } else {
+    Tensor logp = log_softmax(rt_, shift_logits);
+    out = nll_loss(rt_, logp, shift_labels, e);
+  }
+  rt_.ctx.module = outer;
+  return out;
+}
+
+// --- GPT-2 (GPT2Model / GPT2Block) ---------------------------------------------------------
+
+// GPT2Block.forward: pre-norm residual blocks. The two halves are candidate checkpoint
+// regions (graph/checkpoint.h); their lambdas capture values only (a checkpointed half
+// is re-run during backward).
+Tensor DecoderModel::block_gpt2(int32_t l, const Tensor& x) {
+  const int32_t outer = rt_.ctx.layer;
+  rt_.ctx.layer = l;
+  Tensor attn_output = run_region(rt_, RegionKind::attention, {x}, [this, l](const Inputs& in) {
+    const LayerParams& p = layers_[l];
+    Tensor h1 = norm(in[0], p.norm[kInputNorm], s_.rows(), s_.d_model);
+    return attention_gpt2(p, h1);
+  });
+  // Under autocast the branch outputs are low precision: the fp32 residual promotes.
+  Tensor r1 = autocast_on() ? add(rt_, ac_->widen(attn_output), x) : add(rt_, attn_output, x);
+  if (autocast_on()) Autocast::promoted(rt_, r1, 0, attn_output);
+  Tensor ff = run_region(rt_, RegionKind::mlp, {r1}, [this, l](const Inputs& in) {
+    const LayerParams& p = layers_[l];
+    Tensor h2 = norm(in[0], p.norm[kPostAttnNorm], s_.rows(), s_.d_model);
+    return mlp(p, h2);
+  });
+  Tensor out = autocast_on() ? add(rt_, r1, ac_->widen(ff)) : add(rt_, r1, ff);
+  if (autocast_on()) Autocast::promoted(rt_, out, 1, ff);
+  attn_output.reset();
+  ff.reset();
+  r1.reset();
+  rt_.ctx.layer = outer;
+  return out;
+}
+
+Tensor DecoderModel::forward_gpt2(const Tensor& ids) {
+  const uint64_t e = s_.elem, D = s_.d_model, S = s_.seq;
+  rt_.ctx.module = Module::embedding;
+  Tensor wte_w, head_w;
+  if (s_.tied) {
+    TiedWeight wte(rt_, rt_.param(embed_));
+    wte_w = wte.use(1);
+    head_w = wte.use(0);
+    // Under autocast lm_head's grad reaches wte as a fresh fp32 copy (the cast's
+    // backward), which the engine's InputBuffer then owns alone: PyTorch 2.x adds the
+    // embedding's grad into it in place.
+    if (autocast_on() && head_w.grad_fn >= 0) rt_.node(head_w.grad_fn).flags |= kTiedSumInPlace;
+  } else {
+    wte_w = rt_.param(embed_);
+    head_w = rt_.param(lm_head_);
+  }
+  Tensor hidden;
+  {
+    Tensor position_ids = new_tensor(rt_, S * 8, OpKind::arange);
+    Tensor inputs_embeds = embedding_nn(rt_, wte_w, ids, s_.rows() * D * e, D);
+    Tensor position_embeds = embedding_nn(rt_, rt_.param(wpe_), position_ids, S * D * e, D);
+    Tensor h = add_bcast(rt_, inputs_embeds, position_embeds);
+    h = drop(h);
+    // The block loop; with gradient checkpointing HF calls
+    // checkpoint(block.__call__, hidden_states, None, attention_mask (None), ...).
+    h = run_layers(rt_, static_cast<int32_t>(s_.layers), h, {},
+                   [this](int32_t l, const Tensor& in, const Inputs&) { return block_gpt2(l, in); });
+    rt_.ctx.module = Module::norm;
+    hidden = norm(h, final_norm_, s_.rows(), D);
+  }  // GPT2Model.forward returns: its locals (embeddings, position ids) die
+  rt_.ctx.module = Module::head;
+  const double flops = 2.0 * static_cast<double>(s_.rows()) * D * s_.vocab;
+  Tensor logits;
+  if (autocast_on()) {  // F.linear casts W (cached; the tied handle), then x
+    const int32_t w = s_.tied ? embed_ : lm_head_;
+    Tensor wc = ac_->weight(w, /*grad_transposed=*/false, &head_w);
+    const uint64_t low_in = s_.rows() * D * ac_->low_elem();
+    Tensor xc = hidden.bytes == low_in ? hidden : ac_->cast(hidden, low_in);
+    logits = mm_linear(rt_, xc, wc, s_.rows() * s_.vocab * ac_->low_elem(), flops);
+  } else {
+    logits = mm_linear(rt_, hidden, head_w, s_.rows() * s_.vocab * e, flops);
+  }
+  hidden.reset();
+  rt_.ctx.module = Module::none;
+  return logits;
+}
+
+}  // namespace memsim::graph
