@@ -18,21 +18,31 @@ uint64_t DecoderModel::act_elem() const { return autocast_on() ? ac_->low_elem()
 
 // --- construction --------------------------------------------------------------------
 
-DecoderModel::Proj DecoderModel::add_proj(uint64_t out, uint64_t in, const std::string& name,
-                                          bool bias, int32_t lora) {
+// Parameter names are built in one reused buffer (no allocation per parameter).
+const std::string& DecoderModel::param_name(const std::string& prefix, const char* module,
+                                            const char* suffix) {
+  name_.assign(prefix).append(module).append(suffix);
+  return name_;
+}
+
+DecoderModel::Proj DecoderModel::add_proj(uint64_t out, uint64_t in, const std::string& prefix,
+                                          const char* module, bool bias, int32_t lora) {
   Proj p;
   p.in = static_cast<int64_t>(in);
   p.out = static_cast<int64_t>(out);
   p.lora = lora;
-  p.w = lora_.add_base_weight(out, in, name + ".weight", arch().linear == LinearKind::conv1d);
-  if (bias) p.b = rt_.add_parameter(out * s_.elem, name + ".bias");
+  p.w = lora_.add_base_weight(out, in, param_name(prefix, module, ".weight"),
+                              arch().linear == LinearKind::conv1d);
+  if (bias) p.b = rt_.add_parameter(out * s_.elem, param_name(prefix, module, ".bias"));
   return p;
 }
 
-DecoderModel::Norm DecoderModel::add_norm(uint64_t width, const std::string& name) {
+DecoderModel::Norm DecoderModel::add_norm(uint64_t width, const std::string& prefix,
+                                          const char* module) {
   Norm n;
-  n.w = rt_.add_parameter(width * s_.elem, name + ".weight");
-  if (arch().norm == NormKind::layer) n.b = rt_.add_parameter(width * s_.elem, name + ".bias");
+  n.w = rt_.add_parameter(width * s_.elem, param_name(prefix, module, ".weight"));
+  if (arch().norm == NormKind::layer)
+    n.b = rt_.add_parameter(width * s_.elem, param_name(prefix, module, ".bias"));
   return n;
 }
 
@@ -58,7 +68,7 @@ void DecoderModel::construct() {
       // GPT2Block registers ln_1, attn (its buffers first), ln_2, mlp.
       const std::string pre = "transformer.h." + std::to_string(l) + ".";
       rt_.ctx.module = Module::norm;
-      p.norm[kInputNorm] = add_norm(D, pre + "ln_1");
+      p.norm[kInputNorm] = add_norm(D, pre, "ln_1");
       rt_.ctx.module = Module::attention;
       // GPT2Attention's (P, P) bool causal `bias` and 0-d `masked_bias` buffers:
       // torch.tril(torch.ones((P, P), dtype=torch.bool)), the ones a temporary.
@@ -67,58 +77,58 @@ void DecoderModel::construct() {
       p.causal_bias = new_tensor(rt_, P * P, OpKind::fill, TensorKind::other);
       ones.reset();
       p.masked_bias = rt_.alloc(e, TensorKind::other, OpKind::fill);
-      p.qkv = add_proj(3 * D, D, pre + "attn.c_attn", a.qkv_bias, kCAttn);
-      p.o = add_proj(D, D, pre + "attn.c_proj", a.o_bias, kAttnCProj);
+      p.qkv = add_proj(3 * D, D, pre, "attn.c_attn", a.qkv_bias, kCAttn);
+      p.o = add_proj(D, D, pre, "attn.c_proj", a.o_bias, kAttnCProj);
       rt_.ctx.module = Module::norm;
-      p.norm[kPostAttnNorm] = add_norm(D, pre + "ln_2");
+      p.norm[kPostAttnNorm] = add_norm(D, pre, "ln_2");
       rt_.ctx.module = Module::mlp;
-      p.up = add_proj(F, D, pre + "mlp.c_fc", a.mlp_bias, kCFc);
-      p.down = add_proj(D, F, pre + "mlp.c_proj", a.mlp_bias, kMlpCProj);
+      p.up = add_proj(F, D, pre, "mlp.c_fc", a.mlp_bias, kCFc);
+      p.down = add_proj(D, F, pre, "mlp.c_proj", a.mlp_bias, kMlpCProj);
       continue;
     }
     // Llama-lineage decoder layers register self_attn, mlp, then their norms.
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     rt_.ctx.module = Module::attention;
-    p.q = add_proj(qD, D, pre + "self_attn.q_proj", a.qkv_bias, kQProj);
-    p.k = add_proj(kvD, D, pre + "self_attn.k_proj", a.qkv_bias, kKProj);
-    p.v = add_proj(kvD, D, pre + "self_attn.v_proj", a.qkv_bias, kVProj);
-    p.o = add_proj(D, qD, pre + "self_attn.o_proj", a.o_bias, kOProj);
+    p.q = add_proj(qD, D, pre, "self_attn.q_proj", a.qkv_bias, kQProj);
+    p.k = add_proj(kvD, D, pre, "self_attn.k_proj", a.qkv_bias, kKProj);
+    p.v = add_proj(kvD, D, pre, "self_attn.v_proj", a.qkv_bias, kVProj);
+    p.o = add_proj(D, qD, pre, "self_attn.o_proj", a.o_bias, kOProj);
     if (a.qk_norm != QkNorm::none) {
       rt_.ctx.module = Module::norm;
       const bool head = a.qk_norm == QkNorm::head;
-      p.q_norm = add_norm(head ? hd : qD, pre + "self_attn.q_norm");
-      p.k_norm = add_norm(head ? hd : kvD, pre + "self_attn.k_norm");
+      p.q_norm = add_norm(head ? hd : qD, pre, "self_attn.q_norm");
+      p.k_norm = add_norm(head ? hd : kvD, pre, "self_attn.k_norm");
     }
     rt_.ctx.module = Module::mlp;
     if (a.mlp == MlpKind::glu) {
-      p.gate = add_proj(F, D, pre + "mlp.gate_proj", a.mlp_bias, kGateProj);
-      p.up = add_proj(F, D, pre + "mlp.up_proj", a.mlp_bias, kUpProj);
+      p.gate = add_proj(F, D, pre, "mlp.gate_proj", a.mlp_bias, kGateProj);
+      p.up = add_proj(F, D, pre, "mlp.up_proj", a.mlp_bias, kUpProj);
     } else {
-      p.up = add_proj(F, D, pre + "mlp.fc1", a.mlp_bias, kUpProj);
+      p.up = add_proj(F, D, pre, "mlp.fc1", a.mlp_bias, kUpProj);
     }
-    p.down = add_proj(D, F, pre + (a.mlp == MlpKind::glu ? "mlp.down_proj" : "mlp.fc2"),
+    p.down = add_proj(D, F, pre, a.mlp == MlpKind::glu ? "mlp.down_proj" : "mlp.fc2",
                       a.mlp_bias, kDownProj);
     rt_.ctx.module = Module::norm;
     switch (a.placement) {
       case NormPlacement::pre:
-        p.norm[kInputNorm] = add_norm(D, pre + "input_layernorm");
-        p.norm[kPostAttnNorm] = add_norm(D, pre + "post_attention_layernorm");
+        p.norm[kInputNorm] = add_norm(D, pre, "input_layernorm");
+        p.norm[kPostAttnNorm] = add_norm(D, pre, "post_attention_layernorm");
         break;
       case NormPlacement::post:
-        p.norm[kPostAttnNorm] = add_norm(D, pre + "post_attention_layernorm");
-        p.norm[kPostFfNorm] = add_norm(D, pre + "post_feedforward_layernorm");
+        p.norm[kPostAttnNorm] = add_norm(D, pre, "post_attention_layernorm");
+        p.norm[kPostFfNorm] = add_norm(D, pre, "post_feedforward_layernorm");
         break;
       case NormPlacement::sandwich:
-        p.norm[kInputNorm] = add_norm(D, pre + "input_layernorm");
-        p.norm[kPostAttnNorm] = add_norm(D, pre + "post_attention_layernorm");
-        p.norm[kPreFfNorm] = add_norm(D, pre + "pre_feedforward_layernorm");
-        p.norm[kPostFfNorm] = add_norm(D, pre + "post_feedforward_layernorm");
+        p.norm[kInputNorm] = add_norm(D, pre, "input_layernorm");
+        p.norm[kPostAttnNorm] = add_norm(D, pre, "post_attention_layernorm");
+        p.norm[kPreFfNorm] = add_norm(D, pre, "pre_feedforward_layernorm");
+        p.norm[kPostFfNorm] = add_norm(D, pre, "post_feedforward_layernorm");
         break;
     }
   }
   rt_.ctx.layer = -1;
   rt_.ctx.module = Module::norm;
-  final_norm_ = add_norm(D, gpt2 ? "transformer.ln_f" : "model.norm");
+  final_norm_ = add_norm(D, gpt2 ? "transformer." : "model.", gpt2 ? "ln_f" : "norm");
   if (a.positions == Positions::rotary) {
     // LlamaRotaryEmbedding's inv_freq buffer (rotary_dim/2 fp32, non-persistent):
     // 1.0 / (base ** (torch.arange(0, dim, 2, dtype=int64).float() / dim)), built on

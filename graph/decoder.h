@@ -88,8 +88,10 @@ class DecoderModel {
   const DecoderArch& arch() const { return s_.arch; }
 
   // --- construction (decoder.cpp) ---
-  Proj add_proj(uint64_t out, uint64_t in, const std::string& name, bool bias, int32_t lora);
-  Norm add_norm(uint64_t width, const std::string& name);
+  Proj add_proj(uint64_t out, uint64_t in, const std::string& prefix, const char* module,
+                bool bias, int32_t lora);
+  Norm add_norm(uint64_t width, const std::string& prefix, const char* module);
+  const std::string& param_name(const std::string& prefix, const char* module, const char* suffix);
   void add_adapters();
 
   // --- modules (decoder_modules.cpp) ---
@@ -132,6 +134,7 @@ class DecoderModel {
   Norm final_norm_;
   std::vector<LayerParams> layers_;
   Tensor inv_freq_;
+  std::string name_;  // param_name's buffer
 };
 
 }  // namespace memsim::graph
