@@ -80,6 +80,7 @@ class DecoderModel {
   };
   struct LayerParams {
     Proj q, k, v, qkv, o, gate, up, gate_up, down;
+    Tensor inv_freq;  // a per-attention rotary module's buffer (RopeAt::layer, attn_rope_buffer)
     Norm norm[kNormSlots];
     Norm q_norm, k_norm;
     Tensor causal_bias, masked_bias;  // GPT-2's buffers (EagerCore::where_buffer)
@@ -93,6 +94,14 @@ class DecoderModel {
   Norm add_norm(uint64_t width, const std::string& prefix, const char* module);
   const std::string& param_name(const std::string& prefix, const char* module, const char* suffix);
   void add_adapters();
+  Tensor add_inv_freq();  // a rotary module's inv_freq buffer, built on the device
+
+  // --- masks and rotary tables (decoder.cpp) ---
+  Tensor causal_mask();
+  // One (cos, sin) table under no_grad: `scaled` multiplies by attention_scaling (the
+  // model-level LlamaRotaryEmbedding; GemmaRotaryEmbedding in the attention does not).
+  void rope_tables(bool scaled, Tensor& cos, Tensor& sin);
+  uint64_t mask_keys() const { return s_.seq + (arch().mask_target_s ? 0 : 1); }
 
   // --- modules (decoder_modules.cpp) ---
   Tensor project(const Tensor& x, const LayerParams& p, const Proj& pr);
@@ -110,6 +119,11 @@ class DecoderModel {
   // --- attention (decoder_attention.cpp) ---
   Tensor attention(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& cos,
                    const Tensor& sin);
+  void project_qkv(const LayerParams& p, const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
+  // eager_attention_forward / sdpa_attention_forward (v4.50+): repeat_kv, the core and
+  // transpose(1, 2).contiguous() in one function (the `selective` region).
+  Tensor attention_function(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
+  Tensor core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
   Tensor attention_gpt2(const LayerParams& p, const Tensor& x);
   Tensor eager_core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
   Tensor where_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -133,8 +147,14 @@ class DecoderModel {
   int32_t embed_ = -1, wpe_ = -1, lm_head_ = -1;
   Norm final_norm_;
   std::vector<LayerParams> layers_;
-  Tensor inv_freq_;
+  Tensor inv_freq_, inv_freq_local_;
   std::string name_;  // param_name's buffer
+  // The decoder layer's `self_attn_weights` (v4.50+ attention functions return the
+  // probabilities; the layer keeps them until it returns). Set by layer() around its
+  // attention half; never written by a re-run in backward.
+  Tensor* layer_weights_ = nullptr;
+  Tensor fused_qkv_;            // project_qkv's hand-over of Phi-3's qkv output
+  bool qk_contiguous_ = false;  // partial rotary's cat left q and k contiguous
 };
 
 }  // namespace memsim::graph

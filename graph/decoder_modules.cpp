@@ -154,6 +154,23 @@ Tensor DecoderModel::mlp(const LayerParams& p, const Tensor& x) {
     h = activation(h);
     h = project(h, p, p.down);
     out = arch().residual_dropout ? drop(h) : h;
+  } else if (arch().fused_gate_up) {
+    // Phi-3: up_states = gate_up_proj(x); gate, up_states = up_states.chunk(2, -1);
+    // up_states = up_states * act(gate); down_proj(up_states). One SplitBackward0 cats
+    // the two grads.
+    Tensor m;
+    {
+      Tensor gate, up;
+      {
+        Tensor gu = project(x, p, p.gate_up);
+        Chunk2 halves(rt_, gu);
+        gate = halves.piece(rt_, 0);
+        up = halves.piece(rt_, 1);
+      }
+      Tensor a = activation(gate);
+      m = mul(rt_, up, a);
+    }
+    out = project(m, p, p.down);
   } else {
     Tensor m;
     {

@@ -74,6 +74,43 @@ enum class ModelCode : uint8_t {
           // returns; ln_1, attn, ln_2, mlp registered in that order
 };
 
+// --- Placement: where a model's transformers code puts the same pieces (each names the
+// version and function it comes from; docs/decoder-modules.md §4). Memory-visible.
+
+enum class RopeAt : uint8_t {
+  model,  // one (cos, sin) table per forward, passed to every layer (Llama v4.45)
+  layer,  // every attention computes its own after the projections (Gemma, Mistral, Phi-3)
+};
+enum class MaskBuild : uint8_t {
+  triu,     // full, triu, arange > cache_position in place (Llama v4.45)
+  exclude,  // full, exclude = arange > cache_position [| window], mul_ (Mistral, Qwen3)
+};
+enum class SlidingAt : uint8_t {
+  mask,   // the window is folded into the one causal mask (Mistral, Qwen3)
+  layer,  // each sliding layer builds tril(ones_like) + where over the mask (Gemma-2/3)
+};
+enum class QkNormAt : uint8_t {
+  view,        // on q_proj(x).view(B,S,h,hd), before the transpose; v_proj after (Qwen3)
+  transposed,  // on the (B,h,S,hd) view after all three projections (Gemma-3)
+};
+enum class EmbedScaleAt : uint8_t {
+  model,      // `hidden = inputs_embeds * normalizer` in the model (Gemma/Gemma-2 v4.45)
+  embedding,  // inside the embedding module; the raw embedding dies at once (Gemma-3)
+};
+enum class LogitsFloat : uint8_t {
+  forward,  // logits.float() in ForCausalLM.forward (Llama v4.45)
+  loss,     // in the loss function (ForCausalLMLoss, v4.47+)
+  none,     // never (StableLM, GPT-2)
+};
+enum class CausalLoss : uint8_t {
+  shift,  // logits[..., :-1, :].contiguous(), labels[..., 1:] (v4.45)
+  pad,    // labels padded by one, logits used whole (ForCausalLMLoss v4.49+)
+};
+enum class SandwichOrder : uint8_t {
+  gemma2,  // input, pre_feedforward, post_feedforward, post_attention
+  gemma3,  // input, post_attention, pre_feedforward, post_feedforward
+};
+
 struct DecoderArch {
   // transformers' model_type this row stands for ("llama", "qwen2", "gemma2", ...).
   const char* architecture = "llama";
@@ -98,11 +135,32 @@ struct DecoderArch {
   int64_t sliding_window = 0;     // 0: none; else the window of the sliding layers
   // Which layers slide (1) when sliding_window > 0; empty = every layer (Mistral).
   std::vector<uint8_t> sliding_layers;
-  bool logits_upcast = true;      // logits.float() before the loss (Llama); GPT-2: none
   ModelCode code = ModelCode::llama;
   // GPT-2's resid_pdrop / embd_pdrop: dropout on the attention and MLP outputs and on the
-  // embeddings (model.dropout); Llama-likes only drop attention probabilities.
+  // embeddings (model.dropout); Phi-3's resid_attn/resid_mlp dropout on the two branch
+  // outputs; Llama-likes only drop attention probabilities.
   bool residual_dropout = false;
+
+  // Placement (docs/decoder-modules.md §4; defaults: Llama v4.45 as measured).
+  RopeAt rope = RopeAt::model;
+  bool rope_mul_fused = false;     // cos = emb.cos() * s (Qwen3): never two raw tables at once
+  bool rope_local = false;         // Gemma-3: a second model-level table for sliding layers
+  bool attn_rope_buffer = false;   // an unused per-attention rotary module (v4.45 Llama,
+                                   // Qwen2, StableLM): one inv_freq buffer per layer
+  MaskBuild mask = MaskBuild::triu;
+  bool mask_target_s = false;      // the causal mask is (S, S) (Gemma-2/3), not (S, S+1)
+  bool mask_window_local = false;  // Qwen3: the window's (S,T) bool is a named local
+  bool mask_add_inplace = false;   // `attn_weights += causal_mask` (Phi-3, StableLM)
+  SlidingAt sliding_at = SlidingAt::mask;
+  bool attn_scale_mul = false;     // scores * scaling (Gemma, Qwen3): op name only
+  bool attn_function = false;      // eager_attention_forward (v4.50+): repeat_kv inside, the
+                                   // caller's k/v names keep the pre-repeat tensors
+  QkNormAt qk_norm_at = QkNormAt::view;
+  EmbedScaleAt embed_scale_at = EmbedScaleAt::model;
+  bool attn_out_kept = false;      // StableLM: the attention output lives through the MLP
+  LogitsFloat logits_float = LogitsFloat::forward;
+  CausalLoss loss = CausalLoss::shift;
+  SandwichOrder sandwich_order = SandwichOrder::gemma3;
 
   bool layer_slides(int64_t l) const {
     if (sliding_window <= 0) return false;
@@ -124,7 +182,7 @@ inline DecoderArch gpt2_arch() {
   a.fused_qkv = true;
   a.mlp = MlpKind::plain;
   a.act = Activation::gelu_new;
-  a.logits_upcast = false;
+  a.logits_float = LogitsFloat::none;
   a.code = ModelCode::gpt2;
   a.residual_dropout = true;
   return a;

@@ -109,8 +109,10 @@ enum class OpKind : uint8_t {
   select_dim,         // x.select(dim, i), a view; SelectBackward0 = zeros(input) + copy
   // activations (graph/ops_nn.h)
   gelu,               // F.gelu (exact or approximate='tanh'): saves self
+  cat2,               // torch.cat((a, b), -1): new; CatBackward0 hands back views of the grad
+  chunk2,             // x.chunk(2, -1): two views; SplitBackward0 cats the grads (new, x)
 };
-inline constexpr int kOpKindCount = static_cast<int>(OpKind::gelu) + 1;
+inline constexpr int kOpKindCount = static_cast<int>(OpKind::chunk2) + 1;
 const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"
 const char* backward_name(OpKind k);  // autograd node name, e.g. "BmmBackward0"
 

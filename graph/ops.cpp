@@ -188,6 +188,12 @@ Tensor add(Runtime& rt, const Tensor& a, const Tensor& b) {
   return out;
 }
 
+Tensor add_(Runtime& rt, const Tensor& a, const Tensor& b) {
+  Tensor out = rt.view_of(a, a.bytes);
+  if (wants_grad(rt, {&a, &b})) binary_node(rt, OpKind::add, a, b, out);
+  return out;
+}
+
 Tensor sub(Runtime& rt, const Tensor& a, const Tensor& b) {
   Tensor out = out_tensor(rt, std::max(a.bytes, b.bytes), OpKind::sub);
   detail::numeric_forward(rt, OpKind::sub, {&a, &b}, {&out});

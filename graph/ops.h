@@ -31,6 +31,8 @@ Tensor mean_dim(Runtime& rt, const Tensor& x, uint64_t out_bytes); // keepdim re
 Tensor mean_all(Runtime& rt, const Tensor& x, uint64_t out_bytes);
 Tensor add_scalar(Runtime& rt, const Tensor& x);
 Tensor add(Runtime& rt, const Tensor& a, const Tensor& b);
+// a += b (b may broadcast): no allocation, an AddBackward0 node on a's storage.
+Tensor add_(Runtime& rt, const Tensor& a, const Tensor& b);
 Tensor sub(Runtime& rt, const Tensor& a, const Tensor& b);  // b may broadcast
 // elem: bytes per element of the broadcast operand (leading_dims: its grad's reduction).
 Tensor mul(Runtime& rt, const Tensor& a, const Tensor& b,

@@ -17,6 +17,8 @@ const char* nn_op_name(OpKind k, bool backward) {
     case OpKind::tanh: return backward ? "TanhBackward0" : "tanh";
     case OpKind::silu: return backward ? "SiluBackward0" : "silu";
     case OpKind::gelu: return backward ? "GeluBackward0" : "gelu";
+    case OpKind::cat2: return backward ? "CatBackward0" : "cat";
+    case OpKind::chunk2: return backward ? "SplitBackward0" : "split";
     case OpKind::mul_scalar: return backward ? "MulBackward1" : "mul.Scalar";
     case OpKind::add_bcast: return backward ? "AddBackward0" : "add";
     case OpKind::to_copy: return backward ? "ToCopyBackward0" : "_to_copy";
@@ -191,6 +193,31 @@ Tensor slice_seq(Runtime& rt, const Tensor& x, uint64_t out_bytes) {
     out.out_slot = 0;
   }
   return out;
+}
+
+Tensor cat2(Runtime& rt, const Tensor& a, const Tensor& b) {
+  Tensor out = out_tensor(rt, a.bytes + b.bytes, OpKind::cat2);
+  if (wants_grad(rt, {&a, &b})) {
+    int32_t n = rt.make_node(OpKind::cat2, {&a, &b});
+    out.grad_fn = n;
+    out.out_slot = 0;
+  }
+  return out;
+}
+
+Chunk2::Chunk2(Runtime& rt, const Tensor& x) : base_(x) {
+  if (wants_grad(rt, {&x})) {
+    node_ = rt.make_node(OpKind::chunk2, {&x});
+    rt.node(node_).size[0] = x.bytes;
+  }
+}
+
+Tensor Chunk2::piece(Runtime& rt, int which) const {
+  Tensor p = rt.view_of(base_, base_.bytes / 2);
+  if (node_ < 0) return p;
+  p.grad_fn = node_;
+  p.out_slot = static_cast<uint8_t>(which);
+  return p;
 }
 
 Tensor select_dim(Runtime& rt, const Tensor& x, uint64_t out_bytes) {
@@ -374,6 +401,12 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     out[0] = fresh(A(n.size[0]));
     return true;
   }
+  if (n.kind == OpKind::chunk2) {
+    // SplitBackward0: the two pieces' grads (a missing one as zeros) catted into one.
+    if (in[0].storage == kNoStorage && in[1].storage == kNoStorage) return true;
+    out[0] = fresh(A(n.size[0], kind_for(0)));
+    return true;
+  }
   if (n.kind == OpKind::tied_sum) {
     // Both uses' grads are buffered here; old + new is a new tensor (see ops_nn.h).
     if (in[0].storage != kNoStorage && in[1].storage != kNoStorage &&
@@ -443,6 +476,13 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     case OpKind::select_dim:      // select_backward: zeros(input) + copy into the index
     case OpKind::expand_clone:    // expand's sum_to
       out[0] = fresh(A(n.size[0], kind_for(0)));
+      break;
+    case OpKind::cat2:  // narrow views of the grad, one per input
+      for (int i = 0; i < 2; ++i) {
+        if (!needs(i)) continue;
+        rt.retain(g.storage);
+        out[i] = Grad{g.storage, true, false};
+      }
       break;
     case OpKind::add_bcast:
       if (needs(1)) out[1] = fresh(A(n.size[1], kind_for(1)));  // sum_to, reduced

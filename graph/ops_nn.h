@@ -91,6 +91,19 @@ class SplitQkv {
   int32_t node_ = -1;
 };
 
+// torch.cat((a, b), dim=-1): a new tensor; CatBackward0 narrows the grad (views).
+Tensor cat2(Runtime& rt, const Tensor& a, const Tensor& b);
+// x.chunk(2, dim=-1) (Phi-3's gate_up): piece(0|1) is a half-sized view; the one
+// SplitBackward0 node cats the two grads into a new x-sized tensor.
+class Chunk2 {
+ public:
+  Chunk2(Runtime& rt, const Tensor& x);
+  Tensor piece(Runtime& rt, int which) const;
+ private:
+  Tensor base_;
+  int32_t node_ = -1;
+};
+
 class TiedWeight {
  public:
   TiedWeight(Runtime& rt, const Tensor& param);

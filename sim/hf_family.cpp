@@ -26,7 +26,9 @@ graph::HfShape hf_shape(const Scenario& s) {
     shape.lora.dropout = s.lora.dropout;
     shape.lora.nf4 = s.lora.base_nf4;
   }
-  if (s.model.family == ModelFamily::hf_gpt2) shape.arch = graph::gpt2_arch();
+  shape.arch = s.model.arch;
+  if (s.model.family == ModelFamily::hf_gpt2 && shape.arch.code != graph::ModelCode::gpt2)
+    shape.arch = graph::gpt2_arch();
   switch (s.model.attention) {
     case AttentionImpl::eager: shape.attention = graph::HfAttention::eager; break;
     case AttentionImpl::flash: shape.attention = graph::HfAttention::flash; break;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "allocator/allocator_config.h"
+#include "graph/decoder_spec.h"
 
 namespace memsim {
 
@@ -53,6 +54,9 @@ struct ModelConfig {
   SoftmaxImpl softmax = SoftmaxImpl::staff;
   SdpaImpl sdpa = SdpaImpl::staff;
   SwigluImpl swiglu = SwigluImpl::staff;
+  // hf-llama / hf-gpt2: the architecture row and its knobs (graph/decoder_spec.h; the
+  // default is Llama; family hf-gpt2 uses graph::gpt2_arch()).
+  graph::DecoderArch arch;
 };
 
 struct BatchConfig {
