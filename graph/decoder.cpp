@@ -290,8 +290,13 @@ Tensor DecoderModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
   const Tensor& sin = local ? extra[5] : extra[3];
   Tensor weights;  // self_attn_weights (v4.50+): lives until the layer returns
   layer_weights_ = a.attn_function ? &weights : nullptr;
-  Tensor h = run_region(rt_, RegionKind::attention, {x, mask, cos, sin},
+  // An attention that computes its own rotary tables takes position_ids (a view of
+  // cache_position): a checkpointed half keeps it as an input.
+  Inputs attn_in = {x, mask, cos, sin};
+  if (a.rope == RopeAt::layer) attn_in.push_back(extra[1]);
+  Tensor h = run_region(rt_, RegionKind::attention, attn_in,
                         [this, l](const Inputs& in) { return attn_half(l, in); });
+  attn_in.clear();
   layer_weights_ = nullptr;
   if (a.residual_dropout) h = drop(h);  // Phi-3's resid_attn_dropout
   // Under autocast the attention/MLP outputs are low precision: the fp32 residual promotes.

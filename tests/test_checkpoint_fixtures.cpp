@@ -25,6 +25,7 @@
 
 #include "sim/checkpoint_policy.h"
 #include "sim/schedule.h"
+#include "decoder_arch_test_support.h"
 #include "step_measure_test_support.h"
 
 using namespace memsim;
@@ -80,10 +81,14 @@ void check_fixture(const nlohmann::json& fx, const Scenario& s) {
     // arguments on the backward node's ctx (ctx.inputs) for as long as the graph object
     // lives, i.e. while the logits are bound. HF LLaMA passes position_embeddings as a
     // (cos, sin) tuple, so torch keeps those two (S, hd) fp32 tensors after backward.
+    // Models whose attention computes its own tables (RopeAt::layer) pass none.
+    const uint64_t head_dim = s.model.arch.head_dim > 0
+                                  ? static_cast<uint64_t>(s.model.arch.head_dim)
+                                  : static_cast<uint64_t>(s.model.d_model / s.model.heads);
     const uint64_t ctx_held = reentrant && s.model.family == ModelFamily::hf_llama &&
+                                      s.model.arch.rope == graph::RopeAt::model &&
                                       policy != "selective"
-                                  ? 2 * static_cast<uint64_t>(s.batch.seq_len) *
-                                        static_cast<uint64_t>(s.model.d_model / s.model.heads) * 4
+                                  ? 2 * static_cast<uint64_t>(s.batch.seq_len) * head_dim * 4
                                   : 0;
     CHECK(m.after_backward + ctx_held == row["after_backward"].get<uint64_t>());
     CHECK(std::abs(err) < 0.02);           // issue #4: within 2%
@@ -115,6 +120,26 @@ TEST_CASE("checkpointing matches PyTorch 1.13 on CPU (HF GPT-2 and LLaMA stand-i
     const std::string family = fx["family"];
     Scenario s = base_scenario();
     memsim_test::apply_hf_fixture_config(s, family, c);
+    check_fixture(fx, s);
+  }
+}
+
+// The decoder-architecture stand-ins (tests/data/torch_cpu_arch): Gemma-2 (sandwich norms,
+// soft-capping, per-layer rotary and sliding masks, which `full` recomputes) and Qwen3
+// (q/k norms, v4.51's attention function, which is `selective`'s region), every policy,
+// non-reentrant and reentrant. One row is not exact: Qwen3 `selective` with reentrant
+// checkpointing peaks 32 KiB (1.0%) below torch (one (B,H,S,S) or (B,H,S,hd) tensor that
+// the re-run of v4.51's attention function keeps and memsim does not; not found yet).
+TEST_CASE("checkpointing matches PyTorch 1.13 on CPU (Gemma-2 and Qwen3 stand-ins, 4 layers)",
+          "[checkpoint][hf][arch]") {
+  for (const char* file : {"checkpoint_gemma2.json", "checkpoint_qwen3.json"}) {
+    std::ifstream in(std::string(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_arch/") + file);
+    REQUIRE(in.good());
+    const nlohmann::json fx = nlohmann::json::parse(in);
+    const nlohmann::json& c = fx["config"];
+    Scenario s = base_scenario();
+    memsim_test::apply_hf_fixture_config(s, "hf-llama", c);
+    s.model.arch = memsim_test::arch_for(c);
     check_fixture(fx, s);
   }
 }
