@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "sim/arch_checks.h"
 #include "sim/data_parallel.h"
 #include "sim/script_keys.h"
 
@@ -82,6 +83,7 @@ void require_modelled(const Scenario& s) {
   }
   if (p.sequence && !tensor_modelled)
     refuse(s, "parallel.sequence", "sequence parallelism is modelled for model family 'megatron' only");
+  require_arch_modelled(s);           // sim/arch_checks.h: decoder knobs per setting
   require_data_parallel_modelled(s);  // sim/data_parallel.h
   require_script_keys_modelled(s);    // sim/script_keys.h: loss.*, out-of-place, whole-run
   // Data parallelism, LoRA and master weights were each checked alone; their

@@ -1,5 +1,7 @@
 #include "sim/numeric_check.h"
 
+#include "sim/arch_checks.h"
+
 #include <cmath>
 #include <sstream>
 
@@ -242,6 +244,9 @@ void validate_numeric_scenario(const Scenario& s) {
                           "SDPA / fused attention kernels (use attention eager or dropout 0)");
     if (s.lora.rank > 0)
       throw ScenarioError(where + "lora.rank: numeric mode has no LoRA / QLoRA kernels");
+    if (const char* key = first_arch_knob(s))
+      throw ScenarioError(where + key + ": numeric mode has kernels for the llama and gpt2 "
+                          "architecture rows only (not '" + s.model.arch.architecture + "')");
   }
   // Adafactor and 8-bit Adam(W) have numeric kernels on the state the schedules allocate
   // (sim/numeric_adafactor.h, sim/numeric_adam8bit.h) where memsim models them.
