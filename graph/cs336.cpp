@@ -61,8 +61,7 @@ Tensor Cs336Model::linear(const Tensor& x, int32_t weight, int64_t d_in, int64_t
 
 // RMSNorm (§2.3): rms = rsqrt(mean(x^2) + eps); weight * (x * rms). fp32 in, no casts.
 Tensor Cs336Model::rmsnorm(const Tensor& x, int32_t weight) {
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::norm;
+  ModuleScope module_scope(rt_, Module::norm);
   const uint64_t rows = s_.batch * s_.seq * 4;
   Tensor sq = pow2(rt_, x);
   Tensor ms = mean_dim(rt_, sq, rows);
@@ -74,7 +73,6 @@ Tensor Cs336Model::rmsnorm(const Tensor& x, int32_t weight) {
   Tensor xn = mul(rt_, x, rms);
   Tensor w = rt_.param(weight);
   Tensor out = mul(rt_, w, xn, Broadcast::leading_dims);
-  rt_.ctx.module = outer;
   return out;
 }
 
@@ -251,8 +249,7 @@ Tensor Cs336Model::sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const
 
 // CausalMultiHeadSelfAttention.forward (§2.8).
 Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::attention;
+  ModuleScope module_scope(rt_, Module::attention);
   const int64_t D = s_.d_model;
   Tensor q0 = linear(x, p.q, D, D);
   Tensor k0 = linear(x, p.k, D, D);
@@ -320,14 +317,12 @@ Tensor Cs336Model::attention(const LayerParams& p, const Tensor& x) {
   positions.reset();
   mask.reset();
   merged.reset();
-  rt_.ctx.module = outer;
   return out;
 }
 
 // SwiGLU with a hand-written silu (§2.9).
 Tensor Cs336Model::swiglu(const LayerParams& p, const Tensor& x) {
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::mlp;
+  ModuleScope module_scope(rt_, Module::mlp);
   const int64_t D = s_.d_model, F = s_.d_ff;
   if (s_.swiglu == Cs336Swiglu::projections_first) {
     Tensor a = linear(x, p.w1, D, F);
@@ -341,7 +336,6 @@ Tensor Cs336Model::swiglu(const LayerParams& p, const Tensor& x) {
     m.reset();
     a.reset();  // the locals a and b die at the return
     b.reset();
-    rt_.ctx.module = outer;
     return out;
   }
   Tensor a = linear(x, p.w1, D, F);
@@ -354,14 +348,12 @@ Tensor Cs336Model::swiglu(const LayerParams& p, const Tensor& x) {
   s.reset();
   b.reset();
   Tensor out = linear(m, p.w2, F, D);
-  rt_.ctx.module = outer;
   return out;
 }
 
 // TransformerBlock.forward (§2.10), pre-norm.
 Tensor Cs336Model::block(int32_t layer, const Tensor& x) {
-  const int32_t outer = rt_.ctx.layer;
-  rt_.ctx.layer = layer;
+  LayerScope layer_scope(rt_, layer);
   // The two halves are candidate checkpoint regions (graph/checkpoint.h); the lambdas
   // capture only values, because a checkpointed half is re-run during backward.
   Tensor x_attn = run_region(rt_, RegionKind::attention, {x}, [this, layer](const Inputs& in) {
@@ -382,7 +374,6 @@ Tensor Cs336Model::block(int32_t layer, const Tensor& x) {
   x_attn.reset();
   r1.reset();
   x_ffn.reset();
-  rt_.ctx.layer = outer;
   return out;
 }
 

@@ -265,8 +265,7 @@ Tensor DecoderModel::mlp_half(int32_t l, const Inputs& in) {
 // their lambdas capture values only, because a checkpointed half is re-run during
 // backward.
 Tensor DecoderModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
-  const int32_t outer = rt_.ctx.layer;
-  rt_.ctx.layer = l;
+  LayerScope layer_scope(rt_, l);
   const DecoderArch& a = arch();
   const bool slides = a.layer_slides(l);
   // Gemma-2/3's sliding layers mask their own copy, first thing in the layer:
@@ -314,7 +313,7 @@ Tensor DecoderModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
   // The layer's locals die as it returns, in the caller's context (the residual before
   // the MLP output, as the H100 traces were matched with), then the sliding masks (the
   // rebound attention_mask first).
-  rt_.ctx.layer = outer;
+  layer_scope.restore();
   r1.reset();
   h.reset();
   kept.reset();
@@ -503,8 +502,7 @@ Tensor DecoderModel::logits_head(const Tensor& hidden, const Tensor& head_w) {
 // the logits' dtype, an fp32 copy inside CUDA autocast's cross_entropy). ForCausalLMLoss
 // (v4.47+) upcasts first; from v4.49 it pads the labels and uses the logits whole.
 Tensor DecoderModel::loss(const Tensor& logits_in, const Tensor& labels) {
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::loss;
+  ModuleScope module_scope(rt_, Module::loss);
   const DecoderArch& a = arch();
   Tensor logits = logits_in;
   if (a.logits_float == LogitsFloat::loss) {  // `logits = logits.float()`: a copy unless fp32
@@ -524,7 +522,6 @@ Tensor DecoderModel::loss(const Tensor& logits_in, const Tensor& labels) {
     logp.reset();
     shift_labels.reset();
     padded.reset();
-    rt_.ctx.module = outer;
     return out;
   }
   const uint64_t shifted_rows = static_cast<uint64_t>(s_.batch * (s_.seq - 1));
@@ -542,7 +539,6 @@ Tensor DecoderModel::loss(const Tensor& logits_in, const Tensor& labels) {
     Tensor logp = log_softmax(rt_, shift_logits);
     out = nll_loss(rt_, logp, shift_labels, e);
   }
-  rt_.ctx.module = outer;
   return out;
 }
 
@@ -552,8 +548,7 @@ Tensor DecoderModel::loss(const Tensor& logits_in, const Tensor& labels) {
 // regions (graph/checkpoint.h); their lambdas capture values only (a checkpointed half
 // is re-run during backward).
 Tensor DecoderModel::block_gpt2(int32_t l, const Tensor& x) {
-  const int32_t outer = rt_.ctx.layer;
-  rt_.ctx.layer = l;
+  LayerScope layer_scope(rt_, l);
   Tensor attn_output = run_region(rt_, RegionKind::attention, {x}, [this, l](const Inputs& in) {
     const LayerParams& p = layers_[l];
     Tensor h1 = norm(in[0], p.norm[kInputNorm], s_.rows(), s_.d_model);
@@ -572,7 +567,6 @@ Tensor DecoderModel::block_gpt2(int32_t l, const Tensor& x) {
   attn_output.reset();
   ff.reset();
   r1.reset();
-  rt_.ctx.layer = outer;
   return out;
 }
 

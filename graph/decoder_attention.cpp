@@ -76,8 +76,7 @@ void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& qu
 
 Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tensor& mask,
                                const Tensor& cos_in, const Tensor& sin_in) {
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::attention;
+  ModuleScope module_scope(rt_, Module::attention);
   const DecoderArch& a = arch();
   const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
   const uint64_t rd = s_.rotary_dim();
@@ -155,7 +154,6 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
     }
     out = project(attn_output, p, p.o);
   }  // the attention forward's locals (q/k/v states, attn_output) die here
-  rt_.ctx.module = outer;
   return out;
 }
 
@@ -319,8 +317,7 @@ Tensor DecoderModel::where_core(const LayerParams& p, const Tensor& q, const Ten
 }
 
 Tensor DecoderModel::attention_gpt2(const LayerParams& p, const Tensor& x) {
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::attention;
+  ModuleScope module_scope(rt_, Module::attention);
   Tensor out;
   {
     Tensor qkv = project(x, p, p.qkv);
@@ -358,7 +355,6 @@ Tensor DecoderModel::attention_gpt2(const LayerParams& p, const Tensor& x) {
     merged.reset();
     out = drop(out);
   }  // q, k, v, the projection and attn_weights die with GPT2Attention.forward
-  rt_.ctx.module = outer;
   return out;
 }
 

@@ -49,11 +49,9 @@ Tensor DecoderModel::norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_
     case NormKind::rms: return rms_norm(x, n.w, rows, width);
     case NormKind::rms_one_plus: return gemma_rms_norm(x, n.w, rows, width);
     case NormKind::layer: {
-      const Module outer = rt_.ctx.module;
-      rt_.ctx.module = Module::norm;
+      ModuleScope module_scope(rt_, Module::norm);
       Tensor wt = rt_.param(n.w), bt = rt_.param(n.b);
       Tensor out = layer_norm(rt_, x, wt, bt, rows);
-      rt_.ctx.module = outer;
       return out;
     }
   }
@@ -65,8 +63,7 @@ Tensor DecoderModel::norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_
 // head_dim for a per-head q/k norm).
 Tensor DecoderModel::rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t width) {
   (void)width;
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::norm;
+  ModuleScope module_scope(rt_, Module::norm);
   const uint64_t e = s_.elem;
   // hidden_states.to(torch.float32): the same tensor in fp32, a copy otherwise.
   Tensor hf = e == 4 ? x : to_copy(rt_, x, x.bytes / e * 4);
@@ -91,7 +88,6 @@ Tensor DecoderModel::rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_
   hb.reset();
   variance.reset();
   hf.reset();
-  rt_.ctx.module = outer;
   return out;
 }
 
@@ -101,8 +97,7 @@ Tensor DecoderModel::rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_
 // tensor saved by the product; the weight's grad is the product's reduction over the
 // rows, then AddBackward passes it on (and ToCopyBackward casts it for 16-bit weights).
 Tensor DecoderModel::gemma_rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t width) {
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::norm;
+  ModuleScope module_scope(rt_, Module::norm);
   const uint64_t e = s_.elem;
   Tensor output;
   {
@@ -128,7 +123,6 @@ Tensor DecoderModel::gemma_rms_norm(const Tensor& x, int32_t w, uint64_t rows, u
     output = mul(rt_, output, one_plus, Broadcast::leading_dims, 4);
   }
   if (e != 4) output = to_copy(rt_, output, output.bytes / 4 * e);  // .type_as(x)
-  rt_.ctx.module = outer;
   return output;
 }
 
@@ -146,8 +140,7 @@ Tensor DecoderModel::activation(const Tensor& x) {
 
 // GLU: down(act(gate(x)) * up(x)); plain: fc2(act(fc1(x))) with GPT-2's resid dropout.
 Tensor DecoderModel::mlp(const LayerParams& p, const Tensor& x) {
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::mlp;
+  ModuleScope module_scope(rt_, Module::mlp);
   Tensor out;
   if (arch().mlp == MlpKind::plain) {
     Tensor h = project(x, p, p.up);
@@ -180,7 +173,6 @@ Tensor DecoderModel::mlp(const LayerParams& p, const Tensor& x) {
     }
     out = project(m, p, p.down);
   }
-  rt_.ctx.module = outer;
   return out;
 }
 

@@ -4,8 +4,7 @@ namespace memsim::graph {
 
 Tensor cs336_cross_entropy(Runtime& rt, const Tensor& logits, const Tensor& targets,
                            uint64_t rows, uint64_t elem) {
-  const Module outer = rt.ctx.module;
-  rt.ctx.module = Module::loss;
+  ModuleScope module_scope(rt, Module::loss);
   // log_softmax: shifted = x - max; shifted - log(sum(exp(shifted))). The max values
   // stay bound until log_softmax returns; log(z) is a temporary of its line.
   MaxResult mx = max_dim(rt, logits, rows, elem);
@@ -26,17 +25,14 @@ Tensor cs336_cross_entropy(Runtime& rt, const Tensor& logits, const Tensor& targ
   nl.reset();
   Tensor loss = mean_all(rt, picked, elem);
   picked.reset();
-  rt.ctx.module = outer;
   return loss;
 }
 
 Tensor torch_cross_entropy(Runtime& rt, const Tensor& logits, const Tensor& targets,
                            uint64_t elem) {
-  const Module outer = rt.ctx.module;
-  rt.ctx.module = Module::loss;
+  ModuleScope module_scope(rt, Module::loss);
   Tensor logp = log_softmax(rt, logits);
   Tensor loss = nll_loss(rt, logp, targets, elem);
-  rt.ctx.module = outer;
   return loss;
 }
 

@@ -140,8 +140,7 @@ Tensor MegatronModel::core_attention(const Inputs& in) {
 }
 
 Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_mask) {
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::attention;
+  ModuleScope module_scope(rt_, Module::attention);
   const uint64_t h = s_.hidden, e = s_.elem, t = tp();
   const double r = static_cast<double>(rows()), hd = static_cast<double>(h);
   const double td = static_cast<double>(t);
@@ -168,7 +167,6 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
   numeric_param_hint(rt_, id.proj);
   Tensor out = megatron_linear(
       rt_, context, {act(), h * h * e / t, 0, 2 * r * hd * hd / td, 0, sp_scatter(act())});
-  rt_.ctx.module = outer;
   return out;
 }
 
@@ -188,8 +186,7 @@ Tensor MegatronModel::mlp(const Tensor& ln_out) {
 }
 
 Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attention_mask) {
-  const int32_t outer = rt_.ctx.layer;
-  rt_.ctx.layer = index;
+  LayerScope layer_scope(rt_, index);
   const uint64_t h = s_.hidden, e = s_.elem;
   // The attention half (input_layernorm + self_attention) and the MLP half
   // (pre_mlp_layernorm + mlp) are candidate checkpoint regions (graph/checkpoint.h); the
@@ -232,8 +229,8 @@ Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attent
   Tensor out = bias_dropout_add(rt_, fc2_out, hidden, rows_sp() * h, s_.bias ? h * e : 0,
                                 s_.dropout);
   rt_.ctx.module = Module::none;
-  rt_.ctx.layer = outer;
-  return out;  // ln1, attn_out, hidden, ln2, fc2_out die with the frame
+  layer_scope.restore();
+  return out;  // ln1, attn_out, hidden, ln2, fc2_out die with the frame, in the caller's layer
 }
 
 Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids,
@@ -302,15 +299,13 @@ Tensor MegatronModel::head(Tensor hidden) {
 }
 
 Tensor MegatronModel::language_model_loss(const Tensor& logits, const Tensor& labels) {
-  const Module outer = rt_.ctx.module;
-  rt_.ctx.module = Module::loss;
+  ModuleScope module_scope(rt_, Module::loss);
   Tensor labels_t = rt_.alloc(labels.bytes, TensorKind::input, OpKind::clone);
   numeric_hint(rt_, NumericHint::labels, labels);  // rows kept in [b, s] order numerically
   Tensor loss = vocab_parallel_cross_entropy(
       rt_, logits, rows(), static_cast<uint64_t>(s_.padded_vocab()) / tp());
   labels_t.reset();
   loss = clone(rt_, loss);  // transpose(0, 1).contiguous() -> [b, s]
-  rt_.ctx.module = outer;
   return loss;
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <string_view>
 #include <vector>
 
@@ -290,6 +291,57 @@ class Runtime {
   int32_t hooked_layer_ = -1;  // ctx.layer / ctx.module of the last allocation seen by hooks
   Module hooked_module_ = Module::none;
   OpKind cur_op_ = OpKind::other;  // op whose frees are being emitted
+};
+
+// The module (or layer) an op belongs to, for one C++ scope: a Python module's forward.
+// The constructor sets rt.ctx.module (rt.ctx.layer); the destructor puts the outer value
+// back after the scope's later locals have died (their frees belong to the module), or
+// restore() does it earlier where the caller's context owns what dies next. A checkpoint
+// re-run that stops early unwinds through the emitters by exception (graph/checkpoint.h);
+// then nothing is restored here: what dies while unwinding keeps the context of the op
+// that stopped, and the engine restores the whole context afterwards.
+class ModuleScope {
+ public:
+  ModuleScope(Runtime& rt, Module m)
+      : rt_(rt), outer_(rt.ctx.module), unwinding_(std::uncaught_exceptions()) {
+    rt.ctx.module = m;
+  }
+  ~ModuleScope() {
+    if (std::uncaught_exceptions() == unwinding_) restore();
+  }
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+  void restore() {
+    if (active_) rt_.ctx.module = outer_;
+    active_ = false;
+  }
+ private:
+  Runtime& rt_;
+  Module outer_;
+  int unwinding_;
+  bool active_ = true;
+};
+
+class LayerScope {
+ public:
+  LayerScope(Runtime& rt, int32_t layer)
+      : rt_(rt), outer_(rt.ctx.layer), unwinding_(std::uncaught_exceptions()) {
+    rt.ctx.layer = layer;
+  }
+  ~LayerScope() {
+    if (std::uncaught_exceptions() == unwinding_) restore();
+  }
+  LayerScope(const LayerScope&) = delete;
+  LayerScope& operator=(const LayerScope&) = delete;
+  void restore() {
+    if (active_) rt_.ctx.layer = outer_;
+    active_ = false;
+  }
+ private:
+  Runtime& rt_;
+  int32_t outer_;
+  int unwinding_;
+  bool active_ = true;
 };
 
 }  // namespace memsim::graph

@@ -13,8 +13,7 @@ Tensor last_position(Runtime& rt, const Tensor& logits, uint64_t last_bytes) {
 
 Tensor one_hot_cross_entropy(Runtime& rt, Autocast* ac, const Tensor& x, uint64_t rows,
                              uint64_t elem) {
-  const Module outer = rt.ctx.module;
-  rt.ctx.module = Module::loss;
+  ModuleScope module_scope(rt, Module::loss);
   const bool low = ac != nullptr && ac->active() && elem != 4;
   const uint64_t f32 = x.bytes / elem * 4;
   MaxResult mx = max_dim(rt, x, rows, elem);  // max_value, _ (both locals)
@@ -59,7 +58,6 @@ Tensor one_hot_cross_entropy(Runtime& rt, Autocast* ac, const Tensor& x, uint64_
   mx.indices.reset();
   lsm.reset();
   one_hot.reset();
-  rt.ctx.module = outer;
   return loss;
 }
 
