@@ -2,7 +2,11 @@
 // config.json files (scenarios/models/).
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "sim/model_architecture.h"
 #include "sim/scenario.h"
@@ -213,4 +217,56 @@ TEST_CASE("every config preset simulates (two layers, short sequence)", "[archit
     const Program program = build_program(s);
     CHECK(program.events.size() > 100);
   }
+}
+
+// The rows' placement is what the torch CPU fixtures measured for each architecture
+// (tests/data/torch_cpu_arch, config.arch_hf; docs/decoder-modules.md section 5). The llama
+// row keeps the hf-llama family's layout (no unused per-attention rotary buffer), which the
+// fixture of v4.45 Llama with biases has.
+TEST_CASE("architecture rows carry the placement the fixtures measured", "[architecture]") {
+  using namespace graph;
+  int compared = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_arch")) {
+    const std::string file = entry.path().filename().string();
+    if (entry.path().extension() != ".json" || file.rfind("checkpoint_", 0) == 0) continue;
+    std::ifstream in(entry.path());
+    const nlohmann::json c = nlohmann::json::parse(in)["config"];
+    std::string name = c["arch"]["architecture"];
+    if (name == "gemma3") name = "gemma3_text";
+    const ArchitectureRow* row = find_architecture(name);
+    if (!row) continue;  // stablelm: not a row
+    INFO(file);
+    const nlohmann::json& h = c["arch_hf"];
+    const DecoderArch& a = row->arch;
+    CHECK((a.rope == RopeAt::layer) == (h["rope"] == "layer"));
+    CHECK(a.rope_mul_fused == (h["rope_mul"] == "fused"));
+    CHECK(a.rope_local == h["rope_local"].get<bool>());
+    if (name != "llama") CHECK(a.attn_rope_buffer == h["attn_rope_buffer"].get<bool>());
+    CHECK((a.mask == MaskBuild::exclude) == (h["mask"] == "exclude"));
+    CHECK(a.mask_target_s == (h["mask_target"] == "s"));
+    CHECK(a.mask_add_inplace == (h["mask_add"] == "inplace"));
+    CHECK((a.sliding_at == SlidingAt::layer) == (h["sliding_at"] == "layer"));
+    CHECK(a.attn_scale_mul == (h["attn_scale"] == "mul"));
+    CHECK(a.attn_function == (h["attn_interface"] == "function"));
+    CHECK((a.qk_norm_at == QkNormAt::transposed) == (h["qk_norm_at"] == "transposed"));
+    CHECK((a.embed_scale_at == EmbedScaleAt::embedding) == (h["embed_scale_at"] == "embedding"));
+    CHECK(a.attn_out_kept == h["attn_out_kept"].get<bool>());
+    CHECK(std::string(h["logits_float"]) ==
+          (a.logits_float == LogitsFloat::loss ? "loss" : a.logits_float == LogitsFloat::none ? "none" : "forward"));
+    CHECK((a.loss == CausalLoss::pad) == (h["loss"] == "pad"));
+    if (a.placement == NormPlacement::sandwich)
+      CHECK((a.sandwich_order == SandwichOrder::gemma2) == (name == "gemma2"));
+    const nlohmann::json& k = c["arch"];
+    CHECK(std::string(k["norm"]) == spelling(norm_names(), a.norm));
+    CHECK(std::string(k["norm_placement"]) == spelling(norm_placement_names(), a.placement));
+    CHECK(std::string(k["qk_norm"]) == spelling(qk_norm_names(), a.qk_norm));
+    CHECK(std::string(k["mlp"]) == spelling(mlp_names(), a.mlp));
+    CHECK(std::string(k["activation"]) == spelling(activation_names(), a.act));
+    CHECK(k["fused_qkv"].get<bool>() == a.fused_qkv);
+    CHECK(k["fused_gate_up"].get<bool>() == a.fused_gate_up);
+    CHECK(k["embedding_scale"].get<bool>() == a.embed_scale);
+    if (name != "llama") CHECK(k["qkv_bias"].get<bool>() == a.qkv_bias);
+    ++compared;
+  }
+  CHECK(compared >= 12);
 }
