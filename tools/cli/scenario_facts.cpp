@@ -33,12 +33,15 @@ std::string model_line(const Scenario& sc, const RankInfo* rank) {
   s += ", " + std::to_string(m.layers) + " layers, d_model " + std::to_string(m.d_model) + ", " +
        std::to_string(m.heads) + " heads";
   if (m.kv_heads != m.heads) s += " (" + std::to_string(m.kv_heads) + " KV)";
+  if (hf && m.arch.head_dim > 0 && m.arch.head_dim * m.heads != m.d_model)
+    s += ", head_dim " + std::to_string(m.arch.head_dim);
   s += ", d_ff " + std::to_string(m.d_ff) + ", vocab " + std::to_string(m.vocab) + ", " +
        to_string(m.attention) + " attention";
   // cs336 hand-written variants (scenario keys model.softmax / model.sdpa / model.swiglu), when not staff.
   if (m.softmax == SoftmaxImpl::exp_twice) s += ", softmax exp-twice";
   if (m.sdpa == SdpaImpl::masked_fill) s += ", sdpa masked-fill";
   if (m.swiglu == SwigluImpl::projections_first) s += ", swiglu projections-first";
+  if (hf && m.arch.sliding_window > 0) s += ", sliding window " + std::to_string(m.arch.sliding_window);
   const int64_t total = parameter_count(m);
   s += ", " + count_text(total) + " parameters";
   if (sc.lora.rank > 0) s += " (" + count_text(trainable_parameter_count(sc)) + " trainable)";
