@@ -91,9 +91,12 @@ namespace scenario_detail {
 
 const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_schema() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> schema = {
-      {"model", {"preset", "family", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab",
-                 "context_length", "tied_embeddings", "attention", "dropout", "softmax", "sdpa",
-                 "swiglu"}},
+      {"model", {"preset", "hf_config", "family", "architecture", "layers", "d_model", "heads",
+                 "kv_heads", "d_ff", "vocab", "context_length", "tied_embeddings", "attention",
+                 "dropout", "softmax", "sdpa", "swiglu", "head_dim", "qkv_bias", "o_bias",
+                 "mlp_bias", "qk_norm", "norm", "norm_placement", "mlp", "activation", "fused_qkv",
+                 "fused_gate_up", "embedding_scale", "attn_softcap", "final_softcap",
+                 "sliding_window", "sliding_layers", "rotary_dim"}},
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
       {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache"}},
       {"optimizer", {"type", "impl", "momentum"}},
@@ -312,8 +315,9 @@ Scenario load_scenario_text(const std::string& text, const std::string& source,
   return s;
 }
 
-Scenario load_scenario(const std::string& path,
-                       const std::vector<std::pair<std::string, std::string>>& overrides) {
+namespace {
+
+std::string read_scenario_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     scenario_detail::fail(path + ":1", "(file)", "is a directory, not a scenario file");
@@ -329,7 +333,46 @@ Scenario load_scenario(const std::string& path,
   if (in.bad()) {
     scenario_detail::fail(path + ":1", "(file)", "cannot read the scenario file");
   }
-  return load_scenario_text(text.str(), path, overrides);
+  return text.str();
+}
+
+// The report name of a scenario made from a config alone: the checkpoint's folder
+// ("models/Qwen2.5-7B/config.json" -> "Qwen2.5-7B"), else the file's stem.
+std::string config_name(const std::string& path) {
+  const std::filesystem::path p(path);
+  if (p.filename() == "config.json" && p.has_parent_path() && !p.parent_path().filename().empty())
+    return p.parent_path().filename().string();
+  if (std::filesystem::is_directory(p)) return p.lexically_normal().filename().string();
+  return p.stem().string();
+}
+
+}  // namespace
+
+Scenario load_scenario(const std::string& path,
+                       const std::vector<std::pair<std::string, std::string>>& overrides) {
+  return load_scenario_text(read_scenario_file(path), path, overrides);
+}
+
+Scenario load_scenario_with_model(const std::string& path, const std::string& model_path,
+                                  const std::vector<std::pair<std::string, std::string>>& overrides) {
+  using namespace scenario_detail;
+  Doc doc;
+  if (path.empty()) {
+    doc.source = model_path;
+  } else {
+    doc = read_doc(read_scenario_file(path), path);
+  }
+  for (auto it = doc.fields.begin(); it != doc.fields.end();) {
+    const bool model_key = it->first.rfind("model.", 0) == 0;
+    const bool kept = it->first == "model.attention" || it->first == "model.dropout";
+    it = model_key && !kept ? doc.fields.erase(it) : std::next(it);
+  }
+  doc.fields["model.hf_config"] = Field{YAML::Node(model_path), "--model"};
+  apply_overrides(doc, overrides);
+  Scenario s = build_scenario(doc);
+  s.source = path.empty() ? model_path : path;
+  if (s.name.empty()) s.name = path.empty() ? config_name(model_path) : stem(path);
+  return s;
 }
 
 AllocatorConfig apply_allocator_overrides(

@@ -54,9 +54,13 @@ struct ModelConfig {
   SoftmaxImpl softmax = SoftmaxImpl::staff;
   SdpaImpl sdpa = SdpaImpl::staff;
   SwigluImpl swiglu = SwigluImpl::staff;
-  // hf-llama / hf-gpt2: the architecture row and its knobs (graph/decoder_spec.h; the
-  // default is Llama; family hf-gpt2 uses graph::gpt2_arch()).
+  // hf-llama / hf-gpt2: the Hugging Face architecture's knobs (model.architecture and the
+  // knob keys, or a config.json; sim/model_architecture.h). The family's default row
+  // (llama for hf-llama, gpt2 for hf-gpt2) when none is named; sliding_layers resolved to
+  // one entry per layer (empty = every layer). cs336 and megatron ignore it.
   graph::DecoderArch arch;
+  // model.hf_config / `memsim run --model`: the config.json read (path as resolved), or "".
+  std::string hf_config;
 };
 
 struct BatchConfig {
@@ -210,6 +214,14 @@ Scenario load_scenario(const std::string& path,
 // Same, from text (`source` names it in errors).
 Scenario load_scenario_text(const std::string& text, const std::string& source,
                             const std::vector<std::pair<std::string, std::string>>& overrides = {});
+
+// `memsim run --model CONFIG`: the scenario at `path` ("" = none: every other section at
+// its default) with its model replaced by the Hugging Face config.json (or checkpoint
+// folder) at `model_path`, relative to the working directory. The file's model keys are
+// dropped except model.attention and model.dropout (how the model is run, not which model
+// it is); `overrides` then apply, model keys included. Errors name "--model" for the path.
+Scenario load_scenario_with_model(const std::string& path, const std::string& model_path,
+                                  const std::vector<std::pair<std::string, std::string>>& overrides = {});
 
 // Applies "allocator.KEY" overrides (the allocator section's keys, same validation and
 // errors as in a scenario file, "--set KEY: ...") on top of `base`; for `memsim replay`,

@@ -13,6 +13,7 @@
 #include "sim/checkpoint_policy.h"
 #include "sim/fsdp_keys.h"
 #include "sim/pipeline_keys.h"
+#include "sim/scenario_arch.h"
 #include "sim/scenario_doc.h"
 #include "sim/script_keys.h"
 
@@ -64,6 +65,7 @@ const std::vector<std::pair<std::string, std::string>> kPolicies = {
 std::string origin(const Doc& d, const std::string& key, const std::string& section) {
   if (const Field* f = d.find(key)) return f->where;
   if (const Field* p = d.find(section + ".preset")) return p->where;
+  if (const Field* h = d.find(section + ".hf_config")) return h->where;
   return d.where_missing(section);
 }
 
@@ -72,21 +74,13 @@ void read_if(const Doc& d, const std::string& key, T& out, Read read) {
   if (const Field* f = d.find(key)) out = read(*f, key);
 }
 
-ModelConfig build_model(const Doc& d) {
-  ModelConfig m;
-  const ModelConfig* preset = nullptr;
-  if (const Field* f = d.find("model.preset")) {
-    const std::string name = read_string(*f, "model.preset");
-    preset = find_model_preset(name);
-    if (!preset) {
-      std::vector<std::string> names;
-      for (const auto& p : model_presets()) names.push_back(p.name);
-      fail(f->where, "model.preset",
-           "unknown model preset '" + name + "'" + did_you_mean(name, names) +
-               " (`memsim presets` lists them)");
-    }
-    m = *preset;
-  }
+// The model section; `config_params` receives model.hf_config's torch_dtype (the
+// default of precision.params).
+ModelConfig build_model(const Doc& d, std::optional<DType>& config_params) {
+  const ModelBase base = read_model_base(d);  // model.preset / model.hf_config
+  ModelConfig m = base.model;
+  const ModelConfig* preset = base.given ? &base.model : nullptr;
+  config_params = base.params;
   read_if(d, "model.family", m.family,
           [](const Field& f, const std::string& k) { return read_enum(f, k, kFamilies); });
   for (auto [key, out] : {std::pair{"model.layers", &m.layers}, {"model.d_model", &m.d_model},
@@ -95,7 +89,7 @@ ModelConfig build_model(const Doc& d) {
     if (const Field* f = d.find(key)) {
       *out = read_int(*f, key, 1);
     } else if (!preset) {
-      fail(d.where_missing("model"), key, "required when no model.preset is given");
+      fail(d.where_missing("model"), key, "required when no model.preset or model.hf_config is given");
     }
   }
   // An MHA preset keeps kv_heads == heads when only heads is changed; a GQA preset
@@ -122,11 +116,13 @@ ModelConfig build_model(const Doc& d) {
       fail(f->where, "model.dropout", "expected a probability in [0, 1), got '" + f->node.Scalar() + "'");
     }
   }
+  read_architecture(d, base, m);  // model.architecture and the knobs (sim/scenario_arch.h)
   return m;
 }
 
 void check_model(const Doc& d, const ModelConfig& m) {
-  if (m.d_model % m.heads != 0) {
+  // An explicit head_dim (Gemma, Qwen3) need not be d_model / heads.
+  if (m.arch.head_dim == 0 && m.d_model % m.heads != 0) {
     fail(origin(d, "model.heads", "model"), "model.heads",
          std::to_string(m.heads) + " heads do not divide d_model " + std::to_string(m.d_model));
   }
@@ -135,10 +131,14 @@ void check_model(const Doc& d, const ModelConfig& m) {
          std::to_string(m.kv_heads) + " KV heads do not divide " + std::to_string(m.heads) + " heads");
   }
   const bool rope = m.family == ModelFamily::cs336 || m.family == ModelFamily::hf_llama;
-  if (rope && (m.d_model / m.heads) % 2 != 0) {
-    fail(origin(d, "model.heads", "model"), "model.heads",
-         "RoPE needs an even head size, d_model/heads = " + std::to_string(m.d_model / m.heads));
+  if (rope && head_dim(m) % 2 != 0) {
+    const char* key = m.arch.head_dim > 0 ? "model.head_dim" : "model.heads";
+    fail(origin(d, key, "model"), key,
+         "RoPE needs an even head size, " +
+             std::string(m.arch.head_dim > 0 ? "head_dim = " : "d_model/heads = ") +
+             std::to_string(head_dim(m)));
   }
+  check_architecture(d, m);  // sim/scenario_arch.h
 }
 
 BatchConfig build_batch(const Doc& d, ModelConfig& m) {
@@ -165,8 +165,9 @@ BatchConfig build_batch(const Doc& d, ModelConfig& m) {
   return b;
 }
 
-PrecisionConfig build_precision(const Doc& d) {
+PrecisionConfig build_precision(const Doc& d, std::optional<DType> params_default) {
   PrecisionConfig p;
+  p.params = params_default.value_or(DType::fp32);  // model.hf_config's torch_dtype
   read_if(d, "precision.params", p.params,
           [](const Field& f, const std::string& k) { return read_enum(f, k, kDTypes); });
   if (const Field* f = d.find("precision.autocast"); f && !is_null(f->node)) {
@@ -501,10 +502,11 @@ AllocatorConfig build_allocator(const Doc& d, AllocatorConfig c) {
 Scenario build_scenario(const Doc& d) {
   Scenario s;
   if (const Field* f = d.find("name")) s.name = read_string(*f, "name");
-  s.model = build_model(d);
+  std::optional<DType> config_params;
+  s.model = build_model(d, config_params);
   check_model(d, s.model);
   s.batch = build_batch(d, s.model);
-  s.precision = build_precision(d);
+  s.precision = build_precision(d, config_params);
   s.optimizer = build_optimizer(d);
   check_script_optimizer(d, s.optimizer);  // sim/script_keys.cpp
   s.loss = build_loss(d, s.model);         // sim/script_keys.cpp

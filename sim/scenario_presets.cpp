@@ -1,9 +1,17 @@
-// The preset tables behind `model.preset` and `device.preset`.
+// The preset tables behind `model.preset` and `device.preset`: C++ rows for the CS336
+// and Megatron models, the Hugging Face models from their config.json files
+// (scenarios/models/, compiled in: sim/embedded_models.h).
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "allocator/units.h"
+#include "sim/embedded_models.h"
+#include "sim/model_architecture.h"
+#include "sim/model_presets.h"
+#include "sim/parameter_count.h"
 #include "sim/scenario.h"
 
 namespace memsim {
@@ -43,7 +51,6 @@ const std::vector<ModelEntry>& model_table() {
   // buffer (2 x ctx x h/2 fp32) of the real snapshots is sized that way (cs336-model.md
   // §8.3: 40,960 B at ctx 128, 655,360 B at ctx 2048).
   static const char* cs336 = "CS336 assignment model table; vocab 10000, untied (cs336-model.md)";
-  static const char* gpt2 = "Hugging Face gpt2* configs (n_positions 1024, tied lm_head)";
   static const std::vector<ModelEntry> table = {
       {model("cs336-small", F::cs336, 12, 768, 12, 12, 3072, 10000, 0, false), cs336},
       {model("cs336-medium", F::cs336, 24, 1024, 16, 16, 4096, 10000, 0, false), cs336},
@@ -52,20 +59,67 @@ const std::vector<ModelEntry>& model_table() {
        "CS336 2026 handout 'xl' (= the 2025 handout's '2.7B'); vocab 10000, untied"},
       {model("cs336-2.7b", F::cs336, 32, 2560, 32, 32, 10240, 10000, 0, false),
        "CS336 2025 handout '2.7B' (same shape as cs336-xl)"},
-      {model("gpt2-small", F::hf_gpt2, 12, 768, 12, 12, 3072, 50257, 1024, true), gpt2},
-      {model("gpt2-medium", F::hf_gpt2, 24, 1024, 16, 16, 4096, 50257, 1024, true), gpt2},
-      {model("gpt2-large", F::hf_gpt2, 36, 1280, 20, 20, 5120, 50257, 1024, true), gpt2},
-      {model("gpt2-xl", F::hf_gpt2, 48, 1600, 25, 25, 6400, 50257, 1024, true), gpt2},
-      {model("llama2-7b", F::hf_llama, 32, 4096, 32, 32, 11008, 32000, 4096, false),
-       "meta-llama/Llama-2-7b-hf config.json"},
-      {model("llama2-13b", F::hf_llama, 40, 5120, 40, 40, 13824, 32000, 4096, false),
-       "meta-llama/Llama-2-13b-hf config.json"},
-      {model("llama3-8b", F::hf_llama, 32, 4096, 32, 8, 14336, 128256, 8192, false),
-       "meta-llama/Meta-Llama-3-8B config.json (GQA, 8 KV heads)"},
       // Megatron's GPT shares the input embedding with the output layer by default.
       {model("gpt3-175b", F::megatron, 96, 12288, 96, 96, 49152, 50257, 2048, true),
        "GPT-3 paper (Brown et al. 2020) table 2.1; Megatron-LM GPT layout"},
   };
+  return table;
+}
+
+// Names with their numbers compared as numbers: gemma2-2b < gemma2-9b < gemma2-27b.
+bool natural_less(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const bool da = std::isdigit(static_cast<unsigned char>(a[i])) != 0;
+    const bool db = std::isdigit(static_cast<unsigned char>(b[j])) != 0;
+    if (da && db) {
+      size_t ei = i, ej = j;
+      while (ei < a.size() && std::isdigit(static_cast<unsigned char>(a[ei]))) ++ei;
+      while (ej < b.size() && std::isdigit(static_cast<unsigned char>(b[ej]))) ++ej;
+      const std::string na = a.substr(i, ei - i), nb = b.substr(j, ej - j);
+      if (na.size() != nb.size()) return na.size() < nb.size();
+      if (na != nb) return na < nb;
+      i = ei;
+      j = ej;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i;
+      ++j;
+    }
+  }
+  return a.size() - i < b.size() - j;
+}
+
+struct ConfigPreset {
+  std::string name;
+  HfConfig config;   // the import, sliding rule unresolved
+  ModelConfig model; // what find_model_preset() returns
+  std::string source;
+};
+
+// Parsed once, at first use; an embedded file that does not parse is a bug the preset
+// tests catch (its ScenarioError names the file and key).
+const std::vector<ConfigPreset>& config_table() {
+  static const std::vector<ConfigPreset> table = [] {
+    std::vector<ConfigPreset> out;
+    for (const EmbeddedFile& f : embedded_model_configs()) {
+      ConfigPreset p;
+      p.name = std::string(f.name);
+      const std::string file = "scenarios/models/" + p.name + ".json";
+      p.config = parse_hf_config(std::string(f.text), file);
+      p.model = p.config.model;
+      p.model.preset = p.name;
+      p.model.dropout = 0.0;  // the architecture only (sim/model_presets.h)
+      p.model.arch.sliding_layers = resolve_sliding(p.config.sliding, p.model.layers);
+      p.source = "Hugging Face " +
+                 (p.config.name_or_path.empty() ? std::string() : p.config.name_or_path + " ") +
+                 "config.json (" + file + ")";
+      out.push_back(std::move(p));
+    }
+    std::sort(out.begin(), out.end(),
+              [](const ConfigPreset& a, const ConfigPreset& b) { return natural_less(a.name, b.name); });
+    return out;
+  }();
   return table;
 }
 
@@ -133,14 +187,29 @@ const std::vector<DeviceEntry>& device_table() {
   return table;
 }
 
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
 std::string model_summary(const ModelConfig& m) {
-  std::string s = std::string(to_string(m.family)) + ", " + std::to_string(m.layers) +
-                  " layers, d_model " + std::to_string(m.d_model) + ", " +
-                  std::to_string(m.heads) + " heads";
+  const bool hf = m.family == ModelFamily::hf_llama || m.family == ModelFamily::hf_gpt2;
+  std::string s = std::string(to_string(m.family)) +
+                  (hf ? " (" + std::string(m.arch.architecture) + ")" : std::string()) + ", " +
+                  std::to_string(m.layers) + " layers, d_model " + std::to_string(m.d_model) +
+                  ", " + std::to_string(m.heads) + " heads";
   if (m.kv_heads != m.heads) s += " (" + std::to_string(m.kv_heads) + " KV)";
+  if (m.arch.head_dim > 0 && m.arch.head_dim * m.heads != m.d_model)
+    s += ", head_dim " + std::to_string(m.arch.head_dim);
   s += ", d_ff " + std::to_string(m.d_ff) + ", vocab " + std::to_string(m.vocab) +
        ", context " + (m.context_length ? std::to_string(m.context_length) : "= seq_len") +
        (m.tied_embeddings ? ", tied" : ", untied");
+  if (hf && m.arch.sliding_window > 0) s += ", sliding window " + std::to_string(m.arch.sliding_window);
+  s += "; " + with_commas(parameter_count(m)) + " parameters";
   return s;
 }
 
@@ -158,6 +227,7 @@ std::string device_summary(const DeviceConfig& d) {
 std::vector<PresetInfo> model_presets() {
   std::vector<PresetInfo> out;
   for (const auto& e : model_table()) out.push_back({e.config.preset, model_summary(e.config), e.source});
+  for (const auto& p : config_table()) out.push_back({p.name, model_summary(p.model), p.source});
   return out;
 }
 
@@ -170,6 +240,16 @@ std::vector<PresetInfo> device_presets() {
 const ModelConfig* find_model_preset(std::string_view name) {
   for (const auto& e : model_table()) {
     if (e.config.preset == name) return &e.config;
+  }
+  for (const auto& p : config_table()) {
+    if (p.name == name) return &p.model;
+  }
+  return nullptr;
+}
+
+const HfConfig* find_config_preset(std::string_view name) {
+  for (const auto& p : config_table()) {
+    if (p.name == name) return &p.config;
   }
   return nullptr;
 }

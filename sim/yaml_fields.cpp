@@ -25,9 +25,10 @@ std::string scalar_text(const Field& f, std::string_view key, std::string_view e
 }  // namespace
 
 void fail(std::string_view where, std::string_view key, std::string_view message) {
-  // A command-line value reads "--set KEY: ...", the way it was typed; a file value
+  // A command-line value reads "--set KEY: ..." (or "--model model.hf_config: ..."), the
+  // way it was typed; a file value
   // reads "FILE:LINE: KEY: ...", the way compilers point at a line.
-  const char* separator = where == "--set" ? " " : ": ";
+  const char* separator = where == "--set" || where == "--model" ? " " : ": ";
   throw ScenarioError(std::string(where) + separator + std::string(key) + ": " + std::string(message));
 }
 

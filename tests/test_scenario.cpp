@@ -123,8 +123,8 @@ TEST_CASE("a model without a preset needs its shape", "[scenario]") {
   CHECK(s.model.attention == AttentionImpl::mem_efficient);
   CHECK(s.model.dropout == Approx(0.1));
   CHECK(error_of("model:\n  layers: 2\n") ==
-        "t.yaml:1: model.d_model: required when no model.preset is given");
-  CHECK(error_of("") == "t.yaml:1: model.layers: required when no model.preset is given");
+        "t.yaml:1: model.d_model: required when no model.preset or model.hf_config is given");
+  CHECK(error_of("") == "t.yaml:1: model.layers: required when no model.preset or model.hf_config is given");
   CHECK(error_of("model:\n  preset: cs336-small\n") ==
         "t.yaml:1: batch.seq_len: required (the model has no context length to default to)");
 }

@@ -11,10 +11,13 @@
 
 namespace memsim::cli {
 
-// memsim run SCENARIO [--set KEY=VALUE]... [--json FILE|-] [--timeline FILE.csv]
-//                     [--trace FILE.json] [--snapshot FILE.pickle] [--html FILE.html]
+// memsim run [SCENARIO] [--model CONFIG.json] [--set KEY=VALUE]... [--json FILE|-]
+//            [--timeline FILE.csv] [--trace FILE.json] [--snapshot FILE.pickle]
+//            [--html FILE.html]   (SCENARIO, --model or both)
 struct RunArgs {
-  std::string scenario;
+  std::string scenario;  // "" with --model alone
+  std::string model;     // a Hugging Face config.json (or its folder) replacing the model
+
   std::vector<std::string> sets;
   std::string json;      // "" = none, "-" = stdout (the terminal summary is then skipped)
   std::string timeline;  // "" = none

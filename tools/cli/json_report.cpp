@@ -1,5 +1,7 @@
 #include "tools/cli/json_report.h"
 
+#include "sim/parameter_count.h"
+
 namespace memsim::cli {
 
 using json = Json;
@@ -67,6 +69,15 @@ json rank_json(const RankInfo& r) {
               {"data_parallel", r.data}, {"tensor_parallel", r.tensor},
               {"pipeline_parallel", r.pipeline}, {"pipeline_stage", r.pipeline_stage},
               {"why", r.why}};
+}
+
+json model_json(const Scenario& s, const RankInfo& rank) {
+  const bool hf = s.model.family == ModelFamily::hf_llama || s.model.family == ModelFamily::hf_gpt2;
+  return json{{"family", to_string(s.model.family)},
+              {"architecture", hf ? json(s.model.arch.architecture) : json(nullptr)},
+              {"parameter_count", parameter_count(s.model)},
+              {"trainable_parameter_count", trainable_parameter_count(s)},
+              {"parameter_count_per_rank", parameter_count_per_rank(s, rank.pipeline_stage)}};
 }
 
 std::string dump_json(const Json& j) {

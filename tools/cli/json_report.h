@@ -11,6 +11,7 @@
 #include "allocator/memory_stats.h"
 #include "sim/analysis.h"
 #include "sim/rank_info.h"
+#include "sim/scenario.h"
 
 namespace memsim::cli {
 
@@ -41,6 +42,13 @@ Json memory_stats_json(const MemoryStats& stats);
 // Which rank of a distributed job the report is for (sim/rank_info.h); a single-GPU run
 // gives world_size 1.
 Json rank_json(const RankInfo& rank);
+
+// The simulated model (sim/parameter_count.h): {family, architecture (the Hugging Face
+// model_type whose knobs are used; null for cs336 and megatron), parameter_count (the
+// whole model), trainable_parameter_count (those with gradients: the LoRA adapters when
+// lora is on), parameter_count_per_rank (what the simulated rank holds: its FSDP shard,
+// its Megatron tensor/pipeline shard, else the whole model)}.
+Json model_json(const Scenario& scenario, const RankInfo& rank);
 
 // The text written for --json: indented, newline-terminated; bytes that are not UTF-8
 // (op names from a foreign trace) are replaced rather than throwing.

@@ -44,8 +44,13 @@ Json device_json(const DeviceConfig& d) {
 }  // namespace
 
 CLI::App* add_run_command(CLI::App& app, RunArgs& args) {
-  CLI::App* cmd = app.add_subcommand("run", "Simulate a training job described by a scenario file");
-  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML)")->required();
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Simulate a training job described by a scenario file, a Hugging Face config.json, or both");
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML); optional with --model");
+  cmd->add_option("--model", args.model,
+                  "A Hugging Face config.json (or its checkpoint folder): the model to simulate, "
+                  "replacing the scenario's model (the other sections default without SCENARIO)")
+      ->type_name("CONFIG.json");
   // Each --set takes exactly one KEY=VALUE (so it never swallows the positional
   // SCENARIO) and may repeat; the overrides apply in command-line order.
   cmd->add_option("--set", args.sets, "Override a scenario key, e.g. --set batch.micro_batch=8")
@@ -73,10 +78,14 @@ int run_run(const RunArgs& args) {
   const int to_stdout = (args.json == "-") + (args.timeline == "-") + (args.trace == "-") +
                         (args.snapshot == "-") + (args.html == "-");
   if (to_stdout > 1) throw UsageError("at most one report can be written to stdout ('-')");
-  check_input_file(args.scenario);
+  if (args.scenario.empty() && args.model.empty())
+    throw UsageError("run needs a SCENARIO file, a --model CONFIG.json, or both");
+  if (!args.scenario.empty()) check_input_file(args.scenario);
   auto t0 = std::chrono::steady_clock::now();
-  const Scenario scenario = load_scenario(args.scenario, overrides);
-  spdlog::info("scenario '{}' from {} ({} override(s))", scenario.name, args.scenario,
+  const Scenario scenario = args.model.empty()
+                                ? load_scenario(args.scenario, overrides)
+                                : load_scenario_with_model(args.scenario, args.model, overrides);
+  spdlog::info("scenario '{}' from {} ({} override(s))", scenario.name, scenario.source,
                overrides.size());
 
   auto t1 = std::chrono::steady_clock::now();
@@ -134,6 +143,7 @@ int run_run(const RunArgs& args) {
     j["scenario_file"] = scenario.source;
     j["device"] = device_json(scenario.device);
     j["rank"] = rank_json(program.rank);
+    j["model"] = model_json(scenario, program.rank);
     Json summary = analysis_json(analysis);
     for (auto& [key, value] : summary.items()) j[key] = std::move(value);
     j["memory_stats"] = memory_stats_json(timeline.final_stats);
@@ -144,7 +154,7 @@ int run_run(const RunArgs& args) {
   if (to_stdout == 0) {  // stdout carries a report instead
     SummaryHeader header;
     header.title = scenario.name.empty() ? scenario.source : scenario.name;
-    header.facts = scenario_facts(scenario);
+    header.facts = scenario_facts(scenario, &program.rank);
     if (program.rank.distributed()) {
       header.facts.emplace_back("rank", "global rank " + std::to_string(program.rank.index) + " of " +
                                             std::to_string(program.rank.world_size) +

@@ -1,22 +1,54 @@
 #include "tools/cli/scenario_facts.h"
 
+#include <cstdio>
+
 #include "allocator/units.h"
+#include "sim/model_architecture.h"
+#include "sim/parameter_count.h"
 
 namespace memsim::cli {
 
 namespace {
 
-std::string model_line(const ModelConfig& m) {
+// 6738415616 -> "6.74B", 4194304 -> "4.19M".
+std::string count_text(int64_t n) {
+  char text[32];
+  const double v = static_cast<double>(n);
+  if (v >= 1e9) std::snprintf(text, sizeof text, "%.2fB", v / 1e9);
+  else if (v >= 1e6) std::snprintf(text, sizeof text, "%.2fM", v / 1e6);
+  else if (v >= 1e4) std::snprintf(text, sizeof text, "%.1fK", v / 1e3);
+  else std::snprintf(text, sizeof text, "%lld", static_cast<long long>(n));
+  return text;
+}
+
+std::string model_line(const Scenario& sc, const RankInfo* rank) {
+  const ModelConfig& m = sc.model;
   std::string s = m.preset.empty() ? std::string() : m.preset + ": ";
-  s += std::string(to_string(m.family)) + ", " + std::to_string(m.layers) + " layers, d_model " +
-       std::to_string(m.d_model) + ", " + std::to_string(m.heads) + " heads";
+  if (!m.hf_config.empty()) s += m.hf_config + ": ";
+  const bool hf = m.family == ModelFamily::hf_llama || m.family == ModelFamily::hf_gpt2;
+  s += std::string(to_string(m.family));
+  // The architecture, when it is not the family's own (Llama for hf-llama, GPT-2 for hf-gpt2).
+  if (hf && std::string(m.arch.architecture) != default_architecture(m.family).name)
+    s += " (" + std::string(m.arch.architecture) + ")";
+  s += ", " + std::to_string(m.layers) + " layers, d_model " + std::to_string(m.d_model) + ", " +
+       std::to_string(m.heads) + " heads";
   if (m.kv_heads != m.heads) s += " (" + std::to_string(m.kv_heads) + " KV)";
+  if (hf && m.arch.head_dim > 0 && m.arch.head_dim * m.heads != m.d_model)
+    s += ", head_dim " + std::to_string(m.arch.head_dim);
   s += ", d_ff " + std::to_string(m.d_ff) + ", vocab " + std::to_string(m.vocab) + ", " +
        to_string(m.attention) + " attention";
   // cs336 hand-written variants (scenario keys model.softmax / model.sdpa / model.swiglu), when not staff.
   if (m.softmax == SoftmaxImpl::exp_twice) s += ", softmax exp-twice";
   if (m.sdpa == SdpaImpl::masked_fill) s += ", sdpa masked-fill";
   if (m.swiglu == SwigluImpl::projections_first) s += ", swiglu projections-first";
+  if (hf && m.arch.sliding_window > 0) s += ", sliding window " + std::to_string(m.arch.sliding_window);
+  const int64_t total = parameter_count(m);
+  s += ", " + count_text(total) + " parameters";
+  if (sc.lora.rank > 0) s += " (" + count_text(trainable_parameter_count(sc)) + " trainable)";
+  if (rank) {
+    const int64_t held = parameter_count_per_rank(sc, rank->pipeline_stage);
+    if (held != total) s += ", " + count_text(held) + " on this rank";
+  }
   return s;
 }
 
@@ -93,8 +125,9 @@ std::string device_line(const DeviceConfig& d) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> scenario_facts(const Scenario& s) {
-  return {{"model", model_line(s.model)},
+std::vector<std::pair<std::string, std::string>> scenario_facts(const Scenario& s,
+                                                                const RankInfo* rank) {
+  return {{"model", model_line(s, rank)},
           {"batch", batch_line(s)},
           {"training", training_line(s)},
           {"device", device_line(s.device)}};

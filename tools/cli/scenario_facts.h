@@ -5,12 +5,16 @@
 #include <utility>
 #include <vector>
 
+#include "sim/rank_info.h"
 #include "sim/scenario.h"
 
 namespace memsim::cli {
 
-// ("model", "cs336-xl: cs336, 32 layers, d_model 2560, ..."), ("batch", ...),
-// ("training", ...), ("device", ...): the facts that decide the memory.
-std::vector<std::pair<std::string, std::string>> scenario_facts(const Scenario& scenario);
+// ("model", "cs336-xl: cs336, 32 layers, d_model 2560, ..., 2.69B parameters"), ("batch",
+// ...), ("training", ...), ("device", ...): the facts that decide the memory. With `rank`
+// (the simulated one), the model line also gives the parameters that rank holds when the
+// run shards them.
+std::vector<std::pair<std::string, std::string>> scenario_facts(const Scenario& scenario,
+                                                                const RankInfo* rank = nullptr);
 
 }  // namespace memsim::cli
