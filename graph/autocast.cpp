@@ -311,18 +311,8 @@ Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& log
   return loss;
 }
 
-const char* autocast_op_name(OpKind k, bool backward) {
-  switch (k) {
-    case OpKind::autocast_copy: return backward ? "ToCopyBackward0" : "_to_copy";
-    case OpKind::grad_cast: return backward ? "validate_outputs" : "type_promotion";
-    case OpKind::rope_autocast: return backward ? "RopeBackward" : "rope";
-    case OpKind::rope_hf_autocast: return backward ? "RotaryBackward" : "apply_rotary_pos_emb";
-    default: return nullptr;
-  }
-}
-
 bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
-  if (autocast_op_name(n.kind, false) == nullptr) return false;
+  if (op_library(n.kind) != OpLibrary::autocast) return false;
   const Grad& g = in[0];
   if (g.storage == kNoStorage) return true;
   auto A = [&](uint64_t bytes) { return rt.alloc_raw(bytes, TensorKind::temporary, n.kind); };

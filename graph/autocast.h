@@ -149,8 +149,7 @@ Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& log
 // marked output's fp32 grad is replaced by a low-precision copy (hook of graph/ops.cpp).
 void cast_promoted_grads(Runtime& rt, Node& n, Grad out[3]);
 
-// Names and backward of autocast_copy / grad_cast / rope_autocast (hooks of graph/ops.cpp).
-const char* autocast_op_name(OpKind k, bool backward);
+// Backward of autocast_copy / grad_cast / rope_autocast (hook of graph/ops.cpp).
 bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
 
 }  // namespace memsim::graph

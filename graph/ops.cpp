@@ -24,102 +24,21 @@ const char* to_string(Module m) {
   return "none";
 }
 
-const char* forward_name(OpKind k) {
-  switch (k) {
-    case OpKind::accumulate_grad: return "accumulate_grad";
-    case OpKind::pow2: return "pow";
-    case OpKind::mean_dim: return "mean.dim";
-    case OpKind::mean_all: return "mean";
-    case OpKind::add_scalar: return "add.Scalar";
-    case OpKind::add: return "add";
-    case OpKind::sub: return "sub";
-    case OpKind::mul: return "mul";
-    case OpKind::div: return "div";
-    case OpKind::div_scalar: return "div.Scalar";
-    case OpKind::rsqrt: return "rsqrt";
-    case OpKind::sigmoid: return "sigmoid";
-    case OpKind::exp: return "exp";
-    case OpKind::log: return "log";
-    case OpKind::neg: return "neg";
-    case OpKind::max_dim: return "max.dim";
-    case OpKind::sum_dim: return "sum.dim_IntList";
-    case OpKind::where_scalar: return "where";
-    case OpKind::gather: return "gather";
-    case OpKind::clone: return "clone";
-    case OpKind::view: return "view";
-    case OpKind::rope: return "rope";
-    case OpKind::bmm: return "bmm";
-    case OpKind::linear: return "einsum";
-    case OpKind::embedding: return "index";
-    case OpKind::log_softmax: return "_log_softmax";
-    case OpKind::nll_loss: return "nll_loss_forward";
-    case OpKind::arange: return "arange";
-    case OpKind::compare: return "ge";
-    case OpKind::scalar_tensor: return "scalar_tensor";
-    case OpKind::fill: return "ones_like";
-    case OpKind::optimizer_math: return "optimizer";
-    case OpKind::other: return "other";
-    case OpKind::fused_layer_norm: return "fused_layer_norm";
-    case OpKind::megatron_linear: return "megatron_linear";
-    case OpKind::qkv_split: return "qkv_split";
-    case OpKind::baddbmm: return "baddbmm";
-    case OpKind::fused_softmax: return "scaled_upper_triang_masked_softmax";
-    case OpKind::dropout: return "native_dropout";
-    case OpKind::bias_dropout_add: return "bias_dropout_add";
-    case OpKind::bias_gelu: return "bias_gelu";
-    case OpKind::fused_attention: return "fused_attention";
-    case OpKind::megatron_embedding: return "embedding";
-    case OpKind::sequence_scatter: return "scatter_to_sequence_parallel_region";
-    case OpKind::vocab_parallel_ce: return "vocab_parallel_cross_entropy";
-    case OpKind::matmul_4bit: return "matmul_4bit";  // graph/ops_lora.h
-    default: {
-      const char* nn = nn_op_name(k, false);  // graph/ops_nn.h
-      if (nn == nullptr) nn = autocast_op_name(k, false);  // graph/autocast.h
-      return nn != nullptr ? nn : "other";
-    }
-  }
-  return "other";
-}
+namespace {
+#define MEMSIM_OP_FWD(kind, library, fwd, bwd) fwd,
+#define MEMSIM_OP_BWD(kind, library, fwd, bwd) bwd,
+#define MEMSIM_OP_LIB(kind, library, fwd, bwd) OpLibrary::library,
+constexpr const char* kForwardName[] = {MEMSIM_OP_TABLE(MEMSIM_OP_FWD)};
+constexpr const char* kBackwardName[] = {MEMSIM_OP_TABLE(MEMSIM_OP_BWD)};
+constexpr OpLibrary kLibrary[] = {MEMSIM_OP_TABLE(MEMSIM_OP_LIB)};
+#undef MEMSIM_OP_FWD
+#undef MEMSIM_OP_BWD
+#undef MEMSIM_OP_LIB
+}  // namespace
 
-const char* backward_name(OpKind k) {
-  switch (k) {
-    case OpKind::accumulate_grad: return "AccumulateGrad";
-    case OpKind::pow2: return "PowBackward0";
-    case OpKind::mean_dim: return "MeanBackward1";
-    case OpKind::mean_all: return "MeanBackward0";
-    case OpKind::add_scalar: return "AddBackward1";
-    case OpKind::add: return "AddBackward0";
-    case OpKind::sub: return "SubBackward0";
-    case OpKind::mul: return "MulBackward0";
-    case OpKind::div: return "DivBackward0";
-    case OpKind::div_scalar: return "DivBackward1";
-    case OpKind::rsqrt: return "RsqrtBackward0";
-    case OpKind::sigmoid: return "SigmoidBackward0";
-    case OpKind::exp: return "ExpBackward0";
-    case OpKind::log: return "LogBackward0";
-    case OpKind::neg: return "NegBackward0";
-    case OpKind::max_dim: return "MaxBackward0";
-    case OpKind::sum_dim: return "SumBackward1";
-    case OpKind::where_scalar: return "WhereBackward0";
-    case OpKind::gather: return "GatherBackward0";
-    case OpKind::clone: return "CloneBackward0";
-    case OpKind::view: return "ViewBackward0";
-    case OpKind::rope: return "RopeBackward";
-    case OpKind::bmm: return "BmmBackward0";
-    case OpKind::linear: return "BmmBackward0";
-    case OpKind::embedding: return "IndexBackward0";
-    case OpKind::log_softmax: return "LogSoftmaxBackward0";
-    case OpKind::nll_loss: return "NllLossBackward0";
-    case OpKind::fill: return "ones_like";
-    case OpKind::matmul_4bit: return "MatMul4BitBackward";  // graph/ops_lora.h
-    default: {
-      const char* fused = fused_op_name(k, true);  // graph/ops_fused.h
-      if (fused == nullptr) fused = nn_op_name(k, true);  // graph/ops_nn.h
-      if (fused == nullptr) fused = autocast_op_name(k, true);  // graph/autocast.h
-      return fused != nullptr ? fused : forward_name(k);
-    }
-  }
-}
+const char* forward_name(OpKind k) { return kForwardName[static_cast<int>(k)]; }
+const char* backward_name(OpKind k) { return kBackwardName[static_cast<int>(k)]; }
+OpLibrary op_library(OpKind k) { return kLibrary[static_cast<int>(k)]; }
 
 namespace {
 

@@ -18,35 +18,6 @@
 
 namespace memsim::graph {
 
-const char* fused_op_name(OpKind k, bool backward) {
-  switch (k) {
-    case OpKind::fused_layer_norm:
-      return backward ? "FusedLayerNormAffineFunctionBackward" : "fused_layer_norm_affine";
-    case OpKind::megatron_linear:
-      return backward ? "LinearWithGradAccumulationAndAsyncCommunicationBackward"
-                      : "linear_with_grad_accumulation";
-    case OpKind::qkv_split: return backward ? "SplitWithSizesBackward0" : "split_with_sizes";
-    case OpKind::baddbmm: return backward ? "BaddbmmBackward0" : "baddbmm";
-    case OpKind::fused_softmax:
-      return backward ? "ScaledUpperTriangMaskedSoftmaxBackward"
-                      : "scaled_upper_triang_masked_softmax";
-    case OpKind::dropout: return backward ? "NativeDropoutBackward0" : "native_dropout";
-    case OpKind::bias_dropout_add:
-      return backward ? "BiasDropoutAddBackward" : "bias_dropout_add_fused_train";
-    case OpKind::bias_gelu: return backward ? "GeLUFunctionBackward" : "bias_gelu";
-    case OpKind::fused_attention:
-      return backward ? "FusedAttnFuncBackward" : "fused_attention";
-    case OpKind::megatron_embedding:
-      return backward ? "EmbeddingBackward0" : "embedding";
-    case OpKind::vocab_parallel_ce:
-      return backward ? "_VocabParallelCrossEntropyBackward" : "vocab_parallel_cross_entropy";
-    case OpKind::sequence_scatter:
-      return backward ? "_ScatterToSequenceParallelRegionBackward"
-                      : "scatter_to_sequence_parallel_region";
-    default: return nullptr;
-  }
-}
-
 namespace {
 
 // A node is recorded when grad mode is on and either an input requires grad or the op
@@ -321,7 +292,7 @@ struct FusedBw {
 }  // namespace
 
 bool run_fused_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
-  if (fused_op_name(n.kind, false) == nullptr) return false;
+  if (op_library(n.kind) != OpLibrary::fused) return false;
   FusedBw b{rt, n};
   const Grad& g = in[0];
   switch (n.kind) {

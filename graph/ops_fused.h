@@ -21,9 +21,6 @@
 
 namespace memsim::graph {
 
-// Names of the fused OpKinds for forward_name/backward_name; nullptr for other kinds.
-const char* fused_op_name(OpKind k, bool backward);
-
 // Backward of a fused node (hook of graph::run_backward). Returns false for other kinds.
 bool run_fused_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
 

@@ -7,38 +7,6 @@
 
 namespace memsim::graph {
 
-const char* nn_op_name(OpKind k, bool backward) {
-  switch (k) {
-    case OpKind::addmm: return backward ? "AddmmBackward0" : "addmm";
-    case OpKind::mm_linear: return backward ? "MmBackward0" : "mm";
-    case OpKind::layer_norm: return backward ? "NativeLayerNormBackward0" : "native_layer_norm";
-    case OpKind::embedding_nn: return backward ? "EmbeddingBackward0" : "embedding";
-    case OpKind::softmax: return backward ? "SoftmaxBackward0" : "_softmax";
-    case OpKind::tanh: return backward ? "TanhBackward0" : "tanh";
-    case OpKind::silu: return backward ? "SiluBackward0" : "silu";
-    case OpKind::gelu: return backward ? "GeluBackward0" : "gelu";
-    case OpKind::cat2: return backward ? "CatBackward0" : "cat";
-    case OpKind::chunk2: return backward ? "SplitBackward0" : "split";
-    case OpKind::mul_scalar: return backward ? "MulBackward1" : "mul.Scalar";
-    case OpKind::add_bcast: return backward ? "AddBackward0" : "add";
-    case OpKind::to_copy: return backward ? "ToCopyBackward0" : "_to_copy";
-    case OpKind::native_dropout: return backward ? "NativeDropoutBackward0" : "native_dropout";
-    case OpKind::slice_seq: return backward ? "SliceBackward0" : "slice";
-    case OpKind::select_dim: return backward ? "SelectBackward0" : "select";
-    case OpKind::expand_clone: return backward ? "ExpandBackward0" : "clone";
-    case OpKind::tied_sum: return backward ? "InputBuffer::accumulate" : "tied_weight";
-    case OpKind::rope_hf: return backward ? "RotaryBackward" : "apply_rotary_pos_emb";
-    case OpKind::split_qkv: return backward ? "SplitBackward0" : "split";
-    case OpKind::sdpa_flash:
-      return backward ? "ScaledDotProductFlashAttentionBackward0"
-                      : "_scaled_dot_product_flash_attention";
-    case OpKind::sdpa_efficient:
-      return backward ? "ScaledDotProductEfficientAttentionBackward0"
-                      : "_scaled_dot_product_efficient_attention";
-    default: return nullptr;
-  }
-}
-
 namespace {
 
 using detail::out_tensor;
@@ -379,7 +347,7 @@ Tensor sdpa_efficient(Runtime& rt, const Tensor& q, const Tensor& k, const Tenso
 
 // --------------------------------------------------------------------------- backward
 bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
-  if (nn_op_name(n.kind, false) == nullptr) return false;
+  if (op_library(n.kind) != OpLibrary::nn) return false;
   const Grad& g = in[0];
   auto A = [&](uint64_t bytes, TensorKind kind = TensorKind::temporary) {
     return rt.alloc_raw(bytes, kind, n.kind);

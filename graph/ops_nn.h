@@ -14,8 +14,6 @@
 
 namespace memsim::graph {
 
-// Names of the OpKinds defined here (forward aten op / autograd node); nullptr for others.
-const char* nn_op_name(OpKind k, bool backward);
 // Backward of a node of one of these kinds (hook of graph::run_backward); false otherwise.
 bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
 
