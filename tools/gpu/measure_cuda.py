@@ -3,7 +3,13 @@
 
 Run on a machine with a GPU and PyTorch 2.x (memsim's developers ran it on a lent H100):
 
-    python3 tools/gpu/measure_cuda.py OUT_DIR [--budget SECONDS] [--only NAME...]
+    python3 tools/gpu/measure_cuda.py OUT_DIR [--budget SECONDS] [--only NAME|GLOB...]
+                                      [--group GROUP...] [--list]
+
+--group picks named sets (GROUPS; "arch" is the core of the decoder-architecture runs,
+about four minutes of an H100 plus the machine's start-up: docs/gpu-next-session.md),
+--only names or fnmatch patterns (either picks), --list prints the selection with a
+timing estimate and exits. Without either, every configuration runs.
 
 Each configuration runs in its own Python process (a fresh caching allocator and CUDA
 context), with torch.cuda.memory._record_memory_history on from before the model is
@@ -25,14 +31,29 @@ hf-llama families follow op by op); "transformers" = the installed transformers
 library's own GPT2LMHeadModel / LlamaForCausalLM built from a config, called as users do
 (model(input_ids=ids, labels=labels)), to see where today's release differs.
 
+Kind "arch" (spec["kind"]; the decoder architectures of memsim's module library, rows of
+sim/model_architecture.cpp): "standin" = torch_models.DecoderForCausalLM configured as
+each row (the knobs and transformers placement of tools/fixtures/gen_arch_fixtures.py's
+ARCH, whose op order memsim follows; the torch 1.13 CPU fixtures tests/data/torch_cpu_arch
+came from it), at a GPU size; "transformers" = the installed transformers library's own
+model built with AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+from the config.json a spec names (tests/data/h100/arch/configs/, or a shipped
+scenarios/models/*.json), trained as the transformers runs above. memsim's scenario for
+each is tests/data/h100/arch/NAME.yaml; its blind predictions
+tests/data/h100/blind3_arch_predictions.json (tools/gpu/predict_arch.py).
+
 Without CUDA (a dry run of the script on a CPU machine) it runs the same code on the
-CPU and records no memory figures.
+CPU and records no memory figures; the "transformers" runs are skipped with a message
+when transformers cannot be imported.
 """
 import argparse
 import contextlib
+import fnmatch
+import importlib.util
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -127,7 +148,190 @@ def all_specs():
                           dtype=dtype, autocast=autocast))
     except Exception:  # the dry run without torch's dispatch-mode helpers: skip them
         traceback.print_exc()
+    # 5. The decoder architectures (kind "arch", below).
+    try:
+        s += arch_specs()
+    except Exception:
+        traceback.print_exc()
+        print("the arch configurations could not be built (see above): none selected",
+              file=sys.stderr, flush=True)
     return s
+
+
+# --------------------------------------------------------------------------- arch kind
+# The decoder architectures of memsim's module library (sim/model_architecture.cpp), at a
+# GPU size: every row that tools/fixtures/torch_models.DecoderForCausalLM stands in for
+# (granite has no stand-in: its multipliers are not in it; gpt2 is GPT2LMHeadModel above).
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+ARCH_DATA = "tests/data/h100/arch"  # memsim's scenarios and the transformers configs
+ARCH_BASE = dict(layers=4, d_model=1024, heads=16, kv_heads=4, d_ff=2816, vocab=32000,
+                 context=1024, seq=1024, batch=4, dropout=0.0)
+# (memsim row, gen_arch_fixtures.ARCH row, shape over ARCH_BASE, knobs, placement): the
+# shapes echo each family's small checkpoints (Qwen3-0.6B's head_dim 128 and 8 KV heads,
+# Gemma's MQA and head_dim 256, Gemma-2/3's 8 heads / 4 KV, Phi-3's and OLMo-2's MHA,
+# Phi-3's vocab 32064), with windows (512) shorter than the sequence.
+ARCH_ROWS = [
+    # Llama with attention_bias and mlp_bias (the fixture row); memsim's llama row keeps
+    # hf-llama's layout, without v4.45's unused per-attention rotary buffer.
+    ("llama", "llama", {}, {}, dict(attn_rope_buffer=False)),
+    ("qwen2", "qwen2", {}, {}, {}),
+    ("qwen3", "qwen3", dict(kv_heads=8, d_ff=3072, tied=True), dict(head_dim=128), {}),
+    ("gemma", "gemma", dict(heads=8, kv_heads=1, d_ff=4096, tied=True), dict(head_dim=256), {}),
+    ("gemma2", "gemma2", dict(heads=8, kv_heads=4, d_ff=4096, tied=True),
+     dict(head_dim=256, sliding_window=512, sliding_layers=[1, 0, 1, 0]),
+     dict(query_pre_attn_scalar=256)),
+    ("gemma3_text", "gemma3", dict(layers=6, heads=8, kv_heads=4, d_ff=4096, tied=True),
+     dict(head_dim=256, sliding_window=512, sliding_layers=[1, 1, 1, 1, 1, 0]),
+     dict(query_pre_attn_scalar=256)),
+    ("phi3", "phi3", dict(heads=16, kv_heads=16, vocab=32064), {}, {}),
+    ("olmo2", "olmo2", dict(heads=16, kv_heads=16), {}, {}),
+    ("mistral", "mistral", {}, dict(sliding_window=512), {}),
+]
+# The transformers runs: a small config.json per model_type (the shapes of the stand-in
+# of the same row, so that stand-in vs library isolates the library's code), and two
+# whole small checkpoints' shipped configs (real vocabulary and depth), all blind.
+ARCH_TF_SMALL = ("qwen2", "qwen3", "gemma2", "phi3", "mistral")
+ARCH_TF_LARGE = [  # (short name, config file, batch, seq, dtype)
+    ("qwen2.5-0.5b", "scenarios/models/qwen2.5-0.5b.json", 2, 2048, "bf16"),
+    ("qwen3-0.6b", "scenarios/models/qwen3-0.6b.json", 2, 2048, "bf16"),
+]
+# Rough seconds per run on an H100 (a fresh Python + torch import, CUDA context, build,
+# two steps, snapshot); the transformers import adds a few seconds.
+EST_SECONDS = {("standin", False): 6.0, ("standin", True): 9.0,
+               ("transformers", False): 11.0, ("transformers", True): 15.0}
+
+
+def arch_standin_cfg(row_name, fixture_row, shape, knobs, placement):
+    """The stand-in's cfg (torch_models.DecoderForCausalLM) for one row at a GPU size."""
+    saved = None
+    try:
+        import torch
+        saved = torch.clear_autocast_cache
+    except Exception:
+        pass
+    import gen_arch_fixtures as ga
+    if saved is not None:  # importing gen_checkpoint_fixtures wraps it (for CPU autocast)
+        torch.clear_autocast_cache = saved
+    base = dict(ARCH_BASE)
+    cfg = ga.row(fixture_row, base, arch_over=knobs, **shape)
+    cfg["arch_hf"] = dict(cfg["arch_hf"], **placement)
+    return cfg
+
+
+def read_hf_config(path):
+    with open(os.path.join(REPO, path)) as f:
+        return json.load(f)
+
+
+def hf_shape(d, batch, seq):
+    """A config.json's shape in the spec's cfg keys (for the record and the dry run)."""
+    heads = d["num_attention_heads"]
+    return dict(layers=d["num_hidden_layers"], d_model=d["hidden_size"], heads=heads,
+                kv_heads=d.get("num_key_value_heads") or heads, d_ff=d["intermediate_size"],
+                vocab=d["vocab_size"], context=d["max_position_embeddings"], seq=seq,
+                batch=batch, dropout=float(d.get("attention_dropout", 0.0) or 0.0),
+                tied=bool(d.get("tie_word_embeddings", False)))
+
+
+def arch_specs():
+    """The arch runs, each with its tier (spec["tier"]):
+      "core"  (--group arch, about four minutes of an H100), in the order of their value
+              to memsim, so that a budget cut drops the last: stand-ins fp32,
+              transformers fp32, the two whole checkpoints (transformers, bf16),
+              transformers bf16, stand-ins bf16 of the rows whose bf16 path is new
+              (GemmaRMSNorm's fp32 round trip, softcaps, q/k norms, fp32 logits in the
+              loss, fused projections);
+      "more"  (--group arch-more): the other bf16 runs (Llama-like rows, whose bf16 path
+              the hf-llama H100 runs measured) and the stand-ins of the two checkpoints;
+      "extra" (--group arch-extra): what users also run and memsim refuses or has not
+              checked (bf16 autocast over fp32 weights; SDPA in bf16)."""
+    rows = {r[0]: r for r in ARCH_ROWS}
+    standin = {name: arch_standin_cfg(*r) for name, r in rows.items()}
+
+    def tag(cfg):
+        return f"l{cfg['layers']}_d{cfg['d_model']}_s{cfg['seq']}_b{cfg['batch']}"
+
+    def standin_spec(row, cfg, dtype, name=None, large=False):
+        sp = spec(name or f"arch_{row}_{tag(cfg)}_{dtype}", "hf-decoder", cfg, dtype=dtype)
+        sp.update(kind="arch", arch=row, large=large,
+                  scenario=f"{ARCH_DATA}/{name or f'arch_{row}_{tag(cfg)}_{dtype}'}.yaml")
+        return sp
+
+    def tf_spec(row, config, batch, seq, dtype, name, large=False, autocast="none",
+                attention="eager"):
+        d = read_hf_config(config)
+        sp = spec(name, "hf-decoder", hf_shape(d, batch, seq), impl="transformers",
+                  dtype=dtype, autocast=autocast, attention=attention)
+        sp.update(kind="arch", arch=row, large=large, hf_config=config,
+                  scenario=f"{ARCH_DATA}/{name}.yaml")
+        return sp
+
+    def tf_small(row, dtype, autocast="none", attention="eager"):
+        cfg = standin[row]
+        suffix = dtype + (f"_autocast_{autocast}" if autocast != "none" else "") + \
+            (f"_{attention}" if attention != "eager" else "")
+        return tf_spec(row, f"{ARCH_DATA}/configs/{row}_{tag(cfg)}.json", cfg["batch"],
+                       cfg["seq"], dtype, f"tf_arch_{row}_{tag(cfg)}_{suffix}",
+                       autocast=autocast, attention=attention)
+
+    # Stand-ins of the two whole checkpoints: the same shapes through the stand-in.
+    large_standin = []
+    for short, config, batch, seq, dtype in ARCH_TF_LARGE:
+        d = read_hf_config(config)
+        row = d["model_type"]
+        r = rows[row]
+        shape = dict(hf_shape(d, batch, seq), dropout=0.0)
+        knobs = dict(r[3])
+        if "head_dim" in d:
+            knobs["head_dim"] = d["head_dim"]
+        large_standin.append((row, short, dtype, arch_standin_cfg(row, r[1], shape, knobs, r[4])))
+
+    new_bf16 = ("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2")
+    core = [standin_spec(row, standin[row], "fp32") for row in rows]
+    core += [tf_small(row, "fp32") for row in ARCH_TF_SMALL]
+    core += [tf_spec(read_hf_config(config)["model_type"], config, batch, seq, dtype,
+                     f"tf_arch_{short}_s{seq}_b{batch}_{dtype}", large=True)
+             for short, config, batch, seq, dtype in ARCH_TF_LARGE]
+    core += [tf_small(row, "bf16") for row in ARCH_TF_SMALL if row != "mistral"]
+    core += [standin_spec(row, standin[row], "bf16") for row in rows if row in new_bf16]
+    more = [standin_spec(row, standin[row], "bf16") for row in rows if row not in new_bf16]
+    more += [tf_small("mistral", "bf16")]
+    more += [standin_spec(row, cfg, dtype, f"arch_{short}_s{cfg['seq']}_b{cfg['batch']}_{dtype}",
+                          large=True) for row, short, dtype, cfg in large_standin]
+    # bf16 autocast over fp32 weights (HF Trainer's bf16=True) is refused by memsim for
+    # every row but llama; SDPA in bf16 (transformers' default attention) is not checked
+    # against a trace for these rows yet.
+    extra = [tf_small("qwen2", "fp32", autocast="bf16"), tf_small("gemma2", "fp32", autocast="bf16"),
+             tf_small("qwen2", "bf16", attention="sdpa"), tf_small("qwen3", "bf16", attention="sdpa")]
+    for tier, specs in (("core", core), ("more", more), ("extra", extra)):
+        for sp in specs:
+            sp["tier"] = tier
+    return core + more + extra
+
+
+def _arch(sp, *tiers):
+    return sp.get("kind") == "arch" and sp["tier"] in tiers
+
+
+GROUPS = {
+    "legacy": lambda sp: sp.get("kind") != "arch",
+    "arch": lambda sp: _arch(sp, "core"),
+    "arch-more": lambda sp: _arch(sp, "more"),
+    "arch-extra": lambda sp: _arch(sp, "extra"),
+    "arch-all": lambda sp: _arch(sp, "core", "more", "extra"),
+    # Slices of core + more:
+    "arch-standin": lambda sp: _arch(sp, "core", "more") and sp["impl"] == "standin",
+    "arch-tf": lambda sp: _arch(sp, "core", "more") and sp["impl"] == "transformers",
+    "arch-fp32": lambda sp: _arch(sp, "core", "more") and sp["dtype"] == "fp32",
+    "arch-bf16": lambda sp: _arch(sp, "core", "more") and sp["dtype"] == "bf16",
+    "arch-large": lambda sp: _arch(sp, "core", "more") and sp.get("large", False),
+}
+
+
+def estimate(sp):
+    if sp.get("kind") != "arch":
+        return 6.0 if sp["impl"] == "standin" else 11.0
+    return EST_SECONDS[(sp["impl"], bool(sp.get("large")))]
 
 
 # --------------------------------------------------------------------------- one run
@@ -204,6 +408,54 @@ def build_transformers(torch, sp, device):
     return model, forward, loss_fn
 
 
+def build_arch_standin(torch, sp, device):
+    """torch_models.DecoderForCausalLM configured as one architecture row."""
+    import torch_models as tm
+    cfg = dict(sp["cfg"])
+    model = tm.DecoderForCausalLM(cfg)
+    tm.set_policy(model, sp["policy"])
+    return model, (lambda m, ids, labels: m(ids)), tm.decoder_loss(cfg)
+
+
+def build_arch_transformers(torch, sp, device):
+    """AutoModelForCausalLM.from_config from the spec's config.json, as users build a
+    model without weights; called as users call it (model(input_ids=ids, labels=labels))."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    d = read_hf_config(sp["hf_config"])
+    c = sp["cfg"]
+    if c.get("dry_run"):  # the CPU dry run: the same code on a tiny model
+        d.update(num_hidden_layers=c["layers"], hidden_size=c["d_model"],
+                 num_attention_heads=c["heads"], num_key_value_heads=c["kv_heads"],
+                 intermediate_size=c["d_ff"], vocab_size=c["vocab"],
+                 max_position_embeddings=c["context"])
+        for k, v in (("head_dim", 16), ("query_pre_attn_scalar", 16), ("sliding_window", 8)):
+            if d.get(k):
+                d[k] = v
+        for k in ("layer_types", "max_window_layers", "pad_token_id"):
+            d.pop(k, None)
+    for k in ("torch_dtype", "dtype"):  # the spec's dtype decides, not the file's
+        d.pop(k, None)
+    d["use_cache"] = False
+    config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
+    dtype = torch.bfloat16 if sp["dtype"] == "bf16" else torch.float32
+    major = int(transformers.__version__.split(".")[0])
+    kw = {"dtype" if major >= 5 else "torch_dtype": dtype}
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=sp["attention"], **kw)
+    got = sorted({str(p.dtype) for p in model.parameters()})
+    if got != [str(dtype)]:
+        raise RuntimeError(f"transformers built the model in {got}, expected {dtype}")
+
+    def forward(m, ids, labels):
+        return m(input_ids=ids, labels=labels, use_cache=False)
+
+    def loss_fn(out, labels):
+        return out.loss
+
+    return model, forward, loss_fn
+
+
 def make_optimizer(torch, sp, params):
     kw = {}
     if sp["opt_impl"] == "foreach":
@@ -226,6 +478,8 @@ def run_one(sp, out_dir):
         sp = dict(sp, cfg=dict(sp["cfg"], layers=2, d_model=64, heads=4,
                                kv_heads=min(sp["cfg"]["kv_heads"], 4), d_ff=172, vocab=512,
                                context=64, seq=32, batch=2))
+        if sp.get("kind") == "arch":
+            sp["cfg"]["dry_run"] = True
     if cuda:
         torch.cuda.init()
         free0, total = torch.cuda.mem_get_info()
@@ -236,7 +490,10 @@ def run_one(sp, out_dir):
         free1, _ = torch.cuda.mem_get_info()
         result["mem_get_info_after_history"] = [free1, total]
     torch.manual_seed(0)
-    build = build_standin if sp["impl"] == "standin" else build_transformers
+    if sp.get("kind") == "arch":
+        build = build_arch_standin if sp["impl"] == "standin" else build_arch_transformers
+    else:
+        build = build_standin if sp["impl"] == "standin" else build_transformers
     default_dtype = torch.get_default_dtype()
     if sp["dtype"] == "bf16":  # as from_pretrained(torch_dtype=bfloat16): built in bf16
         torch.set_default_dtype(torch.bfloat16)
@@ -244,6 +501,8 @@ def run_one(sp, out_dir):
     with dev_ctx:
         model, forward, loss_fn = build(torch, sp, device)
     torch.set_default_dtype(default_dtype)
+    if sp.get("kind") == "arch":  # where the parameters were made (before any move)
+        result["built_on"] = sorted({str(p.device) for p in model.parameters()})
     model = model.to(device)  # no-op when built on the device
     model.train()
     result["parameters"] = sum(p.numel() for p in model.parameters())
@@ -306,34 +565,97 @@ def gib(x):
     return "-" if x is None else f"{x / 2**30:8.3f}"
 
 
+def pack(out_dir, pickles):
+    """OUT_DIR/snapshots.tar.xz of the snapshots. With the xz program, compressed on every
+    core (a multi-block .xz, which tarfile and CMake's file(ARCHIVE_EXTRACT) read as any
+    other); else by Python's lzma, on one core, as before."""
+    target = os.path.join(out_dir, "snapshots.tar.xz")
+    if shutil.which("xz"):
+        plain = os.path.join(out_dir, "snapshots.tar")
+        with tarfile.open(plain, "w") as t:
+            for p in pickles:
+                t.add(os.path.join(out_dir, p), arcname=p)
+        if subprocess.run(["xz", "-T0", "-6", "-f", plain]).returncode == 0:
+            return
+        if os.path.exists(plain):
+            os.remove(plain)
+    with tarfile.open(target, "w:xz") as t:
+        for p in pickles:
+            t.add(os.path.join(out_dir, p), arcname=p)
+
+
+def selected(specs, only, groups):
+    """The specs --only (names or fnmatch patterns) and --group pick (both: either);
+    neither: all of them."""
+    if not only and not groups:
+        return list(specs)
+    for g in groups or ():
+        if g not in GROUPS:
+            raise SystemExit(f"unknown group {g!r}; groups: {', '.join(GROUPS)}")
+    out = []
+    for sp in specs:
+        by_name = any(fnmatch.fnmatchcase(sp["name"], pat) for pat in (only or ()))
+        by_group = any(GROUPS[g](sp) for g in (groups or ()))
+        if by_name or by_group:
+            out.append(sp)
+    return out
+
+
+def print_estimate(chosen):
+    total = sum(estimate(sp) for sp in chosen) + 1.0 * len(chosen)  # + packing
+    by_impl = {}
+    for sp in chosen:
+        by_impl[sp["impl"]] = by_impl.get(sp["impl"], 0) + 1
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(by_impl.items()))
+    print(f"{len(chosen)} configurations ({parts}): about {total:.0f} s of runs on an H100 "
+          f"(estimate; the machine's start-up comes on top)", flush=True)
+    return total
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds for all runs")
     ap.add_argument("--per-run", type=float, default=90.0)
-    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--only", nargs="*", help="names or fnmatch patterns")
+    ap.add_argument("--group", nargs="*", help="named sets: " + ", ".join(GROUPS))
+    ap.add_argument("--list", action="store_true", help="print the selection and exit")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # child mode
     a = ap.parse_args()
-    os.makedirs(a.out_dir, exist_ok=True)
     specs = all_specs()
+    if not a.list:
+        os.makedirs(a.out_dir, exist_ok=True)
     if a.one:
         sp = next(s for s in specs if s["name"] == a.one)
         run_one(sp, a.out_dir)
         return
+    chosen = selected(specs, a.only, a.group)
+    if a.list:
+        for sp in chosen:
+            tags = [g for g, f in GROUPS.items() if f(sp)]
+            print(f"{sp['name']:58s} {estimate(sp):5.1f} s  {' '.join(tags)}")
+        print_estimate(chosen)
+        return
+    print_estimate(chosen)
     t_start = time.time()
     try:
         subprocess.run(["nvidia-smi"], check=False)
     except OSError:
         print("no nvidia-smi: a dry run on the CPU", flush=True)
+    have_transformers = importlib.util.find_spec("transformers") is not None
     results, failures = [], {}
-    for sp in specs:
-        if a.only and sp["name"] not in a.only:
+    for sp in chosen:
+        if sp["impl"] == "transformers" and not have_transformers:
+            failures[sp["name"]] = "skipped: transformers is not importable by " + sys.executable
+            print(f"SKIPPED {sp['name']}: transformers is not importable here "
+                  f"({sys.executable}); the stand-in runs do not need it", flush=True)
             continue
         left = a.budget - (time.time() - t_start)
         if left < 15:
             failures[sp["name"]] = "not run: budget spent"
             continue
         try:
+            t_run = time.time()
             p = subprocess.run([sys.executable, __file__, a.out_dir, "--one", sp["name"]],
                                capture_output=True, text=True, timeout=min(a.per_run, left))
             if p.returncode != 0:
@@ -342,6 +664,8 @@ def main():
                 continue
             with open(os.path.join(a.out_dir, sp["name"] + ".json")) as f:
                 r = json.load(f)
+            if sp.get("kind") == "arch":  # the whole child process, for the next estimates
+                r["process_seconds"] = round(time.time() - t_run, 2)
             results.append(r)
             print(f"{sp['name']:58s} peak alloc {gib(r.get('measured_step_peak_allocated'))} "
                   f"reserved {gib(r.get('measured_step_peak_reserved'))} GiB "
@@ -354,9 +678,7 @@ def main():
     pickles = [r["spec"]["name"] + ".pickle" for r in results
                if os.path.exists(os.path.join(a.out_dir, r["spec"]["name"] + ".pickle"))]
     if pickles:
-        with tarfile.open(os.path.join(a.out_dir, "snapshots.tar.xz"), "w:xz") as t:
-            for p in pickles:
-                t.add(os.path.join(a.out_dir, p), arcname=p)
+        pack(a.out_dir, pickles)
         for p in pickles:
             os.remove(os.path.join(a.out_dir, p))
     for r in results:
