@@ -56,9 +56,10 @@ using memsim_test::rel;
 TEST_CASE("cs336 real runs: fixture agrees with the shared manifest", "[cs336][accuracy]") {
   const nlohmann::json fixture = load_json(MEMSIM_SOURCE_DIR "/tests/data/cs336_measured.json");
   REQUIRE(!fixture.is_null());
-  const nlohmann::json manifest =
-      load_json(MEMSIM_SOURCE_DIR "/../shared/groundtruth/snapshots/manifest.json");
-  if (manifest.is_null()) return;  // shared/ not checked out: the fixture stands alone
+  if (!memsim_test::shared_snapshots_present("tests/data/cs336_measured.json against manifest.json"))
+    return;
+  const nlohmann::json manifest = load_json(memsim_test::shared_snapshots_dir() + "manifest.json");
+  REQUIRE(!manifest.is_null());
   for (const auto& entry : manifest) {
     const std::string file = entry["file"];
     if (!fixture["runs"].contains(file)) continue;

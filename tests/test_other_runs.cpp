@@ -34,7 +34,9 @@ const ReplayPeaks& measured(const std::string& snapshot) {
 
 TEST_CASE("other runs: measured peaks are the replay of the shared snapshots",
           "[other-runs][accuracy]") {
-  if (!std::ifstream(kShared + "manifest.json")) return;  // shared/ not checked out
+  REQUIRE(other_runs_measured().size() == 4);
+  if (!memsim_test::shared_snapshots_present("the replay of the 4 other runs' snapshots"))
+    return;
   for (const ReplayPeaks& m : other_runs_measured()) {
     INFO(m.snapshot);
     const ReplayReport r = replay_snapshot(read_snapshot_file(kShared + m.snapshot));
