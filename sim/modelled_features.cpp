@@ -49,7 +49,7 @@ void require_autocast_modelled(const Scenario& s) {
            "autocast casts fp32 parameters; with precision.params bf16/fp16 use "
            "precision.autocast: none");
   }
-  if (s.checkpoint.policy != "none" && s.precision.autocast_region == AutocastRegion::whole_step) {
+  if (s.checkpoint.policy != CheckpointPolicy::none && s.precision.autocast_region == AutocastRegion::whole_step) {
     // The recompute runs inside backward, i.e. inside the region: what it finds in the
     // weight-cast cache depends on torch's version (1.13: a per-thread cache, and CUDA's
     // backward runs on its own thread; 2.x: one cache, which the recompute's exit clears
@@ -137,7 +137,7 @@ void require_modelled(const Scenario& s) {
            "Megatron-LM's optimizer is a fused fp32 Adam; bitsandbytes 8-bit Adam is modelled "
            "for cs336, hf-gpt2 and hf-llama");
   }
-  if (s.lora.rank > 0 && s.checkpoint.policy != "none" && s.checkpoint.reentrant.value_or(false)) {
+  if (s.lora.rank > 0 && s.checkpoint.policy != CheckpointPolicy::none && s.checkpoint.reentrant.value_or(false)) {
     refuse(s, "checkpoint.reentrant",
            "LoRA with reentrant checkpointing is not modelled: torch's CheckpointFunction sees "
            "no input that requires grad (the embedding is frozen), so the adapters would get "

@@ -56,9 +56,6 @@ const std::vector<std::pair<std::string, StepKind>> kSteps = {
     {"forward-backward", StepKind::forward_backward}};
 const std::vector<std::pair<std::string, bool>> kZeroGrad = {{"set_to_none", true},
                                                              {"zeros", false}};
-const std::vector<std::pair<std::string, std::string>> kPolicies = {
-    {"none", "none"}, {"full", "full"}, {"selective", "selective"}, {"uniform", "uniform"},
-    {"block", "block"}, {"modules", "modules"}, {"custom", "custom"}, {"sqrt", "sqrt"}};
 
 // Where a value that may have come from a preset was decided: its own line, else the
 // preset's, else its section's.
@@ -239,7 +236,7 @@ CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
   if (const Field* f = d.find("checkpoint.policy")) {
     const std::string text = read_string(*f, "checkpoint.policy");
     if (text.find(':') == std::string::npos) {
-      c.policy = read_enum(*f, "checkpoint.policy", kPolicies);
+      c.policy = read_enum(*f, "checkpoint.policy", checkpoint_policy_spellings());
     } else {
       // The short form `compare --policies` takes ("uniform:2", "custom:0,3.mlp"), so a
       // policy can be written, and --set, the same way everywhere.
@@ -290,13 +287,15 @@ CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
   }
   // The list says what to checkpoint for "custom" (layers or modules) and may narrow
   // "modules" to named modules; any other policy would silently ignore it.
-  if (c.policy == "custom" && c.custom.empty()) {
+  if (c.policy == CheckpointPolicy::custom && c.custom.empty()) {
     fail(origin(d, "checkpoint.policy", "checkpoint"), "checkpoint.policy",
          "policy custom needs checkpoint.custom (layer indices or module names)");
   }
-  if (c.policy != "custom" && c.policy != "modules" && !c.custom.empty()) {
+  if (c.policy != CheckpointPolicy::custom && c.policy != CheckpointPolicy::modules &&
+      !c.custom.empty()) {
     fail(d.find("checkpoint.custom")->where, "checkpoint.custom",
-         "only used with checkpoint.policy custom or modules, but the policy is " + c.policy);
+         std::string("only used with checkpoint.policy custom or modules, but the policy is ") +
+             to_string(c.policy));
   }
   return c;
 }

@@ -85,7 +85,7 @@ void require_script_keys_modelled(const Scenario& s) {
            "whole-run is modelled for the cs336 and hf families (megatron's step marks its "
            "own measured step); use step.measure: last-step");
   if (s.precision.autocast && s.precision.autocast_region == AutocastRegion::whole_run &&
-      s.checkpoint.policy != "none")
+      s.checkpoint.policy != CheckpointPolicy::none)
     refuse(s, "precision.autocast_region",
            "whole-run autocast with activation checkpointing is not modelled (the recompute "
            "would run inside the region); use autocast_region forward-and-loss or forward");

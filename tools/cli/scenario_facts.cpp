@@ -84,9 +84,9 @@ std::string training_line(const Scenario& s) {
   if (one_hot || last)
     line += std::string(one_hot ? ", one-hot loss" : ", loss") + (last ? " on the last position" : "");
   if (s.step.measure_whole_run) line += ", peaks over the whole run";
-  line += ", checkpoint " + s.checkpoint.policy;
+  line += std::string(", checkpoint ") + to_string(s.checkpoint.policy);
   // Megatron's CheckpointFunction is always reentrant; elsewhere only when asked.
-  if (s.checkpoint.policy != "none" &&
+  if (s.checkpoint.policy != CheckpointPolicy::none &&
       (s.model.family == ModelFamily::megatron || s.checkpoint.reentrant.value_or(false)))
     line += " (reentrant)";
   const ParallelConfig& p = s.parallel;
