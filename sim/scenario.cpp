@@ -35,15 +35,7 @@ const char* to_string(DType dtype) {
   return "?";
 }
 
-const char* to_string(ModelFamily family) {
-  switch (family) {
-    case ModelFamily::cs336: return "cs336";
-    case ModelFamily::hf_llama: return "hf-llama";
-    case ModelFamily::hf_gpt2: return "hf-gpt2";
-    case ModelFamily::megatron: return "megatron";
-  }
-  return "?";
-}
+// to_string(ModelFamily): the family table's spellings (sim/model_family.cpp).
 
 const char* to_string(AttentionImpl impl) {
   switch (impl) {
