@@ -3,6 +3,8 @@
 #include <cmath>
 #include <optional>
 
+#include "sim/model_family.h"
+
 namespace memsim {
 
 using graph::CheckpointPlan;
@@ -212,7 +214,7 @@ std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& 
   // unless checkpoint.reentrant says true (Hugging Face's gradient_checkpointing_enable()
   // default), megatron as its reentrant CheckpointFunction (graph/megatron.h).
   plan.early_stop = script.checkpoint_early_stop;
-  plan.reentrant = scenario.model.family == ModelFamily::megatron ||
+  plan.reentrant = family_row(scenario.model.family).reentrant_checkpoint_only ||
                    scenario.checkpoint.reentrant.value_or(false);
   return std::make_unique<graph::CheckpointEngine>(rt, std::move(plan));
 }
