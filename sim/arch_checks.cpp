@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "sim/model_family.h"
+
 namespace memsim {
 
 namespace {
@@ -68,7 +70,7 @@ const char* first_arch_knob(const Scenario& s) {
 }
 
 void require_arch_modelled(const Scenario& s) {
-  if (s.model.family != ModelFamily::hf_llama && s.model.family != ModelFamily::hf_gpt2) return;
+  if (!family_row(s.model.family).hf) return;
   const DecoderArch& a = s.model.arch;
   const std::string arch = a.architecture;
   if (s.precision.autocast.has_value() && s.model.family == ModelFamily::hf_llama) {

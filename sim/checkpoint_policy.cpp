@@ -3,6 +3,8 @@
 #include <cmath>
 #include <optional>
 
+#include "sim/model_family.h"
+
 namespace memsim {
 
 using graph::CheckpointPlan;
@@ -10,14 +12,8 @@ using graph::LayerCheckpoint;
 
 namespace {
 
-const char* const kPolicyNames[] = {"none",    "full", "uniform", "block", "modules",
-                                    "selective", "sqrt", "custom"};
-
 bool is_policy_name(const std::string& word) {
-  const std::string head = word.substr(0, word.find(':'));
-  for (const char* n : kPolicyNames)
-    if (head == n) return true;
-  return false;
+  return parse_checkpoint_policy(word.substr(0, word.find(':'))).has_value();
 }
 
 std::vector<std::string> split(const std::string& text, char sep) {
@@ -61,6 +57,44 @@ std::optional<LayerCheckpoint> combine(LayerCheckpoint a, LayerCheckpoint b) {
   return std::nullopt;  // core attention + MLP: no such region pair in the plan
 }
 
+// policy modules / custom: each item of checkpoint.custom merged into the layers' choices.
+void add_items(CheckpointPlan& plan, const CheckpointConfig& c, size_t n) {
+  const bool modules = c.policy == CheckpointPolicy::modules;
+  std::vector<std::string> items = c.custom;
+  if (items.empty()) items = {"attention", "mlp"};  // modules: both halves
+  for (const std::string& item : items) {
+    const size_t dot = item.find('.');
+    const std::string head = item.substr(0, dot);
+    std::optional<LayerCheckpoint> what;
+    std::optional<int64_t> layer = parse_count(head);
+    if (dot != std::string::npos) {
+      what = module_choice(item.substr(dot + 1));
+      if (!layer || !what)
+        throw PolicyError("checkpoint item '" + item + "': expected LAYER.MODULE (e.g. 3.mlp)");
+    } else if (layer) {
+      what = LayerCheckpoint::layer;
+    } else {
+      what = module_choice(item);
+      if (!what) throw PolicyError("checkpoint item '" + item + "': not a layer index or module name (attention, mlp, selective, layer)");
+    }
+    if (modules && (layer || (*what != LayerCheckpoint::attention && *what != LayerCheckpoint::mlp)))
+      throw PolicyError("policy modules takes module names attention and mlp, not '" + item + "'");
+    if (layer && static_cast<size_t>(*layer) >= n)
+      throw PolicyError("checkpoint item '" + item + "': layer " + std::to_string(*layer) +
+                        " does not exist (the model has " + std::to_string(n) + " layers, 0-based)");
+    const size_t lo = layer ? static_cast<size_t>(*layer) : 0;
+    const size_t hi = layer ? lo + 1 : n;
+    for (size_t l = lo; l < hi; ++l) {
+      const auto merged = combine(plan.layers[l], *what);
+      if (!merged)
+        throw PolicyError("checkpoint item '" + item + "': layer " + std::to_string(l) +
+                          " cannot checkpoint both core attention and the MLP half "
+                          "(use attention + mlp instead)");
+      plan.layers[l] = *merged;
+    }
+  }
+}
+
 }  // namespace
 
 CheckpointConfig parse_policy(const std::string& spec) {
@@ -69,16 +103,17 @@ CheckpointConfig parse_policy(const std::string& spec) {
   const std::string name = spec.substr(0, colon);
   const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
   const bool has_arg = colon != std::string::npos;
-  if (!is_policy_name(name)) throw PolicyError("unknown checkpoint policy '" + spec + "'");
-  c.policy = name;
-  if (name == "uniform" || name == "block") {
+  const std::optional<CheckpointPolicy> policy = parse_checkpoint_policy(name);
+  if (!policy) throw PolicyError("unknown checkpoint policy '" + spec + "'");
+  c.policy = *policy;
+  if (c.policy == CheckpointPolicy::uniform || c.policy == CheckpointPolicy::block) {
     const auto k = parse_count(arg);
     if (!has_arg || !k || *k < 1)
       throw PolicyError("policy '" + spec + "': expected " + name + ":N with N >= 1");
     c.layers_per_segment = *k;
-  } else if (name == "modules" || name == "custom") {
+  } else if (c.policy == CheckpointPolicy::modules || c.policy == CheckpointPolicy::custom) {
     if (has_arg) c.custom = split(arg, ',');
-    if (name == "custom" && c.custom.empty())
+    if (c.policy == CheckpointPolicy::custom && c.custom.empty())
       throw PolicyError("policy '" + spec + "': expected custom:ITEM,... (layers or modules)");
     for (const std::string& item : c.custom)
       if (item.empty()) throw PolicyError("policy '" + spec + "': empty item");
@@ -101,14 +136,16 @@ std::vector<std::string> split_policies(const std::string& list) {
 }
 
 std::string policy_label(const CheckpointConfig& c) {
-  if (c.policy == "uniform" || c.policy == "block")
-    return c.policy + ":" + std::to_string(c.layers_per_segment);
-  if ((c.policy == "custom" || c.policy == "modules") && !c.custom.empty()) {
-    std::string s = c.policy + ":";
+  using P = CheckpointPolicy;
+  const std::string name = to_string(c.policy);
+  if (c.policy == P::uniform || c.policy == P::block)
+    return name + ":" + std::to_string(c.layers_per_segment);
+  if ((c.policy == P::custom || c.policy == P::modules) && !c.custom.empty()) {
+    std::string s = name + ":";
     for (size_t i = 0; i < c.custom.size(); ++i) s += (i ? "," : "") + c.custom[i];
     return s;
   }
-  return c.policy;
+  return name;
 }
 
 CheckpointPlan make_plan(const CheckpointConfig& c, int64_t layers) {
@@ -120,57 +157,23 @@ CheckpointPlan make_plan(const CheckpointConfig& c, int64_t layers) {
     plan.segment.resize(n);
     for (size_t l = 0; l < n; ++l) plan.segment[l] = static_cast<int32_t>(l / static_cast<size_t>(k));
   };
-  const std::string& p = c.policy;
-  if (p == "none") return plan;
-  if (p == "full") {
-    plan.layers.assign(n, LayerCheckpoint::layer);
-  } else if (p == "uniform") {
-    segments_of(std::max<int64_t>(1, c.layers_per_segment));
-  } else if (p == "sqrt") {
-    segments_of(std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(n)))));
-  } else if (p == "block") {
-    for (size_t l = 0; l < n && static_cast<int64_t>(l) < c.layers_per_segment; ++l)
-      plan.layers[l] = LayerCheckpoint::layer;
-  } else if (p == "selective") {
-    plan.layers.assign(n, LayerCheckpoint::core_attention);
-  } else if (p == "modules" || p == "custom") {
-    std::vector<std::string> items = c.custom;
-    if (items.empty()) items = {"attention", "mlp"};  // modules: both halves
-    for (const std::string& item : items) {
-      const size_t dot = item.find('.');
-      const std::string head = item.substr(0, dot);
-      std::optional<LayerCheckpoint> what;
-      std::optional<int64_t> layer = parse_count(head);
-      if (dot != std::string::npos) {
-        what = module_choice(item.substr(dot + 1));
-        if (!layer || !what)
-          throw PolicyError("checkpoint item '" + item + "': expected LAYER.MODULE (e.g. 3.mlp)");
-      } else if (layer) {
-        what = LayerCheckpoint::layer;
-      } else {
-        what = module_choice(item);
-        if (!what) throw PolicyError("checkpoint item '" + item + "': not a layer index or module name (attention, mlp, selective, layer)");
-      }
-      if (p == "modules" && (layer || (*what != LayerCheckpoint::attention && *what != LayerCheckpoint::mlp)))
-        throw PolicyError("policy modules takes module names attention and mlp, not '" + item + "'");
-      if (layer && static_cast<size_t>(*layer) >= n)
-        throw PolicyError("checkpoint item '" + item + "': layer " + std::to_string(*layer) +
-                          " does not exist (the model has " + std::to_string(n) + " layers, 0-based)");
-      const size_t lo = layer ? static_cast<size_t>(*layer) : 0;
-      const size_t hi = layer ? lo + 1 : n;
-      for (size_t l = lo; l < hi; ++l) {
-        const auto merged = combine(plan.layers[l], *what);
-        if (!merged)
-          throw PolicyError("checkpoint item '" + item + "': layer " + std::to_string(l) +
-                            " cannot checkpoint both core attention and the MLP half "
-                            "(use attention + mlp instead)");
-        plan.layers[l] = *merged;
-      }
-    }
-  } else {
-    throw PolicyError("unknown checkpoint policy '" + p + "'");
+  using P = CheckpointPolicy;
+  switch (c.policy) {
+    case P::none: return plan;
+    case P::full: plan.layers.assign(n, LayerCheckpoint::layer); return plan;
+    case P::uniform: segments_of(std::max<int64_t>(1, c.layers_per_segment)); return plan;
+    case P::sqrt:
+      segments_of(std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(n)))));
+      return plan;
+    case P::block:
+      for (size_t l = 0; l < n && static_cast<int64_t>(l) < c.layers_per_segment; ++l)
+        plan.layers[l] = LayerCheckpoint::layer;
+      return plan;
+    case P::selective: plan.layers.assign(n, LayerCheckpoint::core_attention); return plan;
+    case P::modules:
+    case P::custom: add_items(plan, c, n); return plan;
   }
-  return plan;
+  throw PolicyError(std::string("unknown checkpoint policy '") + to_string(c.policy) + "'");
 }
 
 CheckpointConfig config_for_plan(const CheckpointPlan& plan) {
@@ -179,10 +182,10 @@ CheckpointConfig config_for_plan(const CheckpointPlan& plan) {
   bool all_layers = true;
   for (LayerCheckpoint l : plan.layers) all_layers = all_layers && l == LayerCheckpoint::layer;
   if (all_layers) {
-    c.policy = "full";
+    c.policy = CheckpointPolicy::full;
     return c;
   }
-  c.policy = "custom";
+  c.policy = CheckpointPolicy::custom;
   for (size_t l = 0; l < plan.layers.size(); ++l) {
     switch (plan.layers[l]) {
       case LayerCheckpoint::keep: break;
@@ -211,7 +214,7 @@ std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& 
   // unless checkpoint.reentrant says true (Hugging Face's gradient_checkpointing_enable()
   // default), megatron as its reentrant CheckpointFunction (graph/megatron.h).
   plan.early_stop = script.checkpoint_early_stop;
-  plan.reentrant = scenario.model.family == ModelFamily::megatron ||
+  plan.reentrant = family_row(scenario.model.family).reentrant_checkpoint_only ||
                    scenario.checkpoint.reentrant.value_or(false);
   return std::make_unique<graph::CheckpointEngine>(rt, std::move(plan));
 }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "sim/zero_sharding.h"
+#include "sim/model_family.h"
 
 namespace memsim {
 
@@ -13,13 +14,14 @@ using graph::Tensor;
 
 void require_data_parallel_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
+  const FamilyRow& family = family_row(s.model.family);
   if (p.gradient_as_bucket_view &&
-      (s.model.family == ModelFamily::megatron || p.sharding != Sharding::none || p.data == 1))
+      (!family.torch_data_parallel || p.sharding != Sharding::none || p.data == 1))
     throw ScenarioError(s.source + ": parallel.gradient_as_bucket_view: applies to torch "
                         "DistributedDataParallel only (cs336 / hf-* with parallel.data > 1 and "
                         "parallel.sharding: none); megatron's gradients always live in its "
                         "grad buffer");
-  if (s.model.family == ModelFamily::megatron) {
+  if (!family.torch_data_parallel) {
     if (p.sharding != Sharding::none)
       throw ScenarioError(s.source + ": parallel.sharding: the megatron family shards with "
                           "its distributed optimizer (parallel.zero: 1), not FSDP / DeepSpeed; "

@@ -37,7 +37,7 @@ std::vector<FormulaCheck> megatron_theoretical_first_stage_checks(const Scenario
   const ParallelConfig& pc = s.parallel;
   if (s.model.family != ModelFamily::megatron || pc.pipeline < 2 ||
       pc.pipeline_schedule == PipelineSchedule::gpipe || !pc.sequence ||
-      s.checkpoint.policy != "selective")
+      s.checkpoint.policy != CheckpointPolicy::selective)
     throw std::invalid_argument(
         "Megatron's theoretical first-stage memory is checked for megatron pipelines (1f1b or "
         "interleaved) with sequence parallelism and selective recomputation");

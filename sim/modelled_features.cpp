@@ -4,6 +4,7 @@
 
 #include "sim/arch_checks.h"
 #include "sim/data_parallel.h"
+#include "sim/model_family.h"
 #include "sim/script_keys.h"
 
 namespace memsim {
@@ -17,19 +18,19 @@ namespace {
 // (graph/autocast.h); with activation checkpointing when backward runs outside the
 // region; everything else is refused by key.
 void require_autocast_modelled(const Scenario& s) {
-  const bool hf = s.model.family == ModelFamily::hf_llama || s.model.family == ModelFamily::hf_gpt2;
-  if (s.model.family != ModelFamily::cs336 && !hf) {
+  const FamilyRow& family = family_row(s.model.family);
+  if (!family.autocast) {
     refuse(s, "precision.autocast",
            std::string("autocast is modelled for the cs336, hf-llama and hf-gpt2 families only, "
                        "not '") +
                to_string(s.model.family) + "'; use precision.autocast: none");
   }
-  if (hf && s.model.attention != AttentionImpl::eager) {
+  if (family.hf && s.model.attention != AttentionImpl::eager) {
     refuse(s, "model.attention",
            "autocast is modelled for eager attention only (the fused SDPA kernels' "
            "low-precision inputs are not); use model.attention: eager or precision.autocast: none");
   }
-  if (hf && s.model.dropout > 0.0) {
+  if (family.hf && s.model.dropout > 0.0) {
     refuse(s, "model.dropout",
            "dropout under autocast is not checked against torch yet for the hf families; "
            "use model.dropout: 0 or precision.autocast: none");
@@ -39,7 +40,7 @@ void require_autocast_modelled(const Scenario& s) {
            "LoRA adapters under precision.autocast are not modelled yet; use lora.rank: 0 "
            "or precision.autocast: none");
   }
-  if (s.model.family == ModelFamily::hf_llama && s.model.tied_embeddings) {
+  if (!family.autocast_tied_embeddings && s.model.tied_embeddings) {
     refuse(s, "model.tied_embeddings",
            "autocast with a tied embedding/lm_head weight is not modelled yet; use "
            "model.tied_embeddings: false or precision.autocast: none");
@@ -49,7 +50,7 @@ void require_autocast_modelled(const Scenario& s) {
            "autocast casts fp32 parameters; with precision.params bf16/fp16 use "
            "precision.autocast: none");
   }
-  if (s.checkpoint.policy != "none" && s.precision.autocast_region == AutocastRegion::whole_step) {
+  if (s.checkpoint.policy != CheckpointPolicy::none && s.precision.autocast_region == AutocastRegion::whole_step) {
     // The recompute runs inside backward, i.e. inside the region: what it finds in the
     // weight-cast cache depends on torch's version (1.13: a per-thread cache, and CUDA's
     // backward runs on its own thread; 2.x: one cache, which the recompute's exit clears
@@ -63,7 +64,8 @@ void require_autocast_modelled(const Scenario& s) {
 
 void require_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
-  if (s.model.family != ModelFamily::cs336) {
+  const FamilyRow& family = family_row(s.model.family);
+  if (!family.staff_model) {
     // The other families call torch's softmax and build their masks their own way.
     const std::string why = std::string(" is a cs336-family option, not for family '") +
                             to_string(s.model.family) + "'; remove it";
@@ -73,7 +75,7 @@ void require_modelled(const Scenario& s) {
   }
   // The megatron family models tensor and pipeline parallelism (sim/megatron_parallel.h
   // checks the rest).
-  const bool tensor_modelled = s.model.family == ModelFamily::megatron;
+  const bool tensor_modelled = family.tensor_parallel;
   if ((p.tensor != 1 || p.pipeline != 1) && !tensor_modelled) {
     const char* key = p.pipeline != 1 ? "parallel.pipeline" : "parallel.tensor";
     refuse(s, key,
@@ -96,7 +98,7 @@ void require_modelled(const Scenario& s) {
   // (graph/autocast.h set_params_are_views). Not with FSDP's own MixedPrecision as well: autocast would see
   // low-precision views, which memsim does not model.
   if (p.sharding == Sharding::fsdp && s.precision.autocast.has_value() &&
-      p.fsdp_mixed_precision.has_value() && s.model.family != ModelFamily::megatron &&
+      p.fsdp_mixed_precision.has_value() && family.torch_data_parallel &&
       s.lora.rank == 0 && !s.precision.master_weights)
     refuse(s, "precision.autocast",
            "autocast together with parallel.fsdp_mixed_precision is not modelled (autocast "
@@ -107,7 +109,7 @@ void require_modelled(const Scenario& s) {
   // parameters that require grad, in their dtype; tests/test_ddp_combos.cpp). FSDP and
   // ZeRO-1 do not yet.
   const bool sharded = p.sharding != Sharding::none || p.zero != 0;
-  if (p.data > 1 && sharded && s.model.family != ModelFamily::megatron) {
+  if (p.data > 1 && sharded && family.torch_data_parallel) {
     const char* key = s.lora.rank > 0 ? "lora"
                       : s.precision.master_weights ? "precision.master_weights" : nullptr;
     if (key != nullptr)
@@ -124,27 +126,26 @@ void require_modelled(const Scenario& s) {
            "the CS336 staff AdamW updates the parameters themselves (no fp32 master copy); "
            "use optimizer.impl for-loop, foreach or fused");
   }
-  if (s.optimizer.type == OptimizerType::adafactor && s.model.family != ModelFamily::hf_llama &&
-      s.model.family != ModelFamily::hf_gpt2) {
+  if (s.optimizer.type == OptimizerType::adafactor && !family.adafactor) {
     refuse(s, "optimizer.type",
            std::string("Adafactor's factored state needs the parameters' shapes, which memsim "
                        "records for hf-llama and hf-gpt2 only, not '") +
                to_string(s.model.family) + "'");
   }
   if ((s.optimizer.type == OptimizerType::adam8bit || s.optimizer.type == OptimizerType::adamw8bit) &&
-      s.model.family == ModelFamily::megatron) {
+      !family.adam8bit) {
     refuse(s, "optimizer.type",
            "Megatron-LM's optimizer is a fused fp32 Adam; bitsandbytes 8-bit Adam is modelled "
            "for cs336, hf-gpt2 and hf-llama");
   }
-  if (s.lora.rank > 0 && s.checkpoint.policy != "none" && s.checkpoint.reentrant.value_or(false)) {
+  if (s.lora.rank > 0 && s.checkpoint.policy != CheckpointPolicy::none && s.checkpoint.reentrant.value_or(false)) {
     refuse(s, "checkpoint.reentrant",
            "LoRA with reentrant checkpointing is not modelled: torch's CheckpointFunction sees "
            "no input that requires grad (the embedding is frozen), so the adapters would get "
            "no gradient unless model.enable_input_require_grads() is called; use "
            "checkpoint.reentrant: false (torch.utils.checkpoint(use_reentrant=False))");
   }
-  if (s.model.family == ModelFamily::cs336 && s.model.dropout > 0.0) {
+  if (!family.dropout && s.model.dropout > 0.0) {
     refuse(s, "model.dropout",
            "the CS336 staff model has no dropout layers; use family hf-gpt2, hf-llama or "
            "megatron for a model with dropout");

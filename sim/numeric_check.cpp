@@ -8,49 +8,49 @@
 #include "graph/numeric.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/megatron_step.h"
+#include "sim/model_family.h"
 #include "sim/numeric_adafactor.h"
 #include "sim/numeric_adam8bit.h"
 #include "sim/numeric_optimizer.h"
 #include "sim/schedule.h"
 
 namespace memsim {
-namespace {
 
 using Eigen::ArrayXd;
 
-graph::NumericFamily numeric_family(ModelFamily f) {
-  switch (f) {
-    case ModelFamily::hf_llama: return graph::NumericFamily::hf_llama;
-    case ModelFamily::hf_gpt2: return graph::NumericFamily::hf_gpt2;
-    case ModelFamily::megatron: return graph::NumericFamily::megatron;
-    default: return graph::NumericFamily::cs336;
-  }
+// Parameter counts of the tiny models (numeric mode's size limit; the rows'
+// numeric_parameters, sim/model_family.h).
+namespace family_builders {
+
+int64_t cs336_numeric_parameters(const Scenario& s) {
+  const int64_t D = s.model.d_model, F = s.model.d_ff, V = s.model.vocab, L = s.model.layers;
+  return 2 * V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D;
 }
 
-// Parameter count of a tiny model (for the size limit).
-int64_t numeric_parameters(const Scenario& s) {
+int64_t hf_llama_numeric_parameters(const Scenario& s) {
   const int64_t D = s.model.d_model, F = s.model.d_ff, V = s.model.vocab, L = s.model.layers;
   const int64_t kvD = (s.model.kv_heads > 0 ? s.model.kv_heads : s.model.heads) *
                       (s.model.heads > 0 ? D / s.model.heads : 0);
   const int64_t head = s.model.tied_embeddings ? 0 : V * D;
-  switch (s.model.family) {
-    case ModelFamily::hf_llama:
-      return V * D + head + L * (2 * D * D + 2 * kvD * D + 3 * D * F + 2 * D) + D;
-    case ModelFamily::hf_gpt2:
-      return V * D + head + s.model.context_length * D +
-             L * (4 * D * D + 2 * D * F + 9 * D + F) + 2 * D;
-    case ModelFamily::megatron:
-      return graph::megatron_parameter_count(megatron_shape(s));
-    default:
-      return 2 * V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D;
-  }
+  return V * D + head + L * (2 * D * D + 2 * kvD * D + 3 * D * F + 2 * D) + D;
 }
 
-}  // namespace
+int64_t hf_gpt2_numeric_parameters(const Scenario& s) {
+  const int64_t D = s.model.d_model, F = s.model.d_ff, V = s.model.vocab, L = s.model.layers;
+  const int64_t head = s.model.tied_embeddings ? 0 : V * D;
+  return V * D + head + s.model.context_length * D +
+         L * (4 * D * D + 2 * D * F + 9 * D + F) + 2 * D;
+}
+
+int64_t megatron_numeric_parameters(const Scenario& s) {
+  return graph::megatron_parameter_count(megatron_shape(s));
+}
+
+}  // namespace family_builders
 
 graph::NumericModel numeric_model(const Scenario& s) {
   graph::NumericModel m;
-  m.family = numeric_family(s.model.family);
+  m.family = family_row(s.model.family).numeric;
   m.batch = s.batch.micro_batch;
   m.seq = s.batch.seq_len;
   m.d_model = s.model.d_model;
@@ -104,10 +104,10 @@ RunOut run_once(const Scenario& s, const TrainingScript& script, const NumericCh
   NumericAdam8bit adam8(wd8);
   Adam8bitReference adam8_ref(wd8);
   adam8.test_step_offset = o.test_optimizer_step_offset;
-  const bool megatron = s.model.family == ModelFamily::megatron;
+  const bool no_decay_1d = family_row(s.model.family).numeric_no_decay_1d;
   ctx.optimizer_step = [&](graph::Runtime& rt, graph::NumericContext& c) {
     const size_t n = rt.parameters().size();
-    if (megatron) {  // Megatron's param groups: 1-D parameters (biases, norms) do not decay
+    if (no_decay_1d) {  // Megatron's param groups: 1-D parameters (biases, norms) do not decay
       std::vector<bool> no_decay(n);
       for (size_t i = 0; i < n; ++i) no_decay[i] = c.param_shapes().at(i).size() == 1;
       modelled.set_no_decay(no_decay);
@@ -215,7 +215,8 @@ std::vector<std::string> default_policies(int64_t layers) {
 void validate_numeric_scenario(const Scenario& s) {
   const std::string where = s.source + ": ";
   const ModelFamily f = s.model.family;
-  if (f == ModelFamily::megatron) {
+  const FamilyRow& row = family_row(f);
+  if (row.tensor_parallel) {
     if (s.parallel.tensor > 1 || s.parallel.sequence || s.parallel.pipeline > 1)
       throw ScenarioError(where + "parallel: numeric mode runs megatron with tensor 1, "
                           "pipeline 1 and no sequence parallelism");
@@ -231,10 +232,10 @@ void validate_numeric_scenario(const Scenario& s) {
   if (s.model.softmax != SoftmaxImpl::staff || s.model.sdpa != SdpaImpl::staff)
     throw ScenarioError(where + "model.softmax / model.sdpa: numeric mode checks the staff "
                         "softmax and attention only");
-  if (f != ModelFamily::cs336) {
+  if (!row.staff_model) {
     // hf-llama's flash and mem-efficient kernels have numeric kernels (causal, no dropout);
     // hf-gpt2 models eager attention only.
-    if (f == ModelFamily::hf_gpt2 && s.model.attention != AttentionImpl::eager)
+    if (!row.numeric_fused_attention && s.model.attention != AttentionImpl::eager)
       throw ScenarioError(where + "model.attention: hf-gpt2 is modelled with eager attention "
                           "only (not '" + to_string(s.model.attention) + "')");
     // Dropout masks are deterministic in numeric mode (NumericContext::dropout_mask); the
@@ -251,12 +252,10 @@ void validate_numeric_scenario(const Scenario& s) {
   // Adafactor and 8-bit Adam(W) have numeric kernels on the state the schedules allocate
   // (sim/numeric_adafactor.h, sim/numeric_adam8bit.h) where memsim models them.
   const OptimizerType ot = s.optimizer.type;
-  const bool hf = f == ModelFamily::hf_llama || f == ModelFamily::hf_gpt2;
-  if (ot == OptimizerType::adafactor && !hf)
+  if (ot == OptimizerType::adafactor && !row.numeric_adafactor)
     throw ScenarioError(where + "optimizer.type: numeric mode runs adafactor on hf-llama and "
                         "hf-gpt2 only (family '" + to_string(f) + "')");
-  if ((ot == OptimizerType::adam8bit || ot == OptimizerType::adamw8bit) && !hf &&
-      f != ModelFamily::cs336)
+  if ((ot == OptimizerType::adam8bit || ot == OptimizerType::adamw8bit) && !row.numeric_adam8bit)
     throw ScenarioError(where + "optimizer.type: numeric mode runs " + to_string(ot) +
                         " on cs336, hf-llama and hf-gpt2 only (family '" + to_string(f) + "')");
   if (s.parallel.data > 1 || s.parallel.sharding != Sharding::none)
@@ -266,7 +265,7 @@ void validate_numeric_scenario(const Scenario& s) {
   if (H <= 0 || D % H != 0 || (D / H) % 2 != 0 || KV <= 0 || H % KV != 0)
     throw ScenarioError(where + "model.heads: d_model must split into heads of even size "
                         "(and heads into kv_heads groups)");
-  const int64_t params = numeric_parameters(s);
+  const int64_t params = row.numeric_parameters(s);
   const int64_t tokens = s.batch.micro_batch * s.batch.seq_len;
   if (params > 200000 || tokens > 256 || s.model.layers > 8 || s.step.warmup_steps > 8 ||
       s.batch.grad_accum > 4)
@@ -290,7 +289,7 @@ NumericCheckReport run_numeric_check(const Scenario& scenario, const NumericChec
   for (const ArrayXd& p : ref.init_params) rep.parameters += p.size();
   rep.optimizer = numeric_optimizer_name(scenario.optimizer,
                                          script.cs336_revision == graph::Cs336Revision::v2025);
-  if (scenario.model.family == ModelFamily::megatron)
+  if (family_row(scenario.model.family).numeric_no_decay_1d)
     rep.optimizer = "Megatron " + rep.optimizer.substr(rep.optimizer.find(' ') + 1) +
                     ", 1-D parameters (biases, norms) not decayed";
   rep.optimizer_steps = ref.optimizer_steps;

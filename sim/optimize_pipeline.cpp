@@ -6,6 +6,7 @@
 #include <chrono>
 #include <climits>
 
+#include "sim/model_family.h"
 #include "sim/pipeline_stage_sim.h"
 
 namespace memsim {
@@ -145,7 +146,7 @@ CheckpointPlan decode(const PipelineCosts& c, uint32_t code) {
 
 OptimizeResult optimize_pipeline_checkpointing(const Scenario& scenario, uint64_t budget,
                                                const OptimizeOptions& options) {
-  if (scenario.model.family != ModelFamily::megatron)
+  if (!family_row(scenario.model.family).tensor_parallel)
     throw ScenarioError(scenario.source +
                         ": parallel.pipeline: pipeline parallelism is modelled for model family "
                         "'megatron' only");

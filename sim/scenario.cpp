@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string_view>
 
@@ -34,15 +35,7 @@ const char* to_string(DType dtype) {
   return "?";
 }
 
-const char* to_string(ModelFamily family) {
-  switch (family) {
-    case ModelFamily::cs336: return "cs336";
-    case ModelFamily::hf_llama: return "hf-llama";
-    case ModelFamily::hf_gpt2: return "hf-gpt2";
-    case ModelFamily::megatron: return "megatron";
-  }
-  return "?";
-}
+// to_string(ModelFamily): the family table's spellings (sim/model_family.cpp).
 
 const char* to_string(AttentionImpl impl) {
   switch (impl) {
@@ -85,6 +78,35 @@ const char* to_string(StepKind kind) {
     case StepKind::forward_backward: return "forward-backward";
   }
   return "?";
+}
+
+namespace {
+// Indexed by CheckpointPolicy.
+constexpr const char* kCheckpointPolicyNames[] = {"none",    "full",    "selective", "uniform",
+                                                  "block",   "modules", "custom",    "sqrt"};
+static_assert(std::size(kCheckpointPolicyNames) == static_cast<size_t>(CheckpointPolicy::sqrt) + 1,
+              "one spelling per CheckpointPolicy");
+}  // namespace
+
+const char* to_string(CheckpointPolicy policy) {
+  const auto i = static_cast<size_t>(policy);
+  return i < std::size(kCheckpointPolicyNames) ? kCheckpointPolicyNames[i] : "?";
+}
+
+std::optional<CheckpointPolicy> parse_checkpoint_policy(std::string_view name) {
+  for (size_t i = 0; i < std::size(kCheckpointPolicyNames); ++i)
+    if (name == kCheckpointPolicyNames[i]) return static_cast<CheckpointPolicy>(i);
+  return std::nullopt;
+}
+
+const std::vector<std::pair<std::string, CheckpointPolicy>>& checkpoint_policy_spellings() {
+  static const std::vector<std::pair<std::string, CheckpointPolicy>> spellings = [] {
+    std::vector<std::pair<std::string, CheckpointPolicy>> v;
+    for (size_t i = 0; i < std::size(kCheckpointPolicyNames); ++i)
+      v.emplace_back(kCheckpointPolicyNames[i], static_cast<CheckpointPolicy>(i));
+    return v;
+  }();
+  return spellings;
 }
 
 namespace scenario_detail {

@@ -120,8 +120,18 @@ struct LossConfig {
   LossPositions positions = LossPositions::all;
 };
 
+// checkpoint.policy (sim/checkpoint_policy.h says what each one checkpoints).
+enum class CheckpointPolicy { none, full, selective, uniform, block, modules, custom, sqrt };
+// The one spelling table of the policies: scenario files, `--policies`, JSON and messages
+// ("none", "uniform", ...; the name only, without an argument such as ":2").
+const char* to_string(CheckpointPolicy policy);
+// The policy spelled `name`, or nullopt.
+std::optional<CheckpointPolicy> parse_checkpoint_policy(std::string_view name);
+// Every policy with its spelling, in enum order (the order error messages list them).
+const std::vector<std::pair<std::string, CheckpointPolicy>>& checkpoint_policy_spellings();
+
 struct CheckpointConfig {
-  std::string policy = "none";        // none | full | selective | uniform | block | modules | custom | sqrt
+  CheckpointPolicy policy = CheckpointPolicy::none;
   int64_t layers_per_segment = 1;
   std::vector<std::string> custom;    // policy custom: layer indices or module names
                                       // (required); policy modules: module names (optional)

@@ -7,6 +7,7 @@
 
 #include "sim/hf_config.h"
 #include "sim/model_presets.h"
+#include "sim/model_family.h"
 #include "sim/yaml_fields.h"
 
 namespace memsim::scenario_detail {
@@ -23,7 +24,7 @@ const std::vector<std::string>& knob_keys() {
   return keys;
 }
 
-bool is_hf(ModelFamily f) { return f == ModelFamily::hf_llama || f == ModelFamily::hf_gpt2; }
+bool is_hf(ModelFamily f) { return family_row(f).hf; }
 
 // Where a model value was decided: its own line, else the preset's or config's line,
 // else the section's.

@@ -12,6 +12,7 @@
 #include "sim/scenario_lora.h"
 #include "sim/checkpoint_policy.h"
 #include "sim/fsdp_keys.h"
+#include "sim/model_family.h"
 #include "sim/pipeline_keys.h"
 #include "sim/scenario_arch.h"
 #include "sim/scenario_doc.h"
@@ -20,9 +21,6 @@
 namespace memsim::scenario_detail {
 namespace {
 
-const std::vector<std::pair<std::string, ModelFamily>> kFamilies = {
-    {"cs336", ModelFamily::cs336}, {"hf-llama", ModelFamily::hf_llama},
-    {"hf-gpt2", ModelFamily::hf_gpt2}, {"megatron", ModelFamily::megatron}};
 const std::vector<std::pair<std::string, AttentionImpl>> kAttention = {
     {"eager", AttentionImpl::eager}, {"flash", AttentionImpl::flash},
     {"mem-efficient", AttentionImpl::mem_efficient}};
@@ -56,9 +54,6 @@ const std::vector<std::pair<std::string, StepKind>> kSteps = {
     {"forward-backward", StepKind::forward_backward}};
 const std::vector<std::pair<std::string, bool>> kZeroGrad = {{"set_to_none", true},
                                                              {"zeros", false}};
-const std::vector<std::pair<std::string, std::string>> kPolicies = {
-    {"none", "none"}, {"full", "full"}, {"selective", "selective"}, {"uniform", "uniform"},
-    {"block", "block"}, {"modules", "modules"}, {"custom", "custom"}, {"sqrt", "sqrt"}};
 
 // Where a value that may have come from a preset was decided: its own line, else the
 // preset's, else its section's.
@@ -82,7 +77,7 @@ ModelConfig build_model(const Doc& d, std::optional<DType>& config_params) {
   const ModelConfig* preset = base.given ? &base.model : nullptr;
   config_params = base.params;
   read_if(d, "model.family", m.family,
-          [](const Field& f, const std::string& k) { return read_enum(f, k, kFamilies); });
+          [](const Field& f, const std::string& k) { return read_enum(f, k, family_spellings()); });
   for (auto [key, out] : {std::pair{"model.layers", &m.layers}, {"model.d_model", &m.d_model},
                           {"model.heads", &m.heads}, {"model.d_ff", &m.d_ff},
                           {"model.vocab", &m.vocab}}) {
@@ -130,7 +125,7 @@ void check_model(const Doc& d, const ModelConfig& m) {
     fail(origin(d, "model.kv_heads", "model"), "model.kv_heads",
          std::to_string(m.kv_heads) + " KV heads do not divide " + std::to_string(m.heads) + " heads");
   }
-  const bool rope = m.family == ModelFamily::cs336 || m.family == ModelFamily::hf_llama;
+  const bool rope = family_row(m.family).rope;
   if (rope && head_dim(m) % 2 != 0) {
     const char* key = m.arch.head_dim > 0 ? "model.head_dim" : "model.heads";
     fail(origin(d, key, "model"), key,
@@ -239,7 +234,7 @@ CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
   if (const Field* f = d.find("checkpoint.policy")) {
     const std::string text = read_string(*f, "checkpoint.policy");
     if (text.find(':') == std::string::npos) {
-      c.policy = read_enum(*f, "checkpoint.policy", kPolicies);
+      c.policy = read_enum(*f, "checkpoint.policy", checkpoint_policy_spellings());
     } else {
       // The short form `compare --policies` takes ("uniform:2", "custom:0,3.mlp"), so a
       // policy can be written, and --set, the same way everywhere.
@@ -283,20 +278,22 @@ CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
   if (const Field* f = d.find("checkpoint.reentrant")) {
     c.reentrant = read_bool(*f, "checkpoint.reentrant");
     // Megatron's tensor_parallel.checkpoint is reentrant; it has no other mode.
-    if (!*c.reentrant && m.family == ModelFamily::megatron)
+    if (!*c.reentrant && family_row(m.family).reentrant_checkpoint_only)
       fail(f->where, "checkpoint.reentrant",
            "Megatron-LM recomputes with its own reentrant CheckpointFunction; false is not "
            "a Megatron setting (leave the key out)");
   }
   // The list says what to checkpoint for "custom" (layers or modules) and may narrow
   // "modules" to named modules; any other policy would silently ignore it.
-  if (c.policy == "custom" && c.custom.empty()) {
+  if (c.policy == CheckpointPolicy::custom && c.custom.empty()) {
     fail(origin(d, "checkpoint.policy", "checkpoint"), "checkpoint.policy",
          "policy custom needs checkpoint.custom (layer indices or module names)");
   }
-  if (c.policy != "custom" && c.policy != "modules" && !c.custom.empty()) {
+  if (c.policy != CheckpointPolicy::custom && c.policy != CheckpointPolicy::modules &&
+      !c.custom.empty()) {
     fail(d.find("checkpoint.custom")->where, "checkpoint.custom",
-         "only used with checkpoint.policy custom or modules, but the policy is " + c.policy);
+         std::string("only used with checkpoint.policy custom or modules, but the policy is ") +
+             to_string(c.policy));
   }
   return c;
 }

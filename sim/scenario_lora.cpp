@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "sim/model_family.h"
 #include "sim/yaml_fields.h"
 
 namespace memsim {
@@ -76,7 +77,7 @@ LoraConfig build_lora(const Doc& d, const ModelConfig& model, const PrecisionCon
       start = comma + 1;
     }
   }
-  if (model.family != ModelFamily::hf_llama && model.family != ModelFamily::hf_gpt2) {
+  if (!family_row(model.family).lora) {
     fail(targets->where, "lora.targets",
          std::string("LoRA is modelled for the hf-llama and hf-gpt2 families, not '") +
              to_string(model.family) + "'");

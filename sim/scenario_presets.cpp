@@ -10,6 +10,7 @@
 #include "allocator/units.h"
 #include "sim/embedded_models.h"
 #include "sim/model_architecture.h"
+#include "sim/model_family.h"
 #include "sim/model_presets.h"
 #include "sim/parameter_count.h"
 #include "sim/scenario.h"
@@ -197,7 +198,7 @@ std::string with_commas(int64_t n) {
 }
 
 std::string model_summary(const ModelConfig& m) {
-  const bool hf = m.family == ModelFamily::hf_llama || m.family == ModelFamily::hf_gpt2;
+  const bool hf = family_row(m.family).hf;
   std::string s = std::string(to_string(m.family)) +
                   (hf ? " (" + std::string(m.arch.architecture) + ")" : std::string()) + ", " +
                   std::to_string(m.layers) + " layers, d_model " + std::to_string(m.d_model) +

@@ -2,6 +2,7 @@
 // step of a training loop, emitted through graph::Runtime (symbolic eager PyTorch).
 #include "sim/schedule.h"
 
+#include "sim/model_family.h"
 #include "sim/modelled_features.h"
 
 #include <stdexcept>
@@ -300,37 +301,66 @@ class Loop {
 
 }  // namespace
 
-Program build_program(const Scenario& scenario, const TrainingScript& script) {
-  require_modelled(scenario);
-  if (scenario.model.family == ModelFamily::megatron) return build_megatron_program(scenario);
-  Program program;
-  switch (scenario.model.family) {
-    case ModelFamily::cs336: Loop<graph::Cs336Model>(scenario, script, program).run(); break;
-    case ModelFamily::hf_gpt2:
-    case ModelFamily::hf_llama: Loop<graph::DecoderModel>(scenario, script, program).run(); break;
-    default:
-      throw ScenarioError(scenario.source + ": model.family: '" +
-                               to_string(scenario.model.family) + "' is not implemented yet");
-  }
-  if (!program.rank.distributed())  // ZeRO-1 records the rank it simulates itself
-    program.rank = data_parallel_rank(scenario);
-  return program;
+// The rows' builders (sim/model_family.h).
+namespace family_builders {
+void cs336(const Scenario& s, const TrainingScript& script, Program& program,
+           graph::RuntimeBuffers* buffers) {
+  program.clear();
+  Loop<graph::Cs336Model>(s, script, program, buffers).run();
 }
+void decoder(const Scenario& s, const TrainingScript& script, Program& program,
+             graph::RuntimeBuffers* buffers) {
+  program.clear();
+  Loop<graph::DecoderModel>(s, script, program, buffers).run();
+}
+void megatron(const Scenario& s, const TrainingScript&, Program& program,
+              graph::RuntimeBuffers* buffers) {
+  build_megatron_program(s, {}, program, buffers);
+}
+void cs336_numeric(const Scenario& s, const TrainingScript& script, Program& program,
+                   graph::NumericContext* numeric) {
+  Loop<graph::Cs336Model>(s, script, program, nullptr, numeric).run();
+}
+void decoder_numeric(const Scenario& s, const TrainingScript& script, Program& program,
+                     graph::NumericContext* numeric) {
+  Loop<graph::DecoderModel>(s, script, program, nullptr, numeric).run();
+}
+void megatron_numeric(const Scenario& s, const TrainingScript&, Program& program,
+                      graph::NumericContext* numeric) {
+  build_megatron_program(s, program, numeric);
+}
+}  // namespace family_builders
+
+namespace {
+
+const FamilyRow& buildable_row(const Scenario& scenario) {
+  const FamilyRow& row = family_row(scenario.model.family);
+  if (row.build == nullptr)
+    throw ScenarioError(scenario.source + ": model.family: '" + to_string(scenario.model.family) +
+                        "' is not implemented yet");
+  return row;
+}
+
+}  // namespace
 
 const Program& build_program(const Scenario& scenario, const TrainingScript& script,
                              BuildBuffers& buffers) {
   require_modelled(scenario);
+  const FamilyRow& row = buildable_row(scenario);
   Program& program = buffers.program;
-  graph::RuntimeBuffers* rb = &buffers.runtime;
-  switch (scenario.model.family) {
-    case ModelFamily::cs336: program.clear(); Loop<graph::Cs336Model>(scenario, script, program, rb).run(); break;
-    case ModelFamily::hf_gpt2:
-    case ModelFamily::hf_llama: program.clear(); Loop<graph::DecoderModel>(scenario, script, program, rb).run(); break;
-    case ModelFamily::megatron: build_megatron_program(scenario, {}, program, rb); break;
-    default: program = build_program(scenario, script); break;  // throws: not implemented
-  }
+  row.build(scenario, script, program, &buffers.runtime);
   // megatron and ZeRO-1 (sim/zero_redundancy.h) record the rank they simulate themselves
-  if (scenario.model.family != ModelFamily::megatron && !program.rank.distributed())
+  if (!row.build_sets_rank && !program.rank.distributed())
+    program.rank = data_parallel_rank(scenario);
+  return program;
+}
+
+Program build_program(const Scenario& scenario, const TrainingScript& script) {
+  require_modelled(scenario);
+  const FamilyRow& row = buildable_row(scenario);
+  Program program;
+  row.build(scenario, script, program, nullptr);
+  if (!row.build_sets_rank && !program.rank.distributed())
     program.rank = data_parallel_rank(scenario);
   return program;
 }
@@ -338,16 +368,12 @@ const Program& build_program(const Scenario& scenario, const TrainingScript& scr
 Program build_program(const Scenario& scenario, const TrainingScript& script,
                       graph::NumericContext* numeric) {
   require_modelled(scenario);
+  const FamilyRow& row = family_row(scenario.model.family);
+  if (row.build_numeric == nullptr)  // numeric kernels: graph/numeric.h
+    throw ScenarioError(scenario.source + ": model.family: '" +
+                        to_string(scenario.model.family) + "' has no numeric kernels");
   Program program;
-  switch (scenario.model.family) {  // numeric kernels: graph/numeric.h
-    case ModelFamily::cs336: Loop<graph::Cs336Model>(scenario, script, program, nullptr, numeric).run(); break;
-    case ModelFamily::hf_llama:
-    case ModelFamily::hf_gpt2: Loop<graph::DecoderModel>(scenario, script, program, nullptr, numeric).run(); break;
-    case ModelFamily::megatron: build_megatron_program(scenario, program, numeric); break;
-    default:
-      throw ScenarioError(scenario.source + ": model.family: '" +
-                          to_string(scenario.model.family) + "' has no numeric kernels");
-  }
+  row.build_numeric(scenario, script, program, numeric);
   return program;
 }
 

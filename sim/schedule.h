@@ -1,6 +1,8 @@
 // The scheduler: turns a Scenario into a Program (the ordered memory events of the
 // measured training step, preceded by model construction and warm-up steps).
 //
+// Which loop builds a family's Program is its row's builder (sim/model_family.h).
+//
 // Contract: deterministic; the same Scenario gives the same Program. Every tensor the
 // model family would allocate in PyTorch eager appears with its kind, op, phase and
 // layer, freed where PyTorch would free it. Marks named "forward_end",
@@ -29,7 +31,8 @@ Program build_program(const Scenario& scenario);
 // build_program(s) == build_program(s, default_script(s)).
 Program build_program(const Scenario& scenario, const TrainingScript& script);
 // Same, executed numerically by `numeric` (graph/numeric.h; sim/numeric_check.h), which
-// is attached to the Runtime for the whole program. cs336 family only.
+// is attached to the Runtime for the whole program. Every family whose row has a numeric
+// builder (sim/model_family.h).
 Program build_program(const Scenario& scenario, const TrainingScript& script,
                       graph::NumericContext* numeric);
 

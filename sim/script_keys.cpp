@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "sim/model_family.h"
 #include "sim/yaml_fields.h"
 
 namespace memsim::scenario_detail {
@@ -29,7 +30,7 @@ LossConfig build_loss(const Doc& d, const ModelConfig& m) {
     else
       l.positions = read_enum(*f, key, kPositions);
     // hf-* and megatron compute their own loss inside the model call.
-    if (m.family != ModelFamily::cs336)
+    if (!family_row(m.family).script_loss)
       fail(f->where, key,
            std::string("is a cs336-family option (the script's own loss on the model's "
                        "logits), not for family '") +
@@ -80,12 +81,12 @@ void require_script_keys_modelled(const Scenario& s) {
              "out-of-place (a hand-written Adam rebinding p.data) is modelled on one GPU only; "
              "use parallel.data: 1 or a torch.optim implementation");
   }
-  if (s.step.measure_whole_run && s.model.family == ModelFamily::megatron)
+  if (s.step.measure_whole_run && !family_row(s.model.family).whole_run_measure)
     refuse(s, "step.measure",
            "whole-run is modelled for the cs336 and hf families (megatron's step marks its "
            "own measured step); use step.measure: last-step");
   if (s.precision.autocast && s.precision.autocast_region == AutocastRegion::whole_run &&
-      s.checkpoint.policy != "none")
+      s.checkpoint.policy != CheckpointPolicy::none)
     refuse(s, "precision.autocast_region",
            "whole-run autocast with activation checkpointing is not modelled (the recompute "
            "would run inside the region); use autocast_region forward-and-loss or forward");

@@ -74,7 +74,7 @@ TEST_CASE("a Program built into reused buffers equals a fresh build", "[optimize
   ExecuteBuffers exec;
   Timeline previous;
   for (const Scenario& s : sequence) {
-    INFO(to_string(s.model.family) << " " << s.model.layers << " layers, " << s.checkpoint.policy);
+    INFO(to_string(s.model.family) << " " << s.model.layers << " layers, " << to_string(s.checkpoint.policy));
     const TrainingScript script = default_script(s);
     const Program fresh = build_program(s, script);
     const Program& reused = build_program(s, script, buffers);

@@ -241,7 +241,7 @@ TEST_CASE("pipeline: forward-only steps and selective recompute run on every sta
   for (StepKind kind : {StepKind::forward, StepKind::forward_no_grad, StepKind::forward_backward}) {
     Scenario s = tiny(2, 4);
     s.step.kind = kind;
-    s.checkpoint.policy = "selective";
+    s.checkpoint.policy = CheckpointPolicy::selective;
     const Program program = build_program(s);
     CHECK(program.rank.pipeline == 2);
     CHECK_FALSE(program.events.empty());
@@ -462,21 +462,21 @@ TEST_CASE("pipeline: checkpointing applies per stage; optimize plans each stage'
           "[pipeline]") {
   // checkpoint.custom numbers each stage's layers from 0 (the tiny model: 2 per stage).
   Scenario s = tiny(4, 4);
-  s.checkpoint.policy = "custom";
+  s.checkpoint.policy = CheckpointPolicy::custom;
   s.checkpoint.custom = {"1"};
   CHECK_NOTHROW(build_program(s));
   s.checkpoint.custom = {"5"};
   CHECK_THROWS_WITH(build_program(s), Catch::Contains("layer 5 does not exist") &&
                                           Catch::Contains("each stage's chunk (0-1)"));
   // Full recompute per stage keeps less than selective, which keeps less than none.
-  auto peak = [](Scenario sc, const char* policy) {
+  auto peak = [](Scenario sc, CheckpointPolicy policy) {
     sc.checkpoint.policy = policy;
     sc.checkpoint.custom.clear();
     Program program;
     return build_megatron_pipeline_program(sc, {}, program).peak_reserved[0];
   };
-  CHECK(peak(s, "full") < peak(s, "selective"));
-  CHECK(peak(s, "selective") < peak(s, "none"));
+  CHECK(peak(s, CheckpointPolicy::full) < peak(s, CheckpointPolicy::selective));
+  CHECK(peak(s, CheckpointPolicy::selective) < peak(s, CheckpointPolicy::none));
   // memsim optimize no longer refuses: its plan covers one stage's layers (2 here) and the
   // budget holds on both stages (tests/test_optimize_pipeline.cpp).
   Scenario o = tiny(2, 2);

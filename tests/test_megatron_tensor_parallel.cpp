@@ -146,7 +146,7 @@ TEST_CASE("sequence parallel with selective recompute keeps 34*s*b*h/t per layer
   Scenario s = gpt3();
   s.parallel.tensor = 8;
   s.parallel.sequence = true;
-  s.checkpoint.policy = "selective";
+  s.checkpoint.policy = CheckpointPolicy::selective;
   s.step.kind = StepKind::forward;
   s.step.warmup_steps = 0;
   s.model.layers = 4;

@@ -146,7 +146,7 @@ TEST_CASE("every section's keys and enum spellings are read", "[scenario]") {
   CHECK(s.step.kind == StepKind::forward_no_grad);
   CHECK(s.step.warmup_steps == 0);
   CHECK_FALSE(s.step.zero_grad_set_to_none);
-  CHECK(s.checkpoint.policy == "custom");
+  CHECK(s.checkpoint.policy == CheckpointPolicy::custom);
   CHECK(s.checkpoint.layers_per_segment == 2);
   CHECK(s.checkpoint.custom == std::vector<std::string>{"0", "5", "attn"});
   CHECK(s.parallel.data == 2);
@@ -428,10 +428,10 @@ TEST_CASE("did-you-mean uses a case-insensitive edit distance with swaps", "[sce
 TEST_CASE("checkpoint.policy takes the short form that compare --policies takes",
           "[scenario]") {
   const Scenario u = load(kXl, {{"checkpoint.policy", "uniform:2"}});
-  CHECK(u.checkpoint.policy == "uniform");
+  CHECK(u.checkpoint.policy == CheckpointPolicy::uniform);
   CHECK(u.checkpoint.layers_per_segment == 2);
   const Scenario c = load(std::string(kXl) + "checkpoint:\n  policy: custom:0,3.mlp\n");
-  CHECK(c.checkpoint.policy == "custom");
+  CHECK(c.checkpoint.policy == CheckpointPolicy::custom);
   CHECK(c.checkpoint.custom == std::vector<std::string>{"0", "3.mlp"});
   CHECK(error_of(std::string(kXl) + "checkpoint:\n  policy: uniform:x\n") ==
         "t.yaml:6: checkpoint.policy: policy 'uniform:x': expected uniform:N with N >= 1");

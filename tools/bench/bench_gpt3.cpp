@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
     // A pipeline scenario (e.g. scenarios/gpt3-175b-tp8-pp8-64xh100.yaml): build_program
     // above built and ran every stage; the table is stage 0 against Megatron-LM's
     // theoretical memory (sim/megatron_pipeline_checks.h).
-    if (s.parallel.sequence && s.checkpoint.policy == "selective")
+    if (s.parallel.sequence && s.checkpoint.policy == CheckpointPolicy::selective)
       for (const FormulaCheck& c : megatron_theoretical_first_stage_checks(s)) row(c);
     return 0;
   }

@@ -1,5 +1,6 @@
 #include "tools/cli/json_report.h"
 
+#include "sim/model_family.h"
 #include "sim/parameter_count.h"
 
 namespace memsim::cli {
@@ -72,7 +73,7 @@ json rank_json(const RankInfo& r) {
 }
 
 json model_json(const Scenario& s, const RankInfo& rank) {
-  const bool hf = s.model.family == ModelFamily::hf_llama || s.model.family == ModelFamily::hf_gpt2;
+  const bool hf = family_row(s.model.family).hf;
   return json{{"family", to_string(s.model.family)},
               {"architecture", hf ? json(s.model.arch.architecture) : json(nullptr)},
               {"parameter_count", parameter_count(s.model)},

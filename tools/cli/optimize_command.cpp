@@ -30,7 +30,7 @@ Json plan_json(const graph::CheckpointPlan& plan) {
   Json layers = Json::array();
   for (graph::LayerCheckpoint c : plan.layers) layers.push_back(graph::to_string(c));
   const CheckpointConfig config = config_for_plan(plan);
-  Json checkpoint = {{"policy", config.policy}, {"custom", config.custom}};
+  Json checkpoint = {{"policy", to_string(config.policy)}, {"custom", config.custom}};
   return {{"layers", std::move(layers)},
           {"summary", describe_plan(plan)},
           {"checkpoint", std::move(checkpoint)}};
@@ -136,7 +136,7 @@ int run_optimize(const OptimizeArgs& args) {
                 human_flops(r.flops.recompute).c_str(), 100.0 * share(r.flops),
                 r.stages.empty() ? "" : " (all stages)");
     const CheckpointConfig config = config_for_plan(r.plan);
-    std::printf("  scenario: checkpoint.policy=%s", config.policy.c_str());
+    std::printf("  scenario: checkpoint.policy=%s", to_string(config.policy));
     if (!config.custom.empty()) {
       std::printf(" checkpoint.custom=[");
       for (size_t i = 0; i < config.custom.size(); ++i)

@@ -4,6 +4,7 @@
 
 #include "allocator/units.h"
 #include "sim/model_architecture.h"
+#include "sim/model_family.h"
 #include "sim/parameter_count.h"
 
 namespace memsim::cli {
@@ -25,7 +26,7 @@ std::string model_line(const Scenario& sc, const RankInfo* rank) {
   const ModelConfig& m = sc.model;
   std::string s = m.preset.empty() ? std::string() : m.preset + ": ";
   if (!m.hf_config.empty()) s += m.hf_config + ": ";
-  const bool hf = m.family == ModelFamily::hf_llama || m.family == ModelFamily::hf_gpt2;
+  const bool hf = family_row(m.family).hf;
   s += std::string(to_string(m.family));
   // The architecture, when it is not the family's own (Llama for hf-llama, GPT-2 for hf-gpt2).
   if (hf && std::string(m.arch.architecture) != default_architecture(m.family).name)
@@ -84,10 +85,11 @@ std::string training_line(const Scenario& s) {
   if (one_hot || last)
     line += std::string(one_hot ? ", one-hot loss" : ", loss") + (last ? " on the last position" : "");
   if (s.step.measure_whole_run) line += ", peaks over the whole run";
-  line += ", checkpoint " + s.checkpoint.policy;
+  line += std::string(", checkpoint ") + to_string(s.checkpoint.policy);
   // Megatron's CheckpointFunction is always reentrant; elsewhere only when asked.
-  if (s.checkpoint.policy != "none" &&
-      (s.model.family == ModelFamily::megatron || s.checkpoint.reentrant.value_or(false)))
+  if (s.checkpoint.policy != CheckpointPolicy::none &&
+      (family_row(s.model.family).reentrant_checkpoint_only ||
+       s.checkpoint.reentrant.value_or(false)))
     line += " (reentrant)";
   const ParallelConfig& p = s.parallel;
   if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0) {
@@ -108,8 +110,8 @@ std::string training_line(const Scenario& s) {
                    : std::string()) +
               (p.cpu_offload ? ", CPU offload)" : ")");
     else if (p.zero == 1)
-      line += s.model.family == ModelFamily::megatron ? " (distributed optimizer)"
-                                                      : " (DDP + ZeroRedundancyOptimizer)";
+      line += !family_row(s.model.family).torch_data_parallel ? " (distributed optimizer)"
+                                                               : " (DDP + ZeroRedundancyOptimizer)";
     else if (p.gradient_as_bucket_view)
       line += " (DDP gradient_as_bucket_view)";
   }
