@@ -25,23 +25,10 @@
 
 #include "graph/checkpoint.h"
 #include "sim/scenario.h"
+#include "sim/scenario_checkpoint.h"  // the spec language (parse_policy, policy_label)
 #include "sim/training_script.h"
 
 namespace memsim {
-
-class PolicyError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
-
-// One spec ("uniform:2") as a CheckpointConfig (policy "uniform", layers_per_segment 2).
-CheckpointConfig parse_policy(const std::string& spec);
-// A --policies list. Commas separate policies, but a piece that is not a policy name
-// continues the previous policy's argument list: "none,modules:attention,mlp,full" is
-// {none, modules:attention,mlp, full}.
-std::vector<std::string> split_policies(const std::string& list);
-// The spec that parse_policy reads back ("uniform:2", "custom:0,3.mlp").
-std::string policy_label(const CheckpointConfig& config);
 
 // The per-layer plan of a policy for a model of `layers` layers.
 graph::CheckpointPlan make_plan(const CheckpointConfig& config, int64_t layers);

@@ -10,7 +10,7 @@
 
 #include "allocator/units.h"
 #include "sim/scenario_lora.h"
-#include "sim/checkpoint_policy.h"
+#include "sim/scenario_checkpoint.h"
 #include "sim/fsdp_keys.h"
 #include "sim/model_family.h"
 #include "sim/pipeline_keys.h"
