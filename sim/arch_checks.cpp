@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 
 namespace memsim {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <optional>
 
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 
 namespace memsim {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "sim/zero_sharding.h"
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 
 namespace memsim {
 

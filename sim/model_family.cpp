@@ -10,157 +10,34 @@ namespace {
 
 namespace fb = family_builders;
 
-// Every field is set in every row, so that a row reads as the whole truth about its family.
-constexpr FamilyRow cs336_row() {
-  FamilyRow r;
-  r.family = ModelFamily::cs336;
-  r.name = "cs336";
-  r.hf = false;
-  r.rope = true;
-  r.staff_model = true;
-  r.script_loss = true;
-  r.autocast = true;
-  r.autocast_tied_embeddings = true;
-  r.dropout = false;  // the staff model has no dropout layers
-  r.lora = false;
-  r.adafactor = false;
-  r.adam8bit = true;
-  r.tensor_parallel = false;
-  r.torch_data_parallel = true;
-  r.whole_run_measure = true;
-  r.reentrant_checkpoint_only = false;
-  r.numeric = graph::NumericFamily::cs336;
-  r.numeric_fused_attention = false;
-  r.numeric_adafactor = false;
-  r.numeric_adam8bit = true;
-  r.numeric_no_decay_1d = false;
-  r.numeric_parameters = fb::cs336_numeric_parameters;
-  r.build = fb::cs336;
-  r.build_sets_rank = false;
-  r.build_numeric = fb::cs336_numeric;
-  return r;
+FamilyBuild build_of(graph::NumericFamily numeric, int64_t (*numeric_parameters)(const Scenario&),
+                     FamilyBuilder build, bool build_sets_rank, FamilyNumericBuilder build_numeric) {
+  FamilyBuild b;
+  b.numeric = numeric;
+  b.numeric_parameters = numeric_parameters;
+  b.build = build;
+  b.build_sets_rank = build_sets_rank;
+  b.build_numeric = build_numeric;
+  return b;
 }
-
-constexpr FamilyRow hf_llama_row() {
-  FamilyRow r;
-  r.family = ModelFamily::hf_llama;
-  r.name = "hf-llama";
-  r.hf = true;
-  r.rope = true;
-  r.staff_model = false;
-  r.script_loss = false;
-  r.autocast = true;  // eager attention, no dropout (sim/modelled_features.cpp)
-  r.autocast_tied_embeddings = false;
-  r.dropout = true;
-  r.lora = true;
-  r.adafactor = true;
-  r.adam8bit = true;
-  r.tensor_parallel = false;
-  r.torch_data_parallel = true;
-  r.whole_run_measure = true;
-  r.reentrant_checkpoint_only = false;
-  r.numeric = graph::NumericFamily::hf_llama;
-  r.numeric_fused_attention = true;
-  r.numeric_adafactor = true;
-  r.numeric_adam8bit = true;
-  r.numeric_no_decay_1d = false;
-  r.numeric_parameters = fb::hf_llama_numeric_parameters;
-  r.build = fb::decoder;
-  r.build_sets_rank = false;
-  r.build_numeric = fb::decoder_numeric;
-  return r;
-}
-
-constexpr FamilyRow hf_gpt2_row() {
-  FamilyRow r;
-  r.family = ModelFamily::hf_gpt2;
-  r.name = "hf-gpt2";
-  r.hf = true;
-  r.rope = false;  // learned positions
-  r.staff_model = false;
-  r.script_loss = false;
-  r.autocast = true;  // eager attention, no dropout (sim/modelled_features.cpp)
-  r.autocast_tied_embeddings = true;
-  r.dropout = true;
-  r.lora = true;
-  r.adafactor = true;
-  r.adam8bit = true;
-  r.tensor_parallel = false;
-  r.torch_data_parallel = true;
-  r.whole_run_measure = true;
-  r.reentrant_checkpoint_only = false;
-  r.numeric = graph::NumericFamily::hf_gpt2;
-  r.numeric_fused_attention = false;  // eager attention only
-  r.numeric_adafactor = true;
-  r.numeric_adam8bit = true;
-  r.numeric_no_decay_1d = false;
-  r.numeric_parameters = fb::hf_gpt2_numeric_parameters;
-  r.build = fb::decoder;
-  r.build_sets_rank = false;
-  r.build_numeric = fb::decoder_numeric;
-  return r;
-}
-
-constexpr FamilyRow megatron_row() {
-  FamilyRow r;
-  r.family = ModelFamily::megatron;
-  r.name = "megatron";
-  r.hf = false;
-  r.rope = false;  // learned positions (GPT-3)
-  r.staff_model = false;
-  r.script_loss = false;
-  r.autocast = false;
-  r.autocast_tied_embeddings = false;
-  r.dropout = true;
-  r.lora = false;
-  r.adafactor = false;
-  r.adam8bit = false;  // Megatron-LM's optimizer is a fused fp32 Adam
-  r.tensor_parallel = true;
-  r.torch_data_parallel = false;  // its grad buffer and distributed optimizer
-  r.whole_run_measure = false;    // its step marks its own measured step
-  r.reentrant_checkpoint_only = true;
-  r.numeric = graph::NumericFamily::megatron;
-  r.numeric_fused_attention = true;  // TE fused attention
-  r.numeric_adafactor = false;
-  r.numeric_adam8bit = false;
-  r.numeric_no_decay_1d = true;
-  r.numeric_parameters = fb::megatron_numeric_parameters;
-  r.build = fb::megatron;
-  r.build_sets_rank = true;  // the model-parallel rank (sim/megatron_parallel.h)
-  r.build_numeric = fb::megatron_numeric;
-  return r;
-}
-
-// Indexed by ModelFamily.
-constexpr FamilyRow kRows[] = {cs336_row(), hf_llama_row(), hf_gpt2_row(), megatron_row()};
-
-constexpr bool rows_in_enum_order() {
-  for (size_t i = 0; i < std::size(kRows); ++i)
-    if (static_cast<size_t>(kRows[i].family) != i) return false;
-  return std::size(kRows) == static_cast<size_t>(ModelFamily::megatron) + 1;
-}
-static_assert(rows_in_enum_order(), "one row per ModelFamily, in enum order");
 
 }  // namespace
 
-const FamilyRow& family_row(ModelFamily family) {
+const FamilyBuild& family_build(ModelFamily family) {
+  // Indexed by ModelFamily.
+  static const FamilyBuild kBuilds[] = {
+      build_of(graph::NumericFamily::cs336, fb::cs336_numeric_parameters, fb::cs336,
+               false, fb::cs336_numeric),  // cs336
+      build_of(graph::NumericFamily::hf_llama, fb::hf_llama_numeric_parameters, fb::decoder,
+               false, fb::decoder_numeric),  // hf_llama
+      build_of(graph::NumericFamily::hf_gpt2, fb::hf_gpt2_numeric_parameters, fb::decoder,
+               false, fb::decoder_numeric),  // hf_gpt2
+      build_of(graph::NumericFamily::megatron, fb::megatron_numeric_parameters, fb::megatron,
+               true, fb::megatron_numeric),  // megatron: records the model-parallel rank (sim/megatron_parallel.h)
+  };
   const auto i = static_cast<size_t>(family);
-  if (i >= std::size(kRows)) throw std::logic_error("family_row: not a ModelFamily");
-  return kRows[i];
-}
-
-const std::vector<std::pair<std::string, ModelFamily>>& family_spellings() {
-  static const std::vector<std::pair<std::string, ModelFamily>> spellings = [] {
-    std::vector<std::pair<std::string, ModelFamily>> v;
-    for (const FamilyRow& r : kRows) v.emplace_back(r.name, r.family);
-    return v;
-  }();
-  return spellings;
-}
-
-const char* to_string(ModelFamily family) {
-  const auto i = static_cast<size_t>(family);
-  return i < std::size(kRows) ? kRows[i].name : "?";
+  if (i >= std::size(kBuilds)) throw std::logic_error("family_build: not a ModelFamily");
+  return kBuilds[i];
 }
 
 }  // namespace memsim

@@ -1,23 +1,16 @@
-// The model families as one table: a plain row per family (tables over virtuals, as in
-// ninja or LLVM's .def files). A row holds the family's spelling, what its model is, what
-// memsim models for it, and the functions that build its Program. The checks
-// (sim/modelled_features.cpp, sim/numeric_check.cpp, the scenario reader) and the
-// scheduler (sim/schedule.cpp) look a family up here instead of switching on it, so a
-// capability is one bit in one place, and a new family is one new row.
+// How the simulator builds each model family's Program: a FamilyBuild per family
+// (the rest of a family's row, its spelling and capabilities, is the scenario's:
+// sim/scenario_family.h).
 //
-// Contract: family_row(f).family == f for every ModelFamily; the rows are constant.
-// Every capability bit says what memsim models for the family, not what the real
-// framework can do: a false bit is a setting require_modelled (or the scenario reader,
-// or numeric mode) refuses by key, with the message it always gave.
+// Contract: family_build(f) exists for every ModelFamily; a null builder means "not
+// implemented" (build_program refuses the family by key).
 #pragma once
 
 #include <cstdint>
-#include <string>
-#include <utility>
-#include <vector>
 
 #include "sim/program.h"
 #include "sim/scenario.h"
+#include "sim/scenario_family.h"
 #include "sim/training_script.h"
 
 namespace memsim::graph {
@@ -36,58 +29,18 @@ using FamilyBuilder = void (*)(const Scenario& scenario, const TrainingScript& s
 using FamilyNumericBuilder = void (*)(const Scenario& scenario, const TrainingScript& script,
                                       Program& program, graph::NumericContext* numeric);
 
-struct FamilyRow {
-  ModelFamily family = ModelFamily::cs336;
-  const char* name = "";  // model.family's spelling: to_string(family)
-
-  // --- What the model is.
-  // A Hugging Face decoder (graph::DecoderModel): model.architecture rows and their knobs,
-  // "architecture" in reports; its attention runs the model.attention kernels.
-  bool hf = false;
-  bool rope = false;         // rotary position embeddings: the head size must be even
-  // The CS336 staff model (graph::Cs336Model): its own variants model.softmax /
-  // model.sdpa / model.swiglu; no attention kernels, dropout, LoRA or architecture knobs.
-  bool staff_model = false;
-  // The loop computes its own loss on the logits (loss.impl, loss.positions); the other
-  // families' loss is the model's.
-  bool script_loss = false;
-
-  // --- What memsim models for it (anything else is refused by key).
-  bool autocast = false;                  // precision.autocast
-  bool autocast_tied_embeddings = false;  // ... with a tied embedding / lm_head weight
-  bool dropout = false;                   // model.dropout > 0
-  bool lora = false;                      // lora.* (LoRA / QLoRA adapters)
-  bool adafactor = false;                 // needs the parameters' shapes
-  bool adam8bit = false;                  // bitsandbytes 8-bit Adam(W)
-  bool tensor_parallel = false;           // parallel.tensor, parallel.pipeline, parallel.sequence
-  // Data parallelism through torch's wrappers (DDP, FSDP, ZeroRedundancyOptimizer); false:
-  // the family's own (Megatron's grad buffer and distributed optimizer).
-  bool torch_data_parallel = false;
-  bool whole_run_measure = false;         // step.measure whole-run
-  // Checkpointing is always reentrant (Megatron's CheckpointFunction): checkpoint.reentrant
-  // false is refused, and the plan is reentrant whatever the key says.
-  bool reentrant_checkpoint_only = false;
-
-  // --- Numeric mode (sim/numeric_check.h).
-  graph::NumericFamily numeric{};
-  bool numeric_fused_attention = false;  // kernels for model.attention flash / mem-efficient
-  bool numeric_adafactor = false;
-  bool numeric_adam8bit = false;
-  bool numeric_no_decay_1d = false;      // param groups: 1-D parameters (biases, norms) not decayed
+struct FamilyBuild {
+  graph::NumericFamily numeric{};                             // numeric mode's model
   int64_t (*numeric_parameters)(const Scenario&) = nullptr;  // the tiny model's size limit
-
-  // --- Building its Program (sim/schedule.h). nullptr: not implemented.
   FamilyBuilder build = nullptr;
   bool build_sets_rank = false;  // the builder records the rank it simulates itself
   FamilyNumericBuilder build_numeric = nullptr;
 };
 
-// The row of `family` (std::logic_error for a value outside the enum).
-const FamilyRow& family_row(ModelFamily family);
-// model.family's spellings, in enum order (the order error messages list them).
-const std::vector<std::pair<std::string, ModelFamily>>& family_spellings();
+// The build of `family` (std::logic_error for a value outside the enum).
+const FamilyBuild& family_build(ModelFamily family);
 
-// The functions the rows point to.
+// The functions the builds point to.
 namespace family_builders {
 // sim/schedule.cpp: the training loop over graph::Cs336Model / graph::DecoderModel, and
 // Megatron's own (build_megatron_program, sim/megatron_step.h; it ignores the script).

@@ -4,7 +4,7 @@
 
 #include "sim/arch_checks.h"
 #include "sim/data_parallel.h"
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 #include "sim/script_keys.h"
 
 namespace memsim {

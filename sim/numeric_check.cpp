@@ -50,7 +50,7 @@ int64_t megatron_numeric_parameters(const Scenario& s) {
 
 graph::NumericModel numeric_model(const Scenario& s) {
   graph::NumericModel m;
-  m.family = family_row(s.model.family).numeric;
+  m.family = family_build(s.model.family).numeric;
   m.batch = s.batch.micro_batch;
   m.seq = s.batch.seq_len;
   m.d_model = s.model.d_model;
@@ -265,7 +265,7 @@ void validate_numeric_scenario(const Scenario& s) {
   if (H <= 0 || D % H != 0 || (D / H) % 2 != 0 || KV <= 0 || H % KV != 0)
     throw ScenarioError(where + "model.heads: d_model must split into heads of even size "
                         "(and heads into kv_heads groups)");
-  const int64_t params = row.numeric_parameters(s);
+  const int64_t params = family_build(f).numeric_parameters(s);
   const int64_t tokens = s.batch.micro_batch * s.batch.seq_len;
   if (params > 200000 || tokens > 256 || s.model.layers > 8 || s.step.warmup_steps > 8 ||
       s.batch.grad_accum > 4)

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <climits>
 
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 #include "sim/pipeline_stage_sim.h"
 
 namespace memsim {

@@ -7,7 +7,7 @@
 
 #include "sim/hf_config.h"
 #include "sim/model_presets.h"
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 #include "sim/yaml_fields.h"
 
 namespace memsim::scenario_detail {

@@ -12,7 +12,7 @@
 #include "sim/scenario_lora.h"
 #include "sim/scenario_checkpoint.h"
 #include "sim/fsdp_keys.h"
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 #include "sim/pipeline_keys.h"
 #include "sim/scenario_arch.h"
 #include "sim/scenario_doc.h"

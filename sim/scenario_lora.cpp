@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 #include "sim/yaml_fields.h"
 
 namespace memsim {

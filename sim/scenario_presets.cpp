@@ -10,7 +10,7 @@
 #include "allocator/units.h"
 #include "sim/embedded_models.h"
 #include "sim/model_architecture.h"
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 #include "sim/model_presets.h"
 #include "sim/parameter_count.h"
 #include "sim/scenario.h"

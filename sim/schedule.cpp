@@ -333,8 +333,8 @@ void megatron_numeric(const Scenario& s, const TrainingScript&, Program& program
 
 namespace {
 
-const FamilyRow& buildable_row(const Scenario& scenario) {
-  const FamilyRow& row = family_row(scenario.model.family);
+const FamilyBuild& buildable_row(const Scenario& scenario) {
+  const FamilyBuild& row = family_build(scenario.model.family);
   if (row.build == nullptr)
     throw ScenarioError(scenario.source + ": model.family: '" + to_string(scenario.model.family) +
                         "' is not implemented yet");
@@ -346,7 +346,7 @@ const FamilyRow& buildable_row(const Scenario& scenario) {
 const Program& build_program(const Scenario& scenario, const TrainingScript& script,
                              BuildBuffers& buffers) {
   require_modelled(scenario);
-  const FamilyRow& row = buildable_row(scenario);
+  const FamilyBuild& row = buildable_row(scenario);
   Program& program = buffers.program;
   row.build(scenario, script, program, &buffers.runtime);
   // megatron and ZeRO-1 (sim/zero_redundancy.h) record the rank they simulate themselves
@@ -357,7 +357,7 @@ const Program& build_program(const Scenario& scenario, const TrainingScript& scr
 
 Program build_program(const Scenario& scenario, const TrainingScript& script) {
   require_modelled(scenario);
-  const FamilyRow& row = buildable_row(scenario);
+  const FamilyBuild& row = buildable_row(scenario);
   Program program;
   row.build(scenario, script, program, nullptr);
   if (!row.build_sets_rank && !program.rank.distributed())
@@ -368,7 +368,7 @@ Program build_program(const Scenario& scenario, const TrainingScript& script) {
 Program build_program(const Scenario& scenario, const TrainingScript& script,
                       graph::NumericContext* numeric) {
   require_modelled(scenario);
-  const FamilyRow& row = family_row(scenario.model.family);
+  const FamilyBuild& row = family_build(scenario.model.family);
   if (row.build_numeric == nullptr)  // numeric kernels: graph/numeric.h
     throw ScenarioError(scenario.source + ": model.family: '" +
                         to_string(scenario.model.family) + "' has no numeric kernels");

@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 #include "sim/yaml_fields.h"
 
 namespace memsim::scenario_detail {

@@ -90,9 +90,6 @@ KNOWN = {
         "byte sizes parsed with allocator's units; fix: units to program/",
     ("scenario/scenario_presets.cpp", "allocator/units.h"):
         "byte sizes in the GPU presets; fix: units to program/",
-    ("scenario/scenario_build.cpp", "sim/step/checkpoint_policy.h"):
-        "checkpoint.policy is validated with sim's parse_policy; fix: move parse_policy / "
-        "split_policies / policy_label (pure string -> CheckpointConfig) to scenario/",
     ("scenario/scenario_presets.cpp", "sim/analysis/parameter_count.h"):
         "the preset list prints parameter_count(m), the closed-form count from the "
         "architecture row; parameter_count.cpp also has the per-rank counts, which need "

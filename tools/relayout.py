@@ -110,7 +110,8 @@ TABLE.update(_entries("sim/step/", "sim/",
                       "schedule.cpp", "schedule.h", "execute.cpp", "execute.h",
                       "training_script.h", "script_loss.cpp", "script_loss.h",
                       "checkpoint_policy.cpp", "checkpoint_policy.h",
-                      "modelled_features.cpp", "modelled_features.h"))
+                      "modelled_features.cpp", "modelled_features.h",
+                      "model_family.cpp", "model_family.h"))
 TABLE.update(_entries("sim/optim/", "sim/",
                       "optimizer_step.cpp", "optimizer_step.h", "optimizer_8bit.cpp",
                       "optimizer_8bit.h", "optimizer_adafactor.cpp", "optimizer_adafactor.h",

@@ -1,6 +1,6 @@
 #include "tools/cli/json_report.h"
 
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 #include "sim/parameter_count.h"
 
 namespace memsim::cli {

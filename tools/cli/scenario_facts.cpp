@@ -4,7 +4,7 @@
 
 #include "allocator/units.h"
 #include "sim/model_architecture.h"
-#include "sim/model_family.h"
+#include "sim/scenario_family.h"
 #include "sim/parameter_count.h"
 
 namespace memsim::cli {
