@@ -2,8 +2,8 @@
 
 #include <stdexcept>
 
-#include "graph/op_helpers.h"
-#include "graph/ops_nn.h"
+#include "graph/ops/op_helpers.h"
+#include "graph/ops/ops_nn.h"
 
 namespace memsim::graph {
 

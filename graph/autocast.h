@@ -1,7 +1,7 @@
 // torch.autocast (CUDA, bf16 or fp16) for the op-by-op model families: which ops run in
 // the low precision, which are cast up to fp32, the weight-cast cache, and what autograd
 // saves in the new dtypes (cs336-model.md §5; checked against the real bf16 snapshots
-// listed in sim/real_runs.cpp).
+// listed in tests/support/real_runs.cpp).
 //
 // Contract:
 //  - An Autocast object is one `with torch.autocast(...)` region at a time: enter() opens
@@ -30,7 +30,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "graph/ops.h"
+#include "graph/ops/ops.h"
 
 namespace memsim::graph {
 
@@ -146,10 +146,10 @@ Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& log
                                     const Tensor& targets);
 
 // validate_outputs' dtype cast for an add/sub node marked by Autocast::promoted: the
-// marked output's fp32 grad is replaced by a low-precision copy (hook of graph/ops.cpp).
+// marked output's fp32 grad is replaced by a low-precision copy (hook of graph/ops/ops.cpp).
 void cast_promoted_grads(Runtime& rt, Node& n, Grad out[3]);
 
-// Backward of autocast_copy / grad_cast / rope_autocast (hook of graph/ops.cpp).
+// Backward of autocast_copy / grad_cast / rope_autocast (hook of graph/ops/ops.cpp).
 bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
 
 }  // namespace memsim::graph

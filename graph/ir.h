@@ -2,7 +2,7 @@
 // model-family builders.
 //
 // DESIGN NOTE (read this first). memsim's graph layer is a *symbolic eager PyTorch*:
-//  - A builder (graph/cs336.h, later hf-gpt2 / hf-llama / megatron) is written like the
+//  - A builder (graph/models/cs336.h, later hf-gpt2 / hf-llama / megatron) is written like the
 //    model's Python forward, one op call per aten op, against graph::Runtime.
 //  - Every op call emits the allocator requests PyTorch eager would make, in the same
 //    order, straight into a sim::Program (no graph is materialised first; the Program
@@ -25,7 +25,7 @@
 
 #include <cstdint>
 
-#include "graph/op_table.h"
+#include "graph/ops/op_table.h"
 
 namespace memsim::graph {
 
@@ -47,7 +47,7 @@ enum class Module : uint8_t { none, embedding, attention, mlp, norm, head, loss,
 inline constexpr int kModuleCount = 8;
 const char* to_string(Module m);
 
-// The op library: one row per op in graph/op_table.h (kind, library, forward and
+// The op library: one row per op in graph/ops/op_table.h (kind, library, forward and
 // backward names); forward semantics and backward recipes are in the library's file.
 enum class OpKind : uint8_t {
 #define MEMSIM_OP_KIND(kind, library, fwd, bwd) kind,

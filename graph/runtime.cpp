@@ -4,8 +4,8 @@
 #include <string>
 
 #include "graph/checkpoint.h"
-#include "graph/numeric.h"
-#include "graph/ops.h"
+#include "graph/numeric/numeric.h"
+#include "graph/ops/ops.h"
 
 namespace memsim::graph {
 

@@ -17,13 +17,13 @@
 #include <vector>
 
 #include "graph/ir.h"
-#include "sim/program.h"
+#include "program/program.h"
 
 namespace memsim::graph {
 
 class Runtime;
 class CheckpointEngine;  // graph/checkpoint.h
-class NumericContext;    // graph/numeric.h
+class NumericContext;    // graph/numeric/numeric.h
 inline constexpr uint32_t kNoStorage = UINT32_MAX;
 
 // What torch DDP / FSDP hook into: called by the Runtime, may emit events themselves.
@@ -76,7 +76,7 @@ struct Edge {
   uint8_t slot = 0;
 };
 
-// An autograd node. `size` holds op-specific byte counts documented in graph/ops.cpp.
+// An autograd node. `size` holds op-specific byte counts documented in graph/ops/ops.cpp.
 struct Node {
   OpKind kind = OpKind::other;
   uint8_t n_next = 0;
@@ -145,10 +145,10 @@ class Runtime {
   // forward ops inside backward keep their forward names and count recompute FLOPs.
   CheckpointEngine* checkpoint = nullptr;
   bool recomputing = false;
-  // Module and autograd hooks of data-parallel wrappers (sim/data_parallel.h,
-  // sim/fsdp.h); nullptr: none.
+  // Module and autograd hooks of data-parallel wrappers (sim/parallel/data_parallel.h,
+  // sim/parallel/fsdp.h); nullptr: none.
   RuntimeHooks* hooks = nullptr;
-  // Numeric mode (graph/numeric.h): null in normal runs (then no hook does any work).
+  // Numeric mode (graph/numeric/numeric.h): null in normal runs (then no hook does any work).
   NumericContext* numeric = nullptr;
   // Test-only fault injection: the save with this ordinal (0 = the first save of the
   // run) takes no reference, so its storage is freed early (a deliberate schedule bug

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "graph/decoder_spec.h"
+#include "graph/models/decoder_spec.h"
 
 namespace memsim_test {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "sim/scenario.h"
+#include "scenario/scenario.h"
 
 namespace memsim_test {
 

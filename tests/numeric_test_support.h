@@ -13,11 +13,11 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "graph/numeric.h"
+#include "graph/numeric/numeric.h"
 #include "json_test_support.h"
-#include "sim/numeric_check.h"
-#include "sim/scenario.h"
-#include "sim/schedule.h"
+#include "scenario/scenario.h"
+#include "sim/check/numeric_check.h"
+#include "sim/step/schedule.h"
 
 namespace memsim_test {
 

@@ -11,7 +11,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "sim/real_runs.h"
+#include "tests/support/real_runs.h"
 
 namespace memsim_test {
 

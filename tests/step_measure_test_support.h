@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "json_test_support.h"
-#include "sim/program.h"
-#include "sim/scenario.h"
+#include "program/program.h"
+#include "scenario/scenario.h"
 
 namespace memsim_test {
 

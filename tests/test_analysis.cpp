@@ -5,10 +5,10 @@
 #include <catch2/catch.hpp>
 
 #include "allocator/units.h"
-#include "sim/analysis.h"
-#include "sim/execute.h"
-#include "sim/live_set.h"
-#include "sim/peaks.h"
+#include "sim/analysis/analysis.h"
+#include "sim/analysis/live_set.h"
+#include "sim/analysis/peaks.h"
+#include "sim/step/execute.h"
 
 using namespace memsim;
 
@@ -129,7 +129,7 @@ TEST_CASE("find_top_peaks drops zig-zags below the prominence threshold", "[anal
 
 namespace {
 
-// The definition of sim/peaks.h, computed the slow way: for each event, walk out to the
+// The definition of sim/analysis/peaks.h, computed the slow way: for each event, walk out to the
 // nearest higher ground on each side (an equal value counts on the left only).
 std::vector<CurvePeak> brute_force_peaks(const std::vector<uint64_t>& v, uint64_t min_prominence) {
   std::vector<CurvePeak> out;

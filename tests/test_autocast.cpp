@@ -7,9 +7,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "sim/execute.h"
-#include "sim/real_runs.h"
-#include "sim/schedule.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
+#include "tests/support/real_runs.h"
 
 using namespace memsim;
 

@@ -21,10 +21,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/checkpoint_policy.h"
-#include "sim/modelled_features.h"
-#include "sim/optimize.h"
-#include "sim/schedule.h"
+#include "sim/search/optimize.h"
+#include "sim/step/checkpoint_policy.h"
+#include "sim/step/modelled_features.h"
+#include "sim/step/schedule.h"
 #include "step_measure_test_support.h"
 
 using namespace memsim;

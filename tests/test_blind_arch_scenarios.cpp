@@ -8,7 +8,7 @@
 #include <string>
 
 #include "json_test_support.h"
-#include "sim/schedule.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

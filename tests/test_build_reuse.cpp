@@ -1,4 +1,4 @@
-// Storage reuse across builds and runs (sim/schedule.h BuildBuffers, sim/execute.h
+// Storage reuse across builds and runs (sim/step/schedule.h BuildBuffers, sim/step/execute.h
 // ExecuteBuffers), which memsim optimize relies on for speed: a Program built into reused
 // buffers, and a Timeline executed with reused arrays, must equal fresh ones whatever was
 // built or run before (bigger or smaller models, other families and policies).
@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "sim/analysis.h"
-#include "sim/checkpoint_policy.h"
-#include "sim/execute.h"
-#include "sim/schedule.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/checkpoint_policy.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

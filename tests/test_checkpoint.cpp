@@ -1,16 +1,16 @@
-// Activation checkpointing (graph/checkpoint.h, sim/checkpoint_policy.h): recomputation
+// Activation checkpointing (graph/checkpoint.h, sim/step/checkpoint_policy.h): recomputation
 // semantics on a small cs336 model, policy parsing, and the optimizer against brute force.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <functional>
 
-#include "graph/cs336.h"
-#include "sim/analysis.h"
-#include "sim/checkpoint_policy.h"
-#include "sim/execute.h"
-#include "sim/optimize.h"
-#include "sim/schedule.h"
+#include "graph/models/cs336.h"
+#include "sim/analysis/analysis.h"
+#include "sim/search/optimize.h"
+#include "sim/step/checkpoint_policy.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 using graph::CheckpointPlan;

@@ -18,12 +18,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "graph/megatron.h"
-#include "sim/checkpoint_policy.h"
-#include "sim/layer_bytes.h"
-#include "sim/megatron_step.h"
-#include "sim/optimize.h"
-#include "sim/schedule.h"
+#include "graph/models/megatron.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/megatron/megatron_step.h"
+#include "sim/search/optimize.h"
+#include "sim/step/checkpoint_policy.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 using graph::CheckpointPlan;

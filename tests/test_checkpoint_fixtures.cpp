@@ -23,8 +23,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/checkpoint_policy.h"
-#include "sim/schedule.h"
+#include "sim/step/checkpoint_policy.h"
+#include "sim/step/schedule.h"
 #include "decoder_arch_test_support.h"
 #include "step_measure_test_support.h"
 

@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "real_run_test_support.h"
-#include "sim/real_runs.h"
-#include "sim/schedule.h"
+#include "sim/step/schedule.h"
+#include "tests/support/real_runs.h"
 
 using namespace memsim;
 

@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "json_test_support.h"
-#include "graph/megatron.h"
-#include "sim/data_parallel.h"
-#include "sim/layer_bytes.h"
-#include "sim/megatron_step.h"
-#include "sim/schedule.h"
-#include "sim/zero_sharding.h"
+#include "graph/models/megatron.h"
+#include "sim/parallel/data_parallel.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/megatron/megatron_step.h"
+#include "sim/step/schedule.h"
+#include "sim/parallel/zero_sharding.h"
 
 using namespace memsim;
 

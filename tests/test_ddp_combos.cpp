@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "json_test_support.h"
-#include "sim/data_parallel.h"
-#include "sim/layer_bytes.h"
-#include "sim/schedule.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/parallel/data_parallel.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "json_test_support.h"
-#include "sim/schedule.h"
+#include "sim/step/schedule.h"
 #include "decoder_arch_test_support.h"
 #include "torch_fixture_test_support.h"
 

@@ -8,8 +8,8 @@
 #include <tuple>
 #include <vector>
 
-#include "sim/layer_bytes.h"
-#include "sim/schedule.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

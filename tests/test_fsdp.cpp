@@ -1,4 +1,4 @@
-// FSDP (sim/fsdp.h) on the hf and cs336 families: what is sharded, what is gathered when,
+// FSDP (sim/parallel/fsdp.h) on the hf and cs336 families: what is sharded, what is gathered when,
 // and the model states against the ZeRO-3 / ZeRO-2 accounting.
 #include <catch2/catch.hpp>
 
@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_support.h"
-#include "sim/layer_bytes.h"
-#include "sim/schedule.h"
-#include "sim/zero_sharding.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/parallel/zero_sharding.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

@@ -8,7 +8,7 @@
 // so their casts are never cached: the fixture's `views` rows equal its `leaf_nocache`
 // rows (torch.autocast(cache_enabled=False)) and memsim's cache-disabled program
 // (precision.autocast_cache: false) exactly, while the `leaf` rows are the cached program.
-// Then FSDP + autocast: the FSDP program (sim/fsdp.h) with every weight cast per use.
+// Then FSDP + autocast: the FSDP program (sim/parallel/fsdp.h) with every weight cast per use.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -18,8 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/layer_bytes.h"
-#include "sim/schedule.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/step/schedule.h"
 #include "step_measure_test_support.h"
 
 using namespace memsim;

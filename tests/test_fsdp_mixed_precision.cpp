@@ -1,4 +1,4 @@
-// FSDP MixedPrecision (parallel.fsdp_mixed_precision, sim/fsdp.h): fp32 shards and
+// FSDP MixedPrecision (parallel.fsdp_mixed_precision, sim/parallel/fsdp.h): fp32 shards and
 // optimizer, low-precision gathered parameters, activations and gradients, the
 // reduce-scattered shard cast back to fp32.
 #include <catch2/catch.hpp>
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "sim/layer_bytes.h"
-#include "sim/schedule.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

@@ -1,4 +1,4 @@
-// FSDP CPUOffload(offload_params=True) (parallel.cpu_offload, sim/fsdp.h): what stays on
+// FSDP CPUOffload(offload_params=True) (parallel.cpu_offload, sim/parallel/fsdp.h): what stays on
 // the GPU, event by event, and the model states against the ZeRO / ZeRO-Offload accounting.
 #include <catch2/catch.hpp>
 
@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_support.h"
-#include "sim/layer_bytes.h"
-#include "sim/schedule.h"
-#include "sim/zero_sharding.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/parallel/zero_sharding.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

@@ -2,10 +2,10 @@
 // sheet (shared/docs/cs336-model.md).
 #include <catch2/catch.hpp>
 
-#include "graph/cs336.h"
-#include "graph/losses.h"
-#include "sim/execute.h"
-#include "sim/schedule.h"
+#include "graph/models/cs336.h"
+#include "graph/models/losses.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 using namespace memsim::graph;

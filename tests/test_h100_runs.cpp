@@ -21,13 +21,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "allocator/snapshot.h"
+#include "allocator/snapshot/snapshot.h"
 #include "json_test_support.h"
 #include "real_run_test_support.h"
-#include "sim/analysis.h"
-#include "sim/execute.h"
-#include "sim/replay.h"
-#include "sim/schedule.h"
+#include "replay/replay.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

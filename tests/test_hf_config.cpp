@@ -1,4 +1,4 @@
-// Hugging Face config.json import (sim/hf_config.h): every supported model_type from a
+// Hugging Face config.json import (scenario/hf_config.h): every supported model_type from a
 // small config written to a temporary folder, the scenario's keys over it, and every way a
 // config can be refused, with the file and key in the message.
 #include <catch2/catch.hpp>
@@ -7,8 +7,8 @@
 #include <string>
 
 #include "cli_test_support.h"
-#include "sim/hf_config.h"
-#include "sim/scenario.h"
+#include "scenario/hf_config.h"
+#include "scenario/scenario.h"
 
 using namespace memsim;
 using memsim_test::TempDir;

@@ -18,8 +18,8 @@
 
 #include "json_test_support.h"
 #include "torch_fixture_test_support.h"
-#include "sim/execute.h"
-#include "sim/schedule.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

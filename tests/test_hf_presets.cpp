@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "sim/execute.h"
-#include "sim/schedule.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

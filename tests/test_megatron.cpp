@@ -1,16 +1,16 @@
-// The megatron family against published memory formulas (sim/megatron_checks.h), and the
+// The megatron family against published memory formulas (sim/megatron/megatron_checks.h), and the
 // shipped GPT-3 175B scenario end to end.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <string>
 
-#include "graph/megatron.h"
-#include "sim/execute.h"
-#include "sim/layer_bytes.h"
-#include "sim/megatron_checks.h"
-#include "sim/megatron_step.h"
-#include "sim/schedule.h"
+#include "graph/models/megatron.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/megatron/megatron_checks.h"
+#include "sim/megatron/megatron_step.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

@@ -1,5 +1,5 @@
-// Pipeline parallelism in the megatron family (sim/pipeline_schedule.h,
-// sim/megatron_pipeline.h): the schedules' order, the micro-batches each stage holds at
+// Pipeline parallelism in the megatron family (sim/megatron/pipeline_schedule.h,
+// sim/megatron/megatron_pipeline.h): the schedules' order, the micro-batches each stage holds at
 // its peak, the per-stage parameters, the stage reported, and what is refused.
 #include <catch2/catch.hpp>
 
@@ -16,16 +16,16 @@
 #include "megatron_pipeline_test_support.h"
 #include "allocator/caching_allocator.h"
 #include "tests/cli_test_support.h"
-#include "graph/megatron.h"
-#include "sim/execute.h"
-#include "sim/layer_bytes.h"
-#include "sim/megatron_checks.h"
-#include "sim/megatron_pipeline.h"
-#include "sim/megatron_pipeline_checks.h"
-#include "sim/megatron_step.h"
-#include "sim/pipeline_schedule.h"
-#include "sim/optimize.h"
-#include "sim/schedule.h"
+#include "graph/models/megatron.h"
+#include "sim/step/execute.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/megatron/megatron_checks.h"
+#include "sim/megatron/megatron_pipeline.h"
+#include "sim/megatron/megatron_pipeline_checks.h"
+#include "sim/megatron/megatron_step.h"
+#include "sim/megatron/pipeline_schedule.h"
+#include "sim/search/optimize.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 
@@ -193,7 +193,7 @@ TEST_CASE("pipeline stages: parameters add up to the model's plus the last stage
         Program program;
         build_megatron_stage_program(s, {}, k, program);
         const uint64_t params = bytes_of_kind(program, TensorKind::parameter) / 2;  // bf16
-        // The stage's own count (graph/megatron.h) agrees with what it allocates.
+        // The stage's own count (graph/models/megatron.h) agrees with what it allocates.
         graph::MegatronShape stage = whole_shape;
         stage.layers = s.model.layers / p;
         stage.pre_process = k == 0;

@@ -1,4 +1,4 @@
-// Tensor parallelism in the megatron family (graph/megatron.h, sim/megatron_parallel.h):
+// Tensor parallelism in the megatron family (graph/models/megatron.h, sim/megatron/megatron_parallel.h):
 // per-layer activations against Korthikanti et al. 2022 Table 2, the rank's parameter
 // share, vocabulary padding, the RankInfo, and what is refused.
 #include <catch2/catch.hpp>
@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <string>
 
-#include "graph/megatron.h"
-#include "sim/layer_bytes.h"
-#include "sim/megatron_checks.h"
-#include "sim/megatron_step.h"
-#include "sim/schedule.h"
+#include "graph/models/megatron.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/megatron/megatron_checks.h"
+#include "sim/megatron/megatron_step.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

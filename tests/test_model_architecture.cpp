@@ -1,4 +1,4 @@
-// model.architecture, the knob keys (sim/model_architecture.h) and the presets shipped as
+// model.architecture, the knob keys (scenario/model_architecture.h) and the presets shipped as
 // config.json files (scenarios/models/).
 #include <catch2/catch.hpp>
 
@@ -8,9 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/model_architecture.h"
-#include "sim/scenario.h"
-#include "sim/schedule.h"
+#include "scenario/model_architecture.h"
+#include "scenario/scenario.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

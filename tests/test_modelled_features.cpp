@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "sim/schedule.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 
@@ -32,7 +32,7 @@ TEST_CASE("the tiny scenario itself is simulated", "[modelled]") {
 TEST_CASE("parallelism, autocast and unsupported combinations are refused by key",
           "[modelled]") {
   CHECK(refusal({{"parallel.tensor", "2"}}).rfind("tiny.yaml: parallel.tensor: multi-GPU", 0) == 0);
-  CHECK(refusal({{"parallel.data", "8"}}).empty());  // torch DDP (sim/data_parallel.h)
+  CHECK(refusal({{"parallel.data", "8"}}).empty());  // torch DDP (sim/parallel/data_parallel.h)
   CHECK(refusal({{"parallel.zero", "3"}}).rfind("tiny.yaml: parallel.zero: ", 0) == 0);
   // autocast: modelled for cs336 with fp32 params (graph/autocast.h), refused otherwise.
   CHECK(refusal({{"precision.autocast", "bf16"}}).empty());

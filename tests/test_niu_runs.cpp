@@ -2,7 +2,7 @@
 // model.softmax: exp-twice and model.sdpa: masked-fill against the four recorded forward
 // runs (fp32 S100/150/200 and bf16 autocast S200): peak allocated within 1%, peak
 // reserved within 3% (memsim: within 0.07% and exact). The measured numbers are
-// sim/real_runs_niu.cpp's copy of `memsim replay`; when shared/ is checked out the
+// tests/support/real_runs_niu.cpp's copy of `memsim replay`; when shared/ is checked out the
 // snapshots are replayed again and compared with it and with manifest.json.
 #include <catch2/catch.hpp>
 
@@ -14,13 +14,13 @@
 
 #include "real_run_test_support.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/snapshot.h"
-#include "sim/analysis.h"
-#include "sim/execute.h"
-#include "sim/real_runs_niu.h"
-#include "sim/replay.h"
-#include "sim/scenario.h"
-#include "sim/schedule.h"
+#include "allocator/snapshot/snapshot.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
+#include "tests/support/real_runs_niu.h"
+#include "replay/replay.h"
+#include "scenario/scenario.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

@@ -1,4 +1,4 @@
-// Numeric mode (graph/numeric.h, sim/numeric_check.h): the cs336 schedule executed with
+// Numeric mode (graph/numeric/numeric.h, sim/check/numeric_check.h): the cs336 schedule executed with
 // real numbers proves its gradients (finite differences), its checkpointing policies
 // (bit-identical), its optimizer steps (textbook reference) and catches a premature free.
 #include <catch2/catch.hpp>
@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "numeric_test_support.h"
-#include "sim/numeric_check.h"
+#include "sim/check/numeric_check.h"
 
 using namespace memsim;
 
@@ -111,8 +111,8 @@ TEST_CASE("memsim check: exit 0 on pass, 4 on a failed check, 1 when refused", "
 
 #include <nlohmann/json.hpp>
 
-#include "graph/numeric.h"
-#include "sim/schedule.h"
+#include "graph/numeric/numeric.h"
+#include "sim/step/schedule.h"
 
 TEST_CASE("numeric cs336-tiny matches torch 1.13 (float64, same weights)", "[numeric][fixture]") {
   // tests/data/numeric/cs336_tiny_torch.json: tools/fixtures/numeric_cs336_tiny.py

@@ -1,5 +1,5 @@
-// Numeric mode for the Hugging Face families (graph/numeric_ops_nn.cpp) and megatron
-// (graph/numeric_ops_fused.cpp): the hf-llama (GQA, MQA, tied, SDPA), hf-gpt2 (tied,
+// Numeric mode for the Hugging Face families (graph/numeric/numeric_ops_nn.cpp) and megatron
+// (graph/numeric/numeric_ops_fused.cpp): the hf-llama (GQA, MQA, tied, SDPA), hf-gpt2 (tied,
 // untied) and megatron schedules executed with real numbers prove their gradients (finite
 // differences), their checkpointing policies (bit-identical), their optimizer steps,
 // catch a premature free, and agree with torch 1.13 in float64.
@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "graph/numeric.h"
-#include "sim/numeric_check.h"
-#include "sim/schedule.h"
+#include "graph/numeric/numeric.h"
+#include "sim/check/numeric_check.h"
+#include "sim/step/schedule.h"
 #include "numeric_test_support.h"
 #include "tests/cli_test_support.h"
 

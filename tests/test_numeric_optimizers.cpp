@@ -1,5 +1,5 @@
 // Numeric mode's Adafactor and bitsandbytes 8-bit Adam / AdamW kernels
-// (sim/numeric_adafactor.h, sim/numeric_adam8bit.h): each runs on the state buffers the
+// (sim/optim/numeric_adafactor.h, sim/optim/numeric_adam8bit.h): each runs on the state buffers the
 // schedule allocates and matches an independent reference on the hf-llama and hf-gpt2
 // (8-bit: also cs336) tiny scenarios; a freed state buffer or a wrong step count fails the check; the
 // quantisation maps equal torch's bit for bit.
@@ -11,10 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/numeric_adafactor.h"
-#include "sim/numeric_adam8bit.h"
-#include "sim/numeric_check.h"
-#include "sim/schedule.h"
+#include "sim/optim/numeric_adafactor.h"
+#include "sim/optim/numeric_adam8bit.h"
+#include "sim/check/numeric_check.h"
+#include "sim/step/schedule.h"
 #include "numeric_test_support.h"
 #include "tests/cli_test_support.h"
 

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "sim/schedule.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

@@ -1,4 +1,4 @@
-// memsim optimize on pipeline-parallel megatron scenarios (sim/optimize_pipeline.h): the
+// memsim optimize on pipeline-parallel megatron scenarios (sim/search/optimize_pipeline.h): the
 // cost model against simulated stages, the dynamic program against enumeration of the
 // model, the whole optimisation against brute force through the allocator on every stage,
 // the shipped GPT-3 t8 x p8 scenario and the CLI.
@@ -14,14 +14,14 @@
 
 #include "megatron_pipeline_test_support.h"
 #include "allocator/caching_allocator.h"
-#include "sim/checkpoint_policy.h"
-#include "sim/execute.h"
-#include "sim/megatron_pipeline.h"
-#include "sim/megatron_recompute_flags.h"
-#include "sim/optimize.h"
-#include "sim/optimize_pipeline.h"
-#include "sim/scenario.h"
-#include "sim/schedule.h"
+#include "sim/step/checkpoint_policy.h"
+#include "sim/step/execute.h"
+#include "sim/megatron/megatron_pipeline.h"
+#include "sim/megatron/megatron_recompute_flags.h"
+#include "sim/search/optimize.h"
+#include "sim/search/optimize_pipeline.h"
+#include "scenario/scenario.h"
+#include "sim/step/schedule.h"
 #include "tests/cli_test_support.h"
 
 using namespace memsim;

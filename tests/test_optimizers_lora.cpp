@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "sim/schedule.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

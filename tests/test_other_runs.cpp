@@ -1,8 +1,8 @@
 // Acceptance for the other assignment2-systems snapshots memsim expresses
-// (sim/real_runs_other.h, docs/real-runs-other.md): silmont2000's fp32 and bf16 no_grad
+// (tests/support/real_runs_other.h, docs/real-runs-other.md): silmont2000's fp32 and bf16 no_grad
 // forwards of their own model (model.swiglu: projections-first), MAGMA27's
 // gradient-accumulating forward + backward, Charan6924's five no_grad forwards. Peak allocated within 1% and peak reserved within 3% of `memsim replay` of
-// each snapshot (the measured numbers are copied in sim/real_runs_other.cpp; when shared/
+// each snapshot (the measured numbers are copied in tests/support/real_runs_other.cpp; when shared/
 // is checked out the snapshots are replayed again and compared with the copy).
 #include <catch2/catch.hpp>
 
@@ -11,12 +11,12 @@
 #include <fstream>
 
 #include "real_run_test_support.h"
-#include "allocator/snapshot.h"
-#include "sim/numeric_check.h"
-#include "sim/real_runs_other.h"
-#include "sim/replay.h"
-#include "sim/scenario.h"
-#include "sim/schedule.h"
+#include "allocator/snapshot/snapshot.h"
+#include "sim/check/numeric_check.h"
+#include "tests/support/real_runs_other.h"
+#include "replay/replay.h"
+#include "scenario/scenario.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

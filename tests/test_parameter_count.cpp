@@ -1,13 +1,13 @@
-// Parameter counts (sim/parameter_count.h) against the model cards, the presets shipped as
+// Parameter counts (sim/analysis/parameter_count.h) against the model cards, the presets shipped as
 // config.json files, and what the simulated programs allocate per rank.
 #include <catch2/catch.hpp>
 
 #include <string>
 
-#include "sim/parameter_count.h"
-#include "sim/program.h"
-#include "sim/scenario.h"
-#include "sim/schedule.h"
+#include "program/program.h"
+#include "scenario/scenario.h"
+#include "sim/analysis/parameter_count.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

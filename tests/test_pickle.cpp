@@ -8,8 +8,8 @@
 #include <iterator>
 #include <string>
 
-#include "allocator/pickle.h"
-#include "allocator/snapshot.h"
+#include "allocator/snapshot/pickle.h"
+#include "allocator/snapshot/snapshot.h"
 
 using namespace memsim;
 

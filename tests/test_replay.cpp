@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "allocator/snapshot.h"
-#include "sim/replay.h"
+#include "allocator/snapshot/snapshot.h"
+#include "replay/replay.h"
 
 using namespace memsim;
 

@@ -18,11 +18,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "allocator/snapshot.h"
-#include "sim/execute.h"
-#include "sim/replay.h"
-#include "sim/scenario.h"
-#include "sim/schedule.h"
+#include "allocator/snapshot/snapshot.h"
+#include "replay/replay.h"
+#include "scenario/scenario.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

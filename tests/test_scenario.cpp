@@ -4,8 +4,8 @@
 #include <string>
 
 #include "allocator/units.h"
-#include "sim/scenario.h"
-#include "sim/yaml_fields.h"
+#include "scenario/scenario.h"
+#include "scenario/yaml_fields.h"
 
 using namespace memsim;
 

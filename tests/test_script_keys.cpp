@@ -1,4 +1,4 @@
-// The hand-written-script keys (sim/script_keys.h): loss.impl, loss.positions,
+// The hand-written-script keys (scenario/script_keys.h): loss.impl, loss.positions,
 // optimizer.impl out-of-place and precision.autocast_region whole-run — what each emits
 // on a small cs336 model, and the refusals. Their accuracy against real snapshots is in
 // tests/test_niu_runs.cpp.
@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <string>
 
-#include "sim/analysis.h"
-#include "sim/execute.h"
-#include "sim/scenario.h"
-#include "sim/schedule.h"
+#include "scenario/scenario.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

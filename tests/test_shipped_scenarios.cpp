@@ -19,10 +19,10 @@
 
 #include "allocator/caching_allocator.h"
 #include "allocator/units.h"
-#include "sim/analysis.h"
-#include "sim/execute.h"
-#include "sim/scenario.h"
-#include "sim/schedule.h"
+#include "scenario/scenario.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

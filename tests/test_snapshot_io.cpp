@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "allocator/pickle.h"
-#include "allocator/snapshot.h"
+#include "allocator/snapshot/pickle.h"
+#include "allocator/snapshot/snapshot.h"
 
 using namespace memsim;
 

@@ -1,4 +1,4 @@
-// Sweeps (sim/sweep.h) and `memsim sweep`: axis parsing, the cartesian product, parallel
+// Sweeps (sim/search/sweep.h) and `memsim sweep`: axis parsing, the cartesian product, parallel
 // results equal to sequential ones, impossible points as error rows, and the --max search
 // (largest fitting value, found in O(log v) evaluations).
 #include <catch2/catch.hpp>
@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/sweep.h"
+#include "sim/search/sweep.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

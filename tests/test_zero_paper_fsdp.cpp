@@ -21,9 +21,9 @@
 #include <cstdio>
 #include <string>
 
-#include "sim/layer_bytes.h"
-#include "sim/scenario.h"
-#include "sim/schedule.h"
+#include "scenario/scenario.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

@@ -1,4 +1,4 @@
-// ZeRO stage 1 for cs336 / hf-* (sim/zero_redundancy.h): torch's ZeroRedundancyOptimizer
+// ZeRO stage 1 for cs336 / hf-* (sim/parallel/zero_redundancy.h): torch's ZeroRedundancyOptimizer
 // partition and optimizer state checked against torch 1.13 (tests/data/zero/*.json from
 // tools/fixtures/gen_zero_fixtures.py), the simulated rank, the ZeRO paper's P_os
 // accounting, refusals, and the shipped scenario end to end.
@@ -14,10 +14,10 @@
 
 #include "json_test_support.h"
 #include "cli_test_support.h"
-#include "sim/layer_bytes.h"
-#include "sim/schedule.h"
-#include "sim/zero_redundancy.h"
-#include "sim/zero_sharding.h"
+#include "sim/analysis/layer_bytes.h"
+#include "sim/step/schedule.h"
+#include "sim/parallel/zero_redundancy.h"
+#include "sim/parallel/zero_sharding.h"
 
 using namespace memsim;
 

@@ -18,8 +18,8 @@
 #include <catch2/catch.hpp>
 
 #include "real_run_test_support.h"
-#include "sim/execute.h"
-#include "sim/scenario.h"
+#include "scenario/scenario.h"
+#include "sim/step/execute.h"
 
 namespace memsim_test {
 

@@ -11,8 +11,8 @@
 #include <CLI/CLI.hpp>
 
 #include "allocator/allocator_config.h"
-#include "allocator/snapshot.h"
-#include "sim/scenario.h"
+#include "allocator/snapshot/snapshot.h"
+#include "scenario/scenario.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/logging.h"

@@ -1,7 +1,7 @@
 // Prints milliseconds to build the Program (graph layer only: builders, ops, autograd
 // emulation) of shipped hf-gpt2, hf-llama and megatron scenarios, minimum over
 // repetitions. Written to show that numeric mode's hooks in those builders and in
-// graph/ops_nn.cpp / ops_fused.cpp (a null test of rt.numeric each) leave the normal
+// graph/ops/ops_nn.cpp / ops_fused.cpp (a null test of rt.numeric each) leave the normal
 // path's speed unchanged.
 // Usage: bench_family_build [repetitions] (run from the repository root)
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "sim/schedule.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

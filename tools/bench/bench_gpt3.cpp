@@ -4,7 +4,7 @@
 // at the OOM). Timed: one step alone, the scenario as shipped (one warm-up step + the
 // measured step, what `memsim run` simulates), one step again; the first line also pays
 // for the process's cold heap (page faults), as a single `memsim run` does. Then the
-// formula-vs-memsim table of sim/megatron_checks.h (of sim/megatron_pipeline_checks.h for
+// formula-vs-memsim table of sim/megatron/megatron_checks.h (of sim/megatron/megatron_pipeline_checks.h for
 // a pipeline scenario, whose build_program builds and runs every stage).
 // Usage: bench_gpt3 [SCENARIO.yaml] (default scenarios/gpt3-175b.yaml, relative to the
 // current directory). Prints figures only.
@@ -15,10 +15,10 @@
 
 #include <time.h>
 
-#include "sim/execute.h"
-#include "sim/megatron_checks.h"
-#include "sim/megatron_pipeline_checks.h"
-#include "sim/schedule.h"
+#include "sim/megatron/megatron_checks.h"
+#include "sim/megatron/megatron_pipeline_checks.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   if (s.parallel.pipeline > 1) {
     // A pipeline scenario (e.g. scenarios/gpt3-175b-tp8-pp8-64xh100.yaml): build_program
     // above built and ran every stage; the table is stage 0 against Megatron-LM's
-    // theoretical memory (sim/megatron_pipeline_checks.h).
+    // theoretical memory (sim/megatron/megatron_pipeline_checks.h).
     if (s.parallel.sequence && s.checkpoint.policy == CheckpointPolicy::selective)
       for (const FormulaCheck& c : megatron_theoretical_first_stage_checks(s)) row(c);
     return 0;

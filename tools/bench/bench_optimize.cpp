@@ -12,8 +12,8 @@
 #include <ctime>
 
 #include "allocator/units.h"
-#include "sim/optimize.h"
-#include "sim/schedule.h"
+#include "sim/search/optimize.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

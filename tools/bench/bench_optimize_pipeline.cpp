@@ -13,8 +13,8 @@
 #include <string>
 
 #include "allocator/units.h"
-#include "sim/optimize.h"
-#include "sim/schedule.h"
+#include "sim/search/optimize.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <string>
 
-#include "allocator/snapshot.h"
-#include "sim/replay.h"
+#include "allocator/snapshot/snapshot.h"
+#include "replay/replay.h"
 
 using namespace memsim;
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "sim/execute.h"
-#include "sim/schedule.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 
 using namespace memsim;
 

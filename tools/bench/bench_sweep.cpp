@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "sim/sweep.h"
+#include "sim/search/sweep.h"
 
 using namespace memsim;
 

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "sim/real_runs.h"
+#include "tests/support/real_runs.h"
 
 using namespace memsim;
 

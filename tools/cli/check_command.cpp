@@ -1,4 +1,4 @@
-// memsim check SCENARIO: numeric mode (sim/numeric_check.h). Runs the scenario's program
+// memsim check SCENARIO: numeric mode (sim/check/numeric_check.h). Runs the scenario's program
 // with real numbers and prints the finite-difference error, the checkpointing-policy
 // comparison and the optimizer check. Exit 0: every check passed; 4 (kExitCheckFailed):
 // a check failed; 1: bad input or a scenario numeric mode refuses (family, size, ...).
@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "sim/checkpoint_policy.h"
-#include "sim/numeric_check.h"
+#include "sim/check/numeric_check.h"
+#include "sim/step/checkpoint_policy.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/overrides.h"

@@ -48,7 +48,7 @@ struct CheckArgs {
   std::string policies;
   int fd_samples = 3;
   int64_t test_drop_save = -1;  // hidden: fault injection for the test suite
-  int64_t test_drop_optimizer_state = -1;  // hidden: sim/numeric_check.h
+  int64_t test_drop_optimizer_state = -1;  // hidden: sim/check/numeric_check.h
 };
 CLI::App* add_check_command(CLI::App& app, CheckArgs& args);
 int run_check(const CheckArgs& args);

@@ -4,10 +4,10 @@
 #include <vector>
 
 #include "allocator/units.h"
-#include "sim/analysis.h"
-#include "sim/checkpoint_policy.h"
-#include "sim/execute.h"
-#include "sim/schedule.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/checkpoint_policy.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"

@@ -1,6 +1,6 @@
 // The simulated GPU a scenario runs on.
 //
-// Capacity semantics (design.md says "capacity: usable by the allocator"; sim/scenario.h
+// Capacity semantics (design.md says "capacity: usable by the allocator"; scenario/scenario.h
 // and the device presets define it as cudaMemGetInfo's total, which is what PyTorch's OOM
 // message calls "total capacity"): memsim follows the presets. `device.capacity` is the
 // device total *including* the CUDA context, and the allocator can use
@@ -13,7 +13,7 @@
 #include <optional>
 
 #include "allocator/caching_allocator.h"
-#include "sim/scenario.h"
+#include "scenario/scenario.h"
 
 namespace memsim::cli {
 

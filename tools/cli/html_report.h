@@ -24,9 +24,9 @@
 #include <utility>
 #include <vector>
 
-#include "sim/analysis.h"
-#include "sim/execute.h"
-#include "sim/program.h"
+#include "program/program.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
 
 namespace memsim::cli {
 

@@ -1,7 +1,7 @@
 #include "tools/cli/json_report.h"
 
-#include "sim/scenario_family.h"
-#include "sim/parameter_count.h"
+#include "scenario/scenario_family.h"
+#include "sim/analysis/parameter_count.h"
 
 namespace memsim::cli {
 

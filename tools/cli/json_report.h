@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "allocator/memory_stats.h"
-#include "sim/analysis.h"
-#include "sim/rank_info.h"
-#include "sim/scenario.h"
+#include "program/rank_info.h"
+#include "scenario/scenario.h"
+#include "sim/analysis/analysis.h"
 
 namespace memsim::cli {
 
@@ -39,11 +39,11 @@ Json analysis_json(const Analysis& analysis);
 // torch.cuda.memory_stats()-style flat object ("allocated_bytes.all.peak": N, ...).
 Json memory_stats_json(const MemoryStats& stats);
 
-// Which rank of a distributed job the report is for (sim/rank_info.h); a single-GPU run
+// Which rank of a distributed job the report is for (program/rank_info.h); a single-GPU run
 // gives world_size 1.
 Json rank_json(const RankInfo& rank);
 
-// The simulated model (sim/parameter_count.h): {family, architecture (the Hugging Face
+// The simulated model (sim/analysis/parameter_count.h): {family, architecture (the Hugging Face
 // model_type whose knobs are used; null for cs336 and megatron), parameter_count (the
 // whole model), trainable_parameter_count (those with gradients: the LoRA adapters when
 // lora is on), parameter_count_per_rank (what the simulated rank holds: its FSDP shard,

@@ -1,13 +1,13 @@
 // memsim optimize: the least-recompute checkpointing plan that fits a memory budget
-// (sim/optimize.h).
+// (sim/search/optimize.h).
 #include <cstdio>
 #include <string>
 
 #include "allocator/units.h"
-#include "sim/checkpoint_policy.h"
-#include "sim/megatron_recompute_flags.h"
-#include "sim/optimize.h"
-#include "sim/schedule.h"
+#include "sim/megatron/megatron_recompute_flags.h"
+#include "sim/search/optimize.h"
+#include "sim/step/checkpoint_policy.h"
+#include "sim/step/schedule.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/json_report.h"
@@ -36,7 +36,7 @@ Json plan_json(const graph::CheckpointPlan& plan) {
           {"checkpoint", std::move(checkpoint)}};
 }
 
-// Pipeline scenarios: every stage's peaks with the plan (sim/optimize_pipeline.h).
+// Pipeline scenarios: every stage's peaks with the plan (sim/search/optimize_pipeline.h).
 Json stages_json(const OptimizeResult& r) {
   Json stages = Json::array();
   for (const StagePeak& s : r.stages)

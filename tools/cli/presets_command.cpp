@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "sim/scenario.h"
+#include "scenario/scenario.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/style.h"

@@ -1,22 +1,22 @@
 // memsim replay: a real PyTorch snapshot's trace through the allocator emulator, checked
 // against the trace's own addresses and cudaMalloc calls, reported with the same keys as
-// `memsim run` (sim/replay_analysis.h says what a trace can and cannot tell).
+// `memsim run` (tools/cli/replay_analysis.h says what a trace can and cannot tell).
 #include <chrono>
 #include <cstdio>
 
 #include <spdlog/spdlog.h>
 
-#include "allocator/snapshot.h"
+#include "allocator/snapshot/snapshot.h"
 #include "allocator/units.h"
-#include "sim/replay.h"
-#include "sim/replay_analysis.h"
-#include "sim/scenario.h"
+#include "replay/replay.h"
+#include "scenario/scenario.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/html_report.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
+#include "tools/cli/replay_analysis.h"
 #include "tools/cli/summary.h"
 #include "tools/cli/timeline_csv.h"
 

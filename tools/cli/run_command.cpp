@@ -6,10 +6,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "sim/analysis.h"
-#include "sim/execute.h"
-#include "sim/schedule.h"
-#include "sim/scenario.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
+#include "scenario/scenario.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"

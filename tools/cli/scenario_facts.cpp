@@ -3,9 +3,9 @@
 #include <cstdio>
 
 #include "allocator/units.h"
-#include "sim/model_architecture.h"
-#include "sim/scenario_family.h"
-#include "sim/parameter_count.h"
+#include "scenario/model_architecture.h"
+#include "scenario/scenario_family.h"
+#include "sim/analysis/parameter_count.h"
 
 namespace memsim::cli {
 

@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "sim/rank_info.h"
-#include "sim/scenario.h"
+#include "program/rank_info.h"
+#include "scenario/scenario.h"
 
 namespace memsim::cli {
 

@@ -10,7 +10,7 @@
 //  - write_run_snapshot() writes device_traces[0] = that trace and segments = the
 //    allocator's final segments (ExecuteOptions::final_segments); frames and categories
 //    are empty (memsim has no Python stacks). Replaying the file (memsim replay, or
-//    sim/replay.h) reproduces every traced address and cudaMalloc.
+//    replay/replay.h) reproduces every traced address and cudaMalloc.
 //  - Write failures throw InputError naming the file.
 #pragma once
 
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "allocator/allocator_config.h"
-#include "allocator/snapshot.h"
-#include "sim/execute.h"
+#include "allocator/snapshot/snapshot.h"
+#include "sim/step/execute.h"
 
 namespace memsim::cli {
 

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "sim/analysis.h"
+#include "sim/analysis/analysis.h"
 #include "tools/cli/style.h"
 
 namespace memsim::cli {

@@ -1,5 +1,5 @@
 // memsim sweep: one scenario over the cartesian product of --vary overrides, in
-// parallel (sim/sweep.h), or with --max KEY the largest value of KEY that fits for each
+// parallel (sim/search/sweep.h), or with --max KEY the largest value of KEY that fits for each
 // combination of the other --vary keys.
 #include <unistd.h>
 
@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "allocator/units.h"
-#include "sim/sweep.h"
+#include "sim/search/sweep.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/json_report.h"

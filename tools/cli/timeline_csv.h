@@ -14,10 +14,10 @@
 
 #include <vector>
 
-#include "allocator/snapshot.h"
-#include "sim/execute.h"
-#include "sim/program.h"
-#include "sim/replay.h"
+#include "allocator/snapshot/snapshot.h"
+#include "program/program.h"
+#include "replay/replay.h"
+#include "sim/step/execute.h"
 
 namespace memsim::cli {
 

@@ -17,8 +17,8 @@
 
 #include <cstdio>
 
-#include "sim/execute.h"
-#include "sim/program.h"
+#include "program/program.h"
+#include "sim/step/execute.h"
 
 namespace memsim::cli {
 

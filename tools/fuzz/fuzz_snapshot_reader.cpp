@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "allocator/snapshot.h"
+#include "allocator/snapshot/snapshot.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);

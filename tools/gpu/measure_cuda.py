@@ -13,7 +13,7 @@ timing estimate and exits. Without either, every configuration runs.
 
 Each configuration runs in its own Python process (a fresh caching allocator and CUDA
 context), with torch.cuda.memory._record_memory_history on from before the model is
-built, and the training loop memsim assumes by default (sim/training_script.h): the
+built, and the training loop memsim assumes by default (sim/step/training_script.h): the
 model built on the GPU in module order, the optimizer, the batch (inputs then targets,
 int64 on the GPU); warm-up steps, then the measured step
     zero_grad(set_to_none=True); logits = model(ids); loss = loss(logits, labels);
@@ -32,7 +32,7 @@ library's own GPT2LMHeadModel / LlamaForCausalLM built from a config, called as 
 (model(input_ids=ids, labels=labels)), to see where today's release differs.
 
 Kind "arch" (spec["kind"]; the decoder architectures of memsim's module library, rows of
-sim/model_architecture.cpp): "standin" = torch_models.DecoderForCausalLM configured as
+scenario/model_architecture.cpp): "standin" = torch_models.DecoderForCausalLM configured as
 each row (the knobs and transformers placement of tools/fixtures/gen_arch_fixtures.py's
 ARCH, whose op order memsim follows; the torch 1.13 CPU fixtures tests/data/torch_cpu_arch
 came from it), at a GPU size; "transformers" = the installed transformers library's own
@@ -159,7 +159,7 @@ def all_specs():
 
 
 # --------------------------------------------------------------------------- arch kind
-# The decoder architectures of memsim's module library (sim/model_architecture.cpp), at a
+# The decoder architectures of memsim's module library (scenario/model_architecture.cpp), at a
 # GPU size: every row that tools/fixtures/torch_models.DecoderForCausalLM stands in for
 # (granite has no stand-in: its multipliers are not in it; gpt2 is GPT2LMHeadModel above).
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))

@@ -1,0 +1,330 @@
+// Snapshot from a parsed pickle (§9): field-by-field with type checks that name the key
+// path, tolerant of keys that only some PyTorch versions write, strict about the
+// invariants every real snapshot satisfies (blocks tile their segment, the segment's
+// size sums match its blocks), so that a replay never starts from an impossible state.
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "allocator/snapshot/pickle.h"
+#include "allocator/snapshot/snapshot.h"
+
+namespace memsim {
+namespace {
+
+// Error paths are built only when an error is thrown: the reader passes lambdas that
+// produce "segments[3].blocks[2]" on demand, so the hot path never formats strings.
+class Reader {
+ public:
+  Reader(const PickleDoc& doc, const std::string& name)
+      : doc_(doc), name_(name), visited_(doc.node_count(), false) {}
+
+  Snapshot read();
+
+ private:
+  [[noreturn]] void fail(const std::string& path, const std::string& what) const {
+    throw SnapshotError(name_ + ": " + (path.empty() ? "" : path + ": ") + what);
+  }
+  template <class PathFn>
+  [[noreturn]] void wrong_type(const PathFn& path, const char* want, PickleValue v) const {
+    fail(path(), std::string("expected ") + want + ", got " + pickle_kind_name(v.kind()));
+  }
+
+  // Marks a record as consumed. Python's pickler shares only identical objects, and
+  // PyTorch builds a fresh dict/list for every segment, block and trace entry; refusing
+  // shared records keeps the work linear in the input even for a hostile file whose
+  // segments list repeats one memoized segment a million times.
+  template <class PathFn>
+  void claim(PickleValue v, const PathFn& path) {
+    if (visited_[v.id()]) fail(path(), "the same object appears twice (shared memo reference)");
+    visited_[v.id()] = true;
+  }
+
+  template <class PathFn>
+  PickleValue expect(PickleValue v, PickleKind kind, const PathFn& path) const {
+    if (v.kind() != kind) wrong_type(path, pickle_kind_name(kind), v);
+    return v;
+  }
+  template <class PathFn>
+  PickleValue require(PickleValue dict, const char* key, const PathFn& path) const {
+    PickleValue v(nullptr, 0);
+    if (!dict.find(key, &v)) fail(path(), std::string("missing key '") + key + "'");
+    return v;
+  }
+  template <class PathFn>
+  uint64_t to_u64(PickleValue v, const PathFn& path) const {
+    if (v.kind() == PickleKind::uint64) return v.as_uint64();
+    if (v.kind() != PickleKind::int64) wrong_type(path, "int", v);
+    if (v.as_int64() < 0) fail(path(), "expected a non-negative int, got " + std::to_string(v.as_int64()));
+    return static_cast<uint64_t>(v.as_int64());
+  }
+  template <class PathFn>
+  int64_t to_i64(PickleValue v, const PathFn& path) const {
+    if (v.kind() != PickleKind::int64) wrong_type(path, "int in the 64-bit signed range", v);
+    return v.as_int64();
+  }
+  template <class PathFn>
+  bool to_bool(PickleValue v, const PathFn& path) const {
+    return expect(v, PickleKind::boolean, path).as_bool();
+  }
+  template <class PathFn>
+  std::string_view to_str(PickleValue v, const PathFn& path) const {
+    return expect(v, PickleKind::str, path).as_string();
+  }
+
+  void read_segments(PickleValue list, Snapshot& out);
+  void read_blocks(PickleValue list, size_t seg, SegmentInfo& info);
+  void check_segment(const SegmentInfo& info, size_t seg) const;
+  void read_traces(PickleValue list, Snapshot& out);
+  void read_settings(PickleValue dict, Snapshot& out);
+
+  const PickleDoc& doc_;
+  const std::string& name_;
+  std::vector<bool> visited_;
+};
+
+std::string at(const char* base, size_t i) { return std::string(base) + "[" + std::to_string(i) + "]"; }
+
+bool parse_action(std::string_view s, TraceAction* out) {
+  // Local table rather than to_string(TraceAction): these are the pickle's spellings.
+  static const std::pair<const char*, TraceAction> kActions[] = {
+      {"alloc", TraceAction::alloc},
+      {"free_requested", TraceAction::free_requested},
+      {"free_completed", TraceAction::free_completed},
+      {"segment_alloc", TraceAction::segment_alloc},
+      {"segment_free", TraceAction::segment_free},
+      {"segment_map", TraceAction::segment_map},
+      {"segment_unmap", TraceAction::segment_unmap},
+      {"oom", TraceAction::oom},
+      {"snapshot", TraceAction::snapshot},
+  };
+  for (const auto& [name, action] : kActions) {
+    if (s == name) { *out = action; return true; }
+  }
+  return false;
+}
+
+bool parse_state(std::string_view s, BlockState* out) {
+  if (s == "active_allocated") *out = BlockState::active_allocated;
+  else if (s == "active_pending_free") *out = BlockState::active_pending_free;
+  else if (s == "inactive") *out = BlockState::inactive;
+  else return false;
+  return true;
+}
+
+Snapshot Reader::read() {
+  Snapshot out;
+  const PickleValue root = doc_.root();
+  if (root.kind() == PickleKind::list) {  // torch.cuda.memory_snapshot(): segments only
+    read_segments(root, out);
+    return out;
+  }
+  if (root.kind() != PickleKind::dict) {
+    fail("", std::string("expected a dict (or a list of segments) at the top, got ") +
+                 pickle_kind_name(root.kind()));
+  }
+  read_segments(require(root, "segments", [] { return std::string(); }), out);
+  PickleValue v(nullptr, 0);
+  if (root.find("device_traces", &v)) read_traces(v, out);
+  if (root.find("allocator_settings", &v)) read_settings(v, out);
+  if (root.find("external_annotations", &v) && v.kind() != PickleKind::list) {
+    wrong_type([] { return std::string("external_annotations"); }, "list", v);
+  }
+  return out;
+}
+
+void Reader::read_segments(PickleValue list, Snapshot& out) {
+  const auto list_path = [] { return std::string("segments"); };
+  expect(list, PickleKind::list, list_path);
+  claim(list, list_path);
+  out.segments.resize(list.size());
+  for (size_t s = 0; s < list.size(); ++s) {
+    const auto seg_path = [s] { return at("segments", s); };
+    const PickleValue d = expect(list.item(s), PickleKind::dict, seg_path);
+    claim(d, seg_path);
+    SnapshotSegment& seg = out.segments[s];
+    SegmentInfo& info = seg.info;
+    const auto field = [&](const char* key) {
+      return [s, key] { return at("segments", s) + "." + key; };
+    };
+    const PickleValue device = require(d, "device", seg_path);
+    const int64_t dev = to_i64(device, field("device"));
+    if (dev < 0 || dev > 65535) fail(field("device")(), "device index out of range: " + std::to_string(dev));
+    seg.device = static_cast<int>(dev);
+    info.address = to_u64(require(d, "address", seg_path), field("address"));
+    info.total_size = to_u64(require(d, "total_size", seg_path), field("total_size"));
+    info.allocated_size = to_u64(require(d, "allocated_size", seg_path), field("allocated_size"));
+    info.active_size = to_u64(require(d, "active_size", seg_path), field("active_size"));
+    info.requested_size = to_u64(require(d, "requested_size", seg_path), field("requested_size"));
+    info.stream = to_u64(require(d, "stream", seg_path), field("stream"));
+    const std::string_view type = to_str(require(d, "segment_type", seg_path), field("segment_type"));
+    if (type == "small") info.is_small = true;
+    else if (type == "large") info.is_small = false;
+    else fail(field("segment_type")(), "expected 'small' or 'large', got '" + std::string(type) + "'");
+    PickleValue v(nullptr, 0);
+    if (d.find("is_expandable", &v)) info.is_expandable = to_bool(v, field("is_expandable"));
+    if (d.find("segment_pool_id", &v)) expect(v, PickleKind::tuple, field("segment_pool_id"));
+    if (d.find("frames", &v)) expect(v, PickleKind::list, field("frames"));
+    read_blocks(require(d, "blocks", seg_path), s, info);
+    check_segment(info, s);
+  }
+}
+
+void Reader::read_blocks(PickleValue list, size_t s, SegmentInfo& info) {
+  const auto list_path = [s] { return at("segments", s) + ".blocks"; };
+  expect(list, PickleKind::list, list_path);
+  claim(list, list_path);
+  info.blocks.resize(list.size());
+  for (size_t b = 0; b < list.size(); ++b) {
+    const auto block_path = [s, b] { return at("segments", s) + at(".blocks", b); };
+    const PickleValue d = expect(list.item(b), PickleKind::dict, block_path);
+    claim(d, block_path);
+    const auto field = [&](const char* key) {
+      return [s, b, key] { return at("segments", s) + at(".blocks", b) + "." + key; };
+    };
+    BlockInfo& block = info.blocks[b];
+    block.address = to_u64(require(d, "address", block_path), field("address"));
+    block.size = to_u64(require(d, "size", block_path), field("size"));
+    block.requested_size = to_u64(require(d, "requested_size", block_path), field("requested_size"));
+    const std::string_view state = to_str(require(d, "state", block_path), field("state"));
+    if (!parse_state(state, &block.state)) {
+      fail(field("state")(), "unknown block state '" + std::string(state) + "'");
+    }
+    PickleValue v(nullptr, 0);
+    if (d.find("frames", &v)) expect(v, PickleKind::list, field("frames"));
+  }
+}
+
+// The invariants PyTorch's snapshot walk guarantees (§9.2), checked in one pass.
+void Reader::check_segment(const SegmentInfo& info, size_t s) const {
+  const auto path = [s] { return at("segments", s); };
+  if (info.blocks.empty()) fail(path(), "segment has no blocks");
+  uint64_t next = info.address, allocated = 0, active = 0, requested = 0;
+  for (size_t b = 0; b < info.blocks.size(); ++b) {
+    const BlockInfo& block = info.blocks[b];
+    if (block.address != next) {
+      fail(path() + at(".blocks", b) + ".address",
+           "blocks do not tile the segment: expected address " + std::to_string(next) + ", got " +
+               std::to_string(block.address));
+    }
+    if (block.size > UINT64_MAX - next) fail(path() + at(".blocks", b) + ".size", "block ends past 2^64");
+    next += block.size;
+    if (block.state == BlockState::active_allocated) allocated += block.size;
+    if (block.state != BlockState::inactive) {
+      active += block.size;
+      requested += block.requested_size;  // may wrap on hostile input: then it just mismatches
+    }
+  }
+  const auto mismatch = [&](const char* key, uint64_t have, uint64_t sum, const char* what) {
+    if (have != sum) {
+      fail(path() + "." + key, std::to_string(have) + " != " + std::to_string(sum) + ", the " + what);
+    }
+  };
+  mismatch("total_size", info.total_size, next - info.address, "sum of its block sizes");
+  mismatch("allocated_size", info.allocated_size, allocated, "sum of its active_allocated block sizes");
+  mismatch("active_size", info.active_size, active, "sum of its active block sizes");
+  mismatch("requested_size", info.requested_size, requested, "sum of its active blocks' requested_size");
+}
+
+void Reader::read_traces(PickleValue list, Snapshot& out) {
+  const auto list_path = [] { return std::string("device_traces"); };
+  expect(list, PickleKind::list, list_path);
+  claim(list, list_path);
+  out.device_traces.resize(list.size());
+  for (size_t dev = 0; dev < list.size(); ++dev) {
+    const auto dev_path = [dev] { return at("device_traces", dev); };
+    const PickleValue events = expect(list.item(dev), PickleKind::list, dev_path);
+    claim(events, dev_path);
+    std::vector<SnapshotTraceEntry>& trace = out.device_traces[dev];
+    trace.reserve(events.size());
+    for (size_t e = 0; e < events.size(); ++e) {
+      const auto entry_path = [dev, e] { return at("device_traces", dev) + at("", e); };
+      const PickleValue d = expect(events.item(e), PickleKind::dict, entry_path);
+      claim(d, entry_path);
+      const auto field = [&](const char* key) {
+        return [dev, e, key] { return at("device_traces", dev) + at("", e) + "." + key; };
+      };
+      SnapshotTraceEntry entry;
+      const std::string_view action = to_str(require(d, "action", entry_path), field("action"));
+      if (!parse_action(action, &entry.action)) {
+        // Record annotations of some versions carry no memory effect: skip them.
+        if (action == "user_defined") continue;
+        fail(field("action")(), "unknown trace action '" + std::string(action) + "'");
+      }
+      const char* addr_key = entry.action == TraceAction::oom ? "device_free" : "addr";
+      entry.address = to_u64(require(d, addr_key, entry_path), field(addr_key));
+      entry.size = to_u64(require(d, "size", entry_path), field("size"));
+      entry.stream = to_u64(require(d, "stream", entry_path), field("stream"));
+      PickleValue v(nullptr, 0);
+      if (d.find("time_us", &v)) entry.time_us = to_i64(v, field("time_us"));
+      if (d.find("frames", &v)) expect(v, PickleKind::list, field("frames"));
+      trace.push_back(entry);
+    }
+  }
+}
+
+void Reader::read_settings(PickleValue dict, Snapshot& out) {
+  const auto path = [] { return std::string("allocator_settings"); };
+  expect(dict, PickleKind::dict, path);
+  const auto field = [](const char* key) {
+    return [key] { return std::string("allocator_settings.") + key; };
+  };
+  AllocatorConfig& config = out.config;
+  PickleValue v(nullptr, 0);
+  if (dict.find("PYTORCH_CUDA_ALLOC_CONF", &v)) {
+    out.alloc_conf_string = std::string(to_str(v, field("PYTORCH_CUDA_ALLOC_CONF")));
+  }
+  if (dict.find("max_split_size", &v)) {
+    const auto p = field("max_split_size");
+    if (v.kind() == PickleKind::int64 && v.as_int64() == -1) config.max_split_size = AllocatorConfig::kUnlimited;
+    else config.max_split_size = to_u64(v, p);
+  }
+  if (dict.find("garbage_collection_threshold", &v)) {
+    if (v.kind() == PickleKind::float64) config.garbage_collection_threshold = v.as_double();
+    else if (v.kind() == PickleKind::int64) config.garbage_collection_threshold = static_cast<double>(v.as_int64());
+    else wrong_type(field("garbage_collection_threshold"), "float", v);
+  }
+  if (dict.find("expandable_segments", &v)) config.expandable_segments = to_bool(v, field("expandable_segments"));
+  if (dict.find("roundup_power2_divisions", &v)) {
+    const auto p = field("roundup_power2_divisions");
+    expect(v, PickleKind::dict, p);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string_view key = to_str(v.key(i), p);
+      // Keys are the interval's lower bound in MiB: '1', '2', '4', ... '32768'.
+      size_t index = 0;
+      while (index < config.roundup_power2_divisions.size() && std::to_string(1u << index) != key) ++index;
+      if (index == config.roundup_power2_divisions.size()) {
+        fail(p(), "unexpected key '" + std::string(key) + "' (expected a power of two 1..32768)");
+      }
+      const auto value_path = [key] {
+        return "allocator_settings.roundup_power2_divisions['" + std::string(key) + "']";
+      };
+      const uint64_t divisions = to_u64(v.value(i), value_path);
+      if (divisions > UINT32_MAX) fail(value_path(), "division count out of range");
+      config.roundup_power2_divisions[index] = static_cast<uint32_t>(divisions);
+    }
+  }
+}
+
+}  // namespace
+
+Snapshot read_snapshot_bytes(const std::string& bytes, const std::string& name) {
+  PickleDoc doc;
+  try {
+    doc = parse_pickle(bytes, name);
+  } catch (const PickleError& e) {
+    throw SnapshotError(e.what());
+  }
+  return Reader(doc, name).read();
+}
+
+Snapshot read_snapshot_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw SnapshotError(path + ": cannot open: " + std::strerror(errno));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw SnapshotError(path + ": read error");
+  return read_snapshot_bytes(bytes, path);
+}
+
+}  // namespace memsim

@@ -1,0 +1,160 @@
+// The Hugging Face decoder families (`hf-llama`, `hf-gpt2` and every architecture row of
+// graph/models/decoder_spec.h), written op by op against graph::Runtime from one shared module
+// library: a model is a DecoderArch row, not a copy of another model's code.
+//
+// The modules mirror transformers' code (v4.44-4.45 for Llama and GPT-2; each knob's
+// source in docs/decoder-modules.md) with use_cache=False:
+//  - embedding (decoder.cpp): embed_tokens; Gemma's `* normalizer` (sqrt(D), a CPU 0-d
+//    scalar: no device bytes); GPT-2's learned positions (wpe) and embd dropout.
+//  - masks and positions (decoder.cpp): for eager attention with an additive mask,
+//    _update_causal_mask's (S, S+1) float mask (full, triu, arange > cache_position in
+//    place, expand) living until the model returns; with SDPA is_causal instead. RoPE's
+//    cos/sin (1, S, rotary_dim) computed once per forward under no_grad. GPT-2's per-layer
+//    bool `bias` buffers for its where-masked core.
+//  - norms (decoder_modules.cpp): LlamaRMSNorm, GemmaRMSNorm ((1 + w) in fp32), LayerNorm
+//    with bias; pre, post (OLMo-2) and sandwich (Gemma-2/3) placement (decoder.cpp).
+//  - projections (decoder_modules.cpp): nn.Linear (mm; addmm with a bias), Conv1D
+//    (addmm, W stored (in, out)), each with its LoRA adapter and NF4 base under QLoRA.
+//  - attention (decoder_attention.cpp): separate or fused q/k/v, biases, q/k RMSNorm per
+//    head or over the projection, RoPE (rotate_half), repeat_kv, eager cores (additive
+//    mask or GPT-2's where on its buffer, optional logit soft-capping) or SDPA kernels
+//    (flash, mem-efficient), merge heads, o_proj.
+//  - MLP (decoder_modules.cpp): GLU (SwiGLU, GeGLU; fused gate_up) or fc-act-fc (GPT-2's
+//    NewGELU written as elementwise ops), biases.
+//  - head and loss (decoder.cpp): final norm, lm_head tied or untied, final-logit
+//    soft-capping, logits.float() where the code upcasts, the shifted cross entropy.
+// Python lifetimes are mirrored (a frame's locals die at return in declaration order;
+// expression temporaries right after their consumer). Checked against real PyTorch (CPU
+// stand-ins, tests/test_hf_fixtures.cpp and tests/test_decoder_arch.cpp) and H100 traces
+// (tests/test_h100_runs.cpp).
+//
+// Checkpointing (graph/checkpoint.h): the decoder loop runs through run_layers with the
+// tensors HF's checkpoint call passes (causal mask, cache_position, cos, sin), so `full`
+// is gradient_checkpointing_enable(); the candidate regions inside a layer are the
+// attention half (its norms + self_attn), the MLP half (its norms + mlp) and the
+// attention core.
+//
+// torch.autocast (set_autocast, graph/autocast.h; docs/autocast.md): projections cast
+// their weights through the weight-cast cache, the residual stream stays fp32, softmax
+// gets dtype=float32, the loss takes an fp32 copy (hf-gpt2) or logits.float() (Llama).
+//
+// Contract: construct() allocates parameters and buffers; forward(ids) emits the forward
+// and returns the logits (B,S,V); loss(logits, labels) emits the causal-LM loss.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graph/models/hf_shape.h"
+#include "graph/models/lora.h"
+#include "graph/ops/ops.h"
+
+namespace memsim::graph {
+
+class Autocast;  // graph/autocast.h
+
+class DecoderModel {
+ public:
+  DecoderModel(Runtime& rt, const HfShape& shape) : rt_(rt), s_(shape), lora_(rt, s_) {}
+
+  void construct();
+  Tensor forward(const Tensor& ids);
+  Tensor loss(const Tensor& logits, const Tensor& labels);
+  const HfShape& shape() const { return s_; }
+  // torch.autocast region owner (graph/autocast.h); nullptr = never.
+  void set_autocast(Autocast* ac) { ac_ = ac; }
+
+ private:
+  // A projection module: weight (and bias) parameter ids, its LoRA slot (bit of
+  // HfLora::targets; -1: never adapted).
+  struct Proj {
+    int32_t w = -1, b = -1;
+    int64_t in = 0, out = 0;
+    int32_t lora = -1;
+  };
+  // Norm slots of a layer (by placement): pre = {input, post_attention}; post =
+  // {post_attention, post_feedforward}; sandwich = all four.
+  enum NormSlot { kInputNorm, kPostAttnNorm, kPreFfNorm, kPostFfNorm, kNormSlots };
+  struct Norm {
+    int32_t w = -1, b = -1;  // b: LayerNorm only
+  };
+  struct LayerParams {
+    Proj q, k, v, qkv, o, gate, up, gate_up, down;
+    Tensor inv_freq;  // a per-attention rotary module's buffer (RopeAt::layer, attn_rope_buffer)
+    Norm norm[kNormSlots];
+    Norm q_norm, k_norm;
+    Tensor causal_bias, masked_bias;  // GPT-2's buffers (EagerCore::where_buffer)
+    LoraAdapter ad[kLlamaLinears];
+  };
+  const DecoderArch& arch() const { return s_.arch; }
+
+  // --- construction (decoder.cpp) ---
+  Proj add_proj(uint64_t out, uint64_t in, const std::string& prefix, const char* module,
+                bool bias, int32_t lora);
+  Norm add_norm(uint64_t width, const std::string& prefix, const char* module);
+  const std::string& param_name(const std::string& prefix, const char* module, const char* suffix);
+  void add_adapters();
+  Tensor add_inv_freq();  // a rotary module's inv_freq buffer, built on the device
+
+  // --- masks and rotary tables (decoder.cpp) ---
+  Tensor causal_mask();
+  // One (cos, sin) table under no_grad: `scaled` multiplies by attention_scaling (the
+  // model-level LlamaRotaryEmbedding; GemmaRotaryEmbedding in the attention does not).
+  void rope_tables(bool scaled, Tensor& cos, Tensor& sin);
+  uint64_t mask_keys() const { return s_.seq + (arch().mask_target_s ? 0 : 1); }
+
+  // --- modules (decoder_modules.cpp) ---
+  Tensor project(const Tensor& x, const LayerParams& p, const Proj& pr);
+  Tensor lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out);
+  Tensor norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_t width);
+  Tensor rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t width);
+  Tensor gemma_rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t width);
+  Tensor mlp(const LayerParams& p, const Tensor& x);
+  Tensor activation(const Tensor& x);
+  Tensor gelu_new(const Tensor& x);
+  Tensor gelu_new_autocast(const Tensor& x);
+  Tensor drop(const Tensor& x);        // residual / embedding dropout (GPT-2)
+  Tensor softcap(const Tensor& x);     // / c, tanh, * c (the caller sets the scalar)
+
+  // --- attention (decoder_attention.cpp) ---
+  Tensor attention(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& cos,
+                   const Tensor& sin);
+  void project_qkv(const LayerParams& p, const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
+  // eager_attention_forward / sdpa_attention_forward (v4.50+): repeat_kv, the core and
+  // transpose(1, 2).contiguous() in one function (the `selective` region).
+  Tensor attention_function(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
+  Tensor core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
+  Tensor attention_gpt2(const LayerParams& p, const Tensor& x);
+  Tensor eager_core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
+  Tensor where_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                    Tensor& weights);
+
+  // --- layers (decoder.cpp) ---
+  Tensor layer(int32_t l, const Tensor& x, const std::vector<Tensor>& extra);
+  Tensor block_gpt2(int32_t l, const Tensor& x);
+  Tensor attn_half(int32_t l, const std::vector<Tensor>& in);
+  Tensor mlp_half(int32_t l, const std::vector<Tensor>& in);
+  Tensor forward_gpt2(const Tensor& ids);
+  Tensor logits_head(const Tensor& hidden, const Tensor& head_w);
+
+  bool autocast_on() const;
+  uint64_t act_elem() const;  // the element size the current op produces (low under autocast)
+
+  Runtime& rt_;
+  HfShape s_;
+  Autocast* ac_ = nullptr;
+  LoraModules lora_;
+  int32_t embed_ = -1, wpe_ = -1, lm_head_ = -1;
+  Norm final_norm_;
+  std::vector<LayerParams> layers_;
+  Tensor inv_freq_, inv_freq_local_;
+  std::string name_;  // param_name's buffer
+  // The decoder layer's `self_attn_weights` (v4.50+ attention functions return the
+  // probabilities; the layer keeps them until it returns). Set by layer() around its
+  // attention half; never written by a re-run in backward.
+  Tensor* layer_weights_ = nullptr;
+  Tensor fused_qkv_;            // project_qkv's hand-over of Phi-3's qkv output
+  bool qk_contiguous_ = false;  // partial rotary's cat left q and k contiguous
+};
+
+}  // namespace memsim::graph

@@ -1,0 +1,361 @@
+// DecoderModel's attention modules (graph/models/decoder.h): Llama-lineage self-attention with
+// its knobs (biases, head_dim, q/k norms, eager cores with soft-capping, SDPA kernels)
+// and GPT-2's attention (fused c_attn, the where-masked _attn).
+#include <cmath>
+
+#include "graph/autocast.h"
+#include "graph/checkpoint.h"
+#include "graph/models/decoder.h"
+#include "graph/numeric/numeric.h"
+#include "graph/ops/ops_nn.h"
+
+namespace memsim::graph {
+
+// The q, k, v projections and their (B,h,S,hd) views, with the q/k norms where the
+// model puts them. `keep`: a tensor the attention's frame holds until it returns (Phi-3's
+// fused qkv output).
+void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& query, Tensor& key,
+                               Tensor& value) {
+  const DecoderArch& a = arch();
+  const uint64_t e = s_.elem, H = s_.heads, KV = static_cast<uint64_t>(s_.kv_heads);
+  const uint64_t hd = s_.head_dim(), rows = s_.rows();
+  if (a.fused_qkv) {
+    // Phi-3: qkv = qkv_proj(x); q, k, v = slices of it (views; each slice's backward is
+    // a zeros(qkv) + copy, the three summed into qkv's grad), then the views.
+    Tensor qkv = project(x, p, p.qkv);
+    query = slice_seq(rt_, qkv, rows * H * hd * e);
+    key = slice_seq(rt_, qkv, rows * KV * hd * e);
+    value = slice_seq(rt_, qkv, rows * KV * hd * e);
+    query = view(rt_, query, H > 1);
+    key = view(rt_, key, KV > 1);
+    value = view(rt_, value, KV > 1);
+    fused_qkv_ = std::move(qkv);  // a local of Phi3Attention.forward
+    return;
+  }
+  if (a.qk_norm == QkNorm::head && a.qk_norm_at == QkNormAt::view) {
+    // Qwen3: `self.q_norm(self.q_proj(x).view(hidden_shape)).transpose(1, 2)`, then k
+    // likewise, then v. The norm's input is the contiguous (B,S,h,hd) view and its output
+    // contiguous, so neither view copies its grad in backward.
+    query = project(x, p, p.q);
+    query = view(rt_, query, false);
+    query = norm(query, p.q_norm, rows * H, hd);
+    query = view(rt_, query, false);
+    key = project(x, p, p.k);
+    key = view(rt_, key, false);
+    key = norm(key, p.k_norm, rows * KV, hd);
+    key = view(rt_, key, false);
+    value = project(x, p, p.v);
+    value = view(rt_, value, KV > 1);
+    return;
+  }
+  // q/k/v: mm, then view(B,S,h,hd).transpose(1,2). The grads arriving at these views
+  // are not viewable back as (B,S,h*hd), so the view's backward reshape copies --
+  // unless h == 1 (MQA k/v), where the transpose only moves a size-1 dimension.
+  // HF runs the three projections, then the three view+transposes: the views' autograd
+  // nodes are newer than every projection's, so backward copies all three grads back
+  // before the first projection's MmBackward (H100 trace). OLMo-2 norms each whole
+  // projection output right after it (`self.q_norm(self.q_proj(x))`).
+  const bool full = a.qk_norm == QkNorm::full;
+  const bool transposed = a.qk_norm == QkNorm::head;  // Gemma-3: on the (B,h,S,hd) views
+  query = project(x, p, p.q);
+  if (full) query = norm(query, p.q_norm, rows, s_.q_dim());
+  key = project(x, p, p.k);
+  if (full) key = norm(key, p.k_norm, rows, s_.kv_dim());
+  value = project(x, p, p.v);
+  numeric_hint(rt_, NumericHint::split_heads);  // numeric mode only (graph/numeric/numeric.h)
+  query = view(rt_, query, !transposed && s_.heads > 1);
+  numeric_hint(rt_, NumericHint::split_heads);
+  key = view(rt_, key, !transposed && s_.kv_heads > 1);
+  numeric_hint(rt_, NumericHint::split_heads);
+  value = view(rt_, value, s_.kv_heads > 1);
+  if (transposed) {
+    query = norm(query, p.q_norm, rows * H, hd);
+    key = norm(key, p.k_norm, rows * KV, hd);
+  }
+}
+
+Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tensor& mask,
+                               const Tensor& cos_in, const Tensor& sin_in) {
+  ModuleScope module_scope(rt_, Module::attention);
+  const DecoderArch& a = arch();
+  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t rd = s_.rotary_dim();
+  const double bmm_flops = 2.0 * B * H * S * S * hd;
+  Tensor out;
+  {
+    Tensor query, key, value;
+    project_qkv(p, x, query, key, value);
+    Tensor qkv = std::move(fused_qkv_);  // lives until the attention returns
+    // Gemma, Mistral, Phi-3, OLMo-2: `cos, sin = self.rotary_emb(value_states,
+    // position_ids)` in every attention (no attention_scaling multiply).
+    Tensor cos = cos_in, sin = sin_in;
+    if (a.rope == RopeAt::layer) rope_tables(false, cos, sin);
+    // RoPE keeps q's (B,S,H,hd) memory layout (TensorIterator follows the first input).
+    // `query_states, key_states = apply_rotary_pos_emb(query_states, key_states, ...)`:
+    // the un-rotated q and k stay alive until both rotations have returned.
+    Tensor q_rot, k_rot, q_pass, k_pass;  // partial rotary's locals
+    qk_contiguous_ = rd < hd;
+    if (rd < hd) {
+      // StableLM: rotary on q[..., :rd] and k[..., :rd] (slices), then cat with the rest:
+      // contiguous (B,h,S,hd) q and k, which matmul uses without copies.
+      q_rot = slice_seq(rt_, query, query.bytes / hd * rd);
+      q_pass = slice_seq(rt_, query, query.bytes / hd * (hd - rd));
+      k_rot = slice_seq(rt_, key, key.bytes / hd * rd);
+      k_pass = slice_seq(rt_, key, key.bytes / hd * (hd - rd));
+      {
+        Tensor q_embed = rope_hf(rt_, q_rot, cos, sin);
+        Tensor k_embed = rope_hf(rt_, k_rot, cos, sin);
+        q_rot = std::move(q_embed);
+        k_rot = std::move(k_embed);
+      }
+      query = cat2(rt_, q_rot, q_pass);
+      key = cat2(rt_, k_rot, k_pass);
+    } else {
+      const bool low = autocast_on();  // low-precision q/k times fp32 cos/sin: fp32 q/k
+      Tensor q_embed = low ? rope_hf_autocast(rt_, query, cos, sin) : rope_hf(rt_, query, cos, sin);
+      Tensor k_embed = low ? rope_hf_autocast(rt_, key, cos, sin) : rope_hf(rt_, key, cos, sin);
+      query = std::move(q_embed);
+      key = std::move(k_embed);
+    }
+    Tensor attn_output;
+    if (a.attn_function) {
+      // v4.50+: attention_interface(self, q, k, v, mask): repeat_kv, the core and the
+      // transpose-contiguous inside (the `selective` region); this frame's key/value
+      // names keep the pre-repeat tensors until it returns.
+      attn_output = run_region(rt_, RegionKind::core_attention, {query, key, value, mask},
+                               [this](const Inputs& in) {
+                                 return attention_function(in[0], in[1], in[2], in[3]);
+                               });
+    } else {
+      // repeat_kv: expand + reshape copies, except for a single KV head (a view).
+      const uint64_t n_rep = H / static_cast<uint64_t>(s_.kv_heads);
+      const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
+      if (n_rep > 1) {
+        key = repeat_copies ? expand_clone(rt_, key, n_rep) : expand_view(rt_, key, n_rep);
+        value = repeat_copies ? expand_clone(rt_, value, n_rep) : expand_view(rt_, value, n_rep);
+      }
+      if (s_.attention == HfAttention::eager) {
+        // The eager attention core (matmul, scale, mask, softmax, dropout, matmul) is the
+        // candidate region of `selective` (graph/checkpoint.h); it captures values only.
+        Tensor o4 = run_region(rt_, RegionKind::core_attention, {query, key, value, mask},
+                               [this](const Inputs& in) { return eager_core(in[0], in[1], in[2], in[3]); });
+        numeric_hint(rt_, NumericHint::merge_heads);
+        attn_output = clone(rt_, o4);  // transpose(1, 2).contiguous()
+      } else {
+        SdpaShape sh{B, H, S, hd, e};
+        // The kernel's (B,S,H,hd) output makes transpose(1,2).contiguous() a no-op.
+        const bool flash = s_.attention == HfAttention::flash;
+        attn_output = run_region(rt_, RegionKind::core_attention, {query, key, value},
+                                 [this, sh, flash, bmm_flops](const Inputs& in) {
+                                   return flash ? sdpa_flash(rt_, in[0], in[1], in[2], sh, 2 * bmm_flops)
+                                                : sdpa_efficient(rt_, in[0], in[1], in[2], sh, 2 * bmm_flops);
+                                 });
+      }
+    }
+    out = project(attn_output, p, p.o);
+  }  // the attention forward's locals (q/k/v states, attn_output) die here
+  return out;
+}
+
+// eager_attention_forward / sdpa_attention_forward (v4.50+): repeat_kv, the core, and
+// `attn_output.transpose(1, 2).contiguous()`; the probabilities go to the layer's
+// `self_attn_weights` (layer_weights_).
+Tensor DecoderModel::attention_function(const Tensor& query, const Tensor& key_in,
+                                        const Tensor& value_in, const Tensor& mask) {
+  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t n_rep = H / static_cast<uint64_t>(s_.kv_heads);
+  const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
+  Tensor key = key_in, value = value_in;
+  if (n_rep > 1) {
+    key = repeat_copies ? expand_clone(rt_, key_in, n_rep) : expand_view(rt_, key_in, n_rep);
+    value = repeat_copies ? expand_clone(rt_, value_in, n_rep) : expand_view(rt_, value_in, n_rep);
+  }
+  if (s_.attention != HfAttention::eager) {
+    SdpaShape sh{B, H, S, hd, e};
+    const double flops = 4.0 * B * H * S * S * hd;
+    return s_.attention == HfAttention::flash ? sdpa_flash(rt_, query, key, value, sh, flops)
+                                              : sdpa_efficient(rt_, query, key, value, sh, flops);
+  }
+  Tensor o4 = core(query, key, value, mask);
+  key.reset();
+  value.reset();
+  return clone(rt_, o4);  // transpose(1, 2).contiguous()
+}
+
+Tensor DecoderModel::eager_core(const Tensor& query, const Tensor& key, const Tensor& value,
+                                const Tensor& mask) {
+  return core(query, key, value, mask);
+}
+
+// matmul(q, k^T) / sqrt(hd) (or * scaling) [soft-cap] + mask, softmax (fp32), dropout,
+// matmul with v: the (B,H,S,hd) result, still in the bmm's layout.
+Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& value,
+                          const Tensor& mask) {
+  const DecoderArch& a = arch();
+  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t qD = s_.q_dim();
+  const uint64_t n_rep = static_cast<uint64_t>(s_.heads / s_.kv_heads);
+  const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
+  const double bmm_flops = 2.0 * B * H * S * S * hd;
+  // matmul reshapes: q (transposed layout) copies; k^T and v are views when
+  // repeat_kv made contiguous copies, copies otherwise. Partial rotary's cat makes q and
+  // k contiguous: no copies.
+  const bool ac = autocast_on();
+  Tensor w;
+  if (ac) {
+    // matmul is a lower-precision op: q and k (fp32 after RoPE) are cast first (saved),
+    // then matmul's reshape copies the q copy (it keeps q's transposed layout); k^T
+    // of a contiguous key copy is a view. Scores are low precision.
+    const uint64_t low = ac_->low_elem();
+    Tensor qa = ac_->cast(query, query.bytes / 4 * low);
+    Tensor ka = ac_->cast(key, key.bytes / 4 * low);
+    // The cast of an expanded (single-KV-head) key is a dense copy too: k^T is a view.
+    Tensor qc = clone(rt_, qa);
+    Tensor kc = n_rep > 1 ? ka : clone(rt_, ka);
+    w = bmm(rt_, qc, kc, B * H * S * S * low, bmm_flops);
+    qc.reset();
+    kc.reset();
+    qa.reset();  // not saved (bmm saved the reshaped copy): dies with the matmul
+    ka.reset();
+  } else {
+    Tensor qc = qk_contiguous_ ? query : clone(rt_, query);
+    Tensor kc = repeat_copies || qk_contiguous_ ? key : clone(rt_, key);
+    numeric_hint(rt_, NumericHint::transpose_b);  // q @ k^T (k kept (B,H,S,hd))
+    w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
+    qc.reset();
+    kc.reset();
+  }
+  w = a.attn_scale_mul ? mul_scalar(rt_, w) : div_scalar(rt_, w);
+  if (a.attn_softcap > 0.0) w = softcap(w);  // Gemma-2: before the mask
+  if (mask.defined() && ac) {  // low-precision scores + the fp32 mask: fp32
+    Tensor low_w = w;
+    w = add(rt_, ac_->widen(low_w), mask);
+    Autocast::promoted(rt_, w, 0, low_w);
+  } else if (mask.defined()) {
+    numeric_hint(rt_, NumericHint::mask_slice);  // attention_mask[:, :, :, :S]
+    w = a.mask_add_inplace ? add_(rt_, w, mask) : add(rt_, w, mask);
+  }
+  if (e == 4) {
+    w = softmax(rt_, w);
+  } else {
+    // `attn_weights = F.softmax(attn_weights, dtype=float32).to(dtype)`: softmax converts
+    // its input first (the copy dies with the call), .to casts back; the bf16 scores are
+    // rebound only once the whole expression has returned (H100 trace).
+    Tensor p32;
+    {
+      Tensor w32 = to_copy(rt_, w, w.bytes / e * 4);
+      p32 = softmax(rt_, w32);
+    }
+    Tensor pr = to_copy(rt_, p32, p32.bytes / 4 * e);
+    p32.reset();
+    w = std::move(pr);
+  }
+  if (s_.dropout > 0.0) w = native_dropout(rt_, w, e);
+  Tensor o;
+  if (ac) {  // the fp32 probabilities are cast (saved) before matmul copies v
+    Tensor wa = ac_->cast(w, w.bytes / 4 * ac_->low_elem());
+    Tensor vc = repeat_copies ? value : clone(rt_, value);
+    o = bmm(rt_, wa, vc, B * S * qD * ac_->low_elem(), bmm_flops);
+  } else {
+    Tensor vc = repeat_copies ? value : clone(rt_, value);
+    o = bmm(rt_, w, vc, B * S * qD * e, bmm_flops);
+    vc.reset();
+  }
+  // v4.50+: the probabilities are returned as attn_weights (a re-run in backward writes
+  // nothing: its outputs are dropped).
+  if (layer_weights_ != nullptr && !rt_.recomputing) *layer_weights_ = w;
+  w.reset();
+  return view(rt_, o, /*copy_in_backward=*/true);  // `o` dies on return
+}
+
+// GPT2Attention._attn: returns attn_output, and its attn_weights (the dropout output)
+// through `weights`.
+Tensor DecoderModel::where_core(const LayerParams& p, const Tensor& q, const Tensor& k,
+                                const Tensor& v, Tensor& weights) {
+  // Under autocast q/k/v are the bf16 addmm output: matmul casts nothing.
+  const uint64_t e = act_elem(), B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t D = s_.d_model;
+  const uint64_t scores = B * H * S * S * e;
+  const double bmm_flops = 2.0 * B * H * S * S * hd;
+  // matmul of (B,H,S,hd) views of the (B,S,3D) projection: reshape copies.
+  numeric_hint(rt_, NumericHint::qkv_piece, 0);
+  Tensor qc = clone(rt_, q);
+  numeric_hint(rt_, NumericHint::qkv_piece, 1);
+  Tensor kc = clone(rt_, k);
+  numeric_hint(rt_, NumericHint::transpose_b);  // q @ k^T (k kept (B,H,S,hd))
+  Tensor w0 = bmm(rt_, qc, kc, scores, bmm_flops);
+  qc.reset();
+  kc.reset();
+  numeric_hint(rt_, NumericHint::fill_scalar, std::sqrt(static_cast<double>(hd)));
+  Tensor scale = new_tensor(rt_, e, OpKind::scalar_tensor, TensorKind::temporary);  // torch.full
+  Tensor w1 = div(rt_, w0, scale);  // saves the 0-d divisor
+  scale.reset();
+  w0.reset();
+  Tensor mask_value = rt_.alloc(e, TensorKind::temporary, OpKind::scalar_tensor);
+  Tensor w2 = where_tensor(rt_, p.causal_bias, w1, e);
+  w1.reset();
+  Tensor w3;
+  if (autocast_on()) {
+    // softmax gets dtype=float32 under autocast; `.type(value.dtype)` casts back.
+    w3 = ac_->fp32_softmax(w2);
+    w2.reset();
+    Tensor wl = to_copy(rt_, w3, w3.bytes / 4 * e);
+    w3.reset();
+    w3 = std::move(wl);
+  } else {
+    w3 = softmax(rt_, w2);
+    w2.reset();
+  }
+  weights = drop(w3);
+  w3.reset();
+  numeric_hint(rt_, NumericHint::qkv_piece, 2);
+  Tensor vc = clone(rt_, v);
+  Tensor o = bmm(rt_, weights, vc, B * S * D * e, bmm_flops);
+  vc.reset();
+  mask_value.reset();  // a local of _attn
+  return view(rt_, o, /*copy_in_backward=*/true);
+}
+
+Tensor DecoderModel::attention_gpt2(const LayerParams& p, const Tensor& x) {
+  ModuleScope module_scope(rt_, Module::attention);
+  Tensor out;
+  {
+    Tensor qkv = project(x, p, p.qkv);
+    SplitQkv split(rt_, qkv);
+    numeric_hint(rt_, NumericHint::qkv_piece, 0);
+    Tensor q = split.head_view(rt_, 0);
+    numeric_hint(rt_, NumericHint::qkv_piece, 1);
+    Tensor k = split.head_view(rt_, 1);
+    numeric_hint(rt_, NumericHint::qkv_piece, 2);
+    Tensor v = split.head_view(rt_, 2);
+    // `attn_output, attn_weights = self._attn(q, k, v)`: both names stay bound until
+    // GPT2Attention.forward returns. _attn is the candidate region of `selective`
+    // (graph/checkpoint.h). Its second output leaves through `keep`. A region that runs
+    // plainly calls the lambda at once, while this frame is alive; a checkpointed one
+    // also stores it for its re-run in backward, whose outputs torch drops (and this
+    // frame is gone by then): `stored` tells the two apart.
+    Tensor attn_weights;
+    Tensor* keep = &attn_weights;
+    const int32_t layer = rt_.ctx.layer;
+    const bool stored =
+        rt_.checkpoint != nullptr && rt_.checkpoint->wants(RegionKind::core_attention, layer);
+    Tensor attn_output = run_region(
+        rt_, RegionKind::core_attention, {q, k, v},
+        [this, layer, keep, stored](const Inputs& in) {
+          Tensor weights;
+          Tensor o = where_core(layers_[layer], in[0], in[1], in[2], weights);
+          if (!stored || !rt_.recomputing) *keep = std::move(weights);
+          return o;
+        });
+    // _merge_heads: permute(0, 2, 1, 3).contiguous() copies; view.
+    numeric_hint(rt_, NumericHint::merge_heads);
+    Tensor merged = clone(rt_, attn_output);
+    attn_output.reset();
+    out = project(merged, p, p.o);
+    merged.reset();
+    out = drop(out);
+  }  // q, k, v, the projection and attn_weights die with GPT2Attention.forward
+  return out;
+}
+
+}  // namespace memsim::graph

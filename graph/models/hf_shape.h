@@ -1,0 +1,45 @@
+// Shape and options of a Hugging Face decoder (graph/models/decoder.h): the run's dimensions and
+// the architecture row (graph/models/decoder_spec.h).
+#pragma once
+
+#include <cstdint>
+
+#include "graph/models/decoder_spec.h"
+
+namespace memsim::graph {
+
+enum class HfAttention : uint8_t { eager, flash, mem_efficient };
+
+// PEFT LoRA on the decoder layers' linear modules (graph/models/lora.h). rank 0 = no LoRA.
+struct HfLora {
+  int64_t rank = 0;
+  uint32_t targets = 0;        // bit i: the family's i-th linear module (graph/models/lora.h)
+  uint64_t adapter_elem = 4;   // lora_A / lora_B dtype
+  double dropout = 0.0;        // lora_dropout (0: nn.Identity)
+  bool nf4 = false;            // base linears are bitsandbytes Linear4bit (QLoRA)
+};
+
+struct HfShape {
+  int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, d_ff = 0, vocab = 0;
+  int64_t context_length = 0;  // n_positions (GPT-2 wpe and causal `bias` buffer)
+  int64_t batch = 1, seq = 1;
+  uint64_t elem = 4;           // parameter / activation element size
+  double dropout = 0.0;        // attn/resid/embd pdrop (GPT-2), attention_dropout (LLaMA)
+  bool tied = false;           // lm_head.weight is the token embedding (GPT-2: true)
+  HfAttention attention = HfAttention::eager;
+  HfLora lora;
+  DecoderArch arch;            // which shared modules the layers use (graph/models/decoder.h)
+
+  uint64_t rows() const { return static_cast<uint64_t>(batch * seq); }
+  uint64_t head_dim() const {
+    return static_cast<uint64_t>(arch.head_dim > 0 ? arch.head_dim : d_model / heads);
+  }
+  // Width of the attention's q (and o_proj's input): heads x head_dim.
+  uint64_t q_dim() const { return static_cast<uint64_t>(heads) * head_dim(); }
+  uint64_t kv_dim() const { return static_cast<uint64_t>(kv_heads) * head_dim(); }
+  uint64_t rotary_dim() const {
+    return arch.rotary_dim > 0 ? static_cast<uint64_t>(arch.rotary_dim) : head_dim();
+  }
+};
+
+}  // namespace memsim::graph

@@ -1,0 +1,92 @@
+#include "graph/models/lora.h"
+
+#include "graph/ops/ops.h"
+#include "graph/ops/ops_lora.h"
+#include "graph/ops/ops_nn.h"
+
+namespace memsim::graph {
+
+namespace {
+Tensor named(Runtime& rt, Tensor t, const std::string& name) {
+  rt.program().tensors[t.storage].name = rt.program().intern(name);
+  return t;
+}
+}  // namespace
+
+int32_t LoraModules::add_base_weight(uint64_t out, uint64_t in, const std::string& name,
+                                     bool conv1d_layout) {
+  const uint64_t n = out * in;
+  if (!quantized()) {
+    const int32_t id = rt_.add_parameter(n * s_.elem, name);
+    rt_.parameters()[id].rows = conv1d_layout ? in : out;
+    return id;
+  }
+  // quantize_4bit(blocksize=64, compress_statistics=True, quant_type="nf4"): the packed
+  // codes, then the double-quantised statistics kept in the weight's QuantState.
+  const int32_t id = rt_.add_parameter(nf4_packed_bytes(n), name);
+  if (!dynamic_map_.defined())
+    dynamic_map_ = named(rt_, rt_.alloc(256 * 4, TensorKind::parameter, OpKind::other),
+                         "bnb dynamic map");
+  const uint64_t blocks = nf4_blocks(n);
+  Nf4State q;
+  q.absmax_q = named(rt_, rt_.alloc(blocks, TensorKind::parameter, OpKind::other),
+                     name + ".quant_state.absmax");
+  q.absmax2 = named(rt_, rt_.alloc((blocks + 255) / 256 * 4, TensorKind::parameter, OpKind::other),
+                    name + ".quant_state.state2.absmax");
+  q.offset = named(rt_, rt_.alloc(4, TensorKind::parameter, OpKind::other),
+                   name + ".quant_state.offset");
+  q.code = named(rt_, rt_.alloc(16 * 4, TensorKind::parameter, OpKind::other),
+                 name + ".quant_state.code");
+  nf4_.push_back(std::move(q));
+  return id;
+}
+
+void LoraModules::freeze_all() {
+  for (Parameter& p : rt_.parameters()) p.frozen = true;
+}
+
+LoraAdapter LoraModules::add_adapter(uint64_t out, uint64_t in, const std::string& module_name) {
+  const uint64_t r = static_cast<uint64_t>(s_.lora.rank), a = s_.lora.adapter_elem;
+  LoraAdapter ad;
+  ad.a = rt_.add_parameter(r * in * a, module_name + ".lora_A.default.weight");
+  ad.b = rt_.add_parameter(out * r * a, module_name + ".lora_B.default.weight");
+  rt_.parameters()[ad.a].rows = r;
+  rt_.parameters()[ad.b].rows = out;
+  rt_.parameters()[ad.a].elem = static_cast<uint8_t>(a);
+  rt_.parameters()[ad.b].elem = static_cast<uint8_t>(a);
+  return ad;
+}
+
+Tensor LoraModules::base_linear(const Tensor& x, int32_t w, uint64_t in, uint64_t out) {
+  const double flops = 2.0 * static_cast<double>(s_.rows()) * in * out;
+  if (!quantized()) return mm_linear(rt_, x, rt_.param(w), s_.rows() * out * s_.elem, flops);
+  Nf4Sizes deq;
+  deq.absmax_fp32 = nf4_blocks(in * out) * 4;
+  deq.weight = in * out * s_.elem;
+  return matmul_4bit(rt_, x, rt_.param(w), deq, s_.rows() * out * s_.elem, flops);
+}
+
+Tensor LoraModules::add_adapter_path(const Tensor& x, Tensor result, const LoraAdapter& ad,
+                                     uint64_t in, uint64_t out) {
+  if (!ad.defined()) return result;
+  const uint64_t rows = s_.rows(), r = static_cast<uint64_t>(s_.lora.rank);
+  const uint64_t a = s_.lora.adapter_elem, e = s_.elem;
+  // PEFT rebinds `x = x.to(lora_A.weight.dtype)`: that copy lives until forward returns.
+  Tensor xa = a == e ? x : to_copy(rt_, x, x.bytes / e * a);
+  Tensor sum;
+  {
+    Tensor xd = s_.lora.dropout > 0.0 ? native_dropout(rt_, xa, a) : xa;
+    Tensor h = mm_linear(rt_, xd, rt_.param(ad.a), rows * r * a, 2.0 * rows * in * r);
+    xd.reset();
+    Tensor y = mm_linear(rt_, h, rt_.param(ad.b), rows * out * a, 2.0 * rows * r * out);
+    h.reset();
+    Tensor ys = mul_scalar(rt_, y);  // * scaling
+    y.reset();
+    sum = add(rt_, result, ys);      // promotes to the wider dtype
+  }
+  result.reset();                    // `result = result + ...` drops the base output
+  if (a != e) sum = to_copy(rt_, sum, rows * out * e);  // result.to(torch_result_dtype)
+  return sum;
+}
+
+}  // namespace memsim::graph

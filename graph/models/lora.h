@@ -1,0 +1,86 @@
+// PEFT LoRA and QLoRA on the Hugging Face families' linear modules (graph/models/decoder*.cpp),
+// written against graph::Runtime.
+//
+// Mirrors PEFT (0.10-0.13, tuners/lora/layer.py Linear.forward) and bitsandbytes
+// (0.41-0.43, nn.Linear4bit / functional.quantize_4bit):
+//  - get_peft_model freezes every base parameter (requires_grad=False: no .grad, no
+//    optimizer state) and adds, per targeted module, lora_A (r x in) and lora_B
+//    (out x r) without bias, in lora.adapter_dtype (PEFT >= 0.12 upcasts adapters of a
+//    16-bit base to fp32 by default: autocast_adapter_dtype=True).
+//  - forward: result = base_layer(x); x = x.to(lora_A.weight.dtype) (a copy when the
+//    dtypes differ); result = result + lora_B(lora_A(dropout(x))) * scaling (dropout:
+//    nn.Dropout = native_dropout with its bool mask, or nn.Identity when lora_dropout is
+//    0); result.to(the base result's dtype) (a copy when they differ). Saved for backward:
+//    dropout's mask, lora_A's input (the dropout output, or x itself), lora_B's input
+//    (x @ A^T, rows x r); the base matmul saves nothing, its weight having no grad.
+//  - QLoRA (lora.base_dtype nf4): the decoder layers' linear weights are Params4bit:
+//    NF4 codes packed two per byte (ceil(n/2) bytes), blocksize 64, double quantisation
+//    (compress_statistics=True): absmax quantised to uint8 (one byte per 64 values) with
+//    an fp32 absmax per 256 of those blocks, an fp32 offset (0-d) and the 16-entry fp32
+//    NF4 code per weight, and the 256-entry fp32 dynamic map shared by all weights.
+//    Embeddings, norms and lm_head stay in precision.params (transformers keeps lm_head
+//    unquantised). Forward and backward dequantise per call (graph/ops/ops_lora.h).
+// Not modelled: the transients of quantising at load time (an fp16 copy per weight on
+// the GPU before training starts), prepare_model_for_kbit_training's fp32 upcast of the
+// non-quantised parameters, the engine's dtype cast of the add's grad when the adapter
+// and base dtypes differ.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/models/hf_shape.h"
+#include "graph/runtime.h"
+
+namespace memsim::graph {
+
+// Linear module indices per family (bits of HfLora::targets).
+enum LlamaLinear : uint32_t { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj, kLlamaLinears };
+enum Gpt2Linear : uint32_t { kCAttn, kAttnCProj, kCFc, kMlpCProj, kGpt2Linears };
+
+struct LoraAdapter {
+  int32_t a = -1, b = -1;  // parameter ids; -1: the module has no adapter
+  bool defined() const { return a >= 0; }
+};
+
+// The persistent storages of one NF4 weight besides its packed codes.
+struct Nf4State {
+  Tensor absmax_q, absmax2, offset, code;
+};
+
+// Bytes of the packed NF4 codes of an n-element weight.
+inline uint64_t nf4_packed_bytes(uint64_t n) { return (n + 1) / 2; }
+inline uint64_t nf4_blocks(uint64_t n) { return (n + 63) / 64; }
+
+class LoraModules {
+ public:
+  LoraModules(Runtime& rt, const HfShape& s) : rt_(rt), s_(s) {}
+  bool enabled() const { return s_.lora.rank > 0; }
+  bool targets(uint32_t module) const { return enabled() && (s_.lora.targets >> module) & 1u; }
+  bool quantized() const { return enabled() && s_.lora.nf4; }
+
+  // A decoder-layer linear weight: NF4-packed under QLoRA, else elem bytes. Stored
+  // (out, in) as nn.Linear, or (in, out) as GPT-2's Conv1D (`conv1d_layout`); the
+  // parameter's rows are set accordingly.
+  int32_t add_base_weight(uint64_t out, uint64_t in, const std::string& name,
+                          bool conv1d_layout = false);
+  // get_peft_model: freezes every parameter added so far.
+  void freeze_all();
+  LoraAdapter add_adapter(uint64_t out, uint64_t in, const std::string& module_name);
+
+  // base_layer(x) for a weight from add_base_weight, without bias (LLaMA).
+  Tensor base_linear(const Tensor& x, int32_t w, uint64_t in, uint64_t out);
+  // The adapter path added to `result` (the base layer's output). Returns result as is
+  // when the adapter is undefined.
+  Tensor add_adapter_path(const Tensor& x, Tensor result, const LoraAdapter& ad, uint64_t in,
+                          uint64_t out);
+
+ private:
+  Runtime& rt_;
+  const HfShape& s_;
+  std::vector<Nf4State> nf4_;
+  Tensor dynamic_map_;  // bitsandbytes' shared 256-entry map (double quantisation code)
+};
+
+}  // namespace memsim::graph

@@ -1,0 +1,312 @@
+#include "graph/models/megatron.h"
+
+#include "graph/checkpoint.h"
+#include "graph/numeric/numeric.h"
+#include "graph/ops/ops.h"
+
+namespace memsim::graph {
+
+int64_t megatron_parameter_count(const MegatronShape& s) {
+  const int64_t h = s.hidden, f = s.ffn, bias = s.bias ? 1 : 0, t = s.tensor;
+  const int64_t per_layer = (3 * h * h + h * h + 2 * h * f) / t  // QKV, dense, fc1, fc2 weights
+                            + bias * ((3 * h + f) / t + h + h)   // their biases (row-parallel: full)
+                            + 4 * h;                             // two LayerNorms
+  const int64_t word = s.padded_vocab() / t * h;
+  int64_t n = s.layers * per_layer;
+  if (s.pre_process) n += word + s.max_positions * h;
+  if (s.post_process) n += 2 * h + (s.pre_process && s.tied ? 0 : word);
+  return n;
+}
+
+MegatronLayerBytes megatron_layer_saved_bytes(const MegatronShape& s) {
+  const uint64_t sbh = static_cast<uint64_t>(s.seq * s.batch * s.hidden);
+  const uint64_t t = static_cast<uint64_t>(s.tensor);
+  const uint64_t as2b = static_cast<uint64_t>(s.heads / s.tensor * s.seq * s.seq * s.batch);
+  const uint64_t e = s.elem, mask = s.dropout ? 1 : 0;
+  MegatronLayerBytes r;
+  // 16 sbh-sized 16-bit tensors plus two 1-byte masks (34 sbh for e = 2); eager adds the
+  // softmax output, the dropout output and its mask (5 as^2 b). With tensor parallel t
+  // (Korthikanti Table 2, sbh(10 + 24/t + 5as/(ht))): the two LayerNorm inputs, the two
+  // LayerNorm outputs (QKV and fc1 inputs) and the two dropout masks stay full (5 tensors
+  // + 2 masks = 10 sbh); Q, K, V, the projection input, the fc1 output and the GeLU
+  // output are split (12 tensors = 24 sbh / t), and so are the heads.
+  r.korthikanti = sbh * (4 * e + 2 * mask) + sbh * 12 * e / t;
+  // With sequence parallel (Table 2: sbh(34/t + 5as/(ht))) the full ones are split too.
+  if (s.sequence_parallel) r.korthikanti = sbh * (16 * e + 2 * mask) / t;
+  if (!s.flash) r.korthikanti += as2b * (e + mask * (e + 1));
+  r.norm_stats = 2 * 2 * 4 * static_cast<uint64_t>(s.seq * s.batch) / (s.sequence_parallel ? t : 1);
+  if (s.flash)
+    r.flash_extras =
+        4 * static_cast<uint64_t>(s.heads / s.tensor * s.seq * s.batch) + (s.dropout ? 16 : 0);
+  return r;
+}
+
+void MegatronModel::use_global_buffer(uint64_t bytes) {
+  if (global_buffer_.defined() && global_buffer_.bytes >= bytes) return;
+  // Not an activation of any layer: a new, larger buffer replaces the old one (which dies
+  // when the dict entry is rebound).
+  const int32_t layer = rt_.ctx.layer;
+  const uint32_t region = rt_.ctx.region;
+  rt_.ctx.layer = -1;
+  rt_.ctx.region = 0;
+  Tensor buffer = rt_.alloc(bytes, TensorKind::other, OpKind::baddbmm);
+  rt_.program().tensors[buffer.storage].name = rt_.program().intern("mpu global memory buffer");
+  global_buffer_ = std::move(buffer);
+  rt_.ctx.layer = layer;
+  rt_.ctx.region = region;
+}
+
+int32_t MegatronModel::param(uint64_t elems, const std::string& name, bool decay) {
+  const int32_t id = rt_.add_parameter(elems * s_.elem, name);
+  params_.push_back(id);
+  decayed_.push_back(decay);
+  return id;
+}
+
+void MegatronModel::construct() {
+  const uint64_t h = s_.hidden, f = s_.ffn, t = tp();
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::embedding;
+  // VocabParallelEmbedding: this rank's rows of the padded vocabulary.
+  if (s_.pre_process) {
+    word_ = param(static_cast<uint64_t>(s_.padded_vocab()) / t * h,
+                  "embedding.word_embeddings.weight", true);
+    pos_ = param(s_.max_positions * h, "embedding.position_embeddings.weight", true);
+  }
+  ids_.assign(static_cast<size_t>(s_.layers), LayerIds{});
+  for (int32_t l = 0; l < s_.layers; ++l) {
+    rt_.ctx.layer = l;
+    LayerIds& id = ids_[static_cast<size_t>(l)];
+    const std::string pre = "decoder.layers." + std::to_string(l) + ".";
+    rt_.ctx.module = Module::norm;
+    id.ln1 = param(h, pre + "input_layernorm.weight", false);
+    param(h, pre + "input_layernorm.bias", false);
+    rt_.ctx.module = Module::attention;
+    id.qkv = param(3 * h * h / t, pre + "self_attention.linear_qkv.weight", true);
+    if (s_.bias) id.qkv_b = param(3 * h / t, pre + "self_attention.linear_qkv.bias", false);
+    id.proj = param(h * h / t, pre + "self_attention.linear_proj.weight", true);
+    if (s_.bias) id.proj_b = param(h, pre + "self_attention.linear_proj.bias", false);
+    rt_.ctx.module = Module::norm;
+    id.ln2 = param(h, pre + "pre_mlp_layernorm.weight", false);
+    param(h, pre + "pre_mlp_layernorm.bias", false);
+    rt_.ctx.module = Module::mlp;
+    id.fc1 = param(f * h / t, pre + "mlp.linear_fc1.weight", true);
+    if (s_.bias) id.fc1_b = param(f / t, pre + "mlp.linear_fc1.bias", false);
+    id.fc2 = param(h * f / t, pre + "mlp.linear_fc2.weight", true);
+    if (s_.bias) id.fc2_b = param(h, pre + "mlp.linear_fc2.bias", false);
+  }
+  rt_.ctx.layer = -1;
+  if (s_.post_process) {
+    rt_.ctx.module = Module::norm;
+    final_ln_ = param(h, "decoder.final_layernorm.weight", false);
+    param(h, "decoder.final_layernorm.bias", false);
+    if (!s_.pre_process || !s_.tied) {
+      // The untied output layer's weight, or the last pipeline stage's copy of the word
+      // embedding for the tied one.
+      rt_.ctx.module = Module::head;
+      output_ = param(static_cast<uint64_t>(s_.padded_vocab()) / t * h, "output_layer.weight",
+                      true);
+    }
+  }
+  rt_.ctx.module = Module::none;
+}
+
+// DotProductAttention (local spec) or TE fused attention on the packed QKV output.
+// `mixed` is the QKV output (flash), or unused when q, k, v are given (eager).
+Tensor MegatronModel::core_attention(const Inputs& in) {
+  // This rank's heads (np = a / t); the context is [s, b, h / t].
+  const uint64_t b = s_.batch, a = s_.heads / tp(), s = s_.seq, e = s_.elem;
+  const double hd = static_cast<double>(s_.hidden / s_.heads);
+  const double attn_flops = 2.0 * static_cast<double>(b * a * s * s) * hd;  // per GEMM
+  if (s_.flash) {
+    return fused_attention(rt_, in[0], act() / tp(), b * a * s * 4, rows() * s_.hidden / tp() * 4,
+                           s_.dropout, 2 * attn_flops);
+  }
+  const Tensor& q = in[0];
+  const Tensor& k = in[1];
+  const Tensor& v = in[2];
+  use_global_buffer(b * a * s * s * e);  // the baddbmm input
+  // matmul_result (and its attention_scores view) stay bound until forward returns.
+  Tensor scores = baddbmm_qk(rt_, q, k, b * a * s * s * e, attn_flops);
+  Tensor probs = fused_causal_softmax(rt_, scores);
+  probs = dropout(rt_, probs, b * a * s * s, s_.dropout);
+  numeric_hint(rt_, NumericHint::megatron_v);  // numeric mode only (graph/numeric/numeric.h)
+  Tensor context = bmm(rt_, probs, v, act() / tp(), attn_flops);
+  // [b, np, sq, hn] -> [sq, b, np, hn]: permute(...).contiguous(), a copy; the bmm
+  // result dies when the name is rebound.
+  numeric_hint(rt_, NumericHint::merge_heads);
+  context = clone(rt_, context);
+  return context;
+}
+
+Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_mask) {
+  ModuleScope module_scope(rt_, Module::attention);
+  const uint64_t h = s_.hidden, e = s_.elem, t = tp();
+  const double r = static_cast<double>(rows()), hd = static_cast<double>(h);
+  const double td = static_cast<double>(t);
+  const LayerIds& id = ids_[static_cast<size_t>(rt_.ctx.layer)];
+  // ColumnParallelLinear: this rank's 3h/t output columns.
+  numeric_param_hint(rt_, id.qkv, id.qkv_b);
+  Tensor mixed = megatron_linear(rt_, ln_out,
+                                 {3 * act() / t, 3 * h * h * e / t, s_.bias ? 3 * h * e / t : 0,
+                                  2 * r * hd * 3 * hd / td, sp_gather()});
+  // Selective recomputation checkpoints exactly core_attention(q, k, v, attention_mask)
+  // (tensor_parallel.checkpoint in _checkpointed_attention_forward).
+  Tensor context;
+  if (s_.flash) {
+    context = run_region(rt_, RegionKind::core_attention, {mixed, attention_mask},
+                         [this](const Inputs& in) { return core_attention(in); });
+  } else {
+    QkvViews qkv = qkv_split(rt_, mixed);
+    context = run_region(rt_, RegionKind::core_attention, {qkv.q, qkv.k, qkv.v, attention_mask},
+                         [this](const Inputs& in) { return core_attention(in); });
+  }
+  mixed.reset();
+  // linear_proj: RowParallelLinear, skip_bias_add (its bias goes to bias-dropout-add);
+  // the partial [s, b, h] output is all-reduced in place.
+  numeric_param_hint(rt_, id.proj);
+  Tensor out = megatron_linear(
+      rt_, context, {act(), h * h * e / t, 0, 2 * r * hd * hd / td, 0, sp_scatter(act())});
+  return out;
+}
+
+// MLP with bias-GeLU fusion up to linear_fc2 (its bias goes to bias-dropout-add).
+Tensor MegatronModel::mlp(const Tensor& ln_out) {
+  rt_.ctx.module = Module::mlp;
+  const uint64_t h = s_.hidden, f = s_.ffn / tp(), e = s_.elem;  // f: this rank's columns
+  const double r = static_cast<double>(rows());
+  const double flops = 2 * r * static_cast<double>(h) * static_cast<double>(f);
+  const LayerIds& id = ids_[static_cast<size_t>(rt_.ctx.layer)];
+  numeric_param_hint(rt_, id.fc1);
+  Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops, sp_gather()});
+  numeric_param_hint(rt_, -1, id.fc1_b);
+  inter = bias_gelu(rt_, inter, s_.bias ? f * e : 0);
+  numeric_param_hint(rt_, id.fc2);
+  return megatron_linear(rt_, inter, {act(), h * f * e, 0, flops, 0, sp_scatter(act())});
+}
+
+Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attention_mask) {
+  LayerScope layer_scope(rt_, index);
+  const uint64_t h = s_.hidden, e = s_.elem;
+  // The attention half (input_layernorm + self_attention) and the MLP half
+  // (pre_mlp_layernorm + mlp) are candidate checkpoint regions (graph/checkpoint.h); the
+  // bias-dropout-adds stay outside. Unless a half is itself checkpointed (then its norm
+  // output is a local of the checkpointed function), the layer frame keeps the norm
+  // output bound until it returns, as TransformerLayer.forward does: the lambda, run at
+  // once and never stored in that case, hands it out through `keep`.
+  CheckpointEngine* engine = rt_.checkpoint;
+  Tensor ln1;
+  Tensor* keep1 = engine && engine->wants(RegionKind::attention, index) ? nullptr : &ln1;
+  Tensor attn_out = run_region(rt_, RegionKind::attention, {x, attention_mask},
+                               [this, keep1, index](const Inputs& in) {
+                                 rt_.ctx.module = Module::norm;
+                                 const LayerIds& id = ids_[static_cast<size_t>(index)];
+                                 numeric_param_hint(rt_, id.ln1, id.ln1 + 1);
+                                 Tensor ln = fused_layer_norm(rt_, in[0], rows_sp(), s_.hidden, s_.elem);
+                                 Tensor out = attention(ln, in[1]);
+                                 if (keep1 != nullptr) *keep1 = std::move(ln);
+                                 return out;
+                               });
+  rt_.ctx.module = Module::attention;
+  const LayerIds& id = ids_[static_cast<size_t>(index)];
+  numeric_param_hint(rt_, -1, id.proj_b);
+  Tensor hidden = bias_dropout_add(rt_, attn_out, x, rows_sp() * h, s_.bias ? h * e : 0,
+                                   s_.dropout);
+  Tensor ln2;
+  Tensor* keep2 = engine && engine->wants(RegionKind::mlp, index) ? nullptr : &ln2;
+  // mlp_output_with_bias stays bound until the layer returns.
+  Tensor fc2_out = run_region(rt_, RegionKind::mlp, {hidden}, [this, keep2, index](const Inputs& in) {
+    rt_.ctx.module = Module::norm;
+    const LayerIds& lid = ids_[static_cast<size_t>(index)];
+    numeric_param_hint(rt_, lid.ln2, lid.ln2 + 1);
+    Tensor ln = fused_layer_norm(rt_, in[0], rows_sp(), s_.hidden, s_.elem);
+    Tensor out = mlp(ln);
+    if (keep2 != nullptr) *keep2 = std::move(ln);
+    return out;
+  });
+  rt_.ctx.module = Module::mlp;
+  numeric_param_hint(rt_, -1, id.fc2_b);
+  Tensor out = bias_dropout_add(rt_, fc2_out, hidden, rows_sp() * h, s_.bias ? h * e : 0,
+                                s_.dropout);
+  rt_.ctx.module = Module::none;
+  layer_scope.restore();
+  return out;  // ln1, attn_out, hidden, ln2, fc2_out die with the frame, in the caller's layer
+}
+
+Tensor MegatronModel::forward(const Tensor& tokens, const Tensor& position_ids,
+                              const Tensor& attention_mask) {
+  // GPTModel.forward keeps decoder_input bound until it returns.
+  Tensor embedded = embed(tokens, position_ids);
+  return head(decoder(embedded, attention_mask));
+}
+
+Tensor MegatronModel::embed(const Tensor& tokens, const Tensor& position_ids) {
+  const uint64_t h = s_.hidden, e = s_.elem;
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::embedding;
+  Tensor embedded;
+  {
+    // VocabParallelEmbedding: a full [b, s, h] output (masked lookup, then all-reduce).
+    const uint64_t local_vocab = static_cast<uint64_t>(s_.padded_vocab()) / tp();
+    numeric_param_hint(rt_, word_);
+    Tensor word = megatron_embedding(rt_, tokens, act(), local_vocab * h * e, true);
+    numeric_param_hint(rt_, pos_);
+    Tensor pos = megatron_embedding(rt_, position_ids, act(), s_.max_positions * h * e, true);
+    Tensor sum = add(rt_, word, pos);
+    embedded = clone(rt_, sum);  // transpose(0, 1).contiguous() -> [s, b, h]
+    sum.reset();
+    if (s_.sequence_parallel) {
+      // scatter_to_sequence_parallel_region, then .clone() (clone_scatter_output_in_embedding).
+      embedded = sequence_scatter(rt_, embedded, act() / tp());
+      embedded = clone(rt_, embedded);
+    }
+    embedded = dropout(rt_, embedded, rows_sp() * h, s_.dropout);
+  }
+  return embedded;
+}
+
+Tensor MegatronModel::decoder(const Tensor& input, const Tensor& attention_mask) {
+  // The decoder loop rebinds hidden_states. TransformerBlock: the layer loop, or
+  // _checkpointed_forward with full recomputation (tensor_parallel.checkpoint(custom(l,
+  // l + n), False, hidden_states, attention_mask, ...): the chunk's inputs are saved).
+  return run_layers(rt_, static_cast<int32_t>(s_.layers), input, {attention_mask},
+                    [this](int32_t l, const Tensor& in, const Inputs& extra) {
+                      return layer(l, in, extra[0]);
+                    });
+}
+
+Tensor MegatronModel::head(Tensor hidden) {
+  const uint64_t h = s_.hidden, e = s_.elem;
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::norm;
+  numeric_param_hint(rt_, final_ln_, final_ln_ + 1);
+  Tensor final_ln = fused_layer_norm(rt_, hidden, rows_sp(), h, e);
+  hidden.reset();
+  rt_.ctx.module = Module::head;
+  // Output layer tied to the word embedding (its wgrad also goes to that main_grad), or
+  // its own weight (untied, or the last stage's shared copy).
+  // Column-parallel over the padded vocabulary: this rank's V/t logits.
+  const uint64_t local_vocab = static_cast<uint64_t>(s_.padded_vocab()) / tp();
+  numeric_param_hint(rt_, output_ >= 0 ? output_ : word_);
+  Tensor logits = megatron_linear(
+      rt_, final_ln,
+      {rows() * local_vocab * e, local_vocab * h * e, 0,
+       2.0 * static_cast<double>(rows()) * static_cast<double>(h) *
+           static_cast<double>(local_vocab),
+       sp_gather()});
+  rt_.ctx.module = Module::none;
+  return logits;
+}
+
+Tensor MegatronModel::language_model_loss(const Tensor& logits, const Tensor& labels) {
+  ModuleScope module_scope(rt_, Module::loss);
+  Tensor labels_t = rt_.alloc(labels.bytes, TensorKind::input, OpKind::clone);
+  numeric_hint(rt_, NumericHint::labels, labels);  // rows kept in [b, s] order numerically
+  Tensor loss = vocab_parallel_cross_entropy(
+      rt_, logits, rows(), static_cast<uint64_t>(s_.padded_vocab()) / tp());
+  labels_t.reset();
+  loss = clone(rt_, loss);  // transpose(0, 1).contiguous() -> [b, s]
+  return loss;
+}
+
+}  // namespace memsim::graph

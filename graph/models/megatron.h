@@ -1,0 +1,198 @@
+// Model family `megatron`: a GPT as Megatron-LM builds it (megatron/core GPTModel with the
+// local layer spec: apex fused LayerNorm, ColumnParallel/RowParallel linears with
+// gradient-accumulation fusion, fused causal scale-mask-softmax, jit-fused
+// bias-dropout-add and bias-GeLU, learned absolute positions, output layer tied to the
+// word embedding or not, vocab-parallel cross entropy), tensor parallel t
+// (MegatronShape::tensor), the whole model or one pipeline chunk (pre_process /
+// post_process), written op by op against graph::Runtime with the ops of graph/ops/ops_fused.h.
+//
+// Layout [s, b, h]; activations in the parameters' 16-bit dtype. Parameters pass to the
+// ops as byte counts: their grads go to Megatron's main_grad buffer (the scheduler owns
+// it, sim/megatron/megatron_step.h), never to a lasting .grad.
+//
+// What one transformer layer keeps for backward, term by term against Korthikanti et al.
+// 2022, "Reducing Activation Recomputation in Large Transformer Models", §4.1
+// (16-bit activations, eager attention, dropout on; s*b*h*(34 + 5*a*s/h) bytes):
+//
+//   paper term                         memsim tensor (op that allocates it, who saves it)
+//   attention block, 11sbh + 5as^2b:
+//     QKV input            2sbh        input_layernorm output (fused_layer_norm; QKV linear)
+//     Q and K for QK^T     4sbh        \ the fused QKV output, 3 x 2sbh, one storage
+//     V for attn*V         2sbh        / (megatron_linear; baddbmm saves q,k, bmm saves v)
+//     softmax output       2as^2b      fused_causal_softmax output (saved by itself)
+//     softmax dropout mask as^2b       dropout mask, 1 byte/element (dropout)
+//     dropout output       2as^2b      dropout output (saved by the attn*V bmm)
+//     projection input     2sbh        permute(...).contiguous() copy (clone; dense linear)
+//     attention dropout    sbh         bias_dropout_add mask
+//   MLP block, 19sbh:
+//     fc1 input            2sbh        post_attention_layernorm output (fc1 linear)
+//     GeLU input           8sbh        fc1 output (bias_gelu)
+//     fc2 input            8sbh        bias_gelu output (fc2 linear)
+//     dropout mask         sbh         bias_dropout_add mask
+//   layer norms, 4sbh:
+//     LN1 input            2sbh        the previous layer's output (bias_dropout_add out)
+//     LN2 input            2sbh        the attention bias_dropout_add output
+//
+// What Megatron keeps that the paper leaves out (O(sb), not O(sbh)): each fused
+// LayerNorm's fp32 mean and invvar, 2 x 4sb bytes per norm, 16sb per layer. With
+// attention `flash` (Transformer Engine fused attention on the packed QKV, sbhd): no
+// s^2 tensors; the output [s,b,h] is the projection's input itself (no copy), plus the
+// fp32 softmax logsumexp (4*a*s*b) and, with dropout, a 16-byte RNG state: 34sbh + those.
+//
+// Activation recomputation (sim/step/checkpoint_policy.h policies, graph/checkpoint.h
+// regions). Megatron's options map to: --recompute-granularity selective = `selective`
+// (core_attention(q, k, v, mask) checkpointed: a layer then keeps 34sbh, Korthikanti
+// Table 2); --recompute-granularity full with --recompute-method uniform and
+// --recompute-num-layers N = `uniform:N` (chunks of N layers, each keeping only its input
+// hidden state, 2sbh, and the attention mask); --recompute-method block with N =
+// `block:N` (the first N layers, one checkpoint each). `modules` / `custom` halves (the
+// norm plus self-attention, the norm plus MLP) are generic checkpoints around those
+// halves, as Megatron-core's newer --recompute-modules does for mlp. Megatron
+// checkpoints with its own tensor_parallel.CheckpointFunction, a reentrant checkpoint:
+// forward under no_grad saving only the inputs (save_for_backward(*args)), and in
+// backward the whole chunk is re-run with grad and torch.autograd.backward is called on
+// its outputs. Two differences from torch.utils.checkpoint(use_reentrant=False), both
+// modelled (CheckpointPlan::reentrant): the re-run always runs to the chunk's end (no
+// early stop), and the re-run's output stays alive until the chunk's backward is done.
+// distribute_saved_activations (tensor parallel only) is not modelled.
+//
+// Outside the layers: the embedding (word + position, transpose-contiguous, dropout
+// mask), the final LayerNorm, the bf16 logits [s,b,V] (dead when the model's forward
+// returns) and the fp32 copy the cross entropy turns into its saved softmax (4sbV).
+// Eager attention also allocates Megatron's global "mpu" buffer (b*np, s, s) once: the
+// baddbmm input that beta=0 ignores, alive for the whole run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/ops/ops_fused.h"
+
+namespace memsim::graph {
+
+struct MegatronShape {
+  int64_t layers = 0, hidden = 0, heads = 0, ffn = 0, vocab = 0, max_positions = 0;
+  int64_t batch = 1, seq = 1;
+  uint64_t elem = 2;       // parameter and activation bytes (bf16 / fp16)
+  bool flash = false;      // fused attention instead of the eager core attention
+  bool dropout = true;     // hidden and attention dropout probability > 0
+  bool bias = true;        // add_bias_linear
+  // Tensor parallel degree t (Megatron's Shoeybi et al. 2019 split): QKV and fc1
+  // column-parallel (outputs and weights / t, heads / t), proj and fc2 row-parallel
+  // (weights / t, outputs full after the all-reduce), the word embedding and the logits
+  // vocab-parallel over the padded vocabulary; LayerNorms, position embedding and the
+  // row-parallel biases are replicated. heads and ffn must divide by t.
+  int64_t tensor = 1;
+  // Sequence parallelism (Korthikanti et al. 2022 §4.2.2, --sequence-parallel, t > 1):
+  // LayerNorms, dropouts and residual adds work on this rank's s/t sequence shard; the
+  // column-parallel linears all-gather their input into the global buffer and save only
+  // the shard, the row-parallel ones reduce-scatter their output; the embedding output
+  // is scattered. seq must divide by t.
+  bool sequence_parallel = false;
+  // Pipeline parallelism (sim/megatron/megatron_pipeline.h): the model is one chunk of the GPT,
+  // `layers` of its transformer layers (numbered from 0 within the chunk, as Megatron's
+  // TransformerBlock numbers its local layers). pre_process: the chunk holds the
+  // embedding (the first stage); post_process: the final LayerNorm, the output layer and
+  // the loss (the last stage). A last stage without the embedding keeps its own copy of
+  // the word embedding for the tied output layer (Megatron's shared_embedding,
+  // "output_layer.weight", initialised from and all-reduced with stage 0's). The whole
+  // model is both.
+  bool pre_process = true, post_process = true;
+  // Output layer tied to the word embedding (Megatron's default); false =
+  // --untie-embeddings-and-output-weights: the output layer has its own V_pad/t x h weight
+  // (on the last stage, where the tied case keeps the shared copy: the same bytes there).
+  bool tied = true;
+  // Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by (128)
+  // times t. With t == 1 the vocabulary is used as given (memsim's behaviour before
+  // tensor parallelism; the shipped one-GPU numbers keep it).
+  int64_t padded_vocab() const {
+    if (tensor == 1) return vocab;
+    const int64_t m = 128 * tensor;
+    return (vocab + m - 1) / m * m;
+  }
+};
+
+// Parameters of one tensor-parallel rank (all of them for t == 1): V*h + P*h + L*(12h^2 + 13h) + 2h for the bias GPT with ffn = 4h; in
+// general L*(4h^2 + 2*h*ffn + 9h + ffn) + ... (tied output layer: no extra V*h). For a
+// pipeline chunk: its layers, plus V*h + P*h with pre_process, plus 2h (final norm) with
+// post_process, plus V*h (the output weight) with post_process alone or untied.
+int64_t megatron_parameter_count(const MegatronShape& s);
+
+// The formula's terms in bytes for one layer (see the table above), and the extras.
+struct MegatronLayerBytes {
+  uint64_t korthikanti = 0;   // s*b*h*(34 + 5*a*s/h), eager; s*b*h*34 with flash
+  uint64_t norm_stats = 0;    // 2 LayerNorms x (mean + invvar) fp32
+  uint64_t flash_extras = 0;  // logsumexp + RNG state (flash only)
+  uint64_t total() const { return korthikanti + norm_stats + flash_extras; }
+};
+MegatronLayerBytes megatron_layer_saved_bytes(const MegatronShape& s);
+
+class MegatronModel {
+ public:
+  MegatronModel(Runtime& rt, const MegatronShape& shape) : rt_(rt), s_(shape) {}
+
+  // Parameters in Megatron's construction order (embedding, layers, final norm; the
+  // output layer reuses the word embedding).
+  void construct();
+  // GPTModel.forward up to the logits: tokens and position ids (b, s) int64, and the
+  // dataloader's attention mask (never read by the causal fused softmax, but passed down
+  // to every layer and saved by the recompute checkpoints); returns the logits [s, b, V]
+  // in the 16-bit dtype.
+  Tensor forward(const Tensor& tokens, const Tensor& position_ids, const Tensor& attention_mask);
+  // The three parts of forward, for pipeline chunks: the embedding ([s, b, h] after
+  // dropout, [s/t, b, h] with SP; pre_process), the chunk's layers on `hidden` (the
+  // caller keeps it alive), and the final LayerNorm + output layer (post_process).
+  Tensor embed(const Tensor& tokens, const Tensor& position_ids);
+  Tensor decoder(const Tensor& hidden, const Tensor& attention_mask);
+  Tensor head(Tensor hidden);
+  // One TransformerLayer (the caller keeps x alive, as the decoder loop does).
+  Tensor layer(int32_t index, const Tensor& x, const Tensor& attention_mask);
+  // compute_language_model_loss: labels transposed, vocab-parallel CE, loss transposed
+  // back to [b, s] (fp32).
+  Tensor language_model_loss(const Tensor& logits, const Tensor& labels);
+
+  const MegatronShape& shape() const { return s_; }
+  // Parameter ids in construction order, and whether each is weight-decayed (Megatron's
+  // param groups: matrices decay, biases and norm parameters do not).
+  const std::vector<int32_t>& parameter_ids() const { return params_; }
+  const std::vector<bool>& decayed() const { return decayed_; }
+  uint64_t rows() const { return static_cast<uint64_t>(s_.batch * s_.seq); }
+  uint64_t act() const { return rows() * s_.hidden * s_.elem; }  // one [s, b, h] tensor
+  uint64_t tp() const { return static_cast<uint64_t>(s_.tensor); }
+  // Rows of the tensors outside the tensor-parallel regions ([s/t, b, h] with SP).
+  uint64_t rows_sp() const { return s_.sequence_parallel ? rows() / tp() : rows(); }
+
+ private:
+  Tensor attention(const Tensor& ln_out, const Tensor& attention_mask);
+  // {q, k, v, mask} (eager) or {mixed QKV, mask} (flash).
+  Tensor core_attention(const std::vector<Tensor>& in);
+  Tensor mlp(const Tensor& ln_out);
+  int32_t param(uint64_t elems, const std::string& name, bool decay);
+  // get_global_memory_buffer().get_tensor(bytes, "mpu"): allocated at the first use and
+  // replaced by a larger one when a use needs more; kept for the process lifetime.
+  void use_global_buffer(uint64_t bytes);
+  // The all-gathered input of a sequence-parallel column-parallel linear (0 without SP).
+  uint64_t sp_gather() {
+    if (!s_.sequence_parallel) return 0;
+    use_global_buffer(act());
+    return act();
+  }
+  uint64_t sp_scatter(uint64_t full) const { return s_.sequence_parallel ? full / tp() : 0; }
+
+  Runtime& rt_;
+  MegatronShape s_;
+  // Parameter ids per layer (numeric mode names them to the fused ops; -1: no bias).
+  struct LayerIds {
+    int32_t ln1 = -1, qkv = -1, qkv_b = -1, proj = -1, proj_b = -1, ln2 = -1, fc1 = -1,
+            fc1_b = -1, fc2 = -1, fc2_b = -1;
+  };
+  std::vector<LayerIds> ids_;
+  int32_t word_ = -1, pos_ = -1, final_ln_ = -1;
+  int32_t output_ = -1;  // output_layer.weight (untied head, or a last stage's copy)
+  std::vector<int32_t> params_;
+  std::vector<bool> decayed_;
+  Tensor global_buffer_;  // mpu.get_global_memory_buffer() for the baddbmm input
+};
+
+}  // namespace memsim::graph

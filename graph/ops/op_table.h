@@ -1,0 +1,84 @@
+// The op library as one table: a row per OpKind with the library that emits it and
+// runs its backward (graph/ops/ops.cpp core ops, graph/ops/ops_nn.h torch.nn-level ops for the
+// Hugging Face decoders, graph/ops/ops_fused.h Megatron's fused kernels, graph/autocast.h,
+// graph/ops/ops_lora.h bitsandbytes), the aten op name its forward allocations carry and the
+// autograd node name its backward allocations carry (what a real memory snapshot
+// shows). Adding an op is a row here plus its forward function and backward recipe in
+// its library's file. X(kind, library, forward name, backward name).
+#pragma once
+
+// clang-format off
+#define MEMSIM_OP_TABLE(X) \
+  X(accumulate_grad, core, "accumulate_grad", "AccumulateGrad") /* AccumulateGrad: steals or clones the incoming grad into .grad */ \
+  X(pow2, core, "pow", "PowBackward0") /* pow.Tensor_Scalar(x, 2): saves x */ \
+  X(mean_dim, core, "mean.dim", "MeanBackward1") /* mean(-1, keepdim): saves nothing; backward materialises input size */ \
+  X(mean_all, core, "mean", "MeanBackward0") /* mean(): scalar */ \
+  X(add_scalar, core, "add.Scalar", "AddBackward1") /* x + python scalar: pass-through backward */ \
+  X(add, core, "add", "AddBackward0") /* add.Tensor, same shapes: pass-through to both inputs */ \
+  X(sub, core, "sub", "SubBackward0") /* sub.Tensor, other may broadcast (reduced): other gets -grad (+sum_to) */ \
+  X(mul, core, "mul", "MulBackward0") /* mul.Tensor, either side may broadcast */ \
+  X(div, core, "div", "DivBackward0") /* div.Tensor(self, other), other may broadcast */ \
+  X(div_scalar, core, "div.Scalar", "DivBackward1") /* x / python scalar */ \
+  X(rsqrt, core, "rsqrt", "RsqrtBackward0") /* saves result */ \
+  X(sigmoid, core, "sigmoid", "SigmoidBackward0") /* saves result */ \
+  X(exp, core, "exp", "ExpBackward0") /* saves result */ \
+  X(log, core, "log", "LogBackward0") /* saves self */ \
+  X(neg, core, "neg", "NegBackward0") /* saves nothing */ \
+  X(max_dim, core, "max.dim", "MaxBackward0") /* max.dim: values + int64 indices; saves indices */ \
+  X(sum_dim, core, "sum.dim_IntList", "SumBackward1") /* sum(-1, keepdim): backward is an expand (view) */ \
+  X(where_scalar, core, "where", "WhereBackward0") /* where(mask, x, python scalar): saves mask */ \
+  X(gather, core, "gather", "GatherBackward0") /* gather(self, -1, idx): saves self (!) and idx */ \
+  X(clone, core, "clone", "CloneBackward0") /* reshape that cannot be a view: clone + _unsafe_view */ \
+  X(view, core, "view", "ViewBackward0") /* view/permute/reshape-alias; backward copies when the grad is not viewable */ \
+  X(rope, core, "rope", "RopeBackward") /* CS336 RotaryEmbedding.forward, one composite node (cs336-model.md §2.4) */ \
+  X(bmm, core, "bmm", "BmmBackward0") /* bmm(self, mat2): saves both */ \
+  X(linear, core, "einsum", "BmmBackward0") /* einops.einsum(x, W) = views + bmm; weight grad reaches AccumulateGrad transposed */ \
+  X(embedding, core, "index", "IndexBackward0") /* weight[ids]: aten::index; saves ids */ \
+  X(log_softmax, core, "_log_softmax", "LogSoftmaxBackward0") /* _log_softmax: saves result */ \
+  X(nll_loss, core, "nll_loss_forward", "NllLossBackward0") /* nll_loss_forward: output + total_weight; saves self, target, total_weight */ \
+  X(addmm, nn, "addmm", "AddmmBackward0") \
+  X(mm_linear, nn, "mm", "MmBackward0") \
+  X(layer_norm, nn, "native_layer_norm", "NativeLayerNormBackward0") \
+  X(embedding_nn, nn, "embedding", "EmbeddingBackward0") \
+  X(softmax, nn, "_softmax", "SoftmaxBackward0") \
+  X(tanh, nn, "tanh", "TanhBackward0") \
+  X(silu, nn, "silu", "SiluBackward0") \
+  X(mul_scalar, nn, "mul.Scalar", "MulBackward1") \
+  X(add_bcast, nn, "add", "AddBackward0") \
+  X(to_copy, nn, "_to_copy", "ToCopyBackward0") \
+  X(native_dropout, nn, "native_dropout", "NativeDropoutBackward0") \
+  X(slice_seq, nn, "slice", "SliceBackward0") \
+  X(expand_clone, nn, "clone", "ExpandBackward0") \
+  X(tied_sum, nn, "tied_weight", "InputBuffer::accumulate") \
+  X(rope_hf, nn, "apply_rotary_pos_emb", "RotaryBackward") \
+  X(sdpa_flash, nn, "_scaled_dot_product_flash_attention", "ScaledDotProductFlashAttentionBackward0") \
+  X(sdpa_efficient, nn, "_scaled_dot_product_efficient_attention", "ScaledDotProductEfficientAttentionBackward0") \
+  X(split_qkv, nn, "split", "SplitBackward0") \
+  X(arange, core, "arange", "arange") \
+  X(compare, core, "ge", "ge") \
+  X(scalar_tensor, core, "scalar_tensor", "scalar_tensor") \
+  X(fill, core, "ones_like", "ones_like") \
+  X(optimizer_math, core, "optimizer", "optimizer") \
+  X(other, core, "other", "other") \
+  X(fused_layer_norm, fused, "fused_layer_norm", "FusedLayerNormAffineFunctionBackward") /* apex FusedLayerNormAffineFunction: saves input, mean, invvar */ \
+  X(megatron_linear, fused, "megatron_linear", "LinearWithGradAccumulationAndAsyncCommunicationBackward") /* LinearWithGradAccumulationAndAsyncCommunication: saves input */ \
+  X(qkv_split, fused, "qkv_split", "SplitWithSizesBackward0") /* views of the fused QKV output; backward cats the q, k, v grads */ \
+  X(baddbmm, fused, "baddbmm", "BaddbmmBackward0") /* QK^T into a new scores tensor: saves q and k */ \
+  X(fused_softmax, fused, "scaled_upper_triang_masked_softmax", "ScaledUpperTriangMaskedSoftmaxBackward") /* scaled_upper_triang_masked_softmax: saves its result */ \
+  X(dropout, fused, "native_dropout", "NativeDropoutBackward0") /* native_dropout: output + bool mask; saves the mask */ \
+  X(bias_dropout_add, fused, "bias_dropout_add", "BiasDropoutAddBackward") /* jit-fused bias + dropout + residual add: saves the mask */ \
+  X(bias_gelu, fused, "bias_gelu", "GeLUFunctionBackward") /* GeLUFunction (fused bias + gelu): saves its input */ \
+  X(fused_attention, fused, "fused_attention", "FusedAttnFuncBackward") /* flash / cuDNN attention: saves q, k, v, out, softmax lse */ \
+  X(megatron_embedding, fused, "embedding", "EmbeddingBackward0") /* F.embedding whose weight grad goes to main_grad */ \
+  X(vocab_parallel_ce, fused, "vocab_parallel_cross_entropy", "_VocabParallelCrossEntropyBackward") /* _VocabParallelCrossEntropy: saves the fp32 softmax */ \
+  X(autocast_copy, autocast, "_to_copy", "ToCopyBackward0") /* _to_copy made by autocast: ToCopyBackward0 casts the grad back */ \
+  X(grad_cast, autocast, "type_promotion", "validate_outputs") /* names the engine's validate_outputs dtype cast of a grad (no node) */ \
+  X(rope_autocast, autocast, "rope", "RopeBackward") /* CS336 RoPE on a bf16/fp16 input (fp32 products; graph/autocast.h) */ \
+  X(matmul_4bit, lora, "matmul_4bit", "MatMul4BitBackward") /* MatMul4Bit: dequantise the NF4 weight, linear; saves nothing */ \
+  X(rope_hf_autocast, autocast, "apply_rotary_pos_emb", "RotaryBackward") /* HF apply_rotary_pos_emb on a bf16/fp16 input with fp32 cos/sin */ \
+  X(sequence_scatter, fused, "scatter_to_sequence_parallel_region", "_ScatterToSequenceParallelRegionBackward") /* _ScatterToSequenceParallelRegion: this rank's contiguous shard */ \
+  X(select_dim, nn, "select", "SelectBackward0") /* x.select(dim, i), a view; SelectBackward0 = zeros(input) + copy */ \
+  X(gelu, nn, "gelu", "GeluBackward0") /* F.gelu (exact or approximate='tanh'): saves self */ \
+  X(cat2, nn, "cat", "CatBackward0") /* torch.cat((a, b), -1): new; CatBackward0 hands back views of the grad */ \
+  X(chunk2, nn, "split", "SplitBackward0") /* x.chunk(2, -1): two views; SplitBackward0 cats the grads (new, x) */
+// clang-format on

@@ -1,0 +1,79 @@
+#include "program/program.h"
+
+namespace memsim {
+
+const char* to_string(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::parameter: return "parameters";
+    case TensorKind::gradient: return "gradients";
+    case TensorKind::optimizer_state: return "optimizer_state";
+    case TensorKind::activation: return "activations";
+    case TensorKind::temporary: return "temporaries";
+    case TensorKind::input: return "input";
+    case TensorKind::loss: return "loss";
+    case TensorKind::other: return "other";
+  }
+  return "other";
+}
+
+const char* to_string(Phase phase) {
+  switch (phase) {
+    case Phase::setup: return "setup";
+    case Phase::forward: return "forward";
+    case Phase::loss: return "loss";
+    case Phase::backward: return "backward";
+    case Phase::optimizer: return "optimizer";
+    case Phase::other: return "other";
+  }
+  return "other";
+}
+
+uint32_t Program::intern(std::string_view s) {
+  auto it = string_index_.find(std::string(s));
+  if (it != string_index_.end()) return it->second;
+  uint32_t index = static_cast<uint32_t>(strings_.size());
+  strings_.emplace_back(s);
+  string_index_.emplace(strings_.back(), index);
+  return index;
+}
+
+uint32_t Program::alloc(uint64_t bytes, TensorKind kind, Phase phase, uint32_t op,
+                        int32_t layer, uint32_t name, uint8_t stream) {
+  uint32_t id = static_cast<uint32_t>(tensors.size());
+  tensors.push_back(TensorInfo{name, kind, bytes});
+  events.push_back(MemoryEvent{EventType::alloc, kind, phase, stream, layer, id, op, bytes});
+  return id;
+}
+
+void Program::free(uint32_t tensor, Phase phase, uint32_t op, int32_t layer) {
+  const TensorInfo& info = tensors.at(tensor);
+  events.push_back(
+      MemoryEvent{EventType::free, info.kind, phase, 0, layer, tensor, op, info.bytes});
+}
+
+void Program::mark(std::string_view name, Phase phase) {
+  MemoryEvent e;
+  e.type = EventType::mark;
+  e.phase = phase;
+  e.bytes = intern(name);
+  events.push_back(e);
+}
+
+void Program::clear() {
+  events.clear();
+  tensors.clear();
+  flops = Flops{};
+  rank = RankInfo{};
+  strings_.resize(1);  // "" stays index 0
+  string_index_.clear();
+  string_index_.emplace("", 0);
+}
+
+void Program::empty_cache(Phase phase) {
+  MemoryEvent e;
+  e.type = EventType::empty_cache;
+  e.phase = phase;
+  events.push_back(e);
+}
+
+}  // namespace memsim

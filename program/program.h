@@ -1,0 +1,100 @@
+// The Program: memsim's pipeline waist.
+//
+// A Program is a flat, ordered list of memory events (alloc / free / mark /
+// empty_cache). Simulated training steps (sim/step/schedule.h) and real PyTorch traces
+// (replay/replay.h) both become Programs, so everything downstream (the allocator
+// emulator, the timeline, the analysis and the reports) is one code path that the
+// real snapshots test.
+//
+// Contract:
+//  - Tensor ids are dense, 0..tensors.size()-1. Each id is allocated by exactly one
+//    `alloc` event and freed by at most one later `free` event (a tensor that is never
+//    freed is live at the end of the program, e.g. parameters).
+//  - `op`, `mark` and `tensor name` fields index into the string tables below, so an
+//    event is a small POD and the hot loop that executes a Program touches no strings.
+//  - A `mark` event carries no memory; it names a moment (e.g. "forward_end") that the
+//    analysis reports allocated/reserved at.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "program/rank_info.h"
+
+namespace memsim {
+
+// What a tensor is, for the breakdowns users read ("what is live at the peak").
+enum class TensorKind : uint8_t {
+  parameter,
+  gradient,
+  optimizer_state,
+  activation,  // saved for backward, or produced in forward
+  temporary,   // workspace / intermediate freed within its op or its backward
+  input,       // the batch
+  loss,
+  other,       // cuBLAS workspaces, RoPE buffers, replayed trace blocks of unknown kind
+};
+inline constexpr int kTensorKindCount = 8;
+const char* to_string(TensorKind kind);
+
+// Where in the step an event happens.
+enum class Phase : uint8_t { setup, forward, loss, backward, optimizer, other };
+inline constexpr int kPhaseCount = 6;
+const char* to_string(Phase phase);
+
+enum class EventType : uint8_t { alloc, free, mark, empty_cache };
+
+struct MemoryEvent {
+  EventType type = EventType::alloc;
+  TensorKind kind = TensorKind::other;  // alloc/free: the tensor's kind
+  Phase phase = Phase::other;
+  uint8_t stream = 0;                   // allocator stream index (0 = default stream)
+  int32_t layer = -1;                   // transformer layer, -1 when not in a layer
+  uint32_t tensor = 0;                  // alloc/free: tensor id
+  uint32_t op = 0;                      // index into Program::strings (op name)
+  uint64_t bytes = 0;                   // alloc: requested bytes; mark: index into strings
+};
+
+// Static facts about a tensor (only what reports need; shapes are in its name).
+struct TensorInfo {
+  uint32_t name = 0;  // index into Program::strings
+  TensorKind kind = TensorKind::other;
+  uint64_t bytes = 0;
+};
+
+struct Flops {
+  double forward = 0;
+  double backward = 0;
+  double recompute = 0;
+};
+
+class Program {
+ public:
+  // Interns a string and returns its index; "" is always index 0.
+  uint32_t intern(std::string_view s);
+  const std::string& str(uint32_t index) const { return strings_[index]; }
+
+  // Appends an alloc and returns the new tensor's id.
+  uint32_t alloc(uint64_t bytes, TensorKind kind, Phase phase, uint32_t op, int32_t layer,
+                 uint32_t name, uint8_t stream = 0);
+  void free(uint32_t tensor, Phase phase, uint32_t op, int32_t layer);
+  void mark(std::string_view name, Phase phase);
+  void empty_cache(Phase phase);
+  // Back to a newly constructed Program (same string indices on the next build), keeping
+  // the arrays' capacity: repeated builds then reuse memory already mapped.
+  void clear();
+
+  std::vector<MemoryEvent> events;
+  std::vector<TensorInfo> tensors;
+  Flops flops;
+  RankInfo rank;  // which GPU of the job these events are (default: the only one)
+
+ private:
+  std::vector<std::string> strings_{""};
+  std::unordered_map<std::string, uint32_t> string_index_{{"", 0}};
+};
+
+}  // namespace memsim

@@ -1,0 +1,111 @@
+#include "scenario/arch_checks.h"
+
+#include <string>
+
+#include "scenario/scenario_family.h"
+
+namespace memsim {
+
+namespace {
+
+using graph::DecoderArch;
+
+[[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
+  throw ScenarioError(s.source + ": " + key + ": " + why);
+}
+
+// Knobs and placements whose autocast behaviour (which dtype each op sees) has not been
+// checked: the q/k norms and post-/sandwich norms get low-precision inputs, per-layer
+// rotary tables are cast to the value states' dtype, soft-capping runs on bf16 scores.
+const char* autocast_unmodelled(const DecoderArch& a) {
+  if (a.qk_norm != graph::QkNorm::none) return "model.qk_norm";
+  if (a.placement != graph::NormPlacement::pre) return "model.norm_placement";
+  if (a.norm == graph::NormKind::rms_one_plus) return "model.norm";
+  if (a.attn_softcap > 0.0) return "model.attn_softcap";
+  if (a.final_softcap > 0.0) return "model.final_softcap";
+  if (a.rope != graph::RopeAt::model || a.rope_local) return "model.architecture";
+  if (a.fused_qkv && a.linear != graph::LinearKind::conv1d) return "model.fused_qkv";
+  if (a.fused_gate_up) return "model.fused_gate_up";
+  if (a.rotary_dim > 0) return "model.rotary_dim";
+  if (a.sliding_window > 0) return "model.sliding_window";
+  if (a.embed_scale) return "model.embedding_scale";
+  if (a.act != graph::Activation::silu && a.act != graph::Activation::gelu_new)
+    return "model.activation";
+  if (a.code == graph::ModelCode::llama && (a.qkv_bias || a.o_bias || a.mlp_bias))
+    return a.mlp_bias ? "model.mlp_bias" : a.qkv_bias ? "model.qkv_bias" : "model.o_bias";
+  if (a.attn_function || a.loss != graph::CausalLoss::shift ||
+      a.logits_float == graph::LogitsFloat::loss || a.mask != graph::MaskBuild::triu)
+    return "model.architecture";
+  return nullptr;
+}
+
+}  // namespace
+
+const char* first_arch_knob(const Scenario& s) {
+  const DecoderArch& a = s.model.arch;
+  if (s.model.family == ModelFamily::hf_gpt2 && a.code == graph::ModelCode::gpt2) return nullptr;
+  const DecoderArch llama;
+  if (a.head_dim > 0 && a.head_dim * s.model.heads != s.model.d_model) return "model.head_dim";
+  if (a.qkv_bias != llama.qkv_bias) return "model.qkv_bias";
+  if (a.o_bias != llama.o_bias) return "model.o_bias";
+  if (a.mlp_bias != llama.mlp_bias) return "model.mlp_bias";
+  if (a.qk_norm != llama.qk_norm) return "model.qk_norm";
+  if (a.norm != llama.norm) return "model.norm";
+  if (a.placement != llama.placement) return "model.norm_placement";
+  if (a.mlp != llama.mlp) return "model.mlp";
+  if (a.act != llama.act) return "model.activation";
+  if (a.fused_qkv != llama.fused_qkv) return "model.fused_qkv";
+  if (a.fused_gate_up != llama.fused_gate_up) return "model.fused_gate_up";
+  if (a.embed_scale != llama.embed_scale) return "model.embedding_scale";
+  if (a.attn_softcap != llama.attn_softcap) return "model.attn_softcap";
+  if (a.final_softcap != llama.final_softcap) return "model.final_softcap";
+  if (a.sliding_window != llama.sliding_window) return "model.sliding_window";
+  if (a.rotary_dim > 0 && a.rotary_dim * s.model.heads != s.model.d_model) return "model.rotary_dim";
+  if (a.rope != llama.rope || a.rope_local || a.attn_rope_buffer || a.mask != llama.mask ||
+      a.mask_target_s || a.mask_add_inplace || a.attn_scale_mul || a.attn_function ||
+      a.attn_out_kept || a.logits_float != llama.logits_float || a.loss != llama.loss ||
+      a.residual_dropout || a.code != llama.code)
+    return "model.architecture";
+  return nullptr;
+}
+
+void require_arch_modelled(const Scenario& s) {
+  if (!family_row(s.model.family).hf) return;
+  const DecoderArch& a = s.model.arch;
+  const std::string arch = a.architecture;
+  if (s.precision.autocast.has_value() && s.model.family == ModelFamily::hf_llama) {
+    if (const char* key = autocast_unmodelled(a))
+      refuse(s, key,
+             "precision.autocast with this architecture knob (" + arch +
+                 ") is not modelled yet (which dtype each of its ops sees under autocast is not "
+                 "checked); use precision.autocast: none (bf16/fp16 parameters are modelled)");
+  }
+  if (s.model.attention != AttentionImpl::eager) {
+    if (a.attn_softcap > 0.0)
+      refuse(s, "model.attn_softcap",
+             "attention-logit soft-capping runs in eager attention only (transformers falls "
+             "back to eager for it); use model.attention: eager");
+    if (a.sliding_window > 0 && a.sliding_at == graph::SlidingAt::layer)
+      refuse(s, "model.sliding_window",
+             "per-layer sliding masks (" + arch + ") with the SDPA kernels pass an explicit "
+             "mask, which memsim's fused-kernel model does not; use model.attention: eager");
+    if (a.sliding_window > 0 && a.sliding_window < s.batch.seq_len)
+      refuse(s, "model.sliding_window",
+             "a window shorter than batch.seq_len makes SDPA take an explicit mask, which "
+             "memsim's fused-kernel model does not; use model.attention: eager");
+  }
+  if (s.lora.rank > 0 && s.model.family == ModelFamily::hf_llama) {
+    if (a.fused_qkv)
+      refuse(s, "model.fused_qkv",
+             "LoRA on a fused qkv_proj (Phi-3) is not modelled yet; use lora.rank: 0");
+    if (a.fused_gate_up)
+      refuse(s, "model.fused_gate_up",
+             "LoRA on a fused gate_up_proj (Phi-3) is not modelled yet; use lora.rank: 0");
+    if (a.mlp == graph::MlpKind::plain)
+      refuse(s, "model.mlp", "LoRA targets of a plain (fc1/fc2) MLP are not modelled yet");
+  }
+  if (a.code == graph::ModelCode::gpt2 && (!a.qkv_bias || !a.o_bias || !a.mlp_bias))
+    refuse(s, "model.qkv_bias", "GPT-2's Conv1D always has a bias");
+}
+
+}  // namespace memsim

@@ -1,0 +1,40 @@
+#include "scenario/hf_family.h"
+
+#include "scenario/fsdp_precision.h"
+#include "scenario/scenario_lora.h"
+
+namespace memsim {
+
+graph::HfShape hf_shape(const Scenario& s) {
+  graph::HfShape shape;
+  shape.layers = s.model.layers;
+  shape.d_model = s.model.d_model;
+  shape.heads = s.model.heads;
+  shape.kv_heads = s.model.kv_heads > 0 ? s.model.kv_heads : s.model.heads;
+  shape.d_ff = s.model.d_ff;
+  shape.vocab = s.model.vocab;
+  shape.context_length = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
+  shape.batch = s.batch.micro_batch;
+  shape.seq = s.batch.seq_len;
+  shape.elem = model_compute_elem(s);  // precision.params or FSDP MixedPrecision
+  shape.dropout = s.model.dropout;
+  shape.tied = s.model.tied_embeddings;
+  if (s.lora.rank > 0) {  // graph/models/lora.h
+    shape.lora.rank = s.lora.rank;
+    shape.lora.targets = lora_target_mask(s.lora, s.model.family);
+    shape.lora.adapter_elem = static_cast<uint64_t>(dtype_bytes(s.lora.adapter_dtype));
+    shape.lora.dropout = s.lora.dropout;
+    shape.lora.nf4 = s.lora.base_nf4;
+  }
+  shape.arch = s.model.arch;
+  if (s.model.family == ModelFamily::hf_gpt2 && shape.arch.code != graph::ModelCode::gpt2)
+    shape.arch = graph::gpt2_arch();
+  switch (s.model.attention) {
+    case AttentionImpl::eager: shape.attention = graph::HfAttention::eager; break;
+    case AttentionImpl::flash: shape.attention = graph::HfAttention::flash; break;
+    case AttentionImpl::mem_efficient: shape.attention = graph::HfAttention::mem_efficient; break;
+  }
+  return shape;
+}
+
+}  // namespace memsim

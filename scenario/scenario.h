@@ -1,0 +1,255 @@
+// A scenario: one training job described by the user (the YAML format of
+// shared/docs/design.md; the key names are public interface).
+//
+// Contract: a Scenario returned by load_scenario() is complete and valid: presets are
+// expanded, overrides applied, every field has a checked value. Anything wrong raises
+// ScenarioError whose message starts with "FILE:LINE: KEY: ".
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "allocator/allocator_config.h"
+#include "graph/models/decoder_spec.h"
+
+namespace memsim {
+
+enum class ModelFamily { cs336, hf_llama, hf_gpt2, megatron };
+enum class AttentionImpl { eager, flash, mem_efficient };
+enum class DType { fp32, bf16, fp16 };
+int dtype_bytes(DType dtype);
+const char* to_string(ModelFamily family);
+const char* to_string(DType dtype);
+// The scenario-file spellings ("hf-llama", "mem-efficient", "forward-no-grad", ...).
+const char* to_string(AttentionImpl impl);
+
+// model.softmax: `staff` = cs336_basics' softmax; `exp-twice` = exp(x-max)/sum(exp(x-max)).
+enum class SoftmaxImpl { staff, exp_twice };
+// model.sdpa: `staff` = cs336_basics' attention masking; `masked-fill` = graph::Cs336Sdpa.
+enum class SdpaImpl { staff, masked_fill };
+// model.swiglu: `staff` = cs336_basics' SwiGLU; `projections-first` = graph::Cs336Swiglu.
+enum class SwigluImpl { staff, projections_first };
+
+struct ModelConfig {
+  std::string preset;                 // "" when the fields were given by hand
+  ModelFamily family = ModelFamily::cs336;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;               // == heads unless GQA/MQA
+  int64_t d_ff = 0;
+  int64_t vocab = 0;
+  int64_t context_length = 0;         // max positions (RoPE cache, learned positions); in a
+                                      // loaded Scenario always >= batch.seq_len. A preset
+                                      // may hold 0: "built with context_length = seq_len"
+  bool tied_embeddings = false;
+  AttentionImpl attention = AttentionImpl::eager;
+  double dropout = 0.0;
+  // cs336 only: the attention softmax's implementation (graph::Cs336Softmax).
+  SoftmaxImpl softmax = SoftmaxImpl::staff;
+  SdpaImpl sdpa = SdpaImpl::staff;
+  SwigluImpl swiglu = SwigluImpl::staff;
+  // hf-llama / hf-gpt2: the Hugging Face architecture's knobs (model.architecture and the
+  // knob keys, or a config.json; scenario/model_architecture.h). The family's default row
+  // (llama for hf-llama, gpt2 for hf-gpt2) when none is named; sliding_layers resolved to
+  // one entry per layer (empty = every layer). cs336 and megatron ignore it.
+  graph::DecoderArch arch;
+  // model.hf_config / `memsim run --model`: the config.json read (path as resolved), or "".
+  std::string hf_config;
+};
+
+struct BatchConfig {
+  int64_t micro_batch = 1;
+  int64_t seq_len = 0;
+  int64_t grad_accum = 1;
+};
+
+// Which statements run inside `with torch.autocast(...)`: the model call; the model and
+// the loss; or the whole step (backward and optimizer too: the weight-cast cache lives
+// until the step ends).
+// whole_run: one `with torch.autocast(...)` around the whole loop (every step): the
+// weight-cast cache is never cleared (sim/step/script_loss.h, docs/scenario-format.md).
+enum class AutocastRegion { forward, forward_and_loss, whole_step, whole_run };
+
+struct PrecisionConfig {
+  DType params = DType::fp32;
+  std::optional<DType> autocast;      // nullopt = none
+  AutocastRegion autocast_region = AutocastRegion::forward_and_loss;
+  bool autocast_cache = true;         // torch.autocast(cache_enabled=...)
+  bool master_weights = false;
+};
+
+enum class OptimizerType { adamw, adam, sgd, none, adam8bit, adamw8bit, adafactor };  // 8bit: bitsandbytes; adafactor: transformers
+// out_of_place: a hand-written Adam(W) that creates its state at construction and
+// rebinds p.data / its moments to new tensors every step (sim/optim/optimizer_out_of_place.h).
+enum class OptimizerImpl { for_loop, foreach, fused, cs336, out_of_place };
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::adamw;
+  OptimizerImpl impl = OptimizerImpl::foreach;
+  double momentum = 0.0;              // sgd
+};
+const char* to_string(OptimizerType type);
+const char* to_string(OptimizerImpl impl);
+
+enum class StepKind { train, forward, forward_no_grad, forward_backward };
+struct StepConfig {
+  StepKind kind = StepKind::train;
+  int64_t warmup_steps = 1;
+  bool zero_grad_set_to_none = true;
+  // step.measure whole-run: peaks are measured from the program's start (a script that
+  // records or reads max_memory_allocated() from before the model is built, never
+  // resetting the peak), not from the measured (last) step (scenario/script_keys.h).
+  bool measure_whole_run = false;
+};
+const char* to_string(StepKind kind);
+
+// The loss the user's loop computes (cs336 family; sim/step/script_loss.h). impl: automatic =
+// the staff cross_entropy with optimizer.impl cs336, F.cross_entropy otherwise; one_hot =
+// a hand-written `-sum(one_hot * log_softmax(x)) / B`; torch_float = F.cross_entropy on
+// `logits.float()`. positions: last = the loss on
+// `logits[:, -1, :]` only (targets are (B,)).
+enum class LossFunction { automatic, torch, torch_float, cs336, one_hot };
+enum class LossPositions { all, last };
+struct LossConfig {
+  LossFunction impl = LossFunction::automatic;
+  LossPositions positions = LossPositions::all;
+};
+
+// checkpoint.policy (sim/step/checkpoint_policy.h says what each one checkpoints).
+enum class CheckpointPolicy { none, full, selective, uniform, block, modules, custom, sqrt };
+// The one spelling table of the policies: scenario files, `--policies`, JSON and messages
+// ("none", "uniform", ...; the name only, without an argument such as ":2").
+const char* to_string(CheckpointPolicy policy);
+// The policy spelled `name`, or nullopt.
+std::optional<CheckpointPolicy> parse_checkpoint_policy(std::string_view name);
+// Every policy with its spelling, in enum order (the order error messages list them).
+const std::vector<std::pair<std::string, CheckpointPolicy>>& checkpoint_policy_spellings();
+
+struct CheckpointConfig {
+  CheckpointPolicy policy = CheckpointPolicy::none;
+  int64_t layers_per_segment = 1;
+  std::vector<std::string> custom;    // policy custom: layer indices or module names
+                                      // (required); policy modules: module names (optional)
+  // torch.utils.checkpoint(use_reentrant=...): unset = the family's usual call (false:
+  // cs336, hf-*, as the torch recommendation; megatron always reentrant).
+  std::optional<bool> reentrant;
+};
+
+// PEFT LoRA / QLoRA (scenario/scenario_lora.cpp, graph/models/lora.h). rank 0 = no LoRA.
+struct LoraConfig {
+  int64_t rank = 0;
+  double alpha = 0.0;                 // scaling alpha/rank: no effect on memory
+  std::vector<std::string> targets;   // module names (q_proj, ...) or {"all-linear"}
+  double dropout = 0.0;
+  bool base_nf4 = false;              // lora.base_dtype nf4 (else the params dtype)
+  DType adapter_dtype = DType::fp32;
+};
+
+enum class Sharding { none, fsdp, deepspeed };
+// Megatron's pipeline schedules (sim/megatron/pipeline_schedule.h).
+enum class PipelineSchedule { one_f_one_b, gpipe, interleaved };
+const char* to_string(PipelineSchedule schedule);
+struct ParallelConfig {
+  int64_t data = 1;
+  int64_t tensor = 1;
+  int64_t pipeline = 1;
+  int64_t zero = 0;
+  // cs336 / hf-*: who shards (sim/parallel/fsdp.h). With fsdp, zero is 3 (FULL_SHARD) or 2
+  // (SHARD_GRAD_OP), set from reshard_after_forward when not given.
+  Sharding sharding = Sharding::none;
+  bool reshard_after_forward = true;
+  // fsdp: false = the model is built on the GPU, then wrapped (FSDP(model.cuda()));
+  // true = built on the CPU / meta device and moved unit by unit (FSDP(device_id=...)).
+  bool fsdp_init_on_cpu = false;
+  // torch DDP's gradient_as_bucket_view (sim/parallel/data_parallel.h); false is torch's default.
+  bool gradient_as_bucket_view = false;
+  // megatron, tensor > 1: Megatron's --sequence-parallel (sim/megatron/megatron_parallel.h).
+  bool sequence = false;
+  // megatron, pipeline > 1 (scenario/pipeline_keys.h): the schedule, and the model chunks per
+  // rank of the interleaved one (--num-layers-per-virtual-pipeline-stage = layers / (p*v)).
+  PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
+  int64_t virtual_stages = 1;
+  // fsdp: CPUOffload(offload_params=True): sharded parameters, their gradients and the
+  // optimizer live on the CPU (sim/parallel/fsdp.h). Kept after the fields some callers
+  // brace-initialise.
+  bool cpu_offload = false;
+  // fsdp: MixedPrecision(param_dtype=reduce_dtype=this): fp32 shards, gathered parameters
+  // and gradients in this dtype (sim/parallel/fsdp.h); nullopt = none.
+  std::optional<DType> fsdp_mixed_precision;
+};
+
+struct DeviceConfig {
+  std::string preset;
+  uint64_t capacity = 0;               // bytes usable by the process (cudaMemGetInfo total)
+  uint64_t cuda_context = 0;           // bytes taken outside the allocator
+  uint64_t cublas_workspace = 8519680; // per (handle, stream); 32 MiB on sm_90
+  // CUDA kernels' own scratch through the caching allocator (softmax backward's
+  // grad * output, reductions' global staging, embedding backward's sort and partial
+  // sums), and CUDA's allocation order where its kernel differs from the CPU one
+  // (dropout's mask first). false describes a CPU run: the tests that compare with
+  // PyTorch on CPU.
+  bool kernel_scratch = true;
+};
+
+struct Scenario {
+  std::string source;                  // file the scenario came from ("<string>" if none)
+  std::string name;
+  ModelConfig model;
+  BatchConfig batch;
+  PrecisionConfig precision;
+  OptimizerConfig optimizer;
+  StepConfig step;
+  CheckpointConfig checkpoint;
+  LoraConfig lora;
+  ParallelConfig parallel;
+  DeviceConfig device;
+  AllocatorConfig allocator;
+  LossConfig loss;                     // after the fields callers brace-initialise
+};
+
+class ScenarioError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Loads a YAML scenario file, then applies `overrides` ("batch.micro_batch", "8") in
+// order, as given by --set on the command line.
+Scenario load_scenario(const std::string& path,
+                       const std::vector<std::pair<std::string, std::string>>& overrides = {});
+// Same, from text (`source` names it in errors).
+Scenario load_scenario_text(const std::string& text, const std::string& source,
+                            const std::vector<std::pair<std::string, std::string>>& overrides = {});
+
+// `memsim run --model CONFIG`: the scenario at `path` ("" = none: every other section at
+// its default) with its model replaced by the Hugging Face config.json (or checkpoint
+// folder) at `model_path`, relative to the working directory. The file's model keys are
+// dropped except model.attention and model.dropout (how the model is run, not which model
+// it is); `overrides` then apply, model keys included. Errors name "--model" for the path.
+Scenario load_scenario_with_model(const std::string& path, const std::string& model_path,
+                                  const std::vector<std::pair<std::string, std::string>>& overrides = {});
+
+// Applies "allocator.KEY" overrides (the allocator section's keys, same validation and
+// errors as in a scenario file, "--set KEY: ...") on top of `base`; for `memsim replay`,
+// which has a trace instead of a scenario.
+AllocatorConfig apply_allocator_overrides(
+    AllocatorConfig base, const std::vector<std::pair<std::string, std::string>>& overrides);
+
+// Presets: what `model.preset` / `device.preset` accept, for `memsim presets`.
+struct PresetInfo {
+  std::string name;     // "cs336-xl"
+  std::string summary;  // one line with the numbers the preset fills in
+  std::string source;   // where those numbers come from
+};
+std::vector<PresetInfo> model_presets();
+std::vector<PresetInfo> device_presets();
+// The fields a preset fills in (ModelConfig::preset / DeviceConfig::preset set to `name`);
+// nullptr for an unknown name.
+const ModelConfig* find_model_preset(std::string_view name);
+const DeviceConfig* find_device_preset(std::string_view name);
+
+}  // namespace memsim

@@ -1,0 +1,85 @@
+#include "scenario/scenario_checkpoint.h"
+
+#include <optional>
+
+namespace memsim {
+
+namespace {
+
+bool is_policy_name(const std::string& word) {
+  return parse_checkpoint_policy(word.substr(0, word.find(':'))).has_value();
+}
+
+
+}  // namespace
+
+std::optional<int64_t> parse_count(const std::string& s) {
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::stoll(s);
+}
+
+std::vector<std::string> split_list(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t end = text.find(sep, start);
+    out.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+CheckpointConfig parse_policy(const std::string& spec) {
+  CheckpointConfig c;
+  const size_t colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
+  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  const bool has_arg = colon != std::string::npos;
+  const std::optional<CheckpointPolicy> policy = parse_checkpoint_policy(name);
+  if (!policy) throw PolicyError("unknown checkpoint policy '" + spec + "'");
+  c.policy = *policy;
+  if (c.policy == CheckpointPolicy::uniform || c.policy == CheckpointPolicy::block) {
+    const auto k = parse_count(arg);
+    if (!has_arg || !k || *k < 1)
+      throw PolicyError("policy '" + spec + "': expected " + name + ":N with N >= 1");
+    c.layers_per_segment = *k;
+  } else if (c.policy == CheckpointPolicy::modules || c.policy == CheckpointPolicy::custom) {
+    if (has_arg) c.custom = split_list(arg, ',');
+    if (c.policy == CheckpointPolicy::custom && c.custom.empty())
+      throw PolicyError("policy '" + spec + "': expected custom:ITEM,... (layers or modules)");
+    for (const std::string& item : c.custom)
+      if (item.empty()) throw PolicyError("policy '" + spec + "': empty item");
+  } else if (has_arg) {
+    throw PolicyError("policy '" + name + "' takes no argument (got '" + spec + "')");
+  }
+  return c;
+}
+
+std::vector<std::string> split_policies(const std::string& list) {
+  std::vector<std::string> out;
+  for (const std::string& piece : split_list(list, ',')) {
+    if (piece.empty()) continue;
+    if (!out.empty() && !is_policy_name(piece) && out.back().find(':') != std::string::npos)
+      out.back() += "," + piece;
+    else
+      out.push_back(piece);
+  }
+  return out;
+}
+
+std::string policy_label(const CheckpointConfig& c) {
+  using P = CheckpointPolicy;
+  const std::string name = to_string(c.policy);
+  if (c.policy == P::uniform || c.policy == P::block)
+    return name + ":" + std::to_string(c.layers_per_segment);
+  if ((c.policy == P::custom || c.policy == P::modules) && !c.custom.empty()) {
+    std::string s = name + ":";
+    for (size_t i = 0; i < c.custom.size(); ++i) s += (i ? "," : "") + c.custom[i];
+    return s;
+  }
+  return name;
+}
+
+}  // namespace memsim

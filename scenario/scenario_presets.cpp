@@ -1,0 +1,265 @@
+// The preset tables behind `model.preset` and `device.preset`: C++ rows for the CS336
+// and Megatron models, the Hugging Face models from their config.json files
+// (scenarios/models/, compiled in: scenario/embedded_models.h).
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "allocator/units.h"
+#include "scenario/embedded_models.h"
+#include "scenario/model_architecture.h"
+#include "scenario/scenario_family.h"
+#include "scenario/model_presets.h"
+#include "sim/analysis/parameter_count.h"
+#include "scenario/scenario.h"
+
+namespace memsim {
+namespace {
+
+struct ModelEntry {
+  ModelConfig config;
+  const char* source;
+};
+struct DeviceEntry {
+  DeviceConfig config;
+  const char* source;
+};
+
+ModelConfig model(const char* name, ModelFamily family, int64_t layers, int64_t d_model,
+                  int64_t heads, int64_t kv_heads, int64_t d_ff, int64_t vocab,
+                  int64_t context_length, bool tied) {
+  ModelConfig m;
+  m.preset = name;
+  m.family = family;
+  m.layers = layers;
+  m.d_model = d_model;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.d_ff = d_ff;
+  m.vocab = vocab;
+  m.context_length = context_length;
+  m.tied_embeddings = tied;
+  return m;
+}
+
+const std::vector<ModelEntry>& model_table() {
+  using F = ModelFamily;
+  // CS336 sizes: the assignment's model table (shared/groundtruth SOURCES.md). Their
+  // context_length is 0 = "the benchmarked sequence length": the CS336 benchmarking
+  // scripts build the model with context_length = the length they measure, and the RoPE
+  // buffer (2 x ctx x h/2 fp32) of the real snapshots is sized that way (cs336-model.md
+  // §8.3: 40,960 B at ctx 128, 655,360 B at ctx 2048).
+  static const char* cs336 = "CS336 assignment model table; vocab 10000, untied (cs336-model.md)";
+  static const std::vector<ModelEntry> table = {
+      {model("cs336-small", F::cs336, 12, 768, 12, 12, 3072, 10000, 0, false), cs336},
+      {model("cs336-medium", F::cs336, 24, 1024, 16, 16, 4096, 10000, 0, false), cs336},
+      {model("cs336-large", F::cs336, 36, 1280, 20, 20, 5120, 10000, 0, false), cs336},
+      {model("cs336-xl", F::cs336, 32, 2560, 32, 32, 10240, 10000, 0, false),
+       "CS336 2026 handout 'xl' (= the 2025 handout's '2.7B'); vocab 10000, untied"},
+      {model("cs336-2.7b", F::cs336, 32, 2560, 32, 32, 10240, 10000, 0, false),
+       "CS336 2025 handout '2.7B' (same shape as cs336-xl)"},
+      // Megatron's GPT shares the input embedding with the output layer by default.
+      {model("gpt3-175b", F::megatron, 96, 12288, 96, 96, 49152, 50257, 2048, true),
+       "GPT-3 paper (Brown et al. 2020) table 2.1; Megatron-LM GPT layout"},
+  };
+  return table;
+}
+
+// Names with their numbers compared as numbers: gemma2-2b < gemma2-9b < gemma2-27b.
+bool natural_less(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const bool da = std::isdigit(static_cast<unsigned char>(a[i])) != 0;
+    const bool db = std::isdigit(static_cast<unsigned char>(b[j])) != 0;
+    if (da && db) {
+      size_t ei = i, ej = j;
+      while (ei < a.size() && std::isdigit(static_cast<unsigned char>(a[ei]))) ++ei;
+      while (ej < b.size() && std::isdigit(static_cast<unsigned char>(b[ej]))) ++ej;
+      const std::string na = a.substr(i, ei - i), nb = b.substr(j, ej - j);
+      if (na.size() != nb.size()) return na.size() < nb.size();
+      if (na != nb) return na < nb;
+      i = ei;
+      j = ej;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i;
+      ++j;
+    }
+  }
+  return a.size() - i < b.size() - j;
+}
+
+struct ConfigPreset {
+  std::string name;
+  HfConfig config;   // the import, sliding rule unresolved
+  ModelConfig model; // what find_model_preset() returns
+  std::string source;
+};
+
+// Parsed once, at first use; an embedded file that does not parse is a bug the preset
+// tests catch (its ScenarioError names the file and key).
+const std::vector<ConfigPreset>& config_table() {
+  static const std::vector<ConfigPreset> table = [] {
+    std::vector<ConfigPreset> out;
+    for (const EmbeddedFile& f : embedded_model_configs()) {
+      ConfigPreset p;
+      p.name = std::string(f.name);
+      const std::string file = "scenarios/models/" + p.name + ".json";
+      p.config = parse_hf_config(std::string(f.text), file);
+      p.model = p.config.model;
+      p.model.preset = p.name;
+      p.model.dropout = 0.0;  // the architecture only (scenario/model_presets.h)
+      p.model.arch.sliding_layers = resolve_sliding(p.config.sliding, p.model.layers);
+      p.source = "Hugging Face " +
+                 (p.config.name_or_path.empty() ? std::string() : p.config.name_or_path + " ") +
+                 "config.json (" + file + ")";
+      out.push_back(std::move(p));
+    }
+    std::sort(out.begin(), out.end(),
+              [](const ConfigPreset& a, const ConfigPreset& b) { return natural_less(a.name, b.name); });
+    return out;
+  }();
+  return table;
+}
+
+// Capacity = cudaMemGetInfo's total as PyTorch prints it in OOM messages ("GPU 0 has a
+// total capacity of 79.11 GiB"), which is a little below the marketing size. Those
+// messages print 2 decimals, so each value is good to about +-5 MiB; where no message
+// was at hand the value is an estimate and says so. Written in hundredths of a GiB.
+constexpr uint64_t capacity_gib_x100(uint64_t hundredths) { return hundredths * 1024 / 100 * MiB; }
+
+// CUDA context: invisible to the allocator, created on first use and grown as kernels
+// load lazily during the first iteration. pytorch-allocator.md §12 quotes ~300 MiB at
+// creation on recent stacks and 200-700 MiB depending on the GPU; a training process
+// that has run its kernels sits in the middle of that range, so every preset uses
+// 500 MiB. Override device.cuda_context with a measured value (nvidia-smi minus
+// torch.cuda.memory_reserved()) when it matters.
+constexpr uint64_t kContext = 500 * MiB;
+
+// cuBLAS workspace: 32 MiB (4096 KiB x 8) on compute capability 9.0, else
+// 2 x 4096 KiB + 8 x 16 KiB = 8,519,680 B (pytorch-allocator.md §12; cs336-model.md §1).
+// B200 (sm_100) uses the small size: the bolongcheng B200 forward peaks equal
+// LINYUNLinYun's, whose baseline needs exactly 8,519,680 B (cs336-model.md §8.3).
+constexpr uint64_t kWorkspaceSm90 = 33554432;
+constexpr uint64_t kWorkspaceDefault = 8519680;
+
+DeviceConfig device(const char* name, uint64_t hundredths, uint64_t workspace) {
+  DeviceConfig d;
+  d.preset = name;
+  d.capacity = capacity_gib_x100(hundredths);
+  d.cuda_context = kContext;
+  d.cublas_workspace = workspace;
+  return d;
+}
+
+// A device measured on a lent machine: cudaMemGetInfo's total, and the device memory in
+// use outside the caching allocator after a training step (context, cuBLAS/cuDNN handles,
+// lazily loaded kernels).
+DeviceConfig measured_device(const char* name, uint64_t capacity, uint64_t context,
+                             uint64_t workspace) {
+  DeviceConfig d = device(name, 0, workspace);
+  d.capacity = capacity;
+  d.cuda_context = context;
+  return d;
+}
+
+const std::vector<DeviceEntry>& device_table() {
+  static const std::vector<DeviceEntry> table = {
+      {device("a100-40gb", 3939, kWorkspaceDefault), "OOM messages: 39.39 GiB total"},
+      {device("a100-80gb", 7915, kWorkspaceDefault), "OOM messages: 79.15 GiB total"},
+      {measured_device("h100-80gb", 85017493504ull, 787283968ull, kWorkspaceSm90),
+       "measured (tests/data/h100/cuda_runs.json): H100 80GB HBM3, driver 580, CUDA 13, "
+       "PyTorch 2.11: 79.18 GiB total, 750.8 MiB outside the allocator after a training step"},
+      // No OOM message at hand for these two: nvidia-smi's total (H200 143,771 MiB,
+      // B200 183,359 MiB) less the ~0.54 GiB an H100 shows between nvidia-smi (81,559 MiB)
+      // and cudaMemGetInfo (79.11 GiB).
+      {device("h200", 13986, kWorkspaceSm90), "estimate: nvidia-smi 143,771 MiB less ~0.54 GiB"},
+      {device("b200", 17852, kWorkspaceDefault), "estimate: nvidia-smi 183,359 MiB less ~0.54 GiB"},
+      {device("rtx-4070", 1172, kWorkspaceDefault), "OOM messages: 11.72 GiB total"},
+      {device("rtx-4090", 2365, kWorkspaceDefault),
+       "OOM messages: 23.64-23.69 GiB total depending on the driver; 23.65 taken"},
+      {device("mi300x", 19198, kWorkspaceDefault),
+       "ROCm OOM messages: 191.98 GiB total; hipBLAS workspace not verified"},
+      {device("v100-16gb", 1577, kWorkspaceDefault), "OOM messages: 15.77 GiB total"},
+      {device("v100-32gb", 3174, kWorkspaceDefault), "OOM messages: 31.74 GiB total"},
+  };
+  return table;
+}
+
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string model_summary(const ModelConfig& m) {
+  const bool hf = family_row(m.family).hf;
+  std::string s = std::string(to_string(m.family)) +
+                  (hf ? " (" + std::string(m.arch.architecture) + ")" : std::string()) + ", " +
+                  std::to_string(m.layers) + " layers, d_model " + std::to_string(m.d_model) +
+                  ", " + std::to_string(m.heads) + " heads";
+  if (m.kv_heads != m.heads) s += " (" + std::to_string(m.kv_heads) + " KV)";
+  if (m.arch.head_dim > 0 && m.arch.head_dim * m.heads != m.d_model)
+    s += ", head_dim " + std::to_string(m.arch.head_dim);
+  s += ", d_ff " + std::to_string(m.d_ff) + ", vocab " + std::to_string(m.vocab) +
+       ", context " + (m.context_length ? std::to_string(m.context_length) : "= seq_len") +
+       (m.tied_embeddings ? ", tied" : ", untied");
+  if (hf && m.arch.sliding_window > 0) s += ", sliding window " + std::to_string(m.arch.sliding_window);
+  s += "; " + with_commas(parameter_count(m)) + " parameters";
+  return s;
+}
+
+std::string device_summary(const DeviceConfig& d) {
+  char line[160];
+  std::snprintf(line, sizeof line, "capacity %.2f GiB, CUDA context %llu MiB, cuBLAS workspace %s",
+                static_cast<double>(d.capacity) / static_cast<double>(GiB),
+                static_cast<unsigned long long>(d.cuda_context / MiB),
+                d.cublas_workspace == kWorkspaceSm90 ? "32 MiB" : "8,519,680 B");
+  return line;
+}
+
+}  // namespace
+
+std::vector<PresetInfo> model_presets() {
+  std::vector<PresetInfo> out;
+  for (const auto& e : model_table()) out.push_back({e.config.preset, model_summary(e.config), e.source});
+  for (const auto& p : config_table()) out.push_back({p.name, model_summary(p.model), p.source});
+  return out;
+}
+
+std::vector<PresetInfo> device_presets() {
+  std::vector<PresetInfo> out;
+  for (const auto& e : device_table()) out.push_back({e.config.preset, device_summary(e.config), e.source});
+  return out;
+}
+
+const ModelConfig* find_model_preset(std::string_view name) {
+  for (const auto& e : model_table()) {
+    if (e.config.preset == name) return &e.config;
+  }
+  for (const auto& p : config_table()) {
+    if (p.name == name) return &p.model;
+  }
+  return nullptr;
+}
+
+const HfConfig* find_config_preset(std::string_view name) {
+  for (const auto& p : config_table()) {
+    if (p.name == name) return &p.config;
+  }
+  return nullptr;
+}
+
+const DeviceConfig* find_device_preset(std::string_view name) {
+  for (const auto& e : device_table()) {
+    if (e.config.preset == name) return &e.config;
+  }
+  return nullptr;
+}
+
+}  // namespace memsim

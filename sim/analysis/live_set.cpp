@@ -1,0 +1,83 @@
+#include "sim/analysis/live_set.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+
+namespace memsim {
+
+LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n) {
+  LiveSet out;
+  const size_t n = program.events.size();
+  const size_t last = std::min(event_index, n == 0 ? 0 : n - 1);
+  out.event_index = last;
+  if (n == 0) return out;
+
+  // alloc_event[t] = index of tensor t's alloc while it is live, kDead otherwise.
+  constexpr size_t kDead = SIZE_MAX;
+  std::vector<size_t> alloc_event(program.tensors.size(), kDead);
+  for (size_t i = 0; i <= last; ++i) {
+    const MemoryEvent& e = program.events[i];
+    if (e.tensor >= alloc_event.size()) continue;  // malformed Program: never crash
+    if (e.type == EventType::alloc && e.bytes > 0) {
+      alloc_event[e.tensor] = i;
+    } else if (e.type == EventType::free) {
+      alloc_event[e.tensor] = kDead;
+    }
+  }
+
+  std::map<int32_t, LayerBytes> layers;
+  std::unordered_map<uint32_t, NamedBytes> ops;
+  std::vector<std::pair<uint64_t, uint32_t>> sizes;  // (bytes, tensor) of live tensors
+  for (uint32_t t = 0; t < alloc_event.size(); ++t) {
+    if (alloc_event[t] == kDead) continue;
+    const MemoryEvent& a = program.events[alloc_event[t]];
+    out.tensors += 1;
+    out.bytes += a.bytes;
+    out.by_kind[static_cast<size_t>(a.kind) % kTensorKindCount] += a.bytes;
+    LayerBytes& lb = layers[a.layer];
+    lb.layer = a.layer;
+    lb.bytes += a.bytes;
+    lb.tensors += 1;
+    NamedBytes& ob = ops[a.op];
+    ob.bytes += a.bytes;
+    ob.tensors += 1;
+    sizes.emplace_back(a.bytes, t);
+  }
+
+  for (auto& [layer, lb] : layers) out.by_layer.push_back(lb);
+  for (auto& [op, ob] : ops) {
+    ob.name = program.str(op);
+    out.by_op.push_back(std::move(ob));
+  }
+  std::sort(out.by_op.begin(), out.by_op.end(), [](const NamedBytes& a, const NamedBytes& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
+  });
+
+  // Largest first; among equals the older tensor (smaller alloc event) first.
+  auto larger = [&](const std::pair<uint64_t, uint32_t>& a,
+                    const std::pair<uint64_t, uint32_t>& b) {
+    if (a.first != b.first) return a.first > b.first;
+    return alloc_event[a.second] < alloc_event[b.second];
+  };
+  const size_t keep = std::min(top_n, sizes.size());
+  std::partial_sort(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(keep),
+                    sizes.end(), larger);
+  for (size_t k = 0; k < keep; ++k) {
+    const uint32_t t = sizes[k].second;
+    const MemoryEvent& a = program.events[alloc_event[t]];
+    LiveTensor lt;
+    lt.tensor = t;
+    lt.name = program.str(program.tensors[t].name);
+    lt.kind = a.kind;
+    lt.bytes = a.bytes;
+    lt.op = program.str(a.op);
+    lt.phase = a.phase;
+    lt.layer = a.layer;
+    lt.alloc_event = alloc_event[t];
+    out.largest.push_back(std::move(lt));
+  }
+  return out;
+}
+
+}  // namespace memsim

@@ -1,0 +1,129 @@
+#include "sim/analysis/parameter_count.h"
+
+#include "graph/models/lora.h"
+#include "graph/models/megatron.h"
+#include "scenario/model_architecture.h"
+#include "scenario/scenario_lora.h"
+#include "sim/megatron/megatron_step.h"
+#include "sim/parallel/zero_sharding.h"
+
+namespace memsim {
+namespace {
+
+// The architecture the count follows: the scenario's for the Hugging Face families; the
+// row a family's own model matches for cs336 (Llama's layout) and megatron (GPT-2's).
+graph::DecoderArch counted_arch(const ModelConfig& m) {
+  switch (m.family) {
+    case ModelFamily::hf_llama:
+    case ModelFamily::hf_gpt2: return m.arch;
+    case ModelFamily::cs336: return default_architecture(ModelFamily::hf_llama).arch;
+    case ModelFamily::megatron: return default_architecture(ModelFamily::hf_gpt2).arch;
+  }
+  return m.arch;
+}
+
+// A norm over n features: RMSNorm has a weight, LayerNorm a weight and a bias.
+int64_t norm(const graph::DecoderArch& a, int64_t n) {
+  return a.norm == graph::NormKind::layer ? 2 * n : n;
+}
+
+int64_t kv_heads(const ModelConfig& m) { return m.kv_heads > 0 ? m.kv_heads : m.heads; }
+
+}  // namespace
+
+int64_t layer_parameter_count(const ModelConfig& m) {
+  const graph::DecoderArch a = counted_arch(m);
+  const int64_t D = m.d_model, F = m.d_ff, hd = head_dim(m);
+  const int64_t q = m.heads * hd, kv = kv_heads(m) * hd;
+  int64_t n = D * q + 2 * D * kv + q * D;  // q, k, v, o
+  if (a.qkv_bias) n += q + 2 * kv;
+  if (a.o_bias) n += D;
+  switch (a.qk_norm) {
+    case graph::QkNorm::none: break;
+    case graph::QkNorm::head: n += norm(a, hd) * 2; break;
+    case graph::QkNorm::full: n += norm(a, q) + norm(a, kv); break;
+  }
+  if (a.mlp == graph::MlpKind::glu) {
+    n += 3 * D * F + (a.mlp_bias ? 2 * F + D : 0);
+  } else {
+    n += 2 * D * F + (a.mlp_bias ? F + D : 0);
+  }
+  n += (a.placement == graph::NormPlacement::sandwich ? 4 : 2) * norm(a, D);
+  return n;
+}
+
+int64_t embedding_parameter_count(const ModelConfig& m) {
+  const graph::DecoderArch a = counted_arch(m);
+  int64_t n = m.vocab * m.d_model;
+  if (a.positions == graph::Positions::learned) n += m.context_length * m.d_model;
+  return n;
+}
+
+int64_t head_parameter_count(const ModelConfig& m) {
+  return norm(counted_arch(m), m.d_model) + (m.tied_embeddings ? 0 : m.vocab * m.d_model);
+}
+
+int64_t parameter_count(const ModelConfig& m) {
+  return embedding_parameter_count(m) + m.layers * layer_parameter_count(m) + head_parameter_count(m);
+}
+
+int64_t trainable_parameter_count(const Scenario& s) {
+  const ModelConfig& m = s.model;
+  if (s.lora.rank <= 0) return parameter_count(m);
+  const uint32_t mask = lora_target_mask(s.lora, m.family);
+  const int64_t D = m.d_model, F = m.d_ff, hd = head_dim(m);
+  const int64_t q = m.heads * hd, kv = kv_heads(m) * hd;
+  // (in, out) of each linear module, in graph::LlamaLinear / Gpt2Linear order.
+  std::vector<std::pair<int64_t, int64_t>> modules;
+  if (m.family == ModelFamily::hf_gpt2) {
+    modules = {{D, q + 2 * kv}, {q, D}, {D, F}, {F, D}};
+  } else {
+    modules = {{D, q}, {D, kv}, {D, kv}, {q, D}, {D, F}, {D, F}, {F, D}};
+  }
+  // Modules the architecture does not have get no adapter (graph/models/decoder.cpp skips them,
+  // as PEFT finds no module of that name): q/k/v with a fused qkv_proj, gate/up with a
+  // fused gate_up_proj, gate with a plain MLP.
+  std::vector<bool> present(modules.size(), true);
+  if (m.family == ModelFamily::hf_llama) {
+    const graph::DecoderArch& a = m.arch;
+    if (a.fused_qkv) present[0] = present[1] = present[2] = false;
+    if (a.mlp == graph::MlpKind::glu && a.fused_gate_up) present[4] = present[5] = false;
+    if (a.mlp == graph::MlpKind::plain) present[4] = false;
+  }
+  int64_t per_layer = 0;
+  for (size_t i = 0; i < modules.size(); ++i)
+    if (present[i] && ((mask >> i) & 1u)) per_layer += s.lora.rank * (modules[i].first + modules[i].second);
+  return m.layers * per_layer;
+}
+
+int64_t parameter_count_per_rank(const Scenario& s, int pipeline_stage) {
+  const ParallelConfig& p = s.parallel;
+  const ModelConfig& m = s.model;
+  if (m.family == ModelFamily::megatron) {
+    const int64_t v = p.pipeline_schedule == PipelineSchedule::interleaved ? p.virtual_stages : 1;
+    Scenario chunk = s;
+    chunk.model.layers = m.layers / (p.pipeline * v);
+    int64_t n = 0;
+    for (int64_t c = 0; c < v; ++c) {
+      graph::MegatronShape shape = megatron_shape(chunk);
+      const int64_t virtual_stage = c * p.pipeline + pipeline_stage;
+      shape.pre_process = virtual_stage == 0;
+      shape.post_process = virtual_stage == p.pipeline * v - 1;
+      n += graph::megatron_parameter_count(shape);
+    }
+    return n;
+  }
+  if (p.sharding == Sharding::fsdp) {
+    // One FSDP unit per layer plus the root (embeddings, final norm, untied head), each
+    // flat parameter padded to a multiple of the data-parallel size.
+    const int64_t d = p.data;
+    const auto shard = [d](int64_t numel) {
+      return static_cast<int64_t>(padded_numel(static_cast<uint64_t>(numel), d)) / d;
+    };
+    return m.layers * shard(layer_parameter_count(m)) +
+           shard(embedding_parameter_count(m) + head_parameter_count(m));
+  }
+  return parameter_count(m);
+}
+
+}  // namespace memsim

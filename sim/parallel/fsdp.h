@@ -1,0 +1,141 @@
+// PyTorch FullyShardedDataParallel on one simulated rank (cs336, hf-gpt2, hf-llama;
+// parallel.sharding: fsdp). Models torch 2.x FSDP with use_orig_params=False, an
+// auto-wrap policy that makes each transformer layer a unit, and the root unit holding
+// the rest (embeddings, final norm, LM head), default BACKWARD_PRE prefetch, no forward
+// prefetch. Parameters are in precision.params; parallel.fsdp_mixed_precision adds
+// MixedPrecision(param_dtype=reduce_dtype=bf16|fp16), described below.
+//
+// Events (d = parallel.data, elem = parameter bytes):
+//  - Wrapping (after the model is built on the GPU; with parallel.fsdp_init: cpu the
+//    model is built off the GPU and each unit's parameters are allocated on the GPU just
+//    before that unit is flattened, as FSDP(module, device_id=...) moves unit by unit): per unit, FlatParameter = cat of the
+//    unit's parameters padded to a multiple of d (a full-size allocation), the original
+//    parameter storages freed, this rank's shard cloned (padded / d elements: a new
+//    parameter the optimizer sees), the full flat parameter freed.
+//  - Lazy init (the first forward, before anything is gathered): per unit, root first,
+//    the padded unsharded buffer is made with torch.zeros and its storage freed at once
+//    (init_flat_param_attributes; MixedPrecision: also _mp_shard and the full-precision
+//    padded buffer): alloc/free pairs that only shape the caching allocator's segments.
+//  - Forward: the root's pre-forward all-gathers the root unit; entering layer l
+//    all-gathers unit l (a full padded flat parameter, the layer's weights are views of
+//    it); FULL_SHARD (zero 3, reshard_after_forward) frees unit l again when the forward
+//    moves on; SHARD_GRAD_OP (zero 2) keeps it until after its backward. The root is never
+//    resharded after forward (FSDP keeps the root's parameters for the backward).
+//  - Backward: entering layer l all-gathers unit l if it is not gathered and prefetches
+//    unit l-1 (BACKWARD_PRE), so two units' full parameters are live; the root's
+//    pre-backward hook (on the logits) prefetches the last layer when the backward first
+//    allocates in the LM head (module head), i.e. once the logits' gradient exists. Once
+//    every parameter of a unit has its gradient, the post-backward hook runs: the
+//    FlatParameter's gradient (the per-parameter gradients concatenated: a full padded
+//    flat allocation, then they die), reduce-scatter into a new shard-sized gradient
+//    (added into the previous one under gradient accumulation), the full gradient
+//    freed, the unit resharded. The root's post-backward runs when backward returns.
+//  - The optimizer then steps the shards only (the original parameters hold no grad),
+//    so its state is sharded too: zero 3 = 16/d bytes per fp32 parameter with Adam.
+//  - parallel.cpu_offload (CPUOffload(offload_params=True); torch 2.x
+//    _init_utils._init_param_handle_from_params, FlatParamHandle.pre_unshard /
+//    init_flat_param_attributes, _runtime_utils._reduce_grad / _offload_grad /
+//    _post_backward_final_callback): each shard is moved to the CPU right after it is
+//    made (flat_param_to(cpu): its GPU copy freed at wrap time); every all-gather first
+//    copies the CPU shard to the GPU (flat_param_to(device): a shard-sized GPU tensor,
+//    the all-gather input, dropped once the flat parameter points at the gathered
+//    tensor); the reduce-scattered shard gradient is kept on the GPU as
+//    _saved_grad_shard while its copy to the pinned CPU gradient runs, and freed only in
+//    the final backward callback (prepare_gradient_for_optim deletes it), so the GPU
+//    holds the shard gradients of the units done so far until the backward ends. The
+//    shard's .grad is the CPU gradient: the optimizer steps on the CPU and owns nothing
+//    on the GPU (make_cpu_offloaded_optimizer). Gradient accumulation outside no_sync()
+//    overwrites the CPU gradient in torch (a TODO in prepare_gradient_for_backward); the
+//    GPU memory of each micro-batch is as modelled.
+//  - parallel.fsdp_mixed_precision (MixedPrecision(param_dtype=X, reduce_dtype=X),
+//    keep_low_precision_grads False; FlatParamHandle._use_low_precision_shard /
+//    post_unshard, _runtime_utils._cast_grad_to_param_dtype): the module is built and
+//    sharded in precision.params (fp32); each all-gather first allocates _mp_shard (the
+//    shard cast to X), gathers into an X-sized flat parameter and frees _mp_shard; the
+//    model computes in X (activations, per-parameter and flat gradients in X); the
+//    reduce-scatter output is an X shard, cast to a new fp32 shard (the X one freed),
+//    which the optimizer steps as without MixedPrecision.
+//  - precision.autocast (without fsdp_mixed_precision): the modules' weights are non-leaf
+//    views of the gathered flat parameter, so autocast caches none of their casts
+//    (graph/autocast.h set_params_are_views; docs/autocast.md "Under FSDP"); the
+//    gathers, shards and gradients stay fp32 and are as without autocast.
+// Left out: the all-gather / reduce-scatter staging of NCCL, the rate limiter
+// (limit_all_gathers), which only bounds what prefetching already bounds here; pinned
+// CPU memory; under MixedPrecision, buffers built in param_dtype rather than fp32 (GPT-2's
+// 0-d masked_bias: 2 B per layer); FSDP2 (fully_shard, CPUOffloadPolicy), whose
+// offloaded gradients and low-precision casts are managed differently.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/runtime.h"
+#include "scenario/scenario.h"
+#include "sim/optim/optimizer_step.h"
+
+namespace memsim {
+
+class Fsdp : public graph::RuntimeHooks {
+ public:
+  // FSDP(model): wraps and shards; installs itself as rt's hooks.
+  Fsdp(graph::Runtime& rt, const Scenario& scenario);
+  ~Fsdp() override;
+  Fsdp(const Fsdp&) = delete;
+  Fsdp& operator=(const Fsdp&) = delete;
+
+  // FSDP root's forward: gathers the root unit, starts a new iteration's hook state.
+  void pre_forward(graph::Runtime& rt);
+  // loss.backward() returned: the root's post-backward (its grads, reshard).
+  void post_backward(graph::Runtime& rt);
+
+  void grad_ready(graph::Runtime& rt, int32_t param) override;
+  void layer_entered(graph::Runtime& rt, int32_t layer) override;
+
+  // CPUOffload(offload_params=True): shards, their gradients and the optimizer are on the CPU.
+  bool offloads_params() const { return offload_; }
+
+  // Padded flat-parameter bytes of unit u (0: root, 1 + l: layer l) and one shard's.
+  uint64_t unit_bytes(size_t u) const { return units_[u].padded_bytes; }
+  uint64_t shard_bytes(size_t u) const { return units_[u].padded_bytes / d_; }
+  size_t units() const { return units_.size(); }
+
+ private:
+  struct Unit {
+    std::vector<int32_t> params;  // original parameters (Runtime ids)
+    uint64_t padded_numel = 0;    // elements, padded to a multiple of d
+    uint64_t padded_bytes = 0;    // in precision.params (the flat parameter and its shards)
+    int32_t shard = -1;           // the shard's Runtime parameter id
+    graph::Tensor full;           // gathered flat parameter (undefined when sharded)
+    uint32_t saved_grad = graph::kNoStorage;  // cpu_offload: the GPU _saved_grad_shard
+    size_t ready = 0;             // parameters with a gradient in this backward
+    bool forward_done = false;    // resharded after its forward in this iteration
+    bool backward_done = false;   // post-backward ran in this iteration
+  };
+  size_t unit_of_layer(int32_t layer) const { return layer < 0 ? 0 : 1 + static_cast<size_t>(layer); }
+  void gather(graph::Runtime& rt, size_t u);
+  void reshard(graph::Runtime& rt, size_t u);
+  void reduce_scatter(graph::Runtime& rt, size_t u);
+  void root_pre_backward(graph::Runtime& rt);
+  void lazy_init(graph::Runtime& rt);
+  graph::Tensor named(graph::Runtime& rt, graph::Tensor t, size_t u, const char* what);
+
+  graph::Runtime* rt_;
+  uint64_t d_ = 1;
+  uint64_t elem_ = 4;          // precision.params: the shards, flat parameter, sharded grads
+  uint64_t compute_elem_ = 4;  // MixedPrecision param_dtype (= elem_ without it)
+  bool reshard_after_forward_ = true;
+  bool offload_ = false;
+  std::vector<Unit> units_;
+  std::vector<size_t> unit_of_param_;
+  std::vector<uint32_t> stamp_;   // iteration in which a parameter last got a gradient
+  uint32_t iteration_ = 0;
+  size_t forward_unit_ = 0;       // unit whose forward runs (0: root / none)
+  bool backward_started_ = false;
+};
+
+// The optimizer of a CPU-offloaded FSDP model: it steps the CPU shards with their CPU
+// gradients, so its state and temporaries never touch the GPU (no events).
+std::unique_ptr<OptimizerSim> make_cpu_offloaded_optimizer();
+
+}  // namespace memsim

@@ -1,0 +1,542 @@
+#include "sim/search/optimize.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+
+#include "allocator/caching_allocator.h"
+#include "sim/search/optimize_pipeline.h"
+#include "sim/step/checkpoint_policy.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
+
+namespace memsim {
+
+using graph::CheckpointPlan;
+using graph::LayerCheckpoint;
+
+namespace {
+
+constexpr int64_t kNone = INT64_MIN;
+constexpr uint64_t kUnlimited = 1ull << 60;
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The allocator never hands out less than the request rounded up to 512 bytes, so sums
+// of these are a lower bound of allocated (and reserved) bytes.
+int64_t rounded(uint64_t bytes) {
+  if (bytes == 0) return 0;
+  return static_cast<int64_t>(bytes < 512 ? 512 : (bytes + 511) / 512 * 512);
+}
+
+// What one calibration Program says (see the header, step 1).
+struct Windows {
+  std::vector<int64_t> stored, fwd, bwd, gap;
+};
+
+Windows windows_of(const Program& p, int32_t layers) {
+  Windows w;
+  w.stored.assign(layers, 0);
+  w.fwd.assign(layers, kNone);
+  w.bwd.assign(layers, kNone);
+  w.gap.assign(layers + 1, kNone);
+  size_t begin = 0, fwd_end = SIZE_MAX;
+  bool begun = false;
+  for (size_t i = 0; i < p.events.size(); ++i) {
+    const MemoryEvent& e = p.events[i];
+    if (e.type != EventType::mark) continue;
+    const std::string& name = p.str(static_cast<uint32_t>(e.bytes));
+    if (!begun && name == "measured_step_begin") {
+      begin = i;
+      begun = true;
+    }
+    if (name == "forward_end") fwd_end = i;  // the last one: the last micro-batch's
+  }
+  std::vector<int32_t> alloc_layer(p.tensors.size(), -1);
+  std::vector<uint8_t> alive(p.tensors.size(), 0);
+  int64_t live = 0;
+  enum { none, in_fwd, in_bwd } last = none;
+  int32_t last_layer = -1;
+  for (size_t i = 0; i < p.events.size(); ++i) {
+    const MemoryEvent& e = p.events[i];
+    if (e.type == EventType::alloc) {
+      live += rounded(e.bytes);
+      alive[e.tensor] = 1;
+      alloc_layer[e.tensor] = (i >= begin && e.phase == Phase::forward) ? e.layer : -1;
+    } else if (e.type == EventType::free) {
+      live -= rounded(p.tensors[e.tensor].bytes);
+      alive[e.tensor] = 0;
+    } else {
+      if (i == fwd_end) {
+        for (size_t t = 0; t < p.tensors.size(); ++t)
+          if (alive[t] && alloc_layer[t] >= 0 && alloc_layer[t] < layers)
+            w.stored[alloc_layer[t]] += rounded(p.tensors[t].bytes);
+      }
+      continue;
+    }
+    if (i < begin) continue;
+    const bool layered = e.layer >= 0 && e.layer < layers;
+    if (layered && e.phase == Phase::forward) {
+      w.fwd[e.layer] = std::max(w.fwd[e.layer], live);
+      last = in_fwd;
+      last_layer = e.layer;
+    } else if (layered && e.phase == Phase::backward) {
+      w.bwd[e.layer] = std::max(w.bwd[e.layer], live);
+      last = in_bwd;
+      last_layer = e.layer;
+    } else {
+      // Between layers: layers 0..k-1 hold their stored bytes.
+      const int32_t k = last == in_fwd ? last_layer + 1 : last == in_bwd ? last_layer : 0;
+      w.gap[k] = std::max(w.gap[k], live);
+    }
+  }
+  return w;
+}
+
+CheckpointPlan uniform_plan(int32_t layers, LayerCheckpoint c) {
+  CheckpointPlan plan;
+  plan.layers.assign(static_cast<size_t>(layers), c);
+  return plan;
+}
+
+// The scenario with `plan` as its checkpoint section. The scenario's own
+// checkpoint.reentrant stays: it changes what a checkpointed region holds (a reentrant
+// re-run keeps its output alive through the region's backward), so plans must be
+// calibrated and verified the way the user's script calls torch.utils.checkpoint.
+Scenario with_plan(const Scenario& s, const CheckpointPlan& plan) {
+  Scenario out = s;
+  out.checkpoint = config_for_plan(plan);
+  out.checkpoint.reentrant = s.checkpoint.reentrant;
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+// Builds and runs the Programs of one scenario's plans, reusing storage from one to the
+// next (results are those of build_program + execute + analyze on fresh storage).
+class PlanSimulator {
+ public:
+  PlanSimulator(const Scenario& scenario, const TrainingScript& script)
+      : scenario_(scenario), script_(script) {}
+
+  // The Program of `plan`; valid until the next build or run.
+  const Program& build(const CheckpointPlan& plan) {
+    return build_program(with_plan(scenario_, plan), script_, build_);
+  }
+  // Builds and executes `plan` on an allocator that may use `capacity` bytes (0 =
+  // unlimited); true when it runs without running out of memory (Analysis::fits).
+  bool run(const CheckpointPlan& plan, uint64_t capacity) {
+    const Program& p = build(plan);
+    SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
+    // Verification needs peaks and the fits/OOM verdict only; the per-kind arrays would
+    // cost more than the simulation (first-touch of megabytes per run), and the analysis
+    // falls back to the live set for the breakdown at the peak.
+    ExecuteOptions options;
+    options.record_by_kind = false;
+    options.buffers = &exec_;
+    exec_.timeline = std::move(timeline_);  // the previous run's arrays, reused
+    timeline_ = execute(p, scenario_.allocator, device, options);
+    return !timeline_.oom.has_value();
+  }
+  // The last run, analysed (only runs that are reported need this).
+  PlanRun result() const { return {analyze(build_.program, timeline_), timeline_.final_stats}; }
+
+ private:
+  const Scenario& scenario_;
+  const TrainingScript& script_;
+  BuildBuffers build_;
+  ExecuteBuffers exec_;
+  Timeline timeline_;
+};
+
+LayerCosts calibrate_with(PlanSimulator& sim, const Scenario& scenario,
+                          const std::vector<LayerCheckpoint>& choices) {
+  LayerCosts c;
+  c.layers = static_cast<int32_t>(scenario.model.layers);
+  c.choices = choices;
+  // Gaps come from the keep Program (any choice would do: gaps differ only by what the
+  // layers store).
+  const size_t found = static_cast<size_t>(
+      std::find(choices.begin(), choices.end(), LayerCheckpoint::keep) - choices.begin());
+  const size_t ref = found < choices.size() ? found : 0;
+  Windows keep;
+  for (LayerCheckpoint choice : choices) {
+    const Program& p = sim.build(uniform_plan(c.layers, choice));
+    Windows w = windows_of(p, c.layers);
+    std::vector<int64_t> window(c.layers, kNone);
+    int64_t prefix = 0;
+    for (int32_t l = 0; l < c.layers; ++l) {
+      const int64_t peak = std::max(w.fwd[l], w.bwd[l]);
+      if (peak != kNone) window[l] = peak - prefix;
+      prefix += w.stored[l];
+    }
+    c.stored.push_back(w.stored);
+    c.window.push_back(std::move(window));
+    c.flops.push_back(c.layers > 0 ? std::llround(p.flops.recompute / c.layers) : 0);
+    if (c.stored.size() == ref + 1) keep = std::move(w);
+  }
+  c.gap.assign(c.layers + 1, kNone);
+  int64_t prefix = 0;
+  for (int32_t k = 0; k <= c.layers; ++k) {
+    if (keep.gap[k] != kNone) c.gap[k] = keep.gap[k] - prefix;
+    if (k < c.layers) prefix += c.stored[ref][k];
+  }
+  return c;
+}
+
+}  // namespace
+
+LayerCosts calibrate(const Scenario& scenario, const TrainingScript& script,
+                     const std::vector<LayerCheckpoint>& choices) {
+  PlanSimulator sim(scenario, script);
+  return calibrate_with(sim, scenario, choices);
+}
+
+int64_t model_peak(const LayerCosts& c, const CheckpointPlan& plan) {
+  int64_t peak = kNone, stored = 0;
+  for (int32_t l = 0; l <= c.layers; ++l) {
+    if (c.gap[l] != kNone) peak = std::max(peak, stored + c.gap[l]);
+    if (l == c.layers) break;
+    const size_t ci = static_cast<size_t>(
+        std::find(c.choices.begin(), c.choices.end(), plan.at(l)) - c.choices.begin());
+    if (c.window[ci][l] != kNone) peak = std::max(peak, stored + c.window[ci][l]);
+    stored += c.stored[ci][l];
+  }
+  return peak;
+}
+
+SearchResult search_plan(const LayerCosts& c, int64_t bound) {
+  struct State {
+    int64_t stored, recompute, peak;
+    int32_t parent;
+    uint8_t choice;
+  };
+  std::vector<std::vector<State>> levels(static_cast<size_t>(c.layers) + 1);
+  levels[0].push_back({0, 0, kNone, -1, 0});
+  std::vector<State> cand;       // one layer's candidates, before pruning
+  std::vector<uint32_t> order;   // cand sorted, as indices
+  for (int32_t l = 0; l < c.layers; ++l) {
+    std::vector<State>& next = levels[l + 1];
+    const std::vector<State>& cur = levels[l];
+    cand.clear();
+    for (size_t i = 0; i < cur.size(); ++i) {
+      const State& s = cur[i];
+      int64_t peak = s.peak;
+      if (c.gap[l] != kNone) {
+        if (s.stored + c.gap[l] > bound) continue;
+        peak = std::max(peak, s.stored + c.gap[l]);
+      }
+      for (size_t k = 0; k < c.choices.size(); ++k) {
+        const int64_t w = c.window[k][l];
+        if (w != kNone && s.stored + w > bound) continue;
+        cand.push_back({s.stored + c.stored[k][l], s.recompute + c.flops[k],
+                        w == kNone ? peak : std::max(peak, s.stored + w),
+                        static_cast<int32_t>(i), static_cast<uint8_t>(k)});
+      }
+    }
+    // Pareto front on (stored, recompute); equal pairs keep the lower peak. Sorting
+    // 4-byte indices instead of the 32-byte states is cheaper. Full ties are broken by
+    // candidate index, so the order is total and the plan picked among modelled equals
+    // does not depend on the standard library's (unstable) sort.
+    order.resize(cand.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
+    std::sort(order.begin(), order.end(), [&cand](uint32_t ia, uint32_t ib) {
+      const State& a = cand[ia];
+      const State& b = cand[ib];
+      if (a.stored != b.stored) return a.stored < b.stored;
+      if (a.recompute != b.recompute) return a.recompute < b.recompute;
+      if (a.peak != b.peak) return a.peak < b.peak;
+      return ia < ib;
+    });
+    int64_t best = INT64_MAX;
+    for (uint32_t i : order) {
+      const State& s = cand[i];
+      if (s.recompute >= best) continue;
+      best = s.recompute;
+      next.push_back(s);
+    }
+    if (next.empty()) return {};
+  }
+  SearchResult r;
+  int32_t pick = -1;
+  for (size_t i = 0; i < levels[c.layers].size(); ++i) {
+    const State& s = levels[c.layers][i];
+    int64_t peak = s.peak;
+    if (c.gap[c.layers] != kNone) {
+      if (s.stored + c.gap[c.layers] > bound) continue;
+      peak = std::max(peak, s.stored + c.gap[c.layers]);
+    }
+    if (pick < 0 || s.recompute < r.recompute || (s.recompute == r.recompute && peak < r.peak)) {
+      pick = static_cast<int32_t>(i);
+      r.recompute = s.recompute;
+      r.peak = peak;
+    }
+  }
+  if (pick < 0) return {};
+  r.feasible = true;
+  r.plan.layers.assign(static_cast<size_t>(c.layers), LayerCheckpoint::keep);
+  for (int32_t l = c.layers; l > 0; --l) {
+    const State& s = levels[l][pick];
+    r.plan.layers[l - 1] = c.choices[s.choice];
+    pick = s.parent;
+  }
+  return r;
+}
+
+SearchResult smallest_peak_plan(const LayerCosts& c) {
+  return smallest_peak_by_bisection(
+      [&c](int64_t bound) { return search_plan(c, bound); });
+}
+
+namespace {
+
+// The exact phase of optimize_checkpointing: all plans whose modelled peak is within the
+// bound, level by level of recompute FLOPs (ascending), each level's plans by modelled
+// peak. Only for models small enough to enumerate (see kMaxSums, kMaxPlansPerLevel).
+class LevelEnumerator {
+ public:
+  static constexpr size_t kMaxSums = 4096;          // distinct suffix recompute sums
+  static constexpr size_t kMaxPlansPerLevel = 4096;
+  // Search nodes over all levels: prefixes that reach a recompute total only by breaking
+  // the bound are pruned late, so the walk can blow up on long chains; then give up.
+  // 2^18 nodes cost ~8 ms; the enumerations that complete need far fewer (with 2^21, on
+  // 66 optimisations of 8 to 20 layers over three families, every one either completed
+  // under 2^18 or overflowed, after up to 60 ms for nothing).
+  static constexpr size_t kMaxNodes = size_t{1} << 18;
+
+  LevelEnumerator(const LayerCosts& c, int64_t bound) : c_(c), bound_(bound) {
+    const int32_t L = c.layers;
+    best_.assign(L + 1, kNone);
+    sums_.assign(L + 1, {});
+    best_[L] = c.gap[L];
+    sums_[L] = {0};
+    for (int32_t l = L - 1; l >= 0; --l) {
+      int64_t best = INT64_MAX;
+      std::vector<int64_t> sums;
+      for (size_t k = 0; k < c.choices.size(); ++k) {
+        int64_t m = std::max(c.gap[l], c.window[k][l]);
+        if (best_[l + 1] != kNone) m = std::max(m, c.stored[k][l] + best_[l + 1]);
+        best = std::min(best, m);
+        for (int64_t r : sums_[l + 1]) sums.push_back(r + c.flops[k]);
+      }
+      std::sort(sums.begin(), sums.end());
+      sums.erase(std::unique(sums.begin(), sums.end()), sums.end());
+      if (sums.size() > kMaxSums) {
+        usable_ = false;
+        return;
+      }
+      best_[l] = best;
+      sums_[l] = std::move(sums);
+    }
+  }
+  bool usable() const { return usable_; }
+  // Recompute totals that some plan reaches, ascending (memory not yet checked).
+  const std::vector<int64_t>& levels() const { return sums_[0]; }
+
+  // Plans with recompute exactly r and modelled peak <= bound, lowest peak first.
+  std::vector<std::pair<int64_t, CheckpointPlan>> plans(int64_t r) {
+    out_.clear();
+    current_.layers.assign(static_cast<size_t>(c_.layers), LayerCheckpoint::keep);
+    overflow_ = false;
+    dfs(0, 0, 0, kNone, r);
+    // Stable: plans of equal peak stay in search order (deterministic across libraries).
+    std::stable_sort(out_.begin(), out_.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    return std::move(out_);
+  }
+  bool overflowed() const { return overflow_; }
+
+ private:
+  void dfs(int32_t l, int64_t stored, int64_t rec, int64_t peak, int64_t target) {
+    if (overflow_) return;
+    if (++nodes_ > kMaxNodes) {
+      overflow_ = true;
+      return;
+    }
+    if (c_.gap[l] != kNone) {
+      if (stored + c_.gap[l] > bound_) return;
+      peak = std::max(peak, stored + c_.gap[l]);
+    }
+    if (l == c_.layers) {
+      if (rec != target) return;
+      if (out_.size() >= kMaxPlansPerLevel) {
+        overflow_ = true;
+        return;
+      }
+      out_.emplace_back(peak, current_);
+      return;
+    }
+    for (size_t k = 0; k < c_.choices.size(); ++k) {
+      const int64_t rest = target - rec - c_.flops[k];
+      const auto& next = sums_[l + 1];
+      if (!std::binary_search(next.begin(), next.end(), rest)) continue;
+      const int64_t w = c_.window[k][l];
+      if (w != kNone && stored + w > bound_) continue;
+      const int64_t s = stored + c_.stored[k][l];
+      if (best_[l + 1] != kNone && s + best_[l + 1] > bound_) continue;
+      current_.layers[l] = c_.choices[k];
+      dfs(l + 1, s, rec + c_.flops[k], w == kNone ? peak : std::max(peak, stored + w), target);
+    }
+  }
+
+  const LayerCosts& c_;
+  int64_t bound_;
+  bool usable_ = true;
+  bool overflow_ = false;
+  size_t nodes_ = 0;
+  std::vector<int64_t> best_;               // least peak a suffix adds to its stored prefix
+  std::vector<std::vector<int64_t>> sums_;  // recompute totals a suffix can reach
+  CheckpointPlan current_;
+  std::vector<std::pair<int64_t, CheckpointPlan>> out_;
+};
+
+}  // namespace
+
+PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
+                      const CheckpointPlan& plan, uint64_t capacity) {
+  PlanSimulator sim(scenario, script);
+  sim.run(plan, capacity);
+  return sim.result();
+}
+
+namespace {
+
+// Nothing fits: the plan with the smallest modelled peak, simulated without a limit.
+OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& costs, PlanSimulator& sim) {
+  auto ts = std::chrono::steady_clock::now();
+  const SearchResult smallest = smallest_peak_plan(costs);
+  out.search_ms += ms_since(ts);
+  out.fits = false;
+  out.plan = smallest.plan;
+  out.model_peak = smallest.peak;
+  auto tv = std::chrono::steady_clock::now();
+  sim.run(smallest.plan, 0);
+  out.run = sim.result();
+  out.verify_ms += ms_since(tv);
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+OptimizeResult optimize_one_gpu(const Scenario& scenario, const TrainingScript& script,
+                                uint64_t budget, const OptimizeOptions& options) {
+  OptimizeResult out;
+  PlanSimulator sim(scenario, script);
+  auto t0 = std::chrono::steady_clock::now();
+  const LayerCosts costs = calibrate_with(sim, scenario, options.choices);
+  out.calibrate_ms = ms_since(t0);
+  int64_t bound = static_cast<int64_t>(std::min<uint64_t>(budget, INT64_MAX / 4));
+  // Exact phase (small models): every plan the model allows, in recompute order. The
+  // model's peak is a lower bound of the reserved peak, so no skipped plan could fit.
+  int exact_tries = 0;
+  auto ts0 = std::chrono::steady_clock::now();
+  const SearchResult first = search_plan(costs, bound);
+  out.search_ms += ms_since(ts0);
+  if (costs.layers <= options.exact_max_layers) {
+    auto ts = std::chrono::steady_clock::now();
+    LevelEnumerator levels(costs, bound);
+    out.search_ms += ms_since(ts);
+    bool complete = levels.usable() && first.feasible;
+    for (size_t i = 0; complete && i < levels.levels().size(); ++i) {
+      const int64_t r = levels.levels()[i];
+      if (r < first.recompute) continue;  // the DP proved nothing cheaper fits the model
+      ts = std::chrono::steady_clock::now();
+      const auto plans = levels.plans(r);
+      out.search_ms += ms_since(ts);
+      if (levels.overflowed()) complete = false;
+      for (size_t k = 0; complete && k < plans.size(); ++k) {
+        if (exact_tries >= options.max_verifications) {
+          complete = false;
+          break;
+        }
+        auto tv = std::chrono::steady_clock::now();
+        const bool fits = sim.run(plans[k].second, budget);
+        if (fits) out.run = sim.result();
+        out.verify_ms += ms_since(tv);
+        ++exact_tries;
+        ++out.verifications;
+        if (fits) {
+          out.fits = true;
+          out.plan = plans[k].second;
+          out.model_peak = plans[k].first;
+          return out;
+        }
+      }
+    }
+    // Every plan the model allows was simulated and none fits.
+    if (complete && first.feasible) return report_smallest(std::move(out), costs, sim);
+  }
+  // Front walk (large models, or the exact phase gave up). `bound` is still the budget
+  // here: the exact phase does not move it.
+  // The first candidate is the DP's answer for the budget itself (already searched).
+  bool first_candidate = true;
+  while (out.verifications - exact_tries < options.max_verifications) {
+    auto ts = std::chrono::steady_clock::now();
+    const SearchResult r = first_candidate ? first : search_plan(costs, bound);
+    first_candidate = false;
+    out.search_ms += ms_since(ts);
+    if (!r.feasible) break;
+    auto tv = std::chrono::steady_clock::now();
+    ++out.verifications;
+    if (sim.run(r.plan, budget)) {
+      out.run = sim.result();
+      out.verify_ms += ms_since(tv);
+      out.fits = true;
+      out.plan = r.plan;
+      out.model_peak = r.peak;
+      return out;
+    }
+    // Does not fit: the next candidate must have a lower modelled peak.
+    int64_t step = 1;
+    if (out.verifications - exact_tries > options.exact_steps) {
+      sim.run(r.plan, 0);
+      step = std::max<int64_t>(1, static_cast<int64_t>(sim.result().analysis.peak_reserved) -
+                                      static_cast<int64_t>(budget));
+    }
+    out.verify_ms += ms_since(tv);
+    bound = r.peak - step;
+  }
+  return report_smallest(std::move(out), costs, sim);
+}
+
+}  // namespace
+
+OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
+                                      uint64_t budget, const OptimizeOptions& options) {
+  // Plans are costed from the measured step's layer windows (windows_of).
+  if (scenario.step.measure_whole_run)
+    throw ScenarioError(scenario.source +
+                        ": step.measure: memsim optimize plans the measured step's "
+                        "checkpointing; use step.measure: last-step");
+  // Pipeline stages: one plan over each stage's local layers, the budget held on every
+  // stage (the megatron family's loop is its own training script).
+  if (scenario.parallel.pipeline > 1)
+    return optimize_pipeline_checkpointing(scenario, budget, options);
+  OptimizeResult out = optimize_one_gpu(scenario, script, budget, options);
+  out.flops = out.run.analysis.flops;
+  return out;
+}
+
+std::string describe_plan(const CheckpointPlan& plan) {
+  std::string s;
+  size_t i = 0;
+  while (i < plan.layers.size()) {
+    size_t j = i;
+    while (j + 1 < plan.layers.size() && plan.layers[j + 1] == plan.layers[i]) ++j;
+    if (!s.empty()) s += ", ";
+    s += (i == j ? "layer " + std::to_string(i)
+                 : "layers " + std::to_string(i) + "-" + std::to_string(j)) +
+         ": " + graph::to_string(plan.layers[i]);
+    i = j + 1;
+  }
+  return s.empty() ? "no layers" : s;
+}
+
+}  // namespace memsim

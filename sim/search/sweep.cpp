@@ -1,0 +1,205 @@
+#include "sim/search/sweep.h"
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "scenario/scenario.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
+
+namespace memsim {
+
+namespace {
+
+// The device of tools/cli/device.cpp (make_device), which the sim library cannot link:
+// capacity 0 means unlimited (2^60 bytes), the CUDA context is taken off the total.
+constexpr uint64_t kUnlimitedDevice = uint64_t{1} << 60;
+
+uint64_t device_total(const DeviceConfig& d) {
+  return d.capacity == 0 ? kUnlimitedDevice : d.capacity;
+}
+uint64_t device_context(const DeviceConfig& d) {
+  return d.capacity == 0 ? d.cuda_context : std::min(d.cuda_context, d.capacity);
+}
+
+bool parse_int(const std::string& s, int64_t& out) {
+  if (s.empty()) return false;
+  size_t used = 0;
+  try {
+    out = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == s.size();
+}
+
+}  // namespace
+
+SweepAxis parse_sweep_axis(const std::string& arg) {
+  const size_t eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw std::invalid_argument("--vary " + arg + ": expected KEY=V1,V2,...");
+  SweepAxis axis{arg.substr(0, eq), {}};
+  std::stringstream items(arg.substr(eq + 1));
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const size_t dots = item.find("..");
+    if (dots == std::string::npos) {
+      if (item.empty()) throw std::invalid_argument("--vary " + arg + ": empty value");
+      axis.values.push_back(item);
+      continue;
+    }
+    int64_t a = 0, b = 0;
+    if (!parse_int(item.substr(0, dots), a) || !parse_int(item.substr(dots + 2), b) || b < a)
+      throw std::invalid_argument("--vary " + arg + ": '" + item +
+                                  "' is not an integer range A..B with A <= B");
+    if (b - a >= 1'000'000)
+      throw std::invalid_argument("--vary " + arg + ": range '" + item + "' is too long");
+    for (int64_t v = a; v <= b; ++v) axis.values.push_back(std::to_string(v));
+  }
+  if (axis.values.empty()) throw std::invalid_argument("--vary " + arg + ": no values");
+  return axis;
+}
+
+std::vector<SweepOverrides> sweep_points(const std::vector<SweepAxis>& axes) {
+  std::vector<SweepOverrides> points{{}};
+  for (const SweepAxis& axis : axes) {
+    std::vector<SweepOverrides> next;
+    next.reserve(points.size() * axis.values.size());
+    for (const SweepOverrides& p : points)
+      for (const std::string& v : axis.values) {
+        next.push_back(p);
+        next.back().emplace_back(axis.key, v);
+      }
+    points = std::move(next);
+  }
+  return points;
+}
+
+SweepRunner::SweepRunner(std::string text, std::string source, SweepOverrides base)
+    : text_(std::move(text)), source_(std::move(source)), base_(std::move(base)) {}
+
+SweepRunner SweepRunner::from_file(const std::string& path, SweepOverrides base) {
+  // Loading it once first gives the loader's own errors (file, line, key) for a bad file
+  // or a bad --set, before any point runs.
+  load_scenario(path, base);
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || in.bad()) throw ScenarioError(path + ":1: (file): cannot read the scenario file");
+  return SweepRunner(text.str(), path, std::move(base));
+}
+
+SweepResult SweepRunner::evaluate(const SweepOverrides& point,
+                                  const SweepEvaluateOptions& options) const {
+  SweepResult result;
+  try {
+    SweepOverrides overrides = base_;
+    overrides.insert(overrides.end(), point.begin(), point.end());
+    const Scenario scenario = load_scenario_text(text_, source_, overrides);
+    const Program program = build_program(scenario);
+    SimulatedDevice device(device_total(scenario.device), device_context(scenario.device));
+    ExecuteOptions exec;
+    exec.record_by_kind = options.record_by_kind;
+    const Timeline timeline = execute(program, scenario.allocator, device, exec);
+    result.analysis = analyze(program, timeline, options.analysis);
+    result.ok = true;
+  } catch (const std::bad_alloc&) {
+    throw;  // host memory is exhausted: not a property of this point
+  } catch (const std::exception& e) {
+    // ScenarioError (an impossible combination), or a family the builder rejects.
+    result.ok = false;
+    result.error = e.what();
+  }
+  return result;
+}
+
+void run_parallel(size_t count, const std::function<void(size_t)>& task, unsigned threads,
+                  const SweepProgress& progress) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = static_cast<unsigned>(std::min<size_t>(threads, std::max<size_t>(count, 1)));
+  std::atomic<size_t> next{0};
+  std::mutex progress_mutex;
+  size_t done = 0;
+  std::exception_ptr failure;
+  auto worker = [&] {
+    for (;;) {
+      const size_t i = next.fetch_add(1);
+      if (i >= count) return;
+      try {
+        task(i);
+      } catch (...) {
+        // Stop handing out work and rethrow on the caller's thread.
+        std::lock_guard<std::mutex> lock(progress_mutex);
+        if (!failure) failure = std::current_exception();
+        next.store(count);
+        return;
+      }
+      if (progress) {
+        std::lock_guard<std::mutex> lock(progress_mutex);
+        progress(++done, count);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();  // the calling thread works too
+  for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+std::string sweep_verdict(const SweepResult& r) {
+  if (!r.ok) return "error: " + r.error;
+  if (r.analysis.fits()) return "fits";
+  const OomReport& o = *r.analysis.oom;
+  std::string s = "OOM at " + o.op + " (" + to_string(o.phase);
+  if (o.layer >= 0) s += ", layer " + std::to_string(o.layer);
+  return s + ")";
+}
+
+MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
+                   int64_t start, int64_t limit, const SweepEvaluateOptions& options) {
+  MaxSearch out;
+  if (start > limit) return out;
+  auto fits = [&](int64_t v) {
+    SweepOverrides point = fixed;
+    point.emplace_back(key, std::to_string(v));
+    const SweepResult r = runner.evaluate(point, options);
+    ++out.evaluations;
+    if (!r.fits() && (!out.first_failure || v < *out.first_failure)) {
+      out.first_failure = v;
+      out.failure = sweep_verdict(r);
+    }
+    return r.fits();
+  };
+  // Exponential phase: the first failing power-of-two multiple of `start`.
+  int64_t lo = start - 1;  // largest value known to fit (start - 1: none yet)
+  int64_t hi = start;
+  while (hi <= limit && fits(hi)) {
+    lo = hi;
+    if (hi > limit / 2) {
+      hi = limit + 1;  // no failure found up to the limit
+      break;
+    }
+    hi *= 2;
+  }
+  if (hi > limit) {
+    out.largest_fit = lo;
+    return out;
+  }
+  // Invariant: lo fits (or is start - 1), hi fails. Bisect.
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid;
+  }
+  if (lo >= start) out.largest_fit = lo;
+  return out;
+}
+
+}  // namespace memsim

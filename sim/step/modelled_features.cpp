@@ -1,0 +1,155 @@
+#include "sim/step/modelled_features.h"
+
+#include <string>
+
+#include "scenario/arch_checks.h"
+#include "scenario/scenario_family.h"
+#include "scenario/script_keys.h"
+#include "sim/parallel/data_parallel.h"
+
+namespace memsim {
+
+namespace {
+[[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
+  throw ScenarioError(s.source + ": " + key + ": " + why);
+}
+// Autocast is modelled for the cs336 family, hf-llama (eager attention, untied head, no
+// dropout) and hf-gpt2 (eager attention, no dropout) with fp32 parameters
+// (graph/autocast.h); with activation checkpointing when backward runs outside the
+// region; everything else is refused by key.
+void require_autocast_modelled(const Scenario& s) {
+  const FamilyRow& family = family_row(s.model.family);
+  if (!family.autocast) {
+    refuse(s, "precision.autocast",
+           std::string("autocast is modelled for the cs336, hf-llama and hf-gpt2 families only, "
+                       "not '") +
+               to_string(s.model.family) + "'; use precision.autocast: none");
+  }
+  if (family.hf && s.model.attention != AttentionImpl::eager) {
+    refuse(s, "model.attention",
+           "autocast is modelled for eager attention only (the fused SDPA kernels' "
+           "low-precision inputs are not); use model.attention: eager or precision.autocast: none");
+  }
+  if (family.hf && s.model.dropout > 0.0) {
+    refuse(s, "model.dropout",
+           "dropout under autocast is not checked against torch yet for the hf families; "
+           "use model.dropout: 0 or precision.autocast: none");
+  }
+  if (s.lora.rank > 0) {
+    refuse(s, "lora.rank",
+           "LoRA adapters under precision.autocast are not modelled yet; use lora.rank: 0 "
+           "or precision.autocast: none");
+  }
+  if (!family.autocast_tied_embeddings && s.model.tied_embeddings) {
+    refuse(s, "model.tied_embeddings",
+           "autocast with a tied embedding/lm_head weight is not modelled yet; use "
+           "model.tied_embeddings: false or precision.autocast: none");
+  }
+  if (s.precision.params != DType::fp32) {
+    refuse(s, "precision.autocast",
+           "autocast casts fp32 parameters; with precision.params bf16/fp16 use "
+           "precision.autocast: none");
+  }
+  if (s.checkpoint.policy != CheckpointPolicy::none && s.precision.autocast_region == AutocastRegion::whole_step) {
+    // The recompute runs inside backward, i.e. inside the region: what it finds in the
+    // weight-cast cache depends on torch's version (1.13: a per-thread cache, and CUDA's
+    // backward runs on its own thread; 2.x: one cache, which the recompute's exit clears
+    // for everyone). Not modelled.
+    refuse(s, "precision.autocast_region",
+           "whole-step autocast with activation checkpointing is not modelled (the recompute "
+           "would run inside the region); use autocast_region forward-and-loss or forward");
+  }
+}
+}  // namespace
+
+void require_modelled(const Scenario& s) {
+  const ParallelConfig& p = s.parallel;
+  const FamilyRow& family = family_row(s.model.family);
+  if (!family.staff_model) {
+    // The other families call torch's softmax and build their masks their own way.
+    const std::string why = std::string(" is a cs336-family option, not for family '") +
+                            to_string(s.model.family) + "'; remove it";
+    if (s.model.softmax != SoftmaxImpl::staff) refuse(s, "model.softmax", "model.softmax" + why);
+    if (s.model.sdpa != SdpaImpl::staff) refuse(s, "model.sdpa", "model.sdpa" + why);
+    if (s.model.swiglu != SwigluImpl::staff) refuse(s, "model.swiglu", "model.swiglu" + why);
+  }
+  // The megatron family models tensor and pipeline parallelism (sim/megatron/megatron_parallel.h
+  // checks the rest).
+  const bool tensor_modelled = family.tensor_parallel;
+  if ((p.tensor != 1 || p.pipeline != 1) && !tensor_modelled) {
+    const char* key = p.pipeline != 1 ? "parallel.pipeline" : "parallel.tensor";
+    refuse(s, key,
+           std::string("multi-GPU memory of tensor and pipeline parallelism is modelled for "
+                       "model family 'megatron' only, not '") +
+               to_string(s.model.family) + "' (set parallel.tensor and parallel.pipeline to 1)");
+  }
+  if (p.sequence && !tensor_modelled)
+    refuse(s, "parallel.sequence", "sequence parallelism is modelled for model family 'megatron' only");
+  require_arch_modelled(s);           // scenario/arch_checks.h: decoder knobs per setting
+  require_data_parallel_modelled(s);  // sim/parallel/data_parallel.h
+  require_script_keys_modelled(s);    // scenario/script_keys.h: loss.*, out-of-place, whole-run
+  // Data parallelism, LoRA and master weights were each checked alone; their
+  // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
+  // parameters together, DDP buckets only parameters that need a gradient, master copies
+  // would be of shards) and are not modelled until they are checked too.
+  // Autocast composes with torch DDP / ZeroRedundancyOptimizer (fp32 leaf parameters,
+  // as on one GPU; tests/test_dp_autocast.cpp) and with FSDP, whose parameters are views
+  // of the gathered flat parameter, which autocast's weight-cast cache skips
+  // (graph/autocast.h set_params_are_views). Not with FSDP's own MixedPrecision as well: autocast would see
+  // low-precision views, which memsim does not model.
+  if (p.sharding == Sharding::fsdp && s.precision.autocast.has_value() &&
+      p.fsdp_mixed_precision.has_value() && family.torch_data_parallel &&
+      s.lora.rank == 0 && !s.precision.master_weights)
+    refuse(s, "precision.autocast",
+           "autocast together with parallel.fsdp_mixed_precision is not modelled (autocast "
+           "would run on FSDP's low-precision parameter views); use one of them: "
+           "parallel.fsdp_mixed_precision: none (autocast casts FSDP's fp32 views at every "
+           "use) or precision.autocast: none");
+  // torch DDP composes with both (sim/parallel/data_parallel.h: the reducer buckets only the
+  // parameters that require grad, in their dtype; tests/test_ddp_combos.cpp). FSDP and
+  // ZeRO-1 do not yet.
+  const bool sharded = p.sharding != Sharding::none || p.zero != 0;
+  if (p.data > 1 && sharded && family.torch_data_parallel) {
+    const char* key = s.lora.rank > 0 ? "lora"
+                      : s.precision.master_weights ? "precision.master_weights" : nullptr;
+    if (key != nullptr)
+      refuse(s, key,
+             std::string("is modelled with torch DDP (parallel.data > 1, parallel.sharding: "
+                         "none, parallel.zero: 0) but not with ") +
+                 (p.sharding == Sharding::fsdp ? "FSDP (parallel.sharding: fsdp)"
+                                                : "ZeRO-1 (parallel.zero: 1)") +
+                 " yet; use plain DDP, simulate one GPU, or drop this key");
+  }
+  if (s.precision.autocast.has_value()) require_autocast_modelled(s);  // below
+  if (s.precision.master_weights && s.optimizer.impl == OptimizerImpl::cs336) {
+    refuse(s, "precision.master_weights",
+           "the CS336 staff AdamW updates the parameters themselves (no fp32 master copy); "
+           "use optimizer.impl for-loop, foreach or fused");
+  }
+  if (s.optimizer.type == OptimizerType::adafactor && !family.adafactor) {
+    refuse(s, "optimizer.type",
+           std::string("Adafactor's factored state needs the parameters' shapes, which memsim "
+                       "records for hf-llama and hf-gpt2 only, not '") +
+               to_string(s.model.family) + "'");
+  }
+  if ((s.optimizer.type == OptimizerType::adam8bit || s.optimizer.type == OptimizerType::adamw8bit) &&
+      !family.adam8bit) {
+    refuse(s, "optimizer.type",
+           "Megatron-LM's optimizer is a fused fp32 Adam; bitsandbytes 8-bit Adam is modelled "
+           "for cs336, hf-gpt2 and hf-llama");
+  }
+  if (s.lora.rank > 0 && s.checkpoint.policy != CheckpointPolicy::none && s.checkpoint.reentrant.value_or(false)) {
+    refuse(s, "checkpoint.reentrant",
+           "LoRA with reentrant checkpointing is not modelled: torch's CheckpointFunction sees "
+           "no input that requires grad (the embedding is frozen), so the adapters would get "
+           "no gradient unless model.enable_input_require_grads() is called; use "
+           "checkpoint.reentrant: false (torch.utils.checkpoint(use_reentrant=False))");
+  }
+  if (!family.dropout && s.model.dropout > 0.0) {
+    refuse(s, "model.dropout",
+           "the CS336 staff model has no dropout layers; use family hf-gpt2, hf-llama or "
+           "megatron for a model with dropout");
+  }
+}
+
+}  // namespace memsim

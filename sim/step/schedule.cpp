@@ -1,0 +1,384 @@
+// build_program: model construction, batch tensors, warm-up steps and the measured
+// step of a training loop, emitted through graph::Runtime (symbolic eager PyTorch).
+#include "sim/step/schedule.h"
+
+#include "sim/step/model_family.h"
+#include "sim/step/modelled_features.h"
+
+#include <stdexcept>
+#include <type_traits>
+
+#include "graph/autocast.h"
+#include "graph/models/cs336.h"
+#include "graph/models/decoder.h"
+#include "graph/models/losses.h"
+#include "graph/numeric/numeric.h"
+#include "sim/parallel/data_parallel.h"
+#include "sim/parallel/fsdp.h"
+#include "scenario/fsdp_precision.h"
+#include "scenario/hf_family.h"
+#include "sim/megatron/megatron_step.h"
+#include "sim/step/checkpoint_policy.h"
+#include "sim/optim/optimizer_step.h"
+#include "sim/step/script_loss.h"
+#include "sim/parallel/zero_redundancy.h"
+
+namespace memsim {
+
+TrainingScript default_script(const Scenario& scenario) {
+  TrainingScript s;
+  s.loss = scenario.optimizer.impl == OptimizerImpl::cs336 ? LossImpl::cs336 : LossImpl::torch;
+  switch (scenario.loss.impl) {  // loss.impl (sim/step/script_loss.h)
+    case LossFunction::automatic: break;
+    case LossFunction::torch: s.loss = LossImpl::torch; break;
+    case LossFunction::torch_float: s.loss = LossImpl::torch_float; break;
+    case LossFunction::cs336: s.loss = LossImpl::cs336; break;
+    case LossFunction::one_hot: s.loss = LossImpl::one_hot; break;
+  }
+  s.zero_grad = scenario.step.zero_grad_set_to_none ? ZeroGradAt::before_forward
+                                                    : ZeroGradAt::never;
+  return s;
+}
+
+namespace {
+
+using graph::Runtime;
+using graph::Tensor;
+
+graph::Cs336Shape cs336_shape(const Scenario& s) {
+  graph::Cs336Shape shape;
+  shape.layers = s.model.layers;
+  shape.d_model = s.model.d_model;
+  shape.heads = s.model.heads;
+  shape.d_ff = s.model.d_ff;
+  shape.vocab = s.model.vocab;
+  shape.context_length = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
+  shape.batch = s.batch.micro_batch;
+  shape.seq = s.batch.seq_len;
+  shape.elem = model_compute_elem(s);  // precision.params or FSDP MixedPrecision
+  shape.softmax = s.model.softmax == SoftmaxImpl::exp_twice ? graph::Cs336Softmax::exp_twice
+                                                             : graph::Cs336Softmax::staff;
+  shape.sdpa = s.model.sdpa == SdpaImpl::masked_fill ? graph::Cs336Sdpa::masked_fill
+                                                      : graph::Cs336Sdpa::staff;
+  shape.swiglu = s.model.swiglu == SwigluImpl::projections_first
+                     ? graph::Cs336Swiglu::projections_first
+                     : graph::Cs336Swiglu::staff;
+  return shape;
+}
+
+graph::Cs336Shape cs336_shape(const Scenario& s, const TrainingScript& script) {
+  graph::Cs336Shape shape = cs336_shape(s);
+  shape.revision = script.cs336_revision;
+  return shape;
+}
+
+graph::Cs336Shape shape_for(const graph::Cs336Model*, const Scenario& s,
+                            const TrainingScript& script) {
+  return cs336_shape(s, script);
+}
+template <class HfModel>
+graph::HfShape shape_for(const HfModel*, const Scenario& s, const TrainingScript&) {
+  return hf_shape(s);  // scenario/hf_family.h
+}
+
+// One training loop over a model (CS336, or a Hugging Face family whose loss is the
+// model's own). Members mirror the script's Python names.
+template <class Model>
+class Loop {
+ public:
+  Loop(const Scenario& s, const TrainingScript& script, Program& program,
+       graph::RuntimeBuffers* buffers = nullptr, graph::NumericContext* numeric = nullptr)
+      : s_(s), script_(script), rt_(program, buffers),
+        model_(rt_, shape_for(static_cast<const Model*>(nullptr), s, script)) {
+    rt_.numeric = numeric;  // numeric mode (graph/numeric/numeric.h); null in normal runs
+    if (numeric != nullptr) rt_.test_drop_save = numeric->test_drop_save;
+  }
+
+  void run() {
+    configure_device(rt_, s_.device);
+    // Activation checkpointing (sim/step/checkpoint_policy.h): installs itself on rt_.
+    checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
+    if (s_.precision.autocast) {  // cs336, hf-llama, hf-gpt2 (sim/step/modelled_features.cpp)
+      autocast_ = std::make_unique<graph::Autocast>(
+          rt_, static_cast<uint64_t>(dtype_bytes(*s_.precision.autocast)),
+          *s_.precision.autocast == DType::fp16);
+      autocast_->set_cache_enabled(s_.precision.autocast_cache);
+      // FSDP: the weights are views of the gathered flat parameter, never cached.
+      autocast_->set_params_are_views(s_.parallel.sharding == Sharding::fsdp);
+      model_.set_autocast(autocast_.get());
+      if (checkpoint_) checkpoint_->set_autocast(autocast_.get());  // recompute re-enters it
+    }
+    {
+      // ~330 events per layer and step (forward, backward, optimizer), plus the rest.
+      const size_t steps = static_cast<size_t>(s_.step.warmup_steps + 1) *
+                           static_cast<size_t>(std::max<int64_t>(1, s_.batch.grad_accum));
+      rt_.reserve(steps * (static_cast<size_t>(s_.model.layers) * 340 + 1200) +
+                  static_cast<size_t>(s_.model.layers) * 12);
+    }
+    rt_.ctx.phase = Phase::setup;
+    // step.measure whole-run: the peaks count from here (recording started before the
+    // model was built); the measured step then sets no mark of its own.
+    if (s_.step.measure_whole_run) rt_.mark("measured_step_begin");
+    model_.construct();
+    // model = FSDP(model) (sim/parallel/fsdp.h) or DistributedDataParallel(model)
+    // (sim/parallel/data_parallel.h), before the optimizer.
+    if (s_.parallel.sharding == Sharding::fsdp)
+      fsdp_ = std::make_unique<Fsdp>(rt_, s_);
+    else if (s_.parallel.data > 1)
+      ddp_ = std::make_unique<TorchDdp>(rt_, s_.parallel.gradient_as_bucket_view);
+    {
+      OptimizerSetup setup;
+      setup.cs336_decay_after_update = script_.cs336_revision == graph::Cs336Revision::v2025;
+      setup.param_elem = static_cast<uint64_t>(dtype_bytes(s_.precision.params));
+      setup.master_weights = s_.precision.master_weights;
+      optimizer_ = make_optimizer(s_.optimizer, setup);
+      if (optimizer_ && fsdp_ && fsdp_->offloads_params())
+        optimizer_ = make_cpu_offloaded_optimizer();  // steps the CPU shards (sim/parallel/fsdp.h)
+      if (s_.parallel.zero == 1 && s_.parallel.sharding == Sharding::none)  // ZeRO-1
+        optimizer_ = make_zero_redundancy_optimizer(std::move(optimizer_), rt_, s_, setup.param_elem);
+      if (optimizer_) optimizer_->construct(rt_);
+    }
+    allocate_batches();
+    const int64_t warmup = s_.step.warmup_steps;
+    for (int64_t step = 0; step <= warmup; ++step) {
+      const bool measured = step == warmup;
+      if (measured) {
+        rt_.ctx.phase = Phase::other;
+        if (script_.del_outputs_before_measured) drop_outputs();
+        if (script_.zero_grad_before_measured) zero_grad();
+        if (script_.measure_includes_zero_grad && !s_.step.measure_whole_run)
+          rt_.mark("measured_step_begin");
+      }
+      train_step(measured);
+    }
+    if (autocast_) autocast_->exit();  // whole-run: the `with` block ends after the loop
+    rt_.freeze();  // the script ends here: whatever is alive stays alive
+  }
+
+ private:
+  const auto& shape() const { return model_.shape(); }
+  uint64_t batch_bytes() const { return shape().batch * shape().seq * 8; }
+  // loss.positions last: one int64 target per sequence.
+  uint64_t target_bytes() const {
+    return s_.loss.positions == LossPositions::last ? shape().batch * 8 : batch_bytes();
+  }
+
+  void allocate_batches() {
+    const int64_t warmup = s_.step.warmup_steps;
+    if (script_.per_step_batches) {
+      Tensor warm_in = rt_.alloc(warmup * batch_bytes(), TensorKind::input, graph::OpKind::other);
+      Tensor meas_in = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
+      Tensor warm_tg, meas_tg;
+      if (script_.targets_on_device) {
+        warm_tg = rt_.alloc(warmup * target_bytes(), TensorKind::input, graph::OpKind::other);
+        meas_tg = rt_.alloc(target_bytes(), TensorKind::input, graph::OpKind::other);
+      }
+      warm_ids_ = warm_in;
+      ids_ = meas_in;
+      warm_targets_ = warm_tg;
+      targets_ = meas_tg;
+    } else {
+      ids_ = rt_.alloc(batch_bytes(), TensorKind::input, graph::OpKind::other);
+      if (script_.targets_on_device)
+        targets_ = rt_.alloc(target_bytes(), TensorKind::input, graph::OpKind::other);
+      if (rt_.numeric != nullptr) {
+        rt_.numeric->fill_tokens(ids_, 0);
+        if (targets_.defined()) rt_.numeric->fill_tokens(targets_, 1);
+      }
+      warm_ids_ = ids_;
+      warm_targets_ = targets_;
+    }
+  }
+
+  void zero_grad() {
+    const Phase p = rt_.ctx.phase;
+    rt_.ctx.phase = Phase::optimizer;
+    rt_.ctx.layer = -1;
+    rt_.zero_grad_set_to_none();
+    rt_.ctx.phase = p;
+  }
+
+  // The output and loss names die; a graph nobody ran backward on dies with them.
+  // A TensorImpl drops its grad_fn before its storage: the graph goes first.
+  void drop_outputs() {
+    if (logits_graph_ != 0) rt_.discard_graph(logits_graph_);
+    logits_graph_ = 0;
+    logits_.reset();
+    loss_.reset();
+  }
+
+  void train_step(bool measured) {
+    const StepKind kind =
+        (!measured && script_.warmup_kind_set) ? script_.warmup_kind : s_.step.kind;
+    const bool with_grad = kind != StepKind::forward_no_grad;
+    const bool with_loss = kind == StepKind::train || kind == StepKind::forward_backward;
+    rt_.ctx.phase = Phase::optimizer;
+    if (script_.zero_grad == ZeroGradAt::before_forward) zero_grad();
+    if (measured && !script_.measure_includes_zero_grad && !s_.step.measure_whole_run)
+      rt_.mark("measured_step_begin");
+    const Tensor& ids = measured ? ids_ : warm_ids_;
+    const Tensor& targets = measured ? targets_ : warm_targets_;
+    const int64_t micro = std::max<int64_t>(1, s_.batch.grad_accum);
+    for (int64_t mb = 0; mb < micro; ++mb) {
+      const bool last = mb + 1 == micro;
+      rt_.ctx.phase = Phase::forward;
+      rt_.grad_enabled = with_grad;
+      const uint32_t graph = with_grad ? rt_.begin_graph() : 0;
+      if (autocast_ && !autocast_->active()) autocast_->enter(!with_grad && script_.inference_mode);
+      if (ddp_) ddp_->pre_forward(rt_, with_grad);
+      if (fsdp_) fsdp_->pre_forward(rt_);
+      Tensor out = model_.forward(ids);
+      if (autocast_ && !region_ends(AutocastRegion::whole_run) &&
+          (region_ends(AutocastRegion::forward) || !with_loss))
+        autocast_->exit();
+      rt_.grad_enabled = true;
+      if (!script_.bind_output) {
+        out.reset();
+        if (graph != 0) rt_.discard_graph(graph);
+      } else {
+        // `logits = model(x)`: the previous value dies only now.
+        const uint32_t old_graph = logits_graph_;
+        Tensor old = std::move(logits_);
+        logits_ = std::move(out);
+        logits_graph_ = graph;
+        if (old_graph != 0) rt_.discard_graph(old_graph);
+        old.reset();
+      }
+      if (measured && last) rt_.mark("forward_end");
+      if (!with_loss) continue;
+      rt_.ctx.phase = Phase::loss;
+      // Low-precision logits outside the autocast region keep their dtype in the loss.
+      const uint64_t elem = autocast_ ? logits_.bytes / (shape().batch * shape().seq * shape().vocab)
+                                      : shape().elem;
+      Tensor l;
+      if constexpr (std::is_same_v<Model, graph::Cs336Model>) {
+        l = cs336_script_loss(rt_, autocast_.get(), logits_, targets, shape(), elem,
+                              script_.loss, s_.loss.positions);  // sim/step/script_loss.h
+      } else {
+        l = model_.loss(logits_, targets);  // the family's loss (HF: shift + CE)
+      }
+      loss_ = std::move(l);
+      if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
+      rt_.ctx.phase = Phase::backward;
+      rt_.backward(loss_);
+      if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
+      if (measured && last) rt_.mark("backward_end");
+    }
+    if (kind == StepKind::train && optimizer_) {
+      rt_.ctx.phase = Phase::optimizer;
+      rt_.ctx.layer = -1;
+      rt_.ctx.module = graph::Module::optimizer;
+      optimizer_->step(rt_);
+      if (rt_.numeric != nullptr) rt_.numeric->on_optimizer_step(rt_);
+      rt_.ctx.module = graph::Module::none;
+      if (measured) rt_.mark("optimizer_end");
+    }
+    // whole-step: the cache dies with the region; whole-run keeps it for the next step.
+    if (autocast_ && !region_ends(AutocastRegion::whole_run)) autocast_->exit();
+    if (script_.zero_grad == ZeroGradAt::after_step && (!measured || script_.measured_step_zero_grad))
+      zero_grad();
+    if (script_.outputs_are_step_locals) {
+      rt_.ctx.phase = Phase::other;
+      drop_outputs();
+    }
+  }
+
+  bool region_ends(AutocastRegion at) const { return s_.precision.autocast_region == at; }
+
+  const Scenario& s_;
+  const TrainingScript& script_;
+  Runtime rt_;
+  Model model_;
+  std::unique_ptr<OptimizerSim> optimizer_;
+  std::unique_ptr<graph::CheckpointEngine> checkpoint_;
+  std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
+  std::unique_ptr<TorchDdp> ddp_;
+  std::unique_ptr<Fsdp> fsdp_;
+  Tensor warm_ids_, warm_targets_, ids_, targets_;
+  Tensor logits_, loss_;
+  uint32_t logits_graph_ = 0;
+};
+
+}  // namespace
+
+// The rows' builders (sim/step/model_family.h).
+namespace family_builders {
+void cs336(const Scenario& s, const TrainingScript& script, Program& program,
+           graph::RuntimeBuffers* buffers) {
+  program.clear();
+  Loop<graph::Cs336Model>(s, script, program, buffers).run();
+}
+void decoder(const Scenario& s, const TrainingScript& script, Program& program,
+             graph::RuntimeBuffers* buffers) {
+  program.clear();
+  Loop<graph::DecoderModel>(s, script, program, buffers).run();
+}
+void megatron(const Scenario& s, const TrainingScript&, Program& program,
+              graph::RuntimeBuffers* buffers) {
+  build_megatron_program(s, {}, program, buffers);
+}
+void cs336_numeric(const Scenario& s, const TrainingScript& script, Program& program,
+                   graph::NumericContext* numeric) {
+  Loop<graph::Cs336Model>(s, script, program, nullptr, numeric).run();
+}
+void decoder_numeric(const Scenario& s, const TrainingScript& script, Program& program,
+                     graph::NumericContext* numeric) {
+  Loop<graph::DecoderModel>(s, script, program, nullptr, numeric).run();
+}
+void megatron_numeric(const Scenario& s, const TrainingScript&, Program& program,
+                      graph::NumericContext* numeric) {
+  build_megatron_program(s, program, numeric);
+}
+}  // namespace family_builders
+
+namespace {
+
+const FamilyBuild& buildable_row(const Scenario& scenario) {
+  const FamilyBuild& row = family_build(scenario.model.family);
+  if (row.build == nullptr)
+    throw ScenarioError(scenario.source + ": model.family: '" + to_string(scenario.model.family) +
+                        "' is not implemented yet");
+  return row;
+}
+
+}  // namespace
+
+const Program& build_program(const Scenario& scenario, const TrainingScript& script,
+                             BuildBuffers& buffers) {
+  require_modelled(scenario);
+  const FamilyBuild& row = buildable_row(scenario);
+  Program& program = buffers.program;
+  row.build(scenario, script, program, &buffers.runtime);
+  // megatron and ZeRO-1 (sim/parallel/zero_redundancy.h) record the rank they simulate themselves
+  if (!row.build_sets_rank && !program.rank.distributed())
+    program.rank = data_parallel_rank(scenario);
+  return program;
+}
+
+Program build_program(const Scenario& scenario, const TrainingScript& script) {
+  require_modelled(scenario);
+  const FamilyBuild& row = buildable_row(scenario);
+  Program program;
+  row.build(scenario, script, program, nullptr);
+  if (!row.build_sets_rank && !program.rank.distributed())
+    program.rank = data_parallel_rank(scenario);
+  return program;
+}
+
+Program build_program(const Scenario& scenario, const TrainingScript& script,
+                      graph::NumericContext* numeric) {
+  require_modelled(scenario);
+  const FamilyBuild& row = family_build(scenario.model.family);
+  if (row.build_numeric == nullptr)  // numeric kernels: graph/numeric/numeric.h
+    throw ScenarioError(scenario.source + ": model.family: '" +
+                        to_string(scenario.model.family) + "' has no numeric kernels");
+  Program program;
+  row.build_numeric(scenario, script, program, numeric);
+  return program;
+}
+
+Program build_program(const Scenario& scenario) {
+  return build_program(scenario, default_script(scenario));
+}
+
+}  // namespace memsim
