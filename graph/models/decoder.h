@@ -107,7 +107,7 @@ class DecoderModel {
   Tensor project(const Tensor& x, const LayerParams& p, const Proj& pr);
   Tensor lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out);
   Tensor norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_t width);
-  Tensor rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t width);
+  Tensor rms_norm(const Tensor& x, int32_t w, uint64_t rows);
   Tensor gemma_rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t width);
   Tensor mlp(const LayerParams& p, const Tensor& x);
   Tensor activation(const Tensor& x);
@@ -119,13 +119,13 @@ class DecoderModel {
   // --- attention (decoder_attention.cpp) ---
   Tensor attention(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& cos,
                    const Tensor& sin);
-  void project_qkv(const LayerParams& p, const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
+  void project_qkv(const LayerParams& p, const Tensor& x, Tensor& q, Tensor& k, Tensor& v,
+                   Tensor& keep);
   // eager_attention_forward / sdpa_attention_forward (v4.50+): repeat_kv, the core and
   // transpose(1, 2).contiguous() in one function (the `selective` region).
   Tensor attention_function(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
   Tensor core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
   Tensor attention_gpt2(const LayerParams& p, const Tensor& x);
-  Tensor eager_core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
   Tensor where_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
                     Tensor& weights);
 
@@ -153,8 +153,6 @@ class DecoderModel {
   // probabilities; the layer keeps them until it returns). Set by layer() around its
   // attention half; never written by a re-run in backward.
   Tensor* layer_weights_ = nullptr;
-  Tensor fused_qkv_;            // project_qkv's hand-over of Phi-3's qkv output
-  bool qk_contiguous_ = false;  // partial rotary's cat left q and k contiguous
 };
 
 }  // namespace memsim::graph

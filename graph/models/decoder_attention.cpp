@@ -15,7 +15,7 @@ namespace memsim::graph {
 // model puts them. `keep`: a tensor the attention's frame holds until it returns (Phi-3's
 // fused qkv output).
 void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& query, Tensor& key,
-                               Tensor& value) {
+                               Tensor& value, Tensor& keep) {
   const DecoderArch& a = arch();
   const uint64_t e = s_.elem, H = s_.heads, KV = static_cast<uint64_t>(s_.kv_heads);
   const uint64_t hd = s_.head_dim(), rows = s_.rows();
@@ -29,7 +29,7 @@ void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& qu
     query = view(rt_, query, H > 1);
     key = view(rt_, key, KV > 1);
     value = view(rt_, value, KV > 1);
-    fused_qkv_ = std::move(qkv);  // a local of Phi3Attention.forward
+    keep = std::move(qkv);  // a local of Phi3Attention.forward
     return;
   }
   if (a.qk_norm == QkNorm::head && a.qk_norm_at == QkNormAt::view) {
@@ -83,9 +83,8 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
   const double bmm_flops = 2.0 * B * H * S * S * hd;
   Tensor out;
   {
-    Tensor query, key, value;
-    project_qkv(p, x, query, key, value);
-    Tensor qkv = std::move(fused_qkv_);  // lives until the attention returns
+    Tensor query, key, value, qkv;  // qkv: Phi-3's fused output, alive until the attention returns
+    project_qkv(p, x, query, key, value, qkv);
     // Gemma, Mistral, Phi-3, OLMo-2: `cos, sin = self.rotary_emb(value_states,
     // position_ids)` in every attention (no attention_scaling multiply).
     Tensor cos = cos_in, sin = sin_in;
@@ -94,7 +93,6 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
     // `query_states, key_states = apply_rotary_pos_emb(query_states, key_states, ...)`:
     // the un-rotated q and k stay alive until both rotations have returned.
     Tensor q_rot, k_rot, q_pass, k_pass;  // partial rotary's locals
-    qk_contiguous_ = rd < hd;
     if (rd < hd) {
       // StableLM: rotary on q[..., :rd] and k[..., :rd] (slices), then cat with the rest:
       // contiguous (B,h,S,hd) q and k, which matmul uses without copies.
@@ -138,7 +136,7 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
         // The eager attention core (matmul, scale, mask, softmax, dropout, matmul) is the
         // candidate region of `selective` (graph/checkpoint.h); it captures values only.
         Tensor o4 = run_region(rt_, RegionKind::core_attention, {query, key, value, mask},
-                               [this](const Inputs& in) { return eager_core(in[0], in[1], in[2], in[3]); });
+                               [this](const Inputs& in) { return core(in[0], in[1], in[2], in[3]); });
         numeric_hint(rt_, NumericHint::merge_heads);
         attn_output = clone(rt_, o4);  // transpose(1, 2).contiguous()
       } else {
@@ -182,11 +180,6 @@ Tensor DecoderModel::attention_function(const Tensor& query, const Tensor& key_i
   return clone(rt_, o4);  // transpose(1, 2).contiguous()
 }
 
-Tensor DecoderModel::eager_core(const Tensor& query, const Tensor& key, const Tensor& value,
-                                const Tensor& mask) {
-  return core(query, key, value, mask);
-}
-
 // matmul(q, k^T) / sqrt(hd) (or * scaling) [soft-cap] + mask, softmax (fp32), dropout,
 // matmul with v: the (B,H,S,hd) result, still in the bmm's layout.
 Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -200,6 +193,7 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   // matmul reshapes: q (transposed layout) copies; k^T and v are views when
   // repeat_kv made contiguous copies, copies otherwise. Partial rotary's cat makes q and
   // k contiguous: no copies.
+  const bool qk_contiguous = s_.rotary_dim() < hd;
   const bool ac = autocast_on();
   Tensor w;
   if (ac) {
@@ -218,8 +212,8 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
     qa.reset();  // not saved (bmm saved the reshaped copy): dies with the matmul
     ka.reset();
   } else {
-    Tensor qc = qk_contiguous_ ? query : clone(rt_, query);
-    Tensor kc = repeat_copies || qk_contiguous_ ? key : clone(rt_, key);
+    Tensor qc = qk_contiguous ? query : clone(rt_, query);
+    Tensor kc = repeat_copies || qk_contiguous ? key : clone(rt_, key);
     numeric_hint(rt_, NumericHint::transpose_b);  // q @ k^T (k kept (B,H,S,hd))
     w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
     qc.reset();

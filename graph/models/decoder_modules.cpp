@@ -46,7 +46,7 @@ Tensor DecoderModel::lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t
 
 Tensor DecoderModel::norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_t width) {
   switch (arch().norm) {
-    case NormKind::rms: return rms_norm(x, n.w, rows, width);
+    case NormKind::rms: return rms_norm(x, n.w, rows);
     case NormKind::rms_one_plus: return gemma_rms_norm(x, n.w, rows, width);
     case NormKind::layer: {
       ModuleScope module_scope(rt_, Module::norm);
@@ -61,8 +61,7 @@ Tensor DecoderModel::norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_
 // LlamaRMSNorm as written: to(float32), pow(2).mean(-1, keepdim), * rsqrt(var + eps),
 // weight * hidden.to(input_dtype). `rows` vectors of `width` (the hidden size, or
 // head_dim for a per-head q/k norm).
-Tensor DecoderModel::rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t width) {
-  (void)width;
+Tensor DecoderModel::rms_norm(const Tensor& x, int32_t w, uint64_t rows) {
   ModuleScope module_scope(rt_, Module::norm);
   const uint64_t e = s_.elem;
   // hidden_states.to(torch.float32): the same tensor in fp32, a copy otherwise.
