@@ -199,8 +199,9 @@ void Fsdp2::unshard(Runtime& rt, size_t g) {
       input_bytes += post ? p.full_numel / post_ws_ * p.unsharded_elem
                           : p.shard_numel * p.unsharded_elem;
     }
-    // use_foreach_copy (param_dtype set, no offload): one flat param_dtype buffer.
-    if (mixed_precision_)
+    // use_foreach_copy (param_dtype set, no offload): one flat param_dtype buffer. With
+    // offload a post-forward slice is already param_dtype on the GPU: no copy.
+    if (mixed_precision_ && !offload_)
       inputs.push_back(alloc(rt, input_bytes, TensorKind::parameter, kAllGatherStream, n_flat_in_));
   }
   group.all_gather =
