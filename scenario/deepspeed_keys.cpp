@@ -393,16 +393,16 @@ void read_deepspeed(const Doc& d, Scenario& s) {
     fail(origin_of(d, "parallel.data"), "parallel.data",
          "DeepSpeed ZeRO on one GPU partitions nothing; set parallel.data > 1");
   if (!c.overlap_comm) c.overlap_comm = p.zero == 3;  // DeepSpeedZeroConfig.overlap_comm_valid
-  // Stage-3-only knobs.
-  auto where_key = [&](const char* key, const std::string& json) {
-    if (const Field* f = d.find(key)) return f->where + ": " + key;
-    return c.config + ": " + json;
+  // Stage-3-only knobs. A refusal names the scenario key when the scenario set it, else the
+  // JSON path in the config file.
+  auto refuse = [&](const char* key, const std::string& json, const std::string& why) {
+    if (const Field* f = d.find(key)) fail(f->where, key, why);
+    throw ScenarioError(c.config + ": " + json + ": " + why);
   };
   if (p.zero < 3) {
     if (c.offload_param != DsOffload::none)
-      throw ScenarioError(where_key("deepspeed.offload_param", "zero_optimization.offload_param") +
-                          ": parameter offload needs ZeRO stage 3 (parallel.zero is " +
-                          std::to_string(p.zero) + ")");
+      refuse("deepspeed.offload_param", "zero_optimization.offload_param",
+             "parameter offload needs ZeRO stage 3 (parallel.zero is " + std::to_string(p.zero) + ")");
     for (const char* key : {"deepspeed.stage3_prefetch_bucket_size", "deepspeed.stage3_max_live_parameters",
                             "deepspeed.stage3_max_reuse_distance", "deepspeed.stage3_param_persistence_threshold"})
       if (const Field* f = d.find(key))
@@ -412,15 +412,14 @@ void read_deepspeed(const Doc& d, Scenario& s) {
     c.zero_init = false;
   }
   if (c.offload_param != DsOffload::none && c.offload_optimizer == DsOffload::none)
-    throw ScenarioError(where_key("deepspeed.offload_param", "zero_optimization.offload_param") +
-                        ": DeepSpeed offloads parameters only together with the optimizer "
-                        "(offload_optimizer device cpu or nvme)");
+    refuse("deepspeed.offload_param", "zero_optimization.offload_param",
+           "DeepSpeed offloads parameters only together with the optimizer (offload_optimizer "
+           "device cpu or nvme)");
   if (p.zero < 3 && c.offload_optimizer == DsOffload::nvme)
-    throw ScenarioError(where_key("deepspeed.offload_optimizer", "zero_optimization.offload_optimizer") +
-                        ": NVMe optimizer offload needs ZeRO stage 3");
+    refuse("deepspeed.offload_optimizer", "zero_optimization.offload_optimizer",
+           "NVMe optimizer offload needs ZeRO stage 3");
   if (c.reduce_bucket_size < 1)
-    throw ScenarioError(where_key("deepspeed.reduce_bucket_size", "zero_optimization.reduce_bucket_size") +
-                        ": must be positive");
+    refuse("deepspeed.reduce_bucket_size", "zero_optimization.reduce_bucket_size", "must be positive");
   // The optimizer DeepSpeed steps: FusedAdam / CPUAdam unless the scenario names a torch one.
   if (!optimizer_given && d.find("optimizer.impl") == nullptr) s.optimizer.impl = OptimizerImpl::fused;
   if (optimizer_given) {
