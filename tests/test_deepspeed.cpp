@@ -353,3 +353,28 @@ TEST_CASE("DeepSpeed ZeRO-3 on hf-gpt2 (tied head) and cs336: modules fetched by
   // Its SwiGLU: w1, w2, w3, 3 x 64 x 128.
   CHECK(std::find(g.begin(), g.end(), uint64_t{3 * 8192 * 2}) != g.end());
 }
+
+TEST_CASE("DeepSpeed ZeRO-3 zero_init: partition at creation, or after the whole model", "[deepspeed]") {
+  // Index of the first partition alloc and of the last model-parameter alloc (the
+  // construction's "empty" allocations).
+  auto order = [](const Program& p) {
+    size_t first_part = SIZE_MAX, last_param = 0;
+    for (size_t i = 0; i < p.events.size(); ++i) {
+      const MemoryEvent& e = p.events[i];
+      if (e.type != EventType::alloc) continue;
+      const std::string& n = p.str(p.tensors[e.tensor].name);
+      if (n == "DeepSpeed ds_tensor (partition)" && first_part == SIZE_MAX) first_part = i;
+      if (e.kind == TensorKind::parameter && n.rfind("model.", 0) == 0) last_param = i;
+    }
+    return std::make_pair(first_part, last_param);
+  };
+  const std::string ds = "deepspeed:\n  stage3_param_persistence_threshold: 100\n";
+  const auto [init_part, init_last] = order(build_program(load(small_llama(4, "  zero: 3\n", ds))));
+  CHECK(init_part < init_last);  // zero.Init: the embedding is partitioned before the rest exists
+  const auto [late_part, late_last] =
+      order(build_program(load(small_llama(4, "  zero: 3\n", ds + "  zero_init: false\n"))));
+  CHECK(late_part > late_last);  // deepspeed.initialize on a model built on the GPU
+  // zero_init with stage 2 is refused by key.
+  CHECK_THROWS_WITH(load(small_llama(4, "  zero: 2\n", "deepspeed:\n  zero_init: true\n")),
+                    Catch::Contains("deepspeed.zero_init"));
+}
