@@ -17,6 +17,7 @@ using graph::DecoderArch;
 // Knobs and placements whose autocast behaviour (which dtype each op sees) has not been
 // checked: the q/k norms and post-/sandwich norms get low-precision inputs, per-layer
 // rotary tables are cast to the value states' dtype, soft-capping runs on bf16 scores.
+// Linear biases (Qwen2's q/k/v) are modelled: Autocast::linear_bias.
 const char* autocast_unmodelled(const DecoderArch& a) {
   if (a.qk_norm != graph::QkNorm::none) return "model.qk_norm";
   if (a.placement != graph::NormPlacement::pre) return "model.norm_placement";
@@ -31,8 +32,6 @@ const char* autocast_unmodelled(const DecoderArch& a) {
   if (a.embed_scale) return "model.embedding_scale";
   if (a.act != graph::Activation::silu && a.act != graph::Activation::gelu_new)
     return "model.activation";
-  if (a.code == graph::ModelCode::llama && (a.qkv_bias || a.o_bias || a.mlp_bias))
-    return a.mlp_bias ? "model.mlp_bias" : a.qkv_bias ? "model.qkv_bias" : "model.o_bias";
   if (a.attn_function || a.loss != graph::CausalLoss::shift ||
       a.logits_float == graph::LogitsFloat::loss || a.mask != graph::MaskBuild::triu)
     return "model.architecture";

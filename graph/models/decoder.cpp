@@ -434,6 +434,8 @@ Tensor DecoderModel::forward(const Tensor& ids) {
     // float); the raw embedding dies at once.
     if (a.embed_scale && a.embed_scale_at == EmbedScaleAt::embedding)
       inputs_embeds = mul_scalar(rt_, inputs_embeds);
+    // PEFT's make_inputs_require_grad forward hook on the embedding module's output.
+    if (s_.lora.input_require_grads && rt_.grad_enabled) rt_.requires_grad_(inputs_embeds);
     Tensor cache_position = new_tensor(rt_, S * 8, OpKind::arange);
     Tensor mask;
     if (s_.attention == HfAttention::eager) mask = causal_mask();
@@ -590,6 +592,8 @@ Tensor DecoderModel::forward_gpt2(const Tensor& ids) {
   {
     Tensor position_ids = new_tensor(rt_, S * 8, OpKind::arange);
     Tensor inputs_embeds = embedding_nn(rt_, wte_w, ids, s_.rows() * D * e, D);
+    // PEFT's make_inputs_require_grad hook on get_input_embeddings() (wte).
+    if (s_.lora.input_require_grads && rt_.grad_enabled) rt_.requires_grad_(inputs_embeds);
     Tensor position_embeds = embedding_nn(rt_, rt_.param(wpe_), position_ids, S * D * e, D);
     Tensor h = add_bcast(rt_, inputs_embeds, position_embeds);
     h = drop(h);

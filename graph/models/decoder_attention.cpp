@@ -78,7 +78,7 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
                                const Tensor& cos_in, const Tensor& sin_in) {
   ModuleScope module_scope(rt_, Module::attention);
   const DecoderArch& a = arch();
-  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
   const uint64_t rd = s_.rotary_dim();
   const double bmm_flops = 2.0 * B * H * S * S * hd;
   Tensor out;
@@ -140,13 +140,10 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
         numeric_hint(rt_, NumericHint::merge_heads);
         attn_output = clone(rt_, o4);  // transpose(1, 2).contiguous()
       } else {
-        SdpaShape sh{B, H, S, hd, e};
         // The kernel's (B,S,H,hd) output makes transpose(1,2).contiguous() a no-op.
-        const bool flash = s_.attention == HfAttention::flash;
         attn_output = run_region(rt_, RegionKind::core_attention, {query, key, value},
-                                 [this, sh, flash, bmm_flops](const Inputs& in) {
-                                   return flash ? sdpa_flash(rt_, in[0], in[1], in[2], sh, 2 * bmm_flops)
-                                                : sdpa_efficient(rt_, in[0], in[1], in[2], sh, 2 * bmm_flops);
+                                 [this, bmm_flops](const Inputs& in) {
+                                   return sdpa_kernel(in[0], in[1], in[2], 2 * bmm_flops);
                                  });
       }
     }
@@ -160,7 +157,7 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
 // `self_attn_weights` (layer_weights_).
 Tensor DecoderModel::attention_function(const Tensor& query, const Tensor& key_in,
                                         const Tensor& value_in, const Tensor& mask) {
-  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
   const uint64_t n_rep = H / static_cast<uint64_t>(s_.kv_heads);
   const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
   Tensor key = key_in, value = value_in;
@@ -168,16 +165,43 @@ Tensor DecoderModel::attention_function(const Tensor& query, const Tensor& key_i
     key = repeat_copies ? expand_clone(rt_, key_in, n_rep) : expand_view(rt_, key_in, n_rep);
     value = repeat_copies ? expand_clone(rt_, value_in, n_rep) : expand_view(rt_, value_in, n_rep);
   }
-  if (s_.attention != HfAttention::eager) {
-    SdpaShape sh{B, H, S, hd, e};
-    const double flops = 4.0 * B * H * S * S * hd;
-    return s_.attention == HfAttention::flash ? sdpa_flash(rt_, query, key, value, sh, flops)
-                                              : sdpa_efficient(rt_, query, key, value, sh, flops);
-  }
+  if (s_.attention != HfAttention::eager) return sdpa_kernel(query, key, value, 4.0 * B * H * S * S * hd);
   Tensor o4 = core(query, key, value, mask);
   key.reset();
   value.reset();
   return clone(rt_, o4);  // transpose(1, 2).contiguous()
+}
+
+// scaled_dot_product_attention(q, k, v, is_causal=True) on the fused kernel (HF's SDPA
+// path builds no mask without padding). Under autocast SDPA is on CUDA's lower-precision
+// list (torch v2.4 aten/src/ATen/autocast_mode.cpp, AT_FORALL_LOWER_PRECISION_FP:
+// scaled_dot_product_attention and _scaled_dot_product_flash_attention): the wrapper casts
+// its tensor arguments right to left (v, k, q; the compiler's order, as for linear) to
+// the low dtype. v is v_proj's low output already (no copy); q and k are fp32 after RoPE
+// with the model's fp32 cos/sin, so each gets a _to_copy (an expanded single-KV-head key
+// a dense one). The casts keep q's (B,S,H,hd) strides, so the kernel transposes them
+// without copies. The kernel saves the low q/k/v casts, its low output and the fp32
+// logsumexp; dq/dk come back low and the casts' ToCopyBackward0 makes them fp32. The
+// casts are activations, never cached (except a reentrant re-run's detached inputs:
+// Autocast::cast).
+Tensor DecoderModel::sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double flops) {
+  const uint64_t B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  uint64_t e = s_.elem;
+  Tensor qa = q, ka = k, va = v;
+  if (autocast_on()) {
+    e = ac_->low_elem();
+    const uint64_t low = B * H * S * hd * e;  // q, and k/v after repeat_kv
+    if (va.bytes != low) va = ac_->cast(v, v.bytes / 4 * e);
+    if (ka.bytes != low) ka = ac_->cast(k, k.bytes / 4 * e);
+    if (qa.bytes != low) qa = ac_->cast(q, q.bytes / 4 * e);
+  }
+  const SdpaShape sh{B, H, S, hd, e};
+  Tensor out = s_.attention == HfAttention::flash ? sdpa_flash(rt_, qa, ka, va, sh, flops)
+                                                  : sdpa_efficient(rt_, qa, ka, va, sh, flops);
+  qa.reset();  // the wrapper's temporaries, in reverse order of construction
+  ka.reset();
+  va.reset();
+  return out;
 }
 
 // matmul(q, k^T) / sqrt(hd) (or * scaling) [soft-cap] + mask, softmax (fp32), dropout,
