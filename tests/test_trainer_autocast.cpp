@@ -1,5 +1,6 @@
 // HF Trainer's default mixed precision (Trainer(bf16=True): fp32 weights, forward and loss
-// under torch.autocast(bfloat16)) with SDPA attention and with Qwen2's q/k/v biases,
+// under torch.autocast(bfloat16)) with SDPA attention, with Qwen2's q/k/v biases and with
+// Mistral's per-layer rotary tables and sliding mask,
 // against the CPU stand-ins of tools/fixtures/gen_trainer_autocast_fixtures.py
 // (tests/data/torch_cpu_arch/trainer_autocast_*.json; torch 1.13, 4 layers, d_model 64, 4
 // heads, 2 KV heads, 2 x 32 tokens): every checkpoint policy, with use_reentrant False and
@@ -74,8 +75,11 @@ void check_rows(const nlohmann::json& fx) {
     CHECK(m.forward_end == row["live_at_forward_end"].get<uint64_t>());
     CHECK(m.peak == row["step_peak"].get<uint64_t>());
     const uint64_t hd = static_cast<uint64_t>(c["arch"]["head_dim"].get<int64_t>());
-    const uint64_t ctx_held =
-        reentrant && policy != "selective" ? 2 * static_cast<uint64_t>(sp.batch.seq_len) * hd * 4 : 0;
+    // Per-layer rotary (Mistral) passes no (cos, sin) through the checkpoint call.
+    const bool model_rope = c["arch_hf"]["rope"] == "model";
+    const uint64_t ctx_held = reentrant && model_rope && policy != "selective"
+                                  ? 2 * static_cast<uint64_t>(sp.batch.seq_len) * hd * 4
+                                  : 0;
     CHECK(m.after_backward + ctx_held == row["after_backward"].get<uint64_t>());
   }
 }
@@ -91,6 +95,14 @@ TEST_CASE("trainer autocast: Qwen2 (q/k/v biases) under bf16 autocast, SDPA and 
           "[trainer-autocast]") {
   check_rows(load_arch_fixture("trainer_autocast_qwen2_sdpa.json"));
   check_rows(load_arch_fixture("trainer_autocast_qwen2_eager.json"));
+}
+
+TEST_CASE("trainer autocast: Mistral (per-layer rotary cast to bf16, sliding mask) under bf16 autocast",
+          "[trainer-autocast]") {
+  // v4.45 MistralRotaryEmbedding returns cos/sin `.to(x.dtype)` with x = value_states (bf16
+  // under autocast): RoPE runs in bf16, q/k stay bf16, matmul casts nothing, and
+  // `softmax(dtype=float32).to(query.dtype)` casts the probabilities back to bf16.
+  check_rows(load_arch_fixture("trainer_autocast_mistral_eager.json"));
 }
 
 TEST_CASE("trainer autocast: SDPA under autocast saves low-precision q/k/v casts", "[trainer-autocast]") {

@@ -369,7 +369,10 @@ Tensor DecoderModel::causal_mask() {
 // inv_freq @ positions, cat(freqs, freqs), cos, sin (times attention_scaling at model
 // level), .to(dtype).
 void DecoderModel::rope_tables(bool scaled, Tensor& cos, Tensor& sin) {
-  const uint64_t e = s_.elem, S = s_.seq, rd = s_.rotary_dim();
+  // `cos.to(dtype=x.dtype)`: x is the hidden states (model level: fp32 under autocast) or
+  // a layer's value states (per-layer rotary: v_proj's low output under autocast).
+  const uint64_t e = !scaled && autocast_on() ? ac_->low_elem() : s_.elem;
+  const uint64_t S = s_.seq, rd = s_.rotary_dim();
   const bool was = rt_.grad_enabled;
   rt_.grad_enabled = false;
   Tensor pos = new_tensor(rt_, S * 4, OpKind::to_copy, TensorKind::temporary);

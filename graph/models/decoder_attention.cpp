@@ -109,7 +109,9 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
       query = cat2(rt_, q_rot, q_pass);
       key = cat2(rt_, k_rot, k_pass);
     } else {
-      const bool low = autocast_on();  // low-precision q/k times fp32 cos/sin: fp32 q/k
+      // Low-precision q/k times the model's fp32 cos/sin: fp32 q/k. Per-layer tables are
+      // cast to the value states' dtype (rope_tables): low q/k stay low.
+      const bool low = autocast_on() && a.rope != RopeAt::layer;
       Tensor q_embed = low ? rope_hf_autocast(rt_, query, cos, sin) : rope_hf(rt_, query, cos, sin);
       Tensor k_embed = low ? rope_hf_autocast(rt_, key, cos, sin) : rope_hf(rt_, key, cos, sin);
       query = std::move(q_embed);
@@ -220,7 +222,9 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   const bool qk_contiguous = s_.rotary_dim() < hd;
   const bool ac = autocast_on();
   Tensor w;
-  if (ac) {
+  const uint64_t low_qk = ac ? B * H * S * hd * ac_->low_elem() : 0;
+  const bool qk_low = ac && query.bytes == low_qk;  // per-layer rotary: q/k already low
+  if (ac && !qk_low) {
     // matmul is a lower-precision op: q and k (fp32 after RoPE) are cast first (saved),
     // then matmul's reshape copies the q copy (it keeps q's transposed layout); k^T
     // of a contiguous key copy is a view. Scores are low precision.
@@ -236,10 +240,12 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
     qa.reset();  // not saved (bmm saved the reshaped copy): dies with the matmul
     ka.reset();
   } else {
+    // Without autocast, or with q/k already low under it (matmul casts nothing).
+    const uint64_t se = qk_low ? ac_->low_elem() : e;
     Tensor qc = qk_contiguous ? query : clone(rt_, query);
     Tensor kc = repeat_copies || qk_contiguous ? key : clone(rt_, key);
     numeric_hint(rt_, NumericHint::transpose_b);  // q @ k^T (k kept (B,H,S,hd))
-    w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
+    w = bmm(rt_, qc, kc, B * H * S * S * se, bmm_flops);
     qc.reset();
     kc.reset();
   }
@@ -255,6 +261,10 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   }
   if (e == 4) {
     w = softmax(rt_, w);
+    if (qk_low) {  // `.to(query.dtype)`: low q, so the fp32 probabilities are cast back
+      Tensor pl = to_copy(rt_, w, w.bytes / 4 * ac_->low_elem());
+      w = std::move(pl);
+    }
   } else {
     // `attn_weights = F.softmax(attn_weights, dtype=float32).to(dtype)`: softmax converts
     // its input first (the copy dies with the call), .to casts back; the bf16 scores are
@@ -270,13 +280,13 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   }
   if (s_.dropout > 0.0) w = native_dropout(rt_, w, e);
   Tensor o;
-  if (ac) {  // the fp32 probabilities are cast (saved) before matmul copies v
+  if (ac && !qk_low) {  // the fp32 probabilities are cast (saved) before matmul copies v
     Tensor wa = ac_->cast(w, w.bytes / 4 * ac_->low_elem());
     Tensor vc = repeat_copies ? value : clone(rt_, value);
     o = bmm(rt_, wa, vc, B * S * qD * ac_->low_elem(), bmm_flops);
   } else {
     Tensor vc = repeat_copies ? value : clone(rt_, value);
-    o = bmm(rt_, w, vc, B * S * qD * e, bmm_flops);
+    o = bmm(rt_, w, vc, B * S * qD * (qk_low ? ac_->low_elem() : e), bmm_flops);
     vc.reset();
   }
   // v4.50+: the probabilities are returned as attn_weights (a re-run in backward writes
