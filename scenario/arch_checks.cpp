@@ -26,8 +26,8 @@ const char* autocast_unmodelled(const DecoderArch& a) {
   if (a.final_softcap > 0.0) return "model.final_softcap";
   // Per-layer rotary (Mistral v4.45): tables cast to the value states' low dtype, q/k low.
   if (a.rope_local) return "model.architecture";
-  if (a.fused_qkv && a.linear != graph::LinearKind::conv1d) return "model.fused_qkv";
-  if (a.fused_gate_up) return "model.fused_gate_up";
+  // Phi-3's fused qkv / gate_up: slices of one low output (views); its in-place mask add
+  // keeps the scores low (decoder_attention.cpp core).
   if (a.rotary_dim > 0) return "model.rotary_dim";
   // A window folded into the model-level mask (Mistral) is built in the embedding's fp32.
   if (a.sliding_window > 0 && a.sliding_at != graph::SlidingAt::mask) return "model.sliding_window";

@@ -105,6 +105,14 @@ TEST_CASE("trainer autocast: Mistral (per-layer rotary cast to bf16, sliding mas
   check_rows(load_arch_fixture("trainer_autocast_mistral_eager.json"));
 }
 
+TEST_CASE("trainer autocast: Phi-3 (fused qkv / gate_up, in-place mask add) under bf16 autocast",
+          "[trainer-autocast]") {
+  // v4.45 Phi3Attention: slices of the bf16 qkv_proj output; `attn_weights += causal_mask`
+  // is in place, so the scores stay bf16 and softmax(dtype=float32) makes its own fp32
+  // copy of them; `.to(value_states.dtype)` casts the probabilities back.
+  check_rows(load_arch_fixture("trainer_autocast_phi3_eager.json"));
+}
+
 TEST_CASE("trainer autocast: SDPA under autocast saves low-precision q/k/v casts", "[trainer-autocast]") {
   // The fused kernel's saved q/k/v are the bf16 casts: the SDPA rows hold, per layer and
   // at the forward's end, less than the fp32-params eager rows and more than nothing.

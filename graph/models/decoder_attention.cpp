@@ -17,9 +17,10 @@ namespace memsim::graph {
 void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& query, Tensor& key,
                                Tensor& value, Tensor& keep) {
   const DecoderArch& a = arch();
-  const uint64_t e = s_.elem, H = s_.heads, KV = static_cast<uint64_t>(s_.kv_heads);
+  const uint64_t H = s_.heads, KV = static_cast<uint64_t>(s_.kv_heads);
   const uint64_t hd = s_.head_dim(), rows = s_.rows();
   if (a.fused_qkv) {
+    const uint64_t e = act_elem();  // the projection's output dtype (low under autocast)
     // Phi-3: qkv = qkv_proj(x); q, k, v = slices of it (views; each slice's backward is
     // a zeros(qkv) + copy, the three summed into qkv's grad), then the views.
     Tensor qkv = project(x, p, p.qkv);
@@ -251,7 +252,12 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   }
   w = a.attn_scale_mul ? mul_scalar(rt_, w) : div_scalar(rt_, w);
   if (a.attn_softcap > 0.0) w = softcap(w);  // Gemma-2: before the mask
-  if (mask.defined() && ac) {  // low-precision scores + the fp32 mask: fp32
+  // Phi-3's `attn_weights += causal_mask` is in place: the scores keep their dtype (bf16
+  // under autocast; in-place ops do not promote), so softmax gets a low input.
+  bool scores_low = ac && a.mask_add_inplace && mask.defined();
+  if (scores_low) {
+    w = add_(rt_, w, mask);
+  } else if (mask.defined() && ac) {  // low-precision scores + the fp32 mask: fp32
     Tensor low_w = w;
     w = add(rt_, ac_->widen(low_w), mask);
     Autocast::promoted(rt_, w, 0, low_w);
@@ -259,7 +265,18 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
     numeric_hint(rt_, NumericHint::mask_slice);  // attention_mask[:, :, :, :S]
     w = a.mask_add_inplace ? add_(rt_, w, mask) : add(rt_, w, mask);
   }
-  if (e == 4) {
+  if (scores_low) {
+    // F.softmax(bf16 scores, dtype=float32): ATen converts the input first (a temporary of
+    // the call), _softmax in fp32 (saved); `.to(value_states.dtype)` casts back to bf16.
+    Tensor p32;
+    {
+      Tensor w32 = to_copy(rt_, w, w.bytes / ac_->low_elem() * 4);
+      p32 = softmax(rt_, w32);
+    }
+    Tensor pr = to_copy(rt_, p32, p32.bytes / 4 * ac_->low_elem());
+    p32.reset();
+    w = std::move(pr);
+  } else if (e == 4) {
     w = softmax(rt_, w);
     if (qk_low) {  // `.to(query.dtype)`: low q, so the fp32 probabilities are cast back
       Tensor pl = to_copy(rt_, w, w.bytes / 4 * ac_->low_elem());
@@ -280,13 +297,13 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   }
   if (s_.dropout > 0.0) w = native_dropout(rt_, w, e);
   Tensor o;
-  if (ac && !qk_low) {  // the fp32 probabilities are cast (saved) before matmul copies v
+  if (ac && !qk_low && !scores_low) {  // the fp32 probabilities are cast (saved) before matmul copies v
     Tensor wa = ac_->cast(w, w.bytes / 4 * ac_->low_elem());
     Tensor vc = repeat_copies ? value : clone(rt_, value);
     o = bmm(rt_, wa, vc, B * S * qD * ac_->low_elem(), bmm_flops);
   } else {
     Tensor vc = repeat_copies ? value : clone(rt_, value);
-    o = bmm(rt_, w, vc, B * S * qD * (qk_low ? ac_->low_elem() : e), bmm_flops);
+    o = bmm(rt_, w, vc, B * S * qD * (qk_low || scores_low ? ac_->low_elem() : e), bmm_flops);
     vc.reset();
   }
   // v4.50+: the probabilities are returned as attn_weights (a re-run in backward writes
