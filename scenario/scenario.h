@@ -105,6 +105,10 @@ struct StepConfig {
   // records or reads max_memory_allocated() from before the model is built, never
   // resetting the peak), not from the measured (last) step (scenario/script_keys.h).
   bool measure_whole_run = false;
+  // Issue #16 item 8 (HF Trainer helper): step.keep_output (scenario/step_output_key.h).
+  // true (default, today's loop): the output is a loop-level name, alive until the next
+  // forward has returned; false: dropped, with the graph it holds, at each iteration's end.
+  bool keep_output = true;
 };
 const char* to_string(StepKind kind);
 
@@ -148,6 +152,10 @@ struct LoraConfig {
   double dropout = 0.0;
   bool base_nf4 = false;              // lora.base_dtype nf4 (else the params dtype)
   DType adapter_dtype = DType::fp32;
+  // Issue #16 item 5 (HF Trainer helper): lora.input_require_grads, PEFT's
+  // enable_input_require_grads hook (scenario/peft_input_grads_key.h); unset = on with
+  // reentrant checkpointing, off otherwise.
+  std::optional<bool> input_require_grads;
 };
 
 enum class Sharding { none, fsdp, deepspeed, fsdp2 };

@@ -65,6 +65,9 @@ const std::map<std::string, Claim>& claims() {
       // fp32 params + bf16 autocast + full checkpointing (16 B/param): out of memory
       // creating AdamW's fp32 state in the warm-up step.
       {"llama2-7b-bf16-autocast-ckpt-a100.yaml", {false, Phase::optimizer, 76.24}},
+      // HF Trainer(bf16=True, gradient_checkpointing=True): fp32 weights + bf16 autocast,
+      // SDPA, reentrant checkpointing, fused AdamW (issue #16 item 5).
+      {"qwen2.5-7b-hf-trainer-bf16.yaml", {true, std::nullopt, 115.14}},
       // LoRA r16 q/v on a bf16 base: the peak is the loss's backward (4 x 2048 tokens).
       {"llama2-7b-lora-a100.yaml", {true, std::nullopt, 58.70}},
       // ... wrapped in torch DDP on 8 GPUs: + the adapters' 32 MiB of buckets.

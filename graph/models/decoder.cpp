@@ -369,7 +369,10 @@ Tensor DecoderModel::causal_mask() {
 // inv_freq @ positions, cat(freqs, freqs), cos, sin (times attention_scaling at model
 // level), .to(dtype).
 void DecoderModel::rope_tables(bool scaled, Tensor& cos, Tensor& sin) {
-  const uint64_t e = s_.elem, S = s_.seq, rd = s_.rotary_dim();
+  // `cos.to(dtype=x.dtype)`: x is the hidden states (model level: fp32 under autocast) or
+  // a layer's value states (per-layer rotary: v_proj's low output under autocast).
+  const uint64_t e = !scaled && autocast_on() ? ac_->low_elem() : s_.elem;
+  const uint64_t S = s_.seq, rd = s_.rotary_dim();
   const bool was = rt_.grad_enabled;
   rt_.grad_enabled = false;
   Tensor pos = new_tensor(rt_, S * 4, OpKind::to_copy, TensorKind::temporary);
@@ -434,6 +437,8 @@ Tensor DecoderModel::forward(const Tensor& ids) {
     // float); the raw embedding dies at once.
     if (a.embed_scale && a.embed_scale_at == EmbedScaleAt::embedding)
       inputs_embeds = mul_scalar(rt_, inputs_embeds);
+    // PEFT's make_inputs_require_grad forward hook on the embedding module's output.
+    if (s_.lora.input_require_grads && rt_.grad_enabled) rt_.requires_grad_(inputs_embeds);
     Tensor cache_position = new_tensor(rt_, S * 8, OpKind::arange);
     Tensor mask;
     if (s_.attention == HfAttention::eager) mask = causal_mask();
@@ -590,6 +595,8 @@ Tensor DecoderModel::forward_gpt2(const Tensor& ids) {
   {
     Tensor position_ids = new_tensor(rt_, S * 8, OpKind::arange);
     Tensor inputs_embeds = embedding_nn(rt_, wte_w, ids, s_.rows() * D * e, D);
+    // PEFT's make_inputs_require_grad hook on get_input_embeddings() (wte).
+    if (s_.lora.input_require_grads && rt_.grad_enabled) rt_.requires_grad_(inputs_embeds);
     Tensor position_embeds = embedding_nn(rt_, rt_.param(wpe_), position_ids, S * D * e, D);
     Tensor h = add_bcast(rt_, inputs_embeds, position_embeds);
     h = drop(h);

@@ -125,6 +125,9 @@ class DecoderModel {
   // transpose(1, 2).contiguous() in one function (the `selective` region).
   Tensor attention_function(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
   Tensor core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
+  // F.scaled_dot_product_attention on the fused kernel of s_.attention (flash or
+  // mem-efficient), with autocast's casts of q/k/v when it is on.
+  Tensor sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double flops);
   Tensor attention_gpt2(const LayerParams& p, const Tensor& x);
   Tensor where_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
                     Tensor& weights);

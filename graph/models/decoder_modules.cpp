@@ -20,7 +20,10 @@ Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& 
   const double flops = 2.0 * static_cast<double>(s_.rows()) * pr.in * pr.out;
   const bool addmm = pr.b >= 0 || arch().linear == LinearKind::conv1d;
   if (autocast_on()) {  // no LoRA under autocast (refused)
-    if (addmm) return ac_->addmm(x, pr.w, pr.b, static_cast<int64_t>(s_.rows()), pr.in, pr.out, flops);
+    const int64_t rows = static_cast<int64_t>(s_.rows());
+    if (addmm && arch().linear == LinearKind::conv1d)  // addmm(bias, x2d, W) as Conv1D writes it
+      return ac_->addmm(x, pr.w, pr.b, rows, pr.in, pr.out, flops);
+    if (addmm) return ac_->linear_bias(x, pr.w, pr.b, rows, pr.in, pr.out, flops);
     return ac_->mm_linear(x, pr.w, static_cast<int64_t>(s_.rows()), pr.in, pr.out, flops);
   }
   Tensor base;

@@ -39,6 +39,9 @@ TrainingScript default_script(const Scenario& scenario) {
   }
   s.zero_grad = scenario.step.zero_grad_set_to_none ? ZeroGradAt::before_forward
                                                     : ZeroGradAt::never;
+  // step.keep_output false: `def step(): out = model(x) ...` whose names die when it
+  // returns (scenario/step_output_key.h); true keeps them at loop level (the default).
+  s.outputs_are_step_locals = !scenario.step.keep_output;
   return s;
 }
 
