@@ -80,5 +80,6 @@
   X(select_dim, nn, "select", "SelectBackward0") /* x.select(dim, i), a view; SelectBackward0 = zeros(input) + copy */ \
   X(gelu, nn, "gelu", "GeluBackward0") /* F.gelu (exact or approximate='tanh'): saves self */ \
   X(cat2, nn, "cat", "CatBackward0") /* torch.cat((a, b), -1): new; CatBackward0 hands back views of the grad */ \
-  X(chunk2, nn, "split", "SplitBackward0") /* x.chunk(2, -1): two views; SplitBackward0 cats the grads (new, x) */
+  X(chunk2, nn, "split", "SplitBackward0") /* x.chunk(2, -1): two views; SplitBackward0 cats the grads (new, x) */ \
+  X(liger_flce, liger, "fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunctionBackward") /* Liger's fused linear CE: grads computed in forward and saved; backward hands them out */
 // clang-format on
