@@ -25,6 +25,7 @@
 #include "scenario/loss_impl.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "cli_test_support.h"
 #include "step_measure_test_support.h"
 
 using namespace memsim;
@@ -233,4 +234,32 @@ TEST_CASE("loss.impl: Llama-3-8B, S 8192, micro-batch 1, bf16: torch vs chunked:
   }
   CHECK(p[4].allocated < p[3].allocated);  // liger < chunked:8
   CHECK(p[3].allocated < p[1].allocated);  // chunked:8 < torch
+}
+
+// End to end from a shipped scenario file: `memsim run --set loss.impl=...`. The LoRA
+// fine-tune's peak is in the loss's backward (its header says so), so each loss moves it:
+// chunked:8 below the model's own loss, liger below chunked:8; a family that does not take
+// the value exits 1 naming the key.
+TEST_CASE("loss.impl: memsim run --set on a shipped scenario", "[loss-impl][cli]") {
+  const std::string scenario = std::string(MEMSIM_SOURCE_DIR) + "/scenarios/llama2-7b-lora-a100.yaml";
+  auto peak_of = [&](const std::string& set) {
+    const memsim_test::CommandResult r = memsim_test::run_shell(
+        memsim_test::memsim_command() + "run '" + scenario + "' --json -" + set);
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    return nlohmann::json::parse(r.out)["peak_allocated_bytes"].get<uint64_t>();
+  };
+  const uint64_t model = peak_of("");
+  const uint64_t chunked = peak_of(" --set loss.impl=chunked:8");
+  const uint64_t liger = peak_of(" --set loss.impl=liger");
+  CHECK(chunked < model);
+  CHECK(liger < chunked);
+  const memsim_test::CommandResult text = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + scenario + "' --set loss.impl=liger");
+  CHECK(text.out.find("loss liger") != std::string::npos);
+  const memsim_test::CommandResult bad = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + std::string(MEMSIM_SOURCE_DIR) +
+      "/scenarios/cs336-small-train-ctx512.yaml' --set loss.impl=liger 2>&1");
+  CHECK(bad.status == 1);
+  CHECK(bad.out.find("loss.impl") != std::string::npos);
 }
