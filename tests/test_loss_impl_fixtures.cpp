@@ -41,6 +41,10 @@ Scenario fixture_scenario(const nlohmann::json& fx, const nlohmann::json& row) {
   memsim_test::apply_hf_fixture_config(s, "hf-llama", fx["config"]);
   s.model.tied_embeddings = row["tied"].get<bool>();
   s.precision.params = row["dtype"] == "bfloat16" ? DType::bf16 : DType::fp32;
+  if (row.value("autocast", nlohmann::json()).is_string()) {
+    s.precision.autocast = DType::bf16;  // forward and loss inside, backward outside
+    s.precision.autocast_region = AutocastRegion::forward_and_loss;
+  }
   const std::optional<LossConfig> loss = parse_loss_impl(row["loss"].get<std::string>());
   REQUIRE(loss.has_value());
   s.loss = *loss;
@@ -96,7 +100,9 @@ TEST_CASE("loss.impl matches PyTorch 1.13 on CPU (LLaMA stand-in: torch, chunked
   std::map<std::pair<std::string, bool>, std::pair<memsim_test::StepMeasure, nlohmann::json>> torch_rows;
   for (const nlohmann::json& row : fx["rows"]) {
     const Scenario s = fixture_scenario(fx, row);
-    const std::string loss = row["loss"], dtype = row["dtype"];
+    const std::string loss = row["loss"];
+    const std::string dtype = row["dtype"].get<std::string>() +
+                              (row["autocast"].is_string() ? std::string(" autocast") : "");
     const bool tied = row["tied"];
     INFO(loss << " " << dtype << " tied " << tied);
     const Program program = build_program(s);
@@ -115,7 +121,7 @@ TEST_CASE("loss.impl matches PyTorch 1.13 on CPU (LLaMA stand-in: torch, chunked
     REQUIRE(torch_rows.count({dtype, tied}) == 1);  // the generator writes it first
     const auto& [tm, trow] = torch_rows[{dtype, tied}];
     auto rel = [](uint64_t a, uint64_t b) { return static_cast<int64_t>(a) - static_cast<int64_t>(b); };
-    const uint64_t inv_freq = dtype == "float32" ? 0 : 16;
+    const uint64_t inv_freq = dtype == "bfloat16" ? 16 : 0;
     CHECK(m.before_forward == row["before_forward"].get<uint64_t>() + inv_freq);
     CHECK(m.forward_end == row["live_at_forward_end"].get<uint64_t>() + inv_freq);
     CHECK(m.after_backward == row["after_backward"].get<uint64_t>() + inv_freq);
@@ -128,7 +134,7 @@ TEST_CASE("loss.impl matches PyTorch 1.13 on CPU (LLaMA stand-in: torch, chunked
       // state's per-slice grads) out of place: old + new + sum at once, where PyTorch 2.x,
       // which memsim models, adds in place (the probe above). The fixture's peak is above
       // memsim's by less than one such sum.
-      const uint64_t elem = dtype == "float32" ? 4 : 2;
+      const uint64_t elem = dtype == "bfloat16" ? 2 : 4;
       const uint64_t V = fx["config"]["vocab"], D = fx["config"]["d_model"];
       CHECK(m.peak <= real_peak);
       CHECK(real_peak - m.peak <= V * D * elem);
