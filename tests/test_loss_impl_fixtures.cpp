@@ -1,7 +1,8 @@
 // loss.impl (issue #16 item 6; docs/losses.md, scenario/loss_impl.h) against real PyTorch:
 // tests/data/torch_cpu/loss_impl.json, measured by tools/fixtures/gen_loss_fixtures.py (torch
 // 1.13 on CPU, the LlamaForCausalLM stand-in of torch_models.py, 2 layers, V 512, B 2, S 32,
-// untied and tied, fp32 and bf16 parameters): F.cross_entropy on the model's logits,
+// untied and tied, fp32, bf16 and fp32 under autocast bf16; the GPT2LMHeadModel stand-in,
+// tied, fp32): F.cross_entropy on the model's logits,
 // torchtune's chunked output + CEWithChunkedOutputLoss (chunked:4, chunked:1), and a plain-torch
 // transcription of Liger's fused linear cross entropy (grads computed in forward, saved,
 // handed back in backward). One step without optimizer or warm-up: the bytes live before
@@ -38,7 +39,8 @@ Scenario fixture_scenario(const nlohmann::json& fx, const nlohmann::json& row) {
   s.step.warmup_steps = 0;
   s.device.cublas_workspace = 0;
   s.device.kernel_scratch = false;
-  memsim_test::apply_hf_fixture_config(s, "hf-llama", fx["config"]);
+  const std::string family = row.value("family", std::string("hf-llama"));
+  memsim_test::apply_hf_fixture_config(s, family, fx[family == "hf-gpt2" ? "config_gpt2" : "config"]);
   s.model.tied_embeddings = row["tied"].get<bool>();
   s.precision.params = row["dtype"] == "bfloat16" ? DType::bf16 : DType::fp32;
   if (row.value("autocast", nlohmann::json()).is_string()) {
@@ -101,8 +103,10 @@ TEST_CASE("loss.impl matches PyTorch 1.13 on CPU (LLaMA stand-in: torch, chunked
   for (const nlohmann::json& row : fx["rows"]) {
     const Scenario s = fixture_scenario(fx, row);
     const std::string loss = row["loss"];
+    const std::string family = row["family"];
     const std::string dtype = row["dtype"].get<std::string>() +
-                              (row["autocast"].is_string() ? std::string(" autocast") : "");
+                              (row["autocast"].is_string() ? std::string(" autocast") : "") +
+                              (family == "hf-gpt2" ? std::string(" gpt2") : "");
     const bool tied = row["tied"];
     INFO(loss << " " << dtype << " tied " << tied);
     const Program program = build_program(s);
@@ -135,7 +139,8 @@ TEST_CASE("loss.impl matches PyTorch 1.13 on CPU (LLaMA stand-in: torch, chunked
       // which memsim models, adds in place (the probe above). The fixture's peak is above
       // memsim's by less than one such sum.
       const uint64_t elem = dtype == "bfloat16" ? 2 : 4;
-      const uint64_t V = fx["config"]["vocab"], D = fx["config"]["d_model"];
+      const nlohmann::json& c = fx[family == "hf-gpt2" ? "config_gpt2" : "config"];
+      const uint64_t V = c["vocab"], D = c["d_model"];
       CHECK(m.peak <= real_peak);
       CHECK(real_peak - m.peak <= V * D * elem);
     } else {
