@@ -232,14 +232,15 @@ class Loop {
       if (ddp_) ddp_->pre_forward(rt_, with_grad);
       if (fsdp_) fsdp_->pre_forward(rt_);
       // hf-* with loss.impl chunked:N / liger (docs/losses.md): the model hands back logits
-      // chunks, or (Liger's patched forward, given the labels) the loss and no logits.
+      // chunks (torchtune's model does in every step once the loss set its chunk count),
+      // or, given the labels in training (Liger's patched forward), the loss and no logits.
       Tensor out, liger_loss;
       std::vector<Tensor> out_chunks;
-      const LossFunction hf_loss = with_loss && is_decoder ? s_.loss.impl : LossFunction::automatic;
+      const LossFunction hf_loss = is_decoder ? s_.loss.impl : LossFunction::automatic;
       if constexpr (is_decoder) {
         if (hf_loss == LossFunction::chunked)
           out_chunks = model_.forward_chunked(ids, s_.loss.chunks, chunk_pieces_);
-        else if (hf_loss == LossFunction::liger)
+        else if (hf_loss == LossFunction::liger && with_loss)
           liger_loss = model_.forward_liger(ids, targets);
         else
           out = model_.forward(ids);
