@@ -23,6 +23,8 @@
 //    NewGELU written as elementwise ops), biases.
 //  - head and loss (decoder.cpp): final norm, lm_head tied or untied, final-logit
 //    soft-capping, logits.float() where the code upcasts, the shifted cross entropy.
+//  - losses outside the head (decoder_losses.cpp; loss.impl, docs/losses.md): torchtune's
+//    chunked output and Liger-Kernel's patched forward with its fused linear cross entropy.
 // Python lifetimes are mirrored (a frame's locals die at return in declaration order;
 // expression temporaries right after their consumer). Checked against real PyTorch (CPU
 // stand-ins, tests/test_hf_fixtures.cpp and tests/test_decoder_arch.cpp) and H100 traces
