@@ -212,6 +212,11 @@ class Runtime {
   void release_saved_slot(Node& n, uint32_t k);
   // Fills node `id`'s k-th saved slot (a checkpoint placeholder) with `storage`, retained.
   void fill_saved(int32_t id, uint32_t k, uint32_t storage);
+  // Node n's k-th saved storage (kNoStorage once released): a backward that hands a
+  // saved buffer back as its grad (graph/ops/ops_liger.h) retains it from here.
+  uint32_t saved_storage(const Node& n, uint32_t k) const {
+    return k < n.saved_count ? saved_[n.saved_first + k] : kNoStorage;
+  }
 
   // --- graphs -------------------------------------------------------------------
   // Starts a new graph generation: nodes recorded from now on belong to it. Several

@@ -112,16 +112,20 @@ struct StepConfig {
 };
 const char* to_string(StepKind kind);
 
-// The loss the user's loop computes (cs336 family; sim/step/script_loss.h). impl: automatic =
-// the staff cross_entropy with optimizer.impl cs336, F.cross_entropy otherwise; one_hot =
-// a hand-written `-sum(one_hot * log_softmax(x)) / B`; torch_float = F.cross_entropy on
-// `logits.float()`. positions: last = the loss on
-// `logits[:, -1, :]` only (targets are (B,)).
-enum class LossFunction { automatic, torch, torch_float, cs336, one_hot };
+// The loss the user's loop computes (sim/step/script_loss.h). impl: automatic = the
+// family's usual loss (cs336: the staff cross_entropy with optimizer.impl cs336,
+// F.cross_entropy otherwise; hf-*: the model's own ForCausalLM loss); one_hot = a
+// hand-written `-sum(one_hot * log_softmax(x)) / B`; torch_float = F.cross_entropy on
+// `logits.float()`. positions: last = the loss on `logits[:, -1, :]` only (targets are (B,)).
+// Issue #16 item 6 (losses, docs/losses.md; spellings and family rules in
+// scenario/loss_impl.h): chunked = torchtune's chunked output + CEWithChunkedOutputLoss
+// with `chunks` chunks; liger = Liger-Kernel's fused linear cross entropy.
+enum class LossFunction { automatic, torch, torch_float, cs336, one_hot, chunked, liger };
 enum class LossPositions { all, last };
 struct LossConfig {
   LossFunction impl = LossFunction::automatic;
   LossPositions positions = LossPositions::all;
+  int64_t chunks = 0;  // chunked:N (N >= 1); 0 otherwise
 };
 
 // checkpoint.policy (sim/step/checkpoint_policy.h says what each one checkpoints).

@@ -38,11 +38,13 @@ Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& 
 }
 
 // An untied lm_head (nn.Linear without bias).
-Tensor DecoderModel::lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out) {
-  const double flops = 2.0 * static_cast<double>(s_.rows()) * d_in * d_out;
+Tensor DecoderModel::lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out,
+                               uint64_t rows) {
+  if (rows == 0) rows = s_.rows();
+  const double flops = 2.0 * static_cast<double>(rows) * d_in * d_out;
   if (autocast_on())
-    return ac_->mm_linear(x, w, static_cast<int64_t>(s_.rows()), d_in, d_out, flops);
-  return mm_linear(rt_, x, rt_.param(w), s_.rows() * d_out * s_.elem, flops);
+    return ac_->mm_linear(x, w, static_cast<int64_t>(rows), d_in, d_out, flops);
+  return mm_linear(rt_, x, rt_.param(w), rows * d_out * s_.elem, flops);
 }
 
 // --- norms ---------------------------------------------------------------------------------

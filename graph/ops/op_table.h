@@ -1,8 +1,9 @@
 // The op library as one table: a row per OpKind with the library that emits it and
 // runs its backward (graph/ops/ops.cpp core ops, graph/ops/ops_nn.h torch.nn-level ops for the
 // Hugging Face decoders, graph/ops/ops_fused.h Megatron's fused kernels, graph/autocast.h,
-// graph/ops/ops_lora.h bitsandbytes), the aten op name its forward allocations carry and the
-// autograd node name its backward allocations carry (what a real memory snapshot
+// graph/ops/ops_lora.h bitsandbytes, graph/ops/ops_liger.h Liger-Kernel), the aten op name
+// its forward allocations carry and the autograd node name its backward allocations carry
+// (what a real memory snapshot
 // shows). Adding an op is a row here plus its forward function and backward recipe in
 // its library's file. X(kind, library, forward name, backward name).
 #pragma once
@@ -80,5 +81,6 @@
   X(select_dim, nn, "select", "SelectBackward0") /* x.select(dim, i), a view; SelectBackward0 = zeros(input) + copy */ \
   X(gelu, nn, "gelu", "GeluBackward0") /* F.gelu (exact or approximate='tanh'): saves self */ \
   X(cat2, nn, "cat", "CatBackward0") /* torch.cat((a, b), -1): new; CatBackward0 hands back views of the grad */ \
-  X(chunk2, nn, "split", "SplitBackward0") /* x.chunk(2, -1): two views; SplitBackward0 cats the grads (new, x) */
+  X(chunk2, nn, "split", "SplitBackward0") /* x.chunk(2, -1): two views; SplitBackward0 cats the grads (new, x) */ \
+  X(liger_flce, liger, "fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunctionBackward") /* Liger's fused linear CE: grads computed in forward and saved; backward hands them out */
 // clang-format on

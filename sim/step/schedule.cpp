@@ -10,6 +10,7 @@
 
 #include "graph/autocast.h"
 #include "graph/models/cs336.h"
+#include "graph/models/chunked_loss.h"
 #include "graph/models/decoder.h"
 #include "graph/models/losses.h"
 #include "graph/numeric/numeric.h"
@@ -36,6 +37,8 @@ TrainingScript default_script(const Scenario& scenario) {
     case LossFunction::torch_float: s.loss = LossImpl::torch_float; break;
     case LossFunction::cs336: s.loss = LossImpl::cs336; break;
     case LossFunction::one_hot: s.loss = LossImpl::one_hot; break;
+    case LossFunction::chunked:  // hf-* only: the loop reads scenario.loss itself
+    case LossFunction::liger: break;
   }
   s.zero_grad = scenario.step.zero_grad_set_to_none ? ZeroGradAt::before_forward
                                                     : ZeroGradAt::never;
@@ -220,6 +223,7 @@ class Loop {
     if (logits_graph_ != 0) rt_.discard_graph(logits_graph_);
     logits_graph_ = 0;
     logits_.reset();
+    logit_chunks_.clear();
     loss_.reset();
   }
 
@@ -245,7 +249,22 @@ class Loop {
       if (fsdp_) fsdp_->pre_forward(rt_);
       if (fsdp2_) fsdp2_->pre_forward(rt_);
       if (ds_) ds_->pre_forward(rt_);
-      Tensor out = model_.forward(ids);
+      // hf-* with loss.impl chunked:N / liger (docs/losses.md): the model hands back logits
+      // chunks (torchtune's model does in every step once the loss set its chunk count),
+      // or, given the labels in training (Liger's patched forward), the loss and no logits.
+      Tensor out, liger_loss;
+      std::vector<Tensor> out_chunks;
+      const LossFunction hf_loss = is_decoder ? s_.loss.impl : LossFunction::automatic;
+      if constexpr (is_decoder) {
+        if (hf_loss == LossFunction::chunked)
+          out_chunks = model_.forward_chunked(ids, s_.loss.chunks, chunk_pieces_);
+        else if (hf_loss == LossFunction::liger && with_loss)
+          liger_loss = model_.forward_liger(ids, targets);
+        else
+          out = model_.forward(ids);
+      } else {
+        out = model_.forward(ids);
+      }
       if (fsdp2_) fsdp2_->post_forward(rt_);  // the root's post-forward
       if (autocast_ && !region_ends(AutocastRegion::whole_run) &&
           (region_ends(AutocastRegion::forward) || !with_loss))
@@ -253,15 +272,19 @@ class Loop {
       rt_.grad_enabled = true;
       if (!script_.bind_output) {
         out.reset();
+        out_chunks.clear();
         if (graph != 0) rt_.discard_graph(graph);
       } else {
         // `logits = model(x)`: the previous value dies only now.
         const uint32_t old_graph = logits_graph_;
         Tensor old = std::move(logits_);
+        std::vector<Tensor> old_chunks = std::move(logit_chunks_);
         logits_ = std::move(out);
+        logit_chunks_ = std::move(out_chunks);
         logits_graph_ = graph;
         if (old_graph != 0) rt_.discard_graph(old_graph);
         old.reset();
+        old_chunks.clear();
       }
       if (measured && last) rt_.mark("forward_end");
       if (!with_loss) continue;
@@ -273,6 +296,15 @@ class Loop {
       if constexpr (std::is_same_v<Model, graph::Cs336Model>) {
         l = cs336_script_loss(rt_, autocast_.get(), logits_, targets, shape(), elem,
                               script_.loss, s_.loss.positions);  // sim/step/script_loss.h
+      } else if (hf_loss == LossFunction::chunked) {  // torchtune's CEWithChunkedOutputLoss
+        l = graph::chunked_output_cross_entropy(rt_, logit_chunks_, targets, shape().batch,
+                                                chunk_pieces_, shape().vocab);
+      } else if (hf_loss == LossFunction::liger) {  // computed by the patched forward
+        l = std::move(liger_loss);
+      } else if (hf_loss == LossFunction::torch || hf_loss == LossFunction::torch_float) {
+        l = logits_script_loss(rt_, autocast_.get(), logits_, targets,
+                               shape().batch * shape().seq, shape().vocab,
+                               hf_loss == LossFunction::torch_float);  // sim/step/script_loss.h
       } else {
         l = model_.loss(logits_, targets);  // the family's loss (HF: shift + CE)
       }
@@ -319,7 +351,10 @@ class Loop {
   std::unique_ptr<DeepSpeedZero> ds_;
   Tensor warm_ids_, warm_targets_, ids_, targets_;
   Tensor logits_, loss_;
+  std::vector<Tensor> logit_chunks_;   // loss.impl chunked:N: the model's output list
+  std::vector<uint64_t> chunk_pieces_;  // their sequence lengths (tensor_split)
   uint32_t logits_graph_ = 0;
+  static constexpr bool is_decoder = std::is_same_v<Model, graph::DecoderModel>;
 };
 
 }  // namespace

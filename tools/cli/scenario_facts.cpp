@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "allocator/units.h"
+#include "scenario/loss_impl.h"
 #include "scenario/model_architecture.h"
 #include "scenario/scenario_family.h"
 #include "sim/analysis/parameter_count.h"
@@ -84,6 +85,9 @@ std::string training_line(const Scenario& s) {
   const bool last = s.loss.positions == LossPositions::last;
   if (one_hot || last)
     line += std::string(one_hot ? ", one-hot loss" : ", loss") + (last ? " on the last position" : "");
+  // hf-*: a loss computed outside the model (loss.impl; docs/losses.md).
+  if (family_row(s.model.family).hf && s.loss.impl != LossFunction::automatic)
+    line += ", loss " + loss_impl_label(s.loss);
   if (s.step.measure_whole_run) line += ", peaks over the whole run";
   line += std::string(", checkpoint ") + to_string(s.checkpoint.policy);
   // Megatron's CheckpointFunction is always reentrant; elsewhere only when asked.
