@@ -255,3 +255,54 @@ TEST_CASE("step.compile: unmodelled combinations are refused by key", "[compile]
           "step.compile_memory_budget");
   refused(compile_yaml("hf-llama", on + "  compile_scope: layer\n"), "step.compile_scope");
 }
+
+TEST_CASE("Inductor fusion: RMSNorm and SwiGLU leave no intermediate buffers", "[compile]") {
+  // bf16 Llama layers: eager RMSNorm allocates the fp32 upcast, pow, mean, +eps, rsqrt,
+  // the fp32 product and its bf16 cast; SwiGLU allocates silu(gate) and the product.
+  // Compiled, RMSNorm's kernel writes its output (and the saved rsqrt), and
+  // silu(gate) * up is one kernel whose output is down_proj's input.
+  std::string y = compile_yaml("hf-llama", "  compile: true\n");
+  y.replace(y.find("params: fp32"), 12, "params: bf16");
+  y.replace(y.find("attention: eager"), 16, "attention: flash");  // (eager's softmax casts)
+  const Program p = build_program(load_scenario_text(y, "fusion.yaml"));
+  std::map<std::string, int> forward_allocs;
+  bool measured = false;
+  for (const MemoryEvent& e : p.events) {
+    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin")
+      measured = true;
+    if (measured && e.type == EventType::alloc && e.phase == Phase::forward && e.layer == 0)
+      ++forward_allocs[p.str(e.op)];
+  }
+  INFO([&] {
+    std::string s;
+    for (const auto& [op, n] : forward_allocs) s += op + " x" + std::to_string(n) + "; ";
+    return s;
+  }());
+  CHECK(forward_allocs.count("pow") == 0);
+  CHECK(forward_allocs.count("mean.dim") == 0);
+  CHECK(forward_allocs.count("add.Scalar") == 0);
+  CHECK(forward_allocs.count("silu") == 0);
+  CHECK(forward_allocs.count("_to_copy") == 0);  // the fp32 upcast and the bf16 cast
+  CHECK(forward_allocs["rsqrt"] == 2);            // saved: one per norm
+  CHECK(forward_allocs["mm"] == 7);               // q, k, v, o, gate, up, down
+  CHECK(forward_allocs["mul"] == 3);              // the two norms' outputs, silu(gate) * up
+}
+
+TEST_CASE("the torch 2.x rules on the fixture blocks", "[compile][fixtures]") {
+  // torch 2.x bans recomputing a value a matmul's backward reads (materialised in the
+  // backward anyway) and decomposes native_layer_norm: on these blocks it keeps the same
+  // bytes as torch 1.13 does for other reasons (docs/compile.md, Evidence).
+  const std::filesystem::path dir = MEMSIM_SOURCE_DIR "/tests/data/compile";
+  for (const char* name : {"partition_hf_llama.json", "partition_hf_gpt2.json"}) {
+    INFO(name);
+    const nlohmann::json fx = memsim_test::load_json(dir / name);
+    const auto st = compiled_block(fx["config"], graph::PartitionerVersion::torch25);
+    std::string listing;
+    for (const auto& v : st.saved_values)
+      listing += std::string(v.input ? "input" : graph::forward_name(v.op)) + " " +
+                 std::to_string(v.bytes) + "; ";
+    INFO("memsim saves: " << listing);
+    CHECK(st.saved_bytes < st.eager_saved_bytes);
+    CHECK(st.saved_bytes == fx["saved_bytes"].get<uint64_t>());
+  }
+}
