@@ -196,6 +196,18 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
     storage_of.push_back(v.storage);
     part_of[v.storage] = static_cast<uint32_t>(g.size());
   }
+  // Inductor decomposes native_dropout into a random mask (bool: the random op, banned)
+  // and `x * mask * scale` (pointwise): the output is recomputable from x and the mask.
+  // Needs the mask allocated first, as CUDA's kernel does (graph/ops/ops_nn.cpp).
+  for (uint32_t k = first_region + 1; k < g.size(); ++k) {
+    const Vertex& out = vertices_[k - first_region];
+    const Vertex& mask = vertices_[k - 1 - first_region];
+    if (out.op == OpKind::native_dropout && mask.op == OpKind::native_dropout &&
+        out.producer >= 0 && out.producer == mask.producer && mask.bytes < out.bytes) {
+      g[k].cls = PartClass::recomputable;
+      g[k].inputs.push_back(k - 1);
+    }
+  }
   // What the backward reads, and what outlives the region.
   std::vector<uint32_t> save_refs(g.size(), 0);
   for (const Save& sv : saves_) {

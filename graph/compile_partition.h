@@ -61,7 +61,9 @@ struct PartVertex {
 
 enum class PartitionerVersion : uint8_t {
   torch25,        // choose_saved_values_set at c28ba8e5 (the model's default)
-  torch113_inductor,  // functorch 1.13, compiler="inductor" (the CPU fixtures)
+  // functorch 1.13, compiler="inductor" (the CPU fixtures): its allowlist, dist > 4
+  // banned, no materialised-backward rule, PartVertex::read_through_unlisted_view_113.
+  torch113_inductor,
 };
 
 struct PartitionResult {
