@@ -51,7 +51,7 @@ std::string compile_yaml(const std::string& family, const std::string& extra_ste
 
 // Requested bytes live at each event; fails on a free without a live alloc.
 struct Walk {
-  uint64_t peak = 0, forward_end = 0;
+  uint64_t peak = 0, forward_end = 0, end = 0;
   bool ok = true;
 };
 Walk walk(const Program& p) {
@@ -78,6 +78,7 @@ Walk walk(const Program& p) {
       if (name == "forward_end") w.forward_end = cur;
     }
   }
+  w.end = cur;
   return w;
 }
 
@@ -201,6 +202,7 @@ TEST_CASE("step.compile: fewer activation bytes, a well-formed event stream", "[
       const Program compiled = build_program(load_scenario_text(compile_yaml(family, step), "c.yaml"));
       const Walk wc = walk(compiled);
       CHECK(wc.ok);  // every free follows its alloc, once
+      CHECK(wc.end == we.end);  // nothing a compiled region held outlives its backward
       // The saved set of the partition is smaller than eager's, and fused intermediates
       // never exist: less is alive when the forward ends, and the step peaks lower.
       CHECK(wc.forward_end < we.forward_end);
@@ -213,6 +215,7 @@ TEST_CASE("step.compile: fewer activation bytes, a well-formed event stream", "[
             compile_yaml(family, step + "  compile_memory_budget: " + b + "\n"), "b.yaml"));
         const Walk wb = walk(p);
         CHECK(wb.ok);
+        CHECK(wb.end == we.end);  // recomputed buffers of the backward are freed too
         CHECK(wb.forward_end <= last);
         last = wb.forward_end;
       }
@@ -305,4 +308,20 @@ TEST_CASE("the torch 2.x rules on the fixture blocks", "[compile][fixtures]") {
     CHECK(st.saved_bytes < st.eager_saved_bytes);
     CHECK(st.saved_bytes == fx["saved_bytes"].get<uint64_t>());
   }
+}
+
+TEST_CASE("step.compile with dropout: the mask is saved, the output recomputed", "[compile]") {
+  // CUDA's dropout kernel order (mask first): kernel_scratch on.
+  auto yaml = [](const std::string& step) {
+    std::string y = compile_yaml("hf-gpt2", step);
+    y.replace(y.find("kernel_scratch: false"), 21, "kernel_scratch: true");
+    y.replace(y.find("attention: eager"), 16, "attention: eager\n  dropout: 0.1");
+    return y;
+  };
+  const Walk we = walk(build_program(load_scenario_text(yaml(""), "d.yaml")));
+  const Walk wc = walk(build_program(load_scenario_text(yaml("  compile: true\n"), "d.yaml")));
+  CHECK(we.ok);
+  CHECK(wc.ok);
+  CHECK(wc.end == we.end);
+  CHECK(wc.forward_end < we.forward_end);
 }
