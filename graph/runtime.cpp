@@ -4,6 +4,7 @@
 #include <string>
 
 #include "graph/checkpoint.h"
+#include "graph/compile.h"
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops.h"
 
@@ -96,6 +97,7 @@ uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
   uint32_t id = program_.alloc(bytes, kind, ctx.phase, op_name, ctx.layer, op_name);
   refs_.push_back(1);
   if (numeric != nullptr) numeric->on_alloc(id, bytes);
+  if (compile != nullptr) compile->on_alloc(id, bytes, op);
   return id;
 }
 
@@ -237,6 +239,7 @@ int32_t Runtime::make_node(OpKind kind, std::initializer_list<const Tensor*> inp
   ++live_nodes_;
   const int32_t id = static_cast<int32_t>(nodes_.size() - 1);
   if (numeric != nullptr) numeric->on_node(id, kind);
+  if (compile != nullptr) compile->on_node(id, kind, inputs);
   return id;
 }
 
@@ -251,6 +254,7 @@ void Runtime::save_storage(int32_t id, uint32_t storage) {
   if (saves_++ != test_drop_save) retain(storage);  // test_drop_save: see runtime.h
   saved_.push_back(storage);
   ++n.saved_count;
+  if (compile != nullptr) compile->on_save(id, storage);
 }
 
 void Runtime::fill_saved(int32_t id, uint32_t k, uint32_t storage) {
@@ -308,6 +312,7 @@ void Runtime::discard_graph(uint32_t g) {
       if (saved_[n.saved_first + i] != kNoStorage) release(saved_[n.saved_first + i]);
     n.saved_count = 0;
     if (checkpoint != nullptr) checkpoint->released(id);
+    if (compile != nullptr) compile->released(id);
     for (int s = 0; s < 2; ++s)
       if (n.grad[s] != kNoStorage) release(n.grad[s]);
     n.grad[0] = n.grad[1] = kNoStorage;
@@ -446,6 +451,7 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
   // Unpacking a checkpoint placeholder (or reaching a reentrant region's output node) may
   // re-run its region first (appending nodes).
   if (checkpoint != nullptr) checkpoint->unpack(id);
+  if (compile != nullptr) compile->unpack(id);
   Node& n = nodes_[id];
   ctx.layer = n.layer;
   ctx.module = n.module;
@@ -479,6 +485,7 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
     if (saved_[n.saved_first + i] != kNoStorage) release(saved_[n.saved_first + i]);
   n.saved_count = 0;
   if (checkpoint != nullptr) checkpoint->released(id);
+  if (compile != nullptr) compile->released(id);
   // Outputs go to the next nodes' input buffers, in input order.
   const Edge* next = n.next;  // only a checkpoint re-run (before n is bound) adds nodes
   const int n_next = n.n_next;

@@ -23,6 +23,7 @@ namespace memsim::graph {
 
 class Runtime;
 class CheckpointEngine;  // graph/checkpoint.h
+class CompileEngine;     // graph/compile.h
 class NumericContext;    // graph/numeric/numeric.h
 inline constexpr uint32_t kNoStorage = UINT32_MAX;
 
@@ -145,6 +146,9 @@ class Runtime {
   // forward ops inside backward keep their forward names and count recompute FLOPs.
   CheckpointEngine* checkpoint = nullptr;
   bool recomputing = false;
+  // torch.compile (graph/compile.h): the installed engine records compiled regions and
+  // rewrites their events; nullptr (the default) calls none of its hooks.
+  CompileEngine* compile = nullptr;
   // Module and autograd hooks of data-parallel wrappers (sim/parallel/data_parallel.h,
   // sim/parallel/fsdp.h); nullptr: none.
   RuntimeHooks* hooks = nullptr;
@@ -162,6 +166,9 @@ class Runtime {
   // Same, returning a raw storage id with one reference owned by the caller.
   uint32_t alloc_raw(uint64_t bytes, TensorKind kind, OpKind op);
   void retain(uint32_t s) { ++refs_[s]; }
+  // A storage whose free event a compiled region removed gets one reference back (owned
+  // by the caller, graph/compile.h).
+  void revive_storage(uint32_t s) { refs_[s] = 1; }
   void release(uint32_t s);
   int32_t refs(uint32_t s) const { return refs_[s]; }
   // Stops emitting: handles destroyed after this (the end of the simulated program,

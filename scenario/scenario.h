@@ -97,6 +97,7 @@ const char* to_string(OptimizerType type);
 const char* to_string(OptimizerImpl impl);
 
 enum class StepKind { train, forward, forward_no_grad, forward_backward };
+enum class CompileRegions { model, block };  // step.compile_scope
 struct StepConfig {
   StepKind kind = StepKind::train;
   int64_t warmup_steps = 1;
@@ -109,6 +110,15 @@ struct StepConfig {
   // true (default, today's loop): the output is a loop-level name, alive until the next
   // forward has returned; false: dropped, with the graph it holds, at each iteration's end.
   bool keep_output = true;
+  // --- issue #16 part 4: torch.compile (scenario/compile_keys.h, graph/compile.h,
+  // docs/compile.md). step.compile: the model runs compiled; step.compile_scope: model
+  // (torch.compile(model), the loss outside) or block (each transformer block compiled,
+  // torchtitan); step.compile_memory_budget: torch._functorch.config.
+  // activation_memory_budget in [0, 1].
+  bool compile = false;
+  CompileRegions compile_scope = CompileRegions::model;
+  double compile_memory_budget = 1.0;
+  std::string compile_where;  // where step.compile was set ("FILE:LINE"), for refusals
 };
 const char* to_string(StepKind kind);
 

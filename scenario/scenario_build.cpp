@@ -12,6 +12,7 @@
 #include "scenario/scenario_lora.h"
 #include "scenario/scenario_checkpoint.h"
 #include "scenario/deepspeed_keys.h"
+#include "scenario/compile_keys.h"
 #include "scenario/fsdp_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/pipeline_keys.h"
@@ -229,6 +230,7 @@ StepConfig build_step(const Doc& d) {
           [](const Field& f, const std::string& k) { return read_int(f, k, 0); });
   read_if(d, "step.zero_grad", s.zero_grad_set_to_none,
           [](const Field& f, const std::string& k) { return read_enum(f, k, kZeroGrad); });
+  read_compile(d, s);  // scenario/compile_keys.cpp
   return s;
 }
 

@@ -8,6 +8,7 @@
 
 #include "graph/autocast.h"
 #include "graph/checkpoint.h"
+#include "graph/compile.h"
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops_nn.h"
 
@@ -417,6 +418,9 @@ void DecoderModel::rope_tables(bool scaled, Tensor& cos, Tensor& sin) {
 }
 
 Tensor DecoderModel::forward(const Tensor& ids) {
+  // torch.compile(model) (graph/compile.h): the whole forward is one compiled region.
+  if (rt_.compile != nullptr && rt_.compile->wants(CompileScope::model))
+    return rt_.compile->run([this, &ids] { return forward(ids); });
   Tensor head_w;
   Tensor hidden = forward_hidden(ids, head_w);
   rt_.ctx.module = Module::head;
@@ -473,7 +477,9 @@ Tensor DecoderModel::forward_hidden(const Tensor& ids, Tensor& head_w) {
     }
     Tensor h = run_layers(rt_, static_cast<int32_t>(s_.layers), std::move(h0), extra,
                           [this](int32_t l, const Tensor& in, const Inputs& ex) {
-                            return layer(l, in, ex);
+                            // torchtitan's per-block compile: each layer a region
+                            return compile_region(rt_, CompileScope::block,
+                                                  [&] { return layer(l, in, ex); });
                           });
     extra.clear();
     hidden = norm(h, final_norm_, s_.rows(), D);
@@ -618,7 +624,10 @@ Tensor DecoderModel::gpt2_hidden(const Tensor& ids, Tensor& head_w) {
     // The block loop; with gradient checkpointing HF calls
     // checkpoint(block.__call__, hidden_states, None, attention_mask (None), ...).
     h = run_layers(rt_, static_cast<int32_t>(s_.layers), h, {},
-                   [this](int32_t l, const Tensor& in, const Inputs&) { return block_gpt2(l, in); });
+                   [this](int32_t l, const Tensor& in, const Inputs&) {
+                     return compile_region(rt_, CompileScope::block,
+                                           [&] { return block_gpt2(l, in); });
+                   });
     rt_.ctx.module = Module::norm;
     hidden = norm(h, final_norm_, s_.rows(), D);
   }  // GPT2Model.forward returns: its locals (embeddings, position ids) die

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "scenario/arch_checks.h"
+#include "scenario/compile_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/script_keys.h"
 #include "sim/parallel/data_parallel.h"
@@ -85,6 +86,7 @@ void require_modelled(const Scenario& s) {
   require_arch_modelled(s);           // scenario/arch_checks.h: decoder knobs per setting
   require_data_parallel_modelled(s);  // sim/parallel/data_parallel.h
   require_script_keys_modelled(s);    // scenario/script_keys.h: loss.*, out-of-place, whole-run
+  require_compile_modelled(s);        // scenario/compile_keys.h: step.compile's combinations
   // Data parallelism, LoRA and master weights were each checked alone; their
   // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
   // parameters together, DDP buckets only parameters that need a gradient, master copies

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "graph/autocast.h"
+#include "graph/compile.h"
 #include "graph/models/cs336.h"
 #include "graph/models/chunked_loss.h"
 #include "graph/models/decoder.h"
@@ -106,6 +107,15 @@ class Loop {
     configure_device(rt_, s_.device);
     // Activation checkpointing (sim/step/checkpoint_policy.h): installs itself on rt_.
     checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
+    if (s_.step.compile) {  // torch.compile (graph/compile.h; scenario/compile_keys.h)
+      if (rt_.numeric != nullptr)
+        throw ScenarioError(s_.source + ": step.compile: numeric mode does not model compiled regions");
+      graph::CompileOptions o;
+      o.scope = s_.step.compile_scope == CompileRegions::block ? graph::CompileScope::block
+                                                               : graph::CompileScope::model;
+      o.memory_budget = s_.step.compile_memory_budget;
+      compile_ = std::make_unique<graph::CompileEngine>(rt_, o);
+    }
     if (s_.precision.autocast) {  // cs336, hf-llama, hf-gpt2 (sim/step/modelled_features.cpp)
       autocast_ = std::make_unique<graph::Autocast>(
           rt_, static_cast<uint64_t>(dtype_bytes(*s_.precision.autocast)),
@@ -344,6 +354,7 @@ class Loop {
   Model model_;
   std::unique_ptr<OptimizerSim> optimizer_;
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
+  std::unique_ptr<graph::CompileEngine> compile_;  // step.compile (graph/compile.h)
   std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
   std::unique_ptr<TorchDdp> ddp_;
   std::unique_ptr<Fsdp> fsdp_;

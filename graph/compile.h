@@ -1,0 +1,146 @@
+// torch.compile's memory on graph::Runtime: a compiled region (the whole model forward,
+// or each transformer block) keeps what the AOTAutograd partition saves and allocates
+// only the buffers Inductor materialises (docs/compile.md).
+//
+// How a region runs (CompileEngine::run):
+//  1. The region's emitter runs as eager, while the engine records its tensor graph: each
+//     allocation (a vertex, classified by its op: graph/compile.cpp op_class), the
+//     storages each autograd node read, and what each node saved (what the backward
+//     reads).
+//  2. graph/compile_partition.h picks the saved set: the min-cut partition of the
+//     recorded graph at step.compile_memory_budget.
+//  3. The region's events are rewritten in place (the region is a contiguous tail of the
+//     Program): a value produced by a fusible op whose every reader is fusible, that is
+//     not saved and does not outlive the region, is inside one fused Inductor kernel: its
+//     alloc and free are removed. Every other value the region allocated and that dies in
+//     it is freed right after its last reader ran (Inductor's `del buf` after last use),
+//     not when its Python name would have died.
+//  4. Saves: a value in the saved set stays saved (the compiled forward returns it and
+//     the autograd node holds it); a value eager would save but the partition does not is
+//     released at the region's end and recomputed in the backward. A saved value that eager
+//     did not save (an upstream value the recomputation starts from) is held by the engine
+//     until every backward node that recomputes from it has run.
+//  5. Backward: when the engine runs a node that reads a recomputed value, a fusible
+//     reader recomputes it inside its own kernel (no buffer); a non-fusible reader (the
+//     matmul that needs its input) gets it materialised (a new buffer with the forward op's
+//     name, in Phase::backward), shared by every node of the region that reads it and
+//     freed after the last of them.
+// What is not modelled (docs/compile.md "Limits"): the backward's own fusion (its grads
+// follow eager's per-node recipes, an upper bound), Inductor's buffer reuse and
+// reordering (memory.py), CUDA graphs, dynamic shapes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "graph/compile_partition.h"
+#include "graph/runtime.h"
+
+namespace memsim::graph {
+
+// Where the compiled regions are: `model` = torch.compile(model) with the loss computed
+// outside (a graph break at the model's return); `block` = torchtitan's per-block
+// compile (each transformer block its own graph; embeddings, final norm, head eager).
+enum class CompileScope : uint8_t { model, block };
+
+struct CompileOptions {
+  CompileScope scope = CompileScope::model;
+  double memory_budget = 1.0;  // torch._functorch.config.activation_memory_budget
+  PartitionerVersion partitioner = PartitionerVersion::torch25;
+};
+
+// What one compiled region kept, for tests and reports.
+struct CompiledRegionStats {
+  int32_t layer = -1;
+  uint32_t vertices = 0;
+  uint32_t saved = 0;             // saved values that are activations (not parameters)
+  uint64_t saved_bytes = 0;       // their bytes (views counted once: one vertex per storage)
+  uint64_t eager_saved_bytes = 0; // what eager autograd saved in the same region
+  uint32_t fused_away = 0;        // allocations removed (inside fused kernels)
+  uint64_t fused_away_bytes = 0;
+  struct Value {
+    OpKind op;        // the producing op (OpKind::other for a region input)
+    uint64_t bytes;
+    bool input;       // a region input (primal)
+  };
+  std::vector<Value> saved_values;  // the activations counted in `saved`, in graph order
+};
+
+class CompileEngine {
+ public:
+  // Installs itself as rt.compile; the destructor uninstalls.
+  CompileEngine(Runtime& rt, CompileOptions options);
+  ~CompileEngine();
+  CompileEngine(const CompileEngine&) = delete;
+  CompileEngine& operator=(const CompileEngine&) = delete;
+
+  const CompileOptions& options() const { return options_; }
+  // Whether a region of `scope` opened now is compiled (no nesting; the forward only).
+  bool wants(CompileScope scope) const;
+  Tensor run(const std::function<Tensor()>& fn);
+  const std::vector<CompiledRegionStats>& regions() const { return stats_; }
+
+  // --- Runtime hooks (graph/runtime.cpp) ------------------------------------------------
+  void on_alloc(uint32_t storage, uint64_t bytes, OpKind op);
+  void on_node(int32_t node, OpKind kind, std::initializer_list<const Tensor*> inputs);
+  void on_save(int32_t node, uint32_t storage);
+  void unpack(int32_t node);    // the engine is about to run `node`
+  void released(int32_t node);  // `node`'s saved tensors were released
+
+ private:
+  struct Vertex {
+    uint32_t storage = kNoStorage;
+    uint64_t bytes = 0;
+    OpKind op = OpKind::other;
+    int32_t producer = -1;  // recorded node index, -1: no autograd node (a constant)
+  };
+  struct RecNode {
+    int32_t id = -1;
+    OpKind kind = OpKind::other;
+    size_t event = 0;  // program event count when it was made (its kernel ran just before)
+    std::vector<uint32_t> inputs;  // storages read
+  };
+  struct Save {
+    int32_t node;
+    uint32_t slot;
+    uint32_t storage;
+  };
+  // A recomputed value, per region: the placeholders that read it.
+  struct Recompute {
+    uint32_t storage = kNoStorage;  // the forward value (dead now)
+    uint64_t bytes = 0;
+    OpKind op = OpKind::other;
+    bool materialise = false;
+    std::vector<std::pair<int32_t, uint32_t>> slots;  // (node, saved slot)
+    uint32_t live = 0;  // backward copy: placeholders not yet released (0: not made)
+  };
+
+  void finish_region(size_t begin, int32_t layer);
+
+  Runtime& rt_;
+  CompileOptions options_;
+  bool recording_ = false;
+  // The region being recorded.
+  std::vector<Vertex> vertices_;
+  std::vector<uint32_t> vertex_of_;  // storage -> vertex index + 1 (0: not of the region)
+  std::vector<RecNode> nodes_;
+  std::vector<Save> saves_;
+  size_t pending_ = 0;  // vertices_[pending_..] not yet assigned to a node
+  // Backward state of every region so far.
+  std::vector<Recompute> recompute_;
+  std::vector<std::vector<uint32_t>> node_recompute_;  // per node id: recompute_ indices
+  std::vector<std::vector<uint32_t>> node_holds_;      // per node id: held_ indices
+  struct Held {
+    uint32_t storage;
+    uint32_t dependents;  // nodes that recompute from it and have not run
+  };
+  std::vector<Held> held_;
+  std::vector<CompiledRegionStats> stats_;
+};
+
+// The region entry point emitters call: fn() plainly, or as a compiled region when the
+// installed engine compiles `scope` (graph/models/decoder.cpp).
+Tensor compile_region(Runtime& rt, CompileScope scope, const std::function<Tensor()>& fn);
+
+}  // namespace memsim::graph

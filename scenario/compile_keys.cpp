@@ -1,0 +1,86 @@
+#include "scenario/compile_keys.h"
+
+#include <string>
+
+#include "scenario/scenario_family.h"
+#include "scenario/yaml_fields.h"
+
+namespace memsim {
+namespace scenario_detail {
+
+void read_compile(const Doc& d, StepConfig& s) {
+  const Field* on = d.find("step.compile");
+  if (on != nullptr) {
+    s.compile = read_bool(*on, "step.compile");
+    s.compile_where = on->where;
+  }
+  if (const Field* f = d.find("step.compile_scope")) {
+    if (!s.compile) fail(f->where, "step.compile_scope", "applies with step.compile: true only");
+    static const std::vector<std::pair<std::string, CompileRegions>> kScopes = {
+        {"model", CompileRegions::model}, {"block", CompileRegions::block}};
+    s.compile_scope = read_enum(*f, "step.compile_scope", kScopes);
+  }
+  if (const Field* f = d.find("step.compile_memory_budget")) {
+    if (!s.compile)
+      fail(f->where, "step.compile_memory_budget", "applies with step.compile: true only");
+    const double b = read_number(*f, "step.compile_memory_budget");
+    // torch: "The valid ranges for memory budget are 0 <= m <= 1"
+    if (!(b >= 0.0 && b <= 1.0))
+      fail(f->where, "step.compile_memory_budget",
+           "torch._functorch.config.activation_memory_budget must be in [0, 1], got " +
+               std::to_string(b));
+    s.compile_memory_budget = b;
+  }
+}
+
+}  // namespace scenario_detail
+
+namespace {
+[[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
+  const std::string where = s.step.compile_where.empty() ? s.source : s.step.compile_where;
+  throw ScenarioError(where + ": " + key + ": " + why);
+}
+}  // namespace
+
+void require_compile_modelled(const Scenario& s) {
+  if (!s.step.compile) return;
+  const FamilyRow& family = family_row(s.model.family);
+  if (!family.hf)
+    refuse(s, "model.family",
+           std::string("step.compile is modelled for the hf-llama and hf-gpt2 families (and "
+                       "their architecture rows) only, not '") +
+               to_string(s.model.family) + "'; use step.compile: false");
+  if (s.lora.rank > 0)
+    refuse(s, "lora.rank",
+           "step.compile with LoRA adapters is not modelled (frozen base weights change what "
+           "the partitioner's backward reads); use lora.rank: 0 or step.compile: false");
+  const ParallelConfig& p = s.parallel;
+  if (p.sharding != Sharding::none)
+    refuse(s, "parallel.sharding",
+           "step.compile with FSDP or DeepSpeed is not modelled (their hooks bound and "
+           "reorder the compiled graphs); use step.compile: false");
+  if (p.data > 1 || p.zero != 0)
+    refuse(s, p.data > 1 ? "parallel.data" : "parallel.zero",
+           "step.compile with data parallelism is not modelled (DDPOptimizer splits the graph "
+           "at bucket boundaries); simulate one GPU or use step.compile: false");
+  if (s.checkpoint.policy != CheckpointPolicy::none)
+    refuse(s, "checkpoint.policy",
+           "step.compile with activation checkpointing is not modelled (inside a compiled "
+           "graph checkpoint regions become the partitioner's must-recompute tags); use "
+           "checkpoint.policy: none or step.compile: false");
+  if (s.precision.autocast.has_value())
+    refuse(s, "precision.autocast",
+           "step.compile with torch.autocast is not modelled; use precision.params bf16 "
+           "(pure bf16 training) or step.compile: false");
+  // loss.impl chunked:N / liger hand the model's hidden states to a loss that runs the head
+  // per chunk (graph/models/chunked_loss.h, ops_liger.h): the compiled region would then end
+  // at the hidden states and the head would be traced or not depending on the loss's own
+  // torch.compile use; neither is modelled.
+  if (s.loss.impl == LossFunction::chunked || s.loss.impl == LossFunction::liger)
+    refuse(s, "loss.impl",
+           "step.compile with a chunked or fused-linear loss is not modelled (the head runs "
+           "outside the compiled model, chunk by chunk); use loss.impl: torch or "
+           "step.compile: false");
+}
+
+}  // namespace memsim
