@@ -83,8 +83,9 @@ const char* to_string(StepKind kind) {
 namespace {
 // Indexed by CheckpointPolicy.
 constexpr const char* kCheckpointPolicyNames[] = {"none",    "full",    "selective", "uniform",
-                                                  "block",   "modules", "custom",    "sqrt"};
-static_assert(std::size(kCheckpointPolicyNames) == static_cast<size_t>(CheckpointPolicy::sqrt) + 1,
+                                                  "block",   "modules", "custom",    "sqrt",
+                                                  "sac-op",  "sac-layer"};
+static_assert(std::size(kCheckpointPolicyNames) == static_cast<size_t>(CheckpointPolicy::sac_layer) + 1,
               "one spelling per CheckpointPolicy");
 }  // namespace
 
@@ -120,15 +121,16 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                  "fused_gate_up", "embedding_scale", "attn_softcap", "final_softcap",
                  "sliding_window", "sliding_layers", "rotary_dim"}},
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
-      {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache"}},
+      {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache",
+                     "float8"}},
       {"optimizer", {"type", "impl", "momentum"}},
       {"step", {"kind", "warmup_steps", "zero_grad", "measure"}},
       {"loss", {"impl", "positions"}},
-      {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant"}},
+      {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant", "early_stop"}},
       {"lora", {"rank", "alpha", "targets", "dropout", "base_dtype", "adapter_dtype"}},
       {"parallel", {"data", "tensor", "pipeline", "zero", "sharding", "reshard_after_forward",
                     "gradient_as_bucket_view", "fsdp_init", "sequence", "pipeline_schedule",
-                    "virtual_stages", "cpu_offload", "fsdp_mixed_precision"}},
+                    "virtual_stages", "cpu_offload", "fsdp_mixed_precision", "context"}},
       {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",
                      "max_non_split_rounding_mb", "garbage_collection_threshold",
