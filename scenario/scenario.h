@@ -160,7 +160,7 @@ struct LoraConfig {
   DType adapter_dtype = DType::fp32;
 };
 
-enum class Sharding { none, fsdp, deepspeed };
+enum class Sharding { none, fsdp, deepspeed, fsdp2 };
 // Megatron's pipeline schedules (sim/megatron/pipeline_schedule.h).
 enum class PipelineSchedule { one_f_one_b, gpipe, interleaved };
 const char* to_string(PipelineSchedule schedule);
@@ -191,6 +191,15 @@ struct ParallelConfig {
   // fsdp: MixedPrecision(param_dtype=reduce_dtype=this): fp32 shards, gathered parameters
   // and gradients in this dtype (sim/parallel/fsdp.h); nullopt = none.
   std::optional<DType> fsdp_mixed_precision;
+  // --- FSDP2 (issue #16 item 1; sim/parallel/fsdp2.h, scenario/fsdp2_keys.cpp) ---------
+  // fsdp2: parallel.reshard_after_forward N (an int): the blocks reshard to a mesh of N
+  // ranks after forward (0 = the bool above decides). parallel.replicate R: HSDP, shard
+  // over data / R ranks and all-reduce across R replicas (1 = plain FSDP2).
+  // parallel.reduce_dtype: MixedPrecisionPolicy.reduce_dtype (nullopt = None: reduce in
+  // the gradients' dtype).
+  int64_t reshard_after_forward_ranks = 0;
+  int64_t replicate = 1;
+  std::optional<DType> reduce_dtype;
 };
 
 struct DeviceConfig {

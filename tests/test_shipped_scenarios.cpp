@@ -80,9 +80,11 @@ const std::map<std::string, Claim>& claims() {
       // ... with fp32 FSDP under bf16 autocast (eager attention): every matmul saves its
       // uncached bf16 weight copy, 12.31 GiB of unsharded weights through the forward.
       {"llama2-7b-fsdp-autocast-8xa100.yaml", {true, std::nullopt, 63.89}},
+      // FSDP2 (fully_shard per block + root), bf16 / fp32 mixed precision, meta init, full AC.
+      {"llama3-8b-fsdp2-8xh100.yaml", {true, std::nullopt, 31.15}},
       // ZeroRedundancyOptimizer + DDP on 4 GPUs; plain DDP runs out of memory.
       {"gpt2-large-zero1-4xv100.yaml", {true, std::nullopt, 11.12}},
-      // torchtitan's op-level SAC (docs/torchtitan-recipes.md), FSDP1 bf16 on 8 GPUs:
+      // torchtitan's op-level SAC (docs/torchtitan-recipes.md) over FSDP2 on 8 GPUs:
       // the peak is the loss's backward; sac-op's per-layer cache is 13.53 GiB of it.
       {"llama3-8b-torchtitan-sac.yaml", {true, std::nullopt, 44.68}},
   };

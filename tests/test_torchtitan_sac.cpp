@@ -231,3 +231,21 @@ TEST_CASE("torchtitan SAC is bit-identical to no checkpointing in numeric mode",
     }
   }
 }
+
+TEST_CASE("sac-op under FSDP2: Llama 3 8B's per-layer cache over full checkpointing",
+          "[torchtitan][sac][fsdp2]") {
+  // scenarios/llama3-8b-torchtitan-sac.yaml (torchtitan's llama3_8b shape): the forward
+  // ends with each of the 32 layers' cache live on top of what full checkpointing keeps:
+  // q_proj (8192 x 4096), v_proj (8192 x 1024), gate_proj (8192 x 14336), down_proj
+  // (8192 x 4096) in bf16, the SDPA output (8192 x 4096 bf16) and logsumexp (32 x 8192 fp32).
+  const std::string path = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-torchtitan-sac.yaml";
+  const Scenario sac = load_scenario(path);
+  const Scenario full = load_scenario(path, {{"checkpoint.policy", "full"}});
+  const uint64_t S = 8192;
+  const uint64_t per_layer = S * (4096 + 1024 + 14336 + 4096) * 2 + S * 4096 * 2 + 32 * S * 4;
+  CHECK(per_layer == 433ull << 20);
+  const auto m_sac = measure_step(build_program(sac));
+  const auto m_full = measure_step(build_program(full));
+  CHECK(m_sac.forward_end - m_full.forward_end == 32 * per_layer);
+  CHECK(m_sac.after_backward == m_full.after_backward);
+}

@@ -112,8 +112,11 @@ void require_modelled(const Scenario& s) {
   // ZeRO-1 do not yet.
   const bool sharded = p.sharding != Sharding::none || p.zero != 0;
   if (p.data > 1 && sharded && family.torch_data_parallel) {
-    const char* key = s.lora.rank > 0 ? "lora"
-                      : s.precision.master_weights ? "precision.master_weights" : nullptr;
+    // FSDP2 models LoRA (sim/parallel/fsdp2.h) and refuses master weights itself.
+    const bool lora_modelled = p.sharding == Sharding::fsdp2;
+    const char* key = (s.lora.rank > 0 && !lora_modelled) ? "lora"
+                      : (s.precision.master_weights && !lora_modelled) ? "precision.master_weights"
+                                                                         : nullptr;
     if (key != nullptr)
       refuse(s, key,
              std::string("is modelled with torch DDP (parallel.data > 1, parallel.sharding: "

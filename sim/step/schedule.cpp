@@ -15,6 +15,7 @@
 #include "graph/numeric/numeric.h"
 #include "sim/parallel/data_parallel.h"
 #include "sim/parallel/fsdp.h"
+#include "sim/parallel/fsdp2.h"
 #include "scenario/fsdp_precision.h"
 #include "scenario/hf_family.h"
 #include "sim/megatron/megatron_step.h"
@@ -124,6 +125,8 @@ class Loop {
     // (sim/parallel/data_parallel.h), before the optimizer.
     if (s_.parallel.sharding == Sharding::fsdp)
       fsdp_ = std::make_unique<Fsdp>(rt_, s_);
+    else if (s_.parallel.sharding == Sharding::fsdp2)  // fully_shard (sim/parallel/fsdp2.h)
+      fsdp2_ = std::make_unique<Fsdp2>(rt_, s_);
     else if (s_.parallel.data > 1)
       ddp_ = std::make_unique<TorchDdp>(rt_, s_.parallel.gradient_as_bucket_view);
     {
@@ -132,7 +135,7 @@ class Loop {
       setup.param_elem = static_cast<uint64_t>(dtype_bytes(s_.precision.params));
       setup.master_weights = s_.precision.master_weights;
       optimizer_ = make_optimizer(s_.optimizer, setup);
-      if (optimizer_ && fsdp_ && fsdp_->offloads_params())
+      if (optimizer_ && ((fsdp_ && fsdp_->offloads_params()) || (fsdp2_ && fsdp2_->offloads_params())))
         optimizer_ = make_cpu_offloaded_optimizer();  // steps the CPU shards (sim/parallel/fsdp.h)
       if (s_.parallel.zero == 1 && s_.parallel.sharding == Sharding::none)  // ZeRO-1
         optimizer_ = make_zero_redundancy_optimizer(std::move(optimizer_), rt_, s_, setup.param_elem);
@@ -227,7 +230,9 @@ class Loop {
       if (autocast_ && !autocast_->active()) autocast_->enter(!with_grad && script_.inference_mode);
       if (ddp_) ddp_->pre_forward(rt_, with_grad);
       if (fsdp_) fsdp_->pre_forward(rt_);
+      if (fsdp2_) fsdp2_->pre_forward(rt_);
       Tensor out = model_.forward(ids);
+      if (fsdp2_) fsdp2_->post_forward(rt_);  // the root's post-forward
       if (autocast_ && !region_ends(AutocastRegion::whole_run) &&
           (region_ends(AutocastRegion::forward) || !with_loss))
         autocast_->exit();
@@ -262,6 +267,7 @@ class Loop {
       rt_.ctx.phase = Phase::backward;
       rt_.backward(loss_);
       if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
+      if (fsdp2_) fsdp2_->post_backward(rt_);
       if (measured && last) rt_.mark("backward_end");
     }
     if (kind == StepKind::train && optimizer_) {
@@ -294,6 +300,7 @@ class Loop {
   std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
   std::unique_ptr<TorchDdp> ddp_;
   std::unique_ptr<Fsdp> fsdp_;
+  std::unique_ptr<Fsdp2> fsdp2_;
   Tensor warm_ids_, warm_targets_, ids_, targets_;
   Tensor logits_, loss_;
   uint32_t logits_graph_ = 0;

@@ -109,6 +109,17 @@ std::string training_line(const Scenario& s) {
                    ? std::string(", ") + to_string(*p.fsdp_mixed_precision) + " MixedPrecision"
                    : std::string()) +
               (p.cpu_offload ? ", CPU offload)" : ")");
+    else if (p.sharding == Sharding::fsdp2)  // sim/parallel/fsdp2.h
+      line += std::string(" (FSDP2 fully_shard, reshard_after_forward ") +
+              (p.reshard_after_forward_ranks > 0 ? std::to_string(p.reshard_after_forward_ranks)
+                                                 : p.reshard_after_forward ? "true" : "false") +
+              (p.replicate > 1 ? ", HSDP " + std::to_string(p.replicate) + " replicas" : "") +
+              (p.fsdp_mixed_precision
+                   ? std::string(", param_dtype ") + to_string(*p.fsdp_mixed_precision)
+                   : std::string()) +
+              (p.reduce_dtype ? std::string(", reduce_dtype ") + to_string(*p.reduce_dtype)
+                              : std::string()) +
+              (p.cpu_offload ? ", CPUOffloadPolicy)" : ")");
     else if (p.zero == 1)
       line += !family_row(s.model.family).torch_data_parallel ? " (distributed optimizer)"
                                                                : " (DDP + ZeroRedundancyOptimizer)";
