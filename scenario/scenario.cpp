@@ -133,6 +133,11 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                     "virtual_stages", "cpu_offload", "fsdp_mixed_precision",
                     "replicate", "reduce_dtype" /* fsdp2: scenario/fsdp2_keys.cpp */,
                     "context" /* scenario/torchtitan_keys.cpp */}},
+      {"deepspeed", {"config", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients",
+                     "overlap_comm", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+                     "stage3_max_reuse_distance", "stage3_param_persistence_threshold",
+                     "sub_group_size", "offload_optimizer", "offload_param", "zero_init",
+                     "ranks_per_node"}},  // scenario/deepspeed_keys.h (issue #16 item 2)
       {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",
                      "max_non_split_rounding_mb", "garbage_collection_threshold",

@@ -202,6 +202,37 @@ struct ParallelConfig {
   std::optional<DType> reduce_dtype;
 };
 
+// --- DeepSpeed ZeRO (issue #16 item 2; scenario/deepspeed_keys.h reads it, sim/parallel/
+// deepspeed_zero.h models it). Used only with parallel.sharding: deepspeed (parallel.zero
+// 1-3). Defaults are DeepSpeed 0.19.6's (deepspeed/runtime/zero/config.py,
+// offload_config.py); sizes are in elements, as in the JSON config.
+enum class DsOffload { none, cpu, nvme };
+struct DeepSpeedConfig {
+  std::string config;                       // deepspeed.config: the ds.json read ("" = none)
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  bool contiguous_gradients = true;
+  std::optional<bool> overlap_comm;         // unset: true for stage 3, false for 1/2
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t sub_group_size = 1000000000;
+  DsOffload offload_optimizer = DsOffload::none;
+  DsOffload offload_param = DsOffload::none;
+  bool offload_pin_memory = true;           // offload_{optimizer,param}.pin_memory
+  int64_t nvme_param_buffer_count = 5;      // offload_param.buffer_count
+  int64_t nvme_param_buffer_size = 100000000;  // offload_param.buffer_size
+  int64_t nvme_optimizer_buffer_count = 4;  // offload_optimizer.buffer_count
+  // stage 3: the model is built under deepspeed.zero.Init (transformers' from_pretrained
+  // with a ZeRO-3 config): each parameter is partitioned as soon as it is created.
+  bool zero_init = true;
+  // For the host-memory report: ranks sharing one node's CPU memory (unset: min(data, 8)).
+  int64_t ranks_per_node = 0;
+  bool overlap() const { return overlap_comm.value_or(false); }
+};
+const char* to_string(DsOffload offload);
+
 struct DeviceConfig {
   std::string preset;
   uint64_t capacity = 0;               // bytes usable by the process (cudaMemGetInfo total)
@@ -229,6 +260,7 @@ struct Scenario {
   DeviceConfig device;
   AllocatorConfig allocator;
   LossConfig loss;                     // after the fields callers brace-initialise
+  DeepSpeedConfig deepspeed;           // parallel.sharding: deepspeed (issue #16 item 2)
 };
 
 class ScenarioError : public std::runtime_error {

@@ -11,6 +11,7 @@
 #include "allocator/units.h"
 #include "scenario/scenario_lora.h"
 #include "scenario/scenario_checkpoint.h"
+#include "scenario/deepspeed_keys.h"
 #include "scenario/fsdp_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/pipeline_keys.h"
@@ -520,6 +521,7 @@ Scenario build_scenario(const Doc& d) {
   s.lora = build_lora(d, s.model, s.precision);  // scenario/scenario_lora.h
   check_torchtitan_keys(d, s);             // scenario/torchtitan_keys.h: context, float8
   s.parallel = build_parallel(d, s.model);
+  read_deepspeed(d, s);  // scenario/deepspeed_keys.h (after batch, precision, optimizer, parallel)
   s.device = build_device(d);
   s.allocator = build_allocator(d, AllocatorConfig{});
   check_products(d, s);

@@ -111,7 +111,8 @@ void require_modelled(const Scenario& s) {
   // parameters that require grad, in their dtype; tests/test_ddp_combos.cpp). FSDP and
   // ZeRO-1 do not yet.
   const bool sharded = p.sharding != Sharding::none || p.zero != 0;
-  if (p.data > 1 && sharded && family.torch_data_parallel) {
+  // DeepSpeed checks its own combinations (sim/parallel/deepspeed_checks.h).
+  if (p.data > 1 && sharded && family.torch_data_parallel && p.sharding != Sharding::deepspeed) {
     // FSDP2 models LoRA (sim/parallel/fsdp2.h) and refuses master weights itself.
     const bool lora_modelled = p.sharding == Sharding::fsdp2;
     const char* key = (s.lora.rank > 0 && !lora_modelled) ? "lora"

@@ -14,6 +14,7 @@
 #include "graph/models/losses.h"
 #include "graph/numeric/numeric.h"
 #include "sim/parallel/data_parallel.h"
+#include "sim/parallel/deepspeed_zero.h"
 #include "sim/parallel/fsdp.h"
 #include "sim/parallel/fsdp2.h"
 #include "scenario/fsdp_precision.h"
@@ -127,6 +128,8 @@ class Loop {
       fsdp_ = std::make_unique<Fsdp>(rt_, s_);
     else if (s_.parallel.sharding == Sharding::fsdp2)  // fully_shard (sim/parallel/fsdp2.h)
       fsdp2_ = std::make_unique<Fsdp2>(rt_, s_);
+    else if (s_.parallel.sharding == Sharding::deepspeed)  // sim/parallel/deepspeed_zero.h
+      ds_ = std::make_unique<DeepSpeedZero>(rt_, s_);
     else if (s_.parallel.data > 1)
       ddp_ = std::make_unique<TorchDdp>(rt_, s_.parallel.gradient_as_bucket_view);
     {
@@ -135,6 +138,13 @@ class Loop {
       setup.param_elem = static_cast<uint64_t>(dtype_bytes(s_.precision.params));
       setup.master_weights = s_.precision.master_weights;
       optimizer_ = make_optimizer(s_.optimizer, setup);
+      if (ds_) {  // DeepSpeed steps its fp32 partitions (FusedAdam, or the torch optimizer)
+        const bool fused_adam = s_.optimizer.impl == OptimizerImpl::fused &&
+                                (s_.optimizer.type == OptimizerType::adam ||
+                                 s_.optimizer.type == OptimizerType::adamw);
+        optimizer_ = ds_->make_step(fused_adam ? make_deepspeed_fused_adam()
+                                               : make_inner_optimizer(s_.optimizer, setup, true));
+      }
       if (optimizer_ && ((fsdp_ && fsdp_->offloads_params()) || (fsdp2_ && fsdp2_->offloads_params())))
         optimizer_ = make_cpu_offloaded_optimizer();  // steps the CPU shards (sim/parallel/fsdp.h)
       if (s_.parallel.zero == 1 && s_.parallel.sharding == Sharding::none)  // ZeRO-1
@@ -231,6 +241,7 @@ class Loop {
       if (ddp_) ddp_->pre_forward(rt_, with_grad);
       if (fsdp_) fsdp_->pre_forward(rt_);
       if (fsdp2_) fsdp2_->pre_forward(rt_);
+      if (ds_) ds_->pre_forward(rt_);
       Tensor out = model_.forward(ids);
       if (fsdp2_) fsdp2_->post_forward(rt_);  // the root's post-forward
       if (autocast_ && !region_ends(AutocastRegion::whole_run) &&
@@ -268,6 +279,7 @@ class Loop {
       rt_.backward(loss_);
       if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
       if (fsdp2_) fsdp2_->post_backward(rt_);
+      if (ds_) ds_->post_backward(rt_);      // DeepSpeed's gradient epilogue
       if (measured && last) rt_.mark("backward_end");
     }
     if (kind == StepKind::train && optimizer_) {
@@ -301,6 +313,7 @@ class Loop {
   std::unique_ptr<TorchDdp> ddp_;
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<Fsdp2> fsdp2_;
+  std::unique_ptr<DeepSpeedZero> ds_;
   Tensor warm_ids_, warm_targets_, ids_, targets_;
   Tensor logits_, loss_;
   uint32_t logits_graph_ = 0;
