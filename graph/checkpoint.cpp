@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "graph/autocast.h"
+#include "graph/numeric/numeric.h"
 
 namespace memsim::graph {
 
@@ -26,6 +27,12 @@ const char* to_string(LayerCheckpoint c) {
 bool CheckpointPlan::any() const {
   for (LayerCheckpoint c : layers)
     if (c != LayerCheckpoint::keep) return true;
+  return false;
+}
+
+bool SelectivePolicy::any() const {
+  for (SacRule r : rule)
+    if (r != SacRule::recompute) return true;
   return false;
 }
 
@@ -126,8 +133,11 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
         // (VariableType); memsim's ops allocate their output first. When the save that
         // ends the re-run is not of the tensor just allocated, that output never existed
         // in the real re-run (H100 trace: no down_proj output in an MLP region's re-run).
+        // A selective checkpoint's cached op allocated nothing: the last alloc belongs to
+        // an earlier op and did exist.
         const auto& events = rt_.program().events;
-        unborn_output_ = (!events.empty() && events.back().type == EventType::alloc &&
+        unborn_output_ = (!events.empty() && events.size() != reused_at_ &&
+                          events.back().type == EventType::alloc &&
                           events.back().tensor != storage)
                              ? events.back().tensor
                              : kNoStorage;
@@ -229,8 +239,64 @@ void CheckpointEngine::released(int32_t node) {
   if (reg.live == 0) drop_frame(reg);
 }
 
+bool CheckpointEngine::sac_saves(OpKind k, uint32_t& calls) const {
+  switch (plan_.selective.rule[static_cast<size_t>(k)]) {
+    case SacRule::recompute: return false;
+    case SacRule::save: return true;
+    case SacRule::save_odd: return ++calls % 2 == 1;
+  }
+  return false;
+}
+
+void CheckpointEngine::sac_cache(OpKind k, std::initializer_list<const Tensor*> outs) {
+  if (forward_region_ == 0) return;
+  Region& reg = regions_[forward_region_ - 1];
+  if (!sac_saves(k, reg.forward_calls)) return;
+  // One entry per output slot, an undefined output included (SDPA's logsumexp without
+  // grad), so that the re-run's call takes back exactly its own entries.
+  for (const Tensor* t : outs) {
+    if (t == nullptr || !t->defined()) {
+      reg.cache.push_back({kNoStorage, 0});
+      continue;
+    }
+    rt_.retain(t->storage);  // _VersionWrapper(x.detach()): an alias of the output
+    if (rt_.numeric != nullptr) rt_.numeric->stash(t->storage);
+    reg.cache.push_back({t->storage, t->bytes});
+    sac_bytes_ += t->bytes;
+  }
+}
+
+bool CheckpointEngine::sac_reused(OpKind k, std::initializer_list<Tensor*> outs) {
+  if (recompute_region_ == 0) return false;
+  Region& reg = regions_[recompute_region_ - 1];
+  if (!sac_saves(k, reg.recompute_calls)) return false;
+  // The forward cached exactly these outputs in this order (same policy, same calls).
+  if (reg.cache.size() - reg.cache_next < outs.size()) return false;
+  for (Tensor* t : outs) {
+    const Region::Cached c = reg.cache[reg.cache_next++];
+    if (c.storage == kNoStorage) {
+      t->reset();
+      continue;
+    }
+    sac_bytes_ -= c.bytes;
+    if (rt_.numeric != nullptr) rt_.numeric->restore(c.storage);
+    *t = rt_.adopt(c.storage, c.bytes);  // the entry is _CONSUMED: its reference moves
+  }
+  reused_at_ = rt_.program().events.size();
+  return true;
+}
+
 void CheckpointEngine::drop_frame(Region& reg) {
-  // The frame (inputs, function) dies with its last placeholder.
+  // The frame (inputs, function, SAC cache) dies with its last placeholder.
+  for (size_t i = reg.cache_next; i < reg.cache.size(); ++i) {
+    if (reg.cache[i].storage == kNoStorage) continue;
+    if (rt_.numeric != nullptr) rt_.numeric->drop_stash(reg.cache[i].storage);
+    sac_bytes_ -= reg.cache[i].bytes;
+    rt_.release(reg.cache[i].storage);
+  }
+  reg.cache.clear();
+  reg.cache.shrink_to_fit();
+  reg.cache_next = 0;
   reg.fn = nullptr;
   reg.inputs.clear();
   reg.output.reset();

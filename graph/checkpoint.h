@@ -45,10 +45,24 @@
 //    re-run's locals die); its exit clears the cache, and the recomputed casts live on
 //    only as the saved tensors they fill. The re-run's output (non-reentrant: `_unused`
 //    in unpack; reentrant: `outputs`) outlives that exit.
+//  - Selective checkpointing (plan.selective: torch.utils.checkpoint's context_fn =
+//    create_selective_checkpoint_contexts(policy_fn), torch/utils/checkpoint.py
+//    _CachingTorchDispatchMode / _CachedTorchDispatchMode). In a checkpointed region's
+//    forward, each op the policy saves (MUST_SAVE) has its outputs stored in the frame's
+//    cache (a detached alias: the storage stays alive) besides everything above; the
+//    policy is asked once per op call, so a rule that counts calls (torchtitan's "every
+//    other mm") counts them per region. In the re-run the same op hands back its cached
+//    outputs instead of running (no allocation, no kernel, no FLOPs; the cache entry is
+//    _CONSUMED, so the reference moves to the re-run's tensor). Entries the re-run never
+//    reaches (early stop) live with the frame, and die with it. Only the ops that call
+//    detail::sac_reused / sac_cache (graph/ops/op_helpers.h) can be saved: every other op
+//    is recomputed, which is the policy's answer for any op outside its save list.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -76,6 +90,19 @@ enum class LayerCheckpoint : uint8_t {
 inline constexpr int kLayerCheckpointCount = 6;
 const char* to_string(LayerCheckpoint c);
 
+// An op-level selective checkpointing policy (see the file comment): per op kind, what
+// the policy function answers for a call of that op in a checkpointed region.
+enum class SacRule : uint8_t {
+  recompute,  // PREFER_RECOMPUTE (every op outside the save list)
+  save,       // MUST_SAVE
+  save_odd,   // MUST_SAVE on the region's 1st, 3rd, 5th... call of this kind, else
+              // PREFER_RECOMPUTE (torchtitan's mm rule; one kind per policy at most)
+};
+struct SelectivePolicy {
+  std::array<SacRule, kOpKindCount> rule{};  // all recompute
+  bool any() const;
+};
+
 // A checkpointing plan for a model of layers.size() transformer layers.
 struct CheckpointPlan {
   std::vector<LayerCheckpoint> layers;
@@ -87,6 +114,9 @@ struct CheckpointPlan {
   bool early_stop = true;
   // Reentrant checkpoint semantics (see the file comment); implies no early stop.
   bool reentrant = false;
+  // Selective checkpointing for every checkpointed region (non-reentrant only; empty:
+  // plain checkpointing, which recomputes everything).
+  SelectivePolicy selective;
 
   bool any() const;
   LayerCheckpoint at(int32_t layer) const {
@@ -133,6 +163,16 @@ class CheckpointEngine {
   // `node`'s saved tensors have just been released (it ran, or its graph was discarded).
   void released(int32_t node);
 
+  // --- Op hooks for selective checkpointing (graph/ops/op_helpers.h) ---------------------
+  // Forward of a checkpointed region: op `k` has just allocated `outs`; the region caches
+  // them if the policy saves this call.
+  void sac_cache(OpKind k, std::initializer_list<const Tensor*> outs);
+  // Re-run of a region: if the policy saved this call of op `k` in the forward, *outs
+  // become the cached outputs (true) and the op runs no kernel; false: run it.
+  bool sac_reused(OpKind k, std::initializer_list<Tensor*> outs);
+  // Bytes held by cache entries now (tests and reports).
+  uint64_t sac_cached_bytes() const { return sac_bytes_; }
+
  private:
   struct Placeholder {
     int32_t node;
@@ -148,7 +188,21 @@ class CheckpointEngine {
     bool recomputed = false;
     bool autocast = false;  // opened inside a torch.autocast region
     uint32_t held_grad = kNoStorage;  // reentrant: the grad that reached the output
+    // Selective checkpointing: the cached op outputs (one reference each; kNoStorage for
+    // an output slot the op left undefined), one entry per output slot of every saved call,
+    // in forward order; the re-run consumes them from cache_next on. Numeric mode keeps
+    // their values as written (graph/numeric/numeric.h stash).
+    struct Cached {
+      uint32_t storage;
+      uint64_t bytes;
+    };
+    std::vector<Cached> cache;
+    size_t cache_next = 0;
+    uint32_t forward_calls = 0;    // calls of the policy's save_odd kind in the forward
+    uint32_t recompute_calls = 0;  // ... and in the re-run
   };
+  // Whether the policy saves this call of `k` (counts it when the rule counts).
+  bool sac_saves(OpKind k, uint32_t& calls) const;
   void recompute(uint32_t region);
   void drop_frame(Region& r);
 
@@ -169,6 +223,8 @@ class CheckpointEngine {
   size_t recompute_next_ = 0;         // next placeholder the re-run fills
   uint32_t unborn_output_ = kNoStorage;  // early stop: an output allocated before the stop
   uint32_t recomputations_ = 0;
+  size_t reused_at_ = SIZE_MAX;  // events.size() right after the last cache hand-out
+  uint64_t sac_bytes_ = 0;
 };
 
 // --- Emitter entry points ---------------------------------------------------------------

@@ -117,6 +117,14 @@ void Runtime::release(uint32_t s) {
   }
 }
 
+Tensor Runtime::adopt(uint32_t storage, uint64_t bytes) {
+  Tensor t;
+  t.storage = storage;
+  t.bytes = bytes;
+  t.rt_ = this;
+  return t;
+}
+
 Tensor Runtime::view_of(const Tensor& base, uint64_t bytes) {
   Tensor t(base);
   t.bytes = bytes;

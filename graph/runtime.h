@@ -176,6 +176,9 @@ class Runtime {
   void freeze() { frozen_ = true; }
   // A new handle on an existing storage (a view): retains it.
   Tensor view_of(const Tensor& base, uint64_t bytes);
+  // A handle that takes over one reference the caller owned on `storage` (no retain): a
+  // selective checkpoint's cached op output handed back to the re-run (graph/checkpoint.h).
+  Tensor adopt(uint32_t storage, uint64_t bytes);
   // Emits a mark event.
   void mark(std::string_view name) { program_.mark(name, ctx.phase); }
 

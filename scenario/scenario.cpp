@@ -83,8 +83,9 @@ const char* to_string(StepKind kind) {
 namespace {
 // Indexed by CheckpointPolicy.
 constexpr const char* kCheckpointPolicyNames[] = {"none",    "full",    "selective", "uniform",
-                                                  "block",   "modules", "custom",    "sqrt"};
-static_assert(std::size(kCheckpointPolicyNames) == static_cast<size_t>(CheckpointPolicy::sqrt) + 1,
+                                                  "block",   "modules", "custom",    "sqrt",
+                                                  "sac-op",  "sac-layer"};
+static_assert(std::size(kCheckpointPolicyNames) == static_cast<size_t>(CheckpointPolicy::sac_layer) + 1,
               "one spelling per CheckpointPolicy");
 }  // namespace
 
@@ -120,18 +121,20 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                  "fused_gate_up", "embedding_scale", "attn_softcap", "final_softcap",
                  "sliding_window", "sliding_layers", "rotary_dim"}},
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
-      {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache"}},
+      {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache",
+                     "float8"}},
       {"optimizer", {"type", "impl", "momentum"}},
       {"step", {"kind", "warmup_steps", "zero_grad", "measure", "keep_output", "compile",
                 "compile_scope", "compile_memory_budget"}},
       {"loss", {"impl", "positions"}},
-      {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant"}},
+      {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant", "early_stop"}},
       {"lora", {"rank", "alpha", "targets", "dropout", "base_dtype", "adapter_dtype",
                 "input_require_grads"}},
       {"parallel", {"data", "tensor", "pipeline", "zero", "sharding", "reshard_after_forward",
                     "gradient_as_bucket_view", "fsdp_init", "sequence", "pipeline_schedule",
                     "virtual_stages", "cpu_offload", "fsdp_mixed_precision",
-                    "replicate", "reduce_dtype" /* fsdp2: scenario/fsdp2_keys.cpp */}},
+                    "replicate", "reduce_dtype" /* fsdp2: scenario/fsdp2_keys.cpp */,
+                    "context" /* scenario/torchtitan_keys.cpp */}},
       {"deepspeed", {"config", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients",
                      "overlap_comm", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
                      "stage3_max_reuse_distance", "stage3_param_persistence_threshold",

@@ -139,7 +139,10 @@ struct LossConfig {
 };
 
 // checkpoint.policy (sim/step/checkpoint_policy.h says what each one checkpoints).
-enum class CheckpointPolicy { none, full, selective, uniform, block, modules, custom, sqrt };
+enum class CheckpointPolicy {
+  none, full, selective, uniform, block, modules, custom, sqrt,
+  sac_op, sac_layer,  // torchtitan's op-level and layer-level SAC (docs/torchtitan-recipes.md)
+};
 // The one spelling table of the policies: scenario files, `--policies`, JSON and messages
 // ("none", "uniform", ...; the name only, without an argument such as ":2").
 const char* to_string(CheckpointPolicy policy);
@@ -156,6 +159,13 @@ struct CheckpointConfig {
   // torch.utils.checkpoint(use_reentrant=...): unset = the family's usual call (false:
   // cs336, hf-*, as the issue's torch recommendation; megatron always reentrant).
   std::optional<bool> reentrant;
+  // --- issue #16 item 3, torchtitan's recipes (docs/torchtitan-recipes.md) ---------------
+  // checkpoint.early_stop: torch.utils.checkpoint(early_stop=...), whether a re-run stops
+  // once its last saved tensor is recomputed. Unset: the stack's default (sac-op and
+  // sac-layer:N are torchtitan's, whose ActivationCheckpointConfig.early_stop is false;
+  // every other policy: the script's torch, true from torch 2.1). sac-layer:N keeps N in
+  // layers_per_segment.
+  std::optional<bool> early_stop;
 };
 
 // PEFT LoRA / QLoRA (scenario/scenario_lora.cpp, graph/models/lora.h). rank 0 = no LoRA.

@@ -16,6 +16,7 @@
 #include "scenario/fsdp_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/pipeline_keys.h"
+#include "scenario/torchtitan_keys.h"
 #include "scenario/scenario_arch.h"
 #include "scenario/scenario_doc.h"
 #include "scenario/script_keys.h"
@@ -240,6 +241,10 @@ CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
     const std::string text = read_string(*f, "checkpoint.policy");
     if (text.find(':') == std::string::npos) {
       c.policy = read_enum(*f, "checkpoint.policy", checkpoint_policy_spellings());
+      if (c.policy == CheckpointPolicy::sac_layer)
+        fail(f->where, "checkpoint.policy",
+             "expected sac-layer:N (torchtitan's selective_ac_option N: every N-th layer "
+             "checkpointed whole)");
     } else {
       // The short form `compare --policies` takes ("uniform:2", "custom:0,3.mlp"), so a
       // policy can be written, and --set, the same way everywhere.
@@ -280,6 +285,8 @@ CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
                " layers, 0-based)");
     }
   }
+  if (const Field* f = d.find("checkpoint.early_stop"))
+    c.early_stop = read_bool(*f, "checkpoint.early_stop");
   if (const Field* f = d.find("checkpoint.reentrant")) {
     c.reentrant = read_bool(*f, "checkpoint.reentrant");
     // Megatron's tensor_parallel.checkpoint is reentrant; it has no other mode.
@@ -518,6 +525,7 @@ Scenario build_scenario(const Doc& d) {
   s.checkpoint = build_checkpoint(d, s.model);
   s.lora = build_lora(d, s.model, s.precision);  // scenario/scenario_lora.h
   read_lora_input_require_grads(d, s);            // scenario/peft_input_grads_key.h
+  check_torchtitan_keys(d, s);             // scenario/torchtitan_keys.h: context, float8
   s.parallel = build_parallel(d, s.model);
   read_deepspeed(d, s);  // scenario/deepspeed_keys.h (after batch, precision, optimizer, parallel)
   s.device = build_device(d);

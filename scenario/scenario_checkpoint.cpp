@@ -40,7 +40,8 @@ CheckpointConfig parse_policy(const std::string& spec) {
   const std::optional<CheckpointPolicy> policy = parse_checkpoint_policy(name);
   if (!policy) throw PolicyError("unknown checkpoint policy '" + spec + "'");
   c.policy = *policy;
-  if (c.policy == CheckpointPolicy::uniform || c.policy == CheckpointPolicy::block) {
+  if (c.policy == CheckpointPolicy::uniform || c.policy == CheckpointPolicy::block ||
+      c.policy == CheckpointPolicy::sac_layer) {
     const auto k = parse_count(arg);
     if (!has_arg || !k || *k < 1)
       throw PolicyError("policy '" + spec + "': expected " + name + ":N with N >= 1");
@@ -72,7 +73,7 @@ std::vector<std::string> split_policies(const std::string& list) {
 std::string policy_label(const CheckpointConfig& c) {
   using P = CheckpointPolicy;
   const std::string name = to_string(c.policy);
-  if (c.policy == P::uniform || c.policy == P::block)
+  if (c.policy == P::uniform || c.policy == P::block || c.policy == P::sac_layer)
     return name + ":" + std::to_string(c.layers_per_segment);
   if ((c.policy == P::custom || c.policy == P::modules) && !c.custom.empty()) {
     std::string s = name + ":";

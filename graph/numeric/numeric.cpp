@@ -39,6 +39,13 @@ NumericBuffer& NumericContext::buf(uint32_t id) {
   return store_[id];
 }
 
+void NumericContext::restore(uint32_t id) {
+  auto it = stash_.find(id);
+  if (it == stash_.end()) return;
+  buf(id) = std::move(it->second);
+  stash_.erase(it);
+}
+
 void NumericContext::violation(const std::string& what) {
   ++violation_count_;
   if (violations_.size() < 20) violations_.push_back(what);

@@ -29,6 +29,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "graph/runtime.h"
@@ -185,6 +186,15 @@ class NumericContext {
   int64_t test_drop_save = -1;
   void violation(const std::string& what);
 
+  // Selective checkpointing (graph/checkpoint.h): a cached op output's values as the op
+  // wrote them, kept while the region's cache holds the storage (the kernels re-lay out a
+  // view's storage in place, which would otherwise change what the re-run gets back).
+  void stash(uint32_t id) { stash_[id] = buf(id); }
+  void restore(uint32_t id);
+  void drop_stash(uint32_t id) { stash_.erase(id); }
+  // References to storage `id` that a region's cache holds (0 or 1): not Python names.
+  int32_t stashed(uint32_t id) const { return stash_.count(id) ? 1 : 0; }
+
   // Kernel access (graph/numeric/numeric_ops.cpp).
   NumericBuffer& buf(uint32_t id);
   const NumericBuffer& read(uint32_t id, const char* what);
@@ -193,6 +203,7 @@ class NumericContext {
  private:
   NumericModel m_;
   std::vector<NumericBuffer> store_;
+  std::unordered_map<uint32_t, NumericBuffer> stash_;  // selective checkpointing's cache
   std::vector<std::string> violations_;
   size_t violation_count_ = 0;
   std::vector<Eigen::ArrayXd> init_params_, override_, first_grads_;

@@ -188,7 +188,7 @@ void NumericKernels::forward(NumericContext& c, Runtime& rt, OpKind k,
       // A view shares its base's storage. cs336's head split is taken of a projection
       // output whose only other name dies at once: the storage is re-laid out in place.
       if (hint != NumericHint::split_heads) break;  // same layout (or a GPT-2 piece: see clone)
-      if (rt.refs(in[0]->storage) != 2)
+      if (rt.refs(in[0]->storage) - c.stashed(in[0]->storage) != 2)
         throw NumericError("numeric: split_heads view of a storage with other live names");
       NumericBuffer& x = c.buf(in[0]->storage);
       c.read(in[0]->storage, "self");

@@ -153,7 +153,7 @@ bool NumericKernels::forward_nn(NumericContext& c, Runtime& rt, OpKind k,
       if (out[0]->storage == in[0]->storage) {
         // expand (a single KV head): a view. Its base's other name is rebound at once,
         // so the storage is re-laid out in place (as the cs336 head split).
-        if (rt.refs(in[0]->storage) != 2)
+        if (rt.refs(in[0]->storage) - c.stashed(in[0]->storage) != 2)
           throw NumericError("numeric: repeat_kv view of a storage with other live names");
         NumericBuffer& b = c.buf(in[0]->storage);
         b.v = std::move(r);

@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 
+#include "graph/checkpoint.h"
 #include "graph/ops/cuda_reduce.h"
 #include "graph/runtime.h"
 
@@ -17,6 +18,17 @@ void numeric_forward_impl(Runtime& rt, OpKind k, std::initializer_list<const Ten
 inline void numeric_forward(Runtime& rt, OpKind k, std::initializer_list<const Tensor*> in,
                             std::initializer_list<const Tensor*> out) {
   if (rt.numeric != nullptr) numeric_forward_impl(rt, k, in, out);
+}
+
+// Selective checkpointing (graph/checkpoint.h): an op the policy may save calls
+// sac_reused before allocating its outputs (true: a re-run got the forward's cached
+// outputs, so the op allocates and runs nothing) and sac_cache right after allocating
+// them (the forward of a checkpointed region caches them if the policy saves the call).
+inline bool sac_reused(Runtime& rt, OpKind k, std::initializer_list<Tensor*> outs) {
+  return rt.checkpoint != nullptr && rt.checkpoint->sac_reused(k, outs);
+}
+inline void sac_cache(Runtime& rt, OpKind k, std::initializer_list<const Tensor*> outs) {
+  if (rt.checkpoint != nullptr) rt.checkpoint->sac_cache(k, outs);
 }
 
 // Whether an op records an autograd node: grad mode is on and some input needs a grad.

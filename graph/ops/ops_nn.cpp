@@ -55,10 +55,14 @@ Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor
 
 Tensor mm_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_bytes,
                  double flops) {
-  Tensor out = out_tensor(rt, out_bytes, OpKind::mm_linear);
-  detail::numeric_forward(rt, OpKind::mm_linear, {&x, &w}, {&out});
-  rt.note_gemm();
-  rt.add_flops_forward(flops);
+  Tensor out;
+  if (!detail::sac_reused(rt, OpKind::mm_linear, {&out})) {
+    out = out_tensor(rt, out_bytes, OpKind::mm_linear);
+    detail::numeric_forward(rt, OpKind::mm_linear, {&x, &w}, {&out});
+    detail::sac_cache(rt, OpKind::mm_linear, {&out});  // after the kernel wrote it
+    rt.note_gemm();
+    rt.add_flops_forward(flops);
+  }
   if (wants_grad(rt, {&x, &w})) {
     int32_t n = rt.make_node(OpKind::mm_linear, {&x, &w});
     Node& node = rt.node(n);
@@ -298,13 +302,17 @@ namespace {
 
 Tensor sdpa(Runtime& rt, OpKind kind, const Tensor& q, const Tensor& k, const Tensor& v,
             const SdpaShape& s, uint64_t lse_bytes, uint64_t scratch, double flops) {
-  Tensor out = out_tensor(rt, s.batch * s.heads * s.seq * s.head_dim * s.elem, kind);
   const bool grad = wants_grad(rt, {&q, &k, &v});
-  Tensor lse;
-  if (grad || kind == OpKind::sdpa_flash) lse = out_tensor(rt, lse_bytes, kind);
-  if (lse.defined()) detail::numeric_forward(rt, kind, {&q, &k, &v}, {&out, &lse});
-  else detail::numeric_forward(rt, kind, {&q, &k, &v}, {&out});
-  rt.add_flops_forward(flops);
+  Tensor out, lse;
+  // A selective checkpoint's re-run may hand back the forward's (out, logsumexp).
+  if (!detail::sac_reused(rt, kind, {&out, &lse})) {
+    out = out_tensor(rt, s.batch * s.heads * s.seq * s.head_dim * s.elem, kind);
+    if (grad || kind == OpKind::sdpa_flash) lse = out_tensor(rt, lse_bytes, kind);
+    if (lse.defined()) detail::numeric_forward(rt, kind, {&q, &k, &v}, {&out, &lse});
+    else detail::numeric_forward(rt, kind, {&q, &k, &v}, {&out});
+    detail::sac_cache(rt, kind, {&out, &lse});
+    rt.add_flops_forward(flops);
+  }
   if (grad) {
     int32_t n = rt.make_node(kind, {&q, &k, &v});
     Node& node = rt.node(n);

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "scenario/scenario_family.h"
+#include "sim/step/torchtitan_checkpoint.h"
 
 namespace memsim {
 
@@ -105,6 +106,15 @@ CheckpointPlan make_plan(const CheckpointConfig& c, int64_t layers) {
     case P::selective: plan.layers.assign(n, LayerCheckpoint::core_attention); return plan;
     case P::modules:
     case P::custom: add_items(plan, c, n); return plan;
+    case P::sac_op:  // every block, each a region whose policy caches some op outputs
+      plan.layers.assign(n, LayerCheckpoint::layer);
+      plan.selective = torchtitan_op_sac_policy();
+      return plan;
+    case P::sac_layer:
+      for (size_t l = 0; l < n; ++l)
+        if (torchtitan_layer_sac_checkpoints(static_cast<int64_t>(l), c.layers_per_segment))
+          plan.layers[l] = LayerCheckpoint::layer;
+      return plan;
   }
   throw PolicyError(std::string("unknown checkpoint policy '") + to_string(c.policy) + "'");
 }
@@ -146,9 +156,17 @@ std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& 
   // cs336, hf-gpt2 and hf-llama as torch.utils.checkpoint(use_reentrant=False) does
   // unless checkpoint.reentrant says true (Hugging Face's gradient_checkpointing_enable()
   // default), megatron as its reentrant CheckpointFunction (graph/models/megatron.h).
-  plan.early_stop = script.checkpoint_early_stop;
+  // torchtitan's recipes pass early_stop=ac_config.early_stop (false by default).
+  const bool torchtitan = scenario.checkpoint.policy == CheckpointPolicy::sac_op ||
+                          scenario.checkpoint.policy == CheckpointPolicy::sac_layer;
+  plan.early_stop =
+      scenario.checkpoint.early_stop.value_or(torchtitan ? false : script.checkpoint_early_stop);
   plan.reentrant = family_row(scenario.model.family).reentrant_checkpoint_only ||
                    scenario.checkpoint.reentrant.value_or(false);
+  // torch.utils.checkpoint takes a context_fn only with use_reentrant=False.
+  if (plan.reentrant && plan.selective.any())
+    throw ScenarioError(scenario.source + ": checkpoint.reentrant: sac-op needs the "
+                        "non-reentrant checkpoint (selective contexts)");
   return std::make_unique<graph::CheckpointEngine>(rt, std::move(plan));
 }
 

@@ -10,6 +10,8 @@
 //   modules[:attention,mlp]  the attention half and/or the MLP half of every layer
 //   selective            core attention only (QK^T, softmax, dropout, attn·V; Megatron)
 //   sqrt                 segments of round(sqrt(layers)) layers (Chen et al. 2016)
+//   sac-op               torchtitan's op-level selective AC on every layer
+//   sac-layer:N          torchtitan's layer-level selective AC: every N-th layer whole
 //   custom:ITEM,...      ITEM = a layer index (whole layer), a module name for every
 //                        layer (attention, mlp, selective), or LAYER.MODULE ("3.mlp")
 // Module names: attention|attn, mlp|ffn, selective|core_attention, layer, modules.

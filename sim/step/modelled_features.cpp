@@ -7,6 +7,7 @@
 #include "scenario/scenario_family.h"
 #include "scenario/script_keys.h"
 #include "sim/parallel/data_parallel.h"
+#include "sim/step/torchtitan_checkpoint.h"
 
 namespace memsim {
 
@@ -87,6 +88,7 @@ void require_modelled(const Scenario& s) {
   require_data_parallel_modelled(s);  // sim/parallel/data_parallel.h
   require_script_keys_modelled(s);    // scenario/script_keys.h: loss.*, out-of-place, whole-run
   require_compile_modelled(s);        // scenario/compile_keys.h: step.compile's combinations
+  require_torchtitan_modelled(s);     // sim/step/torchtitan_checkpoint.h: sac-op, sac-layer:N
   // Data parallelism, LoRA and master weights were each checked alone; their
   // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
   // parameters together, DDP buckets only parameters that need a gradient, master copies
