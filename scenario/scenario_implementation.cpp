@@ -22,12 +22,6 @@ const std::vector<std::pair<std::string, ModelImpl>>& implementation_names() {
   return names;
 }
 
-const char* spelling(ModelImpl impl) {
-  for (const auto& [name, value] : implementation_names())
-    if (value == impl) return name.c_str();
-  return "?";
-}
-
 // Where a refusal points: the other key's own line when it was given, else
 // model.implementation's.
 std::string at(const Doc& d, const std::string& key, const Field& impl) {
@@ -36,6 +30,12 @@ std::string at(const Doc& d, const std::string& key, const Field& impl) {
 }
 
 }  // namespace
+
+const char* spelling(ModelImpl impl) {
+  for (const auto& [name, value] : implementation_names())
+    if (value == impl) return name.c_str();
+  return "?";
+}
 
 void read_implementation(const Doc& d, ModelConfig& m) {
   const Field* f = d.find("model.implementation");
@@ -54,6 +54,17 @@ void read_implementation(const Doc& d, ModelConfig& m) {
 }
 
 void check_implementation(const Doc& d, const Scenario& s) {
+  // Two memory features of the stacks' recipes that memsim does not model yet (torchtune's
+  // optimizer_in_bwd and enable_activation_offloading; available to any training loop).
+  if (const Field* in_bwd = d.find("optimizer.in_backward"); in_bwd && read_bool(*in_bwd, "optimizer.in_backward"))
+    fail(in_bwd->where, "optimizer.in_backward",
+         "an optimizer step per parameter inside backward (torchtune's optimizer_in_bwd: each "
+         "gradient freed after its step) is not modelled yet; use false");
+  if (const Field* off = d.find("checkpoint.offload_activations");
+      off && read_bool(*off, "checkpoint.offload_activations"))
+    fail(off->where, "checkpoint.offload_activations",
+         "saved activations moved to host memory (torchtune's OffloadActivations) are not "
+         "modelled yet; use false");
   const Field* f = d.find("model.implementation");
   if (!f || s.model.arch.impl == ModelImpl::hf) return;
   const std::string who = std::string("model.implementation ") + spelling(s.model.arch.impl);
@@ -103,3 +114,7 @@ void check_implementation(const Doc& d, const Scenario& s) {
 }
 
 }  // namespace memsim::scenario_detail
+
+namespace memsim {
+const char* to_string(graph::ModelImpl impl) { return scenario_detail::spelling(impl); }
+}  // namespace memsim

@@ -12,6 +12,9 @@
 
 namespace memsim::scenario_detail {
 
+// model.implementation's spelling of `impl`.
+const char* spelling(graph::ModelImpl impl);
+
 // Reads model.implementation into m.arch.impl (after model.architecture, which resets
 // the row).
 void read_implementation(const Doc& d, ModelConfig& m);

@@ -165,3 +165,29 @@ TEST_CASE("model.implementation: hf keeps transformers' program, the others chan
   CHECK(forward_end(tune) < forward_end(a));
   CHECK(forward_end(titan) < forward_end(tune));
 }
+
+TEST_CASE("optimizer.in_backward and checkpoint.offload_activations are refused when true", "[implementation]") {
+  const std::string in_bwd = load_error(impl_yaml("torchtune"), {{"optimizer.in_backward", "true"}});
+  CHECK(in_bwd.find("--set optimizer.in_backward: an optimizer step per parameter inside backward") !=
+        std::string::npos);
+  const std::string offload =
+      load_error(impl_yaml("hf"), {{"checkpoint.offload_activations", "true"}});
+  CHECK(offload.find("checkpoint.offload_activations: saved activations moved to host memory") !=
+        std::string::npos);
+  CHECK(load_error(impl_yaml("torchtune"),
+                   {{"optimizer.in_backward", "false"}, {"checkpoint.offload_activations", "false"}})
+            .empty());
+  CHECK(load_error(impl_yaml("torchtune"), {{"optimizer.in_backward", "yes please"}})
+            .find("optimizer.in_backward") != std::string::npos);
+}
+
+TEST_CASE("model.implementation in the report and through memsim run --model", "[implementation]") {
+  // --model replaces the model keys but keeps model.implementation (how the model is run).
+  const std::string dir = MEMSIM_SOURCE_DIR "/scenarios/";
+  const Scenario s = load_scenario_with_model(dir + "llama3-8b-torchtitan-seq8192-h200.yaml",
+                                              dir + "models/llama3-8b.json",
+                                              {{"batch.seq_len", "256"}});
+  CHECK(s.model.arch.impl == graph::ModelImpl::torchtitan);
+  CHECK(std::string(to_string(s.model.arch.impl)) == "torchtitan");
+  CHECK(std::string(to_string(graph::ModelImpl::hf)) == "hf");
+}

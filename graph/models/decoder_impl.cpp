@@ -21,8 +21,9 @@
 //    kernel's layout makes it a no-op); wo.
 //  - components/loss.py cross_entropy_loss: F.cross_entropy(pred.flatten(0, 1).float(),
 //    labels.flatten(0, 1)): the labels come shifted from the dataloader (no slice, no
-//    copy); the fp32 copy (16-bit logits) lives for the call. train.py: `del pred` before
-//    backward (TrainingScript::del_output_after_loss).
+//    copy); the fp32 copy (16-bit logits) lives for the call; train.py divides it by the
+//    accumulation steps (RescaleAccumulatedLoss) and `del pred` before backward
+//    (TrainingScript::del_output_after_loss).
 //
 // torchtune (pytorch/torchtune v0.6.1; models/llama3/_component_builders.py llama3()):
 //  - one RotaryPositionalEmbeddings (modules/position_embeddings.py) shared by every
@@ -163,12 +164,15 @@ Tensor DecoderModel::loss_titan(const Tensor& logits, const Tensor& labels) {
   ModuleScope module_scope(rt_, Module::loss);
   const uint64_t le = logits.bytes / (s_.rows() * s_.vocab);
   // pred.flatten(0, 1).float(): a copy for 16-bit logits, an argument of the call.
-  Tensor pred = le == 4 ? logits : to_copy(rt_, logits, logits.bytes / le * 4);
-  Tensor logp = log_softmax(rt_, pred);
-  Tensor out = nll_loss(rt_, logp, labels, 4);  // labels.flatten(0, 1): a view
-  logp.reset();
-  pred.reset();
-  return out;
+  Tensor ce;
+  {
+    Tensor pred = le == 4 ? logits : to_copy(rt_, logits, logits.bytes / le * 4);
+    Tensor logp = log_softmax(rt_, pred);
+    ce = nll_loss(rt_, logp, labels, 4);  // labels.flatten(0, 1): a view
+  }
+  // train.py wraps the loss in RescaleAccumulatedLoss: `loss / accumulation_steps`, a new
+  // scalar even for one step.
+  return div_scalar(rt_, ce);
 }
 
 // --- torchtune --------------------------------------------------------------------------

@@ -80,8 +80,7 @@ json model_json(const Scenario& s, const RankInfo& rank) {
          {"trainable_parameter_count", trainable_parameter_count(s)},
          {"parameter_count_per_rank", parameter_count_per_rank(s, rank.pipeline_stage)}};
   // model.implementation: written when not transformers' (hf), so hf reports are unchanged.
-  if (hf && s.model.arch.impl == graph::ModelImpl::torchtitan) j["implementation"] = "torchtitan";
-  if (hf && s.model.arch.impl == graph::ModelImpl::torchtune) j["implementation"] = "torchtune";
+  if (hf && s.model.arch.impl != graph::ModelImpl::hf) j["implementation"] = to_string(s.model.arch.impl);
   return j;
 }
 
