@@ -174,6 +174,19 @@ Tensor Autocast::addmm(const Tensor& x, int32_t w, int32_t b, int64_t rows, int6
   return out;
 }
 
+Tensor Autocast::linear_bias(const Tensor& x, int32_t w, int32_t b, int64_t rows, int64_t d_in,
+                             int64_t d_out, double flops) {
+  const uint64_t low_in = static_cast<uint64_t>(rows * d_in) * low_;
+  Tensor bc = weight(b, /*grad_transposed=*/false);
+  Tensor wc = weight(w, /*grad_transposed=*/false);
+  Tensor xc = x.bytes == low_in ? x : cast(x, low_in);
+  Tensor out = graph::addmm_bias(rt_, bc, xc, wc, static_cast<uint64_t>(rows * d_out) * low_, flops);
+  xc.reset();
+  wc.reset();
+  bc.reset();
+  return out;
+}
+
 Tensor Autocast::fp32_softmax(const Tensor& x) {
   const uint64_t f32 = x.bytes / low_ * 4;
   if (!fp16_) {

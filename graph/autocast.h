@@ -92,6 +92,13 @@ class Autocast {
   // sum_to of the low grad, cast back to fp32 by the bias cast's node.
   Tensor addmm(const Tensor& x, int32_t w, int32_t b, int64_t rows, int64_t d_in, int64_t d_out,
                double flops);
+  // nn.Linear with a bias, F.linear(x, W, b), under autocast: the wrapper casts its
+  // arguments right to left (b, W, x; both parameters through the cache), then torch
+  // 2.x's linear flattens the contiguous 3-D input into addmm(b, x2d, W.t()), which saves
+  // the x and W copies; W's grad comes back in W's layout (stolen), the bias grad is the
+  // engine's sum_to of the low grad, cast back to fp32 by the bias cast's node.
+  Tensor linear_bias(const Tensor& x, int32_t w, int32_t b, int64_t rows, int64_t d_in,
+                     int64_t d_out, double flops);
   // F.softmax(x, dim) on low-precision x under autocast (softmax is CUDA's
   // fp32_set_opt_dtype: dtype=float32 is added). bf16: x.toType(float) (a temporary)
   // then _softmax in fp32; fp16: _softmax(x, half_to_float), whose backward returns the

@@ -154,6 +154,25 @@ Tensor Runtime::alloc_leaf(uint64_t bytes, TensorKind kind, OpKind op, int32_t* 
   return t;
 }
 
+void Runtime::requires_grad_(Tensor& t) {
+  if (!t.defined() || t.grad_fn >= 0) return;  // already in the graph: a no-op in torch
+  const int32_t leaf = static_cast<int32_t>(leaf_grads_.size());
+  leaf_grads_.push_back(kNoStorage);
+  Node n;
+  n.kind = OpKind::accumulate_grad;
+  n.seq = UINT32_MAX;  // AccumulateGrad runs as soon as it is ready
+  n.param = -2 - leaf;
+  n.graph = graph_epoch_;
+  n.size[0] = t.bytes;
+  n.layer = ctx.layer;
+  n.module = ctx.module;
+  nodes_.push_back(n);
+  ++live_nodes_;
+  t.grad_fn = static_cast<int32_t>(nodes_.size() - 1);
+  retain(t.storage);  // AccumulateGrad's `variable`
+  held_leaves_.push_back({graph_epoch_, t.storage, leaf});
+}
+
 uint32_t Runtime::take_leaf_grad(int32_t leaf) {
   const uint32_t g = leaf_grads_[static_cast<size_t>(leaf)];
   leaf_grads_[static_cast<size_t>(leaf)] = kNoStorage;
@@ -313,6 +332,19 @@ void Runtime::discard_graph(uint32_t g) {
       stack.pop_back();
       kill(t);
     }
+  }
+  // requires_grad_ leaves of g: their AccumulateGrad died with the graph (.grad first).
+  for (size_t i = 0; i < held_leaves_.size();) {
+    HeldLeaf& h = held_leaves_[i];
+    if (h.graph != g) {
+      ++i;
+      continue;
+    }
+    const uint32_t grad = take_leaf_grad(h.leaf);
+    const uint32_t storage = h.storage;
+    held_leaves_.erase(held_leaves_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (grad != kNoStorage) release(grad);
+    release(storage);
   }
   if (live_nodes_ == 0) {
     nodes_.clear();

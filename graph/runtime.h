@@ -189,6 +189,13 @@ class Runtime {
   // That leaf's .grad after backward (kNoStorage if none reached it): the caller owns
   // the reference from now on.
   uint32_t take_leaf_grad(int32_t leaf);
+  // t.requires_grad_(True) on a tensor that has no grad_fn (PEFT's
+  // enable_input_require_grads hook on the frozen embedding's output): t becomes a leaf
+  // of the graph being recorded. Its AccumulateGrad node holds the tensor (torch's
+  // AccumulateGrad keeps `variable`), so t and the .grad that backward gives it stay
+  // alive until that graph dies (discard_graph), the .grad first (TensorImpl's
+  // release_resources drops the autograd meta before the storage).
+  void requires_grad_(Tensor& t);
 
   // --- autograd recording (called by ops) ---------------------------------------
   // Creates a node whose inputs are `inputs` (grad edges taken from their grad_fn).
@@ -205,6 +212,11 @@ class Runtime {
   void release_saved_slot(Node& n, uint32_t k);
   // Fills node `id`'s k-th saved slot (a checkpoint placeholder) with `storage`, retained.
   void fill_saved(int32_t id, uint32_t k, uint32_t storage);
+  // Node n's k-th saved storage (kNoStorage once released): a backward that hands a
+  // saved buffer back as its grad (graph/ops/ops_liger.h) retains it from here.
+  uint32_t saved_storage(const Node& n, uint32_t k) const {
+    return k < n.saved_count ? saved_[n.saved_first + k] : kNoStorage;
+  }
 
   // --- graphs -------------------------------------------------------------------
   // Starts a new graph generation: nodes recorded from now on belong to it. Several
@@ -269,6 +281,11 @@ class Runtime {
   std::vector<uint32_t> saved_;
   std::vector<Parameter> params_;
   std::vector<uint32_t> leaf_grads_;  // alloc_leaf's .grad storages, by leaf id
+  struct HeldLeaf {  // requires_grad_: a leaf its graph's AccumulateGrad keeps alive
+    uint32_t graph = 0, storage = kNoStorage;
+    int32_t leaf = -1;
+  };
+  std::vector<HeldLeaf> held_leaves_;
   uint32_t seq_ = 0;
   int64_t saves_ = 0;
   uint32_t graph_epoch_ = 1;

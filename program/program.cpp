@@ -64,6 +64,7 @@ void Program::clear() {
   tensors.clear();
   flops = Flops{};
   rank = RankInfo{};
+  host = HostMemory{};
   strings_.resize(1);  // "" stays index 0
   string_index_.clear();
   string_index_.emplace("", 0);

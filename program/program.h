@@ -71,6 +71,18 @@ struct Flops {
   double recompute = 0;
 };
 
+// Host (CPU) memory one rank holds for offloaded training state (DeepSpeed ZeRO-Offload /
+// ZeRO-Infinity, sim/parallel/deepspeed_zero.h; issue #16 item 2). All zero for every
+// other run. Bytes per rank; the node total is ranks_per_node times that.
+struct HostMemory {
+  uint64_t pinned = 0;    // page-locked buffers (pin_memory): not swappable, counted by the OS
+  uint64_t pageable = 0;  // ordinary CPU tensors (CPUAdam's state, unpinned buffers)
+  uint64_t nvme = 0;      // bytes kept in NVMe swap files instead (not host memory)
+  int ranks_per_node = 1;
+  std::string what;       // what is counted, one line per buffer, for the reports
+  bool any() const { return pinned + pageable + nvme > 0; }
+};
+
 class Program {
  public:
   // Interns a string and returns its index; "" is always index 0.
@@ -91,6 +103,7 @@ class Program {
   std::vector<TensorInfo> tensors;
   Flops flops;
   RankInfo rank;  // which GPU of the job these events are (default: the only one)
+  HostMemory host;  // DeepSpeed offload's CPU memory (zero otherwise)
 
  private:
   std::vector<std::string> strings_{""};

@@ -17,24 +17,25 @@ using graph::DecoderArch;
 // Knobs and placements whose autocast behaviour (which dtype each op sees) has not been
 // checked: the q/k norms and post-/sandwich norms get low-precision inputs, per-layer
 // rotary tables are cast to the value states' dtype, soft-capping runs on bf16 scores.
+// Linear biases (Qwen2's q/k/v) are modelled: Autocast::linear_bias.
 const char* autocast_unmodelled(const DecoderArch& a) {
   if (a.qk_norm != graph::QkNorm::none) return "model.qk_norm";
   if (a.placement != graph::NormPlacement::pre) return "model.norm_placement";
   if (a.norm == graph::NormKind::rms_one_plus) return "model.norm";
   if (a.attn_softcap > 0.0) return "model.attn_softcap";
   if (a.final_softcap > 0.0) return "model.final_softcap";
-  if (a.rope != graph::RopeAt::model || a.rope_local) return "model.architecture";
-  if (a.fused_qkv && a.linear != graph::LinearKind::conv1d) return "model.fused_qkv";
-  if (a.fused_gate_up) return "model.fused_gate_up";
+  // Per-layer rotary (Mistral v4.45): tables cast to the value states' low dtype, q/k low.
+  if (a.rope_local) return "model.architecture";
+  // Phi-3's fused qkv / gate_up: slices of one low output (views); its in-place mask add
+  // keeps the scores low (decoder_attention.cpp core).
   if (a.rotary_dim > 0) return "model.rotary_dim";
-  if (a.sliding_window > 0) return "model.sliding_window";
+  // A window folded into the model-level mask (Mistral) is built in the embedding's fp32.
+  if (a.sliding_window > 0 && a.sliding_at != graph::SlidingAt::mask) return "model.sliding_window";
   if (a.embed_scale) return "model.embedding_scale";
   if (a.act != graph::Activation::silu && a.act != graph::Activation::gelu_new)
     return "model.activation";
-  if (a.code == graph::ModelCode::llama && (a.qkv_bias || a.o_bias || a.mlp_bias))
-    return a.mlp_bias ? "model.mlp_bias" : a.qkv_bias ? "model.qkv_bias" : "model.o_bias";
   if (a.attn_function || a.loss != graph::CausalLoss::shift ||
-      a.logits_float == graph::LogitsFloat::loss || a.mask != graph::MaskBuild::triu)
+      a.logits_float == graph::LogitsFloat::loss)
     return "model.architecture";
   return nullptr;
 }

@@ -5,13 +5,15 @@
 #include <utility>
 #include <vector>
 
+#include "scenario/fsdp2_keys.h"
 #include "scenario/yaml_fields.h"
 
 namespace memsim::scenario_detail {
 
 namespace {
 const std::vector<std::pair<std::string, Sharding>> kSharding = {
-    {"none", Sharding::none}, {"fsdp", Sharding::fsdp}, {"deepspeed", Sharding::deepspeed}};
+    {"none", Sharding::none}, {"fsdp", Sharding::fsdp}, {"deepspeed", Sharding::deepspeed},
+    {"fsdp2", Sharding::fsdp2}};
 const std::vector<std::pair<std::string, bool>> kInit = {{"gpu", false}, {"cpu", true}};
 const std::vector<std::pair<std::string, std::optional<DType>>> kMixedPrecision = {
     {"none", std::nullopt}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
@@ -22,6 +24,9 @@ void read_sharding(const Doc& d, ParallelConfig& p) {
     p.gradient_as_bucket_view = read_bool(*f, "parallel.gradient_as_bucket_view");
   if (const Field* f = d.find("parallel.sharding"))
     p.sharding = read_enum(*f, "parallel.sharding", kSharding);
+  // fully_shard reads its own keys; theirs are refused elsewhere (scenario/fsdp2_keys.h).
+  if (p.sharding == Sharding::fsdp2) return read_fsdp2(d, p);
+  reject_fsdp2_keys(d, p);
   const Field* reshard = d.find("parallel.reshard_after_forward");
   if (reshard != nullptr) {
     if (p.sharding != Sharding::fsdp)

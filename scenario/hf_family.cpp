@@ -2,6 +2,7 @@
 
 #include "scenario/fsdp_precision.h"
 #include "scenario/scenario_lora.h"
+#include "scenario/peft_input_grads_key.h"
 
 namespace memsim {
 
@@ -25,6 +26,7 @@ graph::HfShape hf_shape(const Scenario& s) {
     shape.lora.adapter_elem = static_cast<uint64_t>(dtype_bytes(s.lora.adapter_dtype));
     shape.lora.dropout = s.lora.dropout;
     shape.lora.nf4 = s.lora.base_nf4;
+    shape.lora.input_require_grads = lora_input_require_grads(s);  // scenario/peft_input_grads_key.h
   }
   shape.arch = s.model.arch;
   if (s.model.family == ModelFamily::hf_gpt2 && shape.arch.code != graph::ModelCode::gpt2)

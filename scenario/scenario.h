@@ -107,19 +107,27 @@ struct StepConfig {
   // records or reads max_memory_allocated() from before the model is built, never
   // resetting the peak), not from the measured (last) step (scenario/script_keys.h).
   bool measure_whole_run = false;
+  // Issue #16 item 8 (HF Trainer helper): step.keep_output (scenario/step_output_key.h).
+  // true (default, today's loop): the output is a loop-level name, alive until the next
+  // forward has returned; false: dropped, with the graph it holds, at each iteration's end.
+  bool keep_output = true;
 };
 const char* to_string(StepKind kind);
 
-// The loss the user's loop computes (cs336 family; sim/step/script_loss.h). impl: automatic =
-// the staff cross_entropy with optimizer.impl cs336, F.cross_entropy otherwise; one_hot =
-// a hand-written `-sum(one_hot * log_softmax(x)) / B`; torch_float = F.cross_entropy on
-// `logits.float()`. positions: last = the loss on
-// `logits[:, -1, :]` only (targets are (B,)).
-enum class LossFunction { automatic, torch, torch_float, cs336, one_hot };
+// The loss the user's loop computes (sim/step/script_loss.h). impl: automatic = the
+// family's usual loss (cs336: the staff cross_entropy with optimizer.impl cs336,
+// F.cross_entropy otherwise; hf-*: the model's own ForCausalLM loss); one_hot = a
+// hand-written `-sum(one_hot * log_softmax(x)) / B`; torch_float = F.cross_entropy on
+// `logits.float()`. positions: last = the loss on `logits[:, -1, :]` only (targets are (B,)).
+// Issue #16 item 6 (losses, docs/losses.md; spellings and family rules in
+// scenario/loss_impl.h): chunked = torchtune's chunked output + CEWithChunkedOutputLoss
+// with `chunks` chunks; liger = Liger-Kernel's fused linear cross entropy.
+enum class LossFunction { automatic, torch, torch_float, cs336, one_hot, chunked, liger };
 enum class LossPositions { all, last };
 struct LossConfig {
   LossFunction impl = LossFunction::automatic;
   LossPositions positions = LossPositions::all;
+  int64_t chunks = 0;  // chunked:N (N >= 1); 0 otherwise
 };
 
 // checkpoint.policy (sim/step/checkpoint_policy.h says what each one checkpoints).
@@ -150,9 +158,13 @@ struct LoraConfig {
   double dropout = 0.0;
   bool base_nf4 = false;              // lora.base_dtype nf4 (else the params dtype)
   DType adapter_dtype = DType::fp32;
+  // Issue #16 item 5 (HF Trainer helper): lora.input_require_grads, PEFT's
+  // enable_input_require_grads hook (scenario/peft_input_grads_key.h); unset = on with
+  // reentrant checkpointing, off otherwise.
+  std::optional<bool> input_require_grads;
 };
 
-enum class Sharding { none, fsdp, deepspeed };
+enum class Sharding { none, fsdp, deepspeed, fsdp2 };
 // Megatron's pipeline schedules (sim/megatron/pipeline_schedule.h).
 enum class PipelineSchedule { one_f_one_b, gpipe, interleaved };
 const char* to_string(PipelineSchedule schedule);
@@ -183,7 +195,47 @@ struct ParallelConfig {
   // fsdp: MixedPrecision(param_dtype=reduce_dtype=this): fp32 shards, gathered parameters
   // and gradients in this dtype (sim/parallel/fsdp.h); nullopt = none.
   std::optional<DType> fsdp_mixed_precision;
+  // --- FSDP2 (issue #16 item 1; sim/parallel/fsdp2.h, scenario/fsdp2_keys.cpp) ---------
+  // fsdp2: parallel.reshard_after_forward N (an int): the blocks reshard to a mesh of N
+  // ranks after forward (0 = the bool above decides). parallel.replicate R: HSDP, shard
+  // over data / R ranks and all-reduce across R replicas (1 = plain FSDP2).
+  // parallel.reduce_dtype: MixedPrecisionPolicy.reduce_dtype (nullopt = None: reduce in
+  // the gradients' dtype).
+  int64_t reshard_after_forward_ranks = 0;
+  int64_t replicate = 1;
+  std::optional<DType> reduce_dtype;
 };
+
+// --- DeepSpeed ZeRO (issue #16 item 2; scenario/deepspeed_keys.h reads it, sim/parallel/
+// deepspeed_zero.h models it). Used only with parallel.sharding: deepspeed (parallel.zero
+// 1-3). Defaults are DeepSpeed 0.19.6's (deepspeed/runtime/zero/config.py,
+// offload_config.py); sizes are in elements, as in the JSON config.
+enum class DsOffload { none, cpu, nvme };
+struct DeepSpeedConfig {
+  std::string config;                       // deepspeed.config: the ds.json read ("" = none)
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  bool contiguous_gradients = true;
+  std::optional<bool> overlap_comm;         // unset: true for stage 3, false for 1/2
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t sub_group_size = 1000000000;
+  DsOffload offload_optimizer = DsOffload::none;
+  DsOffload offload_param = DsOffload::none;
+  bool offload_pin_memory = true;           // offload_{optimizer,param}.pin_memory
+  int64_t nvme_param_buffer_count = 5;      // offload_param.buffer_count
+  int64_t nvme_param_buffer_size = 100000000;  // offload_param.buffer_size
+  int64_t nvme_optimizer_buffer_count = 4;  // offload_optimizer.buffer_count
+  // stage 3: the model is built under deepspeed.zero.Init (transformers' from_pretrained
+  // with a ZeRO-3 config): each parameter is partitioned as soon as it is created.
+  bool zero_init = true;
+  // For the host-memory report: ranks sharing one node's CPU memory (unset: min(data, 8)).
+  int64_t ranks_per_node = 0;
+  bool overlap() const { return overlap_comm.value_or(false); }
+};
+const char* to_string(DsOffload offload);
 
 struct DeviceConfig {
   std::string preset;
@@ -212,6 +264,7 @@ struct Scenario {
   DeviceConfig device;
   AllocatorConfig allocator;
   LossConfig loss;                     // after the fields callers brace-initialise
+  DeepSpeedConfig deepspeed;           // parallel.sharding: deepspeed (issue #16 item 2)
 };
 
 class ScenarioError : public std::runtime_error {

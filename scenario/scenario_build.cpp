@@ -12,12 +12,15 @@
 #include "scenario/scenario_lora.h"
 #include "scenario/scenario_implementation.h"
 #include "scenario/scenario_checkpoint.h"
+#include "scenario/deepspeed_keys.h"
 #include "scenario/fsdp_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/pipeline_keys.h"
 #include "scenario/scenario_arch.h"
 #include "scenario/scenario_doc.h"
 #include "scenario/script_keys.h"
+#include "scenario/step_output_key.h"
+#include "scenario/peft_input_grads_key.h"
 
 namespace memsim::scenario_detail {
 namespace {
@@ -510,9 +513,12 @@ Scenario build_scenario(const Doc& d) {
   s.loss = build_loss(d, s.model);         // scenario/script_keys.cpp
   s.step = build_step(d);
   read_step_measure(d, s.step);            // scenario/script_keys.cpp
+  read_step_keep_output(d, s.model, s.step);  // scenario/step_output_key.cpp
   s.checkpoint = build_checkpoint(d, s.model);
   s.lora = build_lora(d, s.model, s.precision);  // scenario/scenario_lora.h
+  read_lora_input_require_grads(d, s);            // scenario/peft_input_grads_key.h
   s.parallel = build_parallel(d, s.model);
+  read_deepspeed(d, s);  // scenario/deepspeed_keys.h (after batch, precision, optimizer, parallel)
   s.device = build_device(d);
   s.allocator = build_allocator(d, AllocatorConfig{});
   check_products(d, s);

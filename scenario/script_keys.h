@@ -4,9 +4,9 @@
 // loader; the keys are documented in docs/scenario-format.md, the behaviour in
 // sim/step/script_loss.h and sim/optim/optimizer_out_of_place.h).
 //
-// Contract: loss.impl is automatic (absent) | torch | cs336 | one-hot; loss.positions is
-// all (default) | last; both are cs336-family options (the other families compute their
-// own loss: refused by key). optimizer.impl out-of-place needs optimizer.type adam or
+// Contract: loss.impl is automatic (absent) | a spelling of scenario/loss_impl.h, refused
+// by key for a family that does not take it (loss_impl_refusal); loss.positions is all
+// (default) | last, a cs336-family option (the other families' losses use every position). optimizer.impl out-of-place needs optimizer.type adam or
 // adamw. step.measure is last-step (default) | whole-run. Errors name FILE:LINE and the
 // key.
 #pragma once

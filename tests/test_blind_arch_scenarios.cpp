@@ -21,7 +21,11 @@ TEST_CASE("the blind GPU predictions' scenarios still load (tests/data/h100/arch
     INFO(name);
     const std::string path = std::string(MEMSIM_SOURCE_DIR "/") + run["scenario"].get<std::string>();
     const bool refused = !run.contains("peak_allocated_bytes");
-    if (refused) {
+    // Refusals lifted since the predictions were committed (the scenario now simulates;
+    // no prediction was recorded for it): Qwen2's q/k/v biases under autocast (issue #16
+    // item 5, Autocast::linear_bias; tests/test_trainer_autocast.cpp).
+    const bool lifted = name == "tf_arch_qwen2_l4_d1024_s1024_b4_fp32_autocast_bf16";
+    if (refused && !lifted) {
       CHECK_THROWS_AS(build_program(load_scenario(path)), ScenarioError);
     } else {
       const Program p = build_program(load_scenario(path));

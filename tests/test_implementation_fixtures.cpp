@@ -126,6 +126,8 @@ TEST_CASE("model.implementation: spellings, defaults and the refused combination
       {"torchtitan", "parallel.sharding", "fsdp", "parallel.sharding:"},
       {"torchtitan", "checkpoint.policy", "selective", "checkpoint.policy:"},
       {"torchtune", "batch.seq_len", "100", "batch.seq_len: torchtune's output is h.chunk(8, dim=1)"},
+      {"torchtune", "loss.impl", "chunked:8", "loss.impl: the stack's own loss is modelled (CEWithChunkedOutputLoss)"},
+      {"torchtitan", "loss.impl", "liger", "loss.impl: the stack's own loss is modelled (cross_entropy_loss)"},
   };
   for (const Case& c : refused) {
     INFO(c.impl << " " << c.key << "=" << c.value);

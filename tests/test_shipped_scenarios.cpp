@@ -68,6 +68,9 @@ const std::map<std::string, Claim>& claims() {
       // fp32 params + bf16 autocast + full checkpointing (16 B/param): out of memory
       // creating AdamW's fp32 state in the warm-up step.
       {"llama2-7b-bf16-autocast-ckpt-a100.yaml", {false, Phase::optimizer, 76.24}},
+      // HF Trainer(bf16=True, gradient_checkpointing=True): fp32 weights + bf16 autocast,
+      // SDPA, reentrant checkpointing, fused AdamW (issue #16 item 5).
+      {"qwen2.5-7b-hf-trainer-bf16.yaml", {true, std::nullopt, 115.14}},
       // LoRA r16 q/v on a bf16 base: the peak is the loss's backward (4 x 2048 tokens).
       {"llama2-7b-lora-a100.yaml", {true, std::nullopt, 58.70}},
       // ... wrapped in torch DDP on 8 GPUs: + the adapters' 32 MiB of buckets.
@@ -83,6 +86,10 @@ const std::map<std::string, Claim>& claims() {
       // ... with fp32 FSDP under bf16 autocast (eager attention): every matmul saves its
       // uncached bf16 weight copy, 12.31 GiB of unsharded weights through the forward.
       {"llama2-7b-fsdp-autocast-8xa100.yaml", {true, std::nullopt, 63.89}},
+      // FSDP2 (fully_shard per block + root), bf16 / fp32 mixed precision, meta init, full AC.
+      {"llama3-8b-fsdp2-8xh100.yaml", {true, std::nullopt, 31.15}},
+      // DeepSpeed ZeRO-3 bf16 on 8 GPUs (sim/parallel/deepspeed_zero.h): the loss's backward.
+      {"llama2-7b-zero3-8xa100.yaml", {true, std::nullopt, 27.14}},
       // ZeroRedundancyOptimizer + DDP on 4 GPUs; plain DDP runs out of memory.
       {"gpt2-large-zero1-4xv100.yaml", {true, std::nullopt, 11.12}},
   };

@@ -47,6 +47,15 @@ void Cs336Model::construct() {
   rt_.ctx.module = Module::head;
   lm_head_ = rt_.add_parameter(s_.vocab * D * e, "lm_head.weight");
   rt_.ctx.module = Module::none;
+  // Shapes (dim 0 of each matrix; the norms are vectors): FSDP2 shards on dim 0
+  // (sim/parallel/fsdp2.h). Linear weights are (d_out, d_in), embeddings (vocab, D).
+  auto rows = [this](int32_t id, uint64_t r) { rt_.parameters()[id].rows = r; };
+  rows(embedding_, s_.vocab);
+  rows(lm_head_, s_.vocab);
+  for (const LayerParams& p : layers_) {
+    for (int32_t id : {p.q, p.k, p.v, p.o, p.w2}) rows(id, static_cast<uint64_t>(D));
+    for (int32_t id : {p.w1, p.w3}) rows(id, static_cast<uint64_t>(F));
+  }
 }
 
 bool Cs336Model::autocast_on() const { return ac_ != nullptr && ac_->active(); }

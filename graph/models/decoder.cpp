@@ -373,7 +373,10 @@ Tensor DecoderModel::causal_mask() {
 // inv_freq @ positions, cat(freqs, freqs), cos, sin (times attention_scaling at model
 // level), .to(dtype).
 void DecoderModel::rope_tables(bool scaled, Tensor& cos, Tensor& sin) {
-  const uint64_t e = s_.elem, S = s_.seq, rd = s_.rotary_dim();
+  // `cos.to(dtype=x.dtype)`: x is the hidden states (model level: fp32 under autocast) or
+  // a layer's value states (per-layer rotary: v_proj's low output under autocast).
+  const uint64_t e = !scaled && autocast_on() ? ac_->low_elem() : s_.elem;
+  const uint64_t S = s_.seq, rd = s_.rotary_dim();
   const bool was = rt_.grad_enabled;
   rt_.grad_enabled = false;
   Tensor pos = new_tensor(rt_, S * 4, OpKind::to_copy, TensorKind::temporary);
@@ -418,13 +421,24 @@ void DecoderModel::rope_tables(bool scaled, Tensor& cos, Tensor& sin) {
 }
 
 Tensor DecoderModel::forward(const Tensor& ids) {
-  if (arch().code == ModelCode::gpt2) return forward_gpt2(ids);
   if (titan()) return forward_titan(ids);  // decoder_impl.cpp
   if (tune()) return forward_tune(ids);
+  Tensor head_w;
+  Tensor hidden = forward_hidden(ids, head_w);
+  rt_.ctx.module = Module::head;
+  Tensor logits = arch().code == ModelCode::gpt2 ? gpt2_head(hidden, head_w, s_.rows())
+                                                 : logits_head(hidden, head_w, s_.rows());
+  hidden.reset();  // a local of forward: it dies when forward returns (H100 trace)
+  rt_.ctx.module = Module::none;
+  return logits;
+}
+
+Tensor DecoderModel::forward_hidden(const Tensor& ids, Tensor& head_w) {
+  if (arch().code == ModelCode::gpt2) return gpt2_hidden(ids, head_w);
   const DecoderArch& a = arch();
   const uint64_t e = s_.elem, D = s_.d_model, S = s_.seq;
   rt_.ctx.module = Module::embedding;
-  Tensor embed_w, head_w;
+  Tensor embed_w;
   if (s_.tied) {  // both grads meet in the weight's input buffer (ops_nn.h TiedWeight)
     TiedWeight tied(rt_, rt_.param(embed_));
     embed_w = tied.use(1);
@@ -440,6 +454,8 @@ Tensor DecoderModel::forward(const Tensor& ids) {
     // float); the raw embedding dies at once.
     if (a.embed_scale && a.embed_scale_at == EmbedScaleAt::embedding)
       inputs_embeds = mul_scalar(rt_, inputs_embeds);
+    // PEFT's make_inputs_require_grad forward hook on the embedding module's output.
+    if (s_.lora.input_require_grads && rt_.grad_enabled) rt_.requires_grad_(inputs_embeds);
     Tensor cache_position = new_tensor(rt_, S * 8, OpKind::arange);
     Tensor mask;
     if (s_.attention == HfAttention::eager) mask = causal_mask();
@@ -477,24 +493,28 @@ Tensor DecoderModel::forward(const Tensor& ids) {
     cos_local.reset();
     sin_local.reset();
   }
-  rt_.ctx.module = Module::head;
-  Tensor logits = logits_head(hidden, head_w);
-  hidden.reset();  // a local of forward: it dies when forward returns (H100 trace)
-  rt_.ctx.module = Module::none;
+  return hidden;
+}
+
+// lm_head on `rows` rows of hidden and final-logit soft-capping (the projection of
+// LlamaForCausalLM / Gemma2ForCausalLM, also one chunk of forward_chunked).
+Tensor DecoderModel::head_projection(const Tensor& hidden, const Tensor& head_w, uint64_t rows) {
+  const uint64_t e = s_.elem, D = s_.d_model;
+  Tensor logits;
+  if (s_.tied) {
+    logits = mm_linear(rt_, hidden, head_w, rows * s_.vocab * e,
+                       2.0 * static_cast<double>(rows) * D * s_.vocab);
+  } else {
+    logits = lm_linear(hidden, lm_head_, D, s_.vocab, rows);
+  }
+  if (arch().final_softcap > 0.0) logits = softcap(logits);
   return logits;
 }
 
 // lm_head, final-logit soft-capping, logits.float() (LlamaForCausalLM / Gemma2ForCausalLM).
-Tensor DecoderModel::logits_head(const Tensor& hidden, const Tensor& head_w) {
-  const uint64_t e = s_.elem, D = s_.d_model;
-  Tensor logits;
-  if (s_.tied) {
-    logits = mm_linear(rt_, hidden, head_w, s_.rows() * s_.vocab * e,
-                       2.0 * static_cast<double>(s_.rows()) * D * s_.vocab);
-  } else {
-    logits = lm_linear(hidden, lm_head_, D, s_.vocab);
-  }
-  if (arch().final_softcap > 0.0) logits = softcap(logits);
+Tensor DecoderModel::logits_head(const Tensor& hidden, const Tensor& head_w, uint64_t rows) {
+  const uint64_t e = s_.elem;
+  Tensor logits = head_projection(hidden, head_w, rows);
   if (arch().logits_float != LogitsFloat::forward) return logits;
   if (autocast_on())
     logits = to_copy(rt_, logits, logits.bytes / ac_->low_elem() * 4);  // logits.float()
@@ -578,10 +598,10 @@ Tensor DecoderModel::block_gpt2(int32_t l, const Tensor& x) {
   return out;
 }
 
-Tensor DecoderModel::forward_gpt2(const Tensor& ids) {
+Tensor DecoderModel::gpt2_hidden(const Tensor& ids, Tensor& head_w) {
   const uint64_t e = s_.elem, D = s_.d_model, S = s_.seq;
   rt_.ctx.module = Module::embedding;
-  Tensor wte_w, head_w;
+  Tensor wte_w;
   if (s_.tied) {
     TiedWeight wte(rt_, rt_.param(embed_));
     wte_w = wte.use(1);
@@ -598,6 +618,8 @@ Tensor DecoderModel::forward_gpt2(const Tensor& ids) {
   {
     Tensor position_ids = new_tensor(rt_, S * 8, OpKind::arange);
     Tensor inputs_embeds = embedding_nn(rt_, wte_w, ids, s_.rows() * D * e, D);
+    // PEFT's make_inputs_require_grad hook on get_input_embeddings() (wte).
+    if (s_.lora.input_require_grads && rt_.grad_enabled) rt_.requires_grad_(inputs_embeds);
     Tensor position_embeds = embedding_nn(rt_, rt_.param(wpe_), position_ids, S * D * e, D);
     Tensor h = add_bcast(rt_, inputs_embeds, position_embeds);
     h = drop(h);
@@ -608,20 +630,23 @@ Tensor DecoderModel::forward_gpt2(const Tensor& ids) {
     rt_.ctx.module = Module::norm;
     hidden = norm(h, final_norm_, s_.rows(), D);
   }  // GPT2Model.forward returns: its locals (embeddings, position ids) die
-  rt_.ctx.module = Module::head;
-  const double flops = 2.0 * static_cast<double>(s_.rows()) * D * s_.vocab;
+  return hidden;
+}
+
+// GPT-2's lm_head on `rows` rows of hidden.
+Tensor DecoderModel::gpt2_head(const Tensor& hidden, const Tensor& head_w, uint64_t rows) {
+  const uint64_t e = s_.elem, D = s_.d_model;
+  const double flops = 2.0 * static_cast<double>(rows) * D * s_.vocab;
   Tensor logits;
   if (autocast_on()) {  // F.linear casts W (cached; the tied handle), then x
     const int32_t w = s_.tied ? embed_ : lm_head_;
     Tensor wc = ac_->weight(w, /*grad_transposed=*/false, &head_w);
-    const uint64_t low_in = s_.rows() * D * ac_->low_elem();
+    const uint64_t low_in = rows * D * ac_->low_elem();
     Tensor xc = hidden.bytes == low_in ? hidden : ac_->cast(hidden, low_in);
-    logits = mm_linear(rt_, xc, wc, s_.rows() * s_.vocab * ac_->low_elem(), flops);
+    logits = mm_linear(rt_, xc, wc, rows * s_.vocab * ac_->low_elem(), flops);
   } else {
-    logits = mm_linear(rt_, hidden, head_w, s_.rows() * s_.vocab * e, flops);
+    logits = mm_linear(rt_, hidden, head_w, rows * s_.vocab * e, flops);
   }
-  hidden.reset();
-  rt_.ctx.module = Module::none;
   return logits;
 }
 

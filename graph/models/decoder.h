@@ -23,6 +23,8 @@
 //    NewGELU written as elementwise ops), biases.
 //  - head and loss (decoder.cpp): final norm, lm_head tied or untied, final-logit
 //    soft-capping, logits.float() where the code upcasts, the shifted cross entropy.
+//  - losses outside the head (decoder_losses.cpp; loss.impl, docs/losses.md): torchtune's
+//    chunked output and Liger-Kernel's patched forward with its fused linear cross entropy.
 // Python lifetimes are mirrored (a frame's locals die at return in declaration order;
 // expression temporaries right after their consumer). Checked against real PyTorch (CPU
 // stand-ins, tests/test_hf_fixtures.cpp and tests/test_decoder_arch.cpp) and H100 traces
@@ -60,6 +62,25 @@ class DecoderModel {
   void construct();
   Tensor forward(const Tensor& ids);
   Tensor loss(const Tensor& logits, const Tensor& labels);
+  // The losses computed outside the ForCausalLM head (loss.impl; docs/losses.md). The
+  // base model's last hidden state (after the final norm: ForCausalLM's `outputs[0]`);
+  // head_w is set to the handle the head projects with (lm_head.weight, or the tied
+  // embedding's lm_head use).
+  Tensor forward_hidden(const Tensor& ids, Tensor& head_w);
+  // torchtune's TransformerDecoder.chunked_output: `[output(c) for c in
+  // h.tensor_split(chunks, dim=1)]` (graph/models/chunked_loss.h): per chunk a slice view
+  // of the hidden state (SliceBackward0), copied by F.linear's reshape when B > 1 and it
+  // is not contiguous (no copy under autocast: the cast's output is contiguous), the
+  // head projection and final-logit soft-capping; no logits.float() (the loss upcasts).
+  // The (B*S_i, V) chunks in order; seq_pieces receives the S_i.
+  std::vector<Tensor> forward_chunked(const Tensor& ids, int64_t chunks,
+                                      std::vector<uint64_t>& seq_pieces);
+  // Liger-Kernel's patched ForCausalLM.forward in training with labels (lce_forward and
+  // LigerForCausalLMLoss, graph/ops/ops_liger.h): the hidden state, labels padded with
+  // -100 and shifted (two int64 temporaries), the fused linear cross entropy on
+  // hidden.view(-1, D) with the head weight (and final_logit_softcapping, which the
+  // kernel applies in registers). No logits. Returns the loss; the hidden state dies here.
+  Tensor forward_liger(const Tensor& ids, const Tensor& labels);
   const HfShape& shape() const { return s_; }
   // torch.autocast region owner (graph/autocast.h); nullptr = never.
   void set_autocast(Autocast* ac) { ac_ = ac; }
@@ -105,7 +126,8 @@ class DecoderModel {
 
   // --- modules (decoder_modules.cpp) ---
   Tensor project(const Tensor& x, const LayerParams& p, const Proj& pr);
-  Tensor lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out);
+  // rows 0: the whole batch (s_.rows()).
+  Tensor lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out, uint64_t rows = 0);
   Tensor norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_t width);
   Tensor rms_norm(const Tensor& x, int32_t w, uint64_t rows);
   Tensor gemma_rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t width);
@@ -125,6 +147,9 @@ class DecoderModel {
   // transpose(1, 2).contiguous() in one function (the `selective` region).
   Tensor attention_function(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
   Tensor core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
+  // F.scaled_dot_product_attention on the fused kernel of s_.attention (flash or
+  // mem-efficient), with autocast's casts of q/k/v when it is on.
+  Tensor sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double flops);
   Tensor attention_gpt2(const LayerParams& p, const Tensor& x);
   Tensor where_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
                     Tensor& weights);
@@ -134,8 +159,10 @@ class DecoderModel {
   Tensor block_gpt2(int32_t l, const Tensor& x);
   Tensor attn_half(int32_t l, const std::vector<Tensor>& in);
   Tensor mlp_half(int32_t l, const std::vector<Tensor>& in);
-  Tensor forward_gpt2(const Tensor& ids);
-  Tensor logits_head(const Tensor& hidden, const Tensor& head_w);
+  Tensor gpt2_hidden(const Tensor& ids, Tensor& head_w);
+  Tensor gpt2_head(const Tensor& hidden, const Tensor& head_w, uint64_t rows);
+  Tensor head_projection(const Tensor& hidden, const Tensor& head_w, uint64_t rows);
+  Tensor logits_head(const Tensor& hidden, const Tensor& head_w, uint64_t rows);
 
   // --- other stacks' model code (decoder_impl.cpp; model.implementation) ---
   bool titan() const;

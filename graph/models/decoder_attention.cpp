@@ -17,9 +17,10 @@ namespace memsim::graph {
 void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& query, Tensor& key,
                                Tensor& value, Tensor& keep) {
   const DecoderArch& a = arch();
-  const uint64_t e = s_.elem, H = s_.heads, KV = static_cast<uint64_t>(s_.kv_heads);
+  const uint64_t H = s_.heads, KV = static_cast<uint64_t>(s_.kv_heads);
   const uint64_t hd = s_.head_dim(), rows = s_.rows();
   if (a.fused_qkv) {
+    const uint64_t e = act_elem();  // the projection's output dtype (low under autocast)
     // Phi-3: qkv = qkv_proj(x); q, k, v = slices of it (views; each slice's backward is
     // a zeros(qkv) + copy, the three summed into qkv's grad), then the views.
     Tensor qkv = project(x, p, p.qkv);
@@ -80,7 +81,7 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
   if (tune()) return attention_tune(p, x);
   ModuleScope module_scope(rt_, Module::attention);
   const DecoderArch& a = arch();
-  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
   const uint64_t rd = s_.rotary_dim();
   const double bmm_flops = 2.0 * B * H * S * S * hd;
   Tensor out;
@@ -111,7 +112,9 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
       query = cat2(rt_, q_rot, q_pass);
       key = cat2(rt_, k_rot, k_pass);
     } else {
-      const bool low = autocast_on();  // low-precision q/k times fp32 cos/sin: fp32 q/k
+      // Low-precision q/k times the model's fp32 cos/sin: fp32 q/k. Per-layer tables are
+      // cast to the value states' dtype (rope_tables): low q/k stay low.
+      const bool low = autocast_on() && a.rope != RopeAt::layer;
       Tensor q_embed = low ? rope_hf_autocast(rt_, query, cos, sin) : rope_hf(rt_, query, cos, sin);
       Tensor k_embed = low ? rope_hf_autocast(rt_, key, cos, sin) : rope_hf(rt_, key, cos, sin);
       query = std::move(q_embed);
@@ -142,13 +145,10 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
         numeric_hint(rt_, NumericHint::merge_heads);
         attn_output = clone(rt_, o4);  // transpose(1, 2).contiguous()
       } else {
-        SdpaShape sh{B, H, S, hd, e};
         // The kernel's (B,S,H,hd) output makes transpose(1,2).contiguous() a no-op.
-        const bool flash = s_.attention == HfAttention::flash;
         attn_output = run_region(rt_, RegionKind::core_attention, {query, key, value},
-                                 [this, sh, flash, bmm_flops](const Inputs& in) {
-                                   return flash ? sdpa_flash(rt_, in[0], in[1], in[2], sh, 2 * bmm_flops)
-                                                : sdpa_efficient(rt_, in[0], in[1], in[2], sh, 2 * bmm_flops);
+                                 [this, bmm_flops](const Inputs& in) {
+                                   return sdpa_kernel(in[0], in[1], in[2], 2 * bmm_flops);
                                  });
       }
     }
@@ -162,7 +162,7 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
 // `self_attn_weights` (layer_weights_).
 Tensor DecoderModel::attention_function(const Tensor& query, const Tensor& key_in,
                                         const Tensor& value_in, const Tensor& mask) {
-  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
   const uint64_t n_rep = H / static_cast<uint64_t>(s_.kv_heads);
   const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
   Tensor key = key_in, value = value_in;
@@ -170,16 +170,43 @@ Tensor DecoderModel::attention_function(const Tensor& query, const Tensor& key_i
     key = repeat_copies ? expand_clone(rt_, key_in, n_rep) : expand_view(rt_, key_in, n_rep);
     value = repeat_copies ? expand_clone(rt_, value_in, n_rep) : expand_view(rt_, value_in, n_rep);
   }
-  if (s_.attention != HfAttention::eager) {
-    SdpaShape sh{B, H, S, hd, e};
-    const double flops = 4.0 * B * H * S * S * hd;
-    return s_.attention == HfAttention::flash ? sdpa_flash(rt_, query, key, value, sh, flops)
-                                              : sdpa_efficient(rt_, query, key, value, sh, flops);
-  }
+  if (s_.attention != HfAttention::eager) return sdpa_kernel(query, key, value, 4.0 * B * H * S * S * hd);
   Tensor o4 = core(query, key, value, mask);
   key.reset();
   value.reset();
   return clone(rt_, o4);  // transpose(1, 2).contiguous()
+}
+
+// scaled_dot_product_attention(q, k, v, is_causal=True) on the fused kernel (HF's SDPA
+// path builds no mask without padding). Under autocast SDPA is on CUDA's lower-precision
+// list (torch v2.4 aten/src/ATen/autocast_mode.cpp, AT_FORALL_LOWER_PRECISION_FP:
+// scaled_dot_product_attention and _scaled_dot_product_flash_attention): the wrapper casts
+// its tensor arguments right to left (v, k, q; the compiler's order, as for linear) to
+// the low dtype. v is v_proj's low output already (no copy); q and k are fp32 after RoPE
+// with the model's fp32 cos/sin, so each gets a _to_copy (an expanded single-KV-head key
+// a dense one). The casts keep q's (B,S,H,hd) strides, so the kernel transposes them
+// without copies. The kernel saves the low q/k/v casts, its low output and the fp32
+// logsumexp; dq/dk come back low and the casts' ToCopyBackward0 makes them fp32. The
+// casts are activations, never cached (except a reentrant re-run's detached inputs:
+// Autocast::cast).
+Tensor DecoderModel::sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double flops) {
+  const uint64_t B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  uint64_t e = s_.elem;
+  Tensor qa = q, ka = k, va = v;
+  if (autocast_on()) {
+    e = ac_->low_elem();
+    const uint64_t low = B * H * S * hd * e;  // q, and k/v after repeat_kv
+    if (va.bytes != low) va = ac_->cast(v, v.bytes / 4 * e);
+    if (ka.bytes != low) ka = ac_->cast(k, k.bytes / 4 * e);
+    if (qa.bytes != low) qa = ac_->cast(q, q.bytes / 4 * e);
+  }
+  const SdpaShape sh{B, H, S, hd, e};
+  Tensor out = s_.attention == HfAttention::flash ? sdpa_flash(rt_, qa, ka, va, sh, flops)
+                                                  : sdpa_efficient(rt_, qa, ka, va, sh, flops);
+  qa.reset();  // the wrapper's temporaries, in reverse order of construction
+  ka.reset();
+  va.reset();
+  return out;
 }
 
 // matmul(q, k^T) / sqrt(hd) (or * scaling) [soft-cap] + mask, softmax (fp32), dropout,
@@ -198,7 +225,9 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   const bool qk_contiguous = s_.rotary_dim() < hd;
   const bool ac = autocast_on();
   Tensor w;
-  if (ac) {
+  const uint64_t low_qk = ac ? B * H * S * hd * ac_->low_elem() : 0;
+  const bool qk_low = ac && query.bytes == low_qk;  // per-layer rotary: q/k already low
+  if (ac && !qk_low) {
     // matmul is a lower-precision op: q and k (fp32 after RoPE) are cast first (saved),
     // then matmul's reshape copies the q copy (it keeps q's transposed layout); k^T
     // of a contiguous key copy is a view. Scores are low precision.
@@ -214,16 +243,23 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
     qa.reset();  // not saved (bmm saved the reshaped copy): dies with the matmul
     ka.reset();
   } else {
+    // Without autocast, or with q/k already low under it (matmul casts nothing).
+    const uint64_t se = qk_low ? ac_->low_elem() : e;
     Tensor qc = qk_contiguous ? query : clone(rt_, query);
     Tensor kc = repeat_copies || qk_contiguous ? key : clone(rt_, key);
     numeric_hint(rt_, NumericHint::transpose_b);  // q @ k^T (k kept (B,H,S,hd))
-    w = bmm(rt_, qc, kc, B * H * S * S * e, bmm_flops);
+    w = bmm(rt_, qc, kc, B * H * S * S * se, bmm_flops);
     qc.reset();
     kc.reset();
   }
   w = a.attn_scale_mul ? mul_scalar(rt_, w) : div_scalar(rt_, w);
   if (a.attn_softcap > 0.0) w = softcap(w);  // Gemma-2: before the mask
-  if (mask.defined() && ac) {  // low-precision scores + the fp32 mask: fp32
+  // Phi-3's `attn_weights += causal_mask` is in place: the scores keep their dtype (bf16
+  // under autocast; in-place ops do not promote), so softmax gets a low input.
+  bool scores_low = ac && a.mask_add_inplace && mask.defined();
+  if (scores_low) {
+    w = add_(rt_, w, mask);
+  } else if (mask.defined() && ac) {  // low-precision scores + the fp32 mask: fp32
     Tensor low_w = w;
     w = add(rt_, ac_->widen(low_w), mask);
     Autocast::promoted(rt_, w, 0, low_w);
@@ -231,8 +267,23 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
     numeric_hint(rt_, NumericHint::mask_slice);  // attention_mask[:, :, :, :S]
     w = a.mask_add_inplace ? add_(rt_, w, mask) : add(rt_, w, mask);
   }
-  if (e == 4) {
+  if (scores_low) {
+    // F.softmax(bf16 scores, dtype=float32): ATen converts the input first (a temporary of
+    // the call), _softmax in fp32 (saved); `.to(value_states.dtype)` casts back to bf16.
+    Tensor p32;
+    {
+      Tensor w32 = to_copy(rt_, w, w.bytes / ac_->low_elem() * 4);
+      p32 = softmax(rt_, w32);
+    }
+    Tensor pr = to_copy(rt_, p32, p32.bytes / 4 * ac_->low_elem());
+    p32.reset();
+    w = std::move(pr);
+  } else if (e == 4) {
     w = softmax(rt_, w);
+    if (qk_low) {  // `.to(query.dtype)`: low q, so the fp32 probabilities are cast back
+      Tensor pl = to_copy(rt_, w, w.bytes / 4 * ac_->low_elem());
+      w = std::move(pl);
+    }
   } else {
     // `attn_weights = F.softmax(attn_weights, dtype=float32).to(dtype)`: softmax converts
     // its input first (the copy dies with the call), .to casts back; the bf16 scores are
@@ -248,13 +299,13 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   }
   if (s_.dropout > 0.0) w = native_dropout(rt_, w, e);
   Tensor o;
-  if (ac) {  // the fp32 probabilities are cast (saved) before matmul copies v
+  if (ac && !qk_low && !scores_low) {  // the fp32 probabilities are cast (saved) before matmul copies v
     Tensor wa = ac_->cast(w, w.bytes / 4 * ac_->low_elem());
     Tensor vc = repeat_copies ? value : clone(rt_, value);
     o = bmm(rt_, wa, vc, B * S * qD * ac_->low_elem(), bmm_flops);
   } else {
     Tensor vc = repeat_copies ? value : clone(rt_, value);
-    o = bmm(rt_, w, vc, B * S * qD * e, bmm_flops);
+    o = bmm(rt_, w, vc, B * S * qD * (qk_low || scores_low ? ac_->low_elem() : e), bmm_flops);
     vc.reset();
   }
   // v4.50+: the probabilities are returned as attn_weights (a re-run in backward writes

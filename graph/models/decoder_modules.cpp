@@ -21,7 +21,10 @@ Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& 
   const double flops = 2.0 * static_cast<double>(s_.rows()) * pr.in * pr.out;
   const bool addmm = pr.b >= 0 || arch().linear == LinearKind::conv1d;
   if (autocast_on()) {  // no LoRA under autocast (refused)
-    if (addmm) return ac_->addmm(x, pr.w, pr.b, static_cast<int64_t>(s_.rows()), pr.in, pr.out, flops);
+    const int64_t rows = static_cast<int64_t>(s_.rows());
+    if (addmm && arch().linear == LinearKind::conv1d)  // addmm(bias, x2d, W) as Conv1D writes it
+      return ac_->addmm(x, pr.w, pr.b, rows, pr.in, pr.out, flops);
+    if (addmm) return ac_->linear_bias(x, pr.w, pr.b, rows, pr.in, pr.out, flops);
     return ac_->mm_linear(x, pr.w, static_cast<int64_t>(s_.rows()), pr.in, pr.out, flops);
   }
   Tensor base;
@@ -36,11 +39,13 @@ Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& 
 }
 
 // An untied lm_head (nn.Linear without bias).
-Tensor DecoderModel::lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out) {
-  const double flops = 2.0 * static_cast<double>(s_.rows()) * d_in * d_out;
+Tensor DecoderModel::lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out,
+                               uint64_t rows) {
+  if (rows == 0) rows = s_.rows();
+  const double flops = 2.0 * static_cast<double>(rows) * d_in * d_out;
   if (autocast_on())
-    return ac_->mm_linear(x, w, static_cast<int64_t>(s_.rows()), d_in, d_out, flops);
-  return mm_linear(rt_, x, rt_.param(w), s_.rows() * d_out * s_.elem, flops);
+    return ac_->mm_linear(x, w, static_cast<int64_t>(rows), d_in, d_out, flops);
+  return mm_linear(rt_, x, rt_.param(w), rows * d_out * s_.elem, flops);
 }
 
 // --- norms ---------------------------------------------------------------------------------

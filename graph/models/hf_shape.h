@@ -17,6 +17,9 @@ struct HfLora {
   uint64_t adapter_elem = 4;   // lora_A / lora_B dtype
   double dropout = 0.0;        // lora_dropout (0: nn.Identity)
   bool nf4 = false;            // base linears are bitsandbytes Linear4bit (QLoRA)
+  // PEFT's enable_input_require_grads hook: the frozen embedding's output is made a leaf
+  // that requires grad (Runtime::requires_grad_), so reentrant checkpoints get grads.
+  bool input_require_grads = false;
 };
 
 struct HfShape {

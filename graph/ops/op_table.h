@@ -1,8 +1,9 @@
 // The op library as one table: a row per OpKind with the library that emits it and
 // runs its backward (graph/ops/ops.cpp core ops, graph/ops/ops_nn.h torch.nn-level ops for the
 // Hugging Face decoders, graph/ops/ops_fused.h Megatron's fused kernels, graph/autocast.h,
-// graph/ops/ops_lora.h bitsandbytes), the aten op name its forward allocations carry and the
-// autograd node name its backward allocations carry (what a real memory snapshot
+// graph/ops/ops_lora.h bitsandbytes, graph/ops/ops_liger.h Liger-Kernel), the aten op name
+// its forward allocations carry and the autograd node name its backward allocations carry
+// (what a real memory snapshot
 // shows). Adding an op is a row here plus its forward function and backward recipe in
 // its library's file. X(kind, library, forward name, backward name).
 #pragma once
@@ -81,6 +82,7 @@
   X(gelu, nn, "gelu", "GeluBackward0") /* F.gelu (exact or approximate='tanh'): saves self */ \
   X(cat2, nn, "cat", "CatBackward0") /* torch.cat((a, b), -1): new; CatBackward0 hands back views of the grad */ \
   X(chunk2, nn, "split", "SplitBackward0") /* x.chunk(2, -1): two views; SplitBackward0 cats the grads (new, x) */ \
+  X(liger_flce, liger, "fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunctionBackward") /* Liger's fused linear CE: grads computed in forward and saved; backward hands them out */ \
   X(fused_rms_norm, nn, "_fused_rms_norm", "FusedRmsNormBackward0") /* nn.RMSNorm on CUDA, torch >= 2.9: out + fp32 rstd; saves input, rstd, weight (graph/ops/ops_stack.h) */ \
   X(rope_complex, nn, "mul", "MulBackward0") /* torchtitan apply_rotary_emb on one of q/k: complex product with freqs_cis; saves the table (graph/ops/ops_stack.h) */ \
   X(rope_pairs, nn, "stack", "StackBackward0") /* torchtune RotaryPositionalEmbeddings.forward on one of q/k: four products on the cache, sub, add, stack; saves the cache (graph/ops/ops_stack.h) */

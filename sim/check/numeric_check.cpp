@@ -229,6 +229,11 @@ void validate_numeric_scenario(const Scenario& s) {
     throw ScenarioError(where + "loss.impl / loss.positions / optimizer.impl: numeric mode "
                         "has no kernels for the one-hot loss, the last-position select and the "
                         "out-of-place Adam");
+  // loss.impl on the hf families, chunked:N and liger (docs/losses.md): no numeric kernels.
+  if (s.loss.impl == LossFunction::chunked || s.loss.impl == LossFunction::liger ||
+      (!row.staff_model && s.loss.impl != LossFunction::automatic))
+    throw ScenarioError(where + "loss.impl: numeric mode checks the model's own loss "
+                        "(hf-*) and the cs336 script losses only");
   if (s.model.softmax != SoftmaxImpl::staff || s.model.sdpa != SdpaImpl::staff)
     throw ScenarioError(where + "model.softmax / model.sdpa: numeric mode checks the staff "
                         "softmax and attention only");

@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "sim/parallel/fsdp2_checks.h"
+#include "sim/parallel/deepspeed_checks.h"
 #include "sim/parallel/zero_sharding.h"
 #include "scenario/scenario_family.h"
 
@@ -28,14 +30,15 @@ void require_data_parallel_modelled(const Scenario& s) {
                           "use parallel.sharding: none");
     return;  // build_megatron_program checks parallel.zero
   }
+  if (p.sharding == Sharding::fsdp2) return require_fsdp2_modelled(s);  // sim/parallel/fsdp2_checks.h
   if (p.sharding == Sharding::fsdp && p.data == 1)
     throw ScenarioError(s.source + ": parallel.sharding: FSDP on one GPU switches to NO_SHARD "
                         "(nothing to shard), which is not modelled; set parallel.data > 1 or "
                         "parallel.sharding: none");
-  if (p.sharding == Sharding::deepspeed)
-    throw ScenarioError(s.source + ": parallel.sharding: DeepSpeed ZeRO is not modelled yet "
-                        "(its bucketed partitioned gradients and parameter fetching differ "
-                        "from FSDP's); use parallel.sharding: fsdp");
+  if (p.sharding == Sharding::deepspeed) {  // sim/parallel/deepspeed_checks.h
+    require_deepspeed_modelled(s);
+    return;
+  }
   if (p.fsdp_mixed_precision && s.precision.params != DType::fp32)
     throw ScenarioError(s.source + ": parallel.fsdp_mixed_precision: FSDP MixedPrecision casts "
                         "fp32 parameters for compute; with precision.params " +
@@ -82,6 +85,16 @@ RankInfo data_parallel_rank(const Scenario& s) {
   if (p.data > 1 && p.zero == 0)
     r.why = "data-parallel replicas hold the same memory; rank 0 stands for all " +
             std::to_string(p.data);
+  else if (p.data > 1 && p.sharding == Sharding::fsdp2)
+    r.why = "FSDP2 shards each parameter on dim 0 over " + std::to_string(p.data / p.replicate) +
+            " ranks" + (p.replicate > 1 ? " (HSDP, " + std::to_string(p.replicate) + " replicas)" : "") +
+            "; rank 0 holds the padded chunk 0 of each and is reported" +
+            (p.cpu_offload ? "; shards, their gradients and the optimizer state live on the "
+                             "CPU (CPUOffloadPolicy)" : "");
+  else if (p.data > 1 && p.sharding == Sharding::deepspeed)
+    r.why = "DeepSpeed ZeRO stage " + std::to_string(p.zero) +
+            ": rank 0 is reported (its partitions are the largest: only the last rank's are "
+            "padded)";
   else if (p.data > 1)
     r.why = std::string(p.sharding == Sharding::fsdp ? "FSDP" : "ZeRO") + " stage " +
             std::to_string(p.zero) + " shards are equal-sized (padded to a multiple of " +

@@ -13,8 +13,8 @@ namespace {
 [[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
   throw ScenarioError(s.source + ": " + key + ": " + why);
 }
-// Autocast is modelled for the cs336 family, hf-llama (eager attention, untied head, no
-// dropout) and hf-gpt2 (eager attention, no dropout) with fp32 parameters
+// Autocast is modelled for the cs336 family, hf-llama (eager or SDPA attention, untied
+// head, no dropout) and hf-gpt2 (eager attention, no dropout) with fp32 parameters
 // (graph/autocast.h); with activation checkpointing when backward runs outside the
 // region; everything else is refused by key.
 void require_autocast_modelled(const Scenario& s) {
@@ -25,11 +25,8 @@ void require_autocast_modelled(const Scenario& s) {
                        "not '") +
                to_string(s.model.family) + "'; use precision.autocast: none");
   }
-  if (family.hf && s.model.attention != AttentionImpl::eager) {
-    refuse(s, "model.attention",
-           "autocast is modelled for eager attention only (the fused SDPA kernels' "
-           "low-precision inputs are not); use model.attention: eager or precision.autocast: none");
-  }
+  // SDPA (flash / mem-efficient) under autocast: graph/models/decoder_attention.cpp
+  // sdpa_kernel casts q/k/v to the low dtype (SDPA is on CUDA's lower-precision list).
   if (family.hf && s.model.dropout > 0.0) {
     refuse(s, "model.dropout",
            "dropout under autocast is not checked against torch yet for the hf families; "
@@ -109,9 +106,13 @@ void require_modelled(const Scenario& s) {
   // parameters that require grad, in their dtype; tests/test_ddp_combos.cpp). FSDP and
   // ZeRO-1 do not yet.
   const bool sharded = p.sharding != Sharding::none || p.zero != 0;
-  if (p.data > 1 && sharded && family.torch_data_parallel) {
-    const char* key = s.lora.rank > 0 ? "lora"
-                      : s.precision.master_weights ? "precision.master_weights" : nullptr;
+  // DeepSpeed checks its own combinations (sim/parallel/deepspeed_checks.h).
+  if (p.data > 1 && sharded && family.torch_data_parallel && p.sharding != Sharding::deepspeed) {
+    // FSDP2 models LoRA (sim/parallel/fsdp2.h) and refuses master weights itself.
+    const bool lora_modelled = p.sharding == Sharding::fsdp2;
+    const char* key = (s.lora.rank > 0 && !lora_modelled) ? "lora"
+                      : (s.precision.master_weights && !lora_modelled) ? "precision.master_weights"
+                                                                         : nullptr;
     if (key != nullptr)
       refuse(s, key,
              std::string("is modelled with torch DDP (parallel.data > 1, parallel.sharding: "
@@ -138,13 +139,9 @@ void require_modelled(const Scenario& s) {
            "Megatron-LM's optimizer is a fused fp32 Adam; bitsandbytes 8-bit Adam is modelled "
            "for cs336, hf-gpt2 and hf-llama");
   }
-  if (s.lora.rank > 0 && s.checkpoint.policy != CheckpointPolicy::none && s.checkpoint.reentrant.value_or(false)) {
-    refuse(s, "checkpoint.reentrant",
-           "LoRA with reentrant checkpointing is not modelled: torch's CheckpointFunction sees "
-           "no input that requires grad (the embedding is frozen), so the adapters would get "
-           "no gradient unless model.enable_input_require_grads() is called; use "
-           "checkpoint.reentrant: false (torch.utils.checkpoint(use_reentrant=False))");
-  }
+  // LoRA with reentrant checkpointing: PEFT's enable_input_require_grads hook makes the
+  // embedding output a leaf that requires grad (scenario/peft_input_grads_key.h; a false
+  // lora.input_require_grads there is refused by the reader).
   if (!family.dropout && s.model.dropout > 0.0) {
     refuse(s, "model.dropout",
            "the CS336 staff model has no dropout layers; use family hf-gpt2, hf-llama or "

@@ -10,11 +10,14 @@
 
 #include "graph/autocast.h"
 #include "graph/models/cs336.h"
+#include "graph/models/chunked_loss.h"
 #include "graph/models/decoder.h"
 #include "graph/models/losses.h"
 #include "graph/numeric/numeric.h"
 #include "sim/parallel/data_parallel.h"
+#include "sim/parallel/deepspeed_zero.h"
 #include "sim/parallel/fsdp.h"
+#include "sim/parallel/fsdp2.h"
 #include "scenario/fsdp_precision.h"
 #include "scenario/hf_family.h"
 #include "sim/megatron/megatron_step.h"
@@ -34,9 +37,14 @@ TrainingScript default_script(const Scenario& scenario) {
     case LossFunction::torch_float: s.loss = LossImpl::torch_float; break;
     case LossFunction::cs336: s.loss = LossImpl::cs336; break;
     case LossFunction::one_hot: s.loss = LossImpl::one_hot; break;
+    case LossFunction::chunked:  // hf-* only: the loop reads scenario.loss itself
+    case LossFunction::liger: break;
   }
   s.zero_grad = scenario.step.zero_grad_set_to_none ? ZeroGradAt::before_forward
                                                     : ZeroGradAt::never;
+  // step.keep_output false: `def step(): out = model(x) ...` whose names die when it
+  // returns (scenario/step_output_key.h); true keeps them at loop level (the default).
+  s.outputs_are_step_locals = !scenario.step.keep_output;
   // model.implementation: the stack's own training loop deletes the output after the loss.
   s.del_output_after_loss = scenario.model.arch.impl == graph::ModelImpl::torchtitan ||
                             scenario.model.arch.impl == graph::ModelImpl::torchtune;
@@ -127,6 +135,10 @@ class Loop {
     // (sim/parallel/data_parallel.h), before the optimizer.
     if (s_.parallel.sharding == Sharding::fsdp)
       fsdp_ = std::make_unique<Fsdp>(rt_, s_);
+    else if (s_.parallel.sharding == Sharding::fsdp2)  // fully_shard (sim/parallel/fsdp2.h)
+      fsdp2_ = std::make_unique<Fsdp2>(rt_, s_);
+    else if (s_.parallel.sharding == Sharding::deepspeed)  // sim/parallel/deepspeed_zero.h
+      ds_ = std::make_unique<DeepSpeedZero>(rt_, s_);
     else if (s_.parallel.data > 1)
       ddp_ = std::make_unique<TorchDdp>(rt_, s_.parallel.gradient_as_bucket_view);
     {
@@ -135,7 +147,14 @@ class Loop {
       setup.param_elem = static_cast<uint64_t>(dtype_bytes(s_.precision.params));
       setup.master_weights = s_.precision.master_weights;
       optimizer_ = make_optimizer(s_.optimizer, setup);
-      if (optimizer_ && fsdp_ && fsdp_->offloads_params())
+      if (ds_) {  // DeepSpeed steps its fp32 partitions (FusedAdam, or the torch optimizer)
+        const bool fused_adam = s_.optimizer.impl == OptimizerImpl::fused &&
+                                (s_.optimizer.type == OptimizerType::adam ||
+                                 s_.optimizer.type == OptimizerType::adamw);
+        optimizer_ = ds_->make_step(fused_adam ? make_deepspeed_fused_adam()
+                                               : make_inner_optimizer(s_.optimizer, setup, true));
+      }
+      if (optimizer_ && ((fsdp_ && fsdp_->offloads_params()) || (fsdp2_ && fsdp2_->offloads_params())))
         optimizer_ = make_cpu_offloaded_optimizer();  // steps the CPU shards (sim/parallel/fsdp.h)
       if (s_.parallel.zero == 1 && s_.parallel.sharding == Sharding::none)  // ZeRO-1
         optimizer_ = make_zero_redundancy_optimizer(std::move(optimizer_), rt_, s_, setup.param_elem);
@@ -207,6 +226,7 @@ class Loop {
     if (logits_graph_ != 0) rt_.discard_graph(logits_graph_);
     logits_graph_ = 0;
     logits_.reset();
+    logit_chunks_.clear();
     loss_.reset();
   }
 
@@ -230,22 +250,44 @@ class Loop {
       if (autocast_ && !autocast_->active()) autocast_->enter(!with_grad && script_.inference_mode);
       if (ddp_) ddp_->pre_forward(rt_, with_grad);
       if (fsdp_) fsdp_->pre_forward(rt_);
-      Tensor out = model_.forward(ids);
+      if (fsdp2_) fsdp2_->pre_forward(rt_);
+      if (ds_) ds_->pre_forward(rt_);
+      // hf-* with loss.impl chunked:N / liger (docs/losses.md): the model hands back logits
+      // chunks (torchtune's model does in every step once the loss set its chunk count),
+      // or, given the labels in training (Liger's patched forward), the loss and no logits.
+      Tensor out, liger_loss;
+      std::vector<Tensor> out_chunks;
+      const LossFunction hf_loss = is_decoder ? s_.loss.impl : LossFunction::automatic;
+      if constexpr (is_decoder) {
+        if (hf_loss == LossFunction::chunked)
+          out_chunks = model_.forward_chunked(ids, s_.loss.chunks, chunk_pieces_);
+        else if (hf_loss == LossFunction::liger && with_loss)
+          liger_loss = model_.forward_liger(ids, targets);
+        else
+          out = model_.forward(ids);
+      } else {
+        out = model_.forward(ids);
+      }
+      if (fsdp2_) fsdp2_->post_forward(rt_);  // the root's post-forward
       if (autocast_ && !region_ends(AutocastRegion::whole_run) &&
           (region_ends(AutocastRegion::forward) || !with_loss))
         autocast_->exit();
       rt_.grad_enabled = true;
       if (!script_.bind_output) {
         out.reset();
+        out_chunks.clear();
         if (graph != 0) rt_.discard_graph(graph);
       } else {
         // `logits = model(x)`: the previous value dies only now.
         const uint32_t old_graph = logits_graph_;
         Tensor old = std::move(logits_);
+        std::vector<Tensor> old_chunks = std::move(logit_chunks_);
         logits_ = std::move(out);
+        logit_chunks_ = std::move(out_chunks);
         logits_graph_ = graph;
         if (old_graph != 0) rt_.discard_graph(old_graph);
         old.reset();
+        old_chunks.clear();
       }
       if (measured && last) rt_.mark("forward_end");
       if (!with_loss) continue;
@@ -257,6 +299,15 @@ class Loop {
       if constexpr (std::is_same_v<Model, graph::Cs336Model>) {
         l = cs336_script_loss(rt_, autocast_.get(), logits_, targets, shape(), elem,
                               script_.loss, s_.loss.positions);  // sim/step/script_loss.h
+      } else if (hf_loss == LossFunction::chunked) {  // torchtune's CEWithChunkedOutputLoss
+        l = graph::chunked_output_cross_entropy(rt_, logit_chunks_, targets, shape().batch,
+                                                chunk_pieces_, shape().vocab);
+      } else if (hf_loss == LossFunction::liger) {  // computed by the patched forward
+        l = std::move(liger_loss);
+      } else if (hf_loss == LossFunction::torch || hf_loss == LossFunction::torch_float) {
+        l = logits_script_loss(rt_, autocast_.get(), logits_, targets,
+                               shape().batch * shape().seq, shape().vocab,
+                               hf_loss == LossFunction::torch_float);  // sim/step/script_loss.h
       } else {
         l = model_.loss(logits_, targets);  // the family's loss (HF: shift + CE)
       }
@@ -266,6 +317,8 @@ class Loop {
       rt_.ctx.phase = Phase::backward;
       rt_.backward(loss_);
       if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
+      if (fsdp2_) fsdp2_->post_backward(rt_);
+      if (ds_) ds_->post_backward(rt_);      // DeepSpeed's gradient epilogue
       if (measured && last) rt_.mark("backward_end");
     }
     if (kind == StepKind::train && optimizer_) {
@@ -298,9 +351,14 @@ class Loop {
   std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
   std::unique_ptr<TorchDdp> ddp_;
   std::unique_ptr<Fsdp> fsdp_;
+  std::unique_ptr<Fsdp2> fsdp2_;
+  std::unique_ptr<DeepSpeedZero> ds_;
   Tensor warm_ids_, warm_targets_, ids_, targets_;
   Tensor logits_, loss_;
+  std::vector<Tensor> logit_chunks_;   // loss.impl chunked:N: the model's output list
+  std::vector<uint64_t> chunk_pieces_;  // their sequence lengths (tensor_split)
   uint32_t logits_graph_ = 0;
+  static constexpr bool is_decoder = std::is_same_v<Model, graph::DecoderModel>;
 };
 
 }  // namespace

@@ -41,4 +41,19 @@ graph::Tensor cs336_script_loss(graph::Runtime& rt, graph::Autocast* autocast,
                        : graph::torch_cross_entropy(rt, x, targets, logits_elem);
 }
 
+graph::Tensor logits_script_loss(graph::Runtime& rt, graph::Autocast* autocast,
+                                 const graph::Tensor& logits, const graph::Tensor& targets,
+                                 uint64_t rows, uint64_t vocab, bool float_first) {
+  graph::Autocast* ac = autocast != nullptr && autocast->active() ? autocast : nullptr;
+  const uint64_t elem = logits.bytes / (rows * vocab);
+  if (elem == 4) return graph::torch_cross_entropy(rt, logits, targets, 4);
+  if (float_first) {  // logits.float(), then F.cross_entropy on fp32 (autocast leaves it)
+    graph::Tensor xf = ac != nullptr ? ac->to_fp32(logits, rows * vocab * 4)
+                                     : graph::to_copy(rt, logits, rows * vocab * 4);
+    return graph::torch_cross_entropy(rt, xf, targets, 4);
+  }
+  return ac != nullptr ? graph::torch_cross_entropy_autocast(*ac, rt, logits, targets)
+                       : graph::torch_cross_entropy(rt, logits, targets, elem);
+}
+
 }  // namespace memsim

@@ -38,6 +38,8 @@ struct TrainingScript {
   bool measured_step_zero_grad = true;
   // true: logits/loss are locals of a step function and die when it returns;
   // false: loop-level names, rebound by the next step (alive during its forward).
+  // default_script sets it from step.keep_output (scenario/step_output_key.h): false there
+  // is true here.
   bool outputs_are_step_locals = false;
   // Bind the forward's output at all (false: `model(x)` result discarded at once).
   bool bind_output = true;

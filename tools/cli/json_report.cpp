@@ -65,6 +65,17 @@ json oom_json(const OomReport& o) {
 
 }  // namespace
 
+json host_memory_json(const HostMemory& h) {
+  const uint64_t per_rank = h.pinned + h.pageable;
+  return json{{"pinned_bytes", h.pinned},
+              {"pageable_bytes", h.pageable},
+              {"per_rank_bytes", per_rank},
+              {"ranks_per_node", h.ranks_per_node},
+              {"per_node_bytes", per_rank * static_cast<uint64_t>(h.ranks_per_node)},
+              {"nvme_bytes", h.nvme},
+              {"counts", h.what}};
+}
+
 json rank_json(const RankInfo& r) {
   return json{{"index", r.index},       {"world_size", r.world_size},
               {"data_parallel", r.data}, {"tensor_parallel", r.tensor},

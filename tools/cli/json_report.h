@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "allocator/memory_stats.h"
+#include "program/program.h"
 #include "program/rank_info.h"
 #include "scenario/scenario.h"
 #include "sim/analysis/analysis.h"
@@ -42,6 +43,10 @@ Json memory_stats_json(const MemoryStats& stats);
 // Which rank of a distributed job the report is for (program/rank_info.h); a single-GPU run
 // gives world_size 1.
 Json rank_json(const RankInfo& rank);
+// DeepSpeed offload's host memory (program.host, sim/parallel/deepspeed_zero.h):
+//   {pinned_bytes, pageable_bytes, per_rank_bytes, ranks_per_node, per_node_bytes,
+//    nvme_bytes, counts}
+Json host_memory_json(const HostMemory& host);
 
 // The simulated model (sim/analysis/parameter_count.h): {family, architecture (the Hugging Face
 // model_type whose knobs are used; null for cs336 and megatron), parameter_count (the

@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "allocator/units.h"
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
@@ -144,6 +145,7 @@ int run_run(const RunArgs& args) {
     j["device"] = device_json(scenario.device);
     j["rank"] = rank_json(program.rank);
     j["model"] = model_json(scenario, program.rank);
+    if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
     Json summary = analysis_json(analysis);
     for (auto& [key, value] : summary.items()) j[key] = std::move(value);
     j["memory_stats"] = memory_stats_json(timeline.final_stats);
@@ -159,6 +161,16 @@ int run_run(const RunArgs& args) {
       header.facts.emplace_back("rank", "global rank " + std::to_string(program.rank.index) + " of " +
                                             std::to_string(program.rank.world_size) +
                                             (program.rank.why.empty() ? "" : ": " + program.rank.why));
+    }
+    if (scenario.parallel.sharding == Sharding::deepspeed) {  // DeepSpeed offload's CPU memory
+      const HostMemory& h = program.host;
+      header.facts.emplace_back(
+          "host memory",
+          !h.any() ? std::string("none (nothing offloaded)")
+                   : human_bytes(h.pinned + h.pageable) + " per rank (" + human_bytes(h.pinned) +
+                         " pinned), " + human_bytes((h.pinned + h.pageable) * static_cast<uint64_t>(h.ranks_per_node)) +
+                         " per node of " + std::to_string(h.ranks_per_node) + " ranks" +
+                         (h.nvme ? ", " + human_bytes(h.nvme) + " on NVMe" : "") + ": " + h.what);
     }
     header.capacity = usable_capacity(scenario.device);
     print_summary(stdout, header, analysis, Style::for_stream(stdout));

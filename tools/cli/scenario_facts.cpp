@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "allocator/units.h"
+#include "scenario/loss_impl.h"
 #include "scenario/model_architecture.h"
 #include "scenario/scenario_family.h"
 #include "sim/analysis/parameter_count.h"
@@ -86,6 +87,9 @@ std::string training_line(const Scenario& s) {
   const bool last = s.loss.positions == LossPositions::last;
   if (one_hot || last)
     line += std::string(one_hot ? ", one-hot loss" : ", loss") + (last ? " on the last position" : "");
+  // hf-*: a loss computed outside the model (loss.impl; docs/losses.md).
+  if (family_row(s.model.family).hf && s.loss.impl != LossFunction::automatic)
+    line += ", loss " + loss_impl_label(s.loss);
   if (s.step.measure_whole_run) line += ", peaks over the whole run";
   line += std::string(", checkpoint ") + to_string(s.checkpoint.policy);
   // Megatron's CheckpointFunction is always reentrant; elsewhere only when asked.
@@ -111,6 +115,17 @@ std::string training_line(const Scenario& s) {
                    ? std::string(", ") + to_string(*p.fsdp_mixed_precision) + " MixedPrecision"
                    : std::string()) +
               (p.cpu_offload ? ", CPU offload)" : ")");
+    else if (p.sharding == Sharding::fsdp2)  // sim/parallel/fsdp2.h
+      line += std::string(" (FSDP2 fully_shard, reshard_after_forward ") +
+              (p.reshard_after_forward_ranks > 0 ? std::to_string(p.reshard_after_forward_ranks)
+                                                 : p.reshard_after_forward ? "true" : "false") +
+              (p.replicate > 1 ? ", HSDP " + std::to_string(p.replicate) + " replicas" : "") +
+              (p.fsdp_mixed_precision
+                   ? std::string(", param_dtype ") + to_string(*p.fsdp_mixed_precision)
+                   : std::string()) +
+              (p.reduce_dtype ? std::string(", reduce_dtype ") + to_string(*p.reduce_dtype)
+                              : std::string()) +
+              (p.cpu_offload ? ", CPUOffloadPolicy)" : ")");
     else if (p.zero == 1)
       line += !family_row(s.model.family).torch_data_parallel ? " (distributed optimizer)"
                                                                : " (DDP + ZeroRedundancyOptimizer)";

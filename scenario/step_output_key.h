@@ -1,0 +1,22 @@
+// step.keep_output (issue #16 item 8): what the user's loop keeps of a step's output
+// between iterations (internal to the scenario loader; the key is documented in
+// docs/scenario-format.md, its effect in sim/step/training_script.h).
+//
+// Contract: step.keep_output is a boolean, default true (today's behaviour for every
+// step.kind: `out = model(x)` / `logits = model(x)` bound at loop level, so the previous
+// iteration's output, and the autograd graph it holds when nobody ran backward on it,
+// lives until the next forward has returned). false: the output and loss are locals of
+// the iteration (a function that returns nothing, or a result nobody keeps) and die at
+// its end, graph first. The megatron family builds its own schedule (no user loop):
+// keep_output false is refused there by key. Errors name FILE:LINE and the key.
+#pragma once
+
+#include "scenario/scenario.h"
+#include "scenario/scenario_doc.h"
+
+namespace memsim::scenario_detail {
+
+// Reads step.keep_output into s.keep_output (after model.* has been read into m).
+void read_step_keep_output(const Doc& d, const ModelConfig& m, StepConfig& s);
+
+}  // namespace memsim::scenario_detail

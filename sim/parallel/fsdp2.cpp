@@ -1,0 +1,428 @@
+#include "sim/parallel/fsdp2.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "scenario/fsdp_precision.h"
+
+namespace memsim {
+
+using graph::kNoStorage;
+using graph::OpKind;
+using graph::Runtime;
+
+namespace {
+// torch.promote_types over the floating dtypes memsim knows: equal stays, fp32 wins, and
+// bf16 with fp16 promotes to fp32.
+DType promote(DType a, DType b) { return a == b ? a : DType::fp32; }
+}  // namespace
+
+Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
+  const ParallelConfig& pc = s.parallel;
+  ws_ = static_cast<uint64_t>(pc.data / pc.replicate);
+  post_ws_ = static_cast<uint64_t>(pc.reshard_after_forward_ranks);
+  reshard_after_forward_ = pc.reshard_after_forward;
+  offload_ = pc.cpu_offload;
+  meta_init_ = pc.fsdp_init_on_cpu;
+  hsdp_ = pc.replicate > 1;
+  const DType orig_dtype = s.precision.params;
+  const uint64_t elem = static_cast<uint64_t>(dtype_bytes(orig_dtype));
+  const uint64_t compute_elem = model_compute_elem(s);  // param_dtype (or precision.params)
+  mixed_precision_ = pc.fsdp_mixed_precision.has_value() && *pc.fsdp_mixed_precision != orig_dtype;
+
+  Program& program = rt.program();
+  n_shard_ = program.intern("FSDP2 sharded param (padded chunk 0)");
+  n_flat_in_ = program.intern("FSDP2 all-gather input (flat_foreach_copy_input, param_dtype)");
+  n_offload_in_ = program.intern("FSDP2 all-gather input (CPU shard .to(device))");
+  n_ag_out_ = program.intern("FSDP2 all-gather output (flat)");
+  n_unsharded_ = program.intern("FSDP2 unsharded param (all_gather_outputs)");
+  n_post_fwd_ = program.intern("FSDP2 sharded post-forward param (reshard_after_forward N)");
+  n_rs_in_ = program.intern("FSDP2 reduce-scatter input (chunk_cat)");
+  n_rs_cast_ = program.intern("FSDP2 reduce-scatter grad buffer (narrowing cast)");
+  n_rs_out_ = program.intern("FSDP2 reduce-scatter output");
+  n_grad_cast_ = program.intern("FSDP2 sharded grad (cast to the param dtype)");
+
+  // Which block each parameter was created in (its alloc event): the fully_shard groups.
+  std::unordered_map<uint32_t, int32_t> layer_of_storage;
+  for (const MemoryEvent& e : program.events)
+    if (e.type == EventType::alloc && e.kind == TensorKind::parameter)
+      layer_of_storage[e.tensor] = e.layer;
+  int32_t layers = 0;
+  for (const auto& [storage, layer] : layer_of_storage) layers = std::max(layers, layer + 1);
+  groups_.resize(1 + static_cast<size_t>(layers));
+  const size_t n = rt.parameters().size();
+  param_of_orig_.assign(n, -1);
+  stamp_.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const graph::Parameter& orig = rt.parameters()[i];
+    Param p;
+    p.orig = static_cast<int32_t>(i);
+    p.trainable = !orig.frozen;
+    // Element bytes: adapters carry their own (lora.adapter_dtype); everything else is
+    // precision.params, and the graph was built in param_dtype under mixed precision.
+    const uint64_t built_elem = orig.elem != 0 ? orig.elem : compute_elem;
+    p.elem = orig.elem != 0 ? orig.elem : elem;
+    p.unsharded_elem = mixed_precision_ ? compute_elem : p.elem;
+    const uint64_t numel = orig.bytes / built_elem;
+    const uint64_t rows = orig.rows != 0 ? orig.rows : numel;  // a vector: dim 0 = numel
+    const uint64_t cols = numel / rows;
+    p.shard_numel = (rows + ws_ - 1) / ws_ * cols;  // torch.chunk: chunk 0 is the largest
+    p.full_numel = p.shard_numel * ws_;
+    const size_t g = group_of_layer(layer_of_storage.at(orig.storage));
+    p.group = g;
+    groups_[g].params.push_back(params_.size());
+    if (p.trainable) ++groups_[g].trainable;
+    param_of_orig_[i] = static_cast<int32_t>(params_.size());
+    params_.push_back(p);
+  }
+  // The module was built in param_dtype (the unsharded parameters it computes with) but
+  // lives in precision.params until fully_shard: its construction allocations are that size.
+  if (mixed_precision_) {
+    for (MemoryEvent& e : program.events) {
+      if (e.type != EventType::alloc || e.kind != TensorKind::parameter) continue;
+      e.bytes = e.bytes / compute_elem * elem;
+      program.tensors[e.tensor].bytes = e.bytes;
+    }
+  }
+  // Meta-device init: the originals never had storage (zero-byte allocations, which the
+  // allocator never sees).
+  if (meta_init_) {
+    for (MemoryEvent& e : program.events) {
+      if (e.type != EventType::alloc || e.kind != TensorKind::parameter) continue;
+      e.bytes = 0;
+      program.tensors[e.tensor].bytes = 0;
+    }
+  }
+
+  const graph::OpContext saved = rt.ctx;
+  rt.ctx.phase = Phase::setup;
+  rt.ctx.module = graph::Module::none;
+  std::vector<uint32_t> shard_storage(params_.size(), kNoStorage);
+  if (meta_init_) {
+    // model.to_empty(device): the sharded parameters in module order.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      rt.ctx.layer = -1;
+      shard_storage[i] = alloc(rt, offload_ ? 0 : params_[i].shard_numel * params_[i].elem,
+                               TensorKind::parameter, 0, n_shard_);
+    }
+  } else {
+    // fully_shard(block) for each block, then fully_shard(model).
+    const uint32_t wrap_op = program.intern("FSDP2 fully_shard");
+    for (size_t k = 1; k <= groups_.size(); ++k) {
+      const size_t g = k % groups_.size();
+      rt.ctx.layer = g == 0 ? -1 : static_cast<int32_t>(g - 1);
+      for (size_t i : groups_[g].params) {
+        shard_storage[i] = alloc(rt, params_[i].shard_numel * params_[i].elem,
+                                 TensorKind::parameter, 0, n_shard_);
+        // CPUOffloadPolicy: padded_sharded_param.cpu(); the GPU copy goes at once.
+        if (offload_) rt.release(shard_storage[i]);
+      }
+      // fully_shard returns: its list of the original parameters was their last owner.
+      // (The Runtime's module reference stays, so they are never freed a second time.)
+      for (size_t i : groups_[g].params)
+        program.free(rt.parameters()[params_[i].orig].storage, Phase::setup, wrap_op, rt.ctx.layer);
+    }
+  }
+  rt.ctx = saved;
+  // The optimizer sees the sharded parameters, in module order.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const graph::Parameter& orig = rt.parameters()[params_[i].orig];
+    graph::Parameter shard;
+    shard.storage = shard_storage[i];
+    shard.bytes = params_[i].shard_numel * params_[i].elem;
+    shard.frozen = orig.frozen;
+    shard.elem = orig.elem;
+    shard.rows = orig.rows != 0 ? (orig.rows + ws_ - 1) / ws_ : 0;
+    params_[i].shard = static_cast<int32_t>(rt.parameters().size());
+    rt.parameters().push_back(shard);
+  }
+  // Reduce dtypes: MixedPrecisionPolicy(param_dtype, reduce_dtype); a reduce_dtype equal
+  // to param_dtype is None (init_dtype_attrs), None reduces in the gradients' dtype.
+  grad_dtype_ = mixed_precision_ ? *pc.fsdp_mixed_precision : orig_dtype;
+  if (s.lora.rank > 0) grad_dtype_ = s.lora.adapter_dtype;  // the trainable parameters'
+  orig_grad_dtype_ = s.lora.rank > 0 ? s.lora.adapter_dtype : orig_dtype;
+  reduce_dtype_ = pc.reduce_dtype.value_or(grad_dtype_);
+  rt.hooks = this;
+}
+
+Fsdp2::~Fsdp2() {
+  if (rt_->hooks == this) rt_->hooks = nullptr;
+}
+
+uint32_t Fsdp2::alloc(Runtime& rt, uint64_t bytes, TensorKind kind, uint8_t stream,
+                      uint32_t name) {
+  const uint32_t id = rt.alloc_raw(bytes, kind, OpKind::other);
+  // alloc_raw's own event is the last one (hooks run before it): put it on `stream`.
+  rt.program().events.back().stream = stream;
+  rt.program().tensors[id].name = name;
+  return id;
+}
+
+uint64_t Fsdp2::shard_bytes(size_t g) const {
+  uint64_t b = 0;
+  for (size_t i : groups_[g].params) b += params_[i].shard_numel * params_[i].elem;
+  return b;
+}
+
+uint64_t Fsdp2::unsharded_bytes(size_t g) const {
+  uint64_t b = 0;
+  for (size_t i : groups_[g].params) b += params_[i].full_numel * params_[i].unsharded_elem;
+  return b;
+}
+
+void Fsdp2::unshard(Runtime& rt, size_t g) {
+  Group& group = groups_[g];
+  if (group.all_gather != kNoStorage || group.state == State::unsharded) return;
+  const bool post = group.state == State::post_forward;
+  const uint64_t world = post ? post_ws_ : ws_;
+  // _get_param_all_gather_inputs, on the copy-in stream.
+  std::vector<uint32_t> inputs;
+  uint64_t input_bytes = 0;
+  if (offload_ && !post) {
+    for (size_t i : group.params) {
+      const Param& p = params_[i];
+      const uint32_t copy = alloc(rt, p.shard_numel * p.elem, TensorKind::parameter,
+                                  kAllGatherStream, n_offload_in_);
+      uint32_t in = copy;
+      if (mixed_precision_) {  // _to_dtype_if_needed: the e copy dies once cast
+        in = alloc(rt, p.shard_numel * p.unsharded_elem, TensorKind::parameter,
+                   kAllGatherStream, n_offload_in_);
+        rt.release(copy);
+      }
+      inputs.push_back(in);
+      input_bytes += p.shard_numel * p.unsharded_elem;
+    }
+  } else {
+    for (size_t i : group.params) {
+      const Param& p = params_[i];
+      input_bytes += post ? p.full_numel / post_ws_ * p.unsharded_elem
+                          : p.shard_numel * p.unsharded_elem;
+    }
+    // use_foreach_copy (param_dtype set, no offload): one flat param_dtype buffer. With
+    // offload a post-forward slice is already param_dtype on the GPU: no copy.
+    if (mixed_precision_ && !offload_)
+      inputs.push_back(alloc(rt, input_bytes, TensorKind::parameter, kAllGatherStream, n_flat_in_));
+  }
+  group.all_gather =
+      alloc(rt, input_bytes * world, TensorKind::parameter, kAllGatherStream, n_ag_out_);
+  for (uint32_t in : inputs) rt.release(in);  // foreach_all_gather returns
+}
+
+void Fsdp2::wait_for_unshard(Runtime& rt, size_t g, bool forward) {
+  Group& group = groups_[g];
+  if (group.all_gather == kNoStorage) return;  // no preceding unshard
+  // Forward: the previous group's all-gather output goes before this copy-out.
+  if (forward && all_gather_state_ != kNoStorage) {
+    rt.release(all_gather_state_);
+    all_gather_state_ = kNoStorage;
+  }
+  // foreach_all_gather_copy_out: alloc_all_gather_outputs per parameter.
+  for (size_t i : group.params) {
+    Param& p = params_[i];
+    p.unsharded = alloc(rt, p.full_numel * p.unsharded_elem, TensorKind::parameter, 0, n_unsharded_);
+  }
+  // _to_unsharded: a post-forward shard is freed after the copy-out.
+  for (size_t i : group.params) {
+    Param& p = params_[i];
+    if (p.post_forward != kNoStorage) rt.release(p.post_forward);
+    p.post_forward = kNoStorage;
+  }
+  group.state = State::unsharded;
+  if (forward) {
+    all_gather_state_ = group.all_gather;  // freed by the next copy-out / root post-forward
+  } else {
+    rt.release(group.all_gather);
+  }
+  group.all_gather = kNoStorage;
+}
+
+void Fsdp2::reshard(Runtime& rt, size_t g) {
+  Group& group = groups_[g];
+  if (group.state != State::unsharded) return;
+  for (size_t i : group.params) {  // free_unsharded_param: storage.resize_(0)
+    Param& p = params_[i];
+    rt.release(p.unsharded);
+    p.unsharded = kNoStorage;
+  }
+  group.state = State::sharded;
+}
+
+void Fsdp2::reshard_after_forward(Runtime& rt, size_t g) {
+  Group& group = groups_[g];
+  if (!reshard_after_forward_ || group.state != State::unsharded) return;
+  if (post_ws_ == 0) return reshard(rt, g);
+  // to_sharded_post_forward, per parameter: clone this rank's 1/N, then free the rest.
+  for (size_t i : group.params) {
+    Param& p = params_[i];
+    p.post_forward = alloc(rt, p.full_numel / post_ws_ * p.unsharded_elem, TensorKind::parameter,
+                           0, n_post_fwd_);
+    rt.release(p.unsharded);
+    p.unsharded = kNoStorage;
+  }
+  group.state = State::post_forward;
+}
+
+void Fsdp2::pre_forward(Runtime& rt) {
+  ++iteration_;
+  for (Group& group : groups_) {
+    group.ready = 0;
+    group.forward_done = false;
+    group.pre_backward_done = false;
+    group.backward_done = false;
+  }
+  forward_group_ = 0;
+  backward_started_ = false;
+  unshard(rt, 0);
+  wait_for_unshard(rt, 0, true);
+}
+
+void Fsdp2::post_forward(Runtime& rt) {
+  if (forward_group_ != 0) {
+    reshard_after_forward(rt, forward_group_);
+    groups_[forward_group_].forward_done = true;
+    forward_group_ = 0;
+  }
+  // The root's post-forward flushes the last all-gather output.
+  if (all_gather_state_ != kNoStorage) rt.release(all_gather_state_);
+  all_gather_state_ = kNoStorage;
+}
+
+void Fsdp2::pre_backward(Runtime& rt, size_t g) {
+  Group& group = groups_[g];
+  if (group.pre_backward_done) return;
+  group.pre_backward_done = true;
+  unshard(rt, g);  // a no-op when prefetched or never resharded
+  wait_for_unshard(rt, g, false);
+  // _backward_prefetch: the group before this one in post-forward order (blocks 0..L-1,
+  // then the root).
+  const size_t target = g == 0 ? groups_.size() - 1 : g - 1;
+  if (target >= 1 && target < groups_.size() && target != g && !groups_[target].backward_done)
+    unshard(rt, target);
+}
+
+void Fsdp2::root_pre_backward(Runtime& rt) {
+  backward_started_ = true;
+  pre_backward(rt, 0);
+}
+
+void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
+  const size_t g = group_of_layer(layer);
+  if (g >= groups_.size()) return;
+  if (rt.ctx.phase == Phase::forward && !rt.recomputing) {
+    if (g != 0 && groups_[g].forward_done) return;  // an op of a finished block
+    if (forward_group_ != 0 && forward_group_ != g) {  // the block's post-forward
+      reshard_after_forward(rt, forward_group_);
+      groups_[forward_group_].forward_done = true;
+      forward_group_ = 0;
+    }
+    if (g == 0) return;  // the root is unsharded from its pre-forward on
+    unshard(rt, g);      // pre-forward
+    wait_for_unshard(rt, g, true);
+    forward_group_ = g;
+  } else if (rt.ctx.phase == Phase::backward || rt.recomputing) {
+    if (!backward_started_ && rt.ctx.module == graph::Module::head) root_pre_backward(rt);
+    if (g == 0 || groups_[g].backward_done) return;
+    if (!backward_started_) root_pre_backward(rt);
+    // The block above without trainable parameters had its post-backward when the
+    // gradient reached its input, i.e. before this block's first backward op.
+    if (g + 1 < groups_.size() && groups_[g + 1].trainable == 0 && !groups_[g + 1].backward_done &&
+        groups_[g + 1].pre_backward_done)
+      group_post_backward(rt, g + 1);
+    pre_backward(rt, g);
+  }
+}
+
+void Fsdp2::grad_ready(Runtime& rt, int32_t param) {
+  if (!backward_started_) root_pre_backward(rt);  // a model whose head allocates nothing
+  const size_t o = static_cast<size_t>(param);
+  if (o >= param_of_orig_.size() || param_of_orig_[o] < 0) return;
+  const size_t group = params_[static_cast<size_t>(param_of_orig_[o])].group;
+  if (stamp_[o] != iteration_) {
+    stamp_[o] = iteration_;
+    ++groups_[group].ready;
+  }
+  Group& gr = groups_[group];
+  if (group != 0 && !gr.backward_done && gr.ready == gr.trainable) group_post_backward(rt, group);
+}
+
+void Fsdp2::group_post_backward(Runtime& rt, size_t g) {
+  Group& group = groups_[g];
+  if (group.backward_done) return;
+  group.backward_done = true;
+  // Collect the autograd gradients (their references move into unsharded_grads).
+  std::vector<uint32_t> grads;
+  std::vector<size_t> with_grad;
+  for (size_t i : group.params) {
+    graph::Parameter& orig = rt.parameters()[params_[i].orig];
+    if (orig.grad == kNoStorage) continue;
+    grads.push_back(orig.grad);
+    orig.grad = kNoStorage;
+    with_grad.push_back(i);
+  }
+  reshard(rt, g);  // reshard_after_backward
+  // The previous group's reduce-scatter input (reduce_scatter_states.clear()).
+  if (reduce_scatter_state_ != kNoStorage) rt.release(reduce_scatter_state_);
+  reduce_scatter_state_ = kNoStorage;
+  if (grads.empty()) return;
+  // _wait_for_post_backward: this group's previous HSDP buffer (grad accumulation).
+  if (group.all_reduce != kNoStorage) rt.release(group.all_reduce);
+  group.all_reduce = kNoStorage;
+  // foreach_reduce.
+  const uint64_t grad_elem = static_cast<uint64_t>(dtype_bytes(grad_dtype_));
+  const uint64_t reduce_elem = static_cast<uint64_t>(dtype_bytes(reduce_dtype_));
+  uint64_t full = 0, shard = 0;
+  for (size_t i : with_grad) {
+    full += params_[i].full_numel;
+    shard += params_[i].shard_numel;
+  }
+  const uint32_t rs_in = alloc(rt, full * reduce_elem, TensorKind::gradient, 0, n_rs_in_);
+  if (grad_dtype_ != reduce_dtype_ && promote(grad_dtype_, reduce_dtype_) != reduce_dtype_) {
+    // _chunk_cat rejects narrowing casts: a grad-dtype buffer first.
+    const uint32_t buf = alloc(rt, full * grad_elem, TensorKind::gradient, 0, n_rs_cast_);
+    rt.release(buf);
+  }
+  for (uint32_t gs : grads) rt.release(gs);  // unsharded_grads.clear()
+  const uint32_t rs_out =
+      alloc(rt, shard * reduce_elem, TensorKind::gradient, kReduceScatterStream, n_rs_out_);
+  const uint8_t post_stream = hsdp_ ? kAllReduceStream : kReduceScatterStream;
+  uint32_t grad_out = rs_out;
+  if (reduce_dtype_ != orig_grad_dtype_) {  // _to_dtype_if_needed(reduce_output, orig_dtype)
+    const uint64_t orig_elem = static_cast<uint64_t>(dtype_bytes(orig_grad_dtype_));
+    grad_out = alloc(rt, shard * orig_elem, TensorKind::gradient, post_stream, n_grad_cast_);
+  }
+  if (!offload_) {
+    for (size_t i : with_grad) {  // .grad = a view of grad_out, or += into the old one
+      graph::Parameter& sp = rt.parameters()[params_[i].shard];
+      if (sp.grad == kNoStorage) {
+        sp.grad = grad_out;
+        rt.retain(grad_out);
+      }
+    }
+  }
+  // (offload: new_sharded_grad.to(cpu); nothing stays on the GPU.)
+  if (grad_out != rs_out) rt.release(grad_out);
+  if (hsdp_) {
+    group.all_reduce = rs_out;  // _all_reduce_state keeps the reduce-dtype buffer
+  } else {
+    rt.release(rs_out);
+  }
+  reduce_scatter_state_ = rs_in;
+}
+
+void Fsdp2::post_backward(Runtime& rt) {
+  // _root_post_backward_final_callback: all states, the root first.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    group_post_backward(rt, g);  // a no-op for the groups whose post-backward ran
+    Group& group = groups_[g];
+    // finalize_backward: the HSDP buffer, a mistargeted prefetch.
+    if (group.all_reduce != kNoStorage) rt.release(group.all_reduce);
+    group.all_reduce = kNoStorage;
+    if (group.all_gather != kNoStorage) rt.release(group.all_gather);
+    group.all_gather = kNoStorage;
+  }
+  if (reduce_scatter_state_ != kNoStorage) rt.release(reduce_scatter_state_);
+  reduce_scatter_state_ = kNoStorage;
+}
+
+}  // namespace memsim

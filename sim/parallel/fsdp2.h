@@ -1,0 +1,169 @@
+// PyTorch FSDP2 (`fully_shard`) on one simulated rank (cs336, hf-gpt2, hf-llama;
+// parallel.sharding: fsdp2): fully_shard on every transformer block, then on the root
+// (embeddings, final norm, LM head), as torchtitan's apply_fsdp does.
+//
+// Modelled from pytorch/pytorch at commit 010ae4a89516fa3be548ab16dff711414ec12d0b
+// (main, 2026): torch/distributed/fsdp/_fully_shard/_fsdp_param.py (FSDPParam),
+// _fsdp_param_group.py (FSDPParamGroup), _fsdp_collectives.py (foreach_all_gather,
+// foreach_all_gather_copy_out, foreach_reduce); _fsdp_state.py (root pre/post-forward and
+// the final backward callback) as stored at 01c9f4fc. docs/fsdp2.md walks through the
+// rules with byte counts; what follows is the event contract.
+//
+// Notation: ws = parallel.data / parallel.replicate (the shard group), e = a parameter's
+// element bytes (precision.params, or lora.adapter_dtype for adapters), p = param_dtype
+// bytes (parallel.fsdp_mixed_precision; = e without it), r = reduce bytes
+// (parallel.reduce_dtype; without it the gradients' dtype p). Per parameter of shape
+// (rows, ...): padded shard = ceil(rows / ws) rows (torch.chunk's chunk 0, which rank 0
+// owns), padded full = padded shard x ws. Streams (MemoryEvent::stream): 1 = the
+// all-gather copy-in stream, 2 = the reduce-scatter stream, 3 = the HSDP all-reduce
+// stream; everything else is on the default stream 0. Each block returns to its own
+// stream's pool (no record_stream in FSDP2: lifetimes come from the references below).
+//  - fully_shard (setup; blocks 0..L-1, then the root): per parameter of the group a
+//    padded shard (new_zeros, e bytes each) becomes the new nn.Parameter (a DTensor: the
+//    optimizer steps these); the original parameters are freed when fully_shard returns
+//    (its `params` list held them). parallel.fsdp_init: cpu = the model was built on the
+//    meta device (torchtitan): the originals take no memory and the shards are
+//    allocated by to_empty, in module order. parallel.cpu_offload (CPUOffloadPolicy):
+//    shards live on the CPU (a GPU-built shard is copied there and freed at once).
+//  - Unshard (foreach_all_gather, on stream 1): with mixed precision and no offload,
+//    one flat param_dtype copy of the group's shards (flat_foreach_copy_input); with
+//    offload, per parameter shard.to(device) (e) and, with mixed precision, its cast (p;
+//    the e copy freed at once); then the flat all-gather output (sum of the inputs x
+//    ws); the inputs are dropped when foreach_all_gather returns.
+//  - Copy-out (wait_for_unshard, default stream): per parameter the unsharded tensor
+//    (padded full x p; all_gather_outputs[0], storage resize_(full)), then the flat
+//    output: in forward it stays in all_gather_state and is freed by the next group's
+//    wait_for_unshard (before that group's copy-out) or by the root's post-forward
+//    (after the LM head); in backward it is freed right after the copy-out.
+//  - Post-forward (blocks only: the root is never resharded after forward): reshard =
+//    free the unsharded tensors (resize_(0)). reshard_after_forward N: first a clone of
+//    this rank's 1/N slice of each unsharded tensor (padded full x p / N, default
+//    stream), which the backward all-gathers from (N ranks) and frees after its copy-out.
+//    false: nothing is freed until after backward.
+//  - Backward: the root's pre-backward (the logits' gradient) unshards the last block
+//    (prefetch: the flat output only); each block's pre-backward (its first backward
+//    allocation) copies out and prefetches the previous block. Post-backward (every
+//    trainable parameter of the block has its gradient): reshard, free the previous
+//    group's reduce-scatter input (reduce_scatter_states), then foreach_reduce: the
+//    reduce-scatter input (sum of padded full x r, default stream; a narrowing cast
+//    first copies into a grad-dtype buffer of the same numel), the unsharded gradients
+//    freed, the output (sum of padded shards x r, stream 2), cast to e when r != e
+//    (stream 2, or 3 under HSDP; the r output is dropped at return unless HSDP keeps it
+//    in _all_reduce_state until the end of backward, PR #140044). Every trainable
+//    shard's .grad views that one output (accumulated into under grad_accum); offload:
+//    the gradient is copied to the CPU and nothing stays on the GPU. The input stays
+//    until the next group's post-backward or the final callback.
+//  - The final callback (loss.backward() returns): post-backward of the groups that
+//    had none (the root first), HSDP buffers freed, the last reduce-scatter input freed.
+//  - LoRA (lora.*): frozen parameters are sharded and gathered like the others but get
+//    no gradient, no reduce-scatter and no optimizer state.
+// Left out: NCCL's own buffers; unshard_async_op / explicit prefetch lists
+// (set_modules_to_forward_prefetch); rank 0 stands for all ranks (it always holds the
+// padded chunk 0); pinned CPU memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "graph/runtime.h"
+#include "scenario/scenario.h"
+
+namespace memsim {
+
+inline constexpr uint8_t kAllGatherStream = 1;      // all_gather_copy_in_stream
+inline constexpr uint8_t kReduceScatterStream = 2;  // reduce_scatter_stream
+inline constexpr uint8_t kAllReduceStream = 3;      // all_reduce_stream (HSDP)
+
+class Fsdp2 : public graph::RuntimeHooks {
+ public:
+  // fully_shard(block) for each block, then fully_shard(model); installs itself as hooks.
+  Fsdp2(graph::Runtime& rt, const Scenario& scenario);
+  ~Fsdp2() override;
+  Fsdp2(const Fsdp2&) = delete;
+  Fsdp2& operator=(const Fsdp2&) = delete;
+
+  // The root's pre-forward (model(x) called) and post-forward (it returned).
+  void pre_forward(graph::Runtime& rt);
+  void post_forward(graph::Runtime& rt);
+  // loss.backward() returned: _root_post_backward_final_callback.
+  void post_backward(graph::Runtime& rt);
+
+  void grad_ready(graph::Runtime& rt, int32_t param) override;
+  void layer_entered(graph::Runtime& rt, int32_t layer) override;
+
+  // CPUOffloadPolicy: shards, their gradients and the optimizer are on the CPU.
+  bool offloads_params() const { return offload_; }
+
+  // Introspection (tests): group g (0: root, 1 + l: block l).
+  size_t groups() const { return groups_.size(); }
+  // Bytes of the group's padded shards (sum over its parameters, e each).
+  uint64_t shard_bytes(size_t g) const;
+  // Bytes of its unsharded parameters (padded full x p) = its flat all-gather output.
+  uint64_t unsharded_bytes(size_t g) const;
+
+ private:
+  enum class State : uint8_t { sharded, post_forward, unsharded };
+  struct Param {
+    int32_t orig = -1;              // the module's parameter (Runtime id)
+    int32_t shard = -1;             // the sharded nn.Parameter (Runtime id)
+    uint64_t shard_numel = 0;       // padded chunk 0
+    uint64_t full_numel = 0;        // shard_numel x ws
+    uint64_t elem = 4;              // e
+    uint64_t unsharded_elem = 4;    // p
+    bool trainable = true;
+    size_t group = 0;
+    uint32_t unsharded = graph::kNoStorage;     // all_gather_outputs[0] (when unsharded)
+    uint32_t post_forward = graph::kNoStorage;  // _sharded_post_forward_param_data
+  };
+  struct Group {
+    std::vector<size_t> params;     // indices into params_
+    size_t trainable = 0;
+    size_t ready = 0;               // trainable parameters with a gradient this backward
+    State state = State::sharded;
+    uint32_t all_gather = graph::kNoStorage;  // _all_gather_result's output (pending)
+    uint32_t all_reduce = graph::kNoStorage;  // HSDP _all_reduce_state
+    bool forward_done = false;
+    bool pre_backward_done = false;
+    bool backward_done = false;
+  };
+  size_t group_of_layer(int32_t layer) const {
+    return layer < 0 ? 0 : 1 + static_cast<size_t>(layer);
+  }
+  void shard_group(graph::Runtime& rt, size_t g);
+  void unshard(graph::Runtime& rt, size_t g);
+  void wait_for_unshard(graph::Runtime& rt, size_t g, bool forward);
+  void reshard_after_forward(graph::Runtime& rt, size_t g);
+  void reshard(graph::Runtime& rt, size_t g);
+  void pre_backward(graph::Runtime& rt, size_t g);
+  void root_pre_backward(graph::Runtime& rt);
+  void group_post_backward(graph::Runtime& rt, size_t g);
+  uint32_t alloc(graph::Runtime& rt, uint64_t bytes, TensorKind kind, uint8_t stream,
+                 uint32_t name);
+
+  graph::Runtime* rt_;
+  uint64_t ws_ = 1;               // shard group size
+  uint64_t post_ws_ = 0;          // reshard_after_forward N (0: none)
+  bool reshard_after_forward_ = true;
+  bool offload_ = false;
+  bool meta_init_ = false;
+  bool hsdp_ = false;
+  bool mixed_precision_ = false;
+  DType grad_dtype_ = DType::fp32;       // the unsharded gradients' dtype
+  DType orig_grad_dtype_ = DType::fp32;  // the sharded (trainable) parameters' dtype
+  DType reduce_dtype_ = DType::fp32;     // reduce_dtype, or the gradients' dtype (None)
+  std::vector<Param> params_;
+  std::vector<Group> groups_;
+  std::vector<int32_t> param_of_orig_;  // Runtime id -> index into params_ (-1: none)
+  std::vector<uint32_t> stamp_;         // iteration in which an orig last got a grad
+  uint32_t iteration_ = 0;
+  uint32_t all_gather_state_ = graph::kNoStorage;     // comm_ctx.all_gather_state
+  uint32_t reduce_scatter_state_ = graph::kNoStorage; // comm_ctx.reduce_scatter_states
+  size_t forward_group_ = 0;      // block whose forward runs (0: none)
+  bool backward_started_ = false;
+  // Interned names.
+  uint32_t n_shard_, n_flat_in_, n_offload_in_, n_ag_out_, n_unsharded_, n_post_fwd_,
+      n_rs_in_, n_rs_cast_, n_rs_out_, n_grad_cast_;
+};
+
+}  // namespace memsim

@@ -1,0 +1,18 @@
+// Which settings parallel.sharding: fsdp2 models (sim/parallel/fsdp2.h); the rest are
+// refused by key (ScenarioError "SOURCE: KEY: why").
+//
+// Refused: one GPU (parallel.data 1) and a shard group of one rank (parallel.replicate =
+// parallel.data: fully_shard's world-size-1 path); parallel.fsdp_mixed_precision with
+// precision.params other than fp32; precision.autocast (autocast's weight-cast cache over
+// FSDP2's unsharded nn.Parameters is not checked); precision.master_weights; 8-bit
+// optimizers and Adafactor (their kernels / factored state over DTensor shards are not
+// modelled); QLoRA (lora.base_dtype nf4) and LoRA with parallel.fsdp_mixed_precision.
+#pragma once
+
+#include "scenario/scenario.h"
+
+namespace memsim {
+
+void require_fsdp2_modelled(const Scenario& scenario);
+
+}  // namespace memsim
