@@ -119,15 +119,17 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                  "dropout", "softmax", "sdpa", "swiglu", "head_dim", "qkv_bias", "o_bias",
                  "mlp_bias", "qk_norm", "norm", "norm_placement", "mlp", "activation", "fused_qkv",
                  "fused_gate_up", "embedding_scale", "attn_softcap", "final_softcap",
-                 "sliding_window", "sliding_layers", "rotary_dim"}},
+                 "sliding_window", "sliding_layers", "rotary_dim",
+                 "implementation"}},
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
       {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache",
                      "float8"}},
-      {"optimizer", {"type", "impl", "momentum"}},
+      {"optimizer", {"type", "impl", "momentum", "in_backward"}},
       {"step", {"kind", "warmup_steps", "zero_grad", "measure", "keep_output", "compile",
                 "compile_scope", "compile_memory_budget"}},
       {"loss", {"impl", "positions"}},
-      {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant", "early_stop"}},
+      {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant", "early_stop",
+                      "offload_activations"}},
       {"lora", {"rank", "alpha", "targets", "dropout", "base_dtype", "adapter_dtype",
                 "input_require_grads"}},
       {"parallel", {"data", "tensor", "pipeline", "zero", "sharding", "reshard_after_forward",
@@ -397,7 +399,8 @@ Scenario load_scenario_with_model(const std::string& path, const std::string& mo
   }
   for (auto it = doc.fields.begin(); it != doc.fields.end();) {
     const bool model_key = it->first.rfind("model.", 0) == 0;
-    const bool kept = it->first == "model.attention" || it->first == "model.dropout";
+    const bool kept = it->first == "model.attention" || it->first == "model.dropout" ||
+                      it->first == "model.implementation";
     it = model_key && !kept ? doc.fields.erase(it) : std::next(it);
   }
   doc.fields["model.hf_config"] = Field{YAML::Node(model_path), "--model"};

@@ -27,6 +27,8 @@ const char* to_string(ModelFamily family);
 const char* to_string(DType dtype);
 // The scenario-file spellings ("hf-llama", "mem-efficient", "forward-no-grad", ...).
 const char* to_string(AttentionImpl impl);
+// model.implementation's spelling ("hf", "torchtitan", ...; scenario/scenario_implementation.cpp).
+const char* to_string(graph::ModelImpl impl);
 
 // model.softmax: `staff` = cs336_basics' softmax; `exp-twice` = exp(x-max)/sum(exp(x-max)).
 enum class SoftmaxImpl { staff, exp_twice };

@@ -8,6 +8,7 @@
 #include "scenario/hf_config.h"
 #include "scenario/model_presets.h"
 #include "scenario/scenario_family.h"
+#include "scenario/scenario_implementation.h"
 #include "scenario/yaml_fields.h"
 
 namespace memsim::scenario_detail {
@@ -178,6 +179,7 @@ void read_architecture(const Doc& d, const ModelBase& base, ModelConfig& m) {
     rule = read_sliding_layers(*layers_field, "model.sliding_layers");
   }
 
+  read_implementation(d, m);  // model.implementation (scenario/scenario_implementation.h)
   a.sliding_layers.clear();
   if (!is_hf(m.family)) return;
   if (a.sliding_window == 0) {

@@ -10,6 +10,7 @@
 
 #include "allocator/units.h"
 #include "scenario/scenario_lora.h"
+#include "scenario/scenario_implementation.h"
 #include "scenario/scenario_checkpoint.h"
 #include "scenario/deepspeed_keys.h"
 #include "scenario/compile_keys.h"
@@ -531,6 +532,7 @@ Scenario build_scenario(const Doc& d) {
   s.device = build_device(d);
   s.allocator = build_allocator(d, AllocatorConfig{});
   check_products(d, s);
+  check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
   return s;
 }
 

@@ -55,6 +55,9 @@ const std::map<std::string, Claim>& claims() {
       {"gpt3-175b-tp8-pp8-64xh100.yaml", {true, std::nullopt, 57.38}},
       {"llama2-13b-seq4096-mi300x.yaml", {false, Phase::forward, 189.76}},
       {"llama2-13b-seq4096-mi300x-flash.yaml", {true, std::nullopt, 122.30}},
+      // model.implementation torchtitan / torchtune, full checkpointing: the AdamW step.
+      {"llama3-8b-torchtitan-seq8192-h200.yaml", {true, std::nullopt, 74.85}},
+      {"llama3-8b-torchtune-seq8192-h200.yaml", {true, std::nullopt, 74.85}},
       {"llama2-13b-seq4096-rtx4070.yaml", {false, Phase::setup, 11.19}},
       {"llama2-7b-finetune-a100.yaml", {true, std::nullopt, 63.02}},
       {"llama2-7b-full-finetune-a100.yaml", {true, std::nullopt, 63.02}},

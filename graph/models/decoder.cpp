@@ -70,6 +70,10 @@ Tensor DecoderModel::add_inv_freq() {
 
 void DecoderModel::construct() {
   const DecoderArch& a = arch();
+  if (a.impl != ModelImpl::hf && rt_.numeric != nullptr)
+    throw std::runtime_error("the numeric check runs transformers' model code only (model.implementation hf)");
+  if (titan()) return construct_titan();  // decoder_impl.cpp
+  if (tune()) return construct_tune();
   if (a.eager_core == EagerCore::where_buffer && s_.attention != HfAttention::eager)
     throw std::runtime_error("hf-gpt2: only model.attention eager is modelled (GPT2Attention._attn)");
   const uint64_t e = s_.elem, D = s_.d_model, F = s_.d_ff, V = s_.vocab, P = s_.context_length;
@@ -305,7 +309,7 @@ Tensor DecoderModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
   // `hidden_states = residual + hidden_states` drops the attention output (StableLM keeps
   // it in `self_attn_output` until the layer returns).
   Tensor kept;
-  if (a.attn_out_kept) kept = std::move(h);
+  if (a.attn_out_kept || tune()) kept = std::move(h);  // torchtune: the local attn_out
   h.reset();
   h = run_region(rt_, RegionKind::mlp, {r1}, [this, l](const Inputs& in) { return mlp_half(l, in); });
   if (a.residual_dropout) h = drop(h);  // resid_mlp_dropout
@@ -421,6 +425,8 @@ Tensor DecoderModel::forward(const Tensor& ids) {
   // torch.compile(model) (graph/compile.h): the whole forward is one compiled region.
   if (rt_.compile != nullptr && rt_.compile->wants(CompileScope::model))
     return rt_.compile->run([this, &ids] { return forward(ids); });
+  if (titan()) return forward_titan(ids);  // decoder_impl.cpp
+  if (tune()) return forward_tune(ids);
   Tensor head_w;
   Tensor hidden = forward_hidden(ids, head_w);
   rt_.ctx.module = Module::head;
@@ -528,6 +534,8 @@ Tensor DecoderModel::logits_head(const Tensor& hidden, const Tensor& head_w, uin
 // the logits' dtype, an fp32 copy inside CUDA autocast's cross_entropy). ForCausalLMLoss
 // (v4.47+) upcasts first; from v4.49 it pads the labels and uses the logits whole.
 Tensor DecoderModel::loss(const Tensor& logits_in, const Tensor& labels) {
+  if (titan()) return loss_titan(logits_in, labels);  // decoder_impl.cpp
+  if (tune()) return loss_tune(labels);  // the chunks the forward kept
   ModuleScope module_scope(rt_, Module::loss);
   const DecoderArch& a = arch();
   Tensor logits = logits_in;

@@ -164,6 +164,20 @@ class DecoderModel {
   Tensor head_projection(const Tensor& hidden, const Tensor& head_w, uint64_t rows);
   Tensor logits_head(const Tensor& hidden, const Tensor& head_w, uint64_t rows);
 
+  // --- other stacks' model code (decoder_impl.cpp; model.implementation) ---
+  bool titan() const;
+  uint64_t freqs_bytes() const;
+  void construct_titan();
+  Tensor forward_titan(const Tensor& ids);
+  Tensor attention_titan(const LayerParams& p, const Tensor& x);
+  Tensor loss_titan(const Tensor& logits, const Tensor& labels);
+  bool tune() const;
+  void construct_tune();
+  Tensor forward_tune(const Tensor& ids);
+  Tensor attention_tune(const LayerParams& p, const Tensor& x);
+  Tensor tune_rms_norm(const Tensor& x, int32_t w, uint64_t rows);
+  Tensor loss_tune(const Tensor& labels);  // CEWithChunkedOutputLoss (the model's default loss)
+
   bool autocast_on() const;
   uint64_t act_elem() const;  // the element size the current op produces (low under autocast)
 
@@ -175,6 +189,10 @@ class DecoderModel {
   Norm final_norm_;
   std::vector<LayerParams> layers_;
   Tensor inv_freq_, inv_freq_local_;
+  Tensor freqs_cis_;  // torchtitan's complex64 RoPE table (decoder_impl.cpp)
+  Tensor rope_theta_, rope_cache_;  // torchtune's RotaryPositionalEmbeddings buffers
+  std::vector<Tensor> chunks_;      // torchtune's chunked output (forward returns chunks_[0])
+  Tensor ignore_labels_;            // torchtune recipe's ignore_labels_cache (B, 1) int64
   std::string name_;  // param_name's buffer
   // The decoder layer's `self_attn_weights` (v4.50+ attention functions return the
   // probabilities; the layer keeps them until it returns). Set by layer() around its

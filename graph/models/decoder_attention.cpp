@@ -77,6 +77,8 @@ void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& qu
 
 Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tensor& mask,
                                const Tensor& cos_in, const Tensor& sin_in) {
+  if (titan()) return attention_titan(p, x);  // decoder_impl.cpp (cos_in is freqs_cis)
+  if (tune()) return attention_tune(p, x);
   ModuleScope module_scope(rt_, Module::attention);
   const DecoderArch& a = arch();
   const uint64_t B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();

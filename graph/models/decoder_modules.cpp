@@ -6,6 +6,7 @@
 #include "graph/models/decoder.h"
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops_nn.h"
+#include "graph/ops/ops_stack.h"
 
 namespace memsim::graph {
 
@@ -50,6 +51,11 @@ Tensor DecoderModel::lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t
 // --- norms ---------------------------------------------------------------------------------
 
 Tensor DecoderModel::norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_t width) {
+  if (titan()) {  // nn.RMSNorm: one fused kernel (graph/ops/ops_stack.h)
+    ModuleScope module_scope(rt_, Module::norm);
+    return fused_rms_norm(rt_, x, rt_.param(n.w), rows);
+  }
+  if (tune()) return tune_rms_norm(x, n.w, rows);  // decoder_impl.cpp
   switch (arch().norm) {
     case NormKind::rms: return rms_norm(x, n.w, rows);
     case NormKind::rms_one_plus: return gemma_rms_norm(x, n.w, rows, width);

@@ -111,6 +111,20 @@ enum class SandwichOrder : uint8_t {
   gemma3,  // input, post_attention, pre_feedforward, post_feedforward
 };
 
+// Whose model code the row runs (model.implementation; graph/models/decoder_impl.cpp,
+// docs/implementations.md): the same architecture written by another training stack
+// allocates and saves other tensors. hf is transformers' (everything above); the others
+// replace the prologue, the norms, RoPE, the attention around its kernel, the head and
+// the loss call site, and are Llama rows only (scenario/arch_checks.cpp refuses the rest).
+enum class ModelImpl : uint8_t {
+  hf,          // transformers (the knobs and placements of this file)
+  torchtitan,  // torchtitan/models/llama3/model/model.py (5077be6e): nn.RMSNorm, complex
+               // RoPE on a freqs_cis buffer, SDPA is_causal, cross_entropy(pred.float())
+  torchtune,   // torchtune/modules (v0.6.1): cached RoPE, fp32 RMSNorm, the chunked output
+               // (8) with CEWithChunkedOutputLoss
+  litgpt,      // not modelled yet (refused by the scenario reader)
+};
+
 struct DecoderArch {
   // transformers' model_type this row stands for ("llama", "qwen2", "gemma2", ...).
   const char* architecture = "llama";
@@ -161,6 +175,7 @@ struct DecoderArch {
   LogitsFloat logits_float = LogitsFloat::forward;
   CausalLoss loss = CausalLoss::shift;
   SandwichOrder sandwich_order = SandwichOrder::gemma3;
+  ModelImpl impl = ModelImpl::hf;  // model.implementation
 
   bool layer_slides(int64_t l) const {
     if (sliding_window <= 0) return false;

@@ -82,5 +82,8 @@
   X(gelu, nn, "gelu", "GeluBackward0") /* F.gelu (exact or approximate='tanh'): saves self */ \
   X(cat2, nn, "cat", "CatBackward0") /* torch.cat((a, b), -1): new; CatBackward0 hands back views of the grad */ \
   X(chunk2, nn, "split", "SplitBackward0") /* x.chunk(2, -1): two views; SplitBackward0 cats the grads (new, x) */ \
-  X(liger_flce, liger, "fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunctionBackward") /* Liger's fused linear CE: grads computed in forward and saved; backward hands them out */
+  X(liger_flce, liger, "fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunctionBackward") /* Liger's fused linear CE: grads computed in forward and saved; backward hands them out */ \
+  X(fused_rms_norm, nn, "_fused_rms_norm", "FusedRmsNormBackward0") /* nn.RMSNorm on CUDA, torch >= 2.9: out + fp32 rstd; saves input, rstd, weight (graph/ops/ops_stack.h) */ \
+  X(rope_complex, nn, "mul", "MulBackward0") /* torchtitan apply_rotary_emb on one of q/k: complex product with freqs_cis; saves the table (graph/ops/ops_stack.h) */ \
+  X(rope_pairs, nn, "stack", "StackBackward0") /* torchtune RotaryPositionalEmbeddings.forward on one of q/k: four products on the cache, sub, add, stack; saves the cache (graph/ops/ops_stack.h) */
 // clang-format on

@@ -430,6 +430,51 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
         rt.note_gemm();
       }
       break;
+    case OpKind::fused_rms_norm:  // _fused_rms_norm_backward (graph/ops/ops_stack.h)
+      if (needs(0)) out[0] = fresh(A(n.size[0]));
+      if (needs(1)) out[1] = fresh(A(n.size[1], kind_for(1)));
+      break;
+    case OpKind::rope_complex: {  // graph/ops/ops_stack.h rope_complex_pair
+      // [16-bit: ToCopyBackward0 to fp32], MulBackward0: grad * freqs.conj() (the conjugate
+      // fallback materialises the table first), [ToCopyBackward0 back].
+      const uint32_t up = n.size[2] != 0 ? A(n.size[2]) : kNoStorage;
+      const uint32_t conj = A(n.size[1]);
+      const uint32_t prod = A(n.size[2] != 0 ? n.size[2] : n.size[0], n.size[2] != 0 ? TensorKind::temporary : kind_for(0));
+      F(conj);
+      if (up != kNoStorage) {
+        F(up);
+        out[0] = fresh(A(n.size[0], kind_for(0)));
+        F(prod);
+      } else {
+        out[0] = fresh(prod);
+      }
+      break;
+    }
+    case OpKind::rope_pairs: {  // graph/ops/ops_stack.h rope_pairs
+      const bool low = n.size[2] != 0;
+      const uint64_t x32 = low ? n.size[2] : n.size[0], half = x32 / 2;
+      const uint32_t up = low ? A(x32) : kNoStorage;  // ToCopyBackward0 (type_as)
+      uint32_t acc = kNoStorage;
+      for (int i = 0; i < 4; ++i) {
+        // StackBackward0 hands out views; AddBackward0 passes through; SubBackward0
+        // negates its second operand's grad (the third product in autograd's order).
+        const uint32_t negated = i == 2 ? A(half) : kNoStorage;
+        const uint32_t prod = A(half);  // grad * cache slice
+        if (negated != kNoStorage) F(negated);
+        const uint32_t sel = A(x32, !low && acc == kNoStorage ? kind_for(0) : TensorKind::temporary);
+        F(prod);
+        if (acc == kNoStorage) acc = sel;
+        else F(sel);  // added into the first in place
+      }
+      if (low) {
+        F(up);
+        out[0] = fresh(A(n.size[0], kind_for(0)));  // ToCopyBackward0 (x.float())
+        F(acc);
+      } else {
+        out[0] = fresh(acc);
+      }
+      break;
+    }
     case OpKind::layer_norm:
       if (needs(0)) out[0] = fresh(A(n.size[0]));
       if (needs(1)) out[1] = fresh(A(n.size[1], kind_for(1)));

@@ -46,6 +46,9 @@ TrainingScript default_script(const Scenario& scenario) {
   // step.keep_output false: `def step(): out = model(x) ...` whose names die when it
   // returns (scenario/step_output_key.h); true keeps them at loop level (the default).
   s.outputs_are_step_locals = !scenario.step.keep_output;
+  // model.implementation: the stack's own training loop deletes the output after the loss.
+  s.del_output_after_loss = scenario.model.arch.impl == graph::ModelImpl::torchtitan ||
+                            scenario.model.arch.impl == graph::ModelImpl::torchtune;
   return s;
 }
 
@@ -319,6 +322,7 @@ class Loop {
         l = model_.loss(logits_, targets);  // the family's loss (HF: shift + CE)
       }
       loss_ = std::move(l);
+      if (script_.del_output_after_loss) logits_.reset();  // `del pred` (the graph lives on)
       if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
       rt_.ctx.phase = Phase::backward;
       rt_.backward(loss_);

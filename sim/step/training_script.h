@@ -43,6 +43,9 @@ struct TrainingScript {
   bool outputs_are_step_locals = false;
   // Bind the forward's output at all (false: `model(x)` result discarded at once).
   bool bind_output = true;
+  // `pred = model(x); loss = loss_fn(pred, y); del pred; loss.backward()`: the output dies
+  // right after the loss (torchtitan's train.py; set by model.implementation).
+  bool del_output_after_loss = false;
   // Between warm-up and the measured step: `del output, loss` / `zero_grad()`.
   bool del_outputs_before_measured = false;
   bool zero_grad_before_measured = false;

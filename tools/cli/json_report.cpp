@@ -85,11 +85,14 @@ json rank_json(const RankInfo& r) {
 
 json model_json(const Scenario& s, const RankInfo& rank) {
   const bool hf = family_row(s.model.family).hf;
-  return json{{"family", to_string(s.model.family)},
-              {"architecture", hf ? json(s.model.arch.architecture) : json(nullptr)},
-              {"parameter_count", parameter_count(s.model)},
-              {"trainable_parameter_count", trainable_parameter_count(s)},
-              {"parameter_count_per_rank", parameter_count_per_rank(s, rank.pipeline_stage)}};
+  json j{{"family", to_string(s.model.family)},
+         {"architecture", hf ? json(s.model.arch.architecture) : json(nullptr)},
+         {"parameter_count", parameter_count(s.model)},
+         {"trainable_parameter_count", trainable_parameter_count(s)},
+         {"parameter_count_per_rank", parameter_count_per_rank(s, rank.pipeline_stage)}};
+  // model.implementation: written when not transformers' (hf), so hf reports are unchanged.
+  if (hf && s.model.arch.impl != graph::ModelImpl::hf) j["implementation"] = to_string(s.model.arch.impl);
+  return j;
 }
 
 std::string dump_json(const Json& j) {

@@ -32,6 +32,8 @@ std::string model_line(const Scenario& sc, const RankInfo* rank) {
   // The architecture, when it is not the family's own (Llama for hf-llama, GPT-2 for hf-gpt2).
   if (hf && std::string(m.arch.architecture) != default_architecture(m.family).name)
     s += " (" + std::string(m.arch.architecture) + ")";
+  // model.implementation, when not transformers' code.
+  if (hf && m.arch.impl != graph::ModelImpl::hf) s += " as " + std::string(to_string(m.arch.impl)) + "'s code";
   s += ", " + std::to_string(m.layers) + " layers, d_model " + std::to_string(m.d_model) + ", " +
        std::to_string(m.heads) + " heads";
   if (m.kv_heads != m.heads) s += " (" + std::to_string(m.kv_heads) + " KV)";

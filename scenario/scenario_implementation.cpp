@@ -1,0 +1,131 @@
+#include "scenario/scenario_implementation.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scenario/arch_checks.h"
+#include "scenario/scenario_family.h"
+#include "scenario/yaml_fields.h"
+
+namespace memsim::scenario_detail {
+namespace {
+
+using graph::ModelImpl;
+
+const std::vector<std::pair<std::string, ModelImpl>>& implementation_names() {
+  static const std::vector<std::pair<std::string, ModelImpl>> names = {
+      {"hf", ModelImpl::hf},
+      {"torchtitan", ModelImpl::torchtitan},
+      {"torchtune", ModelImpl::torchtune},
+      {"litgpt", ModelImpl::litgpt}};
+  return names;
+}
+
+// Where a refusal points: the other key's own line when it was given, else
+// model.implementation's.
+std::string at(const Doc& d, const std::string& key, const Field& impl) {
+  if (const Field* f = d.find(key)) return f->where;
+  return impl.where;
+}
+
+}  // namespace
+
+const char* spelling(ModelImpl impl) {
+  for (const auto& [name, value] : implementation_names())
+    if (value == impl) return name.c_str();
+  return "?";
+}
+
+void read_implementation(const Doc& d, ModelConfig& m) {
+  const Field* f = d.find("model.implementation");
+  if (!f) return;
+  const ModelImpl impl = read_enum(*f, "model.implementation", implementation_names());
+  if (impl == ModelImpl::litgpt)
+    fail(f->where, "model.implementation",
+         "litgpt's model code is not modelled yet (its fused qkv and LoRA, rope and mask caches "
+         "and chunked_cross_entropy differ from transformers'; docs/implementations.md); use hf, "
+         "torchtitan or torchtune");
+  if (impl != ModelImpl::hf && !family_row(m.family).hf)
+    fail(f->where, "model.implementation",
+         std::string("selects a Llama model code, but the family is ") + to_string(m.family) +
+             " (use family hf-llama)");
+  m.arch.impl = impl;
+}
+
+void check_implementation(const Doc& d, const Scenario& s) {
+  // Two memory features of the stacks' recipes that memsim does not model yet (torchtune's
+  // optimizer_in_bwd and enable_activation_offloading; available to any training loop).
+  if (const Field* in_bwd = d.find("optimizer.in_backward"); in_bwd && read_bool(*in_bwd, "optimizer.in_backward"))
+    fail(in_bwd->where, "optimizer.in_backward",
+         "an optimizer step per parameter inside backward (torchtune's optimizer_in_bwd: each "
+         "gradient freed after its step) is not modelled yet; use false");
+  if (const Field* off = d.find("checkpoint.offload_activations");
+      off && read_bool(*off, "checkpoint.offload_activations"))
+    fail(off->where, "checkpoint.offload_activations",
+         "saved activations moved to host memory (torchtune's OffloadActivations) are not "
+         "modelled yet; use false");
+  const Field* f = d.find("model.implementation");
+  if (!f || s.model.arch.impl == ModelImpl::hf) return;
+  const std::string who = std::string("model.implementation ") + spelling(s.model.arch.impl);
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    fail(at(d, key, *f), key, why + " (" + who + "; docs/implementations.md)");
+  };
+  const bool titan = s.model.arch.impl == ModelImpl::torchtitan;
+  const std::string stack = spelling(s.model.arch.impl);
+  // torchtitan's llama3 Transformer and torchtune's llama3 builder are one architecture:
+  // Llama (RMSNorm, SwiGLU, RoPE, GQA, no biases, untied output).
+  if (s.model.family != ModelFamily::hf_llama || std::string(s.model.arch.architecture) != "llama")
+    refuse(d.find("model.architecture") ? "model.architecture" : "model.family",
+           stack + "'s Llama model code is modelled for the Llama architecture only, not " +
+               s.model.arch.architecture);
+  if (const char* knob = first_arch_knob(s)) refuse(knob, stack + "'s Llama model code has no such knob");
+  if (s.model.tied_embeddings)
+    refuse("model.tied_embeddings", stack + "'s Llama output projection is not tied to the embedding");
+  if (s.model.attention == AttentionImpl::eager)
+    refuse("model.attention",
+           stack + " calls F.scaled_dot_product_attention(is_causal=True); use flash (16-bit) "
+           "or mem-efficient (fp32), the kernel PyTorch picks");
+  if (s.model.dropout > 0.0)
+    refuse("model.dropout", stack + "'s Llama has no dropout (attn_dropout 0 in its recipes)");
+  if (s.lora.rank > 0)
+    refuse("lora.rank", titan ? "torchtitan has no LoRA"
+                              : "torchtune's LoRA modules (LoRALinear) are not modelled yet");
+  if (s.precision.autocast.has_value())
+    refuse("precision.autocast",
+           stack + " does not run the model under torch.autocast (torchtitan: FSDP2's "
+           "MixedPrecisionPolicy; torchtune: bf16 parameters); give precision.params bf16");
+  if (s.parallel.sharding != Sharding::none)
+    refuse("parallel.sharding", stack + " shards with FSDP2 (fully_shard), which is not modelled with it yet");
+  if (s.parallel.tensor > 1 || s.parallel.pipeline > 1)
+    refuse(s.parallel.tensor > 1 ? "parallel.tensor" : "parallel.pipeline",
+           stack + "'s tensor and pipeline parallelism are not modelled");
+  if (s.checkpoint.policy != CheckpointPolicy::none && s.checkpoint.policy != CheckpointPolicy::full)
+    refuse("checkpoint.policy",
+           "only full (every block, as " + stack + "'s activation checkpointing wraps them) is "
+           "modelled with it; " + (titan ? "torchtitan's op-level selective AC is not"
+                                          : "torchtune checkpoints whole layers only"));
+  // The stack's own loss call site is modelled (torchtitan: cross_entropy_loss; torchtune:
+  // CEWithChunkedOutputLoss on its 8 output chunks, DecoderModel::loss_tune): loss.impl's
+  // alternatives run on transformers' head and are not wired to these rows yet.
+  if (s.loss.impl != LossFunction::automatic)
+    refuse("loss.impl", "the stack's own loss is modelled (" +
+                            std::string(titan ? "cross_entropy_loss" : "CEWithChunkedOutputLoss") +
+                            "); loss.impl is not combined with it yet");
+  if (s.checkpoint.reentrant.value_or(false))
+    refuse("checkpoint.reentrant", stack + " checkpoints without reentrancy");
+  // torchtitan compiles per block (its compile.enable), torchtune the whole model; neither
+  // is wired to these rows' modules (graph/compile.h wraps the hf rows' forward and blocks).
+  if (s.step.compile)
+    refuse("step.compile", "torch.compile is not modelled with " + stack + "'s model code yet");
+  if (!titan && s.batch.seq_len % 8 != 0)
+    refuse("batch.seq_len",
+           "torchtune's output is h.chunk(8, dim=1): uneven chunks (seq_len not a multiple of 8) "
+           "are not modelled");
+}
+
+}  // namespace memsim::scenario_detail
+
+namespace memsim {
+const char* to_string(graph::ModelImpl impl) { return scenario_detail::spelling(impl); }
+}  // namespace memsim
