@@ -72,6 +72,12 @@ void require_compile_modelled(const Scenario& s) {
     refuse(s, "precision.autocast",
            "step.compile with torch.autocast is not modelled; use precision.params bf16 "
            "(pure bf16 training) or step.compile: false");
+  // Forward-only steps without grad: the compiled graph needs no backward, so no partition;
+  // graph/compile.cpp runs such forwards eagerly, which is not what Inductor would allocate.
+  if (s.step.kind == StepKind::forward_no_grad)
+    refuse(s, "step.kind",
+           "step.compile with forward-no-grad (an inference graph, no partition) is not "
+           "modelled; use step.kind forward / train or step.compile: false");
   // loss.impl chunked:N / liger hand the model's hidden states to a loss that runs the head
   // per chunk (graph/models/chunked_loss.h, ops_liger.h): the compiled region would then end
   // at the hidden states and the head would be traced or not depending on the loss's own

@@ -296,6 +296,17 @@ CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
            "Megatron-LM recomputes with its own reentrant CheckpointFunction; false is not "
            "a Megatron setting (leave the key out)");
   }
+  // torch.utils.checkpoint's early_stop applies to a non-reentrant region only; with no
+  // region, a reentrant one or Megatron's CheckpointFunction the key would change nothing.
+  if (const Field* f = d.find("checkpoint.early_stop")) {
+    if (c.policy == CheckpointPolicy::none)
+      fail(f->where, "checkpoint.early_stop",
+           "checkpoint.policy is none: no checkpoint region to stop early (remove the key)");
+    if (c.reentrant.value_or(false) || family_row(m.family).reentrant_checkpoint_only)
+      fail(f->where, "checkpoint.early_stop",
+           "early_stop is an option of non-reentrant checkpointing only (use_reentrant=False); "
+           "a reentrant re-run always runs the whole region (remove the key)");
+  }
   // The list says what to checkpoint for "custom" (layers or modules) and may narrow
   // "modules" to named modules; any other policy would silently ignore it.
   if (c.policy == CheckpointPolicy::custom && c.custom.empty()) {

@@ -114,6 +114,23 @@ void check_implementation(const Doc& d, const Scenario& s) {
                             "); loss.impl is not combined with it yet");
   if (s.checkpoint.reentrant.value_or(false))
     refuse("checkpoint.reentrant", stack + " checkpoints without reentrancy");
+  // The stacks' own loops: torchtitan and torchtune step AdamW (or SGD) on the model's
+  // parameters, with no torch ZeroRedundancyOptimizer and no classic fp32 master-weight loop.
+  if (s.parallel.zero != 0)
+    refuse("parallel.zero", stack + " has no ZeroRedundancyOptimizer (it shards with FSDP2)");
+  if (s.precision.master_weights)
+    refuse("precision.master_weights",
+           stack + " keeps no separate fp32 master copy (bf16 parameters, or FSDP2's "
+           "MixedPrecisionPolicy over fp32 shards)");
+  {
+    const OptimizerType t = s.optimizer.type;
+    if (t != OptimizerType::adamw && t != OptimizerType::adam && t != OptimizerType::sgd &&
+        t != OptimizerType::none)
+      refuse("optimizer.type", "only torch's Adam, AdamW and SGD are modelled with " + stack);
+    if (s.optimizer.impl == OptimizerImpl::out_of_place || s.optimizer.impl == OptimizerImpl::cs336)
+      refuse("optimizer.impl", "only torch.optim's for-loop, foreach and fused implementations "
+                               "are modelled with " + stack);
+  }
   // torchtitan compiles per block (its compile.enable), torchtune the whole model; neither
   // is wired to these rows' modules (graph/compile.h wraps the hf rows' forward and blocks).
   if (s.step.compile)

@@ -61,6 +61,9 @@ class DecoderModel {
 
   void construct();
   Tensor forward(const Tensor& ids);
+  // The loop dropped its output name: torchtune's model also lets go of the chunk list it
+  // returned (the other rows hold nothing of their output).
+  void drop_output() { chunks_.clear(); }
   Tensor loss(const Tensor& logits, const Tensor& labels);
   // The losses computed outside the ForCausalLM head (loss.impl; docs/losses.md). The
   // base model's last hidden state (after the final norm: ForCausalLM's `outputs[0]`);

@@ -43,9 +43,11 @@ TrainingScript default_script(const Scenario& scenario) {
   }
   s.zero_grad = scenario.step.zero_grad_set_to_none ? ZeroGradAt::before_forward
                                                     : ZeroGradAt::never;
-  // step.keep_output false: `def step(): out = model(x) ...` whose names die when it
-  // returns (scenario/step_output_key.h); true keeps them at loop level (the default).
-  s.outputs_are_step_locals = !scenario.step.keep_output;
+  // step.keep_output false: the output and loss are locals of a function run once per
+  // micro-batch (HF Trainer's training_step, which returns loss.detach()): they die when its
+  // backward is done, before the next micro-batch and the optimizer step
+  // (scenario/step_output_key.h); true keeps them at loop level (the default).
+  s.drop_outputs_each_iteration = !scenario.step.keep_output;
   // model.implementation: the stack's own training loop deletes the output after the loss.
   s.del_output_after_loss = scenario.model.arch.impl == graph::ModelImpl::torchtitan ||
                             scenario.model.arch.impl == graph::ModelImpl::torchtune;
@@ -236,6 +238,7 @@ class Loop {
     if (logits_graph_ != 0) rt_.discard_graph(logits_graph_);
     logits_graph_ = 0;
     logits_.reset();
+    if constexpr (is_decoder) model_.drop_output();  // torchtune's chunk list
     logit_chunks_.clear();
     loss_.reset();
   }
@@ -300,7 +303,13 @@ class Loop {
         old_chunks.clear();
       }
       if (measured && last) rt_.mark("forward_end");
-      if (!with_loss) continue;
+      if (!with_loss) {
+        if (script_.drop_outputs_each_iteration) {
+          rt_.ctx.phase = Phase::other;
+          drop_outputs();
+        }
+        continue;
+      }
       rt_.ctx.phase = Phase::loss;
       // Low-precision logits outside the autocast region keep their dtype in the loss.
       const uint64_t elem = autocast_ ? logits_.bytes / (shape().batch * shape().seq * shape().vocab)
@@ -329,6 +338,10 @@ class Loop {
       if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
       if (fsdp2_) fsdp2_->post_backward(rt_);
       if (ds_) ds_->post_backward(rt_);      // DeepSpeed's gradient epilogue
+      if (script_.drop_outputs_each_iteration) {  // the micro-batch's function returned
+        rt_.ctx.phase = Phase::other;
+        drop_outputs();
+      }
       if (measured && last) rt_.mark("backward_end");
     }
     if (kind == StepKind::train && optimizer_) {

@@ -41,6 +41,9 @@ struct TrainingScript {
   // default_script sets it from step.keep_output (scenario/step_output_key.h): false there
   // is true here.
   bool outputs_are_step_locals = false;
+  // true: the output and loss die after each micro-batch's backward (or, in forward-only
+  // steps, after each forward): step.keep_output false, a function run per micro-batch.
+  bool drop_outputs_each_iteration = false;
   // Bind the forward's output at all (false: `model(x)` result discarded at once).
   bool bind_output = true;
   // `pred = model(x); loss = loss_fn(pred, y); del pred; loss.backward()`: the output dies
