@@ -119,3 +119,39 @@ TEST_CASE("step.keep_output: refusals name the key", "[keep-output]") {
   CHECK_THAT(error_of(megatron, "false"), Catch::Contains("step.keep_output"));
   CHECK(error_of(megatron, "true").empty());
 }
+
+TEST_CASE("step.keep_output false: each micro-batch's output dies after its backward",
+          "[keep-output]") {
+  // HF Trainer's training_step runs once per micro-batch and returns loss.detach(): its
+  // logits and loss are dead at the backward's end, before the next micro-batch and the
+  // optimizer step, however many micro-batches a step has.
+  const uint64_t logits = 2 * 32 * 1000 * 4, loss = 4;
+  for (const char* accum : {"1", "3"}) {
+    INFO("batch.grad_accum " << accum);
+    auto with = [&](const char* keep) {
+      return memsim_test::measure_step(build_program(load_scenario_text(
+          kLlama, "keep.yaml", {{"step.keep_output", keep}, {"batch.grad_accum", accum}})));
+    };
+    const memsim_test::StepMeasure off = with("false"), on = with("true");
+    CHECK(on.after_backward - off.after_backward == logits + loss);
+  }
+}
+
+TEST_CASE("step.keep_output false: torchtune's model lets go of its output chunks",
+          "[keep-output][implementation]") {
+  // torchtune's TransformerDecoder returns a list of 8 chunks that the model row holds; a
+  // forward-only loop that keeps nothing must not keep the list either.
+  const std::string tune =
+      "model: { family: hf-llama, implementation: torchtune, layers: 2, d_model: 64, heads: 4,\n"
+      "         d_ff: 128, vocab: 1000, attention: flash }\n"
+      "batch: { micro_batch: 2, seq_len: 32 }\n"
+      "precision: { params: bf16 }\n"
+      "step: { warmup_steps: 2, kind: forward-no-grad }\n";
+  auto before_forward = [&](const char* keep) {
+    return measure(build_program(
+               load_scenario_text(tune, "tune.yaml", {{"step.keep_output", keep}})))
+        .step.before_forward;
+  };
+  // The chunks of the (B, S, V) bf16 logits: the whole output is what `true` keeps.
+  CHECK(before_forward("true") - before_forward("false") >= 2 * 32 * 1000 * 2);
+}
