@@ -81,6 +81,12 @@ void require_arch_modelled(const Scenario& s) {
                  ") is not modelled yet (which dtype each of its ops sees under autocast is not "
                  "checked); use precision.autocast: none (bf16/fp16 parameters are modelled)");
   }
+  // GPT-2's SDPA path (GPT2SdpaAttention) is not built: graph/models/decoder.cpp would stop
+  // with a runtime error deep in the build; say it here, by key.
+  if (a.code == graph::ModelCode::gpt2 && s.model.attention != AttentionImpl::eager)
+    refuse(s, "model.attention",
+           "hf-gpt2 is modelled with eager attention only (GPT2Attention._attn); SDPA "
+           "(GPT2SdpaAttention) is not modelled yet: use model.attention: eager");
   if (s.model.attention != AttentionImpl::eager) {
     if (a.attn_softcap > 0.0)
       refuse(s, "model.attn_softcap",

@@ -79,3 +79,14 @@ TEST_CASE("stack combinations: the torchtitan / torchtune rows refuse what their
                Catch::Contains("optimizer.impl"));
   }
 }
+
+TEST_CASE("hf-gpt2 with SDPA is refused by key, not by a runtime error in the build",
+          "[stack-refusals]") {
+  const std::string gpt2 =
+      "model: { family: hf-gpt2, layers: 2, d_model: 64, heads: 4, d_ff: 256, vocab: 1000 }\n"
+      "batch: { micro_batch: 2, seq_len: 32 }\n";
+  CHECK_NOTHROW(require_modelled(load_scenario_text(gpt2, "g.yaml")));
+  CHECK_THROWS_WITH(
+      require_modelled(load_scenario_text(gpt2, "g.yaml", {{"model.attention", "flash"}})),
+      Catch::Contains("model.attention: hf-gpt2 is modelled with eager attention only"));
+}
