@@ -28,6 +28,7 @@ graph::HfShape hf_shape(const Scenario& s) {
     shape.lora.nf4 = s.lora.base_nf4;
     shape.lora.input_require_grads = lora_input_require_grads(s);  // scenario/peft_input_grads_key.h
   }
+  shape.float8 = s.precision.float8 == Float8Recipe::tensorwise;  // scenario/torchtitan_keys.h
   shape.arch = s.model.arch;
   if (s.model.family == ModelFamily::hf_gpt2 && shape.arch.code != graph::ModelCode::gpt2)
     shape.arch = graph::gpt2_arch();

@@ -78,8 +78,13 @@ struct BatchConfig {
 // weight-cast cache is never cleared (sim/step/script_loss.h, docs/scenario-format.md).
 enum class AutocastRegion { forward, forward_and_loss, whole_step, whole_run };
 
+// precision.float8 (issue #16, torchtitan's float8 part; scenario/torchtitan_keys.h): torchao
+// Float8Linear on the decoder layers' linears. rowwise is read and refused.
+enum class Float8Recipe { none, tensorwise, rowwise };
+
 struct PrecisionConfig {
   DType params = DType::fp32;
+  Float8Recipe float8 = Float8Recipe::none;  // precision.float8 (graph/ops/ops_float8.h)
   std::optional<DType> autocast;      // nullopt = none
   AutocastRegion autocast_region = AutocastRegion::forward_and_loss;
   bool autocast_cache = true;         // torch.autocast(cache_enabled=...)

@@ -1,12 +1,15 @@
-// The torchtitan keys that memsim reads but does not model yet: parallel.context (context
-// parallelism) and precision.float8 (torchao float8 training). Internal to the scenario
+// The torchtitan keys parallel.context (context parallelism: read, not modelled yet) and
+// precision.float8 (torchao float8 training: tensorwise modelled, docs/float8.md). Internal to the scenario
 // loader; docs/torchtitan-recipes.md and docs/scenario-format.md describe them.
 //
 // Contract: a combination no real stack allows fails first, naming the keys (context
 // parallelism whose 2N does not divide batch.seq_len, or with eager attention; float8
 // without a bf16 compute dtype); float8 with parallel.sharding fsdp2 is refused as "not
-// yet"; anything else with parallel.context > 1 or precision.float8 set is refused as not
-// modelled. parallel.context: 1 (torchtitan's default, no context parallelism) is accepted.
+// yet"; precision.float8: tensorwise is accepted (into s.precision.float8) for the hf-llama
+// llama row with bf16 parameters on one GPU or DDP, everything else with it set (rowwise,
+// other rows, autocast, LoRA, compile, checkpointing, sharding) is refused by key; anything
+// with parallel.context > 1 is refused as not modelled. parallel.context: 1 (torchtitan's
+// default, no context parallelism) is accepted.
 #pragma once
 
 #include "scenario/scenario.h"
@@ -14,6 +17,6 @@
 
 namespace memsim::scenario_detail {
 
-void check_torchtitan_keys(const Doc& d, const Scenario& s);
+void check_torchtitan_keys(const Doc& d, Scenario& s);  // sets s.precision.float8
 
 }  // namespace memsim::scenario_detail

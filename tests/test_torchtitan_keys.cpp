@@ -1,5 +1,6 @@
 // parallel.context and precision.float8 (scenario/torchtitan_keys.h): read, checked for
-// combinations no stack allows (exit 1 naming the keys), then refused as not modelled.
+// combinations no stack allows (exit 1 naming the keys), then refused as not modelled
+// (float8 tensorwise is modelled: tests/test_float8.cpp).
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -42,7 +43,7 @@ TEST_CASE("parallel.context: checked, then refused as not modelled", "[torchtita
              Catch::Contains("parallel.context") && Catch::Contains("not modelled yet"));
 }
 
-TEST_CASE("precision.float8: checked, then refused as not modelled", "[torchtitan][keys]") {
+TEST_CASE("precision.float8: checked first, rowwise refused as not modelled", "[torchtitan][keys]") {
   CHECK(error_of({{"precision.float8", "none"}}).empty());
   CHECK_THAT(error_of({{"precision.float8", "blockwise"}}),
              Catch::Contains("precision.float8") && Catch::Contains("tensorwise"));

@@ -5,6 +5,7 @@
 #include "graph/autocast.h"
 #include "graph/models/decoder.h"
 #include "graph/numeric/numeric.h"
+#include "graph/ops/ops_float8.h"
 #include "graph/ops/ops_nn.h"
 #include "graph/ops/ops_stack.h"
 
@@ -20,6 +21,9 @@ namespace memsim::graph {
 Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& pr) {
   const double flops = 2.0 * static_cast<double>(s_.rows()) * pr.in * pr.out;
   const bool addmm = pr.b >= 0 || arch().linear == LinearKind::conv1d;
+  if (s_.float8)  // torchao Float8Linear (bias-free nn.Linear only; the reader refuses the rest)
+    return float8_linear(rt_, x, rt_.param(pr.w), s_.rows(), static_cast<uint64_t>(pr.in),
+                         static_cast<uint64_t>(pr.out), flops);
   if (autocast_on()) {  // no LoRA under autocast (refused)
     const int64_t rows = static_cast<int64_t>(s_.rows());
     if (addmm && arch().linear == LinearKind::conv1d)  // addmm(bias, x2d, W) as Conv1D writes it

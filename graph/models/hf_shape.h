@@ -31,6 +31,9 @@ struct HfShape {
   bool tied = false;           // lm_head.weight is the token embedding (GPT-2: true)
   HfAttention attention = HfAttention::eager;
   HfLora lora;
+  // torchao float8 training (precision.float8: tensorwise): every decoder-layer projection
+  // is a Float8Linear (graph/ops/ops_float8.h); the lm_head stays nn.Linear.
+  bool float8 = false;
   DecoderArch arch;            // which shared modules the layers use (graph/models/decoder.h)
 
   uint64_t rows() const { return static_cast<uint64_t>(batch * seq); }

@@ -85,5 +85,6 @@
   X(liger_flce, liger, "fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunctionBackward") /* Liger's fused linear CE: grads computed in forward and saved; backward hands them out */ \
   X(fused_rms_norm, nn, "_fused_rms_norm", "FusedRmsNormBackward0") /* nn.RMSNorm on CUDA, torch >= 2.9: out + fp32 rstd; saves input, rstd, weight (graph/ops/ops_stack.h) */ \
   X(rope_complex, nn, "mul", "MulBackward0") /* torchtitan apply_rotary_emb on one of q/k: complex product with freqs_cis; saves the table (graph/ops/ops_stack.h) */ \
-  X(rope_pairs, nn, "stack", "StackBackward0") /* torchtune RotaryPositionalEmbeddings.forward on one of q/k: four products on the cache, sub, add, stack; saves the cache (graph/ops/ops_stack.h) */
+  X(rope_pairs, nn, "stack", "StackBackward0") /* torchtune RotaryPositionalEmbeddings.forward on one of q/k: four products on the cache, sub, add, stack; saves the cache (graph/ops/ops_stack.h) */ \
+  X(float8_linear, float8, "_scaled_mm", "matmul_with_hp_or_float8_argsBackward") /* torchao Float8Linear, tensorwise (graph/ops/ops_float8.h): saves x, the fp8 weight and its scale */
 // clang-format on
