@@ -55,6 +55,11 @@ namespace memsim::graph {
 
 class Autocast;  // graph/autocast.h
 
+// The parameter names of a non-HF stack's Llama modules (model.implementation; decoder_impl.cpp).
+struct StackParamNames {
+  const char *wq, *wk, *wv, *wo, *w1, *w2, *w3, *attn_norm, *ffn_norm;
+};
+
 class DecoderModel {
  public:
   DecoderModel(Runtime& rt, const HfShape& shape) : rt_(rt), s_(shape), lora_(rt, s_) {}
@@ -171,6 +176,8 @@ class DecoderModel {
   bool titan() const;
   uint64_t freqs_bytes() const;
   void construct_titan();
+  // Both stacks' Llama parameters, named by `names` (decoder_impl.cpp).
+  void add_stack_parameters(const StackParamNames& names);
   Tensor forward_titan(const Tensor& ids);
   Tensor attention_titan(const LayerParams& p, const Tensor& x);
   Tensor loss_titan(const Tensor& logits, const Tensor& labels);

@@ -59,7 +59,17 @@ bool DecoderModel::titan() const { return arch().impl == ModelImpl::torchtitan; 
 // The (S, head_dim/2) complex64 freqs_cis: S x head_dim x 4 bytes.
 uint64_t DecoderModel::freqs_bytes() const { return s_.seq * s_.head_dim() * 4; }
 
-void DecoderModel::construct_titan() {
+// The two stacks' Llama modules register the same parameters in the same order (the
+// optimizer's order); only the names differ.
+constexpr StackParamNames kTitanNames = {"attention.wq", "attention.wk", "attention.wv",
+                                         "attention.wo", "feed_forward.w1", "feed_forward.w2",
+                                         "feed_forward.w3", "attention_norm", "ffn_norm"};
+constexpr StackParamNames kTuneNames = {"attn.q_proj", "attn.k_proj", "attn.v_proj",
+                                        "attn.output_proj", "mlp.w1", "mlp.w2", "mlp.w3",
+                                        "sa_norm", "mlp_norm"};
+
+// tok_embeddings, per layer q/k/v/o, w1/w2/w3 and the two norms, the final norm, output.
+void DecoderModel::add_stack_parameters(const StackParamNames& n) {
   const uint64_t e = s_.elem, D = s_.d_model, F = s_.d_ff, V = s_.vocab;
   const uint64_t qD = s_.q_dim(), kvD = s_.kv_dim();
   rt_.ctx.module = Module::embedding;
@@ -71,17 +81,17 @@ void DecoderModel::construct_titan() {
     LayerParams& p = layers_[l];
     const std::string pre = "layers." + std::to_string(l) + ".";
     rt_.ctx.module = Module::attention;
-    p.q = add_proj(qD, D, pre, "attention.wq", false, -1);
-    p.k = add_proj(kvD, D, pre, "attention.wk", false, -1);
-    p.v = add_proj(kvD, D, pre, "attention.wv", false, -1);
-    p.o = add_proj(D, qD, pre, "attention.wo", false, -1);
+    p.q = add_proj(qD, D, pre, n.wq, false, -1);
+    p.k = add_proj(kvD, D, pre, n.wk, false, -1);
+    p.v = add_proj(kvD, D, pre, n.wv, false, -1);
+    p.o = add_proj(D, qD, pre, n.wo, false, -1);
     rt_.ctx.module = Module::mlp;
-    p.gate = add_proj(F, D, pre, "feed_forward.w1", false, -1);
-    p.down = add_proj(D, F, pre, "feed_forward.w2", false, -1);
-    p.up = add_proj(F, D, pre, "feed_forward.w3", false, -1);
+    p.gate = add_proj(F, D, pre, n.w1, false, -1);
+    p.down = add_proj(D, F, pre, n.w2, false, -1);
+    p.up = add_proj(F, D, pre, n.w3, false, -1);
     rt_.ctx.module = Module::norm;
-    p.norm[kInputNorm] = add_norm(D, pre, "attention_norm");
-    p.norm[kPostAttnNorm] = add_norm(D, pre, "ffn_norm");
+    p.norm[kInputNorm] = add_norm(D, pre, n.attn_norm);
+    p.norm[kPostAttnNorm] = add_norm(D, pre, n.ffn_norm);
   }
   rt_.ctx.layer = -1;
   rt_.ctx.module = Module::norm;
@@ -89,6 +99,10 @@ void DecoderModel::construct_titan() {
   rt_.ctx.module = Module::head;
   lm_head_ = rt_.add_parameter(V * D * e, "output.weight");
   rt_.parameters()[lm_head_].rows = V;
+}
+
+void DecoderModel::construct_titan() {
+  add_stack_parameters(kTitanNames);
   // to_empty() gives the buffer its storage after every parameter; init_weights() then
   // assigns a freshly computed table (precompute_freqs_cis' temporaries are a few
   // head_dim/2 vectors and one (S, head_dim/2) fp32 angle table, freed as it returns).
@@ -180,8 +194,7 @@ Tensor DecoderModel::loss_titan(const Tensor& logits, const Tensor& labels) {
 bool DecoderModel::tune() const { return arch().impl == ModelImpl::torchtune; }
 
 void DecoderModel::construct_tune() {
-  const uint64_t e = s_.elem, D = s_.d_model, F = s_.d_ff, V = s_.vocab;
-  const uint64_t qD = s_.q_dim(), kvD = s_.kv_dim(), hd = s_.head_dim();
+  const uint64_t hd = s_.head_dim();
   const uint64_t ctx = static_cast<uint64_t>(s_.context_length);
   // The builder makes the RoPE module first: theta, then build_rope_cache's seq_idx,
   // idx_theta (einsum), cos and sin, their stack (the cache); the list dies after the
@@ -200,33 +213,7 @@ void DecoderModel::construct_tune() {
   // Parameters in the module's registration order (model.parameters(), the optimizer's
   // order): tok_embeddings, layers (attn q/k/v/output_proj, mlp w1/w2/w3, sa_norm,
   // mlp_norm), norm, output. (The builder allocates the layers before tok_embeddings.)
-  rt_.ctx.module = Module::embedding;
-  embed_ = rt_.add_parameter(V * D * e, "tok_embeddings.weight");
-  rt_.parameters()[embed_].rows = V;
-  layers_.resize(s_.layers);
-  for (int32_t l = 0; l < s_.layers; ++l) {
-    rt_.ctx.layer = l;
-    LayerParams& p = layers_[l];
-    const std::string pre = "layers." + std::to_string(l) + ".";
-    rt_.ctx.module = Module::attention;
-    p.q = add_proj(qD, D, pre, "attn.q_proj", false, -1);
-    p.k = add_proj(kvD, D, pre, "attn.k_proj", false, -1);
-    p.v = add_proj(kvD, D, pre, "attn.v_proj", false, -1);
-    p.o = add_proj(D, qD, pre, "attn.output_proj", false, -1);
-    rt_.ctx.module = Module::mlp;
-    p.gate = add_proj(F, D, pre, "mlp.w1", false, -1);
-    p.down = add_proj(D, F, pre, "mlp.w2", false, -1);
-    p.up = add_proj(F, D, pre, "mlp.w3", false, -1);
-    rt_.ctx.module = Module::norm;
-    p.norm[kInputNorm] = add_norm(D, pre, "sa_norm");
-    p.norm[kPostAttnNorm] = add_norm(D, pre, "mlp_norm");
-  }
-  rt_.ctx.layer = -1;
-  rt_.ctx.module = Module::norm;
-  final_norm_ = add_norm(D, "", "norm");
-  rt_.ctx.module = Module::head;
-  lm_head_ = rt_.add_parameter(V * D * e, "output.weight");
-  rt_.parameters()[lm_head_].rows = V;
+  add_stack_parameters(kTuneNames);
   // The recipe's setup: ignore_labels_cache = torch.full((batch_size, 1), -100) on the
   // device, used by every step's label shift (counted with the batch).
   rt_.ctx.module = Module::loss;
