@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "scenario/fsdp_precision.h"
+#include "sim/parallel/wrap_units.h"
 #include "sim/parallel/zero_sharding.h"
 
 namespace memsim {
@@ -20,19 +21,14 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
       reshard_after_forward_(s.parallel.reshard_after_forward),
       offload_(s.parallel.cpu_offload) {
   Program& program = rt.program();
-  // Which layer each parameter was created in (its alloc event): the auto-wrap units.
-  std::unordered_map<uint32_t, int32_t> layer_of_storage;
-  for (const MemoryEvent& e : program.events)
-    if (e.type == EventType::alloc && e.kind == TensorKind::parameter)
-      layer_of_storage[e.tensor] = e.layer;
-  int32_t layers = 0;
-  for (const auto& [storage, layer] : layer_of_storage) layers = std::max(layers, layer + 1);
-  units_.resize(1 + static_cast<size_t>(layers));
+  // Which layer each parameter was created in: the auto-wrap units (sim/parallel/wrap_units.h).
+  const ParameterLayers wrap = parameter_layers(program);
+  units_.resize(1 + static_cast<size_t>(wrap.layers));
   const size_t n = rt.parameters().size();
   unit_of_param_.resize(n);
   stamp_.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
-    const size_t u = unit_of_layer(layer_of_storage.at(rt.parameters()[i].storage));
+    const size_t u = unit_of_layer(wrap.layer_of_storage.at(rt.parameters()[i].storage));
     unit_of_param_[i] = u;
     units_[u].params.push_back(static_cast<int32_t>(i));
   }

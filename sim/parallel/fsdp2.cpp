@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "scenario/fsdp_precision.h"
+#include "sim/parallel/wrap_units.h"
 
 namespace memsim {
 
@@ -43,14 +44,9 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   n_rs_out_ = program.intern("FSDP2 reduce-scatter output");
   n_grad_cast_ = program.intern("FSDP2 sharded grad (cast to the param dtype)");
 
-  // Which block each parameter was created in (its alloc event): the fully_shard groups.
-  std::unordered_map<uint32_t, int32_t> layer_of_storage;
-  for (const MemoryEvent& e : program.events)
-    if (e.type == EventType::alloc && e.kind == TensorKind::parameter)
-      layer_of_storage[e.tensor] = e.layer;
-  int32_t layers = 0;
-  for (const auto& [storage, layer] : layer_of_storage) layers = std::max(layers, layer + 1);
-  groups_.resize(1 + static_cast<size_t>(layers));
+  // Which layer each parameter was created in: the fully_shard groups (sim/parallel/wrap_units.h).
+  const ParameterLayers wrap = parameter_layers(program);
+  groups_.resize(1 + static_cast<size_t>(wrap.layers));
   const size_t n = rt.parameters().size();
   param_of_orig_.assign(n, -1);
   stamp_.assign(n, 0);
@@ -69,7 +65,7 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     const uint64_t cols = numel / rows;
     p.shard_numel = (rows + ws_ - 1) / ws_ * cols;  // torch.chunk: chunk 0 is the largest
     p.full_numel = p.shard_numel * ws_;
-    const size_t g = group_of_layer(layer_of_storage.at(orig.storage));
+    const size_t g = group_of_layer(wrap.layer_of_storage.at(orig.storage));
     p.group = g;
     groups_[g].params.push_back(params_.size());
     if (p.trainable) ++groups_[g].trainable;
