@@ -1,0 +1,256 @@
+// memsim against real training steps of the decoder-architecture rows on a GPU, predicted
+// blind: tests/data/h100/blind3_arch_predictions.json was committed (memsim at eca7686c)
+// before tools/gpu/measure_cuda.py --group arch arch-extra arch-more ran on a lent NVIDIA
+// H200 (PyTorch 2.11.0+cu130, transformers 5.17.0, 2026-11-27). The measurements are
+// tests/data/h100/arch/cuda_runs.json, their memory snapshots (frames stripped)
+// tests/data/h100/arch/snapshots.tar.xz (extracted into the build tree by CMake).
+//
+// 1. Every snapshot replays through the allocator emulator with no mismatch.
+// 2. Each run is simulated from its committed scenario (tests/data/h100/arch/NAME.yaml,
+//    loaded as `memsim run` loads it) and the measured step's max_memory_allocated /
+//    max_memory_reserved compared: exact unless kKnownGaps names the run, with the gap
+//    measured and its cause (found from the trace, or "not found") beside it.
+// 3. The blind record stays honest: where memsim's prediction today differs from the blind
+//    file, the table prints both, and the test fails if a prediction got worse.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "allocator/snapshot/snapshot.h"
+#include "json_test_support.h"
+#include "real_run_test_support.h"
+#include "replay/replay.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
+
+using namespace memsim;
+
+namespace {
+
+const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/h100/arch/cuda_runs.json";
+const std::string kBlind = MEMSIM_SOURCE_DIR "/tests/data/h100/blind3_arch_predictions.json";
+const std::string kSnapshots = MEMSIM_H100_ARCH_SNAPSHOTS;
+
+// Runs whose prediction is not exact: the largest relative error allowed (the measured one,
+// rounded up) and why.
+struct KnownGap {
+  double allocated, reserved;
+  const char* why;
+};
+const std::map<std::string, KnownGap> kKnownGaps = {
+    // Stand-ins (tools/fixtures/torch_models.DecoderForCausalLM, the code memsim follows).
+    // In the trace, embedding backward allocates CUB's radix-sort scratch (83456 B) and two
+    // 1536 B blocks that memsim does not emit (as in test_h100_runs.cpp's autocast run):
+    // the small pool's blocks are then placed differently; requested bytes are the same.
+    {"arch_phi3_l4_d1024_s1024_b4_fp32", {0.00018, 0.0, "CUB scratch in embedding backward"}},
+    {"arch_phi3_l4_d1024_s1024_b4_bf16", {0.00018, 0.0, "CUB scratch in embedding backward"}},
+    // bf16 rows with biases (the llama stand-in has attention_bias and mlp_bias): the trace
+    // allocates one more hidden-sized bf16 tensor (b x s x d x 2 B = 8 MiB) per layer in
+    // backward, at the MLP input where the gate and up gradients are summed, before the two
+    // addends are freed (an out-of-place sum) where memsim (and torch 1.13 on the CPU, whose
+    // fixtures memsim matches) sums in place. The rule in 2.11's autograd InputBuffer that
+    // makes that sum out of place for bf16 is not found yet; the peak is 1-3 MiB apart.
+    {"arch_llama_l4_d1024_s1024_b4_bf16", {0.0004, 0.0, "bf16 gradient sum out of place (trace)"}},
+    {"arch_qwen2_l4_d1024_s1024_b4_bf16", {0.0002, 0.0, "bf16 gradient sum out of place (trace)"}},
+    {"arch_mistral_l4_d1024_s1024_b4_bf16", {0.0007, 0.0, "bf16 gradient sum out of place (trace)"}},
+    {"arch_qwen3_l4_d1024_s1024_b4_bf16", {0.0003, 0.0, "bf16 backward, cause not found"}},
+    {"arch_olmo2_l4_d1024_s1024_b4_bf16", {0.0003, 0.0, "bf16 backward, cause not found"}},
+    {"arch_qwen2.5-0.5b_s2048_b2_bf16", {0.00003, 0.0, "bf16 backward, cause not found"}},
+    // Allocated exact; the cache holds the same bytes in a different layout of segments.
+    {"arch_gemma_l4_d1024_s1024_b4_bf16", {0.0, 0.0025, "segment layout, cause not found"}},
+    {"arch_gemma3_text_l6_d1024_s1024_b4_bf16", {0.0, 0.003, "segment layout, cause not found"}},
+    {"arch_qwen3-0.6b_s2048_b2_bf16", {0.0, 0.00005, "segment layout, cause not found"}},
+    // Allocated exact, reserved 262 MiB under: the trace's order of the soft-capped logits'
+    // allocations differs from memsim's; not found yet.
+    {"arch_gemma2_l4_d1024_s1024_b4_bf16", {0.0, 0.043, "soft-capped logits' order (trace)"}},
+    // transformers 5.17 is not the v4.45-era code memsim models (each run's
+    // expected_differences in the blind file): its loss has no shifted bf16 copy of the
+    // logits (265 MB = b x s x V x 2 B less in bf16), its masks and eager attention
+    // function keep other tensors alive.
+    {"tf_arch_qwen2_l4_d1024_s1024_b4_fp32", {0.0004, 0.08, "transformers 5.17"}},
+    {"tf_arch_qwen3_l4_d1024_s1024_b4_fp32", {0.000001, 0.002, "transformers 5.17"}},
+    {"tf_arch_gemma2_l4_d1024_s1024_b4_fp32", {0.0009, 0.003, "transformers 5.17"}},
+    {"tf_arch_phi3_l4_d1024_s1024_b4_fp32", {0.0004, 0.009, "transformers 5.17"}},
+    {"tf_arch_mistral_l4_d1024_s1024_b4_fp32", {0.0007, 0.08, "transformers 5.17"}},
+    {"tf_arch_qwen2.5-0.5b_s2048_b2_bf16", {0.036, 0.003, "transformers 5.17"}},
+    {"tf_arch_qwen3-0.6b_s2048_b2_bf16", {0.000001, 0.0011, "transformers 5.17"}},
+    {"tf_arch_qwen2_l4_d1024_s1024_b4_bf16", {0.054, 0.049, "transformers 5.17"}},
+    {"tf_arch_qwen3_l4_d1024_s1024_b4_bf16", {0.000001, 0.0027, "transformers 5.17"}},
+    {"tf_arch_gemma2_l4_d1024_s1024_b4_bf16", {0.050, 0.041, "transformers 5.17"}},
+    {"tf_arch_phi3_l4_d1024_s1024_b4_bf16", {0.052, 0.048, "transformers 5.17"}},
+    {"tf_arch_mistral_l4_d1024_s1024_b4_bf16", {0.053, 0.049, "transformers 5.17"}},
+    // HF Trainer's bf16=True (fp32 weights + bf16 autocast) through transformers 5.17: refused
+    // when the blind file was written; the Qwen2 row was predicted (6269316608 / 6392119296 B,
+    // commit 35a6cb4) before this measurement. The allocated gap is the bf16-logits copy
+    // transformers 5.x no longer makes (as in the bf16 row above).
+    {"tf_arch_qwen2_l4_d1024_s1024_b4_fp32_autocast_bf16", {0.044, 0.004, "transformers 5.17"}},
+};
+
+struct Predicted {
+  bool refused = false;
+  uint64_t allocated = 0, reserved = 0;
+};
+
+Predicted simulate(const std::string& scenario_path) {
+  Predicted p;
+  Scenario s;
+  Program program;
+  try {
+    s = load_scenario(MEMSIM_SOURCE_DIR "/" + scenario_path);
+    program = build_program(s);
+  } catch (const std::exception&) {
+    p.refused = true;  // refused by key: printed as such, checked against the blind file
+    return p;
+  }
+  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
+  const Timeline t = execute(program, s.allocator, device, ExecuteOptions{});
+  const Analysis a = analyze(program, t);
+  REQUIRE(a.fits());
+  p.allocated = a.peak_allocated;
+  p.reserved = a.peak_reserved;
+  return p;
+}
+
+using memsim_test::rel;
+
+}  // namespace
+
+TEST_CASE("H100/H200 arch snapshots replay through the emulator with no mismatch", "[h100][arch][replay]") {
+  const nlohmann::json runs = memsim_test::load_json(kRuns);
+  REQUIRE(runs["results"].size() == 34);
+  for (const nlohmann::json& r : runs["results"]) {
+    const std::string name = r["spec"]["name"];
+    INFO(name);
+    const Snapshot snap = read_snapshot_file(kSnapshots + "/" + name + ".pickle");
+    const ReplayReport rep = replay_snapshot(snap);
+    CHECK(rep.mismatches == 0);
+    CHECK(rep.final_layout_match);
+    CHECK(rep.seeded_segments == 0);  // recorded from before the model was built
+    const auto& begin = r["marks"]["measured_step_begin"];
+    const uint64_t alloc_peak = std::max(begin["allocated_bytes.all.peak"].get<uint64_t>(),
+                                         r["measured_step_peak_allocated"].get<uint64_t>());
+    const uint64_t reserved_peak = std::max(begin["reserved_bytes.all.peak"].get<uint64_t>(),
+                                            r["measured_step_peak_reserved"].get<uint64_t>());
+    CHECK(rep.peak_allocated_bytes == alloc_peak);
+    CHECK(rep.peak_reserved_bytes == reserved_peak);
+  }
+}
+
+TEST_CASE("Arch runs (blind): stand-ins exact or within a diagnosed gap, transformers 5.17 within its gap",
+          "[h100][arch]") {
+  const nlohmann::json runs = memsim_test::load_json(kRuns);
+  const nlohmann::json blind = memsim_test::load_json(kBlind)["predictions"];
+  std::printf("\n| arch run (H200) | peak allocated real | blind | now | error | peak reserved real | blind | now | error |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  size_t compared = 0, exact = 0, standins = 0, refused = 0;
+  for (const nlohmann::json& r : runs["results"]) {
+    const nlohmann::json& sp = r["spec"];
+    const std::string name = sp["name"];
+    INFO(name);
+    const nlohmann::json& b = blind.at(name);
+    const Predicted p = simulate(sp["scenario"]);
+    const bool was_refused = b.contains("refused");
+    if (p.refused) {
+      // Measured, not modelled (refused by key then and now): the measurement is kept for
+      // the day memsim models it.
+      CHECK(was_refused);
+      std::printf("| %s | %.2f MiB | refused | refused | | %.2f MiB | refused | refused | |\n", name.c_str(),
+                  r["measured_step_peak_allocated"].get<uint64_t>() / 1048576.0,
+                  r["measured_step_peak_reserved"].get<uint64_t>() / 1048576.0);
+      ++refused;
+      continue;
+    }
+    // The shape is the one memsim simulates: the parameter counts are equal.
+    if (b.contains("parameter_count")) CHECK(r["parameters"].get<int64_t>() == b["parameter_count"].get<int64_t>());
+    const uint64_t real_a = r["measured_step_peak_allocated"], real_r = r["measured_step_peak_reserved"];
+    const double ea = rel(p.allocated, real_a), er = rel(p.reserved, real_r);
+    const uint64_t blind_a = was_refused ? 0 : b["peak_allocated_bytes"].get<uint64_t>();
+    const uint64_t blind_r = was_refused ? 0 : b["peak_reserved_bytes"].get<uint64_t>();
+    std::printf("| %s | %.2f MiB | %s | %.2f MiB | %+.3f%% | %.2f MiB | %s | %.2f MiB | %+.3f%% |\n", name.c_str(),
+                real_a / 1048576.0, was_refused ? "refused" : std::to_string(blind_a >> 20).c_str(),
+                p.allocated / 1048576.0, 100 * ea, real_r / 1048576.0,
+                was_refused ? "refused" : std::to_string(blind_r >> 20).c_str(), p.reserved / 1048576.0, 100 * er);
+    ++compared;
+    standins += sp["impl"] != "transformers";
+    // Today's prediction is never further from the measurement than the blind one was.
+    if (!was_refused) {
+      CHECK(std::fabs(ea) <= std::fabs(rel(blind_a, real_a)) + 1e-12);
+      CHECK(std::fabs(er) <= std::fabs(rel(blind_r, real_r)) + 1e-12);
+    }
+    const auto gap = kKnownGaps.find(name);
+    if (gap == kKnownGaps.end()) {
+      CHECK(p.allocated == real_a);
+      CHECK(p.reserved == real_r);
+      exact += p.allocated == real_a && p.reserved == real_r;
+    } else {
+      INFO(gap->second.why);
+      CHECK(std::fabs(ea) <= gap->second.allocated);
+      CHECK(std::fabs(er) <= gap->second.reserved);
+      exact += p.allocated == real_a && p.reserved == real_r;
+    }
+  }
+  std::printf("%zu arch runs compared (%zu stand-ins), %zu exact in both peaks\n", compared, standins, exact);
+  CHECK(compared + refused == 34);
+  CHECK(refused <= 1);  // Gemma-2 under autocast (model.norm_placement) at most
+  CHECK(standins == 20);
+}
+
+namespace {
+// The sizes of the allocations above 1 MiB (the large pool), in order: from the trace, and
+// from the simulated Program (requests rounded as the allocator rounds them).
+std::vector<uint64_t> large_allocs(const Snapshot& snap) {
+  std::vector<uint64_t> out;
+  for (const SnapshotTraceEntry& e : snap.device_traces.at(0))
+    if (e.action == TraceAction::alloc && e.size > (1u << 20)) out.push_back(e.size);
+  return out;
+}
+std::vector<uint64_t> large_allocs(const Program& p) {
+  std::vector<uint64_t> out;
+  for (const MemoryEvent& e : p.events) {
+    const uint64_t rounded = (e.bytes + 511) / 512 * 512;
+    if (e.type == EventType::alloc && rounded > (1u << 20)) out.push_back(rounded);
+  }
+  return out;
+}
+}  // namespace
+
+// Is `sub` a subsequence of `all` (in order, not necessarily adjacent)?
+bool is_subsequence(const std::vector<uint64_t>& sub, const std::vector<uint64_t>& all) {
+  size_t j = 0;
+  for (uint64_t x : all)
+    if (j < sub.size() && sub[j] == x) ++j;
+  return j == sub.size();
+}
+
+TEST_CASE("Arch fp32 stand-ins: every large allocation of the program appears in the trace, in order",
+          "[h100][arch]") {
+  // Setup, warm-up and measured step of each fp32 stand-in whose peaks came out exact: the
+  // parameters, each activation, gradient, optimizer state and workspace above 1 MiB. The
+  // trace has more: one or two hidden-sized transients per layer in each backward (8 to 24
+  // per run, freed at once, never at the peak) that torch 1.13 on the CPU does not make and
+  // memsim does not emit (the bf16 runs' gap in kKnownGaps is the same transient); their op
+  // is not identified (the snapshots carry no frames). The next GPU session should record one
+  // run with frames.
+  const nlohmann::json runs = memsim_test::load_json(kRuns);
+  size_t checked = 0;
+  for (const nlohmann::json& r : runs["results"]) {
+    const nlohmann::json& sp = r["spec"];
+    const std::string name = sp["name"];
+    if (sp["impl"] == "transformers" || sp["dtype"] != "fp32" || kKnownGaps.count(name)) continue;
+    INFO(name);
+    const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/" + sp["scenario"].get<std::string>());
+    const std::vector<uint64_t> predicted = large_allocs(build_program(s));
+    const std::vector<uint64_t> real = large_allocs(read_snapshot_file(kSnapshots + "/" + name + ".pickle"));
+    CHECK(is_subsequence(predicted, real));
+    const size_t extra = real.size() - predicted.size();
+    std::printf("%s: %zu large allocations, %zu more in the trace\n", name.c_str(), predicted.size(), extra);
+    CHECK(extra <= 4 * static_cast<size_t>(s.model.layers));
+    ++checked;
+  }
+  CHECK(checked == 8);
+}
