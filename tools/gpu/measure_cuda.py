@@ -350,9 +350,13 @@ def stats(torch, cuda):
 def trim_frames(snapshot):
     """Keeps each entry's frames from model, loop and optimizer code only (at most 4)."""
     keep = ("torch_models", "measure_cuda", "transformers", "optim", "checkpoint")
+    # With C++ stacks: the autograd nodes and ATen ops by name (at most 8 of them).
+    keep_cpp = ("torch::autograd::", "at::native::", "at::_ops::", "InputBuffer", "Backward")
 
     def cut(frames):
-        return [f for f in frames if any(k in f.get("filename", "") for k in keep)][:4]
+        py = [f for f in frames if any(k in f.get("filename", "") for k in keep)][:4]
+        cpp = [f for f in frames if any(k in f.get("name", "") for k in keep_cpp)][:8]
+        return py + cpp
 
     for trace in snapshot.get("device_traces", []):
         for e in trace:
@@ -485,7 +489,11 @@ def run_one(sp, out_dir):
         free0, total = torch.cuda.mem_get_info()
         result["gpu"] = torch.cuda.get_device_name()
         result["mem_get_info_at_init"] = [free0, total]
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
+        # MEMSIM_CPP_STACKS=1: C++ frames too (the autograd node and ATen op of each backward
+        # allocation, which Python frames cannot show), trimmed by trim_frames.
+        stacks = "all" if os.environ.get("MEMSIM_CPP_STACKS") == "1" else "python"
+        result["stacks"] = stacks
+        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks=stacks,
                                                  max_entries=2_000_000)
         free1, _ = torch.cuda.mem_get_info()
         result["mem_get_info_after_history"] = [free1, total]
