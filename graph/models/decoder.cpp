@@ -513,7 +513,7 @@ Tensor DecoderModel::head_projection(const Tensor& hidden, const Tensor& head_w,
   } else {
     logits = lm_linear(hidden, lm_head_, D, s_.vocab, rows);
   }
-  if (arch().final_softcap > 0.0) logits = softcap(logits);
+  if (arch().final_softcap > 0.0) logits = softcap(std::move(logits));
   return logits;
 }
 

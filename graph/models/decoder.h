@@ -144,7 +144,7 @@ class DecoderModel {
   Tensor gelu_new(const Tensor& x);
   Tensor gelu_new_autocast(const Tensor& x);
   Tensor drop(const Tensor& x);        // residual / embedding dropout (GPT-2)
-  Tensor softcap(const Tensor& x);     // / c, tanh, * c (the caller sets the scalar)
+  Tensor softcap(Tensor x);            // / c, tanh, * c (x moved in: freed after / c)
 
   // --- attention (decoder_attention.cpp) ---
   Tensor attention(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& cos,

@@ -253,7 +253,7 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
     kc.reset();
   }
   w = a.attn_scale_mul ? mul_scalar(rt_, w) : div_scalar(rt_, w);
-  if (a.attn_softcap > 0.0) w = softcap(w);  // Gemma-2: before the mask
+  if (a.attn_softcap > 0.0) w = softcap(std::move(w));  // Gemma-2: before the mask
   // Phi-3's `attn_weights += causal_mask` is in place: the scores keep their dtype (bf16
   // under autocast; in-place ops do not promote), so softmax gets a low input.
   bool scores_low = ac && a.mask_add_inplace && mask.defined();
