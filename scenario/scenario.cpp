@@ -120,7 +120,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                  "mlp_bias", "qk_norm", "norm", "norm_placement", "mlp", "activation", "fused_qkv",
                  "fused_gate_up", "embedding_scale", "attn_softcap", "final_softcap",
                  "sliding_window", "sliding_layers", "rotary_dim",
-                 "implementation"}},
+                 "implementation", "transformers"}},
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
       {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache",
                      "float8"}},
@@ -400,7 +400,7 @@ Scenario load_scenario_with_model(const std::string& path, const std::string& mo
   for (auto it = doc.fields.begin(); it != doc.fields.end();) {
     const bool model_key = it->first.rfind("model.", 0) == 0;
     const bool kept = it->first == "model.attention" || it->first == "model.dropout" ||
-                      it->first == "model.implementation";
+                      it->first == "model.implementation" || it->first == "model.transformers";
     it = model_key && !kept ? doc.fields.erase(it) : std::next(it);
   }
   doc.fields["model.hf_config"] = Field{YAML::Node(model_path), "--model"};

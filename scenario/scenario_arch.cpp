@@ -9,6 +9,7 @@
 #include "scenario/model_presets.h"
 #include "scenario/scenario_family.h"
 #include "scenario/scenario_implementation.h"
+#include "scenario/transformers_version.h"
 #include "scenario/yaml_fields.h"
 
 namespace memsim::scenario_detail {
@@ -179,6 +180,7 @@ void read_architecture(const Doc& d, const ModelBase& base, ModelConfig& m) {
     rule = read_sliding_layers(*layers_field, "model.sliding_layers");
   }
 
+  read_transformers_version(d, m);  // model.transformers (scenario/transformers_version.h)
   read_implementation(d, m);  // model.implementation (scenario/scenario_implementation.h)
   a.sliding_layers.clear();
   if (!is_hf(m.family)) return;

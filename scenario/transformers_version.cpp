@@ -1,0 +1,61 @@
+#include "scenario/transformers_version.h"
+
+#include <cstring>
+#include <string>
+
+#include "scenario/scenario_family.h"
+#include "scenario/yaml_fields.h"
+
+namespace memsim::scenario_detail {
+
+namespace {
+
+using graph::CausalLoss;
+using graph::DecoderArch;
+using graph::LogitsFloat;
+using graph::MaskBuild;
+using graph::RopeAt;
+
+// transformers 5.x's layout of a Llama-lineage row (src/transformers/models/*/modeling_*.py
+// as generated from modular files in 5.x; masking_utils.create_causal_mask;
+// integrations' eager_attention_forward; loss/loss_utils.ForCausalLMLoss).
+void apply_v5(DecoderArch& a) {
+  a.rope = RopeAt::model;       // XModel.rotary_emb once per forward, passed to every layer
+  a.rope_mul_fused = true;      // XRotaryEmbedding.forward: cos = emb.cos() * attention_scaling
+  a.attn_rope_buffer = false;   // no rotary module inside the attention
+  a.mask = MaskBuild::exclude;  // the mask from index comparisons, not full + triu
+  a.attn_function = true;       // eager_attention_forward(module, q, k, v, mask, scaling)
+  a.attn_scale_mul = true;      // torch.matmul(q, k^T) * scaling
+  a.mask_add_inplace = false;   // attn_weights = attn_weights + causal_mask
+  a.logits_float = LogitsFloat::loss;  // ForCausalLMLoss: logits.float() inside the loss
+  a.loss = CausalLoss::pad;            // labels padded by one, no shifted logits copy
+}
+
+}  // namespace
+
+void read_transformers_version(const Doc& d, ModelConfig& m) {
+  const Field* f = d.find("model.transformers");
+  if (!f) return;
+  const std::string v = read_string(*f, "model.transformers");
+  if (v == "4") return;
+  if (v != "5")
+    fail(f->where, "model.transformers",
+         "'" + v + "' is not a modelled transformers release; use 4 (each row's v4 code, the "
+         "default) or 5 (transformers 5.x, measured against 5.17)");
+  if (!family_row(m.family).hf || m.family != ModelFamily::hf_llama)
+    fail(f->where, "model.transformers",
+         std::string("5 is modelled for the Llama-lineage rows of hf-llama; the family is ") +
+             to_string(m.family) + " (GPT-2's 5.x code was measured within 0.01% of the v4 "
+             "model: use 4)");
+  const char* arch = m.arch.architecture;
+  for (const char* measured : {"llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2"})
+    if (std::strcmp(arch, measured) == 0) {
+      apply_v5(m.arch);
+      return;
+    }
+  fail(f->where, "model.transformers",
+       std::string("5 is not measured for the ") + arch + " row yet (measured: llama, qwen2, "
+       "qwen3, mistral, phi3, gemma2; docs/h100-runs.md); use 4");
+}
+
+}  // namespace memsim::scenario_detail
