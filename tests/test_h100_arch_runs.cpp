@@ -278,6 +278,8 @@ TEST_CASE("Arch runs of transformers 5.17 with model.transformers: 5", "[h100][a
       {"tf_arch_gemma2_l4_d1024_s1024_b4_bf16", {0.000001, 0.0008, ""}},
       {"tf_arch_phi3_l4_d1024_s1024_b4_bf16", {0.00066, 0.0, ""}},
       {"tf_arch_mistral_l4_d1024_s1024_b4_bf16", {0.00022, 0.0, ""}},
+      // HF Trainer's bf16=True: fp32 weights, bf16 autocast. Not used to derive the layout.
+      {"tf_arch_qwen2_l4_d1024_s1024_b4_fp32_autocast_bf16", {0.000001, 0.0, ""}},
   };
   const nlohmann::json runs = memsim_test::load_json(kRuns);
   std::printf("\n| transformers 5.17 run, model.transformers: 5 | allocated error | reserved error |\n|---|---:|---:|\n");
@@ -305,7 +307,7 @@ TEST_CASE("Arch runs of transformers 5.17 with model.transformers: 5", "[h100][a
 TEST_CASE("model.transformers: refused where 5.x is not measured", "[transformers5]") {
   auto fails = [](const std::string& yaml, const std::string& needle) {
     try {
-      (void)load_scenario_text(yaml, "t.yaml");
+      (void)build_program(load_scenario_text(yaml, "t.yaml"));  // the settings checks run in the build
     } catch (const std::exception& e) {
       INFO(e.what());
       CHECK(std::string(e.what()).find(needle) != std::string::npos);
@@ -319,6 +321,9 @@ TEST_CASE("model.transformers: refused where 5.x is not measured", "[transformer
   fails(base + "qwen2, transformers: 6}\n", "model.transformers: '6' is not a modelled");
   fails(base + "gemma, transformers: 5}\n", "not measured for the gemma row");
   fails("model: {preset: gpt2-medium, transformers: 5}\n", "Llama-lineage rows of hf-llama");
+  // Under autocast: the 5.x layout is checked for qwen2 and llama only.
+  fails(base + "mistral, transformers: 5}\nprecision: {params: fp32, autocast: bf16}\n", "model.architecture");
+  (void)build_program(load_scenario_text(base + "qwen2, transformers: 5}\nprecision: {params: fp32, autocast: bf16}\n", "t.yaml"));
   // 4 is each row's v4 code: the same scenario as without the key.
   const Scenario four = load_scenario_text(base + "qwen2, transformers: 4}\n", "t.yaml");
   const Scenario none = load_scenario_text(base + "qwen2}\n", "t.yaml");
