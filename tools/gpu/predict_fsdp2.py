@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""memsim's blind predictions for the FSDP2 runs of tools/gpu/measure_fsdp2.py, made before
+anything is measured. Run on the development machine (no GPU needed):
+
+    python3 tools/gpu/predict_fsdp2.py [--memsim build/memsim] [--scenarios-only]
+
+1. Writes memsim's scenario of every run, tests/data/gpu/fsdp2/NAME.yaml: the stand-in
+   (torch_models.DecoderForCausalLM as the llama row, every knob written out as
+   tools/gpu/predict_arch.py writes them), the training loop measure_fsdp2.py runs (AdamW
+   foreach, one warm-up step, the run's checkpointing) and the FSDP2 keys of the run
+   (parallel.data = the fake world, sharding fsdp2, reshard_after_forward, replicate,
+   fsdp_mixed_precision / reduce_dtype, fsdp_init: cpu for the meta-device runs).
+2. Runs `memsim run NAME.yaml --json - --timeline FILE` for each and writes
+   tests/data/gpu/fsdp2_predictions.json: the measured step's peak allocated / reserved
+   (to compare with measure_fsdp2.py's measured_step_peak_allocated / _reserved), the
+   whole run's (the maximum over every event of setup, warm-up and measured step: its
+   whole_run_peak_*), allocated / reserved at the forward_end, backward_end and
+   optimizer_end marks, the number of allocations of the whole run
+   (memory_stats()["allocation.all.allocated"] at the end), where the peak falls, or
+   memsim's refusal text; with the memsim commit.
+
+tests/test_gpu_fsdp2_runs.cpp re-simulates every scenario and fails if a prediction in the
+file no longer matches what memsim predicts: the blind record stays what memsim said.
+"""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import measure_fsdp2 as mf  # noqa: E402
+import predict_arch as pa  # noqa: E402
+
+REPO = mf.REPO
+OUT = os.path.join(REPO, "tests", "data", "gpu", "fsdp2_predictions.json")
+
+
+def scenario_yaml(sp):
+    c = mf.standin_cfg(sp)
+    a = c["arch"]
+    lines = [f"# {sp['name']}: tools/gpu/measure_fsdp2.py's run as memsim simulates it",
+             "# (written by tools/gpu/predict_fsdp2.py; blind predictions in",
+             "# tests/data/gpu/fsdp2_predictions.json). One GPU as rank 0 of a fake process",
+             f"# group of {sp['world']} ranks: {sp['why']}.",
+             "# The stand-in: tools/fixtures/torch_models.DecoderForCausalLM as the llama row",
+             f"# ({c['transformers']}), without biases.",
+             f"name: {sp['name']}", "model:", "  architecture: llama"]
+    for k in ("layers", "d_model", "heads", "kv_heads", "d_ff", "vocab"):
+        lines.append(f"  {k}: {c[k]}")
+    lines.append(f"  context_length: {c['context']}")
+    lines.append(f"  tied_embeddings: {pa.yaml_value(bool(c.get('tied', False)))}")
+    for k in pa.KNOBS:
+        v = a[k]
+        if k == "sliding_layers":
+            if not a["sliding_window"]:
+                continue
+            v = list(v) if v else "all"
+        lines.append(f"  {k}: {pa.yaml_value(v)}")
+    lines.append(f"  attention: {sp['attention']}")
+    lines.append(f"  dropout: {pa.yaml_value(float(c['dropout']))}")
+    lines.append(f"batch: {{micro_batch: {c['batch']}, seq_len: {c['seq']}}}")
+    lines.append(f"precision: {{params: {sp['dtype']}, autocast: {sp['autocast']}}}")
+    lines.append(f"optimizer: {{type: {sp['optimizer']}, impl: {sp['opt_impl']}}}")
+    lines.append(f"step: {{kind: train, warmup_steps: {sp['warmup']}}}")
+    lines.append(f"checkpoint: {{policy: {sp['policy']}}}")
+    lines.append("parallel:")
+    lines.append(f"  data: {sp['world']}")
+    lines.append("  sharding: fsdp2")
+    lines.append(f"  reshard_after_forward: {sp['reshard']}")
+    if sp["replicate"] > 1:
+        lines.append(f"  replicate: {sp['replicate']}")
+    if sp["param_dtype"]:
+        lines.append(f"  fsdp_mixed_precision: {sp['param_dtype']}")
+    if sp["reduce_dtype"]:
+        lines.append(f"  reduce_dtype: {sp['reduce_dtype']}")
+    lines.append(f"  fsdp_init: {'cpu' if sp['init'] == 'meta' else 'gpu'}")
+    lines.append("device: {preset: h100-80gb}")
+    return "\n".join(lines) + "\n"
+
+
+def run_memsim(memsim, yaml_path):
+    with tempfile.TemporaryDirectory() as tmp:
+        tl = os.path.join(tmp, "timeline.csv")
+        p = subprocess.run([memsim, "run", yaml_path, "--json", "-", "--timeline", tl],
+                           capture_output=True, text=True, cwd=REPO)
+        if p.returncode != 0:
+            return {"refused": (p.stderr or p.stdout).strip()}
+        j = json.loads(p.stdout)
+        whole_alloc = whole_reserved = 0
+        with open(tl) as f:
+            for row in csv.DictReader(f):
+                whole_alloc = max(whole_alloc, int(row["allocated"]))
+                whole_reserved = max(whole_reserved, int(row["reserved"]))
+    peak = j.get("peak_event") or {}
+    marks = {k: {"allocated": v["allocated"], "reserved": v["reserved"]}
+             for k, v in j["marks"].items()}
+    stats = j.get("memory_stats", {})
+    return {
+        "peak_allocated_bytes": j["peak_allocated_bytes"],
+        "peak_reserved_bytes": j["peak_reserved_bytes"],
+        "whole_run_peak_allocated_bytes": whole_alloc,
+        "whole_run_peak_reserved_bytes": whole_reserved,
+        "marks": marks,
+        "allocations_whole_run": stats.get("allocation.all.allocated"),
+        "parameter_count": j["model"]["parameter_count"],
+        "fits": j["fits"],
+        "peak_at": f"{peak.get('phase')} {peak.get('op')} (layer {peak.get('layer')})",
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--memsim", default=os.path.join(REPO, "build", "memsim"))
+    ap.add_argument("--memsim-repo", default=None,
+                    help="the checkout the memsim binary was built from (for its commit)")
+    ap.add_argument("--scenarios-only", action="store_true")
+    a = ap.parse_args()
+    out = {}
+    for sp in mf.RUNS:
+        pa.write_if_changed(os.path.join(REPO, sp["scenario"]), scenario_yaml(sp))
+        if a.scenarios_only:
+            continue
+        pred = run_memsim(os.path.abspath(a.memsim), sp["scenario"])
+        entry = {"scenario": sp["scenario"], "world": sp["world"], "replicate": sp["replicate"],
+                 "reshard_after_forward": sp["reshard"], "param_dtype": sp["param_dtype"],
+                 "reduce_dtype": sp["reduce_dtype"], "checkpoint": sp["policy"],
+                 "init": sp["init"], "what": sp["why"]}
+        entry.update(pred)
+        out[sp["name"]] = entry
+        if "refused" in pred:
+            print(f"{sp['name']:36s} REFUSED: {pred['refused']}")
+        else:
+            print(f"{sp['name']:36s} step {pred['peak_allocated_bytes'] / 2**20:9.2f} MiB alloc "
+                  f"{pred['peak_reserved_bytes'] / 2**20:9.2f} MiB reserved; whole run "
+                  f"{pred['whole_run_peak_allocated_bytes'] / 2**20:9.2f} / "
+                  f"{pred['whole_run_peak_reserved_bytes'] / 2**20:9.2f} MiB  {pred['peak_at']}")
+    if a.scenarios_only:
+        return
+    memsim_repo = a.memsim_repo or os.path.dirname(os.path.dirname(os.path.abspath(a.memsim)))
+    doc = {
+        "note": "memsim's blind predictions for tools/gpu/measure_fsdp2.py's runs, committed "
+                "before any of them was measured. peak_allocated_bytes / peak_reserved_bytes: "
+                "the measured step's (compare measured_step_peak_allocated / _reserved in "
+                "fsdp2_runs.json); whole_run_*: over setup, warm-up and measured step "
+                "(compare whole_run_peak_*); marks: allocated / reserved after the measured "
+                "step's forward, backward and optimizer step (compare marks.*."
+                "allocated_bytes.all.current / reserved_bytes.all.current); "
+                "allocations_whole_run: memory_stats()['allocation.all.allocated'] at the "
+                "end. Scenarios: tests/data/gpu/fsdp2/NAME.yaml (tools/gpu/predict_fsdp2.py).",
+        "memsim_commit": pa.git("rev-parse", "HEAD", cwd=memsim_repo),
+        "memsim_binary": os.path.relpath(os.path.abspath(a.memsim), memsim_repo),
+        "predictions": out,
+    }
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    with open(OUT, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"{len(out)} predictions ({sum('refused' in e for e in out.values())} refused) -> "
+          f"{os.path.relpath(OUT, REPO)}")
+
+
+if __name__ == "__main__":
+    main()
