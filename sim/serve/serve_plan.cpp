@@ -75,6 +75,11 @@ ServePlan plan_vllm(const Scenario& s) {
            "max_num_batched_tokens (" + std::to_string(st.max_num_batched_tokens) +
                ") must be greater than or equal to max_num_seqs (" +
                std::to_string(st.max_num_seqs) + ").");
+  // The model runner's token buffers are int32-indexed; larger values are not a real plan
+  // (and would overflow the profile run's byte counts).
+  if (st.max_num_batched_tokens > (int64_t{1} << 31) || st.max_num_seqs > (int64_t{1} << 31))
+    refuse(s, st.max_num_batched_tokens > (int64_t{1} << 31) ? "serve.max_num_batched_tokens" : "serve.max_num_seqs",
+           "larger than 2^31 (vLLM indexes tokens and requests with int32)");
   st.block_size = c.block_size > 0 ? c.block_size : 16;
   st.requests = std::min(st.max_num_batched_tokens, st.max_num_seqs);
   st.utilization = c.gpu_memory_utilization;
