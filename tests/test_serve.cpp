@@ -396,3 +396,26 @@ TEST_CASE("SGLang's static pool: rest = avail - total x (1 - mem_fraction_static
   CHECK_FALSE(no.fits);
   CHECK(no.failure == "Not enough memory. Please try to increase --mem-fraction-static.");
 }
+
+TEST_CASE("vLLM plans for the other modelled architectures: Mistral's sliding window, Qwen3, Phi-3", "[serve]") {
+  // Mistral-7B v0.1: every layer slides (4096): one uniform sliding-window group, a request
+  // of L tokens needs cdiv(min(window - 1 + batched, L), 16) + 1 blocks.
+  const ServePlan m = plan_serve(serve_scenario("mistral-7b", "  max_model_len: 32768\n  max_num_batched_tokens: 8192\n  max_num_seqs: 256\n"));
+  REQUIRE(m.fits);
+  CHECK(m.kv.uniform_type);
+  CHECK(m.kv.blocks_per_request == (4095 + 8192 + 15) / 16 + 1);
+  CHECK(m.kv.max_concurrency == Approx(static_cast<double>(m.kv.num_gpu_blocks) / m.kv.blocks_per_request));
+  // Qwen3-8B: q/k norms per head; 36 layers of 8 KV heads x 128.
+  const ServePlan q = plan_serve(serve_scenario("qwen3-8b", "  max_num_seqs: 256\n"));
+  REQUIRE(q.fits);
+  CHECK(q.kv.page_bytes == 65536);
+  CHECK(q.kv.num_gpu_blocks == q.available_kv_bytes / 65536 / 36);
+  // Phi-3-mini: fused qkv / gate_up in its own checkpoint, 32 KV heads.
+  const ServePlan ph = plan_serve(serve_scenario("phi3-mini", "  max_num_seqs: 256\n"));
+  REQUIRE(ph.fits);
+  CHECK(ph.kv.page_bytes == 2 * 16 * 32 * 96 * 2);
+  // Eager (enforce_eager) keeps more of the forward alive than Inductor's lifetimes.
+  const ServePlan eager = plan_serve(serve_scenario("llama3-8b", "  max_num_seqs: 16\n  cuda_graphs: false\n"));
+  const ServePlan compiled = plan_serve(serve_scenario("llama3-8b", "  max_num_seqs: 16\n  cuda_graphs: true\n"));
+  CHECK(eager.forward_peak_bytes > compiled.forward_peak_bytes);
+}
