@@ -142,6 +142,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                      "stage3_max_reuse_distance", "stage3_param_persistence_threshold",
                      "sub_group_size", "offload_optimizer", "offload_param", "zero_init",
                      "ranks_per_node"}},  // scenario/deepspeed_keys.h (issue #16 item 2)
+      {"serve", {"engine", "gpu_memory_utilization", "mem_fraction_static", "max_model_len",
+                 "max_num_batched_tokens", "max_num_seqs", "block_size", "kv_cache_dtype",
+                 "cuda_graphs", "tensor_parallel", "prefix_caching",
+                 "quantization", "nccl_memory"}},  // scenario/serve_keys.h (issue #17 items 2-4)
       {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",
                      "max_non_split_rounding_mb", "garbage_collection_threshold",

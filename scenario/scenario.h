@@ -275,6 +275,39 @@ struct DeviceConfig {
   bool kernel_scratch = true;
 };
 
+// --- issue #17 items 2-4: `memsim serve` (scenario/serve_keys.h reads it, sim/serve/
+// models it, docs/serve.md). A scenario without a `serve:` section has present == false and
+// every other command ignores the section. Defaults are the engine's own (vLLM `vllm serve`,
+// SGLang launch_server); 0 in an int field = "the engine's default for this model/device".
+enum class ServeEngine { vllm, sglang };
+enum class KvCacheDtype { automatic, fp8, int8 };  // spelled auto | fp8 | int8
+enum class WeightQuant { none, fp8, int8, int4, nf4 };  // serve.quantization
+struct ServeConfig {
+  bool present = false;
+  std::string where;                  // "FILE:LINE" of `serve:` (or "--set")
+  std::vector<std::pair<std::string, std::string>> key_where;  // "serve.KEY" -> where set
+  ServeEngine engine = ServeEngine::vllm;
+  double gpu_memory_utilization = 0.9;  // vLLM CacheConfig default
+  double mem_fraction_static = 0.0;     // SGLang; 0 = its default rule
+  int64_t max_model_len = 0;            // 0 = the model's context (max_position_embeddings)
+  int64_t max_num_batched_tokens = 0;   // 0 = vLLM's default for the device
+  int64_t max_num_seqs = 0;             // 0 = vLLM's default for the device
+  int64_t block_size = 0;              // 0 = the engine's default (vLLM 16, SGLang 1)
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::automatic;
+  bool cuda_graphs = true;              // false = --enforce-eager
+  int64_t tensor_parallel = 1;
+  bool prefix_caching = true;           // V1 default; no effect on the memory plan
+  WeightQuant quantization = WeightQuant::none;
+  // Device memory NCCL takes per rank with tensor_parallel > 1 (non-torch memory);
+  // unset = sim/serve/non_torch.h's default.
+  std::optional<uint64_t> nccl_memory;
+  // Where `key` ("serve.block_size") was set, else the section's line, else the file.
+  std::string where_of(const std::string& key, const std::string& source) const;
+};
+const char* to_string(ServeEngine e);
+const char* to_string(KvCacheDtype d);
+const char* to_string(WeightQuant q);
+
 struct Scenario {
   std::string source;                  // file the scenario came from ("<string>" if none)
   std::string name;
@@ -290,6 +323,7 @@ struct Scenario {
   AllocatorConfig allocator;
   LossConfig loss;                     // after the fields callers brace-initialise
   DeepSpeedConfig deepspeed;           // parallel.sharding: deepspeed (issue #16 item 2)
+  ServeConfig serve;                   // `memsim serve` (issue #17 items 2-4)
 };
 
 class ScenarioError : public std::runtime_error {

@@ -14,6 +14,7 @@
 #include "scenario/scenario_checkpoint.h"
 #include "scenario/deepspeed_keys.h"
 #include "scenario/compile_keys.h"
+#include "scenario/serve_keys.h"
 #include "scenario/fsdp_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/pipeline_keys.h"
@@ -542,6 +543,7 @@ Scenario build_scenario(const Doc& d) {
   read_deepspeed(d, s);  // scenario/deepspeed_keys.h (after batch, precision, optimizer, parallel)
   s.device = build_device(d);
   s.allocator = build_allocator(d, AllocatorConfig{});
+  read_serve(d, s);  // scenario/serve_keys.h (issue #17): after the model
   check_products(d, s);
   check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
   return s;

@@ -49,6 +49,8 @@ int main(int argc, char** argv) {
   CLI::App* sweep = add_sweep_command(app, sweep_args);
   CheckArgs check_args;
   CLI::App* check = add_check_command(app, check_args);
+  ServeArgs serve_args;
+  CLI::App* serve = add_serve_command(app, serve_args);  // issue #17 (tools/cli/serve_command.cpp)
 
   try {
     app.parse(argc, argv);
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
     if (optimize->parsed()) return run_optimize(optimize_args);
     if (sweep->parsed()) return run_sweep(sweep_args);
     if (check->parsed()) return run_check(check_args);
+    if (serve->parsed()) return run_serve(serve_args);
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
     std::fflush(stdout);

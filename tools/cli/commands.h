@@ -4,6 +4,8 @@
 // InputError / UsageError for bad input; tools/memsim.cpp maps them to exit statuses.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +94,25 @@ struct SweepArgs {
 };
 CLI::App* add_sweep_command(CLI::App& app, SweepArgs& args);
 int run_sweep(const SweepArgs& args);
+
+// memsim serve [SCENARIO] [--model CONFIG.json] [--set K=V]... [--json FILE|-]
+//              [--html FILE.html] [--max-model-len-that-fits] [--max-seqs LEN]
+//              [--min-tp [MAX]] [--vary KEY=V1,V2,...]... (tools/cli/serve_command.cpp,
+//              docs/serve.md; issue #17).
+// Exit 0 when the engine starts, 3 when no KV cache fits, 1 on bad input.
+struct ServeArgs {
+  std::string scenario;
+  std::string model;
+  std::vector<std::string> sets;
+  std::string json;
+  std::string html;
+  bool len_that_fits = false;
+  int64_t max_seqs_len = 0;            // 0 = not asked
+  std::optional<int64_t> min_tp;       // set (0 = default max 8) when --min-tp is given
+  std::vector<std::string> vary;       // --vary KEY=V1,V2,...: one plan per point (a table)
+};
+CLI::App* add_serve_command(CLI::App& app, ServeArgs& args);
+int run_serve(const ServeArgs& args);
 
 // memsim presets
 CLI::App* add_presets_command(CLI::App& app);
