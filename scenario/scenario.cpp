@@ -146,7 +146,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                  "max_num_batched_tokens", "max_num_seqs", "block_size", "kv_cache_dtype",
                  "cuda_graphs", "tensor_parallel", "prefix_caching",
                  "quantization", "nccl_memory"}},  // scenario/serve_keys.h (issue #17 items 2-4)
-      {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch"}},
+      {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch",
+                  // issue #18 item 1, the time model (scenario/device_rate_keys.cpp)
+                  "tflops_fp32", "tflops_tf32", "tflops_bf16", "tflops_fp16", "tflops_fp8",
+                  "hbm_gbps", "nvlink_gbps", "pcie_gbps", "network_gbps", "gpus_per_node"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",
                      "max_non_split_rounding_mb", "garbage_collection_threshold",
                      "roundup_power2_divisions", "memory_fraction"}},

@@ -273,6 +273,16 @@ struct DeviceConfig {
   // (dropout's mask first). false describes a CPU run: the tests that compare with
   // PyTorch on CPU.
   bool kernel_scratch = true;
+  // --- issue #18 item 1: the time model's datasheet rates (sim/analysis/step_time.h,
+  // docs/time-model.md; scenario/device_rate_keys.cpp). Dense peaks in FLOP/s, bandwidths
+  // in bytes/s per direction; 0 = not known for this device (an estimate that needs it is
+  // refused, naming the key). Presets fill them from the vendors' datasheets.
+  double flops_fp32 = 0, flops_tf32 = 0, flops_bf16 = 0, flops_fp16 = 0, flops_fp8 = 0;
+  double hbm_bandwidth = 0;      // device.hbm_gbps
+  double nvlink_bandwidth = 0;   // device.nvlink_gbps (0: GPUs of a node talk over PCIe)
+  double pcie_bandwidth = 0;     // device.pcie_gbps (host transfers)
+  double network_bandwidth = 0;  // device.network_gbps: one GPU's NIC, across nodes
+  int64_t gpus_per_node = 8;     // device.gpus_per_node: groups beyond it cross the network
 };
 
 // --- issue #17 items 2-4: `memsim serve` (scenario/serve_keys.h reads it, sim/serve/

@@ -24,6 +24,7 @@
 #include "scenario/script_keys.h"
 #include "scenario/step_output_key.h"
 #include "scenario/peft_input_grads_key.h"
+#include "scenario/device_rate_keys.h"
 
 namespace memsim::scenario_detail {
 namespace {
@@ -373,6 +374,7 @@ DeviceConfig build_device(const Doc& d) {
   read_if(d, "device.cuda_context", dev.cuda_context, read_size);
   read_if(d, "device.cublas_workspace", dev.cublas_workspace, read_size);
   read_if(d, "device.kernel_scratch", dev.kernel_scratch, read_bool);
+  read_device_rates(d, dev);  // the time model's rates (scenario/device_rate_keys.h)
   if (dev.capacity == 0) fail(origin(d, "device.capacity", "device"), "device.capacity", "must be more than 0 bytes");
   if (dev.cuda_context >= dev.capacity) {
     fail(origin(d, "device.cuda_context", "device"), "device.cuda_context",

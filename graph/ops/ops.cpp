@@ -207,13 +207,15 @@ Tensor bmm(Runtime& rt, const Tensor& a, const Tensor& b, uint64_t out_bytes, do
   Tensor out = out_tensor(rt, out_bytes, OpKind::bmm);
   detail::numeric_forward(rt, OpKind::bmm, {&a, &b}, {&out});
   rt.note_gemm();
-  rt.add_flops_forward(flops);
+  const double io = static_cast<double>(a.bytes + b.bytes + out_bytes);
+  rt.add_flops_forward(flops, io);
   if (wants_grad(rt, {&a, &b})) {
     int32_t n = rt.make_node(OpKind::bmm, {&a, &b});
     Node& node = rt.node(n);
     node.size[0] = a.bytes;
     node.size[1] = b.bytes;
     node.flops = detail::matmul_backward_flops(a, b, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(a, b, io);
     detail::save_cross(rt, n, a, b);
     out.grad_fn = n;
   }
@@ -225,7 +227,8 @@ Tensor linear_einsum(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out
   Tensor out = out_tensor(rt, out_bytes, OpKind::linear);
   detail::numeric_forward(rt, OpKind::linear, {&x, &w}, {&out});
   rt.note_gemm();
-  rt.add_flops_forward(flops);
+  const double io = static_cast<double>(x.bytes + w.bytes + out_bytes);
+  rt.add_flops_forward(flops, io);
   if (wants_grad(rt, {&x, &w})) {
     // Edges in the order the engine reaches them: the weight path's view nodes were
     // created after the input path's, so the weight grad reaches AccumulateGrad first.
@@ -234,6 +237,7 @@ Tensor linear_einsum(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out
     node.size[0] = w.bytes;
     node.size[1] = x.bytes;
     node.flops = detail::matmul_backward_flops(x, w, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
     detail::save_cross(rt, n, w, x);
     out.grad_fn = n;
   }

@@ -25,6 +25,7 @@
 #include "sim/step/checkpoint_policy.h"
 #include "sim/optim/optimizer_step.h"
 #include "sim/step/script_loss.h"
+#include "sim/step/time_model_setup.h"
 #include "sim/parallel/zero_redundancy.h"
 
 namespace memsim {
@@ -110,6 +111,7 @@ class Loop {
 
   void run() {
     configure_device(rt_, s_.device);
+    configure_time_model(rt_, s_);  // the time model's dtype and refusals (sim/step/time_model_setup.h)
     // Activation checkpointing (sim/step/checkpoint_policy.h): installs itself on rt_.
     checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
     if (s_.step.compile) {  // torch.compile (graph/compile.h; scenario/compile_keys.h)
@@ -335,6 +337,7 @@ class Loop {
       if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
       rt_.ctx.phase = Phase::backward;
       rt_.backward(loss_);
+      if (ddp_) add_ddp_all_reduce(rt_, ddp_->bucket_bytes(), s_.parallel.data);  // time model
       if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
       if (fsdp2_) fsdp2_->post_backward(rt_);
       if (ds_) ds_->post_backward(rt_);      // DeepSpeed's gradient epilogue
@@ -348,6 +351,7 @@ class Loop {
       rt_.ctx.phase = Phase::optimizer;
       rt_.ctx.layer = -1;
       rt_.ctx.module = graph::Module::optimizer;
+      add_optimizer_cost(rt_, s_);  // the time model (sim/step/time_model_setup.h)
       optimizer_->step(rt_);
       if (rt_.numeric != nullptr) rt_.numeric->on_optimizer_step(rt_);
       rt_.ctx.module = graph::Module::none;

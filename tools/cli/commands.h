@@ -75,6 +75,11 @@ struct OptimizeArgs {
   std::string budget;
   std::vector<std::string> sets;
   std::string json;
+  // issue #18 item 2 (sim/search/config_search.h): set, the search covers micro-batch x
+  // gradient accumulation at a fixed global batch and the optimizer implementation.
+  std::string objective;               // "" (the checkpoint plan only), time, memory
+  int64_t global_batch = 0;            // 0: batch.micro_batch x batch.grad_accum
+  std::vector<int64_t> micro_batches;  // empty: every divisor of the global batch
 };
 CLI::App* add_optimize_command(CLI::App& app, OptimizeArgs& args);
 int run_optimize(const OptimizeArgs& args);

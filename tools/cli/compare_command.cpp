@@ -16,6 +16,7 @@
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
+#include "tools/cli/step_time_report.h"
 #include "tools/cli/style.h"
 #include "tools/cli/summary.h"
 
@@ -27,6 +28,7 @@ struct PolicyRun {
   std::string label;
   Analysis analysis;
   MemoryStats stats;
+  StepTime time;  // the time model's estimate of the measured step (sim/analysis/step_time.h)
 };
 
 double recompute_share(const Flops& f) {
@@ -51,13 +53,14 @@ void print_table(std::FILE* out, const Scenario& scenario, const std::vector<Pol
   std::fprintf(out, "  capacity  %s\n\n", cap ? (human_bytes(*cap) + " usable").c_str() : "unlimited");
   std::vector<std::vector<std::string>> rows = {
       {"policy", "peak allocated", "peak reserved", "verdict", "activations at peak",
-       "recompute"}};
+       "recompute", "step time"}};
   for (const PolicyRun& r : runs) {
     char share[32];
     std::snprintf(share, sizeof share, "%.1f%%", 100.0 * recompute_share(r.analysis.flops));
     rows.push_back({r.label, human_bytes(r.analysis.peak_allocated),
                     human_bytes(r.analysis.peak_reserved), verdict(r.analysis),
-                    human_bytes(r.analysis.breakdown_at_peak.activations), share});
+                    human_bytes(r.analysis.breakdown_at_peak.activations), share,
+                    r.time.estimated ? human_seconds(r.time.seconds) : "-"});
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& row : rows)
@@ -72,6 +75,12 @@ void print_table(std::FILE* out, const Scenario& scenario, const std::vector<Pol
     }
     std::fprintf(out, "%s\n", r == 0 ? style.bold(line).c_str() : line.c_str());
   }
+  // A refused estimate names its reason once (it is the same for every policy).
+  for (const PolicyRun& r : runs)
+    if (!r.time.estimated) {
+      std::fprintf(out, "  step time not estimated: %s\n", r.time.refused.c_str());
+      break;
+    }
 }
 
 }  // namespace
@@ -117,7 +126,8 @@ int run_compare(const CompareArgs& args) {
     const Program program = build_program(s);
     auto device = make_device(s.device);
     const Timeline timeline = execute(program, s.allocator, *device);
-    runs.push_back({policy_label(config), analyze(program, timeline), timeline.final_stats});
+    runs.push_back({policy_label(config), analyze(program, timeline), timeline.final_stats,
+                    estimate_step_time(program.cost, s.device)});
     if (!args.html.empty())
       html.curves.push_back(
           downsample_timeline(program, timeline, runs.back().analysis, runs.back().label));
@@ -147,6 +157,10 @@ int run_compare(const CompareArgs& args) {
       Json summary = analysis_json(r.analysis);
       for (auto& [key, value] : summary.items()) p[key] = std::move(value);
       p["memory_stats"] = memory_stats_json(r.stats);
+      // The time model (issue #18 item 1): the measured step's seconds, and the recompute
+      // part next to the step's recompute FLOPs.
+      p["estimated_step_seconds"] = step_time_json(r.time);
+      p["recompute_seconds"] = r.time.estimated ? Json(r.time.part[static_cast<int>(CostPart::recompute)]) : Json(nullptr);
       list.push_back(std::move(p));
     }
     j["policies"] = std::move(list);

@@ -20,6 +20,7 @@
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
 #include "tools/cli/snapshot_report.h"
+#include "tools/cli/step_time_report.h"
 #include "tools/cli/summary.h"
 #include "tools/cli/timeline_csv.h"
 #include "tools/cli/trace_report.h"
@@ -149,6 +150,8 @@ int run_run(const RunArgs& args) {
     Json summary = analysis_json(analysis);
     for (auto& [key, value] : summary.items()) j[key] = std::move(value);
     j["memory_stats"] = memory_stats_json(timeline.final_stats);
+    // The time model (issue #18 item 1): the measured step's seconds.
+    j["estimated_step_seconds"] = step_time_json(estimate_step_time(program.cost, scenario.device));
     Output out(args.json);
     out.write(dump_json(j));
     out.finish();
@@ -174,6 +177,7 @@ int run_run(const RunArgs& args) {
     }
     header.capacity = usable_capacity(scenario.device);
     print_summary(stdout, header, analysis, Style::for_stream(stdout));
+    print_step_time(stdout, estimate_step_time(program.cost, scenario.device), Style::for_stream(stdout));
     std::fflush(stdout);
   }
   return analysis.fits() ? kExitFits : kExitOom;
