@@ -19,6 +19,7 @@
 #include "scenario/pipeline_keys.h"
 #include "scenario/torchtitan_keys.h"
 #include "scenario/scenario_arch.h"
+#include "scenario/moe_keys.h"
 #include "scenario/scenario_doc.h"
 #include "scenario/script_keys.h"
 #include "scenario/step_output_key.h"
@@ -118,6 +119,7 @@ ModelConfig build_model(const Doc& d, std::optional<DType>& config_params) {
     }
   }
   read_architecture(d, base, m);  // model.architecture and the knobs (scenario/scenario_arch.h)
+  read_moe(d, m);                 // model.moe (scenario/moe_keys.h)
   return m;
 }
 
@@ -544,6 +546,7 @@ Scenario build_scenario(const Doc& d) {
   s.allocator = build_allocator(d, AllocatorConfig{});
   check_products(d, s);
   check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
+  check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   return s;
 }
 
