@@ -106,7 +106,7 @@ TEST_CASE("knob keys override the row", "[architecture]") {
 TEST_CASE("architecture keys are checked", "[architecture]") {
   CHECK(error_of("  architecture: lama\n") ==
         "t.yaml:7: model.architecture: unknown architecture 'lama'; did you mean 'llama'? (expected one of "
-        "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, granite, gpt2)");
+        "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, granite, mixtral, qwen2_moe, qwen3_moe, olmoe, gpt2)");
   CHECK(error_of("  architecture: gpt2\n  family: hf-llama\n") ==
         "t.yaml:8: model.family: is hf-llama, but model.architecture gpt2 is a hf-gpt2 model (leave model.family out)");
   CHECK(error_of("  family: cs336\n  qk_norm: head\n") ==
