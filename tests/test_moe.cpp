@@ -228,3 +228,45 @@ TEST_CASE("MoE runs end to end: worst-case routing above balanced, checkpointing
   const uint64_t full = peak(load_scenario_text(base, "moe.yaml", {{"checkpoint.policy", "full"}}));
   CHECK(full < balanced);
 }
+
+TEST_CASE("memsim run reports the routing assumption and, for balanced, the worst-case peaks", "[moe][cli]") {
+  memsim_test::TempDir dir("memsim_moe");
+  const auto path = dir.write("moe.yaml", std::string(kSmall) + "  moe: {experts: 8, top_k: 2, expert_d_ff: 64}\n" +
+                                              "batch:\n  micro_batch: 2\n  seq_len: 32\ndevice:\n  capacity: 80GiB\n");
+  const auto text = memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path.string() + "' 2>&1");
+  CHECK(text.status == 0);
+  CHECK(text.out.find("moe routing  balanced (an assumption: model.moe.routing); worst-case routing peaks at ") !=
+        std::string::npos);
+  const auto json = memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path.string() +
+                                           "' --json - 2>/dev/null");
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  CHECK(j["moe"]["routing"] == "balanced");
+  CHECK(j["moe"]["worst_case"]["peak_allocated_bytes"].get<uint64_t>() > 0);
+  // The second simulation is the same scenario with worst-case routing.
+  const Scenario worst = load_scenario(path.string(), {{"model.moe.routing", "worst-case"}});
+  const Program p = build_program(worst);
+  SimulatedDevice device(worst.device.capacity, worst.device.cuda_context);
+  const Timeline t = execute(p, worst.allocator, device, ExecuteOptions{});
+  CHECK(j["moe"]["worst_case"]["peak_allocated_bytes"].get<uint64_t>() == analyze(p, t).peak_allocated);
+  // Any other assumption is named and not re-run.
+  const auto skew = memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path.string() +
+                                           "' --set model.moe.routing=skew:1.5 --json - 2>/dev/null");
+  const nlohmann::json js = nlohmann::json::parse(skew.out);
+  CHECK(js["moe"]["routing"] == "skew:1.5");
+  CHECK_FALSE(js["moe"].contains("worst_case"));
+}
+
+TEST_CASE("MoE composes with DDP, FSDP and FSDP2", "[moe]") {
+  const std::string base = std::string(kSmall) + "  moe: {experts: 4, top_k: 2, expert_d_ff: 64}\n" +
+                           "batch:\n  micro_batch: 2\n  seq_len: 32\nprecision:\n  params: bf16\n"
+                           "device:\n  capacity: 80GiB\n";
+  for (const auto& sets : std::vector<std::vector<std::pair<std::string, std::string>>>{
+           {{"parallel.data", "2"}},
+           {{"parallel.data", "2"}, {"parallel.sharding", "fsdp"}},
+           {{"parallel.data", "2"}, {"parallel.sharding", "fsdp2"}}}) {
+    INFO(sets.back().second);
+    const Scenario s = load_scenario_text(base, "moe.yaml", sets);
+    const Program p = build_program(s);
+    CHECK(p.events.size() > 100);
+  }
+}
