@@ -28,7 +28,13 @@ DIFFERENCES = {
                     "OLMo q/k norms), whose known 5.x gaps (loss, masks, rotary placement; "
                     "docs/gpu-next-session.md) apply; the MoE block follows v5's fused-expert "
                     "code as read (transformers main): a 5.17 router/experts that differ show "
-                    "in the recorded source (moe_runs.json code)",
+                    "in the recorded source (moe_runs.json code). Known candidate: later v5 "
+                    "Qwen2/Qwen3/OLMoE routers keep `router_probs` apart, return the raw logits "
+                    "(alive as the block's `_`, T x E bf16) and cast the top-k weights to the "
+                    "logits' dtype (`.to(router_logits.dtype)` = bf16): then the routing product "
+                    "is bf16 (no per-expert fp32 n x D x 4 transient, no .to copy; the same n x D "
+                    "x 2 saved) and its backward grads are bf16; memsim models the earlier v5 "
+                    "code (router_logits rebound to the fp32 probabilities, fp32 weights)",
 }
 
 
