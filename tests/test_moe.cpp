@@ -57,6 +57,8 @@ Scenario scenario_for(const nlohmann::json& c) {
   moe.code = m["router_style"] == "mixtral" ? graph::MoeRouterCode::mixtral : graph::MoeRouterCode::qwen;
   moe.routing = graph::MoeRouting::counts;
   moe.counts = m["counts"].get<std::vector<int64_t>>();
+  if (m.value("experts_implementation", std::string("eager")) == "batched_mm")
+    moe.impl = graph::ExpertsImpl::batched_mm;
   return s;
 }
 
@@ -94,7 +96,7 @@ TEST_CASE("MoE blocks match real PyTorch training steps (CPU fixtures)", "[moe]"
   for (const auto& entry : std::filesystem::directory_iterator(kMoeFixtureDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() >= 4);
+  REQUIRE(files.size() >= 5);
   memsim_test::print_fixture_table_header();
   for (const auto& path : files) {
     const nlohmann::json fx = memsim_test::load_json(path);

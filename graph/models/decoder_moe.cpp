@@ -21,8 +21,10 @@
 //    top_k_pos, None] (fp32 (n, 1): the product is fp32), .to(dtype), index_add_. Every
 //    size is n, the tokens routed to that expert (graph/models/moe_routing.h). The loop's
 //    last locals live until forward returns.
-// Not modelled here (refused by the scenario reader): batched_mm / grouped_mm, the
-// auxiliary load-balancing loss (output_router_logits), LoRA on experts.
+// And batched_mm_experts_forward (experts_implementation batched_mm, below). Not modelled
+// here (refused by the scenario reader): grouped_mm, the auxiliary load-balancing loss
+// (output_router_logits), LoRA on experts.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -166,8 +168,57 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
   return final_hidden;
 }
 
-Tensor DecoderModel::moe_experts_batched(const LayerParams&, const Tensor&, const Tensor&, const Tensor&) {
-  throw std::runtime_error("model.moe.experts_implementation batched_mm is not modelled yet");
+// batched_mm_experts_forward (transformers v5 integrations/moe.py), S = T*K samples:
+// zeros_like(x); token_idx = arange(T).unsqueeze(1).expand(-1, K).reshape(-1) (the reshape of
+// the expanded arange copies: S int64; the arange dies with the expression); x[token_idx]
+// (S, D); gate_up_proj[expert_ids] and down_proj[expert_ids]: every sample's own copy of its
+// expert's weights, (S, 2F, D) and (S, D, F), saved by the two bmm's (IndexBackward0 hands
+// back a zeros of the whole 3-D weight, accumulated with index_put_); bmm, chunk, act * up,
+// bmm; * sample_weights (a view of the router's top-k weights, which the product saves), fp32
+// for fp32 weights; .to(dtype); index_add_. The locals die at return (the product last).
+Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, const Tensor& indices,
+                                         const Tensor& weights) {
+  const MoeSpec& m = arch().moe;
+  const uint64_t e = act_elem(), T = s_.rows(), D = static_cast<uint64_t>(s_.d_model);
+  const uint64_t K = static_cast<uint64_t>(m.top_k), F = static_cast<uint64_t>(m.expert_d_ff);
+  const uint64_t S = T * K, we = weights.bytes / S, pe = std::max(e, we);
+  if (autocast_on()) throw std::runtime_error("model.moe under precision.autocast is not modelled yet");
+  Tensor final_hidden = rt_.alloc(T * D * e, TensorKind::activation, OpKind::fill);  // zeros_like
+  Tensor token_idx;
+  {
+    Tensor ar = moe_scratch(rt_, T * 8, OpKind::arange);
+    token_idx = rt_.alloc(S * 8, TensorKind::activation, OpKind::clone);  // expand(...).reshape(-1)
+  }
+  Tensor current = index_rows(rt_, x, token_idx, S * 8, S * D * e);
+  Tensor sel_gate_up = index_rows(rt_, rt_.param(p.experts_gate_up), indices, S * 8, S * 2 * F * D * s_.elem);
+  Tensor sel_down = index_rows(rt_, rt_.param(p.experts_down), indices, S * 8, S * D * F * s_.elem);
+  const double f_up = 2.0 * static_cast<double>(S) * static_cast<double>(D) * 2.0 * static_cast<double>(F);
+  Tensor gate, up, hidden, out;
+  {
+    Tensor gate_up = bmm(rt_, sel_gate_up, current, S * 2 * F * e, f_up);
+    Chunk2 halves(rt_, gate_up);
+    gate_up.reset();
+    gate = halves.piece(rt_, 0);
+    up = halves.piece(rt_, 1);
+  }
+  hidden = mul(rt_, activation(gate), up);
+  out = bmm(rt_, sel_down, hidden, S * D * e, f_up / 2.0);
+  out = pe == e ? mul(rt_, out, weights) : mul_column(rt_, out, weights, S * D * pe);
+  {
+    Tensor source = pe == e ? out : to_copy(rt_, out, S * D * e);  // .to(dtype)
+    index_add_(rt_, final_hidden, token_idx, source);
+  }
+  // The frame's locals die in order: token_idx, current, the selected weights, gate, up,
+  // hidden, then the product.
+  token_idx.reset();
+  current.reset();
+  sel_gate_up.reset();
+  sel_down.reset();
+  gate.reset();
+  up.reset();
+  hidden.reset();
+  out.reset();
+  return final_hidden;
 }
 
 Tensor DecoderModel::moe_experts_grouped(const LayerParams&, const Tensor&, const Tensor&, const Tensor&) {
