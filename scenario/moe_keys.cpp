@@ -131,9 +131,7 @@ void read_moe(const Doc& d, ModelConfig& m) {
                                          {"eager", graph::ExpertsImpl::eager},
                                          {"batched_mm", graph::ExpertsImpl::batched_mm},
                                          {"grouped_mm", graph::ExpertsImpl::grouped_mm}});
-        if (moe.impl == graph::ExpertsImpl::grouped_mm)
-          fail(v.where, key, "'grouped_mm' is not modelled yet (transformers v5's eager loop and "
-                             "batched_mm are: use eager or batched_mm)");
+
       }
     }
     // shared_experts N: one shared expert of N x expert_d_ff with Qwen2-MoE's sigmoid gate.

@@ -21,8 +21,8 @@
 //    top_k_pos, None] (fp32 (n, 1): the product is fp32), .to(dtype), index_add_. Every
 //    size is n, the tokens routed to that expert (graph/models/moe_routing.h). The loop's
 //    last locals live until forward returns.
-// And batched_mm_experts_forward (experts_implementation batched_mm, below). Not modelled
-// here (refused by the scenario reader): grouped_mm, the auxiliary load-balancing loss
+// And batched_mm_experts_forward / grouped_mm_experts_forward (experts_implementation, below).
+// Not modelled here (refused by the scenario reader): the auxiliary load-balancing loss
 // (output_router_logits), LoRA on experts.
 #include <algorithm>
 #include <stdexcept>
@@ -221,8 +221,84 @@ Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, 
   return final_hidden;
 }
 
-Tensor DecoderModel::moe_experts_grouped(const LayerParams&, const Tensor&, const Tensor&, const Tensor&) {
-  throw std::runtime_error("model.moe.experts_implementation grouped_mm is not modelled yet");
+// grouped_mm_experts_forward (transformers v5 integrations/moe.py), S = T*K samples:
+// zeros_like(x); token_idx (as batched_mm); perm = argsort(expert_ids, stable=True) and
+// inv_perm = argsort(perm, stable=True) (each a sort: values and indices S int64, the values
+// dying at once); x[token_idx] (S, D); expert_ids[perm] (S int64); sample_weights[perm];
+// current[perm] (S, D); histc(expert_ids_g.float()) (an S fp32 copy, E fp32 counts) and
+// cumsum(dtype=int32) (E int32, the offsets _grouped_mm keeps); _grouped_mm on the 3-D
+// weights (transposed views), chunk, act * up, _grouped_mm; * sample_weights_g (fp32 for fp32
+// weights); [inv_perm] back to token order; .to(dtype); index_add_. The frame's locals die
+// at return: x[token_idx] (saved by no node: _grouped_mm saves the permuted copy), the
+// product before the un-permutation, expert_ids_g, the counts. Modelled from the source only
+// (torch 1.13 has no _grouped_mm; CUB's sort and histogram scratch are not modelled).
+Tensor DecoderModel::moe_experts_grouped(const LayerParams& p, const Tensor& x, const Tensor& indices,
+                                         const Tensor& weights) {
+  (void)indices;  // read by argsort and the gathers, which need no grad: only sizes matter
+  const MoeSpec& m = arch().moe;
+  const uint64_t e = act_elem(), T = s_.rows(), D = static_cast<uint64_t>(s_.d_model);
+  const uint64_t E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
+  const uint64_t F = static_cast<uint64_t>(m.expert_d_ff);
+  const uint64_t S = T * K, we = weights.bytes / S, pe = std::max(e, we);
+  if (autocast_on()) throw std::runtime_error("model.moe under precision.autocast is not modelled yet");
+  Tensor final_hidden = rt_.alloc(T * D * e, TensorKind::activation, OpKind::fill);  // zeros_like
+  Tensor token_idx, perm, inv_perm;
+  {
+    Tensor ar = moe_scratch(rt_, T * 8, OpKind::arange);
+    token_idx = rt_.alloc(S * 8, TensorKind::activation, OpKind::clone);
+  }
+  {  // int64 indices: no grad
+    Tensor values = moe_scratch(rt_, S * 8, OpKind::sort);
+    perm = rt_.alloc(S * 8, TensorKind::activation, OpKind::sort);
+    values.reset();
+    values = moe_scratch(rt_, S * 8, OpKind::sort);
+    inv_perm = rt_.alloc(S * 8, TensorKind::activation, OpKind::sort);
+    values.reset();
+  }
+  Tensor current = index_rows(rt_, x, token_idx, S * 8, S * D * e);
+  Tensor expert_ids_g = moe_scratch(rt_, S * 8, OpKind::moe_index);
+  Tensor weights_g = index_rows(rt_, weights, perm, S * 8, S * we);
+  Tensor current_g = index_rows(rt_, current, perm, S * 8, S * D * e);
+  Tensor counts, offsets;
+  {
+    Tensor f32 = moe_scratch(rt_, S * 4, OpKind::to_copy);  // expert_ids_g.float()
+    counts = moe_scratch(rt_, E * 4, OpKind::sort);         // histc
+  }
+  offsets = rt_.alloc(E * 4, TensorKind::activation, OpKind::sort);  // cumsum(dtype=int32)
+  const double f_up = 2.0 * static_cast<double>(S) * static_cast<double>(D) * 2.0 * static_cast<double>(F);
+  Tensor gate, up, hidden, out_g, out;
+  {
+    Tensor gate_up = grouped_mm(rt_, current_g, rt_.param(p.experts_gate_up), offsets, S * 2 * F * e, f_up);
+    Chunk2 halves(rt_, gate_up);
+    gate_up.reset();
+    gate = halves.piece(rt_, 0);
+    up = halves.piece(rt_, 1);
+  }
+  hidden = mul(rt_, activation(gate), up);
+  out_g = grouped_mm(rt_, hidden, rt_.param(p.experts_down), offsets, S * D * e, f_up / 2.0);
+  out_g = pe == e ? mul(rt_, out_g, weights_g) : mul_column(rt_, out_g, weights_g, S * D * pe);
+  out = index_rows(rt_, out_g, inv_perm, S * 8, S * D * pe);  // out_per_sample_g[inv_perm]
+  {
+    Tensor source = pe == e ? out : to_copy(rt_, out, S * D * e);  // .to(dtype)
+    index_add_(rt_, final_hidden, token_idx, source);
+  }
+  // The frame's locals die in order: token_idx, perm, inv_perm, current, expert_ids_g,
+  // weights_g, current_g, counts, offsets, gate, up, hidden, out_g, out.
+  token_idx.reset();
+  perm.reset();
+  inv_perm.reset();
+  current.reset();
+  expert_ids_g.reset();
+  weights_g.reset();
+  current_g.reset();
+  counts.reset();
+  offsets.reset();
+  gate.reset();
+  up.reset();
+  hidden.reset();
+  out_g.reset();
+  out.reset();
+  return final_hidden;
 }
 
 Tensor DecoderModel::moe_aux_loss(const Tensor& loss) { return loss; }

@@ -81,8 +81,10 @@ void index_add_(Runtime& rt, Tensor& self, const Tensor& index_storage, const Te
   self.out_slot = 0;
 }
 
-Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_bytes, double flops) {
+Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& offs, uint64_t out_bytes,
+                  double flops) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::grouped_mm);
+  rt.note_gemm();
   rt.add_flops_forward(flops);
   if (wants_grad(rt, {&x, &w})) {
     int32_t n = rt.make_node(OpKind::grouped_mm, {&x, &w});
@@ -91,6 +93,7 @@ Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_by
     node.size[1] = w.bytes;
     node.flops = detail::matmul_backward_flops(x, w, flops);
     detail::save_cross(rt, n, w, x);
+    rt.save(n, offs);
     out.grad_fn = n;
   }
   return out;
@@ -166,8 +169,9 @@ bool run_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       if (needs(1)) out[1] = fresh(A(n.size[1]));  // grad.index_select(0, index)
       return true;
     case OpKind::grouped_mm:
+      if (needs(1)) out[1] = fresh(A(n.size[1], kind_for(1)));  // in W's layout: stolen
+      rt.note_gemm();
       if (needs(0)) out[0] = fresh(A(n.size[0]));
-      if (needs(1)) out[1] = Grad{A(n.size[1], kind_for(1)), false, true};  // W's transpose
       rt.add_flops_backward(n.flops);
       return true;
     default:

@@ -51,10 +51,15 @@ Tensor mul_column(Runtime& rt, const Tensor& a, const Tensor& col, uint64_t out_
 // grad.index_select(0, index) (source-sized, new).
 void index_add_(Runtime& rt, Tensor& self, const Tensor& index_storage, const Tensor& source);
 
-// torch._grouped_mm(x, W.transpose(-2,-1), offs) on the 3-D expert weight W (w_bytes):
-// out_bytes new; saves x and W. Backward: grad_x (x-sized) then grad_W (w_bytes, the whole
-// 3-D weight's grad in one tensor).
-Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_bytes, double flops);
+// torch._grouped_mm(x, W.transpose(-2,-1), offs) on the 3-D expert weight W: out_bytes new;
+// saves x, W and offs (derivatives.yaml: _grouped_mm_mat1_backward(grad, mat2, ..., offs),
+// _grouped_mm_mat2_backward(grad, self, mat2's sizes and strides, ..., offs)). Backward, the
+// later input's grad first as the generated code computes them: grad_W (W.bytes, the whole
+// 3-D weight's grad in one tensor, in W's layout as mm_mat2_backward returns it, so
+// AccumulateGrad steals it), then grad_x (x-sized). Not checked against a run: torch 1.13
+// has no _grouped_mm (docs/moe.md).
+Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& offs, uint64_t out_bytes,
+                  double flops);
 
 // A no-grad tensor made by one of the routing bookkeeping ops (one_hot, nonzero, sort,
 // compare, sum): a new storage of `bytes`.
