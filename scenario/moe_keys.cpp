@@ -12,7 +12,7 @@ namespace {
 const std::vector<std::string>& moe_keys() {
   static const std::vector<std::string> keys = {
       "experts",  "top_k",     "shared_experts", "expert_d_ff",           "first_dense_layers",
-      "router",   "norm_topk", "routing",        "experts_implementation"};
+      "router",   "norm_topk", "routing",        "experts_implementation", "capacity_factor"};
   return keys;
 }
 
@@ -124,6 +124,14 @@ void read_moe(const Doc& d, ModelConfig& m) {
         moe.score = read_enum(v, key, std::vector<std::pair<std::string, graph::MoeScore>>{
                                           {"softmax", graph::MoeScore::softmax},
                                           {"sigmoid", graph::MoeScore::sigmoid}});
+      } else if (sub == "capacity_factor") {
+        // Megatron-Core's token dropping (issue #15's Megatron part, not modelled here):
+        // transformers' experts are dropless. A value <= 0 is bad input either way.
+        const double cf = read_number(v, key);
+        if (!(cf > 0.0)) fail(v.where, key, "expected a number > 0, got '" + v.node.Scalar() + "'");
+        fail(v.where, key, "a capacity factor (token dropping and padding) is Megatron-Core's; "
+                           "transformers' MoE experts are dropless and memsim does not model "
+                           "Megatron-Core's MoE yet: remove it");
       } else if (sub == "routing") {
         read_routing(v, key, moe);
       } else if (sub == "experts_implementation") {

@@ -2,7 +2,8 @@
 // experts, router and routing assumption, as graph::MoeSpec (graph/models/decoder_spec.h).
 //
 //   model.moe: { experts, top_k, shared_experts, expert_d_ff, first_dense_layers,
-//                router: softmax|sigmoid, norm_topk, routing, experts_implementation }
+//                router: softmax|sigmoid, norm_topk, routing, experts_implementation,
+//                capacity_factor (refused: Megatron-Core's; > 0 checked first) }
 //   model.moe.routing: balanced | worst-case | skew:ALPHA | counts:[...]   (also as --set)
 //
 // Over a MoE config.json (mixtral, qwen2_moe, qwen3_moe, olmoe) the keys given replace the

@@ -194,6 +194,11 @@ TEST_CASE("MoE keys: bad input names the key", "[moe]") {
   CHECK(load_error(base + "  moe:\n    experts: 4\n    top_k: 2\n    routing: balance\n" + batch).find(
             "model.moe.routing: expected balanced, worst-case, skew:ALPHA (ALPHA >= 0) or counts:[N, ...], "
             "got 'balance'; did you mean 'balanced'?") != std::string::npos);
+  CHECK(load_error(base + "  moe:\n    experts: 4\n    top_k: 2\n    capacity_factor: 0\n" + batch) ==
+        "moe.yaml:13: model.moe.capacity_factor: expected a number > 0, got '0'");
+  CHECK(load_error(base + "  moe:\n    experts: 4\n    top_k: 2\n    capacity_factor: 1.25\n" + batch)
+            .rfind("moe.yaml:13: model.moe.capacity_factor: a capacity factor (token dropping and padding) is "
+                   "Megatron-Core's", 0) == 0);
   CHECK(load_error(base + "  moe:\n    experts: 4\n    topk: 2\n" + batch).rfind("moe.yaml:12: model.moe.topk: unknown key", 0) == 0);
   CHECK(load_error(base + "  moe:\n    experts: 4\n    top_k: 2\n    experts_implementation: triton\n" + batch)
             .rfind("moe.yaml:13: model.moe.experts_implementation: ", 0) == 0);
@@ -250,6 +255,18 @@ TEST_CASE("MoE runs end to end: the routing sets each expert's sizes, checkpoint
   CHECK(peak(load_scenario_text(base, "moe.yaml", {{"checkpoint.policy", "full"}})) < balanced);
   CHECK(peak(load_scenario_text(base, "moe.yaml", {{"checkpoint.policy", "custom"}, {"checkpoint.custom", "[mlp]"}})) <
         balanced);
+  // router: sigmoid scores (SigmoidBackward0 instead of SoftmaxBackward0 in the router).
+  {
+    std::string y = base;
+    y.replace(y.find("expert_d_ff: 512}"), 17, "expert_d_ff: 512, router: sigmoid}");
+    const Scenario s = load(y);
+    CHECK(s.model.arch.moe.score == graph::MoeScore::sigmoid);
+    const Program p = build_program(s);
+    bool sigmoid = false;
+    for (const MemoryEvent& e : p.events)
+      sigmoid = sigmoid || (e.type == EventType::alloc && e.phase == Phase::backward && p.str(e.op) == "SigmoidBackward0");
+    CHECK(sigmoid);
+  }
   // The three experts implementations: batched_mm gathers a weight copy per token-slot.
   auto with_impl = [&](const std::string& impl) {
     std::string y = base;
