@@ -120,7 +120,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                  "mlp_bias", "qk_norm", "norm", "norm_placement", "mlp", "activation", "fused_qkv",
                  "fused_gate_up", "embedding_scale", "attn_softcap", "final_softcap",
                  "sliding_window", "sliding_layers", "rotary_dim",
-                 "implementation", "transformers"}},
+                 "implementation", "transformers",
+                 // mixture of experts (issue #15; scenario/moe_keys.h): the map, and its
+                 // routing assumption alone (for --set and sweeps)
+                 "moe", "moe.routing"}},
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
       {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache",
                      "float8"}},

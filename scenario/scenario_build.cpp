@@ -20,6 +20,7 @@
 #include "scenario/pipeline_keys.h"
 #include "scenario/torchtitan_keys.h"
 #include "scenario/scenario_arch.h"
+#include "scenario/moe_keys.h"
 #include "scenario/scenario_doc.h"
 #include "scenario/script_keys.h"
 #include "scenario/step_output_key.h"
@@ -120,6 +121,7 @@ ModelConfig build_model(const Doc& d, std::optional<DType>& config_params) {
     }
   }
   read_architecture(d, base, m);  // model.architecture and the knobs (scenario/scenario_arch.h)
+  read_moe(d, m);                 // model.moe (scenario/moe_keys.h)
   return m;
 }
 
@@ -548,6 +550,7 @@ Scenario build_scenario(const Doc& d) {
   read_serve(d, s);  // scenario/serve_keys.h (issue #17): after the model
   check_products(d, s);
   check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
+  check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   return s;
 }
 

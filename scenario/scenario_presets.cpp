@@ -261,6 +261,9 @@ std::string model_summary(const ModelConfig& m) {
        ", context " + (m.context_length ? std::to_string(m.context_length) : "= seq_len") +
        (m.tied_embeddings ? ", tied" : ", untied");
   if (hf && m.arch.sliding_window > 0) s += ", sliding window " + std::to_string(m.arch.sliding_window);
+  if (hf && m.arch.moe.experts > 0)  // docs/moe.md
+    s += ", MoE " + std::to_string(m.arch.moe.experts) + " experts of d_ff " +
+         std::to_string(m.arch.moe.expert_d_ff) + ", top " + std::to_string(m.arch.moe.top_k);
   s += "; " + with_commas(parameter_count(m)) + " parameters";
   return s;
 }

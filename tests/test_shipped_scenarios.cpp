@@ -98,6 +98,8 @@ const std::map<std::string, Claim>& claims() {
       // torchtitan's op-level SAC (docs/torchtitan-recipes.md) over FSDP2 on 8 GPUs:
       // the peak is the loss's backward; sac-op's per-layer cache is 13.53 GiB of it.
       {"llama3-8b-torchtitan-sac.yaml", {true, std::nullopt, 44.68}},
+      // Qwen3-30B-A3B (MoE, docs/moe.md) over FSDP on 8 GPUs, balanced routing: the AdamW step.
+      {"qwen3-30b-a3b-fsdp-8xh100.yaml", {true, std::nullopt, 36.77}},
   };
   return table;
 }

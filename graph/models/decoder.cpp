@@ -131,7 +131,9 @@ void DecoderModel::construct() {
     }
     if (a.rope == RopeAt::layer || a.attn_rope_buffer) p.inv_freq = add_inv_freq();
     rt_.ctx.module = Module::mlp;
-    if (a.mlp == MlpKind::glu && a.fused_gate_up) {
+    if (a.moe.layer_is_moe(l)) {
+      construct_moe(p, pre);  // decoder_moe.cpp
+    } else if (a.mlp == MlpKind::glu && a.fused_gate_up) {
       p.gate_up = add_proj(2 * F, D, pre, "mlp.gate_up_proj", a.mlp_bias, -1);
     } else if (a.mlp == MlpKind::glu) {
       p.gate = add_proj(F, D, pre, "mlp.gate_proj", a.mlp_bias, kGateProj);
@@ -139,8 +141,9 @@ void DecoderModel::construct() {
     } else {
       p.up = add_proj(F, D, pre, "mlp.fc1", a.mlp_bias, kUpProj);
     }
-    p.down = add_proj(D, F, pre, a.mlp == MlpKind::glu ? "mlp.down_proj" : "mlp.fc2",
-                      a.mlp_bias, kDownProj);
+    if (!p.moe)
+      p.down = add_proj(D, F, pre, a.mlp == MlpKind::glu ? "mlp.down_proj" : "mlp.fc2",
+                        a.mlp_bias, kDownProj);
     rt_.ctx.module = Module::norm;
     switch (a.placement) {
       case NormPlacement::pre:

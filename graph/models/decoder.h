@@ -114,6 +114,12 @@ class DecoderModel {
     Norm q_norm, k_norm;
     Tensor causal_bias, masked_bias;  // GPT-2's buffers (EagerCore::where_buffer)
     LoraAdapter ad[kLlamaLinears];
+    // A mixture-of-experts layer (DecoderArch::moe; decoder_moe.cpp): the router's
+    // (E, D) weight, the experts' 3-D gate_up_proj (E, 2F, D) and down_proj (E, D, F),
+    // Qwen2-MoE's shared expert (gate/up/down as p.gate/p.up/p.down) and its (1, D) gate.
+    bool moe = false;
+    int32_t router = -1, experts_gate_up = -1, experts_down = -1;
+    Proj shared_gate_proj;
   };
   const DecoderArch& arch() const { return s_.arch; }
 
@@ -145,6 +151,24 @@ class DecoderModel {
   Tensor gelu_new_autocast(const Tensor& x);
   Tensor drop(const Tensor& x);        // residual / embedding dropout (GPT-2)
   Tensor softcap(Tensor x);            // / c, tanh, * c (x moved in: freed after / c)
+
+  // --- mixture of experts (decoder_moe.cpp; docs/moe.md) ---
+  void construct_moe(LayerParams& p, const std::string& prefix);
+  // The sparse MoE block on the normed (B,S,D) hidden states: router, experts, shared
+  // expert; returns the block's (B,S,D) output.
+  Tensor moe_block(int32_t l, const LayerParams& p, const Tensor& x);
+  // The router: fills the fp32 top-k weights (T,K) and the int64 indices (T,K); returns
+  // what the router hands back as router_logits (recorded for the aux loss).
+  Tensor moe_router(const LayerParams& p, const Tensor& x, Tensor& weights, Tensor& indices);
+  Tensor moe_experts_eager(const LayerParams& p, const Tensor& x, const Tensor& indices,
+                           const Tensor& weights, const std::vector<int64_t>& counts);
+  Tensor moe_experts_batched(const LayerParams& p, const Tensor& x, const Tensor& indices,
+                             const Tensor& weights);
+  Tensor moe_experts_grouped(const LayerParams& p, const Tensor& x, const Tensor& indices,
+                             const Tensor& weights);
+  // load_balancing_loss_func over the recorded router outputs; adds coef * aux to `loss`.
+  Tensor moe_aux_loss(const Tensor& loss);
+  int64_t moe_layer_index(int32_t l) const;  // l's rank among the MoE layers
 
   // --- attention (decoder_attention.cpp) ---
   Tensor attention(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& cos,
@@ -204,6 +228,9 @@ class DecoderModel {
   std::vector<Tensor> chunks_;      // torchtune's chunked output (forward returns chunks_[0])
   Tensor ignore_labels_;            // torchtune recipe's ignore_labels_cache (B, 1) int64
   std::string name_;  // param_name's buffer
+  // output_router_logits: each MoE layer's router output, held by the model output until
+  // the loss has used them (decoder_moe.cpp).
+  std::vector<Tensor> router_logits_;
   // The decoder layer's `self_attn_weights` (v4.50+ attention functions return the
   // probabilities; the layer keeps them until it returns). Set by layer() around its
   // attention half; never written by a re-run in backward.

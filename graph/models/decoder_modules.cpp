@@ -154,6 +154,7 @@ Tensor DecoderModel::activation(const Tensor& x) {
 
 // GLU: down(act(gate(x)) * up(x)); plain: fc2(act(fc1(x))) with GPT-2's resid dropout.
 Tensor DecoderModel::mlp(const LayerParams& p, const Tensor& x) {
+  if (p.moe) return moe_block(static_cast<int32_t>(&p - layers_.data()), p, x);  // decoder_moe.cpp
   ModuleScope module_scope(rt_, Module::mlp);
   Tensor out;
   if (arch().mlp == MlpKind::plain) {

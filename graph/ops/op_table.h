@@ -86,5 +86,14 @@
   X(fused_rms_norm, nn, "_fused_rms_norm", "FusedRmsNormBackward0") /* nn.RMSNorm on CUDA, torch >= 2.9: out + fp32 rstd; saves input, rstd, weight (graph/ops/ops_stack.h) */ \
   X(rope_complex, nn, "mul", "MulBackward0") /* torchtitan apply_rotary_emb on one of q/k: complex product with freqs_cis; saves the table (graph/ops/ops_stack.h) */ \
   X(rope_pairs, nn, "stack", "StackBackward0") /* torchtune RotaryPositionalEmbeddings.forward on one of q/k: four products on the cache, sub, add, stack; saves the cache (graph/ops/ops_stack.h) */ \
-  X(float8_linear, float8, "_scaled_mm", "matmul_with_hp_or_float8_argsBackward") /* torchao Float8Linear, tensorwise (graph/ops/ops_float8.h): saves x, the fp8 weight and its scale */
+  X(float8_linear, float8, "_scaled_mm", "matmul_with_hp_or_float8_argsBackward") /* torchao Float8Linear, tensorwise (graph/ops/ops_float8.h): saves x, the fp8 weight and its scale */ \
+  X(moe_index, moe, "index", "IndexBackward0") /* x[idx] (advanced indexing, graph/ops/ops_moe.h): saves the indices; backward zeros(x) + index_put_ accumulate */ \
+  X(topk, moe, "topk", "TopkBackward0") /* torch.topk: values + int64 indices; saves indices; backward zeros + scatter */ \
+  X(index_add, moe, "index_add_", "IndexAddBackward0") /* self.index_add_(0, idx, src): in place; saves idx; src's grad = index_select */ \
+  X(div_inplace, moe, "div_", "DivBackward0") /* a /= b (b broadcast): the original a cloned and saved */ \
+  X(one_hot, moe, "one_hot", "one_hot") /* F.one_hot: zeros(..., E) int64 + scatter_ (no grad) */ \
+  X(nonzero, moe, "nonzero", "nonzero") /* nonzero / torch.where(cond): (n, dims) int64 (no grad) */ \
+  X(sort, moe, "sort", "sort") /* argsort / histc / cumsum of the grouped_mm path (no grad) */ \
+  X(grouped_mm, moe, "_grouped_mm", "GroupedMmBackward0") /* torch._grouped_mm(x, W3d, offs): saves x and W; backward grad_x, grad_W (the whole 3-D weight) */ \
+  X(expand_index, moe, "index", "IndexBackward0") /* W3d[expert_ids] (batched_mm): (T*K, ...) weight copies; backward zeros(W) + index_put_ */
 // clang-format on

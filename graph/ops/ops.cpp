@@ -8,6 +8,7 @@
 #include "graph/ops/ops_liger.h"
 #include "graph/ops/ops_float8.h"
 #include "graph/ops/ops_lora.h"
+#include "graph/ops/ops_moe.h"
 #include "graph/ops/ops_nn.h"
 
 namespace memsim::graph {
@@ -349,6 +350,7 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (run_lora_backward(rt, n, in, out)) return;   // graph/ops/ops_lora.h
   if (run_float8_backward(rt, n, in, out)) return;  // graph/ops/ops_float8.h
   if (run_liger_backward(rt, n, in, out)) return;  // graph/ops/ops_liger.h
+  if (run_moe_backward(rt, n, in, out)) return;    // graph/ops/ops_moe.h
   Bw b{rt, n};
   const Grad& g = in[0];
   if (g.storage == kNoStorage && n.kind != OpKind::max_dim) return;

@@ -16,6 +16,7 @@
 #include "tools/cli/errors.h"
 #include "tools/cli/html_report.h"
 #include "tools/cli/json_report.h"
+#include "tools/cli/moe_report.h"
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
@@ -109,6 +110,8 @@ int run_run(const RunArgs& args) {
                program.events.size(), seconds_since(t2), timeline.oom ? ", out of memory" : "");
 
   const Analysis analysis = analyze(program, timeline);
+  // A mixture-of-experts run: the routing assumption, and worst-case peaks beside balanced.
+  const std::optional<MoeRoutingReport> moe = moe_routing_report(scenario);
   spdlog::debug("total {:.3f} s", seconds_since(t0));
 
   if (!args.timeline.empty()) {
@@ -152,6 +155,14 @@ int run_run(const RunArgs& args) {
     j["memory_stats"] = memory_stats_json(timeline.final_stats);
     // The time model (issue #18 item 1): the measured step's seconds.
     j["estimated_step_seconds"] = step_time_json(estimate_step_time(program.cost, scenario.device));
+    if (moe) {
+      Json m = {{"routing", moe->routing}};
+      if (moe->worst_case_run)
+        m["worst_case"] = {{"peak_allocated_bytes", moe->worst_peak_allocated},
+                           {"peak_reserved_bytes", moe->worst_peak_reserved},
+                           {"fits", moe->worst_fits}};
+      j["moe"] = std::move(m);
+    }
     Output out(args.json);
     out.write(dump_json(j));
     out.finish();
@@ -174,6 +185,16 @@ int run_run(const RunArgs& args) {
                          " pinned), " + human_bytes((h.pinned + h.pageable) * static_cast<uint64_t>(h.ranks_per_node)) +
                          " per node of " + std::to_string(h.ranks_per_node) + " ranks" +
                          (h.nvme ? ", " + human_bytes(h.nvme) + " on NVMe" : "") + ": " + h.what);
+    }
+    if (moe) {
+      header.facts.emplace_back(
+          "moe routing",
+          moe->routing + " (an assumption: model.moe.routing)" +
+              (moe->worst_case_run
+                   ? "; worst-case routing peaks at " + human_bytes(moe->worst_peak_allocated) +
+                         " allocated, " + human_bytes(moe->worst_peak_reserved) + " reserved" +
+                         (moe->worst_fits ? "" : " (out of memory)")
+                   : std::string()));
     }
     header.capacity = usable_capacity(scenario.device);
     print_summary(stdout, header, analysis, Style::for_stream(stdout));
