@@ -76,6 +76,7 @@ const char* to_string(StepKind kind) {
     case StepKind::forward: return "forward";
     case StepKind::forward_no_grad: return "forward-no-grad";
     case StepKind::forward_backward: return "forward-backward";
+    case StepKind::generate: return "generate";
   }
   return "?";
 }
@@ -142,6 +143,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                      "stage3_max_reuse_distance", "stage3_param_persistence_threshold",
                      "sub_group_size", "offload_optimizer", "offload_param", "zero_init",
                      "ranks_per_node"}},  // scenario/deepspeed_keys.h (issue #16 item 2)
+      {"generate", {"prompt_len", "new_tokens", "cache", "logits_to_keep"}},  // scenario/generate_keys.h (issue #17)
       {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",
                      "max_non_split_rounding_mb", "garbage_collection_threshold",

@@ -23,6 +23,7 @@
 #include "scenario/hf_family.h"
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/checkpoint_policy.h"
+#include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
 #include "sim/step/script_loss.h"
 #include "sim/parallel/zero_redundancy.h"
@@ -396,6 +397,8 @@ void cs336(const Scenario& s, const TrainingScript& script, Program& program,
 }
 void decoder(const Scenario& s, const TrainingScript& script, Program& program,
              graph::RuntimeBuffers* buffers) {
+  // step.kind generate: HF generate() instead of a training loop (sim/step/generate.h).
+  if (s.step.kind == StepKind::generate) return build_generate_program(s, program, buffers);
   program.clear();
   Loop<graph::DecoderModel>(s, script, program, buffers).run();
 }

@@ -9,11 +9,14 @@
 #include "allocator/units.h"
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
+#include "sim/step/generate.h"
+#include "sim/step/modelled_features.h"
 #include "sim/step/schedule.h"
 #include "scenario/scenario.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"
+#include "tools/cli/generate_report.h"
 #include "tools/cli/html_report.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/output.h"
@@ -27,6 +30,14 @@
 namespace memsim::cli {
 
 namespace {
+
+// build_program's checks (require_modelled) for a generate scenario, then its Program.
+Program generate_program(const Scenario& scenario, GenerateFacts& facts) {
+  require_modelled(scenario);  // sim/step/modelled_features.h
+  Program program;
+  build_generate_program(scenario, program, nullptr, &facts);
+  return program;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -90,7 +101,10 @@ int run_run(const RunArgs& args) {
                overrides.size());
 
   auto t1 = std::chrono::steady_clock::now();
-  const Program program = build_program(scenario);
+  // step.kind generate (issue #17): the generate() Program, with its cache's sizes.
+  const bool generate = scenario.step.kind == StepKind::generate;
+  GenerateFacts generate_facts;
+  const Program program = generate ? generate_program(scenario, generate_facts) : build_program(scenario);
   spdlog::info("program: {} events, {} tensors ({:.3f} s)", program.events.size(),
                program.tensors.size(), seconds_since(t1));
 
@@ -107,7 +121,9 @@ int run_run(const RunArgs& args) {
   spdlog::info("executed {} of {} events through the allocator ({:.3f} s){}", timeline.size(),
                program.events.size(), seconds_since(t2), timeline.oom ? ", out of memory" : "");
 
-  const Analysis analysis = analyze(program, timeline);
+  AnalysisOptions analysis_options;
+  if (generate) analysis_options.marks = {"prefill_end", "generate_end"};
+  const Analysis analysis = analyze(program, timeline, analysis_options);
   spdlog::debug("total {:.3f} s", seconds_since(t0));
 
   if (!args.timeline.empty()) {
@@ -146,6 +162,7 @@ int run_run(const RunArgs& args) {
     j["rank"] = rank_json(program.rank);
     j["model"] = model_json(scenario, program.rank);
     if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
+    if (generate) j["generate"] = generate_json(scenario, generate_facts);
     Json summary = analysis_json(analysis);
     for (auto& [key, value] : summary.items()) j[key] = std::move(value);
     j["memory_stats"] = memory_stats_json(timeline.final_stats);
@@ -172,6 +189,7 @@ int run_run(const RunArgs& args) {
                          " per node of " + std::to_string(h.ranks_per_node) + " ranks" +
                          (h.nvme ? ", " + human_bytes(h.nvme) + " on NVMe" : "") + ": " + h.what);
     }
+    if (generate) header.facts.emplace_back("generate", generate_fact(scenario, generate_facts));
     header.capacity = usable_capacity(scenario.device);
     print_summary(stdout, header, analysis, Style::for_stream(stdout));
     std::fflush(stdout);
