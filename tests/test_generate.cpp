@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_test_support.h"
 #include "decoder_arch_test_support.h"
 #include "json_test_support.h"
 #include "scenario/scenario.h"
@@ -289,4 +290,42 @@ TEST_CASE("generate: the shipped scenario runs and its cache is the formula's", 
   auto device = SimulatedDevice(s.device.capacity, s.device.cuda_context);
   const Timeline t = execute(p, s.allocator, device);
   CHECK_FALSE(t.oom.has_value());
+}
+
+TEST_CASE("memsim run on a generate scenario: the generate report, marks and an OOM", "[generate][cli]") {
+  const std::string file = MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-generate-a100.yaml";
+  const memsim_test::CommandResult r = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file + "' --json - 2>/dev/null");
+  REQUIRE(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["fits"] == true);
+  const nlohmann::json& g = j["generate"];
+  CHECK(g["prompt_len"] == 3968);
+  CHECK(g["new_tokens"] == 128);
+  CHECK(g["cache"] == "dynamic");
+  CHECK(g["kv_cache_bytes_end"].get<uint64_t>() == 2ull * 32 * 8 * 4095 * 4096 * 2);
+  CHECK(g["kv_cache_tokens_end"] == 4095);
+  CHECK(g["kv_cache_bytes_per_token"].get<uint64_t>() == 2ull * 32 * 8 * 4096 * 2);
+  // After the prefill the cache (3968 tokens) and the weights are live; after generate()
+  // the DynamicCache is gone: weights, prompts and the returned sequences remain.
+  const uint64_t weights = g["weights_bytes"];
+  const uint64_t prefill = j["marks"]["prefill_end"]["allocated"];
+  const uint64_t end = j["marks"]["generate_end"]["allocated"];
+  CHECK(prefill > weights + 2ull * 32 * 8 * 3968 * 4096 * 2);
+  CHECK(end < weights + (64ull << 20));
+  // A StaticCache stays on the model after generate() (self._cache).
+  const memsim_test::CommandResult st = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file + "' --set generate.cache=static --json - 2>/dev/null");
+  REQUIRE(st.status == 0);
+  const nlohmann::json k = nlohmann::json::parse(st.out);
+  CHECK(k["generate"]["kv_cache_bytes_end"].get<uint64_t>() == 2ull * 32 * 8 * 4096 * 4096 * 2);
+  CHECK(k["marks"]["generate_end"]["allocated"].get<uint64_t>() >
+        weights + 2ull * 32 * 8 * 4096 * 4096 * 2);
+  // Twice the batch does not fit an A100: exit 3, out of memory in the prefill.
+  const memsim_test::CommandResult oom = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file + "' --set batch.micro_batch=16 --json - 2>/dev/null");
+  CHECK(oom.status == 3);
+  const nlohmann::json o = nlohmann::json::parse(oom.out);
+  CHECK(o["fits"] == false);
+  CHECK(o["oom"]["phase"] == "forward");
 }
