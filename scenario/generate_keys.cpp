@@ -161,4 +161,23 @@ void read_generate(const Doc& d, Scenario& s) {
 }
 
 }  // namespace scenario_detail
+
+void require_generate_modelled(const Scenario& s) {
+  if (s.step.kind != StepKind::generate) return;
+  auto refuse = [&](const char* key, const std::string& why) {
+    throw ScenarioError(s.source + ": " + key + ": " + why);
+  };
+  if (s.checkpoint.policy != CheckpointPolicy::none)
+    refuse("checkpoint.policy", "activation checkpointing recomputes in backward; generation runs "
+                                "no backward (step.kind generate)");
+  if (s.lora.rank > 0) refuse("lora.rank", "generation with PEFT adapters is not modelled");
+  const ParallelConfig& p = s.parallel;
+  if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0 || p.sharding != Sharding::none)
+    refuse("parallel.data", "multi-GPU generation is not modelled");
+  if (s.precision.autocast || s.precision.master_weights)
+    refuse("precision.autocast", "generate() runs the model in its weights' dtype; autocast / master "
+                                 "weights are not modelled with step.kind generate");
+  if (s.step.compile) refuse("step.compile", "torch.compile of generate is not modelled");
+}
+
 }  // namespace memsim

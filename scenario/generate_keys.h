@@ -38,3 +38,10 @@ bool generate_requested(const Doc& d);
 void read_generate(const Doc& d, Scenario& s);
 
 }  // namespace memsim::scenario_detail
+
+namespace memsim {
+// For a Scenario changed after loading (memsim compare's policies, optimize's candidates):
+// with step.kind generate, a checkpoint policy, LoRA or multi-GPU settings are refused by
+// key (ScenarioError "SOURCE: KEY: why") instead of being ignored.
+void require_generate_modelled(const Scenario& s);
+}  // namespace memsim

@@ -272,7 +272,12 @@ TEST_CASE("generate: keys it does not model or use are refused by name", "[gener
     CHECK(std::string(e.what()).find("generate.prompt_len:") != std::string::npos);
   }
   // The defaults load: batch.seq_len is prompt_len + new_tokens.
-  const Scenario s = load_scenario_text(base, "gen.yaml");
+  Scenario s = load_scenario_text(base, "gen.yaml");
+  {  // a policy set on the loaded Scenario (memsim compare --policies) is refused too
+    Scenario c = s;
+    c.checkpoint.policy = CheckpointPolicy::full;
+    CHECK_THROWS_WITH(build_program(c), Catch::Contains("checkpoint.policy:"));
+  }
   CHECK(s.batch.seq_len == 20);
   CHECK(s.generate.cache == GenerateCache::dynamic);
   CHECK(s.generate.logits_to_keep == 1);

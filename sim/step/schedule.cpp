@@ -412,6 +412,8 @@ void cs336_numeric(const Scenario& s, const TrainingScript& script, Program& pro
 }
 void decoder_numeric(const Scenario& s, const TrainingScript& script, Program& program,
                      graph::NumericContext* numeric) {
+  if (s.step.kind == StepKind::generate)
+    throw ScenarioError(s.source + ": step.kind: generate: the numeric check runs training steps only");
   Loop<graph::DecoderModel>(s, script, program, nullptr, numeric).run();
 }
 void megatron_numeric(const Scenario& s, const TrainingScript&, Program& program,
