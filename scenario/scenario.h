@@ -103,7 +103,7 @@ struct OptimizerConfig {
 const char* to_string(OptimizerType type);
 const char* to_string(OptimizerImpl impl);
 
-enum class StepKind { train, forward, forward_no_grad, forward_backward };
+enum class StepKind { train, forward, forward_no_grad, forward_backward, generate };
 enum class CompileRegions { model, block };  // step.compile_scope
 struct StepConfig {
   StepKind kind = StepKind::train;
@@ -262,6 +262,22 @@ struct DeepSpeedConfig {
 };
 const char* to_string(DsOffload offload);
 
+// --- issue #17 item 1: generation (scenario/generate_keys.h reads and checks it,
+// sim/step/generate.h models it, docs/generate.md). Used with step.kind generate: Hugging
+// Face generate() (greedy) of batch.micro_batch prompts of prompt_len tokens, new_tokens
+// new tokens each; batch.seq_len is then prompt_len + new_tokens. cache: the KV cache class
+// (dynamic = DynamicCache, static = StaticCache; quantized:int8 / quantized:int4 /
+// offloaded are read and refused). logits_to_keep: num_logits_to_keep of the forward
+// (generate sets 1; 0 = the logits of every position).
+enum class GenerateCache { dynamic, static_cache, quantized_int8, quantized_int4, offloaded };
+const char* to_string(GenerateCache cache);
+struct GenerateConfig {
+  int64_t prompt_len = 0;
+  int64_t new_tokens = 0;
+  GenerateCache cache = GenerateCache::dynamic;
+  int64_t logits_to_keep = 1;
+};
+
 struct DeviceConfig {
   std::string preset;
   uint64_t capacity = 0;               // bytes usable by the process (cudaMemGetInfo total)
@@ -334,6 +350,7 @@ struct Scenario {
   LossConfig loss;                     // after the fields callers brace-initialise
   DeepSpeedConfig deepspeed;           // parallel.sharding: deepspeed (issue #16 item 2)
   ServeConfig serve;                   // `memsim serve` (issue #17 items 2-4)
+  GenerateConfig generate;             // step.kind generate (issue #17 item 1)
 };
 
 class ScenarioError : public std::runtime_error {

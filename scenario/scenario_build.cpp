@@ -26,6 +26,7 @@
 #include "scenario/step_output_key.h"
 #include "scenario/peft_input_grads_key.h"
 #include "scenario/device_rate_keys.h"
+#include "scenario/generate_keys.h"
 
 namespace memsim::scenario_detail {
 namespace {
@@ -60,7 +61,8 @@ const std::vector<std::pair<std::string, OptimizerImpl>> kImpls = {
 const std::vector<std::pair<std::string, StepKind>> kSteps = {
     {"train", StepKind::train}, {"forward", StepKind::forward},
     {"forward-no-grad", StepKind::forward_no_grad},
-    {"forward-backward", StepKind::forward_backward}};
+    {"forward-backward", StepKind::forward_backward},
+    {"generate", StepKind::generate}};  // issue #17 (scenario/generate_keys.h)
 const std::vector<std::pair<std::string, bool>> kZeroGrad = {{"set_to_none", true},
                                                              {"zeros", false}};
 
@@ -153,6 +155,9 @@ BatchConfig build_batch(const Doc& d, ModelConfig& m) {
   read_if(d, "batch.grad_accum", b.grad_accum, positive);
   if (const Field* f = d.find("batch.seq_len")) {
     b.seq_len = read_int(*f, "batch.seq_len", 1);
+  } else if (generate_requested(d)) {
+    b.seq_len = 0;  // step.kind generate: prompt_len + new_tokens (scenario/generate_keys.h)
+    return b;
   } else if (m.context_length > 0) {
     b.seq_len = m.context_length;  // a fixed-context preset runs at its full length
   } else {
@@ -548,6 +553,7 @@ Scenario build_scenario(const Doc& d) {
   s.device = build_device(d);
   s.allocator = build_allocator(d, AllocatorConfig{});
   read_serve(d, s);  // scenario/serve_keys.h (issue #17): after the model
+  read_generate(d, s);  // scenario/generate_keys.h (issue #17): generate.*, its refusals
   check_products(d, s);
   check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)

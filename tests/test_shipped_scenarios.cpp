@@ -77,6 +77,9 @@ const std::map<std::string, Claim>& claims() {
       {"llama2-7b-lora-ddp-8xa100.yaml", {true, std::nullopt, 58.73}},
       // QLoRA NF4 r64 all-linear, full (non-reentrant) checkpointing, 1 x 512 tokens.
       {"llama2-7b-qlora-rtx4090.yaml", {true, std::nullopt, 6.71}},
+      // step.kind generate (issue #17): 8 x (3968 + 128) tokens, DynamicCache; the peak is
+      // the prefill's eager attention scores in the last layer.
+      {"llama2-7b-generate-a100.yaml", {true, std::nullopt, 66.82}},
       // FSDP FULL_SHARD over 8 GPUs: the peak is the backward of the last layer.
       {"llama2-7b-fsdp-8xa100.yaml", {true, std::nullopt, 34.36}},
       // ... with CPUOffload: shards and AdamW state in host RAM, activations unchanged.

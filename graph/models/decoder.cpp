@@ -380,7 +380,8 @@ void DecoderModel::rope_tables(bool scaled, Tensor& cos, Tensor& sin) {
   // `cos.to(dtype=x.dtype)`: x is the hidden states (model level: fp32 under autocast) or
   // a layer's value states (per-layer rotary: v_proj's low output under autocast).
   const uint64_t e = !scaled && autocast_on() ? ac_->low_elem() : s_.elem;
-  const uint64_t S = s_.seq, rd = s_.rotary_dim();
+  // Rows of position_ids: 1 in training, the batch in generate (hf_shape.h pos_batch).
+  const uint64_t S = s_.seq * static_cast<uint64_t>(s_.pos_batch), rd = s_.rotary_dim();
   const bool was = rt_.grad_enabled;
   rt_.grad_enabled = false;
   Tensor pos = new_tensor(rt_, S * 4, OpKind::to_copy, TensorKind::temporary);

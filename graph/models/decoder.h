@@ -54,6 +54,7 @@
 namespace memsim::graph {
 
 class Autocast;  // graph/autocast.h
+class KvCache;   // graph/models/kv_cache.h
 
 // The parameter names of a non-HF stack's Llama modules (model.implementation; decoder_impl.cpp).
 struct StackParamNames {
@@ -92,6 +93,30 @@ class DecoderModel {
   const HfShape& shape() const { return s_; }
   // torch.autocast region owner (graph/autocast.h); nullptr = never.
   void set_autocast(Autocast* ac) { ac_ = ac; }
+
+  // --- generation (decoder_generate.cpp; issue #17, sim/step/generate.h) -----------------
+  // What HF generate passes one forward of a ForCausalLM (LlamaForCausalLM.forward v4.45
+  // with a cache): the (B, mask_len) int64 attention mask, the StaticCache's 4-D mask that
+  // prepare_inputs_for_generation built (else null), position_ids (B, S) and
+  // cache_position (S) (owned by the loop), num_logits_to_keep (0: every position).
+  struct GenerateInputs {
+    int64_t mask_len = 0;
+    const Tensor* mask4d = nullptr;
+    const Tensor* position_ids = nullptr;
+    const Tensor* cache_position = nullptr;
+    int64_t logits_to_keep = 1;
+  };
+  // The cache the attentions update (nullptr: training, no cache).
+  void set_cache(KvCache* cache) { cache_ = cache; }
+  // This forward's query length and the key length the attention sees (hf_shape.h keys),
+  // with position_ids of `batch` rows.
+  void set_generate_step(int64_t seq, int64_t keys);
+  // One forward of generate: the logits (B, keep, V), fp32 where the row upcasts in forward.
+  Tensor forward_generate(const Tensor& ids, const GenerateInputs& in);
+  // _prepare_4d_causal_attention_mask_with_cache_position over a 2-D attention mask of
+  // `mask_len` columns: the (B, 1, S, target) mask in the model's dtype (v4.45 Llama; the
+  // exclude variant of Mistral v4.45 / Qwen3 v4.51 for MaskBuild::exclude).
+  Tensor generate_mask(uint64_t target, uint64_t mask_len);
 
  private:
   // A projection module: weight (and bias) parameter ids, its LoRA slot (bit of
@@ -231,6 +256,11 @@ class DecoderModel {
   // output_router_logits: each MoE layer's router output, held by the model output until
   // the loss has used them (decoder_moe.cpp).
   std::vector<Tensor> router_logits_;
+  // Generation: the cache the attentions update, and whether the key/value it returned
+  // last are dense (B, KV, T, hd) tensors (kv_cache.h).
+  KvCache* cache_ = nullptr;
+  bool kv_dense_ = false;
+  bool one_query() const { return cache_ != nullptr && s_.seq == 1; }
   // The decoder layer's `self_attn_weights` (v4.50+ attention functions return the
   // probabilities; the layer keeps them until it returns). Set by layer() around its
   // attention half; never written by a re-run in backward.

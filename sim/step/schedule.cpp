@@ -23,6 +23,7 @@
 #include "scenario/hf_family.h"
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/checkpoint_policy.h"
+#include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
 #include "sim/step/script_loss.h"
 #include "sim/step/time_model_setup.h"
@@ -400,6 +401,8 @@ void cs336(const Scenario& s, const TrainingScript& script, Program& program,
 }
 void decoder(const Scenario& s, const TrainingScript& script, Program& program,
              graph::RuntimeBuffers* buffers) {
+  // step.kind generate: HF generate() instead of a training loop (sim/step/generate.h).
+  if (s.step.kind == StepKind::generate) return build_generate_program(s, program, buffers);
   program.clear();
   Loop<graph::DecoderModel>(s, script, program, buffers).run();
 }
@@ -413,6 +416,8 @@ void cs336_numeric(const Scenario& s, const TrainingScript& script, Program& pro
 }
 void decoder_numeric(const Scenario& s, const TrainingScript& script, Program& program,
                      graph::NumericContext* numeric) {
+  if (s.step.kind == StepKind::generate)
+    throw ScenarioError(s.source + ": step.kind: generate: the numeric check runs training steps only");
   Loop<graph::DecoderModel>(s, script, program, nullptr, numeric).run();
 }
 void megatron_numeric(const Scenario& s, const TrainingScript&, Program& program,

@@ -9,11 +9,14 @@
 #include "allocator/units.h"
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
+#include "sim/step/generate.h"
+#include "sim/step/modelled_features.h"
 #include "sim/step/schedule.h"
 #include "scenario/scenario.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"
+#include "tools/cli/generate_report.h"
 #include "tools/cli/html_report.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/moe_report.h"
@@ -29,6 +32,14 @@
 namespace memsim::cli {
 
 namespace {
+
+// build_program's checks (require_modelled) for a generate scenario, then its Program.
+Program generate_program(const Scenario& scenario, GenerateFacts& facts) {
+  require_modelled(scenario);  // sim/step/modelled_features.h
+  Program program;
+  build_generate_program(scenario, program, nullptr, &facts);
+  return program;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -92,7 +103,10 @@ int run_run(const RunArgs& args) {
                overrides.size());
 
   auto t1 = std::chrono::steady_clock::now();
-  const Program program = build_program(scenario);
+  // step.kind generate (issue #17): the generate() Program, with its cache's sizes.
+  const bool generate = scenario.step.kind == StepKind::generate;
+  GenerateFacts generate_facts;
+  const Program program = generate ? generate_program(scenario, generate_facts) : build_program(scenario);
   spdlog::info("program: {} events, {} tensors ({:.3f} s)", program.events.size(),
                program.tensors.size(), seconds_since(t1));
 
@@ -109,7 +123,9 @@ int run_run(const RunArgs& args) {
   spdlog::info("executed {} of {} events through the allocator ({:.3f} s){}", timeline.size(),
                program.events.size(), seconds_since(t2), timeline.oom ? ", out of memory" : "");
 
-  const Analysis analysis = analyze(program, timeline);
+  AnalysisOptions analysis_options;
+  if (generate) analysis_options.marks = {"prefill_end", "generate_end"};
+  const Analysis analysis = analyze(program, timeline, analysis_options);
   // A mixture-of-experts run: the routing assumption, and worst-case peaks beside balanced.
   const std::optional<MoeRoutingReport> moe = moe_routing_report(scenario);
   spdlog::debug("total {:.3f} s", seconds_since(t0));
@@ -150,6 +166,7 @@ int run_run(const RunArgs& args) {
     j["rank"] = rank_json(program.rank);
     j["model"] = model_json(scenario, program.rank);
     if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
+    if (generate) j["generate"] = generate_json(scenario, generate_facts);
     Json summary = analysis_json(analysis);
     for (auto& [key, value] : summary.items()) j[key] = std::move(value);
     j["memory_stats"] = memory_stats_json(timeline.final_stats);
@@ -196,6 +213,7 @@ int run_run(const RunArgs& args) {
                          (moe->worst_fits ? "" : " (out of memory)")
                    : std::string()));
     }
+    if (generate) header.facts.emplace_back("generate", generate_fact(scenario, generate_facts));
     header.capacity = usable_capacity(scenario.device);
     print_summary(stdout, header, analysis, Style::for_stream(stdout));
     print_step_time(stdout, estimate_step_time(program.cost, scenario.device), Style::for_stream(stdout));
