@@ -85,13 +85,15 @@ Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& o
                   double flops) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::grouped_mm);
   rt.note_gemm();
-  rt.add_flops_forward(flops);
+  const double io = static_cast<double>(x.bytes + w.bytes + out_bytes);
+  rt.add_flops_forward(flops, io);
   if (wants_grad(rt, {&x, &w})) {
     int32_t n = rt.make_node(OpKind::grouped_mm, {&x, &w});
     Node& node = rt.node(n);
     node.size[0] = x.bytes;
     node.size[1] = w.bytes;
     node.flops = detail::matmul_backward_flops(x, w, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
     detail::save_cross(rt, n, w, x);
     rt.save(n, offs);
     out.grad_fn = n;
@@ -172,8 +174,7 @@ bool run_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       if (needs(1)) out[1] = fresh(A(n.size[1], kind_for(1)));  // in W's layout: stolen
       rt.note_gemm();
       if (needs(0)) out[0] = fresh(A(n.size[0]));
-      rt.add_flops_backward(n.flops);
-      return true;
+      return true;  // its FLOPs and bytes are counted by the engine (runtime.cpp run_node)
     default:
       return true;
   }
