@@ -279,7 +279,11 @@ TEST_CASE("Arch runs of transformers 5.17 with model.transformers: 5", "[h100][a
       {"tf_arch_phi3_l4_d1024_s1024_b4_bf16", {0.00066, 0.0, ""}},
       {"tf_arch_mistral_l4_d1024_s1024_b4_bf16", {0.00022, 0.0, ""}},
       // HF Trainer's bf16=True: fp32 weights, bf16 autocast. Not used to derive the layout.
-      {"tf_arch_qwen2_l4_d1024_s1024_b4_fp32_autocast_bf16", {0.000001, 0.0, ""}},
+      // -5 KiB allocated when first simulated; +1 MiB (+0.017%) since eager_attention_forward
+      // keeps its repeated K/V until it returns (Python locals; the generate fixtures'
+      // correction): under autocast those fp32 copies are not saved, so they now live
+      // through the output's .contiguous(). Reserved exact either way.
+      {"tf_arch_qwen2_l4_d1024_s1024_b4_fp32_autocast_bf16", {0.00018, 0.0, "repeated K/V lifetime"}},
   };
   const nlohmann::json runs = memsim_test::load_json(kRuns);
   std::printf("\n| transformers 5.17 run, model.transformers: 5 | allocated error | reserved error |\n|---|---:|---:|\n");
