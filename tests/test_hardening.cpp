@@ -156,6 +156,11 @@ TEST_CASE("the event budget is checked before anything is reserved", "[hardening
                     "(1001 step(s) x 16384 micro-batch(es) x 2 layer(s) per program), more than the "
                     "event budget of 33554432; the peak is reached within two steps and two "
                     "micro-batches, so fewer give the same answer");
+  // A hundred million layers: the key named is the one that drives the count.
+  const Scenario deep = load_scenario_text(tiny(), "t.yaml", {{"model.layers", "100000000"}});
+  CHECK_THROWS_WITH(build_program(deep),
+                    Catch::Matchers::StartsWith("t.yaml: model.layers: the run would emit about 69200002400") &&
+                        Catch::Matchers::Contains("beyond one simulated program"));
   // Saturates instead of overflowing.
   Scenario absurd = ok;
   absurd.step.warmup_steps = INT64_MAX;

@@ -47,7 +47,11 @@ void check_event_budget(const Scenario& s) {
       " allocator events (" + std::to_string(steps) + " step(s) x " + std::to_string(micro) +
       " micro-batch(es) x " + std::to_string(layers) + " layer(s) per program), more than the " +
       "event budget of " + std::to_string(kEventBudget) +
-      "; the peak is reached within two steps and two micro-batches, so fewer give the same answer");
+      (key == "model.layers"
+           ? std::string("; a model this deep is beyond one simulated program (megatron's parallel.pipeline "
+                         "splits the layers over stages)")
+           : std::string("; the peak is reached within two steps and two micro-batches, so "
+                         "fewer give the same answer")));
 }
 
 }  // namespace memsim
