@@ -236,3 +236,14 @@ TEST_CASE("control characters in a scenario name are escaped in text output", "[
   const CliResult j = memsim_test::run_memsim("run '" + scenario.string() + "' --json -", dir);
   CHECK(contains(j.out, "\"scenario\": \"evil\\u001b[2J\xc2\x9bname\\ttab\""));
 }
+
+TEST_CASE("petabyte activations do not divide by zero in the addmm backward", "[hardening]") {
+  // Found by fuzzing (tests/data/fuzz-scenario/repro_gpt2_micro_batch_2pow32.yaml):
+  // micro_batch 2^32 passes the int64 product checks, and the bias-grad staging of GPT-2's
+  // Conv1D addmm multiplied two byte counts (bias x input), which wrapped to a divisor of 0
+  // (SIGFPE). The element size is now found by exact divisions.
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/gpt2-large-zero1-4xv100.yaml",
+                                   {{"batch.micro_batch", "4294967296"}});
+  const Program program = build_program(s);
+  CHECK(program.events.size() > 1000);
+}
