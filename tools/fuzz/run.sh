@@ -18,13 +18,15 @@
 set -u
 minutes=${1:-5}
 build=${2:-build-fuzz}
+[[ "$minutes" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: MINUTES must be a positive integer" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 
 if [[ ! -f "$build/build.ninja" ]]; then
   command -v clang++ >/dev/null || { echo "run.sh: clang++ not found (apt-get install clang)" >&2; exit 2; }
-  # -O0 with line tables: a sanitized -O2 build of the whole simulator takes over an hour
-  # on a loaded 2-core machine, this one about 20 minutes; the fuzzers then run slower.
+  # -O0 with line tables: a sanitized -O2 build of the whole simulator was on course for
+  # over an hour on a loaded 2-core machine, this one took about 20 minutes; the fuzzers
+  # then run slower.
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
     "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -gline-tables-only" -DMEMSIM_FUZZ=ON -DMEMSIM_SANITIZE=ON \
     -DMEMSIM_BUILD_TESTS=OFF || exit 2
@@ -33,6 +35,8 @@ cmake --build "$build" --target fuzz_snapshot fuzz_scenario || exit 2
 
 out=fuzz-artifacts
 mkdir -p "$out/corpus-snapshot" "$out/corpus-scenario"
+stamp="$out/.run-start"
+touch "$stamp"
 seconds=$((minutes * 60))
 # Findings abort; halt_on_error keeps ASan's, -fno-sanitize-recover=all UBSan's.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=0}
@@ -52,10 +56,15 @@ wait "$scenario_pid"; scenario_rc=$?
 
 for t in snapshot scenario; do
   echo "== fuzz_$t ($out/fuzz_$t.log)"
-  grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb)|SUMMARY|ERROR:|runtime error" \
+  grep -E "^#[0-9]+[[:space:]]+DONE|^stat::(number_of_executed_units|peak_rss_mb)|SUMMARY|ERROR:|runtime error" \
     "$out/fuzz_$t.log" | head -20
 done
-found=$(ls "$out"/snapshot-* "$out"/scenario-* 2>/dev/null)
+# Findings of this run: crashes, timeouts, out-of-memory and leaks (slow units are noted
+# by libFuzzer as slow-unit-*; they are not failures).
+found=$(find "$out" -maxdepth 1 -newer "$stamp" -type f \
+          \( -name '*-crash-*' -o -name '*-timeout-*' -o -name '*-oom-*' -o -name '*-leak-*' \) | sort)
+slow=$(find "$out" -maxdepth 1 -newer "$stamp" -type f -name '*-slow-unit-*' | sort)
+[[ -n "$slow" ]] && echo "slow inputs (not failures): $slow"
 if [[ $snapshot_rc -ne 0 || $scenario_rc -ne 0 || -n "$found" ]]; then
   echo "findings (reproduce with $build/fuzz_<target> FILE):"
   echo "${found:-  (none saved; see the logs)}"
