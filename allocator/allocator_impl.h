@@ -49,6 +49,37 @@ struct ExpandableSegment {
   std::vector<bool> mapped_pages;
 };
 
+// Checked updates of the int64 statistics (memory_stats.h). c10 trusts its inputs;
+// memsim's come from files (snapshots, scenarios), so a byte count of 2^63 or more (cast
+// to a negative int64) or a sum past 2^63 - 1 throws std::overflow_error instead of
+// wrapping into negative or tiny peaks. Every update in the allocator goes through these.
+[[noreturn]] void stat_overflow(int64_t current, int64_t amount);
+inline void stat_increase(Stat& s, int64_t amount) {
+  int64_t current, allocated;
+  if (amount < 0 || __builtin_add_overflow(s.current, amount, &current) ||
+      __builtin_add_overflow(s.allocated, amount, &allocated))
+    stat_overflow(s.current, amount);
+  s.current = current;
+  s.allocated = allocated;
+  if (current > s.peak) s.peak = current;
+}
+inline void stat_decrease(Stat& s, int64_t amount) {
+  int64_t current, freed;
+  if (amount < 0 || __builtin_sub_overflow(s.current, amount, &current) ||
+      __builtin_add_overflow(s.freed, amount, &freed))
+    stat_overflow(s.current, -amount);
+  s.current = current;
+  s.freed = freed;
+}
+inline void stat_increase(StatArray& a, bool small, int64_t amount) {
+  stat_increase(a.all, amount);
+  stat_increase(small ? a.small_pool : a.large_pool, amount);
+}
+inline void stat_decrease(StatArray& a, bool small, int64_t amount) {
+  stat_decrease(a.all, amount);
+  stat_decrease(small ? a.small_pool : a.large_pool, amount);
+}
+
 }  // namespace detail
 
 class CachingAllocator::Impl {

@@ -19,9 +19,9 @@ void CachingAllocator::Impl::release_block(BlockId id) {
   trace(TraceAction::segment_free, b.ptr, b.size, b.stream);
   device.cuda_free(b.ptr, b.size);
   total_allocated_memory -= b.size;
-  stats.segment.decrease(b.small, 1);
-  stats.reserved_bytes.decrease(b.small, static_cast<int64_t>(b.size));
-  if (b.size >= config.max_split_size) stats.oversize_segments.decrease(1);
+  detail::stat_decrease(stats.segment, b.small, 1);
+  detail::stat_decrease(stats.reserved_bytes, b.small, static_cast<int64_t>(b.size));
+  if (b.size >= config.max_split_size) detail::stat_decrease(stats.oversize_segments, 1);
   pool_erase(id);
   blocks.destroy(id);
 }

@@ -79,9 +79,9 @@ std::vector<BlockId> CachingAllocator::Impl::seed_segment(const SegmentInfo& seg
 
   device.adopt(segment.address, total);
   total_allocated_memory += total;
-  stats.segment.increase(small, 1);
-  stats.reserved_bytes.increase(small, static_cast<int64_t>(total));
-  if (total >= config.max_split_size) stats.oversize_segments.increase(1);
+  detail::stat_increase(stats.segment, small, 1);
+  detail::stat_increase(stats.reserved_bytes, small, static_cast<int64_t>(total));
+  if (total >= config.max_split_size) detail::stat_increase(stats.oversize_segments, 1);
   ++stats.num_device_alloc;
 
   std::vector<BlockId> allocated;
@@ -114,19 +114,19 @@ BlockId CachingAllocator::Impl::create_seeded_blocks(const std::vector<BlockInfo
     if (info.state == BlockState::inactive) {
       pool_insert(id);
       if (count_inactive_split) {
-        stats.inactive_split.increase(small, 1);
-        stats.inactive_split_bytes.increase(small, static_cast<int64_t>(info.size));
+        detail::stat_increase(stats.inactive_split, small, 1);
+        detail::stat_increase(stats.inactive_split_bytes, small, static_cast<int64_t>(info.size));
       }
       continue;
     }
     blocks[id].allocated = true;
     const auto bytes = static_cast<int64_t>(info.size);
-    stats.allocation.increase(small, 1);
-    stats.allocated_bytes.increase(small, bytes);
-    stats.active.increase(small, 1);
-    stats.active_bytes.increase(small, bytes);
-    stats.requested_bytes.increase(small, static_cast<int64_t>(info.requested_size));
-    if (info.size >= config.max_split_size) stats.oversize_allocations.increase(1);
+    detail::stat_increase(stats.allocation, small, 1);
+    detail::stat_increase(stats.allocated_bytes, small, bytes);
+    detail::stat_increase(stats.active, small, 1);
+    detail::stat_increase(stats.active_bytes, small, bytes);
+    detail::stat_increase(stats.requested_bytes, small, static_cast<int64_t>(info.requested_size));
+    if (info.size >= config.max_split_size) detail::stat_increase(stats.oversize_allocations, 1);
     if (index_enabled) index_insert(id);
     allocated.push_back(id);
   }
@@ -196,7 +196,7 @@ std::vector<BlockId> CachingAllocator::Impl::seed_expandable_run(const SegmentIn
 
   device.adopt(start, total);
   total_allocated_memory += total;
-  stats.reserved_bytes.increase(small, static_cast<int64_t>(total));
+  detail::stat_increase(stats.reserved_bytes, small, static_cast<int64_t>(total));
   ++stats.num_device_alloc;
 
   std::vector<BlockId> allocated;

@@ -3,10 +3,19 @@
 // Nothing here allocates heap memory per event once the block table and the free-set
 // arenas are warm, logs, or builds strings; the trace observer is only called when set.
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "allocator/allocator_impl.h"
 
 namespace memsim {
+
+void detail::stat_overflow(int64_t current, int64_t amount) {
+  throw std::overflow_error(
+      "allocator statistics out of range: adding " + std::to_string(amount) + " to " +
+      std::to_string(current) + " leaves the int64 range of PyTorch's memory_stats (a size of "
+      "2^63 bytes or more, or a sum past 2^63 - 1): no device holds that much");
+}
 
 using detail::Block;
 using detail::kNoSegment;
@@ -196,9 +205,9 @@ BlockId CachingAllocator::Impl::alloc_block(Pool& pool, uint64_t size, uint64_t 
   b.size = alloc_size;
   b.stream = stream;
   b.small = pool.small;
-  stats.segment.increase(pool.small, 1);
-  stats.reserved_bytes.increase(pool.small, static_cast<int64_t>(alloc_size));
-  if (alloc_size >= config.max_split_size) stats.oversize_segments.increase(1);
+  detail::stat_increase(stats.segment, pool.small, 1);
+  detail::stat_increase(stats.reserved_bytes, pool.small, static_cast<int64_t>(alloc_size));
+  if (alloc_size >= config.max_split_size) detail::stat_increase(stats.oversize_segments, 1);
   ++stats.num_device_alloc;
   trace(TraceAction::segment_alloc, *ptr, alloc_size, stream);
   return id;
@@ -244,10 +253,10 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
     }
     if (!expandable) {  // §8: expandable blocks never count in inactive_split*
       if (already_split) {
-        stats.inactive_split_bytes.decrease(small, static_cast<int64_t>(size));
+        detail::stat_decrease(stats.inactive_split_bytes, small, static_cast<int64_t>(size));
       } else {
-        stats.inactive_split_bytes.increase(small, static_cast<int64_t>(rem.size));
-        stats.inactive_split.increase(small, 1);
+        detail::stat_increase(stats.inactive_split_bytes, small, static_cast<int64_t>(rem.size));
+        detail::stat_increase(stats.inactive_split, small, 1);
       }
     }
   } else {
@@ -256,8 +265,8 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
       blocks[id].in_pool = false;
     }
     if (already_split && !expandable) {
-      stats.inactive_split_bytes.decrease(small, static_cast<int64_t>(blocks[id].size));
-      stats.inactive_split.decrease(small, 1);
+      detail::stat_decrease(stats.inactive_split_bytes, small, static_cast<int64_t>(blocks[id].size));
+      detail::stat_decrease(stats.inactive_split, small, 1);
     }
   }
 
@@ -266,12 +275,12 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
   b.requested_size = orig;
   trace(TraceAction::alloc, b.ptr, orig, b.stream);
   const auto bytes = static_cast<int64_t>(b.size);
-  stats.allocation.increase(small, 1);
-  stats.allocated_bytes.increase(small, bytes);
-  stats.active.increase(small, 1);
-  stats.active_bytes.increase(small, bytes);
-  stats.requested_bytes.increase(small, static_cast<int64_t>(orig));
-  if (b.size >= config.max_split_size) stats.oversize_allocations.increase(1);
+  detail::stat_increase(stats.allocation, small, 1);
+  detail::stat_increase(stats.allocated_bytes, small, bytes);
+  detail::stat_increase(stats.active, small, 1);
+  detail::stat_increase(stats.active_bytes, small, bytes);
+  detail::stat_increase(stats.requested_bytes, small, static_cast<int64_t>(orig));
+  if (b.size >= config.max_split_size) detail::stat_increase(stats.oversize_allocations, 1);
   if (index_enabled) index_insert(id);
 
   AllocResult result;
@@ -285,10 +294,10 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
 void CachingAllocator::Impl::free(BlockId id) {
   Block& b = blocks[id];
   b.allocated = false;
-  stats.allocation.decrease(b.small, 1);
-  stats.allocated_bytes.decrease(b.small, static_cast<int64_t>(b.size));
+  detail::stat_decrease(stats.allocation, b.small, 1);
+  detail::stat_decrease(stats.allocated_bytes, b.small, static_cast<int64_t>(b.size));
   trace(TraceAction::free_requested, b.ptr, b.requested_size, b.stream);
-  if (b.size >= config.max_split_size) stats.oversize_allocations.decrease(1);
+  if (b.size >= config.max_split_size) detail::stat_decrease(stats.oversize_allocations, 1);
   if (index_enabled) index_erase(id);
   free_block(id);
 }
@@ -318,14 +327,14 @@ void CachingAllocator::Impl::free_block(BlockId id) {
   const bool small = b.small;
   if (b.expandable == kNoSegment) {
     // The net change is applied as one increase or one decrease (§8).
-    if (net_blocks > 0) stats.inactive_split.increase(small, net_blocks);
-    else if (net_blocks < 0) stats.inactive_split.decrease(small, -net_blocks);
-    if (net_bytes > 0) stats.inactive_split_bytes.increase(small, net_bytes);
-    else if (net_bytes < 0) stats.inactive_split_bytes.decrease(small, -net_bytes);
+    if (net_blocks > 0) detail::stat_increase(stats.inactive_split, small, net_blocks);
+    else if (net_blocks < 0) detail::stat_decrease(stats.inactive_split, small, -net_blocks);
+    if (net_bytes > 0) detail::stat_increase(stats.inactive_split_bytes, small, net_bytes);
+    else if (net_bytes < 0) detail::stat_decrease(stats.inactive_split_bytes, small, -net_bytes);
   }
-  stats.active.decrease(small, 1);
-  stats.active_bytes.decrease(small, static_cast<int64_t>(original_size));
-  stats.requested_bytes.decrease(small, static_cast<int64_t>(requested));
+  detail::stat_decrease(stats.active, small, 1);
+  detail::stat_decrease(stats.active_bytes, small, static_cast<int64_t>(original_size));
+  detail::stat_decrease(stats.requested_bytes, small, static_cast<int64_t>(requested));
 }
 
 // try_merge_blocks: merges free `src` into `dst` (which is in no set) when both have the

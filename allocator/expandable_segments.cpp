@@ -122,7 +122,7 @@ bool CachingAllocator::Impl::map_block(BlockId id, uint64_t size) {
 
   const bool small = blocks[id].small;
   total_allocated_memory += bytes;
-  stats.reserved_bytes.increase(small, static_cast<int64_t>(bytes));
+  detail::stat_increase(stats.reserved_bytes, small, static_cast<int64_t>(bytes));
   ++stats.num_device_alloc;
   trace(TraceAction::segment_map, ptr, bytes, blocks[id].stream);
   return true;
@@ -187,7 +187,7 @@ void CachingAllocator::Impl::unmap_block(BlockId id) {
 
   const bool small = blocks[id].small;
   total_allocated_memory -= usize;
-  stats.reserved_bytes.decrease(small, static_cast<int64_t>(usize));
+  detail::stat_decrease(stats.reserved_bytes, small, static_cast<int64_t>(usize));
   ++stats.num_device_free;
   trace(TraceAction::segment_unmap, uptr, usize, blocks[id].stream);
 }

@@ -113,6 +113,25 @@ PreparedReplay::Seed tile(StartSegment& seg, const CachingAllocator& rounding,
   return seed;
 }
 
+// The start state must be a possible one: segments that do not overlap (the snapshot's
+// own segments are checked by the reader; the ones the trace cudaFrees without creating
+// them are checked here against those), each within the device address space.
+void check_start_segments(const std::vector<StartSegment>& start) {
+  auto describe = [](const StartSegment& s) {
+    return std::to_string(s.info.address) + " + " + std::to_string(s.info.total_size) + " bytes (" +
+           (s.final_state != nullptr ? "a segment of the snapshot" : "a segment the trace frees") + ")";
+  };
+  for (size_t i = 0; i < start.size(); ++i) {
+    const SegmentInfo& s = start[i].info;
+    if (s.total_size > kMaxDeviceAddress || s.address > kMaxDeviceAddress - s.total_size)
+      throw SnapshotError("start state: the segment at " + describe(start[i]) +
+                          " ends past 2^57, beyond any device's address space");
+    if (i > 0 && s.address < start[i - 1].info.address + start[i - 1].info.total_size)
+      throw SnapshotError("start state: the segment at " + describe(start[i]) + " overlaps " +
+                          describe(start[i - 1]) + "; a real trace never frees such a segment");
+  }
+}
+
 // cudaMalloc answered from the trace: the emulator must ask exactly when the trace has a
 // pending segment_alloc, for exactly its size.
 class ReplayDevice final : public DeviceMemory {
@@ -138,8 +157,12 @@ class ReplayDevice final : public DeviceMemory {
   std::optional<uint64_t> cuda_malloc(uint64_t bytes) override {
     if (pending.empty()) {
       mismatch(current_event, "unexpected cudaMalloc (size got)", 0, bytes);
+      // Fake addresses live above every real one (kMaxDeviceAddress); running out of
+      // them takes exabytes of cudaMallocs the trace never made.
       const uint64_t a = fake_address;
-      fake_address += (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+      const uint64_t rounded = bytes / (2u << 20) * (2u << 20) + (bytes % (2u << 20) != 0 ? (2u << 20) : 0);
+      if (rounded < bytes || __builtin_add_overflow(fake_address, rounded, &fake_address))
+        throw SnapshotError("replay: the emulator's own cudaMallocs exceed the 64-bit address space");
       return a;
     }
     const Pending p = pending.front();
@@ -247,6 +270,7 @@ PreparedReplay prepare_replay(const Snapshot& snapshot, const ReplayOptions& opt
   std::sort(start.begin(), start.end(), [](const StartSegment& a, const StartSegment& b) {
     return a.info.address < b.info.address;
   });
+  check_start_segments(start);
 
   // 3. Blocks freed in the trace but never allocated in it were live at its start.
   for (const LiveAtStart& b : freed_pretrace) {
@@ -263,14 +287,18 @@ PreparedReplay prepare_replay(const Snapshot& snapshot, const ReplayOptions& opt
   const CachingAllocator rounding(out.config, scratch);
   // The manifest's trace-only allocated estimate (see ReplayReport).
   {
-    int64_t final_allocated = 0, running = 0, max_prefix = 0;
-    for (const SegmentInfo& s : out.final_segments) final_allocated += static_cast<int64_t>(s.allocated_size);
+    // Every size is at most kMaxDeviceAddress (2^57, the reader checks), so the running
+    // totals fit easily in 128 bits; a trace whose total leaves 0..2^64 is inconsistent.
+    __int128 final_allocated = 0, running = 0, max_prefix = 0;
+    for (const SegmentInfo& s : out.final_segments) final_allocated += s.allocated_size;
     for (const PreparedReplay::Step& st : out.steps) {
-      if (st.kind == Kind::alloc) running += static_cast<int64_t>(rounding.round_size(st.size));
-      else if (st.kind == Kind::free) running -= static_cast<int64_t>(rounding.round_size(st.size));
+      if (st.kind == Kind::alloc) running += rounding.round_size(st.size);
+      else if (st.kind == Kind::free) running -= rounding.round_size(st.size);
       max_prefix = std::max(max_prefix, running);
     }
-    out.trace_estimate_peak_allocated = static_cast<uint64_t>(final_allocated - running + max_prefix);
+    const __int128 estimate = final_allocated - running + max_prefix;
+    out.trace_estimate_peak_allocated =
+        estimate < 0 ? 0 : estimate > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(estimate);
   }
   std::sort(allocs.begin(), allocs.end(), [](const TracedAlloc& a, const TracedAlloc& b) {
     return a.address != b.address ? a.address < b.address : a.index < b.index;

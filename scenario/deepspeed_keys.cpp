@@ -122,7 +122,11 @@ void read_offload(const JsonReader& r, const Json& v, const std::string& path, D
 void read_zero_json(const JsonReader& r, const Json& z, DeepSpeedConfig& c, int64_t& stage) {
   r.object(z, "zero_optimization");
   const int64_t hidden = r.s.model.d_model;
-  for (const auto& [key, value] : z.items()) {
+  for (const auto& item : z.items()) {
+    // Named references, not a structured binding: the lambdas below capture them, which
+    // clang (the fuzz build) refuses for bindings before C++20.
+    const std::string& key = item.key();
+    const Json& value = item.value();
     const std::string p = "zero_optimization." + key;
     const bool autov = r.is_auto(value);
     auto size = [&](int64_t& out, std::optional<int64_t> auto_fill) {

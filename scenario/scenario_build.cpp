@@ -27,6 +27,7 @@
 #include "scenario/peft_input_grads_key.h"
 #include "scenario/device_rate_keys.h"
 #include "scenario/generate_keys.h"
+#include "scenario/loop_limits.h"
 
 namespace memsim::scenario_detail {
 namespace {
@@ -152,7 +153,8 @@ BatchConfig build_batch(const Doc& d, ModelConfig& m) {
   BatchConfig b;
   auto positive = [](const Field& f, const std::string& k) { return read_int(f, k, 1); };
   read_if(d, "batch.micro_batch", b.micro_batch, positive);
-  read_if(d, "batch.grad_accum", b.grad_accum, positive);
+  read_if(d, "batch.grad_accum", b.grad_accum,  // bounded: scenario/loop_limits.h
+          [](const Field& f, const std::string& k) { return read_loop_count(f, k, 1); });
   if (const Field* f = d.find("batch.seq_len")) {
     b.seq_len = read_int(*f, "batch.seq_len", 1);
   } else if (generate_requested(d)) {
@@ -237,8 +239,8 @@ StepConfig build_step(const Doc& d) {
   StepConfig s;
   read_if(d, "step.kind", s.kind,
           [](const Field& f, const std::string& k) { return read_enum(f, k, kSteps); });
-  read_if(d, "step.warmup_steps", s.warmup_steps,
-          [](const Field& f, const std::string& k) { return read_int(f, k, 0); });
+  read_if(d, "step.warmup_steps", s.warmup_steps,  // bounded: scenario/loop_limits.h
+          [](const Field& f, const std::string& k) { return read_loop_count(f, k, 0); });
   read_if(d, "step.zero_grad", s.zero_grad_set_to_none,
           [](const Field& f, const std::string& k) { return read_enum(f, k, kZeroGrad); });
   read_compile(d, s);  // scenario/compile_keys.cpp

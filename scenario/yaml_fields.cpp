@@ -130,7 +130,7 @@ uint64_t read_size(const Field& f, std::string_view key) {
   const std::string what = "a size such as 80GiB, 500MiB, 80GB or a byte count";
   const std::string text = scalar_text(f, key, what);
   if (auto bytes = parse_size(text)) return *bytes;
-  fail(f.where, key, "expected " + what + " (at most 64 bits), got '" + text + "'");
+  fail(f.where, key, "expected " + what + ", got '" + text + "': " + size_parse_problem(text));
 }
 
 std::vector<std::string> read_string_list(const Field& f, std::string_view key) {

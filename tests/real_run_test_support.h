@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/shared_dir_test_support.h"
 #include "tests/support/real_runs.h"
 
 namespace memsim_test {
@@ -20,20 +21,15 @@ inline double rel(uint64_t predicted, uint64_t real) {
   return (static_cast<double>(predicted) - static_cast<double>(real)) / static_cast<double>(real);
 }
 
-// The real snapshots (shared/groundtruth), next to the project; absent in some checkouts.
-inline const std::string& shared_snapshots_dir() {
-  static const std::string dir = MEMSIM_SOURCE_DIR "/../shared/groundtruth/snapshots/";
-  return dir;
-}
-
 // Whether the real snapshots are checked out (their manifest.json is readable). When they
-// are not, says so with a Catch WARN naming the missing folder and what goes unchecked,
-// so a run without ../shared does not pass silently; the caller then returns. The
+// are not, says so with MEMSIM_SKIP naming the missing folder and what goes unchecked,
+// so a run without ../shared is a skipped test, never a silent pass (ctest lists it as
+// not run; tests/shared_dir_test_support.h); the caller then returns. The
 // predictions against the stored peaks are other test cases and run either way.
 inline bool shared_snapshots_present(const std::string& unchecked) {
   if (std::ifstream(shared_snapshots_dir() + "manifest.json")) return true;
-  WARN("skipped: " << shared_snapshots_dir() << "manifest.json not found (shared ground truth "
-       "absent): " << unchecked << " not checked; the stored peaks stand alone");
+  MEMSIM_SKIP(shared_snapshots_dir() << "manifest.json not found (shared ground truth "
+              "absent): " << unchecked << " not checked; the stored peaks stand alone");
   return false;
 }
 

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "tests/cli_test_support.h"
+#include "tests/shared_dir_test_support.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -212,7 +213,7 @@ TEST_CASE("run report flags name an unwritable file", "[reports]") {
 TEST_CASE("run --html renders in headless Chromium", "[reports][chromium]") {
   // The CI image has no browser; the check runs where Debian's chromium is installed.
   if (std::system("command -v chromium >/dev/null 2>&1") != 0) {
-    WARN("SKIPPED: chromium is not installed (apt-get install chromium to run this check)");
+    MEMSIM_SKIP("chromium is not installed (apt-get install chromium to run this check)");
     return;
   }
   TempDir dir;

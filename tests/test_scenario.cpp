@@ -177,7 +177,8 @@ TEST_CASE("sizes accept binary and decimal units and plain bytes", "[scenario]")
   CHECK(capacity("4096") == 4096u);
   CHECK(error_of(std::string(kXl) + "device:\n  capacity: 80 parsecs\n") ==
         "t.yaml:6: device.capacity: expected a size such as 80GiB, 500MiB, 80GB or a byte "
-        "count (at most 64 bits), got '80 parsecs'");
+        "count, got '80 parsecs': unknown unit 'parsecs' (B, KiB, MiB, GiB, TiB, PiB, EiB, KB, "
+        "MB, GB, TB, PB, EB)");
   CHECK(error_of(std::string(kXl) + "device:\n  capacity: -1GiB\n").rfind("t.yaml:6: device.capacity: expected a size", 0) == 0);
   CHECK(error_of(std::string(kXl) + "device:\n  capacity: 0\n") ==
         "t.yaml:6: device.capacity: must be more than 0 bytes");

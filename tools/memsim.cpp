@@ -3,7 +3,9 @@
 //   0 done and fits, 3 done and out of memory, 1 bad input, 2 bad usage,
 //   4 `memsim check` found a numeric failure.
 // The subcommands and report writers live in tools/cli/.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
@@ -16,13 +18,29 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/logging.h"
+#include "tools/cli/terminal_text.h"
 
 namespace {
 
 int fail(const char* what) {
   std::fflush(stdout);
-  std::fprintf(stderr, "memsim: error: %s\n", what);
+  // Messages quote input (a scenario value, a file name): no raw control characters.
+  std::fprintf(stderr, "memsim: error: %s\n", memsim::cli::printable(what, true).c_str());
   return memsim::cli::kExitBadInput;
+}
+
+// A report that did not reach stdout (a full disk, `> /dev/full`) is a failure, not a
+// success with nothing written: status 1 and a message on stderr.
+int finish_stdout(int status) {
+  errno = 0;
+  const bool flush_failed = std::fflush(stdout) != 0;
+  const int saved = errno;
+  if (!flush_failed && std::ferror(stdout) == 0) return status;
+  std::fprintf(stderr, "memsim: error: cannot write to stdout%s%s\n", saved != 0 ? ": " : "",
+               saved != 0 ? std::strerror(saved) : "");
+  return status == memsim::cli::kExitFits || status == memsim::cli::kExitOom
+             ? memsim::cli::kExitBadInput
+             : status;
 }
 
 }  // namespace
@@ -61,33 +79,36 @@ int main(int argc, char** argv) {
   }
 
   setup_logging(verbosity);
-  try {
-    if (run->parsed()) return run_run(run_args);
-    if (replay->parsed()) return run_replay(replay_args);
-    if (presets->parsed()) return run_presets();
-    if (compare->parsed()) return run_compare(compare_args);
-    if (optimize->parsed()) return run_optimize(optimize_args);
-    if (sweep->parsed()) return run_sweep(sweep_args);
-    if (check->parsed()) return run_check(check_args);
-    if (serve->parsed()) return run_serve(serve_args);
-    return kExitUsage;  // unreachable: require_subcommand(1)
-  } catch (const UsageError& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "memsim: error: %s\nRun with --help for more information.\n", e.what());
-    return kExitUsage;
-  } catch (const memsim::ScenarioError& e) {
-    return fail(e.what());
-  } catch (const memsim::SnapshotError& e) {
-    return fail(e.what());
-  } catch (const memsim::ConfigError& e) {
-    return fail(e.what());
-  } catch (const InputError& e) {
-    return fail(e.what());
-  } catch (const std::bad_alloc&) {
-    return fail("out of host memory");
-  } catch (const std::exception& e) {
-    // Any other failure (e.g. a model family the scheduler does not build yet): still a
-    // clean message and status 1, never a crash.
-    return fail(e.what());
-  }
+  return finish_stdout([&]() -> int {
+    try {
+      if (run->parsed()) return run_run(run_args);
+      if (replay->parsed()) return run_replay(replay_args);
+      if (presets->parsed()) return run_presets();
+      if (compare->parsed()) return run_compare(compare_args);
+      if (optimize->parsed()) return run_optimize(optimize_args);
+      if (sweep->parsed()) return run_sweep(sweep_args);
+      if (check->parsed()) return run_check(check_args);
+      if (serve->parsed()) return run_serve(serve_args);
+      return kExitUsage;  // unreachable: require_subcommand(1)
+    } catch (const UsageError& e) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "memsim: error: %s\nRun with --help for more information.\n",
+                   printable(e.what(), true).c_str());
+      return kExitUsage;
+    } catch (const memsim::ScenarioError& e) {
+      return fail(e.what());
+    } catch (const memsim::SnapshotError& e) {
+      return fail(e.what());
+    } catch (const memsim::ConfigError& e) {
+      return fail(e.what());
+    } catch (const InputError& e) {
+      return fail(e.what());
+    } catch (const std::bad_alloc&) {
+      return fail("out of host memory");
+    } catch (const std::exception& e) {
+      // Any other failure (e.g. a model family the scheduler does not build yet): still a
+      // clean message and status 1, never a crash.
+      return fail(e.what());
+    }
+  }());
 }

@@ -8,6 +8,10 @@
 //    fields). It never crashes or hangs on hostile input.
 //  - write_snapshot_file() writes protocol 4 with plain dict/list/tuple/str/int/float/
 //    bool/None only, which pytorch.org/memory_viz and torch.cuda._memory_viz load.
+//  - A snapshot that reads is a possible allocator state: every segment's blocks tile it,
+//    its size sums match, it ends at or below kMaxDeviceAddress, no two segments of one
+//    device overlap, and every traced size and address (oom's requested size excepted)
+//    lies within kMaxDeviceAddress.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +23,14 @@
 #include "allocator/caching_allocator.h"
 
 namespace memsim {
+
+// The largest device address a snapshot may name (segment ends, traced allocations): 2^57.
+// Virtual addresses are at most 57 bits on every platform CUDA runs on (x86-64 with 5-level
+// paging; CUDA's unified address space is 47-49 bits, and every real snapshot in
+// shared/groundtruth ends below 2^47). A larger size or end is a corrupt or hostile file,
+// and refusing it keeps every sum of sizes (the allocator's int64 statistics, the
+// replay's running totals) far from overflow.
+inline constexpr uint64_t kMaxDeviceAddress = uint64_t{1} << 57;
 
 struct SnapshotTraceEntry {
   TraceAction action = TraceAction::alloc;

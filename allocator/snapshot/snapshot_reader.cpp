@@ -2,6 +2,7 @@
 // path, tolerant of keys that only some PyTorch versions write, strict about the
 // invariants every real snapshot satisfies (blocks tile their segment, the segment's
 // size sums match its blocks), so that a replay never starts from an impossible state.
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -76,6 +77,7 @@ class Reader {
   void read_segments(PickleValue list, Snapshot& out);
   void read_blocks(PickleValue list, size_t seg, SegmentInfo& info);
   void check_segment(const SegmentInfo& info, size_t seg) const;
+  void check_no_overlap(const Snapshot& out) const;
   void read_traces(PickleValue list, Snapshot& out);
   void read_settings(PickleValue dict, Snapshot& out);
 
@@ -118,6 +120,7 @@ Snapshot Reader::read() {
   const PickleValue root = doc_.root();
   if (root.kind() == PickleKind::list) {  // torch.cuda.memory_snapshot(): segments only
     read_segments(root, out);
+    check_no_overlap(out);
     return out;
   }
   if (root.kind() != PickleKind::dict) {
@@ -125,6 +128,7 @@ Snapshot Reader::read() {
                  pickle_kind_name(root.kind()));
   }
   read_segments(require(root, "segments", [] { return std::string(); }), out);
+  check_no_overlap(out);
   PickleValue v(nullptr, 0);
   if (root.find("device_traces", &v)) read_traces(v, out);
   if (root.find("allocator_settings", &v)) read_settings(v, out);
@@ -225,6 +229,36 @@ void Reader::check_segment(const SegmentInfo& info, size_t s) const {
   mismatch("allocated_size", info.allocated_size, allocated, "sum of its active_allocated block sizes");
   mismatch("active_size", info.active_size, active, "sum of its active block sizes");
   mismatch("requested_size", info.requested_size, requested, "sum of its active blocks' requested_size");
+  if (next > kMaxDeviceAddress) {
+    fail(path() + ".total_size", "the segment at " + std::to_string(info.address) + " of " +
+                                     std::to_string(info.total_size) + " bytes ends past 2^57, "
+                                     "beyond any device's address space");
+  }
+}
+
+// Two segments of one device never share an address (cudaMalloc hands out disjoint
+// ranges); overlapping ones would seed the replay's start state with blocks on top of
+// each other.
+void Reader::check_no_overlap(const Snapshot& out) const {
+  std::vector<size_t> order(out.segments.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&out](size_t a, size_t b) {
+    const SnapshotSegment& x = out.segments[a];
+    const SnapshotSegment& y = out.segments[b];
+    return x.device != y.device ? x.device < y.device : x.info.address < y.info.address;
+  });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const SnapshotSegment& prev = out.segments[order[k - 1]];
+    const SnapshotSegment& cur = out.segments[order[k]];
+    if (prev.device != cur.device) continue;
+    if (cur.info.address < prev.info.address + prev.info.total_size) {
+      fail(at("segments", order[k]) + ".address",
+           "the segment at " + std::to_string(cur.info.address) + " overlaps " +
+               at("segments", order[k - 1]) + " (" + std::to_string(prev.info.address) + " + " +
+               std::to_string(prev.info.total_size) + " bytes) on device " +
+               std::to_string(cur.device));
+    }
+  }
 }
 
 void Reader::read_traces(PickleValue list, Snapshot& out) {
@@ -256,6 +290,13 @@ void Reader::read_traces(PickleValue list, Snapshot& out) {
       entry.address = to_u64(require(d, addr_key, entry_path), field(addr_key));
       entry.size = to_u64(require(d, "size", entry_path), field("size"));
       entry.stream = to_u64(require(d, "stream", entry_path), field("stream"));
+      // oom records the request that failed, which may be any size; everything else
+      // names memory that existed.
+      if (entry.action != TraceAction::oom &&
+          (entry.size > kMaxDeviceAddress || entry.address > kMaxDeviceAddress - entry.size)) {
+        fail(field("size")(), std::to_string(entry.size) + " bytes at " + std::to_string(entry.address) +
+                                  " end past 2^57, beyond any device's address space");
+      }
       PickleValue v(nullptr, 0);
       if (d.find("time_us", &v)) entry.time_us = to_i64(v, field("time_us"));
       if (d.find("frames", &v)) expect(v, PickleKind::list, field("frames"));

@@ -419,8 +419,11 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
         // The bias grad sums the (rows, out) grad over its rows (H100 trace: 40 MiB of
         // staging for GPT-2's 4096 x 1280 c_proj). x = rows * in * e, w = in * out * e,
         // bias = out * e.
+        // elem = (x / rows) / (w / bias) = (in * e) / in: exact divisions, where the
+        // product bias * x overflowed for petabyte activations (a SIGFPE found by fuzzing
+        // micro_batch 2^32 on GPT-2 large; tests/data/fuzz-scenario).
         const uint64_t rows = rt.program().tensors[g.storage].bytes / n.size[0];
-        const uint64_t elem = n.size[0] * n.size[1] / (n.size[2] * rows);
+        const uint64_t elem = n.size[1] / rows / (n.size[2] / n.size[0]);
         detail::outer_reduce_staging(rt, rows, n.size[0] / elem, n.kind);
       }
       break;

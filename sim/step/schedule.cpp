@@ -3,6 +3,7 @@
 #include "sim/step/schedule.h"
 
 #include "sim/step/model_family.h"
+#include "sim/step/event_budget.h"
 #include "sim/step/modelled_features.h"
 
 #include <stdexcept>
@@ -441,6 +442,7 @@ const FamilyBuild& buildable_row(const Scenario& scenario) {
 const Program& build_program(const Scenario& scenario, const TrainingScript& script,
                              BuildBuffers& buffers) {
   require_modelled(scenario);
+  check_event_budget(scenario);  // before any reservation (sim/step/event_budget.h)
   const FamilyBuild& row = buildable_row(scenario);
   Program& program = buffers.program;
   row.build(scenario, script, program, &buffers.runtime);
@@ -452,6 +454,7 @@ const Program& build_program(const Scenario& scenario, const TrainingScript& scr
 
 Program build_program(const Scenario& scenario, const TrainingScript& script) {
   require_modelled(scenario);
+  check_event_budget(scenario);  // before any reservation (sim/step/event_budget.h)
   const FamilyBuild& row = buildable_row(scenario);
   Program program;
   row.build(scenario, script, program, nullptr);
@@ -463,6 +466,7 @@ Program build_program(const Scenario& scenario, const TrainingScript& script) {
 Program build_program(const Scenario& scenario, const TrainingScript& script,
                       graph::NumericContext* numeric) {
   require_modelled(scenario);
+  check_event_budget(scenario);  // before any reservation (sim/step/event_budget.h)
   const FamilyBuild& row = family_build(scenario.model.family);
   if (row.build_numeric == nullptr)  // numeric kernels: graph/numeric/numeric.h
     throw ScenarioError(scenario.source + ": model.family: '" +

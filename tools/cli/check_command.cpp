@@ -11,6 +11,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/overrides.h"
+#include "tools/cli/terminal_text.h"
 
 namespace memsim::cli {
 
@@ -46,7 +47,7 @@ int run_check(const CheckArgs& args) {
   const NumericCheckReport r = run_numeric_check(scenario, o);
 
   std::printf("%s: numeric check (%s, %lld parameters, double precision)\n",
-              scenario.name.empty() ? scenario.source.c_str() : scenario.name.c_str(),
+              printable(scenario.name.empty() ? scenario.source : scenario.name).c_str(),
               to_string(scenario.model.family), static_cast<long long>(r.parameters));
   std::printf("  loss (first step)       %.12g\n", r.loss);
   std::printf("  finite differences      max relative error %.3e over %d entries%s\n",

@@ -19,6 +19,7 @@
 #include "tools/cli/step_time_report.h"
 #include "tools/cli/style.h"
 #include "tools/cli/summary.h"
+#include "tools/cli/terminal_text.h"
 
 namespace memsim::cli {
 
@@ -46,7 +47,8 @@ std::string verdict(const Analysis& a) {
 
 void print_table(std::FILE* out, const Scenario& scenario, const std::vector<PolicyRun>& runs,
                  const Style& style) {
-  std::fprintf(out, "%s\n", style.bold(scenario.name.empty() ? scenario.source : scenario.name).c_str());
+  std::fprintf(out, "%s\n",
+               style.bold(printable(scenario.name.empty() ? scenario.source : scenario.name)).c_str());
   for (const auto& [label, text] : scenario_facts(scenario))
     std::fprintf(out, "  %-9s %s\n", label.c_str(), text.c_str());
   const auto cap = usable_capacity(scenario.device);

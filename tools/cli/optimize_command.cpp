@@ -20,6 +20,7 @@
 #include "tools/cli/step_time_report.h"
 #include "tools/cli/style.h"
 #include "tools/cli/summary.h"
+#include "tools/cli/terminal_text.h"
 
 namespace memsim::cli {
 
@@ -214,7 +215,8 @@ int run_optimize(const OptimizeArgs& args) {
   }
   if (args.json != "-") {
     const Style style = Style::for_stream(stdout);
-    std::printf("%s\n", style.bold(scenario.name.empty() ? scenario.source : scenario.name).c_str());
+    std::printf("%s\n",
+                style.bold(printable(scenario.name.empty() ? scenario.source : scenario.name)).c_str());
     for (const auto& [label, text] : scenario_facts(scenario))
       std::printf("  %-9s %s\n", label.c_str(), text.c_str());
     std::printf("  budget    %s (what the caching allocator may reserve)\n\n",

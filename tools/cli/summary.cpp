@@ -1,4 +1,5 @@
 #include "tools/cli/summary.h"
+#include "tools/cli/terminal_text.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -168,7 +169,7 @@ std::string human_flops(double flops) {
 
 void print_summary(std::FILE* out, const SummaryHeader& header, const Analysis& a,
                    const Style& style) {
-  std::fprintf(out, "%s\n", style.bold(header.title).c_str());
+  std::fprintf(out, "%s\n", style.bold(printable(header.title)).c_str());
   Table facts;
   for (const auto& [label, text] : header.facts) facts.rows.push_back({label, text});
   facts.print(out, "  ", style, false);

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "allocator/units.h"
+#include "sim/search/max_keys.h"
 #include "sim/search/sweep.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
@@ -257,6 +258,9 @@ int run_sweep(const SweepArgs& args) {
     throw UsageError("--json - and --csv - cannot both write to stdout");
   if (args.vary.empty() && args.max.empty())
     throw UsageError("sweep needs --vary KEY=V1,V2,... or --max KEY");
+  if (!args.max.empty())  // loop counts cannot change memory (sim/search/max_keys.h)
+    if (const std::string why = max_key_refusal(args.max); !why.empty())
+      throw UsageError("--max " + args.max + ": " + why);
   std::vector<SweepAxis> axes;
   for (const std::string& v : args.vary) {
     try {

@@ -1,0 +1,57 @@
+// See sim/step/event_budget.h.
+#include "sim/step/event_budget.h"
+
+#include <algorithm>
+#include <string>
+
+namespace memsim {
+
+namespace {
+
+// Layers in one Program: a pipeline stage's share (rounded up) when there are stages.
+uint64_t program_layers(const Scenario& s) {
+  const uint64_t layers = static_cast<uint64_t>(std::max<int64_t>(0, s.model.layers));
+  const uint64_t stages = static_cast<uint64_t>(std::max<int64_t>(1, s.parallel.pipeline));
+  return (layers + stages - 1) / stages;
+}
+
+}  // namespace
+
+uint64_t estimated_events(const Scenario& s) {
+  using u128 = unsigned __int128;
+  const u128 steps = static_cast<u128>(std::max<int64_t>(0, s.step.warmup_steps)) + 1;
+  const u128 micro = static_cast<u128>(std::max<int64_t>(1, s.batch.grad_accum));
+  const u128 layers = program_layers(s);
+  // Each factor is below 2^64, so steps * micro < 2^128 needs a saturating product.
+  const u128 limit = UINT64_MAX;
+  u128 events = steps * micro;  // both < 2^63 + 1: fits
+  if (events > limit) return UINT64_MAX;
+  const u128 per_micro = layers * 340 + 1200;  // layers < 2^63: fits
+  if (per_micro > limit) return UINT64_MAX;
+  events = events * per_micro + layers * 12;  // both factors < 2^64
+  return events > limit ? UINT64_MAX : static_cast<uint64_t>(events);
+}
+
+void check_event_budget(const Scenario& s) {
+  const uint64_t events = estimated_events(s);
+  if (events <= kEventBudget) return;
+  // Name the key that does most to the count.
+  const int64_t steps = s.step.warmup_steps + 1;
+  const int64_t micro = std::max<int64_t>(1, s.batch.grad_accum);
+  const uint64_t layers = program_layers(s);
+  std::string key = "model.layers";
+  if (micro >= steps && static_cast<uint64_t>(micro) * 340 >= layers) key = "batch.grad_accum";
+  else if (steps > micro && static_cast<uint64_t>(steps) * 340 >= layers) key = "step.warmup_steps";
+  throw ScenarioError(
+      s.source + ": " + key + ": the run would emit about " + std::to_string(events) +
+      " allocator events (" + std::to_string(steps) + " step(s) x " + std::to_string(micro) +
+      " micro-batch(es) x " + std::to_string(layers) + " layer(s) per program), more than the " +
+      "event budget of " + std::to_string(kEventBudget) +
+      (key == "model.layers"
+           ? std::string("; a model this deep is beyond one simulated program (megatron's parallel.pipeline "
+                         "splits the layers over stages)")
+           : std::string("; the peak is reached within two steps and two micro-batches, so "
+                         "fewer give the same answer")));
+}
+
+}  // namespace memsim
