@@ -169,7 +169,9 @@ TEST_CASE("every section's keys and enum spellings are read", "[scenario]") {
 
 TEST_CASE("sizes accept binary and decimal units and plain bytes", "[scenario]") {
   auto capacity = [](const std::string& v) {
-    return load(std::string(kXl) + "device:\n  capacity: " + v + "\n").device.capacity;
+    // cuda_context 0: 500MiB and 4096 B are below the default context of a device without
+    // a preset (scenario/device_defaults.h).
+    return load(std::string(kXl) + "device:\n  capacity: " + v + "\n  cuda_context: 0\n").device.capacity;
   };
   CHECK(capacity("80GiB") == 80 * GiB);
   CHECK(capacity("500MiB") == 500 * MiB);
@@ -234,7 +236,7 @@ TEST_CASE("unknown keys, sections and presets get a located did-you-mean", "[sce
         "t.yaml:2: model.preset: unknown model preset 'cs336-xxl'; did you mean 'cs336-xl'? "
         "(`memsim presets` lists them)");
   CHECK(error_of(std::string(kXl) + "device:\n  preset: h100\n") ==
-        "t.yaml:6: device.preset: unknown device preset 'h100'; did you mean 'h200'? "
+        "t.yaml:6: device.preset: unknown device preset 'h100'; did you mean 'h100-80gb'? "
         "(`memsim presets` lists them)");
   CHECK(error_of("model:\n  preset: cs336-xl\n  attention: flsh\n") ==
         "t.yaml:3: model.attention: expected one of eager, flash, mem-efficient, got 'flsh'; "
