@@ -11,6 +11,7 @@
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "scenario/scenario.h"
+#include "tools/cli/api.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"
@@ -19,6 +20,7 @@
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
+#include "tools/cli/scenario_input.h"
 #include "tools/cli/snapshot_report.h"
 #include "tools/cli/summary.h"
 #include "tools/cli/timeline_csv.h"
@@ -44,10 +46,26 @@ Json device_json(const DeviceConfig& d) {
 
 }  // namespace
 
+Json run_json(const Scenario& scenario, const Program& program, const Timeline& timeline,
+              const Analysis& analysis) {
+  Json j = Json::object();
+  j["scenario"] = scenario.name;
+  j["scenario_file"] = scenario.source;
+  j["device"] = device_json(scenario.device);
+  j["rank"] = rank_json(program.rank);
+  j["model"] = model_json(scenario, program.rank);
+  if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
+  Json summary = analysis_json(analysis);
+  for (auto& [key, value] : summary.items()) j[key] = std::move(value);
+  j["memory_stats"] = memory_stats_json(timeline.final_stats);
+  return j;
+}
+
 CLI::App* add_run_command(CLI::App& app, RunArgs& args) {
   CLI::App* cmd = app.add_subcommand(
       "run", "Simulate a training job described by a scenario file, a Hugging Face config.json, or both");
-  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML); optional with --model");
+  cmd->add_option("SCENARIO", args.scenario,
+                  "Scenario file (YAML), or - to read it from standard input; optional with --model");
   cmd->add_option("--model", args.model,
                   "A Hugging Face config.json (or its checkpoint folder): the model to simulate, "
                   "replacing the scenario's model (the other sections default without SCENARIO)")
@@ -70,6 +88,7 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& args) {
       ->type_name("FILE.pickle");
   cmd->add_option("--html", args.html, "Write a self-contained HTML report to FILE")
       ->type_name("FILE.html");
+  cmd->footer("Exit status: 0 it fits, 3 out of memory, 1 bad input (the message names FILE:LINE: KEY, or --set KEY), 2 bad usage.");
   return cmd;
 }
 
@@ -81,11 +100,11 @@ int run_run(const RunArgs& args) {
   if (to_stdout > 1) throw UsageError("at most one report can be written to stdout ('-')");
   if (args.scenario.empty() && args.model.empty())
     throw UsageError("run needs a SCENARIO file, a --model CONFIG.json, or both");
-  if (!args.scenario.empty()) check_input_file(args.scenario);
+  if (!args.scenario.empty() && args.scenario != "-") check_input_file(args.scenario);
   auto t0 = std::chrono::steady_clock::now();
   const Scenario scenario = args.model.empty()
-                                ? load_scenario(args.scenario, overrides)
-                                : load_scenario_with_model(args.scenario, args.model, overrides);
+                                ? load_scenario_arg(args.scenario, overrides)
+                                : load_scenario_arg_with_model(args.scenario, args.model, overrides);
   spdlog::info("scenario '{}' from {} ({} override(s))", scenario.name, scenario.source,
                overrides.size());
 
@@ -139,18 +158,8 @@ int run_run(const RunArgs& args) {
     spdlog::info("HTML report written to {}", args.html);
   }
   if (!args.json.empty()) {
-    Json j = Json::object();
-    j["scenario"] = scenario.name;
-    j["scenario_file"] = scenario.source;
-    j["device"] = device_json(scenario.device);
-    j["rank"] = rank_json(program.rank);
-    j["model"] = model_json(scenario, program.rank);
-    if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
-    Json summary = analysis_json(analysis);
-    for (auto& [key, value] : summary.items()) j[key] = std::move(value);
-    j["memory_stats"] = memory_stats_json(timeline.final_stats);
     Output out(args.json);
-    out.write(dump_json(j));
+    out.write(dump_json(run_json(scenario, program, timeline, analysis)));
     out.finish();
   }
   if (to_stdout == 0) {  // stdout carries a report instead
@@ -173,6 +182,14 @@ int run_run(const RunArgs& args) {
                          (h.nvme ? ", " + human_bytes(h.nvme) + " on NVMe" : "") + ": " + h.what);
     }
     header.capacity = usable_capacity(scenario.device);
+    header.warmup_steps = scenario.step.warmup_steps;
+    for (size_t i = 0; i < program.events.size(); ++i) {
+      const MemoryEvent& e = program.events[i];
+      if (e.type == EventType::mark && program.str(static_cast<uint32_t>(e.bytes)) == AnalysisOptions().measured_from_mark) {
+        header.measured_from = i;
+        break;
+      }
+    }
     print_summary(stdout, header, analysis, Style::for_stream(stdout));
     std::fflush(stdout);
   }
