@@ -146,7 +146,7 @@ TEST_CASE("did-you-mean lists names that start with the word first", "[cli_finis
   CHECK(has(typo.err, "did you mean 'batch.micro_batch'?"));
 }
 
-TEST_CASE("--set errors name the override, not line 1 of the file", "[cli_finish]") {
+TEST_CASE("errors from --set name the override, not line 1 of the file", "[cli_finish]") {
   Dir dir;
   const fs::path file = dir.write("tiny.yaml", kTiny);
   // lora.targets is missing from a lora section that only --set brings.

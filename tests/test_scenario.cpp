@@ -85,8 +85,14 @@ TEST_CASE("fixed-context presets default seq_len and context_length", "[scenario
   CHECK(gpt2.batch.seq_len == 1024);
   CHECK(gpt2.model.context_length == 1024);
   CHECK(gpt2.model.tied_embeddings);
-  // Longer than the preset: the context grows to the sequence.
-  CHECK(load("model: {preset: gpt2-small}\nbatch: {seq_len: 2048}\n").model.context_length == 2048);
+  // Longer than the preset: refused (GPT-2's position table has 1024 rows), unless
+  // model.context_length extends the model on purpose (issue #19).
+  CHECK(error_of("model: {preset: gpt2-small}\nbatch: {seq_len: 2048}\n") ==
+        "t.yaml:2: batch.seq_len: 2048 is longer than the model's context length 1024 (that of "
+        "model.preset 'gpt2-small'); set model.context_length: 2048 to extend the model (a larger "
+        "position table or RoPE cache)");
+  CHECK(load("model: {preset: gpt2-small, context_length: 2048}\nbatch: {seq_len: 2048}\n")
+            .model.context_length == 2048);
   // An explicit context_length is kept and must hold the sequence.
   CHECK(load("model: {preset: cs336-small, context_length: 512}\nbatch: {seq_len: 128}\n")
             .model.context_length == 512);
