@@ -131,13 +131,15 @@ Tensor Autocast::linear(const Tensor& x, int32_t param, int64_t rows, int64_t d_
   Tensor wc = weight(param);
   Tensor out = detail::out_tensor(rt_, static_cast<uint64_t>(rows * d_out) * low_, OpKind::linear);
   rt_.note_gemm();
-  rt_.add_flops_forward(flops);
+  const double io = static_cast<double>(xc.bytes + wc.bytes + out.bytes);
+  rt_.add_flops_forward(flops, io);
   if (detail::wants_grad(rt_, {&xc, &wc})) {
     const int32_t n = rt_.make_node(OpKind::linear, {&wc, &xc});
     Node& node = rt_.node(n);
     node.size[0] = wc.bytes;
     node.size[1] = xc.bytes;
     node.flops = detail::matmul_backward_flops(xc, wc, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(xc, wc, io);
     // BmmBackward0 releases the W copy before the x copy (LINYUN bf16 trace).
     if (xc.requires_grad()) rt_.save(n, wc);
     if (wc.requires_grad()) rt_.save(n, xc);

@@ -60,7 +60,7 @@ inline constexpr int kOpKindCount = 0
 #undef MEMSIM_OP_COUNT
     ;
 // Which file emits an op and runs its backward.
-enum class OpLibrary : uint8_t { core, nn, fused, autocast, lora, liger, float8 };  // liger: graph/ops/ops_liger.h; float8: graph/ops/ops_float8.h
+enum class OpLibrary : uint8_t { core, nn, fused, autocast, lora, liger, float8, moe };  // moe: graph/ops/ops_moe.h  // liger: graph/ops/ops_liger.h; float8: graph/ops/ops_float8.h
 OpLibrary op_library(OpKind k);
 const char* forward_name(OpKind k);   // aten op name, e.g. "bmm"
 const char* backward_name(OpKind k);  // autograd node name, e.g. "BmmBackward0"

@@ -5,6 +5,7 @@
 
 #include "graph/checkpoint.h"
 #include "graph/compile.h"
+#include "graph/op_cost.h"
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops.h"
 
@@ -95,6 +96,17 @@ uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
   cur_op_ = op;
   uint32_t op_name = op_id(op, in_backward_);
   uint32_t id = program_.alloc(bytes, kind, ctx.phase, op_name, ctx.layer, op_name);
+  // Time model (graph/op_cost.h): HBM bytes of ops that are not GEMMs, by part. The
+  // optimizer's are counted per parameter by the optimizer (sim/optim/optimizer_cost.h).
+  if (const int crossings = hbm_writes_and_reads(op); crossings > 0) {
+    const Phase p = ctx.phase;
+    if (p == Phase::forward || p == Phase::loss || p == Phase::backward) {
+      const CostPart part = recomputing ? CostPart::recompute
+                            : p == Phase::backward ? CostPart::backward
+                                                   : CostPart::forward;
+      program_.cost.traffic[static_cast<int>(part)] += static_cast<double>(crossings) * bytes;
+    }
+  }
   refs_.push_back(1);
   if (numeric != nullptr) numeric->on_alloc(id, bytes);
   if (compile != nullptr) compile->on_alloc(id, bytes, op);
@@ -478,7 +490,10 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
   if (numeric != nullptr) numeric->backward_begin(*this, id, n, saved_.data() + n.saved_first);
   run_backward(*this, n, in, out);
   if (numeric != nullptr) numeric->backward_end(out);
-  add_flops_backward(n.flops);
+  // torchao's tensorwise Float8Linear runs its backward GEMMs in fp8 as well.
+  if (n.flops > 0 || n.gemm_bytes > 0)
+    add_flops_backward(n.flops, n.gemm_bytes,
+                       n.kind == OpKind::float8_linear ? MathDtype::fp8 : gemm_dtype);
   cur_op_ = n.kind;
   // The node's inputs (incoming grads) die when it returns, then its saved variables
   // are released (retain_graph=False).

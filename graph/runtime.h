@@ -95,6 +95,9 @@ struct Node {
   int32_t param = -1;               // accumulate_grad: parameter index
   uint32_t grad[2] = {kNoStorage, kNoStorage};  // input buffer per output slot
   bool grad_is_view[2] = {false, false};
+  // Backward GEMM bytes (operands read + results written, program/step_cost.h): set with
+  // `flops` by GEMM-class ops. A float fits the struct's tail padding.
+  float gemm_bytes = 0;
 };
 
 // A grad produced by a backward function, on its way to the next node.
@@ -267,10 +270,22 @@ class Runtime {
   uint32_t grad_alloc(uint64_t bytes, OpKind op, TensorKind kind = TensorKind::temporary) {
     return alloc_raw(bytes, kind, op);
   }
-  void add_flops_forward(double f) {
+  // A GEMM-class kernel (matmul, attention) of `f` FLOPs that reads and writes `bytes`:
+  // counted in Program::flops and, as one GEMM in `dtype`, in the time model's cost
+  // (program/step_cost.h).
+  void add_flops_forward(double f, double bytes) { add_flops_forward(f, bytes, gemm_dtype); }
+  void add_flops_forward(double f, double bytes, MathDtype dtype) {
     (recomputing ? program_.flops.recompute : program_.flops.forward) += f;
+    program_.cost.add_gemm(recomputing ? CostPart::recompute : CostPart::forward, dtype, f, bytes);
   }
-  void add_flops_backward(double f) { program_.flops.backward += f; }
+  void add_flops_backward(double f, double bytes, MathDtype dtype) {
+    program_.flops.backward += f;
+    program_.cost.add_gemm(CostPart::backward, dtype, f, bytes);
+  }
+  // The dtype GEMMs multiply in (the time model's peak row): the autocast dtype when
+  // autocast is on, else the parameters'; fp32 stays fp32 (torch's default
+  // allow_tf32=False for matmuls). Set by the schedule; float8 linears pass fp8 themselves.
+  MathDtype gemm_dtype = MathDtype::fp32;
 
  private:
   friend class Tensor;

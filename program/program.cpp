@@ -57,6 +57,7 @@ void Program::mark(std::string_view name, Phase phase) {
   e.phase = phase;
   e.bytes = intern(name);
   events.push_back(e);
+  if (name == "measured_step_begin") cost.reset_step();  // program/step_cost.h
 }
 
 void Program::clear() {
@@ -65,6 +66,8 @@ void Program::clear() {
   flops = Flops{};
   rank = RankInfo{};
   host = HostMemory{};
+  cost.reset_step();  // keeps the tables' capacity
+  cost.unmodelled.clear();
   strings_.resize(1);  // "" stays index 0
   string_index_.clear();
   string_index_.emplace("", 0);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "program/rank_info.h"
+#include "program/step_cost.h"
 
 namespace memsim {
 
@@ -104,6 +105,9 @@ class Program {
   Flops flops;
   RankInfo rank;  // which GPU of the job these events are (default: the only one)
   HostMemory host;  // DeepSpeed offload's CPU memory (zero otherwise)
+  // The measured step's work for the time model (program/step_cost.h; issue #18): reset
+  // by the mark "measured_step_begin".
+  StepCost cost;
 
  private:
   std::vector<std::string> strings_{""};

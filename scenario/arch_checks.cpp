@@ -59,6 +59,7 @@ const char* first_arch_knob(const Scenario& s) {
   const DecoderArch& a = s.model.arch;
   if (s.model.family == ModelFamily::hf_gpt2 && a.code == graph::ModelCode::gpt2) return nullptr;
   const DecoderArch llama;
+  if (a.moe.experts > 0) return "model.moe";  // no numeric kernels for the routing ops
   if (a.head_dim > 0 && a.head_dim * s.model.heads != s.model.d_model) return "model.head_dim";
   if (a.qkv_bias != llama.qkv_bias) return "model.qkv_bias";
   if (a.o_bias != llama.o_bias) return "model.o_bias";

@@ -159,13 +159,57 @@ std::string join(const std::vector<std::string>& names) {
 }
 
 // Keys whose effect memsim does not model: refused by name, whatever the model_type.
-void refuse_unmodelled(const Reader& r) {
+bool is_moe_row(const std::string& model_type) {
+  for (const char* t : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"})
+    if (model_type == t) return true;
+  return false;
+}
+
+// The mixture-of-experts keys of MixtralConfig / Qwen2MoeConfig / Qwen3MoeConfig / OlmoeConfig
+// (transformers v5, with each class's defaults) into m.arch.moe (docs/moe.md).
+void read_moe_config(const Reader& r, const std::string& type, ModelConfig& m) {
+  graph::MoeSpec& moe = m.arch.moe;
+  const bool mixtral = type == "mixtral";
+  const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
+  moe.experts = r.opt_integer(experts_key, 1).value_or(mixtral ? 8 : type == "olmoe" ? 64 : 60);
+  moe.top_k = r.opt_integer("num_experts_per_tok", 1).value_or(mixtral || type == "olmoe" ? (mixtral ? 2 : 8) : 4);
+  if (moe.top_k > moe.experts)
+    r.fail("num_experts_per_tok", std::to_string(moe.top_k) + " exceeds " + experts_key + " " +
+                                      std::to_string(moe.experts));
+  // Mixtral and OLMoE size every expert with intermediate_size; Qwen-MoE has its own key.
+  moe.expert_d_ff = mixtral || type == "olmoe" ? m.d_ff : r.integer("moe_intermediate_size", 1);
+  moe.norm_topk = mixtral ? true : r.boolean("norm_topk_prob", moe.norm_topk);
+  if (type == "qwen2_moe") moe.shared_d_ff = r.opt_integer("shared_expert_intermediate_size", 0).value_or(0);
+  if (type == "qwen2_moe" || type == "qwen3_moe") {
+    moe.sparse_step = r.opt_integer("decoder_sparse_step", 1).value_or(1);
+    if (const json* v = r.get("mlp_only_layers")) {
+      if (!v->is_array()) r.fail("mlp_only_layers", "expected a list of layer indices, got " + Reader::shown(*v));
+      if (!v->empty()) moe.dense_layers.assign(static_cast<size_t>(m.layers), 0);
+      for (const json& i : *v) {
+        if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= m.layers)
+          r.fail("mlp_only_layers", "expected layer indices in [0, " + std::to_string(m.layers) +
+                                        "), got " + Reader::shown(i));
+        moe.dense_layers[static_cast<size_t>(i.get<int64_t>())] = 1;
+      }
+    }
+  }
+  if (const auto jitter = r.opt_number("router_jitter_noise"); jitter && *jitter != 0.0)
+    r.fail("router_jitter_noise", "the router's multiplicative jitter (empty_like + uniform_ in "
+                                  "training) is not modelled; set it to 0");
+  if (r.has("clip_qkv")) r.fail("clip_qkv", "OLMoE's clamp of q/k/v is not modelled; set it to null");
+  if (r.boolean("output_router_logits", false))
+    r.fail("output_router_logits", "the auxiliary load-balancing loss (router logits kept for "
+                                   "load_balancing_loss_func) is not modelled yet; set it to false");
+}
+
+void refuse_unmodelled(const Reader& r, bool moe) {
   if (r.has("quantization_config"))
     r.fail("quantization_config",
            "quantized checkpoints are not modelled (for QLoRA's 4-bit base use lora.base_dtype: "
            "nf4 on the unquantized config)");
   for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts",
                           "moe_intermediate_size", "num_experts_per_tok"}) {
+    if (moe && std::string(key) != "n_routed_experts") continue;  // read_moe_config
     const json* v = r.get(key);
     if (v && !(v->is_number() && v->get<double>() == 0.0)) r.fail(key, kMoeHint);
   }
@@ -309,8 +353,7 @@ std::optional<DType> read_dtype(const Reader& r) {
 }  // namespace
 
 const std::vector<std::string>& moe_model_types() {
-  static const std::vector<std::string> types = {"mixtral", "qwen2_moe", "qwen3_moe",
-                                                 "deepseek_v2", "deepseek_v3", "olmoe"};
+  static const std::vector<std::string> types = {"deepseek_v2", "deepseek_v3"};
   return types;
 }
 
@@ -338,8 +381,10 @@ HfConfig parse_hf_config(const std::string& text, const std::string& source) {
   const auto model_type = r.opt_string("model_type");
   if (!model_type) r.fail("model_type", "required (one of " + architecture_list() + ")");
   out.model_type = *model_type;
-  for (const auto& moe : moe_model_types())
-    if (moe == *model_type) r.fail("model_type", "'" + *model_type + "' is " + kMoeHint);
+  if (*model_type == "deepseek_v2" || *model_type == "deepseek_v3")
+    r.fail(r.has("kv_lora_rank") ? "kv_lora_rank" : "model_type",
+           "'" + *model_type + "' uses multi-head latent attention (MLA), which is not modelled "
+           "(MoE layers are, for mixtral, qwen2_moe, qwen3_moe and olmoe: docs/moe.md)");
   if (*model_type == "gemma3")
     r.fail("model_type", "'gemma3' is the multimodal Gemma 3 (a vision tower memsim does not "
                          "model): give its text_config, model_type gemma3_text, as a config of its own");
@@ -351,7 +396,7 @@ HfConfig parse_hf_config(const std::string& text, const std::string& source) {
                              scenario_detail::did_you_mean(*model_type, names) +
                              " (supported: " + architecture_list() + ")");
   }
-  refuse_unmodelled(r);
+  refuse_unmodelled(r, is_moe_row(*model_type));
   if (const auto name = r.opt_string("_name_or_path")) out.name_or_path = *name;
 
   ModelConfig& m = out.model;
@@ -435,6 +480,7 @@ HfConfig parse_hf_config(const std::string& text, const std::string& source) {
     r.fail(r.present("head_dim") ? "head_dim" : heads_key,
            "RoPE needs an even head size, head_dim = " + std::to_string(hd));
 
+  if (is_moe_row(*model_type)) read_moe_config(r, *model_type, m);
   read_sliding(r, *row, m.layers, m.arch, out.sliding);
   m.dropout = read_dropout(r, *row, m.arch);
   out.params = read_dtype(r);

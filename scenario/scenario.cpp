@@ -77,6 +77,7 @@ const char* to_string(StepKind kind) {
     case StepKind::forward: return "forward";
     case StepKind::forward_no_grad: return "forward-no-grad";
     case StepKind::forward_backward: return "forward-backward";
+    case StepKind::generate: return "generate";
   }
   return "?";
 }
@@ -121,7 +122,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                  "mlp_bias", "qk_norm", "norm", "norm_placement", "mlp", "activation", "fused_qkv",
                  "fused_gate_up", "embedding_scale", "attn_softcap", "final_softcap",
                  "sliding_window", "sliding_layers", "rotary_dim",
-                 "implementation", "transformers"}},
+                 "implementation", "transformers",
+                 // mixture of experts (issue #15; scenario/moe_keys.h): the map, and its
+                 // routing assumption alone (for --set and sweeps)
+                 "moe", "moe.routing"}},
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
       {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache",
                      "float8"}},
@@ -143,7 +147,15 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                      "stage3_max_reuse_distance", "stage3_param_persistence_threshold",
                      "sub_group_size", "offload_optimizer", "offload_param", "zero_init",
                      "ranks_per_node"}},  // scenario/deepspeed_keys.h (issue #16 item 2)
-      {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch"}},
+      {"serve", {"engine", "gpu_memory_utilization", "mem_fraction_static", "max_model_len",
+                 "max_num_batched_tokens", "max_num_seqs", "block_size", "kv_cache_dtype",
+                 "cuda_graphs", "tensor_parallel", "prefix_caching",
+                 "quantization", "nccl_memory"}},  // scenario/serve_keys.h (issue #17 items 2-4)
+      {"generate", {"prompt_len", "new_tokens", "cache", "logits_to_keep"}},  // scenario/generate_keys.h (issue #17)
+      {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch",
+                  // issue #18 item 1, the time model (scenario/device_rate_keys.cpp)
+                  "tflops_fp32", "tflops_tf32", "tflops_bf16", "tflops_fp16", "tflops_fp8",
+                  "hbm_gbps", "nvlink_gbps", "pcie_gbps", "network_gbps", "gpus_per_node"}},
       {"allocator", {"conf", "expandable_segments", "max_split_size_mb",
                      "max_non_split_rounding_mb", "garbage_collection_threshold",
                      "roundup_power2_divisions", "memory_fraction"}},

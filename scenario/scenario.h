@@ -103,7 +103,7 @@ struct OptimizerConfig {
 const char* to_string(OptimizerType type);
 const char* to_string(OptimizerImpl impl);
 
-enum class StepKind { train, forward, forward_no_grad, forward_backward };
+enum class StepKind { train, forward, forward_no_grad, forward_backward, generate };
 enum class CompileRegions { model, block };  // step.compile_scope
 struct StepConfig {
   StepKind kind = StepKind::train;
@@ -262,6 +262,22 @@ struct DeepSpeedConfig {
 };
 const char* to_string(DsOffload offload);
 
+// --- issue #17 item 1: generation (scenario/generate_keys.h reads and checks it,
+// sim/step/generate.h models it, docs/generate.md). Used with step.kind generate: Hugging
+// Face generate() (greedy) of batch.micro_batch prompts of prompt_len tokens, new_tokens
+// new tokens each; batch.seq_len is then prompt_len + new_tokens. cache: the KV cache class
+// (dynamic = DynamicCache, static = StaticCache; quantized:int8 / quantized:int4 /
+// offloaded are read and refused). logits_to_keep: num_logits_to_keep of the forward
+// (generate sets 1; 0 = the logits of every position).
+enum class GenerateCache { dynamic, static_cache, quantized_int8, quantized_int4, offloaded };
+const char* to_string(GenerateCache cache);
+struct GenerateConfig {
+  int64_t prompt_len = 0;
+  int64_t new_tokens = 0;
+  GenerateCache cache = GenerateCache::dynamic;
+  int64_t logits_to_keep = 1;
+};
+
 struct DeviceConfig {
   std::string preset;
   uint64_t capacity = 0;               // bytes usable by the process (cudaMemGetInfo total)
@@ -273,7 +289,50 @@ struct DeviceConfig {
   // (dropout's mask first). false describes a CPU run: the tests that compare with
   // PyTorch on CPU.
   bool kernel_scratch = true;
+  // --- issue #18 item 1: the time model's datasheet rates (sim/analysis/step_time.h,
+  // docs/time-model.md; scenario/device_rate_keys.cpp). Dense peaks in FLOP/s, bandwidths
+  // in bytes/s per direction; 0 = not known for this device (an estimate that needs it is
+  // refused, naming the key). Presets fill them from the vendors' datasheets.
+  double flops_fp32 = 0, flops_tf32 = 0, flops_bf16 = 0, flops_fp16 = 0, flops_fp8 = 0;
+  double hbm_bandwidth = 0;      // device.hbm_gbps
+  double nvlink_bandwidth = 0;   // device.nvlink_gbps (0: GPUs of a node talk over PCIe)
+  double pcie_bandwidth = 0;     // device.pcie_gbps (host transfers)
+  double network_bandwidth = 0;  // device.network_gbps: one GPU's NIC, across nodes
+  int64_t gpus_per_node = 8;     // device.gpus_per_node: groups beyond it cross the network
 };
+
+// --- issue #17 items 2-4: `memsim serve` (scenario/serve_keys.h reads it, sim/serve/
+// models it, docs/serve.md). A scenario without a `serve:` section has present == false and
+// every other command ignores the section. Defaults are the engine's own (vLLM `vllm serve`,
+// SGLang launch_server); 0 in an int field = "the engine's default for this model/device".
+enum class ServeEngine { vllm, sglang };
+enum class KvCacheDtype { automatic, fp8, int8 };  // spelled auto | fp8 | int8
+enum class WeightQuant { none, fp8, int8, int4, nf4 };  // serve.quantization
+struct ServeConfig {
+  bool present = false;
+  std::string where;                  // "FILE:LINE" of `serve:` (or "--set")
+  std::vector<std::pair<std::string, std::string>> key_where;  // "serve.KEY" -> where set
+  ServeEngine engine = ServeEngine::vllm;
+  double gpu_memory_utilization = 0.9;  // vLLM CacheConfig default
+  double mem_fraction_static = 0.0;     // SGLang; 0 = its default rule
+  int64_t max_model_len = 0;            // 0 = the model's context (max_position_embeddings)
+  int64_t max_num_batched_tokens = 0;   // 0 = vLLM's default for the device
+  int64_t max_num_seqs = 0;             // 0 = vLLM's default for the device
+  int64_t block_size = 0;              // 0 = the engine's default (vLLM 16, SGLang 1)
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::automatic;
+  bool cuda_graphs = true;              // false = --enforce-eager
+  int64_t tensor_parallel = 1;
+  bool prefix_caching = true;           // V1 default; no effect on the memory plan
+  WeightQuant quantization = WeightQuant::none;
+  // Device memory NCCL takes per rank with tensor_parallel > 1 (non-torch memory);
+  // unset = sim/serve/non_torch.h's default.
+  std::optional<uint64_t> nccl_memory;
+  // Where `key` ("serve.block_size") was set, else the section's line, else the file.
+  std::string where_of(const std::string& key, const std::string& source) const;
+};
+const char* to_string(ServeEngine e);
+const char* to_string(KvCacheDtype d);
+const char* to_string(WeightQuant q);
 
 struct Scenario {
   std::string source;                  // file the scenario came from ("<string>" if none)
@@ -290,6 +349,8 @@ struct Scenario {
   AllocatorConfig allocator;
   LossConfig loss;                     // after the fields callers brace-initialise
   DeepSpeedConfig deepspeed;           // parallel.sharding: deepspeed (issue #16 item 2)
+  ServeConfig serve;                   // `memsim serve` (issue #17 items 2-4)
+  GenerateConfig generate;             // step.kind generate (issue #17 item 1)
 };
 
 class ScenarioError : public std::runtime_error {

@@ -14,16 +14,20 @@
 #include "scenario/scenario_checkpoint.h"
 #include "scenario/deepspeed_keys.h"
 #include "scenario/compile_keys.h"
+#include "scenario/serve_keys.h"
 #include "scenario/fsdp_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/pipeline_keys.h"
 #include "scenario/torchtitan_keys.h"
 #include "scenario/scenario_arch.h"
 #include "scenario/device_defaults.h"
+#include "scenario/moe_keys.h"
 #include "scenario/scenario_doc.h"
 #include "scenario/script_keys.h"
 #include "scenario/step_output_key.h"
 #include "scenario/peft_input_grads_key.h"
+#include "scenario/device_rate_keys.h"
+#include "scenario/generate_keys.h"
 
 namespace memsim::scenario_detail {
 namespace {
@@ -58,7 +62,8 @@ const std::vector<std::pair<std::string, OptimizerImpl>> kImpls = {
 const std::vector<std::pair<std::string, StepKind>> kSteps = {
     {"train", StepKind::train}, {"forward", StepKind::forward},
     {"forward-no-grad", StepKind::forward_no_grad},
-    {"forward-backward", StepKind::forward_backward}};
+    {"forward-backward", StepKind::forward_backward},
+    {"generate", StepKind::generate}};  // issue #17 (scenario/generate_keys.h)
 const std::vector<std::pair<std::string, bool>> kZeroGrad = {{"set_to_none", true},
                                                              {"zeros", false}};
 
@@ -119,6 +124,7 @@ ModelConfig build_model(const Doc& d, std::optional<DType>& config_params) {
     }
   }
   read_architecture(d, base, m);  // model.architecture and the knobs (scenario/scenario_arch.h)
+  read_moe(d, m);                 // model.moe (scenario/moe_keys.h)
   return m;
 }
 
@@ -150,6 +156,9 @@ BatchConfig build_batch(const Doc& d, ModelConfig& m) {
   read_if(d, "batch.grad_accum", b.grad_accum, positive);
   if (const Field* f = d.find("batch.seq_len")) {
     b.seq_len = read_int(*f, "batch.seq_len", 1);
+  } else if (generate_requested(d)) {
+    b.seq_len = 0;  // step.kind generate: prompt_len + new_tokens (scenario/generate_keys.h)
+    return b;
   } else if (m.context_length > 0) {
     b.seq_len = m.context_length;  // a fixed-context preset runs at its full length
   } else {
@@ -387,6 +396,7 @@ DeviceConfig build_device(const Doc& d) {
   read_if(d, "device.cuda_context", dev.cuda_context, read_size);
   read_if(d, "device.cublas_workspace", dev.cublas_workspace, read_size);
   read_if(d, "device.kernel_scratch", dev.kernel_scratch, read_bool);
+  read_device_rates(d, dev);  // the time model's rates (scenario/device_rate_keys.h)
   if (dev.capacity == 0) fail(origin(d, "device.capacity", "device"), "device.capacity", "must be more than 0 bytes");
   if (name.empty() && !d.find("device.cuda_context") && dev.cuda_context >= dev.capacity) {
     fail(origin(d, "device.capacity", "device"), "device.capacity",
@@ -563,8 +573,11 @@ Scenario build_scenario(const Doc& d) {
   read_deepspeed(d, s);  // scenario/deepspeed_keys.h (after batch, precision, optimizer, parallel)
   s.device = build_device(d);
   s.allocator = build_allocator(d, AllocatorConfig{});
+  read_serve(d, s);  // scenario/serve_keys.h (issue #17): after the model
+  read_generate(d, s);  // scenario/generate_keys.h (issue #17): generate.*, its refusals
   check_products(d, s);
   check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
+  check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   return s;
 }
 

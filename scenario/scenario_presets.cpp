@@ -165,25 +165,76 @@ DeviceConfig measured_device(const char* name, uint64_t capacity, uint64_t conte
   return d;
 }
 
+// The time model's datasheet rates (issue #18 item 1; docs/time-model.md): dense tensor
+// peaks (the datasheets print the 2:4-sparse figure for TF32/BF16/FP16/FP8 with an
+// asterisk; these are half of it), HBM bandwidth, NVLink / Infinity Fabric and PCIe per
+// direction (the datasheets print both directions summed: these are half), and the
+// network per GPU (one NIC per GPU in the DGX/HGX reference nodes). 0 = the part has no
+// such math or link (V100 has no BF16, TF32 or FP8; GeForce cards have no NVLink).
+struct Rates {
+  double fp32, tf32, bf16, fp16, fp8;  // TFLOP/s dense
+  double hbm, nvlink, pcie, network;   // GB/s per direction
+};
+DeviceConfig with_rates(DeviceConfig d, const Rates& r) {
+  constexpr double T = 1e12, G = 1e9;
+  d.flops_fp32 = r.fp32 * T;
+  d.flops_tf32 = r.tf32 * T;
+  d.flops_bf16 = r.bf16 * T;
+  d.flops_fp16 = r.fp16 * T;
+  d.flops_fp8 = r.fp8 * T;
+  d.hbm_bandwidth = r.hbm * G;
+  d.nvlink_bandwidth = r.nvlink * G;
+  d.pcie_bandwidth = r.pcie * G;
+  d.network_bandwidth = r.network * G;
+  return d;
+}
+// NVIDIA A100 Tensor Core GPU datasheet (2021): SXM FP32 19.5, TF32 156, BF16/FP16 312
+// TFLOPS dense; HBM2 1,555 GB/s (40GB) / HBM2e 2,039 GB/s (80GB); NVLink 600 GB/s; PCIe
+// Gen4 64 GB/s. DGX A100: one 200 Gb/s HDR NIC per GPU (25 GB/s).
+constexpr Rates kA100_40{19.5, 156, 312, 312, 0, 1555, 300, 32, 25};
+constexpr Rates kA100_80{19.5, 156, 312, 312, 0, 2039, 300, 32, 25};
+// NVIDIA H100 Tensor Core GPU datasheet (SXM5): FP32 67, TF32 989*, BF16/FP16 1,979*, FP8
+// 3,958* TFLOPS (* sparse); HBM3 3.35 TB/s; NVLink 900 GB/s; PCIe Gen5 128 GB/s. DGX H100:
+// one 400 Gb/s NDR NIC per GPU (50 GB/s).
+constexpr Rates kH100Sxm{67, 494.5, 989.5, 989.5, 1979, 3350, 450, 64, 50};
+// NVIDIA H200 datasheet (SXM): the H100 SXM's math, HBM3e 4.8 TB/s, NVLink 900 GB/s, PCIe
+// Gen5 128 GB/s.
+constexpr Rates kH200{67, 494.5, 989.5, 989.5, 1979, 4800, 450, 64, 50};
+// NVIDIA HGX B200 datasheet (8 GPUs; per GPU): FP32 75 (600/8), TF32 2.2 PF*, BF16/FP16
+// 4.5 PF*, FP8 9 PF* (* sparse); HBM3e 8 TB/s; NVLink 5 1.8 TB/s; PCIe Gen5 128 GB/s.
+// DGX B200: one 400 Gb/s NIC per GPU.
+constexpr Rates kB200{75, 1125, 2250, 2250, 4500, 8000, 900, 64, 50};
+// NVIDIA V100 datasheet (SXM2): FP32 15.7, FP16 tensor 125 TFLOPS; HBM2 900 GB/s; NVLink
+// 300 GB/s; PCIe Gen3 32 GB/s. DGX-1: 100 Gb/s EDR InfiniBand, one per two GPUs (6.25).
+constexpr Rates kV100{15.7, 0, 0, 125, 0, 900, 150, 16, 6.25};
+// NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): FP32 82.6; FP16/BF16 tensor with
+// FP32 accumulate 165.2, TF32 82.6, FP8 (FP32 accumulate) 330.3 TFLOPS dense; GDDR6X
+// 1,008 GB/s; no NVLink; PCIe Gen4 x16 32 GB/s per direction. No network (a workstation).
+constexpr Rates kRtx4090{82.6, 82.6, 165.2, 165.2, 330.3, 1008, 0, 32, 0};
+// AMD Instinct MI300X datasheet: FP32 163.4 (matrix), TF32 653.7, BF16/FP16 1,307.4, FP8
+// 2,614.9 TFLOPS dense; HBM3 5.3 TB/s; Infinity Fabric 896 GB/s peer-to-peer (7 links);
+// PCIe Gen5 128 GB/s. One 400 Gb/s NIC per GPU in the reference platform.
+constexpr Rates kMi300x{163.4, 653.7, 1307.4, 1307.4, 2614.9, 5300, 448, 64, 50};
+
 const std::vector<DeviceEntry>& device_table() {
   static const std::vector<DeviceEntry> table = {
-      {device("a100-40gb", 3939, kWorkspaceDefault), "OOM messages: 39.39 GiB total"},
-      {device("a100-80gb", 7915, kWorkspaceDefault), "OOM messages: 79.15 GiB total"},
-      {measured_device("h100-80gb", 85017493504ull, 787283968ull, kWorkspaceSm90),
+      {with_rates(device("a100-40gb", 3939, kWorkspaceDefault), kA100_40), "OOM messages: 39.39 GiB total"},
+      {with_rates(device("a100-80gb", 7915, kWorkspaceDefault), kA100_80), "OOM messages: 79.15 GiB total"},
+      {with_rates(measured_device("h100-80gb", 85017493504ull, 787283968ull, kWorkspaceSm90), kH100Sxm),
        "measured (tests/data/h100/cuda_runs.json): H100 80GB HBM3, driver 580, CUDA 13, "
        "PyTorch 2.11: 79.18 GiB total, 750.8 MiB outside the allocator after a training step"},
       // No OOM message at hand for these two: nvidia-smi's total (H200 143,771 MiB,
       // B200 183,359 MiB) less the ~0.54 GiB an H100 shows between nvidia-smi (81,559 MiB)
       // and cudaMemGetInfo (79.11 GiB).
-      {device("h200", 13986, kWorkspaceSm90), "estimate: nvidia-smi 143,771 MiB less ~0.54 GiB"},
-      {device("b200", 17852, kWorkspaceDefault), "estimate: nvidia-smi 183,359 MiB less ~0.54 GiB"},
+      {with_rates(device("h200", 13986, kWorkspaceSm90), kH200), "estimate: nvidia-smi 143,771 MiB less ~0.54 GiB"},
+      {with_rates(device("b200", 17852, kWorkspaceDefault), kB200), "estimate: nvidia-smi 183,359 MiB less ~0.54 GiB"},
       {device("rtx-4070", 1172, kWorkspaceDefault), "OOM messages: 11.72 GiB total"},
-      {device("rtx-4090", 2365, kWorkspaceDefault),
+      {with_rates(device("rtx-4090", 2365, kWorkspaceDefault), kRtx4090),
        "OOM messages: 23.64-23.69 GiB total depending on the driver; 23.65 taken"},
-      {device("mi300x", 19198, kWorkspaceDefault),
+      {with_rates(device("mi300x", 19198, kWorkspaceDefault), kMi300x),
        "ROCm OOM messages: 191.98 GiB total; hipBLAS workspace not verified"},
-      {device("v100-16gb", 1577, kWorkspaceDefault), "OOM messages: 15.77 GiB total"},
-      {device("v100-32gb", 3174, kWorkspaceDefault), "OOM messages: 31.74 GiB total"},
+      {with_rates(device("v100-16gb", 1577, kWorkspaceDefault), kV100), "OOM messages: 15.77 GiB total"},
+      {with_rates(device("v100-32gb", 3174, kWorkspaceDefault), kV100), "OOM messages: 31.74 GiB total"},
   };
   return table;
 }
@@ -210,6 +261,9 @@ std::string model_summary(const ModelConfig& m) {
        ", context " + (m.context_length ? std::to_string(m.context_length) : "= seq_len") +
        (m.tied_embeddings ? ", tied" : ", untied");
   if (hf && m.arch.sliding_window > 0) s += ", sliding window " + std::to_string(m.arch.sliding_window);
+  if (hf && m.arch.moe.experts > 0)  // docs/moe.md
+    s += ", MoE " + std::to_string(m.arch.moe.experts) + " experts of d_ff " +
+         std::to_string(m.arch.moe.expert_d_ff) + ", top " + std::to_string(m.arch.moe.top_k);
   s += "; " + with_commas(parameter_count(m)) + " parameters";
   return s;
 }

@@ -15,6 +15,10 @@
 //    have been measured or have its failure recorded, with the configuration and
 //    parameter count the prediction assumed; runs named in kTolerance must be within it
 //    (filled in after the measurement, with the reason for each gap), the others WARN.
+//    With the snapshots committed too (tests/data/gpu/fsdp2/fsdp2_snapshots.tar.xz,
+//    unpacked by CMake), each replays through the allocator emulator (its streams
+//    included) with no mismatch and the run's whole-run peaks; without them a WARN says
+//    the replay is unchecked.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -26,8 +30,10 @@
 #include <optional>
 #include <string>
 
+#include "allocator/snapshot/snapshot.h"
 #include "json_test_support.h"
 #include "real_run_test_support.h"
+#include "replay/replay.h"
 #include "sim/analysis/analysis.h"
 #include "sim/analysis/parameter_count.h"
 #include "sim/step/execute.h"
@@ -39,6 +45,8 @@ namespace {
 
 const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/fsdp2_predictions.json";
 const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/fsdp2/fsdp2_runs.json";
+const std::string kSnapshotArchive = MEMSIM_SOURCE_DIR "/tests/data/gpu/fsdp2/fsdp2_snapshots.tar.xz";
+const std::string kSnapshots = MEMSIM_FSDP2_SNAPSHOTS;  // unpacked by CMake
 
 // Largest relative error allowed per run, and why (to be filled once measured).
 struct Tolerance {
@@ -133,6 +141,25 @@ TEST_CASE("FSDP2 on a GPU (fake process group, rank 0) against memsim", "[fsdp2]
   const nlohmann::json runs = memsim_test::load_json(kRuns);
   std::map<std::string, const nlohmann::json*> measured;
   for (const nlohmann::json& r : runs["results"]) measured[r["spec"]["name"]] = &r;
+  // The real traces through the allocator emulator (streams as recorded).
+  if (!std::filesystem::exists(kSnapshotArchive)) {
+    WARN("no " << kSnapshotArchive << ": the FSDP2 snapshots were not committed, so their "
+         "replay through the allocator emulator is unchecked");
+  } else {
+    INFO("the archive is committed but not unpacked into " << kSnapshots << ": re-run cmake");
+    REQUIRE(std::filesystem::is_directory(kSnapshots));
+    for (const nlohmann::json& r : runs["results"]) {
+      const std::string name = r["spec"]["name"];
+      INFO(name);
+      const Snapshot snap = read_snapshot_file(kSnapshots + "/" + name + ".pickle");
+      const ReplayReport rep = replay_snapshot(snap);
+      CHECK(rep.mismatches == 0);
+      CHECK(rep.final_layout_match);
+      CHECK(rep.seeded_segments == 0);  // recorded from an empty allocator
+      CHECK(rep.peak_allocated_bytes == r["whole_run_peak_allocated"].get<uint64_t>());
+      CHECK(rep.peak_reserved_bytes == r["whole_run_peak_reserved"].get<uint64_t>());
+    }
+  }
   std::printf("\nFSDP2 on %s (torch %s), one GPU as rank 0 of a fake process group: measured "
               "step peaks, real vs memsim now (blind = memsim's committed prediction)\n",
               runs["results"].empty() ? "?"

@@ -41,7 +41,10 @@ TEST_CASE("model.architecture sets the family and the row's knobs", "[architectu
   CHECK(gpt2.model.arch.positions == graph::Positions::learned);
   for (const ArchitectureRow& row : architecture_rows()) {
     INFO(row.name);
-    const Scenario s = arch(std::string("  architecture: ") + row.name + "\n");
+    // The mixture-of-experts rows need their experts (docs/moe.md).
+    const std::string name = row.name;
+    const bool moe = name == "mixtral" || name == "qwen2_moe" || name == "qwen3_moe" || name == "olmoe";
+    const Scenario s = arch("  architecture: " + name + "\n" + (moe ? "  moe: {experts: 4, top_k: 2}\n" : ""));
     CHECK(s.model.family == row.family);
     CHECK(std::string(s.model.arch.architecture) == row.name);
     CHECK(s.model.tied_embeddings == row.tied);
@@ -106,7 +109,7 @@ TEST_CASE("knob keys override the row", "[architecture]") {
 TEST_CASE("architecture keys are checked", "[architecture]") {
   CHECK(error_of("  architecture: lama\n") ==
         "t.yaml:7: model.architecture: unknown architecture 'lama'; did you mean 'llama'? (expected one of "
-        "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, granite, gpt2)");
+        "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, granite, mixtral, qwen2_moe, qwen3_moe, olmoe, gpt2)");
   CHECK(error_of("  architecture: gpt2\n  family: hf-llama\n") ==
         "t.yaml:8: model.family: is hf-llama, but model.architecture gpt2 is a hf-gpt2 model (leave model.family out)");
   CHECK(error_of("  family: cs336\n  qk_norm: head\n") ==

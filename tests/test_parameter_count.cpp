@@ -49,6 +49,9 @@ TEST_CASE("parameter counts equal the model cards", "[parameters]") {
       {"phi3-medium", 13'960'238'080},   {"olmo2-7b", 7'298'617'344},
       {"gpt2-small", 124'439'808},       {"gpt2-medium", 354'823'168},
       {"gpt2-large", 774'030'080},       {"gpt2-xl", 1'557'611'200},
+      // mixture of experts (docs/moe.md): router, 3-D expert weights, q/k norms
+      {"mixtral-8x7b", 46'702'792'704},  {"qwen3-30b-a3b", 30'532'122'624},
+      {"olmoe-1b-7b", 6'919'161'856},
   };
   for (const auto& [name, count] : cards) {
     INFO(name);

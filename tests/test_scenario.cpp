@@ -248,7 +248,7 @@ TEST_CASE("unknown keys, sections and presets get a located did-you-mean", "[sce
         "t.yaml:3: model.attention: expected one of eager, flash, mem-efficient, got 'flsh'; "
         "did you mean 'flash'?");
   CHECK(error_of(std::string(kXl) + "step:\n  kind: forward_no_grad\n") ==
-        "t.yaml:6: step.kind: expected one of train, forward, forward-no-grad, forward-backward, "
+        "t.yaml:6: step.kind: expected one of train, forward, forward-no-grad, forward-backward, generate, "
         "got 'forward_no_grad'; did you mean 'forward-no-grad'?");
 }
 

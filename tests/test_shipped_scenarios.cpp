@@ -77,6 +77,9 @@ const std::map<std::string, Claim>& claims() {
       {"llama2-7b-lora-ddp-8xa100.yaml", {true, std::nullopt, 58.73}},
       // QLoRA NF4 r64 all-linear, full (non-reentrant) checkpointing, 1 x 512 tokens.
       {"llama2-7b-qlora-rtx4090.yaml", {true, std::nullopt, 6.71}},
+      // step.kind generate (issue #17): 8 x (3968 + 128) tokens, DynamicCache; the peak is
+      // the prefill's eager attention scores in the last layer.
+      {"llama2-7b-generate-a100.yaml", {true, std::nullopt, 66.82}},
       // FSDP FULL_SHARD over 8 GPUs: the peak is the backward of the last layer.
       {"llama2-7b-fsdp-8xa100.yaml", {true, std::nullopt, 34.36}},
       // ... with CPUOffload: shards and AdamW state in host RAM, activations unchanged.
@@ -94,9 +97,12 @@ const std::map<std::string, Claim>& claims() {
       {"gpt2-large-zero1-4xv100.yaml", {true, std::nullopt, 11.12}},
       // torch.compile (issue #16 part 4): the peak is the loss's backward; eager 66.56 GiB.
       {"llama3.2-1b-compile-h100.yaml", {true, std::nullopt, 58.44}},
+      {"llama3-8b-vllm-h100.yaml", {true, std::nullopt, 24.84}},  // memsim run: the HF no-grad forward
       // torchtitan's op-level SAC (docs/torchtitan-recipes.md) over FSDP2 on 8 GPUs:
       // the peak is the loss's backward; sac-op's per-layer cache is 13.53 GiB of it.
       {"llama3-8b-torchtitan-sac.yaml", {true, std::nullopt, 44.68}},
+      // Qwen3-30B-A3B (MoE, docs/moe.md) over FSDP on 8 GPUs, balanced routing: the AdamW step.
+      {"qwen3-30b-a3b-fsdp-8xh100.yaml", {true, std::nullopt, 36.77}},
   };
   return table;
 }

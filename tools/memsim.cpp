@@ -58,6 +58,8 @@ int main(int argc, char** argv) {
   CLI::App* check = add_check_command(app, check_args);
   CompletionArgs completion_args;
   CLI::App* completion = add_completion_command(app, completion_args);
+  ServeArgs serve_args;
+  CLI::App* serve = add_serve_command(app, serve_args);  // issue #17 (tools/cli/serve_command.cpp)
 
   try {
     app.parse(argc, argv);
@@ -77,6 +79,7 @@ int main(int argc, char** argv) {
     if (sweep->parsed()) return run_sweep(sweep_args);
     if (check->parsed()) return run_check(check_args);
     if (completion->parsed()) return run_completion(app, completion_args);
+    if (serve->parsed()) return run_serve(serve_args);
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
     std::fflush(stdout);

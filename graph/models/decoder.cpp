@@ -131,7 +131,9 @@ void DecoderModel::construct() {
     }
     if (a.rope == RopeAt::layer || a.attn_rope_buffer) p.inv_freq = add_inv_freq();
     rt_.ctx.module = Module::mlp;
-    if (a.mlp == MlpKind::glu && a.fused_gate_up) {
+    if (a.moe.layer_is_moe(l)) {
+      construct_moe(p, pre);  // decoder_moe.cpp
+    } else if (a.mlp == MlpKind::glu && a.fused_gate_up) {
       p.gate_up = add_proj(2 * F, D, pre, "mlp.gate_up_proj", a.mlp_bias, -1);
     } else if (a.mlp == MlpKind::glu) {
       p.gate = add_proj(F, D, pre, "mlp.gate_proj", a.mlp_bias, kGateProj);
@@ -139,8 +141,9 @@ void DecoderModel::construct() {
     } else {
       p.up = add_proj(F, D, pre, "mlp.fc1", a.mlp_bias, kUpProj);
     }
-    p.down = add_proj(D, F, pre, a.mlp == MlpKind::glu ? "mlp.down_proj" : "mlp.fc2",
-                      a.mlp_bias, kDownProj);
+    if (!p.moe)
+      p.down = add_proj(D, F, pre, a.mlp == MlpKind::glu ? "mlp.down_proj" : "mlp.fc2",
+                        a.mlp_bias, kDownProj);
     rt_.ctx.module = Module::norm;
     switch (a.placement) {
       case NormPlacement::pre:
@@ -377,7 +380,8 @@ void DecoderModel::rope_tables(bool scaled, Tensor& cos, Tensor& sin) {
   // `cos.to(dtype=x.dtype)`: x is the hidden states (model level: fp32 under autocast) or
   // a layer's value states (per-layer rotary: v_proj's low output under autocast).
   const uint64_t e = !scaled && autocast_on() ? ac_->low_elem() : s_.elem;
-  const uint64_t S = s_.seq, rd = s_.rotary_dim();
+  // Rows of position_ids: 1 in training, the batch in generate (hf_shape.h pos_batch).
+  const uint64_t S = s_.seq * static_cast<uint64_t>(s_.pos_batch), rd = s_.rotary_dim();
   const bool was = rt_.grad_enabled;
   rt_.grad_enabled = false;
   Tensor pos = new_tensor(rt_, S * 4, OpKind::to_copy, TensorKind::temporary);

@@ -54,6 +54,7 @@
 namespace memsim::graph {
 
 class Autocast;  // graph/autocast.h
+class KvCache;   // graph/models/kv_cache.h
 
 // The parameter names of a non-HF stack's Llama modules (model.implementation; decoder_impl.cpp).
 struct StackParamNames {
@@ -93,6 +94,30 @@ class DecoderModel {
   // torch.autocast region owner (graph/autocast.h); nullptr = never.
   void set_autocast(Autocast* ac) { ac_ = ac; }
 
+  // --- generation (decoder_generate.cpp; issue #17, sim/step/generate.h) -----------------
+  // What HF generate passes one forward of a ForCausalLM (LlamaForCausalLM.forward v4.45
+  // with a cache): the (B, mask_len) int64 attention mask, the StaticCache's 4-D mask that
+  // prepare_inputs_for_generation built (else null), position_ids (B, S) and
+  // cache_position (S) (owned by the loop), num_logits_to_keep (0: every position).
+  struct GenerateInputs {
+    int64_t mask_len = 0;
+    const Tensor* mask4d = nullptr;
+    const Tensor* position_ids = nullptr;
+    const Tensor* cache_position = nullptr;
+    int64_t logits_to_keep = 1;
+  };
+  // The cache the attentions update (nullptr: training, no cache).
+  void set_cache(KvCache* cache) { cache_ = cache; }
+  // This forward's query length and the key length the attention sees (hf_shape.h keys),
+  // with position_ids of `batch` rows.
+  void set_generate_step(int64_t seq, int64_t keys);
+  // One forward of generate: the logits (B, keep, V), fp32 where the row upcasts in forward.
+  Tensor forward_generate(const Tensor& ids, const GenerateInputs& in);
+  // _prepare_4d_causal_attention_mask_with_cache_position over a 2-D attention mask of
+  // `mask_len` columns: the (B, 1, S, target) mask in the model's dtype (v4.45 Llama; the
+  // exclude variant of Mistral v4.45 / Qwen3 v4.51 for MaskBuild::exclude).
+  Tensor generate_mask(uint64_t target, uint64_t mask_len);
+
  private:
   // A projection module: weight (and bias) parameter ids, its LoRA slot (bit of
   // HfLora::targets; -1: never adapted).
@@ -114,6 +139,12 @@ class DecoderModel {
     Norm q_norm, k_norm;
     Tensor causal_bias, masked_bias;  // GPT-2's buffers (EagerCore::where_buffer)
     LoraAdapter ad[kLlamaLinears];
+    // A mixture-of-experts layer (DecoderArch::moe; decoder_moe.cpp): the router's
+    // (E, D) weight, the experts' 3-D gate_up_proj (E, 2F, D) and down_proj (E, D, F),
+    // Qwen2-MoE's shared expert (gate/up/down as p.gate/p.up/p.down) and its (1, D) gate.
+    bool moe = false;
+    int32_t router = -1, experts_gate_up = -1, experts_down = -1;
+    Proj shared_gate_proj;
   };
   const DecoderArch& arch() const { return s_.arch; }
 
@@ -145,6 +176,24 @@ class DecoderModel {
   Tensor gelu_new_autocast(const Tensor& x);
   Tensor drop(const Tensor& x);        // residual / embedding dropout (GPT-2)
   Tensor softcap(Tensor x);            // / c, tanh, * c (x moved in: freed after / c)
+
+  // --- mixture of experts (decoder_moe.cpp; docs/moe.md) ---
+  void construct_moe(LayerParams& p, const std::string& prefix);
+  // The sparse MoE block on the normed (B,S,D) hidden states: router, experts, shared
+  // expert; returns the block's (B,S,D) output.
+  Tensor moe_block(int32_t l, const LayerParams& p, const Tensor& x);
+  // The router: fills the fp32 top-k weights (T,K) and the int64 indices (T,K); returns
+  // what the router hands back as router_logits (recorded for the aux loss).
+  Tensor moe_router(const LayerParams& p, const Tensor& x, Tensor& weights, Tensor& indices);
+  Tensor moe_experts_eager(const LayerParams& p, const Tensor& x, const Tensor& indices,
+                           const Tensor& weights, const std::vector<int64_t>& counts);
+  Tensor moe_experts_batched(const LayerParams& p, const Tensor& x, const Tensor& indices,
+                             const Tensor& weights);
+  Tensor moe_experts_grouped(const LayerParams& p, const Tensor& x, const Tensor& indices,
+                             const Tensor& weights);
+  // load_balancing_loss_func over the recorded router outputs; adds coef * aux to `loss`.
+  Tensor moe_aux_loss(const Tensor& loss);
+  int64_t moe_layer_index(int32_t l) const;  // l's rank among the MoE layers
 
   // --- attention (decoder_attention.cpp) ---
   Tensor attention(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& cos,
@@ -204,6 +253,14 @@ class DecoderModel {
   std::vector<Tensor> chunks_;      // torchtune's chunked output (forward returns chunks_[0])
   Tensor ignore_labels_;            // torchtune recipe's ignore_labels_cache (B, 1) int64
   std::string name_;  // param_name's buffer
+  // output_router_logits: each MoE layer's router output, held by the model output until
+  // the loss has used them (decoder_moe.cpp).
+  std::vector<Tensor> router_logits_;
+  // Generation: the cache the attentions update, and whether the key/value it returned
+  // last are dense (B, KV, T, hd) tensors (kv_cache.h).
+  KvCache* cache_ = nullptr;
+  bool kv_dense_ = false;
+  bool one_query() const { return cache_ != nullptr && s_.seq == 1; }
   // The decoder layer's `self_attn_weights` (v4.50+ attention functions return the
   // probabilities; the layer keeps them until it returns). Set by layer() around its
   // attention half; never written by a re-run in backward.

@@ -6,6 +6,7 @@
 #include "graph/autocast.h"
 #include "graph/checkpoint.h"
 #include "graph/models/decoder.h"
+#include "graph/models/kv_cache.h"
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops_nn.h"
 
@@ -120,6 +121,12 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
       query = std::move(q_embed);
       key = std::move(k_embed);
     }
+    // Generation: past_key_value.update(key_states, value_states, layer_idx) hands back the
+    // cached keys/values (graph/models/kv_cache.h).
+    if (cache_ != nullptr) {
+      cache_->update(static_cast<int32_t>(&p - layers_.data()), key, value);
+      kv_dense_ = cache_->contiguous();
+    }
     Tensor attn_output;
     if (a.attn_function) {
       // v4.50+: attention_interface(self, q, k, v, mask): repeat_kv, the core and the
@@ -143,7 +150,8 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
         Tensor o4 = run_region(rt_, RegionKind::core_attention, {query, key, value, mask},
                                [this](const Inputs& in) { return core(in[0], in[1], in[2], in[3]); });
         numeric_hint(rt_, NumericHint::merge_heads);
-        attn_output = clone(rt_, o4);  // transpose(1, 2).contiguous()
+        // transpose(1, 2).contiguous(); one query's (B,H,1,hd) is contiguous already.
+        attn_output = one_query() ? o4 : clone(rt_, o4);
       } else {
         // The kernel's (B,S,H,hd) output makes transpose(1,2).contiguous() a no-op.
         attn_output = run_region(rt_, RegionKind::core_attention, {query, key, value},
@@ -172,9 +180,13 @@ Tensor DecoderModel::attention_function(const Tensor& query, const Tensor& key_i
   }
   if (s_.attention != HfAttention::eager) return sdpa_kernel(query, key, value, 4.0 * B * H * S * S * hd);
   Tensor o4 = core(query, key, value, mask);
+  if (one_query()) return o4;  // generation: one query's output is contiguous already
+  // transpose(1, 2).contiguous(); the repeated key/value are the function's locals, alive
+  // until it returns (without grad nothing else holds them).
+  Tensor out = clone(rt_, o4);
   key.reset();
   value.reset();
-  return clone(rt_, o4);  // transpose(1, 2).contiguous()
+  return out;
 }
 
 // scaled_dot_product_attention(q, k, v, is_causal=True) on the fused kernel (HF's SDPA
@@ -216,8 +228,12 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   const DecoderArch& a = arch();
   const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
   const uint64_t qD = s_.q_dim();
+  const uint64_t T = s_.key_len();  // keys: S in training, the cache's length in generation
   const uint64_t n_rep = static_cast<uint64_t>(s_.heads / s_.kv_heads);
   const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
+  // Generation: a cached dense (B, H, T, hd) key/value is a view for matmul's reshape (an
+  // expanded single KV head still copies); one query's transposed q is too.
+  const bool kv_view = kv_dense_ && cache_ != nullptr && n_rep == 1;
   const double bmm_flops = 2.0 * B * H * S * S * hd;
   // matmul reshapes: q (transposed layout) copies; k^T and v are views when
   // repeat_kv made contiguous copies, copies otherwise. Partial rotary's cat makes q and
@@ -237,7 +253,7 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
     // The cast of an expanded (single-KV-head) key is a dense copy too: k^T is a view.
     Tensor qc = clone(rt_, qa);
     Tensor kc = n_rep > 1 ? ka : clone(rt_, ka);
-    w = bmm(rt_, qc, kc, B * H * S * S * low, bmm_flops);
+    w = bmm(rt_, qc, kc, B * H * S * T * low, bmm_flops);
     qc.reset();
     kc.reset();
     qa.reset();  // not saved (bmm saved the reshaped copy): dies with the matmul
@@ -245,10 +261,10 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   } else {
     // Without autocast, or with q/k already low under it (matmul casts nothing).
     const uint64_t se = qk_low ? ac_->low_elem() : e;
-    Tensor qc = qk_contiguous ? query : clone(rt_, query);
-    Tensor kc = repeat_copies || qk_contiguous ? key : clone(rt_, key);
+    Tensor qc = qk_contiguous || one_query() ? query : clone(rt_, query);
+    Tensor kc = repeat_copies || qk_contiguous || kv_view ? key : clone(rt_, key);
     numeric_hint(rt_, NumericHint::transpose_b);  // q @ k^T (k kept (B,H,S,hd))
-    w = bmm(rt_, qc, kc, B * H * S * S * se, bmm_flops);
+    w = bmm(rt_, qc, kc, B * H * S * T * se, bmm_flops);
     qc.reset();
     kc.reset();
   }
@@ -304,7 +320,7 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
     Tensor vc = repeat_copies ? value : clone(rt_, value);
     o = bmm(rt_, wa, vc, B * S * qD * ac_->low_elem(), bmm_flops);
   } else {
-    Tensor vc = repeat_copies ? value : clone(rt_, value);
+    Tensor vc = repeat_copies || kv_view ? value : clone(rt_, value);
     o = bmm(rt_, w, vc, B * S * qD * (qk_low || scores_low ? ac_->low_elem() : e), bmm_flops);
     vc.reset();
   }

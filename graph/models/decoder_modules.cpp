@@ -154,6 +154,7 @@ Tensor DecoderModel::activation(const Tensor& x) {
 
 // GLU: down(act(gate(x)) * up(x)); plain: fc2(act(fc1(x))) with GPT-2's resid dropout.
 Tensor DecoderModel::mlp(const LayerParams& p, const Tensor& x) {
+  if (p.moe) return moe_block(static_cast<int32_t>(&p - layers_.data()), p, x);  // decoder_moe.cpp
   ModuleScope module_scope(rt_, Module::mlp);
   Tensor out;
   if (arch().mlp == MlpKind::plain) {
@@ -165,9 +166,11 @@ Tensor DecoderModel::mlp(const LayerParams& p, const Tensor& x) {
     // Phi-3: up_states = gate_up_proj(x); gate, up_states = up_states.chunk(2, -1);
     // up_states = up_states * act(gate); down_proj(up_states). One SplitBackward0 cats
     // the two grads.
-    Tensor m;
+    // `gate` (a view of gate_up's output) is a local until the MLP returns: without grad
+    // (generation) nothing else keeps that storage alive through down_proj.
+    Tensor m, gate;
     {
-      Tensor gate, up;
+      Tensor up;
       {
         Tensor gu = project(x, p, p.gate_up);
         Chunk2 halves(rt_, gu);

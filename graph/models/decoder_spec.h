@@ -125,6 +125,60 @@ enum class ModelImpl : uint8_t {
   litgpt,      // not modelled yet (refused by the scenario reader)
 };
 
+// --- Mixture of experts (graph/models/decoder_moe.cpp, docs/moe.md; issue #15) ------------
+
+// The router's score function over the (tokens, experts) logits.
+enum class MoeScore : uint8_t {
+  softmax,  // softmax in fp32 (every HF MoE row here)
+  sigmoid,  // sigmoid in fp32 (DeepSeek-V3's scores; its group-limited choice is not modelled)
+};
+// How the router's transformers code is written (memory-visible: which tensors it keeps).
+enum class MoeRouterCode : uint8_t {
+  qwen,     // Qwen2Moe/Qwen3Moe/OlmoeTopKRouter (v5): router_logits = softmax(logits,
+            // dtype=float) rebinds the name (the raw logits die), topk, [/= sum], .to(fp32)
+  mixtral,  // MixtralTopKRouter (v5): router_probs = softmax(logits.float()); the raw logits
+            // are returned (and recorded for the aux loss); always renormalised
+};
+// Which expert code runs (config._experts_implementation, transformers v5 integrations/moe.py).
+enum class ExpertsImpl : uint8_t {
+  eager,       // the loop over the experts that got tokens
+  batched_mm,  // every (token, slot) gathers its expert's weights: bmm on (T*K) weight copies
+  grouped_mm,  // argsort by expert, torch._grouped_mm on the 3-D weights
+};
+// moe.routing: the assumption that replaces the data-dependent router choice.
+enum class MoeRouting : uint8_t {
+  balanced,    // T*K slots spread evenly: floor(T*K/E) each, the first (T*K mod E) experts +1
+  worst_case,  // every token to the same top_k experts (0..K-1): T each, the rest none
+  skew,        // Zipf-like: expert e gets a share (e+1)^-alpha, capped at T (see moe_routing.h)
+  counts,      // measured tokens per expert (one list for every layer, or one per MoE layer)
+};
+
+struct MoeSpec {
+  int64_t experts = 0;             // 0: a dense model (everything below is unused)
+  int64_t top_k = 0;
+  int64_t expert_d_ff = 0;         // each routed expert's intermediate size
+  int64_t shared_d_ff = 0;         // the shared expert's intermediate size (0: none); Qwen2-MoE's
+                                   // shared_expert with its sigmoid shared_expert_gate
+  int64_t first_dense_layers = 0;  // layers < this keep the dense MLP (d_ff)
+  int64_t sparse_step = 1;         // Qwen-MoE decoder_sparse_step: layer l is MoE when (l+1) % step == 0
+  std::vector<uint8_t> dense_layers;  // Qwen-MoE mlp_only_layers (1 = dense), empty: none
+  MoeScore score = MoeScore::softmax;
+  bool norm_topk = true;           // renormalise the top-k weights to sum 1
+  MoeRouterCode code = MoeRouterCode::qwen;
+  bool output_router_logits = false;  // the aux load-balancing loss (load_balancing_loss_func)
+  ExpertsImpl impl = ExpertsImpl::eager;
+  MoeRouting routing = MoeRouting::balanced;
+  double skew_alpha = 0.0;
+  // routing counts: experts entries (every MoE layer) or moe_layers x experts, row-major.
+  std::vector<int64_t> counts;
+
+  bool layer_is_moe(int64_t l) const {
+    if (experts <= 0 || l < first_dense_layers) return false;
+    if (l >= 0 && static_cast<size_t>(l) < dense_layers.size() && dense_layers[l] != 0) return false;
+    return sparse_step <= 1 || (l + 1) % sparse_step == 0;
+  }
+};
+
 struct DecoderArch {
   // transformers' model_type this row stands for ("llama", "qwen2", "gemma2", ...).
   const char* architecture = "llama";
@@ -176,6 +230,7 @@ struct DecoderArch {
   CausalLoss loss = CausalLoss::shift;
   SandwichOrder sandwich_order = SandwichOrder::gemma3;
   ModelImpl impl = ModelImpl::hf;  // model.implementation
+  MoeSpec moe;                     // model.moe / a MoE config.json (experts 0: dense)
 
   bool layer_slides(int64_t l) const {
     if (sliding_window <= 0) return false;

@@ -35,8 +35,16 @@ struct HfShape {
   // is a Float8Linear (graph/ops/ops_float8.h); the lm_head stays nn.Linear.
   bool float8 = false;
   DecoderArch arch;            // which shared modules the layers use (graph/models/decoder.h)
+  // --- generation (issue #17; graph/models/kv_cache.h, sim/step/generate.h): one forward of
+  // HF generate. keys: the key length the attention sees (past + seq with a DynamicCache,
+  // max_cache_len with a StaticCache); 0 = seq (training). pos_batch: rows of position_ids
+  // (1 in training: cache_position.unsqueeze(0); batch in generate: the attention mask's
+  // cumsum), which sizes the RoPE tables.
+  int64_t keys = 0;
+  int64_t pos_batch = 1;
 
   uint64_t rows() const { return static_cast<uint64_t>(batch * seq); }
+  uint64_t key_len() const { return static_cast<uint64_t>(keys > 0 ? keys : seq); }
   uint64_t head_dim() const {
     return static_cast<uint64_t>(arch.head_dim > 0 ? arch.head_dim : d_model / heads);
   }

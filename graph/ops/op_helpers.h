@@ -70,5 +70,12 @@ inline void outer_reduce_staging(Runtime& rt, uint64_t rows, uint64_t cols, OpKi
 inline double matmul_backward_flops(const Tensor& a, const Tensor& b, double forward_flops) {
   return (a.requires_grad() ? forward_flops : 0) + (b.requires_grad() ? forward_flops : 0);
 }
+// Its bytes for the time model: each operand's grad is one GEMM that reads the output's
+// grad and the other operand and writes a grad of the operand's size, as many bytes as
+// the forward GEMM's (a + b + out).
+inline float matmul_backward_bytes(const Tensor& a, const Tensor& b, double forward_bytes) {
+  return static_cast<float>((a.requires_grad() ? forward_bytes : 0) +
+                            (b.requires_grad() ? forward_bytes : 0));
+}
 
 }  // namespace memsim::graph::detail

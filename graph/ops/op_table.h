@@ -86,5 +86,28 @@
   X(fused_rms_norm, nn, "_fused_rms_norm", "FusedRmsNormBackward0") /* nn.RMSNorm on CUDA, torch >= 2.9: out + fp32 rstd; saves input, rstd, weight (graph/ops/ops_stack.h) */ \
   X(rope_complex, nn, "mul", "MulBackward0") /* torchtitan apply_rotary_emb on one of q/k: complex product with freqs_cis; saves the table (graph/ops/ops_stack.h) */ \
   X(rope_pairs, nn, "stack", "StackBackward0") /* torchtune RotaryPositionalEmbeddings.forward on one of q/k: four products on the cache, sub, add, stack; saves the cache (graph/ops/ops_stack.h) */ \
-  X(float8_linear, float8, "_scaled_mm", "matmul_with_hp_or_float8_argsBackward") /* torchao Float8Linear, tensorwise (graph/ops/ops_float8.h): saves x, the fp8 weight and its scale */
+  X(float8_linear, float8, "_scaled_mm", "matmul_with_hp_or_float8_argsBackward") /* torchao Float8Linear, tensorwise (graph/ops/ops_float8.h): saves x, the fp8 weight and its scale */ \
+  X(moe_index, moe, "index", "IndexBackward0") /* x[idx] (advanced indexing, graph/ops/ops_moe.h): saves the indices; backward zeros(x) + index_put_ accumulate */ \
+  X(topk, moe, "topk", "TopkBackward0") /* torch.topk: values + int64 indices; saves indices; backward zeros + scatter */ \
+  X(index_add, moe, "index_add_", "IndexAddBackward0") /* self.index_add_(0, idx, src): in place; saves idx; src's grad = index_select */ \
+  X(div_inplace, moe, "div_", "DivBackward0") /* a /= b (b broadcast): the original a cloned and saved */ \
+  X(one_hot, moe, "one_hot", "one_hot") /* F.one_hot: zeros(..., E) int64 + scatter_ (no grad) */ \
+  X(nonzero, moe, "nonzero", "nonzero") /* nonzero / torch.where(cond): (n, dims) int64 (no grad) */ \
+  X(sort, moe, "sort", "sort") /* argsort / histc / cumsum of the grouped_mm path (no grad) */ \
+  X(grouped_mm, moe, "_grouped_mm", "GroupedMmBackward0") /* torch._grouped_mm(x, W3d, offs): saves x and W; backward grad_x, grad_W (the whole 3-D weight) */ \
+  X(expand_index, moe, "index", "IndexBackward0") /* W3d[expert_ids] (batched_mm): (T*K, ...) weight copies; backward zeros(W) + index_put_ */ \
+  X(zeros, core, "zeros", "zeros") /* generate (issue #17): StaticCache's preallocated K/V buffers (graph/models/kv_cache.h); no grad */ \
+  X(cumsum, core, "cumsum", "cumsum") /* generate: cache_position, position_ids = attention_mask.cumsum(-1) - 1 */ \
+  X(index, core, "index", "index") /* generate: input_ids[:, cache_position] */ \
+  X(full, core, "full", "full") /* generate: torch.full (the causal mask, the stopping criteria's flags) */ \
+  X(triu, core, "triu", "triu") /* generate: torch.triu of the causal mask */ \
+  X(masked_fill, core, "masked_fill", "masked_fill") /* generate: the padding part of the 4-D mask */ \
+  X(argmax, core, "argmax", "argmax") /* generate: greedy token selection */ \
+  X(isin, core, "isin", "isin") /* generate: the EOS checks */ \
+  X(reduce_any, core, "any", "any") /* generate: .any() checks */ \
+  X(reduce_sum, core, "sum", "sum") /* generate: StaticCache.get_seq_length's sum */ \
+  X(reduce_max, core, "max", "max") /* generate: unfinished_sequences.max() */ \
+  X(eq, core, "eq", "eq") /* generate: == comparisons */ \
+  X(bitwise, core, "bitwise_or", "bitwise_or") /* generate: the stopping criteria's |, ~, & */ \
+  X(lift_fresh, core, "lift_fresh", "lift_fresh") /* generate: torch.tensor(token) for the special tokens */
 // clang-format on

@@ -8,6 +8,7 @@
 #include "graph/ops/ops_liger.h"
 #include "graph/ops/ops_float8.h"
 #include "graph/ops/ops_lora.h"
+#include "graph/ops/ops_moe.h"
 #include "graph/ops/ops_nn.h"
 
 namespace memsim::graph {
@@ -207,13 +208,15 @@ Tensor bmm(Runtime& rt, const Tensor& a, const Tensor& b, uint64_t out_bytes, do
   Tensor out = out_tensor(rt, out_bytes, OpKind::bmm);
   detail::numeric_forward(rt, OpKind::bmm, {&a, &b}, {&out});
   rt.note_gemm();
-  rt.add_flops_forward(flops);
+  const double io = static_cast<double>(a.bytes + b.bytes + out_bytes);
+  rt.add_flops_forward(flops, io);
   if (wants_grad(rt, {&a, &b})) {
     int32_t n = rt.make_node(OpKind::bmm, {&a, &b});
     Node& node = rt.node(n);
     node.size[0] = a.bytes;
     node.size[1] = b.bytes;
     node.flops = detail::matmul_backward_flops(a, b, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(a, b, io);
     detail::save_cross(rt, n, a, b);
     out.grad_fn = n;
   }
@@ -225,7 +228,8 @@ Tensor linear_einsum(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out
   Tensor out = out_tensor(rt, out_bytes, OpKind::linear);
   detail::numeric_forward(rt, OpKind::linear, {&x, &w}, {&out});
   rt.note_gemm();
-  rt.add_flops_forward(flops);
+  const double io = static_cast<double>(x.bytes + w.bytes + out_bytes);
+  rt.add_flops_forward(flops, io);
   if (wants_grad(rt, {&x, &w})) {
     // Edges in the order the engine reaches them: the weight path's view nodes were
     // created after the input path's, so the weight grad reaches AccumulateGrad first.
@@ -234,6 +238,7 @@ Tensor linear_einsum(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out
     node.size[0] = w.bytes;
     node.size[1] = x.bytes;
     node.flops = detail::matmul_backward_flops(x, w, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
     detail::save_cross(rt, n, w, x);
     out.grad_fn = n;
   }
@@ -345,6 +350,7 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (run_lora_backward(rt, n, in, out)) return;   // graph/ops/ops_lora.h
   if (run_float8_backward(rt, n, in, out)) return;  // graph/ops/ops_float8.h
   if (run_liger_backward(rt, n, in, out)) return;  // graph/ops/ops_liger.h
+  if (run_moe_backward(rt, n, in, out)) return;    // graph/ops/ops_moe.h
   Bw b{rt, n};
   const Grad& g = in[0];
   if (g.storage == kNoStorage && n.kind != OpKind::max_dim) return;

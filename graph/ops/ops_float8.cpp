@@ -79,7 +79,9 @@ Tensor float8_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t row
   const uint32_t x_scale = scale_of(rt, nx, TensorKind::temporary);
   const uint32_t x_fp8 = to_fp8(rt, nx, TensorKind::temporary);
   Tensor result = rt.adopt(scaled_mm(rt, ng * kHp, TensorKind::activation), ng * kHp);
-  rt.add_flops_forward(flops);
+  // The _scaled_mm reads the fp8 operands and writes the high-precision result.
+  const double io = static_cast<double>(nx + nw + ng * kHp);
+  rt.add_flops_forward(flops, io, MathDtype::fp8);
   rt.release(x_fp8);  // the Float8Tensor dies: _data, then _scale
   rt.release(x_scale);
   if (grad) {
@@ -89,6 +91,7 @@ Tensor float8_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t row
     node.size[1] = nw;
     node.size[2] = ng;
     node.flops = detail::matmul_backward_flops(x, w, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
     rt.save(n, x);      // input_hp
     rt.save(n, w_fp8);  // weight_fp8_t: its _data and _scale
     rt.save(n, w_scale);

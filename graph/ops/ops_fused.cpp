@@ -61,7 +61,8 @@ Tensor fused_layer_norm(Runtime& rt, const Tensor& x, uint64_t rows, uint64_t hi
 Tensor megatron_linear(Runtime& rt, const Tensor& x, const LinearSpec& spec) {
   Tensor out = act(rt, spec.out_bytes, OpKind::megatron_linear);
   rt.note_gemm();
-  rt.add_flops_forward(spec.flops);
+  const double io = static_cast<double>(x.bytes + spec.weight_bytes + spec.out_bytes);
+  rt.add_flops_forward(spec.flops, io);
   if (spec.bias_bytes != 0) {
     // `output = output + bias` inside the Function's forward: a new tensor, the GEMM
     // result dies when the name is rebound.
@@ -81,6 +82,7 @@ Tensor megatron_linear(Runtime& rt, const Tensor& x, const LinearSpec& spec) {
     node.size[1] = spec.weight_bytes;
     node.size[2] = spec.bias_bytes;
     node.flops = 2 * spec.flops;  // dgrad + wgrad
+    node.gemm_bytes = static_cast<float>(2 * io);
     // size[3]: sequence parallel, the all-gathered input (column) or, with the top bit
     // set, the full GEMM output whose grad is all-gathered first (row).
     node.size[3] = spec.gather_bytes != 0    ? spec.gather_bytes
@@ -116,7 +118,8 @@ Tensor baddbmm_qk(Runtime& rt, const Tensor& q, const Tensor& k, uint64_t out_by
   Tensor out = act(rt, out_bytes, OpKind::baddbmm);
   detail::numeric_forward(rt, OpKind::baddbmm, {&q, &k}, {&out});
   rt.note_gemm();
-  rt.add_flops_forward(flops);
+  const double io = static_cast<double>(q.bytes + k.bytes + out_bytes);
+  rt.add_flops_forward(flops, io);
   if (records(rt, {&q, &k}, false)) {
     // One edge: k's grad travels with q's to the split node (slot 0).
     const int32_t n = rt.make_node(OpKind::baddbmm, {&q});
@@ -124,6 +127,7 @@ Tensor baddbmm_qk(Runtime& rt, const Tensor& q, const Tensor& k, uint64_t out_by
     node.size[0] = q.bytes;
     node.size[1] = k.bytes;
     node.flops = 2 * flops;
+    node.gemm_bytes = static_cast<float>(2 * io);
     rt.save(n, q);
     rt.save(n, k);
     out.grad_fn = n;
@@ -195,7 +199,9 @@ Tensor fused_attention(Runtime& rt, const Tensor& mixed, uint64_t out_bytes, uin
   Tensor rng;
   if (dropout_active) rng = act(rt, 16, OpKind::fused_attention);  // philox seed, offset
   detail::numeric_forward(rt, OpKind::fused_attention, {&mixed}, {&out, &lse});
-  rt.add_flops_forward(flops);
+  // IO-aware: q, k, v (the fused projection's output) read once, out and lse written.
+  const double io = static_cast<double>(mixed.bytes + out_bytes + lse_bytes);
+  rt.add_flops_forward(flops, io);
   if (records(rt, {&mixed}, false)) {
     const int32_t n = rt.make_node(OpKind::fused_attention, {&mixed});
     Node& node = rt.node(n);
@@ -203,6 +209,7 @@ Tensor fused_attention(Runtime& rt, const Tensor& mixed, uint64_t out_bytes, uin
     node.size[1] = lse_bytes;
     node.size[2] = dq_accum_bytes;
     node.flops = 2.5 * flops;  // recompute of P plus dV, dP, dQ, dK
+    node.gemm_bytes = static_cast<float>(2 * mixed.bytes + 2 * out_bytes + lse_bytes);
     for (int i = 0; i < 3; ++i) rt.save(n, mixed);  // q, k, v
     rt.save(n, out);
     rt.save(n, lse);

@@ -49,7 +49,15 @@ Tensor liger_fused_linear_cross_entropy(Runtime& rt, const Tensor& x, const Tens
     // fp32 accumulator with fp32 grad_logits: neither addmm(out=...) path applies.
     if (s.w_elem == 4) rt.release(rt.alloc_raw(s.vocab * s.hidden * 4, TensorKind::temporary, k));
   }
-  rt.add_flops_forward(gemm * (1.0 + (input_grad ? 1.0 : 0.0) + (grad_weight.defined() ? 1.0 : 0.0)));
+  {
+    // Time model: each of the (up to) three GEMMs reads the input or the logits' grad and
+    // the weight and writes logits-sized or operand-sized results; the in-place softmax
+    // and its grad read and write the logits once more.
+    const double gemms = 1.0 + (input_grad ? 1.0 : 0.0) + (grad_weight.defined() ? 1.0 : 0.0);
+    const double logits = static_cast<double>(s.rows * s.vocab * s.in_elem);
+    const double io = static_cast<double>(s.rows * s.hidden * s.in_elem + s.vocab * s.hidden * s.w_elem);
+    rt.add_flops_forward(gemm * gemms, gemms * (io + logits) + 2 * logits);
+  }
   logits_storage.reset();                                   // del logits_storage
   Tensor loss = rt.alloc(4, TensorKind::loss, k);           // torch.sum(loss_1d)
   // fused_linear_cross_entropy_forward returns: its locals die in order.

@@ -15,7 +15,7 @@ Tensor matmul_4bit(Runtime& rt, const Tensor& x, const Tensor& w_packed, const N
     absmax.reset();
     out = detail::out_tensor(rt, out_bytes, OpKind::matmul_4bit);
     rt.note_gemm();
-    rt.add_flops_forward(flops);
+    rt.add_flops_forward(flops, static_cast<double>(x.bytes + deq.weight + out_bytes));
   }  // the dequantised weight dies with the expression
   if (detail::wants_grad(rt, {&x})) {
     int32_t n = rt.make_node(OpKind::matmul_4bit, {&x});
@@ -24,6 +24,7 @@ Tensor matmul_4bit(Runtime& rt, const Tensor& x, const Tensor& w_packed, const N
     node.size[1] = deq.weight;
     node.size[2] = deq.absmax_fp32;
     node.flops = flops;  // grad_A only
+    node.gemm_bytes = static_cast<float>(x.bytes + deq.weight + out_bytes);
     out.grad_fn = n;
   }
   return out;

@@ -39,7 +39,8 @@ Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor
   Tensor out = out_tensor(rt, out_bytes, OpKind::addmm);
   detail::numeric_forward(rt, OpKind::addmm, {&bias, &x, &w}, {&out});
   rt.note_gemm_lt();
-  rt.add_flops_forward(flops);
+  const double io = static_cast<double>(bias.bytes + x.bytes + w.bytes + out_bytes);
+  rt.add_flops_forward(flops, io);
   if (wants_grad(rt, {&bias, &x, &w})) {
     int32_t n = rt.make_node(OpKind::addmm, {&bias, &x, &w});
     Node& node = rt.node(n);
@@ -47,6 +48,7 @@ Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor
     node.size[1] = x.bytes;
     node.size[2] = w.bytes;
     node.flops = detail::matmul_backward_flops(x, w, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
     detail::save_cross(rt, n, w, x);
     out.grad_fn = n;
   }
@@ -56,12 +58,13 @@ Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor
 Tensor mm_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_bytes,
                  double flops) {
   Tensor out;
+  const double io = static_cast<double>(x.bytes + w.bytes + out_bytes);
   if (!detail::sac_reused(rt, OpKind::mm_linear, {&out})) {
     out = out_tensor(rt, out_bytes, OpKind::mm_linear);
     detail::numeric_forward(rt, OpKind::mm_linear, {&x, &w}, {&out});
     detail::sac_cache(rt, OpKind::mm_linear, {&out});  // after the kernel wrote it
     rt.note_gemm();
-    rt.add_flops_forward(flops);
+    rt.add_flops_forward(flops, io);
   }
   if (wants_grad(rt, {&x, &w})) {
     int32_t n = rt.make_node(OpKind::mm_linear, {&x, &w});
@@ -69,6 +72,7 @@ Tensor mm_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_byt
     node.size[0] = x.bytes;
     node.size[1] = w.bytes;
     node.flops = detail::matmul_backward_flops(x, w, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
     detail::save_cross(rt, n, w, x);
     out.grad_fn = n;
   }
@@ -311,7 +315,9 @@ Tensor sdpa(Runtime& rt, OpKind kind, const Tensor& q, const Tensor& k, const Te
     if (lse.defined()) detail::numeric_forward(rt, kind, {&q, &k, &v}, {&out, &lse});
     else detail::numeric_forward(rt, kind, {&q, &k, &v}, {&out});
     detail::sac_cache(rt, kind, {&out, &lse});
-    rt.add_flops_forward(flops);
+    // IO-aware kernels: q, k, v read once, out and the logsumexp written once.
+    rt.add_flops_forward(flops, static_cast<double>(q.bytes + k.bytes + v.bytes + out.bytes +
+                                                    (lse.defined() ? lse.bytes : 0)));
   }
   if (grad) {
     int32_t n = rt.make_node(kind, {&q, &k, &v});
@@ -321,6 +327,9 @@ Tensor sdpa(Runtime& rt, OpKind kind, const Tensor& q, const Tensor& k, const Te
     node.size[2] = v.bytes;
     node.size[3] = scratch;
     node.flops = 2.5 * flops;  // dQ, dK, dV plus the recomputed scores
+    // Reads q, k, v, out, dout and the logsumexp; writes dq, dk, dv.
+    node.gemm_bytes = static_cast<float>(2 * (q.bytes + k.bytes + v.bytes) + 2 * out.bytes +
+                                         (lse.defined() ? lse.bytes : 0));
     rt.save(n, q);
     rt.save(n, k);
     rt.save(n, v);

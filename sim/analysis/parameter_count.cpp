@@ -31,7 +31,9 @@ int64_t kv_heads(const ModelConfig& m) { return m.kv_heads > 0 ? m.kv_heads : m.
 
 }  // namespace
 
-int64_t layer_parameter_count(const ModelConfig& m) {
+int64_t layer_parameter_count(const ModelConfig& m) { return layer_parameter_count(m, 0); }
+
+int64_t layer_parameter_count(const ModelConfig& m, int64_t layer) {
   const graph::DecoderArch a = counted_arch(m);
   const int64_t D = m.d_model, F = m.d_ff, hd = head_dim(m);
   const int64_t q = m.heads * hd, kv = kv_heads(m) * hd;
@@ -43,7 +45,14 @@ int64_t layer_parameter_count(const ModelConfig& m) {
     case graph::QkNorm::head: n += norm(a, hd) * 2; break;
     case graph::QkNorm::full: n += norm(a, q) + norm(a, kv); break;
   }
-  if (a.mlp == graph::MlpKind::glu) {
+  if (a.moe.layer_is_moe(layer)) {
+    // mixture of experts (graph/models/decoder_moe.cpp): the router (E, D), the experts'
+    // gate_up_proj (E, 2F, D) and down_proj (E, D, F); a shared expert's gate/up/down and
+    // its (1, D) gate.
+    const int64_t E = a.moe.experts, Fe = a.moe.expert_d_ff, Fs = a.moe.shared_d_ff;
+    n += E * D + 3 * E * D * Fe;
+    if (Fs > 0) n += 3 * D * Fs + D;
+  } else if (a.mlp == graph::MlpKind::glu) {
     n += 3 * D * F + (a.mlp_bias ? 2 * F + D : 0);
   } else {
     n += 2 * D * F + (a.mlp_bias ? F + D : 0);
@@ -64,7 +73,9 @@ int64_t head_parameter_count(const ModelConfig& m) {
 }
 
 int64_t parameter_count(const ModelConfig& m) {
-  return embedding_parameter_count(m) + m.layers * layer_parameter_count(m) + head_parameter_count(m);
+  int64_t layers = 0;
+  for (int64_t l = 0; l < m.layers; ++l) layers += layer_parameter_count(m, l);
+  return embedding_parameter_count(m) + layers + head_parameter_count(m);
 }
 
 int64_t trainable_parameter_count(const Scenario& s) {
@@ -120,8 +131,9 @@ int64_t parameter_count_per_rank(const Scenario& s, int pipeline_stage) {
     const auto shard = [d](int64_t numel) {
       return static_cast<int64_t>(padded_numel(static_cast<uint64_t>(numel), d)) / d;
     };
-    return m.layers * shard(layer_parameter_count(m)) +
-           shard(embedding_parameter_count(m) + head_parameter_count(m));
+    int64_t n = shard(embedding_parameter_count(m) + head_parameter_count(m));
+    for (int64_t l = 0; l < m.layers; ++l) n += shard(layer_parameter_count(m, l));
+    return n;
   }
   return parameter_count(m);
 }

@@ -38,7 +38,10 @@ int64_t parameter_count_per_rank(const Scenario& s, int pipeline_stage = 0);
 
 // Parameters of one decoder layer, of the embeddings side (token embedding and learned
 // positions) and of the head side (final norm and untied lm_head).
-int64_t layer_parameter_count(const ModelConfig& m);
+int64_t layer_parameter_count(const ModelConfig& m);  // layer 0's
+// Layer `layer`'s: a mixture-of-experts layer (DecoderArch::moe) counts its router, its
+// experts' 3-D weights and its shared expert instead of the dense MLP.
+int64_t layer_parameter_count(const ModelConfig& m, int64_t layer);
 int64_t embedding_parameter_count(const ModelConfig& m);
 int64_t head_parameter_count(const ModelConfig& m);
 

@@ -14,6 +14,7 @@
 #include "sim/megatron/pipeline_schedule.h"
 #include "sim/parallel/data_parallel.h"
 #include "sim/parallel/zero_sharding.h"
+#include "sim/step/time_model_setup.h"
 #include "sim/step/checkpoint_policy.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
@@ -79,6 +80,7 @@ class StageLoop {
 
   void run() {
     configure_device(rt_, s_.device);
+    configure_time_model(rt_, s_);  // sim/step/time_model_setup.h
     try {
       checkpoint_ = make_checkpoint_engine(rt_, chunk_scenario_, default_script(chunk_scenario_));
     } catch (const PolicyError& e) {

@@ -12,6 +12,7 @@
 #include "sim/megatron/megatron_pipeline.h"
 #include "sim/parallel/data_parallel.h"
 #include "sim/parallel/zero_sharding.h"
+#include "sim/step/time_model_setup.h"
 #include "sim/step/checkpoint_policy.h"
 #include "sim/step/schedule.h"
 
@@ -72,6 +73,7 @@ class MegatronLoop {
 
   void run() {
     configure_device(rt_, s_.device);
+    configure_time_model(rt_, s_);  // sim/step/time_model_setup.h
     // Activation recomputation (sim/step/checkpoint_policy.h; Megatron's reentrant
     // CheckpointFunction, graph/models/megatron.h): installs itself on rt_.
     checkpoint_ = make_checkpoint_engine(rt_, s_, default_script(s_));

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "allocator/caching_allocator.h"
+#include "sim/search/named_policies.h"
 #include "sim/search/optimize_pipeline.h"
 #include "sim/step/checkpoint_policy.h"
 #include "sim/step/execute.h"
@@ -131,7 +132,22 @@ class PlanSimulator {
   // Builds and executes `plan` on an allocator that may use `capacity` bytes (0 =
   // unlimited); true when it runs without running out of memory (Analysis::fits).
   bool run(const CheckpointPlan& plan, uint64_t capacity) {
-    const Program& p = build(plan);
+    return execute_last(build(plan), capacity);
+  }
+  // Same for a checkpoint config as the scenario would spell it (a named policy: its
+  // segments of several layers have no per-layer plan spelling). The scenario's
+  // checkpoint.reentrant stays, as in with_plan.
+  bool run_config(const CheckpointConfig& config, uint64_t capacity) {
+    Scenario s = scenario_;
+    s.checkpoint = config;
+    s.checkpoint.reentrant = scenario_.checkpoint.reentrant;
+    return execute_last(build_program(s, script_, build_), capacity);
+  }
+  // The last run, analysed (only runs that are reported need this).
+  PlanRun result() const { return {analyze(build_.program, timeline_), timeline_.final_stats}; }
+
+ private:
+  bool execute_last(const Program& p, uint64_t capacity) {
     SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
     // Verification needs peaks and the fits/OOM verdict only; the per-kind arrays would
     // cost more than the simulation (first-touch of megabytes per run), and the analysis
@@ -143,10 +159,7 @@ class PlanSimulator {
     timeline_ = execute(p, scenario_.allocator, device, options);
     return !timeline_.oom.has_value();
   }
-  // The last run, analysed (only runs that are reported need this).
-  PlanRun result() const { return {analyze(build_.program, timeline_), timeline_.final_stats}; }
 
- private:
   const Scenario& scenario_;
   const TrainingScript& script_;
   BuildBuffers build_;
@@ -425,13 +438,10 @@ OptimizeResult report_smallest(OptimizeResult out, const LayerCosts& costs, Plan
 
 namespace {
 
-OptimizeResult optimize_one_gpu(const Scenario& scenario, const TrainingScript& script,
-                                uint64_t budget, const OptimizeOptions& options) {
+// Steps 2 and 3 of the header (with the exact phase), then report_smallest when nothing fits.
+OptimizeResult search_one_gpu(PlanSimulator& sim, const LayerCosts& costs, uint64_t budget,
+                              const OptimizeOptions& options) {
   OptimizeResult out;
-  PlanSimulator sim(scenario, script);
-  auto t0 = std::chrono::steady_clock::now();
-  const LayerCosts costs = calibrate_with(sim, scenario, options.choices);
-  out.calibrate_ms = ms_since(t0);
   int64_t bound = static_cast<int64_t>(std::min<uint64_t>(budget, INT64_MAX / 4));
   // Exact phase (small models): every plan the model allows, in recompute order. The
   // model's peak is a lower bound of the reserved peak, so no skipped plan could fit.
@@ -506,6 +516,82 @@ OptimizeResult optimize_one_gpu(const Scenario& scenario, const TrainingScript& 
   return report_smallest(std::move(out), costs, sim);
 }
 
+// The modelled recompute of a plan of calibrated per-layer choices.
+int64_t model_recompute(const LayerCosts& c, const CheckpointPlan& plan) {
+  int64_t sum = 0;
+  for (int32_t l = 0; l < c.layers; ++l)
+    sum += c.flops[static_cast<size_t>(
+        std::find(c.choices.begin(), c.choices.end(), plan.at(l)) - c.choices.begin())];
+  return sum;
+}
+
+// Steps 4 and 5 of the header.
+void try_named_policies(OptimizeResult& out, PlanSimulator& sim, const LayerCosts& costs,
+                        uint64_t budget, const OptimizeOptions& options) {
+  const std::vector<NamedPolicy> named = named_policies(costs.layers, options.choices);
+  const size_t layer_choice = static_cast<size_t>(
+      std::find(costs.choices.begin(), costs.choices.end(), LayerCheckpoint::layer) -
+      costs.choices.begin());
+  // What full recomputes: a segment of several layers re-runs at least each of its layers
+  // (only its last layer's re-run may stop early), so uniform:K and sqrt never recompute less.
+  const int64_t full = layer_choice < costs.choices.size()
+                           ? costs.flops[layer_choice] * costs.layers
+                           : INT64_MAX;
+  const int64_t limit = static_cast<int64_t>(std::min<uint64_t>(budget, INT64_MAX / 4));
+  int64_t answer = out.fits ? model_recompute(costs, out.plan) : INT64_MAX;
+  auto tv = std::chrono::steady_clock::now();
+  for (const NamedPolicy& p : named) {
+    const int64_t recompute = p.per_layer ? model_recompute(costs, p.plan) : full;
+    if (out.fits && (p.per_layer ? recompute >= answer : answer < full)) continue;
+    int64_t peak = 0;
+    if (p.per_layer) {
+      peak = model_peak(costs, p.plan);  // a lower bound of its reserved peak
+      if (peak > limit) continue;
+    }
+    ++out.verifications;
+    if (!sim.run_config(p.config, budget)) continue;
+    PlanRun r = sim.result();
+    if (out.fits && r.analysis.flops.recompute >= out.run.analysis.flops.recompute) continue;
+    out.fits = true;
+    out.plan = p.plan;
+    out.checkpoint = p.config;
+    out.named_policy = p.spec;
+    out.model_peak = peak;
+    out.run = std::move(r);
+    answer = recompute;
+  }
+  if (!out.fits) {
+    // Nothing fits: the smallest reserved peak among the smallest modelled plan (already
+    // simulated without a limit by report_smallest) and the uniform named policies.
+    for (const NamedPolicy& p : named) {
+      if (!p.uniform) continue;
+      ++out.verifications;
+      sim.run_config(p.config, 0);
+      PlanRun r = sim.result();
+      if (r.analysis.peak_reserved >= out.run.analysis.peak_reserved) continue;
+      out.plan = p.plan;
+      out.checkpoint = p.config;
+      out.named_policy = p.spec;
+      out.model_peak = p.per_layer ? model_peak(costs, p.plan) : 0;
+      out.run = std::move(r);
+    }
+  }
+  out.verify_ms += ms_since(tv);
+}
+
+OptimizeResult optimize_one_gpu(const Scenario& scenario, const TrainingScript& script,
+                                uint64_t budget, const OptimizeOptions& options) {
+  PlanSimulator sim(scenario, script);
+  auto t0 = std::chrono::steady_clock::now();
+  const LayerCosts costs = calibrate_with(sim, scenario, options.choices);
+  const double calibrate_ms = ms_since(t0);
+  OptimizeResult out = search_one_gpu(sim, costs, budget, options);
+  out.calibrate_ms = calibrate_ms;
+  out.checkpoint = config_for_plan(out.plan);
+  try_named_policies(out, sim, costs, budget, options);
+  return out;
+}
+
 }  // namespace
 
 OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingScript& script,
@@ -517,8 +603,11 @@ OptimizeResult optimize_checkpointing(const Scenario& scenario, const TrainingSc
                         "checkpointing; use step.measure: last-step");
   // Pipeline stages: one plan over each stage's local layers, the budget held on every
   // stage (the megatron family's loop is its own training script).
-  if (scenario.parallel.pipeline > 1)
-    return optimize_pipeline_checkpointing(scenario, budget, options);
+  if (scenario.parallel.pipeline > 1) {
+    OptimizeResult out = optimize_pipeline_checkpointing(scenario, budget, options);
+    out.checkpoint = config_for_plan(out.plan);
+    return out;
+  }
   OptimizeResult out = optimize_one_gpu(scenario, script, budget, options);
   out.flops = out.run.analysis.flops;
   return out;

@@ -29,7 +29,14 @@
 //     not fit (fragmentation, rounding), tighten the bound below its modelled peak and
 //     search again: the first `exact_steps` retries walk the (peak, recompute) front one
 //     plan at a time (exact), later ones jump by the observed overshoot.
-//  4. Nothing fits: the plan with the smallest modelled peak is simulated and reported.
+//  4. Named policies (sim/search/named_policies.h): the model cannot see fragmentation, so
+//     the policies `compare` names that fall in the plan space are simulated too, where
+//     they could beat step 3's answer: per-layer ones whose modelled peak is within the
+//     budget and whose modelled recompute is below the answer's, segment ones (uniform:K,
+//     sqrt: they recompute at least what full does) when the answer recomputes at least
+//     as much as full. A named policy that fits with less recompute replaces the answer.
+//  5. Nothing fits: the plan with the smallest modelled peak and the uniform named
+//     policies are simulated without a limit; the smallest reserved peak is reported.
 //  Small models (at most exact_max_layers layers, few distinct recompute totals) first
 //  get an exact phase instead of the front walk: every plan the model admits, recompute
 //  level by level (ascending), each level by modelled peak, is simulated until one fits.
@@ -136,6 +143,11 @@ struct StagePeak {
 struct OptimizeResult {
   bool fits = false;
   graph::CheckpointPlan plan;  // the chosen plan; when nothing fits, the smallest-peak one
+  // The scenario's checkpoint section for `plan` (config_for_plan, or the named policy's
+  // own config when one won: segments of several layers have no custom spelling), and
+  // that policy's spec ("sqrt"; empty when the search's plan won).
+  CheckpointConfig checkpoint;
+  std::string named_policy;
   PlanRun run;                 // its simulation (capacity = budget; unlimited if !fits)
   int64_t model_peak = 0;
   int verifications = 0;       // plans simulated while searching

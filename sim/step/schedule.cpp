@@ -23,8 +23,10 @@
 #include "scenario/hf_family.h"
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/checkpoint_policy.h"
+#include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
 #include "sim/step/script_loss.h"
+#include "sim/step/time_model_setup.h"
 #include "sim/parallel/zero_redundancy.h"
 
 namespace memsim {
@@ -110,6 +112,7 @@ class Loop {
 
   void run() {
     configure_device(rt_, s_.device);
+    configure_time_model(rt_, s_);  // the time model's dtype and refusals (sim/step/time_model_setup.h)
     // Activation checkpointing (sim/step/checkpoint_policy.h): installs itself on rt_.
     checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
     if (s_.step.compile) {  // torch.compile (graph/compile.h; scenario/compile_keys.h)
@@ -335,6 +338,7 @@ class Loop {
       if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
       rt_.ctx.phase = Phase::backward;
       rt_.backward(loss_);
+      if (ddp_) add_ddp_all_reduce(rt_, ddp_->bucket_bytes(), s_.parallel.data);  // time model
       if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
       if (fsdp2_) fsdp2_->post_backward(rt_);
       if (ds_) ds_->post_backward(rt_);      // DeepSpeed's gradient epilogue
@@ -348,6 +352,7 @@ class Loop {
       rt_.ctx.phase = Phase::optimizer;
       rt_.ctx.layer = -1;
       rt_.ctx.module = graph::Module::optimizer;
+      add_optimizer_cost(rt_, s_);  // the time model (sim/step/time_model_setup.h)
       optimizer_->step(rt_);
       if (rt_.numeric != nullptr) rt_.numeric->on_optimizer_step(rt_);
       rt_.ctx.module = graph::Module::none;
@@ -396,6 +401,8 @@ void cs336(const Scenario& s, const TrainingScript& script, Program& program,
 }
 void decoder(const Scenario& s, const TrainingScript& script, Program& program,
              graph::RuntimeBuffers* buffers) {
+  // step.kind generate: HF generate() instead of a training loop (sim/step/generate.h).
+  if (s.step.kind == StepKind::generate) return build_generate_program(s, program, buffers);
   program.clear();
   Loop<graph::DecoderModel>(s, script, program, buffers).run();
 }
@@ -409,6 +416,8 @@ void cs336_numeric(const Scenario& s, const TrainingScript& script, Program& pro
 }
 void decoder_numeric(const Scenario& s, const TrainingScript& script, Program& program,
                      graph::NumericContext* numeric) {
+  if (s.step.kind == StepKind::generate)
+    throw ScenarioError(s.source + ": step.kind: generate: the numeric check runs training steps only");
   Loop<graph::DecoderModel>(s, script, program, nullptr, numeric).run();
 }
 void megatron_numeric(const Scenario& s, const TrainingScript&, Program& program,

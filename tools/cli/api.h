@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,21 +13,30 @@
 #include "program/program.h"
 #include "scenario/scenario.h"
 #include "sim/analysis/analysis.h"
+#include "sim/analysis/step_time.h"
 #include "sim/search/sweep.h"
 #include "sim/step/execute.h"
+#include "sim/step/generate.h"
 #include "tools/cli/json_report.h"
+#include "tools/cli/moe_report.h"
 
 namespace memsim::cli {
 
-// run: the --json object (tools/cli/run_command.cpp).
+// run (tools/cli/run_command.cpp): the Program `memsim run` simulates (step.kind generate:
+// the generate() Program, filling `generate_facts`), the AnalysisOptions it analyzes with,
+// and the --json object (`moe`: tools/cli/moe_report.h's moe_routing_report(scenario)).
+Program build_run_program(const Scenario& scenario, GenerateFacts& generate_facts);
+AnalysisOptions run_analysis_options(const Scenario& scenario);
 Json run_json(const Scenario& scenario, const Program& program, const Timeline& timeline,
-              const Analysis& analysis);
+              const Analysis& analysis, const GenerateFacts& generate_facts,
+              const std::optional<MoeRoutingReport>& moe);
 
 // compare (tools/cli/compare_command.cpp).
 struct PolicyRun {
   std::string label;
   Analysis analysis;
   MemoryStats stats;
+  StepTime time;  // the time model's estimate of the measured step (sim/analysis/step_time.h)
 };
 // "none,full,uniform:2": each policy parsed and checked against the model's layers.
 std::vector<CheckpointConfig> parse_policy_list(const std::string& list, const Scenario& base);

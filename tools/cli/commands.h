@@ -4,6 +4,8 @@
 // InputError / UsageError for bad input; tools/memsim.cpp maps them to exit statuses.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +75,11 @@ struct OptimizeArgs {
   std::string budget;
   std::vector<std::string> sets;
   std::string json;
+  // issue #18 item 2 (sim/search/config_search.h): set, the search covers micro-batch x
+  // gradient accumulation at a fixed global batch and the optimizer implementation.
+  std::string objective;               // "" (the checkpoint plan only), time, memory
+  int64_t global_batch = 0;            // 0: batch.micro_batch x batch.grad_accum
+  std::vector<int64_t> micro_batches;  // empty: every divisor of the global batch
 };
 CLI::App* add_optimize_command(CLI::App& app, OptimizeArgs& args);
 int run_optimize(const OptimizeArgs& args);
@@ -92,6 +99,25 @@ struct SweepArgs {
 };
 CLI::App* add_sweep_command(CLI::App& app, SweepArgs& args);
 int run_sweep(const SweepArgs& args);
+
+// memsim serve [SCENARIO] [--model CONFIG.json] [--set K=V]... [--json FILE|-]
+//              [--html FILE.html] [--max-model-len-that-fits] [--max-seqs LEN]
+//              [--min-tp [MAX]] [--vary KEY=V1,V2,...]... (tools/cli/serve_command.cpp,
+//              docs/serve.md; issue #17).
+// Exit 0 when the engine starts, 3 when no KV cache fits, 1 on bad input.
+struct ServeArgs {
+  std::string scenario;
+  std::string model;
+  std::vector<std::string> sets;
+  std::string json;
+  std::string html;
+  bool len_that_fits = false;
+  int64_t max_seqs_len = 0;            // 0 = not asked
+  std::optional<int64_t> min_tp;       // set (0 = default max 8) when --min-tp is given
+  std::vector<std::string> vary;       // --vary KEY=V1,V2,...: one plan per point (a table)
+};
+CLI::App* add_serve_command(CLI::App& app, ServeArgs& args);
+int run_serve(const ServeArgs& args);
 
 // memsim presets
 CLI::App* add_presets_command(CLI::App& app);

@@ -18,6 +18,7 @@
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
 #include "tools/cli/scenario_input.h"
+#include "tools/cli/step_time_report.h"
 #include "tools/cli/style.h"
 #include "tools/cli/summary.h"
 
@@ -47,13 +48,14 @@ void print_table(std::FILE* out, const Scenario& scenario, const std::vector<Pol
   std::fprintf(out, "  capacity  %s\n\n", cap ? (human_bytes(*cap) + " usable").c_str() : "unlimited");
   std::vector<std::vector<std::string>> rows = {
       {"policy", "peak allocated", "peak reserved", "verdict", "activations at peak",
-       "recompute"}};
+       "recompute", "step time"}};
   for (const PolicyRun& r : runs) {
     char share[32];
     std::snprintf(share, sizeof share, "%.1f%%", 100.0 * recompute_share(r.analysis.flops));
     rows.push_back({r.label, human_bytes(r.analysis.peak_allocated),
                     human_bytes(r.analysis.peak_reserved), verdict(r.analysis),
-                    human_bytes(r.analysis.breakdown_at_peak.activations), share});
+                    human_bytes(r.analysis.breakdown_at_peak.activations), share,
+                    r.time.estimated ? human_seconds(r.time.seconds) : "-"});
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& row : rows)
@@ -68,6 +70,12 @@ void print_table(std::FILE* out, const Scenario& scenario, const std::vector<Pol
     }
     std::fprintf(out, "%s\n", r == 0 ? style.bold(line).c_str() : line.c_str());
   }
+  // A refused estimate names its reason once (it is the same for every policy).
+  for (const PolicyRun& r : runs)
+    if (!r.time.estimated) {
+      std::fprintf(out, "  step time not estimated: %s\n", r.time.refused.c_str());
+      break;
+    }
 }
 
 }  // namespace
@@ -116,7 +124,8 @@ std::vector<PolicyRun> run_policies(const Scenario& base, const std::vector<Chec
     const Program program = build_program(s);
     auto device = make_device(s.device);
     const Timeline timeline = execute(program, s.allocator, *device);
-    runs.push_back({policy_label(config), analyze(program, timeline), timeline.final_stats});
+    runs.push_back({policy_label(config), analyze(program, timeline), timeline.final_stats,
+                    estimate_step_time(program.cost, s.device)});
     if (each) each(program, timeline, runs.back());
   }
   return runs;
@@ -134,6 +143,10 @@ Json compare_json(const Scenario& base, const std::vector<PolicyRun>& runs) {
     Json summary = analysis_json(r.analysis);
     for (auto& [key, value] : summary.items()) p[key] = std::move(value);
     p["memory_stats"] = memory_stats_json(r.stats);
+    // The time model (issue #18 item 1): the measured step's seconds, and the recompute
+    // part next to the step's recompute FLOPs.
+    p["estimated_step_seconds"] = step_time_json(r.time);
+    p["recompute_seconds"] = r.time.estimated ? Json(r.time.part[static_cast<int>(CostPart::recompute)]) : Json(nullptr);
     list.push_back(std::move(p));
   }
   j["policies"] = std::move(list);

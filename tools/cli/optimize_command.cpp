@@ -1,20 +1,24 @@
 // memsim optimize: the least-recompute checkpointing plan that fits a memory budget
 // (sim/search/optimize.h).
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "allocator/units.h"
 #include "sim/megatron/megatron_recompute_flags.h"
+#include "sim/search/config_search.h"
 #include "sim/search/optimize.h"
 #include "sim/step/checkpoint_policy.h"
 #include "sim/step/schedule.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/device.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
 #include "tools/cli/scenario_input.h"
+#include "tools/cli/step_time_report.h"
 #include "tools/cli/style.h"
 #include "tools/cli/summary.h"
 
@@ -27,14 +31,23 @@ double share(const Flops& f) {
   return total > 0 ? f.recompute / total : 0.0;
 }
 
-Json plan_json(const graph::CheckpointPlan& plan) {
+// A named policy that won (sim/search/named_policies.h) is named before its layers.
+std::string plan_summary(const OptimizeResult& r) {
+  return r.named_policy.empty() ? describe_plan(r.plan)
+                                : "policy " + r.named_policy + " (" + describe_plan(r.plan) + ")";
+}
+
+Json plan_json(const OptimizeResult& r) {
   Json layers = Json::array();
-  for (graph::LayerCheckpoint c : plan.layers) layers.push_back(graph::to_string(c));
-  const CheckpointConfig config = config_for_plan(plan);
+  for (graph::LayerCheckpoint c : r.plan.layers) layers.push_back(graph::to_string(c));
+  const CheckpointConfig& config = r.checkpoint;
   Json checkpoint = {{"policy", to_string(config.policy)}, {"custom", config.custom}};
-  return {{"layers", std::move(layers)},
-          {"summary", describe_plan(plan)},
-          {"checkpoint", std::move(checkpoint)}};
+  if (!r.named_policy.empty()) checkpoint["spec"] = policy_label(config);
+  Json j = {{"layers", std::move(layers)},
+            {"summary", plan_summary(r)},
+            {"checkpoint", std::move(checkpoint)}};
+  if (!r.named_policy.empty()) j["named_policy"] = r.named_policy;
+  return j;
 }
 
 // Pipeline scenarios: every stage's peaks with the plan (sim/search/optimize_pipeline.h).
@@ -68,9 +81,100 @@ CLI::App* add_optimize_command(CLI::App& app, OptimizeArgs& args) {
       ->allow_extra_args(false);
   cmd->add_option("--json", args.json, "Write the result as JSON to FILE ('-' for stdout)")
       ->type_name("FILE|-");
+  cmd->add_option("--objective", args.objective,
+                  "Search micro-batch x gradient accumulation and the optimizer implementation "
+                  "too, choosing the least step time or the least peak reserved")
+      ->check(CLI::IsMember({"time", "memory"}));
+  cmd->add_option("--global-batch", args.global_batch,
+                  "Sequences per optimizer step for --objective (default: batch.micro_batch x "
+                  "batch.grad_accum)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--micro-batches", args.micro_batches,
+                  "Micro-batches --objective tries (default: every divisor of the global batch)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   cmd->footer("Exit status: 0 a plan fits the budget, 3 nothing fits, 1 bad input, 2 bad usage.");
   return cmd;
 }
+
+namespace {
+
+std::string impl_name(OptimizerImpl impl) { return to_string(impl); }
+
+// --objective: the configuration search (sim/search/config_search.h).
+int run_config_search(const OptimizeArgs& args, const Scenario& scenario, uint64_t budget) {
+  const int64_t global = args.global_batch > 0 ? args.global_batch
+                                               : scenario.batch.micro_batch * std::max<int64_t>(1, scenario.batch.grad_accum);
+  for (int64_t m : args.micro_batches)
+    if (global % m != 0)
+      throw UsageError("--micro-batches: " + std::to_string(m) + " does not divide the global batch " +
+                       std::to_string(global) + " (--global-batch, or batch.micro_batch x batch.grad_accum)");
+  const Objective objective = args.objective == "time" ? Objective::time : Objective::memory;
+  const ConfigSearch r = search_configurations(scenario, budget, objective, global, args.micro_batches);
+  if (!args.json.empty()) {
+    Json j = Json::object();
+    j["scenario"] = scenario.name;
+    j["scenario_file"] = scenario.source;
+    j["budget_bytes"] = budget;
+    j["objective"] = args.objective;
+    j["global_batch"] = r.global_batch;
+    j["found"] = r.chosen >= 0;
+    j["chosen"] = r.chosen >= 0 ? Json(r.chosen) : Json(nullptr);
+    j["why"] = r.why;
+    Json list = Json::array();
+    for (const ConfigCandidate& c : r.candidates) {
+      Json e = Json::object();
+      e["micro_batch"] = c.micro_batch;
+      e["grad_accum"] = c.grad_accum;
+      e["optimizer_impl"] = impl_name(c.optimizer);
+      e["fits"] = c.result.fits;
+      e["plan"] = plan_json(c.result);
+      e["peak_reserved_bytes"] = c.result.run.analysis.peak_reserved;
+      e["peak_allocated_bytes"] = c.result.run.analysis.peak_allocated;
+      e["estimated_step_seconds"] = c.result.fits ? step_time_json(c.time) : Json(nullptr);
+      e["pareto"] = c.pareto;
+      list.push_back(std::move(e));
+    }
+    j["configurations"] = std::move(list);
+    Output out(args.json);
+    out.write(dump_json(j));
+    out.finish();
+  }
+  if (args.json != "-") {
+    const Style style = Style::for_stream(stdout);
+    std::printf("%s\n", style.bold(scenario.name.empty() ? scenario.source : scenario.name).c_str());
+    for (const auto& [label, text] : scenario_facts(scenario))
+      std::printf("  %-9s %s\n", label.c_str(), text.c_str());
+    std::printf("  budget    %s (what the caching allocator may reserve); global batch %lld; "
+                "objective %s\n\n",
+                human_bytes(budget).c_str(), static_cast<long long>(r.global_batch), args.objective.c_str());
+    std::printf("  %-5s %-6s %-8s %-8s %14s %12s  %s\n", "micro", "accum", "optim", "verdict",
+                "peak reserved", "step time", "plan");
+    for (size_t i = 0; i < r.candidates.size(); ++i) {
+      const ConfigCandidate& c = r.candidates[i];
+      const char* mark = static_cast<int>(i) == r.chosen ? " <- chosen" : c.pareto ? " (Pareto)" : "";
+      std::printf("  %-5lld %-6lld %-8s %-8s %14s %12s  %s%s\n", static_cast<long long>(c.micro_batch),
+                  static_cast<long long>(c.grad_accum), impl_name(c.optimizer).c_str(),
+                  c.result.fits ? "fits" : "OOM", human_bytes(c.result.run.analysis.peak_reserved).c_str(),
+                  c.result.fits && c.time.estimated ? human_seconds(c.time.seconds).c_str() : "-",
+                  plan_summary(c.result).c_str(), mark);
+    }
+    if (r.chosen >= 0) {
+      const ConfigCandidate& c = r.candidates[static_cast<size_t>(r.chosen)];
+      std::printf("\n%s  micro-batch %lld x %lld accumulation, optimizer %s, %s\n", style.good("CHOSEN").c_str(),
+                  static_cast<long long>(c.micro_batch), static_cast<long long>(c.grad_accum),
+                  impl_name(c.optimizer).c_str(), plan_summary(c.result).c_str());
+      std::printf("  why: %s\n  step %s; peak reserved %s\n", r.why.c_str(), step_time_text(c.time).c_str(),
+                  human_bytes(c.result.run.analysis.peak_reserved).c_str());
+    } else {
+      std::printf("\n%s  %s\n", style.bad("NO PLAN").c_str(), r.why.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return r.chosen >= 0 ? kExitFits : kExitOom;
+}
+
+}  // namespace
 
 int run_optimize(const OptimizeArgs& args) {
   const auto budget = parse_size(args.budget);
@@ -79,6 +183,11 @@ int run_optimize(const OptimizeArgs& args) {
                      args.budget + "'");
   const Overrides overrides = parse_overrides(args.sets);
   const Scenario scenario = load_scenario_arg(args.scenario, overrides);
+  // A budget the device cannot give is a mistake, not a search (issue #18: bad input).
+  if (const auto usable = usable_capacity(scenario.device); usable && *budget > *usable)
+    throw UsageError("--budget: " + human_bytes(*budget) + " is more than the device leaves the "
+                     "allocator (" + human_bytes(*usable) + ": device.capacity less device.cuda_context)");
+  if (!args.objective.empty()) return run_config_search(args, scenario, *budget);
   const OptimizeResult r = optimize_checkpointing(scenario, default_script(scenario), *budget);
   const Analysis& a = r.run.analysis;
 
@@ -88,7 +197,7 @@ int run_optimize(const OptimizeArgs& args) {
     j["scenario_file"] = scenario.source;
     j["budget_bytes"] = *budget;
     j["found"] = r.fits;
-    j["plan"] = plan_json(r.plan);
+    j["plan"] = plan_json(r);
     j["recompute_share"] = share(r.flops);
     j["model_peak_bytes"] = r.model_peak;
     j["verifications"] = r.verifications;
@@ -114,7 +223,7 @@ int run_optimize(const OptimizeArgs& args) {
     std::printf("  budget    %s (what the caching allocator may reserve)\n\n",
                 human_bytes(*budget).c_str());
     if (r.fits) {
-      std::printf("%s  %s\n", style.good("PLAN").c_str(), describe_plan(r.plan).c_str());
+      std::printf("%s  %s\n", style.good("PLAN").c_str(), plan_summary(r).c_str());
       std::printf("  peak reserved %s, peak allocated %s%s (simulated through the allocator)\n",
                   human_bytes(a.peak_reserved).c_str(), human_bytes(a.peak_allocated).c_str(),
                   r.stages.empty() ? ""
@@ -123,7 +232,7 @@ int run_optimize(const OptimizeArgs& args) {
     } else {
       std::printf("%s  nothing fits in %s: the smallest peak is %s reserved with plan %s\n",
                   style.bad("NO PLAN").c_str(), human_bytes(*budget).c_str(),
-                  human_bytes(a.peak_reserved).c_str(), describe_plan(r.plan).c_str());
+                  human_bytes(a.peak_reserved).c_str(), plan_summary(r).c_str());
     }
     if (!r.stages.empty()) {
       // Every stage runs the plan on its own layers; the budget holds on each.
@@ -138,9 +247,12 @@ int run_optimize(const OptimizeArgs& args) {
     std::printf("  recompute %s = %.1f%% of the step's FLOPs%s\n",
                 human_flops(r.flops.recompute).c_str(), 100.0 * share(r.flops),
                 r.stages.empty() ? "" : " (all stages)");
-    const CheckpointConfig config = config_for_plan(r.plan);
-    std::printf("  scenario: checkpoint.policy=%s", to_string(config.policy));
-    if (!config.custom.empty()) {
+    const CheckpointConfig& config = r.checkpoint;
+    if (!r.named_policy.empty())
+      std::printf("  scenario: checkpoint.policy=%s", policy_label(config).c_str());
+    else
+      std::printf("  scenario: checkpoint.policy=%s", to_string(config.policy));
+    if (r.named_policy.empty() && !config.custom.empty()) {
       std::printf(" checkpoint.custom=[");
       for (size_t i = 0; i < config.custom.size(); ++i)
         std::printf("%s%s", i ? "," : "", config.custom[i].c_str());

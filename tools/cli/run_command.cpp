@@ -9,19 +9,24 @@
 #include "allocator/units.h"
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
+#include "sim/step/generate.h"
+#include "sim/step/modelled_features.h"
 #include "sim/step/schedule.h"
 #include "scenario/scenario.h"
 #include "tools/cli/api.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"
+#include "tools/cli/generate_report.h"
 #include "tools/cli/html_report.h"
 #include "tools/cli/json_report.h"
+#include "tools/cli/moe_report.h"
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
 #include "tools/cli/scenario_input.h"
 #include "tools/cli/snapshot_report.h"
+#include "tools/cli/step_time_report.h"
 #include "tools/cli/summary.h"
 #include "tools/cli/timeline_csv.h"
 #include "tools/cli/trace_report.h"
@@ -29,6 +34,14 @@
 namespace memsim::cli {
 
 namespace {
+
+// build_program's checks (require_modelled) for a generate scenario, then its Program.
+Program generate_program(const Scenario& scenario, GenerateFacts& facts) {
+  require_modelled(scenario);  // sim/step/modelled_features.h
+  Program program;
+  build_generate_program(scenario, program, nullptr, &facts);
+  return program;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -46,8 +59,22 @@ Json device_json(const DeviceConfig& d) {
 
 }  // namespace
 
+Program build_run_program(const Scenario& scenario, GenerateFacts& generate_facts) {
+  // step.kind generate (issue #17): the generate() Program, with its cache's sizes.
+  return scenario.step.kind == StepKind::generate ? generate_program(scenario, generate_facts)
+                                                  : build_program(scenario);
+}
+
+AnalysisOptions run_analysis_options(const Scenario& scenario) {
+  AnalysisOptions analysis_options;
+  if (scenario.step.kind == StepKind::generate) analysis_options.marks = {"prefill_end", "generate_end"};
+  return analysis_options;
+}
+
 Json run_json(const Scenario& scenario, const Program& program, const Timeline& timeline,
-              const Analysis& analysis) {
+              const Analysis& analysis, const GenerateFacts& generate_facts,
+              const std::optional<MoeRoutingReport>& moe) {
+  const bool generate = scenario.step.kind == StepKind::generate;
   Json j = Json::object();
   j["scenario"] = scenario.name;
   j["scenario_file"] = scenario.source;
@@ -55,9 +82,20 @@ Json run_json(const Scenario& scenario, const Program& program, const Timeline& 
   j["rank"] = rank_json(program.rank);
   j["model"] = model_json(scenario, program.rank);
   if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
+  if (generate) j["generate"] = generate_json(scenario, generate_facts);
   Json summary = analysis_json(analysis);
   for (auto& [key, value] : summary.items()) j[key] = std::move(value);
   j["memory_stats"] = memory_stats_json(timeline.final_stats);
+  // The time model (issue #18 item 1): the measured step's seconds.
+  j["estimated_step_seconds"] = step_time_json(estimate_step_time(program.cost, scenario.device));
+  if (moe) {
+    Json m = {{"routing", moe->routing}};
+    if (moe->worst_case_run)
+      m["worst_case"] = {{"peak_allocated_bytes", moe->worst_peak_allocated},
+                         {"peak_reserved_bytes", moe->worst_peak_reserved},
+                         {"fits", moe->worst_fits}};
+    j["moe"] = std::move(m);
+  }
   return j;
 }
 
@@ -109,7 +147,10 @@ int run_run(const RunArgs& args) {
                overrides.size());
 
   auto t1 = std::chrono::steady_clock::now();
-  const Program program = build_program(scenario);
+  // step.kind generate (issue #17): the generate() Program, with its cache's sizes.
+  const bool generate = scenario.step.kind == StepKind::generate;
+  GenerateFacts generate_facts;
+  const Program program = build_run_program(scenario, generate_facts);
   spdlog::info("program: {} events, {} tensors ({:.3f} s)", program.events.size(),
                program.tensors.size(), seconds_since(t1));
 
@@ -126,7 +167,9 @@ int run_run(const RunArgs& args) {
   spdlog::info("executed {} of {} events through the allocator ({:.3f} s){}", timeline.size(),
                program.events.size(), seconds_since(t2), timeline.oom ? ", out of memory" : "");
 
-  const Analysis analysis = analyze(program, timeline);
+  const Analysis analysis = analyze(program, timeline, run_analysis_options(scenario));
+  // A mixture-of-experts run: the routing assumption, and worst-case peaks beside balanced.
+  const std::optional<MoeRoutingReport> moe = moe_routing_report(scenario);
   spdlog::debug("total {:.3f} s", seconds_since(t0));
 
   if (!args.timeline.empty()) {
@@ -159,7 +202,7 @@ int run_run(const RunArgs& args) {
   }
   if (!args.json.empty()) {
     Output out(args.json);
-    out.write(dump_json(run_json(scenario, program, timeline, analysis)));
+    out.write(dump_json(run_json(scenario, program, timeline, analysis, generate_facts, moe)));
     out.finish();
   }
   if (to_stdout == 0) {  // stdout carries a report instead
@@ -181,6 +224,17 @@ int run_run(const RunArgs& args) {
                          " per node of " + std::to_string(h.ranks_per_node) + " ranks" +
                          (h.nvme ? ", " + human_bytes(h.nvme) + " on NVMe" : "") + ": " + h.what);
     }
+    if (moe) {
+      header.facts.emplace_back(
+          "moe routing",
+          moe->routing + " (an assumption: model.moe.routing)" +
+              (moe->worst_case_run
+                   ? "; worst-case routing peaks at " + human_bytes(moe->worst_peak_allocated) +
+                         " allocated, " + human_bytes(moe->worst_peak_reserved) + " reserved" +
+                         (moe->worst_fits ? "" : " (out of memory)")
+                   : std::string()));
+    }
+    if (generate) header.facts.emplace_back("generate", generate_fact(scenario, generate_facts));
     header.capacity = usable_capacity(scenario.device);
     header.warmup_steps = scenario.step.warmup_steps;
     for (size_t i = 0; i < program.events.size(); ++i) {
@@ -191,6 +245,7 @@ int run_run(const RunArgs& args) {
       }
     }
     print_summary(stdout, header, analysis, Style::for_stream(stdout));
+    print_step_time(stdout, estimate_step_time(program.cost, scenario.device), Style::for_stream(stdout));
     std::fflush(stdout);
   }
   return analysis.fits() ? kExitFits : kExitOom;

@@ -47,6 +47,13 @@ std::string model_line(const Scenario& sc, const RankInfo* rank) {
   if (m.sdpa == SdpaImpl::masked_fill) s += ", sdpa masked-fill";
   if (m.swiglu == SwigluImpl::projections_first) s += ", swiglu projections-first";
   if (hf && m.arch.sliding_window > 0) s += ", sliding window " + std::to_string(m.arch.sliding_window);
+  if (hf && m.arch.moe.experts > 0) {  // docs/moe.md
+    const graph::MoeSpec& e = m.arch.moe;
+    s += ", MoE " + std::to_string(e.experts) + " experts of d_ff " + std::to_string(e.expert_d_ff) +
+         ", top " + std::to_string(e.top_k);
+    if (e.shared_d_ff > 0) s += ", shared expert d_ff " + std::to_string(e.shared_d_ff);
+    if (e.first_dense_layers > 0) s += ", " + std::to_string(e.first_dense_layers) + " dense first layers";
+  }
   const int64_t total = parameter_count(m);
   s += ", " + count_text(total) + " parameters";
   if (sc.lora.rank > 0) s += " (" + count_text(trainable_parameter_count(sc)) + " trainable)";

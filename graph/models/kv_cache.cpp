@@ -1,0 +1,75 @@
+// KvCache: transformers' DynamicCache / StaticCache over graph::Runtime (graph/models/kv_cache.h).
+#include "graph/models/kv_cache.h"
+
+#include "graph/ops/ops.h"
+#include "graph/ops/ops_nn.h"
+
+namespace memsim::graph {
+
+KvCache::KvCache(Runtime& rt, const HfShape& shape, KvCacheKind kind, int64_t max_len)
+    : rt_(rt), s_(shape), kind_(kind), max_len_(max_len) {}
+
+uint64_t KvCache::entry_bytes(int64_t tokens) const {
+  return static_cast<uint64_t>(s_.batch) * s_.kv_dim() * static_cast<uint64_t>(tokens) * s_.elem;
+}
+
+void KvCache::allocate() {
+  if (kind_ != KvCacheKind::static_buffers) return;
+  // StaticCache.__init__: per layer torch.zeros(cache_shape) for K, then V.
+  k_.resize(static_cast<size_t>(s_.layers));
+  v_.resize(static_cast<size_t>(s_.layers));
+  const uint64_t bytes = entry_bytes(max_len_);
+  for (int64_t l = 0; l < s_.layers; ++l) {
+    rt_.ctx.layer = static_cast<int32_t>(l);
+    k_[l] = rt_.alloc(bytes, TensorKind::other, OpKind::zeros);
+    v_[l] = rt_.alloc(bytes, TensorKind::other, OpKind::zeros);
+  }
+  rt_.ctx.layer = -1;
+  seq_ = max_len_;
+}
+
+void KvCache::update(int32_t layer, Tensor& key, Tensor& value) {
+  const auto l = static_cast<size_t>(layer);
+  if (kind_ == KvCacheKind::static_buffers) {
+    // k_out.index_copy_(2, cache_position, key_states): in place; the attention gets the
+    // whole (B, KV, max_cache_len, hd) buffers.
+    key = k_[l];
+    value = v_[l];
+    contiguous_ = true;
+    return;
+  }
+  if (k_.size() <= l) {
+    // DynamicCache.update, first call of this layer: the states themselves are stored.
+    k_.resize(l + 1);
+    v_.resize(l + 1);
+    k_[l] = key;
+    v_[l] = value;
+    contiguous_ = false;  // RoPE's output keeps q's layout; v is a transposed view
+  } else {
+    // key_cache[l] = torch.cat([key_cache[l], key_states], dim=-2): the new tensor first,
+    // then the old one is released by the rebinding; then the same for V.
+    k_[l] = cat2(rt_, k_[l], key);
+    v_[l] = cat2(rt_, v_[l], value);
+    contiguous_ = true;
+  }
+  if (layer == 0) seq_ = static_cast<int64_t>(k_[0].bytes / entry_bytes(1));
+  key = k_[l];
+  value = v_[l];
+}
+
+uint64_t KvCache::bytes() const {
+  uint64_t total = 0;
+  const Program& p = const_cast<Runtime&>(rt_).program();
+  for (const auto* list : {&k_, &v_})
+    for (const Tensor& t : *list)
+      if (t.defined()) total += p.tensors[t.storage].bytes;
+  return total;
+}
+
+void KvCache::clear() {
+  k_.clear();
+  v_.clear();
+  seq_ = 0;
+}
+
+}  // namespace memsim::graph

@@ -1,0 +1,182 @@
+#include "graph/ops/ops_moe.h"
+
+#include "graph/autocast.h"
+#include "graph/ops/op_helpers.h"
+
+namespace memsim::graph {
+
+using detail::out_tensor;
+using detail::wants_grad;
+
+Tensor moe_scratch(Runtime& rt, uint64_t bytes, OpKind op) {
+  return rt.alloc(bytes, TensorKind::temporary, op);
+}
+
+Tensor index_rows(Runtime& rt, const Tensor& self, const Tensor& index_storage, uint64_t index_bytes,
+                  uint64_t out_bytes) {
+  Tensor out = out_tensor(rt, out_bytes, OpKind::moe_index);
+  if (wants_grad(rt, {&self})) {
+    int32_t n = rt.make_node(OpKind::moe_index, {&self});
+    rt.node(n).size[0] = self.bytes;
+    rt.node(n).size[1] = index_bytes;
+    rt.save(n, index_storage);
+    out.grad_fn = n;
+  }
+  return out;
+}
+
+TopkResult topk(Runtime& rt, const Tensor& x, uint64_t rows, uint64_t k, uint64_t elem) {
+  TopkResult r;
+  r.values = out_tensor(rt, rows * k * elem, OpKind::topk);
+  r.indices = out_tensor(rt, rows * k * 8, OpKind::topk);
+  if (wants_grad(rt, {&x})) {
+    int32_t n = rt.make_node(OpKind::topk, {&x});
+    rt.node(n).size[0] = x.bytes;
+    rt.save(n, r.indices);
+    r.values.grad_fn = n;
+  }
+  return r;
+}
+
+void div_inplace(Runtime& rt, Tensor& a, const Tensor& b) {
+  if (!wants_grad(rt, {&a, &b})) return;
+  // original_self: the generated in-place code clones self before overwriting it.
+  Tensor original = rt.alloc(a.bytes, TensorKind::activation, OpKind::clone);
+  int32_t n = rt.make_node(OpKind::div_inplace, {&a, &b});
+  Node& node = rt.node(n);
+  node.size[0] = a.bytes;
+  node.size[1] = b.bytes;
+  node.size[2] = a.bytes;
+  rt.save(n, b);
+  if (b.requires_grad()) rt.save(n, original);
+  a.grad_fn = n;
+  a.out_slot = 0;
+}
+
+Tensor mul_column(Runtime& rt, const Tensor& a, const Tensor& col, uint64_t out_bytes) {
+  Tensor out = out_tensor(rt, out_bytes, OpKind::mul);
+  if (wants_grad(rt, {&a, &col})) {
+    int32_t n = rt.make_node(OpKind::mul, {&a, &col});
+    Node& node = rt.node(n);
+    node.size[0] = a.bytes;
+    node.size[1] = col.bytes;
+    node.size[2] = out_bytes;
+    node.flags |= kBroadcastB;
+    detail::save_cross(rt, n, a, col);
+    out.grad_fn = n;
+    // A 16-bit a in an fp32 product: the engine casts its grad back (validate_outputs).
+    if (a.bytes < out_bytes) Autocast::promoted(rt, out, 0, a);
+  }
+  return out;
+}
+
+void index_add_(Runtime& rt, Tensor& self, const Tensor& index_storage, const Tensor& source) {
+  if (!wants_grad(rt, {&self, &source})) return;
+  int32_t n = rt.make_node(OpKind::index_add, {&self, &source});
+  rt.node(n).size[0] = self.bytes;
+  rt.node(n).size[1] = source.bytes;
+  rt.save(n, index_storage);
+  rt.save(n, source);  // the formula reads source.dim() and expand_as(source)
+  self.grad_fn = n;
+  self.out_slot = 0;
+}
+
+Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& offs, uint64_t out_bytes,
+                  double flops) {
+  Tensor out = out_tensor(rt, out_bytes, OpKind::grouped_mm);
+  rt.note_gemm();
+  rt.add_flops_forward(flops);
+  if (wants_grad(rt, {&x, &w})) {
+    int32_t n = rt.make_node(OpKind::grouped_mm, {&x, &w});
+    Node& node = rt.node(n);
+    node.size[0] = x.bytes;
+    node.size[1] = w.bytes;
+    node.flops = detail::matmul_backward_flops(x, w, flops);
+    detail::save_cross(rt, n, w, x);
+    rt.save(n, offs);
+    out.grad_fn = n;
+  }
+  return out;
+}
+
+bool run_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
+  if (op_library(n.kind) != OpLibrary::moe) return false;
+  const Grad& g = in[0];
+  if (g.storage == kNoStorage) return true;
+  auto A = [&](uint64_t bytes, TensorKind kind = TensorKind::temporary) {
+    return rt.alloc_raw(bytes, kind, n.kind);
+  };
+  auto F = [&](uint32_t s) { rt.release(s); };
+  auto needs = [&](int i) { return n.next[i].node >= 0; };
+  auto kind_for = [&](int i) {
+    if (!needs(i)) return TensorKind::temporary;
+    const Node& target = rt.node(n.next[i].node);
+    if (target.kind != OpKind::accumulate_grad || target.param < 0) return TensorKind::temporary;
+    return rt.parameters()[target.param].grad == kNoStorage ? TensorKind::gradient
+                                                             : TensorKind::temporary;
+  };
+  auto fresh = [](uint32_t s) { return Grad{s, false, false}; };
+  switch (n.kind) {
+    case OpKind::moe_index:
+    case OpKind::expand_index: {
+      // index_backward: zeros(self), then _index_put_impl_(accumulate=True) in place. On
+      // CUDA the accumulate path sorts the linear indices (the temporaries the core
+      // `embedding` op's IndexBackward0 emits, measured on an H100 for CS336).
+      const uint32_t w = A(n.size[0], kind_for(0));
+      if (rt.kernel_scratch) {
+        const uint64_t k = n.size[1];
+        const uint32_t a1 = A(k), a2 = A(k);
+        F(a1);
+        const uint32_t a3 = A(k), a4 = A(k), a5 = A(k), a6 = A(1);
+        F(a6);
+        F(a2);
+        F(a3);
+        F(a4);
+        F(a5);
+      }
+      out[0] = fresh(w);
+      return true;
+    }
+    case OpKind::topk: {  // zeros(x).scatter(-1, indices, grad): out of place
+      const uint32_t z = A(n.size[0]);
+      const uint32_t s = A(n.size[0]);
+      F(z);
+      out[0] = fresh(s);
+      return true;
+    }
+    case OpKind::div_inplace: {
+      uint32_t other = kNoStorage;
+      if (needs(1)) {  // -grad * ((self / other) / other)
+        const uint32_t t1 = A(n.size[2]), t2 = A(n.size[2]), t3 = A(n.size[2]), t4 = A(n.size[2]);
+        F(t3);
+        F(t2);
+        F(t1);
+        other = t4;
+      }
+      if (needs(0)) out[0] = fresh(A(n.size[2]));
+      if (other != kNoStorage) {  // sum_to the broadcast divisor
+        const uint32_t r = A(n.size[1]);
+        F(other);
+        out[1] = fresh(r);
+      }
+      return true;
+    }
+    case OpKind::index_add:
+      if (needs(0)) {
+        rt.retain(g.storage);
+        out[0] = Grad{g.storage, g.is_view, false};
+      }
+      if (needs(1)) out[1] = fresh(A(n.size[1]));  // grad.index_select(0, index)
+      return true;
+    case OpKind::grouped_mm:
+      if (needs(1)) out[1] = fresh(A(n.size[1], kind_for(1)));  // in W's layout: stolen
+      rt.note_gemm();
+      if (needs(0)) out[0] = fresh(A(n.size[0]));
+      rt.add_flops_backward(n.flops);
+      return true;
+    default:
+      return true;
+  }
+}
+
+}  // namespace memsim::graph

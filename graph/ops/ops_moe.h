@@ -1,0 +1,68 @@
+// The aten ops of transformers' mixture-of-experts code (graph/models/decoder_moe.cpp,
+// docs/moe.md) with PyTorch eager semantics, like graph/ops/ops.h: each forward emits its
+// allocations and records the autograd node that saves what derivatives.yaml saves;
+// run_moe_backward replays the node's backward allocations.
+//
+// Checked on CPU against torch 1.13 (tools/fixtures/gen_moe_fixtures.py,
+// tests/data/torch_cpu_moe). Where CUDA differs the CUDA behaviour is emitted and says so:
+// F.one_hot on CUDA skips the min()/max() checks the CPU runs; index_put_ with
+// accumulate=True (IndexBackward0) sorts its indices on CUDA (temporaries of the index's
+// size, as the core op `embedding` emits; none without kernel scratch, i.e. on a CPU run).
+//
+// Sizes are bytes.
+#pragma once
+
+#include "graph/runtime.h"
+
+namespace memsim::graph {
+
+// Backward of a node of one of these kinds (hook of graph::run_backward); false otherwise.
+bool run_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
+
+// self[index] (aten::index with one or two int64 index tensors of index_bytes each, e.g.
+// hidden_states[token_idx], top_k_weights[token_idx, top_k_pos, None]): out_bytes new.
+// IndexBackward0 saves the indices (views of `index_storage`, which they keep alive).
+// Backward: zeros(self) then index_put_(accumulate=True) into it.
+Tensor index_rows(Runtime& rt, const Tensor& self, const Tensor& index_storage, uint64_t index_bytes,
+                  uint64_t out_bytes);
+
+// torch.topk(x, k, -1) over `rows` rows: values (rows*k*elem) and int64 indices
+// (rows*k*8). TopkBackward0 saves the indices; backward value_selecting_reduction_backward:
+// zeros(x) and an out-of-place scatter (both x-sized), the zeros dying at once.
+struct TopkResult {
+  Tensor values, indices;
+};
+TopkResult topk(Runtime& rt, const Tensor& x, uint64_t rows, uint64_t k, uint64_t elem);
+
+// a /= b in place, b broadcast over a's last dim (router_top_value /= sum): no new
+// output, but the in-place op's derivative needs the original self, so it is cloned
+// (a.bytes) and saved with b. Backward as DivBackward0: b's grad -grad*self/(b*b) (four
+// a-sized temporaries, then sum_to b), then a's grad (grad / b).
+void div_inplace(Runtime& rt, Tensor& a, const Tensor& b);
+
+// a * col with col (rows, 1) broadcast and the result promoted to out_bytes (bf16 (n,D)
+// times the fp32 routing weights: an fp32 (n,D) product). Saves both. Backward: col's
+// grad (out-sized, summed to col), a's grad (out-sized, cast to a's dtype when promoted).
+Tensor mul_column(Runtime& rt, const Tensor& a, const Tensor& col, uint64_t out_bytes);
+
+// self.index_add_(0, index, source): in place on self (no allocation). IndexAddBackward0
+// saves the index and source itself (derivatives.yaml's formula reads source.dim() and
+// expand_as(source); torch 1.13 CPU keeps it, tests/data/torch_cpu_moe); backward passes self's grad through and gives source
+// grad.index_select(0, index) (source-sized, new).
+void index_add_(Runtime& rt, Tensor& self, const Tensor& index_storage, const Tensor& source);
+
+// torch._grouped_mm(x, W.transpose(-2,-1), offs) on the 3-D expert weight W: out_bytes new;
+// saves x, W and offs (derivatives.yaml: _grouped_mm_mat1_backward(grad, mat2, ..., offs),
+// _grouped_mm_mat2_backward(grad, self, mat2's sizes and strides, ..., offs)). Backward, the
+// later input's grad first as the generated code computes them: grad_W (W.bytes, the whole
+// 3-D weight's grad in one tensor, in W's layout as mm_mat2_backward returns it, so
+// AccumulateGrad steals it), then grad_x (x-sized). Not checked against a run: torch 1.13
+// has no _grouped_mm (docs/moe.md).
+Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& offs, uint64_t out_bytes,
+                  double flops);
+
+// A no-grad tensor made by one of the routing bookkeeping ops (one_hot, nonzero, sort,
+// compare, sum): a new storage of `bytes`.
+Tensor moe_scratch(Runtime& rt, uint64_t bytes, OpKind op);
+
+}  // namespace memsim::graph

@@ -1,0 +1,47 @@
+// Issue #17 item 1 (generation): the `generate:` section and step.kind generate's rules.
+//
+// Keys (docs/scenario-format.md): generate.prompt_len (>= 1), generate.new_tokens (>= 1),
+// generate.cache (dynamic | static | quantized:int8 | quantized:int4 | offloaded; default
+// dynamic), generate.logits_to_keep (>= 0; default 1, what generate() passes a model whose
+// forward takes it; 0 = every position's logits).
+//
+// With step.kind generate, batch.seq_len becomes prompt_len + new_tokens (checked against an
+// explicit model.context_length) and batch.micro_batch is the number of prompts. Refused by
+// key (exit 1, "FILE:LINE: KEY: why"), because generation does not use them or memsim does
+// not model them with a KV cache (docs/generate.md lists the reasons):
+//  - training-only settings given explicitly: batch.seq_len, batch.grad_accum, optimizer.*,
+//    loss.*, checkpoint.*, lora.*, step.warmup_steps / zero_grad / keep_output / measure /
+//    compile*, precision.master_weights, precision.autocast (generate runs the model in its
+//    weights' dtype), precision.float8, parallel.* other than the defaults, deepspeed.*
+//    (their defaults are not used: no optimizer is built, nothing is checkpointed);
+//  - model.family other than hf-llama (GPT-2's v4.44 attention keeps a legacy tuple cache;
+//    cs336 and megatron have no generate()), model.implementation other than hf,
+//    architectures whose sliding layers build their own masks (gemma2, gemma3_text: their
+//    default cache is HybridCache);
+//  - generate.cache quantized:int8 / quantized:int4 (QuantizedCache's quanto/HQQ storage)
+//    and offloaded (OffloadedCache's host copies and prefetch stream); static with SDPA
+//    (the masked SDPA path's .contiguous() copies).
+// generate.* given without step.kind generate is refused too.
+//
+// Contract: read_generate leaves Scenario::generate at its defaults unless step.kind is
+// generate; every message names the key and the line it came from.
+#pragma once
+
+#include "scenario/scenario.h"
+#include "scenario/scenario_doc.h"
+
+namespace memsim::scenario_detail {
+
+// step.kind is generate (read before the batch section, which then has no seq_len of its own).
+bool generate_requested(const Doc& d);
+// The generate section and the refusals above; sets batch.seq_len and context_length.
+void read_generate(const Doc& d, Scenario& s);
+
+}  // namespace memsim::scenario_detail
+
+namespace memsim {
+// For a Scenario changed after loading (memsim compare's policies, optimize's candidates):
+// with step.kind generate, a checkpoint policy, LoRA or multi-GPU settings are refused by
+// key (ScenarioError "SOURCE: KEY: why") instead of being ignored.
+void require_generate_modelled(const Scenario& s);
+}  // namespace memsim

@@ -1,0 +1,224 @@
+#include "scenario/moe_keys.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "scenario/scenario_family.h"
+
+namespace memsim::scenario_detail {
+namespace {
+
+const std::vector<std::string>& moe_keys() {
+  static const std::vector<std::string> keys = {
+      "experts",  "top_k",     "shared_experts", "expert_d_ff",           "first_dense_layers",
+      "router",   "norm_topk", "routing",        "experts_implementation", "capacity_factor"};
+  return keys;
+}
+
+bool moe_row(const graph::DecoderArch& a) {
+  const std::string name = a.architecture;
+  return name == "mixtral" || name == "qwen2_moe" || name == "qwen3_moe" || name == "olmoe";
+}
+
+// A sub-key's own line (a --set value's "--set").
+Field sub_field(const Field& parent, const YAML::Node& key, const YAML::Node& value) {
+  if (parent.where == "--set") return Field{value, parent.where};
+  const std::string file = parent.where.substr(0, parent.where.rfind(':'));
+  const int line = key.Mark().line >= 0 ? key.Mark().line + 1 : 1;
+  return Field{value, file + ":" + std::to_string(line)};
+}
+
+// balanced | worst-case | skew:ALPHA | counts:[...] (a YAML list, or the text form).
+void read_routing(const Field& f, const std::string& key, graph::MoeSpec& m) {
+  const std::string forms = "balanced, worst-case, skew:ALPHA (ALPHA >= 0) or counts:[N, ...]";
+  auto counts_from = [&](const YAML::Node& list) {
+    m.counts.clear();
+    for (const auto& item : list) {
+      const std::string v = item.IsScalar() ? item.Scalar() : "";
+      char* end = nullptr;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 0)
+        fail(f.where, key, "counts: expected non-negative integers (tokens per expert), got " +
+                               describe(item));
+      m.counts.push_back(n);
+    }
+    if (m.counts.empty()) fail(f.where, key, "counts: an empty list");
+    m.routing = graph::MoeRouting::counts;
+  };
+  if (f.node.IsMap() && f.node.size() == 1 && f.node["counts"]) {  // {counts: [...]}
+    if (!f.node["counts"].IsSequence()) fail(f.where, key, "counts: expected a list, got " + describe(f.node["counts"]));
+    return counts_from(f.node["counts"]);
+  }
+  if (!f.node.IsScalar()) fail(f.where, key, "expected " + forms + ", got " + describe(f.node));
+  const std::string text = f.node.Scalar();
+  if (text == "balanced") { m.routing = graph::MoeRouting::balanced; return; }
+  if (text == "worst-case") { m.routing = graph::MoeRouting::worst_case; return; }
+  if (text.rfind("skew:", 0) == 0) {
+    char* end = nullptr;
+    const std::string a = text.substr(5);
+    const double alpha = std::strtod(a.c_str(), &end);
+    if (a.empty() || *end != '\0' || !(alpha >= 0.0) || !std::isfinite(alpha))
+      fail(f.where, key, "skew:ALPHA needs a number ALPHA >= 0, got '" + text + "'");
+    m.routing = graph::MoeRouting::skew;
+    m.skew_alpha = alpha;
+    return;
+  }
+  if (text.rfind("counts:", 0) == 0) {
+    YAML::Node list;
+    try {
+      list = YAML::Load(text.substr(7));
+    } catch (const YAML::Exception&) {
+      fail(f.where, key, "counts: expected a list [N, ...], got '" + text.substr(7) + "'");
+    }
+    if (!list.IsSequence()) fail(f.where, key, "counts: expected a list [N, ...], got '" + text.substr(7) + "'");
+    return counts_from(list);
+  }
+  fail(f.where, key, "expected " + forms + ", got '" + text + "'" +
+                         did_you_mean(text, {"balanced", "worst-case"}));
+}
+
+// Where a model.moe value was decided (its own line, else model.moe's, else the config's).
+std::string moe_where(const Doc& d, const std::string& sub) {
+  if (sub == "routing")
+    if (const Field* f = d.find("model.moe.routing")) return f->where;
+  if (const Field* f = d.find("model.moe")) {
+    if (f->node.IsMap())
+      for (auto it = f->node.begin(); it != f->node.end(); ++it)
+        if (it->first.IsScalar() && it->first.Scalar() == sub) return sub_field(*f, it->first, it->second).where;
+    return f->where;
+  }
+  if (const Field* h = d.find("model.hf_config")) return h->where;
+  if (const Field* a = d.find("model.architecture")) return a->where;
+  return d.where_missing("model");
+}
+
+}  // namespace
+
+void read_moe(const Doc& d, ModelConfig& m) {
+  graph::MoeSpec& moe = m.arch.moe;
+  const Field* f = d.find("model.moe");
+  if (f && !is_null(f->node)) {
+    if (!family_row(m.family).hf || m.family == ModelFamily::hf_gpt2)
+      fail(f->where, "model.moe", std::string("mixture-of-experts layers are modelled for the "
+                                              "Llama-lineage Hugging Face decoders (hf-llama and its "
+                                              "architectures), not family ") + to_string(m.family));
+    if (!f->node.IsMap()) fail(f->where, "model.moe", "expected a mapping {experts, top_k, ...}, got " + describe(f->node));
+    bool shared_given = false;
+    for (auto it = f->node.begin(); it != f->node.end(); ++it) {
+      const std::string sub = it->first.IsScalar() ? it->first.Scalar() : "";
+      const std::string key = "model.moe." + sub;
+      const Field v = sub_field(*f, it->first, it->second);
+      bool known = false;
+      for (const auto& k : moe_keys()) known = known || k == sub;
+      if (!known) fail(v.where, key, "unknown key" + did_you_mean(sub, moe_keys()));
+      if (sub == "experts") moe.experts = read_int(v, key, 1);
+      else if (sub == "top_k") moe.top_k = read_int(v, key, 1);
+      else if (sub == "expert_d_ff") moe.expert_d_ff = read_int(v, key, 1);
+      else if (sub == "first_dense_layers") moe.first_dense_layers = read_int(v, key, 0);
+      else if (sub == "norm_topk") moe.norm_topk = read_bool(v, key);
+      else if (sub == "shared_experts") {
+        shared_given = true;
+        moe.shared_d_ff = read_int(v, key, 0);  // a count for now; sized below
+      } else if (sub == "router") {
+        moe.score = read_enum(v, key, std::vector<std::pair<std::string, graph::MoeScore>>{
+                                          {"softmax", graph::MoeScore::softmax},
+                                          {"sigmoid", graph::MoeScore::sigmoid}});
+      } else if (sub == "capacity_factor") {
+        // Megatron-Core's token dropping (issue #15's Megatron part, not modelled here):
+        // transformers' experts are dropless. A value <= 0 is bad input either way.
+        const double cf = read_number(v, key);
+        if (!(cf > 0.0)) fail(v.where, key, "expected a number > 0, got '" + v.node.Scalar() + "'");
+        fail(v.where, key, "a capacity factor (token dropping and padding) is Megatron-Core's; "
+                           "transformers' MoE experts are dropless and memsim does not model "
+                           "Megatron-Core's MoE yet: remove it");
+      } else if (sub == "routing") {
+        read_routing(v, key, moe);
+      } else if (sub == "experts_implementation") {
+        moe.impl = read_enum(v, key, std::vector<std::pair<std::string, graph::ExpertsImpl>>{
+                                         {"eager", graph::ExpertsImpl::eager},
+                                         {"batched_mm", graph::ExpertsImpl::batched_mm},
+                                         {"grouped_mm", graph::ExpertsImpl::grouped_mm}});
+
+      }
+    }
+    // shared_experts N: one shared expert of N x expert_d_ff with Qwen2-MoE's sigmoid gate.
+    if (shared_given) moe.shared_d_ff *= moe.expert_d_ff;
+    if (moe.experts > 0 && moe.expert_d_ff == 0) moe.expert_d_ff = m.d_ff;
+  }
+  if (const Field* r = d.find("model.moe.routing")) read_routing(*r, "model.moe.routing", moe);
+  if (moe.experts == 0 && moe_row(m.arch))
+    fail(moe_where(d, "experts"), "model.moe",
+         std::string("architecture ") + m.arch.architecture +
+             " is a mixture of experts: give model.moe {experts, top_k, expert_d_ff} or its config.json");
+}
+
+void check_moe(const Doc& d, const Scenario& s) {
+  const graph::MoeSpec& m = s.model.arch.moe;
+  if (m.experts == 0) {
+    if (const Field* r = d.find("model.moe.routing"))
+      fail(r->where, "model.moe.routing", "there are no experts (model.moe.experts is 0)");
+    return;
+  }
+  if (m.top_k == 0) fail(moe_where(d, "top_k"), "model.moe.top_k", "required with model.moe.experts");
+  if (m.top_k > m.experts)
+    fail(moe_where(d, "top_k"), "model.moe.top_k",
+         std::to_string(m.top_k) + " exceeds model.moe.experts " + std::to_string(m.experts));
+  if (m.first_dense_layers > s.model.layers)
+    fail(moe_where(d, "first_dense_layers"), "model.moe.first_dense_layers",
+         std::to_string(m.first_dense_layers) + " exceeds model.layers " + std::to_string(s.model.layers));
+  if (!m.dense_layers.empty() && static_cast<int64_t>(m.dense_layers.size()) != s.model.layers)
+    fail(moe_where(d, "experts"), "model.layers",
+         "the config's mlp_only_layers was read for another layer count; give a config for this one");
+  const int64_t T = s.batch.micro_batch * s.batch.seq_len;
+  if (m.routing == graph::MoeRouting::counts) {
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < s.model.layers; ++l) moe_layers += m.layer_is_moe(l) ? 1 : 0;
+    const std::string where = moe_where(d, "routing");
+    const size_t n = m.counts.size(), E = static_cast<size_t>(m.experts);
+    if (n != E && n != E * static_cast<size_t>(moe_layers))
+      fail(where, "model.moe.routing",
+           "counts: " + std::to_string(n) + " entries; expected " + std::to_string(E) +
+               " (tokens per expert, every MoE layer) or " + std::to_string(E * moe_layers) +
+               " (" + std::to_string(moe_layers) + " MoE layers x " + std::to_string(E) + " experts)");
+    for (size_t row = 0; row < n / E; ++row) {
+      int64_t sum = 0;
+      for (size_t e = 0; e < E; ++e) {
+        const int64_t c = m.counts[row * E + e];
+        if (c > T)
+          fail(where, "model.moe.routing",
+               "counts: expert " + std::to_string(e) + " gets " + std::to_string(c) + " tokens, more than the " +
+                   std::to_string(T) + " tokens of a micro-batch (a token picks an expert once)");
+        sum += c;
+      }
+      if (sum != T * m.top_k)
+        fail(where, "model.moe.routing",
+             "counts" + (n > E ? " of MoE layer " + std::to_string(row) : std::string()) + " sum to " +
+                 std::to_string(sum) + ", but tokens x top_k = " + std::to_string(T) + " x " +
+                 std::to_string(m.top_k) + " = " + std::to_string(T * m.top_k) +
+                 " (batch.micro_batch x batch.seq_len tokens, each routed to top_k experts)");
+    }
+  }
+  // Settings whose MoE behaviour is not modelled yet: refused by key.
+  const std::string moe_at = moe_where(d, "experts");
+  if (s.precision.autocast.has_value())
+    fail(d.find("precision.autocast") ? d.find("precision.autocast")->where : moe_at, "precision.autocast",
+         "a mixture-of-experts model under autocast is not modelled yet (which dtype the "
+         "routing weights and the expert products get is not checked); use bf16 parameters");
+  if (s.lora.rank > 0)
+    fail(d.find("lora.rank") ? d.find("lora.rank")->where : moe_at, "lora.rank",
+         "LoRA on a mixture-of-experts model is not modelled yet (PEFT's targets on 3-D expert "
+         "weights); use lora.rank: 0");
+  if (s.model.arch.impl != graph::ModelImpl::hf)
+    fail(d.find("model.implementation") ? d.find("model.implementation")->where : moe_at,
+         "model.implementation", "mixture-of-experts layers are modelled for transformers' code (hf) only");
+  if (s.precision.float8 != Float8Recipe::none)
+    fail(d.find("precision.float8") ? d.find("precision.float8")->where : moe_at, "precision.float8",
+         "float8 linears on a mixture-of-experts model are not modelled (the experts are 3-D "
+         "parameters, not nn.Linear)");
+  if (s.optimizer.type == OptimizerType::adafactor)
+    fail(d.find("optimizer.type") ? d.find("optimizer.type")->where : moe_at, "optimizer.type",
+         "Adafactor's factored state on the 3-D expert weights is not modelled");
+}
+
+}  // namespace memsim::scenario_detail

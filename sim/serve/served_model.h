@@ -1,0 +1,53 @@
+// The model a serving engine loads, per tensor-parallel rank (issue #17; docs/serve.md).
+//
+// Contract: served_model() reads a loaded Scenario (model, precision.params as the
+// engine's --dtype, serve.*) and returns the per-rank dimensions vLLM's model code uses,
+// or throws ScenarioError "FILE:LINE: KEY: why" for what is not modelled:
+//  - families other than hf-llama, and the architecture rows whose vLLM model code is not
+//    modelled (gemma, gemma2, gemma3_text, olmo2, granite, gpt2: sandwich / post norms,
+//    scalar multipliers, GELU MLPs; their KV layout alone is kv_layout.h's, tested there);
+//  - head / KV head / FFN / vocabulary counts that vLLM's tensor-parallel layers cannot
+//    split (vLLM's own messages: "Total number of attention heads (H) must be divisible
+//    by tensor parallel size (T).").
+// vllm_weight_tensors() lists the tensors vLLM's loader leaves on one rank (vllm/
+// model_executor/models/llama.py at 4e179065: VocabParallelEmbedding padded to a multiple
+// of 64, QKVParallelLinear, RowParallelLinear o_proj, MergedColumnParallelLinear gate_up,
+// RowParallelLinear down_proj, RMSNorm weights, ParallelLMHead unless tied, the shared
+// rotary cos_sin_cache [max_position, rotary_dim]); with serve.quantization the decoder
+// linears take the quantized layouts documented in docs/serve.md. weights_bytes() is what
+// vLLM's "Model loading took X GiB" measures: the caching allocator's allocated bytes,
+// each tensor rounded up to 512 B.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "scenario/scenario.h"
+#include "sim/serve/kv_layout.h"
+
+namespace memsim::serve {
+
+struct ServedModel {
+  std::string architecture;  // graph::DecoderArch::architecture ("llama", "qwen2", ...)
+  int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, head_dim = 0, d_ff = 0;
+  int64_t vocab = 0, padded_vocab = 0, context = 0, rotary_dim = 0;
+  bool tied = false, qkv_bias = false, o_bias = false, mlp_bias = false, qk_norm = false;
+  int64_t tp = 1;
+  int64_t q_heads_rank = 0, kv_heads_rank = 0, d_ff_rank = 0, vocab_rank = 0;
+  int64_t elem = 2;                // model dtype bytes (precision.params)
+  int64_t kv_elem = 2;             // KV cache dtype bytes (serve.kv_cache_dtype)
+  WeightQuant quant = WeightQuant::none;
+  std::vector<KvLayer> kv;         // one per layer, this rank's share
+};
+
+ServedModel served_model(const Scenario& s);
+
+struct WeightTensor {
+  std::string name;
+  uint64_t bytes = 0;
+};
+std::vector<WeightTensor> vllm_weight_tensors(const ServedModel& m);
+uint64_t weights_bytes(const std::vector<WeightTensor>& tensors);
+
+}  // namespace memsim::serve

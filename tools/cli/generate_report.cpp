@@ -1,0 +1,37 @@
+// generate_json / generate_fact (tools/cli/generate_report.h).
+#include "tools/cli/generate_report.h"
+
+#include "allocator/units.h"
+
+namespace memsim::cli {
+namespace {
+
+uint64_t bytes_per_token(const Scenario& s) {
+  const int64_t hd = s.model.arch.head_dim > 0 ? s.model.arch.head_dim : s.model.d_model / s.model.heads;
+  return 2ull * static_cast<uint64_t>(s.model.layers) * static_cast<uint64_t>(s.model.kv_heads) *
+         static_cast<uint64_t>(hd) * static_cast<uint64_t>(dtype_bytes(s.precision.params)) *
+         static_cast<uint64_t>(s.batch.micro_batch);
+}
+
+}  // namespace
+
+Json generate_json(const Scenario& s, const GenerateFacts& f) {
+  return {{"prompt_len", s.generate.prompt_len},
+          {"new_tokens", s.generate.new_tokens},
+          {"cache", to_string(s.generate.cache)},
+          {"logits_to_keep", s.generate.logits_to_keep},
+          {"weights_bytes", f.weights_bytes},
+          {"kv_cache_bytes_end", f.cache_bytes_end},
+          {"kv_cache_tokens_end", f.cache_tokens_end},
+          {"kv_cache_bytes_per_token", bytes_per_token(s)}};
+}
+
+std::string generate_fact(const Scenario& s, const GenerateFacts& f) {
+  return std::to_string(s.batch.micro_batch) + " x (" + std::to_string(s.generate.prompt_len) +
+         " prompt + " + std::to_string(s.generate.new_tokens) + " new tokens), " +
+         to_string(s.generate.cache) + " KV cache " + human_bytes(f.cache_bytes_end) + " at the end (" +
+         std::to_string(f.cache_tokens_end) + " tokens, " + human_bytes(bytes_per_token(s)) +
+         " per token), weights " + human_bytes(f.weights_bytes);
+}
+
+}  // namespace memsim::cli

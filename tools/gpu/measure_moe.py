@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""Measures mixture-of-experts training steps on a CUDA GPU with a forced routing, for
+memsim's MoE model (graph/models/decoder_moe.cpp, docs/moe.md; issue #15).
+
+    python3 tools/gpu/measure_moe.py OUTDIR [--budget SECONDS] [--per-run SECONDS]
+                                     [--only NAME|GLOB...] [--list]
+
+Each configuration runs in its own Python process (a fresh caching allocator), with
+torch.cuda.memory._record_memory_history on from before the model is built, and memsim's
+default loop: the model built on the GPU, AdamW (foreach), the batch (ids, labels int64);
+one warm-up step, then the measured step
+    zero_grad(set_to_none=True); out = model(ids); loss = loss(out, labels);
+    loss.backward(); opt.step()
+Writes OUTDIR/moe_runs.json (the spec of each run, torch and transformers versions,
+memory_stats at the marks, the measured step's max_memory_allocated / reserved, the parameter
+count, which experts implementation and router code actually ran (inspect.getsource), the
+tokens per expert the forced routing gave, and failures with their stderr) and
+OUTDIR/moe_snapshots.tar.xz (torch.cuda.memory._snapshot() per run, frames stripped). A
+failing run is recorded and the next one runs; no run starts after --budget seconds.
+
+Routing is forced, so the sizes are known: torch.topk is wrapped (for the transformers
+models it is the module-level torch.topk their routers call) so that, after the real topk
+ran (its allocations and autograd node as usual), its (T, K) indices are overwritten in
+place through `.data` with the assignment of tools/fixtures/moe_models.forced_indices for the
+run's tokens per expert (balanced, skewed, worst-case). The forced (T, K) int64 table is
+put on the GPU before the measured step (16 KiB, a small-pool block memsim does not model).
+
+Models: "standin" = tools/fixtures/moe_models.MoeForCausalLM (transformers v5's eager experts
+and router written out, on torch_models' decoder rows; the CPU fixtures
+tests/data/torch_cpu_moe came from it) at a GPU size; "transformers" = the installed
+transformers' own Qwen3MoeForCausalLM / MixtralForCausalLM / OlmoeForCausalLM /
+Qwen2MoeForCausalLM built with AutoModelForCausalLM.from_config from the small config.json
+in tests/data/gpu/moe/configs/ (attention eager; the experts implementation set to eager
+where the release has the switch, and recorded), called as users call it.
+
+memsim's scenario of each run is tests/data/gpu/moe/NAME.yaml; its blind predictions are
+tests/data/gpu/moe_predictions.json (committed before any measurement).
+
+Without CUDA (a dry run on a CPU machine, e.g. Debian's torch 1.13) the stand-ins run the
+same code on the CPU at a tiny size and record no memory figures; the transformers runs are
+skipped with a message when transformers cannot be imported.
+"""
+import argparse
+import fnmatch
+import importlib.util
+import inspect
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tools", "fixtures"))
+CONFIGS = os.path.join(ROOT, "tests", "data", "gpu", "moe", "configs")
+
+# GPU size: 2 layers, d 1024, 8 experts of 768, top 2, b 16 x s 256 = 4096 tokens, a 4096
+# vocabulary: the MoE blocks, not the logits or the S x S scores, decide the peaks.
+SHAPE = dict(layers=2, d_model=1024, heads=16, kv_heads=4, d_ff=2048, vocab=4096, context=1024,
+             seq=256, batch=16, dropout=0.0)
+E, K, FE = 8, 2, 768
+TOKENS = SHAPE["batch"] * SHAPE["seq"]
+ROUTINGS = {
+    "balanced": [TOKENS * K // E] * E,                            # 1024 each
+    "skew": [4096, 2048, 1024, 512, 256, 128, 64, 64],            # Zipf-like, capped at T
+    "worst": [TOKENS] * K + [0] * (E - K),                        # experts 0, 1 take every token
+}
+
+
+def spec(name, impl, model_type, routing, dtype="bf16", experts_impl="eager", seconds=8.0):
+    return dict(name=name, impl=impl, model_type=model_type, routing=routing,
+                counts=ROUTINGS[routing], dtype=dtype, experts_impl=experts_impl,
+                cfg=dict(SHAPE), experts=E, top_k=K, expert_d_ff=FE, warmup=1, estimate=seconds)
+
+
+# In priority order (a budget cut drops the last).
+SPECS = [
+    spec("moe_standin_qwen3_bf16_balanced", "standin", "qwen3_moe", "balanced"),
+    spec("moe_tf_qwen3_moe_bf16_balanced", "transformers", "qwen3_moe", "balanced", seconds=12.0),
+    spec("moe_tf_qwen3_moe_bf16_worst", "transformers", "qwen3_moe", "worst", seconds=12.0),
+    spec("moe_standin_qwen3_bf16_skew", "standin", "qwen3_moe", "skew"),
+    spec("moe_tf_mixtral_bf16_balanced", "transformers", "mixtral", "balanced", seconds=12.0),
+    spec("moe_tf_olmoe_bf16_skew", "transformers", "olmoe", "skew", seconds=12.0),
+    spec("moe_tf_qwen2_moe_bf16_balanced", "transformers", "qwen2_moe", "balanced", seconds=12.0),
+    spec("moe_standin_mixtral_bf16_worst", "standin", "mixtral", "worst"),
+    # memsim refuses grouped_mm (not modelled yet): measured to see what it costs.
+    spec("moe_tf_qwen3_moe_bf16_balanced_grouped_mm", "transformers", "qwen3_moe", "balanced",
+         experts_impl="grouped_mm", seconds=12.0),
+]
+
+
+def stats(torch, cuda):
+    if not cuda:
+        return {}
+    torch.cuda.synchronize()
+    st = torch.cuda.memory_stats()
+    keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+            "reserved_bytes.all.peak", "requested_bytes.all.current", "requested_bytes.all.peak",
+            "num_alloc_retries", "num_ooms", "segment.all.current", "allocation.all.current")
+    return {k: st.get(k) for k in keys}
+
+
+def strip_frames(snapshot):
+    for trace in snapshot.get("device_traces", []):
+        for e in trace:
+            e.pop("frames", None)
+    for seg in snapshot.get("segments", []):
+        for b in seg.get("blocks", []):
+            b.pop("frames", None)
+    return snapshot
+
+
+# --------------------------------------------------------------------------- models
+def standin_cfg(sp, dry):
+    import gen_arch_fixtures as arch
+    base = {"qwen3_moe": "qwen3", "mixtral": "mistral"}[sp["model_type"]]
+    c = dict(sp["cfg"])
+    if dry:
+        c.update(layers=2, d_model=64, heads=4, kv_heads=2, d_ff=96, vocab=512, context=64, seq=16, batch=2)
+    cfg = arch.row(base, base=c)
+    if base == "mistral":
+        cfg["arch"]["sliding_window"] = 0  # the GPU run's Mixtral has no window
+    tokens = c["batch"] * c["seq"]
+    counts = sp["counts"] if not dry else forced_counts_for(sp["routing"], tokens)
+    cfg["moe"] = dict(experts=sp["experts"], top_k=sp["top_k"],
+                      expert_d_ff=sp["expert_d_ff"] if not dry else 24, norm_topk=True,
+                      router_style="mixtral" if sp["model_type"] == "mixtral" else "qwen",
+                      shared_d_ff=0, first_dense_layers=0, counts=counts)
+    return cfg
+
+
+def forced_counts_for(routing, tokens):
+    if routing == "balanced":
+        return [tokens * K // E] * E
+    if routing == "worst":
+        return [tokens] * K + [0] * (E - K)
+    left, out = tokens * K, []
+    for e in range(E):  # halving shares, capped at the tokens (the dry run's skew)
+        c = min(tokens, left if e == E - 1 else max(1, left // 2))
+        out.append(c)
+        left -= c
+    return out
+
+
+def build_standin(torch, sp, device, dry):
+    import moe_models as mm
+    import torch_models as tm
+    cfg = standin_cfg(sp, dry)
+    model = mm.MoeForCausalLM(cfg)
+    loss = tm.decoder_loss(cfg)
+    forced = model.forced
+    return model, (lambda m, ids, labels: m(ids)), loss, forced, cfg
+
+
+def build_transformers(torch, sp, device, dry):
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    with open(os.path.join(CONFIGS, sp["model_type"] + ".json")) as f:
+        d = json.load(f)
+    if dry:
+        d.update(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=96, vocab_size=512, max_position_embeddings=64)
+        for k in ("moe_intermediate_size", "shared_expert_intermediate_size", "head_dim"):
+            if k in d:
+                d[k] = 16 if k == "head_dim" else 24
+    for k in ("torch_dtype", "dtype"):
+        d.pop(k, None)
+    d["use_cache"] = False
+    config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
+    dtype = torch.bfloat16 if sp["dtype"] == "bf16" else torch.float32
+    major = int(transformers.__version__.split(".")[0])
+    kw = {"dtype" if major >= 5 else "torch_dtype": dtype}
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, attn_implementation="eager", experts_implementation=sp["experts_impl"], **kw)
+    except (TypeError, ValueError):  # a release without the keyword: the attribute below
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", **kw)
+    for m in model.modules():  # the switch use_experts_implementation reads at every call
+        c = getattr(m, "config", None)
+        if c is not None and hasattr(c, "_experts_implementation"):
+            try:
+                c._experts_implementation = sp["experts_impl"]
+            except Exception:  # noqa: BLE001
+                pass
+    import moe_models as mm
+    c = sp["cfg"]
+    tokens = (2 * 16) if dry else c["batch"] * c["seq"]
+    counts = forced_counts_for(sp["routing"], tokens) if dry else sp["counts"]
+    forced = mm.forced_indices(tokens, sp["top_k"], counts)
+
+    def forward(m, ids, labels):
+        return m(input_ids=ids, labels=labels, use_cache=False)
+
+    def loss_fn(out, labels):
+        return out.loss
+
+    return model, forward, loss_fn, forced, None
+
+
+def code_of(model):
+    """The source of the experts forward and the router forward that actually run."""
+    out = {}
+    for name, m in model.named_modules():
+        cls = type(m).__name__
+        if cls.endswith("Experts") and "experts" not in out:
+            out["experts_class"] = cls
+            try:
+                out["experts"] = inspect.getsource(type(m).forward)
+            except (OSError, TypeError):
+                out["experts"] = "?"
+            c = getattr(m, "config", None)
+            out["experts_implementation"] = getattr(c, "_experts_implementation", None)
+        if (cls.endswith("TopKRouter") or cls.endswith("Router")) and "router" not in out:
+            out["router_class"] = cls
+            try:
+                out["router"] = inspect.getsource(type(m).forward)
+            except (OSError, TypeError):
+                out["router"] = "?"
+        if cls.endswith("SparseMoeBlock") and "block" not in out:
+            try:
+                out["block"] = inspect.getsource(type(m).forward)
+            except (OSError, TypeError):
+                out["block"] = "?"
+    return out
+
+
+def run_one(sp, out_dir):
+    import torch
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dry = not cuda
+    result = dict(spec=sp, torch_version=torch.__version__, device=str(device), dry_run=dry)
+    if cuda:
+        torch.cuda.init()
+        free0, total = torch.cuda.mem_get_info()
+        result["gpu"] = torch.cuda.get_device_name()
+        result["mem_get_info_at_init"] = [free0, total]
+        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
+                                                 max_entries=2_000_000)
+    torch.manual_seed(0)
+    build = build_standin if sp["impl"] == "standin" else build_transformers
+    default_dtype = torch.get_default_dtype()
+    if sp["dtype"] == "bf16":
+        torch.set_default_dtype(torch.bfloat16)
+    try:
+        ctx = device if hasattr(torch.device, "__enter__") else None
+        if ctx is not None:
+            with ctx:
+                model, forward, loss_fn, forced, cfg = build(torch, sp, device, dry)
+        else:
+            model, forward, loss_fn, forced, cfg = build(torch, sp, device, dry)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    model = model.to(device)
+    model.train()
+    result["parameters"] = sum(p.numel() for p in model.parameters())
+    result["code"] = code_of(model)
+    if sp["impl"] == "transformers":
+        import transformers
+        result["transformers_version"] = transformers.__version__
+        result["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+    # The forced routing on the device (before the measured step).
+    forced = forced.to(device)
+    routed = []
+    if sp["impl"] == "standin":
+        for m in model.modules():
+            if hasattr(m, "forced") and hasattr(m, "topk"):
+                m.forced = forced
+    orig_topk = torch.topk
+
+    def forced_topk(*args, **kwargs):
+        v, i = orig_topk(*args, **kwargs)
+        if tuple(i.shape) == tuple(forced.shape):
+            i.data.copy_(forced)
+            routed.append(1)
+        return v, i
+
+    if sp["impl"] == "transformers":
+        torch.topk = forced_topk
+    result["marks"] = {"after_model": stats(torch, cuda)}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True if cuda else False)
+    c = cfg if cfg is not None else sp["cfg"]
+    vocab = 512 if dry else c["vocab"]
+    batch, seq = (2, 16) if dry else (c["batch"], c["seq"])
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    labels = torch.randint(0, vocab, (batch, seq), device=device)
+    out = loss = None
+    t0 = time.time()
+    try:
+        for step in range(sp["warmup"] + 1):
+            measured = step == sp["warmup"]
+            if measured:
+                result["marks"]["measured_step_begin"] = stats(torch, cuda)
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+            opt.zero_grad(set_to_none=True)
+            out = forward(model, ids, labels)
+            if measured:
+                result["marks"]["forward_end"] = stats(torch, cuda)
+            loss = loss_fn(out, labels)
+            loss.backward()
+            if measured:
+                result["marks"]["backward_end"] = stats(torch, cuda)
+            opt.step()
+            if measured:
+                result["marks"]["optimizer_end"] = stats(torch, cuda)
+    finally:
+        torch.topk = orig_topk
+    result["router_calls_forced"] = len(routed)
+    counts = torch.bincount(forced.reshape(-1).cpu(), minlength=sp["experts"]).tolist()
+    result["tokens_per_expert"] = counts
+    result["loss"] = float(loss)
+    result["seconds"] = time.time() - t0
+    if cuda:
+        torch.cuda.synchronize()
+        result["measured_step_peak_allocated"] = torch.cuda.max_memory_allocated()
+        result["measured_step_peak_reserved"] = torch.cuda.max_memory_reserved()
+        free2, total = torch.cuda.mem_get_info()
+        result["outside_allocator_at_end"] = (total - free2) - torch.cuda.memory_reserved()
+        snap = strip_frames(torch.cuda.memory._snapshot())
+        torch.cuda.memory._record_memory_history(enabled=None)
+        with open(os.path.join(out_dir, sp["name"] + ".pickle"), "wb") as f:
+            pickle.dump(snap, f, protocol=4)
+    with open(os.path.join(out_dir, sp["name"] + ".json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+# --------------------------------------------------------------------------- driver
+def pack(out_dir, pickles, limit=8 << 20):
+    """OUTDIR/moe_snapshots.tar.xz; snapshots are dropped from the end past 8 MiB."""
+    target = os.path.join(out_dir, "moe_snapshots.tar.xz")
+    keep = list(pickles)
+    while keep:
+        with tarfile.open(target, "w:xz") as t:
+            for p in keep:
+                t.add(os.path.join(out_dir, p), arcname=p)
+        if os.path.getsize(target) <= limit:
+            return keep
+        keep.pop()
+    if os.path.exists(target):
+        os.remove(target)
+    return []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("--budget", type=float, default=90.0, help="seconds for all runs")
+    ap.add_argument("--per-run", type=float, default=40.0)
+    ap.add_argument("--only", nargs="*", help="names or fnmatch patterns")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        os.makedirs(a.out_dir, exist_ok=True)
+        run_one(next(s for s in SPECS if s["name"] == a.one), a.out_dir)
+        return
+    chosen = [s for s in SPECS if not a.only or any(fnmatch.fnmatchcase(s["name"], p) for p in a.only)]
+    if a.list:
+        for s in chosen:
+            print(f"{s['name']:48s} {s['impl']:12s} {s['routing']:9s} {s['estimate']:5.1f} s")
+        print(f"{len(chosen)} runs, about {sum(s['estimate'] for s in chosen):.0f} s (estimate)")
+        return
+    os.makedirs(a.out_dir, exist_ok=True)
+    t_start = time.time()
+    have_tf = importlib.util.find_spec("transformers") is not None
+    results, failures = [], {}
+    try:
+        import torch
+        versions = dict(torch=torch.__version__)
+    except Exception:  # noqa: BLE001
+        versions = {}
+    if have_tf:
+        try:
+            import transformers
+            versions["transformers"] = transformers.__version__
+        except Exception as e:  # noqa: BLE001
+            versions["transformers_error"] = repr(e)
+    for sp in chosen:
+        if sp["impl"] == "transformers" and not have_tf:
+            failures[sp["name"]] = "skipped: transformers is not importable by " + sys.executable
+            print(f"SKIPPED {sp['name']}: no transformers here", flush=True)
+            continue
+        left = a.budget - (time.time() - t_start)
+        if left < 5:
+            failures[sp["name"]] = "not run: budget spent"
+            continue
+        try:
+            p = subprocess.run([sys.executable, __file__, a.out_dir, "--one", sp["name"]],
+                               capture_output=True, text=True, timeout=min(a.per_run, left))
+            if p.returncode != 0:
+                failures[sp["name"]] = p.stderr[-4000:]
+                print(f"FAILED {sp['name']}: {p.stderr[-400:]}", flush=True)
+                continue
+            with open(os.path.join(a.out_dir, sp["name"] + ".json")) as f:
+                r = json.load(f)
+            results.append(r)
+            pa, pr = r.get("measured_step_peak_allocated"), r.get("measured_step_peak_reserved")
+            print(f"{sp['name']:48s} peak allocated {pa} reserved {pr} ({time.time() - t_start:5.1f} s)",
+                  flush=True)
+        except subprocess.TimeoutExpired:
+            failures[sp["name"]] = "timeout"
+            print(f"TIMEOUT {sp['name']}", flush=True)
+        except Exception:  # noqa: BLE001
+            failures[sp["name"]] = traceback.format_exc()[-4000:]
+    with open(os.path.join(a.out_dir, "moe_runs.json"), "w") as f:
+        json.dump({"versions": versions, "results": results, "failures": failures}, f, indent=1)
+    pickles = [r["spec"]["name"] + ".pickle" for r in results
+               if os.path.exists(os.path.join(a.out_dir, r["spec"]["name"] + ".pickle"))]
+    if pickles:
+        try:
+            kept = pack(a.out_dir, pickles)
+            if len(kept) < len(pickles):
+                print(f"snapshots kept: {len(kept)} of {len(pickles)} (8 MiB limit)", flush=True)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+        for p in pickles:
+            os.remove(os.path.join(a.out_dir, p))
+    for r in results:
+        os.remove(os.path.join(a.out_dir, r["spec"]["name"] + ".json"))
+    print(f"{len(results)} runs, {len(failures)} failed or skipped, {time.time() - t_start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    if "--one" in sys.argv:  # a child: its failure is the parent's record
+        main()
+    else:
+        try:
+            main()
+        except SystemExit:
+            raise
+        except Exception:  # noqa: BLE001 -- never raise out: the lease goes on
+            traceback.print_exc()
+            sys.exit(0)
