@@ -215,6 +215,18 @@ def test_other_errors(path):
             raise AssertionError("expected " + kind.__name__)
 
 
+def test_serve_matches_cli(path):
+    source = os.environ["MEMSIM_SOURCE_DIR"]
+    scenarios = [os.path.join(source, "scenarios", name) for name in sorted(os.listdir(
+        os.path.join(source, "scenarios"))) if "vllm" in name and name.endswith(".yaml")]
+    if not scenarios:
+        print("  (no vllm scenario shipped: skipped)")
+        return
+    r = memsim.serve(scenarios[0], max_seqs=4096, min_tp=0)
+    expected, status = cli_json("serve", scenarios[0], "--max-seqs", "4096", "--min-tp")
+    assert r == expected, "serve() differs from memsim serve --json"
+
+
 def test_version():
     expected = subprocess.run([BINARY, "--version"], capture_output=True, text=True).stdout
     assert memsim.version() == expected.strip()

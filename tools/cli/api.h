@@ -19,6 +19,7 @@
 #include "sim/step/generate.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/moe_report.h"
+#include "tools/cli/serve_report.h"
 
 namespace memsim::cli {
 
@@ -60,5 +61,13 @@ std::vector<MaxSearch> run_sweep_max(const SweepRunner& runner,
                                      const SweepProgress& progress = {});
 Json sweep_max_json(const SweepRunner& runner, const std::string& max_key,
                     const std::vector<SweepOverrides>& points, const std::vector<MaxSearch>& results);
+
+// serve (tools/cli/serve_command.cpp): the plan of `memsim serve` (a scenario without a
+// serve: section gets every key at the engine's default, which `s` then records), and the
+// answers to its inverse flags (--max-seqs LEN: 0 = not asked; --min-tp: nullopt = not
+// asked, 0 = up to 8), for serve_json (tools/cli/serve_report.h).
+serve::ServePlan plan_serve_scenario(Scenario& s);
+ServeInverse serve_inverse(const Scenario& s, const serve::ServePlan& plan, int64_t max_seqs_len,
+                           std::optional<int64_t> min_tp);
 
 }  // namespace memsim::cli

@@ -2,10 +2,10 @@
 // Python face; docs/python.md the guide).
 //
 // Contract:
-//  - run / compare / sweep take the scenario as a file path or as YAML text (the package
+//  - run / compare / sweep / serve take the scenario as a file path or as YAML text (the package
 //    turns a dict into JSON text, which YAML reads), the --set overrides as (key, value)
 //    pairs, and return the JSON documents of `memsim run --json`, `compare --json` and
-//    `sweep --json`, built by the same writers (tools/cli/api.h) and converted to Python
+//    `sweep --json` and `serve --json`, built by the same writers (tools/cli/api.h) and converted to Python
 //    objects (dict, list, int, float, str, None) key by key, in order.
 //  - Nothing escapes as a C++ exception or ends the interpreter: every call catches
 //    everything at this boundary and raises _memsim.Failure(kind, message), kind one of
@@ -258,6 +258,17 @@ py::object sweep(const std::string& scenario, const std::string& source, const O
   return to_python(j);
 }
 
+py::object serve(const std::string& scenario, const std::string& source, const Overrides& overrides,
+                 const std::string& model, int64_t max_seqs_len, std::optional<int64_t> min_tp) {
+  Json j;
+  guarded([&] {
+    Scenario s = load({scenario, source}, overrides, model);
+    const serve::ServePlan plan = cli::plan_serve_scenario(s);
+    j = cli::serve_json(s, plan, cli::serve_inverse(s, plan, max_seqs_len, min_tp));
+  });
+  return to_python(j);
+}
+
 }  // namespace
 }  // namespace memsim::python
 
@@ -273,6 +284,8 @@ PYBIND11_MODULE(_memsim, m) {
         py::arg("timeline"));
   m.def("compare", &compare, py::arg("scenario"), py::arg("source"), py::arg("overrides"),
         py::arg("policies"));
+  m.def("serve", &serve, py::arg("scenario"), py::arg("source"), py::arg("overrides"), py::arg("model"),
+        py::arg("max_seqs_len"), py::arg("min_tp"));
   m.def("sweep", &sweep, py::arg("scenario"), py::arg("source"), py::arg("overrides"),
         py::arg("vary"), py::arg("max"), py::arg("threads"));
 }

@@ -26,7 +26,7 @@ import sys as _sys
 
 from . import _memsim
 
-__all__ = ["run", "compare", "sweep", "version", "MemsimError", "ScenarioError", "UsageError",
+__all__ = ["run", "compare", "sweep", "serve", "version", "MemsimError", "ScenarioError", "UsageError",
            "InputError"]
 
 
@@ -184,6 +184,21 @@ def sweep(scenario, vary=None, set=None, *, max=None, threads=0):
         row.update((k, v) for k, v in point.items() if k != "values")
         rows.append(row)
     return rows
+
+
+def serve(scenario, set=None, *, model=None, max_seqs=None, min_tp=None):
+    """An inference server's memory plan (vLLM / SGLang): `memsim serve --json`'s dict.
+
+    scenario: a path or a dict (its serve: section; none = the engine's defaults); model: a
+    Hugging Face config.json replacing the scenario's model, as `memsim serve --model`;
+    max_seqs: --max-seqs LEN (how many sequences of LEN tokens fit in the KV cache at once);
+    min_tp: --min-tp MAX (the smallest tensor-parallel size that serves the model, searched
+    up to MAX; 0 = up to 8)."""
+    text, source = _scenario_arg(scenario)
+    return _call(_memsim.serve, text, source, _overrides(set),
+                 "" if model is None else _os.fspath(model),
+                 0 if max_seqs is None else int(max_seqs),
+                 None if min_tp is None else int(min_tp))
 
 
 def version():
