@@ -14,6 +14,7 @@
 #include <yaml-cpp/eventhandler.h>
 
 #include "scenario/scenario_doc.h"
+#include "scenario/scenario_text_model.h"
 
 namespace memsim {
 
@@ -338,6 +339,12 @@ void apply_overrides(Doc& doc, const std::vector<std::pair<std::string, std::str
       fail("--set", key, "unknown key" + hint);
     }
     doc.fields[key] = Field{override_node(key, value), "--set"};
+    // A section that only overrides bring: a missing key of it is blamed on the first
+    // such override ("--set lora.rank=8: lora.targets: required"), not on line 1 of a
+    // file that never had the section.
+    const size_t dot = key.find('.');
+    if (dot != std::string::npos && !doc.section_at.count(key.substr(0, dot)))
+      doc.section_at[key.substr(0, dot)] = "--set " + key + "=" + value;
   }
 }
 
@@ -402,12 +409,20 @@ Scenario load_scenario(const std::string& path,
 
 Scenario load_scenario_with_model(const std::string& path, const std::string& model_path,
                                   const std::vector<std::pair<std::string, std::string>>& overrides) {
+  if (path.empty()) return load_scenario_text_with_model("", "", model_path, overrides);
+  return load_scenario_text_with_model(read_scenario_file(path), path, model_path, overrides);
+}
+
+Scenario load_scenario_text_with_model(const std::string& text, const std::string& source,
+                                       const std::string& model_path,
+                                       const std::vector<std::pair<std::string, std::string>>& overrides) {
   using namespace scenario_detail;
+  const std::string& path = source;
   Doc doc;
   if (path.empty()) {
     doc.source = model_path;
   } else {
-    doc = read_doc(read_scenario_file(path), path);
+    doc = read_doc(text, path);
   }
   for (auto it = doc.fields.begin(); it != doc.fields.end();) {
     const bool model_key = it->first.rfind("model.", 0) == 0;

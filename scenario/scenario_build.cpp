@@ -20,6 +20,7 @@
 #include "scenario/pipeline_keys.h"
 #include "scenario/torchtitan_keys.h"
 #include "scenario/scenario_arch.h"
+#include "scenario/device_defaults.h"
 #include "scenario/moe_keys.h"
 #include "scenario/scenario_doc.h"
 #include "scenario/script_keys.h"
@@ -171,6 +172,18 @@ BatchConfig build_batch(const Doc& d, ModelConfig& m) {
            std::to_string(b.seq_len) + " is longer than model.context_length " +
                std::to_string(m.context_length));
     }
+  } else if (m.context_length > 0 && b.seq_len > m.context_length) {
+    // A preset's (or config.json's) context length is the model's: GPT-2's position table
+    // has 1024 rows, and a longer sequence is an index error in PyTorch. Growing it is a
+    // different model, so only an explicit model.context_length extends it.
+    const char* from_key = d.find("model.preset") ? "model.preset" : "model.hf_config";
+    const Field* from = d.find(from_key);
+    fail(origin(d, "batch.seq_len", "batch"), "batch.seq_len",
+         std::to_string(b.seq_len) + " is longer than the model's context length " +
+             std::to_string(m.context_length) +
+             (from ? " (that of " + std::string(from_key) + " " + describe(from->node) + ")" : std::string()) +
+             "; set model.context_length: " + std::to_string(b.seq_len) +
+             " to extend the model (a larger position table or RoPE cache)");
   } else {
     m.context_length = std::max(m.context_length, b.seq_len);
   }
@@ -362,8 +375,9 @@ ParallelConfig build_parallel(const Doc& d, const ModelConfig& m) {
 
 DeviceConfig build_device(const Doc& d) {
   // No device at all means the design's reference GPU, an H100 80GB. A capacity with no
-  // preset describes a device by hand: no CUDA context unless device.cuda_context says
-  // so, and the default (non-sm_90) cuBLAS workspace.
+  // preset describes a device by hand: the measured H100 CUDA context unless
+  // device.cuda_context says otherwise (scenario/device_defaults.h), and the default
+  // (non-sm_90) cuBLAS workspace.
   std::string name = d.find("device.capacity") ? "" : "h100-80gb";
   const Field* preset_field = d.find("device.preset");
   if (preset_field) name = read_string(*preset_field, "device.preset");
@@ -380,11 +394,18 @@ DeviceConfig build_device(const Doc& d) {
     dev = *preset;
   }
   read_if(d, "device.capacity", dev.capacity, read_size);
+  if (name.empty() && !d.find("device.cuda_context")) dev.cuda_context = kDefaultCudaContext;
   read_if(d, "device.cuda_context", dev.cuda_context, read_size);
   read_if(d, "device.cublas_workspace", dev.cublas_workspace, read_size);
   read_if(d, "device.kernel_scratch", dev.kernel_scratch, read_bool);
   read_device_rates(d, dev);  // the time model's rates (scenario/device_rate_keys.h)
   if (dev.capacity == 0) fail(origin(d, "device.capacity", "device"), "device.capacity", "must be more than 0 bytes");
+  if (name.empty() && !d.find("device.cuda_context") && dev.cuda_context >= dev.capacity) {
+    fail(origin(d, "device.capacity", "device"), "device.capacity",
+         human_bytes(dev.capacity) + " is not more than the " + human_bytes(dev.cuda_context) +
+             " CUDA context memsim assumes for a device without device.preset (measured on an "
+             "H100); set device.cuda_context (0 for none) or a device.preset");
+  }
   if (dev.cuda_context >= dev.capacity) {
     fail(origin(d, "device.cuda_context", "device"), "device.cuda_context",
          human_bytes(dev.cuda_context) + " leaves nothing of the " + human_bytes(dev.capacity) + " capacity");

@@ -52,7 +52,37 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return one[b.size()];
 }
 
+namespace {
+
+bool starts_with_nocase(std::string_view text, std::string_view prefix) {
+  if (prefix.size() > text.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(text[i])) != std::tolower(static_cast<unsigned char>(prefix[i])))
+      return false;
+  return true;
+}
+
+}  // namespace
+
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
+  // Names that start with the word come first: "h100" means the H100 presets
+  // ("h100-80gb"), not the nearest spelling ("h200"). At most four are listed.
+  if (word.size() >= 2) {
+    std::vector<const std::string*> prefixed;
+    for (const auto& candidate : candidates)
+      if (candidate.size() > word.size() && starts_with_nocase(candidate, word)) prefixed.push_back(&candidate);
+    if (!prefixed.empty()) {
+      constexpr size_t kListed = 4;
+      const size_t listed = std::min(prefixed.size(), kListed);
+      std::string names;
+      for (size_t i = 0; i < listed; ++i) {
+        if (i > 0) names += i + 1 == listed && prefixed.size() <= kListed ? " or " : ", ";
+        names += "'" + *prefixed[i] + "'";
+      }
+      if (prefixed.size() > kListed) names += " or one of " + std::to_string(prefixed.size() - kListed) + " more";
+      return "; did you mean " + names + "?";
+    }
+  }
   // Close enough = at most a third of the word wrong, and never more than 3 edits, so a
   // typo gets a hint and an unrelated word gets none.
   const size_t limit = std::min<size_t>(3, std::max<size_t>(1, word.size() / 3));

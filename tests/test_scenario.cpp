@@ -85,8 +85,14 @@ TEST_CASE("fixed-context presets default seq_len and context_length", "[scenario
   CHECK(gpt2.batch.seq_len == 1024);
   CHECK(gpt2.model.context_length == 1024);
   CHECK(gpt2.model.tied_embeddings);
-  // Longer than the preset: the context grows to the sequence.
-  CHECK(load("model: {preset: gpt2-small}\nbatch: {seq_len: 2048}\n").model.context_length == 2048);
+  // Longer than the preset: refused (GPT-2's position table has 1024 rows), unless
+  // model.context_length extends the model on purpose (issue #19).
+  CHECK(error_of("model: {preset: gpt2-small}\nbatch: {seq_len: 2048}\n") ==
+        "t.yaml:2: batch.seq_len: 2048 is longer than the model's context length 1024 (that of "
+        "model.preset 'gpt2-small'); set model.context_length: 2048 to extend the model (a larger "
+        "position table or RoPE cache)");
+  CHECK(load("model: {preset: gpt2-small, context_length: 2048}\nbatch: {seq_len: 2048}\n")
+            .model.context_length == 2048);
   // An explicit context_length is kept and must hold the sequence.
   CHECK(load("model: {preset: cs336-small, context_length: 512}\nbatch: {seq_len: 128}\n")
             .model.context_length == 512);
@@ -169,7 +175,9 @@ TEST_CASE("every section's keys and enum spellings are read", "[scenario]") {
 
 TEST_CASE("sizes accept binary and decimal units and plain bytes", "[scenario]") {
   auto capacity = [](const std::string& v) {
-    return load(std::string(kXl) + "device:\n  capacity: " + v + "\n").device.capacity;
+    // cuda_context 0: 500MiB and 4096 B are below the default context of a device without
+    // a preset (scenario/device_defaults.h).
+    return load(std::string(kXl) + "device:\n  capacity: " + v + "\n  cuda_context: 0\n").device.capacity;
   };
   CHECK(capacity("80GiB") == 80 * GiB);
   CHECK(capacity("500MiB") == 500 * MiB);
@@ -235,7 +243,7 @@ TEST_CASE("unknown keys, sections and presets get a located did-you-mean", "[sce
         "t.yaml:2: model.preset: unknown model preset 'cs336-xxl'; did you mean 'cs336-xl'? "
         "(`memsim presets` lists them)");
   CHECK(error_of(std::string(kXl) + "device:\n  preset: h100\n") ==
-        "t.yaml:6: device.preset: unknown device preset 'h100'; did you mean 'h200'? "
+        "t.yaml:6: device.preset: unknown device preset 'h100'; did you mean 'h100-80gb'? "
         "(`memsim presets` lists them)");
   CHECK(error_of("model:\n  preset: cs336-xl\n  attention: flsh\n") ==
         "t.yaml:3: model.attention: expected one of eager, flash, mem-efficient, got 'flsh'; "

@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake libeigen3-dev libspdlog-dev catch2 libyaml-cpp-dev
-          nlohmann-json3-dev libcli11-dev)
+          nlohmann-json3-dev libcli11-dev
+          pybind11-dev python3-dev)  # the Python module (optional in CMake; docs/python.md)
 packages+=("$@")  # callers may ask for more (e.g. chromium for the report tests)
 
 missing=()

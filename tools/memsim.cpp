@@ -1,7 +1,8 @@
 // memsim command line entry point: parses the command line (CLI11), sets up logging and
 // maps errors to the exit statuses of shared/docs/design.md:
 //   0 done and fits, 3 done and out of memory, 1 bad input, 2 bad usage,
-//   4 `memsim check` found a numeric failure.
+//   4 `memsim check` found a numeric failure. 3 also when compare, sweep or optimize find
+//   nothing that fits.
 // The subcommands and report writers live in tools/cli/.
 #include <cerrno>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "tools/cli/errors.h"
 #include "tools/cli/logging.h"
 #include "tools/cli/terminal_text.h"
+#include "tools/cli/version.h"
 
 namespace {
 
@@ -49,10 +51,15 @@ int main(int argc, char** argv) {
   using namespace memsim::cli;
   CLI::App app{"memsim: predicts the GPU memory of transformer training without a GPU"};
   app.require_subcommand(1);
+  app.footer("SCENARIO may be - to read the scenario from standard input. Exit status: 0 done and it "
+             "fits, 3 done and nothing fits (out of memory; compare, sweep, optimize: no policy, "
+             "point or plan fits), 1 bad input, 2 bad usage, 4 memsim check failed. "
+             "`memsim VERB --help` describes each verb.");
   // Options of the main app (-v) are accepted after the subcommand too.
   app.fallthrough();
   int verbosity = 0;
   app.add_flag("-v,--verbose", verbosity, "More log output on stderr (-v info, -vv debug)");
+  app.set_version_flag("--version", std::string(version_text()), "Print the version and git commit, then exit");
 
   RunArgs run_args;
   CLI::App* run = add_run_command(app, run_args);
@@ -67,6 +74,8 @@ int main(int argc, char** argv) {
   CLI::App* sweep = add_sweep_command(app, sweep_args);
   CheckArgs check_args;
   CLI::App* check = add_check_command(app, check_args);
+  CompletionArgs completion_args;
+  CLI::App* completion = add_completion_command(app, completion_args);
   ServeArgs serve_args;
   CLI::App* serve = add_serve_command(app, serve_args);  // issue #17 (tools/cli/serve_command.cpp)
 
@@ -88,6 +97,7 @@ int main(int argc, char** argv) {
       if (optimize->parsed()) return run_optimize(optimize_args);
       if (sweep->parsed()) return run_sweep(sweep_args);
       if (check->parsed()) return run_check(check_args);
+      if (completion->parsed()) return run_completion(app, completion_args);
       if (serve->parsed()) return run_serve(serve_args);
       return kExitUsage;  // unreachable: require_subcommand(1)
     } catch (const UsageError& e) {

@@ -12,6 +12,7 @@
 #include "tools/cli/errors.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/terminal_text.h"
+#include "tools/cli/scenario_input.h"
 
 namespace memsim::cli {
 
@@ -19,7 +20,7 @@ CLI::App* add_check_command(CLI::App& app, CheckArgs& args) {
   CLI::App* cmd = app.add_subcommand(
       "check", "Prove a tiny scenario's schedule numerically (gradients vs finite "
                "differences, checkpointing policies bit-identical, optimizer step)");
-  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML), a tiny cs336, hf-llama or hf-gpt2 model")->required();
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML; - for standard input), a tiny cs336, hf-llama or hf-gpt2 model")->required();
   cmd->add_option("--set", args.sets, "Override a scenario key, e.g. --set model.layers=3")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
@@ -33,12 +34,13 @@ CLI::App* add_check_command(CLI::App& app, CheckArgs& args) {
   cmd->add_option("--test-drop-save", args.test_drop_save)->group("");
   // Hidden: the N-th optimizer state tensor is freed as soon as it is created.
   cmd->add_option("--test-drop-optimizer-state", args.test_drop_optimizer_state)->group("");
+  cmd->footer("Exit status: 0 every check passes, 4 a check failed, 1 bad input or a refused scenario, 2 bad usage.");
   return cmd;
 }
 
 int run_check(const CheckArgs& args) {
   const Overrides overrides = parse_overrides(args.sets);
-  const Scenario scenario = load_scenario(args.scenario, overrides);
+  const Scenario scenario = load_scenario_arg(args.scenario, overrides);
   NumericCheckOptions o;
   o.fd_samples = args.fd_samples;
   o.test_drop_save = args.test_drop_save;

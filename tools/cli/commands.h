@@ -86,8 +86,8 @@ int run_optimize(const OptimizeArgs& args);
 
 // memsim sweep SCENARIO --vary KEY=V1,V2,... [--vary ...] [--max KEY] [--set K=V]...
 //              [--json FILE|-] [--csv FILE|-] [-j N] (tools/cli/sweep_command.cpp).
-// Exit 0 when the sweep ran (points that do not fit or are impossible are rows of the
-// result, not failures).
+// Exit 0 when at least one point fits (grid) or has a largest fit (--max), 3 when none
+// does; points that do not fit or are impossible are rows of the result, not failures.
 struct SweepArgs {
   std::string scenario;
   std::vector<std::string> vary;
@@ -122,5 +122,12 @@ int run_serve(const ServeArgs& args);
 // memsim presets
 CLI::App* add_presets_command(CLI::App& app);
 int run_presets();
+
+// memsim completion bash: the bash completion script of `app` (tools/cli/completion_command.cpp).
+struct CompletionArgs {
+  std::string shell;
+};
+CLI::App* add_completion_command(CLI::App& app, CompletionArgs& args);
+int run_completion(CLI::App& app, const CompletionArgs& args);
 
 }  // namespace memsim::cli

@@ -8,6 +8,7 @@
 #include "sim/step/checkpoint_policy.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "tools/cli/api.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"
@@ -16,6 +17,7 @@
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
+#include "tools/cli/scenario_input.h"
 #include "tools/cli/step_time_report.h"
 #include "tools/cli/style.h"
 #include "tools/cli/summary.h"
@@ -24,13 +26,6 @@
 namespace memsim::cli {
 
 namespace {
-
-struct PolicyRun {
-  std::string label;
-  Analysis analysis;
-  MemoryStats stats;
-  StepTime time;  // the time model's estimate of the measured step (sim/analysis/step_time.h)
-};
 
 double recompute_share(const Flops& f) {
   const double total = f.forward + f.backward + f.recompute;
@@ -90,7 +85,8 @@ void print_table(std::FILE* out, const Scenario& scenario, const std::vector<Pol
 CLI::App* add_compare_command(CLI::App& app, CompareArgs& args) {
   CLI::App* cmd = app.add_subcommand(
       "compare", "Simulate a scenario under several activation-checkpointing policies");
-  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML), or - for standard input")
+      ->required();
   cmd->add_option("--policies", args.policies,
                   "Comma-separated policies: none, full, uniform:K, block:N, "
                   "modules[:attention,mlp], selective, sqrt, custom:ITEMS")
@@ -103,15 +99,14 @@ CLI::App* add_compare_command(CLI::App& app, CompareArgs& args) {
   cmd->add_option("--html", args.html,
                   "Write a self-contained HTML page with one memory curve per policy to FILE")
       ->type_name("FILE.html");
+  cmd->footer("Exit status: 0 when at least one policy fits, 3 when every policy runs out of memory, 1 bad input, 2 bad usage.");
   return cmd;
 }
 
-int run_compare(const CompareArgs& args) {
-  const Overrides overrides = parse_overrides(args.sets);
-  const Scenario base = load_scenario(args.scenario, overrides);
+std::vector<CheckpointConfig> parse_policy_list(const std::string& list, const Scenario& base) {
   std::vector<CheckpointConfig> configs;
   try {
-    for (const std::string& spec : split_policies(args.policies)) {
+    for (const std::string& spec : split_policies(list)) {
       configs.push_back(parse_policy(spec));
       make_plan(configs.back(), base.model.layers);  // validates layer indices and modules
     }
@@ -119,9 +114,12 @@ int run_compare(const CompareArgs& args) {
     throw UsageError(std::string("--policies: ") + e.what());
   }
   if (configs.empty()) throw UsageError("--policies: no policy given");
+  return configs;
+}
 
+std::vector<PolicyRun> run_policies(const Scenario& base, const std::vector<CheckpointConfig>& configs,
+                                    const PolicyObserver& each) {
   std::vector<PolicyRun> runs;
-  HtmlReport html;  // downsampled curves only: the timelines are not kept
   for (const CheckpointConfig& config : configs) {
     Scenario s = base;
     s.checkpoint = config;
@@ -130,10 +128,44 @@ int run_compare(const CompareArgs& args) {
     const Timeline timeline = execute(program, s.allocator, *device);
     runs.push_back({policy_label(config), analyze(program, timeline), timeline.final_stats,
                     estimate_step_time(program.cost, s.device)});
-    if (!args.html.empty())
-      html.curves.push_back(
-          downsample_timeline(program, timeline, runs.back().analysis, runs.back().label));
+    if (each) each(program, timeline, runs.back());
   }
+  return runs;
+}
+
+Json compare_json(const Scenario& base, const std::vector<PolicyRun>& runs) {
+  Json j = Json::object();
+  j["scenario"] = base.name;
+  j["scenario_file"] = base.source;
+  Json list = Json::array();
+  for (const PolicyRun& r : runs) {
+    Json p = Json::object();
+    p["policy"] = r.label;
+    p["recompute_share"] = recompute_share(r.analysis.flops);
+    Json summary = analysis_json(r.analysis);
+    for (auto& [key, value] : summary.items()) p[key] = std::move(value);
+    p["memory_stats"] = memory_stats_json(r.stats);
+    // The time model (issue #18 item 1): the measured step's seconds, and the recompute
+    // part next to the step's recompute FLOPs.
+    p["estimated_step_seconds"] = step_time_json(r.time);
+    p["recompute_seconds"] = r.time.estimated ? Json(r.time.part[static_cast<int>(CostPart::recompute)]) : Json(nullptr);
+    list.push_back(std::move(p));
+  }
+  j["policies"] = std::move(list);
+  return j;
+}
+
+int run_compare(const CompareArgs& args) {
+  const Overrides overrides = parse_overrides(args.sets);
+  const Scenario base = load_scenario_arg(args.scenario, overrides);
+  const std::vector<CheckpointConfig> configs = parse_policy_list(args.policies, base);
+
+  HtmlReport html;  // downsampled curves only: the timelines are not kept
+  const std::vector<PolicyRun> runs = run_policies(
+      base, configs, [&](const Program& program, const Timeline& timeline, const PolicyRun& run) {
+        if (!args.html.empty())
+          html.curves.push_back(downsample_timeline(program, timeline, run.analysis, run.label));
+      });
   if (!args.html.empty()) {
     html.title = base.name.empty() ? base.source : base.name;
     html.facts = scenario_facts(base);
@@ -148,26 +180,8 @@ int run_compare(const CompareArgs& args) {
   }
 
   if (!args.json.empty()) {
-    Json j = Json::object();
-    j["scenario"] = base.name;
-    j["scenario_file"] = base.source;
-    Json list = Json::array();
-    for (const PolicyRun& r : runs) {
-      Json p = Json::object();
-      p["policy"] = r.label;
-      p["recompute_share"] = recompute_share(r.analysis.flops);
-      Json summary = analysis_json(r.analysis);
-      for (auto& [key, value] : summary.items()) p[key] = std::move(value);
-      p["memory_stats"] = memory_stats_json(r.stats);
-      // The time model (issue #18 item 1): the measured step's seconds, and the recompute
-      // part next to the step's recompute FLOPs.
-      p["estimated_step_seconds"] = step_time_json(r.time);
-      p["recompute_seconds"] = r.time.estimated ? Json(r.time.part[static_cast<int>(CostPart::recompute)]) : Json(nullptr);
-      list.push_back(std::move(p));
-    }
-    j["policies"] = std::move(list);
     Output out(args.json);
-    out.write(dump_json(j));
+    out.write(dump_json(compare_json(base, runs)));
     out.finish();
   }
   if (args.json != "-") {

@@ -17,6 +17,7 @@
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
+#include "tools/cli/scenario_input.h"
 #include "tools/cli/step_time_report.h"
 #include "tools/cli/style.h"
 #include "tools/cli/summary.h"
@@ -71,7 +72,8 @@ Json stages_json(const OptimizeResult& r) {
 CLI::App* add_optimize_command(CLI::App& app, OptimizeArgs& args) {
   CLI::App* cmd = app.add_subcommand(
       "optimize", "Find the checkpointing plan with the least recompute that fits a budget");
-  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML), or - for standard input")
+      ->required();
   cmd->add_option("--budget", args.budget,
                   "Memory the caching allocator may reserve at most, e.g. 40GiB")
       ->required();
@@ -92,6 +94,7 @@ CLI::App* add_optimize_command(CLI::App& app, OptimizeArgs& args) {
                   "Micro-batches --objective tries (default: every divisor of the global batch)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  cmd->footer("Exit status: 0 a plan fits the budget, 3 nothing fits, 1 bad input, 2 bad usage.");
   return cmd;
 }
 
@@ -180,7 +183,7 @@ int run_optimize(const OptimizeArgs& args) {
     throw UsageError("--budget: expected a size such as 40GiB, 500MiB or bytes, got '" +
                      args.budget + "'");
   const Overrides overrides = parse_overrides(args.sets);
-  const Scenario scenario = load_scenario(args.scenario, overrides);
+  const Scenario scenario = load_scenario_arg(args.scenario, overrides);
   // A budget the device cannot give is a mistake, not a search (issue #18: bad input).
   if (const auto usable = usable_capacity(scenario.device); usable && *budget > *usable)
     throw UsageError("--budget: " + human_bytes(*budget) + " is more than the device leaves the "

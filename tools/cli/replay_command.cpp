@@ -107,6 +107,7 @@ CLI::App* add_replay_command(CLI::App& app, ReplayArgs& args) {
       ->type_name("FILE.csv");
   cmd->add_option("--html", args.html, "Write a self-contained HTML report to FILE")
       ->type_name("FILE.html");
+  cmd->footer("Exit status: 0 the trace fits its device, 3 it runs out of memory, 1 bad input, 2 bad usage.");
   return cmd;
 }
 

@@ -13,6 +13,7 @@
 #include "sim/step/modelled_features.h"
 #include "sim/step/schedule.h"
 #include "scenario/scenario.h"
+#include "tools/cli/api.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"
@@ -23,6 +24,7 @@
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/scenario_facts.h"
+#include "tools/cli/scenario_input.h"
 #include "tools/cli/snapshot_report.h"
 #include "tools/cli/step_time_report.h"
 #include "tools/cli/summary.h"
@@ -57,10 +59,51 @@ Json device_json(const DeviceConfig& d) {
 
 }  // namespace
 
+Program build_run_program(const Scenario& scenario, GenerateFacts& generate_facts) {
+  // step.kind generate (issue #17): the generate() Program, with its cache's sizes.
+  return scenario.step.kind == StepKind::generate ? generate_program(scenario, generate_facts)
+                                                  : build_program(scenario);
+}
+
+AnalysisOptions run_analysis_options(const Scenario& scenario) {
+  AnalysisOptions analysis_options;
+  if (scenario.step.kind == StepKind::generate) analysis_options.marks = {"prefill_end", "generate_end"};
+  return analysis_options;
+}
+
+Json run_json(const Scenario& scenario, const Program& program, const Timeline& timeline,
+              const Analysis& analysis, const GenerateFacts& generate_facts,
+              const std::optional<MoeRoutingReport>& moe) {
+  const bool generate = scenario.step.kind == StepKind::generate;
+  Json j = Json::object();
+  j["scenario"] = scenario.name;
+  j["scenario_file"] = scenario.source;
+  j["device"] = device_json(scenario.device);
+  j["rank"] = rank_json(program.rank);
+  j["model"] = model_json(scenario, program.rank);
+  if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
+  if (generate) j["generate"] = generate_json(scenario, generate_facts);
+  Json summary = analysis_json(analysis);
+  for (auto& [key, value] : summary.items()) j[key] = std::move(value);
+  j["memory_stats"] = memory_stats_json(timeline.final_stats);
+  // The time model (issue #18 item 1): the measured step's seconds.
+  j["estimated_step_seconds"] = step_time_json(estimate_step_time(program.cost, scenario.device));
+  if (moe) {
+    Json m = {{"routing", moe->routing}};
+    if (moe->worst_case_run)
+      m["worst_case"] = {{"peak_allocated_bytes", moe->worst_peak_allocated},
+                         {"peak_reserved_bytes", moe->worst_peak_reserved},
+                         {"fits", moe->worst_fits}};
+    j["moe"] = std::move(m);
+  }
+  return j;
+}
+
 CLI::App* add_run_command(CLI::App& app, RunArgs& args) {
   CLI::App* cmd = app.add_subcommand(
       "run", "Simulate a training job described by a scenario file, a Hugging Face config.json, or both");
-  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML); optional with --model");
+  cmd->add_option("SCENARIO", args.scenario,
+                  "Scenario file (YAML), or - to read it from standard input; optional with --model");
   cmd->add_option("--model", args.model,
                   "A Hugging Face config.json (or its checkpoint folder): the model to simulate, "
                   "replacing the scenario's model (the other sections default without SCENARIO)")
@@ -83,6 +126,7 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& args) {
       ->type_name("FILE.pickle");
   cmd->add_option("--html", args.html, "Write a self-contained HTML report to FILE")
       ->type_name("FILE.html");
+  cmd->footer("Exit status: 0 it fits, 3 out of memory, 1 bad input (the message names FILE:LINE: KEY, or --set KEY), 2 bad usage.");
   return cmd;
 }
 
@@ -94,11 +138,11 @@ int run_run(const RunArgs& args) {
   if (to_stdout > 1) throw UsageError("at most one report can be written to stdout ('-')");
   if (args.scenario.empty() && args.model.empty())
     throw UsageError("run needs a SCENARIO file, a --model CONFIG.json, or both");
-  if (!args.scenario.empty()) check_input_file(args.scenario);
+  if (!args.scenario.empty() && args.scenario != "-") check_input_file(args.scenario);
   auto t0 = std::chrono::steady_clock::now();
   const Scenario scenario = args.model.empty()
-                                ? load_scenario(args.scenario, overrides)
-                                : load_scenario_with_model(args.scenario, args.model, overrides);
+                                ? load_scenario_arg(args.scenario, overrides)
+                                : load_scenario_arg_with_model(args.scenario, args.model, overrides);
   spdlog::info("scenario '{}' from {} ({} override(s))", scenario.name, scenario.source,
                overrides.size());
 
@@ -106,7 +150,7 @@ int run_run(const RunArgs& args) {
   // step.kind generate (issue #17): the generate() Program, with its cache's sizes.
   const bool generate = scenario.step.kind == StepKind::generate;
   GenerateFacts generate_facts;
-  const Program program = generate ? generate_program(scenario, generate_facts) : build_program(scenario);
+  const Program program = build_run_program(scenario, generate_facts);
   spdlog::info("program: {} events, {} tensors ({:.3f} s)", program.events.size(),
                program.tensors.size(), seconds_since(t1));
 
@@ -123,9 +167,7 @@ int run_run(const RunArgs& args) {
   spdlog::info("executed {} of {} events through the allocator ({:.3f} s){}", timeline.size(),
                program.events.size(), seconds_since(t2), timeline.oom ? ", out of memory" : "");
 
-  AnalysisOptions analysis_options;
-  if (generate) analysis_options.marks = {"prefill_end", "generate_end"};
-  const Analysis analysis = analyze(program, timeline, analysis_options);
+  const Analysis analysis = analyze(program, timeline, run_analysis_options(scenario));
   // A mixture-of-experts run: the routing assumption, and worst-case peaks beside balanced.
   const std::optional<MoeRoutingReport> moe = moe_routing_report(scenario);
   spdlog::debug("total {:.3f} s", seconds_since(t0));
@@ -159,29 +201,8 @@ int run_run(const RunArgs& args) {
     spdlog::info("HTML report written to {}", args.html);
   }
   if (!args.json.empty()) {
-    Json j = Json::object();
-    j["scenario"] = scenario.name;
-    j["scenario_file"] = scenario.source;
-    j["device"] = device_json(scenario.device);
-    j["rank"] = rank_json(program.rank);
-    j["model"] = model_json(scenario, program.rank);
-    if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
-    if (generate) j["generate"] = generate_json(scenario, generate_facts);
-    Json summary = analysis_json(analysis);
-    for (auto& [key, value] : summary.items()) j[key] = std::move(value);
-    j["memory_stats"] = memory_stats_json(timeline.final_stats);
-    // The time model (issue #18 item 1): the measured step's seconds.
-    j["estimated_step_seconds"] = step_time_json(estimate_step_time(program.cost, scenario.device));
-    if (moe) {
-      Json m = {{"routing", moe->routing}};
-      if (moe->worst_case_run)
-        m["worst_case"] = {{"peak_allocated_bytes", moe->worst_peak_allocated},
-                           {"peak_reserved_bytes", moe->worst_peak_reserved},
-                           {"fits", moe->worst_fits}};
-      j["moe"] = std::move(m);
-    }
     Output out(args.json);
-    out.write(dump_json(j));
+    out.write(dump_json(run_json(scenario, program, timeline, analysis, generate_facts, moe)));
     out.finish();
   }
   if (to_stdout == 0) {  // stdout carries a report instead
@@ -215,6 +236,14 @@ int run_run(const RunArgs& args) {
     }
     if (generate) header.facts.emplace_back("generate", generate_fact(scenario, generate_facts));
     header.capacity = usable_capacity(scenario.device);
+    header.warmup_steps = scenario.step.warmup_steps;
+    for (size_t i = 0; i < program.events.size(); ++i) {
+      const MemoryEvent& e = program.events[i];
+      if (e.type == EventType::mark && program.str(static_cast<uint32_t>(e.bytes)) == AnalysisOptions().measured_from_mark) {
+        header.measured_from = i;
+        break;
+      }
+    }
     print_summary(stdout, header, analysis, Style::for_stream(stdout));
     print_step_time(stdout, estimate_step_time(program.cost, scenario.device), Style::for_stream(stdout));
     std::fflush(stdout);

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "allocator/units.h"
+#include "scenario/device_defaults.h"
 #include "scenario/loss_impl.h"
 #include "scenario/model_architecture.h"
 #include "scenario/scenario_family.h"
@@ -146,7 +147,10 @@ std::string device_line(const DeviceConfig& d) {
   std::string line = d.preset.empty() ? std::string() : d.preset + ": ";
   if (d.capacity == 0) return line + "unlimited capacity";
   return line + human_bytes(d.capacity) + " total, " + human_bytes(d.cuda_context) +
-         " CUDA context";
+         " CUDA context" +
+         (cuda_context_is_default(d)
+              ? " (the default without device.preset: measured on an H100; set device.cuda_context)"
+              : "");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "sim/search/sweep.h"
 #include "sim/serve/serve_plan.h"
 #include "scenario/scenario.h"
+#include "tools/cli/api.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/output.h"
@@ -106,6 +107,29 @@ int run_serve_grid(const ServeArgs& args, const Overrides& base) {
 
 }  // namespace
 
+serve::ServePlan plan_serve_scenario(Scenario& s) {
+  if (!s.serve.present) {  // no serve: section: every key at the engine's default
+    s.serve.present = true;
+    s.serve.where = s.source;
+  }
+  return serve::plan_serve(s);
+}
+
+ServeInverse serve_inverse(const Scenario& s, const serve::ServePlan& plan, int64_t max_seqs_len,
+                           std::optional<int64_t> min_tp) {
+  ServeInverse inv;
+  if (max_seqs_len > 0) {
+    inv.seqs_len = max_seqs_len;
+    inv.seqs_that_fit = plan.available_kv_bytes > 0 ? serve::sequences_that_fit(plan, max_seqs_len) : 0;
+  }
+  if (min_tp.has_value()) {
+    inv.min_tp_asked = true;
+    inv.min_tp_max = *min_tp > 0 ? *min_tp : 8;
+    inv.min_tp = serve::smallest_tp(s, inv.min_tp_max);
+  }
+  return inv;
+}
+
 int run_serve(const ServeArgs& args) {
   const Overrides overrides = parse_overrides(args.sets);
   if (args.scenario.empty() && args.model.empty())
@@ -116,23 +140,9 @@ int run_serve(const ServeArgs& args) {
   if (!args.vary.empty()) return run_serve_grid(args, overrides);
   Scenario s = args.model.empty() ? load_scenario(args.scenario, overrides)
                                   : load_scenario_with_model(args.scenario, args.model, overrides);
-  if (!s.serve.present) {  // no serve: section: every key at the engine's default
-    s.serve.present = true;
-    s.serve.where = s.source;
-  }
-  const serve::ServePlan plan = serve::plan_serve(s);
+  const serve::ServePlan plan = plan_serve_scenario(s);
   spdlog::info("serve plan for '{}': {} KV tokens", s.name, plan.kv.kv_cache_tokens);
-
-  ServeInverse inv;
-  if (args.max_seqs_len > 0) {
-    inv.seqs_len = args.max_seqs_len;
-    inv.seqs_that_fit = plan.available_kv_bytes > 0 ? serve::sequences_that_fit(plan, args.max_seqs_len) : 0;
-  }
-  if (args.min_tp.has_value()) {
-    inv.min_tp_asked = true;
-    inv.min_tp_max = *args.min_tp > 0 ? *args.min_tp : 8;
-    inv.min_tp = serve::smallest_tp(s, inv.min_tp_max);
-  }
+  const ServeInverse inv = serve_inverse(s, plan, args.max_seqs_len, args.min_tp);
   if (!args.json.empty()) {
     Output out(args.json);
     out.write(dump_json(serve_json(s, plan, inv)));

@@ -45,9 +45,20 @@ std::string percent(uint64_t part, uint64_t whole) {
   return buf;
 }
 
-std::string where(const std::string& op, Phase phase, int32_t layer) {
+// Which part of the run an event is in, when something comes before the measured step
+// (SummaryHeader::measured_from > 0): the model's setup, then the warm-up steps, whose
+// events carry the same op and phase names as the measured step's, so the label says
+// which. "" when the whole run is measured.
+std::string step_of(size_t measured_from, size_t index, Phase phase) {
+  if (measured_from == 0) return "";
+  if (index >= measured_from) return "measured step";
+  return phase == Phase::setup ? "" : "warm-up";  // the setup phase names itself
+}
+
+std::string where(const std::string& op, Phase phase, int32_t layer, const std::string& step = "") {
   std::string s = (op.empty() ? std::string("?") : op) + " (" + to_string(phase);
   if (layer >= 0) s += ", layer " + std::to_string(layer);
+  if (!step.empty()) s += ", " + step;
   return s + ")";
 }
 
@@ -68,7 +79,7 @@ void print_verdict(std::FILE* out, const SummaryHeader& h, const Analysis& a,
     const std::string cap = o.capacity_bytes > 0 ? human_bytes(o.capacity_bytes) : capacity;
     std::fprintf(out, "\n%s  at event %zu: %s requesting %s (capacity %s)\n",
                  style.bad("OUT OF MEMORY").c_str(), o.index,
-                 where(o.op, o.phase, o.layer).c_str(), human_bytes(o.requested_bytes).c_str(),
+                 where(o.op, o.phase, o.layer, step_of(h.measured_from, o.index, o.phase)).c_str(), human_bytes(o.requested_bytes).c_str(),
                  cap.c_str());
     std::fprintf(out, "  allocated %s, reserved %s when it failed\n",
                  human_bytes(o.allocated_bytes).c_str(), human_bytes(o.reserved_bytes).c_str());
@@ -86,7 +97,16 @@ void print_verdict(std::FILE* out, const SummaryHeader& h, const Analysis& a,
   }
   if (a.peak) {
     std::fprintf(out, "  peak at event %zu: %s\n", a.peak->index,
-                 where(a.peak->op, a.peak->phase, a.peak->layer).c_str());
+                 where(a.peak->op, a.peak->phase, a.peak->layer, step_of(h.measured_from, a.peak->index, a.peak->phase)).c_str());
+  }
+  if (h.measured_from > 0) {
+    std::fprintf(out, "  %s: events 0-%zu; measured step: events %zu-%zu (peaks and marks are "
+                 "the measured step's)\n",
+                 h.warmup_steps > 0 ? ("setup and " + std::to_string(h.warmup_steps) + " warm-up step" +
+                                       (h.warmup_steps > 1 ? "s" : ""))
+                                          .c_str()
+                                    : "setup",
+                 h.measured_from - 1, h.measured_from, a.events > 0 ? a.events - 1 : 0);
   }
 }
 
@@ -125,20 +145,20 @@ void print_tensors(std::FILE* out, const Analysis& a, const Style& style) {
   t.print(out, "  ", style, true);
 }
 
-void print_peaks(std::FILE* out, const Analysis& a, const Style& style) {
+void print_peaks(std::FILE* out, const Analysis& a, size_t measured_from, const Style& style) {
   if (a.top_peaks.size() < 2) return;
   Table t;
   t.right = {true, true, true, false};
   t.rows.push_back({"event", "allocated", "reserved", "where"});
   for (const EventPoint& p : a.top_peaks) {
     t.rows.push_back({std::to_string(p.index), human_bytes(p.allocated), human_bytes(p.reserved),
-                      where(p.op, p.phase, p.layer)});
+                      where(p.op, p.phase, p.layer, step_of(measured_from, p.index, p.phase))});
   }
   section(out, style, "Distinct peaks");
   t.print(out, "  ", style, true);
 }
 
-void print_marks(std::FILE* out, const Analysis& a, const Style& style) {
+void print_marks(std::FILE* out, const Analysis& a, size_t measured_from, const Style& style) {
   Table t;
   t.right = {false, true, true};
   t.rows.push_back({"after", "allocated", "reserved"});
@@ -149,7 +169,7 @@ void print_marks(std::FILE* out, const Analysis& a, const Style& style) {
     t.rows.push_back({name, human_bytes(mark->allocated), human_bytes(mark->reserved)});
   }
   if (!any) return;
-  section(out, style, "Marks");
+  section(out, style, measured_from > 0 ? "Marks (measured step)" : "Marks");
   t.print(out, "  ", style, true);
 }
 
@@ -178,9 +198,9 @@ void print_summary(std::FILE* out, const SummaryHeader& header, const Analysis& 
   if (a.peak) {
     print_breakdown(out, a, style);
     print_tensors(out, a, style);
-    print_peaks(out, a, style);
+    print_peaks(out, a, header.measured_from, style);
   }
-  print_marks(out, a, style);
+  print_marks(out, a, header.measured_from, style);
   if (a.flops.forward + a.flops.backward + a.flops.recompute > 0) {
     std::fprintf(out, "\n%s  forward %s, backward %s, recompute %s\n", style.bold("FLOPs").c_str(),
                  human_flops(a.flops.forward).c_str(), human_flops(a.flops.backward).c_str(),

@@ -19,6 +19,11 @@ struct SummaryHeader {
   std::optional<uint64_t> capacity;  // bytes the allocator may use; nullopt = unlimited
   // What to say about the capacity when `capacity` is nullopt.
   std::string capacity_text = "unlimited capacity";
+  // First event of the measured step (the Program's "measured_step_begin" mark, executed
+  // or not); 0 = the whole run is measured. Labels then say which part an event is in
+  // ("setup", "warm-up", "measured step"): warm-up and measured steps run the same ops.
+  size_t measured_from = 0;
+  int64_t warmup_steps = 0;  // training steps run before the measured one
 };
 
 // Prints: title and facts, the FITS / OUT OF MEMORY verdict, peak allocated / reserved

@@ -1,8 +1,6 @@
 // memsim sweep: one scenario over the cartesian product of --vary overrides, in
 // parallel (sim/search/sweep.h), or with --max KEY the largest value of KEY that fits for each
 // combination of the other --vary keys.
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
@@ -14,41 +12,19 @@
 #include "allocator/units.h"
 #include "sim/search/max_keys.h"
 #include "sim/search/sweep.h"
+#include "tools/cli/api.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
+#include "tools/cli/progress.h"
+#include "tools/cli/scenario_input.h"
 #include "tools/cli/style.h"
 
 namespace memsim::cli {
 
 namespace {
-
-// Progress on stderr: a redrawn bar on a terminal; otherwise, with -v, a line per 10%.
-class Progress {
- public:
-  Progress() : tty_(isatty(fileno(stderr)) != 0), verbose_(spdlog::should_log(spdlog::level::info)) {}
-  void operator()(size_t done, size_t total) {
-    const int percent = static_cast<int>(100 * done / std::max<size_t>(total, 1));
-    if (tty_) {
-      if (percent == last_ && done != total) return;
-      const int filled = percent * 30 / 100;
-      std::fprintf(stderr, "\r[%s%s] %3d%% (%zu/%zu)", std::string(filled, '#').c_str(),
-                   std::string(30 - filled, ' ').c_str(), percent, done, total);
-      if (done == total) std::fputc('\n', stderr);
-      std::fflush(stderr);
-    } else if (verbose_ && percent / 10 != last_ / 10) {
-      spdlog::info("sweep: {}% ({}/{})", percent, done, total);
-    }
-    last_ = percent;
-  }
-
- private:
-  bool tty_;
-  bool verbose_;
-  int last_ = -1;
-};
 
 void print_rows(std::FILE* out, const std::vector<std::vector<std::string>>& rows,
                 size_t right_from, size_t right_to, const Style& style) {
@@ -123,33 +99,14 @@ void print_points(const std::vector<SweepAxis>& axes, const std::vector<SweepOve
 int run_grid(const SweepArgs& args, const SweepRunner& runner, const std::vector<SweepAxis>& axes,
              unsigned threads) {
   const std::vector<SweepOverrides> points = sweep_points(axes);
-  std::vector<SweepResult> results(points.size());
-  SweepEvaluateOptions options;
-  Progress progress;
+  Progress progress("sweep");
   const auto t0 = std::chrono::steady_clock::now();
-  run_parallel(
-      points.size(), [&](size_t i) { results[i] = runner.evaluate(points[i], options); }, threads,
-      [&](size_t done, size_t total) { progress(done, total); });
+  const std::vector<SweepResult> results = run_sweep_grid(
+      runner, points, threads, [&](size_t done, size_t total) { progress(done, total); });
   spdlog::info("sweep: {} points in {:.2f} s", points.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
-  if (!args.json.empty()) {
-    Json j = Json::object();
-    j["scenario_file"] = runner.source();
-    Json list = Json::array();
-    for (size_t i = 0; i < points.size(); ++i) {
-      Json p = Json::object();
-      p["values"] = values_json(points[i]);
-      p["error"] = results[i].ok ? Json(nullptr) : Json(results[i].error);
-      if (results[i].ok) {
-        Json summary = analysis_json(results[i].analysis);
-        for (auto& [key, value] : summary.items()) p[key] = std::move(value);
-      }
-      list.push_back(std::move(p));
-    }
-    j["points"] = std::move(list);
-    write_to(args.json, dump_json(j));
-  }
+  if (!args.json.empty()) write_to(args.json, dump_json(sweep_grid_json(runner, points, results)));
   if (!args.csv.empty()) {
     write_to(args.csv,
              points_csv(axes, points,
@@ -174,35 +131,20 @@ int run_grid(const SweepArgs& args, const SweepRunner& runner, const std::vector
                                       sweep_verdict(r)};
     });
   }
-  return kExitFits;
+  // Exit 3 when no point fits, as compare and optimize do (errors.h).
+  for (const SweepResult& r : results)
+    if (r.fits()) return kExitFits;
+  return kExitOom;
 }
 
 int run_max(const SweepArgs& args, const SweepRunner& runner, const std::vector<SweepAxis>& axes,
             unsigned threads) {
   const std::vector<SweepOverrides> points = sweep_points(axes);
-  std::vector<MaxSearch> results(points.size());
-  Progress progress;
-  run_parallel(
-      points.size(), [&](size_t i) { results[i] = find_max(runner, points[i], args.max); },
-      threads, [&](size_t done, size_t total) { progress(done, total); });
+  Progress progress("sweep --max " + args.max);
+  const std::vector<MaxSearch> results = run_sweep_max(
+      runner, points, args.max, threads, [&](size_t done, size_t total) { progress(done, total); });
 
-  auto opt = [](const std::optional<int64_t>& v) { return v ? Json(*v) : Json(nullptr); };
-  if (!args.json.empty()) {
-    Json j = Json::object();
-    j["scenario_file"] = runner.source();
-    j["max_key"] = args.max;
-    Json list = Json::array();
-    for (size_t i = 0; i < points.size(); ++i) {
-      const MaxSearch& m = results[i];
-      list.push_back({{"values", values_json(points[i])},
-                      {"largest_fit", opt(m.largest_fit)},
-                      {"first_failure", opt(m.first_failure)},
-                      {"failure", m.first_failure ? Json(m.failure) : Json(nullptr)},
-                      {"evaluations", m.evaluations}});
-    }
-    j["points"] = std::move(list);
-    write_to(args.json, dump_json(j));
-  }
+  if (!args.json.empty()) write_to(args.json, dump_json(sweep_max_json(runner, args.max, points, results)));
   if (!args.csv.empty()) {
     write_to(args.csv, points_csv(axes, points, "largest_fit,first_failure,failure,evaluations\n",
                                   [&](size_t i) {
@@ -224,7 +166,10 @@ int run_max(const SweepArgs& args, const SweepRunner& runner, const std::vector<
           m.first_failure ? m.failure : ""};
     });
   }
-  return kExitFits;
+  // Exit 3 when not even the smallest value fits at any point.
+  for (const MaxSearch& m : results)
+    if (m.largest_fit) return kExitFits;
+  return kExitOom;
 }
 
 }  // namespace
@@ -232,7 +177,8 @@ int run_max(const SweepArgs& args, const SweepRunner& runner, const std::vector<
 CLI::App* add_sweep_command(CLI::App& app, SweepArgs& args) {
   CLI::App* cmd = app.add_subcommand(
       "sweep", "Simulate a scenario over a grid of overrides, or find the largest value that fits");
-  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML), or - for standard input")
+      ->required();
   cmd->add_option("--vary", args.vary,
                   "Vary a scenario key over values (A..B: an integer range), e.g. "
                   "--vary batch.micro_batch=1,2,4,8; repeat for a grid")
@@ -250,26 +196,22 @@ CLI::App* add_sweep_command(CLI::App& app, SweepArgs& args) {
       ->type_name("FILE|-");
   cmd->add_option("-j,--threads", args.threads, "Worker threads (0: all cores)")
       ->check(CLI::Range(0, 1024));
+  cmd->footer("Exit status: 0 when at least one point fits (with --max: has a largest fit), 3 when none does, 1 bad input, 2 bad usage. Progress goes to stderr once a sweep runs longer than a second.");
   return cmd;
 }
 
-int run_sweep(const SweepArgs& args) {
-  if (args.json == "-" && args.csv == "-")
-    throw UsageError("--json - and --csv - cannot both write to stdout");
-  if (args.vary.empty() && args.max.empty())
-    throw UsageError("sweep needs --vary KEY=V1,V2,... or --max KEY");
-  if (!args.max.empty())  // loop counts cannot change memory (sim/search/max_keys.h)
-    if (const std::string why = max_key_refusal(args.max); !why.empty())
-      throw UsageError("--max " + args.max + ": " + why);
+std::vector<SweepAxis> parse_sweep_axes(const std::vector<std::string>& vary, const std::string& max) {
+  if (!max.empty())  // loop counts cannot change memory (sim/search/max_keys.h)
+    if (const std::string why = max_key_refusal(max); !why.empty()) throw UsageError("--max " + max + ": " + why);
   std::vector<SweepAxis> axes;
-  for (const std::string& v : args.vary) {
+  for (const std::string& v : vary) {
     try {
       axes.push_back(parse_sweep_axis(v));
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
-    if (axes.back().key == args.max)
-      throw UsageError("--max " + args.max + " is searched: it cannot also be given to --vary");
+    if (axes.back().key == max)
+      throw UsageError("--max " + max + " is searched: it cannot also be given to --vary");
     for (size_t i = 0; i + 1 < axes.size(); ++i)
       if (axes[i].key == axes.back().key)
         throw UsageError("--vary " + axes.back().key + " is given twice");
@@ -283,8 +225,76 @@ int run_sweep(const SweepArgs& args) {
       throw UsageError("--vary: the grid has more than " + std::to_string(kMaxPoints) +
                        " points; sweep fewer values");
   }
-  check_input_file(args.scenario);
-  const SweepRunner runner = SweepRunner::from_file(args.scenario, parse_overrides(args.sets));
+  return axes;
+}
+
+std::vector<SweepResult> run_sweep_grid(const SweepRunner& runner,
+                                        const std::vector<SweepOverrides>& points, unsigned threads,
+                                        const SweepProgress& progress) {
+  std::vector<SweepResult> results(points.size());
+  SweepEvaluateOptions options;
+  run_parallel(
+      points.size(), [&](size_t i) { results[i] = runner.evaluate(points[i], options); }, threads,
+      progress);
+  return results;
+}
+
+Json sweep_grid_json(const SweepRunner& runner, const std::vector<SweepOverrides>& points,
+                     const std::vector<SweepResult>& results) {
+  Json j = Json::object();
+  j["scenario_file"] = runner.source();
+  Json list = Json::array();
+  for (size_t i = 0; i < points.size(); ++i) {
+    Json p = Json::object();
+    p["values"] = values_json(points[i]);
+    p["error"] = results[i].ok ? Json(nullptr) : Json(results[i].error);
+    if (results[i].ok) {
+      Json summary = analysis_json(results[i].analysis);
+      for (auto& [key, value] : summary.items()) p[key] = std::move(value);
+    }
+    list.push_back(std::move(p));
+  }
+  j["points"] = std::move(list);
+  return j;
+}
+
+std::vector<MaxSearch> run_sweep_max(const SweepRunner& runner,
+                                     const std::vector<SweepOverrides>& points,
+                                     const std::string& max_key, unsigned threads,
+                                     const SweepProgress& progress) {
+  std::vector<MaxSearch> results(points.size());
+  run_parallel(
+      points.size(), [&](size_t i) { results[i] = find_max(runner, points[i], max_key); }, threads,
+      progress);
+  return results;
+}
+
+Json sweep_max_json(const SweepRunner& runner, const std::string& max_key,
+                    const std::vector<SweepOverrides>& points, const std::vector<MaxSearch>& results) {
+  auto opt = [](const std::optional<int64_t>& v) { return v ? Json(*v) : Json(nullptr); };
+  Json j = Json::object();
+  j["scenario_file"] = runner.source();
+  j["max_key"] = max_key;
+  Json list = Json::array();
+  for (size_t i = 0; i < points.size(); ++i) {
+    const MaxSearch& m = results[i];
+    list.push_back({{"values", values_json(points[i])},
+                    {"largest_fit", opt(m.largest_fit)},
+                    {"first_failure", opt(m.first_failure)},
+                    {"failure", m.first_failure ? Json(m.failure) : Json(nullptr)},
+                    {"evaluations", m.evaluations}});
+  }
+  j["points"] = std::move(list);
+  return j;
+}
+
+int run_sweep(const SweepArgs& args) {
+  if (args.json == "-" && args.csv == "-")
+    throw UsageError("--json - and --csv - cannot both write to stdout");
+  if (args.vary.empty() && args.max.empty())
+    throw UsageError("sweep needs --vary KEY=V1,V2,... or --max KEY");
+  const std::vector<SweepAxis> axes = parse_sweep_axes(args.vary, args.max);
+  const SweepRunner runner = sweep_runner_arg(args.scenario, parse_overrides(args.sets));
   const unsigned threads = static_cast<unsigned>(args.threads);
   return args.max.empty() ? run_grid(args, runner, axes, threads)
                           : run_max(args, runner, axes, threads);
