@@ -53,7 +53,22 @@ struct Tolerance {
   double allocated, reserved;
   const char* why;
 };
-const std::map<std::string, Tolerance> kTolerance = {};
+// Measured on an H200 (torch 2.11.0+cu130, 2026-11-27; blind: the predictions file was
+// committed first). 7 of 9 runs (the budget cut the meta-init and world-4 runs).
+const std::map<std::string, Tolerance> kTolerance = {
+    {"fsdp2_w8_fp32_reshard2", {0.0, 0.0, "exact"}},
+    // Allocated exact; the real run keeps one more segment (rank 0's caching of the
+    // all-gather stream's blocks differs): not found.
+    {"fsdp2_w8_fp32", {0.0, 0.024, "reserved: side-stream segments, not found"}},
+    {"hsdp_r2_s4_fp32", {0.0, 0.0195, "reserved: side-stream segments, not found"}},
+    // Reserved exact; allocated 0.5 MiB over at the peak: not found.
+    {"fsdp2_w8_fp32_noreshard", {0.00011, 0.0, "allocated +512 KiB, not found"}},
+    // Mixed precision (bf16 params, fp32 reduce): allocated within 0.08%, the bf16 cast
+    // temporaries' placement; not found.
+    {"fsdp2_w8_bf16_reduce_fp32", {0.00024, 0.0062, "mixed precision, not found"}},
+    {"fsdp2_w8_bf16_reduce_fp32_fullac", {0.00034, 0.0, "mixed precision, not found"}},
+    {"hsdp_r2_s4_bf16", {0.0008, 0.0045, "mixed precision, not found"}},
+};
 
 // What memsim predicts now for one scenario, in the prediction file's terms.
 struct Prediction {
