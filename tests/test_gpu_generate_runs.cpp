@@ -1,0 +1,93 @@
+// memsim's generation model (step.kind: generate; docs/generate.md) against transformers'
+// own model.generate() on a GPU: tools/gpu/measure_generate.py on a lent H200 (torch
+// 2.11.0+cu130, transformers 5.17.0, 2026-11-27). memsim's predictions were committed
+// first (tests/data/gpu/generate_predictions.json, memsim 36059ec); memsim models v4.45's
+// generate(), the file lists what 5.x does differently. 2 of 6 runs were measured (the
+// lease's budget: the third timed out at 40 s, the rest were not started).
+//
+// 1. The blind record stays honest: each prediction in the file equals what memsim
+//    predicts now for its committed scenario (a change that moves one must update this
+//    test with the reason, beside the measurement).
+// 2. Each measured run against memsim: within the measured error, with its cause.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "json_test_support.h"
+#include "real_run_test_support.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
+
+using namespace memsim;
+
+namespace {
+
+const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/generate_predictions.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/generate/generate_runs.json";
+
+struct Peaks {
+  uint64_t allocated = 0, reserved = 0;
+};
+
+Peaks simulate(const std::string& scenario) {
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/" + scenario);
+  const Program program = build_program(s);
+  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
+  const Analysis a = analyze(program, execute(program, s.allocator, device, ExecuteOptions{}));
+  REQUIRE(a.fits());
+  return {a.peak_allocated, a.peak_reserved};
+}
+
+// The largest relative error allowed (the measured one, rounded up) and why.
+struct Gap {
+  double allocated, reserved;
+  const char* why;
+};
+const std::map<std::string, Gap> kGaps = {
+    // 4 KiB over: 5.x's special-token and stopping-criteria tensors (512 B blocks) differ.
+    {"gen_llama_l4_d1024_b4_p512_n64_dynamic", {0.00001, 0.0, "5.x's small tensors"}},
+    // 1 MiB under: 5.x allocates the StaticCache's layers lazily inside the prefill (the
+    // predictions file's expected difference); same bytes, another moment.
+    {"gen_llama_l4_d1024_b4_p512_n64_static", {0.0022, 0.0, "5.x's lazy StaticCache"}},
+};
+
+}  // namespace
+
+TEST_CASE("Generate on a GPU (transformers 5.17): blind predictions, measured", "[generate][gpu]") {
+  const nlohmann::json pred = memsim_test::load_json(kPredictions);
+  std::map<std::string, nlohmann::json> blind;
+  for (const nlohmann::json& p : pred["runs"]) {
+    INFO(p["name"].get<std::string>());
+    const Peaks now = simulate(p["scenario"]);
+    CHECK(now.allocated == p["predicted_peak_allocated_bytes"].get<uint64_t>());
+    CHECK(now.reserved == p["predicted_peak_reserved_bytes"].get<uint64_t>());
+    blind[p["name"]] = p;
+  }
+  const nlohmann::json runs = memsim_test::load_json(kRuns);
+  std::printf("\n| generate run (H200, transformers 5.17) | allocated real | memsim | error | reserved real | memsim | error |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  size_t measured = 0;
+  for (const nlohmann::json& r : runs["results"]) {
+    const std::string name = r["spec"]["name"];
+    INFO(name);
+    REQUIRE(blind.count(name));
+    const uint64_t pa = blind[name]["predicted_peak_allocated_bytes"], pr = blind[name]["predicted_peak_reserved_bytes"];
+    const uint64_t ra = r["generate_peak_allocated"], rr = r["generate_peak_reserved"];
+    const double ea = memsim_test::rel(pa, ra), er = memsim_test::rel(pr, rr);
+    std::printf("| %s | %llu | %llu | %+.4f%% | %llu | %llu | %+.4f%% |\n", name.c_str(),
+                static_cast<unsigned long long>(ra), static_cast<unsigned long long>(pa), 100 * ea,
+                static_cast<unsigned long long>(rr), static_cast<unsigned long long>(pr), 100 * er);
+    const auto gap = kGaps.find(name);
+    REQUIRE(gap != kGaps.end());
+    INFO(gap->second.why);
+    CHECK(std::fabs(ea) <= gap->second.allocated);
+    CHECK(std::fabs(er) <= gap->second.reserved);
+    ++measured;
+  }
+  CHECK(measured == 2);
+  for (const auto& [name, why] : runs["failures"].items()) WARN(name << " not measured: " << why.get<std::string>());
+}
