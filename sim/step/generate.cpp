@@ -12,6 +12,7 @@
 #include "graph/ops/ops.h"
 #include "scenario/hf_family.h"
 #include "sim/step/schedule.h"
+#include "sim/step/time_model_setup.h"
 
 namespace memsim {
 namespace {
@@ -43,6 +44,9 @@ class GenerateLoop {
     const uint64_t B = static_cast<uint64_t>(s_.batch.micro_batch);
     const int64_t P = g.prompt_len, max_length = g.prompt_len + g.new_tokens;
     configure_device(rt_, s_.device);
+    // The GEMMs' dtype (the weights': generate() runs without autocast) and the time
+    // model's refusals; without it every GEMM was costed at the fp32 peak.
+    configure_time_model(rt_, s_);
     rt_.reserve(static_cast<size_t>(g.new_tokens) *
                     (static_cast<size_t>(s_.model.layers) * 90 + 120) + 64 +
                 static_cast<size_t>(s_.model.layers) * 16);
