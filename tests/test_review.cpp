@@ -32,3 +32,20 @@ TEST_CASE("review: generate's time model multiplies in the weights' dtype", "[re
   CHECK(k["estimated_step_seconds"]["mfu_dtype"] == "fp32");
   CHECK(k["estimated_step_seconds"]["total"].get<double>() > j["estimated_step_seconds"]["total"].get<double>());
 }
+
+// memsim serve --vary exited 0 when no point's engine started (the usage says 3, as sweep),
+// and silently dropped --html (no file written), --max-seqs, --min-tp and
+// --max-model-len-that-fits.
+TEST_CASE("review: serve --vary's exit status and the single-plan options", "[review]") {
+  const std::string s = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml";
+  const std::string cmd = memsim_test::memsim_command() + "serve '" + s + "' ";
+  CHECK(memsim_test::run_shell(cmd + "--vary serve.gpu_memory_utilization=0.1,0.2 >/dev/null 2>&1").status == 3);
+  CHECK(memsim_test::run_shell(cmd + "--vary serve.gpu_memory_utilization=0.1,0.9 >/dev/null 2>&1").status == 0);
+  CHECK(memsim_test::run_shell(cmd + "--vary serve.bogus=1,2 >/dev/null 2>&1").status == 3);
+  memsim_test::TempDir dir("review_vary_html");
+  const std::string html = (dir.path / "grid.html").string();
+  CHECK(memsim_test::run_shell(cmd + "--vary serve.max_model_len=4096 --html '" + html + "' >/dev/null 2>&1").status == 2);
+  CHECK(memsim_test::run_shell(cmd + "--vary serve.max_model_len=4096 --min-tp >/dev/null 2>&1").status == 2);
+  CHECK(memsim_test::run_shell(cmd + "--vary serve.max_model_len=4096 --max-seqs 100 >/dev/null 2>&1").status == 2);
+  CHECK(memsim_test::run_shell(cmd + "--vary serve.max_model_len=4096 --max-model-len-that-fits >/dev/null 2>&1").status == 2);
+}

@@ -63,7 +63,12 @@ int run_serve_grid(const ServeArgs& args, const Overrides& base) {
       throw UsageError(e.what());
     }
   }
+  // The single-plan outputs have no per-point form: refuse them rather than drop them.
+  if (args.len_that_fits || args.max_seqs_len > 0 || args.min_tp.has_value() || !args.html.empty())
+    throw UsageError("--vary plans a grid; --max-model-len-that-fits, --max-seqs, --min-tp and "
+                     "--html answer for one plan (drop --vary, or read the rows' keys)");
   Json rows = Json::array();
+  bool any_fits = false;
   std::string table = "memsim serve --vary: one plan per point\n";
   for (const SweepOverrides& point : sweep_points(axes)) {
     Overrides o = base;
@@ -78,6 +83,7 @@ int run_serve_grid(const ServeArgs& args, const Overrides& base) {
       s.serve.present = true;
       const serve::ServePlan plan = serve::plan_serve(s);
       row["fits"] = plan.fits;
+      any_fits = any_fits || plan.fits;
       row["weights_bytes"] = plan.weights_bytes;
       row["activation_peak_bytes"] = plan.activation_peak_bytes ? Json(*plan.activation_peak_bytes) : Json(nullptr);
       row["kv_cache_bytes"] = plan.kv.kv_cache_bytes;
@@ -102,7 +108,8 @@ int run_serve_grid(const ServeArgs& args, const Overrides& base) {
     out.finish();
   }
   if (args.json != "-") std::fputs(table.c_str(), stdout);
-  return kExitFits;
+  // As memsim sweep: 0 when at least one point's engine starts, 3 when none does.
+  return any_fits ? kExitFits : kExitOom;
 }
 
 }  // namespace
