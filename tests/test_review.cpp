@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli_test_support.h"
+#include "scenario/scenario.h"
 
 namespace {
 
@@ -48,4 +49,37 @@ TEST_CASE("review: serve --vary's exit status and the single-plan options", "[re
   CHECK(memsim_test::run_shell(cmd + "--vary serve.max_model_len=4096 --min-tp >/dev/null 2>&1").status == 2);
   CHECK(memsim_test::run_shell(cmd + "--vary serve.max_model_len=4096 --max-seqs 100 >/dev/null 2>&1").status == 2);
   CHECK(memsim_test::run_shell(cmd + "--vary serve.max_model_len=4096 --max-model-len-that-fits >/dev/null 2>&1").status == 2);
+}
+
+// --set model.moe.top_k=4 (the key the docs and error messages name) was "unknown key":
+// only model.moe.routing was a dotted key; the others needed --set 'model.moe={top_k: 4}'.
+TEST_CASE("review: --set model.moe.SUB merges into model.moe", "[review]") {
+  using memsim::load_scenario_text;
+  const std::string model =
+      "model:\n  family: hf-llama\n  layers: 2\n  d_model: 64\n  heads: 4\n  kv_heads: 2\n  d_ff: 128\n"
+      "  vocab: 256\n  context_length: 64\n";
+  const std::string batch = "batch:\n  micro_batch: 1\n  seq_len: 8\n";
+  const std::string file = model + "  moe:\n    experts: 4\n    top_k: 2\n    expert_d_ff: 32\n" + batch;
+  const memsim::Scenario s = load_scenario_text(file, "moe.yaml", {{"model.moe.top_k", "3"}});
+  CHECK(s.model.arch.moe.experts == 4);
+  CHECK(s.model.arch.moe.top_k == 3);
+  CHECK(s.model.arch.moe.expert_d_ff == 32);
+  auto error = [&](const std::string& text, const std::string& key, const std::string& value) {
+    try {
+      load_scenario_text(text, "moe.yaml", {{key, value}});
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // The overridden value is blamed on --set; a file value keeps its line.
+  CHECK(error(file, "model.moe.top_k", "5") == "--set model.moe.top_k: 5 exceeds model.moe.experts 4");
+  CHECK(error(file, "model.moe.experts", "1") == "moe.yaml:12: model.moe.top_k: 2 exceeds model.moe.experts 1");
+  CHECK(error(file, "model.moe.capacity_factor", "0") == "--set model.moe.capacity_factor: expected a number > 0, got '0'");
+  CHECK(error(file, "model.moe.bogus", "1").find("model.moe.bogus: unknown key") != std::string::npos);
+  // Without a model.moe section in the file the override creates one.
+  const memsim::Scenario t =
+      load_scenario_text(model + batch, "moe.yaml", {{"model.moe.experts", "4"}, {"model.moe.top_k", "2"}});
+  CHECK(t.model.arch.moe.experts == 4);
+  CHECK(t.model.arch.moe.top_k == 2);
 }
