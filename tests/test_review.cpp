@@ -83,3 +83,12 @@ TEST_CASE("review: --set model.moe.SUB merges into model.moe", "[review]") {
   CHECK(t.model.arch.moe.experts == 4);
   CHECK(t.model.arch.moe.top_k == 2);
 }
+
+// step.kind generate with model.transformers: 5 ran v5 model code inside v4.45's generate()
+// loop and caches (a pairing no release has) without a word.
+TEST_CASE("review: generate refuses model.transformers 5", "[review]") {
+  const memsim_test::CommandResult r = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + kGenerate + "' --set model.transformers=5 2>&1");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("--set model.transformers: step.kind generate models transformers v4.45") != std::string::npos);
+}
