@@ -7,6 +7,9 @@
 
 #include "cli_test_support.h"
 #include "scenario/scenario.h"
+#include "sim/step/event_budget.h"
+#include "sim/step/generate.h"
+#include "program/program.h"
 
 namespace {
 
@@ -91,4 +94,26 @@ TEST_CASE("review: generate refuses model.transformers 5", "[review]") {
       memsim_test::memsim_command() + "run '" + kGenerate + "' --set model.transformers=5 2>&1");
   CHECK(r.status == 1);
   CHECK(r.out.find("--set model.transformers: step.kind generate models transformers v4.45") != std::string::npos);
+}
+
+// generate.new_tokens had no bound: 100,000 new tokens on the shipped Llama-2 scenario built
+// 304.8 million allocator events (ten times the event budget every training loop obeys).
+TEST_CASE("review: generate obeys the event budget, naming generate.new_tokens", "[review]") {
+  const memsim::Scenario ok = memsim::load_scenario(kGenerate, {{"generate.new_tokens", "64"}, {"generate.prompt_len", "8"}});
+  CHECK(memsim::estimated_events(ok) <= memsim::kEventBudget);
+  memsim::Program p;
+  memsim::build_generate_program(ok, p, nullptr, nullptr);
+  CHECK(p.events.size() <= memsim::estimated_events(ok));  // the estimate bounds what is built
+  const memsim::Scenario big = memsim::load_scenario(kGenerate, {{"generate.new_tokens", "100000"}});
+  CHECK(memsim::estimated_events(big) > memsim::kEventBudget);
+  try {
+    memsim::Program q;
+    memsim::build_generate_program(big, q, nullptr, nullptr);
+    FAIL("not refused");
+  } catch (const memsim::ScenarioError& e) {
+    CHECK(std::string(e.what()).find("generate.new_tokens: the run would emit about") != std::string::npos);
+  }
+  const memsim_test::CommandResult r = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + kGenerate + "' --set generate.new_tokens=100000 >/dev/null 2>&1");
+  CHECK(r.status == 1);
 }

@@ -11,6 +11,7 @@
 #include "graph/models/kv_cache.h"
 #include "graph/ops/ops.h"
 #include "scenario/hf_family.h"
+#include "sim/step/event_budget.h"
 #include "sim/step/schedule.h"
 #include "sim/step/time_model_setup.h"
 
@@ -241,6 +242,7 @@ void build_generate_program(const Scenario& scenario, Program& program,
                             graph::RuntimeBuffers* buffers, GenerateFacts* facts) {
   if (scenario.step.kind != StepKind::generate)
     throw std::logic_error("build_generate_program: step.kind is not generate");
+  check_event_budget(scenario);  // before any reservation (sim/step/event_budget.h)
   program.clear();
   GenerateLoop(scenario, program, buffers).run(facts);
 }
