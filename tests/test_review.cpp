@@ -117,3 +117,26 @@ TEST_CASE("review: generate obeys the event budget, naming generate.new_tokens",
       memsim_test::memsim_command() + "run '" + kGenerate + "' --set generate.new_tokens=100000 >/dev/null 2>&1");
   CHECK(r.status == 1);
 }
+
+// memsim serve - failed with "-:1: (file): cannot open the scenario file" although the usage
+// says SCENARIO may be - for every verb.
+TEST_CASE("review: memsim serve reads the scenario from standard input", "[review]") {
+  const std::string s = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml";
+  const memsim_test::CommandResult file = memsim_test::run_shell(
+      memsim_test::memsim_command() + "serve '" + s + "' --max-model-len-that-fits 2>&1");
+  REQUIRE(file.status == 0);
+  const memsim_test::CommandResult in = memsim_test::run_shell(
+      memsim_test::memsim_command() + "serve - --max-model-len-that-fits < '" + s + "' 2>&1");
+  CHECK(in.status == 0);
+  CHECK(in.out == file.out);
+  const memsim_test::CommandResult grid = memsim_test::run_shell(
+      memsim_test::memsim_command() + "serve - --vary serve.max_model_len=2048,4096 --json - < '" + s + "' 2>&1");
+  CHECK(grid.status == 0);
+  const nlohmann::json g = nlohmann::json::parse(grid.out);
+  REQUIRE(g["points"].size() == 2);
+  CHECK(g["points"][1]["fits"] == true);
+  const memsim_test::CommandResult bad = memsim_test::run_shell(
+      "echo 'model: {layers: x}' | " + memsim_test::memsim_command() + "serve - 2>&1");
+  CHECK(bad.status == 1);
+  CHECK(bad.out.find("<stdin>:1: model.layers") != std::string::npos);
+}

@@ -15,6 +15,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/output.h"
+#include "tools/cli/scenario_input.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/serve_report.h"
 
@@ -23,7 +24,7 @@ namespace memsim::cli {
 CLI::App* add_serve_command(CLI::App& app, ServeArgs& args) {
   CLI::App* cmd = app.add_subcommand(
       "serve", "Plan a vLLM / SGLang server's memory: weights, profile run, KV cache blocks");
-  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML) with a serve: section; optional with --model");
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML) with a serve: section, or - for standard input; optional with --model");
   cmd->add_option("--model", args.model, "A Hugging Face config.json (or its folder) to serve")
       ->type_name("CONFIG.json");
   cmd->add_option("--set", args.sets, "Override a scenario key, e.g. --set serve.max_model_len=4096")
@@ -78,8 +79,8 @@ int run_serve_grid(const ServeArgs& args, const Overrides& base) {
     Json row = Json::object();
     row["point"] = label;
     try {
-      Scenario s = args.model.empty() ? load_scenario(args.scenario, o)
-                                      : load_scenario_with_model(args.scenario, args.model, o);
+      Scenario s = args.model.empty() ? load_scenario_arg(args.scenario, o)
+                                      : load_scenario_arg_with_model(args.scenario, args.model, o);
       s.serve.present = true;
       const serve::ServePlan plan = serve::plan_serve(s);
       row["fits"] = plan.fits;
@@ -143,10 +144,11 @@ int run_serve(const ServeArgs& args) {
     throw UsageError("serve needs a SCENARIO file, a --model CONFIG.json, or both");
   if (!args.json.empty() && args.json == "-" && !args.html.empty() && args.html == "-")
     throw UsageError("at most one report can be written to stdout ('-')");
-  if (!args.scenario.empty()) check_input_file(args.scenario);
+  if (!args.scenario.empty() && args.scenario != "-") check_input_file(args.scenario);
   if (!args.vary.empty()) return run_serve_grid(args, overrides);
-  Scenario s = args.model.empty() ? load_scenario(args.scenario, overrides)
-                                  : load_scenario_with_model(args.scenario, args.model, overrides);
+  // SCENARIO "-": standard input (tools/cli/scenario_input.h), as for every verb.
+  Scenario s = args.model.empty() ? load_scenario_arg(args.scenario, overrides)
+                                  : load_scenario_arg_with_model(args.scenario, args.model, overrides);
   const serve::ServePlan plan = plan_serve_scenario(s);
   spdlog::info("serve plan for '{}': {} KV tokens", s.name, plan.kv.kv_cache_tokens);
   const ServeInverse inv = serve_inverse(s, plan, args.max_seqs_len, args.min_tp);
