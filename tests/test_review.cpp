@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
+#include <fstream>
 #include <string>
 
 #include "cli_test_support.h"
@@ -139,4 +140,36 @@ TEST_CASE("review: memsim serve reads the scenario from standard input", "[revie
       "echo 'model: {layers: x}' | " + memsim_test::memsim_command() + "serve - 2>&1");
   CHECK(bad.status == 1);
   CHECK(bad.out.find("<stdin>:1: model.layers") != std::string::npos);
+}
+
+// memsim serve planned as if LoRA, autocast and training parallelism were absent: the
+// answer (444,880 KV tokens) did not change with --set lora.rank=8, precision.autocast=bf16
+// or parallel.sharding=fsdp. They are refused by key now.
+TEST_CASE("review: memsim serve refuses the training settings it would ignore", "[review]") {
+  const std::string s = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml";
+  const std::string cmd = memsim_test::memsim_command() + "serve '" + s + "' ";
+  const std::pair<const char*, const char*> cases[] = {
+      {"--set lora.rank=8 --set lora.targets=all-linear", "--set lora.rank: memsim serve does not model LoRA"},
+      {"--set precision.autocast=bf16", "--set precision.autocast: "},
+      {"--set parallel.data=8", "--set parallel.data: "},
+      {"--set parallel.data=8 --set parallel.sharding=fsdp", "--set parallel.sharding: "},
+  };
+  for (const auto& [sets, message] : cases) {
+    const memsim_test::CommandResult r = memsim_test::run_shell(cmd + sets + " 2>&1");
+    CHECK(r.status == 1);
+    CHECK(r.out.find(message) != std::string::npos);
+  }
+  // From a file: the key's own line.
+  memsim_test::TempDir dir("review_serve_lora");
+  const auto file = dir.path / "serve.yaml";
+  {
+    std::ofstream out(file);
+    out << "model:\n  preset: llama3-8b\nprecision:\n  params: bf16\n  autocast: bf16\n"
+           "device:\n  preset: h100-80gb\nserve:\n  engine: vllm\n";
+  }
+  const memsim_test::CommandResult f =
+      memsim_test::run_shell(memsim_test::memsim_command() + "serve '" + file.string() + "' 2>&1");
+  CHECK(f.status == 1);
+  CHECK(f.out.find("serve.yaml:5: precision.autocast: ") != std::string::npos);
+  CHECK(memsim_test::run_shell(cmd + "--set serve.tensor_parallel=2 >/dev/null 2>&1").status == 0);
 }
