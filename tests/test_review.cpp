@@ -173,3 +173,19 @@ TEST_CASE("review: memsim serve refuses the training settings it would ignore", 
   CHECK(f.out.find("serve.yaml:5: precision.autocast: ") != std::string::npos);
   CHECK(memsim_test::run_shell(cmd + "--set serve.tensor_parallel=2 >/dev/null 2>&1").status == 0);
 }
+
+// --max-seqs 0 / abc answered "Value 0 not in range 0.000000 to 1797693134862315708...";
+// the options that take a positive integer now say so.
+TEST_CASE("review: positive integer options name the rule", "[review]") {
+  const std::string s = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml";
+  for (const char* v : {"0", "-5", "abc", "1.5"}) {
+    const memsim_test::CommandResult r = memsim_test::run_shell(
+        memsim_test::memsim_command() + "serve '" + s + "' --max-seqs " + v + " 2>&1");
+    CHECK(r.status == 2);
+    CHECK(r.out.find(std::string("--max-seqs: expected a positive integer, got '") + v + "'") != std::string::npos);
+  }
+  const memsim_test::CommandResult ok = memsim_test::run_shell(
+      memsim_test::memsim_command() + "serve '" + s + "' --max-seqs 4096 --json - 2>/dev/null");
+  REQUIRE(ok.status == 0);
+  CHECK(nlohmann::json::parse(ok.out)["sequences_that_fit"] == 108);
+}

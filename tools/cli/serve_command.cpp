@@ -37,7 +37,7 @@ CLI::App* add_serve_command(CLI::App& app, ServeArgs& args) {
   cmd->add_option("--max-seqs", args.max_seqs_len,
                   "How many sequences of LEN tokens fit in the KV cache at once")
       ->type_name("LEN")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInteger);
   cmd->add_option("--min-tp", args.min_tp,
                   "The smallest tensor_parallel (1, 2, 4, ... up to MAX) that serves the model")
       ->type_name("MAX")
