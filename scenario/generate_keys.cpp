@@ -125,6 +125,14 @@ void read_generate(const Doc& d, Scenario& s) {
   if (s.model.arch.impl != graph::ModelImpl::hf)
     fail(where("model.implementation", "model"), "model.implementation",
          "step.kind generate runs transformers' generate(); only model.implementation hf");
+  // generate()'s loop and cache classes are v4.45's (docs/generate.md "Versions": 5.x
+  // copies the last logits to fp32 in _sample, allocates a StaticCache lazily, bounds
+  // sliding-window layers); pairing them with 5.x model code is no real release.
+  if (const Field* f = d.find("model.transformers"); f && f->node.IsScalar() && f->node.Scalar() == "5")
+    fail(f->where, "model.transformers",
+         "step.kind generate models transformers v4.45's generate() and cache classes; 5.x's "
+         "(fp32 copy of the last logits in _sample, lazily allocated StaticCache, bounded "
+         "sliding-window layers) is not modelled: use 4");
   if (s.model.arch.sliding_window > 0 && s.model.arch.sliding_at == graph::SlidingAt::layer)
     fail(where("model.architecture", "model"), "model.architecture",
          std::string("'") + s.model.arch.architecture +

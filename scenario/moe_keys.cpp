@@ -23,7 +23,8 @@ bool moe_row(const graph::DecoderArch& a) {
 
 // A sub-key's own line (a --set value's "--set").
 Field sub_field(const Field& parent, const YAML::Node& key, const YAML::Node& value) {
-  if (parent.where == "--set") return Field{value, parent.where};
+  // A value merged in by merge_moe_override has no mark: it came from --set.
+  if (parent.where == "--set" || value.Mark().is_null()) return Field{value, "--set"};
   const std::string file = parent.where.substr(0, parent.where.rfind(':'));
   const int line = key.Mark().line >= 0 ? key.Mark().line + 1 : 1;
   return Field{value, file + ":" + std::to_string(line)};
@@ -94,6 +95,24 @@ std::string moe_where(const Doc& d, const std::string& sub) {
 }
 
 }  // namespace
+
+bool merge_moe_override(Doc& d, const std::string& key, const YAML::Node& value) {
+  const std::string prefix = "model.moe.";
+  if (key.rfind(prefix, 0) != 0) return false;
+  const std::string sub = key.substr(prefix.size());
+  bool known = false;
+  for (const auto& k : moe_keys()) known = known || (k == sub && k != "routing");
+  if (!known) return false;
+  auto it = d.fields.find("model.moe");
+  if (it == d.fields.end() || !it->second.node.IsMap()) {
+    YAML::Node map(YAML::NodeType::Map);
+    map[sub] = value;
+    d.fields["model.moe"] = Field{map, "--set"};
+  } else {
+    it->second.node[sub] = value;  // the value node (and its null mark) replaces the file's
+  }
+  return true;
+}
 
 void read_moe(const Doc& d, ModelConfig& m) {
   graph::MoeSpec& moe = m.arch.moe;

@@ -17,6 +17,10 @@
 namespace memsim::scenario_detail {
 
 void read_moe(const Doc& d, ModelConfig& m);
+// --set model.moe.SUB=V for a sub-key other than routing (which has its own dotted key):
+// merged into model.moe's mapping (created when the file has none), the value blamed on
+// "--set". Returns false, changing nothing, for any other key.
+bool merge_moe_override(Doc& d, const std::string& key, const YAML::Node& value);
 void check_moe(const Doc& d, const Scenario& s);
 
 }  // namespace memsim::scenario_detail

@@ -13,6 +13,7 @@
 
 #include <yaml-cpp/eventhandler.h>
 
+#include "scenario/moe_keys.h"
 #include "scenario/scenario_doc.h"
 #include "scenario/scenario_text_model.h"
 
@@ -331,6 +332,7 @@ YAML::Node override_node(const std::string& key, const std::string& raw) {
 void apply_overrides(Doc& doc, const std::vector<std::pair<std::string, std::string>>& overrides) {
   const std::vector<std::string> known = all_dotted_keys();
   for (const auto& [key, value] : overrides) {
+    if (merge_moe_override(doc, key, override_node(key, value))) continue;  // model.moe.top_k=4
     bool ok = false;
     for (const auto& k : known) ok = ok || k == key;
     if (!ok) {

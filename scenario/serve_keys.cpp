@@ -58,6 +58,11 @@ void read_serve(const Doc& d, Scenario& s) {
   }
   const auto at = d.section_at.find("serve");
   c.present = at != d.section_at.end() || !c.key_where.empty();
+  // Keys of the training / HF step that the serve plan would otherwise ignore: where they
+  // were set, for sim/serve/serve_plan.cpp's refusals (memsim run still uses them).
+  for (const char* key : {"lora.rank", "precision.autocast", "parallel.data", "parallel.tensor",
+                          "parallel.pipeline", "parallel.sharding"})
+    if (const Field* f = d.find(key)) c.key_where.emplace_back(key, f->where);
   if (!c.present) return;
   c.where = at != d.section_at.end() ? at->second : c.key_where.front().second;
 

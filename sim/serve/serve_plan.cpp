@@ -213,6 +213,22 @@ ServePlan plan_sglang(const Scenario& s) {
 ServePlan plan_serve(const Scenario& s) {
   if (!s.serve.present)
     throw ScenarioError(s.source + ":1: serve: memsim serve needs a `serve:` section (docs/serve.md)");
+  // The plan is the engine's (serve.*): settings of the training / HF step that it would
+  // silently drop are refused (memsim run on the same file still uses them).
+  if (s.lora.rank > 0)
+    refuse(s, "lora.rank", "memsim serve does not model LoRA serving (vLLM --enable-lora's adapter "
+                           "slots); remove the lora section to plan the base model");
+  if (s.precision.autocast)
+    refuse(s, "precision.autocast", "an engine runs the model in its weights' dtype "
+                                    "(precision.params, serve.quantization); autocast is a training setting");
+  if (s.parallel.tensor > 1 || s.parallel.pipeline > 1)
+    refuse(s, s.parallel.tensor > 1 ? "parallel.tensor" : "parallel.pipeline",
+           "memsim serve shards with serve.tensor_parallel (pipeline parallel serving is not "
+           "modelled); remove the parallel section");
+  if (s.parallel.data > 1 || s.parallel.sharding != Sharding::none)
+    refuse(s, s.parallel.sharding != Sharding::none ? "parallel.sharding" : "parallel.data",
+           "training parallelism (DDP, FSDP, DeepSpeed) has no meaning for a serving engine "
+           "(serve.tensor_parallel shards it); remove the parallel section");
   return s.serve.engine == ServeEngine::vllm ? plan_vllm(s) : plan_sglang(s);
 }
 

@@ -11,7 +11,9 @@
 #include "graph/models/kv_cache.h"
 #include "graph/ops/ops.h"
 #include "scenario/hf_family.h"
+#include "sim/step/event_budget.h"
 #include "sim/step/schedule.h"
+#include "sim/step/time_model_setup.h"
 
 namespace memsim {
 namespace {
@@ -43,6 +45,9 @@ class GenerateLoop {
     const uint64_t B = static_cast<uint64_t>(s_.batch.micro_batch);
     const int64_t P = g.prompt_len, max_length = g.prompt_len + g.new_tokens;
     configure_device(rt_, s_.device);
+    // The GEMMs' dtype (the weights': generate() runs without autocast) and the time
+    // model's refusals; without it every GEMM was costed at the fp32 peak.
+    configure_time_model(rt_, s_);
     rt_.reserve(static_cast<size_t>(g.new_tokens) *
                     (static_cast<size_t>(s_.model.layers) * 90 + 120) + 64 +
                 static_cast<size_t>(s_.model.layers) * 16);
@@ -237,6 +242,7 @@ void build_generate_program(const Scenario& scenario, Program& program,
                             graph::RuntimeBuffers* buffers, GenerateFacts* facts) {
   if (scenario.step.kind != StepKind::generate)
     throw std::logic_error("build_generate_program: step.kind is not generate");
+  check_event_budget(scenario);  // before any reservation (sim/step/event_budget.h)
   program.clear();
   GenerateLoop(scenario, program, buffers).run(facts);
 }

@@ -13,6 +13,21 @@
 
 namespace memsim::cli {
 
+// A positive integer option (--max-seqs, --global-batch, --micro-batches): CLI11's
+// PositiveNumber answered "Value 0 not in range 0.000000 to 1.797...e+308" (and the same
+// for "abc"), naming neither the rule nor the value's problem.
+inline const CLI::Validator kPositiveInteger(
+    [](std::string& v) -> std::string {
+      try {
+        size_t used = 0;
+        const long long n = std::stoll(v, &used);
+        if (used == v.size() && n > 0) return "";
+      } catch (const std::exception&) {
+      }
+      return "expected a positive integer, got '" + v + "'";
+    },
+    "POSITIVE");
+
 // memsim run [SCENARIO] [--model CONFIG.json] [--set KEY=VALUE]... [--json FILE|-]
 //            [--timeline FILE.csv] [--trace FILE.json] [--snapshot FILE.pickle]
 //            [--html FILE.html]   (SCENARIO, --model or both)

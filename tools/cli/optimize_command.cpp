@@ -89,11 +89,11 @@ CLI::App* add_optimize_command(CLI::App& app, OptimizeArgs& args) {
   cmd->add_option("--global-batch", args.global_batch,
                   "Sequences per optimizer step for --objective (default: batch.micro_batch x "
                   "batch.grad_accum)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInteger);
   cmd->add_option("--micro-batches", args.micro_batches,
                   "Micro-batches --objective tries (default: every divisor of the global batch)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInteger);
   cmd->footer("Exit status: 0 a plan fits the budget, 3 nothing fits, 1 bad input, 2 bad usage.");
   return cmd;
 }

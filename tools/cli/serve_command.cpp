@@ -15,6 +15,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/output.h"
+#include "tools/cli/scenario_input.h"
 #include "tools/cli/overrides.h"
 #include "tools/cli/serve_report.h"
 
@@ -23,7 +24,7 @@ namespace memsim::cli {
 CLI::App* add_serve_command(CLI::App& app, ServeArgs& args) {
   CLI::App* cmd = app.add_subcommand(
       "serve", "Plan a vLLM / SGLang server's memory: weights, profile run, KV cache blocks");
-  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML) with a serve: section; optional with --model");
+  cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML) with a serve: section, or - for standard input; optional with --model");
   cmd->add_option("--model", args.model, "A Hugging Face config.json (or its folder) to serve")
       ->type_name("CONFIG.json");
   cmd->add_option("--set", args.sets, "Override a scenario key, e.g. --set serve.max_model_len=4096")
@@ -36,7 +37,7 @@ CLI::App* add_serve_command(CLI::App& app, ServeArgs& args) {
   cmd->add_option("--max-seqs", args.max_seqs_len,
                   "How many sequences of LEN tokens fit in the KV cache at once")
       ->type_name("LEN")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInteger);
   cmd->add_option("--min-tp", args.min_tp,
                   "The smallest tensor_parallel (1, 2, 4, ... up to MAX) that serves the model")
       ->type_name("MAX")
@@ -63,7 +64,12 @@ int run_serve_grid(const ServeArgs& args, const Overrides& base) {
       throw UsageError(e.what());
     }
   }
+  // The single-plan outputs have no per-point form: refuse them rather than drop them.
+  if (args.len_that_fits || args.max_seqs_len > 0 || args.min_tp.has_value() || !args.html.empty())
+    throw UsageError("--vary plans a grid; --max-model-len-that-fits, --max-seqs, --min-tp and "
+                     "--html answer for one plan (drop --vary, or read the rows' keys)");
   Json rows = Json::array();
+  bool any_fits = false;
   std::string table = "memsim serve --vary: one plan per point\n";
   for (const SweepOverrides& point : sweep_points(axes)) {
     Overrides o = base;
@@ -73,11 +79,12 @@ int run_serve_grid(const ServeArgs& args, const Overrides& base) {
     Json row = Json::object();
     row["point"] = label;
     try {
-      Scenario s = args.model.empty() ? load_scenario(args.scenario, o)
-                                      : load_scenario_with_model(args.scenario, args.model, o);
+      Scenario s = args.model.empty() ? load_scenario_arg(args.scenario, o)
+                                      : load_scenario_arg_with_model(args.scenario, args.model, o);
       s.serve.present = true;
       const serve::ServePlan plan = serve::plan_serve(s);
       row["fits"] = plan.fits;
+      any_fits = any_fits || plan.fits;
       row["weights_bytes"] = plan.weights_bytes;
       row["activation_peak_bytes"] = plan.activation_peak_bytes ? Json(*plan.activation_peak_bytes) : Json(nullptr);
       row["kv_cache_bytes"] = plan.kv.kv_cache_bytes;
@@ -102,7 +109,8 @@ int run_serve_grid(const ServeArgs& args, const Overrides& base) {
     out.finish();
   }
   if (args.json != "-") std::fputs(table.c_str(), stdout);
-  return kExitFits;
+  // As memsim sweep: 0 when at least one point's engine starts, 3 when none does.
+  return any_fits ? kExitFits : kExitOom;
 }
 
 }  // namespace
@@ -136,10 +144,11 @@ int run_serve(const ServeArgs& args) {
     throw UsageError("serve needs a SCENARIO file, a --model CONFIG.json, or both");
   if (!args.json.empty() && args.json == "-" && !args.html.empty() && args.html == "-")
     throw UsageError("at most one report can be written to stdout ('-')");
-  if (!args.scenario.empty()) check_input_file(args.scenario);
+  if (!args.scenario.empty() && args.scenario != "-") check_input_file(args.scenario);
   if (!args.vary.empty()) return run_serve_grid(args, overrides);
-  Scenario s = args.model.empty() ? load_scenario(args.scenario, overrides)
-                                  : load_scenario_with_model(args.scenario, args.model, overrides);
+  // SCENARIO "-": standard input (tools/cli/scenario_input.h), as for every verb.
+  Scenario s = args.model.empty() ? load_scenario_arg(args.scenario, overrides)
+                                  : load_scenario_arg_with_model(args.scenario, args.model, overrides);
   const serve::ServePlan plan = plan_serve_scenario(s);
   spdlog::info("serve plan for '{}': {} KV tokens", s.name, plan.kv.kv_cache_tokens);
   const ServeInverse inv = serve_inverse(s, plan, args.max_seqs_len, args.min_tp);
