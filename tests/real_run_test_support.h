@@ -1,5 +1,6 @@
 // Shared by the tests that compare memsim's predictions with real runs: the relative
-// error, where the real snapshots are when ../shared is checked out, and the comparison
+// error, where the real snapshots are when ../shared is checked out, a scenario's
+// simulated peaks, the large allocations of a trace and of a Program, and the comparison
 // table the accuracy tests print.
 #pragma once
 
@@ -11,6 +12,10 @@
 
 #include <catch2/catch.hpp>
 
+#include "allocator/snapshot/snapshot.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
 #include "tests/shared_dir_test_support.h"
 #include "tests/support/real_runs.h"
 
@@ -40,6 +45,38 @@ inline const memsim::ReplayPeaks& find_measured(const std::vector<memsim::Replay
     if (m.snapshot == snapshot) return m;
   FAIL("no measured peaks for " << snapshot);
   throw 0;
+}
+
+// A scenario's peaks as `memsim run` reports them (built, executed on its device, analysed).
+struct SimulatedPeaks {
+  bool fits = false;
+  uint64_t allocated = 0, reserved = 0;
+};
+inline SimulatedPeaks simulate_peaks(const memsim::Scenario& s, const memsim::Program& program) {
+  memsim::SimulatedDevice device(s.device.capacity, s.device.cuda_context);
+  const memsim::Timeline t = memsim::execute(program, s.allocator, device, memsim::ExecuteOptions{});
+  const memsim::Analysis a = memsim::analyze(program, t);
+  return {a.fits(), a.peak_allocated, a.peak_reserved};
+}
+inline SimulatedPeaks simulate_peaks(const memsim::Scenario& s) {
+  return simulate_peaks(s, memsim::build_program(s));
+}
+
+// The sizes of the allocations above 1 MiB (the large pool), in order: from a trace, and
+// from a simulated Program (requests rounded as the allocator rounds them).
+inline std::vector<uint64_t> large_allocs(const memsim::Snapshot& snap) {
+  std::vector<uint64_t> out;
+  for (const memsim::SnapshotTraceEntry& e : snap.device_traces.at(0))
+    if (e.action == memsim::TraceAction::alloc && e.size > (1u << 20)) out.push_back(e.size);
+  return out;
+}
+inline std::vector<uint64_t> large_allocs(const memsim::Program& p) {
+  std::vector<uint64_t> out;
+  for (const memsim::MemoryEvent& e : p.events) {
+    const uint64_t rounded = (e.bytes + 511) / 512 * 512;
+    if (e.type == memsim::EventType::alloc && rounded > (1u << 20)) out.push_back(rounded);
+  }
+  return out;
 }
 
 // The Markdown comparison table: predicted vs real peak allocated and reserved, bytes and %.

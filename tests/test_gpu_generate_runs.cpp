@@ -12,16 +12,12 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "json_test_support.h"
 #include "real_run_test_support.h"
-#include "sim/analysis/analysis.h"
-#include "sim/step/execute.h"
-#include "sim/step/schedule.h"
 
 using namespace memsim;
 
@@ -30,17 +26,10 @@ namespace {
 const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/generate_predictions.json";
 const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/generate/generate_runs.json";
 
-struct Peaks {
-  uint64_t allocated = 0, reserved = 0;
-};
-
-Peaks simulate(const std::string& scenario) {
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/" + scenario);
-  const Program program = build_program(s);
-  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
-  const Analysis a = analyze(program, execute(program, s.allocator, device, ExecuteOptions{}));
-  REQUIRE(a.fits());
-  return {a.peak_allocated, a.peak_reserved};
+memsim_test::SimulatedPeaks simulate(const std::string& scenario) {
+  const memsim_test::SimulatedPeaks p = memsim_test::simulate_peaks(load_scenario(MEMSIM_SOURCE_DIR "/" + scenario));
+  REQUIRE(p.fits);
+  return p;
 }
 
 // The largest relative error allowed (the measured one, rounded up) and why.
@@ -63,13 +52,13 @@ TEST_CASE("Generate on a GPU (transformers 5.17): blind predictions, measured", 
   std::map<std::string, nlohmann::json> blind;
   for (const nlohmann::json& p : pred["runs"]) {
     INFO(p["name"].get<std::string>());
-    const Peaks now = simulate(p["scenario"]);
+    const memsim_test::SimulatedPeaks now = simulate(p["scenario"]);
     CHECK(now.allocated == p["predicted_peak_allocated_bytes"].get<uint64_t>());
     CHECK(now.reserved == p["predicted_peak_reserved_bytes"].get<uint64_t>());
     blind[p["name"]] = p;
   }
   const nlohmann::json runs = memsim_test::load_json(kRuns);
-  std::printf("\n| generate run (H200, transformers 5.17) | allocated real | memsim | error | reserved real | memsim | error |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  memsim_test::print_comparison_header();
   size_t measured = 0;
   for (const nlohmann::json& r : runs["results"]) {
     const std::string name = r["spec"]["name"];
@@ -78,9 +67,7 @@ TEST_CASE("Generate on a GPU (transformers 5.17): blind predictions, measured", 
     const uint64_t pa = blind[name]["predicted_peak_allocated_bytes"], pr = blind[name]["predicted_peak_reserved_bytes"];
     const uint64_t ra = r["generate_peak_allocated"], rr = r["generate_peak_reserved"];
     const double ea = memsim_test::rel(pa, ra), er = memsim_test::rel(pr, rr);
-    std::printf("| %s | %llu | %llu | %+.4f%% | %llu | %llu | %+.4f%% |\n", name.c_str(),
-                static_cast<unsigned long long>(ra), static_cast<unsigned long long>(pa), 100 * ea,
-                static_cast<unsigned long long>(rr), static_cast<unsigned long long>(pr), 100 * er);
+    memsim_test::print_comparison_row(name, pa, ra, pr, rr, "(blind; H200, transformers 5.17)");
     const auto gap = kGaps.find(name);
     REQUIRE(gap != kGaps.end());
     INFO(gap->second.why);

@@ -11,16 +11,12 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "json_test_support.h"
 #include "real_run_test_support.h"
-#include "sim/analysis/analysis.h"
-#include "sim/step/execute.h"
-#include "sim/step/schedule.h"
 
 using namespace memsim;
 
@@ -47,15 +43,13 @@ TEST_CASE("MoE on a GPU (transformers 5.17 Qwen3-MoE): blind predictions, measur
   for (const auto& [name, p] : pred.items()) {
     INFO(name);
     if (!p.contains("peak_allocated_bytes")) continue;  // recorded as refused
-    const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/" + p["scenario"].get<std::string>());
-    const Program program = build_program(s);
-    SimulatedDevice device(s.device.capacity, s.device.cuda_context);
-    const Analysis a = analyze(program, execute(program, s.allocator, device, ExecuteOptions{}));
-    CHECK(a.peak_allocated == p["peak_allocated_bytes"].get<uint64_t>());
-    CHECK(a.peak_reserved == p["peak_reserved_bytes"].get<uint64_t>());
+    const memsim_test::SimulatedPeaks a =
+        memsim_test::simulate_peaks(load_scenario(MEMSIM_SOURCE_DIR "/" + p["scenario"].get<std::string>()));
+    CHECK(a.allocated == p["peak_allocated_bytes"].get<uint64_t>());
+    CHECK(a.reserved == p["peak_reserved_bytes"].get<uint64_t>());
   }
   const nlohmann::json runs = memsim_test::load_json(kRuns);
-  std::printf("\n| MoE run (H200, transformers 5.17) | allocated real | memsim (blind) | error | reserved real | memsim | error |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  memsim_test::print_comparison_header();
   size_t measured = 0;
   for (const nlohmann::json& r : runs["results"]) {
     const std::string name = r["spec"]["name"];
@@ -64,9 +58,7 @@ TEST_CASE("MoE on a GPU (transformers 5.17 Qwen3-MoE): blind predictions, measur
     const uint64_t pa = p["peak_allocated_bytes"], pr = p["peak_reserved_bytes"];
     const uint64_t ra = r["measured_step_peak_allocated"], rr = r["measured_step_peak_reserved"];
     const double ea = memsim_test::rel(pa, ra), er = memsim_test::rel(pr, rr);
-    std::printf("| %s | %llu | %llu | %+.4f%% | %llu | %llu | %+.4f%% |\n", name.c_str(),
-                static_cast<unsigned long long>(ra), static_cast<unsigned long long>(pa), 100 * ea,
-                static_cast<unsigned long long>(rr), static_cast<unsigned long long>(pr), 100 * er);
+    memsim_test::print_comparison_row(name, pa, ra, pr, rr, "(blind; H200, transformers 5.17)");
     const auto gap = kGaps.find(name);
     REQUIRE(gap != kGaps.end());
     INFO(gap->second.why);

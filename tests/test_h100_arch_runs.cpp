@@ -101,6 +101,8 @@ struct Predicted {
   uint64_t allocated = 0, reserved = 0;
 };
 
+// The committed scenario simulated, or refused by key (printed as such, checked against
+// the blind file).
 Predicted simulate(const std::string& scenario_path) {
   Predicted p;
   Scenario s;
@@ -109,15 +111,13 @@ Predicted simulate(const std::string& scenario_path) {
     s = load_scenario(MEMSIM_SOURCE_DIR "/" + scenario_path);
     program = build_program(s);
   } catch (const std::exception&) {
-    p.refused = true;  // refused by key: printed as such, checked against the blind file
+    p.refused = true;
     return p;
   }
-  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
-  const Timeline t = execute(program, s.allocator, device, ExecuteOptions{});
-  const Analysis a = analyze(program, t);
-  REQUIRE(a.fits());
-  p.allocated = a.peak_allocated;
-  p.reserved = a.peak_reserved;
+  const memsim_test::SimulatedPeaks peaks = memsim_test::simulate_peaks(s, program);
+  REQUIRE(peaks.fits);
+  p.allocated = peaks.allocated;
+  p.reserved = peaks.reserved;
   return p;
 }
 
@@ -206,24 +206,7 @@ TEST_CASE("Arch runs (blind): stand-ins exact or within a diagnosed gap, transfo
   CHECK(standins == 20);
 }
 
-namespace {
-// The sizes of the allocations above 1 MiB (the large pool), in order: from the trace, and
-// from the simulated Program (requests rounded as the allocator rounds them).
-std::vector<uint64_t> large_allocs(const Snapshot& snap) {
-  std::vector<uint64_t> out;
-  for (const SnapshotTraceEntry& e : snap.device_traces.at(0))
-    if (e.action == TraceAction::alloc && e.size > (1u << 20)) out.push_back(e.size);
-  return out;
-}
-std::vector<uint64_t> large_allocs(const Program& p) {
-  std::vector<uint64_t> out;
-  for (const MemoryEvent& e : p.events) {
-    const uint64_t rounded = (e.bytes + 511) / 512 * 512;
-    if (e.type == EventType::alloc && rounded > (1u << 20)) out.push_back(rounded);
-  }
-  return out;
-}
-}  // namespace
+using memsim_test::large_allocs;
 
 // Is `sub` a subsequence of `all` (in order, not necessarily adjacent)?
 bool is_subsequence(const std::vector<uint64_t>& sub, const std::vector<uint64_t>& all) {
@@ -295,11 +278,9 @@ TEST_CASE("Arch runs of transformers 5.17 with model.transformers: 5", "[h100][a
     INFO(name);
     const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/" + r["spec"]["scenario"].get<std::string>(),
                                      {{"model.transformers", "5"}});
-    const Program program = build_program(s);
-    SimulatedDevice device(s.device.capacity, s.device.cuda_context);
-    const Analysis a = analyze(program, execute(program, s.allocator, device, ExecuteOptions{}));
-    const double ea = rel(a.peak_allocated, r["measured_step_peak_allocated"].get<uint64_t>());
-    const double er = rel(a.peak_reserved, r["measured_step_peak_reserved"].get<uint64_t>());
+    const memsim_test::SimulatedPeaks a = memsim_test::simulate_peaks(s);
+    const double ea = rel(a.allocated, r["measured_step_peak_allocated"].get<uint64_t>());
+    const double er = rel(a.reserved, r["measured_step_peak_reserved"].get<uint64_t>());
     std::printf("| %s | %+.3f%% | %+.3f%% |\n", name.c_str(), 100 * ea, 100 * er);
     CHECK(std::fabs(ea) <= gap->second.allocated);
     CHECK(std::fabs(er) <= gap->second.reserved);

@@ -108,38 +108,16 @@ std::string scenario_yaml(const nlohmann::json& sp) {
   return y;
 }
 
-struct Predicted {
-  uint64_t allocated = 0, reserved = 0;
-};
-
-Predicted simulate(const nlohmann::json& sp) {
+// The run's configuration simulated (exact peaks of `memsim run`).
+memsim_test::SimulatedPeaks simulate(const nlohmann::json& sp) {
   const Scenario s = load_scenario_text(scenario_yaml(sp), sp["name"].get<std::string>() + ".yaml");
-  const Program program = build_program(s);
-  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
-  const Timeline t = execute(program, s.allocator, device, ExecuteOptions{});
-  const Analysis a = analyze(program, t);
-  REQUIRE(a.fits());
-  return {a.peak_allocated, a.peak_reserved};
+  const memsim_test::SimulatedPeaks p = memsim_test::simulate_peaks(s);
+  REQUIRE(p.fits);
+  return p;
 }
 
+using memsim_test::large_allocs;
 using memsim_test::rel;
-
-// The sizes of the allocations above 1 MiB (the large pool), in order: from the trace,
-// and from the simulated Program (requests rounded as the allocator rounds them).
-std::vector<uint64_t> large_allocs(const Snapshot& snap) {
-  std::vector<uint64_t> out;
-  for (const SnapshotTraceEntry& e : snap.device_traces.at(0))
-    if (e.action == TraceAction::alloc && e.size > (1u << 20)) out.push_back(e.size);
-  return out;
-}
-std::vector<uint64_t> large_allocs(const Program& p) {
-  std::vector<uint64_t> out;
-  for (const MemoryEvent& e : p.events) {
-    const uint64_t rounded = (e.bytes + 511) / 512 * 512;
-    if (e.type == EventType::alloc && rounded > (1u << 20)) out.push_back(rounded);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -202,7 +180,7 @@ TEST_CASE("Measured steps on an H100 (PyTorch 2.11): hf stand-ins and transforme
     if (sp["impl"] == "transformers" && sp["family"] == "hf-gpt2" && sp["attention"] == "sdpa")
       continue;  // memsim's hf-gpt2 models eager attention only (refused by key)
     if (sp["impl"] == "transformers" && sp["autocast"] != "none") continue;  // same: eager only
-    const Predicted p = simulate(sp);
+    const memsim_test::SimulatedPeaks p = simulate(sp);
     const uint64_t real_a = r["measured_step_peak_allocated"], real_r = r["measured_step_peak_reserved"];
     const double ea = rel(p.allocated, real_a), er = rel(p.reserved, real_r);
     std::printf("| %s | %.2f MiB | %.2f MiB | %+.3f%% | %.2f MiB | %.2f MiB | %+.3f%% |\n", name.c_str(),
@@ -212,7 +190,7 @@ TEST_CASE("Measured steps on an H100 (PyTorch 2.11): hf stand-ins and transforme
     if (name == "tf_llama_l4_d1024_s1024_b4_sdpa") {
       nlohmann::json as_eager = sp;
       as_eager["attention"] = "eager";
-      const Predicted e = simulate(as_eager);
+      const memsim_test::SimulatedPeaks e = simulate(as_eager);
       CHECK(std::fabs(rel(e.allocated, real_a)) < 0.0004);
       CHECK(std::fabs(rel(e.reserved, real_r)) < 0.02);
     }
