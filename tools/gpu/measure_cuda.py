@@ -53,12 +53,12 @@ import importlib.util
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
-import tarfile
 import time
 import traceback
+
+import gpu_common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fixtures"))
@@ -358,15 +358,7 @@ def trim_frames(snapshot):
         cpp = [f for f in frames if any(k in f.get("name", "") for k in keep_cpp)][:8]
         return py + cpp
 
-    for trace in snapshot.get("device_traces", []):
-        for e in trace:
-            if "frames" in e:
-                e["frames"] = cut(e["frames"])
-    for seg in snapshot.get("segments", []):
-        for b in seg.get("blocks", []):
-            if "frames" in b:
-                b["frames"] = cut(b["frames"])
-    return snapshot
+    return gpu_common.map_frames(snapshot, cut)
 
 
 def build_standin(torch, sp, device):
@@ -574,22 +566,8 @@ def gib(x):
 
 
 def pack(out_dir, pickles):
-    """OUT_DIR/snapshots.tar.xz of the snapshots. With the xz program, compressed on every
-    core (a multi-block .xz, which tarfile and CMake's file(ARCHIVE_EXTRACT) read as any
-    other); else by Python's lzma, on one core, as before."""
-    target = os.path.join(out_dir, "snapshots.tar.xz")
-    if shutil.which("xz"):
-        plain = os.path.join(out_dir, "snapshots.tar")
-        with tarfile.open(plain, "w") as t:
-            for p in pickles:
-                t.add(os.path.join(out_dir, p), arcname=p)
-        if subprocess.run(["xz", "-T0", "-6", "-f", plain]).returncode == 0:
-            return
-        if os.path.exists(plain):
-            os.remove(plain)
-    with tarfile.open(target, "w:xz") as t:
-        for p in pickles:
-            t.add(os.path.join(out_dir, p), arcname=p)
+    """OUT_DIR/snapshots.tar.xz of the runs' pickles (gpu_common.write_tar_xz)."""
+    gpu_common.write_tar_xz(os.path.join(out_dir, "snapshots.tar.xz"), out_dir, pickles)
 
 
 def selected(specs, only, groups):

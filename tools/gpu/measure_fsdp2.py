@@ -55,12 +55,13 @@ import fnmatch
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import tarfile
 import time
 import traceback
+
+import gpu_common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -171,15 +172,7 @@ def trim_frames(snapshot):
     def cut(frames):
         return [f for f in frames if any(k in f.get("filename", "") for k in keep)][:6]
 
-    for trace in snapshot.get("device_traces", []):
-        for e in trace:
-            if "frames" in e:
-                e["frames"] = cut(e["frames"])
-    for seg in snapshot.get("segments", []):
-        for b in seg.get("blocks", []):
-            if "frames" in b:
-                b["frames"] = cut(b["frames"])
-    return snapshot
+    return gpu_common.map_frames(snapshot, cut)
 
 
 def dtype_of(torch, name):
@@ -454,21 +447,8 @@ def gib(x):
 
 
 def pack(out_dir, target_name, members):
-    """OUT_DIR/target_name (.tar.xz) of `members` (paths relative to out_dir): with the xz
-    program on every core, else Python's lzma."""
-    target = os.path.join(out_dir, target_name)
-    if shutil.which("xz"):
-        plain = target[:-3]
-        with tarfile.open(plain, "w") as t:
-            for p in members:
-                t.add(os.path.join(out_dir, p), arcname=p)
-        if subprocess.run(["xz", "-T0", "-6", "-f", plain]).returncode == 0:
-            return
-        if os.path.exists(plain):
-            os.remove(plain)
-    with tarfile.open(target, "w:xz") as t:
-        for p in members:
-            t.add(os.path.join(out_dir, p), arcname=p)
+    """OUT_DIR/target_name (.tar.xz) of `members` (gpu_common.write_tar_xz)."""
+    gpu_common.write_tar_xz(os.path.join(out_dir, target_name), out_dir, members)
 
 
 def save_torch_sources(out_dir):

@@ -36,12 +36,12 @@ import importlib.util
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
-import tarfile
 import time
 import traceback
+
+import gpu_common
 
 # A Llama-like 4-layer model of d_model 1024 (GQA 16/4), the other rows at the same size.
 BASE = dict(layers=4, d_model=1024, heads=16, kv_heads=4, d_ff=2816, vocab=32000)
@@ -104,15 +104,7 @@ def trim_frames(snapshot):
         return [{k: f.get(k) for k in ("filename", "line", "name")} for f in frames
                 if any(k in f.get("filename", "") for k in keep)][:4]
 
-    for trace in snapshot.get("device_traces", []):
-        for e in trace:
-            if "frames" in e:
-                e["frames"] = cut(e["frames"])
-    for seg in snapshot.get("segments", []):
-        for b in seg.get("blocks", []):
-            if "frames" in b:
-                b["frames"] = cut(b["frames"])
-    return snapshot
+    return gpu_common.map_frames(snapshot, cut)
 
 
 def run_one(sp, out_dir):
@@ -190,9 +182,7 @@ def run_one(sp, out_dir):
 
 def pack(out_dir, pickles):
     target = os.path.join(out_dir, "generate_snapshots.tar.xz")
-    with tarfile.open(target, "w:xz") as t:
-        for p in pickles:
-            t.add(os.path.join(out_dir, p), arcname=p)
+    gpu_common.write_tar_xz(target, out_dir, pickles)
     if os.path.getsize(target) > 8 * 2**20:  # keep under the size the lead can commit
         os.remove(target)
         return False

@@ -47,12 +47,12 @@ import inspect
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
-import tarfile
 import time
 import traceback
+
+import gpu_common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -106,13 +106,7 @@ def stats(torch, cuda):
 
 
 def strip_frames(snapshot):
-    for trace in snapshot.get("device_traces", []):
-        for e in trace:
-            e.pop("frames", None)
-    for seg in snapshot.get("segments", []):
-        for b in seg.get("blocks", []):
-            b.pop("frames", None)
-    return snapshot
+    return gpu_common.map_frames(snapshot, lambda frames: None)
 
 
 # --------------------------------------------------------------------------- models
@@ -337,9 +331,7 @@ def pack(out_dir, pickles, limit=8 << 20):
     target = os.path.join(out_dir, "moe_snapshots.tar.xz")
     keep = list(pickles)
     while keep:
-        with tarfile.open(target, "w:xz") as t:
-            for p in keep:
-                t.add(os.path.join(out_dir, p), arcname=p)
+        gpu_common.write_tar_xz(target, out_dir, keep)
         if os.path.getsize(target) <= limit:
             return keep
         keep.pop()
