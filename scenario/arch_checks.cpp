@@ -5,6 +5,7 @@
 #include <string>
 
 #include "scenario/scenario_family.h"
+#include "scenario/transformers_version.h"
 
 namespace memsim {
 
@@ -41,10 +42,7 @@ const char* autocast_unmodelled(const DecoderArch& a) {
   // on the H200 came out exact in reserved and 5 KiB under in allocated (a run not used to
   // derive the layout). The same knobs one by one are not, nor the other rows under 5.x
   // (Mistral, Phi-3: not measured under autocast).
-  const bool v5_layout = a.attn_function && a.loss == graph::CausalLoss::pad &&
-                         a.logits_float == graph::LogitsFloat::loss && a.rope_mul_fused &&
-                         a.mask == graph::MaskBuild::exclude && a.attn_scale_mul &&
-                         !a.attn_rope_buffer && a.rope == graph::RopeAt::model &&
+  const bool v5_layout = scenario_detail::has_v5_layout(a) &&
                          (std::strcmp(a.architecture, "qwen2") == 0 ||
                           std::strcmp(a.architecture, "llama") == 0);  // Qwen2 less its biases
   if ((a.attn_function || a.loss != graph::CausalLoss::shift ||

@@ -33,6 +33,16 @@ void apply_v5(DecoderArch& a) {
 
 }  // namespace
 
+bool has_v5_layout(const DecoderArch& a) {
+  DecoderArch v5 = a;
+  apply_v5(v5);
+  return a.rope == v5.rope && a.rope_mul_fused == v5.rope_mul_fused &&
+         a.attn_rope_buffer == v5.attn_rope_buffer && a.mask == v5.mask &&
+         a.attn_function == v5.attn_function && a.attn_scale_mul == v5.attn_scale_mul &&
+         a.mask_add_inplace == v5.mask_add_inplace && a.logits_float == v5.logits_float &&
+         a.loss == v5.loss;
+}
+
 void read_transformers_version(const Doc& d, ModelConfig& m) {
   const Field* f = d.find("model.transformers");
   if (!f) return;

@@ -22,4 +22,8 @@ namespace memsim::scenario_detail {
 // model.architecture and its knob keys, before model.implementation).
 void read_transformers_version(const Doc& d, ModelConfig& m);
 
+// Whether `a` carries transformers 5.x's placements as model.transformers: 5 sets them
+// (one list of them, in transformers_version.cpp; scenario/arch_checks.cpp asks).
+bool has_v5_layout(const graph::DecoderArch& a);
+
 }  // namespace memsim::scenario_detail
