@@ -157,10 +157,24 @@ void read_generate(const Doc& d, Scenario& s) {
     case GenerateCache::dynamic: break;
   }
   const int64_t total = g.prompt_len + g.new_tokens;
-  if (d.find("model.context_length") != nullptr && total > s.model.context_length)
+  // The model sees prompt_len + new_tokens - 1 positions: the last token is sampled, never fed.
+  const int64_t positions = total - 1;
+  if (d.find("model.context_length") != nullptr && positions > s.model.context_length)
     fail(where("generate.new_tokens", "generate"), "generate.new_tokens",
-         "prompt_len + new_tokens = " + std::to_string(total) + " is longer than model.context_length " +
-             std::to_string(s.model.context_length));
+         "prompt_len + new_tokens - 1 = " + std::to_string(positions) +
+             " positions is longer than model.context_length " + std::to_string(s.model.context_length));
+  if (d.find("model.context_length") == nullptr && s.model.context_length > 0 &&
+      positions > s.model.context_length) {
+    // As for batch.seq_len (scenario_build.cpp): a preset's or config.json's context length
+    // is the model's; only an explicit model.context_length extends it.
+    const char* from_key = d.find("model.preset") ? "model.preset" : "model.hf_config";
+    fail(where("generate.new_tokens", "generate"), "generate.new_tokens",
+         "prompt_len + new_tokens - 1 = " + std::to_string(positions) +
+             " positions is longer than the model's context length " +
+             std::to_string(s.model.context_length) +
+             (d.find(from_key) ? " (that of " + std::string(from_key) + ")" : std::string()) +
+             "; set model.context_length: " + std::to_string(positions) + " to extend the model");
+  }
   s.batch.seq_len = total;
   s.model.context_length = std::max(s.model.context_length, total);
   s.model.dropout = 0.0;  // generate runs the model in eval mode

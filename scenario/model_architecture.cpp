@@ -1,5 +1,7 @@
 #include "scenario/model_architecture.h"
 
+#include "scenario/transformers_version.h"
+
 #include <algorithm>
 
 namespace memsim {
@@ -54,6 +56,13 @@ struct Arch {
   Arch& logits_float(LogitsFloat v) { a.logits_float = v; return *this; }
   Arch& loss_pad() { a.loss = CausalLoss::pad; return *this; }
   Arch& sandwich_order(SandwichOrder v) { a.sandwich_order = v; return *this; }
+  // transformers 5.x's placements of the dense parts (the same list model.transformers: 5
+  // applies, scenario/transformers_version.cpp): the MoE rows model v5's expert code, and a
+  // v4 attention around a v5 MoE block would be a model no release ran.
+  Arch& v5_layout() {
+    scenario_detail::apply_v5_layout(a);
+    return *this;
+  }
   // A mixture-of-experts row (docs/moe.md): the router's code and the config class's
   // norm_topk_prob default; the sizes come from the config.json or model.moe.
   Arch& moe(graph::MoeRouterCode code, bool norm_topk) {
@@ -133,24 +142,23 @@ const std::vector<ArchitectureRow>& rows() {
       {"granite", kLlama, Arch("granite"), all_layers(), false, 0, 0, "hidden_act", true, true,
        false, false, S::none, "GraniteForCausalLM"},
       // Mixture-of-experts rows (docs/moe.md; transformers v5's fused experts): the dense
-      // parts are their lineage's rows (Mixtral: Mistral; Qwen2/3-MoE: Qwen2/3; OLMoE: Llama
-      // with OLMo's q/k norms over the whole projection); experts, top_k and the expert
+      // parts are their lineage's modules (Mixtral: Mistral; Qwen2/3-MoE: Qwen2/3; OLMoE: Llama
+      // with OLMo's q/k norms over the whole projection) in 5.x's placements, as the MoE
+      // block is 5.x's; experts, top_k and the expert
       // sizes come from the config.json (scenario/hf_config.cpp) or model.moe.
       {"mixtral", kLlama,
-       Arch("mixtral").rope_per_layer().mask_exclude().moe(graph::MoeRouterCode::mixtral, true),
+       Arch("mixtral").v5_layout().moe(graph::MoeRouterCode::mixtral, true),
        all_layers(), false, 0, 0, "hidden_act", false, false, false, false, S::every_layer,
        "MixtralForCausalLM (v5 MixtralSparseMoeBlock)"},
       {"qwen2_moe", kLlama,
-       Arch("qwen2_moe").qkv_bias().attn_rope_buffer().moe(graph::MoeRouterCode::qwen, false),
+       Arch("qwen2_moe").qkv_bias().v5_layout().moe(graph::MoeRouterCode::qwen, false),
        all_layers(), false, 0, 4096, "hidden_act", false, false, false, false, S::qwen,
        "Qwen2MoeForCausalLM (v5)"},
       {"qwen3_moe", kLlama,
-       Arch("qwen3_moe").qk_norm(QkNorm::head).rope_mul_fused().mask_exclude().attn_scale_mul()
-           .attn_function().logits_float(LogitsFloat::loss).loss_pad()
-           .moe(graph::MoeRouterCode::qwen, false),
+       Arch("qwen3_moe").qk_norm(QkNorm::head).v5_layout().moe(graph::MoeRouterCode::qwen, false),
        all_layers(), false, 128, 4096, "hidden_act", true, false, false, false, S::qwen,
        "Qwen3MoeForCausalLM (v5)"},
-      {"olmoe", kLlama, Arch("olmoe").qk_norm(QkNorm::full).moe(graph::MoeRouterCode::qwen, false),
+      {"olmoe", kLlama, Arch("olmoe").qk_norm(QkNorm::full).v5_layout().moe(graph::MoeRouterCode::qwen, false),
        all_layers(), false, 0, 0, "hidden_act", true, false, false, false, S::none,
        "OlmoeForCausalLM (v5)"},
       // graph::gpt2_arch(): LayerNorm, Conv1D with biases, fused c_attn, plain MLP with

@@ -7,14 +7,15 @@
 #include "scenario/scenario_family.h"
 
 namespace memsim::scenario_detail {
-namespace {
 
-const std::vector<std::string>& moe_keys() {
+const std::vector<std::string>& moe_sub_keys() {
   static const std::vector<std::string> keys = {
       "experts",  "top_k",     "shared_experts", "expert_d_ff",           "first_dense_layers",
       "router",   "norm_topk", "routing",        "experts_implementation", "capacity_factor"};
   return keys;
 }
+
+namespace {
 
 bool moe_row(const graph::DecoderArch& a) {
   const std::string name = a.architecture;
@@ -101,7 +102,7 @@ bool merge_moe_override(Doc& d, const std::string& key, const YAML::Node& value)
   if (key.rfind(prefix, 0) != 0) return false;
   const std::string sub = key.substr(prefix.size());
   bool known = false;
-  for (const auto& k : moe_keys()) known = known || (k == sub && k != "routing");
+  for (const auto& k : moe_sub_keys()) known = known || (k == sub && k != "routing");
   if (!known) return false;
   auto it = d.fields.find("model.moe");
   if (it == d.fields.end() || !it->second.node.IsMap()) {
@@ -129,8 +130,8 @@ void read_moe(const Doc& d, ModelConfig& m) {
       const std::string key = "model.moe." + sub;
       const Field v = sub_field(*f, it->first, it->second);
       bool known = false;
-      for (const auto& k : moe_keys()) known = known || k == sub;
-      if (!known) fail(v.where, key, "unknown key" + did_you_mean(sub, moe_keys()));
+      for (const auto& k : moe_sub_keys()) known = known || k == sub;
+      if (!known) fail(v.where, key, "unknown key" + did_you_mean(sub, moe_sub_keys()));
       if (sub == "experts") moe.experts = read_int(v, key, 1);
       else if (sub == "top_k") moe.top_k = read_int(v, key, 1);
       else if (sub == "expert_d_ff") moe.expert_d_ff = read_int(v, key, 1);

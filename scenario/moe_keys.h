@@ -17,6 +17,8 @@
 namespace memsim::scenario_detail {
 
 void read_moe(const Doc& d, ModelConfig& m);
+// model.moe's sub-keys ("experts", "top_k", ...), for did-you-mean and shell completion.
+const std::vector<std::string>& moe_sub_keys();
 // --set model.moe.SUB=V for a sub-key other than routing (which has its own dotted key):
 // merged into model.moe's mapping (created when the file has none), the value blamed on
 // "--set". Returns false, changing nothing, for any other key.

@@ -360,6 +360,15 @@ std::string stem(const std::string& path) {
 }  // namespace
 }  // namespace scenario_detail
 
+std::string Scenario::key_prefix(const std::string& key) const {
+  for (const auto& [k, where] : key_where) {
+    if (k != key) continue;
+    // As scenario_detail::fail() writes it: "--set KEY" for an override, "FILE:LINE: KEY".
+    return where == "--set" || where == "--model" ? where + " " + key : where + ": " + key;
+  }
+  return source + ": " + key;
+}
+
 Scenario load_scenario_text(const std::string& text, const std::string& source,
                             const std::vector<std::pair<std::string, std::string>>& overrides) {
   using namespace scenario_detail;

@@ -351,6 +351,12 @@ struct Scenario {
   DeepSpeedConfig deepspeed;           // parallel.sharding: deepspeed (issue #16 item 2)
   ServeConfig serve;                   // `memsim serve` (issue #17 items 2-4)
   GenerateConfig generate;             // step.kind generate (issue #17 item 1)
+  // Where each key the document set came from ("FILE:LINE" or "--set"), for errors the
+  // simulator raises after reading (the event budget, sim/step/event_budget.h).
+  std::vector<std::pair<std::string, std::string>> key_where;
+  // "FILE:LINE: KEY" (or "--set KEY" for an override; "FILE: KEY" when the key was not set),
+  // the prefix the reader's own errors use.
+  std::string key_prefix(const std::string& key) const;
 };
 
 class ScenarioError : public std::runtime_error {

@@ -580,6 +580,8 @@ Scenario build_scenario(const Doc& d) {
   check_products(d, s);
   check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
+  s.key_where.reserve(d.fields.size());
+  for (const auto& [key, field] : d.fields) s.key_where.emplace_back(key, field.where);
   return s;
 }
 

@@ -10,6 +10,14 @@ namespace memsim::scenario_detail {
 
 namespace {
 
+bool is_moe_architecture(const char* name) {
+  for (const char* moe : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"})
+    if (std::strcmp(name, moe) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
 using graph::CausalLoss;
 using graph::DecoderArch;
 using graph::LogitsFloat;
@@ -19,7 +27,7 @@ using graph::RopeAt;
 // transformers 5.x's layout of a Llama-lineage row (src/transformers/models/*/modeling_*.py
 // as generated from modular files in 5.x; masking_utils.create_causal_mask;
 // integrations' eager_attention_forward; loss/loss_utils.ForCausalLMLoss).
-void apply_v5(DecoderArch& a) {
+void apply_v5_layout(DecoderArch& a) {
   a.rope = RopeAt::model;       // XModel.rotary_emb once per forward, passed to every layer
   a.rope_mul_fused = true;      // XRotaryEmbedding.forward: cos = emb.cos() * attention_scaling
   a.attn_rope_buffer = false;   // no rotary module inside the attention
@@ -31,11 +39,9 @@ void apply_v5(DecoderArch& a) {
   a.loss = CausalLoss::pad;            // labels padded by one, no shifted logits copy
 }
 
-}  // namespace
-
 bool has_v5_layout(const DecoderArch& a) {
   DecoderArch v5 = a;
-  apply_v5(v5);
+  apply_v5_layout(v5);
   return a.rope == v5.rope && a.rope_mul_fused == v5.rope_mul_fused &&
          a.attn_rope_buffer == v5.attn_rope_buffer && a.mask == v5.mask &&
          a.attn_function == v5.attn_function && a.attn_scale_mul == v5.attn_scale_mul &&
@@ -47,7 +53,16 @@ void read_transformers_version(const Doc& d, ModelConfig& m) {
   const Field* f = d.find("model.transformers");
   if (!f) return;
   const std::string v = read_string(*f, "model.transformers");
-  if (v == "4") return;
+  if (v == "4") {
+    // The MoE rows are 5.x's code throughout (scenario/model_architecture.cpp): there is no
+    // v4 row of them to switch to.
+    if (is_moe_architecture(m.arch.architecture))
+      fail(f->where, "model.transformers",
+           std::string("4: the ") + m.arch.architecture + " row is transformers 5.x's code (its "
+           "fused experts and, with them, 5.x's attention and loss placements); v4's per-expert "
+           "modules are not modelled: use 5 or leave the key out");
+    return;
+  }
   if (v != "5")
     fail(f->where, "model.transformers",
          "'" + v + "' is not a modelled transformers release; use 4 (each row's v4 code, the "
@@ -58,9 +73,10 @@ void read_transformers_version(const Doc& d, ModelConfig& m) {
              to_string(m.family) + " (GPT-2's 5.x code was measured within 0.01% of the v4 "
              "model: use 4)");
   const char* arch = m.arch.architecture;
+  if (is_moe_architecture(arch)) return;  // already 5.x's placements (model_architecture.cpp)
   for (const char* measured : {"llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2"})
     if (std::strcmp(arch, measured) == 0) {
-      apply_v5(m.arch);
+      apply_v5_layout(m.arch);
       return;
     }
   fail(f->where, "model.transformers",

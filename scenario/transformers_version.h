@@ -22,6 +22,10 @@ namespace memsim::scenario_detail {
 // model.architecture and its knob keys, before model.implementation).
 void read_transformers_version(const Doc& d, ModelConfig& m);
 
+// Rewrites `a`'s placements to transformers 5.x's (the list above). Also the MoE rows'
+// dense parts (scenario/model_architecture.cpp): their expert code is 5.x's.
+void apply_v5_layout(graph::DecoderArch& a);
+
 // Whether `a` carries transformers 5.x's placements as model.transformers: 5 sets them
 // (one list of them, in transformers_version.cpp; scenario/arch_checks.cpp asks).
 bool has_v5_layout(const graph::DecoderArch& a);

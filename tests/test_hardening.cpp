@@ -152,15 +152,22 @@ TEST_CASE("the event budget is checked before anything is reserved", "[hardening
       tiny("step:\n  warmup_steps: 1000\n"), "t.yaml", {{"batch.grad_accum", "16384"}});
   CHECK(estimated_events(big) > kEventBudget);
   CHECK_THROWS_WITH(build_program(big),
-                    "t.yaml: batch.grad_accum: the run would emit about 30832721944 allocator events "
+                    "--set batch.grad_accum: the run would emit about 30832721944 allocator events "
                     "(1001 step(s) x 16384 micro-batch(es) x 2 layer(s) per program), more than the "
                     "event budget of 33554432; the peak is reached within two steps and two "
                     "micro-batches, so fewer give the same answer");
   // A hundred million layers: the key named is the one that drives the count.
   const Scenario deep = load_scenario_text(tiny(), "t.yaml", {{"model.layers", "100000000"}});
   CHECK_THROWS_WITH(build_program(deep),
-                    Catch::Matchers::StartsWith("t.yaml: model.layers: the run would emit about 69200002400") &&
+                    Catch::Matchers::StartsWith("--set model.layers: the run would emit about 69200002400") &&
                         Catch::Matchers::Contains("beyond one simulated program"));
+  // A key set in the file is named by its line, as the reader's own errors do.
+  const Scenario deep_file = load_scenario_text(tiny("step:\n  warmup_steps: 1000\n"), "t.yaml",
+                                                {{"batch.grad_accum", "16384"}});
+  CHECK_THROWS_WITH(build_program(deep_file), Catch::Matchers::StartsWith("--set batch.grad_accum: "));
+  const Scenario many_steps = load_scenario_text(
+      tiny("step:\n  warmup_steps: 1000\n"), "t.yaml", {{"batch.grad_accum", "1000"}, {"model.layers", "40"}});
+  CHECK_THROWS_WITH(build_program(many_steps), Catch::Matchers::StartsWith("t.yaml:16: step.warmup_steps: "));
   // Saturates instead of overflowing.
   Scenario absurd = ok;
   absurd.step.warmup_steps = INT64_MAX;

@@ -105,7 +105,8 @@ TEST_CASE("review: generate obeys the event budget, naming generate.new_tokens",
   memsim::Program p;
   memsim::build_generate_program(ok, p, nullptr, nullptr);
   CHECK(p.events.size() <= memsim::estimated_events(ok));  // the estimate bounds what is built
-  const memsim::Scenario big = memsim::load_scenario(kGenerate, {{"generate.new_tokens", "100000"}});
+  const memsim::Scenario big = memsim::load_scenario(
+      kGenerate, {{"generate.new_tokens", "100000"}, {"model.context_length", "104000"}});
   CHECK(memsim::estimated_events(big) > memsim::kEventBudget);
   try {
     memsim::Program q;
@@ -115,7 +116,7 @@ TEST_CASE("review: generate obeys the event budget, naming generate.new_tokens",
     CHECK(std::string(e.what()).find("generate.new_tokens: the run would emit about") != std::string::npos);
   }
   const memsim_test::CommandResult r = memsim_test::run_shell(
-      memsim_test::memsim_command() + "run '" + kGenerate + "' --set generate.new_tokens=100000 >/dev/null 2>&1");
+      memsim_test::memsim_command() + "run '" + kGenerate + "' --set generate.new_tokens=100000 --set model.context_length=104000 >/dev/null 2>&1");
   CHECK(r.status == 1);
 }
 

@@ -50,7 +50,7 @@ void check_event_budget(const Scenario& s) {
   if (s.step.kind == StepKind::generate) {
     const uint64_t layers = static_cast<uint64_t>(std::max<int64_t>(0, s.model.layers));
     const bool tokens_drive = static_cast<uint64_t>(std::max<int64_t>(1, s.generate.new_tokens)) >= layers;
-    throw ScenarioError(s.source + ": " + (tokens_drive ? "generate.new_tokens" : "model.layers") +
+    throw ScenarioError(s.key_prefix(tokens_drive ? "generate.new_tokens" : "model.layers") +
                         ": the run would emit about " + std::to_string(events) + " allocator events (" +
                         std::to_string(s.generate.new_tokens) + " forward(s) x " + std::to_string(layers) +
                         " layer(s)), more than the event budget of " + std::to_string(kEventBudget) +
@@ -64,7 +64,7 @@ void check_event_budget(const Scenario& s) {
   if (micro >= steps && static_cast<uint64_t>(micro) * 340 >= layers) key = "batch.grad_accum";
   else if (steps > micro && static_cast<uint64_t>(steps) * 340 >= layers) key = "step.warmup_steps";
   throw ScenarioError(
-      s.source + ": " + key + ": the run would emit about " + std::to_string(events) +
+      s.key_prefix(key) + ": the run would emit about " + std::to_string(events) +
       " allocator events (" + std::to_string(steps) + " step(s) x " + std::to_string(micro) +
       " micro-batch(es) x " + std::to_string(layers) + " layer(s) per program), more than the " +
       "event budget of " + std::to_string(kEventBudget) +

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "scenario/moe_keys.h"
 #include "scenario/scenario.h"
 #include "scenario/scenario_doc.h"
 #include "tools/cli/commands.h"
@@ -119,6 +120,7 @@ int run_completion(CLI::App& app, const CompletionArgs&) {
   std::vector<std::string> keys = {"name"};
   for (const auto& [section, names] : scenario_detail::scenario_schema())
     for (const std::string& k : names) keys.push_back(section + "." + k);
+  for (const std::string& k : scenario_detail::moe_sub_keys()) keys.push_back("model.moe." + k);
   std::vector<std::string> models, devices, policies;
   for (const PresetInfo& p : model_presets()) models.push_back(p.name);
   for (const PresetInfo& p : device_presets()) devices.push_back(p.name);

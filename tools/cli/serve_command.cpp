@@ -126,13 +126,25 @@ serve::ServePlan plan_serve_scenario(Scenario& s) {
 ServeInverse serve_inverse(const Scenario& s, const serve::ServePlan& plan, int64_t max_seqs_len,
                            std::optional<int64_t> min_tp) {
   ServeInverse inv;
+  // A request longer than max_model_len never reaches the KV cache: the engine refuses it
+  // ("This model's maximum context length is N tokens"), so 0 would be a wrong answer.
+  if (max_seqs_len > plan.settings.max_model_len)
+    throw UsageError("--max-seqs " + std::to_string(max_seqs_len) + ": longer than serve.max_model_len " +
+                     std::to_string(plan.settings.max_model_len) + " (the engine refuses such requests: " +
+                     "\"This model's maximum context length is " +
+                     std::to_string(plan.settings.max_model_len) +
+                     " tokens\"); raise serve.max_model_len with --set");
   if (max_seqs_len > 0) {
     inv.seqs_len = max_seqs_len;
     inv.seqs_that_fit = plan.available_kv_bytes > 0 ? serve::sequences_that_fit(plan, max_seqs_len) : 0;
   }
   if (min_tp.has_value()) {
     inv.min_tp_asked = true;
+    // A bare --min-tp reads as 0: the default bound of 8. Sizes tried are powers of two.
     inv.min_tp_max = *min_tp > 0 ? *min_tp : 8;
+    if (*min_tp < 0 || (inv.min_tp_max & (inv.min_tp_max - 1)) != 0)
+      throw UsageError("--min-tp " + std::to_string(*min_tp) +
+                       ": MAX must be a power of two (the sizes tried are 1, 2, 4, ... up to MAX)");
     inv.min_tp = serve::smallest_tp(s, inv.min_tp_max);
   }
   return inv;

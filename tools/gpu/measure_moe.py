@@ -116,7 +116,8 @@ def standin_cfg(sp, dry):
     c = dict(sp["cfg"])
     if dry:
         c.update(layers=2, d_model=64, heads=4, kv_heads=2, d_ff=96, vocab=512, context=64, seq=16, batch=2)
-    cfg = arch.row(base, base=c)
+    from gen_moe_fixtures import V5_PLACEMENT  # the MoE rows' dense parts are 5.x's too
+    cfg = arch.row(base, base=c, hf_over=V5_PLACEMENT)
     if base == "mistral":
         cfg["arch"]["sliding_window"] = 0  # the GPU run's Mixtral has no window
     tokens = c["batch"] * c["seq"]

@@ -24,9 +24,9 @@ DIFFERENCES = {
                "index_put_'s cub scratch (small-pool blocks of a few KiB; index_put_'s sort "
                "temporaries are modelled as the core IndexBackward0's), and the forced-routing "
                "table (16 KiB on the device since setup)",
-    "transformers": "the dense parts are memsim's v4.4x-v4.51 rows (Qwen3, Mistral, Qwen2, Llama + "
-                    "OLMo q/k norms), whose known 5.x gaps (loss, masks, rotary placement; "
-                    "docs/gpu-next-session.md) apply; the MoE block follows v5's fused-expert "
+    "transformers": "the dense parts are their lineage's modules (Qwen3, Mistral, Qwen2, Llama + "
+                    "OLMo q/k norms) in 5.x's placements (model.transformers 5's list: loss "
+                    "without the shifted copy, masks, rotary once per forward); the MoE block follows v5's fused-expert "
                     "code as read (transformers main): a 5.17 router/experts that differ show "
                     "in the recorded source (moe_runs.json code). Known candidate: later v5 "
                     "Qwen2/Qwen3/OLMoE routers keep `router_probs` apart, return the raw logits "
