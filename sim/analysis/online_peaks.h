@@ -57,6 +57,11 @@ class OnlinePeaks {
   }
 
   void push(size_t index, uint64_t value, const Extra& extra = Extra{}) {
+    // A repeat of the value just pushed changes nothing: its left base is itself (the
+    // point before it is as high), so its prominence is 0, and for the points before it,
+    // an equal value is neither higher ground nor a lower base.
+    if (count_ > 0 && value == last_) return;
+    last_ = value;
     if (count_ == 0 || value > max_) {
       max_ = value;
       top_ = Peak{CurvePeak{index, value, 0}, extra};
@@ -162,6 +167,7 @@ class OnlinePeaks {
   size_t count_ = 0;
   uint64_t max_ = 0;
   uint64_t min_ = kNone;
+  uint64_t last_ = 0;  // the last value pushed
   Peak top_{};  // the first point of the maximum
 };
 

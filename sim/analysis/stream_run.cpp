@@ -15,12 +15,15 @@
 namespace memsim {
 namespace {
 
-// What event_point() reads about one moment, kept for the moments a report may name.
+// What event_point() reads about one moment, kept for the moments a report may name
+// (small: the top-peak stack copies one per event).
 struct PointInfo {
-  MemoryEvent event;
   uint64_t allocated = 0;
   uint64_t reserved = 0;
   uint64_t requested = 0;
+  uint32_t name = 0;  // string index: the op, or a mark's name
+  int32_t layer = -1;
+  Phase phase = Phase::other;
 };
 
 // A tensor's lifetime: its alloc event (what the live set reports) and when it was freed.
@@ -145,7 +148,9 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
     case EventType::empty_cache:
       break;
   }
-  const PointInfo here{e, allocated, reserved, requested};
+  PointInfo here{allocated, reserved, requested,
+                 e.type == EventType::mark ? static_cast<uint32_t>(e.bytes) : e.op, e.layer,
+                 e.phase};
   if (!have_peak_ || allocated > peak_.allocated) {
     have_peak_ = true;
     peak_index_ = i;
@@ -160,10 +165,9 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
 EventPoint StreamRun::point(const Program& program, size_t index, const PointInfo& p) const {
   EventPoint out;
   out.index = index;
-  out.op = p.event.type == EventType::mark ? program.str(static_cast<uint32_t>(p.event.bytes))
-                                           : program.str(p.event.op);
-  out.phase = p.event.phase;
-  out.layer = p.event.layer;
+  out.op = program.str(p.name);
+  out.phase = p.phase;
+  out.layer = p.layer;
   out.allocated = p.allocated;
   out.reserved = p.reserved;
   out.requested = p.requested;
