@@ -276,6 +276,7 @@ TEST_CASE("a streamed run equals the stored run on every shipped scenario", "[st
 
 TEST_CASE("a streamed run that runs out of memory equals the stored run, and can stop there",
           "[stream]") {
+  int stopped_early = 0;
   for (const std::string& path : shipped_scenarios()) {
     INFO(path);
     Scenario s;
@@ -298,13 +299,20 @@ TEST_CASE("a streamed run that runs out of memory equals the stored run, and can
       same_stats(r.final_stats, ref.stats);
       CHECK(r.measured_mark.value_or(0) == ref.measured_mark);
       if (!ref.analysis.oom) continue;
-      // stop_at_oom: the same moment and state, fewer events built.
-      const StreamResult stopped = streamed_run(s, 4096, true);
-      CHECK_FALSE(stopped.complete);
+      // stop_at_oom: the same moment and state, fewer events built (unless the OOM was
+      // among the last events, or the Program was handed on whole: a pipeline's stage).
+      const StreamResult stopped = streamed_run(s, 1, true);
       same_analysis(stopped.analysis, ref.analysis, /*with_totals=*/false);
       same_stats(stopped.final_stats, ref.stats);
-      CHECK(stopped.analysis.events <= ref.analysis.events);
       CHECK(stopped.analysis.events >= ref.analysis.oom->index + 1);
+      if (stopped.complete) {
+        CHECK(stopped.analysis.events == ref.analysis.events);
+      } else {
+        CHECK(stopped.analysis.events < ref.analysis.events);
+        ++stopped_early;
+      }
     }
   }
+  // Most squeezed runs fail early in their Program: the build stopped there.
+  CHECK(stopped_early >= 40);
 }

@@ -26,10 +26,10 @@ struct PointInfo {
   Phase phase = Phase::other;
 };
 
-// A tensor's lifetime: its alloc event (what the live set reports) and when it was freed.
+// A tensor's lifetime: its alloc event (what the live set reports; the bytes are the
+// tensor table's, which the builders keep equal to the event's) and when it was freed.
 struct Lifetime {
   static constexpr uint32_t kNever = std::numeric_limits<uint32_t>::max();
-  uint64_t bytes = 0;
   uint32_t op = 0;
   int32_t layer = -1;
   uint32_t alloc = kNever;  // event index of its (non-empty) alloc
@@ -42,7 +42,8 @@ class StreamRun final : public EventSink {
  public:
   StreamRun(const AllocatorConfig& config, DeviceMemory& device, const StreamOptions& options)
       : options_(options),
-        executor_(config, device, options.reset_peaks_at_mark, nullptr, 0),
+        executor_(config, device, options.reset_peaks_at_mark, nullptr, 0, &block_of_,
+                  &rounded_of_),
         peaks_(options.analysis.min_peak_prominence),
         marks_(options.analysis.marks.size()) {}
 
@@ -50,6 +51,14 @@ class StreamRun final : public EventSink {
                size_t first) override {
     if (first + n >= Lifetime::kNever)  // beyond the event budget (sim/step/event_budget.h)
       throw std::length_error("streaming run: more than 2^32 events");
+    // The builder reserved its tensor table for the Program it expects: reserve as much
+    // (address space only) so that the per-tensor arrays are not copied as they grow.
+    if (lifetimes_.capacity() < program.tensors.capacity()) {
+      lifetimes_.reserve(program.tensors.capacity());
+      block_of_.reserve(program.tensors.capacity());
+      rounded_of_.reserve(program.tensors.capacity());
+    }
+    handed_ = first + n;
     size_t k = 0;
     if (!executor_.oom()) {
       const MemoryStats& stats = executor_.stats();
@@ -84,11 +93,14 @@ class StreamRun final : public EventSink {
   void observe(const Program& program, const MemoryEvent& e, size_t i, const MemoryStats& stats);
   void start_measured(size_t i);
   EventPoint point(const Program& program, size_t index, const PointInfo& p) const;
-  std::vector<LiveAlloc> live_at(size_t index) const;
+  std::vector<LiveAlloc> live_at(const Program& program, size_t index) const;
 
   const StreamOptions& options_;
+  std::vector<BlockId> block_of_;     // the Executor's per-tensor arrays, reserved here
+  std::vector<uint64_t> rounded_of_;
   Executor executor_;
   size_t executed_ = 0;
+  size_t handed_ = 0;  // events handed on so far
   std::vector<Lifetime> lifetimes_;  // by tensor id
   // The measured part (reset at its first mark).
   bool measured_seen_ = false;
@@ -124,11 +136,11 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
   switch (e.type) {
     case EventType::alloc:
       if (e.bytes > 0) {
-        if (e.tensor >= lifetimes_.size())
-          lifetimes_.resize(std::max<size_t>(e.tensor + 1, lifetimes_.size() * 2));
-        Lifetime& l = lifetimes_[e.tensor];
-        l = Lifetime{e.bytes, e.op, e.layer, static_cast<uint32_t>(i), Lifetime::kNever,
-                     e.kind, e.phase};
+        // Grown one id at a time (the vector's capacity grows geometrically): pages past
+        // the last tensor are never touched.
+        if (e.tensor >= lifetimes_.size()) lifetimes_.resize(e.tensor + 1);
+        lifetimes_[e.tensor] =
+            Lifetime{e.op, e.layer, static_cast<uint32_t>(i), Lifetime::kNever, e.kind, e.phase};
       }
       break;
     case EventType::free:
@@ -174,7 +186,7 @@ EventPoint StreamRun::point(const Program& program, size_t index, const PointInf
   return out;
 }
 
-std::vector<LiveAlloc> StreamRun::live_at(size_t index) const {
+std::vector<LiveAlloc> StreamRun::live_at(const Program& program, size_t index) const {
   std::vector<LiveAlloc> live;
   for (uint32_t t = 0; t < lifetimes_.size(); ++t) {
     const Lifetime& l = lifetimes_[t];
@@ -187,7 +199,7 @@ std::vector<LiveAlloc> StreamRun::live_at(size_t index) const {
     a.layer = l.layer;
     a.tensor = t;
     a.op = l.op;
-    a.bytes = l.bytes;
+    a.bytes = program.tensors[t].bytes;
     live.push_back(LiveAlloc{t, l.alloc, a});
   }
   return live;
@@ -200,7 +212,9 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
   r.final_stats = executor_.stats();
   r.measured_mark = measured_mark_;
   Analysis& a = r.analysis;
-  a.events = program.event_count();
+  // A stopped build: the events handed on (what the builder emitted after that, while
+  // unwinding, is not part of the Program).
+  a.events = complete ? program.event_count() : handed_;
   const size_t end = executed_;
   a.events_executed = end;
   a.flops = program.flops;
@@ -210,7 +224,7 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
     a.peak_reserved = peak_reserved_;
     a.peak_requested = peak_requested_;
     a.peak = point(program, peak_index_, peak_);
-    a.live_at_peak = summarize_live_set(program, peak_index_, live_at(peak_index_), o.top_tensors);
+    a.live_at_peak = summarize_live_set(program, peak_index_, live_at(program, peak_index_), o.top_tensors);
     a.breakdown_at_peak = to_breakdown(peak_by_kind_);
     for (const auto& p : peaks_.top(o.top_peaks))
       a.top_peaks.push_back(point(program, p.peak.index, p.extra));

@@ -21,8 +21,8 @@
 // analyze(program, execute(program, ...)) gives for the same build, field for field
 // (tests/test_stream_run.cpp compares every shipped scenario, fitting and not), except:
 // with StreamOptions::stop_at_oom the builder is stopped at the out-of-memory, so
-// Analysis::events counts only the events emitted until then (and FLOPs, cost and host
-// memory only what was built). The Program keeps its tensor table, strings, rank, FLOPs and
+// Analysis::events counts only the events handed on until then (the chunk with the OOM
+// and those before it), and FLOPs, cost and host memory only what was built. The Program keeps its tensor table, strings, rank, FLOPs and
 // cost; its `events` holds only an unflushed tail (Program::flushed()).
 #pragma once
 

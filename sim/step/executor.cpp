@@ -19,9 +19,10 @@ Executor::Executor(const AllocatorConfig& config, DeviceMemory& device,
 }
 
 void Executor::grow(uint32_t tensor) {
-  const size_t n = std::max<size_t>(static_cast<size_t>(tensor) + 1, block_of_->size() * 2);
-  block_of_->resize(n, kNoBlock);
-  rounded_of_->resize(n, 0);
+  // One id past the end at a time (capacity grows geometrically): a streamed Program's
+  // ids arrive in order, and pages past the last id are never touched.
+  block_of_->resize(static_cast<size_t>(tensor) + 1, kNoBlock);
+  rounded_of_->resize(static_cast<size_t>(tensor) + 1, 0);
 }
 
 }  // namespace memsim
