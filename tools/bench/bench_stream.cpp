@@ -1,10 +1,11 @@
 // Streaming execution's figures (issue #20 item 1; docs/engine.md): whole-process `memsim
 // run` timings and peak memory, each a child process measured with wait4's rusage.
-//  1. a cold `run` of scenarios/cs336-xl-train-ctx512.yaml (105k events... fits: the whole
-//     Program is built and executed): wall and CPU milliseconds, min over repetitions;
+//  1. a cold `run` of scenarios/cs336-xl-train-ctx512.yaml (60,613 events; it fits, so the
+//     whole Program is built and executed): wall and CPU milliseconds, min over repetitions;
 //  2. max RSS against the number of events (cs336-xl with 8..512 layers, unlimited
-//     device), streamed (a plain `run`) and stored (`--timeline /dev/null` keeps the
-//     per-event arrays);
+//     device; then 32 layers with 0..40 warm-up steps: more events, the same live state),
+//     streamed (a plain `run`) and stored (`--timeline /dev/null` keeps the per-event
+//     arrays);
 //  3. the 2048-layer GPT-3 job on 64 pipeline stages (t8 x p64, 1F1B, 16 micro-batches):
 //     64 stage Programs are built and executed to pick the worst stage.
 // With a second binary (e.g. the build before the change) every row is measured for both,
@@ -122,6 +123,23 @@ int main(int argc, char** argv) {
                     stored ? "--timeline (stored)" : "plain run", layers, events, s.cpu_ms,
                     static_cast<double>(s.max_rss_kb) / 1024.0,
                     events > 0 ? static_cast<double>(s.max_rss_kb) * 1024.0 / static_cast<double>(events) : 0.0);
+      }
+    }
+  }
+
+  std::printf("\n2b. max RSS against events from more steps (cs336-xl 32 layers, warm-up steps; min CPU of 3)\n");
+  std::printf("| binary | output | warm-up steps | events | CPU ms | max RSS MiB |\n"
+              "|---|---|---:|---:|---:|---:|\n");
+  for (const auto& [label, bin] : bins) {
+    for (bool stored : {false, true}) {
+      for (int steps : {0, 10, 40}) {
+        std::vector<std::string> args = {bin, "run", xl, "--set", "step.warmup_steps=" + std::to_string(steps),
+                                         "--json", "-"};
+        if (stored) args = with(args, {"--timeline", "/dev/null"});
+        const Sample s = best_of(args, 3);
+        std::printf("| %s | %s | %d | %ld | %.1f | %.1f |\n", label.c_str(),
+                    stored ? "--timeline (stored)" : "plain run", steps, json_number(s.out, "events"),
+                    s.cpu_ms, static_cast<double>(s.max_rss_kb) / 1024.0);
       }
     }
   }
