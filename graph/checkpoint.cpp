@@ -136,7 +136,7 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
         // A selective checkpoint's cached op allocated nothing: the last alloc belongs to
         // an earlier op and did exist.
         const auto& events = rt_.program().events;
-        unborn_output_ = (!events.empty() && events.size() != reused_at_ &&
+        unborn_output_ = (!events.empty() && rt_.program().event_count() != reused_at_ &&
                           events.back().type == EventType::alloc &&
                           events.back().tensor != storage)
                              ? events.back().tensor
@@ -282,7 +282,7 @@ bool CheckpointEngine::sac_reused(OpKind k, std::initializer_list<Tensor*> outs)
     if (rt_.numeric != nullptr) rt_.numeric->restore(c.storage);
     *t = rt_.adopt(c.storage, c.bytes);  // the entry is _CONSUMED: its reference moves
   }
-  reused_at_ = rt_.program().events.size();
+  reused_at_ = rt_.program().event_count();
   return true;
 }
 

@@ -223,7 +223,7 @@ class CheckpointEngine {
   size_t recompute_next_ = 0;         // next placeholder the re-run fills
   uint32_t unborn_output_ = kNoStorage;  // early stop: an output allocated before the stop
   uint32_t recomputations_ = 0;
-  size_t reused_at_ = SIZE_MAX;  // events.size() right after the last cache hand-out
+  size_t reused_at_ = SIZE_MAX;  // event_count() right after the last cache hand-out
   uint64_t sac_bytes_ = 0;
 };
 

@@ -111,7 +111,11 @@ Tensor CompileEngine::run(const std::function<Tensor()>& fn) {
   nodes_.clear();
   saves_.clear();
   pending_ = 0;
-  const size_t begin = rt_.program().events.size();
+  // The region's events are rewritten when it ends (finish_region): a streaming Program
+  // (program/event_sink.h) must not hand them on before; `begin` indexes its tail.
+  Program& program = rt_.program();
+  program.hold();
+  const size_t begin = program.events.size();
   const int32_t layer = rt_.ctx.layer;
   recording_ = true;
   Tensor out;
@@ -119,10 +123,12 @@ Tensor CompileEngine::run(const std::function<Tensor()>& fn) {
     out = fn();
   } catch (...) {
     recording_ = false;
+    program.unhold();
     throw;
   }
   recording_ = false;
   finish_region(begin, layer);
+  program.unhold();
   for (const Vertex& v : vertices_) vertex_of_[v.storage] = 0;
   return out;
 }

@@ -82,7 +82,7 @@ Runtime::~Runtime() {
 }
 
 void Runtime::reserve(size_t events) {
-  program_.events.reserve(events);
+  program_.reserve(events);
   program_.tensors.reserve(events / 2 + 16);
   refs_.reserve(events / 2 + 16);
 }
@@ -418,11 +418,19 @@ void Runtime::backward(int32_t grad_fn, uint8_t out_slot, uint32_t grad) {
 void Runtime::run_engine(int32_t grad_fn, uint8_t out_slot, uint32_t root_grad) {
   const Phase phase = ctx.phase;
   // Dependencies: the number of edges into each node from nodes reachable from root.
-  std::vector<int32_t> stack;
-  std::vector<uint8_t> seen(nodes_.size(), 0);
+  // The nodes reached are listed (and killed below) instead of flagging all of nodes_:
+  // a pipeline schedule keeps many micro-batches' graphs alive, and a scan of every node
+  // after each backward made a long pipeline quadratic (issue #20). A node is "seen" in
+  // this call when its stamp equals this call's epoch (a nested call, from a reentrant
+  // checkpoint's backward, takes a new epoch only after this walk is over).
   if (grad_fn < 0) return;
+  const uint32_t epoch = ++engine_epoch_;
+  if (engine_stamp_.size() < nodes_.size()) engine_stamp_.resize(nodes_.size(), 0);
+  std::vector<int32_t> stack;
+  std::vector<int32_t> reached;
   stack.push_back(grad_fn);
-  seen[grad_fn] = 1;
+  reached.push_back(grad_fn);
+  engine_stamp_[grad_fn] = epoch;
   while (!stack.empty()) {
     int32_t id = stack.back();
     stack.pop_back();
@@ -431,8 +439,9 @@ void Runtime::run_engine(int32_t grad_fn, uint8_t out_slot, uint32_t root_grad) 
       int32_t t = n.next[i].node;
       if (t < 0) continue;
       ++nodes_[t].deps;
-      if (!seen[t]) {
-        seen[t] = 1;
+      if (engine_stamp_[t] != epoch) {
+        engine_stamp_[t] = epoch;
+        reached.push_back(t);
         stack.push_back(t);
       }
     }
@@ -453,8 +462,8 @@ void Runtime::run_engine(int32_t grad_fn, uint8_t out_slot, uint32_t root_grad) 
   }
   in_backward_ = false;
   // Reached nodes are dead now (retain_graph=False).
-  for (size_t i = 0; i < seen.size(); ++i) {
-    if (seen[i] && nodes_[i].seq != kDeadNode) {
+  for (const int32_t i : reached) {
+    if (nodes_[i].seq != kDeadNode) {
       nodes_[i].seq = kDeadNode;
       --live_nodes_;
     }

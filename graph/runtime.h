@@ -323,6 +323,9 @@ class Runtime {
   uint32_t cleared_epoch_ = 0;
   std::vector<uint32_t> owners_scratch_;  // discard_graph's buffers, kept for capacity
   std::vector<int32_t> stack_scratch_;
+  // run_engine's visit marks: node id -> the epoch of the last engine walk that reached it.
+  std::vector<uint32_t> engine_stamp_;
+  uint32_t engine_epoch_ = 0;
   uint32_t workspace_[2] = {kNoStorage, kNoStorage};
   uint32_t lt_workspace_[2] = {kNoStorage, kNoStorage};
   uint32_t live_nodes_ = 0;

@@ -1,5 +1,7 @@
 #include "program/program.h"
 
+#include <algorithm>
+
 namespace memsim {
 
 const char* to_string(TensorKind kind) {
@@ -39,6 +41,11 @@ uint32_t Program::intern(std::string_view s) {
 
 uint32_t Program::alloc(uint64_t bytes, TensorKind kind, Phase phase, uint32_t op,
                         int32_t layer, uint32_t name, uint8_t stream) {
+  maybe_flush(phase);
+  if (sink_done_ && abort_when_done_ && !aborted_) {
+    aborted_ = true;
+    throw StopEmitting{};
+  }
   uint32_t id = static_cast<uint32_t>(tensors.size());
   tensors.push_back(TensorInfo{name, kind, bytes});
   events.push_back(MemoryEvent{EventType::alloc, kind, phase, stream, layer, id, op, bytes});
@@ -52,6 +59,7 @@ void Program::free(uint32_t tensor, Phase phase, uint32_t op, int32_t layer) {
 }
 
 void Program::mark(std::string_view name, Phase phase) {
+  maybe_flush(phase);
   MemoryEvent e;
   e.type = EventType::mark;
   e.phase = phase;
@@ -71,9 +79,44 @@ void Program::clear() {
   strings_.resize(1);  // "" stays index 0
   string_index_.clear();
   string_index_.emplace("", 0);
+  flushed_ = 0;  // the sink stays attached
+  holds_ = 0;
+  sink_done_ = false;
+  aborted_ = false;
+}
+
+void Program::reserve(size_t events_hint) {
+  // With a sink only the tail is stored: a few chunks (setup events and held regions may
+  // make it longer; the vector grows then).
+  events.reserve(sink_ != nullptr ? std::min(events_hint, 2 * chunk_ + 64) : events_hint);
+}
+
+void Program::set_sink(const SinkAttachment& a) {
+  sink_ = a.sink;
+  chunk_ = std::max<size_t>(1, a.chunk);
+  abort_when_done_ = a.abort_when_done;
+  sink_done_ = false;
+  aborted_ = false;
+}
+
+SinkAttachment Program::take_sink() {
+  SinkAttachment a{sink_, chunk_, abort_when_done_};
+  sink_ = nullptr;
+  return a;
+}
+
+void Program::finish() {
+  if (sink_ != nullptr && !events.empty()) flush_now();
+}
+
+void Program::flush_now() {
+  if (!sink_done_) sink_done_ = !sink_->consume(*this, events.data(), events.size(), flushed_);
+  flushed_ += events.size();
+  events.clear();
 }
 
 void Program::empty_cache(Phase phase) {
+  maybe_flush(phase);
   MemoryEvent e;
   e.type = EventType::empty_cache;
   e.phase = phase;

@@ -14,6 +14,10 @@
 //    event is a small POD and the hot loop that executes a Program touches no strings.
 //  - A `mark` event carries no memory; it names a moment (e.g. "forward_end") that the
 //    analysis reports allocated/reserved at.
+//  - Streaming (program/event_sink.h): with a sink attached, `events` holds only the
+//    events not yet handed to the sink, starting at absolute index flushed(); code that
+//    remembers a position in the Program uses event_count(), the absolute count. Without a
+//    sink (the default) flushed() is 0 and `events` is the whole Program.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "program/event_sink.h"
 #include "program/rank_info.h"
 #include "program/step_cost.h"
 
@@ -99,6 +104,28 @@ class Program {
   // Back to a newly constructed Program (same string indices on the next build), keeping
   // the arrays' capacity: repeated builds then reuse memory already mapped.
   void clear();
+  // Capacity hint for `events` (the whole Program, or the streaming tail with a sink).
+  void reserve(size_t events_hint);
+
+  // --- streaming (issue #20; program/event_sink.h) ---------------------------------
+  // Attaches `a.sink` (not owned): from now on events are handed to it in chunks of
+  // about `a.chunk` events. a.abort_when_done: the first alloc after the sink asked to
+  // stop throws StopEmitting. Attach before the build (clear() keeps the sink).
+  void set_sink(const SinkAttachment& a);
+  // Detaches and returns the sink and its settings: a builder that assembles its Program
+  // from others (the pipeline's worst stage) builds without it, then puts it back.
+  SinkAttachment take_sink();
+  EventSink* sink() const { return sink_; }
+  // Hands every buffered event to the sink now (the end of the build). No-op without one.
+  void finish();
+  // Absolute number of events emitted so far (flushed() + events.size()).
+  size_t event_count() const { return flushed_ + events.size(); }
+  // Events already handed on (or dropped after the sink stopped): events[0] is this one.
+  size_t flushed() const { return flushed_; }
+  // While held (nested), nothing is handed on: the holder may still rewrite the tail
+  // (a torch.compile region, graph/compile.h).
+  void hold() { ++holds_; }
+  void unhold() { --holds_; }
 
   std::vector<MemoryEvent> events;
   std::vector<TensorInfo> tensors;
@@ -110,6 +137,20 @@ class Program {
   StepCost cost;
 
  private:
+  // Hands the buffer on when it is full and nothing forbids it (see event_sink.h).
+  void maybe_flush(Phase phase) {
+    if (sink_ != nullptr && events.size() >= chunk_ && holds_ == 0 && phase != Phase::setup)
+      flush_now();
+  }
+  void flush_now();
+
+  EventSink* sink_ = nullptr;
+  size_t chunk_ = 4096;
+  size_t flushed_ = 0;
+  int holds_ = 0;
+  bool sink_done_ = false;   // the sink returned false: events are counted, not handed on
+  bool abort_when_done_ = false;
+  bool aborted_ = false;     // StopEmitting was thrown (only once)
   std::vector<std::string> strings_{""};
   std::unordered_map<std::string, uint32_t> string_index_{{"", 0}};
 };

@@ -26,12 +26,21 @@ LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n) {
     }
   }
 
+  std::vector<LiveAlloc> live;
+  for (uint32_t t = 0; t < alloc_event.size(); ++t)
+    if (alloc_event[t] != kDead) live.push_back(LiveAlloc{t, alloc_event[t], program.events[alloc_event[t]]});
+  return summarize_live_set(program, last, live, top_n);
+}
+
+LiveSet summarize_live_set(const Program& program, size_t event_index,
+                           const std::vector<LiveAlloc>& live, size_t top_n) {
+  LiveSet out;
+  out.event_index = event_index;
   std::map<int32_t, LayerBytes> layers;
   std::unordered_map<uint32_t, NamedBytes> ops;
-  std::vector<std::pair<uint64_t, uint32_t>> sizes;  // (bytes, tensor) of live tensors
-  for (uint32_t t = 0; t < alloc_event.size(); ++t) {
-    if (alloc_event[t] == kDead) continue;
-    const MemoryEvent& a = program.events[alloc_event[t]];
+  std::vector<std::pair<uint64_t, size_t>> sizes;  // (bytes, index into live)
+  for (size_t k = 0; k < live.size(); ++k) {
+    const MemoryEvent& a = live[k].alloc;
     out.tensors += 1;
     out.bytes += a.bytes;
     out.by_kind[static_cast<size_t>(a.kind) % kTensorKindCount] += a.bytes;
@@ -42,7 +51,7 @@ LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n) {
     NamedBytes& ob = ops[a.op];
     ob.bytes += a.bytes;
     ob.tensors += 1;
-    sizes.emplace_back(a.bytes, t);
+    sizes.emplace_back(a.bytes, k);
   }
 
   for (auto& [layer, lb] : layers) out.by_layer.push_back(lb);
@@ -55,26 +64,25 @@ LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n) {
   });
 
   // Largest first; among equals the older tensor (smaller alloc event) first.
-  auto larger = [&](const std::pair<uint64_t, uint32_t>& a,
-                    const std::pair<uint64_t, uint32_t>& b) {
+  auto larger = [&](const std::pair<uint64_t, size_t>& a, const std::pair<uint64_t, size_t>& b) {
     if (a.first != b.first) return a.first > b.first;
-    return alloc_event[a.second] < alloc_event[b.second];
+    return live[a.second].event < live[b.second].event;
   };
   const size_t keep = std::min(top_n, sizes.size());
   std::partial_sort(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(keep),
                     sizes.end(), larger);
   for (size_t k = 0; k < keep; ++k) {
-    const uint32_t t = sizes[k].second;
-    const MemoryEvent& a = program.events[alloc_event[t]];
+    const LiveAlloc& l = live[sizes[k].second];
+    const MemoryEvent& a = l.alloc;
     LiveTensor lt;
-    lt.tensor = t;
-    lt.name = program.str(program.tensors[t].name);
+    lt.tensor = l.tensor;
+    lt.name = program.str(program.tensors[l.tensor].name);
     lt.kind = a.kind;
     lt.bytes = a.bytes;
     lt.op = program.str(a.op);
     lt.phase = a.phase;
     lt.layer = a.layer;
-    lt.alloc_event = alloc_event[t];
+    lt.alloc_event = l.event;
     out.largest.push_back(std::move(lt));
   }
   return out;

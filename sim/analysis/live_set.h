@@ -59,4 +59,16 @@ struct LiveSet {
 
 LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n = 10);
 
+// One live tensor and its alloc event (what the summary reads from it).
+struct LiveAlloc {
+  uint32_t tensor = 0;
+  size_t event = 0;   // index of the alloc event
+  MemoryEvent alloc;  // that event
+};
+// The LiveSet at `event_index` of the tensors `live` (ascending tensor id), the summary
+// live_set_at makes after its walk; the streaming run (sim/analysis/stream_run.h) keeps
+// the tensors' lifetimes instead of the events and calls it directly.
+LiveSet summarize_live_set(const Program& program, size_t event_index,
+                           const std::vector<LiveAlloc>& live, size_t top_n);
+
 }  // namespace memsim

@@ -335,7 +335,7 @@ void build_megatron_stage_program(const Scenario& scenario, const MegatronOption
     const size_t steps = static_cast<size_t>(scenario.step.warmup_steps + 1);
     const size_t micro = static_cast<size_t>(std::max<int64_t>(1, scenario.batch.grad_accum));
     const size_t events = steps * (micro * (layers * 120 + 200) + layers * 40) + layers * 40;
-    program.events.reserve(events);
+    program.reserve(events);
     program.tensors.reserve(events / 2 + layers * 40);
   }
   StageLoop loop(scenario, options, stage, program, buffers);
@@ -354,6 +354,10 @@ PipelineStagePeaks build_megatron_pipeline_program(const Scenario& scenario,
                                                    graph::RuntimeBuffers* buffers) {
   const int64_t p = scenario.parallel.pipeline;
   PipelineStagePeaks peaks;
+  // A streaming run's sink (program/event_sink.h) sees only the stage chosen: the stages
+  // are built without it (the swaps below move Programs around) and the sink gets the
+  // chosen one's events when the caller finishes the Program.
+  const SinkAttachment sink = program.take_sink();
   Program candidate;
   ExecuteBuffers exec_buffers;
   ExecuteOptions exec;
@@ -389,6 +393,7 @@ PipelineStagePeaks build_megatron_pipeline_program(const Scenario& scenario,
   if (pc.data > 1) why += "; data-parallel rank 0 of " + std::to_string(pc.data);
   r.why = why;
   program.rank = r;
+  if (sink.sink != nullptr) program.set_sink(sink);
   return peaks;
 }
 

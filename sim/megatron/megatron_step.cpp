@@ -225,7 +225,7 @@ void build_megatron_program(const Scenario& scenario, const MegatronOptions& opt
     const size_t steps = static_cast<size_t>(scenario.step.warmup_steps + 1);
     const size_t micro = static_cast<size_t>(std::max<int64_t>(1, scenario.batch.grad_accum));
     const size_t events = steps * (micro * (layers * 120 + 200) + layers * 40) + layers * 40;
-    program.events.reserve(events);
+    program.reserve(events);
     program.tensors.reserve(events / 2 + layers * 40);
   }
   MegatronLoop loop(scenario, options, program, buffers);

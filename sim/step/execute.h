@@ -16,13 +16,11 @@
 
 #include "allocator/caching_allocator.h"
 #include "program/program.h"
+#include "sim/step/executor.h"
 
 namespace memsim {
 
-struct OomPoint {
-  size_t event_index = 0;  // index into Program::events of the failing alloc
-  OutOfMemory details;
-};
+// OomPoint and ExecuteTraceObserver: sim/step/executor.h (the per-event loop).
 
 struct Timeline {
   // One entry per executed event, the state after that event.
@@ -35,15 +33,6 @@ struct Timeline {
   MemoryStats final_stats;          // memory_stats() at the end (or at the OOM)
 
   size_t size() const { return allocated.size(); }
-};
-
-// Receives the allocator's trace entries during execute(), each tagged with the index of
-// the Program event that caused it (reports such as --snapshot and --trace need to place
-// allocator actions on the Program's timeline; a plain TraceObserver cannot know it).
-class ExecuteTraceObserver {
- public:
-  virtual ~ExecuteTraceObserver() = default;
-  virtual void on_trace(size_t event_index, const TraceEntry& entry) = 0;
 };
 
 // Storage execute() may reuse from one call to the next (ExecuteOptions::buffers), so that

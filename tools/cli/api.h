@@ -14,6 +14,7 @@
 #include "scenario/scenario.h"
 #include "sim/analysis/analysis.h"
 #include "sim/analysis/step_time.h"
+#include "sim/analysis/stream_run.h"
 #include "sim/search/sweep.h"
 #include "sim/step/execute.h"
 #include "sim/step/generate.h"
@@ -27,8 +28,13 @@ namespace memsim::cli {
 // the generate() Program, filling `generate_facts`), the AnalysisOptions it analyzes with,
 // and the --json object (`moe`: tools/cli/moe_report.h's moe_routing_report(scenario)).
 Program build_run_program(const Scenario& scenario, GenerateFacts& generate_facts);
+// The same Program built into `program` with a streaming run attached (issue #20,
+// sim/analysis/stream_run.h): no per-event array, the analysis computed as it is built.
+StreamResult stream_run_program(const Scenario& scenario, GenerateFacts& generate_facts,
+                                Program& program, const StreamOptions& options);
 AnalysisOptions run_analysis_options(const Scenario& scenario);
-Json run_json(const Scenario& scenario, const Program& program, const Timeline& timeline,
+// `final_stats`: the allocator's memory_stats() at the end (Timeline::final_stats).
+Json run_json(const Scenario& scenario, const Program& program, const MemoryStats& final_stats,
               const Analysis& analysis, const GenerateFacts& generate_facts,
               const std::optional<MoeRoutingReport>& moe);
 

@@ -12,6 +12,7 @@
 #include "sim/step/generate.h"
 #include "sim/step/modelled_features.h"
 #include "sim/step/schedule.h"
+#include "sim/step/training_script.h"
 #include "scenario/scenario.h"
 #include "tools/cli/api.h"
 #include "tools/cli/commands.h"
@@ -65,13 +66,32 @@ Program build_run_program(const Scenario& scenario, GenerateFacts& generate_fact
                                                   : build_program(scenario);
 }
 
+StreamResult stream_run_program(const Scenario& scenario, GenerateFacts& generate_facts,
+                                Program& program, const StreamOptions& options) {
+  auto device = make_device(scenario.device);
+  if (scenario.step.kind == StepKind::generate) {
+    require_modelled(scenario);  // sim/step/modelled_features.h
+    return stream_run(
+        program, [&](Program& p) { build_generate_program(scenario, p, nullptr, &generate_facts); },
+        scenario.allocator, *device, options);
+  }
+  // build_program(scenario) into a Program the sink is attached to (clear() keeps it).
+  BuildBuffers buffers;
+  const TrainingScript script = default_script(scenario);
+  StreamResult r = stream_run(
+      buffers.program, [&](Program&) { build_program(scenario, script, buffers); },
+      scenario.allocator, *device, options);
+  program = std::move(buffers.program);
+  return r;
+}
+
 AnalysisOptions run_analysis_options(const Scenario& scenario) {
   AnalysisOptions analysis_options;
   if (scenario.step.kind == StepKind::generate) analysis_options.marks = {"prefill_end", "generate_end"};
   return analysis_options;
 }
 
-Json run_json(const Scenario& scenario, const Program& program, const Timeline& timeline,
+Json run_json(const Scenario& scenario, const Program& program, const MemoryStats& final_stats,
               const Analysis& analysis, const GenerateFacts& generate_facts,
               const std::optional<MoeRoutingReport>& moe) {
   const bool generate = scenario.step.kind == StepKind::generate;
@@ -85,7 +105,7 @@ Json run_json(const Scenario& scenario, const Program& program, const Timeline& 
   if (generate) j["generate"] = generate_json(scenario, generate_facts);
   Json summary = analysis_json(analysis);
   for (auto& [key, value] : summary.items()) j[key] = std::move(value);
-  j["memory_stats"] = memory_stats_json(timeline.final_stats);
+  j["memory_stats"] = memory_stats_json(final_stats);
   // The time model (issue #18 item 1): the measured step's seconds.
   j["estimated_step_seconds"] = step_time_json(estimate_step_time(program.cost, scenario.device));
   if (moe) {
@@ -150,24 +170,54 @@ int run_run(const RunArgs& args) {
   // step.kind generate (issue #17): the generate() Program, with its cache's sizes.
   const bool generate = scenario.step.kind == StepKind::generate;
   GenerateFacts generate_facts;
-  const Program program = build_run_program(scenario, generate_facts);
-  spdlog::info("program: {} events, {} tensors ({:.3f} s)", program.events.size(),
-               program.tensors.size(), seconds_since(t1));
-
-  auto t2 = std::chrono::steady_clock::now();
-  auto device = make_device(scenario.device);
-  ExecuteOptions exec_options;
+  // Per-event outputs read the stored Program and Timeline; without them the run streams
+  // (issue #20, sim/analysis/stream_run.h): the allocator and the analysis consume the
+  // events as they are built, and no per-event array is kept.
+  const bool per_event_outputs = !args.timeline.empty() || !args.trace.empty() ||
+                                 !args.snapshot.empty() || !args.html.empty();
+  Program program;
+  Timeline timeline;
+  Analysis analysis;
+  MemoryStats final_stats;
+  size_t measured_from = 0;  // the measured step's first mark, over all events
   SnapshotRecorder recorder;  // only attached for --snapshot: the trace costs memory
   std::vector<SegmentInfo> final_segments;
-  if (!args.snapshot.empty()) {
-    exec_options.trace_observer = &recorder;
-    exec_options.final_segments = &final_segments;
-  }
-  const Timeline timeline = execute(program, scenario.allocator, *device, exec_options);
-  spdlog::info("executed {} of {} events through the allocator ({:.3f} s){}", timeline.size(),
-               program.events.size(), seconds_since(t2), timeline.oom ? ", out of memory" : "");
+  if (!per_event_outputs) {
+    StreamOptions options;
+    options.analysis = run_analysis_options(scenario);
+    StreamResult r = stream_run_program(scenario, generate_facts, program, options);
+    analysis = std::move(r.analysis);
+    final_stats = r.final_stats;
+    measured_from = r.measured_mark.value_or(0);
+    spdlog::info("streamed {} events, {} tensors; executed {} through the allocator ({:.3f} s){}",
+                 analysis.events, program.tensors.size(), analysis.events_executed,
+                 seconds_since(t1), analysis.oom ? ", out of memory" : "");
+  } else {
+    program = build_run_program(scenario, generate_facts);
+    spdlog::info("program: {} events, {} tensors ({:.3f} s)", program.events.size(),
+                 program.tensors.size(), seconds_since(t1));
 
-  const Analysis analysis = analyze(program, timeline, run_analysis_options(scenario));
+    auto t2 = std::chrono::steady_clock::now();
+    auto device = make_device(scenario.device);
+    ExecuteOptions exec_options;
+    if (!args.snapshot.empty()) {
+      exec_options.trace_observer = &recorder;
+      exec_options.final_segments = &final_segments;
+    }
+    timeline = execute(program, scenario.allocator, *device, exec_options);
+    spdlog::info("executed {} of {} events through the allocator ({:.3f} s){}", timeline.size(),
+                 program.events.size(), seconds_since(t2), timeline.oom ? ", out of memory" : "");
+    analysis = analyze(program, timeline, run_analysis_options(scenario));
+    final_stats = timeline.final_stats;
+    for (size_t i = 0; i < program.events.size(); ++i) {
+      const MemoryEvent& e = program.events[i];
+      if (e.type == EventType::mark &&
+          program.str(static_cast<uint32_t>(e.bytes)) == AnalysisOptions().measured_from_mark) {
+        measured_from = i;
+        break;
+      }
+    }
+  }
   // A mixture-of-experts run: the routing assumption, and worst-case peaks beside balanced.
   const std::optional<MoeRoutingReport> moe = moe_routing_report(scenario);
   spdlog::debug("total {:.3f} s", seconds_since(t0));
@@ -202,7 +252,7 @@ int run_run(const RunArgs& args) {
   }
   if (!args.json.empty()) {
     Output out(args.json);
-    out.write(dump_json(run_json(scenario, program, timeline, analysis, generate_facts, moe)));
+    out.write(dump_json(run_json(scenario, program, final_stats, analysis, generate_facts, moe)));
     out.finish();
   }
   if (to_stdout == 0) {  // stdout carries a report instead
@@ -237,13 +287,7 @@ int run_run(const RunArgs& args) {
     if (generate) header.facts.emplace_back("generate", generate_fact(scenario, generate_facts));
     header.capacity = usable_capacity(scenario.device);
     header.warmup_steps = scenario.step.warmup_steps;
-    for (size_t i = 0; i < program.events.size(); ++i) {
-      const MemoryEvent& e = program.events[i];
-      if (e.type == EventType::mark && program.str(static_cast<uint32_t>(e.bytes)) == AnalysisOptions().measured_from_mark) {
-        header.measured_from = i;
-        break;
-      }
-    }
+    header.measured_from = measured_from;
     print_summary(stdout, header, analysis, Style::for_stream(stdout));
     print_step_time(stdout, estimate_step_time(program.cost, scenario.device), Style::for_stream(stdout));
     std::fflush(stdout);

@@ -224,7 +224,7 @@ py::tuple run(const std::string& scenario, const std::string& source, const Over
     auto device = cli::make_device(s->device);
     timeline = execute(*program, s->allocator, *device);
     const Analysis analysis = analyze(*program, *timeline, cli::run_analysis_options(*s));
-    j = cli::run_json(*s, *program, *timeline, analysis, generate_facts, cli::moe_routing_report(*s));
+    j = cli::run_json(*s, *program, timeline->final_stats, analysis, generate_facts, cli::moe_routing_report(*s));
   });
   py::object columns = want_timeline ? py::object(timeline_columns(*program, *timeline)) : py::none();
   return py::make_tuple(to_python(j), columns);

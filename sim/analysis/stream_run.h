@@ -1,0 +1,65 @@
+// Streaming execution (issue #20 item 1): a Program's events go through the allocator
+// emulator and the analysis while the builder emits them, so that no per-event array is
+// kept and a run can stop at its first out-of-memory.
+//
+// StreamRun is the Program's EventSink (program/event_sink.h). For each event it runs the
+// Executor (sim/step/executor.h, the loop execute() runs too) and updates online what
+// analyze() (sim/analysis/analysis.h) computes from a stored Program and Timeline:
+//  - the measured part starts at the first executed mark AnalysisOptions::measured_from_mark;
+//    until then the statistics run from event 0 (as analyze() does when that mark never
+//    executes), and they start over at the mark;
+//  - the peak (first event at the maximum of allocated bytes), with the per-kind bytes
+//    there (copied at each new maximum: 8 words); peak reserved and requested;
+//  - the top peaks (sim/analysis/online_peaks.h: the same distinct maxima as
+//    find_top_peaks, without the curve);
+//  - the last measured occurrence of each AnalysisOptions::marks name;
+//  - the out-of-memory point with the per-kind bytes before it;
+//  - the live set at the peak, from each tensor's lifetime (its alloc event, the event
+//    that freed it: 32 bytes per tensor, not per event), after the run.
+//
+// Contract: stream_run(program, build, ...) gives the Analysis and final MemoryStats that
+// analyze(program, execute(program, ...)) gives for the same build, field for field
+// (tests/test_stream_run.cpp compares every shipped scenario, fitting and not), except:
+// with StreamOptions::stop_at_oom the builder is stopped at the out-of-memory, so
+// Analysis::events counts only the events handed on until then (the chunk with the OOM
+// and those before it), and FLOPs, cost and host memory only what was built. The Program keeps its tensor table, strings, rank, FLOPs and
+// cost; its `events` holds only an unflushed tail (Program::flushed()).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+
+#include "allocator/caching_allocator.h"
+#include "program/program.h"
+#include "sim/analysis/analysis.h"
+
+namespace memsim {
+
+struct StreamOptions {
+  AnalysisOptions analysis;
+  // As ExecuteOptions::reset_peaks_at_mark.
+  const char* reset_peaks_at_mark = "measured_step_begin";
+  // Stop the build at the first out-of-memory (StopEmitting, program/event_sink.h):
+  // faster, but Analysis::events is then the events emitted so far.
+  bool stop_at_oom = false;
+  size_t chunk = 4096;  // events per hand-over (program/event_sink.h)
+};
+
+struct StreamResult {
+  Analysis analysis;
+  MemoryStats final_stats;  // memory_stats() at the end, or at the OOM
+  bool complete = true;     // false: the build was stopped at the OOM (stop_at_oom)
+  // The first mark named AnalysisOptions::measured_from_mark among the events emitted,
+  // executed or not (after an OOM the events are still scanned for it, unless stopped).
+  std::optional<size_t> measured_mark;
+};
+
+// Attaches a StreamRun to `program`, calls build(program) (a builder that clears and fills
+// it, e.g. build_program's family rows), finishes the Program and returns the result. The
+// sink is detached again before returning (also when build throws).
+StreamResult stream_run(Program& program, const std::function<void(Program&)>& build,
+                        const AllocatorConfig& config, DeviceMemory& device,
+                        const StreamOptions& options = {});
+
+}  // namespace memsim
