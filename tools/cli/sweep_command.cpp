@@ -12,6 +12,7 @@
 #include "allocator/units.h"
 #include "sim/search/max_keys.h"
 #include "sim/search/sweep.h"
+#include "sim/search/sweep_grid.h"
 #include "tools/cli/api.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
@@ -180,7 +181,7 @@ CLI::App* add_sweep_command(CLI::App& app, SweepArgs& args) {
   cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML), or - for standard input")
       ->required();
   cmd->add_option("--vary", args.vary,
-                  "Vary a scenario key over values (A..B: an integer range), e.g. "
+                  "Vary a scenario key over values (A..B: an integer range, A..B..STEP: every STEP-th), e.g. "
                   "--vary batch.micro_batch=1,2,4,8; repeat for a grid")
       ->type_name("KEY=V1,V2,...")
       ->allow_extra_args(false);
@@ -231,12 +232,7 @@ std::vector<SweepAxis> parse_sweep_axes(const std::vector<std::string>& vary, co
 std::vector<SweepResult> run_sweep_grid(const SweepRunner& runner,
                                         const std::vector<SweepOverrides>& points, unsigned threads,
                                         const SweepProgress& progress) {
-  std::vector<SweepResult> results(points.size());
-  SweepEvaluateOptions options;
-  run_parallel(
-      points.size(), [&](size_t i) { results[i] = runner.evaluate(points[i], options); }, threads,
-      progress);
-  return results;
+  return evaluate_grid(runner, points, threads, progress);  // sim/search/sweep_grid.h
 }
 
 Json sweep_grid_json(const SweepRunner& runner, const std::vector<SweepOverrides>& points,
@@ -263,9 +259,13 @@ std::vector<MaxSearch> run_sweep_max(const SweepRunner& runner,
                                      const std::string& max_key, unsigned threads,
                                      const SweepProgress& progress) {
   std::vector<MaxSearch> results(points.size());
-  run_parallel(
-      points.size(), [&](size_t i) { results[i] = find_max(runner, points[i], max_key); }, threads,
-      progress);
+  std::vector<SweepWorkspace> spaces(worker_count(threads, points.size()));  // one per worker
+  run_parallel_workers(
+      points.size(),
+      [&](size_t i, unsigned worker) {
+        results[i] = find_max(runner, points[i], max_key, spaces[worker]);
+      },
+      threads, progress);
   return results;
 }
 

@@ -1,0 +1,225 @@
+// Searches that reuse work (sim/search/sweep.h, sweep_grid.h; scenario/parsed_scenario.h):
+// a scenario parsed once and overridden per point gives what a fresh load with --set
+// gives, value for value and error for error (a property test over random keys and
+// values, through one ParsedScenario so that no point can leak into the next); grids that
+// share one Program between allocator-only points, per-worker workspaces and chunked
+// groups give the results of independent evaluations.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scenario/parsed_scenario.h"
+#include "scenario/scenario.h"
+#include "sim/search/sweep.h"
+#include "sim/search/sweep_grid.h"
+#include "sim/step/schedule.h"
+
+using namespace memsim;
+
+namespace {
+
+const std::string kTiny =
+    "name: tiny reuse test\n"
+    "model:\n  family: cs336\n  layers: 2\n  d_model: 64\n  heads: 4\n  d_ff: 256\n"
+    "  vocab: 512\n"
+    "batch:\n  micro_batch: 2\n  seq_len: 32\n"
+    "optimizer:\n  type: adamw\n  impl: foreach\n"
+    "step:\n  warmup_steps: 1\n"
+    "device:\n  capacity: 1GiB\n  cuda_context: 0\n";
+
+// A Megatron pipeline scenario: its Program (the worst stage) depends on allocator.*.
+const std::string kPipeline =
+    "name: tiny pipeline reuse test\n"
+    "model:\n  family: megatron\n  layers: 4\n  d_model: 16\n  heads: 2\n  d_ff: 64\n"
+    "  vocab: 32\n  context_length: 16\n  attention: eager\n  dropout: 0\n"
+    "batch:\n  micro_batch: 2\n  seq_len: 8\n  grad_accum: 4\n"
+    "precision:\n  params: fp32\n  autocast: none\n"
+    "optimizer:\n  type: adamw\n  impl: fused\n"
+    "step:\n  warmup_steps: 1\n"
+    "parallel:\n  pipeline: 2\n  pipeline_schedule: 1f1b\n"
+    "device:\n  capacity: 1GiB\n  cuda_context: 0\n";
+
+// Keys and values to draw from: valid values, values the loader refuses, unknown keys,
+// allocator-only keys, and model.moe.* (the loader's in-place merge).
+const std::vector<std::pair<std::string, std::vector<std::string>>> kPool = {
+    {"batch.micro_batch", {"1", "2", "3", "8", "0", "-1", "abc", ""}},
+    {"batch.seq_len", {"16", "32", "48", "0", "x"}},
+    {"batch.grad_accum", {"1", "2", "3"}},
+    {"model.layers", {"1", "2", "3", "0"}},
+    {"model.d_model", {"64", "128", "63"}},
+    {"model.heads", {"4", "2", "3", "8"}},
+    {"model.attention", {"eager", "flash", "mem-efficient", "bogus"}},
+    {"model.dropout", {"0.0", "0.1", "2"}},
+    {"model.tied_embeddings", {"true", "false", "perhaps"}},
+    {"precision.params", {"fp32", "bf16", "fp16", "int4"}},
+    {"precision.autocast", {"none", "bf16", "fp16"}},
+    {"optimizer.type", {"adamw", "adam", "sgd", "none", "adafactor", "xyz"}},
+    {"optimizer.impl", {"foreach", "for-loop", "fused", "cs336"}},
+    {"step.warmup_steps", {"0", "1", "2", "-3"}},
+    {"step.kind", {"train", "forward", "forward-backward", "generate"}},
+    {"checkpoint.policy", {"none", "full", "selective", "sqrt", "bogus"}},
+    {"device.capacity", {"1GiB", "64MiB", "2MiB", "0", "junk"}},
+    {"device.cuda_context", {"0", "1MiB", "-5"}},
+    {"device.preset", {"h100-80gb", "a100-40gb", "nope"}},
+    {"allocator.expandable_segments", {"true", "false", "maybe"}},
+    {"allocator.max_split_size_mb", {"20", "0", "-1"}},
+    {"allocator.conf", {"expandable_segments:True", "garbage_collection_threshold:0.5", "x:y"}},
+    {"model.moe.top_k", {"2"}},
+    {"lora.rank", {"8"}},
+    {"name", {"renamed", ""}},
+    {"batch.seqlen", {"5"}},
+    {"bogus.key", {"1"}},
+};
+
+// What a scenario leads to: its error, or its name and its run (the Program's events and
+// the allocator's peaks and verdict on the scenario's own device).
+std::string outcome(const std::function<Scenario()>& load) {
+  Scenario s;
+  try {
+    s = load();
+  } catch (const std::exception& e) {
+    return std::string("load error: ") + e.what();
+  }
+  std::string out = s.name + "|" + s.source + "|";
+  try {
+    const Program p = build_program(s);
+    uint64_t h = 1469598103934665603ull;
+    for (const MemoryEvent& e : p.events) {
+      h = (h ^ (e.bytes + 31 * e.tensor + 1009 * static_cast<uint64_t>(e.type))) * 1099511628211ull;
+      h = (h ^ static_cast<uint64_t>(e.kind)) * 1099511628211ull;
+    }
+    ExecuteBuffers buffers;
+    const Analysis a = execute_and_analyze(p, s, {}, buffers);
+    out += std::to_string(p.events.size()) + " events, hash " + std::to_string(h) + ", peaks " +
+           std::to_string(a.peak_allocated) + "/" + std::to_string(a.peak_reserved) + "/" +
+           std::to_string(a.peak_requested) + (a.fits() ? " fits" : " oom");
+  } catch (const std::exception& e) {
+    out += std::string("build error: ") + e.what();
+  }
+  return out;
+}
+
+std::string result_text(const SweepResult& r) {
+  return r.ok ? std::to_string(r.analysis.peak_allocated) + "/" +
+                    std::to_string(r.analysis.peak_reserved) + "/" +
+                    std::to_string(r.analysis.peak_requested) + " " + sweep_verdict(r)
+              : "error: " + r.error;
+}
+
+}  // namespace
+
+TEST_CASE("parsed scenario: overrides equal a fresh load with --set (random keys and values)",
+          "[search-reuse]") {
+  const ParsedScenario parsed(kTiny, "tiny.yaml");
+  std::mt19937 rng(20);
+  size_t loaded = 0, refused = 0;
+  for (int round = 0; round < 400; ++round) {
+    std::vector<std::pair<std::string, std::string>> overrides;
+    const int n = 1 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < n; ++i) {
+      const auto& [key, values] = kPool[rng() % kPool.size()];
+      overrides.emplace_back(key, values[rng() % values.size()]);
+    }
+    const std::string fresh = outcome([&] { return load_scenario_text(kTiny, "tiny.yaml", overrides); });
+    const std::string reused = outcome([&] { return parsed.with(overrides); });
+    INFO("round " << round);
+    for (const auto& [k, v] : overrides) INFO("--set " << k << "=" << v);
+    REQUIRE(reused == fresh);
+    (fresh.rfind("load error", 0) == 0 ? refused : loaded) += 1;
+  }
+  // Both kinds were drawn: the property covers loads that succeed and errors that name keys.
+  CHECK(loaded > 40);
+  CHECK(refused > 40);
+  // A bad override's error still names the key, as --set on a fresh load does.
+  CHECK_THROWS_WITH(parsed.with({{"batch.seqlen", "5"}}),
+                    Catch::Contains("--set") && Catch::Contains("batch.seqlen") &&
+                        Catch::Contains("batch.seq_len"));
+  // The kept document is untouched by the model.moe.* merge (which works in place).
+  CHECK(outcome([&] { return parsed.with({}); }) ==
+        outcome([&] { return load_scenario_text(kTiny, "tiny.yaml"); }));
+}
+
+TEST_CASE("sweep grid: shared Programs and workspaces equal independent evaluations",
+          "[search-reuse]") {
+  for (const std::string* text : {&kTiny, &kPipeline}) {
+    const SweepRunner runner(*text, "grid.yaml", {{"step.warmup_steps", "1"}});
+    const std::vector<SweepOverrides> points = sweep_points({
+        {"batch.micro_batch", {"1", "2", "bad"}},
+        {"device.capacity", {"1GiB", "3MiB", "24MiB", "oops"}},
+        {"allocator.expandable_segments", {"false", "true"}},
+        {"allocator.max_split_size_mb", {"0", "4"}},
+    });
+    std::vector<std::string> independent;
+    for (const SweepOverrides& p : points) independent.push_back(result_text(runner.evaluate(p)));
+    // 1 thread: one chunk per group; 2 and 5 threads: groups split into chunks, and the
+    // workers' workspaces reused across groups; 64: more workers than groups.
+    for (unsigned threads : {1u, 2u, 5u, 64u}) {
+      size_t calls = 0, last = 0;
+      const std::vector<SweepResult> grid =
+          evaluate_grid(runner, points, threads, [&](size_t done, size_t total) {
+            ++calls;
+            CHECK(done == last + 1);
+            CHECK(total == points.size());
+            last = done;
+          });
+      REQUIRE(grid.size() == points.size());
+      CHECK(calls == points.size());
+      for (size_t i = 0; i < points.size(); ++i) {
+        INFO(*text << "threads " << threads << ", point " << i);
+        CHECK(result_text(grid[i]) == independent[i]);
+      }
+    }
+    // The grid has fitting points, OOM points and error points.
+    bool fit = false, oom = false, error = false;
+    for (const std::string& r : independent) {
+      fit = fit || r.find(" fits") != std::string::npos;
+      oom = oom || r.find(" OOM at") != std::string::npos;
+      error = error || r.rfind("error:", 0) == 0;
+    }
+    CHECK(fit);
+    CHECK(oom);
+    CHECK(error);
+  }
+}
+
+TEST_CASE("sweep grid: the keys that only the allocator and device read", "[search-reuse]") {
+  CHECK(allocator_only_key("device.capacity"));
+  CHECK(allocator_only_key("allocator.expandable_segments"));
+  CHECK_FALSE(allocator_only_key("device.preset"));  // kernels' workspace sizes come with it
+  CHECK_FALSE(allocator_only_key("batch.micro_batch"));
+}
+
+TEST_CASE("sweep --max: a reused workspace finds what fresh evaluations find", "[search-reuse]") {
+  const SweepRunner runner(kTiny, "max.yaml");
+  SweepWorkspace workspace;
+  for (const char* capacity : {"16MiB", "64MiB", "256MiB"}) {
+    const SweepOverrides fixed = {{"device.capacity", capacity}};
+    const MaxSearch fresh = find_max(runner, fixed, "batch.micro_batch");
+    const MaxSearch reused = find_max(runner, fixed, "batch.micro_batch", workspace);
+    INFO(capacity);
+    CHECK(reused.largest_fit == fresh.largest_fit);
+    CHECK(reused.first_failure == fresh.first_failure);
+    CHECK(reused.failure == fresh.failure);
+    CHECK(reused.evaluations == fresh.evaluations);
+    CHECK(fresh.largest_fit.has_value());
+  }
+}
+
+TEST_CASE("sweep axes: A..B..STEP ranges", "[search-reuse]") {
+  const SweepAxis a = parse_sweep_axis("batch.seq_len=64..6400..64");
+  REQUIRE(a.values.size() == 100);
+  CHECK(a.values.front() == "64");
+  CHECK(a.values[1] == "128");
+  CHECK(a.values.back() == "6400");
+  CHECK(parse_sweep_axis("k=1..10..4").values == std::vector<std::string>{"1", "5", "9"});
+  CHECK(parse_sweep_axis("k=3..3..7").values == std::vector<std::string>{"3"});
+  CHECK_THROWS_AS(parse_sweep_axis("k=1..10..0"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_sweep_axis("k=1..10..-2"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_sweep_axis("k=1..10..x"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_sweep_axis("k=1..10.."), std::invalid_argument);
+}
