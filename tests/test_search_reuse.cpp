@@ -7,7 +7,9 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <utility>
@@ -17,7 +19,14 @@
 #include "scenario/scenario.h"
 #include "sim/search/sweep.h"
 #include "sim/search/sweep_grid.h"
+#include "allocator/snapshot/snapshot.h"
+#include "graph/checkpoint.h"
+#include "sim/megatron/megatron_pipeline.h"
+#include "sim/search/optimize.h"
+#include "sim/search/optimize_pipeline.h"
+#include "sim/search/workers.h"
 #include "sim/step/schedule.h"
+#include "sim/step/training_script.h"
 
 using namespace memsim;
 
@@ -148,12 +157,15 @@ TEST_CASE("sweep grid: shared Programs and workspaces equal independent evaluati
           "[search-reuse]") {
   for (const std::string* text : {&kTiny, &kPipeline}) {
     const SweepRunner runner(*text, "grid.yaml", {{"step.warmup_steps", "1"}});
-    const std::vector<SweepOverrides> points = sweep_points({
+    // (Expandable segments only on the one-GPU scenario: a pipeline scenario picks its
+    // stage on an unlimited device, where they cost gigabytes of host memory.)
+    std::vector<SweepAxis> axes = {
         {"batch.micro_batch", {"1", "2", "bad"}},
         {"device.capacity", {"1GiB", "3MiB", "24MiB", "oops"}},
-        {"allocator.expandable_segments", {"false", "true"}},
-        {"allocator.max_split_size_mb", {"0", "4"}},
-    });
+        {"allocator.max_split_size_mb", {"64", "4", "128"}},
+    };
+    if (text == &kTiny) axes.push_back({"allocator.expandable_segments", {"false", "true"}});
+    const std::vector<SweepOverrides> points = sweep_points(axes);
     std::vector<std::string> independent;
     for (const SweepOverrides& p : points) independent.push_back(result_text(runner.evaluate(p)));
     // 1 thread: one chunk per group; 2 and 5 threads: groups split into chunks, and the
@@ -222,4 +234,132 @@ TEST_CASE("sweep axes: A..B..STEP ranges", "[search-reuse]") {
   CHECK_THROWS_AS(parse_sweep_axis("k=1..10..-2"), std::invalid_argument);
   CHECK_THROWS_AS(parse_sweep_axis("k=1..10..x"), std::invalid_argument);
   CHECK_THROWS_AS(parse_sweep_axis("k=1..10.."), std::invalid_argument);
+}
+
+namespace {
+// Restores the process default of worker threads.
+struct DefaultThreads {
+  explicit DefaultThreads(unsigned t) { set_default_threads(t); }
+  ~DefaultThreads() { set_default_threads(0); }
+};
+
+Scenario pipeline_scenario(const std::string& stages, const std::string& schedule) {
+  return load_scenario_text(kPipeline, "pipeline.yaml",
+                            {{"parallel.pipeline", stages},
+                             {"parallel.pipeline_schedule", schedule},
+                             {"model.layers", "8"},
+                             {"batch.grad_accum", "8"}});
+}
+}  // namespace
+
+TEST_CASE("pipeline stages in parallel: the sequential choice, Program and peaks",
+          "[search-reuse]") {
+  for (const auto& [stages, schedule] :
+       std::vector<std::pair<std::string, std::string>>{{"2", "1f1b"}, {"4", "1f1b"}, {"8", "gpipe"}}) {
+    const Scenario s = pipeline_scenario(stages, schedule);
+    Program one, many;
+    PipelineStagePeaks peaks_one, peaks_many;
+    {
+      DefaultThreads t(1);
+      peaks_one = build_megatron_pipeline_program(s, {}, one);
+    }
+    {
+      DefaultThreads t(3);
+      peaks_many = build_megatron_pipeline_program(s, {}, many);
+    }
+    INFO(stages << " stages, " << schedule);
+    CHECK(peaks_many.peak_reserved == peaks_one.peak_reserved);
+    CHECK(peaks_many.worst == peaks_one.worst);
+    CHECK(many.rank.why == one.rank.why);
+    CHECK(many.rank.pipeline_stage == one.rank.pipeline_stage);
+    REQUIRE(many.events.size() == one.events.size());
+    bool same = true;
+    for (size_t i = 0; i < one.events.size(); ++i)
+      same = same && one.events[i].bytes == many.events[i].bytes &&
+             one.events[i].type == many.events[i].type && one.events[i].tensor == many.events[i].tensor;
+    CHECK(same);
+    CHECK(peaks_one.peak_reserved.size() == static_cast<size_t>(s.parallel.pipeline));
+  }
+}
+
+TEST_CASE("optimize's pipeline calibration in parallel: the sequential costs", "[search-reuse]") {
+  const Scenario s = pipeline_scenario("4", "1f1b");
+  const std::vector<graph::LayerCheckpoint> choices = {graph::LayerCheckpoint::keep,
+                                                       graph::LayerCheckpoint::layer};
+  PipelineCosts one, many;
+  {
+    DefaultThreads t(1);
+    one = calibrate_pipeline(s, choices);
+  }
+  {
+    DefaultThreads t(3);
+    many = calibrate_pipeline(s, choices);
+  }
+  CHECK(many.layers == one.layers);
+  CHECK(many.depth == one.depth);
+  CHECK(many.stored == one.stored);
+  CHECK(many.window == one.window);
+  CHECK(many.gap == one.gap);
+  CHECK(many.flops == one.flops);
+}
+
+TEST_CASE("workers: count, order of results, nested work and the first error in order",
+          "[search-reuse]") {
+  CHECK(worker_count(4, 2) == 2);
+  CHECK(worker_count(3, 0) == 1);
+  {
+    DefaultThreads t(5);
+    CHECK(worker_count(0, 100) == 5);
+  }
+  std::vector<unsigned> nested(50, 0);
+  std::vector<size_t> out(50, 0);
+  run_parallel_workers(
+      50,
+      [&](size_t i, unsigned w) {
+        CHECK(w < 4);
+        out[i] = i * i;
+        nested[i] = worker_count(0, 64);  // from inside a task: this thread alone
+      },
+      4);
+  for (size_t i = 0; i < out.size(); ++i) CHECK(out[i] == i * i);
+  for (unsigned n : nested) CHECK(n == 1);
+  CHECK(worker_count(2, 64) == 2);  // back outside: the flag is cleared
+}
+
+TEST_CASE("snapshot files: one read of the file gives what reading its bytes gives",
+          "[search-reuse]") {
+  for (const char* name : {"silmont2000_mem_snapshot.pickle", "magma27_memory_snapshot.pickle"}) {
+    const std::string path = std::string(MEMSIM_SOURCE_DIR) + "/tests/data/" + name;
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    REQUIRE(bytes.size() > 1000);
+    const Snapshot a = read_snapshot_file(path);
+    const Snapshot b = read_snapshot_bytes(bytes, path);
+    INFO(name);
+    CHECK(write_snapshot_bytes(a) == write_snapshot_bytes(b));
+    CHECK(a.segments.size() == b.segments.size());
+    CHECK(a.alloc_conf_string == b.alloc_conf_string);
+  }
+  CHECK_THROWS_AS(read_snapshot_file(std::string(MEMSIM_SOURCE_DIR) + "/tests/data/no-such.pickle"),
+                  SnapshotError);
+}
+
+TEST_CASE("optimize's one-GPU calibration in parallel: the sequential costs", "[search-reuse]") {
+  const Scenario s = load_scenario_text(kTiny, "tiny.yaml", {{"model.layers", "4"}});
+  const TrainingScript script = default_script(s);
+  const std::vector<graph::LayerCheckpoint> choices = OptimizeOptions{}.choices;  // all six
+  LayerCosts one, many;
+  {
+    DefaultThreads t(1);
+    one = calibrate(s, script, choices);
+  }
+  {
+    DefaultThreads t(3);
+    many = calibrate(s, script, choices);
+  }
+  CHECK(many.stored == one.stored);
+  CHECK(many.window == one.window);
+  CHECK(many.gap == one.gap);
+  CHECK(many.flops == one.flops);
+  CHECK(one.stored.size() == choices.size());
 }
