@@ -15,6 +15,10 @@ Scenario ParsedScenario::with(
   for (const auto& kv : overrides)
     if (kv.first.rfind("model.moe.", 0) == 0) return load_scenario_text(text_, source_, overrides);
   Doc doc = doc_;  // the map of fields is copied; build_scenario only reads the nodes
+  // yaml-cpp's Node assignment writes through to the node it refers to, which the copy
+  // shares with doc_: drop the overridden entries first, so that the overrides make new
+  // ones instead of rewriting the kept document's values.
+  for (const auto& kv : overrides) doc.fields.erase(kv.first);
   apply_scenario_overrides(doc, overrides);
   Scenario s = build_scenario(doc);
   s.source = source_;

@@ -10,8 +10,9 @@
 //    result is built and validated by the same code (scenario_build.cpp), so a bad
 //    override's message still names "--set KEY". Only the YAML parse is saved (the
 //    dominant part of loading; building from the document is a few microseconds).
-//    Overrides of model.moe.* (merged into the file's model.moe map in place) fall back to
-//    a fresh parse, so the kept document never changes.
+//    The kept document never changes: an overridden key's entry is replaced, not written
+//    through (yaml-cpp nodes are references), and overrides of model.moe.* (merged into
+//    the file's model.moe map in place) fall back to a fresh parse.
 //  - Not thread-safe: the copies share yaml-cpp nodes with the kept document, whose
 //    reference counts and lazy lookups are not synchronized. Use one ParsedScenario per
 //    thread (sim/search/sweep.h keeps one per worker).

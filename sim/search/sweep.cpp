@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -158,50 +159,109 @@ std::string sweep_verdict(const SweepResult& r) {
   return s + ")";
 }
 
+namespace {
+
+// find_max's search as a state machine, so that the probes it may ask for next are known
+// ahead (speculation) while the probes it does ask for stay those of the plain loop:
+// doubling from `start` while values fit, then bisecting between the last fit (lo) and the
+// first failure (hi).
+struct MaxState {
+  bool bisect = false;
+  bool done = false;
+  int64_t lo = 0;  // largest value known to fit (start - 1: none yet)
+  int64_t hi = 0;  // the doubling phase's next probe; in bisection the smallest failure
+};
+
+int64_t probe_of(const MaxState& s) { return s.bisect ? s.lo + (s.hi - s.lo) / 2 : s.hi; }
+
+MaxState step(MaxState s, bool fit, int64_t limit) {
+  if (!s.bisect) {
+    if (fit) {
+      s.lo = s.hi;
+      if (s.hi > limit / 2) {  // doubling would pass the limit (or overflow): no failure
+        s.done = true;
+        return s;
+      }
+      s.hi *= 2;
+      s.done = s.hi > limit;
+      return s;
+    }
+    s.bisect = true;  // hi fails: bisect between lo and hi
+  } else {
+    const int64_t mid = probe_of(s);
+    (fit ? s.lo : s.hi) = mid;
+  }
+  s.done = s.hi - s.lo <= 1;
+  return s;
+}
+
+}  // namespace
+
 MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
                    int64_t start, int64_t limit, const SweepEvaluateOptions& options) {
   SweepWorkspace workspace;
-  return find_max(runner, fixed, key, workspace, start, limit, options);
+  return find_max(runner, fixed, key, &workspace, 1, start, limit, options);
 }
 
 MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
                    SweepWorkspace& workspace, int64_t start, int64_t limit,
                    const SweepEvaluateOptions& options) {
+  return find_max(runner, fixed, key, &workspace, 1, start, limit, options);
+}
+
+MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
+                   SweepWorkspace* workspaces, size_t workers, int64_t start, int64_t limit,
+                   const SweepEvaluateOptions& options) {
   MaxSearch out;
   if (start > limit) return out;
-  auto fits = [&](int64_t v) {
+  workers = std::max<size_t>(workers, 1);
+  std::map<int64_t, SweepResult> known;  // evaluated values, the search's and speculative
+  auto evaluate = [&](int64_t v, SweepWorkspace& ws) {
     SweepOverrides point = fixed;
     point.emplace_back(key, std::to_string(v));
-    const SweepResult r = runner.evaluate(point, options, workspace);
+    return runner.evaluate(point, options, ws);
+  };
+  MaxState s;
+  s.lo = start - 1;
+  s.hi = start;
+  while (!s.done) {
+    const int64_t v = probe_of(s);
+    if (known.find(v) == known.end()) {
+      // This probe, and with more workers the probes that may follow it (breadth first,
+      // the "fits" branch first), evaluated at once. Results do not depend on it: only the
+      // probes the search asks for are read and counted.
+      std::vector<int64_t> batch{v};
+      std::vector<MaxState> frontier{s};
+      for (size_t f = 0; f < frontier.size() && batch.size() < workers; ++f) {
+        for (const bool fit : {true, false}) {
+          const MaxState next = step(frontier[f], fit, limit);
+          if (next.done || batch.size() >= workers) continue;
+          const int64_t w = probe_of(next);
+          if (known.count(w) || std::find(batch.begin(), batch.end(), w) != batch.end()) continue;
+          batch.push_back(w);
+          frontier.push_back(next);
+        }
+      }
+      std::vector<SweepResult> results(batch.size());
+      if (batch.size() == 1) {
+        results[0] = evaluate(v, workspaces[0]);
+      } else {
+        run_parallel_workers(
+            batch.size(),
+            [&](size_t i, unsigned w) { results[i] = evaluate(batch[i], workspaces[w]); },
+            static_cast<unsigned>(batch.size()));
+      }
+      for (size_t i = 0; i < batch.size(); ++i) known.emplace(batch[i], std::move(results[i]));
+    }
+    const SweepResult& r = known.at(v);
     ++out.evaluations;
     if (!r.fits() && (!out.first_failure || v < *out.first_failure)) {
       out.first_failure = v;
       out.failure = sweep_verdict(r);
     }
-    return r.fits();
-  };
-  // Exponential phase: the first failing power-of-two multiple of `start`.
-  int64_t lo = start - 1;  // largest value known to fit (start - 1: none yet)
-  int64_t hi = start;
-  while (hi <= limit && fits(hi)) {
-    lo = hi;
-    if (hi > limit / 2) {
-      hi = limit + 1;  // no failure found up to the limit
-      break;
-    }
-    hi *= 2;
+    s = step(s, r.fits(), limit);
   }
-  if (hi > limit) {
-    out.largest_fit = lo;
-    return out;
-  }
-  // Invariant: lo fits (or is start - 1), hi fails. Bisect.
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (fits(mid)) lo = mid;
-    else hi = mid;
-  }
-  if (lo >= start) out.largest_fit = lo;
+  if (s.lo >= start) out.largest_fit = s.lo;
   return out;
 }
 

@@ -123,6 +123,13 @@ MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const
 MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
                    SweepWorkspace& workspace, int64_t start = 1,
                    int64_t limit = int64_t{1} << 40, const SweepEvaluateOptions& options = {});
+// Same, with `workers` threads (workspaces[0 .. workers-1]): each probe is evaluated
+// together with the probes that may follow it (speculation), so a search takes about
+// log2(workers + 1) times fewer rounds; the probes the search reads, the result and
+// `evaluations` (those probes) are those of the one-thread search.
+MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
+                   SweepWorkspace* workspaces, size_t workers, int64_t start = 1,
+                   int64_t limit = int64_t{1} << 40, const SweepEvaluateOptions& options = {});
 
 // "fits", "OOM at OP (PHASE, layer N)" or "error: MESSAGE".
 std::string sweep_verdict(const SweepResult& result);

@@ -2,6 +2,7 @@
 // parallel (sim/search/sweep.h), or with --max KEY the largest value of KEY that fits for each
 // combination of the other --vary keys.
 #include <chrono>
+#include <limits>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -259,13 +260,23 @@ std::vector<MaxSearch> run_sweep_max(const SweepRunner& runner,
                                      const std::string& max_key, unsigned threads,
                                      const SweepProgress& progress) {
   std::vector<MaxSearch> results(points.size());
-  std::vector<SweepWorkspace> spaces(worker_count(threads, points.size()));  // one per worker
-  run_parallel_workers(
-      points.size(),
-      [&](size_t i, unsigned worker) {
-        results[i] = find_max(runner, points[i], max_key, spaces[worker]);
-      },
-      threads, progress);
+  // One search per worker when there are enough of them; otherwise one search at a time,
+  // each probing ahead on every worker (find_max's speculation). Same results either way.
+  const unsigned workers = worker_count(threads, std::numeric_limits<size_t>::max());
+  std::vector<SweepWorkspace> spaces(workers);  // one per worker
+  if (points.size() >= workers) {
+    run_parallel_workers(
+        points.size(),
+        [&](size_t i, unsigned worker) {
+          results[i] = find_max(runner, points[i], max_key, spaces[worker]);
+        },
+        threads, progress);
+  } else {
+    for (size_t i = 0; i < points.size(); ++i) {
+      results[i] = find_max(runner, points[i], max_key, spaces.data(), spaces.size());
+      if (progress) progress(i + 1, points.size());
+    }
+  }
   return results;
 }
 
