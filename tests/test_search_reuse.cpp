@@ -19,6 +19,8 @@
 #include "scenario/scenario.h"
 #include "sim/search/sweep.h"
 #include "sim/search/sweep_grid.h"
+#include "tests/cli_test_support.h"
+
 #include "allocator/snapshot/snapshot.h"
 #include "graph/checkpoint.h"
 #include "sim/megatron/megatron_pipeline.h"
@@ -385,4 +387,27 @@ TEST_CASE("sweep --max with speculation on several workers: the one-thread searc
       }
     }
   }
+}
+
+TEST_CASE("memsim -j: a pipeline run's and a sweep's output do not depend on the threads",
+          "[search-reuse]") {
+  const std::string scenario =
+      " '" + std::string(MEMSIM_SOURCE_DIR) + "/scenarios/gpt3-175b-tp8-pp8-64xh100.yaml'";
+  const auto run = [&](const std::string& args) {
+    return memsim_test::run_shell(memsim_test::memsim_command() + args + " 2>/dev/null");
+  };
+  const auto one = run(" run" + scenario + " --set step.warmup_steps=0 --json - -j 1");
+  const auto three = run(" -j 3 run" + scenario + " --set step.warmup_steps=0 --json -");
+  CHECK(one.status == 0);
+  CHECK(one.out.find("\"pipeline_stage\"") != std::string::npos);
+  CHECK(three.out == one.out);
+  const std::string grid = " sweep" + scenario +
+                           " --set step.warmup_steps=0 --vary device.capacity=40GiB,50GiB,80GiB"
+                           " --vary allocator.max_split_size_mb=32,512 --csv -";
+  const auto grid1 = run(grid + " -j 1");
+  const auto grid4 = run(grid + " -j 4");
+  CHECK(grid1.status == 0);
+  CHECK(grid1.out.find("OOM at") != std::string::npos);
+  CHECK(grid4.out == grid1.out);
+  CHECK(run(" run" + scenario + " -j -1").status == 2);  // bad usage
 }
