@@ -358,6 +358,18 @@ std::string stem(const std::string& path) {
 }
 
 }  // namespace
+
+// For scenario/parsed_scenario.cpp (parse once, override per point): the same steps
+// load_scenario_text takes.
+Doc read_scenario_doc(const std::string& text, const std::string& source) {
+  return read_doc(text, source);
+}
+void apply_scenario_overrides(Doc& doc,
+                              const std::vector<std::pair<std::string, std::string>>& overrides) {
+  apply_overrides(doc, overrides);
+}
+std::string scenario_stem(const std::string& path) { return stem(path); }
+
 }  // namespace scenario_detail
 
 std::string Scenario::key_prefix(const std::string& key) const {

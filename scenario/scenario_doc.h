@@ -36,6 +36,13 @@ struct Doc {
 };
 
 Scenario build_scenario(const Doc& doc);
+// The steps of load_scenario_text, for scenario/parsed_scenario.cpp: the text read into a
+// Doc (YAML syntax, unknown and duplicate keys), --set overrides applied to it (their
+// errors name "--set KEY"), and the name a scenario without `name:` gets from its source.
+Doc read_scenario_doc(const std::string& text, const std::string& source);
+void apply_scenario_overrides(Doc& doc,
+                              const std::vector<std::pair<std::string, std::string>>& overrides);
+std::string scenario_stem(const std::string& path);
 // The allocator section on top of `base` (conf first, then the individual keys).
 AllocatorConfig build_allocator(const Doc& doc, AllocatorConfig base);
 

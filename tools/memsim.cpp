@@ -16,6 +16,7 @@
 #include "allocator/allocator_config.h"
 #include "allocator/snapshot/snapshot.h"
 #include "scenario/scenario.h"
+#include "sim/search/workers.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/logging.h"
@@ -59,6 +60,11 @@ int main(int argc, char** argv) {
   app.fallthrough();
   int verbosity = 0;
   app.add_flag("-v,--verbose", verbosity, "More log output on stderr (-v info, -vv debug)");
+  // Worker threads for independent work (pipeline stages, sweep points, optimize's
+  // candidate Programs; sim/search/workers.h). Results do not depend on it.
+  int threads = 0;
+  app.add_option("-j,--threads", threads, "Worker threads (default 0: all cores)")
+      ->check(CLI::Range(0, 1024));
   app.set_version_flag("--version", std::string(version_text()), "Print the version and git commit, then exit");
 
   RunArgs run_args;
@@ -88,6 +94,7 @@ int main(int argc, char** argv) {
   }
 
   setup_logging(verbosity);
+  memsim::set_default_threads(static_cast<unsigned>(threads));
   return finish_stdout([&]() -> int {
     try {
       if (run->parsed()) return run_run(run_args);

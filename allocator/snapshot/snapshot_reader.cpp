@@ -350,22 +350,45 @@ void Reader::read_settings(PickleValue dict, Snapshot& out) {
 
 }  // namespace
 
-Snapshot read_snapshot_bytes(const std::string& bytes, const std::string& name) {
+namespace {
+
+// The pickle parser keeps the bytes (str nodes point into them): hand over, don't copy.
+Snapshot read_owned_bytes(std::string bytes, const std::string& name) {
   PickleDoc doc;
   try {
-    doc = parse_pickle(bytes, name);
+    doc = parse_pickle(std::move(bytes), name);
   } catch (const PickleError& e) {
     throw SnapshotError(e.what());
   }
   return Reader(doc, name).read();
 }
 
+}  // namespace
+
+Snapshot read_snapshot_bytes(const std::string& bytes, const std::string& name) {
+  return read_owned_bytes(bytes, name);
+}
+
 Snapshot read_snapshot_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw SnapshotError(path + ": cannot open: " + std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // One read of the whole file (an istreambuf_iterator copy goes byte by byte and grows
+  // the string by doubling: a fifth of a replay's time on a 4 MB snapshot).
+  std::string bytes;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size > 0) {
+    bytes.resize(static_cast<size_t>(size));
+    in.read(bytes.data(), size);
+    bytes.resize(static_cast<size_t>(in.gcount()));
+  }
+  if (size < 0) {  // not seekable (a pipe, /dev/stdin): read what is there, as before
+    in.clear();
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   if (in.bad()) throw SnapshotError(path + ": read error");
-  return read_snapshot_bytes(bytes, path);
+  return read_owned_bytes(std::move(bytes), path);
 }
 
 }  // namespace memsim

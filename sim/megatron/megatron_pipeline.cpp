@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "sim/megatron/pipeline_schedule.h"
 #include "sim/parallel/data_parallel.h"
 #include "sim/parallel/zero_sharding.h"
+#include "sim/search/workers.h"
 #include "sim/step/time_model_setup.h"
 #include "sim/step/checkpoint_policy.h"
 #include "sim/step/execute.h"
@@ -358,25 +360,57 @@ PipelineStagePeaks build_megatron_pipeline_program(const Scenario& scenario,
   // are built without it (the swaps below move Programs around) and the sink gets the
   // chosen one's events when the caller finishes the Program.
   const SinkAttachment sink = program.take_sink();
-  Program candidate;
-  ExecuteBuffers exec_buffers;
-  ExecuteOptions exec;
-  exec.record_by_kind = false;  // the peak reserved is all the choice needs
-  exec.buffers = &exec_buffers;
-  for (int64_t k = 0; k < p; ++k) {
-    build_megatron_stage_program(scenario, options, k, candidate, buffers);
-    SimulatedDevice device(1ull << 60, 0);
-    Timeline timeline = execute(candidate, scenario.allocator, device, exec);
-    // Peaks were reset at measured_step_begin: this is the measured step's peak.
-    const uint64_t peak =
-        static_cast<uint64_t>(timeline.final_stats.reserved_bytes.all.peak);
-    exec_buffers.timeline = std::move(timeline);
-    peaks.peak_reserved.push_back(peak);
-    if (k == 0 || peak > peaks.peak_reserved[static_cast<size_t>(peaks.worst)]) {
-      peaks.worst = k;
-      std::swap(program, candidate);
-    }
-  }
+  peaks.peak_reserved.assign(static_cast<size_t>(p), 0);
+  // The stages are independent: built and run on the -j workers (sim/search/workers.h),
+  // each worker with its own buffers and the best Program among the stages it ran; the
+  // choice below (the largest peak, the first of equals) and the error raised (the first
+  // failing stage's) are those of running the stages in order.
+  struct Worker {
+    Program best, candidate;
+    int64_t best_stage = -1;
+    graph::RuntimeBuffers runtime;
+    ExecuteBuffers exec;
+  };
+  const unsigned workers = worker_count(0, static_cast<size_t>(p));
+  std::vector<Worker> pool(workers);
+  std::vector<std::exception_ptr> failures(static_cast<size_t>(p));
+  run_parallel_workers(
+      static_cast<size_t>(p),
+      [&](size_t task, unsigned w) {
+        const auto k = static_cast<int64_t>(task);
+        Worker& me = pool[w];
+        try {
+          // Worker 0 is the calling thread: it keeps using the caller's buffers.
+          build_megatron_stage_program(scenario, options, k, me.candidate,
+                                       w == 0 && buffers != nullptr ? buffers : &me.runtime);
+          SimulatedDevice device(1ull << 60, 0);
+          ExecuteOptions exec;
+          exec.record_by_kind = false;  // the peak reserved is all the choice needs
+          exec.buffers = &me.exec;
+          me.exec.timeline = execute(me.candidate, scenario.allocator, device, exec);
+        } catch (...) {
+          failures[task] = std::current_exception();
+          return;
+        }
+        // Peaks were reset at measured_step_begin: this is the measured step's peak.
+        const auto peak =
+            static_cast<uint64_t>(me.exec.timeline.final_stats.reserved_bytes.all.peak);
+        peaks.peak_reserved[task] = peak;
+        const uint64_t best =
+            me.best_stage < 0 ? 0 : peaks.peak_reserved[static_cast<size_t>(me.best_stage)];
+        if (me.best_stage < 0 || peak > best || (peak == best && k < me.best_stage)) {
+          me.best_stage = k;
+          std::swap(me.best, me.candidate);
+        }
+      },
+      workers);
+  for (const std::exception_ptr& f : failures)
+    if (f) std::rethrow_exception(f);
+  for (size_t k = 1; k < peaks.peak_reserved.size(); ++k)
+    if (peaks.peak_reserved[k] > peaks.peak_reserved[static_cast<size_t>(peaks.worst)])
+      peaks.worst = static_cast<int64_t>(k);
+  for (Worker& w : pool)
+    if (w.best_stage == peaks.worst) std::swap(program, w.best);
   RankInfo r = program.rank;
   const ParallelConfig& pc = scenario.parallel;
   std::string why = "pipeline stage " + std::to_string(peaks.worst) + " of " + std::to_string(p) +

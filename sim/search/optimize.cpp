@@ -4,10 +4,13 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <exception>
+#include <memory>
 
 #include "allocator/caching_allocator.h"
 #include "sim/search/named_policies.h"
 #include "sim/search/optimize_pipeline.h"
+#include "sim/search/workers.h"
 #include "sim/step/checkpoint_policy.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
@@ -143,6 +146,11 @@ class PlanSimulator {
     s.checkpoint.reentrant = scenario_.checkpoint.reentrant;
     return execute_last(build_program(s, script_, build_), capacity);
   }
+  // Another simulator of the same scenario and script, with storage of its own (for a
+  // second worker thread).
+  std::unique_ptr<PlanSimulator> fresh() const {
+    return std::make_unique<PlanSimulator>(scenario_, script_);
+  }
   // The last run, analysed (only runs that are reported need this).
   PlanRun result() const { return {analyze(build_.program, timeline_), timeline_.final_stats}; }
 
@@ -178,9 +186,33 @@ LayerCosts calibrate_with(PlanSimulator& sim, const Scenario& scenario,
       std::find(choices.begin(), choices.end(), LayerCheckpoint::keep) - choices.begin());
   const size_t ref = found < choices.size() ? found : 0;
   Windows keep;
-  for (LayerCheckpoint choice : choices) {
-    const Program& p = sim.build(uniform_plan(c.layers, choice));
-    Windows w = windows_of(p, c.layers);
+  // One calibration Program per choice, each independent of the others: built and scanned
+  // on the -j workers (sim/search/workers.h), worker 0 with the caller's simulator (its
+  // storage then serves the verifying runs); assembled below in choice order.
+  struct Measured {
+    Windows w;
+    double recompute = 0;
+  };
+  std::vector<Measured> measured(choices.size());
+  std::vector<std::unique_ptr<PlanSimulator>> others(worker_count(0, choices.size()));
+  std::vector<std::exception_ptr> failures(choices.size());
+  run_parallel_workers(
+      choices.size(),
+      [&](size_t i, unsigned worker) {
+        try {
+          if (worker > 0 && !others[worker]) others[worker] = sim.fresh();
+          PlanSimulator& mine = worker == 0 ? sim : *others[worker];
+          const Program& p = mine.build(uniform_plan(c.layers, choices[i]));
+          measured[i] = {windows_of(p, c.layers), p.flops.recompute};
+        } catch (...) {
+          failures[i] = std::current_exception();
+        }
+      },
+      static_cast<unsigned>(others.size()));
+  for (const std::exception_ptr& f : failures)  // the first in choice order, as a loop raises
+    if (f) std::rethrow_exception(f);
+  for (Measured& m : measured) {
+    Windows w = std::move(m.w);
     std::vector<int64_t> window(c.layers, kNone);
     int64_t prefix = 0;
     for (int32_t l = 0; l < c.layers; ++l) {
@@ -190,7 +222,7 @@ LayerCosts calibrate_with(PlanSimulator& sim, const Scenario& scenario,
     }
     c.stored.push_back(w.stored);
     c.window.push_back(std::move(window));
-    c.flops.push_back(c.layers > 0 ? std::llround(p.flops.recompute / c.layers) : 0);
+    c.flops.push_back(c.layers > 0 ? std::llround(m.recompute / c.layers) : 0);
     if (c.stored.size() == ref + 1) keep = std::move(w);
   }
   c.gap.assign(c.layers + 1, kNone);

@@ -1,6 +1,9 @@
 // The pipeline cost model of memsim optimize (sim/search/optimize_pipeline.h, "Cost model").
 #include <algorithm>
 #include <climits>
+#include <exception>
+#include <iterator>
+#include <memory>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -9,6 +12,7 @@
 #include "sim/megatron/pipeline_schedule.h"
 #include "sim/search/optimize_pipeline.h"
 #include "sim/search/pipeline_stage_sim.h"
+#include "sim/search/workers.h"
 
 namespace memsim {
 
@@ -159,16 +163,33 @@ PipelineCosts calibrate_pipeline(const Scenario& scenario,
   c.window.assign(static_cast<size_t>(depth),
                   std::vector<std::vector<int64_t>>(choices.size(), std::vector<int64_t>(L, kNone)));
   c.gap.assign(static_cast<size_t>(depth), std::vector<int64_t>(L + 1, kNone));
-  StageSimulator sim(scenario);
-  CheckpointPlan plan;
+  // The choices x stages calibration Programs are independent: scanned on the -j workers
+  // (sim/search/workers.h), each with its own StageSimulator; the sums below run in order.
+  const size_t P = static_cast<size_t>(pc.pipeline);
+  std::vector<StageScan> all(choices.size() * P);
+  std::vector<std::unique_ptr<StageSimulator>> sims(worker_count(0, all.size()));
+  std::vector<std::exception_ptr> failures(all.size());
+  run_parallel_workers(
+      all.size(),
+      [&](size_t t, unsigned w) {
+        try {
+          if (!sims[w]) sims[w] = std::make_unique<StageSimulator>(scenario);
+          CheckpointPlan one;
+          one.layers.assign(static_cast<size_t>(L), choices[t / P]);
+          const auto k = static_cast<int64_t>(t % P);
+          all[t] = scan_stage(sims[w]->build(one, k), L, c.depth, actions[k], holds, k);
+        } catch (...) {
+          failures[t] = std::current_exception();
+        }
+      },
+      static_cast<unsigned>(sims.size()));
+  for (const std::exception_ptr& f : failures)  // the first in order, as a loop would raise
+    if (f) std::rethrow_exception(f);
   for (size_t ci = 0; ci < choices.size(); ++ci) {
-    plan.layers.assign(static_cast<size_t>(L), choices[ci]);
-    std::vector<StageScan> scans;
+    std::vector<StageScan> scans(std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>(ci * P)),
+                                 std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>((ci + 1) * P)));
     double recompute = 0;
-    for (int64_t k = 0; k < pc.pipeline; ++k) {
-      scans.push_back(scan_stage(sim.build(plan, k), L, c.depth, actions[k], holds, k));
-      recompute += scans.back().recompute;
-    }
+    for (const StageScan& s : scans) recompute += s.recompute;
     c.stored.push_back(scans[0].stored);
     c.flops.push_back(L > 0 ? std::llround(recompute / L) : 0);
     std::vector<int64_t> prefix(L + 1, 0);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 #include "scenario/scenario.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "sim/step/training_script.h"
 
 namespace memsim {
 
@@ -54,13 +56,21 @@ SweepAxis parse_sweep_axis(const std::string& arg) {
       axis.values.push_back(item);
       continue;
     }
-    int64_t a = 0, b = 0;
-    if (!parse_int(item.substr(0, dots), a) || !parse_int(item.substr(dots + 2), b) || b < a)
+    // A..B, or A..B..S (every S-th value from A, as bash's {A..B..S}).
+    int64_t a = 0, b = 0, step = 1;
+    const size_t dots2 = item.find("..", dots + 2);
+    const std::string last =
+        item.substr(dots + 2, dots2 == std::string::npos ? std::string::npos : dots2 - dots - 2);
+    if (!parse_int(item.substr(0, dots), a) || !parse_int(last, b) || b < a ||
+        (dots2 != std::string::npos && (!parse_int(item.substr(dots2 + 2), step) || step < 1)))
       throw std::invalid_argument("--vary " + arg + ": '" + item +
-                                  "' is not an integer range A..B with A <= B");
-    if (b - a >= 1'000'000)
+                                  "' is not an integer range A..B or A..B..STEP with A <= B, STEP >= 1");
+    if ((b - a) / step >= 1'000'000)
       throw std::invalid_argument("--vary " + arg + ": range '" + item + "' is too long");
-    for (int64_t v = a; v <= b; ++v) axis.values.push_back(std::to_string(v));
+    for (int64_t v = a; v <= b; v += step) {
+      axis.values.push_back(std::to_string(v));
+      if (b - v < step) break;  // no overflow past B
+    }
   }
   if (axis.values.empty()) throw std::invalid_argument("--vary " + arg + ": no values");
   return axis;
@@ -95,19 +105,29 @@ SweepRunner SweepRunner::from_file(const std::string& path, SweepOverrides base)
   return SweepRunner(text.str(), path, std::move(base));
 }
 
+Scenario SweepWorkspace::scenario(const SweepRunner& runner, const SweepOverrides& overrides) {
+  if (!parsed || parsed_for != &runner) {
+    parsed = std::make_unique<ParsedScenario>(runner.text(), runner.source());
+    parsed_for = &runner;
+  }
+  return parsed->with(overrides);
+}
+
 SweepResult SweepRunner::evaluate(const SweepOverrides& point,
                                   const SweepEvaluateOptions& options) const {
+  SweepWorkspace workspace;
+  return evaluate(point, options, workspace);
+}
+
+SweepResult SweepRunner::evaluate(const SweepOverrides& point, const SweepEvaluateOptions& options,
+                                  SweepWorkspace& ws) const {
   SweepResult result;
   try {
     SweepOverrides overrides = base_;
     overrides.insert(overrides.end(), point.begin(), point.end());
-    const Scenario scenario = load_scenario_text(text_, source_, overrides);
-    const Program program = build_program(scenario);
-    SimulatedDevice device(device_total(scenario.device), device_context(scenario.device));
-    ExecuteOptions exec;
-    exec.record_by_kind = options.record_by_kind;
-    const Timeline timeline = execute(program, scenario.allocator, device, exec);
-    result.analysis = analyze(program, timeline, options.analysis);
+    const Scenario scenario = ws.scenario(*this, overrides);
+    const Program& program = build_program(scenario, default_script(scenario), ws.build);
+    result.analysis = execute_and_analyze(program, scenario, options, ws.exec);
     result.ok = true;
   } catch (const std::bad_alloc&) {
     throw;  // host memory is exhausted: not a property of this point
@@ -119,38 +139,15 @@ SweepResult SweepRunner::evaluate(const SweepOverrides& point,
   return result;
 }
 
-void run_parallel(size_t count, const std::function<void(size_t)>& task, unsigned threads,
-                  const SweepProgress& progress) {
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  threads = static_cast<unsigned>(std::min<size_t>(threads, std::max<size_t>(count, 1)));
-  std::atomic<size_t> next{0};
-  std::mutex progress_mutex;
-  size_t done = 0;
-  std::exception_ptr failure;
-  auto worker = [&] {
-    for (;;) {
-      const size_t i = next.fetch_add(1);
-      if (i >= count) return;
-      try {
-        task(i);
-      } catch (...) {
-        // Stop handing out work and rethrow on the caller's thread.
-        std::lock_guard<std::mutex> lock(progress_mutex);
-        if (!failure) failure = std::current_exception();
-        next.store(count);
-        return;
-      }
-      if (progress) {
-        std::lock_guard<std::mutex> lock(progress_mutex);
-        progress(++done, count);
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();  // the calling thread works too
-  for (std::thread& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
+Analysis execute_and_analyze(const Program& program, const Scenario& scenario,
+                             const SweepEvaluateOptions& options, ExecuteBuffers& buffers) {
+  SimulatedDevice device(device_total(scenario.device), device_context(scenario.device));
+  ExecuteOptions exec;
+  exec.record_by_kind = options.record_by_kind;
+  exec.buffers = &buffers;
+  const Timeline& timeline = buffers.timeline =
+      execute(program, scenario.allocator, device, exec);
+  return analyze(program, timeline, options.analysis);
 }
 
 std::string sweep_verdict(const SweepResult& r) {
@@ -162,43 +159,109 @@ std::string sweep_verdict(const SweepResult& r) {
   return s + ")";
 }
 
+namespace {
+
+// find_max's search as a state machine, so that the probes it may ask for next are known
+// ahead (speculation) while the probes it does ask for stay those of the plain loop:
+// doubling from `start` while values fit, then bisecting between the last fit (lo) and the
+// first failure (hi).
+struct MaxState {
+  bool bisect = false;
+  bool done = false;
+  int64_t lo = 0;  // largest value known to fit (start - 1: none yet)
+  int64_t hi = 0;  // the doubling phase's next probe; in bisection the smallest failure
+};
+
+int64_t probe_of(const MaxState& s) { return s.bisect ? s.lo + (s.hi - s.lo) / 2 : s.hi; }
+
+MaxState step(MaxState s, bool fit, int64_t limit) {
+  if (!s.bisect) {
+    if (fit) {
+      s.lo = s.hi;
+      if (s.hi > limit / 2) {  // doubling would pass the limit (or overflow): no failure
+        s.done = true;
+        return s;
+      }
+      s.hi *= 2;
+      s.done = s.hi > limit;
+      return s;
+    }
+    s.bisect = true;  // hi fails: bisect between lo and hi
+  } else {
+    const int64_t mid = probe_of(s);
+    (fit ? s.lo : s.hi) = mid;
+  }
+  s.done = s.hi - s.lo <= 1;
+  return s;
+}
+
+}  // namespace
+
 MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
                    int64_t start, int64_t limit, const SweepEvaluateOptions& options) {
+  SweepWorkspace workspace;
+  return find_max(runner, fixed, key, &workspace, 1, start, limit, options);
+}
+
+MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
+                   SweepWorkspace& workspace, int64_t start, int64_t limit,
+                   const SweepEvaluateOptions& options) {
+  return find_max(runner, fixed, key, &workspace, 1, start, limit, options);
+}
+
+MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
+                   SweepWorkspace* workspaces, size_t workers, int64_t start, int64_t limit,
+                   const SweepEvaluateOptions& options) {
   MaxSearch out;
   if (start > limit) return out;
-  auto fits = [&](int64_t v) {
+  workers = std::max<size_t>(workers, 1);
+  std::map<int64_t, SweepResult> known;  // evaluated values, the search's and speculative
+  auto evaluate = [&](int64_t v, SweepWorkspace& ws) {
     SweepOverrides point = fixed;
     point.emplace_back(key, std::to_string(v));
-    const SweepResult r = runner.evaluate(point, options);
+    return runner.evaluate(point, options, ws);
+  };
+  MaxState s;
+  s.lo = start - 1;
+  s.hi = start;
+  while (!s.done) {
+    const int64_t v = probe_of(s);
+    if (known.find(v) == known.end()) {
+      // This probe, and with more workers the probes that may follow it (breadth first,
+      // the "fits" branch first), evaluated at once. Results do not depend on it: only the
+      // probes the search asks for are read and counted.
+      std::vector<int64_t> batch{v};
+      std::vector<MaxState> frontier{s};
+      for (size_t f = 0; f < frontier.size() && batch.size() < workers; ++f) {
+        for (const bool fit : {true, false}) {
+          const MaxState next = step(frontier[f], fit, limit);
+          if (next.done || batch.size() >= workers) continue;
+          const int64_t w = probe_of(next);
+          if (known.count(w) || std::find(batch.begin(), batch.end(), w) != batch.end()) continue;
+          batch.push_back(w);
+          frontier.push_back(next);
+        }
+      }
+      std::vector<SweepResult> results(batch.size());
+      if (batch.size() == 1) {
+        results[0] = evaluate(v, workspaces[0]);
+      } else {
+        run_parallel_workers(
+            batch.size(),
+            [&](size_t i, unsigned w) { results[i] = evaluate(batch[i], workspaces[w]); },
+            static_cast<unsigned>(batch.size()));
+      }
+      for (size_t i = 0; i < batch.size(); ++i) known.emplace(batch[i], std::move(results[i]));
+    }
+    const SweepResult& r = known.at(v);
     ++out.evaluations;
     if (!r.fits() && (!out.first_failure || v < *out.first_failure)) {
       out.first_failure = v;
       out.failure = sweep_verdict(r);
     }
-    return r.fits();
-  };
-  // Exponential phase: the first failing power-of-two multiple of `start`.
-  int64_t lo = start - 1;  // largest value known to fit (start - 1: none yet)
-  int64_t hi = start;
-  while (hi <= limit && fits(hi)) {
-    lo = hi;
-    if (hi > limit / 2) {
-      hi = limit + 1;  // no failure found up to the limit
-      break;
-    }
-    hi *= 2;
+    s = step(s, r.fits(), limit);
   }
-  if (hi > limit) {
-    out.largest_fit = lo;
-    return out;
-  }
-  // Invariant: lo fits (or is start - 1), hi fails. Bisect.
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (fits(mid)) lo = mid;
-    else hi = mid;
-  }
-  if (lo >= start) out.largest_fit = lo;
+  if (s.lo >= start) out.largest_fit = s.lo;
   return out;
 }
 

@@ -5,13 +5,17 @@
 //    evaluate() loads the scenario with base + point overrides, builds the Program,
 //    executes it on a fresh allocator and device (the capacity semantics of
 //    tools/cli/device.h) and analyzes it. It is const and thread-safe: every call owns
-//    its allocator, device and Program.
+//    its allocator and device, and its Program and parsed scenario are the caller's
+//    SweepWorkspace (one per thread) or the call's own.
+//  - A SweepWorkspace is one worker's reusable state: the scenario parsed once
+//    (scenario/parsed_scenario.h: overrides are applied to the parsed document, with the
+//    errors and results of a fresh load) and the Program / allocator arrays of its last
+//    point (storage only: no result depends on what a workspace evaluated before).
 //  - A point whose overrides make the scenario impossible (ScenarioError, or any other
 //    std::exception from building it) is a result with ok = false and the message; the
 //    sweep carries on.
-//  - run_parallel() runs `count` independent tasks on `threads` std::threads (0 = all
-//    cores), results in task order; `progress` (optional) is called after each task,
-//    serialized, with (done, count).
+//  - run_parallel() and worker_count(): sim/search/workers.h (threads 0 = the -j default,
+//    all cores unless set).
 //  - find_max() finds the largest integer value of one key that fits, assuming that
 //    fitting is monotone in it (more batch or sequence never uses less memory): probes
 //    1, 2, 4, ... until a value fails (does not fit, or is an impossible scenario), then
@@ -26,7 +30,13 @@
 #include <utility>
 #include <vector>
 
+#include <memory>
+
+#include "scenario/parsed_scenario.h"
 #include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
+#include "sim/search/workers.h"
 
 namespace memsim {
 
@@ -37,7 +47,8 @@ struct SweepAxis {
   std::vector<std::string> values;  // as given on the command line
 };
 
-// Parses "KEY=V1,V2,..." where each item is a value or an inclusive integer range A..B.
+// Parses "KEY=V1,V2,..." where each item is a value, an inclusive integer range A..B, or
+// A..B..STEP (A, A+STEP, ... up to B, as bash's {A..B..STEP}).
 // Throws std::invalid_argument with a message naming the argument when malformed.
 SweepAxis parse_sweep_axis(const std::string& arg);
 
@@ -58,6 +69,19 @@ struct SweepEvaluateOptions {
   AnalysisOptions analysis;
 };
 
+class SweepRunner;
+
+// One worker's reusable state (see the contract above). Movable, not shared between threads.
+struct SweepWorkspace {
+  std::unique_ptr<ParsedScenario> parsed;  // the runner's text, parsed on first use
+  const SweepRunner* parsed_for = nullptr; // which runner `parsed` belongs to
+  BuildBuffers build;
+  ExecuteBuffers exec;
+
+  // The scenario of `overrides` (base + point) for `runner`, parsing its text once.
+  Scenario scenario(const SweepRunner& runner, const SweepOverrides& overrides);
+};
+
 class SweepRunner {
  public:
   // `text`: the scenario file's contents; `source`: its name in error messages.
@@ -67,7 +91,12 @@ class SweepRunner {
 
   SweepResult evaluate(const SweepOverrides& point,
                        const SweepEvaluateOptions& options = {}) const;
+  // Same result, with `workspace`'s parsed scenario and storage.
+  SweepResult evaluate(const SweepOverrides& point, const SweepEvaluateOptions& options,
+                       SweepWorkspace& workspace) const;
   const std::string& source() const { return source_; }
+  const std::string& text() const { return text_; }
+  const SweepOverrides& base() const { return base_; }
 
  private:
   std::string text_;
@@ -75,10 +104,10 @@ class SweepRunner {
   SweepOverrides base_;
 };
 
-using SweepProgress = std::function<void(size_t done, size_t total)>;
-
-void run_parallel(size_t count, const std::function<void(size_t task)>& task, unsigned threads,
-                  const SweepProgress& progress = {});
+// The execute + analyze half of evaluate(): `program` run on the allocator and device of
+// `scenario` (allocator.*, device.capacity, device.cuda_context), `buffers` reused.
+Analysis execute_and_analyze(const Program& program, const Scenario& scenario,
+                             const SweepEvaluateOptions& options, ExecuteBuffers& buffers);
 
 struct MaxSearch {
   std::optional<int64_t> largest_fit;   // nullopt: not even `start` fits
@@ -90,6 +119,17 @@ struct MaxSearch {
 MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
                    int64_t start = 1, int64_t limit = int64_t{1} << 40,
                    const SweepEvaluateOptions& options = {});
+// Same, evaluating in `workspace`.
+MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
+                   SweepWorkspace& workspace, int64_t start = 1,
+                   int64_t limit = int64_t{1} << 40, const SweepEvaluateOptions& options = {});
+// Same, with `workers` threads (workspaces[0 .. workers-1]): each probe is evaluated
+// together with the probes that may follow it (speculation), so a search takes about
+// log2(workers + 1) times fewer rounds; the probes the search reads, the result and
+// `evaluations` (those probes) are those of the one-thread search.
+MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const std::string& key,
+                   SweepWorkspace* workspaces, size_t workers, int64_t start = 1,
+                   int64_t limit = int64_t{1} << 40, const SweepEvaluateOptions& options = {});
 
 // "fits", "OOM at OP (PHASE, layer N)" or "error: MESSAGE".
 std::string sweep_verdict(const SweepResult& result);

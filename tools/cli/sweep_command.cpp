@@ -2,6 +2,7 @@
 // parallel (sim/search/sweep.h), or with --max KEY the largest value of KEY that fits for each
 // combination of the other --vary keys.
 #include <chrono>
+#include <limits>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,7 @@
 #include "allocator/units.h"
 #include "sim/search/max_keys.h"
 #include "sim/search/sweep.h"
+#include "sim/search/sweep_grid.h"
 #include "tools/cli/api.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
@@ -180,7 +182,7 @@ CLI::App* add_sweep_command(CLI::App& app, SweepArgs& args) {
   cmd->add_option("SCENARIO", args.scenario, "Scenario file (YAML), or - for standard input")
       ->required();
   cmd->add_option("--vary", args.vary,
-                  "Vary a scenario key over values (A..B: an integer range), e.g. "
+                  "Vary a scenario key over values (A..B: an integer range, A..B..STEP: every STEP-th), e.g. "
                   "--vary batch.micro_batch=1,2,4,8; repeat for a grid")
       ->type_name("KEY=V1,V2,...")
       ->allow_extra_args(false);
@@ -231,12 +233,7 @@ std::vector<SweepAxis> parse_sweep_axes(const std::vector<std::string>& vary, co
 std::vector<SweepResult> run_sweep_grid(const SweepRunner& runner,
                                         const std::vector<SweepOverrides>& points, unsigned threads,
                                         const SweepProgress& progress) {
-  std::vector<SweepResult> results(points.size());
-  SweepEvaluateOptions options;
-  run_parallel(
-      points.size(), [&](size_t i) { results[i] = runner.evaluate(points[i], options); }, threads,
-      progress);
-  return results;
+  return evaluate_grid(runner, points, threads, progress);  // sim/search/sweep_grid.h
 }
 
 Json sweep_grid_json(const SweepRunner& runner, const std::vector<SweepOverrides>& points,
@@ -263,9 +260,23 @@ std::vector<MaxSearch> run_sweep_max(const SweepRunner& runner,
                                      const std::string& max_key, unsigned threads,
                                      const SweepProgress& progress) {
   std::vector<MaxSearch> results(points.size());
-  run_parallel(
-      points.size(), [&](size_t i) { results[i] = find_max(runner, points[i], max_key); }, threads,
-      progress);
+  // One search per worker when there are enough of them; otherwise one search at a time,
+  // each probing ahead on every worker (find_max's speculation). Same results either way.
+  const unsigned workers = worker_count(threads, std::numeric_limits<size_t>::max());
+  std::vector<SweepWorkspace> spaces(workers);  // one per worker
+  if (points.size() >= workers) {
+    run_parallel_workers(
+        points.size(),
+        [&](size_t i, unsigned worker) {
+          results[i] = find_max(runner, points[i], max_key, spaces[worker]);
+        },
+        threads, progress);
+  } else {
+    for (size_t i = 0; i < points.size(); ++i) {
+      results[i] = find_max(runner, points[i], max_key, spaces.data(), spaces.size());
+      if (progress) progress(i + 1, points.size());
+    }
+  }
   return results;
 }
 
