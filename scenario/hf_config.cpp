@@ -197,9 +197,8 @@ void read_moe_config(const Reader& r, const std::string& type, ModelConfig& m) {
     r.fail("router_jitter_noise", "the router's multiplicative jitter (empty_like + uniform_ in "
                                   "training) is not modelled; set it to 0");
   if (r.has("clip_qkv")) r.fail("clip_qkv", "OLMoE's clamp of q/k/v is not modelled; set it to null");
-  if (r.boolean("output_router_logits", false))
-    r.fail("output_router_logits", "the auxiliary load-balancing loss (router logits kept for "
-                                   "load_balancing_loss_func) is not modelled yet; set it to false");
+  // The auxiliary load-balancing loss (graph/models/decoder_moe.cpp moe_aux_loss).
+  moe.output_router_logits = r.boolean("output_router_logits", false);
 }
 
 void refuse_unmodelled(const Reader& r, bool moe) {

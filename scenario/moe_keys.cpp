@@ -11,7 +11,8 @@ namespace memsim::scenario_detail {
 const std::vector<std::string>& moe_sub_keys() {
   static const std::vector<std::string> keys = {
       "experts",  "top_k",     "shared_experts", "expert_d_ff",           "first_dense_layers",
-      "router",   "norm_topk", "routing",        "experts_implementation", "capacity_factor"};
+      "router",   "norm_topk", "routing",        "experts_implementation", "capacity_factor",
+      "output_router_logits"};
   return keys;
 }
 
@@ -137,6 +138,7 @@ void read_moe(const Doc& d, ModelConfig& m) {
       else if (sub == "expert_d_ff") moe.expert_d_ff = read_int(v, key, 1);
       else if (sub == "first_dense_layers") moe.first_dense_layers = read_int(v, key, 0);
       else if (sub == "norm_topk") moe.norm_topk = read_bool(v, key);
+      else if (sub == "output_router_logits") moe.output_router_logits = read_bool(v, key);
       else if (sub == "shared_experts") {
         shared_given = true;
         moe.shared_d_ff = read_int(v, key, 0);  // a count for now; sized below

@@ -54,6 +54,7 @@ Scenario scenario_for(const nlohmann::json& c) {
   moe.shared_d_ff = m["shared_d_ff"];
   moe.first_dense_layers = m["first_dense_layers"];
   moe.norm_topk = m["norm_topk"];
+  moe.output_router_logits = m.value("output_router_logits", false);
   moe.code = m["router_style"] == "mixtral" ? graph::MoeRouterCode::mixtral : graph::MoeRouterCode::qwen;
   moe.routing = graph::MoeRouting::counts;
   moe.counts = m["counts"].get<std::vector<int64_t>>();
@@ -317,4 +318,26 @@ TEST_CASE("MoE composes with DDP, FSDP and FSDP2", "[moe]") {
     const Program p = build_program(s);
     CHECK(p.events.size() > 100);
   }
+}
+
+TEST_CASE("MoE aux loss: model.moe.output_router_logits from the key and config.json", "[moe]") {
+  const std::string base = std::string(kSmall) + "  moe: {experts: 4, top_k: 2, expert_d_ff: 32}\n" +
+                           "batch:\n  micro_batch: 2\n  seq_len: 16\ndevice:\n  capacity: 1GiB\n";
+  const Scenario off = load(base);
+  const Scenario on = load_scenario_text(base, "moe.yaml", {{"model.moe.output_router_logits", "true"}});
+  CHECK_FALSE(off.model.arch.moe.output_router_logits);
+  CHECK(on.model.arch.moe.output_router_logits);
+  // The one_hot of the aux loss: (layers * T, K, E) int64 = 2 * 32 * 2 * 4 * 8 bytes.
+  auto count = [](const Scenario& s) {
+    const Program p = build_program(s);
+    int n = 0;
+    for (const MemoryEvent& e : p.events)
+      if (e.type == EventType::alloc && e.bytes == 2 * 32 * 2 * 4 * 8) ++n;
+    return n;
+  };
+  CHECK(count(on) > count(off));
+  CHECK(load_error(base + "") == "");
+  CHECK(load_error(std::string(kSmall) + "  moe: {experts: 4, top_k: 2, output_router_logits: maybe}\n" +
+                   "batch:\n  micro_batch: 2\n  seq_len: 16\n")
+            .find("model.moe.output_router_logits") != std::string::npos);
 }

@@ -431,6 +431,7 @@ Tensor DecoderModel::forward(const Tensor& ids) {
     return rt_.compile->run([this, &ids] { return forward(ids); });
   if (titan()) return forward_titan(ids);  // decoder_impl.cpp
   if (tune()) return forward_tune(ids);
+  router_logits_.clear();  // a new forward records its own router outputs (MoE aux loss)
   Tensor head_w;
   Tensor hidden = forward_hidden(ids, head_w);
   rt_.ctx.module = Module::head;
@@ -560,7 +561,7 @@ Tensor DecoderModel::loss(const Tensor& logits_in, const Tensor& labels) {
     logp.reset();
     shift_labels.reset();
     padded.reset();
-    return out;
+    return moe_aux_loss(out);  // MoE rows with output_router_logits (decoder_moe.cpp)
   }
   const uint64_t shifted_rows = static_cast<uint64_t>(s_.batch * (s_.seq - 1));
   Tensor shift_logits;
@@ -577,7 +578,7 @@ Tensor DecoderModel::loss(const Tensor& logits_in, const Tensor& labels) {
     Tensor logp = log_softmax(rt_, shift_logits);
     out = nll_loss(rt_, logp, shift_labels, e);
   }
-  return out;
+  return moe_aux_loss(out);
 }
 
 // --- GPT-2 (GPT2Model / GPT2Block) ---------------------------------------------------------

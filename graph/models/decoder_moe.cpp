@@ -22,8 +22,8 @@
 //    size is n, the tokens routed to that expert (graph/models/moe_routing.h). The loop's
 //    last locals live until forward returns.
 // And batched_mm_experts_forward / grouped_mm_experts_forward (experts_implementation, below).
-// Not modelled here (refused by the scenario reader): the auxiliary load-balancing loss
-// (output_router_logits), LoRA on experts.
+// The auxiliary load-balancing loss (output_router_logits): moe_aux_loss below. Not modelled
+// here (refused by the scenario reader): LoRA on experts.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -301,7 +301,54 @@ Tensor DecoderModel::moe_experts_grouped(const LayerParams& p, const Tensor& x, 
   return final_hidden;
 }
 
-Tensor DecoderModel::moe_aux_loss(const Tensor& loss) { return loss; }
+// load_balancing_loss_func (v5 models/*/modeling_*.py, attention_mask None) over the router
+// outputs the model recorded (output_router_logits), then `loss += router_aux_loss_coef *
+// aux_loss` in the CausalLM forward. The recorded tensors are the qwen routers' fp32
+// probabilities (alive anyway: softmax saved them) or Mixtral's raw logits.
+Tensor DecoderModel::moe_aux_loss(const Tensor& loss) {
+  if (router_logits_.empty()) return loss;
+  const MoeSpec& m = arch().moe;
+  const uint64_t E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
+  Tensor aux;
+  {
+    // The function's locals, in the order Python assigns them (and clears them at return).
+    // concatenated_gate_logits = torch.cat(gate_logits, dim=0): (L*T, E)
+    Tensor concat = cat_n(rt_, router_logits_);
+    const uint64_t w = router_logits_.front().bytes / (s_.rows() * E);  // their element size
+    const uint64_t LT = concat.bytes / (E * w);
+    Tensor weights = softmax(rt_, concat);  // routing_weights: saved by SoftmaxBackward0
+    // `_, selected_experts = torch.topk(...)`
+    TopkResult top = topk(rt_, weights, LT, K, w);
+    Tensor expert_mask = moe_scratch(rt_, LT * K * E * 8, OpKind::one_hot);  // int64, no grad
+    Tensor tokens_per_expert;
+    {
+      Tensor f = to_copy(rt_, expert_mask, LT * K * E * 4);  // expert_mask.float()
+      tokens_per_expert = mean_dim(rt_, f, K * E * 4);        // mean over dim 0: (K, E)
+    }
+    Tensor router_prob = mean_dim(rt_, weights, E * w);  // (E): MeanBackward0 keeps sizes
+    Tensor overall;
+    {
+      // tokens_per_expert * router_prob_per_expert.unsqueeze(0): (K, E), the product in the
+      // promoted dtype; MulBackward0 saves tokens_per_expert (router_prob's grad needs it).
+      Tensor prod = mul(rt_, tokens_per_expert, router_prob, Broadcast::leading_dims, w);
+      overall = sum_dim(rt_, prod, 4);  // torch.sum: a 0-dim tensor
+    }
+    aux = mul_scalar(rt_, overall);  // return overall_loss * num_experts
+    // Return: `_` dies unused, and with it TopkBackward0 (never reached by backward) and
+    // the indices it saved; selected_experts is the same storage, dying with it.
+    concat.reset();
+    weights.reset();
+    if (top.values.grad_fn >= 0) rt_.release_saved(rt_.node(top.values.grad_fn));
+    top.values.reset();
+    top.indices.reset();
+  }
+  router_logits_.clear();  // the model output holding them dies with the loss (HF Trainer)
+  Tensor scaled = mul_scalar(rt_, aux);  // router_aux_loss_coef * aux_loss
+  aux.reset();
+  Tensor out = loss;
+  add_(rt_, out, scaled);  // loss += ...
+  return out;
+}
 
 Tensor DecoderModel::moe_block(int32_t l, const LayerParams& p, const Tensor& x) {
   ModuleScope module_scope(rt_, Module::mlp);
@@ -333,7 +380,9 @@ Tensor DecoderModel::moe_block(int32_t l, const LayerParams& p, const Tensor& x)
     g.reset();
     out = add_(rt_, out, shared);
   }
-  // The block returns: `_`, routing_weights, selected_experts, then the shared output.
+  // The block returns: `_`, routing_weights, selected_experts, then the shared output. The
+  // OutputRecorder keeps the router's first output for the aux loss (output_router_logits).
+  if (m.output_router_logits) router_logits_.push_back(router_logits);
   router_logits.reset();
   weights.reset();
   indices.reset();

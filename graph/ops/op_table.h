@@ -91,6 +91,7 @@
   X(topk, moe, "topk", "TopkBackward0") /* torch.topk: values + int64 indices; saves indices; backward zeros + scatter */ \
   X(index_add, moe, "index_add_", "IndexAddBackward0") /* self.index_add_(0, idx, src): in place; saves idx; src's grad = index_select */ \
   X(div_inplace, moe, "div_", "DivBackward0") /* a /= b (b broadcast): the original a cloned and saved */ \
+  X(cat_n, moe, "cat", "CatBackward0") /* torch.cat of many tensors (graph/ops/ops_moe.h cat_n): new; narrow views of the grad, a chain of nodes of up to three edges */ \
   X(one_hot, moe, "one_hot", "one_hot") /* F.one_hot: zeros(..., E) int64 + scatter_ (no grad) */ \
   X(nonzero, moe, "nonzero", "nonzero") /* nonzero / torch.where(cond): (n, dims) int64 (no grad) */ \
   X(sort, moe, "sort", "sort") /* argsort / histc / cumsum of the grouped_mm path (no grad) */ \

@@ -12,6 +12,34 @@ Tensor moe_scratch(Runtime& rt, uint64_t bytes, OpKind op) {
   return rt.alloc(bytes, TensorKind::temporary, op);
 }
 
+Tensor cat_n(Runtime& rt, const std::vector<Tensor>& inputs) {
+  uint64_t bytes = 0;
+  for (const Tensor& t : inputs) bytes += t.bytes;
+  Tensor out = out_tensor(rt, bytes, OpKind::cat_n);
+  bool grad = false;
+  for (const Tensor& t : inputs) grad = grad || wants_grad(rt, {&t});
+  if (!grad) return out;
+  // From the tail: each node takes two inputs and, as its third edge, the chain after it.
+  Tensor rest;  // a handle whose grad_fn is the chain after the current node
+  size_t end = inputs.size();
+  size_t first = end > 2 ? (end - 1) / 2 * 2 : 0;  // the last pair (or single) starts here
+  for (;;) {
+    const Tensor* a = &inputs[first];
+    const Tensor* b = first + 1 < end ? &inputs[first + 1] : nullptr;
+    const int32_t n = rest.grad_fn >= 0 ? rt.make_node(OpKind::cat_n, {a, b, &rest})
+                                        : rt.make_node(OpKind::cat_n, {a, b});
+    rest = Tensor{};
+    rest.grad_fn = n;
+    rest.out_slot = 0;
+    end = first;
+    if (first == 0) break;
+    first -= 2;
+  }
+  out.grad_fn = rest.grad_fn;
+  out.out_slot = 0;
+  return out;
+}
+
 Tensor index_rows(Runtime& rt, const Tensor& self, const Tensor& index_storage, uint64_t index_bytes,
                   uint64_t out_bytes) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::moe_index);
@@ -119,6 +147,13 @@ bool run_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   };
   auto fresh = [](uint32_t s) { return Grad{s, false, false}; };
   switch (n.kind) {
+    case OpKind::cat_n:  // narrow views of the grad: to both inputs and the chain after them
+      for (int i = 0; i < n.n_next; ++i) {
+        if (!needs(i)) continue;
+        rt.retain(g.storage);
+        out[i] = Grad{g.storage, true, false};
+      }
+      break;
     case OpKind::moe_index:
     case OpKind::expand_index: {
       // index_backward: zeros(self), then _index_put_impl_(accumulate=True) in place. On

@@ -12,6 +12,8 @@
 // Sizes are bytes.
 #pragma once
 
+#include <vector>
+
 #include "graph/runtime.h"
 
 namespace memsim::graph {
@@ -60,6 +62,15 @@ void index_add_(Runtime& rt, Tensor& self, const Tensor& index_storage, const Te
 // has no _grouped_mm (docs/moe.md).
 Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& offs, uint64_t out_bytes,
                   double flops);
+
+// torch.cat(tensors, dim=0) of any number of tensors (the recorded router outputs of every
+// MoE layer, load_balancing_loss_func): one new tensor of the summed bytes. CatBackward0
+// saves nothing and hands each input a narrow view of the grad, so the grad's storage lives
+// until the last input's consumer has used it. A Node has three edges, so the one
+// CatBackward0 is a chain of cat_n nodes (two inputs and the rest of the chain each, all
+// emitting views of the same grad and nothing else); the chain's tail nodes are made first
+// and so run right after the head, before any node of the forward that made the inputs.
+Tensor cat_n(Runtime& rt, const std::vector<Tensor>& inputs);
 
 // A no-grad tensor made by one of the routing bookkeeping ops (one_hot, nonzero, sort,
 // compare, sum): a new storage of `bytes`.
