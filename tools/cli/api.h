@@ -17,6 +17,7 @@
 #include "sim/search/sweep.h"
 #include "sim/step/execute.h"
 #include "sim/step/generate.h"
+#include "tools/cli/headroom_report.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/moe_report.h"
 #include "tools/cli/serve_report.h"
@@ -28,9 +29,11 @@ namespace memsim::cli {
 // and the --json object (`moe`: tools/cli/moe_report.h's moe_routing_report(scenario)).
 Program build_run_program(const Scenario& scenario, GenerateFacts& generate_facts);
 AnalysisOptions run_analysis_options(const Scenario& scenario);
+// `headroom` (tools/cli/headroom_report.h): oom.needed_bytes and warnings; null = computed
+// here (an OOM costs one more simulation).
 Json run_json(const Scenario& scenario, const Program& program, const Timeline& timeline,
               const Analysis& analysis, const GenerateFacts& generate_facts,
-              const std::optional<MoeRoutingReport>& moe);
+              const std::optional<MoeRoutingReport>& moe, const RunHeadroom* headroom = nullptr);
 
 // compare (tools/cli/compare_command.cpp).
 struct PolicyRun {
