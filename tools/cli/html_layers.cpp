@@ -72,8 +72,9 @@ void write_layer_view(std::FILE* out, const HtmlLayerView& v) {
   const double height = kTop * 2 + static_cast<double>(rows) * (kRow + kGap);
 
   std::fprintf(out, "<h2 id=\"layers\">Bytes per layer at the peak</h2>\n<p>Live tensors after event "
-               "%zu, %s, by the layer that allocated them and by kind (requested bytes: the "
-               "allocator's rounding is not included).</p>\n",
+               "%zu, %s, by the layer of the op that allocated them and by kind (requested bytes: "
+               "the allocator's rounding is not included). The optimizer allocates its state "
+               "and its step's temporaries outside the layers: they count there.</p>\n",
                v.event, html_escape(v.where).c_str());
   std::fprintf(out, "<svg id=\"memsim-layer-chart\" viewBox=\"0 0 %.0f %.0f\" width=\"100%%\" "
                "role=\"img\" font-family=\"sans-serif\" font-size=\"10\">\n", kWidth, height);
