@@ -137,8 +137,9 @@ void write_svg(std::FILE* out, const HtmlReport& r) {
                    x0, Frame::kTop, std::max(0.5, x1 - x0), f.bottom() - Frame::kTop, color,
                    to_string(b.phase), b.begin, b.end - 1);
       if (x1 - x0 > 40) {
-        std::snprintf(buf, sizeof buf, "<text class=\"zx\" data-x=\"%.1f\" data-dx=\"3\" x=\"%.1f\" "
-                      "y=\"%.1f\" fill=\"#666\">%s</text>\n", x0, x0 + 3, Frame::kTop + 12,
+        // data-x1: the band's end, so that a zoom starting inside the band keeps its label.
+        std::snprintf(buf, sizeof buf, "<text class=\"zx\" data-x=\"%.1f\" data-x1=\"%.1f\" data-dx=\"3\" "
+                      "x=\"%.1f\" y=\"%.1f\" fill=\"#666\">%s</text>\n", x0, x1, x0 + 3, Frame::kTop + 12,
                       to_string(b.phase));
         labels += buf;
       }

@@ -28,9 +28,15 @@ void write_zoom_script(std::FILE* out) {
     var marks = svg.querySelectorAll('.zx');
     for (var i = 0; i < marks.length; ++i) {
       var e = marks[i], x = +e.getAttribute('data-x'), nx = k * x + t;
-      var dx = +(e.getAttribute('data-dx') || 0);
+      var dx = +(e.getAttribute('data-dx') || 0), x1 = e.getAttribute('data-x1');
+      var hide = nx < L - 0.5 || nx > R + 0.5;
+      if (x1 !== null) {  // a band's label: at the band's visible start, if 40 units show
+        var end = Math.min(k * +x1 + t, R);
+        nx = Math.max(nx, L);
+        hide = end - nx < 40;
+      }
       e.setAttribute(e.tagName.toLowerCase() === 'circle' ? 'cx' : 'x', nx + dx);
-      e.style.display = nx < L - 0.5 || nx > R + 0.5 ? 'none' : '';
+      e.style.display = hide ? 'none' : '';
     }
     if (caption) {
       caption.textContent = lo === 0 && hi === 1 ? fullCaption

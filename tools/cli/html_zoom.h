@@ -9,7 +9,9 @@
 //    transform="translate(t,0) scale(k,1)" (lines keep their width through
 //    vector-effect="non-scaling-stroke");
 //  - labels and markers that must not stretch carry class="zx" and data-x (their x at zoom
-//    1); the script moves them (cx for a circle, x otherwise) and hides those outside;
+//    1); the script moves them (cx for a circle, x otherwise) and hides those outside; a
+//    phase band's label also has data-x1 (the band's end) and stays at the band's
+//    visible start while at least 40 units of the band show;
 //  - <text id="memsim-xcaption"> gets the visible range ("events A to B of N").
 // Interaction: drag across the chart to zoom into the dragged range, the wheel zooms
 // around the pointer, double-click or the "reset zoom" button (id memsim-zoom-reset)
