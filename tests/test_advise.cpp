@@ -82,6 +82,13 @@ TEST_CASE("an OOM's needed_bytes is the peak reserved of a 1 TiB run, and that m
     CHECK(u64(fits["peak_reserved_bytes"]) == needed);
     CHECK(oom["warnings"].empty());
   }
+  // With allocator.memory_fraction the limit is fraction x total (PyTorch's
+  // allowed_memory_maximum), and no single device total is named.
+  const json frac = run_json(shipped("llama2-7b-full-finetune-a100.yaml") + " --set allocator.memory_fraction=0.05", dir, 3);
+  const uint64_t total = u64(frac["device"]["capacity_bytes"]);
+  CHECK(u64(frac["oom"]["usable_bytes"]) == static_cast<uint64_t>(0.05 * static_cast<double>(total)));
+  CHECK(frac["oom"]["needed_capacity_bytes"].is_null());
+  CHECK(u64(frac["oom"]["over_bytes"]) == u64(frac["oom"]["needed_bytes"]) - u64(frac["oom"]["usable_bytes"]));
   // The text: "needs X reserved, Y over the Z usable", and a TIME line that says which run.
   const Result text = run_cli("run " + shipped("llama2-7b-full-finetune-a100-master.yaml"), dir);
   CHECK(text.status == 3);
@@ -149,11 +156,16 @@ TEST_CASE("run --advise: each entry is a separate run with the same --set", "[ad
     CHECK(alone.status == 1);
     CHECK(alone.err.find(s["reason"].get<std::string>()) != std::string::npos);
   }
-  // The text lists every change with its --set.
-  const Result text = run_cli("run " + base + " --advise", dir);
+  // The text and the HTML page list every change.
+  const fs::path html = dir.path / "advice.html";
+  const Result text = run_cli("run " + base + " --advise --html " + q(html), dir);
   CHECK(text.status == 3);
-  for (const json& a : j["advice"])
+  const std::string page = memsim_test::slurp(html);
+  for (const json& a : j["advice"]) {
     CHECK(text.out.find(a["change"].get<std::string>()) != std::string::npos);
+    CHECK(page.find("Advice: " + a["change"].get<std::string>()) != std::string::npos);
+  }
+  CHECK(page.find("Out of memory: needs ") != std::string::npos);
 }
 
 TEST_CASE("run --advise on a run that fits keeps exit 0 and its own numbers", "[advise]") {
@@ -239,6 +251,7 @@ TEST_CASE("run --html has the per-layer view at the peak and the zoom", "[advise
   for (const json& b : layers["outside"]) total += u64(b);
   CHECK(total == u64(j["live_at_peak"]["bytes"]));
   CHECK(page.find("Bytes per layer at the peak") != std::string::npos);
+  CHECK(page.find("Advice:") == std::string::npos);  // a run that fits, without --advise
   // The zoom: the script, its controls and the SVG it drives.
   for (const char* id : {"id=\"memsim-timeline\"", "id=\"memsim-zoom\"", "id=\"memsim-zoom-reset\"",
                          "id=\"memsim-brush\"", "id=\"memsim-xcaption\""})

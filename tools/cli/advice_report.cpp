@@ -95,17 +95,33 @@ void add_advice_json(Json& run, const std::vector<AdviceResult>& results) {
   run["advice_skipped"] = std::move(skipped);
 }
 
+namespace {
+// The simulated entries a report shows: all of them (full) or the first kShortAdvice.
+std::vector<const AdviceResult*> shown_entries(const std::vector<AdviceResult>& results, bool full) {
+  std::vector<const AdviceResult*> shown;
+  for (const AdviceResult& r : results)
+    if (r.ok && (full || shown.size() < kShortAdvice)) shown.push_back(&r);
+  return shown;
+}
+}  // namespace
+
+std::vector<std::string> advice_lines(const std::vector<AdviceResult>& results, bool full) {
+  std::vector<std::string> lines;
+  for (const AdviceResult* r : shown_entries(results, full)) {
+    std::string s = r->candidate.change + ": ";
+    s += r->fits ? "fits, peak reserved " + human_bytes(r->peak_reserved)
+                 : "out of memory, needs " + (r->needed ? human_bytes(*r->needed) : std::string("?"));
+    if (r->time.estimated) s += ", step " + human_seconds(r->time.seconds);
+    lines.push_back(s + " (" + sets_text(r->candidate) + ")");
+  }
+  return lines;
+}
+
 void print_advice(std::FILE* out, const std::vector<AdviceResult>& results, bool full,
                   const Style& style) {
-  std::vector<const AdviceResult*> shown;
+  const std::vector<const AdviceResult*> shown = shown_entries(results, full);
   size_t refused = 0;
-  for (const AdviceResult& r : results) {
-    if (!r.ok) {
-      ++refused;
-      continue;
-    }
-    if (full || shown.size() < kShortAdvice) shown.push_back(&r);
-  }
+  for (const AdviceResult& r : results) refused += !r.ok;
   std::fprintf(out, "\n%s  %s\n", style.bold("ADVICE").c_str(),
                shown.empty() ? "no change memsim can simulate applies to this scenario"
                              : "each change simulated (memsim run ... --set KEY=VALUE), best first");

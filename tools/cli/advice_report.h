@@ -18,7 +18,8 @@
 //    (the time model's total, null when it refuses)}], and "advice_skipped": [{change,
 //    set, reason}].
 //  - print_advice writes the ADVICE section: every entry (full), or for an OOM without
-//    --advise a short one (the first kShortAdvice entries, a line naming --advise).
+//    --advise a short one (the first kShortAdvice entries, a line naming --advise);
+//    advice_lines gives the same entries as sentences (the HTML report's notes).
 #pragma once
 
 #include <cstdint>
@@ -59,5 +60,9 @@ void add_advice_json(Json& run, const std::vector<AdviceResult>& results);
 
 void print_advice(std::FILE* out, const std::vector<AdviceResult>& results, bool full,
                   const Style& style);
+
+// The same entries as print_advice, one plain sentence each, for the HTML report's notes:
+// "CHANGE: fits, peak reserved X, step T (--set KEY=VALUE ...)".
+std::vector<std::string> advice_lines(const std::vector<AdviceResult>& results, bool full);
 
 }  // namespace memsim::cli

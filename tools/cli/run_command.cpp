@@ -222,6 +222,10 @@ int run_run(const RunArgs& args) {
     report.layers = layer_view(program, analysis);  // issue #19 item 5: bytes per layer at the peak
     for (const FitsWarning& w : headroom.warnings) report.notes.push_back("FITS warning: " + w.message);
     if (headroom.needed) report.notes.push_back("Out of memory: " + needed_text(headroom) + ".");
+    if (advise) {
+      const std::vector<std::string> lines = advice_lines(advice, args.advise);
+      for (const std::string& line : lines) report.notes.push_back("Advice: " + line);
+    }
     Output out(args.html);
     write_html_report(out.file(), report, &analysis);
     out.finish();
