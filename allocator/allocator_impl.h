@@ -46,7 +46,17 @@ struct ExpandableSegment {
   StreamId stream = 0;
   bool small = false;
   bool alive = false;
+  // Which pages are mapped, grown on demand up to the highest page mapped so far (pages
+  // past its end are unmapped): sized to num_pages up front it cost gigabytes of host
+  // memory for an "unlimited" device of 2^60 bytes (num_pages = 1.125 x total / page).
   std::vector<bool> mapped_pages;
+  void set_mapped(uint64_t begin, uint64_t end, bool mapped) {
+    if (end > mapped_pages.size()) {
+      if (!mapped) end = mapped_pages.size();
+      else mapped_pages.resize(end, false);
+    }
+    for (uint64_t p = begin; p < end; ++p) mapped_pages[p] = mapped;
+  }
 };
 
 // Checked updates of the int64 statistics (memory_stats.h). c10 trusts its inputs;

@@ -154,7 +154,7 @@ std::vector<BlockId> CachingAllocator::Impl::seed_expandable_run(const SegmentIn
   detail::ExpandableSegment& seg = expandable_segments[seg_index];
   const uint64_t first_page = (start - seg.base) / seg.page;
   const uint64_t last_page = (end - seg.base + seg.page - 1) / seg.page;
-  for (uint64_t p = first_page; p < last_page; ++p) seg.mapped_pages[p] = true;
+  seg.set_mapped(first_page, last_page, true);
 
   // The unmapped block holding [start, end).
   BlockId hole = kNoBlock;

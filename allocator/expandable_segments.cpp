@@ -25,7 +25,7 @@ uint32_t CachingAllocator::Impl::create_expandable_segment(bool small, StreamId 
   seg.stream = stream;
   seg.small = small;
   seg.alive = true;
-  seg.mapped_pages.assign(seg.num_pages, false);
+  seg.mapped_pages.clear();  // grown as pages are mapped (ExpandableSegment::set_mapped)
   const auto index = static_cast<uint32_t>(expandable_segments.size());
   expandable_segments.push_back(std::move(seg));
 
@@ -94,8 +94,7 @@ bool CachingAllocator::Impl::map_block(BlockId id, uint64_t size) {
   if (begin >= end) return false;
   const uint64_t bytes = (end - begin) * seg.page;
   if (!device.map_pages(seg.base + begin * seg.page, bytes)) return false;
-  std::fill(seg.mapped_pages.begin() + static_cast<std::ptrdiff_t>(begin),
-            seg.mapped_pages.begin() + static_cast<std::ptrdiff_t>(end), true);
+  seg.set_mapped(begin, end, true);
 
   unmapped_erase(id);
   blocks[id].mapped = true;
@@ -141,8 +140,7 @@ void CachingAllocator::Impl::unmap_block(BlockId id) {
   const uint64_t uptr = seg.base + begin * seg.page;
   const uint64_t usize = (end - begin) * seg.page;
   device.unmap_pages(uptr, usize);
-  std::fill(seg.mapped_pages.begin() + static_cast<std::ptrdiff_t>(begin),
-            seg.mapped_pages.begin() + static_cast<std::ptrdiff_t>(end), false);
+  seg.set_mapped(begin, end, false);
   pool_erase(id);
 
   const uint64_t before = uptr - ptr;

@@ -2,13 +2,18 @@
 
 namespace memsim {
 
-LiveBytes live_bytes_at_mark(const Program& program, std::string_view mark) {
+namespace {
+
+// Walks events [0, end) (stopping early at the mark `mark` when given) and sums the live
+// tensors' requested bytes by kind and by layer.
+LiveBytes live_bytes(const Program& program, size_t end, const std::string_view* mark) {
   LiveBytes r;
   std::vector<int32_t> layer_of(program.tensors.size(), -1);
   std::vector<uint8_t> live(program.tensors.size(), 0);
-  for (const MemoryEvent& e : program.events) {
+  for (size_t i = 0; i < end && i < program.events.size(); ++i) {
+    const MemoryEvent& e = program.events[i];
     if (e.type == EventType::mark) {
-      if (program.str(static_cast<uint32_t>(e.bytes)) == mark) {
+      if (mark != nullptr && program.str(static_cast<uint32_t>(e.bytes)) == *mark) {
         r.found_mark = true;
         break;
       }
@@ -35,6 +40,17 @@ LiveBytes live_bytes_at_mark(const Program& program, std::string_view mark) {
     r.by_layer[layer][k] += info.bytes;
   }
   return r;
+}
+
+}  // namespace
+
+LiveBytes live_bytes_at_mark(const Program& program, std::string_view mark) {
+  return live_bytes(program, program.events.size(), &mark);
+}
+
+LiveBytes live_bytes_after_event(const Program& program, size_t event_index) {
+  const size_t end = event_index < program.events.size() ? event_index + 1 : program.events.size();
+  return live_bytes(program, end, nullptr);
 }
 
 }  // namespace memsim

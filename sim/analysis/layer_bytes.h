@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -25,5 +26,10 @@ struct LiveBytes {
 };
 
 LiveBytes live_bytes_at_mark(const Program& program, std::string_view mark);
+
+// The same after event `event_index` (inclusive; the state a Timeline entry records, as
+// live_set_at), for the HTML report's per-layer view at the peak (issue #19 item 5).
+// found_mark is false; an index past the end means the whole Program.
+LiveBytes live_bytes_after_event(const Program& program, size_t event_index);
 
 }  // namespace memsim

@@ -18,6 +18,7 @@
 #include "sim/search/sweep.h"
 #include "sim/step/execute.h"
 #include "sim/step/generate.h"
+#include "tools/cli/headroom_report.h"
 #include "tools/cli/json_report.h"
 #include "tools/cli/moe_report.h"
 #include "tools/cli/serve_report.h"
@@ -34,9 +35,11 @@ StreamResult stream_run_program(const Scenario& scenario, GenerateFacts& generat
                                 Program& program, const StreamOptions& options);
 AnalysisOptions run_analysis_options(const Scenario& scenario);
 // `final_stats`: the allocator's memory_stats() at the end (Timeline::final_stats).
+// `headroom` (tools/cli/headroom_report.h): oom.needed_bytes and warnings; null = computed
+// here (an OOM costs one more simulation).
 Json run_json(const Scenario& scenario, const Program& program, const MemoryStats& final_stats,
               const Analysis& analysis, const GenerateFacts& generate_facts,
-              const std::optional<MoeRoutingReport>& moe);
+              const std::optional<MoeRoutingReport>& moe, const RunHeadroom* headroom = nullptr);
 
 // compare (tools/cli/compare_command.cpp).
 struct PolicyRun {

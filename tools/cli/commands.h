@@ -30,7 +30,7 @@ inline const CLI::Validator kPositiveInteger(
 
 // memsim run [SCENARIO] [--model CONFIG.json] [--set KEY=VALUE]... [--json FILE|-]
 //            [--timeline FILE.csv] [--trace FILE.json] [--snapshot FILE.pickle]
-//            [--html FILE.html]   (SCENARIO, --model or both)
+//            [--html FILE.html] [--advise]   (SCENARIO, --model or both)
 struct RunArgs {
   std::string scenario;  // "" with --model alone
   std::string model;     // a Hugging Face config.json (or its folder) replacing the model
@@ -41,6 +41,9 @@ struct RunArgs {
   std::string trace;     // Chrome/Perfetto trace JSON (tools/cli/trace_report.h)
   std::string snapshot;  // PyTorch memory snapshot pickle (tools/cli/snapshot_report.h)
   std::string html;      // self-contained HTML page (tools/cli/html_report.h)
+  // issue #19 item 2: every change memsim can simulate, simulated (tools/cli/advice_report.h);
+  // an OOM run prints a short list without it.
+  bool advise = false;
 };
 CLI::App* add_run_command(CLI::App& app, RunArgs& args);
 int run_run(const RunArgs& args);

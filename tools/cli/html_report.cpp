@@ -6,15 +6,30 @@
 #include <string>
 
 #include "allocator/units.h"
+#include "tools/cli/html_zoom.h"
 
 namespace memsim::cli {
 
+std::string html_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 namespace {
 
-constexpr const char* kCategoryNames[kBreakdownCount] = {
-    "parameters", "gradients", "optimizer_state", "activations", "temporaries", "other"};
-constexpr const char* kCategoryColors[kBreakdownCount] = {"#4e79a7", "#f28e2b", "#e15759",
-                                                          "#76b7b2", "#59a14f", "#bab0ac"};
+static_assert(kBreakdownCount == kHtmlCategoryCount);
+constexpr const auto& kCategoryNames = kHtmlCategoryNames;    // tools/cli/html_layers.h
+constexpr const auto& kCategoryColors = kHtmlCategoryColors;
 // Distinct line colours for compare's curves (cycled).
 constexpr const char* kCurveColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
                                         "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
@@ -35,20 +50,7 @@ std::array<uint64_t, kBreakdownCount> categories(const Breakdown& b) {
   return {b.parameters, b.gradients, b.optimizer_state, b.activations, b.temporaries, b.other};
 }
 
-std::string esc(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
+std::string esc(const std::string& s) { return html_escape(s); }
 
 std::string bytes_text(uint64_t b) {
   return human_bytes(b) + " (" + std::to_string(b) + " bytes)";
@@ -109,8 +111,20 @@ void write_svg(std::FILE* out, const HtmlReport& r) {
   f.ymax = static_cast<double>(top) * 1.05;
   const bool single = r.curves.size() == 1;
 
-  std::fprintf(out, "<svg viewBox=\"0 0 %.0f %.0f\" width=\"100%%\" role=\"img\" "
-               "font-family=\"sans-serif\" font-size=\"12\">\n", Frame::kWidth, Frame::kHeight);
+  // The zoom script's contract (tools/cli/html_zoom.h): ids, the plot's x range, the
+  // shapes that follow x in #memsim-zoom (clipped to the plot), and labels and markers
+  // that must not stretch as class "zx" with their unzoomed x in data-x, outside it.
+  std::fprintf(out, "<svg id=\"memsim-timeline\" viewBox=\"0 0 %.0f %.0f\" width=\"100%%\" role=\"img\" "
+               "font-family=\"sans-serif\" font-size=\"12\" data-left=\"%.1f\" data-right=\"%.1f\" "
+               "data-events=\"%zu\" data-single=\"%d\" style=\"cursor:crosshair\">\n",
+               Frame::kWidth, Frame::kHeight, f.px(0), f.px(1), single ? r.curves[0].events : size_t{0},
+               single ? 1 : 0);
+  std::fprintf(out, "<defs><clipPath id=\"memsim-plot\"><rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+               "height=\"%.1f\"/></clipPath></defs>\n",
+               f.px(0), Frame::kTop - 1, f.px(1) - f.px(0), f.bottom() - Frame::kTop + 2);
+  std::fputs("<g clip-path=\"url(#memsim-plot)\"><g id=\"memsim-zoom\">\n", out);
+  std::string labels;  // outside the zoomed group, after it
+  char buf[512];
   // Phase bands (single run only: compare's runs have different event axes).
   if (single) {
     const HtmlCurve& c = r.curves[0];
@@ -122,23 +136,30 @@ void write_svg(std::FILE* out, const HtmlReport& r) {
                    "<title>%s: events %zu-%zu</title></rect>\n",
                    x0, Frame::kTop, std::max(0.5, x1 - x0), f.bottom() - Frame::kTop, color,
                    to_string(b.phase), b.begin, b.end - 1);
-      if (x1 - x0 > 40)
-        std::fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#666\">%s</text>\n", x0 + 3,
-                     Frame::kTop + 12, to_string(b.phase));
+      if (x1 - x0 > 40) {
+        // data-x1: the band's end, so that a zoom starting inside the band keeps its label.
+        std::snprintf(buf, sizeof buf, "<text class=\"zx\" data-x=\"%.1f\" data-x1=\"%.1f\" data-dx=\"3\" "
+                      "x=\"%.1f\" y=\"%.1f\" fill=\"#666\">%s</text>\n", x0, x1, x0 + 3, Frame::kTop + 12,
+                      to_string(b.phase));
+        labels += buf;
+      }
     }
   }
-  // Axes and grid.
+  // Grid lines (in the group: a zoomed horizontal line still spans the plot) and their
+  // labels (outside: not stretched).
   const double step = tick_step(f.ymax);
   for (double v = 0; v <= f.ymax; v += step) {
-    std::fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                 "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                 f.px(0), f.px(1), f.py(v), f.py(v), Frame::kLeft - 6, f.py(v) + 4,
-                 esc(human_bytes(static_cast<uint64_t>(v))).c_str());
+    std::fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\" "
+                 "vector-effect=\"non-scaling-stroke\"/>\n", f.px(0), f.px(1), f.py(v), f.py(v));
+    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
+                  Frame::kLeft - 6, f.py(v) + 4, esc(human_bytes(static_cast<uint64_t>(v))).c_str());
+    labels += buf;
   }
-  std::fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-               f.px(0.5), Frame::kHeight - 8,
-               single ? ("event index (0 to " + std::to_string(r.curves[0].events) + ")").c_str()
-                      : "share of the run's events (each policy spans the full width)");
+  labels += "<text id=\"memsim-xcaption\" x=\"" + std::to_string(f.px(0.5)) + "\" y=\"" +
+            std::to_string(Frame::kHeight - 8) + "\" text-anchor=\"middle\">" +
+            (single ? "event index (0 to " + std::to_string(r.curves[0].events) + ")"
+                    : std::string("share of the run's events (each policy spans the full width)")) +
+            "</text>\n";
 
   if (single && !r.curves[0].stack.empty()) {
     // Stacked areas: category k fills between the cumulative sums k-1 and k.
@@ -166,26 +187,30 @@ void write_svg(std::FILE* out, const HtmlReport& r) {
     }
     if (single)
       std::fprintf(out, "<polyline points=\"%s\" fill=\"none\" stroke=\"#555\" "
-                   "stroke-dasharray=\"5,3\"><title>reserved</title></polyline>\n",
+                   "stroke-dasharray=\"5,3\" vector-effect=\"non-scaling-stroke\"><title>reserved</title></polyline>\n",
                    res_pts.c_str());
-    std::fprintf(out, "<polyline points=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\">"
-                 "<title>allocated: %s</title></polyline>\n",
+    std::fprintf(out, "<polyline points=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
+                 "vector-effect=\"non-scaling-stroke\"><title>allocated: %s</title></polyline>\n",
                  alloc_pts.c_str(), color, esc(c.label).c_str());
     if (c.peak_index) {
       const double x = f.px(share(c, *c.peak_index)), y = f.py(static_cast<double>(c.peak_allocated));
-      std::fprintf(out, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>"
-                   "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">peak %s</text>\n",
-                   x, y, color, x + 6, y - 6, color, esc(human_bytes(c.peak_allocated)).c_str());
+      std::snprintf(buf, sizeof buf, "<circle class=\"zx\" data-x=\"%.1f\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>"
+                    "<text class=\"zx\" data-x=\"%.1f\" data-dx=\"6\" x=\"%.1f\" y=\"%.1f\" fill=\"%s\">peak %s</text>\n",
+                    x, x, y, color, x, x + 6, y - 6, color, esc(human_bytes(c.peak_allocated)).c_str());
+      labels += buf;
     }
     if (c.oom_index) {
       const double x = f.px(share(c, *c.oom_index));
       std::fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#c00\" "
-                   "stroke-width=\"2\"/><text x=\"%.1f\" y=\"%.1f\" fill=\"#c00\" "
-                   "text-anchor=\"end\">OOM%s</text>\n",
-                   x, x, Frame::kTop, f.bottom(), x - 4, Frame::kTop + 26,
-                   single ? "" : (" (" + esc(c.label) + ")").c_str());
+                   "stroke-width=\"2\" vector-effect=\"non-scaling-stroke\"/>\n",
+                   x, x, Frame::kTop, f.bottom());
+      labels += "<text class=\"zx\" data-x=\"" + std::to_string(x) + "\" data-dx=\"-4\" x=\"" +
+                std::to_string(x - 4) + "\" y=\"" + std::to_string(Frame::kTop + 26) +
+                "\" fill=\"#c00\" text-anchor=\"end\">OOM" + (single ? "" : " (" + esc(c.label) + ")") +
+                "</text>\n";
     }
   }
+  std::fputs("</g></g>\n", out);
   if (draw_capacity) {
     const double y = f.py(static_cast<double>(*r.capacity));
     std::fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#c00\" "
@@ -195,6 +220,11 @@ void write_svg(std::FILE* out, const HtmlReport& r) {
                  f.px(0), f.px(1), y, y, f.px(1) - 4, y + 14,
                  esc(human_bytes(*r.capacity)).c_str());
   }
+  std::fputs(labels.c_str(), out);
+  // The drag-to-zoom selection (tools/cli/html_zoom.h), hidden until a drag.
+  std::fprintf(out, "<rect id=\"memsim-brush\" x=\"0\" y=\"%.1f\" width=\"0\" height=\"%.1f\" "
+               "fill=\"#1f77b4\" fill-opacity=\"0.15\" style=\"display:none\"/>\n",
+               Frame::kTop, f.bottom() - Frame::kTop);
   std::fputs("</svg>\n", out);
 }
 
@@ -302,6 +332,7 @@ void write_html_report(std::FILE* out, const HtmlReport& r, const Analysis* deta
                "vertical-align:middle}\n"
                ".legend span{margin-right:14px}\n.fits{color:#080}.oom{color:#c00}\n"
                "pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em}\n"
+               ".zoom{color:#666;font-size:90%%}\n"
                "</style></head><body>\n<h1>%s</h1>\n",
                esc(r.title).c_str(), esc(r.title).c_str());
   std::fputs("<table>\n", out);
@@ -326,8 +357,12 @@ void write_html_report(std::FILE* out, const HtmlReport& r, const Analysis* deta
   }
   for (const std::string& note : r.notes) std::fprintf(out, "<p>%s</p>\n", esc(note).c_str());
   if (!r.curves.empty()) {
+    std::fputs("<p class=\"zoom\"><button id=\"memsim-zoom-reset\" type=\"button\">reset zoom</button> "
+               "drag across the chart to zoom into a range, scroll to zoom around the pointer, "
+               "double-click to see the whole run</p>\n", out);
     write_svg(out, r);
     write_legend(out, r);
+    write_zoom_script(out);
   }
   if (r.capacity && !r.curves.empty()) {
     uint64_t top = 0;
@@ -347,6 +382,7 @@ void write_html_report(std::FILE* out, const HtmlReport& r, const Analysis* deta
     }
     write_tables(out, *detail);
   }
+  if (r.layers) write_layer_view(out, *r.layers);
   std::fputs("<p style=\"color:#888\">Generated by memsim.</p>\n</body></html>\n", out);
 }
 

@@ -1,5 +1,5 @@
-// The --html report: one self-contained page (inline SVG and CSS, no script, no network)
-// showing a run's memory over time.
+// The --html report: one self-contained page (inline SVG, CSS and a small script, no
+// network) showing a run's memory over time.
 //
 // Contract:
 //  - A chart of allocated memory as stacked areas by breakdown category (parameters,
@@ -13,6 +13,10 @@
 //    tensors there as tables, and PyTorch's OOM message.
 //  - The page size is bounded: each curve is downsampled to at most kMaxHtmlPoints
 //    points, keeping the maximum of every bucket (peaks are never smoothed away).
+//  - Zoom (issue #19 item 5, tools/cli/html_zoom.h): drag, wheel, double-click / a reset
+//    button zoom the timeline's x axis; without script the page is the same static chart.
+//  - Per-layer view (issue #19 item 5, tools/cli/html_layers.h): with HtmlReport::layers,
+//    the bytes live at the peak per layer and kind, as bars, a table and JSON.
 //  - All text is HTML-escaped; the page references no external resource.
 #pragma once
 
@@ -27,6 +31,7 @@
 #include "program/program.h"
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
+#include "tools/cli/html_layers.h"
 
 namespace memsim::cli {
 
@@ -64,7 +69,11 @@ struct HtmlReport {
   std::optional<uint64_t> capacity;  // bytes the allocator may use; nullopt = unlimited
   std::vector<HtmlCurve> curves;     // one (run) or one per policy (compare)
   std::vector<std::string> notes;    // extra lines under the title (e.g. per-policy verdicts)
+  std::optional<HtmlLayerView> layers;  // run: the per-layer view at the peak (layer_view)
 };
+
+// Text made safe for HTML element content and attribute values.
+std::string html_escape(const std::string& s);
 
 // `detail` (optional): the Analysis of a single run, for the tables.
 void write_html_report(std::FILE* out, const HtmlReport& report, const Analysis* detail);

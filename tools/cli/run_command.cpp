@@ -14,6 +14,8 @@
 #include "sim/step/schedule.h"
 #include "sim/step/training_script.h"
 #include "scenario/scenario.h"
+#include "sim/search/advice_candidates.h"
+#include "tools/cli/advice_report.h"
 #include "tools/cli/api.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
@@ -93,7 +95,7 @@ AnalysisOptions run_analysis_options(const Scenario& scenario) {
 
 Json run_json(const Scenario& scenario, const Program& program, const MemoryStats& final_stats,
               const Analysis& analysis, const GenerateFacts& generate_facts,
-              const std::optional<MoeRoutingReport>& moe) {
+              const std::optional<MoeRoutingReport>& moe, const RunHeadroom* headroom) {
   const bool generate = scenario.step.kind == StepKind::generate;
   Json j = Json::object();
   j["scenario"] = scenario.name;
@@ -108,6 +110,8 @@ Json run_json(const Scenario& scenario, const Program& program, const MemoryStat
   j["memory_stats"] = memory_stats_json(final_stats);
   // The time model (issue #18 item 1): the measured step's seconds.
   j["estimated_step_seconds"] = step_time_json(estimate_step_time(program.cost, scenario.device));
+  // Issue #19 item 2: oom.needed_bytes / over_bytes, and the FITS warnings.
+  add_headroom_json(j, headroom ? *headroom : run_headroom(scenario, program, final_stats, analysis));
   if (moe) {
     Json m = {{"routing", moe->routing}};
     if (moe->worst_case_run)
@@ -146,7 +150,12 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& args) {
       ->type_name("FILE.pickle");
   cmd->add_option("--html", args.html, "Write a self-contained HTML report to FILE")
       ->type_name("FILE.html");
-  cmd->footer("Exit status: 0 it fits, 3 out of memory, 1 bad input (the message names FILE:LINE: KEY, or --set KEY), 2 bad usage.");
+  cmd->add_flag("--advise", args.advise,
+                "Simulate every change memsim can (fused/8-bit optimizer, checkpointing, smaller "
+                "micro-batch, chunked loss, expandable segments, offload, more GPUs with sharding) "
+                "and list each one's peak reserved, verdict and step time; an OOM lists the best "
+                "few without it");
+  cmd->footer("Exit status: 0 it fits (also with a FITS warning), 3 out of memory, 1 bad input (the message names FILE:LINE: KEY, or --set KEY), 2 bad usage.");
   return cmd;
 }
 
@@ -220,6 +229,21 @@ int run_run(const RunArgs& args) {
   }
   // A mixture-of-experts run: the routing assumption, and worst-case peaks beside balanced.
   const std::optional<MoeRoutingReport> moe = moe_routing_report(scenario);
+  // Issue #19 item 2: what an OOM needs, what a FITS run should be warned about, and the
+  // changes that help (simulated; with --advise, or a short list for an OOM).
+  const RunHeadroom headroom = run_headroom(scenario, program, final_stats, analysis);
+  std::vector<AdviceResult> advice;
+  const bool advise = args.advise || !analysis.fits();
+  if (advise) {
+    auto t3 = std::chrono::steady_clock::now();
+    advice = run_advice(advice_candidates(scenario), [&](const Overrides& extra) {
+      Overrides all = overrides;
+      all.insert(all.end(), extra.begin(), extra.end());
+      return args.model.empty() ? load_scenario_arg(args.scenario, all)
+                                : load_scenario_arg_with_model(args.scenario, args.model, all);
+    });
+    spdlog::info("advice: {} change(s) simulated ({:.3f} s)", advice.size(), seconds_since(t3));
+  }
   spdlog::debug("total {:.3f} s", seconds_since(t0));
 
   if (!args.timeline.empty()) {
@@ -245,6 +269,13 @@ int run_run(const RunArgs& args) {
     report.facts = scenario_facts(scenario);
     report.capacity = usable_capacity(scenario.device);
     report.curves.push_back(downsample_timeline(program, timeline, analysis, report.title));
+    report.layers = layer_view(program, analysis);  // issue #19 item 5: bytes per layer at the peak
+    for (const FitsWarning& w : headroom.warnings) report.notes.push_back("FITS warning: " + w.message);
+    if (headroom.needed) report.notes.push_back("Out of memory: " + needed_text(headroom) + ".");
+    if (advise) {
+      const std::vector<std::string> lines = advice_lines(advice, args.advise);
+      for (const std::string& line : lines) report.notes.push_back("Advice: " + line);
+    }
     Output out(args.html);
     write_html_report(out.file(), report, &analysis);
     out.finish();
@@ -252,7 +283,9 @@ int run_run(const RunArgs& args) {
   }
   if (!args.json.empty()) {
     Output out(args.json);
-    out.write(dump_json(run_json(scenario, program, final_stats, analysis, generate_facts, moe)));
+    Json j = run_json(scenario, program, final_stats, analysis, generate_facts, moe, &headroom);
+    if (advise) add_advice_json(j, advice);
+    out.write(dump_json(j));
     out.finish();
   }
   if (to_stdout == 0) {  // stdout carries a report instead
@@ -288,8 +321,15 @@ int run_run(const RunArgs& args) {
     header.capacity = usable_capacity(scenario.device);
     header.warmup_steps = scenario.step.warmup_steps;
     header.measured_from = measured_from;
-    print_summary(stdout, header, analysis, Style::for_stream(stdout));
-    print_step_time(stdout, estimate_step_time(program.cost, scenario.device), Style::for_stream(stdout));
+    for (const FitsWarning& w : headroom.warnings) header.warnings.emplace_back(w.short_text, w.message);
+    header.needed = needed_text(headroom);
+    const Style style = Style::for_stream(stdout);
+    print_summary(stdout, header, analysis, style);
+    // The time model does not depend on memory: for an OOM it is the step's time as if it
+    // fit (the unlimited run's), which the line says.
+    print_step_time(stdout, estimate_step_time(program.cost, scenario.device), style,
+                    analysis.fits() ? "" : "with unlimited memory: ");
+    if (advise) print_advice(stdout, advice, args.advise, style);
     std::fflush(stdout);
   }
   return analysis.fits() ? kExitFits : kExitOom;

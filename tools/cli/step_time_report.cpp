@@ -44,9 +44,10 @@ std::string step_time_text(const StepTime& t) {
   return s;
 }
 
-void print_step_time(std::FILE* out, const StepTime& t, const Style& style) {
-  std::fprintf(out, "\n%s  %s%s\n", style.bold("TIME").c_str(), t.estimated ? "estimated step " : "",
-               step_time_text(t).c_str());
+void print_step_time(std::FILE* out, const StepTime& t, const Style& style,
+                     const std::string& qualifier) {
+  std::fprintf(out, "\n%s  %s%s%s\n", style.bold("TIME").c_str(), qualifier.c_str(),
+               t.estimated ? "estimated step " : "", step_time_text(t).c_str());
 }
 
 }  // namespace memsim::cli

@@ -23,6 +23,8 @@ Json step_time_json(const StepTime& t);
 std::string step_time_text(const StepTime& t);
 // Seconds as a short human string ("812 ms", "1.23 s").
 std::string human_seconds(double s);
-void print_step_time(std::FILE* out, const StepTime& t, const Style& style);
+// `qualifier` goes before the estimate ("with unlimited memory: " for an OOM run).
+void print_step_time(std::FILE* out, const StepTime& t, const Style& style,
+                     const std::string& qualifier = "");
 
 }  // namespace memsim::cli

@@ -71,9 +71,17 @@ void print_verdict(std::FILE* out, const SummaryHeader& h, const Analysis& a,
   std::string capacity = h.capacity ? human_bytes(*h.capacity) + " usable" : h.capacity_text;
   if (a.fits()) {
     std::string used = h.capacity ? ", " + percent(a.peak_reserved, *h.capacity) + " reserved" : "";
-    std::fprintf(out, "\n%s  peak allocated %s, peak reserved %s of %s%s\n",
-                 style.good("FITS").c_str(), human_bytes(a.peak_allocated).c_str(),
-                 human_bytes(a.peak_reserved).c_str(), capacity.c_str(), used.c_str());
+    std::string verdict = style.good("FITS");
+    if (!h.warnings.empty()) {
+      std::string tags;
+      for (const auto& [tag, message] : h.warnings) tags += (tags.empty() ? "" : "; ") + tag;
+      verdict = style.warn("FITS (warning: " + tags + ")");
+    }
+    std::fprintf(out, "\n%s  peak allocated %s, peak reserved %s of %s%s\n", verdict.c_str(),
+                 human_bytes(a.peak_allocated).c_str(), human_bytes(a.peak_reserved).c_str(),
+                 capacity.c_str(), used.c_str());
+    for (const auto& [tag, message] : h.warnings)
+      std::fprintf(out, "  %s\n", style.warn("warning: " + message).c_str());
   } else {
     const OomReport& o = *a.oom;
     const std::string cap = o.capacity_bytes > 0 ? human_bytes(o.capacity_bytes) : capacity;
@@ -83,6 +91,7 @@ void print_verdict(std::FILE* out, const SummaryHeader& h, const Analysis& a,
                  cap.c_str());
     std::fprintf(out, "  allocated %s, reserved %s when it failed\n",
                  human_bytes(o.allocated_bytes).c_str(), human_bytes(o.reserved_bytes).c_str());
+    if (!h.needed.empty()) std::fprintf(out, "  %s\n", style.bold(h.needed).c_str());
     const Breakdown& b = o.breakdown;
     if (b.total() > 0) {
       std::fprintf(out, "  live then: parameters %s, gradients %s, optimizer state %s, "

@@ -24,6 +24,11 @@ struct SummaryHeader {
   // ("setup", "warm-up", "measured step"): warm-up and measured steps run the same ops.
   size_t measured_from = 0;
   int64_t warmup_steps = 0;  // training steps run before the measured one
+  // --- issue #19 item 2 (tools/cli/headroom_report.h): the verdict's distance to the
+  // limit. A FITS run with warnings prints "FITS (warning: SHORT; SHORT)" and one line per
+  // warning; an OOM prints `needed` ("needs X reserved, Y over the Z usable") under it.
+  std::vector<std::pair<std::string, std::string>> warnings;  // (short text, message)
+  std::string needed;
 };
 
 // Prints: title and facts, the FITS / OUT OF MEMORY verdict, peak allocated / reserved

@@ -37,9 +37,11 @@
 #include "scenario/scenario.h"
 #include "scenario/scenario_text_model.h"
 #include "sim/analysis/analysis.h"
+#include "sim/search/advice_candidates.h"
 #include "sim/search/sweep.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "tools/cli/advice_report.h"
 #include "tools/cli/api.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"
@@ -225,6 +227,13 @@ py::tuple run(const std::string& scenario, const std::string& source, const Over
     timeline = execute(*program, s->allocator, *device);
     const Analysis analysis = analyze(*program, *timeline, cli::run_analysis_options(*s));
     j = cli::run_json(*s, *program, timeline->final_stats, analysis, generate_facts, cli::moe_routing_report(*s));
+    // As `memsim run --json` for an OOM (issue #19 item 2): the changes memsim simulated.
+    if (!analysis.fits())
+      cli::add_advice_json(j, cli::run_advice(advice_candidates(*s), [&](const Overrides& extra) {
+        Overrides all = overrides;
+        all.insert(all.end(), extra.begin(), extra.end());
+        return load({scenario, source}, all, model);
+      }));
   });
   py::object columns = want_timeline ? py::object(timeline_columns(*program, *timeline)) : py::none();
   return py::make_tuple(to_python(j), columns);
