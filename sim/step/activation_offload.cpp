@@ -17,9 +17,11 @@ std::unique_ptr<graph::OffloadEngine> make_offload_engine(graph::Runtime& rt,
     for (size_t l = 0; l < layers.size(); ++l) {
       if (!layers[l] || checkpoint->plan().at(static_cast<int32_t>(l)) == graph::LayerCheckpoint::keep)
         continue;
+      CheckpointConfig policy = s.checkpoint;  // the policy alone, without the offload list
+      policy.offload.clear();
+      policy.offload_all = false;
       throw ScenarioError(where + ": checkpoint.offload: layer " + std::to_string(l) +
-                          " is also checkpointed by checkpoint.policy " +
-                          policy_label(s.checkpoint) +
+                          " is also checkpointed by checkpoint.policy " + policy_label(policy) +
                           "; save_on_cpu inside a checkpointed region is not modelled (offload "
                           "the layers the policy keeps, e.g. block:N with the others offloaded)");
     }
