@@ -12,8 +12,6 @@ namespace memsim {
 
 namespace {
 
-constexpr uint64_t kUnlimited = 1ull << 60;
-
 struct OffloadRun {
   bool fits = false;
   PlanRun run;
@@ -27,7 +25,7 @@ OffloadRun run_offload(const Scenario& base, const TrainingScript& script, int64
   Scenario s = base;
   s.checkpoint = parse_policy("offload:" + std::to_string(layers));
   const Program p = build_program(s, script);
-  SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
+  SimulatedDevice device(capacity == 0 ? unlimited_capacity(s.allocator) : capacity, 0);
   ExecuteOptions options;
   options.record_by_kind = false;
   const Timeline t = execute(p, s.allocator, device, options);

@@ -131,6 +131,11 @@ struct PlanRun {
 };
 PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
                       const graph::CheckpointPlan& plan, uint64_t capacity);
+// The device size of a run "without a limit". With expandable segments the allocator
+// reserves address space for the whole device, one page flag per 2/20 MiB page (c10's
+// ExpandableSegment max_handles), so "unlimited" is 1 TiB there (more than any device
+// preset); 2^60 bytes otherwise.
+uint64_t unlimited_capacity(const AllocatorConfig& allocator);
 
 // One pipeline stage run with the chosen plan (memsim optimize on parallel.pipeline > 1).
 struct StagePeak {
