@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_test_support.h"
 #include "json_test_support.h"
 #include "torch_fixture_test_support.h"
 #include "graph/offload.h"
@@ -163,4 +164,28 @@ TEST_CASE("checkpoint.offload refuses what it does not model, by key", "[offload
              Catch::Contains("step.compile"));
   // Checkpointing other layers than the offloaded ones is a real combination.
   CHECK(error("checkpoint:\n  policy: block:1\n  offload: [1]\n").empty());
+}
+
+TEST_CASE("memsim run and optimize with checkpoint.offload, end to end", "[offload]") {
+  // The shipped cs336 scenario through the binary: the key from --set, the host bytes and
+  // the PCIe seconds in the JSON; without the key neither field appears.
+  const std::string scenario = std::string("'") + MEMSIM_SOURCE_DIR + "/scenarios/cs336-small-train-ctx512.yaml'";
+  const auto off = memsim_test::run_shell(memsim_test::memsim_command() + "run " + scenario +
+                                          " --set checkpoint.offload=0,1 --json - 2>/dev/null");
+  REQUIRE(off.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(off.out);
+  CHECK(j["host_offload_bytes"].get<uint64_t>() > 0);
+  CHECK(j["estimated_step_seconds"]["transfer"].get<double>() > 0);
+  const auto plain = memsim_test::run_shell(memsim_test::memsim_command() + "run " + scenario +
+                                            " --json - 2>/dev/null");
+  REQUIRE(plain.status == 0);
+  const nlohmann::json p = nlohmann::json::parse(plain.out);
+  CHECK_FALSE(p.contains("host_offload_bytes"));
+  CHECK(p["estimated_step_seconds"]["transfer"].get<double>() == 0);
+  CHECK(j["peak_allocated_bytes"].get<uint64_t>() <= p["peak_allocated_bytes"].get<uint64_t>());
+  // optimize searches offload itself: a scenario's own list is refused by key (exit 1).
+  const auto opt = memsim_test::run_shell(memsim_test::memsim_command() + "optimize " + scenario +
+                                          " --budget 4GiB --set checkpoint.offload=all 2>&1");
+  CHECK(opt.status == 1);
+  CHECK(opt.out.find("checkpoint.offload") != std::string::npos);
 }
