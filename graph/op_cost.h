@@ -40,6 +40,7 @@ constexpr int hbm_writes_and_reads(OpKind k) {
     case OpKind::fill:
     case OpKind::arange:
     case OpKind::scalar_tensor:
+    case OpKind::offload_unpack:  // a host-to-device copy writes HBM once (PCIe: StepCost::host_bytes)
       return 1;
     default:
       return 2;

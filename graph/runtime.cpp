@@ -4,6 +4,7 @@
 #include <string>
 
 #include "graph/checkpoint.h"
+#include "graph/offload.h"
 #include "graph/compile.h"
 #include "graph/op_cost.h"
 #include "graph/numeric/numeric.h"
@@ -270,6 +271,13 @@ void Runtime::save_storage(int32_t id, uint32_t storage) {
     ++nodes_[id].saved_count;
     return;
   }
+  if (offload != nullptr &&
+      offload->pack(id, nodes_[id].saved_count, save_bytes_ ? save_bytes_ : program_.tensors[storage].bytes,
+                    ctx.layer, !in_backward_ && !recomputing)) {
+    saved_.push_back(kNoStorage);  // packed to host: no reference on the device tensor
+    ++nodes_[id].saved_count;
+    return;
+  }
   Node& n = nodes_[id];
   if (saves_++ != test_drop_save) retain(storage);  // test_drop_save: see runtime.h
   saved_.push_back(storage);
@@ -282,12 +290,17 @@ void Runtime::fill_saved(int32_t id, uint32_t k, uint32_t storage) {
   saved_[nodes_[id].saved_first + k] = storage;
 }
 
-void Runtime::save(int32_t id, const Tensor& t) { save_storage(id, t.storage); }
+void Runtime::save(int32_t id, const Tensor& t) {
+  save_bytes_ = t.bytes;  // a view is packed at its own size (graph/offload.h)
+  save_storage(id, t.storage);
+  save_bytes_ = 0;
+}
 
 void Runtime::release_saved(Node& n) {
   for (uint32_t i = 0; i < n.saved_count; ++i)
     if (saved_[n.saved_first + i] != kNoStorage) release(saved_[n.saved_first + i]);
   n.saved_count = 0;
+  if (offload != nullptr) offload->released(static_cast<int32_t>(&n - nodes_.data()));
 }
 
 void Runtime::release_saved_slot(Node& n, uint32_t k) {
@@ -333,6 +346,7 @@ void Runtime::discard_graph(uint32_t g) {
     n.saved_count = 0;
     if (checkpoint != nullptr) checkpoint->released(id);
     if (compile != nullptr) compile->released(id);
+    if (offload != nullptr) offload->released(id);
     for (int s = 0; s < 2; ++s)
       if (n.grad[s] != kNoStorage) release(n.grad[s]);
     n.grad[0] = n.grad[1] = kNoStorage;
@@ -375,6 +389,7 @@ void Runtime::discard_graph(uint32_t g) {
     nodes_.clear();
     saved_.clear();
     cleared_epoch_ = graph_epoch_;
+    if (offload != nullptr) offload->nodes_cleared();
   }
   owners_scratch_ = std::move(owners);
   stack_scratch_ = std::move(stack);
@@ -472,6 +487,7 @@ void Runtime::run_engine(int32_t grad_fn, uint8_t out_slot, uint32_t root_grad) 
     nodes_.clear();
     saved_.clear();
     cleared_epoch_ = graph_epoch_;
+    if (offload != nullptr) offload->nodes_cleared();
   }
   ctx.phase = phase;
 }
@@ -486,6 +502,10 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
   ctx.module = n.module;
   ctx.region = n.region;
   cur_op_ = n.kind;
+  if (offload != nullptr) {  // save_on_cpu's unpack hook: device copies of packed slots
+    offload->unpack(id);
+    cur_op_ = n.kind;
+  }
   if (n.kind == OpKind::accumulate_grad) {
     run_accumulate_grad(n);
     return;
@@ -518,6 +538,7 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
   n.saved_count = 0;
   if (checkpoint != nullptr) checkpoint->released(id);
   if (compile != nullptr) compile->released(id);
+  if (offload != nullptr) offload->released(id);
   // Outputs go to the next nodes' input buffers, in input order.
   const Edge* next = n.next;  // only a checkpoint re-run (before n is bound) adds nodes
   const int n_next = n.n_next;

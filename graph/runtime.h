@@ -24,6 +24,7 @@ namespace memsim::graph {
 class Runtime;
 class CheckpointEngine;  // graph/checkpoint.h
 class CompileEngine;     // graph/compile.h
+class OffloadEngine;     // graph/offload.h
 class NumericContext;    // graph/numeric/numeric.h
 inline constexpr uint32_t kNoStorage = UINT32_MAX;
 
@@ -152,6 +153,10 @@ class Runtime {
   // torch.compile (graph/compile.h): the installed engine records compiled regions and
   // rewrites their events; nullptr (the default) calls none of its hooks.
   CompileEngine* compile = nullptr;
+  // Activation offload (graph/offload.h, save_on_cpu around chosen layers): the installed
+  // engine packs the forward saves of those layers to host and unpacks them before their
+  // node runs; nullptr (the default) calls none of its hooks.
+  OffloadEngine* offload = nullptr;
   // Module and autograd hooks of data-parallel wrappers (sim/parallel/data_parallel.h,
   // sim/parallel/fsdp.h); nullptr: none.
   RuntimeHooks* hooks = nullptr;
@@ -225,6 +230,10 @@ class Runtime {
   void release_saved_slot(Node& n, uint32_t k);
   // Fills node `id`'s k-th saved slot (a checkpoint placeholder) with `storage`, retained.
   void fill_saved(int32_t id, uint32_t k, uint32_t storage);
+  // Same, taking over one reference the caller owns (an offloaded slot's device copy).
+  void adopt_saved(int32_t id, uint32_t k, uint32_t storage) {
+    saved_[nodes_[id].saved_first + k] = storage;
+  }
   // Node n's k-th saved storage (kNoStorage once released): a backward that hands a
   // saved buffer back as its grad (graph/ops/ops_liger.h) retains it from here.
   uint32_t saved_storage(const Node& n, uint32_t k) const {
@@ -313,6 +322,7 @@ class Runtime {
   std::vector<HeldLeaf> held_leaves_;
   uint32_t seq_ = 0;
   int64_t saves_ = 0;
+  uint64_t save_bytes_ = 0;  // save(): the saved tensor's own bytes (a view's), for offload
   uint32_t graph_epoch_ = 1;
   // Where graph g's nodes begin: nodes_[graph_start_[g - 2]] for g >= 2 (graph 1 begins
   // at 0). Epochs only grow and nodes take the current epoch, so all of graph g lies at or

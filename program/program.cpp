@@ -74,6 +74,7 @@ void Program::clear() {
   flops = Flops{};
   rank = RankInfo{};
   host = HostMemory{};
+  host_offload_bytes = 0;
   cost.reset_step();  // keeps the tables' capacity
   cost.unmodelled.clear();
   strings_.resize(1);  // "" stays index 0

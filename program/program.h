@@ -132,6 +132,9 @@ class Program {
   Flops flops;
   RankInfo rank;  // which GPU of the job these events are (default: the only one)
   HostMemory host;  // DeepSpeed offload's CPU memory (zero otherwise)
+  // Activation offload (checkpoint.offload, graph/offload.h): the peak bytes of the pinned
+  // host copies save_on_cpu holds at once (requested sizes); 0 without offload.
+  uint64_t host_offload_bytes = 0;
   // The measured step's work for the time model (program/step_cost.h; issue #18): reset
   // by the mark "measured_step_begin".
   StepCost cost;

@@ -134,7 +134,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"step", {"kind", "warmup_steps", "zero_grad", "measure", "keep_output", "compile",
                 "compile_scope", "compile_memory_budget"}},
       {"loss", {"impl", "positions"}},
-      {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant", "early_stop",
+      {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant", "early_stop", "offload",
                       "offload_activations"}},
       {"lora", {"rank", "alpha", "targets", "dropout", "base_dtype", "adapter_dtype",
                 "input_require_grads"}},

@@ -173,6 +173,14 @@ struct CheckpointConfig {
   // every other policy: the script's torch, true from torch 2.1). sac-layer:N keeps N in
   // layers_per_segment.
   std::optional<bool> early_stop;
+  // --- issue #18 item 4, activation offload (graph/offload.h; docs/offload.md) -----------
+  // checkpoint.offload: the layers whose forward runs under
+  // torch.autograd.graph.save_on_cpu(pin_memory=True) (scenario/offload_keys.h). Layer
+  // indices, sorted and unique; offload_all: `all` (every layer, resolved against
+  // model.layers by offload_layers). Both empty/false: no offload (the default).
+  std::vector<int64_t> offload;
+  bool offload_all = false;
+  std::string offload_where;  // FILE:LINE of the key, for refusals
 };
 
 // PEFT LoRA / QLoRA (scenario/scenario_lora.cpp, graph/models/lora.h). rank 0 = no LoRA.

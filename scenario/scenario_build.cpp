@@ -14,6 +14,7 @@
 #include "scenario/scenario_checkpoint.h"
 #include "scenario/deepspeed_keys.h"
 #include "scenario/compile_keys.h"
+#include "scenario/offload_keys.h"
 #include "scenario/serve_keys.h"
 #include "scenario/fsdp_keys.h"
 #include "scenario/scenario_family.h"
@@ -337,6 +338,7 @@ CheckpointConfig build_checkpoint(const Doc& d, const ModelConfig& m) {
     fail(origin(d, "checkpoint.policy", "checkpoint"), "checkpoint.policy",
          "policy custom needs checkpoint.custom (layer indices or module names)");
   }
+  read_offload(d, m, c);  // checkpoint.offload (scenario/offload_keys.h)
   if (c.policy != CheckpointPolicy::custom && c.policy != CheckpointPolicy::modules &&
       !c.custom.empty()) {
     fail(d.find("checkpoint.custom")->where, "checkpoint.custom",

@@ -6,8 +6,13 @@ namespace memsim {
 
 namespace {
 
+// `offload[:N]` (issue #18 item 4): no checkpointing, save_on_cpu around every layer or
+// the first N (scenario key checkpoint.offload; graph/offload.h).
+constexpr const char* kOffloadSpec = "offload";
+
 bool is_policy_name(const std::string& word) {
-  return parse_checkpoint_policy(word.substr(0, word.find(':'))).has_value();
+  const std::string name = word.substr(0, word.find(':'));
+  return name == kOffloadSpec || parse_checkpoint_policy(name).has_value();
 }
 
 
@@ -37,6 +42,16 @@ CheckpointConfig parse_policy(const std::string& spec) {
   const std::string name = spec.substr(0, colon);
   const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
   const bool has_arg = colon != std::string::npos;
+  if (name == kOffloadSpec) {
+    if (!has_arg) {
+      c.offload_all = true;
+      return c;
+    }
+    const auto k = parse_count(arg);
+    if (!k || *k < 1) throw PolicyError("policy '" + spec + "': expected offload:N with N >= 1");
+    for (int64_t l = 0; l < *k; ++l) c.offload.push_back(l);
+    return c;
+  }
   const std::optional<CheckpointPolicy> policy = parse_checkpoint_policy(name);
   if (!policy) throw PolicyError("unknown checkpoint policy '" + spec + "'");
   c.policy = *policy;
@@ -72,6 +87,22 @@ std::vector<std::string> split_policies(const std::string& list) {
 
 std::string policy_label(const CheckpointConfig& c) {
   using P = CheckpointPolicy;
+  if (c.offload_all || !c.offload.empty()) {
+    // offload[:N] as parse_policy reads it; another mix (checkpointed layers, or offloaded
+    // layers that are not the first N) as POLICY+offload:LAYERS, for reports only.
+    bool prefix = true;
+    for (size_t i = 0; i < c.offload.size(); ++i) prefix = prefix && c.offload[i] == static_cast<int64_t>(i);
+    std::string off = c.offload_all ? std::string(kOffloadSpec)
+                                    : prefix ? std::string(kOffloadSpec) + ":" + std::to_string(c.offload.size())
+                                             : std::string(kOffloadSpec) + "@";
+    if (!c.offload_all && !prefix)
+      for (size_t i = 0; i < c.offload.size(); ++i) off += (i ? "," : "") + std::to_string(c.offload[i]);
+    if (c.policy == P::none) return off;
+    CheckpointConfig plain = c;
+    plain.offload.clear();
+    plain.offload_all = false;
+    return policy_label(plain) + "+" + off;
+  }
   const std::string name = to_string(c.policy);
   if (c.policy == P::uniform || c.policy == P::block || c.policy == P::sac_layer)
     return name + ":" + std::to_string(c.layers_per_segment);

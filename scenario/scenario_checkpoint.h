@@ -16,6 +16,8 @@
 //   sac-layer:N          torchtitan's layer-level selective AC: every N-th layer whole
 //   custom:ITEM,...      ITEM = a layer index (whole layer), a module name for every
 //                        layer (attention, mlp, selective), or LAYER.MODULE ("3.mlp")
+//   offload[:N]          no checkpointing; save_on_cpu around every layer, or the first N
+//                        (checkpoint.offload, graph/offload.h)
 //
 // Contract: errors throw PolicyError with a message naming the offending text.
 #pragma once

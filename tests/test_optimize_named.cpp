@@ -155,12 +155,22 @@ TEST_CASE("optimize --objective: micro-batch x accumulation and optimizer implem
   s.device = *find_device_preset("h100-80gb");
   // Unlimited: every configuration fits; time picks the fastest, memory the smallest.
   const ConfigSearch t = search_configurations(s, 1ull << 40, Objective::time, 4);
-  REQUIRE(t.candidates.size() == 9);  // micro-batches 1, 2, 4 x for-loop, foreach, fused
+  // micro-batches 1, 2, 4 x for-loop, foreach, fused, and on each micro-batch the axes
+  // cs336 takes (sim/search/config_search.h): 8-bit AdamW, expandable segments, offload.
+  size_t grid = 0;
+  for (const ConfigCandidate& c : t.candidates) grid += c.axis.empty() ? 1 : 0;
+  REQUIRE(grid == 9);
+  REQUIRE(t.candidates.size() == 9 + 3 * 3);
   REQUIRE(t.chosen >= 0);
   const ConfigCandidate& fastest = t.candidates[static_cast<size_t>(t.chosen)];
   bool any_pareto = false;
   for (const ConfigCandidate& c : t.candidates) {
     REQUIRE(c.result.fits);
+    // bitsandbytes' 8-bit step has no kernel table in the time model (docs/time-model.md).
+    if (c.axis == "8-bit") {
+      CHECK_FALSE(c.time.estimated);
+      continue;
+    }
     REQUIRE(c.time.estimated);
     CHECK(c.micro_batch * c.grad_accum == 4);
     CHECK(fastest.time.seconds <= c.time.seconds);
@@ -168,12 +178,14 @@ TEST_CASE("optimize --objective: micro-batch x accumulation and optimizer implem
     // A Pareto point is beaten by nobody on both axes.
     if (c.pareto)
       for (const ConfigCandidate& o : t.candidates)
-        CHECK_FALSE((o.result.run.analysis.peak_reserved < c.result.run.analysis.peak_reserved &&
+        if (o.time.estimated)
+          CHECK_FALSE((o.result.run.analysis.peak_reserved < c.result.run.analysis.peak_reserved &&
                      o.time.seconds < c.time.seconds));
   }
   CHECK(any_pareto);
   CHECK(fastest.pareto);
   CHECK(fastest.optimizer == OptimizerImpl::fused);  // fewest optimizer bytes
+  CHECK(fastest.axis.empty());  // expandable segments cost no time; offload adds PCIe
   const ConfigSearch m = search_configurations(s, 1ull << 40, Objective::memory, 4);
   const ConfigCandidate& smallest = m.candidates[static_cast<size_t>(m.chosen)];
   for (const ConfigCandidate& c : m.candidates)

@@ -355,7 +355,11 @@ Tensor DecoderModel::where_core(const LayerParams& p, const Tensor& q, const Ten
   scale.reset();
   w0.reset();
   Tensor mask_value = rt_.alloc(e, TensorKind::temporary, OpKind::scalar_tensor);
-  Tensor w2 = where_tensor(rt_, p.causal_bias, w1, e);
+  // causal_mask = self.bias[:, :, k - q : k, :k]: an (S, S) bool view of the buffer, which
+  // torch.where saves (its own size is what save_on_cpu copies, graph/offload.h).
+  Tensor causal_mask = rt_.view_of(p.causal_bias, S * S);
+  Tensor w2 = where_tensor(rt_, causal_mask, w1, e);
+  causal_mask.reset();
   w1.reset();
   Tensor w3;
   if (autocast_on()) {

@@ -110,5 +110,6 @@
   X(reduce_max, core, "max", "max") /* generate: unfinished_sequences.max() */ \
   X(eq, core, "eq", "eq") /* generate: == comparisons */ \
   X(bitwise, core, "bitwise_or", "bitwise_or") /* generate: the stopping criteria's |, ~, & */ \
-  X(lift_fresh, core, "lift_fresh", "lift_fresh") /* generate: torch.tensor(token) for the special tokens */
+  X(lift_fresh, core, "lift_fresh", "lift_fresh") /* generate: torch.tensor(token) for the special tokens */ \
+  X(offload_unpack, core, "_to_copy", "_to_copy") /* save_on_cpu's unpack hook: tensor.to(device) of a host copy, in backward (graph/offload.h) */
 // clang-format on

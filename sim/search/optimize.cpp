@@ -156,7 +156,7 @@ class PlanSimulator {
 
  private:
   bool execute_last(const Program& p, uint64_t capacity) {
-    SimulatedDevice device(capacity == 0 ? kUnlimited : capacity, 0);
+    SimulatedDevice device(capacity == 0 ? unlimited_capacity(scenario_.allocator) : capacity, 0);
     // Verification needs peaks and the fits/OOM verdict only; the per-kind arrays would
     // cost more than the simulation (first-touch of megabytes per run), and the analysis
     // falls back to the live set for the breakdown at the peak.
@@ -441,6 +441,10 @@ class LevelEnumerator {
 };
 
 }  // namespace
+
+uint64_t unlimited_capacity(const AllocatorConfig& allocator) {
+  return allocator.expandable_segments ? uint64_t{1} << 46 : kUnlimited;
+}
 
 PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
                       const CheckpointPlan& plan, uint64_t capacity) {

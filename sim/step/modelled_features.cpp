@@ -4,6 +4,7 @@
 
 #include "scenario/arch_checks.h"
 #include "scenario/compile_keys.h"
+#include "scenario/offload_keys.h"
 #include "scenario/generate_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/script_keys.h"
@@ -89,6 +90,7 @@ void require_modelled(const Scenario& s) {
   require_data_parallel_modelled(s);  // sim/parallel/data_parallel.h
   require_script_keys_modelled(s);    // scenario/script_keys.h: loss.*, out-of-place, whole-run
   require_compile_modelled(s);        // scenario/compile_keys.h: step.compile's combinations
+  require_offload_modelled(s);        // scenario/offload_keys.h: checkpoint.offload's
   require_generate_modelled(s);       // scenario/generate_keys.h: step.kind generate's (issue #17)
   require_torchtitan_modelled(s);     // sim/step/torchtitan_checkpoint.h: sac-op, sac-layer:N
   // Data parallelism, LoRA and master weights were each checked alone; their

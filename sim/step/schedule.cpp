@@ -24,6 +24,7 @@
 #include "scenario/hf_family.h"
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/checkpoint_policy.h"
+#include "sim/step/activation_offload.h"
 #include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
 #include "sim/step/script_loss.h"
@@ -116,6 +117,8 @@ class Loop {
     configure_time_model(rt_, s_);  // the time model's dtype and refusals (sim/step/time_model_setup.h)
     // Activation checkpointing (sim/step/checkpoint_policy.h): installs itself on rt_.
     checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
+    // checkpoint.offload: save_on_cpu around the listed layers (sim/step/activation_offload.h).
+    offload_ = make_offload_engine(rt_, s_, checkpoint_.get());
     if (s_.step.compile) {  // torch.compile (graph/compile.h; scenario/compile_keys.h)
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": step.compile: numeric mode does not model compiled regions");
@@ -190,6 +193,7 @@ class Loop {
       train_step(measured);
     }
     if (autocast_) autocast_->exit();  // whole-run: the `with` block ends after the loop
+    if (offload_) rt_.program().host_offload_bytes = offload_->host_peak();
     rt_.freeze();  // the script ends here: whatever is alive stays alive
   }
 
@@ -378,6 +382,7 @@ class Loop {
   std::unique_ptr<OptimizerSim> optimizer_;
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
   std::unique_ptr<graph::CompileEngine> compile_;  // step.compile (graph/compile.h)
+  std::unique_ptr<graph::OffloadEngine> offload_;  // checkpoint.offload (graph/offload.h)
   std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
   std::unique_ptr<TorchDdp> ddp_;
   std::unique_ptr<Fsdp> fsdp_;

@@ -47,6 +47,7 @@ struct PolicyRun {
   Analysis analysis;
   MemoryStats stats;
   StepTime time;  // the time model's estimate of the measured step (sim/analysis/step_time.h)
+  uint64_t host_offload_bytes = 0;  // checkpoint.offload's pinned host peak (graph/offload.h)
 };
 // "none,full,uniform:2": each policy parsed and checked against the model's layers.
 std::vector<CheckpointConfig> parse_policy_list(const std::string& list, const Scenario& base);

@@ -1,4 +1,5 @@
-// memsim compare: one scenario simulated under several checkpointing policies.
+// memsim compare: one scenario simulated under several checkpointing (and offload) policies;
+// the table is tools/cli/compare_rows.h, the HTML page tools/cli/compare_html.h.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,6 +11,8 @@
 #include "sim/step/schedule.h"
 #include "tools/cli/api.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/compare_html.h"
+#include "tools/cli/compare_rows.h"
 #include "tools/cli/device.h"
 #include "tools/cli/errors.h"
 #include "tools/cli/html_report.h"
@@ -27,48 +30,26 @@ namespace memsim::cli {
 
 namespace {
 
-double recompute_share(const Flops& f) {
-  const double total = f.forward + f.backward + f.recompute;
-  return total > 0 ? f.recompute / total : 0.0;
-}
-
-std::string verdict(const Analysis& a) {
-  if (a.fits()) return "fits";
-  const OomReport& o = *a.oom;
-  std::string s = "OOM at " + o.op + " (" + to_string(o.phase);
-  if (o.layer >= 0) s += ", layer " + std::to_string(o.layer);
-  return s + ")";
-}
-
-void print_table(std::FILE* out, const Scenario& scenario, const std::vector<PolicyRun>& runs,
-                 const Style& style) {
+void print_table(std::FILE* out, const Scenario& scenario, const std::vector<CompareRow>& rows,
+                 const std::vector<PolicyRun>& runs, const Style& style) {
   std::fprintf(out, "%s\n",
                style.bold(printable(scenario.name.empty() ? scenario.source : scenario.name)).c_str());
   for (const auto& [label, text] : scenario_facts(scenario))
     std::fprintf(out, "  %-9s %s\n", label.c_str(), text.c_str());
   const auto cap = usable_capacity(scenario.device);
   std::fprintf(out, "  capacity  %s\n\n", cap ? (human_bytes(*cap) + " usable").c_str() : "unlimited");
-  std::vector<std::vector<std::string>> rows = {
-      {"policy", "peak allocated", "peak reserved", "verdict", "activations at peak",
-       "recompute", "step time"}};
-  for (const PolicyRun& r : runs) {
-    char share[32];
-    std::snprintf(share, sizeof share, "%.1f%%", 100.0 * recompute_share(r.analysis.flops));
-    rows.push_back({r.label, human_bytes(r.analysis.peak_allocated),
-                    human_bytes(r.analysis.peak_reserved), verdict(r.analysis),
-                    human_bytes(r.analysis.breakdown_at_peak.activations), share,
-                    r.time.estimated ? human_seconds(r.time.seconds) : "-"});
-  }
-  std::vector<size_t> width(rows[0].size(), 0);
-  for (const auto& row : rows)
+  // One row per policy (tools/cli/compare_rows.h): text columns left-aligned, numbers right.
+  const std::vector<std::vector<std::string>> cells = compare_table_cells(rows);
+  std::vector<size_t> width(cells[0].size(), 0);
+  for (const auto& row : cells)
     for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-  for (size_t r = 0; r < rows.size(); ++r) {
+  for (size_t r = 0; r < cells.size(); ++r) {
     std::string line = "  ";
-    for (size_t c = 0; c < rows[r].size(); ++c) {
-      const std::string pad(width[c] - rows[r][c].size(), ' ');
-      const bool left = c == 0 || c == 3;
-      line += left ? rows[r][c] + pad : pad + rows[r][c];
-      if (c + 1 < rows[r].size()) line += "  ";
+    for (size_t c = 0; c < cells[r].size(); ++c) {
+      const std::string pad(width[c] - cells[r][c].size(), ' ');
+      const bool left = c <= 1 || c + 1 == cells[r].size();
+      line += left ? cells[r][c] + (c + 1 < cells[r].size() ? pad : "") : pad + cells[r][c];
+      if (c + 1 < cells[r].size()) line += "  ";
     }
     std::fprintf(out, "%s\n", r == 0 ? style.bold(line).c_str() : line.c_str());
   }
@@ -89,7 +70,8 @@ CLI::App* add_compare_command(CLI::App& app, CompareArgs& args) {
       ->required();
   cmd->add_option("--policies", args.policies,
                   "Comma-separated policies: none, full, uniform:K, block:N, "
-                  "modules[:attention,mlp], selective, sqrt, custom:ITEMS")
+                  "modules[:attention,mlp], selective, sqrt, custom:ITEMS, offload[:N] "
+                  "(save_on_cpu around every layer, or the first N)")
       ->required();
   cmd->add_option("--set", args.sets, "Override a scenario key, e.g. --set batch.micro_batch=8")
       ->type_name("KEY=VALUE")
@@ -109,6 +91,9 @@ std::vector<CheckpointConfig> parse_policy_list(const std::string& list, const S
     for (const std::string& spec : split_policies(list)) {
       configs.push_back(parse_policy(spec));
       make_plan(configs.back(), base.model.layers);  // validates layer indices and modules
+      if (configs.back().offload.size() > static_cast<size_t>(std::max<int64_t>(0, base.model.layers)))
+        throw PolicyError("policy '" + spec + "': the model has " +
+                          std::to_string(base.model.layers) + " layers");
     }
   } catch (const PolicyError& e) {
     throw UsageError(std::string("--policies: ") + e.what());
@@ -127,7 +112,7 @@ std::vector<PolicyRun> run_policies(const Scenario& base, const std::vector<Chec
     auto device = make_device(s.device);
     const Timeline timeline = execute(program, s.allocator, *device);
     runs.push_back({policy_label(config), analyze(program, timeline), timeline.final_stats,
-                    estimate_step_time(program.cost, s.device)});
+                    estimate_step_time(program.cost, s.device), program.host_offload_bytes});
     if (each) each(program, timeline, runs.back());
   }
   return runs;
@@ -141,7 +126,7 @@ Json compare_json(const Scenario& base, const std::vector<PolicyRun>& runs) {
   for (const PolicyRun& r : runs) {
     Json p = Json::object();
     p["policy"] = r.label;
-    p["recompute_share"] = recompute_share(r.analysis.flops);
+    p["recompute_share"] = compare_row(r).recompute_share;
     Json summary = analysis_json(r.analysis);
     for (auto& [key, value] : summary.items()) p[key] = std::move(value);
     p["memory_stats"] = memory_stats_json(r.stats);
@@ -149,9 +134,14 @@ Json compare_json(const Scenario& base, const std::vector<PolicyRun>& runs) {
     // part next to the step's recompute FLOPs.
     p["estimated_step_seconds"] = step_time_json(r.time);
     p["recompute_seconds"] = r.time.estimated ? Json(r.time.part[static_cast<int>(CostPart::recompute)]) : Json(nullptr);
+    p["host_offload_bytes"] = r.host_offload_bytes;
     list.push_back(std::move(p));
   }
   j["policies"] = std::move(list);
+  // Issue #18 item 3: the table people read, one row per policy (tools/cli/compare_rows.h).
+  Json rows = Json::array();
+  for (const CompareRow& row : compare_rows(runs)) rows.push_back(compare_row_json(row));
+  j["rows"] = std::move(rows);
   return j;
 }
 
@@ -166,16 +156,13 @@ int run_compare(const CompareArgs& args) {
         if (!args.html.empty())
           html.curves.push_back(downsample_timeline(program, timeline, run.analysis, run.label));
       });
-  if (!args.html.empty()) {
+  const std::vector<CompareRow> rows = compare_rows(runs);
+  if (!args.html.empty()) {  // phase-aligned curves and the table (tools/cli/compare_html.h)
     html.title = base.name.empty() ? base.source : base.name;
     html.facts = scenario_facts(base);
     html.capacity = usable_capacity(base.device);
-    for (const PolicyRun& r : runs)
-      html.notes.push_back(r.label + ": peak allocated " + human_bytes(r.analysis.peak_allocated) +
-                           ", peak reserved " + human_bytes(r.analysis.peak_reserved) + ", " +
-                           verdict(r.analysis));
     Output out(args.html);
-    write_html_report(out.file(), html, nullptr);
+    write_compare_html(out.file(), html, rows);
     out.finish();
   }
 
@@ -185,7 +172,7 @@ int run_compare(const CompareArgs& args) {
     out.finish();
   }
   if (args.json != "-") {
-    print_table(stdout, base, runs, Style::for_stream(stdout));
+    print_table(stdout, base, rows, runs, Style::for_stream(stdout));
     std::fflush(stdout);
   }
   for (const PolicyRun& r : runs)

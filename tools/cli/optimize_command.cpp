@@ -1,10 +1,14 @@
 // memsim optimize: the least-recompute checkpointing plan that fits a memory budget
-// (sim/search/optimize.h).
+// (sim/search/optimize.h); with --objective, the configuration search over micro-batch,
+// optimizer, loss chunking, expandable segments and activation offload
+// (sim/search/config_search.h), with its Pareto front.
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "allocator/units.h"
+#include "scenario/loss_impl.h"
+#include "scenario/offload_keys.h"
 #include "sim/megatron/megatron_recompute_flags.h"
 #include "sim/search/config_search.h"
 #include "sim/search/optimize.h"
@@ -102,6 +106,13 @@ namespace {
 
 std::string impl_name(OptimizerImpl impl) { return to_string(impl); }
 
+// The optimizer a candidate runs: torch's implementation, or bitsandbytes' 8-bit type.
+std::string optimizer_name(const ConfigCandidate& c) {
+  return c.optimizer_type == OptimizerType::adam8bit || c.optimizer_type == OptimizerType::adamw8bit
+             ? std::string(to_string(c.optimizer_type))
+             : impl_name(c.optimizer);
+}
+
 // --objective: the configuration search (sim/search/config_search.h).
 int run_config_search(const OptimizeArgs& args, const Scenario& scenario, uint64_t budget) {
   const int64_t global = args.global_batch > 0 ? args.global_batch
@@ -128,6 +139,11 @@ int run_config_search(const OptimizeArgs& args, const Scenario& scenario, uint64
       e["micro_batch"] = c.micro_batch;
       e["grad_accum"] = c.grad_accum;
       e["optimizer_impl"] = impl_name(c.optimizer);
+      e["optimizer_type"] = to_string(c.optimizer_type);
+      e["loss_impl"] = loss_impl_label(c.loss);
+      e["expandable_segments"] = c.expandable_segments;
+      e["axis"] = c.axis.empty() ? Json(nullptr) : Json(c.axis);
+      e["host_offload_bytes"] = c.host_offload_bytes;
       e["fits"] = c.result.fits;
       e["plan"] = plan_json(c.result);
       e["peak_reserved_bytes"] = c.result.run.analysis.peak_reserved;
@@ -137,6 +153,14 @@ int run_config_search(const OptimizeArgs& args, const Scenario& scenario, uint64
       list.push_back(std::move(e));
     }
     j["configurations"] = std::move(list);
+    // The Pareto front (peak reserved vs step seconds), by peak ascending: indices.
+    std::vector<size_t> front;
+    for (size_t i = 0; i < r.candidates.size(); ++i)
+      if (r.candidates[i].pareto) front.push_back(i);
+    std::sort(front.begin(), front.end(), [&](size_t a, size_t b) {
+      return r.candidates[a].result.run.analysis.peak_reserved < r.candidates[b].result.run.analysis.peak_reserved;
+    });
+    j["pareto"] = front;
     Output out(args.json);
     out.write(dump_json(j));
     out.finish();
@@ -149,22 +173,45 @@ int run_config_search(const OptimizeArgs& args, const Scenario& scenario, uint64
     std::printf("  budget    %s (what the caching allocator may reserve); global batch %lld; "
                 "objective %s\n\n",
                 human_bytes(budget).c_str(), static_cast<long long>(r.global_batch), args.objective.c_str());
-    std::printf("  %-5s %-6s %-8s %-8s %14s %12s  %s\n", "micro", "accum", "optim", "verdict",
-                "peak reserved", "step time", "plan");
+    std::printf("  %-5s %-6s %-9s %-20s %-8s %14s %12s  %s\n", "micro", "accum", "optim", "axis",
+                "verdict", "peak reserved", "step time", "plan");
     for (size_t i = 0; i < r.candidates.size(); ++i) {
       const ConfigCandidate& c = r.candidates[i];
       const char* mark = static_cast<int>(i) == r.chosen ? " <- chosen" : c.pareto ? " (Pareto)" : "";
-      std::printf("  %-5lld %-6lld %-8s %-8s %14s %12s  %s%s\n", static_cast<long long>(c.micro_batch),
-                  static_cast<long long>(c.grad_accum), impl_name(c.optimizer).c_str(),
+      std::printf("  %-5lld %-6lld %-9s %-20s %-8s %14s %12s  %s%s\n", static_cast<long long>(c.micro_batch),
+                  static_cast<long long>(c.grad_accum), optimizer_name(c).c_str(),
+                  c.axis.empty() ? "-" : c.axis.c_str(),
                   c.result.fits ? "fits" : "OOM", human_bytes(c.result.run.analysis.peak_reserved).c_str(),
                   c.result.fits && c.time.estimated ? human_seconds(c.time.seconds).c_str() : "-",
                   plan_summary(c.result).c_str(), mark);
     }
+    // The Pareto front, by peak reserved: what each step of memory buys in time.
+    std::vector<size_t> front;
+    for (size_t i = 0; i < r.candidates.size(); ++i)
+      if (r.candidates[i].pareto) front.push_back(i);
+    std::sort(front.begin(), front.end(), [&](size_t a, size_t b) {
+      return r.candidates[a].result.run.analysis.peak_reserved < r.candidates[b].result.run.analysis.peak_reserved;
+    });
+    if (!front.empty()) {
+      std::printf("\n  Pareto front (peak reserved vs step time):\n");
+      for (size_t i : front) {
+        const ConfigCandidate& c = r.candidates[i];
+        std::printf("    %14s %12s  micro %lld x %lld, %s%s%s\n",
+                    human_bytes(c.result.run.analysis.peak_reserved).c_str(),
+                    human_seconds(c.time.seconds).c_str(), static_cast<long long>(c.micro_batch),
+                    static_cast<long long>(c.grad_accum), optimizer_name(c).c_str(),
+                    c.axis.empty() ? "" : (", " + c.axis).c_str(),
+                    static_cast<int>(i) == r.chosen ? "  <- chosen" : "");
+      }
+    }
     if (r.chosen >= 0) {
       const ConfigCandidate& c = r.candidates[static_cast<size_t>(r.chosen)];
-      std::printf("\n%s  micro-batch %lld x %lld accumulation, optimizer %s, %s\n", style.good("CHOSEN").c_str(),
+      std::printf("\n%s  micro-batch %lld x %lld accumulation, optimizer %s%s, %s\n", style.good("CHOSEN").c_str(),
                   static_cast<long long>(c.micro_batch), static_cast<long long>(c.grad_accum),
-                  impl_name(c.optimizer).c_str(), plan_summary(c.result).c_str());
+                  optimizer_name(c).c_str(), c.axis.empty() ? "" : (", " + c.axis).c_str(),
+                  plan_summary(c.result).c_str());
+      if (c.host_offload_bytes > 0)
+        std::printf("  host: %s pinned for the offloaded activations\n", human_bytes(c.host_offload_bytes).c_str());
       std::printf("  why: %s\n  step %s; peak reserved %s\n", r.why.c_str(), step_time_text(c.time).c_str(),
                   human_bytes(c.result.run.analysis.peak_reserved).c_str());
     } else {
@@ -188,6 +235,13 @@ int run_optimize(const OptimizeArgs& args) {
   if (const auto usable = usable_capacity(scenario.device); usable && *budget > *usable)
     throw UsageError("--budget: " + human_bytes(*budget) + " is more than the device leaves the "
                      "allocator (" + human_bytes(*usable) + ": device.capacity less device.cuda_context)");
+  // The plan search rebuilds the checkpoint section per plan: a scenario's own offload would
+  // be dropped silently, so it is refused (--objective searches offload as an axis).
+  if (offloads(scenario.checkpoint))
+    throw ScenarioError((scenario.checkpoint.offload_where.empty() ? scenario.source : scenario.checkpoint.offload_where) +
+                        ": checkpoint.offload: memsim optimize searches "
+                        "checkpoint plans without offload and tries offload itself with "
+                        "--objective; remove checkpoint.offload");
   if (!args.objective.empty()) return run_config_search(args, scenario, *budget);
   const OptimizeResult r = optimize_checkpointing(scenario, default_script(scenario), *budget);
   const Analysis& a = r.run.analysis;

@@ -13,6 +13,7 @@
 #include "sim/step/modelled_features.h"
 #include "sim/step/schedule.h"
 #include "sim/step/training_script.h"
+#include "scenario/offload_keys.h"
 #include "scenario/scenario.h"
 #include "sim/search/advice_candidates.h"
 #include "tools/cli/advice_report.h"
@@ -104,6 +105,8 @@ Json run_json(const Scenario& scenario, const Program& program, const MemoryStat
   j["rank"] = rank_json(program.rank);
   j["model"] = model_json(scenario, program.rank);
   if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
+  // checkpoint.offload (graph/offload.h): save_on_cpu's pinned host copies at their peak.
+  if (offloads(scenario.checkpoint)) j["host_offload_bytes"] = program.host_offload_bytes;
   if (generate) j["generate"] = generate_json(scenario, generate_facts);
   Json summary = analysis_json(analysis);
   for (auto& [key, value] : summary.items()) j[key] = std::move(value);
@@ -307,6 +310,12 @@ int run_run(const RunArgs& args) {
                          " per node of " + std::to_string(h.ranks_per_node) + " ranks" +
                          (h.nvme ? ", " + human_bytes(h.nvme) + " on NVMe" : "") + ": " + h.what);
     }
+    if (offloads(scenario.checkpoint))  // checkpoint.offload: save_on_cpu's host copies
+      header.facts.emplace_back("host memory",
+                                human_bytes(program.host_offload_bytes) +
+                                    " pinned at peak: saved tensors of layers " +
+                                    offload_label(scenario.checkpoint) +
+                                    " copied to host (save_on_cpu)");
     if (moe) {
       header.facts.emplace_back(
           "moe routing",

@@ -6,6 +6,7 @@
 #include "scenario/device_defaults.h"
 #include "scenario/loss_impl.h"
 #include "scenario/model_architecture.h"
+#include "scenario/offload_keys.h"
 #include "scenario/scenario_family.h"
 #include "sim/analysis/parameter_count.h"
 
@@ -105,6 +106,7 @@ std::string training_line(const Scenario& s) {
       (family_row(s.model.family).reentrant_checkpoint_only ||
        s.checkpoint.reentrant.value_or(false)))
     line += " (reentrant)";
+  if (offloads(s.checkpoint)) line += ", offload layers " + offload_label(s.checkpoint);  // save_on_cpu
   const ParallelConfig& p = s.parallel;
   if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0) {
     line += ", parallel dp " + std::to_string(p.data) + " tp " + std::to_string(p.tensor) +
