@@ -121,6 +121,25 @@ struct Parameter {
                                // family that does not record shapes (Adafactor factors on it)
 };
 
+// What a tensor derived from parameter P is, for its name (program/tensor_names.h):
+// Runtime::param_label(i, l) interns "<prefix>P" (saved_input: "<prefix>M", M the
+// parameter's module path) once per Program and parameter.
+enum class ParamLabel : uint8_t {
+  grad,                    // "grad of P": the .grad AccumulateGrad stole or cloned
+  saved_input,             // "saved input of M": an activation an op on P saved for backward
+  saved_input_recomputed,  // the same, made by a checkpoint re-run
+  exp_avg,                 // Adam's state
+  exp_avg_sq,
+  adam_sqrt,               // _foreach_sqrt(exp_avg_sqs)'s per-parameter temporary
+  adam_denom,              // _single_tensor_adam's denom
+  momentum,                // SGD's momentum_buffer
+  master,                  // "master copy of P" (fp32 master weights)
+  master_grad,             // "fp32 grad of P" (the master's .grad)
+  autocast_bf16,           // "bf16 autocast copy of P"
+  autocast_f16,
+  count
+};
+
 // Storage a Runtime may borrow for its lifetime (and hands back when destroyed), so that
 // consecutive builds reuse capacity instead of faulting in fresh memory. What it holds
 // between Runtimes is meaningless.
@@ -184,6 +203,16 @@ class Runtime {
   Tensor adopt(uint32_t storage, uint64_t bytes);
   // Emits a mark event.
   void mark(std::string_view name) { program_.mark(name, ctx.phase); }
+
+  // --- names (program/tensor_names.h) --------------------------------------------------
+  // Names storage s (TensorInfo::name = `name`, a Program string id): what it is.
+  void name(uint32_t s, uint32_t name) { program_.tensors[s].name = name; }
+  // The interned name of what `l` makes of parameter i (see ParamLabel), built once.
+  uint32_t param_label(int32_t param, ParamLabel l);
+  // Parameter i's name ("model.layers.3.mlp.up_proj.weight").
+  const std::string& param_name(int32_t param) const {
+    return program_.str(program_.tensors[params_[param].storage].name);
+  }
 
   // --- parameters ----------------------------------------------------------------
   int32_t add_parameter(uint64_t bytes, std::string_view name);
@@ -294,6 +323,8 @@ class Runtime {
   void run_node(int32_t id, std::vector<int32_t>& ready);
   void deliver(const Edge& e, Grad g, std::vector<int32_t>& ready);
   void run_accumulate_grad(Node& n);
+  void note_module_path(std::string_view param_name);  // add_parameter: Program::module_path
+  void name_saved(const Node& n, uint32_t storage);    // "saved input of M" (save_storage)
   uint32_t op_id(OpKind k, bool backward) const {
     return backward && !recomputing ? bwd_name_[static_cast<int>(k)]
                                     : fwd_name_[static_cast<int>(k)];
@@ -326,6 +357,8 @@ class Runtime {
   uint32_t workspace_[2] = {kNoStorage, kNoStorage};
   uint32_t lt_workspace_[2] = {kNoStorage, kNoStorage};
   uint32_t live_nodes_ = 0;
+  // param_label's cache: [param * ParamLabel::count + label], 0 = not built yet.
+  std::vector<uint32_t> param_labels_;
   uint32_t fwd_name_[kOpKindCount];
   uint32_t bwd_name_[kOpKindCount];
   bool in_backward_ = false;

@@ -60,11 +60,17 @@ struct MemoryEvent {
 };
 
 // Static facts about a tensor (only what reports need; shapes are in its name).
+// `name` says what the tensor is ("grad of lm_head.weight"); 0 means none was given and
+// program/tensor_names.h composes one from the alloc event and `module` (what the Runtime
+// was in). `module` and `flags` sit in what was padding: the struct stays 16 bytes.
 struct TensorInfo {
-  uint32_t name = 0;  // index into Program::strings
+  uint32_t name = 0;  // index into Program::strings; 0: composed by tensor_names.h
   TensorKind kind = TensorKind::other;
+  uint8_t module = 0;  // graph::Module code when the Runtime allocated it (opaque here)
+  uint8_t flags = 0;   // kTensorRecomputed: allocated by a checkpoint re-run
   uint64_t bytes = 0;
 };
+inline constexpr uint8_t kTensorRecomputed = 1;
 
 struct Flops {
   double forward = 0;
@@ -90,6 +96,15 @@ class Program {
   uint32_t intern(std::string_view s);
   const std::string& str(uint32_t index) const { return strings_[index]; }
 
+  // Module paths for names (program/tensor_names.h): the path of module code `module`
+  // in `layer` (-1: outside the layers), e.g. "model.layers.3.mlp"; 0 when unknown.
+  // Set by the Runtime while parameters are created, from their names.
+  void set_module_path(int32_t layer, uint8_t module, uint32_t path);
+  uint32_t module_path(int32_t layer, uint8_t module) const;
+  // The short label of module code `module` ("mlp"), set by the Runtime: the fallback
+  // when no parameter named the path.
+  uint32_t module_label[16] = {};
+
   // Appends an alloc and returns the new tensor's id.
   uint32_t alloc(uint64_t bytes, TensorKind kind, Phase phase, uint32_t op, int32_t layer,
                  uint32_t name, uint8_t stream = 0);
@@ -110,6 +125,7 @@ class Program {
   StepCost cost;
 
  private:
+  std::vector<uint32_t> module_paths_;  // [(layer + 1) * 16 + module]
   std::vector<std::string> strings_{""};
   std::unordered_map<std::string, uint32_t> string_index_{{"", 0}};
 };

@@ -2,9 +2,52 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 
+#include "program/tensor_names.h"
+
 namespace memsim {
+
+namespace {
+
+// LiveSet::by_name: one pass over the live tensors, oldest first.
+void group_by_name(const Program& program, const std::vector<size_t>& alloc_event, LiveSet& out) {
+  constexpr size_t kDead = SIZE_MAX;
+  std::vector<std::pair<size_t, uint32_t>> live;  // (alloc event, tensor)
+  for (uint32_t t = 0; t < alloc_event.size(); ++t)
+    if (alloc_event[t] != kDead) live.emplace_back(alloc_event[t], t);
+  std::sort(live.begin(), live.end());
+  std::map<std::tuple<std::string, uint8_t, uint64_t>, size_t> index;
+  for (const auto& [k, t] : live) {
+    const MemoryEvent& a = program.events[k];
+    std::string name = tensor_name(program, t, a);
+    auto key = std::make_tuple(name_pattern(name), static_cast<uint8_t>(a.kind), a.bytes);
+    auto [it, fresh] = index.try_emplace(std::move(key), out.by_name.size());
+    if (fresh) {
+      NameGroup g;
+      g.name = std::get<0>(it->first);
+      g.example = std::move(name);
+      g.kind = a.kind;
+      g.bytes_each = a.bytes;
+      g.op = program.str(a.op);
+      g.first_layer = g.last_layer = a.layer;
+      out.by_name.push_back(std::move(g));
+    }
+    NameGroup& g = out.by_name[it->second];
+    g.tensors += 1;
+    g.bytes += a.bytes;
+    if (a.layer >= 0) {
+      g.first_layer = g.first_layer < 0 ? a.layer : std::min(g.first_layer, a.layer);
+      g.last_layer = std::max(g.last_layer, a.layer);
+    }
+  }
+  // Largest total first; ties keep the older group first (stable).
+  std::stable_sort(out.by_name.begin(), out.by_name.end(),
+                   [](const NameGroup& a, const NameGroup& b) { return a.bytes > b.bytes; });
+}
+
+}  // namespace
 
 LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n) {
   LiveSet out;
@@ -68,7 +111,7 @@ LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n) {
     const MemoryEvent& a = program.events[alloc_event[t]];
     LiveTensor lt;
     lt.tensor = t;
-    lt.name = program.str(program.tensors[t].name);
+    lt.name = tensor_name(program, t, a);
     lt.kind = a.kind;
     lt.bytes = a.bytes;
     lt.op = program.str(a.op);
@@ -77,6 +120,7 @@ LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n) {
     lt.alloc_event = alloc_event[t];
     out.largest.push_back(std::move(lt));
   }
+  if (top_n > 0) group_by_name(program, alloc_event, out);
   return out;
 }
 
