@@ -298,8 +298,8 @@ void Runtime::name_saved(const Node& n, uint32_t storage) {
     if (next < 0) continue;
     const Node& w = nodes_[next];
     if (w.kind != OpKind::accumulate_grad || w.param < 0) continue;
-    info.name = param_label(w.param, recomputing ? ParamLabel::saved_input_recomputed
-                                                 : ParamLabel::saved_input);
+    info.name = program_.tensors[params_[w.param].storage].name;
+    info.role = recomputing ? NameRole::saved_input_recomputed : NameRole::saved_input;
     return;
   }
 }
@@ -337,35 +337,11 @@ void Runtime::note_module_path(std::string_view param_name) {
   const std::string_view mine = module_of(param_name);
   const uint32_t old = program_.module_path(ctx.layer, m);
   // A copy: intern() may grow the string table that `old`'s text lives in.
+  if (old != 0 && common_path(program_.str(old), mine).size() == program_.str(old).size())
+    return;  // the path stands (most parameters): nothing to intern
+  // A copy: intern() may grow the string table that `old`'s text lives in.
   const std::string path(old == 0 ? mine : common_path(program_.str(old), mine));
   if (!path.empty()) program_.set_module_path(ctx.layer, m, program_.intern(path));
-}
-
-uint32_t Runtime::param_label(int32_t param, ParamLabel l) {
-  constexpr size_t kLabels = static_cast<size_t>(ParamLabel::count);
-  const size_t k = static_cast<size_t>(param) * kLabels + static_cast<size_t>(l);
-  if (param_labels_.size() <= k) param_labels_.resize((static_cast<size_t>(param) + 1) * kLabels, 0);
-  if (param_labels_[k] != 0) return param_labels_[k];
-  const std::string& p = param_name(param);
-  std::string s;
-  switch (l) {
-    case ParamLabel::grad: s = "grad of " + p; break;
-    case ParamLabel::saved_input: s = "saved input of " + std::string(module_of(p)); break;
-    case ParamLabel::saved_input_recomputed:
-      s = "saved input of " + std::string(module_of(p)) + " (recomputed)";
-      break;
-    case ParamLabel::exp_avg: s = "exp_avg of " + p; break;
-    case ParamLabel::exp_avg_sq: s = "exp_avg_sq of " + p; break;
-    case ParamLabel::adam_sqrt: s = "exp_avg_sq.sqrt() of " + p + " (foreach temporary)"; break;
-    case ParamLabel::adam_denom: s = "denom of " + p; break;
-    case ParamLabel::momentum: s = "momentum_buffer of " + p; break;
-    case ParamLabel::master: s = "master copy of " + p; break;
-    case ParamLabel::master_grad: s = "fp32 grad of " + p; break;
-    case ParamLabel::autocast_bf16: s = "bf16 autocast copy of " + p; break;
-    case ParamLabel::autocast_f16: s = "fp16 autocast copy of " + p; break;
-    case ParamLabel::count: break;
-  }
-  return param_labels_[k] = program_.intern(s);
 }
 
 void Runtime::release_saved(Node& n) {
@@ -668,7 +644,7 @@ void Runtime::run_accumulate_grad(Node& n) {
       if (numeric != nullptr) numeric->copy(p.grad, g);
       release(g);
     }
-    name(p.grad, param_label(n.param, ParamLabel::grad));
+    name_as(p.grad, n.param, NameRole::grad);
   } else {
     if (numeric != nullptr) numeric->accumulate(p.grad, g);
     release(g);  // .grad += grad, in place

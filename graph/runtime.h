@@ -121,24 +121,8 @@ struct Parameter {
                                // family that does not record shapes (Adafactor factors on it)
 };
 
-// What a tensor derived from parameter P is, for its name (program/tensor_names.h):
-// Runtime::param_label(i, l) interns "<prefix>P" (saved_input: "<prefix>M", M the
-// parameter's module path) once per Program and parameter.
-enum class ParamLabel : uint8_t {
-  grad,                    // "grad of P": the .grad AccumulateGrad stole or cloned
-  saved_input,             // "saved input of M": an activation an op on P saved for backward
-  saved_input_recomputed,  // the same, made by a checkpoint re-run
-  exp_avg,                 // Adam's state
-  exp_avg_sq,
-  adam_sqrt,               // _foreach_sqrt(exp_avg_sqs)'s per-parameter temporary
-  adam_denom,              // _single_tensor_adam's denom
-  momentum,                // SGD's momentum_buffer
-  master,                  // "master copy of P" (fp32 master weights)
-  master_grad,             // "fp32 grad of P" (the master's .grad)
-  autocast_bf16,           // "bf16 autocast copy of P"
-  autocast_f16,
-  count
-};
+// What a tensor derived from parameter P is, for its name (program/program.h's NameRole).
+using ParamLabel = NameRole;
 
 // Storage a Runtime may borrow for its lifetime (and hands back when destroyed), so that
 // consecutive builds reuse capacity instead of faulting in fresh memory. What it holds
@@ -205,10 +189,17 @@ class Runtime {
   void mark(std::string_view name) { program_.mark(name, ctx.phase); }
 
   // --- names (program/tensor_names.h) --------------------------------------------------
-  // Names storage s (TensorInfo::name = `name`, a Program string id): what it is.
-  void name(uint32_t s, uint32_t name) { program_.tensors[s].name = name; }
-  // The interned name of what `l` makes of parameter i (see ParamLabel), built once.
-  uint32_t param_label(int32_t param, ParamLabel l);
+  // Names storage s (TensorInfo::name = `id`, a Program string id): what it is.
+  void name(uint32_t s, uint32_t id) {
+    program_.tensors[s].name = id;
+    program_.tensors[s].role = NameRole::none;
+  }
+  // Names storage s as `role` of parameter i ("grad of P"): a parameter id and a byte,
+  // spelled out by program/tensor_names.h at report time.
+  void name_as(uint32_t s, int32_t param, ParamLabel role) {
+    program_.tensors[s].name = program_.tensors[params_[param].storage].name;
+    program_.tensors[s].role = role;
+  }
   // Parameter i's name ("model.layers.3.mlp.up_proj.weight").
   const std::string& param_name(int32_t param) const {
     return program_.str(program_.tensors[params_[param].storage].name);
@@ -357,8 +348,6 @@ class Runtime {
   uint32_t workspace_[2] = {kNoStorage, kNoStorage};
   uint32_t lt_workspace_[2] = {kNoStorage, kNoStorage};
   uint32_t live_nodes_ = 0;
-  // param_label's cache: [param * ParamLabel::count + label], 0 = not built yet.
-  std::vector<uint32_t> param_labels_;
   uint32_t fwd_name_[kOpKindCount];
   uint32_t bwd_name_[kOpKindCount];
   bool in_backward_ = false;

@@ -40,7 +40,7 @@ uint32_t Program::intern(std::string_view s) {
 uint32_t Program::alloc(uint64_t bytes, TensorKind kind, Phase phase, uint32_t op,
                         int32_t layer, uint32_t name, uint8_t stream) {
   uint32_t id = static_cast<uint32_t>(tensors.size());
-  tensors.push_back(TensorInfo{name, kind, 0, 0, bytes});
+  tensors.push_back(TensorInfo{name, kind, 0, 0, NameRole::none, bytes});
   events.push_back(MemoryEvent{EventType::alloc, kind, phase, stream, layer, id, op, bytes});
   return id;
 }

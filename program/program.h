@@ -59,15 +59,37 @@ struct MemoryEvent {
   uint64_t bytes = 0;                   // alloc: requested bytes; mark: index into strings
 };
 
+// What a tensor derived from a parameter is (TensorInfo::role): its `name` then holds
+// that parameter's name and program/tensor_names.h spells the whole ("grad of P",
+// "saved input of M" for P's module M). Storing the parameter's id and a byte instead
+// of interning "grad of P" keeps the names' cost out of every Program build.
+enum class NameRole : uint8_t {
+  none,                    // `name` is the tensor's own name
+  grad,                    // "grad of P": the .grad AccumulateGrad stole or cloned
+  saved_input,             // "saved input of M": an activation an op on P saved for backward
+  saved_input_recomputed,  // the same, made by a checkpoint re-run
+  exp_avg,                 // Adam's state ("exp_avg of P")
+  exp_avg_sq,
+  adam_sqrt,               // _foreach_sqrt(exp_avg_sqs)'s per-parameter temporary
+  adam_denom,              // _single_tensor_adam's denom
+  momentum,                // SGD's momentum_buffer
+  master,                  // "master copy of P" (fp32 master weights)
+  master_grad,             // "fp32 grad of P" (the master's .grad)
+  autocast_bf16,           // "bf16 autocast copy of P"
+  autocast_f16,
+};
+
 // Static facts about a tensor (only what reports need; shapes are in its name).
-// `name` says what the tensor is ("grad of lm_head.weight"); 0 means none was given and
-// program/tensor_names.h composes one from the alloc event and `module` (what the Runtime
-// was in). `module` and `flags` sit in what was padding: the struct stays 16 bytes.
+// `name` says what the tensor is ("model.layers.3.mlp.up_proj.weight"), with `role` what
+// it is of that parameter; 0 means none was given and program/tensor_names.h composes
+// one from the alloc event and `module` (what the Runtime was in). `module`, `flags` and
+// `role` sit in what was padding: the struct stays 16 bytes.
 struct TensorInfo {
   uint32_t name = 0;  // index into Program::strings; 0: composed by tensor_names.h
   TensorKind kind = TensorKind::other;
   uint8_t module = 0;  // graph::Module code when the Runtime allocated it (opaque here)
   uint8_t flags = 0;   // kTensorRecomputed: allocated by a checkpoint re-run
+  NameRole role = NameRole::none;
   uint64_t bytes = 0;
 };
 inline constexpr uint8_t kTensorRecomputed = 1;

@@ -20,6 +20,32 @@ const char* role_of(TensorKind kind) {
   return " output";
 }
 
+// "model.layers.3.mlp.up_proj.weight" -> "model.layers.3.mlp.up_proj".
+std::string module_of(const std::string& param_name) {
+  const size_t dot = param_name.rfind('.');
+  return dot == std::string::npos ? param_name : param_name.substr(0, dot);
+}
+
+// Parameter P's name `p` with what the tensor is of it (TensorInfo::role).
+std::string with_role(NameRole role, const std::string& p) {
+  switch (role) {
+    case NameRole::none: return p;
+    case NameRole::grad: return "grad of " + p;
+    case NameRole::saved_input: return "saved input of " + module_of(p);
+    case NameRole::saved_input_recomputed: return "saved input of " + module_of(p) + " (recomputed)";
+    case NameRole::exp_avg: return "exp_avg of " + p;
+    case NameRole::exp_avg_sq: return "exp_avg_sq of " + p;
+    case NameRole::adam_sqrt: return "exp_avg_sq.sqrt() of " + p + " (foreach temporary)";
+    case NameRole::adam_denom: return "denom of " + p;
+    case NameRole::momentum: return "momentum_buffer of " + p;
+    case NameRole::master: return "master copy of " + p;
+    case NameRole::master_grad: return "fp32 grad of " + p;
+    case NameRole::autocast_bf16: return "bf16 autocast copy of " + p;
+    case NameRole::autocast_f16: return "fp16 autocast copy of " + p;
+  }
+  return p;
+}
+
 }  // namespace
 
 std::string module_path_text(const Program& program, int32_t layer, uint8_t module) {
@@ -56,7 +82,7 @@ std::string module_path_text(const Program& program, int32_t layer, uint8_t modu
 std::string tensor_name(const Program& program, uint32_t tensor, const MemoryEvent& a) {
   if (tensor >= program.tensors.size()) return std::string();
   const TensorInfo& info = program.tensors[tensor];
-  if (info.name != 0) return program.str(info.name);
+  if (info.name != 0) return with_role(info.role, program.str(info.name));
   if (a.op == 0) return std::string();  // a replayed block: no op, no name
   std::string s = program.str(a.op) + role_of(info.kind);
   const std::string where = module_path_text(program, a.layer, info.module);
@@ -74,14 +100,15 @@ TensorNames::TensorNames(const Program& program) : program_(program) {
     const MemoryEvent& e = program.events[i];
     if (e.type == EventType::alloc && e.tensor < n && alloc_[e.tensor] == SIZE_MAX) alloc_[e.tensor] = i;
   }
-  // Given names map one to one onto string ids; composed ones onto (op, layer, module,
-  // kind, flags). Either way each distinct name is built once.
+  // Given names map one to one onto (string id, role); composed ones onto (op, layer,
+  // module, kind, flags). Either way each distinct name is built once.
   std::unordered_map<uint64_t, uint32_t> given, composed;
   for (uint32_t t = 0; t < n; ++t) {
     const TensorInfo& info = program.tensors[t];
     if (info.name != 0) {
-      auto [it, fresh] = given.try_emplace(info.name, static_cast<uint32_t>(names_.size()));
-      if (fresh) names_.push_back(program.str(info.name));
+      const uint64_t key = uint64_t{info.name} | (uint64_t{static_cast<uint8_t>(info.role)} << 32);
+      auto [it, fresh] = given.try_emplace(key, static_cast<uint32_t>(names_.size()));
+      if (fresh) names_.push_back(with_role(info.role, program.str(info.name)));
       name_of_[t] = it->second;
       continue;
     }

@@ -3,7 +3,8 @@
 //
 // Where names come from:
 //  - a name given while the Program was built (TensorInfo::name != 0): parameters by
-//    their module path ("model.layers.3.mlp.up_proj.weight"), "grad of P", "exp_avg of P",
+//    their module path ("model.layers.3.mlp.up_proj.weight"); with TensorInfo::role a
+//    parameter's derivative, spelled here: "grad of P", "exp_avg of P",
 //    "bf16 autocast copy of P", "saved input of model.layers.3.self_attn.o_proj",
 //    "logits.float()", FSDP/ZeRO/DDP buffers ("FSDP all-gather of block 7"), ...;
 //  - otherwise one composed here from the alloc event and TensorInfo::module: what the op

@@ -229,7 +229,7 @@ TEST_CASE("Names: memsim run writes them to the text, JSON, CSV and snapshot", "
   const Snapshot s = read_snapshot_file(snap.string());
   REQUIRE(!s.device_traces.empty());
   const PickleDoc doc = parse_pickle(memsim_test::slurp(snap), "run.pickle");
-  PickleValue traces, segments;
+  PickleValue traces = doc.root(), segments = doc.root();
   REQUIRE(doc.root().find("device_traces", &traces));
   REQUIRE(doc.root().find("segments", &segments));
   const PickleValue trace = traces.item(0);
@@ -238,13 +238,13 @@ TEST_CASE("Names: memsim run writes them to the text, JSON, CSV and snapshot", "
   size_t allocs_with_frames = 0;
   for (size_t i = 0; i < trace.size(); ++i) {
     const PickleValue e = trace.item(i);
-    PickleValue action, frames, category;
+    PickleValue action = doc.root(), frames = doc.root(), category = doc.root();
     REQUIRE(e.find("action", &action));
     if (e.find("category", &category)) categories.insert(std::string(category.as_string()));
     if (!e.find("frames", &frames)) continue;
     if (action.as_string() == "alloc") ++allocs_with_frames;
     REQUIRE(frames.size() == 2);
-    PickleValue name, file, line;
+    PickleValue name = doc.root(), file = doc.root(), line = doc.root();
     REQUIRE(frames.item(0).find("name", &name));
     REQUIRE(frames.item(0).find("filename", &file));
     REQUIRE(frames.item(0).find("line", &line));
@@ -266,10 +266,10 @@ TEST_CASE("Names: memsim run writes them to the text, JSON, CSV and snapshot", "
   // Active blocks at the end: the parameters, named.
   size_t named_blocks = 0;
   for (size_t i = 0; i < segments.size(); ++i) {
-    PickleValue blocks;
+    PickleValue blocks = doc.root();
     REQUIRE(segments.item(i).find("blocks", &blocks));
     for (size_t k = 0; k < blocks.size(); ++k) {
-      PickleValue state, frames;
+      PickleValue state = doc.root(), frames = doc.root();
       REQUIRE(blocks.item(k).find("state", &state));
       REQUIRE(blocks.item(k).find("frames", &frames));
       if (state.as_string() == "active_allocated") named_blocks += frames.size() == 2;

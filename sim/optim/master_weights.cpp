@@ -12,7 +12,7 @@ using graph::Tensor;
 
 // "master copy of P" / "fp32 grad of P" (program/tensor_names.h).
 Tensor named(Runtime& rt, Tensor t, size_t param, graph::ParamLabel label) {
-  rt.name(t.storage, rt.param_label(static_cast<int32_t>(param), label));
+  rt.name_as(t.storage, static_cast<int32_t>(param), label);
   return t;
 }
 

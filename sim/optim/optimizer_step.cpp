@@ -20,7 +20,7 @@ Tensor state(Runtime& rt, uint64_t bytes) {
 }
 // A tensor that is `label` of parameter i ("exp_avg of P"; program/tensor_names.h).
 Tensor labelled(Runtime& rt, Tensor t, size_t i, graph::ParamLabel label) {
-  rt.name(t.storage, rt.param_label(static_cast<int32_t>(i), label));
+  rt.name_as(t.storage, static_cast<int32_t>(i), label);
   return t;
 }
 

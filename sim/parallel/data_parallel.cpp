@@ -171,8 +171,7 @@ void TorchDdp::allocate(Runtime& rt, const std::vector<std::vector<int32_t>>& bu
     uint64_t bytes = 0;
     for (int32_t i : b) bytes += rt.parameters()[static_cast<size_t>(i)].bytes;
     Tensor t = rt.alloc(bytes, TensorKind::gradient, OpKind::other);
-    // "DDP gradient bucket 0": the reducer's bucket index (program/tensor_names.h).
-    rt.name(t.storage, rt.program().intern("DDP gradient bucket " + std::to_string(buffers_.size())));
+    rt.program().tensors[t.storage].name = rt.program().intern("ddp.reducer.bucket");
     for (int32_t i : b) {
       const size_t k = static_cast<size_t>(i);
       graph::Parameter& p = rt.parameters()[k];

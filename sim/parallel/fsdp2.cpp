@@ -212,7 +212,7 @@ void Fsdp2::unshard(Runtime& rt, size_t g) {
   }
   group.all_gather =
       alloc(rt, input_bytes * world, TensorKind::parameter, kAllGatherStream, n_ag_out_);
-  rt.name(group.all_gather, group_name(rt, g, "FSDP2 all-gather output"));
+  rt.name(group.all_gather, group_name(rt, g, "FSDP2 all-gather output (flat)"));
   for (uint32_t in : inputs) rt.release(in);  // foreach_all_gather returns
 }
 
@@ -384,7 +384,7 @@ void Fsdp2::group_post_backward(Runtime& rt, size_t g) {
     shard += params_[i].shard_numel;
   }
   const uint32_t rs_in = alloc(rt, full * reduce_elem, TensorKind::gradient, 0, n_rs_in_);
-  rt.name(rs_in, group_name(rt, g, "FSDP2 reduce-scatter input"));
+  rt.name(rs_in, group_name(rt, g, "FSDP2 reduce-scatter input (chunk_cat)"));
   if (grad_dtype_ != reduce_dtype_ && promote(grad_dtype_, reduce_dtype_) != reduce_dtype_) {
     // _chunk_cat rejects narrowing casts: a grad-dtype buffer first.
     const uint32_t buf = alloc(rt, full * grad_elem, TensorKind::gradient, 0, n_rs_cast_);
