@@ -110,6 +110,7 @@ Tensor Autocast::weight(int32_t param, bool grad_transposed, const Tensor* sourc
   }
   Tensor w = source != nullptr ? *source : rt_.param(param);
   Tensor c = new_cast(w, w.bytes / 4 * low_);  // autocast casts fp32 parameters only
+  rt_.name_as(c.storage, param, fp16_ ? ParamLabel::autocast_f16 : ParamLabel::autocast_bf16);
   if (c.grad_fn >= 0 && grad_transposed) rt_.node(c.grad_fn).flags |= kWeightCast;
   if (cache) {
     if (cache_.size() <= static_cast<size_t>(param)) cache_.resize(param + 1);

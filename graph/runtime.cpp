@@ -62,6 +62,8 @@ Runtime::Runtime(Program& program, RuntimeBuffers* buffers)
     fwd_name_[k] = program_.intern(forward_name(static_cast<OpKind>(k)));
     bwd_name_[k] = program_.intern(backward_name(static_cast<OpKind>(k)));
   }
+  for (int m = 0; m < kModuleCount; ++m)
+    program_.module_label[m] = m == 0 ? 0 : program_.intern(to_string(static_cast<Module>(m)));
   if (buffers_ != nullptr) {
     refs_.swap(buffers_->refs);
     nodes_.swap(buffers_->nodes);
@@ -96,7 +98,12 @@ uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
   }
   cur_op_ = op;
   uint32_t op_name = op_id(op, in_backward_);
-  uint32_t id = program_.alloc(bytes, kind, ctx.phase, op_name, ctx.layer, op_name);
+  // No name: tensor_names.h composes one from the op and ctx.module (stored here, in
+  // TensorInfo's padding) unless a later step names the tensor (grads, saved inputs, ...).
+  uint32_t id = program_.alloc(bytes, kind, ctx.phase, op_name, ctx.layer, 0);
+  TensorInfo& info = program_.tensors.back();
+  info.module = static_cast<uint8_t>(ctx.module);
+  info.flags = recomputing ? kTensorRecomputed : 0;
   // Time model (graph/op_cost.h): HBM bytes of ops that are not GEMMs, by part. The
   // optimizer's are counted per parameter by the optimizer (sim/optim/optimizer_cost.h).
   if (const int crossings = hbm_writes_and_reads(op); crossings > 0) {
@@ -150,6 +157,8 @@ int32_t Runtime::add_parameter(uint64_t bytes, std::string_view name) {
   uint32_t op = program_.intern("empty");
   p.storage = program_.alloc(bytes, TensorKind::parameter, ctx.phase, op, ctx.layer,
                              program_.intern(name));
+  program_.tensors.back().module = static_cast<uint8_t>(ctx.module);
+  note_module_path(name);
   refs_.push_back(1);  // owned by the module (never freed)
   params_.push_back(p);
   if (numeric != nullptr) {
@@ -280,13 +289,32 @@ void Runtime::save_storage(int32_t id, uint32_t storage) {
   }
   Node& n = nodes_[id];
   if (saves_++ != test_drop_save) retain(storage);  // test_drop_save: see runtime.h
+  name_saved(n, storage);
   saved_.push_back(storage);
   ++n.saved_count;
   if (compile != nullptr) compile->on_save(id, storage);
 }
 
+void Runtime::name_saved(const Node& n, uint32_t storage) {
+  // An activation saved by an op on a parameter (a linear's input, a norm's normalised
+  // input) is "saved input of <that parameter's module>"; the first such save names it.
+  TensorInfo& info = program_.tensors[storage];
+  if (info.name != 0 || info.kind == TensorKind::parameter || info.kind == TensorKind::input)
+    return;
+  for (uint8_t k = 0; k < n.n_next; ++k) {
+    const int32_t next = n.next[k].node;
+    if (next < 0) continue;
+    const Node& w = nodes_[next];
+    if (w.kind != OpKind::accumulate_grad || w.param < 0) continue;
+    info.name = program_.tensors[params_[w.param].storage].name;
+    info.role = recomputing ? NameRole::saved_input_recomputed : NameRole::saved_input;
+    return;
+  }
+}
+
 void Runtime::fill_saved(int32_t id, uint32_t k, uint32_t storage) {
   retain(storage);
+  name_saved(nodes_[id], storage);
   saved_[nodes_[id].saved_first + k] = storage;
 }
 
@@ -294,6 +322,38 @@ void Runtime::save(int32_t id, const Tensor& t) {
   save_bytes_ = t.bytes;  // a view is packed at its own size (graph/offload.h)
   save_storage(id, t.storage);
   save_bytes_ = 0;
+}
+
+namespace {
+// "model.layers.3.mlp.up_proj.weight" -> "model.layers.3.mlp.up_proj".
+std::string_view module_of(std::string_view param_name) {
+  const size_t dot = param_name.rfind('.');
+  return dot == std::string_view::npos ? param_name : param_name.substr(0, dot);
+}
+// The longest common dotted prefix of two module paths ("" when none).
+std::string_view common_path(std::string_view a, std::string_view b) {
+  size_t n = 0, last_dot = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) {
+    if (a[n] == '.') last_dot = n;
+    ++n;
+  }
+  const bool whole = (n == a.size() || a[n] == '.') && (n == b.size() || b[n] == '.');
+  return whole ? a.substr(0, n) : a.substr(0, last_dot);
+}
+}  // namespace
+
+void Runtime::note_module_path(std::string_view param_name) {
+  // The path of (ctx.layer, ctx.module): the common prefix of the modules of the
+  // parameters created there (a layer's two norms share "model.layers.3").
+  const uint8_t m = static_cast<uint8_t>(ctx.module);
+  const std::string_view mine = module_of(param_name);
+  const uint32_t old = program_.module_path(ctx.layer, m);
+  // A copy: intern() may grow the string table that `old`'s text lives in.
+  if (old != 0 && common_path(program_.str(old), mine).size() == program_.str(old).size())
+    return;  // the path stands (most parameters): nothing to intern
+  // A copy: intern() may grow the string table that `old`'s text lives in.
+  const std::string path(old == 0 ? mine : common_path(program_.str(old), mine));
+  if (!path.empty()) program_.set_module_path(ctx.layer, m, program_.intern(path));
 }
 
 void Runtime::release_saved(Node& n) {
@@ -614,6 +674,7 @@ void Runtime::run_accumulate_grad(Node& n) {
       if (numeric != nullptr) numeric->copy(p.grad, g);
       release(g);
     }
+    name_as(p.grad, n.param, NameRole::grad);
   } else {
     if (numeric != nullptr) numeric->accumulate(p.grad, g);
     release(g);  // .grad += grad, in place

@@ -122,6 +122,9 @@ struct Parameter {
                                // family that does not record shapes (Adafactor factors on it)
 };
 
+// What a tensor derived from parameter P is, for its name (program/program.h's NameRole).
+using ParamLabel = NameRole;
+
 // Storage a Runtime may borrow for its lifetime (and hands back when destroyed), so that
 // consecutive builds reuse capacity instead of faulting in fresh memory. What it holds
 // between Runtimes is meaningless.
@@ -189,6 +192,23 @@ class Runtime {
   Tensor adopt(uint32_t storage, uint64_t bytes);
   // Emits a mark event.
   void mark(std::string_view name) { program_.mark(name, ctx.phase); }
+
+  // --- names (program/tensor_names.h) --------------------------------------------------
+  // Names storage s (TensorInfo::name = `id`, a Program string id): what it is.
+  void name(uint32_t s, uint32_t id) {
+    program_.tensors[s].name = id;
+    program_.tensors[s].role = NameRole::none;
+  }
+  // Names storage s as `role` of parameter i ("grad of P"): a parameter id and a byte,
+  // spelled out by program/tensor_names.h at report time.
+  void name_as(uint32_t s, int32_t param, ParamLabel role) {
+    program_.tensors[s].name = program_.tensors[params_[param].storage].name;
+    program_.tensors[s].role = role;
+  }
+  // Parameter i's name ("model.layers.3.mlp.up_proj.weight").
+  const std::string& param_name(int32_t param) const {
+    return program_.str(program_.tensors[params_[param].storage].name);
+  }
 
   // --- parameters ----------------------------------------------------------------
   int32_t add_parameter(uint64_t bytes, std::string_view name);
@@ -303,6 +323,8 @@ class Runtime {
   void run_node(int32_t id, std::vector<int32_t>& ready);
   void deliver(const Edge& e, Grad g, std::vector<int32_t>& ready);
   void run_accumulate_grad(Node& n);
+  void note_module_path(std::string_view param_name);  // add_parameter: Program::module_path
+  void name_saved(const Node& n, uint32_t storage);    // "saved input of M" (save_storage)
   uint32_t op_id(OpKind k, bool backward) const {
     return backward && !recomputing ? bwd_name_[static_cast<int>(k)]
                                     : fwd_name_[static_cast<int>(k)];

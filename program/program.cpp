@@ -47,7 +47,7 @@ uint32_t Program::alloc(uint64_t bytes, TensorKind kind, Phase phase, uint32_t o
     throw StopEmitting{};
   }
   uint32_t id = static_cast<uint32_t>(tensors.size());
-  tensors.push_back(TensorInfo{name, kind, bytes});
+  tensors.push_back(TensorInfo{name, kind, 0, 0, NameRole::none, bytes});
   events.push_back(MemoryEvent{EventType::alloc, kind, phase, stream, layer, id, op, bytes});
   return id;
 }
@@ -68,6 +68,19 @@ void Program::mark(std::string_view name, Phase phase) {
   if (name == "measured_step_begin") cost.reset_step();  // program/step_cost.h
 }
 
+void Program::set_module_path(int32_t layer, uint8_t module, uint32_t path) {
+  if (layer < -1) return;
+  const size_t k = static_cast<size_t>(layer + 1) * 16 + (module & 15);
+  if (module_paths_.size() <= k) module_paths_.resize(k + 1, 0);
+  module_paths_[k] = path;
+}
+
+uint32_t Program::module_path(int32_t layer, uint8_t module) const {
+  if (layer < -1) return 0;
+  const size_t k = static_cast<size_t>(layer + 1) * 16 + (module & 15);
+  return k < module_paths_.size() ? module_paths_[k] : 0;
+}
+
 void Program::clear() {
   events.clear();
   tensors.clear();
@@ -77,6 +90,8 @@ void Program::clear() {
   host_offload_bytes = 0;
   cost.reset_step();  // keeps the tables' capacity
   cost.unmodelled.clear();
+  module_paths_.clear();
+  for (uint32_t& m : module_label) m = 0;
   strings_.resize(1);  // "" stays index 0
   string_index_.clear();
   string_index_.emplace("", 0);

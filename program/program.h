@@ -64,12 +64,40 @@ struct MemoryEvent {
   uint64_t bytes = 0;                   // alloc: requested bytes; mark: index into strings
 };
 
+// What a tensor derived from a parameter is (TensorInfo::role): its `name` then holds
+// that parameter's name and program/tensor_names.h spells the whole ("grad of P",
+// "saved input of M" for P's module M). Storing the parameter's id and a byte instead
+// of interning "grad of P" keeps the names' cost out of every Program build.
+enum class NameRole : uint8_t {
+  none,                    // `name` is the tensor's own name
+  grad,                    // "grad of P": the .grad AccumulateGrad stole or cloned
+  saved_input,             // "saved input of M": an activation an op on P saved for backward
+  saved_input_recomputed,  // the same, made by a checkpoint re-run
+  exp_avg,                 // Adam's state ("exp_avg of P")
+  exp_avg_sq,
+  adam_sqrt,               // _foreach_sqrt(exp_avg_sqs)'s per-parameter temporary
+  adam_denom,              // _single_tensor_adam's denom
+  momentum,                // SGD's momentum_buffer
+  master,                  // "master copy of P" (fp32 master weights)
+  master_grad,             // "fp32 grad of P" (the master's .grad)
+  autocast_bf16,           // "bf16 autocast copy of P"
+  autocast_f16,
+};
+
 // Static facts about a tensor (only what reports need; shapes are in its name).
+// `name` says what the tensor is ("model.layers.3.mlp.up_proj.weight"), with `role` what
+// it is of that parameter; 0 means none was given and program/tensor_names.h composes
+// one from the alloc event and `module` (what the Runtime was in). `module`, `flags` and
+// `role` sit in what was padding: the struct stays 16 bytes.
 struct TensorInfo {
-  uint32_t name = 0;  // index into Program::strings
+  uint32_t name = 0;  // index into Program::strings; 0: composed by tensor_names.h
   TensorKind kind = TensorKind::other;
+  uint8_t module = 0;  // graph::Module code when the Runtime allocated it (opaque here)
+  uint8_t flags = 0;   // kTensorRecomputed: allocated by a checkpoint re-run
+  NameRole role = NameRole::none;
   uint64_t bytes = 0;
 };
+inline constexpr uint8_t kTensorRecomputed = 1;
 
 struct Flops {
   double forward = 0;
@@ -94,6 +122,15 @@ class Program {
   // Interns a string and returns its index; "" is always index 0.
   uint32_t intern(std::string_view s);
   const std::string& str(uint32_t index) const { return strings_[index]; }
+
+  // Module paths for names (program/tensor_names.h): the path of module code `module`
+  // in `layer` (-1: outside the layers), e.g. "model.layers.3.mlp"; 0 when unknown.
+  // Set by the Runtime while parameters are created, from their names.
+  void set_module_path(int32_t layer, uint8_t module, uint32_t path);
+  uint32_t module_path(int32_t layer, uint8_t module) const;
+  // The short label of module code `module` ("mlp"), set by the Runtime: the fallback
+  // when no parameter named the path.
+  uint32_t module_label[16] = {};
 
   // Appends an alloc and returns the new tensor's id.
   uint32_t alloc(uint64_t bytes, TensorKind kind, Phase phase, uint32_t op, int32_t layer,
@@ -154,6 +191,7 @@ class Program {
   bool sink_done_ = false;   // the sink returned false: events are counted, not handed on
   bool abort_when_done_ = false;
   bool aborted_ = false;     // StopEmitting was thrown (only once)
+  std::vector<uint32_t> module_paths_;  // [(layer + 1) * 16 + module]
   std::vector<std::string> strings_{""};
   std::unordered_map<std::string, uint32_t> string_index_{{"", 0}};
 };

@@ -20,6 +20,23 @@ using namespace memsim;
 
 namespace {
 
+// A buffer's role without the unit it belongs to: the reports name FSDP buffers
+// "<role> of block 7" / "<role> of the root" (program/tensor_names.h).
+std::string role_of(const std::string& name) {
+  for (const char* unit : {" of block ", " of the root"}) {
+    const size_t at = name.rfind(unit);
+    if (at != std::string::npos) return name.substr(0, at);
+  }
+  return name;
+}
+
+// Tensor t's own name, without its unit; "" for a tensor named after a parameter it
+// derives from (TensorInfo::role: the exp_avg of a sharded param is not that param).
+std::string own_name(const Program& p, size_t t) {
+  if (p.tensors[t].role != NameRole::none) return std::string();
+  return role_of(p.str(p.tensors[t].name));
+}
+
 // 2-layer hf-llama: D 256, F 1000, vocab 1001 (its rows pad: ceil(1001 / 4) = 251).
 Scenario fsdp2_scenario(const std::string& extra = "", const std::string& family = "hf-llama",
                         int64_t data = 4, const std::string& sharding = "fsdp2") {
@@ -45,14 +62,14 @@ constexpr uint64_t kRootShardNumel = 2 * 64256 + 64;  // 128576
 std::vector<const MemoryEvent*> allocs_named(const Program& p, const std::string& name) {
   std::vector<const MemoryEvent*> out;
   for (const MemoryEvent& e : p.events)
-    if (e.type == EventType::alloc && p.str(p.tensors[e.tensor].name) == name) out.push_back(&e);
+    if (e.type == EventType::alloc && own_name(p, e.tensor) == name) out.push_back(&e);
   return out;
 }
 
 // Maximum live bytes of the tensors named `name` over the events of `phase`.
 uint64_t max_live_named(const Program& p, const std::string& name, Phase phase) {
   std::vector<char> is(p.tensors.size(), 0);
-  for (size_t t = 0; t < p.tensors.size(); ++t) is[t] = p.str(p.tensors[t].name) == name;
+  for (size_t t = 0; t < p.tensors.size(); ++t) is[t] = own_name(p, t) == name;
   uint64_t live = 0, best = 0;
   for (const MemoryEvent& e : p.events) {
     if (e.type == EventType::alloc && is[e.tensor]) live += e.bytes;
@@ -405,7 +422,7 @@ uint64_t transient_live_at(const Program& p, const char* mark) {
                                "FSDP2 reduce-scatter grad buffer (narrowing cast)"};
   std::vector<char> is(p.tensors.size(), 0);
   for (size_t t = 0; t < p.tensors.size(); ++t)
-    for (const std::string& n : names) is[t] = is[t] || p.str(p.tensors[t].name) == n;
+    for (const std::string& n : names) is[t] = is[t] || own_name(p, t) == n;
   std::vector<char> alive(p.tensors.size(), 0);
   uint64_t live = 0;
   for (const MemoryEvent& e : p.events) {

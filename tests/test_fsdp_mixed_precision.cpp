@@ -14,6 +14,16 @@ using namespace memsim;
 
 namespace {
 
+// A buffer's role without the unit it belongs to: the reports name FSDP buffers
+// "<role> of block 7" / "<role> of the root" (program/tensor_names.h).
+std::string role_of(const std::string& name) {
+  for (const char* unit : {" of block ", " of the root"}) {
+    const size_t at = name.rfind(unit);
+    if (at != std::string::npos) return name.substr(0, at);
+  }
+  return name;
+}
+
 Scenario mp_scenario(const std::string& family, int64_t d, const std::string& extra = "",
                      const std::string& precision = "fp32") {
   std::string y = "model:\n  family: " + family +
@@ -36,10 +46,10 @@ LiveBytes at(const Program& p, const char* mark) {
 uint64_t kind(const LiveBytes& l, TensorKind k) { return l.by_kind[static_cast<int>(k)]; }
 
 bool named(const Program& p, uint32_t t, const std::string& name) {
-  return p.str(p.tensors[t].name) == name;
+  return role_of(p.str(p.tensors[t].name)) == name;
 }
 
-const std::string kGathered = "FSDP all-gather (unsharded flat_param)";
+const std::string kGathered = "FSDP all-gather";
 const std::string kMpShard = "FSDP _mp_shard (low-precision shard)";
 const std::string kStaged = "FSDP shard copied to GPU (flat_param_to(device))";
 const std::string kShardGrad = "FSDP sharded grad";

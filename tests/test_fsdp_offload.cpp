@@ -16,6 +16,16 @@ using namespace memsim;
 
 namespace {
 
+// A buffer's role without the unit it belongs to: the reports name FSDP buffers
+// "<role> of block 7" / "<role> of the root" (program/tensor_names.h).
+std::string role_of(const std::string& name) {
+  for (const char* unit : {" of block ", " of the root"}) {
+    const size_t at = name.rfind(unit);
+    if (at != std::string::npos) return name.substr(0, at);
+  }
+  return name;
+}
+
 Scenario offload_scenario(const std::string& family, int64_t d, const std::string& extra = "",
                           const std::string& optimizer = "adamw", int64_t grad_accum = 1) {
   std::string y = "model:\n  family: " + family +
@@ -36,7 +46,7 @@ uint64_t live(const Program& p, const char* mark, TensorKind k) {
 }
 
 bool named(const Program& p, uint32_t tensor, const std::string& name) {
-  return p.str(p.tensors[tensor].name) == name;
+  return role_of(p.str(p.tensors[tensor].name)) == name;
 }
 
 // Largest number of tensors named `name` alive at once.
@@ -63,7 +73,7 @@ uint64_t peak_of_kind(const Program& p, TensorKind k) {
   return peak;
 }
 
-const std::string kGathered = "FSDP all-gather (unsharded flat_param)";
+const std::string kGathered = "FSDP all-gather";
 const std::string kStaged = "FSDP shard copied to GPU (flat_param_to(device))";
 const std::string kShardGrad = "FSDP sharded grad";
 

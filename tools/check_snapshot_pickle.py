@@ -8,6 +8,7 @@ For FILE it checks, with the standard library only (no torch):
   - only the opcodes pytorch.org/memory_viz's JavaScript unpickler accepts are used
     (shared/docs/pytorch-allocator.md §10.1), protocol 2-4;
   - the top-level keys, segment/block/trace-entry keys and their order are PyTorch's (§9);
+    trace entries may end with 'frames' then 'category', frames being {name, filename, line};
   - pickle.dumps(data, protocol=4) reproduces the file byte for byte (memsim's writer
     mirrors CPython's pickler; a mismatch is reported as a warning, not an error).
 With ORIGINAL (a real _dump_snapshot file), it also compares segments, blocks, trace
@@ -31,7 +32,13 @@ SEGMENT_KEYS = ["device", "address", "total_size", "allocated_size", "active_siz
                 "is_expandable"]
 BLOCK_KEYS = ["address", "size", "requested_size", "state", "frames"]
 TRACE_KEYS = ["action", "addr", "size", "stream", "time_us"]
-IGNORED = {"frames", "compile_context", "user_metadata", "graph_capture_record_stream_reuse"}
+IGNORED = {"frames", "category", "compile_context", "user_metadata",
+           "graph_capture_record_stream_reuse"}
+# Optional trailing trace-entry keys, in this order: 'frames' (present only when a stack was
+# recorded; memsim run writes what each tensor is) and 'category' (the key profile_plot
+# writes and MemoryViz.js colours by).
+TRACE_OPTIONAL = ["frames", "category"]
+FRAME_KEYS = ["name", "filename", "line"]
 
 
 def fail(errors, msg):
@@ -75,8 +82,15 @@ def main(argv):
         for e, entry in enumerate(trace):
             want = [("device_free" if k == "addr" and entry.get("action") == "oom" else k)
                     for k in TRACE_KEYS]
-            if list(entry) != want:
-                fail(errors, f"device_traces[{d}][{e}] keys {list(entry)}")
+            keys = list(entry)
+            extra = keys[len(want):]
+            if keys[: len(want)] != want or extra != [k for k in TRACE_OPTIONAL if k in extra]:
+                fail(errors, f"device_traces[{d}][{e}] keys {keys}")
+            for f in entry.get("frames", []):
+                if not isinstance(f, dict) or list(f) != FRAME_KEYS:
+                    fail(errors, f"device_traces[{d}][{e}] frame {f!r}: keys must be {FRAME_KEYS}")
+            if "category" in entry and not isinstance(entry["category"], str):
+                fail(errors, f"device_traces[{d}][{e}] category is not a str")
 
     if pickle.dumps(data, protocol=4) != raw:
         print("warning: not byte-identical to pickle.dumps(protocol=4)")

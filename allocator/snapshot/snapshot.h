@@ -32,22 +32,42 @@ namespace memsim {
 // replay's running totals) far from overflow.
 inline constexpr uint64_t kMaxDeviceAddress = uint64_t{1} << 57;
 
+// One stack frame as PyTorch records it: {'name', 'filename', 'line'} (innermost first).
+// memsim's writer fills them with what a tensor is (tools/cli/snapshot_report.h); the
+// allocator itself never sees them.
+struct SnapshotFrame {
+  std::string name;
+  std::string filename;
+  int64_t line = 0;
+};
+
 struct SnapshotTraceEntry {
   TraceAction action = TraceAction::alloc;
   uint64_t address = 0;  // for oom: device_free
   uint64_t size = 0;
   StreamId stream = 0;
   int64_t time_us = 0;
+  // Written only: 1 + index into Snapshot::frame_sets / Snapshot::categories, 0 for none
+  // (then the entry has no 'frames' / 'category' key, as PyTorch writes an entry without
+  // a recorded stack). The reader leaves both 0.
+  uint32_t frames = 0;
+  uint32_t category = 0;
 };
 
 struct SnapshotSegment {
   int device = 0;
   SegmentInfo info;  // blocks in address order
+  // Written only: per block of info.blocks, 1 + index into Snapshot::frame_sets (0 or a
+  // missing entry: 'frames' is []).
+  std::vector<uint32_t> block_frames;
 };
 
 struct Snapshot {
   std::vector<SnapshotSegment> segments;
   std::vector<std::vector<SnapshotTraceEntry>> device_traces;  // one list per device
+  std::vector<std::vector<SnapshotFrame>> frame_sets;  // shared by trace entries and blocks
+  // 'category' values (memory_viz colours the Active Memory Timeline by them).
+  std::vector<std::string> categories;
   AllocatorConfig config;           // from allocator_settings (defaults if absent)
   std::string alloc_conf_string;    // allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]
 };

@@ -1,8 +1,11 @@
 // Snapshot -> pickle in the layout torch.cuda.memory._dump_snapshot writes on PyTorch
 // v2.6 (§9): same keys in the same order, so that memory_viz, torch.cuda._memory_viz
-// and scripts written against real snapshots read ours unchanged. Stacks are not
-// modelled: every 'frames' is [] (which the viewers accept, §10.1), and trace entries
-// carry no 'frames' key, as PyTorch writes them when no stack was recorded.
+// and scripts written against real snapshots read ours unchanged. Python stacks do not
+// exist here: a block's or trace entry's 'frames' are the Snapshot's frame_sets (memsim
+// run fills them with what each tensor is), else [] for blocks and no key for trace
+// entries, as PyTorch writes them when no stack was recorded. A trace entry's
+// 'category' (the key torch.cuda._memory_viz.profile_plot writes and MemoryViz.js
+// colours by) follows its 'frames'.
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -19,7 +22,21 @@ void empty_list(PickleWriter& w) {
   w.end_list();
 }
 
-void write_segment(PickleWriter& w, const SnapshotSegment& seg) {
+void write_frames(PickleWriter& w, const Snapshot& snapshot, uint32_t set) {
+  if (set == 0 || set > snapshot.frame_sets.size()) return empty_list(w);
+  const std::vector<SnapshotFrame>& frames = snapshot.frame_sets[set - 1];
+  w.begin_list(frames.size());
+  for (const SnapshotFrame& f : frames) {
+    w.begin_dict(3);  // the key order of PyTorch's frames
+    w.string("name"); w.string(f.name);
+    w.string("filename"); w.string(f.filename);
+    w.string("line"); w.integer(f.line);
+    w.end_dict();
+  }
+  w.end_list();
+}
+
+void write_segment(PickleWriter& w, const Snapshot& snapshot, const SnapshotSegment& seg) {
   const SegmentInfo& s = seg.info;
   w.begin_dict(12);
   w.string("device"); w.integer(seg.device);
@@ -35,26 +52,38 @@ void write_segment(PickleWriter& w, const SnapshotSegment& seg) {
   w.string("frames"); empty_list(w);  // an empty 'frames' precedes 'blocks' (§9.2)
   w.string("blocks");
   w.begin_list(s.blocks.size());
-  for (const BlockInfo& b : s.blocks) {
+  for (size_t k = 0; k < s.blocks.size(); ++k) {
+    const BlockInfo& b = s.blocks[k];
     w.begin_dict(5);
     w.string("address"); w.unsigned_integer(b.address);
     w.string("size"); w.unsigned_integer(b.size);
     w.string("requested_size"); w.unsigned_integer(b.requested_size);
     w.string("state"); w.string(to_string(b.state));
-    w.string("frames"); empty_list(w);
+    w.string("frames");
+    write_frames(w, snapshot, k < seg.block_frames.size() ? seg.block_frames[k] : 0);
     w.end_dict();
   }
   w.end_list();
   w.end_dict();
 }
 
-void write_trace_entry(PickleWriter& w, const SnapshotTraceEntry& e) {
-  w.begin_dict(5);
+void write_trace_entry(PickleWriter& w, const Snapshot& snapshot, const SnapshotTraceEntry& e) {
+  const bool frames = e.frames != 0 && e.frames <= snapshot.frame_sets.size();
+  const bool category = e.category != 0 && e.category <= snapshot.categories.size();
+  w.begin_dict(5 + (frames ? 1 : 0) + (category ? 1 : 0));
   w.string("action"); w.string(to_string(e.action));
   w.string(e.action == TraceAction::oom ? "device_free" : "addr"); w.unsigned_integer(e.address);
   w.string("size"); w.unsigned_integer(e.size);
   w.string("stream"); w.unsigned_integer(e.stream);
   w.string("time_us"); w.integer(e.time_us);
+  if (frames) {
+    w.string("frames");
+    write_frames(w, snapshot, e.frames);
+  }
+  if (category) {
+    w.string("category");
+    w.string(snapshot.categories[e.category - 1]);
+  }
   w.end_dict();
 }
 
@@ -88,7 +117,7 @@ std::string write_snapshot_bytes(const Snapshot& snapshot) {
   w.begin_dict(4);
   w.string("segments");
   w.begin_list(snapshot.segments.size());
-  for (const SnapshotSegment& seg : snapshot.segments) write_segment(w, seg);
+  for (const SnapshotSegment& seg : snapshot.segments) write_segment(w, snapshot, seg);
   w.end_list();
 
   // One trace list per device, at least up to the highest device with a segment, so a
@@ -102,7 +131,7 @@ std::string write_snapshot_bytes(const Snapshot& snapshot) {
   for (size_t d = 0; d < devices; ++d) {
     if (d < snapshot.device_traces.size()) {
       w.begin_list(snapshot.device_traces[d].size());
-      for (const SnapshotTraceEntry& e : snapshot.device_traces[d]) write_trace_entry(w, e);
+      for (const SnapshotTraceEntry& e : snapshot.device_traces[d]) write_trace_entry(w, snapshot, e);
       w.end_list();
     } else {
       empty_list(w);

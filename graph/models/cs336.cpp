@@ -404,6 +404,7 @@ Tensor Cs336Model::forward(const Tensor& ids) {
   x.reset();
   rt_.ctx.module = Module::head;
   Tensor logits = linear(h, lm_head_, s_.d_model, s_.vocab);
+  rt_.name(logits.storage, rt_.program().intern("logits"));  // program/tensor_names.h
   h.reset();
   embedded.reset();
   rt_.ctx.module = Module::none;

@@ -526,11 +526,15 @@ Tensor DecoderModel::head_projection(const Tensor& hidden, const Tensor& head_w,
 Tensor DecoderModel::logits_head(const Tensor& hidden, const Tensor& head_w, uint64_t rows) {
   const uint64_t e = s_.elem;
   Tensor logits = head_projection(hidden, head_w, rows);
+  rt_.name(logits.storage, rt_.program().intern("logits"));  // program/tensor_names.h
   if (arch().logits_float != LogitsFloat::forward) return logits;
   if (autocast_on())
     logits = to_copy(rt_, logits, logits.bytes / ac_->low_elem() * 4);  // logits.float()
   else if (e != 4)
     logits = to_copy(rt_, logits, logits.bytes / e * 4);  // logits.float()
+  else
+    return logits;
+  rt_.name(logits.storage, rt_.program().intern("logits.float()"));
   return logits;
 }
 
@@ -546,7 +550,10 @@ Tensor DecoderModel::loss(const Tensor& logits_in, const Tensor& labels) {
   Tensor logits = logits_in;
   if (a.logits_float == LogitsFloat::loss) {  // `logits = logits.float()`: a copy unless fp32
     const uint64_t le = logits.bytes / (s_.rows() * s_.vocab);
-    if (le != 4) logits = to_copy(rt_, logits, logits.bytes / le * 4);
+    if (le != 4) {
+      logits = to_copy(rt_, logits, logits.bytes / le * 4);
+      rt_.name(logits.storage, rt_.program().intern("logits.float()"));
+    }
   }
   // The logits' element size: fp32 after an upcast; else low precision under autocast
   // (also when the loss runs outside the region: precision.autocast_region forward).
@@ -661,6 +668,7 @@ Tensor DecoderModel::gpt2_head(const Tensor& hidden, const Tensor& head_w, uint6
   } else {
     logits = mm_linear(rt_, hidden, head_w, rows * s_.vocab * e, flops);
   }
+  rt_.name(logits.storage, rt_.program().intern("logits"));  // program/tensor_names.h
   return logits;
 }
 

@@ -1,5 +1,6 @@
 // KvCache: transformers' DynamicCache / StaticCache over graph::Runtime (graph/models/kv_cache.h).
 #include "graph/models/kv_cache.h"
+#include <string>
 
 #include "graph/ops/ops.h"
 #include "graph/ops/ops_nn.h"
@@ -23,6 +24,7 @@ void KvCache::allocate() {
     rt_.ctx.layer = static_cast<int32_t>(l);
     k_[l] = rt_.alloc(bytes, TensorKind::other, OpKind::zeros);
     v_[l] = rt_.alloc(bytes, TensorKind::other, OpKind::zeros);
+    name_layer(static_cast<size_t>(l));
   }
   rt_.ctx.layer = -1;
   seq_ = max_len_;
@@ -52,9 +54,25 @@ void KvCache::update(int32_t layer, Tensor& key, Tensor& value) {
     v_[l] = cat2(rt_, v_[l], value);
     contiguous_ = true;
   }
+  name_layer(l);
   if (layer == 0) seq_ = static_cast<int64_t>(k_[0].bytes / entry_bytes(1));
   key = k_[l];
   value = v_[l];
+}
+
+void KvCache::name_layer(size_t l) {
+  // The names in the reports (program/tensor_names.h). DynamicCache's first entry is the
+  // layer's key/value states themselves: they become the cache.
+  if (k_names_.size() <= l) {
+    k_names_.resize(l + 1, 0);
+    v_names_.resize(l + 1, 0);
+  }
+  if (k_names_[l] == 0) {
+    k_names_[l] = rt_.program().intern("KV cache key of layer " + std::to_string(l));
+    v_names_[l] = rt_.program().intern("KV cache value of layer " + std::to_string(l));
+  }
+  rt_.name(k_[l].storage, k_names_[l]);
+  rt_.name(v_[l].storage, v_names_[l]);
 }
 
 uint64_t KvCache::bytes() const {

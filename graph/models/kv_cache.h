@@ -60,6 +60,9 @@ class KvCache {
   KvCacheKind kind_;
   int64_t max_len_;
   std::vector<Tensor> k_, v_;
+  // "KV cache key of layer 3" / "... value ...": interned once per layer (names()).
+  std::vector<uint32_t> k_names_, v_names_;
+  void name_layer(size_t l);
   bool contiguous_ = false;
   int64_t seq_ = 0;
 };

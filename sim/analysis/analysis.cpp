@@ -1,5 +1,7 @@
 #include "sim/analysis/analysis.h"
 
+#include "program/tensor_names.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -120,7 +122,7 @@ Analysis analyze(const Program& program, const Timeline& timeline,
       r.phase = e.phase;
       r.layer = e.layer;
       r.kind = e.kind;
-      if (e.tensor < program.tensors.size()) r.tensor = program.str(program.tensors[e.tensor].name);
+      if (e.tensor < program.tensors.size()) r.tensor = tensor_name(program, e.tensor, e);
     }
     r.requested_bytes = o.details.requested_bytes;
     r.allocated_bytes = o.details.allocated_bytes;

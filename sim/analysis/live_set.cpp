@@ -2,9 +2,55 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 
+#include "program/tensor_names.h"
+
 namespace memsim {
+
+namespace {
+
+// LiveSet::by_name: one pass over the live tensors, oldest first. From the live set's own
+// copies of the allocations (a streamed run keeps no event array, sim/analysis/stream_run.h).
+void group_by_name(const Program& program, const std::vector<LiveAlloc>& all, LiveSet& out) {
+  std::vector<const LiveAlloc*> live;
+  live.reserve(all.size());
+  for (const LiveAlloc& l : all) live.push_back(&l);
+  std::sort(live.begin(), live.end(), [](const LiveAlloc* x, const LiveAlloc* y) {
+    return x->event != y->event ? x->event < y->event : x->tensor < y->tensor;
+  });
+  std::map<std::tuple<std::string, uint8_t, uint64_t>, size_t> index;
+  for (const LiveAlloc* l : live) {
+    const uint32_t t = l->tensor;
+    const MemoryEvent& a = l->alloc;
+    std::string name = tensor_name(program, t, a);
+    auto key = std::make_tuple(name_pattern(name), static_cast<uint8_t>(a.kind), a.bytes);
+    auto [it, fresh] = index.try_emplace(std::move(key), out.by_name.size());
+    if (fresh) {
+      NameGroup g;
+      g.name = std::get<0>(it->first);
+      g.example = std::move(name);
+      g.kind = a.kind;
+      g.bytes_each = a.bytes;
+      g.op = program.str(a.op);
+      g.first_layer = g.last_layer = a.layer;
+      out.by_name.push_back(std::move(g));
+    }
+    NameGroup& g = out.by_name[it->second];
+    g.tensors += 1;
+    g.bytes += a.bytes;
+    if (a.layer >= 0) {
+      g.first_layer = g.first_layer < 0 ? a.layer : std::min(g.first_layer, a.layer);
+      g.last_layer = std::max(g.last_layer, a.layer);
+    }
+  }
+  // Largest total first; ties keep the older group first (stable).
+  std::stable_sort(out.by_name.begin(), out.by_name.end(),
+                   [](const NameGroup& a, const NameGroup& b) { return a.bytes > b.bytes; });
+}
+
+}  // namespace
 
 LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n) {
   LiveSet out;
@@ -76,7 +122,7 @@ LiveSet summarize_live_set(const Program& program, size_t event_index,
     const MemoryEvent& a = l.alloc;
     LiveTensor lt;
     lt.tensor = l.tensor;
-    lt.name = program.str(program.tensors[l.tensor].name);
+    lt.name = tensor_name(program, l.tensor, a);
     lt.kind = a.kind;
     lt.bytes = a.bytes;
     lt.op = program.str(a.op);
@@ -85,6 +131,7 @@ LiveSet summarize_live_set(const Program& program, size_t event_index,
     lt.alloc_event = l.event;
     out.largest.push_back(std::move(lt));
   }
+  if (top_n > 0) group_by_name(program, live, out);
   return out;
 }
 

@@ -12,6 +12,9 @@
 //    per-kind totals are the allocator's rounded block sizes, so they can be slightly
 //    larger; use those when the sum must equal allocated_bytes.
 //  - Zero-byte tensors are never live (PyTorch never asks the allocator for them).
+//  - Names are program/tensor_names.h's. by_name (filled when top_n > 0) collapses
+//    repeats: every live tensor in exactly one group of equal (name_pattern(name), kind,
+//    bytes), largest total first ("32 x model.layers.N.mlp.up_proj.weight, 86 MiB each").
 #pragma once
 
 #include <array>
@@ -47,6 +50,18 @@ struct LayerBytes {
   size_t tensors = 0;
 };
 
+// Live tensors whose names differ only in a layer/block number, of one kind and size.
+struct NameGroup {
+  std::string name;         // name_pattern of the members' names ("model.layers.N.mlp.up_proj.weight")
+  std::string example;      // the first member's own name (the oldest)
+  TensorKind kind = TensorKind::other;
+  uint64_t bytes_each = 0;
+  size_t tensors = 0;
+  uint64_t bytes = 0;       // bytes_each * tensors
+  int32_t first_layer = -1, last_layer = -1;  // range of the members' layers (-1: none)
+  std::string op;           // the first member's allocating op
+};
+
 struct LiveSet {
   size_t event_index = 0;
   size_t tensors = 0;   // how many tensors are live
@@ -55,6 +70,7 @@ struct LiveSet {
   std::vector<LayerBytes> by_layer;  // ascending layer (-1, not in a layer, first)
   std::vector<NamedBytes> by_op;     // allocating op, largest first
   std::vector<LiveTensor> largest;   // the `top_n` largest, largest first (ties: oldest)
+  std::vector<NameGroup> by_name;    // all live tensors by name pattern (empty when top_n == 0)
 };
 
 LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n = 10);

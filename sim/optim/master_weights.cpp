@@ -10,8 +10,9 @@ using graph::OpKind;
 using graph::Runtime;
 using graph::Tensor;
 
-Tensor named(Runtime& rt, Tensor t, const char* name) {
-  rt.program().tensors[t.storage].name = rt.program().intern(name);
+// "master copy of P" / "fp32 grad of P" (program/tensor_names.h).
+Tensor named(Runtime& rt, Tensor t, size_t param, graph::ParamLabel label) {
+  rt.name_as(t.storage, static_cast<int32_t>(param), label);
   return t;
 }
 
@@ -25,10 +26,12 @@ class MasterWeights final : public OptimizerSim {
     const auto& params = rt.parameters();
     master_.reserve(params.size());
     // Only trainable parameters get a master (frozen LoRA base weights do not).
-    for (const graph::Parameter& p : params)
+    for (size_t i = 0; i < params.size(); ++i) {
+      const graph::Parameter& p = params[i];
       master_.push_back(p.frozen || !needs_copy(p) ? Tensor()
                                  : named(rt, rt.alloc(fp32(p), TensorKind::optimizer_state, OpKind::optimizer_math),
-                                         "master_param"));
+                                         i, graph::ParamLabel::master));
+    }
   }
 
   void step(Runtime& rt) override {
@@ -39,7 +42,7 @@ class MasterWeights final : public OptimizerSim {
     for (size_t i = 0; i < params.size(); ++i) {  // m.grad = p.grad.float()
       if (params[i].grad == graph::kNoStorage || !needs_copy(params[i])) continue;
       grads_[i] = named(rt, rt.alloc(fp32(params[i]), TensorKind::gradient, OpKind::optimizer_math),
-                        "master_param.grad");
+                        i, graph::ParamLabel::master_grad);
     }
     if (inner_) inner_->step(rt);
     // p.data.copy_(m) is in place; m.grad = None frees the copy.

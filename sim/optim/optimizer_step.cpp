@@ -18,6 +18,11 @@ Tensor temp(Runtime& rt, uint64_t bytes) {
 Tensor state(Runtime& rt, uint64_t bytes) {
   return rt.alloc(bytes, TensorKind::optimizer_state, OpKind::optimizer_math);
 }
+// A tensor that is `label` of parameter i ("exp_avg of P"; program/tensor_names.h).
+Tensor labelled(Runtime& rt, Tensor t, size_t i, graph::ParamLabel label) {
+  rt.name_as(t.storage, static_cast<int32_t>(i), label);
+  return t;
+}
 
 // cs336_basics.optimizer.AdamW (cs336-model.md §7): a per-parameter Python loop.
 // Lines (staff source): p.data -= lr*wd*p.data; m = state.get("m", zeros_like(grad));
@@ -52,14 +57,14 @@ class Cs336AdamW final : public OptimizerSim {
       Tensor m_new, v_new;
       {
         Tensor a = temp(rt, P), b = temp(rt, P);
-        m_new = state(rt, P);
+        m_new = labelled(rt, state(rt, P), i, graph::ParamLabel::exp_avg);  // cs336's "m" 
       }
       {
         Tensor a = temp(rt, P);
         Tensor sq = temp(rt, P);
         Tensor b = temp(rt, P);
         sq.reset();
-        v_new = state(rt, P);
+        v_new = labelled(rt, state(rt, P), i, graph::ParamLabel::exp_avg_sq);  // cs336's "v" 
       }
       {
         Tensor num = temp(rt, P);
@@ -108,8 +113,8 @@ class TorchAdam final : public OptimizerSim {
     for (size_t i = 0; i < params.size(); ++i) {  // _init_group
       if (params[i].grad == graph::kNoStorage || exp_avg_[i].defined()) continue;
       if (impl_ == OptimizerImpl::fused) device_step_.push_back(state(rt, 4));
-      exp_avg_[i] = state(rt, size_(params[i]));
-      exp_avg_sq_[i] = state(rt, size_(params[i]));
+      exp_avg_[i] = labelled(rt, state(rt, size_(params[i])), i, graph::ParamLabel::exp_avg);
+      exp_avg_sq_[i] = labelled(rt, state(rt, size_(params[i])), i, graph::ParamLabel::exp_avg_sq);
     }
     switch (impl_) {
       case OptimizerImpl::foreach: {
@@ -119,7 +124,8 @@ class TorchAdam final : public OptimizerSim {
         std::vector<Tensor> sqrt_list;
         sqrt_list.reserve(params.size());
         for (size_t i = 0; i < params.size(); ++i)
-          if (params[i].grad != graph::kNoStorage) sqrt_list.push_back(temp(rt, size_(params[i])));
+          if (params[i].grad != graph::kNoStorage)
+            sqrt_list.push_back(labelled(rt, temp(rt, size_(params[i])), i, graph::ParamLabel::adam_sqrt));
         // The Python list dies at the end of the step: CPython drops its items last first.
         for (auto it = sqrt_list.rbegin(); it != sqrt_list.rend(); ++it) it->reset();
         break;
@@ -133,7 +139,7 @@ class TorchAdam final : public OptimizerSim {
         for (size_t i = 0; i < params.size(); ++i) {
           if (params[i].grad == graph::kNoStorage) continue;
           Tensor root = temp(rt, size_(params[i]));
-          Tensor d = temp(rt, size_(params[i]));
+          Tensor d = labelled(rt, temp(rt, size_(params[i])), i, graph::ParamLabel::adam_denom);
           root.reset();
           denom = std::move(d);
         }
@@ -164,7 +170,7 @@ class TorchSgd final : public OptimizerSim {
     if (buf_.size() < params.size()) buf_.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].grad == graph::kNoStorage || buf_[i].defined()) continue;
-      buf_[i] = state(rt, size_(params[i]));
+      buf_[i] = labelled(rt, state(rt, size_(params[i])), i, graph::ParamLabel::momentum);
     }
   }
 

@@ -1,5 +1,6 @@
 #include "sim/parallel/fsdp.h"
 
+#include <string>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -99,8 +100,17 @@ Fsdp::~Fsdp() {
   if (rt_->hooks == this) rt_->hooks = nullptr;
 }
 
-Tensor Fsdp::named(Runtime& rt, Tensor t, size_t, const char* what) {
-  rt.program().tensors[t.storage].name = rt.program().intern(what);
+namespace {
+// "<what> of block 7" (the unit wrapping layer 7) / "<what> of the root" (unit 0: the
+// embedding, final norm and head), for the names in the reports (program/tensor_names.h).
+uint32_t unit_name(Runtime& rt, size_t u, const char* what) {
+  return rt.program().intern(std::string(what) +
+                             (u == 0 ? " of the root" : " of block " + std::to_string(u - 1)));
+}
+}  // namespace
+
+Tensor Fsdp::named(Runtime& rt, Tensor t, size_t u, const char* what) {
+  rt.name(t.storage, unit_name(rt, u, what));
   return t;
 }
 
@@ -125,7 +135,7 @@ void Fsdp::gather(Runtime& rt, size_t u) {
   }
   unit.full = named(rt, rt.alloc(unit.padded_numel * compute_elem_, TensorKind::parameter,
                                  OpKind::other),
-                    u, "FSDP all-gather (unsharded flat_param)");
+                    u, "FSDP all-gather");  // the unsharded flat_param
   // _use_unsharded_flat_param: flat_param.data now views the gathered tensor; the GPU
   // copy of the shard loses its last reference (MixedPrecision: post_unshard frees
   // _mp_shard).
@@ -153,12 +163,12 @@ void Fsdp::reduce_scatter(Runtime& rt, size_t u) {
   // accumulated into the saved shard if there is one.
   uint32_t shard_grad =
       rt.alloc_raw(shard_numel * compute_elem_, TensorKind::gradient, OpKind::other);
-  rt.program().tensors[shard_grad].name = rt.program().intern("FSDP sharded grad");
+  rt.name(shard_grad, unit_name(rt, u, "FSDP sharded grad"));
   if (compute_elem_ != elem_) {
     // _cast_grad_to_param_dtype: sharded_grad.data = sharded_grad.to(fp32 param dtype).
     const uint32_t low = shard_grad;
     shard_grad = rt.alloc_raw(shard_numel * elem_, TensorKind::gradient, OpKind::other);
-    rt.program().tensors[shard_grad].name = rt.program().intern("FSDP sharded grad");
+    rt.name(shard_grad, unit_name(rt, u, "FSDP sharded grad"));
     rt.release(low);
   }
   flat.reset();

@@ -1,5 +1,6 @@
 #include "sim/parallel/fsdp2.h"
 
+#include <string>
 #include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
@@ -146,6 +147,15 @@ Fsdp2::~Fsdp2() {
   if (rt_->hooks == this) rt_->hooks = nullptr;
 }
 
+namespace {
+// "<what> of block 7" (the group of layer 7) / "<what> of the root" (group 0), for the
+// names in the reports (program/tensor_names.h).
+uint32_t group_name(Runtime& rt, size_t g, const char* what) {
+  return rt.program().intern(std::string(what) +
+                             (g == 0 ? " of the root" : " of block " + std::to_string(g - 1)));
+}
+}  // namespace
+
 uint32_t Fsdp2::alloc(Runtime& rt, uint64_t bytes, TensorKind kind, uint8_t stream,
                       uint32_t name) {
   const uint32_t id = rt.alloc_raw(bytes, kind, OpKind::other);
@@ -202,6 +212,7 @@ void Fsdp2::unshard(Runtime& rt, size_t g) {
   }
   group.all_gather =
       alloc(rt, input_bytes * world, TensorKind::parameter, kAllGatherStream, n_ag_out_);
+  rt.name(group.all_gather, group_name(rt, g, "FSDP2 all-gather output (flat)"));
   for (uint32_t in : inputs) rt.release(in);  // foreach_all_gather returns
 }
 
@@ -373,6 +384,7 @@ void Fsdp2::group_post_backward(Runtime& rt, size_t g) {
     shard += params_[i].shard_numel;
   }
   const uint32_t rs_in = alloc(rt, full * reduce_elem, TensorKind::gradient, 0, n_rs_in_);
+  rt.name(rs_in, group_name(rt, g, "FSDP2 reduce-scatter input (chunk_cat)"));
   if (grad_dtype_ != reduce_dtype_ && promote(grad_dtype_, reduce_dtype_) != reduce_dtype_) {
     // _chunk_cat rejects narrowing casts: a grad-dtype buffer first.
     const uint32_t buf = alloc(rt, full * grad_elem, TensorKind::gradient, 0, n_rs_cast_);

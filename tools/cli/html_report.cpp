@@ -275,6 +275,29 @@ void write_tables(std::FILE* out, const Analysis& a) {
                  t.layer >= 0 ? std::to_string(t.layer).c_str() : "");
   }
   std::fputs("</table>\n", out);
+
+  // Every live tensor, repeats collapsed ("32 x model.layers.N.mlp.up_proj.weight"): the
+  // largest groups (program/tensor_names.h, LiveSet::by_name).
+  const LiveSet& live = a.live_at_peak;
+  if (live.by_name.empty()) return;
+  std::fputs("<h2>Live tensors at the peak, repeats collapsed</h2>\n<table><tr><th>tensor</th>"
+             "<th>count</th><th>each</th><th>bytes</th><th>kind</th><th>layers</th><th>op</th></tr>\n",
+             out);
+  const size_t rows = std::min<size_t>(live.by_name.size(), 20);
+  for (size_t i = 0; i < rows; ++i) {
+    const NameGroup& g = live.by_name[i];
+    std::string layers;
+    if (g.first_layer >= 0) {
+      layers = std::to_string(g.first_layer);
+      if (g.last_layer != g.first_layer) layers += "-" + std::to_string(g.last_layer);
+    }
+    std::fprintf(out, "<tr><td>%s</td><td>%zu</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>"
+                 "<td>%s</td></tr>\n",
+                 esc(g.tensors == 1 ? g.example : g.name).c_str(), g.tensors,
+                 esc(human_bytes(g.bytes_each)).c_str(), esc(human_bytes(g.bytes)).c_str(),
+                 to_string(g.kind), layers.c_str(), esc(g.op).c_str());
+  }
+  std::fputs("</table>\n", out);
 }
 
 }  // namespace

@@ -262,7 +262,7 @@ int run_run(const RunArgs& args) {
     spdlog::info("trace written to {}", args.trace);
   }
   if (!args.snapshot.empty()) {
-    write_run_snapshot(args.snapshot, std::move(recorder.trace), std::move(final_segments),
+    write_run_snapshot(args.snapshot, program, std::move(recorder.trace), std::move(final_segments),
                        scenario.allocator);
     spdlog::info("snapshot written to {}", args.snapshot);
   }

@@ -8,9 +8,18 @@
 //    of the Program event that caused it (so the viewer's time axis is the event axis of
 //    --timeline and --trace).
 //  - write_run_snapshot() writes device_traces[0] = that trace and segments = the
-//    allocator's final segments (ExecuteOptions::final_segments); frames and categories
-//    are empty (memsim has no Python stacks). Replaying the file (memsim replay, or
-//    replay/replay.h) reproduces every traced address and cudaMalloc.
+//    allocator's final segments (ExecuteOptions::final_segments), with what each block is
+//    (add_tensor_frames). Replaying the file (memsim replay, or replay/replay.h)
+//    reproduces every traced address and cudaMalloc.
+//  - add_tensor_frames(): memsim has no Python stacks, so each alloc / free_requested /
+//    free_completed entry and each active block at the end gets two frames (innermost
+//    first, PyTorch's {name, filename, line}): {tensor name (program/tensor_names.h),
+//    module path or "model", layer or 0} and {allocating op, phase: setup / forward /
+//    loss / backward / recompute / optimizer, 0}; and a 'category' (snapshot_category:
+//    parameter, gradient, optimizer_state, activation, temporary, input, unknown) that
+//    pytorch.org/memory_viz colours the Active Memory Timeline by. A free carries its
+//    block's alloc frames (as PyTorch's do); segment and oom entries the frames of the
+//    request that caused them and category "unknown".
 //  - Write failures throw InputError naming the file.
 #pragma once
 
@@ -31,7 +40,10 @@ class SnapshotRecorder : public ExecuteTraceObserver {
   std::vector<SnapshotTraceEntry> trace;
 };
 
-void write_run_snapshot(const std::string& path, std::vector<SnapshotTraceEntry> trace,
-                        std::vector<SegmentInfo> segments, const AllocatorConfig& config);
+void add_tensor_frames(Snapshot& snapshot, const Program& program);
+
+void write_run_snapshot(const std::string& path, const Program& program,
+                        std::vector<SnapshotTraceEntry> trace, std::vector<SegmentInfo> segments,
+                        const AllocatorConfig& config);
 
 }  // namespace memsim::cli

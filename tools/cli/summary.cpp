@@ -137,19 +137,32 @@ void print_breakdown(std::FILE* out, const Analysis& a, const Style& style) {
   t.print(out, "  ", style, false);
 }
 
+// One row per group of live tensors that differ only in a layer number (LiveSet::by_name),
+// largest total first: "32 x model.layers.N.mlp.up_proj.weight, 86.00 MiB each".
 void print_tensors(std::FILE* out, const Analysis& a, const Style& style) {
-  if (a.live_at_peak.largest.empty()) return;
+  const LiveSet& live = a.live_at_peak;
+  if (live.by_name.empty() && live.largest.empty()) return;
   Table t;
   t.right = {true, false, true, false, false};
   t.rows.push_back({"bytes", "kind", "layer", "op", "tensor"});
-  for (const LiveTensor& lt : a.live_at_peak.largest) {
-    t.rows.push_back({human_bytes(lt.bytes), to_string(lt.kind),
-                      lt.layer >= 0 ? std::to_string(lt.layer) : "-", lt.op,
-                      lt.name.empty() ? "-" : lt.name});
+  const size_t rows = std::min(live.by_name.size(), live.largest.size());  // top_n groups
+  for (size_t i = 0; i < rows; ++i) {
+    const NameGroup& g = live.by_name[i];
+    std::string layer = "-";
+    if (g.first_layer >= 0) {
+      layer = std::to_string(g.first_layer);
+      if (g.last_layer != g.first_layer) layer += "-" + std::to_string(g.last_layer);
+    }
+    std::string name = g.tensors == 1 ? g.example : g.name;
+    if (name.empty()) name = "-";
+    if (g.tensors > 1)
+      name = std::to_string(g.tensors) + " x " + name + ", " + human_bytes(g.bytes_each) + " each";
+    t.rows.push_back({human_bytes(g.bytes), to_string(g.kind), layer, g.op.empty() ? "-" : g.op,
+                      printable(name)});
   }
   char title[96];
   std::snprintf(title, sizeof title, "Largest live tensors at the peak (%zu live, %s)",
-                a.live_at_peak.tensors, human_bytes(a.live_at_peak.bytes).c_str());
+                live.tensors, human_bytes(live.bytes).c_str());
   section(out, style, title);
   t.print(out, "  ", style, true);
 }

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <string>
 
+#include "program/tensor_names.h"
+
 namespace memsim::cli {
 namespace {
 
@@ -44,7 +46,7 @@ std::string header() {
     h += ',';
     h += to_string(static_cast<TensorKind>(k));
   }
-  return h + '\n';
+  return h + ",name\n";  // appended last: the columns before it keep their positions
 }
 
 // Writes `buf` out once it holds ~1 MiB, so memory stays constant for long timelines.
@@ -59,6 +61,7 @@ void flush_if_large(std::FILE* out, std::string& buf) {
 
 void write_timeline_csv(std::FILE* out, const Program& program, const Timeline& timeline) {
   std::string buf = header();
+  const TensorNames names(program);  // program/tensor_names.h: built once
 
   const size_t n = std::min({timeline.allocated.size(), timeline.reserved.size(),
                              timeline.requested.size(), program.events.size()});
@@ -90,6 +93,8 @@ void write_timeline_csv(std::FILE* out, const Program& program, const Timeline& 
       buf += ',';
       if (by_kind) put_int(buf, timeline.by_kind[i][static_cast<size_t>(k)]);
     }
+    buf += ',';
+    if (is_tensor) put_field(buf, names.name(e.tensor));
     buf += '\n';
     flush_if_large(out, buf);
   }
@@ -122,7 +127,7 @@ void write_trace_timeline_csv(std::FILE* out, const std::vector<SnapshotTraceEnt
       buf += ',';
       put_int(buf, k == kOther ? timeline[i].allocated : uint64_t{0});
     }
-    buf += '\n';
+    buf += ",\n";  // name: a trace block has none
     flush_if_large(out, buf);
   }
   std::fwrite(buf.data(), 1, buf.size(), out);

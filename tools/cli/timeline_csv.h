@@ -3,6 +3,8 @@
 // Columns: index,type,op,phase,layer,kind,bytes,allocated,reserved,requested, then one
 // column per TensorKind (parameters,gradients,optimizer_state,activations,temporaries,
 // input,loss,other) with the allocated (rounded) bytes of that kind after the event.
+// Last, name: what the alloc/free row's tensor is (program/tensor_names.h; empty for
+// marks, and for a replayed trace, which has no tensors).
 //  - type: alloc | free | mark | empty_cache; op: the op, or a mark's name.
 //  - layer and kind are empty when they do not apply (outside a layer; mark rows).
 //  - bytes: the requested bytes of an alloc/free, 0 otherwise.

@@ -5,6 +5,7 @@
 #include <tuple>
 #include <utility>
 
+#include "program/tensor_names.h"
 #include "tools/cli/json_report.h"
 
 namespace memsim::cli {
@@ -78,6 +79,8 @@ void write_trace_json(std::FILE* out, const Program& program, const Timeline& ti
              "\"traceEvents\":[",
              out);
   EventWriter w(out);
+  const TensorNames names(program);
+  constexpr size_t kSliceTensors = 8;
   w.event("\"ph\":\"M\",\"pid\":1,\"name\":\"process_name\",\"args\":{\"name\":\"memsim\"}");
   w.event(thread_name(kPhaseTid, "phase"));
   w.event(thread_name(kLayerTid, "layer"));
@@ -130,6 +133,17 @@ void write_trace_json(std::FILE* out, const Program& program, const Timeline& ti
       [&](size_t b, size_t e) {
         std::string args = std::string("\"phase\":\"") + to_string(ev[b].phase) + "\"";
         if (ev[b].layer >= 0) args += ",\"layer\":" + std::to_string(ev[b].layer);
+        // What the slice allocates, by name (program/tensor_names.h), the first few.
+        std::string allocs;
+        size_t count = 0;
+        for (size_t i = b; i < e; ++i) {
+          if (ev[i].type != EventType::alloc) continue;
+          if (count++ < kSliceTensors) allocs += (allocs.empty() ? "" : ",") + quoted(names.name(ev[i].tensor));
+        }
+        if (count > 0) {
+          args += ",\"allocates\":[" + allocs + "]";
+          if (count > kSliceTensors) args += ",\"allocates_total\":" + std::to_string(count);
+        }
         w.event(slice(program.str(ev[b].op), kOpTid, b, e, args));
       });
 
@@ -142,9 +156,10 @@ void write_trace_json(std::FILE* out, const Program& program, const Timeline& ti
   if (timeline.oom) {
     const OomPoint& o = *timeline.oom;
     const std::string op = o.event_index < ev.size() ? program.str(ev[o.event_index].op) : "";
+    const std::string tensor = o.event_index < ev.size() ? names.name(ev[o.event_index].tensor) : "";
     w.event("\"ph\":\"i\",\"s\":\"g\",\"pid\":1,\"tid\":" + std::to_string(kPhaseTid) +
             ",\"ts\":" + std::to_string(o.event_index) + ",\"name\":\"OOM\",\"args\":{\"op\":" +
-            quoted(op) + ",\"requested_bytes\":" + std::to_string(o.details.requested_bytes) +
+            quoted(op) + ",\"tensor\":" + quoted(tensor) + ",\"requested_bytes\":" + std::to_string(o.details.requested_bytes) +
             ",\"message\":" + quoted(o.details.message) + "}");
   }
   std::fputs("\n]}\n", out);

@@ -8,9 +8,11 @@
 //  - Slices ("X", complete events) on three threads of process 1: "phase" (maximal runs
 //    of events in one Phase: setup/forward/loss/backward/optimizer/other), "layer" (runs
 //    inside one transformer layer, named "layer N", args.phase) and "op" (runs of one op
-//    in one layer and phase). A slice covers [first event, last event + 1).
+//    in one layer and phase, args.phase, args.layer, and args.allocates: the names of the
+//    first 8 tensors it allocates, program/tensor_names.h, with allocates_total when
+//    there are more). A slice covers [first event, last event + 1).
 //  - Instant events ("i"): every mark (by name) and the OOM point ("OOM", args: op,
-//    requested_bytes, message) when the run ran out of memory.
+//    tensor, requested_bytes, message) when the run ran out of memory.
 //  - Only executed events appear (the Timeline's length); strings are JSON-escaped with
 //    invalid UTF-8 replaced.
 #pragma once
