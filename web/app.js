@@ -253,6 +253,25 @@ function showTimeline(t, r) {
   if (r.peak_event) {
     el("circle", { cx: x(r.peak_event.index), cy: y(r.peak_event.allocated_bytes), r: 4, fill: "#1d2330" }, svg);
   }
+  // Hover: the column under the pointer, in the CLI's units.
+  var hover = el("line", { y1: T, y2: H - B, stroke: "#1d2330", "stroke-width": 0.5, visibility: "hidden" }, svg);
+  var tip = document.createElement("div");
+  tip.className = "hint";
+  tip.id = "timeline-hover";
+  tip.textContent = "\u00a0";
+  svg.addEventListener("mousemove", function (ev) {
+    var box2 = svg.getBoundingClientRect();
+    var px = (ev.clientX - box2.left) * W / box2.width;
+    var c = Math.min(pts.length - 1, Math.max(0, Math.floor((px - L) / (W - L - R) * pts.length)));
+    var p = pts[c], end = c + 1 < pts.length ? pts[c + 1][0] - 1 : n - 1;
+    hover.setAttribute("x1", x(p[0]));
+    hover.setAttribute("x2", x(p[0]));
+    hover.setAttribute("visibility", "visible");
+    tip.textContent = "events " + p[0] + "-" + end + ": allocated " + humanBytes(p[1]) + " to " +
+        humanBytes(p[2]) + ", reserved up to " + humanBytes(p[3]);
+  });
+  svg.addEventListener("mouseleave", function () { hover.setAttribute("visibility", "hidden"); });
+  box.appendChild(tip);
   var legend = document.createElement("p");
   legend.className = "hint";
   legend.textContent = "events 0-" + (n - 1) + " (each of " + pts.length +

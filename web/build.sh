@@ -37,7 +37,14 @@ if [ ! -f "$yaml_src/CMakeLists.txt" ]; then
               -o "Debug::NoLocking=1" -o "APT::Sandbox::User=$(id -un)")
     echo "web/build.sh: fetching yaml-cpp's Debian source" >&2
     apt-get "${apt_opts[@]}" -qq update
-    (cd "$apt_dir/download" && apt-get "${apt_opts[@]}" -qq source --download-only yaml-cpp)
+    # The version libyaml-cpp-dev (the native build's) was built from, when the archive
+    # still has it; else the suite's current one.
+    want="yaml-cpp"
+    native="$(dpkg-query -W -f='${source:Version}' libyaml-cpp-dev 2>/dev/null || true)"
+    [ -n "$native" ] && want="yaml-cpp=$native"
+    (cd "$apt_dir/download" && { apt-get "${apt_opts[@]}" -qq source --download-only "$want" ||
+                                 apt-get "${apt_opts[@]}" -qq source --download-only yaml-cpp; })
+    rm -rf "$apt_dir/lists"  # 20 MB of package lists, needed only for the download
     orig="$(ls "$apt_dir"/download/yaml-cpp_*.orig.tar.* | head -n1)"
   fi
   rm -rf "$yaml_src" "$out/yaml-cpp-unpack"
