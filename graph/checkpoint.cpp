@@ -298,6 +298,9 @@ void CheckpointEngine::drop_frame(Region& reg) {
   reg.cache.shrink_to_fit();
   reg.cache_next = 0;
   reg.fn = nullptr;
+  // First input to last: each Tensor's free is an event, and std::vector::clear's order is
+  // the library's (libstdc++ first to last, libc++, the WebAssembly build's, last to first).
+  for (Tensor& t : reg.inputs) t.reset();
   reg.inputs.clear();
   reg.output.reset();
   if (reg.held_grad != kNoStorage) {

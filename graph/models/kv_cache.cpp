@@ -85,6 +85,11 @@ uint64_t KvCache::bytes() const {
 }
 
 void KvCache::clear() {
+  // Layer 0 to the last, K then V: each Tensor's free is an event, and std::vector::clear's
+  // order is the library's (libstdc++ first to last, libc++, the WebAssembly build's, last
+  // to first); same-sized entries freed in another order land in other allocator blocks.
+  for (Tensor& t : k_) t.reset();
+  for (Tensor& t : v_) t.reset();
   k_.clear();
   v_.clear();
   seq_ = 0;
