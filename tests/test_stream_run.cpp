@@ -131,7 +131,9 @@ void same_analysis(const Analysis& a, const Analysis& b, bool with_totals = true
     CHECK(x.phase == y.phase);
     CHECK(x.layer == y.layer);
     CHECK(x.kind == y.kind);
-    CHECK(x.tensor == y.tensor);
+    // A tensor's name can be given after its allocation (a later op saves it: "saved input
+    // of ..."; tools: program/tensor_names.h): a build stopped at the OOM never gets there.
+    if (with_totals) CHECK(x.tensor == y.tensor);
     CHECK(x.requested_bytes == y.requested_bytes);
     CHECK(x.allocated_bytes == y.allocated_bytes);
     CHECK(x.reserved_bytes == y.reserved_bytes);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "program/tensor_names.h"
 #include "sim/analysis/live_set.h"
 #include "sim/analysis/online_peaks.h"
 #include "sim/step/executor.h"
@@ -245,7 +246,7 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
     rep.phase = e.phase;
     rep.layer = e.layer;
     rep.kind = e.kind;
-    if (e.tensor < program.tensors.size()) rep.tensor = program.str(program.tensors[e.tensor].name);
+    if (e.tensor < program.tensors.size()) rep.tensor = tensor_name(program, e.tensor, e);
     rep.requested_bytes = p.details.requested_bytes;
     rep.allocated_bytes = p.details.allocated_bytes;
     rep.reserved_bytes = p.details.reserved_bytes;

@@ -22,7 +22,8 @@
 // (tests/test_stream_run.cpp compares every shipped scenario, fitting and not), except:
 // with StreamOptions::stop_at_oom the builder is stopped at the out-of-memory, so
 // Analysis::events counts only the events handed on until then (the chunk with the OOM
-// and those before it), and FLOPs, cost and host memory only what was built. The Program keeps its tensor table, strings, rank, FLOPs and
+// and those before it), and FLOPs, cost, host memory and the OOM tensor's name (a name a
+// later op gives, program/tensor_names.h) only what was built. The Program keeps its tensor table, strings, rank, FLOPs and
 // cost; its `events` holds only an unflushed tail (Program::flushed()).
 #pragma once
 
