@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "scenario/scenario.h"
+#include "sim/analysis/stream_run.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "sim/step/training_script.h"
@@ -126,8 +127,22 @@ SweepResult SweepRunner::evaluate(const SweepOverrides& point, const SweepEvalua
     SweepOverrides overrides = base_;
     overrides.insert(overrides.end(), point.begin(), point.end());
     const Scenario scenario = ws.scenario(*this, overrides);
-    const Program& program = build_program(scenario, default_script(scenario), ws.build);
-    result.analysis = execute_and_analyze(program, scenario, options, ws.exec);
+    if (options.stop_at_oom && !options.record_by_kind) {
+      // Most points of a grid run out of memory within their first events: streamed, the
+      // build stops there instead of emitting the whole step.
+      SimulatedDevice device(device_total(scenario.device), device_context(scenario.device));
+      StreamOptions stream;
+      stream.analysis = options.analysis;
+      stream.stop_at_oom = true;
+      const TrainingScript script = default_script(scenario);
+      StreamResult r = stream_run(
+          ws.build.program, [&](Program&) { build_program(scenario, script, ws.build); },
+          scenario.allocator, device, stream);
+      result.analysis = std::move(r.analysis);
+    } else {
+      const Program& program = build_program(scenario, default_script(scenario), ws.build);
+      result.analysis = execute_and_analyze(program, scenario, options, ws.exec);
+    }
     result.ok = true;
   } catch (const std::bad_alloc&) {
     throw;  // host memory is exhausted: not a property of this point

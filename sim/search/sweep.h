@@ -67,6 +67,11 @@ struct SweepEvaluateOptions {
   // Per-kind timeline arrays: off by default, a sweep only needs peaks and the verdict.
   bool record_by_kind = false;
   AnalysisOptions analysis;
+  // Stream the point's events into the allocator and stop building at its first OOM
+  // (sim/analysis/stream_run.h; issue #20 item 1): the verdict, peaks, breakdown and OOM
+  // report are the stored run's; Analysis::events (and FLOPs) count what was built. Not
+  // with record_by_kind.
+  bool stop_at_oom = true;
 };
 
 class SweepRunner;

@@ -79,6 +79,15 @@ std::vector<SweepResult> evaluate_grid(const SweepRunner& runner,
     bool pipeline = false;
     for (const size_t i : chunks[c]) {
       SweepResult& r = results[i];
+      if (chunks[c].size() == 1) {
+        // Nothing to share: the point streams and stops at its first OOM (SweepRunner::evaluate).
+        r = runner.evaluate(points[i], options, ws);
+        if (progress) {
+          std::lock_guard<std::mutex> lock(progress_mutex);
+          progress(++done, points.size());
+        }
+        continue;
+      }
       try {
         SweepOverrides overrides = runner.base();
         overrides.insert(overrides.end(), points[i].begin(), points[i].end());
