@@ -197,18 +197,20 @@ TEST_CASE("Names: memsim run writes them to the text, JSON, CSV and snapshot", "
   CHECK(r.out.find("exp_avg of lm_head.weight") != std::string::npos);
   CHECK(r.out.find("grad of lm_head.weight") != std::string::npos);
 
-  // JSON: live_at_peak.by_name, top_tensors names; the count stays a number.
+  // JSON: live_at_peak.tensors lists them (issue #19), tensor_count counts them.
   const nlohmann::json j = nlohmann::json::parse(memsim_test::slurp(json_path));
-  CHECK(j["live_at_peak"]["tensors"].is_number());
-  const auto& groups = j["live_at_peak"]["by_name"];
+  CHECK(j["live_at_peak"]["tensor_count"].is_number());
+  const auto& groups = j["live_at_peak"]["tensors"];
   REQUIRE(groups.is_array());
   bool found = false;
+  uint64_t listed = 0;
   for (const auto& g : groups) {
-    for (const char* key : {"name", "tensors", "bytes", "bytes_each", "kind", "layer", "op"})
+    for (const char* key : {"name", "count", "bytes", "bytes_each", "kind", "layer", "op"})
       CHECK(g.contains(key));
+    listed += g["count"].get<uint64_t>();
     if (g["name"] == "model.layers.N.mlp.up_proj.weight") {
       found = true;
-      CHECK(g["tensors"] == 2);
+      CHECK(g["count"] == 2);
       CHECK(g["kind"] == "parameters");
       CHECK(g["layer"].is_null());
       CHECK(g["first_layer"] == 0);
@@ -216,6 +218,7 @@ TEST_CASE("Names: memsim run writes them to the text, JSON, CSV and snapshot", "
     }
   }
   CHECK(found);
+  CHECK(listed == j["live_at_peak"]["tensor_count"].get<uint64_t>());
   for (const auto& t : j["top_tensors"]) CHECK(t["name"] != t["op"]);
 
   // CSV: `name` is the last column; an alloc row of a grad names it.

@@ -40,12 +40,13 @@ json live_json(const LiveSet& live) {
   for (const NamedBytes& o : live.by_op) {
     by_op.push_back({{"op", o.name}, {"bytes", o.bytes}, {"tensors", o.tensors}});
   }
-  // Every live tensor, repeats collapsed (LiveSet::by_name): `name` is the pattern
-  // ("model.layers.N.mlp.up_proj.weight") when several tensors share it, else the name.
-  json by_name = json::array();
+  // Every live tensor (issue #19: `live_at_peak.tensors` lists them), repeats collapsed
+  // (LiveSet::by_name): `name` is the pattern ("model.layers.N.mlp.up_proj.weight") when
+  // several tensors share it, else the name; `count` of them, `bytes` in all.
+  json tensors = json::array();
   for (const NameGroup& g : live.by_name) {
-    by_name.push_back({{"name", g.tensors == 1 ? g.example : g.name},
-                       {"tensors", g.tensors},
+    tensors.push_back({{"name", g.tensors == 1 ? g.example : g.name},
+                       {"count", g.tensors},
                        {"bytes", g.bytes},
                        {"bytes_each", g.bytes_each},
                        {"kind", to_string(g.kind)},
@@ -54,12 +55,12 @@ json live_json(const LiveSet& live) {
                        {"last_layer", layer_json(g.last_layer)},
                        {"op", g.op}});
   }
-  return json{{"tensors", live.tensors},
+  return json{{"tensor_count", live.tensors},
               {"bytes", live.bytes},
               {"by_kind", std::move(by_kind)},
               {"by_layer", std::move(by_layer)},
               {"by_op", std::move(by_op)},
-              {"by_name", std::move(by_name)}};
+              {"tensors", std::move(tensors)}};
 }
 
 json oom_json(const OomReport& o) {

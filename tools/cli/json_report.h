@@ -24,9 +24,9 @@ using Json = nlohmann::ordered_json;
 //               requested_bytes} | null,
 //   breakdown_at_peak {parameters, gradients, optimizer_state, activations, temporaries,
 //                      other},
-//   live_at_peak {tensors, bytes, by_kind {<each TensorKind>}, by_layer [{layer, bytes,
-//                 tensors}], by_op [{op, bytes, tensors}],
-//                 by_name [{name, tensors, bytes, bytes_each, kind, layer, first_layer,
+//   live_at_peak {tensor_count, bytes, by_kind {<each TensorKind>}, by_layer [{layer,
+//                 bytes, tensors}], by_op [{op, bytes, tensors}],
+//                 tensors [{name, count, bytes, bytes_each, kind, layer, first_layer,
 //                           last_layer, op}] (every live tensor, repeats collapsed;
 //                           program/tensor_names.h)},
 //   top_peaks [{index, op, phase, layer, allocated_bytes, reserved_bytes,
