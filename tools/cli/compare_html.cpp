@@ -5,6 +5,7 @@
 #include <string>
 
 #include "allocator/units.h"
+#include "tools/cli/html_report.h"
 
 namespace memsim::cli {
 
@@ -25,21 +26,6 @@ const char* band_fill(Phase p) {
     case Phase::other: return nullptr;
   }
   return nullptr;
-}
-
-std::string esc(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
 }
 
 // Plot area inside the SVG.
@@ -133,13 +119,13 @@ void write_compare_html(std::FILE* out, const HtmlReport& r, const std::vector<C
                "i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}\n"
                ".legend span{margin-right:14px}\n.fits{color:#080}.oom{color:#c00}\n"
                "</style></head><body>\n<h1>%s</h1>\n",
-               esc(r.title).c_str(), esc(r.title).c_str());
+               html_escape(r.title).c_str(), html_escape(r.title).c_str());
   std::fputs("<table class=\"facts\">\n", out);
   for (const auto& [label, text] : r.facts)
-    std::fprintf(out, "<tr><th>%s</th><td>%s</td></tr>\n", esc(label).c_str(), esc(text).c_str());
+    std::fprintf(out, "<tr><th>%s</th><td>%s</td></tr>\n", html_escape(label).c_str(), html_escape(text).c_str());
   std::fprintf(out, "<tr><th>capacity</th><td>%s</td></tr>\n</table>\n",
-               r.capacity ? esc(human_bytes(*r.capacity) + " usable").c_str() : "unlimited");
-  for (const std::string& note : r.notes) std::fprintf(out, "<p>%s</p>\n", esc(note).c_str());
+               r.capacity ? html_escape(human_bytes(*r.capacity) + " usable").c_str() : "unlimited");
+  for (const std::string& note : r.notes) std::fprintf(out, "<p>%s</p>\n", html_escape(note).c_str());
 
   const std::vector<HtmlCurve>& curves = r.curves;
   const PhaseAxis axis = phase_axis(curves);
@@ -178,7 +164,7 @@ void write_compare_html(std::FILE* out, const HtmlReport& r, const std::vector<C
     std::fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
                  "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
                  px(0), px(1), py(v), py(v), kLeft - 6, py(v) + 4,
-                 esc(human_bytes(static_cast<uint64_t>(v))).c_str());
+                 html_escape(human_bytes(static_cast<uint64_t>(v))).c_str());
   std::fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", px(0.5),
                height - 8,
                "the run's phases, aligned across policies (each phase as wide as the policy "
@@ -195,15 +181,15 @@ void write_compare_html(std::FILE* out, const HtmlReport& r, const std::vector<C
     }
     std::fprintf(out, "<polyline class=\"reserved\" points=\"%s\" fill=\"none\" stroke=\"%s\" "
                  "stroke-dasharray=\"5,3\" stroke-opacity=\"0.8\"><title>reserved: %s</title></polyline>\n",
-                 res_pts.c_str(), color, esc(c.label).c_str());
+                 res_pts.c_str(), color, html_escape(c.label).c_str());
     std::fprintf(out, "<polyline class=\"allocated\" points=\"%s\" fill=\"none\" stroke=\"%s\" "
                  "stroke-width=\"1.5\"><title>allocated: %s</title></polyline>\n",
-                 alloc_pts.c_str(), color, esc(c.label).c_str());
+                 alloc_pts.c_str(), color, html_escape(c.label).c_str());
     if (c.peak_index)
       std::fprintf(out, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"><title>%s: peak "
                    "allocated %s</title></circle>\n",
                    px(axis.x(curves, ci, *c.peak_index)), py(static_cast<double>(c.peak_allocated)),
-                   color, esc(c.label).c_str(), esc(human_bytes(c.peak_allocated)).c_str());
+                   color, html_escape(c.label).c_str(), html_escape(human_bytes(c.peak_allocated)).c_str());
     if (c.oom_index) {
       const double x = px(axis.x(curves, ci, *c.oom_index));
       const double y = kTop + kLine * static_cast<double>(oom_row++);  // one line per OOM label
@@ -212,7 +198,7 @@ void write_compare_html(std::FILE* out, const HtmlReport& r, const std::vector<C
                    "stroke=\"%s\" stroke-width=\"2\"/><text class=\"oom\" x=\"%.1f\" y=\"%.1f\" "
                    "fill=\"%s\" text-anchor=\"%s\">OOM: %s</text>\n",
                    x, x, y - 4, bottom, color, right ? x + 4 : x - 4, y + 6, color,
-                   right ? "start" : "end", esc(c.label).c_str());
+                   right ? "start" : "end", html_escape(c.label).c_str());
     }
   }
   if (draw_capacity) {
@@ -220,25 +206,25 @@ void write_compare_html(std::FILE* out, const HtmlReport& r, const std::vector<C
     std::fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#c00\" "
                  "stroke-dasharray=\"8,4\"/><text x=\"%.1f\" y=\"%.1f\" fill=\"#c00\" "
                  "text-anchor=\"end\">capacity %s</text>\n",
-                 px(0), px(1), y, y, px(1) - 4, y + 14, esc(human_bytes(*r.capacity)).c_str());
+                 px(0), px(1), y, y, px(1) - 4, y + 14, html_escape(human_bytes(*r.capacity)).c_str());
   }
   std::fputs("</svg>\n<p class=\"legend\">", out);
   for (size_t ci = 0; ci < curves.size(); ++ci)
     std::fprintf(out, "<span><i style=\"background:%s\"></i>%s</span>", kColors[ci % kColorCount],
-                 esc(curves[ci].label).c_str());
+                 html_escape(curves[ci].label).c_str());
   std::fputs("<span>solid: allocated, dashed: reserved</span></p>\n", out);
   for (size_t ci = 0; ci < curves.size(); ++ci)
     if (!axis.aligned[ci])
       std::fprintf(out, "<p>%s: its phases differ from the other runs'; drawn on its own "
-                   "event-share axis.</p>\n", esc(curves[ci].label).c_str());
+                   "event-share axis.</p>\n", html_escape(curves[ci].label).c_str());
   if (r.capacity && !draw_capacity)
     std::fprintf(out, "<p>The capacity (%s) is off the chart's scale.</p>\n",
-                 esc(human_bytes(*r.capacity)).c_str());
+                 html_escape(human_bytes(*r.capacity)).c_str());
 
   // The table under the plot: the text table's cells (tools/cli/compare_rows.h).
   const std::vector<std::vector<std::string>> cells = compare_table_cells(rows);
   std::fputs("<h2>Policies</h2>\n<table class=\"compare\">\n<tr>", out);
-  for (const std::string& h : cells[0]) std::fprintf(out, "<th>%s</th>", esc(h).c_str());
+  for (const std::string& h : cells[0]) std::fprintf(out, "<th>%s</th>", html_escape(h).c_str());
   std::fputs("</tr>\n", out);
   for (size_t ri = 1; ri < cells.size(); ++ri) {
     const CompareRow& row = rows[ri - 1];
@@ -246,12 +232,12 @@ void write_compare_html(std::FILE* out, const HtmlReport& r, const std::vector<C
     for (size_t c = 0; c < cells[ri].size(); ++c) {
       if (c == 0)
         std::fprintf(out, "<td><i style=\"background:%s\"></i>%s</td>",
-                     kColors[(ri - 1) % kColorCount], esc(cells[ri][c]).c_str());
+                     kColors[(ri - 1) % kColorCount], html_escape(cells[ri][c]).c_str());
       else if (c == 1)
-        std::fprintf(out, "<td class=\"%s\">%s</td>", row.fits ? "fits" : "oom", esc(cells[ri][c]).c_str());
+        std::fprintf(out, "<td class=\"%s\">%s</td>", row.fits ? "fits" : "oom", html_escape(cells[ri][c]).c_str());
       else
         std::fprintf(out, "<td%s>%s</td>", c + 1 < cells[ri].size() ? " class=\"num\"" : "",
-                     esc(cells[ri][c]).c_str());
+                     html_escape(cells[ri][c]).c_str());
     }
     std::fputs("</tr>\n", out);
   }

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "tools/cli/html_report.h"  // html_escape
+
 namespace memsim::cli {
 
 namespace {
@@ -178,24 +180,6 @@ Json serve_json(const Scenario& s, const serve::ServePlan& p, const ServeInverse
   return j;
 }
 
-namespace {
-
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
-
-}  // namespace
-
 void write_serve_html(std::FILE* out, const Scenario& s, const serve::ServePlan& p) {
   const std::string title = "memsim serve: " + (s.name.empty() ? s.source : s.name);
   struct Part {
@@ -216,10 +200,10 @@ void write_serve_html(std::FILE* out, const Scenario& s, const serve::ServePlan&
   std::fprintf(out, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>%s</title>\n"
                     "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 10px;text-align:right}"
                     "th:first-child,td:first-child{text-align:left}</style></head><body>\n<h1>%s</h1>\n",
-               esc(title).c_str(), esc(title).c_str());
-  std::fprintf(out, "<p>%s planner on %s; %s</p>\n", esc(to_string(p.engine)).c_str(),
-               esc(s.device.preset.empty() ? "a device of the given capacity" : s.device.preset).c_str(),
-               esc(p.fits ? "fits: the engine starts with this KV cache" : "does not start: " + p.failure).c_str());
+               html_escape(title).c_str(), html_escape(title).c_str());
+  std::fprintf(out, "<p>%s planner on %s; %s</p>\n", html_escape(to_string(p.engine)).c_str(),
+               html_escape(s.device.preset.empty() ? "a device of the given capacity" : s.device.preset).c_str(),
+               html_escape(p.fits ? "fits: the engine starts with this KV cache" : "does not start: " + p.failure).c_str());
   // One stacked bar of the device's memory (inline SVG).
   const double W = 900, H = 40;
   std::fprintf(out, "<svg width=\"%.0f\" height=\"%.0f\" role=\"img\" aria-label=\"KV budget\">\n", W, H + 20);
@@ -228,7 +212,7 @@ void write_serve_html(std::FILE* out, const Scenario& s, const serve::ServePlan&
     const double w = total > 0 ? part.bytes / total * W : 0;
     if (w <= 0) continue;
     std::fprintf(out, "<rect x=\"%.1f\" y=\"0\" width=\"%.1f\" height=\"%.0f\" fill=\"%s\"><title>%s: %s</title></rect>\n",
-                 x, w, H, part.color, esc(part.label).c_str(), esc(gib(part.bytes)).c_str());
+                 x, w, H, part.color, html_escape(part.label).c_str(), html_escape(gib(part.bytes)).c_str());
     x += w;
   }
   if (p.engine == ServeEngine::vllm) {
@@ -240,8 +224,8 @@ void write_serve_html(std::FILE* out, const Scenario& s, const serve::ServePlan&
   std::fprintf(out, "</svg>\n<table><tr><th>term</th><th>GiB</th><th>bytes</th></tr>\n");
   for (const Part& part : parts)
     std::fprintf(out, "<tr><td><span style=\"color:%s\">&#9632;</span> %s</td><td>%s</td><td>%s</td></tr>\n",
-                 part.color, esc(part.label).c_str(), esc(fixed(part.bytes / kGiB, 2)).c_str(),
-                 esc(commas(static_cast<int64_t>(part.bytes))).c_str());
+                 part.color, html_escape(part.label).c_str(), html_escape(fixed(part.bytes / kGiB, 2)).c_str(),
+                 html_escape(commas(static_cast<int64_t>(part.bytes))).c_str());
   std::fprintf(out, "</table>\n<table>\n");
   const std::vector<std::pair<std::string, std::string>> facts = {
       {"available KV cache memory", gib(static_cast<double>(p.available_kv_bytes))},
@@ -250,7 +234,7 @@ void write_serve_html(std::FILE* out, const Scenario& s, const serve::ServePlan&
       {"maximum concurrency at " + commas(p.settings.max_model_len) + " tokens", fixed(p.kv.max_concurrency, 2) + "x"},
       {"max_model_len that fits one request", commas(p.kv.max_model_len_that_fits)}};
   for (const auto& [k, v] : facts)
-    std::fprintf(out, "<tr><td>%s</td><td>%s</td></tr>\n", esc(k).c_str(), esc(v).c_str());
+    std::fprintf(out, "<tr><td>%s</td><td>%s</td></tr>\n", html_escape(k).c_str(), html_escape(v).c_str());
   std::fprintf(out, "</table>\n</body></html>\n");
 }
 
