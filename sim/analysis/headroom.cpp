@@ -9,16 +9,13 @@
 
 namespace memsim {
 
-namespace {
-
-// tools/cli/device.h's kUnlimitedCapacity (the sim library cannot include tools/).
-constexpr uint64_t kUnlimitedDevice = uint64_t{1} << 60;
-// With expandable segments each segment reserves 1.125 x the device total of address
-// space and keeps one flag per page of it (allocator/expandable_segments.cpp): 2^60 bytes
-// would need gigabytes of host memory. 64 TiB is beyond any GPU and costs a few MB.
-constexpr uint64_t kUnlimitedExpandableDevice = uint64_t{1} << 46;
-
-}  // namespace
+uint64_t unlimited_device_bytes(const AllocatorConfig& allocator) {
+  // tools/cli/device.h's kUnlimitedCapacity (the sim library cannot include tools/). With
+  // expandable segments each segment reserves 1.125 x the device total of address space
+  // (allocator/expandable_segments.cpp): 64 TiB is beyond any GPU and keeps the address
+  // arithmetic far from overflow.
+  return allocator.expandable_segments ? uint64_t{1} << 46 : uint64_t{1} << 60;
+}
 
 std::optional<uint64_t> allocator_limit(const DeviceConfig& device, const AllocatorConfig& allocator) {
   if (device.capacity == 0) return std::nullopt;
@@ -35,8 +32,7 @@ std::optional<uint64_t> allocator_limit(const DeviceConfig& device, const Alloca
 std::optional<uint64_t> unlimited_peak_reserved(const Program& program,
                                                 const AllocatorConfig& allocator,
                                                 uint64_t cuda_context) {
-  SimulatedDevice device(allocator.expandable_segments ? kUnlimitedExpandableDevice : kUnlimitedDevice,
-                         cuda_context);
+  SimulatedDevice device(unlimited_device_bytes(allocator), cuda_context);
   ExecuteOptions options;
   options.record_by_kind = false;  // only the reserved curve is read
   const Timeline timeline = execute(program, allocator, device, options);

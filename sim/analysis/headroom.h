@@ -50,6 +50,10 @@ namespace memsim {
 // A peak reserved within this share of the limit warns (issue #19: "within 3% of capacity").
 inline constexpr double kNearCapacityShare = 0.03;
 
+// The device size of a run "without a limit" (oom.needed_bytes' run, optimize's
+// unconstrained runs): 2^60 bytes, 64 TiB with expandable segments.
+uint64_t unlimited_device_bytes(const AllocatorConfig& allocator);
+
 std::optional<uint64_t> allocator_limit(const DeviceConfig& device, const AllocatorConfig& allocator);
 
 std::optional<uint64_t> unlimited_peak_reserved(const Program& program,

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "allocator/caching_allocator.h"
+#include "sim/analysis/headroom.h"
 #include "sim/search/named_policies.h"
 #include "sim/search/optimize_pipeline.h"
 #include "sim/search/workers.h"
@@ -23,7 +24,6 @@ using graph::LayerCheckpoint;
 namespace {
 
 constexpr int64_t kNone = INT64_MIN;
-constexpr uint64_t kUnlimited = 1ull << 60;
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -443,7 +443,7 @@ class LevelEnumerator {
 }  // namespace
 
 uint64_t unlimited_capacity(const AllocatorConfig& allocator) {
-  return allocator.expandable_segments ? uint64_t{1} << 46 : kUnlimited;
+  return unlimited_device_bytes(allocator);  // sim/analysis/headroom.h
 }
 
 PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,

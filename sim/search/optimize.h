@@ -131,10 +131,8 @@ struct PlanRun {
 };
 PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
                       const graph::CheckpointPlan& plan, uint64_t capacity);
-// The device size of a run "without a limit". With expandable segments the allocator
-// reserves address space for the whole device (c10's ExpandableSegment max_handles), so
-// "unlimited" is 64 TiB there (as oom.needed_bytes' run, sim/analysis/headroom.cpp: far
-// more than any device, and safe for the address arithmetic); 2^60 bytes otherwise.
+// The device size of a run "without a limit": sim/analysis/headroom.h's
+// unlimited_device_bytes (2^60 bytes; 64 TiB with expandable segments).
 uint64_t unlimited_capacity(const AllocatorConfig& allocator);
 
 // One pipeline stage run with the chosen plan (memsim optimize on parallel.pipeline > 1).
