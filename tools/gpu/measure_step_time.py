@@ -45,11 +45,42 @@ CONFIGS = [
 BATCH, SEQ = 4, 1024
 
 
+def profile_step(torch, model, opt, ids, labels, tm):
+    """One more step under torch.profiler: CUDA time per op (self), the step's wall time and
+    the summed kernel time, so launch-bound gaps (GPU idle while Python runs) show."""
+    import time
+    from torch.profiler import profile, ProfilerActivity
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = tm.llama_loss(model(ids), labels)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    def dev(e, attr):
+        for a in (attr.replace("cuda", "device"), attr):
+            if hasattr(e, a):
+                return getattr(e, a)
+        return 0
+    rows = []
+    for e in prof.key_averages():
+        rows.append({"op": e.key, "count": e.count,
+                     "self_device_us": dev(e, "self_cuda_time_total"),
+                     "self_cpu_us": e.self_cpu_time_total})
+    rows.sort(key=lambda r: -r["self_device_us"])
+    kernels = sum(r["self_device_us"] for r in rows)
+    return {"wall_ms_profiled": wall * 1e3, "self_device_ms_total": kernels / 1e3, "ops": rows[:60]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--profile", nargs="*", default=[],
+                    help="configs to profile for one extra step (torch.profiler, CUDA time per op)")
     args = ap.parse_args()
     import torch
     import torch_models as tm
@@ -68,12 +99,14 @@ def main():
         ids = torch.randint(0, BASE["vocab"], (BATCH, SEQ), device=dev)
         labels = torch.randint(0, BASE["vocab"], (BATCH, SEQ), device=dev)
         steps, fb, op = [], [], []
+        fw = []
         for i in range(3 + args.steps):
-            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            e0, e1, e2, ef = (torch.cuda.Event(enable_timing=True) for _ in range(4))
             opt.zero_grad(set_to_none=True)
             e0.record()
             logits = model(ids)
             loss = tm.llama_loss(logits, labels)
+            ef.record()
             loss.backward()
             e1.record()
             opt.step()
@@ -83,11 +116,18 @@ def main():
                 steps.append(e0.elapsed_time(e2))
                 fb.append(e0.elapsed_time(e1))
                 op.append(e1.elapsed_time(e2))
+                fw.append(e0.elapsed_time(ef))
             del logits, loss
+        prof_rows = None
+        if name in args.profile:
+            prof_rows = profile_step(torch, model, opt, ids, labels, tm)
         results["configs"].append({
             "name": name, "policy": policy, "optimizer_impl": impl, "batch": BATCH, "seq": SEQ,
             "step_ms_median": statistics.median(steps), "fwd_bwd_ms_median": statistics.median(fb),
             "optimizer_ms_median": statistics.median(op), "steps_ms": steps,
+            "forward_ms_median": statistics.median(fw),
+            "backward_ms_median": statistics.median(fb) - statistics.median(fw),
+            "profile": prof_rows,
             "peak_reserved_bytes": torch.cuda.max_memory_reserved()})
         print(name, round(statistics.median(steps), 2), "ms", flush=True)
         del model, opt, ids, labels
