@@ -48,7 +48,10 @@ def yaml_for(sp):
         arch = "qwen3" if sp["model_type"] == "qwen3_moe" else "mixtral"
         lines += [f"  architecture: {arch}", f"  layers: {c['layers']}", f"  d_model: {c['d_model']}",
                   f"  heads: {c['heads']}", f"  kv_heads: {c['kv_heads']}", f"  d_ff: {c['d_ff']}",
-                  f"  vocab: {c['vocab']}", f"  context_length: {c['context']}", "  tied_embeddings: false"]
+                  f"  vocab: {c['vocab']}", f"  context_length: {c['context']}",
+                  # gen_arch_fixtures' qwen3 row ties the embeddings (tied=True); the blind
+                  # YAMLs of 2026-11-27 said false here (tests/test_gpu_moe_runs.cpp corrects them)
+                  f"  tied_embeddings: {'true' if arch == 'qwen3' else 'false'}"]
         if arch == "qwen3":
             lines.append("  head_dim: 32")  # gen_arch_fixtures' qwen3 row
         lines.append(f"  moe: {{experts: {sp['experts']}, top_k: {sp['top_k']}, expert_d_ff: "
