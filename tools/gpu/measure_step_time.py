@@ -45,13 +45,13 @@ CONFIGS = [
 BATCH, SEQ = 4, 1024
 
 
-def profile_step(torch, model, opt, ids, labels, tm):
+def profile_step(torch, model, opt, ids, labels, tm, shapes=False):
     """One more step under torch.profiler: CUDA time per op (self), the step's wall time and
     the summed kernel time, so launch-bound gaps (GPU idle while Python runs) show."""
     import time
     from torch.profiler import profile, ProfilerActivity
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=shapes) as prof:
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = tm.llama_loss(model(ids), labels)
@@ -65,13 +65,18 @@ def profile_step(torch, model, opt, ids, labels, tm):
                 return getattr(e, a)
         return 0
     rows = []
-    for e in prof.key_averages():
-        rows.append({"op": e.key, "count": e.count,
-                     "self_device_us": dev(e, "self_cuda_time_total"),
-                     "self_cpu_us": e.self_cpu_time_total})
+    for e in prof.key_averages(group_by_input_shape=shapes):
+        row = {"op": e.key, "count": e.count, "self_device_us": dev(e, "self_cuda_time_total"),
+               "self_cpu_us": e.self_cpu_time_total}
+        if shapes:
+            row["input_shapes"] = str(getattr(e, "input_shapes", ""))
+        rows.append(row)
     rows.sort(key=lambda r: -r["self_device_us"])
     kernels = sum(r["self_device_us"] for r in rows)
-    return {"wall_ms_profiled": wall * 1e3, "self_device_ms_total": kernels / 1e3, "ops": rows[:60]}
+    # Both an aten op and the kernels it launched carry self device time: the total counts
+    # each kernel twice (halve it for the GPU's busy time).
+    return {"wall_ms_profiled": wall * 1e3, "self_device_ms_total": kernels / 1e3,
+            "ops": rows[:300 if shapes else 60]}
 
 
 def main():
@@ -81,6 +86,8 @@ def main():
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--profile", nargs="*", default=[],
                     help="configs to profile for one extra step (torch.profiler, CUDA time per op)")
+    ap.add_argument("--shapes", action="store_true",
+                    help="profile rows per (op, input shapes) instead of per op")
     args = ap.parse_args()
     import torch
     import torch_models as tm
@@ -120,7 +127,7 @@ def main():
             del logits, loss
         prof_rows = None
         if name in args.profile:
-            prof_rows = profile_step(torch, model, opt, ids, labels, tm)
+            prof_rows = profile_step(torch, model, opt, ids, labels, tm, args.shapes)
         results["configs"].append({
             "name": name, "policy": policy, "optimizer_impl": impl, "batch": BATCH, "seq": SEQ,
             "step_ms_median": statistics.median(steps), "fwd_bwd_ms_median": statistics.median(fb),
