@@ -20,12 +20,15 @@ CONFIG = os.path.join(HERE, "..", "..", "tests", "data", "gpu", "moe", "configs"
 
 
 def walk(root, torch):
-    seen, stack, rows, storages = set(), [root], [], {}
+    # `keep` holds every visited node's Python object: a node's wrapper can be collected
+    # and its id() reused by another node's, which would skip that node.
+    seen, keep, stack, rows, storages = set(), [], [root], [], {}
     while stack:
         fn = stack.pop()
         if fn is None or id(fn) in seen:
             continue
         seen.add(id(fn))
+        keep.append(fn)
         for attr in dir(fn):
             if not attr.startswith("_saved_"):
                 continue
