@@ -129,6 +129,19 @@ Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& o
   return out;
 }
 
+Tensor masked_fill(Runtime& rt, const Tensor& x, const Tensor& mask, bool in_place) {
+  Tensor out = in_place ? x : out_tensor(rt, x.bytes, OpKind::masked_fill);
+  if (wants_grad(rt, {&x})) {
+    int32_t n = rt.make_node(OpKind::where_scalar, {&x});
+    rt.node(n).size[0] = x.bytes;
+    rt.node(n).size[3] = 0;  // no 0-d scalar tensor in its backward
+    rt.save(n, mask);
+    out.grad_fn = n;
+    out.out_slot = 0;
+  }
+  return out;
+}
+
 bool run_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (op_library(n.kind) != OpLibrary::moe) return false;
   const Grad& g = in[0];
