@@ -375,7 +375,7 @@ Tensor DecoderModel::moe_aux_loss(const Tensor& loss) {
   Tensor scaled = mul_scalar(rt_, aux);  // router_aux_loss_coef * aux_loss
   aux.reset();
   Tensor out = loss;
-  add_(rt_, out, scaled);  // loss += ...
+  out = add_(rt_, out, scaled);  // loss += ... (the returned handle carries AddBackward0)
   return out;
 }
 
@@ -411,8 +411,11 @@ Tensor DecoderModel::moe_block(int32_t l, const LayerParams& p, const Tensor& x)
     out = add(rt_, out, shared);
   }
   // The block returns: `_`, routing_weights, selected_experts, then the shared output. The
-  // OutputRecorder keeps the router's first output for the aux loss (output_router_logits).
-  if (m.output_router_logits) router_logits_.push_back(router_logits);
+  // OutputRecorder keeps the router's first output for the aux loss (output_router_logits),
+  // only while the model's forward runs: capture_outputs sets its collector (a ContextVar)
+  // around the forward and resets it after (transformers utils/output_capturing.py), so a
+  // checkpointed layer re-run in backward records nothing.
+  if (m.output_router_logits && !rt_.recomputing) router_logits_.push_back(router_logits);
   router_logits.reset();
   weights.reset();
   indices.reset();
