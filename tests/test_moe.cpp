@@ -340,6 +340,18 @@ TEST_CASE("MoE aux loss: model.moe.output_router_logits from the key and config.
   CHECK(count(off, "sort", 4 * 8) == 0);
   CHECK(count(on, "sort", 4 * 8) == 2 * 2);
   CHECK(count(on, "one_hot", 2 * 32 * 2 * 4 * 8) == 0);
+  // The aux loss's backward runs (the loss handle carries its AddBackward0): nothing of it is
+  // left when backward ends, so the live bytes there equal the run without it.
+  auto backward_end = [](const Scenario& s) {
+    const Program p = build_program(s);
+    SimulatedDevice device(s.device.capacity, s.device.cuda_context);
+    const Timeline t = execute(p, s.allocator, device, ExecuteOptions{});
+    for (const auto& [name, point] : analyze(p, t).marks)
+      if (name == "backward_end" && point) return point->allocated;
+    return uint64_t{0};
+  };
+  CHECK(backward_end(on) > 0);
+  CHECK(backward_end(on) == backward_end(off));
   CHECK(load_error(base + "") == "");
   CHECK(load_error(std::string(kSmall) + "  moe: {experts: 4, top_k: 2, output_router_logits: maybe}\n" +
                    "batch:\n  micro_batch: 2\n  seq_len: 16\n")
