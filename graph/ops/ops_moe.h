@@ -30,7 +30,7 @@ Tensor index_rows(Runtime& rt, const Tensor& self, const Tensor& index_storage, 
 
 // torch.topk(x, k, -1) over `rows` rows: values (rows*k*elem) and int64 indices
 // (rows*k*8). TopkBackward0 saves the indices; backward value_selecting_reduction_backward:
-// zeros(x) and an out-of-place scatter (both x-sized), the zeros dying at once.
+// zeros(x) and an in-place scatter_ into it (torch 2.x; one x-sized tensor).
 struct TopkResult {
   Tensor values, indices;
 };
