@@ -122,8 +122,12 @@ Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& o
     node.size[1] = w.bytes;
     node.flops = detail::matmul_backward_flops(x, w, flops);
     node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
-    detail::save_cross(rt, n, w, x);
+    // The generated node's saved variables in the order the formulas first name them
+    // (mat2 in self's, offs, then self in mat2's), which is the order they are released
+    // after it runs (the H200 trace frees the offsets before the input).
+    if (x.requires_grad()) rt.save(n, w);
     rt.save(n, offs);
+    if (w.requires_grad()) rt.save(n, x);
     out.grad_fn = n;
   }
   return out;
