@@ -1,6 +1,6 @@
 // Mixture-of-experts layers (graph/models/decoder_moe.cpp, docs/moe.md):
 //  - against real PyTorch: tests/data/torch_cpu_moe/*.json are training steps of the
-//    transformers v5 eager-expert stand-ins (tools/fixtures/moe_models.py) with a forced
+//    transformers 5.17 eager / batched_mm stand-ins (tools/fixtures/moe_models.py) with a forced
 //    routing, measured on CPU with torch 1.13 (tools/fixtures/gen_moe_fixtures.py); compared
 //    as the dense architecture rows are, plus every layer's forward allocations in order;
 //  - parameter counts from the published config.json files (tests/data/moe_configs);
@@ -327,15 +327,31 @@ TEST_CASE("MoE aux loss: model.moe.output_router_logits from the key and config.
   const Scenario on = load_scenario_text(base, "moe.yaml", {{"model.moe.output_router_logits", "true"}});
   CHECK_FALSE(off.model.arch.moe.output_router_logits);
   CHECK(on.model.arch.moe.output_router_logits);
-  // The one_hot of the aux loss: (layers * T, K, E) int64 = 2 * 32 * 2 * 4 * 8 bytes.
-  auto count = [](const Scenario& s) {
+  // transformers 5.17's load_balancing_loss_func, layer by layer: one bincount (E int64 =
+  // 4 * 8 bytes) per MoE layer and step (a warm-up step and the measured one), and no
+  // (layers * T, K, E) int64 one_hot any more (2 * 32 * 2 * 4 * 8 bytes, the earlier v5 code).
+  auto count = [](const Scenario& s, const std::string& op, uint64_t bytes) {
     const Program p = build_program(s);
     int n = 0;
     for (const MemoryEvent& e : p.events)
-      if (e.type == EventType::alloc && e.bytes == 2 * 32 * 2 * 4 * 8) ++n;
+      if (e.type == EventType::alloc && e.bytes == bytes && p.str(e.op) == op) ++n;
     return n;
   };
-  CHECK(count(on) > count(off));
+  CHECK(count(off, "sort", 4 * 8) == 0);
+  CHECK(count(on, "sort", 4 * 8) == 2 * 2);
+  CHECK(count(on, "one_hot", 2 * 32 * 2 * 4 * 8) == 0);
+  // The aux loss's backward runs (the loss handle carries its AddBackward0): nothing of it is
+  // left when backward ends, so the live bytes there equal the run without it.
+  auto backward_end = [](const Scenario& s) {
+    const Program p = build_program(s);
+    SimulatedDevice device(s.device.capacity, s.device.cuda_context);
+    const Timeline t = execute(p, s.allocator, device, ExecuteOptions{});
+    for (const auto& [name, point] : analyze(p, t).marks)
+      if (name == "backward_end" && point) return point->allocated;
+    return uint64_t{0};
+  };
+  CHECK(backward_end(on) > 0);
+  CHECK(backward_end(on) == backward_end(off));
   CHECK(load_error(base + "") == "");
   CHECK(load_error(std::string(kSmall) + "  moe: {experts: 4, top_k: 2, output_router_logits: maybe}\n" +
                    "batch:\n  micro_batch: 2\n  seq_len: 16\n")

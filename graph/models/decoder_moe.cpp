@@ -1,16 +1,18 @@
 // DecoderModel's mixture-of-experts layers (graph/models/decoder.h; docs/moe.md): the sparse
 // MoE block that replaces a layer's MLP when DecoderArch::moe says the layer is sparse.
 //
-// Modelled from transformers v5's fused-expert code (the layout v5 introduced and 5.x
-// keeps; read at huggingface/transformers main, integrations/moe.py and
-// models/{qwen3_moe,qwen2_moe,mixtral,olmoe}/modeling_*.py):
+// Modelled from transformers 5.17.0 as installed on the GPU machine (2026-11-27; read there,
+// not committed): integrations/moe.py and models/{qwen3_moe,qwen2_moe,mixtral,olmoe}/
+// modeling_*.py (docs/moe.md "What transformers 5.17 changed" lists what differs from the
+// earlier v5 code this file was first written from):
 //  - the block (Qwen3MoeSparseMoeBlock / OlmoeSparseMoeBlock / MixtralSparseMoeBlock):
 //    x.view(-1, D); `_, routing_weights, selected_experts = self.gate(x)` (all three locals
 //    live until the block returns); experts(x, selected_experts, routing_weights);
 //    Qwen2MoeSparseMoeBlock first runs its shared expert, then scales it by
-//    sigmoid(shared_expert_gate(x)) and adds it in place;
-//  - the router (MoeRouterCode): F.linear to (T, E) in the model dtype, softmax in fp32
-//    (a (T, E) fp32 copy first for 16-bit logits), topk, the in-place renormalisation;
+//    sigmoid(shared_expert_gate(x)) and adds it out of place;
+//  - the router (MoeRouterCode): F.linear to (T, E) in the model dtype (returned: the
+//    block's `_`), softmax in fp32 (a (T, E) fp32 copy first for 16-bit logits), topk, the
+//    in-place renormalisation, and for the Qwen-style routers .to(router_logits.dtype);
 //  - the eager experts (Qwen3MoeExperts.forward): zeros_like(x); under no_grad one_hot
 //    (T, K, E) int64 (alive until forward returns), its sum over (K, T), greater, nonzero;
 //    then for every expert that got tokens, in order: `expert_idx == num_experts` (a 1-byte
@@ -18,7 +20,8 @@
 //    top_k_pos and token_idx), hidden_states[token_idx] (n, D), F.linear with the selected
 //    gate_up_proj[e] (a view; SelectBackward0 hands back a zeros of the whole 3-D weight),
 //    chunk, act(gate) * up, F.linear with down_proj[e], * top_k_weights[token_idx,
-//    top_k_pos, None] (fp32 (n, 1): the product is fp32), .to(dtype), index_add_. Every
+//    top_k_pos, None] ((n, 1) in the weights' dtype: the product is fp32 only for Mixtral's
+//    fp32 weights in a 16-bit model), .to(dtype), index_add_. Every
 //    size is n, the tokens routed to that expert (graph/models/moe_routing.h). The loop's
 //    last locals live until forward returns.
 // And batched_mm_experts_forward / grouped_mm_experts_forward (experts_implementation, below).
@@ -80,20 +83,22 @@ Tensor DecoderModel::moe_router(const LayerParams& p, const Tensor& x, Tensor& w
     Tensor f32 = le == 4 ? logits : to_copy(rt_, logits, T * E * 4);
     probs = m.score == MoeScore::softmax ? softmax(rt_, f32) : sigmoid(rt_, f32);
   }
-  Tensor returned;
-  if (m.code == MoeRouterCode::qwen) {
-    logits.reset();  // router_logits is rebound to the probabilities
-    returned = probs;
-  } else {
-    returned = logits;  // Mixtral returns the raw logits; router_probs dies with the router
-  }
+  // transformers 5.17: both router codes return the raw logits (the block's `_`, alive until
+  // it returns); router_probs is a local the softmax's backward keeps anyway.
+  Tensor returned = logits;
   TopkResult top = topk(rt_, probs, T, K, 4);
   probs.reset();
   if (m.norm_topk || m.code == MoeRouterCode::mixtral) {
     Tensor sum = sum_dim(rt_, top.values, T * 4);  // sum(dim=-1, keepdim=True)
     div_inplace(rt_, top.values, sum);
   }
-  weights = std::move(top.values);  // .to(router_logits.dtype): fp32 to fp32, the same tensor
+  // Qwen-style: router_top_value.to(router_logits.dtype): a (T, K) copy in the model dtype for
+  // 16-bit logits (the fp32 values die: DivBackward0 saved its clone); Mixtral keeps fp32.
+  if (m.code == MoeRouterCode::qwen && le != 4) {
+    Tensor cast = to_copy(rt_, top.values, T * K * le);
+    top.values = std::move(cast);
+  }
+  weights = std::move(top.values);
   indices = std::move(top.indices);
   return returned;
 }
@@ -105,6 +110,7 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
   const uint64_t e = act_elem(), T = s_.rows(), D = static_cast<uint64_t>(s_.d_model);
   const uint64_t E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
   const uint64_t F = static_cast<uint64_t>(m.expert_d_ff);
+  const uint64_t we = weights.bytes / (T * K), pe = std::max(e, we);  // weight / product element
   Tensor final_hidden = rt_.alloc(T * D * e, TensorKind::activation, OpKind::fill);  // zeros_like
   Tensor expert_mask, expert_hit;
   {
@@ -150,10 +156,12 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
       current = mm_linear(rt_, current, w, n * D * e, f_up / 2.0);
     }
     {
-      Tensor wsel = index_rows(rt_, weights, positions, n * 8, n * 4);  // (n, 1) fp32
-      current = mul_column(rt_, current, wsel, n * D * 4);
+      // top_k_weights[token_idx, top_k_pos, None]: (n, 1) in the router's weight dtype (fp32
+      // for Mixtral, the model dtype for the Qwen-style routers); the product is promoted.
+      Tensor wsel = index_rows(rt_, weights, positions, n * 8, n * we);
+      current = mul_column(rt_, current, wsel, n * D * pe);
     }
-    Tensor source = e == 4 ? current : to_copy(rt_, current, n * D * e);  // .to(dtype)
+    Tensor source = pe == e ? current : to_copy(rt_, current, n * D * e);  // .to(dtype)
     index_add_(rt_, final_hidden, positions, source);
   }
   // forward returns: its locals die in the frame's order (expert_mask, expert_hit, then
@@ -168,185 +176,206 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
   return final_hidden;
 }
 
-// batched_mm_experts_forward (transformers v5 integrations/moe.py), S = T*K samples:
-// zeros_like(x); token_idx = arange(T).unsqueeze(1).expand(-1, K).reshape(-1) (the reshape of
-// the expanded arange copies: S int64; the arange dies with the expression); x[token_idx]
-// (S, D); gate_up_proj[expert_ids] and down_proj[expert_ids]: every sample's own copy of its
-// expert's weights, (S, 2F, D) and (S, D, F), saved by the two bmm's (IndexBackward0 hands
-// back a zeros of the whole 3-D weight, accumulated with index_put_); bmm, chunk, act * up,
-// bmm; * sample_weights (a view of the router's top-k weights, which the product saves), fp32
-// for fp32 weights; .to(dtype); index_add_. The locals die at return (the product last).
+// batched_mm_experts_forward (transformers 5.17.0 integrations/moe.py:112-176), S = T*K samples:
+// hidden_states.repeat_interleave(K, dim=0) (torch's Repeat.cpp for an int repeats:
+// unsqueeze, expand, a contiguous clone (S, D), flatten; backward the expand's sum to (T, D));
+// expert_ids.clamp(0, E-1) (a new S int64, out of place); gate_up_proj[expert_ids] and
+// down_proj[expert_ids]: every sample's own copy of its expert's weights, (S, 2F, D) and
+// (S, D, F), saved by the two bmm's (IndexBackward0 hands back a zeros of the whole 3-D weight,
+// accumulated with index_put_); bmm, _apply_gate (chunk, act * up), bmm; * sample_weights (a
+// view of the router's top-k weights, which the product saves; fp32 weights promote it);
+// .view(T, K, D).sum(dim=1) (no index_add_: the sum's grad is an expand the view's backward
+// reshapes with a copy); .to(dtype). The frame's locals die at return, in order.
 Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, const Tensor& indices,
                                          const Tensor& weights) {
+  (void)indices;  // read by clamp, which needs no grad: only its size matters
   const MoeSpec& m = arch().moe;
   const uint64_t e = act_elem(), T = s_.rows(), D = static_cast<uint64_t>(s_.d_model);
   const uint64_t K = static_cast<uint64_t>(m.top_k), F = static_cast<uint64_t>(m.expert_d_ff);
   const uint64_t S = T * K, we = weights.bytes / S, pe = std::max(e, we);
   if (autocast_on()) throw std::runtime_error("model.moe under precision.autocast is not modelled yet");
-  Tensor final_hidden = rt_.alloc(T * D * e, TensorKind::activation, OpKind::fill);  // zeros_like
-  Tensor token_idx;
-  {
-    Tensor ar = moe_scratch(rt_, T * 8, OpKind::arange);
-    token_idx = rt_.alloc(S * 8, TensorKind::activation, OpKind::clone);  // expand(...).reshape(-1)
-  }
-  Tensor current = index_rows(rt_, x, token_idx, S * 8, S * D * e);
-  Tensor sel_gate_up = index_rows(rt_, rt_.param(p.experts_gate_up), indices, S * 8, S * 2 * F * D * s_.elem);
-  Tensor sel_down = index_rows(rt_, rt_.param(p.experts_down), indices, S * 8, S * D * F * s_.elem);
+  Tensor current = expand_clone(rt_, x, K);                        // selected_hidden_states
+  Tensor expert_ids = moe_scratch(rt_, S * 8, OpKind::moe_index);  // clamp (out of place)
+  Tensor sel_gate_up = index_rows(rt_, rt_.param(p.experts_gate_up), expert_ids, S * 8, S * 2 * F * D * s_.elem);
   const double f_up = 2.0 * static_cast<double>(S) * static_cast<double>(D) * 2.0 * static_cast<double>(F);
-  Tensor gate, up, hidden, out;
+  Tensor proj;
   {
     Tensor gate_up = bmm(rt_, sel_gate_up, current, S * 2 * F * e, f_up);
     Chunk2 halves(rt_, gate_up);
     gate_up.reset();
-    gate = halves.piece(rt_, 0);
-    up = halves.piece(rt_, 1);
+    Tensor gate = halves.piece(rt_, 0), up = halves.piece(rt_, 1);
+    proj = mul(rt_, activation(gate), up);  // _apply_gate's locals die with it
   }
-  hidden = mul(rt_, activation(gate), up);
-  out = bmm(rt_, sel_down, hidden, S * D * e, f_up / 2.0);
-  out = pe == e ? mul(rt_, out, weights) : mul_column(rt_, out, weights, S * D * pe);
-  {
-    Tensor source = pe == e ? out : to_copy(rt_, out, S * D * e);  // .to(dtype)
-    index_add_(rt_, final_hidden, token_idx, source);
-  }
-  // The frame's locals die in order: token_idx, current, the selected weights, gate, up,
-  // hidden, then the product.
-  token_idx.reset();
-  current.reset();
+  // selected_weights is rebound (the gate_up copy lives on in its bmm's saved tensors)
+  Tensor sel_down = index_rows(rt_, rt_.param(p.experts_down), expert_ids, S * 8, S * D * F * s_.elem);
   sel_gate_up.reset();
+  proj = bmm(rt_, sel_down, proj, S * D * e, f_up / 2.0);
+  Tensor weighted = pe == e ? mul(rt_, proj, weights) : mul_column(rt_, proj, weights, S * D * pe);
+  Tensor final_hidden = sum_dim(rt_, view(rt_, weighted, true), T * D * pe);  // view(T,K,D).sum(1)
+  Tensor out = pe == e ? final_hidden : to_copy(rt_, final_hidden, T * D * e);  // .to(dtype)
+  // The frame's locals die in order: selected_hidden_states, expert_ids, selected_weights,
+  // proj_out, weighted_out, final_hidden_states.
+  current.reset();
+  expert_ids.reset();
   sel_down.reset();
-  gate.reset();
-  up.reset();
-  hidden.reset();
-  out.reset();
-  return final_hidden;
+  proj.reset();
+  weighted.reset();
+  final_hidden.reset();
+  return out;
 }
 
-// grouped_mm_experts_forward (transformers v5 integrations/moe.py), S = T*K samples:
-// zeros_like(x); token_idx (as batched_mm); perm = argsort(expert_ids, stable=True) and
-// inv_perm = argsort(perm, stable=True) (each a sort: values and indices S int64, the values
-// dying at once); x[token_idx] (S, D); expert_ids[perm] (S int64); sample_weights[perm];
-// current[perm] (S, D); histc(expert_ids_g.float()) (an S fp32 copy, E fp32 counts) and
-// cumsum(dtype=int32) (E int32, the offsets _grouped_mm keeps); _grouped_mm on the 3-D
-// weights (transposed views), chunk, act * up, _grouped_mm; * sample_weights_g (fp32 for fp32
-// weights); [inv_perm] back to token order; .to(dtype); index_add_. The frame's locals die
-// at return: x[token_idx] (saved by no node: _grouped_mm saves the permuted copy), the
-// product before the un-permutation, expert_ids_g, the counts. Modelled from the source only
-// (torch 1.13 has no _grouped_mm; CUB's sort and histogram scratch are not modelled).
+// grouped_mm_experts_forward (transformers 5.17.0 integrations/moe.py:377-481), S = T*K
+// samples, checked against the H200 trace of moe_tf_qwen3_moe_bf16_balanced_grouped_mm
+// (tests/data/gpu/moe/moe_snapshots.tar.xz, layer 0's experts): torch.sort(expert_ids)
+// (values expert_ids_g and perm, S int64 each; the stable CUDA sort's S int64 iota dies with
+// it); hidden_states[perm // K] (the quotient S int64, saved by the gather) (S, D);
+// sample_weights[perm] (S, in the weights' dtype); expert_ids_g.int() (S int32, CUDA's histc
+// input), histc (E), cumsum(dtype=int32) (E, the offsets both _grouped_mm keep);
+// sentinel_mask = (expert_ids_g >= E) (S bool, saved by the three masked_fills);
+// clamp_ (in place); masked_fill_ of the gathered states (in place); _grouped_mm (S, 2F), then
+// an out-of-place masked_fill (the mm output freed at once: _grouped_mm saves its inputs, not
+// its output); _apply_gate; _grouped_mm (S, D) and its masked copy; * sample_weights_g
+// (saves both); inv_perm = empty_like(perm) and inv_perm[perm] = arange(S) (the arange dies);
+// weighted_out[inv_perm] (the product freed, rebound); .view(T, K, D).sum(dim=1) (no
+// index_add_); .to(dtype). The frame's locals die at return in order. Not modelled: the
+// sub-MiB CUB scratch of the sort, cumsum and the grouped GEMM (small pool).
 Tensor DecoderModel::moe_experts_grouped(const LayerParams& p, const Tensor& x, const Tensor& indices,
                                          const Tensor& weights) {
-  (void)indices;  // read by argsort and the gathers, which need no grad: only sizes matter
+  (void)indices;  // read by sort, which needs no grad: only its size matters
   const MoeSpec& m = arch().moe;
   const uint64_t e = act_elem(), T = s_.rows(), D = static_cast<uint64_t>(s_.d_model);
   const uint64_t E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
   const uint64_t F = static_cast<uint64_t>(m.expert_d_ff);
   const uint64_t S = T * K, we = weights.bytes / S, pe = std::max(e, we);
   if (autocast_on()) throw std::runtime_error("model.moe under precision.autocast is not modelled yet");
-  Tensor final_hidden = rt_.alloc(T * D * e, TensorKind::activation, OpKind::fill);  // zeros_like
-  Tensor token_idx, perm, inv_perm;
-  {
-    Tensor ar = moe_scratch(rt_, T * 8, OpKind::arange);
-    token_idx = rt_.alloc(S * 8, TensorKind::activation, OpKind::clone);
-  }
+  Tensor expert_ids_g, perm;
   {  // int64 indices: no grad
-    Tensor values = moe_scratch(rt_, S * 8, OpKind::sort);
+    expert_ids_g = moe_scratch(rt_, S * 8, OpKind::sort);
     perm = rt_.alloc(S * 8, TensorKind::activation, OpKind::sort);
-    values.reset();
-    values = moe_scratch(rt_, S * 8, OpKind::sort);
-    inv_perm = rt_.alloc(S * 8, TensorKind::activation, OpKind::sort);
-    values.reset();
+    moe_scratch(rt_, S * 8, OpKind::sort).reset();  // the iota the stable sort permutes
   }
-  Tensor current = index_rows(rt_, x, token_idx, S * 8, S * D * e);
-  Tensor expert_ids_g = moe_scratch(rt_, S * 8, OpKind::moe_index);
-  Tensor weights_g = index_rows(rt_, weights, perm, S * 8, S * we);
-  Tensor current_g = index_rows(rt_, current, perm, S * 8, S * D * e);
-  Tensor counts, offsets;
+  Tensor current_g;
   {
-    Tensor f32 = moe_scratch(rt_, S * 4, OpKind::to_copy);  // expert_ids_g.float()
-    counts = moe_scratch(rt_, E * 4, OpKind::sort);         // histc
+    Tensor quotient = rt_.alloc(S * 8, TensorKind::activation, OpKind::moe_index);  // perm // K
+    current_g = index_rows(rt_, x, quotient, S * 8, S * D * e);
   }
-  offsets = rt_.alloc(E * 4, TensorKind::activation, OpKind::sort);  // cumsum(dtype=int32)
+  Tensor weights_g = index_rows(rt_, weights, perm, S * 8, S * we);
+  Tensor histc_input = moe_scratch(rt_, S * 4, OpKind::to_copy);  // expert_ids_g.int()
+  Tensor counts = moe_scratch(rt_, E * 4, OpKind::sort);          // histc
+  Tensor offsets = rt_.alloc(E * 4, TensorKind::activation, OpKind::sort);  // cumsum(dtype=int32)
+  Tensor mask = rt_.alloc(S, TensorKind::activation, OpKind::compare);     // sentinel_mask
+  current_g = masked_fill(rt_, current_g, mask, true);
   const double f_up = 2.0 * static_cast<double>(S) * static_cast<double>(D) * 2.0 * static_cast<double>(F);
-  Tensor gate, up, hidden, out_g, out;
+  Tensor proj;
   {
     Tensor gate_up = grouped_mm(rt_, current_g, rt_.param(p.experts_gate_up), offsets, S * 2 * F * e, f_up);
+    gate_up = masked_fill(rt_, gate_up, mask, false);
     Chunk2 halves(rt_, gate_up);
     gate_up.reset();
-    gate = halves.piece(rt_, 0);
-    up = halves.piece(rt_, 1);
+    Tensor gate = halves.piece(rt_, 0), up = halves.piece(rt_, 1);
+    proj = mul(rt_, activation(gate), up);  // _apply_gate's locals die with it
   }
-  hidden = mul(rt_, activation(gate), up);
-  out_g = grouped_mm(rt_, hidden, rt_.param(p.experts_down), offsets, S * D * e, f_up / 2.0);
-  out_g = pe == e ? mul(rt_, out_g, weights_g) : mul_column(rt_, out_g, weights_g, S * D * pe);
-  out = index_rows(rt_, out_g, inv_perm, S * 8, S * D * pe);  // out_per_sample_g[inv_perm]
-  {
-    Tensor source = pe == e ? out : to_copy(rt_, out, S * D * e);  // .to(dtype)
-    index_add_(rt_, final_hidden, token_idx, source);
-  }
-  // The frame's locals die in order: token_idx, perm, inv_perm, current, expert_ids_g,
-  // weights_g, current_g, counts, offsets, gate, up, hidden, out_g, out.
-  token_idx.reset();
-  perm.reset();
-  inv_perm.reset();
-  current.reset();
+  proj = grouped_mm(rt_, proj, rt_.param(p.experts_down), offsets, S * D * e, f_up / 2.0);
+  proj = masked_fill(rt_, proj, mask, false);
+  Tensor weighted = pe == e ? mul(rt_, proj, weights_g) : mul_column(rt_, proj, weights_g, S * D * pe);
+  Tensor inv_perm = rt_.alloc(S * 8, TensorKind::activation, OpKind::sort);  // empty_like(perm)
+  moe_scratch(rt_, S * 8, OpKind::arange).reset();  // inv_perm[perm] = arange(S): index_put_
+  weighted = index_rows(rt_, weighted, inv_perm, S * 8, S * D * pe);
+  Tensor final_hidden = sum_dim(rt_, view(rt_, weighted, true), T * D * pe);  // view(T,K,D).sum(1)
+  Tensor out = pe == e ? final_hidden : to_copy(rt_, final_hidden, T * D * e);  // .to(dtype)
+  // The frame's locals die in order: expert_ids_g, perm, selected_hidden_states_g,
+  // sample_weights_g, histc_input, tokens_per_expert, offsets, sentinel_mask, proj_out,
+  // weighted_out, inv_perm, final_hidden_states.
   expert_ids_g.reset();
-  weights_g.reset();
+  perm.reset();
   current_g.reset();
+  weights_g.reset();
+  histc_input.reset();
   counts.reset();
   offsets.reset();
-  gate.reset();
-  up.reset();
-  hidden.reset();
-  out_g.reset();
-  out.reset();
-  return final_hidden;
+  mask.reset();
+  proj.reset();
+  weighted.reset();
+  inv_perm.reset();
+  final_hidden.reset();
+  return out;
 }
 
-// load_balancing_loss_func (v5 models/*/modeling_*.py, attention_mask None) over the router
-// outputs the model recorded (output_router_logits), then `loss += router_aux_loss_coef *
-// aux_loss` in the CausalLM forward. The recorded tensors are the qwen routers' fp32
-// probabilities (alive anyway: softmax saved them) or Mixtral's raw logits.
+// load_balancing_loss_func (transformers 5.17.0 models/qwen3_moe/modeling_qwen3_moe.py:514-580,
+// the same in the other three; attention_mask None) over the router outputs the model recorded
+// (output_router_logits: every router's raw logits, in the model dtype), then
+// `loss += router_aux_loss_coef * aux_loss` in the CausalLM forward. 5.17 accumulates layer by
+// layer (no torch.cat, no one_hot): zeros(E) fp32 twice; per layer softmax (saved), topk
+// (`_` and selected_experts rebound by the next layer), bincount (E int64, after CUDA's min()
+// and max() checks: two 0-d temporaries) .float() and an out-of-place add; .float() of the
+// probabilities (a (T, E) fp32 copy for 16-bit ones), sum(dim=0), an out-of-place add (with
+// grad); then the two divisions by the row count (a Python float), the product (MulBackward0
+// saves tokens_per_expert), the sum and `* num_experts`.
 Tensor DecoderModel::moe_aux_loss(const Tensor& loss) {
   if (router_logits_.empty()) return loss;
   const MoeSpec& m = arch().moe;
   const uint64_t E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
+  const uint64_t T = s_.rows();
   Tensor aux;
   {
     // The function's locals, in the order Python assigns them (and clears them at return).
-    // concatenated_gate_logits = torch.cat(gate_logits, dim=0): (L*T, E)
-    Tensor concat = cat_n(rt_, router_logits_);
-    const uint64_t w = router_logits_.front().bytes / (s_.rows() * E);  // their element size
-    const uint64_t LT = concat.bytes / (E * w);
-    Tensor weights = softmax(rt_, concat);  // routing_weights: saved by SoftmaxBackward0
-    // `_, selected_experts = torch.topk(...)`
-    TopkResult top = topk(rt_, weights, LT, K, w);
-    Tensor expert_mask = moe_scratch(rt_, LT * K * E * 8, OpKind::one_hot);  // int64, no grad
-    Tensor tokens_per_expert;
-    {
-      Tensor f = to_copy(rt_, expert_mask, LT * K * E * 4);  // expert_mask.float()
-      tokens_per_expert = mean_dim(rt_, f, K * E * 4);        // mean over dim 0: (K, E)
+    Tensor tokens_sum = new_tensor(rt_, E * 4, OpKind::zeros);  // tokens_per_expert_sum
+    Tensor prob_sum = new_tensor(rt_, E * 4, OpKind::zeros);    // router_prob_sum
+    Tensor weights, unused, selected;
+    for (const Tensor& layer_gate : router_logits_) {
+      const uint64_t w = layer_gate.bytes / (T * E);  // the logits' element size
+      weights = softmax(rt_, layer_gate);             // routing_weights: saved by SoftmaxBackward0
+      {
+        TopkResult top = topk(rt_, weights, T, K, w);
+        // `_, selected_experts = ...`: the previous `_` dies, and with it its TopkBackward0
+        // (never reached by backward) and the indices it saved, then the previous indices.
+        if (unused.grad_fn >= 0) rt_.release_saved(rt_.node(unused.grad_fn));
+        unused = std::move(top.values);
+        selected = std::move(top.indices);
+      }
+      {
+        moe_scratch(rt_, 8, OpKind::reduce_max).reset();  // self.min() (CUDA's check)
+        moe_scratch(rt_, 8, OpKind::reduce_max).reset();  // self.max()
+        Tensor counts = moe_scratch(rt_, E * 8, OpKind::sort);  // bincount (a histogram, as histc)
+        Tensor f = to_copy(rt_, counts, E * 4);  // .float()
+        counts.reset();
+        tokens_sum = add(rt_, tokens_sum, f);
+      }
+      {
+        Tensor f = w == 4 ? weights : to_copy(rt_, weights, T * E * 4);  // routing_weights.float()
+        Tensor col = sum_dim(rt_, f, E * 4);                               // .sum(dim=0)
+        f.reset();
+        prob_sum = add(rt_, prob_sum, col);
+      }
     }
-    Tensor router_prob = mean_dim(rt_, weights, E * w);  // (E): MeanBackward0 keeps sizes
+    Tensor tokens = div_scalar(rt_, tokens_sum);  // tokens_per_expert_sum / total_rows
+    Tensor prob = div_scalar(rt_, prob_sum);      // router_prob_sum / total_rows
     Tensor overall;
     {
-      // tokens_per_expert * router_prob_per_expert.unsqueeze(0): (K, E), the product in the
-      // promoted dtype; MulBackward0 saves tokens_per_expert (router_prob's grad needs it).
-      Tensor prod = mul(rt_, tokens_per_expert, router_prob, Broadcast::leading_dims, w);
-      overall = sum_dim(rt_, prod, 4);  // torch.sum: a 0-dim tensor
+      // tokens_per_expert * router_prob_per_expert.unsqueeze(0): (1, E) fp32; MulBackward0
+      // saves tokens_per_expert (router_prob's grad needs it).
+      Tensor prod = mul(rt_, tokens, prob);
+      overall = sum_dim(rt_, prod, 4);  // torch.sum: a 0-d tensor
     }
     aux = mul_scalar(rt_, overall);  // return overall_loss * num_experts
-    // Return: `_` dies unused, and with it TopkBackward0 (never reached by backward) and
-    // the indices it saved; selected_experts is the same storage, dying with it.
-    concat.reset();
+    // Return: the frame's locals die in order (tokens_per_expert_sum, router_prob_sum,
+    // routing_weights, `_` with its TopkBackward0, selected_experts, tokens_per_expert,
+    // router_prob_per_expert, overall_loss).
+    tokens_sum.reset();
+    prob_sum.reset();
     weights.reset();
-    if (top.values.grad_fn >= 0) rt_.release_saved(rt_.node(top.values.grad_fn));
-    top.values.reset();
-    top.indices.reset();
+    if (unused.grad_fn >= 0) rt_.release_saved(rt_.node(unused.grad_fn));
+    unused.reset();
+    selected.reset();
+    tokens.reset();
+    prob.reset();
+    overall.reset();
   }
   router_logits_.clear();  // the model output holding them dies with the loss (HF Trainer)
   Tensor scaled = mul_scalar(rt_, aux);  // router_aux_loss_coef * aux_loss
   aux.reset();
   Tensor out = loss;
-  add_(rt_, out, scaled);  // loss += ...
+  out = add_(rt_, out, scaled);  // loss += ... (the returned handle carries AddBackward0)
   return out;
 }
 
@@ -373,16 +402,20 @@ Tensor DecoderModel::moe_block(int32_t l, const LayerParams& p, const Tensor& x)
     case ExpertsImpl::grouped_mm: out = moe_experts_grouped(p, x, indices, weights); break;
   }
   if (m.shared_d_ff > 0) {
-    // shared = sigmoid(shared_expert_gate(x)) * shared; expert_output += shared
+    // shared = sigmoid(shared_expert_gate(x)) * shared; expert_output = expert_output + shared
+    // (5.17 modeling_qwen2_moe.py:359: out of place, the experts' output dies on the rebind)
     Tensor g = project(x, p, p.shared_gate_proj);
     g = sigmoid(rt_, g);
     shared = mul(rt_, g, shared);
     g.reset();
-    out = add_(rt_, out, shared);
+    out = add(rt_, out, shared);
   }
   // The block returns: `_`, routing_weights, selected_experts, then the shared output. The
-  // OutputRecorder keeps the router's first output for the aux loss (output_router_logits).
-  if (m.output_router_logits) router_logits_.push_back(router_logits);
+  // OutputRecorder keeps the router's first output for the aux loss (output_router_logits),
+  // only while the model's forward runs: capture_outputs sets its collector (a ContextVar)
+  // around the forward and resets it after (transformers utils/output_capturing.py), so a
+  // checkpointed layer re-run in backward records nothing.
+  if (m.output_router_logits && !rt_.recomputing) router_logits_.push_back(router_logits);
   router_logits.reset();
   weights.reset();
   indices.reset();

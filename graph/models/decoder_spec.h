@@ -134,10 +134,10 @@ enum class MoeScore : uint8_t {
 };
 // How the router's transformers code is written (memory-visible: which tensors it keeps).
 enum class MoeRouterCode : uint8_t {
-  qwen,     // Qwen2Moe/Qwen3Moe/OlmoeTopKRouter (v5): router_logits = softmax(logits,
-            // dtype=float) rebinds the name (the raw logits die), topk, [/= sum], .to(fp32)
-  mixtral,  // MixtralTopKRouter (v5): router_probs = softmax(logits.float()); the raw logits
-            // are returned (and recorded for the aux loss); always renormalised
+  qwen,     // Qwen2Moe/Qwen3Moe/OlmoeTopKRouter (5.17): router_probs = softmax(logits,
+            // dtype=float), topk, [/= sum], .to(router_logits.dtype); the raw logits returned
+  mixtral,  // MixtralTopKRouter (5.17): router_probs = softmax(logits.float()); the raw logits
+            // are returned (and recorded for the aux loss); always renormalised, fp32 weights
 };
 // Which expert code runs (config._experts_implementation, transformers v5 integrations/moe.py).
 enum class ExpertsImpl : uint8_t {

@@ -30,7 +30,7 @@ Tensor index_rows(Runtime& rt, const Tensor& self, const Tensor& index_storage, 
 
 // torch.topk(x, k, -1) over `rows` rows: values (rows*k*elem) and int64 indices
 // (rows*k*8). TopkBackward0 saves the indices; backward value_selecting_reduction_backward:
-// zeros(x) and an out-of-place scatter (both x-sized), the zeros dying at once.
+// zeros(x) and an in-place scatter_ into it (torch 2.x; one x-sized tensor).
 struct TopkResult {
   Tensor values, indices;
 };
@@ -62,6 +62,12 @@ void index_add_(Runtime& rt, Tensor& self, const Tensor& index_storage, const Te
 // has no _grouped_mm (docs/moe.md).
 Tensor grouped_mm(Runtime& rt, const Tensor& x, const Tensor& w, const Tensor& offs, uint64_t out_bytes,
                   double flops);
+
+// x.masked_fill(mask, 0.0) (out of place: out_bytes = x.bytes, new) or x.masked_fill_(mask,
+// 0.0) (in place: x's storage, a new grad_fn). MaskedFillBackward0 saves the mask; its
+// backward, grad.masked_fill(mask, 0), allocates one grad-sized tensor (the core
+// where_scalar node without a scalar tensor, as graph/models/cs336.cpp's masked_fill_).
+Tensor masked_fill(Runtime& rt, const Tensor& x, const Tensor& mask, bool in_place);
 
 // torch.cat(tensors, dim=0) of any number of tensors (the recorded router outputs of every
 // MoE layer, load_balancing_loss_func): one new tensor of the summed bytes. CatBackward0
