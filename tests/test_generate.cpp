@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "cli_test_support.h"
 #include "decoder_arch_test_support.h"
 #include "json_test_support.h"
+#include "graph/models/kv_cache.h"
 #include "scenario/scenario.h"
 #include "sim/step/execute.h"
 #include "sim/step/generate.h"
@@ -43,6 +45,7 @@ Scenario scenario_for(const nlohmann::json& c) {
        "\n  new_tokens: " + std::to_string(c["new_tokens"].get<int>()) +
        "\n  cache: " + c["cache"].get<std::string>() +
        "\n  logits_to_keep: " + std::to_string(c["logits_to_keep"].get<int>()) + "\n";
+  if (c.contains("cache_classes")) y += "  cache_classes: " + c["cache_classes"].get<std::string>() + "\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   Scenario s = load_scenario_text(y, "generate-fixture.yaml");
   s.model.arch = memsim_test::arch_for(c);
@@ -141,6 +144,18 @@ TEST_CASE("generate matches greedy generation with HF's cache classes on CPU (st
     CHECK(sim.peak == fx["peak_live_bytes"].get<int64_t>() - fx["start_live_bytes"].get<int64_t>());
     CHECK(sim.end == fx["end_live_bytes"].get<int64_t>() - fx["start_live_bytes"].get<int64_t>());
     CHECK(facts.cache_bytes_end == fx["cache_bytes"].get<uint64_t>());
+    if (fx.contains("cache_host_bytes")) {
+      // generate.cache offloaded: the host copies, and the prefetches on their own stream.
+      CHECK(facts.cache_host_bytes_end == fx["cache_host_bytes"].get<uint64_t>());
+      CHECK(facts.cache_host_peak_bytes == fx["cache_host_peak_bytes"].get<uint64_t>());
+      CHECK(program.host_offload_bytes == facts.cache_host_peak_bytes);
+      size_t side = 0;
+      for (const MemoryEvent& e : program.events)
+        if (e.type == EventType::alloc && e.stream == graph::KvCache::kPrefetchStream) ++side;
+      CHECK(side > 0);
+    } else {
+      CHECK(facts.cache_host_peak_bytes == 0);
+    }
     // The run executes on the allocator without an OOM.
     SimulatedDevice device(s.device.capacity, s.device.cuda_context);
     const Timeline t = execute(program, s.allocator, device);
@@ -333,4 +348,86 @@ TEST_CASE("memsim run on a generate scenario: the generate report, marks and an 
   const nlohmann::json o = nlohmann::json::parse(oom.out);
   CHECK(o["fits"] == false);
   CHECK(o["oom"]["phase"] == "forward");
+}
+
+namespace {
+
+// Mistral-7B from its config.json (sliding_window 4096 on every layer), bf16, greedy generate.
+Scenario mistral_generate(int64_t prompt, int64_t new_tokens, const std::string& classes,
+                          const std::string& attention = "eager", const std::string& cache = "dynamic") {
+  std::string y = "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/mistral-7b.json\n";
+  y += "  attention: " + attention + "\nbatch:\n  micro_batch: 1\n";
+  y += "precision:\n  params: bf16\nstep:\n  kind: generate\n";
+  y += "generate:\n  prompt_len: " + std::to_string(prompt) + "\n  new_tokens: " +
+       std::to_string(new_tokens) + "\n  cache: " + cache + "\n  cache_classes: " + classes + "\n";
+  y += "device:\n  capacity: 1TiB\n";
+  return load_scenario_text(y, "mistral-generate.yaml");
+}
+
+}  // namespace
+
+TEST_CASE("generate.cache_classes v5: Mistral-7B's sliding layers hold the window, not every token",
+          "[generate][sliding]") {
+  // One token's K and V in one layer: 2 x 8 KV heads x 128 x 2 bytes = 4096 B; 32 layers.
+  const uint64_t per_token = 2ull * 8 * 128 * 2 * 32;
+  {
+    // A prompt of 8000 > 4096: DynamicSlidingWindowLayer keeps a view of the prefill's
+    // cat output (all 8000 tokens' storage) until the first decode step's cat of the last
+    // 4095 + 1 tokens replaces it; from then on each layer holds 4096 tokens.
+    const Scenario s = mistral_generate(8000, 97, "v5");
+    Program p;
+    GenerateFacts f;
+    build_generate_program(s, p, nullptr, &f);
+    REQUIRE(f.cache_bytes.size() == 97);
+    CHECK(f.cache_bytes.front() == per_token * 8000);
+    for (size_t i = 1; i < f.cache_bytes.size(); ++i) CHECK(f.cache_bytes[i] == per_token * 4096);
+    CHECK(f.cache_bytes_end == 536870912ull);  // 512 MiB: 2 x 32 x 4096 x 4096/32*8 x 2
+    CHECK(f.cache_tokens_end == 4096);
+    // v4.45's DynamicCache (the default) keeps all 8096 tokens (the window is in the mask only).
+    const Scenario old = mistral_generate(8000, 97, "v4.45");
+    Program q;
+    GenerateFacts g;
+    build_generate_program(old, q, nullptr, &g);
+    CHECK(g.cache_bytes_end == per_token * 8096);
+  }
+  {
+    // A prompt shorter than the window: the cache grows by one token per step until it
+    // holds the window (forward k stores 4000 + k tokens: 4096 at k = 96), then stays there.
+    const Scenario s = mistral_generate(4000, 120, "v5");
+    Program p;
+    GenerateFacts f;
+    build_generate_program(s, p, nullptr, &f);
+    REQUIRE(f.cache_bytes.size() == 120);
+    CHECK(f.cache_bytes.front() == per_token * 4000);
+    CHECK(f.cache_bytes[95] == per_token * 4095);
+    CHECK(f.cache_bytes[96] == per_token * 4096);
+    CHECK(f.cache_bytes.back() == per_token * 4096);
+    auto device = SimulatedDevice(s.device.capacity, s.device.cuda_context);
+    CHECK_FALSE(execute(p, s.allocator, device).oom.has_value());
+  }
+}
+
+TEST_CASE("generate.cache_classes: values and the combinations it does not model are refused by key",
+          "[generate][sliding]") {
+  auto refused = [](const std::function<Scenario()>& load, const std::string& key) {
+    try {
+      load();
+      FAIL("not refused");
+    } catch (const ScenarioError& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(key + ":") != std::string::npos);
+    }
+  };
+  refused([] { return mistral_generate(16, 4, "v6"); }, "generate.cache_classes");
+  refused([] { return mistral_generate(16, 4, "v5", "eager", "static"); }, "generate.cache");
+  refused([] { return mistral_generate(16, 4, "v5", "sdpa"); }, "model.attention");
+  // Gemma-2 stays refused (its sliding layers build their masks in the layer).
+  refused([] {
+    return load_scenario_text("model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/gemma2-2b.json\n"
+                              "  attention: eager\nstep:\n  kind: generate\ngenerate:\n  prompt_len: 8\n"
+                              "  new_tokens: 2\n  cache_classes: v5\n", "g.yaml");
+  }, "model.architecture");
+  // The default is v4.45's classes; v5 loads for a full-attention model.
+  CHECK_FALSE(mistral_generate(16, 4, "v4.45").generate.cache_classes_v5);
+  CHECK(mistral_generate(16, 4, "v5").generate.cache_classes_v5);
 }
