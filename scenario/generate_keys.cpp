@@ -156,11 +156,15 @@ void read_generate(const Doc& d, Scenario& s) {
       fail(where("model.attention", "model"), "model.attention",
            "generate.cache_classes v5 with sliding-window layers under SDPA (5.x's sdpa_mask for "
            "the window) is not modelled; use model.attention eager");
-    if (g.cache != GenerateCache::dynamic && g.cache != GenerateCache::offloaded)
+    if (g.cache == GenerateCache::static_cache && slides)
       fail(where("generate.cache", "generate"), "generate.cache",
-           std::string("generate.cache_classes v5 is modelled for generate.cache dynamic and "
-                       "offloaded (DynamicLayer / DynamicSlidingWindowLayer) only, not '") +
-               to_string(g.cache) + "'");
+           "generate.cache static with cache_classes v5 and sliding-window layers "
+           "(StaticSlidingWindowLayer: its window-sized buffer, roll and copy_, the full states "
+           "returned at a prefill longer than the window) is not modelled; use dynamic");
+    if (g.cache == GenerateCache::quantized_int8 || g.cache == GenerateCache::quantized_int4)
+      fail(where("generate.cache", "generate"), "generate.cache",
+           std::string("generate.cache_classes v5 is modelled for generate.cache dynamic, static "
+                       "and offloaded, not '") + to_string(g.cache) + "'");
   }
   switch (g.cache) {
     case GenerateCache::quantized_int8:

@@ -23,9 +23,10 @@
 //    offloaded with generate.cache_classes v4.45 (v4.45's OffloadedCache; v5's
 //    DynamicCache(offloading=True) is modelled); static with SDPA (the masked SDPA path's
 //    .contiguous() copies);
-//  - generate.cache_classes v5 (5.x's layered DynamicCache: sliding layers bounded to the
-//    window) with a static or quantized cache, with SDPA when a layer slides, or a window
-//    below 2.
+//  - generate.cache_classes v5 (5.x's layered caches: sliding layers bounded to the window,
+//    the lazy StaticLayer, DynamicCache(offloading=True)) with a quantized cache, with a
+//    static cache when a layer slides (StaticSlidingWindowLayer), with SDPA when a layer
+//    slides, or a window below 2.
 // generate.* given without step.kind generate is refused too.
 //
 // Contract: read_generate leaves Scenario::generate at its defaults unless step.kind is

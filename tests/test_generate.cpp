@@ -421,6 +421,7 @@ TEST_CASE("generate.cache_classes: values and the combinations it does not model
   refused([] { return mistral_generate(16, 4, "v6"); }, "generate.cache_classes");
   refused([] { return mistral_generate(16, 4, "v5", "eager", "static"); }, "generate.cache");
   refused([] { return mistral_generate(16, 4, "v5", "sdpa"); }, "model.attention");
+  refused([] { return mistral_generate(16, 4, "v5", "eager", "quantized:int4"); }, "generate.cache");
   // Gemma-2 stays refused (its sliding layers build their masks in the layer).
   refused([] {
     return load_scenario_text("model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/gemma2-2b.json\n"
@@ -430,4 +431,62 @@ TEST_CASE("generate.cache_classes: values and the combinations it does not model
   // The default is v4.45's classes; v5 loads for a full-attention model.
   CHECK_FALSE(mistral_generate(16, 4, "v4.45").generate.cache_classes_v5);
   CHECK(mistral_generate(16, 4, "v5").generate.cache_classes_v5);
+}
+
+TEST_CASE("generate.cache_classes v5: StaticCache's buffers are allocated in the prefill", "[generate][sliding]") {
+  // Llama-2-7B (full attention only): 5.x's StaticLayer allocates its zeros at each layer's
+  // first update, not before the first forward as v4.45's StaticCache does.
+  const auto first_op = [](const Program& p, const std::string& op) {
+    for (size_t i = 0; i < p.events.size(); ++i)
+      if (p.events[i].type == EventType::alloc && p.str(p.events[i].op) == op) return i;
+    return p.events.size();
+  };
+  std::string y = "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/llama2-7b.json\n"
+                  "  attention: eager\nbatch:\n  micro_batch: 1\nprecision:\n  params: bf16\n"
+                  "step:\n  kind: generate\ngenerate:\n  prompt_len: 4000\n  new_tokens: 96\n"
+                  "  cache: static\n";
+  for (const bool v5 : {false, true}) {
+    INFO("v5 " << v5);
+    const Scenario s = load_scenario_text(y + (v5 ? "  cache_classes: v5\n" : ""), "static.yaml");
+    Program p;
+    GenerateFacts f;
+    build_generate_program(s, p, nullptr, &f);
+    CHECK(f.cache_bytes_end == 2147483648ull);  // 2 x 32 x 4096 x 4096 x 2
+    CHECK(live_bytes_of_op(p, "zeros") == 2147483648ull);
+    CHECK((first_op(p, "zeros") > first_op(p, "embedding")) == v5);
+  }
+}
+
+TEST_CASE("memsim run: generate.cache offloaded keeps the layers in pinned host memory", "[generate][cli]") {
+  const std::string file = MEMSIM_SOURCE_DIR "/scenarios/mistral-7b-generate-sliding-a100.yaml";
+  const memsim_test::CommandResult r = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file + "' --set generate.cache=offloaded --json - 2>/dev/null");
+  REQUIRE(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& g = j["generate"];
+  CHECK(g["cache"] == "offloaded");
+  CHECK(g["cache_classes"] == "v5");
+  // One sliding layer's window - 1 = 4095 tokens of K and V for 4 sequences, 8 KV heads:
+  // 2 x 4 x 8 x 4095 x 128 x 2 B. After the last forward layer 0 waits on the device
+  // (prefetched for the next step), the other 31 are on the host.
+  const uint64_t layer = 2ull * 4 * 8 * 4095 * 128 * 2;
+  CHECK(g["kv_cache_bytes_end"].get<uint64_t>() == layer);
+  CHECK(g["kv_cache_host_bytes_end"].get<uint64_t>() == 31 * layer);
+  CHECK(g["kv_cache_host_peak_bytes"].get<uint64_t>() == 31 * layer);
+  CHECK(j["host_offload_bytes"].get<uint64_t>() == 31 * layer);
+  // Without offloading the device keeps every layer's window: 32 x 4096 tokens.
+  const memsim_test::CommandResult d = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file + "' --json - 2>/dev/null");
+  REQUIRE(d.status == 0);
+  const nlohmann::json k = nlohmann::json::parse(d.out);
+  CHECK(k["generate"]["kv_cache_bytes_end"].get<uint64_t>() == 2ull * 32 * 4 * 8 * 4096 * 128 * 2);
+  CHECK_FALSE(k.contains("host_offload_bytes"));
+  CHECK(j["marks"]["generate_end"]["allocated"].get<uint64_t>() ==
+        k["marks"]["generate_end"]["allocated"].get<uint64_t>());  // the cache is gone either way
+  // v4.45's OffloadedCache is refused by key.
+  const memsim_test::CommandResult o = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file +
+      "' --set generate.cache=offloaded --set generate.cache_classes=v4.45 2>&1");
+  CHECK(o.status == 1);
+  CHECK(o.out.find("generate.cache:") != std::string::npos);
 }

@@ -85,7 +85,8 @@ Tensor DecoderModel::forward_generate(const Tensor& ids, const GenerateInputs& i
     // key_cache[0][0, 0].any(dim=-1).sum(), alive until the mask is built.
     Tensor mask, full_mask, sliding_mask;  // the last two: generate.cache_classes v5
     Tensor past_seen;
-    if (cache_->kind() == KvCacheKind::static_buffers) {
+    // (5.x's lazily allocated StaticLayer returns 0 before its first update: no tensors.)
+    if (cache_->kind() == KvCacheKind::static_buffers && cache_->initialized(0)) {
       Tensor any = new_tensor(rt_, static_cast<uint64_t>(cache_->max_len()), OpKind::reduce_any,
                               TensorKind::temporary);
       past_seen = new_tensor(rt_, 8, OpKind::reduce_sum, TensorKind::temporary);

@@ -16,7 +16,7 @@ uint64_t KvCache::entry_bytes(int64_t tokens) const {
 }
 
 void KvCache::allocate() {
-  if (kind_ != KvCacheKind::static_buffers) return;
+  if (kind_ != KvCacheKind::static_buffers || lazy_) return;
   // StaticCache.__init__: per layer torch.zeros(cache_shape) for K, then V.
   k_.resize(static_cast<size_t>(s_.layers));
   v_.resize(static_cast<size_t>(s_.layers));
@@ -126,6 +126,15 @@ void KvCache::update(int32_t layer, Tensor& key, Tensor& value) {
     return;
   }
   if (kind_ == KvCacheKind::static_buffers) {
+    if (lazy_ && !initialized(l)) {
+      // StaticLayer.lazy_initialization (5.x): zeros for the keys, then the values.
+      k_.resize(std::max(k_.size(), l + 1));
+      v_.resize(std::max(v_.size(), l + 1));
+      k_[l] = rt_.alloc(entry_bytes(max_len_), TensorKind::other, OpKind::zeros);
+      v_[l] = rt_.alloc(entry_bytes(max_len_), TensorKind::other, OpKind::zeros);
+      name_layer(l);
+      seq_ = max_len_;
+    }
     // k_out.index_copy_(2, cache_position, key_states): in place; the attention gets the
     // whole (B, KV, max_cache_len, hd) buffers.
     key = k_[l];

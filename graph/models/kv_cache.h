@@ -35,8 +35,11 @@
 // token view); the device tensors die when the attention drops them. Host bytes (the copies
 // alive) and their peak are counted here; the device holds about one layer besides the one
 // being computed.
-// StaticCache's layered classes and quantized caches are not modelled here (the scenario
-// reader refuses them: scenario/generate_keys.h).
+// set_lazy (generate.cache static with cache_classes v5): 5.x's StaticLayer allocates its
+// zeros((B, KV, max_cache_len, hd)) keys, then values, at the layer's first update (inside
+// the prefill), not in _prepare_cache_for_generation; get_seq_length() makes no tensors until
+// layer 0 is initialized. StaticSlidingWindowLayer and quantized caches are not modelled here
+// (the scenario reader refuses them: scenario/generate_keys.h).
 //
 // Contract: the cache owns one Tensor handle per layer for K and V; bytes() is what it holds
 // right now (the storages' bytes, the measured "cache size"); contiguous() tells the
@@ -86,6 +89,10 @@ class KvCache {
   std::pair<int64_t, int64_t> mask_sizes(bool sliding, int64_t queries) const;
   // Tokens of the keys the last update() handed the attention.
   int64_t returned_tokens() const { return returned_; }
+  // StaticCache of 5.x: buffers allocated at each layer's first update.
+  void set_lazy(bool on) { lazy_ = on; }
+  // Whether layer l's static buffers exist (get_seq_length's any/sum runs only then).
+  bool initialized(size_t l) const { return l < k_.size() && k_[l].defined(); }
   // Offloading of the v5 layers (after use_layers).
   void set_offloading(bool on) { offloading_ = on; }
   bool offloading() const { return offloading_; }
@@ -120,6 +127,7 @@ class KvCache {
   void prefetch(size_t l);
   void offload(size_t l);
   bool offloading_ = false;
+  bool lazy_ = false;
   std::vector<uint8_t> on_host_;
   uint64_t host_bytes_ = 0, host_peak_ = 0;
 };

@@ -69,7 +69,9 @@ class GenerateLoop {
       Tensor c = rt_.alloc(1, TensorKind::temporary, check);
       Tensor any = rt_.alloc(1, TensorKind::temporary, OpKind::reduce_any);
     }
-    if (s_.generate.cache_classes_v5) {
+    if (s_.generate.cache_classes_v5 && s_.generate.cache == GenerateCache::static_cache) {
+      cache_.set_lazy(true);  // 5.x StaticCache(config, max_cache_len): StaticLayer buffers
+    } else if (s_.generate.cache_classes_v5) {
       // DynamicCache(config=...): a DynamicSlidingWindowLayer per sliding layer.
       const graph::DecoderArch& a = s_.model.arch;
       std::vector<uint8_t> sliding(static_cast<size_t>(s_.model.layers), 0);
