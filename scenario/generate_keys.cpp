@@ -138,12 +138,13 @@ void read_generate(const Doc& d, Scenario& s) {
          "step.kind generate models transformers v4.45's generate() loop and model code; 5.x's "
          "(fp32 copy of the last logits in _sample, masking_utils masks) is not modelled: use 4 "
          "(5.x's cache classes, sliding-window layers bounded: generate.cache_classes: v5)");
-  if (s.model.arch.sliding_window > 0 && s.model.arch.sliding_at == graph::SlidingAt::layer)
+  if (s.model.arch.sliding_window > 0 && s.model.arch.sliding_at == graph::SlidingAt::layer &&
+      !(g.cache_classes_v5 && g.cache != GenerateCache::static_cache))
     fail(where("model.architecture", "model"), "model.architecture",
          std::string("'") + s.model.arch.architecture +
-             "' generates with HybridCache in v4.45, and its decoder layers build their sliding "
-             "masks from the full one (5.x passes each layer type its own mask instead): neither "
-             "is modelled");
+             "' generates with HybridCache in v4.45, whose decoder layers build their sliding "
+             "masks from the full one: not modelled; 5.x's DynamicCache (one mask per layer "
+             "type) is: set generate.cache_classes: v5 with generate.cache dynamic or offloaded");
   if (g.cache_classes_v5) {
     const graph::DecoderArch& a = s.model.arch;
     bool slides = false;

@@ -18,7 +18,8 @@
 //  - model.family other than hf-llama (GPT-2's v4.44 attention keeps a legacy tuple cache;
 //    cs336 and megatron have no generate()), model.implementation other than hf,
 //    architectures whose sliding layers build their own masks (gemma2, gemma3_text: their
-//    default cache is HybridCache);
+//    v4.45 cache is HybridCache) unless generate.cache_classes is v5 with a dynamic or
+//    offloaded cache;
 //  - generate.cache quantized:int8 / quantized:int4 (QuantizedCache's quanto/HQQ storage);
 //    offloaded with generate.cache_classes v4.45 (v4.45's OffloadedCache; v5's
 //    DynamicCache(offloading=True) is modelled); static with SDPA (the masked SDPA path's

@@ -422,12 +422,13 @@ TEST_CASE("generate.cache_classes: values and the combinations it does not model
   refused([] { return mistral_generate(16, 4, "v5", "eager", "static"); }, "generate.cache");
   refused([] { return mistral_generate(16, 4, "v5", "sdpa"); }, "model.attention");
   refused([] { return mistral_generate(16, 4, "v5", "eager", "quantized:int4"); }, "generate.cache");
-  // Gemma-2 stays refused (its sliding layers build their masks in the layer).
-  refused([] {
-    return load_scenario_text("model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/gemma2-2b.json\n"
-                              "  attention: eager\nstep:\n  kind: generate\ngenerate:\n  prompt_len: 8\n"
-                              "  new_tokens: 2\n  cache_classes: v5\n", "g.yaml");
-  }, "model.architecture");
+  // Gemma-2 with v4.45's classes (HybridCache) or a v5 StaticCache stays refused.
+  for (const char* extra : {"", "  cache_classes: v5\n  cache: static\n"})
+    refused([extra] {
+      return load_scenario_text("model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/gemma2-2b.json\n"
+                                "  attention: eager\nstep:\n  kind: generate\ngenerate:\n  prompt_len: 8\n"
+                                "  new_tokens: 2\n" + std::string(extra), "g.yaml");
+    }, "model.architecture");
   // The default is v4.45's classes; v5 loads for a full-attention model.
   CHECK_FALSE(mistral_generate(16, 4, "v4.45").generate.cache_classes_v5);
   CHECK(mistral_generate(16, 4, "v5").generate.cache_classes_v5);
@@ -489,4 +490,23 @@ TEST_CASE("memsim run: generate.cache offloaded keeps the layers in pinned host 
       "' --set generate.cache=offloaded --set generate.cache_classes=v4.45 2>&1");
   CHECK(o.status == 1);
   CHECK(o.out.find("generate.cache:") != std::string::npos);
+}
+
+TEST_CASE("generate.cache_classes v5: Gemma-2-2B's sliding layers hold the window, its global ones every token",
+          "[generate][sliding]") {
+  // 26 layers alternating sliding (window 4096) and global; one token's K and V in one
+  // layer: 2 x 4 KV heads x 256 x 2 bytes = 4096 B. A prompt of 8000 + 97 new tokens: 13
+  // layers end with 4096 tokens, 13 with 8096.
+  const Scenario s = load_scenario_text(
+      "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/gemma2-2b.json\n  attention: eager\n"
+      "batch:\n  micro_batch: 1\nprecision:\n  params: bf16\nstep:\n  kind: generate\n"
+      "generate:\n  prompt_len: 8000\n  new_tokens: 97\n  cache_classes: v5\ndevice:\n  capacity: 1TiB\n",
+      "gemma2-generate.yaml");
+  Program p;
+  GenerateFacts f;
+  build_generate_program(s, p, nullptr, &f);
+  CHECK(f.cache_bytes.front() == 26ull * 8000 * 4096);  // after the prefill: every layer 8000
+  CHECK(f.cache_bytes_end == 13ull * (4096 + 8096) * 4096);
+  auto device = SimulatedDevice(s.device.capacity, s.device.cuda_context);
+  CHECK_FALSE(execute(p, s.allocator, device).oom.has_value());
 }

@@ -38,14 +38,18 @@ void DecoderModel::set_generate_step(int64_t seq, int64_t keys) {
 Tensor DecoderModel::generate_mask(uint64_t target, uint64_t mask_len, bool fold_window) {
   const DecoderArch& a = arch();
   const uint64_t e = s_.elem, S = s_.seq, B = s_.batch;
+  // generate.cache_classes v5 on Gemma-2/3 (sliding layers that masked themselves in v4.45):
+  // the sliding type's mask has the window folded in, built with Mistral's exclude code.
+  const bool own_window = fold_window && cache_ != nullptr && cache_->layered() &&
+                          a.sliding_window > 0 && a.sliding_at == SlidingAt::layer;
   Tensor causal = new_tensor(rt_, S * target * e, OpKind::full, TensorKind::temporary);
-  if (a.mask == MaskBuild::exclude) {
+  if (a.mask == MaskBuild::exclude || own_window) {
     Tensor exclude;
     {
       Tensor ar = new_tensor(rt_, target * 8, OpKind::arange, TensorKind::temporary);
       exclude = new_tensor(rt_, S * target, OpKind::compare, TensorKind::temporary);
     }
-    if (fold_window && a.sliding_window > 0 && a.sliding_at == SlidingAt::mask) {
+    if ((fold_window && a.sliding_window > 0 && a.sliding_at == SlidingAt::mask) || own_window) {
       Tensor ar = new_tensor(rt_, target * 8, OpKind::arange, TensorKind::temporary);
       Tensor sub = new_tensor(rt_, S * 8, OpKind::other, TensorKind::temporary);
       Tensor le = new_tensor(rt_, S * target, OpKind::compare, TensorKind::temporary);
