@@ -29,6 +29,9 @@ const std::vector<std::pair<std::string, GenerateCache>> kCaches = {
     {"quantized:int4", GenerateCache::quantized_int4},
     {"offloaded", GenerateCache::offloaded}};
 
+// generate.cache_classes: which transformers release's cache_utils classes (false: v4.45).
+const std::vector<std::pair<std::string, bool>> kCacheClasses = {{"v4.45", false}, {"v5", true}};
+
 // Keys (or whole sections, "optimizer.") that a generation run does not use: a value given
 // for one is refused rather than silently ignored.
 struct Unused {
@@ -107,6 +110,8 @@ void read_generate(const Doc& d, Scenario& s) {
   if (const Field* f = d.find("generate.cache")) g.cache = read_enum(*f, "generate.cache", kCaches);
   if (const Field* f = d.find("generate.logits_to_keep"))
     g.logits_to_keep = read_int(*f, "generate.logits_to_keep", 0);
+  if (const Field* f = d.find("generate.cache_classes"))
+    g.cache_classes_v5 = read_enum(*f, "generate.cache_classes", kCacheClasses);
 
   for (const Unused& u : kUnused) {
     std::string key;
@@ -130,24 +135,53 @@ void read_generate(const Doc& d, Scenario& s) {
   // sliding-window layers); pairing them with 5.x model code is no real release.
   if (const Field* f = d.find("model.transformers"); f && f->node.IsScalar() && f->node.Scalar() == "5")
     fail(f->where, "model.transformers",
-         "step.kind generate models transformers v4.45's generate() and cache classes; 5.x's "
-         "(fp32 copy of the last logits in _sample, lazily allocated StaticCache, bounded "
-         "sliding-window layers) is not modelled: use 4");
-  if (s.model.arch.sliding_window > 0 && s.model.arch.sliding_at == graph::SlidingAt::layer)
+         "step.kind generate models transformers v4.45's generate() loop and model code; 5.x's "
+         "(fp32 copy of the last logits in _sample, masking_utils masks) is not modelled: use 4 "
+         "(5.x's cache classes, sliding-window layers bounded: generate.cache_classes: v5)");
+  if (s.model.arch.sliding_window > 0 && s.model.arch.sliding_at == graph::SlidingAt::layer &&
+      !(g.cache_classes_v5 && g.cache != GenerateCache::static_cache))
     fail(where("model.architecture", "model"), "model.architecture",
          std::string("'") + s.model.arch.architecture +
-             "' generates with HybridCache (sliding layers hold a window-sized ring buffer, the "
-             "others a static buffer), which is not modelled");
+             "' generates with HybridCache in v4.45, whose decoder layers build their sliding "
+             "masks from the full one: not modelled; 5.x's DynamicCache (one mask per layer "
+             "type) is: set generate.cache_classes: v5 with generate.cache dynamic or offloaded");
+  if (g.cache_classes_v5) {
+    const graph::DecoderArch& a = s.model.arch;
+    bool slides = false;
+    for (int64_t l = 0; l < s.model.layers; ++l) slides = slides || a.layer_slides(l);
+    if (slides && a.sliding_window < 2)
+      fail(where("generate.cache_classes", "generate"), "generate.cache_classes",
+           "a DynamicSlidingWindowLayer of window " + std::to_string(a.sliding_window) +
+               " keeps keys[-window + 1:] = every token; a window below 2 is not modelled");
+    if (slides && s.model.attention != AttentionImpl::eager)
+      fail(where("model.attention", "model"), "model.attention",
+           "generate.cache_classes v5 with sliding-window layers under SDPA (5.x's sdpa_mask for "
+           "the window) is not modelled; use model.attention eager");
+    if (g.cache == GenerateCache::static_cache && slides)
+      fail(where("generate.cache", "generate"), "generate.cache",
+           "generate.cache static with cache_classes v5 and sliding-window layers "
+           "(StaticSlidingWindowLayer: its window-sized buffer, roll and copy_, the full states "
+           "returned at a prefill longer than the window) is not modelled; use dynamic");
+    if (g.cache == GenerateCache::quantized_int8 || g.cache == GenerateCache::quantized_int4)
+      fail(where("generate.cache", "generate"), "generate.cache",
+           std::string("generate.cache_classes v5 is modelled for generate.cache dynamic, static "
+                       "and offloaded, not '") + to_string(g.cache) + "'");
+  }
   switch (g.cache) {
     case GenerateCache::quantized_int8:
     case GenerateCache::quantized_int4:
       fail(where("generate.cache", "generate"), "generate.cache",
-           "QuantizedCache (optimum-quanto / HQQ storage of packed int8/int4 K/V with their scales "
-           "and zero points, plus the residual fp cache) is not modelled");
+           "QuantizedCache is not modelled: transformers' QuantizedLayer only calls the backend "
+           "(optimum-quanto: 2 or 4 bits, no int8; HQQ: 1-8 bits), whose packed K/V, scale and "
+           "zero-point layouts and quantize/dequantize temporaries (the whole cache dequantized "
+           "and concatenated every step, re-quantized every residual_length tokens) live in "
+           "those libraries, not in cache_utils.py");
     case GenerateCache::offloaded:
-      fail(where("generate.cache", "generate"), "generate.cache",
-           "OffloadedCache (host copies of every layer, one prefetched layer on a side stream) is "
-           "not modelled");
+      if (!g.cache_classes_v5)
+        fail(where("generate.cache", "generate"), "generate.cache",
+             "v4.45's OffloadedCache is not modelled; 5.x's DynamicCache(offloading=True) is: set "
+             "generate.cache_classes: v5");
+      break;
     case GenerateCache::static_cache:
       if (s.model.attention != AttentionImpl::eager)
         fail(where("model.attention", "model"), "model.attention",

@@ -3,7 +3,8 @@
 // Keys (docs/scenario-format.md): generate.prompt_len (>= 1), generate.new_tokens (>= 1),
 // generate.cache (dynamic | static | quantized:int8 | quantized:int4 | offloaded; default
 // dynamic), generate.logits_to_keep (>= 0; default 1, what generate() passes a model whose
-// forward takes it; 0 = every position's logits).
+// forward takes it; 0 = every position's logits), generate.cache_classes (v4.45 | v5;
+// default v4.45: which transformers release's cache_utils classes).
 //
 // With step.kind generate, batch.seq_len becomes prompt_len + new_tokens (checked against an
 // explicit model.context_length) and batch.micro_batch is the number of prompts. Refused by
@@ -17,10 +18,16 @@
 //  - model.family other than hf-llama (GPT-2's v4.44 attention keeps a legacy tuple cache;
 //    cs336 and megatron have no generate()), model.implementation other than hf,
 //    architectures whose sliding layers build their own masks (gemma2, gemma3_text: their
-//    default cache is HybridCache);
-//  - generate.cache quantized:int8 / quantized:int4 (QuantizedCache's quanto/HQQ storage)
-//    and offloaded (OffloadedCache's host copies and prefetch stream); static with SDPA
-//    (the masked SDPA path's .contiguous() copies).
+//    v4.45 cache is HybridCache) unless generate.cache_classes is v5 with a dynamic or
+//    offloaded cache;
+//  - generate.cache quantized:int8 / quantized:int4 (QuantizedCache's quanto/HQQ storage);
+//    offloaded with generate.cache_classes v4.45 (v4.45's OffloadedCache; v5's
+//    DynamicCache(offloading=True) is modelled); static with SDPA (the masked SDPA path's
+//    .contiguous() copies);
+//  - generate.cache_classes v5 (5.x's layered caches: sliding layers bounded to the window,
+//    the lazy StaticLayer, DynamicCache(offloading=True)) with a quantized cache, with a
+//    static cache when a layer slides (StaticSlidingWindowLayer), with SDPA when a layer
+//    slides, or a window below 2.
 // generate.* given without step.kind generate is refused too.
 //
 // Contract: read_generate leaves Scenario::generate at its defaults unless step.kind is

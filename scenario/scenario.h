@@ -284,6 +284,11 @@ struct GenerateConfig {
   int64_t new_tokens = 0;
   GenerateCache cache = GenerateCache::dynamic;
   int64_t logits_to_keep = 1;
+  // --- generate caches (issue #17: sliding-window / offloaded caches; docs/generate.md) ---
+  // generate.cache_classes: v4_45 = transformers v4.45's DynamicCache / StaticCache (every
+  // token kept); v5 = the layered Cache classes of 5.x (DynamicLayer /
+  // DynamicSlidingWindowLayer by layer type) inside the same v4.45 loop.
+  bool cache_classes_v5 = false;
 };
 
 struct DeviceConfig {

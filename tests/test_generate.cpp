@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "cli_test_support.h"
 #include "decoder_arch_test_support.h"
 #include "json_test_support.h"
+#include "graph/models/kv_cache.h"
 #include "scenario/scenario.h"
 #include "sim/step/execute.h"
 #include "sim/step/generate.h"
@@ -43,6 +45,7 @@ Scenario scenario_for(const nlohmann::json& c) {
        "\n  new_tokens: " + std::to_string(c["new_tokens"].get<int>()) +
        "\n  cache: " + c["cache"].get<std::string>() +
        "\n  logits_to_keep: " + std::to_string(c["logits_to_keep"].get<int>()) + "\n";
+  if (c.contains("cache_classes")) y += "  cache_classes: " + c["cache_classes"].get<std::string>() + "\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   Scenario s = load_scenario_text(y, "generate-fixture.yaml");
   s.model.arch = memsim_test::arch_for(c);
@@ -141,6 +144,18 @@ TEST_CASE("generate matches greedy generation with HF's cache classes on CPU (st
     CHECK(sim.peak == fx["peak_live_bytes"].get<int64_t>() - fx["start_live_bytes"].get<int64_t>());
     CHECK(sim.end == fx["end_live_bytes"].get<int64_t>() - fx["start_live_bytes"].get<int64_t>());
     CHECK(facts.cache_bytes_end == fx["cache_bytes"].get<uint64_t>());
+    if (fx.contains("cache_host_bytes")) {
+      // generate.cache offloaded: the host copies, and the prefetches on their own stream.
+      CHECK(facts.cache_host_bytes_end == fx["cache_host_bytes"].get<uint64_t>());
+      CHECK(facts.cache_host_peak_bytes == fx["cache_host_peak_bytes"].get<uint64_t>());
+      CHECK(program.host_offload_bytes == facts.cache_host_peak_bytes);
+      size_t side = 0;
+      for (const MemoryEvent& e : program.events)
+        if (e.type == EventType::alloc && e.stream == graph::KvCache::kPrefetchStream) ++side;
+      CHECK(side > 0);
+    } else {
+      CHECK(facts.cache_host_peak_bytes == 0);
+    }
     // The run executes on the allocator without an OOM.
     SimulatedDevice device(s.device.capacity, s.device.cuda_context);
     const Timeline t = execute(program, s.allocator, device);
@@ -333,4 +348,165 @@ TEST_CASE("memsim run on a generate scenario: the generate report, marks and an 
   const nlohmann::json o = nlohmann::json::parse(oom.out);
   CHECK(o["fits"] == false);
   CHECK(o["oom"]["phase"] == "forward");
+}
+
+namespace {
+
+// Mistral-7B from its config.json (sliding_window 4096 on every layer), bf16, greedy generate.
+Scenario mistral_generate(int64_t prompt, int64_t new_tokens, const std::string& classes,
+                          const std::string& attention = "eager", const std::string& cache = "dynamic") {
+  std::string y = "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/mistral-7b.json\n";
+  y += "  attention: " + attention + "\nbatch:\n  micro_batch: 1\n";
+  y += "precision:\n  params: bf16\nstep:\n  kind: generate\n";
+  y += "generate:\n  prompt_len: " + std::to_string(prompt) + "\n  new_tokens: " +
+       std::to_string(new_tokens) + "\n  cache: " + cache + "\n  cache_classes: " + classes + "\n";
+  y += "device:\n  capacity: 1TiB\n";
+  return load_scenario_text(y, "mistral-generate.yaml");
+}
+
+}  // namespace
+
+TEST_CASE("generate.cache_classes v5: Mistral-7B's sliding layers hold the window, not every token",
+          "[generate][sliding]") {
+  // One token's K and V in one layer: 2 x 8 KV heads x 128 x 2 bytes = 4096 B; 32 layers.
+  const uint64_t per_token = 2ull * 8 * 128 * 2 * 32;
+  {
+    // A prompt of 8000 > 4096: DynamicSlidingWindowLayer keeps a view of the prefill's
+    // cat output (all 8000 tokens' storage) until the first decode step's cat of the last
+    // 4095 + 1 tokens replaces it; from then on each layer holds 4096 tokens.
+    const Scenario s = mistral_generate(8000, 97, "v5");
+    Program p;
+    GenerateFacts f;
+    build_generate_program(s, p, nullptr, &f);
+    REQUIRE(f.cache_bytes.size() == 97);
+    CHECK(f.cache_bytes.front() == per_token * 8000);
+    for (size_t i = 1; i < f.cache_bytes.size(); ++i) CHECK(f.cache_bytes[i] == per_token * 4096);
+    CHECK(f.cache_bytes_end == 536870912ull);  // 512 MiB: 2 x 32 x 4096 x 4096/32*8 x 2
+    CHECK(f.cache_tokens_end == 4096);
+    // v4.45's DynamicCache (the default) keeps all 8096 tokens (the window is in the mask only).
+    const Scenario old = mistral_generate(8000, 97, "v4.45");
+    Program q;
+    GenerateFacts g;
+    build_generate_program(old, q, nullptr, &g);
+    CHECK(g.cache_bytes_end == per_token * 8096);
+  }
+  {
+    // A prompt shorter than the window: the cache grows by one token per step until it
+    // holds the window (forward k stores 4000 + k tokens: 4096 at k = 96), then stays there.
+    const Scenario s = mistral_generate(4000, 120, "v5");
+    Program p;
+    GenerateFacts f;
+    build_generate_program(s, p, nullptr, &f);
+    REQUIRE(f.cache_bytes.size() == 120);
+    CHECK(f.cache_bytes.front() == per_token * 4000);
+    CHECK(f.cache_bytes[95] == per_token * 4095);
+    CHECK(f.cache_bytes[96] == per_token * 4096);
+    CHECK(f.cache_bytes.back() == per_token * 4096);
+    auto device = SimulatedDevice(s.device.capacity, s.device.cuda_context);
+    CHECK_FALSE(execute(p, s.allocator, device).oom.has_value());
+  }
+}
+
+TEST_CASE("generate.cache_classes: values and the combinations it does not model are refused by key",
+          "[generate][sliding]") {
+  auto refused = [](const std::function<Scenario()>& load, const std::string& key) {
+    try {
+      load();
+      FAIL("not refused");
+    } catch (const ScenarioError& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(key + ":") != std::string::npos);
+    }
+  };
+  refused([] { return mistral_generate(16, 4, "v6"); }, "generate.cache_classes");
+  refused([] { return mistral_generate(16, 4, "v5", "eager", "static"); }, "generate.cache");
+  refused([] { return mistral_generate(16, 4, "v5", "sdpa"); }, "model.attention");
+  refused([] { return mistral_generate(16, 4, "v5", "eager", "quantized:int4"); }, "generate.cache");
+  // Gemma-2 with v4.45's classes (HybridCache) or a v5 StaticCache stays refused.
+  for (const char* extra : {"", "  cache_classes: v5\n  cache: static\n"})
+    refused([extra] {
+      return load_scenario_text("model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/gemma2-2b.json\n"
+                                "  attention: eager\nstep:\n  kind: generate\ngenerate:\n  prompt_len: 8\n"
+                                "  new_tokens: 2\n" + std::string(extra), "g.yaml");
+    }, "model.architecture");
+  // The default is v4.45's classes; v5 loads for a full-attention model.
+  CHECK_FALSE(mistral_generate(16, 4, "v4.45").generate.cache_classes_v5);
+  CHECK(mistral_generate(16, 4, "v5").generate.cache_classes_v5);
+}
+
+TEST_CASE("generate.cache_classes v5: StaticCache's buffers are allocated in the prefill", "[generate][sliding]") {
+  // Llama-2-7B (full attention only): 5.x's StaticLayer allocates its zeros at each layer's
+  // first update, not before the first forward as v4.45's StaticCache does.
+  const auto first_op = [](const Program& p, const std::string& op) {
+    for (size_t i = 0; i < p.events.size(); ++i)
+      if (p.events[i].type == EventType::alloc && p.str(p.events[i].op) == op) return i;
+    return p.events.size();
+  };
+  std::string y = "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/llama2-7b.json\n"
+                  "  attention: eager\nbatch:\n  micro_batch: 1\nprecision:\n  params: bf16\n"
+                  "step:\n  kind: generate\ngenerate:\n  prompt_len: 4000\n  new_tokens: 96\n"
+                  "  cache: static\n";
+  for (const bool v5 : {false, true}) {
+    INFO("v5 " << v5);
+    const Scenario s = load_scenario_text(y + (v5 ? "  cache_classes: v5\n" : ""), "static.yaml");
+    Program p;
+    GenerateFacts f;
+    build_generate_program(s, p, nullptr, &f);
+    CHECK(f.cache_bytes_end == 2147483648ull);  // 2 x 32 x 4096 x 4096 x 2
+    CHECK(live_bytes_of_op(p, "zeros") == 2147483648ull);
+    CHECK((first_op(p, "zeros") > first_op(p, "embedding")) == v5);
+  }
+}
+
+TEST_CASE("memsim run: generate.cache offloaded keeps the layers in pinned host memory", "[generate][cli]") {
+  const std::string file = MEMSIM_SOURCE_DIR "/scenarios/mistral-7b-generate-sliding-a100.yaml";
+  const memsim_test::CommandResult r = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file + "' --set generate.cache=offloaded --json - 2>/dev/null");
+  REQUIRE(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& g = j["generate"];
+  CHECK(g["cache"] == "offloaded");
+  CHECK(g["cache_classes"] == "v5");
+  // One sliding layer's window - 1 = 4095 tokens of K and V for 4 sequences, 8 KV heads:
+  // 2 x 4 x 8 x 4095 x 128 x 2 B. After the last forward layer 0 waits on the device
+  // (prefetched for the next step), the other 31 are on the host.
+  const uint64_t layer = 2ull * 4 * 8 * 4095 * 128 * 2;
+  CHECK(g["kv_cache_bytes_end"].get<uint64_t>() == layer);
+  CHECK(g["kv_cache_host_bytes_end"].get<uint64_t>() == 31 * layer);
+  CHECK(g["kv_cache_host_peak_bytes"].get<uint64_t>() == 31 * layer);
+  CHECK(j["host_offload_bytes"].get<uint64_t>() == 31 * layer);
+  // Without offloading the device keeps every layer's window: 32 x 4096 tokens.
+  const memsim_test::CommandResult d = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file + "' --json - 2>/dev/null");
+  REQUIRE(d.status == 0);
+  const nlohmann::json k = nlohmann::json::parse(d.out);
+  CHECK(k["generate"]["kv_cache_bytes_end"].get<uint64_t>() == 2ull * 32 * 4 * 8 * 4096 * 128 * 2);
+  CHECK_FALSE(k.contains("host_offload_bytes"));
+  CHECK(j["marks"]["generate_end"]["allocated"].get<uint64_t>() ==
+        k["marks"]["generate_end"]["allocated"].get<uint64_t>());  // the cache is gone either way
+  // v4.45's OffloadedCache is refused by key.
+  const memsim_test::CommandResult o = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file +
+      "' --set generate.cache=offloaded --set generate.cache_classes=v4.45 2>&1");
+  CHECK(o.status == 1);
+  CHECK(o.out.find("generate.cache:") != std::string::npos);
+}
+
+TEST_CASE("generate.cache_classes v5: Gemma-2-2B's sliding layers hold the window, its global ones every token",
+          "[generate][sliding]") {
+  // 26 layers alternating sliding (window 4096) and global; one token's K and V in one
+  // layer: 2 x 4 KV heads x 256 x 2 bytes = 4096 B. A prompt of 8000 + 97 new tokens: 13
+  // layers end with 4096 tokens, 13 with 8096.
+  const Scenario s = load_scenario_text(
+      "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/gemma2-2b.json\n  attention: eager\n"
+      "batch:\n  micro_batch: 1\nprecision:\n  params: bf16\nstep:\n  kind: generate\n"
+      "generate:\n  prompt_len: 8000\n  new_tokens: 97\n  cache_classes: v5\ndevice:\n  capacity: 1TiB\n",
+      "gemma2-generate.yaml");
+  Program p;
+  GenerateFacts f;
+  build_generate_program(s, p, nullptr, &f);
+  CHECK(f.cache_bytes.front() == 26ull * 8000 * 4096);  // after the prefill: every layer 8000
+  CHECK(f.cache_bytes_end == 13ull * (4096 + 8096) * 4096);
+  auto device = SimulatedDevice(s.device.capacity, s.device.cuda_context);
+  CHECK_FALSE(execute(p, s.allocator, device).oom.has_value());
 }

@@ -9,6 +9,7 @@
 #include "graph/autocast.h"
 #include "graph/checkpoint.h"
 #include "graph/compile.h"
+#include "graph/models/kv_cache.h"
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops_nn.h"
 
@@ -281,7 +282,9 @@ Tensor DecoderModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
   // materialised), then where(sliding, min, mask) with a 0-d device scalar of the mask's
   // dtype. Both are locals of the layer's forward.
   Tensor mask = extra[0], sliding_mask, layer_mask;
-  if (slides && a.sliding_at == SlidingAt::layer && mask.defined()) {
+  // (generate.cache_classes v5: 5.x's layers receive their type's mask and build nothing.)
+  const bool v5_masks = cache_ != nullptr && cache_->layered();
+  if (slides && a.sliding_at == SlidingAt::layer && mask.defined() && !v5_masks) {
     const uint64_t n = s_.batch * s_.seq * mask_keys();
     {
       Tensor ones = new_tensor(rt_, n, OpKind::fill, TensorKind::temporary);

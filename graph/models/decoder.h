@@ -116,7 +116,9 @@ class DecoderModel {
   // _prepare_4d_causal_attention_mask_with_cache_position over a 2-D attention mask of
   // `mask_len` columns: the (B, 1, S, target) mask in the model's dtype (v4.45 Llama; the
   // exclude variant of Mistral v4.45 / Qwen3 v4.51 for MaskBuild::exclude).
-  Tensor generate_mask(uint64_t target, uint64_t mask_len);
+  // fold_window false: a full-attention layer type's mask (generate.cache_classes v5) in a
+  // model whose other layers fold the window into theirs.
+  Tensor generate_mask(uint64_t target, uint64_t mask_len, bool fold_window = true);
 
  private:
   // A projection module: weight (and bias) parameter ids, its LoRA slot (bit of

@@ -126,6 +126,8 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
     if (cache_ != nullptr) {
       cache_->update(static_cast<int32_t>(&p - layers_.data()), key, value);
       kv_dense_ = cache_->contiguous();
+      // v5 layers: a sliding layer's keys are its window, the others' every token so far.
+      if (cache_->layered()) s_.keys = cache_->returned_tokens();
     }
     Tensor attn_output;
     if (a.attn_function) {

@@ -32,17 +32,24 @@ void DecoderModel::set_generate_step(int64_t seq, int64_t keys) {
 //   causal *= ...; causal[None, None].expand(B, 1, -1, -1).clone();
 //   padding = causal[..., :mask_len] + attention_mask[:, None, None, :]; padding == 0;
 //   causal[..., :mask_len] = causal[..., :mask_len].masked_fill(padding, min).
-Tensor DecoderModel::generate_mask(uint64_t target, uint64_t mask_len) {
+// generate.cache_classes v5 builds one such mask per layer type at the cache's
+// (kv_length, kv_offset): the offset is added to the arange in place, the padding part reads
+// a view of the 2-D mask's columns of those keys -- the same allocations at target kv_length.
+Tensor DecoderModel::generate_mask(uint64_t target, uint64_t mask_len, bool fold_window) {
   const DecoderArch& a = arch();
   const uint64_t e = s_.elem, S = s_.seq, B = s_.batch;
+  // generate.cache_classes v5 on Gemma-2/3 (sliding layers that masked themselves in v4.45):
+  // the sliding type's mask has the window folded in, built with Mistral's exclude code.
+  const bool own_window = fold_window && cache_ != nullptr && cache_->layered() &&
+                          a.sliding_window > 0 && a.sliding_at == SlidingAt::layer;
   Tensor causal = new_tensor(rt_, S * target * e, OpKind::full, TensorKind::temporary);
-  if (a.mask == MaskBuild::exclude) {
+  if (a.mask == MaskBuild::exclude || own_window) {
     Tensor exclude;
     {
       Tensor ar = new_tensor(rt_, target * 8, OpKind::arange, TensorKind::temporary);
       exclude = new_tensor(rt_, S * target, OpKind::compare, TensorKind::temporary);
     }
-    if (a.sliding_window > 0 && a.sliding_at == SlidingAt::mask) {
+    if ((fold_window && a.sliding_window > 0 && a.sliding_at == SlidingAt::mask) || own_window) {
       Tensor ar = new_tensor(rt_, target * 8, OpKind::arange, TensorKind::temporary);
       Tensor sub = new_tensor(rt_, S * 8, OpKind::other, TensorKind::temporary);
       Tensor le = new_tensor(rt_, S * target, OpKind::compare, TensorKind::temporary);
@@ -80,14 +87,23 @@ Tensor DecoderModel::forward_generate(const Tensor& ids, const GenerateInputs& i
       inputs_embeds = mul_scalar(rt_, inputs_embeds);
     // _update_causal_mask. A StaticCache's get_seq_length() runs first:
     // key_cache[0][0, 0].any(dim=-1).sum(), alive until the mask is built.
-    Tensor mask;
+    Tensor mask, full_mask, sliding_mask;  // the last two: generate.cache_classes v5
     Tensor past_seen;
-    if (cache_->kind() == KvCacheKind::static_buffers) {
+    // (5.x's lazily allocated StaticLayer returns 0 before its first update: no tensors.)
+    if (cache_->kind() == KvCacheKind::static_buffers && cache_->initialized(0)) {
       Tensor any = new_tensor(rt_, static_cast<uint64_t>(cache_->max_len()), OpKind::reduce_any,
                               TensorKind::temporary);
       past_seen = new_tensor(rt_, 8, OpKind::reduce_sum, TensorKind::temporary);
     }
-    if (s_.attention == HfAttention::eager) {
+    if (s_.attention == HfAttention::eager && cache_->layered()) {
+      // generate.cache_classes v5: one mask per layer type present (full, then sliding:
+      // 5.x's causal_mask_mapping), each at the cache's mask sizes for those layers.
+      for (bool sliding : {false, true}) {
+        if (!cache_->has_layer_type(sliding)) continue;
+        const auto kv = static_cast<uint64_t>(cache_->mask_sizes(sliding, s_.seq).first);
+        (sliding ? sliding_mask : full_mask) = generate_mask(kv, kv, sliding);
+      }
+    } else if (s_.attention == HfAttention::eager) {
       // The static cache's 4-D mask was built by prepare_inputs_for_generation and is used
       // as is; a dynamic cache's target length is attention_mask.shape[-1].
       mask = in.mask4d != nullptr ? *in.mask4d
@@ -115,12 +131,18 @@ Tensor DecoderModel::forward_generate(const Tensor& ids, const GenerateInputs& i
       extra.push_back(sin_local);
     }
     Tensor h = std::move(h0);
-    for (int32_t l = 0; l < s_.layers; ++l) h = layer(l, h, extra);
+    for (int32_t l = 0; l < s_.layers; ++l) {
+      if (cache_->layered() && s_.attention == HfAttention::eager)
+        extra[0] = cache_->layer_sliding(static_cast<size_t>(l)) ? sliding_mask : full_mask;
+      h = layer(l, h, extra);
+    }
     extra.clear();
     rt_.ctx.module = Module::norm;
     hidden = norm(h, final_norm_, s_.rows(), D);
     inputs_embeds.reset();
     mask.reset();
+    full_mask.reset();
+    sliding_mask.reset();
     h.reset();
     cos.reset();
     sin.reset();

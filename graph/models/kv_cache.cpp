@@ -1,5 +1,6 @@
 // KvCache: transformers' DynamicCache / StaticCache over graph::Runtime (graph/models/kv_cache.h).
 #include "graph/models/kv_cache.h"
+#include <algorithm>
 #include <string>
 
 #include "graph/ops/ops.h"
@@ -15,7 +16,7 @@ uint64_t KvCache::entry_bytes(int64_t tokens) const {
 }
 
 void KvCache::allocate() {
-  if (kind_ != KvCacheKind::static_buffers) return;
+  if (kind_ != KvCacheKind::static_buffers || lazy_) return;
   // StaticCache.__init__: per layer torch.zeros(cache_shape) for K, then V.
   k_.resize(static_cast<size_t>(s_.layers));
   v_.resize(static_cast<size_t>(s_.layers));
@@ -30,9 +31,110 @@ void KvCache::allocate() {
   seq_ = max_len_;
 }
 
+void KvCache::use_layers(const std::vector<uint8_t>& sliding, int64_t window) {
+  layered_ = true;
+  sliding_ = sliding;
+  sliding_.resize(static_cast<size_t>(s_.layers), 0);
+  window_ = window;
+  held_.assign(static_cast<size_t>(s_.layers), 0);
+  cumulative_.assign(static_cast<size_t>(s_.layers), 0);
+  on_host_.assign(static_cast<size_t>(s_.layers), 0);
+}
+
+void KvCache::prefetch(size_t l) {
+  if (l >= held_.size()) l = 0;  // Cache.prefetch wraps to the first layer
+  if (on_host_[l] == 0 || held_[l] == 0) return;
+  // keys.to(device, non_blocking=True) under the prefetch stream, then values: the host
+  // copies die at the rebinding.
+  const uint64_t b = entry_bytes(held_[l]);
+  k_[l] = rt_.alloc(b, TensorKind::other, OpKind::to_copy);
+  rt_.program().events.back().stream = kPrefetchStream;
+  host_bytes_ -= b;
+  v_[l] = rt_.alloc(b, TensorKind::other, OpKind::to_copy);
+  rt_.program().events.back().stream = kPrefetchStream;
+  host_bytes_ -= b;
+  on_host_[l] = 0;
+  name_layer(l);
+}
+
+void KvCache::offload(size_t l) {
+  // keys.to("cpu", non_blocking=True), then values: host copies of the stored tokens; the
+  // device tensors are released here (the attention's key/value still hold them).
+  const uint64_t b = entry_bytes(held_[l]);
+  for (Tensor* t : {&k_[l], &v_[l]}) {
+    t->reset();
+    host_bytes_ += b;
+    host_peak_ = std::max(host_peak_, host_bytes_);
+  }
+  on_host_[l] = 1;
+}
+
+bool KvCache::has_layer_type(bool sliding) const {
+  for (size_t l = 0; l < sliding_.size(); ++l)
+    if ((sliding_[l] != 0) == sliding) return true;
+  return false;
+}
+
+std::pair<int64_t, int64_t> KvCache::mask_sizes(bool sliding, int64_t queries) const {
+  for (size_t l = 0; l < sliding_.size(); ++l) {
+    if ((sliding_[l] != 0) != sliding) continue;
+    if (!sliding) return {held_[l] + queries, 0};  // DynamicLayer.get_mask_sizes
+    const int64_t c = cumulative_[l];              // DynamicSlidingWindowLayer's
+    const int64_t offset = std::max<int64_t>(c - window_ + 1, 0);
+    return {c >= window_ ? window_ - 1 + queries : c + queries, offset};
+  }
+  return {queries, 0};
+}
+
+void KvCache::update_layered(size_t l, Tensor& key, Tensor& value) {
+  if (k_.size() <= l) {
+    k_.resize(l + 1);
+    v_.resize(l + 1);
+  }
+  if (offloading_) prefetch(l + 1);
+  const int64_t queries = static_cast<int64_t>(key.bytes / entry_bytes(1));
+  const int64_t full = held_[l] + queries;  // cat([kept keys, key_states], -2)
+  if (sliding_[l] != 0) {
+    // full_key_states, full_value_states = cat(...), cat(...); then the rebinding of
+    // self.keys / self.values to their last window - 1 tokens (views) frees the old ones.
+    Tensor fk = new_tensor(rt_, entry_bytes(full), OpKind::cat2, TensorKind::activation);
+    Tensor fv = new_tensor(rt_, entry_bytes(full), OpKind::cat2, TensorKind::activation);
+    k_[l] = fk;
+    v_[l] = fv;
+    cumulative_[l] += queries;
+    held_[l] = std::min(full, window_ - 1);
+  } else {
+    // DynamicLayer: keys = cat([keys, key_states]) (the prefill's from torch.tensor([]):
+    // a copy), then values.
+    k_[l] = new_tensor(rt_, entry_bytes(full), OpKind::cat2, TensorKind::activation);
+    v_[l] = new_tensor(rt_, entry_bytes(full), OpKind::cat2, TensorKind::activation);
+    held_[l] = full;
+  }
+  returned_ = full;
+  contiguous_ = true;
+  name_layer(l);
+  if (l == 0) seq_ = static_cast<int64_t>(k_[0].bytes / entry_bytes(1));
+  key = k_[l];
+  value = v_[l];
+  if (offloading_) offload(l);
+}
+
 void KvCache::update(int32_t layer, Tensor& key, Tensor& value) {
   const auto l = static_cast<size_t>(layer);
+  if (layered_) {
+    update_layered(l, key, value);
+    return;
+  }
   if (kind_ == KvCacheKind::static_buffers) {
+    if (lazy_ && !initialized(l)) {
+      // StaticLayer.lazy_initialization (5.x): zeros for the keys, then the values.
+      k_.resize(std::max(k_.size(), l + 1));
+      v_.resize(std::max(v_.size(), l + 1));
+      k_[l] = rt_.alloc(entry_bytes(max_len_), TensorKind::other, OpKind::zeros);
+      v_[l] = rt_.alloc(entry_bytes(max_len_), TensorKind::other, OpKind::zeros);
+      name_layer(l);
+      seq_ = max_len_;
+    }
     // k_out.index_copy_(2, cache_position, key_states): in place; the attention gets the
     // whole (B, KV, max_cache_len, hd) buffers.
     key = k_[l];
@@ -93,6 +195,12 @@ void KvCache::clear() {
   k_.clear();
   v_.clear();
   seq_ = 0;
+  if (layered_) {
+    held_.assign(held_.size(), 0);
+    cumulative_.assign(cumulative_.size(), 0);
+    on_host_.assign(on_host_.size(), 0);
+    host_bytes_ = 0;  // the host copies die with the cache
+  }
 }
 
 }  // namespace memsim::graph

@@ -13,8 +13,33 @@
 //    whole buffers, so the attention sees max_cache_len keys every step;
 //    get_seq_length() = key_cache[0][0, 0].any(dim=-1).sum(): a (max_cache_len,) bool and a
 //    0-d int64 temporary (DecoderModel::forward_generate emits them).
-// Sliding-window layers, quantized and offloaded caches are not modelled here (the scenario
-// reader refuses them: scenario/generate_keys.h).
+// generate.cache_classes v5 (use_layers()): the layered Cache classes transformers 5.x kept
+// (cache_utils.py of huggingface/transformers 004999d972e478164dd7e8e508350937c803531e):
+// DynamicCache(config=...) holds one layer object per model layer from the start --
+//  - DynamicLayer: lazy_initialization stores torch.tensor([]) (no bytes), then every update,
+//    the prefill's too, is keys = torch.cat([keys, k], -2) (the prefill copies the states):
+//    K allocated, the old K freed, then V;
+//  - DynamicSlidingWindowLayer (the config's sliding layers): full = cat([keys, k]) and
+//    cat([values, v]) (both allocated first), then keys = full[:, :, -window + 1:, :] -- a view,
+//    so the layer keeps the whole cat output (at most `window` tokens once decoding, the
+//    prompt's length after a prefill longer than the window), the previous one freed -- and
+//    the full states are returned to the attention (window - 1 + S keys when full);
+//  - get_mask_sizes: (seq + S, 0) for DynamicLayer; for a sliding layer with cumulative length
+//    c, (window - 1 + S if c >= window else c + S, max(c - window + 1, 0)).
+// Offloading (generate.cache offloaded: 5.x `DynamicCache(config, offloading=True)`,
+// offload_only_non_sliding False): Cache.update(k, v, idx) first prefetches layer idx + 1
+// (layer 0 after the last) -- CacheLayerMixin.prefetch: when initialized and on the host,
+// keys.to(device, non_blocking=True) then values, allocated on the prefetch stream
+// (kPrefetchStream) -- then the layer's update, then offload(idx): keys.to("cpu"), values.to
+// ("cpu"): contiguous host copies of what the layer stores (a sliding layer's window - 1
+// token view); the device tensors die when the attention drops them. Host bytes (the copies
+// alive) and their peak are counted here; the device holds about one layer besides the one
+// being computed.
+// set_lazy (generate.cache static with cache_classes v5): 5.x's StaticLayer allocates its
+// zeros((B, KV, max_cache_len, hd)) keys, then values, at the layer's first update (inside
+// the prefill), not in _prepare_cache_for_generation; get_seq_length() makes no tensors until
+// layer 0 is initialized. StaticSlidingWindowLayer and quantized caches are not modelled here
+// (the scenario reader refuses them: scenario/generate_keys.h).
 //
 // Contract: the cache owns one Tensor handle per layer for K and V; bytes() is what it holds
 // right now (the storages' bytes, the measured "cache size"); contiguous() tells the
@@ -23,6 +48,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "graph/models/hf_shape.h"
@@ -52,6 +78,30 @@ class KvCache {
   // Drops every entry (the cache object dies with generate's model_kwargs).
   void clear();
 
+  // generate.cache_classes v5 (dynamic only): one layer object per model layer, sliding[l]
+  // != 0 a DynamicSlidingWindowLayer of `window`, else a DynamicLayer.
+  void use_layers(const std::vector<uint8_t>& sliding, int64_t window);
+  bool layered() const { return layered_; }
+  bool layer_sliding(size_t l) const { return layered_ && l < sliding_.size() && sliding_[l] != 0; }
+  bool has_layer_type(bool sliding) const;
+  // Cache.get_mask_sizes for the first layer of that type, before this forward's updates:
+  // {kv_length, kv_offset} for a forward of `queries` tokens.
+  std::pair<int64_t, int64_t> mask_sizes(bool sliding, int64_t queries) const;
+  // Tokens of the keys the last update() handed the attention.
+  int64_t returned_tokens() const { return returned_; }
+  // StaticCache of 5.x: buffers allocated at each layer's first update.
+  void set_lazy(bool on) { lazy_ = on; }
+  // Whether layer l's static buffers exist (get_seq_length's any/sum runs only then).
+  bool initialized(size_t l) const { return l < k_.size() && k_[l].defined(); }
+  // Offloading of the v5 layers (after use_layers).
+  void set_offloading(bool on) { offloading_ = on; }
+  bool offloading() const { return offloading_; }
+  // Host bytes of the offloaded copies alive now, and the most at once.
+  uint64_t host_bytes() const { return host_bytes_; }
+  uint64_t host_peak_bytes() const { return host_peak_; }
+  // The allocator stream of the prefetches (CUDA's prefetch_stream: a side stream).
+  static constexpr uint8_t kPrefetchStream = 1;
+
  private:
   uint64_t entry_bytes(int64_t tokens) const;
 
@@ -65,6 +115,21 @@ class KvCache {
   void name_layer(size_t l);
   bool contiguous_ = false;
   int64_t seq_ = 0;
+  // v5 layers: sliding flags, the window, per layer the tokens the stored (viewed) keys
+  // expose and the cumulative length (DynamicSlidingWindowLayer.cumulative_length).
+  void update_layered(size_t l, Tensor& key, Tensor& value);
+  bool layered_ = false;
+  std::vector<uint8_t> sliding_;
+  int64_t window_ = 0;
+  std::vector<int64_t> held_, cumulative_;
+  int64_t returned_ = 0;
+  // Offloading: which layers are on the host; the host bytes now and at most.
+  void prefetch(size_t l);
+  void offload(size_t l);
+  bool offloading_ = false;
+  bool lazy_ = false;
+  std::vector<uint8_t> on_host_;
+  uint64_t host_bytes_ = 0, host_peak_ = 0;
 };
 
 }  // namespace memsim::graph

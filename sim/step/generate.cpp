@@ -69,6 +69,17 @@ class GenerateLoop {
       Tensor c = rt_.alloc(1, TensorKind::temporary, check);
       Tensor any = rt_.alloc(1, TensorKind::temporary, OpKind::reduce_any);
     }
+    if (s_.generate.cache_classes_v5 && s_.generate.cache == GenerateCache::static_cache) {
+      cache_.set_lazy(true);  // 5.x StaticCache(config, max_cache_len): StaticLayer buffers
+    } else if (s_.generate.cache_classes_v5) {
+      // DynamicCache(config=...): a DynamicSlidingWindowLayer per sliding layer.
+      const graph::DecoderArch& a = s_.model.arch;
+      std::vector<uint8_t> sliding(static_cast<size_t>(s_.model.layers), 0);
+      for (int64_t l = 0; l < s_.model.layers; ++l) sliding[static_cast<size_t>(l)] = a.layer_slides(l) ? 1 : 0;
+      cache_.use_layers(sliding, a.sliding_window);
+      // DynamicCache(config, offloading=True): every layer's K/V on the host between uses.
+      cache_.set_offloading(s_.generate.cache == GenerateCache::offloaded);
+    }
     cache_.allocate();  // _prepare_cache_for_generation: StaticCache's buffers
     model_.set_cache(&cache_);
 
@@ -103,7 +114,10 @@ class GenerateLoop {
         rt_.alloc(BT, TensorKind::temporary, OpKind::eq).reset();  // masked_fill_(mask == 0, 1)
         // `if past_key_values:` -- a DynamicCache is falsy until it holds a layer; a
         // StaticCache defines no __len__ and is always truthy.
-        const bool sliced = cache_.kind() == graph::KvCacheKind::static_buffers || !first;
+        // generate.cache_classes v5: DynamicCache(config) holds its layer objects from the
+        // start (`len(self.layers)`), so the prefill's position_ids are sliced and cloned too.
+        const bool sliced =
+            cache_.kind() == graph::KvCacheKind::static_buffers || !first || cache_.layered();
         if (sliced) pos = rt_.alloc(BS * 8, TensorKind::temporary, OpKind::clone);
         Tensor new_ids = rt_.alloc(BS * 8, TensorKind::temporary, OpKind::clone);
         Tensor new_mask;
@@ -201,7 +215,11 @@ class GenerateLoop {
     if (facts != nullptr) {
       facts->cache_bytes_end = cache_.bytes();
       facts->cache_tokens_end = cache_.seq_length();
+      facts->cache_host_bytes_end = cache_.host_bytes();
+      facts->cache_host_peak_bytes = cache_.host_peak_bytes();
     }
+    // Pinned host memory of the offloaded cache, reported as checkpoint.offload's is.
+    rt_.program().host_offload_bytes = cache_.host_peak_bytes();
     // _sample returns the sequences; its locals and generate()'s die (a DynamicCache with
     // model_kwargs; a StaticCache stays on the model as self._cache).
     rt_.ctx.phase = Phase::other;

@@ -44,6 +44,10 @@ struct GenerateFacts {
   uint64_t cache_bytes_end = 0;        // bytes the KV cache holds after the last forward
   int64_t cache_tokens_end = 0;        // tokens per sequence it holds then
   std::vector<uint64_t> cache_bytes;   // after each forward (prefill first)
+  // generate.cache offloaded: host bytes of the layers' copies after the last forward and
+  // the most at once (0 otherwise); cache_bytes* above count device bytes only.
+  uint64_t cache_host_bytes_end = 0;
+  uint64_t cache_host_peak_bytes = 0;
 };
 
 // The Program of the scenario's generate() call into `program` (cleared first).

@@ -16,14 +16,23 @@ uint64_t bytes_per_token(const Scenario& s) {
 }  // namespace
 
 Json generate_json(const Scenario& s, const GenerateFacts& f) {
-  return {{"prompt_len", s.generate.prompt_len},
-          {"new_tokens", s.generate.new_tokens},
-          {"cache", to_string(s.generate.cache)},
-          {"logits_to_keep", s.generate.logits_to_keep},
-          {"weights_bytes", f.weights_bytes},
-          {"kv_cache_bytes_end", f.cache_bytes_end},
-          {"kv_cache_tokens_end", f.cache_tokens_end},
-          {"kv_cache_bytes_per_token", bytes_per_token(s)}};
+  Json j = {{"prompt_len", s.generate.prompt_len},
+            {"new_tokens", s.generate.new_tokens},
+            {"cache", to_string(s.generate.cache)},
+            {"logits_to_keep", s.generate.logits_to_keep},
+            {"weights_bytes", f.weights_bytes},
+            {"kv_cache_bytes_end", f.cache_bytes_end},
+            {"kv_cache_tokens_end", f.cache_tokens_end},
+            {"kv_cache_bytes_per_token", bytes_per_token(s)}};
+  // Only where set, so the v4.45 reports keep their keys.
+  if (s.generate.cache_classes_v5) j["cache_classes"] = "v5";
+  if (s.generate.cache == GenerateCache::offloaded) {
+    // Device bytes above; the layers' pinned host copies here (checkpoint.offload's
+    // host_offload_bytes is the same peak, at the top level).
+    j["kv_cache_host_bytes_end"] = f.cache_host_bytes_end;
+    j["kv_cache_host_peak_bytes"] = f.cache_host_peak_bytes;
+  }
+  return j;
 }
 
 std::string generate_fact(const Scenario& s, const GenerateFacts& f) {
@@ -31,7 +40,10 @@ std::string generate_fact(const Scenario& s, const GenerateFacts& f) {
          " prompt + " + std::to_string(s.generate.new_tokens) + " new tokens), " +
          to_string(s.generate.cache) + " KV cache " + human_bytes(f.cache_bytes_end) + " at the end (" +
          std::to_string(f.cache_tokens_end) + " tokens, " + human_bytes(bytes_per_token(s)) +
-         " per token), weights " + human_bytes(f.weights_bytes);
+         " per token), weights " + human_bytes(f.weights_bytes) +
+         (s.generate.cache == GenerateCache::offloaded
+              ? ", host copies " + human_bytes(f.cache_host_peak_bytes) + " at most"
+              : std::string());
 }
 
 }  // namespace memsim::cli

@@ -106,7 +106,8 @@ Json run_json(const Scenario& scenario, const Program& program, const MemoryStat
   j["model"] = model_json(scenario, program.rank);
   if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
   // checkpoint.offload (graph/offload.h): save_on_cpu's pinned host copies at their peak.
-  if (offloads(scenario.checkpoint)) j["host_offload_bytes"] = program.host_offload_bytes;
+  if (offloads(scenario.checkpoint) || (generate && scenario.generate.cache == GenerateCache::offloaded))
+    j["host_offload_bytes"] = program.host_offload_bytes;  // generate: the offloaded KV cache's
   if (generate) j["generate"] = generate_json(scenario, generate_facts);
   Json summary = analysis_json(analysis);
   for (auto& [key, value] : summary.items()) j[key] = std::move(value);
