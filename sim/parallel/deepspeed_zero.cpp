@@ -86,6 +86,22 @@ uint32_t DeepSpeedZero::named(Runtime& rt, uint32_t storage, std::string_view na
   return storage;
 }
 
+template <class Make>
+uint32_t DeepSpeedZero::cached_name(Runtime& rt, NameSlot slot, size_t index, Make make) {
+  std::vector<uint32_t>& cache = name_cache_[slot];
+  if (cache.size() <= index) cache.resize(index + 1, 0);
+  if (cache[index] == 0) cache[index] = rt.program().intern(make());
+  return cache[index];
+}
+
+uint32_t DeepSpeedZero::alloc(Runtime& rt, uint64_t bytes, TensorKind kind, uint32_t name_id,
+                              uint8_t stream) {
+  const uint32_t s = rt.alloc_raw(bytes, kind, OpKind::other);
+  if (stream != 0) rt.program().events.back().stream = stream;  // the alloc just appended
+  rt.name(s, name_id);
+  return s;
+}
+
 uint32_t DeepSpeedZero::alloc(Runtime& rt, uint64_t bytes, TensorKind kind, std::string_view name,
                               uint8_t stream) {
   const uint32_t s = rt.alloc_raw(bytes, kind, OpKind::other);
@@ -517,7 +533,9 @@ void DeepSpeedZero::fetch(Runtime& rt, const std::vector<int32_t>& params, bool 
     std::vector<uint32_t> copies;
     for (int32_t p : params)
       copies.push_back(alloc(rt, ceil_div(numel_[static_cast<size_t>(p)], d_) * elem_, TensorKind::temporary,
-                             "ZeRO-3 partition of " + rt.param_name(p) + " copied to the GPU (offload_param)"));
+                             cached_name(rt, kToDevice, static_cast<size_t>(p), [&] {
+                               return "ZeRO-3 partition of " + rt.param_name(p) + " copied to the GPU (offload_param)";
+                             })));
     for (uint32_t c : copies) rt.release(c);
   }
   const int32_t id = static_cast<int32_t>(gathers_.size());
@@ -550,7 +568,9 @@ void DeepSpeedZero::ensure_buckets(Runtime& rt) {
   const int count = c_.overlap() ? 2 : 1;
   for (int k = 0; k < count; ++k)
     ipg_.push_back(alloc(rt, static_cast<uint64_t>(c_.reduce_bucket_size) * elem_, TensorKind::gradient,
-                         bits_ + " IPG gradient bucket " + std::to_string(k) + " (" + zero_ + " ipg_buffer)"));
+                         cached_name(rt, kBucket, static_cast<size_t>(k), [&] {
+                           return bits_ + " IPG gradient bucket " + std::to_string(k) + " (" + zero_ + " ipg_buffer)";
+                         })));
 }
 
 void DeepSpeedZero::grad_ready(Runtime& rt, int32_t param) {
@@ -593,13 +613,18 @@ void DeepSpeedZero::take_grad_into_partition(Runtime& rt, int32_t param) {
     // async_inplace_copy_grad_to_fp32_buffer_from_gpu: the partition's slice .float() on
     // the GPU, copied to the pinned fp32 gradient; .grad stays a view of the bucket.
     rt.release(alloc(rt, numel_[static_cast<size_t>(param)] * 4, TensorKind::temporary,
-                     "fp32 cast of grad of " + rt.param_name(param) + " for the host (" + zero_ + " offload_optimizer)"));
+                     cached_name(rt, kGradHostCast, static_cast<size_t>(param), [&] {
+                       return "fp32 cast of grad of " + rt.param_name(param) + " for the host (" + zero_ +
+                              " offload_optimizer)";
+                     })));
     return;
   }
   // copy_grads_in_partition: grads_in_partition allocated at the first copy.
   if (grads_in_partition_ == graph::kNoStorage)
     grads_in_partition_ = alloc(rt, grads_in_partition_numel_ * elem_, TensorKind::gradient,
-                                bits_ + " gradients in group 0's partition (" + zero_ + " grads_in_partition)");
+                                cached_name(rt, kFixed, 0, [&] {
+                                  return bits_ + " gradients in group 0's partition (" + zero_ + " grads_in_partition)";
+                                }));
   const uint32_t old = p.grad;
   rt.retain(grads_in_partition_);
   p.grad = grads_in_partition_;
@@ -636,19 +661,22 @@ void DeepSpeedZero::reduce_bucket3(Runtime& rt) {
   uint32_t flat = graph::kNoStorage;
   const bool one_even = bucket_params_.size() == 1 && numel_[static_cast<size_t>(bucket_params_[0])] % d_ == 0;
   if (!one_even)
-    flat = alloc(rt, elems * elem_, TensorKind::temporary,
-                 bits_ + " reduce-scatter input of the IPG bucket (ZeRO-3 reduce_scatter_coalesced)", 1);
+    flat = alloc(rt, elems * elem_, TensorKind::temporary, cached_name(rt, kFixed, 1, [&] {
+                   return bits_ + " reduce-scatter input of the IPG bucket (ZeRO-3 reduce_scatter_coalesced)";
+                 }), 1);
   for (int32_t q : bucket_params_) {
     graph::Parameter& p = rt.parameters()[static_cast<size_t>(q)];
     if (offload_opt_) {
       // partition_grads with the buffer on the host: grad_buffer.to(device) and, at the
       // accumulation boundary, its .to(fp32) before the copy to the host gradient.
       const uint64_t part = ceil_div(numel_[static_cast<size_t>(q)], d_);
-      const std::string name = rt.param_name(q);  // a copy: alloc() interns
-      const uint32_t a = alloc(rt, part * elem_, TensorKind::temporary,
-                               "ZeRO-3 grad partition of " + name + " on the GPU (offload_optimizer)", 1);
-      const uint32_t b = alloc(rt, part * 4, TensorKind::temporary,
-                               "fp32 cast of ZeRO-3 grad partition of " + name + " (offload_optimizer)", 1);
+      const size_t qi = static_cast<size_t>(q);
+      const uint32_t a = alloc(rt, part * elem_, TensorKind::temporary, cached_name(rt, kGradToGpu, qi, [&] {
+                                 return "ZeRO-3 grad partition of " + rt.param_name(q) + " on the GPU (offload_optimizer)";
+                               }), 1);
+      const uint32_t b = alloc(rt, part * 4, TensorKind::temporary, cached_name(rt, kGradFp32, qi, [&] {
+                                 return "fp32 cast of ZeRO-3 grad partition of " + rt.param_name(q) + " (offload_optimizer)";
+                               }), 1);
       rt.release(b);
       rt.release(a);
     }
@@ -723,8 +751,9 @@ void DeepSpeedZero::step(Runtime& rt, OptimizerSim* inner) {
     if (offload_opt_) return;  // CPUAdam on the host; the bit16 copy-back is in place
     for (size_t g = 0; g < sub_groups_.size(); ++g) {
       // _prepare_fp32_grad_for_sub_group: flatten(averaged_gradients).to(fp32).
-      const uint32_t flat = alloc(rt, sub_groups_[g] * elem_, TensorKind::gradient,
-                                  bits_ + " flat grad of sub group " + std::to_string(g) + " (ZeRO-3)");
+      const uint32_t flat = alloc(rt, sub_groups_[g] * elem_, TensorKind::gradient, cached_name(rt, kStepFlat, g, [&] {
+                                    return bits_ + " flat grad of sub group " + std::to_string(g) + " (ZeRO-3)";
+                                  }));
       const uint32_t fp32 = rt.alloc_raw(sub_groups_[g] * 4, TensorKind::gradient, OpKind::other);
       rt.name_as(fp32, masters3_[g], NameRole::grad);  // "grad of fp32 partition of sub group 0 (ZeRO-3)"
       rt.release(flat);
@@ -743,8 +772,9 @@ void DeepSpeedZero::step(Runtime& rt, OptimizerSim* inner) {
   // stage_1_and_2 step: flatten(averaged_gradients).to(fp32), the bit16 flat dropped, the
   // kept gradients freed (free_grad_in_param_list, averaged_gradients = None).
   const uint64_t P = partition_numel_;
-  const uint32_t flat = alloc(rt, P * elem_, TensorKind::gradient,
-                              bits_ + " flat grad of group 0's partition (" + zero_ + ")");
+  const uint32_t flat = alloc(rt, P * elem_, TensorKind::gradient, cached_name(rt, kFixed, 2, [&] {
+                                return bits_ + " flat grad of group 0's partition (" + zero_ + ")";
+                              }));
   uint32_t fp32 = flat;
   if (elem_ != 4) {
     fp32 = rt.alloc_raw(P * 4, TensorKind::gradient, OpKind::other);

@@ -163,6 +163,13 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   void reduce_bucket3(graph::Runtime& rt);
   uint32_t named(graph::Runtime& rt, uint32_t storage, std::string_view name);
   uint32_t alloc(graph::Runtime& rt, uint64_t bytes, TensorKind kind, std::string_view name, uint8_t stream = 0);
+  uint32_t alloc(graph::Runtime& rt, uint64_t bytes, TensorKind kind, uint32_t name_id, uint8_t stream = 0);
+  // Names used every iteration, interned once (no string is built on the hot path): a
+  // slot per kind of buffer, indexed by parameter, bucket or sub group.
+  enum NameSlot { kToDevice, kGradToGpu, kGradFp32, kGradHostCast, kBucket, kStepFlat, kFixed, kSlots };
+  template <class Make>
+  uint32_t cached_name(graph::Runtime& rt, NameSlot slot, size_t index, Make make);
+  std::vector<uint32_t> name_cache_[kSlots];
 
   graph::Runtime* rt_;
   int stage_ = 3;
