@@ -345,6 +345,9 @@ std::string_view common_path(std::string_view a, std::string_view b) {
 void Runtime::note_module_path(std::string_view param_name) {
   // The path of (ctx.layer, ctx.module): the common prefix of the modules of the
   // parameters created there (a layer's two norms share "model.layers.3").
+  // A name with a space describes a buffer ("fp32 partition of group 0 (ZeRO-2)", an FSDP
+  // shard), not a state_dict key: it names no module.
+  if (param_name.find(' ') != std::string_view::npos) return;
   const uint8_t m = static_cast<uint8_t>(ctx.module);
   const std::string_view mine = module_of(param_name);
   const uint32_t old = program_.module_path(ctx.layer, m);

@@ -82,6 +82,13 @@ enum class NameRole : uint8_t {
   master_grad,             // "fp32 grad of P" (the master's .grad)
   autocast_bf16,           // "bf16 autocast copy of P"
   autocast_f16,
+  // Issue #19: optimizer tensors that kept role names ("exp_avg", "optimizer state").
+  adam_step,               // fused Adam's 0-d device `step` tensor ("step of P (fused Adam)")
+  optimizer_temp,          // an optimizer's per-parameter temporary (out-of-place Adam, cs336)
+  shard_master,            // Megatron's distributed optimizer: this rank's shard of P's
+  shard_master_grad,       //   fp32 main_param, its .grad, exp_avg and exp_avg_sq
+  shard_exp_avg,           //   ("exp_avg of P (distributed-optimizer shard)")
+  shard_exp_avg_sq,
 };
 
 // Static facts about a tensor (only what reports need; shapes are in its name).

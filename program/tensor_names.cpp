@@ -42,6 +42,12 @@ std::string with_role(NameRole role, const std::string& p) {
     case NameRole::master_grad: return "fp32 grad of " + p;
     case NameRole::autocast_bf16: return "bf16 autocast copy of " + p;
     case NameRole::autocast_f16: return "fp16 autocast copy of " + p;
+    case NameRole::adam_step: return "step of " + p + " (fused Adam)";
+    case NameRole::optimizer_temp: return "optimizer temporary of " + p;
+    case NameRole::shard_master: return "master copy of " + p + " (distributed-optimizer shard)";
+    case NameRole::shard_master_grad: return "fp32 grad of " + p + " (distributed-optimizer shard)";
+    case NameRole::shard_exp_avg: return "exp_avg of " + p + " (distributed-optimizer shard)";
+    case NameRole::shard_exp_avg_sq: return "exp_avg_sq of " + p + " (distributed-optimizer shard)";
   }
   return p;
 }
@@ -155,6 +161,19 @@ std::string name_pattern(std::string_view name) {
     out += name[i++];
   }
   return out;
+}
+
+std::string common_module_path(std::string_view a, std::string_view b) {
+  // b's module (its last component is the tensor); a is either a name or a path already.
+  const size_t dot = b.rfind('.');
+  b = dot == std::string_view::npos ? std::string_view() : b.substr(0, dot);
+  size_t n = 0, last_dot = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) {
+    if (a[n] == '.') last_dot = n;
+    ++n;
+  }
+  const bool whole = (n == a.size() || a[n] == '.') && (n == b.size() || b[n] == '.');
+  return std::string(a.substr(0, whole ? n : last_dot));
 }
 
 const char* snapshot_category(TensorKind kind) {

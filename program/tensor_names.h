@@ -66,6 +66,12 @@ std::string module_path_text(const Program& program, int32_t layer, uint8_t modu
 
 std::string name_pattern(std::string_view name);
 
+// The longest common dotted module path of two parameter names' modules
+// ("model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight" ->
+// "model.layers.3.self_attn"; "" when they share none). A first argument that is already a
+// module path stays whole where the second lies under it.
+std::string common_module_path(std::string_view a, std::string_view b);
+
 const char* snapshot_category(TensorKind kind);
 
 }  // namespace memsim

@@ -22,7 +22,14 @@ namespace {
 
 // A buffer's role without the unit it belongs to: the reports name FSDP buffers
 // "<role> of block 7" / "<role> of the root" (program/tensor_names.h).
+// Per-parameter buffers name their parameter ("FSDP2 shard of model.layers.0.mlp.up_proj.weight
+// (padded chunk 0)"): P stands for it here.
 std::string role_of(const std::string& name) {
+  for (const char* per_param : {"FSDP2 shard of ", "FSDP2 unsharded ", "FSDP2 post-forward shard of "}) {
+    const std::string prefix = per_param;
+    const size_t end = name.find(" (", prefix.size());
+    if (name.rfind(prefix, 0) == 0 && end != std::string::npos) return prefix + "P" + name.substr(end);
+  }
   for (const char* unit : {" of block ", " of the root"}) {
     const size_t at = name.rfind(unit);
     if (at != std::string::npos) return name.substr(0, at);
@@ -86,7 +93,7 @@ uint64_t live(const Program& p, const char* mark, TensorKind k) {
 }
 
 const std::string kAgOut = "FSDP2 all-gather output (flat)";
-const std::string kUnsharded = "FSDP2 unsharded param (all_gather_outputs)";
+const std::string kUnsharded = "FSDP2 unsharded P (all_gather_outputs)";
 const std::string kRsIn = "FSDP2 reduce-scatter input (chunk_cat)";
 const std::string kRsOut = "FSDP2 reduce-scatter output";
 
@@ -104,7 +111,7 @@ TEST_CASE("FSDP2 shards each parameter on dim 0 (padded chunk 0) and keeps only 
   CHECK(live(p, "optimizer_end", TensorKind::gradient) == shards);
   CHECK(live(p, "optimizer_end", TensorKind::optimizer_state) == 2 * shards);
   // The sharded parameters are allocated once each, in setup.
-  const auto sharded = allocs_named(p, "FSDP2 sharded param (padded chunk 0)");
+  const auto sharded = allocs_named(p, "FSDP2 shard of P (padded chunk 0)");
   uint64_t total = 0;
   for (const MemoryEvent* e : sharded) {
     CHECK(e->phase == Phase::setup);
@@ -246,7 +253,7 @@ TEST_CASE("FSDP2 reshard_after_forward: false keeps every block, N keeps a 1/N s
   const Scenario s2 = fsdp2_scenario("  reshard_after_forward: 2\n");
   CHECK(s2.parallel.reshard_after_forward_ranks == 2);
   const Program half = build_program(s2);
-  const std::string post = "FSDP2 sharded post-forward param (reshard_after_forward N)";
+  const std::string post = "FSDP2 post-forward shard of P (reshard_after_forward N)";
   // Each block keeps padded full / 2 per parameter from its post-forward until its
   // backward copy-out: both blocks at the end of forward.
   CHECK(max_live_named(half, post, Phase::forward) == 2 * block_full / 2);
@@ -418,7 +425,7 @@ uint64_t transient_live_at(const Program& p, const char* mark) {
   const std::string names[] = {kAgOut, kUnsharded, kRsIn, kRsOut,
                                "FSDP2 all-gather input (flat_foreach_copy_input, param_dtype)",
                                "FSDP2 all-gather input (CPU shard .to(device))",
-                               "FSDP2 sharded post-forward param (reshard_after_forward N)",
+                               "FSDP2 post-forward shard of P (reshard_after_forward N)",
                                "FSDP2 reduce-scatter grad buffer (narrowing cast)"};
   std::vector<char> is(p.tensors.size(), 0);
   for (size_t t = 0; t < p.tensors.size(); ++t)

@@ -149,7 +149,7 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
   numeric_param_hint(rt_, id.qkv, id.qkv_b);
   Tensor mixed = megatron_linear(rt_, ln_out,
                                  {3 * act() / t, 3 * h * h * e / t, s_.bias ? 3 * h * e / t : 0,
-                                  2 * r * hd * 3 * hd / td, sp_gather()});
+                                  2 * r * hd * 3 * hd / td, sp_gather(), 0, id.qkv});
   // Selective recomputation checkpoints exactly core_attention(q, k, v, attention_mask)
   // (tensor_parallel.checkpoint in _checkpointed_attention_forward).
   Tensor context;
@@ -166,7 +166,7 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
   // the partial [s, b, h] output is all-reduced in place.
   numeric_param_hint(rt_, id.proj);
   Tensor out = megatron_linear(
-      rt_, context, {act(), h * h * e / t, 0, 2 * r * hd * hd / td, 0, sp_scatter(act())});
+      rt_, context, {act(), h * h * e / t, 0, 2 * r * hd * hd / td, 0, sp_scatter(act()), id.proj});
   return out;
 }
 
@@ -178,11 +178,11 @@ Tensor MegatronModel::mlp(const Tensor& ln_out) {
   const double flops = 2 * r * static_cast<double>(h) * static_cast<double>(f);
   const LayerIds& id = ids_[static_cast<size_t>(rt_.ctx.layer)];
   numeric_param_hint(rt_, id.fc1);
-  Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops, sp_gather()});
+  Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops, sp_gather(), 0, id.fc1});
   numeric_param_hint(rt_, -1, id.fc1_b);
   inter = bias_gelu(rt_, inter, s_.bias ? f * e : 0);
   numeric_param_hint(rt_, id.fc2);
-  return megatron_linear(rt_, inter, {act(), h * f * e, 0, flops, 0, sp_scatter(act())});
+  return megatron_linear(rt_, inter, {act(), h * f * e, 0, flops, 0, sp_scatter(act()), id.fc2});
 }
 
 Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attention_mask) {
@@ -293,7 +293,7 @@ Tensor MegatronModel::head(Tensor hidden) {
       {rows() * local_vocab * e, local_vocab * h * e, 0,
        2.0 * static_cast<double>(rows()) * static_cast<double>(h) *
            static_cast<double>(local_vocab),
-       sp_gather()});
+       sp_gather(), 0, output_ >= 0 ? output_ : word_});
   rt_.ctx.module = Module::none;
   return logits;
 }

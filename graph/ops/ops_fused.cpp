@@ -82,6 +82,7 @@ Tensor megatron_linear(Runtime& rt, const Tensor& x, const LinearSpec& spec) {
     node.size[1] = spec.weight_bytes;
     node.size[2] = spec.bias_bytes;
     node.flops = 2 * spec.flops;  // dgrad + wgrad
+    node.param = spec.weight;     // names the dummy grad_weight (read by nothing else here)
     node.gemm_bytes = static_cast<float>(2 * io);
     // size[3]: sequence parallel, the all-gathered input (column) or, with the top bit
     // set, the full GEMM output whose grad is all-gathered first (row).
@@ -339,6 +340,7 @@ bool run_fused_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       // wgrad GEMM accumulates into main_grad; the dummy grad_weight keeps the hook on
       // the main thread; grad_bias = grad_output.sum(0).
       const uint32_t dummy = b.A(n.size[1], TensorKind::gradient);
+      if (n.param >= 0) rt.name_as(dummy, n.param, NameRole::grad);
       const uint32_t gbias = n.size[2] ? b.A(n.size[2], TensorKind::gradient) : kNoStorage;
       b.F(dummy);
       if (gbias != kNoStorage) b.F(gbias);

@@ -49,6 +49,9 @@ struct LinearSpec {
   // incoming grad into a new out_bytes tensor first.
   uint64_t gather_bytes = 0;
   uint64_t scatter_bytes = 0;
+  // The weight's parameter id (-1: none): backward's dummy grad_weight (the wgrad itself
+  // accumulates into main_grad) is named "grad of <weight>" (program/tensor_names.h).
+  int32_t weight = -1;
 };
 Tensor megatron_linear(Runtime& rt, const Tensor& x, const LinearSpec& spec);
 

@@ -25,6 +25,15 @@ Tensor named(Runtime& rt, Tensor t, const char* name) {
 }
 }  // namespace
 
+// Names t as `role` of parameter `id` ("exp_avg of P"), or as its distributed-optimizer
+// counterpart ("exp_avg of P (distributed-optimizer shard)") when this rank owns only part
+// of P's elements.
+Tensor MegatronOptimizer::of_param(Runtime& rt, Tensor t, int32_t id, NameRole whole, NameRole shard) const {
+  const uint64_t all = rt.parameters()[static_cast<size_t>(id)].bytes / c_.param_elem;
+  rt.name_as(t.storage, id, numel(rt, id) < all ? shard : whole);
+  return t;
+}
+
 void MegatronOptimizer::construct(Runtime& rt) {
   // _dummy_overflow_buf = torch.tensor([0], dtype=torch.int, device='cuda')
   overflow_buf_ = named(rt, rt.alloc(4, TensorKind::other, OpKind::optimizer_math),
@@ -33,12 +42,14 @@ void MegatronOptimizer::construct(Runtime& rt) {
   master_.reserve(order_.size());
   for (int32_t id : order_) {
     if (numel(rt, id) == 0) continue;  // another rank's shard
-    Tensor clone16 = rt.alloc(numel(rt, id) * c_.param_elem, TensorKind::temporary,
-                              OpKind::optimizer_math);
-    master_.push_back(named(rt,
-                            rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state,
-                                     OpKind::optimizer_math),
-                            "main_param"));
+    Tensor clone16 = of_param(rt,
+                              rt.alloc(numel(rt, id) * c_.param_elem, TensorKind::temporary,
+                                       OpKind::optimizer_math),
+                              id, NameRole::optimizer_temp, NameRole::optimizer_temp);
+    master_.push_back(of_param(rt,
+                               rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state,
+                                        OpKind::optimizer_math),
+                               id, NameRole::master, NameRole::shard_master));
   }
 }
 
@@ -54,9 +65,9 @@ void MegatronOptimizer::step(Runtime& rt) {
     master_grad_.reserve(order_.size());
     for (int32_t id : order_)
       if (numel(rt, id) != 0)
-        master_grad_.push_back(named(
-          rt, rt.alloc(numel(rt, id) * 4, TensorKind::gradient, OpKind::optimizer_math),
-          "main_param.grad"));
+        master_grad_.push_back(of_param(
+            rt, rt.alloc(numel(rt, id) * 4, TensorKind::gradient, OpKind::optimizer_math), id,
+            NameRole::master_grad, NameRole::shard_master_grad));
   }
   if (c_.adam && exp_avg_.empty()) {
     // FusedAdam: state initialised on the first step, parameter by parameter.
@@ -64,12 +75,12 @@ void MegatronOptimizer::step(Runtime& rt) {
     exp_avg_sq_.reserve(order_.size());
     for (int32_t id : order_) {
       if (numel(rt, id) == 0) continue;
-      exp_avg_.push_back(named(
-          rt, rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math),
-          "exp_avg"));
-      exp_avg_sq_.push_back(named(
-          rt, rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math),
-          "exp_avg_sq"));
+      exp_avg_.push_back(of_param(
+          rt, rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math), id,
+          NameRole::exp_avg, NameRole::shard_exp_avg));
+      exp_avg_sq_.push_back(of_param(
+          rt, rt.alloc(numel(rt, id) * 4, TensorKind::optimizer_state, OpKind::optimizer_math), id,
+          NameRole::exp_avg_sq, NameRole::shard_exp_avg_sq));
     }
   }
   // The update and the master -> model copy are in place (multi-tensor kernels).

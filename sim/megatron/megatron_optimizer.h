@@ -17,6 +17,9 @@
 //  - owned_numel (the distributed optimizer, parallel.zero 1): every tensor above is
 //    allocated for this rank's shard of each parameter only (Megatron's
 //    `shard_model_param.clone().float()`, shard grads `.float()` of a main_grad slice).
+//  - names (program/tensor_names.h): "master copy of P" (Megatron's main_param), "fp32 grad
+//    of P" (main_param.grad), "exp_avg of P", "exp_avg_sq of P"; for a parameter this rank
+//    owns only part of, the same with " (distributed-optimizer shard)".
 //  - transient_master_grads (the ZeRO paper's accounting, not Megatron's behaviour):
 //    the fp32 copies die at the end of step(), as if the cast were fused into Adam.
 #pragma once
@@ -63,6 +66,9 @@ class MegatronOptimizer {
     return c_.owned_numel.empty() ? rt.parameters()[id].bytes / c_.param_elem
                                   : c_.owned_numel[static_cast<size_t>(id)];
   }
+
+  graph::Tensor of_param(graph::Runtime& rt, graph::Tensor t, int32_t id, NameRole whole,
+                         NameRole shard) const;
 
   MegatronOptimizerConfig c_;
   std::vector<int32_t> order_;

@@ -116,9 +116,13 @@ class StageLoop {
       numel += rt_.parameters()[i].bytes / elem();
     rt_.ctx.layer = -1;
     if (s_.parallel.zero >= 1) numel = padded_numel(numel, s_.parallel.data);
+    // Megatron's DistributedDataParallel grad buffer: the main_grad of every parameter of
+    // the model chunk (one bucket: reduce is not overlapped).
+    const std::string name = "main_grad buffer of model chunk " + std::to_string(grad_buffers_.size()) +
+                             " (Megatron DDP: every parameter's main_grad)";
     grad_buffers_.push_back(named(
         rt_, rt_.alloc(numel * optimizer_config_.grad_elem, TensorKind::gradient, OpKind::other),
-        "ddp.grad_buffer (main_grad)"));
+        name.c_str()));
   }
 
   void construct_optimizer() {

@@ -110,7 +110,7 @@ class MegatronLoop {
     // The distributed optimizer pads the buffer to a multiple of the data-parallel size.
     if (s_.parallel.zero >= 1) numel = padded_numel(numel, s_.parallel.data);
     main_grad_ = named(rt_, rt_.alloc(numel * grad_elem_, TensorKind::gradient, OpKind::other),
-                       "ddp.grad_buffer (main_grad)");
+                       "main_grad buffer (Megatron DDP: every parameter's main_grad)");
   }
 
   void train_step(bool measured) {

@@ -1,5 +1,6 @@
 #include "sim/optim/optimizer_8bit.h"
 
+#include <string>
 #include <vector>
 
 #include "graph/numeric/numeric.h"
@@ -11,9 +12,12 @@ using graph::OpKind;
 using graph::Runtime;
 using graph::Tensor;
 
-Tensor state(Runtime& rt, uint64_t bytes, const char* name) {
+// State `name` of parameter `param` ("state1 of P"; once per parameter, at its first
+// step), or a name of its own for param -1 (the shared quantization maps).
+Tensor state(Runtime& rt, uint64_t bytes, const char* name, int32_t param) {
   Tensor t = rt.alloc(bytes, TensorKind::optimizer_state, OpKind::optimizer_math);
-  rt.program().tensors[t.storage].name = rt.program().intern(name);
+  rt.name(t.storage, rt.program().intern(param < 0 ? std::string(name)
+                                                   : std::string(name) + " of " + rt.param_name(param)));
   return t;
 }
 
@@ -30,27 +34,27 @@ class BnbAdam8bit final : public OptimizerSim {
       State& s = st_[i];
       const auto idx = static_cast<int32_t>(i);  // numeric mode keeps its state here
       if (n < kBnbMin8bitSize) {
-        s.state1 = state(rt, n * 4, "state1");
+        s.state1 = state(rt, n * 4, "state1", idx);
         graph::numeric_optimizer_state(rt, idx, "state1", s.state1);
-        s.state2 = state(rt, n * 4, "state2");
+        s.state2 = state(rt, n * 4, "state2", idx);
         graph::numeric_optimizer_state(rt, idx, "state2", s.state2);
         continue;
       }
       if (!qmap_dynamic_.defined() && !qmaps_made_) {
         qmaps_made_ = true;
-        qmap_dynamic_ = state(rt, 256 * 4, "qmap1");
+        qmap_dynamic_ = state(rt, 256 * 4, "bitsandbytes qmap1 (signed dynamic quantization map)", -1);
         graph::numeric_optimizer_state(rt, -1, "qmap1", qmap_dynamic_);
-        qmap_udynamic_ = state(rt, 256 * 4, "qmap2");
+        qmap_udynamic_ = state(rt, 256 * 4, "bitsandbytes qmap2 (unsigned dynamic quantization map)", -1);
         graph::numeric_optimizer_state(rt, -1, "qmap2", qmap_udynamic_);
       }
       const uint64_t blocks = (n + kBnbBlockSize - 1) / kBnbBlockSize;
-      s.state1 = state(rt, n, "state1");
+      s.state1 = state(rt, n, "state1", idx);
       graph::numeric_optimizer_state(rt, idx, "state1", s.state1);
-      s.state2 = state(rt, n, "state2");
+      s.state2 = state(rt, n, "state2", idx);
       graph::numeric_optimizer_state(rt, idx, "state2", s.state2);
-      s.absmax1 = state(rt, blocks * 4, "absmax1");
+      s.absmax1 = state(rt, blocks * 4, "absmax1", idx);
       graph::numeric_optimizer_state(rt, idx, "absmax1", s.absmax1);
-      s.absmax2 = state(rt, blocks * 4, "absmax2");
+      s.absmax2 = state(rt, blocks * 4, "absmax2", idx);
       graph::numeric_optimizer_state(rt, idx, "absmax2", s.absmax2);
       // The update (optimizer_update_8bit_blockwise) is one in-place kernel.
     }

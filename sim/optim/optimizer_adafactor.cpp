@@ -1,5 +1,6 @@
 #include "sim/optim/optimizer_adafactor.h"
 
+#include <string>
 #include <vector>
 
 #include "graph/numeric/numeric.h"
@@ -14,9 +15,14 @@ using graph::Tensor;
 Tensor temp(Runtime& rt, uint64_t bytes) {
   return rt.alloc(bytes, TensorKind::temporary, OpKind::optimizer_math);
 }
-Tensor state(Runtime& rt, uint64_t bytes, const char* name) {
+// State `name` of parameter `param`: "exp_avg_sq_row of P" (the id is interned once per
+// parameter and name: RMS is made every step).
+uint32_t state_name(Runtime& rt, const char* name, int32_t param) {
+  return rt.program().intern(std::string(name) + " of " + rt.param_name(param));
+}
+Tensor state(Runtime& rt, uint64_t bytes, uint32_t name) {
   Tensor t = rt.alloc(bytes, TensorKind::optimizer_state, OpKind::optimizer_math);
-  rt.program().tensors[t.storage].name = rt.program().intern(name);
+  rt.name(t.storage, name);
   return t;
 }
 
@@ -44,12 +50,12 @@ class HfAdafactor final : public OptimizerSim {
         s.initialised = true;
         const auto idx = static_cast<int32_t>(i);  // numeric mode keeps its state here
         if (rows > 0) {
-          s.row = state(rt, rows * 4, "exp_avg_sq_row");  // torch.zeros(...).to(grad)
+          s.row = state(rt, rows * 4, state_name(rt, "exp_avg_sq_row", idx));  // torch.zeros(...).to(grad)
           graph::numeric_optimizer_state(rt, idx, "exp_avg_sq_row", s.row);
-          s.col = state(rt, cols * 4, "exp_avg_sq_col");
+          s.col = state(rt, cols * 4, state_name(rt, "exp_avg_sq_col", idx));
           graph::numeric_optimizer_state(rt, idx, "exp_avg_sq_col", s.col);
         } else {
-          s.sq = state(rt, n * 4, "exp_avg_sq");
+          s.sq = state(rt, n * 4, state_name(rt, "exp_avg_sq", idx));
           graph::numeric_optimizer_state(rt, idx, "exp_avg_sq", s.sq);
         }
       }
@@ -58,7 +64,8 @@ class HfAdafactor final : public OptimizerSim {
       {
         // state["RMS"] = self._rms(p_data_fp32): norm(2) / sqrt(numel).
         Tensor norm = temp(rt, 4);
-        Tensor rms = state(rt, 4, "RMS");
+        if (s.rms_name == 0) s.rms_name = state_name(rt, "RMS", static_cast<int32_t>(i));
+        Tensor rms = state(rt, 4, s.rms_name);
         norm.reset();
         s.rms = std::move(rms);
         graph::numeric_optimizer_state(rt, static_cast<int32_t>(i), "RMS", s.rms);
@@ -106,6 +113,7 @@ class HfAdafactor final : public OptimizerSim {
   struct State {
     bool initialised = false;
     Tensor row, col, sq, rms;
+    uint32_t rms_name = 0;  // "RMS of P", interned at the first step
   };
   uint64_t param_elem_;
   bool on_masters_;

@@ -15,6 +15,12 @@ Tensor temp(Runtime& rt, uint64_t bytes) {
 Tensor state(Runtime& rt, uint64_t bytes) {
   return rt.alloc(bytes, TensorKind::optimizer_state, OpKind::optimizer_math);
 }
+// Names t as `role` of parameter i ("exp_avg of P", "optimizer temporary of P"; with
+// NameRole::none the parameter itself: the new p.data).
+Tensor of(Runtime& rt, Tensor t, size_t i, NameRole role) {
+  rt.name_as(t.storage, static_cast<int32_t>(i), role);
+  return t;
+}
 
 // `p.data = fresh`: the Parameter takes the new storage (set_data), its old storage loses
 // the module's reference (freed unless a saved tensor or a view still holds it), then
@@ -37,8 +43,8 @@ class OutOfPlaceAdam final : public OptimizerSim {
     v_.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].frozen) continue;  // not in model.parameters() with requires_grad
-      m_[i] = state(rt, params[i].bytes);
-      v_[i] = state(rt, params[i].bytes);
+      m_[i] = of(rt, state(rt, params[i].bytes), i, NameRole::exp_avg);
+      v_[i] = of(rt, state(rt, params[i].bytes), i, NameRole::exp_avg_sq);
     }
   }
 
@@ -48,11 +54,14 @@ class OutOfPlaceAdam final : public OptimizerSim {
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].grad == graph::kNoStorage || !m_[i].defined()) continue;
       const uint64_t P = params[i].bytes;
+      auto temp = [i](Runtime& r, uint64_t bytes) {
+        return of(r, memsim::temp(r, bytes), i, NameRole::optimizer_temp);
+      };
       m_local = m_[i];  // rebinding drops the previous parameter's old m
       {
         Tensor a = temp(rt, P);  // b1 * m
         Tensor b = temp(rt, P);  // (1 - b1) * grad
-        m_[i] = state(rt, P);    // a + b; the state dict now holds new_m
+        m_[i] = of(rt, state(rt, P), i, NameRole::exp_avg);  // a + b; the state dict holds new_m
         a.reset();
         b.reset();
       }
@@ -62,7 +71,7 @@ class OutOfPlaceAdam final : public OptimizerSim {
         Tensor sq = temp(rt, P);  // grad ** 2
         Tensor b = temp(rt, P);   // (1 - b2) * grad**2
         sq.reset();
-        v_[i] = state(rt, P);
+        v_[i] = of(rt, state(rt, P), i, NameRole::exp_avg_sq);
         a.reset();
         b.reset();
       }
@@ -74,13 +83,13 @@ class OutOfPlaceAdam final : public OptimizerSim {
         den.reset();
         Tensor u = temp(rt, P);     // lr_t * q
         q.reset();
-        Tensor np = rt.alloc(P, TensorKind::parameter, OpKind::optimizer_math);  // p.data - u
+        Tensor np = of(rt, rt.alloc(P, TensorKind::parameter, OpKind::optimizer_math), i, NameRole::none);  // p.data - u
         u.reset();
         rebind(rt, params[i], np);
       }
       if (decay_) {
         Tensor w = temp(rt, P);  // (lr * wd) * p.data
-        Tensor np = rt.alloc(P, TensorKind::parameter, OpKind::optimizer_math);
+        Tensor np = of(rt, rt.alloc(P, TensorKind::parameter, OpKind::optimizer_math), i, NameRole::none);
         w.reset();
         rebind(rt, params[i], np);
       }

@@ -44,6 +44,10 @@ class Cs336AdamW final : public OptimizerSim {
       const graph::Parameter& p = params[i];
       if (p.grad == graph::kNoStorage) continue;
       const uint64_t P = p.bytes;
+      // Every temporary of the loop is "optimizer temporary of P".
+      auto temp = [i](Runtime& r, uint64_t bytes) {
+        return labelled(r, memsim::temp(r, bytes), i, graph::ParamLabel::optimizer_temp);
+      };
       if (!decay_after_) { Tensor decay = temp(rt, P); }  // p.data -= lr*wd*p.data
       for (int which = 0; which < 2; ++which) {
         Tensor& st = which == 0 ? m_[i] : v_[i];
@@ -112,7 +116,8 @@ class TorchAdam final : public OptimizerSim {
     }
     for (size_t i = 0; i < params.size(); ++i) {  // _init_group
       if (params[i].grad == graph::kNoStorage || exp_avg_[i].defined()) continue;
-      if (impl_ == OptimizerImpl::fused) device_step_.push_back(state(rt, 4));
+      if (impl_ == OptimizerImpl::fused)
+        device_step_.push_back(labelled(rt, state(rt, 4), i, graph::ParamLabel::adam_step));
       exp_avg_[i] = labelled(rt, state(rt, size_(params[i])), i, graph::ParamLabel::exp_avg);
       exp_avg_sq_[i] = labelled(rt, state(rt, size_(params[i])), i, graph::ParamLabel::exp_avg_sq);
     }
@@ -138,7 +143,7 @@ class TorchAdam final : public OptimizerSim {
         Tensor denom;
         for (size_t i = 0; i < params.size(); ++i) {
           if (params[i].grad == graph::kNoStorage) continue;
-          Tensor root = temp(rt, size_(params[i]));
+          Tensor root = labelled(rt, temp(rt, size_(params[i])), i, graph::ParamLabel::optimizer_temp);
           Tensor d = labelled(rt, temp(rt, size_(params[i])), i, graph::ParamLabel::adam_denom);
           root.reset();
           denom = std::move(d);

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "allocator/units.h"
+#include "program/tensor_names.h"
 
 namespace memsim {
 
@@ -65,10 +66,12 @@ class DeepSpeedFusedAdam final : public OptimizerSim {
     }
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].grad == graph::kNoStorage || m_[i].defined()) continue;
+      // Named after the parameter they belong to: the fp32 partition's name
+      // ("exp_avg of fp32 partition of group 0 (ZeRO-2)").
       m_[i] = rt.alloc(params[i].bytes, TensorKind::optimizer_state, OpKind::optimizer_math);
-      rt.program().tensors[m_[i].storage].name = rt.program().intern("FusedAdam exp_avg");
+      rt.name_as(m_[i].storage, static_cast<int32_t>(i), NameRole::exp_avg);
       v_[i] = rt.alloc(params[i].bytes, TensorKind::optimizer_state, OpKind::optimizer_math);
-      rt.program().tensors[v_[i].storage].name = rt.program().intern("FusedAdam exp_avg_sq");
+      rt.name_as(v_[i].storage, static_cast<int32_t>(i), NameRole::exp_avg_sq);
     }
   }
 
@@ -78,12 +81,28 @@ class DeepSpeedFusedAdam final : public OptimizerSim {
 
 }  // namespace
 
-uint32_t DeepSpeedZero::named(Runtime& rt, uint32_t storage, const char* name) {
-  rt.program().tensors[storage].name = rt.program().intern(name);
+uint32_t DeepSpeedZero::named(Runtime& rt, uint32_t storage, std::string_view name) {
+  rt.name(storage, rt.program().intern(name));
   return storage;
 }
 
-uint32_t DeepSpeedZero::alloc(Runtime& rt, uint64_t bytes, TensorKind kind, const char* name,
+template <class Make>
+uint32_t DeepSpeedZero::cached_name(Runtime& rt, NameSlot slot, size_t index, Make make) {
+  std::vector<uint32_t>& cache = name_cache_[slot];
+  if (cache.size() <= index) cache.resize(index + 1, 0);
+  if (cache[index] == 0) cache[index] = rt.program().intern(make());
+  return cache[index];
+}
+
+uint32_t DeepSpeedZero::alloc(Runtime& rt, uint64_t bytes, TensorKind kind, uint32_t name_id,
+                              uint8_t stream) {
+  const uint32_t s = rt.alloc_raw(bytes, kind, OpKind::other);
+  if (stream != 0) rt.program().events.back().stream = stream;  // the alloc just appended
+  rt.name(s, name_id);
+  return s;
+}
+
+uint32_t DeepSpeedZero::alloc(Runtime& rt, uint64_t bytes, TensorKind kind, std::string_view name,
                               uint8_t stream) {
   const uint32_t s = rt.alloc_raw(bytes, kind, OpKind::other);
   if (stream != 0) rt.program().events.back().stream = stream;  // the alloc just appended
@@ -97,7 +116,9 @@ DeepSpeedZero::DeepSpeedZero(Runtime& rt, const Scenario& s)
       elem_(static_cast<uint64_t>(dtype_bytes(s.precision.params))),
       c_(s.deepspeed),
       offload_opt_(s.deepspeed.offload_optimizer != DsOffload::none),
-      offload_param_(s.deepspeed.offload_param != DsOffload::none) {
+      offload_param_(s.deepspeed.offload_param != DsOffload::none),
+      zero_("ZeRO-" + std::to_string(stage_)),
+      bits_(to_string(s.precision.params)) {
   const size_t n = rt.parameters().size();
   numel_.resize(n);
   is_trainable_.resize(n);
@@ -142,9 +163,11 @@ void DeepSpeedZero::setup_stage12(Runtime& rt) {
   partition_numel_ = flat_numel_ / d_;
   uint32_t pad = graph::kNoStorage;
   if (flat_numel_ > total)
-    pad = alloc(rt, (flat_numel_ - total) * elem_, TensorKind::temporary, "DeepSpeed align pad (zeros)");
+    pad = alloc(rt, (flat_numel_ - total) * elem_, TensorKind::temporary,
+                bits_ + " alignment padding of flat group 0 (" + zero_ + ")");
   // The flat buffer lives for the run (its reference is never dropped).
-  alloc(rt, flat_numel_ * elem_, TensorKind::parameter, "DeepSpeed bit16_groups_flat");
+  alloc(rt, flat_numel_ * elem_, TensorKind::parameter,
+        bits_ + " flat parameters of group 0 (" + zero_ + " bit16_groups_flat)");
   if (pad != graph::kNoStorage) rt.release(pad);
   // _update_model_bit16_weights: the parameters become views of the flat buffer.
   const uint32_t op = program.intern("DeepSpeed flatten (param.data = view)");
@@ -163,12 +186,15 @@ void DeepSpeedZero::setup_stage12(Runtime& rt) {
   // weights_partition = partition.detach().clone().to(device, fp32): the clone is bit16 on
   // the GPU; with elem 4 and no offload .to() returns it (the clone is the master).
   const uint64_t P = partition_numel_;
+  // single_partition_of_fp32_groups[0]: what the optimizer steps; its Adam state and
+  // gradient are named after it ("exp_avg of fp32 partition of group 0 (ZeRO-2)").
+  const std::string master = "fp32 partition of group 0 (" + zero_ + ")";
   if (!offload_opt_ && elem_ == 4) {
-    master_ = rt.add_parameter(P * 4, "DeepSpeed fp32 partition (single_partition_of_fp32_groups)");
+    master_ = rt.add_parameter(P * 4, master);
   } else {
-    const uint32_t clone = alloc(rt, P * elem_, TensorKind::temporary, "DeepSpeed partition clone");
-    if (!offload_opt_)
-      master_ = rt.add_parameter(P * 4, "DeepSpeed fp32 partition (single_partition_of_fp32_groups)");
+    const uint32_t clone = alloc(rt, P * elem_, TensorKind::temporary,
+                                 bits_ + " clone of group 0's partition (" + zero_ + ")");
+    if (!offload_opt_) master_ = rt.add_parameter(P * 4, master);
     rt.release(clone);
   }
   if (master_ >= 0) {
@@ -177,10 +203,12 @@ void DeepSpeedZero::setup_stage12(Runtime& rt) {
     program.tensors[m.storage].kind = TensorKind::optimizer_state;
     program.events.back().kind = TensorKind::optimizer_state;
     // initialize_optimizer_states: an fp32 zeros(P) .grad, set to None at once.
-    rt.release(alloc(rt, P * 4, TensorKind::gradient, "DeepSpeed initialize_optimizer_states zeros"));
+    rt.release(alloc(rt, P * 4, TensorKind::gradient,
+                     "zeros grad of " + master + " (initialize_optimizer_states)"));
   } else {
     // cpu_offload: temp_grad_buffer_for_gpu_offload (largest parameter, bit16) stays.
-    alloc(rt, largest_param_ * elem_, TensorKind::gradient, "DeepSpeed temp_grad_buffer_for_gpu_offload");
+    alloc(rt, largest_param_ * elem_, TensorKind::gradient,
+          bits_ + " gradient staging buffer for the host (" + zero_ + " temp_grad_buffer_for_gpu_offload)");
   }
 }
 
@@ -243,7 +271,8 @@ void DeepSpeedZero::setup_stage3(Runtime& rt, const Scenario& s) {
     rt.ctx.layer = layer_of_storage.at(st);
     if (persistent_[i] || !offload_param_)
       partition[i] = alloc(rt, ceil_div(numel_[i], d_) * elem_, TensorKind::parameter,
-                           persistent_[i] ? "DeepSpeed ds_tensor (persistent param)" : "DeepSpeed ds_tensor (partition)");
+                           "ZeRO-3 partition of " + rt.param_name(static_cast<int32_t>(i)) +
+                               (persistent_[i] ? " (ds_tensor of a persistent parameter)" : " (ds_tensor)"));
     if (!persistent_[i]) program.free(st, Phase::setup, free_op, rt.ctx.layer);
     const bool under_init = c_.zero_init && !(lora && is_trainable_[i]);
     if (under_init) {
@@ -280,7 +309,8 @@ void DeepSpeedZero::setup_stage3(Runtime& rt, const Scenario& s) {
   if (sub > 0) sub_groups_.push_back(sub);
   partition_numel_ = total;
   if (!offload_param_) {
-    alloc(rt, total * elem_, TensorKind::parameter, "DeepSpeed lp_param_buffer (defragmented partitions)");
+    alloc(rt, total * elem_, TensorKind::parameter,
+          bits_ + " partitions of the trainable parameters (ZeRO-3 lp_param_buffer)");
     for (int32_t p : trainable_)
       if (partition[static_cast<size_t>(p)] != graph::kNoStorage) rt.release(partition[static_cast<size_t>(p)]);
   } else {
@@ -291,16 +321,22 @@ void DeepSpeedZero::setup_stage3(Runtime& rt, const Scenario& s) {
   }
   // _create_fp32_partitions: converted = flat.to(device, fp32); master = converted.clone().
   uint64_t largest_sub = 0;
-  for (uint64_t g : sub_groups_) {
+  for (size_t k = 0; k < sub_groups_.size(); ++k) {
+    const uint64_t g = sub_groups_[k];
+    const std::string sub_group = "sub group " + std::to_string(k);
     largest_sub = std::max(largest_sub, g);
     if (offload_opt_) {
       // A GPU bit16 partition cast for the host: the cast runs on the GPU (copy_ across
       // devices converts on the source device first). With offload_param it is a host copy.
-      if (!offload_param_) rt.release(alloc(rt, g * 4, TensorKind::temporary, "DeepSpeed fp32 cast for the host"));
+      if (!offload_param_)
+        rt.release(alloc(rt, g * 4, TensorKind::temporary,
+                         "fp32 cast of " + sub_group + " for the host (ZeRO-3 offload_optimizer)"));
       continue;
     }
-    const uint32_t converted = alloc(rt, g * 4, TensorKind::temporary, "DeepSpeed fp16 partition .to(fp32)");
-    const int32_t m = rt.add_parameter(g * 4, "DeepSpeed fp32_partitioned_groups_flat");
+    const uint32_t converted =
+        alloc(rt, g * 4, TensorKind::temporary, "fp32 cast of " + sub_group + "'s " + bits_ + " partition (ZeRO-3)");
+    // fp32_partitioned_groups_flat[k]: Adam's state and the gradient are named after it.
+    const int32_t m = rt.add_parameter(g * 4, "fp32 partition of " + sub_group + " (ZeRO-3)");
     rt.parameters()[static_cast<size_t>(m)].elem = 4;
     program.tensors[rt.parameters()[static_cast<size_t>(m)].storage].kind = TensorKind::optimizer_state;
     program.events.back().kind = TensorKind::optimizer_state;
@@ -310,12 +346,14 @@ void DeepSpeedZero::setup_stage3(Runtime& rt, const Scenario& s) {
   // initialize_optimizer_states: gradient_buffer = zeros(largest sub group, fp32) on
   // self.device, dropped when it returns (with offload: pinned host buffers per sub group).
   if (!offload_opt_)
-    rt.release(alloc(rt, largest_sub * 4, TensorKind::gradient, "DeepSpeed initialize_optimizer_states gradient_buffer"));
+    rt.release(alloc(rt, largest_sub * 4, TensorKind::gradient,
+                     "fp32 gradient buffer of the largest sub group (ZeRO-3 initialize_optimizer_states)"));
   // IPG bucket, then grad_partitions_flat_buffer (on the host with offload_optimizer).
   ipg_.push_back(alloc(rt, static_cast<uint64_t>(c_.reduce_bucket_size) * elem_, TensorKind::gradient,
-                       "DeepSpeed __ipg_bucket_flat_buffer"));
+                       bits_ + " IPG gradient bucket (ZeRO-3 __ipg_bucket_flat_buffer)"));
   if (!offload_opt_)
-    alloc(rt, total * elem_, TensorKind::gradient, "DeepSpeed grad_partitions_flat_buffer");
+    alloc(rt, total * elem_, TensorKind::gradient,
+          bits_ + " gradient partitions of the trainable parameters (ZeRO-3 grad_partitions_flat_buffer)");
 }
 
 // ---------------------------------------------------------------- host memory
@@ -435,7 +473,7 @@ void DeepSpeedZero::visit(Runtime& rt, size_t u) {
   std::vector<int32_t> need;
   for (int32_t p : units_[u].params)
     if (gather_of_[static_cast<size_t>(p)] < 0) need.push_back(p);
-  fetch(rt, need, "DeepSpeed all-gather (module params)");
+  fetch(rt, need, false);
   if (!trace_complete_) return;
   while (queue_pos_ < queue_.size() && queue_[queue_pos_].first <= t) {
     const auto& [at, p] = queue_[queue_pos_++];
@@ -459,23 +497,45 @@ void DeepSpeedZero::visit(Runtime& rt, size_t u) {
       numel += numel_[i];
     }
   }
-  fetch(rt, prefetch, "DeepSpeed all-gather (prefetch)");
+  fetch(rt, prefetch, true);
 }
 
-void DeepSpeedZero::fetch(Runtime& rt, const std::vector<int32_t>& params, const char* what) {
+uint32_t DeepSpeedZero::gather_name(Runtime& rt, const std::vector<int32_t>& params, bool prefetch) {
+  // The same parameters are gathered every iteration: each distinct list's name is built
+  // once (the key hashes the list; no string is made on a hit).
+  uint64_t key = prefetch ? 0x9e3779b97f4a7c15ull : 0;
+  for (int32_t p : params) key = (key ^ static_cast<uint64_t>(p + 1)) * 0x100000001b3ull;
+  if (auto it = gather_names_.find(key); it != gather_names_.end()) return it->second;
+  // "ZeRO-3 all-gather of model.layers.3.mlp.up_proj.weight", or of the parameters'
+  // common module path with their count ("... of model.layers.3.self_attn (4 parameters)").
+  std::string what = params.size() == 1 ? rt.param_name(params[0]) : std::string();
+  if (params.size() > 1) {
+    what = rt.param_name(params[0]);
+    for (int32_t p : params) what = common_module_path(what, rt.param_name(p));
+    what += (what.empty() ? "" : " ") + std::string("(") + std::to_string(params.size()) + " parameters)";
+  }
+  const uint32_t id = rt.program().intern((prefetch ? "ZeRO-3 prefetch all-gather of " : "ZeRO-3 all-gather of ") + what);
+  gather_names_.emplace(key, id);
+  return id;
+}
+
+void DeepSpeedZero::fetch(Runtime& rt, const std::vector<int32_t>& params, bool prefetch) {
   if (params.empty()) return;
   // _all_gather_dtype: flat_tensor = empty(sum(partition) * world); the parameters become
   // views of it. offload_param: each partition is first copied to the GPU.
   uint64_t elems = 0;
   for (int32_t p : params) elems += ceil_div(numel_[static_cast<size_t>(p)], d_) * d_;
   Gather g;
-  g.storage = alloc(rt, elems * elem_, TensorKind::parameter, what);
+  g.storage = rt.alloc_raw(elems * elem_, TensorKind::parameter, OpKind::other);
+  rt.name(g.storage, gather_name(rt, params, prefetch));
   g.live = static_cast<uint32_t>(params.size());
   if (offload_param_) {
     std::vector<uint32_t> copies;
     for (int32_t p : params)
-      copies.push_back(alloc(rt, ceil_div(numel_[static_cast<size_t>(p)], d_) * elem_,
-                             TensorKind::temporary, "DeepSpeed ds_tensor.to(device)"));
+      copies.push_back(alloc(rt, ceil_div(numel_[static_cast<size_t>(p)], d_) * elem_, TensorKind::temporary,
+                             cached_name(rt, kToDevice, static_cast<size_t>(p), [&] {
+                               return "ZeRO-3 partition of " + rt.param_name(p) + " copied to the GPU (offload_param)";
+                             })));
     for (uint32_t c : copies) rt.release(c);
   }
   const int32_t id = static_cast<int32_t>(gathers_.size());
@@ -508,7 +568,9 @@ void DeepSpeedZero::ensure_buckets(Runtime& rt) {
   const int count = c_.overlap() ? 2 : 1;
   for (int k = 0; k < count; ++k)
     ipg_.push_back(alloc(rt, static_cast<uint64_t>(c_.reduce_bucket_size) * elem_, TensorKind::gradient,
-                         "DeepSpeed ipg bucket buffer"));
+                         cached_name(rt, kBucket, static_cast<size_t>(k), [&] {
+                           return bits_ + " IPG gradient bucket " + std::to_string(k) + " (" + zero_ + " ipg_buffer)";
+                         })));
 }
 
 void DeepSpeedZero::grad_ready(Runtime& rt, int32_t param) {
@@ -551,13 +613,18 @@ void DeepSpeedZero::take_grad_into_partition(Runtime& rt, int32_t param) {
     // async_inplace_copy_grad_to_fp32_buffer_from_gpu: the partition's slice .float() on
     // the GPU, copied to the pinned fp32 gradient; .grad stays a view of the bucket.
     rt.release(alloc(rt, numel_[static_cast<size_t>(param)] * 4, TensorKind::temporary,
-                     "DeepSpeed grad slice .float() for the host"));
+                     cached_name(rt, kGradHostCast, static_cast<size_t>(param), [&] {
+                       return "fp32 cast of grad of " + rt.param_name(param) + " for the host (" + zero_ +
+                              " offload_optimizer)";
+                     })));
     return;
   }
   // copy_grads_in_partition: grads_in_partition allocated at the first copy.
   if (grads_in_partition_ == graph::kNoStorage)
     grads_in_partition_ = alloc(rt, grads_in_partition_numel_ * elem_, TensorKind::gradient,
-                                "DeepSpeed grads_in_partition");
+                                cached_name(rt, kFixed, 0, [&] {
+                                  return bits_ + " gradients in group 0's partition (" + zero_ + " grads_in_partition)";
+                                }));
   const uint32_t old = p.grad;
   rt.retain(grads_in_partition_);
   p.grad = grads_in_partition_;
@@ -593,15 +660,23 @@ void DeepSpeedZero::reduce_bucket3(Runtime& rt) {
   for (int32_t q : bucket_params_) elems += ceil_div(numel_[static_cast<size_t>(q)], d_) * d_;
   uint32_t flat = graph::kNoStorage;
   const bool one_even = bucket_params_.size() == 1 && numel_[static_cast<size_t>(bucket_params_[0])] % d_ == 0;
-  if (!one_even) flat = alloc(rt, elems * elem_, TensorKind::temporary, "DeepSpeed reduce_scatter_coalesced flat", 1);
+  if (!one_even)
+    flat = alloc(rt, elems * elem_, TensorKind::temporary, cached_name(rt, kFixed, 1, [&] {
+                   return bits_ + " reduce-scatter input of the IPG bucket (ZeRO-3 reduce_scatter_coalesced)";
+                 }), 1);
   for (int32_t q : bucket_params_) {
     graph::Parameter& p = rt.parameters()[static_cast<size_t>(q)];
     if (offload_opt_) {
       // partition_grads with the buffer on the host: grad_buffer.to(device) and, at the
       // accumulation boundary, its .to(fp32) before the copy to the host gradient.
       const uint64_t part = ceil_div(numel_[static_cast<size_t>(q)], d_);
-      const uint32_t a = alloc(rt, part * elem_, TensorKind::temporary, "DeepSpeed grad partition to device", 1);
-      const uint32_t b = alloc(rt, part * 4, TensorKind::temporary, "DeepSpeed grad partition .to(fp32)", 1);
+      const size_t qi = static_cast<size_t>(q);
+      const uint32_t a = alloc(rt, part * elem_, TensorKind::temporary, cached_name(rt, kGradToGpu, qi, [&] {
+                                 return "ZeRO-3 grad partition of " + rt.param_name(q) + " on the GPU (offload_optimizer)";
+                               }), 1);
+      const uint32_t b = alloc(rt, part * 4, TensorKind::temporary, cached_name(rt, kGradFp32, qi, [&] {
+                                 return "fp32 cast of ZeRO-3 grad partition of " + rt.param_name(q) + " (offload_optimizer)";
+                               }), 1);
       rt.release(b);
       rt.release(a);
     }
@@ -676,8 +751,11 @@ void DeepSpeedZero::step(Runtime& rt, OptimizerSim* inner) {
     if (offload_opt_) return;  // CPUAdam on the host; the bit16 copy-back is in place
     for (size_t g = 0; g < sub_groups_.size(); ++g) {
       // _prepare_fp32_grad_for_sub_group: flatten(averaged_gradients).to(fp32).
-      const uint32_t flat = alloc(rt, sub_groups_[g] * elem_, TensorKind::gradient, "DeepSpeed flat grad partition");
-      const uint32_t fp32 = alloc(rt, sub_groups_[g] * 4, TensorKind::gradient, "DeepSpeed fp32 grad partition");
+      const uint32_t flat = alloc(rt, sub_groups_[g] * elem_, TensorKind::gradient, cached_name(rt, kStepFlat, g, [&] {
+                                    return bits_ + " flat grad of sub group " + std::to_string(g) + " (ZeRO-3)";
+                                  }));
+      const uint32_t fp32 = rt.alloc_raw(sub_groups_[g] * 4, TensorKind::gradient, OpKind::other);
+      rt.name_as(fp32, masters3_[g], NameRole::grad);  // "grad of fp32 partition of sub group 0 (ZeRO-3)"
       rt.release(flat);
       graph::Parameter& m = rt.parameters()[static_cast<size_t>(masters3_[g])];
       m.grad = fp32;
@@ -694,12 +772,15 @@ void DeepSpeedZero::step(Runtime& rt, OptimizerSim* inner) {
   // stage_1_and_2 step: flatten(averaged_gradients).to(fp32), the bit16 flat dropped, the
   // kept gradients freed (free_grad_in_param_list, averaged_gradients = None).
   const uint64_t P = partition_numel_;
-  const uint32_t flat = alloc(rt, P * elem_, TensorKind::gradient, "DeepSpeed flat grad partition");
+  const uint32_t flat = alloc(rt, P * elem_, TensorKind::gradient, cached_name(rt, kFixed, 2, [&] {
+                                return bits_ + " flat grad of group 0's partition (" + zero_ + ")";
+                              }));
   uint32_t fp32 = flat;
   if (elem_ != 4) {
-    fp32 = alloc(rt, P * 4, TensorKind::gradient, "DeepSpeed fp32 grad partition");
+    fp32 = rt.alloc_raw(P * 4, TensorKind::gradient, OpKind::other);
     rt.release(flat);
   }
+  rt.name_as(fp32, master_, NameRole::grad);  // "grad of fp32 partition of group 0 (ZeRO-2)"
   for (uint32_t g : held_) rt.release(g);
   held_.clear();
   graph::Parameter& m = rt.parameters()[static_cast<size_t>(master_)];

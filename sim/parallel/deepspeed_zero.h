@@ -75,6 +75,12 @@
 //    the GPU first (a partition-sized temporary per parameter).
 //  - LoRA: the frozen base is partitioned and fetched like any parameter; only the adapters
 //    are in the optimizer's groups.
+// Names (program/tensor_names.h, docs/tensor-names.md): each buffer says what it holds, with
+// DeepSpeed's attribute in parentheses ("bf16 flat parameters of group 0 (ZeRO-2
+// bit16_groups_flat)", "ZeRO-3 partition of P (ds_tensor)", "ZeRO-3 all-gather of P"); the
+// fp32 partitions are the optimizer's parameters, so Adam's state and their gradients are
+// "exp_avg of fp32 partition of group 0 (ZeRO-2)", "grad of fp32 partition of sub group 0
+// (ZeRO-3)".
 // Host memory (Program::host): the buffers listed above that live on the CPU, per rank, and
 // the node total for deepspeed.ranks_per_node (default min(d, 8)); NVMe offload counts the
 // swap buffers (offload_optimizer.buffer_count fp32 sub groups, offload_param.buffer_count x
@@ -87,6 +93,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "graph/runtime.h"
@@ -148,12 +156,20 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   // stage 3
   size_t unit_for(int32_t layer, graph::Module module);
   void visit(graph::Runtime& rt, size_t unit);
-  void fetch(graph::Runtime& rt, const std::vector<int32_t>& params, const char* what);
+  void fetch(graph::Runtime& rt, const std::vector<int32_t>& params, bool prefetch);
+  uint32_t gather_name(graph::Runtime& rt, const std::vector<int32_t>& params, bool prefetch);
   void release_param(graph::Runtime& rt, int32_t param);
   void release_all(graph::Runtime& rt);
   void reduce_bucket3(graph::Runtime& rt);
-  uint32_t named(graph::Runtime& rt, uint32_t storage, const char* name);
-  uint32_t alloc(graph::Runtime& rt, uint64_t bytes, TensorKind kind, const char* name, uint8_t stream = 0);
+  uint32_t named(graph::Runtime& rt, uint32_t storage, std::string_view name);
+  uint32_t alloc(graph::Runtime& rt, uint64_t bytes, TensorKind kind, std::string_view name, uint8_t stream = 0);
+  uint32_t alloc(graph::Runtime& rt, uint64_t bytes, TensorKind kind, uint32_t name_id, uint8_t stream = 0);
+  // Names used every iteration, interned once (no string is built on the hot path): a
+  // slot per kind of buffer, indexed by parameter, bucket or sub group.
+  enum NameSlot { kToDevice, kGradToGpu, kGradFp32, kGradHostCast, kBucket, kStepFlat, kFixed, kSlots };
+  template <class Make>
+  uint32_t cached_name(graph::Runtime& rt, NameSlot slot, size_t index, Make make);
+  std::vector<uint32_t> name_cache_[kSlots];
 
   graph::Runtime* rt_;
   int stage_ = 3;
@@ -162,6 +178,8 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   DeepSpeedConfig c_;
   bool offload_opt_ = false;
   bool offload_param_ = false;
+  std::string zero_;  // "ZeRO-2": in the names of the buffers (program/tensor_names.h)
+  std::string bits_;  // the parameters' dtype ("bf16"), likewise
   std::vector<int32_t> trainable_;      // parameter ids in group order
   std::vector<uint64_t> numel_;         // by parameter id (model parameters only)
   std::vector<bool> persistent_;        // stage 3
@@ -189,6 +207,7 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   size_t step_ = 0;                     // visits so far in this iteration
   size_t current_ = SIZE_MAX;           // unit being run
   std::vector<Gather> gathers_;
+  std::unordered_map<uint64_t, uint32_t> gather_names_;  // hash of a gathered list -> name id
   std::vector<int32_t> gather_of_;      // by parameter: index into gathers_, -1: not gathered
   std::vector<size_t> fetched_for_;     // most recent trace step a parameter was fetched for
   size_t queue_pos_ = 0;                // prefetch queue position (index into queue_)

@@ -82,8 +82,11 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     // (The Runtime's module reference stays, so they are never freed a second time.)
     for (int32_t p : unit.params)
       program.free(rt.parameters()[p].storage, Phase::setup, wrap_op, rt.ctx.layer);
-    unit.shard = rt.add_parameter(unit.padded_bytes / d_, u == 0 ? "FSDP root flat_param shard"
-                                                                 : "FSDP flat_param shard");
+    // What the optimizer steps: its Adam state is named after it ("exp_avg of FSDP
+    // flat_param shard of block 7").
+    unit.shard = rt.add_parameter(unit.padded_bytes / d_,
+                                  u == 0 ? std::string("FSDP flat_param shard of the root")
+                                         : "FSDP flat_param shard of block " + std::to_string(u - 1));
     flat.reset();
     // cpu_offload: handle.flat_param_to(cpu) after shard(): the GPU shard goes (the
     // Runtime's parameter entry stays, its storage is never freed a second time).

@@ -34,12 +34,9 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   mixed_precision_ = pc.fsdp_mixed_precision.has_value() && *pc.fsdp_mixed_precision != orig_dtype;
 
   Program& program = rt.program();
-  n_shard_ = program.intern("FSDP2 sharded param (padded chunk 0)");
   n_flat_in_ = program.intern("FSDP2 all-gather input (flat_foreach_copy_input, param_dtype)");
   n_offload_in_ = program.intern("FSDP2 all-gather input (CPU shard .to(device))");
   n_ag_out_ = program.intern("FSDP2 all-gather output (flat)");
-  n_unsharded_ = program.intern("FSDP2 unsharded param (all_gather_outputs)");
-  n_post_fwd_ = program.intern("FSDP2 sharded post-forward param (reshard_after_forward N)");
   n_rs_in_ = program.intern("FSDP2 reduce-scatter input (chunk_cat)");
   n_rs_cast_ = program.intern("FSDP2 reduce-scatter grad buffer (narrowing cast)");
   n_rs_out_ = program.intern("FSDP2 reduce-scatter output");
@@ -96,12 +93,20 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   rt.ctx.phase = Phase::setup;
   rt.ctx.module = graph::Module::none;
   std::vector<uint32_t> shard_storage(params_.size(), kNoStorage);
+  // Each parameter's FSDP2 tensors are named after it (the optimizer's state after the
+  // shard: "exp_avg of FSDP2 shard of P (padded chunk 0)").
+  for (Param& p : params_) {
+    const std::string name = rt.param_name(p.orig);  // a copy: intern() may move the table
+    p.shard_name = program.intern("FSDP2 shard of " + name + " (padded chunk 0)");
+    p.unsharded_name = program.intern("FSDP2 unsharded " + name + " (all_gather_outputs)");
+    p.post_forward_name = program.intern("FSDP2 post-forward shard of " + name + " (reshard_after_forward N)");
+  }
   if (meta_init_) {
     // model.to_empty(device): the sharded parameters in module order.
     for (size_t i = 0; i < params_.size(); ++i) {
       rt.ctx.layer = -1;
       shard_storage[i] = alloc(rt, offload_ ? 0 : params_[i].shard_numel * params_[i].elem,
-                               TensorKind::parameter, 0, n_shard_);
+                               TensorKind::parameter, 0, params_[i].shard_name);
     }
   } else {
     // fully_shard(block) for each block, then fully_shard(model).
@@ -111,7 +116,7 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
       rt.ctx.layer = g == 0 ? -1 : static_cast<int32_t>(g - 1);
       for (size_t i : groups_[g].params) {
         shard_storage[i] = alloc(rt, params_[i].shard_numel * params_[i].elem,
-                                 TensorKind::parameter, 0, n_shard_);
+                                 TensorKind::parameter, 0, params_[i].shard_name);
         // CPUOffloadPolicy: padded_sharded_param.cpu(); the GPU copy goes at once.
         if (offload_) rt.release(shard_storage[i]);
       }
@@ -227,7 +232,7 @@ void Fsdp2::wait_for_unshard(Runtime& rt, size_t g, bool forward) {
   // foreach_all_gather_copy_out: alloc_all_gather_outputs per parameter.
   for (size_t i : group.params) {
     Param& p = params_[i];
-    p.unsharded = alloc(rt, p.full_numel * p.unsharded_elem, TensorKind::parameter, 0, n_unsharded_);
+    p.unsharded = alloc(rt, p.full_numel * p.unsharded_elem, TensorKind::parameter, 0, p.unsharded_name);
   }
   // _to_unsharded: a post-forward shard is freed after the copy-out.
   for (size_t i : group.params) {
@@ -263,7 +268,7 @@ void Fsdp2::reshard_after_forward(Runtime& rt, size_t g) {
   for (size_t i : group.params) {
     Param& p = params_[i];
     p.post_forward = alloc(rt, p.full_numel / post_ws_ * p.unsharded_elem, TensorKind::parameter,
-                           0, n_post_fwd_);
+                           0, p.post_forward_name);
     rt.release(p.unsharded);
     p.unsharded = kNoStorage;
   }

@@ -115,6 +115,9 @@ class Fsdp2 : public graph::RuntimeHooks {
     size_t group = 0;
     uint32_t unsharded = graph::kNoStorage;     // all_gather_outputs[0] (when unsharded)
     uint32_t post_forward = graph::kNoStorage;  // _sharded_post_forward_param_data
+    // Names (program/tensor_names.h), interned at setup: "FSDP2 shard of P (padded chunk 0)",
+    // "FSDP2 unsharded P (all_gather_outputs)", "FSDP2 post-forward shard of P".
+    uint32_t shard_name = 0, unsharded_name = 0, post_forward_name = 0;
   };
   struct Group {
     std::vector<size_t> params;     // indices into params_
@@ -161,9 +164,8 @@ class Fsdp2 : public graph::RuntimeHooks {
   uint32_t reduce_scatter_state_ = graph::kNoStorage; // comm_ctx.reduce_scatter_states
   size_t forward_group_ = 0;      // block whose forward runs (0: none)
   bool backward_started_ = false;
-  // Interned names.
-  uint32_t n_shard_, n_flat_in_, n_offload_in_, n_ag_out_, n_unsharded_, n_post_fwd_,
-      n_rs_in_, n_rs_cast_, n_rs_out_, n_grad_cast_;
+  // Interned names (the per-parameter ones are in Param).
+  uint32_t n_flat_in_, n_offload_in_, n_ag_out_, n_rs_in_, n_rs_cast_, n_rs_out_, n_grad_cast_;
 };
 
 }  // namespace memsim
