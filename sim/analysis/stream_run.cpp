@@ -137,9 +137,10 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
   switch (e.type) {
     case EventType::alloc:
       if (e.bytes > 0 && options_.analysis.live_set) {
-        // Grown one id at a time (the vector's capacity grows geometrically): pages past
-        // the last tensor are never touched.
-        if (e.tensor >= lifetimes_.size()) lifetimes_.resize(e.tensor + 1);
+        // Grown 1024 ids past the one asked for (the vector's capacity grows
+        // geometrically): one resize per 1024 tensors, and at most 20 KiB past the last
+        // tensor touched. live_at() skips the entries never allocated.
+        if (e.tensor >= lifetimes_.size()) lifetimes_.resize(size_t{e.tensor} + 1024);
         lifetimes_[e.tensor] =
             Lifetime{e.op, e.layer, static_cast<uint32_t>(i), Lifetime::kNever, e.kind, e.phase};
       }
