@@ -1,6 +1,7 @@
 #include "program/program.h"
 
 #include <algorithm>
+#include <functional>
 
 namespace memsim {
 
@@ -31,12 +32,34 @@ const char* to_string(Phase phase) {
 }
 
 uint32_t Program::intern(std::string_view s) {
-  auto it = string_index_.find(std::string(s));
-  if (it != string_index_.end()) return it->second;
-  uint32_t index = static_cast<uint32_t>(strings_.size());
+  if (s.empty()) return 0;
+  if (string_slots_.empty()) {  // first use (or after clear()): index what is there
+    string_slots_.assign(64, kNoString);
+    for (uint32_t i = 1; i < strings_.size(); ++i) index_string(i);
+  }
+  const size_t mask = string_slots_.size() - 1;
+  for (size_t k = std::hash<std::string_view>{}(s) & mask;; k = (k + 1) & mask) {
+    const uint32_t at = string_slots_[k];
+    if (at == kNoString) break;
+    if (strings_[at] == s) return at;
+  }
+  const uint32_t index = static_cast<uint32_t>(strings_.size());
   strings_.emplace_back(s);
-  string_index_.emplace(strings_.back(), index);
+  if (2 * strings_.size() > string_slots_.size()) {  // keep it at most half full
+    string_slots_.assign(2 * string_slots_.size(), kNoString);
+    for (uint32_t i = 1; i < strings_.size(); ++i) index_string(i);
+  } else {
+    index_string(index);
+  }
   return index;
+}
+
+// Puts strings_[index] (not yet in the table) into its first free slot.
+void Program::index_string(uint32_t index) {
+  const size_t mask = string_slots_.size() - 1;
+  size_t k = std::hash<std::string_view>{}(strings_[index]) & mask;
+  while (string_slots_[k] != kNoString) k = (k + 1) & mask;
+  string_slots_[k] = index;
 }
 
 uint32_t Program::alloc(uint64_t bytes, TensorKind kind, Phase phase, uint32_t op,
@@ -93,8 +116,7 @@ void Program::clear() {
   module_paths_.clear();
   for (uint32_t& m : module_label) m = 0;
   strings_.resize(1);  // "" stays index 0
-  string_index_.clear();
-  string_index_.emplace("", 0);
+  std::fill(string_slots_.begin(), string_slots_.end(), kNoString);  // keeps its size
   flushed_ = 0;  // the sink stays attached
   holds_ = 0;
   sink_done_ = false;

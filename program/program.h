@@ -23,7 +23,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "program/event_sink.h"
@@ -200,7 +199,14 @@ class Program {
   bool aborted_ = false;     // StopEmitting was thrown (only once)
   std::vector<uint32_t> module_paths_;  // [(layer + 1) * 16 + module]
   std::vector<std::string> strings_{""};
-  std::unordered_map<std::string, uint32_t> string_index_{{"", 0}};
+  // intern()'s index: an open-addressing table of indices into strings_ (kNoString:
+  // empty), a power of two in size and at most half full. It holds no string of its own,
+  // so a lookup builds no std::string (a std::unordered_map<std::string> needs one per
+  // call in C++17: a heap allocation for every name longer than 15 characters) and a
+  // copied Program's table stays valid. Built on the first intern().
+  static constexpr uint32_t kNoString = UINT32_MAX;
+  std::vector<uint32_t> string_slots_;
+  void index_string(uint32_t index);
 };
 
 }  // namespace memsim

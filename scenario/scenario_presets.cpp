@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -98,30 +100,60 @@ struct ConfigPreset {
   std::string source;
 };
 
-// Parsed once, at first use; an embedded file that does not parse is a bug the preset
-// tests catch (its ScenarioError names the file and key).
-const std::vector<ConfigPreset>& config_table() {
-  static const std::vector<ConfigPreset> table = [] {
-    std::vector<ConfigPreset> out;
+// One embedded config.json, parsed at its first use: a scenario names one preset, and
+// parsing all of them (35 files) was half of loading a scenario that names a C++ preset
+// or one config (issue #20: start-up). Thread-safe (sweep workers load scenarios in
+// parallel). An embedded file that does not parse is a bug the preset tests catch (its
+// ScenarioError names the file and key); the exception leaves the slot unparsed.
+struct ConfigSlot {
+  std::string_view name;
+  std::string_view text;
+  std::once_flag once;
+  ConfigPreset preset;
+};
+
+ConfigPreset parse_config_preset(const ConfigSlot& slot) {
+  ConfigPreset p;
+  p.name = std::string(slot.name);
+  const std::string file = "scenarios/models/" + p.name + ".json";
+  p.config = parse_hf_config(std::string(slot.text), file);
+  p.model = p.config.model;
+  p.model.preset = p.name;
+  p.model.dropout = 0.0;  // the architecture only (scenario/model_presets.h)
+  p.model.arch.sliding_layers = resolve_sliding(p.config.sliding, p.model.layers);
+  p.source = "Hugging Face " +
+             (p.config.name_or_path.empty() ? std::string() : p.config.name_or_path + " ") +
+             "config.json (" + file + ")";
+  return p;
+}
+
+// The slots in natural name order (the order `memsim presets` lists them in).
+const std::vector<std::unique_ptr<ConfigSlot>>& config_slots() {
+  static const std::vector<std::unique_ptr<ConfigSlot>> slots = [] {
+    std::vector<std::unique_ptr<ConfigSlot>> out;
     for (const EmbeddedFile& f : embedded_model_configs()) {
-      ConfigPreset p;
-      p.name = std::string(f.name);
-      const std::string file = "scenarios/models/" + p.name + ".json";
-      p.config = parse_hf_config(std::string(f.text), file);
-      p.model = p.config.model;
-      p.model.preset = p.name;
-      p.model.dropout = 0.0;  // the architecture only (scenario/model_presets.h)
-      p.model.arch.sliding_layers = resolve_sliding(p.config.sliding, p.model.layers);
-      p.source = "Hugging Face " +
-                 (p.config.name_or_path.empty() ? std::string() : p.config.name_or_path + " ") +
-                 "config.json (" + file + ")";
-      out.push_back(std::move(p));
+      out.push_back(std::make_unique<ConfigSlot>());
+      out.back()->name = f.name;
+      out.back()->text = f.text;
     }
-    std::sort(out.begin(), out.end(),
-              [](const ConfigPreset& a, const ConfigPreset& b) { return natural_less(a.name, b.name); });
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+      return natural_less(std::string(a->name), std::string(b->name));
+    });
     return out;
   }();
-  return table;
+  return slots;
+}
+
+const ConfigPreset& parsed(ConfigSlot& slot) {
+  std::call_once(slot.once, [&slot] { slot.preset = parse_config_preset(slot); });
+  return slot.preset;
+}
+
+// The parsed preset named `name`, or nullptr; parses that one only.
+const ConfigPreset* find_config(std::string_view name) {
+  for (const auto& slot : config_slots())
+    if (slot->name == name) return &parsed(*slot);
+  return nullptr;
 }
 
 // Capacity = cudaMemGetInfo's total as PyTorch prints it in OOM messages ("GPU 0 has a
@@ -282,7 +314,10 @@ std::string device_summary(const DeviceConfig& d) {
 std::vector<PresetInfo> model_presets() {
   std::vector<PresetInfo> out;
   for (const auto& e : model_table()) out.push_back({e.config.preset, model_summary(e.config), e.source});
-  for (const auto& p : config_table()) out.push_back({p.name, model_summary(p.model), p.source});
+  for (const auto& slot : config_slots()) {
+    const ConfigPreset& p = parsed(*slot);
+    out.push_back({p.name, model_summary(p.model), p.source});
+  }
   return out;
 }
 
@@ -296,17 +331,13 @@ const ModelConfig* find_model_preset(std::string_view name) {
   for (const auto& e : model_table()) {
     if (e.config.preset == name) return &e.config;
   }
-  for (const auto& p : config_table()) {
-    if (p.name == name) return &p.model;
-  }
-  return nullptr;
+  const ConfigPreset* p = find_config(name);
+  return p != nullptr ? &p->model : nullptr;
 }
 
 const HfConfig* find_config_preset(std::string_view name) {
-  for (const auto& p : config_table()) {
-    if (p.name == name) return &p.config;
-  }
-  return nullptr;
+  const ConfigPreset* p = find_config(name);
+  return p != nullptr ? &p->config : nullptr;
 }
 
 const DeviceConfig* find_device_preset(std::string_view name) {

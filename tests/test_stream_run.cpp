@@ -171,13 +171,15 @@ struct Stored {
   size_t measured_mark = 0;
 };
 
-Stored stored_run(const Scenario& s) {
+Stored stored_run(const Scenario& s, bool live_set = true) {
   BuildBuffers buffers;
   build_into(s, buffers.program, buffers);
   const Program& p = buffers.program;
   SimulatedDevice device = device_for(s.device);
   const Timeline t = execute(p, s.allocator, device);
-  Stored out{analyze(p, t, options_for(s)), t.final_stats, 0};
+  AnalysisOptions options = options_for(s);
+  options.live_set = live_set;
+  Stored out{analyze(p, t, options), t.final_stats, 0};
   for (size_t i = 0; i < p.events.size(); ++i)
     if (p.events[i].type == EventType::mark &&
         p.str(static_cast<uint32_t>(p.events[i].bytes)) == "measured_step_begin") {
@@ -187,11 +189,12 @@ Stored stored_run(const Scenario& s) {
   return out;
 }
 
-StreamResult streamed_run(const Scenario& s, size_t chunk, bool stop_at_oom) {
+StreamResult streamed_run(const Scenario& s, size_t chunk, bool stop_at_oom, bool live_set = true) {
   BuildBuffers buffers;
   SimulatedDevice device = device_for(s.device);
   StreamOptions o;
   o.analysis = options_for(s);
+  o.analysis.live_set = live_set;
   o.chunk = chunk;
   o.stop_at_oom = stop_at_oom;
   StreamResult r = stream_run(
@@ -317,4 +320,38 @@ TEST_CASE("a streamed run that runs out of memory equals the stored run, and can
   }
   // Most squeezed runs fail early in their Program: the build stopped there.
   CHECK(stopped_early >= 40);
+}
+
+TEST_CASE("without a live set (AnalysisOptions::live_set false) only live_at_peak is left out",
+          "[stream]") {
+  // What a sweep without --json and sweep --max ask for: everything else, the breakdown at
+  // the peak included, is the full analysis', stored (whose breakdown comes from the live
+  // set when no per-kind arrays are kept) and streamed (which then keeps no lifetimes).
+  int checked = 0;
+  for (const std::string& path : shipped_scenarios()) {
+    INFO(path);
+    Scenario s;
+    Stored fit;
+    try {
+      s = load_scenario(path);
+      fit = stored_run(s);
+    } catch (const ScenarioError&) {
+      continue;
+    }
+    for (double f : {0.0, 0.7}) {  // as shipped, and out of memory mid-run
+      INFO("capacity fraction " << f);
+      if (f > 0)
+        s.device.capacity = s.device.cuda_context +
+                            static_cast<uint64_t>(static_cast<double>(fit.analysis.peak_reserved) * f);
+      Analysis expected = stored_run(s).analysis;
+      expected.live_at_peak = LiveSet{};
+      const Stored stored = stored_run(s, /*live_set=*/false);
+      same_analysis(stored.analysis, expected);
+      same_analysis(streamed_run(s, 4096, false, /*live_set=*/false).analysis, expected);
+      const StreamResult stopped = streamed_run(s, 4096, true, /*live_set=*/false);
+      same_analysis(stopped.analysis, expected, /*with_totals=*/false);
+      ++checked;
+    }
+  }
+  CHECK(checked >= 80);
 }

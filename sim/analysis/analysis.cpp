@@ -79,11 +79,12 @@ Analysis analyze(const Program& program, const Timeline& timeline,
     a.peak_allocated = timeline.allocated[peak_index];
     a.peak = event_point(program, timeline, peak_index);
 
-    a.live_at_peak = live_set_at(program, peak_index, options.top_tensors);
+    if (options.live_set) a.live_at_peak = live_set_at(program, peak_index, options.top_tensors);
     if (peak_index < timeline.by_kind.size()) {
       a.breakdown_at_peak = to_breakdown(timeline.by_kind[peak_index]);
     } else {
-      a.breakdown_at_peak = to_breakdown(a.live_at_peak.by_kind);
+      a.breakdown_at_peak = to_breakdown(options.live_set ? a.live_at_peak.by_kind
+                                                          : live_set_at(program, peak_index, 0).by_kind);
     }
 
     const double fraction = std::max(0.0, options.min_peak_prominence);

@@ -94,6 +94,11 @@ struct AnalysisOptions {
   // the measured peak on both sides before rising higher (see sim/analysis/peaks.h).
   double min_peak_prominence = 0.01;
   size_t top_tensors = 10;
+  // false: Analysis::live_at_peak is left empty and everything else is unchanged (the
+  // breakdown at the peak included). For callers that report peaks and verdicts only
+  // (a sweep without --json, sweep --max): summarising the live set (names, patterns)
+  // was a tenth of a grid point, and a streamed run then keeps no per-tensor lifetimes.
+  bool live_set = true;
   // The marks reported in Analysis::marks, in this order.
   std::vector<std::string> marks = {"forward_end", "backward_end", "optimizer_end"};
 };

@@ -53,6 +53,7 @@ class OnlinePeaks {
     prune_at_ = 1024;
     count_ = 0;
     max_ = 0;
+    threshold_ = 0;
     min_ = kNone;
   }
 
@@ -64,6 +65,7 @@ class OnlinePeaks {
     last_ = value;
     if (count_ == 0 || value > max_) {
       max_ = value;
+      threshold_ = static_cast<uint64_t>(std::floor(static_cast<double>(max_) * fraction_));
       top_ = Peak{CurvePeak{index, value, 0}, extra};
     }
     min_ = std::min(min_, value);
@@ -139,10 +141,9 @@ class OnlinePeaks {
     Extra extra;
   };
 
-  // As analyze() computes it from the measured maximum (sim/analysis/analysis.cpp).
-  uint64_t threshold() const {
-    return static_cast<uint64_t>(std::floor(static_cast<double>(max_) * fraction_));
-  }
+  // As analyze() computes it from the measured maximum (sim/analysis/analysis.cpp);
+  // computed when the maximum changes, not at every value (a libm call per event).
+  uint64_t threshold() const { return threshold_; }
   static void consider(const Entry& e, uint64_t right_base, std::vector<Peak>& out,
                        uint64_t min_prominence) {
     const uint64_t base = std::max(e.left_base, right_base);
@@ -166,6 +167,7 @@ class OnlinePeaks {
   size_t prune_at_ = 1024;
   size_t count_ = 0;
   uint64_t max_ = 0;
+  uint64_t threshold_ = 0;  // floor(max_ * fraction_)
   uint64_t min_ = kNone;
   uint64_t last_ = 0;  // the last value pushed
   Peak top_{};  // the first point of the maximum

@@ -55,7 +55,7 @@ class StreamRun final : public EventSink {
     // The builder reserved its tensor table for the Program it expects: reserve as much
     // (address space only) so that the per-tensor arrays are not copied as they grow.
     if (lifetimes_.capacity() < program.tensors.capacity()) {
-      lifetimes_.reserve(program.tensors.capacity());
+      if (options_.analysis.live_set) lifetimes_.reserve(program.tensors.capacity());
       block_of_.reserve(program.tensors.capacity());
       rounded_of_.reserve(program.tensors.capacity());
     }
@@ -136,10 +136,11 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
   const uint64_t requested = static_cast<uint64_t>(stats.requested_bytes.all.current);
   switch (e.type) {
     case EventType::alloc:
-      if (e.bytes > 0) {
-        // Grown one id at a time (the vector's capacity grows geometrically): pages past
-        // the last tensor are never touched.
-        if (e.tensor >= lifetimes_.size()) lifetimes_.resize(e.tensor + 1);
+      if (e.bytes > 0 && options_.analysis.live_set) {
+        // Grown 1024 ids past the one asked for (the vector's capacity grows
+        // geometrically): one resize per 1024 tensors, and at most 20 KiB past the last
+        // tensor touched. live_at() skips the entries never allocated.
+        if (e.tensor >= lifetimes_.size()) lifetimes_.resize(size_t{e.tensor} + 1024);
         lifetimes_[e.tensor] =
             Lifetime{e.op, e.layer, static_cast<uint32_t>(i), Lifetime::kNever, e.kind, e.phase};
       }
@@ -225,7 +226,8 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
     a.peak_reserved = peak_reserved_;
     a.peak_requested = peak_requested_;
     a.peak = point(program, peak_index_, peak_);
-    a.live_at_peak = summarize_live_set(program, peak_index_, live_at(program, peak_index_), o.top_tensors);
+    if (o.live_set)
+      a.live_at_peak = summarize_live_set(program, peak_index_, live_at(program, peak_index_), o.top_tensors);
     a.breakdown_at_peak = to_breakdown(peak_by_kind_);
     for (const auto& p : peaks_.top(o.top_peaks))
       a.top_peaks.push_back(point(program, p.peak.index, p.extra));

@@ -231,10 +231,13 @@ MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const
   if (start > limit) return out;
   workers = std::max<size_t>(workers, 1);
   std::map<int64_t, SweepResult> known;  // evaluated values, the search's and speculative
+  // The search reads verdicts only: no probe summarises its live set.
+  SweepEvaluateOptions probe_options = options;
+  probe_options.analysis.live_set = false;
   auto evaluate = [&](int64_t v, SweepWorkspace& ws) {
     SweepOverrides point = fixed;
     point.emplace_back(key, std::to_string(v));
-    return runner.evaluate(point, options, ws);
+    return runner.evaluate(point, probe_options, ws);
   };
   MaxState s;
   s.lo = start - 1;

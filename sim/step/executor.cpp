@@ -19,10 +19,13 @@ Executor::Executor(const AllocatorConfig& config, DeviceMemory& device,
 }
 
 void Executor::grow(uint32_t tensor) {
-  // One id past the end at a time (capacity grows geometrically): a streamed Program's
-  // ids arrive in order, and pages past the last id are never touched.
-  block_of_->resize(static_cast<size_t>(tensor) + 1, kNoBlock);
-  rounded_of_->resize(static_cast<size_t>(tensor) + 1, 0);
+  // A streamed Program's ids arrive in order: grow by a page's worth of ids past the one
+  // asked for (capacity grows geometrically), so that this runs once per 1024 tensors
+  // instead of once per tensor, and at most a few KiB past the last id are touched. The
+  // new entries are "no block", as for an id never allocated.
+  const size_t size = static_cast<size_t>(tensor) + kGrowIds;
+  block_of_->resize(size, kNoBlock);
+  rounded_of_->resize(size, 0);
 }
 
 }  // namespace memsim

@@ -112,6 +112,7 @@ class Executor {
     reset_index_ = name;
     return true;
   }
+  static constexpr size_t kGrowIds = 1024;
   void grow(uint32_t tensor);
 
   CachingAllocator allocator_;

@@ -60,9 +60,11 @@ Json compare_json(const Scenario& base, const std::vector<PolicyRun>& runs);
 
 // sweep (tools/cli/sweep_command.cpp): the --vary axes checked against --max ("" = grid).
 std::vector<SweepAxis> parse_sweep_axes(const std::vector<std::string>& vary, const std::string& max);
+// live_sets: false when the caller reports no point's live set (only the JSON does):
+// each point then skips summarising it (AnalysisOptions::live_set); nothing else changes.
 std::vector<SweepResult> run_sweep_grid(const SweepRunner& runner,
                                         const std::vector<SweepOverrides>& points, unsigned threads,
-                                        const SweepProgress& progress = {});
+                                        const SweepProgress& progress = {}, bool live_sets = true);
 Json sweep_grid_json(const SweepRunner& runner, const std::vector<SweepOverrides>& points,
                      const std::vector<SweepResult>& results);
 std::vector<MaxSearch> run_sweep_max(const SweepRunner& runner,

@@ -103,8 +103,10 @@ int run_grid(const SweepArgs& args, const SweepRunner& runner, const std::vector
   const std::vector<SweepOverrides> points = sweep_points(axes);
   Progress progress("sweep");
   const auto t0 = std::chrono::steady_clock::now();
+  // The text table and the CSV show peaks and verdicts; only the JSON shows live sets.
   const std::vector<SweepResult> results = run_sweep_grid(
-      runner, points, threads, [&](size_t done, size_t total) { progress(done, total); });
+      runner, points, threads, [&](size_t done, size_t total) { progress(done, total); },
+      !args.json.empty());
   spdlog::info("sweep: {} points in {:.2f} s", points.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
@@ -232,8 +234,10 @@ std::vector<SweepAxis> parse_sweep_axes(const std::vector<std::string>& vary, co
 
 std::vector<SweepResult> run_sweep_grid(const SweepRunner& runner,
                                         const std::vector<SweepOverrides>& points, unsigned threads,
-                                        const SweepProgress& progress) {
-  return evaluate_grid(runner, points, threads, progress);  // sim/search/sweep_grid.h
+                                        const SweepProgress& progress, bool live_sets) {
+  SweepEvaluateOptions options;
+  options.analysis.live_set = live_sets;
+  return evaluate_grid(runner, points, threads, progress, options);  // sim/search/sweep_grid.h
 }
 
 Json sweep_grid_json(const SweepRunner& runner, const std::vector<SweepOverrides>& points,
