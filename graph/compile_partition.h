@@ -29,9 +29,9 @@
 // "more aggressive" cut, the "aggressive" cut, then a 0-1 knapsack over the aggressive
 // cut's banned values that the backward needs (dist_from_bw < 1e9: a value that reaches
 // only the forward's outputs, such as the logits, is no item) and that are not primals,
-// solved by torch's default solver, dp_knapsack (knapsack.py: memories quantised to
-// 1/10000, float32 table); runtimes are the ops' FLOPs (the "flops" estimator;
-// non-matmuls count 1). The items it does not keep may be recomputed in the last cut.
+// solved by torch's default solver, dp_knapsack (torch/_functorch/_activation_checkpointing/
+// knapsack.py at pytorch/pytorch 02d92aac: memories quantised to 1/10000, float32 table);
+// runtimes are the ops' FLOPs (the "flops" estimator; non-matmuls count 1). The items it does not keep may be recomputed in the last cut.
 #pragma once
 
 #include <cstdint>
