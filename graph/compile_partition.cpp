@@ -228,9 +228,9 @@ PartitionResult partition(const std::vector<PartVertex>& vertices, double budget
   PartitionResult aggressive;
   solve(g, o, none, aggressive);
   if (ratio(aggressive.saved) < budget) return aggressive;
-  // The knapsack over the banned vertices that the backward needs and that are not inputs:
-  // keep (save) the best runtime per normalised byte while the budget lasts, recompute
-  // the rest (torch's greedy_knapsack over the size-sorted list).
+  // The knapsack over the banned vertices that the backward needs and that are not inputs,
+  // in torch's order (by size, largest first, stable): keep (save) the most runtime the
+  // budget allows, let the rest be recomputed.
   // Only values the backward needs (torch's `dist_from_bw < int(1e9)`): torch's joint
   // graph gives its output node distance 1e9, so a value that reaches only the forward's
   // outputs (the logits of torch.compile(model)) is no knapsack item, unlike g.dist here
