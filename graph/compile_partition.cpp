@@ -228,12 +228,22 @@ PartitionResult partition(const std::vector<PartVertex>& vertices, double budget
   PartitionResult aggressive;
   solve(g, o, none, aggressive);
   if (ratio(aggressive.saved) < budget) return aggressive;
-  // The knapsack over the banned vertices that the backward needs and that are not inputs:
-  // keep (save) the best runtime per normalised byte while the budget lasts, recompute
-  // the rest (torch's greedy_knapsack over the size-sorted list).
+  // The knapsack over the banned vertices that the backward needs and that are not inputs,
+  // in torch's order (by size, largest first, stable): keep (save) the most runtime the
+  // budget allows, let the rest be recomputed.
+  // Only values the backward needs (torch's `dist_from_bw < int(1e9)`): torch's joint
+  // graph gives its output node distance 1e9, so a value that reaches only the forward's
+  // outputs (the logits of torch.compile(model)) is no knapsack item, unlike g.dist here
+  // that puts outputs at 1 to keep them alive in the cut.
+  std::vector<uint32_t> bw_dist(n, kFar);
+  for (size_t k = n; k-- > 0;) {
+    uint32_t d = vertices[k].needed_by_backward ? 1 : kFar;
+    for (uint32_t u : g.users[k]) d = std::min(d, bw_dist[u] == kFar ? kFar : bw_dist[u] + 1);
+    bw_dist[k] = d;
+  }
   std::vector<uint32_t> items;
   for (uint32_t i = 0; i < n; ++i)
-    if (aggressive.banned[i] && g.dist[i] < kFar && vertices[i].cls != PartClass::primal)
+    if (aggressive.banned[i] && bw_dist[i] < kFar && vertices[i].cls != PartClass::primal)
       items.push_back(i);
   std::stable_sort(items.begin(), items.end(),
                    [&](uint32_t a, uint32_t b) { return vertices[a].bytes > vertices[b].bytes; });
@@ -243,20 +253,39 @@ PartitionResult partition(const std::vector<PartVertex>& vertices, double budget
       r.saved[i] = vertices[i].cls == PartClass::primal && g.dist[i] < kFar;
     return r;
   }
-  std::vector<uint32_t> order(items.size());
-  std::iota(order.begin(), order.end(), 0u);
-  auto mem = [&](uint32_t k) { return static_cast<double>(vertices[items[k]].bytes) / span; };
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-    return std::max(vertices[items[a]].runtime, 1.0) / std::max(mem(a), 1e-30) >
-           std::max(vertices[items[b]].runtime, 1.0) / std::max(mem(b), 1e-30);
-  });
-  std::vector<uint8_t> dont_ban(n, 0);
-  double used = 0;
-  for (uint32_t k : order) {
-    if (used + mem(k) <= budget) {
-      used += mem(k);
+  // torch's default solver (config.activation_memory_budget_solver = "dp"): dp_knapsack
+  // in torch/_functorch/_activation_checkpointing/knapsack.py. Memories quantised to
+  // round(m * 10000) (Python's round: half to even), the budget likewise; a float32 table
+  // of the best saved runtime per capacity; backtracking from the full budget marks an
+  // item saved where its row differs from the previous one. The rest may be recomputed.
+  constexpr double kScale = 10000;
+  const size_t m = items.size();
+  std::vector<int64_t> q(m);
+  for (size_t k = 0; k < m; ++k)
+    q[k] = static_cast<int64_t>(std::nearbyint(static_cast<double>(vertices[items[k]].bytes) / span * kScale));
+  const int64_t cap = static_cast<int64_t>(std::nearbyint(budget * kScale));
+  const size_t width = static_cast<size_t>(cap) + 1;
+  std::vector<float> dp((m + 1) * width, 0.0f);
+  for (size_t i = 1; i <= m; ++i) {
+    const float* prev = &dp[(i - 1) * width];
+    float* row = &dp[i * width];
+    const float rt = static_cast<float>(std::max(vertices[items[i - 1]].runtime, 1.0));
+    const int64_t w = q[i - 1];
+    for (size_t j = 0; j < width; ++j) row[j] = prev[j];
+    if (w == 0) {
+      for (size_t j = 0; j < width; ++j) row[j] = prev[j] + rt;
     } else {
-      dont_ban[items[k]] = 1;
+      for (int64_t j = w; j < static_cast<int64_t>(width); ++j)
+        row[j] = std::max(prev[j], prev[j - w] + rt);
+    }
+  }
+  std::vector<uint8_t> dont_ban(n, 0);
+  int64_t j = cap;
+  for (size_t i = m; i >= 1; --i) {
+    if (dp[i * width + static_cast<size_t>(j)] != dp[(i - 1) * width + static_cast<size_t>(j)]) {
+      j -= q[i - 1];  // saved
+    } else {
+      dont_ban[items[i - 1]] = 1;
     }
   }
   PartitionResult last;

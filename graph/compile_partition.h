@@ -23,9 +23,15 @@
 // Not modelled (stated in docs/compile.md): the "used far apart" and "long fusible
 // chain" bans (both need forward order distances of fusible chains across > 100 ops),
 // CSE, symbolic sizes, user checkpoint tags (MUST_SAVE / MUST_RECOMPUTE), collectives.
-// The memory budget's knapsack uses torch's "greedy" solver (the default is "dp", which
-// solves the same objective exactly); runtimes are the ops' FLOPs (the "flops"
-// estimator; non-matmuls count 1).
+// The memory budget (choose_saved_values_set; read again in the installed torch 2.11.0
+// partitioners.py, issue #16): the fraction of (saved bytes of the runtime-optimal cut -
+// bytes of all primals) that the saved set may keep above the primals; tried in turn: the
+// "more aggressive" cut, the "aggressive" cut, then a 0-1 knapsack over the aggressive
+// cut's banned values that the backward needs (dist_from_bw < 1e9: a value that reaches
+// only the forward's outputs, such as the logits, is no item) and that are not primals,
+// solved by torch's default solver, dp_knapsack (torch/_functorch/_activation_checkpointing/
+// knapsack.py at pytorch/pytorch 02d92aac: memories quantised to 1/10000, float32 table);
+// runtimes are the ops' FLOPs (the "flops" estimator; non-matmuls count 1). The items it does not keep may be recomputed in the last cut.
 #pragma once
 
 #include <cstdint>

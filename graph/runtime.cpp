@@ -538,6 +538,17 @@ void Runtime::run_engine(int32_t grad_fn, uint8_t out_slot, uint32_t root_grad) 
     ready.pop_back();
     run_node(id, ready);
   }
+  // An AccumulateGrad whose uses did not all deliver (an edge whose producer handed back
+  // no grad) still runs once with what its buffer holds, as the engine's node does when
+  // its graph task's dependencies are exhausted; its count is reset for any outer walk.
+  for (const int32_t i : reached) {
+    Node& a = nodes_[i];
+    if (a.kind != OpKind::accumulate_grad) continue;
+    a.deps = 0;
+    if (a.grad[0] == kNoStorage) continue;
+    a.grad_is_view[1] = false;
+    run_accumulate_grad(a);
+  }
   in_backward_ = false;
   // Reached nodes are dead now (retain_graph=False).
   for (const int32_t i : reached) {
@@ -618,10 +629,43 @@ void Runtime::deliver(const Edge& e, Grad g, std::vector<int32_t>& ready) {
   }
   Node& t = nodes_[e.node];
   if (t.kind == OpKind::accumulate_grad) {
-    // AccumulateGrad has the highest priority: it runs before anything else is popped.
-    t.grad[0] = g.storage;
-    t.grad_is_view[0] = g.transposed;
-    run_accumulate_grad(t);
+    // AccumulateGrad has the highest priority: it runs before anything else is popped,
+    // once every use of the parameter in this graph has delivered (deps edges). A
+    // parameter used more than once (torchtune's chunked head: one mm per chunk) has its
+    // grads meet in the node's InputBuffer first, accumulated as any other buffer:
+    // InputBuffer::accumulate adds in place only into a dense grad that it holds alone;
+    // a Linear's weight grad is TBackward0's view of the mm result (the base shares its
+    // storage), so the first two grads are added out of place (a third weight-sized
+    // tensor), the rest in place into that sum (H200 trace, torch 2.11,
+    // tests/data/gpu/stacks stacks_loss_chunked8; input_buffer.cpp can_accumulate_inplace).
+    // Slot 0 of grad_is_view holds `transposed` (AccumulateGrad's layout rule), slot 1
+    // `is_view` (the buffer's in-place rule); slot 1 is otherwise unused by this node.
+    if (t.deps > 0) --t.deps;
+    if (t.grad[0] == kNoStorage) {
+      t.grad[0] = g.storage;
+      t.grad_is_view[0] = g.transposed;
+      t.grad_is_view[1] = g.is_view || g.transposed;
+    } else if (!t.grad_is_view[1] && refs_[t.grad[0]] == 1) {
+      const OpKind saved_op = cur_op_;
+      cur_op_ = OpKind::accumulate_grad;  // the add_ into the parameter's buffer
+      if (numeric != nullptr) numeric->accumulate(t.grad[0], g.storage);
+      release(g.storage);
+      cur_op_ = saved_op;
+    } else {
+      const OpKind saved_op = cur_op_;
+      uint32_t sum = alloc_raw(program_.tensors[t.grad[0]].bytes, TensorKind::gradient, OpKind::add);
+      if (numeric != nullptr) numeric->add_into(sum, t.grad[0], g.storage);
+      release(t.grad[0]);
+      release(g.storage);
+      cur_op_ = saved_op;
+      t.grad[0] = sum;
+      t.grad_is_view[0] = false;
+      t.grad_is_view[1] = false;
+    }
+    if (t.deps == 0) {
+      t.grad_is_view[1] = false;
+      run_accumulate_grad(t);
+    }
     return;
   }
   uint32_t& buf = t.grad[e.slot];

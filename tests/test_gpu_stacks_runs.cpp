@@ -27,10 +27,21 @@
 //    hand-written torch 1.13 emulation only (no selective checkpointing in 1.13).
 //  - compile (model, block, budget 0.5): 10% / 15%: docs/compile.md's limits (the
 //    backward is eager's, not fused: an upper bound; Inductor's buffer reuse and
-//    peak-memory reordering are not modelled; the budget's knapsack is solved greedily,
-//    torch's default solver is dynamic programming).
+//    peak-memory reordering are not modelled; the budget's knapsack was then solved
+//    greedily, torch's default solver is dynamic programming).
 // A gap beyond these is a rule to find (docs/compile.md, "Limits"), not a tolerance to
 // widen without a named cause.
+//
+// Rules found from the measurement (issue #16; kChangedAfterMeasurement below), each
+// checked here against the run it came from:
+//  - chunked:8: a parameter used by several ops (the head, once per chunk) gets its grads
+//    summed in its AccumulateGrad's InputBuffer; the first, TBackward0's view of the mm
+//    result, is not added into in place, so the first two make a third weight-sized sum
+//    (graph/runtime.cpp deliver); tensor_split makes every slice before any head mm
+//    (graph/models/decoder_losses.cpp). Now exact: peak allocated and reserved to the byte.
+//  - compile budget 0.5: the knapsack's items are the values the backward needs (torch's
+//    dist_from_bw < 1e9: not the logits, a forward output only), solved by torch's
+//    default dp_knapsack (graph/compile_partition.cpp). Forward end +0.58% (was -15%).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -80,9 +91,15 @@ Tolerance tolerance_of(const std::string& feature, const std::string& policy) {
 // Measured on an H200 (2026-11-27, torch 2.11.0+cu130). Where a run came out beyond the
 // tolerance stated above, its measured error (rounded up) and what is known of the cause:
 // the stated tolerance was wrong for it, and the test says so rather than hiding it.
-const std::map<std::string, Tolerance> kBeyondStated = {
-    {"stacks_loss_chunked8",
-     {0.0097, 0.0199, "chunked:8 CE: real +48.5 MiB at the peak (in the loss's backward); cause not found"}},
+// (stacks_loss_chunked8 was here, -0.97% allocated, until the InputBuffer rule above.)
+const std::map<std::string, Tolerance> kBeyondStated = {};
+
+// Scenarios whose prediction changed after the measurement because a rule was found in
+// it (the blind record stays as memsim said it; the first test checks it differs now).
+const std::map<std::string, const char*> kChangedAfterMeasurement = {
+    {"stacks_loss_chunked8", "the head's per-chunk weight grads meet in AccumulateGrad's "
+                             "InputBuffer (out-of-place first sum); slices before the head mms"},
+    {"stacks_compile_budget05", "knapsack items: only values the backward needs; dp solver"},
 };
 // What memsim predicts now for one scenario, in the prediction file's terms.
 struct Prediction {
@@ -130,6 +147,13 @@ TEST_CASE("the stacks GPU runs' blind predictions are what memsim predicts "
     INFO(name << " (" << entry["scenario"].get<std::string>() << ")");
     REQUIRE_FALSE(entry.contains("refused"));  // memsim models every run measured
     const Prediction p = simulate(path_of(entry));
+    if (const auto changed = kChangedAfterMeasurement.find(name);
+        changed != kChangedAfterMeasurement.end()) {
+      INFO("changed after the measurement: " << changed->second);
+      CHECK(p.allocated != entry["peak_allocated_bytes"].get<uint64_t>());
+      CHECK(p.parameters == entry["parameter_count"].get<uint64_t>());
+      continue;
+    }
     CHECK(p.allocated == entry["peak_allocated_bytes"].get<uint64_t>());
     CHECK(p.reserved == entry["peak_reserved_bytes"].get<uint64_t>());
     CHECK(p.whole_allocated == entry["whole_run_peak_allocated_bytes"].get<uint64_t>());
@@ -246,5 +270,17 @@ TEST_CASE("compile, torchtitan SAC and chunked loss on a GPU against memsim", "[
                  << "%, reserved " << 100 * memsim_test::rel(now.reserved, real_reserved) << "%");
     CHECK(std::abs(memsim_test::rel(now.allocated, real_alloc)) <= tol.allocated);
     CHECK(std::abs(memsim_test::rel(now.reserved, real_reserved)) <= tol.reserved);
+    // The rules found in these runs (header): what they reproduce, checked on their run.
+    if (name == "stacks_loss_chunked8") {
+      CHECK(now.allocated == real_alloc);
+      CHECK(now.reserved == real_reserved);
+      CHECK(now.marks.at("forward_end").first ==
+            r["marks"]["forward_end"]["allocated_bytes.all.current"].get<uint64_t>());
+    }
+    if (name == "stacks_compile_budget05") {
+      const uint64_t real_fwd = r["marks"]["forward_end"]["allocated_bytes.all.current"].get<uint64_t>();
+      CHECK(std::abs(memsim_test::rel(now.marks.at("forward_end").first, real_fwd)) <= 0.01);
+      CHECK(std::abs(memsim_test::rel(now.allocated, real_alloc)) <= 0.01);
+    }
   }
 }

@@ -24,11 +24,19 @@ std::vector<Tensor> DecoderModel::forward_chunked(const Tensor& ids, int64_t chu
   // hands F.linear a fresh (contiguous) low-precision cast of it instead.
   const bool cast_first = autocast_on() && he != ac_->low_elem();
   const bool copies = B > 1 && seq_pieces.size() > 1 && !cast_first;
+  // h.tensor_split(N, dim=1) makes all N slices (N SliceBackward0 nodes) before the list
+  // comprehension runs the head on any of them: the slices' sequence numbers are below
+  // every head mm's, so the backward runs every chunk's MmBackward0 before the first
+  // SliceBackward0 (each piece's input grad waits; H200 trace, torch 2.11, stacks_loss_chunked8).
+  std::vector<Tensor> pieces;
+  pieces.reserve(seq_pieces.size());
+  for (uint64_t p : seq_pieces)
+    pieces.push_back(slice_seq(rt_, hidden, B * p * D * he));  // tensor_split: at::slice
   std::vector<Tensor> out;
   out.reserve(seq_pieces.size());
-  for (uint64_t p : seq_pieces) {
-    const uint64_t rows = B * p;
-    Tensor piece = slice_seq(rt_, hidden, rows * D * he);  // tensor_split: at::slice
+  for (size_t i = 0; i < seq_pieces.size(); ++i) {
+    const uint64_t rows = B * seq_pieces[i];
+    Tensor piece = std::move(pieces[i]);
     if (copies) piece = clone(rt_, piece);
     out.push_back(arch().code == ModelCode::gpt2 ? gpt2_head(piece, head_w, rows)
                                                  : head_projection(piece, head_w, rows));

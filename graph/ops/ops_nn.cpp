@@ -431,7 +431,11 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       // mat2 (W.t()) grad first, then self's; the backward thread's cuBLAS workspace is
       // taken inside the first mm, after its output (H100 trace, tests/data/cuda_runs.json).
       if (needs(1)) {
-        out[1] = fresh(A(n.size[1], kind_for(1)));
+        // W.t()'s grad: mm_mat2_backward's (grad.t() @ x).t() for the column-major
+        // operand, then TBackward0's .t(): a view whose base shares the storage.
+        // AccumulateGrad may steal it (layout matches W); an InputBuffer (W used more than
+        // once: chunked heads, a cached autocast cast) adds into it only out of place.
+        out[1] = Grad{A(n.size[1], kind_for(1)), true, false};
         rt.note_gemm();
       }
       if (needs(0)) {
