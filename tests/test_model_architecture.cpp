@@ -217,8 +217,10 @@ TEST_CASE("every config preset simulates (two layers, short sequence)", "[archit
     REQUIRE(m != nullptr);
     if (m->family != ModelFamily::hf_llama && m->family != ModelFamily::hf_gpt2) continue;
     INFO(info.name);
-    const Scenario s = load_scenario_text("model: {preset: " + info.name +
-                                              ", layers: 2}\nbatch: {seq_len: 64}\n"
+    // DeepSeek-V3's three dense first layers: one more layer than them, so a MoE layer runs.
+    const int64_t layers = std::max<int64_t>(2, m->arch.moe.first_dense_layers + 1);
+    const Scenario s = load_scenario_text("model: {preset: " + info.name + ", layers: " + std::to_string(layers) +
+                                              "}\nbatch: {seq_len: 64}\n"
                                               "precision: {params: bf16}\noptimizer: {type: sgd}\n"
                                               "device: {capacity: 1TiB}\n",
                                           "t.yaml");
