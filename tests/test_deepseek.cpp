@@ -238,4 +238,15 @@ TEST_CASE("DeepSeek-V3 runs end to end: routing and the group-limited router's t
       {"gather", 8192},  {"sum.dim_IntList", 2048}, {"add.Scalar", 2048}, {"clone", 8192}, {"mul.Scalar", 8192}};
   const auto at = std::search(b.begin(), b.end(), router.begin(), router.end());
   CHECK(at != b.end());
+  // Composes: full activation checkpointing keeps less at forward end (each layer re-runs
+  // its latent attention and MoE block, routing included, in backward); FSDP and
+  // grouped_mm build too.
+  const Scenario ckpt = load_scenario_text(base, "ds.yaml", {{"checkpoint.policy", "full"}});
+  CHECK(memsim_test::walk(build_program(ckpt)).forward_end_total <
+        memsim_test::walk(build_program(balanced)).forward_end_total);
+  const Scenario fsdp = load_scenario_text(base, "ds.yaml", {{"parallel.sharding", "fsdp"}, {"parallel.data", "4"}});
+  CHECK(build_program(fsdp).events.size() > 1000);
+  const Scenario grouped = load_scenario_text(base, "ds.yaml", {{"model.moe.experts_implementation", "grouped_mm"}});
+  // out_per_sample_g[inv_perm]: every (token, slot)'s product with the fp32 routing weights.
+  CHECK(largest_gather(layer1(grouped)) == 512ull * 4 * 256 * 4);
 }
