@@ -160,7 +160,7 @@ std::string join(const std::vector<std::string>& names) {
 
 // Keys whose effect memsim does not model: refused by name, whatever the model_type.
 bool is_moe_row(const std::string& model_type) {
-  for (const char* t : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"})
+  for (const char* t : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3"})
     if (model_type == t) return true;
   return false;
 }
@@ -201,6 +201,57 @@ void read_moe_config(const Reader& r, const std::string& type, ModelConfig& m) {
   moe.output_router_logits = r.boolean("output_router_logits", false);
 }
 
+// DeepseekV3Config (transformers v5, its defaults where a key is absent) into m.arch.mla and
+// m.arch.moe (docs/deepseek.md). transformers' DeepseekV3 builds MoE layers from
+// first_k_dense_replace on (moe_layer_freq is the remote code's: refused unless 1), the
+// sigmoid / noaux_tc router only, and no multi-token-prediction layer (num_nextn_predict_layers'
+// weights are dropped on load: not built).
+void read_deepseek_config(const Reader& r, ModelConfig& m) {
+  graph::MlaSpec& mla = m.arch.mla;
+  mla.q_lora_rank = r.present("q_lora_rank") ? r.opt_integer("q_lora_rank", 1).value_or(0) : 1536;
+  mla.kv_lora_rank = r.opt_integer("kv_lora_rank", 1).value_or(512);
+  mla.qk_nope_head_dim = r.opt_integer("qk_nope_head_dim", 1).value_or(128);
+  mla.qk_rope_head_dim = r.opt_integer("qk_rope_head_dim", 1).value_or(64);
+  mla.v_head_dim = r.opt_integer("v_head_dim", 1).value_or(128);
+  mla.rope_interleave = r.boolean("rope_interleave", true);
+  if (mla.qk_rope_head_dim % 2 != 0)
+    r.fail("qk_rope_head_dim", "RoPE needs an even size, got " + std::to_string(mla.qk_rope_head_dim));
+  // The attention's head size is qk_head_dim; RoPE's tables are qk_rope_head_dim wide
+  // (DeepseekV3Config sets head_dim = qk_rope_head_dim for the rotary module).
+  m.arch.head_dim = mla.qk_head_dim();
+  m.arch.rotary_dim = mla.qk_rope_head_dim;
+  if (m.kv_heads != m.heads)
+    r.fail("num_key_value_heads", std::to_string(m.kv_heads) + " differs from num_attention_heads " +
+                                      std::to_string(m.heads) +
+                                      ": multi-head latent attention has a key/value head per query head");
+  graph::MoeSpec& moe = m.arch.moe;
+  moe.experts = r.opt_integer("n_routed_experts", 1).value_or(256);
+  moe.top_k = r.opt_integer("num_experts_per_tok", 1).value_or(8);
+  if (moe.top_k > moe.experts)
+    r.fail("num_experts_per_tok", std::to_string(moe.top_k) + " exceeds n_routed_experts " + std::to_string(moe.experts));
+  moe.expert_d_ff = r.opt_integer("moe_intermediate_size", 1).value_or(2048);
+  moe.shared_d_ff = moe.expert_d_ff * r.opt_integer("n_shared_experts", 1).value_or(1);
+  moe.first_dense_layers = r.opt_integer("first_k_dense_replace", 0).value_or(3);
+  moe.n_group = r.opt_integer("n_group", 1).value_or(8);
+  moe.topk_group = r.opt_integer("topk_group", 1).value_or(4);
+  if (moe.experts % moe.n_group != 0 || moe.experts / moe.n_group < 2)
+    r.fail("n_group", std::to_string(moe.n_group) + " groups do not split n_routed_experts " +
+                          std::to_string(moe.experts) + " into groups of at least 2 (top-2 group scores)");
+  if (moe.topk_group > moe.n_group)
+    r.fail("topk_group", std::to_string(moe.topk_group) + " exceeds n_group " + std::to_string(moe.n_group));
+  moe.norm_topk = r.boolean("norm_topk_prob", true);
+  if (auto f = r.opt_integer("moe_layer_freq", 1); f && *f != 1)
+    r.fail("moe_layer_freq", "transformers' DeepseekV3 makes every layer from first_k_dense_replace on "
+                             "a MoE layer (moe_layer_freq is DeepSeek's remote code only): set it to 1");
+  if (auto s = r.opt_string("scoring_func"); s && *s != "sigmoid")
+    r.fail("scoring_func", "'" + *s + "': transformers' DeepseekV3 router is sigmoid only");
+  if (auto s = r.opt_string("topk_method"); s && *s != "noaux_tc")
+    r.fail("topk_method", "'" + *s + "': transformers' DeepseekV3 router is noaux_tc (group-limited "
+                          "top-k with e_score_correction_bias) only");
+  if (r.boolean("output_router_logits", false))
+    r.fail("output_router_logits", "DeepseekV3ForCausalLM computes no auxiliary load-balancing loss");
+}
+
 void refuse_unmodelled(const Reader& r, bool moe) {
   if (r.has("quantization_config"))
     r.fail("quantization_config",
@@ -208,12 +259,14 @@ void refuse_unmodelled(const Reader& r, bool moe) {
            "nf4 on the unquantized config)");
   for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts",
                           "moe_intermediate_size", "num_experts_per_tok"}) {
-    if (moe && std::string(key) != "n_routed_experts") continue;  // read_moe_config
+    if (moe && (std::string(key) != "n_routed_experts" || r.opt_string("model_type").value_or("") == "deepseek_v3"))
+      continue;  // read_moe_config / read_deepseek_config
     const json* v = r.get(key);
     if (v && !(v->is_number() && v->get<double>() == 0.0)) r.fail(key, kMoeHint);
   }
   for (const char* key : {"kv_lora_rank", "q_lora_rank"})
-    if (r.has(key)) r.fail(key, "multi-head latent attention (DeepSeek) is not modelled");
+    if (r.has(key) && r.opt_string("model_type").value_or("") != "deepseek_v3")
+      r.fail(key, "multi-head latent attention is modelled for model_type deepseek_v3 only");
   for (const char* key : {"text_config", "vision_config", "audio_config"})
     if (r.has(key))
       r.fail(key, "a multimodal config: memsim models the text decoder only (give its text_config "
@@ -352,7 +405,7 @@ std::optional<DType> read_dtype(const Reader& r) {
 }  // namespace
 
 const std::vector<std::string>& moe_model_types() {
-  static const std::vector<std::string> types = {"deepseek_v2", "deepseek_v3"};
+  static const std::vector<std::string> types = {"deepseek_v2"};
   return types;
 }
 
@@ -380,10 +433,10 @@ HfConfig parse_hf_config(const std::string& text, const std::string& source) {
   const auto model_type = r.opt_string("model_type");
   if (!model_type) r.fail("model_type", "required (one of " + architecture_list() + ")");
   out.model_type = *model_type;
-  if (*model_type == "deepseek_v2" || *model_type == "deepseek_v3")
-    r.fail(r.has("kv_lora_rank") ? "kv_lora_rank" : "model_type",
-           "'" + *model_type + "' uses multi-head latent attention (MLA), which is not modelled "
-           "(MoE layers are, for mixtral, qwen2_moe, qwen3_moe and olmoe: docs/moe.md)");
+  if (*model_type == "deepseek_v2")
+    r.fail("model_type", "'deepseek_v2' is not modelled: its router (softmax, greedy or "
+           "group_limited_greedy) and its complex-number RoPE differ from deepseek_v3's, which is "
+           "(docs/deepseek.md)");
   if (*model_type == "gemma3")
     r.fail("model_type", "'gemma3' is the multimodal Gemma 3 (a vision tower memsim does not "
                          "model): give its text_config, model_type gemma3_text, as a config of its own");
@@ -479,7 +532,8 @@ HfConfig parse_hf_config(const std::string& text, const std::string& source) {
     r.fail(r.present("head_dim") ? "head_dim" : heads_key,
            "RoPE needs an even head size, head_dim = " + std::to_string(hd));
 
-  if (is_moe_row(*model_type)) read_moe_config(r, *model_type, m);
+  if (*model_type == "deepseek_v3") read_deepseek_config(r, m);
+  else if (is_moe_row(*model_type)) read_moe_config(r, *model_type, m);
   read_sliding(r, *row, m.layers, m.arch, out.sliding);
   m.dropout = read_dropout(r, *row, m.arch);
   out.params = read_dtype(r);

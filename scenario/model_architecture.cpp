@@ -68,6 +68,7 @@ struct Arch {
   Arch& moe(graph::MoeRouterCode code, bool norm_topk) {
     a.moe.code = code;
     a.moe.norm_topk = norm_topk;
+    if (code == graph::MoeRouterCode::deepseek_v3) a.moe.score = graph::MoeScore::sigmoid;
     return *this;
   }
   operator DecoderArch() const { return a; }  // NOLINT: the table's rows convert
@@ -161,6 +162,12 @@ const std::vector<ArchitectureRow>& rows() {
       {"olmoe", kLlama, Arch("olmoe").qk_norm(QkNorm::full).v5_layout().moe(graph::MoeRouterCode::qwen, false),
        all_layers(), false, 0, 0, "hidden_act", true, false, false, false, S::none,
        "OlmoeForCausalLM (v5)"},
+      // DeepSeek-V3 (docs/deepseek.md): multi-head latent attention (its sizes from the
+      // config.json only) and DeepseekV3MoE (sigmoid router with group-limited choice,
+      // ungated shared experts, first_k_dense_replace dense layers), 5.x's code.
+      {"deepseek_v3", kLlama, Arch("deepseek_v3").v5_layout().moe(graph::MoeRouterCode::deepseek_v3, true),
+       all_layers(), false, 0, 0, "hidden_act", true, false, false, false, S::none,
+       "DeepseekV3ForCausalLM (v5)"},
       // graph::gpt2_arch(): LayerNorm, Conv1D with biases, fused c_attn, plain MLP with
       // NewGELU, learned positions, the where-masked core, residual/embedding dropout, no
       // fp32 logits.

@@ -20,7 +20,8 @@ namespace {
 
 bool moe_row(const graph::DecoderArch& a) {
   const std::string name = a.architecture;
-  return name == "mixtral" || name == "qwen2_moe" || name == "qwen3_moe" || name == "olmoe";
+  return name == "mixtral" || name == "qwen2_moe" || name == "qwen3_moe" || name == "olmoe" ||
+         name == "deepseek_v3";
 }
 
 // A sub-key's own line (a --set value's "--set").

@@ -52,6 +52,9 @@ TEST_CASE("parameter counts equal the model cards", "[parameters]") {
       // mixture of experts (docs/moe.md): router, 3-D expert weights, q/k norms
       {"mixtral-8x7b", 46'702'792'704},  {"qwen3-30b-a3b", 30'532'122'624},
       {"olmoe-1b-7b", 6'919'161'856},
+      // DeepSeek-V3 (docs/deepseek.md): latent attention, 256 routed + 1 shared expert; the
+      // card's "671B total" (its 14B multi-token-prediction module is not built by transformers)
+      {"deepseek-v3", 671'026'404'352},
   };
   for (const auto& [name, count] : cards) {
     INFO(name);

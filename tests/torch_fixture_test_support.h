@@ -92,8 +92,11 @@ inline void print_fixture_table_header() {
 }
 
 // Compares `program`, simulated from `scenario`, with fixture `fx`; prints a table row.
+// torch113_add > 0: the real step's peak is where torch 1.13's engine adds two grads out of
+// place (2.x, which memsim emulates, adds in place): the real peak must then exceed the
+// predicted one by exactly that tensor's bytes, instead of the 2% bound.
 inline void compare_with_fixture(const nlohmann::json& fx, const Scenario& scenario,
-                                 const Program& program) {
+                                 const Program& program, uint64_t torch113_add = 0) {
   const std::string name = fx["name"];
   const Walk w = walk(program);
   // The allocator emulator agrees with the walk on requested bytes.
@@ -125,7 +128,12 @@ inline void compare_with_fixture(const nlohmann::json& fx, const Scenario& scena
   CHECK(kind(TensorKind::input) == fe["inputs"].get<uint64_t>());
   CHECK(kind(TensorKind::other) == fe["buffers"].get<uint64_t>());
   CHECK(w.forward_end_total == real_fe);
-  CHECK(std::fabs(rel(w.step_peak, real_peak)) < 0.02);
+  if (torch113_add > 0) {
+    CHECK(fx["peak_at"]["op"].get<std::string>() == "add");
+    CHECK(real_peak == w.step_peak + torch113_add);
+  } else {
+    CHECK(std::fabs(rel(w.step_peak, real_peak)) < 0.02);
+  }
 
   // What each layer's forward leaves alive for backward (its saved tensors).
   for (const auto& [layer, bytes] : fe["activations_by_layer"].items()) {

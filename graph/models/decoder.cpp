@@ -114,7 +114,9 @@ void DecoderModel::construct() {
     // Llama-lineage decoder layers register self_attn, mlp, then their norms.
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     rt_.ctx.module = Module::attention;
-    if (a.fused_qkv) {  // Phi3Attention registers o_proj before qkv_proj
+    if (a.mla.enabled()) {  // DeepseekV3Attention (decoder_mla.cpp)
+      construct_mla(p, pre);
+    } else if (a.fused_qkv) {  // Phi3Attention registers o_proj before qkv_proj
       p.o = add_proj(D, qD, pre, "self_attn.o_proj", a.o_bias, kOProj);
       p.qkv = add_proj(qD + 2 * kvD, D, pre, "self_attn.qkv_proj", a.qkv_bias, -1);
     } else {

@@ -147,6 +147,11 @@ class DecoderModel {
     bool moe = false;
     int32_t router = -1, experts_gate_up = -1, experts_down = -1;
     Proj shared_gate_proj;
+    Tensor score_bias;  // DeepSeek-V3's e_score_correction_bias buffer (E fp32)
+    // Multi-head latent attention (DecoderArch::mla; decoder_mla.cpp): q_a_proj / q_b_proj
+    // (or p.q as q_proj), kv_a_proj_with_mqa / kv_b_proj, their RMSNorms; p.o is o_proj.
+    Proj q_a, q_b, kv_a, kv_b;
+    Norm q_a_norm, kv_a_norm;
   };
   const DecoderArch& arch() const { return s_.arch; }
 
@@ -193,6 +198,11 @@ class DecoderModel {
                              const Tensor& weights);
   Tensor moe_experts_grouped(const LayerParams& p, const Tensor& x, const Tensor& indices,
                              const Tensor& weights);
+  // DeepSeek-V3 (decoder_moe_deepseek.cpp; docs/deepseek.md): DeepseekV3MoE's registration
+  // (experts, gate with its bias buffer, shared_experts), its router, and its block.
+  void construct_moe_deepseek(LayerParams& p, const std::string& prefix);
+  Tensor moe_router_deepseek(const LayerParams& p, const Tensor& x, Tensor& weights, Tensor& indices);
+  Tensor moe_block_deepseek(int32_t l, const LayerParams& p, const Tensor& x);
   // load_balancing_loss_func over the recorded router outputs; adds coef * aux to `loss`.
   Tensor moe_aux_loss(const Tensor& loss);
   int64_t moe_layer_index(int32_t l) const;  // l's rank among the MoE layers
@@ -210,6 +220,10 @@ class DecoderModel {
   // mem-efficient), with autocast's casts of q/k/v when it is on.
   Tensor sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double flops);
   Tensor attention_gpt2(const LayerParams& p, const Tensor& x);
+  // DeepseekV3Attention (multi-head latent attention; decoder_mla.cpp).
+  void construct_mla(LayerParams& p, const std::string& prefix);
+  Tensor attention_mla(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& cos,
+                       const Tensor& sin);
   Tensor where_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
                     Tensor& weights);
 

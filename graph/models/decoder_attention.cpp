@@ -80,6 +80,7 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
                                const Tensor& cos_in, const Tensor& sin_in) {
   if (titan()) return attention_titan(p, x);  // decoder_impl.cpp (cos_in is freqs_cis)
   if (tune()) return attention_tune(p, x);
+  if (arch().mla.enabled()) return attention_mla(p, x, mask, cos_in, sin_in);  // decoder_mla.cpp
   ModuleScope module_scope(rt_, Module::attention);
   const DecoderArch& a = arch();
   const uint64_t B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
@@ -228,8 +229,12 @@ Tensor DecoderModel::sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor&
 Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& value,
                           const Tensor& mask) {
   const DecoderArch& a = arch();
-  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
-  const uint64_t qD = s_.q_dim();
+  // Multi-head latent attention (decoder_mla.cpp): q/k are qk_head_dim wide and contiguous
+  // (cat of their nope and rope parts), the output H x v_head_dim.
+  const bool mla = a.mla.enabled();
+  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq;
+  const uint64_t hd = mla ? static_cast<uint64_t>(a.mla.qk_head_dim()) : s_.head_dim();
+  const uint64_t qD = mla ? H * static_cast<uint64_t>(a.mla.v_head_dim) : s_.q_dim();
   const uint64_t T = s_.key_len();  // keys: S in training, the cache's length in generation
   const uint64_t n_rep = static_cast<uint64_t>(s_.heads / s_.kv_heads);
   const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
@@ -240,7 +245,7 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   // matmul reshapes: q (transposed layout) copies; k^T and v are views when
   // repeat_kv made contiguous copies, copies otherwise. Partial rotary's cat makes q and
   // k contiguous: no copies.
-  const bool qk_contiguous = s_.rotary_dim() < hd;
+  const bool qk_contiguous = mla || s_.rotary_dim() < hd;
   const bool ac = autocast_on();
   Tensor w;
   const uint64_t low_qk = ac ? B * H * S * hd * ac_->low_elem() : 0;

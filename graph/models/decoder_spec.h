@@ -130,7 +130,7 @@ enum class ModelImpl : uint8_t {
 // The router's score function over the (tokens, experts) logits.
 enum class MoeScore : uint8_t {
   softmax,  // softmax in fp32 (every HF MoE row here)
-  sigmoid,  // sigmoid in fp32 (DeepSeek-V3's scores; its group-limited choice is not modelled)
+  sigmoid,  // sigmoid in fp32 (DeepSeek-V3's scores: MoeRouterCode::deepseek_v3 adds its group-limited choice)
 };
 // How the router's transformers code is written (memory-visible: which tensors it keeps).
 enum class MoeRouterCode : uint8_t {
@@ -138,6 +138,10 @@ enum class MoeRouterCode : uint8_t {
             // dtype=float), topk, [/= sum], .to(router_logits.dtype); the raw logits returned
   mixtral,  // MixtralTopKRouter (5.17): router_probs = softmax(logits.float()); the raw logits
             // are returned (and recorded for the aux loss); always renormalised, fp32 weights
+  deepseek_v3,  // DeepseekV3TopkRouter + DeepseekV3MoE.route_tokens_to_experts (v5): fp32
+                // F.linear, sigmoid, + e_score_correction_bias, n_group / topk_group
+                // group-limited top-k, gather, [/ (sum + 1e-20)], * routed_scaling_factor
+                // (graph/models/decoder_moe_deepseek.cpp)
 };
 // Which expert code runs (config._experts_implementation, transformers v5 integrations/moe.py).
 enum class ExpertsImpl : uint8_t {
@@ -171,12 +175,28 @@ struct MoeSpec {
   double skew_alpha = 0.0;
   // routing counts: experts entries (every MoE layer) or moe_layers x experts, row-major.
   std::vector<int64_t> counts;
+  // DeepSeek-V3 (MoeRouterCode::deepseek_v3; docs/deepseek.md): the experts in n_group
+  // groups, top-2 sums choose topk_group of them per token. shared_d_ff is then
+  // DeepseekV3MoE's ungated shared_experts MLP (moe_intermediate_size x n_shared_experts),
+  // run after the routed experts and added out of place.
+  int64_t n_group = 1, topk_group = 1;
 
   bool layer_is_moe(int64_t l) const {
     if (experts <= 0 || l < first_dense_layers) return false;
     if (l >= 0 && static_cast<size_t>(l) < dense_layers.size() && dense_layers[l] != 0) return false;
     return sparse_step <= 1 || (l + 1) % sparse_step == 0;
   }
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3; graph/models/decoder_mla.cpp,
+// docs/deepseek.md): kv_lora_rank 0 = none (the q/k/v projections above).
+struct MlaSpec {
+  int64_t q_lora_rank = 0;  // 0: q_proj (config q_lora_rank null); else q_a_proj, norm, q_b_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = true;  // DeepseekV3Config.rope_interleave: apply_rotary_pos_emb_interleave
+  bool enabled() const { return kv_lora_rank > 0; }
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
 };
 
 struct DecoderArch {
@@ -231,6 +251,7 @@ struct DecoderArch {
   SandwichOrder sandwich_order = SandwichOrder::gemma3;
   ModelImpl impl = ModelImpl::hf;  // model.implementation
   MoeSpec moe;                     // model.moe / a MoE config.json (experts 0: dense)
+  MlaSpec mla;                     // a DeepSeek config.json's latent attention (0: none)
 
   bool layer_slides(int64_t l) const {
     if (sliding_window <= 0) return false;

@@ -200,6 +200,7 @@ Tensor view(Runtime& rt, const Tensor& x, bool copy_in_backward) {
     rt.node(n).size[0] = x.bytes;
     rt.node(n).flags |= kCopyInBackward;
     out.grad_fn = n;
+    out.out_slot = 0;  // the view's own node (x may be a piece of a multi-output node)
   }
   return out;
 }

@@ -66,6 +66,18 @@ TopkResult topk(Runtime& rt, const Tensor& x, uint64_t rows, uint64_t k, uint64_
   return r;
 }
 
+Tensor masked_fill_scalar(Runtime& rt, const Tensor& x, const Tensor& mask) {
+  Tensor out = out_tensor(rt, x.bytes, OpKind::where_scalar);
+  if (wants_grad(rt, {&x})) {
+    int32_t n = rt.make_node(OpKind::where_scalar, {&x});
+    rt.node(n).size[0] = x.bytes;
+    rt.node(n).size[3] = 0;  // masked_fill's backward: no 0-d scalar tensor
+    rt.save(n, mask);
+    out.grad_fn = n;
+  }
+  return out;
+}
+
 void div_inplace(Runtime& rt, Tensor& a, const Tensor& b) {
   if (!wants_grad(rt, {&a, &b})) return;
   // original_self: the generated in-place code clones self before overwriting it.

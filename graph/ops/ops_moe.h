@@ -78,6 +78,11 @@ Tensor masked_fill(Runtime& rt, const Tensor& x, const Tensor& mask, bool in_pla
 // and so run right after the head, before any node of the forward that made the inputs.
 Tensor cat_n(Runtime& rt, const std::vector<Tensor>& inputs);
 
+// x.masked_fill(mask, python scalar) (DeepSeek-V3's scores_for_choice): clone + masked_fill_,
+// one new x-sized tensor, no 0-d scalar tensor (masked_fill.Scalar). MaskedFillBackward0
+// saves the mask; its backward is where_scalar's (grad.masked_fill(mask, 0): new, x-sized).
+Tensor masked_fill_scalar(Runtime& rt, const Tensor& x, const Tensor& mask);
+
 // A no-grad tensor made by one of the routing bookkeeping ops (one_hot, nonzero, sort,
 // compare, sum): a new storage of `bytes`.
 Tensor moe_scratch(Runtime& rt, uint64_t bytes, OpKind op);

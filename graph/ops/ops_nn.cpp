@@ -181,7 +181,8 @@ Tensor cat2(Runtime& rt, const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Chunk2::Chunk2(Runtime& rt, const Tensor& x) : base_(x) {
+Chunk2::Chunk2(Runtime& rt, const Tensor& x, uint64_t first_bytes)
+    : base_(x), first_(first_bytes > 0 ? first_bytes : x.bytes / 2) {
   if (wants_grad(rt, {&x})) {
     node_ = rt.make_node(OpKind::chunk2, {&x});
     rt.node(node_).size[0] = x.bytes;
@@ -189,7 +190,7 @@ Chunk2::Chunk2(Runtime& rt, const Tensor& x) : base_(x) {
 }
 
 Tensor Chunk2::piece(Runtime& rt, int which) const {
-  Tensor p = rt.view_of(base_, base_.bytes / 2);
+  Tensor p = rt.view_of(base_, which == 0 ? first_ : base_.bytes - first_);
   if (node_ < 0) return p;
   p.grad_fn = node_;
   p.out_slot = static_cast<uint8_t>(which);

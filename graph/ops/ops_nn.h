@@ -92,14 +92,17 @@ class SplitQkv {
 // torch.cat((a, b), dim=-1): a new tensor; CatBackward0 narrows the grad (views).
 Tensor cat2(Runtime& rt, const Tensor& a, const Tensor& b);
 // x.chunk(2, dim=-1) (Phi-3's gate_up): piece(0|1) is a half-sized view; the one
-// SplitBackward0 node cats the two grads into a new x-sized tensor.
+// SplitBackward0 node cats the two grads into a new x-sized tensor. With first_bytes,
+// torch.split(x, [a, b], dim=-1) (SplitWithSizesBackward0, the same cat): piece 0 has
+// first_bytes, piece 1 the rest (MLA's nope/rope and latent/rope splits).
 class Chunk2 {
  public:
-  Chunk2(Runtime& rt, const Tensor& x);
+  Chunk2(Runtime& rt, const Tensor& x, uint64_t first_bytes = 0);
   Tensor piece(Runtime& rt, int which) const;
  private:
   Tensor base_;
   int32_t node_ = -1;
+  uint64_t first_ = 0;
 };
 
 class TiedWeight {

@@ -40,6 +40,18 @@ int64_t layer_parameter_count(const ModelConfig& m, int64_t layer) {
   int64_t n = D * q + 2 * D * kv + q * D;  // q, k, v, o
   if (a.qkv_bias) n += q + 2 * kv;
   if (a.o_bias) n += D;
+  if (a.mla.enabled()) {
+    // DeepseekV3Attention (graph/models/decoder_mla.cpp): q_a_proj + q_a_layernorm + q_b_proj
+    // (or q_proj), kv_a_proj_with_mqa + kv_a_layernorm + kv_b_proj, o_proj; attention_bias
+    // on q_a, kv_a and o.
+    const graph::MlaSpec& ml = a.mla;
+    const int64_t H = m.heads, qk = ml.qk_head_dim(), rq = ml.q_lora_rank, rkv = ml.kv_lora_rank;
+    n = rq > 0 ? D * rq + norm(a, rq) + rq * H * qk : D * H * qk;
+    n += D * (rkv + ml.qk_rope_head_dim) + norm(a, rkv) + rkv * H * (ml.qk_nope_head_dim + ml.v_head_dim);
+    n += H * ml.v_head_dim * D;
+    if (a.qkv_bias) n += (rq > 0 ? rq : 0) + rkv + ml.qk_rope_head_dim;
+    if (a.o_bias) n += D;
+  }
   switch (a.qk_norm) {
     case graph::QkNorm::none: break;
     case graph::QkNorm::head: n += norm(a, hd) * 2; break;
@@ -51,7 +63,8 @@ int64_t layer_parameter_count(const ModelConfig& m, int64_t layer) {
     // its (1, D) gate.
     const int64_t E = a.moe.experts, Fe = a.moe.expert_d_ff, Fs = a.moe.shared_d_ff;
     n += E * D + 3 * E * D * Fe;
-    if (Fs > 0) n += 3 * D * Fs + D;
+    // Qwen2-MoE's shared expert has a (1, D) gate; DeepSeek's shared_experts none.
+    if (Fs > 0) n += 3 * D * Fs + (a.moe.code == graph::MoeRouterCode::deepseek_v3 ? 0 : D);
   } else if (a.mlp == graph::MlpKind::glu) {
     n += 3 * D * F + (a.mlp_bias ? 2 * F + D : 0);
   } else {

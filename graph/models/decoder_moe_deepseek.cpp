@@ -1,0 +1,196 @@
+// DecoderModel's DeepSeek-V3 mixture-of-experts block (graph/models/decoder.h; docs/deepseek.md):
+// DeepseekV3MoE as transformers 5.x writes it, for MoeRouterCode::deepseek_v3.
+//
+// Modelled from huggingface/transformers main (the 5.x layout: DeepseekV3NaiveMoe holds the
+// routed experts as 3-D gate_up_proj / down_proj, and route_tokens_to_experts moved from the
+// router into the block), models/deepseek_v3/modeling_deepseek_v3.py. The stored snapshot of
+// the transformers repository here is the 4.5x file (nn.ModuleList experts and a
+// @torch.no_grad get_topk_indices); the 5.x route_tokens_to_experts was read from its
+// verbatim copies in downstream code (GlmMoeDsa / NemotronH / ExaoneMoe ports of it), which
+// all agree: no no_grad, router_logits rebound to its sigmoid. What runs:
+//  - DeepseekV3MoE.__init__ registers experts (DeepseekV3NaiveMoe: gate_up_proj (E, 2F, D),
+//    down_proj (E, D, F)), gate (DeepseekV3TopkRouter: weight (E, D) and the
+//    e_score_correction_bias buffer, E fp32 zeros), shared_experts (DeepseekV3MLP of
+//    moe_intermediate_size x n_shared_experts: gate/up/down nn.Linear, no gate of its own);
+//  - forward: `router_logits = self.gate(x)` (F.linear(x.type(fp32), W.type(fp32)): for a
+//    16-bit model two fp32 copies, both saved by the mm; the raw (T, E) fp32 logits are a
+//    local until forward returns), `topk_indices, topk_weights =
+//    self.route_tokens_to_experts(router_logits)`, the experts (the eager loop of
+//    decoder_moe.cpp, or experts_implementation's batched_mm / grouped_mm), then
+//    `hidden_states + self.shared_experts(residuals)` out of place;
+//  - route_tokens_to_experts: sigmoid (saved by SigmoidBackward0 and GatherBackward0),
+//    `+ e_score_correction_bias` (T, E), `.view(-1, G, E/G).topk(2)[0].sum(-1)` (the
+//    group scores; TopkBackward0 keeps the (T, G, 2) indices while they live),
+//    `topk(group_scores, topk_group)[1]` (the values and their node die at once),
+//    zeros_like + scatter_ (the (T, G) group mask), `unsqueeze.expand.reshape` (a (T, E)
+//    fp32 copy), `~mask.bool()` (two (T, E) bool tensors, the first a temporary),
+//    masked_fill (T, E, MaskedFillBackward0 keeping the bool mask), topk (T, K) whose
+//    values die at once, `router_logits.gather(1, topk_indices)`, with norm_topk_prob
+//    `sum + 1e-20` and an in-place division (decoder_moe.cpp's renormalisation), and
+//    `* routed_scaling_factor` (a new (T, K)). The group-selection tensors are part of the
+//    autograd graph (they require grad) but nothing of the loss reaches them: they are
+//    freed when the function returns, in its locals' order.
+// Routing stays the scenario's assumption (moe.routing; graph/models/moe_routing.h): only
+// the sizes of the routing tensors are data-independent, so the top-k indices' values are
+// the assumption's.
+#include <string>
+
+#include "graph/models/decoder.h"
+#include "graph/models/moe_routing.h"
+#include "graph/ops/ops_moe.h"
+#include "graph/ops/ops_nn.h"
+
+namespace memsim::graph {
+
+namespace {
+
+// A tensor whose Python name dies unused with nothing else holding its autograd node: the
+// node's saved tensors go with it.
+void drop_with_node(Runtime& rt, Tensor& t) {
+  if (t.grad_fn >= 0) rt.release_saved(rt.node(t.grad_fn));
+  t.reset();
+}
+
+}  // namespace
+
+void DecoderModel::construct_moe_deepseek(LayerParams& p, const std::string& pre) {
+  const MoeSpec& m = arch().moe;
+  const uint64_t e = s_.elem, D = static_cast<uint64_t>(s_.d_model);
+  const uint64_t E = static_cast<uint64_t>(m.experts), F = static_cast<uint64_t>(m.expert_d_ff);
+  p.moe = true;
+  p.experts_gate_up = rt_.add_parameter(E * 2 * F * D * e, param_name(pre, "mlp.experts", ".gate_up_proj"));
+  p.experts_down = rt_.add_parameter(E * D * F * e, param_name(pre, "mlp.experts", ".down_proj"));
+  p.router = rt_.add_parameter(E * D * e, param_name(pre, "mlp.gate", ".weight"));
+  rt_.parameters()[p.router].rows = E;
+  // register_buffer("e_score_correction_bias", torch.zeros(E)): fp32 (transformers keeps it
+  // in fp32 for 16-bit models: _keep_in_fp32_modules_strict).
+  p.score_bias = rt_.alloc(E * 4, TensorKind::other, OpKind::fill);
+  if (m.shared_d_ff > 0) {
+    const uint64_t S = static_cast<uint64_t>(m.shared_d_ff);
+    p.gate = add_proj(S, D, pre, "mlp.shared_experts.gate_proj", false, -1);
+    p.up = add_proj(S, D, pre, "mlp.shared_experts.up_proj", false, -1);
+    p.down = add_proj(D, S, pre, "mlp.shared_experts.down_proj", false, -1);
+  }
+}
+
+// DeepseekV3TopkRouter.forward and DeepseekV3MoE.route_tokens_to_experts. Returns the raw
+// fp32 logits (the block's `router_logits` local); fills the (T, K) fp32 weights and int64
+// indices.
+Tensor DecoderModel::moe_router_deepseek(const LayerParams& p, const Tensor& x, Tensor& weights,
+                                         Tensor& indices) {
+  const MoeSpec& m = arch().moe;
+  const uint64_t T = s_.rows(), E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
+  const uint64_t D = static_cast<uint64_t>(s_.d_model);
+  const uint64_t G = static_cast<uint64_t>(m.n_group), TG = static_cast<uint64_t>(m.topk_group);
+  const double flops = 2.0 * static_cast<double>(T) * static_cast<double>(D) * static_cast<double>(E);
+  // F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32)): .type is the
+  // tensor itself in fp32; otherwise two copies, saved by the mm, dying with the expression.
+  Tensor logits;
+  if (s_.elem == 4) {
+    logits = mm_linear(rt_, x, rt_.param(p.router), T * E * 4, flops);
+  } else {
+    Tensor x32 = to_copy(rt_, x, T * D * 4);
+    Tensor w32 = to_copy(rt_, rt_.param(p.router), E * D * 4);
+    logits = mm_linear(rt_, x32, w32, T * E * 4, flops);
+  }
+  // --- route_tokens_to_experts(router_logits) ---
+  Tensor scores = sigmoid(rt_, logits);            // router_logits = router_logits.sigmoid()
+  Tensor choice = add(rt_, scores, p.score_bias);  // + e_score_correction_bias (no grad)
+  Tensor group_scores;
+  {
+    // .view(-1, G, E // G).topk(2, dim=-1)[0]: the tuple dies, TopkBackward0 keeps the
+    // indices; .sum(dim=-1), then the values die.
+    TopkResult top2 = topk(rt_, choice, T * G, 2, 4);
+    top2.indices.reset();
+    group_scores = sum_dim(rt_, top2.values, T * G * 4);
+  }
+  const int32_t group_node = group_scores.grad_fn;  // SumBackward0 -> the top-2's TopkBackward0
+  const int32_t top2_node = group_node >= 0 ? rt_.node(group_node).next[0].node : -1;
+  Tensor group_idx;
+  {
+    TopkResult gt = topk(rt_, group_scores, T, TG, 4);  // torch.topk(..., sorted=False)[1]
+    group_idx = std::move(gt.indices);
+    drop_with_node(rt_, gt.values);
+  }
+  Tensor group_mask = moe_scratch(rt_, T * G * 4, OpKind::fill);    // zeros_like; scatter_ in place
+  Tensor score_mask = moe_scratch(rt_, T * E * 4, OpKind::clone);   // unsqueeze.expand.reshape
+  Tensor for_choice;
+  {
+    Tensor inverted;
+    {
+      Tensor as_bool = moe_scratch(rt_, T * E, OpKind::to_copy);  // score_mask.bool()
+      inverted = moe_scratch(rt_, T * E, OpKind::compare);         // ~
+    }
+    for_choice = masked_fill_scalar(rt_, choice, inverted);  // MaskedFillBackward0 keeps ~mask
+  }
+  {
+    TopkResult fin = topk(rt_, for_choice, T, K, 4);  // torch.topk(..., sorted=False)[1]
+    indices = std::move(fin.indices);
+    drop_with_node(rt_, fin.values);
+  }
+  Tensor w = gather(rt_, scores, indices, T * K * 4);  // router_logits.gather(1, topk_indices)
+  Tensor denominator;
+  if (m.norm_topk) {
+    {
+      Tensor sum = sum_dim(rt_, w, T * 4);  // topk_weights.sum(dim=-1, keepdim=True)
+      denominator = add_scalar(rt_, sum);   // + 1e-20
+    }
+    div_inplace(rt_, w, denominator);       // topk_weights /= denominator
+  }
+  weights = mul_scalar(rt_, w);  // topk_weights * self.routed_scaling_factor
+  w.reset();
+  // The function returns: its locals die in their order (router_logits = the sigmoid, kept by
+  // its node; router_logits_for_choice; group_scores, and with it the top-2's saved indices;
+  // group_idx; group_mask; score_mask; scores_for_choice, and with it the inverted mask;
+  // denominator, kept by the division).
+  scores.reset();
+  choice.reset();
+  group_scores.reset();
+  if (top2_node >= 0) rt_.release_saved(rt_.node(top2_node));
+  group_idx.reset();
+  group_mask.reset();
+  score_mask.reset();
+  drop_with_node(rt_, for_choice);
+  denominator.reset();
+  return logits;
+}
+
+Tensor DecoderModel::moe_block_deepseek(int32_t l, const LayerParams& p, const Tensor& x) {
+  ModuleScope module_scope(rt_, Module::mlp);
+  const MoeSpec& m = arch().moe;
+  const std::vector<int64_t> counts = routed_tokens(m, static_cast<int64_t>(s_.rows()), moe_layer_index(l));
+  Tensor weights, indices;
+  Tensor router_logits = moe_router_deepseek(p, x, weights, indices);
+  Tensor out;
+  switch (m.impl) {
+    case ExpertsImpl::eager: out = moe_experts_eager(p, x, indices, weights, counts); break;
+    case ExpertsImpl::batched_mm: out = moe_experts_batched(p, x, indices, weights); break;
+    case ExpertsImpl::grouped_mm: out = moe_experts_grouped(p, x, indices, weights); break;
+  }
+  if (m.shared_d_ff > 0) {
+    // hidden_states + self.shared_experts(residuals): DeepseekV3MLP on every token, added out
+    // of place; the shared output dies with the add, the experts' output when the name is
+    // rebound.
+    Tensor shared;
+    {
+      Tensor h;
+      {
+        Tensor a = activation(project(x, p, p.gate));
+        Tensor u = project(x, p, p.up);
+        h = mul(rt_, a, u);
+      }
+      shared = project(h, p, p.down);
+    }
+    Tensor sum = add(rt_, out, shared);
+    shared.reset();
+    out = std::move(sum);
+  }
+  // forward returns: residuals, router_logits (the raw fp32 logits: freed here), topk_indices
+  // and topk_weights (kept by the gather and the experts' products).
+  router_logits.reset();
+  indices.reset();
+  weights.reset();
+  return out;
+}
+
+}  // namespace memsim::graph

@@ -1,0 +1,70 @@
+#include "scenario/deepseek_keys.h"
+
+#include <cstring>
+#include <string>
+
+namespace memsim::scenario_detail {
+
+namespace {
+
+std::string where_of(const Doc& d, const char* key, const std::string& fallback) {
+  const Field* f = d.find(key);
+  return f ? f->where : fallback;
+}
+
+}  // namespace
+
+void check_deepseek(const Doc& d, const Scenario& s) {
+  const graph::DecoderArch& a = s.model.arch;
+  const std::string at = where_of(d, "model.hf_config", where_of(d, "model.architecture", d.where_missing("model")));
+  const graph::MoeSpec& moe = a.moe;
+  if (moe.experts > 0 && moe.code == graph::MoeRouterCode::deepseek_v3) {
+    const std::string moe_at = where_of(d, "model.moe", at);
+    if (moe.score != graph::MoeScore::sigmoid)
+      fail(moe_at, "model.moe.router",
+           "DeepSeek-V3's router is sigmoid (DeepseekV3MoE.route_tokens_to_experts); softmax is not its code");
+    if (moe.output_router_logits)
+      fail(moe_at, "model.moe.output_router_logits",
+           "DeepseekV3ForCausalLM computes no auxiliary load-balancing loss (its balance is the "
+           "e_score_correction_bias): remove it");
+    if (moe.experts % moe.n_group != 0 || moe.experts / moe.n_group < 2)
+      fail(moe_at, "model.moe.experts",
+           std::to_string(moe.experts) + " experts do not split into the config's n_group " +
+               std::to_string(moe.n_group) + " groups of at least 2 (each group's score is its top-2 sum)");
+  }
+  if (!a.mla.enabled()) {
+    if (std::strcmp(a.architecture, "deepseek_v3") == 0)
+      fail(at, "model.architecture",
+           "deepseek_v3 needs its config.json (model.hf_config): the latent attention's sizes "
+           "(q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v head dims) have no scenario keys");
+    return;
+  }
+  if (s.model.attention != AttentionImpl::eager)
+    fail(where_of(d, "model.attention", at), "model.attention",
+         std::string(to_string(s.model.attention)) +
+             " is not modelled with multi-head latent attention (q/k are qk_head_dim wide, v "
+             "v_head_dim: which SDPA kernel torch picks, and HF's padding of v for flash "
+             "attention, are not modelled); use eager");
+  if (s.model.kv_heads != s.model.heads)
+    fail(where_of(d, "model.kv_heads", at), "model.kv_heads",
+         "multi-head latent attention has one key/value head per query head (repeat_kv of "
+         "DeepseekV3Attention's keys would not match its queries): kv_heads must equal heads");
+  if (s.step.kind == StepKind::generate)
+    fail(where_of(d, "step.kind", at), "step.kind",
+         "generate with multi-head latent attention is not modelled (DynamicCache keeps the "
+         "decompressed per-head keys and values)");
+  if (s.precision.autocast.has_value())
+    fail(where_of(d, "precision.autocast", at), "precision.autocast",
+         "multi-head latent attention under autocast is not modelled; use bf16 parameters");
+  if (s.lora.rank > 0)
+    fail(where_of(d, "lora.rank", at), "lora.rank",
+         "LoRA on multi-head latent attention's projections is not modelled");
+  if (s.model.arch.impl != graph::ModelImpl::hf)
+    fail(where_of(d, "model.implementation", at), "model.implementation",
+         "multi-head latent attention is modelled for transformers' code (hf) only");
+  if (s.precision.float8 != Float8Recipe::none)
+    fail(where_of(d, "precision.float8", at), "precision.float8",
+         "float8 linears with multi-head latent attention are not modelled");
+}
+
+}  // namespace memsim::scenario_detail
