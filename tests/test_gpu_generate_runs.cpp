@@ -93,3 +93,32 @@ TEST_CASE("Generate on a GPU (transformers 5.17): blind predictions, measured", 
   CHECK(measured == 6);
   for (const auto& [name, why] : runs["failures"].items()) WARN(name << " not measured: " << why.get<std::string>());
 }
+
+// After the measurement: memsim's 5.x cache classes (generate.cache_classes: v5, built after
+// these runs from transformers' cache_utils.py; docs/generate.md) allocate a StaticCache's
+// layers lazily inside the prefill, the cause named for the static runs' gaps above. With
+// them the two static runs come within 22 KiB allocated and reserved exact (the Qwen3 run's
+// extra 20 MiB segment included), and the dynamic runs keep their blind numbers. Not blind:
+// the key was written after the runs were seen.
+TEST_CASE("Generate on a GPU: the static runs with 5.x's cache classes", "[generate][gpu]") {
+  const nlohmann::json runs = memsim_test::load_json(kRuns);
+  const nlohmann::json pred = memsim_test::load_json(kPredictions);
+  std::map<std::string, std::string> scenario;
+  for (const nlohmann::json& p : pred["runs"]) scenario[p["name"]] = p["scenario"];
+  memsim_test::print_comparison_header();
+  size_t compared = 0;
+  for (const nlohmann::json& r : runs["results"]) {
+    const std::string name = r["spec"]["name"];
+    if (r["spec"]["cache"] != "static") continue;
+    INFO(name);
+    const memsim_test::SimulatedPeaks v5 = memsim_test::simulate_peaks(
+        load_scenario(MEMSIM_SOURCE_DIR "/" + scenario.at(name), {{"generate.cache_classes", "v5"}}));
+    const uint64_t ra = r["generate_peak_allocated"], rr = r["generate_peak_reserved"];
+    memsim_test::print_comparison_row(name + " (cache_classes v5)", v5.allocated, ra, v5.reserved, rr,
+                                      "(after the measurement)");
+    CHECK(std::fabs(memsim_test::rel(v5.allocated, ra)) <= 0.00005);
+    CHECK(v5.reserved == rr);
+    ++compared;
+  }
+  CHECK(compared == 2);
+}
