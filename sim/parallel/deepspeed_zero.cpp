@@ -201,7 +201,13 @@ void DeepSpeedZero::setup_stage12(Runtime& rt) {
     graph::Parameter& m = rt.parameters()[static_cast<size_t>(master_)];
     m.elem = 4;
     program.tensors[m.storage].kind = TensorKind::optimizer_state;
-    program.events.back().kind = TensorKind::optimizer_state;
+    // The master's own alloc event: with a 16-bit clone the last event is the clone's free.
+    for (auto it = program.events.rbegin(); it != program.events.rend(); ++it) {
+      if (it->type == EventType::alloc && it->tensor == m.storage) {
+        it->kind = TensorKind::optimizer_state;
+        break;
+      }
+    }
     // initialize_optimizer_states: an fp32 zeros(P) .grad, set to None at once.
     rt.release(alloc(rt, P * 4, TensorKind::gradient,
                      "zeros grad of " + master + " (initialize_optimizer_states)"));
