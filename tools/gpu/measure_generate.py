@@ -63,6 +63,10 @@ SPECS = [
     # DynamicCache did not (memsim models v4.45; see the predictions file).
     spec("gen_mistral_l4_d1024_b4_p512_n64_w256_dynamic", "mistral", sliding_window=256),
     spec("gen_llama_l4_d1024_b4_p512_n64_dynamic_sdpa", "llama", attention="sdpa"),
+    # 5.x's offloaded cache (DynamicCache(config, offloading=True)): layers to the host after
+    # their update, the next one prefetched on a side stream; memsim with
+    # generate.cache_classes: v5 (added 2026-11-27, predicted before this run).
+    spec("gen_llama_l4_d1024_b4_p512_n64_offloaded", "llama", cache="offloaded"),
 ]
 EST_SECONDS = 9.0
 
@@ -149,6 +153,8 @@ def run_one(sp, out_dir):
                   do_sample=False)
     if sp["cache"] == "static":
         gen_kw.update(cache_implementation="static", disable_compile=True)
+    if sp["cache"] == "offloaded":
+        gen_kw.update(cache_implementation="offloaded")
     t0 = time.time()
     try:
         out = model.generate(**gen_kw)

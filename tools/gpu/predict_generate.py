@@ -80,7 +80,7 @@ def scenario_yaml(sp):
         "# tests/data/gpu/generate_predictions.json). transformers' own model from this",
         f"# config.json (AutoModelForCausalLM.from_config, bf16, attn_implementation {sp['attention']}),",
         f"# model.generate(max_new_tokens={sp['new_tokens']}, do_sample=False"
-        + (", cache_implementation='static'" if sp["cache"] == "static" else "") + ").",
+        + (f", cache_implementation='{sp['cache']}'" if sp["cache"] != "dynamic" else "") + ").",
         f"name: {sp['name']}",
         "model:",
         f"  hf_config: configs/{sp['name']}.json",
@@ -88,7 +88,8 @@ def scenario_yaml(sp):
         f"batch: {{micro_batch: {sp['batch']}}}",
         "precision: {params: bf16}",
         "step: {kind: generate}",
-        f"generate: {{prompt_len: {sp['prompt']}, new_tokens: {sp['new_tokens']}, cache: {sp['cache']}}}",
+        f"generate: {{prompt_len: {sp['prompt']}, new_tokens: {sp['new_tokens']}, cache: {sp['cache']}"
+        + (", cache_classes: v5" if sp["cache"] == "offloaded" else "") + "}",
         "device: {preset: h100-80gb}",
         ""])
 
