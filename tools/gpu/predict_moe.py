@@ -38,12 +38,18 @@ DIFFERENCES = {
                     "is bf16 (no per-expert fp32 n x D x 4 transient, no .to copy; the same n x D "
                     "x 2 saved) and its backward grads are bf16; memsim models the earlier v5 "
                     "code (router_logits rebound to the fp32 probabilities, fp32 weights)",
-    "deepseek_v3": "DeepseekV3 of transformers 5.17.0 (installed on the GPU machine): MLA eager "
-                   "attention with interleaved RoPE, DeepseekV3TopkRouter (fp32 logits and sigmoid "
-                   "scores both alive, group-limited top-k, gather, norm, scaling), the eager "
-                   "experts loop, the gated shared expert added out of place; not modelled: CUDA "
-                   "nonzero's / where's cub scratch (small-pool KiB blocks) and the forced-routing "
-                   "table (16 KiB)",
+    "deepseek_v3": "DeepseekV3 of transformers 5.17.0 (installed on the GPU machine) against memsim's "
+                   "DeepSeek model as merged (read from transformers main second-hand). Known "
+                   "5.17 differences memsim does not model yet (expected to move transients, not "
+                   "the peak at the loss's backward, where the saved activations decide it): "
+                   "(1) the router rebinds scores_for_choice to its masked_fill (the scores + bias "
+                   "(T, E) fp32 dies there, not at return); (2) apply_rotary_pos_emb_interleave "
+                   "computes the rotation on q[..., 0::2] / q[..., 1::2] slices and cats (no "
+                   "view/transpose/reshape copy; strided-slice grads in backward); (3) expand_kv "
+                   "builds key_states with new_empty + two slice copy_ (CopySlices: in backward a "
+                   "full (B, H, S, qk) grad copy and a slice clone per copy_) instead of torch.cat. "
+                   "Not modelled either: CUDA nonzero's / where's cub scratch (small-pool KiB "
+                   "blocks) and the forced-routing table (16 KiB)",
 }
 
 
