@@ -1,35 +1,34 @@
 // DecoderModel's DeepSeek-V3 mixture-of-experts block (graph/models/decoder.h; docs/deepseek.md):
 // DeepseekV3MoE as transformers 5.x writes it, for MoeRouterCode::deepseek_v3.
 //
-// Modelled from huggingface/transformers main (the 5.x layout: DeepseekV3NaiveMoe holds the
-// routed experts as 3-D gate_up_proj / down_proj, and route_tokens_to_experts moved from the
-// router into the block), models/deepseek_v3/modeling_deepseek_v3.py. The stored snapshot of
-// the transformers repository here is the 4.5x file (nn.ModuleList experts and a
-// @torch.no_grad get_topk_indices); the 5.x route_tokens_to_experts was read from its
-// verbatim copies in downstream code (GlmMoeDsa / NemotronH / ExaoneMoe ports of it), which
-// all agree: no no_grad, router_logits rebound to its sigmoid. What runs:
-//  - DeepseekV3MoE.__init__ registers experts (DeepseekV3NaiveMoe: gate_up_proj (E, 2F, D),
+// Modelled from transformers 5.17.0 as installed on the GPU machine (pip wheel,
+// transformers/models/deepseek_v3/modeling_deepseek_v3.py: DeepseekV3TopkRouter.forward,
+// DeepseekV3Experts (@use_experts_implementation), DeepseekV3MoE.forward). What runs:
+//  - DeepseekV3MoE.__init__ registers experts (DeepseekV3Experts: gate_up_proj (E, 2F, D),
 //    down_proj (E, D, F)), gate (DeepseekV3TopkRouter: weight (E, D) and the
-//    e_score_correction_bias buffer, E fp32 zeros), shared_experts (DeepseekV3MLP of
-//    moe_intermediate_size x n_shared_experts: gate/up/down nn.Linear, no gate of its own);
-//  - forward: `router_logits = self.gate(x)` (F.linear(x.type(fp32), W.type(fp32)): for a
-//    16-bit model two fp32 copies, both saved by the mm; the raw (T, E) fp32 logits are a
-//    local until forward returns), `topk_indices, topk_weights =
-//    self.route_tokens_to_experts(router_logits)`, the experts (the eager loop of
-//    decoder_moe.cpp, or experts_implementation's batched_mm / grouped_mm), then
-//    `hidden_states + self.shared_experts(residuals)` out of place;
-//  - route_tokens_to_experts: sigmoid (saved by SigmoidBackward0 and GatherBackward0),
-//    `+ e_score_correction_bias` (T, E), `.view(-1, G, E/G).topk(2)[0].sum(-1)` (the
+//    e_score_correction_bias buffer, E fp32 zeros: _keep_in_fp32_modules_strict),
+//    shared_experts (DeepseekV3MLP of moe_intermediate_size x n_shared_experts: gate/up/down
+//    nn.Linear);
+//  - forward: `_, topk_weights, topk_indices = self.gate(hidden_states)` (the raw (T, E) fp32
+//    logits live as `_` until forward returns), the experts (the eager loop of decoder_moe.cpp
+//    with the fp32 weights: an fp32 routing product and its .to copy; or experts_implementation's
+//    batched_mm / grouped_mm), then `hidden_states + self.shared_experts(residuals)` out of place;
+//  - the router: F.linear(x.type(fp32), W.type(fp32)) (for a 16-bit model two fp32 copies,
+//    both saved by the mm), scores = router_logits.sigmoid() (router_logits is not rebound:
+//    both live; scores saved by SigmoidBackward0 and GatherBackward0), scores_for_choice =
+//    scores + e_score_correction_bias (T, E), `.view(-1, G, E/G).topk(2)[0].sum(-1)` (the
 //    group scores; TopkBackward0 keeps the (T, G, 2) indices while they live),
-//    `topk(group_scores, topk_group)[1]` (the values and their node die at once),
-//    zeros_like + scatter_ (the (T, G) group mask), `unsqueeze.expand.reshape` (a (T, E)
+//    `torch.topk(group_scores, topk_group, sorted=False)[1]` (the values and their node die at
+//    once), zeros_like + scatter_ (the (T, G) group mask), `unsqueeze.expand.reshape` (a (T, E)
 //    fp32 copy), `~mask.bool()` (two (T, E) bool tensors, the first a temporary),
-//    masked_fill (T, E, MaskedFillBackward0 keeping the bool mask), topk (T, K) whose
-//    values die at once, `router_logits.gather(1, topk_indices)`, with norm_topk_prob
-//    `sum + 1e-20` and an in-place division (decoder_moe.cpp's renormalisation), and
-//    `* routed_scaling_factor` (a new (T, K)). The group-selection tensors are part of the
-//    autograd graph (they require grad) but nothing of the loss reaches them: they are
-//    freed when the function returns, in its locals' order.
+//    scores_for_choice REBOUND to the masked_fill (-inf; MaskedFillBackward0 keeps the bool
+//    mask; the scores + bias dies at the rebinding), torch.topk (T, K) whose values die at once,
+//    `scores.gather(1, topk_indices)`, with norm_topk_prob `sum + 1e-20` and an in-place
+//    division, and `* routed_scaling_factor` (a new (T, K)). The group-selection tensors are
+//    part of the autograd graph (they require grad) but nothing of the loss reaches them: they
+//    are freed when the function returns, in its locals' order.
+// (memsim's first DeepSeek model followed transformers main's route_tokens_to_experts, read
+// second-hand: there the scores + bias lived to the return under its own name.)
 // Routing stays the scenario's assumption (moe.routing; graph/models/moe_routing.h): only
 // the sizes of the routing tensors are data-independent, so the top-k indices' values are
 // the assumption's.
@@ -73,7 +72,7 @@ void DecoderModel::construct_moe_deepseek(LayerParams& p, const std::string& pre
   }
 }
 
-// DeepseekV3TopkRouter.forward and DeepseekV3MoE.route_tokens_to_experts. Returns the raw
+// DeepseekV3TopkRouter.forward (transformers 5.17.0). Returns the raw
 // fp32 logits (the block's `router_logits` local); fills the (T, K) fp32 weights and int64
 // indices.
 Tensor DecoderModel::moe_router_deepseek(const LayerParams& p, const Tensor& x, Tensor& weights,
@@ -93,8 +92,8 @@ Tensor DecoderModel::moe_router_deepseek(const LayerParams& p, const Tensor& x, 
     Tensor w32 = to_copy(rt_, rt_.param(p.router), E * D * 4);
     logits = mm_linear(rt_, x32, w32, T * E * 4, flops);
   }
-  // --- route_tokens_to_experts(router_logits) ---
-  Tensor scores = sigmoid(rt_, logits);            // router_logits = router_logits.sigmoid()
+  // --- the routing (5.17: in the router's forward, router_logits not rebound) ---
+  Tensor scores = sigmoid(rt_, logits);            // scores = router_logits.sigmoid()
   Tensor choice = add(rt_, scores, p.score_bias);  // + e_score_correction_bias (no grad)
   Tensor group_scores;
   {
@@ -123,12 +122,15 @@ Tensor DecoderModel::moe_router_deepseek(const LayerParams& p, const Tensor& x, 
     }
     for_choice = masked_fill_scalar(rt_, choice, inverted);  // MaskedFillBackward0 keeps ~mask
   }
+  // 5.17 rebinds scores_for_choice to the masked_fill: the (T, E) scores + bias dies here
+  // (nothing saved it: AddBackward0 and the group top-2's TopkBackward0 keep no input).
+  choice.reset();
   {
     TopkResult fin = topk(rt_, for_choice, T, K, 4);  // torch.topk(..., sorted=False)[1]
     indices = std::move(fin.indices);
     drop_with_node(rt_, fin.values);
   }
-  Tensor w = gather(rt_, scores, indices, T * K * 4);  // router_logits.gather(1, topk_indices)
+  Tensor w = gather(rt_, scores, indices, T * K * 4);  // scores.gather(1, topk_indices)
   Tensor denominator;
   if (m.norm_topk) {
     {
@@ -139,18 +141,17 @@ Tensor DecoderModel::moe_router_deepseek(const LayerParams& p, const Tensor& x, 
   }
   weights = mul_scalar(rt_, w);  // topk_weights * self.routed_scaling_factor
   w.reset();
-  // The function returns: its locals die in their order (router_logits = the sigmoid, kept by
-  // its node; router_logits_for_choice; group_scores, and with it the top-2's saved indices;
-  // group_idx; group_mask; score_mask; scores_for_choice, and with it the inverted mask;
-  // denominator, kept by the division).
+  // The function returns: its locals die in their order (router_logits is returned; scores,
+  // kept by SigmoidBackward0 and GatherBackward0; scores_for_choice (the masked one), and with
+  // it the inverted mask; group_scores, and with it the top-2's saved indices; group_idx;
+  // group_mask; score_mask; denominator, kept by the division).
   scores.reset();
-  choice.reset();
+  drop_with_node(rt_, for_choice);
   group_scores.reset();
   if (top2_node >= 0) rt_.release_saved(rt_.node(top2_node));
   group_idx.reset();
   group_mask.reset();
   score_mask.reset();
-  drop_with_node(rt_, for_choice);
   denominator.reset();
   return logits;
 }

@@ -138,7 +138,7 @@ enum class MoeRouterCode : uint8_t {
             // dtype=float), topk, [/= sum], .to(router_logits.dtype); the raw logits returned
   mixtral,  // MixtralTopKRouter (5.17): router_probs = softmax(logits.float()); the raw logits
             // are returned (and recorded for the aux loss); always renormalised, fp32 weights
-  deepseek_v3,  // DeepseekV3TopkRouter + DeepseekV3MoE.route_tokens_to_experts (v5): fp32
+  deepseek_v3,  // DeepseekV3TopkRouter.forward (transformers 5.17.0: routes itself): fp32
                 // F.linear, sigmoid, + e_score_correction_bias, n_group / topk_group
                 // group-limited top-k, gather, [/ (sum + 1e-20)], * routed_scaling_factor
                 // (graph/models/decoder_moe_deepseek.cpp)

@@ -72,10 +72,10 @@ ROUTINGS = {
 }
 
 
-def spec(name, impl, model_type, routing, dtype="bf16", experts_impl="eager", seconds=8.0):
+def spec(name, impl, model_type, routing, dtype="bf16", experts_impl="eager", seconds=8.0, expert_d_ff=FE):
     return dict(name=name, impl=impl, model_type=model_type, routing=routing,
                 counts=ROUTINGS[routing], dtype=dtype, experts_impl=experts_impl,
-                cfg=dict(SHAPE), experts=E, top_k=K, expert_d_ff=FE, warmup=1, estimate=seconds)
+                cfg=dict(SHAPE), experts=E, top_k=K, expert_d_ff=expert_d_ff, warmup=1, estimate=seconds)
 
 
 # In priority order (a budget cut drops the last).
@@ -91,6 +91,15 @@ SPECS = [
     # memsim refuses grouped_mm (not modelled yet): measured to see what it costs.
     spec("moe_tf_qwen3_moe_bf16_balanced_grouped_mm", "transformers", "qwen3_moe", "balanced",
          experts_impl="grouped_mm", seconds=12.0),
+    # DeepSeek-V3 (configs/deepseek_v3.json: 3 layers, the first dense, MLA, 8 routed experts
+    # of 512 in 2 groups, topk_group 1, top 2, 1 shared expert). Its router calls torch.topk
+    # twice: the group choice gives (T, topk_group) = (T, 1), the expert choice (T, top_k) =
+    # (T, 2); only the latter has the forced table's shape, so only it is overwritten (the
+    # per-group top-2 is Tensor.topk on (T, n_group, E / n_group): not wrapped, not matched).
+    spec("moe_tf_deepseek_v3_bf16_balanced", "transformers", "deepseek_v3", "balanced",
+         seconds=15.0, expert_d_ff=512),
+    spec("moe_tf_deepseek_v3_bf16_worst", "transformers", "deepseek_v3", "worst",
+         seconds=15.0, expert_d_ff=512),
 ]
 
 
@@ -160,6 +169,9 @@ def build_transformers(torch, sp, device, dry):
     if dry:
         d.update(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=96, vocab_size=512, max_position_embeddings=64)
+        if d["model_type"] == "deepseek_v3":  # MLA: a key/value head per query head
+            d.update(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                     qk_nope_head_dim=8, v_head_dim=8)
         for k in ("moe_intermediate_size", "shared_expert_intermediate_size", "head_dim"):
             if k in d:
                 d[k] = 16 if k == "head_dim" else 24
@@ -216,7 +228,7 @@ def code_of(model):
                 out["router"] = inspect.getsource(type(m).forward)
             except (OSError, TypeError):
                 out["router"] = "?"
-        if cls.endswith("SparseMoeBlock") and "block" not in out:
+        if (cls.endswith("SparseMoeBlock") or cls.endswith("MoE")) and "block" not in out:
             try:
                 out["block"] = inspect.getsource(type(m).forward)
             except (OSError, TypeError):
