@@ -1,18 +1,22 @@
 // Shared by the tests that compare memsim's predictions with real runs: the relative
 // error, where the real snapshots are when ../shared is checked out, a scenario's
 // simulated peaks, the large allocations of a trace and of a Program, and the comparison
-// table the accuracy tests print.
+// table the accuracy tests print, and the replay of a GPU script's committed snapshots.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "allocator/snapshot/snapshot.h"
+#include "replay/replay.h"
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
@@ -93,6 +97,32 @@ inline void print_comparison_row(const std::string& id, uint64_t allocated,
               100 * rel(allocated, real_allocated), static_cast<unsigned long long>(reserved),
               static_cast<unsigned long long>(real_reserved), 100 * rel(reserved, real_reserved),
               note.empty() ? "" : ("  " + note).c_str());
+}
+
+// Each measured run's snapshot (the GPU script's OUT/<topic>_snapshots.tar.xz, unpacked by
+// CMake into `dir`) replays through the allocator emulator with no mismatch, from an empty
+// allocator, to the run's whole-run peaks (`whole_run_peak_allocated` / `_reserved` of
+// `runs["results"]`). A WARN says so when the archive was not committed.
+inline void check_snapshot_replays(const nlohmann::json& runs, const std::string& archive,
+                                   const std::string& dir, const char* what) {
+  if (!std::filesystem::exists(archive)) {
+    WARN("no " << archive << ": the " << what << " snapshots were not committed, so their "
+         "replay through the allocator emulator is unchecked");
+    return;
+  }
+  INFO("the archive is committed but not unpacked into " << dir << ": re-run cmake");
+  REQUIRE(std::filesystem::is_directory(dir));
+  for (const nlohmann::json& r : runs["results"]) {
+    const std::string name = r["spec"]["name"];
+    INFO(name);
+    const memsim::Snapshot snap = memsim::read_snapshot_file(dir + "/" + name + ".pickle");
+    const memsim::ReplayReport rep = memsim::replay_snapshot(snap);
+    CHECK(rep.mismatches == 0);
+    CHECK(rep.final_layout_match);
+    CHECK(rep.seeded_segments == 0);  // recorded from an empty allocator
+    CHECK(rep.peak_allocated_bytes == r["whole_run_peak_allocated"].get<uint64_t>());
+    CHECK(rep.peak_reserved_bytes == r["whole_run_peak_reserved"].get<uint64_t>());
+  }
 }
 
 }  // namespace memsim_test

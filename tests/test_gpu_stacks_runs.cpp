@@ -196,24 +196,8 @@ TEST_CASE("compile, torchtitan SAC and chunked loss on a GPU against memsim", "[
   const nlohmann::json runs = memsim_test::load_json(kRuns);
   std::map<std::string, const nlohmann::json*> measured;
   for (const nlohmann::json& r : runs["results"]) measured[r["spec"]["name"]] = &r;
-  if (!std::filesystem::exists(kSnapshotArchive)) {
-    WARN("no " << kSnapshotArchive << ": the stacks snapshots were not committed, so their "
-         "replay through the allocator emulator is unchecked");
-  } else {
-    INFO("the archive is committed but not unpacked into " << kSnapshots << ": re-run cmake");
-    REQUIRE(std::filesystem::is_directory(kSnapshots));
-    for (const nlohmann::json& r : runs["results"]) {
-      const std::string name = r["spec"]["name"];
-      INFO(name);
-      const Snapshot snap = read_snapshot_file(kSnapshots + "/" + name + ".pickle");
-      const ReplayReport rep = replay_snapshot(snap);
-      CHECK(rep.mismatches == 0);
-      CHECK(rep.final_layout_match);
-      CHECK(rep.seeded_segments == 0);  // recorded from an empty allocator
-      CHECK(rep.peak_allocated_bytes == r["whole_run_peak_allocated"].get<uint64_t>());
-      CHECK(rep.peak_reserved_bytes == r["whole_run_peak_reserved"].get<uint64_t>());
-    }
-  }
+  // The real traces through the allocator emulator (streams as recorded).
+  memsim_test::check_snapshot_replays(runs, kSnapshotArchive, kSnapshots, "stacks");
   std::printf("\nStacks on %s (torch %s): measured step peaks, real vs memsim now (blind = "
               "memsim's committed prediction)\n",
               runs["results"].empty() ? "?"
