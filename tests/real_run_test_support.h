@@ -5,10 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -18,6 +21,7 @@
 #include "allocator/snapshot/snapshot.h"
 #include "replay/replay.h"
 #include "sim/analysis/analysis.h"
+#include "sim/analysis/parameter_count.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "tests/shared_dir_test_support.h"
@@ -97,6 +101,41 @@ inline void print_comparison_row(const std::string& id, uint64_t allocated,
               100 * rel(allocated, real_allocated), static_cast<unsigned long long>(reserved),
               static_cast<unsigned long long>(real_reserved), 100 * rel(reserved, real_reserved),
               note.empty() ? "" : ("  " + note).c_str());
+}
+
+// What memsim predicts now for a GPU script's scenario, in its predictions file's terms
+// (the FSDP2 and stacks runs): the measured step's peaks, the whole run's, the marks, the
+// allocation count at the end and the parameter count. REQUIREs that it fits.
+struct RunPrediction {
+  uint64_t allocated = 0, reserved = 0;                        // measured step
+  uint64_t whole_allocated = 0, whole_reserved = 0;            // setup + warm-up + measured
+  std::map<std::string, std::pair<uint64_t, uint64_t>> marks;  // allocated, reserved
+  int64_t allocations = 0;                                     // allocation.all.allocated at the end
+  uint64_t parameters = 0;
+};
+
+inline RunPrediction simulate_run(const std::string& scenario_path) {
+  const memsim::Scenario s = memsim::load_scenario(scenario_path);
+  const memsim::Program program = memsim::build_program(s);
+  memsim::SimulatedDevice device(s.device.capacity, s.device.cuda_context);
+  const memsim::Timeline t = memsim::execute(program, s.allocator, device, memsim::ExecuteOptions{});
+  const memsim::Analysis a = memsim::analyze(program, t);
+  REQUIRE(a.fits());
+  RunPrediction p;
+  p.allocated = a.peak_allocated;
+  p.reserved = a.peak_reserved;
+  p.whole_allocated = *std::max_element(t.allocated.begin(), t.allocated.end());
+  p.whole_reserved = *std::max_element(t.reserved.begin(), t.reserved.end());
+  for (const auto& [name, mark] : a.marks)
+    if (mark) p.marks[name] = {mark->allocated, mark->reserved};
+  p.allocations = t.final_stats.allocation.all.allocated;
+  p.parameters = static_cast<uint64_t>(memsim::parameter_count(s.model));
+  return p;
+}
+
+// A predictions file entry's scenario, as a path from the source folder.
+inline std::string scenario_path_of(const nlohmann::json& entry) {
+  return std::string(MEMSIM_SOURCE_DIR "/") + entry["scenario"].get<std::string>();
 }
 
 // Each measured run's snapshot (the GPU script's OUT/<topic>_snapshots.tar.xz, unpacked by

@@ -75,37 +75,6 @@ const std::map<std::string, Tolerance> kTolerance = {
     {"hsdp_r2_s4_bf16", {0.0008, 0.0045, "mixed precision, not found"}},
 };
 
-// What memsim predicts now for one scenario, in the prediction file's terms.
-struct Prediction {
-  uint64_t allocated = 0, reserved = 0;                  // measured step
-  uint64_t whole_allocated = 0, whole_reserved = 0;      // setup + warm-up + measured step
-  std::map<std::string, std::pair<uint64_t, uint64_t>> marks;  // allocated, reserved
-  int64_t allocations = 0;                               // allocation.all.allocated at the end
-  uint64_t parameters = 0;
-};
-
-Prediction simulate(const std::string& scenario_path) {
-  const Scenario s = load_scenario(scenario_path);
-  const Program program = build_program(s);
-  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
-  const Timeline t = execute(program, s.allocator, device, ExecuteOptions{});
-  const Analysis a = analyze(program, t);
-  REQUIRE(a.fits());
-  Prediction p;
-  p.allocated = a.peak_allocated;
-  p.reserved = a.peak_reserved;
-  p.whole_allocated = *std::max_element(t.allocated.begin(), t.allocated.end());
-  p.whole_reserved = *std::max_element(t.reserved.begin(), t.reserved.end());
-  for (const auto& [name, mark] : a.marks)
-    if (mark) p.marks[name] = {mark->allocated, mark->reserved};
-  p.allocations = t.final_stats.allocation.all.allocated;
-  p.parameters = static_cast<uint64_t>(parameter_count(s.model));
-  return p;
-}
-
-std::string path_of(const nlohmann::json& entry) {
-  return std::string(MEMSIM_SOURCE_DIR "/") + entry["scenario"].get<std::string>();
-}
 
 bool refused(const nlohmann::json& entry) { return entry.contains("refused"); }
 
@@ -117,9 +86,9 @@ TEST_CASE("the FSDP2 GPU runs' scenarios still load (tests/data/gpu/fsdp2)", "[f
   for (const auto& [name, entry] : fx["predictions"].items()) {
     INFO(name);
     if (refused(entry)) {
-      CHECK_THROWS_AS(build_program(load_scenario(path_of(entry))), ScenarioError);
+      CHECK_THROWS_AS(build_program(load_scenario(memsim_test::scenario_path_of(entry))), ScenarioError);
     } else {
-      const Program p = build_program(load_scenario(path_of(entry)));
+      const Program p = build_program(load_scenario(memsim_test::scenario_path_of(entry)));
       CHECK(p.events.size() > 1000);
     }
   }
@@ -138,10 +107,10 @@ TEST_CASE("FSDP2 on a GPU (fake process group, rank 0) against memsim", "[fsdp2]
     for (const auto& [name, entry] : preds.items()) {
       INFO(name << " (" << entry["scenario"].get<std::string>() << ")");
       if (refused(entry)) {
-        CHECK_THROWS_AS(build_program(load_scenario(path_of(entry))), ScenarioError);
+        CHECK_THROWS_AS(build_program(load_scenario(memsim_test::scenario_path_of(entry))), ScenarioError);
         continue;
       }
-      const Prediction p = simulate(path_of(entry));
+      const memsim_test::RunPrediction p = memsim_test::simulate_run(memsim_test::scenario_path_of(entry));
       CHECK(p.allocated == entry["peak_allocated_bytes"].get<uint64_t>());
       CHECK(p.reserved == entry["peak_reserved_bytes"].get<uint64_t>());
       CHECK(p.whole_allocated == entry["whole_run_peak_allocated_bytes"].get<uint64_t>());
@@ -194,7 +163,7 @@ TEST_CASE("FSDP2 on a GPU (fake process group, rank 0) against memsim", "[fsdp2]
            << "); measured peak allocated " << r["measured_step_peak_allocated"].get<uint64_t>());
       continue;
     }
-    const Prediction now = simulate(path_of(entry));
+    const memsim_test::RunPrediction now = memsim_test::simulate_run(memsim_test::scenario_path_of(entry));
     CHECK(r["parameters"].get<uint64_t>() == now.parameters);
     const uint64_t real_alloc = r["measured_step_peak_allocated"].get<uint64_t>();
     const uint64_t real_reserved = r["measured_step_peak_reserved"].get<uint64_t>();

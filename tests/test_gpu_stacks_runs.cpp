@@ -101,37 +101,6 @@ const std::map<std::string, const char*> kChangedAfterMeasurement = {
                              "InputBuffer (out-of-place first sum); slices before the head mms"},
     {"stacks_compile_budget05", "knapsack items: only values the backward needs; dp solver"},
 };
-// What memsim predicts now for one scenario, in the prediction file's terms.
-struct Prediction {
-  uint64_t allocated = 0, reserved = 0;                        // measured step
-  uint64_t whole_allocated = 0, whole_reserved = 0;            // setup + warm-up + measured
-  std::map<std::string, std::pair<uint64_t, uint64_t>> marks;  // allocated, reserved
-  int64_t allocations = 0;  // allocation.all.allocated at the end
-  uint64_t parameters = 0;
-};
-
-Prediction simulate(const std::string& scenario_path) {
-  const Scenario s = load_scenario(scenario_path);
-  const Program program = build_program(s);
-  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
-  const Timeline t = execute(program, s.allocator, device, ExecuteOptions{});
-  const Analysis a = analyze(program, t);
-  REQUIRE(a.fits());
-  Prediction p;
-  p.allocated = a.peak_allocated;
-  p.reserved = a.peak_reserved;
-  p.whole_allocated = *std::max_element(t.allocated.begin(), t.allocated.end());
-  p.whole_reserved = *std::max_element(t.reserved.begin(), t.reserved.end());
-  for (const auto& [name, mark] : a.marks)
-    if (mark) p.marks[name] = {mark->allocated, mark->reserved};
-  p.allocations = t.final_stats.allocation.all.allocated;
-  p.parameters = static_cast<uint64_t>(parameter_count(s.model));
-  return p;
-}
-
-std::string path_of(const nlohmann::json& entry) {
-  return std::string(MEMSIM_SOURCE_DIR "/") + entry["scenario"].get<std::string>();
-}
 
 // A JSON value that may be null, as text (for comparing the run's spec with the entry's).
 std::string text(const nlohmann::json& v) { return v.is_null() ? "null" : v.dump(); }
@@ -146,7 +115,7 @@ TEST_CASE("the stacks GPU runs' blind predictions are what memsim predicts "
   for (const auto& [name, entry] : preds.items()) {
     INFO(name << " (" << entry["scenario"].get<std::string>() << ")");
     REQUIRE_FALSE(entry.contains("refused"));  // memsim models every run measured
-    const Prediction p = simulate(path_of(entry));
+    const memsim_test::RunPrediction p = memsim_test::simulate_run(memsim_test::scenario_path_of(entry));
     if (const auto changed = kChangedAfterMeasurement.find(name);
         changed != kChangedAfterMeasurement.end()) {
       INFO("changed after the measurement: " << changed->second);
@@ -227,7 +196,7 @@ TEST_CASE("compile, torchtitan SAC and chunked loss on a GPU against memsim", "[
         !r["dynamo_counters"]["graph_break"].empty())
       WARN(name << ": Dynamo broke the graph (" << r["dynamo_counters"]["graph_break"].dump()
                 << "); memsim assumes one graph per compiled region");
-    const Prediction now = simulate(path_of(entry));
+    const memsim_test::RunPrediction now = memsim_test::simulate_run(memsim_test::scenario_path_of(entry));
     CHECK(r["parameters"].get<uint64_t>() == now.parameters);
     const uint64_t real_alloc = r["measured_step_peak_allocated"].get<uint64_t>();
     const uint64_t real_reserved = r["measured_step_peak_reserved"].get<uint64_t>();
