@@ -37,13 +37,23 @@ void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& qu
   if (a.qk_norm == QkNorm::head && a.qk_norm_at == QkNormAt::view) {
     // Qwen3: `self.q_norm(self.q_proj(x).view(hidden_shape)).transpose(1, 2)`, then k
     // likewise, then v. The norm's input is the contiguous (B,S,h,hd) view and its output
-    // contiguous, so neither view copies its grad in backward.
+    // contiguous, so the forward copies nothing. In backward, eager attention's matmul
+    // hands q/k a contiguous (B,h,S,hd) grad; the transpose's backward makes it a
+    // (B,S,h,hd) view with (B,h,S,hd) memory, the norm's backward ops keep that layout
+    // (TensorIterator follows its input), and the first view's backward (reshape to
+    // (B,S,h*hd)) cannot view it: one copy per projection, allocated after the norm's
+    // ToCopyBackward0 and freed after the projection's MmBackward0 (H100 trace of
+    // transformers 5.17's Qwen3-MoE, tests/data/gpu/moe: a (T, h*hd) and a (T, kv*hd)
+    // alloc/free per layer). With one KV head the transpose moves a size-1 dimension and
+    // the grad stays viewable. SDPA's kernels return dq/dk in q/k's own layout (not
+    // checked on a GPU for Qwen3): no copy is modelled there.
+    const bool eager = s_.attention == HfAttention::eager;
     query = project(x, p, p.q);
-    query = view(rt_, query, false);
+    query = view(rt_, query, eager && H > 1);
     query = norm(query, p.q_norm, rows * H, hd);
     query = view(rt_, query, false);
     key = project(x, p, p.k);
-    key = view(rt_, key, false);
+    key = view(rt_, key, eager && KV > 1);
     key = norm(key, p.k_norm, rows * KV, hd);
     key = view(rt_, key, false);
     value = project(x, p, p.v);
