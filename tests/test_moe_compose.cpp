@@ -68,6 +68,9 @@ Scenario scenario_for(const nlohmann::json& c) {
   moe.code = m["router_style"] == "mixtral" ? graph::MoeRouterCode::mixtral : graph::MoeRouterCode::qwen;
   moe.routing = graph::MoeRouting::counts;
   moe.counts = m["counts"].get<std::vector<int64_t>>();
+  moe.output_router_logits = m.value("output_router_logits", false);
+  if (m.value("experts_implementation", std::string("eager")) == "batched_mm")
+    moe.impl = graph::ExpertsImpl::batched_mm;
   return s;
 }
 
@@ -101,7 +104,7 @@ TEST_CASE("MoE with LoRA and autocast matches real PyTorch training steps (CPU f
   for (const auto& entry : std::filesystem::directory_iterator(kComposeDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() == 6);
+  REQUIRE(files.size() == 8);
   memsim_test::print_fixture_table_header();
   for (const auto& path : files) {
     const nlohmann::json fx = memsim_test::load_json(path);
