@@ -254,7 +254,10 @@ void check_moe(const Doc& d, const Scenario& s) {
                "down_proj)");
     bool any = false;
     const uint32_t mask = lora_target_mask(s.lora, s.model.family);
-    const bool attn = (mask & 0xfu) != 0, mlp = (mask & 0x70u) != 0;
+    // lora_target_mask's bits follow lora_module_names (hf-llama): 0-3 q/k/v/o_proj, 4-6
+    // gate/up/down_proj.
+    const uint32_t attn_bits = 0xfu;
+    const bool attn = (mask & attn_bits) != 0, mlp = (mask & ~attn_bits) != 0;
     for (int64_t l = 0; l < s.model.layers && !any; ++l)
       any = attn || (mlp && (!m.layer_is_moe(l) || m.shared_d_ff > 0));
     if (!any)
