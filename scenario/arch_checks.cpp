@@ -42,8 +42,12 @@ const char* autocast_unmodelled(const DecoderArch& a) {
   // on the H200 came out exact in reserved and 5 KiB under in allocated (a run not used to
   // derive the layout). The same knobs one by one are not, nor the other rows under 5.x
   // (Mistral, Phi-3: not measured under autocast).
+  // Qwen2-MoE's attention, norms and loss are Qwen2's code in 5.17 (Qwen2MoeAttention differs
+  // from Qwen2Attention only in where qkv_bias and sliding_window are read); its MoE block
+  // under autocast is scenario/moe_keys.cpp's (issue #15 item 5).
   const bool v5_layout = scenario_detail::has_v5_layout(a) &&
                          (std::strcmp(a.architecture, "qwen2") == 0 ||
+                          std::strcmp(a.architecture, "qwen2_moe") == 0 ||
                           std::strcmp(a.architecture, "llama") == 0);  // Qwen2 less its biases
   if ((a.attn_function || a.loss != graph::CausalLoss::shift ||
        a.logits_float == graph::LogitsFloat::loss) && !v5_layout)

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "scenario/scenario_family.h"
+#include "scenario/scenario_lora.h"
 
 namespace memsim::scenario_detail {
 
@@ -224,14 +225,52 @@ void check_moe(const Doc& d, const Scenario& s) {
   }
   // Settings whose MoE behaviour is not modelled yet: refused by key.
   const std::string moe_at = moe_where(d, "experts");
-  if (s.precision.autocast.has_value())
-    fail(d.find("precision.autocast") ? d.find("precision.autocast")->where : moe_at, "precision.autocast",
-         "a mixture-of-experts model under autocast is not modelled yet (which dtype the "
-         "routing weights and the expert products get is not checked); use bf16 parameters");
-  if (s.lora.rank > 0)
-    fail(d.find("lora.rank") ? d.find("lora.rank")->where : moe_at, "lora.rank",
-         "LoRA on a mixture-of-experts model is not modelled yet (PEFT's targets on 3-D expert "
-         "weights); use lora.rank: 0");
+  // Issue #15 item 5 (MoE composing): autocast and LoRA are modelled for the eager experts
+  // and the Qwen/Mixtral-style blocks (docs/moe.md "Composing"); what is not is refused here.
+  if (s.precision.autocast.has_value() && m.code != graph::MoeRouterCode::deepseek_v3) {
+    if (m.impl != graph::ExpertsImpl::eager)
+      fail(moe_where(d, "experts_implementation"), "model.moe.experts_implementation",
+           "batched_mm / grouped_mm under precision.autocast are not modelled (which copies the "
+           "casts of the gathered weights and of _grouped_mm's operands make is not checked); "
+           "use experts_implementation: eager or bf16 parameters");
+    if (m.output_router_logits)
+      fail(moe_where(d, "output_router_logits"), "model.moe.output_router_logits",
+           "the load-balancing loss under precision.autocast is not modelled (its softmax and "
+           "sums on the low-precision router logits are CUDA fp32-list ops a CPU fixture "
+           "cannot show); use bf16 parameters or output_router_logits: false");
+  }
+  if (s.lora.rank > 0 && m.code != graph::MoeRouterCode::deepseek_v3) {
+    const std::string at = d.find("lora.targets") ? d.find("lora.targets")->where : moe_at;
+    // PEFT's target_modules wrap nn.Linear modules only; transformers 5.x's routed experts are
+    // 3-D nn.Parameters (Qwen3MoeExperts.gate_up_proj / down_proj) and its routers are
+    // TopKRouter modules, so gate_proj/up_proj/down_proj reach only a dense layer's MLP and
+    // Qwen2-MoE's shared expert.
+    if (m.shared_d_ff > 0)
+      for (const std::string& t : s.lora.targets)
+        if (t == "all-linear")
+          fail(at, "lora.targets",
+               "all-linear on a model with a shared expert also wraps shared_expert_gate "
+               "(nn.Linear(D, 1)), whose adapter is not modelled; list the modules (q_proj, ..., "
+               "down_proj)");
+    bool any = false;
+    const uint32_t mask = lora_target_mask(s.lora, s.model.family);
+    // lora_target_mask's bits follow lora_module_names (hf-llama): 0-3 q/k/v/o_proj, 4-6
+    // gate/up/down_proj.
+    const uint32_t attn_bits = 0xfu;
+    const bool attn = (mask & attn_bits) != 0, mlp = (mask & ~attn_bits) != 0;
+    for (int64_t l = 0; l < s.model.layers && !any; ++l)
+      any = attn || (mlp && (!m.layer_is_moe(l) || m.shared_d_ff > 0));
+    if (!any)
+      fail(at, "lora.targets",
+           "no module of this mixture-of-experts model matches (gate_proj, up_proj and down_proj "
+           "exist only in dense layers and shared experts; the routed experts are 3-D parameters "
+           "that PEFT's target_modules cannot wrap: PEFT >= 0.17's target_parameters is not "
+           "modelled)");
+    if (s.lora.base_nf4)
+      fail(d.find("lora.base_dtype") ? d.find("lora.base_dtype")->where : at, "lora.base_dtype",
+           "QLoRA on a mixture-of-experts model is not modelled (whether bitsandbytes quantizes "
+           "the 3-D expert weights under transformers 5.x is not checked)");
+  }
   if (s.model.arch.impl != graph::ModelImpl::hf)
     fail(d.find("model.implementation") ? d.find("model.implementation")->where : moe_at,
          "model.implementation", "mixture-of-experts layers are modelled for transformers' code (hf) only");

@@ -210,11 +210,15 @@ void DecoderModel::add_adapters() {
         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
     const Proj* proj[kLlamaLinears] = {&p.q, &p.k, &p.v, &p.o, &p.gate, &p.up, &p.down};
+    // A MoE layer's gate/up/down are its shared expert's (decoder_moe.cpp construct_moe).
+    static const char* const kShared[3] = {"mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+                                           "mlp.shared_expert.down_proj"};
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     for (uint32_t m = 0; m < kLlamaLinears; ++m) {
       if (!lora_.targets(m) || proj[m]->w < 0) continue;
       rt_.ctx.module = m < kGateProj ? Module::attention : Module::mlp;
-      p.ad[m] = lora_.add_adapter(proj[m]->out, proj[m]->in, pre + kNames[m]);
+      const char* name = p.moe && m >= kGateProj ? kShared[m - kGateProj] : kNames[m];
+      p.ad[m] = lora_.add_adapter(proj[m]->out, proj[m]->in, pre + name);
     }
   }
   rt_.ctx.layer = -1;
@@ -321,8 +325,11 @@ Tensor DecoderModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
   h.reset();
   h = run_region(rt_, RegionKind::mlp, {r1}, [this, l](const Inputs& in) { return mlp_half(l, in); });
   if (a.residual_dropout) h = drop(h);  // resid_mlp_dropout
-  Tensor out = autocast_on() ? add(rt_, r1, ac_->widen(h)) : add(rt_, r1, h);
-  if (autocast_on()) Autocast::promoted(rt_, out, 1, h);
+  // A MoE block's output is already fp32 under autocast (index_add_ into zeros_like of the
+  // fp32 input, decoder_moe.cpp): no promotion then.
+  const bool low_mlp = autocast_on() && h.bytes < r1.bytes;
+  Tensor out = low_mlp ? add(rt_, r1, ac_->widen(h)) : add(rt_, r1, h);
+  if (low_mlp) Autocast::promoted(rt_, out, 1, h);
   // The layer's locals die as it returns, in the caller's context (the residual before
   // the MLP output, as the H100 traces were matched with), then the sliding masks (the
   // rebound attention_mask first).

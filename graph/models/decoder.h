@@ -192,6 +192,9 @@ class DecoderModel {
   // The router: fills the fp32 top-k weights (T,K) and the int64 indices (T,K); returns
   // what the router hands back as router_logits (recorded for the aux loss).
   Tensor moe_router(const LayerParams& p, const Tensor& x, Tensor& weights, Tensor& indices);
+  // F.linear(a, W[expert]) of the eager experts under autocast (decoder_moe.cpp).
+  Tensor expert_linear_autocast(const Tensor& a, const Tensor& w_view, uint64_t rows, uint64_t d_in,
+                                uint64_t d_out, double flops);
   Tensor moe_experts_eager(const LayerParams& p, const Tensor& x, const Tensor& indices,
                            const Tensor& weights, const std::vector<int64_t>& counts);
   Tensor moe_experts_batched(const LayerParams& p, const Tensor& x, const Tensor& indices,

@@ -25,8 +25,11 @@
 //    size is n, the tokens routed to that expert (graph/models/moe_routing.h). The loop's
 //    last locals live until forward returns.
 // And batched_mm_experts_forward / grouped_mm_experts_forward (experts_implementation, below).
-// The auxiliary load-balancing loss (output_router_logits): moe_aux_loss below. Not modelled
-// here (refused by the scenario reader): LoRA on experts.
+// The auxiliary load-balancing loss (output_router_logits): moe_aux_loss below. LoRA
+// (get_peft_model freezes the router and the 3-D experts; adapters only on nn.Linear
+// modules: attention and the shared expert) and autocast (the eager experts only:
+// expert_linear_autocast) compose with the block: docs/moe.md "Composing". Not modelled here
+// (refused by the scenario reader): LoRA on the experts (PEFT's target_parameters).
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -57,11 +60,17 @@ void DecoderModel::construct_moe(LayerParams& p, const std::string& pre) {
   rt_.parameters()[p.router].rows = E;
   p.experts_gate_up = rt_.add_parameter(E * 2 * F * D * e, param_name(pre, "mlp.experts", ".gate_up_proj"));
   p.experts_down = rt_.add_parameter(E * D * F * e, param_name(pre, "mlp.experts", ".down_proj"));
+  // shape[0] is the expert dimension: FSDP2's per-parameter sharding chunks the 3-D weights
+  // by whole experts (torch.chunk on dim 0), ceil(E / world) of them on rank 0.
+  rt_.parameters()[p.experts_gate_up].rows = E;
+  rt_.parameters()[p.experts_down].rows = E;
   if (m.shared_d_ff > 0) {
     const uint64_t S = static_cast<uint64_t>(m.shared_d_ff);
-    p.gate = add_proj(S, D, pre, "mlp.shared_expert.gate_proj", false, -1);
-    p.up = add_proj(S, D, pre, "mlp.shared_expert.up_proj", false, -1);
-    p.down = add_proj(D, S, pre, "mlp.shared_expert.down_proj", false, -1);
+    // PEFT's target_modules gate_proj / up_proj / down_proj match these by suffix (the
+    // routed experts are 3-D parameters, never wrapped): the LoRA slots of a dense MLP.
+    p.gate = add_proj(S, D, pre, "mlp.shared_expert.gate_proj", false, kGateProj);
+    p.up = add_proj(S, D, pre, "mlp.shared_expert.up_proj", false, kUpProj);
+    p.down = add_proj(D, S, pre, "mlp.shared_expert.down_proj", false, kDownProj);
     p.shared_gate_proj = add_proj(1, D, pre, "mlp.shared_expert_gate", false, -1);
   }
 }
@@ -104,6 +113,22 @@ Tensor DecoderModel::moe_router(const LayerParams& p, const Tensor& x, Tensor& w
   return returned;
 }
 
+// F.linear(a, W[expert]) in the eager loop under autocast (linear is on CUDA's and CPU's
+// lower-precision lists): the wrapper casts right to left, the weight first. W[expert] is a
+// select view of the 3-D fp32 parameter, not a leaf, so cached_cast never caches it: every
+// expert that gets tokens makes its own low-precision copy of its weight slice, which mm
+// saves for the input's grad (so each MoE layer keeps a low copy of every hit expert's
+// weights until backward). Then a's copy unless it is already low (the gathered fp32 hidden
+// states are cast, the bf16 act*up product is not). In backward the slice's low grad goes
+// up to fp32 in ToCopyBackward0 before SelectBackward0's zeros of the whole fp32 weight.
+Tensor DecoderModel::expert_linear_autocast(const Tensor& a, const Tensor& w_view, uint64_t rows,
+                                            uint64_t d_in, uint64_t d_out, double flops) {
+  const uint64_t low = ac_->low_elem();
+  Tensor wc = ac_->cast(w_view, d_out * d_in * low);
+  Tensor ac = a.bytes == rows * d_in * low ? a : ac_->cast(a, rows * d_in * low);
+  return mm_linear(rt_, ac, wc, rows * d_out * low, flops);
+}
+
 Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, const Tensor& indices,
                                        const Tensor& weights, const std::vector<int64_t>& counts) {
   (void)indices;  // read by one_hot, which needs no grad: only its size matters
@@ -112,7 +137,10 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
   const uint64_t E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
   const uint64_t F = static_cast<uint64_t>(m.expert_d_ff);
   const uint64_t we = weights.bytes / (T * K), pe = std::max(e, we);  // weight / product element
-  Tensor final_hidden = rt_.alloc(T * D * e, TensorKind::activation, OpKind::fill);  // zeros_like
+  // x's element size: the model dtype, or fp32 under autocast over fp32 weights (the norm's
+  // output); e is what the linears produce (the low dtype under autocast).
+  const uint64_t xe = x.bytes / (T * D);
+  Tensor final_hidden = rt_.alloc(T * D * xe, TensorKind::activation, OpKind::fill);  // zeros_like
   Tensor expert_mask, expert_hit;
   {
     const bool was = rt_.grad_enabled;
@@ -137,13 +165,13 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
     if (n == 0) continue;  // not in expert_hit
     moe_scratch(rt_, 1, OpKind::compare).reset();  // `expert_idx == self.num_experts`, read by `if`
     positions = moe_scratch(rt_, n * 16, OpKind::nonzero);  // top_k_pos, token_idx = where(...)
-    current_state = index_rows(rt_, x, positions, n * 8, n * D * e);
+    current_state = index_rows(rt_, x, positions, n * 8, n * D * xe);
     const double f_up = 2.0 * static_cast<double>(n) * static_cast<double>(D) * 2.0 * static_cast<double>(F);
     Tensor gate_up;
-    if (autocast) throw std::runtime_error("model.moe under precision.autocast is not modelled yet");
     {
       Tensor w = select_dim(rt_, rt_.param(p.experts_gate_up), 2 * F * D * s_.elem);
-      gate_up = mm_linear(rt_, current_state, w, n * 2 * F * e, f_up);
+      gate_up = autocast ? expert_linear_autocast(current_state, w, n, D, 2 * F, f_up)
+                         : mm_linear(rt_, current_state, w, n * 2 * F * e, f_up);
     }
     {
       Chunk2 halves(rt_, gate_up);
@@ -154,7 +182,8 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
     current = mul(rt_, activation(gate), up);
     {
       Tensor w = select_dim(rt_, rt_.param(p.experts_down), D * F * s_.elem);
-      current = mm_linear(rt_, current, w, n * D * e, f_up / 2.0);
+      current = autocast ? expert_linear_autocast(current, w, n, F, D, f_up / 2.0)
+                         : mm_linear(rt_, current, w, n * D * e, f_up / 2.0);
     }
     {
       // top_k_weights[token_idx, top_k_pos, None]: (n, 1) in the router's weight dtype (fp32
@@ -162,7 +191,10 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
       Tensor wsel = index_rows(rt_, weights, positions, n * 8, n * we);
       current = mul_column(rt_, current, wsel, n * D * pe);
     }
-    Tensor source = pe == e ? current : to_copy(rt_, current, n * D * e);  // .to(dtype)
+    // .to(final_hidden_states.dtype): a copy when the product's dtype is not x's (Mixtral's
+    // fp32 product in a 16-bit model; under autocast the bf16 product of a Qwen-style router
+    // going up to the fp32 x).
+    Tensor source = pe == xe ? current : to_copy(rt_, current, n * D * xe);
     index_add_(rt_, final_hidden, positions, source);
   }
   // forward returns: its locals die in the frame's order (expert_mask, expert_hit, then
@@ -194,7 +226,9 @@ Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, 
   const uint64_t e = act_elem(), T = s_.rows(), D = static_cast<uint64_t>(s_.d_model);
   const uint64_t K = static_cast<uint64_t>(m.top_k), F = static_cast<uint64_t>(m.expert_d_ff);
   const uint64_t S = T * K, we = weights.bytes / S, pe = std::max(e, we);
-  if (autocast_on()) throw std::runtime_error("model.moe under precision.autocast is not modelled yet");
+  // Refused under autocast by the scenario reader (scenario/moe_keys.cpp): bmm's casts of the
+  // gathered weight copies are not checked.
+  if (autocast_on()) throw std::runtime_error("batched_mm experts under precision.autocast are not modelled");
   Tensor current = expand_clone(rt_, x, K);                        // selected_hidden_states
   Tensor expert_ids = moe_scratch(rt_, S * 8, OpKind::moe_index);  // clamp (out of place)
   Tensor sel_gate_up = index_rows(rt_, rt_.param(p.experts_gate_up), expert_ids, S * 8, S * 2 * F * D * s_.elem);
@@ -248,7 +282,8 @@ Tensor DecoderModel::moe_experts_grouped(const LayerParams& p, const Tensor& x, 
   const uint64_t E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
   const uint64_t F = static_cast<uint64_t>(m.expert_d_ff);
   const uint64_t S = T * K, we = weights.bytes / S, pe = std::max(e, we);
-  if (autocast_on()) throw std::runtime_error("model.moe under precision.autocast is not modelled yet");
+  // Refused under autocast by the scenario reader (scenario/moe_keys.cpp).
+  if (autocast_on()) throw std::runtime_error("grouped_mm experts under precision.autocast are not modelled");
   Tensor expert_ids_g, perm;
   {  // int64 indices: no grad
     expert_ids_g = moe_scratch(rt_, S * 8, OpKind::sort);
@@ -410,7 +445,16 @@ Tensor DecoderModel::moe_block(int32_t l, const LayerParams& p, const Tensor& x)
     g = sigmoid(rt_, g);
     shared = mul(rt_, g, shared);
     g.reset();
-    out = add(rt_, out, shared);
+    if (autocast_on() && shared.bytes < out.bytes) {
+      // Under autocast the experts' output is fp32 (index_add_ into zeros_like(x)) and the
+      // shared expert's is low: the add promotes, and in backward validate_outputs casts the
+      // fp32 grad of the low input back (as the residual adds).
+      Tensor sum = add(rt_, out, ac_->widen(shared));
+      Autocast::promoted(rt_, sum, 1, shared);
+      out = std::move(sum);
+    } else {
+      out = add(rt_, out, shared);
+    }
   }
   // The block returns: `_`, routing_weights, selected_experts, then the shared output. The
   // OutputRecorder keeps the router's first output for the aux loss (output_router_logits),

@@ -1,0 +1,381 @@
+// Mixture-of-experts composing with the rest (issue #15 item 5; docs/moe.md "Composing"):
+//  - LoRA (PEFT target_modules on attention, dense MLPs and the shared expert; frozen router
+//    and 3-D experts) and bf16 autocast over fp32 weights (HF Trainer's default), against
+//    real PyTorch: tests/data/torch_cpu_moe_compose/*.json, training steps of the MoE
+//    stand-ins measured on CPU with torch 1.13 (tools/fixtures/gen_moe_compose_fixtures.py),
+//    compared as tests/test_moe.cpp compares the plain MoE fixtures;
+//  - checkpoint policies, DDP, FSDP, FSDP2, memsim compare / optimize / sweep on a MoE
+//    scenario, each checked on a number;
+//  - what stays refused, by key.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_test_support.h"
+#include "decoder_arch_test_support.h"
+#include "json_test_support.h"
+#include "scenario/scenario.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
+#include "sim/step/schedule.h"
+#include "torch_fixture_test_support.h"
+
+using namespace memsim;
+
+namespace {
+
+const char* kComposeDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_moe_compose";
+
+// The fixture's run with its MoE block, LoRA adapters and autocast region.
+Scenario scenario_for(const nlohmann::json& c) {
+  std::string y = "model:\n  family: hf-llama\n";
+  for (const char* k : {"layers", "d_model", "heads", "kv_heads", "d_ff", "vocab"})
+    y += std::string("  ") + k + ": " + std::to_string(c[k].get<int>()) + "\n";
+  y += "  context_length: " + std::to_string(c["context"].get<int>()) + "\n";
+  y += std::string("  tied_embeddings: ") + (c.value("tied", false) ? "true" : "false") + "\n";
+  y += "  attention: eager\n  dropout: 0\n";
+  y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
+       "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
+  const std::string dtype = c.value("dtype", std::string("fp32"));
+  y += "precision:\n  params: " + dtype + "\n";
+  if (c.value("autocast", std::string("none")) == "bf16") y += "  autocast: bf16\n";
+  if (c.contains("lora")) {
+    const nlohmann::json& l = c["lora"];
+    y += "lora:\n  rank: " + std::to_string(l["rank"].get<int>()) + "\n  alpha: " +
+         std::to_string(l["alpha"].get<int>()) + "\n  targets: [";
+    for (size_t i = 0; i < l["targets"].size(); ++i)
+      y += (i ? ", " : "") + l["targets"][i].get<std::string>();
+    y += "]\n";
+    // gen.run casts the whole model, adapters included, to bf16 after get_peft_model.
+    if (dtype == "bf16") y += "  adapter_dtype: bf16\n";
+  }
+  y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
+  y += "step:\n  kind: train\n  warmup_steps: 1\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
+  Scenario s = load_scenario_text(y, "moe-compose-fixture.yaml");
+  s.model.arch = memsim_test::arch_for(c);
+  const nlohmann::json& m = c["moe"];
+  graph::MoeSpec& moe = s.model.arch.moe;
+  moe.experts = m["experts"];
+  moe.top_k = m["top_k"];
+  moe.expert_d_ff = m["expert_d_ff"];
+  moe.shared_d_ff = m["shared_d_ff"];
+  moe.first_dense_layers = m["first_dense_layers"];
+  moe.norm_topk = m["norm_topk"];
+  moe.code = m["router_style"] == "mixtral" ? graph::MoeRouterCode::mixtral : graph::MoeRouterCode::qwen;
+  moe.routing = graph::MoeRouting::counts;
+  moe.counts = m["counts"].get<std::vector<int64_t>>();
+  moe.output_router_logits = m.value("output_router_logits", false);
+  if (m.value("experts_implementation", std::string("eager")) == "batched_mm")
+    moe.impl = graph::ExpertsImpl::batched_mm;
+  return s;
+}
+
+uint64_t peak_of(const Scenario& s) {
+  const Program p = build_program(s);
+  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
+  const Timeline t = execute(p, s.allocator, device, ExecuteOptions{});
+  return analyze(p, t).peak_allocated;
+}
+
+std::string load_error(const std::string& yaml, const std::vector<std::pair<std::string, std::string>>& sets) {
+  try {
+    load_scenario_text(yaml, "moe.yaml", sets);
+  } catch (const ScenarioError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A small Qwen3-MoE-like run (hf-llama with an MoE block, transformers 5.x layout).
+const std::string kBase =
+    "model:\n  family: hf-llama\n  layers: 2\n  d_model: 64\n  heads: 4\n  kv_heads: 2\n  d_ff: 128\n"
+    "  vocab: 256\n  context_length: 64\n  attention: eager\n"
+    "  moe: {experts: 4, top_k: 2, expert_d_ff: 64}\n"
+    "batch:\n  micro_batch: 2\n  seq_len: 32\nprecision:\n  params: bf16\ndevice:\n  capacity: 80GiB\n";
+
+}  // namespace
+
+TEST_CASE("MoE with LoRA and autocast matches real PyTorch training steps (CPU fixtures)", "[moe-compose]") {
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(kComposeDir))
+    if (entry.path().extension() == ".json") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() == 8);
+  memsim_test::print_fixture_table_header();
+  for (const auto& path : files) {
+    const nlohmann::json fx = memsim_test::load_json(path);
+    INFO(fx["name"].get<std::string>());
+    const Scenario scenario = scenario_for(fx["config"]);
+    const Program program = build_program(scenario);
+    memsim_test::compare_with_fixture(fx, scenario, program);
+    // Every layer's forward, the MoE loop (and its autocast copies) included, allocates the
+    // same sizes in order.
+    std::map<int, std::vector<uint64_t>> real, sim;
+    for (const auto& ev : fx["events"])
+      if (ev[0] == "alloc" && ev[3] == "forward") real[ev[4].get<int>()].push_back(ev[2].get<uint64_t>());
+    bool measuring = false;
+    for (const MemoryEvent& e : program.events) {
+      if (e.type == EventType::mark && program.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin")
+        measuring = true;
+      if (measuring && e.type == EventType::alloc && e.phase == Phase::forward) sim[e.layer].push_back(e.bytes);
+    }
+    for (const auto& [layer, sizes] : real) {
+      INFO("forward allocations of layer " << layer);
+      CHECK(sim[layer] == sizes);
+    }
+  }
+}
+
+namespace {
+
+// Allocations of the measured step (after the warm-up), with a filter.
+template <class F>
+uint64_t measured_sum(const Program& p, F keep, uint64_t* count = nullptr) {
+  uint64_t sum = 0, n = 0;
+  bool measuring = false;
+  for (const MemoryEvent& e : p.events) {
+    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") measuring = true;
+    if (measuring && e.type == EventType::alloc && keep(e)) {
+      sum += e.bytes;
+      ++n;
+    }
+  }
+  if (count) *count = n;
+  return sum;
+}
+
+// kBase's shapes: T tokens, D, E experts, K, F, the attention widths.
+constexpr uint64_t kT = 2 * 32, kD = 64, kE = 4, kK = 2, kF = 64, kKv = 32, kV = 256, kL = 2;
+// One MoE layer's parameters (elements): q, k, v, o, two norms, the router, the 3-D experts.
+constexpr uint64_t kLayerNumel = kD * kD + 2 * kKv * kD + kD * kD + 2 * kD + kE * kD + kE * 2 * kF * kD + kE * kD * kF;
+constexpr uint64_t kRootNumel = kV * kD + kD + kV * kD;  // embed, final norm, untied lm_head
+
+}  // namespace
+
+TEST_CASE("MoE under LoRA: adapters only on nn.Linear modules, no expert grads or state", "[moe-compose]") {
+  const std::string lora = "lora:\n  rank: 8\n  alpha: 16\n  targets: [q_proj, k_proj, v_proj, o_proj]\n";
+  const Scenario s = load_scenario_text(kBase + lora, "moe.yaml");
+  const Program p = build_program(s);
+  // The adapters (fp32: lora.adapter_dtype's default): A (r x in) and B (out x r) on q, k, v, o.
+  const uint64_t r = 8;
+  const uint64_t adapter_numel = kL * (r * kD + kD * r + 2 * (r * kD + kKv * r) + r * kD + kD * r);
+  // Gradients are the adapters' alone (AccumulateGrad's .grad, fp32): the router and the
+  // routed experts are frozen, so no SelectBackward0 zeros of the 3-D weights either.
+  CHECK(measured_sum(p, [](const MemoryEvent& e) { return e.kind == TensorKind::gradient; }) == adapter_numel * 4);
+  uint64_t selects = 0;
+  measured_sum(p, [&](const MemoryEvent& e) { return e.phase == Phase::backward && p.str(e.op) == "SelectBackward0"; },
+               &selects);
+  CHECK(selects == 0);
+  // AdamW's state: two fp32 tensors per adapter, nothing for the 3-D experts.
+  const memsim_test::Walk w = memsim_test::walk(p);
+  CHECK(w.forward_end_by_kind.at(TensorKind::optimizer_state) == 2 * adapter_numel * 4);
+  // The MoE block still saves its activations (the input requires grad through the adapters):
+  // each expert that got tokens keeps its gathered (n, D) bf16 input for the gate_up matmul.
+  uint64_t gathers = 0;
+  measured_sum(p, [&](const MemoryEvent& e) {
+    return e.phase == Phase::forward && p.str(e.op) == "index" && e.bytes == kT * kK / kE * kD * 2;
+  }, &gathers);
+  CHECK(gathers == kL * kE);
+  // Qwen2-MoE style: gate/up/down_proj reach the shared expert (3 adapters per MoE layer).
+  const std::string shared = kBase.substr(0, kBase.find("expert_d_ff: 64}")) +
+                             "expert_d_ff: 64, shared_experts: 2}" +
+                             kBase.substr(kBase.find("expert_d_ff: 64}") + 16);
+  const Scenario sh = load_scenario_text(shared + "lora:\n  rank: 4\n  targets: [gate_proj, up_proj, down_proj]\n", "moe.yaml");
+  const Program ps = build_program(sh);
+  const uint64_t S = 2 * kF;  // shared_experts x expert_d_ff
+  const uint64_t shared_numel = kL * 4 * (kD + S + kD + S + S + kD);  // A r x in + B out x r, three modules
+  CHECK(measured_sum(ps, [](const MemoryEvent& e) { return e.kind == TensorKind::gradient; }) == shared_numel * 4);
+}
+
+TEST_CASE("MoE under autocast: each hit expert casts its weight slices, not cached", "[moe-compose]") {
+  // expert_d_ff 48: the (2F, D) bf16 slice copy (12 KiB) has a size no other forward cast has.
+  std::string base = kBase.substr(0, kBase.find("params: bf16")) + "params: fp32\n  autocast: bf16\n" +
+                     kBase.substr(kBase.find("params: bf16") + 13);
+  base.replace(base.find("expert_d_ff: 64"), 15, "expert_d_ff: 48");
+  constexpr uint64_t kF48 = 48;
+  auto casts = [](const Scenario& s) {
+    const Program p = build_program(s);
+    uint64_t n = 0;
+    // gate_up_proj[e].to(bf16): a (2F, D) bf16 copy per expert with tokens, in every layer.
+    measured_sum(p, [&](const MemoryEvent& e) {
+      return e.phase == Phase::forward && p.str(e.op) == "_to_copy" && e.bytes == 2 * kF48 * kD * 2;
+    }, &n);
+    return n;
+  };
+  const Scenario balanced = load_scenario_text(base, "moe.yaml");
+  CHECK(casts(balanced) == kL * kE);  // every expert gets tokens
+  CHECK(casts(load_scenario_text(base, "moe.yaml", {{"model.moe.routing", "worst-case"}})) == kL * kK);
+  // Saved until backward: autocast keeps more than the bf16-parameter run, whose saves hold
+  // views of the parameters; the step runs end to end.
+  CHECK(peak_of(balanced) > 0);
+}
+
+TEST_CASE("MoE composes with checkpointing: the routed block is re-run with its counts", "[moe-compose]") {
+  // Forward FLOPs of one MoE block: the router and, for the T*K routed slots, the gate_up
+  // and down matmuls (the counts split them, their sum is T*K whatever the routing).
+  const double block = 2.0 * kT * kD * kE + 2.0 * (kT * kK) * kD * 2 * kF + 2.0 * (kT * kK) * kF * kD;
+  for (const char* routing : {"balanced", "worst-case"}) {
+    INFO(routing);
+    const Scenario s = load_scenario_text(kBase, "moe.yaml",
+                                          {{"checkpoint.policy", "custom"}, {"checkpoint.custom", "[mlp]"},
+                                           {"model.moe.routing", routing}});
+    const Program p = build_program(s);
+    // Recompute (warm-up and measured step): every layer's MoE block once more.
+    CHECK(p.flops.recompute == Approx(2.0 * kL * block).epsilon(1e-12));
+    // The re-run makes the one_hot expert mask (T, K, E) int64 again in backward.
+    uint64_t masks = 0;
+    measured_sum(p, [&](const MemoryEvent& e) { return p.str(e.op) == "one_hot" && e.bytes == kT * kK * kE * 8; },
+                 &masks);
+    CHECK(masks == 2 * kL);
+  }
+  const Scenario full = load_scenario_text(kBase, "moe.yaml", {{"checkpoint.policy", "full"}});
+  const memsim_test::Walk w = memsim_test::walk(build_program(full));
+  // full: every layer keeps only its input, (T, D) bf16, at the end of the forward (filed under
+  // the layer that made it: the embedding for layer 0, layer 0 for layer 1).
+  CHECK(w.forward_end_activations_by_layer.at(0) == kT * kD * 2);
+  CHECK(w.forward_end_activations_by_layer.count(1) == 0);
+}
+
+TEST_CASE("MoE composes with DDP, FSDP and FSDP2: the experts are bucketed and sharded", "[moe-compose]") {
+  // DDP: the reducer's buckets hold every parameter's grad (the 3-D experts and the router too).
+  {
+    const Scenario s = load_scenario_text(kBase, "moe.yaml", {{"parallel.data", "2"}});
+    const Program p = build_program(s);
+    // Rebuilt each step in gradient-ready order (sim/parallel/data_parallel.h): the measured
+    // step's buckets hold the grads of all 156,480 parameters, bf16.
+    CHECK(measured_sum(p, [&](const MemoryEvent& e) {
+            return p.tensors[e.tensor].name != 0 && p.str(p.tensors[e.tensor].name) == "ddp.reducer.bucket";
+          }) == (kRootNumel + kL * kLayerNumel) * 2);
+    CHECK(kRootNumel + kL * kLayerNumel == 156480);
+  }
+  // FSDP (one unit per layer): AdamW's state lives on each unit's flat shard, padded to a
+  // multiple of the world size: the layer's experts are in its flat parameter.
+  {
+    const Scenario s = load_scenario_text(kBase, "moe.yaml", {{"parallel.data", "8"}, {"parallel.sharding", "fsdp"}});
+    const memsim_test::Walk w = memsim_test::walk(build_program(s));
+    const uint64_t shards = (kRootNumel + 7) / 8 + kL * ((kLayerNumel + 7) / 8);
+    CHECK(w.forward_end_by_kind.at(TensorKind::optimizer_state) == 2 * shards * 2);
+  }
+  // FSDP2: every parameter is chunked on dim 0; the 3-D experts by whole experts, so with 4
+  // experts over 8 ranks rank 0 holds one expert of each (chunk 0 is the largest).
+  {
+    const Scenario s = load_scenario_text(kBase, "moe.yaml", {{"parallel.data", "8"}, {"parallel.sharding", "fsdp2"}});
+    const memsim_test::Walk w = memsim_test::walk(build_program(s));
+    auto chunk = [](uint64_t rows, uint64_t cols) { return (rows + 7) / 8 * cols; };
+    const uint64_t layer = chunk(kD, 1) + chunk(kD, kD) + 2 * chunk(kKv, kD) + chunk(kD, kD) + chunk(kD, 1) +
+                           chunk(kE, kD) + chunk(kE, 2 * kF * kD) + chunk(kE, kD * kF);
+    const uint64_t shards = chunk(kV, kD) + kL * layer + chunk(kD, 1) + chunk(kV, kD);
+    CHECK(w.forward_end_by_kind.at(TensorKind::optimizer_state) == 2 * shards * 2);
+  }
+}
+
+TEST_CASE("MoE in memsim compare, optimize and sweep", "[moe-compose][cli]") {
+  memsim_test::TempDir dir("memsim_moe_compose");
+  const auto path = dir.write("moe.yaml", kBase);
+  const std::string file = "'" + path.string() + "'";
+  // compare: the custom:mlp row re-runs exactly the MoE blocks.
+  {
+    const auto out = memsim_test::run_shell(memsim_test::memsim_command() + "compare " + file +
+                                            " --policies none,custom:mlp --json - 2>/dev/null");
+    REQUIRE(out.status == 0);
+    const nlohmann::json j = nlohmann::json::parse(out.out);
+    const nlohmann::json& rows = j["policies"];
+    REQUIRE(rows.size() == 2);
+    const double block = 2.0 * kT * kD * kE + 6.0 * (kT * kK) * kD * kF;
+    CHECK(rows[1]["flops"]["recompute"].get<double>() == Approx(2.0 * kL * block).epsilon(1e-12));
+    // none's row is `memsim run`'s number.
+    const Scenario s = load_scenario(path.string());
+    CHECK(rows[0]["peak_allocated_bytes"].get<uint64_t>() == peak_of(s));
+  }
+  // sweep over the routing assumption: each point is its own run.
+  {
+    const auto out = memsim_test::run_shell(memsim_test::memsim_command() + "sweep " + file +
+                                            " --vary model.moe.routing=balanced,worst-case --json - 2>/dev/null");
+    REQUIRE(out.status == 0);
+    const nlohmann::json j = nlohmann::json::parse(out.out);
+    const nlohmann::json& points = j["points"];
+    REQUIRE(points.size() == 2);
+    CHECK(points[1]["peak_allocated_bytes"].get<uint64_t>() ==
+          peak_of(load_scenario(path.string(), {{"model.moe.routing", "worst-case"}})));
+  }
+  // sweep --max: the largest micro-batch that fits a small device; memsim run agrees (exit 0
+  // there, 3 = out of memory one micro-batch more).
+  {
+    const std::string device = " --set device.capacity=256MiB --set device.cuda_context=0";
+    const auto out = memsim_test::run_shell(memsim_test::memsim_command() + "sweep " + file + device +
+                                            " --max batch.micro_batch --json - 2>/dev/null");
+    REQUIRE(out.status == 0);
+    const nlohmann::json j = nlohmann::json::parse(out.out);
+    REQUIRE(j["points"].size() == 1);
+    const nlohmann::json& best = j["points"][0];
+    INFO(best.dump());
+    const int64_t mb = best["largest_fit"].get<int64_t>();
+    REQUIRE(mb > 1);
+    CHECK(best["first_failure"].get<int64_t>() == mb + 1);
+    auto run_status = [&](int64_t b) {
+      return memsim_test::run_shell(memsim_test::memsim_command() + "run " + file + device +
+                                    " --set batch.micro_batch=" + std::to_string(b) + " >/dev/null 2>&1")
+          .status;
+    };
+    CHECK(run_status(mb) == 0);
+    CHECK(run_status(mb + 1) == 3);
+  }
+  // optimize: under a budget between the full and none policies' reserved peaks (24 and 26
+  // MiB at micro-batch 8) a plan recomputes a little; memsim run with that plan gives its peak.
+  {
+    const auto out = memsim_test::run_shell(memsim_test::memsim_command() + "optimize " + file +
+                                            " --set batch.micro_batch=8 --budget 25MiB --json - 2>/dev/null");
+    INFO(out.out.substr(0, 600));
+    REQUIRE(out.status == 0);
+    const nlohmann::json j = nlohmann::json::parse(out.out);
+    CHECK(j["found"].get<bool>());
+    const uint64_t reserved = j["peak_reserved_bytes"];
+    CHECK(reserved <= 25ull << 20);
+    CHECK(j["recompute_share"].get<double>() > 0.0);
+    CHECK(j["recompute_share"].get<double>() < 0.2);
+    const nlohmann::json& ck = j["plan"]["checkpoint"];
+    std::string items;
+    for (const auto& it : ck["custom"]) items += (items.empty() ? "" : ",") + it.get<std::string>();
+    const Scenario planned = load_scenario(path.string(), {{"batch.micro_batch", "8"},
+                                                           {"checkpoint.policy", ck["policy"].get<std::string>()},
+                                                           {"checkpoint.custom", "[" + items + "]"}});
+    const Program p = build_program(planned);
+    SimulatedDevice device(planned.device.capacity, planned.device.cuda_context);
+    const Timeline t = execute(p, planned.allocator, device, ExecuteOptions{});
+    CHECK(analyze(p, t).peak_reserved == reserved);
+  }
+}
+
+TEST_CASE("MoE composition: what stays refused names its key", "[moe-compose]") {
+  const std::string fp32_autocast = kBase.substr(0, kBase.find("params: bf16")) + "params: fp32\n  autocast: bf16\n" +
+                                    kBase.substr(kBase.find("params: bf16") + 13);
+  CHECK(load_error(fp32_autocast, {{"model.moe.experts_implementation", "grouped_mm"}})
+            .find("model.moe.experts_implementation: batched_mm / grouped_mm under precision.autocast") != std::string::npos);
+  CHECK(load_error(fp32_autocast, {{"model.moe.experts_implementation", "batched_mm"}})
+            .find("model.moe.experts_implementation") != std::string::npos);
+  CHECK(load_error(fp32_autocast, {{"model.moe.output_router_logits", "true"}})
+            .find("model.moe.output_router_logits: the load-balancing loss under precision.autocast") != std::string::npos);
+  CHECK(load_error(fp32_autocast, {}).empty());
+  CHECK(load_error(kBase, {{"lora.rank", "8"}, {"lora.targets", "gate_proj,down_proj"}})
+            .find("lora.targets: no module of this mixture-of-experts model matches") != std::string::npos);
+  CHECK(load_error(kBase, {{"lora.rank", "8"}, {"lora.targets", "q_proj"}, {"lora.base_dtype", "nf4"}})
+            .find("lora.base_dtype: QLoRA on a mixture-of-experts model") != std::string::npos);
+  CHECK(load_error(kBase, {{"lora.rank", "8"}, {"lora.targets", "all-linear"}, {"model.moe.shared_experts", "1"}})
+            .find("lora.targets: all-linear on a model with a shared expert") != std::string::npos);
+  CHECK(load_error(kBase, {{"lora.rank", "8"}, {"lora.targets", "all-linear"}}).empty());
+  // The Mixtral row's dense part (Mistral's attention) and Qwen3-MoE's q/k norms are not
+  // checked under autocast: memsim run refuses them by the dense knob's key.
+  memsim_test::TempDir dir("memsim_moe_refused");
+  for (const auto& [preset, key] : std::vector<std::pair<std::string, std::string>>{
+           {"mixtral-8x7b", "model.architecture"}, {"qwen3-30b-a3b", "model.qk_norm"}}) {
+    const auto path = dir.write(preset + ".yaml", "model:\n  preset: " + preset +
+                                                      "\nprecision:\n  params: fp32\n  autocast: bf16\n");
+    const auto out = memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path.string() + "' 2>&1");
+    CHECK(out.status == 1);
+    CHECK(out.out.find(key + ": precision.autocast with this architecture knob") != std::string::npos);
+  }
+}
