@@ -87,6 +87,31 @@ inline std::vector<uint64_t> large_allocs(const memsim::Program& p) {
   return out;
 }
 
+// Allocation by allocation, ignoring order: for each size of at least `min_bytes`, how many
+// more allocations of it the real trace made than memsim's Program (negative: memsim made
+// more). Sizes that agree are left out, so an empty map is a one-for-one match.
+inline std::map<uint64_t, int64_t> alloc_count_difference(const std::vector<uint64_t>& real,
+                                                          const std::vector<uint64_t>& predicted,
+                                                          uint64_t min_bytes) {
+  std::map<uint64_t, int64_t> diff;
+  for (uint64_t b : real)
+    if (b >= min_bytes) ++diff[b];
+  for (uint64_t b : predicted)
+    if (b >= min_bytes) --diff[b];
+  for (auto it = diff.begin(); it != diff.end();) it = it->second == 0 ? diff.erase(it) : std::next(it);
+  return diff;
+}
+
+// alloc_count_difference as text ("8388608 B: 4 more in the real run; ..."), empty when
+// they match: CHECK(text.empty()) prints what differs.
+inline std::string describe_difference(const std::map<uint64_t, int64_t>& diff) {
+  std::string out;
+  for (const auto& [size, more] : diff)
+    out += (out.empty() ? "" : "; ") + std::to_string(size) + " B: " +
+           std::to_string(more > 0 ? more : -more) + (more > 0 ? " more in the real run" : " more in memsim");
+  return out;
+}
+
 // The Markdown comparison table: predicted vs real peak allocated and reserved, bytes and %.
 inline void print_comparison_header() {
   std::printf("\n| case | predicted allocated | real allocated | error | predicted reserved | "
@@ -161,6 +186,23 @@ inline void check_snapshot_replays(const nlohmann::json& runs, const std::string
     CHECK(rep.seeded_segments == 0);  // recorded from an empty allocator
     CHECK(rep.peak_allocated_bytes == r["whole_run_peak_allocated"].get<uint64_t>());
     CHECK(rep.peak_reserved_bytes == r["whole_run_peak_reserved"].get<uint64_t>());
+  }
+}
+
+// Allocation by allocation: each listed run's trace (its unpacked snapshot in `dir`) makes
+// exactly the allocations of at least `min_bytes` that memsim's Program for its scenario
+// (the predictions' "scenario") makes, by size, ignoring order. Peaks can hide a transient
+// memsim lacks or adds; this cannot.
+inline void check_large_allocs_match(const nlohmann::json& predictions, const std::vector<std::string>& names,
+                                     const std::string& dir, uint64_t min_bytes) {
+  for (const std::string& name : names) {
+    INFO(name);
+    const std::string path = dir + "/" + name + ".pickle";
+    REQUIRE(std::filesystem::exists(path));
+    const memsim::Program program =
+        memsim::build_program(memsim::load_scenario(scenario_path_of(predictions.at(name))));
+    CHECK(describe_difference(alloc_count_difference(large_allocs(memsim::read_snapshot_file(path)),
+                                                     large_allocs(program), min_bytes)) == "");
   }
 }
 

@@ -132,6 +132,13 @@ TEST_CASE("FSDP2 on a GPU (fake process group, rank 0) against memsim", "[fsdp2]
   for (const nlohmann::json& r : runs["results"]) measured[r["spec"]["name"]] = &r;
   // The real traces through the allocator emulator (streams as recorded).
   memsim_test::check_snapshot_replays(runs, kSnapshotArchive, kSnapshots, "FSDP2");
+  // Every allocation of 1 MiB or more, one for one (this found that embedding backward at
+  // <= 3072 tokens takes CUDA's direct kernel: no sort buffers, graph/ops/ops_nn.cpp).
+  {
+    std::vector<std::string> names;
+    for (const nlohmann::json& r : runs["results"]) names.push_back(r["spec"]["name"]);
+    memsim_test::check_large_allocs_match(preds, names, kSnapshots, uint64_t{1} << 20);
+  }
   std::printf("\nFSDP2 on %s (torch %s), one GPU as rank 0 of a fake process group: measured "
               "step peaks, real vs memsim now (blind = memsim's committed prediction)\n",
               runs["results"].empty() ? "?"

@@ -184,26 +184,16 @@ TEST_CASE("MoE on a GPU: the large allocations match the real traces one for one
   REQUIRE(std::filesystem::is_directory(dir));
   const nlohmann::json pred = memsim_test::load_json(kPredictions)["runs"];
   const nlohmann::json runs = memsim_test::load_json(kRuns);
-  auto rounded = [](uint64_t b) { return b < 512 ? uint64_t{512} : (b + 511) / 512 * 512; };
-  constexpr uint64_t kLarge = uint64_t{4} << 20;
   size_t compared = 0;
   for (const nlohmann::json& r : runs["results"]) {
     const std::string name = r["spec"]["name"];
     if (name.rfind("moe_tf_", 0) != 0 || name.find("deepseek") != std::string::npos) continue;
     INFO(name);
-    std::map<uint64_t, int64_t> count;  // size -> real allocations minus memsim's
-    const Snapshot snap = read_snapshot_file(dir + "/" + name + ".pickle");
-    REQUIRE(snap.device_traces.size() == 1);
-    for (const SnapshotTraceEntry& e : snap.device_traces[0])
-      if (e.action == TraceAction::alloc && e.size >= kLarge) ++count[e.size];
     const Program program =
         build_program(load_scenario(MEMSIM_SOURCE_DIR "/" + pred.at(name)["scenario"].get<std::string>()));
-    for (const MemoryEvent& e : program.events)
-      if (e.type == EventType::alloc && rounded(e.bytes) >= kLarge) --count[rounded(e.bytes)];
-    for (const auto& [size, diff] : count) {
-      INFO(size << " B: " << diff << " more in the real run");
-      CHECK(diff == 0);
-    }
+    CHECK(memsim_test::describe_difference(memsim_test::alloc_count_difference(
+              memsim_test::large_allocs(read_snapshot_file(dir + "/" + name + ".pickle")),
+              memsim_test::large_allocs(program), uint64_t{4} << 20)) == "");
     ++compared;
   }
   CHECK(compared == 6);  // Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE balanced / worst-case / grouped_mm

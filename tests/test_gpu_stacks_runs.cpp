@@ -167,6 +167,11 @@ TEST_CASE("compile, torchtitan SAC and chunked loss on a GPU against memsim", "[
   for (const nlohmann::json& r : runs["results"]) measured[r["spec"]["name"]] = &r;
   // The real traces through the allocator emulator (streams as recorded).
   memsim_test::check_snapshot_replays(runs, kSnapshotArchive, kSnapshots, "stacks");
+  // The eager runs' allocations of 1 MiB or more, one for one (the compiled runs allocate
+  // Inductor's fused buffers, which memsim models as totals per region, not one by one).
+  memsim_test::check_large_allocs_match(
+      preds, {"stacks_eager", "stacks_loss_torch", "stacks_loss_chunked8", "stacks_sac_op", "stacks_sac_layer2"},
+      kSnapshots, uint64_t{1} << 20);
   std::printf("\nStacks on %s (torch %s): measured step peaks, real vs memsim now (blind = "
               "memsim's committed prediction)\n",
               runs["results"].empty() ? "?"

@@ -535,11 +535,15 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       // embedding_backward_cuda_kernel's segment offsets and counts, and its partial
       // sums, sized for the worst case (n + n/10 segments, NROWS_PER_THREAD = 10) of fp32
       // rows. CUB's own scratch (a few KiB to tens of KiB, small pool) is not modelled.
-      if (!rt.kernel_scratch) {  // CPU: the (V, D) grad alone
+      // At most 3072 indices (and no scale_grad_by_freq, which memsim has no key for)
+      // take the direct kernel: zeros(V, D) alone, no sort (aten/src/ATen/native/cuda/
+      // Embedding.cu, embedding_dense_backward_cuda; the FSDP2 runs' traces at 2 x 1024
+      // tokens have no other allocation there, tests/test_gpu_fsdp2_runs.cpp).
+      const uint64_t k = n.size[1], idx = k / 8;
+      if (!rt.kernel_scratch || idx <= 3072) {  // CPU, or the direct kernel
         out[0] = fresh(A(n.size[0], kind_for(0)));
         break;
       }
-      const uint64_t k = n.size[1], idx = k / 8;
       const uint64_t max_segments = idx + idx / 10;
       uint32_t sorted = A(k), orig = A(k);
       F(A(k));  // arange
