@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "graph/models/decoder_spec.h"
-#include "graph/ops/float8_kind.h"
+#include "graph/models/float8_spec.h"
 
 namespace memsim::graph {
 

@@ -45,7 +45,7 @@
 
 #include <cstdint>
 
-#include "graph/ops/float8_kind.h"
+#include "graph/models/float8_spec.h"
 #include "graph/runtime.h"
 
 namespace memsim::graph {
