@@ -28,7 +28,14 @@ graph::HfShape hf_shape(const Scenario& s) {
     shape.lora.nf4 = s.lora.base_nf4;
     shape.lora.input_require_grads = lora_input_require_grads(s);  // scenario/peft_input_grads_key.h
   }
-  shape.float8 = s.precision.float8 == Float8Recipe::tensorwise;  // scenario/torchtitan_keys.h
+  switch (s.precision.float8) {  // scenario/torchtitan_keys.h
+    case Float8Recipe::none: shape.float8 = graph::Float8Kind::none; break;
+    case Float8Recipe::tensorwise: shape.float8 = graph::Float8Kind::tensorwise; break;
+    case Float8Recipe::rowwise: shape.float8 = graph::Float8Kind::rowwise; break;
+    case Float8Recipe::rowwise_with_gw_hp:
+      shape.float8 = graph::Float8Kind::rowwise_with_gw_hp;
+      break;
+  }
   shape.arch = s.model.arch;
   if (s.model.family == ModelFamily::hf_gpt2 && shape.arch.code != graph::ModelCode::gpt2)
     shape.arch = graph::gpt2_arch();

@@ -79,8 +79,9 @@ struct BatchConfig {
 enum class AutocastRegion { forward, forward_and_loss, whole_step, whole_run };
 
 // precision.float8 (issue #16, torchtitan's float8 part; scenario/torchtitan_keys.h): torchao
-// Float8Linear on the decoder layers' linears. rowwise is read and refused.
-enum class Float8Recipe { none, tensorwise, rowwise };
+// Float8Linear on the decoder layers' linears; torchao's recipe names (float8 rowwise part:
+// rowwise and rowwise_with_gw_hp, graph/ops/ops_float8_rowwise.h).
+enum class Float8Recipe { none, tensorwise, rowwise, rowwise_with_gw_hp };
 
 struct PrecisionConfig {
   DType params = DType::fp32;

@@ -36,8 +36,9 @@ void check_context(const Doc& d, const Scenario& s) {
 
 // torchao float8 training as torchtitan converts it (model.converters = ["float8"]):
 // Float8Linear for every nn.Linear of the decoder layers, the output head kept
-// (torchtitan's filter_fqns ["output"]). Modelled: tensorwise on the hf-llama family's
-// llama row with bf16 parameters, one GPU or DDP (graph/ops/ops_float8.h, docs/float8.md).
+// (torchtitan's filter_fqns ["output"]). Modelled: the tensorwise, rowwise and
+// rowwise_with_gw_hp recipes on the hf-llama family's llama row with bf16 parameters, one
+// GPU or DDP (graph/ops/ops_float8.h, ops_float8_rowwise.h, docs/float8.md).
 // Everything else is refused by key.
 std::string raw(const Doc& d, const char* key) {
   const Field* f = d.find(key);
@@ -48,7 +49,7 @@ void check_float8(const Doc& d, Scenario& s) {
   const Field* f = d.find("precision.float8");
   if (f == nullptr) return;
   static const std::vector<std::pair<std::string, int>> kRecipes = {
-      {"none", 0}, {"tensorwise", 1}, {"rowwise", 2}};
+      {"none", 0}, {"tensorwise", 1}, {"rowwise", 2}, {"rowwise_with_gw_hp", 3}};
   const int recipe = read_enum(*f, "precision.float8", kRecipes);
   if (recipe == 0) return;
   // Float8Linear casts bf16 activations and weights: the model must compute in bf16
@@ -65,17 +66,16 @@ void check_float8(const Doc& d, Scenario& s) {
   const std::string sharding = raw(d, "parallel.sharding");
   if (sharding == "fsdp2")
     fail(f->where, "precision.float8",
-         "float8 with parallel.sharding fsdp2 (enable_fsdp_float8_all_gather) is not modelled "
-         "yet; use precision.float8: none");
-  if (recipe == 2)
-    fail(f->where, "precision.float8",
-         "rowwise (axiswise scales: fp32 (rows, 1) / (1, out) scales and the amax over one "
-         "dim) is not modelled yet; tensorwise is (docs/float8.md)");
+         recipe == 1 ? "float8 with parallel.sharding fsdp2 (enable_fsdp_float8_all_gather) is "
+                       "not modelled yet; use precision.float8: none (docs/float8.md)"
+                     : "rowwise float8 with parallel.sharding fsdp2 (a bf16 all-gather: torchao's "
+                       "float8 all-gather is tensorwise only) is not modelled yet; use "
+                       "precision.float8: none (docs/float8.md)");
   // Named at the offending key where the file sets it, else at precision.float8.
   auto refuse = [&](const char* key, const std::string& why) {
     const Field* k = d.find(key);
     fail(k != nullptr ? k->where : f->where, key,
-         "precision.float8: tensorwise: " + why + " (docs/float8.md)");
+         "precision.float8: " + f->node.Scalar() + ": " + why + " (docs/float8.md)");
   };
   if (s.model.family != ModelFamily::hf_llama)
     refuse("model.family", std::string(to_string(s.model.family)) +
@@ -105,15 +105,29 @@ void check_float8(const Doc& d, Scenario& s) {
   if (s.lora.rank > 0) refuse("lora.rank", "LoRA adapters on Float8Linear are not modelled");
   if (s.step.compile)
     refuse("step.compile", "compiled float8 (fused casts) is not modelled; the eager casts are");
-  if (s.checkpoint.policy != CheckpointPolicy::none)
-    refuse("checkpoint.policy", "activation checkpointing of Float8Linear is not checked yet");
+  // Plain (non-selective) checkpointing re-runs the block's Float8Linear forwards
+  // as they ran (graph/checkpoint.h); torchtitan's op SAC would have to map the float8
+  // ops onto its save list (the Function's aten.mm on Float8TrainingTensors counts as an
+  // mm, aten.max is tensorwise's amax), which memsim does not.
+  if (s.checkpoint.policy == CheckpointPolicy::sac_op)
+    refuse("checkpoint.policy", "sac-op is not modelled with float8 (torchtitan's save list "
+                                "meets the Float8Linear's aten.mm and aten.max); use full or "
+                                "sac-layer:N");
+  if (s.checkpoint.policy != CheckpointPolicy::none &&
+      s.checkpoint.policy != CheckpointPolicy::full &&
+      s.checkpoint.policy != CheckpointPolicy::sac_layer)
+    refuse("checkpoint.policy", std::string(to_string(s.checkpoint.policy)) +
+                                    " is not checked with float8; torchtitan's full and "
+                                    "sac-layer:N are");
   if (!sharding.empty() && sharding != "none")
     refuse("parallel.sharding", sharding + " is not modelled; one GPU or DDP (sharding none)");
   for (const char* key : {"parallel.tensor", "parallel.pipeline", "parallel.context"}) {
     const std::string v = raw(d, key);
     if (!v.empty() && v != "1") refuse(key, "only one GPU or DDP is modelled");
   }
-  s.precision.float8 = Float8Recipe::tensorwise;
+  static const Float8Recipe kRecipe[] = {Float8Recipe::none, Float8Recipe::tensorwise,
+                                         Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp};
+  s.precision.float8 = kRecipe[recipe];
 }
 
 }  // namespace

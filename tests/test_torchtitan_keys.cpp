@@ -1,6 +1,6 @@
 // parallel.context and precision.float8 (scenario/torchtitan_keys.h): read, checked for
 // combinations no stack allows (exit 1 naming the keys), then refused as not modelled
-// (float8 tensorwise is modelled: tests/test_float8.cpp).
+// (float8 tensorwise and rowwise are modelled: tests/test_float8.cpp, test_float8_rowwise.cpp).
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -43,7 +43,7 @@ TEST_CASE("parallel.context: checked, then refused as not modelled", "[torchtita
              Catch::Contains("parallel.context") && Catch::Contains("not modelled yet"));
 }
 
-TEST_CASE("precision.float8: checked first, rowwise refused as not modelled", "[torchtitan][keys]") {
+TEST_CASE("precision.float8: checked first, then the model's shape", "[torchtitan][keys]") {
   CHECK(error_of({{"precision.float8", "none"}}).empty());
   CHECK_THAT(error_of({{"precision.float8", "blockwise"}}),
              Catch::Contains("precision.float8") && Catch::Contains("tensorwise"));
@@ -52,8 +52,10 @@ TEST_CASE("precision.float8: checked first, rowwise refused as not modelled", "[
                  Catch::Contains("precision.params fp32"));
   CHECK_THAT(error_of({{"precision.float8", "rowwise"}, {"precision.params", "fp16"}}),
              Catch::Contains("needs a bf16 compute dtype"));
+  // rowwise is modelled (tests/test_float8_rowwise.cpp); d_ff 172 is no multiple of 16.
   CHECK_THAT(error_of({{"precision.float8", "rowwise"}}),
-             Catch::Contains("precision.float8") && Catch::Contains("not modelled yet"));
+             Catch::Contains("model.d_model") && Catch::Contains("multiple of 16"));
+  CHECK(error_of({{"precision.float8", "rowwise"}, {"model.d_ff", "176"}}).empty());
   CHECK_THAT(error_of({{"precision.float8", "tensorwise"}, {"parallel.sharding", "fsdp2"}}),
              Catch::Contains("precision.float8") && Catch::Contains("fsdp2"));
 }

@@ -6,6 +6,7 @@
 #include "graph/models/decoder.h"
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops_float8.h"
+#include "graph/ops/ops_float8_rowwise.h"
 #include "graph/ops/ops_nn.h"
 #include "graph/ops/ops_stack.h"
 
@@ -21,7 +22,12 @@ namespace memsim::graph {
 Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& pr) {
   const double flops = 2.0 * static_cast<double>(s_.rows()) * pr.in * pr.out;
   const bool addmm = pr.b >= 0 || arch().linear == LinearKind::conv1d;
-  if (s_.float8)  // torchao Float8Linear (bias-free nn.Linear only; the reader refuses the rest)
+  // torchao Float8Linear (bias-free nn.Linear only; the reader refuses the rest)
+  if (s_.float8 == Float8Kind::rowwise || s_.float8 == Float8Kind::rowwise_with_gw_hp)
+    return float8_linear_rowwise(rt_, x, rt_.param(pr.w), s_.rows(),
+                                 static_cast<uint64_t>(pr.in), static_cast<uint64_t>(pr.out),
+                                 flops, s_.float8);
+  if (s_.float8 == Float8Kind::tensorwise)
     return float8_linear(rt_, x, rt_.param(pr.w), s_.rows(), static_cast<uint64_t>(pr.in),
                          static_cast<uint64_t>(pr.out), flops);
   if (autocast_on()) {  // no LoRA under autocast (refused)

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "graph/models/decoder_spec.h"
+#include "graph/models/float8_spec.h"
 
 namespace memsim::graph {
 
@@ -31,9 +32,9 @@ struct HfShape {
   bool tied = false;           // lm_head.weight is the token embedding (GPT-2: true)
   HfAttention attention = HfAttention::eager;
   HfLora lora;
-  // torchao float8 training (precision.float8: tensorwise): every decoder-layer projection
-  // is a Float8Linear (graph/ops/ops_float8.h); the lm_head stays nn.Linear.
-  bool float8 = false;
+  // torchao float8 training (precision.float8): every decoder-layer projection is a
+  // Float8Linear (graph/ops/ops_float8.h, ops_float8_rowwise.h); the lm_head stays nn.Linear.
+  Float8Kind float8 = Float8Kind::none;
   DecoderArch arch;            // which shared modules the layers use (graph/models/decoder.h)
   // --- generation (issue #17; graph/models/kv_cache.h, sim/step/generate.h): one forward of
   // HF generate. keys: the key length the attention sees (past + seq with a DynamicCache,

@@ -1,6 +1,8 @@
 #include "graph/ops/ops_float8.h"
 
+#include "graph/ops/float8_cast.h"
 #include "graph/ops/op_helpers.h"
+#include "graph/ops/ops_float8_rowwise.h"
 
 namespace memsim::graph {
 
@@ -17,38 +19,13 @@ struct Alloc {
   }
 };
 
-// tensor_to_scale(t) of a bf16 tensor of n elements (float8_utils.py tensor_to_amax +
-// amax_to_scale): returns the 0-d fp32 scale's storage (made with kind `scale_kind`).
+// tensor_to_scale / _ToFloat8ConstrFunc of a bf16 tensor of n elements, tensorwise: a 0-d
+// scale, no power-of-2 rounding (graph/ops/float8_cast.h).
 uint32_t scale_of(Runtime& rt, uint64_t n, TensorKind scale_kind) {
-  Alloc A{rt, TensorKind::temporary};
-  const uint32_t abs = A(n * kHp);        // torch.abs(x)
-  const uint32_t amax = A(kHp);           // torch.max(...): 0-d bf16
-  rt.release(abs);
-  const uint32_t amax64 = A(8);           // amax.to(torch.float64)
-  const uint32_t clamped = A(8);          // torch.clamp(amax, min=EPS)
-  const uint32_t recip = A(8);            // max_fp8 / t -> t.reciprocal() * max_fp8
-  const uint32_t res = A(8);
-  rt.release(recip);
-  rt.release(clamped);
-  const uint32_t scale = rt.alloc_raw(kScalar, scale_kind, OpKind::float8_linear);  // .to(f32)
-  rt.release(res);     // `res = res.to(torch.float32)` rebinds
-  rt.release(amax64);  // amax_to_scale returns
-  rt.release(amax);    // tensor_to_scale returns
-  return scale;
+  return float8_scale(rt, n, 1, false, scale_kind);
 }
-
-// _ToFloat8ConstrFunc.forward of a bf16 tensor of n elements: returns the fp8 data's
-// storage (n bytes, kind `data_kind`).
 uint32_t to_fp8(Runtime& rt, uint64_t n, TensorKind data_kind) {
-  Alloc A{rt, TensorKind::temporary};
-  const uint32_t f32 = A(n * 4);   // tensor.to(torch.float32)
-  const uint32_t scaled = A(n * 4);  // ... / scale
-  rt.release(f32);
-  const uint32_t clamped = A(n * 4);  // to_fp8_saturated: x.clamp(...)
-  const uint32_t bits = rt.alloc_raw(n, data_kind, OpKind::float8_linear);  // x.to(fp8)
-  rt.release(clamped);  // to_fp8_saturated returns
-  rt.release(scaled);   // forward returns
-  return bits;
+  return float8_data(rt, n, data_kind);
 }
 
 // float8_mm -> addmm_float8_unwrapped: the scales' reciprocals, then _scaled_mm's bf16
@@ -75,7 +52,20 @@ Tensor float8_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t row
   // Float8Linear.forward: _get_weight_scale, then _cast_weight_to_float8_t (kept: saved).
   Tensor w_scale = rt.adopt(scale_of(rt, nw, keep), kScalar);
   Tensor w_fp8 = rt.adopt(to_fp8(rt, nw, keep), nw);
-  // matmul_with_hp_or_float8_args.forward: the input's cast is local to it.
+  // matmul_with_hp_or_float8_args.forward: ctx.save_for_backward(input_hp, weight_hp_t)
+  // first (a checkpoint's pack hooks run here, and its early stop unwinds from here),
+  // then the input's cast, local to it.
+  int32_t n = -1;
+  if (grad) {
+    n = rt.make_node(OpKind::float8_linear, {&x, &w});
+    Node& node = rt.node(n);
+    node.size[0] = nx;
+    node.size[1] = nw;
+    node.size[2] = ng;
+    rt.save(n, x);      // input_hp
+    rt.save(n, w_fp8);  // weight_fp8_t: its _data and _scale
+    rt.save(n, w_scale);
+  }
   const uint32_t x_scale = scale_of(rt, nx, TensorKind::temporary);
   const uint32_t x_fp8 = to_fp8(rt, nx, TensorKind::temporary);
   Tensor result = rt.adopt(scaled_mm(rt, ng * kHp, TensorKind::activation), ng * kHp);
@@ -85,16 +75,9 @@ Tensor float8_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t row
   rt.release(x_fp8);  // the Float8Tensor dies: _data, then _scale
   rt.release(x_scale);
   if (grad) {
-    const int32_t n = rt.make_node(OpKind::float8_linear, {&x, &w});
     Node& node = rt.node(n);
-    node.size[0] = nx;
-    node.size[1] = nw;
-    node.size[2] = ng;
     node.flops = detail::matmul_backward_flops(x, w, flops);
     node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
-    rt.save(n, x);      // input_hp
-    rt.save(n, w_fp8);  // weight_fp8_t: its _data and _scale
-    rt.save(n, w_scale);
     result.grad_fn = n;
   }
   return result;  // w_fp8, then w_scale, die here unless saved
@@ -102,6 +85,7 @@ Tensor float8_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t row
 
 bool run_float8_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (n.kind != OpKind::float8_linear) return false;
+  if (n.size[3] != 0) return run_float8_rowwise_backward(rt, n, in, out);  // rowwise recipes
   if (in[0].storage == kNoStorage) return true;
   const uint64_t nx = n.size[0], nw = n.size[1], ng = n.size[2];
   const bool need_x = n.next[0].node >= 0, need_w = n.next[1].node >= 0;

@@ -17,8 +17,9 @@
 //       then the bf16 amax.
 //     weight cast: W.to(f32) [4*out*in], / scale [4*out*in], the first dies, clamp
 //       [4*out*in], .to(e4m3) [out*in bytes], the clamp dies, the quotient dies.
-//     matmul_with_hp_or_float8_args.forward: saves (x, weight_fp8_t): x itself and the
-//       fp8 weight's data + scale; the input is cast the same way (scale, then fp32
+//     matmul_with_hp_or_float8_args.forward: saves (x, weight_fp8_t) first (before any
+//       of its own allocations, as ctx.save_for_backward is its first line): x itself and
+//       the fp8 weight's data + scale; the input is cast the same way (scale, then fp32
 //       temporaries and the e4m3 copy, rows*in bytes); _scaled_mm takes the two scales'
 //       reciprocals (0-d fp32 each), the W operand is W_fp8.t() (already column-major: no
 //       copy) and writes the bf16 output (rows*out*2); the reciprocals die, then the e4m3
@@ -37,10 +38,14 @@
 //     frees g and the saved x, W_fp8, scale. grad_input is a view of the mm result
 //     (reshape back to 3-D); grad_weight.t().t() reaches AccumulateGrad in W's layout.
 // 0-d tensors are one 512-byte block each, as every small tensor.
+// Newer torchao (c6de9b4, 2025-07-24, "simplify Float8Linear", through @36027d8) casts the
+// weight inside the Function for tensorwise too and saves the bf16 W.t(): the path
+// graph/ops/ops_float8_rowwise.h models for the rowwise recipes. This op keeps @7ca1bfb's.
 #pragma once
 
 #include <cstdint>
 
+#include "graph/models/float8_spec.h"
 #include "graph/runtime.h"
 
 namespace memsim::graph {
