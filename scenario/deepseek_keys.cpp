@@ -32,10 +32,25 @@ void check_deepseek(const Doc& d, const Scenario& s) {
            std::to_string(moe.experts) + " experts do not split into the config's n_group " +
                std::to_string(moe.n_group) + " groups of at least 2 (each group's score is its top-2 sum)");
   }
+  if (moe.experts > 0 && moe.code == graph::MoeRouterCode::deepseek_v2) {
+    // DeepSeek-V2 (transformers 5.17.0 DeepseekV2TopkRouter; docs/deepseek.md "DeepSeek-V2").
+    const std::string moe_at = where_of(d, "model.moe", at);
+    if (moe.score != graph::MoeScore::softmax)
+      fail(moe_at, "model.moe.router",
+           "DeepSeek-V2's router is softmax (DeepseekV2TopkRouter.forward); sigmoid is DeepSeek-V3's");
+    if (moe.output_router_logits)
+      fail(moe_at, "model.moe.output_router_logits",
+           "DeepseekV2ForCausalLM computes no auxiliary load-balancing loss in transformers 5.17: remove it");
+    if (moe.group_limited && (moe.experts % moe.n_group != 0 || moe.topk_group > moe.n_group))
+      fail(moe_at, "model.moe.experts",
+           std::to_string(moe.experts) + " experts do not split into the config's n_group " +
+               std::to_string(moe.n_group) + " groups with topk_group " + std::to_string(moe.topk_group) +
+               " (group_limited_greedy views the scores as (T, n_group, experts / n_group))");
+  }
   if (!a.mla.enabled()) {
-    if (std::strcmp(a.architecture, "deepseek_v3") == 0)
+    if (std::strcmp(a.architecture, "deepseek_v3") == 0 || std::strcmp(a.architecture, "deepseek_v2") == 0)
       fail(at, "model.architecture",
-           "deepseek_v3 needs its config.json (model.hf_config): the latent attention's sizes "
+           std::string(a.architecture) + " needs its config.json (model.hf_config): the latent attention's sizes "
            "(q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v head dims) have no scenario keys");
     return;
   }

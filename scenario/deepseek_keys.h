@@ -1,8 +1,8 @@
-// DeepSeek-V3 (docs/deepseek.md): the checks of its router's group sizes and the settings
+// DeepSeek-V3 and DeepSeek-V2 (docs/deepseek.md): the checks of their routers' group sizes and the settings
 // memsim does not model around multi-head latent attention (graph::MlaSpec,
 // graph/models/decoder_mla.cpp) or DeepseekV3MoE, refused by key.
 //
-// MLA has no scenario keys of its own: its sizes come from a deepseek_v3 config.json
+// MLA has no scenario keys of its own: its sizes come from a deepseek_v3 / deepseek_v2 config.json
 // (model.hf_config / --model; scenario/hf_config.cpp); model.moe's keys may change the MoE
 // part. Contract: check_deepseek runs once the scenario is built (after check_moe) and
 // throws ScenarioError "FILE:LINE: KEY: message".

@@ -158,9 +158,13 @@ std::string join(const std::vector<std::string>& names) {
   return s;
 }
 
+bool is_deepseek(const std::string& model_type) {
+  return model_type == "deepseek_v3" || model_type == "deepseek_v2";
+}
+
 // Keys whose effect memsim does not model: refused by name, whatever the model_type.
 bool is_moe_row(const std::string& model_type) {
-  for (const char* t : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3"})
+  for (const char* t : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v2"})
     if (model_type == t) return true;
   return false;
 }
@@ -206,7 +210,10 @@ void read_moe_config(const Reader& r, const std::string& type, ModelConfig& m) {
 // first_k_dense_replace on (moe_layer_freq is the remote code's: refused unless 1), the
 // sigmoid / noaux_tc router only, and no multi-token-prediction layer (num_nextn_predict_layers'
 // weights are dropped on load: not built).
+void read_deepseek_v2_config(const Reader& r, ModelConfig& m);
+
 void read_deepseek_config(const Reader& r, ModelConfig& m) {
+  if (r.opt_string("model_type").value_or("") == "deepseek_v2") return read_deepseek_v2_config(r, m);
   graph::MlaSpec& mla = m.arch.mla;
   mla.q_lora_rank = r.present("q_lora_rank") ? r.opt_integer("q_lora_rank", 1).value_or(0) : 1536;
   mla.kv_lora_rank = r.opt_integer("kv_lora_rank", 1).value_or(512);
@@ -252,6 +259,82 @@ void read_deepseek_config(const Reader& r, ModelConfig& m) {
     r.fail("output_router_logits", "DeepseekV3ForCausalLM computes no auxiliary load-balancing loss");
 }
 
+// DeepseekV2Config (transformers 5.17.0's defaults where a key is absent; its __post_init__
+// sets head_dim = qk_rope_head_dim for the rotary module) into m.arch.mla and m.arch.moe
+// (docs/deepseek.md "DeepSeek-V2"). 5.17's DeepseekV2TopkRouter reads topk_method (greedy or
+// group_limited_greedy), n_group, topk_group and routed_scaling_factor, and neither
+// norm_topk_prob, scoring_func nor the aux-loss keys: norm_topk_prob is ignored as
+// transformers ignores it; scoring_func other than softmax (what the router computes) and
+// moe_layer_freq != 1 (DeepSeek's remote code only) are refused.
+void read_deepseek_v2_config(const Reader& r, ModelConfig& m) {
+  graph::MlaSpec& mla = m.arch.mla;
+  mla.v2_code = true;
+  mla.q_lora_rank = r.present("q_lora_rank") ? r.opt_integer("q_lora_rank", 1).value_or(0) : 1536;
+  mla.kv_lora_rank = r.opt_integer("kv_lora_rank", 1).value_or(512);
+  mla.qk_nope_head_dim = r.opt_integer("qk_nope_head_dim", 1).value_or(128);
+  mla.qk_rope_head_dim = r.opt_integer("qk_rope_head_dim", 1).value_or(64);
+  mla.v_head_dim = r.opt_integer("v_head_dim", 1).value_or(128);
+  mla.rope_interleave = false;
+  // apply_rotary_emb views the rope slices of q and of kv_a_proj_with_mqa's output as complex:
+  // view_as_complex needs even strides and offsets (torch raises otherwise).
+  for (auto [key, v] : {std::pair{"qk_rope_head_dim", mla.qk_rope_head_dim},
+                        std::pair{"qk_nope_head_dim", mla.qk_nope_head_dim},
+                        std::pair{"kv_lora_rank", mla.kv_lora_rank}})
+    if (v % 2 != 0)
+      r.fail(key, std::to_string(v) + " is odd: apply_rotary_emb's view_as_complex of the rope slice "
+                  "needs an even size and offset");
+  if (m.d_model % m.heads != 0)
+    r.fail("num_attention_heads", std::to_string(m.heads) + " heads do not divide hidden_size " +
+                                      std::to_string(m.d_model) + " (DeepseekV2Config.validate_architecture)");
+  m.arch.head_dim = mla.qk_head_dim();
+  m.arch.rotary_dim = mla.qk_rope_head_dim;
+  if (m.kv_heads != m.heads)
+    r.fail("num_key_value_heads", std::to_string(m.kv_heads) + " differs from num_attention_heads " +
+                                      std::to_string(m.heads) +
+                                      ": multi-head latent attention has a key/value head per query head");
+  if (r.boolean("mlp_bias", false))
+    r.fail("mlp_bias", "biases on DeepseekV2MLP's projections are not modelled; set it to false");
+  graph::MoeSpec& moe = m.arch.moe;
+  moe.experts = r.opt_integer("n_routed_experts", 1).value_or(64);
+  if (!r.has("num_experts_per_tok"))
+    r.fail("num_experts_per_tok", "required (DeepseekV2Config's default is None, which its router cannot use)");
+  moe.top_k = r.integer("num_experts_per_tok", 1);
+  if (moe.top_k > moe.experts)
+    r.fail("num_experts_per_tok", std::to_string(moe.top_k) + " exceeds n_routed_experts " + std::to_string(moe.experts));
+  moe.expert_d_ff = r.opt_integer("moe_intermediate_size", 1).value_or(1407);
+  if (r.present("n_shared_experts") && !r.has("n_shared_experts"))
+    r.fail("n_shared_experts", "null: DeepseekV2Moe always builds its shared experts (give a count)");
+  moe.shared_d_ff = moe.expert_d_ff * r.opt_integer("n_shared_experts", 1).value_or(2);
+  moe.first_dense_layers = r.opt_integer("first_k_dense_replace", 0).value_or(0);
+  moe.norm_topk = false;  // not read by 5.17's router
+  const std::string method = r.opt_string("topk_method").value_or("greedy");
+  if (method != "greedy" && method != "group_limited_greedy")
+    r.fail("topk_method", "'" + method + "': transformers' DeepseekV2 router runs greedy or group_limited_greedy");
+  moe.group_limited = method == "group_limited_greedy";
+  if (moe.group_limited) {
+    for (const char* key : {"n_group", "topk_group"})
+      if (!r.has(key)) r.fail(key, "required with topk_method group_limited_greedy");
+    moe.n_group = r.integer("n_group", 1);
+    moe.topk_group = r.integer("topk_group", 1);
+    if (moe.experts % moe.n_group != 0)
+      r.fail("n_group", std::to_string(moe.n_group) + " groups do not split n_routed_experts " +
+                            std::to_string(moe.experts) + " evenly");
+    if (moe.topk_group > moe.n_group)
+      r.fail("topk_group", std::to_string(moe.topk_group) + " exceeds n_group " + std::to_string(moe.n_group));
+  } else {
+    // greedy: n_group / topk_group are not read.
+    moe.n_group = 1;
+    moe.topk_group = 1;
+  }
+  if (auto f = r.opt_integer("moe_layer_freq", 1); f && *f != 1)
+    r.fail("moe_layer_freq", "transformers' DeepseekV2 makes every layer from first_k_dense_replace on "
+                             "a MoE layer (moe_layer_freq is DeepSeek's remote code only): set it to 1");
+  if (auto sf = r.opt_string("scoring_func"); sf && *sf != "softmax")
+    r.fail("scoring_func", "'" + *sf + "': transformers' DeepseekV2 router is softmax only");
+  if (r.boolean("output_router_logits", false))
+    r.fail("output_router_logits", "DeepseekV2ForCausalLM computes no auxiliary load-balancing loss");
+}
+
 void refuse_unmodelled(const Reader& r, bool moe) {
   if (r.has("quantization_config"))
     r.fail("quantization_config",
@@ -259,14 +342,14 @@ void refuse_unmodelled(const Reader& r, bool moe) {
            "nf4 on the unquantized config)");
   for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts",
                           "moe_intermediate_size", "num_experts_per_tok"}) {
-    if (moe && (std::string(key) != "n_routed_experts" || r.opt_string("model_type").value_or("") == "deepseek_v3"))
+    if (moe && (std::string(key) != "n_routed_experts" || is_deepseek(r.opt_string("model_type").value_or(""))))
       continue;  // read_moe_config / read_deepseek_config
     const json* v = r.get(key);
     if (v && !(v->is_number() && v->get<double>() == 0.0)) r.fail(key, kMoeHint);
   }
   for (const char* key : {"kv_lora_rank", "q_lora_rank"})
-    if (r.has(key) && r.opt_string("model_type").value_or("") != "deepseek_v3")
-      r.fail(key, "multi-head latent attention is modelled for model_type deepseek_v3 only");
+    if (r.has(key) && !is_deepseek(r.opt_string("model_type").value_or("")))
+      r.fail(key, "multi-head latent attention is modelled for model_type deepseek_v3 and deepseek_v2 only");
   for (const char* key : {"text_config", "vision_config", "audio_config"})
     if (r.has(key))
       r.fail(key, "a multimodal config: memsim models the text decoder only (give its text_config "
@@ -404,11 +487,6 @@ std::optional<DType> read_dtype(const Reader& r) {
 
 }  // namespace
 
-const std::vector<std::string>& moe_model_types() {
-  static const std::vector<std::string> types = {"deepseek_v2"};
-  return types;
-}
-
 HfConfig parse_hf_config(const std::string& text, const std::string& source) {
   json j;
   try {
@@ -433,10 +511,6 @@ HfConfig parse_hf_config(const std::string& text, const std::string& source) {
   const auto model_type = r.opt_string("model_type");
   if (!model_type) r.fail("model_type", "required (one of " + architecture_list() + ")");
   out.model_type = *model_type;
-  if (*model_type == "deepseek_v2")
-    r.fail("model_type", "'deepseek_v2' is not modelled: its router (softmax, greedy or "
-           "group_limited_greedy) and its complex-number RoPE differ from deepseek_v3's, which is "
-           "(docs/deepseek.md)");
   if (*model_type == "gemma3")
     r.fail("model_type", "'gemma3' is the multimodal Gemma 3 (a vision tower memsim does not "
                          "model): give its text_config, model_type gemma3_text, as a config of its own");
@@ -532,7 +606,7 @@ HfConfig parse_hf_config(const std::string& text, const std::string& source) {
     r.fail(r.present("head_dim") ? "head_dim" : heads_key,
            "RoPE needs an even head size, head_dim = " + std::to_string(hd));
 
-  if (*model_type == "deepseek_v3") read_deepseek_config(r, m);
+  if (is_deepseek(*model_type)) read_deepseek_config(r, m);
   else if (is_moe_row(*model_type)) read_moe_config(r, *model_type, m);
   read_sliding(r, *row, m.layers, m.arch, out.sliding);
   m.dropout = read_dropout(r, *row, m.arch);

@@ -39,9 +39,5 @@ HfConfig parse_hf_config(const std::string& text, const std::string& source);
 // False with `error` ("cannot open '...': No such file or directory") when it cannot.
 bool read_config_file(std::string& path, std::string& text, std::string& error);
 
-// The mixture-of-experts model_types that are refused (DeepSeek-V2: its softmax router and
-// complex RoPE); mixtral, qwen2_moe, qwen3_moe, olmoe and deepseek_v3 are rows (docs/moe.md,
-// docs/deepseek.md).
-const std::vector<std::string>& moe_model_types();
 
 }  // namespace memsim

@@ -168,6 +168,12 @@ const std::vector<ArchitectureRow>& rows() {
       {"deepseek_v3", kLlama, Arch("deepseek_v3").v5_layout().moe(graph::MoeRouterCode::deepseek_v3, true),
        all_layers(), false, 0, 0, "hidden_act", true, false, false, false, S::none,
        "DeepseekV3ForCausalLM (v5)"},
+      // DeepSeek-V2 / V2-Lite (docs/deepseek.md "DeepSeek-V2"): DeepseekV2Attention (the same
+      // latent projections, complex RoPE, expand_kv's slice copies) and DeepseekV2Moe
+      // (softmax router, greedy or group-limited top-k, ungated shared experts), 5.17's code.
+      {"deepseek_v2", kLlama, Arch("deepseek_v2").v5_layout().moe(graph::MoeRouterCode::deepseek_v2, false),
+       all_layers(), false, 0, 0, "hidden_act", true, false, false, false, S::none,
+       "DeepseekV2ForCausalLM (v5)"},
       // graph::gpt2_arch(): LayerNorm, Conv1D with biases, fused c_attn, plain MLP with
       // NewGELU, learned positions, the where-masked core, residual/embedding dropout, no
       // fp32 logits.

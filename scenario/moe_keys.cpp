@@ -22,7 +22,7 @@ namespace {
 bool moe_row(const graph::DecoderArch& a) {
   const std::string name = a.architecture;
   return name == "mixtral" || name == "qwen2_moe" || name == "qwen3_moe" || name == "olmoe" ||
-         name == "deepseek_v3";
+         name == "deepseek_v3" || name == "deepseek_v2";
 }
 
 // A sub-key's own line (a --set value's "--set").

@@ -11,7 +11,7 @@ namespace memsim::scenario_detail {
 namespace {
 
 bool is_moe_architecture(const char* name) {
-  for (const char* moe : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3"})
+  for (const char* moe : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v2"})
     if (std::strcmp(name, moe) == 0) return true;
   return false;
 }

@@ -1,11 +1,13 @@
-// DeepSeek-V3 (graph/models/decoder_mla.cpp, decoder_moe_deepseek.cpp; docs/deepseek.md):
+// DeepSeek-V3 (graph/models/decoder_mla.cpp, decoder_moe_deepseek.cpp; docs/deepseek.md) and
+// DeepSeek-V2 / V2-Lite (decoder_mla_v2.cpp, decoder_moe_deepseek_v2.cpp; transformers 5.17.0):
 //  - against real PyTorch: tests/data/torch_cpu_deepseek/*.json are training steps of the
 //    transformers 5.x DeepseekV3ForCausalLM stand-in (tools/fixtures/deepseek_models.py) with a
 //    forced routing, measured on CPU with torch 1.13 (tools/fixtures/gen_deepseek_fixtures.py).
 //    memsim reads each fixture's own config.json (model.hf_config), so the config import is
 //    part of what is checked; compared as the other MoE fixtures are, plus every layer's
 //    forward allocations in order;
-//  - parameter counts from the published DeepSeek-V3 config.json (tests/data/moe_configs);
+//  - parameter counts from the published DeepSeek-V3, V2 and V2-Lite config.json files
+//    (tests/data/moe_configs);
 //  - what is refused, by key.
 #include <catch2/catch.hpp>
 
@@ -79,7 +81,7 @@ std::string load_error(const std::string& yaml) {
 
 }  // namespace
 
-TEST_CASE("DeepSeek-V3 matches real PyTorch training steps (CPU fixtures)", "[deepseek]") {
+TEST_CASE("DeepSeek-V3 and DeepSeek-V2 match real PyTorch training steps (CPU fixtures)", "[deepseek]") {
   std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(kDeepseekFixtureDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
@@ -98,7 +100,10 @@ TEST_CASE("DeepSeek-V3 matches real PyTorch training steps (CPU fixtures)", "[de
     // SelectBackward0 zeros of the whole 3-D weight, docs/moe.md), where 2.x, which memsim
     // emulates, adds in place: the real peak holds exactly one more (E, 2F, D) fp32 tensor.
     const nlohmann::json& c = fx["config"];
-    const uint64_t torch113_add = name == "deepseek_v3_l2_qproj_e8_k3_g2_sgd"
+    // deepseek_v2_l2_qlora_e8_k3_g4_sgd's likewise (the same weight's two grads).
+    const bool out_of_place_add =
+        name == "deepseek_v3_l2_qproj_e8_k3_g2_sgd" || name == "deepseek_v2_l2_qlora_e8_k3_g4_sgd";
+    const uint64_t torch113_add = out_of_place_add
                                       ? c["deepseek"]["n_routed_experts"].get<uint64_t>() * 2 *
                                             c["deepseek"]["moe_intermediate_size"].get<uint64_t>() *
                                             c["d_model"].get<uint64_t>() * 4
@@ -249,4 +254,159 @@ TEST_CASE("DeepSeek-V3 runs end to end: routing and the group-limited router's t
   const Scenario grouped = load_scenario_text(base, "ds.yaml", {{"model.moe.experts_implementation", "grouped_mm"}});
   // out_per_sample_g[inv_perm]: every (token, slot)'s product with the fp32 routing weights.
   CHECK(largest_gather(layer1(grouped)) == 512ull * 4 * 256 * 4);
+}
+
+TEST_CASE("DeepSeek-V2 and V2-Lite parameter counts from their config.json files", "[deepseek]") {
+  // DeepSeek-V2-Lite (the card: 15.7B total): q_proj (q_lora_rank null) 2048 x 16 x 192,
+  // kv_a 2048 x 576 + norm 512, kv_b 512 x 16 x 256, o 2048 x 2048: 13,763,072 per layer; the
+  // dense first layer's MLP 3 x 2048 x 10944; each of 26 MoE layers 64 experts of 3 x 2048 x
+  // 1408, 2 shared (3 x 2048 x 2816) and the (64, 2048) router; embeddings and lm_head 102400 x
+  // 2048 each, untied.
+  const Scenario lite = load_scenario_text("model:\n  hf_config: " + kConfigs + "deepseek-v2-lite.json\nbatch:\n  seq_len: 16\n",
+                                           "ds.yaml");
+  CHECK(parameter_count(lite.model) == 15706484224LL);
+  CHECK(layer_parameter_count(lite.model, 0) == 81007104LL);
+  CHECK(layer_parameter_count(lite.model, 1) == 584847872LL);
+  const graph::DecoderArch& a = lite.model.arch;
+  CHECK(a.mla.q_lora_rank == 0);
+  CHECK(a.mla.v2_code);
+  CHECK(a.head_dim == 192);
+  CHECK(a.rotary_dim == 64);
+  CHECK(a.moe.code == graph::MoeRouterCode::deepseek_v2);
+  CHECK(a.moe.score == graph::MoeScore::softmax);
+  CHECK(!a.moe.group_limited);
+  CHECK(a.moe.top_k == 6);
+  CHECK(a.moe.shared_d_ff == 2816);
+  CHECK(!a.moe.layer_is_moe(0));
+  CHECK(a.moe.layer_is_moe(1));
+  CHECK(lite.precision.params == DType::bf16);
+  // The same through the preset (scenarios/models/deepseek-v2-lite.json, embedded).
+  const Scenario preset = load_scenario_text("model:\n  preset: deepseek-v2-lite\nbatch:\n  seq_len: 16\n", "ds.yaml");
+  CHECK(parameter_count(preset.model) == 15706484224LL);
+  // DeepSeek-V2 (the card: 236B total): q_lora_rank 1536, 160 experts of 1536 in 8 groups
+  // (3 chosen), 2 shared, 60 layers, the first dense.
+  const Scenario v2 = load_scenario_text("model:\n  hf_config: " + kConfigs + "deepseek-v2.json\nbatch:\n  seq_len: 16\n",
+                                         "ds.yaml");
+  CHECK(parameter_count(v2.model) == 235741434880LL);
+  CHECK(layer_parameter_count(v2.model, 0) == 337981440LL);
+  CHECK(layer_parameter_count(v2.model, 1) == 3972116480LL);
+  CHECK(v2.model.arch.moe.group_limited);
+  CHECK(v2.model.arch.moe.n_group == 8);
+  CHECK(v2.model.arch.moe.topk_group == 3);
+  CHECK(v2.model.arch.mla.q_lora_rank == 1536);
+}
+
+TEST_CASE("DeepSeek-V2: what is not modelled or cannot run is refused by key", "[deepseek]") {
+  const std::string batch = "batch:\n  micro_batch: 1\n  seq_len: 16\n";
+  const std::string dir = temp_dir();
+  auto config_error = [&](const std::string& file, const std::string& name, const std::string& from,
+                          const std::string& to) {
+    std::ifstream in(kConfigs + file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    const std::string path = dir + "/" + name;
+    std::ofstream(path) << text;
+    return load_error("model:\n  hf_config: " + path + "\n" + batch);
+  };
+  const std::string full = "deepseek-v2.json", lite = "deepseek-v2-lite.json";
+  CHECK(config_error(full, "tg.json", "\"topk_group\": 3", "\"topk_group\": 9").find("tg.json:54: topk_group: 9 exceeds n_group 8") !=
+        std::string::npos);
+  CHECK(config_error(full, "ng.json", "\"n_group\": 8", "\"n_group\": 7")
+            .find("ng.json:27: n_group: 7 groups do not split n_routed_experts 160 evenly") != std::string::npos);
+  CHECK(config_error(full, "nong.json", "\"n_group\": 8", "\"n_group\": null")
+            .find("nong.json:27: n_group: required with topk_method group_limited_greedy") != std::string::npos);
+  CHECK(config_error(lite, "m.json", "\"topk_method\": \"greedy\"", "\"topk_method\": \"noaux_tc\"")
+            .find("m.json:54: topk_method: 'noaux_tc': transformers' DeepseekV2 router runs greedy or group_limited_greedy") !=
+        std::string::npos);
+  CHECK(config_error(lite, "sf.json", "\"scoring_func\": \"softmax\"", "\"scoring_func\": \"sigmoid\"")
+            .find("sf.json:50: scoring_func: 'sigmoid': transformers' DeepseekV2 router is softmax only") != std::string::npos);
+  CHECK(config_error(lite, "freq.json", "\"moe_layer_freq\": 1", "\"moe_layer_freq\": 2")
+            .find("freq.json:25: moe_layer_freq: transformers' DeepseekV2 makes every layer") != std::string::npos);
+  CHECK(config_error(lite, "k.json", "\"num_experts_per_tok\": 6,", "")
+            .find("num_experts_per_tok: required") != std::string::npos);
+  CHECK(config_error(lite, "odd.json", "\"kv_lora_rank\": 512", "\"kv_lora_rank\": 511")
+            .find("odd.json:21: kv_lora_rank: 511 is odd") != std::string::npos);
+  CHECK(config_error(lite, "bias.json", "\"attention_bias\": false", "\"attention_bias\": false, \"mlp_bias\": true")
+            .find("mlp_bias: biases on DeepseekV2MLP's projections are not modelled") != std::string::npos);
+  CHECK(config_error(lite, "shared.json", "\"n_shared_experts\": 2", "\"n_shared_experts\": null")
+            .find("shared.json:28: n_shared_experts: null") != std::string::npos);
+  // Scenario keys.
+  const std::string cfg = "model:\n  hf_config: " + kConfigs + lite + "\n";
+  CHECK(load_error(cfg + "  moe: {router: sigmoid}\n" + batch).find("model.moe.router: DeepSeek-V2's router is softmax") !=
+        std::string::npos);
+  CHECK(load_error(cfg + "  moe: {output_router_logits: true}\n" + batch)
+            .find("model.moe.output_router_logits: DeepseekV2ForCausalLM computes no auxiliary") != std::string::npos);
+  CHECK(load_error(cfg + "  attention: flash\n" + batch).find("model.attention: flash is not modelled with multi-head latent attention") !=
+        std::string::npos);
+  CHECK(load_error("model:\n  architecture: deepseek_v2\n  layers: 2\n  d_model: 64\n  heads: 4\n  d_ff: 128\n"
+                   "  vocab: 256\n  context_length: 64\n  moe: {experts: 4, top_k: 2}\n" + batch)
+            .find("model.architecture: deepseek_v2 needs its config.json") != std::string::npos);
+}
+
+TEST_CASE("DeepSeek-V2 runs end to end: the complex RoPE table, the softmax routers, expand_kv", "[deepseek]") {
+  const std::string dir = temp_dir();
+  const std::string path = dir + "/small_v2.json";
+  std::ofstream(path) << R"({"model_type": "deepseek_v2", "hidden_size": 256, "intermediate_size": 512,
+  "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 1024,
+  "max_position_embeddings": 1024, "q_lora_rank": null, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+  "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 16, "num_experts_per_tok": 4,
+  "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2, "routed_scaling_factor": 16.0,
+  "moe_intermediate_size": 128, "n_shared_experts": 2, "first_k_dense_replace": 1, "torch_dtype": "float32"})";
+  const std::string base = "model:\n  hf_config: " + path + "\nbatch:\n  micro_batch: 2\n  seq_len: 256\n"
+                           "device:\n  capacity: 80GiB\n";
+  auto forward = [](const Scenario& s, int layer) {
+    const Program p = build_program(s);
+    std::vector<std::pair<std::string, uint64_t>> out;
+    bool measuring = false;
+    for (const MemoryEvent& e : p.events) {
+      if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") measuring = true;
+      if (measuring && e.type == EventType::alloc && e.phase == Phase::forward && e.layer == layer)
+        out.emplace_back(p.str(e.op), e.bytes);
+    }
+    return out;
+  };
+  const Scenario s = load_scenario_text(base, "ds.yaml");
+  // The model's rotary table (layer -1, before the first layer): position_ids.float() (S x 4),
+  // inv_freq @ positions (8 x S x 4), ones_like, polar (complex64: S x 8 x 8 bytes), the
+  // attention_scaling product.
+  const auto model = forward(s, -1);
+  const std::vector<std::pair<std::string, uint64_t>> table = {
+      {"_to_copy", 256ull * 4}, {"bmm", 8ull * 256 * 4}, {"ones_like", 8ull * 256 * 4},
+      {"other", 256ull * 16 * 4}, {"mul.Scalar", 256ull * 16 * 4}};
+  CHECK(std::search(model.begin(), model.end(), table.begin(), table.end()) != model.end());
+  // Layer 1 (T = 512 tokens, E = 16, G = 4, TG = 2, K = 4): the router from its logits on:
+  // softmax, the group max (values, indices), the group top-k (values, indices), zeros_like,
+  // the expanded mask's copy, .bool(), ~, masked_fill(0.0), the top-k, * routed_scaling_factor.
+  const auto l1 = forward(s, 1);
+  const std::vector<std::pair<std::string, uint64_t>> router = {
+      {"mm", 32768},     {"_softmax", 32768}, {"max.dim", 8192},  {"max.dim", 16384}, {"topk", 4096},
+      {"topk", 8192},    {"ones_like", 8192}, {"clone", 32768},   {"_to_copy", 8192}, {"ge", 8192},
+      {"where", 32768},  {"topk", 8192},      {"topk", 16384},    {"mul.Scalar", 8192}};
+  CHECK(std::search(l1.begin(), l1.end(), router.begin(), router.end()) != l1.end());
+  // Greedy (DeepSeek-V2-Lite's topk_method): softmax, then the top-k at once.
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.replace(text.find("group_limited_greedy"), 20, "greedy");
+  const std::string greedy_path = dir + "/small_v2_greedy.json";
+  std::ofstream(greedy_path) << text;
+  const Scenario g = load_scenario_text("model:\n  hf_config: " + greedy_path +
+                                            "\nbatch:\n  micro_batch: 2\n  seq_len: 256\ndevice:\n  capacity: 80GiB\n",
+                                        "ds.yaml");
+  const auto g1 = forward(g, 1);
+  const std::vector<std::pair<std::string, uint64_t>> greedy = {
+      {"mm", 32768}, {"_softmax", 32768}, {"topk", 8192}, {"topk", 16384}, {"mul.Scalar", 8192}};
+  CHECK(std::search(g1.begin(), g1.end(), greedy.begin(), greedy.end()) != g1.end());
+  // The attention (fp32, q_proj): the complex products of q_pe (T x 8 heads x 16 x 4) and k_pe
+  // (T x 16 x 4), the query cat, then kv_b_proj and new_empty's key (T x 8 x 48 x 4).
+  const std::vector<std::pair<std::string, uint64_t>> rope = {
+      {"mul", 512ull * 8 * 16 * 4}, {"mul", 512ull * 16 * 4}, {"cat", 512ull * 8 * 48 * 4},
+      {"mm", 512ull * 8 * 64 * 4},  {"other", 512ull * 8 * 48 * 4}};
+  CHECK(std::search(l1.begin(), l1.end(), rope.begin(), rope.end()) != l1.end());
+  // Composes with checkpointing and grouped_mm.
+  const Scenario ckpt = load_scenario_text(base, "ds.yaml", {{"checkpoint.policy", "full"}});
+  CHECK(memsim_test::walk(build_program(ckpt)).forward_end_total < memsim_test::walk(build_program(s)).forward_end_total);
+  const Scenario grouped = load_scenario_text(base, "ds.yaml", {{"model.moe.experts_implementation", "grouped_mm"}});
+  CHECK(build_program(grouped).events.size() > 1000);
 }

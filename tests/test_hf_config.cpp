@@ -295,27 +295,19 @@ TEST_CASE("hf_config: bad input is refused with the file, line and key", "[hf_co
   CHECK(error("nolayers.json", no_layers) == p + "nolayers.json:1: num_hidden_layers: required (a positive integer)");
   CHECK(error("notype.json", "{\"hidden_size\": 64}") ==
         p + "notype.json:1: model_type: required (one of llama, mistral, qwen2, qwen3, gemma, gemma2, "
-            "gemma3_text, phi3, olmo2, granite, mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt2)");
+            "gemma3_text, phi3, olmo2, granite, mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, deepseek_v2, gpt2)");
   CHECK(error("bool.json", llama_like("llama", "  \"tie_word_embeddings\": 1,\n")) ==
         p + "bool.json:3: tie_word_embeddings: expected true or false, got 1");
   std::string odd_kv = llama_like("llama");
   odd_kv.replace(odd_kv.find("\"num_key_value_heads\": 2"), 24, "\"num_key_value_heads\": 3");
   CHECK(error("kv.json", odd_kv) == p + "kv.json:6: num_key_value_heads: 3 KV heads do not divide 4 attention heads");
 
-  // DeepSeek-V2 (its softmax router and complex RoPE; deepseek_v3 is a row); experts keys on
-  // a dense row; unknown model_types list the supported ones.
-  for (const std::string& moe : moe_model_types()) {
-    INFO(moe);
-    CHECK(error(moe + ".json", llama_like(moe)) ==
-          p + moe + ".json:2: model_type: '" + moe + "' is not modelled: its router (softmax, greedy or "
-              "group_limited_greedy) and its complex-number RoPE differ from deepseek_v3's, which is "
-              "(docs/deepseek.md)");
-  }
+  // Experts keys on a dense row; unknown model_types list the supported ones.
   CHECK(error("experts.json", llama_like("llama", "  \"num_local_experts\": 8,\n")) ==
         p + "experts.json:3: num_local_experts: not yet modelled (mixture-of-experts)");
   CHECK(error("unknown.json", llama_like("lama")) ==
         p + "unknown.json:2: model_type: unknown model_type 'lama'; did you mean 'llama'? (supported: "
-            "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, granite, mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt2)");
+            "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, granite, mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, deepseek_v2, gpt2)");
   CHECK(error("gemma3.json", llama_like("gemma3")).find("gemma3.json:2: model_type: 'gemma3' is the multimodal Gemma 3") !=
         std::string::npos);
 
@@ -323,7 +315,7 @@ TEST_CASE("hf_config: bad input is refused with the file, line and key", "[hf_co
   CHECK(error("quant.json", llama_like("llama", "  \"quantization_config\": {\"quant_method\": \"gptq\"},\n"))
             .rfind(p + "quant.json:3: quantization_config: quantized checkpoints are not modelled", 0) == 0);
   CHECK(error("mla.json", llama_like("llama", "  \"kv_lora_rank\": 512,\n")) ==
-        p + "mla.json:3: kv_lora_rank: multi-head latent attention is modelled for model_type deepseek_v3 only");
+        p + "mla.json:3: kv_lora_rank: multi-head latent attention is modelled for model_type deepseek_v3 and deepseek_v2 only");
   CHECK(error("act.json", llama_like("llama", "  \"hidden_act\": \"relu\",\n")) ==
         p + "act.json:3: hidden_act: memsim has no activation for 'relu' (modelled: silu, swish, "
             "gelu_pytorch_tanh, gelu, gelu_new)");

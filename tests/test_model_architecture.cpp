@@ -43,9 +43,9 @@ TEST_CASE("model.architecture sets the family and the row's knobs", "[architectu
     INFO(row.name);
     // The mixture-of-experts rows need their experts (docs/moe.md).
     const std::string name = row.name;
-    if (name == "deepseek_v3") {  // its latent attention's sizes come from a config.json only
-      CHECK_THROWS_WITH(arch("  architecture: deepseek_v3\n  moe: {experts: 4, top_k: 2}\n"),
-                        Catch::Contains("model.architecture: deepseek_v3 needs its config.json"));
+    if (name == "deepseek_v3" || name == "deepseek_v2") {  // latent sizes from a config.json only
+      CHECK_THROWS_WITH(arch("  architecture: " + name + "\n  moe: {experts: 4, top_k: 2}\n"),
+                        Catch::Contains("model.architecture: " + name + " needs its config.json"));
       continue;
     }
     const bool moe = name == "mixtral" || name == "qwen2_moe" || name == "qwen3_moe" || name == "olmoe";
@@ -114,7 +114,7 @@ TEST_CASE("knob keys override the row", "[architecture]") {
 TEST_CASE("architecture keys are checked", "[architecture]") {
   CHECK(error_of("  architecture: lama\n") ==
         "t.yaml:7: model.architecture: unknown architecture 'lama'; did you mean 'llama'? (expected one of "
-        "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, granite, mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt2)");
+        "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, granite, mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, deepseek_v2, gpt2)");
   CHECK(error_of("  architecture: gpt2\n  family: hf-llama\n") ==
         "t.yaml:8: model.family: is hf-llama, but model.architecture gpt2 is a hf-gpt2 model (leave model.family out)");
   CHECK(error_of("  family: cs336\n  qk_norm: head\n") ==

@@ -55,6 +55,8 @@ TEST_CASE("parameter counts equal the model cards", "[parameters]") {
       // DeepSeek-V3 (docs/deepseek.md): latent attention, 256 routed + 1 shared expert; the
       // card's "671B total" (its 14B multi-token-prediction module is not built by transformers)
       {"deepseek-v3", 671'026'404'352},
+      // DeepSeek-V2 / V2-Lite (docs/deepseek.md): the cards' "236B" and "15.7B" total
+      {"deepseek-v2", 235'741'434'880},  {"deepseek-v2-lite", 15'706'484'224},
   };
   for (const auto& [name, count] : cards) {
     INFO(name);

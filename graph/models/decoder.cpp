@@ -485,7 +485,9 @@ Tensor DecoderModel::forward_hidden(const Tensor& ids, Tensor& head_w) {
     Tensor h0 = inputs_embeds;
     if (a.embed_scale && a.embed_scale_at == EmbedScaleAt::model) h0 = mul_scalar(rt_, inputs_embeds);
     Tensor cos, sin, cos_local, sin_local;
-    if (a.rope == RopeAt::model) {
+    if (a.rope == RopeAt::model && a.mla.v2_code) {
+      cos = rope_table_complex();  // DeepSeek-V2: one complex table (decoder_mla.cpp)
+    } else if (a.rope == RopeAt::model) {
       rope_tables(true, cos, sin);
       if (a.rope_local) rope_tables(true, cos_local, sin_local);
     }

@@ -168,6 +168,8 @@ class DecoderModel {
   // One (cos, sin) table under no_grad: `scaled` multiplies by attention_scaling (the
   // model-level LlamaRotaryEmbedding; GemmaRotaryEmbedding in the attention does not).
   void rope_tables(bool scaled, Tensor& cos, Tensor& sin);
+  // DeepseekV2RotaryEmbedding.forward's complex64 freqs_cis (decoder_mla.cpp).
+  Tensor rope_table_complex();
   uint64_t mask_keys() const { return s_.seq + (arch().mask_target_s ? 0 : 1); }
 
   // --- modules (decoder_modules.cpp) ---
@@ -206,6 +208,8 @@ class DecoderModel {
   void construct_moe_deepseek(LayerParams& p, const std::string& prefix);
   Tensor moe_router_deepseek(const LayerParams& p, const Tensor& x, Tensor& weights, Tensor& indices);
   Tensor moe_block_deepseek(int32_t l, const LayerParams& p, const Tensor& x);
+  // DeepseekV2TopkRouter (transformers 5.17.0; decoder_moe_deepseek_v2.cpp).
+  Tensor moe_router_deepseek_v2(const LayerParams& p, const Tensor& x, Tensor& weights, Tensor& indices);
   // load_balancing_loss_func over the recorded router outputs; adds coef * aux to `loss`.
   Tensor moe_aux_loss(const Tensor& loss);
   int64_t moe_layer_index(int32_t l) const;  // l's rank among the MoE layers
@@ -227,6 +231,8 @@ class DecoderModel {
   void construct_mla(LayerParams& p, const std::string& prefix);
   Tensor attention_mla(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& cos,
                        const Tensor& sin);
+  // DeepseekV2Attention, transformers 5.17.0 (decoder_mla_v2.cpp); freqs is the complex table.
+  Tensor attention_mla_v2(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& freqs);
   Tensor where_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
                     Tensor& weights);
 

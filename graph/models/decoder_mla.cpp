@@ -61,6 +61,7 @@ void DecoderModel::construct_mla(LayerParams& p, const std::string& pre) {
 
 Tensor DecoderModel::attention_mla(const LayerParams& p, const Tensor& x, const Tensor& mask,
                                    const Tensor& cos, const Tensor& sin) {
+  if (arch().mla.v2_code) return attention_mla_v2(p, x, mask, cos);  // decoder_mla_v2.cpp
   ModuleScope module_scope(rt_, Module::attention);
   const MlaSpec& m = arch().mla;
   if (autocast_on()) throw std::runtime_error("multi-head latent attention under autocast is not modelled");

@@ -52,7 +52,8 @@ int64_t DecoderModel::moe_layer_index(int32_t l) const {
 // shared expert and its gate.
 void DecoderModel::construct_moe(LayerParams& p, const std::string& pre) {
   const MoeSpec& m = arch().moe;
-  if (m.code == MoeRouterCode::deepseek_v3) return construct_moe_deepseek(p, pre);  // decoder_moe_deepseek.cpp
+  if (m.code == MoeRouterCode::deepseek_v3 || m.code == MoeRouterCode::deepseek_v2)
+    return construct_moe_deepseek(p, pre);  // decoder_moe_deepseek.cpp
   const uint64_t e = s_.elem, D = static_cast<uint64_t>(s_.d_model);
   const uint64_t E = static_cast<uint64_t>(m.experts), F = static_cast<uint64_t>(m.expert_d_ff);
   p.moe = true;
@@ -416,7 +417,8 @@ Tensor DecoderModel::moe_aux_loss(const Tensor& loss) {
 }
 
 Tensor DecoderModel::moe_block(int32_t l, const LayerParams& p, const Tensor& x) {
-  if (arch().moe.code == MoeRouterCode::deepseek_v3) return moe_block_deepseek(l, p, x);
+  if (arch().moe.code == MoeRouterCode::deepseek_v3 || arch().moe.code == MoeRouterCode::deepseek_v2)
+    return moe_block_deepseek(l, p, x);
   ModuleScope module_scope(rt_, Module::mlp);
   const MoeSpec& m = arch().moe;
   const std::vector<int64_t> counts = routed_tokens(m, static_cast<int64_t>(s_.rows()), moe_layer_index(l));

@@ -1,5 +1,7 @@
 // DecoderModel's DeepSeek-V3 mixture-of-experts block (graph/models/decoder.h; docs/deepseek.md):
-// DeepseekV3MoE as transformers 5.x writes it, for MoeRouterCode::deepseek_v3.
+// DeepseekV3MoE as transformers 5.x writes it, for MoeRouterCode::deepseek_v3; DeepseekV2Moe
+// (5.17.0, modeling_deepseek_v2.py) is the same block around its own router
+// (decoder_moe_deepseek_v2.cpp) and without the bias buffer.
 //
 // Modelled from transformers 5.17.0 as installed on the GPU machine (pip wheel,
 // transformers/models/deepseek_v3/modeling_deepseek_v3.py: DeepseekV3TopkRouter.forward,
@@ -63,7 +65,8 @@ void DecoderModel::construct_moe_deepseek(LayerParams& p, const std::string& pre
   rt_.parameters()[p.router].rows = E;
   // register_buffer("e_score_correction_bias", torch.zeros(E)): fp32 (transformers keeps it
   // in fp32 for 16-bit models: _keep_in_fp32_modules_strict).
-  p.score_bias = rt_.alloc(E * 4, TensorKind::other, OpKind::fill);
+  // DeepSeek-V2's router has no such buffer.
+  if (m.code == MoeRouterCode::deepseek_v3) p.score_bias = rt_.alloc(E * 4, TensorKind::other, OpKind::fill);
   if (m.shared_d_ff > 0) {
     const uint64_t S = static_cast<uint64_t>(m.shared_d_ff);
     p.gate = add_proj(S, D, pre, "mlp.shared_experts.gate_proj", false, -1);
@@ -161,7 +164,8 @@ Tensor DecoderModel::moe_block_deepseek(int32_t l, const LayerParams& p, const T
   const MoeSpec& m = arch().moe;
   const std::vector<int64_t> counts = routed_tokens(m, static_cast<int64_t>(s_.rows()), moe_layer_index(l));
   Tensor weights, indices;
-  Tensor router_logits = moe_router_deepseek(p, x, weights, indices);
+  Tensor router_logits = m.code == MoeRouterCode::deepseek_v2 ? moe_router_deepseek_v2(p, x, weights, indices)
+                                                               : moe_router_deepseek(p, x, weights, indices);
   Tensor out;
   switch (m.impl) {
     case ExpertsImpl::eager: out = moe_experts_eager(p, x, indices, weights, counts); break;

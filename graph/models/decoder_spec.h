@@ -142,6 +142,10 @@ enum class MoeRouterCode : uint8_t {
                 // F.linear, sigmoid, + e_score_correction_bias, n_group / topk_group
                 // group-limited top-k, gather, [/ (sum + 1e-20)], * routed_scaling_factor
                 // (graph/models/decoder_moe_deepseek.cpp)
+  deepseek_v2,  // DeepseekV2TopkRouter.forward (transformers 5.17.0): fp32 F.linear, softmax,
+                // greedy top-k or group_limited_greedy (group max, masked_fill 0.0, top-k),
+                // * routed_scaling_factor; no renormalisation, no bias buffer
+                // (graph/models/decoder_moe_deepseek_v2.cpp)
 };
 // Which expert code runs (config._experts_implementation, transformers v5 integrations/moe.py).
 enum class ExpertsImpl : uint8_t {
@@ -180,6 +184,9 @@ struct MoeSpec {
   // DeepseekV3MoE's ungated shared_experts MLP (moe_intermediate_size x n_shared_experts),
   // run after the routed experts and added out of place.
   int64_t n_group = 1, topk_group = 1;
+  // DeepSeek-V2 (MoeRouterCode::deepseek_v2): topk_method group_limited_greedy (each group's
+  // score is its max; false: greedy, a plain top-k over the softmax).
+  bool group_limited = false;
 
   bool layer_is_moe(int64_t l) const {
     if (experts <= 0 || l < first_dense_layers) return false;
@@ -195,6 +202,10 @@ struct MlaSpec {
   int64_t kv_lora_rank = 0;
   int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   bool rope_interleave = true;  // DeepseekV3Config.rope_interleave: apply_rotary_pos_emb_interleave
+  // DeepSeek-V2 as transformers 5.17.0 writes it (decoder_mla.cpp): the model's complex64
+  // freqs_cis table and apply_rotary_emb (view_as_complex products), and expand_kv's
+  // new_empty + two slice copy_s for the key (CopySlices in backward) instead of torch.cat.
+  bool v2_code = false;
   bool enabled() const { return kv_lora_rank > 0; }
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
 };

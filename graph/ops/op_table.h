@@ -86,6 +86,7 @@
   X(fused_rms_norm, nn, "_fused_rms_norm", "FusedRmsNormBackward0") /* nn.RMSNorm on CUDA, torch >= 2.9: out + fp32 rstd; saves input, rstd, weight (graph/ops/ops_stack.h) */ \
   X(rope_complex, nn, "mul", "MulBackward0") /* torchtitan apply_rotary_emb on one of q/k: complex product with freqs_cis; saves the table (graph/ops/ops_stack.h) */ \
   X(rope_pairs, nn, "stack", "StackBackward0") /* torchtune RotaryPositionalEmbeddings.forward on one of q/k: four products on the cache, sub, add, stack; saves the cache (graph/ops/ops_stack.h) */ \
+  X(copy_slices, nn, "copy_", "CopySlices") /* base[..., slice].copy_(src) (DeepSeek-V2's expand_kv, graph/ops/ops_mla.h): no forward bytes; backward a base-sized copy of the grad and the slice's clone */ \
   X(float8_linear, float8, "_scaled_mm", "matmul_with_hp_or_float8_argsBackward") /* torchao Float8Linear, tensorwise (graph/ops/ops_float8.h): saves x, the fp8 weight and its scale */ \
   X(moe_index, moe, "index", "IndexBackward0") /* x[idx] (advanced indexing, graph/ops/ops_moe.h): saves the indices; backward zeros(x) + index_put_ accumulate */ \
   X(topk, moe, "topk", "TopkBackward0") /* torch.topk: values + int64 indices; saves indices; backward zeros + scatter */ \

@@ -454,10 +454,14 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     case OpKind::rope_complex: {  // graph/ops/ops_stack.h rope_complex_pair
       // [16-bit: ToCopyBackward0 to fp32], MulBackward0: grad * freqs.conj() (the conjugate
       // fallback materialises the table first), [ToCopyBackward0 back].
+      // (DeepSeek-V2, ops_mla.h: size[3], ViewAsRealBackward0's contiguous copy of a
+      // strided fp32 grad, freed once the product exists.)
       const uint32_t up = n.size[2] != 0 ? A(n.size[2]) : kNoStorage;
+      const uint32_t strided = n.size[3] != 0 ? A(n.size[3]) : kNoStorage;
       const uint32_t conj = A(n.size[1]);
       const uint32_t prod = A(n.size[2] != 0 ? n.size[2] : n.size[0], n.size[2] != 0 ? TensorKind::temporary : kind_for(0));
       F(conj);
+      if (strided != kNoStorage) F(strided);
       if (up != kNoStorage) {
         F(up);
         out[0] = fresh(A(n.size[0], kind_for(0)));
@@ -465,6 +469,20 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       } else {
         out[0] = fresh(prod);
       }
+      break;
+    }
+    case OpKind::copy_slices: {  // graph/ops/ops_mla.h copy_into_slice (CopySlices::apply)
+      const uint32_t result = A(n.size[0]);  // grad.new_empty_strided(base) + copy_
+      const uint32_t slice = A(n.size[1]);   // grad_slice.clone(): CopyBackwards' src grad
+      if (needs(0)) {
+        // zeros_like(slice) for the base's previous node, copied into result's slice; the
+        // vector holding it dies when apply returns.
+        F(A(n.size[1]));
+        out[0] = fresh(result);
+      }
+      if (needs(1)) out[1] = fresh(slice);
+      else F(slice);
+      if (!needs(0)) F(result);
       break;
     }
     case OpKind::rope_pairs: {  // graph/ops/ops_stack.h rope_pairs

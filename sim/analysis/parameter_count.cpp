@@ -64,7 +64,7 @@ int64_t layer_parameter_count(const ModelConfig& m, int64_t layer) {
     const int64_t E = a.moe.experts, Fe = a.moe.expert_d_ff, Fs = a.moe.shared_d_ff;
     n += E * D + 3 * E * D * Fe;
     // Qwen2-MoE's shared expert has a (1, D) gate; DeepSeek's shared_experts none.
-    if (Fs > 0) n += 3 * D * Fs + (a.moe.code == graph::MoeRouterCode::deepseek_v3 ? 0 : D);
+    if (Fs > 0) n += 3 * D * Fs + (a.moe.code == graph::MoeRouterCode::deepseek_v3 || a.moe.code == graph::MoeRouterCode::deepseek_v2 ? 0 : D);
   } else if (a.mlp == graph::MlpKind::glu) {
     n += 3 * D * F + (a.mlp_bias ? 2 * F + D : 0);
   } else {
