@@ -81,6 +81,12 @@ void read_context_parallel(const Doc& d, Scenario& s) {
   if (s.parallel.tensor > 1) refuse(d, *f, "parallel.tensor", "tensor parallelism is not modelled with it");
   if (s.parallel.pipeline > 1)
     refuse(d, *f, "parallel.pipeline", "pipeline parallelism is not modelled with it");
+  if (const Field* raf = d.find("parallel.reshard_after_forward");
+      raf != nullptr && raf->node.IsScalar() && raf->node.Scalar() != "true" &&
+      raf->node.Scalar() != "false")
+    refuse(d, *f, "parallel.reshard_after_forward",
+           "a reshard group of N ranks is checked against parallel.data alone; with context "
+           "parallelism (a data x context shard group) use true or false");
   if (s.step.kind != StepKind::train && s.step.kind != StepKind::forward_backward)
     refuse(d, *f, "step.kind", "only train and forward-backward steps are modelled with it");
   s.parallel.context = n;

@@ -11,8 +11,8 @@
 // is on). Then what is not modelled is refused by key: other families / rows than
 // hf-llama's llama row on transformers' code, mem-efficient attention, LoRA, autocast,
 // compile, activation offload, checkpoint policies other than none / full / sac-layer:N,
-// loss.impl, tensor or pipeline parallelism, step kinds other than train and
-// forward-backward. Accepted: s.parallel.context and s.parallel.context_rotate set.
+// loss.impl, tensor or pipeline parallelism, an integer parallel.reshard_after_forward, step
+// kinds other than train and forward-backward. Accepted: s.parallel.context and s.parallel.context_rotate set.
 #pragma once
 
 #include "scenario/scenario.h"

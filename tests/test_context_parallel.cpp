@@ -254,6 +254,11 @@ TEST_CASE("parallel.context: combinations fail first, the rest is refused by key
              Catch::Contains("step.kind"));
   CHECK_THAT(error_of({{"parallel.context", "2"}, {"model.implementation", "torchtitan"}}),
              Catch::Contains("model.implementation"));
+  CHECK_THAT(error_of({{"parallel.context", "2"}, {"parallel.reshard_after_forward", "2"}}),
+             Catch::Contains("parallel.reshard_after_forward"));
+  // data 1 x context 8: FSDP2 still shards over the 8 ranks of the context group.
+  CHECK(error_of({{"parallel.context", "8"}, {"parallel.data", "1"}}).empty());
+  CHECK_NOTHROW(build_program(with({{"parallel.context", "8"}, {"parallel.data", "1"}})));
 }
 
 TEST_CASE("parallel.context 2 with full checkpointing: the ring re-runs in backward",
