@@ -17,6 +17,11 @@ graph::HfShape hf_shape(const Scenario& s) {
   shape.context_length = s.model.context_length > 0 ? s.model.context_length : s.batch.seq_len;
   shape.batch = s.batch.micro_batch;
   shape.seq = s.batch.seq_len;
+  if (s.parallel.context > 1) {  // scenario/context_parallel_keys.h: rank 0's S/N tokens
+    shape.cp = s.parallel.context;
+    shape.seq = s.batch.seq_len / s.parallel.context;
+    shape.cp_alltoall = s.parallel.context_rotate == ContextRotate::alltoall;
+  }
   shape.elem = model_compute_elem(s);  // precision.params or FSDP MixedPrecision
   shape.dropout = s.model.dropout;
   shape.tied = s.model.tied_embeddings;

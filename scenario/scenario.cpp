@@ -142,7 +142,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                     "gradient_as_bucket_view", "fsdp_init", "sequence", "pipeline_schedule",
                     "virtual_stages", "cpu_offload", "fsdp_mixed_precision",
                     "replicate", "reduce_dtype" /* fsdp2: scenario/fsdp2_keys.cpp */,
-                    "context" /* scenario/torchtitan_keys.cpp */}},
+                    "context", "context_rotate" /* scenario/context_parallel_keys.cpp */}},
       {"deepspeed", {"config", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients",
                      "overlap_comm", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
                      "stage3_max_reuse_distance", "stage3_param_persistence_threshold",

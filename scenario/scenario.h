@@ -199,6 +199,8 @@ struct LoraConfig {
 };
 
 enum class Sharding { none, fsdp, deepspeed, fsdp2 };
+// Context parallelism's K/V rotation (torch set_rotate_method; scenario/context_parallel_keys.h).
+enum class ContextRotate { allgather, alltoall };
 // Megatron's pipeline schedules (sim/megatron/pipeline_schedule.h).
 enum class PipelineSchedule { one_f_one_b, gpipe, interleaved };
 const char* to_string(PipelineSchedule schedule);
@@ -238,6 +240,14 @@ struct ParallelConfig {
   int64_t reshard_after_forward_ranks = 0;
   int64_t replicate = 1;
   std::optional<DType> reduce_dtype;
+  // --- context parallelism (issue #16, part cp; scenario/context_parallel_keys.h,
+  // graph/ops/ops_ring.h) ----------------------------------------------------------------
+  // parallel.context N: torch's context_parallel over N ranks (each holds S/N of the
+  // sequence, ring attention); 1 = none. FSDP2 then shards over data x context ranks.
+  // parallel.context_rotate: how K/V travel the ring (torch's default all-gather, or
+  // all-to-all).
+  int64_t context = 1;
+  ContextRotate context_rotate = ContextRotate::allgather;
 };
 
 // --- DeepSpeed ZeRO (issue #16 item 2; scenario/deepspeed_keys.h reads it, sim/parallel/

@@ -19,6 +19,7 @@
 #include "scenario/fsdp_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/pipeline_keys.h"
+#include "scenario/context_parallel_keys.h"
 #include "scenario/torchtitan_keys.h"
 #include "scenario/scenario_arch.h"
 #include "scenario/device_defaults.h"
@@ -573,8 +574,9 @@ Scenario build_scenario(const Doc& d) {
   s.checkpoint = build_checkpoint(d, s.model);
   s.lora = build_lora(d, s.model, s.precision);  // scenario/scenario_lora.h
   read_lora_input_require_grads(d, s);            // scenario/peft_input_grads_key.h
-  check_torchtitan_keys(d, s);             // scenario/torchtitan_keys.h: context, float8
+  check_torchtitan_keys(d, s);             // scenario/torchtitan_keys.h: float8
   s.parallel = build_parallel(d, s.model);
+  read_context_parallel(d, s);             // scenario/context_parallel_keys.h: parallel.context
   read_deepspeed(d, s);  // scenario/deepspeed_keys.h (after batch, precision, optimizer, parallel)
   s.device = build_device(d);
   s.allocator = build_allocator(d, AllocatorConfig{});

@@ -9,31 +9,6 @@ namespace memsim::scenario_detail {
 
 namespace {
 
-// Context parallelism (torchtitan parallelism.context_parallel_degree): torch's ring
-// attention, torch/distributed/tensor/experimental/_attention.py.
-void check_context(const Doc& d, const Scenario& s) {
-  const Field* f = d.find("parallel.context");
-  if (f == nullptr) return;
-  const int64_t n = read_int(*f, "parallel.context", 1);
-  if (n == 1) return;  // torchtitan's default: no context parallelism
-  // torchtitan's parallelize_llama asserts seq_len % (tp * 2 * cp) == 0: the causal
-  // load balancer cuts the sequence into 2N chunks (rank i holds chunks i and 2N-1-i).
-  const int64_t divisor = 2 * n * s.parallel.tensor;
-  if (s.batch.seq_len % divisor != 0)
-    fail(f->where, "parallel.context",
-         "batch.seq_len " + std::to_string(s.batch.seq_len) + " is not divisible by 2 x " +
-             std::to_string(n) + (s.parallel.tensor > 1 ? " x parallel.tensor " : "") +
-             (s.parallel.tensor > 1 ? std::to_string(s.parallel.tensor) : "") +
-             " (context parallelism's load-balanced sharding cuts it into 2N chunks)");
-  if (s.model.attention == AttentionImpl::eager)
-    fail(f->where, "parallel.context",
-         "ring attention replaces the SDPA flash / mem-efficient kernels; model.attention "
-         "eager has none to replace (use flash or mem-efficient)");
-  fail(f->where, "parallel.context",
-       "context parallelism is not modelled yet (the ring's KV buffers, the merged output "
-       "and logsumexp; docs/torchtitan-recipes.md); use parallel.context: 1");
-}
-
 // torchao float8 training as torchtitan converts it (model.converters = ["float8"]):
 // Float8Linear for every nn.Linear of the decoder layers, the output head kept
 // (torchtitan's filter_fqns ["output"]). Modelled: the tensorwise, rowwise and
@@ -133,7 +108,6 @@ void check_float8(const Doc& d, Scenario& s) {
 }  // namespace
 
 void check_torchtitan_keys(const Doc& d, Scenario& s) {
-  check_context(d, s);
   check_float8(d, s);
 }
 

@@ -1,6 +1,8 @@
-// parallel.context and precision.float8 (scenario/torchtitan_keys.h): read, checked for
-// combinations no stack allows (exit 1 naming the keys), then refused as not modelled
-// (float8 tensorwise and rowwise are modelled: tests/test_float8.cpp, test_float8_rowwise.cpp).
+// parallel.context (scenario/context_parallel_keys.h) and precision.float8
+// (scenario/torchtitan_keys.h): read, checked for combinations no stack allows (exit 1
+// naming the keys), then refused where not modelled (context parallelism is modelled with
+// FSDP2: tests/test_context_parallel.cpp; float8 tensorwise and rowwise:
+// tests/test_float8.cpp, test_float8_rowwise.cpp).
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -30,7 +32,7 @@ std::string error_of(const std::vector<std::pair<std::string, std::string>>& ove
 
 }  // namespace
 
-TEST_CASE("parallel.context: checked, then refused as not modelled", "[torchtitan][keys]") {
+TEST_CASE("parallel.context: combinations no stack allows fail first", "[torchtitan][keys]") {
   CHECK(error_of({{"parallel.context", "1"}}).empty());
   CHECK_THAT(error_of({{"parallel.context", "0"}}), Catch::Contains("parallel.context"));
   // 96 = 2 * 48: divisible by 2*4 = 8? 96 % 8 == 0; by 2*5 = 10? no.
@@ -39,8 +41,9 @@ TEST_CASE("parallel.context: checked, then refused as not modelled", "[torchtita
                  Catch::Contains("2 x 5"));
   CHECK_THAT(error_of({{"parallel.context", "4"}, {"model.attention", "eager"}}),
              Catch::Contains("parallel.context") && Catch::Contains("model.attention eager"));
+  // torchtitan shards with FSDP2 over dp_shard x cp whenever context parallelism is on.
   CHECK_THAT(error_of({{"parallel.context", "4"}}),
-             Catch::Contains("parallel.context") && Catch::Contains("not modelled yet"));
+             Catch::Contains("parallel.sharding") && Catch::Contains("fsdp2"));
 }
 
 TEST_CASE("precision.float8: checked first, then the model's shape", "[torchtitan][keys]") {

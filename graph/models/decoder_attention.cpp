@@ -9,6 +9,7 @@
 #include "graph/models/kv_cache.h"
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops_nn.h"
+#include "graph/ops/ops_ring.h"
 
 namespace memsim::graph {
 
@@ -226,8 +227,14 @@ Tensor DecoderModel::sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor&
     if (qa.bytes != low) qa = ac_->cast(q, q.bytes / 4 * e);
   }
   const SdpaShape sh{B, H, S, hd, e};
-  Tensor out = s_.attention == HfAttention::flash ? sdpa_flash(rt_, qa, ka, va, sh, flops)
-                                                  : sdpa_efficient(rt_, qa, ka, va, sh, flops);
+  Tensor out;
+  if (s_.cp > 1) {  // context_parallel: the call runs as ring attention (graph/ops/ops_ring.h)
+    const RingSpec ring{static_cast<uint32_t>(s_.cp), s_.cp_rank, s_.cp_alltoall};
+    out = sdpa_ring_flash(rt_, qa, ka, va, sh, ring);
+  } else {
+    out = s_.attention == HfAttention::flash ? sdpa_flash(rt_, qa, ka, va, sh, flops)
+                                             : sdpa_efficient(rt_, qa, ka, va, sh, flops);
+  }
   qa.reset();  // the wrapper's temporaries, in reverse order of construction
   ka.reset();
   va.reset();

@@ -43,6 +43,11 @@ struct HfShape {
   // cumsum), which sizes the RoPE tables.
   int64_t keys = 0;
   int64_t pos_batch = 1;
+  // Context parallelism (parallel.context; graph/ops/ops_ring.h): seq is this rank's S/cp
+  // and the SDPA call runs as torch's ring attention; cp_rank is the rank modelled.
+  int64_t cp = 1;
+  uint32_t cp_rank = 0;
+  bool cp_alltoall = false;
 
   uint64_t rows() const { return static_cast<uint64_t>(batch * seq); }
   uint64_t key_len() const { return static_cast<uint64_t>(keys > 0 ? keys : seq); }

@@ -80,9 +80,18 @@ RankInfo data_parallel_rank(const Scenario& s) {
   r.data = static_cast<int>(p.data);
   r.tensor = static_cast<int>(p.tensor);
   r.pipeline = static_cast<int>(p.pipeline);
-  r.world_size = static_cast<int>(p.data * p.tensor * p.pipeline);
+  // Context parallelism multiplies the ranks (each context group of N shares one batch).
+  r.world_size = static_cast<int>(p.data * p.tensor * p.pipeline * p.context);
   r.index = 0;
-  if (p.data > 1 && p.zero == 0)
+  if (p.context > 1 && p.sharding == Sharding::fsdp2)  // scenario/context_parallel_keys.h
+    r.why = "FSDP2 shards each parameter on dim 0 over " +
+            std::to_string(p.data / p.replicate * p.context) + " ranks (data " +
+            std::to_string(p.data / p.replicate) + " x context " + std::to_string(p.context) + ")" +
+            (p.replicate > 1 ? " (HSDP, " + std::to_string(p.replicate) + " replicas)" : "") +
+            "; rank 0 holds the padded chunk 0 of each and, in its context group, sequence "
+            "chunks 0 and " + std::to_string(2 * p.context - 1) + " of " +
+            std::to_string(2 * p.context) + "; it is reported";
+  else if (p.data > 1 && p.zero == 0)
     r.why = "data-parallel replicas hold the same memory; rank 0 stands for all " +
             std::to_string(p.data);
   else if (p.data > 1 && p.sharding == Sharding::fsdp2)

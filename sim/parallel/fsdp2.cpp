@@ -22,7 +22,8 @@ DType promote(DType a, DType b) { return a == b ? a : DType::fp32; }
 
 Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   const ParallelConfig& pc = s.parallel;
-  ws_ = static_cast<uint64_t>(pc.data / pc.replicate);
+  // With context parallelism torchtitan shards over the flattened dp_shard x cp mesh.
+  ws_ = static_cast<uint64_t>(pc.data / pc.replicate * pc.context);
   post_ws_ = static_cast<uint64_t>(pc.reshard_after_forward_ranks);
   reshard_after_forward_ = pc.reshard_after_forward;
   offload_ = pc.cpu_offload;

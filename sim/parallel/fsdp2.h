@@ -9,7 +9,7 @@
 // the final backward callback) as stored at 01c9f4fc. docs/fsdp2.md walks through the
 // rules with byte counts; what follows is the event contract.
 //
-// Notation: ws = parallel.data / parallel.replicate (the shard group), e = a parameter's
+// Notation: ws = parallel.data / parallel.replicate x parallel.context (the shard group), e = a parameter's
 // element bytes (precision.params, or lora.adapter_dtype for adapters), p = param_dtype
 // bytes (parallel.fsdp_mixed_precision; = e without it), r = reduce bytes
 // (parallel.reduce_dtype; without it the gradients' dtype p). Per parameter of shape

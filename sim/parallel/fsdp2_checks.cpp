@@ -12,11 +12,13 @@ namespace {
 
 void require_fsdp2_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
-  if (p.data == 1)
+  // With context parallelism the shard group is data x context ranks (torchtitan's
+  // dp_shard x cp mesh), so data 1 still shards.
+  if (p.data * p.context == 1)
     refuse(s, "parallel.sharding",
            "FSDP2 on one GPU shards nothing (fully_shard's world-size-1 path), which is not "
            "modelled; set parallel.data > 1 or parallel.sharding: none");
-  if (p.replicate == p.data)
+  if (p.replicate == p.data * p.context)
     refuse(s, "parallel.replicate",
            "a replicate group as large as parallel.data leaves shard groups of one rank "
            "(DDP through fully_shard), which is not modelled; use parallel.sharding: none for "

@@ -2,6 +2,7 @@
 // step of a training loop, emitted through graph::Runtime (symbolic eager PyTorch).
 #include "sim/step/schedule.h"
 
+#include "sim/step/context_parallel_buffers.h"
 #include "sim/step/model_family.h"
 #include "sim/step/event_budget.h"
 #include "sim/step/modelled_features.h"
@@ -119,6 +120,13 @@ class Loop {
     checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
     // checkpoint.offload: save_on_cpu around the listed layers (sim/step/activation_offload.h).
     offload_ = make_offload_engine(rt_, s_, checkpoint_.get());
+    if (s_.parallel.context > 1) {  // scenario/context_parallel_keys.h; rank 0 is modelled
+      if (rt_.numeric != nullptr)
+        throw ScenarioError(s_.source + ": parallel.context: numeric mode does not model the ring attention");
+      cp_ = std::make_unique<ContextParallelBuffers>(
+          static_cast<uint64_t>(s_.batch.micro_batch), static_cast<uint64_t>(s_.batch.seq_len),
+          context_degree(), 0);
+    }
     if (s_.step.compile) {  // torch.compile (graph/compile.h; scenario/compile_keys.h)
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": step.compile: numeric mode does not model compiled regions");
@@ -199,7 +207,10 @@ class Loop {
 
  private:
   const auto& shape() const { return model_.shape(); }
-  uint64_t batch_bytes() const { return shape().batch * shape().seq * 8; }
+  // The batch as the dataloader hands it over: with context parallelism the full sequence
+  // (the model's shape has this rank's S/N; sim/step/context_parallel_buffers.h).
+  uint64_t batch_bytes() const { return shape().batch * shape().seq * context_degree() * 8; }
+  uint64_t context_degree() const { return static_cast<uint64_t>(s_.parallel.context); }
   // loss.positions last: one int64 target per sequence.
   uint64_t target_bytes() const {
     return s_.loss.positions == LossPositions::last ? shape().batch * 8 : batch_bytes();
@@ -269,6 +280,9 @@ class Loop {
       rt_.grad_enabled = with_grad;
       const uint32_t graph = with_grad ? rt_.begin_graph() : 0;
       if (autocast_ && !autocast_->active()) autocast_->enter(!with_grad && script_.inference_mode);
+      // `with context_parallel(...)`: the batch sharded along the sequence, for forward and
+      // backward (sim/step/context_parallel_buffers.h).
+      if (cp_) cp_->enter(rt_, targets.defined() ? 2 : 1);
       if (ddp_) ddp_->pre_forward(rt_, with_grad);
       if (fsdp_) fsdp_->pre_forward(rt_);
       if (fsdp2_) fsdp2_->pre_forward(rt_);
@@ -312,6 +326,7 @@ class Loop {
       }
       if (measured && last) rt_.mark("forward_end");
       if (!with_loss) {
+        if (cp_) cp_->exit();
         if (script_.drop_outputs_each_iteration) {
           rt_.ctx.phase = Phase::other;
           drop_outputs();
@@ -347,6 +362,7 @@ class Loop {
       if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
       if (fsdp2_) fsdp2_->post_backward(rt_);
       if (ds_) ds_->post_backward(rt_);      // DeepSpeed's gradient epilogue
+      if (cp_) cp_->exit();                  // the context_parallel block ends
       if (script_.drop_outputs_each_iteration) {  // the micro-batch's function returned
         rt_.ctx.phase = Phase::other;
         drop_outputs();
@@ -388,6 +404,7 @@ class Loop {
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<Fsdp2> fsdp2_;
   std::unique_ptr<DeepSpeedZero> ds_;
+  std::unique_ptr<ContextParallelBuffers> cp_;  // parallel.context > 1
   Tensor warm_ids_, warm_targets_, ids_, targets_;
   Tensor logits_, loss_;
   std::vector<Tensor> logit_chunks_;   // loss.impl chunked:N: the model's output list

@@ -111,6 +111,9 @@ std::string training_line(const Scenario& s) {
   if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0) {
     line += ", parallel dp " + std::to_string(p.data) + " tp " + std::to_string(p.tensor) +
             " pp " + std::to_string(p.pipeline) + " zero " + std::to_string(p.zero);
+    if (p.context > 1)  // context parallelism (graph/ops/ops_ring.h)
+      line += " cp " + std::to_string(p.context) + " (ring attention, K/V " +
+              (p.context_rotate == ContextRotate::alltoall ? "alltoall" : "allgather") + ")";
     if (p.pipeline > 1) {
       line += std::string(" (") + to_string(p.pipeline_schedule);
       if (p.pipeline_schedule == PipelineSchedule::interleaved)
