@@ -4,8 +4,8 @@
 // engine's --dtype, serve.*) and returns the per-rank dimensions vLLM's model code uses,
 // or throws ScenarioError "FILE:LINE: KEY: why" for what is not modelled:
 //  - families other than hf-llama, and the architecture rows whose vLLM model code is not
-//    modelled (gemma, gemma2, gemma3_text, olmo2, granite, gpt2: sandwich / post norms,
-//    scalar multipliers, GELU MLPs; their KV layout alone is kv_layout.h's, tested there);
+//    modelled (gemma, olmo2, granite, gpt2, deepseek_v3: post norms, scalar multipliers,
+//    MLA; their KV layout alone is kv_layout.h's, tested there);
 //  - Gemma-2 / Gemma-3 text: the layout and profile run of vLLM's gemma2.py / gemma3.py
 //    (ServedModel::gemma); RoPE scalings other than default / linear / llama3 are refused
 //    for Gemma-3 (their cache sizes differ);
