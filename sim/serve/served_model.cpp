@@ -23,7 +23,8 @@ bool is_moe_architecture(const std::string& a) {
 
 // The vLLM model classes whose layers this file and vllm_profile_run.cpp follow:
 // LlamaForCausalLM (llama, and phi3: vLLM's Phi3ForCausalLM is a LlamaForCausalLM),
-// MistralForCausalLM (= Llama), Qwen2ForCausalLM, Qwen3ForCausalLM.
+// MistralForCausalLM (= Llama), Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
+// Gemma3ForCausalLM (text) and the FusedMoE rows above.
 bool modelled_architecture(const std::string& a) {
   return a == "llama" || a == "mistral" || a == "qwen2" || a == "qwen3" || a == "phi3" ||
          is_moe_architecture(a) || a == "gemma2" || a == "gemma3_text";
