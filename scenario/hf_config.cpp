@@ -381,6 +381,27 @@ void read_rope(const Reader& r, const std::string& key) {
                        ": they change only the frequencies)");
 }
 
+// The rope_scaling (or rope_parameters) type and factor, for memsim serve's RoPE cache
+// (ModelConfig::rope_scaling_type). read_rope has checked the type; a factor that is not a
+// positive number is refused by key.
+void record_rope_scaling(const Reader& r, ModelConfig& m) {
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const json* v = r.get(key);
+    if (!v || !v->is_object()) continue;
+    auto it = v->find("rope_type");
+    if (it == v->end() || it->is_null()) it = v->find("type");
+    if (it == v->end() || !it->is_string()) continue;
+    m.rope_scaling_type = it->get<std::string>();
+    auto f = v->find("factor");
+    if (f != v->end() && !f->is_null()) {
+      if (!f->is_number() || f->get<double>() <= 0.0)
+        r.fail(std::string(key) + ".factor", "expected a positive number, got " + Reader::shown(*f));
+      m.rope_scaling_factor = f->get<double>();
+    }
+    return;
+  }
+}
+
 graph::Activation read_activation(const Reader& r, const ArchitectureRow& row) {
   const std::string key = row.activation_key;
   const auto name = r.opt_string(key);
@@ -582,6 +603,7 @@ HfConfig parse_hf_config(const std::string& text, const std::string& source) {
 
   read_rope(r, "rope_scaling");
   read_rope(r, "rope_parameters");
+  record_rope_scaling(r, m);
   // partial_rotary_factor: top level, or inside rope_parameters (transformers v5).
   std::string factor_key = "partial_rotary_factor";
   std::optional<double> factor = r.opt_number(factor_key);

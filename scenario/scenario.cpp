@@ -151,7 +151,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"serve", {"engine", "gpu_memory_utilization", "mem_fraction_static", "max_model_len",
                  "max_num_batched_tokens", "max_num_seqs", "block_size", "kv_cache_dtype",
                  "cuda_graphs", "tensor_parallel", "prefix_caching",
-                 "quantization", "nccl_memory"}},  // scenario/serve_keys.h (issue #17 items 2-4)
+                 "quantization", "nccl_memory", "fused_moe_chunk_size"}},  // scenario/serve_keys.h (issue #17)
       {"generate", {"prompt_len", "new_tokens", "cache", "logits_to_keep", "cache_classes"}},  // scenario/generate_keys.h (issue #17)
       {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch",
                   // issue #18 item 1, the time model (scenario/device_rate_keys.cpp)

@@ -63,6 +63,11 @@ struct ModelConfig {
   graph::DecoderArch arch;
   // model.hf_config / `memsim run --model`: the config.json read (path as resolved), or "".
   std::string hf_config;
+  // issue #17 serve (Gemma-3's per-layer RoPE): the config.json's rope_scaling /
+  // rope_parameters type and factor as read ("" and 1 when absent). vLLM's get_rope sizes
+  // its cos_sin_cache with them (linear: max_position x factor rows); training ignores them.
+  std::string rope_scaling_type;
+  double rope_scaling_factor = 1.0;
 };
 
 struct BatchConfig {
@@ -351,6 +356,9 @@ struct ServeConfig {
   // Device memory NCCL takes per rank with tensor_parallel > 1 (non-torch memory);
   // unset = sim/serve/non_torch.h's default.
   std::optional<uint64_t> nccl_memory;
+  // issue #17 serve for MoE / DeepSeek / Gemma (sim/serve/fused_moe.h): vLLM's
+  // VLLM_FUSED_MOE_CHUNK_SIZE, the tokens one fused_experts chunk processes (vllm/envs.py).
+  int64_t fused_moe_chunk_size = 32768;
   // Where `key` ("serve.block_size") was set, else the section's line, else the file.
   std::string where_of(const std::string& key, const std::string& source) const;
 };

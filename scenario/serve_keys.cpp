@@ -51,7 +51,7 @@ void read_serve(const Doc& d, Scenario& s) {
                                 "max_model_len", "max_num_batched_tokens", "max_num_seqs",
                                 "block_size", "kv_cache_dtype", "cuda_graphs",
                                 "tensor_parallel", "prefix_caching", "quantization",
-                                "nccl_memory"};
+                                "nccl_memory", "fused_moe_chunk_size"};
   for (const char* k : kKeys) {
     const std::string key = std::string("serve.") + k;
     if (const Field* f = d.find(key)) c.key_where.emplace_back(key, f->where);
@@ -143,6 +143,12 @@ void read_serve(const Doc& d, Scenario& s) {
     c.quantization = read_enum(*f, "serve.quantization", kQuant);
   }
   if (const Field* f = d.find("serve.nccl_memory")) c.nccl_memory = read_size(*f, "serve.nccl_memory");
+  if (const Field* f = d.find("serve.fused_moe_chunk_size")) {
+    if (!vllm)
+      fail(f->where, "serve.fused_moe_chunk_size",
+           "is vLLM's VLLM_FUSED_MOE_CHUNK_SIZE; SGLang's static pool does not depend on it");
+    c.fused_moe_chunk_size = read_int(*f, "serve.fused_moe_chunk_size", 1);
+  }
 }
 
 }  // namespace scenario_detail

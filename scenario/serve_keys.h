@@ -10,7 +10,7 @@
 // of vLLM's 1, 8, 16, 32, 64, 128 (SGLang: any page size >= 1), serve.kv_cache_dtype
 // (auto | fp8 | int8; int8 is refused: neither engine has an int8 KV cache on CUDA),
 // serve.tensor_parallel >= 1, serve.quantization (none | fp8 | int8 | int4 | nf4),
-// serve.nccl_memory (a size). Checks
+// serve.nccl_memory (a size), serve.fused_moe_chunk_size >= 1 (vLLM only). Checks
 // that need the device (the batch defaults) are made by the planner (sim/serve/).
 #pragma once
 

@@ -104,6 +104,9 @@ const std::map<std::string, Claim>& claims() {
       // torch.compile (issue #16 part 4): the peak is the loss's backward; eager 66.56 GiB.
       {"llama3.2-1b-compile-h100.yaml", {true, std::nullopt, 58.44}},
       {"llama3-8b-vllm-h100.yaml", {true, std::nullopt, 24.84}},  // memsim run: the HF no-grad forward
+      // issue #17 serve for MoE / Gemma: memsim run is the HF no-grad forward of 2048 tokens.
+      {"qwen3-30b-a3b-vllm-h100.yaml", {true, std::nullopt, 58.07}},
+      {"gemma3-4b-vllm-h100.yaml", {true, std::nullopt, 9.27}},
       // torchtitan's op-level SAC (docs/torchtitan-recipes.md) over FSDP2 on 8 GPUs:
       // the peak is the loss's backward; sac-op's per-layer cache is 13.53 GiB of it.
       {"llama3-8b-torchtitan-sac.yaml", {true, std::nullopt, 44.68}},

@@ -152,6 +152,13 @@ ServePlan plan_sglang(const Scenario& s) {
   ServePlan p;
   p.engine = ServeEngine::sglang;
   p.model = served_model(s);
+  // SGLang's own MoE layers and its sliding-window (SWA) pool for Gemma are not what
+  // served_model() and the one-cell formula below describe.
+  if (p.model.moe.experts > 0 || p.model.gemma)
+    refuse(s, "serve.engine",
+           std::string("sglang with ") + (p.model.gemma ? "Gemma-2/3 (its sliding-window KV pool)"
+                                                        : "MoE models (its FusedMoE weights)") +
+               " is not modelled; use engine vllm");
   ServeSettings& st = p.settings;
   if (s.device.capacity == 0)
     refuse(s, "device.capacity", "memsim serve needs the GPU's total memory (device.preset or device.capacity)");

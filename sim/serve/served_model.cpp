@@ -15,11 +15,91 @@ namespace {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// The MoE rows whose vLLM model classes are Llama-shaped attention + a FusedMoE block:
+// MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM.
+bool is_moe_architecture(const std::string& a) {
+  return a == "mixtral" || a == "qwen2_moe" || a == "qwen3_moe" || a == "olmoe";
+}
+
 // The vLLM model classes whose layers this file and vllm_profile_run.cpp follow:
 // LlamaForCausalLM (llama, and phi3: vLLM's Phi3ForCausalLM is a LlamaForCausalLM),
-// MistralForCausalLM (= Llama), Qwen2ForCausalLM, Qwen3ForCausalLM.
+// MistralForCausalLM (= Llama), Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
+// Gemma3ForCausalLM (text) and the FusedMoE rows above.
 bool modelled_architecture(const std::string& a) {
-  return a == "llama" || a == "mistral" || a == "qwen2" || a == "qwen3" || a == "phi3";
+  return a == "llama" || a == "mistral" || a == "qwen2" || a == "qwen3" || a == "phi3" ||
+         is_moe_architecture(a) || a == "gemma2" || a == "gemma3_text";
+}
+
+// The FusedMoE block of a MoE row (fused_moe.h): sizes per rank and the splits vLLM refuses.
+void read_moe(const Scenario& s, ServedModel& m, const std::string& tp_at, bool& any_dense) {
+  const graph::MoeSpec& spec = s.model.arch.moe;
+  const ServeConfig& c = s.serve;
+  if (c.quantization != WeightQuant::none)
+    refuse(c.where_of("serve.quantization", s.source), "serve.quantization",
+           "quantized experts (FusedMoE's fp8 / int8 / AWQ / bitsandbytes methods and their "
+           "scales) are not modelled for MoE models; serve them unquantized (none)");
+  if (m.architecture == "olmoe" && m.tp > 1)
+    refuse(tp_at, "serve.tensor_parallel",
+           "OLMoE's q_norm / k_norm normalise the whole projection, so vLLM all-gathers q and k "
+           "under tensor parallelism; that path is not modelled (tensor_parallel 1 is)");
+  if (m.architecture == "qwen2_moe" && m.tp > spec.experts)
+    refuse(tp_at, "serve.tensor_parallel",
+           "Tensor parallel size " + std::to_string(m.tp) + " is greater than the number of experts " +
+               std::to_string(spec.experts) + ".");
+  m.moe.experts = spec.experts;
+  m.moe.top_k = spec.top_k;
+  m.moe.d_ff = spec.expert_d_ff;
+  m.moe.shared_d_ff = spec.shared_d_ff;
+  m.moe.renormalize = spec.norm_topk;
+  m.moe.chunk_size = c.fused_moe_chunk_size;
+  if (m.moe.d_ff % m.tp != 0)
+    refuse(tp_at, "serve.tensor_parallel",
+           "the experts' intermediate size " + std::to_string(m.moe.d_ff) + " is not divisible by " +
+               std::to_string(m.tp) + " (FusedMoE: assert intermediate_size % tp_size == 0)");
+  if (m.moe.shared_d_ff % m.tp != 0)
+    refuse(tp_at, "serve.tensor_parallel",
+           "shared_expert_intermediate_size " + std::to_string(m.moe.shared_d_ff) +
+               " is not divisible by " + std::to_string(m.tp) + " (MergedColumnParallelLinear)");
+  m.moe.d_ff_rank = m.moe.d_ff / m.tp;
+  m.moe.shared_d_ff_rank = m.moe.shared_d_ff / m.tp;
+  m.moe_layer.assign(static_cast<size_t>(m.layers), 0);
+  any_dense = false;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    m.moe_layer[static_cast<size_t>(l)] = spec.layer_is_moe(l) ? 1 : 0;
+    any_dense = any_dense || !spec.layer_is_moe(l);
+  }
+  m.qk_norm_full = s.model.arch.qk_norm == graph::QkNorm::full;
+}
+
+// Gemma-2 / Gemma-3 text (vllm/model_executor/models/gemma2.py, gemma3.py at 004dc924):
+// the sandwich norms, GeluAndMul, the final soft-cap and Gemma-3's RoPE caches. get_rope
+// caches one RotaryEmbedding per (head_size, rotary_dim, max_position, base, rope_scaling):
+// Gemma-3's local layers use rope_local_base_freq without scaling, its global layers
+// rope_theta with the config's rope_scaling, so two caches; a linear scaling's cache holds
+// max_position x factor rows (LinearScalingRotaryEmbedding._compute_cos_sin_cache).
+void read_gemma(const Scenario& s, ServedModel& m) {
+  const ModelConfig& mc = s.model;
+  m.gemma = true;
+  m.gemma3 = m.architecture == "gemma3_text";
+  if (mc.arch.act != graph::Activation::gelu_tanh)
+    refuse(s.source, "model.activation",
+           "vLLM's Gemma MLP is GeluAndMul(approximate=\"tanh\") only (gelu_pytorch_tanh)");
+  if (mc.arch.placement != graph::NormPlacement::sandwich || mc.arch.norm != graph::NormKind::rms_one_plus)
+    refuse(s.source, "model.architecture",
+           "vLLM's Gemma-2/3 layers have four GemmaRMSNorm (sandwich) norms; other placements are not its model code");
+  m.final_softcap = mc.arch.final_softcap;
+  if (!m.gemma3) return;
+  const std::string& type = mc.rope_scaling_type;
+  if (type.empty() || type == "default") {
+    m.rope_rows = m.context;
+  } else if (type == "linear") {
+    m.rope_rows = static_cast<int64_t>(static_cast<double>(m.context) * mc.rope_scaling_factor);
+  } else {
+    refuse(s.source, "model.hf_config",
+           "rope_scaling type '" + type + "' on Gemma-3: vLLM's cache for it is not modelled "
+           "(default and linear are)");
+  }
+  m.local_rope_rows = m.context;
 }
 
 }  // namespace
@@ -38,7 +118,8 @@ ServedModel served_model(const Scenario& s) {
   if (!modelled_architecture(m.architecture))
     refuse(model_at, "model.architecture",
            "the serving engines' model code for '" + m.architecture +
-               "' is not modelled (memsim serve covers llama, mistral, qwen2, qwen3, phi3; "
+               "' is not modelled (memsim serve covers llama, mistral, qwen2, qwen3, phi3, gemma2, "
+               "gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe; "
                "docs/serve.md says why the others differ)");
   if (mc.arch.impl != graph::ModelImpl::hf)
     refuse(model_at, "model.implementation",
@@ -71,7 +152,9 @@ ServedModel served_model(const Scenario& s) {
   } catch (const std::invalid_argument& e) {
     refuse(tp_at, "serve.tensor_parallel", e.what());
   }
-  if (m.d_ff % m.tp != 0)
+  bool any_dense = true;
+  if (is_moe_architecture(m.architecture)) read_moe(s, m, tp_at, any_dense);
+  if (any_dense && m.d_ff % m.tp != 0)
     refuse(tp_at, "serve.tensor_parallel",
            "intermediate_size " + std::to_string(m.d_ff) + " is not divisible by " +
                std::to_string(m.tp) + " (MergedColumnParallelLinear)");
@@ -84,6 +167,8 @@ ServedModel served_model(const Scenario& s) {
   m.q_heads_rank = m.heads / m.tp;
   m.d_ff_rank = m.d_ff / m.tp;
   m.vocab_rank = m.padded_vocab / m.tp;
+  m.rope_rows = m.context;
+  if (m.architecture == "gemma2" || m.architecture == "gemma3_text") read_gemma(s, m);
   m.kv_elem = c.kv_cache_dtype == KvCacheDtype::automatic ? m.elem : 1;
   m.kv.reserve(static_cast<size_t>(m.layers));
   for (int64_t l = 0; l < m.layers; ++l) {
@@ -157,21 +242,39 @@ std::vector<WeightTensor> vllm_weight_tensors(const ServedModel& m) {
       t.push_back({p + ".self_attn.q_norm.weight", static_cast<uint64_t>(m.head_dim) * e});
       t.push_back({p + ".self_attn.k_norm.weight", static_cast<uint64_t>(m.head_dim) * e});
     }
+    if (m.qk_norm_full) {  // OLMoE: RMSNorm(hidden_size), RMSNorm(kv_heads x head_dim), replicated
+      t.push_back({p + ".self_attn.q_norm.weight", static_cast<uint64_t>(m.heads * m.head_dim) * e});
+      t.push_back({p + ".self_attn.k_norm.weight", static_cast<uint64_t>(m.kv_heads * m.head_dim) * e});
+    }
     add_linear(t, m, p + ".self_attn.o_proj", m.d_model, q_in, 1);
     if (m.o_bias) t.push_back({p + ".self_attn.o_proj.bias", d * e});  // RowParallel: full bias
-    add_linear(t, m, p + ".mlp.gate_up_proj", 2 * m.d_ff_rank, m.d_model, 2);
-    if (m.mlp_bias) t.push_back({p + ".mlp.gate_up_proj.bias", static_cast<uint64_t>(2 * m.d_ff_rank) * e});
-    add_linear(t, m, p + ".mlp.down_proj", m.d_model, m.d_ff_rank, 1);
-    if (m.mlp_bias) t.push_back({p + ".mlp.down_proj.bias", d * e});
+    if (m.layer_is_moe(l)) {
+      add_fused_moe_weights(t, m.moe, p + ".mlp", m.d_model, m.elem);
+    } else {
+      add_linear(t, m, p + ".mlp.gate_up_proj", 2 * m.d_ff_rank, m.d_model, 2);
+      if (m.mlp_bias) t.push_back({p + ".mlp.gate_up_proj.bias", static_cast<uint64_t>(2 * m.d_ff_rank) * e});
+      add_linear(t, m, p + ".mlp.down_proj", m.d_model, m.d_ff_rank, 1);
+      if (m.mlp_bias) t.push_back({p + ".mlp.down_proj.bias", d * e});
+    }
     t.push_back({p + ".input_layernorm.weight", d * e});
     t.push_back({p + ".post_attention_layernorm.weight", d * e});
+    if (m.gemma) {
+      t.push_back({p + ".pre_feedforward_layernorm.weight", d * e});
+      t.push_back({p + ".post_feedforward_layernorm.weight", d * e});
+    }
   }
   t.push_back({"model.norm.weight", d * e});
   if (!m.tied) t.push_back({"lm_head.weight", static_cast<uint64_t>(m.vocab_rank) * d * e});
   // get_rope() caches one RotaryEmbedding for all layers: cos_sin_cache
   // [max_position_embeddings, rotary_dim] in the model dtype (a buffer, on the GPU).
   t.push_back({"rotary_emb.cos_sin_cache",
-               static_cast<uint64_t>(m.context) * static_cast<uint64_t>(m.rotary_dim) * e});
+               static_cast<uint64_t>(m.rope_rows) * static_cast<uint64_t>(m.rotary_dim) * e});
+  if (m.local_rope_rows > 0)  // Gemma-3's local layers: a second get_rope key
+    t.push_back({"rotary_emb_local.cos_sin_cache",
+                 static_cast<uint64_t>(m.local_rope_rows) * static_cast<uint64_t>(m.rotary_dim) * e});
+  // Gemma: register_buffer("normalizer", torch.tensor(hidden_size ** 0.5)), a 0-d tensor in
+  // the model dtype moved to the GPU with the model.
+  if (m.gemma) t.push_back({"model.normalizer", e});
   return t;
 }
 

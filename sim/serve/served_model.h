@@ -4,8 +4,14 @@
 // engine's --dtype, serve.*) and returns the per-rank dimensions vLLM's model code uses,
 // or throws ScenarioError "FILE:LINE: KEY: why" for what is not modelled:
 //  - families other than hf-llama, and the architecture rows whose vLLM model code is not
-//    modelled (gemma, gemma2, gemma3_text, olmo2, granite, gpt2: sandwich / post norms,
-//    scalar multipliers, GELU MLPs; their KV layout alone is kv_layout.h's, tested there);
+//    modelled (gemma, olmo2, granite, gpt2, deepseek_v3: post norms, scalar multipliers,
+//    MLA; their KV layout alone is kv_layout.h's, tested there);
+//  - Gemma-2 / Gemma-3 text: the layout and profile run of vLLM's gemma2.py / gemma3.py
+//    (ServedModel::gemma); RoPE scalings other than default / linear / llama3 are refused
+//    for Gemma-3 (their cache sizes differ);
+//  - for the MoE rows (mixtral, qwen2_moe, qwen3_moe, olmoe: vLLM's FusedMoE, fused_moe.h):
+//    quantized experts (serve.quantization), OLMoE under TP (its full-width q/k norms
+//    all-gather), splits FusedMoE cannot make;
 //  - head / KV head / FFN / vocabulary counts that vLLM's tensor-parallel layers cannot
 //    split (vLLM's own messages: "Total number of attention heads (H) must be divisible
 //    by tensor parallel size (T).").
@@ -24,6 +30,7 @@
 #include <vector>
 
 #include "scenario/scenario.h"
+#include "sim/serve/fused_moe.h"
 #include "sim/serve/kv_layout.h"
 
 namespace memsim::serve {
@@ -39,6 +46,23 @@ struct ServedModel {
   int64_t kv_elem = 2;             // KV cache dtype bytes (serve.kv_cache_dtype)
   WeightQuant quant = WeightQuant::none;
   std::vector<KvLayer> kv;         // one per layer, this rank's share
+  // Mixture of experts (mixtral, qwen2_moe, qwen3_moe, olmoe; sim/serve/fused_moe.h):
+  // moe.experts 0 = dense. moe_layer[l] = 1: layer l's mlp is a FusedMoE block.
+  MoeDims moe;
+  std::vector<uint8_t> moe_layer;
+  bool qk_norm_full = false;       // OLMoE: q_norm over heads x head_dim, k_norm over the KV width
+  // Gemma-2 / Gemma-3 text (vLLM's Gemma2ForCausalLM / Gemma3ForCausalLM): four GemmaRMSNorm
+  // per layer (input, post_attention, pre_feedforward, post_feedforward; out of place),
+  // GeluAndMul, the sqrt(hidden) normalizer buffer, tied embeddings, the final logit
+  // soft-cap (Gemma-2: / cap, tanh, * cap on the logits), Gemma-3's two RoPE caches.
+  bool gemma = false;
+  bool gemma3 = false;
+  double final_softcap = 0.0;
+  int64_t rope_rows = 0;        // rows of the (global) cos_sin_cache
+  int64_t local_rope_rows = 0;  // Gemma-3: the sliding layers' own cache (0: none)
+  bool layer_is_moe(int64_t l) const {
+    return l >= 0 && static_cast<size_t>(l) < moe_layer.size() && moe_layer[static_cast<size_t>(l)] != 0;
+  }
 };
 
 ServedModel served_model(const Scenario& s);

@@ -5,6 +5,7 @@
 
 #include "allocator/caching_allocator.h"
 #include "graph/runtime.h"
+#include "sim/serve/fused_moe.h"
 #include "sim/step/execute.h"
 
 namespace memsim::serve {
@@ -63,6 +64,9 @@ class ProfileBuilder {
 
   Tensor embedding() {
     Tensor h = act(T_ * d_ * e_, OpKind::embedding_nn);
+    // Gemma-3 eager: embed_tokens(ids) * normalizer is out of place (the raw embedding dies);
+    // Gemma-2 multiplies in place, and Inductor writes the product into one buffer.
+    if (m_.gemma3 && !s_.compiled) h = act(T_ * d_ * e_, OpKind::mul_scalar);
     if (m_.tp > 1) {
       // VocabParallelEmbedding: masked ids (int64) before the lookup, then all_reduce.
       h = reduce(std::move(h));
@@ -80,7 +84,7 @@ class ProfileBuilder {
     const uint64_t qkv_w = q_width() + 2 * kv_width();
     Tensor qkv = linear(T_, qkv_w, m_.qkv_bias);
     Tensor qn, kn;
-    if (m_.qk_norm) {  // Qwen3: q_norm / k_norm per head, out of place
+    if (m_.qk_norm || m_.qk_norm_full) {  // Qwen3 per head, OLMoE over the width: out of place
       qn = act(T_ * q_width() * e_, OpKind::fused_rms_norm);
       kn = act(T_ * kv_width() * e_, OpKind::fused_rms_norm);
     }
@@ -102,12 +106,82 @@ class ProfileBuilder {
     return out;
   }
 
+  // One FusedMoE block (sim/serve/fused_moe.h) on the normed input x. The routed experts
+  // run in place (forward_cuda: fused_experts(..., inplace=True)), so the block's output is
+  // x's storage unless Qwen2-MoE's shared-expert add or the TP all-reduce makes a new one.
+  Tensor moe(const Tensor& x) {
+    const FusedMoeBuffers b = fused_moe_buffers(m_.moe, s_.tokens, m_.d_model, m_.elem);
+    Tensor shared;
+    if (m_.moe.shared_d_ff > 0) {
+      // Qwen2MoeSparseMoeBlock: shared_output = shared_expert(x), gated by
+      // sigmoid(shared_expert_gate(x)), computed before the router; it lives through the
+      // routed experts. down_proj has reduce_results=False (one all-reduce at the end).
+      const auto f = static_cast<uint64_t>(m_.moe.shared_d_ff_rank);
+      Tensor gu = linear(T_, 2 * f, false);
+      Tensor a = act(T_ * f * e_, OpKind::silu);
+      gu.reset();
+      Tensor dn = linear(T_, d_, false);
+      a.reset();
+      Tensor g = linear(T_, 1, false);
+      Tensor sg = act(T_ * e_, OpKind::sigmoid);
+      g.reset();
+      shared = act(T_ * d_ * e_, OpKind::mul);
+      sg.reset();
+      dn.reset();
+    }
+    Tensor logits = act(b.router_logits, OpKind::mm_linear);  // the ReplicatedLinear gate
+    rt_.note_gemm();
+    {
+      // FusedMoE.select_experts -> fused_topk: three [T, k] outputs, then .float().
+      Tensor weights = act(b.topk_weights, OpKind::topk);
+      Tensor ids = act(b.topk_ids, OpKind::topk);
+      Tensor token_expert = tmp(b.token_expert_indices, OpKind::topk);
+      Tensor gating_f32;
+      if (b.gating_float > 0) gating_f32 = tmp(b.gating_float, OpKind::to_copy);
+      if (b.renorm_sum > 0) {  // topk_weights = topk_weights / topk_weights.sum(-1, keepdim)
+        Tensor sum = tmp(b.renorm_sum, OpKind::sum_dim);
+        Tensor divided = act(b.topk_weights, OpKind::div);
+        sum.reset();
+        weights = std::move(divided);
+      }
+      gating_f32.reset();     // fused_topk returns
+      token_expert.reset();   // select_experts returns (topk_weights, topk_ids)
+      // fused_experts_impl: cache13 (caches 1 and 3), cache2, then per chunk
+      // moe_align_block_size's sorted_ids / expert_ids / num_tokens_post_pad (the previous
+      // chunk's die when the names are rebound); moe_sum writes into x.
+      Tensor cache13 = tmp(b.cache13, OpKind::other);
+      Tensor cache2 = tmp(b.cache2, OpKind::other);
+      Tensor sorted, expert_ids, post_pad;
+      for (int64_t c = 0; c < b.chunks; ++c) {
+        const bool last = c == b.chunks - 1;
+        Tensor ns = tmp(last ? b.last_sorted_ids : b.sorted_ids, OpKind::fill);
+        Tensor ne = tmp(last ? b.last_expert_ids : b.expert_ids, OpKind::zeros);
+        Tensor np = tmp(b.num_post_pad, OpKind::other);
+        sorted = std::move(ns);
+        expert_ids = std::move(ne);
+        post_pad = std::move(np);
+      }
+      // fused_experts_impl returns: its locals die; then forward_cuda's topk tensors.
+    }
+    logits.reset();
+    Tensor out = x;
+    if (shared.defined()) {  // final_hidden_states + shared_output
+      Tensor sum = act(T_ * d_ * e_, OpKind::add);
+      shared.reset();
+      out = std::move(sum);
+    }
+    return reduce(std::move(out));
+  }
+
   Tensor forward() {
     Tensor h = embedding();
     Tensor residual;
     for (int64_t l = 0; l < m_.layers; ++l) {
       rt_.ctx.layer = static_cast<int32_t>(l);
-      h = s_.compiled ? layer_compiled(std::move(h), residual, l) : layer_eager(h, residual, l);
+      if (m_.gemma)
+        h = s_.compiled ? layer_gemma_compiled(std::move(h), residual, l) : layer_gemma_eager(h, residual, l);
+      else
+        h = s_.compiled ? layer_compiled(std::move(h), residual, l) : layer_eager(h, residual, l);
     }
     rt_.ctx.layer = -1;
     if (s_.compiled) {
@@ -118,6 +192,16 @@ class ProfileBuilder {
       residual.reset();
       Tensor out = act(T_ * d_ * e_, OpKind::fused_rms_norm);
       sum.reset();
+      return out;
+    }
+    if (m_.gemma) {
+      // GemmaRMSNorm(h, residual): a new sum (discarded) and a new normed output; h and
+      // residual die when the model's forward returns.
+      Tensor sum = tmp(T_ * d_ * e_, OpKind::fused_rms_norm);
+      Tensor out = act(T_ * d_ * e_, OpKind::fused_rms_norm);
+      sum.reset();
+      h.reset();
+      residual.reset();
       return out;
     }
     // eager: fused_add_rms_norm in place; `residual` (the embedding's storage) dies when
@@ -139,8 +223,89 @@ class ProfileBuilder {
     Tensor a = attention();
     x.reset();  // `hidden_states = self.self_attn(...)` (the layer-0 norm output dies)
     // post_attention_layernorm: fused_add_rms_norm in place on a and residual.
-    Tensor out = mlp();
+    Tensor out = m_.layer_is_moe(l) ? moe(a) : mlp();
     a.reset();  // `hidden_states = self.mlp(hidden_states)`
+    return out;
+  }
+
+  // The attention under Inductor on the normed input (which dies after qkv_proj).
+  Tensor attention_compiled(Tensor normed) {
+    const uint64_t qkv_w = q_width() + 2 * kv_width();
+    Tensor qkv = linear(T_, qkv_w, m_.qkv_bias);
+    normed.reset();
+    Tensor qr = act(T_ * q_width() * e_, OpKind::rope);  // (q_norm fused with RoPE)
+    Tensor kr = act(T_ * kv_width() * e_, OpKind::rope);
+    Tensor attn = act(T_ * q_width() * e_, OpKind::other);
+    qr.reset();
+    kr.reset();
+    qkv.reset();
+    Tensor o = linear(T_, d_, m_.o_bias);
+    attn.reset();
+    return reduce(std::move(o));
+  }
+
+  // Gemma-2/3 (gemma2.py / gemma3.py Gemma*DecoderLayer.forward) under Inductor: the four
+  // GemmaRMSNorm are out of place (input and pre_feedforward fused with the residual add,
+  // writing the sum and the normed output); every intermediate dies at its last use.
+  Tensor layer_gemma_compiled(Tensor h, Tensor& residual, int64_t l) {
+    const uint64_t row = T_ * d_ * e_;
+    Tensor x;
+    if (l == 0) {
+      residual = std::move(h);
+      x = act(row, OpKind::fused_rms_norm);
+    } else {
+      Tensor sum = act(row, OpKind::fused_rms_norm);  // h + residual
+      h.reset();
+      residual = std::move(sum);
+      x = act(row, OpKind::fused_rms_norm);
+    }
+    Tensor a = attention_compiled(std::move(x));
+    Tensor pa = act(row, OpKind::fused_rms_norm);  // post_attention_layernorm(a)
+    a.reset();
+    Tensor sum2 = act(row, OpKind::fused_rms_norm);  // pa + residual
+    pa.reset();
+    residual = std::move(sum2);
+    Tensor x2 = act(row, OpKind::fused_rms_norm);   // pre_feedforward_layernorm
+    const uint64_t f = static_cast<uint64_t>(m_.d_ff_rank);
+    Tensor gu = linear(T_, 2 * f, m_.mlp_bias);
+    x2.reset();
+    Tensor g = act(T_ * f * e_, OpKind::gelu);  // GeluAndMul(approximate="tanh")
+    gu.reset();
+    Tensor dn = reduce(linear(T_, d_, m_.mlp_bias));
+    g.reset();
+    Tensor out = act(row, OpKind::fused_rms_norm);  // post_feedforward_layernorm
+    dn.reset();
+    return out;
+  }
+
+  // The same with Python's lifetimes (--enforce-eager): GemmaRMSNorm.forward_cuda runs a
+  // torch.compile'd forward_static that returns new tensors (the normed output, and the new
+  // residual when given one). Gemma*Model.forward keeps the layer's input hidden_states and
+  // residual until the layer returns.
+  Tensor layer_gemma_eager(const Tensor& h, Tensor& residual, int64_t l) {
+    const uint64_t row = T_ * d_ * e_;
+    Tensor held = residual;  // the caller's `residual` until the layer returns
+    Tensor x;
+    if (l == 0) {
+      residual = h;
+      x = act(row, OpKind::fused_rms_norm);
+    } else {
+      Tensor sum = act(row, OpKind::fused_rms_norm);
+      x = act(row, OpKind::fused_rms_norm);
+      residual = std::move(sum);
+    }
+    Tensor a = attention();
+    x.reset();
+    Tensor pa = act(row, OpKind::fused_rms_norm);  // post_attention_layernorm
+    a.reset();
+    Tensor sum2 = act(row, OpKind::fused_rms_norm);
+    Tensor x2 = act(row, OpKind::fused_rms_norm);  // pre_feedforward_layernorm(pa, residual)
+    pa.reset();
+    residual = std::move(sum2);
+    Tensor mo = mlp();
+    x2.reset();
+    Tensor out = act(row, OpKind::fused_rms_norm);  // post_feedforward_layernorm
+    mo.reset();
     return out;
   }
 
@@ -156,26 +321,16 @@ class ProfileBuilder {
       residual = std::move(sum);
       x = act(T_ * d_ * e_, OpKind::fused_rms_norm);
     }
-    Tensor a;
-    {
-      Tensor normed = std::move(x);
-      const uint64_t qkv_w = q_width() + 2 * kv_width();
-      Tensor qkv = linear(T_, qkv_w, m_.qkv_bias);
-      normed.reset();
-      Tensor qr = act(T_ * q_width() * e_, OpKind::rope);  // (q_norm fused with RoPE)
-      Tensor kr = act(T_ * kv_width() * e_, OpKind::rope);
-      Tensor attn = act(T_ * q_width() * e_, OpKind::other);
-      qr.reset();
-      kr.reset();
-      qkv.reset();
-      Tensor o = linear(T_, d_, m_.o_bias);
-      attn.reset();
-      a = reduce(std::move(o));
-    }
+    Tensor a = attention_compiled(std::move(x));
     Tensor sum2 = act(T_ * d_ * e_, OpKind::fused_rms_norm);  // a + residual
     a.reset();
     residual = std::move(sum2);
     Tensor x2 = act(T_ * d_ * e_, OpKind::fused_rms_norm);
+    if (m_.layer_is_moe(l)) {
+      Tensor out = moe(x2);
+      x2.reset();
+      return out;
+    }
     const uint64_t f = static_cast<uint64_t>(m_.d_ff_rank);
     Tensor gu = linear(T_, 2 * f, m_.mlp_bias);
     x2.reset();
@@ -200,6 +355,14 @@ class ProfileBuilder {
       Tensor reshaped = act(full, OpKind::clone);
       gathered.reset();
       logits = std::move(reshaped);
+    }
+    // LogitsProcessor soft_cap (Gemma-2's final_logit_softcapping): logits / cap, tanh,
+    // * cap, each out of place on the [R, vocab] slice; the previous one dies at rebinding.
+    if (m_.final_softcap > 0.0) {
+      for (OpKind op : {OpKind::div_scalar, OpKind::tanh, OpKind::mul_scalar}) {
+        Tensor next = act(N * e_, op);
+        logits = std::move(next);
+      }
     }
     // Sampler.forward: logits.to(torch.float32) (the caller keeps the model-dtype logits).
     Tensor f32 = e_ == 4 ? logits : act(N * 4, OpKind::to_copy);

@@ -25,7 +25,12 @@
 //    writing two new buffers; RoPE writes new q and k.
 // With TP > 1 every RowParallelLinear output and the embedding go through an out-of-place
 // all-reduce (pynccl's all_reduce allocates its output) and the logits through an
-// all-gather. The sampler follows vllm/v1/sample/sampler.py and ops/topk_topp_sampler.py
+// all-gather. MoE layers (sim/serve/fused_moe.h) run vLLM's FusedMoE: the router gate's
+// [T, E] logits, fused_topk's fp32 weights / int32 ids, fused_experts_impl's cache13 and
+// cache2 and moe_align_block_size's per-chunk index buffers, the experts writing into the
+// normed input in place (Qwen2-MoE: its gated shared expert first, added after). Gemma-2/3
+// layers have four out-of-place GemmaRMSNorm (sandwich) and GeluAndMul; Gemma-2's logits
+// are soft-capped (three out-of-place [R, vocab] ops) before the sampler. The sampler follows vllm/v1/sample/sampler.py and ops/topk_topp_sampler.py
 // forward_native (the PyTorch path, used when FlashInfer is absent): fp32 logits,
 // argmax, sort (values, int64 indices, and PyTorch's segmented sort scratch: int64
 // reverse indices and CUB's alternate key/value buffers when device.kernel_scratch),
