@@ -41,11 +41,6 @@ void read_implementation(const Doc& d, ModelConfig& m) {
   const Field* f = d.find("model.implementation");
   if (!f) return;
   const ModelImpl impl = read_enum(*f, "model.implementation", implementation_names());
-  if (impl == ModelImpl::litgpt)
-    fail(f->where, "model.implementation",
-         "litgpt's model code is not modelled yet (its fused qkv and LoRA, rope and mask caches "
-         "and chunked_cross_entropy differ from transformers'; docs/implementations.md); use hf, "
-         "torchtitan or torchtune");
   if (impl != ModelImpl::hf && !family_row(m.family).hf)
     fail(f->where, "model.implementation",
          std::string("selects a Llama model code, but the family is ") + to_string(m.family) +
@@ -72,6 +67,7 @@ void check_implementation(const Doc& d, const Scenario& s) {
     fail(at(d, key, *f), key, why + " (" + who + "; docs/implementations.md)");
   };
   const bool titan = s.model.arch.impl == ModelImpl::torchtitan;
+  const bool lit = s.model.arch.impl == ModelImpl::litgpt;
   const std::string stack = spelling(s.model.arch.impl);
   // torchtitan's llama3 Transformer and torchtune's llama3 builder are one architecture:
   // Llama (RMSNorm, SwiGLU, RoPE, GQA, no biases, untied output).
@@ -90,13 +86,31 @@ void check_implementation(const Doc& d, const Scenario& s) {
     refuse("model.dropout", stack + "'s Llama has no dropout (attn_dropout 0 in its recipes)");
   if (s.lora.rank > 0)
     refuse("lora.rank", titan ? "torchtitan has no LoRA"
+                        : lit ? "litgpt's LoRA (litgpt/lora.py LoRAQKVLinear with its zero_pad / "
+                                "lora_ind, finetune/lora.py's lm_head_chunk_size=128) is not "
+                                "modelled yet"
                               : "torchtune's LoRA modules (LoRALinear) are not modelled yet");
   if (s.precision.autocast.has_value())
     refuse("precision.autocast",
-           stack + " does not run the model under torch.autocast (torchtitan: FSDP2's "
-           "MixedPrecisionPolicy; torchtune: bf16 parameters); give precision.params bf16");
+           lit ? std::string("litgpt's Fabric precision \"bf16-mixed\" (torch.autocast around the "
+                             "model, fp32 parameters) is not modelled yet; give precision.params "
+                             "bf16 (\"bf16-true\") or fp32 (\"32-true\")")
+               : stack + " does not run the model under torch.autocast (torchtitan: FSDP2's "
+                         "MixedPrecisionPolicy; torchtune: bf16 parameters); give precision.params bf16");
   if (s.parallel.sharding != Sharding::none)
-    refuse("parallel.sharding", stack + " shards with FSDP2 (fully_shard), which is not modelled with it yet");
+    refuse("parallel.sharding",
+           lit ? std::string("litgpt shards through Fabric's FSDPStrategy (auto_wrap_policy Block), "
+                             "which is not modelled with it yet")
+               : stack + " shards with FSDP2 (fully_shard), which is not modelled with it yet");
+  if (lit && s.parallel.data > 1)
+    refuse("parallel.data", "litgpt's multi-device recipes (finetune/full.py, pretrain.py) use "
+                            "Fabric's FSDPStrategy, which is not modelled with it yet");
+  if (lit && s.batch.seq_len > s.model.context_length)
+    refuse("batch.seq_len", "GPT.max_seq_length cannot exceed the block size (model.context_length, "
+                            "\"Cannot attend to ...\")");
+  if (lit && s.batch.seq_len < 2)
+    refuse("batch.seq_len", "chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:]) needs "
+                            "two positions");
   if (s.parallel.tensor > 1 || s.parallel.pipeline > 1)
     refuse(s.parallel.tensor > 1 ? "parallel.tensor" : "parallel.pipeline",
            stack + "'s tensor and pipeline parallelism are not modelled");
@@ -110,10 +124,16 @@ void check_implementation(const Doc& d, const Scenario& s) {
   // alternatives run on transformers' head and are not wired to these rows yet.
   if (s.loss.impl != LossFunction::automatic)
     refuse("loss.impl", "the stack's own loss is modelled (" +
-                            std::string(titan ? "cross_entropy_loss" : "CEWithChunkedOutputLoss") +
+                            std::string(titan ? "cross_entropy_loss"
+                                        : lit ? "chunked_cross_entropy, chunk_size 128"
+                                              : "CEWithChunkedOutputLoss") +
                             "); loss.impl is not combined with it yet");
   if (s.checkpoint.reentrant.value_or(false))
     refuse("checkpoint.reentrant", stack + " checkpoints without reentrancy");
+  if (lit && s.checkpoint.policy == CheckpointPolicy::full)
+    refuse("checkpoint.policy", "litgpt checkpoints Blocks only through Fabric's FSDPStrategy "
+                                "(activation_checkpointing_policy={Block}), which is not modelled "
+                                "with it yet; its single-device recipes do not checkpoint");
   // The stacks' own loops: torchtitan and torchtune step AdamW (or SGD) on the model's
   // parameters, with no torch ZeroRedundancyOptimizer and no classic fp32 master-weight loop.
   if (s.parallel.zero != 0)
@@ -134,7 +154,10 @@ void check_implementation(const Doc& d, const Scenario& s) {
   // torchtitan compiles per block (its compile.enable), torchtune the whole model; neither
   // is wired to these rows' modules (graph/compile.h wraps the hf rows' forward and blocks).
   if (s.step.compile)
-    refuse("step.compile", "torch.compile is not modelled with " + stack + "'s model code yet");
+    refuse("step.compile", "torch.compile is not modelled with " + stack + "'s model code yet" +
+                               (lit ? std::string(" (litgpt pretrain.py compiles the whole model; "
+                                                  "finetune/full.py does not)")
+                                    : std::string()));
   if (!titan && s.batch.seq_len % 8 != 0)
     refuse("batch.seq_len",
            "torchtune's output is h.chunk(8, dim=1): uneven chunks (seq_len not a multiple of 8) "

@@ -4,7 +4,7 @@
 // hf (the default) is transformers' code, every setting as before. torchtitan is its
 // llama3 model code, modelled for the Llama row only and in the settings its stand-in
 // and sources were checked in; anything else is refused naming the key. torchtune and
-// litgpt are accepted spellings that are refused as not modelled yet.
+// litgpt are modelled likewise (Llama rows only).
 #pragma once
 
 #include "scenario/scenario.h"

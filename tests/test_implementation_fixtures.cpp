@@ -73,6 +73,13 @@ TEST_CASE("torchtune's llama3 model code matches its CPU stand-in", "[implementa
   run_fixtures("torchtune_");
 }
 
+// LitGPT's GPT with finetune/full.py's loop under Fabric (bf16-true / 32-true): the fused
+// qkv and its split, apply_rope with fp32 or bf16 cos/sin buffers, litgpt's RMSNorm,
+// LLaMAMLP, the fp32 logits of convert_output and chunked_cross_entropy's 128-row chunks.
+TEST_CASE("litgpt's GPT model code matches its CPU stand-in", "[implementation][litgpt]") {
+  run_fixtures("litgpt_");
+}
+
 namespace {
 
 std::string impl_yaml(const std::string& impl, const std::string& extra_model = "") {
@@ -107,8 +114,7 @@ TEST_CASE("model.implementation: spellings, defaults and the refused combination
   const std::string bad = load_error(impl_yaml("torchtitn"));
   CHECK(bad.find("impl.yaml:4: model.implementation") != std::string::npos);
   CHECK(bad.find("did you mean 'torchtitan'") != std::string::npos);
-  const std::string litgpt = load_error(impl_yaml("litgpt"));
-  CHECK(litgpt.find("model.implementation: litgpt's model code is not modelled yet") != std::string::npos);
+  CHECK(load_scenario_text(impl_yaml("litgpt"), "impl.yaml").model.arch.impl == graph::ModelImpl::litgpt);
 
   struct Case {
     std::string impl, key, value, message;
@@ -128,6 +134,15 @@ TEST_CASE("model.implementation: spellings, defaults and the refused combination
       {"torchtune", "batch.seq_len", "100", "batch.seq_len: torchtune's output is h.chunk(8, dim=1)"},
       {"torchtune", "loss.impl", "chunked:8", "loss.impl: the stack's own loss is modelled (CEWithChunkedOutputLoss)"},
       {"torchtitan", "loss.impl", "liger", "loss.impl: the stack's own loss is modelled (cross_entropy_loss)"},
+      {"litgpt", "loss.impl", "chunked:8", "loss.impl: the stack's own loss is modelled (chunked_cross_entropy, chunk_size 128)"},
+      {"litgpt", "lora.rank", "8", "lora.rank: litgpt's LoRA (litgpt/lora.py LoRAQKVLinear"},
+      {"litgpt", "precision.autocast", "bf16", "precision.autocast: litgpt's Fabric precision \"bf16-mixed\""},
+      {"litgpt", "parallel.sharding", "fsdp", "parallel.sharding: litgpt shards through Fabric's FSDPStrategy"},
+      {"litgpt", "parallel.data", "2", "parallel.data: litgpt's multi-device recipes"},
+      {"litgpt", "checkpoint.policy", "full", "checkpoint.policy: litgpt checkpoints Blocks only through Fabric's FSDPStrategy"},
+      {"litgpt", "step.compile", "true", "step.compile: torch.compile is not modelled with litgpt's model code yet"},
+      {"litgpt", "model.attention", "eager", "model.attention: litgpt calls F.scaled_dot_product_attention"},
+      {"litgpt", "model.tied_embeddings", "true", "model.tied_embeddings:"},
   };
   for (const Case& c : refused) {
     INFO(c.impl << " " << c.key << "=" << c.value);
@@ -166,6 +181,10 @@ TEST_CASE("model.implementation: hf keeps transformers' program, the others chan
   CHECK(forward_end(titan) < forward_end(a));
   CHECK(forward_end(tune) < forward_end(a));
   CHECK(forward_end(titan) < forward_end(tune));
+  // LitGPT's RMSNorm also saves its fp32 x_normed (transformers' saves the 16-bit one),
+  // and with MHA (llama2-7b) SDPA's v is a view of the fused qkv output: more is saved.
+  const Program lit = build_program(load_scenario_text(impl_yaml("litgpt"), "impl.yaml"));
+  CHECK(forward_end(lit) > forward_end(a));
 }
 
 TEST_CASE("optimizer.in_backward and checkpoint.offload_activations are refused when true", "[implementation]") {

@@ -75,6 +75,7 @@ void DecoderModel::construct() {
     throw std::runtime_error("the numeric check runs transformers' model code only (model.implementation hf)");
   if (titan()) return construct_titan();  // decoder_impl.cpp
   if (tune()) return construct_tune();
+  if (litgpt()) return construct_litgpt();  // decoder_litgpt.cpp
   if (a.eager_core == EagerCore::where_buffer && s_.attention != HfAttention::eager)
     throw std::runtime_error("hf-gpt2: only model.attention eager is modelled (GPT2Attention._attn)");
   const uint64_t e = s_.elem, D = s_.d_model, F = s_.d_ff, V = s_.vocab, P = s_.context_length;
@@ -321,7 +322,8 @@ Tensor DecoderModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
   // `hidden_states = residual + hidden_states` drops the attention output (StableLM keeps
   // it in `self_attn_output` until the layer returns).
   Tensor kept;
-  if (a.attn_out_kept || tune()) kept = std::move(h);  // torchtune: the local attn_out
+  // torchtune: the local attn_out; LitGPT: Block.forward's attention_output.
+  if (a.attn_out_kept || tune() || litgpt()) kept = std::move(h);
   h.reset();
   h = run_region(rt_, RegionKind::mlp, {r1}, [this, l](const Inputs& in) { return mlp_half(l, in); });
   if (a.residual_dropout) h = drop(h);  // resid_mlp_dropout
@@ -443,6 +445,7 @@ Tensor DecoderModel::forward(const Tensor& ids) {
     return rt_.compile->run([this, &ids] { return forward(ids); });
   if (titan()) return forward_titan(ids);  // decoder_impl.cpp
   if (tune()) return forward_tune(ids);
+  if (litgpt()) return forward_litgpt(ids);
   router_logits_.clear();  // a new forward records its own router outputs (MoE aux loss)
   Tensor head_w;
   Tensor hidden = forward_hidden(ids, head_w);
@@ -559,6 +562,7 @@ Tensor DecoderModel::logits_head(const Tensor& hidden, const Tensor& head_w, uin
 Tensor DecoderModel::loss(const Tensor& logits_in, const Tensor& labels) {
   if (titan()) return loss_titan(logits_in, labels);  // decoder_impl.cpp
   if (tune()) return loss_tune(labels);  // the chunks the forward kept
+  if (litgpt()) return loss_litgpt(logits_in);
   ModuleScope module_scope(rt_, Module::loss);
   const DecoderArch& a = arch();
   Tensor logits = logits_in;

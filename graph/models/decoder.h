@@ -261,6 +261,16 @@ class DecoderModel {
   Tensor attention_tune(const LayerParams& p, const Tensor& x);
   Tensor tune_rms_norm(const Tensor& x, int32_t w, uint64_t rows);
   Tensor loss_tune(const Tensor& labels);  // CEWithChunkedOutputLoss (the model's default loss)
+  // LitGPT (decoder_litgpt.cpp): GPT, Block, CausalSelfAttention, RMSNorm, LLaMAMLP.
+  bool litgpt() const;
+  uint64_t lit_cache_elem() const;  // the element size of the cos/sin buffers after setup
+  void construct_litgpt();
+  void lit_rope_cache(uint64_t len, uint64_t cast_elem);
+  Tensor forward_litgpt(const Tensor& ids);
+  Tensor attention_litgpt(const LayerParams& p, const Tensor& x);
+  Tensor lit_rms_norm(const Tensor& x, int32_t w, uint64_t rows);
+  Tensor mlp_litgpt(const LayerParams& p, const Tensor& x);
+  Tensor loss_litgpt(const Tensor& logits);
 
   bool autocast_on() const;
   uint64_t act_elem() const;  // the element size the current op produces (low under autocast)
@@ -277,6 +287,7 @@ class DecoderModel {
   Tensor rope_theta_, rope_cache_;  // torchtune's RotaryPositionalEmbeddings buffers
   std::vector<Tensor> chunks_;      // torchtune's chunked output (forward returns chunks_[0])
   Tensor ignore_labels_;            // torchtune recipe's ignore_labels_cache (B, 1) int64
+  Tensor lit_cos_, lit_sin_;        // LitGPT's non-persistent cos/sin buffers
   std::string name_;  // param_name's buffer
   // output_router_logits: each MoE layer's router output, held by the model output until
   // the loss has used them (decoder_moe.cpp).

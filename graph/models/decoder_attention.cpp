@@ -91,6 +91,7 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
                                const Tensor& cos_in, const Tensor& sin_in) {
   if (titan()) return attention_titan(p, x);  // decoder_impl.cpp (cos_in is freqs_cis)
   if (tune()) return attention_tune(p, x);
+  if (litgpt()) return attention_litgpt(p, x);  // decoder_litgpt.cpp
   if (arch().mla.enabled()) return attention_mla(p, x, mask, cos_in, sin_in);  // decoder_mla.cpp
   ModuleScope module_scope(rt_, Module::attention);
   const DecoderArch& a = arch();

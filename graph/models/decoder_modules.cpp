@@ -66,6 +66,7 @@ Tensor DecoderModel::norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_
     return fused_rms_norm(rt_, x, rt_.param(n.w), rows);
   }
   if (tune()) return tune_rms_norm(x, n.w, rows);  // decoder_impl.cpp
+  if (litgpt()) return lit_rms_norm(x, n.w, rows);  // decoder_litgpt.cpp
   switch (arch().norm) {
     case NormKind::rms: return rms_norm(x, n.w, rows);
     case NormKind::rms_one_plus: return gemma_rms_norm(x, n.w, rows, width);
@@ -161,6 +162,7 @@ Tensor DecoderModel::activation(const Tensor& x) {
 // GLU: down(act(gate(x)) * up(x)); plain: fc2(act(fc1(x))) with GPT-2's resid dropout.
 Tensor DecoderModel::mlp(const LayerParams& p, const Tensor& x) {
   if (p.moe) return moe_block(static_cast<int32_t>(&p - layers_.data()), p, x);  // decoder_moe.cpp
+  if (litgpt()) return mlp_litgpt(p, x);  // decoder_litgpt.cpp
   ModuleScope module_scope(rt_, Module::mlp);
   Tensor out;
   if (arch().mlp == MlpKind::plain) {

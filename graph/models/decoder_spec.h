@@ -122,7 +122,8 @@ enum class ModelImpl : uint8_t {
                // RoPE on a freqs_cis buffer, SDPA is_causal, cross_entropy(pred.float())
   torchtune,   // torchtune/modules (v0.6.1): cached RoPE, fp32 RMSNorm, the chunked output
                // (8) with CEWithChunkedOutputLoss
-  litgpt,      // not modelled yet (refused by the scenario reader)
+  litgpt,      // litgpt/model.py (v0.5.13) with finetune/full.py under Fabric: fused qkv,
+               // cached cos/sin, its fp32 RMSNorm, chunked_cross_entropy (decoder_litgpt.cpp)
 };
 
 // --- Mixture of experts (graph/models/decoder_moe.cpp, docs/moe.md; issue #15) ------------

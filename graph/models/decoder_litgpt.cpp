@@ -1,0 +1,244 @@
+// DecoderModel's LitGPT row (model.implementation litgpt; docs/implementations.md): the
+// Llama architecture as Lightning-AI/litgpt v0.5.13 (26857050fe3ff627cd714fe92f5838f51a3d5efa)
+// writes it, run by its finetune/full.py loop under Lightning Fabric 2.6.5.
+//  - litgpt/model.py GPT.__init__: lm_head, then transformer.wte, transformer.h (Block:
+//    norm_1, attn (qkv, proj), norm_2, mlp (fc_1, fc_2, proj)), transformer.ln_f; then the
+//    `max_seq_length = block_size` setter registers the non-persistent cos/sin buffers
+//    (build_rope_cache: fp32 (block_size, rope_n_elem) each, computed on the device).
+//  - Fabric: fabric.init_module makes the parameters in the precision's dtype;
+//    fabric.setup's HalfPrecision.convert_module (bf16-true) is module.to(bf16), which casts
+//    the two buffers to bf16 as well; full.py then sets `model.max_seq_length` to the data's
+//    longest sequence (here batch.seq_len), which rebuilds fp32 buffers of that length when
+//    it differs from the block size. _FabricModule.forward's convert_output casts the bf16
+//    logits to fp32 (the default dtype).
+//  - GPT.forward: cos/sin = self.cos[:T].unsqueeze(0) (views); wte; blocks; ln_f; lm_head.
+//    No mask (SDPA is_causal); mask_cache is only built by set_kv_cache (inference).
+//  - Block.forward (parallel_residual False): x_normed = norm_1(x); attention_output =
+//    attn(...) (a local until the block returns); x = attention_output + x; norm_2;
+//    mlp(x_normed) + x.
+//  - CausalSelfAttention.forward: qkv = self.qkv(x) (one (B,T,(H+2KV)hs) output);
+//    q, k, v = qkv.split(...) (views, one SplitWithSizesBackward0); view + transpose each;
+//    q_roped = apply_rope(q[..., :n]), k_roped likewise (the full slice is q itself); q =
+//    cat((q_roped, q[..., n:])) (a copy; the empty slice's backward is a zeros(q)); k
+//    likewise; GQA: k, v = repeat_interleave(q_per_kv, dim=1) (PyTorch 2.x: unsqueeze,
+//    expand, clone: a copy always, also for one query group); SDPA is_causal;
+//    transpose + reshape (views of the kernel's output layout); proj. Locals (qkv,
+//    q_roped, k_roped) die as it returns.
+//  - RMSNorm.forward: x.float(); torch.mean(x * x, -1, keepdim); x * rsqrt(norm_x + eps);
+//    (x_normed * weight.float()).to(dtype): saves the fp32 input, rsqrt, the fp32 x_normed
+//    and the fp32 weight copy.
+//  - LLaMAMLP: fc_1(x), fc_2(x), silu(x_fc_1) * x_fc_2, proj.
+//  - finetune/full.py: loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
+//    (graph/ops/ops_litgpt.h), fabric.backward(loss / accumulation_iters); `logits` lives
+//    until the next step's forward returns.
+// The 2-way splits of qkv: torch.split's one SplitWithSizesBackward0 (a cat of the three
+// grads into a qkv-sized tensor) is emitted as two graph::Chunk2 (q | kv, then k | v): the
+// same views forward; backward cats k and v first (one kv-sized tensor more, briefly).
+#include <string>
+
+#include "graph/checkpoint.h"
+#include "graph/models/decoder.h"
+#include "graph/ops/ops_litgpt.h"
+#include "graph/ops/ops_nn.h"
+
+namespace memsim::graph {
+
+bool DecoderModel::litgpt() const { return arch().impl == ModelImpl::litgpt; }
+
+// fp32 when the model is, or when full.py rebuilt the buffers (seq != block size);
+// otherwise Fabric's bf16-true cast of them.
+uint64_t DecoderModel::lit_cache_elem() const {
+  return s_.seq != s_.context_length ? 4 : s_.elem;
+}
+
+// build_rope_cache(seq_len=len, n_elem=head_size) on the device, then (cast_elem != 4)
+// Fabric's .to(bf16) of both buffers. theta's (n_elem/2)-element vectors are left out.
+void DecoderModel::lit_rope_cache(uint64_t len, uint64_t cast_elem) {
+  const uint64_t n = s_.head_dim();
+  Tensor cos, sin;
+  {
+    Tensor seq_idx;
+    {
+      Tensor ar = rt_.alloc(len * 8, TensorKind::temporary, OpKind::arange);
+      Tensor f = rt_.alloc(len * 4, TensorKind::temporary, OpKind::to_copy);  // .float()
+      ar.reset();
+      seq_idx = rt_.alloc(len * 4, TensorKind::temporary, OpKind::div_scalar);  // / condense_ratio
+    }
+    Tensor idx_theta;
+    {
+      Tensor outer = rt_.alloc(len * n / 2 * 4, TensorKind::temporary, OpKind::other);
+      idx_theta = rt_.alloc(len * n * 4, TensorKind::temporary, OpKind::other);  // .repeat(1, 2)
+    }
+    {
+      Tensor c = rt_.alloc(len * n * 4, TensorKind::temporary, OpKind::other);
+      cos = rt_.alloc(len * n * 4, TensorKind::other, OpKind::mul_scalar);  // * attention_scaling
+    }
+    {
+      Tensor s = rt_.alloc(len * n * 4, TensorKind::temporary, OpKind::other);
+      sin = rt_.alloc(len * n * 4, TensorKind::other, OpKind::mul_scalar);
+    }
+  }
+  // `self.cos, self.sin = ...` (or register_buffer): the old buffers die as they are replaced.
+  lit_cos_ = std::move(cos);
+  lit_sin_ = std::move(sin);
+  if (cast_elem == 4) return;
+  lit_cos_ = rt_.alloc(len * n * cast_elem, TensorKind::other, OpKind::to_copy);
+  lit_sin_ = rt_.alloc(len * n * cast_elem, TensorKind::other, OpKind::to_copy);
+}
+
+void DecoderModel::construct_litgpt() {
+  const uint64_t e = s_.elem, D = s_.d_model, F = s_.d_ff, V = s_.vocab;
+  const uint64_t qD = s_.q_dim(), kvD = s_.kv_dim();
+  rt_.ctx.module = Module::head;
+  lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+  rt_.parameters()[lm_head_].rows = V;
+  rt_.ctx.module = Module::embedding;
+  embed_ = rt_.add_parameter(V * D * e, "transformer.wte.weight");
+  rt_.parameters()[embed_].rows = V;
+  layers_.resize(s_.layers);
+  for (int32_t l = 0; l < s_.layers; ++l) {
+    rt_.ctx.layer = l;
+    LayerParams& p = layers_[l];
+    const std::string pre = "transformer.h." + std::to_string(l) + ".";
+    rt_.ctx.module = Module::norm;
+    p.norm[kInputNorm] = add_norm(D, pre, "norm_1");
+    rt_.ctx.module = Module::attention;
+    p.qkv = add_proj(qD + 2 * kvD, D, pre, "attn.qkv", false, -1);
+    p.o = add_proj(D, qD, pre, "attn.proj", false, -1);
+    rt_.ctx.module = Module::norm;
+    p.norm[kPostAttnNorm] = add_norm(D, pre, "norm_2");
+    rt_.ctx.module = Module::mlp;
+    p.gate = add_proj(F, D, pre, "mlp.fc_1", false, -1);
+    p.up = add_proj(F, D, pre, "mlp.fc_2", false, -1);
+    p.down = add_proj(D, F, pre, "mlp.proj", false, -1);
+  }
+  rt_.ctx.layer = -1;
+  rt_.ctx.module = Module::norm;
+  final_norm_ = add_norm(D, "transformer.", "ln_f");
+  // The buffers at block_size, Fabric's cast, then full.py's max_seq_length.
+  rt_.ctx.module = Module::attention;
+  lit_rope_cache(static_cast<uint64_t>(s_.context_length), e);
+  if (s_.seq != s_.context_length) lit_rope_cache(static_cast<uint64_t>(s_.seq), 4);
+  rt_.ctx.module = Module::none;
+}
+
+// litgpt.model.RMSNorm (add_unit_offset False) in PyTorch ops: for 16-bit x the fp32 copy,
+// x * x, mean (a local until return), + eps, rsqrt, x * rsqrt, weight.float(), the
+// product, .to(dtype).
+Tensor DecoderModel::lit_rms_norm(const Tensor& x, int32_t w, uint64_t rows) {
+  ModuleScope module_scope(rt_, Module::norm);
+  const uint64_t e = s_.elem;
+  Tensor xf = e == 4 ? x : to_copy(rt_, x, x.bytes / e * 4);
+  Tensor norm_x;
+  {
+    Tensor sq = mul(rt_, xf, xf);
+    norm_x = mean_dim(rt_, sq, rows * 4);
+  }
+  Tensor r;
+  {
+    Tensor a = add_scalar(rt_, norm_x);
+    r = rsqrt(rt_, a);
+  }
+  Tensor x_normed = mul(rt_, xf, r);
+  Tensor weight = rt_.param(w);
+  if (e != 4) weight = to_copy(rt_, weight, weight.bytes / e * 4);  // weight.float()
+  Tensor out = mul(rt_, x_normed, weight, Broadcast::leading_dims, 4);
+  if (e != 4) out = to_copy(rt_, out, out.bytes / 4 * e);  // .to(dtype=dtype)
+  // The frame's locals die as it returns.
+  xf.reset();
+  norm_x.reset();
+  x_normed.reset();
+  weight.reset();
+  return out;
+}
+
+Tensor DecoderModel::mlp_litgpt(const LayerParams& p, const Tensor& x) {
+  ModuleScope module_scope(rt_, Module::mlp);
+  Tensor m;
+  {
+    Tensor x_fc_1 = project(x, p, p.gate);
+    Tensor x_fc_2 = project(x, p, p.up);
+    Tensor a = activation(x_fc_1);
+    m = mul(rt_, a, x_fc_2);
+  }
+  return project(m, p, p.down);
+}
+
+Tensor DecoderModel::attention_litgpt(const LayerParams& p, const Tensor& x) {
+  ModuleScope module_scope(rt_, Module::attention);
+  const uint64_t e = s_.elem, B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
+  const uint64_t KV = static_cast<uint64_t>(s_.kv_heads), n_rep = H / KV, rows = s_.rows();
+  const uint64_t ce = lit_cache_elem();
+  Tensor out;
+  {
+    Tensor qkv = project(x, p, p.qkv);
+    Tensor q, k, v;
+    {
+      Chunk2 q_kv(rt_, qkv, rows * H * hd * e);
+      q = q_kv.piece(rt_, 0);
+      Tensor kv = q_kv.piece(rt_, 1);
+      Chunk2 k_v(rt_, kv, rows * KV * hd * e);
+      k = k_v.piece(rt_, 0);
+      v = k_v.piece(rt_, 1);
+    }
+    // .view(B, T, h, hs).transpose(1, 2). q's and k's grads come back from the rope node
+    // as contiguous (B,h,T,hs) tensors (its zeros buffer), v's from repeat_interleave's
+    // expand (the same layout) or, without GQA, from the flash kernel in (B,T,h,hs)
+    // memory: the views' backward reshape copies unless the grad is viewable.
+    q = view(rt_, q, H > 1);
+    k = view(rt_, k, KV > 1);
+    v = view(rt_, v, n_rep > 1 && KV > 1);
+    Tensor q_roped = rope_litgpt(rt_, q, e, ce);
+    Tensor k_roped = rope_litgpt(rt_, k, e, ce);
+    q = rope_litgpt_cat(rt_, q_roped, q, lit_cos_, lit_sin_, e, ce);
+    k = rope_litgpt_cat(rt_, k_roped, k, lit_cos_, lit_sin_, e, ce);
+    if (n_rep > 1) {  // repeat_interleave: unsqueeze, expand, clone (a copy)
+      k = expand_clone(rt_, k, n_rep);
+      v = expand_clone(rt_, v, n_rep);
+    }
+    SdpaShape sh{B, H, S, hd, e};
+    const double flops = 4.0 * B * H * S * S * hd;
+    const bool flash = s_.attention == HfAttention::flash;
+    Tensor o = run_region(rt_, RegionKind::core_attention, {q, k, v},
+                          [this, sh, flash, flops](const Inputs& in) {
+                            return flash ? sdpa_flash(rt_, in[0], in[1], in[2], sh, flops)
+                                         : sdpa_efficient(rt_, in[0], in[1], in[2], sh, flops);
+                          });
+    out = project(o, p, p.o);  // y.transpose(1, 2).reshape(B, T, C): the kernel's layout
+    // CausalSelfAttention.forward returns: qkv, then q_roped and k_roped die.
+    qkv.reset();
+    q = k = v = Tensor();
+    q_roped.reset();
+    k_roped.reset();
+  }
+  return out;
+}
+
+Tensor DecoderModel::forward_litgpt(const Tensor& ids) {
+  const uint64_t e = s_.elem, D = s_.d_model;
+  rt_.ctx.module = Module::embedding;
+  Tensor h = embedding_nn(rt_, rt_.param(embed_), ids, s_.rows() * D * e, D);
+  Inputs extra = {Tensor(), Tensor(), lit_cos_, lit_sin_};  // views of the buffers
+  h = run_layers(rt_, static_cast<int32_t>(s_.layers), std::move(h), extra,
+                 [this](int32_t l, const Tensor& in, const Inputs& ex) { return layer(l, in, ex); });
+  extra.clear();
+  h = norm(h, final_norm_, s_.rows(), D);
+  rt_.ctx.module = Module::head;
+  Tensor logits = lm_linear(h, lm_head_, D, s_.vocab);
+  h.reset();
+  rt_.name(logits.storage, rt_.program().intern("logits"));
+  if (e != 4) {  // _FabricModule: precision.convert_output -> .to(torch.float32)
+    logits = to_copy(rt_, logits, logits.bytes / e * 4);
+    rt_.name(logits.storage, rt_.program().intern("logits.float()"));
+  }
+  rt_.ctx.module = Module::none;
+  return logits;
+}
+
+Tensor DecoderModel::loss_litgpt(const Tensor& logits) {
+  ModuleScope module_scope(rt_, Module::loss);
+  Tensor loss = chunked_ce_litgpt(rt_, logits, s_.batch, s_.seq, s_.vocab);
+  return div_scalar(rt_, loss);  // loss / train.gradient_accumulation_iters(...)
+}
+
+}  // namespace memsim::graph

@@ -1,0 +1,58 @@
+// Ops that LitGPT's model code and fine-tuning loss use where transformers' do not
+// (graph/models/decoder_litgpt.cpp, docs/implementations.md), modelled from
+// Lightning-AI/litgpt v0.5.13 (26857050fe3ff627cd714fe92f5838f51a3d5efa) with PyTorch 2.x's
+// autograd. Each is one composite autograd node whose backward replays the allocations of
+// the autograd nodes it stands for, in the engine's order (latest node first).
+#pragma once
+
+#include <cstdint>
+
+#include "graph/runtime.h"
+
+namespace memsim::graph {
+
+// litgpt/model.py apply_rope(x, cos, sin) on q or k (B,h,T,hs) of x.bytes, with the model's
+// cos/sin buffers of element size cache_elem (no grad):
+//   x1, x2 = halves (views); rotated = cat((-x2, x1), -1)     neg (x/2), cat (x); neg dies
+//   roped = (x * cos) + (rotated * sin)                        two products and their sum,
+//                                                              promoted to fp32 when the
+//                                                              cache is fp32 and x 16-bit
+//   return roped.to(dtype=x.dtype)                             a copy when promoted
+// The function's local `rotated` (and the fp32 sum) die as it returns. Returns the roped
+// tensor (no grad_fn: rope_litgpt_cat records the node).
+Tensor rope_litgpt(Runtime& rt, const Tensor& x, uint64_t elem, uint64_t cache_elem);
+
+// torch.cat((roped, x[..., rope_n_elem:]), dim=-1) with rope_n_elem = head size: the
+// second piece is empty, the cat a new x-sized tensor. One node for apply_rope and this
+// cat (input x; saves cos and sin). Its backward, PyTorch 2.x (size[1] = the fp32 size
+// when promoted, else 0):
+//   SliceBackward0 of the empty slice: zeros(x) + copy -- the buffer the rest adds into
+//   [ToCopyBackward0: the grad to fp32]
+//   MulBackward0 rotated*sin: grad*sin [fp32, then the engine's cast to x's dtype]
+//   MulBackward0 x*cos: grad*cos [the same], added into the buffer in place
+//   CatBackward0 (rotated): views; NegBackward0 (x/2); SliceBackward0 of x2 and of x1:
+//   zeros(x) + copy each, added in place; rotated's grad dies
+Tensor rope_litgpt_cat(Runtime& rt, const Tensor& roped, const Tensor& x, const Tensor& cos,
+                       const Tensor& sin, uint64_t elem, uint64_t cache_elem);
+
+// litgpt/utils.py chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:]) (the
+// finetune/full.py call; chunk_size 128, lm_head not chunked) on fp32 (B, S, V) logits:
+//   logits.reshape(-1, V)           a copy of the slice when B > 1 (dies at return)
+//   targets.reshape(-1)             an int64 copy when B > 1 (saved by every nll_loss)
+//   per 128-row chunk (the last one short): log_softmax (saved), nll_loss reduction
+//                                   "none": (rows,) fp32 and a 0-d total_weight (saved)
+//   (targets != -100).sum()         bool (rows), int64 0-d
+//   torch.cat(loss_chunks).sum() / non_masked.maximum(ones_like(non_masked))
+//                                   the maximum (8 bytes) is saved by the division
+// Backward: the division's grad (4 bytes); per chunk, last first: nll_loss_backward's
+// zeros (chunk), _log_softmax_backward_data (chunk), the first dies, the chunk's log-probs
+// are released; SplitBackward0 cats every chunk's grad ((B*(S-1), V) fp32), they die;
+// [CloneBackward0 passes]; SliceBackward0: zeros (B, S, V) + copy, the cat dies.
+// Returns the 0-d loss.
+Tensor chunked_ce_litgpt(Runtime& rt, const Tensor& logits, uint64_t batch, uint64_t seq,
+                         uint64_t vocab);
+
+// Backward of rope_litgpt and chunked_ce_litgpt; false for any other kind.
+bool run_litgpt_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
+
+}  // namespace memsim::graph
