@@ -62,6 +62,12 @@ int64_t layer_parameter_count(const ModelConfig& m, int64_t layer) {
     // gate_up_proj (E, 2F, D) and down_proj (E, D, F); a shared expert's gate/up/down and
     // its (1, D) gate.
     const int64_t E = a.moe.experts, Fe = a.moe.expert_d_ff, Fs = a.moe.shared_d_ff;
+    if (m.family == ModelFamily::megatron) {
+      // Megatron-Core's MoELayer (graph/models/megatron_moe.cpp): router (E, D) + bias, GeLU
+      // experts and shared experts with biases (fc1 D x F + F, fc2 F x D + D).
+      return n + E * D + E + E * (2 * D * Fe + Fe + D) + (Fs > 0 ? 2 * D * Fs + Fs + D : 0) +
+             2 * norm(a, D);
+    }
     n += E * D + 3 * E * D * Fe;
     // Qwen2-MoE's shared expert has a (1, D) gate; DeepSeek's shared_experts none.
     if (Fs > 0) n += 3 * D * Fs + (a.moe.code == graph::MoeRouterCode::deepseek_v3 ? 0 : D);
