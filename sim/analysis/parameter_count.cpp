@@ -17,7 +17,11 @@ graph::DecoderArch counted_arch(const ModelConfig& m) {
     case ModelFamily::hf_llama:
     case ModelFamily::hf_gpt2: return m.arch;
     case ModelFamily::cs336: return default_architecture(ModelFamily::hf_llama).arch;
-    case ModelFamily::megatron: return default_architecture(ModelFamily::hf_gpt2).arch;
+    case ModelFamily::megatron: {
+      graph::DecoderArch a = default_architecture(ModelFamily::hf_gpt2).arch;
+      a.moe = m.arch.moe;  // Megatron-Core MoE layers (graph/models/megatron_moe.cpp)
+      return a;
+    }
   }
   return m.arch;
 }
