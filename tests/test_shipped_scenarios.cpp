@@ -106,6 +106,8 @@ const std::map<std::string, Claim>& claims() {
       {"llama3-8b-torchtitan-sac.yaml", {true, std::nullopt, 44.68}},
       // Qwen3-30B-A3B (MoE, docs/moe.md) over FSDP on 8 GPUs, balanced routing: the AdamW step.
       {"qwen3-30b-a3b-fsdp-8xh100.yaml", {true, std::nullopt, 36.77}},
+      // Megatron-Core MoE (docs/moe-megatron.md): TP 2 + SP, EP 8, distributed optimizer.
+      {"mixtral-8x7b-megatron-moe-ep8.yaml", {true, std::nullopt, 66.57}},
   };
   return table;
 }
