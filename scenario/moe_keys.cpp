@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "scenario/megatron_moe_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/scenario_lora.h"
 
@@ -13,7 +14,9 @@ const std::vector<std::string>& moe_sub_keys() {
   static const std::vector<std::string> keys = {
       "experts",  "top_k",     "shared_experts", "expert_d_ff",           "first_dense_layers",
       "router",   "norm_topk", "routing",        "experts_implementation", "capacity_factor",
-      "output_router_logits"};
+      "output_router_logits",
+      // Megatron-Core's knobs (family megatron; scenario/megatron_moe_keys.h)
+      "dispatcher", "pad_to_capacity", "grouped_gemm", "recompute"};
   return keys;
 }
 
@@ -122,7 +125,8 @@ void read_moe(const Doc& d, ModelConfig& m) {
   graph::MoeSpec& moe = m.arch.moe;
   const Field* f = d.find("model.moe");
   if (f && !is_null(f->node)) {
-    if (!family_row(m.family).hf || m.family == ModelFamily::hf_gpt2)
+    const bool megatron = m.family == ModelFamily::megatron;  // Megatron-Core MoE
+    if (!megatron && (!family_row(m.family).hf || m.family == ModelFamily::hf_gpt2))
       fail(f->where, "model.moe", std::string("mixture-of-experts layers are modelled for the "
                                               "Llama-lineage Hugging Face decoders (hf-llama and its "
                                               "architectures), not family ") + to_string(m.family));
@@ -135,6 +139,8 @@ void read_moe(const Doc& d, ModelConfig& m) {
       bool known = false;
       for (const auto& k : moe_sub_keys()) known = known || k == sub;
       if (!known) fail(v.where, key, "unknown key" + did_you_mean(sub, moe_sub_keys()));
+      if (is_megatron_moe_sub_key(sub)) continue;  // scenario/megatron_moe_keys.cpp
+      if (megatron && sub == "capacity_factor") continue;
       if (sub == "experts") moe.experts = read_int(v, key, 1);
       else if (sub == "top_k") moe.top_k = read_int(v, key, 1);
       else if (sub == "expert_d_ff") moe.expert_d_ff = read_int(v, key, 1);
@@ -178,6 +184,7 @@ void read_moe(const Doc& d, ModelConfig& m) {
 }
 
 void check_moe(const Doc& d, const Scenario& s) {
+  check_megatron_moe(d, s);  // Megatron-Core's keys and refusals (scenario/megatron_moe_keys.h)
   const graph::MoeSpec& m = s.model.arch.moe;
   if (m.experts == 0) {
     if (const Field* r = d.find("model.moe.routing"))
@@ -223,6 +230,7 @@ void check_moe(const Doc& d, const Scenario& s) {
                  " (batch.micro_batch x batch.seq_len tokens, each routed to top_k experts)");
     }
   }
+  if (s.model.family == ModelFamily::megatron) return;  // checked by check_megatron_moe
   // Settings whose MoE behaviour is not modelled yet: refused by key.
   const std::string moe_at = moe_where(d, "experts");
   // Issue #15 item 5 (MoE composing): autocast and LoRA are modelled for the eager experts

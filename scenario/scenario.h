@@ -366,6 +366,25 @@ const char* to_string(ServeEngine e);
 const char* to_string(KvCacheDtype d);
 const char* to_string(WeightQuant q);
 
+// --- Megatron-Core MoE (issue #15, Megatron part; scenario/megatron_moe_keys.h, docs/moe-megatron.md) ---
+// family megatron with model.moe: parallel.expert (EP, --expert-model-parallel-size),
+// parallel.expert_tensor (ETP, --expert-tensor-parallel-size), and model.moe's Megatron
+// knobs: dispatcher (--moe-token-dispatcher-type), capacity_factor
+// (--moe-expert-capacity-factor, nullopt = dropless), pad_to_capacity
+// (--moe-pad-expert-input-to-capacity), grouped_gemm (--moe-grouped-gemm), recompute
+// (--recompute-modules moe / shared_experts / moe_act under --recompute-granularity selective).
+enum class MoeDispatcher { allgather, alltoall };
+struct MegatronMoeConfig {
+  int64_t expert = 1;         // EP
+  int64_t expert_tensor = 1;  // ETP
+  MoeDispatcher dispatcher = MoeDispatcher::allgather;
+  std::optional<double> capacity_factor;
+  bool pad_to_capacity = false;
+  bool grouped_gemm = false;
+  bool recompute_moe = false;             // --recompute-modules moe
+  bool recompute_shared_experts = false;  // --recompute-modules shared_experts
+};
+
 struct Scenario {
   std::string source;                  // file the scenario came from ("<string>" if none)
   std::string name;
@@ -383,6 +402,7 @@ struct Scenario {
   DeepSpeedConfig deepspeed;           // parallel.sharding: deepspeed (issue #16 item 2)
   ServeConfig serve;                   // `memsim serve` (issue #17 items 2-4)
   GenerateConfig generate;             // step.kind generate (issue #17 item 1)
+  MegatronMoeConfig megatron_moe;      // family megatron + model.moe (issue #15, Megatron part)
   // Where each key the document set came from ("FILE:LINE" or "--set"), for errors the
   // simulator raises after reading (the event budget, sim/step/event_budget.h).
   std::vector<std::pair<std::string, std::string>> key_where;

@@ -24,6 +24,7 @@
 #include "scenario/scenario_arch.h"
 #include "scenario/device_defaults.h"
 #include "scenario/deepseek_keys.h"
+#include "scenario/megatron_moe_keys.h"
 #include "scenario/moe_keys.h"
 #include "scenario/scenario_doc.h"
 #include "scenario/script_keys.h"
@@ -584,6 +585,7 @@ Scenario build_scenario(const Doc& d) {
   read_generate(d, s);  // scenario/generate_keys.h (issue #17): generate.*, its refusals
   check_products(d, s);
   check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
+  read_megatron_moe(d, s);     // Megatron-Core MoE keys (scenario/megatron_moe_keys.h)
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   check_deepseek(d, s);        // DeepSeek-V3: MLA and router refusals (scenario/deepseek_keys.h)
   s.key_where.reserve(d.fields.size());

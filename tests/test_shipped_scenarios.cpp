@@ -115,6 +115,8 @@ const std::map<std::string, Claim>& claims() {
       {"qwen3-30b-a3b-fsdp-8xh100.yaml", {true, std::nullopt, 36.77}},
       // DeepSeek-V2-Lite (docs/deepseek.md) over FSDP on 8 GPUs: the recomputed eager attention.
       {"deepseek-v2-lite-fsdp-8xh100.yaml", {true, std::nullopt, 23.75}},
+      // Megatron-Core MoE (docs/moe-megatron.md): TP 2 + SP, EP 8, distributed optimizer.
+      {"mixtral-8x7b-megatron-moe-ep8.yaml", {true, std::nullopt, 66.57}},
   };
   return table;
 }

@@ -13,6 +13,17 @@ int64_t megatron_parameter_count(const MegatronShape& s) {
                             + 4 * h;                             // two LayerNorms
   const int64_t word = s.padded_vocab() / t * h;
   int64_t n = s.layers * per_layer;
+  if (s.moe.enabled()) {
+    // A MoE layer (graph/models/megatron_moe.cpp) replaces the MLP's fc1 / fc2: the router
+    // (E x h, replicated, plus E bias), this rank's E/EP experts (full width: expert tensor
+    // parallel 1) and the shared experts (tensor-parallel like the MLP).
+    const int64_t E = s.moe.spec.experts, F = s.moe.spec.expert_d_ff, S = s.moe.spec.shared_d_ff;
+    const int64_t dense_mlp = 2 * h * f / t + bias * (f / t + h);
+    const int64_t moe_mlp = E * h + bias * E + s.moe.local_experts() * (2 * h * F + bias * (F + h)) +
+                            (S > 0 ? 2 * h * S / t + bias * (S / t + h) : 0);
+    for (int64_t l = 0; l < s.layers; ++l)
+      if (s.layer_is_moe(l)) n += moe_mlp - dense_mlp;
+  }
   if (s.pre_process) n += word + s.max_positions * h;
   if (s.post_process) n += 2 * h + (s.pre_process && s.tied ? 0 : word);
   return n;
@@ -60,6 +71,7 @@ int32_t MegatronModel::param(uint64_t elems, const std::string& name, bool decay
   const int32_t id = rt_.add_parameter(elems * s_.elem, name);
   params_.push_back(id);
   decayed_.push_back(decay);
+  expert_.push_back(false);
   return id;
 }
 
@@ -90,6 +102,10 @@ void MegatronModel::construct() {
     id.ln2 = param(h, pre + "pre_mlp_layernorm.weight", false);
     param(h, pre + "pre_mlp_layernorm.bias", false);
     rt_.ctx.module = Module::mlp;
+    if (s_.layer_is_moe(l)) {
+      construct_moe(l, pre);  // graph/models/megatron_moe.cpp
+      continue;
+    }
     id.fc1 = param(f * h / t, pre + "mlp.linear_fc1.weight", true);
     if (s_.bias) id.fc1_b = param(f / t, pre + "mlp.linear_fc1.bias", false);
     id.fc2 = param(h * f / t, pre + "mlp.linear_fc2.weight", true);
@@ -173,6 +189,11 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
 // MLP with bias-GeLU fusion up to linear_fc2 (its bias goes to bias-dropout-add).
 Tensor MegatronModel::mlp(const Tensor& ln_out) {
   rt_.ctx.module = Module::mlp;
+  if (s_.moe.enabled()) {  // Megatron-Core MoE model (graph/models/megatron_moe.cpp)
+    if (s_.layer_is_moe(rt_.ctx.layer)) return moe(ln_out);
+    const LayerIds& lid = ids_[static_cast<size_t>(rt_.ctx.layer)];
+    return mlp_unfused(ln_out, static_cast<uint64_t>(s_.ffn), lid.fc1, lid.fc2, true);
+  }
   const uint64_t h = s_.hidden, f = s_.ffn / tp(), e = s_.elem;  // f: this rank's columns
   const double r = static_cast<double>(rows());
   const double flops = 2 * r * static_cast<double>(h) * static_cast<double>(f);
@@ -226,7 +247,9 @@ Tensor MegatronModel::layer(int32_t index, const Tensor& x, const Tensor& attent
   });
   rt_.ctx.module = Module::mlp;
   numeric_param_hint(rt_, -1, id.fc2_b);
-  Tensor out = bias_dropout_add(rt_, fc2_out, hidden, rows_sp() * h, s_.bias ? h * e : 0,
+  // A MoE layer returns no bias (mlp_bias None): the bias-dropout-add has none to add.
+  const bool mlp_bias = s_.bias && !s_.layer_is_moe(index);
+  Tensor out = bias_dropout_add(rt_, fc2_out, hidden, rows_sp() * h, mlp_bias ? h * e : 0,
                                 s_.dropout);
   rt_.ctx.module = Module::none;
   layer_scope.restore();

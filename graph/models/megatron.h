@@ -67,9 +67,25 @@
 #include <string>
 #include <vector>
 
+#include "graph/models/decoder_spec.h"
 #include "graph/ops/ops_fused.h"
 
 namespace memsim::graph {
+
+// Megatron-Core MoE (graph/models/megatron_moe.h / .cpp, docs/moe-megatron.md): spec.experts
+// > 0 makes the MLP of every layer spec.layer_is_moe(l) a MoELayer.
+enum class MegatronDispatcher : uint8_t { allgather, alltoall };
+struct MegatronMoeShape {
+  MoeSpec spec;                    // experts, top_k, expert_d_ff, shared_d_ff, router, routing
+  int64_t expert_parallel = 1;     // EP: this rank (EP rank 0) holds experts [0, E/EP)
+  MegatronDispatcher dispatcher = MegatronDispatcher::allgather;
+  double capacity_factor = 0;      // --moe-expert-capacity-factor; 0 = dropless
+  bool pad_to_capacity = false;    // --moe-pad-expert-input-to-capacity
+  bool recompute_moe = false;      // --recompute-modules moe
+  bool recompute_shared = false;   // --recompute-modules shared_experts
+  bool enabled() const { return spec.experts > 0; }
+  int64_t local_experts() const { return spec.experts / expert_parallel; }
+};
 
 struct MegatronShape {
   int64_t layers = 0, hidden = 0, heads = 0, ffn = 0, vocab = 0, max_positions = 0;
@@ -106,6 +122,11 @@ struct MegatronShape {
   // Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by (128)
   // times t. With t == 1 the vocabulary is used as given (memsim's behaviour before
   // tensor parallelism; the shipped one-GPU numbers keep it).
+  // Megatron-Core MoE layers (none unless moe.enabled()). A MoE model runs the dense MLPs'
+  // bias + GeLU unfused (--no-bias-gelu-fusion: Megatron's fused bias-GeLU refuses the
+  // experts' per-token probabilities, and the flag is global).
+  MegatronMoeShape moe;
+  bool layer_is_moe(int64_t l) const { return moe.enabled() && moe.spec.layer_is_moe(l); }
   int64_t padded_vocab() const {
     if (tensor == 1) return vocab;
     const int64_t m = 128 * tensor;
@@ -157,6 +178,9 @@ class MegatronModel {
   // param groups: matrices decay, biases and norm parameters do not).
   const std::vector<int32_t>& parameter_ids() const { return params_; }
   const std::vector<bool>& decayed() const { return decayed_; }
+  // Per entry of parameter_ids(): an expert parameter of a MoE layer (sharded over EP, its
+  // grads and optimizer state over the expert data-parallel group). Empty without MoE.
+  const std::vector<bool>& expert() const { return expert_; }
   uint64_t rows() const { return static_cast<uint64_t>(s_.batch * s_.seq); }
   uint64_t act() const { return rows() * s_.hidden * s_.elem; }  // one [s, b, h] tensor
   uint64_t tp() const { return static_cast<uint64_t>(s_.tensor); }
@@ -188,6 +212,31 @@ class MegatronModel {
             fc1_b = -1, fc2 = -1, fc2_b = -1;
   };
   std::vector<LayerIds> ids_;
+  // --- Megatron-Core MoE (graph/models/megatron_moe.cpp) ---------------------------------
+  // The MoE layer's parameters (ids in params_): router weight and bias, this rank's local
+  // experts (fc1 / fc2 weights and biases, as one id each per expert), the shared experts.
+  struct MoeIds {
+    int32_t router = -1, router_b = -1, shared_fc1 = -1, shared_fc2 = -1;
+  };
+  std::vector<MoeIds> moe_ids_;
+  // The token dispatcher's attributes that outlive a forward (allgather: local_map,
+  // local_probs, the reversed permutation; alltoall: probs, routing_map, the reversed
+  // permutation): replaced by the same layer's next forward.
+  struct MoeState {
+    Tensor a, b, c;
+  };
+  std::vector<MoeState> moe_state_;
+  std::vector<bool> expert_;  // per entry of params_: an expert parameter (EP-sharded)
+  void construct_moe(int32_t layer, const std::string& prefix);
+  // MoELayer.forward on the pre-MLP LayerNorm output; returns its [s/t, b, h] output (no bias).
+  Tensor moe(const Tensor& ln_out);
+  Tensor moe_body(const Tensor& ln_out);
+  Tensor moe_router(const Tensor& x, Tensor& routing_map);
+  Tensor moe_experts(const Tensor& permuted, const Tensor& probs, uint64_t rows);
+  Tensor shared_experts(const Tensor& ln_out);
+  int64_t moe_layer_index(int32_t l) const;
+  // The dense MLP with bias + GeLU unfused (MoE models; see MegatronShape::moe).
+  Tensor mlp_unfused(const Tensor& ln_out, uint64_t ffn, int32_t fc1, int32_t fc2, bool fc1_bias);
   int32_t word_ = -1, pos_ = -1, final_ln_ = -1;
   int32_t output_ = -1;  // output_layer.weight (untied head, or a last stage's copy)
   std::vector<int32_t> params_;

@@ -78,6 +78,15 @@
   X(matmul_4bit, lora, "matmul_4bit", "MatMul4BitBackward") /* MatMul4Bit: dequantise the NF4 weight, linear; saves nothing */ \
   X(rope_hf_autocast, autocast, "apply_rotary_pos_emb", "RotaryBackward") /* HF apply_rotary_pos_emb on a bf16/fp16 input with fp32 cos/sin */ \
   X(sequence_scatter, fused, "scatter_to_sequence_parallel_region", "_ScatterToSequenceParallelRegionBackward") /* _ScatterToSequenceParallelRegion: this rank's contiguous shard */ \
+  /* Megatron-Core MoE (graph/ops/ops_megatron_moe.h; issue #15, Megatron part) */ \
+  X(moe_scatter, fused, "scatter", "ScatterBackward0") /* zeros_like(logits).scatter(1, idx, probs): saves idx */ \
+  X(seq_gather, fused, "gather_from_sequence_parallel_region", "_GatherFromSequenceParallelRegionBackward") /* all-gather over TP x EP: saves nothing */ \
+  X(seq_reduce_scatter, fused, "reduce_scatter_to_sequence_parallel_region", "_ReduceScatterToSequenceParallelRegionBackward") /* saves nothing */ \
+  X(all_to_all, fused, "all_to_all", "_AllToAllBackward") /* EP all-to-all: saves nothing */ \
+  X(index_select_rows, fused, "index_select", "IndexSelectBackward0") /* permute: saves the index */ \
+  X(masked_select, fused, "masked_select", "MaskedSelectBackward0") /* permuted probs: saves the mask */ \
+  X(scatter_add_rows, fused, "scatter_add_", "ScatterAddBackward0") /* unpermute, in place: saves the index */ \
+  X(expert_bias_scale, fused, "mul", "MulBackward0") /* an expert's fc2 bias times its probs: saves the probs */ \
   X(select_dim, nn, "select", "SelectBackward0") /* x.select(dim, i), a view; SelectBackward0 = zeros(input) + copy */ \
   X(gelu, nn, "gelu", "GeluBackward0") /* F.gelu (exact or approximate='tanh'): saves self */ \
   X(cat2, nn, "cat", "CatBackward0") /* torch.cat((a, b), -1): new; CatBackward0 hands back views of the grad */ \

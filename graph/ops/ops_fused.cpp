@@ -13,6 +13,7 @@
 //   megatron_embedding [0] output [1] weight [2] indices (int64) [3] 1 = grad arrives transposed
 //   vocab_parallel_ce  [0] logits (16-bit) [1] rows
 #include "graph/ops/ops_fused.h"
+#include "graph/ops/ops_megatron_moe.h"
 
 #include "graph/ops/op_helpers.h"
 
@@ -301,6 +302,7 @@ struct FusedBw {
 
 bool run_fused_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (op_library(n.kind) != OpLibrary::fused) return false;
+  if (run_megatron_moe_backward(rt, n, in, out)) return true;  // graph/ops/ops_megatron_moe.h
   FusedBw b{rt, n};
   const Grad& g = in[0];
   switch (n.kind) {

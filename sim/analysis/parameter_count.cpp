@@ -17,7 +17,11 @@ graph::DecoderArch counted_arch(const ModelConfig& m) {
     case ModelFamily::hf_llama:
     case ModelFamily::hf_gpt2: return m.arch;
     case ModelFamily::cs336: return default_architecture(ModelFamily::hf_llama).arch;
-    case ModelFamily::megatron: return default_architecture(ModelFamily::hf_gpt2).arch;
+    case ModelFamily::megatron: {
+      graph::DecoderArch a = default_architecture(ModelFamily::hf_gpt2).arch;
+      a.moe = m.arch.moe;  // Megatron-Core MoE layers (graph/models/megatron_moe.cpp)
+      return a;
+    }
   }
   return m.arch;
 }
@@ -62,6 +66,12 @@ int64_t layer_parameter_count(const ModelConfig& m, int64_t layer) {
     // gate_up_proj (E, 2F, D) and down_proj (E, D, F); a shared expert's gate/up/down and
     // its (1, D) gate.
     const int64_t E = a.moe.experts, Fe = a.moe.expert_d_ff, Fs = a.moe.shared_d_ff;
+    if (m.family == ModelFamily::megatron) {
+      // Megatron-Core's MoELayer (graph/models/megatron_moe.cpp): router (E, D) + bias, GeLU
+      // experts and shared experts with biases (fc1 D x F + F, fc2 F x D + D).
+      return n + E * D + E + E * (2 * D * Fe + Fe + D) + (Fs > 0 ? 2 * D * Fs + Fs + D : 0) +
+             2 * norm(a, D);
+    }
     n += E * D + 3 * E * D * Fe;
     // Qwen2-MoE's shared expert has a (1, D) gate; DeepSeek's shared_experts none.
     if (Fs > 0) n += 3 * D * Fs + (a.moe.code == graph::MoeRouterCode::deepseek_v3 || a.moe.code == graph::MoeRouterCode::deepseek_v2 ? 0 : D);

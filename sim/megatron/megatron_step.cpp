@@ -7,6 +7,7 @@
 
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops.h"
+#include "sim/megatron/megatron_moe_parallel.h"
 #include "sim/megatron/megatron_optimizer.h"
 #include "sim/megatron/megatron_parallel.h"
 #include "sim/megatron/megatron_pipeline.h"
@@ -38,6 +39,7 @@ graph::MegatronShape megatron_shape(const Scenario& s) {
   shape.tensor = s.parallel.tensor;
   shape.sequence_parallel = s.parallel.sequence;
   shape.tied = s.model.tied_embeddings;
+  shape.moe = megatron_moe_shape(s);  // Megatron-Core MoE (sim/megatron/megatron_moe_parallel.h)
   return shape;
 }
 
@@ -77,6 +79,16 @@ class MegatronLoop {
     // Activation recomputation (sim/step/checkpoint_policy.h; Megatron's reentrant
     // CheckpointFunction, graph/models/megatron.h): installs itself on rt_.
     checkpoint_ = make_checkpoint_engine(rt_, s_, default_script(s_));
+    const graph::MegatronMoeShape& moe = model_.shape().moe;
+    if (!checkpoint_ && moe.enabled() && (moe.recompute_moe || moe.recompute_shared)) {
+      // --recompute-modules moe / shared_experts alone: Megatron's reentrant checkpoint of
+      // those modules only (graph/models/megatron_moe.cpp opens the regions itself).
+      graph::CheckpointPlan plan;
+      plan.layers.assign(static_cast<size_t>(s_.model.layers), graph::LayerCheckpoint::keep);
+      plan.reentrant = true;
+      plan.early_stop = false;
+      checkpoint_ = std::make_unique<graph::CheckpointEngine>(rt_, std::move(plan));
+    }
     rt_.ctx.phase = Phase::setup;
     model_.construct();
     allocate_grad_buffer();
@@ -86,7 +98,13 @@ class MegatronLoop {
         if (model_.decayed()[i] == (pass == 0)) order.push_back(model_.parameter_ids()[i]);
     const bool has_optimizer = s_.optimizer.type != OptimizerType::none;
     if (has_optimizer) {
-      if (s_.parallel.zero >= 1)  // --use-distributed-optimizer: this rank's shard only
+      if (s_.parallel.zero >= 1 && model_.shape().moe.enabled())
+        // Dense parameters sharded over the data-parallel group, expert ones over the expert
+        // data-parallel group (sim/megatron/megatron_moe_parallel.h).
+        optimizer_config_.owned_numel =
+            megatron_moe_owned_numel(rt_, model_.shape().elem, model_.parameter_ids(),
+                                     model_.expert(), s_.parallel.data, expert_data_parallel(s_));
+      else if (s_.parallel.zero >= 1)  // --use-distributed-optimizer: this rank's shard only
         optimizer_config_.owned_numel = megatron_owned_numel(rt_, model_.shape().elem, s_);
       optimizer_ = std::make_unique<MegatronOptimizer>(optimizer_config_, std::move(order));
       rt_.ctx.module = graph::Module::optimizer;
@@ -109,6 +127,22 @@ class MegatronLoop {
     rt_.ctx.layer = -1;
     // The distributed optimizer pads the buffer to a multiple of the data-parallel size.
     if (s_.parallel.zero >= 1) numel = padded_numel(numel, s_.parallel.data);
+    if (model_.shape().moe.enabled()) {
+      // Megatron DDP keeps expert parameters in their own buffers, reduced (and, with the
+      // distributed optimizer, padded and sharded) over the expert data-parallel group.
+      const MegatronMoeNumel n =
+          megatron_moe_numel(rt_, model_.shape().elem, model_.parameter_ids(), model_.expert());
+      uint64_t dense = n.dense, expert = n.expert;
+      if (s_.parallel.zero >= 1) {
+        dense = padded_numel(dense, s_.parallel.data);
+        expert = padded_numel(expert, expert_data_parallel(s_));
+      }
+      main_grad_ = named(rt_, rt_.alloc(dense * grad_elem_, TensorKind::gradient, OpKind::other),
+                         "main_grad buffer (Megatron DDP: every dense parameter's main_grad)");
+      expert_grad_ = named(rt_, rt_.alloc(expert * grad_elem_, TensorKind::gradient, OpKind::other),
+                           "main_grad buffer (Megatron DDP: the expert parameters' main_grad)");
+      return;
+    }
     main_grad_ = named(rt_, rt_.alloc(numel * grad_elem_, TensorKind::gradient, OpKind::other),
                        "main_grad buffer (Megatron DDP: every parameter's main_grad)");
   }
@@ -198,6 +232,7 @@ class MegatronLoop {
   std::unique_ptr<MegatronOptimizer> optimizer_;
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
   Tensor main_grad_;
+  Tensor expert_grad_;  // Megatron-Core MoE: the expert parameters' DDP buffer
 };
 
 }  // namespace
@@ -236,6 +271,8 @@ void build_megatron_program(const Scenario& scenario, const MegatronOptions& opt
 void build_megatron_program(const Scenario& scenario, Program& program,
                             graph::NumericContext* numeric) {
   check_supported(scenario);
+  if (scenario.model.arch.moe.experts > 0)
+    throw std::runtime_error("model family 'megatron': numeric mode of a MoE model is not modelled");
   MegatronLoop(scenario, {}, program, nullptr, numeric).run();
 }
 

@@ -48,7 +48,7 @@ std::string model_line(const Scenario& sc, const RankInfo* rank) {
   if (m.sdpa == SdpaImpl::masked_fill) s += ", sdpa masked-fill";
   if (m.swiglu == SwigluImpl::projections_first) s += ", swiglu projections-first";
   if (hf && m.arch.sliding_window > 0) s += ", sliding window " + std::to_string(m.arch.sliding_window);
-  if (hf && m.arch.moe.experts > 0) {  // docs/moe.md
+  if ((hf || m.family == ModelFamily::megatron) && m.arch.moe.experts > 0) {  // docs/moe.md, moe-megatron.md
     const graph::MoeSpec& e = m.arch.moe;
     s += ", MoE " + std::to_string(e.experts) + " experts of d_ff " + std::to_string(e.expert_d_ff) +
          ", top " + std::to_string(e.top_k);
