@@ -385,6 +385,15 @@ struct MegatronMoeConfig {
   bool recompute_shared_experts = false;  // --recompute-modules shared_experts
 };
 
+// --- issue #16 item 7, torchtune's recipe features (scenario/torchtune_keys.h) ---------
+// optimizer.in_backward: torchtune's optimizer_in_bwd, one optimizer per parameter
+// stepped from the parameter's post-accumulate-grad hook, its .grad set to None right
+// after (sim/optim/optimizer_in_backward.h). false (default): the loop's optimizer.step().
+struct RecipeFeatures {
+  bool optimizer_in_backward = false;
+  std::string in_backward_where;  // FILE:LINE of optimizer.in_backward, for refusals
+};
+
 struct Scenario {
   std::string source;                  // file the scenario came from ("<string>" if none)
   std::string name;
@@ -403,6 +412,7 @@ struct Scenario {
   ServeConfig serve;                   // `memsim serve` (issue #17 items 2-4)
   GenerateConfig generate;             // step.kind generate (issue #17 item 1)
   MegatronMoeConfig megatron_moe;      // family megatron + model.moe (issue #15, Megatron part)
+  RecipeFeatures recipe;               // optimizer.in_backward (issue #16 item 7)
   // Where each key the document set came from ("FILE:LINE" or "--set"), for errors the
   // simulator raises after reading (the event budget, sim/step/event_budget.h).
   std::vector<std::pair<std::string, std::string>> key_where;

@@ -11,6 +11,7 @@
 #include "allocator/units.h"
 #include "scenario/scenario_lora.h"
 #include "scenario/scenario_implementation.h"
+#include "scenario/torchtune_keys.h"
 #include "scenario/scenario_checkpoint.h"
 #include "scenario/deepspeed_keys.h"
 #include "scenario/compile_keys.h"
@@ -586,6 +587,7 @@ Scenario build_scenario(const Doc& d) {
   check_products(d, s);
   check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
   read_megatron_moe(d, s);     // Megatron-Core MoE keys (scenario/megatron_moe_keys.h)
+  read_recipe_features(d, s);  // optimizer.in_backward, offload_activations (scenario/torchtune_keys.h)
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   check_deepseek(d, s);        // DeepSeek-V3: MLA and router refusals (scenario/deepseek_keys.h)
   s.key_where.reserve(d.fields.size());

@@ -6,6 +6,7 @@
 
 #include "scenario/arch_checks.h"
 #include "scenario/scenario_family.h"
+#include "scenario/torchtune_keys.h"
 #include "scenario/yaml_fields.h"
 
 namespace memsim::scenario_detail {
@@ -49,12 +50,9 @@ void read_implementation(const Doc& d, ModelConfig& m) {
 }
 
 void check_implementation(const Doc& d, const Scenario& s) {
-  // Two memory features of the stacks' recipes that memsim does not model yet (torchtune's
-  // optimizer_in_bwd and enable_activation_offloading; available to any training loop).
-  if (const Field* in_bwd = d.find("optimizer.in_backward"); in_bwd && read_bool(*in_bwd, "optimizer.in_backward"))
-    fail(in_bwd->where, "optimizer.in_backward",
-         "an optimizer step per parameter inside backward (torchtune's optimizer_in_bwd: each "
-         "gradient freed after its step) is not modelled yet; use false");
+  // torchtune's enable_activation_offloading, available to any training loop: not
+  // modelled (docs/offload.md "torchtune's OffloadActivations" says why save_on_cpu's
+  // model is not its semantics). optimizer.in_backward: scenario/torchtune_keys.h.
   if (const Field* off = d.find("checkpoint.offload_activations");
       off && read_bool(*off, "checkpoint.offload_activations"))
     fail(off->where, "checkpoint.offload_activations",
@@ -84,12 +82,11 @@ void check_implementation(const Doc& d, const Scenario& s) {
            "or mem-efficient (fp32), the kernel PyTorch picks");
   if (s.model.dropout > 0.0)
     refuse("model.dropout", stack + "'s Llama has no dropout (attn_dropout 0 in its recipes)");
-  if (s.lora.rank > 0)
-    refuse("lora.rank", titan ? "torchtitan has no LoRA"
-                        : lit ? "litgpt's LoRA (litgpt/lora.py LoRAQKVLinear with its zero_pad / "
-                                "lora_ind, finetune/lora.py's lm_head_chunk_size=128) is not "
-                                "modelled yet"
-                              : "torchtune's LoRA modules (LoRALinear) are not modelled yet");
+  if (s.lora.rank > 0 && titan) refuse("lora.rank", "torchtitan has no LoRA");
+  if (s.lora.rank > 0 && lit)
+    refuse("lora.rank", "litgpt's LoRA (litgpt/lora.py LoRAQKVLinear with its zero_pad / "
+                        "lora_ind, finetune/lora.py's lm_head_chunk_size=128) is not modelled yet");
+  if (!titan && !lit) check_torchtune_lora(d, s);  // lora_llama3's LoRALinear (scenario/torchtune_keys.h)
   if (s.precision.autocast.has_value())
     refuse("precision.autocast",
            lit ? std::string("litgpt's Fabric precision \"bf16-mixed\" (torch.autocast around the "

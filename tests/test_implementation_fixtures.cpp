@@ -36,6 +36,13 @@ Scenario scenario_for(const nlohmann::json& c) {
        "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
   y += "precision:\n  params: " + c.value("dtype", std::string("fp32")) + "\n";
   y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
+  if (c.value("in_backward", false)) y += "  in_backward: true\n";  // optimizer_in_bwd
+  if (c.contains("lora_rank")) {  // lora_llama3 (memsim's module names; no dropout)
+    y += "lora:\n  rank: " + std::to_string(c["lora_rank"].get<int>()) + "\n  targets: [";
+    for (const auto& t : c["lora_targets"]) y += t.get<std::string>() + ",";
+    y.back() = ']';
+    y += "\n";
+  }
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return load_scenario_text(y, "impl-fixture.yaml");
@@ -123,7 +130,7 @@ TEST_CASE("model.implementation: spellings, defaults and the refused combination
       {"torchtitan", "model.attention", "eager", "model.attention: torchtitan calls F.scaled_dot_product_attention"},
       {"torchtune", "model.attention", "eager", "model.attention: torchtune calls F.scaled_dot_product_attention"},
       {"torchtitan", "lora.rank", "8", "lora.rank: torchtitan has no LoRA"},
-      {"torchtune", "lora.rank", "8", "lora.rank: torchtune's LoRA modules (LoRALinear) are not modelled yet"},
+      {"torchtune", "lora.base_dtype", "nf4", "lora.base_dtype: torchtune's QLoRA (quantize_base: torchao's NF4Tensor"},
       {"torchtitan", "model.architecture", "qwen2", "model.architecture: torchtitan's Llama model code is modelled for the Llama architecture only"},
       {"torchtitan", "model.qkv_bias", "true", "model.qkv_bias: torchtitan's Llama model code has no such knob"},
       {"torchtitan", "model.tied_embeddings", "true", "model.tied_embeddings:"},
@@ -149,7 +156,10 @@ TEST_CASE("model.implementation: spellings, defaults and the refused combination
     std::vector<std::pair<std::string, std::string>> over = {{c.key, c.value}};
     if (c.key == "parallel.sharding") over.insert(over.begin(), {"parallel.data", "2"});
     if (c.key == "precision.autocast") over.push_back({"precision.params", "fp32"});
-    if (c.key == "lora.rank") over.push_back({"lora.targets", "[q_proj, v_proj]"});
+    if (c.key == "lora.rank" || c.key == "lora.base_dtype") {
+      over.push_back({"lora.rank", "8"});
+      over.push_back({"lora.targets", "[q_proj, v_proj]"});
+    }
     const std::string err = load_error(impl_yaml(c.impl), over);
     CHECK(err.find(c.message) != std::string::npos);
     CHECK(err.find("model.implementation " + c.impl) != std::string::npos);
@@ -187,10 +197,70 @@ TEST_CASE("model.implementation: hf keeps transformers' program, the others chan
   CHECK(forward_end(lit) > forward_end(a));
 }
 
-TEST_CASE("optimizer.in_backward and checkpoint.offload_activations are refused when true", "[implementation]") {
-  const std::string in_bwd = load_error(impl_yaml("torchtune"), {{"optimizer.in_backward", "true"}});
-  CHECK(in_bwd.find("--set optimizer.in_backward: an optimizer step per parameter inside backward") !=
-        std::string::npos);
+// --- issue #16 item 7: torchtune's LoRA and optimizer_in_bwd ------------------------------
+
+TEST_CASE("torchtune's LoRALinear (lora_llama3) matches its CPU stand-in", "[torchtune]") {
+  run_fixtures("tunelora_");
+}
+
+TEST_CASE("torchtune's optimizer_in_bwd matches its CPU stand-in", "[torchtune]") {
+  run_fixtures("tuneinbwd_");
+  // The stand-in's real run: no .grad is alive once backward is done.
+  for (const auto& path : fixtures("tuneinbwd_")) {
+    const nlohmann::json fx = memsim_test::load_json(path);
+    CHECK(fx["marks"]["backward_end"]["gradients"].get<uint64_t>() == 0);
+    CHECK(fx["marks"]["backward_end"]["optimizer_state"].get<uint64_t>() ==
+          fx["marks"]["forward_end"]["optimizer_state"].get<uint64_t>());
+  }
+}
+
+namespace {
+
+// The most bytes of parameters' .grad alive at once in the measured step, and their sum at
+// the end of the program's events (program/tensor_names.h NameRole::grad).
+struct GradLive {
+  uint64_t max = 0;
+};
+GradLive grad_live(const Program& p) {
+  GradLive g;
+  uint64_t cur = 0;
+  for (const MemoryEvent& e : p.events) {
+    if (e.type != EventType::alloc && e.type != EventType::free) continue;
+    if (p.tensors[e.tensor].role != NameRole::grad) continue;
+    cur = e.type == EventType::alloc ? cur + e.bytes : cur - e.bytes;
+    g.max = std::max(g.max, cur);
+  }
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("optimizer.in_backward: one .grad at a time, the same state, a lower peak", "[torchtune]") {
+  // llama3-8b on torchtune's code at seq 2048, full checkpointing, bf16 AdamW (foreach).
+  const std::string yaml = std::string(MEMSIM_SOURCE_DIR) + "/scenarios/llama3-8b-torchtune-seq8192-h200.yaml";
+  const std::vector<std::pair<std::string, std::string>> base = {{"batch.seq_len", "2048"}};
+  auto with = [&](std::vector<std::pair<std::string, std::string>> more) {
+    more.insert(more.begin(), base.begin(), base.end());
+    return load_scenario(yaml, more);
+  };
+  const Scenario plain = with({});
+  const Scenario in_bwd = with({{"optimizer.in_backward", "true"}});
+  REQUIRE(in_bwd.recipe.optimizer_in_backward);
+  const Program a = build_program(plain), b = build_program(in_bwd);
+  // Parameters: 8,030,261,248 bf16 values; the largest is output.weight (128256 x 4096).
+  const uint64_t params = 8030261248ull * 2, largest = 128256ull * 4096 * 2;
+  CHECK(grad_live(a).max == params);   // every .grad alive before the step
+  CHECK(grad_live(b).max == largest);  // never more than one parameter's
+  // AdamW's exp_avg and exp_avg_sq exist for every parameter either way.
+  const memsim_test::Walk wa = memsim_test::walk(a), wb = memsim_test::walk(b);
+  CHECK(wa.forward_end_by_kind.at(TensorKind::optimizer_state) == 2 * params);
+  CHECK(wb.forward_end_by_kind.at(TensorKind::optimizer_state) == 2 * params);
+  // The step's peak loses the full set of grads (and foreach's sqrt list), not more.
+  CHECK(wb.step_peak < wa.step_peak);
+  CHECK(wa.step_peak - wb.step_peak >= params - largest);
+}
+
+TEST_CASE("optimizer.in_backward and checkpoint.offload_activations: what is refused", "[torchtune]") {
   const std::string offload =
       load_error(impl_yaml("hf"), {{"checkpoint.offload_activations", "true"}});
   CHECK(offload.find("checkpoint.offload_activations: saved activations moved to host memory") !=
@@ -200,15 +270,81 @@ TEST_CASE("optimizer.in_backward and checkpoint.offload_activations are refused 
             .empty());
   CHECK(load_error(impl_yaml("torchtune"), {{"optimizer.in_backward", "yes please"}})
             .find("optimizer.in_backward") != std::string::npos);
+  // Valid on any single-GPU row with torch.optim.
+  CHECK(load_error(impl_yaml("torchtune"), {{"optimizer.in_backward", "true"}}).empty());
+  CHECK(load_error(impl_yaml("hf"), {{"optimizer.in_backward", "true"}}).empty());
+  struct Case {
+    std::string impl;
+    std::vector<std::pair<std::string, std::string>> over;
+    std::string message;
+  };
+  const std::vector<Case> refused = {
+      {"torchtune", {{"batch.grad_accum", "4"}}, "--set batch.grad_accum: with optimizer.in_backward: true, each gradient is freed"},
+      {"torchtune", {{"parallel.data", "2"}}, "--set parallel.data: with optimizer.in_backward: true, only one GPU"},
+      {"hf", {{"optimizer.type", "adamw8bit"}}, "--set optimizer.type: with optimizer.in_backward: true, only torch.optim's"},
+      {"hf", {{"optimizer.impl", "out-of-place"}}, "--set optimizer.impl: with optimizer.in_backward: true, only torch.optim's"},
+      {"torchtune", {{"step.kind", "forward-backward"}}, "--set step.kind: with optimizer.in_backward: true"},
+      {"hf", {{"precision.master_weights", "true"}}, "--set precision.master_weights: with optimizer.in_backward: true"},
+      {"hf", {{"step.compile", "true"}}, "--set step.compile: with optimizer.in_backward: true"},
+      {"torchtune", {{"lora.rank", "8"}, {"lora.targets", "[q_proj]"}},
+       "--set lora.rank: with optimizer.in_backward: true, torchtune's lora_finetune_single_device has no optimizer_in_bwd"},
+  };
+  for (const Case& c : refused) {
+    INFO(c.message);
+    auto over = c.over;
+    over.insert(over.begin(), {"optimizer.in_backward", "true"});
+    const std::string err = load_error(impl_yaml(c.impl), over);
+    CHECK(err.find(c.message) != std::string::npos);
+  }
+  // The key's own line when the file sets it.
+  const std::string in_file = load_error(impl_yaml("torchtune") + "optimizer:\n  in_backward: true\n",
+                                         {{"batch.grad_accum", "2"}});
+  CHECK(in_file.find("--set batch.grad_accum: with optimizer.in_backward: true") != std::string::npos);
+  // Also available on the hf rows with LoRA (a hand-written loop with the same hooks).
+  CHECK(load_error(impl_yaml("hf"), {{"optimizer.in_backward", "true"}, {"lora.rank", "8"},
+                                     {"lora.targets", "[q_proj]"}}).empty());
 }
 
-TEST_CASE("model.implementation in the report and through memsim run --model", "[implementation]") {
-  // --model replaces the model keys but keeps model.implementation (how the model is run).
-  const std::string dir = MEMSIM_SOURCE_DIR "/scenarios/";
-  const Scenario s = load_scenario_with_model(dir + "llama3-8b-torchtitan-seq8192-h200.yaml",
-                                              dir + "models/llama3-8b.json",
-                                              {{"batch.seq_len", "256"}});
-  CHECK(s.model.arch.impl == graph::ModelImpl::torchtitan);
-  CHECK(std::string(to_string(s.model.arch.impl)) == "torchtitan");
-  CHECK(std::string(to_string(graph::ModelImpl::hf)) == "hf");
+TEST_CASE("torchtune LoRA: the lora.* keys lora_llama3 can express", "[torchtune]") {
+  auto lora = [](std::vector<std::pair<std::string, std::string>> more) {
+    more.insert(more.begin(), {{"lora.rank", "8"}});
+    return more;
+  };
+  // Adapters in the model dtype by default (set_default_dtype), fp32 for PEFT.
+  const Scenario tune = load_scenario_text(impl_yaml("torchtune"), "impl.yaml",
+                                           lora({{"lora.targets", "[q_proj, v_proj]"}}));
+  CHECK(tune.lora.adapter_dtype == DType::bf16);
+  const Scenario hf = load_scenario_text(impl_yaml("hf"), "impl.yaml",
+                                         lora({{"lora.targets", "[q_proj, v_proj]"}}));
+  CHECK(hf.lora.adapter_dtype == DType::fp32);
+  CHECK(load_error(impl_yaml("torchtune"), lora({{"lora.targets", "all-linear"}})).empty());
+  CHECK(load_error(impl_yaml("torchtune"),
+                   lora({{"lora.targets", "[o_proj, gate_proj, up_proj, down_proj]"}})).empty());
+  const std::string partial = load_error(impl_yaml("torchtune"), lora({{"lora.targets", "[q_proj, up_proj]"}}));
+  CHECK(partial.find("lora.targets: torchtune's apply_lora_to_mlp adapts w1, w2 and w3 together") !=
+        std::string::npos);
+  const std::string dtype = load_error(
+      impl_yaml("torchtune"), lora({{"lora.targets", "[q_proj]"}, {"lora.adapter_dtype", "fp32"}}));
+  CHECK(dtype.find("lora.adapter_dtype: torchtune builds the adapters in the model's dtype") != std::string::npos);
+  const std::string hook = load_error(
+      impl_yaml("torchtune"), lora({{"lora.targets", "[q_proj]"}, {"lora.input_require_grads", "true"}}));
+  CHECK(hook.find("lora.input_require_grads: PEFT's enable_input_require_grads") != std::string::npos);
+  const std::string output = load_error(impl_yaml("torchtune"), lora({{"lora.targets", "[output]"}}));
+  CHECK(output.find("lora.targets") != std::string::npos);
+}
+
+TEST_CASE("torchtune LoRA on llama3-8b: adapters, frozen base, state on the adapters only", "[torchtune]") {
+  const std::string yaml = std::string(MEMSIM_SOURCE_DIR) + "/scenarios/llama3-8b-torchtune-lora-h100.yaml";
+  const Scenario s = load_scenario(yaml);
+  const Program p = build_program(s);
+  const memsim_test::Walk w = memsim_test::walk(p);
+  // 8B_lora_single_device: rank 8 on q_proj 8 x (4096 + 4096), v_proj 8 x (4096 + 1024),
+  // output_proj 8 x (4096 + 4096) and w1, w2, w3 8 x (4096 + 14336) each: 614,400 values
+  // per layer, 19,660,800 in all, bf16 like the base.
+  const uint64_t base = 8030261248ull * 2, adapters = 32ull * 614400 * 2;
+  CHECK(adapters == 19660800ull * 2);
+  CHECK(w.forward_end_by_kind.at(TensorKind::parameter) == base + adapters);
+  // Fused AdamW: exp_avg, exp_avg_sq and a 0-d fp32 device `step` per adapter (384).
+  CHECK(w.forward_end_by_kind.at(TensorKind::optimizer_state) == 2 * adapters + 384 * 4);
+  CHECK(grad_live(p).max == adapters);  // only the adapters get a .grad
 }

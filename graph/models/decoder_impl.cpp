@@ -41,6 +41,9 @@
 //  - TransformerDecoder.unembed with the recipe's set_num_output_chunks(8): norm, then
 //    [output(chunk) for chunk in h.chunk(8, dim=1)] (each chunk a (B, S/8, D) view that
 //    matmul copies when B > 1).
+//  - lora_llama3 (lora.rank > 0): LoRALinear for the lora.targets among q/k/v/output_proj
+//    (lora_attn_modules) and w1/w2/w3 (apply_lora_to_mlp, all three), the rest frozen
+//    (graph/models/lora_tune.cpp; recipes/lora_finetune_single_device.py).
 //  - CEWithChunkedOutputLoss (modules/loss/ce_chunked_output_loss.py) after the recipe's
 //    label shift (recipes/full_finetune_single_device.py _loss_step: hstack with the
 //    ignore_labels_cache); `del logits` before backward.
@@ -80,15 +83,23 @@ void DecoderModel::add_stack_parameters(const StackParamNames& n) {
     rt_.ctx.layer = l;
     LayerParams& p = layers_[l];
     const std::string pre = "layers." + std::to_string(l) + ".";
+    // torchtune's LoRALinear registers its base weight, then lora_a and lora_b
+    // (graph/models/lora_tune.cpp); torchtitan has no LoRA (refused).
+    auto proj = [&](uint64_t out, uint64_t in, const char* name, uint32_t m) {
+      const bool adapted = tune() && lora_.targets(m);
+      Proj pr = add_proj(out, in, pre, name, false, adapted ? static_cast<int32_t>(m) : -1);
+      if (adapted) p.ad[m] = lora_.add_tune_adapter(out, in, pre + name);
+      return pr;
+    };
     rt_.ctx.module = Module::attention;
-    p.q = add_proj(qD, D, pre, n.wq, false, -1);
-    p.k = add_proj(kvD, D, pre, n.wk, false, -1);
-    p.v = add_proj(kvD, D, pre, n.wv, false, -1);
-    p.o = add_proj(D, qD, pre, n.wo, false, -1);
+    p.q = proj(qD, D, n.wq, kQProj);
+    p.k = proj(kvD, D, n.wk, kKProj);
+    p.v = proj(kvD, D, n.wv, kVProj);
+    p.o = proj(D, qD, n.wo, kOProj);
     rt_.ctx.module = Module::mlp;
-    p.gate = add_proj(F, D, pre, n.w1, false, -1);
-    p.down = add_proj(D, F, pre, n.w2, false, -1);
-    p.up = add_proj(F, D, pre, n.w3, false, -1);
+    p.gate = proj(F, D, n.w1, kGateProj);
+    p.down = proj(D, F, n.w2, kDownProj);
+    p.up = proj(F, D, n.w3, kUpProj);
     rt_.ctx.module = Module::norm;
     p.norm[kInputNorm] = add_norm(D, pre, n.attn_norm);
     p.norm[kPostAttnNorm] = add_norm(D, pre, n.ffn_norm);
@@ -99,6 +110,7 @@ void DecoderModel::add_stack_parameters(const StackParamNames& n) {
   rt_.ctx.module = Module::head;
   lm_head_ = rt_.add_parameter(V * D * e, "output.weight");
   rt_.parameters()[lm_head_].rows = V;
+  if (tune() && lora_.enabled()) lora_.freeze_all_but_tune_adapters();
 }
 
 void DecoderModel::construct_titan() {

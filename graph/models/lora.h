@@ -69,6 +69,17 @@ class LoraModules {
   void freeze_all();
   LoraAdapter add_adapter(uint64_t out, uint64_t in, const std::string& module_name);
 
+  // torchtune's LoRALinear (graph/models/lora_tune.cpp): `module_name`.lora_a.weight and
+  // .lora_b.weight, registered right after the module's frozen base weight.
+  LoraAdapter add_tune_adapter(uint64_t out, uint64_t in, const std::string& module_name);
+  // set_trainable_params(model, get_adapter_params(model)): every parameter but the
+  // adapters added by add_tune_adapter is frozen.
+  void freeze_all_but_tune_adapters();
+  // LoRALinear.forward's adapter path added to `out` (F.linear(x, W), the base output).
+  // Returns out as is when the adapter is undefined.
+  Tensor tune_adapter_path(const Tensor& x, Tensor out, const LoraAdapter& ad, uint64_t in,
+                           uint64_t out_dim);
+
   // base_layer(x) for a weight from add_base_weight, without bias (LLaMA).
   Tensor base_linear(const Tensor& x, int32_t w, uint64_t in, uint64_t out);
   // The adapter path added to `result` (the base layer's output). Returns result as is
@@ -81,6 +92,7 @@ class LoraModules {
   const HfShape& s_;
   std::vector<Nf4State> nf4_;
   Tensor dynamic_map_;  // bitsandbytes' shared 256-entry map (double quantisation code)
+  std::vector<int32_t> tune_adapters_;  // parameter ids of add_tune_adapter's lora_a/lora_b
 };
 
 }  // namespace memsim::graph

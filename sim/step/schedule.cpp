@@ -26,6 +26,7 @@
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/checkpoint_policy.h"
 #include "sim/step/activation_offload.h"
+#include "sim/step/optimizer_in_backward.h"
 #include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
 #include "sim/step/script_loss.h"
@@ -186,6 +187,14 @@ class Loop {
       if (s_.parallel.zero == 1 && s_.parallel.sharding == Sharding::none)  // ZeRO-1
         optimizer_ = make_zero_redundancy_optimizer(std::move(optimizer_), rt_, s_, setup.param_elem);
       if (optimizer_) optimizer_->construct(rt_);
+      // optimizer.in_backward: each parameter's step runs from its post-accumulate-grad
+      // hook, the loop steps nothing (sim/step/optimizer_in_backward.h).
+      if (s_.recipe.optimizer_in_backward && optimizer_) {
+        if (rt_.hooks != nullptr || rt_.numeric != nullptr)
+          throw ScenarioError(s_.recipe.in_backward_where + ": optimizer.in_backward: not modelled " +
+                              (rt_.numeric != nullptr ? "in numeric mode" : "with data parallelism"));
+        in_backward_ = std::make_unique<OptimizerInBackward>(rt_, s_, std::move(optimizer_));
+      }
     }
     allocate_batches();
     const int64_t warmup = s_.step.warmup_steps;
@@ -396,6 +405,7 @@ class Loop {
   Runtime rt_;
   Model model_;
   std::unique_ptr<OptimizerSim> optimizer_;
+  std::unique_ptr<OptimizerInBackward> in_backward_;  // optimizer.in_backward (then optimizer_ is null)
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
   std::unique_ptr<graph::CompileEngine> compile_;  // step.compile (graph/compile.h)
   std::unique_ptr<graph::OffloadEngine> offload_;  // checkpoint.offload (graph/offload.h)
