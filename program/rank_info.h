@@ -6,8 +6,8 @@
 // of activations in flight) and records here which one it is and why, so reports can say
 // "worst rank: stage 0 of 8" instead of silently showing an arbitrary GPU.
 //
-// Contract: world_size == data * tensor * pipeline; 0 <= index < world_size;
-// 0 <= pipeline_stage < pipeline. A single-GPU run is the default value.
+// Contract: world_size == data * tensor * pipeline * context (parallel.context);
+// 0 <= index < world_size; 0 <= pipeline_stage < pipeline. A single-GPU run is the default value.
 #pragma once
 
 #include <string>

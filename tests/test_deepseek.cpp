@@ -23,6 +23,7 @@
 #include "sim/analysis/parameter_count.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "program/tensor_names.h"
 #include "torch_fixture_test_support.h"
 
 using namespace memsim;
@@ -409,4 +410,28 @@ TEST_CASE("DeepSeek-V2 runs end to end: the complex RoPE table, the softmax rout
   CHECK(memsim_test::walk(build_program(ckpt)).forward_end_total < memsim_test::walk(build_program(s)).forward_end_total);
   const Scenario grouped = load_scenario_text(base, "ds.yaml", {{"model.moe.experts_implementation", "grouped_mm"}});
   CHECK(build_program(grouped).events.size() > 1000);
+}
+
+// FSDP2 chunks each parameter on dim 0; DeepSeek's 3-D expert weights by whole experts
+// (shape[0] = E), as the other MoE rows: with 64 experts over 48 ranks rank 0 holds
+// ceil(64 / 48) = 2 experts of each, not 64/48 of one (its AdamW state, bf16 like the parameter, is sized so).
+TEST_CASE("DeepSeek's routed experts shard by whole experts under FSDP2", "[deepseek]") {
+  const Scenario s = load_scenario_text(
+      "model:\n  preset: deepseek-v2-lite\nbatch:\n  seq_len: 16\nprecision: {params: bf16}\n"
+      "parallel: {sharding: fsdp2, data: 48}\ndevice: {capacity: 1TiB}\n",
+      "ds.yaml");
+  const Program p = build_program(s);
+  const uint64_t E = 64, F = 1408, D = 2048;
+  bool found = false;
+  for (const MemoryEvent& e : p.events) {
+    if (e.type != EventType::alloc || e.kind != TensorKind::optimizer_state) continue;
+    if (tensor_name(p, e.tensor, e) !=
+        "exp_avg of FSDP2 shard of model.layers.1.mlp.experts.gate_up_proj (padded chunk 0)")
+      continue;
+    CHECK(e.bytes == 2 * 2 * F * D * 2);  // two experts' (2F, D) rows, bf16 like the parameter
+    CHECK(e.bytes != (E * 2 * F * D + 47) / 48 * 2);
+    found = true;
+    break;
+  }
+  CHECK(found);
 }

@@ -61,6 +61,10 @@ void DecoderModel::construct_moe_deepseek(LayerParams& p, const std::string& pre
   p.moe = true;
   p.experts_gate_up = rt_.add_parameter(E * 2 * F * D * e, param_name(pre, "mlp.experts", ".gate_up_proj"));
   p.experts_down = rt_.add_parameter(E * D * F * e, param_name(pre, "mlp.experts", ".down_proj"));
+  // shape[0] is the expert dimension: FSDP2 chunks the 3-D weights by whole experts, as for
+  // the other MoE rows (decoder_moe.cpp).
+  rt_.parameters()[p.experts_gate_up].rows = E;
+  rt_.parameters()[p.experts_down].rows = E;
   p.router = rt_.add_parameter(E * D * e, param_name(pre, "mlp.gate", ".weight"));
   rt_.parameters()[p.router].rows = E;
   // register_buffer("e_score_correction_bias", torch.zeros(E)): fp32 (transformers keeps it

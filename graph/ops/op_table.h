@@ -96,7 +96,7 @@
   X(rope_complex, nn, "mul", "MulBackward0") /* torchtitan apply_rotary_emb on one of q/k: complex product with freqs_cis; saves the table (graph/ops/ops_stack.h) */ \
   X(rope_pairs, nn, "stack", "StackBackward0") /* torchtune RotaryPositionalEmbeddings.forward on one of q/k: four products on the cache, sub, add, stack; saves the cache (graph/ops/ops_stack.h) */ \
   X(copy_slices, nn, "copy_", "CopySlices") /* base[..., slice].copy_(src) (DeepSeek-V2's expand_kv, graph/ops/ops_mla.h): no forward bytes; backward a base-sized copy of the grad and the slice's clone */ \
-  X(float8_linear, float8, "_scaled_mm", "matmul_with_hp_or_float8_argsBackward") /* torchao Float8Linear, tensorwise (graph/ops/ops_float8.h): saves x, the fp8 weight and its scale */ \
+  X(float8_linear, float8, "_scaled_mm", "matmul_with_hp_or_float8_argsBackward") /* torchao Float8Linear: tensorwise saves x, the fp8 weight and its scale (graph/ops/ops_float8.h); rowwise / rowwise_with_gw_hp save x and W (graph/ops/ops_float8_rowwise.h) */ \
   X(moe_index, moe, "index", "IndexBackward0") /* x[idx] (advanced indexing, graph/ops/ops_moe.h): saves the indices; backward zeros(x) + index_put_ accumulate */ \
   X(topk, moe, "topk", "TopkBackward0") /* torch.topk: values + int64 indices; saves indices; backward zeros + scatter */ \
   X(index_add, moe, "index_add_", "IndexAddBackward0") /* self.index_add_(0, idx, src): in place; saves idx; src's grad = index_select */ \
