@@ -16,6 +16,7 @@
 #include "decoder_arch_test_support.h"
 #include "graph/models/moe_routing.h"
 #include "json_test_support.h"
+#include "moe_fixture_test_support.h"
 #include "scenario/scenario.h"
 #include "sim/analysis/analysis.h"
 #include "sim/analysis/parameter_count.h"
@@ -46,33 +47,8 @@ Scenario scenario_for(const nlohmann::json& c) {
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   Scenario s = load_scenario_text(y, "moe-fixture.yaml");
   s.model.arch = memsim_test::arch_for(c);
-  const nlohmann::json& m = c["moe"];
-  graph::MoeSpec& moe = s.model.arch.moe;
-  moe.experts = m["experts"];
-  moe.top_k = m["top_k"];
-  moe.expert_d_ff = m["expert_d_ff"];
-  moe.shared_d_ff = m["shared_d_ff"];
-  moe.first_dense_layers = m["first_dense_layers"];
-  moe.norm_topk = m["norm_topk"];
-  moe.output_router_logits = m.value("output_router_logits", false);
-  moe.code = m["router_style"] == "mixtral" ? graph::MoeRouterCode::mixtral : graph::MoeRouterCode::qwen;
-  moe.routing = graph::MoeRouting::counts;
-  moe.counts = m["counts"].get<std::vector<int64_t>>();
-  if (m.value("experts_implementation", std::string("eager")) == "batched_mm")
-    moe.impl = graph::ExpertsImpl::batched_mm;
+  memsim_test::apply_moe_fixture_spec(c["moe"], s.model.arch.moe);
   return s;
-}
-
-// Allocation sizes of the measured step's forward, by layer.
-std::map<int, std::vector<uint64_t>> forward_allocs(const Program& p) {
-  std::map<int, std::vector<uint64_t>> out;
-  bool measuring = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin")
-      measuring = true;
-    if (measuring && e.type == EventType::alloc && e.phase == Phase::forward) out[e.layer].push_back(e.bytes);
-  }
-  return out;
 }
 
 Scenario load(const std::string& yaml) { return load_scenario_text(yaml, "moe.yaml"); }
@@ -105,20 +81,7 @@ TEST_CASE("MoE blocks match real PyTorch training steps (CPU fixtures)", "[moe]"
     const Scenario scenario = scenario_for(fx["config"]);
     const Program program = build_program(scenario);
     memsim_test::compare_with_fixture(fx, scenario, program);
-    // Every layer's forward, the MoE loop included, allocates the same sizes in order.
-    std::map<int, std::vector<uint64_t>> real;
-    bool measuring = false;
-    for (const auto& ev : fx["events"]) {
-      (void)measuring;
-      if (ev[0] == "alloc" && ev[3] == "forward") real[ev[4].get<int>()].push_back(ev[2].get<uint64_t>());
-    }
-    const auto sim = forward_allocs(program);
-    for (const auto& [layer, sizes] : real) {
-      INFO("forward allocations of layer " << layer);
-      const auto it = sim.find(layer);
-      REQUIRE(it != sim.end());
-      CHECK(it->second == sizes);
-    }
+    memsim_test::check_forward_allocs_by_layer(fx, program);
   }
 }
 

@@ -17,6 +17,7 @@
 #include "cli_test_support.h"
 #include "decoder_arch_test_support.h"
 #include "json_test_support.h"
+#include "moe_fixture_test_support.h"
 #include "scenario/scenario.h"
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
@@ -57,20 +58,7 @@ Scenario scenario_for(const nlohmann::json& c) {
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   Scenario s = load_scenario_text(y, "moe-compose-fixture.yaml");
   s.model.arch = memsim_test::arch_for(c);
-  const nlohmann::json& m = c["moe"];
-  graph::MoeSpec& moe = s.model.arch.moe;
-  moe.experts = m["experts"];
-  moe.top_k = m["top_k"];
-  moe.expert_d_ff = m["expert_d_ff"];
-  moe.shared_d_ff = m["shared_d_ff"];
-  moe.first_dense_layers = m["first_dense_layers"];
-  moe.norm_topk = m["norm_topk"];
-  moe.code = m["router_style"] == "mixtral" ? graph::MoeRouterCode::mixtral : graph::MoeRouterCode::qwen;
-  moe.routing = graph::MoeRouting::counts;
-  moe.counts = m["counts"].get<std::vector<int64_t>>();
-  moe.output_router_logits = m.value("output_router_logits", false);
-  if (m.value("experts_implementation", std::string("eager")) == "batched_mm")
-    moe.impl = graph::ExpertsImpl::batched_mm;
+  memsim_test::apply_moe_fixture_spec(c["moe"], s.model.arch.moe);
   return s;
 }
 
@@ -112,21 +100,8 @@ TEST_CASE("MoE with LoRA and autocast matches real PyTorch training steps (CPU f
     const Scenario scenario = scenario_for(fx["config"]);
     const Program program = build_program(scenario);
     memsim_test::compare_with_fixture(fx, scenario, program);
-    // Every layer's forward, the MoE loop (and its autocast copies) included, allocates the
-    // same sizes in order.
-    std::map<int, std::vector<uint64_t>> real, sim;
-    for (const auto& ev : fx["events"])
-      if (ev[0] == "alloc" && ev[3] == "forward") real[ev[4].get<int>()].push_back(ev[2].get<uint64_t>());
-    bool measuring = false;
-    for (const MemoryEvent& e : program.events) {
-      if (e.type == EventType::mark && program.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin")
-        measuring = true;
-      if (measuring && e.type == EventType::alloc && e.phase == Phase::forward) sim[e.layer].push_back(e.bytes);
-    }
-    for (const auto& [layer, sizes] : real) {
-      INFO("forward allocations of layer " << layer);
-      CHECK(sim[layer] == sizes);
-    }
+    // Every layer's forward, the MoE loop and its autocast copies included.
+    memsim_test::check_forward_allocs_by_layer(fx, program);
   }
 }
 

@@ -1,0 +1,59 @@
+// Test support for the MoE CPU fixtures (tests/data/torch_cpu_moe*/, written by
+// tools/fixtures/gen_moe_fixtures.py and gen_moe_compose_fixtures.py): the fixture's "moe"
+// block as memsim's MoeSpec, and the per-layer forward allocation check both suites run.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "graph/models/decoder_spec.h"
+#include "program/program.h"
+
+namespace memsim_test {
+
+// The fixture config's "moe" block: experts, top_k, expert_d_ff, shared_d_ff,
+// first_dense_layers, norm_topk, router_style (mixtral | qwen), the forced counts per
+// expert, output_router_logits and experts_implementation (eager | batched_mm).
+inline void apply_moe_fixture_spec(const nlohmann::json& m, memsim::graph::MoeSpec& moe) {
+  moe.experts = m["experts"];
+  moe.top_k = m["top_k"];
+  moe.expert_d_ff = m["expert_d_ff"];
+  moe.shared_d_ff = m["shared_d_ff"];
+  moe.first_dense_layers = m["first_dense_layers"];
+  moe.norm_topk = m["norm_topk"];
+  moe.output_router_logits = m.value("output_router_logits", false);
+  moe.code = m["router_style"] == "mixtral" ? memsim::graph::MoeRouterCode::mixtral
+                                            : memsim::graph::MoeRouterCode::qwen;
+  moe.routing = memsim::graph::MoeRouting::counts;
+  moe.counts = m["counts"].get<std::vector<int64_t>>();
+  if (m.value("experts_implementation", std::string("eager")) == "batched_mm")
+    moe.impl = memsim::graph::ExpertsImpl::batched_mm;
+}
+
+// Every layer's forward of the measured step (after the "measured_step_begin" mark)
+// allocates the sizes the fixture recorded, in the same order, the MoE loop included.
+inline void check_forward_allocs_by_layer(const nlohmann::json& fx, const memsim::Program& program) {
+  std::map<int, std::vector<uint64_t>> real, sim;
+  for (const auto& ev : fx["events"])
+    if (ev[0] == "alloc" && ev[3] == "forward") real[ev[4].get<int>()].push_back(ev[2].get<uint64_t>());
+  bool measuring = false;
+  for (const memsim::MemoryEvent& e : program.events) {
+    if (e.type == memsim::EventType::mark && program.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin")
+      measuring = true;
+    if (measuring && e.type == memsim::EventType::alloc && e.phase == memsim::Phase::forward)
+      sim[e.layer].push_back(e.bytes);
+  }
+  for (const auto& [layer, sizes] : real) {
+    INFO("forward allocations of layer " << layer);
+    const auto it = sim.find(layer);
+    REQUIRE(it != sim.end());
+    CHECK(it->second == sizes);
+  }
+}
+
+}  // namespace memsim_test
