@@ -18,28 +18,18 @@
 #include "program/program.h"
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
+#include "event_span_test_support.h"
 #include "step_measure_test_support.h"
 
 using namespace memsim;
 
 namespace {
 
-std::vector<uint64_t> allocs_between(const Program& p, size_t from, size_t to) {
-  std::vector<uint64_t> out;
-  for (size_t i = from; i < to; ++i)
-    if (p.events[i].type == EventType::alloc) out.push_back(p.events[i].bytes);
-  return out;
-}
+using memsim_test::allocs_between;
 
 // Live requested bytes over events [from, to) relative to `from`: {peak, end}.
 std::pair<int64_t, int64_t> live_between(const Program& p, size_t from, size_t to) {
-  int64_t live = 0, peak = 0;
-  for (size_t i = from; i < to; ++i) {
-    const MemoryEvent& e = p.events[i];
-    if (e.type == EventType::alloc) live += static_cast<int64_t>(e.bytes);
-    if (e.type == EventType::free) live -= static_cast<int64_t>(p.tensors[e.tensor].bytes);
-    peak = std::max(peak, live);
-  }
+  const auto [live, peak] = memsim_test::live_and_peak(p, from, to);
   return {peak, live};
 }
 

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "float8_test_support.h"
 #include "graph/ops/ops_float8.h"
 #include "graph/runtime.h"
 #include "program/program.h"
@@ -30,41 +31,17 @@ void cast(std::vector<uint64_t>& seq, uint64_t n) {
     seq.push_back(b);
 }
 
-std::vector<uint64_t> allocs_between(const Program& p, size_t from, size_t to) {
-  std::vector<uint64_t> out;
-  for (size_t i = from; i < to; ++i)
-    if (p.events[i].type == EventType::alloc) out.push_back(p.events[i].bytes);
-  return out;
-}
 
 // Peak of requested bytes over events [from, to), relative to the live bytes at `from`.
 uint64_t peak_between(const Program& p, size_t from, size_t to) {
-  int64_t live = 0, peak = 0;
-  for (size_t i = from; i < to; ++i) {
-    const MemoryEvent& e = p.events[i];
-    if (e.type == EventType::alloc) live += static_cast<int64_t>(e.bytes);
-    if (e.type == EventType::free) live -= static_cast<int64_t>(p.tensors[e.tensor].bytes);
-    peak = std::max(peak, live);
-  }
-  return static_cast<uint64_t>(peak);
+  return static_cast<uint64_t>(memsim_test::live_and_peak(p, from, to).second);
 }
 
-const char* kLlama =
-    "model: {family: hf-llama, layers: 2, d_model: 64, heads: 4, kv_heads: 2, d_ff: 128, "
-    "vocab: 1000, attention: flash}\n"
-    "batch: {micro_batch: 2, seq_len: 32}\n"
-    "precision: {params: bf16}\n"
-    "optimizer: {type: adamw, impl: foreach}\n"
-    "device: {cublas_workspace: 0, kernel_scratch: false}\n"
-    "step: {warmup_steps: 1}\n";
-
+using memsim_test::allocs_between;
+using memsim_test::live_and_peak;
+const char* const kLlama = memsim_test::kFloat8Llama;
 std::string error_of(const std::vector<std::pair<std::string, std::string>>& overrides) {
-  try {
-    load_scenario_text(kLlama, "f8.yaml", overrides);
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return "";
+  return memsim_test::float8_error_of(overrides);
 }
 
 }  // namespace

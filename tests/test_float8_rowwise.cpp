@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "float8_test_support.h"
 #include "cli_test_support.h"
 #include "graph/ops/ops_float8_rowwise.h"
 #include "graph/runtime.h"
@@ -25,6 +26,9 @@
 using namespace memsim;
 
 namespace {
+
+using memsim_test::allocs_between;
+using memsim_test::live_and_peak;
 
 // hp_tensor_to_float8_dynamic of n bf16 elements with an s-element scale and
 // round_scales_to_power_of_2: abs, bf16 amax, f64 amax, clamp, reciprocal, product, fp32
@@ -43,24 +47,7 @@ void scaled_mm_post(std::vector<uint64_t>& seq, uint64_t rows, uint64_t cols) {
     seq.push_back(b);
 }
 
-std::vector<uint64_t> allocs_between(const Program& p, size_t from, size_t to) {
-  std::vector<uint64_t> out;
-  for (size_t i = from; i < to; ++i)
-    if (p.events[i].type == EventType::alloc) out.push_back(p.events[i].bytes);
-  return out;
-}
 
-// Live requested bytes at `to` and their peak over [from, to), relative to `from`.
-std::pair<int64_t, int64_t> live_and_peak(const Program& p, size_t from, size_t to) {
-  int64_t live = 0, peak = 0;
-  for (size_t i = from; i < to; ++i) {
-    const MemoryEvent& e = p.events[i];
-    if (e.type == EventType::alloc) live += static_cast<int64_t>(e.bytes);
-    if (e.type == EventType::free) live -= static_cast<int64_t>(p.tensors[e.tensor].bytes);
-    peak = std::max(peak, live);
-  }
-  return {live, peak};
-}
 
 const uint64_t R = 64, I = 64, O = 128;  // x (R, I), W (O, I), out (R, O)
 const uint64_t nx = R * I, nw = O * I, ng = R * O;
@@ -90,22 +77,9 @@ void run_one(OneLinear& r, graph::Float8Kind kind) {
   r.backward = allocs_between(r.program, b0, r.program.events.size());
 }
 
-const char* kLlama =
-    "model: {family: hf-llama, layers: 2, d_model: 64, heads: 4, kv_heads: 2, d_ff: 128, "
-    "vocab: 1000, attention: flash}\n"
-    "batch: {micro_batch: 2, seq_len: 32}\n"
-    "precision: {params: bf16}\n"
-    "optimizer: {type: adamw, impl: foreach}\n"
-    "device: {cublas_workspace: 0, kernel_scratch: false}\n"
-    "step: {warmup_steps: 1}\n";
-
+const char* const kLlama = memsim_test::kFloat8Llama;
 std::string error_of(const std::vector<std::pair<std::string, std::string>>& overrides) {
-  try {
-    load_scenario_text(kLlama, "f8.yaml", overrides);
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return "";
+  return memsim_test::float8_error_of(overrides);
 }
 
 }  // namespace
