@@ -37,22 +37,12 @@
 #include <string>
 
 #include "graph/models/decoder.h"
+#include "graph/models/deepseek_router.h"
 #include "graph/models/moe_routing.h"
 #include "graph/ops/ops_moe.h"
 #include "graph/ops/ops_nn.h"
 
 namespace memsim::graph {
-
-namespace {
-
-// A tensor whose Python name dies unused with nothing else holding its autograd node: the
-// node's saved tensors go with it.
-void drop_with_node(Runtime& rt, Tensor& t) {
-  if (t.grad_fn >= 0) rt.release_saved(rt.node(t.grad_fn));
-  t.reset();
-}
-
-}  // namespace
 
 void DecoderModel::construct_moe_deepseek(LayerParams& p, const std::string& pre) {
   const MoeSpec& m = arch().moe;
@@ -88,17 +78,8 @@ Tensor DecoderModel::moe_router_deepseek(const LayerParams& p, const Tensor& x, 
   const uint64_t T = s_.rows(), E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
   const uint64_t D = static_cast<uint64_t>(s_.d_model);
   const uint64_t G = static_cast<uint64_t>(m.n_group), TG = static_cast<uint64_t>(m.topk_group);
-  const double flops = 2.0 * static_cast<double>(T) * static_cast<double>(D) * static_cast<double>(E);
-  // F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32)): .type is the
-  // tensor itself in fp32; otherwise two copies, saved by the mm, dying with the expression.
-  Tensor logits;
-  if (s_.elem == 4) {
-    logits = mm_linear(rt_, x, rt_.param(p.router), T * E * 4, flops);
-  } else {
-    Tensor x32 = to_copy(rt_, x, T * D * 4);
-    Tensor w32 = to_copy(rt_, rt_.param(p.router), E * D * 4);
-    logits = mm_linear(rt_, x32, w32, T * E * 4, flops);
-  }
+  // F.linear(x.type(fp32), W.type(fp32)) (graph/models/deepseek_router.h).
+  Tensor logits = deepseek_router_logits(rt_, x, rt_.param(p.router), T, D, E, s_.elem);
   // --- the routing (5.17: in the router's forward, router_logits not rebound) ---
   Tensor scores = sigmoid(rt_, logits);            // scores = router_logits.sigmoid()
   Tensor choice = add(rt_, scores, p.score_bias);  // + e_score_correction_bias (no grad)

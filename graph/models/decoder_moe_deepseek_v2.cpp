@@ -26,21 +26,11 @@
 // score_mask. Routing stays the scenario's assumption (moe.routing): only the sizes of the
 // routing tensors are data-independent.
 #include "graph/models/decoder.h"
+#include "graph/models/deepseek_router.h"
 #include "graph/ops/ops_moe.h"
 #include "graph/ops/ops_nn.h"
 
 namespace memsim::graph {
-
-namespace {
-
-// A tensor whose Python name dies with nothing else holding its autograd node: the node's
-// saved tensors go with it.
-void drop_with_node(Runtime& rt, Tensor& t) {
-  if (t.grad_fn >= 0) rt.release_saved(rt.node(t.grad_fn));
-  t.reset();
-}
-
-}  // namespace
 
 Tensor DecoderModel::moe_router_deepseek_v2(const LayerParams& p, const Tensor& x, Tensor& weights,
                                             Tensor& indices) {
@@ -48,15 +38,8 @@ Tensor DecoderModel::moe_router_deepseek_v2(const LayerParams& p, const Tensor& 
   const uint64_t T = s_.rows(), E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
   const uint64_t D = static_cast<uint64_t>(s_.d_model);
   const uint64_t G = static_cast<uint64_t>(m.n_group), TG = static_cast<uint64_t>(m.topk_group);
-  const double flops = 2.0 * static_cast<double>(T) * static_cast<double>(D) * static_cast<double>(E);
-  Tensor logits;
-  if (s_.elem == 4) {
-    logits = mm_linear(rt_, x, rt_.param(p.router), T * E * 4, flops);
-  } else {
-    Tensor x32 = to_copy(rt_, x, T * D * 4);
-    Tensor w32 = to_copy(rt_, rt_.param(p.router), E * D * 4);
-    logits = mm_linear(rt_, x32, w32, T * E * 4, flops);
-  }
+  // F.linear(x.type(fp32), W.type(fp32)) (graph/models/deepseek_router.h).
+  Tensor logits = deepseek_router_logits(rt_, x, rt_.param(p.router), T, D, E, s_.elem);
   Tensor scores = softmax(rt_, logits);  // router_logits.softmax(dim=-1, dtype=torch.float32)
   Tensor group_scores, group_idx, group_mask, score_mask;
   int32_t max_node = -1;
