@@ -272,8 +272,8 @@ void check_moe(const Doc& d, const Scenario& s) {
       fail(at, "lora.targets",
            "no module of this mixture-of-experts model matches (gate_proj, up_proj and down_proj "
            "exist only in dense layers and shared experts; the routed experts are 3-D parameters "
-           "that PEFT's target_modules cannot wrap: PEFT >= 0.17's target_parameters is not "
-           "modelled)");
+           "that PEFT's target_modules cannot wrap: PEFT >= 0.17's target_parameters, "
+           "lora.target_parameters, is not modelled)");
     if (s.lora.base_nf4)
       fail(d.find("lora.base_dtype") ? d.find("lora.base_dtype")->where : at, "lora.base_dtype",
            "QLoRA on a mixture-of-experts model is not modelled (whether bitsandbytes quantizes "

@@ -92,7 +92,7 @@ TEST_CASE("MoE with LoRA and autocast matches real PyTorch training steps (CPU f
   for (const auto& entry : std::filesystem::directory_iterator(kComposeDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() == 8);
+  REQUIRE(files.size() == 13);
   memsim_test::print_fixture_table_header();
   for (const auto& path : files) {
     const nlohmann::json fx = memsim_test::load_json(path);
@@ -342,15 +342,51 @@ TEST_CASE("MoE composition: what stays refused names its key", "[moe-compose]") 
   CHECK(load_error(kBase, {{"lora.rank", "8"}, {"lora.targets", "all-linear"}, {"model.moe.shared_experts", "1"}})
             .find("lora.targets: all-linear on a model with a shared expert") != std::string::npos);
   CHECK(load_error(kBase, {{"lora.rank", "8"}, {"lora.targets", "all-linear"}}).empty());
-  // The Mixtral row's dense part (Mistral's attention) and Qwen3-MoE's q/k norms are not
-  // checked under autocast: memsim run refuses them by the dense knob's key.
+  // LoRA on the routed experts (PEFT's target_parameters) is refused by its key, first.
+  CHECK(load_error(kBase, {{"lora.rank", "8"}, {"lora.targets", "q_proj"},
+                           {"lora.target_parameters", "mlp.experts.gate_up_proj"}})
+            .find("lora.target_parameters: LoRA on the routed experts") != std::string::npos);
+  const std::string dense = kBase.substr(0, kBase.find("  moe: ")) + kBase.substr(kBase.find("batch:"));
+  CHECK(load_error(dense, {{"lora.rank", "8"}, {"lora.targets", "q_proj"},
+                           {"lora.target_parameters", "mlp.experts.gate_up_proj"}})
+            .find("lora.target_parameters: PEFT's target_parameters wraps nn.Parameters") != std::string::npos);
+  // The dense rows' q/k norms (Qwen3, OLMo-2) are not checked under autocast: memsim run
+  // refuses them by the knob's key (the MoE rows' are: "MoE rows under autocast" below).
   memsim_test::TempDir dir("memsim_moe_refused");
-  for (const auto& [preset, key] : std::vector<std::pair<std::string, std::string>>{
-           {"mixtral-8x7b", "model.architecture"}, {"qwen3-30b-a3b", "model.qk_norm"}}) {
-    const auto path = dir.write(preset + ".yaml", "model:\n  preset: " + preset +
-                                                      "\nprecision:\n  params: fp32\n  autocast: bf16\n");
+  const auto path = dir.write("qwen3-8b.yaml", "model:\n  preset: qwen3-8b\nprecision:\n  params: fp32\n  autocast: bf16\n");
+  const auto out = memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path.string() + "' 2>&1");
+  CHECK(out.status == 1);
+  CHECK(out.out.find("model.qk_norm: precision.autocast with this architecture knob") != std::string::npos);
+}
+
+TEST_CASE("MoE rows under autocast run end to end: Mixtral, Qwen3-MoE, OLMoE", "[moe-compose]") {
+  // The presets' dense parts under autocast (transformers 5.17: Llama's v5 attention for
+  // Mixtral, q/k RMSNorms on the bf16 projections for Qwen3-MoE and OLMoE), checked op by op
+  // by the autocast_{mixtral,qwen3_moe,olmoe}_* fixtures above; here from a preset through
+  // memsim run, at two layers.
+  memsim_test::TempDir dir("memsim_moe_autocast_rows");
+  for (const char* preset : {"mixtral-8x7b", "qwen3-30b-a3b", "olmoe-1b-7b"}) {
+    INFO(preset);
+    const auto path = dir.write(std::string(preset) + ".yaml",
+                                std::string("model:\n  preset: ") + preset +
+                                    "\n  layers: 2\n  attention: eager\nbatch:\n  micro_batch: 1\n  seq_len: 128\n"
+                                    "precision:\n  params: fp32\n  autocast: bf16\ndevice:\n  capacity: 1TiB\n");
     const auto out = memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path.string() + "' 2>&1");
-    CHECK(out.status == 1);
-    CHECK(out.out.find(key + ": precision.autocast with this architecture knob") != std::string::npos);
+    CHECK(out.status == 0);
+    CHECK(out.out.find("moe routing") != std::string::npos);
   }
+  // OLMoE's q/k norms over the whole projections (T = 128 rows; q and k 2048 wide): each
+  // layer's forward makes an fp32 copy of the bf16 q and k projections (`.to(float32)`; the
+  // only 1 MiB casts of the forward: the residual stream is fp32 and needs none).
+  const Scenario olmoe = load_scenario_text(
+      "model:\n  preset: olmoe-1b-7b\n  layers: 2\n  attention: eager\nbatch:\n  micro_batch: 1\n  seq_len: 128\n"
+      "precision:\n  params: fp32\n  autocast: bf16\ndevice:\n  capacity: 1TiB\n",
+      "olmoe.yaml");
+  const Program p = build_program(olmoe);
+  uint64_t up = 0;
+  constexpr uint64_t kRows = 128, kWidth = 2048;
+  measured_sum(p, [&](const MemoryEvent& e) {
+    return e.phase == Phase::forward && p.str(e.op) == "_to_copy" && e.bytes == kRows * kWidth * 4;
+  }, &up);
+  CHECK(up == 2 * 2);  // q and k, two layers
 }
