@@ -408,6 +408,15 @@ TEST_CASE("MoE under autocast: the load-balancing loss's allocations, in order",
     CHECK(sim == real);
     CHECK(memsim_test::walk(p).step_peak == fx["peak_live_bytes"].get<uint64_t>());
   }
+  // The other MoE-row autocast fixtures' step peaks, to the byte (compare_with_fixture
+  // allows 2%).
+  for (const char* name : {"autocast_mixtral_l2_e4_k2_sgd", "autocast_qwen3_moe_l2_e4_k2_adamw",
+                           "autocast_olmoe_l2_e4_k2_sgd"}) {
+    INFO(name);
+    const nlohmann::json fx = memsim_test::load_json(std::string(kComposeDir) + "/" + name + ".json");
+    CHECK(memsim_test::walk(build_program(scenario_for(fx["config"]))).step_peak ==
+          fx["peak_live_bytes"].get<uint64_t>());
+  }
 }
 
 TEST_CASE("MoE rows under autocast run end to end: Mixtral, Qwen3-MoE, OLMoE", "[moe-compose]") {
