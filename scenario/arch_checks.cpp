@@ -18,16 +18,17 @@ using graph::DecoderArch;
   throw ScenarioError(s.source + ": " + key + ": " + why);
 }
 
-// Knobs and placements whose autocast behaviour (which dtype each op sees) has not been
-// checked: the q/k norms and post-/sandwich norms get low-precision inputs, per-layer
-// rotary tables are cast to the value states' dtype, soft-capping runs on bf16 scores.
-// Linear biases (Qwen2's q/k/v) are modelled: Autocast::linear_bias.
+// Whether the row is one of `names` (DecoderArch::architecture).
 bool is_arch(const DecoderArch& a, std::initializer_list<const char*> names) {
   for (const char* n : names)
     if (std::strcmp(a.architecture, n) == 0) return true;
   return false;
 }
 
+// Knobs and placements whose autocast behaviour (which dtype each op sees) has not been
+// checked: the q/k norms and post-/sandwich norms get low-precision inputs, per-layer
+// rotary tables are cast to the value states' dtype, soft-capping runs on bf16 scores.
+// Linear biases (Qwen2's q/k/v) are modelled: Autocast::linear_bias.
 const char* autocast_unmodelled(const DecoderArch& a) {
   // q/k RMSNorms on the low projection outputs (DecoderModel::qk_norm: fp32 copies, fp32
   // weight x low -> fp32 q/k, RoPE in fp32) are checked for the MoE rows (issue #15:
