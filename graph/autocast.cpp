@@ -221,13 +221,17 @@ void Autocast::promoted(Runtime& rt, const Tensor& out, int slot, const Tensor& 
   n.size[3] = low_input.bytes;  // add/sub nodes leave size[3] unused
 }
 
+void cast_promoted_grad(Runtime& rt, Node& n, Grad& g, int slot) {
+  if (!(n.flags & (slot == 0 ? kPromoted0 : kPromoted1)) || g.storage == kNoStorage) return;
+  const uint32_t low = rt.alloc_raw(n.size[3], TensorKind::temporary, OpKind::grad_cast);
+  rt.release(g.storage);
+  g = Grad{low, false, false};
+}
+
+bool has_promoted_input(const Node& n) { return (n.flags & (kPromoted0 | kPromoted1)) != 0; }
+
 void cast_promoted_grads(Runtime& rt, Node& n, Grad out[3]) {
-  for (int i = 0; i < 2; ++i) {
-    if (!(n.flags & (i == 0 ? kPromoted0 : kPromoted1)) || out[i].storage == kNoStorage) continue;
-    const uint32_t low = rt.alloc_raw(n.size[3], TensorKind::temporary, OpKind::grad_cast);
-    rt.release(out[i].storage);
-    out[i] = Grad{low, false, false};
-  }
+  for (int i = 0; i < 2; ++i) cast_promoted_grad(rt, n, out[i], i);
 }
 
 Tensor rope_cs336_autocast(Runtime& rt, const Tensor& x, const Tensor& freq_buffer) {

@@ -155,6 +155,11 @@ Tensor torch_cross_entropy_autocast(Autocast& ac, Runtime& rt, const Tensor& log
 // validate_outputs' dtype cast for an add/sub node marked by Autocast::promoted: the
 // marked output's fp32 grad is replaced by a low-precision copy (hook of graph/ops/ops.cpp).
 void cast_promoted_grads(Runtime& rt, Node& n, Grad out[3]);
+// The same for one output slot (a node whose other input's grad is also reduced by
+// validate_outputs' sum_to, which runs output by output: graph/ops/ops.cpp's mul).
+void cast_promoted_grad(Runtime& rt, Node& n, Grad& g, int slot);
+// Whether Autocast::promoted marked node `n` (its size[3] then holds the low input's bytes).
+bool has_promoted_input(const Node& n);
 
 // Backward of autocast_copy / grad_cast / rope_autocast (hook of graph/ops/ops.cpp).
 bool run_autocast_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);

@@ -30,6 +30,7 @@
 #include "scenario/scenario_doc.h"
 #include "scenario/script_keys.h"
 #include "scenario/step_output_key.h"
+#include "scenario/lora_target_parameters_key.h"
 #include "scenario/peft_input_grads_key.h"
 #include "scenario/device_rate_keys.h"
 #include "scenario/generate_keys.h"
@@ -574,6 +575,7 @@ Scenario build_scenario(const Doc& d) {
   read_step_measure(d, s.step);            // scenario/script_keys.cpp
   read_step_keep_output(d, s.model, s.step);  // scenario/step_output_key.cpp
   s.checkpoint = build_checkpoint(d, s.model);
+  refuse_lora_target_parameters(d, s);  // scenario/lora_target_parameters_key.h (issue #15)
   s.lora = build_lora(d, s.model, s.precision);  // scenario/scenario_lora.h
   read_lora_input_require_grads(d, s);            // scenario/peft_input_grads_key.h
   check_torchtitan_keys(d, s);             // scenario/torchtitan_keys.h: float8

@@ -177,7 +177,9 @@ class DecoderModel {
   // rows 0: the whole batch (s_.rows()).
   Tensor lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out, uint64_t rows = 0);
   Tensor norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_t width);
-  Tensor rms_norm(const Tensor& x, int32_t w, uint64_t rows);
+  // A q/k norm on a projection output (low under autocast: rms_norm's in_elem).
+  Tensor qk_norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_t width);
+  Tensor rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t in_elem = 0);
   Tensor gemma_rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t width);
   Tensor mlp(const LayerParams& p, const Tensor& x);
   Tensor activation(const Tensor& x);

@@ -51,11 +51,11 @@ void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& qu
     const bool eager = s_.attention == HfAttention::eager;
     query = project(x, p, p.q);
     query = view(rt_, query, eager && H > 1);
-    query = norm(query, p.q_norm, rows * H, hd);
+    query = qk_norm(query, p.q_norm, rows * H, hd);
     query = view(rt_, query, false);
     key = project(x, p, p.k);
     key = view(rt_, key, eager && KV > 1);
-    key = norm(key, p.k_norm, rows * KV, hd);
+    key = qk_norm(key, p.k_norm, rows * KV, hd);
     key = view(rt_, key, false);
     value = project(x, p, p.v);
     value = view(rt_, value, KV > 1);
@@ -71,9 +71,9 @@ void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& qu
   const bool full = a.qk_norm == QkNorm::full;
   const bool transposed = a.qk_norm == QkNorm::head;  // Gemma-3: on the (B,h,S,hd) views
   query = project(x, p, p.q);
-  if (full) query = norm(query, p.q_norm, rows, s_.q_dim());
+  if (full) query = qk_norm(query, p.q_norm, rows, s_.q_dim());
   key = project(x, p, p.k);
-  if (full) key = norm(key, p.k_norm, rows, s_.kv_dim());
+  if (full) key = qk_norm(key, p.k_norm, rows, s_.kv_dim());
   value = project(x, p, p.v);
   numeric_hint(rt_, NumericHint::split_heads);  // numeric mode only (graph/numeric/numeric.h)
   query = view(rt_, query, !transposed && s_.heads > 1);
@@ -127,8 +127,9 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
       key = cat2(rt_, k_rot, k_pass);
     } else {
       // Low-precision q/k times the model's fp32 cos/sin: fp32 q/k. Per-layer tables are
-      // cast to the value states' dtype (rope_tables): low q/k stay low.
-      const bool low = autocast_on() && a.rope != RopeAt::layer;
+      // cast to the value states' dtype (rope_tables): low q/k stay low. After a q/k
+      // RMSNorm (the fp32 weight times the low normalised states) q/k are fp32 already.
+      const bool low = autocast_on() && a.rope != RopeAt::layer && a.qk_norm == QkNorm::none;
       Tensor q_embed = low ? rope_hf_autocast(rt_, query, cos, sin) : rope_hf(rt_, query, cos, sin);
       Tensor k_embed = low ? rope_hf_autocast(rt_, key, cos, sin) : rope_hf(rt_, key, cos, sin);
       query = std::move(q_embed);

@@ -81,12 +81,26 @@ Tensor DecoderModel::norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_
   return {};
 }
 
+// Under autocast a projection's output is low precision; a q/k RMSNorm on it is the one
+// norm of the model whose input is not the fp32 residual stream. Only the Llama-style
+// RMSNorm is modelled there (scenario/arch_checks.cpp refuses Gemma-3's).
+Tensor DecoderModel::qk_norm(const Tensor& x, const Norm& n, uint64_t rows, uint64_t width) {
+  if (autocast_on() && arch().norm == NormKind::rms && !titan() && !tune() && !litgpt())
+    return rms_norm(x, n.w, rows, ac_->low_elem());
+  return norm(x, n, rows, width);
+}
+
 // LlamaRMSNorm as written: to(float32), pow(2).mean(-1, keepdim), * rsqrt(var + eps),
 // weight * hidden.to(input_dtype). `rows` vectors of `width` (the hidden size, or
-// head_dim for a per-head q/k norm).
-Tensor DecoderModel::rms_norm(const Tensor& x, int32_t w, uint64_t rows) {
+// head_dim for a per-head q/k norm). `in_elem`: the input's element size when it is not
+// the parameters' (0: it is). Under autocast a q/k norm (Qwen3-MoE, OLMoE) gets the low
+// projection output: `.to(float32)` and `.to(input_dtype)` are plain copies (no autocast
+// op), pow/mean/rsqrt see fp32, and `self.weight * x_low` promotes to fp32 (the fp32
+// weight), so q/k leave the norm fp32; in backward validate_outputs casts x_low's fp32
+// grad back to the low dtype (after the weight's sum_to: outputs in order).
+Tensor DecoderModel::rms_norm(const Tensor& x, int32_t w, uint64_t rows, uint64_t in_elem) {
   ModuleScope module_scope(rt_, Module::norm);
-  const uint64_t e = s_.elem;
+  const uint64_t e = in_elem != 0 ? in_elem : s_.elem;
   // hidden_states.to(torch.float32): the same tensor in fp32, a copy otherwise.
   Tensor hf = e == 4 ? x : to_copy(rt_, x, x.bytes / e * 4);
   Tensor variance;
@@ -106,7 +120,13 @@ Tensor DecoderModel::rms_norm(const Tensor& x, int32_t w, uint64_t rows) {
   // weight * x: the weight's grad sums over the rows, a CUDA reduction that stages its
   // partial sums in global memory (graph/ops/cuda_reduce.h; 32 MiB at 4 x 1024 x 1024 on
   // an H100).
-  Tensor out = mul(rt_, rt_.param(w), hb, Broadcast::leading_dims, e);
+  Tensor out;
+  if (e == s_.elem || !autocast_on()) {
+    out = mul(rt_, rt_.param(w), hb, Broadcast::leading_dims, e);
+  } else {
+    out = mul(rt_, rt_.param(w), ac_->widen(hb), Broadcast::leading_dims, s_.elem);
+    Autocast::promoted(rt_, out, 1, hb);
+  }
   hb.reset();
   variance.reset();
   hf.reset();

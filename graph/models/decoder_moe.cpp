@@ -347,7 +347,8 @@ Tensor DecoderModel::moe_experts_grouped(const LayerParams& p, const Tensor& x, 
 // and max() checks: two 0-d temporaries) .float() and an out-of-place add; .float() of the
 // probabilities (a (T, E) fp32 copy for 16-bit ones), sum(dim=0), an out-of-place add (with
 // grad); then the two divisions by the row count (a Python float), the product (MulBackward0
-// saves tokens_per_expert), the sum and `* num_experts`.
+// saves tokens_per_expert), the sum and `* num_experts`. Under autocast the softmax gets
+// dtype=float32 (CPU fixtures autocast_*_aux_*, with CUDA's rule applied by the stand-in).
 Tensor DecoderModel::moe_aux_loss(const Tensor& loss) {
   if (router_logits_.empty()) return loss;
   const MoeSpec& m = arch().moe;
@@ -360,8 +361,13 @@ Tensor DecoderModel::moe_aux_loss(const Tensor& loss) {
     Tensor prob_sum = new_tensor(rt_, E * 4, OpKind::zeros);    // router_prob_sum
     Tensor weights, unused, selected;
     for (const Tensor& layer_gate : router_logits_) {
-      const uint64_t w = layer_gate.bytes / (T * E);  // the logits' element size
-      weights = softmax(rt_, layer_gate);             // routing_weights: saved by SoftmaxBackward0
+      // Under autocast the logits are low precision (the router linear is autocast's) and
+      // softmax is CUDA's fp32_set_opt_dtype: an fp32 copy of them, fp32 probabilities
+      // (saved), so the topk values are fp32 and `.float()` copies nothing.
+      const bool up = autocast_on() && layer_gate.bytes / (T * E) < 4;
+      const uint64_t w = up ? 4 : layer_gate.bytes / (T * E);  // the probabilities' element size
+      weights = up ? ac_->fp32_softmax(layer_gate)  // routing_weights: saved by SoftmaxBackward0
+                   : softmax(rt_, layer_gate);
       {
         TopkResult top = topk(rt_, weights, T, K, w);
         // `_, selected_experts = ...`: the previous `_` dies, and with it its TopkBackward0

@@ -336,7 +336,10 @@ struct Bw {
     if (g.storage == kNoStorage) return;
     uint32_t r = A(bytes, kind_for(i));
     if (n.flags & kOuterBroadcast) {
-      const uint64_t elem = n.size[3] != 0 ? n.size[3] : 4;
+      // size[3]: the broadcast operand's element size, unless Autocast::promoted took the
+      // slot for a low input's bytes: an fp32 product, whose broadcast operand (an RMSNorm
+      // weight under autocast) is fp32.
+      const uint64_t elem = !has_promoted_input(n) && n.size[3] != 0 ? n.size[3] : 4;
       detail::outer_reduce_staging(rt, n.size[2] / bytes, bytes / elem, n.kind);
     }
     F(g.storage);
@@ -418,9 +421,12 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       // The generated code computes the later input's grad first.
       if (b.needs(1)) out[1] = Grad{b.A(n.size[2]), false, false};
       if (b.needs(0)) out[0] = Grad{b.A(n.size[2]), false, false};
-      cast_promoted_grads(rt, n, out);  // a low-precision input of an fp32 product
+      // validate_outputs, output by output: a broadcast input's sum_to, then the cast of
+      // a low-precision input's fp32 grad (an input promoted into an fp32 product).
       if (n.flags & kBroadcastA) b.sum_to(out[0], n.size[0], 0);
+      cast_promoted_grad(rt, n, out[0], 0);
       if (n.flags & kBroadcastB) b.sum_to(out[1], n.size[1], 1);
+      cast_promoted_grad(rt, n, out[1], 1);
       break;
     case OpKind::div:
       if (b.needs(1)) {  // -grad * ((self / other) / other): 4 full-size tensors at once

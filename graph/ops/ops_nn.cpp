@@ -529,7 +529,16 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     case OpKind::to_copy:  // the grad cast back to the source dtype
     case OpKind::native_dropout:  // native_dropout_backward: grad * mask * scale
     case OpKind::slice_seq:       // zeros(input) + copy into the slice
-    case OpKind::select_dim:      // select_backward: zeros(input) + copy into the index
+    case OpKind::select_dim: {  // select_backward: zeros(input) + copy into the index
+      // The MoE experts' slices of one 3-D weight: the first grad to reach AccumulateGrad's
+      // input buffer becomes the .grad; the engine adds each later one into it in place
+      // and frees it, so those are temporaries.
+      TensorKind kind = kind_for(0);
+      if (kind == TensorKind::gradient && rt.node(n.next[0].node).grad[n.next[0].slot] != kNoStorage)
+        kind = TensorKind::temporary;
+      out[0] = fresh(A(n.size[0], kind));
+      break;
+    }
     case OpKind::expand_clone:    // expand's sum_to
       out[0] = fresh(A(n.size[0], kind_for(0)));
       break;
