@@ -99,6 +99,11 @@ void read_deepseek(const Scenario& s, ServedModel& m) {
   m.moe.sigmoid = moe.score == graph::MoeScore::sigmoid || moe.code == graph::MoeRouterCode::deepseek_v3;
   m.moe.correction_bias = moe.code == graph::MoeRouterCode::deepseek_v3;  // topk_method noaux_tc
   m.moe.shared_gate = false;
+  if (m.moe.correction_bias && (moe.n_group > 32 || moe.top_k > 32))
+    refuse(s.source, "model.hf_config",
+           "n_group " + std::to_string(moe.n_group) + " / num_experts_per_tok " + std::to_string(moe.top_k) +
+               ": above 32 vLLM routes a correction-biased model with the unfused grouped_topk, "
+               "whose buffers are not modelled (the fused kernel's are)");
   // get_rope caches one table: max_position_embeddings rows without scaling; with yarn
   // ("deepseek_yarn") original_max_position_embeddings x factor rows. memsim takes
   // max_position_embeddings for both: every published DeepSeek-V2 / V2-Lite / V3 config has

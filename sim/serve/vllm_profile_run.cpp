@@ -110,7 +110,7 @@ class ProfileBuilder {
   // DeepseekScalingRotaryEmbedding.forward_native (is_neox_style False; vLLM's CUDA path
   // without FlashInfer) on x [T, n, rope]: cos_sin_cache[positions], repeat_interleave'd
   // cos / sin, x * cos, rotate_gptj(x) (-x2 and the stack), * sin, and the sum, which it
-  // returns. The caller passes the cos / sin it shares between q and k.
+  // returns. The caller allocates the gathered cos / sin, shared by q and k.
   Tensor rope_native(uint64_t n) {
     const uint64_t r = static_cast<uint64_t>(m_.mla.qk_rope);
     Tensor xc = tmp(T_ * n * r * e_, OpKind::mul);           // x_rot * cos
@@ -218,7 +218,7 @@ class ProfileBuilder {
   //    output in place on CUDA (apply_routed_scale_to_output).
   void grouped_topk(Tensor& weights, Tensor& ids) {
     const uint64_t E = static_cast<uint64_t>(m_.moe.experts), k = static_cast<uint64_t>(m_.moe.top_k);
-    if (m_.moe.correction_bias && m_.moe.n_group <= 32 && m_.moe.top_k <= 32) {
+    if (m_.moe.correction_bias) {  // read_deepseek refuses n_group or top_k above 32
       weights = act(T_ * k * 4, OpKind::topk);
       ids = act(T_ * k * 4, OpKind::topk);
       return;
