@@ -260,9 +260,6 @@ TEST_CASE("serve refusals for the new rows name the key", "[serve][serve-familie
             .find("serve.engine: sglang with Gemma-2/3") != std::string::npos);
   CHECK(refusal([] { plan_serve(family_scenario(kMixtral, "  engine: sglang\n  tensor_parallel: 2\n")); })
             .find("serve.engine: sglang with MoE models") != std::string::npos);
-  // Still refused: DeepSeek's MLA model code.
-  CHECK(refusal([] { served_model(family_scenario("  preset: deepseek-v3\n", "  tensor_parallel: 8\n")); })
-            .find("model.architecture") != std::string::npos);
 }
 
 TEST_CASE("memsim serve on the shipped MoE and Gemma scenarios", "[serve][serve-families]") {

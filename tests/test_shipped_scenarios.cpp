@@ -110,6 +110,8 @@ const std::map<std::string, Claim>& claims() {
       // issue #17 serve for MoE / Gemma: memsim run is the HF no-grad forward of 2048 tokens.
       {"qwen3-30b-a3b-vllm-h100.yaml", {true, std::nullopt, 58.07}},
       {"gemma3-4b-vllm-h100.yaml", {true, std::nullopt, 9.27}},
+      // issue #17 serve for DeepSeek MLA: memsim run is HF's eager no-grad forward of 2048 tokens.
+      {"deepseek-v2-lite-vllm-h100.yaml", {true, std::nullopt, 30.47}},
       // torchtitan's op-level SAC (docs/torchtitan-recipes.md) over FSDP2 on 8 GPUs:
       // the peak is the loss's backward; sac-op's per-layer cache is 13.53 GiB of it.
       {"llama3-8b-torchtitan-sac.yaml", {true, std::nullopt, 44.68}},

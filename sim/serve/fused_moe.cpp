@@ -46,9 +46,17 @@ void add_fused_moe_weights(std::vector<WeightTensor>& out, const MoeDims& moe,
                            const std::string& prefix, int64_t hidden, int64_t elem_bytes) {
   const uint64_t e = u(elem_bytes), H = u(hidden), E = u(moe.experts);
   out.push_back({prefix + ".gate.weight", E * H * e});
+  if (moe.correction_bias)  // nn.Parameter(torch.empty(n_routed_experts, dtype=torch.float32))
+    out.push_back({prefix + ".gate.e_score_correction_bias", E * 4});
   out.push_back({prefix + ".experts.w13_weight", E * 2 * u(moe.d_ff_rank) * H * e});
   out.push_back({prefix + ".experts.w2_weight", E * H * u(moe.d_ff_rank) * e});
-  if (moe.shared_d_ff > 0) {
+  if (moe.shared_d_ff > 0 && !moe.shared_gate) {
+    // DeepseekV2MoE.shared_experts: DeepseekV2MLP(moe_intermediate_size x n_shared_experts),
+    // MergedColumnParallel gate_up, RowParallel down (reduce_results=False), no gate.
+    const uint64_t s = u(moe.shared_d_ff_rank);
+    out.push_back({prefix + ".shared_experts.gate_up_proj.weight", 2 * s * H * e});
+    out.push_back({prefix + ".shared_experts.down_proj.weight", H * s * e});
+  } else if (moe.shared_d_ff > 0) {
     const uint64_t s = u(moe.shared_d_ff_rank);
     out.push_back({prefix + ".shared_expert.gate_up_proj.weight", 2 * s * H * e});
     out.push_back({prefix + ".shared_expert.down_proj.weight", H * s * e});

@@ -49,6 +49,15 @@ struct MoeDims {
   int64_t shared_d_ff = 0, shared_d_ff_rank = 0;  // Qwen2-MoE's shared_expert (0: none)
   bool renormalize = true;       // norm_topk_prob (Mixtral: always)
   int64_t chunk_size = 32768;    // VLLM_FUSED_MOE_CHUNK_SIZE
+  // DeepSeek-V2 / V3 (DeepseekV2MoE: FusedMoE with use_grouped_topk, GroupedTopKRouter in
+  // router/grouped_topk_router.py at 055e47c2): n_group / topk_group, sigmoid scores (V3),
+  // V3's fp32 gate.e_score_correction_bias [E] (noaux_tc: the fused grouped_topk kernel),
+  // and the shared experts as one ungated MLP (shared_gate false; Qwen2-MoE's is gated).
+  bool grouped = false;
+  int64_t n_group = 1, topk_group = 1;
+  bool sigmoid = false;
+  bool correction_bias = false;
+  bool shared_gate = true;
 };
 
 // The buffers one call of the layer on `tokens` tokens allocates (bytes, before the

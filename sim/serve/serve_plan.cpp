@@ -97,6 +97,8 @@ ServePlan plan_vllm(const Scenario& s) {
   shape.tokens = st.max_num_batched_tokens;
   shape.requests = st.requests;
   shape.compiled = st.compiled;
+  if (p.model.mla.enabled())
+    shape.mla_workspace_tokens = mla_chunked_prefill_workspace_tokens(st.max_model_len, st.max_num_seqs, st.block_size);
   const ProfileRun run = vllm_profile_run(p.model, weights, shape, s.device, s.allocator);
   p.activation_peak_bytes = run.torch_peak_increase;
   p.forward_peak_bytes = run.forward_peak_increase;

@@ -24,10 +24,13 @@ bool is_moe_architecture(const std::string& a) {
 // The vLLM model classes whose layers this file and vllm_profile_run.cpp follow:
 // LlamaForCausalLM (llama, and phi3: vLLM's Phi3ForCausalLM is a LlamaForCausalLM),
 // MistralForCausalLM (= Llama), Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
-// Gemma3ForCausalLM (text) and the FusedMoE rows above.
+// Gemma3ForCausalLM (text), the FusedMoE rows above and DeepseekV2ForCausalLM /
+// DeepseekV3ForCausalLM (MLA + FusedMoE with grouped top-k; read_deepseek).
+bool is_deepseek_architecture(const std::string& a) { return a == "deepseek_v2" || a == "deepseek_v3"; }
+
 bool modelled_architecture(const std::string& a) {
   return a == "llama" || a == "mistral" || a == "qwen2" || a == "qwen3" || a == "phi3" ||
-         is_moe_architecture(a) || a == "gemma2" || a == "gemma3_text";
+         is_moe_architecture(a) || a == "gemma2" || a == "gemma3_text" || is_deepseek_architecture(a);
 }
 
 // The FusedMoE block of a MoE row (fused_moe.h): sizes per rank and the splits vLLM refuses.
@@ -42,7 +45,7 @@ void read_moe(const Scenario& s, ServedModel& m, const std::string& tp_at, bool&
     refuse(tp_at, "serve.tensor_parallel",
            "OLMoE's q_norm / k_norm normalise the whole projection, so vLLM all-gathers q and k "
            "under tensor parallelism; that path is not modelled (tensor_parallel 1 is)");
-  if (m.architecture == "qwen2_moe" && m.tp > spec.experts)
+  if ((m.architecture == "qwen2_moe" || is_deepseek_architecture(m.architecture)) && m.tp > spec.experts)
     refuse(tp_at, "serve.tensor_parallel",
            "Tensor parallel size " + std::to_string(m.tp) + " is greater than the number of experts " +
                std::to_string(spec.experts) + ".");
@@ -70,6 +73,49 @@ void read_moe(const Scenario& s, ServedModel& m, const std::string& tp_at, bool&
   }
   m.qk_norm_full = s.model.arch.qk_norm == graph::QkNorm::full;
 }
+
+// DeepSeek-V2 / V3 (vllm/model_executor/models/deepseek_v2.py at 002d6073; deepseek_mla.h):
+// the MLA dimensions per rank, the grouped top-k router and ungated shared experts of
+// DeepseekV2MoE, and the RoPE cache of get_rope(qk_rope_head_dim, ...) (a yarn
+// rope_scaling becomes "deepseek_yarn", DeepseekScalingRotaryEmbedding).
+void read_deepseek(const Scenario& s, ServedModel& m) {
+  const ModelConfig& mc = s.model;
+  const graph::MlaSpec& spec = mc.arch.mla;
+  if (!spec.enabled())
+    refuse(s.source, "model.architecture",
+           "'" + m.architecture + "' without kv_lora_rank: vLLM serves DeepSeek-V2/V3 configs with "
+           "multi-head latent attention (give the model's config.json)");
+  m.mla.q_lora_rank = spec.q_lora_rank;
+  m.mla.kv_lora_rank = spec.kv_lora_rank;
+  m.mla.qk_nope = spec.qk_nope_head_dim;
+  m.mla.qk_rope = spec.qk_rope_head_dim;
+  m.mla.v_head = spec.v_head_dim;
+  m.mla.heads_rank = m.heads / m.tp;
+  m.rotary_dim = spec.qk_rope_head_dim;
+  const graph::MoeSpec& moe = mc.arch.moe;
+  m.moe.grouped = true;
+  m.moe.n_group = moe.n_group;
+  m.moe.topk_group = moe.topk_group;
+  m.moe.sigmoid = moe.score == graph::MoeScore::sigmoid || moe.code == graph::MoeRouterCode::deepseek_v3;
+  m.moe.correction_bias = moe.code == graph::MoeRouterCode::deepseek_v3;  // topk_method noaux_tc
+  m.moe.shared_gate = false;
+  if (m.moe.correction_bias && (moe.n_group > 32 || moe.top_k > 32))
+    refuse(s.source, "model.hf_config",
+           "n_group " + std::to_string(moe.n_group) + " / num_experts_per_tok " + std::to_string(moe.top_k) +
+               ": above 32 vLLM routes a correction-biased model with the unfused grouped_topk, "
+               "whose buffers are not modelled (the fused kernel's are)");
+  // get_rope caches one table: max_position_embeddings rows without scaling; with yarn
+  // ("deepseek_yarn") original_max_position_embeddings x factor rows. memsim takes
+  // max_position_embeddings for both: every published DeepSeek-V2 / V2-Lite / V3 config has
+  // 4096 x 40 = 163,840 = max_position_embeddings (docs/serve.md "DeepSeek-V2 / V3").
+  const std::string& type = mc.rope_scaling_type;
+  if (!type.empty() && type != "default" && type != "yarn")
+    refuse(s.source, "model.hf_config",
+           "rope_scaling type '" + type + "' on DeepSeek: vLLM's cache for it is not modelled "
+           "(none and yarn, vLLM's deepseek_yarn, are)");
+  m.rope_rows = m.context;
+}
+
 
 // Gemma-2 / Gemma-3 text (vllm/model_executor/models/gemma2.py, gemma3.py at 004dc924):
 // the sandwich norms, GeluAndMul, the final soft-cap and Gemma-3's RoPE caches. get_rope
@@ -119,7 +165,7 @@ ServedModel served_model(const Scenario& s) {
     refuse(model_at, "model.architecture",
            "the serving engines' model code for '" + m.architecture +
                "' is not modelled (memsim serve covers llama, mistral, qwen2, qwen3, phi3, gemma2, "
-               "gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe; "
+               "gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3; "
                "docs/serve.md says why the others differ)");
   if (mc.arch.impl != graph::ModelImpl::hf)
     refuse(model_at, "model.implementation",
@@ -153,7 +199,8 @@ ServedModel served_model(const Scenario& s) {
     refuse(tp_at, "serve.tensor_parallel", e.what());
   }
   bool any_dense = true;
-  if (is_moe_architecture(m.architecture)) read_moe(s, m, tp_at, any_dense);
+  if (is_moe_architecture(m.architecture) || (is_deepseek_architecture(m.architecture) && mc.arch.moe.experts > 0))
+    read_moe(s, m, tp_at, any_dense);
   if (any_dense && m.d_ff % m.tp != 0)
     refuse(tp_at, "serve.tensor_parallel",
            "intermediate_size " + std::to_string(m.d_ff) + " is not divisible by " +
@@ -169,6 +216,7 @@ ServedModel served_model(const Scenario& s) {
   m.vocab_rank = m.padded_vocab / m.tp;
   m.rope_rows = m.context;
   if (m.architecture == "gemma2" || m.architecture == "gemma3_text") read_gemma(s, m);
+  if (is_deepseek_architecture(m.architecture)) read_deepseek(s, m);
   m.kv_elem = c.kv_cache_dtype == KvCacheDtype::automatic ? m.elem : 1;
   m.kv.reserve(static_cast<size_t>(m.layers));
   for (int64_t l = 0; l < m.layers; ++l) {
@@ -177,6 +225,11 @@ ServedModel served_model(const Scenario& s) {
     k.head_dim = m.head_dim;
     k.elem_bytes = m.kv_elem;
     k.window = mc.arch.layer_slides(l) ? mc.arch.sliding_window : 0;
+    if (m.mla.enabled()) {  // MLAAttentionSpec: one latent "head", the same on every rank
+      k.kv_heads = 1;
+      k.head_dim = m.mla.latent();
+      k.mla = true;
+    }
     m.kv.push_back(k);
   }
   return m;
@@ -225,6 +278,27 @@ void add_linear(std::vector<WeightTensor>& t, const ServedModel& m, const std::s
   }
 }
 
+// The Llama-lineage self_attn of one layer on this rank (QKVParallelLinear, optional q/k
+// norms, RowParallelLinear o_proj).
+void add_attention_weights(std::vector<WeightTensor>& t, const ServedModel& m, const std::string& a) {
+  const auto e = static_cast<uint64_t>(m.elem);
+  const auto d = static_cast<uint64_t>(m.d_model);
+  const int64_t qkv_out = (m.q_heads_rank + 2 * m.kv_heads_rank) * m.head_dim;
+  const int64_t q_in = m.q_heads_rank * m.head_dim;
+  add_linear(t, m, a + ".qkv_proj", qkv_out, m.d_model, 3);
+  if (m.qkv_bias) t.push_back({a + ".qkv_proj.bias", static_cast<uint64_t>(qkv_out) * e});
+  if (m.qk_norm) {
+    t.push_back({a + ".q_norm.weight", static_cast<uint64_t>(m.head_dim) * e});
+    t.push_back({a + ".k_norm.weight", static_cast<uint64_t>(m.head_dim) * e});
+  }
+  if (m.qk_norm_full) {  // OLMoE: RMSNorm(hidden_size), RMSNorm(kv_heads x head_dim), replicated
+    t.push_back({a + ".q_norm.weight", static_cast<uint64_t>(m.heads * m.head_dim) * e});
+    t.push_back({a + ".k_norm.weight", static_cast<uint64_t>(m.kv_heads * m.head_dim) * e});
+  }
+  add_linear(t, m, a + ".o_proj", m.d_model, q_in, 1);
+  if (m.o_bias) t.push_back({a + ".o_proj.bias", d * e});  // RowParallel: full bias
+}
+
 }  // namespace
 
 std::vector<WeightTensor> vllm_weight_tensors(const ServedModel& m) {
@@ -232,22 +306,12 @@ std::vector<WeightTensor> vllm_weight_tensors(const ServedModel& m) {
   const auto e = static_cast<uint64_t>(m.elem);
   const auto d = static_cast<uint64_t>(m.d_model);
   t.push_back({"model.embed_tokens.weight", static_cast<uint64_t>(m.vocab_rank) * d * e});
-  const int64_t qkv_out = (m.q_heads_rank + 2 * m.kv_heads_rank) * m.head_dim;
-  const int64_t q_in = m.q_heads_rank * m.head_dim;
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l);
-    add_linear(t, m, p + ".self_attn.qkv_proj", qkv_out, m.d_model, 3);
-    if (m.qkv_bias) t.push_back({p + ".self_attn.qkv_proj.bias", static_cast<uint64_t>(qkv_out) * e});
-    if (m.qk_norm) {
-      t.push_back({p + ".self_attn.q_norm.weight", static_cast<uint64_t>(m.head_dim) * e});
-      t.push_back({p + ".self_attn.k_norm.weight", static_cast<uint64_t>(m.head_dim) * e});
-    }
-    if (m.qk_norm_full) {  // OLMoE: RMSNorm(hidden_size), RMSNorm(kv_heads x head_dim), replicated
-      t.push_back({p + ".self_attn.q_norm.weight", static_cast<uint64_t>(m.heads * m.head_dim) * e});
-      t.push_back({p + ".self_attn.k_norm.weight", static_cast<uint64_t>(m.kv_heads * m.head_dim) * e});
-    }
-    add_linear(t, m, p + ".self_attn.o_proj", m.d_model, q_in, 1);
-    if (m.o_bias) t.push_back({p + ".self_attn.o_proj.bias", d * e});  // RowParallel: full bias
+    if (m.mla.enabled())
+      add_mla_attention_weights(t, m.mla, p + ".self_attn", m.d_model, m.elem);
+    else
+      add_attention_weights(t, m, p + ".self_attn");
     if (m.layer_is_moe(l)) {
       add_fused_moe_weights(t, m.moe, p + ".mlp", m.d_model, m.elem);
     } else {

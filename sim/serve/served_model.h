@@ -4,8 +4,10 @@
 // engine's --dtype, serve.*) and returns the per-rank dimensions vLLM's model code uses,
 // or throws ScenarioError "FILE:LINE: KEY: why" for what is not modelled:
 //  - families other than hf-llama, and the architecture rows whose vLLM model code is not
-//    modelled (gemma, olmo2, granite, gpt2, deepseek_v3: post norms, scalar multipliers,
-//    MLA; their KV layout alone is kv_layout.h's, tested there);
+//    modelled (gemma, olmo2, granite, gpt2: post norms, scalar multipliers);
+//  - DeepSeek-V2 / V3 (deepseek_v2, deepseek_v3): vLLM's MLA layout and profile run
+//    (ServedModel::mla, deepseek_mla.h) with the FusedMoE block's grouped top-k router;
+//    RoPE scalings other than none / yarn are refused (their cache sizes differ);
 //  - Gemma-2 / Gemma-3 text: the layout and profile run of vLLM's gemma2.py / gemma3.py
 //    (ServedModel::gemma); RoPE scalings other than default / linear / llama3 are refused
 //    for Gemma-3 (their cache sizes differ);
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "scenario/scenario.h"
+#include "sim/serve/deepseek_mla.h"
 #include "sim/serve/fused_moe.h"
 #include "sim/serve/kv_layout.h"
 
@@ -60,6 +63,11 @@ struct ServedModel {
   double final_softcap = 0.0;
   int64_t rope_rows = 0;        // rows of the (global) cos_sin_cache
   int64_t local_rope_rows = 0;  // Gemma-3: the sliding layers' own cache (0: none)
+  // DeepSeek-V2 / V3 (vLLM's DeepseekV2ForCausalLM / DeepseekV3ForCausalLM, deepseek_mla.h):
+  // multi-head latent attention in every layer (mla.enabled()), the MoE block's grouped
+  // top-k router and ungated shared experts in moe (fused_moe.h), dense layers before
+  // first_k_dense_replace.
+  MlaDims mla;
   bool layer_is_moe(int64_t l) const {
     return l >= 0 && static_cast<size_t>(l) < moe_layer.size() && moe_layer[static_cast<size_t>(l)] != 0;
   }

@@ -95,6 +95,104 @@ class ProfileBuilder {
     return reduce(std::move(o));
   }
 
+  // MLAAttention's part of the profile run, after its inputs exist: forward allocates the
+  // output [T, heads x v_head_dim] (torch.empty(output_shape)); forward_impl without
+  // metadata allocates the simulated kv_b_proj output [workspace, heads, nope + v], which
+  // dies when forward_impl returns, and zero-fills the output (deepseek_mla.h).
+  Tensor mla_attention_core() {
+    const MlaDims& a = m_.mla;
+    Tensor out = act(T_ * static_cast<uint64_t>(a.heads_rank * a.v_head) * e_, OpKind::other);
+    Tensor upproj = tmp(mla_profile_upproj_bytes(a, s_.mla_workspace_tokens, m_.elem), OpKind::other);
+    upproj.reset();
+    return out;
+  }
+
+  // DeepseekScalingRotaryEmbedding.forward_native (is_neox_style False; vLLM's CUDA path
+  // without FlashInfer) on x [T, n, rope]: cos_sin_cache[positions], repeat_interleave'd
+  // cos / sin, x * cos, rotate_gptj(x) (-x2 and the stack), * sin, and the sum, which it
+  // returns. The caller allocates the gathered cos / sin, shared by q and k.
+  Tensor rope_native(uint64_t n) {
+    const uint64_t r = static_cast<uint64_t>(m_.mla.qk_rope);
+    Tensor xc = tmp(T_ * n * r * e_, OpKind::mul);           // x_rot * cos
+    Tensor neg = tmp(T_ * n * (r / 2) * e_, OpKind::neg);    // -x2
+    Tensor st = tmp(T_ * n * r * e_, OpKind::cat2);          // torch.stack((-x2, x1), -1)
+    neg.reset();
+    Tensor xs = tmp(T_ * n * r * e_, OpKind::mul);           // rotate_gptj(x) * sin
+    st.reset();
+    Tensor y = act(T_ * n * r * e_, OpKind::add);
+    xc.reset();
+    xs.reset();
+    return y;
+  }
+
+  // Eager MultiHeadLatentAttentionWrapper.forward on the normed input (vllm/model_executor/
+  // layers/mla.py at 00b9b7ad): every local (the a-projection output the splits view, the
+  // normed q_c, q, kv_c_normed, the rotated k_pe, the attention output) lives until the
+  // function returns, after o_proj (and its TP all-reduce).
+  Tensor attention_mla() {
+    const MlaDims& a = m_.mla;
+    const uint64_t qk = static_cast<uint64_t>(a.heads_rank * a.qk_head());
+    Tensor lora, q_c, q;
+    if (a.q_lora_rank > 0) {
+      lora = linear(T_, static_cast<uint64_t>(a.q_lora_rank + a.latent()), false);  // fused_qkv_a_proj
+      q_c = act(T_ * static_cast<uint64_t>(a.q_lora_rank) * e_, OpKind::fused_rms_norm);  // q_a_layernorm
+      q = linear(T_, qk, false);  // q_b_proj
+    } else {
+      lora = linear(T_, static_cast<uint64_t>(a.latent()), false);  // kv_a_proj_with_mqa
+      q = linear(T_, qk, false);  // q_proj
+    }
+    Tensor kv_c_normed = act(T_ * static_cast<uint64_t>(a.kv_lora_rank) * e_, OpKind::fused_rms_norm);
+    Tensor k_pe;
+    {
+      // q[..., nope:], k_pe = rotary_emb(positions, q[..., nope:], k_pe): the rotated q is
+      // copied back into q's slice (and dies with the statement); k_pe is rebound.
+      const uint64_t r = static_cast<uint64_t>(a.qk_rope);
+      Tensor cs = tmp(T_ * r * e_, OpKind::index);              // cos_sin_cache[positions]
+      Tensor cos = tmp(T_ * r * e_, OpKind::expand_clone);
+      Tensor sin = tmp(T_ * r * e_, OpKind::expand_clone);
+      Tensor q_rot = rope_native(static_cast<uint64_t>(a.heads_rank));
+      Tensor k_rot = rope_native(1);
+      cs.reset();
+      cos.reset();
+      sin.reset();
+      q_rot.reset();
+      k_pe = std::move(k_rot);
+    }
+    Tensor attn = mla_attention_core();
+    Tensor o = linear(T_, d_, false);
+    return reduce(std::move(o));
+  }
+
+  // The same under Inductor: the normed input dies after its last projection, q_c after
+  // q_b_proj, the a-projection output once the norm and RoPE have read it (RoPE fused,
+  // writing q's slice in place and a new k_pe), q / kv_c_normed / k_pe after the attention
+  // op, its output after o_proj.
+  Tensor attention_mla_compiled(Tensor normed) {
+    const MlaDims& a = m_.mla;
+    const uint64_t qk = static_cast<uint64_t>(a.heads_rank * a.qk_head());
+    Tensor lora, q;
+    if (a.q_lora_rank > 0) {
+      lora = linear(T_, static_cast<uint64_t>(a.q_lora_rank + a.latent()), false);
+      normed.reset();
+      Tensor q_c = act(T_ * static_cast<uint64_t>(a.q_lora_rank) * e_, OpKind::fused_rms_norm);
+      q = linear(T_, qk, false);
+    } else {
+      lora = linear(T_, static_cast<uint64_t>(a.latent()), false);
+      q = linear(T_, qk, false);
+      normed.reset();
+    }
+    Tensor kv_c_normed = act(T_ * static_cast<uint64_t>(a.kv_lora_rank) * e_, OpKind::fused_rms_norm);
+    Tensor k_pe = act(T_ * static_cast<uint64_t>(a.qk_rope) * e_, OpKind::rope);
+    lora.reset();
+    Tensor attn = mla_attention_core();
+    q.reset();
+    kv_c_normed.reset();
+    k_pe.reset();
+    Tensor o = linear(T_, d_, false);
+    attn.reset();
+    return reduce(std::move(o));
+  }
+
   // Eager LlamaMLP.forward on the normed input (which the caller keeps).
   Tensor mlp() {
     const uint64_t f = static_cast<uint64_t>(m_.d_ff_rank);
@@ -104,6 +202,37 @@ class ProfileBuilder {
     Tensor out = reduce(linear(T_, d_, m_.mlp_bias));
     a.reset();  // `x, _ = self.down_proj(x)` rebinds after down_proj returns
     return out;
+  }
+
+  // GroupedTopKRouter._compute_routing (router/grouped_topk_router.py at 055e47c2) on the
+  // [T, E] router logits, returning fp32 weights and int32 ids [T, k]:
+  //  - with e_score_correction_bias (V3's noaux_tc; VLLM_USE_FUSED_MOE_GROUPED_TOPK on,
+  //    n_group and top_k <= 32): fused_grouped_topk's one CUDA kernel, which writes the two
+  //    outputs directly;
+  //  - else (V2): the torch.compile'd grouped_topk: softmax (sigmoid) scores [T, E], the
+  //    group maxima and group mask [T, n_group], the masked scores [T, E] (model dtype),
+  //    topk's values [T, k] and int64 ids, then .to(float32) / .to(int32); inside the compiled
+  //    function every buffer dies at its last use. Not modelled: the [T, n_group] group
+  //    scores and mask (128 KiB at 8192 tokens and 8 groups), whose fusion by Inductor is
+  //    not known; the routed_scaling_factor multiply, which vLLM applies to the experts'
+  //    output in place on CUDA (apply_routed_scale_to_output).
+  void grouped_topk(Tensor& weights, Tensor& ids) {
+    const uint64_t E = static_cast<uint64_t>(m_.moe.experts), k = static_cast<uint64_t>(m_.moe.top_k);
+    if (m_.moe.correction_bias) {  // read_deepseek refuses n_group or top_k above 32
+      weights = act(T_ * k * 4, OpKind::topk);
+      ids = act(T_ * k * 4, OpKind::topk);
+      return;
+    }
+    Tensor scores = tmp(T_ * E * e_, m_.moe.sigmoid ? OpKind::sigmoid : OpKind::softmax);
+    Tensor masked = tmp(T_ * E * e_, OpKind::masked_fill);
+    scores.reset();
+    Tensor vals = tmp(T_ * k * e_, OpKind::topk);
+    Tensor idx64 = tmp(T_ * k * 8, OpKind::topk);
+    masked.reset();
+    weights = act(T_ * k * 4, OpKind::to_copy);
+    vals.reset();
+    ids = act(T_ * k * 4, OpKind::to_copy);
+    idx64.reset();
   }
 
   // One FusedMoE block (sim/serve/fused_moe.h) on the normed input x. The routed experts
@@ -122,19 +251,29 @@ class ProfileBuilder {
       gu.reset();
       Tensor dn = linear(T_, d_, false);
       a.reset();
-      Tensor g = linear(T_, 1, false);
-      Tensor sg = act(T_ * e_, OpKind::sigmoid);
-      g.reset();
-      shared = act(T_ * d_ * e_, OpKind::mul);
-      sg.reset();
-      dn.reset();
+      if (!m_.moe.shared_gate) {
+        // DeepseekV2MoE: shared_experts is an ungated DeepseekV2MLP computed before the
+        // routed experts (reduce_results=False); its output lives through them.
+        shared = std::move(dn);
+      } else {
+        Tensor g = linear(T_, 1, false);
+        Tensor sg = act(T_ * e_, OpKind::sigmoid);
+        g.reset();
+        shared = act(T_ * d_ * e_, OpKind::mul);
+        sg.reset();
+        dn.reset();
+      }
     }
     Tensor logits = act(b.router_logits, OpKind::mm_linear);  // the ReplicatedLinear gate
     rt_.note_gemm();
     {
+      Tensor weights, ids;
+      if (m_.moe.grouped) {
+        grouped_topk(weights, ids);
+      } else {
       // FusedMoE.select_experts -> fused_topk: three [T, k] outputs, then .float().
-      Tensor weights = act(b.topk_weights, OpKind::topk);
-      Tensor ids = act(b.topk_ids, OpKind::topk);
+      weights = act(b.topk_weights, OpKind::topk);
+      ids = act(b.topk_ids, OpKind::topk);
       Tensor token_expert = tmp(b.token_expert_indices, OpKind::topk);
       Tensor gating_f32;
       if (b.gating_float > 0) gating_f32 = tmp(b.gating_float, OpKind::to_copy);
@@ -146,6 +285,7 @@ class ProfileBuilder {
       }
       gating_f32.reset();     // fused_topk returns
       token_expert.reset();   // select_experts returns (topk_weights, topk_ids)
+      }
       // fused_experts_impl: cache13 (caches 1 and 3), cache2, then per chunk
       // moe_align_block_size's sorted_ids / expert_ids / num_tokens_post_pad (the previous
       // chunk's die when the names are rebound); moe_sum writes into x.
@@ -165,7 +305,11 @@ class ProfileBuilder {
     }
     logits.reset();
     Tensor out = x;
-    if (shared.defined()) {  // final_hidden_states + shared_output
+    if (shared.defined() && !m_.moe.shared_gate) {
+      // DeepseekV2MoE: final_hidden_states *= routed_scaling_factor (applied to the output
+      // on CUDA) and += shared_output, both in place.
+      shared.reset();
+    } else if (shared.defined()) {  // final_hidden_states + shared_output
       Tensor sum = act(T_ * d_ * e_, OpKind::add);
       shared.reset();
       out = std::move(sum);
@@ -220,7 +364,7 @@ class ProfileBuilder {
     } else {
       x = h;  // fused_add_rms_norm(hidden_states, residual) in place
     }
-    Tensor a = attention();
+    Tensor a = m_.mla.enabled() ? attention_mla() : attention();
     x.reset();  // `hidden_states = self.self_attn(...)` (the layer-0 norm output dies)
     // post_attention_layernorm: fused_add_rms_norm in place on a and residual.
     Tensor out = m_.layer_is_moe(l) ? moe(a) : mlp();
@@ -321,7 +465,7 @@ class ProfileBuilder {
       residual = std::move(sum);
       x = act(T_ * d_ * e_, OpKind::fused_rms_norm);
     }
-    Tensor a = attention_compiled(std::move(x));
+    Tensor a = m_.mla.enabled() ? attention_mla_compiled(std::move(x)) : attention_compiled(std::move(x));
     Tensor sum2 = act(T_ * d_ * e_, OpKind::fused_rms_norm);  // a + residual
     a.reset();
     residual = std::move(sum2);

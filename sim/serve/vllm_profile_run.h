@@ -29,7 +29,11 @@
 // [T, E] logits, fused_topk's fp32 weights / int32 ids, fused_experts_impl's cache13 and
 // cache2 and moe_align_block_size's per-chunk index buffers, the experts writing into the
 // normed input in place (Qwen2-MoE: its gated shared expert first, added after). Gemma-2/3
-// layers have four out-of-place GemmaRMSNorm (sandwich) and GeluAndMul; Gemma-2's logits
+// layers have four out-of-place GemmaRMSNorm (sandwich) and GeluAndMul; DeepSeek-V2/V3
+// layers run MultiHeadLatentAttentionWrapper.forward (deepseek_mla.h: the latent
+// projections, the q_a / kv_a RMSNorms, RoPE on the rope slices, MLAAttention's output and
+// its profile-run torch.empty of the worst-case kv_b_proj output) and a FusedMoE block with
+// the grouped top-k router and an ungated shared expert added in place; Gemma-2's logits
 // are soft-capped (three out-of-place [R, vocab] ops) before the sampler. The sampler follows vllm/v1/sample/sampler.py and ops/topk_topp_sampler.py
 // forward_native (the PyTorch path, used when FlashInfer is absent): fp32 logits,
 // argmax, sort (values, int64 indices, and PyTorch's segmented sort scratch: int64
@@ -51,6 +55,9 @@ struct ProfileRunShape {
   int64_t tokens = 0;    // max_num_batched_tokens
   int64_t requests = 0;  // min(tokens, max_num_seqs)
   bool compiled = true;  // Inductor lifetimes (cuda_graphs) vs eager custom ops
+  // MLA models: MLACommonMetadataBuilder's chunked_prefill_workspace_size, the rows of the
+  // profile run's simulated kv_b_proj output (deepseek_mla.h); 0 for other models.
+  int64_t mla_workspace_tokens = 0;
 };
 
 struct ProfileRun {

@@ -52,6 +52,12 @@ void model_lines(std::FILE* out, const Scenario& s, const serve::ServePlan& p) {
                m.tp, m.q_heads_rank, m.kv_heads_rank,
                m.kv_heads < m.tp ? " (replicated: kv_heads < TP)" : "", m.d_ff_rank,
                serve::describe_layers(m.kv).c_str(), to_string(s.serve.kv_cache_dtype), m.kv_elem);
+  if (m.mla.enabled())
+    std::fprintf(out, "  MLA         %s, kv_lora_rank %" PRId64 " + rope %" PRId64 " = %" PRId64
+                      "-wide latent per token and layer (not split by TP), qk %" PRId64 " + %" PRId64
+                      " / v %" PRId64 " per head\n",
+                 m.mla.q_lora_rank > 0 ? ("q_lora_rank " + std::to_string(m.mla.q_lora_rank)).c_str() : "q_proj",
+                 m.mla.kv_lora_rank, m.mla.qk_rope, m.mla.latent(), m.mla.qk_nope, m.mla.qk_rope, m.mla.v_head);
 }
 
 void vllm_text(std::FILE* out, const serve::ServePlan& p) {
@@ -80,10 +86,15 @@ void vllm_text(std::FILE* out, const serve::ServePlan& p) {
        commas(p.available_kv_bytes) + " B");
   if (p.available_kv_bytes <= 0 || p.kv.page_bytes == 0) return;
   const serve::KvLayer& l0 = m.kv.front();
-  line(out, "page size (2 x block x KV heads x head x B)",
-       commas(p.kv.page_bytes) + " B",
-       "2 x " + std::to_string(st.block_size) + " x " + std::to_string(l0.kv_heads) + " x " +
-           std::to_string(l0.head_dim) + " x " + std::to_string(l0.elem_bytes));
+  if (l0.mla)  // MLAAttentionSpec: one latent per token, no separate K and V
+    line(out, "page size (block x latent x B)", commas(p.kv.page_bytes) + " B",
+         std::to_string(st.block_size) + " x " + std::to_string(l0.head_dim) + " x " +
+             std::to_string(l0.elem_bytes));
+  else
+    line(out, "page size (2 x block x KV heads x head x B)",
+         commas(p.kv.page_bytes) + " B",
+         "2 x " + std::to_string(st.block_size) + " x " + std::to_string(l0.kv_heads) + " x " +
+             std::to_string(l0.head_dim) + " x " + std::to_string(l0.elem_bytes));
   if (p.kv.groups > 1)
     line(out, "hybrid KV groups", std::to_string(p.kv.groups) + " x " + std::to_string(p.kv.group_size),
          std::to_string(p.kv.padding_layers) + " padding layer(s)");
