@@ -17,6 +17,12 @@
 // on a frozen container is an error (Python's pickler never does that for plain data).
 // Consumers walking the DAG must still not assume nodes are unshared; snapshot_reader
 // rejects shared records so that its work stays linear in the input size.
+//
+// PickleParseOptions::drop_items_of_key names a dict key whose list values keep their
+// kind and size but not their items (items_dropped()): a memory snapshot's stack frames
+// are 94% of its container items and the snapshot reader never reads them, so they take
+// no memory (on this scale the pages first touched cost about as much as the parsing).
+// The items are parsed and checked exactly as any others; only storing them is skipped.
 #pragma once
 
 #include <cstdint>
@@ -112,6 +118,9 @@ class PickleValue {
 
   // list / tuple / dict: number of items (dict: entries).
   inline size_t size() const;
+  // A list whose items were not kept (PickleParseOptions::drop_items_of_key): size() is
+  // its length, item() must not be called.
+  inline bool items_dropped() const;
   inline PickleValue item(size_t i) const;              // list / tuple
   inline PickleValue key(size_t i) const;               // dict entry i, insertion order
   inline PickleValue value(size_t i) const;             // dict entry i
@@ -140,9 +149,11 @@ class PickleDoc {
     uint32_t count;  // children used
     uint32_t cap;    // slots reserved at kids_[a, a + cap)
   };
+  static constexpr uint8_t kFrozen = 1;   // inside another container: no more mutation
+  static constexpr uint8_t kDropped = 2;  // a list whose items were not kept
   struct Node {
     PickleKind kind;
-    bool frozen;      // inside another container: no more mutation
+    uint8_t flags;    // kFrozen, kDropped
     uint16_t depth;   // 0 for scalars; 1 + deepest child for containers
     uint32_t a;       // str/bytes: offset into text_; containers: first slot in kids_
     union {
@@ -160,7 +171,10 @@ class PickleDoc {
   // moves to the end with doubled capacity (amortized O(1) per child, at most 2x space).
   // Growing does not zero-fill (touch) slots that are reserved but never used.
   pickle_detail::PodArray<uint32_t> kids_;
-  std::string text_;  // the input bytes: str/bytes nodes point into it
+  // The input bytes (str/bytes nodes point into them), in a buffer that was never
+  // zero-filled: read_snapshot_file reads the file straight into it.
+  std::unique_ptr<char[]> text_;
+  size_t text_size_ = 0;
   uint32_t root_ = 0;
   int protocol_ = 0;
 };
@@ -172,11 +186,14 @@ uint64_t PickleValue::as_uint64() const { return doc_->nodes_[index_].u; }
 double PickleValue::as_double() const { return doc_->nodes_[index_].f; }
 std::string_view PickleValue::as_string() const {
   const PickleDoc::Node& n = doc_->nodes_[index_];
-  return std::string_view(doc_->text_.data() + n.a, n.len);
+  return std::string_view(doc_->text_.get() + n.a, n.len);
 }
 size_t PickleValue::size() const {
   const PickleDoc::Node& n = doc_->nodes_[index_];
   return n.kind == PickleKind::dict ? n.c.count / 2 : n.c.count;
+}
+bool PickleValue::items_dropped() const {
+  return (doc_->nodes_[index_].flags & PickleDoc::kDropped) != 0;
 }
 PickleValue PickleValue::item(size_t i) const {
   return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + i]);
@@ -188,8 +205,17 @@ PickleValue PickleValue::value(size_t i) const {
   return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + 2 * i + 1]);
 }
 
+struct PickleParseOptions {
+  // Lists put into a dict under this str key keep no items (see above); empty: keep all.
+  std::string_view drop_items_of_key;
+};
+
 // Parses `bytes` (copied into the doc). `name` is used in error messages.
-PickleDoc parse_pickle(std::string bytes, const std::string& name);
+PickleDoc parse_pickle(std::string_view bytes, const std::string& name,
+                       const PickleParseOptions& options = {});
+// Parses the `size` bytes of `bytes`, which the doc keeps.
+PickleDoc parse_pickle(std::unique_ptr<char[]> bytes, size_t size, const std::string& name,
+                       const PickleParseOptions& options = {});
 
 // ---------------------------------------------------------------------------------
 // Writer: emits protocol 4 using only the opcodes pytorch.org/memory_viz's unpickler

@@ -38,7 +38,7 @@ bool PickleValue::find(std::string_view key, PickleValue* out) const {
   for (size_t i = d.c.count; i >= 2; i -= 2) {  // from the back: the last duplicate wins
     const PickleDoc::Node& k = doc_->nodes_[kv[i - 2]];
     if (k.kind == PickleKind::str && k.len == key.size() &&
-        std::memcmp(doc_->text_.data() + k.a, key.data(), key.size()) == 0) {
+        std::memcmp(doc_->text_.get() + k.a, key.data(), key.size()) == 0) {
       *out = PickleValue(doc_, kv[i - 1]);
       return true;
     }
@@ -129,8 +129,9 @@ bool valid_utf8(const unsigned char* s, size_t n) {
 
 class PickleParser {
  public:
-  PickleParser(PickleDoc& doc, const std::string& name) : doc_(doc), name_(name) {}
-  void run(std::string bytes);
+  PickleParser(PickleDoc& doc, const std::string& name, const PickleParseOptions& options)
+      : doc_(doc), name_(name), drop_key_(options.drop_items_of_key) {}
+  void run(std::unique_ptr<char[]> bytes, size_t size);
 
  private:
   using Node = PickleDoc::Node;
@@ -252,7 +253,7 @@ class PickleParser {
   void insert(uint32_t container, uint32_t child) {
     if (child == container) self_insert();
     Node& c = doc_.nodes_[child];
-    c.frozen = true;
+    c.flags |= PickleDoc::kFrozen;
     const uint32_t depth = static_cast<uint32_t>(c.depth) + 1;
     if (depth > PickleDoc::kMaxDepth) too_deep();
     Node& parent = doc_.nodes_[container];
@@ -267,7 +268,7 @@ class PickleParser {
     }
     // Python's pickler finishes a container before putting it into another one;
     // refusing later mutation keeps the graph acyclic.
-    if (t.frozen) fail(std::string(opname) + " on a container already inside another one");
+    if (t.flags & PickleDoc::kFrozen) fail(std::string(opname) + " on a container already inside another one");
   }
   void check_key(uint32_t key) {
     const PickleKind k = doc_.nodes_[key].kind;
@@ -278,7 +279,7 @@ class PickleParser {
   // Freezes a child being put into a container; returns the depth the container then
   // has at least.
   uint32_t adopt(Node& child) {
-    child.frozen = true;
+    child.flags |= PickleDoc::kFrozen;
     const uint32_t depth = static_cast<uint32_t>(child.depth) + 1;
     if (depth > PickleDoc::kMaxDepth) too_deep();
     return depth;
@@ -305,9 +306,29 @@ class PickleParser {
     parent.c.count += static_cast<uint32_t>(n);
     stack_.set_size(start);
   }
+  // A list about to go into a dict under drop_key_ gives back its item slots when they
+  // are the last ones in kids_ (they are when the pickler wrote the list just before, as
+  // it does: a list is finished before the dict that holds it). Nothing else changes:
+  // the items were checked as they went in, and the list is frozen once in the dict.
+  void maybe_drop(uint32_t key, uint32_t value) {
+    Node& v = doc_.nodes_[value];
+    if (v.kind != PickleKind::list || v.c.count == 0 || (v.flags & PickleDoc::kDropped)) return;
+    const Node& k = doc_.nodes_[key];
+    if (k.kind != PickleKind::str || k.len != drop_key_.size() ||
+        std::memcmp(doc_.text_.get() + k.a, drop_key_.data(), drop_key_.size()) != 0) {
+      return;
+    }
+    if (size_t{v.a} + v.c.cap != doc_.kids_.size()) return;
+    doc_.kids_.set_size(v.a);
+    v.c.cap = 0;
+    v.flags |= PickleDoc::kDropped;
+  }
   void set_items(uint32_t dict, size_t start, const char* opname) {
     const size_t n = stack_.size() - start;
     if (n % 2 != 0) fail(std::string(opname) + " with an odd number of items");
+    if (!drop_key_.empty()) {
+      for (size_t i = start; i < stack_.size(); i += 2) maybe_drop(stack_[i], stack_[i + 1]);
+    }
     reserve(dict, n);
     Node* nodes = doc_.nodes_.data();
     Node& parent = nodes[dict];
@@ -368,6 +389,7 @@ class PickleParser {
 
   PickleDoc& doc_;
   const std::string& name_;
+  const std::string_view drop_key_;
   // The input as pointers, not offsets: stores into the nodes (64-bit integers) cannot
   // alias a pointer, so the loop keeps these in registers.
   const unsigned char* begin_ = nullptr;
@@ -416,10 +438,10 @@ uint32_t PickleParser::read_text(size_t n, PickleKind kind, const char* opname) 
   return id;
 }
 
-void PickleParser::run(std::string bytes) {
+void PickleParser::run(std::unique_ptr<char[]> bytes, size_t size) {
   doc_.text_ = std::move(bytes);
-  begin_ = cur_ = op_ = reinterpret_cast<const unsigned char*>(doc_.text_.data());
-  const size_t size = doc_.text_.size();
+  doc_.text_size_ = size;
+  begin_ = cur_ = op_ = reinterpret_cast<const unsigned char*>(doc_.text_.get());
   end_ = begin_ + size;
   if (size > (size_t{1} << 31)) fail("input larger than 2 GiB");
   dense_limit_ = size + 256;
@@ -568,6 +590,7 @@ void PickleParser::run(std::string bytes) {
         const uint32_t dict = top("SETITEM");
         check_mutable(dict, PickleKind::dict, "SETITEM");
         check_key(key);
+        if (!drop_key_.empty()) maybe_drop(key, value);
         reserve(dict, 2);
         insert(dict, key);
         insert(dict, value);
@@ -600,9 +623,16 @@ void PickleParser::run(std::string bytes) {
   }
 }
 
-PickleDoc parse_pickle(std::string bytes, const std::string& name) {
+PickleDoc parse_pickle(std::string_view bytes, const std::string& name, const PickleParseOptions& options) {
+  std::unique_ptr<char[]> copy(new char[bytes.size() + 1]);  // + 1: never a null buffer
+  if (!bytes.empty()) std::memcpy(copy.get(), bytes.data(), bytes.size());
+  return parse_pickle(std::move(copy), bytes.size(), name, options);
+}
+
+PickleDoc parse_pickle(std::unique_ptr<char[]> bytes, size_t size, const std::string& name,
+                       const PickleParseOptions& options) {
   PickleDoc doc;
-  PickleParser(doc, name).run(std::move(bytes));
+  PickleParser(doc, name, options).run(std::move(bytes), size);
   return doc;
 }
 

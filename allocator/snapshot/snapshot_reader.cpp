@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
 
 #include "allocator/snapshot/pickle.h"
 #include "allocator/snapshot/snapshot.h"
@@ -62,9 +63,13 @@ class Reader {
   // PyTorch builds a fresh dict/list for every segment, block and trace entry; refusing
   // shared records keeps the work linear in the input even for a hostile file whose
   // segments list repeats one memoized segment a million times.
+  // A list whose items were dropped (it is also some record's 'frames', see
+  // read_owned_bytes) is shared the same way.
   template <class PathFn>
   void claim(PickleValue v, const PathFn& path) {
-    if (visited_[v.id()]) fail(path(), "the same object appears twice (shared memo reference)");
+    if (visited_[v.id()] || v.items_dropped()) {
+      fail(path(), "the same object appears twice (shared memo reference)");
+    }
     visited_[v.id()] = true;
   }
 
@@ -416,10 +421,14 @@ void Reader::read_settings(PickleValue dict, Snapshot& out) {
 namespace {
 
 // The pickle parser keeps the bytes (str nodes point into them): hand over, don't copy.
-Snapshot read_owned_bytes(std::string bytes, const std::string& name) {
+// Stack frames ('frames' of trace entries and blocks) are checked to be lists and never
+// read: the parser keeps no items for them.
+Snapshot read_owned_bytes(std::unique_ptr<char[]> bytes, size_t size, const std::string& name) {
   PickleDoc doc;
+  PickleParseOptions options;
+  options.drop_items_of_key = "frames";
   try {
-    doc = parse_pickle(std::move(bytes), name);
+    doc = parse_pickle(std::move(bytes), size, name, options);
   } catch (const PickleError& e) {
     throw SnapshotError(e.what());
   }
@@ -429,29 +438,34 @@ Snapshot read_owned_bytes(std::string bytes, const std::string& name) {
 }  // namespace
 
 Snapshot read_snapshot_bytes(const std::string& bytes, const std::string& name) {
-  return read_owned_bytes(bytes, name);
+  std::unique_ptr<char[]> copy(new char[bytes.size() + 1]);
+  std::memcpy(copy.get(), bytes.data(), bytes.size());
+  return read_owned_bytes(std::move(copy), bytes.size(), name);
 }
 
 Snapshot read_snapshot_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw SnapshotError(path + ": cannot open: " + std::strerror(errno));
-  // One read of the whole file (an istreambuf_iterator copy goes byte by byte and grows
-  // the string by doubling: a fifth of a replay's time on a 4 MB snapshot).
-  std::string bytes;
+  // One read of the whole file into a buffer that is not zero-filled first (an
+  // istreambuf_iterator copy went byte by byte; a std::string's resize zero-fills, and
+  // that first touch of 4 MB of pages cost more than the read).
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
   in.seekg(0, std::ios::beg);
-  if (size > 0) {
-    bytes.resize(static_cast<size_t>(size));
-    in.read(bytes.data(), size);
-    bytes.resize(static_cast<size_t>(in.gcount()));
-  }
   if (size < 0) {  // not seekable (a pipe, /dev/stdin): read what is there, as before
     in.clear();
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) throw SnapshotError(path + ": read error");
+    return read_snapshot_bytes(bytes, path);
+  }
+  std::unique_ptr<char[]> bytes(new char[static_cast<size_t>(size) + 1]);
+  size_t got = 0;
+  if (size > 0) {
+    in.read(bytes.get(), size);
+    got = static_cast<size_t>(in.gcount());
   }
   if (in.bad()) throw SnapshotError(path + ": read error");
-  return read_owned_bytes(std::move(bytes), path);
+  return read_owned_bytes(std::move(bytes), got, path);
 }
 
 }  // namespace memsim
