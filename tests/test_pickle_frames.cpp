@@ -33,31 +33,43 @@ std::string parse_error(const std::string& pickle, const PickleParseOptions& opt
   return "(no error)";
 }
 
-// Protocol 2, by hand: {'frames': [1, 2, 3], 'x': [4, 5]}
-const std::string kTwoLists = bytes(
+// Protocol 2, by hand: {'x': [4, 5], 'frames': [1, 2, 3]} (frames last, as PyTorch writes
+// a trace entry), and {'frames': [1, 2, 3], 'x': [4, 5]}.
+const std::string kFramesLast = bytes(
+    "\x80\x02}(X\x01\x00\x00\x00x](K\x04K\x05" "eX\x06\x00\x00\x00" "frames](K\x01K\x02K\x03" "eu.");
+const std::string kFramesFirst = bytes(
     "\x80\x02}(X\x06\x00\x00\x00" "frames](K\x01K\x02K\x03" "eX\x01\x00\x00\x00x](K\x04K\x05" "eu.");
 
 }  // namespace
 
 TEST_CASE("Lists under the dropped key keep their length, not their items", "[pickle]") {
-  const PickleDoc kept = parse_pickle(kTwoLists, "kept");
   PickleValue frames(nullptr, 0), x(nullptr, 0);
+  const PickleDoc kept = parse_pickle(kFramesLast, "kept");
   REQUIRE(kept.root().find("frames", &frames));
   CHECK_FALSE(frames.items_dropped());
   REQUIRE(frames.size() == 3);
   CHECK(frames.item(2).as_int64() == 3);
 
-  const PickleDoc dropped = parse_pickle(kTwoLists, "dropped", drop_frames());
+  const PickleDoc dropped = parse_pickle(kFramesLast, "dropped", drop_frames());
   REQUIRE(dropped.root().size() == 2);
   REQUIRE(dropped.root().find("frames", &frames));
   CHECK(frames.kind() == PickleKind::list);
   CHECK(frames.items_dropped());
   CHECK(frames.size() == 3);
-  // The other list, written after the dropped one, reuses its slots and reads back.
   REQUIRE(dropped.root().find("x", &x));
   CHECK_FALSE(x.items_dropped());
   REQUIRE(x.size() == 2);
   CHECK(x.item(0).as_int64() == 4);
+  CHECK(x.item(1).as_int64() == 5);
+
+  // A list whose slots are not the last ones (another list came after it) keeps its
+  // items: giving them back would leave a hole, not shrink the array.
+  const PickleDoc first = parse_pickle(kFramesFirst, "first", drop_frames());
+  REQUIRE(first.root().find("frames", &frames));
+  CHECK_FALSE(frames.items_dropped());
+  REQUIRE(frames.size() == 3);
+  CHECK(frames.item(0).as_int64() == 1);
+  REQUIRE(first.root().find("x", &x));
   CHECK(x.item(1).as_int64() == 5);
 }
 
