@@ -28,12 +28,15 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "allocator/snapshot/large_buffer.h"
 
 namespace memsim {
 
@@ -53,7 +56,8 @@ class PickleDoc;
 
 namespace pickle_detail {
 // A growable array of trivially copyable T that never value-initialises: growing copies
-// the used part into uninitialised storage, so a page of reserved room is first touched
+// the used part into uninitialised storage (allocator/snapshot/large_buffer.h: huge pages
+// where the system allows), so a page of reserved room is first touched
 // when an element is written there (on a 4 MB snapshot, page faults cost about as much as
 // parsing). push_back's fast path is inline; growing is out of line.
 template <class T>
@@ -87,12 +91,13 @@ class PodArray {
   __attribute__((noinline)) void grow(size_t n) {
     size_t cap = cap_ < 1024 ? 1024 : cap_;
     while (cap < n) cap *= 2;
-    std::unique_ptr<T[]> bigger(new T[cap]);  // default-initialised: untouched
+    if (cap > SIZE_MAX / sizeof(T)) throw std::bad_alloc();
+    LargeBuffer<T> bigger = allocate_large_array<T>(cap);  // not initialised: untouched
     if (size_ > 0) std::memcpy(bigger.get(), data_.get(), sizeof(T) * size_);
     data_ = std::move(bigger);
     cap_ = cap;
   }
-  std::unique_ptr<T[]> data_;
+  LargeBuffer<T> data_;
   size_t size_ = 0;
   size_t cap_ = 0;
 };
@@ -173,7 +178,7 @@ class PickleDoc {
   pickle_detail::PodArray<uint32_t> kids_;
   // The input bytes (str/bytes nodes point into them), in a buffer that was never
   // zero-filled: read_snapshot_file reads the file straight into it.
-  std::unique_ptr<char[]> text_;
+  LargeBuffer<char> text_;
   size_t text_size_ = 0;
   uint32_t root_ = 0;
   int protocol_ = 0;
@@ -213,8 +218,8 @@ struct PickleParseOptions {
 // Parses `bytes` (copied into the doc). `name` is used in error messages.
 PickleDoc parse_pickle(std::string_view bytes, const std::string& name,
                        const PickleParseOptions& options = {});
-// Parses the `size` bytes of `bytes`, which the doc keeps.
-PickleDoc parse_pickle(std::unique_ptr<char[]> bytes, size_t size, const std::string& name,
+// Parses the `size` bytes of `bytes` (from allocate_large_array), which the doc keeps.
+PickleDoc parse_pickle(LargeBuffer<char> bytes, size_t size, const std::string& name,
                        const PickleParseOptions& options = {});
 
 // ---------------------------------------------------------------------------------

@@ -131,7 +131,7 @@ class PickleParser {
  public:
   PickleParser(PickleDoc& doc, const std::string& name, const PickleParseOptions& options)
       : doc_(doc), name_(name), drop_key_(options.drop_items_of_key) {}
-  void run(std::unique_ptr<char[]> bytes, size_t size);
+  void run(LargeBuffer<char> bytes, size_t size);
 
  private:
   using Node = PickleDoc::Node;
@@ -438,7 +438,7 @@ uint32_t PickleParser::read_text(size_t n, PickleKind kind, const char* opname) 
   return id;
 }
 
-void PickleParser::run(std::unique_ptr<char[]> bytes, size_t size) {
+void PickleParser::run(LargeBuffer<char> bytes, size_t size) {
   doc_.text_ = std::move(bytes);
   doc_.text_size_ = size;
   begin_ = cur_ = op_ = reinterpret_cast<const unsigned char*>(doc_.text_.get());
@@ -624,12 +624,12 @@ void PickleParser::run(std::unique_ptr<char[]> bytes, size_t size) {
 }
 
 PickleDoc parse_pickle(std::string_view bytes, const std::string& name, const PickleParseOptions& options) {
-  std::unique_ptr<char[]> copy(new char[bytes.size() + 1]);  // + 1: never a null buffer
+  LargeBuffer<char> copy = allocate_large_array<char>(bytes.size());
   if (!bytes.empty()) std::memcpy(copy.get(), bytes.data(), bytes.size());
   return parse_pickle(std::move(copy), bytes.size(), name, options);
 }
 
-PickleDoc parse_pickle(std::unique_ptr<char[]> bytes, size_t size, const std::string& name,
+PickleDoc parse_pickle(LargeBuffer<char> bytes, size_t size, const std::string& name,
                        const PickleParseOptions& options) {
   PickleDoc doc;
   PickleParser(doc, name, options).run(std::move(bytes), size);

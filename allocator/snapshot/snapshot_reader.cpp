@@ -9,6 +9,7 @@
 #include <iterator>
 #include <memory>
 
+#include "allocator/snapshot/large_buffer.h"
 #include "allocator/snapshot/pickle.h"
 #include "allocator/snapshot/snapshot.h"
 
@@ -423,7 +424,7 @@ namespace {
 // The pickle parser keeps the bytes (str nodes point into them): hand over, don't copy.
 // Stack frames ('frames' of trace entries and blocks) are checked to be lists and never
 // read: the parser keeps no items for them.
-Snapshot read_owned_bytes(std::unique_ptr<char[]> bytes, size_t size, const std::string& name) {
+Snapshot read_owned_bytes(LargeBuffer<char> bytes, size_t size, const std::string& name) {
   PickleDoc doc;
   PickleParseOptions options;
   options.drop_items_of_key = "frames";
@@ -438,7 +439,7 @@ Snapshot read_owned_bytes(std::unique_ptr<char[]> bytes, size_t size, const std:
 }  // namespace
 
 Snapshot read_snapshot_bytes(const std::string& bytes, const std::string& name) {
-  std::unique_ptr<char[]> copy(new char[bytes.size() + 1]);
+  LargeBuffer<char> copy = allocate_large_array<char>(bytes.size());
   std::memcpy(copy.get(), bytes.data(), bytes.size());
   return read_owned_bytes(std::move(copy), bytes.size(), name);
 }
@@ -458,7 +459,8 @@ Snapshot read_snapshot_file(const std::string& path) {
     if (in.bad()) throw SnapshotError(path + ": read error");
     return read_snapshot_bytes(bytes, path);
   }
-  std::unique_ptr<char[]> bytes(new char[static_cast<size_t>(size) + 1]);
+  // Not zero-filled, and in huge pages where the system allows (large_buffer.h).
+  LargeBuffer<char> bytes = allocate_large_array<char>(static_cast<size_t>(size));
   size_t got = 0;
   if (size > 0) {
     in.read(bytes.get(), size);
