@@ -146,3 +146,29 @@ TEST_CASE("pipeline: the chosen stage streamed into a run's sink gives the store
   REQUIRE(expected.peak.has_value());
   CHECK(r.analysis.peak->index == expected.peak->index);
 }
+
+TEST_CASE("pipeline: a search's stop_at_oom still counts the whole chosen stage",
+          "[pipeline-stream]") {
+  // As before streaming: the chosen stage is built whole, so an out-of-memory point's
+  // event count and FLOPs are the stage's (sweep --json prints them).
+  const Scenario s = memsim_test::tiny_pipeline(8, 4, 4);
+  Program stored;
+  build_megatron_pipeline_program(s, {}, stored);
+  SimulatedDevice big(1ull << 60, 0);
+  const Timeline full = execute(stored, s.allocator, big);
+  const uint64_t capacity = static_cast<uint64_t>(full.final_stats.reserved_bytes.all.peak) * 7 / 10;
+  SimulatedDevice d1(capacity, 0), d2(capacity, 0);
+  const Analysis expected = analyze(stored, execute(stored, s.allocator, d1));
+  REQUIRE(expected.oom.has_value());
+  StreamOptions options;
+  options.stop_at_oom = true;
+  Program program;
+  const StreamResult r = stream_run(
+      program, [&](Program& p) { build_megatron_pipeline_program(s, {}, p); }, s.allocator, d2, options);
+  CHECK(r.complete);
+  REQUIRE(r.analysis.oom.has_value());
+  CHECK(r.analysis.oom->index == expected.oom->index);
+  CHECK(r.analysis.events == stored.events.size());
+  CHECK(r.analysis.flops.forward == expected.flops.forward);
+  CHECK(program.rank.why == stored.rank.why);
+}

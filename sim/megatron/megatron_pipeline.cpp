@@ -469,15 +469,15 @@ PipelineStagePeaks build_megatron_pipeline_program(const Scenario& scenario,
   if (pc.data > 1) why += "; data-parallel rank 0 of " + std::to_string(pc.data);
   r.why = why;
   // The chosen stage once more, into the caller's Program and its sink (if any: then the
-  // events are executed as they are emitted and none is stored). A sink that stops the
-  // build (StreamOptions::stop_at_oom) leaves the rank named all the same.
-  if (sink.sink != nullptr) program.set_sink(sink);
-  try {
-    build_megatron_stage_program(scenario, options, peaks.worst, program, buffers);
-  } catch (const StopEmitting&) {
-    program.rank = r;
-    throw;
+  // events are executed as they are emitted and none is stored). The build is not
+  // stopped at an out-of-memory (abort_when_done off): a pipeline's Analysis::events and
+  // FLOPs stay the whole stage's, as when the stage was built before being streamed.
+  if (sink.sink != nullptr) {
+    SinkAttachment whole = sink;
+    whole.abort_when_done = false;
+    program.set_sink(whole);
   }
+  build_megatron_stage_program(scenario, options, peaks.worst, program, buffers);
   program.rank = r;
   return peaks;
 }
