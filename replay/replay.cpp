@@ -468,34 +468,40 @@ std::string compare_segments(const std::vector<SegmentInfo>& expected,
     std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
     return std::string(buf);
   };
+  // The texts are built only for the difference that is returned: a matching snapshot
+  // (the usual case) formats nothing (was a quarter of the replay loop's instructions).
+  auto where = [&](size_t i) { return "segment " + std::to_string(i) + " at " + hex(expected[i].address); };
+  auto block_where = [&](size_t i, size_t k) {
+    return where(i) + " block " + std::to_string(k) + " at " + hex(expected[i].blocks[k].address);
+  };
   const size_t n = std::min(expected.size(), got.size());
   for (size_t i = 0; i < n; ++i) {
     const SegmentInfo& e = expected[i];
     const SegmentInfo& g = got[i];
-    const std::string where = "segment " + std::to_string(i) + " at " + hex(e.address);
-    if (e.address != g.address) return where + ": emulator has a segment at " + hex(g.address);
+    if (e.address != g.address) return where(i) + ": emulator has a segment at " + hex(g.address);
     if (e.total_size != g.total_size)
-      return where + ": total_size " + std::to_string(e.total_size) + " vs " + std::to_string(g.total_size);
+      return where(i) + ": total_size " + std::to_string(e.total_size) + " vs " + std::to_string(g.total_size);
     if (e.is_small != g.is_small || e.is_expandable != g.is_expandable || e.stream != g.stream)
-      return where + ": kind/stream differ";
+      return where(i) + ": kind/stream differ";
     if (e.blocks.size() != g.blocks.size())
-      return where + ": " + std::to_string(e.blocks.size()) + " blocks vs " + std::to_string(g.blocks.size());
+      return where(i) + ": " + std::to_string(e.blocks.size()) + " blocks vs " + std::to_string(g.blocks.size());
     for (size_t k = 0; k < e.blocks.size(); ++k) {
       const BlockInfo& eb = e.blocks[k];
       const BlockInfo& gb = g.blocks[k];
-      const std::string bw = where + " block " + std::to_string(k) + " at " + hex(eb.address);
       if (eb.address != gb.address || eb.size != gb.size)
-        return bw + ": size " + std::to_string(eb.size) + " vs " + std::to_string(gb.size) + " at " + hex(gb.address);
-      if (eb.state != gb.state) return bw + ": state " + to_string(eb.state) + " vs " + to_string(gb.state);
+        return block_where(i, k) + ": size " + std::to_string(eb.size) + " vs " + std::to_string(gb.size) +
+               " at " + hex(gb.address);
+      if (eb.state != gb.state)
+        return block_where(i, k) + ": state " + to_string(eb.state) + " vs " + to_string(gb.state);
       const bool check_requested = !(ignore_inactive_requested && eb.state == BlockState::inactive);
       if (check_requested && eb.requested_size != gb.requested_size)
-        return bw + ": requested_size " + std::to_string(eb.requested_size) + " vs " +
+        return block_where(i, k) + ": requested_size " + std::to_string(eb.requested_size) + " vs " +
                std::to_string(gb.requested_size);
     }
     if (!ignore_inactive_requested && e.requested_size != g.requested_size)
-      return where + ": requested_size differs";
+      return where(i) + ": requested_size differs";
     if (e.allocated_size != g.allocated_size || e.active_size != g.active_size)
-      return where + ": allocated/active size differs";
+      return where(i) + ": allocated/active size differs";
   }
   if (expected.size() != got.size())
     return std::to_string(expected.size()) + " segments vs " + std::to_string(got.size());

@@ -17,16 +17,26 @@
 // on a frozen container is an error (Python's pickler never does that for plain data).
 // Consumers walking the DAG must still not assume nodes are unshared; snapshot_reader
 // rejects shared records so that its work stays linear in the input size.
+//
+// PickleParseOptions::drop_items_of_key names a dict key whose list values keep their
+// kind and size but not their items (items_dropped()): a memory snapshot's stack frames
+// are 94% of its container items and the snapshot reader never reads them, so they take
+// no memory (on this scale the pages first touched cost about as much as the parsing).
+// The items are parsed and checked exactly as any others; only storing them is skipped.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "allocator/snapshot/large_buffer.h"
 
 namespace memsim {
 
@@ -44,28 +54,81 @@ const char* pickle_kind_name(PickleKind kind);  // "int", "str", "dict", ...
 
 class PickleDoc;
 
+namespace pickle_detail {
+// A growable array of trivially copyable T that never value-initialises: growing copies
+// the used part into uninitialised storage (allocator/snapshot/large_buffer.h: huge pages
+// where the system allows), so a page of reserved room is first touched
+// when an element is written there (on a 4 MB snapshot, page faults cost about as much as
+// parsing). push_back's fast path is inline; growing is out of line.
+template <class T>
+class PodArray {
+ public:
+  size_t size() const { return size_; }
+  size_t capacity() const { return cap_; }
+  bool empty() const { return size_ == 0; }
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+  T& back() { return data_[size_ - 1]; }
+  const T& back() const { return data_[size_ - 1]; }
+  void push_back(const T& v) {
+    if (__builtin_expect(size_ == cap_, 0)) grow(size_ + 1);
+    data_[size_++] = v;
+  }
+  void pop_back() { --size_; }
+  // Makes room for `n` elements in all (growing by doubling, at least to 1024).
+  void reserve(size_t n) {
+    if (n > cap_) grow(n);
+  }
+  // Shrinks, or grows into reserved room whose new elements the caller then writes.
+  void set_size(size_t n) {
+    reserve(n);
+    size_ = n;
+  }
+
+ private:
+  __attribute__((noinline)) void grow(size_t n) {
+    size_t cap = cap_ < 1024 ? 1024 : cap_;
+    while (cap < n) cap *= 2;
+    if (cap > SIZE_MAX / sizeof(T)) throw std::bad_alloc();
+    LargeBuffer<T> bigger = allocate_large_array<T>(cap);  // not initialised: untouched
+    if (size_ > 0) std::memcpy(bigger.get(), data_.get(), sizeof(T) * size_);
+    data_ = std::move(bigger);
+    cap_ = cap;
+  }
+  LargeBuffer<T> data_;
+  size_t size_ = 0;
+  size_t cap_ = 0;
+};
+}  // namespace pickle_detail
+
 // A read-only handle on one node of a PickleDoc; cheap to copy, valid while the doc lives.
+// The accessors are inline (the snapshot reader calls them per field of every record).
 class PickleValue {
  public:
   PickleValue(const PickleDoc* doc, uint32_t index) : doc_(doc), index_(index) {}
 
-  PickleKind kind() const;
+  inline PickleKind kind() const;
   uint32_t id() const { return index_; }  // node index: equal ids = same (shared) object
   bool is_none() const { return kind() == PickleKind::none; }
   bool is_int() const { return kind() == PickleKind::int64 || kind() == PickleKind::uint64; }
 
   // Accessors require the matching kind (checked by the caller through kind()).
-  bool as_bool() const;
-  int64_t as_int64() const;     // int64 kind
-  uint64_t as_uint64() const;   // uint64 kind, or a non-negative int64
-  double as_double() const;
-  std::string_view as_string() const;  // str (UTF-8) or bytes
+  inline bool as_bool() const;
+  inline int64_t as_int64() const;     // int64 kind
+  inline uint64_t as_uint64() const;   // uint64 kind, or a non-negative int64
+  inline double as_double() const;
+  inline std::string_view as_string() const;  // str (UTF-8) or bytes
 
   // list / tuple / dict: number of items (dict: entries).
-  size_t size() const;
-  PickleValue item(size_t i) const;              // list / tuple
-  PickleValue key(size_t i) const;               // dict entry i, insertion order
-  PickleValue value(size_t i) const;             // dict entry i
+  inline size_t size() const;
+  // A list whose items were not kept (PickleParseOptions::drop_items_of_key): size() is
+  // its length, item() must not be called.
+  inline bool items_dropped() const;
+  inline PickleValue item(size_t i) const;              // list / tuple
+  inline PickleValue key(size_t i) const;               // dict entry i, insertion order
+  inline PickleValue value(size_t i) const;             // dict entry i
   // Dict lookup by str key; false when absent. Duplicate keys (hostile input only):
   // the last one wins, as in Python.
   bool find(std::string_view key, PickleValue* out) const;
@@ -91,9 +154,11 @@ class PickleDoc {
     uint32_t count;  // children used
     uint32_t cap;    // slots reserved at kids_[a, a + cap)
   };
+  static constexpr uint8_t kFrozen = 1;   // inside another container: no more mutation
+  static constexpr uint8_t kDropped = 2;  // a list whose items were not kept
   struct Node {
     PickleKind kind;
-    bool frozen;      // inside another container: no more mutation
+    uint8_t flags;    // kFrozen, kDropped
     uint16_t depth;   // 0 for scalars; 1 + deepest child for containers
     uint32_t a;       // str/bytes: offset into text_; containers: first slot in kids_
     union {
@@ -104,23 +169,58 @@ class PickleDoc {
       Slots c;       // containers
     };
   };
-  std::vector<Node> nodes_;
+  pickle_detail::PodArray<Node> nodes_;
   // Children of all containers in one array: list/tuple items, or dict key, value,
   // key, value... Pickles fill a container in batches (APPENDS per 1000 items)
   // interleaved with building its children, so a container that outgrows its slots
   // moves to the end with doubled capacity (amortized O(1) per child, at most 2x space).
-  // A raw buffer rather than a vector: growing must not zero-fill (touch) slots that
-  // are reserved but never used; on this scale page faults cost more than parsing.
-  std::unique_ptr<uint32_t[]> kids_;
-  size_t kids_size_ = 0;
-  size_t kids_cap_ = 0;
-  std::string text_;  // the input bytes: str/bytes nodes point into it
+  // Growing does not zero-fill (touch) slots that are reserved but never used.
+  pickle_detail::PodArray<uint32_t> kids_;
+  // The input bytes (str/bytes nodes point into them), in a buffer that was never
+  // zero-filled: read_snapshot_file reads the file straight into it.
+  LargeBuffer<char> text_;
+  size_t text_size_ = 0;
   uint32_t root_ = 0;
   int protocol_ = 0;
 };
 
+PickleKind PickleValue::kind() const { return doc_->nodes_[index_].kind; }
+bool PickleValue::as_bool() const { return doc_->nodes_[index_].i != 0; }
+int64_t PickleValue::as_int64() const { return doc_->nodes_[index_].i; }
+uint64_t PickleValue::as_uint64() const { return doc_->nodes_[index_].u; }
+double PickleValue::as_double() const { return doc_->nodes_[index_].f; }
+std::string_view PickleValue::as_string() const {
+  const PickleDoc::Node& n = doc_->nodes_[index_];
+  return std::string_view(doc_->text_.get() + n.a, n.len);
+}
+size_t PickleValue::size() const {
+  const PickleDoc::Node& n = doc_->nodes_[index_];
+  return n.kind == PickleKind::dict ? n.c.count / 2 : n.c.count;
+}
+bool PickleValue::items_dropped() const {
+  return (doc_->nodes_[index_].flags & PickleDoc::kDropped) != 0;
+}
+PickleValue PickleValue::item(size_t i) const {
+  return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + i]);
+}
+PickleValue PickleValue::key(size_t i) const {
+  return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + 2 * i]);
+}
+PickleValue PickleValue::value(size_t i) const {
+  return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + 2 * i + 1]);
+}
+
+struct PickleParseOptions {
+  // Lists put into a dict under this str key keep no items (see above); empty: keep all.
+  std::string_view drop_items_of_key;
+};
+
 // Parses `bytes` (copied into the doc). `name` is used in error messages.
-PickleDoc parse_pickle(std::string bytes, const std::string& name);
+PickleDoc parse_pickle(std::string_view bytes, const std::string& name,
+                       const PickleParseOptions& options = {});
+// Parses the `size` bytes of `bytes` (from allocate_large_array), which the doc keeps.
+PickleDoc parse_pickle(LargeBuffer<char> bytes, size_t size, const std::string& name,
+                       const PickleParseOptions& options = {});
 
 // ---------------------------------------------------------------------------------
 // Writer: emits protocol 4 using only the opcodes pytorch.org/memory_viz's unpickler

@@ -32,39 +32,13 @@ const char* pickle_kind_name(PickleKind kind) {
 
 // ---- PickleValue -------------------------------------------------------------------
 
-PickleKind PickleValue::kind() const { return doc_->nodes_[index_].kind; }
-bool PickleValue::as_bool() const { return doc_->nodes_[index_].i != 0; }
-int64_t PickleValue::as_int64() const { return doc_->nodes_[index_].i; }
-uint64_t PickleValue::as_uint64() const { return doc_->nodes_[index_].u; }
-double PickleValue::as_double() const { return doc_->nodes_[index_].f; }
-
-std::string_view PickleValue::as_string() const {
-  const PickleDoc::Node& n = doc_->nodes_[index_];
-  return std::string_view(doc_->text_).substr(n.a, n.len);
-}
-
-size_t PickleValue::size() const {
-  const PickleDoc::Node& n = doc_->nodes_[index_];
-  return n.kind == PickleKind::dict ? n.c.count / 2 : n.c.count;
-}
-
-PickleValue PickleValue::item(size_t i) const {
-  return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + i]);
-}
-PickleValue PickleValue::key(size_t i) const {
-  return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + 2 * i]);
-}
-PickleValue PickleValue::value(size_t i) const {
-  return PickleValue(doc_, doc_->kids_[size_t{doc_->nodes_[index_].a} + 2 * i + 1]);
-}
-
 bool PickleValue::find(std::string_view key, PickleValue* out) const {
   const PickleDoc::Node& d = doc_->nodes_[index_];
-  const uint32_t* kv = doc_->kids_.get() + d.a;
+  const uint32_t* kv = doc_->kids_.data() + d.a;
   for (size_t i = d.c.count; i >= 2; i -= 2) {  // from the back: the last duplicate wins
     const PickleDoc::Node& k = doc_->nodes_[kv[i - 2]];
     if (k.kind == PickleKind::str && k.len == key.size() &&
-        std::memcmp(doc_->text_.data() + k.a, key.data(), key.size()) == 0) {
+        std::memcmp(doc_->text_.get() + k.a, key.data(), key.size()) == 0) {
       *out = PickleValue(doc_, kv[i - 1]);
       return true;
     }
@@ -155,32 +129,50 @@ bool valid_utf8(const unsigned char* s, size_t n) {
 
 class PickleParser {
  public:
-  PickleParser(PickleDoc& doc, const std::string& name) : doc_(doc), name_(name) {}
-  void run(std::string bytes);
+  PickleParser(PickleDoc& doc, const std::string& name, const PickleParseOptions& options)
+      : doc_(doc), name_(name), drop_key_(options.drop_items_of_key) {}
+  void run(LargeBuffer<char> bytes, size_t size);
 
  private:
   using Node = PickleDoc::Node;
 
   // Error paths are out of line and cold so that the hot helpers below inline.
   [[noreturn]] __attribute__((noinline, cold)) void fail(const std::string& what) const {
-    throw PickleError(name_ + ": byte " + std::to_string(op_pos_) + ": " + what);
+    throw PickleError(name_ + ": byte " + std::to_string(op_ - begin_) + ": " + what);
   }
   [[noreturn]] __attribute__((noinline, cold)) void truncated(size_t n, const char* opname) const {
     fail(std::string("truncated ") + opname + " (needs " + std::to_string(n) + " bytes, " +
-         std::to_string(size_ - pos_) + " left)");
+         std::to_string(end_ - cur_) + " left)");
   }
   [[noreturn]] __attribute__((noinline, cold)) void underflow(const char* opname) const {
     fail(std::string("stack underflow in ") + opname);
   }
   const unsigned char* take(size_t n, const char* opname) {
-    if (n > size_ - pos_) truncated(n, opname);
-    const unsigned char* p = data_ + pos_;
-    pos_ += n;
+    if (n > static_cast<size_t>(end_ - cur_)) truncated(n, opname);
+    const unsigned char* p = cur_;
+    cur_ += n;
     return p;
   }
   static uint64_t le(const unsigned char* p, size_t n) {
     uint64_t v = 0;
     for (size_t i = n; i-- > 0;) v = (v << 8) | p[i];
+    return v;
+  }
+  // Little-endian fixed-width reads (one load each; a byte loop was a tenth of parsing).
+  static uint32_t le4(const unsigned char* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+  }
+  static uint64_t le8(const unsigned char* p) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
     return v;
   }
 
@@ -192,7 +184,7 @@ class PickleParser {
   }
   uint32_t new_container(PickleKind kind) {
     const uint32_t id = new_node(kind);
-    doc_.nodes_[id].a = static_cast<uint32_t>(doc_.kids_size_);
+    doc_.nodes_[id].a = static_cast<uint32_t>(doc_.kids_.size());
     doc_.nodes_[id].depth = 1;
     return id;
   }
@@ -202,11 +194,8 @@ class PickleParser {
     return id;
   }
 
-  // The value stack's push: the fast path inlines (vector::push_back does not, in run()).
-  __attribute__((always_inline)) void push(uint32_t v) {
-    if (__builtin_expect(stack_.size() == stack_.capacity(), 0)) stack_.reserve(2 * stack_.capacity() + 16);
-    stack_.emplace_back(v);
-  }
+  // The value stack's push: the fast path inlines (vector::push_back did not, in run()).
+  void push(uint32_t v) { stack_.push_back(v); }
 
   // Number of stack items above the innermost MARK (Python's current stack).
   size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
@@ -241,30 +230,22 @@ class PickleParser {
     const size_t need = size_t{n.c.count} + more;
     if (need <= n.c.cap) return;
     if (need > UINT32_MAX / 2) fail("container too large");
-    if (size_t{n.a} + n.c.cap == doc_.kids_size_) {  // last in the array: grow in place
+    if (size_t{n.a} + n.c.cap == doc_.kids_.size()) {  // last in the array: grow in place
       grow_kids(size_t{n.a} + need);
       n.c.cap = static_cast<uint32_t>(need);
       return;
     }
     const size_t cap = need > 2 * size_t{n.c.cap} ? need : 2 * size_t{n.c.cap};
-    const size_t start = doc_.kids_size_;
+    const size_t start = doc_.kids_.size();
     grow_kids(start + cap);
-    std::memcpy(doc_.kids_.get() + start, doc_.kids_.get() + n.a, sizeof(uint32_t) * n.c.count);
+    std::memcpy(doc_.kids_.data() + start, doc_.kids_.data() + n.a, sizeof(uint32_t) * n.c.count);
     n.a = static_cast<uint32_t>(start);
     n.c.cap = static_cast<uint32_t>(cap);
   }
-  // Sets the used size of kids_ to `size`, reallocating (doubling) without zero-filling.
+  // Sets the used size of kids_ to `size` (growing without zero-filling).
   void grow_kids(size_t size) {
     if (size > UINT32_MAX) fail("too many container items");
-    if (size > doc_.kids_cap_) {
-      size_t cap = doc_.kids_cap_ < 1024 ? 1024 : doc_.kids_cap_;
-      while (cap < size) cap *= 2;
-      std::unique_ptr<uint32_t[]> bigger(new uint32_t[cap]);  // default-init: untouched
-      if (doc_.kids_size_ > 0) std::memcpy(bigger.get(), doc_.kids_.get(), sizeof(uint32_t) * doc_.kids_size_);
-      doc_.kids_ = std::move(bigger);
-      doc_.kids_cap_ = cap;
-    }
-    doc_.kids_size_ = size;
+    doc_.kids_.set_size(size);
   }
 
   // Puts `child` into `container` (a list/tuple item, or a dict key/value); the slot
@@ -272,7 +253,7 @@ class PickleParser {
   void insert(uint32_t container, uint32_t child) {
     if (child == container) self_insert();
     Node& c = doc_.nodes_[child];
-    c.frozen = true;
+    c.flags |= PickleDoc::kFrozen;
     const uint32_t depth = static_cast<uint32_t>(c.depth) + 1;
     if (depth > PickleDoc::kMaxDepth) too_deep();
     Node& parent = doc_.nodes_[container];
@@ -287,7 +268,7 @@ class PickleParser {
     }
     // Python's pickler finishes a container before putting it into another one;
     // refusing later mutation keeps the graph acyclic.
-    if (t.frozen) fail(std::string(opname) + " on a container already inside another one");
+    if (t.flags & PickleDoc::kFrozen) fail(std::string(opname) + " on a container already inside another one");
   }
   void check_key(uint32_t key) {
     const PickleKind k = doc_.nodes_[key].kind;
@@ -295,21 +276,78 @@ class PickleParser {
       fail(std::string("unhashable dict key of type ") + pickle_kind_name(k));
     }
   }
-  // Appends stack_[start..] to a list/dict and drops them from the stack.
+  // Freezes a child being put into a container; returns the depth the container then
+  // has at least.
+  uint32_t adopt(Node& child) {
+    child.flags |= PickleDoc::kFrozen;
+    const uint32_t depth = static_cast<uint32_t>(child.depth) + 1;
+    if (depth > PickleDoc::kMaxDepth) too_deep();
+    return depth;
+  }
+  // Appends stack_[start..] to a list/tuple and drops them from the stack. The batch
+  // loops keep the container's fields in locals (what insert() does per child; a child
+  // is never the container, so they cannot change under the loop): most of a snapshot's
+  // children are its stack frames, a thousand per APPENDS.
   void append_items(uint32_t list, size_t start) {
-    reserve(list, stack_.size() - start);
-    for (size_t i = start; i < stack_.size(); ++i) insert(list, stack_[i]);
-    stack_.resize(start);
+    const size_t n = stack_.size() - start;
+    reserve(list, n);
+    Node* nodes = doc_.nodes_.data();
+    Node& parent = nodes[list];
+    uint32_t* out = doc_.kids_.data() + parent.a + parent.c.count;
+    uint32_t depth = parent.depth;
+    const uint32_t* items = stack_.data() + start;
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t child = items[i];
+      if (child == list) self_insert();
+      depth = std::max(depth, adopt(nodes[child]));
+      out[i] = child;
+    }
+    parent.depth = static_cast<uint16_t>(depth);
+    parent.c.count += static_cast<uint32_t>(n);
+    stack_.set_size(start);
+  }
+  // A list about to go into a dict under drop_key_ gives back its item slots when they
+  // are the last ones in kids_ (they are when the pickler wrote the list just before, as
+  // it does: a list is finished before the dict that holds it). Nothing else changes:
+  // the items were checked as they went in, and the list is frozen once in the dict.
+  void maybe_drop(uint32_t key, uint32_t value) {
+    Node& v = doc_.nodes_[value];
+    if (v.kind != PickleKind::list || v.c.count == 0 || (v.flags & PickleDoc::kDropped)) return;
+    const Node& k = doc_.nodes_[key];
+    if (k.kind != PickleKind::str || k.len != drop_key_.size() ||
+        std::memcmp(doc_.text_.get() + k.a, drop_key_.data(), drop_key_.size()) != 0) {
+      return;
+    }
+    if (size_t{v.a} + v.c.cap != doc_.kids_.size()) return;
+    doc_.kids_.set_size(v.a);
+    v.c.cap = 0;
+    v.flags |= PickleDoc::kDropped;
   }
   void set_items(uint32_t dict, size_t start, const char* opname) {
-    if ((stack_.size() - start) % 2 != 0) fail(std::string(opname) + " with an odd number of items");
-    reserve(dict, stack_.size() - start);
-    for (size_t i = start; i < stack_.size(); i += 2) {
-      check_key(stack_[i]);
-      insert(dict, stack_[i]);
-      insert(dict, stack_[i + 1]);
+    const size_t n = stack_.size() - start;
+    if (n % 2 != 0) fail(std::string(opname) + " with an odd number of items");
+    if (!drop_key_.empty()) {
+      for (size_t i = start; i < stack_.size(); i += 2) maybe_drop(stack_[i], stack_[i + 1]);
     }
-    stack_.resize(start);
+    reserve(dict, n);
+    Node* nodes = doc_.nodes_.data();
+    Node& parent = nodes[dict];
+    uint32_t* out = doc_.kids_.data() + parent.a + parent.c.count;
+    uint32_t depth = parent.depth;
+    const uint32_t* items = stack_.data() + start;
+    for (size_t i = 0; i < n; i += 2) {
+      const uint32_t key = items[i], value = items[i + 1];
+      check_key(key);
+      if (key == dict) self_insert();
+      depth = std::max(depth, adopt(nodes[key]));
+      if (value == dict) self_insert();
+      depth = std::max(depth, adopt(nodes[value]));
+      out[i] = key;
+      out[i + 1] = value;
+    }
+    parent.depth = static_cast<uint16_t>(depth);
+    parent.c.count += static_cast<uint32_t>(n);
+    stack_.set_size(start);
   }
   void make_tuple(size_t start) {
     const uint32_t t = new_container(PickleKind::tuple);
@@ -319,8 +357,13 @@ class PickleParser {
 
   void memo_put(uint64_t index, uint32_t value) {
     if (index < dense_limit_) {
-      if (index == memo_.size()) memo_.push_back(kEmpty);  // the usual case: MEMOIZE
-      else if (index > memo_.size()) memo_.resize(index + 1, kEmpty);
+      if (index == memo_.size()) {
+        memo_.push_back(kEmpty);  // the usual case: MEMOIZE
+      } else if (index > memo_.size()) {
+        const size_t old = memo_.size();
+        memo_.set_size(index + 1);
+        std::fill(memo_.data() + old, memo_.data() + memo_.size(), kEmpty);
+      }
       if (memo_[index] == kEmpty) ++memo_entries_;
       memo_[index] = value;
     } else {
@@ -346,16 +389,19 @@ class PickleParser {
 
   PickleDoc& doc_;
   const std::string& name_;
-  const unsigned char* data_ = nullptr;
-  size_t size_ = 0;
-  size_t pos_ = 0;
-  size_t op_pos_ = 0;
+  const std::string_view drop_key_;
+  // The input as pointers, not offsets: stores into the nodes (64-bit integers) cannot
+  // alias a pointer, so the loop keeps these in registers.
+  const unsigned char* begin_ = nullptr;
+  const unsigned char* cur_ = nullptr;
+  const unsigned char* end_ = nullptr;
+  const unsigned char* op_ = nullptr;  // the opcode being executed (error offsets)
   size_t frame_end_ = 0;
-  std::vector<uint32_t> stack_;
-  std::vector<size_t> marks_;
+  pickle_detail::PodArray<uint32_t> stack_;
+  pickle_detail::PodArray<size_t> marks_;
   // Memo: dense for indices below a bound proportional to the input (so a hostile
   // LONG_BINPUT 0xffffffff cannot allocate gigabytes), a map beyond it.
-  std::vector<uint32_t> memo_;
+  pickle_detail::PodArray<uint32_t> memo_;
   std::unordered_map<uint64_t, uint32_t> sparse_memo_;
   uint64_t dense_limit_ = 0;
   uint64_t memo_entries_ = 0;  // MEMOIZE stores at len(memo), as Python does
@@ -366,7 +412,7 @@ uint32_t PickleParser::read_long(size_t n, const char* opname) {
   if (n == 0) return new_int(0);
   const bool negative = (p[n - 1] & 0x80) != 0;
   const size_t low = n < 8 ? n : 8;
-  uint64_t u = le(p, low);
+  uint64_t u = low == 8 ? le8(p) : le(p, low);
   if (n < 8 && negative) u |= ~uint64_t{0} << (8 * n);  // sign-extend
   bool fits = true;
   for (size_t i = 8; i < n; ++i) {
@@ -383,7 +429,7 @@ uint32_t PickleParser::read_long(size_t n, const char* opname) {
 }
 
 uint32_t PickleParser::read_text(size_t n, PickleKind kind, const char* opname) {
-  const size_t start = pos_;
+  const size_t start = static_cast<size_t>(cur_ - begin_);
   const unsigned char* p = take(n, opname);
   if (kind == PickleKind::str && !valid_utf8(p, n)) fail(std::string(opname) + " is not valid UTF-8");
   const uint32_t id = new_node(kind);
@@ -392,22 +438,22 @@ uint32_t PickleParser::read_text(size_t n, PickleKind kind, const char* opname) 
   return id;
 }
 
-void PickleParser::run(std::string bytes) {
+void PickleParser::run(LargeBuffer<char> bytes, size_t size) {
   doc_.text_ = std::move(bytes);
-  data_ = reinterpret_cast<const unsigned char*>(doc_.text_.data());
-  size_ = doc_.text_.size();
-  if (size_ > (size_t{1} << 31)) fail("input larger than 2 GiB");
-  dense_limit_ = size_ + 256;
+  doc_.text_size_ = size;
+  begin_ = cur_ = op_ = reinterpret_cast<const unsigned char*>(doc_.text_.get());
+  end_ = begin_ + size;
+  if (size > (size_t{1} << 31)) fail("input larger than 2 GiB");
+  dense_limit_ = size + 256;
   stack_.reserve(4096);
   // Real snapshots have about one node per 23 bytes.
-  doc_.nodes_.reserve(size_ / 16 + 16);
-  grow_kids(size_ / 3 + 16);  // real snapshots: one child per ~3.5 bytes
-  doc_.kids_size_ = 0;
+  doc_.nodes_.reserve(size / 16 + 16);
+  doc_.kids_.reserve(size / 3 + 16);  // real snapshots: one child per ~3.5 bytes
 
   while (true) {
-    op_pos_ = pos_;
-    if (pos_ >= size_) fail("truncated pickle: no STOP opcode");
-    const uint8_t op = data_[pos_++];
+    op_ = cur_;
+    if (cur_ == end_) fail("truncated pickle: no STOP opcode");
+    const uint8_t op = *cur_++;
     switch (op) {
       case PROTO: {
         const int v = *take(1, "PROTO");
@@ -416,13 +462,13 @@ void PickleParser::run(std::string bytes) {
         break;
       }
       case FRAME: {
-        const uint64_t n = le(take(8, "FRAME"), 8);
-        if (frame_end_ > op_pos_) fail("FRAME before the end of the current frame");
-        if (n > size_ - pos_) {
+        const uint64_t n = le8(take(8, "FRAME"));
+        if (frame_end_ > static_cast<size_t>(op_ - begin_)) fail("FRAME before the end of the current frame");
+        if (n > static_cast<size_t>(end_ - cur_)) {
           fail("truncated FRAME (declares " + std::to_string(n) + " bytes, " +
-               std::to_string(size_ - pos_) + " left)");
+               std::to_string(end_ - cur_) + " left)");
         }
-        frame_end_ = pos_ + n;
+        frame_end_ = static_cast<size_t>(cur_ - begin_) + n;
         break;
       }
       case STOP: {
@@ -435,7 +481,7 @@ void PickleParser::run(std::string bytes) {
       }
       case MARK: marks_.push_back(stack_.size()); break;
       case POP: pop("POP"); break;
-      case POP_MARK: stack_.resize(pop_mark("POP_MARK")); break;
+      case POP_MARK: stack_.set_size(pop_mark("POP_MARK")); break;
       case DUP: push(top("DUP")); break;
 
       case NONE: push(new_node(PickleKind::none)); break;
@@ -447,19 +493,23 @@ void PickleParser::run(std::string bytes) {
         break;
       }
       case BININT: {
-        const uint32_t v = static_cast<uint32_t>(le(take(4, "BININT"), 4));
+        const uint32_t v = static_cast<uint32_t>(le4(take(4, "BININT")));
         push(new_int(static_cast<int32_t>(v)));
         break;
       }
       case BININT1: push(new_int(*take(1, "BININT1"))); break;
-      case BININT2: push(new_int(static_cast<int64_t>(le(take(2, "BININT2"), 2)))); break;
+      case BININT2: {
+        const unsigned char* p = take(2, "BININT2");
+        push(new_int(p[0] | (int64_t{p[1]} << 8)));
+        break;
+      }
       case LONG1: {
         const size_t n = *take(1, "LONG1");
         push(read_long(n, "LONG1"));
         break;
       }
       case LONG4: {
-        const int32_t n = static_cast<int32_t>(static_cast<uint32_t>(le(take(4, "LONG4"), 4)));
+        const int32_t n = static_cast<int32_t>(static_cast<uint32_t>(le4(take(4, "LONG4"))));
         if (n < 0) fail("LONG4 with negative length");
         push(read_long(static_cast<size_t>(n), "LONG4"));
         break;
@@ -477,19 +527,19 @@ void PickleParser::run(std::string bytes) {
         push(read_text(*take(1, "SHORT_BINUNICODE"), PickleKind::str, "SHORT_BINUNICODE"));
         break;
       case BINUNICODE:
-        push(read_text(le(take(4, "BINUNICODE"), 4), PickleKind::str, "BINUNICODE"));
+        push(read_text(le4(take(4, "BINUNICODE")), PickleKind::str, "BINUNICODE"));
         break;
       case BINUNICODE8:
-        push(read_text(le(take(8, "BINUNICODE8"), 8), PickleKind::str, "BINUNICODE8"));
+        push(read_text(le8(take(8, "BINUNICODE8")), PickleKind::str, "BINUNICODE8"));
         break;
       case SHORT_BINBYTES:
         push(read_text(*take(1, "SHORT_BINBYTES"), PickleKind::bytes, "SHORT_BINBYTES"));
         break;
       case BINBYTES:
-        push(read_text(le(take(4, "BINBYTES"), 4), PickleKind::bytes, "BINBYTES"));
+        push(read_text(le4(take(4, "BINBYTES")), PickleKind::bytes, "BINBYTES"));
         break;
       case BINBYTES8:
-        push(read_text(le(take(8, "BINBYTES8"), 8), PickleKind::bytes, "BINBYTES8"));
+        push(read_text(le8(take(8, "BINBYTES8")), PickleKind::bytes, "BINBYTES8"));
         break;
 
       case EMPTY_LIST: push(new_container(PickleKind::list)); break;
@@ -540,6 +590,7 @@ void PickleParser::run(std::string bytes) {
         const uint32_t dict = top("SETITEM");
         check_mutable(dict, PickleKind::dict, "SETITEM");
         check_key(key);
+        if (!drop_key_.empty()) maybe_drop(key, value);
         reserve(dict, 2);
         insert(dict, key);
         insert(dict, value);
@@ -556,9 +607,9 @@ void PickleParser::run(std::string bytes) {
 
       case MEMOIZE: memo_put(memo_entries_, top("MEMOIZE")); break;
       case BINPUT: memo_put(*take(1, "BINPUT"), top("BINPUT")); break;
-      case LONG_BINPUT: memo_put(le(take(4, "LONG_BINPUT"), 4), top("LONG_BINPUT")); break;
+      case LONG_BINPUT: memo_put(le4(take(4, "LONG_BINPUT")), top("LONG_BINPUT")); break;
       case BINGET: push(memo_get(*take(1, "BINGET"))); break;
-      case LONG_BINGET: push(memo_get(le(take(4, "LONG_BINGET"), 4))); break;
+      case LONG_BINGET: push(memo_get(le4(take(4, "LONG_BINGET")))); break;
 
       default: {
         const char* why = nullptr;
@@ -572,9 +623,16 @@ void PickleParser::run(std::string bytes) {
   }
 }
 
-PickleDoc parse_pickle(std::string bytes, const std::string& name) {
+PickleDoc parse_pickle(std::string_view bytes, const std::string& name, const PickleParseOptions& options) {
+  LargeBuffer<char> copy = allocate_large_array<char>(bytes.size());
+  if (!bytes.empty()) std::memcpy(copy.get(), bytes.data(), bytes.size());
+  return parse_pickle(std::move(copy), bytes.size(), name, options);
+}
+
+PickleDoc parse_pickle(LargeBuffer<char> bytes, size_t size, const std::string& name,
+                       const PickleParseOptions& options) {
   PickleDoc doc;
-  PickleParser(doc, name).run(std::move(bytes));
+  PickleParser(doc, name, options).run(std::move(bytes), size);
   return doc;
 }
 

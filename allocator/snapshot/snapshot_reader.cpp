@@ -7,19 +7,47 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
 
+#include "allocator/snapshot/large_buffer.h"
 #include "allocator/snapshot/pickle.h"
 #include "allocator/snapshot/snapshot.h"
 
 namespace memsim {
 namespace {
 
+// The dict keys of segments, blocks and trace entries. A record's fields are gathered in
+// one pass over its entries (Fields), instead of one search of the dict per key: the
+// pickler memoizes each key string once and refers to it with BINGET afterwards, so the
+// key of every later record is the same node, and Reader::key_of() compares its text once
+// per node, not once per record (a third of reading a 27,000-entry trace).
+enum class Key : uint8_t {
+  device, address, total_size, allocated_size, active_size, requested_size, stream,
+  segment_type, is_expandable, segment_pool_id, frames, blocks, size, state, action, addr,
+  device_free, time_us, count, other = 0xFE, unseen = 0xFF
+};
+constexpr const char* kKeyNames[] = {
+    "device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
+    "segment_type", "is_expandable", "segment_pool_id", "frames", "blocks", "size", "state", "action",
+    "addr", "device_free", "time_us"};
+static_assert(sizeof kKeyNames / sizeof kKeyNames[0] == static_cast<size_t>(Key::count));
+const char* key_name(Key k) { return kKeyNames[static_cast<size_t>(k)]; }
+
+// One record's values by key; a key that appears twice (hostile input only) keeps its
+// last value, as PickleValue::find and Python do.
+struct Fields {
+  static constexpr uint32_t kAbsent = UINT32_MAX;
+  uint32_t node[static_cast<size_t>(Key::count)];
+  bool has(Key k) const { return node[static_cast<size_t>(k)] != kAbsent; }
+};
+
 // Error paths are built only when an error is thrown: the reader passes lambdas that
 // produce "segments[3].blocks[2]" on demand, so the hot path never formats strings.
 class Reader {
  public:
   Reader(const PickleDoc& doc, const std::string& name)
-      : doc_(doc), name_(name), visited_(doc.node_count(), false) {}
+      : doc_(doc), name_(name), visited_(doc.node_count(), false),
+        key_cache_(doc.node_count(), static_cast<uint8_t>(Key::unseen)) {}
 
   Snapshot read();
 
@@ -36,9 +64,13 @@ class Reader {
   // PyTorch builds a fresh dict/list for every segment, block and trace entry; refusing
   // shared records keeps the work linear in the input even for a hostile file whose
   // segments list repeats one memoized segment a million times.
+  // A list whose items were dropped (it is also some record's 'frames', see
+  // read_owned_bytes) is shared the same way.
   template <class PathFn>
   void claim(PickleValue v, const PathFn& path) {
-    if (visited_[v.id()]) fail(path(), "the same object appears twice (shared memo reference)");
+    if (visited_[v.id()] || v.items_dropped()) {
+      fail(path(), "the same object appears twice (shared memo reference)");
+    }
     visited_[v.id()] = true;
   }
 
@@ -52,6 +84,39 @@ class Reader {
     PickleValue v(nullptr, 0);
     if (!dict.find(key, &v)) fail(path(), std::string("missing key '") + key + "'");
     return v;
+  }
+  template <class PathFn>
+  PickleValue require(const Fields& f, Key key, const PathFn& path) const {
+    if (!f.has(key)) fail(path(), std::string("missing key '") + key_name(key) + "'");
+    return get(f, key);
+  }
+  PickleValue get(const Fields& f, Key key) const {
+    return PickleValue(&doc_, f.node[static_cast<size_t>(key)]);
+  }
+
+  // Which of the known keys a dict key node is (Key::other for any other, non-str
+  // included), looked up once per node.
+  Key key_of(PickleValue k) {
+    uint8_t& cached = key_cache_[k.id()];
+    if (cached == static_cast<uint8_t>(Key::unseen)) {
+      cached = static_cast<uint8_t>(Key::other);
+      if (k.kind() == PickleKind::str) {
+        const std::string_view text = k.as_string();
+        for (size_t i = 0; i < static_cast<size_t>(Key::count); ++i) {
+          if (text == kKeyNames[i]) { cached = static_cast<uint8_t>(i); break; }
+        }
+      }
+    }
+    return static_cast<Key>(cached);
+  }
+  // Gathers the known keys of `dict` (a dict) in one pass.
+  void gather(PickleValue dict, Fields& f) {
+    std::fill(std::begin(f.node), std::end(f.node), Fields::kAbsent);
+    const size_t n = dict.size();
+    for (size_t i = 0; i < n; ++i) {
+      const Key k = key_of(dict.key(i));
+      if (k != Key::other) f.node[static_cast<size_t>(k)] = dict.value(i).id();
+    }
   }
   template <class PathFn>
   uint64_t to_u64(PickleValue v, const PathFn& path) const {
@@ -84,6 +149,7 @@ class Reader {
   const PickleDoc& doc_;
   const std::string& name_;
   std::vector<bool> visited_;
+  std::vector<uint8_t> key_cache_;  // per node: a Key, or Key::unseen
 };
 
 std::string at(const char* base, size_t i) { return std::string(base) + "[" + std::to_string(i) + "]"; }
@@ -152,25 +218,26 @@ void Reader::read_segments(PickleValue list, Snapshot& out) {
     const auto field = [&](const char* key) {
       return [s, key] { return at("segments", s) + "." + key; };
     };
-    const PickleValue device = require(d, "device", seg_path);
+    Fields f;
+    gather(d, f);
+    const PickleValue device = require(f, Key::device, seg_path);
     const int64_t dev = to_i64(device, field("device"));
     if (dev < 0 || dev > 65535) fail(field("device")(), "device index out of range: " + std::to_string(dev));
     seg.device = static_cast<int>(dev);
-    info.address = to_u64(require(d, "address", seg_path), field("address"));
-    info.total_size = to_u64(require(d, "total_size", seg_path), field("total_size"));
-    info.allocated_size = to_u64(require(d, "allocated_size", seg_path), field("allocated_size"));
-    info.active_size = to_u64(require(d, "active_size", seg_path), field("active_size"));
-    info.requested_size = to_u64(require(d, "requested_size", seg_path), field("requested_size"));
-    info.stream = to_u64(require(d, "stream", seg_path), field("stream"));
-    const std::string_view type = to_str(require(d, "segment_type", seg_path), field("segment_type"));
+    info.address = to_u64(require(f, Key::address, seg_path), field("address"));
+    info.total_size = to_u64(require(f, Key::total_size, seg_path), field("total_size"));
+    info.allocated_size = to_u64(require(f, Key::allocated_size, seg_path), field("allocated_size"));
+    info.active_size = to_u64(require(f, Key::active_size, seg_path), field("active_size"));
+    info.requested_size = to_u64(require(f, Key::requested_size, seg_path), field("requested_size"));
+    info.stream = to_u64(require(f, Key::stream, seg_path), field("stream"));
+    const std::string_view type = to_str(require(f, Key::segment_type, seg_path), field("segment_type"));
     if (type == "small") info.is_small = true;
     else if (type == "large") info.is_small = false;
     else fail(field("segment_type")(), "expected 'small' or 'large', got '" + std::string(type) + "'");
-    PickleValue v(nullptr, 0);
-    if (d.find("is_expandable", &v)) info.is_expandable = to_bool(v, field("is_expandable"));
-    if (d.find("segment_pool_id", &v)) expect(v, PickleKind::tuple, field("segment_pool_id"));
-    if (d.find("frames", &v)) expect(v, PickleKind::list, field("frames"));
-    read_blocks(require(d, "blocks", seg_path), s, info);
+    if (f.has(Key::is_expandable)) info.is_expandable = to_bool(get(f, Key::is_expandable), field("is_expandable"));
+    if (f.has(Key::segment_pool_id)) expect(get(f, Key::segment_pool_id), PickleKind::tuple, field("segment_pool_id"));
+    if (f.has(Key::frames)) expect(get(f, Key::frames), PickleKind::list, field("frames"));
+    read_blocks(require(f, Key::blocks, seg_path), s, info);
     check_segment(info, s);
   }
 }
@@ -188,15 +255,16 @@ void Reader::read_blocks(PickleValue list, size_t s, SegmentInfo& info) {
       return [s, b, key] { return at("segments", s) + at(".blocks", b) + "." + key; };
     };
     BlockInfo& block = info.blocks[b];
-    block.address = to_u64(require(d, "address", block_path), field("address"));
-    block.size = to_u64(require(d, "size", block_path), field("size"));
-    block.requested_size = to_u64(require(d, "requested_size", block_path), field("requested_size"));
-    const std::string_view state = to_str(require(d, "state", block_path), field("state"));
+    Fields f;
+    gather(d, f);
+    block.address = to_u64(require(f, Key::address, block_path), field("address"));
+    block.size = to_u64(require(f, Key::size, block_path), field("size"));
+    block.requested_size = to_u64(require(f, Key::requested_size, block_path), field("requested_size"));
+    const std::string_view state = to_str(require(f, Key::state, block_path), field("state"));
     if (!parse_state(state, &block.state)) {
       fail(field("state")(), "unknown block state '" + std::string(state) + "'");
     }
-    PickleValue v(nullptr, 0);
-    if (d.find("frames", &v)) expect(v, PickleKind::list, field("frames"));
+    if (f.has(Key::frames)) expect(get(f, Key::frames), PickleKind::list, field("frames"));
   }
 }
 
@@ -280,16 +348,18 @@ void Reader::read_traces(PickleValue list, Snapshot& out) {
         return [dev, e, key] { return at("device_traces", dev) + at("", e) + "." + key; };
       };
       SnapshotTraceEntry entry;
-      const std::string_view action = to_str(require(d, "action", entry_path), field("action"));
+      Fields f;
+      gather(d, f);
+      const std::string_view action = to_str(require(f, Key::action, entry_path), field("action"));
       if (!parse_action(action, &entry.action)) {
         // Record annotations of some versions carry no memory effect: skip them.
         if (action == "user_defined") continue;
         fail(field("action")(), "unknown trace action '" + std::string(action) + "'");
       }
-      const char* addr_key = entry.action == TraceAction::oom ? "device_free" : "addr";
-      entry.address = to_u64(require(d, addr_key, entry_path), field(addr_key));
-      entry.size = to_u64(require(d, "size", entry_path), field("size"));
-      entry.stream = to_u64(require(d, "stream", entry_path), field("stream"));
+      const Key addr_key = entry.action == TraceAction::oom ? Key::device_free : Key::addr;
+      entry.address = to_u64(require(f, addr_key, entry_path), field(key_name(addr_key)));
+      entry.size = to_u64(require(f, Key::size, entry_path), field("size"));
+      entry.stream = to_u64(require(f, Key::stream, entry_path), field("stream"));
       // oom records the request that failed, which may be any size; everything else
       // names memory that existed.
       if (entry.action != TraceAction::oom &&
@@ -297,9 +367,8 @@ void Reader::read_traces(PickleValue list, Snapshot& out) {
         fail(field("size")(), std::to_string(entry.size) + " bytes at " + std::to_string(entry.address) +
                                   " end past 2^57, beyond any device's address space");
       }
-      PickleValue v(nullptr, 0);
-      if (d.find("time_us", &v)) entry.time_us = to_i64(v, field("time_us"));
-      if (d.find("frames", &v)) expect(v, PickleKind::list, field("frames"));
+      if (f.has(Key::time_us)) entry.time_us = to_i64(get(f, Key::time_us), field("time_us"));
+      if (f.has(Key::frames)) expect(get(f, Key::frames), PickleKind::list, field("frames"));
       trace.push_back(entry);
     }
   }
@@ -353,10 +422,14 @@ void Reader::read_settings(PickleValue dict, Snapshot& out) {
 namespace {
 
 // The pickle parser keeps the bytes (str nodes point into them): hand over, don't copy.
-Snapshot read_owned_bytes(std::string bytes, const std::string& name) {
+// Stack frames ('frames' of trace entries and blocks) are checked to be lists and never
+// read: the parser keeps no items for them.
+Snapshot read_owned_bytes(LargeBuffer<char> bytes, size_t size, const std::string& name) {
   PickleDoc doc;
+  PickleParseOptions options;
+  options.drop_items_of_key = "frames";
   try {
-    doc = parse_pickle(std::move(bytes), name);
+    doc = parse_pickle(std::move(bytes), size, name, options);
   } catch (const PickleError& e) {
     throw SnapshotError(e.what());
   }
@@ -366,29 +439,35 @@ Snapshot read_owned_bytes(std::string bytes, const std::string& name) {
 }  // namespace
 
 Snapshot read_snapshot_bytes(const std::string& bytes, const std::string& name) {
-  return read_owned_bytes(bytes, name);
+  LargeBuffer<char> copy = allocate_large_array<char>(bytes.size());
+  std::memcpy(copy.get(), bytes.data(), bytes.size());
+  return read_owned_bytes(std::move(copy), bytes.size(), name);
 }
 
 Snapshot read_snapshot_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw SnapshotError(path + ": cannot open: " + std::strerror(errno));
-  // One read of the whole file (an istreambuf_iterator copy goes byte by byte and grows
-  // the string by doubling: a fifth of a replay's time on a 4 MB snapshot).
-  std::string bytes;
+  // One read of the whole file into a buffer that is not zero-filled first (an
+  // istreambuf_iterator copy went byte by byte; a std::string's resize zero-fills, and
+  // that first touch of 4 MB of pages cost more than the read).
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
   in.seekg(0, std::ios::beg);
-  if (size > 0) {
-    bytes.resize(static_cast<size_t>(size));
-    in.read(bytes.data(), size);
-    bytes.resize(static_cast<size_t>(in.gcount()));
-  }
   if (size < 0) {  // not seekable (a pipe, /dev/stdin): read what is there, as before
     in.clear();
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) throw SnapshotError(path + ": read error");
+    return read_snapshot_bytes(bytes, path);
+  }
+  // Not zero-filled, and in huge pages where the system allows (large_buffer.h).
+  LargeBuffer<char> bytes = allocate_large_array<char>(static_cast<size_t>(size));
+  size_t got = 0;
+  if (size > 0) {
+    in.read(bytes.get(), size);
+    got = static_cast<size_t>(in.gcount());
   }
   if (in.bad()) throw SnapshotError(path + ": read error");
-  return read_owned_bytes(std::move(bytes), path);
+  return read_owned_bytes(std::move(bytes), got, path);
 }
 
 }  // namespace memsim

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <deque>
 #include <exception>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -18,7 +19,7 @@
 #include "sim/search/workers.h"
 #include "sim/step/time_model_setup.h"
 #include "sim/step/checkpoint_policy.h"
-#include "sim/step/execute.h"
+#include "sim/step/peak_sink.h"
 #include "sim/step/schedule.h"
 
 namespace memsim {
@@ -28,6 +29,24 @@ using graph::Runtime;
 using graph::Tensor;
 
 namespace {
+
+int64_t chunks_per_rank(const Scenario& s) {
+  return s.parallel.pipeline_schedule == PipelineSchedule::interleaved ? s.parallel.virtual_stages : 1;
+}
+// Chunk c of rank `stage` holds virtual stage c * p + stage: the first one adds the
+// embedding, the last one the output layer and the loss.
+bool chunk_is_first(const Scenario& s, int64_t stage, int64_t c) {
+  return c * s.parallel.pipeline + stage == 0;
+}
+bool chunk_is_last(const Scenario& s, int64_t stage, int64_t c) {
+  return c * s.parallel.pipeline + stage == s.parallel.pipeline * chunks_per_rank(s) - 1;
+}
+std::vector<PipelineAction> stage_actions(const Scenario& s, int64_t stage) {
+  const StepKind kind = s.step.kind;
+  const bool with_backward = kind == StepKind::train || kind == StepKind::forward_backward;
+  return pipeline_actions(s.parallel.pipeline_schedule, s.parallel.pipeline, chunks_per_rank(s),
+                          std::max<int64_t>(1, s.batch.grad_accum), stage, !with_backward);
+}
 
 Tensor named(Runtime& rt, Tensor t, const char* name) {
   rt.program().tensors[t.storage].name = rt.program().intern(name);
@@ -67,9 +86,9 @@ class StageLoop {
     optimizer_config_ = megatron_optimizer_config(s, o.zero_paper_accounting);
     for (int64_t c = 0; c < v_; ++c) {
       graph::MegatronShape shape = megatron_shape(chunk_scenario_);
-      const int64_t virtual_stage = c * p.pipeline + stage;
-      shape.pre_process = virtual_stage == 0;
-      shape.post_process = virtual_stage == p.pipeline * v_ - 1;
+      // What the stage changes here is part of megatron_stage_key: keep the two in step.
+      shape.pre_process = chunk_is_first(s, stage, c);
+      shape.post_process = chunk_is_last(s, stage, c);
       Chunk chunk;
       chunk.model = std::make_unique<graph::MegatronModel>(rt_, shape);
       chunks_.push_back(std::move(chunk));
@@ -158,9 +177,7 @@ class StageLoop {
     const StepKind kind = s_.step.kind;
     with_backward_ = kind == StepKind::train || kind == StepKind::forward_backward;
     with_grad_ = kind != StepKind::forward_no_grad;
-    const int64_t m = std::max<int64_t>(1, s_.batch.grad_accum);
-    const std::vector<PipelineAction> actions = pipeline_actions(
-        s_.parallel.pipeline_schedule, s_.parallel.pipeline, v_, m, stage_, !with_backward_);
+    const std::vector<PipelineAction> actions = stage_actions(s_, stage_);  // in the key
     size_t last_forward = 0, last_backward = 0;
     for (size_t i = 0; i < actions.size(); ++i) (actions[i].forward ? last_forward : last_backward) = i;
     for (size_t i = 0; i < actions.size(); ++i) {
@@ -323,6 +340,15 @@ class StageLoop {
   uint32_t input_tensor_grad_ = graph::kNoStorage;
 };
 
+RankInfo stage_rank(const Scenario& scenario, int64_t stage) {
+  RankInfo r = data_parallel_rank(scenario);
+  r.pipeline_stage = static_cast<int>(stage);
+  // Megatron's rank order (tp fastest, then dp, then pp): tensor- and data-parallel rank 0.
+  r.index = static_cast<int>(stage * scenario.parallel.tensor * scenario.parallel.data);
+  r.why.clear();
+  return r;
+}
+
 std::string gib(uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
@@ -346,12 +372,16 @@ void build_megatron_stage_program(const Scenario& scenario, const MegatronOption
   }
   StageLoop loop(scenario, options, stage, program, buffers);
   loop.run();
-  RankInfo r = data_parallel_rank(scenario);
-  r.pipeline_stage = static_cast<int>(stage);
-  // Megatron's rank order (tp fastest, then dp, then pp): tensor- and data-parallel rank 0.
-  r.index = static_cast<int>(stage * scenario.parallel.tensor * scenario.parallel.data);
-  r.why.clear();
-  program.rank = r;
+  program.rank = stage_rank(scenario, stage);
+}
+
+std::vector<int32_t> megatron_stage_key(const Scenario& scenario, int64_t stage) {
+  std::vector<int32_t> key;
+  for (int64_t c = 0; c < chunks_per_rank(scenario); ++c)
+    key.push_back((chunk_is_first(scenario, stage, c) ? 1 : 0) | (chunk_is_last(scenario, stage, c) ? 2 : 0));
+  for (const PipelineAction& a : stage_actions(scenario, stage))
+    key.push_back(a.forward ? a.chunk + 1 : -(a.chunk + 1));
+  return key;
 }
 
 PipelineStagePeaks build_megatron_pipeline_program(const Scenario& scenario,
@@ -360,62 +390,70 @@ PipelineStagePeaks build_megatron_pipeline_program(const Scenario& scenario,
                                                    graph::RuntimeBuffers* buffers) {
   const int64_t p = scenario.parallel.pipeline;
   PipelineStagePeaks peaks;
-  // A streaming run's sink (program/event_sink.h) sees only the stage chosen: the stages
-  // are built without it (the swaps below move Programs around) and the sink gets the
-  // chosen one's events when the caller finishes the Program.
+  // The caller's sink (a plain `run`, program/event_sink.h) must see only the stage
+  // chosen: the selection below builds without it.
   const SinkAttachment sink = program.take_sink();
   peaks.peak_reserved.assign(static_cast<size_t>(p), 0);
-  // The stages are independent: built and run on the -j workers (sim/search/workers.h),
-  // each worker with its own buffers and the best Program among the stages it ran; the
-  // choice below (the largest peak, the first of equals) and the error raised (the first
-  // failing stage's) are those of running the stages in order.
+
+  // Stages with equal keys build equal events (megatron_stage_key): the first of each key
+  // is built and its peak stands for the others.
+  std::vector<size_t> built;               // stages built, in order
+  std::vector<size_t> peak_of(static_cast<size_t>(p));  // per stage: index into `built`
+  {
+    std::map<std::vector<int32_t>, size_t> first_of;
+    for (int64_t k = 0; k < p; ++k) {
+      const auto [it, added] = first_of.emplace(megatron_stage_key(scenario, k), built.size());
+      if (added) built.push_back(static_cast<size_t>(k));
+      peak_of[static_cast<size_t>(k)] = it->second;
+    }
+  }
+  // The built stages are independent: streamed into a PeakSink each on the -j workers
+  // (sim/search/workers.h), each worker reusing its Program, Runtime and Executor tables.
+  // Nothing per event is stored. The error raised is the first failing stage's, as when
+  // they run in order (a key's stages fail alike; its first is the one built).
   struct Worker {
-    Program best, candidate;
-    int64_t best_stage = -1;
+    Program candidate;
     graph::RuntimeBuffers runtime;
-    ExecuteBuffers exec;
+    std::vector<BlockId> block_of;
+    std::vector<uint64_t> rounded_of;
   };
-  const unsigned workers = worker_count(0, static_cast<size_t>(p));
+  const unsigned workers = worker_count(0, built.size());
   std::vector<Worker> pool(workers);
-  std::vector<std::exception_ptr> failures(static_cast<size_t>(p));
+  std::vector<uint64_t> built_peak(built.size(), 0);
+  std::vector<std::exception_ptr> failures(built.size());
   run_parallel_workers(
-      static_cast<size_t>(p),
+      built.size(),
       [&](size_t task, unsigned w) {
-        const auto k = static_cast<int64_t>(task);
+        const auto k = static_cast<int64_t>(built[task]);
         Worker& me = pool[w];
         try {
+          SimulatedDevice device(1ull << 60, 0);
+          PeakSink peak(scenario.allocator, device, "measured_step_begin", &me.block_of, &me.rounded_of);
+          me.candidate.set_sink(SinkAttachment{&peak});
+          struct Detach {
+            Program& p;
+            ~Detach() { p.take_sink(); }
+          } detach{me.candidate};
           // Worker 0 is the calling thread: it keeps using the caller's buffers.
           build_megatron_stage_program(scenario, options, k, me.candidate,
                                        w == 0 && buffers != nullptr ? buffers : &me.runtime);
-          SimulatedDevice device(1ull << 60, 0);
-          ExecuteOptions exec;
-          exec.record_by_kind = false;  // the peak reserved is all the choice needs
-          exec.buffers = &me.exec;
-          me.exec.timeline = execute(me.candidate, scenario.allocator, device, exec);
+          me.candidate.finish();
+          // Peaks were reset at measured_step_begin: this is the measured step's peak.
+          built_peak[task] = static_cast<uint64_t>(peak.stats().reserved_bytes.all.peak);
         } catch (...) {
           failures[task] = std::current_exception();
-          return;
-        }
-        // Peaks were reset at measured_step_begin: this is the measured step's peak.
-        const auto peak =
-            static_cast<uint64_t>(me.exec.timeline.final_stats.reserved_bytes.all.peak);
-        peaks.peak_reserved[task] = peak;
-        const uint64_t best =
-            me.best_stage < 0 ? 0 : peaks.peak_reserved[static_cast<size_t>(me.best_stage)];
-        if (me.best_stage < 0 || peak > best || (peak == best && k < me.best_stage)) {
-          me.best_stage = k;
-          std::swap(me.best, me.candidate);
         }
       },
       workers);
   for (const std::exception_ptr& f : failures)
     if (f) std::rethrow_exception(f);
+  for (size_t k = 0; k < peaks.peak_reserved.size(); ++k) peaks.peak_reserved[k] = built_peak[peak_of[k]];
+  // The largest peak, the first of equals (always a stage that was built: an earlier
+  // stage with an equal key would have the same peak).
   for (size_t k = 1; k < peaks.peak_reserved.size(); ++k)
     if (peaks.peak_reserved[k] > peaks.peak_reserved[static_cast<size_t>(peaks.worst)])
       peaks.worst = static_cast<int64_t>(k);
-  for (Worker& w : pool)
-    if (w.best_stage == peaks.worst) std::swap(program, w.best);
-  RankInfo r = program.rank;
+  RankInfo r = stage_rank(scenario, peaks.worst);
   const ParallelConfig& pc = scenario.parallel;
   std::string why = "pipeline stage " + std::to_string(peaks.worst) + " of " + std::to_string(p) +
                     " has the largest peak reserved with unlimited memory (GiB by stage:";
@@ -430,8 +468,17 @@ PipelineStagePeaks build_megatron_pipeline_program(const Scenario& scenario,
     why += "; tensor-parallel rank 0 of the stage stands for all " + std::to_string(pc.tensor);
   if (pc.data > 1) why += "; data-parallel rank 0 of " + std::to_string(pc.data);
   r.why = why;
+  // The chosen stage once more, into the caller's Program and its sink (if any: then the
+  // events are executed as they are emitted and none is stored). The build is not
+  // stopped at an out-of-memory (abort_when_done off): a pipeline's Analysis::events and
+  // FLOPs stay the whole stage's, as when the stage was built before being streamed.
+  if (sink.sink != nullptr) {
+    SinkAttachment whole = sink;
+    whole.abort_when_done = false;
+    program.set_sink(whole);
+  }
+  build_megatron_stage_program(scenario, options, peaks.worst, program, buffers);
   program.rank = r;
-  if (sink.sink != nullptr) program.set_sink(sink);
   return peaks;
 }
 

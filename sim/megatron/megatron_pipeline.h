@@ -50,14 +50,28 @@ void build_megatron_stage_program(const Scenario& scenario, const MegatronOption
                                   int64_t stage, Program& program,
                                   graph::RuntimeBuffers* buffers = nullptr);
 
+// Everything of `stage` that its Program depends on: each chunk's first/last virtual
+// stage flags, then its schedule's (forward or backward, chunk) sequence (the schedule of
+// every step is the same). StageLoop reads the stage nowhere else (the layers of every
+// chunk are numbered from 0, the shards are data-parallel rank 0's), so stages with equal
+// keys build the same events and differ only in program.rank. Under 1F1B with m
+// micro-batches, every middle stage warming up with m or m - 1 forwards runs all m
+// forwards then all m backwards: on 64 stages with 16 micro-batches, stages 1-48 share one
+// key (17 stages are built instead of 64).
+std::vector<int32_t> megatron_stage_key(const Scenario& scenario, int64_t stage);
+
 struct PipelineStagePeaks {
   std::vector<uint64_t> peak_reserved;  // per stage, of the measured step, unlimited device
   int64_t worst = 0;                    // the stage with the largest (the first of equals)
 };
 
-// Every stage built and run through the allocator (unlimited capacity, the scenario's
-// allocator settings); `program` receives the worst stage's Program, with program.rank
-// saying which stage and why. Returns the peaks.
+// Every stage's peak reserved with unlimited capacity and the scenario's allocator
+// settings; `program` receives the worst stage's Program, with program.rank saying which
+// stage and why. Returns the peaks.
+// How: one stage per distinct megatron_stage_key (the first of its stages) is built on the
+// -j workers, each streamed into a PeakSink (no events or timeline stored), and its peak
+// stands for its key's stages; then the worst stage is built once more into `program`,
+// streamed into program's sink when it has one (a plain `memsim run`), else stored.
 PipelineStagePeaks build_megatron_pipeline_program(const Scenario& scenario,
                                                    const MegatronOptions& options,
                                                    Program& program,
