@@ -41,8 +41,8 @@
 // layer 0 is initialized. StaticSlidingWindowLayer is not modelled here (the scenario reader
 // refuses it: scenario/generate_keys.h).
 // set_quantized (generate.cache quantized:int4 / int2): QuantizedCache with the optimum-quanto
-// backend -- v4.45 cache_utils.py QuantizedCache.update (5.x's QuantizedLayer.update of
-// 004999d9 / 5.17.0 is the same per layer; its cache holds its layers from the start, so it is
+// backend -- v4.45 cache_utils.py QuantizedCache.update (5.x's QuantizedLayer.update, read in
+// transformers 5.17.0, is the same per layer; its cache holds its layers from the start, so it is
 // truthy at the prefill: truthy_from_start). The first call of a layer quantizes
 // key_states.contiguous() (a copy unless the states are dense: states_layout), then the
 // values, keeps an empty residual (zeros(0): no bytes) and returns the states themselves;

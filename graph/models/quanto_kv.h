@@ -4,7 +4,7 @@
 //
 // Modelled from huggingface/optimum-quanto e33f8202e6c755256b7448789a5ed765c45d5105, with
 // transformers' QuantoQuantizedCache._quantize / _dequantize (v4.45; 5.x's
-// QuantoQuantizedLayer, 004999d9 and 5.17.0, call the same functions) and their defaults
+// QuantoQuantizedLayer, read in transformers 5.17.0, calls the same functions) and their defaults
 // axis_key = axis_value = 0 (the only axis modelled):
 //  - quantize(x) of a contiguous (B, KV, T, hd) tensor of n elements, group size g, G = n / g
 //    groups (e = the states' element size):
