@@ -16,6 +16,7 @@
 
 #include "cli_test_support.h"
 #include "scenario/scenario.h"
+#include "sim/step/event_budget.h"
 #include "sim/step/generate.h"
 
 using namespace memsim;
@@ -80,6 +81,19 @@ TEST_CASE("quantized: a full residual re-quantizes the whole cache", "[generate]
   // 127 steps: re-quantized at 32, 64, 96 -> 4064 quantized, 31 in the residual
   CHECK(f.cache_bytes_end == 32 * 2 * (kept(4064) + 31 * kResidualToken));
   CHECK(f.cache_tokens_end == 4095);
+  CHECK(p.events.size() <= estimated_events(s));  // the event budget's estimate bounds the run
+  {
+    // residual_length 0 (as 1 and 2): the whole cache re-quantized at every second decode step
+    // (after a re-quantization the residual is the 1-D zeros(0) again: the next step appends)
+    const Scenario s0 = llama2_quantized("  cache: quantized:int4\n  residual_length: 0\n", 8, 3968, 32);
+    Program p0;
+    GenerateFacts f0;
+    build_generate_program(s0, p0, nullptr, &f0);
+    CHECK(f0.cache_bytes[1] == 32 * 2 * (kept(3968) + kResidualToken));  // 1-D residual: appended
+    CHECK(f0.cache_bytes[2] == 32 * 2 * kept(3970));
+    CHECK(f0.cache_bytes[3] == 32 * 2 * (kept(3970) + kResidualToken));
+    CHECK(p0.events.size() <= estimated_events(s0));
+  }
   // 2 bits and a group of 128: a quarter byte per element, a scale and shift per 128
   const Scenario s2 = llama2_quantized("  cache: quantized:int2\n  q_group_size: 128\n");
   Program p2;
