@@ -14,6 +14,7 @@ const char* to_string(GenerateCache cache) {
     case GenerateCache::static_cache: return "static";
     case GenerateCache::quantized_int8: return "quantized:int8";
     case GenerateCache::quantized_int4: return "quantized:int4";
+    case GenerateCache::quantized_int2: return "quantized:int2";
     case GenerateCache::offloaded: return "offloaded";
   }
   return "?";
@@ -27,6 +28,7 @@ const std::vector<std::pair<std::string, GenerateCache>> kCaches = {
     {"static", GenerateCache::static_cache},
     {"quantized:int8", GenerateCache::quantized_int8},
     {"quantized:int4", GenerateCache::quantized_int4},
+    {"quantized:int2", GenerateCache::quantized_int2},
     {"offloaded", GenerateCache::offloaded}};
 
 // generate.cache_classes: which transformers release's cache_utils classes (false: v4.45).
@@ -112,6 +114,7 @@ void read_generate(const Doc& d, Scenario& s) {
     g.logits_to_keep = read_int(*f, "generate.logits_to_keep", 0);
   if (const Field* f = d.find("generate.cache_classes"))
     g.cache_classes_v5 = read_enum(*f, "generate.cache_classes", kCacheClasses);
+  read_quantized_cache(d, s);  // generate.residual_length / q_group_size (generate_quant_keys.cpp)
 
   for (const Unused& u : kUnused) {
     std::string key;
@@ -162,20 +165,20 @@ void read_generate(const Doc& d, Scenario& s) {
            "generate.cache static with cache_classes v5 and sliding-window layers "
            "(StaticSlidingWindowLayer: its window-sized buffer, roll and copy_, the full states "
            "returned at a prefill longer than the window) is not modelled; use dynamic");
-    if (g.cache == GenerateCache::quantized_int8 || g.cache == GenerateCache::quantized_int4)
+    if (slides && (g.cache == GenerateCache::quantized_int4 || g.cache == GenerateCache::quantized_int2))
       fail(where("generate.cache", "generate"), "generate.cache",
-           std::string("generate.cache_classes v5 is modelled for generate.cache dynamic, static "
-                       "and offloaded, not '") + to_string(g.cache) + "'");
+           "5.x's QuantizedCache raises ValueError: \"`QuantizedCache` is only supported for "
+           "models with only full attention layers\" (this model has sliding-window layers)");
   }
   switch (g.cache) {
     case GenerateCache::quantized_int8:
-    case GenerateCache::quantized_int4:
       fail(where("generate.cache", "generate"), "generate.cache",
-           "QuantizedCache is not modelled: transformers' QuantizedLayer only calls the backend "
-           "(optimum-quanto: 2 or 4 bits, no int8; HQQ: 1-8 bits), whose packed K/V, scale and "
-           "zero-point layouts and quantize/dequantize temporaries (the whole cache dequantized "
-           "and concatenated every step, re-quantized every residual_length tokens) live in "
-           "those libraries, not in cache_utils.py");
+           "quantized:int8 is QuantizedCache's HQQ backend (optimum-quanto's cache takes nbits 2 "
+           "or 4 only): HQQ's Quantizer.quantize runs optimize_weights_proximal (iterations "
+           "stopped by a data-dependent error test) and calls torch.cuda.empty_cache() twice per "
+           "call, which memsim does not model; use quantized:int4 or quantized:int2 (quanto)");
+    case GenerateCache::quantized_int4:
+    case GenerateCache::quantized_int2: break;
     case GenerateCache::offloaded:
       if (!g.cache_classes_v5)
         fail(where("generate.cache", "generate"), "generate.cache",

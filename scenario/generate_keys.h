@@ -1,8 +1,9 @@
 // Issue #17 item 1 (generation): the `generate:` section and step.kind generate's rules.
 //
 // Keys (docs/scenario-format.md): generate.prompt_len (>= 1), generate.new_tokens (>= 1),
-// generate.cache (dynamic | static | quantized:int8 | quantized:int4 | offloaded; default
-// dynamic), generate.logits_to_keep (>= 0; default 1, what generate() passes a model whose
+// generate.cache (dynamic | static | quantized:int8 | quantized:int4 | quantized:int2 |
+// offloaded; default dynamic), generate.residual_length / generate.q_group_size (the quantized
+// cache's cache_config: scenario/generate_quant_keys.cpp), generate.logits_to_keep (>= 0; default 1, what generate() passes a model whose
 // forward takes it; 0 = every position's logits), generate.cache_classes (v4.45 | v5;
 // default v4.45: which transformers release's cache_utils classes).
 //
@@ -20,13 +21,14 @@
 //    architectures whose sliding layers build their own masks (gemma2, gemma3_text: their
 //    v4.45 cache is HybridCache) unless generate.cache_classes is v5 with a dynamic or
 //    offloaded cache;
-//  - generate.cache quantized:int8 / quantized:int4 (QuantizedCache's quanto/HQQ storage);
+//  - generate.cache quantized:int8 (QuantizedCache's HQQ backend: a data-dependent optimizer
+//    loop and empty_cache calls); a quantized cache whose q_group_size does not divide
+//    kv_heads x head_dim, or with v5 classes on a model with sliding layers (5.x raises);
 //    offloaded with generate.cache_classes v4.45 (v4.45's OffloadedCache; v5's
 //    DynamicCache(offloading=True) is modelled); static with SDPA (the masked SDPA path's
 //    .contiguous() copies);
 //  - generate.cache_classes v5 (5.x's layered caches: sliding layers bounded to the window,
-//    the lazy StaticLayer, DynamicCache(offloading=True)) with a quantized cache, with a
-//    static cache when a layer slides (StaticSlidingWindowLayer), with SDPA when a layer
+//    the lazy StaticLayer, DynamicCache(offloading=True)) with a static cache when a layer slides (StaticSlidingWindowLayer), with SDPA when a layer
 //    slides, or a window below 2.
 // generate.* given without step.kind generate is refused too.
 //
@@ -43,6 +45,9 @@ namespace memsim::scenario_detail {
 bool generate_requested(const Doc& d);
 // The generate section and the refusals above; sets batch.seq_len and context_length.
 void read_generate(const Doc& d, Scenario& s);
+// generate.residual_length and generate.q_group_size (the quantized cache's cache_config) and
+// their refusals (scenario/generate_quant_keys.cpp).
+void read_quantized_cache(const Doc& d, Scenario& s);
 
 }  // namespace memsim::scenario_detail
 

@@ -153,7 +153,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                  "max_num_batched_tokens", "max_num_seqs", "block_size", "kv_cache_dtype",
                  "cuda_graphs", "tensor_parallel", "prefix_caching",
                  "quantization", "nccl_memory", "fused_moe_chunk_size"}},  // scenario/serve_keys.h (issue #17)
-      {"generate", {"prompt_len", "new_tokens", "cache", "logits_to_keep", "cache_classes"}},  // scenario/generate_keys.h (issue #17)
+      {"generate", {"prompt_len", "new_tokens", "cache", "logits_to_keep", "cache_classes", "residual_length",
+                    "q_group_size"}},  // scenario/generate_keys.h (issue #17)
       {"device", {"preset", "capacity", "cuda_context", "cublas_workspace", "kernel_scratch",
                   // issue #18 item 1, the time model (scenario/device_rate_keys.cpp)
                   "tflops_fp32", "tflops_tf32", "tflops_bf16", "tflops_fp16", "tflops_fp8",

@@ -290,10 +290,11 @@ const char* to_string(DsOffload offload);
 // sim/step/generate.h models it, docs/generate.md). Used with step.kind generate: Hugging
 // Face generate() (greedy) of batch.micro_batch prompts of prompt_len tokens, new_tokens
 // new tokens each; batch.seq_len is then prompt_len + new_tokens. cache: the KV cache class
-// (dynamic = DynamicCache, static = StaticCache; quantized:int8 / quantized:int4 /
-// offloaded are read and refused). logits_to_keep: num_logits_to_keep of the forward
+// (dynamic = DynamicCache, static = StaticCache, quantized:int4 / quantized:int2 =
+// QuantizedCache with optimum-quanto, offloaded; quantized:int8 is read and refused).
+// logits_to_keep: num_logits_to_keep of the forward
 // (generate sets 1; 0 = the logits of every position).
-enum class GenerateCache { dynamic, static_cache, quantized_int8, quantized_int4, offloaded };
+enum class GenerateCache { dynamic, static_cache, quantized_int8, quantized_int4, offloaded, quantized_int2 };
 const char* to_string(GenerateCache cache);
 struct GenerateConfig {
   int64_t prompt_len = 0;
@@ -305,6 +306,12 @@ struct GenerateConfig {
   // token kept); v5 = the layered Cache classes of 5.x (DynamicLayer /
   // DynamicSlidingWindowLayer by layer type) inside the same v4.45 loop.
   bool cache_classes_v5 = false;
+  // --- quantized KV cache (issue #17 part 1: generate.cache quantized:int4 / int2;
+  // graph/models/quanto_kv.h, docs/generate.md "Quantized caches") ---
+  // QuantizedCache's cache_config: residual_length (tokens kept in the states' dtype before
+  // the whole cache is re-quantized) and q_group_size (elements per scale / shift).
+  int64_t residual_length = 128;
+  int64_t q_group_size = 64;
 };
 
 struct DeviceConfig {

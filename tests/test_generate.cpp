@@ -46,6 +46,9 @@ Scenario scenario_for(const nlohmann::json& c) {
        "\n  cache: " + c["cache"].get<std::string>() +
        "\n  logits_to_keep: " + std::to_string(c["logits_to_keep"].get<int>()) + "\n";
   if (c.contains("cache_classes")) y += "  cache_classes: " + c["cache_classes"].get<std::string>() + "\n";
+  for (const char* k : {"residual_length", "q_group_size"})  // quantized caches' cache_config
+    if (c.contains(k) && c["cache"].get<std::string>().rfind("quantized:", 0) == 0)
+      y += std::string("  ") + k + ": " + std::to_string(c[k].get<int>()) + "\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   Scenario s = load_scenario_text(y, "generate-fixture.yaml");
   s.model.arch = memsim_test::arch_for(c);
@@ -255,8 +258,7 @@ TEST_CASE("generate: keys it does not model or use are refused by name", "[gener
       CHECK(what.find(key + ":") != std::string::npos);
     }
   };
-  refused("", "generate.cache", {{"generate.cache", "quantized:int8"}});
-  refused("", "generate.cache", {{"generate.cache", "quantized:int4"}});
+  refused("", "generate.cache", {{"generate.cache", "quantized:int8"}});  // HQQ (test_generate_quantized.cpp)
   refused("", "generate.cache", {{"generate.cache", "offloaded"}});
   refused("", "model.attention", {{"generate.cache", "static"}, {"model.attention", "flash"}});
   refused("", "generate.cache", {{"generate.cache", "paged"}});  // not a cache class

@@ -83,6 +83,9 @@ const std::map<std::string, Claim>& claims() {
       // step.kind generate (issue #17): 8 x (3968 + 128) tokens, DynamicCache; the peak is
       // the prefill's eager attention scores in the last layer.
       {"llama2-7b-generate-a100.yaml", {true, std::nullopt, 66.82}},
+      // generate.cache quantized:int4 (QuantizedCache, quanto): the same run, the 31 layers
+      // before the last prefill attention hold packed 4-bit K/V instead of bf16.
+      {"llama2-7b-generate-quantized-int4.yaml", {true, std::nullopt, 56.16}},
       // generate.cache_classes v5: Mistral-7B's sliding layers keep the 4096-token window;
       // the peak is the prefill's last eager attention (4 x 32 x 6000^2 scores).
       {"mistral-7b-generate-sliding-a100.yaml", {true, std::nullopt, 60.72}},

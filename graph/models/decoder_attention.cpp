@@ -138,6 +138,11 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
     // Generation: past_key_value.update(key_states, value_states, layer_idx) hands back the
     // cached keys/values (graph/models/kv_cache.h).
     if (cache_ != nullptr) {
+      // Whether the states are dense (B, KV, S, hd) (a quantized cache's .contiguous()): one
+      // token's are; partial rotary's cat makes k dense; a single KV head's transposed view of
+      // its own projection is dense; Phi-3's slices of the fused qkv never are.
+      const bool one = S == 1, own_proj = s_.kv_heads == 1 && !qkv.defined();
+      cache_->states_layout(one || rd < hd || own_proj, one || own_proj);
       cache_->update(static_cast<int32_t>(&p - layers_.data()), key, value);
       kv_dense_ = cache_->contiguous();
       // v5 layers: a sliding layer's keys are its window, the others' every token so far.

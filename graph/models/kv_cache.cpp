@@ -119,8 +119,92 @@ void KvCache::update_layered(size_t l, Tensor& key, Tensor& value) {
   if (offloading_) offload(l);
 }
 
+void KvCache::set_quantized(const QuantoSpec& spec, int64_t residual_length, bool truthy_from_start) {
+  kind_ = KvCacheKind::quantized;
+  quant_ = spec;
+  residual_length_ = residual_length;
+  truthy_from_start_ = truthy_from_start;
+}
+
+QuantoTensor KvCache::quantize_states(const Tensor& states, bool dense) {
+  // self._quantize(states.contiguous(), axis=0): the copy (if any) dies when _quantize returns.
+  Tensor x = dense ? states : clone(rt_, states);
+  QuantoTensor q = quanto_quantize(rt_, x.bytes / s_.elem, s_.elem, quant_);
+  x.reset();
+  return q;
+}
+
+void KvCache::update_quantized(size_t l, Tensor& key, Tensor& value) {
+  const int64_t S = static_cast<int64_t>(key.bytes / entry_bytes(1));
+  if (qk_.size() <= l) {
+    // First call: quantize the states (K, then V), an empty residual; return the states.
+    qk_.resize(l + 1);
+    qv_.resize(l + 1);
+    k_.resize(l + 1);
+    v_.resize(l + 1);
+    q_tokens_.resize(l + 1, 0);
+    res_tokens_.resize(l + 1, 0);
+    qk_[l] = quantize_states(key, key_dense_);
+    qv_[l] = quantize_states(value, value_dense_);
+    q_tokens_[l] = S;
+    res_tokens_[l] = 0;
+    contiguous_ = false;  // the states themselves (RoPE's layout; v a transposed view)
+  } else {
+    Tensor dk = quanto_dequantize(rt_, qk_[l], s_.elem, quant_);
+    Tensor dv = quanto_dequantize(rt_, qv_[l], s_.elem, quant_);
+    const int64_t T = q_tokens_[l] + res_tokens_[l] + S;
+    Tensor kr = new_tensor(rt_, entry_bytes(T), OpKind::cat_n, TensorKind::activation);
+    Tensor vr = new_tensor(rt_, entry_bytes(T), OpKind::cat_n, TensorKind::activation);
+    // `self.key_cache[l].dim() == 4 and shape[-2] + 1 >= residual_length`: the residual is
+    // 4-D once a decode step appended to it (the prefill's zeros(0) is 1-D).
+    if (k_[l].defined() && res_tokens_[l] + 1 >= residual_length_) {
+      QuantoTensor nk = quantize_states(kr, true);
+      qk_[l].reset();  // the old WeightQBitsTensor dies: data, scale, shift
+      qk_[l] = nk;
+      QuantoTensor nv = quantize_states(vr, true);
+      qv_[l].reset();
+      qv_[l] = nv;
+      k_[l].reset();  // key_cache[l] = zeros(0), then value_cache[l]
+      v_[l].reset();
+      q_tokens_[l] = T;
+      res_tokens_[l] = 0;
+    } else {
+      k_[l] = new_tensor(rt_, entry_bytes(res_tokens_[l] + S), OpKind::cat2, TensorKind::activation);
+      v_[l] = new_tensor(rt_, entry_bytes(res_tokens_[l] + S), OpKind::cat2, TensorKind::activation);
+      res_tokens_[l] += S;
+    }
+    dk.reset();  // update returns: dequant_key, then dequant_value
+    dv.reset();
+    key = kr;
+    value = vr;
+    contiguous_ = true;
+  }
+  returned_ = q_tokens_[l] + res_tokens_[l];
+  if (l == 0) seq_ = returned_;
+  name_quantized(l);
+}
+
+void KvCache::name_quantized(size_t l) {
+  if (k_names_.size() <= l) {
+    k_names_.resize(l + 1, 0);
+    v_names_.resize(l + 1, 0);
+  }
+  if (k_names_[l] == 0) {
+    k_names_[l] = rt_.program().intern("KV cache key of layer " + std::to_string(l));
+    v_names_[l] = rt_.program().intern("KV cache value of layer " + std::to_string(l));
+  }
+  for (const Tensor* t : {&qk_[l].data, &qk_[l].scale, &qk_[l].shift, &k_[l]})
+    if (t->defined()) rt_.name(t->storage, k_names_[l]);
+  for (const Tensor* t : {&qv_[l].data, &qv_[l].scale, &qv_[l].shift, &v_[l]})
+    if (t->defined()) rt_.name(t->storage, v_names_[l]);
+}
+
 void KvCache::update(int32_t layer, Tensor& key, Tensor& value) {
   const auto l = static_cast<size_t>(layer);
+  if (kind_ == KvCacheKind::quantized) {
+    update_quantized(l, key, value);
+    return;
+  }
   if (layered_) {
     update_layered(l, key, value);
     return;
@@ -183,6 +267,10 @@ uint64_t KvCache::bytes() const {
   for (const auto* list : {&k_, &v_})
     for (const Tensor& t : *list)
       if (t.defined()) total += p.tensors[t.storage].bytes;
+  for (const auto* list : {&qk_, &qv_})
+    for (const QuantoTensor& q : *list)
+      for (const Tensor* t : {&q.data, &q.scale, &q.shift})
+        if (t->defined()) total += p.tensors[t->storage].bytes;
   return total;
 }
 
@@ -190,6 +278,14 @@ void KvCache::clear() {
   // Layer 0 to the last, K then V: each Tensor's free is an event, and std::vector::clear's
   // order is the library's (libstdc++ first to last, libc++, the WebAssembly build's, last
   // to first); same-sized entries freed in another order land in other allocator blocks.
+  // QuantizedCache's attributes die in the order its __init__ set them: the quantized keys
+  // of every layer, the quantized values, then the residual keys and values.
+  for (QuantoTensor& q : qk_) q.reset();
+  for (QuantoTensor& q : qv_) q.reset();
+  qk_.clear();
+  qv_.clear();
+  q_tokens_.clear();
+  res_tokens_.clear();
   for (Tensor& t : k_) t.reset();
   for (Tensor& t : v_) t.reset();
   k_.clear();

@@ -38,8 +38,20 @@
 // set_lazy (generate.cache static with cache_classes v5): 5.x's StaticLayer allocates its
 // zeros((B, KV, max_cache_len, hd)) keys, then values, at the layer's first update (inside
 // the prefill), not in _prepare_cache_for_generation; get_seq_length() makes no tensors until
-// layer 0 is initialized. StaticSlidingWindowLayer and quantized caches are not modelled here
-// (the scenario reader refuses them: scenario/generate_keys.h).
+// layer 0 is initialized. StaticSlidingWindowLayer is not modelled here (the scenario reader
+// refuses it: scenario/generate_keys.h).
+// set_quantized (generate.cache quantized:int4 / int2): QuantizedCache with the optimum-quanto
+// backend -- v4.45 cache_utils.py QuantizedCache.update (5.x's QuantizedLayer.update, read in
+// transformers 5.17.0, is the same per layer; its cache holds its layers from the start, so it is
+// truthy at the prefill: truthy_from_start). The first call of a layer quantizes
+// key_states.contiguous() (a copy unless the states are dense: states_layout), then the
+// values, keeps an empty residual (zeros(0): no bytes) and returns the states themselves;
+// every later call dequantizes K then V (graph/models/quanto_kv.h), returns
+// cat([dequant, residual, new], -2) for each (dense), then either re-quantizes those returned
+// tensors whole when the residual is 4-D and holds residual_length - 1 tokens (K, the old
+// quantized K freed; V; then the residuals freed) or appends the new token to the residual
+// (cat; the first decode step's from the empty 1-D zeros(0): a copy). The dequantized locals
+// die when update returns. get_seq_length is a Python int (no tensors).
 //
 // Contract: the cache owns one Tensor handle per layer for K and V; bytes() is what it holds
 // right now (the storages' bytes, the measured "cache size"); contiguous() tells the
@@ -52,11 +64,12 @@
 #include <vector>
 
 #include "graph/models/hf_shape.h"
+#include "graph/models/quanto_kv.h"
 #include "graph/runtime.h"
 
 namespace memsim::graph {
 
-enum class KvCacheKind : uint8_t { dynamic, static_buffers };
+enum class KvCacheKind : uint8_t { dynamic, static_buffers, quantized };
 
 class KvCache {
  public:
@@ -99,6 +112,16 @@ class KvCache {
   // Host bytes of the offloaded copies alive now, and the most at once.
   uint64_t host_bytes() const { return host_bytes_; }
   uint64_t host_peak_bytes() const { return host_peak_; }
+  // QuantizedCache (kind quantized): the backend's spec, residual_length, and whether the
+  // cache object is truthy before the prefill (5.x's layers) or only after it (v4.45).
+  void set_quantized(const QuantoSpec& spec, int64_t residual_length, bool truthy_from_start);
+  bool truthy_from_start() const { return truthy_from_start_; }
+  // Whether the key/value states the next update() receives are dense (B, KV, S, hd):
+  // `.contiguous()` copies them otherwise before quantizing (the attention tells).
+  void states_layout(bool key_dense, bool value_dense) {
+    key_dense_ = key_dense;
+    value_dense_ = value_dense;
+  }
   // The allocator stream of the prefetches (CUDA's prefetch_stream: a side stream).
   static constexpr uint8_t kPrefetchStream = 1;
 
@@ -130,6 +153,17 @@ class KvCache {
   bool lazy_ = false;
   std::vector<uint8_t> on_host_;
   uint64_t host_bytes_ = 0, host_peak_ = 0;
+  // QuantizedCache: per layer the quantized K/V (quanto), the tokens they hold, the residual's
+  // tokens (k_/v_ hold the residual tensors) and whether it is 4-D yet.
+  void update_quantized(size_t l, Tensor& key, Tensor& value);
+  void name_quantized(size_t l);
+  QuantoTensor quantize_states(const Tensor& states, bool dense);
+  QuantoSpec quant_;
+  int64_t residual_length_ = 0;
+  bool truthy_from_start_ = false;
+  bool key_dense_ = false, value_dense_ = false;
+  std::vector<QuantoTensor> qk_, qv_;
+  std::vector<int64_t> q_tokens_, res_tokens_;
 };
 
 }  // namespace memsim::graph

@@ -69,7 +69,17 @@ class GenerateLoop {
       Tensor c = rt_.alloc(1, TensorKind::temporary, check);
       Tensor any = rt_.alloc(1, TensorKind::temporary, OpKind::reduce_any);
     }
-    if (s_.generate.cache_classes_v5 && s_.generate.cache == GenerateCache::static_cache) {
+    const bool quantized =
+        s_.generate.cache == GenerateCache::quantized_int4 || s_.generate.cache == GenerateCache::quantized_int2;
+    if (quantized) {
+      // cache_implementation="quantized": QuantizedCache(backend quanto, nbits, q_group_size,
+      // residual_length); 5.x's holds its QuantizedLayers from the start (truthy at the
+      // prefill) and masks as DynamicLayer over its cumulative length: v4.45's masks.
+      graph::QuantoSpec q;
+      q.bits = s_.generate.cache == GenerateCache::quantized_int4 ? 4 : 2;
+      q.group_size = s_.generate.q_group_size;
+      cache_.set_quantized(q, s_.generate.residual_length, s_.generate.cache_classes_v5);
+    } else if (s_.generate.cache_classes_v5 && s_.generate.cache == GenerateCache::static_cache) {
       cache_.set_lazy(true);  // 5.x StaticCache(config, max_cache_len): StaticLayer buffers
     } else if (s_.generate.cache_classes_v5) {
       // DynamicCache(config=...): a DynamicSlidingWindowLayer per sliding layer.
@@ -116,8 +126,8 @@ class GenerateLoop {
         // StaticCache defines no __len__ and is always truthy.
         // generate.cache_classes v5: DynamicCache(config) holds its layer objects from the
         // start (`len(self.layers)`), so the prefill's position_ids are sliced and cloned too.
-        const bool sliced =
-            cache_.kind() == graph::KvCacheKind::static_buffers || !first || cache_.layered();
+        const bool sliced = cache_.kind() == graph::KvCacheKind::static_buffers || !first ||
+                            cache_.layered() || cache_.truthy_from_start();
         if (sliced) pos = rt_.alloc(BS * 8, TensorKind::temporary, OpKind::clone);
         Tensor new_ids = rt_.alloc(BS * 8, TensorKind::temporary, OpKind::clone);
         Tensor new_mask;
@@ -234,7 +244,7 @@ class GenerateLoop {
     this_peer_finished.reset();
     attention_mask.reset();
     cache_position.reset();
-    if (cache_.kind() == graph::KvCacheKind::dynamic) cache_.clear();
+    if (cache_.kind() != graph::KvCacheKind::static_buffers) cache_.clear();
     bos.reset();
     eos.reset();
     pad.reset();

@@ -6,6 +6,11 @@
 namespace memsim::cli {
 namespace {
 
+bool quantized(const Scenario& s) {
+  return s.generate.cache == GenerateCache::quantized_int4 || s.generate.cache == GenerateCache::quantized_int2;
+}
+
+// bytes_per_token: the unquantized states' (the formula), whatever the cache stores.
 uint64_t bytes_per_token(const Scenario& s) {
   const int64_t hd = s.model.arch.head_dim > 0 ? s.model.arch.head_dim : s.model.d_model / s.model.heads;
   return 2ull * static_cast<uint64_t>(s.model.layers) * static_cast<uint64_t>(s.model.kv_heads) *
@@ -32,6 +37,14 @@ Json generate_json(const Scenario& s, const GenerateFacts& f) {
     j["kv_cache_host_bytes_end"] = f.cache_host_bytes_end;
     j["kv_cache_host_peak_bytes"] = f.cache_host_peak_bytes;
   }
+  if (quantized(s)) {
+    // QuantizedCache's cache_config (graph/models/quanto_kv.h): kv_cache_bytes_end above is
+    // the packed data, scales, shifts and residual the run left.
+    j["quantization"] = {{"backend", "quanto"},
+                         {"nbits", s.generate.cache == GenerateCache::quantized_int4 ? 4 : 2},
+                         {"q_group_size", s.generate.q_group_size},
+                         {"residual_length", s.generate.residual_length}};
+  }
   return j;
 }
 
@@ -43,7 +56,11 @@ std::string generate_fact(const Scenario& s, const GenerateFacts& f) {
          " per token), weights " + human_bytes(f.weights_bytes) +
          (s.generate.cache == GenerateCache::offloaded
               ? ", host copies " + human_bytes(f.cache_host_peak_bytes) + " at most"
-              : std::string());
+              : std::string()) +
+         (quantized(s) ? " (quanto, q_group_size " + std::to_string(s.generate.q_group_size) +
+                             ", residual_length " + std::to_string(s.generate.residual_length) +
+                             "; per token: unquantized)"
+                       : std::string());
 }
 
 }  // namespace memsim::cli
