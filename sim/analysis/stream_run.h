@@ -50,7 +50,7 @@ struct StreamOptions {
   size_t chunk = 4096;  // events per hand-over (program/event_sink.h)
   // Only the verdict (issue #20, sweep --max): nothing is observed per event, so the
   // Analysis has fits(), the OOM report and the final stats' peaks only (find_max's
-  // probes read nothing else; a fifth of a probe's instructions was the observation).
+  // probes read nothing else; the observation was about a sixth of a cs336-xl probe).
   bool verdict_only = false;
 };
 
