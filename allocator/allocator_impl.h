@@ -63,31 +63,43 @@ struct ExpandableSegment {
 // memsim's come from files (snapshots, scenarios), so a byte count of 2^63 or more (cast
 // to a negative int64) or a sum past 2^63 - 1 throws std::overflow_error instead of
 // wrapping into negative or tiny peaks. Every update in the allocator goes through these.
+//
+// One overflow test per update (issue #20, the per-event cost): stats change only here,
+// from zero, by amounts >= 0, so current = allocated - freed with allocated, freed in
+// [0, 2^63). Hence current + amount <= allocated + amount (an increase overflows current
+// only if it overflows `allocated`) and current - amount >= -(freed + amount) (a decrease
+// overflows current only if it overflows `freed`). For a StatArray the pool's sums never
+// exceed the `all` sums, so testing `all` covers both. The same updates throw, with the
+// same message (the first Stat tested is `all`, as before), as testing all four sums.
 [[noreturn]] void stat_overflow(int64_t current, int64_t amount);
+inline void stat_increase_unchecked(Stat& s, int64_t amount) {
+  s.current += amount;
+  s.allocated += amount;
+  if (s.current > s.peak) s.peak = s.current;
+}
+inline void stat_decrease_unchecked(Stat& s, int64_t amount) {
+  s.current -= amount;
+  s.freed += amount;
+}
 inline void stat_increase(Stat& s, int64_t amount) {
-  int64_t current, allocated;
-  if (amount < 0 || __builtin_add_overflow(s.current, amount, &current) ||
-      __builtin_add_overflow(s.allocated, amount, &allocated))
+  int64_t allocated;
+  if (amount < 0 || __builtin_add_overflow(s.allocated, amount, &allocated))
     stat_overflow(s.current, amount);
-  s.current = current;
-  s.allocated = allocated;
-  if (current > s.peak) s.peak = current;
+  stat_increase_unchecked(s, amount);
 }
 inline void stat_decrease(Stat& s, int64_t amount) {
-  int64_t current, freed;
-  if (amount < 0 || __builtin_sub_overflow(s.current, amount, &current) ||
-      __builtin_add_overflow(s.freed, amount, &freed))
+  int64_t freed;
+  if (amount < 0 || __builtin_add_overflow(s.freed, amount, &freed))
     stat_overflow(s.current, -amount);
-  s.current = current;
-  s.freed = freed;
+  stat_decrease_unchecked(s, amount);
 }
 inline void stat_increase(StatArray& a, bool small, int64_t amount) {
   stat_increase(a.all, amount);
-  stat_increase(small ? a.small_pool : a.large_pool, amount);
+  stat_increase_unchecked(small ? a.small_pool : a.large_pool, amount);
 }
 inline void stat_decrease(StatArray& a, bool small, int64_t amount) {
   stat_decrease(a.all, amount);
-  stat_decrease(small ? a.small_pool : a.large_pool, amount);
+  stat_decrease_unchecked(small ? a.small_pool : a.large_pool, amount);
 }
 
 }  // namespace detail

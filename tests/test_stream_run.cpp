@@ -189,7 +189,8 @@ Stored stored_run(const Scenario& s, bool live_set = true) {
   return out;
 }
 
-StreamResult streamed_run(const Scenario& s, size_t chunk, bool stop_at_oom, bool live_set = true) {
+StreamResult streamed_run(const Scenario& s, size_t chunk, bool stop_at_oom, bool live_set = true,
+                          bool verdict_only = false) {
   BuildBuffers buffers;
   SimulatedDevice device = device_for(s.device);
   StreamOptions o;
@@ -197,6 +198,7 @@ StreamResult streamed_run(const Scenario& s, size_t chunk, bool stop_at_oom, boo
   o.analysis.live_set = live_set;
   o.chunk = chunk;
   o.stop_at_oom = stop_at_oom;
+  o.verdict_only = verdict_only;
   StreamResult r = stream_run(
       buffers.program, [&](Program& p) { build_into(s, p, buffers); }, s.allocator, device, o);
   // Only a tail of the events was ever stored.
@@ -354,4 +356,50 @@ TEST_CASE("without a live set (AnalysisOptions::live_set false) only live_at_pea
     }
   }
   CHECK(checked >= 80);
+}
+
+TEST_CASE("a verdict-only run (sweep --max's probes) has the stored run's verdict, OOM report "
+          "and final stats", "[stream]") {
+  // StreamOptions::verdict_only observes nothing per event: fits(), the OOM report (moment,
+  // op, sizes, message, breakdown before it) and memory_stats() must still be the stored
+  // run's; the peak points, top peaks and marks are left empty.
+  int fitting = 0, oom = 0;
+  for (const std::string& path : shipped_scenarios()) {
+    INFO(path);
+    Scenario s;
+    Stored fit;
+    try {
+      s = load_scenario(path);
+      s.device.capacity = 0;
+      fit = stored_run(s);
+    } catch (const ScenarioError&) {
+      continue;
+    }
+    for (double f : {0.0, 0.3, 0.7, 0.97}) {  // unlimited, then out of memory early to late
+      INFO("capacity fraction " << f);
+      if (f > 0)
+        s.device.capacity = s.device.cuda_context +
+                            static_cast<uint64_t>(static_cast<double>(fit.analysis.peak_reserved) * f);
+      const Stored ref = stored_run(s, /*live_set=*/false);
+      for (bool stop : {false, true}) {
+        const StreamResult r = streamed_run(s, 4096, stop, /*live_set=*/false, /*verdict_only=*/true);
+        Analysis expected = ref.analysis;  // what a verdict-only run keeps of it
+        expected.peak.reset();
+        expected.breakdown_at_peak = Breakdown{};
+        expected.top_peaks.clear();
+        for (auto& m : expected.marks) m.second.reset();
+        expected.measured_begin = 0;
+        const auto peak_of = [](const Stat& st) { return st.peak > 0 ? static_cast<uint64_t>(st.peak) : 0; };
+        expected.peak_allocated = peak_of(ref.stats.allocated_bytes.all);
+        expected.peak_reserved = peak_of(ref.stats.reserved_bytes.all);
+        expected.peak_requested = peak_of(ref.stats.requested_bytes.all);
+        same_analysis(r.analysis, expected, /*with_totals=*/!stop);
+        CHECK_FALSE(r.analysis.peak.has_value());
+        same_stats(r.final_stats, ref.stats);
+        (ref.analysis.fits() ? fitting : oom) += 1;
+      }
+    }
+  }
+  CHECK(fitting >= 80);
+  CHECK(oom >= 80);
 }

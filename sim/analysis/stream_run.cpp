@@ -67,7 +67,7 @@ class StreamRun final : public EventSink {
         const MemoryEvent& e = events[k];
         const size_t i = first + k;
         if (!executor_.step(program, e, i)) break;
-        observe(program, e, i, stats);
+        if (!options_.verdict_only) observe(program, e, i, stats);
       }
       if (k == n) {
         executed_ = first + n;

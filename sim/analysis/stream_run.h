@@ -25,6 +25,9 @@
 // and those before it), and FLOPs, cost, host memory and the OOM tensor's name (a name a
 // later op gives, program/tensor_names.h) only what was built. The Program keeps its tensor table, strings, rank, FLOPs and
 // cost; its `events` holds only an unflushed tail (Program::flushed()).
+// With StreamOptions::verdict_only the events only go through the allocator: the Analysis
+// then holds the verdict and the OOM report (fits(), oom, with its breakdown) and the
+// final stats, not the peak points, top peaks, marks or live set.
 #pragma once
 
 #include <cstddef>
@@ -45,6 +48,10 @@ struct StreamOptions {
   // faster, but Analysis::events is then the events emitted so far.
   bool stop_at_oom = false;
   size_t chunk = 4096;  // events per hand-over (program/event_sink.h)
+  // Only the verdict (issue #20, sweep --max): nothing is observed per event, so the
+  // Analysis has fits(), the OOM report and the final stats' peaks only (find_max's
+  // probes read nothing else; the observation was about a sixth of a cs336-xl probe).
+  bool verdict_only = false;
 };
 
 struct StreamResult {

@@ -134,6 +134,7 @@ SweepResult SweepRunner::evaluate(const SweepOverrides& point, const SweepEvalua
       StreamOptions stream;
       stream.analysis = options.analysis;
       stream.stop_at_oom = true;
+      stream.verdict_only = options.verdict_only;
       const TrainingScript script = default_script(scenario);
       StreamResult r = stream_run(
           ws.build.program, [&](Program&) { build_program(scenario, script, ws.build); },
@@ -231,9 +232,11 @@ MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const
   if (start > limit) return out;
   workers = std::max<size_t>(workers, 1);
   std::map<int64_t, SweepResult> known;  // evaluated values, the search's and speculative
-  // The search reads verdicts only: no probe summarises its live set.
+  // The search reads verdicts only (fits(), sweep_verdict()): no probe summarises its live
+  // set or follows its peaks.
   SweepEvaluateOptions probe_options = options;
   probe_options.analysis.live_set = false;
+  probe_options.verdict_only = true;
   auto evaluate = [&](int64_t v, SweepWorkspace& ws) {
     SweepOverrides point = fixed;
     point.emplace_back(key, std::to_string(v));

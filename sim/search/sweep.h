@@ -72,6 +72,9 @@ struct SweepEvaluateOptions {
   // report are the stored run's; Analysis::events (and FLOPs) count what was built. Not
   // with record_by_kind.
   bool stop_at_oom = true;
+  // With stop_at_oom: only the verdict and the OOM report (StreamOptions::verdict_only),
+  // for searches that read nothing else (find_max's probes).
+  bool verdict_only = false;
 };
 
 class SweepRunner;
