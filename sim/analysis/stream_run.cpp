@@ -27,16 +27,26 @@ struct PointInfo {
   Phase phase = Phase::other;
 };
 
-// A tensor's lifetime: its alloc event (what the live set reports; the bytes are the
-// tensor table's, which the builders keep equal to the event's) and when it was freed.
+// A live tensor's allocation (what the live set reports; the bytes are the tensor
+// table's, which the builders keep equal to the event's), by tensor id. Ids are recycled
+// in a streamed Program (program/program.h), so only live tensors have one: `alloc` is
+// kNever for an id whose tensor is dead (or zero-byte).
 struct Lifetime {
   static constexpr uint32_t kNever = std::numeric_limits<uint32_t>::max();
   uint32_t op = 0;
   int32_t layer = -1;
   uint32_t alloc = kNever;  // event index of its (non-empty) alloc
-  uint32_t free = kNever;   // event index of its free
+  uint32_t serial = 0;      // Program::serial_of: its id in a stored build
   TensorKind kind = TensorKind::other;
   Phase phase = Phase::other;
+};
+
+// A tensor that was live at the current peak and has died since: the live set at the
+// peak still lists it, and its id may already name another tensor, so its facts are
+// copied here when it is freed (TensorInfo included: its name).
+struct DeadAtPeak {
+  Lifetime life;
+  TensorInfo info;
 };
 
 class StreamRun final : public EventSink {
@@ -74,17 +84,30 @@ class StreamRun final : public EventSink {
         return true;
       }
       oom_event_ = events[k];
+      oom_serial_ = program.serial_of(events[k].tensor);
       oom_by_kind_ = executor_.by_kind();
       executed_ = first + k;
       if (options_.stop_at_oom) return false;
       ++k;
     }
     // After the out-of-memory nothing executes; only the measured step's first mark is
-    // still looked for (the summary labels events by it, as over a stored Program).
-    for (; k < n && !measured_mark_; ++k)
-      if (events[k].type == EventType::mark &&
-          program.str(static_cast<uint32_t>(events[k].bytes)) == options_.analysis.measured_from_mark)
+    // still looked for (the summary labels events by it, as over a stored Program). The
+    // Program keeps recycling ids (program/program.h): a tensor the report still names (live
+    // at the peak, or the failing one) has its TensorInfo copied when its free goes by.
+    for (; k < n; ++k) {
+      const MemoryEvent& e = events[k];
+      if (e.type == EventType::mark && !measured_mark_ &&
+          program.str(static_cast<uint32_t>(e.bytes)) == options_.analysis.measured_from_mark)
         measured_mark_ = first + k;
+      if (e.type != EventType::free) continue;
+      if (e.tensor == oom_event_.tensor && !oom_info_) oom_info_ = program.tensors[e.tensor];
+      if (e.tensor < lifetimes_.size() && lifetimes_[e.tensor].alloc != Lifetime::kNever) {
+        Lifetime& l = lifetimes_[e.tensor];
+        if (have_peak_ && l.alloc <= peak_index_)
+          dead_at_peak_.push_back(DeadAtPeak{l, program.tensors[e.tensor]});
+        l.alloc = Lifetime::kNever;
+      }
+    }
     return true;
   }
 
@@ -93,6 +116,7 @@ class StreamRun final : public EventSink {
  private:
   void observe(const Program& program, const MemoryEvent& e, size_t i, const MemoryStats& stats);
   void start_measured(size_t i);
+  void watch(const Program& program, const MemoryEvent& e);
   EventPoint point(const Program& program, size_t index, const PointInfo& p) const;
   std::vector<LiveAlloc> live_at(const Program& program, size_t index) const;
 
@@ -102,7 +126,11 @@ class StreamRun final : public EventSink {
   Executor executor_;
   size_t executed_ = 0;
   size_t handed_ = 0;  // events handed on so far
-  std::vector<Lifetime> lifetimes_;  // by tensor id
+  std::vector<Lifetime> lifetimes_;  // by tensor id: the live tensors
+  // Tensors live at the peak (peak_index_) and freed since; cleared when the peak moves
+  // (a tensor freed before the new peak is not live there). With lifetimes_ this is the
+  // live set at the peak, and both are bounded by the live tensors, not the run's.
+  std::vector<DeadAtPeak> dead_at_peak_;
   // The measured part (reset at its first mark).
   bool measured_seen_ = false;
   std::optional<size_t> measured_mark_;  // the first such mark emitted, executed or not
@@ -117,8 +145,28 @@ class StreamRun final : public EventSink {
   std::vector<std::optional<MarkPoint>> marks_;  // by AnalysisOptions::marks position
   // The out-of-memory, if any.
   MemoryEvent oom_event_;
+  std::optional<TensorInfo> oom_info_;
+  uint32_t oom_serial_ = 0;
+  uint64_t reserved_high_ = 0;  // StreamResult::reserved_high
+  // StreamOptions::name_serial: its id while live, its alloc, its TensorInfo once freed.
+  bool watch_found_ = false;
+  bool watch_live_ = false;
+  uint32_t watch_id_ = 0;
+  MemoryEvent watch_alloc_;
+  TensorInfo watch_info_;  // its TensorInfo, copied if it was freed after the OOM
   std::array<uint64_t, kTensorKindCount> oom_by_kind_{};
 };
+
+void StreamRun::watch(const Program& program, const MemoryEvent& e) {
+  if (e.type == EventType::alloc && !watch_found_ && program.serial_of(e.tensor) == *options_.name_serial) {
+    watch_found_ = watch_live_ = true;
+    watch_id_ = e.tensor;
+    watch_alloc_ = e;
+  } else if (e.type == EventType::free && watch_live_ && e.tensor == watch_id_) {
+    watch_live_ = false;  // its id may be reused: keep what names it
+    watch_info_ = program.tensors[e.tensor];
+  }
+}
 
 void StreamRun::start_measured(size_t i) {
   measured_begin_ = i;
@@ -126,6 +174,7 @@ void StreamRun::start_measured(size_t i) {
   peak_reserved_ = 0;
   peak_requested_ = 0;
   peaks_.reset();
+  dead_at_peak_.clear();
   for (auto& m : marks_) m.reset();
 }
 
@@ -134,6 +183,8 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
   const uint64_t allocated = static_cast<uint64_t>(stats.allocated_bytes.all.current);
   const uint64_t reserved = static_cast<uint64_t>(stats.reserved_bytes.all.current);
   const uint64_t requested = static_cast<uint64_t>(stats.requested_bytes.all.current);
+  reserved_high_ = std::max(reserved_high_, reserved);
+  if (options_.name_serial) watch(program, e);
   switch (e.type) {
     case EventType::alloc:
       if (e.bytes > 0 && options_.analysis.live_set) {
@@ -141,12 +192,18 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
         // geometrically): one resize per 1024 tensors, and at most 20 KiB past the last
         // tensor touched. live_at() skips the entries never allocated.
         if (e.tensor >= lifetimes_.size()) lifetimes_.resize(size_t{e.tensor} + 1024);
-        lifetimes_[e.tensor] =
-            Lifetime{e.op, e.layer, static_cast<uint32_t>(i), Lifetime::kNever, e.kind, e.phase};
+        lifetimes_[e.tensor] = Lifetime{e.op, e.layer, static_cast<uint32_t>(i),
+                                        program.serial_of(e.tensor), e.kind, e.phase};
       }
       break;
     case EventType::free:
-      if (e.tensor < lifetimes_.size()) lifetimes_[e.tensor].free = static_cast<uint32_t>(i);
+      if (e.tensor < lifetimes_.size() && lifetimes_[e.tensor].alloc != Lifetime::kNever) {
+        Lifetime& l = lifetimes_[e.tensor];
+        // Live at the peak (allocated at or before it; freed now, after it): keep a copy.
+        if (have_peak_ && l.alloc <= peak_index_)
+          dead_at_peak_.push_back(DeadAtPeak{l, program.tensors[e.tensor]});
+        l.alloc = Lifetime::kNever;  // the id may be reused
+      }
       break;
     case EventType::mark: {
       const std::string& name = program.str(static_cast<uint32_t>(e.bytes));
@@ -170,6 +227,7 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
     peak_index_ = i;
     peak_ = here;
     peak_by_kind_ = executor_.by_kind();
+    dead_at_peak_.clear();  // freed before this event: not live at the new peak
   }
   peak_reserved_ = std::max(peak_reserved_, reserved);
   peak_requested_ = std::max(peak_requested_, requested);
@@ -189,21 +247,26 @@ EventPoint StreamRun::point(const Program& program, size_t index, const PointInf
 }
 
 std::vector<LiveAlloc> StreamRun::live_at(const Program& program, size_t index) const {
+  // Called for the peak only (index == peak_index_): the tensors still live that were
+  // allocated by then, and those freed since (dead_at_peak_).
   std::vector<LiveAlloc> live;
-  for (uint32_t t = 0; t < lifetimes_.size(); ++t) {
-    const Lifetime& l = lifetimes_[t];
-    if (l.alloc == Lifetime::kNever || l.alloc > index) continue;
-    if (l.free != Lifetime::kNever && l.free <= index) continue;
+  auto add = [&](const Lifetime& l, const TensorInfo& info) {
     MemoryEvent a;
     a.type = EventType::alloc;
     a.kind = l.kind;
     a.phase = l.phase;
     a.layer = l.layer;
-    a.tensor = t;
+    a.tensor = l.serial;
     a.op = l.op;
-    a.bytes = program.tensors[t].bytes;
-    live.push_back(LiveAlloc{t, l.alloc, a});
+    a.bytes = info.bytes;
+    live.push_back(LiveAlloc{l.serial, l.alloc, a, info});
+  };
+  for (uint32_t t = 0; t < lifetimes_.size(); ++t) {
+    const Lifetime& l = lifetimes_[t];
+    if (l.alloc == Lifetime::kNever || l.alloc > index) continue;
+    add(l, program.tensors[t]);
   }
+  for (const DeadAtPeak& d : dead_at_peak_) add(d.life, d.info);
   return live;
 }
 
@@ -213,6 +276,10 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
   r.complete = complete;
   r.final_stats = executor_.stats();
   r.measured_mark = measured_mark_;
+  r.oom_serial = oom_serial_;
+  r.reserved_high = reserved_high_;
+  if (watch_found_)
+    r.named = tensor_name(program, watch_live_ ? program.tensors[watch_id_] : watch_info_, watch_alloc_);
   Analysis& a = r.analysis;
   // A stopped build: the events handed on (what the builder emitted after that, while
   // unwinding, is not part of the Program).
@@ -248,7 +315,8 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
     rep.phase = e.phase;
     rep.layer = e.layer;
     rep.kind = e.kind;
-    if (e.tensor < program.tensors.size()) rep.tensor = tensor_name(program, e.tensor, e);
+    if (oom_info_) rep.tensor = tensor_name(program, *oom_info_, e);
+    else if (e.tensor < program.tensors.size()) rep.tensor = tensor_name(program, e.tensor, e);
     rep.requested_bytes = p.details.requested_bytes;
     rep.allocated_bytes = p.details.allocated_bytes;
     rep.reserved_bytes = p.details.reserved_bytes;

@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include "allocator/caching_allocator.h"
 #include "program/program.h"
@@ -45,6 +46,10 @@ struct StreamOptions {
   // faster, but Analysis::events is then the events emitted so far.
   bool stop_at_oom = false;
   size_t chunk = 4096;  // events per hand-over (program/event_sink.h)
+  // Name the tensor whose serial (Program::serial_of: its stored-build id) is this one, as
+  // a stored run names it at the end (StreamResult::named): `memsim run` names a stopped
+  // run's failing tensor from a complete build this way.
+  std::optional<uint32_t> name_serial;
 };
 
 struct StreamResult {
@@ -54,6 +59,14 @@ struct StreamResult {
   // The first mark named AnalysisOptions::measured_from_mark among the events emitted,
   // executed or not (after an OOM the events are still scanned for it, unless stopped).
   std::optional<size_t> measured_mark;
+  // The out-of-memory's tensor as a serial (Program::serial_of): the same in every build
+  // of the same scenario, whatever ids were recycled.
+  uint32_t oom_serial = 0;
+  // The most bytes reserved after any executed event, from event 0 on (never reset by the
+  // measured step): with final_stats' peak, what unlimited_peak_reserved computes from a
+  // stored Timeline (sim/analysis/headroom.h).
+  uint64_t reserved_high = 0;
+  std::optional<std::string> named;  // StreamOptions::name_serial's name, if it was built
 };
 
 // Attaches a StreamRun to `program`, calls build(program) (a builder that clears and fills
