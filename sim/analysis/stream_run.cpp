@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "program/tensor_names.h"
@@ -56,7 +57,11 @@ class StreamRun final : public EventSink {
         executor_(config, device, options.reset_peaks_at_mark, nullptr, 0, &block_of_,
                   &rounded_of_),
         peaks_(options.analysis.min_peak_prominence),
-        marks_(options.analysis.marks.size()) {}
+        marks_(options.analysis.marks.size()),
+        watch_info_(options.name_serials.size()) {
+    for (uint32_t k = 0; k < options.name_serials.size(); ++k)
+      watch_serial_.emplace(options.name_serials[k], k);
+  }
 
   bool consume(const Program& program, const MemoryEvent* events, size_t n,
                size_t first) override {
@@ -148,23 +153,23 @@ class StreamRun final : public EventSink {
   std::optional<TensorInfo> oom_info_;
   uint32_t oom_serial_ = 0;
   uint64_t reserved_high_ = 0;  // StreamResult::reserved_high
-  // StreamOptions::name_serial: its id while live, its alloc, its TensorInfo once freed.
-  bool watch_found_ = false;
-  bool watch_live_ = false;
-  uint32_t watch_id_ = 0;
-  MemoryEvent watch_alloc_;
-  TensorInfo watch_info_;  // its TensorInfo, copied if it was freed after the OOM
+  // StreamOptions::name_serials: serial -> position; the watched tensors live now (id ->
+  // position); what each had at its free (or, at the end, now).
+  std::unordered_map<uint32_t, uint32_t> watch_serial_;
+  std::unordered_map<uint32_t, uint32_t> watch_live_;
+  std::vector<std::optional<TensorInfo>> watch_info_;
   std::array<uint64_t, kTensorKindCount> oom_by_kind_{};
 };
 
 void StreamRun::watch(const Program& program, const MemoryEvent& e) {
-  if (e.type == EventType::alloc && !watch_found_ && program.serial_of(e.tensor) == *options_.name_serial) {
-    watch_found_ = watch_live_ = true;
-    watch_id_ = e.tensor;
-    watch_alloc_ = e;
-  } else if (e.type == EventType::free && watch_live_ && e.tensor == watch_id_) {
-    watch_live_ = false;  // its id may be reused: keep what names it
-    watch_info_ = program.tensors[e.tensor];
+  if (e.type == EventType::alloc) {
+    const auto it = watch_serial_.find(program.serial_of(e.tensor));
+    if (it != watch_serial_.end()) watch_live_[e.tensor] = it->second;
+  } else if (e.type == EventType::free) {
+    const auto it = watch_live_.find(e.tensor);
+    if (it == watch_live_.end()) return;
+    watch_info_[it->second] = program.tensors[e.tensor];  // its id may be reused now
+    watch_live_.erase(it);
   }
 }
 
@@ -184,7 +189,7 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
   const uint64_t reserved = static_cast<uint64_t>(stats.reserved_bytes.all.current);
   const uint64_t requested = static_cast<uint64_t>(stats.requested_bytes.all.current);
   reserved_high_ = std::max(reserved_high_, reserved);
-  if (options_.name_serial) watch(program, e);
+  if (!watch_serial_.empty()) watch(program, e);
   switch (e.type) {
     case EventType::alloc:
       if (e.bytes > 0 && options_.analysis.live_set) {
@@ -278,8 +283,9 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
   r.measured_mark = measured_mark_;
   r.oom_serial = oom_serial_;
   r.reserved_high = reserved_high_;
-  if (watch_found_)
-    r.named = tensor_name(program, watch_live_ ? program.tensors[watch_id_] : watch_info_, watch_alloc_);
+  for (const auto& [id, k] : watch_live_) watch_info_[k] = program.tensors[id];
+  r.final_infos = watch_info_;
+  if (executor_.oom()) r.oom_alloc = oom_event_;
   Analysis& a = r.analysis;
   // A stopped build: the events handed on (what the builder emitted after that, while
   // unwinding, is not part of the Program).
@@ -293,8 +299,11 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
     a.peak_reserved = peak_reserved_;
     a.peak_requested = peak_requested_;
     a.peak = point(program, peak_index_, peak_);
-    if (o.live_set)
-      a.live_at_peak = summarize_live_set(program, peak_index_, live_at(program, peak_index_), o.top_tensors);
+    if (o.live_set) {
+      std::vector<LiveAlloc> live = live_at(program, peak_index_);
+      a.live_at_peak = summarize_live_set(program, peak_index_, live, o.top_tensors);
+      if (options_.keep_live_allocs) r.live_allocs = std::move(live);
+    }
     a.breakdown_at_peak = to_breakdown(peak_by_kind_);
     for (const auto& p : peaks_.top(o.top_peaks))
       a.top_peaks.push_back(point(program, p.peak.index, p.extra));

@@ -31,10 +31,12 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "allocator/caching_allocator.h"
 #include "program/program.h"
 #include "sim/analysis/analysis.h"
+#include "sim/analysis/live_set.h"
 
 namespace memsim {
 
@@ -46,10 +48,13 @@ struct StreamOptions {
   // faster, but Analysis::events is then the events emitted so far.
   bool stop_at_oom = false;
   size_t chunk = 4096;  // events per hand-over (program/event_sink.h)
-  // Name the tensor whose serial (Program::serial_of: its stored-build id) is this one, as
-  // a stored run names it at the end (StreamResult::named): `memsim run` names a stopped
-  // run's failing tensor from a complete build this way.
-  std::optional<uint32_t> name_serial;
+  // The TensorInfo (what names a tensor) of the tensors with these serials
+  // (Program::serial_of: their stored-build ids) as a stored run has it at the end
+  // (StreamResult::final_infos): `memsim run` names a stopped run's failing tensor and live
+  // set from a complete build this way (a later op may name a tensor: "saved input of").
+  std::vector<uint32_t> name_serials;
+  // Keep the live set at the peak unsummarised too (StreamResult::live_allocs).
+  bool keep_live_allocs = false;
 };
 
 struct StreamResult {
@@ -66,7 +71,13 @@ struct StreamResult {
   // measured step): with final_stats' peak, what unlimited_peak_reserved computes from a
   // stored Timeline (sim/analysis/headroom.h).
   uint64_t reserved_high = 0;
-  std::optional<std::string> named;  // StreamOptions::name_serial's name, if it was built
+  // By StreamOptions::name_serials position: the TensorInfo at its free or at the end
+  // (nullopt: not built).
+  std::vector<std::optional<TensorInfo>> final_infos;
+  MemoryEvent oom_alloc;  // the failing alloc event (with an OOM)
+  // With StreamOptions::keep_live_allocs: what Analysis::live_at_peak summarises (tensor =
+  // serial), to summarise again with other TensorInfos (summarize_live_set).
+  std::vector<LiveAlloc> live_allocs;
 };
 
 // Attaches a StreamRun to `program`, calls build(program) (a builder that clears and fills

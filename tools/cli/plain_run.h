@@ -15,8 +15,9 @@
 //  - Analysis::events: the Program's total event count (the stopped build's is partial);
 //  - Analysis::flops, and PlainRun::program's cost (the time model's "with unlimited
 //    memory" step time), rank, host memory and offload bytes: the complete build's;
-//  - the failing tensor's name (a later op may name it: "saved input of ..."), matched by
-//    its serial (Program::serial_of), the same in both builds;
+//  - the names of the failing tensor and of the live set at the peak (a later op may name
+//    a tensor: "saved input of ... (recomputed)"), matched by serial (Program::serial_of),
+//    the same in both builds;
 //  - the measured step's first mark (the summary labels events by it).
 // Everything else (the verdict, the OOM point and state, peaks, breakdown, live set, marks,
 // final memory_stats) is the stopped run's, which equals the complete run's up to the OOM.
@@ -46,7 +47,9 @@ struct PlainRun {
   size_t stopped_events = 0;        // events the stopped build handed on (for the log)
 };
 
-// `generate_facts`: filled by the complete build (step.kind generate).
-PlainRun run_plain(const Scenario& scenario, GenerateFacts& generate_facts);
+// `generate_facts`: filled by the complete build (step.kind generate). live_set false:
+// Analysis::live_at_peak is left empty (--advise's candidates read only peaks, the
+// verdict, the step time and the needed bytes).
+PlainRun run_plain(const Scenario& scenario, GenerateFacts& generate_facts, bool live_set = true);
 
 }  // namespace memsim::cli
