@@ -14,17 +14,22 @@
 //    find_top_peaks, without the curve);
 //  - the last measured occurrence of each AnalysisOptions::marks name;
 //  - the out-of-memory point with the per-kind bytes before it;
-//  - the live set at the peak, from each tensor's lifetime (its alloc event, the event
-//    that freed it: 32 bytes per tensor, not per event), after the run.
+//  - the live set at the peak: a record per live tensor id (ids are recycled in a
+//    streamed Program, program/program.h), plus copies (with TensorInfo, what names a
+//    tensor) of the tensors live at the current peak and freed since, dropped when the
+//    peak moves; both bounded by the live tensors, not the events. Tensors are listed by
+//    serial (Program::serial_of), the id a stored build gives them.
 //
 // Contract: stream_run(program, build, ...) gives the Analysis and final MemoryStats that
 // analyze(program, execute(program, ...)) gives for the same build, field for field
 // (tests/test_stream_run.cpp compares every shipped scenario, fitting and not), except:
 // with StreamOptions::stop_at_oom the builder is stopped at the out-of-memory, so
 // Analysis::events counts only the events handed on until then (the chunk with the OOM
-// and those before it), and FLOPs, cost, host memory and the OOM tensor's name (a name a
-// later op gives, program/tensor_names.h) only what was built. The Program keeps its tensor table, strings, rank, FLOPs and
-// cost; its `events` holds only an unflushed tail (Program::flushed()).
+// and those before it), and FLOPs, cost, host memory and the names of the OOM tensor and
+// of the live set (a name a later op gives, program/tensor_names.h) only what was built
+// (tools/cli/plain_run.h takes those from a complete build: StreamOptions::name_serials).
+// The Program keeps its strings, rank, FLOPs and cost and a tensor table of recycled ids;
+// its `events` holds only an unflushed tail (Program::flushed()).
 #pragma once
 
 #include <cstddef>
