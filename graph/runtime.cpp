@@ -101,7 +101,7 @@ uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
   // No name: tensor_names.h composes one from the op and ctx.module (stored here, in
   // TensorInfo's padding) unless a later step names the tensor (grads, saved inputs, ...).
   uint32_t id = program_.alloc(bytes, kind, ctx.phase, op_name, ctx.layer, 0);
-  TensorInfo& info = program_.tensors.back();
+  TensorInfo& info = program_.tensors[id];  // not back(): ids are recycled with a sink
   info.module = static_cast<uint8_t>(ctx.module);
   info.flags = recomputing ? kTensorRecomputed : 0;
   // Time model (graph/op_cost.h): HBM bytes of ops that are not GEMMs, by part. The
@@ -115,7 +115,7 @@ uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
       program_.cost.traffic[static_cast<int>(part)] += static_cast<double>(crossings) * bytes;
     }
   }
-  refs_.push_back(1);
+  set_refs(id);
   if (numeric != nullptr) numeric->on_alloc(id, bytes);
   if (compile != nullptr) compile->on_alloc(id, bytes, op);
   return id;
@@ -132,7 +132,8 @@ Tensor Runtime::alloc(uint64_t bytes, TensorKind kind, OpKind op) {
 void Runtime::release(uint32_t s) {
   if (frozen_) return;
   if (--refs_[s] == 0) {
-    program_.free(s, ctx.phase, op_id(cur_op_, in_backward_), ctx.layer);
+    // The last reference: the id may be recycled (program/program.h).
+    program_.free(s, ctx.phase, op_id(cur_op_, in_backward_), ctx.layer, /*recycle=*/true);
     if (numeric != nullptr) numeric->on_free(s);
   }
 }
@@ -157,9 +158,9 @@ int32_t Runtime::add_parameter(uint64_t bytes, std::string_view name) {
   uint32_t op = program_.intern("empty");
   p.storage = program_.alloc(bytes, TensorKind::parameter, ctx.phase, op, ctx.layer,
                              program_.intern(name));
-  program_.tensors.back().module = static_cast<uint8_t>(ctx.module);
+  program_.tensors[p.storage].module = static_cast<uint8_t>(ctx.module);
   note_module_path(name);
-  refs_.push_back(1);  // owned by the module (never freed)
+  set_refs(p.storage);  // owned by the module (never freed)
   params_.push_back(p);
   if (numeric != nullptr) {
     numeric->on_alloc(p.storage, bytes);

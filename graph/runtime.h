@@ -324,6 +324,12 @@ class Runtime {
   void deliver(const Edge& e, Grad g, std::vector<int32_t>& ready);
   void run_accumulate_grad(Node& n);
   void note_module_path(std::string_view param_name);  // add_parameter: Program::module_path
+  // One reference on new storage `s`. Ids are dense in a stored build (s == refs_.size())
+  // and recycled in a streamed one (program/program.h): a reused id is overwritten.
+  void set_refs(uint32_t s) {
+    if (s >= refs_.size()) refs_.resize(size_t{s} + 1, 0);
+    refs_[s] = 1;
+  }
   void name_saved(const Node& n, uint32_t storage);    // "saved input of M" (save_storage)
   uint32_t op_id(OpKind k, bool backward) const {
     return backward && !recomputing ? bwd_name_[static_cast<int>(k)]

@@ -69,14 +69,31 @@ uint32_t Program::alloc(uint64_t bytes, TensorKind kind, Phase phase, uint32_t o
     aborted_ = true;
     throw StopEmitting{};
   }
-  uint32_t id = static_cast<uint32_t>(tensors.size());
-  tensors.push_back(TensorInfo{name, kind, 0, 0, NameRole::none, bytes});
+  const TensorInfo info{name, kind, 0, 0, NameRole::none, bytes};
+  uint32_t id;
+  if (!free_ids_.empty() && sink_ != nullptr && !sink_done_) {  // recycle (see program.h)
+    id = free_ids_.back();
+    free_ids_.pop_back();
+    tensors[id] = info;
+  } else {
+    id = static_cast<uint32_t>(tensors.size());
+    tensors.push_back(info);
+  }
+  if (sink_ != nullptr) {
+    if (id >= serial_of_.size()) serial_of_.resize(size_t{id} + 1024);  // once per 1024 ids
+    serial_of_[id] = serial_;
+  }
+  ++serial_;
   events.push_back(MemoryEvent{EventType::alloc, kind, phase, stream, layer, id, op, bytes});
   return id;
 }
 
-void Program::free(uint32_t tensor, Phase phase, uint32_t op, int32_t layer) {
+void Program::free(uint32_t tensor, Phase phase, uint32_t op, int32_t layer, bool recycle) {
   const TensorInfo& info = tensors.at(tensor);
+  if (recycle && sink_ != nullptr) {
+    if (tensor >= recyclable_.size()) recyclable_.resize(size_t{tensor} + 1024);  // once per 1024 ids
+    recyclable_[tensor] = 1;
+  }
   events.push_back(
       MemoryEvent{EventType::free, info.kind, phase, 0, layer, tensor, op, info.bytes});
 }
@@ -118,6 +135,10 @@ void Program::clear() {
   strings_.resize(1);  // "" stays index 0
   std::fill(string_slots_.begin(), string_slots_.end(), kNoString);  // keeps its size
   flushed_ = 0;  // the sink stays attached
+  serial_ = 0;
+  free_ids_.clear();
+  serial_of_.clear();
+  recyclable_.clear();
   holds_ = 0;
   sink_done_ = false;
   aborted_ = false;
@@ -148,7 +169,17 @@ void Program::finish() {
 }
 
 void Program::flush_now() {
-  if (!sink_done_) sink_done_ = !sink_->consume(*this, events.data(), events.size(), flushed_);
+  if (!sink_done_) {
+    sink_done_ = !sink_->consume(*this, events.data(), events.size(), flushed_);
+    // The sink has seen these frees: their ids may be reused (program.h's contract). Not
+    // after it stopped: it may still name the tensors it holds (the out-of-memory's).
+    if (!sink_done_)
+      for (const MemoryEvent& e : events)
+        if (e.type == EventType::free && e.tensor < recyclable_.size() && recyclable_[e.tensor]) {
+          recyclable_[e.tensor] = 0;
+          free_ids_.push_back(e.tensor);
+        }
+  }
   flushed_ += events.size();
   events.clear();
 }

@@ -7,9 +7,23 @@
 // real snapshots test.
 //
 // Contract:
-//  - Tensor ids are dense, 0..tensors.size()-1. Each id is allocated by exactly one
-//    `alloc` event and freed by at most one later `free` event (a tensor that is never
-//    freed is live at the end of the program, e.g. parameters).
+//  - Without a sink (a stored Program, the default) tensor ids are dense,
+//    0..tensors.size()-1: each id is allocated by exactly one `alloc` event and freed by at
+//    most one later `free` event (a tensor that is never freed is live at the end of the
+//    program, e.g. parameters). Reports that index by id (timelines, HTML, trace,
+//    snapshot, TensorNames) read stored Programs only.
+//  - With a sink attached (streaming, issue #20) ids are recycled so that per-tensor
+//    tables stay the size of the live set, not of the run: once a tensor's `free` event
+//    has been handed to the sink, its id goes on a free list and a later alloc may reuse
+//    it (its TensorInfo is then overwritten). Only frees that say so (`recycle`: the
+//    Runtime's, when a storage's last reference dies) release an id. An id is therefore unique among the tensors
+//    alive at any moment, and among all the events still in the unflushed tail (a free
+//    still in the tail, editable, never has its id reused), but not over the whole run:
+//    a consumer that needs a dead tensor's facts copies them when it sees the free
+//    (sim/analysis/stream_run.cpp). Recycling stops once the sink needs no more events
+//    (what is built after an out-of-memory is dropped: ids grow densely again), and
+//    never happens during setup (setup events are not handed on before the first
+//    non-setup event). tensor_serial() counts allocs: the id a stored build would give.
 //  - `op`, `mark` and `tensor name` fields index into the string tables below, so an
 //    event is a small POD and the hot loop that executes a Program touches no strings.
 //  - A `mark` event carries no memory; it names a moment (e.g. "forward_end") that the
@@ -141,7 +155,11 @@ class Program {
   // Appends an alloc and returns the new tensor's id.
   uint32_t alloc(uint64_t bytes, TensorKind kind, Phase phase, uint32_t op, int32_t layer,
                  uint32_t name, uint8_t stream = 0);
-  void free(uint32_t tensor, Phase phase, uint32_t op, int32_t layer);
+  // recycle: nothing in the builder refers to the id any more (the Runtime's reference
+  // count reached zero), so with a sink it may be reused once this free is handed on.
+  // Frees that leave the id referenced (FSDP and ZeRO-3 free a parameter's storage at
+  // wrap time while the Runtime's parameter entry keeps it) pass false.
+  void free(uint32_t tensor, Phase phase, uint32_t op, int32_t layer, bool recycle = false);
   void mark(std::string_view name, Phase phase);
   void empty_cache(Phase phase);
   // Back to a newly constructed Program (same string indices on the next build), keeping
@@ -161,6 +179,14 @@ class Program {
   EventSink* sink() const { return sink_; }
   // Hands every buffered event to the sink now (the end of the build). No-op without one.
   void finish();
+  // Number of allocs so far: the dense id the next alloc would get in a stored build (ids
+  // are recycled with a sink: see the contract above).
+  uint32_t tensor_serial() const { return serial_; }
+  // The serial (stored-build id) of the tensor that now has id `tensor`: the id itself
+  // unless ids were recycled.
+  uint32_t serial_of(uint32_t tensor) const {
+    return tensor < serial_of_.size() ? serial_of_[tensor] : tensor;
+  }
   // Absolute number of events emitted so far (flushed() + events.size()).
   size_t event_count() const { return flushed_ + events.size(); }
   // Events already handed on (or dropped after the sink stopped): events[0] is this one.
@@ -197,6 +223,12 @@ class Program {
   bool sink_done_ = false;   // the sink returned false: events are counted, not handed on
   bool abort_when_done_ = false;
   bool aborted_ = false;     // StopEmitting was thrown (only once)
+  uint32_t serial_ = 0;  // allocs so far
+  // Ids whose free has been handed to the sink: reused by later allocs (LIFO: the most
+  // recently freed id, whose per-tensor entries are still in cache).
+  std::vector<uint32_t> free_ids_;
+  std::vector<uint32_t> serial_of_;  // by id, kept only with a sink (ids recycled)
+  std::vector<uint8_t> recyclable_;  // by id: freed with recycle = true, not yet handed on
   std::vector<uint32_t> module_paths_;  // [(layer + 1) * 16 + module]
   std::vector<std::string> strings_{""};
   // intern()'s index: an open-addressing table of indices into strings_ (kNoString:

@@ -87,7 +87,10 @@ std::string module_path_text(const Program& program, int32_t layer, uint8_t modu
 
 std::string tensor_name(const Program& program, uint32_t tensor, const MemoryEvent& a) {
   if (tensor >= program.tensors.size()) return std::string();
-  const TensorInfo& info = program.tensors[tensor];
+  return tensor_name(program, program.tensors[tensor], a);
+}
+
+std::string tensor_name(const Program& program, const TensorInfo& info, const MemoryEvent& a) {
   if (info.name != 0) return with_role(info.role, program.str(info.name));
   if (a.op == 0) return std::string();  // a replayed block: no op, no name
   std::string s = program.str(a.op) + role_of(info.kind);

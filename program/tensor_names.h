@@ -58,6 +58,9 @@ class TensorNames {
 // Tensor t's name, built alone (no table): `alloc` is its alloc event. For a few tensors
 // (the live set at the peak); TensorNames for all of them.
 std::string tensor_name(const Program& program, uint32_t tensor, const MemoryEvent& alloc);
+// The same from a copy of the tensor's TensorInfo (a streamed run recycles ids: a dead
+// tensor's entry in Program::tensors may belong to another tensor now).
+std::string tensor_name(const Program& program, const TensorInfo& info, const MemoryEvent& alloc);
 
 // The path of (layer, module code): Program::module_path; else, in a layer, the common
 // prefix of that layer's module paths ("model.layers.3"), or "layers.<L>"; outside the

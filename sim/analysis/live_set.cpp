@@ -22,9 +22,8 @@ void group_by_name(const Program& program, const std::vector<LiveAlloc>& all, Li
   });
   std::map<std::tuple<std::string, uint8_t, uint64_t>, size_t> index;
   for (const LiveAlloc* l : live) {
-    const uint32_t t = l->tensor;
     const MemoryEvent& a = l->alloc;
-    std::string name = tensor_name(program, t, a);
+    std::string name = tensor_name(program, l->info, a);
     auto key = std::make_tuple(name_pattern(name), static_cast<uint8_t>(a.kind), a.bytes);
     auto [it, fresh] = index.try_emplace(std::move(key), out.by_name.size());
     if (fresh) {
@@ -74,7 +73,7 @@ LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n) {
 
   std::vector<LiveAlloc> live;
   for (uint32_t t = 0; t < alloc_event.size(); ++t)
-    if (alloc_event[t] != kDead) live.push_back(LiveAlloc{t, alloc_event[t], program.events[alloc_event[t]]});
+    if (alloc_event[t] != kDead) live.push_back(LiveAlloc{t, alloc_event[t], program.events[alloc_event[t]], program.tensors[t]});
   return summarize_live_set(program, last, live, top_n);
 }
 
@@ -122,7 +121,7 @@ LiveSet summarize_live_set(const Program& program, size_t event_index,
     const MemoryEvent& a = l.alloc;
     LiveTensor lt;
     lt.tensor = l.tensor;
-    lt.name = tensor_name(program, l.tensor, a);
+    lt.name = tensor_name(program, l.info, a);
     lt.kind = a.kind;
     lt.bytes = a.bytes;
     lt.op = program.str(a.op);

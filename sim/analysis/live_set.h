@@ -77,9 +77,10 @@ LiveSet live_set_at(const Program& program, size_t event_index, size_t top_n = 1
 
 // One live tensor and its alloc event (what the summary reads from it).
 struct LiveAlloc {
-  uint32_t tensor = 0;
+  uint32_t tensor = 0;  // its id in a stored Program (a streamed run's: the serial)
   size_t event = 0;   // index of the alloc event
   MemoryEvent alloc;  // that event
+  TensorInfo info;    // its TensorInfo (what names it): a copy, as ids may be recycled
 };
 // The LiveSet at `event_index` of the tensors `live` (ascending tensor id), the summary
 // live_set_at makes after its walk; the streaming run (sim/analysis/stream_run.h) keeps

@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "program/tensor_names.h"
@@ -27,16 +28,26 @@ struct PointInfo {
   Phase phase = Phase::other;
 };
 
-// A tensor's lifetime: its alloc event (what the live set reports; the bytes are the
-// tensor table's, which the builders keep equal to the event's) and when it was freed.
+// A live tensor's allocation (what the live set reports; the bytes are the tensor
+// table's, which the builders keep equal to the event's), by tensor id. Ids are recycled
+// in a streamed Program (program/program.h), so only live tensors have one: `alloc` is
+// kNever for an id whose tensor is dead (or zero-byte).
 struct Lifetime {
   static constexpr uint32_t kNever = std::numeric_limits<uint32_t>::max();
   uint32_t op = 0;
   int32_t layer = -1;
   uint32_t alloc = kNever;  // event index of its (non-empty) alloc
-  uint32_t free = kNever;   // event index of its free
+  uint32_t serial = 0;      // Program::serial_of: its id in a stored build
   TensorKind kind = TensorKind::other;
   Phase phase = Phase::other;
+};
+
+// A tensor that was live at the current peak and has died since: the live set at the
+// peak still lists it, and its id may already name another tensor, so its facts are
+// copied here when it is freed (TensorInfo included: its name).
+struct DeadAtPeak {
+  Lifetime life;
+  TensorInfo info;
 };
 
 class StreamRun final : public EventSink {
@@ -46,7 +57,11 @@ class StreamRun final : public EventSink {
         executor_(config, device, options.reset_peaks_at_mark, nullptr, 0, &block_of_,
                   &rounded_of_),
         peaks_(options.analysis.min_peak_prominence),
-        marks_(options.analysis.marks.size()) {}
+        marks_(options.analysis.marks.size()),
+        watch_info_(options.name_serials.size()) {
+    for (uint32_t k = 0; k < options.name_serials.size(); ++k)
+      watch_serial_.emplace(options.name_serials[k], k);
+  }
 
   bool consume(const Program& program, const MemoryEvent* events, size_t n,
                size_t first) override {
@@ -74,17 +89,30 @@ class StreamRun final : public EventSink {
         return true;
       }
       oom_event_ = events[k];
+      oom_serial_ = program.serial_of(events[k].tensor);
       oom_by_kind_ = executor_.by_kind();
       executed_ = first + k;
       if (options_.stop_at_oom) return false;
       ++k;
     }
     // After the out-of-memory nothing executes; only the measured step's first mark is
-    // still looked for (the summary labels events by it, as over a stored Program).
-    for (; k < n && !measured_mark_; ++k)
-      if (events[k].type == EventType::mark &&
-          program.str(static_cast<uint32_t>(events[k].bytes)) == options_.analysis.measured_from_mark)
+    // still looked for (the summary labels events by it, as over a stored Program). The
+    // Program keeps recycling ids (program/program.h): a tensor the report still names (live
+    // at the peak, or the failing one) has its TensorInfo copied when its free goes by.
+    for (; k < n; ++k) {
+      const MemoryEvent& e = events[k];
+      if (e.type == EventType::mark && !measured_mark_ &&
+          program.str(static_cast<uint32_t>(e.bytes)) == options_.analysis.measured_from_mark)
         measured_mark_ = first + k;
+      if (e.type != EventType::free) continue;
+      if (e.tensor == oom_event_.tensor && !oom_info_) oom_info_ = program.tensors[e.tensor];
+      if (e.tensor < lifetimes_.size() && lifetimes_[e.tensor].alloc != Lifetime::kNever) {
+        Lifetime& l = lifetimes_[e.tensor];
+        if (have_peak_ && l.alloc <= peak_index_)
+          dead_at_peak_.push_back(DeadAtPeak{l, program.tensors[e.tensor]});
+        l.alloc = Lifetime::kNever;
+      }
+    }
     return true;
   }
 
@@ -93,6 +121,7 @@ class StreamRun final : public EventSink {
  private:
   void observe(const Program& program, const MemoryEvent& e, size_t i, const MemoryStats& stats);
   void start_measured(size_t i);
+  void watch(const Program& program, const MemoryEvent& e);
   EventPoint point(const Program& program, size_t index, const PointInfo& p) const;
   std::vector<LiveAlloc> live_at(const Program& program, size_t index) const;
 
@@ -102,7 +131,11 @@ class StreamRun final : public EventSink {
   Executor executor_;
   size_t executed_ = 0;
   size_t handed_ = 0;  // events handed on so far
-  std::vector<Lifetime> lifetimes_;  // by tensor id
+  std::vector<Lifetime> lifetimes_;  // by tensor id: the live tensors
+  // Tensors live at the peak (peak_index_) and freed since; cleared when the peak moves
+  // (a tensor freed before the new peak is not live there). With lifetimes_ this is the
+  // live set at the peak, and both are bounded by the live tensors, not the run's.
+  std::vector<DeadAtPeak> dead_at_peak_;
   // The measured part (reset at its first mark).
   bool measured_seen_ = false;
   std::optional<size_t> measured_mark_;  // the first such mark emitted, executed or not
@@ -117,8 +150,28 @@ class StreamRun final : public EventSink {
   std::vector<std::optional<MarkPoint>> marks_;  // by AnalysisOptions::marks position
   // The out-of-memory, if any.
   MemoryEvent oom_event_;
+  std::optional<TensorInfo> oom_info_;
+  uint32_t oom_serial_ = 0;
+  uint64_t reserved_high_ = 0;  // StreamResult::reserved_high
+  // StreamOptions::name_serials: serial -> position; the watched tensors live now (id ->
+  // position); what each had at its free (or, at the end, now).
+  std::unordered_map<uint32_t, uint32_t> watch_serial_;
+  std::unordered_map<uint32_t, uint32_t> watch_live_;
+  std::vector<std::optional<TensorInfo>> watch_info_;
   std::array<uint64_t, kTensorKindCount> oom_by_kind_{};
 };
+
+void StreamRun::watch(const Program& program, const MemoryEvent& e) {
+  if (e.type == EventType::alloc) {
+    const auto it = watch_serial_.find(program.serial_of(e.tensor));
+    if (it != watch_serial_.end()) watch_live_[e.tensor] = it->second;
+  } else if (e.type == EventType::free) {
+    const auto it = watch_live_.find(e.tensor);
+    if (it == watch_live_.end()) return;
+    watch_info_[it->second] = program.tensors[e.tensor];  // its id may be reused now
+    watch_live_.erase(it);
+  }
+}
 
 void StreamRun::start_measured(size_t i) {
   measured_begin_ = i;
@@ -126,6 +179,7 @@ void StreamRun::start_measured(size_t i) {
   peak_reserved_ = 0;
   peak_requested_ = 0;
   peaks_.reset();
+  dead_at_peak_.clear();
   for (auto& m : marks_) m.reset();
 }
 
@@ -134,6 +188,8 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
   const uint64_t allocated = static_cast<uint64_t>(stats.allocated_bytes.all.current);
   const uint64_t reserved = static_cast<uint64_t>(stats.reserved_bytes.all.current);
   const uint64_t requested = static_cast<uint64_t>(stats.requested_bytes.all.current);
+  reserved_high_ = std::max(reserved_high_, reserved);
+  if (!watch_serial_.empty()) watch(program, e);
   switch (e.type) {
     case EventType::alloc:
       if (e.bytes > 0 && options_.analysis.live_set) {
@@ -141,12 +197,18 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
         // geometrically): one resize per 1024 tensors, and at most 20 KiB past the last
         // tensor touched. live_at() skips the entries never allocated.
         if (e.tensor >= lifetimes_.size()) lifetimes_.resize(size_t{e.tensor} + 1024);
-        lifetimes_[e.tensor] =
-            Lifetime{e.op, e.layer, static_cast<uint32_t>(i), Lifetime::kNever, e.kind, e.phase};
+        lifetimes_[e.tensor] = Lifetime{e.op, e.layer, static_cast<uint32_t>(i),
+                                        program.serial_of(e.tensor), e.kind, e.phase};
       }
       break;
     case EventType::free:
-      if (e.tensor < lifetimes_.size()) lifetimes_[e.tensor].free = static_cast<uint32_t>(i);
+      if (e.tensor < lifetimes_.size() && lifetimes_[e.tensor].alloc != Lifetime::kNever) {
+        Lifetime& l = lifetimes_[e.tensor];
+        // Live at the peak (allocated at or before it; freed now, after it): keep a copy.
+        if (have_peak_ && l.alloc <= peak_index_)
+          dead_at_peak_.push_back(DeadAtPeak{l, program.tensors[e.tensor]});
+        l.alloc = Lifetime::kNever;  // the id may be reused
+      }
       break;
     case EventType::mark: {
       const std::string& name = program.str(static_cast<uint32_t>(e.bytes));
@@ -170,6 +232,7 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
     peak_index_ = i;
     peak_ = here;
     peak_by_kind_ = executor_.by_kind();
+    dead_at_peak_.clear();  // freed before this event: not live at the new peak
   }
   peak_reserved_ = std::max(peak_reserved_, reserved);
   peak_requested_ = std::max(peak_requested_, requested);
@@ -189,21 +252,26 @@ EventPoint StreamRun::point(const Program& program, size_t index, const PointInf
 }
 
 std::vector<LiveAlloc> StreamRun::live_at(const Program& program, size_t index) const {
+  // Called for the peak only (index == peak_index_): the tensors still live that were
+  // allocated by then, and those freed since (dead_at_peak_).
   std::vector<LiveAlloc> live;
-  for (uint32_t t = 0; t < lifetimes_.size(); ++t) {
-    const Lifetime& l = lifetimes_[t];
-    if (l.alloc == Lifetime::kNever || l.alloc > index) continue;
-    if (l.free != Lifetime::kNever && l.free <= index) continue;
+  auto add = [&](const Lifetime& l, const TensorInfo& info) {
     MemoryEvent a;
     a.type = EventType::alloc;
     a.kind = l.kind;
     a.phase = l.phase;
     a.layer = l.layer;
-    a.tensor = t;
+    a.tensor = l.serial;
     a.op = l.op;
-    a.bytes = program.tensors[t].bytes;
-    live.push_back(LiveAlloc{t, l.alloc, a});
+    a.bytes = info.bytes;
+    live.push_back(LiveAlloc{l.serial, l.alloc, a, info});
+  };
+  for (uint32_t t = 0; t < lifetimes_.size(); ++t) {
+    const Lifetime& l = lifetimes_[t];
+    if (l.alloc == Lifetime::kNever || l.alloc > index) continue;
+    add(l, program.tensors[t]);
   }
+  for (const DeadAtPeak& d : dead_at_peak_) add(d.life, d.info);
   return live;
 }
 
@@ -213,6 +281,11 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
   r.complete = complete;
   r.final_stats = executor_.stats();
   r.measured_mark = measured_mark_;
+  r.oom_serial = oom_serial_;
+  r.reserved_high = reserved_high_;
+  for (const auto& [id, k] : watch_live_) watch_info_[k] = program.tensors[id];
+  r.final_infos = watch_info_;
+  if (executor_.oom()) r.oom_alloc = oom_event_;
   Analysis& a = r.analysis;
   // A stopped build: the events handed on (what the builder emitted after that, while
   // unwinding, is not part of the Program).
@@ -226,8 +299,11 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
     a.peak_reserved = peak_reserved_;
     a.peak_requested = peak_requested_;
     a.peak = point(program, peak_index_, peak_);
-    if (o.live_set)
-      a.live_at_peak = summarize_live_set(program, peak_index_, live_at(program, peak_index_), o.top_tensors);
+    if (o.live_set) {
+      std::vector<LiveAlloc> live = live_at(program, peak_index_);
+      a.live_at_peak = summarize_live_set(program, peak_index_, live, o.top_tensors);
+      if (options_.keep_live_allocs) r.live_allocs = std::move(live);
+    }
     a.breakdown_at_peak = to_breakdown(peak_by_kind_);
     for (const auto& p : peaks_.top(o.top_peaks))
       a.top_peaks.push_back(point(program, p.peak.index, p.extra));
@@ -248,7 +324,8 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
     rep.phase = e.phase;
     rep.layer = e.layer;
     rep.kind = e.kind;
-    if (e.tensor < program.tensors.size()) rep.tensor = tensor_name(program, e.tensor, e);
+    if (oom_info_) rep.tensor = tensor_name(program, *oom_info_, e);
+    else if (e.tensor < program.tensors.size()) rep.tensor = tensor_name(program, e.tensor, e);
     rep.requested_bytes = p.details.requested_bytes;
     rep.allocated_bytes = p.details.allocated_bytes;
     rep.reserved_bytes = p.details.reserved_bytes;

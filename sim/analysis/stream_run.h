@@ -14,17 +14,22 @@
 //    find_top_peaks, without the curve);
 //  - the last measured occurrence of each AnalysisOptions::marks name;
 //  - the out-of-memory point with the per-kind bytes before it;
-//  - the live set at the peak, from each tensor's lifetime (its alloc event, the event
-//    that freed it: 32 bytes per tensor, not per event), after the run.
+//  - the live set at the peak: a record per live tensor id (ids are recycled in a
+//    streamed Program, program/program.h), plus copies (with TensorInfo, what names a
+//    tensor) of the tensors live at the current peak and freed since, dropped when the
+//    peak moves; both bounded by the live tensors, not the events. Tensors are listed by
+//    serial (Program::serial_of), the id a stored build gives them.
 //
 // Contract: stream_run(program, build, ...) gives the Analysis and final MemoryStats that
 // analyze(program, execute(program, ...)) gives for the same build, field for field
 // (tests/test_stream_run.cpp compares every shipped scenario, fitting and not), except:
 // with StreamOptions::stop_at_oom the builder is stopped at the out-of-memory, so
 // Analysis::events counts only the events handed on until then (the chunk with the OOM
-// and those before it), and FLOPs, cost, host memory and the OOM tensor's name (a name a
-// later op gives, program/tensor_names.h) only what was built. The Program keeps its tensor table, strings, rank, FLOPs and
-// cost; its `events` holds only an unflushed tail (Program::flushed()).
+// and those before it), and FLOPs, cost, host memory and the names of the OOM tensor and
+// of the live set (a name a later op gives, program/tensor_names.h) only what was built
+// (tools/cli/plain_run.h takes those from a complete build: StreamOptions::name_serials).
+// The Program keeps its strings, rank, FLOPs and cost and a tensor table of recycled ids;
+// its `events` holds only an unflushed tail (Program::flushed()).
 // With StreamOptions::verdict_only the events only go through the allocator: the Analysis
 // then holds the verdict and the OOM report (fits(), oom, with its breakdown) and the
 // final stats, not the peak points, top peaks, marks or live set.
@@ -33,10 +38,13 @@
 #include <cstddef>
 #include <functional>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "allocator/caching_allocator.h"
 #include "program/program.h"
 #include "sim/analysis/analysis.h"
+#include "sim/analysis/live_set.h"
 
 namespace memsim {
 
@@ -52,6 +60,13 @@ struct StreamOptions {
   // Analysis has fits(), the OOM report and the final stats' peaks only (find_max's
   // probes read nothing else; the observation was about a sixth of a cs336-xl probe).
   bool verdict_only = false;
+  // The TensorInfo (what names a tensor) of the tensors with these serials
+  // (Program::serial_of: their stored-build ids) as a stored run has it at the end
+  // (StreamResult::final_infos): `memsim run` names a stopped run's failing tensor and live
+  // set from a complete build this way (a later op may name a tensor: "saved input of").
+  std::vector<uint32_t> name_serials;
+  // Keep the live set at the peak unsummarised too (StreamResult::live_allocs).
+  bool keep_live_allocs = false;
 };
 
 struct StreamResult {
@@ -61,6 +76,20 @@ struct StreamResult {
   // The first mark named AnalysisOptions::measured_from_mark among the events emitted,
   // executed or not (after an OOM the events are still scanned for it, unless stopped).
   std::optional<size_t> measured_mark;
+  // The out-of-memory's tensor as a serial (Program::serial_of): the same in every build
+  // of the same scenario, whatever ids were recycled.
+  uint32_t oom_serial = 0;
+  // The most bytes reserved after any executed event, from event 0 on (never reset by the
+  // measured step): with final_stats' peak, what unlimited_peak_reserved computes from a
+  // stored Timeline (sim/analysis/headroom.h).
+  uint64_t reserved_high = 0;
+  // By StreamOptions::name_serials position: the TensorInfo at its free or at the end
+  // (nullopt: not built).
+  std::vector<std::optional<TensorInfo>> final_infos;
+  MemoryEvent oom_alloc;  // the failing alloc event (with an OOM)
+  // With StreamOptions::keep_live_allocs: what Analysis::live_at_peak summarises (tensor =
+  // serial), to summarise again with other TensorInfos (summarize_live_set).
+  std::vector<LiveAlloc> live_allocs;
 };
 
 // Attaches a StreamRun to `program`, calls build(program) (a builder that clears and fills

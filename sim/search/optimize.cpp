@@ -9,6 +9,7 @@
 
 #include "allocator/caching_allocator.h"
 #include "sim/analysis/headroom.h"
+#include "sim/analysis/stream_run.h"
 #include "sim/search/named_policies.h"
 #include "sim/search/optimize_pipeline.h"
 #include "sim/search/workers.h"
@@ -134,8 +135,13 @@ class PlanSimulator {
   }
   // Builds and executes `plan` on an allocator that may use `capacity` bytes (0 =
   // unlimited); true when it runs without running out of memory (Analysis::fits).
-  bool run(const CheckpointPlan& plan, uint64_t capacity) {
-    return execute_last(build(plan), capacity);
+  // stop_at_oom (issue #20): the build stops at the first out-of-memory
+  // (sim/analysis/stream_run.h), so a plan that does not fit costs only the events up to
+  // its failure; result() then has the verdict, the OOM point and the peaks before it, but
+  // Analysis::events and FLOPs only of what was built. Every caller that reads result()
+  // after a failing run asks for the whole run (simulate_plan).
+  bool run(const CheckpointPlan& plan, uint64_t capacity, bool stop_at_oom = true) {
+    return stream_last(with_plan(scenario_, plan), capacity, stop_at_oom);
   }
   // Same for a checkpoint config as the scenario would spell it (a named policy: its
   // segments of several layers have no per-layer plan spelling). The scenario's
@@ -144,7 +150,7 @@ class PlanSimulator {
     Scenario s = scenario_;
     s.checkpoint = config;
     s.checkpoint.reentrant = scenario_.checkpoint.reentrant;
-    return execute_last(build_program(s, script_, build_), capacity);
+    return stream_last(s, capacity, true);
   }
   // Another simulator of the same scenario and script, with storage of its own (for a
   // second worker thread).
@@ -152,27 +158,27 @@ class PlanSimulator {
     return std::make_unique<PlanSimulator>(scenario_, script_);
   }
   // The last run, analysed (only runs that are reported need this).
-  PlanRun result() const { return {analyze(build_.program, timeline_), timeline_.final_stats}; }
+  PlanRun result() const { return last_; }
 
  private:
-  bool execute_last(const Program& p, uint64_t capacity) {
+  // Streamed (sim/analysis/stream_run.h): the analysis is analyze(execute(...))'s field for
+  // field, without the per-event arrays (tests/test_stream_run.cpp); verification needs
+  // peaks and the verdict, and the breakdown at the peak.
+  bool stream_last(const Scenario& s, uint64_t capacity, bool stop_at_oom) {
     SimulatedDevice device(capacity == 0 ? unlimited_capacity(scenario_.allocator) : capacity, 0);
-    // Verification needs peaks and the fits/OOM verdict only; the per-kind arrays would
-    // cost more than the simulation (first-touch of megabytes per run), and the analysis
-    // falls back to the live set for the breakdown at the peak.
-    ExecuteOptions options;
-    options.record_by_kind = false;
-    options.buffers = &exec_;
-    exec_.timeline = std::move(timeline_);  // the previous run's arrays, reused
-    timeline_ = execute(p, scenario_.allocator, device, options);
-    return !timeline_.oom.has_value();
+    StreamOptions options;
+    options.stop_at_oom = stop_at_oom;
+    StreamResult r = stream_run(
+        build_.program, [&](Program&) { build_program(s, script_, build_); }, scenario_.allocator,
+        device, options);
+    last_ = PlanRun{std::move(r.analysis), r.final_stats};
+    return !last_.analysis.oom.has_value();
   }
 
   const Scenario& scenario_;
   const TrainingScript& script_;
   BuildBuffers build_;
-  ExecuteBuffers exec_;
-  Timeline timeline_;
+  PlanRun last_;
 };
 
 LayerCosts calibrate_with(PlanSimulator& sim, const Scenario& scenario,
@@ -449,7 +455,7 @@ uint64_t unlimited_capacity(const AllocatorConfig& allocator) {
 PlanRun simulate_plan(const Scenario& scenario, const TrainingScript& script,
                       const CheckpointPlan& plan, uint64_t capacity) {
   PlanSimulator sim(scenario, script);
-  sim.run(plan, capacity);
+  sim.run(plan, capacity, /*stop_at_oom=*/false);  // reported as it is, OOM or not
   return sim.result();
 }
 

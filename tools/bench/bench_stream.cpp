@@ -7,7 +7,10 @@
 //     streamed (a plain `run`) and stored (`--timeline /dev/null` keeps the per-event
 //     arrays);
 //  3. the 2048-layer GPT-3 job on 64 pipeline stages (t8 x p64, 1F1B, 16 micro-batches):
-//     64 stage Programs are built and executed to pick the worst stage.
+//     64 stage Programs are built and executed to pick the worst stage;
+//  4. flat memory (issue #20): max RSS of a plain run with 1..64 micro-batches per step and
+//     1..64 warm-up steps (same live state, more events);
+//  5. a run that runs out of memory early (the build stops there, tools/cli/plain_run.h).
 // With a second binary (e.g. the build before the change) every row is measured for both,
 // in the same process, alternating, so that they share the machine's load.
 // Usage: bench_stream MEMSIM [BASELINE_MEMSIM] [repetitions=10]   (run from the source root)
@@ -154,5 +157,51 @@ int main(int argc, char** argv) {
                 s.cpu_ms / 1e3, static_cast<double>(s.max_rss_kb) / 1024.0,
                 WIFEXITED(s.status) ? WEXITSTATUS(s.status) : -1);
   }
+
+  // Issue #20's "memory of a run without per-event outputs flat in events": the same model
+  // and live state, more events (micro-batches per step, then steps). Tensor ids are
+  // recycled in a streamed build (program/program.h), so a plain run's RSS should not move.
+  std::printf("\n4. flat memory: max RSS against events, same live state (cs336-xl, plain run; "
+              "min CPU of 3)\n");
+  std::printf("| binary | setting | events | CPU ms | max RSS MiB | RSS bytes per event over the first row |\n"
+              "|---|---|---:|---:|---:|---:|\n");
+  for (const auto& [label, bin] : bins) {
+    for (const char* key : {"batch.grad_accum", "step.warmup_steps"}) {
+      long first_events = -1, first_rss = 0;
+      for (int n : {1, 4, 16, 64}) {
+        // An unlimited device: more micro-batches would run out of memory (and the OOM
+        // report's advice candidates are section 5's case).
+        const Sample s = best_of({bin, "run", xl, "--set", std::string(key) + "=" + std::to_string(n),
+                                  "--set", "device.capacity=64TiB", "--json", "-"},
+                                 3);
+        const long events = json_number(s.out, "events");
+        if (first_events < 0) {
+          first_events = events;
+          first_rss = s.max_rss_kb;
+        }
+        const double per_event =
+            events > first_events
+                ? static_cast<double>(s.max_rss_kb - first_rss) * 1024.0 / static_cast<double>(events - first_events)
+                : 0.0;
+        std::printf("| %s | %s=%d | %ld | %.1f | %.1f | %.1f |\n", label.c_str(), key, n, events,
+                    s.cpu_ms, static_cast<double>(s.max_rss_kb) / 1024.0, per_event);
+      }
+    }
+  }
+
+  // A run stopped at its first out-of-memory (tools/cli/plain_run.h): cs336-xl with 64
+  // micro-batches on a 24 GiB card runs out of memory in the first forward; the report
+  // still needs one complete build on an unlimited device (oom.needed_bytes).
+  std::printf("\n5. an OOM run (cs336-xl, batch.grad_accum=64, device.capacity=24GiB; min of %d)\n", reps);
+  std::printf("| binary | exit | wall ms | CPU ms | max RSS MiB |\n|---|---:|---:|---:|---:|\n");
+  for (const auto& [label, bin] : bins) {
+    const Sample s = best_of({bin, "run", xl, "--set", "batch.grad_accum=64", "--set",
+                              "device.capacity=24GiB", "--set", "batch.micro_batch=16"},
+                             reps);
+    std::printf("| %s | %d | %.1f | %.1f | %.1f |\n", label.c_str(),
+                WIFEXITED(s.status) ? WEXITSTATUS(s.status) : -1, s.wall_ms, s.cpu_ms,
+                static_cast<double>(s.max_rss_kb) / 1024.0);
+  }
+
   return 0;
 }

@@ -9,6 +9,7 @@
 #include "sim/step/execute.h"
 #include "tools/cli/api.h"
 #include "tools/cli/device.h"
+#include "tools/cli/plain_run.h"
 #include "tools/cli/step_time_report.h"
 
 namespace memsim::cli {
@@ -20,18 +21,16 @@ AdviceResult simulate(const AdviceCandidate& candidate, const AdviceLoader& load
   r.candidate = candidate;
   try {
     const Scenario s = load(candidate.sets);
+    // A plain run (tools/cli/plain_run.h): streamed, stopped at its first OOM, the needed
+    // bytes and the step's time from one complete streamed build; no live set is read.
     GenerateFacts facts;
-    const Program program = build_run_program(s, facts);
-    auto device = make_device(s.device);
-    ExecuteOptions exec;
-    exec.record_by_kind = false;  // peaks and the verdict only
-    const Timeline timeline = execute(program, s.allocator, *device, exec);
-    const Analysis a = analyze(program, timeline, run_analysis_options(s));
+    const PlainRun run = run_plain(s, facts, /*live_set=*/false);
+    const Analysis& a = run.analysis;
     r.fits = a.fits();
     r.peak_allocated = a.peak_allocated;
     r.peak_reserved = a.peak_reserved;
-    r.time = estimate_step_time(program.cost, s.device);
-    if (!r.fits) r.needed = unlimited_peak_reserved(program, s.allocator, s.device.cuda_context);
+    r.time = estimate_step_time(run.program.cost, s.device);
+    if (!r.fits) r.needed = run.needed;
     r.ok = true;
   } catch (const std::bad_alloc&) {
     // One candidate's simulation exhausted host memory: skip it, the others stand.

@@ -33,6 +33,10 @@ Program build_run_program(const Scenario& scenario, GenerateFacts& generate_fact
 // sim/analysis/stream_run.h): no per-event array, the analysis computed as it is built.
 StreamResult stream_run_program(const Scenario& scenario, GenerateFacts& generate_facts,
                                 Program& program, const StreamOptions& options);
+// The same on `device` instead of the scenario's (an unlimited one: tools/cli/plain_run.h).
+StreamResult stream_run_program(const Scenario& scenario, GenerateFacts& generate_facts,
+                                Program& program, const StreamOptions& options,
+                                DeviceMemory& device);
 AnalysisOptions run_analysis_options(const Scenario& scenario);
 // `final_stats`: the allocator's memory_stats() at the end (Timeline::final_stats).
 // `headroom` (tools/cli/headroom_report.h): oom.needed_bytes and warnings; null = computed

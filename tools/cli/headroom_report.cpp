@@ -8,15 +8,22 @@
 
 namespace memsim::cli {
 
-RunHeadroom run_headroom(const Scenario& scenario, const Program& program,
-                         const MemoryStats& final_stats, const Analysis& analysis) {
+RunHeadroom run_headroom_known(const Scenario& scenario, const MemoryStats& final_stats,
+                               const Analysis& analysis, std::optional<uint64_t> needed) {
   RunHeadroom h;
   h.usable = allocator_limit(scenario.device, scenario.allocator);
   h.cuda_context = scenario.device.cuda_context;
   h.fraction_limited = scenario.allocator.memory_fraction.has_value();
-  if (analysis.fits()) {
-    h.warnings = fits_warnings(analysis, final_stats, h.usable);
-  } else if (program.event_count() == program.events.size()) {
+  if (analysis.fits()) h.warnings = fits_warnings(analysis, final_stats, h.usable);
+  else h.needed = needed;
+  return h;
+}
+
+RunHeadroom run_headroom(const Scenario& scenario, const Program& program,
+                         const MemoryStats& final_stats, const Analysis& analysis) {
+  RunHeadroom h = run_headroom_known(scenario, final_stats, analysis, std::nullopt);
+  if (analysis.fits()) return h;
+  if (program.event_count() == program.events.size()) {
     h.needed = unlimited_peak_reserved(program, scenario.allocator, scenario.device.cuda_context);
   } else {
     // A streamed run kept no events: build the same Program again, stored this time.

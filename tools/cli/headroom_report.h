@@ -41,6 +41,11 @@ struct RunHeadroom {
 RunHeadroom run_headroom(const Scenario& scenario, const Program& program,
                          const MemoryStats& final_stats, const Analysis& analysis);
 
+// The same when an OOM's needed bytes are known already (tools/cli/plain_run.h: the
+// unlimited rebuild of a run stopped at its OOM); `needed` is ignored for a run that fits.
+RunHeadroom run_headroom_known(const Scenario& scenario, const MemoryStats& final_stats,
+                               const Analysis& analysis, std::optional<uint64_t> needed);
+
 void add_headroom_json(Json& run, const RunHeadroom& headroom);
 
 // "needs 95.2 GiB reserved, 16.1 GiB over the 79.1 GiB usable"; "" when not an OOM or

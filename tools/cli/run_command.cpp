@@ -27,6 +27,7 @@
 #include "tools/cli/moe_report.h"
 #include "tools/cli/output.h"
 #include "tools/cli/overrides.h"
+#include "tools/cli/plain_run.h"
 #include "tools/cli/scenario_facts.h"
 #include "tools/cli/scenario_input.h"
 #include "tools/cli/snapshot_report.h"
@@ -72,18 +73,24 @@ Program build_run_program(const Scenario& scenario, GenerateFacts& generate_fact
 StreamResult stream_run_program(const Scenario& scenario, GenerateFacts& generate_facts,
                                 Program& program, const StreamOptions& options) {
   auto device = make_device(scenario.device);
+  return stream_run_program(scenario, generate_facts, program, options, *device);
+}
+
+StreamResult stream_run_program(const Scenario& scenario, GenerateFacts& generate_facts,
+                                Program& program, const StreamOptions& options,
+                                DeviceMemory& device) {
   if (scenario.step.kind == StepKind::generate) {
     require_modelled(scenario);  // sim/step/modelled_features.h
     return stream_run(
         program, [&](Program& p) { build_generate_program(scenario, p, nullptr, &generate_facts); },
-        scenario.allocator, *device, options);
+        scenario.allocator, device, options);
   }
   // build_program(scenario) into a Program the sink is attached to (clear() keeps it).
   BuildBuffers buffers;
   const TrainingScript script = default_script(scenario);
   StreamResult r = stream_run(
       buffers.program, [&](Program&) { build_program(scenario, script, buffers); },
-      scenario.allocator, *device, options);
+      scenario.allocator, device, options);
   program = std::move(buffers.program);
   return r;
 }
@@ -195,16 +202,23 @@ int run_run(const RunArgs& args) {
   size_t measured_from = 0;  // the measured step's first mark, over all events
   SnapshotRecorder recorder;  // only attached for --snapshot: the trace costs memory
   std::vector<SegmentInfo> final_segments;
+  std::optional<RunHeadroom> known_headroom;  // a plain run's (its OOM rebuild gave it)
   if (!per_event_outputs) {
-    StreamOptions options;
-    options.analysis = run_analysis_options(scenario);
-    StreamResult r = stream_run_program(scenario, generate_facts, program, options);
+    // Stopped at the first OOM (tools/cli/plain_run.h); an OOM's whole-step facts and
+    // needed bytes come from one streamed rebuild on an unlimited device.
+    PlainRun r = run_plain(scenario, generate_facts);
+    program = std::move(r.program);
     analysis = std::move(r.analysis);
     final_stats = r.final_stats;
-    measured_from = r.measured_mark.value_or(0);
+    measured_from = r.measured_from;
+    known_headroom = run_headroom_known(scenario, final_stats, analysis, r.needed);
     spdlog::info("streamed {} events, {} tensors; executed {} through the allocator ({:.3f} s){}",
-                 analysis.events, program.tensors.size(), analysis.events_executed,
-                 seconds_since(t1), analysis.oom ? ", out of memory" : "");
+                 analysis.events, program.tensor_serial(), analysis.events_executed,
+                 seconds_since(t1),
+                 !analysis.oom ? ""
+                 : r.stopped ? ", out of memory: built " + std::to_string(r.stopped_events) +
+                                   " events, then again whole on an unlimited device"
+                             : ", out of memory");
   } else {
     program = build_run_program(scenario, generate_facts);
     spdlog::info("program: {} events, {} tensors ({:.3f} s)", program.events.size(),
@@ -235,7 +249,8 @@ int run_run(const RunArgs& args) {
   const std::optional<MoeRoutingReport> moe = moe_routing_report(scenario);
   // Issue #19 item 2: what an OOM needs, what a FITS run should be warned about, and the
   // changes that help (simulated; with --advise, or a short list for an OOM).
-  const RunHeadroom headroom = run_headroom(scenario, program, final_stats, analysis);
+  const RunHeadroom headroom =
+      known_headroom ? *known_headroom : run_headroom(scenario, program, final_stats, analysis);
   std::vector<AdviceResult> advice;
   const bool advise = args.advise || !analysis.fits();
   if (advise) {
