@@ -20,6 +20,7 @@
 #include "cli_test_support.h"
 #include "json_test_support.h"
 #include "scenario/scenario.h"
+#include "sim/step/event_budget.h"
 #include "sim/step/execute.h"
 #include "sim/step/generate.h"
 
@@ -136,6 +137,16 @@ TEST_CASE("quantized:int8 (HQQ): Llama-2-7B's cache is W_q, bf16 scale and zero,
   REQUIRE(f2.cache_bytes.size() == 40);
   CHECK(f2.cache_bytes[31] == 32 * 2 * (hqq_kept(3968) + 31 * kResidualToken));
   CHECK(f2.cache_bytes[32] == 32 * 2 * hqq_kept(3968 + 32));
+}
+
+TEST_CASE("quantized:int8 (HQQ): the event estimate bounds a re-quantization every second step", "[generate][hqq]") {
+  // residual_length 0: every second decode step re-quantizes K and V of every layer (the most
+  // quantize calls a run can make); 242 events per layer and token measured, 300 estimated.
+  const Scenario s = llama2_hqq("  cache: quantized:int8\n  cache_classes: v5\n  residual_length: 0\n", 64, 16);
+  Program p;
+  build_generate_program(s, p);
+  CHECK(p.events.size() <= estimated_events(s));
+  CHECK(p.events.size() * 3 >= estimated_events(s) * 2);  // and not far above it
 }
 
 TEST_CASE("memsim run: the quantized-int4 scenario with --set generate.cache=quantized:int8", "[generate][hqq][cli]") {
