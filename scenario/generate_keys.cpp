@@ -165,18 +165,22 @@ void read_generate(const Doc& d, Scenario& s) {
            "generate.cache static with cache_classes v5 and sliding-window layers "
            "(StaticSlidingWindowLayer: its window-sized buffer, roll and copy_, the full states "
            "returned at a prefill longer than the window) is not modelled; use dynamic");
-    if (slides && (g.cache == GenerateCache::quantized_int4 || g.cache == GenerateCache::quantized_int2))
+    if (slides && (g.cache == GenerateCache::quantized_int4 || g.cache == GenerateCache::quantized_int2 ||
+                   g.cache == GenerateCache::quantized_int8))
       fail(where("generate.cache", "generate"), "generate.cache",
            "5.x's QuantizedCache raises ValueError: \"`QuantizedCache` is only supported for "
            "models with only full attention layers\" (this model has sliding-window layers)");
   }
   switch (g.cache) {
     case GenerateCache::quantized_int8:
-      fail(where("generate.cache", "generate"), "generate.cache",
-           "quantized:int8 is QuantizedCache's HQQ backend (optimum-quanto's cache takes nbits 2 "
-           "or 4 only): HQQ's Quantizer.quantize runs optimize_weights_proximal (iterations "
-           "stopped by a data-dependent error test) and calls torch.cuda.empty_cache() twice per "
-           "call, which memsim does not model; use quantized:int4 or quantized:int2 (quanto)");
+      // QuantizedCache's HQQ backend (graph/models/hqq_kv.h), modelled as 5.x's layers build it.
+      if (!g.cache_classes_v5)
+        fail(where("generate.cache", "generate"), "generate.cache",
+             "quantized:int8 (QuantizedCache's HQQ backend) is modelled with transformers 5.x's "
+             "layers only: v4.45's HQQQuantizedCache quantizes on QuantizedCacheConfig's device "
+             "and compute_dtype (defaults \"cpu\" and float16, not the states'), which memsim "
+             "does not model; set generate.cache_classes: v5");
+      break;
     case GenerateCache::quantized_int4:
     case GenerateCache::quantized_int2: break;
     case GenerateCache::offloaded:

@@ -21,8 +21,8 @@
 //    architectures whose sliding layers build their own masks (gemma2, gemma3_text: their
 //    v4.45 cache is HybridCache) unless generate.cache_classes is v5 with a dynamic or
 //    offloaded cache;
-//  - generate.cache quantized:int8 (QuantizedCache's HQQ backend: a data-dependent optimizer
-//    loop and empty_cache calls); a quantized cache whose q_group_size does not divide
+//  - generate.cache quantized:int8 (QuantizedCache's HQQ backend) with the v4.45 cache classes
+//    (its config's device / compute_dtype); a quantized cache whose q_group_size does not divide
 //    kv_heads x head_dim, or with v5 classes on a model with sliding layers (5.x raises);
 //    offloaded with generate.cache_classes v4.45 (v4.45's OffloadedCache; v5's
 //    DynamicCache(offloading=True) is modelled); static with SDPA (the masked SDPA path's

@@ -18,13 +18,14 @@ namespace memsim::scenario_detail {
 
 void read_quantized_cache(const Doc& d, Scenario& s) {
   GenerateConfig& g = s.generate;
-  const bool quantized = g.cache == GenerateCache::quantized_int4 || g.cache == GenerateCache::quantized_int2;
+  const bool quantized = g.cache == GenerateCache::quantized_int4 || g.cache == GenerateCache::quantized_int2 ||
+                         g.cache == GenerateCache::quantized_int8;  // int8: HQQ (graph/models/hqq_kv.h)
   for (const char* key : {"generate.residual_length", "generate.q_group_size"}) {
     const Field* f = d.find(key);
     if (f == nullptr) continue;
     if (!quantized)
       fail(f->where, key, std::string("is QuantizedCache's cache_config: it applies to generate.cache "
-                                      "quantized:int4 / quantized:int2 only (generate.cache is ") +
+                                      "quantized:int8 / int4 / int2 only (generate.cache is ") +
                               to_string(g.cache) + "); remove it");
     if (std::string(key) == "generate.residual_length")
       g.residual_length = read_int(*f, key, 0);

@@ -291,7 +291,8 @@ const char* to_string(DsOffload offload);
 // Face generate() (greedy) of batch.micro_batch prompts of prompt_len tokens, new_tokens
 // new tokens each; batch.seq_len is then prompt_len + new_tokens. cache: the KV cache class
 // (dynamic = DynamicCache, static = StaticCache, quantized:int4 / quantized:int2 =
-// QuantizedCache with optimum-quanto, offloaded; quantized:int8 is read and refused).
+// QuantizedCache with optimum-quanto, offloaded; quantized:int8 = QuantizedCache with HQQ,
+// 5.x classes only: graph/models/hqq_kv.h).
 // logits_to_keep: num_logits_to_keep of the forward
 // (generate sets 1; 0 = the logits of every position).
 enum class GenerateCache { dynamic, static_cache, quantized_int8, quantized_int4, offloaded, quantized_int2 };

@@ -129,9 +129,14 @@ void KvCache::set_quantized(const QuantoSpec& spec, int64_t residual_length, boo
 QuantoTensor KvCache::quantize_states(const Tensor& states, bool dense) {
   // self._quantize(states.contiguous(), axis=0): the copy (if any) dies when _quantize returns.
   Tensor x = dense ? states : clone(rt_, states);
-  QuantoTensor q = quanto_quantize(rt_, x.bytes / s_.elem, s_.elem, quant_);
+  QuantoTensor q = use_hqq_ ? hqq_quantize(rt_, x.bytes / s_.elem, s_.elem, hqq_)
+                            : quanto_quantize(rt_, x.bytes / s_.elem, s_.elem, quant_);
   x.reset();
   return q;
+}
+
+Tensor KvCache::dequantize(const QuantoTensor& q) {
+  return use_hqq_ ? hqq_dequantize(rt_, q, s_.elem) : quanto_dequantize(rt_, q, s_.elem, quant_);
 }
 
 void KvCache::update_quantized(size_t l, Tensor& key, Tensor& value) {
@@ -150,8 +155,8 @@ void KvCache::update_quantized(size_t l, Tensor& key, Tensor& value) {
     res_tokens_[l] = 0;
     contiguous_ = false;  // the states themselves (RoPE's layout; v a transposed view)
   } else {
-    Tensor dk = quanto_dequantize(rt_, qk_[l], s_.elem, quant_);
-    Tensor dv = quanto_dequantize(rt_, qv_[l], s_.elem, quant_);
+    Tensor dk = dequantize(qk_[l]);
+    Tensor dv = dequantize(qv_[l]);
     const int64_t T = q_tokens_[l] + res_tokens_[l] + S;
     Tensor kr = new_tensor(rt_, entry_bytes(T), OpKind::cat_n, TensorKind::activation);
     Tensor vr = new_tensor(rt_, entry_bytes(T), OpKind::cat_n, TensorKind::activation);

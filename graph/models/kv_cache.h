@@ -51,7 +51,8 @@
 // tensors whole when the residual is 4-D and holds residual_length - 1 tokens (K, the old
 // quantized K freed; V; then the residuals freed) or appends the new token to the residual
 // (cat; the first decode step's from the empty 1-D zeros(0): a copy). The dequantized locals
-// die when update returns. get_seq_length is a Python int (no tensors).
+// die when update returns. get_seq_length is a Python int (no tensors). use_hqq: the same
+// update with HQQQuantizedLayer's _quantize / _dequantize (5.x; graph/models/hqq_kv.h).
 //
 // Contract: the cache owns one Tensor handle per layer for K and V; bytes() is what it holds
 // right now (the storages' bytes, the measured "cache size"); contiguous() tells the
@@ -64,6 +65,7 @@
 #include <vector>
 
 #include "graph/models/hf_shape.h"
+#include "graph/models/hqq_kv.h"
 #include "graph/models/quanto_kv.h"
 #include "graph/runtime.h"
 
@@ -116,6 +118,9 @@ class KvCache {
   // cache object is truthy before the prefill (5.x's layers) or only after it (v4.45).
   void set_quantized(const QuantoSpec& spec, int64_t residual_length, bool truthy_from_start);
   bool truthy_from_start() const { return truthy_from_start_; }
+  // After set_quantized: the HQQ backend (generate.cache quantized:int8, graph/models/hqq_kv.h)
+  // quantizes and dequantizes instead of quanto; the same update and storages.
+  void use_hqq(const HqqSpec& spec) { hqq_ = spec; use_hqq_ = true; }
   // Whether the key/value states the next update() receives are dense (B, KV, S, hd):
   // `.contiguous()` copies them otherwise before quantizing (the attention tells).
   void states_layout(bool key_dense, bool value_dense) {
@@ -159,6 +164,9 @@ class KvCache {
   void name_quantized(size_t l);
   QuantoTensor quantize_states(const Tensor& states, bool dense);
   QuantoSpec quant_;
+  Tensor dequantize(const QuantoTensor& q);
+  HqqSpec hqq_;
+  bool use_hqq_ = false;
   int64_t residual_length_ = 0;
   bool truthy_from_start_ = false;
   bool key_dense_ = false, value_dense_ = false;

@@ -69,8 +69,9 @@ class GenerateLoop {
       Tensor c = rt_.alloc(1, TensorKind::temporary, check);
       Tensor any = rt_.alloc(1, TensorKind::temporary, OpKind::reduce_any);
     }
-    const bool quantized =
-        s_.generate.cache == GenerateCache::quantized_int4 || s_.generate.cache == GenerateCache::quantized_int2;
+    const bool quantized = s_.generate.cache == GenerateCache::quantized_int4 ||
+                           s_.generate.cache == GenerateCache::quantized_int2 ||
+                           s_.generate.cache == GenerateCache::quantized_int8;
     if (quantized) {
       // cache_implementation="quantized": QuantizedCache(backend quanto, nbits, q_group_size,
       // residual_length); 5.x's holds its QuantizedLayers from the start (truthy at the
@@ -79,6 +80,13 @@ class GenerateLoop {
       q.bits = s_.generate.cache == GenerateCache::quantized_int4 ? 4 : 2;
       q.group_size = s_.generate.q_group_size;
       cache_.set_quantized(q, s_.generate.residual_length, s_.generate.cache_classes_v5);
+      if (s_.generate.cache == GenerateCache::quantized_int8) {
+        // QuantizedCache(backend="hqq", nbits=8) (5.x only: the scenario reader refuses v4.45's).
+        graph::HqqSpec h;
+        h.group_size = s_.generate.q_group_size;
+        h.states_fp16 = s_.precision.params == DType::fp16;
+        cache_.use_hqq(h);
+      }
     } else if (s_.generate.cache_classes_v5 && s_.generate.cache == GenerateCache::static_cache) {
       cache_.set_lazy(true);  // 5.x StaticCache(config, max_cache_len): StaticLayer buffers
     } else if (s_.generate.cache_classes_v5) {

@@ -7,8 +7,11 @@ namespace memsim::cli {
 namespace {
 
 bool quantized(const Scenario& s) {
-  return s.generate.cache == GenerateCache::quantized_int4 || s.generate.cache == GenerateCache::quantized_int2;
+  return s.generate.cache == GenerateCache::quantized_int4 || s.generate.cache == GenerateCache::quantized_int2 ||
+         s.generate.cache == GenerateCache::quantized_int8;
 }
+
+bool hqq(const Scenario& s) { return s.generate.cache == GenerateCache::quantized_int8; }
 
 // bytes_per_token: the unquantized states' (the formula), whatever the cache stores.
 uint64_t bytes_per_token(const Scenario& s) {
@@ -40,8 +43,9 @@ Json generate_json(const Scenario& s, const GenerateFacts& f) {
   if (quantized(s)) {
     // QuantizedCache's cache_config (graph/models/quanto_kv.h): kv_cache_bytes_end above is
     // the packed data, scales, shifts and residual the run left.
-    j["quantization"] = {{"backend", "quanto"},
-                         {"nbits", s.generate.cache == GenerateCache::quantized_int4 ? 4 : 2},
+    // quantized:int8 is the HQQ backend (graph/models/hqq_kv.h).
+    j["quantization"] = {{"backend", hqq(s) ? "hqq" : "quanto"},
+                         {"nbits", hqq(s) ? 8 : s.generate.cache == GenerateCache::quantized_int4 ? 4 : 2},
                          {"q_group_size", s.generate.q_group_size},
                          {"residual_length", s.generate.residual_length}};
   }
@@ -57,7 +61,7 @@ std::string generate_fact(const Scenario& s, const GenerateFacts& f) {
          (s.generate.cache == GenerateCache::offloaded
               ? ", host copies " + human_bytes(f.cache_host_peak_bytes) + " at most"
               : std::string()) +
-         (quantized(s) ? " (quanto, q_group_size " + std::to_string(s.generate.q_group_size) +
+         (quantized(s) ? std::string(hqq(s) ? " (hqq" : " (quanto") + ", q_group_size " + std::to_string(s.generate.q_group_size) +
                              ", residual_length " + std::to_string(s.generate.residual_length) +
                              "; per token: unquantized)"
                        : std::string());
