@@ -32,7 +32,6 @@ std::string fixed(double v, int digits) {
   std::snprintf(b, sizeof b, "%.*f", digits, v);
   return b;
 }
-const char* dtype_name(int64_t bytes) { return bytes == 4 ? "fp32" : bytes == 2 ? "16-bit" : "fp8"; }
 
 void line(std::FILE* out, const std::string& label, const std::string& value, const std::string& note = "") {
   std::fprintf(out, "  %-46s %14s%s%s\n", label.c_str(), value.c_str(), note.empty() ? "" : "   ",
