@@ -182,7 +182,7 @@ bool run_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
         rt.retain(g.storage);
         out[i] = Grad{g.storage, true, false};
       }
-      break;
+      return true;
     case OpKind::moe_index:
     case OpKind::expand_index: {
       // index_backward: zeros(self), then _index_put_impl_(accumulate=True) in place. On
