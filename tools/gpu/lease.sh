@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One GPU lease, one call: runs the prepared measuring groups one after another, each under
+# its own time limit, and packs each group's outputs (its runs JSON, its snapshots archive,
+# its log) into one tar under OUT, so that the call returns at most 8 files (the lending
+# tool's limit) whatever a group leaves behind.
+#
+#   bash tools/gpu/lease.sh OUT [GROUP...]       # on the device: OUT=$OUT; all groups by default
+#   LEASE_DRY=1 bash tools/gpu/lease.sh /tmp/o   # here: every group's CPU dry run (torch 1.13)
+#
+# A group that fails or runs past its limit is recorded in OUT/lease.log and the next group
+# runs: one broken script cannot cost the others their turn. Groups run in order of value,
+# so that a cut budget drops the last.
+set -u
+out=${1:?usage: lease.sh OUT [GROUP...]}; shift
+mkdir -p "$out"
+work=${LEASE_WORK:-/tmp/lease}
+rm -rf "$work"; mkdir -p "$work"
+py=${LEASE_PYTHON:-python3}
+[ "${LEASE_DRY:-0}" = 1 ] && py=/usr/bin/python3
+export PYTHONUNBUFFERED=1
+log="$out/lease.log"
+start=$(date +%s)
+
+note() { echo "[lease +$(( $(date +%s) - start ))s] $*" | tee -a "$log"; }
+
+# name | time limit (s) | command run in the repository root, $W its output folder
+groups=(
+  "env|20|$py tools/gpu/lease_env.py; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true"
+  # docs/gpu-next-session.md items 1 and 3 (C++ frames name the backward transients) and 2 (SDPA, blind)
+  "arch|100|MEMSIM_CPP_STACKS=1 $py tools/gpu/measure_cuda.py \$W/stacks --budget 70 --only arch_llama_l4_d1024_s1024_b4_fp32 arch_qwen3_l4_d1024_s1024_b4_fp32 tf_arch_qwen2_l4_d1024_s1024_b4_fp32; $py tools/gpu/measure_cuda.py \$W/sdpa --budget 25 --only tf_arch_qwen2_l4_d1024_s1024_b4_bf16_sdpa tf_arch_qwen3_l4_d1024_s1024_b4_bf16_sdpa"
+)
+
+selected=("$@")
+for g in "${groups[@]}"; do
+  IFS='|' read -r name limit cmd <<<"$g"
+  if [ ${#selected[@]} -gt 0 ] && [[ ! " ${selected[*]} " == *" $name "* ]]; then continue; fi
+  W="$work/$name"; mkdir -p "$W"
+  note "group $name: start (limit ${limit}s)"
+  ( export W; timeout --kill-after=10 "$limit" bash -c "$cmd" ) >"$W/log.txt" 2>&1
+  rc=$?
+  note "group $name: rc $rc"
+  tail -5 "$W/log.txt" | sed 's/^/    /' | tee -a "$log"
+  tar cf "$out/$name.tar" -C "$W" . 2>>"$log"
+  # The lending tool brings back files up to 16 MiB: past that, the group's JSON and log alone.
+  if [ "$(stat -c %s "$out/$name.tar")" -gt $((15 * 1024 * 1024)) ]; then
+    note "group $name: archive over 15 MiB, snapshots left out"
+    (cd "$W" && tar cf "$out/$name.tar" --exclude='*.tar.xz' --exclude='*.pickle' .)
+  fi
+done
+note "done"
