@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""Measures transformers' own mixture-of-experts models under bf16 autocast over fp32
+weights (HF Trainer's `bf16=True`) on a CUDA GPU, with a forced routing, for memsim's MoE
+autocast model (docs/moe.md "Under autocast"; graph/models/decoder_moe.cpp
+`expert_linear_autocast`; issue #15). The sibling of tools/gpu/measure_moe.py (the pure-bf16
+runs), at its shapes and with its routing forcing.
+
+    python3 tools/gpu/measure_moe_autocast.py OUTDIR [--budget SECONDS] [--per-run SECONDS]
+                                              [--only NAME|GLOB...] [--list]
+
+Each configuration runs in its own Python process (a fresh caching allocator) with a
+per-run timeout, torch.cuda.memory._record_memory_history on from before the model is
+built, and memsim's default loop (sim/step/training_script.h): the model built on the GPU
+in fp32 (AutoModelForCausalLM.from_config(config, dtype=float32,
+attn_implementation=eager|sdpa, experts_implementation=eager)), AdamW (foreach), the batch
+(ids, labels int64); one warm-up step, then the measured step
+
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(input_ids=ids, labels=labels, use_cache=False)   # the loss is inside
+        loss = out.loss
+    loss.backward(); opt.step()
+
+with `out` and `loss` bound at loop level (memsim's `step.keep_output: true`). The runs
+(SPECS): Qwen3-MoE balanced and worst-case, OLMoE skewed, Mixtral balanced (eager attention,
+the configs of the bf16 runs), and OLMoE with 16 KV heads (configs/olmoe_mha.json, see
+SPECS) under SDPA, without and with HF gradient checkpointing.
+
+Where HF Trainer (transformers 5.x, accelerate) puts autocast: Trainer's
+`autocast_smart_context_manager` is a null context on CUDA; `accelerator.prepare(model)`
+replaces `model.forward` by `torch.autocast(device_type, dtype=bfloat16)(forward)` wrapped in
+`convert_outputs_to_fp32` (accelerate's Accelerator.prepare_model, `native_amp`), and
+`Trainer.compute_loss` calls `model(**inputs)` with the labels, so the model's own
+`loss_function` runs inside the region; `loss.backward()` runs outside it. The runs here
+put the same region around the same call. Not reproduced: accelerate's
+`convert_outputs_to_fp32` (an fp32 copy of the bf16 logits after the forward), which memsim
+does not model, and Trainer's dropping of `outputs` before backward (memsim's
+`step.keep_output: false`); the measured step is memsim's default loop, as every other
+blind run.
+
+Gradient checkpointing (the `_hfckpt` runs): `model.gradient_checkpointing_enable()` with no
+arguments, as `TrainingArguments(gradient_checkpointing=True)` calls it; which
+`use_reentrant` that gives is recorded from the layers' `_gradient_checkpointing_func`
+(a functools.partial of torch.utils.checkpoint.checkpoint): transformers v4.46 passed
+True, a third-party reading of 5.18's modeling_utils.py says False. memsim's predictions
+give both; tests/test_gpu_moe_autocast_runs.cpp compares the one the run recorded.
+
+Routing is forced as in measure_moe.py: the module-level torch.topk the routers call is
+wrapped so that its (T, K) indices are overwritten in place through `.data` with
+tools/fixtures/moe_models.forced_indices for the run's tokens per expert (a checkpointed
+layer's re-run routes the same way).
+
+Writes OUTDIR/moe_autocast_runs.json (each run's spec, torch/transformers versions,
+memory_stats at the marks, the measured step's max_memory_allocated / reserved, the whole
+run's peaks, the parameter count, the experts / router source that ran, the attention
+implementation, the checkpoint keywords, the tokens per expert; failures with their stderr)
+and OUTDIR/moe_autocast_snapshots.tar.xz (torch.cuda.memory._snapshot() per run, frames
+stripped, under 8 MiB). A failing run is recorded and the next one runs; no run starts after
+--budget seconds; the script never raises out.
+
+Without CUDA (a dry run on a CPU machine: Debian's torch 1.13, no transformers) each run's
+loop executes on tools/fixtures/moe_models' stand-in at a tiny size under CPU autocast, so
+the loop, the routing hook and the recording are exercised; the transformers parts are
+recorded as skipped with the reason ("dry_runs" in the JSON, never "results").
+
+memsim's scenario of each run is tests/data/gpu/moe_autocast/NAME.yaml and its blind
+predictions tests/data/gpu/moe_autocast_predictions.json (tools/gpu/predict_moe_autocast.py),
+committed before any measurement.
+"""
+import argparse
+import contextlib
+import fnmatch
+import importlib.util
+import inspect
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+import traceback
+
+import gpu_common
+import measure_moe as mm  # the shapes, routings, forcing and recording of the bf16 runs
+
+TOPIC = "moe_autocast"
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+MHA_CONFIGS = os.path.join(ROOT, "tests", "data", "gpu", "moe_autocast", "configs")
+
+
+def spec(name, model_type, routing, attention="eager", hf_ckpt=False, config=None, seconds=12.0):
+    """config: the config.json (default measure_moe's tests/data/gpu/moe/configs/MODEL.json)."""
+    path = config or os.path.join(mm.CONFIGS, model_type + ".json")
+    return dict(name=name, impl="transformers", model_type=model_type, routing=routing,
+                counts=mm.ROUTINGS[routing], dtype="fp32", autocast="bf16", attention=attention,
+                hf_gradient_checkpointing=hf_ckpt, experts_impl="eager", cfg=dict(mm.SHAPE),
+                config=os.path.relpath(path, ROOT), experts=mm.E, top_k=mm.K, expert_d_ff=mm.FE,
+                warmup=1, estimate=seconds)
+
+
+# In priority order (a budget cut drops the last). Shapes: measure_moe.SHAPE (2 layers,
+# d 1024, 16 heads / 4 KV, 8 experts of 768, top 2, vocab 4096, b 16 x s 256).
+# The SDPA runs use OLMoE with 16 KV heads (configs/olmoe_mha.json; OLMoE-1B-7B's own
+# attention is multi-head): with grouped KV heads transformers 5.17 hands SDPA
+# `enable_gqa=True` (integrations/sdpa_attention.py use_gqa_in_sdpa: no mask, head_dim <=
+# 256), while memsim's 5.x rows still materialise repeat_kv before the kernel (LLaMA's 5.17
+# SDPA autocast run, tests/data/h100/cuda_runs.json: memsim +1.0%; docs/h100-runs.md), a
+# gap of its own that these runs are not meant to measure.
+OLMOE_MHA = os.path.join(MHA_CONFIGS, "olmoe_mha.json")
+SPECS = [
+    spec("moe_ac_tf_qwen3_moe_balanced", "qwen3_moe", "balanced"),
+    spec("moe_ac_tf_olmoe_skew", "olmoe", "skew"),
+    spec("moe_ac_tf_olmoe_mha_balanced_sdpa", "olmoe", "balanced", attention="sdpa", config=OLMOE_MHA),
+    spec("moe_ac_tf_olmoe_mha_balanced_sdpa_hfckpt", "olmoe", "balanced", attention="sdpa",
+         hf_ckpt=True, config=OLMOE_MHA, seconds=13.0),
+    spec("moe_ac_tf_qwen3_moe_worst", "qwen3_moe", "worst"),
+    spec("moe_ac_tf_mixtral_balanced", "mixtral", "balanced"),
+]
+
+
+# --------------------------------------------------------------------------- models
+def build_transformers(torch, sp, dry):
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    with open(os.path.join(ROOT, sp["config"])) as f:
+        d = json.load(f)
+    if dry:  # never reached without CUDA unless transformers is installed on the CPU machine
+        d.update(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=96, vocab_size=512, max_position_embeddings=64)
+        for k in ("moe_intermediate_size", "head_dim"):
+            if k in d:
+                d[k] = 16 if k == "head_dim" else 24
+    for k in ("torch_dtype", "dtype"):
+        d.pop(k, None)
+    d["use_cache"] = False
+    config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
+    major = int(transformers.__version__.split(".")[0])
+    kw = {"dtype" if major >= 5 else "torch_dtype": torch.float32}
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, attn_implementation=sp["attention"], experts_implementation=sp["experts_impl"], **kw)
+    except (TypeError, ValueError):  # a release without the keyword: the attribute below
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=sp["attention"], **kw)
+    for m in model.modules():  # the switch use_experts_implementation reads at every call
+        c = getattr(m, "config", None)
+        if c is not None and hasattr(c, "_experts_implementation"):
+            try:
+                c._experts_implementation = sp["experts_impl"]
+            except Exception:  # noqa: BLE001
+                pass
+    return model
+
+
+def build_standin(torch, sp):
+    """The dry run's model: moe_models' stand-in at measure_moe's dry size (OLMoE as the
+    qwen row: the stand-in has no whole-projection q/k norms)."""
+    import moe_models
+    s = dict(sp, model_type="mixtral" if sp["model_type"] == "mixtral" else "qwen3_moe")
+    cfg = mm.standin_cfg(s, True)
+    return moe_models.MoeForCausalLM(cfg), cfg
+
+
+def checkpoint_keywords(model):
+    """The keywords of the first checkpointed layer's _gradient_checkpointing_func (a
+    functools.partial of torch.utils.checkpoint.checkpoint), and how many layers have
+    gradient checkpointing on."""
+    kw, on = None, 0
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False) is True and hasattr(m, "_gradient_checkpointing_func"):
+            on += 1
+            if kw is None:
+                f = m._gradient_checkpointing_func
+                kw = {k: repr(v) if not isinstance(v, (bool, int, float, str, type(None))) else v
+                      for k, v in (getattr(f, "keywords", None) or {}).items()}
+                kw["_func"] = getattr(getattr(f, "func", f), "__qualname__", repr(f))
+    return kw, on
+
+
+# --------------------------------------------------------------------------- one run
+def run_one(sp, out_dir):
+    import torch
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dry = not cuda
+    have_tf = importlib.util.find_spec("transformers") is not None
+    result = dict(spec=sp, torch_version=torch.__version__, device=str(device), dry_run=dry)
+    if cuda:
+        torch.cuda.init()
+        free0, total = torch.cuda.mem_get_info()
+        result["gpu"] = torch.cuda.get_device_name()
+        result["mem_get_info_at_init"] = [free0, total]
+        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
+                                                 max_entries=2_000_000)
+    torch.manual_seed(0)
+    standin = not have_tf
+    if standin and cuda:
+        raise RuntimeError("transformers is not importable by " + sys.executable)
+    cfg = None
+    dev_ctx = device if hasattr(torch.device, "__enter__") else contextlib.nullcontext()
+    with dev_ctx:
+        if standin:
+            model, cfg = build_standin(torch, sp)
+            result["skipped"] = ("transformers is not importable by " + sys.executable +
+                                 ": the loop ran on moe_models' stand-in (dry run)")
+        else:
+            model = build_transformers(torch, sp, dry)
+    model = model.to(device)
+    model.train()
+    result["parameters"] = sum(p.numel() for p in model.parameters())
+    result["parameter_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
+    result["code"] = mm.code_of(model)
+    if not standin:
+        import transformers
+        result["transformers_version"] = transformers.__version__
+        result["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+    if sp["hf_gradient_checkpointing"]:
+        if standin:
+            result["skipped_checkpointing"] = "gradient_checkpointing_enable is transformers' (dry run)"
+        else:
+            try:
+                result["gradient_checkpointing_enable_source"] = inspect.getsource(
+                    type(model).gradient_checkpointing_enable)
+            except (OSError, TypeError):
+                result["gradient_checkpointing_enable_source"] = "?"
+            model.gradient_checkpointing_enable()
+            kw, on = checkpoint_keywords(model)
+            result["gradient_checkpointing_kwargs"] = kw
+            result["checkpointed_modules"] = on
+            emb = model.get_input_embeddings()
+            result["input_embedding_forward_hooks"] = len(getattr(emb, "_forward_hooks", {}))
+    # The forced routing, on the device before the measured step.
+    c = sp["cfg"]
+    tokens = (2 * 16) if dry else c["batch"] * c["seq"]
+    import moe_models
+    counts = mm.forced_counts_for(sp["routing"], tokens) if dry else sp["counts"]
+    forced = moe_models.forced_indices(tokens, sp["top_k"], counts).to(device)
+    routed = []
+    if standin:
+        for m in model.modules():
+            if hasattr(m, "forced") and hasattr(m, "topk"):
+                m.forced = forced
+        model.forced = forced
+    orig_topk = torch.topk
+
+    def forced_topk(*args, **kwargs):
+        v, i = orig_topk(*args, **kwargs)
+        if tuple(i.shape) == tuple(forced.shape):
+            i.data.copy_(forced)
+            routed.append(1)
+        return v, i
+
+    if not standin:
+        torch.topk = forced_topk
+    result["marks"] = {"after_model": mm.stats(torch, cuda)}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True if cuda else False)
+    vocab = 512 if dry else c["vocab"]
+    batch, seq = (2, 16) if dry else (c["batch"], c["seq"])
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    labels = torch.randint(0, vocab, (batch, seq), device=device)
+    if standin:
+        import torch_models
+        loss_of = torch_models.decoder_loss(cfg)
+
+        def forward(m):
+            logits = m(ids)
+            return logits, loss_of(logits, labels)
+    else:
+        def forward(m):
+            o = m(input_ids=ids, labels=labels, use_cache=False)
+            return o, o.loss
+    out = loss = None
+    t0 = time.time()
+    try:
+        for step in range(sp["warmup"] + 1):
+            measured = step == sp["warmup"]
+            if measured:
+                begin = mm.stats(torch, cuda)
+                result["marks"]["measured_step_begin"] = begin
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                out, loss = forward(model)
+            if measured:
+                result["marks"]["forward_end"] = mm.stats(torch, cuda)
+                result["loss_dtype"] = str(loss.dtype)
+                lg = out if standin else getattr(out, "logits", None)
+                result["logits_dtype"] = None if lg is None else str(lg.dtype)
+            loss.backward()
+            if measured:
+                result["marks"]["backward_end"] = mm.stats(torch, cuda)
+            opt.step()
+            if measured:
+                result["marks"]["optimizer_end"] = mm.stats(torch, cuda)
+    finally:
+        torch.topk = orig_topk
+    result["router_calls_forced"] = len(routed)
+    result["tokens_per_expert"] = torch.bincount(forced.reshape(-1).cpu(), minlength=sp["experts"]).tolist()
+    result["loss"] = float(loss)
+    result["seconds"] = time.time() - t0
+    if cuda:
+        torch.cuda.synchronize()
+        result["measured_step_peak_allocated"] = torch.cuda.max_memory_allocated()
+        result["measured_step_peak_reserved"] = torch.cuda.max_memory_reserved()
+        result["whole_run_peak_allocated"] = max(begin["allocated_bytes.all.peak"],
+                                                 result["measured_step_peak_allocated"])
+        result["whole_run_peak_reserved"] = max(begin["reserved_bytes.all.peak"],
+                                                result["measured_step_peak_reserved"])
+        free2, total = torch.cuda.mem_get_info()
+        result["outside_allocator_at_end"] = (total - free2) - torch.cuda.memory_reserved()
+        snap = mm.strip_frames(torch.cuda.memory._snapshot())
+        torch.cuda.memory._record_memory_history(enabled=None)
+        with open(os.path.join(out_dir, sp["name"] + ".pickle"), "wb") as f:
+            pickle.dump(snap, f, protocol=4)
+    with open(os.path.join(out_dir, sp["name"] + ".json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+# --------------------------------------------------------------------------- driver
+def pack(out_dir, pickles, limit=8 << 20):
+    """OUTDIR/moe_autocast_snapshots.tar.xz; snapshots are dropped from the end past 8 MiB."""
+    target = os.path.join(out_dir, TOPIC + "_snapshots.tar.xz")
+    keep = list(pickles)
+    while keep:
+        gpu_common.write_tar_xz(target, out_dir, keep)
+        if os.path.getsize(target) <= limit:
+            return keep
+        keep.pop()
+    if os.path.exists(target):
+        os.remove(target)
+    return []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("--budget", type=float, default=90.0, help="seconds for all runs")
+    ap.add_argument("--per-run", type=float, default=30.0)
+    ap.add_argument("--only", nargs="*", help="names or fnmatch patterns")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        os.makedirs(a.out_dir, exist_ok=True)
+        run_one(next(s for s in SPECS if s["name"] == a.one), a.out_dir)
+        return
+    chosen = [s for s in SPECS if not a.only or any(fnmatch.fnmatchcase(s["name"], p) for p in a.only)]
+    if a.list:
+        for s in chosen:
+            print(f"{s['name']:44s} {s['model_type']:10s} {s['routing']:9s} {s['attention']:6s} "
+                  f"{'hf-ckpt' if s['hf_gradient_checkpointing'] else '-':8s} {s['estimate']:5.1f} s")
+        print(f"{len(chosen)} runs, about {sum(s['estimate'] for s in chosen):.0f} s (estimate)")
+        return
+    os.makedirs(a.out_dir, exist_ok=True)
+    t_start = time.time()
+    versions = {"python": sys.version.split()[0]}
+    for mod in ("torch", "transformers", "accelerate", "peft"):
+        if importlib.util.find_spec(mod) is None:
+            versions[mod] = None
+            continue
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception as e:  # noqa: BLE001
+            versions[mod + "_error"] = repr(e)[:300]
+    results, dry_runs, failures = [], [], {}
+    for sp in chosen:
+        left = a.budget - (time.time() - t_start)
+        if left < 0.75 * sp["estimate"]:
+            failures[sp["name"]] = "not run: budget spent"
+            print(f"NOT RUN {sp['name']}: budget spent", flush=True)
+            continue
+        try:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), a.out_dir, "--one", sp["name"]],
+                               capture_output=True, text=True, timeout=min(a.per_run, left))
+            if p.returncode != 0:
+                failures[sp["name"]] = p.stderr[-4000:]
+                print(f"FAILED {sp['name']}: {p.stderr[-600:]}", flush=True)
+                continue
+            path = os.path.join(a.out_dir, sp["name"] + ".json")
+            with open(path) as f:
+                r = json.load(f)
+            os.remove(path)
+            if r.get("dry_run"):
+                dry_runs.append(r)
+                failures[sp["name"]] = "skipped: " + r.get("skipped", "no CUDA (dry run)")
+                print(f"DRY {sp['name']:40s} loss {r.get('loss'):.4f} ({time.time() - t_start:5.1f} s): "
+                      f"{failures[sp['name']]}", flush=True)
+                continue
+            results.append(r)
+            print(f"{sp['name']:44s} peak allocated {r.get('measured_step_peak_allocated')} reserved "
+                  f"{r.get('measured_step_peak_reserved')} ckpt {r.get('gradient_checkpointing_kwargs')} "
+                  f"({time.time() - t_start:5.1f} s)", flush=True)
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+            failures[sp["name"]] = "timeout\n" + err[-3000:]
+            print(f"TIMEOUT {sp['name']}", flush=True)
+        except Exception:  # noqa: BLE001
+            failures[sp["name"]] = traceback.format_exc()[-4000:]
+            print(f"ERROR {sp['name']}: {failures[sp['name']][-400:]}", flush=True)
+    out = {"versions": versions, "script": "tools/gpu/measure_moe_autocast.py",
+           "results": results, "failures": failures}
+    if dry_runs:
+        out["dry_runs"] = dry_runs
+    with open(os.path.join(a.out_dir, TOPIC + "_runs.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    pickles = [r["spec"]["name"] + ".pickle" for r in results
+               if os.path.exists(os.path.join(a.out_dir, r["spec"]["name"] + ".pickle"))]
+    if pickles:
+        try:
+            kept = pack(a.out_dir, pickles)
+            if len(kept) < len(pickles):
+                print(f"snapshots kept: {len(kept)} of {len(pickles)} (8 MiB limit)", flush=True)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+        for p in pickles:
+            try:
+                os.remove(os.path.join(a.out_dir, p))
+            except OSError:
+                pass
+    print(f"{len(results)} runs, {len(failures)} failed or skipped, {time.time() - t_start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    if "--one" in sys.argv:  # a child: its failure is the parent's record
+        main()
+    else:
+        try:
+            main()
+        except SystemExit:
+            raise
+        except Exception:  # noqa: BLE001 -- never raise out: the lease goes on
+            traceback.print_exc()
+            sys.exit(0)
