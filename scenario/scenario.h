@@ -123,6 +123,12 @@ struct StepConfig {
   // true (default, today's loop): the output is a loop-level name, alive until the next
   // forward has returned; false: dropped, with the graph it holds, at each iteration's end.
   bool keep_output = true;
+  // GPU proof of HF Trainer / PEFT defaults (issue #16 item 5, wt/ghft): step.keep_output
+  // `loss` (scenario/step_output_key.h): the model output dies right after the loss is
+  // computed, before backward (HF Trainer's compute_loss returns the loss only, its
+  // `outputs` local dies there); the loss dies after the iteration's backward. Implies
+  // keep_output false.
+  bool output_dies_after_loss = false;
   // --- issue #16 part 4: torch.compile (scenario/compile_keys.h, graph/compile.h,
   // docs/compile.md). step.compile: the model runs compiled; step.compile_scope: model
   // (torch.compile(model), the loss outside) or block (each transformer block compiled,

@@ -1,5 +1,6 @@
 #include "scenario/step_output_key.h"
 
+#include <cctype>
 #include <string>
 
 #include "scenario/yaml_fields.h"
@@ -9,7 +10,25 @@ namespace memsim::scenario_detail {
 void read_step_keep_output(const Doc& d, const ModelConfig& m, StepConfig& s) {
   const Field* f = d.find("step.keep_output");
   if (f == nullptr) return;
-  s.keep_output = read_bool(*f, "step.keep_output");
+  std::string low;
+  if (f->node.IsScalar())
+    for (char c : f->node.Scalar()) low += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (low == "loss") {
+    // HF Trainer's compute_loss: `outputs = model(**inputs)` is a local of the function
+    // that returns the loss, so the output dies before training_step's backward.
+    if (s.kind != StepKind::train && s.kind != StepKind::forward_backward)
+      fail(f->where, "step.keep_output",
+           "'loss' drops the output once the loss is computed; step.kind forward / "
+           "forward-no-grad computes no loss: use true or false");
+    s.keep_output = false;
+    s.output_dies_after_loss = true;
+  } else if (low == "true" || low == "yes" || low == "on" || low == "false" || low == "no" ||
+             low == "off") {
+    s.keep_output = read_bool(*f, "step.keep_output");
+  } else {
+    fail(f->where, "step.keep_output",
+         "expected true, false or loss, got " + describe(f->node));
+  }
   // Megatron-LM's schedule (sim/megatron/megatron_step.h) is its own loop: its output
   // and loss live as forward_backward_func keeps them, which no user name changes.
   if (!s.keep_output && m.family == ModelFamily::megatron)

@@ -7,7 +7,10 @@
 // iteration's output, and the autograd graph it holds when nobody ran backward on it,
 // lives until the next forward has returned). false: the output and loss are locals of
 // the iteration (a function that returns nothing, or a result nobody keeps) and die at
-// its end, graph first. The megatron family builds its own schedule (no user loop):
+// its end, graph first. `loss` (HF Trainer's compute_loss, which returns the loss
+// only): the output dies as soon as the loss is computed, before backward (the graph
+// lives on through the loss), and the loss at the iteration's end as with false; only
+// for step.kind train / forward-backward (the other kinds compute no loss: refused). The megatron family builds its own schedule (no user loop):
 // keep_output false is refused there by key. Errors name FILE:LINE and the key.
 #pragma once
 

@@ -55,8 +55,11 @@ TrainingScript default_script(const Scenario& scenario) {
   // (scenario/step_output_key.h); true keeps them at loop level (the default).
   s.drop_outputs_each_iteration = !scenario.step.keep_output;
   // model.implementation: the stack's own training loop deletes the output after the loss.
+  // step.keep_output `loss`: HF Trainer's compute_loss returns the loss only, its
+  // `outputs` local dies there, before backward.
   s.del_output_after_loss = scenario.model.arch.impl == graph::ModelImpl::torchtitan ||
-                            scenario.model.arch.impl == graph::ModelImpl::torchtune;
+                            scenario.model.arch.impl == graph::ModelImpl::torchtune ||
+                            scenario.step.output_dies_after_loss;
   return s;
 }
 
