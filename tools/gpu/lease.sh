@@ -26,6 +26,10 @@ note() { echo "[lease +$(( $(date +%s) - start ))s] $*" | tee -a "$log"; }
 # name | time limit (s) | command run in the repository root, $W its output folder
 groups=(
   "env|20|$py tools/gpu/lease_env.py; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true"
+  "moe|95|$py tools/gpu/measure_moe_autocast.py \$W --budget 80"
+  "cp|85|$py tools/gpu/measure_cp.py \$W --budget 70"
+  "hft|105|$py tools/gpu/measure_hft.py \$W --budget 85"
+  "impl|100|$py tools/gpu/measure_impl.py \$W --budget 80"
   # docs/gpu-next-session.md items 1 and 3 (C++ frames name the backward transients) and 2 (SDPA, blind)
   "arch|100|MEMSIM_CPP_STACKS=1 $py tools/gpu/measure_cuda.py \$W/stacks --budget 70 --only arch_llama_l4_d1024_s1024_b4_fp32 arch_qwen3_l4_d1024_s1024_b4_fp32 tf_arch_qwen2_l4_d1024_s1024_b4_fp32; $py tools/gpu/measure_cuda.py \$W/sdpa --budget 25 --only tf_arch_qwen2_l4_d1024_s1024_b4_bf16_sdpa tf_arch_qwen3_l4_d1024_s1024_b4_bf16_sdpa"
 )
