@@ -253,10 +253,10 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
     }
     if (!expandable) {  // §8: expandable blocks never count in inactive_split*
       if (already_split) {
-        detail::stat_decrease(stats.inactive_split_bytes, small, static_cast<int64_t>(size));
+        detail::stat_decrease_hot(stats.inactive_split_bytes, small, static_cast<int64_t>(size));
       } else {
         detail::stat_increase(stats.inactive_split_bytes, small, static_cast<int64_t>(rem.size));
-        detail::stat_increase(stats.inactive_split, small, 1);
+        detail::stat_count_increase(stats.inactive_split, small, 1);
       }
     }
   } else {
@@ -265,8 +265,8 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
       blocks[id].in_pool = false;
     }
     if (already_split && !expandable) {
-      detail::stat_decrease(stats.inactive_split_bytes, small, static_cast<int64_t>(blocks[id].size));
-      detail::stat_decrease(stats.inactive_split, small, 1);
+      detail::stat_decrease_hot(stats.inactive_split_bytes, small, static_cast<int64_t>(blocks[id].size));
+      detail::stat_decrease_hot(stats.inactive_split, small, 1);
     }
   }
 
@@ -275,12 +275,12 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
   b.requested_size = orig;
   trace(TraceAction::alloc, b.ptr, orig, b.stream);
   const auto bytes = static_cast<int64_t>(b.size);
-  detail::stat_increase(stats.allocation, small, 1);
   detail::stat_increase(stats.allocated_bytes, small, bytes);
-  detail::stat_increase(stats.active, small, 1);
-  detail::stat_increase(stats.active_bytes, small, bytes);
+  detail::stat_count_increase(stats.allocation, small, 1);
   detail::stat_increase(stats.requested_bytes, small, static_cast<int64_t>(orig));
-  if (b.size >= config.max_split_size) detail::stat_increase(stats.oversize_allocations, 1);
+  detail::stat_copy_touched(stats.active, stats.allocation, small);
+  detail::stat_copy_touched(stats.active_bytes, stats.allocated_bytes, small);
+  if (b.size >= config.max_split_size) detail::stat_increase_unchecked(stats.oversize_allocations, 1);
   if (index_enabled) index_insert(id);
 
   AllocResult result;
@@ -294,10 +294,10 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
 void CachingAllocator::Impl::free(BlockId id) {
   Block& b = blocks[id];
   b.allocated = false;
-  detail::stat_decrease(stats.allocation, b.small, 1);
-  detail::stat_decrease(stats.allocated_bytes, b.small, static_cast<int64_t>(b.size));
+  detail::stat_decrease_hot(stats.allocation, b.small, 1);
+  detail::stat_decrease_hot(stats.allocated_bytes, b.small, static_cast<int64_t>(b.size));
   trace(TraceAction::free_requested, b.ptr, b.requested_size, b.stream);
-  if (b.size >= config.max_split_size) detail::stat_decrease(stats.oversize_allocations, 1);
+  if (b.size >= config.max_split_size) detail::stat_decrease_unchecked(stats.oversize_allocations, 1);
   if (index_enabled) index_erase(id);
   free_block(id);
 }
@@ -306,7 +306,6 @@ void CachingAllocator::Impl::free(BlockId id) {
 void CachingAllocator::Impl::free_block(BlockId id) {
   Block& b = blocks[id];  // the table never moves below: only destroy() is called
   trace(TraceAction::free_completed, b.ptr, b.requested_size, b.stream);
-  const uint64_t original_size = b.size;
   const uint64_t requested = b.requested_size;
   int64_t net_blocks = 0;
   int64_t net_bytes = 0;
@@ -327,14 +326,16 @@ void CachingAllocator::Impl::free_block(BlockId id) {
   const bool small = b.small;
   if (b.expandable == kNoSegment) {
     // The net change is applied as one increase or one decrease (§8).
-    if (net_blocks > 0) detail::stat_increase(stats.inactive_split, small, net_blocks);
-    else if (net_blocks < 0) detail::stat_decrease(stats.inactive_split, small, -net_blocks);
+    if (net_blocks > 0) detail::stat_count_increase(stats.inactive_split, small, net_blocks);
+    else if (net_blocks < 0) detail::stat_decrease_hot(stats.inactive_split, small, -net_blocks);
     if (net_bytes > 0) detail::stat_increase(stats.inactive_split_bytes, small, net_bytes);
-    else if (net_bytes < 0) detail::stat_decrease(stats.inactive_split_bytes, small, -net_bytes);
+    else if (net_bytes < 0) detail::stat_decrease_hot(stats.inactive_split_bytes, small, -net_bytes);
   }
-  detail::stat_decrease(stats.active, small, 1);
-  detail::stat_decrease(stats.active_bytes, small, static_cast<int64_t>(original_size));
-  detail::stat_decrease(stats.requested_bytes, small, static_cast<int64_t>(requested));
+  // active / active_bytes: free() decreased allocation / allocated_bytes by the same
+  // amounts (1, original_size), see stat_copy_touched.
+  detail::stat_copy_touched(stats.active, stats.allocation, small);
+  detail::stat_copy_touched(stats.active_bytes, stats.allocated_bytes, small);
+  detail::stat_decrease_hot(stats.requested_bytes, small, static_cast<int64_t>(requested));
 }
 
 // try_merge_blocks: merges free `src` into `dst` (which is in no set) when both have the
