@@ -245,10 +245,15 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
     rem.size -= size;
     // The remainder keeps the found block's object, pool and stream, so it belongs in the
     // same index; re-keying in place equals erase + insert whenever it succeeds.
-    if (taken.index != nullptr && taken.index->rekey(taken.pos, rem.size, rem.ptr)) {
+    // Otherwise (the remainder moved to a smaller size class: most splits) it is erased
+    // and inserted into that same index, which pool_insert would look up again by stream.
+    if (taken.index != nullptr) {
+      if (!taken.index->rekey(taken.pos, rem.size, rem.ptr)) {
+        taken.index->erase(taken.pos);
+        taken.index->insert(detail::FreeEntry{rem.size, rem.ptr, rem_id});
+      }
       rem.gc_count_base = pool_of(small).get_free_blocks_call_count;  // as pool_insert does
     } else {
-      if (taken.index != nullptr) taken.index->erase(taken.pos);
       pool_insert(rem_id);
     }
     if (!expandable) {  // §8: expandable blocks never count in inactive_split*
