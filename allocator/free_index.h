@@ -309,13 +309,13 @@ class FreeIndex {
 // iterating streams then entries visits blocks in (stream, size, address) order.
 class StreamFreeIndex {
  public:
+  // The last stream found is kept as (stream, index pointer): a run on one stream pays a
+  // compare and a load per lookup. The FreeIndex objects are heap-allocated, so the
+  // pointer stays valid when streams_ grows.
   FreeIndex* find(uint64_t stream) {
-    if (last_ < streams_.size() && streams_[last_].first == stream) return streams_[last_].second.get();
+    if (last_index_ != nullptr && last_stream_ == stream) return last_index_;
     for (size_t i = 0; i < streams_.size(); ++i) {
-      if (streams_[i].first == stream) {
-        last_ = i;
-        return streams_[i].second.get();
-      }
+      if (streams_[i].first == stream) return remember(stream, streams_[i].second.get());
     }
     return nullptr;
   }
@@ -325,8 +325,7 @@ class StreamFreeIndex {
     while (i < streams_.size() && streams_[i].first < stream) ++i;
     streams_.emplace(streams_.begin() + static_cast<std::ptrdiff_t>(i), stream,
                      std::make_unique<FreeIndex>());
-    last_ = i;
-    return *streams_[i].second;
+    return *remember(stream, streams_[i].second.get());
   }
   // (stream, index) pairs in ascending stream order.
   const std::vector<std::pair<uint64_t, std::unique_ptr<FreeIndex>>>& streams() const {
@@ -334,8 +333,15 @@ class StreamFreeIndex {
   }
 
  private:
+  FreeIndex* remember(uint64_t stream, FreeIndex* index) {
+    last_stream_ = stream;
+    last_index_ = index;
+    return index;
+  }
+
   std::vector<std::pair<uint64_t, std::unique_ptr<FreeIndex>>> streams_;
-  size_t last_ = 0;
+  uint64_t last_stream_ = 0;
+  FreeIndex* last_index_ = nullptr;
 };
 
 }  // namespace memsim::detail
