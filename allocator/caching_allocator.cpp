@@ -316,12 +316,13 @@ void CachingAllocator::Impl::free_block(BlockId id) {
   int64_t net_bytes = 0;
   const BlockId prev = b.prev;
   const BlockId next = b.next;
-  for (BlockId candidate : {prev, next}) {
-    const uint64_t subsumed = try_merge(id, candidate);
-    if (subsumed > 0) {
-      net_blocks -= 1;
-      net_bytes -= static_cast<int64_t>(subsumed);
-    }
+  if (const uint64_t subsumed = try_merge(id, prev); subsumed > 0) {
+    net_blocks -= 1;
+    net_bytes -= static_cast<int64_t>(subsumed);
+  }
+  if (const uint64_t subsumed = try_merge(id, next); subsumed > 0) {
+    net_blocks -= 1;
+    net_bytes -= static_cast<int64_t>(subsumed);
   }
   pool_insert(id);
   if (b.is_split()) {
