@@ -256,9 +256,14 @@ class FreeIndex {
   }
 
   // Branch-free lower_bound (conditional moves): the comparisons are data-dependent and
-  // would mispredict as branches.
+  // would mispredict as branches. The two ends are tested first: the key often sorts
+  // before every entry (a request for the size the class holds: lower_bound(size, 0)
+  // among equal sizes; a block freed below the others) or after every one (a block freed
+  // above them). A third of the searches of a cs336-xl run are in classes of 32 to 127
+  // entries, mostly equal sizes (one tensor shape per layer), where this saves 5-7 steps.
   static uint32_t search(const FreeKey128* first, uint32_t n, FreeKey128 key) {
-    if (n == 0) return 0;
+    if (n == 0 || !(first[0] < key)) return 0;
+    if (first[n - 1] < key) return n;
     const FreeKey128* base = first;
     while (n > 1) {
       const uint32_t half = n / 2;
