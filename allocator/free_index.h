@@ -50,11 +50,13 @@ class FreeIndex {
   static constexpr uint32_t kClasses = kGroups * kSub;
 
   // Class of a size: monotone non-decreasing in size, < kClasses.
+  // For size >= kSub, with shift = floor(log2(size)) - kSubBits: (shift + 1) * kSub +
+  // (size >> shift) - kSub = shift * kSub + (size >> shift); for size < kSub it is size
+  // itself, which the same formula gives with shift 0. `size | kSub` makes shift 0 there
+  // without a branch (and keeps __builtin_clzll's argument non-zero).
   static uint32_t class_of(uint64_t size) {
-    if (size < kSub) return static_cast<uint32_t>(size);
-    const unsigned log2 = 63u - static_cast<unsigned>(__builtin_clzll(size));
-    const unsigned shift = log2 - kSubBits;
-    return ((shift + 1) << kSubBits) + static_cast<uint32_t>((size >> shift) - kSub);
+    const unsigned shift = 63u - kSubBits - static_cast<unsigned>(__builtin_clzll(size | kSub));
+    return (shift << kSubBits) + static_cast<uint32_t>(size >> shift);
   }
 
   struct Pos {
