@@ -102,6 +102,35 @@ inline void stat_decrease(StatArray& a, bool small, int64_t amount) {
   stat_decrease_unchecked(small ? a.small_pool : a.large_pool, amount);
 }
 
+// The malloc/free hot path's updates (issue #20, the allocator's per-call cost): only the
+// tests that can fire are made.
+//  - A count (allocation, active, inactive_split, oversize_*) grows by at most 2 per call:
+//    its sums cannot reach 2^63 (2^62 calls), so counts are added unchecked.
+//  - A decrease takes away what an increase added before (a block's size, requested
+//    bytes, a split remainder): amount <= current <= allocated - freed, so freed + amount
+//    <= allocated < 2^63. Decreases on the hot path are unchecked.
+//  - Byte sums that grow (allocated_bytes, requested_bytes, inactive_split_bytes,
+//    reserved_bytes) keep their test: the sizes come from files.
+// Seeding (allocator_state.cpp) and the release paths keep the checked updates above.
+inline void stat_count_increase(StatArray& a, bool small, int64_t n) {
+  stat_increase_unchecked(a.all, n);
+  stat_increase_unchecked(small ? a.small_pool : a.large_pool, n);
+}
+inline void stat_decrease_hot(StatArray& a, bool small, int64_t amount) {
+  stat_decrease_unchecked(a.all, amount);
+  stat_decrease_unchecked(small ? a.small_pool : a.large_pool, amount);
+}
+// active / active_bytes equal allocation / allocated_bytes at every step of this
+// emulator: without record_stream a block is active exactly while it is allocated (§8; no
+// pending frees), the two are changed together by the same amounts everywhere (malloc,
+// free, seeding) and reset together. The hot path updates allocation and allocated_bytes
+// and copies the two Stats it touched (all and the pool) instead of updating twice more.
+inline void stat_copy_touched(StatArray& to, const StatArray& from, bool small) {
+  to.all = from.all;
+  if (small) to.small_pool = from.small_pool;
+  else to.large_pool = from.large_pool;
+}
+
 }  // namespace detail
 
 class CachingAllocator::Impl {

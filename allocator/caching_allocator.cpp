@@ -245,18 +245,23 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
     rem.size -= size;
     // The remainder keeps the found block's object, pool and stream, so it belongs in the
     // same index; re-keying in place equals erase + insert whenever it succeeds.
-    if (taken.index != nullptr && taken.index->rekey(taken.pos, rem.size, rem.ptr)) {
+    // Otherwise (the remainder moved to a smaller size class: most splits) it is erased
+    // and inserted into that same index, which pool_insert would look up again by stream.
+    if (taken.index != nullptr) {
+      if (!taken.index->rekey(taken.pos, rem.size, rem.ptr)) {
+        taken.index->erase(taken.pos);
+        taken.index->insert(detail::FreeEntry{rem.size, rem.ptr, rem_id});
+      }
       rem.gc_count_base = pool_of(small).get_free_blocks_call_count;  // as pool_insert does
     } else {
-      if (taken.index != nullptr) taken.index->erase(taken.pos);
       pool_insert(rem_id);
     }
     if (!expandable) {  // §8: expandable blocks never count in inactive_split*
       if (already_split) {
-        detail::stat_decrease(stats.inactive_split_bytes, small, static_cast<int64_t>(size));
+        detail::stat_decrease_hot(stats.inactive_split_bytes, small, static_cast<int64_t>(size));
       } else {
         detail::stat_increase(stats.inactive_split_bytes, small, static_cast<int64_t>(rem.size));
-        detail::stat_increase(stats.inactive_split, small, 1);
+        detail::stat_count_increase(stats.inactive_split, small, 1);
       }
     }
   } else {
@@ -265,8 +270,8 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
       blocks[id].in_pool = false;
     }
     if (already_split && !expandable) {
-      detail::stat_decrease(stats.inactive_split_bytes, small, static_cast<int64_t>(blocks[id].size));
-      detail::stat_decrease(stats.inactive_split, small, 1);
+      detail::stat_decrease_hot(stats.inactive_split_bytes, small, static_cast<int64_t>(blocks[id].size));
+      detail::stat_decrease_hot(stats.inactive_split, small, 1);
     }
   }
 
@@ -275,12 +280,12 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
   b.requested_size = orig;
   trace(TraceAction::alloc, b.ptr, orig, b.stream);
   const auto bytes = static_cast<int64_t>(b.size);
-  detail::stat_increase(stats.allocation, small, 1);
   detail::stat_increase(stats.allocated_bytes, small, bytes);
-  detail::stat_increase(stats.active, small, 1);
-  detail::stat_increase(stats.active_bytes, small, bytes);
+  detail::stat_count_increase(stats.allocation, small, 1);
   detail::stat_increase(stats.requested_bytes, small, static_cast<int64_t>(orig));
-  if (b.size >= config.max_split_size) detail::stat_increase(stats.oversize_allocations, 1);
+  detail::stat_copy_touched(stats.active, stats.allocation, small);
+  detail::stat_copy_touched(stats.active_bytes, stats.allocated_bytes, small);
+  if (b.size >= config.max_split_size) detail::stat_increase_unchecked(stats.oversize_allocations, 1);
   if (index_enabled) index_insert(id);
 
   AllocResult result;
@@ -294,10 +299,10 @@ AllocResult CachingAllocator::Impl::alloc_found_block(BlockId id, uint64_t size,
 void CachingAllocator::Impl::free(BlockId id) {
   Block& b = blocks[id];
   b.allocated = false;
-  detail::stat_decrease(stats.allocation, b.small, 1);
-  detail::stat_decrease(stats.allocated_bytes, b.small, static_cast<int64_t>(b.size));
+  detail::stat_decrease_hot(stats.allocation, b.small, 1);
+  detail::stat_decrease_hot(stats.allocated_bytes, b.small, static_cast<int64_t>(b.size));
   trace(TraceAction::free_requested, b.ptr, b.requested_size, b.stream);
-  if (b.size >= config.max_split_size) detail::stat_decrease(stats.oversize_allocations, 1);
+  if (b.size >= config.max_split_size) detail::stat_decrease_unchecked(stats.oversize_allocations, 1);
   if (index_enabled) index_erase(id);
   free_block(id);
 }
@@ -306,18 +311,18 @@ void CachingAllocator::Impl::free(BlockId id) {
 void CachingAllocator::Impl::free_block(BlockId id) {
   Block& b = blocks[id];  // the table never moves below: only destroy() is called
   trace(TraceAction::free_completed, b.ptr, b.requested_size, b.stream);
-  const uint64_t original_size = b.size;
   const uint64_t requested = b.requested_size;
   int64_t net_blocks = 0;
   int64_t net_bytes = 0;
   const BlockId prev = b.prev;
   const BlockId next = b.next;
-  for (BlockId candidate : {prev, next}) {
-    const uint64_t subsumed = try_merge(id, candidate);
-    if (subsumed > 0) {
-      net_blocks -= 1;
-      net_bytes -= static_cast<int64_t>(subsumed);
-    }
+  if (const uint64_t subsumed = try_merge(id, prev); subsumed > 0) {
+    net_blocks -= 1;
+    net_bytes -= static_cast<int64_t>(subsumed);
+  }
+  if (const uint64_t subsumed = try_merge(id, next); subsumed > 0) {
+    net_blocks -= 1;
+    net_bytes -= static_cast<int64_t>(subsumed);
   }
   pool_insert(id);
   if (b.is_split()) {
@@ -327,14 +332,16 @@ void CachingAllocator::Impl::free_block(BlockId id) {
   const bool small = b.small;
   if (b.expandable == kNoSegment) {
     // The net change is applied as one increase or one decrease (§8).
-    if (net_blocks > 0) detail::stat_increase(stats.inactive_split, small, net_blocks);
-    else if (net_blocks < 0) detail::stat_decrease(stats.inactive_split, small, -net_blocks);
+    if (net_blocks > 0) detail::stat_count_increase(stats.inactive_split, small, net_blocks);
+    else if (net_blocks < 0) detail::stat_decrease_hot(stats.inactive_split, small, -net_blocks);
     if (net_bytes > 0) detail::stat_increase(stats.inactive_split_bytes, small, net_bytes);
-    else if (net_bytes < 0) detail::stat_decrease(stats.inactive_split_bytes, small, -net_bytes);
+    else if (net_bytes < 0) detail::stat_decrease_hot(stats.inactive_split_bytes, small, -net_bytes);
   }
-  detail::stat_decrease(stats.active, small, 1);
-  detail::stat_decrease(stats.active_bytes, small, static_cast<int64_t>(original_size));
-  detail::stat_decrease(stats.requested_bytes, small, static_cast<int64_t>(requested));
+  // active / active_bytes: free() decreased allocation / allocated_bytes by the same
+  // amounts (1, original_size), see stat_copy_touched.
+  detail::stat_copy_touched(stats.active, stats.allocation, small);
+  detail::stat_copy_touched(stats.active_bytes, stats.allocated_bytes, small);
+  detail::stat_decrease_hot(stats.requested_bytes, small, static_cast<int64_t>(requested));
 }
 
 // try_merge_blocks: merges free `src` into `dst` (which is in no set) when both have the
@@ -367,10 +374,16 @@ CachingAllocator::CachingAllocator(const AllocatorConfig& config, DeviceMemory& 
     : impl_(std::make_unique<Impl>(config, device)) {}
 CachingAllocator::~CachingAllocator() = default;
 
-AllocResult CachingAllocator::malloc(uint64_t bytes, StreamId stream) {
+// malloc and free are flattened (issue #20, the allocator's per-call cost): every call
+// they make into this file (get_free_block, alloc_found_block, free_block, pool_insert,
+// pool_erase, round_size, ...) is inlined into one frame. Each of those calls cost a
+// prologue and epilogue of six saved registers and reloaded the block table and the stats
+// after it; for the common case (a cached block found) the whole call is now one function.
+// The cold paths in other files (release, expandable segments, the OOM report) stay calls.
+__attribute__((flatten)) AllocResult CachingAllocator::malloc(uint64_t bytes, StreamId stream) {
   return impl_->malloc(bytes, stream);
 }
-void CachingAllocator::free(BlockId block) { impl_->free(block); }
+__attribute__((flatten)) void CachingAllocator::free(BlockId block) { impl_->free(block); }
 bool CachingAllocator::free_at(uint64_t address) { return impl_->free_at(address); }
 void CachingAllocator::empty_cache() { impl_->empty_cache(); }
 std::vector<BlockId> CachingAllocator::seed_segment(const SegmentInfo& segment) {

@@ -73,6 +73,31 @@ TEST_CASE("class_of is monotone and within range", "[allocator][free_index]") {
   REQUIRE(FreeIndex::class_of(~uint64_t{0}) == FreeIndex::kClasses - 1);
 }
 
+// The classes as first defined (TLSF: sizes below kSub are their own class; above, the
+// power of two, then kSubBits more bits); class_of computes them without a branch.
+TEST_CASE("class_of equals the two-branch definition of the classes", "[allocator][free_index]") {
+  auto reference = [](uint64_t size) -> uint32_t {
+    if (size < FreeIndex::kSub) return static_cast<uint32_t>(size);
+    const unsigned log2 = 63u - static_cast<unsigned>(__builtin_clzll(size));
+    const unsigned shift = log2 - FreeIndex::kSubBits;
+    return ((shift + 1) << FreeIndex::kSubBits) +
+           static_cast<uint32_t>((size >> shift) - FreeIndex::kSub);
+  };
+  for (uint64_t s = 0; s < 70000; ++s) REQUIRE(FreeIndex::class_of(s) == reference(s));
+  for (unsigned b = 0; b < 64; ++b) {
+    for (int d = -3; d <= 3; ++d) {
+      const uint64_t s = (uint64_t{1} << b) + static_cast<uint64_t>(static_cast<int64_t>(d));
+      REQUIRE(FreeIndex::class_of(s) == reference(s));
+    }
+  }
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    const uint64_t s = rng() >> (rng() % 64);
+    REQUIRE(FreeIndex::class_of(s) == reference(s));
+  }
+  REQUIRE(FreeIndex::class_of(~uint64_t{0}) == reference(~uint64_t{0}));
+}
+
 TEST_CASE("FreeIndex matches a std::set under random operations", "[allocator][free_index]") {
   std::mt19937_64 rng(GENERATE(1u, 2u, 3u, 4u));
   FreeIndex index;
