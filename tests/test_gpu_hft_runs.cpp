@@ -24,7 +24,7 @@
 //    committed too (hft_snapshots.tar.xz, unpacked by CMake) each replays through the
 //    allocator emulator with no mismatch.
 //
-// Tolerances, stated before the measurement (2026-11-27, 22:40 UTC), from what each model
+// Tolerances, stated before the measurement (2026-11-27, 22:10 UTC), from what each model
 // leaves out:
 //  - bf16 autocast + SDPA, with or without checkpointing (hft_bf16_sdpa*, MHA): 0.5%
 //    allocated, 2% reserved. Autocast's casts, SDPA's casts and both checkpoint kinds are
