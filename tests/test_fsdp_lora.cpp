@@ -242,16 +242,16 @@ TEST_CASE("FSDP1 with LoRA: keys and refusals", "[fsdp-lora][scenario]") {
       build_program(lora_scenario(8, kPeft, "precision:\n  params: bf16\n")),
       Catch::StartsWith("fsdp_lora.yaml: lora.adapter_dtype: adapters in fp32 next to bf16"));
   CHECK_THROWS_WITH(build_program(lora_scenario(8, std::string(kPeft) + "  fsdp_mixed_precision: bf16\n")),
-                    Catch::StartsWith("fsdp_lora.yaml: parallel.fsdp_mixed_precision"));
+                    Catch::StartsWith("fsdp_lora.yaml:28: parallel.fsdp_mixed_precision"));
   CHECK_THROWS_WITH(build_program(lora_scenario(8, kPeft, "precision:\n  autocast: bf16\n")),
-                    Catch::StartsWith("fsdp_lora.yaml: precision.autocast"));
+                    Catch::StartsWith("fsdp_lora.yaml:33: precision.autocast"));
   Scenario master = lora_scenario(8, kBlock, "precision:\n  params: bf16\n  master_weights: true\n");
   master.lora.adapter_dtype = DType::bf16;
   CHECK_THROWS_WITH(build_program(master), Catch::StartsWith("fsdp_lora.yaml: precision.master_weights"));
   CHECK_THROWS_WITH(
       build_program(lora_scenario(8, std::string(kBlock) + "  cpu_offload: true\n")),
-      Catch::StartsWith("fsdp_lora.yaml: parallel.cpu_offload: CPUOffload with use_orig_params"));
+      Catch::StartsWith("fsdp_lora.yaml:29: parallel.cpu_offload: CPUOffload with use_orig_params"));
   Scenario no_lora = lora_scenario(8, kPeft);
   no_lora.lora = LoraConfig{};
-  CHECK_THROWS_WITH(build_program(no_lora), Catch::StartsWith("fsdp_lora.yaml: parallel.fsdp_wrap: peft"));
+  CHECK_THROWS_WITH(build_program(no_lora), Catch::StartsWith("fsdp_lora.yaml:27: parallel.fsdp_wrap: peft"));
 }

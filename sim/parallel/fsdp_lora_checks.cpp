@@ -5,8 +5,9 @@
 namespace memsim {
 
 namespace {
+// "FILE:LINE: KEY: why" ("FILE: KEY" for a key left at its default, "--set KEY").
 [[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
-  throw ScenarioError(s.source + ": " + key + ": " + why);
+  throw ScenarioError(s.key_prefix(key) + ": " + why);
 }
 }  // namespace
 
