@@ -168,6 +168,39 @@ TEST_CASE("FSDP1 PEFT wrap: each adapter is its own unit, the blocks hold no gra
         peft.str(peft.tensors[e.tensor].name) == gathered)
       ++backward_gathers;
   CHECK(backward_gathers == 2);
+  // Backward prefetch (BACKWARD_PRE) follows post-forward order: layer 1 prefetches its
+  // last adapter, ..., its first adapter (q_proj.lora_A) prefetches layer 0, before its own
+  // post-backward; layer 1's unit (frozen) is resharded before layer 0's adapters reduce.
+  const auto index_of = [&](const std::string& name, EventType type, size_t from) {
+    for (size_t i = from; i < peft.events.size(); ++i) {
+      const MemoryEvent& e = peft.events[i];
+      if (e.type == type && e.phase == Phase::backward && peft.str(peft.tensors[e.tensor].name) == name)
+        return i;
+    }
+    return peft.events.size();
+  };
+  const std::string qa1 = "model.layers.1.self_attn.q_proj.lora_A.default.weight";
+  const size_t measured = index_of("FSDP all-gather of block 1", EventType::alloc,
+                                   index_of("FSDP all-gather of block 1", EventType::alloc, 0) + 1);
+  REQUIRE(measured < peft.events.size());
+  const size_t qa1_gather = index_of("FSDP all-gather of " + qa1, EventType::alloc, measured);
+  const size_t block0_gather = index_of("FSDP all-gather of block 0", EventType::alloc, measured);
+  const size_t qa1_reduce = index_of("FlatParameter.grad (unsharded) of " + qa1, EventType::alloc, measured);
+  CHECK(qa1_gather < block0_gather);
+  CHECK(block0_gather < qa1_reduce);
+  CHECK(qa1_reduce < peft.events.size());
+  size_t block1_free = peft.events.size();
+  for (size_t i = measured; i < peft.events.size(); ++i)
+    if (peft.events[i].type == EventType::free && peft.events[i].tensor == peft.events[measured].tensor) {
+      block1_free = i;
+      break;
+    }
+  const size_t vb0_reduce = index_of(
+      "FlatParameter.grad (unsharded) of model.layers.0.self_attn.v_proj.lora_B.default.weight",
+      EventType::alloc, measured);
+  CHECK(qa1_reduce < block1_free);
+  CHECK(block1_free < vb0_reduce);
+  CHECK(vb0_reduce < peft.events.size());
   // No frozen weight gets a gradient (one GPU's LoRA graph).
   CHECK(count_named(peft, "FlatParameter.grad (unsharded) of block 0") == 0);
   CHECK(count_named(peft, "FlatParameter.grad (unsharded) of model.layers.0.self_attn.v_proj.lora_B.default.weight") == 2);

@@ -98,7 +98,8 @@ void require_modelled(const Scenario& s) {
   // Data parallelism, LoRA and master weights were each checked alone; their
   // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
   // parameters together, DDP buckets only parameters that need a gradient, master copies
-  // would be of shards) and are not modelled until they are checked too.
+  // would be of shards) and are not modelled until they are checked too (DDP, FSDP2 and
+  // FSDP1 with LoRA are: docs/fsdp-lora.md).
   // Autocast composes with torch DDP / ZeroRedundancyOptimizer (fp32 leaf parameters,
   // as on one GPU; tests/test_dp_autocast.cpp) and with FSDP, whose parameters are views
   // of the gathered flat parameter, which autocast's weight-cast cache skips
