@@ -91,10 +91,13 @@ void Runtime::reserve(size_t events) {
 }
 
 uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
-  if (hooks != nullptr && (ctx.layer != hooked_layer_ || ctx.module != hooked_module_)) {
-    hooked_layer_ = ctx.layer;  // first: the hook's own allocations do not re-enter
-    hooked_module_ = ctx.module;
-    hooks->layer_entered(*this, ctx.layer);
+  if (hooks != nullptr) {
+    if (hook_countdown != 0 && --hook_countdown == 0) hooks->countdown_done(*this);
+    if (ctx.layer != hooked_layer_ || ctx.module != hooked_module_) {
+      hooked_layer_ = ctx.layer;  // first: the hook's own allocations do not re-enter
+      hooked_module_ = ctx.module;
+      hooks->layer_entered(*this, ctx.layer);
+    }
   }
   cur_op_ = op;
   uint32_t op_name = op_id(op, in_backward_);
@@ -213,6 +216,7 @@ uint32_t Runtime::take_leaf_grad(int32_t leaf) {
 }
 
 Tensor Runtime::param(int32_t i) {
+  if (param_hooks && hooks != nullptr) hooks->param_used(*this, i, false);
   Parameter& p = params_[i];
   Tensor t;
   t.storage = p.storage;
@@ -589,6 +593,16 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
   for (int s = 0; s < 2; ++s) {
     in[s].storage = n.grad[s];
     in[s].is_view = n.grad_is_view[s];
+  }
+  if (param_hooks && hooks != nullptr) {
+    for (int i = 0; i < n.n_next; ++i) {  // a parameter's gradient is computed here
+      const int32_t t = n.next[i].node;
+      if (t >= 0 && nodes_[t].kind == OpKind::accumulate_grad && nodes_[t].param >= 0)
+        hooks->param_used(*this, nodes_[t].param, true);
+    }
+    ctx.layer = n.layer;  // the hook's own allocations may have moved it
+    ctx.module = n.module;
+    cur_op_ = n.kind;
   }
   Grad out[3];
   if (numeric != nullptr) numeric->backward_begin(*this, id, n, saved_.data() + n.saved_first);

@@ -37,6 +37,17 @@ class RuntimeHooks {
   // The next allocation is in a different transformer layer or module (ctx.layer,
   // ctx.module) than the last one: module pre-forward / pre-backward hooks key on this.
   virtual void layer_entered(Runtime& rt, int32_t layer) = 0;
+  // Only when Runtime::param_hooks is set (FSDP1 units that own one parameter, PEFT's
+  // wrap policy: sim/parallel/fsdp.h): parameter `param` is about to be read by a forward
+  // op (Runtime::param, before the op allocates), or a backward node is about to compute
+  // its gradient (the node has an edge to the parameter's AccumulateGrad; before the node
+  // allocates): a module's pre-forward / pre-backward hook.
+  virtual void param_used(Runtime& rt, int32_t param, bool backward) {
+    (void)rt, (void)param, (void)backward;
+  }
+  // Runtime::hook_countdown reached 0: called at the start of the allocation that made it
+  // so (set it to 2 in param_used: after the op's output, before the next allocation).
+  virtual void countdown_done(Runtime& rt) { (void)rt; }
 };
 
 // A Python-visible tensor: one reference to a storage plus its autograd identity.
@@ -182,6 +193,10 @@ class Runtime {
   void revive_storage(uint32_t s) { refs_[s] = 1; }
   void release(uint32_t s);
   int32_t refs(uint32_t s) const { return refs_[s]; }
+  // Calls hooks->param_used (RuntimeHooks); off by default (no cost per op).
+  bool param_hooks = false;
+  // Allocations until hooks->countdown_done (0: off); counts while hooks are installed.
+  uint32_t hook_countdown = 0;
   // Stops emitting: handles destroyed after this (the end of the simulated program,
   // when the builder's C++ objects go away) free nothing.
   void freeze() { frozen_ = true; }

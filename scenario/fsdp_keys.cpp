@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "scenario/fsdp2_keys.h"
+#include "scenario/fsdp_lora_keys.h"
 #include "scenario/yaml_fields.h"
 
 namespace memsim::scenario_detail {
@@ -25,6 +26,7 @@ void read_sharding(const Doc& d, ParallelConfig& p) {
   if (const Field* f = d.find("parallel.sharding"))
     p.sharding = read_enum(*f, "parallel.sharding", kSharding);
   // fully_shard reads its own keys; theirs are refused elsewhere (scenario/fsdp2_keys.h).
+  read_fsdp_lora_keys(d, p);  // parallel.fsdp_wrap, parallel.use_orig_params (FSDP1 only)
   if (p.sharding == Sharding::fsdp2) return read_fsdp2(d, p);
   reject_fsdp2_keys(d, p);
   const Field* reshard = d.find("parallel.reshard_after_forward");

@@ -210,6 +210,8 @@ struct LoraConfig {
 };
 
 enum class Sharding { none, fsdp, deepspeed, fsdp2 };
+// FSDP1's auto-wrap policy (parallel.fsdp_wrap; scenario/fsdp_lora_keys.h).
+enum class FsdpWrap { block, peft };
 // Context parallelism's K/V rotation (torch set_rotate_method; scenario/context_parallel_keys.h).
 enum class ContextRotate { allgather, alltoall };
 // Megatron's pipeline schedules (sim/megatron/pipeline_schedule.h).
@@ -259,6 +261,13 @@ struct ParallelConfig {
   // all-to-all).
   int64_t context = 1;
   ContextRotate context_rotate = ContextRotate::allgather;
+  // --- FSDP1 + LoRA (issue #16 item 5, part f1lora; scenario/fsdp_lora_keys.h,
+  // sim/parallel/fsdp.h, docs/fsdp-lora.md) ------------------------------------------------
+  // parallel.fsdp_wrap: FSDP1's auto-wrap policy (block: transformer_auto_wrap_policy, one
+  // unit per decoder layer; peft: PEFT's fsdp_auto_wrap_policy, which also makes every
+  // trainable leaf Linear its own unit). parallel.use_orig_params: FSDP(use_orig_params=).
+  FsdpWrap fsdp_wrap = FsdpWrap::block;
+  bool use_orig_params = false;
 };
 
 // --- DeepSpeed ZeRO (issue #16 item 2; scenario/deepspeed_keys.h reads it, sim/parallel/

@@ -100,6 +100,9 @@ const std::map<std::string, Claim>& claims() {
       {"llama2-7b-fsdp-autocast-8xa100.yaml", {true, std::nullopt, 63.89}},
       // FSDP2 (fully_shard per block + root), bf16 / fp32 mixed precision, meta init, full AC.
       {"llama3-8b-fsdp2-8xh100.yaml", {true, std::nullopt, 31.15}},
+      // LoRA r16 q/v with FSDP1 as the HF Trainer wraps a PEFT model (PEFT's
+      // fsdp_auto_wrap_policy, use_orig_params): the loss's backward (docs/fsdp-lora.md).
+      {"llama3-8b-lora-fsdp-8xh100.yaml", {true, std::nullopt, 33.22}},
       // ... at sequence 32768 with context parallelism 4 (data 2 x context 4): each rank's
       // 8192 tokens peak in the loss's backward as the file above does.
       {"llama3-8b-fsdp2-cp4-8xh100.yaml", {true, std::nullopt, 31.15}},

@@ -1,8 +1,9 @@
 // PyTorch FullyShardedDataParallel on one simulated rank (cs336, hf-gpt2, hf-llama;
-// parallel.sharding: fsdp). Models torch 2.x FSDP with use_orig_params=False, an
-// auto-wrap policy that makes each transformer layer a unit, and the root unit holding
-// the rest (embeddings, final norm, LM head), default BACKWARD_PRE prefetch, no forward
-// prefetch. Parameters are in precision.params; parallel.fsdp_mixed_precision adds
+// parallel.sharding: fsdp). Models torch 2.x FSDP with use_orig_params=False (or True:
+// parallel.use_orig_params, below), an auto-wrap policy that makes each transformer layer
+// a unit (and with parallel.fsdp_wrap: peft each LoRA adapter Linear too, below), and the
+// root unit holding the rest (embeddings, final norm, LM head), default BACKWARD_PRE
+// prefetch, no forward prefetch. Parameters are in precision.params; parallel.fsdp_mixed_precision adds
 // MixedPrecision(param_dtype=reduce_dtype=bf16|fp16), described below.
 //
 // Events (d = parallel.data, elem = parameter bytes):
@@ -59,6 +60,36 @@
 //    views of the gathered flat parameter, so autocast caches none of their casts
 //    (graph/autocast.h set_params_are_views; docs/autocast.md "Under FSDP"); the
 //    gathers, shards and gradients stay fp32 and are as without autocast.
+//  - parallel.use_orig_params: true (FSDP(use_orig_params=True); docs/fsdp-lora.md,
+//    sim/parallel/fsdp_flat_layout.h): each parameter starts at a 16-byte boundary of the
+//    flat parameter (alignment padding) and the flat parameter is padded to a multiple of
+//    d; the backward's split of the flat parameter into views (SplitWithSizesBackward)
+//    allocates zeros for every padding segment before the cat into the flat gradient; the
+//    reduce-scattered shard becomes flat_param.grad, and the optimizer steps the original
+//    parameters as 1-D views of rank 0's shard (only those that require grad and have
+//    elements there; their .grad views of flat_param.grad), so AdamW's state is per view.
+//    flat_param.grad is dropped in the next root pre-forward once every view's .grad is
+//    None (_reset_flat_param_grad_info_if_needed after zero_grad(set_to_none=True)).
+//  - LoRA (lora.*), parallel.fsdp_wrap: block: a block's FlatParameter holds the frozen base
+//    weights and the trainable adapters (use_orig_params=True is required, as torch's
+//    _validate_tensors_to_flatten does) and requires grad; the weights are views of it,
+//    so autograd computes the frozen weights' gradients too (their graph is that of
+//    trainable weights: their inputs are saved, their weight gradients computed); the
+//    flat gradient, reduce-scatter and shard gradient are full size. The flatten order is
+//    PEFT's module order (each adapter after its base layer's weight). The root (embedding,
+//    final norm, head: all frozen) has no gradient.
+//  - LoRA, parallel.fsdp_wrap: peft (PEFT's fsdp_auto_wrap_policy, installed by the HF
+//    Trainer): each lora_A / lora_B Linear is its own unit, nested in its block's; the
+//    block units hold only frozen weights (no gradient, resharded after their backward by
+//    the reshard-only hook on the block's inputs: here, when the backward first allocates
+//    in another layer; block 0, whose input needs no grad, at the final callback). An
+//    adapter unit is gathered by its own pre-forward (the adapter's first parameter use)
+//    and resharded by its post-forward (before the next allocation after its output); in
+//    backward, its pre-backward (the node computing its gradient is about to run)
+//    gathers it and prefetches the unit before it in post-forward order (BACKWARD_PRE:
+//    block l prefetches its last adapter, the block's first adapter prefetches block
+//    l - 1); its post-backward reduce-scatters its gradient. In a checkpoint's re-run an
+//    adapter unit is gathered and kept until its post-backward, as the blocks are.
 // Left out: the all-gather / reduce-scatter staging of NCCL, the rate limiter
 // (limit_all_gathers), which only bounds what prefetching already bounds here; pinned
 // CPU memory; under MixedPrecision, buffers built in param_dtype rather than fp32 (GPT-2's
@@ -73,6 +104,7 @@
 #include "graph/runtime.h"
 #include "scenario/scenario.h"
 #include "sim/optim/optimizer_step.h"
+#include "sim/parallel/fsdp_flat_layout.h"
 
 namespace memsim {
 
@@ -91,6 +123,8 @@ class Fsdp : public graph::RuntimeHooks {
 
   void grad_ready(graph::Runtime& rt, int32_t param) override;
   void layer_entered(graph::Runtime& rt, int32_t layer) override;
+  void param_used(graph::Runtime& rt, int32_t param, bool backward) override;
+  void countdown_done(graph::Runtime& rt) override;
 
   // CPUOffload(offload_params=True): shards, their gradients and the optimizer are on the CPU.
   bool offloads_params() const { return offload_; }
@@ -111,6 +145,14 @@ class Fsdp : public graph::RuntimeHooks {
     size_t ready = 0;             // parameters with a gradient in this backward
     bool forward_done = false;    // resharded after its forward in this iteration
     bool backward_done = false;   // post-backward ran in this iteration
+    // --- use_orig_params / LoRA (docs/fsdp-lora.md) ---
+    int32_t layer = -1;           // the decoder layer it sits in (-1: the root)
+    bool adapter = false;         // fsdp_wrap peft: a lora_A / lora_B Linear's own unit
+    bool requires_grad = true;    // FlatParameter.requires_grad: some parameter is trainable
+    bool pre_backward_ran = false;
+    std::vector<FlatSegment> padding;  // use_orig_params: padding segments of the flat param
+    std::vector<int32_t> views;        // use_orig_params: Runtime ids of the optimizer's views
+    uint32_t flat_grad = graph::kNoStorage;  // use_orig_params: flat_param.grad (the shard's)
   };
   size_t unit_of_layer(int32_t layer) const { return layer < 0 ? 0 : 1 + static_cast<size_t>(layer); }
   void gather(graph::Runtime& rt, size_t u);
@@ -119,6 +161,11 @@ class Fsdp : public graph::RuntimeHooks {
   void root_pre_backward(graph::Runtime& rt);
   void lazy_init(graph::Runtime& rt);
   graph::Tensor named(graph::Runtime& rt, graph::Tensor t, size_t u, const char* what);
+  uint32_t unit_name(graph::Runtime& rt, size_t u, const char* what) const;
+  void assign_units(graph::Runtime& rt, const Scenario& s);
+  void add_views(graph::Runtime& rt);
+  void pre_backward_peft(graph::Runtime& rt, size_t u);
+  void reshard_forward_adapter(graph::Runtime& rt);
 
   graph::Runtime* rt_;
   uint64_t d_ = 1;
@@ -132,6 +179,21 @@ class Fsdp : public graph::RuntimeHooks {
   uint32_t iteration_ = 0;
   size_t forward_unit_ = 0;       // unit whose forward runs (0: root / none)
   bool backward_started_ = false;
+  // --- use_orig_params / LoRA ---
+  bool orig_params_ = false;      // parallel.use_orig_params
+  bool peft_wrap_ = false;        // parallel.fsdp_wrap: peft
+  uint64_t aligned_numel_ = 0;    // use_orig_params: 16 bytes in elements of the compute dtype
+  std::vector<size_t> wrap_order_;          // units in wrapping order (inner first)
+  std::vector<size_t> module_order_;        // units in module pre-order (lazy init)
+  std::vector<size_t> post_forward_order_;  // peft: units in post-forward order
+  std::vector<size_t> order_pos_;           // peft: each unit's index in post_forward_order_
+  std::vector<char> trainable_;   // per original parameter: requires_grad before wrapping
+  std::vector<FlatSegment> offset_of_param_;  // per original parameter: its flat segment
+  std::vector<int32_t> module_param_order_;   // original parameters in module order
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  size_t blocks_ = 0;             // decoder layers with parameters (units 1..blocks_)
+  size_t fwd_adapter_ = kNone;    // peft: adapter unit gathered by its pre-forward
+  size_t bwd_block_ = 0;          // peft: block unit whose backward runs (0: none)
 };
 
 // The optimizer of a CPU-offloaded FSDP model: it steps the CPU shards with their CPU

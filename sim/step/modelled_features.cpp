@@ -9,6 +9,7 @@
 #include "scenario/scenario_family.h"
 #include "scenario/script_keys.h"
 #include "sim/parallel/data_parallel.h"
+#include "sim/parallel/fsdp_lora_checks.h"
 #include "sim/step/torchtitan_checkpoint.h"
 
 namespace memsim {
@@ -93,10 +94,12 @@ void require_modelled(const Scenario& s) {
   require_offload_modelled(s);        // scenario/offload_keys.h: checkpoint.offload's
   require_generate_modelled(s);       // scenario/generate_keys.h: step.kind generate's (issue #17)
   require_torchtitan_modelled(s);     // sim/step/torchtitan_checkpoint.h: sac-op, sac-layer:N
+  require_fsdp_lora_modelled(s);      // sim/parallel/fsdp_lora_checks.h: FSDP1 + LoRA, use_orig_params
   // Data parallelism, LoRA and master weights were each checked alone; their
   // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
   // parameters together, DDP buckets only parameters that need a gradient, master copies
-  // would be of shards) and are not modelled until they are checked too.
+  // would be of shards) and are not modelled until they are checked too (DDP, FSDP2 and
+  // FSDP1 with LoRA are: docs/fsdp-lora.md).
   // Autocast composes with torch DDP / ZeroRedundancyOptimizer (fp32 leaf parameters,
   // as on one GPU; tests/test_dp_autocast.cpp) and with FSDP, whose parameters are views
   // of the gathered flat parameter, which autocast's weight-cast cache skips
@@ -116,9 +119,11 @@ void require_modelled(const Scenario& s) {
   const bool sharded = p.sharding != Sharding::none || p.zero != 0;
   // DeepSpeed checks its own combinations (sim/parallel/deepspeed_checks.h).
   if (p.data > 1 && sharded && family.torch_data_parallel && p.sharding != Sharding::deepspeed) {
-    // FSDP2 models LoRA (sim/parallel/fsdp2.h) and refuses master weights itself.
+    // FSDP2 models LoRA (sim/parallel/fsdp2.h) and refuses master weights itself; FSDP1
+    // models LoRA (sim/parallel/fsdp.h, checked by sim/parallel/fsdp_lora_checks.h).
     const bool lora_modelled = p.sharding == Sharding::fsdp2;
-    const char* key = (s.lora.rank > 0 && !lora_modelled) ? "lora"
+    const bool fsdp1_lora = p.sharding == Sharding::fsdp && s.lora.rank > 0;
+    const char* key = (s.lora.rank > 0 && !lora_modelled && !fsdp1_lora) ? "lora"
                       : (s.precision.master_weights && !lora_modelled) ? "precision.master_weights"
                                                                          : nullptr;
     if (key != nullptr)
