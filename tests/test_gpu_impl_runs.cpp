@@ -68,7 +68,9 @@
 //    memsim copied them. Its peaks are unchanged (the copies were transient); reserved
 //    stays +0.81% (16 MiB: memsim opens a segment at the warm-up step's final RMSNorm that
 //    the real run did not need; the allocations of 1 MiB and more are the same in size and
-//    order there: a block-placement difference whose cause was not found).
+//    order there. Cause: best-fit ties between equal free blocks go to the lower address,
+//    and the simulated device's segment addresses ascend where the H200's mostly descended;
+//    with descending ones this run's reserved is exact. docs/implementations.md, Limits).
 #include <catch2/catch.hpp>
 
 #include <cmath>
