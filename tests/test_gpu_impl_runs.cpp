@@ -37,17 +37,40 @@
 //  - runs whose kernel is the scenario's: 1% allocated (the peak and forward end), 3%
 //    reserved (the caching allocator's segments follow the allocation order, which a
 //    missing kernel scratch shifts).
-//    (The bf16 runs force the flash kernel, memsim's `model.attention: flash`; the fp32
-//    runs call SDPA bare and get mem-efficient, the only fused kernel taking fp32.)
+//    (impl_torchtitan_bf16 forces the flash kernel; the fp32 runs call SDPA bare and get
+//    mem-efficient, the only fused kernel taking fp32.)
 //  - impl_torchtitan_bf16_titan_sdpa (torchtitan's own SDPA priority, cuDNN attention
-//    first, as recent PyTorch's default on sm90 with cuDNN > 9.15; memsim models flash,
-//    there is no cuDNN kernel in memsim): when the run records the flash kernel (cuDNN
-//    not picked), the 1% / 3% above; when it records cuDNN, 5% allocated / 10% reserved
-//    (the kernels differ only in their output, stats and workspace, each well under 5% of
-//    this run's ~2.8 GiB peak) and a WARN naming the difference to the forced-flash run:
-//    a measured cost of the kernel memsim lacks.
+//    first): when the run records the flash kernel (cuDNN not picked), the 1% / 3% above;
+//    when it records cuDNN, 5% allocated / 10% reserved and a WARN naming the difference
+//    to the forced-flash run.
 // A gap beyond these is a rule to find (docs/implementations.md, "Limits"), not a
 // tolerance to widen without a named cause.
+//
+// What the H200 run (2026-11-27, torch 2.11.0+cu130) showed, and what changed after it:
+//  - The SDPA kernel: the bf16 runs that call SDPA unforced (torchtune's and LitGPT's,
+//    measure_impl.py as committed and run) and torchtitan's priority all ran cuDNN
+//    attention (ScaledDotProductCudnnAttentionBackward0): it is PyTorch 2.11's default
+//    for bf16 on sm90. Their scenarios say `model.attention: flash`, which stands for it:
+//    from the traces and cudnn/MHA.cpp, cuDNN allocates the same output (q's layout, as
+//    flash), the same fp32 (B,H,S) stats and the same q/k/v-layout grads; it differs only
+//    in blocks under 1 MiB forward (8 B seed and offset, a 256 B workspace) and in
+//    backward taking flash's dq_accum + softmax_d as one workspace block (17,039,616 B
+//    here instead of 16,777,216 + 262,144), which moves none of these eight predictions
+//    (docs/implementations.md "cuDNN attention"). The expected kernel is therefore
+//    kExpectedKernel below, and the 1% / 3% tolerance holds for every run.
+//  - impl_litgpt_bf16 was -1.03% allocated: LitGPT's q is torch.cat's contiguous
+//    (B,h,T,hs), the flash and cuDNN kernels allocate their output in q's layout, so
+//    `y.transpose(1, 2).reshape(B, T, C)` copies (8 MiB per layer, saved by attn.proj).
+//    memsim took the output as (B,T,h,hs) (a view). Fixed (graph/models/decoder_litgpt.cpp
+//    and the CPU stand-in, tools/fixtures/impl_models.py LitFlashSdpa): +0.03% now.
+//  - impl_torchtune_lora_bf16: matmul's should_fold does not copy the head's
+//    non-contiguous chunks when the output weight is frozen (graph/models/decoder_impl.cpp);
+//    memsim copied them. Its peaks are unchanged (the copies were transient); reserved
+//    stays +0.81% (16 MiB: memsim opens a segment at the warm-up step's final RMSNorm that
+//    the real run did not need; the allocations of 1 MiB and more are the same in size and
+//    order there. Cause: best-fit ties between equal free blocks go to the lower address,
+//    and the simulated device's segment addresses ascend where the H200's mostly descended;
+//    with descending ones this run's reserved is exact. docs/implementations.md, Limits).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -84,9 +107,31 @@ std::string kernel_node_of(const std::string& attention) {
   return "(memsim models no other SDPA kernel)";
 }
 
+// The kernel each run recorded on the H200 with torch 2.11.0+cu130: a bf16 SDPA call not
+// forced to flash (sdpa_call "default", or torchtitan's cuDNN-first priority) ran cuDNN
+// attention, PyTorch 2.11's default on sm90; `model.attention: flash` models it (see top).
+std::string expected_kernel(const std::string& attention, const std::string& sdpa_call) {
+  if (attention == "flash" && sdpa_call != "flash") return "ScaledDotProductCudnnAttentionBackward0";
+  return kernel_node_of(attention);
+}
+
+// Runs whose prediction changed after the measurement because a rule was found in its
+// trace (the blind record stays as memsim said it; the first test checks how it differs).
+struct Changed {
+  bool peak_moves;  // the measured step's peak allocated differs from the blind one
+  const char* why;
+};
+const std::map<std::string, Changed> kChangedAfterMeasurement = {
+    {"impl_litgpt_bf16", {true, "flash/cuDNN output in q's (B,h,T,hs) layout: LitGPT's "
+                                "y.transpose(1, 2).reshape copies"}},
+    {"impl_torchtune_lora_bf16", {false, "should_fold: no copy of the head's chunks when "
+                                         "the output weight is frozen (transient copies)"}},
+};
+
 // The tolerance of a run (see the top), given the kernel it recorded.
 Tolerance tolerance_of(const std::string& name, const std::string& kernel, const std::string& attention) {
-  if (name == kCudnnRun && kernel != kernel_node_of(attention))
+  if (name == kCudnnRun && kernel != kernel_node_of(attention) &&
+      kernel != "ScaledDotProductCudnnAttentionBackward0")
     return {0.05, 0.10, "torchtitan's SDPA priority picked another kernel than flash (cuDNN "
                         "attention, not modelled): output, stats and workspace differ"};
   return {0.01, 0.03, "the stack's code exact on CPU fixtures; SDPA measured on the hf rows; "
@@ -105,6 +150,18 @@ TEST_CASE("the implementation GPU runs' blind predictions are what memsim predic
     INFO(name << " (" << entry["scenario"].get<std::string>() << ")");
     REQUIRE_FALSE(entry.contains("refused"));  // memsim models every run measured
     const memsim_test::RunPrediction p = memsim_test::simulate_run(memsim_test::scenario_path_of(entry));
+    if (const auto changed = kChangedAfterMeasurement.find(name);
+        changed != kChangedAfterMeasurement.end()) {
+      INFO("changed after the measurement: " << changed->second.why);
+      if (changed->second.peak_moves) {
+        CHECK(p.allocated != entry["peak_allocated_bytes"].get<uint64_t>());
+      } else {
+        CHECK(p.allocated == entry["peak_allocated_bytes"].get<uint64_t>());
+        CHECK(p.allocations != entry["allocations_whole_run"].get<int64_t>());
+      }
+      CHECK(p.parameters == entry["parameter_count"].get<uint64_t>());
+      continue;
+    }
     CHECK(p.allocated == entry["peak_allocated_bytes"].get<uint64_t>());
     CHECK(p.reserved == entry["peak_reserved_bytes"].get<uint64_t>());
     CHECK(p.whole_allocated == entry["whole_run_peak_allocated_bytes"].get<uint64_t>());
@@ -195,7 +252,7 @@ TEST_CASE("torchtitan, torchtune and LitGPT model code on a GPU against memsim",
     REQUIRE(r.contains("sdpa_kernels"));
     REQUIRE(r["sdpa_kernels"].size() == 1);
     const std::string kernel = r["sdpa_kernels"][0].get<std::string>();
-    if (name != kCudnnRun) CHECK(kernel == kernel_node_of(attention));
+    CHECK(kernel == expected_kernel(attention, sp["sdpa"].get<std::string>()));
     const uint64_t real_alloc = r["measured_step_peak_allocated"].get<uint64_t>();
     const uint64_t real_reserved = r["measured_step_peak_reserved"].get<uint64_t>();
     const std::string blind = "blind " +
@@ -234,13 +291,13 @@ TEST_CASE("torchtitan, torchtune and LitGPT model code on a GPU against memsim",
     CHECK(std::abs(memsim_test::rel(now.allocated, real_alloc)) <= tol.allocated);
     CHECK(std::abs(memsim_test::rel(now.reserved, real_reserved)) <= tol.reserved);
     CHECK(std::abs(memsim_test::rel(now.marks.at("forward_end").first, real_fwd)) <= tol.allocated);
-    if (name == kCudnnRun && kernel != kernel_node_of(attention)) {
+    if (name == kCudnnRun && kernel == "ScaledDotProductCudnnAttentionBackward0") {
+      // The same model and loop with flash forced: cuDNN attention's peaks are flash's to
+      // the byte at these shapes (measured), which is why `flash` stands for it.
       const auto flash = measured.find("impl_torchtitan_bf16");
-      if (flash != measured.end())
-        WARN(name << " ran " << kernel << " (torchtitan's priority; memsim models flash): "
-             "measured step peak " << real_alloc << " B allocated vs "
-             << (*flash->second)["measured_step_peak_allocated"].get<uint64_t>()
-             << " B with flash forced");
+      REQUIRE(flash != measured.end());
+      CHECK(real_alloc == (*flash->second)["measured_step_peak_allocated"].get<uint64_t>());
+      CHECK(real_reserved == (*flash->second)["measured_step_peak_reserved"].get<uint64_t>());
     }
   }
 }

@@ -40,7 +40,7 @@
 //    named locals, alive until the layer returns.
 //  - TransformerDecoder.unembed with the recipe's set_num_output_chunks(8): norm, then
 //    [output(chunk) for chunk in h.chunk(8, dim=1)] (each chunk a (B, S/8, D) view that
-//    matmul copies when B > 1).
+//    matmul copies when B > 1 and the output weight requires grad).
 //  - lora_llama3 (lora.rank > 0): LoRALinear for the lora.targets among q/k/v/output_proj
 //    (lora_attn_modules) and w1/w2/w3 (apply_lora_to_mlp, all three), the rest frozen
 //    (graph/models/lora_tune.cpp; recipes/lora_finetune_single_device.py).
@@ -323,9 +323,17 @@ Tensor DecoderModel::forward_tune(const Tensor& ids) {
   std::vector<Tensor> outs;
   const uint64_t rows = s_.rows() / kChunks;
   const double flops = 2.0 * static_cast<double>(rows) * D * V;
+  // matmul(chunk, W.t()) (aten/src/ATen/native/LinearAlgebra.cpp should_fold): a 3-D
+  // input times a weight that requires grad is folded to one mm even when that copies
+  // it (a (B, S/8, D) slice is not viewable as 2-D when B > 1; the copy is saved); with a
+  // frozen weight (LoRA: the output layer is not adapted) a non-viewable input is not
+  // folded: bmm against the expanded weight, no copy (it saves the slice, a view of h).
+  // Measured on the H200: tests/data/gpu/impl, impl_torchtune_bf16 (eight copies) and
+  // impl_torchtune_lora_bf16 (none).
+  // (Parameter::frozen is requires_grad=False; grad mode does not enter should_fold.)
+  const bool fold_copies = s_.batch > 1 && !rt_.parameters()[lm_head_].frozen;
   for (Tensor& c : pieces) {
-    // matmul's reshape of a (B, S/8, D) slice copies it when B > 1 (the copy is saved).
-    Tensor in = s_.batch > 1 ? clone(rt_, c) : c;
+    Tensor in = fold_copies ? clone(rt_, c) : c;
     c.reset();
     outs.push_back(mm_linear(rt_, in, rt_.param(lm_head_), rows * V * e, flops));
   }

@@ -22,7 +22,8 @@
 //    cat((q_roped, q[..., n:])) (a copy; the empty slice's backward is a zeros(q)); k
 //    likewise; GQA: k, v = repeat_interleave(q_per_kv, dim=1) (PyTorch 2.x: unsqueeze,
 //    expand, clone: a copy always, also for one query group); SDPA is_causal;
-//    transpose + reshape (views of the kernel's output layout); proj. Locals (qkv,
+//    transpose + reshape (a copy after flash, whose output follows q's (B,h,T,hs)
+//    layout; a view after mem-efficient's (B,T,h,hs) output); proj. Locals (qkv,
 //    q_roped, k_roped) die as it returns.
 //  - RMSNorm.forward: x.float(); torch.mean(x * x, -1, keepdim); x * rsqrt(norm_x + eps);
 //    (x_normed * weight.float()).to(dtype): saves the fp32 input, rsqrt, the fp32 x_normed
@@ -204,7 +205,15 @@ Tensor DecoderModel::attention_litgpt(const LayerParams& p, const Tensor& x) {
                             return flash ? sdpa_flash(rt_, in[0], in[1], in[2], sh, flops)
                                          : sdpa_efficient(rt_, in[0], in[1], in[2], sh, flops);
                           });
-    out = project(o, p, p.o);  // y.transpose(1, 2).reshape(B, T, C): the kernel's layout
+    // y.transpose(1, 2).reshape(B, T, C). The flash kernel allocates its output as
+    // empty_like(q.transpose(1, 2)) (flash_api.cpp mha_fwd), cuDNN attention as
+    // alloc_with_matching_layout(q) (cudnn/MHA.cpp): both follow q's memory layout, and
+    // q here is torch.cat's contiguous (B,h,T,hs), so the reshape copies (a (B,T,C)
+    // tensor per layer that attn.proj saves; the kernel's output stays saved by SDPA).
+    // The mem-efficient kernel writes a fresh (B,T,h,hs) tensor: a view. Measured on the
+    // H200 (tests/data/gpu/impl, impl_litgpt_bf16: the copy at `y.reshape`).
+    if (flash) o = clone(rt_, o);
+    out = project(o, p, p.o);
     // CausalSelfAttention.forward returns: qkv, then q_roped and k_roped die.
     qkv.reset();
     q = k = v = Tensor();
