@@ -101,11 +101,10 @@ struct KnownGap {
 const std::map<std::string, KnownGap> kKnownGaps = {
     {"moe_ac_tf_qwen3_moe_worst",
      {0.058, kBackwardEndTolerance,
-      "reserved -5.73%: the warm-up's AdamW state finds no free 24 MiB block in the real run "
-      "(a new segment) and the measured step's forward and backward then need three more "
-      "64 MiB segments than memsim; with 5.17's 4 MiB eager mask replayed into memsim's "
-      "Program it is -2.12% (the mask is the first placement difference; cause of the rest "
-      "not found)"}},
+      "reserved -5.73%: the real run's warm-up AdamW state gets a new 24 MiB segment and its "
+      "measured step five 64 MiB segments, where memsim's placement makes three 64 MiB, one "
+      "32 MiB and one 16 MiB; with 5.17's 4 MiB eager mask replayed into memsim's Program it "
+      "is -2.12% and the segments match up to that AdamW step (cause of the rest not found)"}},
     {"moe_ac_tf_mixtral_balanced",
      {0.054, kBackwardEndTolerance,
       "reserved +5.34%: memsim's placement needs two more 64 MiB segments in the measured "
