@@ -67,17 +67,22 @@ constexpr double kBackwardEndTolerance = 0.001;
 // out beyond a stated tolerance: the bound here is the measured error rounded up, so the test
 // still fails if the gap grows, and it WARNs every time with the cause (docs/moe.md
 // "Measured on a GPU under autocast"). Allocation by allocation the traces hold the same
-// tensors as memsim's Program (requested bytes at the peak within 66 KiB: the script's own
-// forced-routing table); what differs is where the allocator placed them, which decides the
-// segments cudaMalloc'd (reserved) and, through blocks whose remainder is too small to split
-// (<= 1 MiB, counted whole), a little of "allocated". Two op-level differences were found in
-// the traces; the first moves these numbers (docs/moe.md gives the replayed figures):
+// tensors as memsim's Program; what differs is where the allocator placed them, which decides
+// the segments cudaMalloc'd (reserved) and, through blocks whose remainder is too small to
+// split (<= 1 MiB, counted whole), a little of "allocated". Found in the traces, and replayed
+// into memsim's own Program (tools/gpu/compare_moe_autocast_traces.py):
+//  - the segments' virtual addresses: the driver gave most new segments an address below the
+//    earlier ones, and PyTorch's large pool takes the lowest-addressed of equal-size free
+//    blocks (BlockComparatorSize), i.e. the newest segment; memsim's SimulatedDevice hands out
+//    ascending addresses (the oldest). Replayed with descending addresses, the SDPA runs' and
+//    Mixtral's reserved are exact;
 //  - transformers 5.17's eager mask (masking_utils.eager_mask: sdpa_mask's (S, S) bool
 //    expanded to (B, 1, S, S), then torch.where into the embeddings' dtype) is a B*S*S*4 =
 //    4 MiB fp32 tensor under autocast, alive from the embedding to the final norm; memsim's
-//    v5 rows build v4's (S, S+1) exclude mask (257 KiB). Eager runs only (SDPA has no mask).
+//    v5 rows build v4's (S, S+1) exclude mask (257 KiB). With it as well, every eager run's
+//    reserved is exact in the replay too;
 //  - with the labels passed to the model the loss runs inside forward, so the final norm's
-//    output and the previous step's outputs die after the loss, not before it.
+//    output and the previous step's outputs die after the loss, not before it (no peak moves).
 // The allocations of 4 MiB or more that differ between each run's trace and memsim's
 // Program (alloc_count_difference), found in the traces: eager runs, 5.17's (B, 1, S, S)
 // fp32 eager mask (once per step); SDPA runs, cuDNN attention's backward buffer in place of
@@ -101,21 +106,24 @@ struct KnownGap {
 const std::map<std::string, KnownGap> kKnownGaps = {
     {"moe_ac_tf_qwen3_moe_worst",
      {0.058, kBackwardEndTolerance,
-      "reserved -5.73%: the real run's warm-up AdamW state gets a new 24 MiB segment and its "
-      "measured step five 64 MiB segments, where memsim's placement makes three 64 MiB, one "
-      "32 MiB and one 16 MiB; with 5.17's 4 MiB eager mask replayed into memsim's Program it "
-      "is -2.12% and the segments match up to that AdamW step (cause of the rest not found)"}},
+      "reserved -5.73%: segment address order (memsim ascending, the driver's mostly "
+      "descending: equal-size free blocks are taken lowest address first) and 5.17's 4 MiB "
+      "eager mask; replayed into memsim's Program: mask alone -2.12%, descending addresses "
+      "alone -4.67%, both 0.00%"}},
     {"moe_ac_tf_mixtral_balanced",
      {0.054, kBackwardEndTolerance,
-      "reserved +5.34%: memsim's placement needs two more 64 MiB segments in the measured "
-      "backward; the mask replayed brings the warm-up's segments in line (and allocated from "
-      "+0.26% to +0.03%) but not the measured step's (cause not found)"}},
+      "reserved +5.34%: segment address order (memsim ascending, the driver's mostly "
+      "descending: equal-size free blocks are taken lowest address first); replayed into "
+      "memsim's Program with descending addresses 0.00% (with 5.17's eager mask as well: "
+      "0.00%, allocated +0.17%)"}},
     {"moe_ac_tf_olmoe_mha_balanced_sdpa",
      {0.035, 0.0011,
-      "reserved -3.46%: the real run's AdamW state needs a new 24 MiB segment where memsim's "
-      "placement has a free block, and the measured step one more 64 MiB segment; allocated "
-      "after backward +0.101%: one persistent block in memsim holds an unsplit remainder "
-      "(about 1 MiB); the tensors alive are the same (cause of the placement not found)"}},
+      "reserved -3.46%: segment address order (memsim ascending, the driver's mostly "
+      "descending: equal-size free blocks are taken lowest address first): the loss "
+      "backward's 32 MiB temporary goes to the other free 64 MiB segment and the AdamW state "
+      "then finds a 32 MiB hole the real run does not have; replayed into memsim's Program "
+      "with descending addresses 0.00%. Allocated after backward +0.101%: one persistent "
+      "block in memsim holds an unsplit remainder (about 1 MiB) of that placement"}},
 };
 
 // The prediction a run is compared with: a checkpointed run's blind entry assumed

@@ -11,14 +11,18 @@ For each run (default: all six) it
   2. aligns the allocations and frees above 1 MiB of both traces by size and order
      (difflib) and prints where they differ, with memsim's tensor names beside them
      (the real snapshots were written without frames: sizes and addresses only),
-  3. replays both through `memsim replay` (the allocator emulator) and, for eager runs,
-     memsim's trace again with transformers 5.17's eager mask put in by hand: one
-     B*S*S*elem allocation after the embedding, freed when the model returns (after the
-     final norm; masking_utils.eager_mask), printing each replay's peak allocated and
-     reserved.
+  3. replays both through `memsim replay` (the allocator emulator), then memsim's trace
+     edited: (a) every segment given a lower virtual address than the ones before it
+     (offsets kept), as the driver placed most of them in these runs -- PyTorch takes the
+     lowest-addressed of equal-size free blocks, so the order decides which segment is
+     reused; memsim's SimulatedDevice hands out ascending addresses; (b) for eager runs,
+     transformers 5.17's eager mask put in: one B*S*S*4 allocation after the embedding,
+     freed when the model returns (after the final norm; masking_utils.eager_mask);
+     (c) both. Prints each replay's peak allocated and reserved.
 Plain Python (pickle, difflib, subprocess): no torch needed. Prints only; writes its
 scratch files under a temporary folder.
 """
+import bisect
 import difflib
 import json
 import os
@@ -79,10 +83,39 @@ def print_differences(real, sim, limit):
             print("      memsim %s %11d @%d %s" % (k, s, i, n[:70]))
 
 
-def with_eager_mask(snapshot):
+def edited(snapshot, trace):
+    """snapshot with `trace` as device 0's and no final segment list (the replay would
+    otherwise check the trace against the original addresses)."""
+    out = dict(snapshot)
+    out["device_traces"] = [trace] + snapshot["device_traces"][1:]
+    out["segments"] = []
+    return out
+
+
+def descending_segments(trace):
+    """The trace with each new segment at a lower address than all before it."""
+    bases = sorted((e["addr"], e["size"]) for e in trace if e["action"] == "segment_alloc")
+    order = [e["addr"] for e in trace if e["action"] == "segment_alloc"]
+    size = dict(bases)
+    new_base, top = {}, 1 << 45
+    for b in order:
+        top -= (size[b] + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+        new_base[b] = top
+    keys = [b for b, _ in bases]
+
+    def moved(addr):
+        i = bisect.bisect_right(keys, addr) - 1
+        if i < 0 or addr >= keys[i] + size[keys[i]]:
+            return addr
+        return new_base[keys[i]] + (addr - keys[i])
+
+    return [dict(e, addr=moved(e["addr"])) if "addr" in e else e for e in trace]
+
+
+def with_eager_mask(trace):
     """memsim's trace with one MASK_BYTES allocation per forward, as 5.17's eager_mask."""
     out, live, serial = [], None, 0
-    for e in snapshot["device_traces"][0]:
+    for e in trace:
         out.append(e)
         if e["action"] != "alloc" or phase_of(e) != "forward":
             continue
@@ -97,9 +130,7 @@ def with_eager_mask(snapshot):
                 out.append(dict(e, action=action, addr=live, size=MASK_BYTES,
                                 frames=[{"name": "eager_mask (inserted)", "filename": "forward", "line": 0}]))
             live = None
-    edited = dict(snapshot)
-    edited["device_traces"] = [out] + snapshot["device_traces"][1:]
-    return edited
+    return out
 
 
 def replay(memsim, path):
@@ -131,12 +162,17 @@ def main(argv):
             ra, rr = replay(memsim, real_path)
             sa, sr = replay(memsim, sim_path)
             print("  replayed: real %d / %d; memsim %d / %d (%s / %s)" % (ra, rr, sa, sr, pct(sa, ra), pct(sr, rr)))
-            if "sdpa" not in run:
-                edited = os.path.join(tmp, run + "_mask.pickle")
-                with open(edited, "wb") as f:
-                    pickle.dump(with_eager_mask(sim), f, protocol=4)
-                ma, mr = replay(memsim, edited)
-                print("  memsim with 5.17's eager mask: %d / %d (%s / %s)" % (ma, mr, pct(ma, ra), pct(mr, rr)))
+            trace = sim["device_traces"][0]
+            variants = [("descending segment addresses", descending_segments(trace))]
+            if "sdpa" not in run:  # SDPA passes no mask
+                variants += [("5.17's eager mask", with_eager_mask(trace)),
+                             ("both", descending_segments(with_eager_mask(trace)))]
+            for label, t in variants:
+                path = os.path.join(tmp, run + "_edited.pickle")
+                with open(path, "wb") as f:
+                    pickle.dump(edited(sim, t), f, protocol=4)
+                ea, er = replay(memsim, path)
+                print("  memsim, %s: %d / %d (%s / %s)" % (label, ea, er, pct(ea, ra), pct(er, rr)))
     return 0
 
 
