@@ -10,7 +10,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "graph/models/megatron.h"
+#include "json_test_support.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/megatron/megatron_moe_parallel.h"
 #include "sim/megatron/megatron_step.h"
@@ -158,12 +161,26 @@ TEST_CASE("megatron SwiGLU dense MLP and GQA: the per-layer bytes Megatron's cod
   const uint64_t swiglu_act = activations_at_forward_end(dense(mha));
   const uint64_t gelu_act = activations_at_forward_end(dense(gelu));
   CHECK(swiglu_act - gelu_act == kT * 256 * 2);
-  // GQA with one query group: QKV is [s, b, h + 2 head_dim] (96 columns) plus the query copy
-  // [s, b, h]; MHA's is [s, b, 3h]: 3h - (h + 2 hd) - h = 32 columns less per token.
-  const uint64_t one_group = activations_at_forward_end(dense({{"model.kv_heads", "1"}}));
-  CHECK(swiglu_act - one_group == kT * (3 * kH - (kH + 2 * 16) - kH) * 2);
-  // Two groups: 128 + 64 columns, as MHA's 192.
-  CHECK(activations_at_forward_end(dense()) == swiglu_act);
+  // GQA against the torch CPU fixture (tools/fixtures/gen_megatron_gqa_fixtures.py): the
+  // layer keeps the whole QKV output (key and value are views of it) plus the query when
+  // its reshape is a copy (more than one query group), nothing else changes.
+  const nlohmann::json fixture =
+      memsim_test::load_json(std::string(MEMSIM_SOURCE_DIR) + "/tests/data/megatron_gqa/split.json");
+  uint64_t mha_kept = 0;
+  int checked = 0;
+  for (const nlohmann::json& c : fixture["cases"]) {
+    if (c["sq"].get<uint64_t>() != kT || c["heads"].get<int>() != 4) continue;
+    CHECK(c["key_is_view"].get<bool>());
+    CHECK(c["value_is_view"].get<bool>());
+    const uint64_t kept = c["mixed_bytes"].get<uint64_t>() + c["query_new_bytes"].get<uint64_t>();
+    const int groups = c["groups"].get<int>();
+    if (groups == 4) mha_kept = kept;
+    REQUIRE(mha_kept != 0);  // MHA first in the fixture
+    const uint64_t act = activations_at_forward_end(dense({{"model.kv_heads", std::to_string(groups)}}));
+    CHECK(swiglu_act + kept - mha_kept == act);
+    ++checked;
+  }
+  CHECK(checked == 3);
   // The backward of the GQA attention (dq, dk + dv, then the split's cat) runs end to end,
   // with and without selective recompute.
   CHECK(runs(dense({{"step.warmup_steps", "1"}})));

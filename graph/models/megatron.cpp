@@ -192,8 +192,11 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
   Tensor context;
   if (s_.gqa()) {
     // get_query_key_value_tensors: split views of [s, b, ng, (np/ng + 2) hn]; the query's
-    // reshape to [s, b, np, hn] cannot be a view, so it is a copy (graph/ops/ops_megatron_arch.h).
-    Tensor query = gqa_query_copy(rt_, mixed, act() / t);
+    // reshape to [s, b, np, hn] is a copy when this rank has more than one query group (the
+    // group stride skips the keys and values), a view with one (tests/data/megatron_gqa, a
+    // torch CPU fixture; graph/ops/ops_megatron_arch.h).
+    const bool copy = s_.groups() / s_.tensor > 1;
+    Tensor query = copy ? gqa_query_copy(rt_, mixed, act() / t) : rt_.view_of(mixed, act() / t);
     context = run_region(rt_, RegionKind::core_attention, {query, mixed, attention_mask},
                          [this](const Inputs& in) { return core_attention_gqa(in); });
   } else if (s_.flash) {

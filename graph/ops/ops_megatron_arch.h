@@ -17,9 +17,10 @@
 //    weighted_bias_swiglu_impl, which raises for a bias.
 //  - megatron/core/transformer/attention.py SelfAttention.get_query_key_value_tensors:
 //    mixed_qkv viewed [sq, b, ng, (np/ng + 2) hn], split (views) into query, key, value,
-//    then query.reshape(sq, b, np, hn): for np/ng > 1 the split view cannot be reshaped
-//    in place, so the query is copied; key and value stay views of mixed_qkv (keeping its
-//    storage alive). Transformer Engine's fused attention saves q, k, v, out and the
+//    then query.reshape(sq, b, np, hn): for np/ng > 1 and more than one group on the rank
+//    the split view cannot be reshaped in place, so the query is copied (with one group,
+//    MQA or ng = t, it is a view: tests/data/megatron_gqa, torch CPU); key and value stay
+//    views of mixed_qkv (keeping its storage alive). Transformer Engine's fused attention saves q, k, v, out and the
 //    softmax statistics, and its backward returns dq, dk, dv, which the split's backward
 //    concatenates into one mixed_qkv-sized grad.
 // Sizes are bytes.
