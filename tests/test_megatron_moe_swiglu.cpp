@@ -15,6 +15,7 @@
 #include "graph/models/megatron.h"
 #include "json_test_support.h"
 #include "sim/analysis/layer_bytes.h"
+#include "sim/analysis/parameter_count.h"
 #include "sim/megatron/megatron_moe_parallel.h"
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/execute.h"
@@ -283,6 +284,9 @@ TEST_CASE("megatron SwiGLU MoE: the shipped Mixtral scenario runs end to end", "
   CHECK(s.megatron_arch.swiglu);
   CHECK(s.model.kv_heads == 8);
   CHECK(s.megatron_moe.aux_loss_coeff == Approx(0.01));
+  // Hugging Face's Mixtral-8x7B (46,702,792,704) plus this family's learned position
+  // embedding (4096 x 4096) and LayerNorm biases (2 per layer and the final norm, 4096 each).
+  CHECK(parameter_count(s.model) == 46702792704LL + 4096LL * 4096 + (2 * 32 + 1) * 4096LL);
   Scenario small = s;
   small.model.layers = 2;
   CHECK(runs(small));
