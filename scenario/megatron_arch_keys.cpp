@@ -64,6 +64,7 @@ void read_megatron_arch(const Doc& d, Scenario& s) {
   s.model.arch.qkv_bias = qkv;
   s.model.arch.o_bias = o;
   s.model.arch.mlp_bias = m;
+  s.model.arch.architecture = kMegatronArchitecture;
 
   const ModelConfig& mc = s.model;
   if (mc.kv_heads != 0 && mc.kv_heads != mc.heads && mc.attention == AttentionImpl::eager)

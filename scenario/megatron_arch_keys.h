@@ -23,11 +23,13 @@
 
 #include <string>
 
+#include "scenario/megatron_arch_name.h"
 #include "scenario/scenario_doc.h"
 
 namespace memsim::scenario_detail {
 
 bool is_megatron_arch_knob(const std::string& key);
+
 void read_megatron_arch(const Doc& d, Scenario& s);
 
 }  // namespace memsim::scenario_detail

@@ -1,7 +1,10 @@
 #include "sim/analysis/parameter_count.h"
 
+#include <string_view>
+
 #include "graph/models/lora.h"
 #include "graph/models/megatron.h"
+#include "scenario/megatron_arch_name.h"
 #include "scenario/model_architecture.h"
 #include "scenario/scenario_lora.h"
 #include "sim/megatron/megatron_step.h"
@@ -20,11 +23,14 @@ graph::DecoderArch counted_arch(const ModelConfig& m) {
     case ModelFamily::megatron: {
       graph::DecoderArch a = default_architecture(ModelFamily::hf_gpt2).arch;
       a.moe = m.arch.moe;  // Megatron-Core MoE layers (graph/models/megatron_moe.cpp)
-      // --swiglu and the bias flags as resolved by scenario/megatron_arch_keys.cpp.
-      a.mlp = m.arch.mlp;
-      a.qkv_bias = m.arch.qkv_bias;
-      a.o_bias = m.arch.o_bias;
-      a.mlp_bias = m.arch.mlp_bias;
+      // --swiglu and the bias flags as resolved by scenario/megatron_arch_keys.cpp (a
+      // preset's ModelConfig was not through it: the GeLU GPT with biases).
+      if (std::string_view(m.arch.architecture) == scenario_detail::kMegatronArchitecture) {
+        a.mlp = m.arch.mlp;
+        a.qkv_bias = m.arch.qkv_bias;
+        a.o_bias = m.arch.o_bias;
+        a.mlp_bias = m.arch.mlp_bias;
+      }
       return a;
     }
   }
