@@ -57,14 +57,17 @@ void read_megatron_arch(const Doc& d, Scenario& s) {
          "(arguments.py: add_qkv_bias = True); set model.o_bias / model.mlp_bias false too");
   c.bias_linear = o;
   c.qkv_bias = qkv;
-  // The same, resolved, in the model's knobs (family megatron's other readers ignore them;
-  // sim/analysis/parameter_count.cpp counts from them).
-  s.model.arch.mlp = mlp;
-  s.model.arch.act = act;
-  s.model.arch.qkv_bias = qkv;
-  s.model.arch.o_bias = o;
-  s.model.arch.mlp_bias = m;
-  s.model.arch.architecture = kMegatronArchitecture;
+  // The same, resolved, in the model's knobs when they are not Megatron's defaults (the
+  // GeLU GPT with biases; a default scenario keeps its knobs untouched, which numeric mode's
+  // and the stacks' checks read): sim/analysis/parameter_count.cpp counts from them.
+  if (c.swiglu || !c.bias_linear || !c.qkv_bias) {
+    s.model.arch.mlp = mlp;
+    s.model.arch.act = act;
+    s.model.arch.qkv_bias = qkv;
+    s.model.arch.o_bias = o;
+    s.model.arch.mlp_bias = m;
+    s.model.arch.architecture = kMegatronArchitecture;
+  }
 
   const ModelConfig& mc = s.model;
   if (mc.kv_heads != 0 && mc.kv_heads != mc.heads && mc.attention == AttentionImpl::eager)
