@@ -10,7 +10,7 @@ namespace {
 
 const std::vector<std::string>& megatron_sub_keys() {
   static const std::vector<std::string> keys = {"dispatcher", "pad_to_capacity", "grouped_gemm",
-                                                "recompute"};
+                                                "recompute", "aux_loss_coeff", "z_loss_coeff"};
   return keys;
 }
 
@@ -69,6 +69,19 @@ void read_megatron_moe(const Doc& d, Scenario& s) {
   }
   if (auto f = moe_sub(d, "pad_to_capacity")) c.pad_to_capacity = read_bool(*f, "model.moe.pad_to_capacity");
   if (auto f = moe_sub(d, "grouped_gemm")) c.grouped_gemm = read_bool(*f, "model.moe.grouped_gemm");
+  // --moe-aux-loss-coeff (the aux_loss load-balancing type, Megatron's default) and
+  // --moe-z-loss-coeff (issue #15 Megatron part 2; graph/models/megatron_moe_loss.cpp).
+  for (const char* sub : {"aux_loss_coeff", "z_loss_coeff"}) {
+    auto f = moe_sub(d, sub);
+    if (!f) continue;
+    const std::string key = std::string("model.moe.") + sub;
+    const double v = read_number(*f, key);
+    if (!(v >= 0.0) || !std::isfinite(v))
+      fail(f->where, key,
+           "expected a number >= 0, got '" + (f->node.IsScalar() ? f->node.Scalar() : describe(f->node)) + "'");
+    if (std::string(sub) == "aux_loss_coeff") c.aux_loss_coeff = v;
+    else c.z_loss_coeff = v;
+  }
   if (auto f = moe_sub(d, "recompute")) {
     std::vector<std::string> items;
     if (f->node.IsScalar()) items.push_back(f->node.Scalar());
@@ -78,9 +91,8 @@ void read_megatron_moe(const Doc& d, Scenario& s) {
       else if (item == "shared_experts") c.recompute_shared_experts = true;
       else if (item == "moe_act")
         fail(f->where, "model.moe.recompute",
-             "moe_act checkpoints the activation inside TEGroupedMLP (--moe-grouped-gemm), "
-             "which is not modelled (model.moe.grouped_gemm true is refused); use moe or "
-             "shared_experts");
+             "moe_act checkpoints the activation inside TEGroupedMLP (--moe-grouped-gemm) "
+             "with CheckpointWithoutOutput, which is not modelled; use moe or shared_experts");
       else
         fail(f->where, "model.moe.recompute",
              "expected a list of moe, shared_experts (Megatron's --recompute-modules for "
@@ -139,19 +151,20 @@ void check_megatron_moe(const Doc& d, const Scenario& s) {
     fail(where_of(d, "model.moe.pad_to_capacity", "model.moe"), "model.moe.pad_to_capacity",
          "needs model.moe.capacity_factor (Megatron asserts --moe-expert-capacity-factor for "
          "--moe-pad-expert-input-to-capacity)");
-  if (c.grouped_gemm)
+  if (c.grouped_gemm && !s.megatron_arch.swiglu)
     fail(where_of(d, "model.moe.grouped_gemm", "model.moe"), "model.moe.grouped_gemm",
-         "TEGroupedMLP is not modelled: with this family's GeLU experts and biases its fused "
-         "bias-activation raises ValueError (swiglu / quick_gelu only) and the unfused path "
-         "hands the biases to Transformer Engine's GroupedLinear; use false (SequentialMLP)");
+         "TEGroupedMLP is modelled with SwiGLU experts only (model.mlp glu, model.activation "
+         "silu, no biases): with GeLU experts and biases its fused bias-activation raises "
+         "ValueError (swiglu / quick_gelu only) and the unfused path hands the biases to "
+         "Transformer Engine's GroupedLinear; use false (SequentialMLP)");
   if (!m.norm_topk)
     fail(where_of(d, "model.moe.norm_topk", "model.moe"), "model.moe.norm_topk",
          "Megatron's softmax router normalises over the top-k scores (the pre-softmax router, "
          "--moe-router-pre-softmax, is not modelled): remove it");
   if (m.output_router_logits)
     fail(where_of(d, "model.moe.output_router_logits", "model.moe"), "model.moe.output_router_logits",
-         "Megatron's load-balancing / z losses (--moe-aux-loss-coeff > 0, --moe-z-loss-coeff) "
-         "are not modelled; their default coefficients are 0");
+         "transformers' router-logits output has no Megatron counterpart: Megatron's "
+         "load-balancing and z losses are model.moe.aux_loss_coeff and model.moe.z_loss_coeff");
   if (auto f = moe_sub(d, "experts_implementation"))
     fail(f->where, "model.moe.experts_implementation",
          "transformers' experts implementations do not apply to Megatron (see model.moe.grouped_gemm)");

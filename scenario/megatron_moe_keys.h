@@ -9,6 +9,8 @@
 //   model.moe.pad_to_capacity  bool (--moe-pad-expert-input-to-capacity; needs a factor)
 //   model.moe.grouped_gemm     bool (--moe-grouped-gemm; true is refused: TEGroupedMLP)
 //   model.moe.recompute        [moe, shared_experts] (--recompute-modules; moe_act refused)
+//   model.moe.aux_loss_coeff   >= 0 (--moe-aux-loss-coeff; > 0: the aux_loss load-balancing loss)
+//   model.moe.z_loss_coeff     >= 0 (--moe-z-loss-coeff; given: the z-loss runs)
 //
 // Contract: check_megatron_moe runs from check_moe once the whole scenario is built; it
 // fills nothing for other families but refuses these keys there, and throws ScenarioError

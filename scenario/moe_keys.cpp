@@ -16,7 +16,7 @@ const std::vector<std::string>& moe_sub_keys() {
       "router",   "norm_topk", "routing",        "experts_implementation", "capacity_factor",
       "output_router_logits",
       // Megatron-Core's knobs (family megatron; scenario/megatron_moe_keys.h)
-      "dispatcher", "pad_to_capacity", "grouped_gemm", "recompute"};
+      "dispatcher", "pad_to_capacity", "grouped_gemm", "recompute", "aux_loss_coeff", "z_loss_coeff"};
   return keys;
 }
 

@@ -406,6 +406,21 @@ struct MegatronMoeConfig {
   bool grouped_gemm = false;
   bool recompute_moe = false;             // --recompute-modules moe
   bool recompute_shared_experts = false;  // --recompute-modules shared_experts
+  // Issue #15 Megatron part 2 (scenario/megatron_moe_keys.cpp): model.moe.aux_loss_coeff
+  // (--moe-aux-loss-coeff, > 0 turns the load-balancing loss on) and model.moe.z_loss_coeff
+  // (--moe-z-loss-coeff: the z-loss runs whenever it is given, as Megatron tests `is not None`).
+  double aux_loss_coeff = 0;
+  std::optional<double> z_loss_coeff;
+};
+// Issue #15 Megatron part 2 (scenario/megatron_arch_keys.h, docs/moe-megatron.md): family
+// megatron's MLP and bias flags, from the architecture knob keys it accepts. model.mlp glu +
+// model.activation silu = --swiglu; model.o_bias / model.mlp_bias false =
+// --disable-bias-linear, and model.qkv_bias true with them = --add-qkv-bias. GQA is
+// model.kv_heads (--group-query-attention --num-query-groups).
+struct MegatronArchConfig {
+  bool swiglu = false;
+  bool bias_linear = true;  // add_bias_linear
+  bool qkv_bias = true;     // add_qkv_bias (true whenever bias_linear is)
 };
 
 // --- issue #16 item 7, torchtune's recipe features (scenario/torchtune_keys.h) ---------
@@ -435,6 +450,7 @@ struct Scenario {
   ServeConfig serve;                   // `memsim serve` (issue #17 items 2-4)
   GenerateConfig generate;             // step.kind generate (issue #17 item 1)
   MegatronMoeConfig megatron_moe;      // family megatron + model.moe (issue #15, Megatron part)
+  MegatronArchConfig megatron_arch;    // family megatron: --swiglu, biases (issue #15, Megatron part 2)
   RecipeFeatures recipe;               // optimizer.in_backward (issue #16 item 7)
   // Where each key the document set came from ("FILE:LINE" or "--set"), for errors the
   // simulator raises after reading (the event budget, sim/step/event_budget.h).

@@ -7,6 +7,7 @@
 
 #include "scenario/hf_config.h"
 #include "scenario/model_presets.h"
+#include "scenario/megatron_arch_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/scenario_implementation.h"
 #include "scenario/transformers_version.h"
@@ -152,6 +153,8 @@ void read_architecture(const Doc& d, const ModelBase& base, ModelConfig& m) {
 
   for (const std::string& key : knob_keys()) {
     const Field* f = d.find(key);
+    // Family megatron reads a few knobs as its own flags (scenario/megatron_arch_keys.h).
+    if (f && m.family == ModelFamily::megatron && is_megatron_arch_knob(key)) continue;
     if (f && !is_hf(m.family))
       fail(f->where, key,
            std::string("an architecture knob of the Hugging Face families (hf-llama, hf-gpt2), "

@@ -25,6 +25,7 @@
 #include "scenario/scenario_arch.h"
 #include "scenario/device_defaults.h"
 #include "scenario/deepseek_keys.h"
+#include "scenario/megatron_arch_keys.h"
 #include "scenario/megatron_moe_keys.h"
 #include "scenario/moe_keys.h"
 #include "scenario/scenario_doc.h"
@@ -589,6 +590,7 @@ Scenario build_scenario(const Doc& d) {
   check_products(d, s);
   check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
   read_megatron_moe(d, s);     // Megatron-Core MoE keys (scenario/megatron_moe_keys.h)
+  read_megatron_arch(d, s);    // --swiglu, biases, GQA (scenario/megatron_arch_keys.h)
   read_recipe_features(d, s);  // optimizer.in_backward, offload_activations (scenario/torchtune_keys.h)
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   check_deepseek(d, s);        // DeepSeek-V3: MLA and router refusals (scenario/deepseek_keys.h)

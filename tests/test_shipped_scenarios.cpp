@@ -130,6 +130,7 @@ const std::map<std::string, Claim>& claims() {
       {"deepseek-v2-lite-fsdp-8xh100.yaml", {true, std::nullopt, 23.75}},
       // Megatron-Core MoE (docs/moe-megatron.md): TP 2 + SP, EP 8, distributed optimizer.
       {"mixtral-8x7b-megatron-moe-ep8.yaml", {true, std::nullopt, 66.57}},
+      {"mixtral-8x7b-megatron-swiglu-gqa-ep8.yaml", {true, std::nullopt, 68.18}},
   };
   return table;
 }

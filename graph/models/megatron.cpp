@@ -3,14 +3,18 @@
 #include "graph/checkpoint.h"
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops.h"
+#include "graph/ops/ops_megatron_arch.h"
 
 namespace memsim::graph {
 
 int64_t megatron_parameter_count(const MegatronShape& s) {
   const int64_t h = s.hidden, f = s.ffn, bias = s.bias ? 1 : 0, t = s.tensor;
-  const int64_t per_layer = (3 * h * h + h * h + 2 * h * f) / t  // QKV, dense, fc1, fc2 weights
-                            + bias * ((3 * h + f) / t + h + h)   // their biases (row-parallel: full)
-                            + 4 * h;                             // two LayerNorms
+  // QKV of h + 2 * groups * head_dim columns (3h for MHA), fc1 of 2f with --swiglu.
+  const int64_t qkv = s.qkv_width(), f1 = s.fc1_width(f), qkv_bias = s.qkv_bias() ? 1 : 0;
+  const int64_t per_layer = (qkv * h + h * h + f1 * h + h * f) / t  // QKV, dense, fc1, fc2 weights
+                            + qkv_bias * qkv / t                    // the QKV bias
+                            + bias * (h + f1 / t + h)   // proj, fc1, fc2 biases (row-parallel: full)
+                            + 4 * h;                    // two LayerNorms
   const int64_t word = s.padded_vocab() / t * h;
   int64_t n = s.layers * per_layer;
   if (s.moe.enabled()) {
@@ -18,9 +22,10 @@ int64_t megatron_parameter_count(const MegatronShape& s) {
     // (E x h, replicated, plus E bias), this rank's E/EP experts (full width: expert tensor
     // parallel 1) and the shared experts (tensor-parallel like the MLP).
     const int64_t E = s.moe.spec.experts, F = s.moe.spec.expert_d_ff, S = s.moe.spec.shared_d_ff;
-    const int64_t dense_mlp = 2 * h * f / t + bias * (f / t + h);
-    const int64_t moe_mlp = E * h + bias * E + s.moe.local_experts() * (2 * h * F + bias * (F + h)) +
-                            (S > 0 ? 2 * h * S / t + bias * (S / t + h) : 0);
+    const int64_t F1 = s.fc1_width(F), S1 = s.fc1_width(S);
+    const int64_t dense_mlp = (f1 * h + h * f) / t + bias * (f1 / t + h);
+    const int64_t moe_mlp = E * h + bias * E + s.moe.local_experts() * ((F1 + F) * h + bias * (F1 + h)) +
+                            (S > 0 ? (S1 * h + h * S) / t + bias * (S1 / t + h) : 0);
     for (int64_t l = 0; l < s.layers; ++l)
       if (s.layer_is_moe(l)) n += moe_mlp - dense_mlp;
   }
@@ -94,8 +99,9 @@ void MegatronModel::construct() {
     id.ln1 = param(h, pre + "input_layernorm.weight", false);
     param(h, pre + "input_layernorm.bias", false);
     rt_.ctx.module = Module::attention;
-    id.qkv = param(3 * h * h / t, pre + "self_attention.linear_qkv.weight", true);
-    if (s_.bias) id.qkv_b = param(3 * h / t, pre + "self_attention.linear_qkv.bias", false);
+    const uint64_t qkv = static_cast<uint64_t>(s_.qkv_width());  // 3h for MHA
+    id.qkv = param(qkv * h / t, pre + "self_attention.linear_qkv.weight", true);
+    if (s_.qkv_bias()) id.qkv_b = param(qkv / t, pre + "self_attention.linear_qkv.bias", false);
     id.proj = param(h * h / t, pre + "self_attention.linear_proj.weight", true);
     if (s_.bias) id.proj_b = param(h, pre + "self_attention.linear_proj.bias", false);
     rt_.ctx.module = Module::norm;
@@ -106,8 +112,9 @@ void MegatronModel::construct() {
       construct_moe(l, pre);  // graph/models/megatron_moe.cpp
       continue;
     }
-    id.fc1 = param(f * h / t, pre + "mlp.linear_fc1.weight", true);
-    if (s_.bias) id.fc1_b = param(f / t, pre + "mlp.linear_fc1.bias", false);
+    const uint64_t f1 = static_cast<uint64_t>(s_.fc1_width(s_.ffn));  // [gate, up] with --swiglu
+    id.fc1 = param(f1 * h / t, pre + "mlp.linear_fc1.weight", true);
+    if (s_.bias) id.fc1_b = param(f1 / t, pre + "mlp.linear_fc1.bias", false);
     id.fc2 = param(h * f / t, pre + "mlp.linear_fc2.weight", true);
     if (s_.bias) id.fc2_b = param(h, pre + "mlp.linear_fc2.bias", false);
   }
@@ -155,6 +162,16 @@ Tensor MegatronModel::core_attention(const Inputs& in) {
   return context;
 }
 
+// TE fused attention with grouped-query attention: the query copy, the key / value views of
+// the QKV output (graph/ops/ops_megatron_arch.h). Megatron-Core d98e8a64 attention.py.
+Tensor MegatronModel::core_attention_gqa(const Inputs& in) {
+  const uint64_t b = s_.batch, a = s_.heads / tp(), s = s_.seq;
+  const double hd = static_cast<double>(s_.hidden / s_.heads);
+  const double attn_flops = 2.0 * static_cast<double>(b * a * s * s) * hd;  // per GEMM
+  return fused_attention_gqa(rt_, in[0], in[1], act() / tp(), b * a * s * 4,
+                             rows() * s_.hidden / tp() * 4, s_.dropout, 2 * attn_flops);
+}
+
 Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_mask) {
   ModuleScope module_scope(rt_, Module::attention);
   const uint64_t h = s_.hidden, e = s_.elem, t = tp();
@@ -163,13 +180,26 @@ Tensor MegatronModel::attention(const Tensor& ln_out, const Tensor& attention_ma
   const LayerIds& id = ids_[static_cast<size_t>(rt_.ctx.layer)];
   // ColumnParallelLinear: this rank's 3h/t output columns.
   numeric_param_hint(rt_, id.qkv, id.qkv_b);
+  // [s, b, (np + 2 ng) hn / t]: 3h/t columns for MHA, fewer with grouped-query attention.
+  const uint64_t width = static_cast<uint64_t>(s_.qkv_width());
   Tensor mixed = megatron_linear(rt_, ln_out,
-                                 {3 * act() / t, 3 * h * h * e / t, s_.bias ? 3 * h * e / t : 0,
-                                  2 * r * hd * 3 * hd / td, sp_gather(), 0, id.qkv});
+                                 {rows() * width * e / t, width * h * e / t, s_.qkv_bias() ? width * e / t : 0,
+                                  s_.gqa() ? 2 * r * hd * static_cast<double>(width) / td
+                                           : 2 * r * hd * 3 * hd / td,
+                                  sp_gather(), 0, id.qkv});
   // Selective recomputation checkpoints exactly core_attention(q, k, v, attention_mask)
   // (tensor_parallel.checkpoint in _checkpointed_attention_forward).
   Tensor context;
-  if (s_.flash) {
+  if (s_.gqa()) {
+    // get_query_key_value_tensors: split views of [s, b, ng, (np/ng + 2) hn]; the query's
+    // reshape to [s, b, np, hn] is a copy when this rank has more than one query group (the
+    // group stride skips the keys and values), a view with one (tests/data/megatron_gqa, a
+    // torch CPU fixture; graph/ops/ops_megatron_arch.h).
+    const bool copy = s_.groups() / s_.tensor > 1;
+    Tensor query = copy ? gqa_query_copy(rt_, mixed, act() / t) : rt_.view_of(mixed, act() / t);
+    context = run_region(rt_, RegionKind::core_attention, {query, mixed, attention_mask},
+                         [this](const Inputs& in) { return core_attention_gqa(in); });
+  } else if (s_.flash) {
     context = run_region(rt_, RegionKind::core_attention, {mixed, attention_mask},
                          [this](const Inputs& in) { return core_attention(in); });
   } else {
@@ -199,8 +229,17 @@ Tensor MegatronModel::mlp(const Tensor& ln_out) {
   const double flops = 2 * r * static_cast<double>(h) * static_cast<double>(f);
   const LayerIds& id = ids_[static_cast<size_t>(rt_.ctx.layer)];
   numeric_param_hint(rt_, id.fc1);
+  if (s_.swiglu) {
+    // fc1 [s, b, 2f] ([gate, up]); bias_swiglu_impl (bias_activation_fusion, on by default
+    // with --swiglu): SwiGLUFunction / BiasSwiGLUFunction save fc1's output (and bias).
+    Tensor gated = megatron_linear(rt_, ln_out, {rows() * 2 * f * e, 2 * f * h * e, 0, 2 * flops, sp_gather(), 0, id.fc1});
+    gated = fused_swiglu(rt_, gated, s_.bias ? 2 * f * e : 0);
+    return megatron_linear(rt_, gated, {act(), h * f * e, 0, flops, 0, sp_scatter(act()), id.fc2});
+  }
   Tensor inter = megatron_linear(rt_, ln_out, {rows() * f * e, f * h * e, 0, flops, sp_gather(), 0, id.fc1});
   numeric_param_hint(rt_, -1, id.fc1_b);
+  // Without biases Megatron turns bias_gelu_fusion off and runs F.gelu: the same memory
+  // (saves its input, one input-sized grad).
   inter = bias_gelu(rt_, inter, s_.bias ? f * e : 0);
   numeric_param_hint(rt_, id.fc2);
   return megatron_linear(rt_, inter, {act(), h * f * e, 0, flops, 0, sp_scatter(act()), id.fc2});

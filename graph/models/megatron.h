@@ -83,6 +83,15 @@ struct MegatronMoeShape {
   bool pad_to_capacity = false;    // --moe-pad-expert-input-to-capacity
   bool recompute_moe = false;      // --recompute-modules moe
   bool recompute_shared = false;   // --recompute-modules shared_experts
+  // The router's losses (graph/models/megatron_moe_loss.h): --moe-aux-loss-coeff > 0 (the
+  // aux_loss load-balancing type) and --moe-z-loss-coeff given.
+  bool aux_loss = false;
+  bool z_loss = false;
+  // --moe-grouped-gemm: TEGroupedMLP (Transformer Engine GroupedLinear fc1 / fc2; SwiGLU, no
+  // bias). te_workspace: bytes of each of TE's 4 grouped-GEMM cuBLAS workspaces
+  // (get_cublas_workspace_size_bytes: 32 MiB + 1024 on sm_90+, else 4 MiB).
+  bool grouped_gemm = false;
+  uint64_t te_workspace = 0;
   bool enabled() const { return spec.experts > 0; }
   int64_t local_experts() const { return spec.experts / expert_parallel; }
 };
@@ -94,6 +103,19 @@ struct MegatronShape {
   bool flash = false;      // fused attention instead of the eager core attention
   bool dropout = true;     // hidden and attention dropout probability > 0
   bool bias = true;        // add_bias_linear
+  // Issue #15 Megatron part 2 (docs/moe-megatron.md): --add-qkv-bias without
+  // add_bias_linear (the QKV bias alone); --group-query-attention --num-query-groups
+  // (kv_heads < heads: fused attention only); --swiglu (fc1 of 2 x ffn, the fused SwiGLU).
+  bool add_qkv_bias = false;
+  int64_t kv_heads = 0;    // 0: heads
+  bool swiglu = false;
+  bool qkv_bias() const { return bias || add_qkv_bias; }
+  int64_t groups() const { return kv_heads > 0 ? kv_heads : heads; }
+  bool gqa() const { return groups() != heads; }
+  // QKV output columns over all ranks: h + 2 * groups * head_dim (3h for MHA).
+  int64_t qkv_width() const { return hidden + 2 * groups() * (hidden / heads); }
+  // fc1's output columns for an MLP of `f` (gated: [gate, up]).
+  int64_t fc1_width(int64_t f) const { return swiglu ? 2 * f : f; }
   // Tensor parallel degree t (Megatron's Shoeybi et al. 2019 split): QKV and fc1
   // column-parallel (outputs and weights / t, heads / t), proj and fc2 row-parallel
   // (weights / t, outputs full after the all-reduce), the word embedding and the logits
@@ -191,6 +213,8 @@ class MegatronModel {
   Tensor attention(const Tensor& ln_out, const Tensor& attention_mask);
   // {q, k, v, mask} (eager) or {mixed QKV, mask} (flash).
   Tensor core_attention(const std::vector<Tensor>& in);
+  // {query copy, mixed QKV, mask}: grouped-query attention (fused only).
+  Tensor core_attention_gqa(const std::vector<Tensor>& in);
   Tensor mlp(const Tensor& ln_out);
   int32_t param(uint64_t elems, const std::string& name, bool decay);
   // get_global_memory_buffer().get_tensor(bytes, "mpu"): allocated at the first use and
@@ -234,6 +258,11 @@ class MegatronModel {
   Tensor moe_router(const Tensor& x, Tensor& routing_map);
   Tensor moe_experts(const Tensor& permuted, const Tensor& probs, uint64_t rows);
   Tensor shared_experts(const Tensor& ln_out);
+  // The router's losses (graph/models/megatron_moe_loss.cpp): apply_z_loss on the logits,
+  // and the aux_loss load-balancing loss attached to the probs (each returns its input's
+  // MoEAuxLossAutoScaler alias).
+  Tensor moe_z_loss(const Tensor& logits);
+  Tensor moe_aux_loss(const Tensor& logits, const Tensor& probs);
   int64_t moe_layer_index(int32_t l) const;
   // The dense MLP with bias + GeLU unfused (MoE models; see MegatronShape::moe).
   Tensor mlp_unfused(const Tensor& ln_out, uint64_t ffn, int32_t fc1, int32_t fc2, bool fc1_bias);
@@ -242,6 +271,10 @@ class MegatronModel {
   std::vector<int32_t> params_;
   std::vector<bool> decayed_;
   Tensor global_buffer_;  // mpu.get_global_memory_buffer() for the baddbmm input
+  // TEGroupedMLP's process-lifetime buffers (graph/models/megatron_moe.cpp): TE's 4
+  // multi-stream cuBLAS workspaces and get_dummy_wgrad's cached [2F, h] and [h, F] tensors.
+  std::vector<Tensor> te_buffers_;
+  void use_te_grouped_buffers();
 };
 
 }  // namespace memsim::graph

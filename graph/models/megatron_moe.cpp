@@ -60,6 +60,7 @@
 #include "graph/models/megatron_moe.h"
 #include "graph/models/moe_routing.h"
 #include "graph/ops/ops.h"
+#include "graph/ops/ops_megatron_arch.h"
 #include "graph/ops/ops_megatron_moe.h"
 #include "graph/ops/ops_moe.h"
 #include "graph/ops/ops_nn.h"
@@ -119,16 +120,25 @@ void MegatronModel::construct_moe(int32_t l, const std::string& pre) {
     expert_.back() = true;
     return p;
   };
-  for (int64_t j = 0; j < s_.moe.local_experts(); ++j) {
+  const uint64_t F1 = static_cast<uint64_t>(s_.fc1_width(m.expert_d_ff));  // 2F with --swiglu
+  const uint64_t S1 = static_cast<uint64_t>(s_.fc1_width(m.shared_d_ff));
+  if (s_.moe.grouped_gemm) {
+    // TEGroupedMLP: two GroupedLinear modules holding weight0 .. weight{El-1} each (no bias).
+    for (const char* fc : {"linear_fc1", "linear_fc2"})
+      for (int64_t j = 0; j < s_.moe.local_experts(); ++j)
+        expert_param(std::string(fc) == "linear_fc1" ? F1 * h : h * F,
+                     pre + "mlp.experts." + fc + ".weight" + std::to_string(j), true);
+  }
+  for (int64_t j = 0; j < (s_.moe.grouped_gemm ? 0 : s_.moe.local_experts()); ++j) {
     const std::string e = pre + "mlp.experts.local_experts." + std::to_string(j) + ".";
-    expert_param(F * h, e + "linear_fc1.weight", true);
-    if (s_.bias) expert_param(F, e + "linear_fc1.bias", false);
+    expert_param(F1 * h, e + "linear_fc1.weight", true);
+    if (s_.bias) expert_param(F1, e + "linear_fc1.bias", false);
     expert_param(h * F, e + "linear_fc2.weight", true);
     if (s_.bias) expert_param(h, e + "linear_fc2.bias", false);
   }
   if (S > 0) {
-    id.shared_fc1 = param(S * h / t, pre + "mlp.shared_experts.linear_fc1.weight", true);
-    if (s_.bias) param(S / t, pre + "mlp.shared_experts.linear_fc1.bias", false);
+    id.shared_fc1 = param(S1 * h / t, pre + "mlp.shared_experts.linear_fc1.weight", true);
+    if (s_.bias) param(S1 / t, pre + "mlp.shared_experts.linear_fc1.bias", false);
     id.shared_fc2 = param(h * S / t, pre + "mlp.shared_experts.linear_fc2.weight", true);
     if (s_.bias) param(h, pre + "mlp.shared_experts.linear_fc2.bias", false);
   }
@@ -141,6 +151,14 @@ Tensor MegatronModel::mlp_unfused(const Tensor& ln_out, uint64_t ffn, int32_t fc
                                   bool fc1_bias) {
   const uint64_t h = s_.hidden, f = ffn / tp(), e = s_.elem;
   const double flops = 2 * static_cast<double>(rows()) * static_cast<double>(h) * static_cast<double>(f);
+  if (s_.swiglu) {
+    // --swiglu keeps bias_activation_fusion on (only the GeLU fusion refuses per-token
+    // scales): fc1 [s*b, 2f/t], SwiGLUFunction (saves it), fc2.
+    Tensor gated = megatron_linear(
+        rt_, ln_out, {rows() * 2 * f * e, 2 * f * h * e, 0, 2 * flops, sp_gather(), 0, fc1});
+    gated = fused_swiglu(rt_, gated, s_.bias && fc1_bias ? 2 * f * e : 0);
+    return megatron_linear(rt_, gated, {act(), h * f * e, 0, flops, 0, sp_scatter(act()), fc2});
+  }
   Tensor inter = megatron_linear(
       rt_, ln_out, {rows() * f * e, f * h * e, s_.bias && fc1_bias ? f * e : 0, flops, sp_gather(), 0, fc1});
   Tensor act_out = gelu(rt_, inter);
@@ -163,6 +181,8 @@ Tensor MegatronModel::moe_router(const Tensor& x, Tensor& routing_map) {
   const double flops = 2.0 * static_cast<double>(T) * static_cast<double>(h) * static_cast<double>(E);
   // RouterGatingLinearFunction (moe_router_dtype unset: the input dtype); saves inp, weight.
   Tensor logits = megatron_linear(rt_, x, {T * E * e, E * h * e, 0, flops, 0, 0, id.router});
+  // apply_z_loss (--moe-z-loss-coeff; skipped without grad: a checkpoint's first pass).
+  if (mm.z_loss && rt_.grad_enabled) logits = moe_z_loss(logits);
   Tensor probs_k, indices;
   if (m.score == MoeScore::softmax) {
     // scores, top_indices = torch.topk(logits, k); probs = softmax(scores, dtype=fp32).
@@ -226,6 +246,9 @@ Tensor MegatronModel::moe_router(const Tensor& x, Tensor& routing_map) {
     probs = std::move(final_probs);
     routing_map = std::move(final_map);
   }
+  // The aux_loss load-balancing loss on the logits, attached to the probs
+  // (graph/models/megatron_moe_loss.cpp; training with grad enabled only).
+  if (mm.aux_loss && rt_.grad_enabled) probs = moe_aux_loss(logits, probs);
   return probs;  // the logits die with the router's frame
 }
 
@@ -235,6 +258,26 @@ Tensor MegatronModel::moe_experts(const Tensor& permuted, const Tensor& probs, u
   const uint64_t h = s_.hidden, F = s_.moe.spec.expert_d_ff, e = s_.elem;
   const uint64_t El = static_cast<uint64_t>(s_.moe.local_experts());
   const double flops = 2 * static_cast<double>(rows) * static_cast<double>(h) * static_cast<double>(F);
+  if (s_.swiglu) {
+    // fc1 [M, 2F], weighted_bias_swiglu_impl(fc1, None, probs) (WeightedSwiGLUFunction saves
+    // both; no bias: the scenario refuses one), fc2 [M, h].
+    // TEGroupedMLP (--moe-grouped-gemm): each fc is one TE GroupedLinear, whose forward
+    // saves the split views of its input and writes one [M, out] output (no per-expert
+    // outputs, no torch.cat); its backward's dgrad is one [M, in] tensor and, under
+    // Megatron's DDP (grad_added_to_main_grad), each expert's wgrad is get_dummy_wgrad's
+    // cached tensor, which AccumulateGrad clones (one expert weight at a time, freed by the
+    // DDP hook). The weight bytes passed per GEMM are one expert's for that reason.
+    const bool grouped = s_.moe.grouped_gemm;
+    if (grouped) use_te_grouped_buffers();
+    const uint64_t w1 = (grouped ? 1 : El) * 2 * F * h * e, w2 = (grouped ? 1 : El) * h * F * e;
+    Tensor gated = megatron_linear(rt_, permuted, {rows * 2 * F * e, w1, 0, 2 * flops, 0, 0, -1});
+    Tensor scaled = weighted_swiglu(rt_, gated, probs);
+    gated.reset();
+    Tensor out = megatron_linear(rt_, scaled, {rows * h * e, w2, 0, flops, 0, 0, -1});
+    scaled.reset();
+    if (El > 1 && !grouped) out = clone(rt_, out);  // SequentialMLP: torch.cat(output_local_list)
+    return out;
+  }
   Tensor inter = megatron_linear(rt_, permuted,
                                  {rows * F * e, El * F * h * e, s_.bias ? El * F * e : 0, flops, 0, 0, -1});
   Tensor a = gelu(rt_, inter);
@@ -251,6 +294,33 @@ Tensor MegatronModel::moe_experts(const Tensor& permuted, const Tensor& probs, u
   }
   if (El > 1) out = clone(rt_, out);  // torch.cat(output_local_list, dim=0)
   return out;
+}
+
+// TEGroupedMLP's buffers that live for the process (Transformer Engine d0067d0d):
+// cpp_extensions/gemm.py get_cublas_workspace(grouped_gemm=True), lru_cached, one
+// get_cublas_workspace_size_bytes() tensor per compute stream (common/util/multi_stream.cpp:
+// 4); module/base.py get_dummy_wgrad, cached per (shape, dtype): [2F, h] for fc1, [h, F] for
+// fc2. TE allocates the workspaces at the first grouped GEMM and the dummies at the first
+// backward; memsim allocates both at the first forward (the same from the second step on,
+// which is the step memsim reports with step.warmup_steps >= 1).
+void MegatronModel::use_te_grouped_buffers() {
+  if (!te_buffers_.empty()) return;
+  const int32_t layer = rt_.ctx.layer;
+  const uint32_t region = rt_.ctx.region;
+  rt_.ctx.layer = -1;
+  rt_.ctx.region = 0;
+  const uint64_t h = s_.hidden, F = s_.moe.spec.expert_d_ff, e = s_.elem;
+  for (int i = 0; i < 4; ++i) {
+    te_buffers_.push_back(rt_.alloc(s_.moe.te_workspace, TensorKind::other, OpKind::other));
+    rt_.program().tensors[te_buffers_.back().storage].name =
+        rt_.program().intern("TE grouped GEMM cuBLAS workspace");
+  }
+  for (uint64_t bytes : {2 * F * h * e, h * F * e}) {
+    te_buffers_.push_back(rt_.alloc(bytes, TensorKind::other, OpKind::other));
+    rt_.program().tensors[te_buffers_.back().storage].name = rt_.program().intern("TE dummy wgrad");
+  }
+  rt_.ctx.layer = layer;
+  rt_.ctx.region = region;
 }
 
 Tensor MegatronModel::moe(const Tensor& ln_out) {

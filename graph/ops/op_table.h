@@ -87,6 +87,13 @@
   X(masked_select, fused, "masked_select", "MaskedSelectBackward0") /* permuted probs: saves the mask */ \
   X(scatter_add_rows, fused, "scatter_add_", "ScatterAddBackward0") /* unpermute, in place: saves the index */ \
   X(expert_bias_scale, fused, "mul", "MulBackward0") /* an expert's fc2 bias times its probs: saves the probs */ \
+  /* Megatron-Core SwiGLU / GQA / router losses (graph/ops/ops_megatron_arch.h, ops_megatron_loss.h; issue #15, Megatron part 2) */ \
+  X(fused_swiglu, fused, "bias_swiglu", "SwiGLUFunctionBackward") /* SwiGLUFunction / BiasSwiGLUFunction: saves its [.., 2f] input */ \
+  X(weighted_swiglu, fused, "weighted_swiglu", "WeightedSwiGLUFunctionBackward") /* an expert's SwiGLU times its probs: saves the input and the probs */ \
+  X(fused_attention_gqa, fused, "fused_attention", "FusedAttnFuncBackward") /* TE fused attention on the query copy and the k / v views: saves q, k, v, out, lse */ \
+  X(logsumexp_rows, fused, "logsumexp", "LogsumexpBackward0") /* the z-loss's logsumexp(logits, -1): saves self and result */ \
+  X(switch_aux_loss, fused, "switch_load_balancing_loss", "MulBackward0") /* sum(probs.sum(0) * tokens_per_expert) * c: saves tokens_per_expert */ \
+  X(aux_loss_scaler, fused, "MoEAuxLossAutoScaler", "MoEAuxLossAutoScalerBackward") /* returns its input (a view); saves the loss; backward: the grad, ones_like(loss) * scale */ \
   X(select_dim, nn, "select", "SelectBackward0") /* x.select(dim, i), a view; SelectBackward0 = zeros(input) + copy */ \
   X(gelu, nn, "gelu", "GeluBackward0") /* F.gelu (exact or approximate='tanh'): saves self */ \
   X(cat2, nn, "cat", "CatBackward0") /* torch.cat((a, b), -1): new; CatBackward0 hands back views of the grad */ \

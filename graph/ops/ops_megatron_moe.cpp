@@ -1,5 +1,8 @@
 #include "graph/ops/ops_megatron_moe.h"
 
+#include "graph/ops/ops_megatron_arch.h"
+#include "graph/ops/ops_megatron_loss.h"
+
 namespace memsim::graph {
 
 namespace {
@@ -143,7 +146,8 @@ bool run_megatron_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[
       return true;
     }
     default:
-      return false;
+      // SwiGLU / GQA attention and the router losses (issue #15, Megatron part 2).
+      return run_megatron_arch_backward(rt, n, in, out) || run_megatron_loss_backward(rt, n, in, out);
   }
 }
 

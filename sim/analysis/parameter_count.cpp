@@ -1,7 +1,10 @@
 #include "sim/analysis/parameter_count.h"
 
+#include <string_view>
+
 #include "graph/models/lora.h"
 #include "graph/models/megatron.h"
+#include "scenario/megatron_arch_name.h"
 #include "scenario/model_architecture.h"
 #include "scenario/scenario_lora.h"
 #include "sim/megatron/megatron_step.h"
@@ -20,6 +23,14 @@ graph::DecoderArch counted_arch(const ModelConfig& m) {
     case ModelFamily::megatron: {
       graph::DecoderArch a = default_architecture(ModelFamily::hf_gpt2).arch;
       a.moe = m.arch.moe;  // Megatron-Core MoE layers (graph/models/megatron_moe.cpp)
+      // --swiglu and the bias flags as resolved by scenario/megatron_arch_keys.cpp (a
+      // preset's ModelConfig was not through it: the GeLU GPT with biases).
+      if (std::string_view(m.arch.architecture) == scenario_detail::kMegatronArchitecture) {
+        a.mlp = m.arch.mlp;
+        a.qkv_bias = m.arch.qkv_bias;
+        a.o_bias = m.arch.o_bias;
+        a.mlp_bias = m.arch.mlp_bias;
+      }
       return a;
     }
   }
@@ -67,10 +78,12 @@ int64_t layer_parameter_count(const ModelConfig& m, int64_t layer) {
     // its (1, D) gate.
     const int64_t E = a.moe.experts, Fe = a.moe.expert_d_ff, Fs = a.moe.shared_d_ff;
     if (m.family == ModelFamily::megatron) {
-      // Megatron-Core's MoELayer (graph/models/megatron_moe.cpp): router (E, D) + bias, GeLU
-      // experts and shared experts with biases (fc1 D x F + F, fc2 F x D + D).
-      return n + E * D + E + E * (2 * D * Fe + Fe + D) + (Fs > 0 ? 2 * D * Fs + Fs + D : 0) +
-             2 * norm(a, D);
+      // Megatron-Core's MoELayer (graph/models/megatron_moe.cpp): router (E, D) + bias,
+      // experts and shared experts (fc1 D x F + F, fc2 F x D + D; fc1 of 2F with --swiglu;
+      // no biases with --disable-bias-linear).
+      const int64_t g = a.mlp == graph::MlpKind::glu ? 2 : 1, b = a.mlp_bias ? 1 : 0;
+      return n + E * D + b * E + E * ((g + 1) * D * Fe + b * (g * Fe + D)) +
+             (Fs > 0 ? (g + 1) * D * Fs + b * (g * Fs + D) : 0) + 2 * norm(a, D);
     }
     n += E * D + 3 * E * D * Fe;
     // Qwen2-MoE's shared expert has a (1, D) gate; DeepSeek's shared_experts none.

@@ -40,6 +40,11 @@ graph::MegatronShape megatron_shape(const Scenario& s) {
   shape.sequence_parallel = s.parallel.sequence;
   shape.tied = s.model.tied_embeddings;
   shape.moe = megatron_moe_shape(s);  // Megatron-Core MoE (sim/megatron/megatron_moe_parallel.h)
+  // --swiglu, --disable-bias-linear / --add-qkv-bias, --num-query-groups (scenario/megatron_arch_keys.h).
+  shape.swiglu = s.megatron_arch.swiglu;
+  shape.bias = s.megatron_arch.bias_linear;
+  shape.add_qkv_bias = s.megatron_arch.qkv_bias && !s.megatron_arch.bias_linear;
+  shape.kv_heads = s.model.kv_heads > 0 ? s.model.kv_heads : s.model.heads;
   return shape;
 }
 
@@ -58,7 +63,8 @@ void check_supported(const Scenario& s) {
   require_megatron_model_parallel_modelled(s);  // sim/megatron/megatron_parallel.h
   require_megatron_data_parallel_modelled(s);  // sim/parallel/data_parallel.h
   if (s.precision.autocast.has_value()) fail("torch.autocast (Megatron casts the model instead)");
-  if (s.model.kv_heads != 0 && s.model.kv_heads != s.model.heads) fail("grouped-query attention");
+  if (s.model.kv_heads != 0 && s.model.kv_heads != s.model.heads && s.model.attention == AttentionImpl::eager)
+    fail("grouped-query attention with eager attention");
 }
 
 // One pretrain_gpt run. Members mirror Megatron's Python objects.
@@ -273,6 +279,11 @@ void build_megatron_program(const Scenario& scenario, Program& program,
   check_supported(scenario);
   if (scenario.model.arch.moe.experts > 0)
     throw std::runtime_error("model family 'megatron': numeric mode of a MoE model is not modelled");
+  if (scenario.megatron_arch.swiglu || !scenario.megatron_arch.bias_linear ||
+      (scenario.model.kv_heads != 0 && scenario.model.kv_heads != scenario.model.heads))
+    throw std::runtime_error(
+        "model family 'megatron': numeric mode of --swiglu, --disable-bias-linear or grouped-query "
+        "attention is not modelled");
   MegatronLoop(scenario, {}, program, nullptr, numeric).run();
 }
 

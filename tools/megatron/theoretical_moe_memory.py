@@ -8,8 +8,9 @@ distributed optimizer; expert parameters the same over the expert data-parallel 
 world / (ETP x EP x PP)) and compute_activation_memory (Korthikanti et al. Table 2 with
 sequence parallelism and selective recompute: s*b*h*(18 + 4*ffn/h) per layer over TP, plus
 the embedding and output-layer terms; it has no MoE term: ffn_hidden_size stands for the
-MLP). No MTP, no latent MoE, no MLA, no GQA, moe_layer_freq 1, swiglu off (this family's
-GeLU MLP), LayerNorm, pipeline 1.
+MLP). No MTP, no latent MoE, no MLA, moe_layer_freq 1, LayerNorm, pipeline 1. Issue #15
+Megatron part 2: --swiglu (gated_linear_multiplier 3/2 on every MLP and expert) and
+--group-query-attention (attention 2h^2 (1 + groups / heads)), as the formula has them.
 
 Usage: theoretical_moe_memory.py  (prints the configs of docs/moe-megatron.md)
 """
@@ -21,11 +22,13 @@ def weights_and_optimizer(c):
     tp, ep, etp, pp, dp = c["tp"], c["ep"], c.get("etp", 1), 1, c["dp"]
     world = tp * dp * pp
     edp = world // (etp * ep * pp)
-    attention = 4 * h * h                       # QKV + proj, no GQA
+    heads, groups = c.get("heads", 1), c.get("groups", c.get("heads", 1))
+    gated = 1.5 if c.get("swiglu") else 1       # gated_linear_multiplier
+    attention = 2 * h * h * (1 + groups / heads)  # QKV + proj (4h^2 without GQA)
     norms = 2 * h * 2                           # two LayerNorms with bias
     router = h * E + (E if c["bias"] else 0)    # the formula counts the router bias
-    experts = 2 * h * F * E                     # no swiglu
-    shared = 2 * h * S
+    experts = 2 * h * F * E * gated
+    shared = 2 * h * S * gated
     embedding = h * V
     tp_sharded = (attention + shared) * L + embedding
     if c["untied"]:
@@ -60,6 +63,15 @@ CONFIGS = {
     "C: EP8, no distributed optimizer": dict(
         hidden=4096, layers=32, padded_vocab=32000, experts=8, moe_ffn=14336, ffn=14336,
         tp=2, ep=8, dp=8, bias=True, untied=True, dist_opt=False, seq=4096, micro=1),
+    # scenarios/mixtral-8x7b-megatron-swiglu-gqa-ep8.yaml (issue #15, Megatron part 2)
+    "D: SwiGLU + GQA 8 groups, no biases, DP16 EP8 (shipped)": dict(
+        hidden=4096, layers=32, padded_vocab=32000, experts=8, moe_ffn=14336, ffn=14336,
+        heads=32, groups=8, swiglu=True,
+        tp=2, ep=8, dp=16, bias=False, untied=True, dist_opt=True, seq=4096, micro=1),
+    "E: D on 16 GPUs (parallel.data=8, expert DP 2)": dict(
+        hidden=4096, layers=32, padded_vocab=32000, experts=8, moe_ffn=14336, ffn=14336,
+        heads=32, groups=8, swiglu=True,
+        tp=2, ep=8, dp=8, bias=False, untied=True, dist_opt=True, seq=4096, micro=1),
 }
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+// Megatron-Core's SwiGLU MLPs and grouped-query attention (issue #15, Megatron part 2;
+// graph/models/megatron.cpp, graph/models/megatron_moe.cpp; docs/moe-megatron.md) as memory
+// events: each forward allocates its outputs and records a node saving what the autograd
+// Function saves; run_megatron_arch_backward replays the node's backward allocations.
+//
+// Modelled from NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22):
+//  - megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction / BiasSwiGLUFunction
+//    (save_for_backward(input[, bias]); forward swiglu(y) = silu(y1) * y2 of the two
+//    halves, backward swiglu_back = cat of the two halves' grads: one input-sized tensor,
+//    returned for the bias too) and WeightedSwiGLUFunction (save_for_backward(input,
+//    weights); backward returns the input grad and sum(swiglu(y) * g, -1) for the
+//    weights). jit_fuser is torch.compile for torch >= 2.2 (megatron/core/jit.py): one
+//    output per kernel, no eager intermediates.
+//  - megatron/core/transformer/mlp.py MLP.forward: with bias_activation_fusion (on by
+//    default with --swiglu, megatron/training/argument_utils.py) an MLP without
+//    per_token_scale calls bias_swiglu_impl, an expert (per_token_scale = its probs)
+//    weighted_bias_swiglu_impl, which raises for a bias.
+//  - megatron/core/transformer/attention.py SelfAttention.get_query_key_value_tensors:
+//    mixed_qkv viewed [sq, b, ng, (np/ng + 2) hn], split (views) into query, key, value,
+//    then query.reshape(sq, b, np, hn): for np/ng > 1 and more than one group on the rank
+//    the split view cannot be reshaped in place, so the query is copied (with one group,
+//    MQA or ng = t, it is a view: tests/data/megatron_gqa, torch CPU); key and value stay
+//    views of mixed_qkv (keeping its storage alive). Transformer Engine's fused attention saves q, k, v, out and the
+//    softmax statistics, and its backward returns dq, dk, dv, which the split's backward
+//    concatenates into one mixed_qkv-sized grad.
+// Sizes are bytes.
+#pragma once
+
+#include "graph/runtime.h"
+
+namespace memsim::graph {
+
+// Backward of a node of one of these kinds; false otherwise.
+bool run_megatron_arch_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
+
+// bias_swiglu_impl(x, bias): a new x.bytes / 2 output; saves x (the bias is a parameter:
+// bias_bytes 0 = SwiGLUFunction). Backward: one x-sized grad (also the bias's, reduced to
+// main_grad).
+Tensor fused_swiglu(Runtime& rt, const Tensor& x, uint64_t bias_bytes);
+
+// weighted_bias_swiglu_impl(x, None, probs.unsqueeze(-1)): a new x.bytes / 2 output; saves
+// x and probs. Backward: an x-sized grad for x and a probs-sized one for the probs.
+Tensor weighted_swiglu(Runtime& rt, const Tensor& x, const Tensor& probs);
+
+// query.reshape(...) of the split view of `mixed` (q_bytes), a new contiguous copy. Its
+// grad is a view of the incoming one (no node: fused_attention_gqa's backward hands the
+// whole QKV grad to `mixed`).
+Tensor gqa_query_copy(Runtime& rt, const Tensor& mixed, uint64_t q_bytes);
+
+// TE fused attention with grouped-query attention: q is the query copy, k and v views of
+// `mixed`; out (out_bytes) and the fp32 logsumexp (lse_bytes) are new, plus the RNG state
+// with dropout. Saves q, mixed (k, v), out, lse. Backward: dq, dk + dv (mixed - q bytes),
+// the softmax statistics' grad and the fp32 dq accumulator, then the split's cat into one
+// mixed-sized grad.
+Tensor fused_attention_gqa(Runtime& rt, const Tensor& q, const Tensor& mixed, uint64_t out_bytes,
+                           uint64_t lse_bytes, uint64_t dq_accum_bytes, bool dropout_active,
+                           double flops);
+
+}  // namespace memsim::graph
