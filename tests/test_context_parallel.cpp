@@ -135,9 +135,11 @@ TEST_CASE("ring backward, allgather, N=2 rank 0: every buffer by hand", "[contex
       256, 256, 256,     // zeros_like(q/k/v, float32): the fp32 accumulators
       128, 128,          // key.contiguous(), value.contiguous()
       256, 512,          // step 0: cat([k, v]) (kept by next_kv), all-gathered K/V
+      128,               // out.contiguous(): rank 0's merged out is (B,H,L,hd), H > 1
       128, 128, 128,     // step 0's flash backward: dq, dk, dv
       512, 512,          // cat([grad_key, grad_value]) fp32, permute_tensor's output
       32,                // step 1 (i > rank): logsumexp's second half .contiguous()
+      64,                // out's second half .contiguous() (B*H > 1; grad_out's is dense at B 1)
       64, 128, 128,      // dq (half q), dk, dv (full k, v)
       512, 512,          // the dK/dV cat and its permute_tensor output
       256,               // _partial_update(grad_query): torch.cat
