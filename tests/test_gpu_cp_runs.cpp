@@ -44,6 +44,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -81,6 +83,28 @@ Tolerance tolerance_of(const std::string& name, int context) {
 
 // Measured runs beyond the tolerance stated above (none yet): name -> the error and cause.
 const std::map<std::string, Tolerance> kBeyondStated = {};
+
+// Runs whose prediction changed after the measurement (the blind file keeps what was
+// predicted; the other test case compares memsim now): name -> the rule the trace showed
+// (docs/torchtitan-recipes.md "Measured on the H200: what the traces corrected").
+const std::map<std::string, const char*> kChangedAfterMeasurement = {
+    {"cp_w8_c2", "the ring's merged output is contiguous (B,H,L,hd) on rank 0, so the model's "
+                 "transpose().contiguous() and the flash backward's out.contiguous() copy; "
+                 "repeat_kv's k/v are contiguous, so the ring copies neither (blind -2.27%)"},
+    {"cp_w8_c4", "as cp_w8_c2 (blind -2.13%)"},
+    {"cp_w8_c4_alltoall", "as cp_w8_c2 (blind -2.13%)"},
+};
+
+// The runs JSON as measure_cp.py wrote it: Python's json writes the fake process group's
+// garbage losses as NaN, which JSON lacks (read as null).
+nlohmann::json load_runs(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (size_t at = body.find("NaN"); at != std::string::npos; at = body.find("NaN", at))
+    body.replace(at, 3, "null");
+  return nlohmann::json::parse(body);
+}
 
 using Level = std::pair<uint64_t, uint64_t>;  // allocated, reserved
 
@@ -167,6 +191,14 @@ TEST_CASE("the context-parallel and SDPA sac-op GPU runs' blind predictions are 
     INFO(name << " (" << entry["scenario"].get<std::string>() << ")");
     REQUIRE_FALSE(entry.contains("refused"));  // memsim models every run measured
     const CpPrediction p = predict(memsim_test::scenario_path_of(entry));
+    now[name] = p;
+    if (const auto changed = kChangedAfterMeasurement.find(name);
+        changed != kChangedAfterMeasurement.end()) {
+      WARN(name << ": prediction changed after the measurement (" << changed->second
+                << "); blind " << entry["peak_allocated_bytes"].get<uint64_t>() << " B, now "
+                << p.base.allocated << " B");
+      continue;
+    }
     CHECK(p.base.allocated == entry["peak_allocated_bytes"].get<uint64_t>());
     CHECK(p.base.reserved == entry["peak_reserved_bytes"].get<uint64_t>());
     CHECK(p.base.whole_allocated == entry["whole_run_peak_allocated_bytes"].get<uint64_t>());
@@ -191,7 +223,6 @@ TEST_CASE("the context-parallel and SDPA sac-op GPU runs' blind predictions are 
         CHECK(p.calls.at(kind)[i].second == blind[i][1].get<uint64_t>());
       }
     }
-    now[name] = p;
   }
   // The scenarios turn on what they say (an ignored key would predict another run's bytes):
   // every rank holds S/N tokens, so the step shrinks with N while the FSDP2 state is the
@@ -217,7 +248,7 @@ TEST_CASE("context parallelism and SDPA sac-op on a GPU against memsim", "[cp][g
                 << fx["memsim_commit"].get<std::string>() << ") are checked by the other test case.");
     return;
   }
-  const nlohmann::json runs = memsim_test::load_json(kRuns);
+  const nlohmann::json runs = load_runs(kRuns);
   std::map<std::string, const nlohmann::json*> measured;
   for (const nlohmann::json& r : runs["results"]) measured[r["spec"]["name"]] = &r;
   memsim_test::check_snapshot_replays(runs, kSnapshotArchive, kSnapshots, "cp");

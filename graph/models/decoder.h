@@ -299,6 +299,10 @@ class DecoderModel {
   KvCache* cache_ = nullptr;
   bool kv_dense_ = false;
   bool one_query() const { return cache_ != nullptr && s_.seq == 1; }
+  // Context parallelism: the modelled rank's ring output is contiguous (B,H,L,hd), so the
+  // attention's transpose(1, 2).contiguous() copies it (graph/ops/ops_ring.h
+  // ring_output_contiguous: a rank whose last ring step is partial).
+  bool ring_copies_output() const { return s_.cp > 1 && s_.cp_rank + 1 < s_.cp; }
   // The decoder layer's `self_attn_weights` (v4.50+ attention functions return the
   // probabilities; the layer keeps them until it returns). Set by layer() around its
   // attention half; never written by a re-run in backward.

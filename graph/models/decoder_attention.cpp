@@ -174,11 +174,13 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
         // transpose(1, 2).contiguous(); one query's (B,H,1,hd) is contiguous already.
         attn_output = one_query() ? o4 : clone(rt_, o4);
       } else {
-        // The kernel's (B,S,H,hd) output makes transpose(1,2).contiguous() a no-op.
+        // The kernel's (B,S,H,hd) output makes transpose(1,2).contiguous() a no-op; the
+        // ring's contiguous merged output copies (graph/ops/ops_ring.h).
         attn_output = run_region(rt_, RegionKind::core_attention, {query, key, value},
                                  [this, bmm_flops](const Inputs& in) {
                                    return sdpa_kernel(in[0], in[1], in[2], 2 * bmm_flops);
                                  });
+        if (ring_copies_output()) attn_output = clone(rt_, attn_output);
       }
     }
     out = project(attn_output, p, p.o);
@@ -199,7 +201,13 @@ Tensor DecoderModel::attention_function(const Tensor& query, const Tensor& key_i
     key = repeat_copies ? expand_clone(rt_, key_in, n_rep) : expand_view(rt_, key_in, n_rep);
     value = repeat_copies ? expand_clone(rt_, value_in, n_rep) : expand_view(rt_, value_in, n_rep);
   }
-  if (s_.attention != HfAttention::eager) return sdpa_kernel(query, key, value, 4.0 * B * H * S * S * hd);
+  if (s_.attention != HfAttention::eager) {
+    Tensor out = sdpa_kernel(query, key, value, 4.0 * B * H * S * S * hd);
+    // transpose(1, 2).contiguous(): a no-op on the kernel's (B,S,H,hd) output, a copy of
+    // the ring's contiguous merged output (graph/ops/ops_ring.h).
+    if (ring_copies_output()) out = clone(rt_, out);
+    return out;
+  }
   Tensor o4 = core(query, key, value, mask);
   if (one_query()) return o4;  // generation: one query's output is contiguous already
   // transpose(1, 2).contiguous(); the repeated key/value are the function's locals, alive
@@ -236,7 +244,10 @@ Tensor DecoderModel::sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor&
   const SdpaShape sh{B, H, S, hd, e};
   Tensor out;
   if (s_.cp > 1) {  // context_parallel: the call runs as ring attention (graph/ops/ops_ring.h)
-    const RingSpec ring{static_cast<uint32_t>(s_.cp), s_.cp_rank, s_.cp_alltoall};
+    RingSpec ring{static_cast<uint32_t>(s_.cp), s_.cp_rank, s_.cp_alltoall};
+    // repeat_kv's expand + reshape copies are contiguous (B,H,L,hd); the transposed
+    // projections (no repeat) and an expanded single KV head are not.
+    ring.kv_contiguous = H / static_cast<uint64_t>(s_.kv_heads) > 1 && s_.kv_heads > 1;
     out = sdpa_ring_flash(rt_, qa, ka, va, sh, ring);
   } else {
     out = s_.attention == HfAttention::flash ? sdpa_flash(rt_, qa, ka, va, sh, flops)

@@ -17,11 +17,13 @@ uint64_t round_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
 constexpr uint8_t kRingNode = 128;
 
 // The backward node's sizes: size[0] = B*H, size[1] = L, size[2] = hd,
-// size[3] = e | N << 8 | r << 24 | alltoall << 40 | (B > 1) << 41.
+// size[3] = e | N << 8 | r << 24 | alltoall << 40 | (B > 1) << 41 | kv_contiguous << 42 |
+// (H > 1) << 43.
 struct RingNode {
   uint64_t bh, len, hd, elem;
   RingSpec ring;
   bool strided_halves;  // B > 1: a sequence half of grad_out / out is not contiguous
+  bool multi_head;      // H > 1: the (B,L,H,hd) transpose of a contiguous out is not
 };
 void pack(Node& n, const SdpaShape& s, const RingSpec& r) {
   n.flags |= kRingNode;
@@ -30,10 +32,14 @@ void pack(Node& n, const SdpaShape& s, const RingSpec& r) {
   n.size[2] = s.head_dim;
   n.size[3] = s.elem | (static_cast<uint64_t>(r.degree) << 8) |
               (static_cast<uint64_t>(r.rank) << 24) | (static_cast<uint64_t>(r.alltoall) << 40) |
-              (static_cast<uint64_t>(s.batch > 1) << 41);
+              (static_cast<uint64_t>(s.batch > 1) << 41) |
+              (static_cast<uint64_t>(r.kv_contiguous) << 42) |
+              (static_cast<uint64_t>(s.heads > 1) << 43);
 }
 RingNode unpack(const Node& n) {
-  RingNode r{n.size[0], n.size[1], n.size[2], n.size[3] & 0xff, {}, ((n.size[3] >> 41) & 1) != 0};
+  RingNode r{n.size[0], n.size[1], n.size[2], n.size[3] & 0xff, {}, ((n.size[3] >> 41) & 1) != 0,
+             ((n.size[3] >> 43) & 1) != 0};
+  r.ring.kv_contiguous = ((n.size[3] >> 42) & 1) != 0;
   r.ring.degree = static_cast<uint32_t>((n.size[3] >> 8) & 0xffff);
   r.ring.rank = static_cast<uint32_t>((n.size[3] >> 24) & 0xffff);
   r.ring.alltoall = ((n.size[3] >> 40) & 1) != 0;
@@ -97,8 +103,10 @@ Tensor sdpa_ring_flash(Runtime& rt, const Tensor& q, const Tensor& k, const Tens
   const bool grad = detail::wants_grad(rt, {&q, &k, &v});
   Tensor out, lse;
   {
-    // key = key.contiguous(); value = value.contiguous()
-    Tensor key = make(rt, X, op, nm.k_contig), value = make(rt, X, op, nm.v_contig);
+    // key = key.contiguous(); value = value.contiguous(): copies unless already contiguous
+    // (then the names alias the inputs, which the caller holds anyway).
+    Tensor key = ring.kv_contiguous ? k : make(rt, X, op, nm.k_contig);
+    Tensor value = ring.kv_contiguous ? v : make(rt, X, op, nm.v_contig);
     Tensor kk, vv;                 // the names k, v of the step's kernel call
     Tensor block_out, block_lse;   // out, logsumexp
     Tensor acc_out, acc_lse;       // sdpa_merger._out, ._lse
@@ -214,12 +222,23 @@ bool run_ring_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   // B > 1: the second half of grad_out / out along the sequence (a (B, L/2, H, hd) slice
   // of the kernel's (B, L, H, hd) layout) is not contiguous.
   const bool strided_halves = rn.strided_halves;
+  // A contiguous (B,H,L,hd) merged output (ring_output_contiguous): its (B,L,H,hd)
+  // transpose is not contiguous when H > 1, its sequence half when B*H > 1.
+  const bool out_contiguous = ring_output_contiguous(rn.ring);
+  const bool out_copy_full = out_contiguous && rn.multi_head;
+  const bool out_copy_half = out_contiguous ? bh > 1 : strided_halves;
   uint32_t dq_out = kNoStorage, dkv_out = kNoStorage;
   {
     Tensor grad_query = make(rt, Xf, op, nm.dq_acc);  // zeros_like(query, dtype=float32)
     Tensor grad_key = make(rt, Xf, op, nm.dk_acc);
     Tensor grad_value = make(rt, Xf, op, nm.dv_acc);
-    Tensor key = make(rt, X, op, nm.k_contig), value = make(rt, X, op, nm.v_contig);
+    // key.contiguous(), value.contiguous(): the saved k / v themselves when contiguous
+    // (nothing allocated; the node's saved tensors outlive the call).
+    Tensor key, value;
+    if (!rn.ring.kv_contiguous) {
+      key = make(rt, X, op, nm.k_contig);
+      value = make(rt, X, op, nm.v_contig);
+    }
     Tensor kk, vv, lse_half;               // the step's k, v, lse names
     Tensor next_kv, gathered, received, kv_in_flight;
     Tensor dkv_received, dkv_in_flight, next_grad_kv;
@@ -251,11 +270,11 @@ bool run_ring_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
         lse_half = std::move(new_lse);
       }
       {  // grad_query_, grad_key_, grad_value_, *rest = op(...): the flash backward
+        // contiguous_grad_out = grad_out.contiguous(); contiguous_out = out.contiguous()
         Tensor dout_c, out_c;
-        if (partial && strided_halves) {
-          dout_c = make(rt, bh * lq * hd * e, op, nm.grad_copy);
+        if (partial && strided_halves) dout_c = make(rt, bh * lq * hd * e, op, nm.grad_copy);
+        if (partial ? out_copy_half : out_copy_full)
           out_c = make(rt, bh * lq * hd * e, op, nm.grad_copy);
-        }
         Tensor dq = make(rt, bh * lq * hd * e, op, nm.dq_block);
         Tensor dk = make(rt, bh * lk * hd * e, op, nm.dkv_block);
         Tensor dv = make(rt, bh * lk * hd * e, op, nm.dkv_block);
