@@ -62,7 +62,7 @@ TEST_CASE("transformers.Trainer itself (bf16, checkpointing, PEFT LoRA) on a GPU
     const std::string name = r["spec"]["name"];
     INFO(name);
     // The run is what the scenario says: checkpointing non-reentrant, fused AdamW, bf16.
-    REQUIRE(r["checkpointing"].size() == 4);
+    REQUIRE(r["checkpointing"].size() >= 1);  // the distinct keyword sets of the checkpointed layers
     CHECK(r["checkpointing"][0].get<std::string>().find("'use_reentrant': False") != std::string::npos);
     CHECK(r["training_args"]["optim"].get<std::string>() == "OptimizerNames.ADAMW_TORCH_FUSED");
     CHECK(r["training_args"]["bf16"].get<std::string>() == "True");
@@ -73,11 +73,11 @@ TEST_CASE("transformers.Trainer itself (bf16, checkpointing, PEFT LoRA) on a GPU
     const uint64_t real_reserved = r["measured_step_peak_reserved"].get<uint64_t>();
     memsim_test::print_comparison_row(name, now.allocated, real_alloc, now.reserved, real_reserved,
                                       name == "trainer_lora_bf16_sdpa_gc" ? "(modelled after the run)" : "");
-    // The step's marks the script took after each step (allocated at the step's end, and
-    // the measured step's start: what persists across steps, i.e. weights, grads, state).
-    const nlohmann::json& end = r["marks"]["step_end_2"];
+    // The mark the script took right after the measured optimizer.step() (before Trainer's
+    // zero_grad): memsim's optimizer_end (weights, grads, AdamW state).
+    const nlohmann::json& end = r["marks"]["optimizer_step_1"];
     REQUIRE(now.marks.count("optimizer_end") == 1);
-    memsim_test::print_comparison_row(name + " @step end", now.marks.at("optimizer_end").first,
+    memsim_test::print_comparison_row(name + " @optimizer step", now.marks.at("optimizer_end").first,
                                       end["allocated_bytes.all.current"].get<uint64_t>(),
                                       now.marks.at("optimizer_end").second,
                                       end["reserved_bytes.all.current"].get<uint64_t>());
