@@ -85,8 +85,11 @@ Tensor Autocast::new_cast(const Tensor& x, uint64_t out_bytes) {
 }
 
 Tensor Autocast::weight(int32_t param, bool grad_transposed, const Tensor* source) {
-  // cached_cast: only a leaf (not a view) is cached; FSDP's parameters are views.
-  const bool cache = cache_enabled_ && !params_are_views_;
+  // cached_cast: only a leaf (not a view) that requires grad is cached; FSDP's parameters
+  // are views, and a frozen parameter (PEFT's LoRA base weights, requires_grad=False) is
+  // cast anew at every use, its copy living as long as an op saves it (graph/models/lora.h).
+  const bool frozen = static_cast<size_t>(param) < rt_.parameters().size() && rt_.parameters()[param].frozen;
+  const bool cache = cache_enabled_ && !params_are_views_ && !frozen;
   if (cache && static_cast<size_t>(param) < cache_.size() && cache_[param].defined()) {
     Tensor& c = cache_[param];
     // A region spanning several steps (autocast_region whole-run): the copy was made in

@@ -19,7 +19,7 @@
 //  - Element sizes: fp16 and bf16 are both 2 bytes, so they emit the same memory events.
 //  - The cache's rule (at::autocast::cached_cast, torch 1.13 and 2.x): a cast is cached
 //    only if its argument is an fp32 leaf that requires grad and is not a view, and the
-//    cache is enabled. set_cache_enabled(false) is torch.autocast(cache_enabled=False):
+//    cache is enabled (a frozen parameter, Parameter::frozen, is never cached). set_cache_enabled(false) is torch.autocast(cache_enabled=False):
 //    nothing is cached. set_params_are_views(true) is FSDP: the modules' weights are
 //    non-leaf views of the gathered FlatParameter (torch.split(flat_param, numels)[i]
 //    .view(shape), set on the module at every forward), so no weight cast is cached,

@@ -30,12 +30,17 @@ Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& 
   if (s_.float8 == Float8Kind::tensorwise)
     return float8_linear(rt_, x, rt_.param(pr.w), s_.rows(), static_cast<uint64_t>(pr.in),
                          static_cast<uint64_t>(pr.out), flops);
-  if (autocast_on()) {  // no LoRA under autocast (refused)
+  if (autocast_on()) {  // PEFT LoRA under autocast: graph/models/lora_autocast.cpp
     const int64_t rows = static_cast<int64_t>(s_.rows());
+    Tensor base;
     if (addmm && arch().linear == LinearKind::conv1d)  // addmm(bias, x2d, W) as Conv1D writes it
-      return ac_->addmm(x, pr.w, pr.b, rows, pr.in, pr.out, flops);
-    if (addmm) return ac_->linear_bias(x, pr.w, pr.b, rows, pr.in, pr.out, flops);
-    return ac_->mm_linear(x, pr.w, static_cast<int64_t>(s_.rows()), pr.in, pr.out, flops);
+      base = ac_->addmm(x, pr.w, pr.b, rows, pr.in, pr.out, flops);
+    else if (addmm)
+      base = ac_->linear_bias(x, pr.w, pr.b, rows, pr.in, pr.out, flops);
+    else
+      base = ac_->mm_linear(x, pr.w, rows, pr.in, pr.out, flops);
+    if (pr.lora < 0) return base;
+    return lora_.add_adapter_path_autocast(*ac_, x, std::move(base), p.ad[pr.lora], pr.in, pr.out);
   }
   Tensor base;
   if (addmm && !lora_.quantized()) {

@@ -35,6 +35,8 @@
 
 namespace memsim::graph {
 
+class Autocast;  // graph/autocast.h
+
 // Linear module indices per family (bits of HfLora::targets).
 enum LlamaLinear : uint32_t { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj, kLlamaLinears };
 enum Gpt2Linear : uint32_t { kCAttn, kAttnCProj, kCFc, kMlpCProj, kGpt2Linears };
@@ -86,6 +88,10 @@ class LoraModules {
   // when the adapter is undefined.
   Tensor add_adapter_path(const Tensor& x, Tensor result, const LoraAdapter& ad, uint64_t in,
                           uint64_t out);
+  // The same inside a torch.autocast region over fp32 adapters (graph/models/lora_autocast.cpp):
+  // `result` is the base layer's low-precision output, x the layer's input (fp32 or low).
+  Tensor add_adapter_path_autocast(Autocast& ac, const Tensor& x, Tensor result,
+                                   const LoraAdapter& ad, uint64_t in, uint64_t out);
 
  private:
   Runtime& rt_;

@@ -37,10 +37,28 @@ void require_autocast_modelled(const Scenario& s) {
            "dropout under autocast is not checked against torch yet for the hf families; "
            "use model.dropout: 0 or precision.autocast: none");
   }
+  // PEFT LoRA under autocast (graph/models/lora_autocast.cpp, PEFT 0.21.0's Linear.forward):
+  // fp32 adapters over the fp32 frozen base, identity dropout, one GPU or DDP. The rest of
+  // what the adapter path would do there is not checked against torch: refused by key.
   if (s.lora.rank > 0) {
-    refuse(s, "lora.rank",
-           "LoRA adapters under precision.autocast are not modelled yet; use lora.rank: 0 "
-           "or precision.autocast: none");
+    if (s.lora.base_nf4)
+      refuse(s, "lora.base_dtype",
+             "QLoRA (an nf4 base) under precision.autocast is not modelled (bitsandbytes' "
+             "dequantised weights and autocast's casts of them are not checked); use "
+             "precision.autocast: none");
+    if (s.lora.adapter_dtype != DType::fp32)
+      refuse(s, "lora.adapter_dtype",
+             "LoRA under precision.autocast is modelled for fp32 adapters only (PEFT's default "
+             "over fp32 weights); use lora.adapter_dtype: fp32");
+    if (s.lora.dropout > 0.0)
+      refuse(s, "lora.dropout",
+             "LoRA dropout under precision.autocast is not checked against torch yet; use "
+             "lora.dropout: 0 or precision.autocast: none");
+    if (s.parallel.sharding != Sharding::none || s.parallel.zero != 0)
+      refuse(s, "lora.rank",
+             "LoRA under precision.autocast is modelled on one GPU and with torch DDP, not with "
+             "sharded data parallelism (FSDP, FSDP2, ZeRO, DeepSpeed) yet; use "
+             "precision.autocast: none or parallel.sharding: none");
   }
   if (!family.autocast_tied_embeddings && s.model.tied_embeddings) {
     refuse(s, "model.tied_embeddings",
