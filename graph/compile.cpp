@@ -23,6 +23,7 @@ PartClass op_class(OpKind k, PartitionerVersion v) {
     case OpKind::mm_linear:
     case OpKind::sdpa_flash:
     case OpKind::sdpa_efficient:
+    case OpKind::sdpa_cudnn:
     case OpKind::megatron_linear:
     case OpKind::baddbmm:
     case OpKind::fused_attention:

@@ -28,6 +28,7 @@ constexpr int hbm_writes_and_reads(OpKind k) {
     case OpKind::mm_linear:
     case OpKind::sdpa_flash:
     case OpKind::sdpa_efficient:
+    case OpKind::sdpa_cudnn:
     case OpKind::megatron_linear:
     case OpKind::baddbmm:
     case OpKind::fused_attention:

@@ -48,6 +48,7 @@ graph::HfShape hf_shape(const Scenario& s) {
     case AttentionImpl::eager: shape.attention = graph::HfAttention::eager; break;
     case AttentionImpl::flash: shape.attention = graph::HfAttention::flash; break;
     case AttentionImpl::mem_efficient: shape.attention = graph::HfAttention::mem_efficient; break;
+    case AttentionImpl::cudnn: shape.attention = graph::HfAttention::cudnn; break;
   }
   return shape;
 }

@@ -44,6 +44,7 @@ const char* to_string(AttentionImpl impl) {
     case AttentionImpl::eager: return "eager";
     case AttentionImpl::flash: return "flash";
     case AttentionImpl::mem_efficient: return "mem-efficient";
+    case AttentionImpl::cudnn: return "cudnn";
   }
   return "?";
 }

@@ -20,7 +20,9 @@
 namespace memsim {
 
 enum class ModelFamily { cs336, hf_llama, hf_gpt2, megatron };
-enum class AttentionImpl { eager, flash, mem_efficient };
+// cudnn (SDPA cuDNN attention, torch >= 2.9 on sm90+ in fp16/bf16): graph/ops/ops_sdpa_cudnn.h,
+// scenario/sdpa_kernel_keys.h (the SDPA/GQA part).
+enum class AttentionImpl { eager, flash, mem_efficient, cudnn };
 enum class DType { fp32, bf16, fp16 };
 int dtype_bytes(DType dtype);
 const char* to_string(ModelFamily family);

@@ -36,13 +36,14 @@
 #include "scenario/device_rate_keys.h"
 #include "scenario/generate_keys.h"
 #include "scenario/loop_limits.h"
+#include "scenario/sdpa_kernel_keys.h"
 
 namespace memsim::scenario_detail {
 namespace {
 
 const std::vector<std::pair<std::string, AttentionImpl>> kAttention = {
     {"eager", AttentionImpl::eager}, {"flash", AttentionImpl::flash},
-    {"mem-efficient", AttentionImpl::mem_efficient}};
+    {"mem-efficient", AttentionImpl::mem_efficient}, {"cudnn", AttentionImpl::cudnn}};
 const std::vector<std::pair<std::string, SoftmaxImpl>> kSoftmax = {
     {"staff", SoftmaxImpl::staff}, {"exp-twice", SoftmaxImpl::exp_twice}};
 const std::vector<std::pair<std::string, SdpaImpl>> kSdpa = {
@@ -594,6 +595,7 @@ Scenario build_scenario(const Doc& d) {
   read_recipe_features(d, s);  // optimizer.in_backward, offload_activations (scenario/torchtune_keys.h)
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   check_deepseek(d, s);        // DeepSeek-V3: MLA and router refusals (scenario/deepseek_keys.h)
+  check_sdpa_kernel(d, s);     // model.attention cudnn, 5.x's enable_gqa (scenario/sdpa_kernel_keys.h)
   s.key_where.reserve(d.fields.size());
   for (const auto& [key, field] : d.fields) s.key_where.emplace_back(key, field.where);
   return s;

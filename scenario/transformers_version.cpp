@@ -37,6 +37,7 @@ void apply_v5_layout(DecoderArch& a) {
   a.mask_add_inplace = false;   // attn_weights = attn_weights + causal_mask
   a.logits_float = LogitsFloat::loss;  // ForCausalLMLoss: logits.float() inside the loss
   a.loss = CausalLoss::pad;            // labels padded by one, no shifted logits copy
+  a.sdpa_gqa = true;  // sdpa_attention_forward: enable_gqa=True, no repeat_kv (use_gqa_in_sdpa)
 }
 
 bool has_v5_layout(const DecoderArch& a) {
@@ -46,7 +47,7 @@ bool has_v5_layout(const DecoderArch& a) {
          a.attn_rope_buffer == v5.attn_rope_buffer && a.mask == v5.mask &&
          a.attn_function == v5.attn_function && a.attn_scale_mul == v5.attn_scale_mul &&
          a.mask_add_inplace == v5.mask_add_inplace && a.logits_float == v5.logits_float &&
-         a.loss == v5.loss;
+         a.loss == v5.loss;  // not sdpa_gqa: the SDPA call, no layout (knob-built rows lack it)
 }
 
 void read_transformers_version(const Doc& d, ModelConfig& m) {

@@ -246,7 +246,7 @@ TEST_CASE("unknown keys, sections and presets get a located did-you-mean", "[sce
         "t.yaml:6: device.preset: unknown device preset 'h100'; did you mean 'h100-80gb'? "
         "(`memsim presets` lists them)");
   CHECK(error_of("model:\n  preset: cs336-xl\n  attention: flsh\n") ==
-        "t.yaml:3: model.attention: expected one of eager, flash, mem-efficient, got 'flsh'; "
+        "t.yaml:3: model.attention: expected one of eager, flash, mem-efficient, cudnn, got 'flsh'; "
         "did you mean 'flash'?");
   CHECK(error_of(std::string(kXl) + "step:\n  kind: forward_no_grad\n") ==
         "t.yaml:6: step.kind: expected one of train, forward, forward-no-grad, forward-backward, generate, "

@@ -10,6 +10,7 @@
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops_nn.h"
 #include "graph/ops/ops_ring.h"
+#include "graph/ops/ops_sdpa_cudnn.h"
 
 namespace memsim::graph {
 
@@ -197,6 +198,12 @@ Tensor DecoderModel::attention_function(const Tensor& query, const Tensor& key_i
   const uint64_t n_rep = H / static_cast<uint64_t>(s_.kv_heads);
   const bool repeat_copies = n_rep > 1 && s_.kv_heads > 1;
   Tensor key = key_in, value = value_in;
+  // transformers 5.x (integrations/sdpa_attention.py, use_gqa_in_sdpa): without a mask and
+  // with head_dim <= 256 SDPA gets the KV-headed k/v and enable_gqa=True, no repeat_kv.
+  // (memsim's SDPA rows never pass a mask: windows shorter than S are refused.)
+  const bool gqa = arch().sdpa_gqa && s_.attention != HfAttention::eager && !mask.defined() &&
+                   hd <= 256 && n_rep > 1;
+  if (gqa) return sdpa_kernel(query, key, value, 4.0 * B * H * S * S * hd);
   if (n_rep > 1) {
     key = repeat_copies ? expand_clone(rt_, key_in, n_rep) : expand_view(rt_, key_in, n_rep);
     value = repeat_copies ? expand_clone(rt_, value_in, n_rep) : expand_view(rt_, value_in, n_rep);
@@ -233,15 +240,18 @@ Tensor DecoderModel::attention_function(const Tensor& query, const Tensor& key_i
 Tensor DecoderModel::sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double flops) {
   const uint64_t B = s_.batch, H = s_.heads, S = s_.seq, hd = s_.head_dim();
   uint64_t e = s_.elem;
+  // k/v with fewer heads than q: enable_gqa (attention_function); else q's heads.
+  const uint64_t kv_heads = k.bytes < q.bytes ? static_cast<uint64_t>(s_.kv_heads) : 0;
   Tensor qa = q, ka = k, va = v;
   if (autocast_on()) {
     e = ac_->low_elem();
     const uint64_t low = B * H * S * hd * e;  // q, and k/v after repeat_kv
-    if (va.bytes != low) va = ac_->cast(v, v.bytes / 4 * e);
-    if (ka.bytes != low) ka = ac_->cast(k, k.bytes / 4 * e);
+    const uint64_t low_kv = kv_heads != 0 ? B * kv_heads * S * hd * e : low;
+    if (va.bytes != low_kv) va = ac_->cast(v, v.bytes / 4 * e);
+    if (ka.bytes != low_kv) ka = ac_->cast(k, k.bytes / 4 * e);
     if (qa.bytes != low) qa = ac_->cast(q, q.bytes / 4 * e);
   }
-  const SdpaShape sh{B, H, S, hd, e};
+  const SdpaShape sh{B, H, S, hd, e, kv_heads};
   Tensor out;
   if (s_.cp > 1) {  // context_parallel: the call runs as ring attention (graph/ops/ops_ring.h)
     RingSpec ring{static_cast<uint32_t>(s_.cp), s_.cp_rank, s_.cp_alltoall};
@@ -250,8 +260,11 @@ Tensor DecoderModel::sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor&
     ring.kv_contiguous = H / static_cast<uint64_t>(s_.kv_heads) > 1 && s_.kv_heads > 1;
     out = sdpa_ring_flash(rt_, qa, ka, va, sh, ring);
   } else {
-    out = s_.attention == HfAttention::flash ? sdpa_flash(rt_, qa, ka, va, sh, flops)
-                                             : sdpa_efficient(rt_, qa, ka, va, sh, flops);
+    switch (s_.attention) {
+      case HfAttention::flash: out = sdpa_flash(rt_, qa, ka, va, sh, flops); break;
+      case HfAttention::cudnn: out = sdpa_cudnn(rt_, qa, ka, va, sh, flops); break;
+      default: out = sdpa_efficient(rt_, qa, ka, va, sh, flops); break;
+    }
   }
   qa.reset();  // the wrapper's temporaries, in reverse order of construction
   ka.reset();

@@ -255,6 +255,9 @@ struct DecoderArch {
   bool attn_scale_mul = false;     // scores * scaling (Gemma, Qwen3): op name only
   bool attn_function = false;      // eager_attention_forward (v4.50+): repeat_kv inside, the
                                    // caller's k/v names keep the pre-repeat tensors
+  bool sdpa_gqa = false;           // sdpa_attention_forward passes enable_gqa=True instead of
+                                   // repeat_kv when there is no mask and head_dim <= 256
+                                   // (transformers 5.x, integrations/sdpa_attention.py)
   QkNormAt qk_norm_at = QkNormAt::view;
   EmbedScaleAt embed_scale_at = EmbedScaleAt::model;
   bool attn_out_kept = false;      // StableLM: the attention output lives through the MLP

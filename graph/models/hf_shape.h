@@ -9,7 +9,7 @@
 
 namespace memsim::graph {
 
-enum class HfAttention : uint8_t { eager, flash, mem_efficient };
+enum class HfAttention : uint8_t { eager, flash, mem_efficient, cudnn };  // cudnn: graph/ops/ops_sdpa_cudnn.h
 
 // PEFT LoRA on the decoder layers' linear modules (graph/models/lora.h). rank 0 = no LoRA.
 struct HfLora {

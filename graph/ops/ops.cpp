@@ -10,6 +10,7 @@
 #include "graph/ops/ops_float8.h"
 #include "graph/ops/ops_lora.h"
 #include "graph/ops/ops_moe.h"
+#include "graph/ops/ops_sdpa_cudnn.h"
 #include "graph/ops/ops_nn.h"
 #include "graph/ops/ops_ring.h"
 
@@ -353,6 +354,7 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (run_fused_backward(rt, n, in, out)) return;  // graph/ops/ops_fused.h
   if (run_ring_backward(rt, n, in, out)) return;   // graph/ops/ops_ring.h (an sdpa_flash node)
   if (run_litgpt_backward(rt, n, in, out)) return;  // graph/ops/ops_litgpt.h
+  if (run_sdpa_cudnn_backward(rt, n, in, out)) return;  // graph/ops/ops_sdpa_cudnn.h
   if (run_nn_backward(rt, n, in, out)) return;     // graph/ops/ops_nn.h
   if (run_autocast_backward(rt, n, in, out)) return;  // graph/autocast.h
   if (run_lora_backward(rt, n, in, out)) return;   // graph/ops/ops_lora.h

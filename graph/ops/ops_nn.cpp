@@ -350,8 +350,13 @@ Tensor sdpa_flash(Runtime& rt, const Tensor& q, const Tensor& k, const Tensor& v
   const uint64_t sr = round_up(s.seq, 128);
   const uint64_t softmax_d = s.batch * s.heads * sr * 4;
   const uint64_t dq_accum = s.batch * sr * s.heads * round_up(s.head_dim, 32) * 4;
-  return sdpa(rt, OpKind::sdpa_flash, q, k, v, s, s.batch * s.heads * s.seq * 4,
-              pack_scratch(softmax_d, dq_accum), flops);
+  Tensor out = sdpa(rt, OpKind::sdpa_flash, q, k, v, s, s.batch * s.heads * s.seq * 4,
+                    pack_scratch(softmax_d, dq_accum), flops);
+  // Grouped KV heads (enable_gqa): mha_bwd's dk_expanded / dv_expanded, (B,S,H,hd) each in
+  // the input dtype (PyTorch flash_api.cpp mha_bwd, `if (num_heads_k != num_heads)`).
+  if (s.kv_heads != 0 && s.kv_heads < s.heads && out.grad_fn >= 0)
+    rt.node(out.grad_fn).flags |= kSdpaGqa;
+  return out;
 }
 
 Tensor sdpa_efficient(Runtime& rt, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -617,6 +622,11 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       uint32_t dq = A(n.size[0]), dk = A(n.size[1]), dv = A(n.size[2]);
       const uint64_t s1 = scratch_lo(n.size[3]), s2 = scratch_hi(n.size[3]);
       uint32_t t1 = s1 ? A(s1) : kNoStorage, t2 = s2 ? A(s2) : kNoStorage;
+      if (n.flags & kSdpaGqa) {  // mha_bwd's dk_expanded, dv_expanded: q-sized, freed first
+        const uint32_t dke = A(n.size[0]), dve = A(n.size[0]);
+        F(dve);
+        F(dke);
+      }
       if (t2 != kNoStorage) F(t2);
       if (t1 != kNoStorage) F(t1);
       out[0] = fresh(dq);

@@ -128,9 +128,16 @@ Tensor rope_hf(Runtime& rt, const Tensor& x, const Tensor& cos, const Tensor& si
 // F.scaled_dot_product_attention on a fused backend (aten-saved-tensors.md §C).
 // q (B,H,S,E), k, v: out (B,S,H,E layout, out_bytes, input dtype) + logsumexp fp32;
 // saves q, k, v, out, logsumexp (RNG seed/offset are host scalars: no device bytes).
+// kv_heads: k/v's heads when fewer than q's (SDPA's enable_gqa=True, transformers 5.x's
+// sdpa_attention_forward); 0 when k/v have q's heads (MHA, or repeat_kv's copies).
 struct SdpaShape {
   uint64_t batch = 0, heads = 0, seq = 0, head_dim = 0, elem = 2;
+  uint64_t kv_heads = 0;
 };
+// With grouped KV heads (s.kv_heads < s.heads) flash takes k/v as they are; its backward
+// (FA2 mha_bwd) computes dK/dV per query head into two (B,S,H,hd) buffers of the input
+// dtype and sums them into the KV-sized dk/dv (node flag kSdpaGqa).
+inline constexpr uint8_t kSdpaGqa = 32;
 Tensor sdpa_flash(Runtime& rt, const Tensor& q, const Tensor& k, const Tensor& v,
                   const SdpaShape& s, double flops);
 Tensor sdpa_efficient(Runtime& rt, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -243,6 +243,15 @@ void validate_numeric_scenario(const Scenario& s) {
     if (!row.numeric_fused_attention && s.model.attention != AttentionImpl::eager)
       throw ScenarioError(where + "model.attention: hf-gpt2 is modelled with eager attention "
                           "only (not '" + to_string(s.model.attention) + "')");
+    // SDPA's cuDNN kernel and 5.x's grouped (enable_gqa) SDPA call have no numeric kernels
+    // (graph/ops/ops_sdpa_cudnn.h, docs/sdpa-gqa.md).
+    if (s.model.attention == AttentionImpl::cudnn)
+      throw ScenarioError(where + "model.attention: numeric mode has no cuDNN attention kernel "
+                          "(use flash: the same arithmetic)");
+    if (s.model.attention != AttentionImpl::eager && s.model.arch.sdpa_gqa &&
+        s.model.kv_heads < s.model.heads)
+      throw ScenarioError(where + "model.transformers: numeric mode has no kernel for 5.x's "
+                          "enable_gqa SDPA call with grouped KV heads (use 4, or eager)");
     // Dropout masks are deterministic in numeric mode (NumericContext::dropout_mask); the
     // SDPA kernels' internal dropout has no numeric kernel.
     if (s.model.dropout > 0.0 && s.model.attention != AttentionImpl::eager)
