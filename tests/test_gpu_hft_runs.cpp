@@ -78,7 +78,7 @@ struct Tolerance {
 };
 Tolerance tolerance_of(const std::string& name, const nlohmann::json& entry) {
   if (name == "hft_bf16_sdpa_gqa")
-    return {0.02, 0.04, "GQA: 5.17's enable_gqa SDPA call without repeat_kv is not modelled"};
+    return {0.02, 0.04, "GQA: 5.17's enable_gqa SDPA call (modelled after the measurement)"};
   if (entry["fsdp2_world"].get<int>() > 0)
     return {0.02, 0.05, "LoRA under FSDP2: FSDP2 checked on the stand-in, LoRA under it not"};
   if (!entry["lora"].is_null())
@@ -150,6 +150,16 @@ TEST_CASE("the HF Trainer / PEFT GPU runs' blind predictions are what memsim pre
     INFO(name << " (" << entry["scenario"].get<std::string>() << ")");
     REQUIRE_FALSE(entry.contains("refused"));  // memsim models every run measured
     const std::string path = memsim_test::scenario_path_of(entry);
+    if (name == "hft_bf16_sdpa_gqa") {
+      // Changed after the measurement (blind +1.11% allocated, +1.47% reserved): transformers
+      // 5.x's grouped SDPA call (enable_gqa, no repeat_kv copies) is modelled since
+      // (docs/sdpa-gqa.md); the other test case compares memsim now with the run.
+      const memsim_test::RunPrediction now = memsim_test::simulate_run(path);
+      WARN(name << ": prediction changed after the measurement (enable_gqa modelled); blind "
+                << entry["peak_allocated_bytes"].get<uint64_t>() << " B, now " << now.allocated
+                << " B");
+      continue;
+    }
     check_same(memsim_test::simulate_run(path), entry);
     for (const char* flip : {"if_reentrant_true", "if_reentrant_false"}) {
       if (!entry.contains(flip)) continue;
@@ -268,9 +278,6 @@ TEST_CASE("HF Trainer and PEFT defaults on a GPU against memsim", "[hft][gpu]") 
     INFO(tol.why << ": allocated " << 100 * ea << "%, reserved " << 100 * er << "%");
     CHECK(std::abs(ea) <= tol.allocated);
     CHECK(std::abs(er) <= tol.reserved);
-    if (name == "hft_bf16_sdpa_gqa" && ea < 0)
-      WARN("hft_bf16_sdpa_gqa: memsim under the real run (" << 100 * ea
-           << "%), where the unmodelled enable_gqa call should leave it over");
     ++compared;
   }
   CHECK(compared + runs["failures"].size() >= preds.size());
