@@ -150,7 +150,7 @@ TEST_CASE("min-cut partition: a value a matmul's backward reads is saved, not re
   CHECK(r.saved[0] == 0);
 }
 
-TEST_CASE("min-cut partition: reductions are saved; budget 0 keeps the inputs only",
+TEST_CASE("min-cut partition: reductions are saved, budget 0 keeps the inputs only",
           "[compile]") {
   // x -> sq (pointwise) -> mean (reduction, 1/64 of its input) -> r (pointwise, read by
   // the backward) ; x read by the backward too.

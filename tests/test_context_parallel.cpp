@@ -151,7 +151,7 @@ TEST_CASE("ring backward, allgather, N=2 rank 0: every buffer by hand", "[contex
   CHECK(ring_storages_alive(r.program) == 0);  // every ring buffer died with its frame
 }
 
-TEST_CASE("ring forward: rank N-1 never halves q; alltoall keeps one K/V chunk in flight",
+TEST_CASE("ring forward: rank N-1 never halves q, alltoall keeps one K/V chunk in flight",
           "[context-parallel]") {
   // N = 2, rank 1: step 1 (1 <= rank) runs the full q on k/v's first halves (views).
   Ring last;
@@ -174,7 +174,7 @@ TEST_CASE("ring forward: rank N-1 never halves q; alltoall keeps one K/V chunk i
   CHECK(ring_storages_alive(a2a.program) == 0);
 }
 
-TEST_CASE("a Llama's activations scale as 1/N; FSDP2 shards over data x context",
+TEST_CASE("a Llama's activations scale as 1/N, FSDP2 shards over data x context",
           "[context-parallel]") {
   // 8 GPUs: data 8 / context 1, data 4 / context 2, data 2 / context 4. The FSDP2 group is 8
   // ranks in all three, so the parameters' shards and the gathered root are the same; the

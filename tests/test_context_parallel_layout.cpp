@@ -65,7 +65,7 @@ int count_named(const Program& p, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("ring: contiguous k/v are not copied; rank 0's contiguous out is, in backward",
+TEST_CASE("ring: contiguous k/v are not copied, rank 0's contiguous out is, in backward",
           "[context-parallel-layout]") {
   // B 2, H 2, L 8, hd 4, bf16, N = 2, rank 0, k/v contiguous (repeat_kv's copies):
   // X = 256, Xf = 512, l = 128.

@@ -93,7 +93,7 @@ TEST_CASE("a 110-byte pickle allocating 2^63 bytes is refused, not replayed as 0
   CHECK_FALSE(contains(r.out, "FITS"));
 }
 
-TEST_CASE("a 2^63-byte segment is refused; seeded anyway, the statistics throw, never go negative",
+TEST_CASE("a 2^63-byte segment is refused, seeded anyway, the statistics throw, never go negative",
           "[hardening]") {
   CHECK(contains(snapshot_error("hand_segment_2pow63.pickle"),
                  "segments[0].total_size: the segment at 0 of 9223372036854775808 bytes ends past 2^57"));
@@ -189,7 +189,7 @@ TEST_CASE("sweep --max refuses keys that cannot change memory", "[hardening]") {
   }
 }
 
-TEST_CASE("sizes up to 2^64 - 1 bytes parse; the error says what the limit is", "[hardening]") {
+TEST_CASE("sizes up to 2^64 - 1 bytes parse, the error says what the limit is", "[hardening]") {
   // Before: "1PiB" was refused as "at most 64 bits".
   CHECK(parse_size("1PiB") == uint64_t{1} << 50);
   CHECK(parse_size("2EiB") == uint64_t{1} << 61);

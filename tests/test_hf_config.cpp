@@ -90,7 +90,7 @@ TEST_CASE("hf_config: llama reads the shape, biases, dtype and tie default", "[h
   CHECK(load_config(dir.path).model.hf_config == (dir.path / "config.json").string());
 }
 
-TEST_CASE("hf_config: mistral and phi3 slide every layer; phi3 fuses and rotates partially",
+TEST_CASE("hf_config: mistral and phi3 slide every layer, phi3 fuses and rotates partially",
           "[hf_config]") {
   TempDir dir("hf_config");
   CHECK(load_config(dir.write("a.json", llama_like("mistral", "  \"sliding_window\": 4096,\n")))

@@ -180,7 +180,7 @@ TEST_CASE("loss.impl: spellings, family refusals and unmodelled combinations", "
   }
 }
 
-TEST_CASE("loss.impl: a frozen head (LoRA) has no Liger weight-grad buffer; chunking splits, not shrinks, what forward keeps",
+TEST_CASE("loss.impl: a frozen head (LoRA) has no Liger weight-grad buffer, chunking splits, not shrinks, what forward keeps",
           "[loss-impl]") {
   const Scenario base = load_scenario_text(kLlama, "loss.yaml");
   const uint64_t V = static_cast<uint64_t>(base.model.vocab);

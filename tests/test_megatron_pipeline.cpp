@@ -458,7 +458,7 @@ TEST_CASE("3D parallelism: tensor x data (x pipeline), the distributed optimizer
   }
 }
 
-TEST_CASE("pipeline: checkpointing applies per stage; optimize plans each stage's layers",
+TEST_CASE("pipeline: checkpointing applies per stage, optimize plans each stage's layers",
           "[pipeline]") {
   // checkpoint.custom numbers each stage's layers from 0 (the tiny model: 2 per stage).
   Scenario s = tiny(4, 4);
@@ -486,7 +486,7 @@ TEST_CASE("pipeline: checkpointing applies per stage; optimize plans each stage'
   CHECK(r.stages.size() == 2);
 }
 
-TEST_CASE("untied output layer: its own weight (one GPU); on a pipeline the same bytes as "
+TEST_CASE("untied output layer: its own weight (one GPU), on a pipeline the same bytes as "
           "the tied last stage's shared copy",
           "[pipeline][megatron]") {
   Scenario s = tiny(1, 1);

@@ -385,7 +385,7 @@ TEST_CASE("MoE rows under autocast: the long fixtures' peak outside torch 1.13's
   }
 }
 
-TEST_CASE("MoE under autocast: the load-balancing loss's allocations in order; the step peaks to the byte", "[moe-compose]") {
+TEST_CASE("MoE under autocast: the load-balancing loss's allocations in order, the step peaks to the byte", "[moe-compose]") {
   // load_balancing_loss_func inside the autocast region (HF's CausalLM forward): the bf16
   // router logits get an fp32 copy and fp32 probabilities (CUDA's fp32_set_opt_dtype), the
   // topk values are fp32 and `.float()` copies nothing. The loss phase of the measured step,

@@ -208,7 +208,7 @@ TEST_CASE("bitsandbytes' quantize_2D picks the nearest code", "[numeric][optimiz
   }
 }
 
-TEST_CASE("memsim check runs Adafactor and 8-bit AdamW; a dropped state exits 4",
+TEST_CASE("memsim check runs Adafactor and 8-bit AdamW, a dropped state exits 4",
           "[numeric][optimizer][cli]") {
   using namespace memsim_test;
   const std::string a = memsim_command() + " check " +

@@ -264,7 +264,7 @@ TEST_CASE("pipeline optimize matches brute force through the allocator on every 
                             OptimizeOptions{}.exact_max_plans);
 }
 
-TEST_CASE("pipeline optimize matches brute force with the front walk (no enumeration; "
+TEST_CASE("pipeline optimize matches brute force with the front walk (no enumeration, "
           "4 local layers, keep/attention/mlp/layer)",
           "[optimize][pipeline]") {
   check_against_brute_force(tiny(16, 4, 5),

@@ -66,7 +66,7 @@ uint64_t stored_peak(const Program& program, const AllocatorConfig& config) {
 
 }  // namespace
 
-TEST_CASE("pipeline stages with equal keys build equal events; the peaks are every stage's",
+TEST_CASE("pipeline stages with equal keys build equal events, the peaks are every stage's",
           "[pipeline-stream]") {
   for (const Case& c : cases()) {
     INFO(c.what);

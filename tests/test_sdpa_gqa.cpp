@@ -64,7 +64,7 @@ TEST_CASE("transformers 5.x SDPA with grouped KV heads: enable_gqa, no repeat_kv
   CHECK(b4 == calls * (3 * q_bytes + softmax_d + dq_accum));
 }
 
-TEST_CASE("cuDNN attention: seed, offset, workspaces; grouped KV heads natively", "[gqa][cudnn]") {
+TEST_CASE("cuDNN attention: seed, offset, workspaces, grouped KV heads natively", "[gqa][cudnn]") {
   const std::string yaml = kSmall;
   const Program p = build_program(load_scenario_text(yaml, "t.yaml", {{"model.attention", "cudnn"}}));
   const uint64_t B = 2, H = 8, S = 128, hd = 32, q_bytes = B * H * S * hd * 2, kv_bytes = q_bytes / 4;
