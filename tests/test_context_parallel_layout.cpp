@@ -11,8 +11,6 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +23,7 @@
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
 #include "event_span_test_support.h"
+#include "python_json_test_support.h"
 #include "real_run_test_support.h"
 
 using namespace memsim;
@@ -157,15 +156,9 @@ TEST_CASE("cp_w8_c2 (H200, torch 2.11): the measured step's peaks", "[context-pa
   // remains is 4,096 B: the flash kernel's two small rng-state tensors (16 + 8 B, one
   // 512 B block each) per layer, which memsim's one-GPU flash model also leaves out
   // (cp_w8_c1 is 4,096 B low too).
-  std::ifstream f(MEMSIM_SOURCE_DIR "/tests/data/gpu/cp/cp_runs.json");
-  REQUIRE(f);
-  std::stringstream text;
-  text << f.rdbuf();
-  // Python's json writes the fake group's garbage losses as NaN, which JSON lacks.
-  std::string body = text.str();
-  for (size_t at = body.find("NaN"); at != std::string::npos; at = body.find("NaN", at))
-    body.replace(at, 3, "null");
-  const nlohmann::json runs = nlohmann::json::parse(body);
+  // Python's json writes the fake group's garbage losses as NaN (read as null).
+  const nlohmann::json runs =
+      memsim_test::load_python_json(MEMSIM_SOURCE_DIR "/tests/data/gpu/cp/cp_runs.json");
   uint64_t alloc = 0, reserved = 0;
   for (const auto& r : runs["results"])
     if (r["spec"]["name"] == "cp_w8_c2") {

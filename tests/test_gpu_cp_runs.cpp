@@ -44,8 +44,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -53,6 +51,7 @@
 #include <vector>
 
 #include "json_test_support.h"
+#include "python_json_test_support.h"
 #include "real_run_test_support.h"
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
@@ -94,17 +93,6 @@ const std::map<std::string, const char*> kChangedAfterMeasurement = {
     {"cp_w8_c4", "as cp_w8_c2 (blind -2.13%)"},
     {"cp_w8_c4_alltoall", "as cp_w8_c2 (blind -2.13%)"},
 };
-
-// The runs JSON as measure_cp.py wrote it: Python's json writes the fake process group's
-// garbage losses as NaN, which JSON lacks (read as null).
-nlohmann::json load_runs(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (size_t at = body.find("NaN"); at != std::string::npos; at = body.find("NaN", at))
-    body.replace(at, 3, "null");
-  return nlohmann::json::parse(body);
-}
 
 using Level = std::pair<uint64_t, uint64_t>;  // allocated, reserved
 
@@ -248,7 +236,7 @@ TEST_CASE("context parallelism and SDPA sac-op on a GPU against memsim", "[cp][g
                 << fx["memsim_commit"].get<std::string>() << ") are checked by the other test case.");
     return;
   }
-  const nlohmann::json runs = load_runs(kRuns);
+  const nlohmann::json runs = memsim_test::load_python_json(kRuns);  // NaN losses
   std::map<std::string, const nlohmann::json*> measured;
   for (const nlohmann::json& r : runs["results"]) measured[r["spec"]["name"]] = &r;
   memsim_test::check_snapshot_replays(runs, kSnapshotArchive, kSnapshots, "cp");
