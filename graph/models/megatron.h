@@ -137,6 +137,13 @@ struct MegatronShape {
   // "output_layer.weight", initialised from and all-reduced with stage 0's). The whole
   // model is both.
   bool pre_process = true, post_process = true;
+  // Global index of this chunk's first layer (0 for the whole model): Megatron-Core's
+  // get_transformer_layer_offset (transformer/transformer_layer.py at d98e8a64). Which layers
+  // are MoE follows the global index (gpt_layer_specs.py get_gpt_decoder_block_spec slices
+  // the whole model's moe_layer_pattern at [offset, offset + num_layers_to_build)); the
+  // layers stay numbered from 0 within the chunk everywhere else (sim/megatron/
+  // megatron_pipeline_moe.h).
+  int64_t layer_offset = 0;
   // Output layer tied to the word embedding (Megatron's default); false =
   // --untie-embeddings-and-output-weights: the output layer has its own V_pad/t x h weight
   // (on the last stage, where the tied case keeps the shared copy: the same bytes there).
@@ -148,7 +155,8 @@ struct MegatronShape {
   // bias + GeLU unfused (--no-bias-gelu-fusion: Megatron's fused bias-GeLU refuses the
   // experts' per-token probabilities, and the flag is global).
   MegatronMoeShape moe;
-  bool layer_is_moe(int64_t l) const { return moe.enabled() && moe.spec.layer_is_moe(l); }
+  // `l` is the chunk's local layer index.
+  bool layer_is_moe(int64_t l) const { return moe.enabled() && moe.spec.layer_is_moe(l + layer_offset); }
   int64_t padded_vocab() const {
     if (tensor == 1) return vocab;
     const int64_t m = 128 * tensor;

@@ -98,9 +98,11 @@ Tensor nograd(Runtime& rt, uint64_t bytes, OpKind op, bool lasting = false) {
 }
 }  // namespace
 
+// The MoE layers of the whole model before local layer l (a pipeline chunk's layers start at
+// the global layer_offset): the index of model.moe.routing's per-layer counts.
 int64_t MegatronModel::moe_layer_index(int32_t l) const {
   int64_t k = 0;
-  for (int32_t i = 0; i < l; ++i) k += s_.layer_is_moe(i) ? 1 : 0;
+  for (int64_t i = 0; i < l + s_.layer_offset; ++i) k += s_.moe.spec.layer_is_moe(i) ? 1 : 0;
   return k;
 }
 

@@ -11,8 +11,10 @@
 #include "allocator/caching_allocator.h"
 #include "graph/models/megatron.h"
 #include "graph/ops/ops.h"
+#include "sim/megatron/megatron_moe_parallel.h"
 #include "sim/megatron/megatron_optimizer.h"
 #include "sim/megatron/megatron_parallel.h"
+#include "sim/megatron/megatron_pipeline_moe.h"
 #include "sim/megatron/pipeline_schedule.h"
 #include "sim/parallel/data_parallel.h"
 #include "sim/parallel/zero_sharding.h"
@@ -89,6 +91,8 @@ class StageLoop {
       // What the stage changes here is part of megatron_stage_key: keep the two in step.
       shape.pre_process = chunk_is_first(s, stage, c);
       shape.post_process = chunk_is_last(s, stage, c);
+      // MoE layers follow the global layer index (sim/megatron/megatron_pipeline_moe.h).
+      shape.layer_offset = megatron_chunk_layer_offset(s, stage, c);
       Chunk chunk;
       chunk.model = std::make_unique<graph::MegatronModel>(rt_, shape);
       chunks_.push_back(std::move(chunk));
@@ -112,6 +116,16 @@ class StageLoop {
                         " checkpoint.custom numbers the layers of each stage's chunk (0-" +
                         std::to_string(chunk_scenario_.model.layers - 1) + "), as Megatron does");
     }
+    const graph::MegatronMoeShape& moe = chunks_[0].model->shape().moe;
+    if (!checkpoint_ && moe.enabled() && (moe.recompute_moe || moe.recompute_shared)) {
+      // --recompute-modules moe / shared_experts alone, as in the one-stage loop
+      // (sim/megatron/megatron_step.cpp): the MoE layers open their reentrant regions.
+      graph::CheckpointPlan plan;
+      plan.layers.assign(static_cast<size_t>(chunk_scenario_.model.layers), graph::LayerCheckpoint::keep);
+      plan.reentrant = true;
+      plan.early_stop = false;
+      checkpoint_ = std::make_unique<graph::CheckpointEngine>(rt_, std::move(plan));
+    }
     rt_.ctx.phase = Phase::setup;
     // get_model builds every chunk, then wraps each in its own DDP (one grad buffer each).
     for (Chunk& c : chunks_) {
@@ -134,6 +148,10 @@ class StageLoop {
     for (size_t i = c.first_param; i < c.end_param; ++i)
       numel += rt_.parameters()[i].bytes / elem();
     rt_.ctx.layer = -1;
+    if (c.model->shape().moe.enabled()) {
+      allocate_moe_grad_buffers(c);
+      return;
+    }
     if (s_.parallel.zero >= 1) numel = padded_numel(numel, s_.parallel.data);
     // Megatron's DistributedDataParallel grad buffer: the main_grad of every parameter of
     // the model chunk (one bucket: reduce is not overlapped).
@@ -142,6 +160,36 @@ class StageLoop {
     grad_buffers_.push_back(named(
         rt_, rt_.alloc(numel * optimizer_config_.grad_elem, TensorKind::gradient, OpKind::other),
         name.c_str()));
+  }
+
+  // A MoE chunk's DistributedDataParallel: the dense parameters' buffer, then the expert
+  // parameters' (expert_parallel_buffers, reduced over the expert data-parallel group),
+  // each padded to its group with the distributed optimizer (as sim/megatron/megatron_step.cpp
+  // does for one stage; Megatron-LM d98e8a64 core/distributed/distributed_data_parallel.py).
+  void allocate_moe_grad_buffers(const Chunk& c) {
+    const MegatronMoeNumel n = megatron_moe_numel(rt_, elem(), c.model->parameter_ids(), c.model->expert());
+    uint64_t dense = n.dense, expert = n.expert;
+    if (s_.parallel.zero >= 1) {
+      dense = padded_numel(dense, s_.parallel.data);
+      expert = padded_numel(expert, expert_data_parallel(s_));
+    }
+    const std::string k = std::to_string(grad_buffers_.size() / 2);
+    const std::string dense_name =
+        "main_grad buffer of model chunk " + k + " (Megatron DDP: every dense parameter's main_grad)";
+    const std::string expert_name =
+        "main_grad buffer of model chunk " + k + " (Megatron DDP: the expert parameters' main_grad)";
+    grad_buffers_.push_back(named(
+        rt_, rt_.alloc(dense * optimizer_config_.grad_elem, TensorKind::gradient, OpKind::other),
+        dense_name.c_str()));
+    // A chunk of dense layers only (model.moe.first_dense_layers) has no expert parameter:
+    // DDP then builds no expert buffer.
+    if (n.expert == 0) {
+      grad_buffers_.emplace_back();
+      return;
+    }
+    grad_buffers_.push_back(named(
+        rt_, rt_.alloc(expert * optimizer_config_.grad_elem, TensorKind::gradient, OpKind::other),
+        expert_name.c_str()));
   }
 
   void construct_optimizer() {
@@ -154,6 +202,17 @@ class StageLoop {
       // The distributed optimizer shards each DDP buffer (each chunk's) over the data-parallel
       // group; rank 0's share of every parameter.
       for (const Chunk& c : chunks_) {
+        if (c.model->shape().moe.enabled()) {
+          // Dense parameters over the data-parallel group, expert ones over the expert
+          // data-parallel group (sim/megatron/megatron_moe_parallel.h); this chunk's ids.
+          const std::vector<uint64_t> all = megatron_moe_owned_numel(
+              rt_, elem(), c.model->parameter_ids(), c.model->expert(), s_.parallel.data,
+              expert_data_parallel(s_));
+          optimizer_config_.owned_numel.insert(optimizer_config_.owned_numel.end(),
+                                               all.begin() + static_cast<std::ptrdiff_t>(c.first_param),
+                                               all.begin() + static_cast<std::ptrdiff_t>(c.end_param));
+          continue;
+        }
         std::vector<uint64_t> numel;
         for (size_t i = c.first_param; i < c.end_param; ++i)
           numel.push_back(rt_.parameters()[i].bytes / elem());
@@ -381,6 +440,13 @@ std::vector<int32_t> megatron_stage_key(const Scenario& scenario, int64_t stage)
     key.push_back((chunk_is_first(scenario, stage, c) ? 1 : 0) | (chunk_is_last(scenario, stage, c) ? 2 : 0));
   for (const PipelineAction& a : stage_actions(scenario, stage))
     key.push_back(a.forward ? a.chunk + 1 : -(a.chunk + 1));
+  // MoE: which of the stage's layers are MoE layers (by the global index), and their
+  // routing when it differs per layer (empty without MoE: dense keys unchanged).
+  const std::vector<int32_t> moe = megatron_moe_stage_key_part(scenario, stage);
+  if (!moe.empty()) {
+    key.push_back(0x7fffffff);  // separator: the action codes are small
+    key.insert(key.end(), moe.begin(), moe.end());
+  }
   return key;
 }
 

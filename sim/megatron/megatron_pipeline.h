@@ -8,7 +8,8 @@
 //    Megatron's TransformerBlock numbers them; the first virtual stage adds the embedding,
 //    the last the final LayerNorm, the output layer and the loss, with its own copy of
 //    the tied word embedding, graph/models/megatron.h), then one DDP main_grad buffer per chunk
-//    (each chunk is its own DistributedDataParallel), then the optimizer over all of them.
+//    (each chunk is its own DistributedDataParallel; with MoE two: the dense parameters' and
+//    the experts', sim/megatron/megatron_pipeline_moe.h), then the optimizer over all of them.
 //  - Each step: zero_grad, the schedule's forwards and backwards (sim/megatron/pipeline_schedule.h),
 //    then optimizer.step. A forward of a chunk that is not the first virtual stage
 //    receives its input: torch.empty((s/t with SP else s, b, h), requires_grad=True) in the
@@ -52,9 +53,11 @@ void build_megatron_stage_program(const Scenario& scenario, const MegatronOption
 
 // Everything of `stage` that its Program depends on: each chunk's first/last virtual
 // stage flags, then its schedule's (forward or backward, chunk) sequence (the schedule of
-// every step is the same). StageLoop reads the stage nowhere else (the layers of every
-// chunk are numbered from 0, the shards are data-parallel rank 0's), so stages with equal
-// keys build the same events and differ only in program.rank. Under 1F1B with m
+// every step is the same), then, for a MoE model only, which of its layers are MoE layers
+// by their global index and their routing (sim/megatron/megatron_pipeline_moe.h). StageLoop
+// reads the stage nowhere else (the layers of every chunk are numbered from 0, the shards
+// are data-parallel rank 0's), so stages with equal keys build the same events and differ
+// only in program.rank. Under 1F1B with m
 // micro-batches, every middle stage warming up with m or m - 1 forwards runs all m
 // forwards then all m backwards: on 64 stages with 16 micro-batches, stages 1-48 share one
 // key (17 stages are built instead of 64).

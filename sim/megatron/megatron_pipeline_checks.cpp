@@ -41,6 +41,10 @@ std::vector<FormulaCheck> megatron_theoretical_first_stage_checks(const Scenario
     throw std::invalid_argument(
         "Megatron's theoretical first-stage memory is checked for megatron pipelines (1f1b or "
         "interleaved) with sequence parallelism and selective recomputation");
+  if (s.model.arch.moe.experts > 0)  // the formula's MoE terms: tools/megatron/theoretical_moe_memory.py
+    throw std::invalid_argument(
+        "Megatron's theoretical first-stage memory is checked here for dense models only "
+        "(MoE: tools/megatron/theoretical_moe_memory.py, docs/moe-megatron.md)");
   const graph::MegatronShape shape = megatron_shape(s);
   const double sd = static_cast<double>(shape.seq), b = static_cast<double>(shape.batch);
   const double h = static_cast<double>(shape.hidden), ffn = static_cast<double>(shape.ffn);
