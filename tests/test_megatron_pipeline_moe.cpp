@@ -254,3 +254,42 @@ TEST_CASE("pipeline MoE: what is not modelled exits with the key named", "[pipel
   CHECK_NOTHROW(tiny({{"model.mlp", "glu"}, {"model.activation", "silu"}, {"model.o_bias", "false"},
                       {"model.mlp_bias", "false"}, {"model.qkv_bias", "false"}, {"model.moe.grouped_gemm", "true"}}));
 }
+
+TEST_CASE("pipeline MoE: the shipped Mixtral TP1 PP4 EP8 scenario, stage by stage, against "
+          "Megatron's theoretical_memory_usage.py",
+          "[pipeline-moe]") {
+  const Scenario s =
+      load_scenario(std::string(MEMSIM_SOURCE_DIR) + "/scenarios/mixtral-8x7b-megatron-pp4-ep8.yaml");
+  REQUIRE(s.parallel.pipeline == 4);
+  REQUIRE(expert_data_parallel(s) == 1);
+  // tools/megatron/theoretical_moe_memory.py, config F (compute_weight_and_optimizer_memory
+  // at d98e8a64): the most loaded shard (one embedding) and the other shards, bytes.
+  const double most_loaded = 28869737472.0, other = 27886697472.0;
+  // What the formula spreads or leaves out, in dense parameters at 6 + 12/8 bytes: the
+  // learned position embedding (4096 x 4096, stage 0 only) and the final LayerNorm (2h on the
+  // last stage; the formula puts a quarter of it on every stage).
+  const double per_dense = 6 + 12.0 / 8, h = 4096, quarter_norm = 2 * h / 4;
+  const double expected[4] = {most_loaded + per_dense * (h * h - quarter_norm), other - per_dense * quarter_norm,
+                              other - per_dense * quarter_norm, most_loaded + per_dense * (2 * h - quarter_norm)};
+  for (int64_t k = 0; k < 4; ++k) {
+    Program program;
+    build_megatron_stage_program(s, {}, k, program);
+    const LiveBytes opt = live_bytes_at_mark(program, "optimizer_end");
+    const LiveBytes fwd = live_bytes_at_mark(program, "forward_end");
+    REQUIRE(opt.found_mark);
+    REQUIRE(fwd.found_mark);
+    const uint64_t state = opt.by_kind[int(TensorKind::parameter)] + opt.by_kind[int(TensorKind::gradient)] +
+                           opt.by_kind[int(TensorKind::optimizer_state)];
+    SimulatedDevice device(1ull << 60, 0);
+    ExecuteOptions exec;
+    exec.record_by_kind = false;
+    const Timeline t = execute(program, s.allocator, device, exec);
+    std::printf("  stage %lld: model state %llu B (formula %.0f), activations at forward_end %llu B, "
+                "peak allocated %llu B, peak reserved %llu B\n",
+                static_cast<long long>(k), static_cast<unsigned long long>(state), expected[k],
+                static_cast<unsigned long long>(fwd.by_kind[int(TensorKind::activation)]),
+                static_cast<unsigned long long>(t.final_stats.allocated_bytes.all.peak),
+                static_cast<unsigned long long>(t.final_stats.reserved_bytes.all.peak));
+    CHECK(static_cast<double>(state) == expected[k]);
+  }
+}
