@@ -47,8 +47,9 @@
 //    the head's first backward op, when the loop computes the loss after the model
 //    returns; the loss's first backward op when the model computes it inside its forward
 //    (sim/step/loss_placement.h: HF Trainer's compute_loss, Liger's forward), whose
-//    post-forward (all_gather_state freed) then also comes after the loss; each block's pre-backward (its first backward
-//    allocation) copies out and prefetches the previous block. Post-backward (every
+//    post-forward (all_gather_state freed) then also comes after the loss. Each block's
+//    pre-backward (its first backward allocation) copies out and prefetches the previous
+//    block. Post-backward (every
 //    trainable parameter of the block has its gradient): reshard, free the previous
 //    group's reduce-scatter input (reduce_scatter_states), then foreach_reduce: the
 //    reduce-scatter input (sum of padded full x r, default stream; a narrowing cast

@@ -15,8 +15,9 @@
 // forward-backward), when
 //  - step.keep_output: loss with the family's own loss (loss.impl left out): HF Trainer's
 //    compute_loss, `outputs = model(**inputs)` with the labels in the inputs, so
-//    XForCausalLM.forward computes `self.loss_function(logits, labels, ...)` (transformers
-//    5.x trainer.py compute_loss; modeling_qwen2.py Qwen2ForCausalLM.forward), or
+//    XForCausalLM.forward computes `self.loss_function(logits, labels, ...)` before it
+//    returns (transformers 5.17.0 trainer.py compute_loss, models/qwen2/modeling_qwen2.py
+//    Qwen2ForCausalLM.forward; the H200 trace of hft_lora_fsdp2_w8 shows it), or
 //  - loss.impl: liger: Liger-Kernel's patched causal-LM forward takes the labels and
 //    returns the loss (graph/models/decoder_losses.cpp forward_liger).
 // Everything else computes its loss after the model returns: step.keep_output true /
