@@ -10,6 +10,7 @@
 // LM head. The H200 trace of hft_lora_fsdp2_w8 (tests/test_gpu_hft_runs.cpp) shows both.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
