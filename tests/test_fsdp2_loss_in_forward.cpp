@@ -76,6 +76,8 @@ StepOrder step_order(const Program& p) {
       o.prefetch = i;
       o.prefetch_name = name;
     }
+    // The ops' own allocations (FSDP2's buffers carry the module whose op ran the hook).
+    if (name.rfind("FSDP2 ", 0) == 0) continue;
     if (is_module(p, e, graph::Module::loss) && o.first_loss_backward == npos) o.first_loss_backward = i;
     if (is_module(p, e, graph::Module::head) && o.first_head_backward == npos) o.first_head_backward = i;
   }
