@@ -41,6 +41,12 @@
 //    and memsim still makes repeat_kv's copies (about +1% on the earlier
 //    tf_llama_l4_d1024_s1024_b4_sdpa_autocast_bf16 run): expected over, a WARN says if not.
 // A gap beyond these is a rule to find, not a tolerance to widen without a named cause.
+//
+// Modelled after the measurement (not blind; the blind check above warns for these, the
+// measurement test holds them to the bound they meet now, beside the tolerance above):
+//  - hft_lora_fsdp2_w8 (wt/fsdp2loss): FSDP2's root pre-backward hook is on the loss when
+//    the model computes it in forward (step.keep_output: loss; sim/step/loss_placement.h):
+//    blind -1.72% allocated, now within 0.1% and reserved exact.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -86,6 +92,23 @@ Tolerance tolerance_of(const std::string& name, const nlohmann::json& entry) {
                         "mem-efficient scratch"};
   return {0.005, 0.02, "bf16 autocast + SDPA (+ checkpointing): exact on CPU fixtures, Qwen2 "
                        "5.17 autocast exact on an H200"};
+}
+
+// Runs whose model changed after the measurement, and the bound memsim meets since.
+struct ModelledAfter {
+  const char* name;
+  double allocated, reserved;
+  const char* why;
+};
+const ModelledAfter kModelledAfter[] = {
+    {"hft_lora_fsdp2_w8", 0.001, 0.0,
+     "FSDP2's root pre-backward at the loss's first backward op (the loss computed in the "
+     "model's forward; wt/fsdp2loss): blind -1.72% allocated"},
+};
+const ModelledAfter* modelled_after(const std::string& name) {
+  for (const ModelledAfter& m : kModelledAfter)
+    if (name == m.name) return &m;
+  return nullptr;
 }
 
 // memsim's prediction for a scenario with --set style overrides (the flipped reentrancy).
@@ -158,6 +181,16 @@ TEST_CASE("the HF Trainer / PEFT GPU runs' blind predictions are what memsim pre
       WARN(name << ": prediction changed after the measurement (enable_gqa modelled); blind "
                 << entry["peak_allocated_bytes"].get<uint64_t>() << " B, now " << now.allocated
                 << " B");
+      continue;
+    }
+    if (const ModelledAfter* m = modelled_after(name)) {
+      const memsim_test::RunPrediction now = memsim_test::simulate_run(path);
+      WARN(name << ": prediction changed after the measurement (" << m->why << "); blind "
+                << entry["peak_allocated_bytes"].get<uint64_t>() << " B, now " << now.allocated
+                << " B");
+      // The change is in the root's hooks: the shards and model state stay as predicted.
+      CHECK(now.parameters == entry["parameter_count"].get<uint64_t>());
+      CHECK(now.allocated > entry["peak_allocated_bytes"].get<uint64_t>());  // the prefetch
       continue;
     }
     check_same(memsim_test::simulate_run(path), entry);
@@ -278,6 +311,11 @@ TEST_CASE("HF Trainer and PEFT defaults on a GPU against memsim", "[hft][gpu]") 
     INFO(tol.why << ": allocated " << 100 * ea << "%, reserved " << 100 * er << "%");
     CHECK(std::abs(ea) <= tol.allocated);
     CHECK(std::abs(er) <= tol.reserved);
+    if (const ModelledAfter* m = modelled_after(name)) {
+      INFO("modelled after the measurement: " << m->why);
+      CHECK(std::abs(ea) <= m->allocated);
+      CHECK(std::abs(er) <= m->reserved);
+    }
     ++compared;
   }
   CHECK(compared + runs["failures"].size() >= preds.size());

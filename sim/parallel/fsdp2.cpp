@@ -7,6 +7,7 @@
 
 #include "scenario/fsdp_precision.h"
 #include "sim/parallel/wrap_units.h"
+#include "sim/step/loss_placement.h"
 
 namespace memsim {
 
@@ -29,6 +30,7 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   offload_ = pc.cpu_offload;
   meta_init_ = pc.fsdp_init_on_cpu;
   hsdp_ = pc.replicate > 1;
+  loss_in_forward_ = loss_in_model_forward(s);
   const DType orig_dtype = s.precision.params;
   const uint64_t elem = static_cast<uint64_t>(dtype_bytes(orig_dtype));
   const uint64_t compute_elem = model_compute_elem(s);  // param_dtype (or precision.params)
@@ -334,7 +336,15 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
     wait_for_unshard(rt, g, true);
     forward_group_ = g;
   } else if (rt.ctx.phase == Phase::backward || rt.recomputing) {
-    if (!backward_started_ && rt.ctx.module == graph::Module::head) root_pre_backward(rt);
+    // The root's pre-backward hook sits on the root's forward outputs that require grad:
+    // the logits, whose gradient the head's first backward op receives, and, when the
+    // model computed the loss in its forward, the loss, which autograd reaches first
+    // (its first backward op; the ones_like root gradient comes before, in ctx.module
+    // none).
+    if (!backward_started_ &&
+        (rt.ctx.module == graph::Module::head ||
+         (loss_in_forward_ && rt.ctx.module == graph::Module::loss)))
+      root_pre_backward(rt);
     if (g == 0 || groups_[g].backward_done) return;
     if (!backward_started_) root_pre_backward(rt);
     // The block above without trainable parameters had its post-backward when the

@@ -34,15 +34,22 @@
 //    (padded full x p; all_gather_outputs[0], storage resize_(full)), then the flat
 //    output: in forward it stays in all_gather_state and is freed by the next group's
 //    wait_for_unshard (before that group's copy-out) or by the root's post-forward
-//    (after the LM head); in backward it is freed right after the copy-out.
+//    (when model.forward returns: after the LM head, or after the loss when the model
+//    computes it); in backward it is freed right after the copy-out.
 //  - Post-forward (blocks only: the root is never resharded after forward): reshard =
 //    free the unsharded tensors (resize_(0)). reshard_after_forward N: first a clone of
 //    this rank's 1/N slice of each unsharded tensor (padded full x p / N, default
 //    stream), which the backward all-gathers from (N ranks) and frees after its copy-out.
 //    false: nothing is freed until after backward.
-//  - Backward: the root's pre-backward (the logits' gradient) unshards the last block
-//    (prefetch: the flat output only); each block's pre-backward (its first backward
-//    allocation) copies out and prefetches the previous block. Post-backward (every
+//  - Backward: the root's pre-backward unshards the last block (prefetch: the flat output
+//    only). It is a tensor hook on the root's forward outputs that require grad
+//    (_fsdp_state.py _register_pre_backward_hook, torch 2.11): the logits' gradient, i.e.
+//    the head's first backward op, when the loop computes the loss after the model
+//    returns; the loss's first backward op when the model computes it inside its forward
+//    (sim/step/loss_placement.h: HF Trainer's compute_loss, Liger's forward), whose
+//    post-forward (all_gather_state freed) then also comes after the loss. Each block's
+//    pre-backward (its first backward allocation) copies out and prefetches the previous
+//    block. Post-backward (every
 //    trainable parameter of the block has its gradient): reshard, free the previous
 //    group's reduce-scatter input (reduce_scatter_states), then foreach_reduce: the
 //    reduce-scatter input (sum of padded full x r, default stream; a narrowing cast
@@ -152,6 +159,9 @@ class Fsdp2 : public graph::RuntimeHooks {
   bool meta_init_ = false;
   bool hsdp_ = false;
   bool mixed_precision_ = false;
+  // The loss is one of the root's forward outputs (sim/step/loss_placement.h): the root's
+  // pre-backward runs at the loss's first backward op, not the head's.
+  bool loss_in_forward_ = false;
   DType grad_dtype_ = DType::fp32;       // the unsharded gradients' dtype
   DType orig_grad_dtype_ = DType::fp32;  // the sharded (trainable) parameters' dtype
   DType reduce_dtype_ = DType::fp32;     // reduce_dtype, or the gradients' dtype (None)

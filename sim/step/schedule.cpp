@@ -30,6 +30,7 @@
 #include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
 #include "sim/step/script_loss.h"
+#include "sim/step/loss_placement.h"
 #include "sim/step/time_model_setup.h"
 #include "sim/parallel/zero_redundancy.h"
 
@@ -112,7 +113,8 @@ class Loop {
   Loop(const Scenario& s, const TrainingScript& script, Program& program,
        graph::RuntimeBuffers* buffers = nullptr, graph::NumericContext* numeric = nullptr)
       : s_(s), script_(script), rt_(program, buffers),
-        model_(rt_, shape_for(static_cast<const Model*>(nullptr), s, script)) {
+        model_(rt_, shape_for(static_cast<const Model*>(nullptr), s, script)),
+        loss_in_forward_(loss_in_model_forward(s)) {
     rt_.numeric = numeric;  // numeric mode (graph/numeric/numeric.h); null in normal runs
     if (numeric != nullptr) rt_.test_drop_save = numeric->test_drop_save;
   }
@@ -315,7 +317,11 @@ class Loop {
       } else {
         out = model_.forward(ids);
       }
-      if (fsdp2_) fsdp2_->post_forward(rt_);  // the root's post-forward
+      // The root's post-forward runs when model.forward returns: after the loss when the
+      // model computes it (sim/step/loss_placement.h; Liger's forward has it already).
+      const bool root_post_forward_after_loss =
+          loss_in_forward_ && with_loss && hf_loss != LossFunction::liger;
+      if (fsdp2_ && !root_post_forward_after_loss) fsdp2_->post_forward(rt_);
       if (autocast_ && !region_ends(AutocastRegion::whole_run) &&
           (region_ends(AutocastRegion::forward) || !with_loss))
         autocast_->exit();
@@ -366,6 +372,7 @@ class Loop {
         l = model_.loss(logits_, targets);  // the family's loss (HF: shift + CE)
       }
       loss_ = std::move(l);
+      if (fsdp2_ && root_post_forward_after_loss) fsdp2_->post_forward(rt_);
       if (script_.del_output_after_loss) logits_.reset();  // `del pred` (the graph lives on)
       if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
       rt_.ctx.phase = Phase::backward;
@@ -407,6 +414,7 @@ class Loop {
   const TrainingScript& script_;
   Runtime rt_;
   Model model_;
+  const bool loss_in_forward_;  // the model's forward computes the loss (sim/step/loss_placement.h)
   std::unique_ptr<OptimizerSim> optimizer_;
   std::unique_ptr<OptimizerInBackward> in_backward_;  // optimizer.in_backward (then optimizer_ is null)
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
