@@ -51,12 +51,14 @@ void packed_sequence_check(Runtime& rt, const HfShape& s) {
     diff = new_tensor(rt, B * S * 8, OpKind::sub, TensorKind::temporary);
   }
   // packed_sequence_mask = (position_diff != 1).cumsum(-1): the int64 result, then a
-  // temporary of the same size inside CUDA's cumsum (dies), then the comparison dies.
+  // temporary of the same size inside CUDA's cumsum of a bool (dies; the H200 traces), then
+  // the comparison dies. torch 1.13's CPU kernel has no temporary: a CPU run (no kernel
+  // scratch, device.kernel_scratch false) has none.
   Tensor packed;
   {
     Tensor ne = new_tensor(rt, B * S, OpKind::compare, TensorKind::temporary);
     packed = new_tensor(rt, B * S * 8, OpKind::cumsum, TensorKind::temporary);
-    Tensor scratch = new_tensor(rt, B * S * 8, OpKind::cumsum, TensorKind::temporary);
+    if (rt.kernel_scratch) Tensor scratch = new_tensor(rt, B * S * 8, OpKind::cumsum, TensorKind::temporary);
   }
   // (packed_sequence_mask[:, -1] == 0).all(): both die after the host reads the flag.
   {
