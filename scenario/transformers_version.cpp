@@ -37,7 +37,11 @@ void apply_v5_layout(DecoderArch& a) {
   a.mask_add_inplace = false;   // attn_weights = attn_weights + causal_mask
   a.logits_float = LogitsFloat::loss;  // ForCausalLMLoss: logits.float() inside the loss
   a.loss = CausalLoss::pad;            // labels padded by one, no shifted logits copy
-  a.sdpa_gqa = true;  // sdpa_attention_forward: enable_gqa=True, no repeat_kv (use_gqa_in_sdpa)
+  // sdpa_attention_forward: enable_gqa=True, no repeat_kv (use_gqa_in_sdpa). Also the mark
+  // the graph reads as "transformers 5.x's code": masking_utils builds the training forward's
+  // position ids and masks (graph/models/decoder_mask_v5.h: eager's (B,1,S,S) mask in the
+  // model dtype, SDPA's None; transformers 5.17.0 masking_utils.py).
+  a.sdpa_gqa = true;
 }
 
 bool has_v5_layout(const DecoderArch& a) {
@@ -75,6 +79,13 @@ void read_transformers_version(const Doc& d, ModelConfig& m) {
              "model: use 4)");
   const char* arch = m.arch.architecture;
   if (is_moe_architecture(arch)) return;  // already 5.x's placements (model_architecture.cpp)
+  // Qwen2 / Qwen3 with sliding layers: 5.x builds the full and the sliding mask and picks
+  // one per layer type, v4.51 folded one window into every layer's mask; not measured.
+  if (m.arch.sliding_window > 0 && (std::strcmp(arch, "qwen2") == 0 || std::strcmp(arch, "qwen3") == 0))
+    fail(f->where, "model.transformers",
+         std::string("5 with a sliding window on the ") + arch + " row (use_sliding_window) is not "
+         "modelled: 5.x's masking_utils builds a full and a sliding mask and picks one per layer "
+         "type (docs/transformers5-mask.md); use 4 or no window");
   for (const char* measured : {"llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2"})
     if (std::strcmp(arch, measured) == 0) {
       apply_v5_layout(m.arch);

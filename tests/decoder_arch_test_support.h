@@ -51,7 +51,11 @@ inline memsim::graph::DecoderArch arch_for(const nlohmann::json& c) {
   r.rope_mul_fused = h["rope_mul"] == "fused";
   r.rope_local = h["rope_local"];
   r.attn_rope_buffer = h["attn_rope_buffer"];
-  r.mask = h["mask"] == "exclude" ? MaskBuild::exclude : MaskBuild::triu;
+  // "masking_utils": transformers 5.x's create_causal_mask (torch_models.py's v5 mask): the
+  // graph builds it for rows with 5.x's SDPA call (graph/models/decoder_mask_v5.h); eager
+  // fixtures never reach SDPA. generate() is not run on them, so `mask` keeps exclude there.
+  r.mask = h["mask"] == "triu" ? MaskBuild::triu : MaskBuild::exclude;
+  r.sdpa_gqa = h["mask"] == "masking_utils";
   r.mask_target_s = h["mask_target"] == "s";
   r.mask_add_inplace = h["mask_add"] == "inplace";
   r.sliding_at = h["sliding_at"] == "layer" ? SlidingAt::layer : SlidingAt::mask;
@@ -65,6 +69,8 @@ inline memsim::graph::DecoderArch arch_for(const nlohmann::json& c) {
   r.loss = h["loss"] == "pad" ? CausalLoss::pad : CausalLoss::shift;
   r.residual_dropout = h["resid_dropout"].get<double>() > 0.0;
   if (r.architecture == std::string("gemma2")) r.sandwich_order = SandwichOrder::gemma2;
+  // Qwen2-MoE's stand-in (a qwen2 row with experts) builds both of 5.x's masks.
+  if (h.value("mask_both", false)) r.architecture = "qwen2_moe";
   return r;
 }
 

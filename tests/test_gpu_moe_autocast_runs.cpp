@@ -78,24 +78,35 @@ constexpr double kBackwardEndTolerance = 0.001;
 //    Mixtral's reserved are exact;
 //  - transformers 5.17's eager mask (masking_utils.eager_mask: sdpa_mask's (S, S) bool
 //    expanded to (B, 1, S, S), then torch.where into the embeddings' dtype) is a B*S*S*4 =
-//    4 MiB fp32 tensor under autocast, alive from the embedding to the final norm; memsim's
-//    v5 rows build v4's (S, S+1) exclude mask (257 KiB). With it as well, every eager run's
-//    reserved is exact in the replay too;
+//    4 MiB fp32 tensor under autocast, alive from the embedding to the final norm. memsim's
+//    v5 rows built v4's (S, S+1) exclude mask (257 KiB) until 2026-11-28; they build 5.17's
+//    now (graph/models/decoder_mask_v5.h, docs/transformers5-mask.md: modelled after the
+//    measurement). Replayed with descending addresses as well, every eager run's reserved
+//    was exact;
 //  - with the labels passed to the model the loss runs inside forward, so the final norm's
 //    output and the previous step's outputs die after the loss, not before it (no peak moves).
 // The allocations of 4 MiB or more that differ between each run's trace and memsim's
-// Program (alloc_count_difference), found in the traces: eager runs, 5.17's (B, 1, S, S)
-// fp32 eager mask (once per step); SDPA runs, cuDNN attention's backward buffer in place of
-// flash's dq accumulator and the dV copy. Checked so that a rule fixing one updates this.
+// Program (alloc_count_difference), found in the traces: SDPA runs, cuDNN attention's
+// backward buffer in place of flash's dq accumulator and the dV copy. (The eager runs' one
+// difference, 5.17's (B, 1, S, S) fp32 eager mask once per step, is modelled since
+// 2026-11-28.) Checked so that a rule fixing one updates this.
 const std::map<std::string, std::string> kLargeAllocDifferences = {
-    {"moe_ac_tf_qwen3_moe_balanced", "4194304 B: 2 more in the real run"},
-    {"moe_ac_tf_olmoe_skew", "4194304 B: 2 more in the real run"},
-    {"moe_ac_tf_qwen3_moe_worst", "4194304 B: 2 more in the real run"},
-    {"moe_ac_tf_mixtral_balanced", "4194304 B: 2 more in the real run"},
+    {"moe_ac_tf_qwen3_moe_balanced", ""},
+    {"moe_ac_tf_olmoe_skew", ""},
+    {"moe_ac_tf_qwen3_moe_worst", ""},
+    {"moe_ac_tf_mixtral_balanced", ""},
     {"moe_ac_tf_olmoe_mha_balanced_sdpa",
      "8388608 B: 4 more in memsim; 16777216 B: 4 more in memsim; 17039616 B: 4 more in the real run"},
     {"moe_ac_tf_olmoe_mha_balanced_sdpa_hfckpt",
      "8388608 B: 4 more in memsim; 16777216 B: 4 more in memsim; 17039616 B: 4 more in the real run"},
+};
+
+// Runs whose prediction changed after the measurement, and the rule that changed it.
+const std::map<std::string, std::string> kChangedAfterMeasurement = {
+    {"moe_ac_tf_qwen3_moe_balanced", "5.17's eager mask modelled, 2026-11-28"},
+    {"moe_ac_tf_olmoe_skew", "5.17's eager mask modelled, 2026-11-28"},
+    {"moe_ac_tf_qwen3_moe_worst", "5.17's eager mask modelled, 2026-11-28"},
+    {"moe_ac_tf_mixtral_balanced", "5.17's eager mask modelled, 2026-11-28"},
 };
 
 struct KnownGap {
@@ -105,17 +116,17 @@ struct KnownGap {
 };
 const std::map<std::string, KnownGap> kKnownGaps = {
     {"moe_ac_tf_qwen3_moe_worst",
-     {0.058, kBackwardEndTolerance,
-      "reserved -5.73%: segment address order (memsim ascending, the driver's mostly "
-      "descending: equal-size free blocks are taken lowest address first) and 5.17's 4 MiB "
-      "eager mask; replayed into memsim's Program: mask alone -2.12%, descending addresses "
-      "alone -4.67%, both 0.00%"}},
+     {0.056, kBackwardEndTolerance,
+      "reserved -5.52% (-5.73% before 5.17's 4 MiB eager mask was modelled): segment address "
+      "order (memsim ascending, the driver's mostly descending: equal-size free blocks are "
+      "taken lowest address first); replayed into memsim's Program (then without the mask): "
+      "mask alone -2.12%, descending addresses alone -4.67%, both 0.00%"}},
     {"moe_ac_tf_mixtral_balanced",
      {0.054, kBackwardEndTolerance,
       "reserved +5.34%: segment address order (memsim ascending, the driver's mostly "
       "descending: equal-size free blocks are taken lowest address first); replayed into "
       "memsim's Program with descending addresses 0.00% (with 5.17's eager mask as well: "
-      "0.00%, allocated +0.17%)"}},
+      "0.00%; the mask, modelled since, took allocated from +0.26% to +0.03%)"}},
     {"moe_ac_tf_olmoe_mha_balanced_sdpa",
      {0.035, 0.0011,
       "reserved -3.46%: segment address order (memsim ascending, the driver's mostly "
@@ -157,8 +168,17 @@ TEST_CASE("MoE under autocast on a GPU: the blind predictions are memsim's curre
       INFO(name << ": " << (*p)["scenario"].get<std::string>());
       REQUIRE_FALSE(p->contains("refused"));
       const memsim_test::RunPrediction now = memsim_test::simulate_run(memsim_test::scenario_path_of(*p));
-      CHECK(now.allocated == (*p)["peak_allocated_bytes"].get<uint64_t>());
-      CHECK(now.reserved == (*p)["peak_reserved_bytes"].get<uint64_t>());
+      const uint64_t ba = (*p)["peak_allocated_bytes"].get<uint64_t>();
+      const uint64_t br = (*p)["peak_reserved_bytes"].get<uint64_t>();
+      if (kChangedAfterMeasurement.count(name) != 0) {
+        // The blind file stays the record; the rule named moved the prediction.
+        WARN(name << ": prediction changed after the measurement (" << kChangedAfterMeasurement.at(name)
+                  << "); blind " << ba << " / " << br << " B, now " << now.allocated << " / " << now.reserved);
+        CHECK((now.allocated != ba || now.reserved != br));
+      } else {
+        CHECK(now.allocated == ba);
+        CHECK(now.reserved == br);
+      }
       CHECK(now.parameters == (*p)["parameters"].get<uint64_t>());
       ++checked;
     }

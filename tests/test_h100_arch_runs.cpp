@@ -259,21 +259,27 @@ TEST_CASE("Arch fp32 stand-ins: every large allocation of the program appears in
 
 TEST_CASE("Arch runs of transformers 5.17 with model.transformers: 5", "[h100][arch][transformers5]") {
   // The same runs simulated with 5.x's placements (scenario/transformers_version.h). The
-  // allowed error is the measured one, rounded up; the fp32 reserved gaps of qwen2 and
-  // mistral (-7.9%, as LLaMA's 5.17 eager run in test_h100_runs.cpp) are not explained.
+  // allowed error is the measured one, rounded up. Since 2026-11-28 (modelled after the
+  // measurement) the rows build 5.17's masking_utils masks (graph/models/decoder_mask_v5.h,
+  // docs/transformers5-mask.md): the fp32 reserved gaps of qwen2 and mistral (-7.9%, then
+  // "not found") closed with the 16 MiB (B,1,S,S) mask; Phi-3's reserved went from +0.8% /
+  // exact to +9.2% / +9.6% (one more 502 MiB segment: a cached logits segment split by layer
+  // 0's attention outputs in the measured step, on top of its per-layer 16 MiB segment
+  // difference; the rule not found) while its allocated became exact. Earlier bounds in
+  // the comments where they moved.
   const std::map<std::string, KnownGap> v5 = {
-      {"tf_arch_qwen2_l4_d1024_s1024_b4_fp32", {0.0004, 0.08, "fp32 reserved: not found"}},
-      {"tf_arch_qwen3_l4_d1024_s1024_b4_fp32", {0.000001, 0.0016, ""}},
-      {"tf_arch_gemma2_l4_d1024_s1024_b4_fp32", {0.000001, 0.0037, ""}},
-      {"tf_arch_phi3_l4_d1024_s1024_b4_fp32", {0.00014, 0.0081, ""}},
-      {"tf_arch_mistral_l4_d1024_s1024_b4_fp32", {0.0004, 0.08, "fp32 reserved: not found"}},
-      {"tf_arch_qwen2.5-0.5b_s2048_b2_bf16", {0.0001, 0.0024, ""}},
-      {"tf_arch_qwen3-0.6b_s2048_b2_bf16", {0.00002, 0.0011, "768 KiB block remainder since the q/k grad copies (arch_qwen3-0.6b's gap)"}},
-      {"tf_arch_qwen2_l4_d1024_s1024_b4_bf16", {0.00022, 0.0, ""}},
-      {"tf_arch_qwen3_l4_d1024_s1024_b4_bf16", {0.000001, 0.0027, ""}},
-      {"tf_arch_gemma2_l4_d1024_s1024_b4_bf16", {0.000001, 0.0008, ""}},
-      {"tf_arch_phi3_l4_d1024_s1024_b4_bf16", {0.00066, 0.0, ""}},
-      {"tf_arch_mistral_l4_d1024_s1024_b4_bf16", {0.00022, 0.0, ""}},
+      {"tf_arch_qwen2_l4_d1024_s1024_b4_fp32", {0.00035, 0.0, ""}},  // reserved 0.08 before
+      {"tf_arch_qwen3_l4_d1024_s1024_b4_fp32", {0.000001, 0.0022, "segment layout (0.0016 before the mask), not found"}},
+      {"tf_arch_gemma2_l4_d1024_s1024_b4_fp32", {0.000001, 0.0003, ""}},  // reserved 0.0037 before
+      {"tf_arch_phi3_l4_d1024_s1024_b4_fp32", {0.000001, 0.093, "502 MiB logits segment split (docs/transformers5-mask.md)"}},
+      {"tf_arch_mistral_l4_d1024_s1024_b4_fp32", {0.00035, 0.0, ""}},  // reserved 0.08 before
+      {"tf_arch_qwen2.5-0.5b_s2048_b2_bf16", {0.00004, 0.0027, "segment layout (0.0024 before the mask), not found"}},
+      {"tf_arch_qwen3-0.6b_s2048_b2_bf16", {0.00002, 0.0012, "768 KiB block remainder since the q/k grad copies (arch_qwen3-0.6b's gap)"}},
+      {"tf_arch_qwen2_l4_d1024_s1024_b4_bf16", {0.00032, 0.0, "allocated -1.5 MiB since the mask (+0.021% before): block rounding, not found"}},
+      {"tf_arch_qwen3_l4_d1024_s1024_b4_bf16", {0.000001, 0.0007, ""}},  // reserved 0.0027 before
+      {"tf_arch_gemma2_l4_d1024_s1024_b4_bf16", {0.000001, 0.0007, ""}},
+      {"tf_arch_phi3_l4_d1024_s1024_b4_bf16", {0.00006, 0.097, "502 MiB logits segment split (docs/transformers5-mask.md)"}},
+      {"tf_arch_mistral_l4_d1024_s1024_b4_bf16", {0.000001, 0.0, ""}},  // allocated 0.00022 before
       // HF Trainer's bf16=True: fp32 weights, bf16 autocast. Not used to derive the layout.
       // -5 KiB allocated when first simulated; +1 MiB (+0.017%) since eager_attention_forward
       // keeps its repeated K/V until it returns (Python locals; the generate fixtures'

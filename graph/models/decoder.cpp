@@ -9,6 +9,7 @@
 #include "graph/autocast.h"
 #include "graph/checkpoint.h"
 #include "graph/compile.h"
+#include "graph/models/decoder_mask_v5.h"
 #include "graph/models/kv_cache.h"
 #include "graph/numeric/numeric.h"
 #include "graph/ops/ops_nn.h"
@@ -290,7 +291,11 @@ Tensor DecoderModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
   // dtype. Both are locals of the layer's forward.
   Tensor mask = extra[0], sliding_mask, layer_mask;
   // (generate.cache_classes v5: 5.x's layers receive their type's mask and build nothing.)
-  const bool v5_masks = cache_ != nullptr && cache_->layered();
+  const bool v5_masks = (cache_ != nullptr && cache_->layered()) || uses_masking_utils(a);
+  // transformers 5.x's training forward: a sliding layer takes the model's sliding mask
+  // (forward_hidden appends it to extra when the model built both).
+  const size_t sliding_slot = a.rope_local ? 6 : 4;
+  if (uses_masking_utils(a) && slides && extra.size() > sliding_slot) mask = extra[sliding_slot];
   if (slides && a.sliding_at == SlidingAt::layer && mask.defined() && !v5_masks) {
     const uint64_t n = s_.batch * s_.seq * mask_keys();
     {
@@ -480,9 +485,14 @@ Tensor DecoderModel::forward_hidden(const Tensor& ids, Tensor& head_w) {
       inputs_embeds = mul_scalar(rt_, inputs_embeds);
     // PEFT's make_inputs_require_grad forward hook on the embedding module's output.
     if (s_.lora.input_require_grads && rt_.grad_enabled) rt_.requires_grad_(inputs_embeds);
-    Tensor cache_position = new_tensor(rt_, S * 8, OpKind::arange);
-    Tensor mask;
-    if (s_.attention == HfAttention::eager) mask = causal_mask();
+    // transformers 5.x: position_ids = arange + past; masking_utils' masks (decoder_mask_v5.cpp).
+    const bool v5 = uses_masking_utils(a);
+    Tensor cache_position = v5 ? v5_position_ids(rt_, s_) : new_tensor(rt_, S * 8, OpKind::arange);
+    Tensor mask, sliding_mask;
+    if (v5)
+      v5_masks(rt_, s_, mask, sliding_mask);
+    else if (s_.attention == HfAttention::eager)
+      mask = causal_mask();
     // Gemma/Gemma-2 v4.45: `hidden_states = inputs_embeds * normalizer`, a host 0-d
     // tensor (no device bytes); inputs_embeds stays bound until the model returns.
     Tensor h0 = inputs_embeds;
@@ -503,6 +513,7 @@ Tensor DecoderModel::forward_hidden(const Tensor& ids, Tensor& head_w) {
       extra.push_back(cos_local);
       extra.push_back(sin_local);
     }
+    if (sliding_mask.defined()) extra.push_back(sliding_mask);  // 5.x: the sliding layers' mask
     Tensor h = run_layers(rt_, static_cast<int32_t>(s_.layers), std::move(h0), extra,
                           [this](int32_t l, const Tensor& in, const Inputs& ex) {
                             // torchtitan's per-block compile: each layer a region
@@ -511,10 +522,13 @@ Tensor DecoderModel::forward_hidden(const Tensor& ids, Tensor& head_w) {
                           });
     extra.clear();
     hidden = norm(h, final_norm_, s_.rows(), D);
-    // LlamaModel.forward returns: its locals die in declaration order (H100 trace).
+    // LlamaModel.forward returns: its locals die in declaration order (H100 trace); 5.x's
+    // position_ids are bound after the mask dict is (the H200 traces of tf_arch_*).
     inputs_embeds.reset();
-    cache_position.reset();
+    if (!v5) cache_position.reset();
     mask.reset();
+    sliding_mask.reset();
+    cache_position.reset();
     h.reset();
     cos.reset();
     sin.reset();

@@ -15,10 +15,11 @@ For each run (default: all six) it
      edited: (a) every segment given a lower virtual address than the ones before it
      (offsets kept), as the driver placed most of them in these runs -- PyTorch takes the
      lowest-addressed of equal-size free blocks, so the order decides which segment is
-     reused; memsim's SimulatedDevice hands out ascending addresses; (b) for eager runs,
-     transformers 5.17's eager mask put in: one B*S*S*4 allocation after the embedding,
-     freed when the model returns (after the final norm; masking_utils.eager_mask);
-     (c) both. Prints each replay's peak allocated and reserved.
+     reused; memsim's SimulatedDevice hands out ascending addresses. Prints each replay's
+     peak allocated and reserved. (Until 2026-11-28 it also put transformers 5.17's eager
+     mask into memsim's trace, one B*S*S*4 allocation from the embedding to the final norm;
+     memsim now builds that mask itself: graph/models/decoder_mask_v5.cpp,
+     docs/transformers5-mask.md.)
 Plain Python (pickle, difflib, subprocess): no torch needed. Prints only; writes its
 scratch files under a temporary folder.
 """
@@ -36,8 +37,6 @@ RUNS_DIR = os.path.join(HERE, "..", "..", "tests", "data", "gpu", "moe_autocast"
 RUNS = ["moe_ac_tf_qwen3_moe_balanced", "moe_ac_tf_olmoe_skew", "moe_ac_tf_olmoe_mha_balanced_sdpa",
         "moe_ac_tf_olmoe_mha_balanced_sdpa_hfckpt", "moe_ac_tf_qwen3_moe_worst",
         "moe_ac_tf_mixtral_balanced"]
-# The runs' shape (measure_moe_autocast.py): batch 16, sequence 256, fp32 embeddings.
-MASK_BYTES = 16 * 256 * 256 * 4
 
 
 def trace_of(path):
@@ -112,27 +111,6 @@ def descending_segments(trace):
     return [dict(e, addr=moved(e["addr"])) if "addr" in e else e for e in trace]
 
 
-def with_eager_mask(trace):
-    """memsim's trace with one MASK_BYTES allocation per forward, as 5.17's eager_mask."""
-    out, live, serial = [], None, 0
-    for e in trace:
-        out.append(e)
-        if e["action"] != "alloc" or phase_of(e) != "forward":
-            continue
-        name = name_of(e)
-        if name.startswith("embedding output in model.embed_tokens") and live is None:
-            serial += 1
-            live = (1 << 50) + (serial << 26)
-            out.append(dict(e, addr=live, size=MASK_BYTES,
-                            frames=[{"name": "eager_mask (inserted)", "filename": "forward", "line": 0}]))
-        elif name.startswith("mul output in model.norm") and live is not None:
-            for action in ("free_requested", "free_completed"):
-                out.append(dict(e, action=action, addr=live, size=MASK_BYTES,
-                                frames=[{"name": "eager_mask (inserted)", "filename": "forward", "line": 0}]))
-            live = None
-    return out
-
-
 def replay(memsim, path):
     done = subprocess.run([memsim, "replay", path, "--json", "-"], capture_output=True, text=True)
     j = json.loads(done.stdout)
@@ -164,9 +142,6 @@ def main(argv):
             print("  replayed: real %d / %d; memsim %d / %d (%s / %s)" % (ra, rr, sa, sr, pct(sa, ra), pct(sr, rr)))
             trace = sim["device_traces"][0]
             variants = [("descending segment addresses", descending_segments(trace))]
-            if "sdpa" not in run:  # SDPA passes no mask
-                variants += [("5.17's eager mask", with_eager_mask(trace)),
-                             ("both", descending_segments(with_eager_mask(trace)))]
             for label, t in variants:
                 path = os.path.join(tmp, run + "_edited.pickle")
                 with open(path, "wb") as f:
