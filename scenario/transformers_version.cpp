@@ -37,11 +37,11 @@ void apply_v5_layout(DecoderArch& a) {
   a.mask_add_inplace = false;   // attn_weights = attn_weights + causal_mask
   a.logits_float = LogitsFloat::loss;  // ForCausalLMLoss: logits.float() inside the loss
   a.loss = CausalLoss::pad;            // labels padded by one, no shifted logits copy
-  // sdpa_attention_forward: enable_gqa=True, no repeat_kv (use_gqa_in_sdpa). Also the mark
-  // the graph reads as "transformers 5.x's code": masking_utils builds the training forward's
-  // position ids and masks (graph/models/decoder_mask_v5.h: eager's (B,1,S,S) mask in the
-  // model dtype, SDPA's None; transformers 5.17.0 masking_utils.py).
-  a.sdpa_gqa = true;
+  a.sdpa_gqa = true;  // sdpa_attention_forward: enable_gqa=True, no repeat_kv (use_gqa_in_sdpa)
+  // masking_utils builds the training forward's position ids and masks
+  // (graph/models/decoder_mask_v5.h: eager's (B,1,S,S) mask in the model dtype, SDPA's None;
+  // transformers 5.17.0 masking_utils.py).
+  a.masking_utils = true;
 }
 
 bool has_v5_layout(const DecoderArch& a) {
@@ -51,7 +51,7 @@ bool has_v5_layout(const DecoderArch& a) {
          a.attn_rope_buffer == v5.attn_rope_buffer && a.mask == v5.mask &&
          a.attn_function == v5.attn_function && a.attn_scale_mul == v5.attn_scale_mul &&
          a.mask_add_inplace == v5.mask_add_inplace && a.logits_float == v5.logits_float &&
-         a.loss == v5.loss;  // not sdpa_gqa: the SDPA call, no layout (knob-built rows lack it)
+         a.loss == v5.loss;  // not sdpa_gqa / masking_utils: calls, not layout (knob-built rows lack them)
 }
 
 void read_transformers_version(const Doc& d, ModelConfig& m) {

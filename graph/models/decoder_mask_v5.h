@@ -6,8 +6,7 @@
 //
 // Which rows: transformers 5.x's code, i.e. the rows with 5.x's layout
 // (scenario/transformers_version.cpp apply_v5_layout: model.transformers: 5 and the MoE /
-// DeepSeek rows). Its one knob that no v4 row has is DecoderArch::sdpa_gqa (5.x's SDPA call),
-// so that marks them here; a v4 row (sdpa_gqa false) keeps v4's mask code unchanged.
+// DeepSeek rows), marked by DecoderArch::masking_utils; a v4 row keeps v4's mask code.
 #pragma once
 
 #include "graph/models/hf_shape.h"
@@ -15,7 +14,7 @@
 
 namespace memsim::graph {
 
-inline bool uses_masking_utils(const DecoderArch& a) { return a.sdpa_gqa; }
+inline bool uses_masking_utils(const DecoderArch& a) { return a.masking_utils; }
 
 // position_ids = torch.arange(S) + past_seen_tokens (0): S*8 bytes, kept by the caller.
 Tensor v5_position_ids(Runtime& rt, const HfShape& s);

@@ -258,6 +258,8 @@ struct DecoderArch {
   bool sdpa_gqa = false;           // sdpa_attention_forward passes enable_gqa=True instead of
                                    // repeat_kv when there is no mask and head_dim <= 256
                                    // (transformers 5.x, integrations/sdpa_attention.py)
+  bool masking_utils = false;      // the training forward builds its position ids and masks with
+                                   // transformers 5.x masking_utils (graph/models/decoder_mask_v5.h)
   QkNormAt qk_norm_at = QkNormAt::view;
   EmbedScaleAt embed_scale_at = EmbedScaleAt::model;
   bool attn_out_kept = false;      // StableLM: the attention output lives through the MLP
