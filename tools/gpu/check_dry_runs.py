@@ -67,6 +67,7 @@ TIME_KEYS = {"seconds", "process_seconds", "step_seconds", "generate_seconds", "
 # "(12.3 s)", "(  4.0 s)", ", 12 s -> ": a wall-clock reading in a printed line, with the
 # padding before it (its width varies with the number); "<t> s" again is left as it is.
 TIME_RE = re.compile(r"(?<![\w.])\s*(\d+(\.\d+)?|<t>) s\b")
+STEPS_RE = re.compile(r"\[[0-9., ]*\] s\b")  # "steps [0.139, 0.117] s": each step's seconds
 
 HOOK = '''import json, os, sys
 p = os.environ.get("DRY_CHECK_ARGV")
@@ -83,7 +84,7 @@ def scrub(x):
     if isinstance(x, list):
         return [scrub(v) for v in x]
     if isinstance(x, str):
-        return TIME_RE.sub(" <t> s", x)
+        return TIME_RE.sub(" <t> s", STEPS_RE.sub("[<t>] s", x))
     return x
 
 
