@@ -7,7 +7,9 @@ runs JSON, the snapshots packed into one .tar.xz, the per-run files removed).
 Each script keeps what is its own: its runs, its model and loop, its frame filter, the line
 it prints per run and its --list. The settings in which the scripts' parents differ (how a
 run the budget cannot hold is recorded, how much of a failed child's stderr is kept, ...)
-are fields of ChildLoop, each script's row of them spelled out where it builds one.
+are fields of ChildLoop, each script's row of them spelled out where it builds one
+(docs/gpu-harness.md has the table; tools/gpu/check_dry_runs.py shows a change to this
+module leaves every script's CPU dry run as it was).
 
 Plain Python, no torch at import: the scripts import it from their own folder (Python puts
 a script's folder first on sys.path, and each child process is the same script); the
@@ -62,6 +64,17 @@ def init_cuda(torch, result):
     free0, total = torch.cuda.mem_get_info()
     result["gpu"] = torch.cuda.get_device_name()
     result["mem_get_info_at_init"] = [free0, total]
+
+
+def fresh_history(torch, marks):
+    """Where a run sets up a process group and a mesh first (cp, fsdp2, hft): marks
+    ["after_mesh"] (what they left on the device, expected nothing), then the cache emptied
+    and the peaks reset, so that the recorded history and the whole run's peaks start from an
+    empty allocator; then record_history."""
+    marks["after_mesh"] = memory_stats(torch, True)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    record_history(torch)
 
 
 def measured_step_peaks(torch, result):
@@ -181,6 +194,25 @@ def add_run_args(ap, budget, per_run=None):
     ap.add_argument("--only", nargs="*", help="names or fnmatch patterns")
     ap.add_argument("--list", action="store_true", help="print the selection and exit")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # child mode
+
+
+def run_one_if_child(a, specs, run_one):
+    """In a child (--one NAME): makes OUT_DIR and runs run_one(the spec named NAME, OUT_DIR).
+    Returns whether this process is a child."""
+    if not a.one:
+        return False
+    sp = next(s for s in specs if s["name"] == a.one)
+    os.makedirs(a.out_dir, exist_ok=True)
+    run_one(sp, a.out_dir)
+    return True
+
+
+def start_parent(out_dir, chosen, total, budget):
+    """Makes OUT_DIR, prints how many runs and their estimated seconds against the budget;
+    returns the start time the budget is counted from."""
+    os.makedirs(out_dir, exist_ok=True)
+    print(f"{len(chosen)} configurations: about {total:.0f} s (budget {budget:.0f} s)", flush=True)
+    return time.time()
 
 
 @dataclasses.dataclass
@@ -324,6 +356,41 @@ def remove_run_files(out_dir, results):
                 os.remove(path)
         except OSError:
             pass
+
+
+def finish_parent(out_dir, topic, note, versions, t_start, results, failures):
+    """The end of cp's, fsdp2's, hft's, impl's and stacks' parent: OUT_DIR/TOPIC_runs.json
+    (note, versions, python, seconds, results, failures; anything JSON cannot hold as str;
+    a failure to write it is printed, and the snapshots are packed all the same), the
+    snapshots packed into OUT_DIR/TOPIC_snapshots.tar.xz, the per-run files removed, and the
+    summary line."""
+    path = os.path.join(out_dir, topic + "_runs.json")
+    try:
+        doc = dict(note=note, versions=versions, python=sys.version.split()[0],
+                   seconds=round(time.time() - t_start, 1), results=results, failures=failures)
+        write_json(path, doc, default=str)
+    except Exception:
+        traceback.print_exc()
+    pack_snapshots(out_dir, result_pickles(out_dir, results), topic + "_snapshots.tar.xz")
+    remove_run_files(out_dir, results)
+    print(f"{len(results)} runs, {len(failures)} failed or not run, "
+          f"{time.time() - t_start:.0f} s -> {path}", flush=True)
+
+
+def run_main(main):
+    """Runs a script's main(): in a child (--one) as it is, so that an exception exits 1 with
+    its traceback on stderr, which the parent records; in the parent never raising out (the
+    traceback printed, exit status 0), so that a lease's next group still runs."""
+    if "--one" in sys.argv:
+        main()
+        return
+    try:
+        main()
+    except SystemExit:
+        raise
+    except Exception:
+        traceback.print_exc()
+        sys.exit(0)
 
 
 def write_tar_xz(target, out_dir, members):

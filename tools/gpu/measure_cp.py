@@ -410,11 +410,7 @@ def run_one(sp, out_dir):
         if cp_mod is not None and cp_mesh is None and cuda:
             raise RuntimeError("no cp mesh")
     if cuda:
-        marks["after_mesh"] = stats(torch, cuda)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                                 max_entries=2_000_000)
+        gpu_common.fresh_history(torch, marks)
     torch.manual_seed(0)
     default_dtype = torch.get_default_dtype()
     if sp["dtype"] == "bf16":
@@ -755,10 +751,7 @@ def main():
     a = ap.parse_args()
     if a.self_test:
         sys.exit(self_test())
-    if a.one:
-        sp = next(s for s in RUNS if s["name"] == a.one)
-        os.makedirs(a.out_dir, exist_ok=True)
-        run_one(sp, a.out_dir)
+    if gpu_common.run_one_if_child(a, RUNS, run_one):
         return
     chosen = gpu_common.select_by_name(RUNS, a.only)
     total = sum(estimate(sp) for sp in chosen)
@@ -773,9 +766,7 @@ def main():
         print(f"{len(chosen)} configurations: about {total:.0f} s of runs on an H200 "
               f"(estimate; the machine's start-up comes on top)", flush=True)
         return
-    os.makedirs(a.out_dir, exist_ok=True)
-    print(f"{len(chosen)} configurations: about {total:.0f} s (budget {a.budget:.0f} s)", flush=True)
-    t_start = time.time()
+    t_start = gpu_common.start_parent(a.out_dir, chosen, total, a.budget)
 
     def report(sp, r):
         if "skipped" in r or r.get("dry_run"):
@@ -792,28 +783,13 @@ def main():
         os.path.abspath(__file__), a.out_dir, a.budget, t_start, per_run=a.per_run,
         min_left=lambda sp: max(min(estimate(sp), 8.0), estimate(sp) * 0.75))
     results, failures = gpu_common.run_children(chosen, loop, report)
-    try:
-        doc = dict(note="tools/gpu/measure_cp.py: context parallelism under FSDP2 on a fake "
-                        "world of 8, and op-level SAC with SDPA, on the hf-llama stand-in",
-                   versions=versions(), python=sys.version.split()[0],
-                   seconds=round(time.time() - t_start, 1), results=results, failures=failures)
-        gpu_common.write_json(os.path.join(a.out_dir, "cp_runs.json"), doc, default=str)
-    except Exception:
-        traceback.print_exc()
-    gpu_common.pack_snapshots(a.out_dir, gpu_common.result_pickles(a.out_dir, results),
-                              "cp_snapshots.tar.xz")
-    gpu_common.remove_run_files(a.out_dir, results)
     if not a.no_sources:
         save_torch_sources(a.out_dir)
-    print(f"{len(results)} runs, {len(failures)} failed or not run, "
-          f"{time.time() - t_start:.0f} s -> {os.path.join(a.out_dir, 'cp_runs.json')}",
-          flush=True)
+    gpu_common.finish_parent(
+        a.out_dir, "cp", "tools/gpu/measure_cp.py: context parallelism under FSDP2 on a fake "
+        "world of 8, and op-level SAC with SDPA, on the hf-llama stand-in", versions(),
+        t_start, results, failures)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit:
-        raise
-    except Exception:  # never raise out of the parent
-        traceback.print_exc()
+    gpu_common.run_main(main)

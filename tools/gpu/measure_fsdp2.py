@@ -262,11 +262,7 @@ def run_one(sp, out_dir):
     if cuda:
         # What the process group and mesh left on the device (expected: nothing), then the
         # cache emptied so that the recorded history starts from an empty allocator.
-        marks["after_mesh"] = stats(torch, cuda)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()  # the whole run's peaks start here
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                                 max_entries=2_000_000)
+        gpu_common.fresh_history(torch, marks)  # the whole run's peaks start here
     torch.manual_seed(0)
     default_dtype = torch.get_default_dtype()
     if sp["dtype"] == "bf16":
@@ -436,10 +432,7 @@ def main():
     a = ap.parse_args()
     if a.self_test:
         sys.exit(self_test())
-    if a.one:
-        sp = next(s for s in RUNS if s["name"] == a.one)
-        os.makedirs(a.out_dir, exist_ok=True)
-        run_one(sp, a.out_dir)
+    if gpu_common.run_one_if_child(a, RUNS, run_one):
         return
     chosen = gpu_common.select_by_name(RUNS, a.only)
     total = sum(estimate(sp) for sp in chosen) + 2.0
@@ -453,9 +446,7 @@ def main():
         print(f"{len(chosen)} configurations: about {total:.0f} s of runs on an H100 "
               f"(estimate; the machine's start-up comes on top)", flush=True)
         return
-    os.makedirs(a.out_dir, exist_ok=True)
-    print(f"{len(chosen)} configurations: about {total:.0f} s (budget {a.budget:.0f} s)", flush=True)
-    t_start = time.time()
+    t_start = gpu_common.start_parent(a.out_dir, chosen, total, a.budget)
     if a.save_torch_sources:
         save_torch_sources(a.out_dir)
 
@@ -480,16 +471,9 @@ def main():
         versions["transformers"] = transformers.__version__
     except Exception:
         pass
-    doc = dict(note="tools/gpu/measure_fsdp2.py: one GPU as rank 0 of a fake process group",
-               versions=versions, python=sys.version.split()[0],
-               seconds=round(time.time() - t_start, 1), results=results, failures=failures)
-    gpu_common.write_json(os.path.join(a.out_dir, "fsdp2_runs.json"), doc)
-    gpu_common.pack_snapshots(a.out_dir, gpu_common.result_pickles(a.out_dir, results),
-                              "fsdp2_snapshots.tar.xz")
-    gpu_common.remove_run_files(a.out_dir, results)
-    print(f"{len(results)} runs, {len(failures)} failed or not run, "
-          f"{time.time() - t_start:.0f} s -> {os.path.join(a.out_dir, 'fsdp2_runs.json')}",
-          flush=True)
+    gpu_common.finish_parent(
+        a.out_dir, "fsdp2", "tools/gpu/measure_fsdp2.py: one GPU as rank 0 of a fake process "
+        "group", versions, t_start, results, failures)
 
 
 if __name__ == "__main__":

@@ -227,10 +227,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit:
-        raise
-    except Exception:
-        traceback.print_exc()
-        sys.exit(0)
+    gpu_common.run_main(main)

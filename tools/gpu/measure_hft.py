@@ -350,11 +350,7 @@ def run_one(sp, out_dir):
         mesh = init_device_mesh(device.type, (sp["fsdp2_world"],), mesh_dim_names=("dp_shard",))
         result["mesh"] = dict(shape=list(mesh.shape), backend=dist.get_backend())
     if cuda:
-        marks["after_mesh"] = stats(torch, cuda)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()  # the whole run's peaks start here
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                                 max_entries=2_000_000)
+        gpu_common.fresh_history(torch, marks)  # the whole run's peaks start here
     torch.manual_seed(0)
     config = CONFIG_MAPPING[cfg["model_type"]].from_dict(cfg)
     major = int(transformers.__version__.split(".")[0])
@@ -520,10 +516,7 @@ def main():
     a = ap.parse_args()
     if a.self_test:
         sys.exit(self_test(a.out_dir))
-    if a.one:
-        sp = next(s for s in RUNS if s["name"] == a.one)
-        os.makedirs(a.out_dir, exist_ok=True)
-        run_one(sp, a.out_dir)
+    if gpu_common.run_one_if_child(a, RUNS, run_one):
         return
     chosen = gpu_common.select_by_name(RUNS, a.only)
     total = sum(estimate(sp) for sp in chosen)
@@ -533,9 +526,7 @@ def main():
         print(f"{len(chosen)} configurations: about {total:.0f} s of runs on an H200 "
               f"(estimate, each a fresh Python with torch + transformers imported)", flush=True)
         return
-    os.makedirs(a.out_dir, exist_ok=True)
-    print(f"{len(chosen)} configurations: about {total:.0f} s (budget {a.budget:.0f} s)", flush=True)
-    t_start = time.time()
+    t_start = gpu_common.start_parent(a.out_dir, chosen, total, a.budget)
 
     def report(sp, r):
         if "skipped" in r:
@@ -554,27 +545,10 @@ def main():
         vers = versions()
     except Exception:
         vers = {}
-    doc = dict(note="tools/gpu/measure_hft.py: HF Trainer / PEFT defaults on transformers' "
-                    "Qwen2 (issue #16 item 5)",
-               versions=vers, python=sys.version.split()[0],
-               seconds=round(time.time() - t_start, 1), results=results, failures=failures)
-    try:
-        gpu_common.write_json(os.path.join(a.out_dir, "hft_runs.json"), doc, default=str)
-    except Exception:
-        traceback.print_exc()
-    gpu_common.pack_snapshots(a.out_dir, gpu_common.result_pickles(a.out_dir, results),
-                              "hft_snapshots.tar.xz")
-    gpu_common.remove_run_files(a.out_dir, results)
-    print(f"{len(results)} runs, {len(failures)} failed or not run, "
-          f"{time.time() - t_start:.0f} s -> {os.path.join(a.out_dir, 'hft_runs.json')}",
-          flush=True)
+    gpu_common.finish_parent(
+        a.out_dir, "hft", "tools/gpu/measure_hft.py: HF Trainer / PEFT defaults on "
+        "transformers' Qwen2 (issue #16 item 5)", vers, t_start, results, failures)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit:
-        raise
-    except Exception:  # the driver itself: report, never a traceback out
-        traceback.print_exc()
-        sys.exit(0 if "--one" not in sys.argv else 1)
+    gpu_common.run_main(main)

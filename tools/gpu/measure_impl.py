@@ -79,7 +79,6 @@ import contextlib
 import os
 import sys
 import time
-import traceback
 
 import gpu_common
 
@@ -437,10 +436,7 @@ def main():
     ap = argparse.ArgumentParser()
     gpu_common.add_run_args(ap, budget=90.0)
     a = ap.parse_args()
-    if a.one:
-        sp = next(s for s in RUNS if s["name"] == a.one)
-        os.makedirs(a.out_dir, exist_ok=True)
-        run_one(sp, a.out_dir)
+    if gpu_common.run_one_if_child(a, RUNS, run_one):
         return
     chosen = gpu_common.select_by_name(RUNS, a.only)
     total = sum(sp["est"] for sp in chosen)
@@ -456,9 +452,7 @@ def main():
         print(f"{len(chosen)} configurations: about {total:.0f} s of runs on an H200 "
               f"(estimate, each a fresh Python process)", flush=True)
         return
-    os.makedirs(a.out_dir, exist_ok=True)
-    print(f"{len(chosen)} configurations: about {total:.0f} s (budget {a.budget:.0f} s)", flush=True)
-    t_start = time.time()
+    t_start = gpu_common.start_parent(a.out_dir, chosen, total, a.budget)
 
     def report(sp, r):
         print(f"{sp['name']:28s} measured step: alloc {gib(r.get('measured_step_peak_allocated'))} "
@@ -481,27 +475,11 @@ def main():
         pass
     versions["transformers"] = "not used (stand-ins only)"
     versions["peft"] = "not used (stand-ins only)"
-    doc = dict(note="tools/gpu/measure_impl.py: torchtitan / torchtune / LitGPT Llama "
-                    "stand-ins (tools/fixtures/impl_models.py) with CUDA kernels",
-               versions=versions, python=sys.version.split()[0],
-               seconds=round(time.time() - t_start, 1), results=results, failures=failures)
-    try:
-        gpu_common.write_json(os.path.join(a.out_dir, "impl_runs.json"), doc, default=str)
-    except Exception:
-        traceback.print_exc()
-    gpu_common.pack_snapshots(a.out_dir, gpu_common.result_pickles(a.out_dir, results),
-                              "impl_snapshots.tar.xz")
-    gpu_common.remove_run_files(a.out_dir, results)
-    print(f"{len(results)} runs, {len(failures)} failed or not run, "
-          f"{time.time() - t_start:.0f} s -> {os.path.join(a.out_dir, 'impl_runs.json')}",
-          flush=True)
+    gpu_common.finish_parent(
+        a.out_dir, "impl", "tools/gpu/measure_impl.py: torchtitan / torchtune / LitGPT Llama "
+        "stand-ins (tools/fixtures/impl_models.py) with CUDA kernels", versions, t_start,
+        results, failures)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit:
-        raise
-    except Exception:  # the parent never raises out
-        traceback.print_exc()
-        sys.exit(0 if "--one" not in sys.argv else 1)
+    gpu_common.run_main(main)

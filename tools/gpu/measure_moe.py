@@ -47,7 +47,6 @@ import json
 import os
 import sys
 import time
-import traceback
 
 import gpu_common
 
@@ -341,9 +340,7 @@ def main():
     ap = argparse.ArgumentParser()
     gpu_common.add_run_args(ap, budget=90.0, per_run=40.0)
     a = ap.parse_args()
-    if a.one:
-        os.makedirs(a.out_dir, exist_ok=True)
-        run_one(next(s for s in SPECS if s["name"] == a.one), a.out_dir)
+    if gpu_common.run_one_if_child(a, SPECS, run_one):
         return
     chosen = gpu_common.select_by_name(SPECS, a.only)
     if a.list:
@@ -390,13 +387,4 @@ def main():
 
 
 if __name__ == "__main__":
-    if "--one" in sys.argv:  # a child: its failure is the parent's record
-        main()
-    else:
-        try:
-            main()
-        except SystemExit:
-            raise
-        except Exception:  # noqa: BLE001 -- never raise out: the lease goes on
-            traceback.print_exc()
-            sys.exit(0)
+    gpu_common.run_main(main)

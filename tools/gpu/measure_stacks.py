@@ -528,10 +528,7 @@ def main():
     a = ap.parse_args()
     if a.self_test:
         sys.exit(self_test())
-    if a.one:
-        sp = next(s for s in RUNS if s["name"] == a.one)
-        os.makedirs(a.out_dir, exist_ok=True)
-        run_one(sp, a.out_dir)
+    if gpu_common.run_one_if_child(a, RUNS, run_one):
         return
     chosen = gpu_common.select_by_name(RUNS, a.only)
     total = sum(estimate(sp) for sp in chosen)
@@ -551,9 +548,7 @@ def main():
         print(f"{len(chosen)} configurations: about {total:.0f} s of runs on an H200 "
               f"(estimate; compile runs include compilation)", flush=True)
         return
-    os.makedirs(a.out_dir, exist_ok=True)
-    print(f"{len(chosen)} configurations: about {total:.0f} s (budget {a.budget:.0f} s)", flush=True)
-    t_start = time.time()
+    t_start = gpu_common.start_parent(a.out_dir, chosen, total, a.budget)
 
     def report(sp, r):
         if "skipped" in r:
@@ -577,17 +572,9 @@ def main():
         versions["triton"] = triton.__version__
     except Exception:
         pass
-    doc = dict(note="tools/gpu/measure_stacks.py: compile, torchtitan SAC and chunked loss "
-                    "on the hf-llama stand-in",
-               versions=versions, python=sys.version.split()[0],
-               seconds=round(time.time() - t_start, 1), results=results, failures=failures)
-    gpu_common.write_json(os.path.join(a.out_dir, "stacks_runs.json"), doc, default=str)
-    gpu_common.pack_snapshots(a.out_dir, gpu_common.result_pickles(a.out_dir, results),
-                              "stacks_snapshots.tar.xz")
-    gpu_common.remove_run_files(a.out_dir, results)
-    print(f"{len(results)} runs, {len(failures)} failed or not run, "
-          f"{time.time() - t_start:.0f} s -> {os.path.join(a.out_dir, 'stacks_runs.json')}",
-          flush=True)
+    gpu_common.finish_parent(
+        a.out_dir, "stacks", "tools/gpu/measure_stacks.py: compile, torchtitan SAC and chunked "
+        "loss on the hf-llama stand-in", versions, t_start, results, failures)
 
 
 if __name__ == "__main__":
