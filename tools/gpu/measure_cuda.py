@@ -52,7 +52,6 @@ import fnmatch
 import importlib.util
 import json
 import os
-import pickle
 import subprocess
 import sys
 import time
@@ -335,28 +334,26 @@ def estimate(sp):
 
 
 # --------------------------------------------------------------------------- one run
+STATS_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+              "reserved_bytes.all.current", "reserved_bytes.all.peak",
+              "requested_bytes.all.current", "requested_bytes.all.peak",
+              "num_alloc_retries", "num_ooms", "segment.all.current")
+
+
 def stats(torch, cuda):
-    if not cuda:
-        return {}
-    torch.cuda.synchronize()
-    st = torch.cuda.memory_stats()
-    keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
-            "reserved_bytes.all.current", "reserved_bytes.all.peak",
-            "requested_bytes.all.current", "requested_bytes.all.peak",
-            "num_alloc_retries", "num_ooms", "segment.all.current")
-    return {k: st.get(k) for k in keys}
+    return gpu_common.memory_stats(torch, cuda, STATS_KEYS)
 
 
 def trim_frames(snapshot):
     """Keeps each entry's frames from model, loop and optimizer code only (at most 4)."""
-    keep = ("torch_models", "measure_cuda", "transformers", "optim", "checkpoint")
+    py_cut = gpu_common.frames_from(
+        ("torch_models", "measure_cuda", "transformers", "optim", "checkpoint"), 4)
     # With C++ stacks: the autograd nodes and ATen ops by name (at most 8 of them).
     keep_cpp = ("torch::autograd::", "at::native::", "at::_ops::", "InputBuffer", "Backward")
 
     def cut(frames):
-        py = [f for f in frames if any(k in f.get("filename", "") for k in keep)][:4]
         cpp = [f for f in frames if any(k in f.get("name", "") for k in keep_cpp)][:8]
-        return py + cpp
+        return py_cut(frames) + cpp
 
     return gpu_common.map_frames(snapshot, cut)
 
@@ -477,17 +474,13 @@ def run_one(sp, out_dir):
         if sp.get("kind") == "arch":
             sp["cfg"]["dry_run"] = True
     if cuda:
-        torch.cuda.init()
-        free0, total = torch.cuda.mem_get_info()
-        result["gpu"] = torch.cuda.get_device_name()
-        result["mem_get_info_at_init"] = [free0, total]
+        gpu_common.init_cuda(torch, result)
         # MEMSIM_CPP_STACKS=1: C++ frames too (the autograd node and ATen op of each backward
         # allocation, which Python frames cannot show), trimmed by trim_frames.
         stacks = "all" if os.environ.get("MEMSIM_CPP_STACKS") == "1" else "python"
         result["stacks"] = stacks
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks=stacks,
-                                                 max_entries=2_000_000)
-        free1, _ = torch.cuda.mem_get_info()
+        gpu_common.record_history(torch, stacks)
+        free1, total = torch.cuda.mem_get_info()
         result["mem_get_info_after_history"] = [free1, total]
     torch.manual_seed(0)
     if sp.get("kind") == "arch":
@@ -541,33 +534,14 @@ def run_one(sp, out_dir):
     result["loss"] = float(loss)
     result["seconds"] = time.time() - t0
     if cuda:
-        torch.cuda.synchronize()
-        result["measured_step_peak_allocated"] = torch.cuda.max_memory_allocated()
-        result["measured_step_peak_reserved"] = torch.cuda.max_memory_reserved()
-        free2, total = torch.cuda.mem_get_info()
-        result["mem_get_info_at_end"] = [free2, total]
-        # Device memory in use that the caching allocator did not reserve: the CUDA
-        # context, its lazily loaded kernels and library handles.
-        result["outside_allocator_at_end"] = (total - free2) - torch.cuda.memory_reserved()
-        snap = trim_frames(torch.cuda.memory._snapshot())
-        torch.cuda.memory._record_memory_history(enabled=None)
-        with open(os.path.join(out_dir, sp["name"] + ".pickle"), "wb") as f:
-            pickle.dump(snap, f, protocol=4)
-        tr = snap["device_traces"][0] if snap.get("device_traces") else []
-        result["trace_entries"] = len(tr)
-    with open(os.path.join(out_dir, sp["name"] + ".json"), "w") as f:
-        json.dump(result, f, indent=1)
+        gpu_common.measured_step_peaks(torch, result)
+        gpu_common.save_snapshot(torch, result, out_dir, sp["name"], trim_frames, streams=False)
+    gpu_common.write_json(os.path.join(out_dir, sp["name"] + ".json"), result)
     return result
 
 
 # --------------------------------------------------------------------------- driver
-def gib(x):
-    return "-" if x is None else f"{x / 2**30:8.3f}"
-
-
-def pack(out_dir, pickles):
-    """OUT_DIR/snapshots.tar.xz of the runs' pickles (gpu_common.write_tar_xz)."""
-    gpu_common.write_tar_xz(os.path.join(out_dir, "snapshots.tar.xz"), out_dir, pickles)
+gib = gpu_common.gib
 
 
 def selected(specs, only, groups):
@@ -600,13 +574,8 @@ def print_estimate(chosen):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--budget", type=float, default=400.0, help="seconds for all runs")
-    ap.add_argument("--per-run", type=float, default=90.0)
-    ap.add_argument("--only", nargs="*", help="names or fnmatch patterns")
+    gpu_common.add_run_args(ap, budget=400.0, per_run=90.0)
     ap.add_argument("--group", nargs="*", help="named sets: " + ", ".join(GROUPS))
-    ap.add_argument("--list", action="store_true", help="print the selection and exit")
-    ap.add_argument("--one", help=argparse.SUPPRESS)  # child mode
     a = ap.parse_args()
     specs = all_specs()
     if not a.list:
@@ -629,46 +598,34 @@ def main():
     except OSError:
         print("no nvidia-smi: a dry run on the CPU", flush=True)
     have_transformers = importlib.util.find_spec("transformers") is not None
-    results, failures = [], {}
-    for sp in chosen:
+
+    def skip(sp):
         if sp["impl"] == "transformers" and not have_transformers:
-            failures[sp["name"]] = "skipped: transformers is not importable by " + sys.executable
-            print(f"SKIPPED {sp['name']}: transformers is not importable here "
-                  f"({sys.executable}); the stand-in runs do not need it", flush=True)
-            continue
-        left = a.budget - (time.time() - t_start)
-        if left < 15:
-            failures[sp["name"]] = "not run: budget spent"
-            continue
-        try:
-            t_run = time.time()
-            p = subprocess.run([sys.executable, __file__, a.out_dir, "--one", sp["name"]],
-                               capture_output=True, text=True, timeout=min(a.per_run, left))
-            if p.returncode != 0:
-                failures[sp["name"]] = p.stderr[-3000:]
-                print(f"FAILED {sp['name']}: {p.stderr[-600:]}", flush=True)
-                continue
-            with open(os.path.join(a.out_dir, sp["name"] + ".json")) as f:
-                r = json.load(f)
-            if sp.get("kind") == "arch":  # the whole child process, for the next estimates
-                r["process_seconds"] = round(time.time() - t_run, 2)
-            results.append(r)
-            print(f"{sp['name']:58s} peak alloc {gib(r.get('measured_step_peak_allocated'))} "
-                  f"reserved {gib(r.get('measured_step_peak_reserved'))} GiB "
-                  f"({time.time() - t_start:5.1f} s)", flush=True)
-        except subprocess.TimeoutExpired:
-            failures[sp["name"]] = "timeout"
-            print(f"TIMEOUT {sp['name']}", flush=True)
-    with open(os.path.join(a.out_dir, "cuda_runs.json"), "w") as f:
-        json.dump({"results": results, "failures": failures}, f, indent=1)
-    pickles = [r["spec"]["name"] + ".pickle" for r in results
-               if os.path.exists(os.path.join(a.out_dir, r["spec"]["name"] + ".pickle"))]
-    if pickles:
-        pack(a.out_dir, pickles)
-        for p in pickles:
-            os.remove(os.path.join(a.out_dir, p))
-    for r in results:
-        os.remove(os.path.join(a.out_dir, r["spec"]["name"] + ".json"))
+            return ("skipped: transformers is not importable by " + sys.executable,
+                    f"SKIPPED {sp['name']}: transformers is not importable here "
+                    f"({sys.executable}); the stand-in runs do not need it")
+        return None
+
+    def accept(sp, r, t_run, failures):
+        if sp.get("kind") == "arch":  # the whole child process, for the next estimates
+            r["process_seconds"] = round(time.time() - t_run, 2)
+        return True
+
+    def report(sp, r):
+        print(f"{sp['name']:58s} peak alloc {gib(r.get('measured_step_peak_allocated'))} "
+              f"reserved {gib(r.get('measured_step_peak_reserved'))} GiB "
+              f"({time.time() - t_start:5.1f} s)", flush=True)
+
+    loop = gpu_common.ChildLoop(__file__, a.out_dir, a.budget, t_start, per_run=a.per_run,
+                                min_left=lambda sp: 15.0, not_run="quiet", failed_keep=3000,
+                                failed_show=600, timeout_note="plain", process_facts=False,
+                                skip=skip)
+    results, failures = gpu_common.run_children(chosen, loop, report, accept)
+    gpu_common.write_json(os.path.join(a.out_dir, "cuda_runs.json"),
+                          {"results": results, "failures": failures})
+    gpu_common.pack_snapshots(a.out_dir, gpu_common.result_pickles(a.out_dir, results),
+                              "snapshots.tar.xz")
+    gpu_common.remove_run_files(a.out_dir, results)
     print(f"{len(results)} runs, {len(failures)} failed or skipped, "
           f"{time.time() - t_start:.0f} s", flush=True)
 

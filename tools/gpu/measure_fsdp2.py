@@ -51,11 +51,7 @@ memory figures are recorded.
 """
 import argparse
 import contextlib
-import fnmatch
-import json
 import os
-import pickle
-import subprocess
 import sys
 import tarfile
 import time
@@ -152,27 +148,13 @@ def standin_cfg(sp):
     return cfg
 
 
-def stats(torch, cuda):
-    if not cuda:
-        return {}
-    torch.cuda.synchronize()
-    st = torch.cuda.memory_stats()
-    keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
-            "reserved_bytes.all.current", "reserved_bytes.all.peak",
-            "requested_bytes.all.current", "requested_bytes.all.peak",
-            "allocation.all.allocated", "allocation.all.current",
-            "segment.all.current", "segment.all.allocated", "num_alloc_retries", "num_ooms")
-    return {k: st.get(k) for k in keys}
+stats = gpu_common.memory_stats  # the common keys (gpu_common.STEP_STATS_KEYS)
 
 
 def trim_frames(snapshot):
     """Keeps each entry's frames from model, loop, FSDP and optimizer code (at most 6)."""
-    keep = ("torch_models", "measure_fsdp2", "_fully_shard", "optim", "checkpoint")
-
-    def cut(frames):
-        return [f for f in frames if any(k in f.get("filename", "") for k in keep)][:6]
-
-    return gpu_common.map_frames(snapshot, cut)
+    return gpu_common.trim_frames(
+        snapshot, ("torch_models", "measure_fsdp2", "_fully_shard", "optim", "checkpoint"), 6)
 
 
 def dtype_of(torch, name):
@@ -280,11 +262,7 @@ def run_one(sp, out_dir):
     if cuda:
         # What the process group and mesh left on the device (expected: nothing), then the
         # cache emptied so that the recorded history starts from an empty allocator.
-        marks["after_mesh"] = stats(torch, cuda)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()  # the whole run's peaks start here
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                                 max_entries=2_000_000)
+        gpu_common.fresh_history(torch, marks)  # the whole run's peaks start here
     torch.manual_seed(0)
     default_dtype = torch.get_default_dtype()
     if sp["dtype"] == "bf16":
@@ -340,30 +318,12 @@ def run_one(sp, out_dir):
     result["loss"] = float(loss)
     result["seconds"] = time.time() - t0
     if cuda:
-        torch.cuda.synchronize()
-        result["measured_step_peak_allocated"] = torch.cuda.max_memory_allocated()
-        result["measured_step_peak_reserved"] = torch.cuda.max_memory_reserved()
-        begin = marks["measured_step_begin"]
-        # The whole run's peaks: the set-up's and warm-up's (memory_stats before the reset)
-        # or the measured step's.
-        result["whole_run_peak_allocated"] = max(begin["allocated_bytes.all.peak"],
-                                                 result["measured_step_peak_allocated"])
-        result["whole_run_peak_reserved"] = max(begin["reserved_bytes.all.peak"],
-                                                result["measured_step_peak_reserved"])
-        free2, total = torch.cuda.mem_get_info()
-        result["mem_get_info_at_end"] = [free2, total]
-        result["outside_allocator_at_end"] = (total - free2) - torch.cuda.memory_reserved()
-        snap = trim_frames(torch.cuda.memory._snapshot())
-        torch.cuda.memory._record_memory_history(enabled=None)
-        with open(os.path.join(out_dir, sp["name"] + ".pickle"), "wb") as f:
-            pickle.dump(snap, f, protocol=4)
-        tr = snap["device_traces"][0] if snap.get("device_traces") else []
-        result["trace_entries"] = len(tr)
-        result["streams"] = sorted({e.get("stream", 0) for e in tr})
+        gpu_common.measured_step_peaks(torch, result)
+        gpu_common.whole_run_peaks(result, marks["measured_step_begin"])
+        gpu_common.save_snapshot(torch, result, out_dir, sp["name"], trim_frames)
     if api is not None and dist.is_initialized():
         dist.destroy_process_group()
-    with open(os.path.join(out_dir, sp["name"] + ".json"), "w") as f:
-        json.dump(result, f, indent=1)
+    gpu_common.write_json(os.path.join(out_dir, sp["name"] + ".json"), result)
     return result
 
 
@@ -442,13 +402,7 @@ def self_test():
 
 
 # --------------------------------------------------------------------------- driver
-def gib(x):
-    return "-" if x is None else f"{x / 2**30:8.3f}"
-
-
-def pack(out_dir, target_name, members):
-    """OUT_DIR/target_name (.tar.xz) of `members` (gpu_common.write_tar_xz)."""
-    gpu_common.write_tar_xz(os.path.join(out_dir, target_name), out_dir, members)
+gib = gpu_common.gib
 
 
 def save_torch_sources(out_dir):
@@ -469,32 +423,18 @@ def save_torch_sources(out_dir):
         traceback.print_exc()
 
 
-def selected(specs, only):
-    if not only:
-        return list(specs)
-    return [sp for sp in specs if any(fnmatch.fnmatchcase(sp["name"], p) for p in only)]
-
-
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--budget", type=float, default=100.0, help="seconds for all runs")
-    ap.add_argument("--per-run", type=float, default=45.0, help="timeout of one run, seconds")
-    ap.add_argument("--only", nargs="*", help="names or fnmatch patterns")
-    ap.add_argument("--list", action="store_true", help="print the selection and exit")
+    gpu_common.add_run_args(ap, budget=100.0, per_run=45.0)
     ap.add_argument("--save-torch-sources", action="store_true")
     ap.add_argument("--self-test", action="store_true",
                     help="check the FSDP2 calls of every run against stand-ins of the API")
-    ap.add_argument("--one", help=argparse.SUPPRESS)  # child mode
     a = ap.parse_args()
     if a.self_test:
         sys.exit(self_test())
-    if a.one:
-        sp = next(s for s in RUNS if s["name"] == a.one)
-        os.makedirs(a.out_dir, exist_ok=True)
-        run_one(sp, a.out_dir)
+    if gpu_common.run_one_if_child(a, RUNS, run_one):
         return
-    chosen = selected(RUNS, a.only)
+    chosen = gpu_common.select_by_name(RUNS, a.only)
     total = sum(estimate(sp) for sp in chosen) + 2.0
     if a.list:
         for sp in chosen:
@@ -506,44 +446,21 @@ def main():
         print(f"{len(chosen)} configurations: about {total:.0f} s of runs on an H100 "
               f"(estimate; the machine's start-up comes on top)", flush=True)
         return
-    os.makedirs(a.out_dir, exist_ok=True)
-    print(f"{len(chosen)} configurations: about {total:.0f} s (budget {a.budget:.0f} s)", flush=True)
-    t_start = time.time()
+    t_start = gpu_common.start_parent(a.out_dir, chosen, total, a.budget)
     if a.save_torch_sources:
         save_torch_sources(a.out_dir)
-    results, failures = [], {}
-    for sp in chosen:
-        left = a.budget - (time.time() - t_start)
-        if left < 8:
-            failures[sp["name"]] = "not run: budget spent"
-            print(f"NOT RUN {sp['name']}: budget spent", flush=True)
-            continue
-        t_run = time.time()
-        try:
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), a.out_dir, "--one",
-                                sp["name"]], capture_output=True, text=True,
-                               timeout=min(a.per_run, left))
-            if p.returncode != 0:
-                failures[sp["name"]] = p.stderr[-4000:]
-                print(f"FAILED {sp['name']}: {p.stderr[-800:]}", flush=True)
-                continue
-            with open(os.path.join(a.out_dir, sp["name"] + ".json")) as f:
-                r = json.load(f)
-            r["process_seconds"] = round(time.time() - t_run, 2)
-            if p.stderr.strip():
-                r["stderr_tail"] = p.stderr[-1500:]
-            results.append(r)
-            print(f"{sp['name']:36s} measured step: alloc {gib(r.get('measured_step_peak_allocated'))} "
-                  f"reserved {gib(r.get('measured_step_peak_reserved'))} GiB; whole run: "
-                  f"alloc {gib(r.get('whole_run_peak_allocated'))} reserved "
-                  f"{gib(r.get('whole_run_peak_reserved'))} GiB ({r['process_seconds']:.1f} s)",
-                  flush=True)
-        except subprocess.TimeoutExpired:
-            failures[sp["name"]] = "timeout"
-            print(f"TIMEOUT {sp['name']}", flush=True)
-        except Exception:  # never raise out: record it and go on
-            failures[sp["name"]] = traceback.format_exc()[-4000:]
-            print(f"ERROR {sp['name']}: {failures[sp['name']][-800:]}", flush=True)
+
+    def report(sp, r):
+        print(f"{sp['name']:36s} measured step: alloc {gib(r.get('measured_step_peak_allocated'))} "
+              f"reserved {gib(r.get('measured_step_peak_reserved'))} GiB; whole run: "
+              f"alloc {gib(r.get('whole_run_peak_allocated'))} reserved "
+              f"{gib(r.get('whole_run_peak_reserved'))} GiB ({r['process_seconds']:.1f} s)",
+              flush=True)
+
+    loop = gpu_common.ChildLoop(os.path.abspath(__file__), a.out_dir, a.budget, t_start,
+                                per_run=a.per_run, min_left=lambda sp: 8.0, not_run="plain",
+                                timeout_note="plain")
+    results, failures = gpu_common.run_children(chosen, loop, report)
     try:
         import torch
         versions = dict(torch=torch.__version__, cuda=torch.version.cuda)
@@ -554,27 +471,9 @@ def main():
         versions["transformers"] = transformers.__version__
     except Exception:
         pass
-    doc = dict(note="tools/gpu/measure_fsdp2.py: one GPU as rank 0 of a fake process group",
-               versions=versions, python=sys.version.split()[0],
-               seconds=round(time.time() - t_start, 1), results=results, failures=failures)
-    with open(os.path.join(a.out_dir, "fsdp2_runs.json"), "w") as f:
-        json.dump(doc, f, indent=1)
-    pickles = [r["spec"]["name"] + ".pickle" for r in results
-               if os.path.exists(os.path.join(a.out_dir, r["spec"]["name"] + ".pickle"))]
-    try:
-        if pickles:
-            pack(a.out_dir, "fsdp2_snapshots.tar.xz", pickles)
-            for p in pickles:
-                os.remove(os.path.join(a.out_dir, p))
-    except Exception:
-        traceback.print_exc()
-    for r in results:
-        path = os.path.join(a.out_dir, r["spec"]["name"] + ".json")
-        if os.path.exists(path):
-            os.remove(path)
-    print(f"{len(results)} runs, {len(failures)} failed or not run, "
-          f"{time.time() - t_start:.0f} s -> {os.path.join(a.out_dir, 'fsdp2_runs.json')}",
-          flush=True)
+    gpu_common.finish_parent(
+        a.out_dir, "fsdp2", "tools/gpu/measure_fsdp2.py: one GPU as rank 0 of a fake process "
+        "group", versions, t_start, results, failures)
 
 
 if __name__ == "__main__":

@@ -31,12 +31,8 @@ Without CUDA (a dry run on a CPU machine) the same code runs on the CPU at a tin
 transformers is importable, and is skipped with a message otherwise; --list always works.
 """
 import argparse
-import fnmatch
 import importlib.util
-import json
 import os
-import pickle
-import subprocess
 import sys
 import time
 import traceback
@@ -87,17 +83,15 @@ def hf_config(sp):
     return d
 
 
+STATS_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+              "reserved_bytes.all.current", "reserved_bytes.all.peak",
+              "requested_bytes.all.current", "requested_bytes.all.peak",
+              "active_bytes.all.peak", "num_alloc_retries", "num_ooms", "segment.all.current",
+              "allocation.all.allocated")
+
+
 def stats(torch, cuda):
-    if not cuda:
-        return {}
-    torch.cuda.synchronize()
-    st = torch.cuda.memory_stats()
-    keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
-            "reserved_bytes.all.current", "reserved_bytes.all.peak",
-            "requested_bytes.all.current", "requested_bytes.all.peak",
-            "active_bytes.all.peak", "num_alloc_retries", "num_ooms", "segment.all.current",
-            "allocation.all.allocated")
-    return {k: st.get(k) for k in keys}
+    return gpu_common.memory_stats(torch, cuda, STATS_KEYS)
 
 
 def trim_frames(snapshot):
@@ -126,12 +120,8 @@ def run_one(sp, out_dir):
         if "sliding_window" in sp["cfg"]:
             sp["cfg"]["sliding_window"] = 8
     if cuda:
-        torch.cuda.init()
-        free0, total = torch.cuda.mem_get_info()
-        result["gpu"] = torch.cuda.get_device_name()
-        result["mem_get_info_at_init"] = [free0, total]
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                                 max_entries=2_000_000)
+        gpu_common.init_cuda(torch, result)
+        gpu_common.record_history(torch)
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(sp["model_type"], **hf_config(sp))
     dtype = torch.bfloat16
@@ -172,17 +162,8 @@ def run_one(sp, out_dir):
         torch.cuda.synchronize()
         result["generate_peak_allocated"] = torch.cuda.max_memory_allocated()
         result["generate_peak_reserved"] = torch.cuda.max_memory_reserved()
-        free2, total = torch.cuda.mem_get_info()
-        result["mem_get_info_at_end"] = [free2, total]
-        result["outside_allocator_at_end"] = (total - free2) - torch.cuda.memory_reserved()
-        snap = trim_frames(torch.cuda.memory._snapshot())
-        torch.cuda.memory._record_memory_history(enabled=None)
-        with open(os.path.join(out_dir, sp["name"] + ".pickle"), "wb") as f:
-            pickle.dump(snap, f, protocol=4)
-        tr = snap["device_traces"][0] if snap.get("device_traces") else []
-        result["trace_entries"] = len(tr)
-    with open(os.path.join(out_dir, sp["name"] + ".json"), "w") as f:
-        json.dump(result, f, indent=1)
+        gpu_common.save_snapshot(torch, result, out_dir, sp["name"], trim_frames, streams=False)
+    gpu_common.write_json(os.path.join(out_dir, sp["name"] + ".json"), result)
     return result
 
 
@@ -197,15 +178,9 @@ def pack(out_dir, pickles):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--budget", type=float, default=90.0, help="seconds for all runs")
-    ap.add_argument("--per-run", type=float, default=40.0)
-    ap.add_argument("--only", nargs="*", help="names or fnmatch patterns")
-    ap.add_argument("--list", action="store_true", help="print the runs and exit")
-    ap.add_argument("--one", help=argparse.SUPPRESS)  # child mode
+    gpu_common.add_run_args(ap, budget=90.0, per_run=40.0)
     a = ap.parse_args()
-    chosen = [sp for sp in SPECS
-              if not a.only or any(fnmatch.fnmatchcase(sp["name"], p) for p in a.only)]
+    chosen = gpu_common.select_by_name(SPECS, a.only)
     if a.list:
         for sp in chosen:
             print(f"{sp['name']:52s} {sp['model_type']:8s} cache {sp['cache']:8s} "
@@ -218,39 +193,27 @@ def main():
         run_one(next(s for s in SPECS if s["name"] == a.one), a.out_dir)
         return
     t_start = time.time()
-    results, failures = [], {}
+    skipped = {}
     if importlib.util.find_spec("transformers") is None:
         for sp in chosen:
-            failures[sp["name"]] = "skipped: transformers is not importable by " + sys.executable
+            skipped[sp["name"]] = "skipped: transformers is not importable by " + sys.executable
         print(f"transformers is not importable here ({sys.executable}): every run skipped", flush=True)
         chosen = []
-    for sp in chosen:
-        left = a.budget - (time.time() - t_start)
-        if left < 5:
-            failures[sp["name"]] = "not run: budget spent"
-            continue
-        try:
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), a.out_dir, "--one", sp["name"]],
-                               capture_output=True, text=True, timeout=min(a.per_run, left))
-            if p.returncode != 0:
-                failures[sp["name"]] = p.stderr[-4000:]
-                print(f"FAILED {sp['name']}: {p.stderr[-600:]}", flush=True)
-                continue
-            with open(os.path.join(a.out_dir, sp["name"] + ".json")) as f:
-                r = json.load(f)
-            results.append(r)
-            pa, pr = r.get("generate_peak_allocated"), r.get("generate_peak_reserved")
-            print(f"{sp['name']:52s} peak allocated {pa} reserved {pr} out {r.get('output_shape')} "
-                  f"({time.time() - t_start:5.1f} s)", flush=True)
-        except subprocess.TimeoutExpired:
-            failures[sp["name"]] = "timeout"
-            print(f"TIMEOUT {sp['name']}", flush=True)
-        except Exception:  # never raise out: record and go on
-            failures[sp["name"]] = traceback.format_exc()[-4000:]
-    with open(os.path.join(a.out_dir, "generate_runs.json"), "w") as f:
-        json.dump({"results": results, "failures": failures}, f, indent=1)
-    pickles = [r["spec"]["name"] + ".pickle" for r in results
-               if os.path.exists(os.path.join(a.out_dir, r["spec"]["name"] + ".pickle"))]
+
+    def report(sp, r):
+        pa, pr = r.get("generate_peak_allocated"), r.get("generate_peak_reserved")
+        print(f"{sp['name']:52s} peak allocated {pa} reserved {pr} out {r.get('output_shape')} "
+              f"({time.time() - t_start:5.1f} s)", flush=True)
+
+    loop = gpu_common.ChildLoop(os.path.abspath(__file__), a.out_dir, a.budget, t_start,
+                                per_run=a.per_run, min_left=lambda sp: 5.0, not_run="quiet",
+                                failed_show=600, timeout_note="plain", error_show=0,
+                                process_facts=False)
+    results, failures = gpu_common.run_children(chosen, loop, report)
+    failures = dict(skipped, **failures)
+    gpu_common.write_json(os.path.join(a.out_dir, "generate_runs.json"),
+                          {"results": results, "failures": failures})
+    pickles = gpu_common.result_pickles(a.out_dir, results)
     try:
         if pickles:
             pack(a.out_dir, pickles)
@@ -258,19 +221,10 @@ def main():
         failures["pack"] = traceback.format_exc()[-2000:]
     for p in pickles:
         os.remove(os.path.join(a.out_dir, p))
-    for r in results:
-        path = os.path.join(a.out_dir, r["spec"]["name"] + ".json")
-        if os.path.exists(path):
-            os.remove(path)
+    gpu_common.remove_run_files(a.out_dir, results)
     print(f"{len(results)} runs, {len(failures)} failed or skipped, {time.time() - t_start:.0f} s",
           flush=True)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit:
-        raise
-    except Exception:
-        traceback.print_exc()
-        sys.exit(0)
+    gpu_common.run_main(main)

@@ -76,14 +76,9 @@ post hook for register_post_accumulate_grad_hook). No memory figures on the CPU.
 """
 import argparse
 import contextlib
-import fnmatch
-import json
 import os
-import pickle
-import subprocess
 import sys
 import time
-import traceback
 
 import gpu_common
 
@@ -150,28 +145,14 @@ RUNS = [
 
 
 # --------------------------------------------------------------------------- helpers
-def stats(torch, cuda):
-    if not cuda:
-        return {}
-    torch.cuda.synchronize()
-    st = torch.cuda.memory_stats()
-    keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
-            "reserved_bytes.all.current", "reserved_bytes.all.peak",
-            "requested_bytes.all.current", "requested_bytes.all.peak",
-            "allocation.all.allocated", "allocation.all.current",
-            "segment.all.current", "segment.all.allocated", "num_alloc_retries", "num_ooms")
-    return {k: st.get(k) for k in keys}
+stats = gpu_common.memory_stats  # the common keys (gpu_common.STEP_STATS_KEYS)
 
 
 def trim_frames(snapshot):
     """Keeps each entry's frames from the model code, the loop and the optimizer (at most 6)."""
-    keep = ("impl_models", "torch_models", "measure_impl", "optim", "functional.py",
-            "normalization.py")
-
-    def cut(frames):
-        return [f for f in frames if any(k in f.get("filename", "") for k in keep)][:6]
-
-    return gpu_common.map_frames(snapshot, cut)
+    return gpu_common.trim_frames(
+        snapshot, ("impl_models", "torch_models", "measure_impl", "optim", "functional.py",
+                   "normalization.py"), 6)
 
 
 def math_sdpa(torch, q, k, v):
@@ -440,56 +421,24 @@ def run_one(sp, out_dir):
     result["loss"] = float(loss)
     result["step_seconds"] = step_seconds
     if cuda:
-        torch.cuda.synchronize()
-        result["measured_step_peak_allocated"] = torch.cuda.max_memory_allocated()
-        result["measured_step_peak_reserved"] = torch.cuda.max_memory_reserved()
-        begin = marks["measured_step_begin"]
-        result["whole_run_peak_allocated"] = max(begin["allocated_bytes.all.peak"],
-                                                 result["measured_step_peak_allocated"])
-        result["whole_run_peak_reserved"] = max(begin["reserved_bytes.all.peak"],
-                                                result["measured_step_peak_reserved"])
-        free2, total = torch.cuda.mem_get_info()
-        result["mem_get_info_at_end"] = [free2, total]
-        result["outside_allocator_at_end"] = (total - free2) - torch.cuda.memory_reserved()
-        snap = trim_frames(torch.cuda.memory._snapshot())
-        torch.cuda.memory._record_memory_history(enabled=None)
-        with open(os.path.join(out_dir, sp["name"] + ".pickle"), "wb") as f:
-            pickle.dump(snap, f, protocol=4)
-        tr = snap["device_traces"][0] if snap.get("device_traces") else []
-        result["trace_entries"] = len(tr)
-        result["streams"] = sorted({e.get("stream", 0) for e in tr})
-    with open(os.path.join(out_dir, sp["name"] + ".json"), "w") as f:
-        json.dump(result, f, indent=1, default=str)
+        gpu_common.measured_step_peaks(torch, result)
+        gpu_common.whole_run_peaks(result, marks["measured_step_begin"])
+        gpu_common.save_snapshot(torch, result, out_dir, sp["name"], trim_frames)
+    gpu_common.write_json(os.path.join(out_dir, sp["name"] + ".json"), result, default=str)
     return result
 
 
 # --------------------------------------------------------------------------- driver
-def gib(x):
-    return "-" if x is None else f"{x / 2**30:8.3f}"
-
-
-def selected(specs, only):
-    if not only:
-        return list(specs)
-    return [sp for sp in specs if any(fnmatch.fnmatchcase(sp["name"], p) for p in only)]
+gib = gpu_common.gib
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--budget", type=float, default=90.0, help="seconds for all runs")
-    ap.add_argument("--per-run", type=float, default=None,
-                    help="timeout of one run, seconds (default: each run's own)")
-    ap.add_argument("--only", nargs="*", help="names or fnmatch patterns")
-    ap.add_argument("--list", action="store_true", help="print the selection and exit")
-    ap.add_argument("--one", help=argparse.SUPPRESS)  # child mode
+    gpu_common.add_run_args(ap, budget=90.0)
     a = ap.parse_args()
-    if a.one:
-        sp = next(s for s in RUNS if s["name"] == a.one)
-        os.makedirs(a.out_dir, exist_ok=True)
-        run_one(sp, a.out_dir)
+    if gpu_common.run_one_if_child(a, RUNS, run_one):
         return
-    chosen = selected(RUNS, a.only)
+    chosen = gpu_common.select_by_name(RUNS, a.only)
     total = sum(sp["est"] for sp in chosen)
     if a.list:
         for sp in chosen:
@@ -503,46 +452,21 @@ def main():
         print(f"{len(chosen)} configurations: about {total:.0f} s of runs on an H200 "
               f"(estimate, each a fresh Python process)", flush=True)
         return
-    os.makedirs(a.out_dir, exist_ok=True)
-    print(f"{len(chosen)} configurations: about {total:.0f} s (budget {a.budget:.0f} s)", flush=True)
-    t_start = time.time()
-    results, failures = [], {}
-    for sp in chosen:
-        left = a.budget - (time.time() - t_start)
-        if left < min(sp["est"], 6.0):
-            failures[sp["name"]] = f"not run: budget spent ({left:.0f} s left)"
-            print(f"NOT RUN {sp['name']}: budget spent ({left:.0f} s left)", flush=True)
-            continue
-        t_run = time.time()
-        timeout = min(a.per_run or sp["timeout"], left)  # no run outlives the budget
-        try:
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), a.out_dir, "--one",
-                                sp["name"]], capture_output=True, text=True, timeout=timeout)
-            if p.returncode != 0:
-                failures[sp["name"]] = p.stderr[-4000:]
-                print(f"FAILED {sp['name']}: {p.stderr[-800:]}", flush=True)
-                continue
-            with open(os.path.join(a.out_dir, sp["name"] + ".json")) as f:
-                r = json.load(f)
-            r["process_seconds"] = round(time.time() - t_run, 2)
-            if p.stderr.strip():
-                r["stderr_tail"] = p.stderr[-1500:]
-            results.append(r)
-            print(f"{sp['name']:28s} measured step: alloc {gib(r.get('measured_step_peak_allocated'))} "
-                  f"reserved {gib(r.get('measured_step_peak_reserved'))} GiB; whole run: "
-                  f"alloc {gib(r.get('whole_run_peak_allocated'))} reserved "
-                  f"{gib(r.get('whole_run_peak_reserved'))} GiB; loss {r.get('loss'):.3f}; "
-                  f"steps {r.get('step_seconds')} s ({r['process_seconds']:.1f} s)"
-                  + (f"; substituted: {r['substituted']}" if r.get("substituted") else ""),
-                  flush=True)
-        except subprocess.TimeoutExpired as e:
-            tail = e.stderr[-2000:] if isinstance(e.stderr, str) else \
-                (e.stderr or b"")[-2000:].decode(errors="replace")
-            failures[sp["name"]] = f"timeout after {timeout:.0f} s: {tail}"
-            print(f"TIMEOUT {sp['name']} ({timeout:.0f} s)", flush=True)
-        except Exception:  # never raise out: record it and go on
-            failures[sp["name"]] = traceback.format_exc()[-4000:]
-            print(f"ERROR {sp['name']}: {failures[sp['name']][-800:]}", flush=True)
+    t_start = gpu_common.start_parent(a.out_dir, chosen, total, a.budget)
+
+    def report(sp, r):
+        print(f"{sp['name']:28s} measured step: alloc {gib(r.get('measured_step_peak_allocated'))} "
+              f"reserved {gib(r.get('measured_step_peak_reserved'))} GiB; whole run: "
+              f"alloc {gib(r.get('whole_run_peak_allocated'))} reserved "
+              f"{gib(r.get('whole_run_peak_reserved'))} GiB; loss {r.get('loss'):.3f}; "
+              f"steps {r.get('step_seconds')} s ({r['process_seconds']:.1f} s)"
+              + (f"; substituted: {r['substituted']}" if r.get("substituted") else ""),
+              flush=True)
+
+    loop = gpu_common.ChildLoop(  # no run outlives the budget
+        os.path.abspath(__file__), a.out_dir, a.budget, t_start, per_run=a.per_run,
+        min_left=lambda sp: min(sp["est"], 6.0))
+    results, failures = gpu_common.run_children(chosen, loop, report)
     versions = {}
     try:
         import torch
@@ -551,42 +475,11 @@ def main():
         pass
     versions["transformers"] = "not used (stand-ins only)"
     versions["peft"] = "not used (stand-ins only)"
-    doc = dict(note="tools/gpu/measure_impl.py: torchtitan / torchtune / LitGPT Llama "
-                    "stand-ins (tools/fixtures/impl_models.py) with CUDA kernels",
-               versions=versions, python=sys.version.split()[0],
-               seconds=round(time.time() - t_start, 1), results=results, failures=failures)
-    try:
-        with open(os.path.join(a.out_dir, "impl_runs.json"), "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-    except Exception:
-        traceback.print_exc()
-    pickles = [r["spec"]["name"] + ".pickle" for r in results
-               if os.path.exists(os.path.join(a.out_dir, r["spec"]["name"] + ".pickle"))]
-    try:
-        if pickles:
-            gpu_common.write_tar_xz(os.path.join(a.out_dir, "impl_snapshots.tar.xz"),
-                                    a.out_dir, pickles)
-            for p in pickles:
-                os.remove(os.path.join(a.out_dir, p))
-    except Exception:
-        traceback.print_exc()
-    for r in results:
-        path = os.path.join(a.out_dir, r["spec"]["name"] + ".json")
-        try:
-            if os.path.exists(path):
-                os.remove(path)
-        except Exception:
-            pass
-    print(f"{len(results)} runs, {len(failures)} failed or not run, "
-          f"{time.time() - t_start:.0f} s -> {os.path.join(a.out_dir, 'impl_runs.json')}",
-          flush=True)
+    gpu_common.finish_parent(
+        a.out_dir, "impl", "tools/gpu/measure_impl.py: torchtitan / torchtune / LitGPT Llama "
+        "stand-ins (tools/fixtures/impl_models.py) with CUDA kernels", versions, t_start,
+        results, failures)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit:
-        raise
-    except Exception:  # the parent never raises out
-        traceback.print_exc()
-        sys.exit(0 if "--one" not in sys.argv else 1)
+    gpu_common.run_main(main)

@@ -41,16 +41,12 @@ same code on the CPU at a tiny size and record no memory figures; the transforme
 skipped with a message when transformers cannot be imported.
 """
 import argparse
-import fnmatch
 import importlib.util
 import inspect
 import json
 import os
-import pickle
-import subprocess
 import sys
 import time
-import traceback
 
 import gpu_common
 
@@ -103,15 +99,14 @@ SPECS = [
 ]
 
 
+STATS_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+              "reserved_bytes.all.current", "reserved_bytes.all.peak",
+              "requested_bytes.all.current", "requested_bytes.all.peak",
+              "num_alloc_retries", "num_ooms", "segment.all.current", "allocation.all.current")
+
+
 def stats(torch, cuda):
-    if not cuda:
-        return {}
-    torch.cuda.synchronize()
-    st = torch.cuda.memory_stats()
-    keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
-            "reserved_bytes.all.peak", "requested_bytes.all.current", "requested_bytes.all.peak",
-            "num_alloc_retries", "num_ooms", "segment.all.current", "allocation.all.current")
-    return {k: st.get(k) for k in keys}
+    return gpu_common.memory_stats(torch, cuda, STATS_KEYS)
 
 
 def strip_frames(snapshot):
@@ -243,12 +238,8 @@ def run_one(sp, out_dir):
     dry = not cuda
     result = dict(spec=sp, torch_version=torch.__version__, device=str(device), dry_run=dry)
     if cuda:
-        torch.cuda.init()
-        free0, total = torch.cuda.mem_get_info()
-        result["gpu"] = torch.cuda.get_device_name()
-        result["mem_get_info_at_init"] = [free0, total]
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                                 max_entries=2_000_000)
+        gpu_common.init_cuda(torch, result)
+        gpu_common.record_history(torch)
     torch.manual_seed(0)
     build = build_standin if sp["impl"] == "standin" else build_transformers
     default_dtype = torch.get_default_dtype()
@@ -324,49 +315,34 @@ def run_one(sp, out_dir):
     result["loss"] = float(loss)
     result["seconds"] = time.time() - t0
     if cuda:
-        torch.cuda.synchronize()
-        result["measured_step_peak_allocated"] = torch.cuda.max_memory_allocated()
-        result["measured_step_peak_reserved"] = torch.cuda.max_memory_reserved()
-        free2, total = torch.cuda.mem_get_info()
-        result["outside_allocator_at_end"] = (total - free2) - torch.cuda.memory_reserved()
-        snap = strip_frames(torch.cuda.memory._snapshot())
-        torch.cuda.memory._record_memory_history(enabled=None)
-        with open(os.path.join(out_dir, sp["name"] + ".pickle"), "wb") as f:
-            pickle.dump(snap, f, protocol=4)
-    with open(os.path.join(out_dir, sp["name"] + ".json"), "w") as f:
-        json.dump(result, f, indent=1)
+        gpu_common.measured_step_peaks(torch, result)
+        gpu_common.device_memory_at_end(torch, result, keep_info=False)
+        gpu_common.dump_snapshot(torch, out_dir, sp["name"], strip_frames)
+    gpu_common.write_json(os.path.join(out_dir, sp["name"] + ".json"), result)
     return result
 
 
 # --------------------------------------------------------------------------- driver
-def pack(out_dir, pickles, limit=8 << 20):
-    """OUTDIR/moe_snapshots.tar.xz; snapshots are dropped from the end past 8 MiB."""
-    target = os.path.join(out_dir, "moe_snapshots.tar.xz")
-    keep = list(pickles)
-    while keep:
-        gpu_common.write_tar_xz(target, out_dir, keep)
-        if os.path.getsize(target) <= limit:
-            return keep
-        keep.pop()
-    if os.path.exists(target):
-        os.remove(target)
-    return []
+SNAPSHOTS_LIMIT = 8 << 20  # the archive's most bytes: snapshots are dropped from the end past it
+
+
+def pack_snapshots(out_dir, results, archive):
+    """OUTDIR/archive of the runs' snapshots within SNAPSHOTS_LIMIT (says how many it kept);
+    the pickles are removed (measure_moe_autocast's too)."""
+    pickles = gpu_common.result_pickles(out_dir, results)
+    kept = gpu_common.pack_snapshots(out_dir, pickles, archive, limit=SNAPSHOTS_LIMIT,
+                                     keep_on_error=False)
+    if kept is not None and len(kept) < len(pickles):
+        print(f"snapshots kept: {len(kept)} of {len(pickles)} (8 MiB limit)", flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--budget", type=float, default=90.0, help="seconds for all runs")
-    ap.add_argument("--per-run", type=float, default=40.0)
-    ap.add_argument("--only", nargs="*", help="names or fnmatch patterns")
-    ap.add_argument("--list", action="store_true")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
+    gpu_common.add_run_args(ap, budget=90.0, per_run=40.0)
     a = ap.parse_args()
-    if a.one:
-        os.makedirs(a.out_dir, exist_ok=True)
-        run_one(next(s for s in SPECS if s["name"] == a.one), a.out_dir)
+    if gpu_common.run_one_if_child(a, SPECS, run_one):
         return
-    chosen = [s for s in SPECS if not a.only or any(fnmatch.fnmatchcase(s["name"], p) for p in a.only)]
+    chosen = gpu_common.select_by_name(SPECS, a.only)
     if a.list:
         for s in chosen:
             print(f"{s['name']:48s} {s['impl']:12s} {s['routing']:9s} {s['estimate']:5.1f} s")
@@ -375,7 +351,6 @@ def main():
     os.makedirs(a.out_dir, exist_ok=True)
     t_start = time.time()
     have_tf = importlib.util.find_spec("transformers") is not None
-    results, failures = [], {}
     try:
         import torch
         versions = dict(torch=torch.__version__)
@@ -387,59 +362,29 @@ def main():
             versions["transformers"] = transformers.__version__
         except Exception as e:  # noqa: BLE001
             versions["transformers_error"] = repr(e)
-    for sp in chosen:
+
+    def skip(sp):
         if sp["impl"] == "transformers" and not have_tf:
-            failures[sp["name"]] = "skipped: transformers is not importable by " + sys.executable
-            print(f"SKIPPED {sp['name']}: no transformers here", flush=True)
-            continue
-        left = a.budget - (time.time() - t_start)
-        if left < 5:
-            failures[sp["name"]] = "not run: budget spent"
-            continue
-        try:
-            p = subprocess.run([sys.executable, __file__, a.out_dir, "--one", sp["name"]],
-                               capture_output=True, text=True, timeout=min(a.per_run, left))
-            if p.returncode != 0:
-                failures[sp["name"]] = p.stderr[-4000:]
-                print(f"FAILED {sp['name']}: {p.stderr[-400:]}", flush=True)
-                continue
-            with open(os.path.join(a.out_dir, sp["name"] + ".json")) as f:
-                r = json.load(f)
-            results.append(r)
-            pa, pr = r.get("measured_step_peak_allocated"), r.get("measured_step_peak_reserved")
-            print(f"{sp['name']:48s} peak allocated {pa} reserved {pr} ({time.time() - t_start:5.1f} s)",
-                  flush=True)
-        except subprocess.TimeoutExpired:
-            failures[sp["name"]] = "timeout"
-            print(f"TIMEOUT {sp['name']}", flush=True)
-        except Exception:  # noqa: BLE001
-            failures[sp["name"]] = traceback.format_exc()[-4000:]
-    with open(os.path.join(a.out_dir, "moe_runs.json"), "w") as f:
-        json.dump({"versions": versions, "results": results, "failures": failures}, f, indent=1)
-    pickles = [r["spec"]["name"] + ".pickle" for r in results
-               if os.path.exists(os.path.join(a.out_dir, r["spec"]["name"] + ".pickle"))]
-    if pickles:
-        try:
-            kept = pack(a.out_dir, pickles)
-            if len(kept) < len(pickles):
-                print(f"snapshots kept: {len(kept)} of {len(pickles)} (8 MiB limit)", flush=True)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-        for p in pickles:
-            os.remove(os.path.join(a.out_dir, p))
-    for r in results:
-        os.remove(os.path.join(a.out_dir, r["spec"]["name"] + ".json"))
+            return ("skipped: transformers is not importable by " + sys.executable,
+                    f"SKIPPED {sp['name']}: no transformers here")
+        return None
+
+    def report(sp, r):
+        pa, pr = r.get("measured_step_peak_allocated"), r.get("measured_step_peak_reserved")
+        print(f"{sp['name']:48s} peak allocated {pa} reserved {pr} ({time.time() - t_start:5.1f} s)",
+              flush=True)
+
+    loop = gpu_common.ChildLoop(__file__, a.out_dir, a.budget, t_start, per_run=a.per_run,
+                                min_left=lambda sp: 5.0, not_run="quiet", failed_show=400,
+                                timeout_note="plain", error_show=0, process_facts=False,
+                                skip=skip)
+    results, failures = gpu_common.run_children(chosen, loop, report)
+    gpu_common.write_json(os.path.join(a.out_dir, "moe_runs.json"),
+                          {"versions": versions, "results": results, "failures": failures})
+    pack_snapshots(a.out_dir, results, "moe_snapshots.tar.xz")
+    gpu_common.remove_run_files(a.out_dir, results)
     print(f"{len(results)} runs, {len(failures)} failed or skipped, {time.time() - t_start:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
-    if "--one" in sys.argv:  # a child: its failure is the parent's record
-        main()
-    else:
-        try:
-            main()
-        except SystemExit:
-            raise
-        except Exception:  # noqa: BLE001 -- never raise out: the lease goes on
-            traceback.print_exc()
-            sys.exit(0)
+    gpu_common.run_main(main)

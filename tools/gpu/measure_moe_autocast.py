@@ -69,16 +69,12 @@ committed before any measurement.
 """
 import argparse
 import contextlib
-import fnmatch
 import importlib.util
 import inspect
 import json
 import os
-import pickle
-import subprocess
 import sys
 import time
-import traceback
 
 import gpu_common
 import measure_moe as mm  # the shapes, routings, forcing and recording of the bf16 runs
@@ -188,12 +184,8 @@ def run_one(sp, out_dir):
     have_tf = importlib.util.find_spec("transformers") is not None
     result = dict(spec=sp, torch_version=torch.__version__, device=str(device), dry_run=dry)
     if cuda:
-        torch.cuda.init()
-        free0, total = torch.cuda.mem_get_info()
-        result["gpu"] = torch.cuda.get_device_name()
-        result["mem_get_info_at_init"] = [free0, total]
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                                 max_entries=2_000_000)
+        gpu_common.init_cuda(torch, result)
+        gpu_common.record_history(torch)
     torch.manual_seed(0)
     standin = not have_tf
     if standin and cuda:
@@ -302,53 +294,22 @@ def run_one(sp, out_dir):
     result["loss"] = float(loss)
     result["seconds"] = time.time() - t0
     if cuda:
-        torch.cuda.synchronize()
-        result["measured_step_peak_allocated"] = torch.cuda.max_memory_allocated()
-        result["measured_step_peak_reserved"] = torch.cuda.max_memory_reserved()
-        result["whole_run_peak_allocated"] = max(begin["allocated_bytes.all.peak"],
-                                                 result["measured_step_peak_allocated"])
-        result["whole_run_peak_reserved"] = max(begin["reserved_bytes.all.peak"],
-                                                result["measured_step_peak_reserved"])
-        free2, total = torch.cuda.mem_get_info()
-        result["outside_allocator_at_end"] = (total - free2) - torch.cuda.memory_reserved()
-        snap = mm.strip_frames(torch.cuda.memory._snapshot())
-        torch.cuda.memory._record_memory_history(enabled=None)
-        with open(os.path.join(out_dir, sp["name"] + ".pickle"), "wb") as f:
-            pickle.dump(snap, f, protocol=4)
-    with open(os.path.join(out_dir, sp["name"] + ".json"), "w") as f:
-        json.dump(result, f, indent=1)
+        gpu_common.measured_step_peaks(torch, result)
+        gpu_common.whole_run_peaks(result, begin)
+        gpu_common.device_memory_at_end(torch, result, keep_info=False)
+        gpu_common.dump_snapshot(torch, out_dir, sp["name"], mm.strip_frames)
+    gpu_common.write_json(os.path.join(out_dir, sp["name"] + ".json"), result)
     return result
 
 
 # --------------------------------------------------------------------------- driver
-def pack(out_dir, pickles, limit=8 << 20):
-    """OUTDIR/moe_autocast_snapshots.tar.xz; snapshots are dropped from the end past 8 MiB."""
-    target = os.path.join(out_dir, TOPIC + "_snapshots.tar.xz")
-    keep = list(pickles)
-    while keep:
-        gpu_common.write_tar_xz(target, out_dir, keep)
-        if os.path.getsize(target) <= limit:
-            return keep
-        keep.pop()
-    if os.path.exists(target):
-        os.remove(target)
-    return []
-
-
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--budget", type=float, default=90.0, help="seconds for all runs")
-    ap.add_argument("--per-run", type=float, default=30.0)
-    ap.add_argument("--only", nargs="*", help="names or fnmatch patterns")
-    ap.add_argument("--list", action="store_true")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
+    gpu_common.add_run_args(ap, budget=90.0, per_run=30.0)
     a = ap.parse_args()
-    if a.one:
-        os.makedirs(a.out_dir, exist_ok=True)
-        run_one(next(s for s in SPECS if s["name"] == a.one), a.out_dir)
+    if gpu_common.run_one_if_child(a, SPECS, run_one):
         return
-    chosen = [s for s in SPECS if not a.only or any(fnmatch.fnmatchcase(s["name"], p) for p in a.only)]
+    chosen = gpu_common.select_by_name(SPECS, a.only)
     if a.list:
         for s in chosen:
             print(f"{s['name']:44s} {s['model_type']:10s} {s['routing']:9s} {s['attention']:6s} "
@@ -366,72 +327,38 @@ def main():
             versions[mod] = __import__(mod).__version__
         except Exception as e:  # noqa: BLE001
             versions[mod + "_error"] = repr(e)[:300]
-    results, dry_runs, failures = [], [], {}
-    for sp in chosen:
-        left = a.budget - (time.time() - t_start)
-        if left < 0.75 * sp["estimate"]:
-            failures[sp["name"]] = "not run: budget spent"
-            print(f"NOT RUN {sp['name']}: budget spent", flush=True)
-            continue
-        try:
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), a.out_dir, "--one", sp["name"]],
-                               capture_output=True, text=True, timeout=min(a.per_run, left))
-            if p.returncode != 0:
-                failures[sp["name"]] = p.stderr[-4000:]
-                print(f"FAILED {sp['name']}: {p.stderr[-600:]}", flush=True)
-                continue
-            path = os.path.join(a.out_dir, sp["name"] + ".json")
-            with open(path) as f:
-                r = json.load(f)
-            os.remove(path)
-            if r.get("dry_run"):
-                dry_runs.append(r)
-                failures[sp["name"]] = "skipped: " + r.get("skipped", "no CUDA (dry run)")
-                print(f"DRY {sp['name']:40s} loss {r.get('loss'):.4f} ({time.time() - t_start:5.1f} s): "
-                      f"{failures[sp['name']]}", flush=True)
-                continue
-            results.append(r)
-            print(f"{sp['name']:44s} peak allocated {r.get('measured_step_peak_allocated')} reserved "
-                  f"{r.get('measured_step_peak_reserved')} ckpt {r.get('gradient_checkpointing_kwargs')} "
-                  f"({time.time() - t_start:5.1f} s)", flush=True)
-        except subprocess.TimeoutExpired as e:
-            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-            failures[sp["name"]] = "timeout\n" + err[-3000:]
-            print(f"TIMEOUT {sp['name']}", flush=True)
-        except Exception:  # noqa: BLE001
-            failures[sp["name"]] = traceback.format_exc()[-4000:]
-            print(f"ERROR {sp['name']}: {failures[sp['name']][-400:]}", flush=True)
+    dry_runs = []
+
+    def accept(sp, r, t_run, failures):
+        """A dry run's result goes to dry_runs (its run to failures as skipped); each run's
+        JSON is removed as soon as it is read."""
+        os.remove(os.path.join(a.out_dir, sp["name"] + ".json"))
+        if not r.get("dry_run"):
+            return True
+        dry_runs.append(r)
+        failures[sp["name"]] = "skipped: " + r.get("skipped", "no CUDA (dry run)")
+        print(f"DRY {sp['name']:40s} loss {r.get('loss'):.4f} ({time.time() - t_start:5.1f} s): "
+              f"{failures[sp['name']]}", flush=True)
+        return False
+
+    def report(sp, r):
+        print(f"{sp['name']:44s} peak allocated {r.get('measured_step_peak_allocated')} reserved "
+              f"{r.get('measured_step_peak_reserved')} ckpt {r.get('gradient_checkpointing_kwargs')} "
+              f"({time.time() - t_start:5.1f} s)", flush=True)
+
+    loop = gpu_common.ChildLoop(os.path.abspath(__file__), a.out_dir, a.budget, t_start,
+                                per_run=a.per_run, min_left=lambda sp: 0.75 * sp["estimate"],
+                                not_run="plain", failed_show=600, timeout_note="stderr",
+                                error_show=400, process_facts=False)
+    results, failures = gpu_common.run_children(chosen, loop, report, accept)
     out = {"versions": versions, "script": "tools/gpu/measure_moe_autocast.py",
            "results": results, "failures": failures}
     if dry_runs:
         out["dry_runs"] = dry_runs
-    with open(os.path.join(a.out_dir, TOPIC + "_runs.json"), "w") as f:
-        json.dump(out, f, indent=1)
-    pickles = [r["spec"]["name"] + ".pickle" for r in results
-               if os.path.exists(os.path.join(a.out_dir, r["spec"]["name"] + ".pickle"))]
-    if pickles:
-        try:
-            kept = pack(a.out_dir, pickles)
-            if len(kept) < len(pickles):
-                print(f"snapshots kept: {len(kept)} of {len(pickles)} (8 MiB limit)", flush=True)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-        for p in pickles:
-            try:
-                os.remove(os.path.join(a.out_dir, p))
-            except OSError:
-                pass
+    gpu_common.write_json(os.path.join(a.out_dir, TOPIC + "_runs.json"), out)
+    mm.pack_snapshots(a.out_dir, results, TOPIC + "_snapshots.tar.xz")
     print(f"{len(results)} runs, {len(failures)} failed or skipped, {time.time() - t_start:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
-    if "--one" in sys.argv:  # a child: its failure is the parent's record
-        main()
-    else:
-        try:
-            main()
-        except SystemExit:
-            raise
-        except Exception:  # noqa: BLE001 -- never raise out: the lease goes on
-            traceback.print_exc()
-            sys.exit(0)
+    gpu_common.run_main(main)

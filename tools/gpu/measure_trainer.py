@@ -26,10 +26,7 @@ model them (docs/hf-trainer.md).
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
-import traceback
 
 import gpu_common
 
@@ -51,16 +48,13 @@ KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_byt
 
 
 def stats(torch):
-    torch.cuda.synchronize()
-    st = torch.cuda.memory_stats()
-    return {k: st.get(k) for k in KEYS}
+    return gpu_common.memory_stats(torch, True, KEYS)
 
 
 def trim(snapshot):
-    keep = ("modeling_", "peft/", "trainer", "accelerate/", "checkpoint", "optim", "clip_grad",
-            "sdpa_attention", "loss_utils", "measure_trainer")
-    return gpu_common.map_frames(
-        snapshot, lambda fr: [f for f in fr if any(k in f.get("filename", "") for k in keep)][:6])
+    return gpu_common.trim_frames(
+        snapshot, ("modeling_", "peft/", "trainer", "accelerate/", "checkpoint", "optim",
+                   "clip_grad", "sdpa_attention", "loss_utils", "measure_trainer"), 6)
 
 
 def run_one(sp, out_dir):
@@ -69,7 +63,7 @@ def run_one(sp, out_dir):
     path = os.path.join(out_dir, sp["name"] + ".json")
     if not torch.cuda.is_available():
         result["skipped"] = "dry run: no CUDA"
-        json.dump(result, open(path, "w"), indent=1)
+        gpu_common.write_json(path, result)
         return
     import transformers
     from transformers import (AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback,
@@ -80,8 +74,7 @@ def run_one(sp, out_dir):
     torch.cuda.init()
     result["gpu"] = torch.cuda.get_device_name()
     marks = result["marks"] = {}
-    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                             max_entries=2_000_000)
+    gpu_common.record_history(torch)
     torch.manual_seed(0)
     cfg = json.load(open(os.path.join(REPO, CONFIG)))
     for k in ("torch_dtype", "dtype"):
@@ -142,59 +135,39 @@ def run_one(sp, out_dir):
     result["checkpointing"] = [repr(getattr(m._gradient_checkpointing_func, "keywords", None))
                                for m in layers[:1]]
     result["whole_run_peak_allocated"] = torch.cuda.max_memory_allocated()
-    snap = trim(torch.cuda.memory._snapshot())
-    torch.cuda.memory._record_memory_history(enabled=None)
-    import pickle
-    with open(os.path.join(out_dir, sp["name"] + ".pickle"), "wb") as f:
-        pickle.dump(snap, f)
-    json.dump(result, open(path, "w"), indent=1, default=str)
+    gpu_common.dump_snapshot(torch, out_dir, sp["name"], trim, protocol=None)
+    gpu_common.write_json(path, result, default=str)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--budget", type=float, default=60.0)
-    ap.add_argument("--only", nargs="*")
-    ap.add_argument("--list", action="store_true")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
+    gpu_common.add_run_args(ap, budget=60.0)
     a = ap.parse_args()
     os.makedirs(a.out_dir, exist_ok=True)
     if a.one:
         run_one(next(r for r in RUNS if r["name"] == a.one), a.out_dir)
         return
-    runs = [r for r in RUNS if not a.only or r["name"] in a.only]
+    runs = gpu_common.select_by_name(RUNS, a.only)
     if a.list:
         for r in runs:
             print(f"{r['name']:32s} {r['what']}")
         return
-    t0, results, failures, pickles = time.time(), [], {}, []
-    for r in runs:
-        left = a.budget - (time.time() - t0)
-        if left < 10:
-            failures[r["name"]] = "not run: budget spent"
-            continue
-        try:
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), a.out_dir, "--one",
-                                r["name"]], capture_output=True, text=True, timeout=left)
-            jp = os.path.join(a.out_dir, r["name"] + ".json")
-            if p.returncode == 0 and os.path.exists(jp):
-                res = json.load(open(jp))
-                results.append(res)
-                pk = r["name"] + ".pickle"
-                if os.path.exists(os.path.join(a.out_dir, pk)):
-                    pickles.append(pk)
-                print(f"{r['name']:32s} peak alloc {res.get('measured_step_peak_allocated')} "
-                      f"reserved {res.get('measured_step_peak_reserved')} "
-                      f"{res.get('skipped', '')}", flush=True)
-            else:
-                failures[r["name"]] = (p.stderr or "")[-4000:]
-                print(f"FAILED {r['name']}: {(p.stderr or '')[-600:]}", flush=True)
-        except subprocess.TimeoutExpired as e:
-            failures[r["name"]] = f"timed out after {left:.0f} s"
-        except Exception:
-            failures[r["name"]] = traceback.format_exc()[-2000:]
-    with open(os.path.join(a.out_dir, "trainer_runs.json"), "w") as f:
-        json.dump(dict(results=results, failures=failures), f, indent=1)
+    t0 = time.time()
+
+    def report(r, res):
+        print(f"{r['name']:32s} peak alloc {res.get('measured_step_peak_allocated')} "
+              f"reserved {res.get('measured_step_peak_reserved')} "
+              f"{res.get('skipped', '')}", flush=True)
+
+    # A run's timeout is the budget left (no --per-run given); the runs' JSON files stay.
+    loop = gpu_common.ChildLoop(os.path.abspath(__file__), a.out_dir, a.budget, t0,
+                                per_run=a.per_run, min_left=lambda r: 10.0, not_run="quiet",
+                                failed_show=600, timeout_note="timed out", error_keep=2000,
+                                error_show=0, process_facts=False)
+    results, failures = gpu_common.run_children(runs, loop, report)
+    gpu_common.write_json(os.path.join(a.out_dir, "trainer_runs.json"),
+                          dict(results=results, failures=failures))
+    pickles = gpu_common.result_pickles(a.out_dir, results)
     if pickles:
         gpu_common.write_tar_xz(os.path.join(a.out_dir, "trainer_snapshots.tar.xz"), a.out_dir,
                                 pickles)
