@@ -125,11 +125,18 @@ void StreamOffload::unpack(int32_t node) {
 void StreamOffload::unpack_inputs(uint32_t region, std::vector<Tensor>& args) {
   if (region >= regions_.size()) return;
   Owner& o = regions_[region];
+  // The copy is made inside the running node's apply: its layer and module.
+  const OpContext saved = rt_.ctx;
+  if (running_ >= 0) {
+    rt_.ctx.layer = rt_.node(running_).layer;
+    rt_.ctx.module = rt_.node(running_).module;
+  }
   for (uint32_t i = 0; i < o.count; ++i) {
     const Packed p = packed_[o.first + i];
     note_unpack();
     args[p.slot] = rt_.adopt(bring_back(p.id, p.bytes), p.bytes);
   }
+  rt_.ctx = saved;
   o.count = 0;  // unpacked once (the checkpoint re-runs a region once)
 }
 
