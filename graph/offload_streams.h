@@ -18,8 +18,9 @@
 //    NoOpManager), in Phase::forward (the loss is computed after the `with` block), plus
 //    each checkpointed region's _NoopSaveInputs save: its 0-byte dummy, then each defined
 //    input (pack_inputs). Every pack takes the next tensor id (torchtune's tensor_id).
-//  - Offloaded: a pack of at least min_bytes that is not a parameter (isinstance Parameter /
-//    Buffer: a storage of TensorKind::parameter here). Its slot holds no reference; a host
+//  - Offloaded: a pack of at least min_bytes that is not a parameter (isinstance Parameter:
+//    a storage of TensorKind::parameter here; its nn.Buffer test matches only tensors built
+//    as nn.Buffer, none of which is saved outside the layers). Its slot holds no reference; a host
 //    copy of its bytes lives until it is unpacked (tracker); device-to-host bytes count in
 //    Program::cost.host_bytes. Smaller packs and parameters are saved as usual (tracker keeps
 //    the tensor itself).
@@ -34,8 +35,9 @@
 //    Else a device copy is allocated on stream kOffloadStream (`.to("cuda")` under
 //    torch.cuda.stream(s1): the allocator's pool for that stream) and held by the backward
 //    stash. The host copy dies (the tracker entry is deleted).
-//  - N's post hook (post_hook, after N's apply, before its incoming grads die: the engine
-//    keeps the inputs for post hooks): the apply's unpacked locals are gone; the forward
+//  - N's post hook (post_hook, after N's apply, before its incoming grads die: engine.cpp's
+//    call_function holds `inputs` until it returns, and calls the post hooks registered
+//    during the apply too): the apply's unpacked locals are gone; the forward
 //    stash is emptied; the ids in N's prev_node_ids leave the backward stash. A copy still
 //    referenced by something else then (record_stream's case, a view kept by the re-run)
 //    is not modelled: it throws.

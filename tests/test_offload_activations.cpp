@@ -186,4 +186,10 @@ TEST_CASE("memsim run with checkpoint.offload_activations, end to end", "[offloa
                                                        2ull * 8192 * 8);
   CHECK_FALSE(p.contains("host_offload_bytes"));
   CHECK(j["peak_allocated_bytes"].get<uint64_t>() < p["peak_allocated_bytes"].get<uint64_t>());
+  // The plan search rebuilds the checkpoint section (policies other than full): refused by
+  // the key, exit 1.
+  const auto opt = memsim_test::run_shell(memsim_test::memsim_command() + "optimize " + scenario +
+                                          " --budget 70GiB 2>&1");
+  CHECK(opt.status == 1);
+  CHECK(opt.out.find("checkpoint.offload_activations") != std::string::npos);
 }
