@@ -1,21 +1,27 @@
 // checkpoint.offload_activations: torchtune's OffloadActivations (graph/offload_streams.h,
 // scenario/offload_activations_key.h, docs/offload.md "torchtune's OffloadActivations").
 //
-// No GPU and no CPU fixture back these numbers (torch 1.13's CPU build has neither the
-// streams, nor torch.utils.checkpoint's _NoopSaveInputs, nor _current_autograd_node, which
-// the rules depend on): each expectation below is derived by hand from pytorch/torchtune
+// Which saves are offloaded is measured on CPU torch 1.13 (tests/data/offload_activations,
+// tools/fixtures/gen_offload_activations_fixtures.py: real autograd saves under a stand-in of
+// the pack rule, the NoOpManager and torch 2.x's _NoopSaveInputs). No GPU and no fixture
+// back the rest (torch 1.13's CPU build has neither the streams nor
+// _current_autograd_node, which the rules depend on): each expectation below is derived by
+// hand from pytorch/torchtune
 // v0.6.1 (a6290a5b) torchtune/training/_activation_offloading.py and torch 2.11's
 // torch/utils/checkpoint.py, for a 4-layer Llama-2-7B-shaped torchtune model at B=1, S=256
 // in bf16 (D=4096): the layer input h is 2 MiB, the final RMSNorm's fp32 input 4 MiB, its
 // rsqrt 1024 bytes (exactly min_offload_size: offloaded), the token ids 2048 bytes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cli_test_support.h"
+#include "json_test_support.h"
 #include "torch_fixture_test_support.h"
 #include "graph/offload_streams.h"
 #include "scenario/scenario.h"
@@ -76,7 +82,52 @@ std::vector<int64_t> stream_events(const Program& p) {
   return out;
 }
 
+// The fixture's torchtune stand-in as a scenario (tests/test_implementation_fixtures.cpp's
+// scenario_for) with checkpointing and offloading on.
+Scenario fixture_scenario(const nlohmann::json& c) {
+  std::string y = "model:\n  family: hf-llama\n";
+  for (const char* k : {"layers", "d_model", "heads", "kv_heads", "d_ff", "vocab"})
+    y += std::string("  ") + k + ": " + std::to_string(c[k].get<int>()) + "\n";
+  y += "  context_length: " + std::to_string(c["context"].get<int>()) + "\n";
+  y += "  implementation: torchtune\n  attention: flash\n  dropout: 0\n";
+  y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
+       "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
+  y += "precision:\n  params: " + c["dtype"].get<std::string>() + "\n";
+  y += "optimizer:\n  type: adamw\n  impl: for-loop\n";
+  if (c.contains("lora_rank")) {
+    y += "lora:\n  rank: " + std::to_string(c["lora_rank"].get<int>()) + "\n  targets: [";
+    for (const auto& t : c["lora_targets"]) y += t.get<std::string>() + ",";
+    y.back() = ']';
+    y += "\n";
+  }
+  y += "step:\n  kind: train\n  warmup_steps: 1\n";
+  y += "checkpoint:\n  policy: full\n  offload_activations: true\n";
+  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
+  return load_scenario_text(y, "offload-fixture.yaml");
+}
+
 }  // namespace
+
+TEST_CASE("offload_activations: the offloaded saves match real autograd (CPU fixtures)", "[offload-tune]") {
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(MEMSIM_SOURCE_DIR "/tests/data/offload_activations"))
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() == 3);
+  for (const auto& path : files) {
+    const nlohmann::json fx = memsim_test::load_json(path);
+    INFO(fx["name"].get<std::string>());
+    const Program p = build_program(fixture_scenario(fx["config"]));
+    // The pinned bytes at the forward's end: every pack of >= 1024 bytes that is not a
+    // Parameter (the token ids, each layer input, the final norm's x.float() and rsqrt
+    // twice, its normed output) — with B*S = 64 the rsqrt (256 B) and the ids (512 B) stay
+    // on the device; with LoRA the frozen embedding and scale save neither ids nor output.
+    CHECK(p.host_offload_bytes == fx["offloaded_bytes"].get<uint64_t>());
+    // The fixture's packs include the embedding weight (torch 1.13's EmbeddingBackward0
+    // keeps it; 2.x keeps only its size): a Parameter, never offloaded.
+    CHECK(fx["packs"].front()[1].get<bool>() == !fx["config"].contains("lora_rank"));
+  }
+}
 
 TEST_CASE("offload_activations: which saves go to the host, and the host peak", "[offload-tune]") {
   const Program plain = build_program(load(tune_yaml()));
@@ -103,9 +154,10 @@ TEST_CASE("offload_activations: copies on the second stream, freed one unpacking
           "[offload-tune]") {
   const Program off = build_program(load(tune_yaml("  offload_activations: true\n")));
   // Backward, in the order of torchtune's hooks:
-  //  MulBackward0(x_fp32, rsqrt): two copies, rsqrt's first (the generated node saves and
-  //    unpacks `other` before `self`; normed's node ran first and emptied the forward
-  //    stash in its post hook, so nothing else is a stash hit);
+  //  MulBackward0(x_fp32, rsqrt): two copies, rsqrt's first (memsim's mul keeps `other`
+  //    in its first slot; torch 1.13 packs `self` first, the fixture shows: the ids are the
+  //    same set, the generated apply's unpack order was not read); normed's node ran first
+  //    and emptied the forward stash in its post hook, so nothing else is a stash hit;
   //  RsqrtBackward0: rsqrt's other copy; its hook frees the previous node's two;
   //  PowBackward0: x_fp32's other copy; frees the rsqrt copy;
   //  layer 3's first node: the re-run's input h3 (a copy); frees x_fp32's;
