@@ -4,6 +4,8 @@
 
 #include "graph/autocast.h"
 #include "graph/numeric/numeric.h"
+#include "graph/offload.h"
+#include "graph/offload_streams.h"
 
 namespace memsim::graph {
 
@@ -71,6 +73,11 @@ Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
     reg.ctx.region = r;
     reg.autocast = autocast_ != nullptr && autocast_->active();
   }
+  // _NoopSaveInputs saves the inputs through the ambient saved-tensor hooks before the
+  // checkpoint's own take over: torchtune's OffloadActivations packs them
+  // (graph/offload_streams.h).
+  StreamOffload* streams = rt_.offload != nullptr ? rt_.offload->streams() : nullptr;
+  const bool offloaded = streams != nullptr && streams->pack_inputs(r, regions_[r - 1].inputs);
   const uint32_t outer = rt_.ctx.region;
   rt_.ctx.region = r;
   forward_region_ = r;
@@ -86,6 +93,11 @@ Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
   }
   rt_.ctx.region = outer;
   forward_region_ = 0;
+  // The frame's saved inputs that were offloaded are ids in the hooks' tracker: the frame
+  // holds no device reference to them (checkpoint()'s own `args` die as it returns).
+  if (offloaded)
+    for (size_t k = 0; k < regions_[r - 1].inputs.size(); ++k)
+      if (streams->input_packed(r, k)) regions_[r - 1].inputs[k].reset();
   // Nothing saved (e.g. no input requires grad): no placeholder holds the frame.
   if (regions_[r - 1].live == 0) {
     drop_frame(regions_[r - 1]);
@@ -187,6 +199,17 @@ void CheckpointEngine::recompute(uint32_t r) {
   rt_.ctx.layer = reg.ctx.layer;
   rt_.ctx.module = reg.ctx.module;
   rt_.ctx.region = r;  // the phase stays: this happens inside backward
+  // ctx.saved_tensors of _NoopSaveInputs: offloaded inputs come back through the hooks'
+  // unpack (graph/offload_streams.h), as `args`, a local of the checkpoint's unpack hook, before
+  // the re-run starts.
+  Inputs unpacked;
+  const Inputs* args = &reg.inputs;
+  StreamOffload* streams = rt_.offload != nullptr ? rt_.offload->streams() : nullptr;
+  if (streams != nullptr && streams->input_packed(r)) {
+    unpacked = reg.inputs;
+    streams->unpack_inputs(r, unpacked);
+    args = &unpacked;
+  }
   rt_.grad_enabled = true;
   rt_.recomputing = true;
   recompute_region_ = r;
@@ -201,7 +224,7 @@ void CheckpointEngine::recompute(uint32_t r) {
   }
   Tensor out;
   try {
-    out = reg.fn(reg.inputs);
+    out = reg.fn(*args);
   } catch (const StopRecomputation&) {
     // early stop: the re-run's locals died while unwinding, as in Python
     undo_unborn_output();
@@ -215,6 +238,7 @@ void CheckpointEngine::recompute(uint32_t r) {
   // unpack's `_unused` dies when unpack returns.
   if (plan_.reentrant) reg.output = std::move(out);
   out.reset();
+  unpacked.clear();
   recompute_region_ = 0;
   rt_.discard_graph(g);
   rt_.ctx = outer_ctx;

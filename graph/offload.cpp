@@ -1,11 +1,17 @@
 #include "graph/offload.h"
 
+#include "graph/offload_streams.h"
+
 namespace memsim::graph {
 
 OffloadEngine::OffloadEngine(Runtime& rt, std::vector<bool> layers)
     : rt_(rt), layers_(std::move(layers)) {
   rt_.offload = this;
   packed_.reserve(1 << 10);
+}
+
+OffloadEngine::OffloadEngine(Runtime& rt, StreamOffload& streams) : rt_(rt), streams_(&streams) {
+  rt_.offload = this;
 }
 
 OffloadEngine::~OffloadEngine() {
@@ -62,6 +68,7 @@ void OffloadEngine::released(int32_t node) {
 }
 
 void OffloadEngine::nodes_cleared() {
+  if (streams_ != nullptr) streams_->nodes_cleared();
   // Every node is dead, so every host copy was released already.
   nodes_.clear();
   packed_.clear();

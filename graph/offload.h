@@ -28,6 +28,11 @@
 //    an offloaded layer that is also checkpointed, numeric mode, torch.compile.
 // Per-node bookkeeping is a flat array appended while saving; nothing is allocated per
 // event once it has grown.
+//
+// The Runtime's one offload hook point also serves torchtune's OffloadActivations
+// (checkpoint.offload_activations): an engine built on a StreamOffload
+// (graph/offload_streams.h) packs nothing itself; the Runtime and the checkpoint engine
+// call that StreamOffload (streams()) at the hooks it needs instead.
 #pragma once
 
 #include <cstdint>
@@ -37,11 +42,17 @@
 
 namespace memsim::graph {
 
+class StreamOffload;  // graph/offload_streams.h
+
 class OffloadEngine {
  public:
   // layers[l]: layer l's forward runs under save_on_cpu. Installs itself as rt.offload.
   OffloadEngine(Runtime& rt, std::vector<bool> layers);
+  // torchtune's OffloadActivations: installs itself as rt.offload, forwarding to `streams`
+  // (not owned; it outlives this engine).
+  OffloadEngine(Runtime& rt, StreamOffload& streams);
   ~OffloadEngine();
+  StreamOffload* streams() const { return streams_; }
   OffloadEngine(const OffloadEngine&) = delete;
   OffloadEngine& operator=(const OffloadEngine&) = delete;
 
@@ -71,6 +82,7 @@ class OffloadEngine {
     bool unpacked = false;
   };
   Runtime& rt_;
+  StreamOffload* streams_ = nullptr;
   std::vector<bool> layers_;
   std::vector<Packed> packed_;
   std::vector<NodePacks> nodes_;  // by node id (grown on demand)

@@ -5,6 +5,7 @@
 
 #include "graph/checkpoint.h"
 #include "graph/offload.h"
+#include "graph/offload_streams.h"
 #include "graph/compile.h"
 #include "graph/op_cost.h"
 #include "graph/numeric/numeric.h"
@@ -285,12 +286,17 @@ void Runtime::save_storage(int32_t id, uint32_t storage) {
     ++nodes_[id].saved_count;
     return;
   }
-  if (offload != nullptr &&
-      offload->pack(id, nodes_[id].saved_count, save_bytes_ ? save_bytes_ : program_.tensors[storage].bytes,
-                    ctx.layer, !in_backward_ && !recomputing)) {
-    saved_.push_back(kNoStorage);  // packed to host: no reference on the device tensor
-    ++nodes_[id].saved_count;
-    return;
+  if (offload != nullptr) {
+    const uint64_t bytes = save_bytes_ ? save_bytes_ : program_.tensors[storage].bytes;
+    const bool forward = !in_backward_ && !recomputing;
+    // save_on_cpu around layers, or torchtune's OffloadActivations (graph/offload_streams.h)
+    StreamOffload* streams = offload->streams();
+    if (streams != nullptr ? forward && streams->pack(id, nodes_[id].saved_count, storage, bytes)
+                           : offload->pack(id, nodes_[id].saved_count, bytes, ctx.layer, forward)) {
+      saved_.push_back(kNoStorage);  // packed to host: no reference on the device tensor
+      ++nodes_[id].saved_count;
+      return;
+    }
   }
   Node& n = nodes_[id];
   if (saves_++ != test_drop_save) retain(storage);  // test_drop_save: see runtime.h
@@ -554,6 +560,8 @@ void Runtime::run_engine(int32_t grad_fn, uint8_t out_slot, uint32_t root_grad) 
     a.grad_is_view[1] = false;
     run_accumulate_grad(a);
   }
+  // OffloadActivations' callback queued on the engine: the backward stash empties.
+  if (offload != nullptr && offload->streams() != nullptr) offload->streams()->backward_done();
   in_backward_ = false;
   // Reached nodes are dead now (retain_graph=False).
   for (const int32_t i : reached) {
@@ -574,6 +582,8 @@ void Runtime::run_engine(int32_t grad_fn, uint8_t out_slot, uint32_t root_grad) 
 void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
   // Unpacking a checkpoint placeholder (or reaching a reentrant region's output node) may
   // re-run its region first (appending nodes).
+  StreamOffload* streams = offload != nullptr ? offload->streams() : nullptr;
+  if (streams != nullptr) streams->node_begins(id);
   if (checkpoint != nullptr) checkpoint->unpack(id);
   if (compile != nullptr) compile->unpack(id);
   Node& n = nodes_[id];
@@ -581,8 +591,11 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
   ctx.module = n.module;
   ctx.region = n.region;
   cur_op_ = n.kind;
-  if (offload != nullptr) {  // save_on_cpu's unpack hook: device copies of packed slots
-    offload->unpack(id);
+  if (offload != nullptr) {  // save_on_cpu's or OffloadActivations' unpack hook
+    if (streams != nullptr)
+      streams->unpack(id);
+    else
+      offload->unpack(id);
     cur_op_ = n.kind;
   }
   if (n.kind == OpKind::accumulate_grad) {
@@ -613,6 +626,8 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
     add_flops_backward(n.flops, n.gemm_bytes,
                        n.kind == OpKind::float8_linear ? MathDtype::fp8 : gemm_dtype);
   cur_op_ = n.kind;
+  // Post hooks run while the engine still holds the node's inputs (call_function).
+  if (streams != nullptr) streams->post_hook(id);
   // The node's inputs (incoming grads) die when it returns, then its saved variables
   // are released (retain_graph=False).
   for (int s = 0; s < 2; ++s) {

@@ -12,6 +12,7 @@
 #include "scenario/scenario_lora.h"
 #include "scenario/scenario_implementation.h"
 #include "scenario/torchtune_keys.h"
+#include "scenario/offload_activations_key.h"
 #include "scenario/scenario_checkpoint.h"
 #include "scenario/deepspeed_keys.h"
 #include "scenario/compile_keys.h"
@@ -592,12 +593,16 @@ Scenario build_scenario(const Doc& d) {
   check_implementation(d, s);  // model.implementation (scenario/scenario_implementation.h)
   read_megatron_moe(d, s);     // Megatron-Core MoE keys (scenario/megatron_moe_keys.h)
   read_megatron_arch(d, s);    // --swiglu, biases, GQA (scenario/megatron_arch_keys.h)
-  read_recipe_features(d, s);  // optimizer.in_backward, offload_activations (scenario/torchtune_keys.h)
+  read_recipe_features(d, s);  // optimizer.in_backward (scenario/torchtune_keys.h)
+  // torchtune's OffloadActivations (scenario/offload_activations_key.h): on when key_where
+  // lists it, so a false value is left out below.
+  const bool offload_activations = read_offload_activations(d, s);
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   check_deepseek(d, s);        // DeepSeek-V3: MLA and router refusals (scenario/deepseek_keys.h)
   check_sdpa_kernel(d, s);     // model.attention cudnn, 5.x's enable_gqa (scenario/sdpa_kernel_keys.h)
   s.key_where.reserve(d.fields.size());
-  for (const auto& [key, field] : d.fields) s.key_where.emplace_back(key, field.where);
+  for (const auto& [key, field] : d.fields)
+    if (offload_activations || key != kOffloadActivationsKey) s.key_where.emplace_back(key, field.where);
   return s;
 }
 

@@ -50,14 +50,8 @@ void read_implementation(const Doc& d, ModelConfig& m) {
 }
 
 void check_implementation(const Doc& d, const Scenario& s) {
-  // torchtune's enable_activation_offloading, available to any training loop: not
-  // modelled (docs/offload.md "torchtune's OffloadActivations" says why save_on_cpu's
-  // model is not its semantics). optimizer.in_backward: scenario/torchtune_keys.h.
-  if (const Field* off = d.find("checkpoint.offload_activations");
-      off && read_bool(*off, "checkpoint.offload_activations"))
-    fail(off->where, "checkpoint.offload_activations",
-         "saved activations moved to host memory (torchtune's OffloadActivations) are not "
-         "modelled yet; use false");
+  // checkpoint.offload_activations: scenario/offload_activations_key.h;
+  // optimizer.in_backward: scenario/torchtune_keys.h.
   const Field* f = d.find("model.implementation");
   if (!f || s.model.arch.impl == ModelImpl::hf) return;
   const std::string who = std::string("model.implementation ") + spelling(s.model.arch.impl);

@@ -7,9 +7,8 @@
 //    written loop); refused with batch.grad_accum > 1 (the recipe raises), with data
 //    parallelism or sharding, master weights, torch.compile, other optimizers, and with
 //    torchtune's LoRA (lora_finetune_single_device has no optimizer_in_bwd).
-//  - checkpoint.offload_activations (torchtune's OffloadActivations) stays refused by
-//    check_implementation (scenario/scenario_implementation.cpp); docs/offload.md says
-//    why graph/offload.h's save_on_cpu model is not its semantics.
+//  - checkpoint.offload_activations (torchtune's OffloadActivations):
+//    scenario/offload_activations_key.h, graph/offload_streams.h.
 //  - lora.* with model.implementation torchtune: lora_llama3's LoRALinear
 //    (graph/models/lora_tune.cpp). Errors name the key and FILE:LINE (exit 1).
 #pragma once

@@ -61,6 +61,9 @@ const std::map<std::string, Claim>& claims() {
       {"llama3-8b-litgpt-b4-seq512-h200.yaml", {true, std::nullopt, 75.83}},
       // torchtune's LoRA recipe (8B_lora_single_device): frozen bf16 base, the loss's peak.
       {"llama3-8b-torchtune-lora-h100.yaml", {true, std::nullopt, 19.42}},
+      // torchtune's OffloadActivations (checkpoint.offload_activations), b 2, s 8192, with
+      // optimizer_in_bwd: the chunked loss (docs/offload.md).
+      {"llama3-8b-torchtune-offload-h100.yaml", {true, std::nullopt, 58.16}},
       {"llama2-13b-seq4096-rtx4070.yaml", {false, Phase::setup, 11.19}},
       {"llama2-7b-finetune-a100.yaml", {true, std::nullopt, 63.02}},
       {"llama2-7b-full-finetune-a100.yaml", {true, std::nullopt, 63.02}},

@@ -26,6 +26,8 @@
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/checkpoint_policy.h"
 #include "sim/step/activation_offload.h"
+#include "graph/offload_streams.h"
+#include "scenario/offload_activations_key.h"
 #include "sim/step/optimizer_in_backward.h"
 #include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
@@ -126,6 +128,20 @@ class Loop {
     checkpoint_ = make_checkpoint_engine(rt_, s_, script_);
     // checkpoint.offload: save_on_cpu around the listed layers (sim/step/activation_offload.h).
     offload_ = make_offload_engine(rt_, s_, checkpoint_.get());
+    // checkpoint.offload_activations: torchtune's OffloadActivations (graph/offload_streams.h;
+    // its refusals: scenario/offload_activations_key.h).
+    if (offloads_activations(s_)) {
+      if (rt_.numeric != nullptr)
+        throw ScenarioError(s_.key_prefix(kOffloadActivationsKey) +
+                            ": numeric mode does not model host copies of saved tensors");
+      // A plan search (compare --policies, optimize) may have rebuilt the checkpoint section.
+      if (s_.checkpoint.policy != CheckpointPolicy::full || offload_)
+        throw ScenarioError(s_.key_prefix(kOffloadActivationsKey) +
+                            ": torchtune's OffloadActivations is modelled with checkpoint.policy "
+                            "full only, without checkpoint.offload");
+      stream_offload_ = std::make_unique<graph::StreamOffload>(rt_, graph::StreamOffloadConfig{});
+      offload_ = std::make_unique<graph::OffloadEngine>(rt_, *stream_offload_);
+    }
     if (s_.parallel.context > 1) {  // scenario/context_parallel_keys.h; rank 0 is modelled
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": parallel.context: numeric mode does not model the ring attention");
@@ -216,6 +232,7 @@ class Loop {
     }
     if (autocast_) autocast_->exit();  // whole-run: the `with` block ends after the loop
     if (offload_) rt_.program().host_offload_bytes = offload_->host_peak();
+    if (stream_offload_) rt_.program().host_offload_bytes = stream_offload_->host_peak();
     rt_.freeze();  // the script ends here: whatever is alive stays alive
   }
 
@@ -420,6 +437,7 @@ class Loop {
   std::unique_ptr<graph::CheckpointEngine> checkpoint_;
   std::unique_ptr<graph::CompileEngine> compile_;  // step.compile (graph/compile.h)
   std::unique_ptr<graph::OffloadEngine> offload_;  // checkpoint.offload (graph/offload.h)
+  std::unique_ptr<graph::StreamOffload> stream_offload_;  // checkpoint.offload_activations
   std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
   std::unique_ptr<TorchDdp> ddp_;
   std::unique_ptr<Fsdp> fsdp_;

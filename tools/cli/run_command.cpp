@@ -14,6 +14,7 @@
 #include "sim/step/schedule.h"
 #include "sim/step/training_script.h"
 #include "scenario/offload_keys.h"
+#include "scenario/offload_activations_key.h"
 #include "scenario/scenario.h"
 #include "sim/search/advice_candidates.h"
 #include "tools/cli/advice_report.h"
@@ -113,7 +114,9 @@ Json run_json(const Scenario& scenario, const Program& program, const MemoryStat
   j["model"] = model_json(scenario, program.rank);
   if (scenario.parallel.sharding == Sharding::deepspeed) j["host_memory"] = host_memory_json(program.host);
   // checkpoint.offload (graph/offload.h): save_on_cpu's pinned host copies at their peak.
-  if (offloads(scenario.checkpoint) || (generate && scenario.generate.cache == GenerateCache::offloaded))
+  // checkpoint.offload_activations (graph/offload_streams.h): OffloadActivations' tracker.
+  if (offloads(scenario.checkpoint) || offloads_activations(scenario) ||
+      (generate && scenario.generate.cache == GenerateCache::offloaded))
     j["host_offload_bytes"] = program.host_offload_bytes;  // generate: the offloaded KV cache's
   if (generate) j["generate"] = generate_json(scenario, generate_facts);
   Json summary = analysis_json(analysis);
@@ -332,6 +335,12 @@ int run_run(const RunArgs& args) {
                                     " pinned at peak: saved tensors of layers " +
                                     offload_label(scenario.checkpoint) +
                                     " copied to host (save_on_cpu)");
+    if (offloads_activations(scenario))  // torchtune's OffloadActivations
+      header.facts.emplace_back("host memory",
+                                human_bytes(program.host_offload_bytes) +
+                                    " pinned at peak: checkpointed layers' inputs and the "
+                                    "saves outside them copied to host (torchtune's "
+                                    "OffloadActivations)");
     if (moe) {
       header.facts.emplace_back(
           "moe routing",

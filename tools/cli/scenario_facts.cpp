@@ -7,6 +7,7 @@
 #include "scenario/loss_impl.h"
 #include "scenario/model_architecture.h"
 #include "scenario/offload_keys.h"
+#include "scenario/offload_activations_key.h"
 #include "scenario/scenario_family.h"
 #include "sim/analysis/parameter_count.h"
 
@@ -107,6 +108,7 @@ std::string training_line(const Scenario& s) {
        s.checkpoint.reentrant.value_or(false)))
     line += " (reentrant)";
   if (offloads(s.checkpoint)) line += ", offload layers " + offload_label(s.checkpoint);  // save_on_cpu
+  if (offloads_activations(s)) line += ", offload_activations (torchtune)";
   const ParallelConfig& p = s.parallel;
   if (p.data != 1 || p.tensor != 1 || p.pipeline != 1 || p.zero != 0) {
     line += ", parallel dp " + std::to_string(p.data) + " tp " + std::to_string(p.tensor) +
