@@ -59,10 +59,6 @@ bool read_offload_activations(const Doc& d, const Scenario& s) {
 
 namespace memsim {
 
-bool offloads_activations(const Scenario& s) {
-  for (const auto& [key, where] : s.key_where)
-    if (key == kOffloadActivationsKey) return true;
-  return false;
-}
+bool offloads_activations(const Scenario& s) { return s.checkpoint.offload_activations; }
 
 }  // namespace memsim

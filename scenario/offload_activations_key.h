@@ -5,12 +5,8 @@
 //
 // Contract: read_offload_activations reads the bool key (default false: nothing changes);
 // when true it refuses by key (FILE:LINE: KEY, exit 1) what the recipes do not allow or
-// memsim does not model with it (below). offloads_activations(s) says whether it is on:
-// the key is on when Scenario::key_where lists it, and the loader leaves it out of
-// key_where when its value is false (false is the default: the same as not set). (No
-// field of its own in scenario.h: adding one rebuilds most of the tree, which this
-// session's shared build machine could not afford; a CheckpointConfig bool is the
-// obvious home when the lead merges.)
+// memsim does not model with it (below). The loader stores the value in
+// CheckpointConfig::offload_activations; offloads_activations(s) reads it.
 //
 //  - checkpoint.policy other than full (the recipes raise without
 //    enable_activation_checkpointing, and checkpoint every TransformerSelfAttentionLayer);
@@ -31,7 +27,7 @@ namespace memsim::scenario_detail {
 
 struct Doc;  // scenario/scenario_doc.h
 
-// Reads and checks the key; returns its value (the loader drops a false one from key_where).
+// Reads and checks the key; returns its value.
 bool read_offload_activations(const Doc& d, const Scenario& s);
 
 }  // namespace memsim::scenario_detail

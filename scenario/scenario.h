@@ -195,6 +195,9 @@ struct CheckpointConfig {
   std::vector<int64_t> offload;
   bool offload_all = false;
   std::string offload_where;  // FILE:LINE of the key, for refusals
+  // checkpoint.offload_activations: torchtune's OffloadActivations around the forward
+  // (scenario/offload_activations_key.h, graph/offload_streams.h). false: none (the default).
+  bool offload_activations = false;
 };
 
 // PEFT LoRA / QLoRA (scenario/scenario_lora.cpp, graph/models/lora.h). rank 0 = no LoRA.

@@ -594,15 +594,14 @@ Scenario build_scenario(const Doc& d) {
   read_megatron_moe(d, s);     // Megatron-Core MoE keys (scenario/megatron_moe_keys.h)
   read_megatron_arch(d, s);    // --swiglu, biases, GQA (scenario/megatron_arch_keys.h)
   read_recipe_features(d, s);  // optimizer.in_backward (scenario/torchtune_keys.h)
-  // torchtune's OffloadActivations (scenario/offload_activations_key.h): on when key_where
-  // lists it, so a false value is left out below.
-  const bool offload_activations = read_offload_activations(d, s);
+  // torchtune's OffloadActivations (scenario/offload_activations_key.h)
+  s.checkpoint.offload_activations = read_offload_activations(d, s);
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   check_deepseek(d, s);        // DeepSeek-V3: MLA and router refusals (scenario/deepseek_keys.h)
   check_sdpa_kernel(d, s);     // model.attention cudnn, 5.x's enable_gqa (scenario/sdpa_kernel_keys.h)
   s.key_where.reserve(d.fields.size());
   for (const auto& [key, field] : d.fields)
-    if (offload_activations || key != kOffloadActivationsKey) s.key_where.emplace_back(key, field.where);
+    s.key_where.emplace_back(key, field.where);
   return s;
 }
 
