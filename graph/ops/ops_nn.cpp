@@ -417,14 +417,7 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (g.storage == kNoStorage) return true;
   switch (n.kind) {
     case OpKind::addmm:  // mat1 grad, mat2 grad, then the engine's sum_to for the bias
-      // mat1 is always the 2-D view of an N-D activation (F.linear's _flatten_nd_linear,
-      // Conv1D's x.view(-1, D)): x's grad is ViewBackward0's reshape of the mm result, a
-      // view whose base shares the storage, so an InputBuffer holding it adds the next
-      // grad out of place (H200 C++ frames: q/k/v_proj and gate/up_proj with biases,
-      // docs/biased-linear-grads.md; aten/src/ATen/native/Linear.cpp `linear`, pytorch
-      // 81735ee6; torch/csrc/autograd/input_buffer.cpp `can_accumulate_inplace`). The bias
-      // does not change the layout: as mm_linear.
-      if (needs(1)) out[1] = Grad{A(n.size[1]), true, false};
+      if (needs(1)) out[1] = fresh(A(n.size[1]));
       rt.note_gemm();
       if (needs(2)) out[2] = fresh(A(n.size[2], kind_for(2)));
       if (needs(0)) {

@@ -18,12 +18,8 @@ namespace memsim::graph {
 bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
 
 // --- matmuls ------------------------------------------------------------------------
-// addmm(bias, x2d, W) (HF Conv1D, W stored (in, out); nn.Linear with a bias on a (B, S, D)
-// input, which PyTorch's linear() flattens with _flatten_nd_linear): saves x2d and W.
-// x2d is the 2-D view of an N-D activation, never a 2-D tensor of its own: grad_x comes
-// back as a view of the mm result (an InputBuffer cannot add into it in place).
-// Backward: grad_x (mm), grad_W (mm, W's layout: stolen), then the engine's sum_to for the
-// bias.
+// addmm(bias, x2d, W) (HF Conv1D, W stored (in, out)): saves x2d and W. Backward:
+// grad_x (mm), grad_W (mm, W's layout: stolen), then the engine's sum_to for the bias.
 Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor& w,
                   uint64_t out_bytes, double flops);
 // F.linear(x, W) without bias = matmul(x, W.t()) -> mm on the folded (viewable) input.
