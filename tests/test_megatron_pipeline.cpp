@@ -218,6 +218,36 @@ TEST_CASE("pipeline stages: parameters add up to the model's plus the last stage
   CHECK(sum == whole + 1000 * 256);
 }
 
+TEST_CASE("interleaved pipeline: the model chunks share Megatron's one global memory buffer",
+          "[pipeline]") {
+  // parallel_state.get_global_memory_buffer() is a process singleton (keyed by name and
+  // dtype), so the v chunks of a rank take the baddbmm input (eager attention) and the
+  // sequence-parallel gathers from the same buffer: as many allocations as one chunk makes
+  // (a use that needs more replaces it), not that many per chunk.
+  const auto buffers = [](const Scenario& s) {
+    Program program;
+    build_megatron_stage_program(s, {}, 0, program);
+    int64_t n = 0;
+    for (const MemoryEvent& e : program.events)
+      if (e.type == EventType::alloc &&
+          program.str(program.tensors[e.tensor].name) == "mpu global memory buffer")
+        ++n;
+    return n;
+  };
+  for (const bool sp : {false, true}) {
+    Scenario one = tiny(2, 4);
+    if (sp) {
+      one.parallel.tensor = 2;
+      one.parallel.sequence = true;
+    }
+    Scenario inter = one;
+    inter.parallel.pipeline_schedule = PipelineSchedule::interleaved;
+    inter.parallel.virtual_stages = 2;
+    CHECK(buffers(one) >= 1);
+    CHECK(buffers(inter) == buffers(one));
+  }
+}
+
 TEST_CASE("pipeline: build_program reports the stage with the largest peak reserved",
           "[pipeline]") {
   const Scenario s = tiny(4, 8);

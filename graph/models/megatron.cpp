@@ -58,7 +58,8 @@ MegatronLayerBytes megatron_layer_saved_bytes(const MegatronShape& s) {
 }
 
 void MegatronModel::use_global_buffer(uint64_t bytes) {
-  if (global_buffer_.defined() && global_buffer_.bytes >= bytes) return;
+  Tensor& current = global_buffer();
+  if (current.defined() && current.bytes >= bytes) return;
   // Not an activation of any layer: a new, larger buffer replaces the old one (which dies
   // when the dict entry is rebound).
   const int32_t layer = rt_.ctx.layer;
@@ -67,7 +68,7 @@ void MegatronModel::use_global_buffer(uint64_t bytes) {
   rt_.ctx.region = 0;
   Tensor buffer = rt_.alloc(bytes, TensorKind::other, OpKind::baddbmm);
   rt_.program().tensors[buffer.storage].name = rt_.program().intern("mpu global memory buffer");
-  global_buffer_ = std::move(buffer);
+  current = std::move(buffer);
   rt_.ctx.layer = layer;
   rt_.ctx.region = region;
 }

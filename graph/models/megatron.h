@@ -183,6 +183,11 @@ class MegatronModel {
  public:
   MegatronModel(Runtime& rt, const MegatronShape& shape) : rt_(rt), s_(shape) {}
 
+  // Megatron's get_global_memory_buffer() is one per process (parallel_state.py
+  // _GLOBAL_MEMORY_BUFFER, keyed by name and dtype): the model chunks of an interleaved
+  // pipeline stage share it. `buffer` outlives this model; unset, the model keeps its own.
+  void share_global_buffer(Tensor* buffer) { shared_global_buffer_ = buffer; }
+
   // Parameters in Megatron's construction order (embedding, layers, final norm; the
   // output layer reuses the word embedding).
   void construct();
@@ -278,7 +283,11 @@ class MegatronModel {
   int32_t output_ = -1;  // output_layer.weight (untied head, or a last stage's copy)
   std::vector<int32_t> params_;
   std::vector<bool> decayed_;
-  Tensor global_buffer_;  // mpu.get_global_memory_buffer() for the baddbmm input
+  // mpu.get_global_memory_buffer() for the baddbmm input and the sequence-parallel gathers:
+  // the model's own, or the one share_global_buffer() named.
+  Tensor& global_buffer() { return shared_global_buffer_ ? *shared_global_buffer_ : global_buffer_; }
+  Tensor global_buffer_;
+  Tensor* shared_global_buffer_ = nullptr;
   // TEGroupedMLP's process-lifetime buffers (graph/models/megatron_moe.cpp): TE's 4
   // multi-stream cuBLAS workspaces and get_dummy_wgrad's cached [2F, h] and [h, F] tensors.
   std::vector<Tensor> te_buffers_;

@@ -361,7 +361,7 @@ Tensor MegatronModel::moe_body(const Tensor& x) {
       map = nograd(rt_, N * E, OpKind::seq_gather, true);
       probs = seq_gather(rt_, probs, N * E * e);
       use_global_buffer(N * h * e);
-      dispatched = seq_gather(rt_, x, N * h * e, &global_buffer_);
+      dispatched = seq_gather(rt_, x, N * h * e, &global_buffer());
     } else {
       dispatched = x;
     }

@@ -95,6 +95,7 @@ class StageLoop {
       shape.layer_offset = megatron_chunk_layer_offset(s, stage, c);
       Chunk chunk;
       chunk.model = std::make_unique<graph::MegatronModel>(rt_, shape);
+      chunk.model->share_global_buffer(&global_buffer_);  // one per process, not per chunk
       chunks_.push_back(std::move(chunk));
     }
     const graph::MegatronShape& shape = chunks_[0].model->shape();
@@ -387,6 +388,7 @@ class StageLoop {
   Scenario chunk_scenario_;
   int64_t stage_ = 0, v_ = 1;
   Runtime rt_;
+  graph::Tensor global_buffer_;  // Megatron's process-wide global memory buffer
   std::vector<Chunk> chunks_;
   std::vector<Tensor> grad_buffers_;
   MegatronOptimizerConfig optimizer_config_;
