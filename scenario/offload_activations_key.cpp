@@ -59,6 +59,6 @@ bool read_offload_activations(const Doc& d, const Scenario& s) {
 
 namespace memsim {
 
-bool offloads_activations(const Scenario& s) { return s.checkpoint.offload_activations; }
+bool offloads_activations(const Scenario& s) { return s.recipe.offload_activations; }
 
 }  // namespace memsim

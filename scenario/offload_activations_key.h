@@ -6,7 +6,7 @@
 // Contract: read_offload_activations reads the bool key (default false: nothing changes);
 // when true it refuses by key (FILE:LINE: KEY, exit 1) what the recipes do not allow or
 // memsim does not model with it (below). The loader stores the value in
-// CheckpointConfig::offload_activations; offloads_activations(s) reads it.
+// RecipeFeatures::offload_activations; offloads_activations(s) reads it.
 //
 //  - checkpoint.policy other than full (the recipes raise without
 //    enable_activation_checkpointing, and checkpoint every TransformerSelfAttentionLayer);

@@ -195,9 +195,6 @@ struct CheckpointConfig {
   std::vector<int64_t> offload;
   bool offload_all = false;
   std::string offload_where;  // FILE:LINE of the key, for refusals
-  // checkpoint.offload_activations: torchtune's OffloadActivations around the forward
-  // (scenario/offload_activations_key.h, graph/offload_streams.h). false: none (the default).
-  bool offload_activations = false;
 };
 
 // PEFT LoRA / QLoRA (scenario/scenario_lora.cpp, graph/models/lora.h). rank 0 = no LoRA.
@@ -435,6 +432,11 @@ struct MegatronArchConfig {
 struct RecipeFeatures {
   bool optimizer_in_backward = false;
   std::string in_backward_where;  // FILE:LINE of optimizer.in_backward, for refusals
+  // checkpoint.offload_activations: torchtune's OffloadActivations around the forward
+  // (scenario/offload_activations_key.h, graph/offload_streams.h). false: none (the default).
+  // Here, not in CheckpointConfig: plan searches (optimize, compare --policies) replace the
+  // checkpoint section, and the step must still see the key to refuse their plans.
+  bool offload_activations = false;
 };
 
 struct Scenario {

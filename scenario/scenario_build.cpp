@@ -595,7 +595,7 @@ Scenario build_scenario(const Doc& d) {
   read_megatron_arch(d, s);    // --swiglu, biases, GQA (scenario/megatron_arch_keys.h)
   read_recipe_features(d, s);  // optimizer.in_backward (scenario/torchtune_keys.h)
   // torchtune's OffloadActivations (scenario/offload_activations_key.h)
-  s.checkpoint.offload_activations = read_offload_activations(d, s);
+  s.recipe.offload_activations = read_offload_activations(d, s);
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   check_deepseek(d, s);        // DeepSeek-V3: MLA and router refusals (scenario/deepseek_keys.h)
   check_sdpa_kernel(d, s);     // model.attention cudnn, 5.x's enable_gqa (scenario/sdpa_kernel_keys.h)

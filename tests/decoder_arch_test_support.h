@@ -52,10 +52,12 @@ inline memsim::graph::DecoderArch arch_for(const nlohmann::json& c) {
   r.rope_local = h["rope_local"];
   r.attn_rope_buffer = h["attn_rope_buffer"];
   // "masking_utils": transformers 5.x's create_causal_mask (torch_models.py's v5 mask): the
-  // graph builds it for rows with 5.x's SDPA call (graph/models/decoder_mask_v5.h); eager
-  // fixtures never reach SDPA. generate() is not run on them, so `mask` keeps exclude there.
+  // graph builds it for rows marked DecoderArch::masking_utils (graph/models/decoder_mask_v5.h),
+  // which also make 5.x's SDPA call; eager fixtures never reach SDPA. generate() is not run
+  // on them, so `mask` keeps exclude there.
   r.mask = h["mask"] == "triu" ? MaskBuild::triu : MaskBuild::exclude;
-  r.sdpa_gqa = h["mask"] == "masking_utils";
+  r.masking_utils = h["mask"] == "masking_utils";
+  r.sdpa_gqa = r.masking_utils;
   r.mask_target_s = h["mask_target"] == "s";
   r.mask_add_inplace = h["mask_add"] == "inplace";
   r.sliding_at = h["sliding_at"] == "layer" ? SlidingAt::layer : SlidingAt::mask;
