@@ -158,6 +158,33 @@ inline RunPrediction simulate_run(const std::string& scenario_path) {
   return p;
 }
 
+// memsim's prediction `p` equals a predictions file's record `entry` (written by the GPU
+// scripts' predict_*.py before the run): both peaks of the measured step and of the whole
+// run, the parameter count, the allocation count (`allocations_whole_run`, which the HF
+// Trainer file does not record: `with_allocations` false), and every mark's allocated / reserved bytes. A null mark is
+// one the scenario has no step for (optimizer_end with optimizer.in_backward): memsim must
+// not report it either.
+inline void check_run_prediction(const RunPrediction& p, const nlohmann::json& entry,
+                                 bool with_allocations = true) {
+  CHECK(p.allocated == entry["peak_allocated_bytes"].get<uint64_t>());
+  CHECK(p.reserved == entry["peak_reserved_bytes"].get<uint64_t>());
+  CHECK(p.whole_allocated == entry["whole_run_peak_allocated_bytes"].get<uint64_t>());
+  CHECK(p.whole_reserved == entry["whole_run_peak_reserved_bytes"].get<uint64_t>());
+  if (with_allocations)
+    CHECK(p.allocations == entry["allocations_whole_run"].get<int64_t>());
+  CHECK(p.parameters == entry["parameter_count"].get<uint64_t>());
+  for (const auto& [mark, v] : entry["marks"].items()) {
+    INFO(mark);
+    if (v.is_null()) {
+      CHECK(p.marks.count(mark) == 0);
+      continue;
+    }
+    REQUIRE(p.marks.count(mark) == 1);
+    CHECK(p.marks.at(mark).first == v["allocated"].get<uint64_t>());
+    CHECK(p.marks.at(mark).second == v["reserved"].get<uint64_t>());
+  }
+}
+
 // A predictions file entry's scenario, as a path from the source folder.
 inline std::string scenario_path_of(const nlohmann::json& entry) {
   return std::string(MEMSIM_SOURCE_DIR "/") + entry["scenario"].get<std::string>();

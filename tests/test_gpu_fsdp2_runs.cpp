@@ -111,18 +111,7 @@ TEST_CASE("FSDP2 on a GPU (fake process group, rank 0) against memsim", "[fsdp2]
         continue;
       }
       const memsim_test::RunPrediction p = memsim_test::simulate_run(memsim_test::scenario_path_of(entry));
-      CHECK(p.allocated == entry["peak_allocated_bytes"].get<uint64_t>());
-      CHECK(p.reserved == entry["peak_reserved_bytes"].get<uint64_t>());
-      CHECK(p.whole_allocated == entry["whole_run_peak_allocated_bytes"].get<uint64_t>());
-      CHECK(p.whole_reserved == entry["whole_run_peak_reserved_bytes"].get<uint64_t>());
-      CHECK(p.allocations == entry["allocations_whole_run"].get<int64_t>());
-      CHECK(p.parameters == entry["parameter_count"].get<uint64_t>());
-      for (const auto& [mark, v] : entry["marks"].items()) {
-        INFO(mark);
-        REQUIRE(p.marks.count(mark) == 1);
-        CHECK(p.marks.at(mark).first == v["allocated"].get<uint64_t>());
-        CHECK(p.marks.at(mark).second == v["reserved"].get<uint64_t>());
-      }
+      memsim_test::check_run_prediction(p, entry);
     }
     return;
   }

@@ -132,18 +132,9 @@ memsim_test::RunPrediction simulate_with(const std::string& path,
   return p;
 }
 
+// hft_predictions.json records no allocation count.
 void check_same(const memsim_test::RunPrediction& p, const nlohmann::json& entry) {
-  CHECK(p.allocated == entry["peak_allocated_bytes"].get<uint64_t>());
-  CHECK(p.reserved == entry["peak_reserved_bytes"].get<uint64_t>());
-  CHECK(p.whole_allocated == entry["whole_run_peak_allocated_bytes"].get<uint64_t>());
-  CHECK(p.whole_reserved == entry["whole_run_peak_reserved_bytes"].get<uint64_t>());
-  CHECK(p.parameters == entry["parameter_count"].get<uint64_t>());
-  for (const auto& [mark, v] : entry["marks"].items()) {
-    INFO(mark);
-    REQUIRE(p.marks.count(mark) == 1);
-    CHECK(p.marks.at(mark).first == v["allocated"].get<uint64_t>());
-    CHECK(p.marks.at(mark).second == v["reserved"].get<uint64_t>());
-  }
+  memsim_test::check_run_prediction(p, entry, /*with_allocations=*/false);
 }
 
 // The reentrancy the run really used: the layers' checkpoint keywords, else its autograd

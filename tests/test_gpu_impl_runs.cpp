@@ -162,22 +162,7 @@ TEST_CASE("the implementation GPU runs' blind predictions are what memsim predic
       CHECK(p.parameters == entry["parameter_count"].get<uint64_t>());
       continue;
     }
-    CHECK(p.allocated == entry["peak_allocated_bytes"].get<uint64_t>());
-    CHECK(p.reserved == entry["peak_reserved_bytes"].get<uint64_t>());
-    CHECK(p.whole_allocated == entry["whole_run_peak_allocated_bytes"].get<uint64_t>());
-    CHECK(p.whole_reserved == entry["whole_run_peak_reserved_bytes"].get<uint64_t>());
-    CHECK(p.allocations == entry["allocations_whole_run"].get<int64_t>());
-    CHECK(p.parameters == entry["parameter_count"].get<uint64_t>());
-    for (const auto& [mark, v] : entry["marks"].items()) {
-      INFO(mark);
-      if (v.is_null()) {  // optimizer_end with optimizer.in_backward: no step in the loop
-        CHECK(p.marks.count(mark) == 0);
-        continue;
-      }
-      REQUIRE(p.marks.count(mark) == 1);
-      CHECK(p.marks.at(mark).first == v["allocated"].get<uint64_t>());
-      CHECK(p.marks.at(mark).second == v["reserved"].get<uint64_t>());
-    }
+    memsim_test::check_run_prediction(p, entry);  // optimizer_end is null with optimizer.in_backward
   }
   // The scenarios really select what they name (an ignored key would predict the same bytes
   // as its neighbour): each stack differs from the others at the same dtype, LoRA and the

@@ -123,18 +123,7 @@ TEST_CASE("the stacks GPU runs' blind predictions are what memsim predicts "
       CHECK(p.parameters == entry["parameter_count"].get<uint64_t>());
       continue;
     }
-    CHECK(p.allocated == entry["peak_allocated_bytes"].get<uint64_t>());
-    CHECK(p.reserved == entry["peak_reserved_bytes"].get<uint64_t>());
-    CHECK(p.whole_allocated == entry["whole_run_peak_allocated_bytes"].get<uint64_t>());
-    CHECK(p.whole_reserved == entry["whole_run_peak_reserved_bytes"].get<uint64_t>());
-    CHECK(p.allocations == entry["allocations_whole_run"].get<int64_t>());
-    CHECK(p.parameters == entry["parameter_count"].get<uint64_t>());
-    for (const auto& [mark, v] : entry["marks"].items()) {
-      INFO(mark);
-      REQUIRE(p.marks.count(mark) == 1);
-      CHECK(p.marks.at(mark).first == v["allocated"].get<uint64_t>());
-      CHECK(p.marks.at(mark).second == v["reserved"].get<uint64_t>());
-    }
+    memsim_test::check_run_prediction(p, entry);
   }
   // The features differ from the eager run where their models say they must: a check that
   // the scenarios really turn them on (an ignored key would predict the eager bytes).
