@@ -32,6 +32,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import measure_cuda as mc  # noqa: E402
+from predict_common import git  # noqa: E402,F401  (predict_moe*.py call pa.git)
 
 REPO = mc.REPO
 ARCH_DIR = os.path.join(REPO, mc.ARCH_DATA)
@@ -263,10 +264,6 @@ def run_memsim(memsim, yaml_path):
         "peak_at": f"{peak.get('phase')} {peak.get('op')} (layer {peak.get('layer')})",
         "forward_end_allocated_bytes": j["marks"]["forward_end"]["allocated"],
     }
-
-
-def git(*args, cwd):
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True).stdout.strip()
 
 
 def main():

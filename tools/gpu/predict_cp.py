@@ -25,18 +25,14 @@ development machine (no GPU needed):
 tests/test_gpu_cp_runs.cpp re-simulates every scenario and fails if a prediction in the
 file no longer matches what memsim predicts: the blind record stays what memsim said.
 """
-import argparse
-import csv
-import json
 import os
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import measure_cp as mc  # noqa: E402
 import predict_arch as pa  # noqa: E402
+import predict_common as pc  # noqa: E402
 
 REPO = mc.REPO
 # The timeline's op of the events of one SDPA call (the one-GPU kernel's and the ring's alike).
@@ -85,61 +81,35 @@ def scenario_yaml(sp):
 
 
 def run_memsim(memsim, yaml_path):
-    with tempfile.TemporaryDirectory() as tmp:
-        tl = os.path.join(tmp, "timeline.csv")
-        p = subprocess.run([memsim, "run", yaml_path, "--json", "-", "--timeline", tl],
-                           capture_output=True, text=True, cwd=REPO)
-        if p.returncode != 0:
-            return {"refused": (p.stderr or p.stdout).strip()}
-        j = json.loads(p.stdout)
+    """predict_common.prediction's fields and the forward's and each SDPA call's peaks."""
+    fwd = [0, 0]  # the measured step's [allocated, reserved] most up to forward_end
+    calls = {"forward": [], "backward": []}  # [allocated, reserved] peak per SDPA call
+    state = {"prev": (0, 0), "last": None}  # the level before the event; the open call's (key, index)
+
+    def on_row(row, j):
         first = j["measured_from_event"]
         fwd_end = j["marks"]["forward_end"]["index"]
-        whole_alloc = whole_reserved = fwd_alloc = fwd_reserved = 0
-        calls = {"forward": [], "backward": []}  # [allocated, reserved] peak per SDPA call
-        prev, last = (0, 0), None  # the level before the event; the open call's (key, index)
-        with open(tl) as f:
-            for row in csv.DictReader(f):
-                a, r, i = int(row["allocated"]), int(row["reserved"]), int(row["index"])
-                whole_alloc = max(whole_alloc, a)
-                whole_reserved = max(whole_reserved, r)
-                if first <= i <= fwd_end:
-                    fwd_alloc = max(fwd_alloc, a)
-                    fwd_reserved = max(fwd_reserved, r)
-                kind = SDPA_OPS.get(row["op"])
-                if i >= first and kind == row["phase"]:
-                    key = (kind, row["layer"])
-                    if last is None or last[0] != key or last[1] != i - 1:
-                        calls[kind].append(list(prev))  # measure_cp's window opens here
-                    c = calls[kind][-1]
-                    c[0], c[1] = max(c[0], a), max(c[1], r)
-                    last = (key, i)
-                prev = (a, r)
-    peak = j.get("peak_event") or {}
-    marks = {k: {"allocated": v["allocated"], "reserved": v["reserved"]}
-             for k, v in j["marks"].items()}
-    return {
-        "peak_allocated_bytes": j["peak_allocated_bytes"],
-        "peak_reserved_bytes": j["peak_reserved_bytes"],
-        "forward_peak_allocated_bytes": fwd_alloc,
-        "forward_peak_reserved_bytes": fwd_reserved,
-        "sdpa_call_peaks": calls,
-        "whole_run_peak_allocated_bytes": whole_alloc,
-        "whole_run_peak_reserved_bytes": whole_reserved,
-        "marks": marks,
-        "allocations_whole_run": j.get("memory_stats", {}).get("allocation.all.allocated"),
-        "parameter_count": j["model"]["parameter_count"],
-        "fits": j["fits"],
-        "peak_at": f"{peak.get('phase')} {peak.get('op')} (layer {peak.get('layer')})",
-    }
+        a, r, i = int(row["allocated"]), int(row["reserved"]), int(row["index"])
+        if first <= i <= fwd_end:
+            fwd[0], fwd[1] = max(fwd[0], a), max(fwd[1], r)
+        kind = SDPA_OPS.get(row["op"])
+        if i >= first and kind == row["phase"]:
+            key, last = (kind, row["layer"]), state["last"]
+            if last is None or last[0] != key or last[1] != i - 1:
+                calls[kind].append(list(state["prev"]))  # measure_cp's window opens here
+            c = calls[kind][-1]
+            c[0], c[1] = max(c[0], a), max(c[1], r)
+            state["last"] = (key, i)
+        state["prev"] = (a, r)
+
+    sim = pc.simulate(memsim, yaml_path, on_row=on_row)
+    return pc.prediction(sim, after_peaks={"forward_peak_allocated_bytes": fwd[0],
+                                           "forward_peak_reserved_bytes": fwd[1],
+                                           "sdpa_call_peaks": calls})
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--memsim", default=os.path.join(REPO, "build", "memsim"))
-    ap.add_argument("--memsim-repo", default=None,
-                    help="the checkout the memsim binary was built from (for its commit)")
-    ap.add_argument("--scenarios-only", action="store_true")
-    a = ap.parse_args()
+    a = pc.arguments()
     out = {}
     for sp in mc.RUNS:
         pa.write_if_changed(os.path.join(REPO, sp["scenario"]), scenario_yaml(sp))
@@ -151,40 +121,28 @@ def main():
                  "checkpoint": sp["policy"], "what": sp["why"]}
         entry.update(pred)
         out[sp["name"]] = entry
-        if "refused" in pred:
-            print(f"{sp['name']:20s} REFUSED: {pred['refused']}")
-        else:
-            print(f"{sp['name']:20s} step {pred['peak_allocated_bytes'] / 2**20:9.2f} MiB alloc "
-                  f"{pred['peak_reserved_bytes'] / 2**20:9.2f} MiB reserved; forward peak "
-                  f"{pred['forward_peak_allocated_bytes'] / 2**20:9.2f} MiB; whole run "
-                  f"{pred['whole_run_peak_allocated_bytes'] / 2**20:9.2f} MiB  {pred['peak_at']}")
+        mid = None if "refused" in pred else (
+            f"forward peak {pred['forward_peak_allocated_bytes'] / 2**20:9.2f} MiB; whole run "
+            f"{pred['whole_run_peak_allocated_bytes'] / 2**20:9.2f} MiB")
+        pc.show(sp["name"], 20, pred, mid)
     if a.scenarios_only:
         return
-    memsim_repo = a.memsim_repo or os.path.dirname(os.path.dirname(os.path.abspath(a.memsim)))
-    doc = {
-        "note": "memsim's blind predictions for tools/gpu/measure_cp.py's runs, committed "
-                "before any of them was measured. peak_allocated_bytes / peak_reserved_bytes: "
-                "the measured step's (compare measured_step_peak_allocated / _reserved in "
-                "cp_runs.json); forward_peak_*: the measured step's most up to the forward_end "
-                "mark (compare forward_peak_allocated / _reserved); sdpa_call_peaks: [allocated, reserved] "
-                "most during each SDPA call, forward in layer order then backward (compare "
-                "sdpa_call_peaks of the cp runs); whole_run_*: over setup, "
-                "warm-up and measured step (compare whole_run_peak_*); marks: allocated / "
-                "reserved after the measured step's forward, backward and optimizer step "
-                "(compare marks.*.allocated_bytes.all.current / reserved_bytes.all.current); "
-                "allocations_whole_run: memory_stats()['allocation.all.allocated'] at the end. "
-                "Scenarios: tests/data/gpu/cp/NAME.yaml (tools/gpu/predict_cp.py). Device "
-                "preset h200.",
-        "memsim_commit": pa.git("rev-parse", "HEAD", cwd=memsim_repo),
-        "memsim_binary": os.path.relpath(os.path.abspath(a.memsim), memsim_repo),
-        "predictions": out,
-    }
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    print(f"{len(out)} predictions ({sum('refused' in e for e in out.values())} refused) -> "
-          f"{os.path.relpath(OUT, REPO)}")
+    pc.write_predictions(
+        OUT,
+        "memsim's blind predictions for tools/gpu/measure_cp.py's runs, committed "
+        "before any of them was measured. peak_allocated_bytes / peak_reserved_bytes: "
+        "the measured step's (compare measured_step_peak_allocated / _reserved in "
+        "cp_runs.json); forward_peak_*: the measured step's most up to the forward_end "
+        "mark (compare forward_peak_allocated / _reserved); sdpa_call_peaks: [allocated, reserved] "
+        "most during each SDPA call, forward in layer order then backward (compare "
+        "sdpa_call_peaks of the cp runs); whole_run_*: over setup, "
+        "warm-up and measured step (compare whole_run_peak_*); marks: allocated / "
+        "reserved after the measured step's forward, backward and optimizer step "
+        "(compare marks.*.allocated_bytes.all.current / reserved_bytes.all.current); "
+        "allocations_whole_run: memory_stats()['allocation.all.allocated'] at the end. "
+        "Scenarios: tests/data/gpu/cp/NAME.yaml (tools/gpu/predict_cp.py). Device "
+        "preset h200.",
+        a, out)
 
 
 if __name__ == "__main__":

@@ -23,18 +23,14 @@ development machine (no GPU needed):
 tests/test_gpu_hft_runs.cpp re-simulates every scenario and fails if a prediction in the
 file no longer matches what memsim predicts: the blind record stays what memsim said.
 """
-import argparse
-import csv
-import json
 import os
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import measure_hft as mh  # noqa: E402
 import predict_arch as pa  # noqa: E402
+import predict_common as pc  # noqa: E402
 
 REPO = mh.REPO
 OUT = os.path.join(REPO, "tests", "data", "gpu", "hft_predictions.json")
@@ -85,53 +81,16 @@ def scenario_yaml(sp):
 
 
 def run_memsim(memsim, yaml_path, sets=()):
-    with tempfile.TemporaryDirectory() as tmp:
-        tl = os.path.join(tmp, "timeline.csv")
-        cmd = [memsim, "run", yaml_path, "--json", "-", "--timeline", tl]
-        for s in sets:
-            cmd += ["--set", s]
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-        if p.returncode != 0:
-            return {"refused": (p.stderr or p.stdout).strip()}
-        j = json.loads(p.stdout)
-        whole_alloc = whole_reserved = 0
-        with open(tl) as f:
-            for row in csv.DictReader(f):
-                whole_alloc = max(whole_alloc, int(row["allocated"]))
-                whole_reserved = max(whole_reserved, int(row["reserved"]))
-    peak = j.get("peak_event") or {}
-    marks = {k: {"allocated": v["allocated"], "reserved": v["reserved"]}
-             for k, v in j["marks"].items()}
-    return {
-        "peak_allocated_bytes": j["peak_allocated_bytes"],
-        "peak_reserved_bytes": j["peak_reserved_bytes"],
-        "whole_run_peak_allocated_bytes": whole_alloc,
-        "whole_run_peak_reserved_bytes": whole_reserved,
-        "marks": marks,
-        "parameter_count": j["model"]["parameter_count"],
-        "trainable_parameter_count": j["model"].get("trainable_parameter_count"),
-        "fits": j["fits"],
-        "peak_at": f"{peak.get('phase')} {peak.get('op')} (layer {peak.get('layer')})",
-    }
+    return pc.prediction(pc.simulate(memsim, yaml_path, sets), allocations=False,
+                         trainable=True)
 
 
 def show(name, pred):
-    if "refused" in pred:
-        print(f"{name:40s} REFUSED: {pred['refused']}")
-    else:
-        print(f"{name:40s} step {pred['peak_allocated_bytes'] / 2**20:9.2f} MiB alloc "
-              f"{pred['peak_reserved_bytes'] / 2**20:9.2f} MiB reserved; whole run "
-              f"{pred['whole_run_peak_allocated_bytes'] / 2**20:9.2f} / "
-              f"{pred['whole_run_peak_reserved_bytes'] / 2**20:9.2f} MiB  {pred['peak_at']}")
+    pc.show(name, 40, pred)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--memsim", default=os.path.join(REPO, "build", "memsim"))
-    ap.add_argument("--memsim-repo", default=None,
-                    help="the checkout the memsim binary was built from (for its commit)")
-    ap.add_argument("--scenarios-only", action="store_true")
-    a = ap.parse_args()
+    a = pc.arguments()
     out = {}
     for sp in mh.RUNS:
         pa.write_if_changed(os.path.join(REPO, sp["scenario"]), scenario_yaml(sp))
@@ -155,31 +114,22 @@ def main():
         out[sp["name"]] = entry
     if a.scenarios_only:
         return
-    memsim_repo = a.memsim_repo or os.path.dirname(os.path.dirname(os.path.abspath(a.memsim)))
-    doc = {
-        "note": "memsim's blind predictions for tools/gpu/measure_hft.py's runs, committed "
-                "before any of them was measured. peak_allocated_bytes / peak_reserved_bytes: "
-                "the measured step's (compare measured_step_peak_allocated / _reserved in "
-                "hft_runs.json); whole_run_*: over setup, warm-up and measured step (compare "
-                "whole_run_peak_*); marks: allocated / reserved at backward_end and "
-                "optimizer_end (compare marks.*.allocated_bytes.all.current / "
-                "reserved_bytes.all.current; memsim's forward_end is before the loss, the "
-                "run's after_compute_loss after it: not comparable). "
-                "if_reentrant_true / _false: the same scenario with checkpoint.reentrant "
-                "flipped, for the runs that take transformers' default gradient checkpointing "
-                "kwargs (the scenario assumes 5.x's use_reentrant False; the run records the "
-                "keywords it got in checkpointing.kwargs). Scenarios: tests/data/gpu/hft/"
-                "NAME.yaml (tools/gpu/predict_hft.py). Device preset h200.",
-        "memsim_commit": pa.git("rev-parse", "HEAD", cwd=memsim_repo),
-        "memsim_binary": os.path.relpath(os.path.abspath(a.memsim), memsim_repo),
-        "predictions": out,
-    }
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    print(f"{len(out)} predictions ({sum('refused' in e for e in out.values())} refused) -> "
-          f"{os.path.relpath(OUT, REPO)}")
+    pc.write_predictions(
+        OUT,
+        "memsim's blind predictions for tools/gpu/measure_hft.py's runs, committed "
+        "before any of them was measured. peak_allocated_bytes / peak_reserved_bytes: "
+        "the measured step's (compare measured_step_peak_allocated / _reserved in "
+        "hft_runs.json); whole_run_*: over setup, warm-up and measured step (compare "
+        "whole_run_peak_*); marks: allocated / reserved at backward_end and "
+        "optimizer_end (compare marks.*.allocated_bytes.all.current / "
+        "reserved_bytes.all.current; memsim's forward_end is before the loss, the "
+        "run's after_compute_loss after it: not comparable). "
+        "if_reentrant_true / _false: the same scenario with checkpoint.reentrant "
+        "flipped, for the runs that take transformers' default gradient checkpointing "
+        "kwargs (the scenario assumes 5.x's use_reentrant False; the run records the "
+        "keywords it got in checkpointing.kwargs). Scenarios: tests/data/gpu/hft/"
+        "NAME.yaml (tools/gpu/predict_hft.py). Device preset h200.",
+        a, out)
 
 
 if __name__ == "__main__":

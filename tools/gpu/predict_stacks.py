@@ -20,7 +20,6 @@ development machine (no GPU needed):
 tests/test_gpu_stacks_runs.cpp re-simulates every scenario and fails if a prediction in the
 file no longer matches what memsim predicts: the blind record stays what memsim said.
 """
-import argparse
 import os
 import sys
 
@@ -28,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import measure_stacks as ms  # noqa: E402
 import predict_arch as pa  # noqa: E402
+import predict_common as pc  # noqa: E402
 import predict_fsdp2 as pf  # noqa: E402
 
 REPO = ms.REPO
@@ -53,7 +53,7 @@ def scenario_yaml(sp):
     lines.append(f"batch: {{micro_batch: {c['batch']}, seq_len: {c['seq']}}}")
     lines.append(f"precision: {{params: {sp['dtype']}, autocast: {sp['autocast']}}}")
     lines.append(f"optimizer: {{type: {sp['optimizer']}, impl: {sp['opt_impl']}}}")
-    step = [f"kind: train", f"warmup_steps: {sp['warmup']}"]
+    step = ["kind: train", f"warmup_steps: {sp['warmup']}"]
     if sp["compile_scope"]:
         step += ["compile: true", f"compile_scope: {sp['compile_scope']}"]
         if sp["memory_budget"] is not None:
@@ -67,13 +67,7 @@ def scenario_yaml(sp):
 
 
 def main():
-    import json
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--memsim", default=os.path.join(REPO, "build", "memsim"))
-    ap.add_argument("--memsim-repo", default=None,
-                    help="the checkout the memsim binary was built from (for its commit)")
-    ap.add_argument("--scenarios-only", action="store_true")
-    a = ap.parse_args()
+    a = pc.arguments()
     out = {}
     for sp in ms.RUNS:
         pa.write_if_changed(os.path.join(REPO, sp["scenario"]), scenario_yaml(sp))
@@ -86,37 +80,22 @@ def main():
                  "what": sp["why"]}
         entry.update(pred)
         out[sp["name"]] = entry
-        if "refused" in pred:
-            print(f"{sp['name']:26s} REFUSED: {pred['refused']}")
-        else:
-            print(f"{sp['name']:26s} step {pred['peak_allocated_bytes'] / 2**20:9.2f} MiB alloc "
-                  f"{pred['peak_reserved_bytes'] / 2**20:9.2f} MiB reserved; whole run "
-                  f"{pred['whole_run_peak_allocated_bytes'] / 2**20:9.2f} / "
-                  f"{pred['whole_run_peak_reserved_bytes'] / 2**20:9.2f} MiB  {pred['peak_at']}")
+        pc.show(sp["name"], 26, pred)
     if a.scenarios_only:
         return
-    memsim_repo = a.memsim_repo or os.path.dirname(os.path.dirname(os.path.abspath(a.memsim)))
-    doc = {
-        "note": "memsim's blind predictions for tools/gpu/measure_stacks.py's runs, committed "
-                "before any of them was measured. peak_allocated_bytes / peak_reserved_bytes: "
-                "the measured step's (compare measured_step_peak_allocated / _reserved in "
-                "stacks_runs.json); whole_run_*: over setup, warm-up and measured step "
-                "(compare whole_run_peak_*; for compile runs the real warm-up includes "
-                "compilation); marks: allocated / reserved after the measured step's forward, "
-                "backward and optimizer step (compare marks.*.allocated_bytes.all.current / "
-                "reserved_bytes.all.current); allocations_whole_run: memory_stats()"
-                "['allocation.all.allocated'] at the end. Scenarios: tests/data/gpu/stacks/"
-                "NAME.yaml (tools/gpu/predict_stacks.py). Device preset h200.",
-        "memsim_commit": pa.git("rev-parse", "HEAD", cwd=memsim_repo),
-        "memsim_binary": os.path.relpath(os.path.abspath(a.memsim), memsim_repo),
-        "predictions": out,
-    }
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    print(f"{len(out)} predictions ({sum('refused' in e for e in out.values())} refused) -> "
-          f"{os.path.relpath(OUT, REPO)}")
+    pc.write_predictions(
+        OUT,
+        "memsim's blind predictions for tools/gpu/measure_stacks.py's runs, committed "
+        "before any of them was measured. peak_allocated_bytes / peak_reserved_bytes: "
+        "the measured step's (compare measured_step_peak_allocated / _reserved in "
+        "stacks_runs.json); whole_run_*: over setup, warm-up and measured step "
+        "(compare whole_run_peak_*; for compile runs the real warm-up includes "
+        "compilation); marks: allocated / reserved after the measured step's forward, "
+        "backward and optimizer step (compare marks.*.allocated_bytes.all.current / "
+        "reserved_bytes.all.current); allocations_whole_run: memory_stats()"
+        "['allocation.all.allocated'] at the end. Scenarios: tests/data/gpu/stacks/"
+        "NAME.yaml (tools/gpu/predict_stacks.py). Device preset h200.",
+        a, out)
 
 
 if __name__ == "__main__":
