@@ -18,6 +18,10 @@ OffloadEngine::~OffloadEngine() {
   if (rt_.offload == this) rt_.offload = nullptr;
 }
 
+uint64_t OffloadEngine::host_peak() const {
+  return streams_ != nullptr ? streams_->host_peak() : host_peak_;
+}
+
 bool OffloadEngine::pack(int32_t node, uint32_t slot, uint64_t bytes, int32_t layer,
                          bool forward) {
   // save_on_cpu is a context manager around the layer's forward: saves made by the

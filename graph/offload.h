@@ -68,7 +68,9 @@ class OffloadEngine {
   void nodes_cleared();
 
   uint64_t host_live() const { return host_live_; }
-  uint64_t host_peak() const { return host_peak_; }
+  // The pinned host peak: the streams' when this engine forwards to torchtune's
+  // OffloadActivations (they count the host copies there), else this engine's own.
+  uint64_t host_peak() const;
   uint64_t packed_count() const { return packs_; }
 
  private:

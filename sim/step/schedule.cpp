@@ -231,8 +231,7 @@ class Loop {
       train_step(measured);
     }
     if (autocast_) autocast_->exit();  // whole-run: the `with` block ends after the loop
-    if (offload_) rt_.program().host_offload_bytes = offload_->host_peak();
-    if (stream_offload_) rt_.program().host_offload_bytes = stream_offload_->host_peak();
+    if (offload_) rt_.program().host_offload_bytes = offload_->host_peak();  // either kind
     rt_.freeze();  // the script ends here: whatever is alive stays alive
   }
 
