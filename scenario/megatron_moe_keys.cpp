@@ -128,17 +128,34 @@ void check_megatron_moe(const Doc& d, const Scenario& s) {
     fail(where_of(d, "parallel.expert", "model.moe"), "parallel.expert",
          std::to_string(c.expert) + " expert-parallel ranks do not divide model.moe.experts " +
              std::to_string(m.experts) + " (Megatron: num_moe_experts % expert_model_parallel_size == 0)");
-  if (world % (c.expert * c.expert_tensor * p.pipeline) != 0)
-    fail(where_of(d, "parallel.expert", "parallel.data"), "parallel.expert",
+  if (world % (c.expert * c.expert_tensor * p.pipeline) != 0) {
+    // Name ETP when EP alone would have divided the world.
+    const char* key = c.expert_tensor > 1 && world % (c.expert * p.pipeline) == 0
+                          ? "parallel.expert_tensor" : "parallel.expert";
+    fail(where_of(d, key, "parallel.data"), key,
          "parallel.expert x parallel.expert_tensor x parallel.pipeline = " +
              std::to_string(c.expert) + " x " + std::to_string(c.expert_tensor) + " x " +
              std::to_string(p.pipeline) + " does not divide the world of parallel.data x "
              "parallel.tensor x parallel.pipeline = " + std::to_string(world) +
              " ranks (the expert data-parallel size must be a whole number)");
-  if (c.expert_tensor > 1)
-    fail(where_of(d, "parallel.expert_tensor", "parallel.expert"), "parallel.expert_tensor",
-         "expert tensor parallelism (experts' FFN columns split, the dispatcher's extra "
-         "all-gather over ETP) is not modelled yet; use 1");
+  }
+  // Expert tensor parallelism (--expert-tensor-parallel-size; graph/models/megatron_moe.cpp):
+  // each expert's fc1 columns and fc2 rows split over ETP (experts.py / transformer_engine.py
+  // divide(ffn, tp_size), which asserts divisibility), and Megatron's TransformerConfig
+  // asserts "Bias in Moe is only supported when ETP==1" for add_bias_linear.
+  if (c.expert_tensor > 1) {
+    const std::string etp_at = where_of(d, "parallel.expert_tensor", "parallel.expert");
+    if (m.expert_d_ff % c.expert_tensor != 0)
+      fail(etp_at, "parallel.expert_tensor",
+           std::to_string(c.expert_tensor) + " expert-tensor-parallel ranks do not divide "
+           "model.moe.expert_d_ff " + std::to_string(m.expert_d_ff) +
+               " (Megatron splits each expert's FFN columns over ETP: divide(ffn, etp))");
+    if (s.megatron_arch.bias_linear)
+      fail(etp_at, "parallel.expert_tensor",
+           "Megatron-Core asserts \"Bias in Moe is only supported when ETP==1\" "
+           "(TransformerConfig with add_bias_linear): set model.o_bias and model.mlp_bias "
+           "false (--disable-bias-linear) or use parallel.expert_tensor 1");
+  }
   if (p.tensor > 1 && !p.sequence)
     fail(where_of(d, "parallel.sequence", "parallel.tensor"), "parallel.sequence",
          "Megatron-Core's MoELayer raises ValueError in training when tensor parallelism is "

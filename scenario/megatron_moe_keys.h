@@ -3,7 +3,8 @@
 // (scenario/moe_keys.h), into Scenario::megatron_moe.
 //
 //   parallel.expert         EP   (--expert-model-parallel-size), default 1
-//   parallel.expert_tensor  ETP  (--expert-tensor-parallel-size), default 1 (> 1 refused)
+//   parallel.expert_tensor  ETP  (--expert-tensor-parallel-size), default 1; > 1 needs no
+//                           linear biases and ETP | expert_d_ff
 //   model.moe.dispatcher    allgather | alltoall (--moe-token-dispatcher-type)
 //   model.moe.capacity_factor  > 0 (--moe-expert-capacity-factor; absent = dropless)
 //   model.moe.pad_to_capacity  bool (--moe-pad-expert-input-to-capacity; needs a factor)

@@ -233,7 +233,10 @@ TEST_CASE("megatron MoE: bad input and what is not modelled exit with the key na
   CHECK_THAT(expect_error({{"model.moe.capacity_factor", "0"}}), Catch::Contains("model.moe.capacity_factor"));
   CHECK_THAT(expect_error({{"model.moe.capacity_factor", "-1"}}), Catch::Contains("model.moe.capacity_factor"));
   CHECK_THAT(expect_error({{"model.moe.top_k", "5"}}), Catch::Contains("model.moe.top_k"));
-  CHECK_THAT(expect_error({{"parallel.expert_tensor", "2"}}), Catch::Contains("parallel.expert_tensor"));
+  // Expert tensor parallelism is modelled (tests/test_megatron_moe_etp.cpp, [megatron-etp]),
+  // but Megatron asserts ETP == 1 with linear biases, which this tiny model has.
+  CHECK_THAT(expect_error({{"parallel.expert_tensor", "2"}}),
+             Catch::Contains("parallel.expert_tensor") && Catch::Contains("Bias in Moe"));
   CHECK_THAT(expect_error({{"model.moe.grouped_gemm", "true"}}), Catch::Contains("model.moe.grouped_gemm"));
   CHECK_THAT(expect_error({{"model.moe.dispatcher", "flex"}}), Catch::Contains("model.moe.dispatcher"));
   CHECK_THAT(expect_error({{"model.moe.recompute", "[moe_act]"}}), Catch::Contains("model.moe.recompute"));

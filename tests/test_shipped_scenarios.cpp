@@ -134,6 +134,8 @@ const std::map<std::string, Claim>& claims() {
       // Megatron-Core MoE (docs/moe-megatron.md): TP 2 + SP, EP 8, distributed optimizer.
       {"mixtral-8x7b-megatron-moe-ep8.yaml", {true, std::nullopt, 66.57}},
       {"mixtral-8x7b-megatron-swiglu-gqa-ep8.yaml", {true, std::nullopt, 68.18}},
+      // ... with expert tensor parallelism 2 (Megatron's default ETP = TP): EDP 2.
+      {"mixtral-8x7b-megatron-swiglu-gqa-etp2-ep8.yaml", {true, std::nullopt, 53.43}},
       // ... with Megatron's own TP 1 / PP 4 / EP 8 layout (issue #15 part 3): stage 0 of 4.
       {"mixtral-8x7b-megatron-pp4-ep8.yaml", {true, std::nullopt, 58.52}},
   };

@@ -19,9 +19,10 @@ int64_t megatron_parameter_count(const MegatronShape& s) {
   int64_t n = s.layers * per_layer;
   if (s.moe.enabled()) {
     // A MoE layer (graph/models/megatron_moe.cpp) replaces the MLP's fc1 / fc2: the router
-    // (E x h, replicated, plus E bias), this rank's E/EP experts (full width: expert tensor
-    // parallel 1) and the shared experts (tensor-parallel like the MLP).
-    const int64_t E = s.moe.spec.experts, F = s.moe.spec.expert_d_ff, S = s.moe.spec.shared_d_ff;
+    // (E x h, replicated, plus E bias), this rank's E/EP experts (fc1 columns and fc2 rows
+    // split over ETP, fc2's bias whole: no bias with ETP > 1 in Megatron) and the shared
+    // experts (tensor-parallel like the MLP).
+    const int64_t E = s.moe.spec.experts, F = s.moe.expert_ffn(), S = s.moe.spec.shared_d_ff;
     const int64_t F1 = s.fc1_width(F), S1 = s.fc1_width(S);
     const int64_t dense_mlp = (f1 * h + h * f) / t + bias * (f1 / t + h);
     const int64_t moe_mlp = E * h + bias * E + s.moe.local_experts() * ((F1 + F) * h + bias * (F1 + h)) +

@@ -78,6 +78,9 @@ enum class MegatronDispatcher : uint8_t { allgather, alltoall };
 struct MegatronMoeShape {
   MoeSpec spec;                    // experts, top_k, expert_d_ff, shared_d_ff, router, routing
   int64_t expert_parallel = 1;     // EP: this rank (EP rank 0) holds experts [0, E/EP)
+  // ETP (--expert-tensor-parallel-size): each local expert's fc1 columns and fc2 rows split
+  // over ETP ranks, which all receive the same tokens (graph/models/megatron_moe.cpp).
+  int64_t expert_tensor = 1;
   MegatronDispatcher dispatcher = MegatronDispatcher::allgather;
   double capacity_factor = 0;      // --moe-expert-capacity-factor; 0 = dropless
   bool pad_to_capacity = false;    // --moe-pad-expert-input-to-capacity
@@ -94,6 +97,7 @@ struct MegatronMoeShape {
   uint64_t te_workspace = 0;
   bool enabled() const { return spec.experts > 0; }
   int64_t local_experts() const { return spec.experts / expert_parallel; }
+  int64_t expert_ffn() const { return spec.expert_d_ff / expert_tensor; }  // F / ETP per rank
 };
 
 struct MegatronShape {

@@ -13,7 +13,8 @@
 // mlp.py (MLP.forward with per_token_scale, unfused bias + activation branch).
 //
 // What one MoE layer allocates, in order (T = this rank's tokens, E experts, K = top_k,
-// El = E / EP local experts, F = expert_d_ff, e = 2; N, M: rows, graph/models/megatron_moe.h):
+// El = E / EP local experts, F = expert_d_ff / ETP (this rank's share of each expert), e = 2;
+// N, M: rows, graph/models/megatron_moe.h):
 //  shared experts (first): fc1 [s*b, S/t] (+ bias: a second tensor, the GEMM result dies),
 //    gelu, fc2 [T, h]; SharedExpertMLP.forward drops fc2's bias.
 //  router: logits [T, E] (RouterGatingLinearFunction, saves its input); softmax: topk
@@ -23,8 +24,8 @@
 //    .int(), scatter, .bool() [T, E] bool. Capacity: topk over dim 0 ([cap, E] values and
 //    int64 indices), zeros_like.scatter, .bool(), logical_and (not with padding), probs *
 //    map (MulBackward0 saves the map).
-//  allgather (EP > 1): routing_map gathered [N, E] bool, probs [N, E] (autograd), hidden
-//    states into Megatron's global "mpu" buffer [N, h] (a view); local_map / local_probs
+//  allgather (EP x ETP > 1; N = T * EP * ETP): routing_map gathered [N, E] bool, probs
+//    [N, E] (autograd), hidden states into Megatron's global "mpu" buffer [N, h] (a view); local_map / local_probs
 //    slices .contiguous() (no copy when El = E); permute: map.T.contiguous() [El, N],
 //    argsort [El*N] int64, % N -> sorted_indices [M] int64, index_select [M, h] (saves the
 //    index); local_probs.T.contiguous() [El, N], masked_select [M] (saves the mask).
@@ -32,11 +33,15 @@
 //    probs.T.contiguous().reshape(-1)[flat_sorted] saves a view of it), sorted_indices
 //    [M_out], probs [M_out], index_select [M_out, h]; with padding the [E, cap] variant
 //    (argsort per row, indices_1D, index_select of the probs). all_to_all of tokens and
-//    probs (EP > 1), sort_chunks_by_idxs (a cat: [M, h] and [M]) when El > 1.
+//    probs (EP > 1) to [Mr, h] and [Mr]; with ETP > 1 dispatch_postprocess all-gathers both
+//    over ETP to [M, h] and [M] (M = ETP * Mr; list collectives: ProcessGroupNCCL's
+//    stacked [M, h] / [M] copy is a transient), then sort_chunks_by_idxs (a cat: [M, h] and
+//    [M]) when El > 1.
 //  experts (SequentialMLP): linear_fc1 [M, F] + bias, gelu [M, F] (saves its input),
 //    * probs [M, F] (saves both), linear_fc2 [M, h], output += bias * probs ([M, h]
 //    product), torch.cat of the experts' outputs [M, h] when El > 1.
-//  combine: (alltoall: the reverse sort [M, h] and all_to_all [M_out, h]) unpermute:
+//  combine: (alltoall: the reverse sort [M, h], with ETP > 1 the reduce-scatter over ETP to
+//    [Mr, h] (+ its stacked [M, h] transient), all_to_all [M_out, h]) unpermute:
 //    zeros [rows, h] then scatter_add_ (saves the index); allgather: reduce-scatter to
 //    [T, h]. postprocess: + the shared experts' output.
 //  Python lifetimes: custom_forward's locals (the preprocessed hidden states, the
@@ -84,9 +89,10 @@ MegatronMoeTokens megatron_moe_tokens(const MegatronMoeShape& m, int64_t tokens,
       r.kept[e] = m.pad_to_capacity ? std::min(r.capacity, tokens) : std::min(routed[e], r.capacity);
   }
   for (int64_t k : r.kept) r.sent += k;
-  const int64_t ep = m.expert_parallel;
-  r.gathered = ep > 1 ? tokens * ep : tokens;
-  for (int64_t j = 0; j < m.local_experts(); ++j) r.local += ep * r.kept[static_cast<size_t>(j)];
+  const int64_t ep = m.expert_parallel, etp = m.expert_tensor;
+  r.gathered = tokens * ep * etp;
+  for (int64_t j = 0; j < m.local_experts(); ++j) r.received += ep * r.kept[static_cast<size_t>(j)];
+  r.local = etp * r.received;
   return r;
 }
 
@@ -107,10 +113,14 @@ int64_t MegatronModel::moe_layer_index(int32_t l) const {
 }
 
 // MoELayer.__init__: router (weight, bias), experts (SequentialMLP: local_experts.j,
-// each an MLP with linear_fc1 / linear_fc2), shared_experts.
+// each an MLP with linear_fc1 / linear_fc2), shared_experts. With ETP > 1 an expert's fc1
+// keeps F1/ETP output columns and fc2 F/ETP input rows (the expert linears' explicit_expert_
+// comm: divide(output_size / input_size, expt_tp size) in extensions/transformer_engine.py
+// TELinear and TEGroupedLinear at d98e8a64); F below is that per-rank width.
 void MegatronModel::construct_moe(int32_t l, const std::string& pre) {
   const MoeSpec& m = s_.moe.spec;
-  const uint64_t h = s_.hidden, E = m.experts, F = m.expert_d_ff, S = m.shared_d_ff, t = tp();
+  const uint64_t h = s_.hidden, E = m.experts, F = static_cast<uint64_t>(s_.moe.expert_ffn()),
+                 S = m.shared_d_ff, t = tp();
   if (moe_ids_.size() < static_cast<size_t>(s_.layers)) moe_ids_.resize(static_cast<size_t>(s_.layers));
   if (moe_state_.size() < static_cast<size_t>(s_.layers)) moe_state_.resize(static_cast<size_t>(s_.layers));
   MoeIds& id = moe_ids_[static_cast<size_t>(l)];
@@ -122,7 +132,7 @@ void MegatronModel::construct_moe(int32_t l, const std::string& pre) {
     expert_.back() = true;
     return p;
   };
-  const uint64_t F1 = static_cast<uint64_t>(s_.fc1_width(m.expert_d_ff));  // 2F with --swiglu
+  const uint64_t F1 = static_cast<uint64_t>(s_.fc1_width(s_.moe.expert_ffn()));  // 2F with --swiglu
   const uint64_t S1 = static_cast<uint64_t>(s_.fc1_width(m.shared_d_ff));
   if (s_.moe.grouped_gemm) {
     // TEGroupedMLP: two GroupedLinear modules holding weight0 .. weight{El-1} each (no bias).
@@ -257,7 +267,7 @@ Tensor MegatronModel::moe_router(const Tensor& x, Tensor& routing_map) {
 // SequentialMLP over the `rows` permuted tokens of this rank's experts (one chain: see the
 // file comment), each expert an MLP.forward(tokens, per_token_scale=probs).
 Tensor MegatronModel::moe_experts(const Tensor& permuted, const Tensor& probs, uint64_t rows) {
-  const uint64_t h = s_.hidden, F = s_.moe.spec.expert_d_ff, e = s_.elem;
+  const uint64_t h = s_.hidden, F = static_cast<uint64_t>(s_.moe.expert_ffn()), e = s_.elem;
   const uint64_t El = static_cast<uint64_t>(s_.moe.local_experts());
   const double flops = 2 * static_cast<double>(rows) * static_cast<double>(h) * static_cast<double>(F);
   if (s_.swiglu) {
@@ -302,7 +312,7 @@ Tensor MegatronModel::moe_experts(const Tensor& permuted, const Tensor& probs, u
 // cpp_extensions/gemm.py get_cublas_workspace(grouped_gemm=True), lru_cached, one
 // get_cublas_workspace_size_bytes() tensor per compute stream (common/util/multi_stream.cpp:
 // 4); module/base.py get_dummy_wgrad, cached per (shape, dtype): [2F, h] for fc1, [h, F] for
-// fc2. TE allocates the workspaces at the first grouped GEMM and the dummies at the first
+// fc2 (F = this rank's expert_d_ff / ETP). TE allocates the workspaces at the first grouped GEMM and the dummies at the first
 // backward; memsim allocates both at the first forward (the same from the second step on,
 // which is the step memsim reports with step.warmup_steps >= 1).
 void MegatronModel::use_te_grouped_buffers() {
@@ -311,7 +321,7 @@ void MegatronModel::use_te_grouped_buffers() {
   const uint32_t region = rt_.ctx.region;
   rt_.ctx.layer = -1;
   rt_.ctx.region = 0;
-  const uint64_t h = s_.hidden, F = s_.moe.spec.expert_d_ff, e = s_.elem;
+  const uint64_t h = s_.hidden, F = static_cast<uint64_t>(s_.moe.expert_ffn()), e = s_.elem;
   for (int i = 0; i < 4; ++i) {
     te_buffers_.push_back(rt_.alloc(s_.moe.te_workspace, TensorKind::other, OpKind::other));
     rt_.program().tensors[te_buffers_.back().storage].name =
@@ -337,7 +347,7 @@ Tensor MegatronModel::moe_body(const Tensor& x) {
   const MegatronMoeShape& mm = s_.moe;
   const uint64_t T = rows_sp(), E = mm.spec.experts, h = s_.hidden, e = s_.elem;
   const uint64_t El = static_cast<uint64_t>(mm.local_experts());
-  const int64_t ep = mm.expert_parallel;
+  const int64_t ep = mm.expert_parallel, etp = mm.expert_tensor;
   const MegatronMoeTokens tok = megatron_moe_tokens(mm, static_cast<int64_t>(T), moe_layer_index(rt_.ctx.layer));
   MoeState& state = moe_state_[static_cast<size_t>(rt_.ctx.layer)];
   rt_.ctx.module = Module::mlp;
@@ -357,7 +367,7 @@ Tensor MegatronModel::moe_body(const Tensor& x) {
   if (mm.dispatcher == MegatronDispatcher::allgather) {
     const uint64_t N = static_cast<uint64_t>(tok.gathered);
     Tensor map = routing_map;
-    if (ep > 1) {  // token_dispatch: all-gathers over the TP x EP group
+    if (ep * etp > 1) {  // token_dispatch: all-gathers over the ETP x EP group (tp_ep_group)
       map = nograd(rt_, N * E, OpKind::seq_gather, true);
       probs = seq_gather(rt_, probs, N * E * e);
       use_global_buffer(N * h * e);
@@ -395,7 +405,7 @@ Tensor MegatronModel::moe_body(const Tensor& x) {
     expert_out.reset();
     sorted.reset();
     local_map.reset();
-    output = ep > 1 ? seq_reduce_scatter(rt_, tokens, T * h * e) : tokens;  // token_combine
+    output = ep * etp > 1 ? seq_reduce_scatter(rt_, tokens, T * h * e) : tokens;  // token_combine
   } else {
     const uint64_t Mo = static_cast<uint64_t>(tok.sent);
     const bool pad = mm.pad_to_capacity;
@@ -430,10 +440,11 @@ Tensor MegatronModel::moe_body(const Tensor& x) {
     hidden_states = index_select_rows(rt_, x, sorted, Mo * h * e);  // custom_forward's name
     state = MoeState{probs, routing_map, sorted};                     // the dispatcher's attributes
     // token_dispatch: all_to_all over EP (the identity for one rank).
+    const uint64_t Mr = static_cast<uint64_t>(tok.received);  // rows after the EP all-to-all
     Tensor global_probs = permuted_probs;
     if (ep > 1) {
-      dispatched = all_to_all(rt_, hidden_states, M * h * e);
-      global_probs = all_to_all(rt_, permuted_probs, M * e);
+      dispatched = all_to_all(rt_, hidden_states, Mr * h * e);
+      global_probs = all_to_all(rt_, permuted_probs, Mr * e);
     } else {
       dispatched = hidden_states;
     }
@@ -442,11 +453,22 @@ Tensor MegatronModel::moe_body(const Tensor& x) {
     global_probs.reset();
     Tensor expert_out;
     {
-      // routed_experts_compute: dispatch_postprocess sorts the chunks by local expert.
-      Tensor tokens_in = El > 1 ? clone(rt_, dispatched) : dispatched;
-      Tensor probs_in = El > 1 ? clone(rt_, probs) : probs;
-      expert_out = moe_experts(tokens_in, probs_in, M);
-      if (El > 1) expert_out = clone(rt_, expert_out);  // combine_preprocess: sort back
+      // routed_experts_compute: dispatch_postprocess all-gathers tokens and probs over ETP
+      // (output_splits_tp: list collectives, ProcessGroupNCCL's stacked copy; none with
+      // padding, whose splits are None), then sorts the chunks by local expert; the gathered
+      // tensors die when sort_chunks_by_idxs' results replace them.
+      const uint64_t flat = pad ? 0 : 1;
+      Tensor gathered = etp > 1 ? seq_gather(rt_, dispatched, M * h * e, nullptr, flat * M * h * e) : dispatched;
+      Tensor gathered_probs = etp > 1 ? seq_gather(rt_, probs, M * e, nullptr, flat * M * e) : probs;
+      Tensor tokens_in = El > 1 ? clone(rt_, gathered) : gathered;
+      Tensor probs_in = El > 1 ? clone(rt_, gathered_probs) : gathered_probs;
+      gathered.reset();
+      gathered_probs.reset();
+      Tensor out = moe_experts(tokens_in, probs_in, M);
+      // combine_preprocess: sort back (El > 1), then reduce-scatter over ETP to the rows this
+      // rank received; the experts' output lives until routed_experts_compute returns.
+      Tensor unsorted = El > 1 ? clone(rt_, out) : out;
+      expert_out = etp > 1 ? seq_reduce_scatter(rt_, unsorted, Mr * h * e, flat * M * h * e) : unsorted;
     }
     Tensor back = ep > 1 ? all_to_all(rt_, expert_out, Mo * h * e) : expert_out;  // token_combine
     expert_out.reset();

@@ -31,22 +31,31 @@ Tensor moe_scatter(Runtime& rt, const Tensor& src, const Tensor& index, uint64_t
   return out;
 }
 
-Tensor seq_gather(Runtime& rt, const Tensor& x, uint64_t out_bytes, const Tensor* into) {
+// ProcessGroupNCCL's stacked copy of an equal-split tensor list (see seq_gather).
+void nccl_flat_transient(Runtime& rt, uint64_t bytes, OpKind k) {
+  if (bytes > 0) rt.alloc(bytes, TensorKind::temporary, k).reset();
+}
+
+Tensor seq_gather(Runtime& rt, const Tensor& x, uint64_t out_bytes, const Tensor* into, uint64_t nccl_flat) {
   Tensor out = into != nullptr ? rt.view_of(*into, out_bytes) : act(rt, out_bytes, OpKind::seq_gather);
+  nccl_flat_transient(rt, nccl_flat, OpKind::seq_gather);
   if (records(rt, {&x})) {
     const int32_t n = rt.make_node(OpKind::seq_gather, {&x});
     rt.node(n).size[0] = x.bytes;
+    rt.node(n).size[1] = nccl_flat;
     out.grad_fn = n;
     out.out_slot = 0;
   }
   return out;
 }
 
-Tensor seq_reduce_scatter(Runtime& rt, const Tensor& x, uint64_t out_bytes) {
+Tensor seq_reduce_scatter(Runtime& rt, const Tensor& x, uint64_t out_bytes, uint64_t nccl_flat) {
   Tensor out = act(rt, out_bytes, OpKind::seq_reduce_scatter);
+  nccl_flat_transient(rt, nccl_flat, OpKind::seq_reduce_scatter);
   if (records(rt, {&x})) {
     const int32_t n = rt.make_node(OpKind::seq_reduce_scatter, {&x});
     rt.node(n).size[0] = x.bytes;
+    rt.node(n).size[1] = nccl_flat;
     out.grad_fn = n;
   }
   return out;
@@ -114,9 +123,16 @@ bool run_megatron_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[
   auto needs = [&](int i) { return i < n.n_next && n.next[i].node >= 0; };
   const Grad& g = in[0];
   switch (n.kind) {
-    case OpKind::moe_scatter:          // src: grad.gather(1, index)
     case OpKind::seq_gather:           // reduce-scatter of the grad
     case OpKind::seq_reduce_scatter:   // all-gather of the grad
+      // With split sizes (size[1] > 0) ProcessGroupNCCL's stacked list copy follows the
+      // output and dies with the collective.
+      if (g.storage != kNoStorage && needs(0)) {
+        out[0] = Grad{A(n.size[0]), false, false};
+        if (n.size[1] > 0) rt.release(A(n.size[1]));
+      }
+      return true;
+    case OpKind::moe_scatter:          // src: grad.gather(1, index)
     case OpKind::all_to_all:           // the reverse all-to-all
     case OpKind::index_select_rows:    // zeros(x).index_add_(0, index, grad)
     case OpKind::masked_select:        // zeros_like(x).masked_scatter_(mask, grad)

@@ -27,11 +27,18 @@ Tensor moe_scatter(Runtime& rt, const Tensor& src, const Tensor& index, uint64_t
 // G) as a new tensor, or, with `into` (use_global_buffer=True), as a view of Megatron's
 // global memory buffer (the caller sized it). Saves nothing. Backward
 // (tensor_parallel_output_grad): the grad reduce-scattered into a new x-sized tensor.
-Tensor seq_gather(Runtime& rt, const Tensor& x, uint64_t out_bytes, const Tensor* into = nullptr);
+// nccl_flat > 0: the gather and its backward pass output_split_sizes (the alltoall
+// dispatcher's ETP gather), so mappings.py calls torch.distributed.all_gather /
+// reduce_scatter with tensor lists; with equal splits ProcessGroupNCCL stacks the list into
+// one newLikeFlat tensor of nccl_flat bytes (the whole gathered size) after the output is
+// allocated, freed when the collective's Work is dropped: a transient in both directions.
+Tensor seq_gather(Runtime& rt, const Tensor& x, uint64_t out_bytes, const Tensor* into = nullptr,
+                  uint64_t nccl_flat = 0);
 
 // reduce_scatter_to_sequence_parallel_region: this rank's out_bytes part, new. Saves
-// nothing. Backward all-gathers the grad into a new x-sized tensor.
-Tensor seq_reduce_scatter(Runtime& rt, const Tensor& x, uint64_t out_bytes);
+// nothing. Backward all-gathers the grad into a new x-sized tensor. nccl_flat as for
+// seq_gather (the alltoall dispatcher's ETP reduce-scatter with input_split_sizes).
+Tensor seq_reduce_scatter(Runtime& rt, const Tensor& x, uint64_t out_bytes, uint64_t nccl_flat = 0);
 
 // all_to_all(ep_group, x, output_splits, input_splits): out_bytes, new. Saves nothing.
 // Backward: the reverse all-to-all into a new x-sized tensor.

@@ -10,6 +10,7 @@ graph::MegatronMoeShape megatron_moe_shape(const Scenario& s) {
   if (m.spec.experts == 0) return m;
   const MegatronMoeConfig& c = s.megatron_moe;
   m.expert_parallel = c.expert;
+  m.expert_tensor = c.expert_tensor;
   m.dispatcher = c.dispatcher == MoeDispatcher::alltoall ? graph::MegatronDispatcher::alltoall
                                                          : graph::MegatronDispatcher::allgather;
   m.capacity_factor = c.capacity_factor.value_or(0.0);

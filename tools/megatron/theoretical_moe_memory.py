@@ -21,6 +21,9 @@ without sequence parallelism and selective recompute: compute_activation_memory_
 (s*b*h*(10 + 24/TP) per layer x all L layers, 8*s*b*p + s*b*h*p for the embedding, times
 min(1, m/p) for 1F1B, times its 1.05 overhead factor; no output-layer term for p > 1).
 
+Expert tensor parallelism (config G): expert parameters over ETP x EP, the expert
+data-parallel size world / (ETP x EP x PP), as compute_weight_and_optimizer_memory has them.
+
 Usage: theoretical_moe_memory.py  (prints the configs of docs/moe-megatron.md)
 """
 
@@ -122,6 +125,12 @@ CONFIGS = {
         hidden=4096, layers=32, padded_vocab=32000, experts=8, moe_ffn=14336, ffn=14336,
         heads=32, groups=8, swiglu=True,
         tp=2, ep=8, dp=8, bias=False, untied=True, dist_opt=True, seq=4096, micro=1),
+    # scenarios/mixtral-8x7b-megatron-swiglu-gqa-etp2-ep8.yaml (expert tensor parallelism):
+    # D with --expert-tensor-parallel-size 2 (Megatron's default, = TP): EDP 32 / (2 x 8) = 2.
+    "G: D with ETP 2 (shipped, EDP 2)": dict(
+        hidden=4096, layers=32, padded_vocab=32000, experts=8, moe_ffn=14336, ffn=14336,
+        heads=32, groups=8, swiglu=True,
+        tp=2, ep=8, etp=2, dp=16, bias=False, untied=True, dist_opt=True, seq=4096, micro=1),
 }
 
 # scenarios/mixtral-8x7b-megatron-pp4-ep8.yaml (issue #15, Megatron part 3): Megatron-LM's
