@@ -47,8 +47,13 @@ bool is_megatron_moe_sub_key(const std::string& sub) {
 void read_megatron_moe(const Doc& d, Scenario& s) {
   MegatronMoeConfig& c = s.megatron_moe;
   if (const Field* f = d.find("parallel.expert")) c.expert = read_int(*f, "parallel.expert", 1);
+  // Megatron's default ETP is the tensor-parallel size (megatron/training/arguments.py:
+  // "if args.expert_tensor_parallel_size is None: args.expert_tensor_parallel_size =
+  // args.tensor_model_parallel_size"; parallel_state.initialize_model_parallel likewise).
   if (const Field* f = d.find("parallel.expert_tensor"))
     c.expert_tensor = read_int(*f, "parallel.expert_tensor", 1);
+  else if (s.model.family == ModelFamily::megatron && s.model.arch.moe.experts > 0)
+    c.expert_tensor = s.parallel.tensor;
   if (auto f = moe_sub(d, "dispatcher")) {
     const std::string v = f->node.IsScalar() ? f->node.Scalar() : "";
     if (v == "flex")
@@ -123,6 +128,12 @@ void check_megatron_moe(const Doc& d, const Scenario& s) {
     return;
   }
   const ParallelConfig& p = s.parallel;
+  // Without the key ETP is parallel.tensor (read_megatron_moe): say so where it matters.
+  const std::string etp_default =
+      d.find("parallel.expert_tensor") != nullptr
+          ? ""
+          : " (parallel.expert_tensor not given: Megatron's default is the tensor-parallel "
+            "size, parallel.tensor " + std::to_string(p.tensor) + ")";
   const int64_t world = p.data * p.tensor * p.pipeline;
   if (m.experts % c.expert != 0)
     fail(where_of(d, "parallel.expert", "model.moe"), "parallel.expert",
@@ -137,24 +148,24 @@ void check_megatron_moe(const Doc& d, const Scenario& s) {
              std::to_string(c.expert) + " x " + std::to_string(c.expert_tensor) + " x " +
              std::to_string(p.pipeline) + " does not divide the world of parallel.data x "
              "parallel.tensor x parallel.pipeline = " + std::to_string(world) +
-             " ranks (the expert data-parallel size must be a whole number)");
+             " ranks (the expert data-parallel size must be a whole number)" + etp_default);
   }
   // Expert tensor parallelism (--expert-tensor-parallel-size; graph/models/megatron_moe.cpp):
   // each expert's fc1 columns and fc2 rows split over ETP (experts.py / transformer_engine.py
   // divide(ffn, tp_size), which asserts divisibility), and Megatron's TransformerConfig
   // asserts "Bias in Moe is only supported when ETP==1" for add_bias_linear.
   if (c.expert_tensor > 1) {
-    const std::string etp_at = where_of(d, "parallel.expert_tensor", "parallel.expert");
+    const std::string etp_at = where_of(d, "parallel.expert_tensor", "parallel.tensor");
     if (m.expert_d_ff % c.expert_tensor != 0)
       fail(etp_at, "parallel.expert_tensor",
            std::to_string(c.expert_tensor) + " expert-tensor-parallel ranks do not divide "
            "model.moe.expert_d_ff " + std::to_string(m.expert_d_ff) +
-               " (Megatron splits each expert's FFN columns over ETP: divide(ffn, etp))");
+               " (Megatron splits each expert's FFN columns over ETP: divide(ffn, etp))" + etp_default);
     if (s.megatron_arch.bias_linear)
       fail(etp_at, "parallel.expert_tensor",
            "Megatron-Core asserts \"Bias in Moe is only supported when ETP==1\" "
            "(TransformerConfig with add_bias_linear): set model.o_bias and model.mlp_bias "
-           "false (--disable-bias-linear) or use parallel.expert_tensor 1");
+           "false (--disable-bias-linear) or use parallel.expert_tensor 1" + etp_default);
   }
   if (p.tensor > 1 && !p.sequence)
     fail(where_of(d, "parallel.sequence", "parallel.tensor"), "parallel.sequence",

@@ -3,12 +3,12 @@
 // (scenario/moe_keys.h), into Scenario::megatron_moe.
 //
 //   parallel.expert         EP   (--expert-model-parallel-size), default 1
-//   parallel.expert_tensor  ETP  (--expert-tensor-parallel-size), default 1; > 1 needs no
-//                           linear biases and ETP | expert_d_ff
+//   parallel.expert_tensor  ETP  (--expert-tensor-parallel-size), default parallel.tensor
+//                           (Megatron's); > 1 needs no linear biases and ETP | expert_d_ff
 //   model.moe.dispatcher    allgather | alltoall (--moe-token-dispatcher-type)
 //   model.moe.capacity_factor  > 0 (--moe-expert-capacity-factor; absent = dropless)
 //   model.moe.pad_to_capacity  bool (--moe-pad-expert-input-to-capacity; needs a factor)
-//   model.moe.grouped_gemm     bool (--moe-grouped-gemm; true is refused: TEGroupedMLP)
+//   model.moe.grouped_gemm     bool (--moe-grouped-gemm: TEGroupedMLP, SwiGLU experts only)
 //   model.moe.recompute        [moe, shared_experts] (--recompute-modules; moe_act refused)
 //   model.moe.aux_loss_coeff   >= 0 (--moe-aux-loss-coeff; > 0: the aux_loss load-balancing loss)
 //   model.moe.z_loss_coeff     >= 0 (--moe-z-loss-coeff; given: the z-loss runs)

@@ -243,7 +243,12 @@ TEST_CASE("megatron MoE: bad input and what is not modelled exit with the key na
   CHECK_THAT(expect_error({{"model.moe.recompute", "[moe]"}, {"checkpoint.policy", "full"}}),
              Catch::Contains("model.moe.recompute") && Catch::Contains("selective"));
   CHECK_THAT(expect_error({{"model.moe.pad_to_capacity", "true"}}), Catch::Contains("model.moe.pad_to_capacity"));
-  CHECK_THAT(expect_error({{"parallel.tensor", "2"}}), Catch::Contains("parallel.sequence"));
+  CHECK_THAT(expect_error({{"parallel.tensor", "2"}, {"parallel.expert_tensor", "1"}}),
+             Catch::Contains("parallel.sequence"));
+  // Without parallel.expert_tensor, ETP is Megatron's default, the tensor-parallel size:
+  // TP 2 on this biased model is Megatron's bias assertion, and the message says why.
+  CHECK_THAT(expect_error({{"parallel.tensor", "2"}}),
+             Catch::Contains("Bias in Moe") && Catch::Contains("Megatron's default is the tensor-parallel size"));
   // Pipeline stages are modelled (tests/test_megatron_pipeline_moe.cpp, tag [pipeline-moe]).
   CHECK(expect_error({{"model.layers", "2"}, {"parallel.pipeline", "2"}}).empty());
   CHECK_THAT(expect_error({{"model.moe.norm_topk", "false"}}), Catch::Contains("model.moe.norm_topk"));

@@ -335,3 +335,16 @@ TEST_CASE("megatron ETP: the shipped Mixtral ETP 2 scenario against theoretical_
   small.model.layers = 2;
   CHECK(runs(small));
 }
+
+TEST_CASE("megatron ETP: without the key it is the tensor-parallel size, as in Megatron",
+          "[megatron-etp]") {
+  // megatron/training/arguments.py: expert_tensor_parallel_size None -> tensor_model_parallel_size.
+  std::string text = kTiny;
+  const std::string given = "parallel: {data: 4, expert: 2, expert_tensor: 2}";
+  REQUIRE(text.find(given) != std::string::npos);
+  text.replace(text.find(given), given.size(), "parallel: {data: 2, tensor: 2, sequence: true, expert: 2}");
+  CHECK(load_scenario_text(text, "tiny-etp-default.yaml").megatron_moe.expert_tensor == 2);
+  CHECK(load_scenario_text(text, "tiny-etp-default.yaml", {{"parallel.expert_tensor", "1"}})
+            .megatron_moe.expert_tensor == 1);
+  CHECK(tiny({{"parallel.expert_tensor", "1"}}).megatron_moe.expert_tensor == 1);
+}
