@@ -60,8 +60,10 @@ const std::map<std::string, const char*> kRemodelled = {
     // And 5.17's MLA attention (2026-11-28, after the measurement: the even/odd RoPE,
     // expand_kv's slice copies; graph/models/decoder_mla.cpp) with DeepseekV3MoE's view of
     // the experts' input (graph/models/decoder_moe_deepseek.cpp), found from these traces.
+    // moe_tf_deepseek_v3_bf16_worst is not listed: with both changes memsim predicts its
+    // blind numbers again, to the byte (1,602,065,920 / 1,730,150,400; with the mask alone
+    // the reserved was 1,734,344,704), so the test holds it to them.
     {"moe_tf_deepseek_v3_bf16_balanced", "5.17's eager mask, MLA attention and experts' input view modelled"},
-    {"moe_tf_deepseek_v3_bf16_worst", "5.17's eager mask, MLA attention and experts' input view modelled"},
 };
 
 struct Gap {
