@@ -99,16 +99,18 @@ TEST_CASE("DeepSeek-V3 and DeepSeek-V2 match real PyTorch training steps (CPU fi
     // deepseek_v3_l2_qproj_e8_k3_g2_sgd's real peak is an `add` in layer 1's backward: torch
     // 1.13's engine sums two grads of the experts' gate_up_proj out of place (the
     // SelectBackward0 zeros of the whole 3-D weight, docs/moe.md), where 2.x, which memsim
-    // emulates, adds in place: the real peak holds exactly one more (E, 2F, D) fp32 tensor.
+    // emulates, adds in place. memsim's peak is that SelectBackward0's zeros, while its
+    // incoming (2F, D) weight grad (the expert's mm) is alive; 1.13's add comes after the
+    // node returned and freed it: the real peak holds one (E, 2F, D) fp32 tensor more and
+    // one (2F, D) fp32 tensor less.
     const nlohmann::json& c = fx["config"];
     // deepseek_v2_l2_qlora_e8_k3_g4_sgd's likewise (the same weight's two grads).
     const bool out_of_place_add =
         name == "deepseek_v3_l2_qproj_e8_k3_g2_sgd" || name == "deepseek_v2_l2_qlora_e8_k3_g4_sgd";
-    const uint64_t torch113_add = out_of_place_add
-                                      ? c["deepseek"]["n_routed_experts"].get<uint64_t>() * 2 *
-                                            c["deepseek"]["moe_intermediate_size"].get<uint64_t>() *
-                                            c["d_model"].get<uint64_t>() * 4
-                                      : 0;
+    const uint64_t expert_grad =
+        2 * c["deepseek"]["moe_intermediate_size"].get<uint64_t>() * c["d_model"].get<uint64_t>() * 4;
+    const uint64_t torch113_add =
+        out_of_place_add ? c["deepseek"]["n_routed_experts"].get<uint64_t>() * expert_grad - expert_grad : 0;
     memsim_test::compare_with_fixture(fx, scenario, program, torch113_add);
     std::map<int, std::vector<uint64_t>> real;
     for (const auto& ev : fx["events"])
@@ -244,6 +246,29 @@ TEST_CASE("DeepSeek-V3 runs end to end: routing and the group-limited router's t
       {"gather", 8192},  {"sum.dim_IntList", 2048}, {"add.Scalar", 2048}, {"clone", 8192}, {"mul.Scalar", 8192}};
   const auto at = std::search(b.begin(), b.end(), router.begin(), router.end());
   CHECK(at != b.end());
+  // The attention, transformers 5.17's (T = 512, H = 8, rope 16, nope 32, v 32, bf16): the
+  // even/odd RoPE (q: q1*cos, q2*sin, their difference, q2*cos, q1*sin, their sum, each
+  // T x H x 8 x 2 bytes, and the cat; then k's at T x 8 x 2), the query's cat (T x H x 48 x 2),
+  // then expand_kv: kv_b_proj (T x H x 64 x 2) and new_empty's key (T x H x 48 x 2).
+  const uint64_t qh = 512ull * 8 * 8 * 2, kh = 512ull * 8 * 2;
+  const std::vector<std::pair<std::string, uint64_t>> rope = {
+      {"mul", qh}, {"mul", qh}, {"sub", qh}, {"mul", qh}, {"mul", qh}, {"add", qh}, {"cat", 2 * qh},
+      {"mul", kh}, {"mul", kh}, {"sub", kh}, {"mul", kh}, {"mul", kh}, {"add", kh}, {"cat", 2 * kh},
+      {"cat", 512ull * 8 * 48 * 2}, {"mm", 512ull * 8 * 64 * 2}, {"other", 512ull * 8 * 48 * 2}};
+  CHECK(std::search(b.begin(), b.end(), rope.begin(), rope.end()) != b.end());
+  // rope_interleave false: apply_rotary_pos_emb (rotate_half) on the same slices, no
+  // half-width products.
+  {
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.insert(text.rfind('}'), R"(, "rope_interleave": false)");
+    const std::string plain_path = dir + "/small_plain_rope.json";
+    std::ofstream(plain_path) << text;
+    const auto pl = layer1(load_scenario_text("model:\n  hf_config: " + plain_path + base.substr(base.find("\nbatch")),
+                                              "ds.yaml"));
+    CHECK(std::count(pl.begin(), pl.end(), std::pair<std::string, uint64_t>{"sub", qh}) == 0);
+    CHECK(std::count(b.begin(), b.end(), std::pair<std::string, uint64_t>{"sub", qh}) == 1);
+  }
   // Composes: full activation checkpointing keeps less at forward end (each layer re-runs
   // its latent attention and MoE block, routing included, in backward); FSDP and
   // grouped_mm build too.

@@ -229,12 +229,12 @@ class DecoderModel {
   // mem-efficient), with autocast's casts of q/k/v when it is on.
   Tensor sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double flops);
   Tensor attention_gpt2(const LayerParams& p, const Tensor& x);
-  // DeepseekV3Attention (multi-head latent attention; decoder_mla.cpp).
+  // DeepseekV3Attention and DeepseekV2Attention as transformers 5.17.0 writes them
+  // (multi-head latent attention; decoder_mla.cpp). For DeepSeek-V2 `cos` is the complex
+  // table (rope_table_complex) and `sin` is unused.
   void construct_mla(LayerParams& p, const std::string& prefix);
   Tensor attention_mla(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& cos,
                        const Tensor& sin);
-  // DeepseekV2Attention, transformers 5.17.0 (decoder_mla_v2.cpp); freqs is the complex table.
-  Tensor attention_mla_v2(const LayerParams& p, const Tensor& x, const Tensor& mask, const Tensor& freqs);
   Tensor where_core(const LayerParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
                     Tensor& weights);
 

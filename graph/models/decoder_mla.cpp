@@ -1,35 +1,49 @@
 // DecoderModel's multi-head latent attention (graph/models/decoder.h; docs/deepseek.md):
-// DeepseekV3Attention as transformers writes it (models/deepseek_v3/modeling_deepseek_v3.py;
-// read at huggingface/transformers f5a9ec51 and the 5.x copies of the same forward, which
-// did not change between 4.5x and 5.x), eager attention, use_cache False. With D the hidden
-// size, H heads, nope/rope/v the qk_nope/qk_rope/v head dims, qk = nope + rope:
+// DeepseekV3Attention and DeepseekV2Attention as transformers 5.17.0 writes them
+// (transformers/models/deepseek_v3/modeling_deepseek_v3.py and deepseek_v2/modeling_deepseek_v2.py
+// of the 5.17.0 wheel installed on the GPU machine; the V3 forward is also what the models
+// derived from it in huggingface/transformers 775a4dfe inherit, e.g. models/axk1/modular_axk1.py),
+// eager attention, no cache. With D the hidden size, H heads, nope/rope/v the qk_nope/qk_rope/v
+// head dims, qk = nope + rope:
 //  - registration: q_a_proj (D -> q_lora_rank), q_a_layernorm, q_b_proj (-> H*qk) or q_proj
 //    (q_lora_rank null), kv_a_proj_with_mqa (D -> kv_lora_rank + rope), kv_a_layernorm,
 //    kv_b_proj (kv_lora_rank -> H*(nope + v)), o_proj (H*v -> D); attention_bias on
 //    q_a_proj, kv_a_proj_with_mqa and o_proj;
 //  - forward: q = q_b(norm(q_a(x))) (or q_proj(x)), .view(B,S,H,qk).transpose(1,2) (its
 //    grad is copied back in backward), split [nope, rope] (views; SplitWithSizesBackward0
-//    cats the grads); compressed_kv = kv_a(x), split [kv_lora_rank, rope]; kv_b(norm(latent))
-//    viewed (B,H,S,nope+v) and split into k_pass and value_states (views); k_rot viewed
-//    (B,1,S,rope) (one shared rope key); RoPE on q_rot and k_rot only: with rope_interleave
-//    (DeepSeek's default) view(..., d/2, 2).transpose(4,3).reshape copies each first (and
-//    the grad of that view is copied back), then (x*cos) + rotate_half(x)*sin;
-//    k_rot.expand(B,H,S,rope) (a view: ExpandBackward0 sums the grad back); query/key =
-//    cat((pass, rot), -1), contiguous (B,H,S,qk), which the matmuls use without copies;
-//    eager_attention_forward (scores * scaling; the value slice is copied by matmul's
+//    cats the grads); compressed_kv = kv_a(x), split [kv_lora_rank, rope];
+//    kv_a_layernorm(latent).view(B,1,S,kv_lora_rank); the rope key viewed (B,1,S,rope) (one
+//    shared rope key; its grad comes back contiguous: no node);
+//  - RoPE on the rope slices only:
+//      V3 with rope_interleave (DeepSeek's default): apply_rotary_pos_emb_interleave, the
+//        even/odd form (graph/ops/ops_mla.h rope_interleave_pair_hf);
+//      V3 without: apply_rotary_pos_emb (x*cos + rotate_half(x)*sin, rope_hf);
+//      V2: apply_rotary_emb on the model's complex table (rope_complex_pair_hf; q's grad
+//        reaches it strided, so fp32 backward copies it contiguous first);
+//  - query_states = cat((q_pass, q_rot)); then expand_kv: kv_b_proj on the (B,1,S,r) latent
+//    viewed (B,H,S,nope+v) and split into k_nope and value_states (views), the rope key
+//    expanded to H heads (a view), key_states = new_empty(B,H,S,qk) with the two slices
+//    copy_'d (k_nope, then the rope key): the forward bytes of a cat, but two CopySlices in
+//    backward (copy_into_slice). Earlier transformers (f5a9ec51) ran kv_b_proj before the
+//    RoPE, de-interleaved with a view/transpose/reshape copy and built the key with
+//    torch.cat; memsim models 5.17.0 only (the version of the GPU runs);
+//  - eager_attention_forward (scores * scaling; the value slice is copied by matmul's
 //    reshape; the (B,H,S,v) output transposed contiguous), o_proj.
 //  - qk_head_dim != v_head_dim: scores and q/k are qk wide, the output and o_proj's input
 //    H*v; the softmax scale (qk^-0.5, times mscale^2 with yarn's mscale_all_dim) is a
 //    Python float: no memory.
-//  - the frame's locals die at return in their order: q_states/q_pass (q_b's output),
-//    q_rot (the rotated q), compressed_kv (kept by kv_a_layernorm in fp32), k_pass/k_rot
-//    (the rotated k), value_states (kv_b's output), then q/k (kept by the matmul).
+//  - the frame's locals die at return in their order: q_states (q_b's output), q_pass,
+//    q_rot (the rotated q), compressed_kv (kept by kv_a_layernorm in fp32), the latent's
+//    split view, the rotated k, the latent's norm output (kept by kv_b's mm), query_states /
+//    key_states (kept by the matmul), value_states (kv_b's output), attn_output; expand_kv's
+//    at its own return.
 // Not modelled (refused by the scenario reader): SDPA kernels and flash attention (torch's
 // flash kernel needs equal q/k/v head dims; HF pads v for FA2), autocast, LoRA, generation.
 #include <stdexcept>
 
 #include "graph/checkpoint.h"
 #include "graph/models/decoder.h"
+#include "graph/ops/ops_mla.h"
 #include "graph/ops/ops_nn.h"
 
 namespace memsim::graph {
@@ -61,17 +75,19 @@ void DecoderModel::construct_mla(LayerParams& p, const std::string& pre) {
 
 Tensor DecoderModel::attention_mla(const LayerParams& p, const Tensor& x, const Tensor& mask,
                                    const Tensor& cos, const Tensor& sin) {
-  if (arch().mla.v2_code) return attention_mla_v2(p, x, mask, cos);  // decoder_mla_v2.cpp
   ModuleScope module_scope(rt_, Module::attention);
   const MlaSpec& m = arch().mla;
   if (autocast_on()) throw std::runtime_error("multi-head latent attention under autocast is not modelled");
   const uint64_t e = s_.elem, H = static_cast<uint64_t>(s_.heads), rows = s_.rows();
-  const uint64_t nope = static_cast<uint64_t>(m.qk_nope_head_dim);
+  const uint64_t nope = static_cast<uint64_t>(m.qk_nope_head_dim), rope = static_cast<uint64_t>(m.qk_rope_head_dim);
   const uint64_t rkv = static_cast<uint64_t>(m.kv_lora_rank);
   Tensor out;
-  // The forward's locals, declared in the order Python first binds them.
-  Tensor q_states, q_pass, q_rot, compressed_kv, k_pass, k_rot, value_states, query_states, key_states,
-      attn_output;
+  // The forward's locals, declared in the order Python first binds them (V2 names them q,
+  // q_nope, q_pe, compressed_kv, kv_nope, k_pe, k_nope: the same order). kv_nope is the
+  // latent's split view, k_pass its norm's (B,1,S,r) view: under grad kv_b_proj saves the
+  // latter, so their order at return only matters without grad.
+  Tensor q_states, q_pass, q_rot, compressed_kv, kv_nope, k_rot, k_pass, query_states, key_states,
+      value_states, attn_output;
   if (m.q_lora_rank > 0) {
     // self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states))): each inner result is
     // a temporary of the call that consumes it.
@@ -93,43 +109,42 @@ Tensor DecoderModel::attention_mla(const LayerParams& p, const Tensor& x, const 
   compressed_kv = project(x, p, p.kv_a);
   {
     Chunk2 split(rt_, compressed_kv, rows * rkv * e);  // torch.split(ckv, [kv_lora_rank, rope], -1)
-    k_pass = split.piece(rt_, 0);
+    kv_nope = split.piece(rt_, 0);
     k_rot = split.piece(rt_, 1);
   }
+  // k_pass = self.kv_a_layernorm(kv_nope).view(B, 1, S, kv_lora_rank); k_rot.view(B, 1, S, rope).
+  k_pass = view(rt_, norm(kv_nope, p.kv_a_norm, rows, rkv), false);
   {
-    // self.kv_b_proj(self.kv_a_layernorm(k_pass)).view(key_shape).transpose(1, 2)
-    Tensor kv;
-    {
-      Tensor kn = norm(k_pass, p.kv_a_norm, rows, rkv);
-      kv = project(kn, p, p.kv_b);
+    Tensor q_embed, k_embed;
+    if (m.v2_code) {  // apply_rotary_emb(q_pe, k_pe, freqs_cis): `cos` is the complex table
+      const uint64_t table_bytes = s_.seq * static_cast<uint64_t>(s_.pos_batch) * rope * 4;
+      rope_complex_pair_hf(rt_, q_rot, k_rot, cos, table_bytes, e, true, q_embed, k_embed);
+    } else if (m.rope_interleave) {
+      rope_interleave_pair_hf(rt_, q_rot, k_rot, cos, sin, q_embed, k_embed);
+    } else {
+      q_embed = rope_hf(rt_, q_rot, cos, sin);
+      k_embed = rope_hf(rt_, k_rot, cos, sin);
     }
-    k_pass = view(rt_, kv, H > 1);
-  }
-  {
-    Chunk2 split(rt_, k_pass, rows * H * nope * e);  // torch.split(k, [nope, v], -1)
-    Tensor kp = split.piece(rt_, 0);
-    value_states = split.piece(rt_, 1);
-    k_pass = std::move(kp);
-  }
-  // k_rot.view(B, 1, S, rope): its grad comes back contiguous, viewable (no node that copies).
-  {
-    // apply_rotary_pos_emb[_interleave](q_rot, k_rot, cos, sin): the interleave's reshape
-    // copies q and k (locals of the function, dying at its return); the rotated q and k.
-    Tensor q = q_rot, k = k_rot;
-    if (m.rope_interleave) {
-      q = clone(rt_, view(rt_, q_rot, true));  // view(b,h,s,d/2,2).transpose(4,3).reshape
-      k = clone(rt_, view(rt_, k_rot, true));
-    }
-    Tensor q_embed = rope_hf(rt_, q, cos, sin);
-    Tensor k_embed = rope_hf(rt_, k, cos, sin);
-    q.reset();
-    k.reset();
     q_rot = std::move(q_embed);
     k_rot = std::move(k_embed);
   }
-  k_rot = expand_view(rt_, k_rot, H);  // k_rot.expand(*k_pass.shape[:-1], -1)
-  query_states = cat2(rt_, q_pass, q_rot);
-  key_states = cat2(rt_, k_pass, k_rot);
+  query_states = cat2(rt_, q_pass, q_rot);  // torch.cat((q_pass, q_rot), dim=-1)
+  {
+    // key_states, value_states = self.expand_kv(k_pass, k_rot)
+    Tensor kv = view(rt_, project(k_pass, p, p.kv_b), H > 1);  // kv_b_proj(...).view.transpose
+    Tensor k_nope;
+    {
+      Chunk2 split(rt_, kv, rows * H * nope * e);  // torch.split(kv, [nope, v], -1)
+      k_nope = split.piece(rt_, 0);
+      value_states = split.piece(rt_, 1);
+    }
+    Tensor k_exp = expand_view(rt_, k_rot, H);  // k_rot.expand(-1, H, -1, -1)
+    // kv.new_empty(B, H, S, qk) and its two slices' copy_ (no grad of its own).
+    key_states = rt_.alloc(rows * H * (nope + rope) * e, TensorKind::activation, OpKind::other);
+    copy_into_slice(rt_, key_states, k_nope, rows * H * nope * e);
+    copy_into_slice(rt_, key_states, k_exp, rows * H * rope * e);
+    // expand_kv returns: kv (value_states' base), k_nope, the expanded view die.
+  }
   // attention_interface(self, q, k, v, mask, scaling=...): eager_attention_forward (the
   // `selective` region), returning the transposed-contiguous (B,S,H,v) output.
   attn_output = run_region(rt_, RegionKind::core_attention, {query_states, key_states, value_states, mask},
@@ -140,11 +155,12 @@ Tensor DecoderModel::attention_mla(const LayerParams& p, const Tensor& x, const 
   q_pass.reset();
   q_rot.reset();
   compressed_kv.reset();
-  k_pass.reset();
+  kv_nope.reset();
   k_rot.reset();
-  value_states.reset();
+  k_pass.reset();
   query_states.reset();
   key_states.reset();
+  value_states.reset();
   attn_output.reset();
   return out;
 }

@@ -12,9 +12,13 @@
 //    shared_experts (DeepseekV3MLP of moe_intermediate_size x n_shared_experts: gate/up/down
 //    nn.Linear);
 //  - forward: `_, topk_weights, topk_indices = self.gate(hidden_states)` (the raw (T, E) fp32
-//    logits live as `_` until forward returns), the experts (the eager loop of decoder_moe.cpp
-//    with the fp32 weights: an fp32 routing product and its .to copy; or experts_implementation's
-//    batched_mm / grouped_mm), then `hidden_states + self.shared_experts(residuals)` out of place;
+//    logits live as `_` until forward returns), the experts on `hidden_states.view(-1, D)` (a
+//    view with its own ViewBackward0, ops_moe.h view_with_node: the experts' grads are summed
+//    in its buffer, apart from the shared experts', which take `residuals`; the router's own
+//    view inside it hands its grad on as it came, the same events: not a node here): the
+//    eager loop of decoder_moe.cpp with the fp32 weights (an fp32 routing product and its .to
+//    copy) or experts_implementation's batched_mm / grouped_mm; then
+//    `hidden_states + self.shared_experts(residuals)` out of place;
 //  - the router: F.linear(x.type(fp32), W.type(fp32)) (for a 16-bit model two fp32 copies,
 //    both saved by the mm), scores = router_logits.sigmoid() (router_logits is not rebound:
 //    both live; scores saved by SigmoidBackward0 and GatherBackward0), scores_for_choice =
@@ -152,10 +156,18 @@ Tensor DecoderModel::moe_block_deepseek(int32_t l, const LayerParams& p, const T
   Tensor router_logits = m.code == MoeRouterCode::deepseek_v2 ? moe_router_deepseek_v2(p, x, weights, indices)
                                                                : moe_router_deepseek(p, x, weights, indices);
   Tensor out;
-  switch (m.impl) {
-    case ExpertsImpl::eager: out = moe_experts_eager(p, x, indices, weights, counts); break;
-    case ExpertsImpl::batched_mm: out = moe_experts_batched(p, x, indices, weights); break;
-    case ExpertsImpl::grouped_mm: out = moe_experts_grouped(p, x, indices, weights); break;
+  {
+    // hidden_states = hidden_states.view(-1, D): the experts' input has its own
+    // ViewBackward0 (the shared experts take `residuals`, the router views x inside itself),
+    // so the experts' grads are summed apart from the shared experts' and added to x's
+    // buffer once (the H200 trace of moe_tf_deepseek_v3_bf16_*: the first expert's
+    // IndexBackward0 grad lives until the last expert's is added into it).
+    const Tensor xv = view_with_node(rt_, x);
+    switch (m.impl) {
+      case ExpertsImpl::eager: out = moe_experts_eager(p, xv, indices, weights, counts); break;
+      case ExpertsImpl::batched_mm: out = moe_experts_batched(p, xv, indices, weights); break;
+      case ExpertsImpl::grouped_mm: out = moe_experts_grouped(p, xv, indices, weights); break;
+    }
   }
   if (m.shared_d_ff > 0) {
     // hidden_states + self.shared_experts(residuals): DeepseekV3MLP on every token, added out

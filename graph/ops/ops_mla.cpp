@@ -1,6 +1,7 @@
 #include "graph/ops/ops_mla.h"
 
 #include "graph/ops/op_helpers.h"
+#include "graph/ops/ops_nn.h"
 
 namespace memsim::graph {
 
@@ -53,6 +54,46 @@ void rope_complex_pair_hf(Runtime& rt, const Tensor& q, const Tensor& k, const T
   // The function returns: xq_ and xk_ (views of the fp32 copies) die in declaration order.
   xq.reset();
   xk.reset();
+}
+
+namespace {
+
+// x1 * cos - x2 * sin, x2 * cos + x1 * sin, cat: CPython drops a binary op's left operand
+// before its right one, and the cat's argument list its items last to first.
+Tensor rotate_even_odd(Runtime& rt, const Tensor& x1, const Tensor& x2, const Tensor& cos,
+                       const Tensor& sin) {
+  Tensor first, second;
+  {
+    Tensor a = mul(rt, x1, cos);
+    Tensor b = mul(rt, x2, sin);
+    first = sub(rt, a, b);
+    a.reset();
+    b.reset();
+  }
+  {
+    Tensor a = mul(rt, x2, cos);
+    Tensor b = mul(rt, x1, sin);
+    second = add(rt, a, b);
+    a.reset();
+    b.reset();
+  }
+  Tensor out = cat2(rt, first, second);
+  second.reset();
+  first.reset();
+  return out;
+}
+
+}  // namespace
+
+void rope_interleave_pair_hf(Runtime& rt, const Tensor& q, const Tensor& k, const Tensor& cos,
+                             const Tensor& sin, Tensor& q_out, Tensor& k_out) {
+  // cos[..., : d // 2].unsqueeze(1): views of the no-grad tables.
+  const Tensor cos_half = rt.view_of(cos, cos.bytes / 2), sin_half = rt.view_of(sin, sin.bytes / 2);
+  // q[..., 0::2], q[..., 1::2] (SliceBackward0 each), then k's.
+  const Tensor q1 = slice_seq(rt, q, q.bytes / 2), q2 = slice_seq(rt, q, q.bytes / 2);
+  const Tensor k1 = slice_seq(rt, k, k.bytes / 2), k2 = slice_seq(rt, k, k.bytes / 2);
+  q_out = rotate_even_odd(rt, q1, q2, cos_half, sin_half);
+  k_out = rotate_even_odd(rt, k1, k2, cos_half, sin_half);
 }
 
 void copy_into_slice(Runtime& rt, Tensor& base, const Tensor& src, uint64_t slice_bytes) {

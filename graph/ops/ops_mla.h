@@ -1,8 +1,9 @@
-// Ops of transformers 5.17.0's DeepSeek-V2 attention (graph/models/decoder_mla.cpp,
-// docs/deepseek.md "DeepSeek-V2"), modelled from
-// transformers-5.17.0/transformers/models/deepseek_v2/modeling_deepseek_v2.py. Forward here,
-// backward recipes in ops_nn.cpp's run_nn_backward (the nn library: OpKind::rope_complex and
-// OpKind::copy_slices).
+// Ops of transformers 5.17.0's DeepSeek-V2 and DeepSeek-V3 attention
+// (graph/models/decoder_mla.cpp, docs/deepseek.md), modelled from
+// transformers-5.17.0/transformers/models/deepseek_v2/modeling_deepseek_v2.py and
+// .../deepseek_v3/modeling_deepseek_v3.py. Forward here, backward recipes in ops_nn.cpp's
+// run_nn_backward (the nn library: OpKind::rope_complex and OpKind::copy_slices) or, for the
+// interleaved RoPE, the primitive ops' own (slice, mul, sub, add, cat).
 #pragma once
 
 #include "graph/ops/ops.h"
@@ -23,6 +24,23 @@ namespace memsim::graph {
 void rope_complex_pair_hf(Runtime& rt, const Tensor& q, const Tensor& k, const Tensor& table,
                           uint64_t table_bytes, uint64_t elem, bool q_grad_strided, Tensor& q_out,
                           Tensor& k_out);
+
+// apply_rotary_pos_emb_interleave(q, k, cos, sin) of transformers 5.17's DeepSeek-V3 (the
+// even/odd form; earlier releases de-interleaved with view / transpose / reshape, a copy):
+//   cos = cos[..., : d // 2].unsqueeze(1); sin likewise          (views)
+//   q1, q2 = q[..., 0::2], q[..., 1::2]; k1, k2 likewise          (strided views)
+//   q_embed = torch.cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], dim=-1); k_embed likewise
+// Composed of the primitive ops so that autograd runs their own nodes: per q and k four
+// half-width products, a sub and an add (each product dies when its sum exists, the left
+// operand first) and the cat (the list dies after it, its last item first). The products save
+// only the (no-grad) table views. Backward: CatBackward0's narrows, AddBackward0's shared
+// grad, SubBackward0's -grad, four half-width products, and per strided slice
+// SliceBackward0's zeros of the full rope width with the grad copied in (its two uses'
+// grads summed in its buffer first); the two slices' grads meet in the rope input's buffer.
+// cos and sin are the (.., S, rope) tables, q (B, H, S, rope) and k (B, 1, S, rope) of the
+// activation dtype.
+void rope_interleave_pair_hf(Runtime& rt, const Tensor& q, const Tensor& k, const Tensor& cos,
+                             const Tensor& sin, Tensor& q_out, Tensor& k_out);
 
 // base[..., slice].copy_(src) (expand_kv's key_states built by new_empty and two copies):
 // no forward allocation; base gets a CopySlices node with edges (base's previous grad_fn,

@@ -66,6 +66,18 @@ TopkResult topk(Runtime& rt, const Tensor& x, uint64_t rows, uint64_t k, uint64_
   return r;
 }
 
+Tensor view_with_node(Runtime& rt, const Tensor& x) {
+  Tensor out = rt.view_of(x, x.bytes);
+  detail::numeric_forward(rt, OpKind::view, {&x}, {&out});
+  if (wants_grad(rt, {&x})) {
+    const int32_t n = rt.make_node(OpKind::view, {&x});
+    rt.node(n).size[0] = x.bytes;  // backward: the grad passed on as a view (ops.cpp)
+    out.grad_fn = n;
+    out.out_slot = 0;
+  }
+  return out;
+}
+
 Tensor masked_fill_scalar(Runtime& rt, const Tensor& x, const Tensor& mask) {
   Tensor out = out_tensor(rt, x.bytes, OpKind::where_scalar);
   if (wants_grad(rt, {&x})) {

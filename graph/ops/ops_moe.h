@@ -83,6 +83,12 @@ Tensor cat_n(Runtime& rt, const std::vector<Tensor>& inputs);
 // saves the mask; its backward is where_scalar's (grad.masked_fill(mask, 0): new, x-sized).
 Tensor masked_fill_scalar(Runtime& rt, const Tensor& x, const Tensor& mask);
 
+// x.view(-1, D) with its own ViewBackward0 (no memory): DeepseekV3MoE / DeepseekV2Moe view
+// the block's input for the experts only (the shared experts take the unviewed `residuals`),
+// so the experts' grads meet in this node's buffer (the first one kept, the later ones added
+// in place) and reach x's buffer as one grad, a view of that buffer, once all arrived.
+Tensor view_with_node(Runtime& rt, const Tensor& x);
+
 // A no-grad tensor made by one of the routing bookkeeping ops (one_hot, nonzero, sort,
 // compare, sum): a new storage of `bytes`.
 Tensor moe_scratch(Runtime& rt, uint64_t bytes, OpKind op);
