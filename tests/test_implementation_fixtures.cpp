@@ -87,6 +87,13 @@ TEST_CASE("litgpt's GPT model code matches its CPU stand-in", "[implementation][
   run_fixtures("litgpt_");
 }
 
+// LitGPT's LoRA (litgpt/lora.py LoRALinear on attn.proj and the MLP, the frozen rest)
+// under finetune/lora.py: lm_head_chunk_size=128's list of logits (fp32 copies of each
+// bf16 chunk), the sliced last chunk and chunked_cross_entropy's list branch.
+TEST_CASE("litgpt's LoRA matches its CPU stand-in", "[implementation][litgpt]") {
+  run_fixtures("litlora_");
+}
+
 namespace {
 
 std::string impl_yaml(const std::string& impl, const std::string& extra_model = "") {
@@ -142,7 +149,7 @@ TEST_CASE("model.implementation: spellings, defaults and the refused combination
       {"torchtune", "loss.impl", "chunked:8", "loss.impl: the stack's own loss is modelled (CEWithChunkedOutputLoss)"},
       {"torchtitan", "loss.impl", "liger", "loss.impl: the stack's own loss is modelled (cross_entropy_loss)"},
       {"litgpt", "loss.impl", "chunked:8", "loss.impl: the stack's own loss is modelled (chunked_cross_entropy, chunk_size 128)"},
-      {"litgpt", "lora.rank", "8", "lora.rank: litgpt's LoRA (litgpt/lora.py LoRAQKVLinear"},
+      {"litgpt", "lora.rank", "8", "lora.targets: litgpt's lora_query / lora_key / lora_value"},
       {"litgpt", "precision.autocast", "bf16", "precision.autocast: litgpt's Fabric precision \"bf16-mixed\""},
       {"litgpt", "parallel.sharding", "fsdp", "parallel.sharding: litgpt shards through Fabric's FSDPStrategy"},
       {"litgpt", "parallel.data", "2", "parallel.data: litgpt's multi-device recipes"},
