@@ -283,6 +283,9 @@ Tensor DecoderModel::attention_litgpt(const LayerParams& p, const Tensor& x) {
 
 Tensor DecoderModel::forward_litgpt(const Tensor& ids) {
   const uint64_t e = s_.elem, D = s_.d_model;
+  // Outside the blocks: with gradient accumulation the previous micro-batch's backward
+  // left its last node's layer in the context (labels only).
+  rt_.ctx.layer = -1;
   rt_.ctx.module = Module::embedding;
   Tensor h = embedding_nn(rt_, rt_.param(embed_), ids, s_.rows() * D * e, D);
   Inputs extra = {Tensor(), Tensor(), lit_cos_, lit_sin_};  // views of the buffers
