@@ -38,11 +38,6 @@ void check_litgpt_lora(const Doc& d, const Scenario& s) {
     refuse("lora.targets",
            "litgpt's lora_mlp adapts fc_1, fc_2 and proj together: list gate_proj, up_proj "
            "and down_proj all or none");
-  if (s.lora.dropout > 0.0)
-    refuse("lora.dropout",
-           "litgpt's lora_dropout > 0 (nn.Dropout on the adapter input; finetune/lora.py's "
-           "default 0.05) is not modelled with litgpt: the CPU fixtures cannot show CUDA's "
-           "native_dropout mask; give 0");
   if (s.lora.base_nf4)
     refuse("lora.base_dtype",
            "litgpt's --quantize bnb.* (Fabric's BitsandbytesPrecision) is not modelled; give "

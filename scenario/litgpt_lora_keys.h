@@ -4,7 +4,7 @@
 // scenario is read; every refusal names the key and FILE:LINE (exit 1).
 //
 // Mapping (litgpt.lora.Config): lora.rank = lora_r, lora.alpha = lora_alpha (scaling
-// only), lora.dropout = lora_dropout (only 0 is modelled), lora.targets: o_proj =
+// only), lora.dropout = lora_dropout (nn.Dropout: native_dropout on CUDA), lora.targets: o_proj =
 // lora_projection (attn.proj), gate_proj + up_proj + down_proj = lora_mlp (fc_1, fc_2,
 // proj: all three or none). q_proj / k_proj / v_proj (lora_query / lora_key / lora_value:
 // LoRAQKVLinear, whose F.conv1d runs on cuDNN) are refused; lora_head has no memsim

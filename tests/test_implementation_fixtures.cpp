@@ -42,6 +42,8 @@ Scenario scenario_for(const nlohmann::json& c) {
     for (const auto& t : c["lora_targets"]) y += t.get<std::string>() + ",";
     y.back() = ']';
     y += "\n";
+    if (c.contains("lora_dropout"))  // LitGPT's lora_dropout (native_dropout, as on CUDA)
+      y += "  dropout: " + std::to_string(c["lora_dropout"].get<double>()) + "\n";
   }
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
@@ -372,6 +374,8 @@ TEST_CASE("litgpt LoRA: the lora.* keys litgpt's Config can express", "[implemen
   CHECK(load_error(impl_yaml("litgpt"), lora({{"lora.targets", "[gate_proj, up_proj, down_proj]"}})).empty());
   // A sequence that is not a multiple of 8 is fine (torchtune's h.chunk(8) is not litgpt's).
   CHECK(load_error(impl_yaml("litgpt"), lora({{"lora.targets", "[o_proj]"}, {"batch.seq_len", "300"}})).empty());
+  // lora_dropout (nn.Dropout = native_dropout on CUDA), finetune/lora.py's default 0.05.
+  CHECK(load_error(impl_yaml("litgpt"), lora({{"lora.targets", "[o_proj]"}, {"lora.dropout", "0.05"}})).empty());
   struct Case {
     std::vector<std::pair<std::string, std::string>> over;
     std::string message;
@@ -380,7 +384,6 @@ TEST_CASE("litgpt LoRA: the lora.* keys litgpt's Config can express", "[implemen
       {{{"lora.targets", "[q_proj, v_proj]"}}, "--set lora.targets: litgpt's lora_query / lora_key / lora_value adapt the fused qkv through LoRAQKVLinear"},
       {{{"lora.targets", "all-linear"}}, "lora.targets: litgpt's lora_query"},
       {{{"lora.targets", "[o_proj, up_proj]"}}, "--set lora.targets: litgpt's lora_mlp adapts fc_1, fc_2 and proj together"},
-      {{{"lora.targets", "[o_proj]"}, {"lora.dropout", "0.05"}}, "--set lora.dropout: litgpt's lora_dropout > 0"},
       {{{"lora.targets", "[o_proj]"}, {"lora.base_dtype", "nf4"}}, "--set lora.base_dtype: litgpt's --quantize bnb.*"},
       {{{"lora.targets", "[o_proj]"}, {"lora.adapter_dtype", "fp32"}}, "--set lora.adapter_dtype: litgpt builds the adapters under fabric.init_module"},
       {{{"lora.targets", "[o_proj]"}, {"lora.input_require_grads", "true"}}, "--set lora.input_require_grads:"},
