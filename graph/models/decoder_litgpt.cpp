@@ -32,6 +32,12 @@
 //  - finetune/full.py: loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
 //    (graph/ops/ops_litgpt.h), fabric.backward(loss / accumulation_iters); `logits` lives
 //    until the next step's forward returns.
+//  - With lora.rank (litgpt/lora.py GPT under finetune/lora.py; docs/implementations.md
+//    "LitGPT LoRA"): LoRALinear on attn.proj / the MLP (LoraModules::tune_adapter_path, the
+//    same sequence as torchtune's), mark_only_lora_as_trainable, the replaced modules of
+//    lora.Block.__init__ as transients, lm_head_chunk_size=128's list of logits and
+//    chunked_cross_entropy's list branch (lit_chunked_head, lit_lora_loss). LoRAQKVLinear
+//    (q/k/v targets) is refused (scenario/litgpt_lora_keys.h).
 // The 2-way splits of qkv: torch.split's one SplitWithSizesBackward0 (a cat of the three
 // grads into a qkv-sized tensor) is emitted as two graph::Chunk2 (q | kv, then k | v): the
 // same views forward; backward cats k and v first (one kv-sized tensor more, briefly).
