@@ -6,6 +6,7 @@
 
 #include "scenario/arch_checks.h"
 #include "scenario/scenario_family.h"
+#include "scenario/litgpt_lora_keys.h"
 #include "scenario/torchtune_keys.h"
 #include "scenario/yaml_fields.h"
 
@@ -77,9 +78,7 @@ void check_implementation(const Doc& d, const Scenario& s) {
   if (s.model.dropout > 0.0)
     refuse("model.dropout", stack + "'s Llama has no dropout (attn_dropout 0 in its recipes)");
   if (s.lora.rank > 0 && titan) refuse("lora.rank", "torchtitan has no LoRA");
-  if (s.lora.rank > 0 && lit)
-    refuse("lora.rank", "litgpt's LoRA (litgpt/lora.py LoRAQKVLinear with its zero_pad / "
-                        "lora_ind, finetune/lora.py's lm_head_chunk_size=128) is not modelled yet");
+  if (lit) check_litgpt_lora(d, s);  // litgpt/lora.py's LoRALinear (scenario/litgpt_lora_keys.h)
   if (!titan && !lit) check_torchtune_lora(d, s);  // lora_llama3's LoRALinear (scenario/torchtune_keys.h)
   if (s.precision.autocast.has_value())
     refuse("precision.autocast",
@@ -149,7 +148,7 @@ void check_implementation(const Doc& d, const Scenario& s) {
                                (lit ? std::string(" (litgpt pretrain.py compiles the whole model; "
                                                   "finetune/full.py does not)")
                                     : std::string()));
-  if (!titan && s.batch.seq_len % 8 != 0)
+  if (!titan && !lit && s.batch.seq_len % 8 != 0)  // torchtune only (litgpt's chunks are 128 rows)
     refuse("batch.seq_len",
            "torchtune's output is h.chunk(8, dim=1): uneven chunks (seq_len not a multiple of 8) "
            "are not modelled");

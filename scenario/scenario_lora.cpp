@@ -114,10 +114,12 @@ LoraConfig build_lora(const Doc& d, const ModelConfig& model, const PrecisionCon
     const std::vector<std::pair<std::string, DType>> dtypes = {
         {"fp32", DType::fp32}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
     c.adapter_dtype = read_enum(*f, "lora.adapter_dtype", dtypes);
-  } else if (model.arch.impl == graph::ModelImpl::torchtune) {
+  } else if (model.arch.impl == graph::ModelImpl::torchtune ||
+             model.arch.impl == graph::ModelImpl::litgpt) {
     // torchtune builds the whole model, adapters included, under set_default_dtype(dtype)
-    // (recipes/lora_finetune_single_device.py _setup_model): the adapters are in
-    // precision.params (a different lora.adapter_dtype is refused by check_implementation).
+    // (recipes/lora_finetune_single_device.py _setup_model), LitGPT under
+    // fabric.init_module (finetune/lora.py main): the adapters are in precision.params (a
+    // different lora.adapter_dtype is refused by check_implementation).
     c.adapter_dtype = precision.params;
   }
   return c;

@@ -42,6 +42,8 @@ Scenario scenario_for(const nlohmann::json& c) {
     for (const auto& t : c["lora_targets"]) y += t.get<std::string>() + ",";
     y.back() = ']';
     y += "\n";
+    if (c.contains("lora_dropout"))  // LitGPT's lora_dropout (native_dropout, as on CUDA)
+      y += "  dropout: " + std::to_string(c["lora_dropout"].get<double>()) + "\n";
   }
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
@@ -85,6 +87,13 @@ TEST_CASE("torchtune's llama3 model code matches its CPU stand-in", "[implementa
 // LLaMAMLP, the fp32 logits of convert_output and chunked_cross_entropy's 128-row chunks.
 TEST_CASE("litgpt's GPT model code matches its CPU stand-in", "[implementation][litgpt]") {
   run_fixtures("litgpt_");
+}
+
+// LitGPT's LoRA (litgpt/lora.py LoRALinear on attn.proj and the MLP, the frozen rest)
+// under finetune/lora.py: lm_head_chunk_size=128's list of logits (fp32 copies of each
+// bf16 chunk), the sliced last chunk and chunked_cross_entropy's list branch.
+TEST_CASE("litgpt's LoRA matches its CPU stand-in", "[implementation][litgpt]") {
+  run_fixtures("litlora_");
 }
 
 namespace {
@@ -142,7 +151,7 @@ TEST_CASE("model.implementation: spellings, defaults and the refused combination
       {"torchtune", "loss.impl", "chunked:8", "loss.impl: the stack's own loss is modelled (CEWithChunkedOutputLoss)"},
       {"torchtitan", "loss.impl", "liger", "loss.impl: the stack's own loss is modelled (cross_entropy_loss)"},
       {"litgpt", "loss.impl", "chunked:8", "loss.impl: the stack's own loss is modelled (chunked_cross_entropy, chunk_size 128)"},
-      {"litgpt", "lora.rank", "8", "lora.rank: litgpt's LoRA (litgpt/lora.py LoRAQKVLinear"},
+      {"litgpt", "lora.rank", "8", "lora.targets: litgpt's lora_query / lora_key / lora_value"},
       {"litgpt", "precision.autocast", "bf16", "precision.autocast: litgpt's Fabric precision \"bf16-mixed\""},
       {"litgpt", "parallel.sharding", "fsdp", "parallel.sharding: litgpt shards through Fabric's FSDPStrategy"},
       {"litgpt", "parallel.data", "2", "parallel.data: litgpt's multi-device recipes"},
@@ -347,5 +356,65 @@ TEST_CASE("torchtune LoRA on llama3-8b: adapters, frozen base, state on the adap
   CHECK(w.forward_end_by_kind.at(TensorKind::parameter) == base + adapters);
   // Fused AdamW: exp_avg, exp_avg_sq and a 0-d fp32 device `step` per adapter (384).
   CHECK(w.forward_end_by_kind.at(TensorKind::optimizer_state) == 2 * adapters + 384 * 4);
+  CHECK(grad_live(p).max == adapters);  // only the adapters get a .grad
+}
+
+// --- issue #16: LitGPT's LoRA (litgpt/lora.py, finetune/lora.py) -------------------------
+
+TEST_CASE("litgpt LoRA: the lora.* keys litgpt's Config can express", "[implementation][litgpt]") {
+  auto lora = [](std::vector<std::pair<std::string, std::string>> more) {
+    more.insert(more.begin(), {{"lora.rank", "8"}});
+    return more;
+  };
+  // lora_projection, lora_mlp; the adapters in the model dtype (fabric.init_module).
+  const Scenario s = load_scenario_text(impl_yaml("litgpt"), "impl.yaml",
+                                        lora({{"lora.targets", "[o_proj, gate_proj, up_proj, down_proj]"}}));
+  CHECK(s.lora.adapter_dtype == DType::bf16);
+  CHECK(load_error(impl_yaml("litgpt"), lora({{"lora.targets", "[o_proj]"}})).empty());
+  CHECK(load_error(impl_yaml("litgpt"), lora({{"lora.targets", "[gate_proj, up_proj, down_proj]"}})).empty());
+  // A sequence that is not a multiple of 8 is fine (torchtune's h.chunk(8) is not litgpt's).
+  CHECK(load_error(impl_yaml("litgpt"), lora({{"lora.targets", "[o_proj]"}, {"batch.seq_len", "300"}})).empty());
+  // lora_dropout (nn.Dropout = native_dropout on CUDA), finetune/lora.py's default 0.05.
+  CHECK(load_error(impl_yaml("litgpt"), lora({{"lora.targets", "[o_proj]"}, {"lora.dropout", "0.05"}})).empty());
+  struct Case {
+    std::vector<std::pair<std::string, std::string>> over;
+    std::string message;
+  };
+  const std::vector<Case> refused = {
+      {{{"lora.targets", "[q_proj, v_proj]"}}, "--set lora.targets: litgpt's lora_query / lora_key / lora_value adapt the fused qkv through LoRAQKVLinear"},
+      {{{"lora.targets", "all-linear"}}, "lora.targets: litgpt's lora_query"},
+      {{{"lora.targets", "[o_proj, up_proj]"}}, "--set lora.targets: litgpt's lora_mlp adapts fc_1, fc_2 and proj together"},
+      {{{"lora.targets", "[o_proj]"}, {"lora.base_dtype", "nf4"}}, "--set lora.base_dtype: litgpt's --quantize bnb.*"},
+      {{{"lora.targets", "[o_proj]"}, {"lora.adapter_dtype", "fp32"}}, "--set lora.adapter_dtype: litgpt builds the adapters under fabric.init_module"},
+      {{{"lora.targets", "[o_proj]"}, {"lora.input_require_grads", "true"}}, "--set lora.input_require_grads:"},
+      {{{"lora.targets", "[o_proj]"}, {"batch.seq_len", "129"}}, "--set batch.seq_len: with lm_head_chunk_size=128 the last logits chunk has one position"},
+  };
+  for (const Case& c : refused) {
+    INFO(c.message);
+    const std::string err = load_error(impl_yaml("litgpt"), lora(c.over));
+    CHECK(err.find(c.message) != std::string::npos);
+    CHECK(err.find("model.implementation litgpt") != std::string::npos);
+  }
+}
+
+TEST_CASE("litgpt LoRA on llama3-8b: LitGPT's trainable count, frozen base, state on the adapters", "[implementation][litgpt]") {
+  // config_hub/finetune/llama-3-8b/lora.yaml's shape (bf16-true, micro-batch 1, s 512) with
+  // lora_projection and lora_mlp at r 32 (its q/v targets and dropout are refused).
+  const std::string yaml = std::string(MEMSIM_SOURCE_DIR) + "/scenarios/llama3-8b-litgpt-b4-seq512-h200.yaml";
+  const Scenario s = load_scenario(yaml, {{"batch.micro_batch", "1"}, {"lora.rank", "32"},
+                                          {"lora.targets", "[o_proj, gate_proj, up_proj, down_proj]"}});
+  const Program p = build_program(s);
+  const memsim_test::Walk w = memsim_test::walk(p);
+  // litgpt/lora.py: LoRALinear(in, out) adds lora_A (r, in) and lora_B (out, r).
+  // Llama-3-8B (litgpt/config.py): n_embd 4096, n_head 32, head_size 128, n_layer 32,
+  // intermediate_size 14336. `num_parameters(model, requires_grad=True)`:
+  const uint64_t r = 32, n_embd = 4096, q = 32 * 128, inter = 14336, layers = 32;
+  const uint64_t proj = r * q + n_embd * r;                                 // attn.proj
+  const uint64_t mlp = 2 * (r * n_embd + inter * r) + (r * inter + n_embd * r);  // fc_1, fc_2, proj
+  const uint64_t trainable = layers * (proj + mlp);
+  CHECK(trainable == 65011712);
+  const uint64_t base = 8030261248ull * 2, adapters = trainable * 2;  // bf16
+  CHECK(w.forward_end_by_kind.at(TensorKind::parameter) == base + adapters);
+  CHECK(w.forward_end_by_kind.at(TensorKind::optimizer_state) == 2 * adapters);  // exp_avg, exp_avg_sq
   CHECK(grad_live(p).max == adapters);  // only the adapters get a .grad
 }

@@ -273,6 +273,10 @@ class DecoderModel {
   Tensor lit_rms_norm(const Tensor& x, int32_t w, uint64_t rows);
   Tensor mlp_litgpt(const LayerParams& p, const Tensor& x);
   Tensor loss_litgpt(const Tensor& logits);
+  // LitGPT LoRA (finetune/lora.py): the lm_head_chunk_size=128 list and its loss.
+  static constexpr uint64_t kLitHeadChunk = 128;
+  Tensor lit_chunked_head(Tensor h);
+  Tensor lit_lora_loss();
 
   bool autocast_on() const;
   uint64_t act_elem() const;  // the element size the current op produces (low under autocast)

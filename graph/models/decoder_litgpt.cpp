@@ -32,10 +32,17 @@
 //  - finetune/full.py: loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
 //    (graph/ops/ops_litgpt.h), fabric.backward(loss / accumulation_iters); `logits` lives
 //    until the next step's forward returns.
+//  - With lora.rank (litgpt/lora.py GPT under finetune/lora.py; docs/implementations.md
+//    "LitGPT LoRA"): LoRALinear on attn.proj / the MLP (LoraModules::tune_adapter_path, the
+//    same sequence as torchtune's), mark_only_lora_as_trainable, the replaced modules of
+//    lora.Block.__init__ as transients, lm_head_chunk_size=128's list of logits and
+//    chunked_cross_entropy's list branch (lit_chunked_head, lit_lora_loss). LoRAQKVLinear
+//    (q/k/v targets) is refused (scenario/litgpt_lora_keys.h).
 // The 2-way splits of qkv: torch.split's one SplitWithSizesBackward0 (a cat of the three
 // grads into a qkv-sized tensor) is emitted as two graph::Chunk2 (q | kv, then k | v): the
 // same views forward; backward cats k and v first (one kv-sized tensor more, briefly).
 #include <string>
+#include <vector>
 
 #include "graph/checkpoint.h"
 #include "graph/models/decoder.h"
@@ -90,28 +97,82 @@ void DecoderModel::lit_rope_cache(uint64_t len, uint64_t cast_elem) {
 void DecoderModel::construct_litgpt() {
   const uint64_t e = s_.elem, D = s_.d_model, F = s_.d_ff, V = s_.vocab;
   const uint64_t qD = s_.q_dim(), kvD = s_.kv_dim();
+  const bool lora = lora_.enabled();
   rt_.ctx.module = Module::head;
-  lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
+  // litgpt.lora.GPT: lm_head = create_lora_linear(..., use_r=lora_head): a LoRALinear
+  // with r 0 (lora_head is not a memsim target), its nn.Linear as `linear`.
+  lm_head_ = rt_.add_parameter(V * D * e, lora ? "lm_head.linear.weight" : "lm_head.weight");
   rt_.parameters()[lm_head_].rows = V;
   rt_.ctx.module = Module::embedding;
   embed_ = rt_.add_parameter(V * D * e, "transformer.wte.weight");
   rt_.parameters()[embed_].rows = V;
   layers_.resize(s_.layers);
+  const uint64_t r = lora ? static_cast<uint64_t>(s_.lora.rank) : 0, a = s_.lora.adapter_elem;
+  auto temp = [&](uint64_t bytes) { return rt_.alloc(bytes, TensorKind::temporary, OpKind::other); };
+  // A LoRALinear(in, out) with use_r: its nn.Linear, then lora_A (r, in), lora_B (out, r).
+  auto lora_linear_temps = [&](uint64_t out, uint64_t in, bool use_r, std::vector<Tensor>& keep) {
+    keep.push_back(temp(out * in * e));
+    if (use_r) {
+      keep.push_back(temp(r * in * a));
+      keep.push_back(temp(out * r * a));
+    }
+  };
   for (int32_t l = 0; l < s_.layers; ++l) {
     rt_.ctx.layer = l;
     LayerParams& p = layers_[l];
     const std::string pre = "transformer.h." + std::to_string(l) + ".";
     rt_.ctx.module = Module::norm;
     p.norm[kInputNorm] = add_norm(D, pre, "norm_1");
+    if (!lora) {
+      rt_.ctx.module = Module::attention;
+      p.qkv = add_proj(qD + 2 * kvD, D, pre, "attn.qkv", false, -1);
+      p.o = add_proj(D, qD, pre, "attn.proj", false, -1);
+      rt_.ctx.module = Module::norm;
+      p.norm[kPostAttnNorm] = add_norm(D, pre, "norm_2");
+      rt_.ctx.module = Module::mlp;
+      p.gate = add_proj(F, D, pre, "mlp.fc_1", false, -1);
+      p.up = add_proj(F, D, pre, "mlp.fc_2", false, -1);
+      p.down = add_proj(D, F, pre, "mlp.proj", false, -1);
+      continue;
+    }
+    // litgpt.lora.Block.__init__ first runs the base Block.__init__, which builds a base
+    // CausalSelfAttention (qkv, proj nn.Linear) and config.mlp_class (the LoRA config's
+    // LLaMAMLP), then replaces both: its own CausalSelfAttention (whose base __init__
+    // builds qkv and proj once more before LoRAQKVLinear and create_lora_linear replace
+    // them) and a second LLaMAMLP. Under fabric.init_module (empty_init False on one
+    // device) each is allocated on the device; a replaced module dies at the assignment.
+    const bool o_r = lora_.targets(kOProj);
+    const bool mlp_r = lora_.targets(kGateProj);
     rt_.ctx.module = Module::attention;
-    p.qkv = add_proj(qD + 2 * kvD, D, pre, "attn.qkv", false, -1);
-    p.o = add_proj(D, qD, pre, "attn.proj", false, -1);
+    std::vector<Tensor> base_attn = {temp((qD + 2 * kvD) * D * e), temp(D * qD * e)};
     rt_.ctx.module = Module::norm;
     p.norm[kPostAttnNorm] = add_norm(D, pre, "norm_2");
     rt_.ctx.module = Module::mlp;
-    p.gate = add_proj(F, D, pre, "mlp.fc_1", false, -1);
-    p.up = add_proj(F, D, pre, "mlp.fc_2", false, -1);
-    p.down = add_proj(D, F, pre, "mlp.proj", false, -1);
+    std::vector<Tensor> first_mlp;
+    lora_linear_temps(F, D, mlp_r, first_mlp);
+    lora_linear_temps(F, D, mlp_r, first_mlp);
+    lora_linear_temps(D, F, mlp_r, first_mlp);
+    rt_.ctx.module = Module::attention;
+    {
+      Tensor qkv2 = temp((qD + 2 * kvD) * D * e), proj2 = temp(D * qD * e);
+      // LoRAQKVLinear with no q/k/v target: its nn.Linear only (no lora_A / lora_B).
+      p.qkv = add_proj(qD + 2 * kvD, D, pre, "attn.qkv.linear", false, -1);
+      qkv2.reset();  // `self.qkv = LoRAQKVLinear(...)` drops the base one
+      p.o = add_proj(D, qD, pre, "attn.proj.linear", false, o_r ? static_cast<int32_t>(kOProj) : -1);
+      if (o_r) p.ad[kOProj] = lora_.add_tune_adapter(D, qD, pre + "attn.proj", ".lora_A", ".lora_B");
+    }  // proj2 dies at `self.proj = ...`
+    base_attn.clear();  // `self.attn = CausalSelfAttention(...)` drops the base attention
+    rt_.ctx.module = Module::mlp;
+    auto mlp_proj = [&](uint64_t out, uint64_t in, const char* name, uint32_t m) {
+      Proj pr = add_proj(out, in, pre, (std::string(name) + ".linear").c_str(), false,
+                         mlp_r ? static_cast<int32_t>(m) : -1);
+      if (mlp_r) p.ad[m] = lora_.add_tune_adapter(out, in, pre + name, ".lora_A", ".lora_B");
+      return pr;
+    };
+    p.gate = mlp_proj(F, D, "mlp.fc_1", kGateProj);
+    p.up = mlp_proj(F, D, "mlp.fc_2", kUpProj);
+    p.down = mlp_proj(D, F, "mlp.proj", kDownProj);
+    first_mlp.clear();  // `self.mlp = config.mlp_class(config)` drops the first one
   }
   rt_.ctx.layer = -1;
   rt_.ctx.module = Module::norm;
@@ -121,6 +182,9 @@ void DecoderModel::construct_litgpt() {
   lit_rope_cache(static_cast<uint64_t>(s_.context_length), e);
   if (s_.seq != s_.context_length) lit_rope_cache(static_cast<uint64_t>(s_.seq), 4);
   rt_.ctx.module = Module::none;
+  // finetune/lora.py: mark_only_lora_as_trainable (every parameter without "lora_" in
+  // its name frozen), before fabric.setup_module; its setup order is otherwise full.py's.
+  if (lora) lora_.freeze_all_but_tune_adapters();
 }
 
 // litgpt.model.RMSNorm (add_unit_offset False) in PyTorch ops: for 16-bit x the fp32 copy,
@@ -225,6 +289,9 @@ Tensor DecoderModel::attention_litgpt(const LayerParams& p, const Tensor& x) {
 
 Tensor DecoderModel::forward_litgpt(const Tensor& ids) {
   const uint64_t e = s_.elem, D = s_.d_model;
+  // Outside the blocks: with gradient accumulation the previous micro-batch's backward
+  // left its last node's layer in the context (labels only).
+  rt_.ctx.layer = -1;
   rt_.ctx.module = Module::embedding;
   Tensor h = embedding_nn(rt_, rt_.param(embed_), ids, s_.rows() * D * e, D);
   Inputs extra = {Tensor(), Tensor(), lit_cos_, lit_sin_};  // views of the buffers
@@ -233,6 +300,7 @@ Tensor DecoderModel::forward_litgpt(const Tensor& ids) {
   extra.clear();
   h = norm(h, final_norm_, s_.rows(), D);
   rt_.ctx.module = Module::head;
+  if (lora_.enabled()) return lit_chunked_head(std::move(h));
   Tensor logits = lm_linear(h, lm_head_, D, s_.vocab);
   h.reset();
   rt_.name(logits.storage, rt_.program().intern("logits"));
@@ -244,9 +312,82 @@ Tensor DecoderModel::forward_litgpt(const Tensor& ids) {
   return logits;
 }
 
+// finetune/lora.py: `logits = model(input_ids, lm_head_chunk_size=128)`. GPT.forward:
+// `[lm_head(x_i) for x_i in x.split(128, dim=1)]` (clamp_head is nn.Identity for Llama);
+// then _FabricModule's convert_output builds the fp32 list (bf16-true) while the bf16 one
+// is alive. The frozen lm_head runs matmul(x_i, W.t()) on a chunk that is not viewable
+// as 2-D when B > 1: should_fold declines for a weight that needs no grad, so bmm runs
+// against the expanded weight, no copy (torchtune's frozen head, measured on the H200:
+// decoder_impl.cpp), and nothing of x is saved. torch.split's one SplitBackward0 is
+// emitted as a chain of graph::Chunk2 (128 rows | the rest): the same views forward; in
+// backward it cats level by level, whose last cat has the real one's size. Returns the
+// first chunk; the list is chunks_ (the loop's `logits`, alive until the next forward).
+Tensor DecoderModel::lit_chunked_head(Tensor h) {
+  const uint64_t e = s_.elem, B = s_.batch, S = s_.seq, D = s_.d_model, V = s_.vocab;
+  std::vector<Tensor> pieces;
+  {
+    Tensor rest = h;
+    for (uint64_t start = 0; start + kLitHeadChunk < S; start += kLitHeadChunk) {
+      Chunk2 split(rt_, rest, B * kLitHeadChunk * D * e);
+      pieces.push_back(split.piece(rt_, 0));
+      rest = split.piece(rt_, 1);
+    }
+    pieces.push_back(std::move(rest));
+  }
+  std::vector<Tensor> outs;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const uint64_t rows = pieces[i].bytes / (D * e);
+    outs.push_back(mm_linear(rt_, pieces[i], rt_.param(lm_head_), rows * V * e,
+                             2.0 * static_cast<double>(rows) * D * V));
+  }
+  pieces.clear();
+  h.reset();  // GPT.forward returns: x (ln_f's output) dies
+  if (e != 4) {  // precision.convert_output: .to(torch.float32) per chunk, a new list
+    std::vector<Tensor> f32;
+    for (Tensor& c : outs) f32.push_back(to_copy(rt_, c, c.bytes / e * 4));
+    outs = std::move(f32);  // the bf16 list dies with the old output
+  }
+  // `logits = model(...)` rebinds the loop's name: the previous list dies now.
+  std::vector<Tensor> old = std::move(chunks_);
+  chunks_ = std::move(outs);
+  old.clear();
+  rt_.ctx.module = Module::none;
+  return chunks_.front();
+}
+
+// finetune/lora.py fit(): `logits[-1] = logits[-1][..., :-1, :]` (a view the list keeps),
+// `chunked_cross_entropy(logits, targets[..., 1:])` (its list branch, graph/ops/ops_litgpt.h).
+Tensor DecoderModel::lit_lora_loss() {
+  const uint64_t B = s_.batch, V = s_.vocab, row_bytes = V * 4;
+  chunks_.back() = slice_seq(rt_, chunks_.back(), chunks_.back().bytes - B * row_bytes);
+  Tensor loss;
+  {
+    // logit_chunks: reshape(-1, V) views, but the sliced last chunk is not contiguous
+    // when B > 1: its reshape copies.
+    std::vector<Tensor> flat(chunks_.begin(), chunks_.end());
+    if (B > 1) flat.back() = clone(rt_, flat.back());
+    // target_chunks: targets[..., 1:] split like the logits; each reshape(-1) copies
+    // (int64) when B > 1, else a view of the batch.
+    std::vector<Tensor> targets;
+    for (const Tensor& c : flat)
+      targets.push_back(B > 1 ? rt_.alloc(c.bytes / row_bytes * 8, TensorKind::temporary, OpKind::clone)
+                              : Tensor());
+    std::vector<Tensor> losses;
+    for (size_t i = 0; i < flat.size(); ++i)
+      losses.push_back(ce_chunk_litgpt(rt_, flat[i], targets[i], flat[i].bytes / row_bytes, row_bytes));
+    Tensor joined = losses.front();
+    for (size_t i = 1; i < losses.size(); ++i) joined = lit_ce_join(rt_, joined, losses[i]);
+    loss = ce_total_litgpt(rt_, joined, B * (s_.seq - 1));
+    // chunked_cross_entropy returns: its lists die (the clone and the target copies stay
+    // saved by the nodes that need them).
+  }
+  return loss;
+}
+
 Tensor DecoderModel::loss_litgpt(const Tensor& logits) {
   ModuleScope module_scope(rt_, Module::loss);
-  Tensor loss = chunked_ce_litgpt(rt_, logits, s_.batch, s_.seq, s_.vocab);
+  Tensor loss = lora_.enabled() ? lit_lora_loss()
+                                : chunked_ce_litgpt(rt_, logits, s_.batch, s_.seq, s_.vocab);
   return div_scalar(rt_, loss);  // loss / train.gradient_accumulation_iters(...)
 }
 

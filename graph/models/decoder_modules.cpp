@@ -50,7 +50,9 @@ Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& 
     base = lora_.base_linear(x, pr.w, pr.in, pr.out);
   }
   if (pr.lora < 0) return base;
-  if (tune()) return lora_.tune_adapter_path(x, std::move(base), p.ad[pr.lora], pr.in, pr.out);
+  // torchtune's LoRALinear and LitGPT's (litgpt/lora.py: `(x @ A.T @ B.T) * scaling`,
+  // then `pretrained + lora`) allocate and save the same, in the same order.
+  if (tune() || litgpt()) return lora_.tune_adapter_path(x, std::move(base), p.ad[pr.lora], pr.in, pr.out);
   return lora_.add_adapter_path(x, std::move(base), p.ad[pr.lora], pr.in, pr.out);
 }
 

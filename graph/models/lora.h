@@ -72,8 +72,12 @@ class LoraModules {
   LoraAdapter add_adapter(uint64_t out, uint64_t in, const std::string& module_name);
 
   // torchtune's LoRALinear (graph/models/lora_tune.cpp): `module_name`.lora_a.weight and
-  // .lora_b.weight, registered right after the module's frozen base weight.
-  LoraAdapter add_tune_adapter(uint64_t out, uint64_t in, const std::string& module_name);
+  // .lora_b.weight, registered right after the module's frozen base weight. LitGPT's
+  // LoRALinear (graph/models/decoder_litgpt.cpp) names them `module_name`.lora_A and
+  // .lora_B (a_suffix, b_suffix); its forward is the same sequence (tune_adapter_path).
+  LoraAdapter add_tune_adapter(uint64_t out, uint64_t in, const std::string& module_name,
+                               const char* a_suffix = ".lora_a.weight",
+                               const char* b_suffix = ".lora_b.weight");
   // set_trainable_params(model, get_adapter_params(model)): every parameter but the
   // adapters added by add_tune_adapter is frozen.
   void freeze_all_but_tune_adapters();

@@ -35,11 +35,12 @@
 
 namespace memsim::graph {
 
-LoraAdapter LoraModules::add_tune_adapter(uint64_t out, uint64_t in, const std::string& module_name) {
+LoraAdapter LoraModules::add_tune_adapter(uint64_t out, uint64_t in, const std::string& module_name,
+                                          const char* a_suffix, const char* b_suffix) {
   const uint64_t r = static_cast<uint64_t>(s_.lora.rank), a = s_.lora.adapter_elem;
   LoraAdapter ad;
-  ad.a = rt_.add_parameter(r * in * a, module_name + ".lora_a.weight");
-  ad.b = rt_.add_parameter(out * r * a, module_name + ".lora_b.weight");
+  ad.a = rt_.add_parameter(r * in * a, module_name + a_suffix);
+  ad.b = rt_.add_parameter(out * r * a, module_name + b_suffix);
   rt_.parameters()[ad.a].rows = r;
   rt_.parameters()[ad.b].rows = out;
   rt_.parameters()[ad.a].elem = static_cast<uint8_t>(a);

@@ -116,9 +116,104 @@ Tensor chunked_ce_litgpt(Runtime& rt, const Tensor& logits, uint64_t batch, uint
   return loss;
 }
 
+Tensor ce_chunk_litgpt(Runtime& rt, const Tensor& chunk, const Tensor& target, uint64_t rows,
+                       uint64_t row_bytes) {
+  Tensor logp = rt.alloc(rows * row_bytes, TensorKind::activation, OpKind::log_softmax);
+  Tensor loss = out_tensor(rt, rows * 4, OpKind::chunked_ce_litgpt);  // nll_loss's output
+  Tensor total_weight = rt.alloc(4, TensorKind::temporary, OpKind::nll_loss);
+  if (wants_grad(rt, {&chunk})) {
+    const int32_t n = rt.make_node(OpKind::chunked_ce_litgpt, {&chunk});
+    Node& node = rt.node(n);
+    node.flags = kLitCeChunk;
+    node.size[0] = chunk.bytes;
+    node.size[1] = row_bytes;
+    node.size[2] = rows;
+    rt.save(n, total_weight);  // slot 0
+    rt.save(n, logp);          // slot 1
+    if (target.defined()) rt.save(n, target);  // slot 2
+    loss.grad_fn = n;
+  }
+  return loss;
+}
+
+Tensor lit_ce_join(Runtime& rt, const Tensor& a, const Tensor& b) {
+  Tensor out = rt.view_of(a, a.bytes);
+  if (wants_grad(rt, {&a, &b})) {
+    const int32_t n = rt.make_node(OpKind::chunked_ce_litgpt, {&a, &b});
+    rt.node(n).flags = kLitCeJoin;
+    out.grad_fn = n;
+    out.out_slot = 0;
+  }
+  return out;
+}
+
+Tensor ce_total_litgpt(Runtime& rt, const Tensor& joined, uint64_t rows) {
+  Tensor non_masked;
+  {
+    Tensor ne = rt.alloc(rows, TensorKind::temporary, OpKind::eq);  // targets != -100
+    non_masked = rt.alloc(8, TensorKind::temporary, OpKind::reduce_sum);
+  }
+  Tensor total;
+  {
+    Tensor cat = rt.alloc(rows * 4, TensorKind::temporary, OpKind::cat_n);
+    total = rt.alloc(4, TensorKind::temporary, OpKind::reduce_sum);
+  }
+  Tensor denom;
+  {
+    Tensor ones = rt.alloc(8, TensorKind::temporary, OpKind::fill);
+    denom = rt.alloc(8, TensorKind::temporary, OpKind::other);  // maximum
+  }
+  Tensor loss = out_tensor(rt, 4, OpKind::chunked_ce_litgpt);  // the division
+  if (wants_grad(rt, {&joined})) {
+    const int32_t n = rt.make_node(OpKind::chunked_ce_litgpt, {&joined});
+    rt.node(n).flags = kLitCeTotal;
+    rt.save(n, denom);
+    loss.grad_fn = n;
+  }
+  return loss;
+}
+
+// The list branch's nodes (flags kLitCe*; see ops_litgpt.h).
+static void run_ce_list_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
+  auto A = [&](uint64_t bytes) { return rt.alloc_raw(bytes, TensorKind::temporary, n.kind); };
+  if (n.flags == kLitCeJoin) {  // CatBackward0: narrowed views of the one grad
+    for (int i = 0; i < 2; ++i) {
+      if (n.next[i].node < 0) continue;
+      rt.retain(in[0].storage);
+      out[i] = Grad{in[0].storage, true, false};
+    }
+    return;
+  }
+  if (n.next[0].node < 0) return;
+  if (n.flags == kLitCeTotal) {
+    const uint32_t d = A(4);  // DivBackward0: grad / denominator
+    rt.release_saved_slot(n, 0);
+    out[0] = Grad{d, true, false};  // SumBackward0's expand: a view from here on
+    return;
+  }
+  // kLitCeChunk: NllLossBackward0, then LogSoftmaxBackward0.
+  const uint64_t bytes = n.size[0];
+  const uint32_t z = A(bytes);
+  if (n.grad[0] != kNoStorage) {  // NllLossBackward0 returns: its input dies first
+    rt.release(n.grad[0]);
+    n.grad[0] = kNoStorage;
+  }
+  rt.release_saved_slot(n, 0);
+  if (n.saved_count > 2) rt.release_saved_slot(n, 2);
+  const uint32_t g = A(bytes);
+  rt.release(z);
+  rt.release_saved_slot(n, 1);
+  out[0] = Grad{g, false, false};
+}
+
 bool run_litgpt_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (n.kind != OpKind::rope_litgpt && n.kind != OpKind::chunked_ce_litgpt) return false;
-  if (in[0].storage == kNoStorage || n.next[0].node < 0) return true;
+  if (in[0].storage == kNoStorage) return true;
+  if (n.kind == OpKind::chunked_ce_litgpt && n.flags != 0) {
+    run_ce_list_backward(rt, n, in, out);
+    return true;
+  }
+  if (n.next[0].node < 0) return true;
   auto A = [&](uint64_t bytes) { return rt.alloc_raw(bytes, TensorKind::temporary, n.kind); };
   auto F = [&](uint32_t s) { rt.release(s); };
   if (n.kind == OpKind::rope_litgpt) {

@@ -52,6 +52,40 @@ Tensor rope_litgpt_cat(Runtime& rt, const Tensor& roped, const Tensor& x, const 
 Tensor chunked_ce_litgpt(Runtime& rt, const Tensor& logits, uint64_t batch, uint64_t seq,
                          uint64_t vocab);
 
+// finetune/lora.py's loss: chunked_cross_entropy on the list that GPT.forward returns with
+// lm_head_chunk_size=128 (litgpt/utils.py, the list branch). The list's chunks come from
+// separate autograd nodes, so the function is emitted as one node per chunk, a chain of
+// joins and one node for the total (all OpKind::chunked_ce_litgpt; Node::flags says
+// which, kLitCe*). In order:
+//   logit_chunks = [c.reshape(-1, V) ...]   views; the caller clones the sliced last
+//                                           chunk when B > 1 (graph::clone)
+//   target_chunks = [t.reshape(-1) ...]     the caller's int64 copies when B > 1, else
+//                                           views of the batch (no bytes)
+//   per chunk: ce_chunk_litgpt              cross_entropy(reduction="none")
+//   lit_ce_join                             torch.cat's n inputs as a chain of 2-way joins
+//                                           (no bytes: CatBackward0 narrows, views)
+//   ce_total_litgpt                         (targets != -100).sum(), cat(...).sum(),
+//                                           maximum(ones_like), the division
+inline constexpr uint8_t kLitCeChunk = 1, kLitCeJoin = 2, kLitCeTotal = 3;
+
+// F.cross_entropy(chunk (rows, V) fp32, target, reduction="none"): log_softmax (saved),
+// nll_loss's (rows,) fp32 output (returned) and 0-d total_weight (saved); `target` (an
+// int64 copy, or undefined for a view of the batch) is saved. Backward, as
+// chunked_ce_litgpt's per chunk: NllLossBackward0's zeros (the chunk), its input (a view
+// of the division's grad) and saved total_weight / target released,
+// _log_softmax_backward_data (the chunk; the returned grad), the zeros die, the
+// log-probs are released.
+Tensor ce_chunk_litgpt(Runtime& rt, const Tensor& chunk, const Tensor& target, uint64_t rows,
+                       uint64_t row_bytes);
+// torch.cat's inputs a and b (loss chunks or a join): no bytes either way; the handle
+// returned carries the node (a view of a: drop it once the total is made).
+Tensor lit_ce_join(Runtime& rt, const Tensor& a, const Tensor& b);
+// The tail of chunked_cross_entropy over `rows` = B*(S-1) targets: bool (rows) and its
+// int64 sum, the (rows,) fp32 cat and its 0-d sum, ones_like and maximum (8 bytes each;
+// the maximum saved by the division), the 0-d loss. Backward: the division's grad (4
+// bytes), handed down the joins as views (SumBackward0's expand, CatBackward0's narrows).
+Tensor ce_total_litgpt(Runtime& rt, const Tensor& joined, uint64_t rows);
+
 // Backward of rope_litgpt and chunked_ce_litgpt; false for any other kind.
 bool run_litgpt_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
 
