@@ -173,6 +173,7 @@ class DecoderModel {
   uint64_t mask_keys() const { return s_.seq + (arch().mask_target_s ? 0 : 1); }
 
   // --- modules (decoder_modules.cpp) ---
+  // x is LinearInput::folded (an N-D activation) unless a block set linear_input_.
   Tensor project(const Tensor& x, const LayerParams& p, const Proj& pr);
   // rows 0: the whole batch (s_.rows()).
   Tensor lm_linear(const Tensor& x, int32_t w, int64_t d_in, int64_t d_out, uint64_t rows = 0);
@@ -285,6 +286,9 @@ class DecoderModel {
   HfShape s_;
   Autocast* ac_ = nullptr;
   LoraModules lora_;
+  // What project()'s x is (graph/ops/linear_input.h): flat inside the MoE block, whose
+  // router, shared expert and shared gate read hidden_states.view(-1, D).
+  LinearInput linear_input_ = LinearInput::folded;
   int32_t embed_ = -1, wpe_ = -1, lm_head_ = -1;
   Norm final_norm_;
   std::vector<LayerParams> layers_;

@@ -45,15 +45,15 @@ Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& 
   Tensor base;
   if (addmm && !lora_.quantized()) {
     Tensor wt = rt_.param(pr.w), bt = rt_.param(pr.b);
-    base = addmm_bias(rt_, bt, x, wt, s_.rows() * pr.out * s_.elem, flops);
+    base = addmm_bias(rt_, bt, x, wt, s_.rows() * pr.out * s_.elem, flops, linear_input_);
   } else {
-    base = lora_.base_linear(x, pr.w, pr.in, pr.out);
+    base = lora_.base_linear(x, pr.w, pr.in, pr.out, linear_input_);
   }
   if (pr.lora < 0) return base;
   // torchtune's LoRALinear and LitGPT's (litgpt/lora.py: `(x @ A.T @ B.T) * scaling`,
   // then `pretrained + lora`) allocate and save the same, in the same order.
   if (tune() || litgpt()) return lora_.tune_adapter_path(x, std::move(base), p.ad[pr.lora], pr.in, pr.out);
-  return lora_.add_adapter_path(x, std::move(base), p.ad[pr.lora], pr.in, pr.out);
+  return lora_.add_adapter_path(x, std::move(base), p.ad[pr.lora], pr.in, pr.out, linear_input_);
 }
 
 // An untied lm_head (nn.Linear without bias).

@@ -85,7 +85,7 @@ Tensor DecoderModel::moe_router(const LayerParams& p, const Tensor& x, Tensor& w
   // router_logits = F.linear(hidden_states, self.weight)
   Tensor logits = autocast_on()
                       ? ac_->mm_linear(x, p.router, static_cast<int64_t>(T), s_.d_model, m.experts, flops)
-                      : mm_linear(rt_, x, rt_.param(p.router), T * E * s_.elem, flops);
+                      : mm_linear(rt_, x, rt_.param(p.router), T * E * s_.elem, flops, LinearInput::flat);
   const uint64_t le = logits.bytes / (T * E);  // the logits' element size
   // softmax(logits, dtype=float) / softmax(logits.float()): a 16-bit input is copied to fp32
   // first (the copy dies with the expression); sigmoid likewise.
@@ -426,6 +426,18 @@ Tensor DecoderModel::moe_block(int32_t l, const LayerParams& p, const Tensor& x)
   if (arch().moe.code == MoeRouterCode::deepseek_v3 || arch().moe.code == MoeRouterCode::deepseek_v2)
     return moe_block_deepseek(l, p, x);
   ModuleScope module_scope(rt_, Module::mlp);
+  // The block works on hidden_states.view(-1, D), a 2-D tensor of its own: the router's,
+  // the shared expert's and the shared gate's linears hand back dense mm results for it,
+  // as the experts' hidden_states[token_idx] does (IndexBackward0: a zeros + index_put_),
+  // so the view's InputBuffer adds them all in place (the H200 trace of transformers
+  // 5.17's Qwen2-MoE has no sum there; docs/input-buffer.md). The single grad it then hands
+  // to the norm is a view, the norm's only one.
+  struct Restore {
+    LinearInput& v;
+    LinearInput was;
+    ~Restore() { v = was; }
+  } restore{linear_input_, linear_input_};
+  linear_input_ = LinearInput::flat;
   const MoeSpec& m = arch().moe;
   const std::vector<int64_t> counts = routed_tokens(m, static_cast<int64_t>(s_.rows()), moe_layer_index(l));
   Tensor shared;

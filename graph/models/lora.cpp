@@ -57,9 +57,10 @@ LoraAdapter LoraModules::add_adapter(uint64_t out, uint64_t in, const std::strin
   return ad;
 }
 
-Tensor LoraModules::base_linear(const Tensor& x, int32_t w, uint64_t in, uint64_t out) {
+Tensor LoraModules::base_linear(const Tensor& x, int32_t w, uint64_t in, uint64_t out,
+                                LinearInput input) {
   const double flops = 2.0 * static_cast<double>(s_.rows()) * in * out;
-  if (!quantized()) return mm_linear(rt_, x, rt_.param(w), s_.rows() * out * s_.elem, flops);
+  if (!quantized()) return mm_linear(rt_, x, rt_.param(w), s_.rows() * out * s_.elem, flops, input);
   Nf4Sizes deq;
   deq.absmax_fp32 = nf4_blocks(in * out) * 4;
   deq.weight = in * out * s_.elem;
@@ -67,7 +68,7 @@ Tensor LoraModules::base_linear(const Tensor& x, int32_t w, uint64_t in, uint64_
 }
 
 Tensor LoraModules::add_adapter_path(const Tensor& x, Tensor result, const LoraAdapter& ad,
-                                     uint64_t in, uint64_t out) {
+                                     uint64_t in, uint64_t out, LinearInput input) {
   if (!ad.defined()) return result;
   const uint64_t rows = s_.rows(), r = static_cast<uint64_t>(s_.lora.rank);
   const uint64_t a = s_.lora.adapter_elem, e = s_.elem;
@@ -76,7 +77,10 @@ Tensor LoraModules::add_adapter_path(const Tensor& x, Tensor result, const LoraA
   Tensor sum;
   {
     Tensor xd = s_.lora.dropout > 0.0 ? native_dropout(rt_, xa, a) : xa;
-    Tensor h = mm_linear(rt_, xd, rt_.param(ad.a), rows * r * a, 2.0 * rows * in * r);
+    // lora_A reads x itself only without dropout and dtype copy; otherwise its input is
+    // the copy's or dropout's output, read by nothing else.
+    const LinearInput a_input = a == e && s_.lora.dropout <= 0.0 ? input : LinearInput::folded;
+    Tensor h = mm_linear(rt_, xd, rt_.param(ad.a), rows * r * a, 2.0 * rows * in * r, a_input);
     xd.reset();
     Tensor y = mm_linear(rt_, h, rt_.param(ad.b), rows * out * a, 2.0 * rows * r * out);
     h.reset();

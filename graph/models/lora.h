@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "graph/models/hf_shape.h"
+#include "graph/ops/linear_input.h"
 #include "graph/runtime.h"
 
 namespace memsim::graph {
@@ -86,12 +87,15 @@ class LoraModules {
   Tensor tune_adapter_path(const Tensor& x, Tensor out, const LoraAdapter& ad, uint64_t in,
                            uint64_t out_dim);
 
-  // base_layer(x) for a weight from add_base_weight, without bias (LLaMA).
-  Tensor base_linear(const Tensor& x, int32_t w, uint64_t in, uint64_t out);
+  // base_layer(x) for a weight from add_base_weight, without bias (LLaMA). `input`: what
+  // x is (graph/ops/linear_input.h; the NF4 matmul ignores it).
+  Tensor base_linear(const Tensor& x, int32_t w, uint64_t in, uint64_t out,
+                     LinearInput input = LinearInput::folded);
   // The adapter path added to `result` (the base layer's output). Returns result as is
-  // when the adapter is undefined.
+  // when the adapter is undefined. `input`: what x is, for lora_A's matmul when it reads
+  // x itself (no dropout, no dtype copy).
   Tensor add_adapter_path(const Tensor& x, Tensor result, const LoraAdapter& ad, uint64_t in,
-                          uint64_t out);
+                          uint64_t out, LinearInput input = LinearInput::folded);
   // The same inside a torch.autocast region over fp32 adapters (graph/models/lora_autocast.cpp):
   // `result` is the base layer's low-precision output, x the layer's input (fp32 or low).
   Tensor add_adapter_path_autocast(Autocast& ac, const Tensor& x, Tensor result,

@@ -32,10 +32,14 @@ uint64_t scratch_lo(uint64_t v) { return (v & 0xffffffffull) * 4; }
 uint64_t scratch_hi(uint64_t v) { return (v >> 32) * 4; }
 uint64_t round_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
 
+// mm_linear / addmm nodes: x was a 2-D tensor of its own (LinearInput::flat), so its grad
+// is the dense mm result, not a view of it (graph/ops/linear_input.h).
+constexpr uint8_t kFlatInput = 1;
+
 }  // namespace
 
 Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor& w,
-                  uint64_t out_bytes, double flops) {
+                  uint64_t out_bytes, double flops, LinearInput input) {
   Tensor out = out_tensor(rt, out_bytes, OpKind::addmm);
   detail::numeric_forward(rt, OpKind::addmm, {&bias, &x, &w}, {&out});
   rt.note_gemm_lt();
@@ -49,6 +53,7 @@ Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor
     node.size[2] = w.bytes;
     node.flops = detail::matmul_backward_flops(x, w, flops);
     node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
+    if (input == LinearInput::flat) node.flags |= kFlatInput;
     detail::save_cross(rt, n, w, x);
     out.grad_fn = n;
   }
@@ -56,7 +61,7 @@ Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor
 }
 
 Tensor mm_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_bytes,
-                 double flops) {
+                 double flops, LinearInput input) {
   Tensor out;
   const double io = static_cast<double>(x.bytes + w.bytes + out_bytes);
   if (!detail::sac_reused(rt, OpKind::mm_linear, {&out})) {
@@ -73,6 +78,7 @@ Tensor mm_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_byt
     node.size[1] = w.bytes;
     node.flops = detail::matmul_backward_flops(x, w, flops);
     node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
+    if (input == LinearInput::flat) node.flags |= kFlatInput;
     detail::save_cross(rt, n, w, x);
     out.grad_fn = n;
   }
@@ -417,7 +423,13 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   if (g.storage == kNoStorage) return true;
   switch (n.kind) {
     case OpKind::addmm:  // mat1 grad, mat2 grad, then the engine's sum_to for the bias
-      if (needs(1)) out[1] = fresh(A(n.size[1]));
+      // mat1 is the 2-D view of an N-D activation (_flatten_nd_linear's reshape, Conv1D's
+      // x.view(-1, D)): x's grad is ViewBackward0's reshape of the mm result, a view whose
+      // base shares the storage, so an InputBuffer holding it adds the next grad for x out
+      // of place (H200 C++ frames, tests/data/h100/arch/cpp_stacks_runs.json: q/k/v_proj
+      // with biases, InputBuffer::add -> at::add; docs/input-buffer.md). A flat x's grad
+      // is the mm result itself.
+      if (needs(1)) out[1] = Grad{A(n.size[1]), (n.flags & kFlatInput) == 0, false};
       rt.note_gemm();
       if (needs(2)) out[2] = fresh(A(n.size[2], kind_for(2)));
       if (needs(0)) {
@@ -447,8 +459,10 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       if (needs(0)) {
         // F.linear on (B, S, D) folds x to (B*S, D): x's grad is the mm result reshaped
         // back, a view whose base keeps the storage shared, so the InputBuffer adds a
-        // second grad for x out of place (H100 trace: gate_proj + up_proj).
-        out[0] = Grad{A(n.size[0]), true, false};
+        // second grad for x out of place (H100 trace: gate_proj + up_proj). On a flat
+        // (2-D) x there is no fold: the grad is the dense mm result (the MoE block's
+        // router and shared expert: summed in place, H200 Qwen2-MoE trace).
+        out[0] = Grad{A(n.size[0]), (n.flags & kFlatInput) == 0, false};
         rt.note_gemm();
       }
       break;

@@ -10,6 +10,7 @@
 // Sizes are bytes; `elem` is the activation element size.
 #pragma once
 
+#include "graph/ops/linear_input.h"
 #include "graph/runtime.h"
 
 namespace memsim::graph {
@@ -18,14 +19,18 @@ namespace memsim::graph {
 bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
 
 // --- matmuls ------------------------------------------------------------------------
-// addmm(bias, x2d, W) (HF Conv1D, W stored (in, out)): saves x2d and W. Backward:
-// grad_x (mm), grad_W (mm, W's layout: stolen), then the engine's sum_to for the bias.
+// addmm(bias, x2d, W) (HF Conv1D, W stored (in, out); nn.Linear with a bias, which
+// at::native::linear runs as _flatten_nd_linear on a contiguous (B, S, D) input: reshape,
+// addmm, view): saves x2d and W. Backward: grad_x (mm), grad_W (mm, W's layout: stolen),
+// then the engine's sum_to for the bias. grad_x is a view of the mm result unless x is
+// `flat` (graph/ops/linear_input.h).
 Tensor addmm_bias(Runtime& rt, const Tensor& bias, const Tensor& x, const Tensor& w,
-                  uint64_t out_bytes, double flops);
+                  uint64_t out_bytes, double flops, LinearInput input = LinearInput::folded);
 // F.linear(x, W) without bias = matmul(x, W.t()) -> mm on the folded (viewable) input.
-// Saves x and W.t(). Backward: grad_W first (already in W's layout: stolen), then grad_x.
+// Saves x and W.t(). Backward: grad_W first (already in W's layout: stolen), then grad_x
+// (a view of the mm result unless x is `flat`).
 Tensor mm_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t out_bytes,
-                 double flops);
+                 double flops, LinearInput input = LinearInput::folded);
 
 // --- normalisation / activations ------------------------------------------------------
 // native_layer_norm over `rows` rows: out + mean + rstd (rows fp32 each: CUDA accumulates
