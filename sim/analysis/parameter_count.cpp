@@ -140,7 +140,17 @@ int64_t trainable_parameter_count(const Scenario& s) {
   int64_t per_layer = 0;
   for (size_t i = 0; i < modules.size(); ++i)
     if (present[i] && ((mask >> i) & 1u)) per_layer += s.lora.rank * (modules[i].first + modules[i].second);
-  return m.layers * per_layer;
+  // lora.target_parameters (graph/models/moe_param_lora.h): per MoE layer and targeted 3-D
+  // parameter, PEFT's ParamWrapper adds lora_A (r*E, in) and lora_B (out, r*E).
+  int64_t experts = 0;
+  const graph::MoeSpec& moe = m.arch.moe;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    if (!moe.layer_is_moe(l)) continue;
+    const int64_t rE = s.lora.rank * moe.experts, Fe = moe.expert_d_ff;
+    if ((mask >> 7) & 1u) experts += rE * (D + 2 * Fe);  // gate_up_proj (E, 2F, D)
+    if ((mask >> 8) & 1u) experts += rE * (Fe + D);      // down_proj (E, D, F)
+  }
+  return m.layers * per_layer + experts;
 }
 
 int64_t parameter_count_per_rank(const Scenario& s, int pipeline_stage) {
