@@ -12,13 +12,16 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_test_support.h"
 #include "decoder_arch_test_support.h"
 #include "json_test_support.h"
 #include "moe_fixture_test_support.h"
 #include "scenario/scenario.h"
+#include "sim/analysis/parameter_count.h"
 #include "torch_fixture_test_support.h"
 
 using namespace memsim;
@@ -49,7 +52,9 @@ Scenario scenario_for(const nlohmann::json& c) {
     for (size_t i = 0; i < l["targets"].size(); ++i) y += (i ? ", " : "") + l["targets"][i].get<std::string>();
     y += "]\n";
   }
-  if (dtype == "bf16") y += "  adapter_dtype: bf16\n";  // gen.run casts the adapters with the model
+  // gen.run casts the adapters with the model (bf16), or PEFT's cast_adapter_dtype upcasts
+  // them again (the fixture's adapter_dtype fp32).
+  if (dtype == "bf16") y += "  adapter_dtype: " + l.value("adapter_dtype", std::string("bf16")) + "\n";
   y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
@@ -105,7 +110,7 @@ TEST_CASE("LoRA on the routed experts matches real PyTorch training steps (CPU f
   for (const auto& entry : std::filesystem::directory_iterator(kDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() == 5);
+  REQUIRE(files.size() == 6);
   memsim_test::print_fixture_table_header();
   for (const auto& path : files) {
     const nlohmann::json fx = memsim_test::load_json(path);
@@ -114,6 +119,34 @@ TEST_CASE("LoRA on the routed experts matches real PyTorch training steps (CPU f
     const Program program = build_program(scenario);
     memsim_test::compare_with_fixture(fx, scenario, program);
     memsim_test::check_forward_allocs_by_layer(fx, program);
+    // The measured step's backward: memsim allocates nothing torch 1.13 did not (as a
+    // multiset), and each hit expert's SelectBackward0 makes a zeros of the whole merged
+    // weight in both (torch's select_backward). What 1.13 allocates besides are its known
+    // differences from 2.x (out-of-place grad sums, `add`: of those zeros too;
+    // TopkBackward0's out-of-place scatter; docs/moe.md).
+    {
+      std::vector<uint64_t> real_all, real_sel, sim_all, sim_sel;
+      for (const auto& ev : fx["events"]) {
+        if (ev[0] != "alloc" || ev[3] != "backward") continue;
+        real_all.push_back(ev[2].get<uint64_t>());
+        if (ev[1] == "select_backward") real_sel.push_back(ev[2].get<uint64_t>());
+      }
+      bool measuring = false;
+      for (const MemoryEvent& e : program.events) {
+        if (e.type == EventType::mark && program.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin")
+          measuring = true;
+        if (!measuring || e.type != EventType::alloc || e.phase != Phase::backward) continue;
+        sim_all.push_back(e.bytes);
+        if (program.str(e.op) == "SelectBackward0") sim_sel.push_back(e.bytes);
+      }
+      for (auto* v : {&real_all, &real_sel, &sim_all, &sim_sel}) std::sort(v->begin(), v->end());
+      std::vector<uint64_t> only_sim;
+      std::set_difference(sim_all.begin(), sim_all.end(), real_all.begin(), real_all.end(),
+                          std::back_inserter(only_sim));
+      CHECK(only_sim.empty());
+      CHECK(sim_sel == real_sel);
+      CHECK_FALSE(sim_sel.empty());
+    }
     // The step peak, exactly: where torch 1.13's peak is one of its out-of-place grad sums
     // (`add` in backward: 2.x adds in place), the real peak is memsim's plus that sum.
     const memsim_test::Walk w = memsim_test::walk(program);
@@ -137,6 +170,7 @@ TEST_CASE("lora.target_parameters: adapters r*E*(in+out), frozen experts, merged
   // (lora.adapter_dtype's default).
   const uint64_t numel = L * (r * E * (D + 2 * F) + r * E * (F + D));
   CHECK(numel == 2 * (4 * 4 * 160 + 4 * 4 * 112));
+  CHECK(trainable_parameter_count(s) == static_cast<int64_t>(numel));
   // Gradients: the adapters' only (fp32); the router and the 3-D experts stay frozen.
   CHECK(measured_sum(p, [](const MemoryEvent& e) { return e.kind == TensorKind::gradient; }) == numel * 4);
   const memsim_test::Walk w = memsim_test::walk(p);
@@ -192,4 +226,23 @@ TEST_CASE("lora.target_parameters: accepted forms and refusals by key", "[moe-lo
             .find("precision.autocast: lora.target_parameters under autocast") != std::string::npos);
   // lora.targets alone still needs a module the model has; with target_parameters it is optional.
   CHECK(load_error(kBase, {}).find("lora.targets: required") != std::string::npos);
+}
+
+TEST_CASE("lora.target_parameters end to end: memsim run on Qwen3-30B-A3B", "[moe-lora]") {
+  // The preset (48 MoE layers, 128 experts, F 768, D 2048) with attention adapters and both
+  // expert weights, r 16: trainable = 48 x (q 98,304 + k 40,960 + v 40,960 + o 98,304) +
+  // 48 x 16 x 128 x ((2048 + 1536) + (768 + 2048)).
+  memsim_test::TempDir dir("memsim_moe_lora");
+  const auto path = dir.write("q.yaml",
+                              "model:\n  preset: qwen3-30b-a3b\n  attention: flash\nbatch:\n  micro_batch: 1\n"
+                              "  seq_len: 1024\nprecision:\n  params: bf16\nlora:\n  rank: 16\n  alpha: 32\n"
+                              "  targets: [q_proj, k_proj, v_proj, o_proj]\n"
+                              "  target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj]\n"
+                              "device:\n  preset: h200\n");
+  const auto out = memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path.string() + "' --json - 2>&1");
+  INFO(out.out);
+  REQUIRE((out.status == 0 || out.status == 3));
+  const nlohmann::json j = nlohmann::json::parse(out.out.substr(out.out.find('{')));
+  CHECK(j["model"]["trainable_parameter_count"].get<int64_t>() ==
+        int64_t{48} * (98304 + 40960 + 40960 + 98304) + int64_t{48} * 16 * 128 * ((2048 + 1536) + (768 + 2048)));
 }

@@ -62,6 +62,9 @@ Tensor ExpertsParamLora::weight(int slot) {
   if (!t.ad.defined()) return rt_.param(t.weight);
   if (!merged_[slot].defined()) {
     merged_[slot] = add(rt_, rt_.param(t.weight), delta_[slot]);  // _LoraParameterProxy: W + delta
+    // Named for the reports (once per layer and step): "model.layers.N.mlp.experts.gate_up_proj
+    // + lora delta" groups the layers' merged weights as the parameters are grouped.
+    rt_.name(merged_[slot].storage, rt_.program().intern(rt_.param_name(t.weight) + " + lora delta (parametrize cache)"));
     order_[reads_++] = slot;
   }
   return merged_[slot];
