@@ -20,6 +20,10 @@ void read_lora_target_parameters(const Doc& d, Scenario& s) {
   if (f == nullptr) return;
   const std::string at = f->where;
   if (s.lora.rank <= 0) fail(at, "lora.target_parameters", "needs lora.rank");
+  if (s.model.family != ModelFamily::hf_llama)
+    fail(at, "lora.target_parameters",
+         "PEFT's target_parameters is modelled on transformers' MoE rows (hf-llama with model.moe), "
+         "not on '" + std::string(to_string(s.model.family)) + "'");
   const graph::MoeSpec& m = s.model.arch.moe;
   if (m.experts <= 0)
     fail(at, "lora.target_parameters",

@@ -12,7 +12,7 @@
 // bits 7 and 8). lora.targets may then be absent (PEFT's target_modules None).
 //
 // Refused, exit 1 naming FILE:LINE and the key: any other name; a model without routed
-// experts (model.moe); DeepSeek-V3/V2 rows; lora.dropout != 0 (ParamWrapper raises);
+// experts (model.moe) or not of the hf-llama family (Megatron's MoE); DeepSeek-V3/V2 rows; lora.dropout != 0 (ParamWrapper raises);
 // model.moe.experts_implementation batched_mm / grouped_mm, precision.autocast,
 // checkpoint.policy other than none, parallel.data / sharding / tensor / pipeline > 1 and
 // torch.compile with it (not checked against a run: docs/moe.md).

@@ -18,7 +18,6 @@ const std::vector<Alias>& aliases(ModelFamily family) {
   static const std::vector<Alias> llama = {
       {"q_proj", 1u << 0}, {"k_proj", 1u << 1}, {"v_proj", 1u << 2}, {"o_proj", 1u << 3},
       {"gate_proj", 1u << 4}, {"up_proj", 1u << 5}, {"down_proj", 1u << 6}, {"all-linear", 0x7fu}};
-
   static const std::vector<Alias> gpt2 = {
       {"c_attn", 1u << 0}, {"c_proj", (1u << 1) | (1u << 3)}, {"attn.c_proj", 1u << 1},
       {"c_fc", 1u << 2}, {"mlp.c_proj", 1u << 3}, {"all-linear", 0xfu}};

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -224,6 +225,13 @@ TEST_CASE("lora.target_parameters: accepted forms and refusals by key", "[moe-lo
                            kBase.substr(kBase.find("params: bf16") + 13);
   CHECK(load_error(fp32, {{"lora.target_parameters", "down_proj"}})
             .find("precision.autocast: lora.target_parameters under autocast") != std::string::npos);
+  // Megatron's MoE (its own experts, not PEFT's ParamWrapper).
+  std::ifstream in(MEMSIM_SOURCE_DIR "/scenarios/mixtral-8x7b-megatron-moe-ep8.yaml");
+  const std::string megatron((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE_FALSE(megatron.empty());
+  CHECK(load_error(megatron, {{"lora.rank", "4"}, {"lora.target_parameters", "down_proj"}})
+            .find("lora.target_parameters: PEFT's target_parameters is modelled on transformers' MoE rows") !=
+        std::string::npos);
   // lora.targets alone still needs a module the model has; with target_parameters it is optional.
   CHECK(load_error(kBase, {}).find("lora.targets: required") != std::string::npos);
 }
