@@ -254,3 +254,19 @@ TEST_CASE("lora.target_parameters end to end: memsim run on Qwen3-30B-A3B", "[mo
   CHECK(j["model"]["trainable_parameter_count"].get<int64_t>() ==
         int64_t{48} * (98304 + 40960 + 40960 + 98304) + int64_t{48} * 16 * 128 * ((2048 + 1536) + (768 + 2048)));
 }
+
+TEST_CASE("lora.target_parameters: plan searches cannot add checkpointing to it", "[moe-lora]") {
+  // memsim compare rebuilds the checkpoint section without the reader: the step refuses it
+  // by the key (sim/step/schedule.cpp), as the reader does for checkpoint.policy.
+  memsim_test::TempDir dir("memsim_moe_lora_compare");
+  const auto path = dir.write("m.yaml", kBase + "  target_parameters: [gate_up_proj, down_proj]\n");
+  const auto none = memsim_test::run_shell(memsim_test::memsim_command() + "compare '" + path.string() +
+                                           "' --policies none 2>&1");
+  CHECK(none.status == 0);
+  const auto full = memsim_test::run_shell(memsim_test::memsim_command() + "compare '" + path.string() +
+                                           "' --policies none,full 2>&1");
+  INFO(full.out);
+  CHECK(full.status == 1);
+  CHECK(full.out.find("lora.target_parameters: PEFT's target_parameters with activation checkpointing") !=
+        std::string::npos);
+}
