@@ -270,3 +270,26 @@ TEST_CASE("lora.target_parameters: plan searches cannot add checkpointing to it"
   CHECK(full.out.find("lora.target_parameters: PEFT's target_parameters with activation checkpointing") !=
         std::string::npos);
 }
+
+TEST_CASE("trainable_parameter_count on MoE models equals the adapters the program builds", "[moe-lora]") {
+  // The reported count (sim/analysis/parameter_count.h) against the gradients of the measured
+  // step (fp32 adapters: 4 bytes each). Until 2026-11-28 the count gave every layer a dense
+  // MLP of model.d_ff for gate/up/down_proj; a MoE layer has none (only a shared expert).
+  const std::string base = kBase.substr(0, kBase.find("d_ff: 128")) + "d_ff: 256" +
+                           kBase.substr(kBase.find("d_ff: 128") + 9);
+  const std::vector<std::vector<std::pair<std::string, std::string>>> cases = {
+      {{"lora.targets", "q_proj,gate_proj,down_proj"}, {"model.moe.first_dense_layers", "1"}},
+      {{"lora.targets", "gate_proj,up_proj,down_proj"}, {"model.moe.shared_experts", "2"}},
+      {{"lora.targets", "q_proj,up_proj"}, {"model.moe.shared_experts", "1"},
+       {"lora.target_parameters", "down_proj"}},
+      {{"lora.target_parameters", "gate_up_proj,down_proj"}, {"model.moe.first_dense_layers", "1"}},
+  };
+  for (const auto& sets : cases) {
+    INFO(sets.front().second);
+    const Scenario s = load_scenario_text(base, "moe.yaml", sets);
+    const Program p = build_program(s);
+    const uint64_t grads = measured_sum(p, [](const MemoryEvent& e) { return e.kind == TensorKind::gradient; });
+    CHECK(grads > 0);
+    CHECK(static_cast<uint64_t>(trainable_parameter_count(s)) * 4 == grads);
+  }
+}
