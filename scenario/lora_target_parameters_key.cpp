@@ -1,22 +1,101 @@
 #include "scenario/lora_target_parameters_key.h"
 
+#include <algorithm>
+
 #include "scenario/yaml_fields.h"
 
 namespace memsim::scenario_detail {
 
-void refuse_lora_target_parameters(const Doc& d, const Scenario& s) {
+namespace {
+
+std::string where_or(const Doc& d, const char* key, const std::string& fallback) {
+  const Field* f = d.find(key);
+  return f ? f->where : fallback;
+}
+
+}  // namespace
+
+void read_lora_target_parameters(const Doc& d, Scenario& s) {
   const Field* f = d.find("lora.target_parameters");
   if (f == nullptr) return;
-  if (s.model.arch.moe.experts <= 0)
-    fail(f->where, "lora.target_parameters",
-         "PEFT's target_parameters wraps nn.Parameters such as the 3-D routed experts of a "
-         "mixture-of-experts model; this model has none (model.moe) and memsim does not model "
-         "it: use lora.targets (nn.Linear modules)");
-  fail(f->where, "lora.target_parameters",
-       "LoRA on the routed experts (PEFT >= 0.17 ParamWrapper: one lora_A (r*E, in) and lora_B "
-       "(out, r*E) per 3-D parameter, the merged weight W + einsum(B, A) * scaling materialised "
-       "per layer on every forward and kept by the experts' saved select views) is not modelled "
-       "yet (docs/moe.md); use lora.targets on attention, dense MLPs and shared experts");
+  const std::string at = f->where;
+  if (s.lora.rank <= 0) fail(at, "lora.target_parameters", "needs lora.rank");
+  if (s.model.family != ModelFamily::hf_llama)
+    fail(at, "lora.target_parameters",
+         "PEFT's target_parameters is modelled on transformers' MoE rows (hf-llama with model.moe), "
+         "not on '" + std::string(to_string(s.model.family)) + "'");
+  const graph::MoeSpec& m = s.model.arch.moe;
+  if (m.experts <= 0)
+    fail(at, "lora.target_parameters",
+         "PEFT's target_parameters adapts nn.Parameters such as the 3-D routed experts of a "
+         "mixture-of-experts model; this model has none (model.moe): use lora.targets "
+         "(nn.Linear modules)");
+  if (m.code == graph::MoeRouterCode::deepseek_v3 || m.code == graph::MoeRouterCode::deepseek_v2)
+    fail(at, "lora.target_parameters",
+         "LoRA on DeepSeek's routed experts is not modelled (docs/deepseek.md)");
+  // A YAML list, or one string with commas (--set).
+  std::vector<std::string> names;
+  for (const std::string& item : read_string_list(*f, "lora.target_parameters")) {
+    size_t start = 0;
+    while (start <= item.size()) {
+      const size_t comma = std::min(item.find(',', start), item.size());
+      std::string name = item.substr(start, comma - start);
+      name.erase(0, name.find_first_not_of(" \t"));
+      name.erase(name.find_last_not_of(" \t") + 1);
+      if (!name.empty()) names.push_back(name);
+      start = comma + 1;
+    }
+  }
+  if (names.empty())
+    fail(at, "lora.target_parameters", "expected at least one of gate_up_proj, down_proj");
+  for (const std::string& n : names) {
+    std::string canonical;
+    for (const char* p : {"gate_up_proj", "down_proj"})
+      for (const std::string prefix : {"", "experts.", "mlp.experts."})
+        if (n == prefix + p) canonical = std::string("mlp.experts.") + p;
+    if (canonical.empty())
+      fail(at, "lora.target_parameters",
+           "'" + n + "' is not a parameter of transformers 5.x's experts module (expected "
+           "gate_up_proj or down_proj, optionally as experts.NAME or mlp.experts.NAME: PEFT "
+           "matches a suffix of the parameter's key, so every MoE layer's is adapted)");
+    if (std::find(s.lora.targets.begin(), s.lora.targets.end(), canonical) == s.lora.targets.end())
+      s.lora.targets.push_back(canonical);
+  }
+  // ParamWrapper.__init__ / update_layer raise for these (peft 5d602fdb layer.py).
+  if (s.lora.dropout != 0.0)
+    fail(where_or(d, "lora.dropout", at), "lora.dropout",
+         "PEFT's ParamWrapper (lora.target_parameters) raises for lora_dropout != 0 (dropout "
+         "cannot be factored out of the merged weight)");
+  if (m.impl != graph::ExpertsImpl::eager)
+    fail(where_or(d, "model.moe.experts_implementation", at), "model.moe.experts_implementation",
+         "lora.target_parameters is modelled for the eager experts loop only (batched_mm and "
+         "grouped_mm read the merged weight through an index / _grouped_mm, not checked)");
+  if (s.precision.autocast.has_value())
+    fail(where_or(d, "precision.autocast", at), "precision.autocast",
+         "lora.target_parameters under autocast is not modelled (the einsum's and the merged "
+         "weight's casts are not checked); use bf16 parameters");
+  if (s.checkpoint.policy != CheckpointPolicy::none)
+    fail(where_or(d, "checkpoint.policy", at), "checkpoint.policy",
+         "activation checkpointing with lora.target_parameters is not modelled (whether the "
+         "re-run computes the delta and the merged weight again is not checked)");
+  if (!s.checkpoint.offload.empty() || s.checkpoint.offload_all)
+    fail(where_or(d, "checkpoint.offload", at), "checkpoint.offload",
+         "activation offload with lora.target_parameters is not modelled");
+}
+
+void check_lora_target_parameters(const Doc& d, const Scenario& s) {
+  const Field* f = d.find("lora.target_parameters");
+  if (f == nullptr) return;
+  const std::string at = f->where;
+  if (s.parallel.data > 1 || s.parallel.tensor > 1 || s.parallel.pipeline > 1 ||
+      s.parallel.sharding != Sharding::none || s.parallel.zero > 0)
+    fail(where_or(d, "parallel.data", at), "parallel.data",
+         "lora.target_parameters is modelled on one GPU only (DDP, FSDP, ZeRO, tensor and "
+         "pipeline parallelism with PEFT's ParamWrapper are not checked)");
+  if (s.step.compile)
+    fail(where_or(d, "step.compile", at), "step.compile",
+         "torch.compile with lora.target_parameters is not modelled (the parametrization under "
+         "parametrize.cached() is not traced here)");
 }
 
 }  // namespace memsim::scenario_detail

@@ -1,20 +1,21 @@
-// lora.target_parameters (issue #15 item 5, LoRA on routed experts): PEFT's
+// lora.target_parameters (issue #15, LoRA on the routed experts): PEFT's
 // LoraConfig(target_parameters=[...]) (PEFT >= 0.17.0, huggingface/peft f3b97c37 "Allow LoRA to
 // target nn.Parameter"; read at 5d602fdb, 0.20.1.dev0: src/peft/tuners/lora/layer.py
-// ParamWrapper, _LoraParameterProxy), the only way PEFT adapts transformers 5.x's 3-D expert
-// weights (Qwen3MoeExperts.gate_up_proj / down_proj are nn.Parameters, not nn.Linear).
+// ParamWrapper, _LoraParameterProxy; tuners_utils.py _inject_parameters), the only way PEFT
+// adapts transformers 5.x's 3-D expert weights (Qwen3MoeExperts.gate_up_proj / down_proj are
+// nn.Parameters, not nn.Linear). graph/models/moe_param_lora.h models what it runs.
 //
-// Read only to refuse it, by key: what ParamWrapper does is known (docs/moe.md "LoRA on the
-// routed experts") but not modelled. Per targeted 3-D parameter (E, out, in) it creates one
-// lora_A nn.Linear(in, r*E) and one lora_B nn.Linear(r*E, out) (all experts' adapters in two
-// matrices), and on every forward of the experts module computes the whole delta
-// einsum(B, A) * scaling, registers it as a parametrization (W + delta under
-// parametrize.cached()), so a merged (E, out, in) weight is materialised per layer and per
-// target, and every hit expert's F.linear saves a select view of it (the merged weight lives
-// until that expert's backward) and its gathered input (the weight now needs a grad).
+// Accepted: a list (or one comma-separated string) of gate_up_proj and/or down_proj, each
+// optionally prefixed `experts.` or `mlp.experts.` (PEFT matches a parameter's key or a
+// `.`-separated suffix of it, so all three select every MoE layer's parameter); stored in
+// LoraConfig::targets as mlp.experts.gate_up_proj / mlp.experts.down_proj (lora_target_mask's
+// bits 7 and 8). lora.targets may then be absent (PEFT's target_modules None).
 //
-// Contract: any value (a list of parameter names) exits 1 naming FILE:LINE:
-// lora.target_parameters and why. Errors name FILE:LINE.
+// Refused, exit 1 naming FILE:LINE and the key: any other name; a model without routed
+// experts (model.moe) or not of the hf-llama family (Megatron's MoE); DeepSeek-V3/V2 rows; lora.dropout != 0 (ParamWrapper raises);
+// model.moe.experts_implementation batched_mm / grouped_mm, precision.autocast,
+// checkpoint.policy other than none, parallel.data / sharding / tensor / pipeline > 1 and
+// torch.compile with it (not checked against a run: docs/moe.md).
 #pragma once
 
 #include "scenario/scenario.h"
@@ -22,7 +23,10 @@
 
 namespace memsim::scenario_detail {
 
-// Refuses lora.target_parameters when given (after model.* was read into s).
-void refuse_lora_target_parameters(const Doc& d, const Scenario& s);
+// Reads lora.target_parameters into s.lora.targets (after lora.*, model.*, precision.*,
+// checkpoint.* were read into s) and refuses what is not modelled with it.
+void read_lora_target_parameters(const Doc& d, Scenario& s);
+// The refusals that need parallel.* and compile.* (read later): called after them.
+void check_lora_target_parameters(const Doc& d, const Scenario& s);
 
 }  // namespace memsim::scenario_detail

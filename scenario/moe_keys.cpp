@@ -261,16 +261,18 @@ void check_moe(const Doc& d, const Scenario& s) {
     const uint32_t mask = lora_target_mask(s.lora, s.model.family);
     // lora_target_mask's bits follow lora_module_names (hf-llama): 0-3 q/k/v/o_proj, 4-6
     // gate/up/down_proj.
-    const uint32_t attn_bits = 0xfu;
-    const bool attn = (mask & attn_bits) != 0, mlp = (mask & ~attn_bits) != 0;
+    // Bits 7-8: lora.target_parameters (the MoE layers' 3-D experts).
+    const uint32_t attn_bits = 0xfu, mlp_bits = 0x70u, expert_bits = 0x180u;
+    const bool attn = (mask & attn_bits) != 0, mlp = (mask & mlp_bits) != 0;
+    const bool experts = (mask & expert_bits) != 0;
     for (int64_t l = 0; l < s.model.layers && !any; ++l)
-      any = attn || (mlp && (!m.layer_is_moe(l) || m.shared_d_ff > 0));
+      any = attn || (experts && m.layer_is_moe(l)) || (mlp && (!m.layer_is_moe(l) || m.shared_d_ff > 0));
     if (!any)
       fail(at, "lora.targets",
            "no module of this mixture-of-experts model matches (gate_proj, up_proj and down_proj "
            "exist only in dense layers and shared experts; the routed experts are 3-D parameters "
-           "that PEFT's target_modules cannot wrap: PEFT >= 0.17's target_parameters, "
-           "lora.target_parameters, is not modelled)");
+           "that PEFT's target_modules cannot wrap: use lora.target_parameters, PEFT >= 0.17's "
+           "target_parameters)");
     if (s.lora.base_nf4)
       fail(d.find("lora.base_dtype") ? d.find("lora.base_dtype")->where : at, "lora.base_dtype",
            "QLoRA on a mixture-of-experts model is not modelled (whether bitsandbytes quantizes "

@@ -138,7 +138,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
       {"checkpoint", {"policy", "layers_per_segment", "custom", "reentrant", "early_stop", "offload",
                       "offload_activations"}},
       {"lora", {"rank", "alpha", "targets", "dropout", "base_dtype", "adapter_dtype",
-                "input_require_grads", "target_parameters" /* refused: lora_target_parameters_key.h */}},
+                "input_require_grads", "target_parameters" /* lora_target_parameters_key.h */}},
       {"parallel", {"data", "tensor", "pipeline", "zero", "sharding", "reshard_after_forward",
                     "gradient_as_bucket_view", "fsdp_init", "sequence", "pipeline_schedule",
                     "virtual_stages", "cpu_offload", "fsdp_mixed_precision",

@@ -578,8 +578,8 @@ Scenario build_scenario(const Doc& d) {
   read_step_measure(d, s.step);            // scenario/script_keys.cpp
   read_step_keep_output(d, s.model, s.step);  // scenario/step_output_key.cpp
   s.checkpoint = build_checkpoint(d, s.model);
-  refuse_lora_target_parameters(d, s);  // scenario/lora_target_parameters_key.h (issue #15)
   s.lora = build_lora(d, s.model, s.precision);  // scenario/scenario_lora.h
+  read_lora_target_parameters(d, s);  // scenario/lora_target_parameters_key.h (issue #15)
   read_lora_input_require_grads(d, s);            // scenario/peft_input_grads_key.h
   check_torchtitan_keys(d, s);             // scenario/torchtitan_keys.h: float8
   s.parallel = build_parallel(d, s.model);
@@ -597,6 +597,7 @@ Scenario build_scenario(const Doc& d) {
   // torchtune's OffloadActivations (scenario/offload_activations_key.h)
   s.recipe.offload_activations = read_offload_activations(d, s);
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
+  check_lora_target_parameters(d, s);  // after parallel.* and step.compile
   check_deepseek(d, s);        // DeepSeek-V3: MLA and router refusals (scenario/deepseek_keys.h)
   check_sdpa_kernel(d, s);     // model.attention cudnn, 5.x's enable_gqa (scenario/sdpa_kernel_keys.h)
   s.key_where.reserve(d.fields.size());

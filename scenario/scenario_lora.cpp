@@ -28,6 +28,10 @@ const std::vector<Alias>& aliases(ModelFamily family) {
     default: return none;
   }
 }
+// lora.target_parameters (scenario/lora_target_parameters_key.h) stores its canonical names
+// in LoraConfig::targets: bits 7 and 8 (graph::kExpertsGateUp, graph::kExpertsDown).
+const std::vector<Alias> llama_params = {{"mlp.experts.gate_up_proj", 1u << 7},
+                                         {"mlp.experts.down_proj", 1u << 8}};
 }  // namespace
 
 const std::vector<std::string>& lora_module_names(ModelFamily family) {
@@ -40,13 +44,52 @@ const std::vector<std::string>& lora_module_names(ModelFamily family) {
 
 uint32_t lora_target_mask(const LoraConfig& lora, ModelFamily family) {
   uint32_t mask = 0;
-  for (const std::string& t : lora.targets)
+  for (const std::string& t : lora.targets) {
     for (const Alias& a : aliases(family))
       if (t == a.name) mask |= a.mask;
+    if (family == ModelFamily::hf_llama)
+      for (const Alias& a : llama_params)
+        if (t == a.name) mask |= a.mask;
+  }
   return mask;
 }
 
 namespace scenario_detail {
+
+namespace {
+// lora.dropout, base_dtype and adapter_dtype (after rank, alpha and targets).
+LoraConfig read_lora_rest(const Doc& d, const PrecisionConfig& precision, LoraConfig c,
+                          const ModelConfig& model) {
+  if (const Field* f = d.find("lora.dropout")) {
+    c.dropout = read_number(*f, "lora.dropout");
+    if (c.dropout < 0.0 || c.dropout >= 1.0)
+      fail(f->where, "lora.dropout", "expected a probability in [0, 1), got '" + f->node.Scalar() + "'");
+  }
+  if (const Field* f = d.find("lora.base_dtype")) {
+    const std::string v = read_string(*f, "lora.base_dtype");
+    if (v == "nf4") {
+      c.base_nf4 = true;
+    } else if (v != to_string(precision.params)) {
+      fail(f->where, "lora.base_dtype",
+           "expected nf4 (bitsandbytes 4-bit, QLoRA) or the precision.params dtype '" +
+               std::string(to_string(precision.params)) + "', got '" + v + "'");
+    }
+  }
+  if (const Field* f = d.find("lora.adapter_dtype")) {
+    const std::vector<std::pair<std::string, DType>> dtypes = {
+        {"fp32", DType::fp32}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
+    c.adapter_dtype = read_enum(*f, "lora.adapter_dtype", dtypes);
+  } else if (model.arch.impl == graph::ModelImpl::torchtune ||
+             model.arch.impl == graph::ModelImpl::litgpt) {
+    // torchtune builds the whole model, adapters included, under set_default_dtype(dtype)
+    // (recipes/lora_finetune_single_device.py _setup_model), LitGPT under
+    // fabric.init_module (finetune/lora.py main): the adapters are in precision.params (a
+    // different lora.adapter_dtype is refused by check_implementation).
+    c.adapter_dtype = precision.params;
+  }
+  return c;
+}
+}  // namespace
 
 LoraConfig build_lora(const Doc& d, const ModelConfig& model, const PrecisionConfig& precision) {
   LoraConfig c;
@@ -62,6 +105,9 @@ LoraConfig build_lora(const Doc& d, const ModelConfig& model, const PrecisionCon
     if (!(c.alpha > 0.0)) fail(f->where, "lora.alpha", "expected a number > 0, got '" + f->node.Scalar() + "'");
   }
   const Field* targets = d.find("lora.targets");
+  // PEFT's LoraConfig takes target_parameters alone (target_modules None): lora.targets is
+  // then optional (scenario/lora_target_parameters_key.h reads the parameters).
+  if (targets == nullptr && d.find("lora.target_parameters") != nullptr) return read_lora_rest(d, precision, c, model);
   if (targets == nullptr)
     fail(d.where_missing("lora"), "lora.targets",
          "required when a lora section is given (module names such as q_proj, v_proj, or all-linear)");
@@ -95,34 +141,7 @@ LoraConfig build_lora(const Doc& d, const ModelConfig& model, const PrecisionCon
            std::string("'") + t + "' is not a linear module of " + to_string(model.family) +
                " (expected " + list + ")" + did_you_mean(t, names));
   }
-  if (const Field* f = d.find("lora.dropout")) {
-    c.dropout = read_number(*f, "lora.dropout");
-    if (c.dropout < 0.0 || c.dropout >= 1.0)
-      fail(f->where, "lora.dropout", "expected a probability in [0, 1), got '" + f->node.Scalar() + "'");
-  }
-  if (const Field* f = d.find("lora.base_dtype")) {
-    const std::string v = read_string(*f, "lora.base_dtype");
-    if (v == "nf4") {
-      c.base_nf4 = true;
-    } else if (v != to_string(precision.params)) {
-      fail(f->where, "lora.base_dtype",
-           "expected nf4 (bitsandbytes 4-bit, QLoRA) or the precision.params dtype '" +
-               std::string(to_string(precision.params)) + "', got '" + v + "'");
-    }
-  }
-  if (const Field* f = d.find("lora.adapter_dtype")) {
-    const std::vector<std::pair<std::string, DType>> dtypes = {
-        {"fp32", DType::fp32}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
-    c.adapter_dtype = read_enum(*f, "lora.adapter_dtype", dtypes);
-  } else if (model.arch.impl == graph::ModelImpl::torchtune ||
-             model.arch.impl == graph::ModelImpl::litgpt) {
-    // torchtune builds the whole model, adapters included, under set_default_dtype(dtype)
-    // (recipes/lora_finetune_single_device.py _setup_model), LitGPT under
-    // fabric.init_module (finetune/lora.py main): the adapters are in precision.params (a
-    // different lora.adapter_dtype is refused by check_implementation).
-    c.adapter_dtype = precision.params;
-  }
-  return c;
+  return read_lora_rest(d, precision, c, model);
 }
 
 }  // namespace scenario_detail

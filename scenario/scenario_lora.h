@@ -1,8 +1,8 @@
 // The `lora:` section of a scenario (PEFT LoRA / QLoRA; graph/models/lora.h models it).
 //
 // Keys: rank (required, positive), alpha (> 0, default 8: PEFT's lora_alpha; scaling only),
-// targets (required: module names of the family, or all-linear; a list, or one string with
-// commas), dropout ([0, 1), default
+// targets (required unless lora.target_parameters is given, scenario/lora_target_parameters_key.h:
+// module names of the family, or all-linear; a list, or one string with commas), dropout ([0, 1), default
 // 0), base_dtype (nf4, or the precision.params dtype; default the latter), adapter_dtype
 // (fp32, bf16, fp16; default fp32, PEFT's autocast_adapter_dtype). Errors name the file,
 // line and key.

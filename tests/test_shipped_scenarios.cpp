@@ -129,6 +129,9 @@ const std::map<std::string, Claim>& claims() {
       {"llama3-8b-torchtitan-sac.yaml", {true, std::nullopt, 44.68}},
       // Qwen3-30B-A3B (MoE, docs/moe.md) over FSDP on 8 GPUs, balanced routing: the AdamW step.
       {"qwen3-30b-a3b-fsdp-8xh100.yaml", {true, std::nullopt, 36.77}},
+      // PEFT target_parameters on the routed experts: 47 layers' merged W + delta alive in
+      // layer 47's forward (docs/moe.md "LoRA on the routed experts").
+      {"qwen3-30b-a3b-lora-experts-h200.yaml", {true, std::nullopt, 131.65}},
       // OLMoE-1B-7B under HF Trainer's bf16 autocast on one H200 (issue #15, docs/moe.md):
       // layer 0's backward (SelectBackward0 of the 1 GiB fp32 gate_up_proj).
       {"olmoe-1b-7b-hf-trainer-bf16-h200.yaml", {true, std::nullopt, 105.09}},

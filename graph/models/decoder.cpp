@@ -217,6 +217,9 @@ void DecoderModel::add_adapters() {
                                            "mlp.shared_expert.down_proj"};
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     for (uint32_t m = 0; m < kLlamaLinears; ++m) {
+      // The experts module (lora.target_parameters) is registered before the shared expert:
+      // its adapters come after the attention's and before the shared expert's.
+      if (m == kGateProj && p.moe) add_experts_adapters(p, pre);
       if (!lora_.targets(m) || proj[m]->w < 0) continue;
       rt_.ctx.module = m < kGateProj ? Module::attention : Module::mlp;
       const char* name = p.moe && m >= kGateProj ? kShared[m - kGateProj] : kNames[m];

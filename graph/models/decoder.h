@@ -146,6 +146,9 @@ class DecoderModel {
     // Qwen2-MoE's shared expert (gate/up/down as p.gate/p.up/p.down) and its (1, D) gate.
     bool moe = false;
     int32_t router = -1, experts_gate_up = -1, experts_down = -1;
+    // lora.target_parameters (graph/models/moe_param_lora.h): ParamWrapper's lora_A / lora_B
+    // on gate_up_proj (0) and down_proj (1).
+    LoraAdapter experts_ad[2];
     Proj shared_gate_proj;
     Tensor score_bias;  // DeepSeek-V3's e_score_correction_bias buffer (E fp32)
     // Multi-head latent attention (DecoderArch::mla; decoder_mla.cpp): q_a_proj / q_b_proj
@@ -161,6 +164,7 @@ class DecoderModel {
   Norm add_norm(uint64_t width, const std::string& prefix, const char* module);
   const std::string& param_name(const std::string& prefix, const char* module, const char* suffix);
   void add_adapters();
+  void add_experts_adapters(LayerParams& p, const std::string& prefix);  // decoder_moe.cpp
   Tensor add_inv_freq();  // a rotary module's inv_freq buffer, built on the device
 
   // --- masks and rotary tables (decoder.cpp) ---

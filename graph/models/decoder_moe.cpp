@@ -28,19 +28,37 @@
 // The auxiliary load-balancing loss (output_router_logits): moe_aux_loss below. LoRA
 // (get_peft_model freezes the router and the 3-D experts; adapters only on nn.Linear
 // modules: attention and the shared expert) and autocast (the eager experts only:
-// expert_linear_autocast) compose with the block: docs/moe.md "Composing". Not modelled here
-// (refused by the scenario reader): LoRA on the experts (PEFT's target_parameters).
+// expert_linear_autocast) compose with the block: docs/moe.md "Composing". LoRA on the
+// experts themselves (PEFT's target_parameters, lora.target_parameters): the eager loop runs
+// under the ParamWrappers of graph/models/moe_param_lora.h (their deltas first, the merged
+// weights read through them, the wrappers' exits after the loop's locals die).
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include "graph/autocast.h"
 #include "graph/models/decoder.h"
+#include "graph/models/moe_param_lora.h"
 #include "graph/models/moe_routing.h"
 #include "graph/ops/ops_moe.h"
 #include "graph/ops/ops_nn.h"
 
 namespace memsim::graph {
+
+// ParamWrapper.update_layer per targeted 3-D parameter (graph/models/moe_param_lora.h): the
+// inner wrapper (gate_up_proj when both are targeted) is mlp.experts.base_layer.
+void DecoderModel::add_experts_adapters(LayerParams& p, const std::string& pre) {
+  if (p.experts_gate_up < 0) return;  // DeepSeek's experts are refused by the scenario reader
+  const MoeSpec& m = arch().moe;
+  const uint64_t E = static_cast<uint64_t>(m.experts), D = static_cast<uint64_t>(s_.d_model);
+  const uint64_t F = static_cast<uint64_t>(m.expert_d_ff), r = static_cast<uint64_t>(s_.lora.rank);
+  const bool gu = lora_.targets(kExpertsGateUp), dn = lora_.targets(kExpertsDown);
+  rt_.ctx.module = Module::mlp;
+  if (gu)
+    p.experts_ad[0] = add_experts_adapter(rt_, E, 2 * F, D, r, s_.lora.adapter_elem,
+                                          pre + (dn ? "mlp.experts.base_layer" : "mlp.experts"));
+  if (dn) p.experts_ad[1] = add_experts_adapter(rt_, E, D, F, r, s_.lora.adapter_elem, pre + "mlp.experts");
+}
 
 int64_t DecoderModel::moe_layer_index(int32_t l) const {
   int64_t k = 0;
@@ -141,6 +159,10 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
   // x's element size: the model dtype, or fp32 under autocast over fp32 weights (the norm's
   // output); e is what the linears produce (the low dtype under autocast).
   const uint64_t xe = x.bytes / (T * D);
+  // lora.target_parameters: the ParamWrappers around this forward (moe_param_lora.h).
+  ExpertsParamLora wrap(rt_, E, static_cast<uint64_t>(s_.lora.rank), s_.lora.adapter_elem, s_.elem,
+                        {p.experts_ad[0], p.experts_gate_up, 2 * F, D}, {p.experts_ad[1], p.experts_down, D, F});
+  wrap.enter();
   Tensor final_hidden = rt_.alloc(T * D * xe, TensorKind::activation, OpKind::fill);  // zeros_like
   Tensor expert_mask, expert_hit;
   {
@@ -170,7 +192,7 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
     const double f_up = 2.0 * static_cast<double>(n) * static_cast<double>(D) * 2.0 * static_cast<double>(F);
     Tensor gate_up;
     {
-      Tensor w = select_dim(rt_, rt_.param(p.experts_gate_up), 2 * F * D * s_.elem);
+      Tensor w = select_dim(rt_, wrap.weight(0), 2 * F * D * s_.elem);
       gate_up = autocast ? expert_linear_autocast(current_state, w, n, D, 2 * F, f_up)
                          : mm_linear(rt_, current_state, w, n * 2 * F * e, f_up);
     }
@@ -182,7 +204,7 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
     }
     current = mul(rt_, activation(gate), up);
     {
-      Tensor w = select_dim(rt_, rt_.param(p.experts_down), D * F * s_.elem);
+      Tensor w = select_dim(rt_, wrap.weight(1), D * F * s_.elem);
       current = autocast ? expert_linear_autocast(current, w, n, F, D, f_up / 2.0)
                          : mm_linear(rt_, current, w, n * D * e, f_up / 2.0);
     }
@@ -207,6 +229,7 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
   gate.reset();
   up.reset();
   current.reset();
+  wrap.exit();
   return final_hidden;
 }
 

@@ -404,7 +404,7 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       break;
     case OpKind::view:
       if (n.flags & kCopyInBackward)
-        out[0] = Grad{b.A(n.size[0]), false, false};
+        out[0] = Grad{b.A(n.size[0], b.kind_for(0)), false, false};
       else
         out[0] = b.pass(g, true);
       break;
@@ -458,9 +458,15 @@ void run_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
       break;
     }
     case OpKind::bmm:
-      if (b.needs(1)) out[1] = Grad{b.A(n.size[1]), false, false};
+      if (b.needs(1)) {
+        // kind_for: a parameter's first grad when the operand is the parameter itself
+        // (einsum_bmm's lora_A: the grad AccumulateGrad steals).
+        out[1] = Grad{b.A(n.size[1], b.kind_for(1)), false, false};
+        // einsum_bmm (graph/ops/ops_moe.h): CUDA copies the untransposable left^T.
+        if (n.size[2] > 0) b.F(b.A(n.size[2]));
+      }
       rt.note_gemm();
-      if (b.needs(0)) out[0] = Grad{b.A(n.size[0]), false, false};
+      if (b.needs(0)) out[0] = Grad{b.A(n.size[0], b.kind_for(0)), false, false};
       break;
     case OpKind::linear:
       // next[0] = weight (its grad arrives transposed: AccumulateGrad clones it),

@@ -2,6 +2,7 @@
 
 #include "graph/autocast.h"
 #include "graph/ops/op_helpers.h"
+#include "graph/ops/ops.h"
 
 namespace memsim::graph {
 
@@ -254,6 +255,16 @@ bool run_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     default:
       return true;
   }
+}
+
+Tensor einsum_bmm(Runtime& rt, const Tensor& left, const Tensor& right, uint64_t out_bytes, double flops,
+                  uint64_t clone_bytes) {
+  Tensor out = bmm(rt, left, right, out_bytes, flops);
+  if (clone_bytes > 0) {
+    rt.alloc(clone_bytes, TensorKind::temporary, OpKind::bmm).reset();
+    if (out.grad_fn >= 0) rt.node(out.grad_fn).size[2] = clone_bytes;
+  }
+  return out;
 }
 
 }  // namespace memsim::graph

@@ -89,6 +89,16 @@ Tensor masked_fill_scalar(Runtime& rt, const Tensor& x, const Tensor& mask);
 // in place) and reach x's buffer as one grad, a view of that buffer, once all arrived.
 Tensor view_with_node(Runtime& rt, const Tensor& x);
 
+// The bmm that torch.einsum("o r e, e r i -> e o i", B, A) lowers to (aten's sumproduct_pair:
+// permuted and reshaped views, then bmm(left (E, out, r), right (E, r, in))), as bmm above
+// (OpKind::bmm: both saved; backward grad_right then grad_left) plus CUDA's copy of the
+// left operand, whose strides (1, r*E, E) cuBLAS cannot take (prepare_batch_matrix_for_cublas
+// clones it contiguous): `clone_bytes` allocated after the output and freed, and the same
+// in backward for left^T while grad_right is computed (node.size[2]). 0: no copy (torch
+// 1.13's CPU bmm, a run without kernel scratch).
+Tensor einsum_bmm(Runtime& rt, const Tensor& left, const Tensor& right, uint64_t out_bytes, double flops,
+                  uint64_t clone_bytes);
+
 // A no-grad tensor made by one of the routing bookkeeping ops (one_hot, nonzero, sort,
 // compare, sum): a new storage of `bytes`.
 Tensor moe_scratch(Runtime& rt, uint64_t bytes, OpKind op);

@@ -137,10 +137,31 @@ int64_t trainable_parameter_count(const Scenario& s) {
     if (a.mlp == graph::MlpKind::glu && a.fused_gate_up) present[4] = present[5] = false;
     if (a.mlp == graph::MlpKind::plain) present[4] = false;
   }
-  int64_t per_layer = 0;
-  for (size_t i = 0; i < modules.size(); ++i)
-    if (present[i] && ((mask >> i) & 1u)) per_layer += s.lora.rank * (modules[i].first + modules[i].second);
-  return m.layers * per_layer;
+  int64_t total = 0;
+  const graph::MoeSpec& moe = m.arch.moe;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const bool sparse = m.family == ModelFamily::hf_llama && moe.layer_is_moe(l);
+    for (size_t i = 0; i < modules.size(); ++i) {
+      if (!present[i] || !((mask >> i) & 1u)) continue;
+      int64_t in = modules[i].first, out = modules[i].second;
+      if (sparse && i >= 4) {
+        // A MoE layer has no dense MLP: gate/up/down_proj match only a shared expert
+        // (Qwen2-MoE, shared_d_ff wide; graph/models/decoder_moe.cpp construct_moe).
+        const int64_t S = moe.shared_d_ff;
+        if (S == 0) continue;
+        in = i == 6 ? S : D;
+        out = i == 6 ? D : S;
+      }
+      total += s.lora.rank * (in + out);
+    }
+    // lora.target_parameters (graph/models/moe_param_lora.h): per MoE layer and targeted 3-D
+    // parameter, PEFT's ParamWrapper adds lora_A (r*E, in) and lora_B (out, r*E).
+    if (!sparse) continue;
+    const int64_t rE = s.lora.rank * moe.experts, Fe = moe.expert_d_ff;
+    if ((mask >> 7) & 1u) total += rE * (D + 2 * Fe);  // gate_up_proj (E, 2F, D)
+    if ((mask >> 8) & 1u) total += rE * (Fe + D);      // down_proj (E, D, F)
+  }
+  return total;
 }
 
 int64_t parameter_count_per_rank(const Scenario& s, int pipeline_stage) {

@@ -14,7 +14,10 @@
 // trainable_parameter_count(s): the parameters that get gradients and optimizer state:
 // every parameter, or with lora: the adapters only, r x (in + out) per targeted linear
 // per layer (graph/models/lora.h); a targeted name the architecture lacks (q_proj with Phi-3's
-// fused qkv_proj, ...) gets none, as graph/models/decoder.cpp builds them.
+// fused qkv_proj, ...) gets none, as graph/models/decoder.cpp builds them; in a MoE layer
+// gate/up/down_proj are its shared expert's (shared_d_ff wide) or absent, and
+// lora.target_parameters adds r x E x (in + out) per MoE layer and targeted 3-D expert weight
+// (moe_param_lora.h).
 //
 // parameter_count_per_rank(s, stage): what one GPU holds for the way the run shards it:
 //  - parallel.sharding fsdp: its shard of every FSDP unit (one unit per layer, the root
