@@ -48,6 +48,7 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   n_f8_in_ = program.intern("FSDP2 float8 all-gather input (fsdp_pre_all_gather e4m3 shard)");
   n_f8_scale_ = program.intern("FSDP2 float8 weight scale (fsdp_pre_all_gather)");
   n_f8_op_ = program.intern("fsdp_pre_all_gather");
+  n_f8_pre_op_ = program.intern("precompute_float8_dynamic_scale_for_fsdp");
   n_f8_vector_ = program.intern("FSDP2 float8 precomputed scales (precompute_float8_dynamic_scale_for_fsdp)");
 
   // Which layer each parameter was created in: the fully_shard groups (sim/parallel/wrap_units.h).
@@ -214,22 +215,26 @@ void Fsdp2::on_stream(Runtime& rt, uint8_t stream, uint32_t op, F&& f) {
 uint32_t Fsdp2::float8_pre_all_gather(Runtime& rt, Param& p) {
   // WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather on the shard (its dtype, e bytes).
   const uint64_t n = p.shard_numel;
-  uint32_t data = kNoStorage;
+  uint32_t data = kNoStorage, scale = kNoStorage;
   on_stream(rt, kAllGatherStream, n_f8_op_, [&] {
     if (precomputed_ != kNoStorage) {
       // hp_tensor_and_scale_to_float8(self._tensor, self._precomputed_scale): the scale is
       // local_scale_tensor[i], a view of the precomputed vector.
-      p.pending_scale = precomputed_;
+      scale = precomputed_;
       rt.retain(precomputed_);
     } else {
       // hp_tensor_to_float8_dynamic(..., reduce_amax=True): tensor_to_scale with the
       // amax all-reduce over the shard mesh, then the cast.
-      p.pending_scale = graph::float8_scale(rt, n, 1, false, TensorKind::parameter, p.elem, true);
-      rt.program().tensors[p.pending_scale].name = n_f8_scale_;
+      scale = graph::float8_scale(rt, n, 1, false, TensorKind::parameter, p.elem, true);
+      rt.program().tensors[scale].name = n_f8_scale_;
     }
     data = graph::float8_data(rt, n, TensorKind::parameter, p.elem);
     rt.program().tensors[data].name = n_f8_in_;
   });
+  // _extensions_data.all_gather_metadata = (scale,): a metadata a never-copied-out
+  // all-gather left (a prefetch dropped by finalize_backward) dies now.
+  if (p.pending_scale != kNoStorage) rt.release(p.pending_scale);
+  p.pending_scale = scale;
   return data;
 }
 
@@ -515,38 +520,40 @@ void Fsdp2::post_optimizer_step(Runtime& rt) {
     if (p.float8) largest = std::max(largest, p.shard_numel);
   const uint64_t chunks = (largest + 65535) / 65536;  // MultiTensorApply.cuh kChunkSize
   auto temp = [&](uint64_t bytes) { return rt.alloc_raw(bytes, TensorKind::temporary, OpKind::other); };
-  // torch._foreach_norm(weights, ord=inf) on the DTensors' fp32 local shards
-  // (ForeachReduceOp.cu _foreach_tensor_norm_cuda_impl): opmath workspaces, N 0-d results
-  // and a 0-d global norm; the workspaces and the global norm die when it returns.
-  const uint32_t per_tensor = temp(N * chunks * 4);
-  const uint32_t global_out = temp(320 * 4);
-  std::vector<uint32_t> norms(N);
-  for (uint64_t k = 0; k < N; ++k) norms[k] = temp(4);
-  const uint32_t global_norm = temp(4);
-  rt.release(global_out);
-  rt.release(per_tensor);
-  rt.release(global_norm);
-  const uint32_t stacked = temp(N * 4);      // torch.stack(max_weights): Partial
-  const uint32_t replicated = temp(N * 4);   // clamp redistributes: all_reduce(MAX) clone
-  const uint32_t clamped = temp(N * 4);      // torch.clamp(amax_tensor, EPS): Replicate
-  rt.release(replicated);
-  rt.release(stacked);                       // amax_tensor rebound
-  const uint32_t amax64 = temp(N * 8);       // amax_tensor.to(torch.float64)
-  rt.release(clamped);
-  const uint32_t recip = temp(N * 8);        // max_fp8 / amax_tensor: reciprocal() * max
-  const uint32_t scale64 = temp(N * 8);
-  rt.release(recip);
-  // scale_tensor.to_local().to(torch.float32): the vector the shards keep.
-  const uint32_t vec = rt.alloc_raw(N * 4, TensorKind::parameter, OpKind::other);
-  rt.program().tensors[vec].name = n_f8_vector_;
-  // float8_linear.weight._local_tensor._precomputed_scale = local_scale_tensor[i]: the old
-  // vector keeps only the unsharded parameters' references (until their next copy-out).
-  if (precomputed_ != kNoStorage) rt.release(precomputed_);
-  precomputed_ = vec;
-  // The function returns: max_weights, amax_tensor (f64), scale_tensor (f64).
-  for (uint32_t t : norms) rt.release(t);
-  rt.release(amax64);
-  rt.release(scale64);
+  on_stream(rt, 0, n_f8_pre_op_, [&] {
+    // torch._foreach_norm(weights, ord=inf) on the DTensors' fp32 local shards
+    // (ForeachReduceOp.cu _foreach_tensor_norm_cuda_impl): opmath workspaces, N 0-d results
+    // and a 0-d global norm; the workspaces and the global norm die when it returns.
+    const uint32_t per_tensor = temp(N * chunks * 4);
+    const uint32_t global_out = temp(320 * 4);
+    std::vector<uint32_t> norms(N);
+    for (uint64_t k = 0; k < N; ++k) norms[k] = temp(4);
+    const uint32_t global_norm = temp(4);
+    rt.release(global_out);
+    rt.release(per_tensor);
+    rt.release(global_norm);
+    const uint32_t stacked = temp(N * 4);      // torch.stack(max_weights): Partial
+    const uint32_t replicated = temp(N * 4);   // clamp redistributes: all_reduce(MAX) clone
+    const uint32_t clamped = temp(N * 4);      // torch.clamp(amax_tensor, EPS): Replicate
+    rt.release(replicated);
+    rt.release(stacked);                       // amax_tensor rebound
+    const uint32_t amax64 = temp(N * 8);       // amax_tensor.to(torch.float64)
+    rt.release(clamped);
+    const uint32_t recip = temp(N * 8);        // max_fp8 / amax_tensor: reciprocal() * max
+    const uint32_t scale64 = temp(N * 8);
+    rt.release(recip);
+    // scale_tensor.to_local().to(torch.float32): the vector the shards keep.
+    const uint32_t vec = rt.alloc_raw(N * 4, TensorKind::parameter, OpKind::other);
+    rt.program().tensors[vec].name = n_f8_vector_;
+    // float8_linear.weight._local_tensor._precomputed_scale = local_scale_tensor[i]: the old
+    // vector keeps only the unsharded parameters' references (until their next copy-out).
+    if (precomputed_ != kNoStorage) rt.release(precomputed_);
+    precomputed_ = vec;
+    // The function returns: max_weights, amax_tensor (f64), scale_tensor (f64).
+    for (uint32_t t : norms) rt.release(t);
+    rt.release(amax64);
+    rt.release(scale64);
+  });
 }
 
 void Fsdp2::post_backward(Runtime& rt) {

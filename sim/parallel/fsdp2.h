@@ -228,7 +228,7 @@ class Fsdp2 : public graph::RuntimeHooks {
   bool backward_started_ = false;
   // Interned names (the per-parameter ones are in Param).
   uint32_t n_flat_in_, n_offload_in_, n_ag_out_, n_rs_in_, n_rs_cast_, n_rs_out_, n_grad_cast_;
-  uint32_t n_f8_in_, n_f8_scale_, n_f8_vector_, n_f8_op_;
+  uint32_t n_f8_in_, n_f8_scale_, n_f8_vector_, n_f8_op_, n_f8_pre_op_;
 };
 
 }  // namespace memsim
