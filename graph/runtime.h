@@ -131,6 +131,10 @@ struct Parameter {
                                // differ: lora.adapter_dtype)
   uint64_t rows = 0;           // a matrix's shape[0] (numel / shape[-1]); 0: a vector, or a
                                // family that does not record shapes (Adafactor factors on it)
+  // FSDP2's float8 all-gather (sim/parallel/fsdp2.h): the gathered weight is already e4m3 and
+  // this is its scale's storage (a 0-d fp32, or the precomputed scale vector it views), which
+  // the Float8Linear saves (graph/ops/ops_float8.h); kNoStorage for every other parameter.
+  uint32_t float8_scale = kNoStorage;
 };
 
 // What a tensor derived from parameter P is, for its name (program/program.h's NameRole).

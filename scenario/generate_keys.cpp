@@ -65,6 +65,8 @@ const Unused kUnused[] = {
     {"precision.autocast_region", "generate() runs no autocast region; remove it"},
     {"precision.autocast_cache", "generate() runs no autocast region; remove it"},
     {"precision.float8", "float8 training linears are not an inference setting here; remove it"},
+    {"precision.float8_all_gather", "FSDP2's float8 all-gather is a training setting; remove it"},
+    {"precision.float8_precompute_scale", "float8 weight scales are a training setting; remove it"},
     {"parallel.", "multi-GPU generation (tensor parallel, FSDP, DDP) is not modelled; remove the "
                   "parallel section"},
 };

@@ -93,6 +93,12 @@ enum class Float8Recipe { none, tensorwise, rowwise, rowwise_with_gw_hp };
 struct PrecisionConfig {
   DType params = DType::fp32;
   Float8Recipe float8 = Float8Recipe::none;  // precision.float8 (graph/ops/ops_float8.h)
+  // FSDP2's float8 all-gather (torchtitan's enable_fsdp_float8_all_gather; tensorwise with
+  // parallel.sharding fsdp2): the converted weights are cast to e4m3 before the all-gather
+  // (sim/parallel/fsdp2.h). precompute: precompute_float8_dynamic_scale_for_fsdp after each
+  // optimizer step (scenario/torchtitan_keys.h, docs/float8.md).
+  bool float8_all_gather = false;         // precision.float8_all_gather
+  bool float8_precompute_scale = false;   // precision.float8_precompute_scale
   std::optional<DType> autocast;      // nullopt = none
   AutocastRegion autocast_region = AutocastRegion::forward_and_loss;
   bool autocast_cache = true;         // torch.autocast(cache_enabled=...)

@@ -20,13 +20,45 @@ std::string raw(const Doc& d, const char* key) {
   return f != nullptr && f->node.IsScalar() ? f->node.Scalar() : std::string();
 }
 
+// precision.float8_all_gather / precision.float8_precompute_scale (torchtitan's
+// enable_fsdp_float8_all_gather, precompute_float8_dynamic_scale_for_fsdp): need the
+// tensorwise recipe (torchao's Float8LinearConfig asserts the all-gather is tensorwise
+// only; precompute only finds WeightWithDynamicFloat8CastTensor weights) and FSDP2.
+void check_float8_all_gather(const Doc& d, Scenario& s, int recipe) {
+  const Field* ag = d.find("precision.float8_all_gather");
+  const Field* pre = d.find("precision.float8_precompute_scale");
+  const bool all_gather = ag != nullptr && read_bool(*ag, "precision.float8_all_gather");
+  const bool precompute = pre != nullptr && read_bool(*pre, "precision.float8_precompute_scale");
+  if (precompute && !all_gather)
+    fail(pre->where, "precision.float8_precompute_scale",
+         "precompute_float8_dynamic_scale_for_fsdp needs FSDP2's float8 all-gather "
+         "(precision.float8_all_gather: true): it scales only WeightWithDynamicFloat8CastTensor "
+         "weights (docs/float8.md)");
+  if (!all_gather) return;
+  if (recipe == 0)
+    fail(ag->where, "precision.float8_all_gather",
+         "FSDP2's float8 all-gather casts Float8Linear weights: set precision.float8: tensorwise "
+         "(docs/float8.md)");
+  if (recipe != 1)
+    fail(ag->where, "precision.float8_all_gather",
+         "torchao's Float8LinearConfig asserts enable_fsdp_float8_all_gather for the tensorwise "
+         "recipe only; precision.float8 is " + raw(d, "precision.float8") + " (docs/float8.md)");
+  if (raw(d, "parallel.sharding") != "fsdp2")
+    fail(ag->where, "precision.float8_all_gather",
+         "the float8 all-gather is FSDP2's (fully_shard's fsdp_pre_all_gather extension): set "
+         "parallel.sharding: fsdp2 (docs/float8.md)");
+  s.precision.float8_all_gather = true;
+  s.precision.float8_precompute_scale = precompute;
+}
+
 void check_float8(const Doc& d, Scenario& s) {
   const Field* f = d.find("precision.float8");
-  if (f == nullptr) return;
   static const std::vector<std::pair<std::string, int>> kRecipes = {
       {"none", 0}, {"tensorwise", 1}, {"rowwise", 2}, {"rowwise_with_gw_hp", 3}};
-  const int recipe = read_enum(*f, "precision.float8", kRecipes);
+  const int recipe = f == nullptr ? 0 : read_enum(*f, "precision.float8", kRecipes);
+  check_float8_all_gather(d, s, recipe);
   if (recipe == 0) return;
+  const bool all_gather = s.precision.float8_all_gather;
   // Float8Linear casts bf16 activations and weights: the model must compute in bf16
   // (bf16 parameters, bf16 autocast, or FSDP's bf16 param_dtype).
   const Field* mp = d.find("parallel.fsdp_mixed_precision");
@@ -39,10 +71,11 @@ void check_float8(const Doc& d, Scenario& s) {
          "bf16, or parallel.fsdp_mixed_precision bf16 (the scenario has precision.params " +
              std::string(to_string(s.precision.params)) + " and no bf16 autocast)");
   const std::string sharding = raw(d, "parallel.sharding");
-  if (sharding == "fsdp2")
+  if (sharding == "fsdp2" && !all_gather)
     fail(f->where, "precision.float8",
-         recipe == 1 ? "float8 with parallel.sharding fsdp2 (enable_fsdp_float8_all_gather) is "
-                       "not modelled yet; use precision.float8: none (docs/float8.md)"
+         recipe == 1 ? "tensorwise float8 with parallel.sharding fsdp2 is modelled with FSDP2's "
+                       "float8 all-gather only (torchtitan's enable_fsdp_float8_all_gather): set "
+                       "precision.float8_all_gather: true (docs/float8.md)"
                      : "rowwise float8 with parallel.sharding fsdp2 (a bf16 all-gather: torchao's "
                        "float8 all-gather is tensorwise only) is not modelled yet; use "
                        "precision.float8: none (docs/float8.md)");
@@ -70,9 +103,12 @@ void check_float8(const Doc& d, Scenario& s) {
       refuse("model.d_model", "a linear dimension " + std::to_string(dim) +
                                   " is not a multiple of 16 (torchao's converter skips such "
                                   "linears; a mixed model is not modelled)");
-  if (s.precision.params != DType::bf16)
+  // Under FSDP2's float8 all-gather torchtitan shards fp32 parameters with a bf16
+  // param_dtype: the blocks compute in bf16 and the shards are cast from fp32.
+  if (s.precision.params != DType::bf16 && !(all_gather && fsdp_bf16))
     refuse("precision.params", "bf16 compute through autocast or FSDP mixed precision is not "
-                               "modelled; use precision.params: bf16");
+                               "modelled (FSDP2's with precision.float8_all_gather is); use "
+                               "precision.params: bf16");
   if (s.precision.autocast)
     refuse("precision.autocast", "Float8Linear under autocast is not modelled");
   if (s.precision.master_weights)
@@ -94,8 +130,9 @@ void check_float8(const Doc& d, Scenario& s) {
     refuse("checkpoint.policy", std::string(to_string(s.checkpoint.policy)) +
                                     " is not checked with float8; torchtitan's full and "
                                     "sac-layer:N are");
-  if (!sharding.empty() && sharding != "none")
-    refuse("parallel.sharding", sharding + " is not modelled; one GPU or DDP (sharding none)");
+  if (!sharding.empty() && sharding != "none" && !(sharding == "fsdp2" && all_gather))
+    refuse("parallel.sharding", sharding + " is not modelled; one GPU or DDP (sharding none), "
+                                "or fsdp2 with precision.float8_all_gather");
   for (const char* key : {"parallel.tensor", "parallel.pipeline", "parallel.context"}) {
     const std::string v = raw(d, key);
     if (!v.empty() && v != "1") refuse(key, "only one GPU or DDP is modelled");

@@ -27,9 +27,18 @@ Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& 
     return float8_linear_rowwise(rt_, x, rt_.param(pr.w), s_.rows(),
                                  static_cast<uint64_t>(pr.in), static_cast<uint64_t>(pr.out),
                                  flops, s_.float8);
-  if (s_.float8 == Float8Kind::tensorwise)
-    return float8_linear(rt_, x, rt_.param(pr.w), s_.rows(), static_cast<uint64_t>(pr.in),
+  if (s_.float8 == Float8Kind::tensorwise) {
+    Tensor w = rt_.param(pr.w);
+    // FSDP2's float8 all-gather handed the weight over already cast (its scale set at the
+    // copy-out, sim/parallel/fsdp2.h).
+    const uint32_t gathered_scale = rt_.parameters()[static_cast<size_t>(pr.w)].float8_scale;
+    if (gathered_scale != kNoStorage)
+      return float8_linear_gathered(rt_, x, w, gathered_scale, s_.rows(),
+                                    static_cast<uint64_t>(pr.in), static_cast<uint64_t>(pr.out),
+                                    flops);
+    return float8_linear(rt_, x, w, s_.rows(), static_cast<uint64_t>(pr.in),
                          static_cast<uint64_t>(pr.out), flops);
+  }
   if (autocast_on()) {  // PEFT LoRA under autocast: graph/models/lora_autocast.cpp
     const int64_t rows = static_cast<int64_t>(s_.rows());
     Tensor base;

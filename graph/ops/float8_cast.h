@@ -17,6 +17,15 @@
 //     clamp dies, the product dies. (The clamp is there through torch 2.11; torchao's note
 //     says eager casts saturate from 2.12 on.)
 // The returned storages are made with the caller's kind; everything else is a temporary.
+//
+// in_elem (default 2, bf16) is the cast tensor's element size. FSDP2's float8 all-gather
+// (torchao/float8/fsdp_utils.py @36027d8, WeightWithDynamicFloat8CastTensor.
+// fsdp_pre_all_gather; sim/parallel/fsdp2.h) casts the fp32 shard (in_elem 4): abs and
+// amax are fp32 (4n, 4s), and tensor.to(float32) returns the tensor itself (no copy).
+// reduce_amax (hp_tensor_to_float8_dynamic(..., reduce_amax=True)): tensor_to_amax's
+// functional all_reduce(amax, "MAX") returns a new tensor (the C++ _c10d_functional
+// all_reduce clones its input, then reduces in place) [in_elem*s] and the local amax dies
+// when `amax` is rebound, before amax_to_scale.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +34,8 @@
 
 namespace memsim::graph {
 
-uint32_t float8_scale(Runtime& rt, uint64_t n, uint64_t s, bool pow2, TensorKind scale_kind);
-uint32_t float8_data(Runtime& rt, uint64_t n, TensorKind data_kind);
+uint32_t float8_scale(Runtime& rt, uint64_t n, uint64_t s, bool pow2, TensorKind scale_kind,
+                      uint64_t in_elem = 2, bool reduce_amax = false);
+uint32_t float8_data(Runtime& rt, uint64_t n, TensorKind data_kind, uint64_t in_elem = 2);
 
 }  // namespace memsim::graph

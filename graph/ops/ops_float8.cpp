@@ -4,6 +4,8 @@
 #include "graph/ops/op_helpers.h"
 #include "graph/ops/ops_float8_rowwise.h"
 
+#include <stdexcept>
+
 namespace memsim::graph {
 
 namespace {
@@ -81,6 +83,41 @@ Tensor float8_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t row
     result.grad_fn = n;
   }
   return result;  // w_fp8, then w_scale, die here unless saved
+}
+
+Tensor float8_linear_gathered(Runtime& rt, const Tensor& x, const Tensor& w, uint32_t w_scale,
+                              uint64_t rows, uint64_t in, uint64_t out, double flops) {
+  if (w_scale == kNoStorage)
+    throw std::logic_error("float8_linear_gathered: the weight has no FSDP2 float8 scale");
+  const uint64_t nx = rows * in, nw = out * in, ng = rows * out;
+  const bool grad = detail::wants_grad(rt, {&x, &w});
+  // matmul_with_hp_or_float8_args.forward: ctx.save_for_backward(input_hp, weight_hp_t)
+  // first; the weight is already float8 (tensor_already_casted_to_fp8): no cast.
+  int32_t n = -1;
+  if (grad) {
+    n = rt.make_node(OpKind::float8_linear, {&x, &w});
+    Node& node = rt.node(n);
+    node.size[0] = nx;
+    node.size[1] = nw;
+    node.size[2] = ng;
+    rt.save(n, x);                 // input_hp
+    rt.save(n, w);                 // weight_hp_t's _data: FSDP2's gathered e4m3 storage
+    rt.save_storage(n, w_scale);   // its _scale
+  }
+  const uint32_t x_scale = scale_of(rt, nx, TensorKind::temporary);
+  const uint32_t x_fp8 = to_fp8(rt, nx, TensorKind::temporary);
+  Tensor result = rt.adopt(scaled_mm(rt, ng * kHp, TensorKind::activation), ng * kHp);
+  const double io = static_cast<double>(nx + nw + ng * kHp);
+  rt.add_flops_forward(flops, io, MathDtype::fp8);
+  rt.release(x_fp8);
+  rt.release(x_scale);
+  if (grad) {
+    Node& node = rt.node(n);
+    node.flops = detail::matmul_backward_flops(x, w, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
+    result.grad_fn = n;
+  }
+  return result;
 }
 
 bool run_float8_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {

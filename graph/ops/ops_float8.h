@@ -54,6 +54,21 @@ namespace memsim::graph {
 Tensor float8_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t rows, uint64_t in,
                      uint64_t out, double flops);
 
+// FSDP2's float8 all-gather (precision.float8_all_gather, sim/parallel/fsdp2.h): W arrives
+// as FSDP2's gathered e4m3 tensor (the unsharded parameter is a Float8TrainingTensor made by
+// WeightWithDynamicFloat8CastTensor.fsdp_post_all_gather, torchao/float8/fsdp_utils.py
+// @36027d8), and w_scale is its scale's storage (Parameter::float8_scale). torchao
+// @36027d8's matmul_with_hp_or_float8_args sees tensor_already_casted_to_fp8(weight_hp_t)
+// and casts nothing for the weight, in forward or backward: forward = save (x, W.t()), then
+// the input's cast and _scaled_mm as above (the e4m3 W.t() is column-major: no copy);
+// saved: x, W (no memory of its own: FSDP2 frees the gathered storage by resize_(0) under
+// the saved reference, as it does for bf16 weights) and the scale, which the saved
+// Float8TrainingTensor keeps alive after FSDP2 moves on to the next all-gather's scale.
+// Backward: exactly float8_linear's (grad cast twice, W.t().t() copied column-major, x cast
+// again): the recipe's casts of grad_output and input are the same tensorwise casts.
+Tensor float8_linear_gathered(Runtime& rt, const Tensor& x, const Tensor& w, uint32_t w_scale,
+                              uint64_t rows, uint64_t in, uint64_t out, double flops);
+
 // Backward of OpKind::float8_linear; false for any other kind.
 bool run_float8_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]);
 

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "graph/ops/float8_cast.h"
 #include "scenario/fsdp_precision.h"
 #include "sim/parallel/wrap_units.h"
 #include "sim/step/loss_placement.h"
@@ -44,6 +45,11 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   n_rs_cast_ = program.intern("FSDP2 reduce-scatter grad buffer (narrowing cast)");
   n_rs_out_ = program.intern("FSDP2 reduce-scatter output");
   n_grad_cast_ = program.intern("FSDP2 sharded grad (cast to the param dtype)");
+  n_f8_in_ = program.intern("FSDP2 float8 all-gather input (fsdp_pre_all_gather e4m3 shard)");
+  n_f8_scale_ = program.intern("FSDP2 float8 weight scale (fsdp_pre_all_gather)");
+  n_f8_op_ = program.intern("fsdp_pre_all_gather");
+  n_f8_pre_op_ = program.intern("precompute_float8_dynamic_scale_for_fsdp");
+  n_f8_vector_ = program.intern("FSDP2 float8 precomputed scales (precompute_float8_dynamic_scale_for_fsdp)");
 
   // Which layer each parameter was created in: the fully_shard groups (sim/parallel/wrap_units.h).
   const ParameterLayers wrap = parameter_layers(program);
@@ -70,9 +76,16 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     p.group = g;
     groups_[g].params.push_back(params_.size());
     if (p.trainable) ++groups_[g].trainable;
+    // Float8 all-gather: the Float8Linear weights are the blocks' matrices (the scenario
+    // reader allows the bias-free llama row only; norms are vectors, rows 0).
+    p.float8 = s.precision.float8_all_gather && g != 0 && orig.rows != 0;
+    if (p.float8) ++n_float8_;
     param_of_orig_[i] = static_cast<int32_t>(params_.size());
     params_.push_back(p);
   }
+  if (s.precision.float8_all_gather && n_float8_ == 0)
+    throw std::logic_error("FSDP2 float8 all-gather: the blocks have no matrices to convert");
+  precompute_scale_ = s.precision.float8_precompute_scale;
   // The module was built in param_dtype (the unsharded parameters it computes with) but
   // lives in precision.params until fully_shard: its construction allocations are that size.
   if (mixed_precision_) {
@@ -181,8 +194,48 @@ uint64_t Fsdp2::shard_bytes(size_t g) const {
 
 uint64_t Fsdp2::unsharded_bytes(size_t g) const {
   uint64_t b = 0;
-  for (size_t i : groups_[g].params) b += params_[i].full_numel * params_[i].unsharded_elem;
+  for (size_t i : groups_[g].params) b += params_[i].full_numel * gather_elem(params_[i]);
   return b;
+}
+
+template <class F>
+void Fsdp2::on_stream(Runtime& rt, uint8_t stream, uint32_t op, F&& f) {
+  Program& program = rt.program();
+  program.hold();  // nothing is handed to a sink meanwhile: the tail stays editable
+  const size_t first = program.events.size();
+  f();
+  for (size_t e = first; e < program.events.size(); ++e) {
+    program.events[e].stream = stream;
+    if (program.events[e].type == EventType::alloc || program.events[e].type == EventType::free)
+      program.events[e].op = op;  // the reports' op: FSDP2's, not the Float8Linear's
+  }
+  program.unhold();
+}
+
+uint32_t Fsdp2::float8_pre_all_gather(Runtime& rt, Param& p) {
+  // WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather on the shard (its dtype, e bytes).
+  const uint64_t n = p.shard_numel;
+  uint32_t data = kNoStorage, scale = kNoStorage;
+  on_stream(rt, kAllGatherStream, n_f8_op_, [&] {
+    if (precomputed_ != kNoStorage) {
+      // hp_tensor_and_scale_to_float8(self._tensor, self._precomputed_scale): the scale is
+      // local_scale_tensor[i], a view of the precomputed vector.
+      scale = precomputed_;
+      rt.retain(precomputed_);
+    } else {
+      // hp_tensor_to_float8_dynamic(..., reduce_amax=True): tensor_to_scale with the
+      // amax all-reduce over the shard mesh, then the cast.
+      scale = graph::float8_scale(rt, n, 1, false, TensorKind::parameter, p.elem, true);
+      rt.program().tensors[scale].name = n_f8_scale_;
+    }
+    data = graph::float8_data(rt, n, TensorKind::parameter, p.elem);
+    rt.program().tensors[data].name = n_f8_in_;
+  });
+  // _extensions_data.all_gather_metadata = (scale,): a metadata a never-copied-out
+  // all-gather left (a prefetch dropped by finalize_backward) dies now.
+  if (p.pending_scale != kNoStorage) rt.release(p.pending_scale);
+  p.pending_scale = scale;
+  return data;
 }
 
 void Fsdp2::unshard(Runtime& rt, size_t g) {
@@ -208,16 +261,28 @@ void Fsdp2::unshard(Runtime& rt, size_t g) {
       input_bytes += p.shard_numel * p.unsharded_elem;
     }
   } else {
+    // 1st pass: the float8 parameters' fsdp_pre_all_gather (never post-forward: refused).
+    for (size_t i : group.params) {
+      Param& p = params_[i];
+      if (!p.float8) continue;
+      inputs.push_back(float8_pre_all_gather(rt, p));
+      input_bytes += p.shard_numel;  // e4m3: 1 byte per element
+    }
+    uint64_t copy_bytes = 0;  // the others' inputs
     for (size_t i : group.params) {
       const Param& p = params_[i];
-      input_bytes += post ? p.full_numel / post_ws_ * p.unsharded_elem
-                          : p.shard_numel * p.unsharded_elem;
+      if (p.float8) continue;
+      copy_bytes += post ? p.full_numel / post_ws_ * p.unsharded_elem
+                         : p.shard_numel * p.unsharded_elem;
     }
-    // use_foreach_copy (param_dtype set, no offload): one flat param_dtype buffer. With
-    // offload a post-forward slice is already param_dtype on the GPU: no copy.
-    if (mixed_precision_ && !offload_)
-      inputs.push_back(alloc(rt, input_bytes, TensorKind::parameter, kAllGatherStream, n_flat_in_));
+    input_bytes += copy_bytes;
+    // 2nd pass, use_foreach_copy (param_dtype set, no offload): one flat param_dtype buffer
+    // of the others. With offload a post-forward slice is already param_dtype on the GPU:
+    // no copy.
+    if (mixed_precision_ && !offload_ && (copy_bytes != 0 || inputs.empty()))
+      inputs.push_back(alloc(rt, copy_bytes, TensorKind::parameter, kAllGatherStream, n_flat_in_));
   }
+  // Mixed dtypes (float8 and bf16) gather as uint8: the output is the inputs' bytes x ws.
   group.all_gather =
       alloc(rt, input_bytes * world, TensorKind::parameter, kAllGatherStream, n_ag_out_);
   rt.name(group.all_gather, group_name(rt, g, "FSDP2 all-gather output (flat)"));
@@ -235,7 +300,18 @@ void Fsdp2::wait_for_unshard(Runtime& rt, size_t g, bool forward) {
   // foreach_all_gather_copy_out: alloc_all_gather_outputs per parameter.
   for (size_t i : group.params) {
     Param& p = params_[i];
-    p.unsharded = alloc(rt, p.full_numel * p.unsharded_elem, TensorKind::parameter, 0, p.unsharded_name);
+    p.unsharded = alloc(rt, p.full_numel * gather_elem(p), TensorKind::parameter, 0, p.unsharded_name);
+  }
+  // init_unsharded_param: fsdp_post_all_gather(out=) sets the unsharded Float8TrainingTensor's
+  // _scale to this all-gather's (all_gather_metadata is cleared); the previous scale dies
+  // unless a saved Float8TrainingTensor still holds it.
+  for (size_t i : group.params) {
+    Param& p = params_[i];
+    if (!p.float8 || p.pending_scale == kNoStorage) continue;
+    if (p.scale != kNoStorage) rt.release(p.scale);
+    p.scale = p.pending_scale;
+    p.pending_scale = kNoStorage;
+    rt.parameters()[p.orig].float8_scale = p.scale;
   }
   // _to_unsharded: a post-forward shard is freed after the copy-out.
   for (size_t i : group.params) {
@@ -432,6 +508,52 @@ void Fsdp2::group_post_backward(Runtime& rt, size_t g) {
     rt.release(rs_out);
   }
   reduce_scatter_state_ = rs_in;
+}
+
+void Fsdp2::post_optimizer_step(Runtime& rt) {
+  if (!precompute_scale_ || n_float8_ == 0) return;
+  // precompute_float8_dynamic_scale_for_fsdp (torchao/float8/fsdp_utils.py @36027d8), on
+  // the default stream, under no_grad. N weights, fp32 shards of at most `largest` elements.
+  const uint64_t N = n_float8_;
+  uint64_t largest = 0;
+  for (const Param& p : params_)
+    if (p.float8) largest = std::max(largest, p.shard_numel);
+  const uint64_t chunks = (largest + 65535) / 65536;  // MultiTensorApply.cuh kChunkSize
+  auto temp = [&](uint64_t bytes) { return rt.alloc_raw(bytes, TensorKind::temporary, OpKind::other); };
+  on_stream(rt, 0, n_f8_pre_op_, [&] {
+    // torch._foreach_norm(weights, ord=inf) on the DTensors' fp32 local shards
+    // (ForeachReduceOp.cu _foreach_tensor_norm_cuda_impl): opmath workspaces, N 0-d results
+    // and a 0-d global norm; the workspaces and the global norm die when it returns.
+    const uint32_t per_tensor = temp(N * chunks * 4);
+    const uint32_t global_out = temp(320 * 4);
+    std::vector<uint32_t> norms(N);
+    for (uint64_t k = 0; k < N; ++k) norms[k] = temp(4);
+    const uint32_t global_norm = temp(4);
+    rt.release(global_out);
+    rt.release(per_tensor);
+    rt.release(global_norm);
+    const uint32_t stacked = temp(N * 4);      // torch.stack(max_weights): Partial
+    const uint32_t replicated = temp(N * 4);   // clamp redistributes: all_reduce(MAX) clone
+    const uint32_t clamped = temp(N * 4);      // torch.clamp(amax_tensor, EPS): Replicate
+    rt.release(replicated);
+    rt.release(stacked);                       // amax_tensor rebound
+    const uint32_t amax64 = temp(N * 8);       // amax_tensor.to(torch.float64)
+    rt.release(clamped);
+    const uint32_t recip = temp(N * 8);        // max_fp8 / amax_tensor: reciprocal() * max
+    const uint32_t scale64 = temp(N * 8);
+    rt.release(recip);
+    // scale_tensor.to_local().to(torch.float32): the vector the shards keep.
+    const uint32_t vec = rt.alloc_raw(N * 4, TensorKind::parameter, OpKind::other);
+    rt.program().tensors[vec].name = n_f8_vector_;
+    // float8_linear.weight._local_tensor._precomputed_scale = local_scale_tensor[i]: the old
+    // vector keeps only the unsharded parameters' references (until their next copy-out).
+    if (precomputed_ != kNoStorage) rt.release(precomputed_);
+    precomputed_ = vec;
+    // The function returns: max_weights, amax_tensor (f64), scale_tensor (f64).
+    for (uint32_t t : norms) rt.release(t);
+    rt.release(amax64);
+    rt.release(scale64);
+  });
 }
 
 void Fsdp2::post_backward(Runtime& rt) {

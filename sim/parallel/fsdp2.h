@@ -64,6 +64,37 @@
 //    had none (the root first), HSDP buffers freed, the last reduce-scatter input freed.
 //  - LoRA (lora.*): frozen parameters are sharded and gathered like the others but get
 //    no gradient, no reduce-scatter and no optimizer state.
+//  - Float8 all-gather (precision.float8_all_gather; torchao/float8/fsdp_utils.py @36027d8:
+//    WeightWithDynamicFloat8CastTensor, whose fsdp_pre_all_gather / fsdp_post_all_gather
+//    FSDPParam calls, _fsdp_param.py all_gather_inputs / init_unsharded_param): every
+//    block matrix (a Float8Linear weight: the scenario reader allows only the llama row)
+//    is all-gathered as e4m3, 1 byte per element; the rest of the group (the norms) as
+//    before. In unshard, first, per float8 parameter in group order (the 1st pass of
+//    _get_param_all_gather_inputs), on stream 1: the shard's cast, n = shard numel, e its
+//    bytes: dynamic (hp_tensor_to_float8_dynamic(reduce_amax=True), graph/ops/
+//    float8_cast.h with in_elem e and the amax all-reduce's clone): abs [e*n], amax,
+//    all-reduced amax, the f64 temporaries, the 0-d fp32 scale (kept), then the cast
+//    (e = 4: no to(float32) copy) [4n, 4n], the e4m3 input [n]; precomputed
+//    (precision.float8_precompute_scale, after the first optimizer step): the scale is a
+//    view of the precomputed vector, only the cast. Then the flat param_dtype copy of the
+//    other parameters (2nd pass), then the flat output: sum of the input bytes x ws
+//    (_get_all_gather_input_metadatas: mixed dtypes gather as uint8 bytes). The copy-out
+//    allocates each float8 parameter's unsharded tensor at padded full x 1 byte; its
+//    init_unsharded_param (fsdp_post_all_gather(out=)) makes the new scale the unsharded
+//    parameter's (graph::Parameter::float8_scale, which the Float8Linear saves:
+//    graph/ops/ops_float8.h) and drops the previous one (a saved reference keeps it until
+//    that linear's backward). Precompute (post_optimizer_step): _foreach_norm(ord=inf)
+//    (its CUDA kernel's zeros(N x chunks) and zeros(320) fp32 workspaces, N 0-d norms, a
+//    0-d global norm; the three workspaces die at return), stack [4N], the DTensor
+//    Partial -> Replicate all-reduce's clone [4N], clamp [4N], the two die, to(f64) [8N],
+//    the clamp dies, reciprocal and product [8N each], the reciprocal dies, to(f32) [4N]
+//    (kept: the new vector); the shards' references move to it (the old vector lives on
+//    in the unsharded parameters' scales until their next copy-out); at return the N
+//    norms and the f64 amax and product die. N = float8 parameters, chunks =
+//    ceil(largest shard numel / 65536) (MultiTensorApply's kChunkSize).
+//    Refused (sim/parallel/fsdp2_checks.h): reshard_after_forward N (FSDPParam raises
+//    NotImplementedError for an extension in SHARDED_POST_FORWARD), CPU offload, a
+//    Float8Linear whose out-features the shard group does not divide.
 // Left out: NCCL's own buffers; unshard_async_op / explicit prefetch lists
 // (set_modules_to_forward_prefetch); rank 0 stands for all ranks (it always holds the
 // padded chunk 0); pinned CPU memory.
@@ -95,6 +126,9 @@ class Fsdp2 : public graph::RuntimeHooks {
   void post_forward(graph::Runtime& rt);
   // loss.backward() returned: _root_post_backward_final_callback.
   void post_backward(graph::Runtime& rt);
+  // optimizer.step() returned: torchtitan's float8 converter then calls
+  // precompute_float8_dynamic_scale_for_fsdp (precision.float8_precompute_scale).
+  void post_optimizer_step(graph::Runtime& rt);
 
   void grad_ready(graph::Runtime& rt, int32_t param) override;
   void layer_entered(graph::Runtime& rt, int32_t layer) override;
@@ -106,8 +140,11 @@ class Fsdp2 : public graph::RuntimeHooks {
   size_t groups() const { return groups_.size(); }
   // Bytes of the group's padded shards (sum over its parameters, e each).
   uint64_t shard_bytes(size_t g) const;
-  // Bytes of its unsharded parameters (padded full x p) = its flat all-gather output.
+  // Bytes of its unsharded parameters (padded full x p, x 1 for float8-gathered weights) =
+  // its flat all-gather output.
   uint64_t unsharded_bytes(size_t g) const;
+  // Parameters all-gathered as float8 (precision.float8_all_gather).
+  size_t float8_params() const { return n_float8_; }
 
  private:
   enum class State : uint8_t { sharded, post_forward, unsharded };
@@ -119,7 +156,10 @@ class Fsdp2 : public graph::RuntimeHooks {
     uint64_t elem = 4;              // e
     uint64_t unsharded_elem = 4;    // p
     bool trainable = true;
+    bool float8 = false;            // all-gathered as e4m3 (WeightWithDynamicFloat8CastTensor)
     size_t group = 0;
+    uint32_t scale = graph::kNoStorage;          // float8: the unsharded parameter's _scale
+    uint32_t pending_scale = graph::kNoStorage;  // all_gather_metadata until the copy-out
     uint32_t unsharded = graph::kNoStorage;     // all_gather_outputs[0] (when unsharded)
     uint32_t post_forward = graph::kNoStorage;  // _sharded_post_forward_param_data
     // Names (program/tensor_names.h), interned at setup: "FSDP2 shard of P (padded chunk 0)",
@@ -141,6 +181,12 @@ class Fsdp2 : public graph::RuntimeHooks {
     return layer < 0 ? 0 : 1 + static_cast<size_t>(layer);
   }
   void shard_group(graph::Runtime& rt, size_t g);
+  // fsdp_pre_all_gather of float8 parameter i (stream 1): its e4m3 input; sets pending_scale.
+  uint32_t float8_pre_all_gather(graph::Runtime& rt, Param& p);
+  // Stream of every event emitted by f (the `with stream(...)` around it); op names them.
+  template <class F>
+  void on_stream(graph::Runtime& rt, uint8_t stream, uint32_t op, F&& f);
+  uint64_t gather_elem(const Param& p) const { return p.float8 ? 1 : p.unsharded_elem; }
   void unshard(graph::Runtime& rt, size_t g);
   void wait_for_unshard(graph::Runtime& rt, size_t g, bool forward);
   void reshard_after_forward(graph::Runtime& rt, size_t g);
@@ -165,6 +211,12 @@ class Fsdp2 : public graph::RuntimeHooks {
   DType grad_dtype_ = DType::fp32;       // the unsharded gradients' dtype
   DType orig_grad_dtype_ = DType::fp32;  // the sharded (trainable) parameters' dtype
   DType reduce_dtype_ = DType::fp32;     // reduce_dtype, or the gradients' dtype (None)
+  // Float8 all-gather: how many parameters, whether scales are precomputed after each
+  // step, and the current precomputed vector (the shards' _precomputed_scale; kNoStorage
+  // before the first optimizer step: the dynamic path).
+  size_t n_float8_ = 0;
+  bool precompute_scale_ = false;
+  uint32_t precomputed_ = graph::kNoStorage;
   std::vector<Param> params_;
   std::vector<Group> groups_;
   std::vector<int32_t> param_of_orig_;  // Runtime id -> index into params_ (-1: none)
@@ -176,6 +228,7 @@ class Fsdp2 : public graph::RuntimeHooks {
   bool backward_started_ = false;
   // Interned names (the per-parameter ones are in Param).
   uint32_t n_flat_in_, n_offload_in_, n_ag_out_, n_rs_in_, n_rs_cast_, n_rs_out_, n_grad_cast_;
+  uint32_t n_f8_in_, n_f8_scale_, n_f8_vector_, n_f8_op_, n_f8_pre_op_;
 };
 
 }  // namespace memsim

@@ -1,5 +1,6 @@
 #include "sim/parallel/fsdp2_checks.h"
 
+#include <algorithm>
 #include <string>
 
 namespace memsim {
@@ -52,6 +53,43 @@ void require_fsdp2_modelled(const Scenario& s) {
     refuse(s, "lora.base_dtype",
            "QLoRA (nf4 base weights) under FSDP2 is not modelled; use lora.base_dtype "
            "equal to precision.params");
+  if (s.precision.float8_all_gather) {
+    // FSDPParam.all_gather_inputs raises NotImplementedError for an all-gather extension
+    // in SHARDED_POST_FORWARD (torch/distributed/fsdp/_fully_shard/_fsdp_param.py @010ae4a8).
+    if (p.reshard_after_forward_ranks > 0)
+      refuse(s, "parallel.reshard_after_forward",
+             "reshard_after_forward N with precision.float8_all_gather: FSDP2 raises "
+             "NotImplementedError when all-gathering a float8 weight from its post-forward "
+             "shard; use true or false");
+    if (p.cpu_offload)
+      refuse(s, "parallel.cpu_offload",
+             "CPUOffloadPolicy with precision.float8_all_gather (the shard copied to the GPU, "
+             "then cast) is not modelled");
+    if (s.recipe.optimizer_in_backward && s.precision.float8_precompute_scale)
+      refuse(s, "precision.float8_precompute_scale",
+             "precompute_float8_dynamic_scale_for_fsdp runs after optimizer.step(), which "
+             "optimizer.in_backward replaces; not modelled");
+    // Fsdp2 takes every block matrix for a Float8Linear weight: routed experts are not.
+    if (s.model.arch.moe.experts > 0)
+      refuse(s, "model.moe",
+             "precision.float8_all_gather with mixture-of-experts layers (torchao's float8 "
+             "MoE path is not Float8Linear) is not modelled");
+    // torchao's one-argument fsdp_pre_all_gather casts the unpadded local shard: a rank with
+    // a short last chunk would all-gather fewer bytes than rank 0 (torch.chunk's chunk 0),
+    // which all_gather_into_tensor does not accept. memsim's rank 0 stands for all ranks
+    // only when every Float8Linear's out-features divide evenly.
+    const int64_t ws = p.data / p.replicate * p.context;
+    const graph::DecoderArch& a = s.model.arch;
+    const int64_t hd = a.head_dim > 0 ? a.head_dim : s.model.d_model / std::max<int64_t>(1, s.model.heads);
+    const int64_t kv = s.model.kv_heads > 0 ? s.model.kv_heads : s.model.heads;
+    for (int64_t rows : {s.model.d_model, s.model.heads * hd, kv * hd, s.model.d_ff})
+      if (ws > 0 && rows % ws != 0)
+        refuse(s, "parallel.data",
+               "precision.float8_all_gather with a Float8Linear of " + std::to_string(rows) +
+                   " output rows over a shard group of " + std::to_string(ws) +
+                   " ranks: torchao's float8 all-gather needs even shards (uneven ones "
+                   "all-gather unequal byte counts); not modelled");
+  }
   if (s.lora.rank > 0 && p.fsdp_mixed_precision)
     refuse(s, "parallel.fsdp_mixed_precision",
            "LoRA with FSDP2's MixedPrecisionPolicy is not modelled (adapters and base weights "

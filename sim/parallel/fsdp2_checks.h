@@ -7,6 +7,10 @@
 // FSDP2's unsharded nn.Parameters is not checked); precision.master_weights; 8-bit
 // optimizers and Adafactor (their kernels / factored state over DTensor shards are not
 // modelled); QLoRA (lora.base_dtype nf4) and LoRA with parallel.fsdp_mixed_precision.
+// With precision.float8_all_gather: reshard_after_forward N (torch raises
+// NotImplementedError), cpu_offload, model.moe, optimizer.in_backward with
+// float8_precompute_scale, and a Float8Linear out-features the shard group does not divide
+// (parallel.data).
 #pragma once
 
 #include "scenario/scenario.h"

@@ -420,6 +420,8 @@ class Loop {
       rt_.ctx.module = graph::Module::optimizer;
       add_optimizer_cost(rt_, s_);  // the time model (sim/step/time_model_setup.h)
       optimizer_->step(rt_);
+      // torchtitan's float8 converter: precompute_float8_dynamic_scale_for_fsdp.
+      if (fsdp2_) fsdp2_->post_optimizer_step(rt_);
       if (rt_.numeric != nullptr) rt_.numeric->on_optimizer_step(rt_);
       rt_.ctx.module = graph::Module::none;
       if (measured) rt_.mark("optimizer_end");
