@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "sim/analysis/layer_bytes.h"
+#include "sim/analysis/parameter_count.h"
 #include "sim/megatron/megatron_moe_parallel.h"
 #include "sim/megatron/megatron_pipeline.h"
 #include "sim/megatron/megatron_pipeline_moe.h"
@@ -296,6 +297,12 @@ TEST_CASE("pipeline MoE: an uneven split keeps MoE layers by their global index"
   const uint64_t stage1 = 4 * layer_params(true, 2) + 2 * h + V * h;
   CHECK(stage_live(s, 0, "forward_end").by_kind[int(TensorKind::parameter)] == 2 * stage0);
   CHECK(stage_live(s, 1, "forward_end").by_kind[int(TensorKind::parameter)] == 2 * stage1);
+  // The JSON report's parameter_count_per_rank counts them by the global index too (it used
+  // the local one: stage 1's first layer would have been dense).
+  CHECK(static_cast<uint64_t>(parameter_count_per_rank(s, 0)) == stage0);
+  CHECK(static_cast<uint64_t>(parameter_count_per_rank(s, 1)) == stage1);
+  CHECK(static_cast<uint64_t>(parameter_count_per_rank(tiny({{"parallel.pipeline", "4"}}), 1)) ==
+        hand_count(1, 4, 4, 1, 2).all);
   // Stage 1's expert DDP buffer holds its 4 MoE layers' experts (EDP 1: unpadded, unsharded).
   const uint64_t dense1 = stage1 - 4 * expert_params(true, 2);
   CHECK(stage_live(s, 1, "forward_end").by_kind[int(TensorKind::gradient)] ==
