@@ -172,14 +172,8 @@ void check_megatron_moe(const Doc& d, const Scenario& s) {
          "Megatron-Core's MoELayer raises ValueError in training when tensor parallelism is "
          "on without sequence parallelism: set parallel.sequence: true");
   // Pipeline stages (sim/megatron/megatron_pipeline_moe.h): each stage's MoE layers follow
-  // the global layer index. TEGroupedMLP's workspaces and dummy wgrads are process-wide in
-  // Transformer Engine, but memsim's model chunk owns them: with several chunks per rank
-  // they would be counted once per chunk.
-  if (p.pipeline > 1 && p.pipeline_schedule == PipelineSchedule::interleaved && c.grouped_gemm)
-    fail(where_of(d, "model.moe.grouped_gemm", "model.moe"), "model.moe.grouped_gemm",
-         "TEGroupedMLP with the interleaved pipeline schedule is not modelled (Transformer "
-         "Engine's grouped-GEMM workspaces and cached dummy wgrads are process-wide, memsim "
-         "holds them per model chunk); use parallel.pipeline_schedule 1f1b or grouped_gemm false");
+  // the global layer index. TEGroupedMLP's workspaces and dummy wgrads are process-wide
+  // (one set per rank, shared by the interleaved chunks: graph/models/megatron.h).
   if (c.pad_to_capacity && !c.capacity_factor)
     fail(where_of(d, "model.moe.pad_to_capacity", "model.moe"), "model.moe.pad_to_capacity",
          "needs model.moe.capacity_factor (Megatron asserts --moe-expert-capacity-factor for "

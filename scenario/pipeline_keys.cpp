@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "scenario/pipeline_split.h"
 #include "scenario/yaml_fields.h"
 
 namespace memsim {
@@ -26,7 +27,7 @@ const std::vector<std::pair<std::string, PipelineSchedule>> kSchedules = {
     {"interleaved", PipelineSchedule::interleaved}};
 }  // namespace
 
-void read_pipeline_schedule(const Doc& d, const ModelConfig& m, ParallelConfig& p) {
+void read_pipeline_schedule(const Doc& d, ParallelConfig& p) {
   const Field* schedule = d.find("parallel.pipeline_schedule");
   const Field* virtual_stages = d.find("parallel.virtual_stages");
   if (schedule != nullptr) {
@@ -42,15 +43,29 @@ void read_pipeline_schedule(const Doc& d, const ModelConfig& m, ParallelConfig& 
   if (p.virtual_stages > 1 && !interleaved)
     fail(virtual_stages->where, "parallel.virtual_stages",
          "model chunks per rank (> 1) need parallel.pipeline_schedule: interleaved");
-  if (!interleaved) return;
-  if (p.virtual_stages < 2)
+  if (interleaved && p.virtual_stages < 2)
     fail(virtual_stages != nullptr ? virtual_stages->where : schedule->where,
          virtual_stages != nullptr ? "parallel.virtual_stages" : "parallel.pipeline_schedule",
          "interleaved needs parallel.virtual_stages >= 2 (model chunks per rank)");
-  if (m.layers % (p.pipeline * p.virtual_stages) != 0)
-    fail(virtual_stages->where, "parallel.virtual_stages",
-         std::to_string(p.pipeline) + " stages x " + std::to_string(p.virtual_stages) +
-             " chunks do not divide " + std::to_string(m.layers) + " layers");
+}
+
+void read_pipeline_split(const Doc& d, const ModelConfig& m, ParallelConfig& p) {
+  if (const Field* f = d.find("parallel.pipeline_first_layers"))
+    p.pipeline_first_layers = read_int(*f, "parallel.pipeline_first_layers", 1);
+  if (const Field* f = d.find("parallel.pipeline_last_layers"))
+    p.pipeline_last_layers = read_int(*f, "parallel.pipeline_last_layers", 1);
+  if (const Field* f = d.find("parallel.pipeline_account_for_embedding"))
+    p.pipeline_account_for_embedding = read_bool(*f, "parallel.pipeline_account_for_embedding");
+  if (const Field* f = d.find("parallel.pipeline_account_for_loss"))
+    p.pipeline_account_for_loss = read_bool(*f, "parallel.pipeline_account_for_loss");
+  std::string key;
+  const std::string why = pipeline_split_error(pipeline_split(m, p), key);  // scenario/pipeline_split.h
+  if (why.empty()) return;
+  // Where: the key's own line, else (parallel.pipeline from a preset) the section's.
+  const Field* f = d.find(key);
+  if (f == nullptr && key == "parallel.virtual_stages") f = d.find("parallel.pipeline_schedule");
+  if (f == nullptr) f = d.find("parallel.pipeline");
+  fail(f != nullptr ? f->where : d.where_missing("parallel"), key, why);
 }
 
 }  // namespace scenario_detail

@@ -276,6 +276,16 @@ struct ParallelConfig {
   // trainable leaf Linear its own unit). parallel.use_orig_params: FSDP(use_orig_params=).
   FsdpWrap fsdp_wrap = FsdpWrap::block;
   bool use_orig_params = false;
+  // --- megatron, pipeline > 1: uneven splits (issue #15; scenario/pipeline_keys.h,
+  // scenario/pipeline_split.h) ---------------------------------------------------------
+  // parallel.pipeline_first_layers / pipeline_last_layers: Megatron's
+  // --decoder-first/last-pipeline-num-layers (0 = not given, Megatron's None).
+  // parallel.pipeline_account_for_embedding / _loss: --account-for-embedding/loss-in-
+  // pipeline-split (the embedding / the loss counts as one layer of the first / last stage).
+  int64_t pipeline_first_layers = 0;
+  int64_t pipeline_last_layers = 0;
+  bool pipeline_account_for_embedding = false;
+  bool pipeline_account_for_loss = false;
 };
 
 // --- DeepSpeed ZeRO (issue #16 item 2; scenario/deepspeed_keys.h reads it, sim/parallel/

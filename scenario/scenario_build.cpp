@@ -375,11 +375,8 @@ ParallelConfig build_parallel(const Doc& d, const ModelConfig& m) {
          std::to_string(p.tensor) + " ranks do not divide " + std::to_string(m.heads) +
              " heads / " + std::to_string(m.kv_heads) + " KV heads");
   }
-  if (m.layers % p.pipeline != 0) {
-    fail(origin(d, "parallel.pipeline", "parallel"), "parallel.pipeline",
-         std::to_string(p.pipeline) + " stages do not divide " + std::to_string(m.layers) + " layers");
-  }
-  read_pipeline_schedule(d, m, p);  // scenario/pipeline_keys.cpp
+  read_pipeline_schedule(d, p);  // scenario/pipeline_keys.cpp
+  read_pipeline_split(d, m, p);   // whole layers per stage, as Megatron splits them
   return p;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "sim/analysis/layer_bytes.h"
+#include "sim/analysis/parameter_count.h"
 #include "sim/megatron/megatron_moe_parallel.h"
 #include "sim/megatron/megatron_pipeline.h"
 #include "sim/megatron/megatron_pipeline_moe.h"
@@ -239,13 +240,83 @@ TEST_CASE("pipeline MoE: recompute, dispatchers and the whole pipeline run end t
   }
 }
 
+TEST_CASE("pipeline MoE: TEGroupedMLP's workspaces and dummy wgrads are one set per rank, "
+          "shared by the interleaved chunks",
+          "[pipeline-moe]") {
+  // Transformer Engine d0067d0d: get_cublas_workspace(grouped_gemm=True) is lru_cached (4
+  // stream workspaces of 32 MiB + 1024 on sm_90) and get_dummy_wgrad caches one tensor per
+  // (shape, dtype) in a module-level dict: process-wide, whatever the number of model chunks.
+  // p 2, v 2: rank 1 holds global layers 1 and 3, both MoE, in two chunks.
+  const Overrides grouped = {{"model.mlp", "glu"}, {"model.activation", "silu"}, {"model.o_bias", "false"},
+                             {"model.mlp_bias", "false"}, {"model.qkv_bias", "false"},
+                             {"model.moe.grouped_gemm", "true"}};
+  Overrides inter = grouped;
+  inter.emplace_back("parallel.pipeline_schedule", "interleaved");
+  inter.emplace_back("parallel.virtual_stages", "2");
+  const Scenario one = tiny(grouped), two = tiny(inter);
+  struct Te {
+    int64_t workspaces = 0, dummies = 0;
+    uint64_t bytes = 0;
+  };
+  auto te = [](const Scenario& s, int64_t stage) {
+    Program program;
+    build_megatron_stage_program(s, {}, stage, program);
+    Te n;
+    for (const MemoryEvent& e : program.events) {
+      if (e.type != EventType::alloc) continue;
+      const std::string& name = program.str(program.tensors[e.tensor].name);
+      if (name == "TE grouped GEMM cuBLAS workspace") ++n.workspaces, n.bytes += program.tensors[e.tensor].bytes;
+      if (name == "TE dummy wgrad") ++n.dummies, n.bytes += program.tensors[e.tensor].bytes;
+    }
+    return n;
+  };
+  const uint64_t ws = 32 * 1024 * 1024 + 1024;
+  for (int64_t k : {0, 1}) {
+    INFO("stage " << k);
+    for (const Scenario* s : {&one, &two}) {
+      const Te n = te(*s, k);
+      CHECK(n.workspaces == 4);
+      CHECK(n.dummies == 2);
+      CHECK(n.bytes == 4 * ws + (2 * F * h + h * F) * 2);
+    }
+  }
+  // The whole interleaved pipeline runs end to end.
+  const Program program = build_program(two);
+  SimulatedDevice device(two.device.capacity, two.device.cuda_context);
+  CHECK_FALSE(execute(program, two.allocator, device).oom.has_value());
+}
+
+TEST_CASE("pipeline MoE: an uneven split keeps MoE layers by their global index",
+          "[pipeline-moe]") {
+  // 6 layers (layer 0 dense), p 2, 2 on the first stage and 4 on the last (Megatron's
+  // --decoder-first/last-pipeline-num-layers): stage 0 builds global layers 0 and 1, stage 1
+  // layers 2-5, all MoE although stage 1 numbers them from 0.
+  const Scenario s = tiny({{"model.layers", "6"}, {"parallel.pipeline_first_layers", "2"},
+                           {"parallel.pipeline_last_layers", "4"}});
+  const uint64_t stage0 = layer_params(false, 2) + layer_params(true, 2) + V * h + P * h;
+  const uint64_t stage1 = 4 * layer_params(true, 2) + 2 * h + V * h;
+  CHECK(stage_live(s, 0, "forward_end").by_kind[int(TensorKind::parameter)] == 2 * stage0);
+  CHECK(stage_live(s, 1, "forward_end").by_kind[int(TensorKind::parameter)] == 2 * stage1);
+  // The JSON report's parameter_count_per_rank counts them by the global index too (it used
+  // the local one: stage 1's first layer would have been dense).
+  CHECK(static_cast<uint64_t>(parameter_count_per_rank(s, 0)) == stage0);
+  CHECK(static_cast<uint64_t>(parameter_count_per_rank(s, 1)) == stage1);
+  CHECK(static_cast<uint64_t>(parameter_count_per_rank(tiny({{"parallel.pipeline", "4"}}), 1)) ==
+        hand_count(1, 4, 4, 1, 2).all);
+  // Stage 1's expert DDP buffer holds its 4 MoE layers' experts (EDP 1: unpadded, unsharded).
+  const uint64_t dense1 = stage1 - 4 * expert_params(true, 2);
+  CHECK(stage_live(s, 1, "forward_end").by_kind[int(TensorKind::gradient)] ==
+        4 * (padded(dense1, 2) + 4 * expert_params(true, 2)));
+  // The stage keys tell the MoE layers apart by the global index.
+  CHECK(megatron_stage_key(s, 0) != megatron_stage_key(s, 1));
+}
+
 TEST_CASE("pipeline MoE: what is not modelled exits with the key named", "[pipeline-moe]") {
-  CHECK_THAT(expect_error({{"parallel.pipeline_schedule", "interleaved"},
-                           {"parallel.virtual_stages", "2"},
-                           {"model.mlp", "glu"}, {"model.activation", "silu"},
-                           {"model.o_bias", "false"}, {"model.mlp_bias", "false"}, {"model.qkv_bias", "false"},
-                           {"model.moe.grouped_gemm", "true"}}),
-             Catch::Contains("model.moe.grouped_gemm") && Catch::Contains("interleaved"));
+  // TEGroupedMLP with the interleaved schedule is modelled (the test above).
+  CHECK_NOTHROW(tiny({{"parallel.pipeline_schedule", "interleaved"}, {"parallel.virtual_stages", "2"},
+                      {"model.mlp", "glu"}, {"model.activation", "silu"}, {"model.o_bias", "false"},
+                      {"model.mlp_bias", "false"}, {"model.qkv_bias", "false"},
+                      {"model.moe.grouped_gemm", "true"}}));
   // EP x PP must divide the world (Megatron's expert_tensor_model_pipeline_parallel_size).
   CHECK_THAT(expect_error({{"parallel.expert", "4"}, {"parallel.data", "2"}, {"parallel.pipeline", "4"}}),
              Catch::Contains("parallel.expert") && Catch::Contains("does not divide the world"));

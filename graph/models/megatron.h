@@ -191,6 +191,12 @@ class MegatronModel {
   // _GLOBAL_MEMORY_BUFFER, keyed by name and dtype): the model chunks of an interleaved
   // pipeline stage share it. `buffer` outlives this model; unset, the model keeps its own.
   void share_global_buffer(Tensor* buffer) { shared_global_buffer_ = buffer; }
+  // TEGroupedMLP's cuBLAS workspaces (get_cublas_workspace, functools.lru_cache'd) and
+  // dummy wgrads (module/base.py's module-level _dummy_wgrads dict, keyed by shape and
+  // dtype) are process-wide in Transformer Engine (d0067d0d): the model chunks of an
+  // interleaved pipeline stage share them. `buffers` outlives this model; unset, the model
+  // keeps its own.
+  void share_te_buffers(std::vector<Tensor>* buffers) { shared_te_buffers_ = buffers; }
 
   // Parameters in Megatron's construction order (embedding, layers, final norm; the
   // output layer reuses the word embedding).
@@ -295,6 +301,8 @@ class MegatronModel {
   // TEGroupedMLP's process-lifetime buffers (graph/models/megatron_moe.cpp): TE's 4
   // multi-stream cuBLAS workspaces and get_dummy_wgrad's cached [2F, h] and [h, F] tensors.
   std::vector<Tensor> te_buffers_;
+  std::vector<Tensor>* shared_te_buffers_ = nullptr;
+  std::vector<Tensor>& te_buffers() { return shared_te_buffers_ ? *shared_te_buffers_ : te_buffers_; }
   void use_te_grouped_buffers();
 };
 

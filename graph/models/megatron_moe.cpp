@@ -314,22 +314,24 @@ Tensor MegatronModel::moe_experts(const Tensor& permuted, const Tensor& probs, u
 // 4); module/base.py get_dummy_wgrad, cached per (shape, dtype): [2F, h] for fc1, [h, F] for
 // fc2 (F = this rank's expert_d_ff / ETP). TE allocates the workspaces at the first grouped GEMM and the dummies at the first
 // backward; memsim allocates both at the first forward (the same from the second step on,
-// which is the step memsim reports with step.warmup_steps >= 1).
+// which is the step memsim reports with step.warmup_steps >= 1). The chunks of an interleaved
+// stage share one set (share_te_buffers): the first chunk to run a grouped GEMM allocates it.
 void MegatronModel::use_te_grouped_buffers() {
-  if (!te_buffers_.empty()) return;
+  std::vector<Tensor>& buffers = te_buffers();  // this model's, or the process's (shared)
+  if (!buffers.empty()) return;
   const int32_t layer = rt_.ctx.layer;
   const uint32_t region = rt_.ctx.region;
   rt_.ctx.layer = -1;
   rt_.ctx.region = 0;
   const uint64_t h = s_.hidden, F = static_cast<uint64_t>(s_.moe.expert_ffn()), e = s_.elem;
   for (int i = 0; i < 4; ++i) {
-    te_buffers_.push_back(rt_.alloc(s_.moe.te_workspace, TensorKind::other, OpKind::other));
-    rt_.program().tensors[te_buffers_.back().storage].name =
+    buffers.push_back(rt_.alloc(s_.moe.te_workspace, TensorKind::other, OpKind::other));
+    rt_.program().tensors[buffers.back().storage].name =
         rt_.program().intern("TE grouped GEMM cuBLAS workspace");
   }
   for (uint64_t bytes : {2 * F * h * e, h * F * e}) {
-    te_buffers_.push_back(rt_.alloc(bytes, TensorKind::other, OpKind::other));
-    rt_.program().tensors[te_buffers_.back().storage].name = rt_.program().intern("TE dummy wgrad");
+    buffers.push_back(rt_.alloc(bytes, TensorKind::other, OpKind::other));
+    rt_.program().tensors[buffers.back().storage].name = rt_.program().intern("TE dummy wgrad");
   }
   rt_.ctx.layer = layer;
   rt_.ctx.region = region;

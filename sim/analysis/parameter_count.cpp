@@ -6,6 +6,7 @@
 #include "graph/models/megatron.h"
 #include "scenario/megatron_arch_name.h"
 #include "scenario/model_architecture.h"
+#include "scenario/pipeline_split.h"
 #include "scenario/scenario_lora.h"
 #include "sim/megatron/megatron_step.h"
 #include "sim/parallel/zero_sharding.h"
@@ -169,11 +170,14 @@ int64_t parameter_count_per_rank(const Scenario& s, int pipeline_stage) {
   const ModelConfig& m = s.model;
   if (m.family == ModelFamily::megatron) {
     const int64_t v = p.pipeline_schedule == PipelineSchedule::interleaved ? p.virtual_stages : 1;
+    const PipelineSplit split = pipeline_split(s);  // uneven splits too (scenario/pipeline_split.h)
     Scenario chunk = s;
-    chunk.model.layers = m.layers / (p.pipeline * v);
     int64_t n = 0;
     for (int64_t c = 0; c < v; ++c) {
+      const ChunkLayers layers = chunk_layers(split, pipeline_stage, c);
+      chunk.model.layers = layers.count;
       graph::MegatronShape shape = megatron_shape(chunk);
+      shape.layer_offset = layers.offset;  // a MoE layer by its global index
       const int64_t virtual_stage = c * p.pipeline + pipeline_stage;
       shape.pre_process = virtual_stage == 0;
       shape.post_process = virtual_stage == p.pipeline * v - 1;

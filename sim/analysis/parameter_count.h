@@ -25,7 +25,8 @@
 //    (sim/parallel/fsdp.h), whether the shards live on the GPU or, with cpu_offload, on the CPU;
 //  - megatron: the tensor-parallel shard of pipeline stage `stage`'s layers (vocabulary
 //    padded to a multiple of 128 x tensor; graph/models/megatron.h megatron_parameter_count);
-//    with the interleaved schedule the rank's virtual_stages chunks;
+//    with the interleaved schedule the rank's virtual_stages chunks; the stage's layers as
+//    scenario/pipeline_split.h assigns them (uneven splits too, MoE by the global index);
 //  - otherwise (one GPU, DDP, ZeRO-1) the whole model: every rank holds every parameter.
 #pragma once
 

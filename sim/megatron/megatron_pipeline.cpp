@@ -6,11 +6,13 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "allocator/caching_allocator.h"
 #include "graph/models/megatron.h"
 #include "graph/ops/ops.h"
+#include "scenario/pipeline_split.h"
 #include "sim/megatron/megatron_moe_parallel.h"
 #include "sim/megatron/megatron_optimizer.h"
 #include "sim/megatron/megatron_parallel.h"
@@ -83,8 +85,11 @@ class StageLoop {
     const ParallelConfig& p = s.parallel;
     v_ = p.pipeline_schedule == PipelineSchedule::interleaved ? p.virtual_stages : 1;
     // The chunk's scenario: its layers only (shape, checkpoint plan, per-layer numbering).
+    // The chunks of one rank build equally many layers (scenario/pipeline_split.h refuses
+    // the splits where they would not), so one plan serves them all.
+    const PipelineSplit split = pipeline_split(s);
     chunk_scenario_ = s;
-    chunk_scenario_.model.layers = s.model.layers / (p.pipeline * v_);
+    chunk_scenario_.model.layers = chunk_layers(split, stage, 0).count;
     optimizer_config_ = megatron_optimizer_config(s, o.zero_paper_accounting);
     for (int64_t c = 0; c < v_; ++c) {
       graph::MegatronShape shape = megatron_shape(chunk_scenario_);
@@ -92,10 +97,14 @@ class StageLoop {
       shape.pre_process = chunk_is_first(s, stage, c);
       shape.post_process = chunk_is_last(s, stage, c);
       // MoE layers follow the global layer index (sim/megatron/megatron_pipeline_moe.h).
-      shape.layer_offset = megatron_chunk_layer_offset(s, stage, c);
+      const ChunkLayers layers = chunk_layers(split, stage, c);
+      if (layers.count != chunk_scenario_.model.layers)
+        throw std::logic_error("pipeline chunks of one rank differ in length");
+      shape.layer_offset = layers.offset;
       Chunk chunk;
       chunk.model = std::make_unique<graph::MegatronModel>(rt_, shape);
       chunk.model->share_global_buffer(&global_buffer_);  // one per process, not per chunk
+      chunk.model->share_te_buffers(&te_buffers_);        // TEGroupedMLP's, likewise
       chunks_.push_back(std::move(chunk));
     }
     const graph::MegatronShape& shape = chunks_[0].model->shape();
@@ -389,6 +398,9 @@ class StageLoop {
   int64_t stage_ = 0, v_ = 1;
   Runtime rt_;
   graph::Tensor global_buffer_;  // Megatron's process-wide global memory buffer
+  // Transformer Engine's process-wide grouped-GEMM workspaces and dummy wgrads
+  // (graph/models/megatron.h share_te_buffers).
+  std::vector<graph::Tensor> te_buffers_;
   std::vector<Chunk> chunks_;
   std::vector<Tensor> grad_buffers_;
   MegatronOptimizerConfig optimizer_config_;
@@ -423,8 +435,7 @@ void build_megatron_stage_program(const Scenario& scenario, const MegatronOption
                                   graph::RuntimeBuffers* buffers) {
   program.clear();
   {
-    const ParallelConfig& p = scenario.parallel;
-    const size_t layers = static_cast<size_t>(scenario.model.layers / p.pipeline);
+    const size_t layers = static_cast<size_t>(max_stage_layers(pipeline_split(scenario)));
     const size_t steps = static_cast<size_t>(scenario.step.warmup_steps + 1);
     const size_t micro = static_cast<size_t>(std::max<int64_t>(1, scenario.batch.grad_accum));
     const size_t events = steps * (micro * (layers * 120 + 200) + layers * 40) + layers * 40;
@@ -438,8 +449,11 @@ void build_megatron_stage_program(const Scenario& scenario, const MegatronOption
 
 std::vector<int32_t> megatron_stage_key(const Scenario& scenario, int64_t stage) {
   std::vector<int32_t> key;
+  // Each chunk's flags and layer count (uneven splits: scenario/pipeline_split.h).
+  const PipelineSplit split = pipeline_split(scenario);
   for (int64_t c = 0; c < chunks_per_rank(scenario); ++c)
-    key.push_back((chunk_is_first(scenario, stage, c) ? 1 : 0) | (chunk_is_last(scenario, stage, c) ? 2 : 0));
+    key.push_back((chunk_is_first(scenario, stage, c) ? 1 : 0) | (chunk_is_last(scenario, stage, c) ? 2 : 0) |
+                  static_cast<int32_t>(chunk_layers(split, stage, c).count << 2));
   for (const PipelineAction& a : stage_actions(scenario, stage))
     key.push_back(a.forward ? a.chunk + 1 : -(a.chunk + 1));
   // MoE: which of the stage's layers are MoE layers (by the global index), and their
@@ -531,6 +545,15 @@ PipelineStagePeaks build_megatron_pipeline_program(const Scenario& scenario,
          std::to_string(std::max<int64_t>(1, scenario.batch.grad_accum)) + " micro-batches";
   if (pc.pipeline_schedule == PipelineSchedule::interleaved)
     why += ", " + std::to_string(pc.virtual_stages) + " chunks per rank";
+  const PipelineSplit split = pipeline_split(scenario);
+  if (split.uneven()) {  // uneven split: the layers each stage builds
+    why += "; layers by stage:";
+    for (int64_t k = 0; k < p; ++k) {
+      int64_t n = 0;
+      for (int64_t c = 0; c < split.chunks; ++c) n += chunk_layers(split, k, c).count;
+      why += (k == 0 ? " " : ", ") + std::to_string(n);
+    }
+  }
   why += ")";
   if (pc.tensor > 1)
     why += "; tensor-parallel rank 0 of the stage stands for all " + std::to_string(pc.tensor);

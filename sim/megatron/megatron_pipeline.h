@@ -4,8 +4,9 @@
 // What a stage (tensor-parallel rank 0, data-parallel rank 0 of pipeline rank k) runs, as
 // Megatron-LM's pretrain_gpt does with pipelining:
 //  - Setup: its model chunks (one, or v with parallel.pipeline_schedule interleaved; chunk
-//    c of rank k holds the L/(p*v) layers of virtual stage c*p + k, numbered from 0 as
-//    Megatron's TransformerBlock numbers them; the first virtual stage adds the embedding,
+//    c of rank k holds the L/(p*v) layers of virtual stage c*p + k, or those of an uneven
+//    split (parallel.pipeline_first_layers, ...: scenario/pipeline_split.h), numbered from
+//    0 as Megatron's TransformerBlock numbers them; the first virtual stage adds the embedding,
 //    the last the final LayerNorm, the output layer and the loss, with its own copy of
 //    the tied word embedding, graph/models/megatron.h), then one DDP main_grad buffer per chunk
 //    (each chunk is its own DistributedDataParallel; with MoE two: the dense parameters' and
@@ -52,7 +53,7 @@ void build_megatron_stage_program(const Scenario& scenario, const MegatronOption
                                   graph::RuntimeBuffers* buffers = nullptr);
 
 // Everything of `stage` that its Program depends on: each chunk's first/last virtual
-// stage flags, then its schedule's (forward or backward, chunk) sequence (the schedule of
+// stage flags and layer count, then its schedule's (forward or backward, chunk) sequence (the schedule of
 // every step is the same), then, for a MoE model only, which of its layers are MoE layers
 // by their global index and their routing (sim/megatron/megatron_pipeline_moe.h). StageLoop
 // reads the stage nowhere else (the layers of every chunk are numbered from 0, the shards

@@ -6,6 +6,7 @@
 
 #include "allocator/caching_allocator.h"
 #include "graph/models/megatron.h"
+#include "scenario/pipeline_split.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/megatron/megatron_pipeline.h"
 #include "sim/megatron/megatron_step.h"
@@ -41,6 +42,10 @@ std::vector<FormulaCheck> megatron_theoretical_first_stage_checks(const Scenario
     throw std::invalid_argument(
         "Megatron's theoretical first-stage memory is checked for megatron pipelines (1f1b or "
         "interleaved) with sequence parallelism and selective recomputation");
+  if (pipeline_split(s).uneven())  // the formula's stage holds L/p layers
+    throw std::invalid_argument(
+        "Megatron's theoretical first-stage memory assumes an even pipeline split (L/p layers "
+        "per stage); parallel.pipeline_first_layers and the other split keys are not in it");
   if (s.model.arch.moe.experts > 0)  // the formula's MoE terms: tools/megatron/theoretical_moe_memory.py
     throw std::invalid_argument(
         "Megatron's theoretical first-stage memory is checked here for dense models only "

@@ -1,16 +1,11 @@
 #include "sim/megatron/megatron_pipeline_moe.h"
 
+#include "scenario/pipeline_split.h"
+
 namespace memsim {
 
-namespace {
-int64_t chunks(const Scenario& s) {
-  return s.parallel.pipeline_schedule == PipelineSchedule::interleaved ? s.parallel.virtual_stages : 1;
-}
-}  // namespace
-
 int64_t megatron_chunk_layer_offset(const Scenario& s, int64_t stage, int64_t chunk) {
-  const int64_t p = s.parallel.pipeline, v = chunks(s);
-  return (chunk * p + stage) * (s.model.layers / (p * v));
+  return chunk_layers(pipeline_split(s), stage, chunk).offset;  // scenario/pipeline_split.h
 }
 
 std::vector<int32_t> megatron_moe_stage_key_part(const Scenario& s, int64_t stage) {
@@ -20,12 +15,13 @@ std::vector<int32_t> megatron_moe_stage_key_part(const Scenario& s, int64_t stag
   // Per-layer routing counts (more than one row of E) tie a MoE layer to its global index.
   const bool per_layer_routing =
       m.routing == graph::MoeRouting::counts && m.counts.size() > static_cast<size_t>(m.experts);
-  const int64_t per_chunk = s.model.layers / (s.parallel.pipeline * chunks(s));
-  for (int64_t c = 0; c < chunks(s); ++c) {
-    const int64_t first = megatron_chunk_layer_offset(s, stage, c);
+  const PipelineSplit split = pipeline_split(s);
+  for (int64_t c = 0; c < split.chunks; ++c) {
+    const ChunkLayers layers = chunk_layers(split, stage, c);
+    const int64_t first = layers.offset;
     int64_t moe_index = 0;
     for (int64_t i = 0; i < first; ++i) moe_index += m.layer_is_moe(i) ? 1 : 0;
-    for (int64_t l = first; l < first + per_chunk; ++l) {
+    for (int64_t l = first; l < first + layers.count; ++l) {
       if (!m.layer_is_moe(l)) {
         key.push_back(0);
         continue;

@@ -4,10 +4,10 @@
 //
 // Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553:
 //  - megatron/core/transformer/transformer_layer.py get_transformer_layer_offset: with
-//    parallel.pipeline p, v model chunks per rank (interleaved) and L layers split evenly
-//    (no num_layers_in_first/last_pipeline_stage: memsim's dense pipeline splits evenly
-//    too), chunk c (vp_stage) of pipeline rank k starts at global layer
-//    c * (L / v) + k * (L / (p v)) = (c p + k) * L / (p v).
+//    parallel.pipeline p, v model chunks per rank (interleaved) and L layers split evenly,
+//    chunk c (vp_stage) of pipeline rank k starts at global layer
+//    c * (L / v) + k * (L / (p v)) = (c p + k) * L / (p v); with an uneven split
+//    (parallel.pipeline_first_layers, ...) where scenario/pipeline_split.h says.
 //  - megatron/core/models/gpt/gpt_layer_specs.py get_gpt_decoder_block_spec: the whole
 //    model's moe_layer_pattern (moe_layer_freq; memsim's model.moe.first_dense_layers is the
 //    list form [0] * k + [1] * (L - k)) is built over all L layers and sliced at

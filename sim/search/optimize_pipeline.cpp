@@ -6,6 +6,7 @@
 #include <chrono>
 #include <climits>
 
+#include "scenario/pipeline_split.h"
 #include "scenario/scenario_family.h"
 #include "sim/search/pipeline_stage_sim.h"
 
@@ -150,6 +151,14 @@ OptimizeResult optimize_pipeline_checkpointing(const Scenario& scenario, uint64_
     throw ScenarioError(scenario.source +
                         ": parallel.pipeline: pipeline parallelism is modelled for model family "
                         "'megatron' only");
+  // The cost model holds one plan of L/p layers for every stage (search_pipeline_plan):
+  // an uneven split (scenario/pipeline_split.h) gives the stages different lengths.
+  if (pipeline_split(scenario).uneven())
+    throw ScenarioError(scenario.source +
+                        ": parallel.pipeline_first_layers: memsim optimize searches one "
+                        "checkpoint plan for stages of equal length; an uneven pipeline split "
+                        "(parallel.pipeline_first_layers / pipeline_last_layers / "
+                        "pipeline_account_for_*) is not searched (memsim run models it)");
   OptimizeResult out;
   auto t0 = std::chrono::steady_clock::now();
   const PipelineCosts costs = calibrate_pipeline(scenario, options.choices);

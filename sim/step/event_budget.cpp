@@ -4,14 +4,19 @@
 #include <algorithm>
 #include <string>
 
+#include "scenario/pipeline_split.h"
+
 namespace memsim {
 
 namespace {
 
-// Layers in one Program: a pipeline stage's share (rounded up) when there are stages.
+// Layers in one Program: a pipeline stage's share (rounded up) when there are stages, the
+// largest stage's with an uneven split (scenario/pipeline_split.h).
 uint64_t program_layers(const Scenario& s) {
   const uint64_t layers = static_cast<uint64_t>(std::max<int64_t>(0, s.model.layers));
   const uint64_t stages = static_cast<uint64_t>(std::max<int64_t>(1, s.parallel.pipeline));
+  const PipelineSplit split = pipeline_split(s);
+  if (stages > 1 && split.uneven()) return static_cast<uint64_t>(max_stage_layers(split));
   return (layers + stages - 1) / stages;
 }
 
