@@ -67,6 +67,14 @@ struct StreamOptions {
   std::vector<uint32_t> name_serials;
   // Keep the live set at the peak unsummarised too (StreamResult::live_allocs).
   bool keep_live_allocs = false;
+  // Run the allocator and the analysis on a second thread while the builder emits the next
+  // chunk (each chunk handed on with what the consumer reads of the Program copied: an
+  // alloc's serial, a free's TensorInfo, a mark's name), when the machine has two cores or
+  // more. The result is the same, except that with stop_at_oom the build stops up to two
+  // chunks later (Analysis::events counts those) and a stopped run's live set at the peak
+  // keeps the TensorInfo a tensor freed in those chunks had at its free (the same bytes; a
+  // later name: what a complete build names it, tools/cli/plain_run.h).
+  bool pipelined = false;
 };
 
 struct StreamResult {
