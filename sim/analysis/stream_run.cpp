@@ -530,7 +530,9 @@ StreamResult stream_run(Program& program, const std::function<void(Program&)>& b
                         const StreamOptions& options) {
   StreamRun sink(config, device, options);
   std::optional<Pipeline> pipeline;
-  if (options.pipelined && std::thread::hardware_concurrency() >= 2) pipeline.emplace(sink, program);
+  // One core: a second thread would only take turns with the builder.
+  static const bool two_cores = std::thread::hardware_concurrency() >= 2;
+  if (options.pipelined && two_cores) pipeline.emplace(sink, program);
   EventSink* target = pipeline ? static_cast<EventSink*>(&*pipeline) : &sink;
   program.set_sink(SinkAttachment{target, options.chunk, options.stop_at_oom});
   struct Detach {
