@@ -441,84 +441,95 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
 // (the build then stops as a synchronous run's does, up to two chunks later).
 class Pipeline final : public EventSink {
  public:
-  Pipeline(StreamRun& run, const Program& program) : run_(run), program_(program) {
+  Pipeline(StreamRun& run, const Program& program, bool spin)
+      : run_(run), program_(program), spins_(spin ? kSpins : 0) {
     worker_ = std::thread([this] { work(); });
   }
   ~Pipeline() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      closing_ = true;
-    }
-    changed_.notify_all();
+    close();
     if (worker_.joinable()) worker_.join();
   }
 
   bool consume(const Program& program, const MemoryEvent* events, size_t n,
                size_t first) override {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return filled_ < kSlots || failed_; });
-    if (failed_) std::rethrow_exception(failed_);
-    Chunk& c = slots_[(next_ + filled_) % kSlots];
-    lock.unlock();
-    c.fill(program, events, n, first);  // the slot is the builder's until published
+    wait([&] { return filled_.load(std::memory_order_acquire) < kSlots || failed_.load(); });
+    if (failed_.load()) std::rethrow_exception(error_);
+    Chunk& c = slots_[(next_fill_++) % kSlots];  // the builder's until published
+    c.fill(program, events, n, first);
     run_.handed(first + n);
-    lock.lock();
-    ++filled_;
-    lock.unlock();
-    changed_.notify_all();
+    filled_.fetch_add(1, std::memory_order_release);
+    wake();
     return !stopped_.load(std::memory_order_relaxed);
   }
 
   // Waits until every chunk handed on was consumed (the end of the build); rethrows what
   // the consumer threw.
   void drain() {
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      closing_ = true;
-    }
-    changed_.notify_all();
+    close();
     worker_.join();
-    if (failed_) std::rethrow_exception(failed_);
+    if (failed_.load()) std::rethrow_exception(error_);
   }
 
  private:
   static constexpr size_t kSlots = 2;
+  // StreamOptions::spin: a hand-over happens every few hundred microseconds, and the side
+  // that waits usually waits less than a hundred: it spins that long before sleeping (a
+  // futex wake-up costs tens of microseconds, 15 times per cs336-xl run).
+  static constexpr int kSpins = 4000;
+
+  template <class Ready>
+  void wait(const Ready& ready) {
+    for (int i = 0; i < spins_; ++i) {
+      if (ready()) return;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, ready);
+  }
+  void wake() {
+    { std::lock_guard<std::mutex> lock(mutex_); }  // a sleeper is either waiting or sees the change
+    changed_.notify_all();
+  }
+  void close() {
+    closing_.store(true, std::memory_order_release);
+    wake();
+  }
 
   void work() {
+    size_t next = 0;  // the oldest filled slot
     for (;;) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      changed_.wait(lock, [&] { return filled_ > 0 || closing_; });
-      if (filled_ == 0) return;  // closing, and everything consumed
-      Chunk& c = slots_[next_];
-      lock.unlock();
+      wait([&] { return filled_.load(std::memory_order_acquire) > 0 || closing_.load(std::memory_order_acquire); });
+      if (filled_.load(std::memory_order_acquire) == 0) return;  // closing, all consumed
+      Chunk& c = slots_[next];
       try {
         if (!run_.process(program_, CopiedFacts{c}, c.events.data(), c.events.size(), c.first,
                           c.tensor_capacity))
           stopped_.store(true, std::memory_order_relaxed);
       } catch (...) {
-        lock.lock();
-        failed_ = std::current_exception();
-        filled_ = 0;
-        changed_.notify_all();
+        error_ = std::current_exception();
+        failed_.store(true);
+        wake();
         return;
       }
-      lock.lock();
-      next_ = (next_ + 1) % kSlots;
-      --filled_;
-      lock.unlock();
-      changed_.notify_all();
+      next = (next + 1) % kSlots;
+      filled_.fetch_sub(1, std::memory_order_release);
+      wake();
     }
   }
 
   StreamRun& run_;
   const Program& program_;  // passed through to StreamRun::process, which does not read it
+  const int spins_;
   Chunk slots_[kSlots];
-  size_t next_ = 0;    // the oldest filled slot
-  size_t filled_ = 0;  // slots handed on and not yet consumed
-  bool closing_ = false;
-  std::exception_ptr failed_;
+  size_t next_fill_ = 0;  // the builder's: slots filled so far
+  std::atomic<size_t> filled_{0};  // slots handed on and not yet consumed
+  std::atomic<bool> closing_{false};
+  std::atomic<bool> failed_{false};  // error_ is set (before this)
+  std::exception_ptr error_;
   std::atomic<bool> stopped_{false};
-  std::mutex mutex_;
+  std::mutex mutex_;  // with changed_: sleeping after the spin
   std::condition_variable changed_;
   std::thread worker_;
 };
@@ -532,7 +543,7 @@ StreamResult stream_run(Program& program, const std::function<void(Program&)>& b
   std::optional<Pipeline> pipeline;
   // One core: a second thread would only take turns with the builder.
   static const bool two_cores = std::thread::hardware_concurrency() >= 2;
-  if (options.pipelined && two_cores) pipeline.emplace(sink, program);
+  if (options.pipelined && two_cores) pipeline.emplace(sink, program, options.spin);
   EventSink* target = pipeline ? static_cast<EventSink*>(&*pipeline) : &sink;
   program.set_sink(SinkAttachment{target, options.chunk, options.stop_at_oom});
   struct Detach {
