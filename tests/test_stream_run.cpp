@@ -190,7 +190,7 @@ Stored stored_run(const Scenario& s, bool live_set = true) {
 }
 
 StreamResult streamed_run(const Scenario& s, size_t chunk, bool stop_at_oom, bool live_set = true,
-                          bool verdict_only = false) {
+                          bool verdict_only = false, bool pipelined = false) {
   BuildBuffers buffers;
   SimulatedDevice device = device_for(s.device);
   StreamOptions o;
@@ -199,6 +199,7 @@ StreamResult streamed_run(const Scenario& s, size_t chunk, bool stop_at_oom, boo
   o.chunk = chunk;
   o.stop_at_oom = stop_at_oom;
   o.verdict_only = verdict_only;
+  o.pipelined = pipelined;
   StreamResult r = stream_run(
       buffers.program, [&](Program& p) { build_into(s, p, buffers); }, s.allocator, device, o);
   // Only a tail of the events was ever stored.
@@ -278,6 +279,16 @@ TEST_CASE("a streamed run equals the stored run on every shipped scenario", "[st
       same_stats(r.final_stats, ref.stats);
       CHECK(r.measured_mark.value_or(0) == ref.measured_mark);
     }
+    // Pipelined (the allocator on a second thread, chunks copied): chunks of 64 make the
+    // builder wait for the consumer often.
+    for (size_t chunk : {size_t{64}, size_t{4096}}) {
+      INFO("pipelined, chunk " << chunk);
+      const StreamResult r = streamed_run(s, chunk, false, true, false, /*pipelined=*/true);
+      CHECK(r.complete);
+      same_analysis(r.analysis, ref.analysis);
+      same_stats(r.final_stats, ref.stats);
+      CHECK(r.measured_mark.value_or(0) == ref.measured_mark);
+    }
   }
 }
 
@@ -318,6 +329,17 @@ TEST_CASE("a streamed run that runs out of memory equals the stored run, and can
         CHECK(stopped.analysis.events < ref.analysis.events);
         ++stopped_early;
       }
+      // Pipelined (tools/cli/plain_run.h's runs), whole and stopped: the same, the stopped
+      // build up to two chunks further.
+      const StreamResult piped = streamed_run(s, 64, false, true, false, true);
+      same_analysis(piped.analysis, ref.analysis);
+      same_stats(piped.final_stats, ref.stats);
+      CHECK(piped.measured_mark.value_or(0) == ref.measured_mark);
+      const StreamResult piped_stop = streamed_run(s, 64, true, true, false, true);
+      same_analysis(piped_stop.analysis, ref.analysis, /*with_totals=*/false);
+      same_stats(piped_stop.final_stats, ref.stats);
+      CHECK(piped_stop.analysis.events >= ref.analysis.oom->index + 1);
+      CHECK(piped_stop.analysis.events <= ref.analysis.events);
     }
   }
   // Most squeezed runs fail early in their Program: the build stopped there.

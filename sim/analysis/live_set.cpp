@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <map>
-#include <tuple>
+#include <string>
 #include <unordered_map>
 
 #include "program/tensor_names.h"
@@ -20,15 +20,31 @@ void group_by_name(const Program& program, const std::vector<LiveAlloc>& all, Li
   std::sort(live.begin(), live.end(), [](const LiveAlloc* x, const LiveAlloc* y) {
     return x->event != y->event ? x->event < y->event : x->tensor < y->tensor;
   });
-  std::map<std::tuple<std::string, uint8_t, uint64_t>, size_t> index;
+  // (pattern, kind, bytes) -> group. Groups are numbered in order of their first member,
+  // so a hash table (one hash per tensor, not a tree's string compares) gives the same.
+  struct Key {
+    std::string pattern;
+    uint8_t kind;
+    uint64_t bytes;
+    bool operator==(const Key& o) const {
+      return kind == o.kind && bytes == o.bytes && pattern == o.pattern;
+    }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<std::string>()(k.pattern) ^ (k.bytes * 0x9e3779b97f4a7c15ULL) ^ k.kind;
+    }
+  };
+  std::unordered_map<Key, size_t, KeyHash> index;
+  index.reserve(live.size());
   for (const LiveAlloc* l : live) {
     const MemoryEvent& a = l->alloc;
     std::string name = tensor_name(program, l->info, a);
-    auto key = std::make_tuple(name_pattern(name), static_cast<uint8_t>(a.kind), a.bytes);
+    Key key{name_pattern(name), static_cast<uint8_t>(a.kind), a.bytes};
     auto [it, fresh] = index.try_emplace(std::move(key), out.by_name.size());
     if (fresh) {
       NameGroup g;
-      g.name = std::get<0>(it->first);
+      g.name = it->first.pattern;
       g.example = std::move(name);
       g.kind = a.kind;
       g.bytes_each = a.bytes;

@@ -1,11 +1,17 @@
 #include "sim/analysis/stream_run.h"
 
 #include <array>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -50,6 +56,59 @@ struct DeadAtPeak {
   TensorInfo info;
 };
 
+// What StreamRun reads from the Program about the events it is handed: an alloc's serial,
+// a free's TensorInfo (its id may be recycled once the free is handed on), a mark's name.
+// Read from the Program itself while the builder waits (DirectFacts), or from a copy made
+// when the chunk was handed on, for a consumer on another thread while the builder goes on
+// (CopiedFacts, StreamOptions::pipelined). `k` is the event's position in the chunk.
+struct DirectFacts {
+  const Program& program;
+  const MemoryEvent* events;
+  uint32_t serial(size_t k) const { return program.serial_of(events[k].tensor); }
+  const TensorInfo& info(size_t k) const { return program.tensors[events[k].tensor]; }
+  const std::string& mark(size_t k) const { return program.str(static_cast<uint32_t>(events[k].bytes)); }
+};
+
+// A chunk as handed on, with the facts above copied (the builder may grow the Program's
+// tables, recycle ids and overwrite their TensorInfo while the consumer reads this).
+struct Chunk {
+  std::vector<MemoryEvent> events;
+  std::vector<uint32_t> serials;    // alloc: Program::serial_of; mark: index into marks
+  std::vector<TensorInfo> infos;    // free: the tensor's TensorInfo at its free
+  std::vector<std::string> marks;   // the marks' names, in order
+  size_t first = 0;
+  size_t tensor_capacity = 0;       // the Program's tensor table capacity (a reserve hint)
+
+  void fill(const Program& program, const MemoryEvent* e, size_t n, size_t first_event) {
+    events.assign(e, e + n);
+    serials.resize(n);
+    infos.resize(n);
+    marks.clear();
+    first = first_event;
+    tensor_capacity = program.tensors.capacity();
+    for (size_t k = 0; k < n; ++k) {
+      switch (e[k].type) {
+        case EventType::alloc: serials[k] = program.serial_of(e[k].tensor); break;
+        case EventType::free:
+          infos[k] = e[k].tensor < program.tensors.size() ? program.tensors[e[k].tensor] : TensorInfo{};
+          break;
+        case EventType::mark:
+          serials[k] = static_cast<uint32_t>(marks.size());
+          marks.push_back(program.str(static_cast<uint32_t>(e[k].bytes)));
+          break;
+        case EventType::empty_cache: break;
+      }
+    }
+  }
+};
+
+struct CopiedFacts {
+  const Chunk& chunk;
+  uint32_t serial(size_t k) const { return chunk.serials[k]; }
+  const TensorInfo& info(size_t k) const { return chunk.infos[k]; }
+  const std::string& mark(size_t k) const { return chunk.marks[chunk.serials[k]]; }
+};
+
 class StreamRun final : public EventSink {
  public:
   StreamRun(const AllocatorConfig& config, DeviceMemory& device, const StreamOptions& options)
@@ -65,34 +124,51 @@ class StreamRun final : public EventSink {
 
   bool consume(const Program& program, const MemoryEvent* events, size_t n,
                size_t first) override {
+    handed_ = first + n;
+    return process(program, DirectFacts{program, events}, events, n, first,
+                   program.tensors.capacity());
+  }
+
+  // Executes and observes events [first, first + n), whose facts `f` gives. `program` is
+  // read only by the Executor's alloc / free / empty_cache steps, which do not read it
+  // (a mark's reset is decided here by name: see step()), and by nothing else, so a
+  // pipelined consumer may pass the Program the builder is still writing. Returns false
+  // at an out-of-memory with stop_at_oom.
+  template <class Facts>
+  bool process(const Program& program, const Facts& f, const MemoryEvent* events, size_t n,
+               size_t first, size_t tensor_capacity) {
     if (first + n >= Lifetime::kNever)  // beyond the event budget (sim/step/event_budget.h)
       throw std::length_error("streaming run: more than 2^32 events");
     // The builder reserved its tensor table for the Program it expects: reserve as much
     // (address space only) so that the per-tensor arrays are not copied as they grow.
-    if (lifetimes_.capacity() < program.tensors.capacity()) {
-      if (options_.analysis.live_set) lifetimes_.reserve(program.tensors.capacity());
-      block_of_.reserve(program.tensors.capacity());
-      rounded_of_.reserve(program.tensors.capacity());
+    if (lifetimes_.capacity() < tensor_capacity) {
+      if (options_.analysis.live_set) lifetimes_.reserve(tensor_capacity);
+      block_of_.reserve(tensor_capacity);
+      rounded_of_.reserve(tensor_capacity);
     }
-    handed_ = first + n;
     size_t k = 0;
     if (!executor_.oom()) {
       const MemoryStats& stats = executor_.stats();
       for (; k < n; ++k) {
         const MemoryEvent& e = events[k];
         const size_t i = first + k;
-        if (!executor_.step(program, e, i)) break;
-        if (!options_.verdict_only) observe(program, e, i, stats);
+        if (!step(program, f, e, i, k)) break;
+        if (!options_.verdict_only) observe(f, e, i, k, stats);
       }
       if (k == n) {
         executed_ = first + n;
         return true;
       }
       oom_event_ = events[k];
-      oom_serial_ = program.serial_of(events[k].tensor);
+      oom_serial_ = f.serial(k);
       oom_by_kind_ = executor_.by_kind();
       executed_ = first + k;
-      if (options_.stop_at_oom) return false;
+      if (options_.stop_at_oom) {
+        // A pipelined consumer still sees the chunks handed on before the builder learnt
+        // of the stop: only the ids they recycle matter (below), not their marks.
+        scan_marks_ = false;
+        if (!std::is_same_v<Facts, CopiedFacts>) return false;
+      }
       ++k;
     }
     // After the out-of-memory nothing executes; only the measured step's first mark is
@@ -101,27 +177,43 @@ class StreamRun final : public EventSink {
     // at the peak, or the failing one) has its TensorInfo copied when its free goes by.
     for (; k < n; ++k) {
       const MemoryEvent& e = events[k];
-      if (e.type == EventType::mark && !measured_mark_ &&
-          program.str(static_cast<uint32_t>(e.bytes)) == options_.analysis.measured_from_mark)
+      if (e.type == EventType::mark && !measured_mark_ && scan_marks_ &&
+          f.mark(k) == options_.analysis.measured_from_mark)
         measured_mark_ = first + k;
       if (e.type != EventType::free) continue;
-      if (e.tensor == oom_event_.tensor && !oom_info_) oom_info_ = program.tensors[e.tensor];
+      if (e.tensor == oom_event_.tensor && !oom_info_) oom_info_ = f.info(k);
       if (e.tensor < lifetimes_.size() && lifetimes_[e.tensor].alloc != Lifetime::kNever) {
         Lifetime& l = lifetimes_[e.tensor];
-        if (have_peak_ && l.alloc <= peak_index_)
-          dead_at_peak_.push_back(DeadAtPeak{l, program.tensors[e.tensor]});
+        if (have_peak_ && l.alloc <= peak_index_) dead_at_peak_.push_back(DeadAtPeak{l, f.info(k)});
         l.alloc = Lifetime::kNever;
       }
     }
-    return true;
+    return !options_.stop_at_oom || !executor_.oom();
   }
+
+  // Records a pipelined hand-over's count (the sink's consume() does it otherwise).
+  void handed(size_t count) { handed_ = count; }
 
   StreamResult result(const Program& program, bool complete);
 
  private:
-  void observe(const Program& program, const MemoryEvent& e, size_t i, const MemoryStats& stats);
+  // The Executor's step. A mark read from a copy is stepped here: the Executor would read
+  // its name from the Program, and a mark resets the peak statistics exactly when it is
+  // named StreamOptions::reset_peaks_at_mark (Executor's contract, sim/step/executor.h).
+  bool step(const Program& program, const DirectFacts&, const MemoryEvent& e, size_t i, size_t) {
+    return executor_.step(program, e, i);
+  }
+  bool step(const Program& program, const CopiedFacts& f, const MemoryEvent& e, size_t i, size_t k) {
+    if (e.type != EventType::mark) return executor_.step(program, e, i);
+    if (options_.reset_peaks_at_mark != nullptr && f.mark(k) == options_.reset_peaks_at_mark)
+      executor_.allocator().reset_peak_stats();
+    return true;
+  }
+  template <class Facts>
+  void observe(const Facts& f, const MemoryEvent& e, size_t i, size_t k, const MemoryStats& stats);
   void start_measured(size_t i);
-  void watch(const Program& program, const MemoryEvent& e);
+  template <class Facts>
+  void watch(const Facts& f, const MemoryEvent& e, size_t k);
   EventPoint point(const Program& program, size_t index, const PointInfo& p) const;
   std::vector<LiveAlloc> live_at(const Program& program, size_t index) const;
 
@@ -131,6 +223,7 @@ class StreamRun final : public EventSink {
   Executor executor_;
   size_t executed_ = 0;
   size_t handed_ = 0;  // events handed on so far
+  bool scan_marks_ = true;  // false once stopped at the out-of-memory
   std::vector<Lifetime> lifetimes_;  // by tensor id: the live tensors
   // Tensors live at the peak (peak_index_) and freed since; cleared when the peak moves
   // (a tensor freed before the new peak is not live there). With lifetimes_ this is the
@@ -161,14 +254,15 @@ class StreamRun final : public EventSink {
   std::array<uint64_t, kTensorKindCount> oom_by_kind_{};
 };
 
-void StreamRun::watch(const Program& program, const MemoryEvent& e) {
+template <class Facts>
+void StreamRun::watch(const Facts& f, const MemoryEvent& e, size_t k) {
   if (e.type == EventType::alloc) {
-    const auto it = watch_serial_.find(program.serial_of(e.tensor));
+    const auto it = watch_serial_.find(f.serial(k));
     if (it != watch_serial_.end()) watch_live_[e.tensor] = it->second;
   } else if (e.type == EventType::free) {
     const auto it = watch_live_.find(e.tensor);
     if (it == watch_live_.end()) return;
-    watch_info_[it->second] = program.tensors[e.tensor];  // its id may be reused now
+    watch_info_[it->second] = f.info(k);  // its id may be reused now
     watch_live_.erase(it);
   }
 }
@@ -183,13 +277,14 @@ void StreamRun::start_measured(size_t i) {
   for (auto& m : marks_) m.reset();
 }
 
-void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
+template <class Facts>
+void StreamRun::observe(const Facts& f, const MemoryEvent& e, size_t i, size_t k,
                         const MemoryStats& stats) {
   const uint64_t allocated = static_cast<uint64_t>(stats.allocated_bytes.all.current);
   const uint64_t reserved = static_cast<uint64_t>(stats.reserved_bytes.all.current);
   const uint64_t requested = static_cast<uint64_t>(stats.requested_bytes.all.current);
   reserved_high_ = std::max(reserved_high_, reserved);
-  if (!watch_serial_.empty()) watch(program, e);
+  if (!watch_serial_.empty()) watch(f, e, k);
   switch (e.type) {
     case EventType::alloc:
       if (e.bytes > 0 && options_.analysis.live_set) {
@@ -197,8 +292,8 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
         // geometrically): one resize per 1024 tensors, and at most 20 KiB past the last
         // tensor touched. live_at() skips the entries never allocated.
         if (e.tensor >= lifetimes_.size()) lifetimes_.resize(size_t{e.tensor} + 1024);
-        lifetimes_[e.tensor] = Lifetime{e.op, e.layer, static_cast<uint32_t>(i),
-                                        program.serial_of(e.tensor), e.kind, e.phase};
+        lifetimes_[e.tensor] = Lifetime{e.op, e.layer, static_cast<uint32_t>(i), f.serial(k),
+                                        e.kind, e.phase};
       }
       break;
     case EventType::free:
@@ -206,12 +301,12 @@ void StreamRun::observe(const Program& program, const MemoryEvent& e, size_t i,
         Lifetime& l = lifetimes_[e.tensor];
         // Live at the peak (allocated at or before it; freed now, after it): keep a copy.
         if (have_peak_ && l.alloc <= peak_index_)
-          dead_at_peak_.push_back(DeadAtPeak{l, program.tensors[e.tensor]});
+          dead_at_peak_.push_back(DeadAtPeak{l, f.info(k)});
         l.alloc = Lifetime::kNever;  // the id may be reused
       }
       break;
     case EventType::mark: {
-      const std::string& name = program.str(static_cast<uint32_t>(e.bytes));
+      const std::string& name = f.mark(k);
       if (!measured_seen_ && name == options_.analysis.measured_from_mark) {
         measured_seen_ = true;
         measured_mark_ = i;
@@ -338,13 +433,119 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
   return r;
 }
 
+// StreamOptions::pipelined: the Program's sink, handing each chunk (with its facts copied)
+// to a thread that runs the StreamRun on it while the builder emits the next ones. Two
+// chunks are in flight at most (one being consumed, one filled), so the builder waits
+// when it is two chunks ahead and never holds more than that. After an out-of-memory
+// with stop_at_oom the consumer says so and consume() returns false at the next hand-over
+// (the build then stops as a synchronous run's does, up to two chunks later).
+class Pipeline final : public EventSink {
+ public:
+  Pipeline(StreamRun& run, const Program& program, bool spin)
+      : run_(run), program_(program), spins_(spin ? kSpins : 0) {
+    worker_ = std::thread([this] { work(); });
+  }
+  ~Pipeline() {
+    close();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  bool consume(const Program& program, const MemoryEvent* events, size_t n,
+               size_t first) override {
+    wait([&] { return filled_.load(std::memory_order_acquire) < kSlots || failed_.load(); });
+    if (failed_.load()) std::rethrow_exception(error_);
+    Chunk& c = slots_[(next_fill_++) % kSlots];  // the builder's until published
+    c.fill(program, events, n, first);
+    run_.handed(first + n);
+    filled_.fetch_add(1, std::memory_order_release);
+    wake();
+    return !stopped_.load(std::memory_order_relaxed);
+  }
+
+  // Waits until every chunk handed on was consumed (the end of the build); rethrows what
+  // the consumer threw.
+  void drain() {
+    close();
+    worker_.join();
+    if (failed_.load()) std::rethrow_exception(error_);
+  }
+
+ private:
+  static constexpr size_t kSlots = 2;
+  // StreamOptions::spin: a hand-over happens every few hundred microseconds, and the side
+  // that waits usually waits less than a hundred: it spins that long before sleeping (a
+  // futex wake-up costs tens of microseconds, 15 times per cs336-xl run).
+  static constexpr int kSpins = 4000;
+
+  template <class Ready>
+  void wait(const Ready& ready) {
+    for (int i = 0; i < spins_; ++i) {
+      if (ready()) return;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, ready);
+  }
+  void wake() {
+    { std::lock_guard<std::mutex> lock(mutex_); }  // a sleeper is either waiting or sees the change
+    changed_.notify_all();
+  }
+  void close() {
+    closing_.store(true, std::memory_order_release);
+    wake();
+  }
+
+  void work() {
+    size_t next = 0;  // the oldest filled slot
+    for (;;) {
+      wait([&] { return filled_.load(std::memory_order_acquire) > 0 || closing_.load(std::memory_order_acquire); });
+      if (filled_.load(std::memory_order_acquire) == 0) return;  // closing, all consumed
+      Chunk& c = slots_[next];
+      try {
+        if (!run_.process(program_, CopiedFacts{c}, c.events.data(), c.events.size(), c.first,
+                          c.tensor_capacity))
+          stopped_.store(true, std::memory_order_relaxed);
+      } catch (...) {
+        error_ = std::current_exception();
+        failed_.store(true);
+        wake();
+        return;
+      }
+      next = (next + 1) % kSlots;
+      filled_.fetch_sub(1, std::memory_order_release);
+      wake();
+    }
+  }
+
+  StreamRun& run_;
+  const Program& program_;  // passed through to StreamRun::process, which does not read it
+  const int spins_;
+  Chunk slots_[kSlots];
+  size_t next_fill_ = 0;  // the builder's: slots filled so far
+  std::atomic<size_t> filled_{0};  // slots handed on and not yet consumed
+  std::atomic<bool> closing_{false};
+  std::atomic<bool> failed_{false};  // error_ is set (before this)
+  std::exception_ptr error_;
+  std::atomic<bool> stopped_{false};
+  std::mutex mutex_;  // with changed_: sleeping after the spin
+  std::condition_variable changed_;
+  std::thread worker_;
+};
+
 }  // namespace
 
 StreamResult stream_run(Program& program, const std::function<void(Program&)>& build,
                         const AllocatorConfig& config, DeviceMemory& device,
                         const StreamOptions& options) {
   StreamRun sink(config, device, options);
-  program.set_sink(SinkAttachment{&sink, options.chunk, options.stop_at_oom});
+  std::optional<Pipeline> pipeline;
+  // One core: a second thread would only take turns with the builder.
+  static const bool two_cores = std::thread::hardware_concurrency() >= 2;
+  if (options.pipelined && two_cores) pipeline.emplace(sink, program, options.spin);
+  EventSink* target = pipeline ? static_cast<EventSink*>(&*pipeline) : &sink;
+  program.set_sink(SinkAttachment{target, options.chunk, options.stop_at_oom});
   struct Detach {
     Program& p;
     ~Detach() { p.take_sink(); }
@@ -356,6 +557,7 @@ StreamResult stream_run(Program& program, const std::function<void(Program&)>& b
   } catch (const StopEmitting&) {
     complete = false;
   }
+  if (pipeline) pipeline->drain();
   return sink.result(program, complete);
 }
 

@@ -67,6 +67,19 @@ struct StreamOptions {
   std::vector<uint32_t> name_serials;
   // Keep the live set at the peak unsummarised too (StreamResult::live_allocs).
   bool keep_live_allocs = false;
+  // Run the allocator and the analysis on a second thread while the builder emits the next
+  // chunk (each chunk handed on with what the consumer reads of the Program copied: an
+  // alloc's serial, a free's TensorInfo, a mark's name), when the machine has two cores or
+  // more. The result is the same, except that with stop_at_oom the build stops up to two
+  // chunks later (Analysis::events counts those) and a stopped run's live set at the peak
+  // keeps the TensorInfo a tensor freed in those chunks had at its free (the same bytes; a
+  // later name: what a complete build names it, tools/cli/plain_run.h).
+  bool pipelined = false;
+  // With pipelined: a thread that waits for the other spins up to ~0.1 ms before it
+  // sleeps (a futex wake-up costs tens of microseconds at each hand-over). Only where each
+  // of the two threads has a core of its own (memsim run); with more threads than cores
+  // (a sweep's parallel probes) the spinning takes the cores from the threads that work.
+  bool spin = false;
 };
 
 struct StreamResult {

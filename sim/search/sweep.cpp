@@ -135,6 +135,7 @@ SweepResult SweepRunner::evaluate(const SweepOverrides& point, const SweepEvalua
       stream.analysis = options.analysis;
       stream.stop_at_oom = true;
       stream.verdict_only = options.verdict_only;
+      stream.pipelined = options.pipelined;
       const TrainingScript script = default_script(scenario);
       StreamResult r = stream_run(
           ws.build.program, [&](Program&) { build_program(scenario, script, ws.build); },
@@ -237,6 +238,9 @@ MaxSearch find_max(const SweepRunner& runner, const SweepOverrides& fixed, const
   SweepEvaluateOptions probe_options = options;
   probe_options.analysis.live_set = false;
   probe_options.verdict_only = true;
+  // A round's probes seldom keep every core busy (a probe that fails stops early; the last
+  // round has one probe): each builds on one thread and executes on another.
+  probe_options.pipelined = true;
   auto evaluate = [&](int64_t v, SweepWorkspace& ws) {
     SweepOverrides point = fixed;
     point.emplace_back(key, std::to_string(v));

@@ -75,6 +75,9 @@ struct SweepEvaluateOptions {
   // With stop_at_oom: only the verdict and the OOM report (StreamOptions::verdict_only),
   // for searches that read nothing else (find_max's probes).
   bool verdict_only = false;
+  // With stop_at_oom: the allocator on a second thread while the point builds
+  // (StreamOptions::pipelined; find_max's probes, whose rounds often leave a core idle).
+  bool pipelined = false;
 };
 
 class SweepRunner;
