@@ -441,8 +441,7 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
 // (the build then stops as a synchronous run's does, up to two chunks later).
 class Pipeline final : public EventSink {
  public:
-  Pipeline(StreamRun& run, const Program& program, bool spin)
-      : run_(run), program_(program), spins_(spin ? kSpins : 0) {
+  Pipeline(StreamRun& run, const Program& program) : run_(run), program_(program) {
     worker_ = std::thread([this] { work(); });
   }
   ~Pipeline() {
@@ -472,19 +471,11 @@ class Pipeline final : public EventSink {
 
  private:
   static constexpr size_t kSlots = 2;
-  // StreamOptions::spin: a hand-over happens every few hundred microseconds, and the side
-  // that waits usually waits less than a hundred: it spins that long before sleeping (a
-  // futex wake-up costs tens of microseconds, 15 times per cs336-xl run).
-  static constexpr int kSpins = 4000;
-
+  // The waiting side sleeps at once. Spinning up to ~0.1 ms first (tried: 4000 `pause`s)
+  // made a cold cs336-xl run's median 4.83-7.33 ms against 4.81-5.16 without it on the idle
+  // 2-core VM, and slower sweeps where threads outnumber cores (docs/engine.md).
   template <class Ready>
   void wait(const Ready& ready) {
-    for (int i = 0; i < spins_; ++i) {
-      if (ready()) return;
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, ready);
   }
@@ -521,7 +512,6 @@ class Pipeline final : public EventSink {
 
   StreamRun& run_;
   const Program& program_;  // passed through to StreamRun::process, which does not read it
-  const int spins_;
   Chunk slots_[kSlots];
   size_t next_fill_ = 0;  // the builder's: slots filled so far
   std::atomic<size_t> filled_{0};  // slots handed on and not yet consumed
@@ -529,7 +519,7 @@ class Pipeline final : public EventSink {
   std::atomic<bool> failed_{false};  // error_ is set (before this)
   std::exception_ptr error_;
   std::atomic<bool> stopped_{false};
-  std::mutex mutex_;  // with changed_: sleeping after the spin
+  std::mutex mutex_;  // with changed_: sleeping until the other side moved
   std::condition_variable changed_;
   std::thread worker_;
 };
@@ -543,7 +533,7 @@ StreamResult stream_run(Program& program, const std::function<void(Program&)>& b
   std::optional<Pipeline> pipeline;
   // One core: a second thread would only take turns with the builder.
   static const bool two_cores = std::thread::hardware_concurrency() >= 2;
-  if (options.pipelined && two_cores) pipeline.emplace(sink, program, options.spin);
+  if (options.pipelined && two_cores) pipeline.emplace(sink, program);
   EventSink* target = pipeline ? static_cast<EventSink*>(&*pipeline) : &sink;
   program.set_sink(SinkAttachment{target, options.chunk, options.stop_at_oom});
   struct Detach {

@@ -75,11 +75,6 @@ struct StreamOptions {
   // keeps the TensorInfo a tensor freed in those chunks had at its free (the same bytes; a
   // later name: what a complete build names it, tools/cli/plain_run.h).
   bool pipelined = false;
-  // With pipelined: a thread that waits for the other spins up to ~0.1 ms before it
-  // sleeps (a futex wake-up costs tens of microseconds at each hand-over). Only where each
-  // of the two threads has a core of its own (memsim run); with more threads than cores
-  // (a sweep's parallel probes) the spinning takes the cores from the threads that work.
-  bool spin = false;
 };
 
 struct StreamResult {

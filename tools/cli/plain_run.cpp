@@ -19,7 +19,6 @@ PlainRun run_plain(const Scenario& scenario, GenerateFacts& generate_facts, bool
   options.keep_live_allocs = live_set;  // renamed from the complete build after an OOM
   options.stop_at_oom = true;
   options.pipelined = true;  // the builder and the allocator on two cores
-  options.spin = true;
   StreamResult r = stream_run_program(scenario, generate_facts, out.program, options);
   out.analysis = std::move(r.analysis);
   out.final_stats = r.final_stats;
@@ -36,7 +35,6 @@ PlainRun run_plain(const Scenario& scenario, GenerateFacts& generate_facts, bool
   whole.analysis = run_analysis_options(scenario);
   whole.analysis.live_set = false;  // only totals are read
   whole.pipelined = true;
-  whole.spin = true;
   // The failing tensor and the live set at the peak, named as the complete build names
   // them (a later op may name a tensor, e.g. "saved input of ... (recomputed)").
   whole.name_serials.push_back(r.oom_serial);
