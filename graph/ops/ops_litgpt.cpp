@@ -19,6 +19,30 @@ uint64_t promoted_bytes(const Tensor& x, uint64_t elem, uint64_t cache_elem) {
   return cache_elem > elem ? x.bytes / elem * cache_elem : 0;
 }
 
+// chunked_cross_entropy's end, `torch.cat(losses).sum() / torch.maximum(non_masked,
+// ones)`, over `rows` targets: the scalars stay alive until the caller lets them go (the
+// members die in reverse order when it just returns); denom is what DivBackward0 saves.
+struct CeTotal {
+  Tensor non_masked, total, denom;
+};
+
+CeTotal ce_total_scalars(Runtime& rt, uint64_t rows) {
+  CeTotal t;
+  {
+    Tensor ne = rt.alloc(rows, TensorKind::temporary, OpKind::eq);  // targets != -100
+    t.non_masked = rt.alloc(8, TensorKind::temporary, OpKind::reduce_sum);
+  }
+  {
+    Tensor cat = rt.alloc(rows * 4, TensorKind::temporary, OpKind::cat_n);
+    t.total = rt.alloc(4, TensorKind::temporary, OpKind::reduce_sum);
+  }
+  {
+    Tensor ones = rt.alloc(8, TensorKind::temporary, OpKind::fill);
+    t.denom = rt.alloc(8, TensorKind::temporary, OpKind::other);  // maximum
+  }
+  return t;
+}
+
 }  // namespace
 
 Tensor rope_litgpt(Runtime& rt, const Tensor& x, uint64_t elem, uint64_t cache_elem) {
@@ -72,21 +96,8 @@ Tensor chunked_ce_litgpt(Runtime& rt, const Tensor& logits, uint64_t batch, uint
     losses.push_back(rt.alloc(c * 4, TensorKind::temporary, OpKind::nll_loss));
     total_weight.push_back(rt.alloc(4, TensorKind::temporary, OpKind::nll_loss));
   }
-  Tensor non_masked;
-  {
-    Tensor ne = rt.alloc(rows, TensorKind::temporary, OpKind::eq);  // targets != -100
-    non_masked = rt.alloc(8, TensorKind::temporary, OpKind::reduce_sum);
-  }
-  Tensor total;
-  {
-    Tensor cat = rt.alloc(rows * 4, TensorKind::temporary, OpKind::cat_n);
-    total = rt.alloc(4, TensorKind::temporary, OpKind::reduce_sum);
-  }
-  Tensor denom;
-  {
-    Tensor ones = rt.alloc(8, TensorKind::temporary, OpKind::fill);
-    denom = rt.alloc(8, TensorKind::temporary, OpKind::other);  // maximum
-  }
+  CeTotal scalars = ce_total_scalars(rt, rows);
+  const Tensor& denom = scalars.denom;
   Tensor loss = out_tensor(rt, 4, OpKind::chunked_ce_litgpt);  // the division
   if (wants_grad(rt, {&logits})) {
     const int32_t n = rt.make_node(OpKind::chunked_ce_litgpt, {&logits});
@@ -110,9 +121,9 @@ Tensor chunked_ce_litgpt(Runtime& rt, const Tensor& logits, uint64_t batch, uint
   logp.clear();
   losses.clear();
   total_weight.clear();
-  non_masked.reset();
-  total.reset();
-  denom.reset();
+  scalars.non_masked.reset();
+  scalars.total.reset();
+  scalars.denom.reset();
   return loss;
 }
 
@@ -148,21 +159,8 @@ Tensor lit_ce_join(Runtime& rt, const Tensor& a, const Tensor& b) {
 }
 
 Tensor ce_total_litgpt(Runtime& rt, const Tensor& joined, uint64_t rows) {
-  Tensor non_masked;
-  {
-    Tensor ne = rt.alloc(rows, TensorKind::temporary, OpKind::eq);  // targets != -100
-    non_masked = rt.alloc(8, TensorKind::temporary, OpKind::reduce_sum);
-  }
-  Tensor total;
-  {
-    Tensor cat = rt.alloc(rows * 4, TensorKind::temporary, OpKind::cat_n);
-    total = rt.alloc(4, TensorKind::temporary, OpKind::reduce_sum);
-  }
-  Tensor denom;
-  {
-    Tensor ones = rt.alloc(8, TensorKind::temporary, OpKind::fill);
-    denom = rt.alloc(8, TensorKind::temporary, OpKind::other);  // maximum
-  }
+  CeTotal scalars = ce_total_scalars(rt, rows);
+  const Tensor& denom = scalars.denom;
   Tensor loss = out_tensor(rt, 4, OpKind::chunked_ce_litgpt);  // the division
   if (wants_grad(rt, {&joined})) {
     const int32_t n = rt.make_node(OpKind::chunked_ce_litgpt, {&joined});
