@@ -29,6 +29,7 @@
 #include "graph/offload_streams.h"
 #include "scenario/offload_activations_key.h"
 #include "scenario/scenario_lora.h"
+#include "scenario/lora_target_parameters_key.h"
 #include "sim/step/optimizer_in_backward.h"
 #include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
@@ -130,14 +131,22 @@ class Loop {
     // checkpoint.offload: save_on_cpu around the listed layers (sim/step/activation_offload.h).
     offload_ = make_offload_engine(rt_, s_, checkpoint_.get());
     // lora.target_parameters (scenario/lora_target_parameters_key.h) is refused with
-    // checkpointing, offload and parallelism by its reader; a plan search (compare --policies,
+    // checkpointing other than full / custom [mlp] non-reentrant, offload and parallelism by
+    // its reader; a plan search (compare --policies,
     // optimize, --advise) may have rebuilt those sections since.
+    // (The checkpoint section as the engine resolved it: reentrant and early_stop included.)
+    CheckpointConfig resolved = s_.checkpoint;
+    if (checkpoint_) {
+      resolved.reentrant = checkpoint_->plan().reentrant;
+      resolved.early_stop = checkpoint_->plan().early_stop;
+    }
     if ((lora_target_mask(s_.lora, s_.model.family) & 0x180u) != 0 &&
-        (checkpoint_ || offload_ || s_.parallel.data > 1 || s_.parallel.sharding != Sharding::none ||
-         s_.parallel.zero > 0))
+        ((checkpoint_ && !lora_target_parameters_checkpoint_modelled(resolved)) || offload_ ||
+         s_.parallel.data > 1 || s_.parallel.sharding != Sharding::none || s_.parallel.zero > 0))
       throw ScenarioError(s_.key_prefix("lora.target_parameters") +
-                          ": PEFT's target_parameters with activation checkpointing, offload or "
-                          "data parallelism is not modelled");
+                          ": PEFT's target_parameters with activation checkpointing (other than "
+                          "full or custom [mlp], non-reentrant, checkpoint.early_stop false), "
+                          "offload or data parallelism is not modelled");
     // checkpoint.offload_activations: torchtune's OffloadActivations (graph/offload_streams.h;
     // its refusals: scenario/offload_activations_key.h).
     if (offloads_activations(s_)) {
