@@ -30,6 +30,9 @@
 //  - exit() (the wrappers' `with` exits, innermost first): an inner wrapper's delta dies
 //    with its generator; the outermost cached() exit drops the cache (the merged weights in
 //    first-read order), then the outer delta dies.
+// Under activation checkpointing (full, custom [mlp]) the checkpoint engine's re-run calls
+// enter / weight / exit again: deltas and merged weights are made anew in backward, as the
+// *_ckpt_* CPU fixtures show (docs/moe.md).
 // Backward: each hit expert's SelectBackward0 gives a zeros of the whole merged weight,
 // accumulated (in place, torch 2.x) in AddBackward0's input buffer; MulBackward0 makes one
 // more whole-size tensor (and ToCopyBackward0 its cast for other adapter dtypes); bmm's
