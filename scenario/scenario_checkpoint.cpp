@@ -36,6 +36,12 @@ std::vector<std::string> split_list(const std::string& text, char sep) {
   return out;
 }
 
+CheckpointConfig with_call_of(CheckpointConfig policy, const CheckpointConfig& user) {
+  policy.reentrant = user.reentrant;
+  policy.early_stop = user.early_stop;
+  return policy;
+}
+
 CheckpointConfig parse_policy(const std::string& spec) {
   CheckpointConfig c;
   const size_t colon = spec.find(':');

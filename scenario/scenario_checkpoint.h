@@ -43,6 +43,11 @@ CheckpointConfig parse_policy(const std::string& spec);
 // continues the previous policy's argument list: "none,modules:attention,mlp,full" is
 // {none, modules:attention,mlp, full}.
 std::vector<std::string> split_policies(const std::string& list);
+// `policy` as the user's script would call it: the scenario's checkpoint.reentrant and
+// checkpoint.early_stop (how torch.utils.checkpoint is called, not which regions) carried
+// over, so that `compare --policies` and `optimize` try other regions with the same call.
+CheckpointConfig with_call_of(CheckpointConfig policy, const CheckpointConfig& user);
+
 // The spec that parse_policy reads back ("uniform:2", "custom:0,3.mlp").
 std::string policy_label(const CheckpointConfig& config);
 // A non-negative decimal count of at most 9 digits, or nullopt.

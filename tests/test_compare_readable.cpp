@@ -16,6 +16,9 @@
 #include "tools/cli/api.h"
 #include "tools/cli/compare_html.h"
 #include "tools/cli/compare_rows.h"
+#include "tools/cli/device.h"
+#include "sim/analysis/analysis.h"
+#include "sim/step/execute.h"
 #include "tools/cli/html_report.h"
 
 using namespace memsim;
@@ -182,4 +185,26 @@ TEST_CASE("compare --html: phases aligned, OOM labels apart, reserved beside all
   CHECK(count(rows, "<tr>") == 5);
   CHECK(count(rows, "class=\"oom\"") == 2);
   CHECK(count(html, "data-phase=\"backward\"") >= 1);
+}
+
+// compare tries other regions with the script's own torch.utils.checkpoint call: the
+// scenario's checkpoint.reentrant (and early_stop) carry over to every policy row
+// (scenario/scenario_checkpoint.h with_call_of).
+TEST_CASE("compare: the policies keep the scenario's checkpoint.reentrant", "[compare]") {
+  const std::string text = yaml(80ull << 30) + "checkpoint:\n  policy: full\n  reentrant: true\n";
+  const Scenario reentrant = load_scenario_text(text, "compare.yaml");
+  const std::vector<PolicyRun> rows =
+      run_policies(reentrant, parse_policy_list("none,full", reentrant),
+                   [](const Program&, const Timeline&, const PolicyRun&) {});
+  REQUIRE(rows.size() == 2);
+  auto peak_of = [](const Scenario& s) {
+    const Program p = build_program(s);
+    auto device = make_device(s.device);
+    return analyze(p, execute(p, s.allocator, *device)).peak_allocated;
+  };
+  const uint64_t full_reentrant = peak_of(reentrant);
+  const uint64_t full_plain = peak_of(load_scenario_text(yaml(80ull << 30) + "checkpoint:\n  policy: full\n", "c.yaml"));
+  REQUIRE(full_reentrant != full_plain);  // the call matters for this model
+  CHECK(rows[1].label == "full");
+  CHECK(rows[1].analysis.peak_allocated == full_reentrant);
 }

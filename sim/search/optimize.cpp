@@ -113,8 +113,7 @@ CheckpointPlan uniform_plan(int32_t layers, LayerCheckpoint c) {
 // calibrated and verified the way the user's script calls torch.utils.checkpoint.
 Scenario with_plan(const Scenario& s, const CheckpointPlan& plan) {
   Scenario out = s;
-  out.checkpoint = config_for_plan(plan);
-  out.checkpoint.reentrant = s.checkpoint.reentrant;
+  out.checkpoint = with_call_of(config_for_plan(plan), s.checkpoint);
   return out;
 }
 
@@ -145,11 +144,10 @@ class PlanSimulator {
   }
   // Same for a checkpoint config as the scenario would spell it (a named policy: its
   // segments of several layers have no per-layer plan spelling). The scenario's
-  // checkpoint.reentrant stays, as in with_plan.
+  // checkpoint.reentrant and early_stop stay, as in with_plan.
   bool run_config(const CheckpointConfig& config, uint64_t capacity) {
     Scenario s = scenario_;
-    s.checkpoint = config;
-    s.checkpoint.reentrant = scenario_.checkpoint.reentrant;
+    s.checkpoint = with_call_of(config, scenario_.checkpoint);
     return stream_last(s, capacity, true);
   }
   // Another simulator of the same scenario and script, with storage of its own (for a

@@ -107,7 +107,7 @@ std::vector<PolicyRun> run_policies(const Scenario& base, const std::vector<Chec
   std::vector<PolicyRun> runs;
   for (const CheckpointConfig& config : configs) {
     Scenario s = base;
-    s.checkpoint = config;
+    s.checkpoint = with_call_of(config, base.checkpoint);  // the script's reentrant / early_stop
     const Program program = build_program(s);
     auto device = make_device(s.device);
     const Timeline timeline = execute(program, s.allocator, *device);
