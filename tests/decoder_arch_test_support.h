@@ -13,6 +13,22 @@
 
 namespace memsim_test {
 
+// The fixture's run up to its parameter dtype, as scenario text: family hf-llama at the
+// config's shape, eager attention without dropout, its batch, `precision: params`. Each
+// suite appends its own optimizer, step, device (and LoRA / autocast) keys.
+inline std::string fixture_shape_yaml(const nlohmann::json& c) {
+  std::string y = "model:\n  family: hf-llama\n";
+  for (const char* k : {"layers", "d_model", "heads", "kv_heads", "d_ff", "vocab"})
+    y += std::string("  ") + k + ": " + std::to_string(c[k].get<int>()) + "\n";
+  y += "  context_length: " + std::to_string(c["context"].get<int>()) + "\n";
+  y += std::string("  tied_embeddings: ") + (c.value("tied", false) ? "true" : "false") + "\n";
+  y += "  attention: eager\n  dropout: 0\n";
+  y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
+       "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
+  y += "precision:\n  params: " + c.value("dtype", std::string("fp32")) + "\n";
+  return y;
+}
+
 // The fixture's knobs (config.arch, scenario spellings) and placement (config.arch_hf) as
 // a DecoderArch.
 inline memsim::graph::DecoderArch arch_for(const nlohmann::json& c) {

@@ -17,8 +17,12 @@
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "megatron_moe_test_support.h"
 
 using namespace memsim;
+using memsim_test::activations_at_forward_end;
+using memsim_test::live_at;
+using memsim_test::runs;
 
 namespace {
 
@@ -46,18 +50,6 @@ device: {preset: h100-80gb}
 
 Scenario tiny(const std::vector<std::pair<std::string, std::string>>& o = {}) {
   return load_scenario_text(kTiny, "tiny.yaml", o);
-}
-
-LiveBytes live_at(const Scenario& s, const char* mark) {
-  const Program p = build_megatron_program(s);
-  LiveBytes live = live_bytes_at_mark(p, mark);
-  REQUIRE(live.found_mark);
-  return live;
-}
-
-uint64_t activations_at_forward_end(const Scenario& s) {
-  const LiveBytes l = live_at(s, "forward_end");
-  return l.by_kind[int(TensorKind::activation)];
 }
 
 // What one routed row keeps after forward (allgather): its permuted hidden state (saved by

@@ -20,8 +20,12 @@
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "megatron_moe_test_support.h"
 
 using namespace memsim;
+using memsim_test::activations_at_forward_end;
+using memsim_test::live_at;
+using memsim_test::runs;
 
 namespace {
 
@@ -64,24 +68,6 @@ Scenario dense(const Overrides& o = {}) {
   const std::string moe = "  moe: {experts: 4, top_k: 2, expert_d_ff: 128}\n";
   text.erase(text.find(moe), moe.size());
   return load_scenario_text(text, "dense.yaml", o);
-}
-
-LiveBytes live_at(const Scenario& s, const char* mark) {
-  const Program p = build_megatron_program(s);
-  LiveBytes live = live_bytes_at_mark(p, mark);
-  REQUIRE(live.found_mark);
-  return live;
-}
-
-uint64_t activations_at_forward_end(const Scenario& s) {
-  return live_at(s, "forward_end").by_kind[int(TensorKind::activation)];
-}
-
-bool runs(const Scenario& s) {
-  const Program program = build_program(s);
-  SimulatedDevice device(s.device.capacity, s.device.cuda_context);
-  const Timeline t = execute(program, s.allocator, device);
-  return !t.oom.has_value() && !t.allocated.empty();
 }
 
 std::string expect_error(const Overrides& o) {

@@ -33,15 +33,7 @@ const std::string kConfigs = MEMSIM_SOURCE_DIR "/tests/data/moe_configs/";
 
 // The fixture's run (as tests/test_decoder_arch.cpp builds it) with its MoE block.
 Scenario scenario_for(const nlohmann::json& c) {
-  std::string y = "model:\n  family: hf-llama\n";
-  for (const char* k : {"layers", "d_model", "heads", "kv_heads", "d_ff", "vocab"})
-    y += std::string("  ") + k + ": " + std::to_string(c[k].get<int>()) + "\n";
-  y += "  context_length: " + std::to_string(c["context"].get<int>()) + "\n";
-  y += std::string("  tied_embeddings: ") + (c.value("tied", false) ? "true" : "false") + "\n";
-  y += "  attention: eager\n  dropout: 0\n";
-  y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
-       "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
-  y += "precision:\n  params: " + c.value("dtype", std::string("fp32")) + "\n";
+  std::string y = memsim_test::fixture_shape_yaml(c);
   y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";

@@ -33,16 +33,8 @@ const char* kComposeDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_moe_compose";
 
 // The fixture's run with its MoE block, LoRA adapters and autocast region.
 Scenario scenario_for(const nlohmann::json& c) {
-  std::string y = "model:\n  family: hf-llama\n";
-  for (const char* k : {"layers", "d_model", "heads", "kv_heads", "d_ff", "vocab"})
-    y += std::string("  ") + k + ": " + std::to_string(c[k].get<int>()) + "\n";
-  y += "  context_length: " + std::to_string(c["context"].get<int>()) + "\n";
-  y += std::string("  tied_embeddings: ") + (c.value("tied", false) ? "true" : "false") + "\n";
-  y += "  attention: eager\n  dropout: 0\n";
-  y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
-       "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
+  std::string y = memsim_test::fixture_shape_yaml(c);
   const std::string dtype = c.value("dtype", std::string("fp32"));
-  y += "precision:\n  params: " + dtype + "\n";
   if (c.value("autocast", std::string("none")) == "bf16") y += "  autocast: bf16\n";
   if (c.contains("lora")) {
     const nlohmann::json& l = c["lora"];

@@ -32,16 +32,8 @@ namespace {
 const char* kDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_moe_lora";
 
 Scenario scenario_for(const nlohmann::json& c) {
-  std::string y = "model:\n  family: hf-llama\n";
-  for (const char* k : {"layers", "d_model", "heads", "kv_heads", "d_ff", "vocab"})
-    y += std::string("  ") + k + ": " + std::to_string(c[k].get<int>()) + "\n";
-  y += "  context_length: " + std::to_string(c["context"].get<int>()) + "\n";
-  y += std::string("  tied_embeddings: ") + (c.value("tied", false) ? "true" : "false") + "\n";
-  y += "  attention: eager\n  dropout: 0\n";
-  y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
-       "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
+  std::string y = memsim_test::fixture_shape_yaml(c);
   const std::string dtype = c.value("dtype", std::string("fp32"));
-  y += "precision:\n  params: " + dtype + "\n";
   const nlohmann::json& l = c["lora"];
   y += "lora:\n  rank: " + std::to_string(l["rank"].get<int>()) + "\n  alpha: " +
        std::to_string(l["alpha"].get<int>()) + "\n  target_parameters: [";
