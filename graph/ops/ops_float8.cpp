@@ -43,6 +43,39 @@ uint32_t scaled_mm(Runtime& rt, uint64_t out_bytes, TensorKind out_kind) {
   return out;
 }
 
+// matmul_with_hp_or_float8_args' node: sizes [0] x elements (rows*in), [1] W elements
+// (out*in), [2] grad elements (rows*out). The caller saves what its forward keeps.
+int32_t float8_node(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t nx, uint64_t nw,
+                    uint64_t ng) {
+  const int32_t n = rt.make_node(OpKind::float8_linear, {&x, &w});
+  Node& node = rt.node(n);
+  node.size[0] = nx;
+  node.size[1] = nw;
+  node.size[2] = ng;
+  return n;
+}
+
+// The forward after the saves: the input's cast (a Float8Tensor local to it), _scaled_mm's
+// high-precision result, the forward's FLOPs, and node n's backward costs (n < 0: no grad).
+Tensor float8_forward_mm(Runtime& rt, const Tensor& x, const Tensor& w, int32_t n, uint64_t nx,
+                         uint64_t nw, uint64_t ng, double flops) {
+  const uint32_t x_scale = scale_of(rt, nx, TensorKind::temporary);
+  const uint32_t x_fp8 = to_fp8(rt, nx, TensorKind::temporary);
+  Tensor result = rt.adopt(scaled_mm(rt, ng * kHp, TensorKind::activation), ng * kHp);
+  // The _scaled_mm reads the fp8 operands and writes the high-precision result.
+  const double io = static_cast<double>(nx + nw + ng * kHp);
+  rt.add_flops_forward(flops, io, MathDtype::fp8);
+  rt.release(x_fp8);  // the Float8Tensor dies: _data, then _scale
+  rt.release(x_scale);
+  if (n >= 0) {
+    Node& node = rt.node(n);
+    node.flops = detail::matmul_backward_flops(x, w, flops);
+    node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
+    result.grad_fn = n;
+  }
+  return result;
+}
+
 }  // namespace
 
 // Node sizes: [0] x elements (rows*in), [1] W elements (out*in), [2] grad elements (rows*out).
@@ -59,30 +92,12 @@ Tensor float8_linear(Runtime& rt, const Tensor& x, const Tensor& w, uint64_t row
   // then the input's cast, local to it.
   int32_t n = -1;
   if (grad) {
-    n = rt.make_node(OpKind::float8_linear, {&x, &w});
-    Node& node = rt.node(n);
-    node.size[0] = nx;
-    node.size[1] = nw;
-    node.size[2] = ng;
+    n = float8_node(rt, x, w, nx, nw, ng);
     rt.save(n, x);      // input_hp
     rt.save(n, w_fp8);  // weight_fp8_t: its _data and _scale
     rt.save(n, w_scale);
   }
-  const uint32_t x_scale = scale_of(rt, nx, TensorKind::temporary);
-  const uint32_t x_fp8 = to_fp8(rt, nx, TensorKind::temporary);
-  Tensor result = rt.adopt(scaled_mm(rt, ng * kHp, TensorKind::activation), ng * kHp);
-  // The _scaled_mm reads the fp8 operands and writes the high-precision result.
-  const double io = static_cast<double>(nx + nw + ng * kHp);
-  rt.add_flops_forward(flops, io, MathDtype::fp8);
-  rt.release(x_fp8);  // the Float8Tensor dies: _data, then _scale
-  rt.release(x_scale);
-  if (grad) {
-    Node& node = rt.node(n);
-    node.flops = detail::matmul_backward_flops(x, w, flops);
-    node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
-    result.grad_fn = n;
-  }
-  return result;  // w_fp8, then w_scale, die here unless saved
+  return float8_forward_mm(rt, x, w, n, nx, nw, ng, flops);  // w_fp8, then w_scale, die here unless saved
 }
 
 Tensor float8_linear_gathered(Runtime& rt, const Tensor& x, const Tensor& w, uint32_t w_scale,
@@ -95,29 +110,12 @@ Tensor float8_linear_gathered(Runtime& rt, const Tensor& x, const Tensor& w, uin
   // first; the weight is already float8 (tensor_already_casted_to_fp8): no cast.
   int32_t n = -1;
   if (grad) {
-    n = rt.make_node(OpKind::float8_linear, {&x, &w});
-    Node& node = rt.node(n);
-    node.size[0] = nx;
-    node.size[1] = nw;
-    node.size[2] = ng;
+    n = float8_node(rt, x, w, nx, nw, ng);
     rt.save(n, x);                 // input_hp
     rt.save(n, w);                 // weight_hp_t's _data: FSDP2's gathered e4m3 storage
     rt.save_storage(n, w_scale);   // its _scale
   }
-  const uint32_t x_scale = scale_of(rt, nx, TensorKind::temporary);
-  const uint32_t x_fp8 = to_fp8(rt, nx, TensorKind::temporary);
-  Tensor result = rt.adopt(scaled_mm(rt, ng * kHp, TensorKind::activation), ng * kHp);
-  const double io = static_cast<double>(nx + nw + ng * kHp);
-  rt.add_flops_forward(flops, io, MathDtype::fp8);
-  rt.release(x_fp8);
-  rt.release(x_scale);
-  if (grad) {
-    Node& node = rt.node(n);
-    node.flops = detail::matmul_backward_flops(x, w, flops);
-    node.gemm_bytes = detail::matmul_backward_bytes(x, w, io);
-    result.grad_fn = n;
-  }
-  return result;
+  return float8_forward_mm(rt, x, w, n, nx, nw, ng, flops);
 }
 
 bool run_float8_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
