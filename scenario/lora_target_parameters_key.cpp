@@ -48,18 +48,7 @@ void read_lora_target_parameters(const Doc& d, Scenario& s) {
     fail(at, "lora.target_parameters",
          "LoRA on DeepSeek's routed experts is not modelled (docs/deepseek.md)");
   // A YAML list, or one string with commas (--set).
-  std::vector<std::string> names;
-  for (const std::string& item : read_string_list(*f, "lora.target_parameters")) {
-    size_t start = 0;
-    while (start <= item.size()) {
-      const size_t comma = std::min(item.find(',', start), item.size());
-      std::string name = item.substr(start, comma - start);
-      name.erase(0, name.find_first_not_of(" \t"));
-      name.erase(name.find_last_not_of(" \t") + 1);
-      if (!name.empty()) names.push_back(name);
-      start = comma + 1;
-    }
-  }
+  const std::vector<std::string> names = read_name_list(*f, "lora.target_parameters");
   if (names.empty())
     fail(at, "lora.target_parameters", "expected at least one of gate_up_proj, down_proj");
   for (const std::string& n : names) {

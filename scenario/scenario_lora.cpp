@@ -112,17 +112,7 @@ LoraConfig build_lora(const Doc& d, const ModelConfig& model, const PrecisionCon
     fail(d.where_missing("lora"), "lora.targets",
          "required when a lora section is given (module names such as q_proj, v_proj, or all-linear)");
   // A YAML list, or one string with commas ("q_proj,v_proj", as --set spells it).
-  for (const std::string& item : read_string_list(*targets, "lora.targets")) {
-    size_t start = 0;
-    while (start <= item.size()) {
-      const size_t comma = std::min(item.find(',', start), item.size());
-      std::string name = item.substr(start, comma - start);
-      name.erase(0, name.find_first_not_of(" \t"));
-      name.erase(name.find_last_not_of(" \t") + 1);
-      if (!name.empty()) c.targets.push_back(name);
-      start = comma + 1;
-    }
-  }
+  c.targets = read_name_list(*targets, "lora.targets");
   if (!family_row(model.family).lora) {
     fail(targets->where, "lora.targets",
          std::string("LoRA is modelled for the hf-llama and hf-gpt2 families, not '") +

@@ -177,4 +177,20 @@ std::vector<std::string> read_string_list(const Field& f, std::string_view key) 
   return out;
 }
 
+std::vector<std::string> read_name_list(const Field& f, std::string_view key) {
+  std::vector<std::string> names;
+  for (const std::string& item : read_string_list(f, key)) {
+    size_t start = 0;
+    while (start <= item.size()) {
+      const size_t comma = std::min(item.find(',', start), item.size());
+      std::string name = item.substr(start, comma - start);
+      name.erase(0, name.find_first_not_of(" \t"));
+      name.erase(name.find_last_not_of(" \t") + 1);
+      if (!name.empty()) names.push_back(name);
+      start = comma + 1;
+    }
+  }
+  return names;
+}
+
 }  // namespace memsim::scenario_detail

@@ -43,6 +43,9 @@ bool read_bool(const Field& f, std::string_view key);
 uint64_t read_size(const Field& f, std::string_view key);
 // A list of scalars (or one scalar, read as a list of one).
 std::vector<std::string> read_string_list(const Field& f, std::string_view key);
+// read_string_list with each item split at commas ("q_proj,v_proj", as --set spells a
+// list), every piece trimmed of spaces and tabs, empty pieces dropped.
+std::vector<std::string> read_name_list(const Field& f, std::string_view key);
 
 // One of `choices` (the scenario-file spellings); the error lists them.
 template <typename E>

@@ -45,16 +45,21 @@ void LoraModules::freeze_all() {
   for (Parameter& p : rt_.parameters()) p.frozen = true;
 }
 
-LoraAdapter LoraModules::add_adapter(uint64_t out, uint64_t in, const std::string& module_name) {
-  const uint64_t r = static_cast<uint64_t>(s_.lora.rank), a = s_.lora.adapter_elem;
+LoraAdapter add_lora_parameters(Runtime& rt, uint64_t rank, uint64_t out, uint64_t in, uint64_t elem,
+                                const std::string& module) {
   LoraAdapter ad;
-  ad.a = rt_.add_parameter(r * in * a, module_name + ".lora_A.default.weight");
-  ad.b = rt_.add_parameter(out * r * a, module_name + ".lora_B.default.weight");
-  rt_.parameters()[ad.a].rows = r;
-  rt_.parameters()[ad.b].rows = out;
-  rt_.parameters()[ad.a].elem = static_cast<uint8_t>(a);
-  rt_.parameters()[ad.b].elem = static_cast<uint8_t>(a);
+  ad.a = rt.add_parameter(rank * in * elem, module + ".lora_A.default.weight");
+  ad.b = rt.add_parameter(out * rank * elem, module + ".lora_B.default.weight");
+  rt.parameters()[ad.a].rows = rank;
+  rt.parameters()[ad.b].rows = out;
+  rt.parameters()[ad.a].elem = static_cast<uint8_t>(elem);
+  rt.parameters()[ad.b].elem = static_cast<uint8_t>(elem);
   return ad;
+}
+
+LoraAdapter LoraModules::add_adapter(uint64_t out, uint64_t in, const std::string& module_name) {
+  return add_lora_parameters(rt_, static_cast<uint64_t>(s_.lora.rank), out, in, s_.lora.adapter_elem,
+                             module_name);
 }
 
 Tensor LoraModules::base_linear(const Tensor& x, int32_t w, uint64_t in, uint64_t out,

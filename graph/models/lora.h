@@ -47,6 +47,11 @@ struct LoraAdapter {
   bool defined() const { return a >= 0; }
 };
 
+// PEFT's lora_A (rank x in) and lora_B (out x rank) of `module`, `elem` bytes per element,
+// registered as parameters (rank is r, or r * E for a ParamWrapper over E experts).
+LoraAdapter add_lora_parameters(Runtime& rt, uint64_t rank, uint64_t out, uint64_t in, uint64_t elem,
+                                const std::string& module);
+
 // The persistent storages of one NF4 weight besides its packed codes.
 struct Nf4State {
   Tensor absmax_q, absmax2, offset, code;

@@ -8,15 +8,7 @@ namespace memsim::graph {
 
 LoraAdapter add_experts_adapter(Runtime& rt, uint64_t experts, uint64_t out, uint64_t in, uint64_t rank,
                                 uint64_t adapter_elem, const std::string& module) {
-  const uint64_t re = rank * experts;
-  LoraAdapter ad;
-  ad.a = rt.add_parameter(re * in * adapter_elem, module + ".lora_A.default.weight");
-  ad.b = rt.add_parameter(out * re * adapter_elem, module + ".lora_B.default.weight");
-  rt.parameters()[ad.a].rows = re;
-  rt.parameters()[ad.b].rows = out;
-  rt.parameters()[ad.a].elem = static_cast<uint8_t>(adapter_elem);
-  rt.parameters()[ad.b].elem = static_cast<uint8_t>(adapter_elem);
-  return ad;
+  return add_lora_parameters(rt, rank * experts, out, in, adapter_elem, module);
 }
 
 ExpertsParamLora::ExpertsParamLora(Runtime& rt, uint64_t experts, uint64_t rank, uint64_t adapter_elem,
