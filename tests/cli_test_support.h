@@ -12,6 +12,7 @@
 #include <string>
 
 #include <catch2/catch.hpp>
+#include "test_paths.h"
 
 namespace memsim_test {
 

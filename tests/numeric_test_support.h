@@ -18,6 +18,7 @@
 #include "scenario/scenario.h"
 #include "sim/check/numeric_check.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 namespace memsim_test {
 

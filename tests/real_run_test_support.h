@@ -26,6 +26,7 @@
 #include "sim/step/schedule.h"
 #include "tests/shared_dir_test_support.h"
 #include "tests/support/real_runs.h"
+#include "test_paths.h"
 
 namespace memsim_test {
 
@@ -187,7 +188,7 @@ inline void check_run_prediction(const RunPrediction& p, const nlohmann::json& e
 
 // A predictions file entry's scenario, as a path from the source folder.
 inline std::string scenario_path_of(const nlohmann::json& entry) {
-  return std::string(MEMSIM_SOURCE_DIR "/") + entry["scenario"].get<std::string>();
+  return std::string(MEMSIM_SOURCE_DIR + "/") + entry["scenario"].get<std::string>();
 }
 
 // Each measured run's snapshot (the GPU script's OUT/<topic>_snapshots.tar.xz, unpacked by

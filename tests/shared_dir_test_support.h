@@ -13,6 +13,7 @@
 #include <string>
 
 #include <catch2/catch.hpp>
+#include "test_paths.h"
 
 #define MEMSIM_SKIP(message) WARN("SKIPPED: " << message)
 
@@ -21,7 +22,7 @@ namespace memsim_test {
 inline const std::string& shared_root() {
   static const std::string root = [] {
     const char* env = std::getenv("MEMSIM_SHARED");
-    return std::string(env != nullptr && *env != '\0' ? env : MEMSIM_SOURCE_DIR "/../shared");
+    return std::string(env != nullptr && *env != '\0' ? env : MEMSIM_SOURCE_DIR + "/../shared");
   }();
   return root;
 }

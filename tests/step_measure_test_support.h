@@ -13,6 +13,7 @@
 #include "json_test_support.h"
 #include "program/program.h"
 #include "scenario/scenario.h"
+#include "test_paths.h"
 
 namespace memsim_test {
 
@@ -48,7 +49,7 @@ inline StepMeasure measure_step(const memsim::Program& p) {
 
 // A fixture of tests/data/torch_cpu/ (written by tools/fixtures/).
 inline nlohmann::json load_torch_cpu_fixture(const std::string& file) {
-  return load_json(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu/" + file);
+  return load_json(MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu/" + file);
 }
 
 // The model and batch of a CS336 checkpoint fixture's "config" (gen_checkpoint_fixtures.py).

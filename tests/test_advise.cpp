@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

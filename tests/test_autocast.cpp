@@ -10,6 +10,7 @@
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "tests/support/real_runs.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -51,7 +52,7 @@ uint64_t allocated_after_backward(const Scenario& s) {
 
 TEST_CASE("autocast: the real bf16 cs336 runs within 1% allocated and 3% reserved",
           "[autocast][accuracy]") {
-  std::ifstream in(MEMSIM_SOURCE_DIR "/tests/data/cs336_bf16_measured.json");
+  std::ifstream in(MEMSIM_SOURCE_DIR + "/tests/data/cs336_bf16_measured.json");
   REQUIRE(in);
   nlohmann::json fixture;
   in >> fixture;
@@ -189,7 +190,7 @@ TEST_CASE("autocast: the bf16 runs' allocations and frees equal the traces'",
   // weights in hash-map order (keyed by TensorImpl address); Wedsonlin S1024's embedding
   // backward asks CUB for a sort scratch size memsim does not model (72191 B). Those
   // still have the trace's number of events.
-  std::ifstream in(MEMSIM_SOURCE_DIR "/tests/data/cs336_bf16_measured.json");
+  std::ifstream in(MEMSIM_SOURCE_DIR + "/tests/data/cs336_bf16_measured.json");
   REQUIRE(in);
   nlohmann::json fixture;
   in >> fixture;

@@ -9,17 +9,18 @@
 
 #include "json_test_support.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 TEST_CASE("the blind GPU predictions' scenarios still load (tests/data/h100/arch)", "[arch][h100]") {
   const nlohmann::json fx =
-      memsim_test::load_json(MEMSIM_SOURCE_DIR "/tests/data/h100/blind3_arch_predictions.json");
+      memsim_test::load_json(MEMSIM_SOURCE_DIR + "/tests/data/h100/blind3_arch_predictions.json");
   const nlohmann::json& runs = fx["predictions"];
   REQUIRE(runs.size() >= 30);
   for (const auto& [name, run] : runs.items()) {
     INFO(name);
-    const std::string path = std::string(MEMSIM_SOURCE_DIR "/") + run["scenario"].get<std::string>();
+    const std::string path = std::string(MEMSIM_SOURCE_DIR + "/") + run["scenario"].get<std::string>();
     const bool refused = !run.contains("peak_allocated_bytes");
     // Refusals lifted since the predictions were committed (the scenario now simulates;
     // no prediction was recorded for it): Qwen2's q/k/v biases under autocast (issue #16

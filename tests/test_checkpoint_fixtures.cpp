@@ -27,6 +27,7 @@
 #include "sim/step/schedule.h"
 #include "decoder_arch_test_support.h"
 #include "step_measure_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -133,7 +134,7 @@ TEST_CASE("checkpointing matches PyTorch 1.13 on CPU (HF GPT-2 and LLaMA stand-i
 TEST_CASE("checkpointing matches PyTorch 1.13 on CPU (Gemma-2 and Qwen3 stand-ins, 4 layers)",
           "[checkpoint][hf][arch]") {
   for (const char* file : {"checkpoint_gemma2.json", "checkpoint_qwen3.json"}) {
-    std::ifstream in(std::string(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_arch/") + file);
+    std::ifstream in(std::string(MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_arch/") + file);
     REQUIRE(in.good());
     const nlohmann::json fx = nlohmann::json::parse(in);
     const nlohmann::json& c = fx["config"];

@@ -14,6 +14,7 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -19,6 +19,7 @@
 #include "scenario/hf_family.h"
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 using graph::PartClass;
@@ -171,7 +172,7 @@ TEST_CASE("min-cut partition: reductions are saved, budget 0 keeps the inputs on
 
 TEST_CASE("compiled blocks save what AOTAutograd's min-cut saves (torch 1.13 CPU fixtures)",
           "[compile][fixtures]") {
-  const std::filesystem::path dir = MEMSIM_SOURCE_DIR "/tests/data/compile";
+  const std::filesystem::path dir = MEMSIM_SOURCE_DIR + "/tests/data/compile";
   for (const char* name : {"partition_hf_llama.json", "partition_hf_gpt2.json"}) {
     INFO(name);
     const nlohmann::json fx = memsim_test::load_json(dir / name);
@@ -295,7 +296,7 @@ TEST_CASE("the torch 2.x rules on the fixture blocks", "[compile][fixtures]") {
   // torch 2.x bans recomputing a value a matmul's backward reads (materialised in the
   // backward anyway) and decomposes native_layer_norm: on these blocks it keeps the same
   // bytes as torch 1.13 does for other reasons (docs/compile.md, Evidence).
-  const std::filesystem::path dir = MEMSIM_SOURCE_DIR "/tests/data/compile";
+  const std::filesystem::path dir = MEMSIM_SOURCE_DIR + "/tests/data/compile";
   for (const char* name : {"partition_hf_llama.json", "partition_hf_gpt2.json"}) {
     INFO(name);
     const nlohmann::json fx = memsim_test::load_json(dir / name);

@@ -25,6 +25,7 @@
 #include "event_span_test_support.h"
 #include "python_json_test_support.h"
 #include "real_run_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -158,7 +159,7 @@ TEST_CASE("cp_w8_c2 (H200, torch 2.11): the measured step's peaks", "[context-pa
   // (cp_w8_c1 is 4,096 B low too).
   // Python's json writes the fake group's garbage losses as NaN (read as null).
   const nlohmann::json runs =
-      memsim_test::load_python_json(MEMSIM_SOURCE_DIR "/tests/data/gpu/cp/cp_runs.json");
+      memsim_test::load_python_json(MEMSIM_SOURCE_DIR + "/tests/data/gpu/cp/cp_runs.json");
   uint64_t alloc = 0, reserved = 0;
   for (const auto& r : runs["results"])
     if (r["spec"]["name"] == "cp_w8_c2") {
@@ -166,7 +167,7 @@ TEST_CASE("cp_w8_c2 (H200, torch 2.11): the measured step's peaks", "[context-pa
       reserved = r["measured_step_peak_reserved"].get<uint64_t>();
     }
   REQUIRE(alloc == 2951992320ull);
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/tests/data/gpu/cp/cp_w8_c2.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/tests/data/gpu/cp/cp_w8_c2.yaml");
   const memsim_test::SimulatedPeaks p = memsim_test::simulate_peaks(s);
   CHECK(p.allocated == alloc - 4096);
   CHECK(p.reserved == reserved);

@@ -13,6 +13,7 @@
 #include "real_run_test_support.h"
 #include "sim/step/schedule.h"
 #include "tests/support/real_runs.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -54,7 +55,7 @@ using memsim_test::rel;
 }  // namespace
 
 TEST_CASE("cs336 real runs: fixture agrees with the shared manifest", "[cs336][accuracy]") {
-  const nlohmann::json fixture = load_json(MEMSIM_SOURCE_DIR "/tests/data/cs336_measured.json");
+  const nlohmann::json fixture = load_json(MEMSIM_SOURCE_DIR + "/tests/data/cs336_measured.json");
   REQUIRE(!fixture.is_null());
   if (!memsim_test::shared_snapshots_present("tests/data/cs336_measured.json against manifest.json"))
     return;
@@ -71,7 +72,7 @@ TEST_CASE("cs336 real runs: fixture agrees with the shared manifest", "[cs336][a
 }
 
 TEST_CASE("cs336 real runs: predicted peaks match the snapshots", "[cs336][accuracy]") {
-  const nlohmann::json fixture = load_json(MEMSIM_SOURCE_DIR "/tests/data/cs336_measured.json");
+  const nlohmann::json fixture = load_json(MEMSIM_SOURCE_DIR + "/tests/data/cs336_measured.json");
   REQUIRE(!fixture.is_null());
   const std::vector<RealRun> runs = cs336_real_runs();
   REQUIRE(runs.size() == fixture["runs"].size());
@@ -104,7 +105,7 @@ TEST_CASE("cs336 real runs: predicted peaks match the snapshots", "[cs336][accur
 TEST_CASE("cs336 real runs: the measured step's allocations and frees equal the trace's",
           "[cs336][accuracy]") {
   // Every alloc and free of the recorded step, in order, with the same requested size.
-  const nlohmann::json fixture = load_json(MEMSIM_SOURCE_DIR "/tests/data/cs336_measured.json");
+  const nlohmann::json fixture = load_json(MEMSIM_SOURCE_DIR + "/tests/data/cs336_measured.json");
   REQUIRE(!fixture.is_null());
   for (const RealRun& run : cs336_real_runs()) {
     INFO(run.id);

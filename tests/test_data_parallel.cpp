@@ -17,12 +17,13 @@
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/schedule.h"
 #include "sim/parallel/zero_sharding.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kDdpDir = MEMSIM_SOURCE_DIR "/tests/data/ddp";
+const std::string kDdpDir = MEMSIM_SOURCE_DIR + "/tests/data/ddp";
 
 using memsim_test::load_json;
 

@@ -16,12 +16,13 @@
 #include "sim/analysis/layer_bytes.h"
 #include "sim/parallel/data_parallel.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kDir = MEMSIM_SOURCE_DIR "/tests/data/ddp_combos";
+const std::string kDir = MEMSIM_SOURCE_DIR + "/tests/data/ddp_combos";
 
 using memsim_test::load_json;
 

@@ -15,12 +15,13 @@
 #include "sim/step/schedule.h"
 #include "decoder_arch_test_support.h"
 #include "torch_fixture_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kArchFixtureDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_arch";
+const std::string kArchFixtureDir = MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_arch";
 
 // The fixture's run: fp32, torch.optim for-loop, eager attention, an unlimited device
 // without cuBLAS workspaces or CUDA kernel scratch (a CPU run has none).

@@ -25,13 +25,14 @@
 #include "sim/step/schedule.h"
 #include "program/tensor_names.h"
 #include "torch_fixture_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kDeepseekFixtureDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_deepseek";
-const std::string kConfigs = MEMSIM_SOURCE_DIR "/tests/data/moe_configs/";
+const std::string kDeepseekFixtureDir = MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_deepseek";
+const std::string kConfigs = MEMSIM_SOURCE_DIR + "/tests/data/moe_configs/";
 
 std::string temp_dir() {
   const auto dir = std::filesystem::temp_directory_path() / "memsim_test_deepseek";

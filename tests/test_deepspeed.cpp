@@ -12,6 +12,7 @@
 #include "program/tensor_names.h"
 #include "sim/parallel/deepspeed_zero.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

@@ -15,6 +15,7 @@
 #include "program/program.h"
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using namespace memsim;
@@ -48,8 +49,8 @@ TEST_CASE("every free event carries its tensor's alloc kind (DeepSpeed, Megatron
     s.insert(s.end(), extra.begin(), extra.end());
     return s;
   };
-  const std::string zero3 = MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-zero3-8xa100.yaml";
-  const std::string llama = MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-full-finetune-a100.yaml";
+  const std::string zero3 = MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-zero3-8xa100.yaml";
+  const std::string llama = MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-full-finetune-a100.yaml";
   const std::vector<std::pair<std::string, Sets>> runs = {
       {zero3, with({{"parallel.zero", "2"}})},
       {zero3, with({{"parallel.zero", "1"}})},
@@ -57,9 +58,9 @@ TEST_CASE("every free event carries its tensor's alloc kind (DeepSpeed, Megatron
       {zero3, small},
       {llama, with({{"optimizer.type", "adamw8bit"}})},
       {llama, with({{"precision.master_weights", "true"}, {"precision.params", "bf16"}})},
-      {MEMSIM_SOURCE_DIR "/scenarios/gpt3-175b-tp8-pp8-64xh100.yaml",
+      {MEMSIM_SOURCE_DIR + "/scenarios/gpt3-175b-tp8-pp8-64xh100.yaml",
        {{"model.layers", "16"}, {"device.capacity", "1TiB"}, {"parallel.data", "2"}, {"parallel.zero", "1"}}},
-      {MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-fsdp2-8xh100.yaml", small},
+      {MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-fsdp2-8xh100.yaml", small},
   };
   for (const auto& [path, sets] : runs) {
     INFO(path << " with " << sets.size() << " overrides");

@@ -22,6 +22,7 @@
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
 #include "step_measure_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -229,8 +230,7 @@ TEST_CASE("float8 with full checkpointing: the re-run casts again, early stop at
 TEST_CASE("memsim run: Llama-3-8B with float8 rowwise under full checkpointing", "[float8][cli]") {
   auto peak = [](const std::string& sets) {
     const memsim_test::CommandResult r = memsim_test::run_shell(
-        memsim_test::memsim_command() + "run '" MEMSIM_SOURCE_DIR
-        "/scenarios/llama3-8b-torchtitan-seq8192-h200.yaml' " + sets + " --json - 2>/dev/null");
+        memsim_test::memsim_command() + "run '" + MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-torchtitan-seq8192-h200.yaml' " + sets + " --json - 2>/dev/null");
     REQUIRE(r.status == 0);
     return nlohmann::json::parse(r.out);
   };
@@ -249,8 +249,7 @@ TEST_CASE("memsim run: Llama-3-8B with float8 rowwise under full checkpointing",
         none["peak_reserved_bytes"].get<uint64_t>());
   // sac-op (the scenario's own torchtitan policy family) is refused by key.
   const memsim_test::CommandResult r = memsim_test::run_shell(
-      memsim_test::memsim_command() + "run '" MEMSIM_SOURCE_DIR
-      "/scenarios/llama3-8b-torchtitan-seq8192-h200.yaml' --set precision.float8=rowwise "
+      memsim_test::memsim_command() + "run '" + MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-torchtitan-seq8192-h200.yaml' --set precision.float8=rowwise "
       "--set checkpoint.policy=sac-op 2>&1");
   CHECK(r.status == 1);
   CHECK_THAT(r.out, Catch::Contains("checkpoint.policy") && Catch::Contains("sac-op"));

@@ -11,6 +11,7 @@
 #include "sim/analysis/layer_bytes.h"
 #include "sim/parallel/zero_sharding.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -142,7 +143,7 @@ TEST_CASE("FSDP keys are validated and unmodelled combinations refused", "[fsdp]
 
 TEST_CASE("llama2-7b-fsdp-8xa100: 16/8 bytes of model state per parameter on each GPU",
           "[fsdp][scenarios]") {
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-fsdp-8xa100.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-fsdp-8xa100.yaml");
   const Program p = build_program(s);
   const double P = 6738415616.0;  // LlamaForCausalLM 7B (untied LM head)
   const LiveBytes l = live_bytes_at_mark(p, "optimizer_end");
@@ -156,8 +157,7 @@ TEST_CASE("llama2-7b-fsdp-8xa100: 16/8 bytes of model state per parameter on eac
 
 TEST_CASE("memsim run --json reports the simulated rank of an FSDP job", "[fsdp][cli]") {
   const memsim_test::CommandResult r = memsim_test::run_shell(
-      memsim_test::memsim_command() + "run '" MEMSIM_SOURCE_DIR
-      "/scenarios/llama2-7b-fsdp-8xa100.yaml' --json - 2>/dev/null");
+      memsim_test::memsim_command() + "run '" + MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-fsdp-8xa100.yaml' --json - 2>/dev/null");
   REQUIRE(r.status == 0);
   const nlohmann::json j = nlohmann::json::parse(r.out);
   CHECK(j["rank"]["world_size"] == 8);

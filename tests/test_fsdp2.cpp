@@ -15,6 +15,7 @@
 #include "sim/parallel/fsdp2.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -382,8 +383,7 @@ TEST_CASE("FSDP2 and FSDP1 hold the same model state when no padding differs", "
 
 TEST_CASE("memsim run on llama3-8b-fsdp2-8xh100 reports the FSDP2 rank", "[fsdp2][cli][scenarios]") {
   const memsim_test::CommandResult r = memsim_test::run_shell(
-      memsim_test::memsim_command() + "run '" MEMSIM_SOURCE_DIR
-      "/scenarios/llama3-8b-fsdp2-8xh100.yaml' --json - 2>/dev/null");
+      memsim_test::memsim_command() + "run '" + MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-fsdp2-8xh100.yaml' --json - 2>/dev/null");
   REQUIRE(r.status == 0);
   const nlohmann::json j = nlohmann::json::parse(r.out);
   CHECK(j["fits"] == true);
@@ -392,7 +392,7 @@ TEST_CASE("memsim run on llama3-8b-fsdp2-8xh100 reports the FSDP2 rank", "[fsdp2
   // Meta-device init: no full-size parameter ever reaches the GPU; the largest
   // parameter allocation of the setup is lm_head's (or the embedding's) fp32 shard:
   // 128256 / 8 = 16032 rows x 4096 x 4 B.
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-fsdp2-8xh100.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-fsdp2-8xh100.yaml");
   const Program p = build_program(s);
   uint64_t largest = 0;
   for (const MemoryEvent& e : p.events)

@@ -22,6 +22,7 @@
 #include "scenario/scenario.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -299,8 +300,7 @@ TEST_CASE("FSDP2 float8 all-gather: refusals by key", "[float8][fsdp2]") {
 TEST_CASE("memsim run: Llama-3-8B FSDP2 with the float8 all-gather", "[float8][fsdp2][cli]") {
   auto run = [](const std::string& sets) {
     const memsim_test::CommandResult r = memsim_test::run_shell(
-        memsim_test::memsim_command() + "run '" MEMSIM_SOURCE_DIR
-        "/scenarios/llama3-8b-fsdp2-8xh100.yaml' " + sets + " --json - 2>/dev/null");
+        memsim_test::memsim_command() + "run '" + MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-fsdp2-8xh100.yaml' " + sets + " --json - 2>/dev/null");
     REQUIRE(r.status == 0);
     return nlohmann::json::parse(r.out);
   };
@@ -320,8 +320,7 @@ TEST_CASE("memsim run: Llama-3-8B FSDP2 with the float8 all-gather", "[float8][f
   // The gathered blocks are half the bytes: reserved drops (41.43 -> 37.88 GiB).
   CHECK(f8["peak_reserved_bytes"].get<uint64_t>() < bf16["peak_reserved_bytes"].get<uint64_t>());
   const memsim_test::CommandResult r = memsim_test::run_shell(
-      memsim_test::memsim_command() + "run '" MEMSIM_SOURCE_DIR
-      "/scenarios/llama3-8b-fsdp2-8xh100.yaml' --set precision.float8=rowwise "
+      memsim_test::memsim_command() + "run '" + MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-fsdp2-8xh100.yaml' --set precision.float8=rowwise "
       "--set precision.float8_all_gather=true 2>&1");
   CHECK(r.status == 1);
   CHECK_THAT(r.out, Catch::Contains("precision.float8_all_gather") && Catch::Contains("tensorwise"));

@@ -16,12 +16,13 @@
 
 #include "sim/analysis/layer_bytes.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kDir = MEMSIM_SOURCE_DIR "/tests/data/fsdp_lora";
+const std::string kDir = MEMSIM_SOURCE_DIR + "/tests/data/fsdp_lora";
 
 Scenario scenario_for(const nlohmann::json& c, int64_t world) {
   std::string y = "model:\n  family: hf-llama\n";

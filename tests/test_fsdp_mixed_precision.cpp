@@ -9,6 +9,7 @@
 
 #include "sim/analysis/layer_bytes.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -156,7 +157,7 @@ TEST_CASE("FSDP MixedPrecision keys are validated", "[fsdp][mixed][scenario]") {
 
 TEST_CASE("llama2-7b-fsdp-bf16-8xa100: 16/8 B/param of fp32 state, bf16 activations",
           "[fsdp][mixed][scenarios]") {
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-fsdp-bf16-8xa100.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-fsdp-bf16-8xa100.yaml");
   REQUIRE(s.parallel.fsdp_mixed_precision == DType::bf16);
   const Program p = build_program(s);
   const double P = 6738415616.0;

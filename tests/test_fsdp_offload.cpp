@@ -11,6 +11,7 @@
 #include "sim/analysis/layer_bytes.h"
 #include "sim/parallel/zero_sharding.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -208,14 +209,13 @@ TEST_CASE("FSDP cpu_offload keys are validated and refused outside FSDP", "[fsdp
 TEST_CASE("memsim run on llama2-7b-fsdp-offload-8xa100: no model state on the GPU after the step",
           "[fsdp][offload][cli][scenarios]") {
   const memsim_test::CommandResult r = memsim_test::run_shell(
-      memsim_test::memsim_command() + "run '" MEMSIM_SOURCE_DIR
-      "/scenarios/llama2-7b-fsdp-offload-8xa100.yaml' --json - 2>/dev/null");
+      memsim_test::memsim_command() + "run '" + MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-fsdp-offload-8xa100.yaml' --json - 2>/dev/null");
   REQUIRE(r.status == 0);
   const nlohmann::json j = nlohmann::json::parse(r.out);
   CHECK(j["rank"]["world_size"] == 8);
   CHECK(j["rank"]["why"].get<std::string>().find("CPUOffload") != std::string::npos);
   // The same model without offload keeps the shards and AdamW state: 16/8 B/param.
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-fsdp-offload-8xa100.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-fsdp-offload-8xa100.yaml");
   const Program p = build_program(s);
   const LiveBytes l = live_bytes_at_mark(p, "optimizer_end");
   REQUIRE(l.found_mark);

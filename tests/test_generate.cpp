@@ -24,12 +24,13 @@
 #include "sim/step/execute.h"
 #include "sim/step/generate.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kGenerateFixtureDir = MEMSIM_SOURCE_DIR "/tests/data/generate";
+const std::string kGenerateFixtureDir = MEMSIM_SOURCE_DIR + "/tests/data/generate";
 
 Scenario scenario_for(const nlohmann::json& c) {
   std::string y = "model:\n  family: hf-llama\n";
@@ -171,7 +172,7 @@ namespace {
 // Llama-2-7B from its config.json (scenarios/models/llama2-7b.json), bf16, greedy generate.
 Scenario llama2_generate(int64_t batch, int64_t prompt, int64_t new_tokens, const std::string& cache,
                          int64_t kv_heads = 0) {
-  std::string y = "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/llama2-7b.json\n";
+  std::string y = "model:\n  hf_config: " + MEMSIM_SOURCE_DIR + "/scenarios/models/llama2-7b.json\n";
   if (kv_heads > 0) y += "  kv_heads: " + std::to_string(kv_heads) + "\n";
   y += "  attention: eager\nbatch:\n  micro_batch: " + std::to_string(batch) + "\n";
   y += "precision:\n  params: bf16\nstep:\n  kind: generate\n";
@@ -301,7 +302,7 @@ TEST_CASE("generate: keys it does not model or use are refused by name", "[gener
 }
 
 TEST_CASE("generate: the shipped scenario runs and its cache is the formula's", "[generate]") {
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-generate-a100.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-generate-a100.yaml");
   Program p;
   GenerateFacts f;
   build_generate_program(s, p, nullptr, &f);
@@ -315,7 +316,7 @@ TEST_CASE("generate: the shipped scenario runs and its cache is the formula's", 
 }
 
 TEST_CASE("memsim run on a generate scenario: the generate report, marks and an OOM", "[generate][cli]") {
-  const std::string file = MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-generate-a100.yaml";
+  const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-generate-a100.yaml";
   const memsim_test::CommandResult r = memsim_test::run_shell(
       memsim_test::memsim_command() + "run '" + file + "' --json - 2>/dev/null");
   REQUIRE(r.status == 0);
@@ -357,7 +358,7 @@ namespace {
 // Mistral-7B from its config.json (sliding_window 4096 on every layer), bf16, greedy generate.
 Scenario mistral_generate(int64_t prompt, int64_t new_tokens, const std::string& classes,
                           const std::string& attention = "eager", const std::string& cache = "dynamic") {
-  std::string y = "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/mistral-7b.json\n";
+  std::string y = "model:\n  hf_config: " + MEMSIM_SOURCE_DIR + "/scenarios/models/mistral-7b.json\n";
   y += "  attention: " + attention + "\nbatch:\n  micro_batch: 1\n";
   y += "precision:\n  params: bf16\nstep:\n  kind: generate\n";
   y += "generate:\n  prompt_len: " + std::to_string(prompt) + "\n  new_tokens: " +
@@ -427,7 +428,7 @@ TEST_CASE("generate.cache_classes: values and the combinations it does not model
   // Gemma-2 with v4.45's classes (HybridCache) or a v5 StaticCache stays refused.
   for (const char* extra : {"", "  cache_classes: v5\n  cache: static\n"})
     refused([extra] {
-      return load_scenario_text("model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/gemma2-2b.json\n"
+      return load_scenario_text("model:\n  hf_config: " + MEMSIM_SOURCE_DIR + "/scenarios/models/gemma2-2b.json\n"
                                 "  attention: eager\nstep:\n  kind: generate\ngenerate:\n  prompt_len: 8\n"
                                 "  new_tokens: 2\n" + std::string(extra), "g.yaml");
     }, "model.architecture");
@@ -444,7 +445,7 @@ TEST_CASE("generate.cache_classes v5: StaticCache's buffers are allocated in the
       if (p.events[i].type == EventType::alloc && p.str(p.events[i].op) == op) return i;
     return p.events.size();
   };
-  std::string y = "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/llama2-7b.json\n"
+  std::string y = "model:\n  hf_config: " + MEMSIM_SOURCE_DIR + "/scenarios/models/llama2-7b.json\n"
                   "  attention: eager\nbatch:\n  micro_batch: 1\nprecision:\n  params: bf16\n"
                   "step:\n  kind: generate\ngenerate:\n  prompt_len: 4000\n  new_tokens: 96\n"
                   "  cache: static\n";
@@ -461,7 +462,7 @@ TEST_CASE("generate.cache_classes v5: StaticCache's buffers are allocated in the
 }
 
 TEST_CASE("memsim run: generate.cache offloaded keeps the layers in pinned host memory", "[generate][cli]") {
-  const std::string file = MEMSIM_SOURCE_DIR "/scenarios/mistral-7b-generate-sliding-a100.yaml";
+  const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/mistral-7b-generate-sliding-a100.yaml";
   const memsim_test::CommandResult r = memsim_test::run_shell(
       memsim_test::memsim_command() + "run '" + file + "' --set generate.cache=offloaded --json - 2>/dev/null");
   REQUIRE(r.status == 0);
@@ -500,7 +501,7 @@ TEST_CASE("generate.cache_classes v5: Gemma-2-2B's sliding layers hold the windo
   // layer: 2 x 4 KV heads x 256 x 2 bytes = 4096 B. A prompt of 8000 + 97 new tokens: 13
   // layers end with 4096 tokens, 13 with 8096.
   const Scenario s = load_scenario_text(
-      "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/gemma2-2b.json\n  attention: eager\n"
+      "model:\n  hf_config: " + MEMSIM_SOURCE_DIR + "/scenarios/models/gemma2-2b.json\n  attention: eager\n"
       "batch:\n  micro_batch: 1\nprecision:\n  params: bf16\nstep:\n  kind: generate\n"
       "generate:\n  prompt_len: 8000\n  new_tokens: 97\n  cache_classes: v5\ndevice:\n  capacity: 1TiB\n",
       "gemma2-generate.yaml");

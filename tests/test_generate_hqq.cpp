@@ -23,6 +23,7 @@
 #include "sim/step/event_budget.h"
 #include "sim/step/execute.h"
 #include "sim/step/generate.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -46,7 +47,7 @@ FixtureWalk walk(const nlohmann::json& fx) {
 }
 
 Scenario llama2_hqq(const std::string& extra, int64_t prompt = 3968, int64_t new_tokens = 128) {
-  std::string y = "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/llama2-7b.json\n";
+  std::string y = "model:\n  hf_config: " + MEMSIM_SOURCE_DIR + "/scenarios/models/llama2-7b.json\n";
   y += "  attention: eager\nbatch:\n  micro_batch: 8\nprecision:\n  params: bf16\nstep:\n  kind: generate\n";
   y += "generate:\n  prompt_len: " + std::to_string(prompt) + "\n  new_tokens: " + std::to_string(new_tokens) +
        "\n" + extra + "device:\n  capacity: 1TiB\n";
@@ -64,10 +65,9 @@ constexpr uint64_t kResidualToken = 8ull * 32 * 128 * 2;
 }  // namespace
 
 TEST_CASE("quantized:int8 (HQQ): the optimizer's iteration count changes no byte alive", "[generate][hqq]") {
-  const nlohmann::json two = memsim_test::load_json(MEMSIM_SOURCE_DIR
-                                                    "/tests/data/generate/llama_quantized_int8_v5_r3_g32_s12_n6_b2.json");
+  const nlohmann::json two = memsim_test::load_json(MEMSIM_SOURCE_DIR + "/tests/data/generate/llama_quantized_int8_v5_r3_g32_s12_n6_b2.json");
   const nlohmann::json five = memsim_test::load_json(
-      MEMSIM_SOURCE_DIR "/tests/data/generate_hqq/llama_quantized_int8_v5_r3_g32_s12_n6_b2_it5.json");
+      MEMSIM_SOURCE_DIR + "/tests/data/generate_hqq/llama_quantized_int8_v5_r3_g32_s12_n6_b2_it5.json");
   CHECK_FALSE(two["config"].contains("hqq_stop_after"));  // the stand-in's default: 2
   CHECK(five["config"]["hqq_stop_after"] == 5);
   const FixtureWalk a = walk(two), b = walk(five);
@@ -150,7 +150,7 @@ TEST_CASE("quantized:int8 (HQQ): the event estimate bounds a re-quantization eve
 }
 
 TEST_CASE("memsim run: the quantized-int4 scenario with --set generate.cache=quantized:int8", "[generate][hqq][cli]") {
-  const std::string file = MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-generate-quantized-int4.yaml";
+  const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-generate-quantized-int4.yaml";
   const memsim_test::CommandResult r = memsim_test::run_shell(
       memsim_test::memsim_command() + "run '" + file +
       "' --set generate.cache=quantized:int8 --set generate.cache_classes=v5 --json - 2>/dev/null");

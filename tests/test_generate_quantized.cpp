@@ -18,6 +18,7 @@
 #include "scenario/scenario.h"
 #include "sim/step/event_budget.h"
 #include "sim/step/generate.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -25,7 +26,7 @@ namespace {
 
 Scenario llama2_quantized(const std::string& extra, int64_t batch = 8, int64_t prompt = 3968,
                           int64_t new_tokens = 128) {
-  std::string y = "model:\n  hf_config: " MEMSIM_SOURCE_DIR "/scenarios/models/llama2-7b.json\n";
+  std::string y = "model:\n  hf_config: " + MEMSIM_SOURCE_DIR + "/scenarios/models/llama2-7b.json\n";
   y += "  attention: eager\nbatch:\n  micro_batch: " + std::to_string(batch) + "\n";
   y += "precision:\n  params: bf16\nstep:\n  kind: generate\n";
   y += "generate:\n  prompt_len: " + std::to_string(prompt) + "\n  new_tokens: " + std::to_string(new_tokens) +
@@ -104,7 +105,7 @@ TEST_CASE("quantized: a full residual re-quantizes the whole cache", "[generate]
 }
 
 TEST_CASE("memsim run: the shipped quantized-int4 scenario", "[generate][quantized][cli]") {
-  const std::string file = MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-generate-quantized-int4.yaml";
+  const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-generate-quantized-int4.yaml";
   const memsim_test::CommandResult r = memsim_test::run_shell(
       memsim_test::memsim_command() + "run '" + file + "' --json - 2>/dev/null");
   REQUIRE(r.status == 0);

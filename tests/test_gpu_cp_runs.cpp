@@ -57,14 +57,15 @@
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "tests/shared_dir_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/cp_predictions.json";
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/cp/cp_runs.json";
-const std::string kSnapshotArchive = MEMSIM_SOURCE_DIR "/tests/data/gpu/cp/cp_snapshots.tar.xz";
+const std::string kPredictions = MEMSIM_SOURCE_DIR + "/tests/data/gpu/cp_predictions.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/gpu/cp/cp_runs.json";
+const std::string kSnapshotArchive = MEMSIM_SOURCE_DIR + "/tests/data/gpu/cp/cp_snapshots.tar.xz";
 const std::string kSnapshots = MEMSIM_CP_SNAPSHOTS;  // unpacked by CMake
 
 struct Tolerance {

@@ -38,14 +38,15 @@
 #include "sim/analysis/parameter_count.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/fsdp2_predictions.json";
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/fsdp2/fsdp2_runs.json";
-const std::string kSnapshotArchive = MEMSIM_SOURCE_DIR "/tests/data/gpu/fsdp2/fsdp2_snapshots.tar.xz";
+const std::string kPredictions = MEMSIM_SOURCE_DIR + "/tests/data/gpu/fsdp2_predictions.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/gpu/fsdp2/fsdp2_runs.json";
+const std::string kSnapshotArchive = MEMSIM_SOURCE_DIR + "/tests/data/gpu/fsdp2/fsdp2_snapshots.tar.xz";
 const std::string kSnapshots = MEMSIM_FSDP2_SNAPSHOTS;  // unpacked by CMake
 
 // Largest relative error allowed per run, and why (to be filled once measured).

@@ -20,16 +20,17 @@
 
 #include "json_test_support.h"
 #include "real_run_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/generate_predictions.json";
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/generate/generate_runs.json";
+const std::string kPredictions = MEMSIM_SOURCE_DIR + "/tests/data/gpu/generate_predictions.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/gpu/generate/generate_runs.json";
 
 memsim_test::SimulatedPeaks simulate(const std::string& scenario) {
-  const memsim_test::SimulatedPeaks p = memsim_test::simulate_peaks(load_scenario(MEMSIM_SOURCE_DIR "/" + scenario));
+  const memsim_test::SimulatedPeaks p = memsim_test::simulate_peaks(load_scenario(MEMSIM_SOURCE_DIR + "/" + scenario));
   REQUIRE(p.fits);
   return p;
 }
@@ -116,7 +117,7 @@ TEST_CASE("Generate on a GPU: the static runs with 5.x's cache classes", "[gener
     if (r["spec"]["cache"] != "static") continue;
     INFO(name);
     const memsim_test::SimulatedPeaks v5 = memsim_test::simulate_peaks(
-        load_scenario(MEMSIM_SOURCE_DIR "/" + scenario.at(name), {{"generate.cache_classes", "v5"}}));
+        load_scenario(MEMSIM_SOURCE_DIR + "/" + scenario.at(name), {{"generate.cache_classes", "v5"}}));
     const uint64_t ra = r["generate_peak_allocated"], rr = r["generate_peak_reserved"];
     memsim_test::print_comparison_row(name + " (cache_classes v5)", v5.allocated, ra, v5.reserved, rr,
                                       "(after the measurement)");

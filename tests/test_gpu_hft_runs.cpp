@@ -68,15 +68,16 @@
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "tests/shared_dir_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/hft_predictions.json";
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/hft/hft_runs.json";
-const std::string kSnapshotArchive = MEMSIM_SOURCE_DIR "/tests/data/gpu/hft/hft_snapshots.tar.xz";
-const std::string kSnapshots = MEMSIM_BINARY_DIR "/gpu_hft_snapshots";  // unpacked by CMake
+const std::string kPredictions = MEMSIM_SOURCE_DIR + "/tests/data/gpu/hft_predictions.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/gpu/hft/hft_runs.json";
+const std::string kSnapshotArchive = MEMSIM_SOURCE_DIR + "/tests/data/gpu/hft/hft_snapshots.tar.xz";
+const std::string kSnapshots = MEMSIM_BINARY_DIR + "/gpu_hft_snapshots";  // unpacked by CMake
 
 struct Tolerance {
   double allocated, reserved;

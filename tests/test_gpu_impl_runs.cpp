@@ -83,15 +83,16 @@
 #include "json_test_support.h"
 #include "real_run_test_support.h"
 #include "tests/shared_dir_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/impl_predictions.json";
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/impl/impl_runs.json";
-const std::string kSnapshotArchive = MEMSIM_SOURCE_DIR "/tests/data/gpu/impl/impl_snapshots.tar.xz";
-const std::string kSnapshots = MEMSIM_BINARY_DIR "/gpu_impl_snapshots";  // unpacked by CMake
+const std::string kPredictions = MEMSIM_SOURCE_DIR + "/tests/data/gpu/impl_predictions.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/gpu/impl/impl_runs.json";
+const std::string kSnapshotArchive = MEMSIM_SOURCE_DIR + "/tests/data/gpu/impl/impl_snapshots.tar.xz";
+const std::string kSnapshots = MEMSIM_BINARY_DIR + "/gpu_impl_snapshots";  // unpacked by CMake
 
 constexpr const char* kCudnnRun = "impl_torchtitan_bf16_titan_sdpa";
 

@@ -47,17 +47,18 @@
 #include "allocator/snapshot/snapshot.h"
 #include "json_test_support.h"
 #include "real_run_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/moe_autocast_predictions.json";
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/moe_autocast/moe_autocast_runs.json";
+const std::string kPredictions = MEMSIM_SOURCE_DIR + "/tests/data/gpu/moe_autocast_predictions.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/gpu/moe_autocast/moe_autocast_runs.json";
 const std::string kSnapshotArchive =
-    MEMSIM_SOURCE_DIR "/tests/data/gpu/moe_autocast/moe_autocast_snapshots.tar.xz";
+    MEMSIM_SOURCE_DIR + "/tests/data/gpu/moe_autocast/moe_autocast_snapshots.tar.xz";
 // Unpacked by CMake from kSnapshotArchive when it is committed (CMakeLists.txt).
-const std::string kSnapshots = MEMSIM_BINARY_DIR "/gpu_moe_autocast_snapshots";
+const std::string kSnapshots = MEMSIM_BINARY_DIR + "/gpu_moe_autocast_snapshots";
 
 constexpr double kAllocatedTolerance = 0.005;
 constexpr double kReservedTolerance = 0.02;

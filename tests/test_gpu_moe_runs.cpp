@@ -26,13 +26,14 @@
 
 #include "json_test_support.h"
 #include "real_run_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/moe_predictions.json";
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/moe/moe_runs.json";
+const std::string kPredictions = MEMSIM_SOURCE_DIR + "/tests/data/gpu/moe_predictions.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/gpu/moe/moe_runs.json";
 
 // Runs whose prediction changed when memsim moved to transformers 5.17's MoE code (the
 // installed sources, read after the runs): the Qwen-style routers (Qwen2/Qwen3/OLMoE) return
@@ -137,7 +138,7 @@ TEST_CASE("MoE on a GPU (transformers 5.17 and stand-ins): blind predictions, me
     const nlohmann::json& p = pred.at(name);
     const uint64_t ba = p["peak_allocated_bytes"], br = p["peak_reserved_bytes"];
     const uint64_t ra = r["measured_step_peak_allocated"], rr = r["measured_step_peak_reserved"];
-    const std::string scenario = MEMSIM_SOURCE_DIR "/" + p["scenario"].get<std::string>();
+    const std::string scenario = MEMSIM_SOURCE_DIR + "/" + p["scenario"].get<std::string>();
     const memsim_test::SimulatedPeaks blind_now = memsim_test::simulate_peaks(load_scenario(scenario));
     const auto changed = kRemodelled.find(name);
     if (changed == kRemodelled.end()) {
@@ -182,7 +183,7 @@ TEST_CASE("MoE on a GPU: predictions awaiting their measurement are memsim's cur
     const nlohmann::json& p = it.value();
     REQUIRE(p.contains("peak_allocated_bytes"));
     const memsim_test::SimulatedPeaks now = memsim_test::simulate_peaks(
-        load_scenario(MEMSIM_SOURCE_DIR "/" + p["scenario"].get<std::string>()));
+        load_scenario(MEMSIM_SOURCE_DIR + "/" + p["scenario"].get<std::string>()));
     if (kRemodelled.find(it.key()) == kRemodelled.end()) {
       CHECK(now.allocated == p["peak_allocated_bytes"].get<uint64_t>());
       CHECK(now.reserved == p["peak_reserved_bytes"].get<uint64_t>());
@@ -216,7 +217,7 @@ TEST_CASE("MoE on a GPU: the large allocations match the real traces one for one
     if (name.rfind("moe_tf_", 0) != 0) continue;
     INFO(name);
     const Program program =
-        build_program(load_scenario(MEMSIM_SOURCE_DIR "/" + pred.at(name)["scenario"].get<std::string>()));
+        build_program(load_scenario(MEMSIM_SOURCE_DIR + "/" + pred.at(name)["scenario"].get<std::string>()));
     const std::vector<uint64_t> real = memsim_test::large_allocs(read_snapshot_file(dir + "/" + name + ".pickle"));
     const std::vector<uint64_t> predicted = memsim_test::large_allocs(program);
     CHECK(memsim_test::describe_difference(memsim_test::alloc_count_difference(real, predicted, uint64_t{4} << 20)) == "");
@@ -251,7 +252,7 @@ TEST_CASE("MoE on a GPU: DeepSeek-V3's large allocations are the trace's, in ord
   for (const std::string name : {"moe_tf_deepseek_v3_bf16_balanced", "moe_tf_deepseek_v3_bf16_worst"}) {
     INFO(name);
     const Program program =
-        build_program(load_scenario(MEMSIM_SOURCE_DIR "/" + pred.at(name)["scenario"].get<std::string>()));
+        build_program(load_scenario(MEMSIM_SOURCE_DIR + "/" + pred.at(name)["scenario"].get<std::string>()));
     const std::vector<uint64_t> real = memsim_test::large_allocs(read_snapshot_file(dir + "/" + name + ".pickle"));
     const std::vector<uint64_t> sim = memsim_test::large_allocs(program);
     CHECK(real.size() > 1000);

@@ -61,15 +61,16 @@
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "tests/shared_dir_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kPredictions = MEMSIM_SOURCE_DIR "/tests/data/gpu/stacks_predictions.json";
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/stacks/stacks_runs.json";
+const std::string kPredictions = MEMSIM_SOURCE_DIR + "/tests/data/gpu/stacks_predictions.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/gpu/stacks/stacks_runs.json";
 const std::string kSnapshotArchive =
-    MEMSIM_SOURCE_DIR "/tests/data/gpu/stacks/stacks_snapshots.tar.xz";
+    MEMSIM_SOURCE_DIR + "/tests/data/gpu/stacks/stacks_snapshots.tar.xz";
 const std::string kSnapshots = MEMSIM_STACKS_SNAPSHOTS;  // unpacked by CMake
 
 // Largest relative error of the measured step's peaks allowed, per feature (see the top).

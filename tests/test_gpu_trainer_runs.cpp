@@ -35,13 +35,14 @@
 #include "sim/analysis/parameter_count.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/gpu/trainer/trainer_runs.json";
-const std::string kSnapshots = MEMSIM_BINARY_DIR "/gpu_trainer_snapshots";  // unpacked by CMake
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/gpu/trainer/trainer_runs.json";
+const std::string kSnapshots = MEMSIM_BINARY_DIR + "/gpu_trainer_snapshots";  // unpacked by CMake
 
 // Each run's scenario (a path from the source folder).
 std::string scenario_of(const std::string& run) {
@@ -67,7 +68,7 @@ TEST_CASE("transformers.Trainer itself (bf16, checkpointing, PEFT LoRA) on a GPU
     CHECK(r["training_args"]["optim"].get<std::string>() == "OptimizerNames.ADAMW_TORCH_FUSED");
     CHECK(r["training_args"]["bf16"].get<std::string>() == "True");
     CHECK(r["spec"]["lora"].get<bool>() == (name == "trainer_lora_bf16_sdpa_gc"));
-    const std::string path = std::string(MEMSIM_SOURCE_DIR "/") + scenario_of(name);
+    const std::string path = std::string(MEMSIM_SOURCE_DIR + "/") + scenario_of(name);
     const memsim_test::RunPrediction now = memsim_test::simulate_run(path);
     const uint64_t real_alloc = r["measured_step_peak_allocated"].get<uint64_t>();
     const uint64_t real_reserved = r["measured_step_peak_reserved"].get<uint64_t>();
@@ -111,7 +112,7 @@ TEST_CASE("transformers.Trainer itself (bf16, checkpointing, PEFT LoRA) on a GPU
   // here, so that a change in either shows.
   for (const char* name : {"trainer_bf16_sdpa_gc", "trainer_lora_bf16_sdpa_gc"}) {
     INFO(name);
-    const Program program = build_program(load_scenario(std::string(MEMSIM_SOURCE_DIR "/") + scenario_of(name)));
+    const Program program = build_program(load_scenario(std::string(MEMSIM_SOURCE_DIR + "/") + scenario_of(name)));
     const auto diff = memsim_test::alloc_count_difference(
         memsim_test::large_allocs(read_snapshot_file(kSnapshots + "/" + name + ".pickle")),
         memsim_test::large_allocs(program), 1 << 20);
@@ -128,7 +129,7 @@ TEST_CASE("PEFT LoRA under autocast: frozen base weights are cast at every use, 
   // The rule the LoRA run rests on (torch's cached_cast: only a leaf that requires grad is
   // cached): without it the frozen weights' bf16 copies would sit in the cache through the
   // forward. A scenario that breaks the rule or the adapter path changes these numbers.
-  const std::string path = MEMSIM_SOURCE_DIR "/tests/data/gpu/trainer/trainer_lora_bf16_sdpa_gc.yaml";
+  const std::string path = MEMSIM_SOURCE_DIR + "/tests/data/gpu/trainer/trainer_lora_bf16_sdpa_gc.yaml";
   const Scenario s = load_scenario(path);
   const memsim_test::RunPrediction lora = memsim_test::simulate_run(path);
   CHECK(lora.allocated == 2277692928ull);

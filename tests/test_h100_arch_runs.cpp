@@ -27,13 +27,14 @@
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/h100/arch/cuda_runs.json";
-const std::string kBlind = MEMSIM_SOURCE_DIR "/tests/data/h100/blind3_arch_predictions.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/h100/arch/cuda_runs.json";
+const std::string kBlind = MEMSIM_SOURCE_DIR + "/tests/data/h100/blind3_arch_predictions.json";
 const std::string kSnapshots = MEMSIM_H100_ARCH_SNAPSHOTS;
 
 // Runs whose prediction is not exact: the largest relative error allowed (the measured one,
@@ -124,7 +125,7 @@ Predicted simulate(const std::string& scenario_path) {
   Scenario s;
   Program program;
   try {
-    s = load_scenario(MEMSIM_SOURCE_DIR "/" + scenario_path);
+    s = load_scenario(MEMSIM_SOURCE_DIR + "/" + scenario_path);
     program = build_program(s);
   } catch (const std::exception&) {
     p.refused = true;
@@ -252,7 +253,7 @@ TEST_CASE("Arch fp32 stand-ins: every large allocation of the program appears in
     const std::string name = sp["name"];
     if (sp["impl"] == "transformers" || sp["dtype"] != "fp32" || kKnownGaps.count(name)) continue;
     INFO(name);
-    const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/" + sp["scenario"].get<std::string>());
+    const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/" + sp["scenario"].get<std::string>());
     const std::vector<uint64_t> predicted = large_allocs(build_program(s));
     const std::vector<uint64_t> real = large_allocs(read_snapshot_file(kSnapshots + "/" + name + ".pickle"));
     CHECK(is_subsequence(predicted, real));
@@ -311,7 +312,7 @@ TEST_CASE("Arch runs of transformers 5.17 with model.transformers: 5", "[h100][a
     const auto gap = v5.find(name);
     if (gap == v5.end()) continue;
     INFO(name);
-    const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/" + r["spec"]["scenario"].get<std::string>(),
+    const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/" + r["spec"]["scenario"].get<std::string>(),
                                      {{"model.transformers", "5"}});
     const memsim_test::SimulatedPeaks a = memsim_test::simulate_peaks(s);
     const double ea = rel(a.allocated, r["measured_step_peak_allocated"].get<uint64_t>());

@@ -28,12 +28,13 @@
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/h100/cuda_runs.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/h100/cuda_runs.json";
 const std::string kSnapshots = MEMSIM_H100_SNAPSHOTS;
 
 // Runs whose prediction is not exact: the largest relative error allowed and why.

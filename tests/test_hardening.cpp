@@ -20,6 +20,7 @@
 #include "sim/step/schedule.h"
 #include "tests/cli_test_support.h"
 #include "tests/shared_dir_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 using memsim_test::CliResult;
@@ -27,7 +28,7 @@ using memsim_test::TempDir;
 
 namespace {
 
-const std::string kFuzzData = MEMSIM_SOURCE_DIR "/tests/data/fuzz/";
+const std::string kFuzzData = MEMSIM_SOURCE_DIR + "/tests/data/fuzz/";
 
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -249,7 +250,7 @@ TEST_CASE("petabyte activations do not divide by zero in the addmm backward", "[
   // micro_batch 2^32 passes the int64 product checks, and the bias-grad staging of GPT-2's
   // Conv1D addmm multiplied two byte counts (bias x input), which wrapped to a divisor of 0
   // (SIGFPE). The element size is now found by exact divisions.
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/gpt2-large-zero1-4xv100.yaml",
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/gpt2-large-zero1-4xv100.yaml",
                                    {{"batch.micro_batch", "4294967296"}});
   const Program program = build_program(s);
   CHECK(program.events.size() > 1000);

@@ -20,12 +20,13 @@
 #include "torch_fixture_test_support.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kFixtureDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu";
+const std::string kFixtureDir = MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu";
 
 using memsim_test::load_json;
 

@@ -7,6 +7,7 @@
 
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -69,7 +70,7 @@ TEST_CASE("hf presets build and run with every modelled attention", "[hf]") {
 }
 
 TEST_CASE("shipped llama2-7b fine-tuning scenario fits an A100 80GB", "[hf]") {
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-finetune-a100.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-finetune-a100.yaml");
   CHECK(s.model.family == ModelFamily::hf_llama);
   const Run r = run(s);
   CHECK_FALSE(r.oom);

@@ -15,12 +15,13 @@
 #include "json_test_support.h"
 #include "sim/step/schedule.h"
 #include "torch_fixture_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kImplFixtureDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_impl";
+const std::string kImplFixtureDir = MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_impl";
 
 // The fixture's run: the stack's model code, its SDPA call emulated as the flash kernel,
 // torch.optim for-loop, an unlimited device without cuBLAS workspaces or CUDA kernel

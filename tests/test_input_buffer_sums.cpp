@@ -20,6 +20,7 @@
 #include "program/tensor_names.h"
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -39,7 +40,7 @@ std::map<std::pair<std::string, uint64_t>, int> grad_sums(const Program& p) {
 }
 
 Program build(const std::string& file, const std::vector<std::pair<std::string, std::string>>& overrides = {}) {
-  return build_program(load_scenario(MEMSIM_SOURCE_DIR "/tests/data/" + file, overrides));
+  return build_program(load_scenario(MEMSIM_SOURCE_DIR + "/tests/data/" + file, overrides));
 }
 
 using Sums = std::map<std::pair<std::string, uint64_t>, int>;

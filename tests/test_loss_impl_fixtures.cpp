@@ -28,6 +28,7 @@
 #include "sim/step/schedule.h"
 #include "cli_test_support.h"
 #include "step_measure_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

@@ -11,6 +11,7 @@
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

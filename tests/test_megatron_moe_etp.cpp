@@ -21,6 +21,7 @@
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "megatron_moe_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 using memsim_test::activations_at_forward_end;

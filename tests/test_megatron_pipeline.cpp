@@ -26,6 +26,7 @@
 #include "sim/megatron/pipeline_schedule.h"
 #include "sim/search/optimize.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

@@ -21,6 +21,7 @@
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

@@ -12,6 +12,7 @@
 #include "sim/megatron/megatron_checks.h"
 #include "sim/megatron/megatron_step.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

@@ -11,6 +11,7 @@
 #include "scenario/model_architecture.h"
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -236,7 +237,7 @@ TEST_CASE("every config preset simulates (two layers, short sequence)", "[archit
 TEST_CASE("architecture rows carry the placement the fixtures measured", "[architecture]") {
   using namespace graph;
   int compared = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_arch")) {
+  for (const auto& entry : std::filesystem::directory_iterator(MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_arch")) {
     const std::string file = entry.path().filename().string();
     if (entry.path().extension() != ".json" || file.rfind("checkpoint_", 0) == 0) continue;
     std::ifstream in(entry.path());

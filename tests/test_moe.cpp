@@ -23,13 +23,14 @@
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "torch_fixture_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kMoeFixtureDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_moe";
-const std::string kConfigs = MEMSIM_SOURCE_DIR "/tests/data/moe_configs/";
+const std::string kMoeFixtureDir = MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_moe";
+const std::string kConfigs = MEMSIM_SOURCE_DIR + "/tests/data/moe_configs/";
 
 // The fixture's run (as tests/test_decoder_arch.cpp builds it) with its MoE block.
 Scenario scenario_for(const nlohmann::json& c) {

@@ -24,12 +24,13 @@
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "torch_fixture_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kComposeDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_moe_compose";
+const std::string kComposeDir = MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_moe_compose";
 
 // The fixture's run with its MoE block, LoRA adapters and autocast region.
 Scenario scenario_for(const nlohmann::json& c) {

@@ -24,12 +24,13 @@
 #include "scenario/scenario.h"
 #include "sim/analysis/parameter_count.h"
 #include "torch_fixture_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_moe_lora";
+const std::string kDir = MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_moe_lora";
 
 Scenario scenario_for(const nlohmann::json& c) {
   std::string y = memsim_test::fixture_shape_yaml(c);
@@ -265,7 +266,7 @@ TEST_CASE("lora.target_parameters: accepted forms and refusals by key", "[moe-lo
   CHECK(load_error(fp32, {{"lora.target_parameters", "down_proj"}})
             .find("precision.autocast: lora.target_parameters under autocast") != std::string::npos);
   // Megatron's MoE (its own experts, not PEFT's ParamWrapper).
-  std::ifstream in(MEMSIM_SOURCE_DIR "/scenarios/mixtral-8x7b-megatron-moe-ep8.yaml");
+  std::ifstream in(MEMSIM_SOURCE_DIR + "/scenarios/mixtral-8x7b-megatron-moe-ep8.yaml");
   const std::string megatron((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   REQUIRE_FALSE(megatron.empty());
   CHECK(load_error(megatron, {{"lora.rank", "4"}, {"lora.target_parameters", "down_proj"}})

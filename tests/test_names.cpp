@@ -21,6 +21,7 @@
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "tests/cli_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 namespace fs = std::filesystem;
@@ -29,9 +30,9 @@ namespace {
 
 using Overrides = std::vector<std::pair<std::string, std::string>>;
 
-const std::string kLlama = MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-full-finetune-a100.yaml";
-const std::string kGpt2 = MEMSIM_SOURCE_DIR "/scenarios/gpt2-large-mi300x.yaml";
-const std::string kCs336 = MEMSIM_SOURCE_DIR "/scenarios/cs336-small-train-ctx512.yaml";
+const std::string kLlama = MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-full-finetune-a100.yaml";
+const std::string kGpt2 = MEMSIM_SOURCE_DIR + "/scenarios/gpt2-large-mi300x.yaml";
+const std::string kCs336 = MEMSIM_SOURCE_DIR + "/scenarios/cs336-small-train-ctx512.yaml";
 
 Overrides small(Overrides more = {}) {
   Overrides o = {{"model.layers", "2"}, {"batch.seq_len", "256"}, {"device.capacity", "1TiB"}};
@@ -98,7 +99,7 @@ TEST_CASE("Names: a small llama's parameters, grads, Adam state, saved inputs, l
 
 TEST_CASE("Names: fp32 master weights and autocast copies", "[names]") {
   const std::set<std::string> masters =
-      names_of(MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-full-finetune-a100-master.yaml", small());
+      names_of(MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-full-finetune-a100-master.yaml", small());
   CHECK(masters.count("master copy of model.layers.0.mlp.gate_proj.weight"));
   CHECK(masters.count("fp32 grad of model.layers.0.mlp.gate_proj.weight"));
   CHECK(masters.count("exp_avg of model.layers.0.mlp.gate_proj.weight"));

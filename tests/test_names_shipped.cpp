@@ -25,6 +25,7 @@
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
 #include "tests/cli_test_support.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

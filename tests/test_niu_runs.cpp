@@ -21,6 +21,7 @@
 #include "replay/replay.h"
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -109,7 +110,7 @@ TEST_CASE("niu runs: the shipped scenario file reproduces all four forward runs"
           "[niu][accuracy][scenarios]") {
   // scenarios/groundtruth/niu-forward-s200.yaml (one forward from an empty allocator: the
   // script drops each output, so every forward peaks alike) with the CLI's --set.
-  const std::string file = MEMSIM_SOURCE_DIR "/scenarios/groundtruth/niu-forward-s200.yaml";
+  const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/groundtruth/niu-forward-s200.yaml";
   const std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, size_t>> cases = {
       {{{"batch.seq_len", "100"}}, 0},
       {{{"batch.seq_len", "150"}}, 1},
@@ -333,7 +334,7 @@ TEST_CASE("niu runs: the shipped scenario file reproduces the forward_and_backwa
           "[niu][accuracy][scenarios]") {
   // scenarios/groundtruth/niu-train-s200.yaml runs the script's three iterations with
   // step.measure: whole-run (the run records from before the model is built).
-  const std::string file = MEMSIM_SOURCE_DIR "/scenarios/groundtruth/niu-train-s200.yaml";
+  const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/groundtruth/niu-train-s200.yaml";
   const std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, size_t>> cases = {
       {{{"batch.seq_len", "100"}}, 4},
       {{{"batch.seq_len", "150"}}, 5},

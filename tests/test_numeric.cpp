@@ -113,6 +113,7 @@ TEST_CASE("memsim check: exit 0 on pass, 4 on a failed check, 1 when refused", "
 
 #include "graph/numeric/numeric.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 TEST_CASE("numeric cs336-tiny matches torch 1.13 (float64, same weights)", "[numeric][fixture]") {
   // tests/data/numeric/cs336_tiny_torch.json: tools/fixtures/numeric_cs336_tiny.py

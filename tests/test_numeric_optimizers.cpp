@@ -17,6 +17,7 @@
 #include "sim/step/schedule.h"
 #include "numeric_test_support.h"
 #include "tests/cli_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

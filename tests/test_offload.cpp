@@ -22,12 +22,13 @@
 #include "sim/analysis/step_time.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kFixtureDir = MEMSIM_SOURCE_DIR "/tests/data/offload";
+const std::string kFixtureDir = MEMSIM_SOURCE_DIR + "/tests/data/offload";
 
 // The fixture's training run as a scenario (as tests/test_hf_fixtures.cpp builds it) plus
 // checkpoint.offload.

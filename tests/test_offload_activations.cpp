@@ -26,6 +26,7 @@
 #include "graph/offload_streams.h"
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -110,7 +111,7 @@ Scenario fixture_scenario(const nlohmann::json& c) {
 
 TEST_CASE("offload_activations: the offloaded saves match real autograd (CPU fixtures)", "[offload-tune]") {
   std::vector<std::filesystem::path> files;
-  for (const auto& e : std::filesystem::directory_iterator(MEMSIM_SOURCE_DIR "/tests/data/offload_activations"))
+  for (const auto& e : std::filesystem::directory_iterator(MEMSIM_SOURCE_DIR + "/tests/data/offload_activations"))
     if (e.path().extension() == ".json") files.push_back(e.path());
   std::sort(files.begin(), files.end());
   REQUIRE(files.size() == 3);

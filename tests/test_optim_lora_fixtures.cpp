@@ -16,12 +16,13 @@
 #include <string>
 
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kDir = MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_optim";
+const std::string kDir = MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_optim";
 
 std::string num(double v) {
   char buf[32];

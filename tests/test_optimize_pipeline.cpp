@@ -23,6 +23,7 @@
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
 #include "tests/cli_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 using graph::CheckpointPlan;

@@ -17,6 +17,7 @@
 #include "replay/replay.h"
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -164,7 +165,7 @@ TEST_CASE("other runs: the shipped scenario files reproduce the runs",
   // scenarios/groundtruth/*.yaml as `memsim run` reads them (the CLI has no key for a
   // dropped or step-local output, so the forward-only files run one forward; every
   // forward of those scripts peaks alike).
-  const std::string dir = MEMSIM_SOURCE_DIR "/scenarios/groundtruth/";
+  const std::string dir = MEMSIM_SOURCE_DIR + "/scenarios/groundtruth/";
   struct Case {
     const char* file;
     std::vector<std::pair<std::string, std::string>> overrides;
@@ -191,7 +192,7 @@ TEST_CASE("other runs: model.swiglu projections-first passes the numeric check",
   // Numeric mode runs the variant's schedule with real numbers: finite-difference
   // gradients and bit-identical checkpointing policies prove that the reordered
   // feed-forward frees nothing a backward node still reads.
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/numeric/cs336-tiny.yaml",
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/numeric/cs336-tiny.yaml",
                                    {{"model.swiglu", "projections-first"}});
   NumericCheckOptions o;
   o.fd_samples = 2;

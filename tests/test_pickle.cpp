@@ -10,6 +10,7 @@
 
 #include "allocator/snapshot/pickle.h"
 #include "allocator/snapshot/snapshot.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -250,7 +251,7 @@ TEST_CASE("Pickle reader rejects hostile structure", "[pickle]") {
 // as its seeds. Each must be rejected with a SnapshotError (or parse, for seeds named
 // *.ok.pickle); a crash here is a regression.
 TEST_CASE("Fuzzer regression inputs are rejected cleanly", "[pickle]") {
-  const std::filesystem::path dir = MEMSIM_SOURCE_DIR "/tests/data/fuzz";
+  const std::filesystem::path dir = MEMSIM_SOURCE_DIR + "/tests/data/fuzz";
   REQUIRE(std::filesystem::is_directory(dir));
   size_t files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {

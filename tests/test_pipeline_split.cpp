@@ -25,6 +25,7 @@
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
 #include "tests/cli_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

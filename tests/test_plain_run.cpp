@@ -27,6 +27,7 @@
 #include "tools/cli/device.h"
 #include "tools/cli/headroom_report.h"
 #include "tools/cli/plain_run.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

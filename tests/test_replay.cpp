@@ -9,6 +9,7 @@
 #include "allocator/snapshot/snapshot.h"
 #include "replay/replay.h"
 #include "tests/shared_dir_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -46,7 +47,7 @@ TEST_CASE("Replay of the bundled small snapshots has no mismatch and the manifes
   };
   for (const Case& c : cases) {
     INFO(c.file);
-    const Snapshot snap = read_snapshot_file(std::string(MEMSIM_SOURCE_DIR "/tests/data/") + c.file);
+    const Snapshot snap = read_snapshot_file(std::string(MEMSIM_SOURCE_DIR + "/tests/data/") + c.file);
     const ReplayReport r = replay_snapshot(snap);
     INFO(describe(r));
     CHECK(r.mismatches == 0);
@@ -97,7 +98,7 @@ TEST_CASE("Replay of all real snapshots in shared/groundtruth", "[replay][ground
 
 TEST_CASE("program_from_trace turns a trace into alloc/free events", "[replay]") {
   const Snapshot snap =
-      read_snapshot_file(std::string(MEMSIM_SOURCE_DIR "/tests/data/silmont2000_mem_snapshot.pickle"));
+      read_snapshot_file(std::string(MEMSIM_SOURCE_DIR + "/tests/data/silmont2000_mem_snapshot.pickle"));
   const Program program = program_from_trace(snap);
   size_t allocs = 0, frees = 0;
   for (const MemoryEvent& e : program.events) {

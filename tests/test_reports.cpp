@@ -24,6 +24,7 @@
 #include "scenario/scenario.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

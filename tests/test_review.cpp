@@ -11,10 +11,11 @@
 #include "sim/step/event_budget.h"
 #include "sim/step/generate.h"
 #include "program/program.h"
+#include "test_paths.h"
 
 namespace {
 
-const std::string kGenerate = MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-generate-a100.yaml";
+const std::string kGenerate = MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-generate-a100.yaml";
 
 }  // namespace
 
@@ -42,7 +43,7 @@ TEST_CASE("review: generate's time model multiplies in the weights' dtype", "[re
 // and silently dropped --html (no file written), --max-seqs, --min-tp and
 // --max-model-len-that-fits.
 TEST_CASE("review: serve --vary's exit status and the single-plan options", "[review]") {
-  const std::string s = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml";
+  const std::string s = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-vllm-h100.yaml";
   const std::string cmd = memsim_test::memsim_command() + "serve '" + s + "' ";
   CHECK(memsim_test::run_shell(cmd + "--vary serve.gpu_memory_utilization=0.1,0.2 >/dev/null 2>&1").status == 3);
   CHECK(memsim_test::run_shell(cmd + "--vary serve.gpu_memory_utilization=0.1,0.9 >/dev/null 2>&1").status == 0);
@@ -123,7 +124,7 @@ TEST_CASE("review: generate obeys the event budget, naming generate.new_tokens",
 // memsim serve - failed with "-:1: (file): cannot open the scenario file" although the usage
 // says SCENARIO may be - for every verb.
 TEST_CASE("review: memsim serve reads the scenario from standard input", "[review]") {
-  const std::string s = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml";
+  const std::string s = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-vllm-h100.yaml";
   const memsim_test::CommandResult file = memsim_test::run_shell(
       memsim_test::memsim_command() + "serve '" + s + "' --max-model-len-that-fits 2>&1");
   REQUIRE(file.status == 0);
@@ -147,7 +148,7 @@ TEST_CASE("review: memsim serve reads the scenario from standard input", "[revie
 // answer (444,880 KV tokens) did not change with --set lora.rank=8, precision.autocast=bf16
 // or parallel.sharding=fsdp. They are refused by key now.
 TEST_CASE("review: memsim serve refuses the training settings it would ignore", "[review]") {
-  const std::string s = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml";
+  const std::string s = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-vllm-h100.yaml";
   const std::string cmd = memsim_test::memsim_command() + "serve '" + s + "' ";
   const std::pair<const char*, const char*> cases[] = {
       {"--set lora.rank=8 --set lora.targets=all-linear", "--set lora.rank: memsim serve does not model LoRA"},
@@ -178,7 +179,7 @@ TEST_CASE("review: memsim serve refuses the training settings it would ignore", 
 // --max-seqs 0 / abc answered "Value 0 not in range 0.000000 to 1797693134862315708...";
 // the options that take a positive integer now say so.
 TEST_CASE("review: positive integer options name the rule", "[review]") {
-  const std::string s = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml";
+  const std::string s = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-vllm-h100.yaml";
   for (const char* v : {"0", "-5", "abc", "1.5"}) {
     const memsim_test::CommandResult r = memsim_test::run_shell(
         memsim_test::memsim_command() + "serve '" + s + "' --max-seqs " + v + " 2>&1");

@@ -6,12 +6,13 @@
 
 #include "cli_test_support.h"
 #include "scenario/scenario.h"
+#include "test_paths.h"
 
 namespace {
 
-const std::string kGenerate = MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-generate-a100.yaml";
-const std::string kServe = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml";
-const std::string kMoe = MEMSIM_SOURCE_DIR "/scenarios/qwen3-30b-a3b-fsdp-8xh100.yaml";
+const std::string kGenerate = MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-generate-a100.yaml";
+const std::string kServe = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-vllm-h100.yaml";
+const std::string kMoe = MEMSIM_SOURCE_DIR + "/scenarios/qwen3-30b-a3b-fsdp-8xh100.yaml";
 
 std::string load_error(const std::string& path, const std::vector<std::pair<std::string, std::string>>& sets) {
   try {

@@ -6,6 +6,7 @@
 #include "allocator/units.h"
 #include "scenario/scenario.h"
 #include "scenario/yaml_fields.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -329,11 +330,11 @@ TEST_CASE("YAML syntax errors and missing files are located", "[scenario]") {
           "/nonexistent/dir/x.yaml:1: (file): cannot open the scenario file: No such file or directory");
   }
   try {
-    load_scenario(MEMSIM_SOURCE_DIR "/scenarios");
+    load_scenario(MEMSIM_SOURCE_DIR + "/scenarios");
     FAIL("loaded a directory");
   } catch (const ScenarioError& e) {
     CHECK(std::string(e.what()) ==
-          MEMSIM_SOURCE_DIR "/scenarios:1: (file): is a directory, not a scenario file");
+          MEMSIM_SOURCE_DIR + "/scenarios:1: (file): is a directory, not a scenario file");
   }
 }
 

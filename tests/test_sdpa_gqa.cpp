@@ -15,12 +15,13 @@
 #include "allocator/snapshot/snapshot.h"
 #include "json_test_support.h"
 #include "real_run_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kRuns = MEMSIM_SOURCE_DIR "/tests/data/h100/arch/cuda_runs.json";
+const std::string kRuns = MEMSIM_SOURCE_DIR + "/tests/data/h100/arch/cuda_runs.json";
 const std::string kSnapshots = MEMSIM_H100_ARCH_SNAPSHOTS;
 
 // Allocations (count, bytes) whose op or autograd node is `op`.
@@ -93,7 +94,7 @@ TEST_CASE("The arch lease's SDPA runs (cuDNN, enable_gqa) with model.transformer
     const std::string name = r["spec"]["name"];
     if (r["spec"]["attention"] != "sdpa") continue;
     INFO(name);
-    const std::string path = MEMSIM_SOURCE_DIR "/" + r["spec"]["scenario"].get<std::string>();
+    const std::string path = MEMSIM_SOURCE_DIR + "/" + r["spec"]["scenario"].get<std::string>();
     const Scenario cudnn = load_scenario(path, {{"model.transformers", "5"}, {"model.attention", "cudnn"}});
     const Scenario flash = load_scenario(path, {{"model.transformers", "5"}});
     const Program pc = build_program(cudnn);

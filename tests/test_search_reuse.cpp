@@ -29,6 +29,7 @@
 #include "sim/search/workers.h"
 #include "sim/step/schedule.h"
 #include "sim/step/training_script.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

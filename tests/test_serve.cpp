@@ -17,6 +17,7 @@
 #include "sim/serve/serve_plan.h"
 #include "sim/serve/served_model.h"
 #include "sim/serve/vllm_profile_run.h"
+#include "test_paths.h"
 
 using namespace memsim;
 using namespace memsim::serve;
@@ -224,7 +225,7 @@ TEST_CASE("vLLM plan: no room for KV, and one max_model_len request that does no
 }
 
 TEST_CASE("vLLM plan arithmetic: available = capacity x util - weights - activation - non-torch", "[serve]") {
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-vllm-h100.yaml");
   const ServePlan p = plan_serve(s);
   REQUIRE(p.fits);
   REQUIRE(p.activation_peak_bytes.has_value());
@@ -258,7 +259,7 @@ TEST_CASE("vLLM plan arithmetic: available = capacity x util - weights - activat
 }
 
 TEST_CASE("inverse questions: sequences of a length, the largest max_model_len, the smallest TP", "[serve]") {
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-vllm-h100.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-vllm-h100.yaml");
   const ServePlan p = plan_serve(s);
   CHECK(sequences_that_fit(p, 8192) == p.kv.num_gpu_blocks / 512);
   CHECK(sequences_that_fit(p, 1000) == p.kv.num_gpu_blocks / 63);  // cdiv(1000, 16) blocks each
@@ -272,7 +273,7 @@ TEST_CASE("inverse questions: sequences of a length, the largest max_model_len, 
 }
 
 TEST_CASE("published vLLM start-up logs (tests/data/serve/vllm_logs.json)", "[serve]") {
-  std::ifstream in(MEMSIM_SOURCE_DIR "/tests/data/serve/vllm_logs.json");
+  std::ifstream in(MEMSIM_SOURCE_DIR + "/tests/data/serve/vllm_logs.json");
   REQUIRE(in.good());
   const nlohmann::json data = nlohmann::json::parse(in);
   REQUIRE(data["entries"].size() >= 3);

@@ -19,6 +19,7 @@
 #include "sim/serve/serve_plan.h"
 #include "sim/serve/served_model.h"
 #include "sim/serve/vllm_profile_run.h"
+#include "test_paths.h"
 
 using namespace memsim;
 using namespace memsim::serve;
@@ -44,7 +45,7 @@ std::string refusal(const std::function<void()>& f) {
 
 const std::string kLite = "  preset: deepseek-v2-lite\n";
 const std::string kV2 = "  preset: deepseek-v2\n";
-const std::string kV3 = "  hf_config: " MEMSIM_SOURCE_DIR "/tests/data/moe_configs/deepseek-v3-bf16.json\n";
+const std::string kV3 = "  hf_config: " + MEMSIM_SOURCE_DIR + "/tests/data/moe_configs/deepseek-v3-bf16.json\n";
 
 // The parameters of a DeepSeek-V2/V3 config as the model card counts them (embeddings,
 // lm_head, MLA, dense and MoE MLPs, norms; no MTP layer), from the config's numbers.
@@ -127,7 +128,7 @@ TEST_CASE("DeepSeek KV page: one 576-wide latent per token and layer, not split 
 }
 
 TEST_CASE("DeepSeek-V2-Lite plan: blocks, tokens and concurrency from the budget", "[serve][serve-deepseek]") {
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/deepseek-v2-lite-vllm-h100.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/deepseek-v2-lite-vllm-h100.yaml");
   const ServePlan p = plan_serve(s);
   REQUIRE(p.fits);
   CHECK(p.kv.page_bytes == 18432);
@@ -206,7 +207,7 @@ TEST_CASE("DeepSeek serve refusals", "[serve][serve-deepseek]") {
             .find("serve.quantization: quantized experts") != std::string::npos);
   // The published V3 config carries its fp8 quantization_config: refused where it is read.
   CHECK(refusal([] {
-          served_model(ds_scenario("  hf_config: " MEMSIM_SOURCE_DIR "/tests/data/moe_configs/deepseek-v3.json\n",
+          served_model(ds_scenario("  hf_config: " + MEMSIM_SOURCE_DIR + "/tests/data/moe_configs/deepseek-v3.json\n",
                                    "  engine: vllm\n"));
         }).find("quantization_config") != std::string::npos);
   // 16 heads do not split over 32 ranks; 64 experts cannot be split over 128.
@@ -237,8 +238,7 @@ TEST_CASE("memsim serve on the shipped DeepSeek-V2-Lite scenario and the inverse
   CHECK(t.out.find("page size (block x latent x B)") != std::string::npos);
   CHECK(t.out.find("16 x 576 x 2") != std::string::npos);
   // --min-tp: V3 in bf16 (1.22 TiB of weights) needs 16 H200s; 8 hold 157.9 GiB per rank.
-  auto m = run_shell(memsim_command() + "serve --model " MEMSIM_SOURCE_DIR
-                     "/tests/data/moe_configs/deepseek-v3-bf16.json --set device.preset=h200 "
+  auto m = run_shell(memsim_command() + "serve --model " + MEMSIM_SOURCE_DIR + "/tests/data/moe_configs/deepseek-v3-bf16.json --set device.preset=h200 "
                      "--set model.attention=eager --set serve.max_model_len=8192 --min-tp 16 --json -");
   REQUIRE(m.status == 3);  // the plan as given (TP 1) does not start; the answer is in the JSON
   const nlohmann::json mj = nlohmann::json::parse(m.out);

@@ -21,6 +21,7 @@
 #include "sim/serve/serve_plan.h"
 #include "sim/serve/served_model.h"
 #include "sim/serve/vllm_profile_run.h"
+#include "test_paths.h"
 
 using namespace memsim;
 using namespace memsim::serve;
@@ -45,7 +46,7 @@ std::string refusal(const std::function<void()>& f) {
 
 const std::string kMixtral = "  preset: mixtral-8x7b\n";
 const std::string kQwen15Moe =
-    "  hf_config: " MEMSIM_SOURCE_DIR "/tests/data/serve/qwen1.5-moe-a2.7b.json\n";
+    "  hf_config: " + MEMSIM_SOURCE_DIR + "/tests/data/serve/qwen1.5-moe-a2.7b.json\n";
 
 }  // namespace
 

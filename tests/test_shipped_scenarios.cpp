@@ -23,6 +23,7 @@
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -213,7 +214,7 @@ TEST_CASE("every shipped scenario gives the verdict docs/claims.md states", "[sc
 // Korthikanti et al. 2022. Built once, executed on the A100 of the file (out of memory
 // while the weights are built) and on an unlimited device.
 TEST_CASE("gpt3-175b: 18 B/param of state and Korthikanti's activations per layer", "[scenarios]") {
-  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR "/scenarios/gpt3-175b.yaml");
+  const Scenario s = load_scenario(MEMSIM_SOURCE_DIR + "/scenarios/gpt3-175b.yaml");
   const Program p = build_program(s);
 
   auto a100 = device_for(s.device);

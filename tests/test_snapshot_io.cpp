@@ -15,12 +15,13 @@
 #include "allocator/snapshot/pickle.h"
 #include "allocator/snapshot/snapshot.h"
 #include "tests/shared_dir_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const std::string kSilmont = MEMSIM_SOURCE_DIR "/tests/data/silmont2000_mem_snapshot.pickle";
+const std::string kSilmont = MEMSIM_SOURCE_DIR + "/tests/data/silmont2000_mem_snapshot.pickle";
 const std::string kGroundTruth = memsim_test::shared_root() + "/groundtruth/snapshots";
 
 std::string slurp(const std::string& path) {
@@ -245,7 +246,7 @@ TEST_CASE("Round trip: read, write, read again gives the same snapshot", "[snaps
   // The writer uses only memory_viz's opcodes (§10.1): no BINUNICODE8/BINBYTES/etc.
   // Checked by re-reading with the strict reader plus tools/check_snapshot_pickle.py.
 
-  const std::string path = MEMSIM_BINARY_DIR "/roundtrip_snapshot_test.pickle";
+  const std::string path = MEMSIM_BINARY_DIR + "/roundtrip_snapshot_test.pickle";
   write_snapshot_file(a, path);
   CHECK(difference(a, read_snapshot_file(path)).empty());
   std::remove(path.c_str());

@@ -24,18 +24,19 @@
 #include "scenario/scenario.h"
 #include "sim/analysis/step_time.h"
 #include "sim/step/schedule.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kRuns[] = {MEMSIM_SOURCE_DIR "/tests/data/gpu/step_time/step_times.json",
-                       MEMSIM_SOURCE_DIR "/tests/data/gpu/step_time/step_times_profiled.json"};
+const std::string kRuns[] = {MEMSIM_SOURCE_DIR + "/tests/data/gpu/step_time/step_times.json",
+                       MEMSIM_SOURCE_DIR + "/tests/data/gpu/step_time/step_times_profiled.json"};
 
 // memsim's scenario of one measured configuration (the command line of docs/time-model.md §7).
 double predicted_ms(const std::string& policy, const std::string& impl) {
   const Scenario s = load_scenario(
-      MEMSIM_SOURCE_DIR "/scenarios/llama2-7b-full-finetune-a100.yaml",
+      MEMSIM_SOURCE_DIR + "/scenarios/llama2-7b-full-finetune-a100.yaml",
       {{"model.layers", "16"}, {"model.d_model", "2048"}, {"model.heads", "16"}, {"model.kv_heads", "8"},
        {"model.d_ff", "5632"}, {"model.vocab", "32000"}, {"model.attention", "eager"},
        {"batch.micro_batch", "4"}, {"batch.seq_len", "1024"}, {"device.preset", "h200"},
@@ -50,7 +51,7 @@ double predicted_ms(const std::string& policy, const std::string& impl) {
 TEST_CASE("step times on an H200: the model ranks the configurations as the GPU does", "[time][gpu]") {
   std::vector<std::map<std::string, double>> real;  // per run: name -> median step ms
   std::map<std::string, std::pair<std::string, std::string>> config;
-  for (const char* path : kRuns) {
+  for (const std::string& path : kRuns) {
     const nlohmann::json j = memsim_test::load_json(path);
     REQUIRE(j["gpu"] == "NVIDIA H200");
     auto& run = real.emplace_back();

@@ -22,6 +22,7 @@
 #include "sim/step/modelled_features.h"
 #include "sim/step/training_script.h"
 #include "scenario/scenario.h"
+#include "test_paths.h"
 
 using namespace memsim;
 

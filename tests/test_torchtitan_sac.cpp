@@ -17,6 +17,7 @@
 #include "sim/step/schedule.h"
 #include "sim/step/torchtitan_checkpoint.h"
 #include "step_measure_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
@@ -25,7 +26,7 @@ namespace {
 using memsim_test::measure_step;
 
 nlohmann::json sac_fixture() {
-  return memsim_test::load_json(MEMSIM_SOURCE_DIR "/tests/data/torchtitan/sac_hf_llama.json");
+  return memsim_test::load_json(MEMSIM_SOURCE_DIR + "/tests/data/torchtitan/sac_hf_llama.json");
 }
 
 // The fixture's step: no optimizer, no warm-up, no cuBLAS workspaces (a CPU run).
@@ -238,7 +239,7 @@ TEST_CASE("sac-op under FSDP2: Llama 3 8B's per-layer cache over full checkpoint
   // ends with each of the 32 layers' cache live on top of what full checkpointing keeps:
   // q_proj (8192 x 4096), v_proj (8192 x 1024), gate_proj (8192 x 14336), down_proj
   // (8192 x 4096) in bf16, the SDPA output (8192 x 4096 bf16) and logsumexp (32 x 8192 fp32).
-  const std::string path = MEMSIM_SOURCE_DIR "/scenarios/llama3-8b-torchtitan-sac.yaml";
+  const std::string path = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-torchtitan-sac.yaml";
   const Scenario sac = load_scenario(path);
   const Scenario full = load_scenario(path, {{"checkpoint.policy", "full"}});
   const uint64_t S = 8192;

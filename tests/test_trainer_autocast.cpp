@@ -23,13 +23,14 @@
 #include "sim/step/schedule.h"
 #include "decoder_arch_test_support.h"
 #include "step_measure_test_support.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
 nlohmann::json load_arch_fixture(const std::string& file) {
-  std::ifstream in(std::string(MEMSIM_SOURCE_DIR "/tests/data/torch_cpu_arch/") + file);
+  std::ifstream in(std::string(MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_arch/") + file);
   REQUIRE(in.good());
   return nlohmann::json::parse(in);
 }

@@ -18,12 +18,13 @@
 #include "sim/step/schedule.h"
 #include "sim/parallel/zero_redundancy.h"
 #include "sim/parallel/zero_sharding.h"
+#include "test_paths.h"
 
 using namespace memsim;
 
 namespace {
 
-const char* kZeroDir = MEMSIM_SOURCE_DIR "/tests/data/zero";
+const std::string kZeroDir = MEMSIM_SOURCE_DIR + "/tests/data/zero";
 
 using memsim_test::load_json;
 
@@ -189,7 +190,7 @@ TEST_CASE("ZeRO-1 without FSDP: refusals by key", "[dp][zero][scenario]") {
 
 TEST_CASE("memsim run on gpt2-large-zero1-4xv100: fits with ZeRO-1, not with plain DDP",
           "[dp][zero][cli][scenarios]") {
-  const std::string file = MEMSIM_SOURCE_DIR "/scenarios/gpt2-large-zero1-4xv100.yaml";
+  const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/gpt2-large-zero1-4xv100.yaml";
   const memsim_test::CommandResult r = memsim_test::run_shell(
       memsim_test::memsim_command() + "run '" + file + "' --json - 2>/dev/null");
   REQUIRE(r.status == 0);
