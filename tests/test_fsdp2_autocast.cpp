@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_test_support.h"
 #include "program/tensor_names.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/step/schedule.h"
@@ -326,4 +327,28 @@ TEST_CASE("FSDP2 + autocast: what is not modelled is refused by key", "[fsdp2][a
   CHECK_THROWS_WITH(build_program(worked(kAutocast + "  autocast_region: whole-run\n", kFsdp2)),
                     Catch::Contains("precision.autocast_region"));
   CHECK_NOTHROW(build_program(worked(kAutocast + "  autocast_region: forward\n", kFsdp2)));
+}
+
+TEST_CASE("memsim run: FSDP2 + autocast end to end, and Accelerate's bf16 path refused by key",
+          "[fsdp2][autocast][cli][scenarios]") {
+  const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-fsdp2-autocast-8xh100.yaml";
+  const memsim_test::CommandResult r =
+      memsim_test::run_shell(memsim_test::memsim_command() + "run '" + file + "' --json - 2>/dev/null");
+  REQUIRE(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["fits"] == true);
+  // The scenario with MixedPrecisionPolicy added (Accelerate's FSDP2 path for bf16): exit 1,
+  // the message naming the file and the key.
+  const memsim_test::CommandResult refused = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file + "' --set parallel.fsdp_mixed_precision=bf16 2>&1");
+  CHECK(refused.status == 1);
+  CHECK(refused.out.find("parallel.fsdp_mixed_precision") != std::string::npos);
+  CHECK(refused.out.find("llama3-8b-fsdp2-autocast-8xh100.yaml") != std::string::npos);
+  // Every layer's cached bf16 linear weights are live at the peak (the loss, inside the
+  // region): 32 layers x 436,207,616 B, plus the LM head's 1,050,673,152 B (saved by mm).
+  const Program p = build_program(load_scenario(file));
+  const Casts c = casts_of(p, "");
+  CHECK(c.made == 32 * 7 + 1);
+  CHECK(c.bytes == 32ull * 436207616ull + 1050673152ull);
+  CHECK(c.freed_loss == 32 * 7);
 }
