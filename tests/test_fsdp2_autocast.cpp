@@ -327,6 +327,8 @@ TEST_CASE("FSDP2 + autocast: what is not modelled is refused by key", "[fsdp2][a
   CHECK_THROWS_WITH(build_program(worked(kAutocast + "  autocast_region: whole-run\n", kFsdp2)),
                     Catch::Contains("precision.autocast_region"));
   CHECK_NOTHROW(build_program(worked(kAutocast + "  autocast_region: forward\n", kFsdp2)));
+  CHECK_THROWS_WITH(build_program(worked("  autocast: fp16\n", kFsdp2)),
+                    Catch::Contains("precision.autocast") && Catch::Contains("GradScaler"));
 }
 
 TEST_CASE("memsim run: FSDP2 + autocast end to end, and Accelerate's bf16 path refused by key",

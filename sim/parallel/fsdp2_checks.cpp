@@ -41,6 +41,12 @@ void require_fsdp2_modelled(const Scenario& s) {
              "convert_outputs_to_fp32) is not modelled; autocast over FSDP2's fp32 "
              "parameters is: use parallel.fsdp_mixed_precision: none, or "
              "precision.autocast: none");
+    // fp16 autocast trains with a GradScaler (Accelerate: get_fsdp2_grad_scaler), whose
+    // scale, unscale_ and found_inf tensors memsim does not model.
+    if (*s.precision.autocast == DType::fp16)
+      refuse(s, "precision.autocast",
+             "fp16 autocast over FSDP2 needs torch.amp.GradScaler (its scaled loss, unscale_ "
+             "and found_inf tensors over DTensor gradients), which is not modelled; use bf16");
     if (s.precision.autocast_region == AutocastRegion::whole_step ||
         s.precision.autocast_region == AutocastRegion::whole_run)
       refuse(s, "precision.autocast_region",

@@ -5,7 +5,8 @@
 // parallel.data: fully_shard's world-size-1 path); parallel.fsdp_mixed_precision with
 // precision.params other than fp32; precision.autocast together with
 // parallel.fsdp_mixed_precision (autocast over bf16 unsharded parameters), with an
-// autocast_region spanning backward (whole-step, whole-run) or with float8_all_gather
+// autocast_region spanning backward (whole-step, whole-run), fp16 autocast (GradScaler)
+// or float8_all_gather
 // (autocast over fp32 unsharded parameters is modelled: they are leaves, cached as on one
 // GPU; docs/fsdp2.md "Autocast over FSDP2"); precision.master_weights; 8-bit
 // optimizers and Adafactor (their kernels / factored state over DTensor shards are not
