@@ -62,6 +62,10 @@
 //    until the next group's post-backward or the final callback.
 //  - The final callback (loss.backward() returns): post-backward of the groups that
 //    had none (the root first), HSDP buffers freed, the last reduce-scatter input freed.
+//  - Autocast (precision.autocast, fp32 parameters, no mixed precision): nothing here
+//    changes. The unsharded parameter is a leaf nn.Parameter, so graph::Autocast caches its
+//    cast as on one GPU; the cast lives until the region exits (or its op's backward), not
+//    until this reshard (resize_(0) leaves the cache's key and value alone).
 //  - LoRA (lora.*): frozen parameters are sharded and gathered like the others but get
 //    no gradient, no reduce-scatter and no optimizer state.
 //  - Float8 all-gather (precision.float8_all_gather; torchao/float8/fsdp_utils.py @36027d8:

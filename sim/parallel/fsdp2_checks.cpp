@@ -28,10 +28,35 @@ void require_fsdp2_modelled(const Scenario& s) {
     refuse(s, "parallel.fsdp_mixed_precision",
            std::string("modelled for fp32 parameters cast to param_dtype; with precision.params ") +
                to_string(s.precision.params) + " use parallel.fsdp_mixed_precision: none");
-  if (s.precision.autocast.has_value())
-    refuse(s, "precision.autocast",
-           "autocast over FSDP2's unsharded parameters is not modelled yet; use "
-           "parallel.fsdp_mixed_precision (MixedPrecisionPolicy) or precision.autocast: none");
+  // torch.autocast over fp32 unsharded parameters is modelled (docs/fsdp2.md "Autocast over
+  // FSDP2"): each unsharded nn.Parameter is a leaf, so autocast's cache keeps its bf16 cast
+  // until the region exits, as on one GPU. Autocast over MixedPrecisionPolicy's bf16
+  // parameters (what Accelerate sets up for mixed_precision: bf16) and the regions that
+  // span backward are not checked.
+  if (s.precision.autocast.has_value()) {
+    if (p.fsdp_mixed_precision)
+      refuse(s, "parallel.fsdp_mixed_precision",
+             "autocast over MixedPrecisionPolicy's low-precision unsharded parameters "
+             "(Accelerate's FSDP2 path for mixed_precision: bf16, with output_dtype and "
+             "convert_outputs_to_fp32) is not modelled; autocast over FSDP2's fp32 "
+             "parameters is: use parallel.fsdp_mixed_precision: none, or "
+             "precision.autocast: none");
+    // fp16 autocast trains with a GradScaler (Accelerate: get_fsdp2_grad_scaler), whose
+    // scale, unscale_ and found_inf tensors memsim does not model.
+    if (*s.precision.autocast == DType::fp16)
+      refuse(s, "precision.autocast",
+             "fp16 autocast over FSDP2 needs torch.amp.GradScaler (its scaled loss, unscale_ "
+             "and found_inf tensors over DTensor gradients), which is not modelled; use bf16");
+    if (s.precision.autocast_region == AutocastRegion::whole_step ||
+        s.precision.autocast_region == AutocastRegion::whole_run)
+      refuse(s, "precision.autocast_region",
+             "an autocast region spanning FSDP2's backward (whole-step, whole-run) is not "
+             "checked; use forward or forward-and-loss");
+    if (s.precision.float8_all_gather)
+      refuse(s, "precision.float8_all_gather",
+             "torchao's float8 all-gather under torch.autocast is not modelled; use "
+             "precision.autocast: none");
+  }
   if (s.precision.master_weights)
     refuse(s, "precision.master_weights",
            "fp32 master copies of FSDP2 shards are not modelled; FSDP2 keeps fp32 shards "

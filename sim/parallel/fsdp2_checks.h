@@ -3,8 +3,12 @@
 //
 // Refused: one GPU (parallel.data 1) and a shard group of one rank (parallel.replicate =
 // parallel.data: fully_shard's world-size-1 path); parallel.fsdp_mixed_precision with
-// precision.params other than fp32; precision.autocast (autocast's weight-cast cache over
-// FSDP2's unsharded nn.Parameters is not checked); precision.master_weights; 8-bit
+// precision.params other than fp32; precision.autocast together with
+// parallel.fsdp_mixed_precision (autocast over bf16 unsharded parameters), with an
+// autocast_region spanning backward (whole-step, whole-run), fp16 autocast (GradScaler)
+// or float8_all_gather
+// (autocast over fp32 unsharded parameters is modelled: they are leaves, cached as on one
+// GPU; docs/fsdp2.md "Autocast over FSDP2"); precision.master_weights; 8-bit
 // optimizers and Adafactor (their kernels / factored state over DTensor shards are not
 // modelled); QLoRA (lora.base_dtype nf4) and LoRA with parallel.fsdp_mixed_precision.
 // With precision.float8_all_gather: reshard_after_forward N (torch raises

@@ -182,7 +182,9 @@ class Loop {
           rt_, static_cast<uint64_t>(dtype_bytes(*s_.precision.autocast)),
           *s_.precision.autocast == DType::fp16);
       autocast_->set_cache_enabled(s_.precision.autocast_cache);
-      // FSDP: the weights are views of the gathered flat parameter, never cached.
+      // FSDP: the weights are views of the gathered flat parameter, never cached. FSDP2's
+      // unsharded parameters are leaf nn.Parameters (one per parameter for the whole run),
+      // cached as on one GPU through the reshard (docs/fsdp2.md "Autocast over FSDP2").
       autocast_->set_params_are_views(s_.parallel.sharding == Sharding::fsdp);
       model_.set_autocast(autocast_.get());
       if (checkpoint_) checkpoint_->set_autocast(autocast_.get());  // recompute re-enters it
