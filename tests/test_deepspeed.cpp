@@ -49,30 +49,42 @@ TEST_CASE("DeepSpeed ZeRO-2: flat buffer, fp32 partition, bucket and grads_in_pa
   CHECK_FALSE(p.host.any());
 }
 
-TEST_CASE("DeepSpeed ZeRO-1 keeps whole gradients until the epilogue", "[deepspeed]") {
+TEST_CASE("DeepSpeed ZeRO-1 keeps whole gradients until reduce_gradients", "[deepspeed]") {
   const Scenario s = load(small_llama(4, "  zero: 1\n"));
   const Program p = build_program(s);
-  CHECK(allocs(p, "* gradients in group 0's partition (ZeRO-* grads_in_partition)").empty());
   // Default reduce_bucket_size 5e8 elements: the bucket is allocated at the first hook.
   CHECK(allocs(p, "* IPG gradient bucket * (ZeRO-* ipg_buffer)") == std::vector<uint64_t>{1000000000, 1000000000});
-  // At backward_end every parameter's bit16 gradient existed (the whole model: 2 B x 115008).
+  // The hooks reduce nothing at stage 1: when the backward's last gradient is made, every
+  // parameter's bf16 gradient is alive (the whole model: 2 B x 115008).
   const size_t be = mark_index(p, "backward_end");
   REQUIRE(be != SIZE_MAX);
-  uint64_t grads = 0;
-  std::vector<char> alive(p.tensors.size(), 0);
-  for (size_t i = 0; i < be; ++i) {
-    const MemoryEvent& e = p.events[i];
-    if (e.kind != TensorKind::gradient) continue;
-    if (e.type == EventType::alloc) alive[e.tensor] = 1;
-    if (e.type == EventType::free) alive[e.tensor] = 0;
-  }
   const TensorNames names(p);
-  for (size_t t = 0; t < p.tensors.size(); ++t)  // the model's grads, not DeepSpeed's buffers
-    if (alive[t] && names.name(static_cast<uint32_t>(t)).find("(ZeRO-") == std::string::npos)
-      grads += p.tensors[t].bytes;
-  // The epilogue dropped those outside rank 0's partition: the partition's parameters'
-  // gradients remain (embedding, q, k, v, o of layer 0 = 32768 elements).
-  CHECK(grads == 32768 * 2);
+  size_t last_grad = 0;
+  for (size_t i = 0; i < be; ++i)
+    if (p.events[i].type == EventType::alloc && named_as(names, p.events[i].tensor, "grad of *.weight")) last_grad = i;
+  auto model_grads_before = [&](size_t at) {
+    std::vector<char> alive(p.tensors.size(), 0);
+    for (size_t i = 0; i < at; ++i) {
+      const MemoryEvent& e = p.events[i];
+      if (e.type == EventType::alloc) alive[e.tensor] = 1;
+      if (e.type == EventType::free) alive[e.tensor] = 0;
+    }
+    uint64_t b = 0;
+    for (size_t t = 0; t < p.tensors.size(); ++t)
+      if (alive[t] && named_as(names, static_cast<uint32_t>(t), "grad of *.weight") &&
+          names.name(static_cast<uint32_t>(t)).find("(ZeRO-") == std::string::npos)
+        b += p.tensors[t].bytes;
+    return b;
+  };
+  CHECK(model_grads_before(last_grad + 1) == kTotal * 2);
+  // Then engine.allreduce_gradients -> reduce_gradients sends each through the bucket
+  // (its own storage dies), reduce_ipg_grads copies the partition's (embedding, q, k, v, o
+  // of layer 0 = 32768 elements) into grads_in_partition, and the epilogue keeps that
+  // (all_grad_tensors) and drops the rest: no model gradient at backward_end.
+  CHECK(allocs(p, "* gradients in group 0's partition (ZeRO-* grads_in_partition)") ==
+        std::vector<uint64_t>{32768 * 2, 32768 * 2});
+  CHECK(model_grads_before(be) == 0);
+  CHECK(live_at_end(p, "* IPG gradient bucket * (ZeRO-* ipg_buffer)") == 0);
 }
 
 TEST_CASE("DeepSpeed ZeRO-3: partitions, persistence, buffers and prefetch", "[deepspeed]") {

@@ -297,10 +297,13 @@ TEST_CASE("DeepSpeed ZeRO-1 gradient accumulation: whole gradients until the bou
         kTotal * 2);
   // One bucket per step (at the first micro-batch's first hook), not per backward.
   CHECK(allocs(p, "* IPG gradient bucket * (ZeRO-* ipg_buffer)") == std::vector<uint64_t>{1000000000, 1000000000});
-  // At the boundary the epilogue keeps the partition's gradients, as without accumulation.
+  // At the boundary reduce_gradients moves the partition's gradients into grads_in_partition
+  // (once per step) and the epilogue drops the model's, as without accumulation.
   const size_t be = mark_index(p, "backward_end");
   REQUIRE(be != SIZE_MAX);
-  CHECK(live_named_before(p, "grad of model.*", be) == 32768 * 2);
+  CHECK(live_named_before(p, "grad of model.*", be) == 0);
+  CHECK(live_named_before(p, "* gradients in group 0's partition (ZeRO-* grads_in_partition)", be) == 32768 * 2);
+  CHECK(allocs(p, "* gradients in group 0's partition (ZeRO-* grads_in_partition)").size() == 2);
   CHECK(allocs(p, "* flat grad of group 0's partition (ZeRO-*)").size() == 2);
 }
 

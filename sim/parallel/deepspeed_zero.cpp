@@ -610,7 +610,16 @@ void DeepSpeedZero::grad_ready(Runtime& rt, int32_t param) {
     return;
   }
   ensure_buckets(rt);
-  if (stage_ == 1) return;  // the hooks only set up the buckets; the epilogue partitions
+  if (stage_ == 1) return;  // the hooks only set up the buckets; reduce_gradients reduces
+  bucket_grad12(rt, param);
+}
+
+void DeepSpeedZero::bucket_grad12(Runtime& rt, int32_t param) {
+  // reduce_independent_p_g_buckets_and_remove_grads (contiguous_gradients): a full bucket
+  // is reduced first; the gradient is copied into the bucket and .grad views it.
+  graph::Parameter& p = rt.parameters()[static_cast<size_t>(param)];
+  const uint64_t n = numel_[static_cast<size_t>(param)];
+  const uint64_t rbs = static_cast<uint64_t>(c_.reduce_bucket_size);
   if (bucket_elements_ + n > rbs) reduce_bucket12(rt);
   if (n > rbs) {
     extra_large_.push_back(param);  // reduced directly, keeps its own storage
@@ -736,26 +745,24 @@ void DeepSpeedZero::post_backward(Runtime& rt) {
   // Stage 1 (engine.allreduce_gradients: reduce_gradients only at the accumulation
   // boundary): before it nothing runs; the whole gradients accumulate and the bucket stays.
   if (stage_ == 1 && !boundary()) return;
-  // stage_1_and_2 independent_gradient_partition_epilogue.
-  if (stage_ == 2) reduce_bucket12(rt);
+  // Stage 1 reduce_gradients (no overlap_comm): every parameter with a gradient, in group
+  // order, through the bucket path the stage-2 hooks take
+  // (reduce_ready_partitions_and_remove_grads at the boundary); reduce_ipg_grads copies the
+  // partition's gradients into grads_in_partition ("zero stage 1 - partition only optimizer
+  // state" branch) and leaves the others as views of the bucket.
+  if (stage_ == 1)
+    for (int32_t q : trainable_)
+      if (rt.parameters()[static_cast<size_t>(q)].grad != graph::kNoStorage) bucket_grad12(rt, q);
+  // stage_1_and_2 independent_gradient_partition_epilogue: the last bucket.
+  reduce_bucket12(rt);
   const bool first = held_.empty();
   if (!offload_opt_) {
-    // all_grad_tensors: the partition's gradients (stage 2: views of grads_in_partition),
-    // kept for the step; a later micro-step adds into them (in place) and drops its own.
-    std::vector<uint32_t> now;
-    if (stage_ == 2) {
-      if (grads_in_partition_ != graph::kNoStorage) now.push_back(grads_in_partition_);
-    } else {
-      for (int32_t q : trainable_) {
-        const graph::Parameter& p = rt.parameters()[static_cast<size_t>(q)];
-        if (in_partition_[static_cast<size_t>(q)] && p.grad != graph::kNoStorage) now.push_back(p.grad);
-      }
+    // all_grad_tensors: the partition's gradients (views of grads_in_partition), kept for
+    // the step; a later micro-step adds into them (in place) and drops its own.
+    if (first && grads_in_partition_ != graph::kNoStorage) {
+      rt.retain(grads_in_partition_);
+      held_.push_back(grads_in_partition_);
     }
-    if (first)
-      for (uint32_t g : now) {
-        rt.retain(g);
-        held_.push_back(g);
-      }
   }
   // _release_ipg_buffers: the bucket(s) and grads_in_partition's own reference.
   for (uint32_t b : ipg_) rt.release(b);

@@ -30,8 +30,10 @@
 //    summed numel of every parameter that overlaps the partition). The epilogue at the end
 //    of backward reduces the rest, frees the bucket, and keeps grads_in_partition alive
 //    through averaged_gradients.
-//  - Stage 1: gradients stay whole until the epilogue (the hooks only allocate the bucket);
-//    it then drops those outside the partition and keeps the partition's (all_grad_tensors).
+//  - Stage 1: gradients stay whole through the backward (the hooks only allocate the
+//    bucket); engine.allreduce_gradients -> reduce_gradients then sends every parameter's
+//    gradient, in group order, through the stage-2 bucket path (reduce_ipg_grads copies the
+//    partition's into grads_in_partition), and the epilogue keeps those (all_grad_tensors).
 //  - step (both): the kept gradients are flattened to one bit16 partition (P), cast to fp32
 //    (P*4), the bit16 flat and the kept gradients freed, the optimizer steps the fp32 master
 //    (FusedAdam: exp_avg, exp_avg_sq zeros_like at the first step, no temporaries; a torch
@@ -176,6 +178,7 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   void compute_host(const Scenario& s);
   // stage 1/2
   void ensure_buckets(graph::Runtime& rt);
+  void bucket_grad12(graph::Runtime& rt, int32_t param);
   void reduce_bucket12(graph::Runtime& rt);
   void take_grad_into_partition(graph::Runtime& rt, int32_t param);
   // stage 3
