@@ -331,4 +331,17 @@ TEST_CASE("memsim run: Llama 2 7B ZeRO-3 with grad_accum 4 (docs/deepspeed.md)",
   CHECK(number(one.out, "peak_requested_bytes") == 29085519624ull);
   CHECK(optimizer_end(four.out) == 14759327232ull);
   CHECK(optimizer_end(one.out) == 14759327232ull);
+  // The other rows of docs/deepspeed.md's tables: ZeRO-3 with full checkpointing (equal for
+  // grad_accum 1 and 2), ZeRO-2 and ZeRO-1 (higher with accumulation, as their source says).
+  auto peak_of = [&](const std::string& sets) {
+    const memsim_test::CliResult r = memsim_test::run_memsim("run '" + scenario + "' " + sets + " --json -", dir);
+    REQUIRE(r.status == 0);
+    return number(r.out, "peak_requested_bytes");
+  };
+  CHECK(peak_of("--set checkpoint.policy=full") == 19810391812ull);
+  CHECK(peak_of("--set checkpoint.policy=full --set batch.grad_accum=2") == 19810391812ull);
+  CHECK(peak_of("--set parallel.zero=2") == 37416706824ull);
+  CHECK(peak_of("--set parallel.zero=2 --set batch.grad_accum=2") == 39117546248ull);
+  CHECK(peak_of("--set parallel.zero=1") == 39059858180ull);
+  CHECK(peak_of("--set parallel.zero=1 --set batch.grad_accum=2") == 51417442056ull);
 }
