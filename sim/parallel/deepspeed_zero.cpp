@@ -724,12 +724,14 @@ void DeepSpeedZero::reduce_bucket3(Runtime& rt) {
 }
 
 void DeepSpeedZero::post_backward(Runtime& rt) {
-  Busy busy(busy_);
-  // engine.step() after each backward counts the micro-step (micro_steps += 1).
-  struct Count {
-    uint64_t& n;
-    ~Count() { ++n; }
-  } count{backwards_};
+  {
+    Busy busy(busy_);
+    epilogue(rt);
+  }
+  ++backwards_;  // engine.step() after each backward counts the micro-step (micro_steps)
+}
+
+void DeepSpeedZero::epilogue(Runtime& rt) {
   if (stage_ == 3) {
     // independent_gradient_partition_epilogue: the last bucket (every micro-batch: stage 3
     // partitions gradients, engine.allreduce_gradients).

@@ -176,6 +176,8 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   void setup_stage12(graph::Runtime& rt);
   void setup_stage3(graph::Runtime& rt, const Scenario& s);
   void compute_host(const Scenario& s);
+  // engine._backward_epilogue for the backward that just ended (post_backward's body).
+  void epilogue(graph::Runtime& rt);
   // stage 1/2
   void ensure_buckets(graph::Runtime& rt);
   void bucket_grad12(graph::Runtime& rt, int32_t param);
