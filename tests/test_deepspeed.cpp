@@ -9,89 +9,14 @@
 #include <vector>
 
 #include "cli_test_support.h"
+#include "deepspeed_test_support.h"
 #include "program/tensor_names.h"
 #include "sim/parallel/deepspeed_zero.h"
 #include "sim/step/schedule.h"
 #include "test_paths.h"
 
 using namespace memsim;
-
-namespace {
-
-// hf-llama, 2 layers, d_model 64, d_ff 128, vocab 256, untied: numel
-//   embed 16384; per layer q,k,v,o 4096 each, gate/up/down 8192 each, two norms 64 each
-//   (41088); final norm 64; lm_head 16384: total 115008.
-constexpr uint64_t kTotal = 115008;
-
-std::string small_llama(int64_t d, const std::string& parallel_extra, const std::string& extra = "") {
-  std::string y =
-      "model:\n  family: hf-llama\n  layers: 2\n  d_model: 64\n  heads: 4\n  kv_heads: 4\n"
-      "  d_ff: 128\n  vocab: 256\n  context_length: 32\n  tied_embeddings: false\n"
-      "batch:\n  micro_batch: 2\n  seq_len: 32\n"
-      "precision:\n  params: bf16\n"
-      "step:\n  kind: train\n  warmup_steps: 1\n"
-      "parallel:\n  data: " + std::to_string(d) + "\n  sharding: deepspeed\n" + parallel_extra +
-      "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n" + extra;
-  return y;
-}
-
-Scenario load(const std::string& text) { return load_scenario_text(text, "ds.yaml"); }
-
-// Does tensor name `n` match `glob` ('*' matches any run of characters)? The names are
-// program/tensor_names.h's, per parameter or sub group: a glob picks a family of them.
-bool matches(const char* g, const char* n) {
-  if (*g == '\0') return *n == '\0';
-  if (*g == '*') return matches(g + 1, n) || (*n != '\0' && matches(g, n + 1));
-  return *n == *g && matches(g + 1, n + 1);
-}
-bool named_as(const TensorNames& names, uint32_t t, const std::string& glob) {
-  return matches(glob.c_str(), names.name(t).c_str());
-}
-
-// Allocation sizes of tensors named `name` (a glob), in event order.
-std::vector<uint64_t> allocs(const Program& p, const std::string& name) {
-  const TensorNames names(p);
-  std::vector<uint64_t> out;
-  for (const MemoryEvent& e : p.events)
-    if (e.type == EventType::alloc && named_as(names, e.tensor, name)) out.push_back(e.bytes);
-  return out;
-}
-
-size_t mark_index(const Program& p, const std::string& mark) {
-  for (size_t i = 0; i < p.events.size(); ++i)
-    if (p.events[i].type == EventType::mark && p.str(static_cast<uint32_t>(p.events[i].bytes)) == mark)
-      return i;
-  return SIZE_MAX;
-}
-
-// Allocs of `name` from event `from` on.
-size_t count_after(const Program& p, const std::string& name, size_t from) {
-  const TensorNames names(p);
-  size_t n = 0;
-  for (size_t i = from; i < p.events.size(); ++i) {
-    const MemoryEvent& e = p.events[i];
-    if (e.type == EventType::alloc && named_as(names, e.tensor, name)) ++n;
-  }
-  return n;
-}
-
-// Bytes alive at the end of the program, by tensor name.
-uint64_t live_at_end(const Program& p, const std::string& name) {
-  const TensorNames names(p);
-  std::vector<char> alive(p.tensors.size(), 0);
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::alloc) alive[e.tensor] = 1;
-    if (e.type == EventType::free) alive[e.tensor] = 0;
-  }
-  uint64_t b = 0;
-  for (size_t t = 0; t < p.tensors.size(); ++t)
-    if (alive[t] && named_as(names, static_cast<uint32_t>(t), name)) b += p.tensors[t].bytes;
-  return b;
-}
-
-std::string data(const std::string& f) { return std::string(MEMSIM_SOURCE_DIR) + "/tests/data/deepspeed/" + f; }
-
-}  // namespace
+using namespace memsim_test::deepspeed;
 
 TEST_CASE("DeepSpeed ZeRO-2: flat buffer, fp32 partition, bucket and grads_in_partition by hand",
           "[deepspeed]") {
@@ -124,30 +49,42 @@ TEST_CASE("DeepSpeed ZeRO-2: flat buffer, fp32 partition, bucket and grads_in_pa
   CHECK_FALSE(p.host.any());
 }
 
-TEST_CASE("DeepSpeed ZeRO-1 keeps whole gradients until the epilogue", "[deepspeed]") {
+TEST_CASE("DeepSpeed ZeRO-1 keeps whole gradients until reduce_gradients", "[deepspeed]") {
   const Scenario s = load(small_llama(4, "  zero: 1\n"));
   const Program p = build_program(s);
-  CHECK(allocs(p, "* gradients in group 0's partition (ZeRO-* grads_in_partition)").empty());
   // Default reduce_bucket_size 5e8 elements: the bucket is allocated at the first hook.
   CHECK(allocs(p, "* IPG gradient bucket * (ZeRO-* ipg_buffer)") == std::vector<uint64_t>{1000000000, 1000000000});
-  // At backward_end every parameter's bit16 gradient existed (the whole model: 2 B x 115008).
+  // The hooks reduce nothing at stage 1: when the backward's last gradient is made, every
+  // parameter's bf16 gradient is alive (the whole model: 2 B x 115008).
   const size_t be = mark_index(p, "backward_end");
   REQUIRE(be != SIZE_MAX);
-  uint64_t grads = 0;
-  std::vector<char> alive(p.tensors.size(), 0);
-  for (size_t i = 0; i < be; ++i) {
-    const MemoryEvent& e = p.events[i];
-    if (e.kind != TensorKind::gradient) continue;
-    if (e.type == EventType::alloc) alive[e.tensor] = 1;
-    if (e.type == EventType::free) alive[e.tensor] = 0;
-  }
   const TensorNames names(p);
-  for (size_t t = 0; t < p.tensors.size(); ++t)  // the model's grads, not DeepSpeed's buffers
-    if (alive[t] && names.name(static_cast<uint32_t>(t)).find("(ZeRO-") == std::string::npos)
-      grads += p.tensors[t].bytes;
-  // The epilogue dropped those outside rank 0's partition: the partition's parameters'
-  // gradients remain (embedding, q, k, v, o of layer 0 = 32768 elements).
-  CHECK(grads == 32768 * 2);
+  size_t last_grad = 0;
+  for (size_t i = 0; i < be; ++i)
+    if (p.events[i].type == EventType::alloc && named_as(names, p.events[i].tensor, "grad of *.weight")) last_grad = i;
+  auto model_grads_before = [&](size_t at) {
+    std::vector<char> alive(p.tensors.size(), 0);
+    for (size_t i = 0; i < at; ++i) {
+      const MemoryEvent& e = p.events[i];
+      if (e.type == EventType::alloc) alive[e.tensor] = 1;
+      if (e.type == EventType::free) alive[e.tensor] = 0;
+    }
+    uint64_t b = 0;
+    for (size_t t = 0; t < p.tensors.size(); ++t)
+      if (alive[t] && named_as(names, static_cast<uint32_t>(t), "grad of *.weight") &&
+          names.name(static_cast<uint32_t>(t)).find("(ZeRO-") == std::string::npos)
+        b += p.tensors[t].bytes;
+    return b;
+  };
+  CHECK(model_grads_before(last_grad + 1) == kTotal * 2);
+  // Then engine.allreduce_gradients -> reduce_gradients sends each through the bucket
+  // (its own storage dies), reduce_ipg_grads copies the partition's (embedding, q, k, v, o
+  // of layer 0 = 32768 elements) into grads_in_partition, and the epilogue keeps that
+  // (all_grad_tensors) and drops the rest: no model gradient at backward_end.
+  CHECK(allocs(p, "* gradients in group 0's partition (ZeRO-* grads_in_partition)") ==
+        std::vector<uint64_t>{32768 * 2, 32768 * 2});
+  CHECK(model_grads_before(be) == 0);
+  CHECK(live_at_end(p, "* IPG gradient bucket * (ZeRO-* ipg_buffer)") == 0);
 }
 
 TEST_CASE("DeepSpeed ZeRO-3: partitions, persistence, buffers and prefetch", "[deepspeed]") {

@@ -21,14 +21,6 @@ void require_deepspeed_modelled(const Scenario& s) {
   if (p.zero < 1 || p.zero > 3)
     refuse(s, "parallel.zero", "DeepSpeed ZeRO stages are 1, 2 and 3, got " + std::to_string(p.zero));
   if (p.data < 2) refuse(s, "parallel.data", "DeepSpeed ZeRO on one GPU partitions nothing; set parallel.data > 1");
-  // ZeRO-3's prefetch follows a trace of module order recorded per forward+backward; how
-  // the coordinator's trace carries across gradient-accumulation micro-batches is not
-  // checked (memsim's first two micro-batches of a step fetched without prefetch, which made
-  // the peak fall as grad_accum grew): refused until it is.
-  if (p.zero == 3 && s.batch.grad_accum > 1)
-    refuse(s, "batch.grad_accum",
-           "gradient accumulation with ZeRO-3 is not modelled yet (the parameter coordinator's "
-           "trace across micro-batches is not checked); use batch.grad_accum: 1");
   if (s.precision.master_weights)
     refuse(s, "precision.master_weights",
            "DeepSpeed ZeRO always keeps fp32 master partitions of 16-bit parameters; remove the key "

@@ -118,7 +118,8 @@ DeepSpeedZero::DeepSpeedZero(Runtime& rt, const Scenario& s)
       offload_opt_(s.deepspeed.offload_optimizer != DsOffload::none),
       offload_param_(s.deepspeed.offload_param != DsOffload::none),
       zero_("ZeRO-" + std::to_string(stage_)),
-      bits_(to_string(s.precision.params)) {
+      bits_(to_string(s.precision.params)),
+      gas_(static_cast<uint64_t>(std::max<int64_t>(1, s.batch.grad_accum))) {
   const size_t n = rt.parameters().size();
   numel_.resize(n);
   is_trainable_.resize(n);
@@ -383,6 +384,10 @@ void DeepSpeedZero::compute_host(const Scenario& s) {
     add(P * elem_, pin, "bit16 staging partition");
     add(largest_param_ * elem_, pin, "largest-parameter gradient buffer");
     add(2 * P * 4, false, "CPUAdam exp_avg + exp_avg_sq");
+    // Gradient accumulation: accumulated_grads_in_cpu, one zeros(param.numel()) in the
+    // parameters' dtype per parameter in the partition (whole parameters), made at the first
+    // non-boundary micro-batch and kept (async_accumulate_grad_in_cpu_via_gpu).
+    if (gas_ > 1) add(grads_in_partition_numel_ * elem_, pin, "accumulated_grads_in_cpu");
   }
   if (offload_opt_ && stage_ == 3) {
     add(P * elem_, pin, "grad_partitions_flat_buffer");
@@ -414,9 +419,13 @@ void DeepSpeedZero::compute_host(const Scenario& s) {
 }
 
 // ---------------------------------------------------------------- iteration hooks
-void DeepSpeedZero::pre_forward(Runtime&) {
+void DeepSpeedZero::pre_forward(Runtime& rt) {
   backward_seen_ = false;
   if (stage_ != 3) return;
+  // A new forward calls the module hooks afresh: its first module is entered even when the
+  // previous backward ended in the same one (the embedding, with gradient accumulation, where
+  // no step lies between), which the Runtime's change-of-module test would not report.
+  rt.hook_countdown = 1;
   // reset_step: a recorded iteration becomes the trace; the prefetch queue is rebuilt.
   if (!trace_complete_ && !recording_.empty()) {
     trace_ = recording_;
@@ -432,6 +441,8 @@ void DeepSpeedZero::pre_forward(Runtime&) {
     for (size_t t = 0; t < trace_.size(); ++t)
       for (int32_t p : units_[trace_[t]].params) queue_.emplace_back(t, p);
 }
+
+void DeepSpeedZero::countdown_done(Runtime& rt) { layer_entered(rt, rt.ctx.layer); }
 
 void DeepSpeedZero::layer_entered(Runtime& rt, int32_t layer) {
   if (stage_ != 3 || busy_) return;
@@ -599,7 +610,16 @@ void DeepSpeedZero::grad_ready(Runtime& rt, int32_t param) {
     return;
   }
   ensure_buckets(rt);
-  if (stage_ == 1) return;  // the hooks only set up the buckets; the epilogue partitions
+  if (stage_ == 1) return;  // the hooks only set up the buckets; reduce_gradients reduces
+  bucket_grad12(rt, param);
+}
+
+void DeepSpeedZero::bucket_grad12(Runtime& rt, int32_t param) {
+  // reduce_independent_p_g_buckets_and_remove_grads (contiguous_gradients): a full bucket
+  // is reduced first; the gradient is copied into the bucket and .grad views it.
+  graph::Parameter& p = rt.parameters()[static_cast<size_t>(param)];
+  const uint64_t n = numel_[static_cast<size_t>(param)];
+  const uint64_t rbs = static_cast<uint64_t>(c_.reduce_bucket_size);
   if (bucket_elements_ + n > rbs) reduce_bucket12(rt);
   if (n > rbs) {
     extra_large_.push_back(param);  // reduced directly, keeps its own storage
@@ -616,8 +636,12 @@ void DeepSpeedZero::grad_ready(Runtime& rt, int32_t param) {
 void DeepSpeedZero::take_grad_into_partition(Runtime& rt, int32_t param) {
   graph::Parameter& p = rt.parameters()[static_cast<size_t>(param)];
   if (offload_opt_) {
-    // async_inplace_copy_grad_to_fp32_buffer_from_gpu: the partition's slice .float() on
-    // the GPU, copied to the pinned fp32 gradient; .grad stays a view of the bucket.
+    // copy_grads_in_partition with cpu_offload: before the boundary the gradient only goes
+    // through accumulated_grads_in_cpu (async_accumulate_grad_in_cpu_via_gpu: a host buffer
+    // and a view of temp_grad_buffer_for_gpu_offload, nothing new on the GPU). At the
+    // boundary async_inplace_copy_grad_to_fp32_buffer_from_gpu: the partition's slice
+    // .float() on the GPU, copied to the pinned fp32 gradient; .grad stays a view of the bucket.
+    if (!boundary()) return;
     rt.release(alloc(rt, numel_[static_cast<size_t>(param)] * 4, TensorKind::temporary,
                      cached_name(rt, kGradHostCast, static_cast<size_t>(param), [&] {
                        return "fp32 cast of grad of " + rt.param_name(param) + " for the host (" + zero_ +
@@ -673,17 +697,19 @@ void DeepSpeedZero::reduce_bucket3(Runtime& rt) {
   for (int32_t q : bucket_params_) {
     graph::Parameter& p = rt.parameters()[static_cast<size_t>(q)];
     if (offload_opt_) {
-      // partition_grads with the buffer on the host: grad_buffer.to(device) and, at the
-      // accumulation boundary, its .to(fp32) before the copy to the host gradient.
+      // partition_grads with the buffer on the host: grad_buffer.to(device) (micro_step_id
+      // 0: after the copy; later: the GPU copy the partition is add_ed into, then copied
+      // back) and, at the accumulation boundary only (_offload_grad_partition_at_boundary),
+      // its .to(fp32) before the copy to the host gradient.
       const uint64_t part = ceil_div(numel_[static_cast<size_t>(q)], d_);
       const size_t qi = static_cast<size_t>(q);
       const uint32_t a = alloc(rt, part * elem_, TensorKind::temporary, cached_name(rt, kGradToGpu, qi, [&] {
                                  return "ZeRO-3 grad partition of " + rt.param_name(q) + " on the GPU (offload_optimizer)";
                                }), 1);
-      const uint32_t b = alloc(rt, part * 4, TensorKind::temporary, cached_name(rt, kGradFp32, qi, [&] {
-                                 return "fp32 cast of ZeRO-3 grad partition of " + rt.param_name(q) + " (offload_optimizer)";
-                               }), 1);
-      rt.release(b);
+      if (boundary())
+        rt.release(alloc(rt, part * 4, TensorKind::temporary, cached_name(rt, kGradFp32, qi, [&] {
+                           return "fp32 cast of ZeRO-3 grad partition of " + rt.param_name(q) + " (offload_optimizer)";
+                         }), 1));
       rt.release(a);
     }
     if (p.grad != graph::kNoStorage) {
@@ -698,32 +724,47 @@ void DeepSpeedZero::reduce_bucket3(Runtime& rt) {
 }
 
 void DeepSpeedZero::post_backward(Runtime& rt) {
-  Busy busy(busy_);
+  {
+    Busy busy(busy_);
+    epilogue(rt);
+  }
+  ++backwards_;  // engine.step() after each backward counts the micro-step (micro_steps)
+}
+
+void DeepSpeedZero::epilogue(Runtime& rt) {
   if (stage_ == 3) {
-    // independent_gradient_partition_epilogue: the last bucket.
+    // independent_gradient_partition_epilogue: the last bucket (every micro-batch: stage 3
+    // partitions gradients, engine.allreduce_gradients).
     reduce_bucket3(rt);
+    // backward_epilogue -> release_backward_leftovers: the module still gathered (the one
+    // the backward ended in, the embedding, whose post-backward hook never fires) is
+    // released before the next forward (gradient accumulation) or the step.
+    if (current_ != SIZE_MAX)
+      for (int32_t p : units_[current_].params) release_param(rt, p);
+    current_ = SIZE_MAX;
     return;
   }
-  // stage_1_and_2 independent_gradient_partition_epilogue.
-  if (stage_ == 2) reduce_bucket12(rt);
+  // Stage 1 (engine.allreduce_gradients: reduce_gradients only at the accumulation
+  // boundary): before it nothing runs; the whole gradients accumulate and the bucket stays.
+  if (stage_ == 1 && !boundary()) return;
+  // Stage 1 reduce_gradients (no overlap_comm): every parameter with a gradient, in group
+  // order, through the bucket path the stage-2 hooks take
+  // (reduce_ready_partitions_and_remove_grads at the boundary); reduce_ipg_grads copies the
+  // partition's gradients into grads_in_partition ("zero stage 1 - partition only optimizer
+  // state" branch) and leaves the others as views of the bucket.
+  if (stage_ == 1)
+    for (int32_t q : trainable_)
+      if (rt.parameters()[static_cast<size_t>(q)].grad != graph::kNoStorage) bucket_grad12(rt, q);
+  // stage_1_and_2 independent_gradient_partition_epilogue: the last bucket.
+  reduce_bucket12(rt);
   const bool first = held_.empty();
   if (!offload_opt_) {
-    // all_grad_tensors: the partition's gradients (stage 2: views of grads_in_partition),
-    // kept for the step; a later micro-step adds into them (in place) and drops its own.
-    std::vector<uint32_t> now;
-    if (stage_ == 2) {
-      if (grads_in_partition_ != graph::kNoStorage) now.push_back(grads_in_partition_);
-    } else {
-      for (int32_t q : trainable_) {
-        const graph::Parameter& p = rt.parameters()[static_cast<size_t>(q)];
-        if (in_partition_[static_cast<size_t>(q)] && p.grad != graph::kNoStorage) now.push_back(p.grad);
-      }
+    // all_grad_tensors: the partition's gradients (views of grads_in_partition), kept for
+    // the step; a later micro-step adds into them (in place) and drops its own.
+    if (first && grads_in_partition_ != graph::kNoStorage) {
+      rt.retain(grads_in_partition_);
+      held_.push_back(grads_in_partition_);
     }
-    if (first)
-      for (uint32_t g : now) {
-        rt.retain(g);
-        held_.push_back(g);
-      }
   }
   // _release_ipg_buffers: the bucket(s) and grads_in_partition's own reference.
   for (uint32_t b : ipg_) rt.release(b);

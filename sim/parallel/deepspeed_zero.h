@@ -30,8 +30,10 @@
 //    summed numel of every parameter that overlaps the partition). The epilogue at the end
 //    of backward reduces the rest, frees the bucket, and keeps grads_in_partition alive
 //    through averaged_gradients.
-//  - Stage 1: gradients stay whole until the epilogue (the hooks only allocate the bucket);
-//    it then drops those outside the partition and keeps the partition's (all_grad_tensors).
+//  - Stage 1: gradients stay whole through the backward (the hooks only allocate the
+//    bucket); engine.allreduce_gradients -> reduce_gradients then sends every parameter's
+//    gradient, in group order, through the stage-2 bucket path (reduce_ipg_grads copies the
+//    partition's into grads_in_partition), and the epilogue keeps those (all_grad_tensors).
 //  - step (both): the kept gradients are flattened to one bit16 partition (P), cast to fp32
 //    (P*4), the bit16 flat and the kept gradients freed, the optimizer steps the fp32 master
 //    (FusedAdam: exp_avg, exp_avg_sq zeros_like at the first step, no temporaries; a torch
@@ -75,6 +77,29 @@
 //    the GPU first (a partition-sized temporary per parameter).
 //  - LoRA: the frozen base is partitioned and fetched like any parameter; only the adapters
 //    are in the optimizer's groups.
+//  - End of each backward (engine._backward_epilogue): the last bucket is reduced
+//    (independent_gradient_partition_epilogue), then backward_epilogue ->
+//    release_backward_leftovers releases the modules whose post-backward hook never fired
+//    (the embedding: its input ids do not require grad), so no gathered parameter outlives
+//    a micro-batch.
+//
+// Gradient accumulation (batch.grad_accum = gas > 1; engine.py is_gradient_accumulation_boundary:
+// (micro_steps + 1) % gas == 0, the engine's step runs _take_model_step only then):
+//  - Stage 3: every micro-batch's backward reduce-scatters its buckets; partition_grads
+//    copies (micro_step_id 0) or add_s (later) rank 0's chunks into the same
+//    grad_partitions_flat_buffer (dtype grad_accum_dtype = the model's: no new buffer, no
+//    cast); with offload_optimizer the fp32 cast of each partition for the host runs at the
+//    boundary micro-batch only. The coordinator's reset_step runs at every forward: the trace
+//    is recorded by the first forward+backward of the run and complete from the second on,
+//    whether that is the next micro-batch or the next step, so every later micro-batch
+//    fetches and prefetches the same way.
+//  - Stage 2: the epilogue runs every micro-batch (see above); with offload_optimizer the
+//    non-boundary micro-batches accumulate through accumulated_grads_in_cpu (pinned host
+//    bit16 copies of the partition's parameters' gradients; on the GPU only views of
+//    temp_grad_buffer_for_gpu_offload) and the fp32 cast runs at the boundary only.
+//  - Stage 1: engine.allreduce_gradients reduces at the boundary only (reduce_gradients +
+//    the epilogue); before it the gradients stay whole and autograd accumulates into them,
+//    and the bucket allocated by the first hook (setup_buckets) stays until the epilogue.
 // Names (program/tensor_names.h, docs/tensor-names.md): each buffer says what it holds, with
 // DeepSpeed's attribute in parentheses ("bf16 flat parameters of group 0 (ZeRO-2
 // bit16_groups_flat)", "ZeRO-3 partition of P (ds_tensor)", "ZeRO-3 all-gather of P"); the
@@ -125,6 +150,8 @@ class DeepSpeedZero : public graph::RuntimeHooks {
 
   void grad_ready(graph::Runtime& rt, int32_t param) override;
   void layer_entered(graph::Runtime& rt, int32_t layer) override;
+  // The first allocation of a forward (pre_forward arms it): the module it runs in is entered.
+  void countdown_done(graph::Runtime& rt) override;
 
   // The optimizer step (called by make_step's wrapper).
   void step(graph::Runtime& rt, OptimizerSim* inner);
@@ -149,8 +176,11 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   void setup_stage12(graph::Runtime& rt);
   void setup_stage3(graph::Runtime& rt, const Scenario& s);
   void compute_host(const Scenario& s);
+  // engine._backward_epilogue for the backward that just ended (post_backward's body).
+  void epilogue(graph::Runtime& rt);
   // stage 1/2
   void ensure_buckets(graph::Runtime& rt);
+  void bucket_grad12(graph::Runtime& rt, int32_t param);
   void reduce_bucket12(graph::Runtime& rt);
   void take_grad_into_partition(graph::Runtime& rt, int32_t param);
   // stage 3
@@ -199,6 +229,10 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   std::vector<uint32_t> held_;          // averaged gradients kept for the step (stage 1/2)
   bool backward_seen_ = false;
   bool in_backward_ = false;
+  uint64_t gas_ = 1;                    // batch.grad_accum (gradient_accumulation_steps)
+  uint64_t backwards_ = 0;              // backwards completed so far (the engine's micro_steps)
+  // engine.is_gradient_accumulation_boundary() for the backward now running.
+  bool boundary() const { return (backwards_ + 1) % gas_ == 0; }
   // stage 3 coordinator
   std::vector<Unit> units_;
   std::vector<std::vector<size_t>> units_of_param_;
