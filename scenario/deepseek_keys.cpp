@@ -68,9 +68,6 @@ void check_deepseek(const Doc& d, const Scenario& s) {
     fail(where_of(d, "step.kind", at), "step.kind",
          "generate with multi-head latent attention is not modelled (DynamicCache keeps the "
          "decompressed per-head keys and values)");
-  if (s.precision.autocast.has_value())
-    fail(where_of(d, "precision.autocast", at), "precision.autocast",
-         "multi-head latent attention under autocast is not modelled; use bf16 parameters");
   if (s.lora.rank > 0)
     fail(where_of(d, "lora.rank", at), "lora.rank",
          "LoRA on multi-head latent attention's projections is not modelled");

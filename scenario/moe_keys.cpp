@@ -235,7 +235,7 @@ void check_moe(const Doc& d, const Scenario& s) {
   const std::string moe_at = moe_where(d, "experts");
   // Issue #15 item 5 (MoE composing): autocast and LoRA are modelled for the eager experts
   // and the Qwen/Mixtral-style blocks (docs/moe.md "Composing"); what is not is refused here.
-  if (s.precision.autocast.has_value() && m.code != graph::MoeRouterCode::deepseek_v3) {
+  if (s.precision.autocast.has_value()) {
     if (m.impl != graph::ExpertsImpl::eager)
       fail(moe_where(d, "experts_implementation"), "model.moe.experts_implementation",
            "batched_mm / grouped_mm under precision.autocast are not modelled (which copies the "
