@@ -140,7 +140,10 @@ Tensor DecoderModel::moe_router_deepseek(const LayerParams& p, const Tensor& x, 
   Tensor denominator;
   if (m.norm_topk) {
     {
-      Tensor sum = sum_dim(rt_, w, T * le);  // topk_weights.sum(dim=-1, keepdim=True)
+      // topk_weights.sum(dim=-1, keepdim=True): under autocast sum is CUDA's
+      // fp32_set_opt_dtype, so the bf16 weights sum into an fp32 (T, 1) (no input copy on
+      // CUDA), and the division's denominator is fp32.
+      Tensor sum = sum_dim(rt_, w, T * (ac ? 4 : le));
       denominator = add_scalar(rt_, sum);   // + 1e-20
     }
     div_inplace(rt_, w, denominator);       // topk_weights /= denominator
