@@ -32,6 +32,11 @@
 //  - qk_head_dim != v_head_dim: scores and q/k are qk wide, the output and o_proj's input
 //    H*v; the softmax scale (qk^-0.5, times mscale^2 with yarn's mscale_all_dim) is a
 //    Python float: no memory.
+//  - under autocast (docs/deepseek.md "Under autocast"): bf16 projections, the latent norms'
+//    fp32 outputs (qk_norm), V3's RoPE products fp32 (bf16 slices x fp32 tables), so V3's
+//    query cat is fp32 (cat is on no CUDA autocast list: ATen's promotion) and its fp32 rope
+//    key is converted by the copy_ into the bf16 new_empty key; V2's rotated q/k are bf16
+//    (.type_as);
 //  - the frame's locals die at return in their order: q_states (q_b's output), q_pass,
 //    q_rot (the rotated q), compressed_kv (kept by kv_a_layernorm in fp32), the latent's
 //    split view, the rotated k, the latent's norm output (kept by kv_b's mm), query_states /
