@@ -57,6 +57,13 @@ Scenario scenario_for(const nlohmann::json& c, const std::string& name) {
   y += "precision:\n  params: " + c.value("dtype", std::string("fp32")) + "\n";
   // HF Trainer's default mixed precision: fp32 parameters, forward and loss in autocast.
   if (c.value("autocast", std::string("none")) != "none") y += "  autocast: " + c["autocast"].get<std::string>() + "\n";
+  // PEFT LoRA: rank, alpha, target_modules (fp32 adapters, no dropout).
+  if (c.contains("lora")) {
+    std::string targets;
+    for (const auto& t : c["lora"]["targets"]) targets += (targets.empty() ? "" : ", ") + t.get<std::string>();
+    y += "lora:\n  rank: " + std::to_string(c["lora"]["rank"].get<int>()) +
+         "\n  alpha: " + std::to_string(c["lora"]["alpha"].get<int>()) + "\n  targets: [" + targets + "]\n";
+  }
   y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
@@ -370,6 +377,35 @@ TEST_CASE("DeepSeek-V2 and V2-Lite parameter counts from their config.json files
   CHECK(v2.model.arch.moe.n_group == 8);
   CHECK(v2.model.arch.moe.topk_group == 3);
   CHECK(v2.model.arch.mla.q_lora_rank == 1536);
+}
+
+TEST_CASE("PEFT LoRA on DeepSeek's latent attention: targets, trainable parameters, refusals", "[deepseek]") {
+  // V2-Lite (q_proj): q_proj 2048 -> 3072, kv_a_proj_with_mqa 2048 -> 576, kv_b_proj 512 ->
+  // 4096, o_proj 2048 -> 2048; r (in + out) each, 27 layers.
+  const std::string lite = "model:\n  hf_config: " + kConfigs + "deepseek-v2-lite.json\nbatch:\n  seq_len: 16\n";
+  const Scenario s = load_scenario_text(
+      lite + "lora:\n  rank: 8\n  targets: [q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj]\n", "ds.yaml");
+  CHECK(trainable_parameter_count(s) == 27LL * 8 * ((2048 + 3072) + (2048 + 576) + (512 + 4096) + (2048 + 2048)));
+  // V3, all-linear: q_a / q_b / kv_a / kv_b / o in 61 layers, the shared experts (2048 wide) in
+  // the 58 MoE layers, the dense MLP (18432) in the first 3; not the routers, not the 3-D experts.
+  const std::string v3 = "model:\n  hf_config: " + kConfigs + "deepseek-v3-bf16.json\nbatch:\n  seq_len: 16\n";
+  const Scenario all = load_scenario_text(v3 + "lora:\n  rank: 16\n  targets: all-linear\n", "ds.yaml");
+  CHECK(trainable_parameter_count(all) == 61LL * 1590272 + 58LL * 442368 + 3LL * 1228800);
+  // Names the latent attention does not have, and what is not modelled.
+  CHECK(load_error(lite + "lora:\n  rank: 8\n  targets: [q_proj, k_proj]\n")
+            .find("lora.targets: 'k_proj': multi-head latent attention has no k_proj") != std::string::npos);
+  CHECK(load_error(v3 + "lora:\n  rank: 8\n  targets: [q_proj]\n")
+            .find("lora.targets: 'q_proj': this config has q_lora_rank 1536") != std::string::npos);
+  CHECK(load_error(lite + "lora:\n  rank: 8\n  targets: [q_b_proj]\n")
+            .find("lora.targets: 'q_b_proj': this config's q_lora_rank is null") != std::string::npos);
+  CHECK(load_error(lite + "lora:\n  rank: 8\n  targets: [q_proj]\n  base_dtype: nf4\n")
+            .find("lora.base_dtype: QLoRA on DeepSeek is not modelled") != std::string::npos);
+  CHECK(load_error("model:\n  preset: llama2-7b\nbatch:\n  seq_len: 16\nlora:\n  rank: 8\n  targets: [kv_b_proj]\n")
+            .find("lora.targets: 'kv_b_proj' is a projection of multi-head latent attention") != std::string::npos);
+  // Runs end to end under autocast too (the adapters' path of lora_autocast.cpp; CPU fixture
+  // deepseek_v3_l2_qproj_e8_k3_g2_lora_r8_autocast_adamw).
+  CHECK(load_error(lite + "precision:\n  params: fp32\n  autocast: bf16\nlora:\n  rank: 8\n  targets: all-linear\n")
+            .empty());
 }
 
 TEST_CASE("DeepSeek-V2: what is not modelled or cannot run is refused by key", "[deepseek]") {

@@ -43,7 +43,10 @@
 //    key_states (kept by the matmul), value_states (kv_b's output), attn_output; expand_kv's
 //    at its own return.
 // Not modelled (refused by the scenario reader): SDPA kernels and flash attention (torch's
-// flash kernel needs equal q/k/v head dims; HF pads v for FA2), LoRA, generation.
+// flash kernel needs equal q/k/v head dims; HF pads v for FA2), generation.
+// PEFT LoRA on the projections (lora.targets q_proj / q_a_proj / q_b_proj /
+// kv_a_proj_with_mqa / kv_b_proj / o_proj) is the shared path of DecoderModel::project: each
+// projection carries its LayerParams::ad slot (graph/models/lora.h MlaLinear).
 #include <stdexcept>
 
 #include "graph/autocast.h"
@@ -63,20 +66,20 @@ void DecoderModel::construct_mla(LayerParams& p, const std::string& pre) {
   const uint64_t rope = static_cast<uint64_t>(m.qk_rope_head_dim), rkv = static_cast<uint64_t>(m.kv_lora_rank);
   if (m.q_lora_rank > 0) {
     const uint64_t rq = static_cast<uint64_t>(m.q_lora_rank);
-    p.q_a = add_proj(rq, D, pre, "self_attn.q_a_proj", a.qkv_bias, -1);
+    p.q_a = add_proj(rq, D, pre, "self_attn.q_a_proj", a.qkv_bias, kQAProj);
     rt_.ctx.module = Module::norm;
     p.q_a_norm = add_norm(rq, pre, "self_attn.q_a_layernorm");
     rt_.ctx.module = Module::attention;
-    p.q_b = add_proj(H * qk, rq, pre, "self_attn.q_b_proj", false, -1);
+    p.q_b = add_proj(H * qk, rq, pre, "self_attn.q_b_proj", false, kQBProj);
   } else {
-    p.q = add_proj(H * qk, D, pre, "self_attn.q_proj", false, -1);
+    p.q = add_proj(H * qk, D, pre, "self_attn.q_proj", false, kQProj);
   }
-  p.kv_a = add_proj(rkv + rope, D, pre, "self_attn.kv_a_proj_with_mqa", a.qkv_bias, -1);
+  p.kv_a = add_proj(rkv + rope, D, pre, "self_attn.kv_a_proj_with_mqa", a.qkv_bias, kKvAProj);
   rt_.ctx.module = Module::norm;
   p.kv_a_norm = add_norm(rkv, pre, "self_attn.kv_a_layernorm");
   rt_.ctx.module = Module::attention;
-  p.kv_b = add_proj(H * (nope + v), rkv, pre, "self_attn.kv_b_proj", false, -1);
-  p.o = add_proj(D, H * v, pre, "self_attn.o_proj", a.o_bias, -1);
+  p.kv_b = add_proj(H * (nope + v), rkv, pre, "self_attn.kv_b_proj", false, kKvBProj);
+  p.o = add_proj(D, H * v, pre, "self_attn.o_proj", a.o_bias, kOProj);
 }
 
 Tensor DecoderModel::attention_mla(const LayerParams& p, const Tensor& x, const Tensor& mask,

@@ -68,9 +68,9 @@ void DecoderModel::construct_moe_deepseek(LayerParams& p, const std::string& pre
   if (m.code == MoeRouterCode::deepseek_v3) p.score_bias = rt_.alloc(E * 4, TensorKind::other, OpKind::fill);
   if (m.shared_d_ff > 0) {
     const uint64_t S = static_cast<uint64_t>(m.shared_d_ff);
-    p.gate = add_proj(S, D, pre, "mlp.shared_experts.gate_proj", false, -1);
-    p.up = add_proj(S, D, pre, "mlp.shared_experts.up_proj", false, -1);
-    p.down = add_proj(D, S, pre, "mlp.shared_experts.down_proj", false, -1);
+    p.gate = add_proj(S, D, pre, "mlp.shared_experts.gate_proj", false, kGateProj);
+    p.up = add_proj(S, D, pre, "mlp.shared_experts.up_proj", false, kUpProj);
+    p.down = add_proj(D, S, pre, "mlp.shared_experts.down_proj", false, kDownProj);
   }
 }
 
