@@ -374,7 +374,14 @@ void Runtime::release_saved(Node& n) {
   for (uint32_t i = 0; i < n.saved_count; ++i)
     if (saved_[n.saved_first + i] != kNoStorage) release(saved_[n.saved_first + i]);
   n.saved_count = 0;
-  if (offload != nullptr) offload->released(static_cast<int32_t>(&n - nodes_.data()));
+  const int32_t id = static_cast<int32_t>(&n - nodes_.data());
+  // In the forward this is a node that died there (a tensor off the loss's path, e.g. a
+  // router's group-selection top-k): a checkpoint's placeholders for it die with it, so the
+  // re-run does not refill them (torch's non-reentrant checkpoint stores a recomputed
+  // tensor only while the original node's Holder lives). In backward the node's run
+  // notifies the engine itself.
+  if (checkpoint != nullptr && !in_backward_ && !recomputing) checkpoint->released(id);
+  if (offload != nullptr) offload->released(id);
 }
 
 void Runtime::release_saved_slot(Node& n, uint32_t k) {

@@ -44,6 +44,10 @@ const char* autocast_unmodelled(const DecoderArch& a) {
   if (a.final_softcap > 0.0) return "model.final_softcap";
   // Per-layer rotary (Mistral v4.45): tables cast to the value states' low dtype, q/k low.
   if (a.rope_local) return "model.architecture";
+  // Multi-head latent attention (DeepSeek-V2 / V3, a config.json's rows: its rotary_dim is
+  // qk_rope_head_dim) is checked under bf16 autocast by tests/data/torch_cpu_deepseek/
+  // *_autocast_*; what it does not model is refused by scenario/deepseek_keys.cpp.
+  if (a.mla.enabled()) return nullptr;
   // Phi-3's fused qkv / gate_up: slices of one low output (views); its in-place mask add
   // keeps the scores low (decoder_attention.cpp core).
   if (a.rotary_dim > 0) return "model.rotary_dim";

@@ -12,6 +12,37 @@ std::string where_of(const Doc& d, const char* key, const std::string& fallback)
   return f ? f->where : fallback;
 }
 
+// PEFT LoRA (lora.targets) on DeepSeek-V2 / V3 (docs/deepseek.md "LoRA"): target_modules
+// wraps nn.Linear modules, matched by name suffix. The attention has q_proj (q_lora_rank null)
+// or q_a_proj and q_b_proj, kv_a_proj_with_mqa, kv_b_proj and o_proj; gate/up/down_proj are
+// the dense layers' MLP and the MoE layers' shared_experts; the routed experts are 3-D
+// parameters and the routers (DeepseekV3TopkRouter / V2's) are not nn.Linear, so neither is
+// wrapped (all-linear included).
+void check_deepseek_lora(const Doc& d, const Scenario& s, const std::string& at) {
+  const graph::DecoderArch& a = s.model.arch;
+  const std::string targets_at = where_of(d, "lora.targets", where_of(d, "lora.rank", at));
+  const bool q_lora = a.mla.q_lora_rank > 0;
+  for (const std::string& t : s.lora.targets) {
+    std::string why;
+    if (t == "k_proj" || t == "v_proj")
+      why = "multi-head latent attention has no " + t + " (its keys and values come from "
+            "kv_a_proj_with_mqa and kv_b_proj)";
+    else if (t == "q_proj" && q_lora)
+      why = "this config has q_lora_rank " + std::to_string(a.mla.q_lora_rank) +
+            ": the query is q_a_proj and q_b_proj, not q_proj";
+    else if ((t == "q_a_proj" || t == "q_b_proj") && !q_lora)
+      why = "this config's q_lora_rank is null: the query is q_proj";
+    if (!why.empty()) fail(targets_at, "lora.targets", "'" + t + "': " + why);
+  }
+  if (s.lora.base_nf4)
+    fail(where_of(d, "lora.base_dtype", targets_at), "lora.base_dtype",
+         "QLoRA on DeepSeek is not modelled (whether bitsandbytes quantizes the 3-D expert "
+         "weights under transformers 5.x is not checked)");
+  if (d.find("lora.target_parameters") != nullptr)
+    fail(where_of(d, "lora.target_parameters", targets_at), "lora.target_parameters",
+         "PEFT's target_parameters on DeepSeek's experts is not modelled");
+}
+
 }  // namespace
 
 void check_deepseek(const Doc& d, const Scenario& s) {
@@ -68,12 +99,7 @@ void check_deepseek(const Doc& d, const Scenario& s) {
     fail(where_of(d, "step.kind", at), "step.kind",
          "generate with multi-head latent attention is not modelled (DynamicCache keeps the "
          "decompressed per-head keys and values)");
-  if (s.precision.autocast.has_value())
-    fail(where_of(d, "precision.autocast", at), "precision.autocast",
-         "multi-head latent attention under autocast is not modelled; use bf16 parameters");
-  if (s.lora.rank > 0)
-    fail(where_of(d, "lora.rank", at), "lora.rank",
-         "LoRA on multi-head latent attention's projections is not modelled");
+  if (s.lora.rank > 0) check_deepseek_lora(d, s, at);
   if (s.model.arch.impl != graph::ModelImpl::hf)
     fail(where_of(d, "model.implementation", at), "model.implementation",
          "multi-head latent attention is modelled for transformers' code (hf) only");

@@ -235,7 +235,7 @@ void check_moe(const Doc& d, const Scenario& s) {
   const std::string moe_at = moe_where(d, "experts");
   // Issue #15 item 5 (MoE composing): autocast and LoRA are modelled for the eager experts
   // and the Qwen/Mixtral-style blocks (docs/moe.md "Composing"); what is not is refused here.
-  if (s.precision.autocast.has_value() && m.code != graph::MoeRouterCode::deepseek_v3) {
+  if (s.precision.autocast.has_value()) {
     if (m.impl != graph::ExpertsImpl::eager)
       fail(moe_where(d, "experts_implementation"), "model.moe.experts_implementation",
            "batched_mm / grouped_mm under precision.autocast are not modelled (which copies the "
@@ -244,7 +244,9 @@ void check_moe(const Doc& d, const Scenario& s) {
     // output_router_logits under autocast: the aux loss's softmax of the low logits is CUDA's
     // fp32_set_opt_dtype (DecoderModel::moe_aux_loss; CPU fixtures autocast_*_aux_*).
   }
-  if (s.lora.rank > 0 && m.code != graph::MoeRouterCode::deepseek_v3) {
+  // DeepSeek's LoRA (its latent attention's names, no shared_expert_gate) is checked by
+  // scenario/deepseek_keys.cpp.
+  if (s.lora.rank > 0 && m.code != graph::MoeRouterCode::deepseek_v3 && m.code != graph::MoeRouterCode::deepseek_v2) {
     const std::string at = d.find("lora.targets") ? d.find("lora.targets")->where : moe_at;
     // PEFT's target_modules wrap nn.Linear modules only; transformers 5.x's routed experts are
     // 3-D nn.Parameters (Qwen3MoeExperts.gate_up_proj / down_proj) and its routers are

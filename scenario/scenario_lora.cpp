@@ -17,7 +17,11 @@ struct Alias {
 const std::vector<Alias>& aliases(ModelFamily family) {
   static const std::vector<Alias> llama = {
       {"q_proj", 1u << 0}, {"k_proj", 1u << 1}, {"v_proj", 1u << 2}, {"o_proj", 1u << 3},
-      {"gate_proj", 1u << 4}, {"up_proj", 1u << 5}, {"down_proj", 1u << 6}, {"all-linear", 0x7fu}};
+      {"gate_proj", 1u << 4}, {"up_proj", 1u << 5}, {"down_proj", 1u << 6},
+      // Multi-head latent attention (DeepSeek-V2 / V3; graph/models/lora.h MlaLinear): bits 9-12
+      // (7-8 are lora.target_parameters').
+      {"q_a_proj", 1u << 9}, {"q_b_proj", 1u << 10}, {"kv_a_proj_with_mqa", 1u << 11},
+      {"kv_b_proj", 1u << 12}, {"all-linear", 0x7fu | 0x1e00u}};
   static const std::vector<Alias> gpt2 = {
       {"c_attn", 1u << 0}, {"c_proj", (1u << 1) | (1u << 3)}, {"attn.c_proj", 1u << 1},
       {"c_fc", 1u << 2}, {"mlp.c_proj", 1u << 3}, {"all-linear", 0xfu}};
@@ -130,6 +134,13 @@ LoraConfig build_lora(const Doc& d, const ModelConfig& model, const PrecisionCon
       fail(targets->where, "lora.targets",
            std::string("'") + t + "' is not a linear module of " + to_string(model.family) +
                " (expected " + list + ")" + did_you_mean(t, names));
+    // The latent attention's names exist only in DeepSeek-V2 / V3 (which names its own
+    // attention has is checked by scenario/deepseek_keys.cpp).
+    if (!model.arch.mla.enabled() && (t == "q_a_proj" || t == "q_b_proj" || t == "kv_a_proj_with_mqa" ||
+                                      t == "kv_b_proj"))
+      fail(targets->where, "lora.targets",
+           "'" + t + "' is a projection of multi-head latent attention (DeepSeek-V2 / V3), which this "
+           "model does not have");
   }
   return read_lora_rest(d, precision, c, model);
 }

@@ -3,8 +3,10 @@
 // decoder_attention.cpp.
 #include "graph/models/decoder.h"
 
+#include <iterator>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "graph/autocast.h"
 #include "graph/checkpoint.h"
@@ -216,14 +218,33 @@ void DecoderModel::add_adapters() {
     static const char* const kShared[3] = {"mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
                                            "mlp.shared_expert.down_proj"};
     const std::string pre = "model.layers." + std::to_string(l) + ".";
-    for (uint32_t m = 0; m < kLlamaLinears; ++m) {
+    // get_peft_model injects in named_modules() order: DeepseekV3Attention / V2's registers
+    // q_proj or q_a_proj and q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj
+    // (decoder_mla.cpp); the Llama lineage q/k/v/o.
+    static const uint32_t kLlamaOrder[] = {kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj};
+    static const uint32_t kMlaOrder[] = {kQProj, kQAProj, kQBProj, kKvAProj, kKvBProj, kOProj,
+                                         kGateProj, kUpProj, kDownProj};
+    static const char* const kMlaNames[] = {"self_attn.q_a_proj", "self_attn.q_b_proj",
+                                            "self_attn.kv_a_proj_with_mqa", "self_attn.kv_b_proj"};
+    const bool mla = arch().mla.enabled();
+    const Proj* mla_proj[] = {&p.q_a, &p.q_b, &p.kv_a, &p.kv_b};
+    // DeepSeek's MoE block names its shared experts' module `shared_experts`.
+    static const char* const kSharedDeepseek[3] = {"mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
+                                                   "mlp.shared_experts.down_proj"};
+    const bool deepseek_moe = arch().moe.code == MoeRouterCode::deepseek_v3 ||
+                              arch().moe.code == MoeRouterCode::deepseek_v2;
+    for (uint32_t m : mla ? std::vector<uint32_t>(std::begin(kMlaOrder), std::end(kMlaOrder))
+                          : std::vector<uint32_t>(std::begin(kLlamaOrder), std::end(kLlamaOrder))) {
       // The experts module (lora.target_parameters) is registered before the shared expert:
       // its adapters come after the attention's and before the shared expert's.
       if (m == kGateProj && p.moe) add_experts_adapters(p, pre);
-      if (!lora_.targets(m) || proj[m]->w < 0) continue;
-      rt_.ctx.module = m < kGateProj ? Module::attention : Module::mlp;
-      const char* name = p.moe && m >= kGateProj ? kShared[m - kGateProj] : kNames[m];
-      p.ad[m] = lora_.add_adapter(proj[m]->out, proj[m]->in, pre + name);
+      const Proj* pr = m >= kQAProj ? mla_proj[m - kQAProj] : proj[m];
+      if (!lora_.targets(m) || pr->w < 0) continue;
+      rt_.ctx.module = m < kGateProj || m >= kQAProj ? Module::attention : Module::mlp;
+      const char* name = m >= kQAProj ? kMlaNames[m - kQAProj]
+                         : p.moe && m >= kGateProj ? (deepseek_moe ? kSharedDeepseek : kShared)[m - kGateProj]
+                                                   : kNames[m];
+      p.ad[m] = lora_.add_adapter(pr->out, pr->in, pre + name);
     }
   }
   rt_.ctx.layer = -1;

@@ -140,7 +140,7 @@ class DecoderModel {
     Norm norm[kNormSlots];
     Norm q_norm, k_norm;
     Tensor causal_bias, masked_bias;  // GPT-2's buffers (EagerCore::where_buffer)
-    LoraAdapter ad[kLlamaLinears];
+    LoraAdapter ad[kLoraSlots];  // by LlamaLinear / MlaLinear
     // A mixture-of-experts layer (DecoderArch::moe; decoder_moe.cpp): the router's
     // (E, D) weight, the experts' 3-D gate_up_proj (E, 2F, D) and down_proj (E, D, F),
     // Qwen2-MoE's shared expert (gate/up/down as p.gate/p.up/p.down) and its (1, D) gate.

@@ -304,10 +304,15 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
     // of a contiguous key copy is a view. Scores are low precision.
     const uint64_t low = ac_->low_elem();
     Tensor qa = ac_->cast(query, query.bytes / 4 * low);
-    Tensor ka = ac_->cast(key, key.bytes / 4 * low);
+    // DeepSeek-V3's key is bf16 already (expand_kv's new_empty takes kv_b_proj's dtype):
+    // not cast.
+    const bool key_low = mla && key.bytes == low_qk / S * T;
+    Tensor ka = key_low ? key : ac_->cast(key, key.bytes / 4 * low);
     // The cast of an expanded (single-KV-head) key is a dense copy too: k^T is a view.
-    Tensor qc = clone(rt_, qa);
-    Tensor kc = n_rep > 1 ? ka : clone(rt_, ka);
+    // MLA's q and k are contiguous (B,H,S,qk) (a cat and new_empty; _to_copy keeps the
+    // strides): matmul's reshapes are views.
+    Tensor qc = mla ? qa : clone(rt_, qa);
+    Tensor kc = n_rep > 1 || mla ? ka : clone(rt_, ka);
     w = bmm(rt_, qc, kc, B * H * S * T * low, bmm_flops);
     qc.reset();
     kc.reset();

@@ -32,15 +32,24 @@
 //  - qk_head_dim != v_head_dim: scores and q/k are qk wide, the output and o_proj's input
 //    H*v; the softmax scale (qk^-0.5, times mscale^2 with yarn's mscale_all_dim) is a
 //    Python float: no memory.
+//  - under autocast (docs/deepseek.md "Under autocast"): bf16 projections, the latent norms'
+//    fp32 outputs (qk_norm), V3's RoPE products fp32 (bf16 slices x fp32 tables), so V3's
+//    query cat is fp32 (cat is on no CUDA autocast list: ATen's promotion) and its fp32 rope
+//    key is converted by the copy_ into the bf16 new_empty key; V2's rotated q/k are bf16
+//    (.type_as);
 //  - the frame's locals die at return in their order: q_states (q_b's output), q_pass,
 //    q_rot (the rotated q), compressed_kv (kept by kv_a_layernorm in fp32), the latent's
 //    split view, the rotated k, the latent's norm output (kept by kv_b's mm), query_states /
 //    key_states (kept by the matmul), value_states (kv_b's output), attn_output; expand_kv's
 //    at its own return.
 // Not modelled (refused by the scenario reader): SDPA kernels and flash attention (torch's
-// flash kernel needs equal q/k/v head dims; HF pads v for FA2), autocast, LoRA, generation.
+// flash kernel needs equal q/k/v head dims; HF pads v for FA2), generation.
+// PEFT LoRA on the projections (lora.targets q_proj / q_a_proj / q_b_proj /
+// kv_a_proj_with_mqa / kv_b_proj / o_proj) is the shared path of DecoderModel::project: each
+// projection carries its LayerParams::ad slot (graph/models/lora.h MlaLinear).
 #include <stdexcept>
 
+#include "graph/autocast.h"
 #include "graph/checkpoint.h"
 #include "graph/models/decoder.h"
 #include "graph/ops/ops_mla.h"
@@ -57,28 +66,29 @@ void DecoderModel::construct_mla(LayerParams& p, const std::string& pre) {
   const uint64_t rope = static_cast<uint64_t>(m.qk_rope_head_dim), rkv = static_cast<uint64_t>(m.kv_lora_rank);
   if (m.q_lora_rank > 0) {
     const uint64_t rq = static_cast<uint64_t>(m.q_lora_rank);
-    p.q_a = add_proj(rq, D, pre, "self_attn.q_a_proj", a.qkv_bias, -1);
+    p.q_a = add_proj(rq, D, pre, "self_attn.q_a_proj", a.qkv_bias, kQAProj);
     rt_.ctx.module = Module::norm;
     p.q_a_norm = add_norm(rq, pre, "self_attn.q_a_layernorm");
     rt_.ctx.module = Module::attention;
-    p.q_b = add_proj(H * qk, rq, pre, "self_attn.q_b_proj", false, -1);
+    p.q_b = add_proj(H * qk, rq, pre, "self_attn.q_b_proj", false, kQBProj);
   } else {
-    p.q = add_proj(H * qk, D, pre, "self_attn.q_proj", false, -1);
+    p.q = add_proj(H * qk, D, pre, "self_attn.q_proj", false, kQProj);
   }
-  p.kv_a = add_proj(rkv + rope, D, pre, "self_attn.kv_a_proj_with_mqa", a.qkv_bias, -1);
+  p.kv_a = add_proj(rkv + rope, D, pre, "self_attn.kv_a_proj_with_mqa", a.qkv_bias, kKvAProj);
   rt_.ctx.module = Module::norm;
   p.kv_a_norm = add_norm(rkv, pre, "self_attn.kv_a_layernorm");
   rt_.ctx.module = Module::attention;
-  p.kv_b = add_proj(H * (nope + v), rkv, pre, "self_attn.kv_b_proj", false, -1);
-  p.o = add_proj(D, H * v, pre, "self_attn.o_proj", a.o_bias, -1);
+  p.kv_b = add_proj(H * (nope + v), rkv, pre, "self_attn.kv_b_proj", false, kKvBProj);
+  p.o = add_proj(D, H * v, pre, "self_attn.o_proj", a.o_bias, kOProj);
 }
 
 Tensor DecoderModel::attention_mla(const LayerParams& p, const Tensor& x, const Tensor& mask,
                                    const Tensor& cos, const Tensor& sin) {
   ModuleScope module_scope(rt_, Module::attention);
   const MlaSpec& m = arch().mla;
-  if (autocast_on()) throw std::runtime_error("multi-head latent attention under autocast is not modelled");
-  const uint64_t e = s_.elem, H = static_cast<uint64_t>(s_.heads), rows = s_.rows();
+  // e: what the projections produce (the low dtype under autocast, graph/autocast.h).
+  const bool ac = autocast_on();
+  const uint64_t e = act_elem(), H = static_cast<uint64_t>(s_.heads), rows = s_.rows();
   const uint64_t nope = static_cast<uint64_t>(m.qk_nope_head_dim), rope = static_cast<uint64_t>(m.qk_rope_head_dim);
   const uint64_t rkv = static_cast<uint64_t>(m.kv_lora_rank);
   Tensor out;
@@ -94,7 +104,8 @@ Tensor DecoderModel::attention_mla(const LayerParams& p, const Tensor& x, const 
     Tensor qn;
     {
       Tensor qa = project(x, p, p.q_a);
-      qn = norm(qa, p.q_a_norm, rows, static_cast<uint64_t>(m.q_lora_rank));
+      // Under autocast the norm gets the low q_a output and returns fp32 (qk_norm).
+      qn = qk_norm(qa, p.q_a_norm, rows, static_cast<uint64_t>(m.q_lora_rank));
     }
     q_states = project(qn, p, p.q_b);
   } else {
@@ -113,14 +124,18 @@ Tensor DecoderModel::attention_mla(const LayerParams& p, const Tensor& x, const 
     k_rot = split.piece(rt_, 1);
   }
   // k_pass = self.kv_a_layernorm(kv_nope).view(B, 1, S, kv_lora_rank); k_rot.view(B, 1, S, rope).
-  k_pass = view(rt_, norm(kv_nope, p.kv_a_norm, rows, rkv), false);
+  k_pass = view(rt_, qk_norm(kv_nope, p.kv_a_norm, rows, rkv), false);
   {
     Tensor q_embed, k_embed;
     if (m.v2_code) {  // apply_rotary_emb(q_pe, k_pe, freqs_cis): `cos` is the complex table
       const uint64_t table_bytes = s_.seq * static_cast<uint64_t>(s_.pos_batch) * rope * 4;
       rope_complex_pair_hf(rt_, q_rot, k_rot, cos, table_bytes, e, true, q_embed, k_embed);
     } else if (m.rope_interleave) {
-      rope_interleave_pair_hf(rt_, q_rot, k_rot, cos, sin, q_embed, k_embed);
+      // Under autocast the bf16 slices times the fp32 tables give fp32 products.
+      rope_interleave_pair_hf(rt_, q_rot, k_rot, cos, sin, q_embed, k_embed, ac ? 4 / e : 1);
+    } else if (ac) {
+      q_embed = rope_hf_autocast(rt_, q_rot, cos, sin);
+      k_embed = rope_hf_autocast(rt_, k_rot, cos, sin);
     } else {
       q_embed = rope_hf(rt_, q_rot, cos, sin);
       k_embed = rope_hf(rt_, k_rot, cos, sin);
@@ -128,7 +143,17 @@ Tensor DecoderModel::attention_mla(const LayerParams& p, const Tensor& x, const 
     q_rot = std::move(q_embed);
     k_rot = std::move(k_embed);
   }
-  query_states = cat2(rt_, q_pass, q_rot);  // torch.cat((q_pass, q_rot), dim=-1)
+  // torch.cat((q_pass, q_rot), dim=-1). Under autocast V3's q_rot is fp32 and q_pass bf16:
+  // cat is on no CUDA autocast list, so ATen's type promotion writes one fp32 output (no cast
+  // copy of q_pass; CPU autocast's cat is `promote`, which would copy it: the fixture
+  // stand-in leaves autocast for the cat), and in backward validate_outputs casts q_pass's
+  // fp32 grad slice back to bf16.
+  if (q_rot.bytes > q_pass.bytes / nope * rope) {
+    query_states = cat2(rt_, ac_->widen(q_pass), q_rot);
+    Autocast::promoted(rt_, query_states, 0, q_pass);
+  } else {
+    query_states = cat2(rt_, q_pass, q_rot);
+  }
   {
     // key_states, value_states = self.expand_kv(k_pass, k_rot)
     Tensor kv = view(rt_, project(k_pass, p, p.kv_b), H > 1);  // kv_b_proj(...).view.transpose
@@ -139,7 +164,9 @@ Tensor DecoderModel::attention_mla(const LayerParams& p, const Tensor& x, const 
       value_states = split.piece(rt_, 1);
     }
     Tensor k_exp = expand_view(rt_, k_rot, H);  // k_rot.expand(-1, H, -1, -1)
-    // kv.new_empty(B, H, S, qk) and its two slices' copy_ (no grad of its own).
+    // kv.new_empty(B, H, S, qk) and its two slices' copy_ (no grad of its own). new_empty
+    // takes kv's dtype (bf16 under autocast), so V3's fp32 rope key is converted by its copy_
+    // (CopyBackwards hands k_rot an fp32 grad: grad.to(src dtype)).
     key_states = rt_.alloc(rows * H * (nope + rope) * e, TensorKind::activation, OpKind::other);
     copy_into_slice(rt_, key_states, k_nope, rows * H * nope * e);
     copy_into_slice(rt_, key_states, k_exp, rows * H * rope * e);

@@ -40,6 +40,7 @@
 // the assumption's.
 #include <string>
 
+#include "graph/autocast.h"
 #include "graph/models/decoder.h"
 #include "graph/models/deepseek_router.h"
 #include "graph/models/moe_routing.h"
@@ -67,9 +68,9 @@ void DecoderModel::construct_moe_deepseek(LayerParams& p, const std::string& pre
   if (m.code == MoeRouterCode::deepseek_v3) p.score_bias = rt_.alloc(E * 4, TensorKind::other, OpKind::fill);
   if (m.shared_d_ff > 0) {
     const uint64_t S = static_cast<uint64_t>(m.shared_d_ff);
-    p.gate = add_proj(S, D, pre, "mlp.shared_experts.gate_proj", false, -1);
-    p.up = add_proj(S, D, pre, "mlp.shared_experts.up_proj", false, -1);
-    p.down = add_proj(D, S, pre, "mlp.shared_experts.down_proj", false, -1);
+    p.gate = add_proj(S, D, pre, "mlp.shared_experts.gate_proj", false, kGateProj);
+    p.up = add_proj(S, D, pre, "mlp.shared_experts.up_proj", false, kUpProj);
+    p.down = add_proj(D, S, pre, "mlp.shared_experts.down_proj", false, kDownProj);
   }
 }
 
@@ -82,11 +83,24 @@ Tensor DecoderModel::moe_router_deepseek(const LayerParams& p, const Tensor& x, 
   const uint64_t T = s_.rows(), E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
   const uint64_t D = static_cast<uint64_t>(s_.d_model);
   const uint64_t G = static_cast<uint64_t>(m.n_group), TG = static_cast<uint64_t>(m.topk_group);
-  // F.linear(x.type(fp32), W.type(fp32)) (graph/models/deepseek_router.h).
-  Tensor logits = deepseek_router_logits(rt_, x, rt_.param(p.router), T, D, E, s_.elem);
+  // F.linear(x.type(fp32), W.type(fp32)) (graph/models/deepseek_router.h). Under autocast
+  // .type(fp32) is a no-op on the fp32 x and weight, and linear is autocast's: the cached
+  // bf16 weight, x's bf16 copy, bf16 logits (docs/deepseek.md "Under autocast").
+  const bool ac = autocast_on();
+  Tensor logits = ac ? ac_->mm_linear(x, p.router, static_cast<int64_t>(T), static_cast<int64_t>(D),
+                                      static_cast<int64_t>(E), 2.0 * static_cast<double>(T * D * E))
+                     : deepseek_router_logits(rt_, x, rt_.param(p.router), T, D, E, s_.elem);
+  const uint64_t le = logits.bytes / (T * E);  // the logits' (and scores', weights') element size
   // --- the routing (5.17: in the router's forward, router_logits not rebound) ---
-  Tensor scores = sigmoid(rt_, logits);            // scores = router_logits.sigmoid()
-  Tensor choice = add(rt_, scores, p.score_bias);  // + e_score_correction_bias (no grad)
+  Tensor scores = sigmoid(rt_, logits);  // scores = router_logits.sigmoid()
+  // + e_score_correction_bias (an fp32 buffer, no grad): low scores promote to fp32.
+  Tensor choice;
+  if (le < 4) {
+    choice = add(rt_, ac_->widen(scores), p.score_bias);
+    Autocast::promoted(rt_, choice, 0, scores);
+  } else {
+    choice = add(rt_, scores, p.score_bias);
+  }
   Tensor group_scores;
   {
     // .view(-1, G, E // G).topk(2, dim=-1)[0]: the tuple dies, TopkBackward0 keeps the
@@ -122,11 +136,14 @@ Tensor DecoderModel::moe_router_deepseek(const LayerParams& p, const Tensor& x, 
     indices = std::move(fin.indices);
     drop_with_node(rt_, fin.values);
   }
-  Tensor w = gather(rt_, scores, indices, T * K * 4);  // scores.gather(1, topk_indices)
+  Tensor w = gather(rt_, scores, indices, T * K * le);  // scores.gather(1, topk_indices)
   Tensor denominator;
   if (m.norm_topk) {
     {
-      Tensor sum = sum_dim(rt_, w, T * 4);  // topk_weights.sum(dim=-1, keepdim=True)
+      // topk_weights.sum(dim=-1, keepdim=True): under autocast sum is CUDA's
+      // fp32_set_opt_dtype, so the bf16 weights sum into an fp32 (T, 1) (no input copy on
+      // CUDA), and the division's denominator is fp32.
+      Tensor sum = sum_dim(rt_, w, T * (ac ? 4 : le));
       denominator = add_scalar(rt_, sum);   // + 1e-20
     }
     div_inplace(rt_, w, denominator);       // topk_weights /= denominator
@@ -183,7 +200,15 @@ Tensor DecoderModel::moe_block_deepseek(int32_t l, const LayerParams& p, const T
       }
       shared = project(h, p, p.down);
     }
-    Tensor sum = add(rt_, out, shared);
+    // Under autocast the experts' output is fp32 (index_add_ into zeros_like(x)) and the
+    // shared experts' low: the add promotes; validate_outputs casts the low input's grad.
+    Tensor sum;
+    if (autocast_on() && shared.bytes < out.bytes) {
+      sum = add(rt_, out, ac_->widen(shared));
+      Autocast::promoted(rt_, sum, 1, shared);
+    } else {
+      sum = add(rt_, out, shared);
+    }
     shared.reset();
     out = std::move(sum);
   }

@@ -25,6 +25,7 @@
 // stays saved), group_scores (and with it MaxBackward0's indices), group_idx, group_mask,
 // score_mask. Routing stays the scenario's assumption (moe.routing): only the sizes of the
 // routing tensors are data-independent.
+#include "graph/autocast.h"
 #include "graph/models/decoder.h"
 #include "graph/models/deepseek_router.h"
 #include "graph/ops/ops_moe.h"
@@ -38,9 +39,14 @@ Tensor DecoderModel::moe_router_deepseek_v2(const LayerParams& p, const Tensor& 
   const uint64_t T = s_.rows(), E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
   const uint64_t D = static_cast<uint64_t>(s_.d_model);
   const uint64_t G = static_cast<uint64_t>(m.n_group), TG = static_cast<uint64_t>(m.topk_group);
-  // F.linear(x.type(fp32), W.type(fp32)) (graph/models/deepseek_router.h).
-  Tensor logits = deepseek_router_logits(rt_, x, rt_.param(p.router), T, D, E, s_.elem);
-  Tensor scores = softmax(rt_, logits);  // router_logits.softmax(dim=-1, dtype=torch.float32)
+  // F.linear(x.type(fp32), W.type(fp32)) (graph/models/deepseek_router.h); under autocast
+  // autocast's linear (bf16 logits), as DeepSeek-V3's router (decoder_moe_deepseek.cpp).
+  const bool ac = autocast_on();
+  Tensor logits = ac ? ac_->mm_linear(x, p.router, static_cast<int64_t>(T), static_cast<int64_t>(D),
+                                      static_cast<int64_t>(E), 2.0 * static_cast<double>(T * D * E))
+                     : deepseek_router_logits(rt_, x, rt_.param(p.router), T, D, E, s_.elem);
+  // router_logits.softmax(dim=-1, dtype=torch.float32): bf16 logits are converted first.
+  Tensor scores = ac ? ac_->fp32_softmax(logits) : softmax(rt_, logits);
   Tensor group_scores, group_idx, group_mask, score_mask;
   int32_t max_node = -1;
   if (m.group_limited) {

@@ -41,6 +41,11 @@ class Autocast;  // graph/autocast.h
 // Linear module indices per family (bits of HfLora::targets).
 enum LlamaLinear : uint32_t { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj, kLlamaLinears };
 enum Gpt2Linear : uint32_t { kCAttn, kAttnCProj, kCFc, kMlpCProj, kGpt2Linears };
+// Multi-head latent attention's own projections (DeepSeek-V2 / V3, graph/models/decoder_mla.cpp;
+// q_proj and o_proj are kQProj / kOProj). Bits 7-8 are lora.target_parameters'
+// (graph/models/moe_param_lora.h); each value is both the HfLora::targets bit and the
+// LayerParams::ad slot.
+enum MlaLinear : uint32_t { kQAProj = 9, kQBProj, kKvAProj, kKvBProj, kLoraSlots };
 
 struct LoraAdapter {
   int32_t a = -1, b = -1;  // parameter ids; -1: the module has no adapter

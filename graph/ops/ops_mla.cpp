@@ -1,5 +1,6 @@
 #include "graph/ops/ops_mla.h"
 
+#include "graph/autocast.h"
 #include "graph/ops/op_helpers.h"
 #include "graph/ops/ops_nn.h"
 
@@ -60,19 +61,28 @@ namespace {
 
 // x1 * cos - x2 * sin, x2 * cos + x1 * sin, cat: CPython drops a binary op's left operand
 // before its right one, and the cat's argument list its items last to first.
+// A low slice times an fp32 table: the product is fp32 (widen x the slice's bytes) and its
+// MulBackward0 casts the slice's fp32 grad back (Autocast::promoted).
+Tensor mul_table(Runtime& rt, const Tensor& x, const Tensor& table, uint64_t widen) {
+  if (widen == 1) return mul(rt, x, table);
+  Tensor out = mul(rt, rt.view_of(x, x.bytes * widen), table);
+  Autocast::promoted(rt, out, 0, x);
+  return out;
+}
+
 Tensor rotate_even_odd(Runtime& rt, const Tensor& x1, const Tensor& x2, const Tensor& cos,
-                       const Tensor& sin) {
+                       const Tensor& sin, uint64_t widen) {
   Tensor first, second;
   {
-    Tensor a = mul(rt, x1, cos);
-    Tensor b = mul(rt, x2, sin);
+    Tensor a = mul_table(rt, x1, cos, widen);
+    Tensor b = mul_table(rt, x2, sin, widen);
     first = sub(rt, a, b);
     a.reset();
     b.reset();
   }
   {
-    Tensor a = mul(rt, x2, cos);
-    Tensor b = mul(rt, x1, sin);
+    Tensor a = mul_table(rt, x2, cos, widen);
+    Tensor b = mul_table(rt, x1, sin, widen);
     second = add(rt, a, b);
     a.reset();
     b.reset();
@@ -86,14 +96,14 @@ Tensor rotate_even_odd(Runtime& rt, const Tensor& x1, const Tensor& x2, const Te
 }  // namespace
 
 void rope_interleave_pair_hf(Runtime& rt, const Tensor& q, const Tensor& k, const Tensor& cos,
-                             const Tensor& sin, Tensor& q_out, Tensor& k_out) {
+                             const Tensor& sin, Tensor& q_out, Tensor& k_out, uint64_t widen) {
   // cos[..., : d // 2].unsqueeze(1): views of the no-grad tables.
   const Tensor cos_half = rt.view_of(cos, cos.bytes / 2), sin_half = rt.view_of(sin, sin.bytes / 2);
   // q[..., 0::2], q[..., 1::2] (SliceBackward0 each), then k's.
   const Tensor q1 = slice_seq(rt, q, q.bytes / 2), q2 = slice_seq(rt, q, q.bytes / 2);
   const Tensor k1 = slice_seq(rt, k, k.bytes / 2), k2 = slice_seq(rt, k, k.bytes / 2);
-  q_out = rotate_even_odd(rt, q1, q2, cos_half, sin_half);
-  k_out = rotate_even_odd(rt, k1, k2, cos_half, sin_half);
+  q_out = rotate_even_odd(rt, q1, q2, cos_half, sin_half, widen);
+  k_out = rotate_even_odd(rt, k1, k2, cos_half, sin_half, widen);
 }
 
 void copy_into_slice(Runtime& rt, Tensor& base, const Tensor& src, uint64_t slice_bytes) {
@@ -102,6 +112,7 @@ void copy_into_slice(Runtime& rt, Tensor& base, const Tensor& src, uint64_t slic
   Node& node = rt.node(n);
   node.size[0] = base.bytes;
   node.size[1] = slice_bytes;
+  node.size[2] = src.bytes != slice_bytes ? src.bytes : 0;  // CopyBackwards' grad.to(src dtype)
   base.grad_fn = n;
   base.out_slot = 0;
 }

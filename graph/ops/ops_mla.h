@@ -38,9 +38,12 @@ void rope_complex_pair_hf(Runtime& rt, const Tensor& q, const Tensor& k, const T
 // SliceBackward0's zeros of the full rope width with the grad copied in (its two uses'
 // grads summed in its buffer first); the two slices' grads meet in the rope input's buffer.
 // cos and sin are the (.., S, rope) tables, q (B, H, S, rope) and k (B, 1, S, rope) of the
-// activation dtype.
+// activation dtype. widen: 1, or under autocast 4 / low element size: the low slices times
+// the fp32 tables promote, so the products, sums and cats are fp32 (widen x the slices'
+// bytes) and in backward each product's node casts the slice's fp32 grad back to the low
+// dtype (validate_outputs, graph/autocast.h Autocast::promoted).
 void rope_interleave_pair_hf(Runtime& rt, const Tensor& q, const Tensor& k, const Tensor& cos,
-                             const Tensor& sin, Tensor& q_out, Tensor& k_out);
+                             const Tensor& sin, Tensor& q_out, Tensor& k_out, uint64_t widen = 1);
 
 // base[..., slice].copy_(src) (expand_kv's key_states built by new_empty and two copies):
 // no forward allocation; base gets a CopySlices node with edges (base's previous grad_fn,
@@ -49,7 +52,9 @@ void rope_interleave_pair_hf(Runtime& rt, const Tensor& q, const Tensor& k, cons
 // of the grad), the slice's contiguous clone (src's grad), and, when base had a grad_fn,
 // CopyBackwards' zeros_like of the slice (freed when the node returns; it is copied into
 // result's slice, which goes on to base's previous node). Without one, result is freed at
-// once.
+// once. A src of another dtype (src.bytes != slice_bytes: DeepSeek-V3's fp32 rope key copied
+// into the bf16 key under autocast) gets CopyBackwards' `grad.to(src dtype)`, a new
+// src-sized tensor, after the zeros; the slice's clone then dies when CopyBackwards returns.
 void copy_into_slice(Runtime& rt, Tensor& base, const Tensor& src, uint64_t slice_bytes);
 
 }  // namespace memsim::graph

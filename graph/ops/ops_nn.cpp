@@ -1,4 +1,6 @@
 #include "graph/ops/ops_nn.h"
+
+#include "graph/autocast.h"
 #include "graph/ops/op_helpers.h"
 
 #include <algorithm>
@@ -493,6 +495,17 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     case OpKind::copy_slices: {  // graph/ops/ops_mla.h copy_into_slice (CopySlices::apply)
       const uint32_t result = A(n.size[0]);  // grad.new_empty_strided(base) + copy_
       const uint32_t slice = A(n.size[1]);   // grad_slice.clone(): CopyBackwards' src grad
+      if (n.size[2] != 0) {
+        // src of another dtype: CopyBackwards returns grad.to(src dtype), a new tensor; the
+        // clone (its argument) dies when it returns, the zeros when CopySlices::apply does.
+        const uint32_t zeros = needs(0) ? A(n.size[1]) : kNoStorage;
+        if (needs(1)) out[1] = fresh(A(n.size[2], kind_for(1)));
+        F(slice);
+        if (zeros != kNoStorage) F(zeros);
+        if (needs(0)) out[0] = fresh(result);
+        else F(result);
+        break;
+      }
       if (needs(0)) {
         // zeros_like(slice) for the base's previous node, copied into result's slice; the
         // vector holding it dies when apply returns.
@@ -567,6 +580,9 @@ bool run_nn_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
         rt.retain(g.storage);
         out[i] = Grad{g.storage, true, false};
       }
+      // A low input promoted into an fp32 cat (DeepSeek-V3's query under autocast):
+      // validate_outputs casts its fp32 grad slice back.
+      cast_promoted_grads(rt, n, out);
       break;
     case OpKind::add_bcast:
       if (needs(1)) out[1] = fresh(A(n.size[1], kind_for(1)));  // sum_to, reduced

@@ -138,9 +138,30 @@ int64_t trainable_parameter_count(const Scenario& s) {
     if (a.mlp == graph::MlpKind::glu && a.fused_gate_up) present[4] = present[5] = false;
     if (a.mlp == graph::MlpKind::plain) present[4] = false;
   }
+  // Multi-head latent attention (DeepSeek-V2 / V3): q/k/v do not exist; its projections are
+  // graph::MlaLinear's bits 9-12 (q_a, q_b, kv_a_with_mqa, kv_b), q_proj (q_lora_rank null)
+  // and o_proj (H x v_head_dim wide input).
+  std::vector<std::pair<uint32_t, std::pair<int64_t, int64_t>>> mla;
+  if (m.family == ModelFamily::hf_llama && m.arch.mla.enabled()) {
+    const graph::MlaSpec& ml = m.arch.mla;
+    const int64_t H = m.heads, qk = ml.qk_head_dim(), rq = ml.q_lora_rank, rkv = ml.kv_lora_rank;
+    present[1] = present[2] = false;
+    if (rq > 0) {
+      present[0] = false;
+      mla.push_back({9u, {D, rq}});
+      mla.push_back({10u, {rq, H * qk}});
+    } else {
+      modules[0] = {D, H * qk};
+    }
+    mla.push_back({11u, {D, rkv + ml.qk_rope_head_dim}});
+    mla.push_back({12u, {rkv, H * (ml.qk_nope_head_dim + ml.v_head_dim)}});
+    modules[3] = {H * ml.v_head_dim, D};
+  }
   int64_t total = 0;
   const graph::MoeSpec& moe = m.arch.moe;
   for (int64_t l = 0; l < m.layers; ++l) {
+    for (const auto& [bit, io] : mla)
+      if ((mask >> bit) & 1u) total += s.lora.rank * (io.first + io.second);
     const bool sparse = m.family == ModelFamily::hf_llama && moe.layer_is_moe(l);
     for (size_t i = 0; i < modules.size(); ++i) {
       if (!present[i] || !((mask >> i) & 1u)) continue;
