@@ -73,10 +73,14 @@ void read_lora_target_parameters(const Doc& d, Scenario& s) {
     fail(where_or(d, "model.moe.experts_implementation", at), "model.moe.experts_implementation",
          "lora.target_parameters is modelled for the eager experts loop only (batched_mm and "
          "grouped_mm read the merged weight through an index / _grouped_mm, not checked)");
-  if (s.precision.autocast.has_value())
+  // Autocast over fp32 parameters and fp32 adapters (HF Trainer's bf16=True): the einsum's
+  // casts (CUDA's list), the fp32 delta and merged weight, the experts' slice casts, checked
+  // against tests/data/torch_cpu_moe_lora/*_autocast.json. 16-bit parameters or adapters
+  // under autocast are not checked.
+  if (s.precision.autocast.has_value() && (s.precision.params != DType::fp32 || s.lora.adapter_dtype != DType::fp32))
     fail(where_or(d, "precision.autocast", at), "precision.autocast",
-         "lora.target_parameters under autocast is not modelled (the einsum's and the merged "
-         "weight's casts are not checked); use bf16 parameters");
+         "lora.target_parameters under autocast is modelled with fp32 parameters "
+         "(precision.params: fp32) and fp32 adapters (lora.adapter_dtype) only");
   // checkpoint.policy full and custom [mlp], reentrant or not, with or without early stop:
   // the recompute re-enters the ParamWrappers (delta and merged weight made again), checked
   // byte-exact against tests/data/torch_cpu_moe_lora/*_ckpt_*.json (the early stop for its

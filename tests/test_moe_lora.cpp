@@ -34,6 +34,9 @@ const std::string kDir = MEMSIM_SOURCE_DIR + "/tests/data/torch_cpu_moe_lora";
 
 Scenario scenario_for(const nlohmann::json& c) {
   std::string y = memsim_test::fixture_shape_yaml(c);
+  // HF Trainer's mixed precision: fp32 model and adapters, forward and loss under autocast
+  // (the precision block is fixture_shape_yaml's last, as in tests/test_moe_compose.cpp).
+  if (c.value("autocast", std::string("none")) == "bf16") y += "  autocast: bf16\n";
   const std::string dtype = c.value("dtype", std::string("fp32"));
   const nlohmann::json& l = c["lora"];
   y += "lora:\n  rank: " + std::to_string(l["rank"].get<int>()) + "\n  alpha: " +
@@ -49,6 +52,7 @@ Scenario scenario_for(const nlohmann::json& c) {
   // gen.run casts the adapters with the model (bf16), or PEFT's cast_adapter_dtype upcasts
   // them again (the fixture's adapter_dtype fp32).
   if (dtype == "bf16") y += "  adapter_dtype: " + l.value("adapter_dtype", std::string("bf16")) + "\n";
+
   y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
@@ -112,7 +116,7 @@ TEST_CASE("LoRA on the routed experts matches real PyTorch training steps (CPU f
   for (const auto& entry : std::filesystem::directory_iterator(kDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() == 11);
+  REQUIRE(files.size() == 13);
   memsim_test::print_fixture_table_header();
   for (const auto& path : files) {
     nlohmann::json fx = memsim_test::load_json(path);
@@ -179,7 +183,9 @@ TEST_CASE("LoRA on the routed experts matches real PyTorch training steps (CPU f
     // (E, out, in) delta is made again in backward, once per layer and target (in both).
     {
       const nlohmann::json& c = fx["config"];
-      const uint64_t elem = c.value("dtype", std::string("fp32")) == "bf16" ? 2 : 4;
+      // The einsum runs in the model's dtype, or in bf16 under autocast.
+      const bool low = c.value("dtype", std::string("fp32")) == "bf16" || c.value("autocast", std::string("none")) == "bf16";
+      const uint64_t elem = low ? 2 : 4;
       const uint64_t E = c["moe"]["experts"], F = c["moe"]["expert_d_ff"], D = c["d_model"];
       auto whole = [&](uint64_t b) { return b == E * 2 * F * D * elem || b == E * D * F * elem; };
       uint64_t real_deltas = 0, sim_deltas = 0;
@@ -285,8 +291,15 @@ TEST_CASE("lora.target_parameters: accepted forms and refusals by key", "[moe-lo
             .find("parallel.data: lora.target_parameters is modelled on one GPU only") != std::string::npos);
   const std::string fp32 = kBase.substr(0, kBase.find("params: bf16")) + "params: fp32\n  autocast: bf16\n" +
                            kBase.substr(kBase.find("params: bf16") + 13);
-  CHECK(load_error(fp32, {{"lora.target_parameters", "down_proj"}})
-            .find("precision.autocast: lora.target_parameters under autocast") != std::string::npos);
+  // Autocast over fp32 parameters and adapters (the *_autocast fixture); 16-bit parameters
+  // or adapters under autocast stay refused.
+  CHECK(load_error(fp32, {{"lora.target_parameters", "down_proj"}}).empty());
+  CHECK(load_error(fp32, {{"lora.target_parameters", "down_proj"}, {"lora.adapter_dtype", "bf16"}})
+            .find("precision.autocast: lora.target_parameters under autocast is modelled with fp32") !=
+        std::string::npos);
+  CHECK(load_error(kBase, {{"lora.target_parameters", "down_proj"}, {"precision.autocast", "bf16"}})
+            .find("precision.autocast: lora.target_parameters under autocast is modelled with fp32") !=
+        std::string::npos);
   // Megatron's MoE (its own experts, not PEFT's ParamWrapper).
   std::ifstream in(MEMSIM_SOURCE_DIR + "/scenarios/mixtral-8x7b-megatron-moe-ep8.yaml");
   const std::string megatron((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -368,9 +381,18 @@ TEST_CASE("lora.target_parameters with checkpointing end to end: memsim run, ful
   // The CLI path of the fixtures' *_ckpt_* rows (checked byte-exact above): both policies
   // run from a scenario file with early_stop false set explicitly.
   memsim_test::TempDir dir("memsim_moe_lora_ckpt");
-  for (const char* ck : {"  policy: full\n", "  policy: custom\n  custom: [mlp]\n"}) {
-    const auto path = dir.write("c.yaml", kBase + "  target_parameters: [gate_up_proj, down_proj]\ncheckpoint:\n" +
-                                              ck + "  early_stop: false\n");
+  // Also reentrant, torch >= 2.1's default early stop, and autocast over fp32 parameters.
+  const std::string fp32 = kBase.substr(0, kBase.find("params: bf16")) + "params: fp32\n  autocast: bf16\n" +
+                           kBase.substr(kBase.find("params: bf16") + 13);
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {kBase, "  policy: full\n  early_stop: false\n"},
+      {kBase, "  policy: custom\n  custom: [mlp]\n  early_stop: false\n"},
+      {kBase, "  policy: full\n  reentrant: true\n"},
+      {kBase, "  policy: custom\n  custom: [mlp]\n"},
+      {fp32, "  policy: full\n"},
+  };
+  for (const auto& [base, ck] : runs) {
+    const auto path = dir.write("c.yaml", base + "  target_parameters: [gate_up_proj, down_proj]\ncheckpoint:\n" + ck);
     const auto out = memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path.string() + "' --json - 2>&1");
     INFO(out.out);
     REQUIRE(out.status == 0);
