@@ -40,7 +40,11 @@
 // low grads up to fp32.
 // Under activation checkpointing (full, custom [mlp]) the checkpoint engine's re-run calls
 // enter / weight / exit again: deltas and merged weights are made anew in backward, as the
-// *_ckpt_* CPU fixtures show (docs/moe.md).
+// *_ckpt_* CPU fixtures show (docs/moe.md). With torch >= 2.1's early stop the engine throws
+// from the re-run's last save (graph/checkpoint.h) and the unwinding destroys this object (a
+// local of the experts' forward): its merged weights and deltas die then, before backward
+// allocates again, as PEFT's generators' `finally` and the outermost cached() exit free them
+// while _StopRecomputationError unwinds (torch/utils/checkpoint.py, pytorch 0008d771).
 // Backward: each hit expert's SelectBackward0 gives a zeros of the whole merged weight,
 // accumulated (in place, torch 2.x) in AddBackward0's input buffer; MulBackward0 makes one
 // more whole-size tensor (and ToCopyBackward0 its cast for other adapter dtypes); bmm's
