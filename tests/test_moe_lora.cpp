@@ -420,7 +420,7 @@ TEST_CASE("lora.target_parameters with early stop: the re-run ends at the last s
   const auto delta_sized = [&](uint64_t b) { return b == E * 2 * F * D * 4 || b == E * D * F * 4; };
   struct Backward {
     std::vector<std::pair<std::string, uint64_t>> allocs;  // (op, bytes), in order
-    uint64_t deltas = 0, merged = 0, peak = 0, forward_end = 0;
+    uint64_t deltas = 0, merged = 0, peak = 0, forward_end = 0, selects = 0;
   };
   auto backward_of = [&](const Program& p) {
     Backward b;
@@ -447,7 +447,10 @@ TEST_CASE("lora.target_parameters with early stop: the re-run ends at the last s
         ++live_deltas;
       }
       // Backward's own work on the experts: no re-run delta is alive any more.
-      if (op == "SelectBackward0") CHECK(live_deltas == 0);
+      if (op == "SelectBackward0") {
+        CHECK(live_deltas == 0);
+        ++b.selects;
+      }
     }
     return b;
   };
@@ -460,6 +463,8 @@ TEST_CASE("lora.target_parameters with early stop: the re-run ends at the last s
     const Backward dflt = backward_of(build_program(load_scenario_text(y, "m.yaml")));
     CHECK(dflt.allocs == stop.allocs);
     CHECK(stop.forward_end == run.forward_end);
+    CHECK(stop.selects == L * E * 2);  // every expert hit (balanced), both weights
+    CHECK(run.selects == stop.selects);
     CHECK(stop.deltas == L * 2);
     CHECK(run.deltas == L * 2);
     CHECK(stop.merged == L * 2 * 2);
