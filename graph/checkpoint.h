@@ -148,6 +148,11 @@ class CheckpointEngine {
   // Runs fn as a checkpointed region (see the file comment).
   Tensor run(Inputs inputs, RegionFn fn);
   uint32_t regions_recomputed() const { return recomputations_; }
+  // Reentrant: a checkpointed region's forward is running, which torch runs under no_grad
+  // (memsim records it with grad on for the placeholders). Ops whose grad mode allocates
+  // more than their saves (an in-place op's clone of self: ops_moe.cpp div_inplace) skip
+  // that allocation here; the re-run makes it.
+  bool forward_without_grad() const { return plan_.reentrant && forward_region_ != 0; }
   // The model's torch.autocast state (null: no autocast in this run).
   void set_autocast(Autocast* autocast) { autocast_ = autocast; }
 

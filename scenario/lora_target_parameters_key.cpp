@@ -7,12 +7,12 @@
 namespace memsim {
 
 bool lora_target_parameters_checkpoint_modelled(const CheckpointConfig& c) {
-  if (c.policy == CheckpointPolicy::none) return true;
-  // torch 1.13's re-run (the fixtures') goes to the region's end: early_stop false, set
-  // explicitly (the default follows the script's torch, true from 2.1: where the early stop's
-  // unwinding drops the parametrize cache and the generator's delta is not checked).
-  if (c.reentrant.value_or(false) || !c.early_stop.has_value() || *c.early_stop) return false;
-  if (c.policy == CheckpointPolicy::full) return true;
+  // Every mode of torch.utils.checkpoint around these regions: non-reentrant to the region's
+  // end (torch 1.13, the *_ckpt_full / *_ckpt_mlp fixtures), reentrant (the *_reentrant
+  // fixtures), and non-reentrant with torch >= 2.1's early stop (the default; argued from
+  // torch/utils/checkpoint.py in docs/moe.md and checked for its structure in
+  // tests/test_moe_lora.cpp: the stop unwinds through the wrappers' exits, which only free).
+  if (c.policy == CheckpointPolicy::none || c.policy == CheckpointPolicy::full) return true;
   return c.policy == CheckpointPolicy::custom && c.custom.size() == 1 && c.custom[0] == "mlp";
 }
 
@@ -73,19 +73,23 @@ void read_lora_target_parameters(const Doc& d, Scenario& s) {
     fail(where_or(d, "model.moe.experts_implementation", at), "model.moe.experts_implementation",
          "lora.target_parameters is modelled for the eager experts loop only (batched_mm and "
          "grouped_mm read the merged weight through an index / _grouped_mm, not checked)");
-  if (s.precision.autocast.has_value())
+  // Autocast over fp32 parameters and fp32 adapters (HF Trainer's bf16=True): the einsum's
+  // casts (CUDA's list), the fp32 delta and merged weight, the experts' slice casts, checked
+  // against tests/data/torch_cpu_moe_lora/*_autocast.json. 16-bit parameters or adapters
+  // under autocast are not checked.
+  if (s.precision.autocast.has_value() && (s.precision.params != DType::fp32 || s.lora.adapter_dtype != DType::fp32))
     fail(where_or(d, "precision.autocast", at), "precision.autocast",
-         "lora.target_parameters under autocast is not modelled (the einsum's and the merged "
-         "weight's casts are not checked); use bf16 parameters");
-  // checkpoint.policy full and custom [mlp], non-reentrant: the recompute re-enters the
-  // ParamWrappers (delta and merged weight made again), checked byte-exact against
-  // tests/data/torch_cpu_moe_lora/*_ckpt_*.json. Anything else is not checked.
+         "lora.target_parameters under autocast is modelled with fp32 parameters "
+         "(precision.params: fp32) and fp32 adapters (lora.adapter_dtype) only");
+  // checkpoint.policy full and custom [mlp], reentrant or not, with or without early stop:
+  // the recompute re-enters the ParamWrappers (delta and merged weight made again), checked
+  // byte-exact against tests/data/torch_cpu_moe_lora/*_ckpt_*.json (the early stop for its
+  // structure). Other policies are not checked.
   if (!lora_target_parameters_checkpoint_modelled(s.checkpoint))
     fail(where_or(d, "checkpoint.policy", at), "checkpoint.policy",
          "activation checkpointing with lora.target_parameters is modelled for policy full and "
-         "custom [mlp] with checkpoint.reentrant false and checkpoint.early_stop false only (set "
-         "early_stop: false explicitly; other policies, the reentrant re-run and torch >= 2.1's "
-         "early stop are not checked against PyTorch)");
+         "custom [mlp] only (other policies split the MoE block or its layer differently and are "
+         "not checked against PyTorch)");
   if (!s.checkpoint.offload.empty() || s.checkpoint.offload_all)
     fail(where_or(d, "checkpoint.offload", at), "checkpoint.offload",
          "activation offload with lora.target_parameters is not modelled");

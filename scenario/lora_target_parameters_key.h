@@ -14,8 +14,8 @@
 // Refused, exit 1 naming FILE:LINE and the key: any other name; a model without routed
 // experts (model.moe) or not of the hf-llama family (Megatron's MoE); DeepSeek-V3/V2 rows; lora.dropout != 0 (ParamWrapper raises);
 // model.moe.experts_implementation batched_mm / grouped_mm, precision.autocast,
-// checkpoint.policy other than none / full / custom [mlp] (and those unless
-// checkpoint.reentrant is false and checkpoint.early_stop is set false), checkpoint.offload,
+// checkpoint.policy other than none / full / custom [mlp] (those three in every mode:
+// reentrant or not, early stop or not), checkpoint.offload,
 // parallel.data / sharding / tensor / pipeline > 1 and
 // torch.compile with it (not checked against a run: docs/moe.md).
 #pragma once
@@ -26,10 +26,10 @@
 namespace memsim {
 
 // Whether memsim models this checkpointing with lora.target_parameters: none, or
-// torch.utils.checkpoint(use_reentrant=False) without early stop (torch 1.13's re-run to the
-// region's end; checkpoint.early_stop: false, explicitly) around every decoder layer (full) or
-// around each layer's MLP half (custom [mlp]), as tests/data/torch_cpu_moe_lora/*_ckpt_*.json
-// measured.
+// torch.utils.checkpoint around every decoder layer (full) or around each layer's MLP half
+// (custom [mlp]): use_reentrant False to the region's end and True (as
+// tests/data/torch_cpu_moe_lora/*_ckpt_*.json measured), or False with torch >= 2.1's early
+// stop (argued from the source, docs/moe.md; its structure checked by tests/test_moe_lora.cpp).
 // Also asked by the step (sim/step/schedule.cpp) after a plan search rebuilt the section.
 bool lora_target_parameters_checkpoint_modelled(const CheckpointConfig& c);
 

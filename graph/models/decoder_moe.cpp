@@ -161,7 +161,8 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
   const uint64_t xe = x.bytes / (T * D);
   // lora.target_parameters: the ParamWrappers around this forward (moe_param_lora.h).
   ExpertsParamLora wrap(rt_, E, static_cast<uint64_t>(s_.lora.rank), s_.lora.adapter_elem, s_.elem,
-                        {p.experts_ad[0], p.experts_gate_up, 2 * F, D}, {p.experts_ad[1], p.experts_down, D, F});
+                        {p.experts_ad[0], p.experts_gate_up, 2 * F, D}, {p.experts_ad[1], p.experts_down, D, F},
+                        autocast_on() ? ac_ : nullptr);
   wrap.enter();
   Tensor final_hidden = rt_.alloc(T * D * xe, TensorKind::activation, OpKind::fill);  // zeros_like
   Tensor expert_mask, expert_hit;

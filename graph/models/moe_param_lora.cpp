@@ -1,5 +1,6 @@
 #include "graph/models/moe_param_lora.h"
 
+#include "graph/autocast.h"
 #include "graph/ops/ops.h"
 #include "graph/ops/ops_moe.h"
 #include "graph/ops/ops_nn.h"
@@ -12,8 +13,9 @@ LoraAdapter add_experts_adapter(Runtime& rt, uint64_t experts, uint64_t out, uin
 }
 
 ExpertsParamLora::ExpertsParamLora(Runtime& rt, uint64_t experts, uint64_t rank, uint64_t adapter_elem,
-                                   uint64_t param_elem, const Target& gate_up, const Target& down)
-    : rt_(rt), experts_(experts), rank_(rank), adapter_elem_(adapter_elem), param_elem_(param_elem) {
+                                   uint64_t param_elem, const Target& gate_up, const Target& down,
+                                   Autocast* autocast)
+    : rt_(rt), ac_(autocast), experts_(experts), rank_(rank), adapter_elem_(adapter_elem), param_elem_(param_elem) {
   t_[0] = gate_up;
   t_[1] = down;
 }
@@ -27,14 +29,20 @@ Tensor ExpertsParamLora::delta(const Target& t) {
     // so its backward reshape copies.
     Tensor A = rt_.param(t.ad.a);
     Tensor B = view(rt_, rt_.param(t.ad.b), /*copy_in_backward=*/true);
-    const uint64_t clone = rt_.kernel_scratch ? E * t.out * r * a : 0;  // CUDA's contiguous copy
-    Tensor prod = einsum_bmm(rt_, B, A, E * t.out * t.in * a, 2.0 * static_cast<double>(E * t.out * t.in * r),
+    // Autocast: the einsum's wrapper casts its operands in argument order (B, then A).
+    const uint64_t e = ac_ != nullptr ? ac_->low_elem() : a;
+    if (ac_ != nullptr) {
+      B = ac_->cast(B, t.out * r * E * e);
+      A = ac_->cast(A, E * r * t.in * e);
+    }
+    const uint64_t clone = rt_.kernel_scratch ? E * t.out * r * e : 0;  // CUDA's contiguous copy
+    Tensor prod = einsum_bmm(rt_, B, A, E * t.out * t.in * e, 2.0 * static_cast<double>(E * t.out * t.in * r),
                              clone);
     d = mul_scalar(rt_, prod);  // * scaling: the einsum's output dies with the expression
   }
-  // .to(param.device, param.dtype): a copy when the adapters' dtype differs (rebinding
-  // drops the adapter-dtype delta; ToCopyBackward0 saves nothing).
-  if (a != param_elem_) d = to_copy(rt_, d, E * t.out * t.in * param_elem_);
+  // .to(param.device, param.dtype): a copy when the delta's dtype (the adapters', or
+  // autocast's low one) differs (rebinding drops it; ToCopyBackward0 saves nothing).
+  if (d.bytes != E * t.out * t.in * param_elem_) d = to_copy(rt_, d, E * t.out * t.in * param_elem_);
   return d;
 }
 

@@ -30,9 +30,21 @@
 //  - exit() (the wrappers' `with` exits, innermost first): an inner wrapper's delta dies
 //    with its generator; the outermost cached() exit drops the cache (the merged weights in
 //    first-read order), then the outer delta dies.
+// Under torch.autocast (fp32 parameters and adapters): CUDA's autocast lists einsum itself
+// (aten/src/ATen/autocast_mode.cpp, KERNEL_CUDA(einsum, lower_precision_fp)), so the wrapper
+// casts B.reshape(out, r, E) and then A.reshape(E, r, in) to the low dtype (views: never
+// cached) and the bmm runs in it: the casts are saved by BmmBackward0, the einsum's output
+// and `* scaling` are low, and `.to(param dtype)` copies the delta back to fp32, so W + delta
+// and the merged weight stay fp32 (the experts' F.linear then casts each hit expert's slice:
+// decoder_moe.cpp expert_linear_autocast). In backward ToCopyBackward0 brings A's and B's
+// low grads up to fp32.
 // Under activation checkpointing (full, custom [mlp]) the checkpoint engine's re-run calls
 // enter / weight / exit again: deltas and merged weights are made anew in backward, as the
-// *_ckpt_* CPU fixtures show (docs/moe.md).
+// *_ckpt_* CPU fixtures show (docs/moe.md). With torch >= 2.1's early stop the engine throws
+// from the re-run's last save (graph/checkpoint.h) and the unwinding destroys this object (a
+// local of the experts' forward): its merged weights and deltas die then, before backward
+// allocates again, as PEFT's generators' `finally` and the outermost cached() exit free them
+// while _StopRecomputationError unwinds (torch/utils/checkpoint.py, pytorch 0008d771).
 // Backward: each hit expert's SelectBackward0 gives a zeros of the whole merged weight,
 // accumulated (in place, torch 2.x) in AddBackward0's input buffer; MulBackward0 makes one
 // more whole-size tensor (and ToCopyBackward0 its cast for other adapter dtypes); bmm's
@@ -47,6 +59,8 @@
 #include "graph/runtime.h"
 
 namespace memsim::graph {
+
+class Autocast;
 
 // HfLora::targets bits of lora.target_parameters (scenario/lora_target_parameters_key.h).
 enum ExpertsParam : uint32_t { kExpertsGateUp = 7, kExpertsDown = 8 };
@@ -64,8 +78,10 @@ class ExpertsParamLora {
     int32_t weight = -1;  // the frozen 3-D parameter
     uint64_t out = 0, in = 0;
   };
+  // autocast: the model's torch.autocast region when it is active (null: none). Under it
+  // the einsum is a lower-precision op (CUDA's list): its operands are cast, B first.
   ExpertsParamLora(Runtime& rt, uint64_t experts, uint64_t rank, uint64_t adapter_elem, uint64_t param_elem,
-                   const Target& gate_up, const Target& down);
+                   const Target& gate_up, const Target& down, Autocast* autocast = nullptr);
   bool any() const { return t_[0].ad.defined() || t_[1].ad.defined(); }
   void enter();
   // The tensor `experts.<slot>` reads: the merged weight (made at the first read) or the
@@ -76,6 +92,7 @@ class ExpertsParamLora {
  private:
   Tensor delta(const Target& t);
   Runtime& rt_;
+  Autocast* ac_;
   uint64_t experts_, rank_, adapter_elem_, param_elem_;
   Target t_[2];
   Tensor delta_[2], merged_[2];

@@ -1,6 +1,7 @@
 #include "graph/ops/ops_moe.h"
 
 #include "graph/autocast.h"
+#include "graph/checkpoint.h"
 #include "graph/ops/op_helpers.h"
 #include "graph/ops/ops.h"
 
@@ -93,8 +94,12 @@ Tensor masked_fill_scalar(Runtime& rt, const Tensor& x, const Tensor& mask) {
 
 void div_inplace(Runtime& rt, Tensor& a, const Tensor& b) {
   if (!wants_grad(rt, {&a, &b})) return;
-  // original_self: the generated in-place code clones self before overwriting it.
-  Tensor original = rt.alloc(a.bytes, TensorKind::activation, OpKind::clone);
+  // original_self: the generated in-place code clones self before overwriting it. Not in
+  // a reentrant checkpoint's forward, which torch runs under no_grad (graph/checkpoint.h):
+  // there the save is a placeholder that the re-run's clone fills.
+  Tensor original;
+  if (rt.checkpoint == nullptr || !rt.checkpoint->forward_without_grad())
+    original = rt.alloc(a.bytes, TensorKind::activation, OpKind::clone);
   int32_t n = rt.make_node(OpKind::div_inplace, {&a, &b});
   Node& node = rt.node(n);
   node.size[0] = a.bytes;

@@ -131,10 +131,10 @@ class Loop {
     // checkpoint.offload: save_on_cpu around the listed layers (sim/step/activation_offload.h).
     offload_ = make_offload_engine(rt_, s_, checkpoint_.get());
     // lora.target_parameters (scenario/lora_target_parameters_key.h) is refused with
-    // checkpointing other than full / custom [mlp] non-reentrant, offload and parallelism by
-    // its reader; a plan search (compare --policies,
-    // optimize, --advise) may have rebuilt those sections since.
-    // (The checkpoint section as the engine resolved it: reentrant and early_stop included.)
+    // checkpointing other than full / custom [mlp], offload and parallelism by its reader; a
+    // plan search (compare --policies, optimize, --advise) may have rebuilt those sections
+    // since. (The checkpoint section as the engine resolved it: reentrant and early_stop
+    // included.)
     CheckpointConfig resolved = s_.checkpoint;
     if (checkpoint_) {
       resolved.reentrant = checkpoint_->plan().reentrant;
@@ -144,9 +144,8 @@ class Loop {
         ((checkpoint_ && !lora_target_parameters_checkpoint_modelled(resolved)) || offload_ ||
          s_.parallel.data > 1 || s_.parallel.sharding != Sharding::none || s_.parallel.zero > 0))
       throw ScenarioError(s_.key_prefix("lora.target_parameters") +
-                          ": PEFT's target_parameters with activation checkpointing (other than "
-                          "full or custom [mlp], non-reentrant, checkpoint.early_stop false), "
-                          "offload or data parallelism is not modelled");
+                          ": PEFT's target_parameters with activation checkpointing other than "
+                          "full or custom [mlp], offload or data parallelism is not modelled");
     // checkpoint.offload_activations: torchtune's OffloadActivations (graph/offload_streams.h;
     // its refusals: scenario/offload_activations_key.h).
     if (offloads_activations(s_)) {
@@ -306,7 +305,8 @@ class Loop {
   // A TensorImpl drops its grad_fn before its storage: the graph goes first.
   void drop_outputs() {
     if (logits_graph_ != 0) rt_.discard_graph(logits_graph_);
-    logits_graph_ = 0;
+    if (loss_graph_ != 0 && loss_graph_ != logits_graph_) rt_.discard_graph(loss_graph_);
+    logits_graph_ = loss_graph_ = 0;
     logits_.reset();
     if constexpr (is_decoder) model_.drop_output();  // torchtune's chunk list
     logit_chunks_.clear();
@@ -375,7 +375,10 @@ class Loop {
         logits_ = std::move(out);
         logit_chunks_ = std::move(out_chunks);
         logits_graph_ = graph;
-        if (old_graph != 0) rt_.discard_graph(old_graph);
+        // The graph dies with the last name that holds it: the previous loss, bound until
+        // `loss = ...` below, keeps it past the old logits (what it holds after backward:
+        // a requires_grad_ leaf and its .grad, Runtime::requires_grad_).
+        if (old_graph != 0 && old_graph != loss_graph_) rt_.discard_graph(old_graph);
         old.reset();
         old_chunks.clear();
       }
@@ -408,7 +411,14 @@ class Loop {
       } else {
         l = model_.loss(logits_, targets);  // the family's loss (HF: shift + CE)
       }
-      loss_ = std::move(l);
+      {
+        // `loss = ...`: the previous loss dies at the rebind, its graph first (a TensorImpl
+        // drops its grad_fn before its storage) unless the logits still hold it.
+        Tensor old_loss = std::move(loss_);
+        loss_ = std::move(l);
+        if (loss_graph_ != 0 && loss_graph_ != logits_graph_) rt_.discard_graph(loss_graph_);
+        loss_graph_ = script_.bind_output ? graph : 0;
+      }
       if (fsdp2_ && root_post_forward_after_loss) fsdp2_->post_forward(rt_);
       if (script_.del_output_after_loss) logits_.reset();  // `del pred` (the graph lives on)
       if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
@@ -471,6 +481,7 @@ class Loop {
   std::vector<Tensor> logit_chunks_;   // loss.impl chunked:N: the model's output list
   std::vector<uint64_t> chunk_pieces_;  // their sequence lengths (tensor_split)
   uint32_t logits_graph_ = 0;
+  uint32_t loss_graph_ = 0;  // the graph loss_ keeps alive (0: none, or discarded)
   static constexpr bool is_decoder = std::is_same_v<Model, graph::DecoderModel>;
 };
 
