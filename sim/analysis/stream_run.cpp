@@ -1,5 +1,6 @@
 #include "sim/analysis/stream_run.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -79,21 +80,29 @@ struct Chunk {
   size_t first = 0;
   size_t tensor_capacity = 0;       // the Program's tensor table capacity (a reserve hint)
 
-  void fill(const Program& program, const MemoryEvent* e, size_t n, size_t first_event) {
-    events.assign(e, e + n);
-    serials.resize(n);
-    infos.resize(n);
+  // Empties the chunk; its next events are the Program's from `first_event` on.
+  void reset(size_t first_event) {
+    events.clear();
+    serials.clear();
+    infos.clear();
     marks.clear();
     first = first_event;
+  }
+  // Appends events [e, e + n) with their facts (the next ones after those held).
+  void append(const Program& program, const MemoryEvent* e, size_t n) {
+    const size_t at = events.size();
+    events.insert(events.end(), e, e + n);
+    serials.resize(at + n);
+    infos.resize(at + n);
     tensor_capacity = program.tensors.capacity();
     for (size_t k = 0; k < n; ++k) {
       switch (e[k].type) {
-        case EventType::alloc: serials[k] = program.serial_of(e[k].tensor); break;
+        case EventType::alloc: serials[at + k] = program.serial_of(e[k].tensor); break;
         case EventType::free:
-          infos[k] = e[k].tensor < program.tensors.size() ? program.tensors[e[k].tensor] : TensorInfo{};
+          infos[at + k] = e[k].tensor < program.tensors.size() ? program.tensors[e[k].tensor] : TensorInfo{};
           break;
         case EventType::mark:
-          serials[k] = static_cast<uint32_t>(marks.size());
+          serials[at + k] = static_cast<uint32_t>(marks.size());
           marks.push_back(program.str(static_cast<uint32_t>(e[k].bytes)));
           break;
         case EventType::empty_cache: break;
@@ -433,15 +442,25 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
   return r;
 }
 
-// StreamOptions::pipelined: the Program's sink, handing each chunk (with its facts copied)
-// to a thread that runs the StreamRun on it while the builder emits the next ones. Two
-// chunks are in flight at most (one being consumed, one filled), so the builder waits
-// when it is two chunks ahead and never holds more than that. After an out-of-memory
-// with stop_at_oom the consumer says so and consume() returns false at the next hand-over
-// (the build then stops as a synchronous run's does, up to two chunks later).
+// StreamOptions::pipelined: the Program's sink, handing chunks of events (with their facts
+// copied) to a thread that runs the StreamRun on them while the builder emits the next
+// ones. The Program hands events on in small batches (kBatch: stream_run attaches it so),
+// each appended to the chunk being filled at once (its ids may be recycled after that); a
+// chunk is published when it holds StreamOptions::chunk events, or as soon as the consumer
+// has nothing left to do: the first events of a run (the setup phase, then the first
+// batch) reach it without waiting for a whole chunk, and it never idles while events wait
+// in an unpublished chunk. Two chunks are in flight at most (one being consumed, one filled
+// or waiting), so the builder waits when it is that far ahead. After an out-of-memory with
+// stop_at_oom the consumer says so and consume() returns false at the next hand-over (the
+// build then stops as a synchronous run's does, up to two chunks later).
 class Pipeline final : public EventSink {
  public:
-  Pipeline(StreamRun& run, const Program& program) : run_(run), program_(program) {
+  // What the Program hands on at a time (its SinkAttachment::chunk): small, so that the
+  // first events are not held back; the chunks published are still StreamOptions::chunk.
+  static constexpr size_t kBatch = 512;
+
+  Pipeline(StreamRun& run, const Program& program, size_t chunk)
+      : run_(run), program_(program), chunk_(std::max<size_t>(1, chunk)) {
     worker_ = std::thread([this] { work(); });
   }
   ~Pipeline() {
@@ -451,19 +470,24 @@ class Pipeline final : public EventSink {
 
   bool consume(const Program& program, const MemoryEvent* events, size_t n,
                size_t first) override {
-    wait([&] { return filled_.load(std::memory_order_acquire) < kSlots || failed_.load(); });
     if (failed_.load()) std::rethrow_exception(error_);
-    Chunk& c = slots_[(next_fill_++) % kSlots];  // the builder's until published
-    c.fill(program, events, n, first);
+    if (filling_ == nullptr) {
+      wait([&] { return filled_.load(std::memory_order_acquire) < kSlots || failed_.load(); });
+      if (failed_.load()) std::rethrow_exception(error_);
+      filling_ = &slots_[(next_fill_++) % kSlots];  // the builder's until published
+      filling_->reset(first);
+    }
+    filling_->append(program, events, n);
     run_.handed(first + n);
-    filled_.fetch_add(1, std::memory_order_release);
-    wake();
+    if (filling_->events.size() >= chunk_ || filled_.load(std::memory_order_acquire) == 0)
+      publish();
     return !stopped_.load(std::memory_order_relaxed);
   }
 
   // Waits until every chunk handed on was consumed (the end of the build); rethrows what
   // the consumer threw.
   void drain() {
+    if (filling_ != nullptr) publish();
     close();
     worker_.join();
     if (failed_.load()) std::rethrow_exception(error_);
@@ -482,6 +506,11 @@ class Pipeline final : public EventSink {
   void wake() {
     { std::lock_guard<std::mutex> lock(mutex_); }  // a sleeper is either waiting or sees the change
     changed_.notify_all();
+  }
+  void publish() {
+    filling_ = nullptr;
+    filled_.fetch_add(1, std::memory_order_release);
+    wake();
   }
   void close() {
     closing_.store(true, std::memory_order_release);
@@ -512,8 +541,10 @@ class Pipeline final : public EventSink {
 
   StreamRun& run_;
   const Program& program_;  // passed through to StreamRun::process, which does not read it
+  const size_t chunk_;      // events per published chunk (StreamOptions::chunk)
   Chunk slots_[kSlots];
-  size_t next_fill_ = 0;  // the builder's: slots filled so far
+  size_t next_fill_ = 0;        // the builder's: slots taken so far
+  Chunk* filling_ = nullptr;    // the builder's: the slot being filled, not yet published
   std::atomic<size_t> filled_{0};  // slots handed on and not yet consumed
   std::atomic<bool> closing_{false};
   std::atomic<bool> failed_{false};  // error_ is set (before this)
@@ -533,9 +564,10 @@ StreamResult stream_run(Program& program, const std::function<void(Program&)>& b
   std::optional<Pipeline> pipeline;
   // One core: a second thread would only take turns with the builder.
   static const bool two_cores = std::thread::hardware_concurrency() >= 2;
-  if (options.pipelined && two_cores) pipeline.emplace(sink, program);
+  if (options.pipelined && two_cores) pipeline.emplace(sink, program, options.chunk);
   EventSink* target = pipeline ? static_cast<EventSink*>(&*pipeline) : &sink;
-  program.set_sink(SinkAttachment{target, options.chunk, options.stop_at_oom});
+  const size_t batch = pipeline ? std::min(options.chunk, Pipeline::kBatch) : options.chunk;
+  program.set_sink(SinkAttachment{target, batch, options.stop_at_oom});
   struct Detach {
     Program& p;
     ~Detach() { p.take_sink(); }
