@@ -461,6 +461,15 @@ class Pipeline final : public EventSink {
 
   Pipeline(StreamRun& run, const Program& program, size_t chunk)
       : run_(run), program_(program), chunk_(std::max<size_t>(1, chunk)) {
+    // A slot's arrays grow to a chunk and a batch at most (held setup events aside): set
+    // aside at once, instead of grown and copied through 512, 1024, ... while the builder
+    // fills the first chunks (address space only until written).
+    const size_t room = std::min<size_t>(chunk_, size_t{1} << 16) + kBatch;
+    for (Chunk& c : slots_) {
+      c.events.reserve(room);
+      c.serials.reserve(room);
+      c.infos.reserve(room);
+    }
     worker_ = std::thread([this] { work(); });
   }
   ~Pipeline() {
@@ -486,10 +495,12 @@ class Pipeline final : public EventSink {
 
   // Waits until every chunk handed on was consumed (the end of the build); rethrows what
   // the consumer threw.
+  // The consumer thread is joined later (~Pipeline): waiting for its exit (its stack
+  // released, the joiner woken) is not on the way to the result.
   void drain() {
     if (filling_ != nullptr) publish();
     close();
-    worker_.join();
+    wait([&] { return done_.load(std::memory_order_acquire); });
     if (failed_.load()) std::rethrow_exception(error_);
   }
 
@@ -521,7 +532,11 @@ class Pipeline final : public EventSink {
     size_t next = 0;  // the oldest filled slot
     for (;;) {
       wait([&] { return filled_.load(std::memory_order_acquire) > 0 || closing_.load(std::memory_order_acquire); });
-      if (filled_.load(std::memory_order_acquire) == 0) return;  // closing, all consumed
+      if (filled_.load(std::memory_order_acquire) == 0) {  // closing, all consumed
+        done_.store(true, std::memory_order_release);
+        wake();
+        return;
+      }
       Chunk& c = slots_[next];
       try {
         if (!run_.process(program_, CopiedFacts{c}, c.events.data(), c.events.size(), c.first,
@@ -530,6 +545,7 @@ class Pipeline final : public EventSink {
       } catch (...) {
         error_ = std::current_exception();
         failed_.store(true);
+        done_.store(true, std::memory_order_release);
         wake();
         return;
       }
@@ -550,6 +566,7 @@ class Pipeline final : public EventSink {
   std::atomic<bool> failed_{false};  // error_ is set (before this)
   std::exception_ptr error_;
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> done_{false};  // the consumer returned (all consumed, or failed)
   std::mutex mutex_;  // with changed_: sleeping until the other side moved
   std::condition_variable changed_;
   std::thread worker_;
