@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <exception>
@@ -481,7 +482,7 @@ class Pipeline final : public EventSink {
                size_t first) override {
     if (failed_.load()) std::rethrow_exception(error_);
     if (filling_ == nullptr) {
-      wait([&] { return filled_.load(std::memory_order_acquire) < kSlots || failed_.load(); });
+      wait_for_slot();
       if (failed_.load()) std::rethrow_exception(error_);
       filling_ = &slots_[(next_fill_++) % kSlots];  // the builder's until published
       filling_->reset(first);
@@ -518,6 +519,22 @@ class Pipeline final : public EventSink {
     { std::lock_guard<std::mutex> lock(mutex_); }  // a sleeper is either waiting or sees the change
     changed_.notify_all();
   }
+  // The builder, two chunks ahead, waits for the consumer to free a slot. It looks again
+  // every kPoll (up to kPolls times) instead of being woken: the wake-up (a futex call on
+  // the consumer's thread, ~7 us a chunk on the 2-core VM) was on the run's critical path,
+  // the consumer's, while the builder has time to spare. Past that it sleeps until woken
+  // (builder_asleep_: the consumer then wakes it), so a long wait costs no polling.
+  static constexpr std::chrono::microseconds kPoll{30};
+  static constexpr int kPolls = 64;
+  void wait_for_slot() {
+    auto ready = [&] { return filled_.load() < kSlots || failed_.load(); };
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (int k = 0; k < kPolls && !ready(); ++k) changed_.wait_for(lock, kPoll);
+    if (ready()) return;
+    builder_asleep_.store(true);  // seq_cst, as filled_'s update and the consumer's load
+    changed_.wait(lock, ready);
+    builder_asleep_.store(false);
+  }
   void publish() {
     filling_ = nullptr;
     filled_.fetch_add(1, std::memory_order_release);
@@ -550,8 +567,9 @@ class Pipeline final : public EventSink {
         return;
       }
       next = (next + 1) % kSlots;
-      filled_.fetch_sub(1, std::memory_order_release);
-      wake();
+      // Either the builder sees the slot free before it sleeps, or this sees it asleep.
+      filled_.fetch_sub(1);
+      if (builder_asleep_.load()) wake();
     }
   }
 
@@ -566,7 +584,8 @@ class Pipeline final : public EventSink {
   std::atomic<bool> failed_{false};  // error_ is set (before this)
   std::exception_ptr error_;
   std::atomic<bool> stopped_{false};
-  std::atomic<bool> done_{false};  // the consumer returned (all consumed, or failed)
+  std::atomic<bool> done_{false};
+  std::atomic<bool> builder_asleep_{false};  // wait_for_slot sleeps until woken  // the consumer returned (all consumed, or failed)
   std::mutex mutex_;  // with changed_: sleeping until the other side moved
   std::condition_variable changed_;
   std::thread worker_;
