@@ -495,9 +495,8 @@ class Pipeline final : public EventSink {
   }
 
   // Waits until every chunk handed on was consumed (the end of the build); rethrows what
-  // the consumer threw.
-  // The consumer thread is joined later (~Pipeline): waiting for its exit (its stack
-  // released, the joiner woken) is not on the way to the result.
+  // the consumer threw. The consumer's thread is joined later (~Pipeline): waiting for its
+  // exit (its stack released, the joiner woken) is not on the way to the result.
   void drain() {
     if (filling_ != nullptr) publish();
     close();
@@ -584,8 +583,8 @@ class Pipeline final : public EventSink {
   std::atomic<bool> failed_{false};  // error_ is set (before this)
   std::exception_ptr error_;
   std::atomic<bool> stopped_{false};
-  std::atomic<bool> done_{false};
-  std::atomic<bool> builder_asleep_{false};  // wait_for_slot sleeps until woken  // the consumer returned (all consumed, or failed)
+  std::atomic<bool> done_{false};            // the consumer returned (all consumed, or failed)
+  std::atomic<bool> builder_asleep_{false};  // wait_for_slot sleeps until woken
   std::mutex mutex_;  // with changed_: sleeping until the other side moved
   std::condition_variable changed_;
   std::thread worker_;
