@@ -21,35 +21,46 @@ const char* role_of(TensorKind kind) {
 }
 
 // "model.layers.3.mlp.up_proj.weight" -> "model.layers.3.mlp.up_proj".
-std::string module_of(const std::string& param_name) {
+std::string_view module_of(std::string_view param_name) {
   const size_t dot = param_name.rfind('.');
-  return dot == std::string::npos ? param_name : param_name.substr(0, dot);
+  return dot == std::string_view::npos ? param_name : param_name.substr(0, dot);
 }
 
-// Parameter P's name `p` with what the tensor is of it (TensorInfo::role).
-std::string with_role(NameRole role, const std::string& p) {
+// Appends parameter P's name `p` with what the tensor is of it (TensorInfo::role).
+void append_with_role(std::string& out, NameRole role, const std::string& p) {
+  auto wrap = [&](const char* before, std::string_view what, const char* after) {
+    out += before;
+    out += what;
+    out += after;
+  };
   switch (role) {
-    case NameRole::none: return p;
-    case NameRole::grad: return "grad of " + p;
-    case NameRole::saved_input: return "saved input of " + module_of(p);
-    case NameRole::saved_input_recomputed: return "saved input of " + module_of(p) + " (recomputed)";
-    case NameRole::exp_avg: return "exp_avg of " + p;
-    case NameRole::exp_avg_sq: return "exp_avg_sq of " + p;
-    case NameRole::adam_sqrt: return "exp_avg_sq.sqrt() of " + p + " (foreach temporary)";
-    case NameRole::adam_denom: return "denom of " + p;
-    case NameRole::momentum: return "momentum_buffer of " + p;
-    case NameRole::master: return "master copy of " + p;
-    case NameRole::master_grad: return "fp32 grad of " + p;
-    case NameRole::autocast_bf16: return "bf16 autocast copy of " + p;
-    case NameRole::autocast_f16: return "fp16 autocast copy of " + p;
-    case NameRole::adam_step: return "step of " + p + " (fused Adam)";
-    case NameRole::optimizer_temp: return "optimizer temporary of " + p;
-    case NameRole::shard_master: return "master copy of " + p + " (distributed-optimizer shard)";
-    case NameRole::shard_master_grad: return "fp32 grad of " + p + " (distributed-optimizer shard)";
-    case NameRole::shard_exp_avg: return "exp_avg of " + p + " (distributed-optimizer shard)";
-    case NameRole::shard_exp_avg_sq: return "exp_avg_sq of " + p + " (distributed-optimizer shard)";
+    case NameRole::none: out += p; return;
+    case NameRole::grad: return wrap("grad of ", p, "");
+    case NameRole::saved_input: return wrap("saved input of ", module_of(p), "");
+    case NameRole::saved_input_recomputed: return wrap("saved input of ", module_of(p), " (recomputed)");
+    case NameRole::exp_avg: return wrap("exp_avg of ", p, "");
+    case NameRole::exp_avg_sq: return wrap("exp_avg_sq of ", p, "");
+    case NameRole::adam_sqrt: return wrap("exp_avg_sq.sqrt() of ", p, " (foreach temporary)");
+    case NameRole::adam_denom: return wrap("denom of ", p, "");
+    case NameRole::momentum: return wrap("momentum_buffer of ", p, "");
+    case NameRole::master: return wrap("master copy of ", p, "");
+    case NameRole::master_grad: return wrap("fp32 grad of ", p, "");
+    case NameRole::autocast_bf16: return wrap("bf16 autocast copy of ", p, "");
+    case NameRole::autocast_f16: return wrap("fp16 autocast copy of ", p, "");
+    case NameRole::adam_step: return wrap("step of ", p, " (fused Adam)");
+    case NameRole::optimizer_temp: return wrap("optimizer temporary of ", p, "");
+    case NameRole::shard_master: return wrap("master copy of ", p, " (distributed-optimizer shard)");
+    case NameRole::shard_master_grad: return wrap("fp32 grad of ", p, " (distributed-optimizer shard)");
+    case NameRole::shard_exp_avg: return wrap("exp_avg of ", p, " (distributed-optimizer shard)");
+    case NameRole::shard_exp_avg_sq: return wrap("exp_avg_sq of ", p, " (distributed-optimizer shard)");
   }
-  return p;
+  out += p;
+}
+
+std::string with_role(NameRole role, const std::string& p) {
+  std::string out;
+  append_with_role(out, role, p);
+  return out;
 }
 
 }  // namespace
@@ -91,13 +102,29 @@ std::string tensor_name(const Program& program, uint32_t tensor, const MemoryEve
 }
 
 std::string tensor_name(const Program& program, const TensorInfo& info, const MemoryEvent& a) {
-  if (info.name != 0) return with_role(info.role, program.str(info.name));
-  if (a.op == 0) return std::string();  // a replayed block: no op, no name
-  std::string s = program.str(a.op) + role_of(info.kind);
-  const std::string where = module_path_text(program, a.layer, info.module);
-  if (!where.empty()) s += " in " + where;
-  if (info.flags & kTensorRecomputed) s += " (recomputed)";
+  std::string s;
+  append_tensor_name(s, program, info, a);
   return s;
+}
+
+void append_tensor_name(std::string& out, const Program& program, const TensorInfo& info,
+                        const MemoryEvent& a) {
+  if (info.name != 0) return append_with_role(out, info.role, program.str(info.name));
+  if (a.op == 0) return;  // a replayed block: no op, no name
+  out += program.str(a.op);
+  out += role_of(info.kind);
+  if (const uint32_t path = program.module_path(a.layer, info.module); path != 0) {
+    // module_path_text's first case, without a copy.
+    if (const std::string& where = program.str(path); !where.empty()) {
+      out += " in ";
+      out += where;
+    }
+  } else if (const std::string where = module_path_text(program, a.layer, info.module);
+             !where.empty()) {
+    out += " in ";
+    out += where;
+  }
+  if (info.flags & kTensorRecomputed) out += " (recomputed)";
 }
 
 TensorNames::TensorNames(const Program& program) : program_(program) {
@@ -145,14 +172,20 @@ std::string TensorNames::module_path(uint32_t tensor) const {
 }
 
 std::string name_pattern(std::string_view name) {
+  std::string out;
+  out.reserve(name.size());
+  append_name_pattern(out, name);
+  return out;
+}
+
+void append_name_pattern(std::string& out, std::string_view name) {
   // Copies the text between replaced numbers in runs (one append per run, not per
   // character: the live set at a peak patterns every live tensor's name, issue #20).
   // A number is replaced when it starts after a '.' or ' ' (never at position 0) and ends
   // the name or before '.', ' ', ',' or ')'. Any digit run is skipped whole: the digits
   // after its first do not follow a '.' or ' '.
-  auto digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
-  std::string out;
-  out.reserve(name.size());
+  // '0'-'9': what isdigit() accepts in every locale (C11 7.4.1.5), without its call.
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
   size_t copied = 0;  // name[copied, i) is still to be copied
   size_t i = 1;
   while (i < name.size()) {
@@ -172,7 +205,6 @@ std::string name_pattern(std::string_view name) {
     i = j;
   }
   out.append(name.data() + copied, name.size() - copied);
-  return out;
 }
 
 std::string common_module_path(std::string_view a, std::string_view b) {

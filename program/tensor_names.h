@@ -61,6 +61,9 @@ std::string tensor_name(const Program& program, uint32_t tensor, const MemoryEve
 // The same from a copy of the tensor's TensorInfo (a streamed run recycles ids: a dead
 // tensor's entry in Program::tensors may belong to another tensor now).
 std::string tensor_name(const Program& program, const TensorInfo& info, const MemoryEvent& alloc);
+// The same appended to `out` (a buffer reused for many tensors: no allocation per name).
+void append_tensor_name(std::string& out, const Program& program, const TensorInfo& info,
+                        const MemoryEvent& alloc);
 
 // The path of (layer, module code): Program::module_path; else, in a layer, the common
 // prefix of that layer's module paths ("model.layers.3"), or "layers.<L>"; outside the
@@ -68,6 +71,8 @@ std::string tensor_name(const Program& program, const TensorInfo& info, const Me
 std::string module_path_text(const Program& program, int32_t layer, uint8_t module);
 
 std::string name_pattern(std::string_view name);
+// The same appended to `out`.
+void append_name_pattern(std::string& out, std::string_view name);
 
 // The longest common dotted module path of two parameter names' modules
 // ("model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight" ->

@@ -271,7 +271,22 @@ class IgnoreEvents : public YAML::EventHandler {
   void OnMapEnd() override {}
 };
 
+// Whether a line of `text` starts with what can begin a YAML document other than the
+// first: a "---" or "..." marker or a "%" directive (YAML 1.2 §9.2: documents after the
+// first are separated by markers; line breaks are \n, \r or both). Without one the text
+// holds one document at most, and the second parse below (half of reading a scenario) is
+// not needed.
+bool may_have_second_document(const std::string& text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (i > 0 && text[i - 1] != '\n' && text[i - 1] != '\r') continue;
+    if (text[i] == '%' || text.compare(i, 3, "---") == 0 || text.compare(i, 3, "...") == 0)
+      return true;
+  }
+  return false;
+}
+
 bool has_second_document(const std::string& text) {
+  if (!may_have_second_document(text)) return false;
   std::istringstream in(text);
   YAML::Parser parser(in);
   IgnoreEvents ignore;

@@ -318,6 +318,12 @@ TEST_CASE("YAML syntax errors and missing files are located", "[scenario]") {
   CHECK(error_of("model: [1, 2\nbatch: 3\n") == "t.yaml:2: (yaml): end of sequence flow not found");
   CHECK(error_of("model:\n  preset: cs336-xl\n bad indent: 1\n").rfind("t.yaml:3: (yaml): ", 0) == 0);
   CHECK(error_of("a: 1\n---\nb: 2\n") == "t.yaml:1: (yaml): expected one YAML document, found more");
+  // The second document is looked for only where a line starts with "---", "..." or "%"
+  // (scenario.cpp, may_have_second_document): each spelling of the separator still counts.
+  CHECK(error_of("a: 1\n...\nb: 2\n") == "t.yaml:1: (yaml): expected one YAML document, found more");
+  CHECK(error_of("a: 1\r\n---\r\nb: 2\r\n") == "t.yaml:1: (yaml): expected one YAML document, found more");
+  CHECK(error_of("---\na: 1\n") == "t.yaml:2: a: unknown section");
+  CHECK(error_of("a: 1 # --- not a marker\n") == "t.yaml:1: a: unknown section");
   // yaml-cpp 0.7 would loop forever on these (jbeder/yaml-cpp#1040).
   CHECK(error_of(",\n") == "t.yaml:1: (yaml): unexpected ','");
   CHECK(error_of("# c\n%YAML 1.2\n---\n  , a: 1\n") == "t.yaml:4: (yaml): unexpected ','");

@@ -246,6 +246,36 @@ TEST_CASE("OnlinePeaks gives find_top_peaks' peaks on random curves", "[stream]"
   }
 }
 
+// Each peak carries the Extra pushed with its point, also when most stack entries keep none
+// (online_peaks.h: only entries whose rise reaches the running threshold keep theirs).
+TEST_CASE("OnlinePeaks returns each peak with the Extra pushed at its point", "[stream]") {
+  std::mt19937_64 rng(21);
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t len = 1 + rng() % 400;
+    std::vector<uint64_t> v(len);
+    uint64_t x = 1000;
+    for (auto& y : v) {
+      x = rng() % 8 == 0 ? rng() % 100000 : (x + 50000 + rng() % 2001 - 1000) % 100000;
+      y = x;
+    }
+    const size_t n = 1 + rng() % 8;
+    const double fraction = (rng() % 5) * 0.05;
+    OnlinePeaks<uint64_t> peaks(fraction);
+    for (size_t i = 0; i < len; ++i) peaks.push(i, v[i], i * 3 + 1);
+    const auto got = peaks.top(n);
+    const auto want = find_top_peaks(
+        v, 0, len, n,
+        static_cast<uint64_t>(std::floor(static_cast<double>(*std::max_element(v.begin(), v.end())) * fraction)));
+    INFO("trial " << trial);
+    REQUIRE(got.size() == want.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      CHECK(got[k].peak.index == want[k].index);
+      CHECK(got[k].peak.prominence == want[k].prominence);
+      CHECK(got[k].extra == want[k].index * 3 + 1);
+    }
+  }
+}
+
 TEST_CASE("OnlinePeaks: flat, rising and falling curves", "[stream]") {
   for (const std::vector<uint64_t>& v :
        {std::vector<uint64_t>{5, 5, 5, 5}, {1, 2, 3, 4, 5}, {5, 4, 3, 2, 1}, {3},

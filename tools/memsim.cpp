@@ -19,6 +19,7 @@
 #include "sim/search/workers.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/errors.h"
+#include "tools/cli/host_malloc.h"
 #include "tools/cli/logging.h"
 #include "tools/cli/terminal_text.h"
 #include "tools/cli/version.h"
@@ -50,6 +51,7 @@ int finish_stdout(int status) {
 
 int main(int argc, char** argv) {
   using namespace memsim::cli;
+  tune_host_malloc();  // before anything is allocated: tools/cli/host_malloc.h
   CLI::App app{"memsim: predicts the GPU memory of transformer training without a GPU"};
   app.require_subcommand(1);
   app.footer("SCENARIO may be - to read the scenario from standard input. Exit status: 0 done and it "

@@ -17,6 +17,12 @@
 // pushed), each peak with the `Extra` pushed with its value (what a report says about
 // that moment, e.g. the event's op and the reserved bytes there). Memory: the stack (a non-increasing staircase of the
 // curve, small next to the curve) and the candidates above the running threshold.
+//
+// Cost (issue #20: a push per event on the streamed run's critical thread): a stack entry
+// keeps its Extra only when it can still become a candidate, i.e. when its value minus its
+// left base reaches the running threshold (its prominence can only be lower, and the
+// threshold only grows); the others, most of a training curve's small steps, push and pop
+// 32 bytes, not the Extra too.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +54,7 @@ class OnlinePeaks {
   // Forgets every value (a new range begins).
   void reset() {
     stack_.clear();
+    extras_.clear();
     candidates_.clear();
     edge_min_ = kNone;
     prune_at_ = 1024;
@@ -77,7 +84,10 @@ class OnlinePeaks {
     while (!stack_.empty() && stack_.back().value < value) {
       const Entry& e = stack_.back();
       run = std::min({run, e.value, e.gap_min});
-      consider(e, run, candidates_, t);
+      if (e.index & kKeepsExtra) {
+        consider(e, extras_.back(), run, candidates_, t);
+        extras_.pop_back();
+      }
       stack_.pop_back();
     }
     uint64_t left;
@@ -88,7 +98,10 @@ class OnlinePeaks {
       stack_.back().gap_min = std::min(stack_.back().gap_min, run);
       left = std::min(stack_.back().gap_min, value);
     }
-    stack_.push_back(Entry{index, value, left, kNone, extra});
+    // value >= left. Below t its prominence can never reach the threshold: no Extra kept.
+    const bool keep = value - left >= t;
+    stack_.push_back(Entry{keep ? index | kKeepsExtra : index, value, left, kNone});
+    if (keep) extras_.push_back(extra);
     if (candidates_.size() >= prune_at_) prune();
   }
 
@@ -102,10 +115,11 @@ class OnlinePeaks {
       if (p.peak.prominence >= min_prominence) peaks.push_back(p);
     // What is still on the stack descends to the end of the range.
     uint64_t run = kNone;
+    size_t kept = extras_.size();  // extras_[kept - 1]: the next kept one down the stack
     for (size_t k = stack_.size(); k-- > 0;) {
       const Entry& e = stack_[k];
       run = std::min({run, e.value, e.gap_min});
-      consider(e, run, peaks, min_prominence);
+      if (e.index & kKeepsExtra) consider(e, extras_[--kept], run, peaks, min_prominence);
     }
     // The highest hill (its first point) descends to the bottom of the range.
     const size_t top_index = top_.peak.index;
@@ -133,23 +147,26 @@ class OnlinePeaks {
 
  private:
   static constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
+  // Set in Entry::index when the entry's Extra is in extras_ (indices stay below 2^63).
+  static constexpr size_t kKeepsExtra = size_t{1} << 63;
   struct Entry {
-    size_t index;
+    size_t index;  // | kKeepsExtra
     uint64_t value;
     uint64_t left_base;
     uint64_t gap_min;  // min of the values strictly between this entry and the next one up
-    Extra extra;
   };
 
   // As analyze() computes it from the measured maximum (sim/analysis/analysis.cpp);
   // computed when the maximum changes, not at every value (a libm call per event).
   uint64_t threshold() const { return threshold_; }
-  static void consider(const Entry& e, uint64_t right_base, std::vector<Peak>& out,
-                       uint64_t min_prominence) {
+  // Only for entries that kept their Extra: the others' prominence is below any threshold
+  // from their push on.
+  static void consider(const Entry& e, const Extra& extra, uint64_t right_base,
+                       std::vector<Peak>& out, uint64_t min_prominence) {
     const uint64_t base = std::max(e.left_base, right_base);
     const uint64_t prominence = e.value > base ? e.value - base : 0;
     if (prominence > 0 && prominence >= min_prominence)
-      out.push_back(Peak{CurvePeak{e.index, e.value, prominence}, e.extra});
+      out.push_back(Peak{CurvePeak{e.index & ~kKeepsExtra, e.value, prominence}, extra});
   }
   // Candidates below the running threshold can never pass the final one (it only grows).
   void prune() {
@@ -162,6 +179,7 @@ class OnlinePeaks {
 
   double fraction_;
   std::vector<Entry> stack_;
+  std::vector<Extra> extras_;  // the Extra of each entry with kKeepsExtra, bottom to top
   uint64_t edge_min_ = kNone;  // min of the values between the range's start and stack_[0]
   std::vector<Peak> candidates_;  // resolved points above the running threshold
   size_t prune_at_ = 1024;

@@ -1,7 +1,9 @@
 #include "sim/analysis/stream_run.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <exception>
@@ -79,21 +81,29 @@ struct Chunk {
   size_t first = 0;
   size_t tensor_capacity = 0;       // the Program's tensor table capacity (a reserve hint)
 
-  void fill(const Program& program, const MemoryEvent* e, size_t n, size_t first_event) {
-    events.assign(e, e + n);
-    serials.resize(n);
-    infos.resize(n);
+  // Empties the chunk; its next events are the Program's from `first_event` on.
+  void reset(size_t first_event) {
+    events.clear();
+    serials.clear();
+    infos.clear();
     marks.clear();
     first = first_event;
+  }
+  // Appends events [e, e + n) with their facts (the next ones after those held).
+  void append(const Program& program, const MemoryEvent* e, size_t n) {
+    const size_t at = events.size();
+    events.insert(events.end(), e, e + n);
+    serials.resize(at + n);
+    infos.resize(at + n);
     tensor_capacity = program.tensors.capacity();
     for (size_t k = 0; k < n; ++k) {
       switch (e[k].type) {
-        case EventType::alloc: serials[k] = program.serial_of(e[k].tensor); break;
+        case EventType::alloc: serials[at + k] = program.serial_of(e[k].tensor); break;
         case EventType::free:
-          infos[k] = e[k].tensor < program.tensors.size() ? program.tensors[e[k].tensor] : TensorInfo{};
+          infos[at + k] = e[k].tensor < program.tensors.size() ? program.tensors[e[k].tensor] : TensorInfo{};
           break;
         case EventType::mark:
-          serials[k] = static_cast<uint32_t>(marks.size());
+          serials[at + k] = static_cast<uint32_t>(marks.size());
           marks.push_back(program.str(static_cast<uint32_t>(e[k].bytes)));
           break;
         case EventType::empty_cache: break;
@@ -433,15 +443,34 @@ StreamResult StreamRun::result(const Program& program, bool complete) {
   return r;
 }
 
-// StreamOptions::pipelined: the Program's sink, handing each chunk (with its facts copied)
-// to a thread that runs the StreamRun on it while the builder emits the next ones. Two
-// chunks are in flight at most (one being consumed, one filled), so the builder waits
-// when it is two chunks ahead and never holds more than that. After an out-of-memory
-// with stop_at_oom the consumer says so and consume() returns false at the next hand-over
-// (the build then stops as a synchronous run's does, up to two chunks later).
+// StreamOptions::pipelined: the Program's sink, handing chunks of events (with their facts
+// copied) to a thread that runs the StreamRun on them while the builder emits the next
+// ones. The Program hands events on in small batches (kBatch: stream_run attaches it so),
+// each appended to the chunk being filled at once (its ids may be recycled after that); a
+// chunk is published when it holds StreamOptions::chunk events, or as soon as the consumer
+// has nothing left to do: the first events of a run (the setup phase, then the first
+// batch) reach it without waiting for a whole chunk, and it never idles while events wait
+// in an unpublished chunk. Two chunks are in flight at most (one being consumed, one filled
+// or waiting), so the builder waits when it is that far ahead. After an out-of-memory with
+// stop_at_oom the consumer says so and consume() returns false at the next hand-over (the
+// build then stops as a synchronous run's does, up to two chunks later).
 class Pipeline final : public EventSink {
  public:
-  Pipeline(StreamRun& run, const Program& program) : run_(run), program_(program) {
+  // What the Program hands on at a time (its SinkAttachment::chunk): small, so that the
+  // first events are not held back; the chunks published are still StreamOptions::chunk.
+  static constexpr size_t kBatch = 512;
+
+  Pipeline(StreamRun& run, const Program& program, size_t chunk)
+      : run_(run), program_(program), chunk_(std::max<size_t>(1, chunk)) {
+    // A slot's arrays grow to a chunk and a batch at most (held setup events aside): set
+    // aside at once, instead of grown and copied through 512, 1024, ... while the builder
+    // fills the first chunks (address space only until written).
+    const size_t room = std::min<size_t>(chunk_, size_t{1} << 16) + kBatch;
+    for (Chunk& c : slots_) {
+      c.events.reserve(room);
+      c.serials.reserve(room);
+      c.infos.reserve(room);
+    }
     worker_ = std::thread([this] { work(); });
   }
   ~Pipeline() {
@@ -451,21 +480,27 @@ class Pipeline final : public EventSink {
 
   bool consume(const Program& program, const MemoryEvent* events, size_t n,
                size_t first) override {
-    wait([&] { return filled_.load(std::memory_order_acquire) < kSlots || failed_.load(); });
     if (failed_.load()) std::rethrow_exception(error_);
-    Chunk& c = slots_[(next_fill_++) % kSlots];  // the builder's until published
-    c.fill(program, events, n, first);
+    if (filling_ == nullptr) {
+      wait_for_slot();
+      if (failed_.load()) std::rethrow_exception(error_);
+      filling_ = &slots_[(next_fill_++) % kSlots];  // the builder's until published
+      filling_->reset(first);
+    }
+    filling_->append(program, events, n);
     run_.handed(first + n);
-    filled_.fetch_add(1, std::memory_order_release);
-    wake();
+    if (filling_->events.size() >= chunk_ || filled_.load(std::memory_order_acquire) == 0)
+      publish();
     return !stopped_.load(std::memory_order_relaxed);
   }
 
   // Waits until every chunk handed on was consumed (the end of the build); rethrows what
-  // the consumer threw.
+  // the consumer threw. The consumer's thread is joined later (~Pipeline): waiting for its
+  // exit (its stack released, the joiner woken) is not on the way to the result.
   void drain() {
+    if (filling_ != nullptr) publish();
     close();
-    worker_.join();
+    wait([&] { return done_.load(std::memory_order_acquire); });
     if (failed_.load()) std::rethrow_exception(error_);
   }
 
@@ -483,6 +518,27 @@ class Pipeline final : public EventSink {
     { std::lock_guard<std::mutex> lock(mutex_); }  // a sleeper is either waiting or sees the change
     changed_.notify_all();
   }
+  // The builder, two chunks ahead, waits for the consumer to free a slot. It looks again
+  // every kPoll (up to kPolls times) instead of being woken: the wake-up (a futex call on
+  // the consumer's thread, ~7 us a chunk on the 2-core VM) was on the run's critical path,
+  // the consumer's, while the builder has time to spare. Past that it sleeps until woken
+  // (builder_asleep_: the consumer then wakes it), so a long wait costs no polling.
+  static constexpr std::chrono::microseconds kPoll{30};
+  static constexpr int kPolls = 64;
+  void wait_for_slot() {
+    auto ready = [&] { return filled_.load() < kSlots || failed_.load(); };
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (int k = 0; k < kPolls && !ready(); ++k) changed_.wait_for(lock, kPoll);
+    if (ready()) return;
+    builder_asleep_.store(true);  // seq_cst, as filled_'s update and the consumer's load
+    changed_.wait(lock, ready);
+    builder_asleep_.store(false);
+  }
+  void publish() {
+    filling_ = nullptr;
+    filled_.fetch_add(1, std::memory_order_release);
+    wake();
+  }
   void close() {
     closing_.store(true, std::memory_order_release);
     wake();
@@ -492,7 +548,11 @@ class Pipeline final : public EventSink {
     size_t next = 0;  // the oldest filled slot
     for (;;) {
       wait([&] { return filled_.load(std::memory_order_acquire) > 0 || closing_.load(std::memory_order_acquire); });
-      if (filled_.load(std::memory_order_acquire) == 0) return;  // closing, all consumed
+      if (filled_.load(std::memory_order_acquire) == 0) {  // closing, all consumed
+        done_.store(true, std::memory_order_release);
+        wake();
+        return;
+      }
       Chunk& c = slots_[next];
       try {
         if (!run_.process(program_, CopiedFacts{c}, c.events.data(), c.events.size(), c.first,
@@ -501,24 +561,30 @@ class Pipeline final : public EventSink {
       } catch (...) {
         error_ = std::current_exception();
         failed_.store(true);
+        done_.store(true, std::memory_order_release);
         wake();
         return;
       }
       next = (next + 1) % kSlots;
-      filled_.fetch_sub(1, std::memory_order_release);
-      wake();
+      // Either the builder sees the slot free before it sleeps, or this sees it asleep.
+      filled_.fetch_sub(1);
+      if (builder_asleep_.load()) wake();
     }
   }
 
   StreamRun& run_;
   const Program& program_;  // passed through to StreamRun::process, which does not read it
+  const size_t chunk_;      // events per published chunk (StreamOptions::chunk)
   Chunk slots_[kSlots];
-  size_t next_fill_ = 0;  // the builder's: slots filled so far
+  size_t next_fill_ = 0;        // the builder's: slots taken so far
+  Chunk* filling_ = nullptr;    // the builder's: the slot being filled, not yet published
   std::atomic<size_t> filled_{0};  // slots handed on and not yet consumed
   std::atomic<bool> closing_{false};
   std::atomic<bool> failed_{false};  // error_ is set (before this)
   std::exception_ptr error_;
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> done_{false};            // the consumer returned (all consumed, or failed)
+  std::atomic<bool> builder_asleep_{false};  // wait_for_slot sleeps until woken
   std::mutex mutex_;  // with changed_: sleeping until the other side moved
   std::condition_variable changed_;
   std::thread worker_;
@@ -533,9 +599,10 @@ StreamResult stream_run(Program& program, const std::function<void(Program&)>& b
   std::optional<Pipeline> pipeline;
   // One core: a second thread would only take turns with the builder.
   static const bool two_cores = std::thread::hardware_concurrency() >= 2;
-  if (options.pipelined && two_cores) pipeline.emplace(sink, program);
+  if (options.pipelined && two_cores) pipeline.emplace(sink, program, options.chunk);
   EventSink* target = pipeline ? static_cast<EventSink*>(&*pipeline) : &sink;
-  program.set_sink(SinkAttachment{target, options.chunk, options.stop_at_oom});
+  const size_t batch = pipeline ? std::min(options.chunk, Pipeline::kBatch) : options.chunk;
+  program.set_sink(SinkAttachment{target, batch, options.stop_at_oom});
   struct Detach {
     Program& p;
     ~Detach() { p.take_sink(); }
