@@ -76,18 +76,28 @@ inline size_t count_after(const Program& p, const std::string& name, size_t from
   return n;
 }
 
-// Bytes alive at the end of the program, by tensor name.
-inline uint64_t live_at_end(const Program& p, const std::string& name) {
+// Bytes of tensors named `glob` alive just before event `at`, leaving out names that
+// contain `except` (when given).
+inline uint64_t live_named_before(const Program& p, const std::string& glob, size_t at,
+                                  const std::string& except = "") {
   const TensorNames names(p);
   std::vector<char> alive(p.tensors.size(), 0);
-  for (const MemoryEvent& e : p.events) {
+  for (size_t i = 0; i < at; ++i) {
+    const MemoryEvent& e = p.events[i];
     if (e.type == EventType::alloc) alive[e.tensor] = 1;
     if (e.type == EventType::free) alive[e.tensor] = 0;
   }
   uint64_t b = 0;
   for (size_t t = 0; t < p.tensors.size(); ++t)
-    if (alive[t] && named_as(names, static_cast<uint32_t>(t), name)) b += p.tensors[t].bytes;
+    if (alive[t] && named_as(names, static_cast<uint32_t>(t), glob) &&
+        (except.empty() || names.name(static_cast<uint32_t>(t)).find(except) == std::string::npos))
+      b += p.tensors[t].bytes;
   return b;
+}
+
+// Bytes alive at the end of the program, by tensor name.
+inline uint64_t live_at_end(const Program& p, const std::string& name) {
+  return live_named_before(p, name, p.events.size());
 }
 
 inline std::string data(const std::string& f) { return std::string(MEMSIM_SOURCE_DIR) + "/tests/data/deepspeed/" + f; }

@@ -21,15 +21,18 @@ struct StepMeasure {
   uint64_t before_forward = 0, forward_end = 0, after_backward = 0, peak = 0;
 };
 
-// Requested bytes live after each event, from the measured step's start to backward's end.
-inline StepMeasure measure_step(const memsim::Program& p) {
+// Requested bytes live after each event, from the measured step's start to backward's end,
+// counting only the tensors `keep(tensor_id)` accepts (e.g. everything but parameters,
+// for a fixture that cannot count FSDP2's resized parameter storages).
+template <class Keep>
+StepMeasure measure_step_if(const memsim::Program& p, Keep keep) {
   using memsim::EventType;
   StepMeasure m;
   uint64_t live = 0;
   bool measuring = false;
   for (const memsim::MemoryEvent& e : p.events) {
-    if (e.type == EventType::alloc) live += e.bytes;
-    if (e.type == EventType::free) live -= p.tensors[e.tensor].bytes;
+    if (e.type == EventType::alloc && keep(e.tensor)) live += e.bytes;
+    if (e.type == EventType::free && keep(e.tensor)) live -= p.tensors[e.tensor].bytes;
     if (e.type == EventType::mark) {
       const std::string& name = p.str(static_cast<uint32_t>(e.bytes));
       if (name == "measured_step_begin") {
@@ -45,6 +48,11 @@ inline StepMeasure measure_step(const memsim::Program& p) {
     if (measuring) m.peak = std::max(m.peak, live);
   }
   return m;
+}
+
+// The same over every tensor.
+inline StepMeasure measure_step(const memsim::Program& p) {
+  return measure_step_if(p, [](uint32_t) { return true; });
 }
 
 // A fixture of tests/data/torch_cpu/ (written by tools/fixtures/).

@@ -63,18 +63,7 @@ TEST_CASE("DeepSpeed ZeRO-1 keeps whole gradients until reduce_gradients", "[dee
   for (size_t i = 0; i < be; ++i)
     if (p.events[i].type == EventType::alloc && named_as(names, p.events[i].tensor, "grad of *.weight")) last_grad = i;
   auto model_grads_before = [&](size_t at) {
-    std::vector<char> alive(p.tensors.size(), 0);
-    for (size_t i = 0; i < at; ++i) {
-      const MemoryEvent& e = p.events[i];
-      if (e.type == EventType::alloc) alive[e.tensor] = 1;
-      if (e.type == EventType::free) alive[e.tensor] = 0;
-    }
-    uint64_t b = 0;
-    for (size_t t = 0; t < p.tensors.size(); ++t)
-      if (alive[t] && named_as(names, static_cast<uint32_t>(t), "grad of *.weight") &&
-          names.name(static_cast<uint32_t>(t)).find("(ZeRO-") == std::string::npos)
-        b += p.tensors[t].bytes;
-    return b;
+    return live_named_before(p, "grad of *.weight", at, "(ZeRO-");
   };
   CHECK(model_grads_before(last_grad + 1) == kTotal * 2);
   // Then engine.allreduce_gradients -> reduce_gradients sends each through the bucket

@@ -86,21 +86,6 @@ size_t count_in(const Program& p, const std::string& glob, Window w) {
   return n;
 }
 
-// Bytes of tensors named `glob` alive just before event `at`.
-uint64_t live_named_before(const Program& p, const std::string& glob, size_t at) {
-  const TensorNames names(p);
-  std::vector<char> alive(p.tensors.size(), 0);
-  for (size_t i = 0; i < at; ++i) {
-    const MemoryEvent& e = p.events[i];
-    if (e.type == EventType::alloc) alive[e.tensor] = 1;
-    if (e.type == EventType::free) alive[e.tensor] = 0;
-  }
-  uint64_t b = 0;
-  for (size_t t = 0; t < p.tensors.size(); ++t)
-    if (alive[t] && named_as(names, static_cast<uint32_t>(t), glob)) b += p.tensors[t].bytes;
-  return b;
-}
-
 const std::string kZero3 =
     "deepspeed:\n  reduce_bucket_size: 20000\n  stage3_param_persistence_threshold: 100\n"
     "  stage3_prefetch_bucket_size: 10000\n";

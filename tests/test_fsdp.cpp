@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "live_at_mark_test_support.h"
 #include "cli_test_support.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/parallel/zero_sharding.h"
@@ -39,11 +40,7 @@ Scenario fsdp_scenario(const std::string& family, int64_t d, const std::string& 
   return load_scenario_text(y, "fsdp.yaml");
 }
 
-uint64_t live(const Program& p, const char* mark, TensorKind k) {
-  const LiveBytes l = live_bytes_at_mark(p, mark);
-  REQUIRE(l.found_mark);
-  return l.by_kind[static_cast<int>(k)];
-}
+using memsim_test::live;
 
 // Sum of a named tensor's live bytes at each event; returns the maximum count live.
 int max_live_named(const Program& p, const std::string& name, Phase phase) {

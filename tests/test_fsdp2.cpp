@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "live_at_mark_test_support.h"
 #include "cli_test_support.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/parallel/fsdp2.h"
@@ -87,11 +88,7 @@ uint64_t max_live_named(const Program& p, const std::string& name, Phase phase) 
   return best;
 }
 
-uint64_t live(const Program& p, const char* mark, TensorKind k) {
-  const LiveBytes l = live_bytes_at_mark(p, mark);
-  REQUIRE(l.found_mark);
-  return l.by_kind[static_cast<int>(k)];
-}
+using memsim_test::live;
 
 const std::string kAgOut = "FSDP2 all-gather output (flat)";
 const std::string kUnsharded = "FSDP2 unsharded P (all_gather_outputs)";

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "live_at_mark_test_support.h"
 #include "cli_test_support.h"
 #include "program/tensor_names.h"
 #include "sim/analysis/layer_bytes.h"
@@ -29,40 +30,15 @@ using namespace memsim;
 
 namespace {
 
-uint64_t live(const Program& p, const char* mark, TensorKind k) {
-  const LiveBytes l = live_bytes_at_mark(p, mark);
-  REQUIRE(l.found_mark);
-  return l.by_kind[static_cast<int>(k)];
-}
+using memsim_test::live;
 
 // Live requested bytes of everything but parameters at the fixture's moments (the
 // fixture cannot count FSDP2's resized parameter storages, so it counts no parameter).
-struct NonParam {
-  uint64_t before_forward = 0, forward_end = 0, after_backward = 0, peak = 0;
-};
+using NonParam = memsim_test::StepMeasure;
 NonParam non_param(const Program& p) {
-  NonParam m;
-  uint64_t live = 0;
-  bool measuring = false;
-  for (const MemoryEvent& e : p.events) {
-    const bool param = e.tensor < p.tensors.size() && p.tensors[e.tensor].kind == TensorKind::parameter;
-    if (e.type == EventType::alloc && !param) live += e.bytes;
-    if (e.type == EventType::free && !param) live -= p.tensors[e.tensor].bytes;
-    if (e.type == EventType::mark) {
-      const std::string& name = p.str(static_cast<uint32_t>(e.bytes));
-      if (name == "measured_step_begin") {
-        measuring = true;
-        m.before_forward = live;
-      }
-      if (name == "forward_end") m.forward_end = live;
-      if (name == "backward_end") {
-        measuring = false;
-        m.after_backward = live;
-      }
-    }
-    if (measuring) m.peak = std::max(m.peak, live);
-  }
-  return m;
+  return memsim_test::measure_step_if(p, [&p](uint32_t t) {
+    return !(t < p.tensors.size() && p.tensors[t].kind == TensorKind::parameter);
+  });
 }
 
 Scenario fixture_scenario(const nlohmann::json& fx, const std::string& policy, bool fsdp2) {

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "live_at_mark_test_support.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/step/schedule.h"
 #include "step_measure_test_support.h"
@@ -66,11 +67,7 @@ Scenario tiny(const std::string& family, const std::string& precision,
 const std::string kFsdp = "  data: 4\n  sharding: fsdp\n";
 const std::string kOneGpu = "  data: 1\n";
 
-uint64_t live(const Program& p, const char* mark, TensorKind k) {
-  const LiveBytes l = live_bytes_at_mark(p, mark);
-  REQUIRE(l.found_mark);
-  return l.by_kind[static_cast<int>(k)];
-}
+using memsim_test::live;
 
 // The bf16 weight casts of the measured step's forward: allocations of `_to_copy` whose
 // size is a parameter's at 2 bytes per element; counts those freed in the forward (phase

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "live_at_mark_test_support.h"
 #include "cli_test_support.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/parallel/fsdp_flat_layout.h"
@@ -39,11 +40,7 @@ Scenario lora_scenario(int64_t d, const std::string& parallel, const std::string
 const char* kBlock = "  sharding: fsdp\n  fsdp_wrap: block\n  use_orig_params: true\n";
 const char* kPeft = "  sharding: fsdp\n  fsdp_wrap: peft\n";
 
-uint64_t live(const Program& p, const char* mark, TensorKind k) {
-  const LiveBytes l = live_bytes_at_mark(p, mark);
-  REQUIRE(l.found_mark);
-  return l.by_kind[static_cast<int>(k)];
-}
+using memsim_test::live;
 
 // Allocations whose name is exactly `name`.
 size_t count_named(const Program& p, const std::string& name) {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "live_at_mark_test_support.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/step/schedule.h"
 #include "test_paths.h"
@@ -50,11 +51,7 @@ Scenario scenario_for(const nlohmann::json& c, int64_t world) {
   return load_scenario_text(y, "fsdp-lora-fixture.yaml");
 }
 
-uint64_t live(const Program& p, const char* mark, TensorKind k) {
-  const LiveBytes l = live_bytes_at_mark(p, mark);
-  REQUIRE(l.found_mark);
-  return l.by_kind[static_cast<int>(k)];
-}
+using memsim_test::live;
 
 uint64_t bytes_named(const Program& p, const std::string& name) {
   for (const MemoryEvent& e : p.events)

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "live_at_mark_test_support.h"
 #include "cli_test_support.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/parallel/zero_sharding.h"
@@ -40,11 +41,7 @@ Scenario offload_scenario(const std::string& family, int64_t d, const std::strin
   return load_scenario_text(y, "offload.yaml");
 }
 
-uint64_t live(const Program& p, const char* mark, TensorKind k) {
-  const LiveBytes l = live_bytes_at_mark(p, mark);
-  REQUIRE(l.found_mark);
-  return l.by_kind[static_cast<int>(k)];
-}
+using memsim_test::live;
 
 bool named(const Program& p, uint32_t tensor, const std::string& name) {
   return role_of(p.str(p.tensors[tensor].name)) == name;

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "live_at_mark_test_support.h"
 #include "json_test_support.h"
 #include "cli_test_support.h"
 #include "sim/analysis/layer_bytes.h"
@@ -46,11 +47,7 @@ Scenario zero1_scenario(const nlohmann::json& f, const std::string& impl = "fore
   return load_scenario_text(y, "zero1.yaml");
 }
 
-uint64_t live(const Program& p, const char* mark, TensorKind k) {
-  const LiveBytes l = live_bytes_at_mark(p, mark);
-  REQUIRE(l.found_mark);
-  return l.by_kind[static_cast<int>(k)];
-}
+using memsim_test::live;
 
 }  // namespace
 
