@@ -714,8 +714,11 @@ void Runtime::deliver(const Edge& e, Grad g, std::vector<int32_t>& ready) {
     if (numeric != nullptr) numeric->accumulate(buf, g.storage);
     release(g.storage);
   } else {
-    // Otherwise old + new is a new tensor (both operands are dropped).
-    uint32_t sum = alloc_raw(program_.tensors[buf].bytes, TensorKind::temporary, OpKind::add);
+    // Otherwise old + new is a new tensor (both operands are dropped) of the grads' shape.
+    // A buffered view may be smaller than the storage it views (Megatron's global buffer:
+    // graph/ops/ops_megatron_moe.h seq_gather); a dense incoming grad is its own size.
+    const uint32_t sized = t.grad_is_view[e.slot] && !g.is_view ? g.storage : buf;
+    uint32_t sum = alloc_raw(program_.tensors[sized].bytes, TensorKind::temporary, OpKind::add);
     if (numeric != nullptr) numeric->add_into(sum, buf, g.storage);
     release(buf);
     release(g.storage);

@@ -335,3 +335,65 @@ TEST_CASE("megatron ETP: without the key it is the tensor-parallel size, as in M
             .megatron_moe.expert_tensor == 1);
   CHECK(tiny({{"parallel.expert_tensor", "1"}}).megatron_moe.expert_tensor == 1);
 }
+
+TEST_CASE("megatron ETP: the allgather dispatcher's backward, one MoE layer's allocations "
+          "against the hand derivation (the hidden states' grad lands in the global buffer)",
+          "[megatron-etp]") {
+  // Megatron-LM d98e8a64 mappings.py: token_dispatch gathers the hidden states with
+  // use_global_buffer=True; _GatherFromSequenceParallelRegion.backward passes
+  // ctx.use_global_buffer to _reduce_scatter_along_first_dim, whose output is then
+  // get_global_memory_buffer().get_tensor([T, h], "mpu"): a view of the buffer, which the
+  // forward already grew to [N, h]. The probabilities' gather and token_combine's
+  // reduce-scatter have no global buffer: their backwards allocate new tensors.
+  // EP 2 x ETP 2, balanced: T 16 rows, N = T x 4 = 64 gathered, each local expert (El 2 of E
+  // 4, per-rank width f = F / 2 = 64) gets N x K / E = 32 rows: M = 64.
+  const uint64_t N = 64, M = 64, El = 2, f = F / 2;
+  const Program p = build_megatron_program(tiny());
+  std::vector<std::pair<std::string, uint64_t>> got;
+  bool in_moe = false;
+  for (const MemoryEvent& ev : p.events) {
+    if (ev.type != EventType::alloc || ev.phase != Phase::backward || ev.layer != 0) continue;
+    const std::string op = p.str(ev.op);
+    if (op == "_ReduceScatterToSequenceParallelRegionBackward") in_moe = true;
+    if (!in_moe) continue;
+    if (op == "FusedLayerNormAffineFunctionBackward") break;  // the pre-MLP LayerNorm
+    got.emplace_back(op, ev.bytes);
+  }
+  const std::string lin = "LinearWithGradAccumulationAndAsyncCommunicationBackward";
+  const std::vector<std::pair<std::string, uint64_t>> want = {
+      {"_ReduceScatterToSequenceParallelRegionBackward", N * h * e},  // token_combine: new [N, h]
+      {"ScatterAddBackward0", M * h * e},                             // unpermute: grad.gather(0, index)
+      {lin, M * f * e}, {lin, El * h * f * e},                        // fc2: dgrad, wgrad (to main_grad)
+      {"MulBackward0", M * f * e}, {"MulBackward0", M * f * e},       // * probs: both operands
+      {"MulBackward0", M * e},                                        //   summed to probs [M, 1]
+      {"GeluBackward0", M * f * e},
+      {lin, M * h * e}, {lin, El * f * h * e},                        // fc1: dgrad, wgrad
+      {"MaskedSelectBackward0", El * N * e},                          // zeros_like(local_probs.T)
+      {"IndexSelectBackward0", N * h * e},                            // zeros([N, h]).index_add_
+      {"SliceBackward0", N * E * e},                                  // the local columns of [N, E]
+      // the hidden states' gather: nothing (the global buffer's first T x h elements)
+      {"_GatherFromSequenceParallelRegionBackward", T * E * e},      // the probs' gather: new [T, E]
+      {"ScatterBackward0", T * K * e},                                // the router (as [megatron-moe])
+      {"ToCopyBackward0", T * K * 4}, {"SoftmaxBackward0", T * K * 4}, {"SoftmaxBackward0", T * K * 4},
+      {"ToCopyBackward0", T * K * e}, {"TopkBackward0", T * E * e},
+      {lin, T * h * e}, {lin, E * h * e},                             // router gating: dgrad, wgrad
+      // InputBuffer: the router's dense grad meets the buffered view of the global buffer,
+      // which it cannot add into in place (the buffer dict shares its storage): a new [T, h].
+      {"AddBackward0", T * h * e},
+  };
+  CHECK(got == want);
+  // The hidden-state gather's backward frees the index_select grad [N, h] and allocates
+  // nothing; the buffer is never regrown in backward.
+  size_t gather_frees = 0, buffers = 0;
+  for (const MemoryEvent& ev : p.events) {
+    if (ev.type == EventType::free && ev.phase == Phase::backward && ev.layer == 0 &&
+        p.str(ev.op) == "_GatherFromSequenceParallelRegionBackward" && p.tensors[ev.tensor].bytes == N * h * e)
+      ++gather_frees;
+    if (ev.type == EventType::alloc && p.tensors[ev.tensor].name != 0 &&
+        p.str(p.tensors[ev.tensor].name) == "mpu global memory buffer")
+      ++buffers;
+  }
+  CHECK(gather_frees == 1);
+  CHECK(buffers == 1);
+  CHECK(runs(tiny({{"step.warmup_steps", "1"}})));
+}

@@ -69,23 +69,42 @@ void DecoderModel::project_qkv(const LayerParams& p, const Tensor& x, Tensor& qu
   // nodes are newer than every projection's, so backward copies all three grads back
   // before the first projection's MmBackward (H100 trace). OLMo-2 norms each whole
   // projection output right after it (`self.q_norm(self.q_proj(x))`).
+  if (a.qk_norm == QkNorm::head) {
+    // Gemma-3 (Gemma3Attention.forward v4.50): `self.q_proj(x).view(hidden_shape).transpose(1,
+    // 2)`, then k, then v, each view right after its projection; then q_norm and k_norm on
+    // the transposed (B,h,S,hd) views. In backward the norms' grads come out in the layout
+    // of the grad they were handed (eager attention's matmul and RoPE give a contiguous
+    // (B,h,S,hd) one; every mul in the norm's derivative takes `grad` as its first operand,
+    // and TensorIterator gives the output the first input's layout), so after the
+    // transpose's backward the view's reshape to (B,S,h*hd) copies, as it does for v and
+    // for Llama: one q-sized and one k-sized copy per layer (H100 trace of the Gemma-3
+    // stand-in, fp32 and bf16: a 32 and a 16 MiB alloc each freed after its projection's
+    // MmBackward0). As each view's node is newer than its own projection only, backward
+    // runs v's copy and MmBackward0, then k's, then q's (the trace's order).
+    const uint64_t heads[3] = {H, KV, KV};
+    const Proj* proj[3] = {&p.q, &p.k, &p.v};
+    Tensor* out[3] = {&query, &key, &value};
+    for (int i = 0; i < 3; ++i) {
+      *out[i] = project(x, p, *proj[i]);
+      numeric_hint(rt_, NumericHint::split_heads);  // numeric mode only (graph/numeric/numeric.h)
+      *out[i] = view(rt_, *out[i], heads[i] > 1);
+    }
+    query = norm(query, p.q_norm, rows * H, hd);
+    key = norm(key, p.k_norm, rows * KV, hd);
+    return;
+  }
   const bool full = a.qk_norm == QkNorm::full;
-  const bool transposed = a.qk_norm == QkNorm::head;  // Gemma-3: on the (B,h,S,hd) views
   query = project(x, p, p.q);
   if (full) query = qk_norm(query, p.q_norm, rows, s_.q_dim());
   key = project(x, p, p.k);
   if (full) key = qk_norm(key, p.k_norm, rows, s_.kv_dim());
   value = project(x, p, p.v);
   numeric_hint(rt_, NumericHint::split_heads);  // numeric mode only (graph/numeric/numeric.h)
-  query = view(rt_, query, !transposed && s_.heads > 1);
+  query = view(rt_, query, s_.heads > 1);
   numeric_hint(rt_, NumericHint::split_heads);
-  key = view(rt_, key, !transposed && s_.kv_heads > 1);
+  key = view(rt_, key, s_.kv_heads > 1);
   numeric_hint(rt_, NumericHint::split_heads);
   value = view(rt_, value, s_.kv_heads > 1);
-  if (transposed) {
-    query = norm(query, p.q_norm, rows * H, hd);
-    key = norm(key, p.k_norm, rows * KV, hd);
-  }
 }
 
 Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tensor& mask,

@@ -2,6 +2,7 @@
 
 #include "graph/checkpoint.h"
 #include "graph/numeric/numeric.h"
+#include "graph/ops/megatron_global_buffer.h"
 #include "graph/ops/ops.h"
 #include "graph/ops/ops_megatron_arch.h"
 
@@ -59,19 +60,7 @@ MegatronLayerBytes megatron_layer_saved_bytes(const MegatronShape& s) {
 }
 
 void MegatronModel::use_global_buffer(uint64_t bytes) {
-  Tensor& current = global_buffer();
-  if (current.defined() && current.bytes >= bytes) return;
-  // Not an activation of any layer: a new, larger buffer replaces the old one (which dies
-  // when the dict entry is rebound).
-  const int32_t layer = rt_.ctx.layer;
-  const uint32_t region = rt_.ctx.region;
-  rt_.ctx.layer = -1;
-  rt_.ctx.region = 0;
-  Tensor buffer = rt_.alloc(bytes, TensorKind::other, OpKind::baddbmm);
-  rt_.program().tensors[buffer.storage].name = rt_.program().intern("mpu global memory buffer");
-  current = std::move(buffer);
-  rt_.ctx.layer = layer;
-  rt_.ctx.region = region;
+  global_buffer_get(rt_, global_buffer(), bytes);  // the view dies at once
 }
 
 int32_t MegatronModel::param(uint64_t elems, const std::string& name, bool decay) {

@@ -372,7 +372,6 @@ Tensor MegatronModel::moe_body(const Tensor& x) {
     if (ep * etp > 1) {  // token_dispatch: all-gathers over the ETP x EP group (tp_ep_group)
       map = nograd(rt_, N * E, OpKind::seq_gather, true);
       probs = seq_gather(rt_, probs, N * E * e);
-      use_global_buffer(N * h * e);
       dispatched = seq_gather(rt_, x, N * h * e, &global_buffer());
     } else {
       dispatched = x;

@@ -1,5 +1,9 @@
 #include "graph/ops/ops_megatron_moe.h"
 
+#include <cstdint>
+#include <stdexcept>
+
+#include "graph/ops/megatron_global_buffer.h"
 #include "graph/ops/ops_megatron_arch.h"
 #include "graph/ops/ops_megatron_loss.h"
 
@@ -36,13 +40,16 @@ void nccl_flat_transient(Runtime& rt, uint64_t bytes, OpKind k) {
   if (bytes > 0) rt.alloc(bytes, TensorKind::temporary, k).reset();
 }
 
-Tensor seq_gather(Runtime& rt, const Tensor& x, uint64_t out_bytes, const Tensor* into, uint64_t nccl_flat) {
-  Tensor out = into != nullptr ? rt.view_of(*into, out_bytes) : act(rt, out_bytes, OpKind::seq_gather);
+Tensor seq_gather(Runtime& rt, const Tensor& x, uint64_t out_bytes, Tensor* into, uint64_t nccl_flat) {
+  Tensor out = into != nullptr ? global_buffer_get(rt, *into, out_bytes) : act(rt, out_bytes, OpKind::seq_gather);
   nccl_flat_transient(rt, nccl_flat, OpKind::seq_gather);
   if (records(rt, {&x})) {
     const int32_t n = rt.make_node(OpKind::seq_gather, {&x});
     rt.node(n).size[0] = x.bytes;
     rt.node(n).size[1] = nccl_flat;
+    // use_global_buffer: backward's get_tensor looks the buffer up again (Node has no
+    // pointer field; its byte counts are 64-bit, so the address fits).
+    rt.node(n).size[2] = into != nullptr ? static_cast<uint64_t>(reinterpret_cast<uintptr_t>(into)) : 0;
     out.grad_fn = n;
     out.out_slot = 0;
   }
@@ -124,6 +131,17 @@ bool run_megatron_moe_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[
   const Grad& g = in[0];
   switch (n.kind) {
     case OpKind::seq_gather:           // reduce-scatter of the grad
+      if (n.size[2] != 0) {
+        // use_global_buffer=True: the reduce-scatter writes into the "mpu" buffer (never
+        // smaller than the forward's out_bytes by now) and returns a view of it.
+        if (g.storage == kNoStorage || !needs(0)) return true;
+        if (n.size[1] > 0) throw std::logic_error("seq_gather: split sizes with the global buffer");
+        Tensor view = global_buffer_get(rt, *reinterpret_cast<Tensor*>(static_cast<uintptr_t>(n.size[2])), n.size[0]);
+        rt.retain(view.storage);  // the grad's own reference; `view` drops its one
+        out[0] = Grad{view.storage, true, false};
+        return true;
+      }
+      [[fallthrough]];
     case OpKind::seq_reduce_scatter:   // all-gather of the grad
       // With split sizes (size[1] > 0) ProcessGroupNCCL's stacked list copy follows the
       // output and dies with the collective.

@@ -25,14 +25,20 @@ Tensor moe_scatter(Runtime& rt, const Tensor& src, const Tensor& index, uint64_t
 
 // gather_from_sequence_parallel_region(x, group of G ranks): the all-gathered x (x.bytes *
 // G) as a new tensor, or, with `into` (use_global_buffer=True), as a view of Megatron's
-// global memory buffer (the caller sized it). Saves nothing. Backward
-// (tensor_parallel_output_grad): the grad reduce-scattered into a new x-sized tensor.
+// global memory buffer (global_buffer_get: `into` is the process's buffer slot, which grows
+// to out_bytes if smaller). Saves nothing. Backward (tensor_parallel_output_grad): the grad
+// reduce-scattered into a new x-sized tensor; with `into`, ctx.use_global_buffer makes
+// _reduce_scatter_along_first_dim take its output from the same buffer too
+// (mappings.py _GatherFromSequenceParallelRegion.backward at d98e8a64): no allocation, the
+// grad is an x-sized view of the buffer's current tensor (so InputBuffer never adds into it
+// in place: the dict shares its storage). The node keeps the slot's address for that
+// (megatron_global_buffer.h's contract: the slot outlives the graph).
 // nccl_flat > 0: the gather and its backward pass output_split_sizes (the alltoall
 // dispatcher's ETP gather), so mappings.py calls torch.distributed.all_gather /
 // reduce_scatter with tensor lists; with equal splits ProcessGroupNCCL stacks the list into
 // one newLikeFlat tensor of nccl_flat bytes (the whole gathered size) after the output is
 // allocated, freed when the collective's Work is dropped: a transient in both directions.
-Tensor seq_gather(Runtime& rt, const Tensor& x, uint64_t out_bytes, const Tensor* into = nullptr,
+Tensor seq_gather(Runtime& rt, const Tensor& x, uint64_t out_bytes, Tensor* into = nullptr,
                   uint64_t nccl_flat = 0);
 
 // reduce_scatter_to_sequence_parallel_region: this rank's out_bytes part, new. Saves
