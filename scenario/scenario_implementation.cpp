@@ -97,9 +97,6 @@ void check_implementation(const Doc& d, const Scenario& s) {
            : titan ? stack + " shards with FSDP2 (fully_shard), which is not modelled with it yet"
                    : std::string("torchtune's distributed recipes shard with FSDP2: use "
                                  "parallel.sharding: fsdp2"));
-  if (!titan && !lit && s.parallel.sharding == Sharding::none && s.parallel.data > 1)
-    refuse("parallel.data", "torchtune's distributed recipes shard with FSDP2 (no DDP): add "
-                            "parallel.sharding: fsdp2");
   if (lit && s.parallel.data > 1)
     refuse("parallel.data", "litgpt's multi-device recipes (finetune/full.py, pretrain.py) use "
                             "Fabric's FSDPStrategy, which is not modelled with it yet");
@@ -136,6 +133,9 @@ void check_implementation(const Doc& d, const Scenario& s) {
   // parameters, with no torch ZeroRedundancyOptimizer and no classic fp32 master-weight loop.
   if (s.parallel.zero != 0 && s.parallel.sharding != Sharding::fsdp2)  // (fsdp2 sets zero 3 itself)
     refuse("parallel.zero", stack + " has no ZeroRedundancyOptimizer (it shards with FSDP2)");
+  if (!titan && !lit && s.parallel.sharding == Sharding::none && s.parallel.data > 1)
+    refuse("parallel.data", "torchtune's distributed recipes shard with FSDP2 (no DDP): add "
+                            "parallel.sharding: fsdp2");
   if (s.precision.master_weights)
     refuse("precision.master_weights",
            stack + " keeps no separate fp32 master copy (bf16 parameters, or FSDP2's "
