@@ -122,10 +122,6 @@ void read_torchtune_sharding(const Doc& d, Scenario& s) {
   if (const Field* f = d.find("parallel.fsdp_init"); f != nullptr && !p.fsdp_init_on_cpu)
     refuse("parallel.fsdp_init", "the recipe builds the model on the meta device and loads the "
                                  "sharded state dict (fsdp_init: cpu, the default here)");
-  if (p.cpu_offload)
-    refuse("parallel.cpu_offload",
-           "torchtune's fsdp_cpu_offload (CPUOffloadPolicy, the state dict's shards moved to the "
-           "CPU, fused AdamW on the CPU) is not modelled with torchtune yet");
   if (p.context > 1)
     refuse("parallel.context", "torchtune v0.6.1's recipes have no context parallelism");
   if (s.lora.rank > 0)

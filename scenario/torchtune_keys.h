@@ -27,7 +27,8 @@ void read_recipe_features(const Doc& d, Scenario& s);
 // express with parallel.sharding fsdp2 (sim/parallel/fsdp2_layout.h): refuses by key what
 // its shard_model does not do (MixedPrecisionPolicy, HSDP, an integer
 // reshard_after_forward, a GPU build) and what is not modelled with it yet
-// (fsdp_cpu_offload, LoRA, activation offloading, context parallelism, uneven shards).
+// (LoRA, activation offloading, context parallelism, uneven shards); parallel.cpu_offload is
+// fsdp_cpu_offload (CPUOffloadPolicy).
 // Sets parallel.fsdp_init to the meta-device build. After read_recipe_features.
 void read_torchtune_sharding(const Doc& d, Scenario& s);
 

@@ -152,8 +152,13 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     for (size_t i = 0; i < params_.size(); ++i) {
       rt.ctx.layer = -1;
       uint32_t full = kNoStorage;
-      if (tune_load_)
+      if (tune_load_) {
         full = alloc(rt, params_[i].full_numel * params_[i].elem, TensorKind::parameter, 0, full_name);
+        // fsdp_cpu_offload: sharded_tensor.cpu(); the GPU chunk dies when the name is rebound.
+        if (offload_)
+          rt.release(alloc(rt, params_[i].shard_numel * params_[i].elem, TensorKind::parameter, 0,
+                           params_[i].shard_name));
+      }
       shard_storage[i] = alloc(rt, offload_ ? 0 : params_[i].shard_numel * params_[i].elem,
                                TensorKind::parameter, 0, params_[i].shard_name);
       if (full != kNoStorage) rt.release(full);
