@@ -101,7 +101,8 @@
 //    the rest (the final norm). The output module runs once per logits chunk (eight
 //    calls): each call is a pre-forward (unshard, copy-out; the previous call's
 //    post-forward first) and, in backward, a pre-backward and a post-backward of its own
-//    (FSDPState._pre_backward runs again once the group left PRE_BACKWARD, and each call's
+//    (each chunk's hook calls FSDPParamGroup.pre_backward, whose only guard is the
+//    PRE_BACKWARD state the previous call's post_backward left; each call's
 //    RegisterPostBackwardFunction runs post_backward), the sharded gradient accumulated
 //    into the first call's reduce-scatter output. tok_embeddings' inputs need no grad: its
 //    post-backward is the final callback's, after the root's (all_states order: root,
