@@ -453,6 +453,12 @@ struct RecipeFeatures {
   // Here, not in CheckpointConfig: plan searches (optimize, compare --policies) replace the
   // checkpoint section, and the step must still see the key to refuse their plans.
   bool offload_activations = false;
+  // parallel.custom_sharded_layers (model.implementation torchtune with parallel.sharding
+  // fsdp2; scenario/torchtune_keys.h): the recipe's custom_sharded_layers, the modules
+  // shard_model gives a fully_shard of their own besides each layer and the root
+  // (sim/parallel/fsdp2_layout.h). Both by default, as torchtune's llama3 configs set.
+  bool shard_tok_embeddings = false;
+  bool shard_output = false;
 };
 
 struct Scenario {

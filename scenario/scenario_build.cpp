@@ -593,6 +593,7 @@ Scenario build_scenario(const Doc& d) {
   read_recipe_features(d, s);  // optimizer.in_backward (scenario/torchtune_keys.h)
   // torchtune's OffloadActivations (scenario/offload_activations_key.h)
   s.recipe.offload_activations = read_offload_activations(d, s);
+  read_torchtune_sharding(d, s);  // torchtune + FSDP2 (scenario/torchtune_keys.h)
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   check_lora_target_parameters(d, s);  // after parallel.* and step.compile
   check_deepseek(d, s);        // DeepSeek-V3: MLA and router refusals (scenario/deepseek_keys.h)

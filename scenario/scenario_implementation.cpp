@@ -87,11 +87,16 @@ void check_implementation(const Doc& d, const Scenario& s) {
                              "bf16 (\"bf16-true\") or fp32 (\"32-true\")")
                : stack + " does not run the model under torch.autocast (torchtitan: FSDP2's "
                          "MixedPrecisionPolicy; torchtune: bf16 parameters); give precision.params bf16");
-  if (s.parallel.sharding != Sharding::none)
+  // torchtune's full_finetune_distributed (FSDP2 over its model code) is modelled:
+  // scenario/torchtune_keys.h read_torchtune_sharding, sim/parallel/fsdp2_layout.h.
+  const bool tune_fsdp2 = !titan && !lit && s.parallel.sharding == Sharding::fsdp2;
+  if (s.parallel.sharding != Sharding::none && !tune_fsdp2)
     refuse("parallel.sharding",
            lit ? std::string("litgpt shards through Fabric's FSDPStrategy (auto_wrap_policy Block), "
                              "which is not modelled with it yet")
-               : stack + " shards with FSDP2 (fully_shard), which is not modelled with it yet");
+           : titan ? stack + " shards with FSDP2 (fully_shard), which is not modelled with it yet"
+                   : std::string("torchtune's distributed recipes shard with FSDP2: use "
+                                 "parallel.sharding: fsdp2"));
   if (lit && s.parallel.data > 1)
     refuse("parallel.data", "litgpt's multi-device recipes (finetune/full.py, pretrain.py) use "
                             "Fabric's FSDPStrategy, which is not modelled with it yet");
@@ -126,8 +131,11 @@ void check_implementation(const Doc& d, const Scenario& s) {
                                 "with it yet; its single-device recipes do not checkpoint");
   // The stacks' own loops: torchtitan and torchtune step AdamW (or SGD) on the model's
   // parameters, with no torch ZeroRedundancyOptimizer and no classic fp32 master-weight loop.
-  if (s.parallel.zero != 0)
+  if (s.parallel.zero != 0 && s.parallel.sharding != Sharding::fsdp2)  // (fsdp2 sets zero 3 itself)
     refuse("parallel.zero", stack + " has no ZeroRedundancyOptimizer (it shards with FSDP2)");
+  if (!titan && !lit && s.parallel.sharding == Sharding::none && s.parallel.data > 1)
+    refuse("parallel.data", "torchtune's distributed recipes shard with FSDP2 (no DDP): add "
+                            "parallel.sharding: fsdp2");
   if (s.precision.master_weights)
     refuse("precision.master_weights",
            stack + " keeps no separate fp32 master copy (bf16 parameters, or FSDP2's "

@@ -11,6 +11,7 @@
 // apply_lora_to_output; quantize_base is torchao's NF4Tensor).
 #include "scenario/torchtune_keys.h"
 
+#include <algorithm>
 #include <string>
 
 #include "scenario/scenario_family.h"
@@ -68,6 +69,82 @@ void read_recipe_features(const Doc& d, Scenario& s) {
                              "modelled per parameter");
   if (s.lora.rank > 0 && s.model.arch.impl == graph::ModelImpl::torchtune)
     refuse("lora.rank", "torchtune's lora_finetune_single_device has no optimizer_in_bwd");
+}
+
+void read_torchtune_sharding(const Doc& d, Scenario& s) {
+  const Field* layers = d.find("parallel.custom_sharded_layers");
+  const bool tune = s.model.arch.impl == graph::ModelImpl::torchtune;
+  if (!tune || s.parallel.sharding != Sharding::fsdp2) {
+    if (layers != nullptr)
+      fail(layers->where, "parallel.custom_sharded_layers",
+           "torchtune's custom_sharded_layers: only with model.implementation torchtune and "
+           "parallel.sharding fsdp2");
+    return;
+  }
+  // recipes/configs/llama3*/..._full.yaml: custom_sharded_layers: ['tok_embeddings', 'output'].
+  s.recipe.shard_tok_embeddings = true;
+  s.recipe.shard_output = true;
+  if (layers != nullptr) {
+    s.recipe.shard_tok_embeddings = false;
+    s.recipe.shard_output = false;
+    for (const std::string& name : read_name_list(*layers, "parallel.custom_sharded_layers")) {
+      if (name == "tok_embeddings") {
+        s.recipe.shard_tok_embeddings = true;
+      } else if (name == "output") {
+        s.recipe.shard_output = true;
+      } else if (name != "none") {
+        fail(layers->where, "parallel.custom_sharded_layers",
+             "'" + name + "': the modules shard_model can give a fully_shard of their own "
+             "that are modelled are tok_embeddings and output (or none)");
+      }
+    }
+  }
+  const Field* impl = d.find("model.implementation");
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    const Field* o = d.find(key);
+    fail(o != nullptr ? o->where : impl->where, key,
+         why + " (model.implementation torchtune with parallel.sharding fsdp2; "
+               "docs/implementations.md)");
+  };
+  const ParallelConfig& p = s.parallel;
+  if (p.fsdp_mixed_precision.has_value() || d.find("parallel.fsdp_mixed_precision"))
+    refuse("parallel.fsdp_mixed_precision",
+           "torchtune's shard_model passes no MixedPrecisionPolicy: the parameters are in the "
+           "recipe dtype (precision.params)");
+  if (p.reduce_dtype.has_value())
+    refuse("parallel.reduce_dtype", "torchtune's shard_model passes no MixedPrecisionPolicy: "
+                                    "gradients are reduced in the parameters' dtype");
+  if (p.replicate > 1)
+    refuse("parallel.replicate", "full_finetune_distributed builds a (dp, tp) mesh: no HSDP");
+  if (p.reshard_after_forward_ranks > 0)
+    refuse("parallel.reshard_after_forward",
+           "torchtune's fsdp_reshard_after_forward is a bool (true or false)");
+  if (const Field* f = d.find("parallel.fsdp_init"); f != nullptr && !p.fsdp_init_on_cpu)
+    refuse("parallel.fsdp_init", "the recipe builds the model on the meta device and loads the "
+                                 "sharded state dict (fsdp_init: cpu, the default here)");
+  if (p.context > 1)
+    refuse("parallel.context", "torchtune v0.6.1's recipes have no context parallelism");
+  if (s.lora.rank > 0)
+    refuse("lora.rank", "lora_finetune_distributed (LoRA under torchtune's FSDP2) is not "
+                        "modelled yet; full_finetune_distributed is");
+  if (s.recipe.offload_activations)
+    refuse("checkpoint.offload_activations",
+           "torchtune's activation offloading under FSDP2 is not modelled yet");
+  if (s.precision.float8_all_gather)
+    refuse("precision.float8_all_gather", "torchtune's recipe has no float8 all-gather");
+  // load_from_full_model_state_dict keeps distribute_tensor's unpadded chunk and FSDP2
+  // pads it at lazy init: modelled only where the shard group divides every dim 0.
+  const int64_t ws = p.data;
+  const int64_t hd = s.model.arch.head_dim > 0 ? s.model.arch.head_dim
+                                               : s.model.d_model / std::max<int64_t>(1, s.model.heads);
+  const int64_t kv = s.model.kv_heads > 0 ? s.model.kv_heads : s.model.heads;
+  for (int64_t rows : {s.model.d_model, s.model.heads * hd, kv * hd, s.model.d_ff, s.model.vocab})
+    if (ws > 0 && rows % ws != 0)
+      refuse("parallel.data",
+             "a parameter of " + std::to_string(rows) + " rows over " + std::to_string(ws) +
+                 " ranks: uneven shards (distribute_tensor's unpadded chunk, padded by FSDP2's "
+                 "lazy init) are not modelled with torchtune's state-dict load");
+  s.parallel.fsdp_init_on_cpu = true;  // torch.device("meta") in _setup_model
 }
 
 void check_torchtune_lora(const Doc& d, const Scenario& s) {

@@ -22,6 +22,16 @@ namespace memsim::scenario_detail {
 // modelled in.
 void read_recipe_features(const Doc& d, Scenario& s);
 
+// parallel.custom_sharded_layers (a list of tok_embeddings / output, or none; default
+// both, the llama3 configs' value) and what torchtune's full_finetune_distributed can
+// express with parallel.sharding fsdp2 (sim/parallel/fsdp2_layout.h): refuses by key what
+// its shard_model does not do (MixedPrecisionPolicy, HSDP, an integer
+// reshard_after_forward, a GPU build) and what is not modelled with it yet
+// (LoRA, activation offloading, context parallelism, uneven shards); parallel.cpu_offload is
+// fsdp_cpu_offload (CPUOffloadPolicy).
+// Sets parallel.fsdp_init to the meta-device build. After read_recipe_features.
+void read_torchtune_sharding(const Doc& d, Scenario& s);
+
 // lora.* on the torchtune row: what lora_llama3 and the LoRA recipe can express
 // (called by check_implementation for model.implementation torchtune).
 void check_torchtune_lora(const Doc& d, const Scenario& s);

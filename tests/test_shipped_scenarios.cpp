@@ -68,6 +68,11 @@ const std::map<std::string, Claim>& claims() {
       // torchtune's OffloadActivations (checkpoint.offload_activations), b 2, s 8192, with
       // optimizer_in_bwd: the chunked loss (docs/offload.md).
       {"llama3-8b-torchtune-offload-h100.yaml", {true, std::nullopt, 58.16}},
+      // torchtune's full_finetune_distributed (FSDP2, 8B_full defaults, rank 0 of 8): the
+      // output's backward (its gathered weight, two grads and their sum).
+      {"llama3-8b-torchtune-fsdp2-8xh100.yaml", {true, std::nullopt, 11.45}},
+      // The same recipe at 70B_full.yaml's defaults (fsdp_cpu_offload): the output's backward.
+      {"llama3.1-70b-torchtune-fsdp2-offload-8xa100.yaml", {true, std::nullopt, 13.89}},
       {"llama2-13b-seq4096-rtx4070.yaml", {false, Phase::setup, 11.19}},
       {"llama2-7b-finetune-a100.yaml", {true, std::nullopt, 63.02}},
       {"llama2-7b-full-finetune-a100.yaml", {true, std::nullopt, 63.02}},

@@ -333,9 +333,12 @@ Tensor DecoderModel::forward_tune(const Tensor& ids) {
   // (Parameter::frozen is requires_grad=False; grad mode does not enter should_fold.)
   const bool fold_copies = s_.batch > 1 && !rt_.parameters()[lm_head_].frozen;
   for (Tensor& c : pieces) {
+    // self.output(chunk): the module's weight is read (its FSDP2 pre-forward, when the
+    // output is sharded by itself: sim/parallel/fsdp2.h) before the fold's copy.
+    Tensor w = rt_.param(lm_head_);
     Tensor in = fold_copies ? clone(rt_, c) : c;
     c.reset();
-    outs.push_back(mm_linear(rt_, in, rt_.param(lm_head_), rows * V * e, flops));
+    outs.push_back(mm_linear(rt_, in, w, rows * V * e, flops));
   }
   pieces.clear();
   // `logits = model(...)` rebinds the loop's name: the previous output dies now.

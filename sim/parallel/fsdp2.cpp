@@ -7,6 +7,7 @@
 
 #include "graph/ops/float8_cast.h"
 #include "scenario/fsdp_precision.h"
+#include "sim/parallel/fsdp2_layout.h"
 #include "sim/parallel/wrap_units.h"
 #include "sim/step/loss_placement.h"
 
@@ -32,6 +33,10 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   meta_init_ = pc.fsdp_init_on_cpu;
   hsdp_ = pc.replicate > 1;
   loss_in_forward_ = loss_in_model_forward(s);
+  const Fsdp2Layout layout = fsdp2_layout(s);
+  root_reshards_ = layout.root_reshards;
+  tune_load_ = layout.torchtune_load;
+  if (tune_load_) meta_init_ = true;  // torchtune builds on the meta device
   const DType orig_dtype = s.precision.params;
   const uint64_t elem = static_cast<uint64_t>(dtype_bytes(orig_dtype));
   const uint64_t compute_elem = model_compute_elem(s);  // param_dtype (or precision.params)
@@ -53,7 +58,19 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
 
   // Which layer each parameter was created in: the fully_shard groups (sim/parallel/wrap_units.h).
   const ParameterLayers wrap = parameter_layers(program);
-  groups_.resize(1 + static_cast<size_t>(wrap.layers));
+  blocks_ = static_cast<size_t>(wrap.layers);
+  size_t n_groups = 1 + blocks_;
+  if (layout.separate_embedding) emb_group_ = n_groups++;
+  if (layout.separate_output) out_group_ = n_groups++;
+  groups_.resize(n_groups);
+  groups_[0].post_backward_in_callback = true;  // the root's inputs need no grad
+  if (emb_group_ != 0) groups_[emb_group_].post_backward_in_callback = true;  // token ids
+  if (out_group_ != 0) groups_[out_group_].per_call = true;
+  // _state_ctx.all_states: the root, then the others in modules() order.
+  state_order_.push_back(0);
+  if (emb_group_ != 0) state_order_.push_back(emb_group_);
+  for (size_t b = 1; b <= blocks_; ++b) state_order_.push_back(b);
+  if (out_group_ != 0) state_order_.push_back(out_group_);
   const size_t n = rt.parameters().size();
   param_of_orig_.assign(n, -1);
   stamp_.assign(n, 0);
@@ -72,13 +89,21 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     const uint64_t cols = numel / rows;
     p.shard_numel = (rows + ws_ - 1) / ws_ * cols;  // torch.chunk: chunk 0 is the largest
     p.full_numel = p.shard_numel * ws_;
-    const size_t g = group_of_layer(wrap.layer_of_storage.at(orig.storage));
+    size_t g = group_at(wrap.layer_of_storage.at(orig.storage), graph::Module::none);
+    if (g == 0) {  // get_shard_conditions: the module's name in custom_sharded_layers
+      const std::string& name = rt.param_name(p.orig);
+      if (emb_group_ != 0 && name.rfind("tok_embeddings.", 0) == 0) g = emb_group_;
+      if (out_group_ != 0 && name.rfind("output.", 0) == 0) {
+        g = out_group_;
+        out_param_ = static_cast<int32_t>(i);
+      }
+    }
     p.group = g;
     groups_[g].params.push_back(params_.size());
     if (p.trainable) ++groups_[g].trainable;
     // Float8 all-gather: the Float8Linear weights are the blocks' matrices (the scenario
     // reader allows the bias-free llama row only; norms are vectors, rows 0).
-    p.float8 = s.precision.float8_all_gather && g != 0 && orig.rows != 0;
+    p.float8 = s.precision.float8_all_gather && g >= 1 && g <= blocks_ && orig.rows != 0;
     if (p.float8) ++n_float8_;
     param_of_orig_[i] = static_cast<int32_t>(params_.size());
     params_.push_back(p);
@@ -118,11 +143,25 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     p.post_forward_name = program.intern("FSDP2 post-forward shard of " + name + " (reshard_after_forward N)");
   }
   if (meta_init_) {
-    // model.to_empty(device): the sharded parameters in module order.
+    // model.to_empty(device): the sharded parameters in module order. torchtune:
+    // load_from_full_model_state_dict, in state-dict (module) order: the full tensor on the
+    // GPU, rank 0's chunk (distribute_tensor's scatter output; the shard group divides every
+    // dim 0, scenario/torchtune_keys.cpp), the full copy dropped.
+    const uint32_t full_name = program.intern(
+        "torchtune full state-dict tensor (load_from_full_model_state_dict)");
     for (size_t i = 0; i < params_.size(); ++i) {
       rt.ctx.layer = -1;
+      uint32_t full = kNoStorage;
+      if (tune_load_) {
+        full = alloc(rt, params_[i].full_numel * params_[i].elem, TensorKind::parameter, 0, full_name);
+        // fsdp_cpu_offload: sharded_tensor.cpu(); the GPU chunk dies when the name is rebound.
+        if (offload_)
+          rt.release(alloc(rt, params_[i].shard_numel * params_[i].elem, TensorKind::parameter, 0,
+                           params_[i].shard_name));
+      }
       shard_storage[i] = alloc(rt, offload_ ? 0 : params_[i].shard_numel * params_[i].elem,
                                TensorKind::parameter, 0, params_[i].shard_name);
+      if (full != kNoStorage) rt.release(full);
     }
   } else {
     // fully_shard(block) for each block, then fully_shard(model).
@@ -162,6 +201,9 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   orig_grad_dtype_ = s.lora.rank > 0 ? s.lora.adapter_dtype : orig_dtype;
   reduce_dtype_ = pc.reduce_dtype.value_or(grad_dtype_);
   rt.hooks = this;
+  // The output's calls are seen where its weight is read (Runtime::param) and where a
+  // backward node computes its gradient.
+  if (out_group_ != 0) rt.param_hooks = true;
 }
 
 Fsdp2::~Fsdp2() {
@@ -171,11 +213,17 @@ Fsdp2::~Fsdp2() {
 namespace {
 // "<what> of block 7" (the group of layer 7) / "<what> of the root" (group 0), for the
 // names in the reports (program/tensor_names.h).
-uint32_t group_name(Runtime& rt, size_t g, const char* what) {
-  return rt.program().intern(std::string(what) +
-                             (g == 0 ? " of the root" : " of block " + std::to_string(g - 1)));
+uint32_t group_name(Runtime& rt, const std::string& label, const char* what) {
+  return rt.program().intern(std::string(what) + " of " + label);
 }
 }  // namespace
+
+std::string Fsdp2::group_label(size_t g) const {
+  if (g == 0) return "the root";
+  if (g == emb_group_) return "tok_embeddings";
+  if (g == out_group_) return "output";
+  return "block " + std::to_string(g - 1);
+}
 
 uint32_t Fsdp2::alloc(Runtime& rt, uint64_t bytes, TensorKind kind, uint8_t stream,
                       uint32_t name) {
@@ -285,7 +333,7 @@ void Fsdp2::unshard(Runtime& rt, size_t g) {
   // Mixed dtypes (float8 and bf16) gather as uint8: the output is the inputs' bytes x ws.
   group.all_gather =
       alloc(rt, input_bytes * world, TensorKind::parameter, kAllGatherStream, n_ag_out_);
-  rt.name(group.all_gather, group_name(rt, g, "FSDP2 all-gather output (flat)"));
+  rt.name(group.all_gather, group_name(rt, group_label(g), "FSDP2 all-gather output (flat)"));
   for (uint32_t in : inputs) rt.release(in);  // foreach_all_gather returns
 }
 
@@ -364,16 +412,39 @@ void Fsdp2::pre_forward(Runtime& rt) {
   }
   forward_group_ = 0;
   backward_started_ = false;
+  out_post_forward_pending_ = false;
+  out_post_backward_pending_ = false;
+  post_forward_order_.clear();
+  for (Group& group : groups_) group.post_forward_indices.clear();
   unshard(rt, 0);
   wait_for_unshard(rt, 0, true);
 }
 
+void Fsdp2::group_post_forward(Runtime& rt, size_t g) {
+  // FSDPParamGroup.post_forward: reshard (the root only when given reshard_after_forward
+  // explicitly), then _record_post_forward.
+  if (g != 0) {
+    reshard_after_forward(rt, g);
+  } else if (root_reshards_) {
+    reshard(rt, 0);
+  }
+  groups_[g].post_forward_indices.push_back(post_forward_order_.size());
+  post_forward_order_.push_back(g);
+}
+
+void Fsdp2::output_post_forward(Runtime& rt) {
+  out_post_forward_pending_ = false;
+  group_post_forward(rt, out_group_);
+}
+
 void Fsdp2::post_forward(Runtime& rt) {
   if (forward_group_ != 0) {
-    reshard_after_forward(rt, forward_group_);
+    group_post_forward(rt, forward_group_);
     groups_[forward_group_].forward_done = true;
     forward_group_ = 0;
   }
+  if (out_post_forward_pending_) output_post_forward(rt);  // the last output call returned
+  group_post_forward(rt, 0);  // the root's own
   // The root's post-forward flushes the last all-gather output.
   if (all_gather_state_ != kNoStorage) rt.release(all_gather_state_);
   all_gather_state_ = kNoStorage;
@@ -383,13 +454,18 @@ void Fsdp2::pre_backward(Runtime& rt, size_t g) {
   Group& group = groups_[g];
   if (group.pre_backward_done) return;
   group.pre_backward_done = true;
+  if (group.per_call) group.backward_done = false;  // this call's post-backward is to come
   unshard(rt, g);  // a no-op when prefetched or never resharded
   wait_for_unshard(rt, g, false);
-  // _backward_prefetch: the group before this one in post-forward order (blocks 0..L-1,
-  // then the root).
-  const size_t target = g == 0 ? groups_.size() - 1 : g - 1;
-  if (target >= 1 && target < groups_.size() && target != g && !groups_[target].backward_done)
-    unshard(rt, target);
+  // _backward_prefetch: the group that post-forwarded just before this group's last
+  // recorded post-forward (popped: a group called k times prefetches k times). The
+  // default layout's order is blocks 0..L-1, then the root.
+  if (group.post_forward_indices.empty()) return;
+  const size_t index = group.post_forward_indices.back();
+  group.post_forward_indices.pop_back();
+  if (index == 0) return;
+  const size_t target = post_forward_order_[index - 1];
+  if (target != 0 && target != g && !groups_[target].backward_done) unshard(rt, target);
 }
 
 void Fsdp2::root_pre_backward(Runtime& rt) {
@@ -398,16 +474,17 @@ void Fsdp2::root_pre_backward(Runtime& rt) {
 }
 
 void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
-  const size_t g = group_of_layer(layer);
+  const size_t g = group_at(layer, rt.ctx.module);
   if (g >= groups_.size()) return;
   if (rt.ctx.phase == Phase::forward && !rt.recomputing) {
     if (g != 0 && groups_[g].forward_done) return;  // an op of a finished block
     if (forward_group_ != 0 && forward_group_ != g) {  // the block's post-forward
-      reshard_after_forward(rt, forward_group_);
+      group_post_forward(rt, forward_group_);
       groups_[forward_group_].forward_done = true;
       forward_group_ = 0;
     }
-    if (g == 0) return;  // the root is unsharded from its pre-forward on
+    // The root is unsharded from its pre-forward on; the output's calls are param_used's.
+    if (g == 0 || g == out_group_) return;
     unshard(rt, g);      // pre-forward
     wait_for_unshard(rt, g, true);
     forward_group_ = g;
@@ -417,19 +494,53 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
     // model computed the loss in its forward, the loss, which autograd reaches first
     // (its first backward op; the ones_like root gradient comes before, in ctx.module
     // none).
+    // (A separately sharded output's first call does both, in param_used: its hook on the
+    // last chunk was registered before the root's.)
     if (!backward_started_ &&
-        (rt.ctx.module == graph::Module::head ||
+        ((rt.ctx.module == graph::Module::head && out_group_ == 0) ||
          (loss_in_forward_ && rt.ctx.module == graph::Module::loss)))
       root_pre_backward(rt);
-    if (g == 0 || groups_[g].backward_done) return;
+    if (g == 0 || g == out_group_ || groups_[g].backward_done) return;
     if (!backward_started_) root_pre_backward(rt);
     // The block above without trainable parameters had its post-backward when the
     // gradient reached its input, i.e. before this block's first backward op.
-    if (g + 1 < groups_.size() && groups_[g + 1].trainable == 0 && !groups_[g + 1].backward_done &&
+    if (g < blocks_ && groups_[g + 1].trainable == 0 && !groups_[g + 1].backward_done &&
         groups_[g + 1].pre_backward_done)
       group_post_backward(rt, g + 1);
     pre_backward(rt, g);
   }
+}
+
+void Fsdp2::param_used(Runtime& rt, int32_t param, bool backward) {
+  if (out_group_ == 0 || param != out_param_) return;
+  if (!backward) {
+    if (rt.recomputing) return;
+    // self.output(chunk): the previous call's post-forward (nothing was allocated since its
+    // matmul's output), then this call's pre-forward.
+    if (out_post_forward_pending_) output_post_forward(rt);
+    if (forward_group_ != 0) {  // (the final norm already post-forwarded the last block)
+      group_post_forward(rt, forward_group_);
+      groups_[forward_group_].forward_done = true;
+      forward_group_ = 0;
+    }
+    unshard(rt, out_group_);
+    wait_for_unshard(rt, out_group_, true);
+    out_post_forward_pending_ = true;
+    return;
+  }
+  // The previous call's RegisterPostBackwardFunction ran after its matmul's backward:
+  // post_backward with no gradient yet (the weight's eight grads meet in AccumulateGrad's
+  // input buffer, which runs after the last matmul), so it reshards only.
+  if (out_post_backward_pending_) {
+    out_post_backward_pending_ = false;
+    group_post_backward(rt, out_group_);
+  }
+  // The chunk's gradient reaches its matmul's backward: the output's pre-backward hook on
+  // that chunk (again once the previous call's post-backward ran), then, for the first
+  // chunk autograd reaches, the root's hook on the same tensor.
+  pre_backward(rt, out_group_);
+  if (!backward_started_) root_pre_backward(rt);
+  out_post_backward_pending_ = true;
 }
 
 void Fsdp2::grad_ready(Runtime& rt, int32_t param) {
@@ -442,13 +553,16 @@ void Fsdp2::grad_ready(Runtime& rt, int32_t param) {
     ++groups_[group].ready;
   }
   Group& gr = groups_[group];
-  if (group != 0 && !gr.backward_done && gr.ready == gr.trainable) group_post_backward(rt, group);
+  if (group == out_group_) out_post_backward_pending_ = false;  // this call's, with the grad
+  if (!gr.post_backward_in_callback && !gr.backward_done && gr.ready == gr.trainable)
+    group_post_backward(rt, group);
 }
 
 void Fsdp2::group_post_backward(Runtime& rt, size_t g) {
   Group& group = groups_[g];
   if (group.backward_done) return;
   group.backward_done = true;
+  if (group.per_call) group.pre_backward_done = false;  // the next call's hook runs again
   // Collect the autograd gradients (their references move into unsharded_grads).
   std::vector<uint32_t> grads;
   std::vector<size_t> with_grad;
@@ -476,7 +590,7 @@ void Fsdp2::group_post_backward(Runtime& rt, size_t g) {
     shard += params_[i].shard_numel;
   }
   const uint32_t rs_in = alloc(rt, full * reduce_elem, TensorKind::gradient, 0, n_rs_in_);
-  rt.name(rs_in, group_name(rt, g, "FSDP2 reduce-scatter input (chunk_cat)"));
+  rt.name(rs_in, group_name(rt, group_label(g), "FSDP2 reduce-scatter input (chunk_cat)"));
   if (grad_dtype_ != reduce_dtype_ && promote(grad_dtype_, reduce_dtype_) != reduce_dtype_) {
     // _chunk_cat rejects narrowing casts: a grad-dtype buffer first.
     const uint32_t buf = alloc(rt, full * grad_elem, TensorKind::gradient, 0, n_rs_cast_);
@@ -558,7 +672,7 @@ void Fsdp2::post_optimizer_step(Runtime& rt) {
 
 void Fsdp2::post_backward(Runtime& rt) {
   // _root_post_backward_final_callback: all states, the root first.
-  for (size_t g = 0; g < groups_.size(); ++g) {
+  for (size_t g : state_order_) {
     group_post_backward(rt, g);  // a no-op for the groups whose post-backward ran
     Group& group = groups_[g];
     // finalize_backward: the HSDP buffer, a mistargeted prefetch.

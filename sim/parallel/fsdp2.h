@@ -99,6 +99,24 @@
 //    Refused (sim/parallel/fsdp2_checks.h): reshard_after_forward N (FSDPParam raises
 //    NotImplementedError for an extension in SHARDED_POST_FORWARD), CPU offload, a
 //    Float8Linear whose out-features the shard group does not divide.
+//  - torchtune's layout (model.implementation torchtune; sim/parallel/fsdp2_layout.h has
+//    the source): tok_embeddings and output, when parallel.custom_sharded_layers names
+//    them, are groups of their own (after the blocks: 1 + L, then 2 + L), the root keeps
+//    the rest (the final norm). The output module runs once per logits chunk (eight
+//    calls): each call is a pre-forward (unshard, copy-out; the previous call's
+//    post-forward first) and, in backward, a pre-backward and a post-backward of its own
+//    (each chunk's hook calls FSDPParamGroup.pre_backward, whose only guard is the
+//    PRE_BACKWARD state the previous call's post_backward left; each call's
+//    RegisterPostBackwardFunction runs post_backward), the sharded gradient accumulated
+//    into the first call's reduce-scatter output. tok_embeddings' inputs need no grad: its
+//    post-backward is the final callback's, after the root's (all_states order: root,
+//    tok_embeddings, layers, output). The root is resharded after forward (shard_model
+//    passes reshard_after_forward explicitly, which torch 2.11 honours for the root) and
+//    unsharded again by its pre-backward. Backward prefetch follows the post-forward
+//    order with multiplicity (_record_post_forward, _backward_prefetch). The model was
+//    built on the meta device; load_from_full_model_state_dict then copies each full
+//    parameter to the GPU, takes rank 0's chunk (distribute_tensor's scatter output) and
+//    drops the full copy, in state-dict order; cleanup_before_training empties the cache.
 // Left out: NCCL's own buffers; unshard_async_op / explicit prefetch lists
 // (set_modules_to_forward_prefetch); rank 0 stands for all ranks (it always holds the
 // padded chunk 0); pinned CPU memory.
@@ -106,6 +124,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "graph/runtime.h"
@@ -136,6 +155,14 @@ class Fsdp2 : public graph::RuntimeHooks {
 
   void grad_ready(graph::Runtime& rt, int32_t param) override;
   void layer_entered(graph::Runtime& rt, int32_t layer) override;
+  // torchtune's output group: each call's pre-forward / pre-backward (Runtime::param_hooks).
+  void param_used(graph::Runtime& rt, int32_t param, bool backward) override;
+
+  // torchtune's recipe empties the cache after its setup (cleanup_before_training).
+  bool empties_cache_before_training() const { return tune_load_; }
+  // The groups of torchtune's custom_sharded_layers (0: none).
+  size_t embedding_group() const { return emb_group_; }
+  size_t output_group() const { return out_group_; }
 
   // CPUOffloadPolicy: shards, their gradients and the optimizer are on the CPU.
   bool offloads_params() const { return offload_; }
@@ -180,10 +207,27 @@ class Fsdp2 : public graph::RuntimeHooks {
     bool forward_done = false;
     bool pre_backward_done = false;
     bool backward_done = false;
+    // torchtune's output: called once per logits chunk, each call a pre/post-forward and a
+    // pre/post-backward of its own.
+    bool per_call = false;
+    // No RegisterPostBackwardFunction (the group's inputs need no grad: the root, a
+    // separately sharded tok_embeddings): post_backward runs in the final callback only.
+    bool post_backward_in_callback = false;
+    std::vector<size_t> post_forward_indices;  // _post_forward_indices (into post_forward_order_)
   };
-  size_t group_of_layer(int32_t layer) const {
-    return layer < 0 ? 0 : 1 + static_cast<size_t>(layer);
+  // The group of an allocation in transformer layer `layer` (-1: outside the blocks) and
+  // module `module`.
+  size_t group_at(int32_t layer, graph::Module module) const {
+    if (layer >= 0) return 1 + static_cast<size_t>(layer);
+    if (module == graph::Module::embedding && emb_group_ != 0) return emb_group_;
+    if (module == graph::Module::head && out_group_ != 0) return out_group_;
+    return 0;
   }
+  // FSDPParamGroup.post_forward's bookkeeping: resharding (blocks, and the root when it
+  // reshards) and _record_post_forward.
+  void group_post_forward(graph::Runtime& rt, size_t g);
+  std::string group_label(size_t g) const;  // "the root", "block 3", "output" (report names)
+  void output_post_forward(graph::Runtime& rt);
   void shard_group(graph::Runtime& rt, size_t g);
   // fsdp_pre_all_gather of float8 parameter i (stream 1): its e4m3 input; sets pending_scale.
   uint32_t float8_pre_all_gather(graph::Runtime& rt, Param& p);
@@ -229,6 +273,16 @@ class Fsdp2 : public graph::RuntimeHooks {
   uint32_t all_gather_state_ = graph::kNoStorage;     // comm_ctx.all_gather_state
   uint32_t reduce_scatter_state_ = graph::kNoStorage; // comm_ctx.reduce_scatter_states
   size_t forward_group_ = 0;      // block whose forward runs (0: none)
+  // torchtune's layout (sim/parallel/fsdp2_layout.h).
+  size_t blocks_ = 0;             // L: groups 1..L are the blocks
+  size_t emb_group_ = 0, out_group_ = 0;
+  int32_t out_param_ = -1;        // output.weight (Runtime id of the module's parameter)
+  bool root_reshards_ = false;    // reshard_after_forward given explicitly to the root
+  bool tune_load_ = false;        // load_from_full_model_state_dict, cleanup_before_training
+  bool out_post_forward_pending_ = false;   // an output call returned; its post-forward follows
+  bool out_post_backward_pending_ = false;  // an output call's backward ran; its post-backward follows
+  std::vector<size_t> post_forward_order_;  // comm_ctx.post_forward_order (with multiplicity)
+  std::vector<size_t> state_order_;         // _state_ctx.all_states (the final callback's order)
   bool backward_started_ = false;
   // Interned names (the per-parameter ones are in Param).
   uint32_t n_flat_in_, n_offload_in_, n_ag_out_, n_rs_in_, n_rs_cast_, n_rs_out_, n_grad_cast_;

@@ -228,6 +228,9 @@ class Loop {
       if (s_.parallel.zero == 1 && s_.parallel.sharding == Sharding::none)  // ZeRO-1
         optimizer_ = make_zero_redundancy_optimizer(std::move(optimizer_), rt_, s_, setup.param_elem);
       if (optimizer_) optimizer_->construct(rt_);
+      // torchtune's train(): training.cleanup_before_training() empties the cache left by
+      // load_from_full_model_state_dict's full copies (sim/parallel/fsdp2_layout.h).
+      if (fsdp2_ && fsdp2_->empties_cache_before_training()) rt_.program().empty_cache(Phase::setup);
       // optimizer.in_backward: each parameter's step runs from its post-accumulate-grad
       // hook, the loop steps nothing (sim/step/optimizer_in_backward.h).
       if (s_.recipe.optimizer_in_backward && optimizer_) {

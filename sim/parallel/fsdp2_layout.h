@@ -1,0 +1,51 @@
+// Which fully_shard calls a stack makes over the Llama model, for sim/parallel/fsdp2.h.
+//
+// Default (torchtitan's apply_fsdp, the hf rows): fully_shard(block) for every block, then
+// fully_shard(model) with reshard_after_forward left at its default, so the root (the
+// embeddings, the final norm, the LM head) stays gathered from its pre-forward to the end
+// of backward; the model is built on the GPU unless parallel.fsdp_init: cpu.
+//
+// torchtune (model.implementation torchtune; pytorch/torchtune v0.6.1,
+// a6290a5b40758f13bca61c386bc8756a49ef417e): recipes/full_finetune_distributed.py
+// _setup_model builds the model on the meta device, applies activation checkpointing to each
+// TransformerSelfAttentionLayer, then torchtune/training/_distributed.py shard_model:
+// fully_shard(m, reshard_after_forward=cfg.fsdp_reshard_after_forward,
+// offload_policy=CPUOffloadPolicy() if fsdp_cpu_offload) for every module, bottom-up
+// (reversed(named_modules())), that get_shard_conditions accepts (a name "...layers.<i>",
+// or a name in custom_sharded_layers: the llama3 configs give ['tok_embeddings',
+// 'output']), then the same fully_shard(model) for the root. No MixedPrecisionPolicy: the
+// parameters are in the recipe dtype. rope_init() allocates the RoPE cache on the GPU, then
+// load_from_full_model_state_dict (_DISTRIBUTED_STATE_DICT_API_IS_AVAILABLE is False in
+// v0.6.1) does, per state-dict entry, full_tensor.to(dtype).to(device) and
+// distribute_tensor (rank 0's chunk as the scatter output), the full copy dropped when the
+// loop rebinds its name; model.load_state_dict(assign=True) makes the shards the
+// parameters. train() starts with training.cleanup_before_training() (gc.collect,
+// empty_cache, reset_peak_memory_stats).
+#pragma once
+
+#include "scenario/scenario.h"
+
+namespace memsim {
+
+struct Fsdp2Layout {
+  bool separate_embedding = false;  // fully_shard(model.tok_embeddings)
+  bool separate_output = false;     // fully_shard(model.output)
+  // fully_shard(model, reshard_after_forward=True) given explicitly: torch 2.11's
+  // _lazy_init honours it for the root (only the default None keeps the root gathered).
+  bool root_reshards = false;
+  // The meta-device build and load_from_full_model_state_dict (full copy, chunk, drop),
+  // then cleanup_before_training's empty_cache.
+  bool torchtune_load = false;
+};
+
+inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
+  Fsdp2Layout l;
+  if (s.model.arch.impl != graph::ModelImpl::torchtune) return l;
+  l.separate_embedding = s.recipe.shard_tok_embeddings;
+  l.separate_output = s.recipe.shard_output;
+  l.root_reshards = s.parallel.reshard_after_forward;
+  l.torchtune_load = true;
+  return l;
+}
+
+}  // namespace memsim
