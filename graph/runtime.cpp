@@ -679,9 +679,9 @@ void Runtime::deliver(const Edge& e, Grad g, std::vector<int32_t>& ready) {
     // `is_view` (the buffer's in-place rule); slot 1 is otherwise unused by this node.
     // A parameter used more than once: each use's grad is named after it for the reports
     // (a single use's grad is the .grad AccumulateGrad names at once).
+    // (A role byte spelled at report time: no string is built in backward.)
     if (t.param >= 0 && (t.deps > 1 || t.grad[0] != kNoStorage))
-      name(g.storage, program_.intern("grad of " + param_name(t.param) +
-                                      " from one of its uses (AccumulateGrad's input buffer)"));
+      name_as(g.storage, t.param, ParamLabel::grad_use);
     if (t.deps > 0) --t.deps;
     if (t.grad[0] == kNoStorage) {
       t.grad[0] = g.storage;

@@ -102,6 +102,8 @@ enum class NameRole : uint8_t {
   shard_master_grad,       //   fp32 main_param, its .grad, exp_avg and exp_avg_sq
   shard_exp_avg,           //   ("exp_avg of P (distributed-optimizer shard)")
   shard_exp_avg_sq,
+  grad_use,                // one use's grad of a parameter used more than once, in
+                           //   AccumulateGrad's input buffer before the sum
 };
 
 // Static facts about a tensor (only what reports need; shapes are in its name).

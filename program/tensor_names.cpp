@@ -53,6 +53,7 @@ void append_with_role(std::string& out, NameRole role, const std::string& p) {
     case NameRole::shard_master_grad: return wrap("fp32 grad of ", p, " (distributed-optimizer shard)");
     case NameRole::shard_exp_avg: return wrap("exp_avg of ", p, " (distributed-optimizer shard)");
     case NameRole::shard_exp_avg_sq: return wrap("exp_avg_sq of ", p, " (distributed-optimizer shard)");
+    case NameRole::grad_use: return wrap("grad of ", p, " from one of its uses (AccumulateGrad's input buffer)");
   }
   out += p;
 }
