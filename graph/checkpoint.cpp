@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "graph/autocast.h"
+#include "graph/compile.h"
 #include "graph/numeric/numeric.h"
 #include "graph/offload.h"
 #include "graph/offload_streams.h"
@@ -138,8 +139,11 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
     if (k < reg.placeholders.size()) {
       const Placeholder& p = reg.placeholders[k];
       // A placeholder whose node is gone (its graph was discarded) is not filled.
-      if (static_cast<size_t>(p.node) < node_holds_.size() && node_holds_[p.node] > 0)
+      if (static_cast<size_t>(p.node) < node_holds_.size() && node_holds_[p.node] > 0) {
         rt_.fill_saved(p.node, p.slot, storage);
+        // A compiled block's re-run (graph/compile.h, 4b): what the backward reads.
+        if (rt_.compile != nullptr) rt_.compile->on_fill(p.node, p.slot, storage);
+      }
       if (plan_.early_stop && !plan_.reentrant && recompute_next_ == reg.placeholders.size()) {
         // torch makes an op's node and saves its inputs before the kernel runs
         // (VariableType); memsim's ops allocate their output first. When the save that
