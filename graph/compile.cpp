@@ -168,6 +168,15 @@ void CompileEngine::on_save(int32_t node, uint32_t storage) {
   saves_.push_back({node, rt_.node(node).saved_count - 1, storage});
 }
 
+bool CompileEngine::read_up_to(uint32_t storage, int32_t node) const {
+  for (const RecNode& n : nodes_) {
+    if (n.id > node) break;  // nodes_ is in creation order
+    for (uint32_t s : n.inputs)
+      if (s == storage) return true;
+  }
+  return false;
+}
+
 void CompileEngine::on_fill(int32_t node, uint32_t slot, uint32_t storage) {
   if (!recording_ || !rerun_) return;
   saves_.push_back({node, slot, storage});

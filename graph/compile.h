@@ -31,7 +31,10 @@
 //     of its readers is not fusible, else it is recomputed inside its backward kernel and
 //     the materialised values it is computed from are held until those readers ran. The
 //     re-run stops after its last saved value (the compiled backward computes only what
-//     it reads: dead code is eliminated).
+//     it reads: dead code is eliminated). Selective checkpointing (sac-op): the policy's
+//     MUST_SAVE outputs are saved when the backward or its recompute reads them (the
+//     CheckpointEngine drops the other cache entries, graph/checkpoint.cpp
+//     drop_unread_cache); the re-run takes the cached ones as inputs.
 //  5. Backward: when the engine runs a node that reads a recomputed value, a fusible
 //     reader recomputes it inside its own kernel (no buffer); a non-fusible reader (the
 //     matmul that needs its input) gets it materialised (a new buffer with the forward op's
@@ -96,6 +99,9 @@ class CompileEngine {
   bool wants(CompileScope scope) const;
   Tensor run(const std::function<Tensor()>& fn);
   const std::vector<CompiledRegionStats>& regions() const { return stats_; }
+  // Of the region recorded last: whether a node with id <= `node` read `storage`
+  // (graph/checkpoint.cpp: which cached outputs a compiled selective checkpoint keeps).
+  bool read_up_to(uint32_t storage, int32_t node) const;
 
   // --- Runtime hooks (graph/runtime.cpp) ------------------------------------------------
   void on_alloc(uint32_t storage, uint64_t bytes, OpKind op);

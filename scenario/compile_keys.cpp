@@ -81,12 +81,13 @@ void require_compile_modelled(const Scenario& s) {
   // must-recompute tags (docs/compile.md "With activation checkpointing").
   const CheckpointConfig& c = s.checkpoint;
   if (c.policy != CheckpointPolicy::none) {
-    if (c.policy != CheckpointPolicy::full && c.policy != CheckpointPolicy::sac_layer)
+    if (c.policy != CheckpointPolicy::full && c.policy != CheckpointPolicy::sac_layer &&
+        c.policy != CheckpointPolicy::sac_op)
       refuse(s, "checkpoint.policy",
              std::string("step.compile with checkpoint.policy ") + to_string(c.policy) +
-                 " is not modelled (inside a compiled block, op-level and sub-block regions "
-                 "become the partitioner's tags, which memsim models for whole blocks only); "
-                 "use full or sac-layer:N, or step.compile: false");
+                 " is not modelled (inside a compiled block, sub-block and multi-block "
+                 "regions become the partitioner's tags, which memsim models for whole blocks "
+                 "only); use full, sac-layer:N or sac-op, or step.compile: false");
     if (s.step.compile_scope != CompileRegions::block)
       refuse(s, "step.compile_scope",
              "torch.compile(model) over checkpointed blocks (several tagged regions in one "

@@ -14,6 +14,8 @@
 //    not fused into a backward kernel, plus o_proj's output, from which the residual sum
 //    that the second RMSNorm's backward reads is recomputed;
 //  - a well-formed event stream for Llama and GPT-2, full and sac-layer:2, with FSDP2 too;
+//  - sac-op (torchtitan's op-level SAC): the cached mm outputs the backward reads are saved,
+//    down_proj's (read only by the residual sum) is not, by hand arithmetic;
 //  - what is not modelled is refused by key.
 #include <catch2/catch.hpp>
 
@@ -143,7 +145,7 @@ TEST_CASE("compile + full AC: the recompute of a Llama block by hand", "[compile
 
 TEST_CASE("compile + AC + FSDP2: torchtitan's composition runs", "[compile][checkpoint][fsdp2]") {
   const std::string par = "parallel:\n  data: 4\n  sharding: fsdp2\n";
-  for (const char* policy : {"full", "sac-layer:2"}) {
+  for (const char* policy : {"full", "sac-layer:2", "sac-op"}) {
     INFO(policy);
     const Walk eager = walk(build(yaml("hf-llama", false, policy, par)));
     const Walk comp = walk(build(yaml("hf-llama", true, policy, par)));
@@ -168,7 +170,6 @@ TEST_CASE("compile + AC: what is not modelled is refused by key", "[compile][che
       CHECK(std::string(e.what()).find(key) != std::string::npos);
     }
   };
-  refused(yaml("hf-llama", true, "sac-op"), "checkpoint.policy");
   refused(yaml("hf-llama", true, "selective"), "checkpoint.policy");
   std::string model_scope = yaml("hf-llama", true, "full");
   model_scope.replace(model_scope.find("compile_scope: block"), 20, "compile_scope: model");
@@ -179,4 +180,26 @@ TEST_CASE("compile + AC: what is not modelled is refused by key", "[compile][che
   std::string dropout = yaml("hf-gpt2", true, "full");
   dropout.replace(dropout.find("attention: eager\n"), 17, "attention: eager\n  dropout: 0.1\n");
   refused(dropout, "model.dropout");
+}
+
+TEST_CASE("compile + sac-op: the cached outputs the backward reads are saved, down_proj's not",
+          "[compile][checkpoint]") {
+  // torchtitan's op-level SAC inside a compiled block: the policy's answers become the
+  // nodes' tags; MUST_SAVE bans recomputation (partitioners.py should_ban_recomputation)
+  // but a banned value is saved only when the cut needs it. Per layer the policy saves the
+  // 1st, 3rd, 5th and 7th mm: q_proj (8,192 B), v_proj (4,096), gate_proj (20,480) and
+  // down_proj (8,192), whose output only the residual sum reads: eager SAC keeps it in the
+  // frame's cache, the compiled block does not save it.
+  const uint64_t q = 8192, v = 4096, gate = 20480, down = 8192;
+  const Walk full = walk(build(yaml("hf-llama", true, "full")));
+  const Walk sac = walk(build(yaml("hf-llama", true, "sac-op")));
+  const Walk eager = walk(build(yaml("hf-llama", false, "sac-op")));
+  CHECK(sac.ok);
+  CHECK(sac.end == full.end);
+  CHECK(sac.forward_end == full.forward_end + 2 * (q + v + gate));
+  CHECK(eager.forward_end == sac.forward_end + 2 * down);
+  // The recompute: full AC's (126,976 B) without gate_proj's output, handed back cached.
+  CHECK(sac.recomputed_max[0] == 126'976 - gate);
+  CHECK(sac.recomputed_max[1] == 126'976 - gate);
+  CHECK(sac.peak <= eager.peak);
 }

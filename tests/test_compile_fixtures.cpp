@@ -254,7 +254,7 @@ TEST_CASE("step.compile: unmodelled combinations are refused by key", "[compile]
   refused(y + "parallel:\n  data: 2\n", "parallel.data");
   // Checkpointing composes with per-block compile only (tests/test_compile_checkpoint.cpp).
   refused(y + "checkpoint:\n  policy: full\n", "step.compile_scope");
-  refused(y + "checkpoint:\n  policy: sac-op\n", "checkpoint.policy");
+  refused(y + "checkpoint:\n  policy: selective\n", "checkpoint.policy");
   refused(y + "parallel:\n  data: 4\n  sharding: fsdp\n", "parallel.sharding");
   refused(y + "parallel:\n  data: 4\n  sharding: fsdp2\n", "step.compile_scope");
   refused(compile_yaml("hf-llama", "  compile_scope: block\n"), "step.compile_scope");

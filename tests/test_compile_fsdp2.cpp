@@ -199,7 +199,7 @@ TEST_CASE("compile + FSDP2: the hooks run around each compiled block, independen
 
 TEST_CASE("compile + FSDP2 with mixed precision and HSDP", "[compile][fsdp2]") {
   // fp32 shards, bf16 param_dtype / fp32 reduce_dtype (torchtitan's default), and HSDP.
-  for (const std::string extra :
+  for (const std::string& extra :
        {std::string("  fsdp_mixed_precision: bf16\n  reduce_dtype: fp32\n"),
         std::string("  replicate: 2\n")}) {
     INFO(extra);
