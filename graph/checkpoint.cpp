@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "graph/autocast.h"
+#include "graph/compile.h"
 #include "graph/numeric/numeric.h"
 #include "graph/offload.h"
 #include "graph/offload_streams.h"
@@ -93,6 +94,7 @@ Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
   }
   rt_.ctx.region = outer;
   forward_region_ = 0;
+  if (rt_.compile != nullptr && plan_.selective.any()) drop_unread_cache(r);
   // The frame's saved inputs that were offloaded are ids in the hooks' tracker: the frame
   // holds no device reference to them (checkpoint()'s own `args` die as it returns).
   if (offloaded)
@@ -108,6 +110,29 @@ Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
     output_of_[node] = r;
   }
   return out;
+}
+
+void CheckpointEngine::drop_unread_cache(uint32_t r) {
+  // torch.compile of a selectively checkpointed block: the policy's answers become the
+  // nodes' recompute tags; a MUST_SAVE node is banned from recomputation
+  // (partitioners.py should_ban_recomputation: "marked MUST_SAVE") but saved only when
+  // the min-cut cuts it, i.e. when the backward or its recompute reads it. The last mm of
+  // a Llama block (down_proj) is cached by the eager policy but read by nothing the
+  // backward needs (its output feeds only the residual sum): not saved. Its entry stays
+  // as an empty slot, so that the re-run's calls still line up (it hands back nothing).
+  Region& reg = regions_[r - 1];
+  for (Region::Cached& c : reg.cache) {
+    if (c.storage == kNoStorage) continue;
+    bool needed = false;
+    for (uint32_t s : reg.saved_storages) needed = needed || s == c.storage;
+    if (!needed && rt_.compile->read_up_to(c.storage, reg.last_save_node)) needed = true;
+    if (needed) continue;
+    sac_bytes_ -= c.bytes;
+    rt_.release(c.storage);
+    c.storage = kNoStorage;
+  }
+  reg.saved_storages.clear();
+  reg.saved_storages.shrink_to_fit();
 }
 
 void CheckpointEngine::undo_unborn_output() {
@@ -138,8 +163,11 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
     if (k < reg.placeholders.size()) {
       const Placeholder& p = reg.placeholders[k];
       // A placeholder whose node is gone (its graph was discarded) is not filled.
-      if (static_cast<size_t>(p.node) < node_holds_.size() && node_holds_[p.node] > 0)
+      if (static_cast<size_t>(p.node) < node_holds_.size() && node_holds_[p.node] > 0) {
         rt_.fill_saved(p.node, p.slot, storage);
+        // A compiled block's re-run (graph/compile.h, 4b): what the backward reads.
+        if (rt_.compile != nullptr) rt_.compile->on_fill(p.node, p.slot, storage);
+      }
       if (plan_.early_stop && !plan_.reentrant && recompute_next_ == reg.placeholders.size()) {
         // torch makes an op's node and saves its inputs before the kernel runs
         // (VariableType); memsim's ops allocate their output first. When the save that
@@ -163,6 +191,10 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
   }
   if (forward_region_ == 0) return false;
   Region& reg = regions_[forward_region_ - 1];
+  if (rt_.compile != nullptr && plan_.selective.any()) {
+    reg.saved_storages.push_back(storage);
+    reg.last_save_node = node;
+  }
   reg.placeholders.push_back({node, rt_.node(node).saved_count});
   ++reg.live;
   if (node_holds_.size() <= static_cast<size_t>(node)) node_holds_.resize(node + 1, 0);

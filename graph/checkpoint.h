@@ -203,12 +203,19 @@ class CheckpointEngine {
     };
     std::vector<Cached> cache;
     size_t cache_next = 0;
+    // A compiled block (graph/compile.h 4b): the storages its forward saved (placeholders)
+    // and the last saving node, to drop the cached outputs the backward never needs.
+    std::vector<uint32_t> saved_storages;
+    int32_t last_save_node = -1;
     uint32_t forward_calls = 0;    // calls of the policy's save_odd kind in the forward
     uint32_t recompute_calls = 0;  // ... and in the re-run
   };
   // Whether the policy saves this call of `k` (counts it when the rule counts).
   bool sac_saves(OpKind k, uint32_t& calls) const;
   void recompute(uint32_t region);
+  // Compiled selective checkpointing: releases the cache entries of region `r` that
+  // neither a saved tensor is nor a node up to the last saving one reads.
+  void drop_unread_cache(uint32_t r);
   void drop_frame(Region& r);
 
   void leave_autocast();

@@ -112,6 +112,7 @@ Tensor CompileEngine::run(const std::function<Tensor()>& fn) {
   nodes_.clear();
   saves_.clear();
   pending_ = 0;
+  rerun_ = rt_.recomputing;
   // The region's events are rewritten when it ends (finish_region): a streaming Program
   // (program/event_sink.h) must not hand them on before; `begin` indexes its tail.
   Program& program = rt_.program();
@@ -124,7 +125,12 @@ Tensor CompileEngine::run(const std::function<Tensor()>& fn) {
     out = fn();
   } catch (...) {
     recording_ = false;
+    // A checkpoint re-run ends by an exception once its last saved value is recomputed
+    // (early stop: graph/checkpoint.cpp); its locals died while unwinding, so the
+    // recorded region is complete and is rewritten like any other.
+    if (rerun_) finish_region(begin, layer);
     program.unhold();
+    for (const Vertex& v : vertices_) vertex_of_[v.storage] = 0;
     throw;
   }
   recording_ = false;
@@ -160,6 +166,20 @@ void CompileEngine::on_node(int32_t node, OpKind kind, std::initializer_list<con
 void CompileEngine::on_save(int32_t node, uint32_t storage) {
   if (!recording_) return;
   saves_.push_back({node, rt_.node(node).saved_count - 1, storage});
+}
+
+bool CompileEngine::read_up_to(uint32_t storage, int32_t node) const {
+  for (const RecNode& n : nodes_) {
+    if (n.id > node) break;  // nodes_ is in creation order
+    for (uint32_t s : n.inputs)
+      if (s == storage) return true;
+  }
+  return false;
+}
+
+void CompileEngine::on_fill(int32_t node, uint32_t slot, uint32_t storage) {
+  if (!recording_ || !rerun_) return;
+  saves_.push_back({node, slot, storage});
 }
 
 void CompileEngine::finish_region(size_t begin, int32_t layer) {
@@ -230,9 +250,6 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
       for (uint32_t s : n.inputs)
         if (index_of(s) != 0) g[index_of(s) - 1].read_through_unlisted_view_113 = true;
 
-  const PartitionResult part = partition(g, options_.memory_budget, options_.partitioner);
-
-  // --- fusion: values inside one fused kernel are never allocated ---
   std::vector<uint8_t> reader_not_fusible(g.size(), 0), has_reader(g.size(), 0);
   std::vector<size_t> last_read(g.size(), 0);
   for (const RecNode& n : nodes_)
@@ -243,9 +260,29 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
       if (!fusible(n.kind)) reader_not_fusible[k - 1] = 1;
       last_read[k - 1] = std::max(last_read[k - 1], n.event);
     }
+
+  PartitionResult part;
+  if (!rerun_) {
+    part = partition(g, options_.memory_budget, options_.partitioner);
+  } else {
+    // The recompute part of a compiled checkpointed block's backward graph (file comment,
+    // 4b): what the backward reads stays a buffer when it is a buffer anyway (an input, a
+    // matmul / attention / unlisted op's output, the input of a matmul in the re-run) or a
+    // backward reader needs it materialised (not fusible); the rest is recomputed inside
+    // the backward's kernels.
+    part.saved.assign(g.size(), 0);
+    part.banned.assign(g.size(), 0);
+    for (uint32_t k = 0; k < g.size(); ++k)
+      part.saved[k] = g[k].needed_by_backward &&
+                      (k < first_region || !part_fusible(g[k].cls) || !g[k].backward_fusible ||
+                       reader_not_fusible[k]);
+  }
+
+  // --- fusion: values inside one fused kernel are never allocated ---
   std::vector<uint8_t> virt(g.size(), 0);
   CompiledRegionStats st;
   st.layer = layer;
+  st.recompute = rerun_;
   st.vertices = static_cast<uint32_t>(g.size() - first_region);
   for (uint32_t k = first_region; k < g.size(); ++k) {
     const Vertex& v = vertices_[k - first_region];
@@ -287,7 +324,9 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
       for (uint32_t a : g[x].inputs) {
         if (seen_stamp[a] == stamp) continue;
         seen_stamp[a] = stamp;
-        if (!part.saved[a]) {
+        // Recomputed from the nearest values that exist: the saved ones in a forward, any
+        // materialised one (not fused away) in a re-run.
+        if (rerun_ ? virt[a] == 1 : !part.saved[a]) {
           stack.push_back(a);
           continue;
         }
@@ -419,8 +458,13 @@ void CompileEngine::released(int32_t node) {
   node_holds_[node].clear();
 }
 
-Tensor compile_region(Runtime& rt, CompileScope scope, const std::function<Tensor()>& fn) {
+Tensor compile_region(Runtime& rt, CompileScope scope, const std::function<Tensor()>& fn,
+                      int32_t layer) {
   if (rt.compile == nullptr || !rt.compile->wants(scope)) return fn();
+  // The block's pre-forward hooks (FSDP2's unshard + copy-out, and the previous block's
+  // post-forward reshard before it) run before the graph: their buffers are no vertex of
+  // the region and their events stay outside the rewritten tail.
+  if (layer >= 0) rt.run_layer_hooks(layer);
   return rt.compile->run(fn);
 }
 

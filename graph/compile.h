@@ -20,6 +20,21 @@
 //     released at the region's end and recomputed in the backward. A saved value that eager
 //     did not save (an upstream value the recomputation starts from) is held by the engine
 //     until every backward node that recomputes from it has run.
+//  4b. Compile + activation checkpointing (a checkpointed block, torchtitan's apply_ac
+//     before apply_compile): dynamo turns torch.utils.checkpoint into the
+//     tag_activation_checkpoint HOP, whose nodes the partitioner must recompute, so the
+//     compiled forward saves only the block's inputs. memsim runs such a block inside the
+//     CheckpointEngine's region (graph/checkpoint.h): the forward saves nothing but the
+//     frame's inputs, and the re-run at the block's first backward unpack is recorded as a
+//     compiled region of its own (the recompute part of the compiled backward graph):
+//     fused as above; a value the backward reads stays a buffer when its producer or one
+//     of its readers is not fusible, else it is recomputed inside its backward kernel and
+//     the materialised values it is computed from are held until those readers ran. The
+//     re-run stops after its last saved value (the compiled backward computes only what
+//     it reads: dead code is eliminated). Selective checkpointing (sac-op): the policy's
+//     MUST_SAVE outputs are saved when the backward or its recompute reads them (the
+//     CheckpointEngine drops the other cache entries, graph/checkpoint.cpp
+//     drop_unread_cache); the re-run takes the cached ones as inputs.
 //  5. Backward: when the engine runs a node that reads a recomputed value, a fusible
 //     reader recomputes it inside its own kernel (no buffer); a non-fusible reader (the
 //     matmul that needs its input) gets it materialised (a new buffer with the forward op's
@@ -65,6 +80,10 @@ struct CompiledRegionStats {
     bool input;       // a region input (primal)
   };
   std::vector<Value> saved_values;  // the activations counted in `saved`, in graph order
+  // A checkpointed block's re-run inside the backward (compile + activation checkpointing:
+  // the recompute part of the compiled backward graph); `saved` then counts the values
+  // it materialises for the backward.
+  bool recompute = false;
 };
 
 class CompileEngine {
@@ -80,12 +99,18 @@ class CompileEngine {
   bool wants(CompileScope scope) const;
   Tensor run(const std::function<Tensor()>& fn);
   const std::vector<CompiledRegionStats>& regions() const { return stats_; }
+  // Of the region recorded last: whether a node with id <= `node` read `storage`
+  // (graph/checkpoint.cpp: which cached outputs a compiled selective checkpoint keeps).
+  bool read_up_to(uint32_t storage, int32_t node) const;
 
   // --- Runtime hooks (graph/runtime.cpp) ------------------------------------------------
   void on_alloc(uint32_t storage, uint64_t bytes, OpKind op);
   void on_node(int32_t node, OpKind kind, std::initializer_list<const Tensor*> inputs);
   void on_save(int32_t node, uint32_t storage);
   void unpack(int32_t node);    // the engine is about to run `node`
+  // A checkpoint re-run filled forward node `node`'s placeholder `slot` with `storage`
+  // (graph/checkpoint.cpp): in a recorded re-run, what the backward reads.
+  void on_fill(int32_t node, uint32_t slot, uint32_t storage);
   void released(int32_t node);  // `node`'s saved tensors were released
 
  private:
@@ -121,6 +146,7 @@ class CompileEngine {
   Runtime& rt_;
   CompileOptions options_;
   bool recording_ = false;
+  bool rerun_ = false;  // the region being recorded is a checkpoint re-run (in backward)
   // The region being recorded.
   std::vector<Vertex> vertices_;
   std::vector<uint32_t> vertex_of_;  // storage -> vertex index + 1 (0: not of the region)
@@ -140,7 +166,12 @@ class CompileEngine {
 };
 
 // The region entry point emitters call: fn() plainly, or as a compiled region when the
-// installed engine compiles `scope` (graph/models/decoder.cpp).
-Tensor compile_region(Runtime& rt, CompileScope scope, const std::function<Tensor()>& fn);
+// installed engine compiles `scope` (graph/models/decoder.cpp). `layer` (block scope:
+// the block's index) runs the module hooks of that block first, outside the region:
+// torchtitan applies fully_shard to the torch.compile'd block (the OptimizedModule), so
+// FSDP2's pre-forward all-gather runs eagerly before the compiled forward and its
+// post-forward reshard after it (docs/compile.md, "With FSDP2").
+Tensor compile_region(Runtime& rt, CompileScope scope, const std::function<Tensor()>& fn,
+                      int32_t layer = -1);
 
 }  // namespace memsim::graph

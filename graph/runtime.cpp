@@ -125,6 +125,19 @@ uint32_t Runtime::alloc_raw(uint64_t bytes, TensorKind kind, OpKind op) {
   return id;
 }
 
+void Runtime::run_layer_hooks(int32_t layer) {
+  if (hooks == nullptr) return;
+  const OpContext outer = ctx;
+  ctx.layer = layer;
+  // The hook's own allocations are made in this context: they do not re-enter it.
+  if (ctx.layer != hooked_layer_ || ctx.module != hooked_module_) {
+    hooked_layer_ = ctx.layer;
+    hooked_module_ = ctx.module;
+    hooks->layer_entered(*this, layer);
+  }
+  ctx = outer;
+}
+
 Tensor Runtime::alloc(uint64_t bytes, TensorKind kind, OpKind op) {
   Tensor t;
   t.storage = alloc_raw(bytes, kind, op);

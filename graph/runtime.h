@@ -197,6 +197,11 @@ class Runtime {
   void revive_storage(uint32_t s) { refs_[s] = 1; }
   void release(uint32_t s);
   int32_t refs(uint32_t s) const { return refs_[s]; }
+  // Runs now the module hooks (RuntimeHooks::layer_entered) that the next allocation in
+  // `layer` would run, as if it were made in `layer` / the current ctx.module, and emits
+  // no event of its own: a compiled block's FSDP2 pre-forward hook runs eagerly, before
+  // the compiled graph (graph/compile.cpp compile_region). No-op without hooks.
+  void run_layer_hooks(int32_t layer);
   // Calls hooks->param_used (RuntimeHooks); off by default (no cost per op).
   bool param_hooks = false;
   // Allocations until hooks->countdown_done (0: off); counts while hooks are installed.

@@ -55,19 +55,53 @@ void require_compile_modelled(const Scenario& s) {
            "step.compile with LoRA adapters is not modelled (frozen base weights change what "
            "the partitioner's backward reads); use lora.rank: 0 or step.compile: false");
   const ParallelConfig& p = s.parallel;
-  if (p.sharding != Sharding::none)
+  // FSDP2 composes with per-block compile as torchtitan applies it (apply_compile, then
+  // fully_shard on each compiled block): its hooks run eagerly around each block's graph
+  // (docs/compile.md "With FSDP2"). FSDP1's flat parameters and DeepSpeed's hooks are not
+  // modelled compiled.
+  if (p.sharding != Sharding::none && p.sharding != Sharding::fsdp2)
     refuse(s, "parallel.sharding",
-           "step.compile with FSDP or DeepSpeed is not modelled (their hooks bound and "
-           "reorder the compiled graphs); use step.compile: false");
-  if (p.data > 1 || p.zero != 0)
+           "step.compile with FSDP1 or DeepSpeed is not modelled (their hooks bound and "
+           "reorder the compiled graphs); use parallel.sharding: fsdp2 with "
+           "step.compile_scope: block, or step.compile: false");
+  if (p.sharding == Sharding::fsdp2 && s.step.compile_scope != CompileRegions::block)
+    refuse(s, "step.compile_scope",
+           "torch.compile(model) over fully_shard'ed blocks is not modelled (dynamo runs "
+           "FSDP2's hooks eagerly, torch._dynamo.config.skip_fsdp_hooks, so the model's "
+           "graph breaks at every block boundary); use step.compile_scope: block "
+           "(torchtitan's apply_compile)");
+  if (p.sharding == Sharding::fsdp2) {
+    // FSDP2's shard group is parallel.data: no DDP, no DDPOptimizer.
+  } else if (p.data > 1 || p.zero != 0)
     refuse(s, p.data > 1 ? "parallel.data" : "parallel.zero",
            "step.compile with data parallelism is not modelled (DDPOptimizer splits the graph "
            "at bucket boundaries); simulate one GPU or use step.compile: false");
-  if (s.checkpoint.policy != CheckpointPolicy::none)
-    refuse(s, "checkpoint.policy",
-           "step.compile with activation checkpointing is not modelled (inside a compiled "
-           "graph checkpoint regions become the partitioner's must-recompute tags); use "
-           "checkpoint.policy: none or step.compile: false");
+  // Activation checkpointing of whole blocks, each compiled alone (torchtitan: apply_ac,
+  // then apply_compile on the wrapped block): the block's ops are the partitioner's
+  // must-recompute tags (docs/compile.md "With activation checkpointing").
+  const CheckpointConfig& c = s.checkpoint;
+  if (c.policy != CheckpointPolicy::none) {
+    if (c.policy != CheckpointPolicy::full && c.policy != CheckpointPolicy::sac_layer &&
+        c.policy != CheckpointPolicy::sac_op)
+      refuse(s, "checkpoint.policy",
+             std::string("step.compile with checkpoint.policy ") + to_string(c.policy) +
+                 " is not modelled (inside a compiled block, sub-block and multi-block "
+                 "regions become the partitioner's tags, which memsim models for whole blocks "
+                 "only); use full, sac-layer:N or sac-op, or step.compile: false");
+    if (s.step.compile_scope != CompileRegions::block)
+      refuse(s, "step.compile_scope",
+             "torch.compile(model) over checkpointed blocks (several tagged regions in one "
+             "graph) is not modelled; use step.compile_scope: block (torchtitan's "
+             "apply_compile after apply_ac)");
+    if (c.reentrant.value_or(false))
+      refuse(s, "checkpoint.reentrant",
+             "the reentrant checkpoint runs its block under no_grad (dynamo cannot trace "
+             "it as a tagged region); use checkpoint.reentrant: false");
+    if (s.model.dropout > 0.0)
+      refuse(s, "model.dropout",
+             "step.compile with checkpointing and dropout is not modelled (the recomputed "
+             "random ops replay their RNG state); use model.dropout: 0");
+  }
   if (s.precision.autocast.has_value())
     refuse(s, "precision.autocast",
            "step.compile with torch.autocast is not modelled; use precision.params bf16 "

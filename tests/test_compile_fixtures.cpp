@@ -252,8 +252,11 @@ TEST_CASE("step.compile: unmodelled combinations are refused by key", "[compile]
   const std::string y = compile_yaml("hf-llama", on);
   refused(y + "lora:\n  rank: 8\n  targets: [q_proj, v_proj]\n", "lora.rank");
   refused(y + "parallel:\n  data: 2\n", "parallel.data");
-  refused(y + "checkpoint:\n  policy: full\n", "checkpoint.policy");
+  // Checkpointing composes with per-block compile only (tests/test_compile_checkpoint.cpp).
+  refused(y + "checkpoint:\n  policy: full\n", "step.compile_scope");
+  refused(y + "checkpoint:\n  policy: selective\n", "checkpoint.policy");
   refused(y + "parallel:\n  data: 4\n  sharding: fsdp\n", "parallel.sharding");
+  refused(y + "parallel:\n  data: 4\n  sharding: fsdp2\n", "step.compile_scope");
   refused(compile_yaml("hf-llama", "  compile_scope: block\n"), "step.compile_scope");
   refused(compile_yaml("hf-llama", on + "  compile_memory_budget: 1.5\n"),
           "step.compile_memory_budget");

@@ -136,6 +136,9 @@ const std::map<std::string, Claim>& claims() {
       // torchtitan's op-level SAC (docs/torchtitan-recipes.md) over FSDP2 on 8 GPUs:
       // the peak is the loss's backward; sac-op's per-layer cache is 13.53 GiB of it.
       {"llama3-8b-torchtitan-sac.yaml", {true, std::nullopt, 44.68}},
+      // ... with per-block torch.compile and full AC instead (torchtitan's apply_ac,
+      // apply_compile, apply_fsdp; docs/compile.md): the loss's backward, as eager full AC.
+      {"llama3-8b-torchtitan-compile.yaml", {true, std::nullopt, 31.15}},
       // Qwen3-30B-A3B (MoE, docs/moe.md) over FSDP on 8 GPUs, balanced routing: the AdamW step.
       {"qwen3-30b-a3b-fsdp-8xh100.yaml", {true, std::nullopt, 36.77}},
       // PEFT target_parameters on the routed experts: 47 layers' merged W + delta alive in

@@ -541,8 +541,8 @@ Tensor DecoderModel::forward_hidden(const Tensor& ids, Tensor& head_w) {
     Tensor h = run_layers(rt_, static_cast<int32_t>(s_.layers), std::move(h0), extra,
                           [this](int32_t l, const Tensor& in, const Inputs& ex) {
                             // torchtitan's per-block compile: each layer a region
-                            return compile_region(rt_, CompileScope::block,
-                                                  [&] { return layer(l, in, ex); });
+                            return compile_region(
+                                rt_, CompileScope::block, [&] { return layer(l, in, ex); }, l);
                           });
     extra.clear();
     hidden = norm(h, final_norm_, s_.rows(), D);
@@ -701,8 +701,8 @@ Tensor DecoderModel::gpt2_hidden(const Tensor& ids, Tensor& head_w) {
     // checkpoint(block.__call__, hidden_states, None, attention_mask (None), ...).
     h = run_layers(rt_, static_cast<int32_t>(s_.layers), h, {},
                    [this](int32_t l, const Tensor& in, const Inputs&) {
-                     return compile_region(rt_, CompileScope::block,
-                                           [&] { return block_gpt2(l, in); });
+                     return compile_region(
+                         rt_, CompileScope::block, [&] { return block_gpt2(l, in); }, l);
                    });
     rt_.ctx.module = Module::norm;
     hidden = norm(h, final_norm_, s_.rows(), D);

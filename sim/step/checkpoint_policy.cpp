@@ -161,6 +161,11 @@ std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& 
                           scenario.checkpoint.policy == CheckpointPolicy::sac_layer;
   plan.early_stop =
       scenario.checkpoint.early_stop.value_or(torchtitan ? false : script.checkpoint_early_stop);
+  // A compiled checkpointed block (docs/compile.md): the backward graph computes only what
+  // the backward reads (dead code eliminated), whatever early_stop says (an option of the
+  // eager re-run, which dynamo's traced checkpoint does not use): the re-run stops after
+  // its last saved value.
+  if (scenario.step.compile) plan.early_stop = true;
   plan.reentrant = family_row(scenario.model.family).reentrant_checkpoint_only ||
                    scenario.checkpoint.reentrant.value_or(false);
   // torch.utils.checkpoint takes a context_fn only with use_reentrant=False.

@@ -122,6 +122,23 @@ RUNS = [
          "reduce-scatter output twice as large"),
 ]
 
+# torchtitan's composition (issue #16: compile + FSDP2 + AC; docs/compile.md "With FSDP2 and
+# activation checkpointing"): each block checkpoint_wrapper'd (the second run), then
+# torch.compile(block) (apply_compile), then fully_shard. NOT YET RUN ON A GPU: no
+# measurement and no blind prediction is committed for them, so they are kept out of RUNS
+# (and of predict_fsdp2.py / tests/test_gpu_fsdp2_runs.cpp); --with-compile adds them.
+# memsim's scenarios: the "fsdp2_w8_bf16_reduce_fp32" run's with step.compile: true,
+# step.compile_scope: block (and checkpoint.policy: full for the second).
+COMPILE_RUNS = [
+    dict(spec("fsdp2_w8_bf16_reduce_fp32_compile", param_dtype="bf16", reduce_dtype="fp32",
+              why="NOT YET RUN: per-block torch.compile under FSDP2 (the hooks run "
+              "outside each block's graph)"), compile="block"),
+    dict(spec("fsdp2_w8_bf16_reduce_fp32_compile_fullac", param_dtype="bf16",
+              reduce_dtype="fp32", why="NOT YET RUN: checkpoint_wrapper, then torch.compile "
+              "per block, then fully_shard (torchtitan): the compiled block saves its input, "
+              "its backward graph recomputes it"), compile="block", compile_ac="full"),
+]
+
 # Rough seconds per run on an H100 (a fresh Python + torch import, CUDA context, fake
 # process group and mesh, build, fully_shard, two steps, snapshot).
 EST_SECONDS = 9.0
@@ -218,6 +235,25 @@ def apply_fsdp(torch, api, sp, model, mesh):
     fully_shard(model, **root_kw)
 
 
+def compile_blocks(torch, model, sp):
+    """torchtitan's apply_ac (full: checkpoint_wrapper(block, preserve_rng_state=False),
+    its ActivationCheckpointConfig default) then apply_compile: each block replaced by
+    torch.compile(block) before fully_shard sees it (fullgraph=False, so that a graph
+    break is counted, not fatal). COMPILE_RUNS only; not yet run on a GPU."""
+    if not hasattr(torch, "compile"):  # the CPU dry run on torch 1.13
+        print(f"dry run: torch {torch.__version__} has no torch.compile: blocks left eager",
+              file=sys.stderr, flush=True)
+        return
+    if sp.get("compile_ac") == "full":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper)
+    for i in range(len(model.layers)):
+        block = model.layers[i]
+        if sp.get("compile_ac") == "full":
+            block = checkpoint_wrapper(block, preserve_rng_state=False)
+        model.layers[i] = torch.compile(block)
+
+
 def shard_shapes(model):
     """Rank 0's local shard of each parameter (to check memsim's chunk-0 sizes)."""
     out = {}
@@ -279,6 +315,8 @@ def run_one(sp, out_dir):
         model = tm.DecoderForCausalLM(cfg)
     torch.set_default_dtype(default_dtype)
     tm.set_policy(model, sp["policy"])
+    if sp.get("compile") == "block":  # COMPILE_RUNS: torchtitan's apply_ac + apply_compile
+        compile_blocks(torch, model, sp)
     result["built_on"] = sorted({str(p.device) for p in model.parameters()})
     if sp["init"] != "meta" or not can_ctx:
         model = model.to(device)  # no-op when built on the device
@@ -429,12 +467,14 @@ def main():
     ap.add_argument("--save-torch-sources", action="store_true")
     ap.add_argument("--self-test", action="store_true",
                     help="check the FSDP2 calls of every run against stand-ins of the API")
+    ap.add_argument("--with-compile", action="store_true",
+                    help="also the COMPILE_RUNS (compile + FSDP2 [+ AC]; not yet run on a GPU)")
     a = ap.parse_args()
     if a.self_test:
         sys.exit(self_test())
-    if gpu_common.run_one_if_child(a, RUNS, run_one):
+    if gpu_common.run_one_if_child(a, RUNS + COMPILE_RUNS, run_one):
         return
-    chosen = gpu_common.select_by_name(RUNS, a.only)
+    chosen = gpu_common.select_by_name(RUNS + (COMPILE_RUNS if a.with_compile else []), a.only)
     total = sum(estimate(sp) for sp in chosen) + 2.0
     if a.list:
         for sp in chosen:
