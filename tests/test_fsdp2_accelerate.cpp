@@ -17,6 +17,7 @@
 #include "cli_test_support.h"
 #include "program/tensor_names.h"
 #include "sim/step/schedule.h"
+#include "step_measure_test_support.h"
 
 using namespace memsim;
 
@@ -217,4 +218,56 @@ TEST_CASE("memsim run: Qwen2.5-7B through HF Trainer + Accelerate FSDP2 bf16 on 
       memsim_test::memsim_command() + "run '" + file + "' --set parallel.reduce_dtype=fp32 2>&1");
   CHECK(refused.status == 1);
   CHECK(refused.out.find("parallel.reduce_dtype") != std::string::npos);
+}
+
+TEST_CASE("Accelerate FSDP2 bf16: the boundary's lifetimes equal a torch 1.13 CPU stand-in's",
+          "[fsdp2][autocast][accelerate]") {
+  // tools/fixtures/gen_accelerate_fsdp2_fixtures.py: a bf16 root module computing its loss
+  // (transformers 5.x style), its forward wrapped as accelerate's prepare_model does and a
+  // forward hook casting the outputs as FSDP2's root post-forward does; live requested bytes
+  // (parameters excluded) at each step. Same token and vocab sizes as the worked example,
+  // so the boundary's deltas must be memsim's byte for byte.
+  const nlohmann::json fx = memsim_test::load_torch_cpu_fixture("accelerate_fsdp2_boundary.json");
+  CHECK(fx["autocast_adds_no_op"] == true);  // autocast over bf16 parameters: no extra op
+  CHECK(fx["ops_without_autocast"].get<int>() > 40);
+  nlohmann::json acc, plain;
+  for (const nlohmann::json& r : fx["rows"]) (r["accelerate"] == true ? acc : plain) = r;
+  REQUIRE(acc.is_object());
+  REQUIRE(plain.is_object());
+  CHECK(acc["loss_dtype"] == "torch.bfloat16");
+  CHECK(plain["loss_dtype"] == "torch.float32");
+  const nlohmann::json& pt = acc["points"];
+  auto d = [&](const char* to, const char* from) {
+    return pt[to].get<int64_t>() - pt[from].get<int64_t>();
+  };
+  REQUIRE(fx["config"]["batch"] == 2);
+  REQUIRE(fx["config"]["seq"] == 64);
+  REQUIRE(fx["config"]["vocab"] == 1001);
+  // memsim's worked example, live non-parameter requested bytes along the measured step.
+  const Program p = build_program(worked(kAutocast, kPolicy, kV5));
+  const TensorNames names(p);
+  std::vector<int64_t> live;
+  std::vector<std::string> what;
+  int64_t cur = 0;
+  bool on = false;
+  for (const MemoryEvent& e : p.events) {
+    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") on = true;
+    if (!on || (e.type != EventType::alloc && e.type != EventType::free)) continue;
+    if (p.tensors[e.tensor].kind == TensorKind::parameter) continue;
+    cur += (e.type == EventType::alloc ? 1 : -1) * static_cast<int64_t>(p.tensors[e.tensor].bytes);
+    live.push_back(cur);
+    what.push_back((e.type == EventType::alloc ? "+" : "-") + names.name(e.tensor));
+  }
+  size_t i = 0;
+  while (i < what.size() && what[i].find("convert_outputs_to_fp32") == std::string::npos) ++i;
+  REQUIRE(i >= 1);
+  REQUIRE(i + 6 < what.size());
+  const int64_t after_loss = live[i - 1];
+  CHECK(live[i + 1] - after_loss == d("hook_entry", "after_loss"));  // fp32 copy in, bf16 original out
+  CHECK(live[i + 3] - live[i + 1] == d("hook_exit", "hook_entry"));  // the bf16 loss and logits copies
+  CHECK(live[i + 5] - after_loss == d("after_call", "after_loss"));  // the fp32 loss and logits gone
+  CHECK(live[i + 6] - live[i + 5] == d("outputs_dropped", "after_call"));  // Trainer keeps the loss
+  CHECK(d("after_call", "after_loss") == -2);  // a bf16 loss (2 B) instead of the fp32 one (4 B)
+  // And against MixedPrecisionPolicy alone: after backward the only difference is that loss.
+  CHECK(pt["after_backward"].get<int64_t>() - plain["points"]["after_backward"].get<int64_t>() == -2);
 }
