@@ -3,8 +3,12 @@
 // a model whose unsharded parameters are already bf16. docs/fsdp2.md "Accelerate's FSDP2
 // bf16 path" walks through it with byte counts.
 //
-// Sources: huggingface/accelerate @16cb6eb8 (v1.14.0 and every earlier release with
-// FSDP2): utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision builds
+// Which Accelerate: v1.6.0 and v1.7.0 (9cb1a6b6), whose prepare_model both wraps the forward
+// and calls fsdp2_prepare_model. From v1.8.0 (PR #3585, d2e6b031) Accelerator.prepare sends
+// FSDP2 models to _prepare_fsdp2, which never calls prepare_model: MixedPrecisionPolicy with
+// output_dtype, no autocast, no convert_outputs_to_fp32 (docs/fsdp2.md).
+// Sources: huggingface/accelerate @16cb6eb8 and v1.7.0: utils/dataclasses.py
+// FullyShardedDataParallelPlugin.set_mixed_precision builds
 // MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16);
 // accelerator.py prepare_model (native_amp) replaces model.forward by
 // convert_outputs_to_fp32(autocast(forward)) (utils/operations.py ConvertOutputsToFp32),
