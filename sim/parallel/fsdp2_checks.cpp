@@ -15,7 +15,8 @@ namespace {
 
 namespace {
 // precision.autocast with parallel.fsdp_mixed_precision: Accelerate's FSDP2 path for
-// mixed_precision: bf16 (HF Trainer's bf16=True with fsdp_version 2), and nothing else.
+// mixed_precision: bf16 in v1.6 / v1.7 (HF Trainer's bf16=True with fsdp_version 2; later
+// releases skip the autocast wrapper under FSDP2: sim/parallel/accelerate_amp.h), and nothing else.
 void require_accelerate_amp_modelled(const Scenario& s) {
   const ParallelConfig& p = s.parallel;
   // FullyShardedDataParallelPlugin.set_mixed_precision("bf16") (accelerate @16cb6eb8
