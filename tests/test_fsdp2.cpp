@@ -335,10 +335,11 @@ TEST_CASE("FSDP2 bad input names the keys", "[fsdp2][scenario]") {
   CHECK_THROWS_WITH(build_program(fsdp2_scenario("  replicate: 4\n")),
                     Catch::Contains("parallel.replicate"));
   // Autocast over fp32 unsharded parameters is modelled (tests/test_fsdp2_autocast.cpp);
-  // over MixedPrecisionPolicy's bf16 ones it is not.
+  // over MixedPrecisionPolicy's bf16 ones only as Accelerate's policy
+  // (tests/test_fsdp2_accelerate.cpp): without reduce_dtype bf16 it is refused.
   CHECK_THROWS_WITH(build_program(fsdp2_scenario(
                         "  fsdp_mixed_precision: bf16\nprecision:\n  autocast: bf16\n")),
-                    Catch::Contains("parallel.fsdp_mixed_precision"));
+                    Catch::Contains("parallel.reduce_dtype"));
   CHECK_THROWS_WITH(build_program(fsdp2_scenario(
                         "  fsdp_mixed_precision: bf16\nlora:\n  rank: 8\n  targets: [q_proj]\n")),
                     Catch::Contains("parallel.fsdp_mixed_precision"));

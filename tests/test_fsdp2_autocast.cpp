@@ -295,9 +295,14 @@ TEST_CASE("FSDP2 + autocast: activations are the one-GPU cached program's for ev
 }
 
 TEST_CASE("FSDP2 + autocast: what is not modelled is refused by key", "[fsdp2][autocast][scenario]") {
+  // Autocast over MixedPrecisionPolicy's parameters is modelled as Accelerate's policy only
+  // (tests/test_fsdp2_accelerate.cpp): without reduce_dtype bf16 it is refused by that key,
+  // with it by the loop (this one computes the loss after the model returns).
   CHECK_THROWS_WITH(build_program(worked(kAutocast, kFsdp2 + "  fsdp_mixed_precision: bf16\n")),
-                    Catch::Contains("parallel.fsdp_mixed_precision") &&
-                        Catch::Contains("Accelerate"));
+                    Catch::Contains("parallel.reduce_dtype") && Catch::Contains("Accelerate"));
+  CHECK_THROWS_WITH(build_program(worked(kAutocast, kFsdp2 + "  fsdp_mixed_precision: bf16\n"
+                                                             "  reduce_dtype: bf16\n")),
+                    Catch::Contains("step.keep_output") && Catch::Contains("HF Trainer"));
   CHECK_THROWS_WITH(build_program(worked(kAutocast + "  autocast_region: whole-step\n", kFsdp2)),
                     Catch::Contains("precision.autocast_region"));
   CHECK_THROWS_WITH(build_program(worked(kAutocast + "  autocast_region: whole-run\n", kFsdp2)),
@@ -307,7 +312,7 @@ TEST_CASE("FSDP2 + autocast: what is not modelled is refused by key", "[fsdp2][a
                     Catch::Contains("precision.autocast") && Catch::Contains("GradScaler"));
 }
 
-TEST_CASE("memsim run: FSDP2 + autocast end to end, and Accelerate's bf16 path refused by key",
+TEST_CASE("memsim run: FSDP2 + autocast end to end, MixedPrecisionPolicy without Accelerate's policy refused by key",
           "[fsdp2][autocast][cli][scenarios]") {
   const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-fsdp2-autocast-8xh100.yaml";
   const memsim_test::CommandResult r =
@@ -315,12 +320,12 @@ TEST_CASE("memsim run: FSDP2 + autocast end to end, and Accelerate's bf16 path r
   REQUIRE(r.status == 0);
   const nlohmann::json j = nlohmann::json::parse(r.out);
   CHECK(j["fits"] == true);
-  // The scenario with MixedPrecisionPolicy added (Accelerate's FSDP2 path for bf16): exit 1,
-  // the message naming the file and the key.
+  // The scenario with a MixedPrecisionPolicy added but not Accelerate's (reduce_dtype unset):
+  // exit 1, the message naming the file and the key.
   const memsim_test::CommandResult refused = memsim_test::run_shell(
       memsim_test::memsim_command() + "run '" + file + "' --set parallel.fsdp_mixed_precision=bf16 2>&1");
   CHECK(refused.status == 1);
-  CHECK(refused.out.find("parallel.fsdp_mixed_precision") != std::string::npos);
+  CHECK(refused.out.find("parallel.reduce_dtype") != std::string::npos);
   CHECK(refused.out.find("llama3-8b-fsdp2-autocast-8xh100.yaml") != std::string::npos);
   // Every layer's cached bf16 linear weights are live at the peak (the loss, inside the
   // region): 32 layers x 436,207,616 B, plus the LM head's 1,050,673,152 B (saved by mm).

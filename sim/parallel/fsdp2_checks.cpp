@@ -1,5 +1,7 @@
 #include "sim/parallel/fsdp2_checks.h"
 
+#include "sim/step/loss_placement.h"
+
 #include <algorithm>
 #include <string>
 
@@ -8,6 +10,65 @@ namespace memsim {
 namespace {
 [[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
   throw ScenarioError(s.source + ": " + key + ": " + why);
+}
+}  // namespace
+
+namespace {
+// precision.autocast with parallel.fsdp_mixed_precision: Accelerate's FSDP2 path for
+// mixed_precision: bf16 in v1.6 / v1.7 (HF Trainer's bf16=True with fsdp_version 2; later
+// releases skip the autocast wrapper under FSDP2: sim/parallel/accelerate_amp.h), and nothing else.
+void require_accelerate_amp_modelled(const Scenario& s) {
+  const ParallelConfig& p = s.parallel;
+  // FullyShardedDataParallelPlugin.set_mixed_precision("bf16") (accelerate @16cb6eb8
+  // utils/dataclasses.py): MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16,
+  // output_dtype=bf16); autocast (accelerator.py native_amp) in the same dtype.
+  if (*p.fsdp_mixed_precision != *s.precision.autocast)
+    refuse(s, "parallel.fsdp_mixed_precision",
+           "with precision.autocast, modelled as Accelerate sets it: param_dtype equal to "
+           "the autocast dtype (bf16)");
+  if (!p.reduce_dtype.has_value() || *p.reduce_dtype != *p.fsdp_mixed_precision)
+    refuse(s, "parallel.reduce_dtype",
+           "autocast over MixedPrecisionPolicy's parameters is modelled as Accelerate's "
+           "mixed_precision: bf16 policy (param_dtype, reduce_dtype and output_dtype bf16, "
+           "autocast, convert_outputs_to_fp32): set parallel.reduce_dtype: bf16; other "
+           "policies under autocast are not modelled");
+  // The loop: HF Trainer's compute_loss, the loss computed inside model.forward (so inside
+  // the autocast region and before the root's output casts).
+  if (s.model.family != ModelFamily::hf_llama || s.model.arch.impl != graph::ModelImpl::hf)
+    refuse(s, "model.family",
+           "Accelerate's FSDP2 bf16 path is modelled for transformers' own Llama, Mistral "
+           "and Qwen2 code (model.family hf-llama, model.implementation hf); GPT-2's "
+           "LayerNorm runs in fp32 under autocast, which is not modelled with bf16 "
+           "parameters");
+  const std::string arch = s.model.arch.architecture;
+  if ((arch != "llama" && arch != "mistral" && arch != "qwen2") || s.model.arch.moe.experts > 0)
+    refuse(s, "model.architecture",
+           "Accelerate's FSDP2 bf16 path (autocast over bf16 parameters) is modelled for the "
+           "llama, mistral and qwen2 architectures, whose ops autocast leaves alone (checked "
+           "op by op: docs/fsdp2.md); '" + arch + "'" +
+               (s.model.arch.moe.experts > 0 ? " with experts" : "") + " is not checked");
+  if (s.loss.impl != LossFunction::automatic)
+    refuse(s, "loss.impl",
+           "Accelerate's FSDP2 bf16 path is modelled with the model's own loss (HF Trainer); "
+           "leave loss.impl out");
+  if (!loss_in_model_forward(s))
+    refuse(s, "step.keep_output",
+           "Accelerate's FSDP2 bf16 path is modelled for HF Trainer's step (labels passed to "
+           "the model, which computes the loss in its forward, inside autocast and before "
+           "FSDP2's output cast): set step.keep_output: loss and step.kind train");
+  if (s.precision.autocast_region != AutocastRegion::forward_and_loss)
+    refuse(s, "precision.autocast_region",
+           "Accelerate's autocast wraps model.forward, which computes the loss: "
+           "forward-and-loss");
+  if (!s.precision.autocast_cache)
+    refuse(s, "precision.autocast_cache",
+           "Accelerate's autocast keeps the default cache_enabled=True");
+  if (p.context > 1)
+    refuse(s, "parallel.context",
+           "Accelerate's FSDP2 bf16 path with context parallelism is not modelled");
+  if (p.cpu_offload)
+    refuse(s, "parallel.cpu_offload",
+           "Accelerate's FSDP2 bf16 path with CPUOffloadPolicy is not modelled");
 }
 }  // namespace
 
@@ -31,16 +92,10 @@ void require_fsdp2_modelled(const Scenario& s) {
   // torch.autocast over fp32 unsharded parameters is modelled (docs/fsdp2.md "Autocast over
   // FSDP2"): each unsharded nn.Parameter is a leaf, so autocast's cache keeps its bf16 cast
   // until the region exits, as on one GPU. Autocast over MixedPrecisionPolicy's bf16
-  // parameters (what Accelerate sets up for mixed_precision: bf16) and the regions that
-  // span backward are not checked.
+  // parameters is modelled as Accelerate runs it (sim/parallel/accelerate_amp.h), for the
+  // code whose ops it was checked on; the regions that span backward are not checked.
   if (s.precision.autocast.has_value()) {
-    if (p.fsdp_mixed_precision)
-      refuse(s, "parallel.fsdp_mixed_precision",
-             "autocast over MixedPrecisionPolicy's low-precision unsharded parameters "
-             "(Accelerate's FSDP2 path for mixed_precision: bf16, with output_dtype and "
-             "convert_outputs_to_fp32) is not modelled; autocast over FSDP2's fp32 "
-             "parameters is: use parallel.fsdp_mixed_precision: none, or "
-             "precision.autocast: none");
+    if (p.fsdp_mixed_precision) require_accelerate_amp_modelled(s);
     // fp16 autocast trains with a GradScaler (Accelerate: get_fsdp2_grad_scaler), whose
     // scale, unscale_ and found_inf tensors memsim does not model.
     if (*s.precision.autocast == DType::fp16)

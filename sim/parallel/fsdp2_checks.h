@@ -3,12 +3,16 @@
 //
 // Refused: one GPU (parallel.data 1) and a shard group of one rank (parallel.replicate =
 // parallel.data: fully_shard's world-size-1 path); parallel.fsdp_mixed_precision with
-// precision.params other than fp32; precision.autocast together with
-// parallel.fsdp_mixed_precision (autocast over bf16 unsharded parameters), with an
-// autocast_region spanning backward (whole-step, whole-run), fp16 autocast (GradScaler)
-// or float8_all_gather
+// precision.params other than fp32; precision.autocast with an autocast_region spanning
+// backward (whole-step, whole-run), fp16 autocast (GradScaler) or float8_all_gather
 // (autocast over fp32 unsharded parameters is modelled: they are leaves, cached as on one
-// GPU; docs/fsdp2.md "Autocast over FSDP2"); precision.master_weights; 8-bit
+// GPU; docs/fsdp2.md "Autocast over FSDP2"). precision.autocast together with
+// parallel.fsdp_mixed_precision is modelled only as Accelerate's FSDP2 bf16 path
+// (sim/parallel/accelerate_amp.h): param_dtype = autocast dtype, parallel.reduce_dtype set
+// to it, HF Trainer's loop (the loss in the model's forward: step.keep_output loss, the
+// model's own loss), transformers' llama / mistral / qwen2 code without experts,
+// autocast_region forward-and-loss with the cache on, no context parallelism, no CPU
+// offload; anything else is refused by the key that differs; precision.master_weights; 8-bit
 // optimizers and Adafactor (their kernels / factored state over DTensor shards are not
 // modelled); QLoRA (lora.base_dtype nf4) and LoRA with parallel.fsdp_mixed_precision.
 // With precision.float8_all_gather: reshard_after_forward N (torch raises

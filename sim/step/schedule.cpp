@@ -21,6 +21,7 @@
 #include "sim/parallel/deepspeed_zero.h"
 #include "sim/parallel/fsdp.h"
 #include "sim/parallel/fsdp2.h"
+#include "sim/parallel/accelerate_amp.h"
 #include "scenario/fsdp_precision.h"
 #include "scenario/hf_family.h"
 #include "sim/megatron/megatron_step.h"
@@ -176,7 +177,10 @@ class Loop {
       o.memory_budget = s_.step.compile_memory_budget;
       compile_ = std::make_unique<graph::CompileEngine>(rt_, o);
     }
-    if (s_.precision.autocast) {  // cs336, hf-llama, hf-gpt2 (sim/step/modelled_features.cpp)
+    // Accelerate's FSDP2 bf16 path: autocast over bf16 unsharded parameters casts nothing
+    // in the model (sim/parallel/accelerate_amp.h); only the root's output casts remain.
+    accelerate_amp_ = accelerate_fsdp2_amp(s_);
+    if (s_.precision.autocast && !accelerate_amp_) {  // cs336, hf-llama, hf-gpt2 (sim/step/modelled_features.cpp)
       autocast_ = std::make_unique<graph::Autocast>(
           rt_, static_cast<uint64_t>(dtype_bytes(*s_.precision.autocast)),
           *s_.precision.autocast == DType::fp16);
@@ -422,7 +426,14 @@ class Loop {
         if (loss_graph_ != 0 && loss_graph_ != logits_graph_) rt_.discard_graph(loss_graph_);
         loss_graph_ = script_.bind_output ? graph : 0;
       }
+      // Accelerate: model.forward is convert_outputs_to_fp32(autocast(forward)), inside
+      // fully_shard's hooks; the root's post-forward then casts to output_dtype.
+      const uint64_t logits_numel = shape().batch * shape().seq * shape().vocab;
+      if (accelerate_amp_) convert_outputs_to_fp32(rt_, loss_, logits_, logits_numel);
       if (fsdp2_ && root_post_forward_after_loss) fsdp2_->post_forward(rt_);
+      if (accelerate_amp_)
+        cast_outputs(rt_, loss_, logits_, logits_numel,
+                     static_cast<uint64_t>(dtype_bytes(*s_.parallel.fsdp_mixed_precision)));
       if (script_.del_output_after_loss) logits_.reset();  // `del pred` (the graph lives on)
       if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
       rt_.ctx.phase = Phase::backward;
@@ -474,6 +485,7 @@ class Loop {
   std::unique_ptr<graph::OffloadEngine> offload_;  // checkpoint.offload (graph/offload.h)
   std::unique_ptr<graph::StreamOffload> stream_offload_;  // checkpoint.offload_activations
   std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
+  bool accelerate_amp_ = false;  // Accelerate's FSDP2 bf16 path (sim/parallel/accelerate_amp.h)
   std::unique_ptr<TorchDdp> ddp_;
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<Fsdp2> fsdp2_;
