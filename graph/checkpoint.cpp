@@ -63,7 +63,7 @@ bool CheckpointEngine::wants(RegionKind kind, int32_t layer) const {
   return false;
 }
 
-Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
+Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn, std::vector<uint8_t> ctx_held) {
   regions_.emplace_back();
   const uint32_t r = static_cast<uint32_t>(regions_.size());
   {
@@ -73,6 +73,8 @@ Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
     reg.ctx = rt_.ctx;
     reg.ctx.region = r;
     reg.autocast = autocast_ != nullptr && autocast_->active();
+    if (plan_.reentrant) reg.ctx_held = std::move(ctx_held);
+    reg.graph = rt_.current_graph();
   }
   // _NoopSaveInputs saves the inputs through the ambient saved-tensor hooks before the
   // checkpoint's own take over: torchtune's OffloadActivations packs them
@@ -100,6 +102,8 @@ Tensor CheckpointEngine::run(Inputs inputs, RegionFn fn) {
   if (offloaded)
     for (size_t k = 0; k < regions_[r - 1].inputs.size(); ++k)
       if (streams->input_packed(r, k)) regions_[r - 1].inputs[k].reset();
+  // CheckpointFunction.apply made a node (its ctx) when the output requires grad.
+  regions_[r - 1].has_node = out.grad_fn >= 0;
   // Nothing saved (e.g. no input requires grad): no placeholder holds the frame.
   if (regions_[r - 1].live == 0) {
     drop_frame(regions_[r - 1]);
@@ -295,6 +299,24 @@ void CheckpointEngine::released(int32_t node) {
   if (reg.live == 0) drop_frame(reg);
 }
 
+void CheckpointEngine::graph_died(uint32_t g) {
+  if (held_.empty()) return;
+  // The nodes die from the graph's output back to its inputs, so the regions' ctxs go in
+  // the order their frames dropped in backward (the last layer's first); a tensor shared
+  // by every layer's ctx (the (cos, sin) tables) is freed with the first layer's.
+  size_t kept = 0;
+  for (size_t i = 0; i < held_.size(); ++i) {
+    const Held h = held_[i];
+    if (h.graph != g) {
+      held_[kept++] = h;
+      continue;
+    }
+    held_bytes_ -= h.bytes;
+    rt_.release(h.storage);
+  }
+  held_.resize(kept);
+}
+
 bool CheckpointEngine::sac_saves(OpKind k, uint32_t& calls) const {
   switch (plan_.selective.rule[static_cast<size_t>(k)]) {
     case SacRule::recompute: return false;
@@ -354,6 +376,18 @@ void CheckpointEngine::drop_frame(Region& reg) {
   reg.cache.shrink_to_fit();
   reg.cache_next = 0;
   reg.fn = nullptr;
+  // Reentrant: ctx.inputs / ctx.run_function outlive the saved tensors; the node's ctx
+  // keeps them until the graph dies (graph_died). One reference each, taken before the
+  // frame's own go below.
+  if (reg.has_node)
+    for (const uint8_t k : reg.ctx_held) {
+      if (k >= reg.inputs.size() || !reg.inputs[k].defined()) continue;
+      const Tensor& t = reg.inputs[k];
+      rt_.retain(t.storage);
+      held_.push_back({reg.graph, t.storage, t.bytes});
+      held_bytes_ += t.bytes;
+    }
+  reg.ctx_held.clear();
   // First input to last: each Tensor's free is an event, and std::vector::clear's order is
   // the library's (libstdc++ first to last, libc++, the WebAssembly build's, last to first).
   for (Tensor& t : reg.inputs) t.reset();
@@ -370,7 +404,7 @@ void CheckpointEngine::drop_frame(Region& reg) {
 
 // ------------------------------------------------------------------ emitter side
 Tensor run_layers(Runtime& rt, int32_t n_layers, Tensor x, const Inputs& extra,
-                  const LayerFn& block) {
+                  const LayerFn& block, const std::vector<uint8_t>& ctx_held) {
   CheckpointEngine* e = rt.checkpoint;
   for (int32_t l = 0; l < n_layers;) {
     if (e == nullptr || !e->wants(RegionKind::layers, l)) {
@@ -391,22 +425,26 @@ Tensor run_layers(Runtime& rt, int32_t n_layers, Tensor x, const Inputs& extra,
     in.push_back(x);
     in.insert(in.end(), extra.begin(), extra.end());
     const int32_t first = l;
+    std::vector<uint8_t> held;  // indices into extra, shifted past x
+    held.reserve(ctx_held.size());
+    for (const uint8_t k : ctx_held) held.push_back(static_cast<uint8_t>(k + 1));
     x = e->run(std::move(in), [block, first, end](const Inputs& args) {
       // def segment(x, *extra): for layer in layers[first:end]: x = layer(x, *extra)
       const Inputs rest(args.begin() + 1, args.end());
       Tensor y = args[0];
       for (int32_t j = first; j < end; ++j) y = block(j, y, rest);
       return y;
-    });
+    }, std::move(held));
     l = end;
   }
   return x;
 }
 
-Tensor run_region(Runtime& rt, RegionKind kind, const Inputs& inputs, const RegionFn& fn) {
+Tensor run_region(Runtime& rt, RegionKind kind, const Inputs& inputs, const RegionFn& fn,
+                  const std::vector<uint8_t>& ctx_held) {
   CheckpointEngine* e = rt.checkpoint;
   if (e == nullptr || !e->wants(kind, rt.ctx.layer)) return fn(inputs);
-  return e->run(inputs, fn);
+  return e->run(inputs, fn, ctx_held);
 }
 
 }  // namespace memsim::graph

@@ -37,6 +37,20 @@
 //    region's output is held as long (CheckpointFunction.backward's `args`, which the
 //    inner backward's root also keeps), and the re-run starts when the output's node is
 //    about to run (CheckpointFunctionBackward is that node), saves or not.
+//  - Reentrant mode, the checkpoint's non-tensor arguments (ctx_held): CheckpointFunction
+//    .forward puts the tensor arguments in ctx.save_for_backward (released when its node has
+//    run, like the frame above) but keeps every other argument as it is in ctx.inputs, and
+//    the function in ctx.run_function; backward never clears either (torch/utils/
+//    checkpoint.py, pytorch 0008d771 and torch 1.13). The ctx belongs to the node, which
+//    lives until the autograd graph dies (the output that holds it is rebound or deleted,
+//    graph_died), not until its backward. So a tensor that reaches the call inside a
+//    Python object (HF's position_embeddings tuple (cos, sin); in transformers 5.x every
+//    keyword argument, bound into functools.partial(super().__call__, **kwargs) by
+//    GradientCheckpointingLayer) stays alive after backward, until the graph dies. The
+//    emitter names those inputs (ctx_held, in the order the ctx's death frees them);
+//    when the frame drops they move to a hold keyed by the region's graph. Non-reentrant
+//    checkpointing keeps non-tensor arguments in the frame, which dies with the region's
+//    saved tensors: ctx_held is ignored there.
 //  - Autocast (set_autocast): a region opened while torch.autocast is active records it,
 //    as torch.utils.checkpoint records the autocast state (_get_autocast_kwargs), and its
 //    re-run happens inside a nested autocast context with an empty weight-cast cache
@@ -145,8 +159,10 @@ class CheckpointEngine {
   const CheckpointPlan& plan() const { return plan_; }
   // Whether a candidate region of `kind` opened in `layer` is checkpointed now.
   bool wants(RegionKind kind, int32_t layer) const;
-  // Runs fn as a checkpointed region (see the file comment).
-  Tensor run(Inputs inputs, RegionFn fn);
+  // Runs fn as a checkpointed region (see the file comment). ctx_held: indices into inputs
+  // of the tensors that reach the checkpoint call inside non-tensor objects, in the order
+  // the node's ctx frees them (reentrant only; see the file comment).
+  Tensor run(Inputs inputs, RegionFn fn, std::vector<uint8_t> ctx_held = {});
   uint32_t regions_recomputed() const { return recomputations_; }
   // Reentrant: a checkpointed region's forward is running, which torch runs under no_grad
   // (memsim records it with grad on for the placeholders). Ops whose grad mode allocates
@@ -167,6 +183,11 @@ class CheckpointEngine {
   void unpack(int32_t node);
   // `node`'s saved tensors have just been released (it ran, or its graph was discarded).
   void released(int32_t node);
+  // Graph `g` died (Runtime::discard_graph, after its nodes): the reentrant ctx's held
+  // objects of its regions are released, the first region to drop its frame first.
+  void graph_died(uint32_t g);
+  // Bytes held now by reentrant ctxs whose graph is alive (tests and reports).
+  uint64_t ctx_held_bytes() const { return held_bytes_; }
 
   // --- Op hooks for selective checkpointing (graph/ops/op_helpers.h) ---------------------
   // Forward of a checkpointed region: op `k` has just allocated `outs`; the region caches
@@ -193,6 +214,11 @@ class CheckpointEngine {
     bool recomputed = false;
     bool autocast = false;  // opened inside a torch.autocast region
     uint32_t held_grad = kNoStorage;  // reentrant: the grad that reached the output
+    // Reentrant: inputs the node's ctx keeps until graph `graph` dies (see run()); moved
+    // to held_ when the frame drops, if the region made a node (its output has a grad_fn).
+    std::vector<uint8_t> ctx_held;
+    uint32_t graph = 0;
+    bool has_node = false;
     // Selective checkpointing: the cached op outputs (one reference each; kNoStorage for
     // an output slot the op left undefined), one entry per output slot of every saved call,
     // in forward order; the re-run consumes them from cache_next on. Numeric mode keeps
@@ -237,14 +263,26 @@ class CheckpointEngine {
   uint32_t recomputations_ = 0;
   size_t reused_at_ = SIZE_MAX;  // event_count() right after the last cache hand-out
   uint64_t sac_bytes_ = 0;
+  // Reentrant ctx.inputs / ctx.run_function objects whose frame has dropped: one reference
+  // each, released by graph_died(graph), in this order.
+  struct Held {
+    uint32_t graph;
+    uint32_t storage;
+    uint64_t bytes;
+  };
+  std::vector<Held> held_;
+  uint64_t held_bytes_ = 0;
 };
 
 // --- Emitter entry points ---------------------------------------------------------------
 // The layer loop `for l in range(n): x = block(l, x, *extra)`. Consecutive layers that the
 // plan checkpoints as one segment run as one region whose inputs are x and `extra`.
+// ctx_held: indices into extra of the tensors the checkpoint call gets inside non-tensor
+// objects (CheckpointEngine::run).
 Tensor run_layers(Runtime& rt, int32_t n_layers, Tensor x, const Inputs& extra,
-                  const LayerFn& block);
-// A candidate region inside layer rt.ctx.layer.
-Tensor run_region(Runtime& rt, RegionKind kind, const Inputs& inputs, const RegionFn& fn);
+                  const LayerFn& block, const std::vector<uint8_t>& ctx_held = {});
+// A candidate region inside layer rt.ctx.layer (ctx_held: indices into inputs, as above).
+Tensor run_region(Runtime& rt, RegionKind kind, const Inputs& inputs, const RegionFn& fn,
+                  const std::vector<uint8_t>& ctx_held = {});
 
 }  // namespace memsim::graph

@@ -466,6 +466,9 @@ void Runtime::discard_graph(uint32_t g) {
       kill(t);
     }
   }
+  // Reentrant checkpoints' ctx objects (graph/checkpoint.h): their nodes lie between the
+  // output and the embedding's AccumulateGrad, so they go before the leaves below.
+  if (checkpoint != nullptr) checkpoint->graph_died(g);
   // requires_grad_ leaves of g: their AccumulateGrad died with the graph (.grad first).
   for (size_t i = 0; i < held_leaves_.size();) {
     HeldLeaf& h = held_leaves_[i];

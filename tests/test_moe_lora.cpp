@@ -121,19 +121,10 @@ TEST_CASE("LoRA on the routed experts matches real PyTorch training steps (CPU f
   for (const auto& path : files) {
     nlohmann::json fx = memsim_test::load_json(path);
     INFO(fx["name"].get<std::string>());
-    // The reentrant rows: torch 1.13's CheckpointFunction keeps its non-tensor arguments in
-    // ctx.inputs until the graph dies, the decoder's (cos, sin) tuple among them, which memsim
-    // does not model (docs/claims.md; the known difference of tests/test_peft_reentrant.cpp).
-    // The generator measures those bytes on the row's own graph; they are live at the forward's
-    // end (layer -1 in the harness), and taken out of the reference there, nowhere else.
-    if (fx.contains("reentrant_ctx_inputs_bytes")) {
-      const uint64_t held = fx["reentrant_ctx_inputs_bytes"];
-      CHECK(held <= 8192);  // (cos, sin) of 2 x 32 positions x head_dim 16, or less
-      nlohmann::json& fe = fx["marks"]["forward_end"];
-      fe["total"] = fe["total"].get<uint64_t>() - held;
-      fe["activations"] = fe["activations"].get<uint64_t>() - held;
-      fe["activations_by_layer"]["-1"] = fe["activations_by_layer"]["-1"].get<uint64_t>() - held;
-    }
+    // The reentrant rows compare exactly: their CheckpointFunction nodes keep the layer's
+    // keyword arguments (transformers 5.x's GradientCheckpointingLayer partial: the mask,
+    // (cos, sin), position_ids) until the graph dies, the previous step's past this
+    // step's forward end, which memsim models (graph/checkpoint.h).
     const Scenario scenario = scenario_for(fx["config"]);
     const Program program = build_program(scenario);
     // The step peak, exactly: where torch 1.13's peak is one of its out-of-place grad sums

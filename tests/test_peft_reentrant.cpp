@@ -39,7 +39,6 @@ Scenario fixture_scenario(const nlohmann::json& fx) {
 TEST_CASE("peft: LoRA checkpointing with enable_input_require_grads matches torch", "[peft-reentrant]") {
   const nlohmann::json fx = memsim_test::load_torch_cpu_fixture("peft_checkpoint_hf_llama.json");
   const Scenario s = fixture_scenario(fx);
-  const uint64_t hd = static_cast<uint64_t>(s.model.d_model / s.model.heads);
   for (const nlohmann::json& row : fx["policies"]) {
     const std::string policy = row["policy"];
     const bool reentrant = row["reentrant"], hook = row["input_require_grads"];
@@ -56,12 +55,9 @@ TEST_CASE("peft: LoRA checkpointing with enable_input_require_grads matches torc
     CHECK(m.before_forward == row["before_forward"].get<uint64_t>());
     CHECK(m.forward_end == row["live_at_forward_end"].get<uint64_t>());
     CHECK(m.peak == row["step_peak"].get<uint64_t>());
-    // The reentrant node's ctx.inputs keeps the (cos, sin) tuple (the known difference of
-    // tests/test_checkpoint_fixtures.cpp), except for `selective`, whose region gets none.
-    const uint64_t ctx_held = reentrant && policy != "selective"
-                                  ? 2 * static_cast<uint64_t>(s.batch.seq_len) * hd * 4
-                                  : 0;
-    CHECK(m.after_backward + ctx_held == row["after_backward"].get<uint64_t>());
+    // Exact: the reentrant node's ctx.inputs keeps the (cos, sin) tuple after backward
+    // (graph/checkpoint.h), except under `selective`, whose region gets none.
+    CHECK(m.after_backward == row["after_backward"].get<uint64_t>());
   }
   // torch refuses the reentrant step without the hook (nothing requires grad).
   CHECK(fx["full_reentrant_without_hook"].get<std::string>().find("does not require grad") !=

@@ -8,9 +8,8 @@
 // cache are CPU autocast's own (its rule equals CUDA's for linear); the SDPA casts are
 // CUDA's lower-precision rule applied by the stand-in around a kernel Function that
 // allocates what memsim's fused-kernel model does (graph/ops/ops_nn.h sdpa_flash). Live
-// bytes before the forward, at its end, after backward and the step's peak: exact, except
-// the known reentrant after-backward difference of tests/test_checkpoint_fixtures.cpp
-// (torch keeps the (cos, sin) tuple in the reentrant node's ctx.inputs).
+// bytes before the forward, at its end, after backward and the step's peak: exact (the
+// reentrant node's ctx.inputs keeps the (cos, sin) tuple after backward: graph/checkpoint.h).
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -75,13 +74,9 @@ void check_rows(const nlohmann::json& fx) {
     CHECK(m.before_forward == row["before_forward"].get<uint64_t>());
     CHECK(m.forward_end == row["live_at_forward_end"].get<uint64_t>());
     CHECK(m.peak == row["step_peak"].get<uint64_t>());
-    const uint64_t hd = static_cast<uint64_t>(c["arch"]["head_dim"].get<int64_t>());
-    // Per-layer rotary (Mistral) passes no (cos, sin) through the checkpoint call.
-    const bool model_rope = c["arch_hf"]["rope"] == "model";
-    const uint64_t ctx_held = reentrant && model_rope && policy != "selective"
-                                  ? 2 * static_cast<uint64_t>(sp.batch.seq_len) * hd * 4
-                                  : 0;
-    CHECK(m.after_backward + ctx_held == row["after_backward"].get<uint64_t>());
+    // Exact: a reentrant node keeps the (cos, sin) tuple in ctx.inputs (modelled,
+    // graph/checkpoint.h); per-layer rotary (Mistral) passes none through the call.
+    CHECK(m.after_backward == row["after_backward"].get<uint64_t>());
   }
 }
 

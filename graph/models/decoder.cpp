@@ -301,6 +301,33 @@ Tensor DecoderModel::mlp_half(int32_t l, const Inputs& in) {
   return {};
 }
 
+// What a reentrant checkpoint of a whole layer keeps on its node's ctx until the graph dies
+// (graph/checkpoint.h), as indices into the layer loop's extra inputs, in the order the
+// ctx's death frees them.
+//  - v4.45-v4.5x: checkpoint(decoder_layer.__call__, hidden_states, causal_mask,
+//    position_ids, past_key_values, output_attentions, use_cache, cache_position,
+//    position_embeddings): the tensors are saved for backward, the position_embeddings
+//    tuple (cos, sin) stays in ctx.inputs. The list and the tuple are freed last item
+//    first (CPython's list_dealloc / tupledealloc): sin, cos (Gemma-3's local tuple, the
+//    later argument, before the global one).
+//  - 5.x: GradientCheckpointingLayer.__call__ (src/transformers/modeling_layers.py,
+//    transformers 00029cfa) runs checkpoint(partial(super().__call__, **kwargs), *args)
+//    and the model passes only hidden_states positionally: the mask, position_embeddings,
+//    position_ids (cache_position's slot) are the partial's keywords, kept in
+//    ctx.run_function; a dict frees its values in insertion order (attention_mask,
+//    position_embeddings, position_ids). Both masks stand in the list: each layer's
+//    partial holds its own type's, and layer 0's ctx is the last to die.
+static std::vector<uint8_t> layer_ctx_held(bool v5, bool rope_local, bool sliding) {
+  if (v5) {
+    std::vector<uint8_t> held = {0};
+    if (sliding) held.push_back(static_cast<uint8_t>(rope_local ? 6 : 4));
+    for (const uint8_t k : {3, 2, 1}) held.push_back(k);
+    return held;
+  }
+  if (rope_local) return {5, 4, 3, 2};
+  return {3, 2};
+}
+
 // One decoder layer; extra = {causal_mask, cache_position, cos, sin, cos_local,
 // sin_local}. The two halves are candidate checkpoint regions (graph/checkpoint.h);
 // their lambdas capture values only, because a checkpointed half is re-run during
@@ -340,8 +367,11 @@ Tensor DecoderModel::layer(int32_t l, const Tensor& x, const Inputs& extra) {
   // cache_position): a checkpointed half keeps it as an input.
   Inputs attn_in = {x, mask, cos, sin};
   if (a.rope == RopeAt::layer) attn_in.push_back(extra[1]);
+  // A checkpointed attention half gets (cos, sin) as one position_embeddings tuple (the
+  // CPU stand-ins' attn_half(hidden_states, attention_mask, position_embeddings)): a
+  // reentrant ctx keeps it, sin freed first.
   Tensor h = run_region(rt_, RegionKind::attention, attn_in,
-                        [this, l](const Inputs& in) { return attn_half(l, in); });
+                        [this, l](const Inputs& in) { return attn_half(l, in); }, {3, 2});
   attn_in.clear();
   layer_weights_ = nullptr;
   if (a.residual_dropout) h = drop(h);  // Phi-3's resid_attn_dropout
@@ -543,7 +573,8 @@ Tensor DecoderModel::forward_hidden(const Tensor& ids, Tensor& head_w) {
                             // torchtitan's per-block compile: each layer a region
                             return compile_region(
                                 rt_, CompileScope::block, [&] { return layer(l, in, ex); }, l);
-                          });
+                          },
+                          layer_ctx_held(v5, a.rope_local, sliding_mask.defined()));
     extra.clear();
     hidden = norm(h, final_norm_, s_.rows(), D);
     // LlamaModel.forward returns: its locals die in declaration order (H100 trace); 5.x's
