@@ -47,11 +47,17 @@ int finish_stdout(int status) {
              : status;
 }
 
+// Host malloc settings before the heap's first block (tools/cli/host_malloc.h): the
+// executable's .preinit_array runs after the C library is set up and before any static
+// constructor (the C++ runtime's, CLI11's, spdlog's), which allocate.
+void tune_host_malloc_first(int, char**, char**) { memsim::cli::tune_host_malloc(); }
+__attribute__((section(".preinit_array"), used)) void (*tune_host_malloc_entry)(int, char**, char**) =
+    tune_host_malloc_first;
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace memsim::cli;
-  tune_host_malloc();  // before anything is allocated: tools/cli/host_malloc.h
   CLI::App app{"memsim: predicts the GPU memory of transformer training without a GPU"};
   app.require_subcommand(1);
   app.footer("SCENARIO may be - to read the scenario from standard input. Exit status: 0 done and it "
