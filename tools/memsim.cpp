@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   // Every report is written and checked by now (finish_stdout; a file report's Output
   // closes and checks its file in the verb's scope, tools/cli/output.h; stderr is
   // unbuffered): end the process without the destructors of the command-line parser and
-  // of static objects, which only free memory the kernel takes back anyway (~0.25 M
+  // of static objects, which only free memory the kernel takes back anyway (0.15 M
   // instructions of a cold cs336-xl run, issue #20; docs/engine.md "Fewer page faults").
   // Worker threads are joined by the verbs themselves.
   std::fflush(stderr);
