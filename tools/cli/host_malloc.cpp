@@ -33,7 +33,8 @@ constexpr bool kSanitized = false;
 // the heap, before the advice can be given: so the heap starts one page below a boundary,
 // that page takes those headers, and the huge pages start at the boundary. The first
 // extension is made that large by M_TOP_PAD, then the pad goes back to glibc's default
-// (128 KiB, DEFAULT_TOP_PAD in glibc 2.36's malloc/malloc.c).
+// (DEFAULT_TOP_PAD, 131072 in glibc's malloc-machine.h; strace shows the heap growing in
+// steps of 128 KiB and a page without this).
 void huge_page_heap() {
   if (mallinfo2().arena != 0) return;  // the heap is in use: its start is where it is
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
