@@ -132,6 +132,23 @@ class StreamRun final : public EventSink {
       watch_serial_.emplace(options.name_serials[k], k);
   }
 
+  // The builder reserved its tensor table for the Program it expects: reserve as much
+  // (address space only) so that the per-tensor arrays are not copied as they grow. A
+  // pipelined run calls this on the builder's thread before the first chunk is handed on
+  // (Pipeline::consume), so that the arrays come from that thread's heap (the memsim
+  // executable's is in huge pages: tools/cli/host_malloc.h), not the consumer's, whose
+  // first touch of each 4 KiB page is on the run's critical path. dead_at_peak_ gets room
+  // for as many tensors as a run's live set commonly holds (cs336-xl: 1,587 at the peak).
+  void reserve_tensors(size_t tensor_capacity) {
+    if (lifetimes_.capacity() >= tensor_capacity) return;
+    if (options_.analysis.live_set) {
+      lifetimes_.reserve(tensor_capacity);
+      dead_at_peak_.reserve(std::min<size_t>(tensor_capacity, 4096));
+    }
+    block_of_.reserve(tensor_capacity);
+    rounded_of_.reserve(tensor_capacity);
+  }
+
   bool consume(const Program& program, const MemoryEvent* events, size_t n,
                size_t first) override {
     handed_ = first + n;
@@ -149,13 +166,7 @@ class StreamRun final : public EventSink {
                size_t first, size_t tensor_capacity) {
     if (first + n >= Lifetime::kNever)  // beyond the event budget (sim/step/event_budget.h)
       throw std::length_error("streaming run: more than 2^32 events");
-    // The builder reserved its tensor table for the Program it expects: reserve as much
-    // (address space only) so that the per-tensor arrays are not copied as they grow.
-    if (lifetimes_.capacity() < tensor_capacity) {
-      if (options_.analysis.live_set) lifetimes_.reserve(tensor_capacity);
-      block_of_.reserve(tensor_capacity);
-      rounded_of_.reserve(tensor_capacity);
-    }
+    reserve_tensors(tensor_capacity);
     size_t k = 0;
     if (!executor_.oom()) {
       const MemoryStats& stats = executor_.stats();
@@ -481,6 +492,9 @@ class Pipeline final : public EventSink {
   bool consume(const Program& program, const MemoryEvent* events, size_t n,
                size_t first) override {
     if (failed_.load()) std::rethrow_exception(error_);
+    // Before the first chunk: the consumer has read nothing of run_ yet (StreamRun::
+    // reserve_tensors says why here).
+    if (next_fill_ == 0 && filling_ == nullptr) run_.reserve_tensors(program.tensors.capacity());
     if (filling_ == nullptr) {
       wait_for_slot();
       if (failed_.load()) std::rethrow_exception(error_);
