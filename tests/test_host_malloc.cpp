@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "shared_dir_test_support.h"
 #include "test_paths.h"
 #include "tools/cli/host_malloc.h"
 
@@ -88,12 +89,12 @@ TEST_CASE("memsim's heap is in huge pages: a cold run's page faults", "[host-mal
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   // Built with the sanitizers (MEMSIM_SANITIZE), as the executable is: their allocator
   // replaces glibc's, and tune_host_malloc leaves it alone.
-  WARN("sanitizer build: the executable's heap is the sanitizer's");
+  MEMSIM_SKIP("sanitizer build: the executable's heap is the sanitizer's");
   return;
 #endif
   const std::string mode = thp_mode();
   if (mode != "madvise" && mode != "always") {
-    WARN("transparent huge pages are '" << mode << "' here: the heap keeps 4 KiB pages");
+    MEMSIM_SKIP("transparent huge pages are '" << mode << "' here: the heap keeps 4 KiB pages");
     return;
   }
   const std::string binary = MEMSIM_BINARY_DIR + "/memsim";
@@ -115,7 +116,7 @@ TEST_CASE("memsim's heap is in huge pages: a cold run's page faults", "[host-mal
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 0);
   if (vmstat("thp_fault_fallback") != fallback_before) {
-    WARN("the kernel had no free huge page during the run (thp_fault_fallback grew)");
+    MEMSIM_SKIP("the kernel had no free huge page during the run (thp_fault_fallback grew)");
     return;
   }
   INFO("minor page faults of a cold cs336-xl run: " << usage.ru_minflt);
