@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "compile_test_support.h"
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
 
@@ -31,18 +32,9 @@ namespace {
 
 std::string yaml(const std::string& family, bool compile, const std::string& policy,
                  const std::string& parallel = "") {
-  std::string y = "model:\n  family: " + family + "\n  layers: 2\n  d_model: 64\n  heads: 4\n";
-  y += family == "hf-llama" ? "  kv_heads: 2\n  d_ff: 160\n" : "  kv_heads: 4\n  d_ff: 256\n";
-  y += "  vocab: 128\n  context_length: 64\n  attention: eager\n";
-  y += "batch:\n  micro_batch: 2\n  seq_len: 16\n";
-  y += "precision:\n  params: fp32\n";
-  y += "optimizer:\n  type: adamw\n  impl: for-loop\n";
-  y += "step:\n  kind: train\n  warmup_steps: 1\n";
-  if (compile) y += "  compile: true\n  compile_scope: block\n";
-  if (!policy.empty()) y += "checkpoint:\n  policy: " + policy + "\n";
-  y += parallel;
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
-  return y;
+  const std::string on = compile ? "  compile: true\n  compile_scope: block\n" : "";
+  const std::string ckpt = policy.empty() ? "" : "checkpoint:\n  policy: " + policy + "\n";
+  return memsim_test::tiny_compile_yaml(family, "fp32", "for-loop", on, ckpt + parallel);
 }
 
 Program build(const std::string& y) { return build_program(load_scenario_text(y, "a.yaml")); }

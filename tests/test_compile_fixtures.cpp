@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "compile_test_support.h"
 #include "graph/compile.h"
 #include "graph/compile_partition.h"
 #include "graph/models/decoder.h"
@@ -39,15 +40,7 @@ PartVertex vtx(uint64_t bytes, PartClass c, std::vector<uint32_t> in, bool neede
 }
 
 std::string compile_yaml(const std::string& family, const std::string& extra_step) {
-  std::string y = "model:\n  family: " + family + "\n  layers: 2\n  d_model: 64\n  heads: 4\n";
-  y += family == "hf-llama" ? "  kv_heads: 2\n  d_ff: 160\n" : "  kv_heads: 4\n  d_ff: 256\n";
-  y += "  vocab: 128\n  context_length: 64\n  attention: eager\n";
-  y += "batch:\n  micro_batch: 2\n  seq_len: 16\n";
-  y += "precision:\n  params: fp32\n";
-  y += "optimizer:\n  type: adamw\n  impl: for-loop\n";
-  y += "step:\n  kind: train\n  warmup_steps: 1\n" + extra_step;
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
-  return y;
+  return memsim_test::tiny_compile_yaml(family, "fp32", "for-loop", extra_step);
 }
 
 // Requested bytes live at each event; fails on a free without a live alloc.

@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "compile_test_support.h"
 #include "graph/compile.h"
 #include "graph/models/decoder.h"
 #include "scenario/hf_family.h"
@@ -31,17 +32,8 @@ namespace {
 
 std::string yaml(const std::string& family, bool compile, const std::string& parallel,
                  const std::string& params = "bf16") {
-  std::string y = "model:\n  family: " + family + "\n  layers: 2\n  d_model: 64\n  heads: 4\n";
-  y += family == "hf-llama" ? "  kv_heads: 2\n  d_ff: 160\n" : "  kv_heads: 4\n  d_ff: 256\n";
-  y += "  vocab: 128\n  context_length: 64\n  attention: eager\n";
-  y += "batch:\n  micro_batch: 2\n  seq_len: 16\n";
-  y += "precision:\n  params: " + params + "\n";
-  y += "optimizer:\n  type: adamw\n  impl: foreach\n";
-  y += "step:\n  kind: train\n  warmup_steps: 1\n";
-  if (compile) y += "  compile: true\n  compile_scope: block\n";
-  y += parallel;
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
-  return y;
+  const std::string on = compile ? "  compile: true\n  compile_scope: block\n" : "";
+  return memsim_test::tiny_compile_yaml(family, params, "foreach", on, parallel);
 }
 
 Program build(const std::string& y) { return build_program(load_scenario_text(y, "c.yaml")); }
