@@ -147,8 +147,10 @@ class OnlinePeaks {
 
  private:
   static constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
-  // Set in Entry::index when the entry's Extra is in extras_ (indices stay below 2^63).
-  static constexpr size_t kKeepsExtra = size_t{1} << 63;
+  // Set in Entry::index when the entry's Extra is in extras_: size_t's top bit (indices stay
+  // below it: 2^32 events at most on 64-bit hosts, and the web build's 32-bit wasm runs out
+  // of its 4 GiB address space long before 2^31 events).
+  static constexpr size_t kKeepsExtra = size_t{1} << (std::numeric_limits<size_t>::digits - 1);
   struct Entry {
     size_t index;  // | kKeepsExtra
     uint64_t value;
