@@ -89,12 +89,13 @@ void check_implementation(const Doc& d, const Scenario& s) {
                          "MixedPrecisionPolicy; torchtune: bf16 parameters); give precision.params bf16");
   // torchtune's full_finetune_distributed (FSDP2 over its model code) is modelled:
   // scenario/torchtune_keys.h read_torchtune_sharding, sim/parallel/fsdp2_layout.h.
-  const bool tune_fsdp2 = !titan && !lit && s.parallel.sharding == Sharding::fsdp2;
-  if (s.parallel.sharding != Sharding::none && !tune_fsdp2)
+  // torchtitan's apply_fsdp over its own code likewise (scenario/torchtitan_fsdp2_keys.h).
+  const bool own_fsdp2 = !lit && s.parallel.sharding == Sharding::fsdp2;
+  if (s.parallel.sharding != Sharding::none && !own_fsdp2)
     refuse("parallel.sharding",
            lit ? std::string("litgpt shards through Fabric's FSDPStrategy (auto_wrap_policy Block), "
                              "which is not modelled with it yet")
-           : titan ? stack + " shards with FSDP2 (fully_shard), which is not modelled with it yet"
+           : titan ? stack + " shards with FSDP2 (fully_shard): use parallel.sharding: fsdp2"
                    : std::string("torchtune's distributed recipes shard with FSDP2: use "
                                  "parallel.sharding: fsdp2"));
   if (lit && s.parallel.data > 1)
