@@ -110,10 +110,18 @@ void check_implementation(const Doc& d, const Scenario& s) {
   if (s.parallel.tensor > 1 || s.parallel.pipeline > 1)
     refuse(s.parallel.tensor > 1 ? "parallel.tensor" : "parallel.pipeline",
            stack + "'s tensor and pipeline parallelism are not modelled");
-  if (s.checkpoint.policy != CheckpointPolicy::none && s.checkpoint.policy != CheckpointPolicy::full)
+  // torchtitan's own selective AC (sac-op, sac-layer:N) wraps its TransformerBlocks as it
+  // wraps transformers' layers: its linears are aten.mm and its attention the SDPA kernel,
+  // in the same order (wq, wk, wv, SDPA, wo, w1, w3, w2), so the save list's every-other-mm
+  // rule picks wq, wv, w1, w2 (torchtitan 5077be6e distributed/activation_checkpoint.py
+  // _custom_policy; no mm_recompute_shapes match a dense Llama).
+  const bool titan_sac = titan && (s.checkpoint.policy == CheckpointPolicy::sac_op ||
+                                   s.checkpoint.policy == CheckpointPolicy::sac_layer);
+  if (s.checkpoint.policy != CheckpointPolicy::none && s.checkpoint.policy != CheckpointPolicy::full &&
+      !titan_sac)
     refuse("checkpoint.policy",
            "only full (every block, as " + stack + "'s activation checkpointing wraps them) is "
-           "modelled with it; " + (titan ? "torchtitan's op-level selective AC is not"
+           "modelled with it; " + (titan ? "torchtitan's sac-op and sac-layer:N are too"
                                           : "torchtune checkpoints whole layers only"));
   // The stack's own loss call site is modelled (torchtitan: cross_entropy_loss; torchtune:
   // CEWithChunkedOutputLoss on its 8 output chunks, DecoderModel::loss_tune): loss.impl's
