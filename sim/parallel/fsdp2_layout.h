@@ -1,9 +1,11 @@
 // Which fully_shard calls a stack makes over the Llama model, for sim/parallel/fsdp2.h.
 //
-// Default (torchtitan's apply_fsdp, the hf rows): fully_shard(block) for every block, then
-// fully_shard(model) with reshard_after_forward left at its default, so the root (the
-// embeddings, the final norm, the LM head) stays gathered from its pre-forward to the end
-// of backward; the model is built on the GPU unless parallel.fsdp_init: cpu.
+// Default (the hf rows; FSDP2's basic recipe, close to torchtitan's apply_fsdp before
+// 83e69410, which also kept the last block gathered and resharded the root):
+// fully_shard(block) for every block, then fully_shard(model) with reshard_after_forward
+// left at its default, so the root (the embeddings, the final norm, the LM head) stays
+// gathered from its pre-forward to the end of backward; the model is built on the GPU
+// unless parallel.fsdp_init: cpu.
 //
 // torchtune (model.implementation torchtune; pytorch/torchtune v0.6.1,
 // a6290a5b40758f13bca61c386bc8756a49ef417e): recipes/full_finetune_distributed.py
