@@ -12,6 +12,7 @@
 #include "scenario/scenario_lora.h"
 #include "scenario/scenario_implementation.h"
 #include "scenario/torchtune_keys.h"
+#include "scenario/torchtitan_fsdp2_keys.h"
 #include "scenario/offload_activations_key.h"
 #include "scenario/scenario_checkpoint.h"
 #include "scenario/deepspeed_keys.h"
@@ -594,6 +595,7 @@ Scenario build_scenario(const Doc& d) {
   // torchtune's OffloadActivations (scenario/offload_activations_key.h)
   s.recipe.offload_activations = read_offload_activations(d, s);
   read_torchtune_sharding(d, s);  // torchtune + FSDP2 (scenario/torchtune_keys.h)
+  read_torchtitan_sharding(d, s);  // torchtitan + FSDP2 (scenario/torchtitan_fsdp2_keys.h)
   check_moe(d, s);             // model.moe's routing and settings (scenario/moe_keys.h)
   check_lora_target_parameters(d, s);  // after parallel.* and step.compile
   check_deepseek(d, s);        // DeepSeek-V3: MLA and router refusals (scenario/deepseek_keys.h)

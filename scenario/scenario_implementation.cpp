@@ -89,12 +89,13 @@ void check_implementation(const Doc& d, const Scenario& s) {
                          "MixedPrecisionPolicy; torchtune: bf16 parameters); give precision.params bf16");
   // torchtune's full_finetune_distributed (FSDP2 over its model code) is modelled:
   // scenario/torchtune_keys.h read_torchtune_sharding, sim/parallel/fsdp2_layout.h.
-  const bool tune_fsdp2 = !titan && !lit && s.parallel.sharding == Sharding::fsdp2;
-  if (s.parallel.sharding != Sharding::none && !tune_fsdp2)
+  // torchtitan's apply_fsdp over its own code likewise (scenario/torchtitan_fsdp2_keys.h).
+  const bool own_fsdp2 = !lit && s.parallel.sharding == Sharding::fsdp2;
+  if (s.parallel.sharding != Sharding::none && !own_fsdp2)
     refuse("parallel.sharding",
            lit ? std::string("litgpt shards through Fabric's FSDPStrategy (auto_wrap_policy Block), "
                              "which is not modelled with it yet")
-           : titan ? stack + " shards with FSDP2 (fully_shard), which is not modelled with it yet"
+           : titan ? stack + " shards with FSDP2 (fully_shard): use parallel.sharding: fsdp2"
                    : std::string("torchtune's distributed recipes shard with FSDP2: use "
                                  "parallel.sharding: fsdp2"));
   if (lit && s.parallel.data > 1)
@@ -109,10 +110,18 @@ void check_implementation(const Doc& d, const Scenario& s) {
   if (s.parallel.tensor > 1 || s.parallel.pipeline > 1)
     refuse(s.parallel.tensor > 1 ? "parallel.tensor" : "parallel.pipeline",
            stack + "'s tensor and pipeline parallelism are not modelled");
-  if (s.checkpoint.policy != CheckpointPolicy::none && s.checkpoint.policy != CheckpointPolicy::full)
+  // torchtitan's own selective AC (sac-op, sac-layer:N) wraps its TransformerBlocks as it
+  // wraps transformers' layers: its linears are aten.mm and its attention the SDPA kernel,
+  // in the same order (wq, wk, wv, SDPA, wo, w1, w3, w2), so the save list's every-other-mm
+  // rule picks wq, wv, w1, w2 (torchtitan 5077be6e distributed/activation_checkpoint.py
+  // _custom_policy; no mm_recompute_shapes match a dense Llama).
+  const bool titan_sac = titan && (s.checkpoint.policy == CheckpointPolicy::sac_op ||
+                                   s.checkpoint.policy == CheckpointPolicy::sac_layer);
+  if (s.checkpoint.policy != CheckpointPolicy::none && s.checkpoint.policy != CheckpointPolicy::full &&
+      !titan_sac)
     refuse("checkpoint.policy",
            "only full (every block, as " + stack + "'s activation checkpointing wraps them) is "
-           "modelled with it; " + (titan ? "torchtitan's op-level selective AC is not"
+           "modelled with it; " + (titan ? "torchtitan's sac-op and sac-layer:N are too"
                                           : "torchtune checkpoints whole layers only"));
   // The stack's own loss call site is modelled (torchtitan: cross_entropy_loss; torchtune:
   // CEWithChunkedOutputLoss on its 8 output chunks, DecoderModel::loss_tune): loss.impl's

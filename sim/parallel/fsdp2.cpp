@@ -36,6 +36,8 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   const Fsdp2Layout layout = fsdp2_layout(s);
   root_reshards_ = layout.root_reshards;
   tune_load_ = layout.torchtune_load;
+  norm_with_output_ = layout.norm_with_output;
+  output_keeps_ = layout.output_keeps_after_forward;
   if (tune_load_) meta_init_ = true;  // torchtune builds on the meta device
   const DType orig_dtype = s.precision.params;
   const uint64_t elem = static_cast<uint64_t>(dtype_bytes(orig_dtype));
@@ -65,7 +67,7 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   groups_.resize(n_groups);
   groups_[0].post_backward_in_callback = true;  // the root's inputs need no grad
   if (emb_group_ != 0) groups_[emb_group_].post_backward_in_callback = true;  // token ids
-  if (out_group_ != 0) groups_[out_group_].per_call = true;
+  if (out_group_ != 0) groups_[out_group_].per_call = layout.output_per_call;
   // _state_ctx.all_states: the root, then the others in modules() order.
   state_order_.push_back(0);
   if (emb_group_ != 0) state_order_.push_back(emb_group_);
@@ -97,6 +99,7 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
         g = out_group_;
         out_param_ = static_cast<int32_t>(i);
       }
+      if (norm_with_output_ && name.rfind("norm.", 0) == 0) g = out_group_;  // [norm, output]
     }
     p.group = g;
     groups_[g].params.push_back(params_.size());
@@ -203,7 +206,7 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   rt.hooks = this;
   // The output's calls are seen where its weight is read (Runtime::param) and where a
   // backward node computes its gradient.
-  if (out_group_ != 0) rt.param_hooks = true;
+  if (out_group_ != 0 && groups_[out_group_].per_call) rt.param_hooks = true;
 }
 
 Fsdp2::~Fsdp2() {
@@ -288,6 +291,8 @@ uint32_t Fsdp2::float8_pre_all_gather(Runtime& rt, Param& p) {
 
 void Fsdp2::unshard(Runtime& rt, size_t g) {
   Group& group = groups_[g];
+  // A module whose fully_shard found no parameter (torchtitan's root) has no param group.
+  if (group.params.empty()) return;
   if (group.all_gather != kNoStorage || group.state == State::unsharded) return;
   const bool post = group.state == State::post_forward;
   const uint64_t world = post ? post_ws_ : ws_;
@@ -390,6 +395,7 @@ void Fsdp2::reshard(Runtime& rt, size_t g) {
 void Fsdp2::reshard_after_forward(Runtime& rt, size_t g) {
   Group& group = groups_[g];
   if (!reshard_after_forward_ || group.state != State::unsharded) return;
+  if (g == out_group_ && output_keeps_) return;  // torchtitan's [norm, output]
   if (post_ws_ == 0) return reshard(rt, g);
   // to_sharded_post_forward, per parameter: clone this rank's 1/N, then free the rest.
   for (size_t i : group.params) {
@@ -484,8 +490,8 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
       forward_group_ = 0;
     }
     // The root is unsharded from its pre-forward on; the output's calls are param_used's.
-    if (g == 0 || g == out_group_) return;
-    unshard(rt, g);      // pre-forward
+    if (g == 0 || (g == out_group_ && groups_[g].per_call)) return;
+    unshard(rt, g);      // pre-forward (torchtitan's [norm, output]: at the norm)
     wait_for_unshard(rt, g, true);
     forward_group_ = g;
   } else if (rt.ctx.phase == Phase::backward || rt.recomputing) {
@@ -496,11 +502,15 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
     // none).
     // (A separately sharded output's first call does both, in param_used: its hook on the
     // last chunk was registered before the root's.)
+    const bool out_per_call = out_group_ != 0 && groups_[out_group_].per_call;
     if (!backward_started_ &&
-        ((rt.ctx.module == graph::Module::head && out_group_ == 0) ||
-         (loss_in_forward_ && rt.ctx.module == graph::Module::loss)))
+        ((rt.ctx.module == graph::Module::head && !out_per_call) ||
+         (loss_in_forward_ && rt.ctx.module == graph::Module::loss))) {
+      // torchtitan's [norm, output] registered its hook on the logits before the root.
+      if (out_group_ != 0 && g == out_group_) pre_backward(rt, out_group_);
       root_pre_backward(rt);
-    if (g == 0 || g == out_group_ || groups_[g].backward_done) return;
+    }
+    if (g == 0 || (g == out_group_ && out_per_call) || groups_[g].backward_done) return;
     if (!backward_started_) root_pre_backward(rt);
     // The block above without trainable parameters had its post-backward when the
     // gradient reached its input, i.e. before this block's first backward op.

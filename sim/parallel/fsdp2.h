@@ -117,6 +117,13 @@
 //    built on the meta device; load_from_full_model_state_dict then copies each full
 //    parameter to the GPU, takes rank 0's chunk (distribute_tensor's scatter output) and
 //    drops the full copy, in state-dict order; cleanup_before_training empties the cache.
+//  - torchtitan's layout (model.implementation torchtitan; sim/parallel/fsdp2_layout.h):
+//    tok_embeddings is a group of its own (1 + L, resharded after forward like the blocks,
+//    post-backward in the final callback), the final norm and the output one group (2 + L,
+//    called once: unsharded at the norm's first op, kept gathered after forward, its
+//    pre-backward at the head's first backward op, before the root's hook on the same
+//    logits, its post-backward once both gradients are in). The root owns no parameter:
+//    no all-gather, no reduce-scatter. Built on the meta device (to_empty: the shards).
 // Left out: NCCL's own buffers; unshard_async_op / explicit prefetch lists
 // (set_modules_to_forward_prefetch); rank 0 stands for all ranks (it always holds the
 // padded chunk 0); pinned CPU memory.
@@ -221,6 +228,7 @@ class Fsdp2 : public graph::RuntimeHooks {
     if (layer >= 0) return 1 + static_cast<size_t>(layer);
     if (module == graph::Module::embedding && emb_group_ != 0) return emb_group_;
     if (module == graph::Module::head && out_group_ != 0) return out_group_;
+    if (module == graph::Module::norm && norm_with_output_) return out_group_;  // the final norm
     return 0;
   }
   // FSDPParamGroup.post_forward's bookkeeping: resharding (blocks, and the root when it
@@ -279,6 +287,9 @@ class Fsdp2 : public graph::RuntimeHooks {
   int32_t out_param_ = -1;        // output.weight (Runtime id of the module's parameter)
   bool root_reshards_ = false;    // reshard_after_forward given explicitly to the root
   bool tune_load_ = false;        // load_from_full_model_state_dict, cleanup_before_training
+  // torchtitan's layout: the final norm in the output's group, kept gathered after forward.
+  bool norm_with_output_ = false;
+  bool output_keeps_ = false;
   bool out_post_forward_pending_ = false;   // an output call returned; its post-forward follows
   bool out_post_backward_pending_ = false;  // an output call's backward ran; its post-backward follows
   std::vector<size_t> post_forward_order_;  // comm_ctx.post_forward_order (with multiplicity)

@@ -1,9 +1,11 @@
 // Which fully_shard calls a stack makes over the Llama model, for sim/parallel/fsdp2.h.
 //
-// Default (torchtitan's apply_fsdp, the hf rows): fully_shard(block) for every block, then
-// fully_shard(model) with reshard_after_forward left at its default, so the root (the
-// embeddings, the final norm, the LM head) stays gathered from its pre-forward to the end
-// of backward; the model is built on the GPU unless parallel.fsdp_init: cpu.
+// Default (the hf rows; FSDP2's basic recipe, close to torchtitan's apply_fsdp before
+// 83e69410, which also kept the last block gathered and resharded the root):
+// fully_shard(block) for every block, then fully_shard(model) with reshard_after_forward
+// left at its default, so the root (the embeddings, the final norm, the LM head) stays
+// gathered from its pre-forward to the end of backward; the model is built on the GPU
+// unless parallel.fsdp_init: cpu.
 //
 // torchtune (model.implementation torchtune; pytorch/torchtune v0.6.1,
 // a6290a5b40758f13bca61c386bc8756a49ef417e): recipes/full_finetune_distributed.py
@@ -36,11 +38,26 @@ struct Fsdp2Layout {
   // The meta-device build and load_from_full_model_state_dict (full copy, chunk, drop),
   // then cleanup_before_training's empty_cache.
   bool torchtune_load = false;
+  // torchtune's output runs once per logits chunk (eight calls, per-call hooks); torchtitan's once.
+  bool output_per_call = false;
+  // torchtitan: the final norm is in the output's group (fully_shard([norm, output])).
+  bool norm_with_output = false;
+  // torchtitan: the [norm, output] group keeps its parameters after forward unless the
+  // policy is "always" (memsim: the blocks' parallel.reshard_after_forward never gives it).
+  bool output_keeps_after_forward = false;
 };
 
 inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
   Fsdp2Layout l;
+  if (s.model.arch.impl == graph::ModelImpl::torchtitan) {
+    l.separate_embedding = true;
+    l.separate_output = true;
+    l.norm_with_output = true;
+    l.output_keeps_after_forward = true;  // "default" and "never" (scenario/torchtitan_fsdp2_keys.h)
+    return l;
+  }
   if (s.model.arch.impl != graph::ModelImpl::torchtune) return l;
+  l.output_per_call = true;
   l.separate_embedding = s.recipe.shard_tok_embeddings;
   l.separate_output = s.recipe.shard_output;
   l.root_reshards = s.parallel.reshard_after_forward;
