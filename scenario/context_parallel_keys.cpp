@@ -54,8 +54,8 @@ void read_context_parallel(const Doc& d, Scenario& s) {
   if (a.impl != graph::ModelImpl::hf)
     refuse(d, *f, "model.implementation",
            "ring attention is modelled on transformers' Llama code under FSDP2 (the model of "
-           "scenarios/llama3-8b-fsdp2-8xh100.yaml); the torchtitan and torchtune rows are not "
-           "modelled with FSDP2");
+           "scenarios/llama3-8b-fsdp2-8xh100.yaml); ring attention over the torchtitan and "
+           "torchtune rows' own attention code is not modelled");
   if (std::string(a.architecture) != "llama" || a.code != graph::ModelCode::llama)
     refuse(d, *f, "model.architecture",
            std::string(a.architecture) + " is not modelled; the llama row is");
