@@ -15,8 +15,7 @@
 //  - parallel.zero is refused (FSDP2 has no ZeRO-stage switch: reshard_after_forward
 //    is the knob); parallel.zero is set to 3 internally (parameters sharded at rest).
 // reject_fsdp2_keys: parallel.replicate / parallel.reduce_dtype / parallel.fsdp_output_dtype
-// with another sharding
-// are errors. Errors name the key and where it was set.
+// with another sharding are errors. Errors name the key and where it was set.
 #pragma once
 
 #include "scenario/scenario.h"
