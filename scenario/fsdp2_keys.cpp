@@ -15,6 +15,8 @@ const std::vector<std::pair<std::string, std::optional<DType>>> kParamDtype = {
     {"none", std::nullopt}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
 const std::vector<std::pair<std::string, DType>> kReduceDtype = {
     {"fp32", DType::fp32}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
+const std::vector<std::pair<std::string, std::optional<DType>>> kOutputDtype = {
+    {"none", std::nullopt}, {"bf16", DType::bf16}, {"fp16", DType::fp16}, {"fp32", DType::fp32}};
 
 bool is_bool_text(const Field& f) {
   if (!f.node.IsScalar()) return false;
@@ -63,6 +65,8 @@ void read_fsdp2(const Doc& d, ParallelConfig& p) {
     p.fsdp_mixed_precision = read_enum(*f, "parallel.fsdp_mixed_precision", kParamDtype);
   if (const Field* f = d.find("parallel.reduce_dtype"))
     p.reduce_dtype = read_enum(*f, "parallel.reduce_dtype", kReduceDtype);
+  if (const Field* f = d.find("parallel.fsdp_output_dtype"))
+    p.fsdp_output_dtype = read_enum(*f, "parallel.fsdp_output_dtype", kOutputDtype);
 }
 
 void reject_fsdp2_keys(const Doc& d, const ParallelConfig&) {
@@ -72,6 +76,11 @@ void reject_fsdp2_keys(const Doc& d, const ParallelConfig&) {
            "only applies with parallel.sharding: fsdp2 (FSDP1 is modelled with "
            "MixedPrecision(param_dtype = reduce_dtype) and without HYBRID_SHARD)");
   }
+  // FSDP1's MixedPrecision has no output_dtype (its cast_root_forward_inputs casts inputs).
+  if (const Field* f = d.find("parallel.fsdp_output_dtype"))
+    fail(f->where, "parallel.fsdp_output_dtype",
+         "MixedPrecisionPolicy.output_dtype is FSDP2's: it only applies with "
+         "parallel.sharding: fsdp2");
 }
 
 }  // namespace memsim::scenario_detail

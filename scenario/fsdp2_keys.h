@@ -8,13 +8,14 @@
 //    as true (what torch does with them); otherwise reshard_after_forward_ranks = N.
 //  - parallel.replicate: R >= 1 dividing parallel.data (HSDP: a (R, data / R) mesh).
 //  - parallel.fsdp_mixed_precision: MixedPrecisionPolicy.param_dtype (none | bf16 | fp16);
-//    parallel.reduce_dtype: its reduce_dtype (fp32 | bf16 | fp16; absent = None).
+//    parallel.reduce_dtype: its reduce_dtype (fp32 | bf16 | fp16; absent = None);
+//    parallel.fsdp_output_dtype: its output_dtype (none | bf16 | fp16 | fp32; absent = None).
 //  - parallel.cpu_offload: CPUOffloadPolicy(); parallel.fsdp_init: gpu | cpu (cpu: the
 //    model is built on the meta device or the CPU and only the shards reach the GPU).
 //  - parallel.zero is refused (FSDP2 has no ZeRO-stage switch: reshard_after_forward
 //    is the knob); parallel.zero is set to 3 internally (parameters sharded at rest).
-// reject_fsdp2_keys: parallel.replicate / parallel.reduce_dtype with another sharding
-// are errors. Errors name the key and where it was set.
+// reject_fsdp2_keys: parallel.replicate / parallel.reduce_dtype / parallel.fsdp_output_dtype
+// with another sharding are errors. Errors name the key and where it was set.
 #pragma once
 
 #include "scenario/scenario.h"

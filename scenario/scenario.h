@@ -261,6 +261,10 @@ struct ParallelConfig {
   int64_t reshard_after_forward_ranks = 0;
   int64_t replicate = 1;
   std::optional<DType> reduce_dtype;
+  // parallel.fsdp_output_dtype: MixedPrecisionPolicy.output_dtype (nullopt = None): the
+  // root's post-forward casts its floating outputs (loss, logits) to it
+  // (sim/parallel/accelerate_amp.h cast_outputs). Accelerate >= 1.8 sets it to bf16.
+  std::optional<DType> fsdp_output_dtype;
   // --- context parallelism (issue #16, part cp; scenario/context_parallel_keys.h,
   // graph/ops/ops_ring.h) ----------------------------------------------------------------
   // parallel.context N: torch's context_parallel over N ranks (each holds S/N of the

@@ -46,6 +46,8 @@ Scenario worked(const std::string& precision, const std::string& parallel,
 
 const std::string kAutocast = "  autocast: bf16\n";
 const std::string kPolicy = "  fsdp_mixed_precision: bf16\n  reduce_dtype: bf16\n";
+// Accelerate's whole policy: MixedPrecisionPolicy(param_dtype, reduce_dtype, output_dtype bf16).
+const std::string kAccPolicy = kPolicy + "  fsdp_output_dtype: bf16\n";
 const std::string kV5 = "  transformers: 5\n";
 
 bool is_boundary(const std::string& name) {
@@ -80,7 +82,7 @@ TEST_CASE("Accelerate FSDP2 bf16: autocast over bf16 parameters adds only the ro
   const uint64_t fp32_logits = N * V * 4;  // 512,512 B: convert_outputs_to_fp32's copy
   const uint64_t bf16_logits = N * V * 2;  // 256,256 B: the model's logits, and output_dtype's copy
   CHECK(fp32_logits == 512512);
-  const Program acc = build_program(worked(kAutocast, kPolicy, kV5));
+  const Program acc = build_program(worked(kAutocast, kAccPolicy, kV5));
   const Program mp = build_program(worked("", kPolicy, kV5));  // MixedPrecisionPolicy alone
   const std::vector<Ev> a = measured(acc), b = measured(mp);
 
@@ -147,7 +149,7 @@ TEST_CASE("Accelerate FSDP2 bf16: transformers v4.45's fp32 logits need no conve
           "[fsdp2][autocast][accelerate]") {
   // Llama v4.45 upcasts the logits inside its forward (logits.float()): the model returns
   // fp32 logits, convert_outputs_to_fp32 leaves them, output_dtype casts them to bf16.
-  const Program acc = build_program(worked(kAutocast, kPolicy));
+  const Program acc = build_program(worked(kAutocast, kAccPolicy));
   const std::vector<Ev> a = measured(acc);
   int converts = 0, casts = 0;
   uint64_t cast_bytes = 0;
@@ -170,22 +172,22 @@ TEST_CASE("Accelerate FSDP2 bf16: other combinations are refused by key",
     INFO(key);
     CHECK_THROWS_WITH(build_program(s), Catch::Contains(std::string("accelerate.yaml: ") + key));
   };
-  CHECK_NOTHROW(build_program(worked(kAutocast, kPolicy, kV5)));
+  CHECK_NOTHROW(build_program(worked(kAutocast, kAccPolicy, kV5)));
   refused(worked(kAutocast, "  fsdp_mixed_precision: bf16\n", kV5), "parallel.reduce_dtype");
   refused(worked(kAutocast, "  fsdp_mixed_precision: bf16\n  reduce_dtype: fp32\n", kV5),
           "parallel.reduce_dtype");
   refused(worked(kAutocast, "  fsdp_mixed_precision: fp16\n  reduce_dtype: fp16\n", kV5),
           "parallel.fsdp_mixed_precision");
-  refused(worked(kAutocast + "  autocast_region: forward\n", kPolicy, kV5), "precision.autocast_region");
-  refused(worked(kAutocast + "  autocast_cache: false\n", kPolicy, kV5), "precision.autocast_cache");
-  refused(worked(kAutocast, kPolicy + "  cpu_offload: true\n", kV5), "parallel.cpu_offload");
+  refused(worked(kAutocast + "  autocast_region: forward\n", kAccPolicy, kV5), "precision.autocast_region");
+  refused(worked(kAutocast + "  autocast_cache: false\n", kAccPolicy, kV5), "precision.autocast_cache");
+  refused(worked(kAutocast, kAccPolicy + "  cpu_offload: true\n", kV5), "parallel.cpu_offload");
   // (Most other rows are refused under autocast by their knobs already: model.norm, ...)
-  refused(worked(kAutocast, kPolicy, "  architecture: granite\n"), "model.architecture");
+  refused(worked(kAutocast, kAccPolicy, "  architecture: granite\n"), "model.architecture");
   // A loop that computes the loss after the model returns (not HF Trainer's).
-  Scenario loop = worked(kAutocast, kPolicy, kV5);
+  Scenario loop = worked(kAutocast, kAccPolicy, kV5);
   loop.step.output_dies_after_loss = false;
   refused(loop, "step.keep_output");
-  Scenario gpt2 = worked(kAutocast, kPolicy);
+  Scenario gpt2 = worked(kAutocast, kAccPolicy);
   gpt2.model.family = ModelFamily::hf_gpt2;
   refused(gpt2, "model.family");
 }
@@ -244,7 +246,7 @@ TEST_CASE("Accelerate FSDP2 bf16: the boundary's lifetimes equal a torch 1.13 CP
   REQUIRE(fx["config"]["seq"] == 64);
   REQUIRE(fx["config"]["vocab"] == 1001);
   // memsim's worked example, live non-parameter requested bytes along the measured step.
-  const Program p = build_program(worked(kAutocast, kPolicy, kV5));
+  const Program p = build_program(worked(kAutocast, kAccPolicy, kV5));
   const TensorNames names(p);
   std::vector<int64_t> live;
   std::vector<std::string> what;

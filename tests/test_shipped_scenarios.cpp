@@ -116,6 +116,8 @@ const std::map<std::string, Claim>& claims() {
       // the cache keeps every layer's bf16 weights (13.0 GiB) through the loss, the peak.
       {"llama3-8b-fsdp2-autocast-8xh100.yaml", {true, std::nullopt, 45.24}},
       {"qwen2.5-7b-hf-trainer-fsdp2-bf16-8xh100.yaml", {true, std::nullopt, 18.64}},
+      // ... as Accelerate >= 1.8 prepares it: the policy with output_dtype, no autocast.
+      {"qwen2.5-7b-hf-trainer-fsdp2-bf16-accelerate1.8-8xh100.yaml", {true, std::nullopt, 18.64}},
       // LoRA r16 q/v with FSDP1 as the HF Trainer wraps a PEFT model (PEFT's
       // fsdp_auto_wrap_policy, use_orig_params): the loss's backward (docs/fsdp-lora.md).
       {"llama3-8b-lora-fsdp-8xh100.yaml", {true, std::nullopt, 33.22}},

@@ -40,7 +40,11 @@
 //    (_to_copy, ToCopyBackward0: saves nothing), then the low-precision original dies
 //    (the ModelOutput holding it is dropped when ConvertOutputsToFp32 returns).
 //    fp32 logits (transformers v4.45's forward upcast) are kept as is.
-//  - cast_outputs(rt, loss, logits, numel, elem): after the root's post-forward
+//  - cast_outputs(rt, loss, logits, numel, elem): MixedPrecisionPolicy.output_dtype
+//    (parallel.fsdp_output_dtype), for both Accelerate paths: v1.6 / v1.7 (after the
+//    convert above) and >= 1.8 (the policy alone: output_dtype bf16, no autocast, no
+//    convert; accelerate v1.8.0 / v1.13.0 / 16cb6eb8 accelerator.py _prepare_fsdp2 calls
+//    only fsdp2_prepare_model). After the root's post-forward
 //    (Fsdp2::post_forward): a copy of the loss, then of the logits, in `elem` bytes per
 //    element unless already so; the fp32 originals die after both copies (the hook's
 //    result replaces the output in _call_impl). The loss copy is the graph's root: its

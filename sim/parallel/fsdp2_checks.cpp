@@ -69,6 +69,53 @@ void require_accelerate_amp_modelled(const Scenario& s) {
   if (p.cpu_offload)
     refuse(s, "parallel.cpu_offload",
            "Accelerate's FSDP2 bf16 path with CPUOffloadPolicy is not modelled");
+  // Accelerate v1.6 / v1.7 set output_dtype with the rest of the policy
+  // (set_mixed_precision); asked for explicitly, as reduce_dtype is, so that a file says
+  // which policy it describes.
+  if (!p.fsdp_output_dtype.has_value() || *p.fsdp_output_dtype != *p.fsdp_mixed_precision)
+    refuse(s, "parallel.fsdp_output_dtype",
+           "autocast over MixedPrecisionPolicy's parameters is modelled as Accelerate v1.6 / "
+           "v1.7 run it, whose policy has output_dtype equal to param_dtype: set "
+           "parallel.fsdp_output_dtype: bf16");
+}
+
+// parallel.fsdp_output_dtype: MixedPrecisionPolicy.output_dtype. Every fully_shard'ed module
+// casts its floating outputs in its own _post_forward (pytorch/pytorch
+// torch/distributed/fsdp/_fully_shard/_fsdp_state.py @01c9f4fc: the cast is not root-only),
+// so memsim models it where only the root's casts copy anything: the decoder layers' outputs
+// are already in output_dtype (their compute dtype: param_dtype, or precision.params without
+// a policy), and the root's outputs are the loss and the logits of HF Trainer's step (the
+// loss computed in model.forward: sim/parallel/accelerate_amp.h cast_outputs).
+void require_output_dtype_modelled(const Scenario& s) {
+  const ParallelConfig& p = s.parallel;
+  const DType compute = p.fsdp_mixed_precision.value_or(s.precision.params);
+  if (s.precision.autocast.has_value() && !p.fsdp_mixed_precision.has_value())
+    refuse(s, "parallel.fsdp_output_dtype",
+           "with autocast over fp32 FSDP2 parameters the decoder layers return mixed dtypes "
+           "(fp32 residual stream, bf16 matmuls), which each layer's output cast would "
+           "change; not modelled (Accelerate's policies set parallel.fsdp_mixed_precision)");
+  if (*p.fsdp_output_dtype != compute)
+    refuse(s, "parallel.fsdp_output_dtype",
+           std::string("output_dtype ") + to_string(*p.fsdp_output_dtype) +
+               " differs from the layers' compute dtype " + to_string(compute) +
+               " (parallel.fsdp_mixed_precision, else precision.params): every "
+               "fully_shard'ed decoder layer would cast its hidden states in its "
+               "post-forward, which is not modelled; modelled: output_dtype equal to "
+               "param_dtype (Accelerate >= 1.8's bf16 policy), where only the root's "
+               "loss and logits are cast");
+  if (!loss_in_model_forward(s) || s.loss.impl != LossFunction::automatic)
+    refuse(s, "parallel.fsdp_output_dtype",
+           "the root's output cast is modelled for HF Trainer's step (labels passed to the "
+           "model, which returns its loss and logits: model.family hf-llama / hf-gpt2 with "
+           "model.implementation hf, step.keep_output: loss, step.kind train, loss.impl "
+           "left out); a loop computing the loss from cast logits is not modelled");
+  if (p.context > 1)
+    refuse(s, "parallel.context",
+           "parallel.fsdp_output_dtype with context parallelism (each rank's share of the "
+           "logits) is not modelled");
+  if (s.step.compile)
+    refuse(s, "step.compile",
+           "parallel.fsdp_output_dtype with torch.compile is not modelled");
 }
 }  // namespace
 
@@ -112,6 +159,7 @@ void require_fsdp2_modelled(const Scenario& s) {
              "torchao's float8 all-gather under torch.autocast is not modelled; use "
              "precision.autocast: none");
   }
+  if (p.fsdp_output_dtype.has_value()) require_output_dtype_modelled(s);
   if (s.precision.master_weights)
     refuse(s, "precision.master_weights",
            "fp32 master copies of FSDP2 shards are not modelled; FSDP2 keeps fp32 shards "

@@ -9,12 +9,17 @@
 // GPU; docs/fsdp2.md "Autocast over FSDP2"). precision.autocast together with
 // parallel.fsdp_mixed_precision is modelled only as Accelerate's FSDP2 bf16 path
 // (sim/parallel/accelerate_amp.h): param_dtype = autocast dtype, parallel.reduce_dtype set
-// to it, HF Trainer's loop (the loss in the model's forward: step.keep_output loss, the
-// model's own loss), transformers' llama / mistral / qwen2 code without experts,
-// autocast_region forward-and-loss with the cache on, no context parallelism, no CPU
-// offload; anything else is refused by the key that differs; precision.master_weights; 8-bit
-// optimizers and Adafactor (their kernels / factored state over DTensor shards are not
-// modelled); QLoRA (lora.base_dtype nf4) and LoRA with parallel.fsdp_mixed_precision.
+// to it, parallel.fsdp_output_dtype set to it, HF Trainer's loop (the loss in the model's
+// forward: step.keep_output loss, the model's own loss), transformers' llama / mistral /
+// qwen2 code without experts, autocast_region forward-and-loss with the cache on, no
+// context parallelism, no CPU offload; anything else is refused by the key that differs;
+// precision.master_weights; 8-bit optimizers and Adafactor (their kernels / factored state
+// over DTensor shards are not modelled); QLoRA (lora.base_dtype nf4) and LoRA with
+// parallel.fsdp_mixed_precision.
+// parallel.fsdp_output_dtype (MixedPrecisionPolicy.output_dtype, Accelerate >= 1.8's policy)
+// only equal to the layers' compute dtype (fsdp_mixed_precision, else precision.params: each
+// layer's own output cast is then a no-op), in HF Trainer's loop, without autocast over fp32
+// parameters, context parallelism or step.compile.
 // With precision.float8_all_gather: reshard_after_forward N (torch raises
 // NotImplementedError), cpu_offload, model.moe, optimizer.in_backward with
 // float8_precompute_scale, and a Float8Linear out-features the shard group does not divide

@@ -426,14 +426,15 @@ class Loop {
         if (loss_graph_ != 0 && loss_graph_ != logits_graph_) rt_.discard_graph(loss_graph_);
         loss_graph_ = script_.bind_output ? graph : 0;
       }
-      // Accelerate: model.forward is convert_outputs_to_fp32(autocast(forward)), inside
-      // fully_shard's hooks; the root's post-forward then casts to output_dtype.
+      // Accelerate v1.6 / v1.7: model.forward is convert_outputs_to_fp32(autocast(forward)),
+      // inside fully_shard's hooks. The root's post-forward then casts to the policy's
+      // output_dtype (parallel.fsdp_output_dtype; Accelerate >= 1.8: the policy alone).
       const uint64_t logits_numel = shape().batch * shape().seq * shape().vocab;
       if (accelerate_amp_) convert_outputs_to_fp32(rt_, loss_, logits_, logits_numel);
       if (fsdp2_ && root_post_forward_after_loss) fsdp2_->post_forward(rt_);
-      if (accelerate_amp_)
+      if (fsdp2_ && root_post_forward_after_loss && s_.parallel.fsdp_output_dtype)
         cast_outputs(rt_, loss_, logits_, logits_numel,
-                     static_cast<uint64_t>(dtype_bytes(*s_.parallel.fsdp_mixed_precision)));
+                     static_cast<uint64_t>(dtype_bytes(*s_.parallel.fsdp_output_dtype)));
       if (script_.del_output_after_loss) logits_.reset();  // `del pred` (the graph lives on)
       if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
       rt_.ctx.phase = Phase::backward;
