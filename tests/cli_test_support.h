@@ -12,6 +12,8 @@
 #include <string>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
 #include "test_paths.h"
 
 namespace memsim_test {
@@ -37,6 +39,14 @@ inline CommandResult run_shell(const std::string& command) {
 // The shell words that start the built binary, without colour: append the arguments.
 inline std::string memsim_command() {
   return std::string("NO_COLOR=1 '") + MEMSIM_BINARY_DIR + "/memsim' ";
+}
+
+// `memsim run FILE SETS --json -`: its JSON report, the run required to exit 0 (it fits).
+inline nlohmann::json run_json(const std::string& file, const std::string& sets = "") {
+  const CommandResult r =
+      run_shell(memsim_command() + "run '" + file + "' " + sets + " --json - 2>/dev/null");
+  REQUIRE(r.status == 0);
+  return nlohmann::json::parse(r.out);
 }
 
 inline std::string slurp(const std::filesystem::path& path) {

@@ -195,12 +195,7 @@ TEST_CASE("Accelerate FSDP2 bf16: other combinations are refused by key",
 TEST_CASE("memsim run: Qwen2.5-7B through HF Trainer + Accelerate FSDP2 bf16 on 8 H100",
           "[fsdp2][autocast][accelerate][cli][scenarios]") {
   const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/qwen2.5-7b-hf-trainer-fsdp2-bf16-8xh100.yaml";
-  auto run = [&](const std::string& set) {
-    const memsim_test::CommandResult r = memsim_test::run_shell(
-        memsim_test::memsim_command() + "run '" + file + "' " + set + " --json - 2>/dev/null");
-    REQUIRE(r.status == 0);
-    return nlohmann::json::parse(r.out);
-  };
+  auto run = [&](const std::string& set) { return memsim_test::run_json(file, set); };
   const nlohmann::json acc = run("");
   CHECK(acc["fits"] == true);
   // The boundary's copies (1,245,708,288 B fp32 and 622,854,144 B bf16 logits, 2048 x

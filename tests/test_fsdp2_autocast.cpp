@@ -315,10 +315,7 @@ TEST_CASE("FSDP2 + autocast: what is not modelled is refused by key", "[fsdp2][a
 TEST_CASE("memsim run: FSDP2 + autocast end to end, MixedPrecisionPolicy without Accelerate's policy refused by key",
           "[fsdp2][autocast][cli][scenarios]") {
   const std::string file = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-fsdp2-autocast-8xh100.yaml";
-  const memsim_test::CommandResult r =
-      memsim_test::run_shell(memsim_test::memsim_command() + "run '" + file + "' --json - 2>/dev/null");
-  REQUIRE(r.status == 0);
-  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json j = memsim_test::run_json(file);
   CHECK(j["fits"] == true);
   // The scenario with a MixedPrecisionPolicy added but not Accelerate's (reduce_dtype unset):
   // exit 1, the message naming the file and the key.

@@ -276,12 +276,7 @@ TEST_CASE("memsim run: Qwen2.5-7B through HF Trainer + Accelerate >= 1.8 FSDP2 b
           "[fsdp2][accelerate][output_dtype][cli][scenarios]") {
   const std::string file =
       MEMSIM_SOURCE_DIR + "/scenarios/qwen2.5-7b-hf-trainer-fsdp2-bf16-accelerate1.8-8xh100.yaml";
-  auto run = [&](const std::string& set) {
-    const memsim_test::CommandResult r = memsim_test::run_shell(
-        memsim_test::memsim_command() + "run '" + file + "' " + set + " --json - 2>/dev/null");
-    REQUIRE(r.status == 0);
-    return nlohmann::json::parse(r.out);
-  };
+  auto run = [&](const std::string& set) { return memsim_test::run_json(file, set); };
   const nlohmann::json cur = run("");
   CHECK(cur["fits"] == true);
   // The 2-byte loss copy dies before backward: the peak is the policy's without output_dtype.

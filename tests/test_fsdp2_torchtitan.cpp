@@ -213,10 +213,7 @@ TEST_CASE("torchtitan + FSDP2 with its default activation checkpointing, sac-op:
 TEST_CASE("memsim run on llama3-8b-torchtitan-fsdp2-8xh100 (llama3_8b.toml at 5077be6e)",
           "[fsdp2][torchtitan][cli][scenarios]") {
   const std::string path = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-torchtitan-fsdp2-8xh100.yaml";
-  const memsim_test::CommandResult r =
-      memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path + "' --json - 2>/dev/null");
-  REQUIRE(r.status == 0);
-  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json j = memsim_test::run_json(path);
   CHECK(j["fits"] == true);
   CHECK(j["rank"]["world_size"] == 8);
   const Scenario s = load_scenario(path);

@@ -269,10 +269,7 @@ TEST_CASE("torchtune + FSDP2: what shard_model does not do, and what is not mode
 TEST_CASE("memsim run on llama3-8b-torchtune-fsdp2-8xh100 (full_finetune_distributed at the "
           "llama3 8B_full config's defaults)", "[fsdp2][torchtune][cli][scenarios]") {
   const std::string path = MEMSIM_SOURCE_DIR + "/scenarios/llama3-8b-torchtune-fsdp2-8xh100.yaml";
-  const memsim_test::CommandResult r =
-      memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path + "' --json - 2>/dev/null");
-  REQUIRE(r.status == 0);
-  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json j = memsim_test::run_json(path);
   CHECK(j["fits"] == true);
   CHECK(j["rank"]["world_size"] == 8);
   const Scenario s = load_scenario(path);
@@ -295,10 +292,7 @@ TEST_CASE("memsim run on llama3.1-70b-torchtune-fsdp2-offload-8xa100 (70B_full.y
           "fsdp_cpu_offload)", "[fsdp2][torchtune][cli][scenarios]") {
   const std::string path =
       MEMSIM_SOURCE_DIR + "/scenarios/llama3.1-70b-torchtune-fsdp2-offload-8xa100.yaml";
-  const memsim_test::CommandResult r =
-      memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path + "' --json - 2>/dev/null");
-  REQUIRE(r.status == 0);
-  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json j = memsim_test::run_json(path);
   CHECK(j["fits"] == true);
   // torchtune's README (v0.6.1): 13.9 GiB per GPU for this job, measured with torch.compile
   // (not modelled here): the uncompiled prediction sits within 0.5% of it.
