@@ -13,6 +13,8 @@
 //    (children's parameters, then the root's buffer) and init_weights(), which recomputes
 //    freqs_cis into a new tensor.
 //  - forward: h = tok_embeddings(tokens); each layer h = layer(h, freqs_cis); norm; output.
+//    With step.compile_scope: block each layer is a compiled region (apply_compile wraps
+//    every TransformerBlock; graph/compile.h, docs/compile.md "torchtitan's own model code").
 //    No mask, no position ids: SDPA with is_causal (attention.py
 //    ScaledDotProductAttentionWrapper).
 //  - Attention.forward: wq, wk, wv; views (B,S,h,hd); apply_rotary_emb (complex product,
