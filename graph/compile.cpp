@@ -77,7 +77,19 @@ PartClass op_class(OpKind k, PartitionerVersion v) {
     case OpKind::cat2:
     case OpKind::chunk2:
     case OpKind::qkv_split:
+    // nn.RMSNorm's aten._fused_rms_norm (torch >= 2.9; torchtitan's norms): in
+    // core_aten_decompositions (torch/_decomp/__init__.py), decomposed by
+    // torch/_decomp/decompositions.py _fused_rms_norm into to / pow / mean / add / rsqrt /
+    // mul, so recomputable and fused like layer_norm.
+    case OpKind::fused_rms_norm:
       return PartClass::recomputable;
+    // torchtitan's apply_rotary_emb (OpKind::rope_complex: view_as_complex, complex mul,
+    // view_as_real, flatten): view_as_complex / view_as_real are in none of the
+    // partitioner's lists (get_default_op_list), so the chain is banned from recompute
+    // and what reads it is saved after it; Inductor generates no code for complex tensors
+    // (torch/_inductor/lowering.py unsupported_input_tensor / fallback_node_due_to_
+    // unsupported_type: a FallbackKernel, realised inputs and output), so it is not fusible.
+    case OpKind::rope_complex:
     default:
       return PartClass::other;
   }

@@ -158,9 +158,15 @@ void check_implementation(const Doc& d, const Scenario& s) {
       refuse("optimizer.impl", "only torch.optim's for-loop, foreach and fused implementations "
                                "are modelled with " + stack);
   }
-  // torchtitan compiles per block (its compile.enable), torchtune the whole model; neither
-  // is wired to these rows' modules (graph/compile.h wraps the hf rows' forward and blocks).
-  if (s.step.compile)
+  // torchtitan compiles per block (its compile.enable: apply_compile wraps each
+  // TransformerBlock): modelled as the hf rows' block scope (graph/models/decoder_impl.cpp
+  // forward_titan; docs/compile.md "torchtitan's model code"). torch.compile(model) over
+  // its code is not what torchtitan does; torchtune and litgpt compile the whole model.
+  if (s.step.compile && titan && s.step.compile_scope != CompileRegions::block)
+    refuse("step.compile_scope",
+           "torchtitan compiles each TransformerBlock (apply_compile); torch.compile of its "
+           "whole model is not modelled: use step.compile_scope: block");
+  if (s.step.compile && !titan)
     refuse("step.compile", "torch.compile is not modelled with " + stack + "'s model code yet" +
                                (lit ? std::string(" (litgpt pretrain.py compiles the whole model; "
                                                   "finetune/full.py does not)")

@@ -13,6 +13,8 @@
 //    (children's parameters, then the root's buffer) and init_weights(), which recomputes
 //    freqs_cis into a new tensor.
 //  - forward: h = tok_embeddings(tokens); each layer h = layer(h, freqs_cis); norm; output.
+//    With step.compile_scope: block each layer is a compiled region (apply_compile wraps
+//    every TransformerBlock; graph/compile.h, docs/compile.md "torchtitan's own model code").
 //    No mask, no position ids: SDPA with is_causal (attention.py
 //    ScaledDotProductAttentionWrapper).
 //  - Attention.forward: wq, wk, wv; views (B,S,h,hd); apply_rotary_emb (complex product,
@@ -51,6 +53,7 @@
 #include <string>
 
 #include "graph/checkpoint.h"
+#include "graph/compile.h"
 #include "graph/models/decoder.h"
 #include "graph/ops/ops_nn.h"
 #include "graph/ops/ops_stack.h"
@@ -137,7 +140,12 @@ Tensor DecoderModel::forward_titan(const Tensor& ids) {
   // slots {mask, cache_position, cos, sin}: only the table.
   Inputs extra = {Tensor(), Tensor(), freqs_cis_, Tensor()};
   h = run_layers(rt_, static_cast<int32_t>(s_.layers), std::move(h), extra,
-                 [this](int32_t l, const Tensor& in, const Inputs& ex) { return layer(l, in, ex); });
+                 [this](int32_t l, const Tensor& in, const Inputs& ex) {
+                   // step.compile_scope: block: torchtitan's apply_compile compiles each
+                   // TransformerBlock (graph/compile.h; fully_shard wraps the compiled block).
+                   return compile_region(
+                       rt_, CompileScope::block, [&] { return layer(l, in, ex); }, l);
+                 });
   extra.clear();
   h = norm(h, final_norm_, s_.rows(), D);
   rt_.ctx.module = Module::head;
@@ -301,7 +309,12 @@ Tensor DecoderModel::forward_tune(const Tensor& ids) {
   Tensor h = embedding_nn(rt_, rt_.param(embed_), ids, s_.rows() * D * e, D);
   Inputs extra = {Tensor(), Tensor(), Tensor(), Tensor()};  // the RoPE module holds its cache
   h = run_layers(rt_, static_cast<int32_t>(s_.layers), std::move(h), extra,
-                 [this](int32_t l, const Tensor& in, const Inputs& ex) { return layer(l, in, ex); });
+                 [this](int32_t l, const Tensor& in, const Inputs& ex) {
+                   // step.compile_scope: block: torchtitan's apply_compile compiles each
+                   // TransformerBlock (graph/compile.h; fully_shard wraps the compiled block).
+                   return compile_region(
+                       rt_, CompileScope::block, [&] { return layer(l, in, ex); }, l);
+                 });
   extra.clear();
   h = norm(h, final_norm_, s_.rows(), D);
   // unembed: [self.output(chunk) for chunk in h.chunk(8, dim=1)]. torch.chunk's one
