@@ -1,10 +1,21 @@
-// The compile suites' tiny decoder (tests/test_compile_fixtures.cpp, test_compile_fsdp2.cpp,
-// test_compile_checkpoint.cpp): 2 layers, d_model 64, 4 heads, vocab 128, 2 x 16 tokens,
-// eager attention; hf-llama with GQA (2 kv heads, d_ff 160), hf-gpt2 with d_ff 256. The
+// The compile suites' shared pieces (tests/test_compile_*.cpp). The tiny decoder of
+// test_compile_fixtures.cpp, test_compile_fsdp2.cpp and test_compile_checkpoint.cpp: 2
+// layers, d_model 64, 4 heads, vocab 128, 2 x 16 tokens, eager attention; hf-llama with GQA (2 kv heads, d_ff 160), hf-gpt2 with d_ff 256. The
 // functorch 1.13 partitions of tests/data/torch_cpu/compile_* are of this shape.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "graph/compile.h"
+#include "graph/models/decoder.h"
+#include "program/program.h"
+#include "scenario/hf_family.h"
+#include "scenario/scenario.h"
 
 namespace memsim_test {
 
@@ -24,6 +35,89 @@ inline std::string tiny_compile_yaml(const std::string& family, const std::strin
   y += rest;
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return y;
+}
+
+// FSDP2's buffers ("FSDP2 ..." names), the measured step's live bytes at forward end and its
+// peak, and the measured forward's other allocations, from a Program's events.
+inline bool fsdp2_buffer(const memsim::Program& p, uint32_t t) {
+  const memsim::TensorInfo& info = p.tensors[t];
+  return info.role == memsim::NameRole::none && info.name != 0 && p.str(info.name).rfind("FSDP2", 0) == 0;
+}
+
+struct Trace {
+  bool ok = true;  // every free follows its alloc, once
+  uint64_t forward_end = 0, peak = 0, end = 0;
+  // FSDP2's buffers: (alloc?, bytes, stream, name) in event order.
+  std::vector<std::tuple<bool, uint64_t, uint8_t, std::string>> fsdp2;
+  // The measured forward's other allocations: (bytes, layer).
+  std::vector<std::pair<uint64_t, int32_t>> forward;
+  // Per layer: did FSDP2's copy-out of the block come before its first activation?
+  std::vector<int> gathered_first;
+};
+
+inline Trace trace(const memsim::Program& p) {
+  Trace t;
+  std::vector<uint8_t> live(p.tensors.size(), 0);
+  uint64_t cur = 0;
+  bool measured = false, forward = false;
+  std::vector<int> unsharded(8, 0), first(8, -1);
+  for (const memsim::MemoryEvent& e : p.events) {
+    if (e.type == memsim::EventType::mark) {
+      const std::string& name = p.str(static_cast<uint32_t>(e.bytes));
+      if (name == "measured_step_begin") {
+        measured = forward = true;
+        t.peak = cur;
+        t.fsdp2.clear();
+      }
+      if (name == "forward_end") {
+        if (measured) t.forward_end = cur;
+        forward = false;
+      }
+      continue;
+    }
+    if (e.type != memsim::EventType::alloc && e.type != memsim::EventType::free) continue;
+    const bool is_alloc = e.type == memsim::EventType::alloc;
+    if (live[e.tensor] == is_alloc) t.ok = false;
+    live[e.tensor] = is_alloc;
+    cur = is_alloc ? cur + e.bytes : cur - p.tensors[e.tensor].bytes;
+    if (measured) t.peak = std::max(t.peak, cur);
+    const bool f = fsdp2_buffer(p, e.tensor);
+    if (f) t.fsdp2.emplace_back(is_alloc, p.tensors[e.tensor].bytes, e.stream, p.str(p.tensors[e.tensor].name));
+    if (!measured || !forward || !is_alloc) continue;
+    if (!f) t.forward.emplace_back(e.bytes, e.layer);
+    if (e.layer < 0 || e.layer >= 8) continue;
+    const std::string name = f ? p.str(p.tensors[e.tensor].name) : std::string();
+    if (name.rfind("FSDP2 unsharded", 0) == 0) unsharded[e.layer] = 1;
+    if (!f && first[e.layer] < 0) first[e.layer] = unsharded[e.layer];
+  }
+  t.end = cur;
+  t.gathered_first.assign(first.begin(), first.end());
+  return t;
+}
+
+
+// One forward of `s`'s decoder with every block compiled as its own region (the compile
+// engine alone, no step schedule), `hooks` (if any) on the Runtime during it: the regions'
+// statistics.
+inline std::vector<memsim::graph::CompiledRegionStats> compiled_block_forward(
+    const memsim::Scenario& s, memsim::graph::RuntimeHooks* hooks = nullptr) {
+  using namespace memsim;
+  Program program;
+  graph::Runtime rt(program);
+  graph::CompileOptions o;
+  o.scope = graph::CompileScope::block;
+  graph::CompileEngine engine(rt, o);
+  rt.hooks = hooks;
+  graph::DecoderModel model(rt, hf_shape(s));
+  model.construct();
+  graph::Tensor ids = rt.alloc(s.batch.micro_batch * s.batch.seq_len * 8, TensorKind::input,
+                               graph::OpKind::other);
+  rt.ctx.phase = Phase::forward;
+  rt.begin_graph();
+  graph::Tensor logits = model.forward(ids);
+  rt.hooks = nullptr;
+  rt.freeze();
+  return engine.regions();
 }
 
 }  // namespace memsim_test

@@ -38,61 +38,8 @@ std::string yaml(const std::string& family, bool compile, const std::string& par
 
 Program build(const std::string& y) { return build_program(load_scenario_text(y, "c.yaml")); }
 
-bool fsdp2_buffer(const Program& p, uint32_t t) {
-  const TensorInfo& info = p.tensors[t];
-  return info.role == NameRole::none && info.name != 0 && p.str(info.name).rfind("FSDP2", 0) == 0;
-}
-
-struct Trace {
-  bool ok = true;  // every free follows its alloc, once
-  uint64_t forward_end = 0, peak = 0, end = 0;
-  // FSDP2's buffers: (alloc?, bytes, stream, name) in event order.
-  std::vector<std::tuple<bool, uint64_t, uint8_t, std::string>> fsdp2;
-  // The measured forward's other allocations: (bytes, layer).
-  std::vector<std::pair<uint64_t, int32_t>> forward;
-  // Per layer: did FSDP2's copy-out of the block come before its first activation?
-  std::vector<int> gathered_first;
-};
-
-Trace trace(const Program& p) {
-  Trace t;
-  std::vector<uint8_t> live(p.tensors.size(), 0);
-  uint64_t cur = 0;
-  bool measured = false, forward = false;
-  std::vector<int> unsharded(8, 0), first(8, -1);
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark) {
-      const std::string& name = p.str(static_cast<uint32_t>(e.bytes));
-      if (name == "measured_step_begin") {
-        measured = forward = true;
-        t.peak = cur;
-        t.fsdp2.clear();
-      }
-      if (name == "forward_end") {
-        if (measured) t.forward_end = cur;
-        forward = false;
-      }
-      continue;
-    }
-    if (e.type != EventType::alloc && e.type != EventType::free) continue;
-    const bool is_alloc = e.type == EventType::alloc;
-    if (live[e.tensor] == is_alloc) t.ok = false;
-    live[e.tensor] = is_alloc;
-    cur = is_alloc ? cur + e.bytes : cur - p.tensors[e.tensor].bytes;
-    if (measured) t.peak = std::max(t.peak, cur);
-    const bool f = fsdp2_buffer(p, e.tensor);
-    if (f) t.fsdp2.emplace_back(is_alloc, p.tensors[e.tensor].bytes, e.stream, p.str(p.tensors[e.tensor].name));
-    if (!measured || !forward || !is_alloc) continue;
-    if (!f) t.forward.emplace_back(e.bytes, e.layer);
-    if (e.layer < 0 || e.layer >= 8) continue;
-    const std::string name = f ? p.str(p.tensors[e.tensor].name) : std::string();
-    if (name.rfind("FSDP2 unsharded", 0) == 0) unsharded[e.layer] = 1;
-    if (!f && first[e.layer] < 0) first[e.layer] = unsharded[e.layer];
-  }
-  t.end = cur;
-  t.gathered_first.assign(first.begin(), first.end());
-  return t;
-}
+using memsim_test::Trace;
+using memsim_test::trace;
 
 // A module pre-forward hook that allocates, as FSDP2's unshard does: one buffer per block
 // entered in the forward, kept until the end.
@@ -114,25 +61,11 @@ class GatherHooks : public graph::RuntimeHooks {
 
 // The forward of a 2-layer hf-llama compiled per block, with or without the hooks.
 std::vector<graph::CompiledRegionStats> compiled_forward(bool hooks, std::vector<size_t>* at = nullptr) {
-  const Scenario s = load_scenario_text(yaml("hf-llama", false, ""), "h.yaml");
-  Program program;
-  graph::Runtime rt(program);
-  graph::CompileOptions o;
-  o.scope = graph::CompileScope::block;
-  graph::CompileEngine engine(rt, o);
   GatherHooks h;
-  if (hooks) rt.hooks = &h;
-  graph::DecoderModel model(rt, hf_shape(s));
-  model.construct();
-  graph::Tensor ids = rt.alloc(s.batch.micro_batch * s.batch.seq_len * 8, TensorKind::input,
-                               graph::OpKind::other);
-  rt.ctx.phase = Phase::forward;
-  rt.begin_graph();
-  graph::Tensor logits = model.forward(ids);
+  const auto regions = memsim_test::compiled_block_forward(
+      load_scenario_text(yaml("hf-llama", false, ""), "h.yaml"), hooks ? &h : nullptr);
   if (at != nullptr) *at = h.first_event;
-  rt.hooks = nullptr;
-  rt.freeze();
-  return engine.regions();
+  return regions;
 }
 
 }  // namespace

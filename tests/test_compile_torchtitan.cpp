@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "compile_test_support.h"
 #include "graph/compile.h"
 #include "graph/models/decoder.h"
 #include "scenario/hf_family.h"
@@ -45,64 +46,12 @@ std::string yaml(bool compile, const std::string& checkpoint, const std::string&
 
 Program build(const std::string& y) { return build_program(load_scenario_text(y, "t.yaml")); }
 
-bool fsdp2_buffer(const Program& p, uint32_t t) {
-  const TensorInfo& info = p.tensors[t];
-  return info.role == NameRole::none && info.name != 0 && p.str(info.name).rfind("FSDP2", 0) == 0;
-}
-
-struct Trace {
-  bool ok = true;  // every free follows its alloc, once
-  uint64_t forward_end = 0, peak = 0, end = 0;
-  std::vector<std::tuple<bool, uint64_t, uint8_t, std::string>> fsdp2;  // FSDP2's buffers
-};
-
-Trace trace(const Program& p) {
-  Trace t;
-  std::vector<uint8_t> live(p.tensors.size(), 0);
-  uint64_t cur = 0;
-  bool measured = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark) {
-      const std::string& name = p.str(static_cast<uint32_t>(e.bytes));
-      if (name == "measured_step_begin") {
-        measured = true;
-        t.peak = cur;
-        t.fsdp2.clear();
-      }
-      if (name == "forward_end" && measured) t.forward_end = cur;
-      continue;
-    }
-    if (e.type != EventType::alloc && e.type != EventType::free) continue;
-    const bool is_alloc = e.type == EventType::alloc;
-    if (live[e.tensor] == is_alloc) t.ok = false;
-    live[e.tensor] = is_alloc;
-    cur = is_alloc ? cur + e.bytes : cur - p.tensors[e.tensor].bytes;
-    if (measured) t.peak = std::max(t.peak, cur);
-    if (fsdp2_buffer(p, e.tensor))
-      t.fsdp2.emplace_back(is_alloc, p.tensors[e.tensor].bytes, e.stream,
-                           p.str(p.tensors[e.tensor].name));
-  }
-  t.end = cur;
-  return t;
-}
+using memsim_test::Trace;
+using memsim_test::trace;
 
 // The compiled regions of one forward of the 2-layer model.
 std::vector<graph::CompiledRegionStats> compiled_forward(const std::string& params) {
-  const Scenario s = load_scenario_text(yaml(false, "", "", params), "t.yaml");
-  Program program;
-  graph::Runtime rt(program);
-  graph::CompileOptions o;
-  o.scope = graph::CompileScope::block;
-  graph::CompileEngine engine(rt, o);
-  graph::DecoderModel model(rt, hf_shape(s));
-  model.construct();
-  graph::Tensor ids = rt.alloc(s.batch.micro_batch * s.batch.seq_len * 8, TensorKind::input,
-                               graph::OpKind::other);
-  rt.ctx.phase = Phase::forward;
-  rt.begin_graph();
-  graph::Tensor logits = model.forward(ids);
-  rt.freeze();
-  return engine.regions();
+  return memsim_test::compiled_block_forward(load_scenario_text(yaml(false, "", "", params), "t.yaml"));
 }
 
 }  // namespace
