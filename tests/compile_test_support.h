@@ -1,7 +1,8 @@
 // The compile suites' shared pieces (tests/test_compile_*.cpp). The tiny decoder of
 // test_compile_fixtures.cpp, test_compile_fsdp2.cpp and test_compile_checkpoint.cpp: 2
-// layers, d_model 64, 4 heads, vocab 128, 2 x 16 tokens, eager attention; hf-llama with GQA (2 kv heads, d_ff 160), hf-gpt2 with d_ff 256. The
-// functorch 1.13 partitions of tests/data/torch_cpu/compile_* are of this shape.
+// layers, d_model 64, 4 heads, vocab 128, 2 x 16 tokens, eager attention; hf-llama with
+// GQA (2 kv heads, d_ff 160), hf-gpt2 with d_ff 256. The functorch 1.13 partitions of
+// tests/data/torch_cpu/compile_* are of this shape.
 #pragma once
 
 #include <algorithm>
