@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_support.h"
+#include "fsdp2_accelerate_test_support.h"
 #include "program/tensor_names.h"
 #include "sim/step/schedule.h"
 #include "step_measure_test_support.h"
@@ -23,29 +24,14 @@ using namespace memsim;
 
 namespace {
 
-// docs/fsdp2.md's worked example (2 layers, D 256, F 1000, vocab 1001, ws 4, batch 2 x 64)
-// in HF Trainer's loop (the model computes its loss: step.keep_output loss).
-std::string worked_text(const std::string& precision, const std::string& parallel,
-                        const std::string& model_extra = "", const std::string& extra = "") {
-  std::string y =
-      "model:\n  family: hf-llama\n  layers: 2\n  d_model: 256\n  heads: 4\n  kv_heads: 4\n"
-      "  d_ff: 1000\n  vocab: 1001\n  context_length: 64\n" + model_extra;
-  y += "batch:\n  micro_batch: 2\n  seq_len: 64\n";
-  y += "precision:\n  params: fp32\n" + precision;
-  y += "optimizer:\n  type: adamw\n  impl: foreach\n";
-  y += "step:\n  kind: train\n  warmup_steps: 1\n  keep_output: loss\n";
-  y += "parallel:\n  data: 4\n  sharding: fsdp2\n" + parallel;
-  y += extra;
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
-  return y;
-}
+using memsim_test::accelerate::worked_text;
 Scenario worked(const std::string& precision, const std::string& parallel,
                 const std::string& model_extra = "", const std::string& extra = "") {
   return load_scenario_text(worked_text(precision, parallel, model_extra, extra), "accelerate.yaml");
 }
 
 const std::string kAutocast = "  autocast: bf16\n";
-const std::string kPolicy = "  fsdp_mixed_precision: bf16\n  reduce_dtype: bf16\n";
+using memsim_test::accelerate::kPolicy;
 // Accelerate's whole policy: MixedPrecisionPolicy(param_dtype, reduce_dtype, output_dtype bf16).
 const std::string kAccPolicy = kPolicy + "  fsdp_output_dtype: bf16\n";
 const std::string kV5 = "  transformers: 5\n";
@@ -55,24 +41,8 @@ bool is_boundary(const std::string& name) {
          name.find("cast_forward_outputs") != std::string::npos;
 }
 
-struct Ev {
-  EventType type;
-  uint64_t bytes;
-  Phase phase;
-  std::string name;
-};
-// The measured step's alloc / free events, with the bytes of the tensor they concern.
-std::vector<Ev> measured(const Program& p) {
-  const TensorNames names(p);
-  std::vector<Ev> out;
-  bool on = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") on = true;
-    if (!on || (e.type != EventType::alloc && e.type != EventType::free)) continue;
-    out.push_back({e.type, p.tensors[e.tensor].bytes, e.phase, names.name(e.tensor)});
-  }
-  return out;
-}
+using memsim_test::accelerate::Ev;
+using memsim_test::accelerate::measured;
 
 }  // namespace
 
