@@ -11,6 +11,7 @@
 
 #include "event_span_test_support.h"
 #include "scenario/scenario.h"
+#include "scenario_error_test_support.h"
 
 namespace memsim_test {
 
@@ -26,12 +27,7 @@ inline constexpr const char* kFloat8Llama =
 
 // The error kFloat8Llama with these overrides loads with, empty when it loads.
 inline std::string float8_error_of(const std::vector<std::pair<std::string, std::string>>& overrides) {
-  try {
-    memsim::load_scenario_text(kFloat8Llama, "f8.yaml", overrides);
-  } catch (const memsim::ScenarioError& e) {
-    return e.what();
-  }
-  return "";
+  return scenario_error(kFloat8Llama, "f8.yaml", overrides);
 }
 
 }  // namespace memsim_test

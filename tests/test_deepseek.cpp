@@ -26,6 +26,7 @@
 #include "program/tensor_names.h"
 #include "torch_fixture_test_support.h"
 #include "test_paths.h"
+#include "scenario_error_test_support.h"
 
 using namespace memsim;
 
@@ -122,14 +123,7 @@ uint64_t peak_without_out_of_place_adds(const nlohmann::json& fx) {
   return static_cast<uint64_t>(best);
 }
 
-std::string load_error(const std::string& yaml) {
-  try {
-    load_scenario_text(yaml, "ds.yaml");
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string load_error(const std::string& yaml) { return memsim_test::scenario_error(yaml, "ds.yaml"); }
 
 }  // namespace
 

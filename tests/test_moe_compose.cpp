@@ -19,6 +19,7 @@
 #include "decoder_arch_test_support.h"
 #include "json_test_support.h"
 #include "moe_fixture_test_support.h"
+#include "scenario_error_test_support.h"
 #include "scenario/scenario.h"
 #include "sim/analysis/analysis.h"
 #include "sim/step/execute.h"
@@ -64,12 +65,7 @@ uint64_t peak_of(const Scenario& s) {
 }
 
 std::string load_error(const std::string& yaml, const std::vector<std::pair<std::string, std::string>>& sets) {
-  try {
-    load_scenario_text(yaml, "moe.yaml", sets);
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return "";
+  return memsim_test::scenario_error(yaml, "moe.yaml", sets);
 }
 
 // A small Qwen3-MoE-like run (hf-llama with an MoE block, transformers 5.x layout).

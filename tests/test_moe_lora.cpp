@@ -21,6 +21,7 @@
 #include "decoder_arch_test_support.h"
 #include "json_test_support.h"
 #include "moe_fixture_test_support.h"
+#include "scenario_error_test_support.h"
 #include "scenario/scenario.h"
 #include "sim/analysis/parameter_count.h"
 #include "torch_fixture_test_support.h"
@@ -65,9 +66,8 @@ Scenario scenario_for(const nlohmann::json& c) {
   if (ck == "full") y += "checkpoint:\n  policy: full\n" + mode;
   if (ck == "mlp") y += "checkpoint:\n  policy: custom\n  custom: [mlp]\n" + mode;
   // The MoE block is set after loading (the fixture's forced counts); the reader checks the
-  // target_parameters key against a MoE model, so give it one to read.
-  y += "";
-  Scenario s = load_scenario_text(y + "", "moe-lora-fixture.yaml",
+  // target_parameters key against a MoE model, so the overrides give it one to read.
+  Scenario s = load_scenario_text(y, "moe-lora-fixture.yaml",
                                   {{"model.moe.experts", std::to_string(c["moe"]["experts"].get<int>())},
                                    {"model.moe.top_k", std::to_string(c["moe"]["top_k"].get<int>())},
                                    {"model.moe.expert_d_ff", std::to_string(c["moe"]["expert_d_ff"].get<int>())}});
@@ -77,12 +77,7 @@ Scenario scenario_for(const nlohmann::json& c) {
 }
 
 std::string load_error(const std::string& yaml, const std::vector<std::pair<std::string, std::string>>& sets) {
-  try {
-    load_scenario_text(yaml, "moe.yaml", sets);
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return "";
+  return memsim_test::scenario_error(yaml, "moe.yaml", sets);
 }
 
 // A small Qwen3-MoE-like run (as tests/test_moe_compose.cpp's).

@@ -1,0 +1,23 @@
+// The error a scenario text loads with (tests that check refusals by key).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scenario/scenario.h"
+
+namespace memsim_test {
+
+// What load_scenario_text(yaml, file, sets) throws as a ScenarioError, empty when it loads.
+inline std::string scenario_error(const std::string& yaml, const std::string& file,
+                                  const std::vector<std::pair<std::string, std::string>>& sets = {}) {
+  try {
+    memsim::load_scenario_text(yaml, file, sets);
+  } catch (const memsim::ScenarioError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace memsim_test
