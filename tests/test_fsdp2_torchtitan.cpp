@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "live_at_mark_test_support.h"
 #include "cli_test_support.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/parallel/fsdp2.h"
@@ -71,15 +72,8 @@ std::vector<const MemoryEvent*> allocs(const Program& p, const std::string& name
   return out;
 }
 
-std::array<uint64_t, kTensorKindCount> live_at(const Program& p, const char* mark) {
-  const LiveBytes l = live_bytes_at_mark(p, mark);
-  REQUIRE(l.found_mark);
-  return l.by_kind;
-}
-
-uint64_t kind(const std::array<uint64_t, kTensorKindCount>& k, TensorKind t) {
-  return k[static_cast<int>(t)];
-}
+using memsim_test::kind;
+using memsim_test::live_at;
 
 // Per group label: bytes -> count of the named FSDP2 buffer over the whole program.
 std::map<std::string, std::map<uint64_t, int>> per_group(const Program& p, const std::string& what) {

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "live_at_mark_test_support.h"
 #include "cli_test_support.h"
 #include "sim/analysis/layer_bytes.h"
 #include "sim/parallel/fsdp2.h"
@@ -82,15 +83,8 @@ uint64_t max_live(const Program& p, const std::string& name, Phase phase) {
   return best;
 }
 
-std::array<uint64_t, kTensorKindCount> live_at(const Program& p, const char* mark) {
-  const LiveBytes l = live_bytes_at_mark(p, mark);
-  REQUIRE(l.found_mark);
-  return l.by_kind;
-}
-
-uint64_t kind(const std::array<uint64_t, kTensorKindCount>& k, TensorKind t) {
-  return k[static_cast<int>(t)];
-}
+using memsim_test::kind;
+using memsim_test::live_at;
 
 }  // namespace
 
