@@ -98,15 +98,17 @@ inline Trace trace(const memsim::Program& p) {
 
 
 // One forward of `s`'s decoder with every block compiled as its own region (the compile
-// engine alone, no step schedule), `hooks` (if any) on the Runtime during it: the regions'
-// statistics.
+// engine alone, no step schedule, `partitioner`'s rules), `hooks` (if any) on the Runtime
+// during it: the regions' statistics.
 inline std::vector<memsim::graph::CompiledRegionStats> compiled_block_forward(
-    const memsim::Scenario& s, memsim::graph::RuntimeHooks* hooks = nullptr) {
+    const memsim::Scenario& s, memsim::graph::RuntimeHooks* hooks = nullptr,
+    memsim::graph::PartitionerVersion partitioner = memsim::graph::CompileOptions{}.partitioner) {
   using namespace memsim;
   Program program;
   graph::Runtime rt(program);
   graph::CompileOptions o;
   o.scope = graph::CompileScope::block;
+  o.partitioner = partitioner;
   graph::CompileEngine engine(rt, o);
   rt.hooks = hooks;
   graph::DecoderModel model(rt, hf_shape(s));

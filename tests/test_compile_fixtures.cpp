@@ -85,23 +85,10 @@ graph::CompiledRegionStats compiled_block(const nlohmann::json& c, graph::Partit
   y += std::string("  tied_embeddings: ") + (c["family"] == "hf-gpt2" ? "true" : "false") + "\n";
   y += "  attention: eager\nbatch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
        "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
-  const Scenario s = load_scenario_text(y, "compile-fixture.yaml");
-  Program program;
-  graph::Runtime rt(program);
-  graph::CompileOptions o;
-  o.scope = graph::CompileScope::block;
-  o.partitioner = v;
-  graph::CompileEngine engine(rt, o);
-  graph::DecoderModel model(rt, hf_shape(s));
-  model.construct();
-  graph::Tensor ids = rt.alloc(s.batch.micro_batch * s.batch.seq_len * 8, TensorKind::input,
-                               graph::OpKind::other);
-  rt.ctx.phase = Phase::forward;
-  rt.begin_graph();
-  graph::Tensor logits = model.forward(ids);
-  REQUIRE(engine.regions().size() == 1);
-  rt.freeze();
-  return engine.regions()[0];
+  const auto regions =
+      memsim_test::compiled_block_forward(load_scenario_text(y, "compile-fixture.yaml"), nullptr, v);
+  REQUIRE(regions.size() == 1);
+  return regions[0];
 }
 
 }  // namespace
