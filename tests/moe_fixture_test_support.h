@@ -56,4 +56,22 @@ inline void check_forward_allocs_by_layer(const nlohmann::json& fx, const memsim
   }
 }
 
+// Bytes (and, through `count`, the number) of the measured step's allocations (after the
+// warm-up) that `keep(event)` accepts.
+template <class F>
+uint64_t measured_sum(const memsim::Program& p, F keep, uint64_t* count = nullptr) {
+  uint64_t sum = 0, n = 0;
+  bool measuring = false;
+  for (const memsim::MemoryEvent& e : p.events) {
+    if (e.type == memsim::EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin")
+      measuring = true;
+    if (measuring && e.type == memsim::EventType::alloc && keep(e)) {
+      sum += e.bytes;
+      ++n;
+    }
+  }
+  if (count) *count = n;
+  return sum;
+}
+
 }  // namespace memsim_test

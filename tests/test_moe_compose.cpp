@@ -97,21 +97,7 @@ TEST_CASE("MoE with LoRA and autocast matches real PyTorch training steps (CPU f
 
 namespace {
 
-// Allocations of the measured step (after the warm-up), with a filter.
-template <class F>
-uint64_t measured_sum(const Program& p, F keep, uint64_t* count = nullptr) {
-  uint64_t sum = 0, n = 0;
-  bool measuring = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") measuring = true;
-    if (measuring && e.type == EventType::alloc && keep(e)) {
-      sum += e.bytes;
-      ++n;
-    }
-  }
-  if (count) *count = n;
-  return sum;
-}
+using memsim_test::measured_sum;
 
 // kBase's shapes: T tokens, D, E experts, K, F, the attention widths.
 constexpr uint64_t kT = 2 * 32, kD = 64, kE = 4, kK = 2, kF = 64, kKv = 32, kV = 256, kL = 2;

@@ -88,21 +88,7 @@ const std::string kBase =
     "batch:\n  micro_batch: 2\n  seq_len: 32\nprecision:\n  params: bf16\ndevice:\n  capacity: 80GiB\n"
     "lora:\n  rank: 4\n";
 
-// Allocations of the measured step with a filter.
-template <class F>
-uint64_t measured_sum(const Program& p, F keep, uint64_t* count = nullptr) {
-  uint64_t sum = 0, n = 0;
-  bool measuring = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") measuring = true;
-    if (measuring && e.type == EventType::alloc && keep(e)) {
-      sum += e.bytes;
-      ++n;
-    }
-  }
-  if (count) *count = n;
-  return sum;
-}
+using memsim_test::measured_sum;
 
 }  // namespace
 
