@@ -73,6 +73,10 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   if (emb_group_ != 0) state_order_.push_back(emb_group_);
   for (size_t b = 1; b <= blocks_; ++b) state_order_.push_back(b);
   if (out_group_ != 0) state_order_.push_back(out_group_);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].all_gather_name = program.intern("FSDP2 all-gather output (flat) of " + group_label(g));
+    groups_[g].reduce_scatter_name = program.intern("FSDP2 reduce-scatter input (chunk_cat) of " + group_label(g));
+  }
   const size_t n = rt.parameters().size();
   param_of_orig_.assign(n, -1);
   stamp_.assign(n, 0);
@@ -213,14 +217,6 @@ Fsdp2::~Fsdp2() {
   if (rt_->hooks == this) rt_->hooks = nullptr;
 }
 
-namespace {
-// "<what> of block 7" (the group of layer 7) / "<what> of the root" (group 0), for the
-// names in the reports (program/tensor_names.h).
-uint32_t group_name(Runtime& rt, const std::string& label, const char* what) {
-  return rt.program().intern(std::string(what) + " of " + label);
-}
-}  // namespace
-
 std::string Fsdp2::group_label(size_t g) const {
   if (g == 0) return "the root";
   if (g == emb_group_) return "tok_embeddings";
@@ -338,7 +334,7 @@ void Fsdp2::unshard(Runtime& rt, size_t g) {
   // Mixed dtypes (float8 and bf16) gather as uint8: the output is the inputs' bytes x ws.
   group.all_gather =
       alloc(rt, input_bytes * world, TensorKind::parameter, kAllGatherStream, n_ag_out_);
-  rt.name(group.all_gather, group_name(rt, group_label(g), "FSDP2 all-gather output (flat)"));
+  rt.name(group.all_gather, group.all_gather_name);
   for (uint32_t in : inputs) rt.release(in);  // foreach_all_gather returns
 }
 
@@ -600,7 +596,7 @@ void Fsdp2::group_post_backward(Runtime& rt, size_t g) {
     shard += params_[i].shard_numel;
   }
   const uint32_t rs_in = alloc(rt, full * reduce_elem, TensorKind::gradient, 0, n_rs_in_);
-  rt.name(rs_in, group_name(rt, group_label(g), "FSDP2 reduce-scatter input (chunk_cat)"));
+  rt.name(rs_in, groups_[g].reduce_scatter_name);
   if (grad_dtype_ != reduce_dtype_ && promote(grad_dtype_, reduce_dtype_) != reduce_dtype_) {
     // _chunk_cat rejects narrowing casts: a grad-dtype buffer first.
     const uint32_t buf = alloc(rt, full * grad_elem, TensorKind::gradient, 0, n_rs_cast_);

@@ -221,6 +221,9 @@ class Fsdp2 : public graph::RuntimeHooks {
     // separately sharded tok_embeddings): post_backward runs in the final callback only.
     bool post_backward_in_callback = false;
     std::vector<size_t> post_forward_indices;  // _post_forward_indices (into post_forward_order_)
+    // The reports' names of its flat all-gather output and reduce-scatter input ("... of
+    // block 7"), interned once at construction.
+    uint32_t all_gather_name = 0, reduce_scatter_name = 0;
   };
   // The group of an allocation in transformer layer `layer` (-1: outside the blocks) and
   // module `module`.
