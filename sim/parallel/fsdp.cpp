@@ -7,6 +7,7 @@
 
 #include "scenario/fsdp_precision.h"
 #include "sim/parallel/wrap_units.h"
+#include "sim/step/loss_placement.h"
 #include "sim/parallel/zero_sharding.h"
 
 namespace memsim {
@@ -23,7 +24,8 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
       reshard_after_forward_(s.parallel.reshard_after_forward),
       offload_(s.parallel.cpu_offload),
       orig_params_(s.parallel.use_orig_params),
-      peft_wrap_(s.parallel.fsdp_wrap == FsdpWrap::peft) {
+      peft_wrap_(s.parallel.fsdp_wrap == FsdpWrap::peft),
+      loss_in_forward_(loss_in_model_forward(s)) {
   Program& program = rt.program();
   // _get_aligned_numel(unsharded_dtype=_fwd_bwd_param_dtype): 16 bytes of the compute dtype.
   if (orig_params_) aligned_numel_ = 16 / compute_elem_;
@@ -368,7 +370,13 @@ void Fsdp::layer_entered(Runtime& rt, int32_t layer) {
     if (u != 0) gather(rt, u);  // pre-forward
     forward_unit_ = u;
   } else if (rt.ctx.phase == Phase::backward || rt.recomputing) {
-    if (!backward_started_ && rt.ctx.module == graph::Module::head) root_pre_backward(rt);
+    // The root's pre-backward hook is on every forward output that requires grad
+    // (_register_pre_backward_hooks); when the model computed the loss in its forward
+    // (sim/step/loss_placement.h) the loss is one, and autograd reaches it first.
+    if (!backward_started_ &&
+        (rt.ctx.module == graph::Module::head ||
+         (loss_in_forward_ && rt.ctx.module == graph::Module::loss)))
+      root_pre_backward(rt);
     if (peft_wrap_) {
       // The reshard-only hook of a frozen block (registered on its inputs): its input's
       // gradient is complete once the backward allocates in another layer.

@@ -25,7 +25,9 @@
 //  - Backward: entering layer l all-gathers unit l if it is not gathered and prefetches
 //    unit l-1 (BACKWARD_PRE), so two units' full parameters are live; the root's
 //    pre-backward hook (on the logits) prefetches the last layer when the backward first
-//    allocates in the LM head (module head), i.e. once the logits' gradient exists. Once
+//    allocates in the LM head (module head), i.e. once the logits' gradient exists, or at
+//    the loss's first backward op when the model computed the loss in its forward (the
+//    loss is an output too: sim/step/loss_placement.h). Once
 //    every parameter of a unit has its gradient, the post-backward hook runs: the
 //    FlatParameter's gradient (the per-parameter gradients concatenated: a full padded
 //    flat allocation, then they die), reduce-scatter into a new shard-sized gradient
@@ -182,6 +184,7 @@ class Fsdp : public graph::RuntimeHooks {
   // --- use_orig_params / LoRA ---
   bool orig_params_ = false;      // parallel.use_orig_params
   bool peft_wrap_ = false;        // parallel.fsdp_wrap: peft
+  const bool loss_in_forward_;  // the root's pre-backward fires at the loss (loss_placement.h)
   uint64_t aligned_numel_ = 0;    // use_orig_params: 16 bytes in elements of the compute dtype
   std::vector<size_t> wrap_order_;          // units in wrapping order (inner first)
   std::vector<size_t> module_order_;        // units in module pre-order (lazy init)
