@@ -35,7 +35,7 @@ groups=(
   # docs/gpu-next-session.md item 5 (docs/sdpa-gqa.md "Other shapes"): cuDNN attention at S = 1000,
   # MQA, 32 heads; blind predictions in tests/data/gpu/cudnn_shapes_predictions.json. ~15 s a run:
   # --budget 33 runs the first two only.
-  "cudnn-shapes|65|$py tools/gpu/measure_cuda.py \$W --budget 50 --group cudnn-shapes"
+  "cudnn-shapes|75|$py tools/gpu/measure_cuda.py \$W --budget 50 --group cudnn-shapes"
 )
 
 selected=("$@")
