@@ -32,6 +32,10 @@ groups=(
   "impl|100|$py tools/gpu/measure_impl.py \$W --budget 80"
   # docs/gpu-next-session.md items 1 and 3 (C++ frames name the backward transients) and 2 (SDPA, blind)
   "arch|100|MEMSIM_CPP_STACKS=1 $py tools/gpu/measure_cuda.py \$W/stacks --budget 70 --only arch_llama_l4_d1024_s1024_b4_fp32 arch_qwen3_l4_d1024_s1024_b4_fp32 tf_arch_qwen2_l4_d1024_s1024_b4_fp32; $py tools/gpu/measure_cuda.py \$W/sdpa --budget 25 --only tf_arch_qwen2_l4_d1024_s1024_b4_bf16_sdpa tf_arch_qwen3_l4_d1024_s1024_b4_bf16_sdpa"
+  # docs/gpu-next-session.md item 5 (docs/sdpa-gqa.md "Other shapes"): cuDNN attention at S = 1000,
+  # MQA, 32 heads; blind predictions in tests/data/gpu/cudnn_shapes_predictions.json. ~15 s a run:
+  # --budget 33 runs the first two only.
+  "cudnn-shapes|75|$py tools/gpu/measure_cuda.py \$W --budget 50 --group cudnn-shapes"
 )
 
 selected=("$@")

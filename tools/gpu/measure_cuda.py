@@ -42,6 +42,19 @@ scenarios/models/*.json), trained as the transformers runs above. memsim's scena
 each is tests/data/h100/arch/NAME.yaml; its blind predictions
 tests/data/h100/blind3_arch_predictions.json (tools/gpu/predict_arch.py).
 
+Kind "arch", tier "cudnn-shapes" (--group cudnn-shapes; docs/sdpa-gqa.md "Other shapes"):
+transformers' Qwen2 in bf16 with attn_implementation="sdpa" and SDPA forced to cuDNN
+(spec["sdpa_backend"]: torch.nn.attention.sdpa_kernel(SDPBackend.CUDNN_ATTENTION) around
+forward, loss and backward), at shapes the two cuDNN runs of tier "extra" did not cover: S =
+1000 (not a multiple of 128), one KV head (MQA), 32 heads at d_model 2048. With only cuDNN
+enabled SDPA raises when cuDNN refuses the shape (no silent fallback), and the warm-up step
+checks the autograd graph: every SDPA node must be ScaledDotProductCudnnAttentionBackward0,
+one per layer, else the run fails (result["sdpa_nodes"] records them). Scenarios
+tests/data/gpu/cudnn_shapes/NAME.yaml, blind predictions
+tests/data/gpu/cudnn_shapes_predictions.json (tools/gpu/predict_cudnn_shapes.py).
+--self-test checks on a CPU what torch 1.13 allows of that path (the node check, the
+refusal of a torch without sdpa_kernel, the specs' configs).
+
 Without CUDA (a dry run of the script on a CPU machine) it runs the same code on the
 CPU and records no memory figures; the "transformers" runs are skipped with a message
 when transformers cannot be imported.
@@ -153,6 +166,13 @@ def all_specs():
     except Exception:
         traceback.print_exc()
         print("the arch configurations could not be built (see above): none selected",
+              file=sys.stderr, flush=True)
+    # 6. cuDNN attention at other shapes (tier "cudnn-shapes", below).
+    try:
+        s += cudnn_shape_specs()
+    except Exception:
+        traceback.print_exc()
+        print("the cudnn-shapes configurations could not be built (see above): none selected",
               file=sys.stderr, flush=True)
     return s
 
@@ -308,6 +328,98 @@ def arch_specs():
     return core + more + extra
 
 
+# --------------------------------------------------------------------------- cudnn-shapes
+# SDPA's cuDNN backend (graph/ops/ops_sdpa_cudnn.h) was read off two bf16 runs at B 4, S 1024
+# with 4 and 8 KV heads (tier "extra"). These runs check its backward workspace formula and
+# its saved statistics at shapes that could break it, in the order of their value:
+#   (name, config.json, batch, seq, what it checks)
+CUDNN_DATA = "tests/data/gpu/cudnn_shapes"  # memsim's scenarios and the two new configs
+CUDNN_SHAPES = [
+    ("cudnn_qwen2_l4_d1024_s1000_b4_bf16", f"{ARCH_DATA}/configs/qwen2_l4_d1024_s1024_b4.json",
+     4, 1000, "S = 1000, not a multiple of 128 (cuDNN tiles of 64/128 rows: padded statistics "
+     "or dQ accumulator?)"),
+    ("cudnn_qwen2_mqa_l4_d1024_s1024_b4_bf16",
+     f"{CUDNN_DATA}/configs/qwen2_mqa_l4_d1024_s1024_b4.json", 4, 1024,
+     "one KV head (MQA: 16 query heads per KV head)"),
+    ("cudnn_qwen2_h32_l4_d2048_s1024_b4_bf16",
+     f"{CUDNN_DATA}/configs/qwen2_h32_l4_d2048_s1024_b4.json", 4, 1024,
+     "32 heads / 8 KV heads at d_model 2048 (twice the B*H*S*hd of the Qwen2 run)"),
+]
+
+
+def cudnn_shape_specs():
+    """The tier "cudnn-shapes" runs: transformers' model from each config (bf16, SDPA),
+    with SDPA forced to cuDNN."""
+    out = []
+    for name, config, batch, seq, why in CUDNN_SHAPES:
+        d = read_hf_config(config)
+        sp = spec(name, "hf-decoder", hf_shape(d, batch, seq), impl="transformers",
+                  dtype="bf16", attention="sdpa")
+        sp.update(kind="arch", arch=d["model_type"], large=False, hf_config=config,
+                  scenario=f"{CUDNN_DATA}/{name}.yaml", tier="cudnn-shapes",
+                  sdpa_backend="cudnn", why=why,
+                  est=15.0)  # the H200 process seconds of the arch lease's transformers runs
+        out.append(sp)
+    return out
+
+
+def sdpa_force_context(sp, result):
+    """A factory of the context the step runs in: nothing for a run without
+    spec["sdpa_backend"]; for "cudnn", torch.nn.attention.sdpa_kernel(SDPBackend.
+    CUDNN_ATTENTION): the only backend SDPA may pick, so that a shape cuDNN refuses raises
+    ("No available kernel") instead of running flash or math. Raises, naming what is
+    missing, on a torch without it (1.13 here)."""
+    if not sp.get("sdpa_backend"):
+        return contextlib.nullcontext
+    if sp["sdpa_backend"] != "cudnn":
+        raise ValueError(f"sdpa_backend {sp['sdpa_backend']!r}: only 'cudnn' is prepared")
+    import torch
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = SDPBackend.CUDNN_ATTENTION
+    except (ImportError, AttributeError) as e:
+        raise RuntimeError(
+            f"{sp['name']}: torch {torch.__version__} has no torch.nn.attention.sdpa_kernel "
+            f"with SDPBackend.CUDNN_ATTENTION (torch >= 2.3), needed to force cuDNN "
+            f"attention: {e}") from None
+    if result is not None:  # None: the parent's check of this torch
+        result["sdpa_forced"] = "torch.nn.attention.sdpa_kernel(SDPBackend.CUDNN_ATTENTION)"
+        try:
+            result["cudnn_version"] = torch.backends.cudnn.version()
+        except Exception as e:  # recorded, not needed
+            result["cudnn_version"] = f"{type(e).__name__}: {e}"
+    return lambda: sdpa_kernel(backend)
+
+
+def sdpa_nodes(root):
+    """{autograd node class name: count} of every fused-SDPA node ("Attention" in the class
+    name: ScaledDotProduct{Cudnn,Flash,Efficient}AttentionBackward0, ...) reachable from root
+    (a grad_fn), each node visited once. The math kernel leaves no such node (its matmul and
+    softmax nodes), so a math fallback shows as none. Makes no tensors. The visited nodes'
+    Python objects are kept until the walk ends: an id() is only unique among live objects
+    (a C++ node keeps one Python wrapper while that wrapper lives)."""
+    counts, seen, todo = {}, {}, [root]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        name = type(node).__name__
+        if "Attention" in name:
+            counts[name] = counts.get(name, 0) + 1
+        todo.extend(nf[0] for nf in getattr(node, "next_functions", ()))
+    return counts
+
+
+def check_sdpa_backend(sp, counts, layers):
+    """Raises unless the graph holds exactly one cuDNN attention node per layer (and no
+    other SDPA kernel's node) for a run that forces cuDNN."""
+    want = "ScaledDotProductCudnnAttentionBackward0"
+    if sp.get("sdpa_backend") == "cudnn" and counts != {want: layers}:
+        raise RuntimeError(f"{sp['name']}: cuDNN attention did not run as forced: the step's "
+                           f"attention nodes are {counts or 'none'}, expected {want} x {layers}")
+
+
 def _arch(sp, *tiers):
     return sp.get("kind") == "arch" and sp["tier"] in tiers
 
@@ -324,13 +436,14 @@ GROUPS = {
     "arch-fp32": lambda sp: _arch(sp, "core", "more") and sp["dtype"] == "fp32",
     "arch-bf16": lambda sp: _arch(sp, "core", "more") and sp["dtype"] == "bf16",
     "arch-large": lambda sp: _arch(sp, "core", "more") and sp.get("large", False),
+    "cudnn-shapes": lambda sp: _arch(sp, "cudnn-shapes"),
 }
 
 
 def estimate(sp):
     if sp.get("kind") != "arch":
         return 6.0 if sp["impl"] == "standin" else 11.0
-    return EST_SECONDS[(sp["impl"], bool(sp.get("large")))]
+    return sp.get("est") or EST_SECONDS[(sp["impl"], bool(sp.get("large")))]
 
 
 # --------------------------------------------------------------------------- one run
@@ -511,6 +624,7 @@ def run_one(sp, out_dir):
     labels = torch.randint(0, c["vocab"], (c["batch"], c["seq"]), device=device)
     region = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) \
         if sp["autocast"] == "bf16" else contextlib.nullcontext
+    force = sdpa_force_context(sp, result)  # nullcontext unless the spec forces a backend
     logits = loss = None
     t0 = time.time()
     for step in range(sp["warmup"] + 1):
@@ -520,12 +634,16 @@ def run_one(sp, out_dir):
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
         opt.zero_grad(set_to_none=True)
-        with region():
-            logits = forward(model, ids, labels)
-            if measured:
-                result["marks"]["forward_end"] = stats(torch, cuda)
-            loss = loss_fn(logits, labels)
-        loss.backward()
+        with force():
+            with region():
+                logits = forward(model, ids, labels)
+                if measured:
+                    result["marks"]["forward_end"] = stats(torch, cuda)
+                loss = loss_fn(logits, labels)
+            if step == 0 and sp.get("sdpa_backend"):  # the warm-up step: which kernel ran
+                result["sdpa_nodes"] = sdpa_nodes(loss.grad_fn)
+                check_sdpa_backend(sp, result["sdpa_nodes"], c["layers"])
+            loss.backward()
         if measured:
             result["marks"]["backward_end"] = stats(torch, cuda)
         opt.step()
@@ -538,6 +656,84 @@ def run_one(sp, out_dir):
         gpu_common.save_snapshot(torch, result, out_dir, sp["name"], trim_frames, streams=False)
     gpu_common.write_json(os.path.join(out_dir, sp["name"] + ".json"), result)
     return result
+
+
+def self_test(out_dir):
+    """What a CPU with torch 1.13 and no transformers can check of the cudnn-shapes path:
+    the specs and their configs (the shapes each run is for), the node check on a real
+    autograd graph (math attention here: it must refuse it, as it would a fallback on the
+    GPU) and on a graph with one cuDNN-named node per layer, and the forcing context (its
+    refusal by name where torch lacks sdpa_kernel). Prints each check; raises on a failure."""
+    import torch
+    specs = cudnn_shape_specs()
+    assert [sp["name"] for sp in specs] == [r[0] for r in CUDNN_SHAPES]
+    for sp in specs:
+        c = sp["cfg"]
+        hd = c["d_model"] // c["heads"]
+        assert sp["dtype"] == "bf16" and sp["attention"] == "sdpa" and sp["tier"] == "cudnn-shapes"
+        assert c["seq"] <= c["context"] and c["heads"] % c["kv_heads"] == 0 and hd % 8 == 0
+        assert GROUPS["cudnn-shapes"](sp) and not GROUPS["arch-all"](sp)
+        print(f"spec {sp['name']}: B {c['batch']} S {c['seq']} H {c['heads']} KV {c['kv_heads']} "
+              f"hd {hd} ({sp['why']})")
+    assert specs[0]["cfg"]["seq"] % 128 != 0 and specs[1]["cfg"]["kv_heads"] == 1
+    # The node check on a real graph: the math attention of torch 1.13 (or SDPA on a CPU).
+    layers = 2
+    x = torch.randn(1, 2, 8, 16, requires_grad=True)
+    h = x
+    for _ in range(layers):
+        if hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+            h = torch.nn.functional.scaled_dot_product_attention(h, h, h, is_causal=True)
+        else:
+            w = (h @ h.transpose(-2, -1) / 4.0).softmax(-1)
+            h = w @ h
+    loss = h.sum()
+    counts = sdpa_nodes(loss.grad_fn)
+    try:
+        check_sdpa_backend(specs[0], counts, layers)
+        raise AssertionError(f"the node check accepted a graph without cuDNN nodes: {counts}")
+    except RuntimeError as e:
+        print(f"node check refuses a non-cuDNN graph: {e}")
+    check_sdpa_backend(dict(specs[0], sdpa_backend=None), counts, layers)  # unforced: no check
+
+    class ScaledDotProductCudnnAttentionBackward0:  # stands for the CUDA node: same name
+        def __init__(self, nxt):
+            self.next_functions = ((nxt, 0),)
+
+    node = None
+    for _ in range(layers):
+        node = ScaledDotProductCudnnAttentionBackward0(node)
+    counts = sdpa_nodes(node)
+    check_sdpa_backend(specs[0], counts, layers)
+    print(f"node check accepts {counts}")
+    try:
+        check_sdpa_backend(specs[0], counts, layers + 1)
+        raise AssertionError("the node check accepted too few cuDNN nodes")
+    except RuntimeError:
+        print("node check refuses fewer cuDNN nodes than layers")
+    try:
+        ctx = sdpa_force_context(specs[0], None)
+        with ctx():
+            pass
+        print(f"forcing context entered (torch {torch.__version__})")
+    except RuntimeError as e:
+        print(f"forcing context refused: {e}")
+    assert sdpa_force_context(dict(specs[0], sdpa_backend=None), None) is contextlib.nullcontext
+    # run_one's loop with a forced backend, on the qwen2 stand-in (no transformers here):
+    # the forcing context and the node check replaced by recorders, the rest as on the GPU.
+    sp = next(x for x in arch_specs() if x["name"] == "arch_qwen2_l4_d1024_s1024_b4_fp32")
+    sp = dict(sp, name="self_test_forced_qwen2", sdpa_backend="cudnn")
+    calls, g = [], globals()
+    saved = g["sdpa_force_context"], g["check_sdpa_backend"]
+    g["sdpa_force_context"] = lambda sp, result: (calls.append("force"), contextlib.nullcontext)[1]
+    g["check_sdpa_backend"] = lambda sp, counts, layers: calls.append((counts, layers))
+    try:
+        r = run_one(sp, out_dir)
+    finally:
+        g["sdpa_force_context"], g["check_sdpa_backend"] = saved
+    assert calls == ["force", ({}, 2)] and r["sdpa_nodes"] == {}, calls
+    print(f"run_one with a forced backend: context entered, node check called once with "
+          f"{calls[1]} (math attention on this CPU), loss {r['loss']:.3f}")
+    print("self-test passed")
 
 
 # --------------------------------------------------------------------------- driver
@@ -576,7 +772,13 @@ def main():
     ap = argparse.ArgumentParser()
     gpu_common.add_run_args(ap, budget=400.0, per_run=90.0)
     ap.add_argument("--group", nargs="*", help="named sets: " + ", ".join(GROUPS))
+    ap.add_argument("--self-test", action="store_true",
+                    help="check the cudnn-shapes path on this machine (CPU) and exit")
     a = ap.parse_args()
+    if a.self_test:
+        os.makedirs(a.out_dir, exist_ok=True)
+        self_test(a.out_dir)
+        return
     specs = all_specs()
     if not a.list:
         os.makedirs(a.out_dir, exist_ok=True)
@@ -598,8 +800,21 @@ def main():
     except OSError:
         print("no nvidia-smi: a dry run on the CPU", flush=True)
     have_transformers = importlib.util.find_spec("transformers") is not None
+    no_force = None  # why this torch cannot force an SDPA backend (only asked when needed)
+    if any(sp.get("sdpa_backend") for sp in chosen):
+        try:
+            sdpa_force_context(dict(name="check", sdpa_backend="cudnn"), None)
+        except RuntimeError as e:
+            no_force = str(e).split(": ", 1)[1]
 
     def skip(sp):
+        if sp.get("sdpa_backend") and (no_force or not have_transformers):
+            why = [no_force] if no_force else []
+            if not have_transformers:
+                why.append("transformers is not importable by " + sys.executable)
+            return ("skipped: " + "; ".join(why),
+                    f"SKIPPED {sp['name']}: " + "; ".join(why) + " (python3 "
+                    f"tools/gpu/measure_cuda.py OUT --self-test checks the rest here)")
         if sp["impl"] == "transformers" and not have_transformers:
             return ("skipped: transformers is not importable by " + sys.executable,
                     f"SKIPPED {sp['name']}: transformers is not importable here "
