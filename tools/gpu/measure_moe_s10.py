@@ -44,14 +44,16 @@ What the runs check that no GPU run did (SPECS, in value order; a budget cut dro
  6. the same under bf16 autocast over fp32 weights (non-reentrant).
  7. DeepSeek-V3 under autocast with worst-case routing (last: the budget may drop it).
 
-Routing is forced as in measure_moe.py: the module-level torch.topk is wrapped so that its
-(T, K) indices are overwritten in place through `.data` with
+Routing is forced as in measure_moe.py: the module-level torch.topk (and, in case a router
+calls the method, torch.Tensor.topk: counted apart, `router_method_calls_forced`) is wrapped
+so that its (T, K) indices are overwritten in place through `.data` with
 tools/fixtures/moe_models.forced_indices. Only a top-k over the experts is overwritten: the
-output must be (T, K) and the input's last dimension the number of routed experts.
+output must be (T, K) and the input's last dimension the number of routed experts (so a
+group choice with topk_group = top_k is left alone).
 transformers 5.17's routers (the source of the 2026-11-27 H200 run, recorded in
 tests/data/gpu/moe/moe_runs.json "code"): DeepSeek-V3's DeepseekV3TopkRouter.forward runs
-`scores_for_choice.view(-1, n_group, E // n_group).topk(2, dim=-1)` (Tensor.topk: not
-wrapped), `torch.topk(group_scores, k=topk_group)` (input (T, n_group): not overwritten),
+`scores_for_choice.view(-1, n_group, E // n_group).topk(2, dim=-1)` (over E // n_group: not
+overwritten), `torch.topk(group_scores, k=topk_group)` (input (T, n_group): not overwritten),
 then `torch.topk(scores_for_choice, k=top_k)` (input (T, E): overwritten); the weights are
 `scores.gather(1, topk_indices)` of the forced indices. DeepSeek-V2's router in 5.17
 (docs/deepseek.md "Router") runs greedy `torch.topk(scores, K, sorted=False)` on (T, E).
@@ -107,6 +109,7 @@ import measure_moe as mm  # shapes, routings, forcing, stats, frames, packing
 import measure_moe_autocast as mac  # build_standin, checkpoint_keywords
 
 TOPIC = "moe_s10"
+FAKES_ENV = "MEMSIM_MOE_S10_FAKES"  # set by --self-test for its children
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 S10_CONFIGS = os.path.join(ROOT, "tests", "data", "gpu", "moe_s10", "configs")
@@ -169,9 +172,20 @@ def build_transformers(torch, sp):
     d["use_cache"] = False
     config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
     dtype = torch.bfloat16 if sp["dtype"] == "bf16" else torch.float32
-    model = transformers.AutoModelForCausalLM.from_config(
-        config, dtype=dtype, attn_implementation=sp["attention"],
-        experts_implementation=sp["experts_impl"])
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=sp["attention"],
+            experts_implementation=sp["experts_impl"])
+    except (TypeError, ValueError):  # a release without the keyword: the attribute below
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=sp["attention"])
+    for m in model.modules():  # the switch use_experts_implementation reads at every call
+        c = getattr(m, "config", None)
+        if c is not None and hasattr(c, "_experts_implementation"):
+            try:
+                c._experts_implementation = sp["experts_impl"]
+            except Exception:  # noqa: BLE001
+                pass
     return model
 
 
@@ -243,6 +257,9 @@ def hf_checkpointing(tf_model, sp, result):
 
 # --------------------------------------------------------------------------- one run
 def run_one(sp, out_dir):
+    if os.environ.get(FAKES_ENV) == "1":  # --self-test: transformers and peft stand-ins
+        import moe_s10_fakes
+        moe_s10_fakes.install()
     import torch
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -285,6 +302,12 @@ def run_one(sp, out_dir):
     result["parameters"] = sum(p.numel() for p in model.parameters())
     result["parameter_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
     result["code"] = mm.code_of(model)
+    for m in model.modules():  # DeepSeek-V2's block is DeepseekV2Moe (code_of looks for *MoE)
+        if "block" not in result["code"] and type(m).__name__.endswith("Moe"):
+            try:
+                result["code"]["block"] = inspect.getsource(type(m).forward)
+            except (OSError, TypeError):
+                result["code"]["block"] = "?"
     if sp["lora"]:
         if have_peft and not standin:
             model = apply_peft(model, sp, result)
@@ -314,20 +337,31 @@ def run_one(sp, out_dir):
             if hasattr(m, "forced") and hasattr(m, "topk"):
                 m.forced = forced
         model.forced = forced
-    orig_topk = torch.topk
+    orig_topk, orig_tensor_topk = torch.topk, torch.Tensor.topk
+    routed_method = []
+
+    def force(x, i, calls):
+        if tuple(i.shape) == tuple(forced.shape) and x is not None and x.shape[-1] == sp["experts"]:
+            i.data.copy_(forced)
+            calls.append(1)
+        else:
+            passed.append(tuple(i.shape))
 
     def forced_topk(*args, **kwargs):
         v, i = orig_topk(*args, **kwargs)
-        x = args[0] if args else kwargs.get("input")
-        if tuple(i.shape) == tuple(forced.shape) and x is not None and x.shape[-1] == sp["experts"]:
-            i.data.copy_(forced)
-            routed.append(1)
-        else:
-            passed.append(tuple(i.shape))
+        force(args[0] if args else kwargs.get("input"), i, routed)
+        return v, i
+
+    def forced_tensor_topk(self, *args, **kwargs):
+        # A router that calls the method (none of the 5.17 routers read: see the docstring)
+        # is forced the same way; DeepSeek-V3's per-group top-2 is not over the experts.
+        v, i = orig_tensor_topk(self, *args, **kwargs)
+        force(self, i, routed_method)
         return v, i
 
     if not standin:
         torch.topk = forced_topk
+        torch.Tensor.topk = forced_tensor_topk
     result["marks"] = {"after_model": mm.stats(torch, cuda)}
     opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True if cuda else False)
     vocab = 512 if dry else c["vocab"]
@@ -377,9 +411,11 @@ def run_one(sp, out_dir):
                 result["marks"]["optimizer_end"] = mm.stats(torch, cuda)
     finally:
         torch.topk = orig_topk
+        torch.Tensor.topk = orig_tensor_topk
     if skipped:
         result["skipped"] = "; ".join(skipped)
     result["router_calls_forced"] = len(routed)
+    result["router_method_calls_forced"] = len(routed_method)
     result["topk_calls_not_forced"] = sorted({str(s) for s in passed})
     result["tokens_per_expert"] = torch.bincount(forced.reshape(-1).cpu(), minlength=sp["experts"]).tolist()
     result["loss"] = float(loss)
@@ -393,11 +429,59 @@ def run_one(sp, out_dir):
     return result
 
 
+# --------------------------------------------------------------------------- self-test
+def self_test(out_dir):
+    """Every run on the CPU with transformers and peft replaced by tools/gpu/moe_s10_fakes.py,
+    then checks what each run recorded: the forced routing reached the router's torch.topk,
+    the default experts implementation, PEFT's adapters (fp32, the optimizer's parameters),
+    HF checkpointing's use_reentrant, layers and input hook. Returns the exit status."""
+    import json
+    import subprocess
+    os.makedirs(out_dir, exist_ok=True)
+    env = dict(os.environ, **{FAKES_ENV: "1"})
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), out_dir, "--budget", "100000",
+                        "--per-run", "3000"], env=env, capture_output=True, text=True)
+    print(p.stdout, end="")
+    with open(os.path.join(out_dir, TOPIC + "_runs.json")) as f:
+        doc = json.load(f)
+    runs = {r["spec"]["name"]: r for r in doc.get("dry_runs", [])}
+    bad = []
+    for sp in SPECS:
+        r = runs.get(sp["name"])
+        if r is None:
+            bad.append(f"{sp['name']}: no run ({doc['failures'].get(sp['name'], '?')[-300:]})")
+            continue
+        want = {"router_calls_forced>0": r.get("router_calls_forced", 0) > 0,
+                "default_experts_implementation": r.get("default_experts_implementation") == "eager",
+                "parameter_dtypes": r.get("parameter_dtypes") ==
+                ["torch.bfloat16" if sp["dtype"] == "bf16" else "torch.float32"]
+                or bool(sp["lora"]),
+                "loss": r.get("loss") == r.get("loss")}
+        if sp["lora"]:
+            want.update({"peft_version": bool(r.get("peft_version")),
+                         "trainable": r.get("trainable_parameters", 0) > 0 and
+                         r.get("trainable_parameters") == r.get("optimizer_parameters"),
+                         "adapter_dtypes": r.get("adapter_dtypes") == ["torch.float32"]})
+        if sp["hf_gradient_checkpointing"]:
+            kw = r.get("gradient_checkpointing_kwargs") or {}
+            want.update({"use_reentrant": kw.get("use_reentrant") ==
+                         (sp["hf_gradient_checkpointing"] == "reentrant"),
+                         "checkpointed_modules": r.get("checkpointed_modules") == 2,
+                         "input_hook": r.get("input_embedding_forward_hooks", 0) >= 1})
+        bad += [f"{sp['name']}: {k}" for k, ok in want.items() if not ok]
+    print("self-test:", "FAILED " + "; ".join(bad) if bad else f"every run as intended ({len(runs)} runs)")
+    return 1 if bad or p.returncode != 0 else 0
+
+
 # --------------------------------------------------------------------------- driver
 def main():
     ap = argparse.ArgumentParser()
     gpu_common.add_run_args(ap, budget=120.0, per_run=40.0)
+    ap.add_argument("--self-test", action="store_true",
+                    help="run every run on the CPU with transformers / peft stand-ins and check the records")
     a = ap.parse_args()
+    if a.self_test:
+        sys.exit(self_test(a.out_dir))
     if gpu_common.run_one_if_child(a, SPECS, run_one):
         return
     chosen = gpu_common.select_by_name(SPECS, a.only)
