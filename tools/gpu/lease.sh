@@ -33,7 +33,7 @@ groups=(
   # docs/gpu-next-session.md items 1 and 3 (C++ frames name the backward transients) and 2 (SDPA, blind)
   "arch|100|MEMSIM_CPP_STACKS=1 $py tools/gpu/measure_cuda.py \$W/stacks --budget 70 --only arch_llama_l4_d1024_s1024_b4_fp32 arch_qwen3_l4_d1024_s1024_b4_fp32 tf_arch_qwen2_l4_d1024_s1024_b4_fp32; $py tools/gpu/measure_cuda.py \$W/sdpa --budget 25 --only tf_arch_qwen2_l4_d1024_s1024_b4_bf16_sdpa tf_arch_qwen3_l4_d1024_s1024_b4_bf16_sdpa"
   # issue #15, wt/gpumoe: transformers' own DeepSeek-V3 / V2 (autocast, bf16), PEFT LoRA on MLA, target_parameters LoRA + HF checkpointing
-  "moe_s10|135|$py tools/gpu/measure_moe_s10.py \$W --budget 120"
+  "moe_s10|120|$py tools/gpu/measure_moe_s10.py \$W --budget 105"
 )
 
 selected=("$@")
