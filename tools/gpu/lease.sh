@@ -36,6 +36,8 @@ groups=(
   # MQA, 32 heads; blind predictions in tests/data/gpu/cudnn_shapes_predictions.json. ~15 s a run:
   # --budget 33 runs the first two only.
   "cudnn-shapes|75|$py tools/gpu/measure_cuda.py \$W --budget 50 --group cudnn-shapes"
+  # issue #15, wt/gpumoe: transformers' own DeepSeek-V3 / V2 (autocast, bf16), PEFT LoRA on MLA, target_parameters LoRA + HF checkpointing
+  "moe_s10|120|$py tools/gpu/measure_moe_s10.py \$W --budget 105"
 )
 
 selected=("$@")
