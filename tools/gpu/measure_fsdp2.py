@@ -4,6 +4,12 @@ job of N ranks, for memsim's FSDP2 model (sim/parallel/fsdp2.h, docs/fsdp2.md).
 
     python3 tools/gpu/measure_fsdp2.py OUT_DIR [--budget SECONDS] [--only NAME|GLOB...]
                                        [--per-run SECONDS] [--list] [--save-torch-sources]
+                                       [--s10] [--self-test]
+
+RUNS (measured, tests/data/gpu/fsdp2/fsdp2_runs.json) then RUNS_S10 (the compositions over
+FSDP2 prepared in session 10, not yet measured: tools/gpu/fsdp2_compose.py; --s10 selects
+them alone). --per-run, when given, is every run's timeout; else 45 s for RUNS and each
+RUNS_S10 run's own (the compiled ones 120 s).
 
 Each configuration (RUNS below) runs in its own Python process (a fresh caching allocator
 and CUDA context) with a per-run timeout; a failing run is recorded with its stderr and

@@ -80,7 +80,7 @@ def scenario_yaml(sp):
     lines.append(f"batch: {{micro_batch: {c['batch']}, seq_len: {c['seq']}}}")
     lines.append(f"precision: {{params: {sp['dtype']}, autocast: {sp['autocast']}}}")
     lines.append(f"optimizer: {{type: {sp['optimizer']}, impl: {sp['opt_impl']}}}")
-    step = [f"kind: train", f"warmup_steps: {sp['warmup']}"]
+    step = ["kind: train", f"warmup_steps: {sp['warmup']}"]
     if sp["loop"] == "hf-trainer":
         step.append("keep_output: loss")
     if sp["compile"]:
