@@ -196,17 +196,24 @@ def apply_ac_compile(torch, sp, blocks, result):
                 from torch.utils.checkpoint import (CheckpointPolicy,
                                                     create_selective_checkpoint_contexts)
             except ImportError as e:
-                raise Skip(f"torch {torch.__version__} has no selective activation "
-                           f"checkpointing (create_selective_checkpoint_contexts): {e}")
-            save_list, missing = ms.op_sac_save_list(torch)
-            result["op_sac_save_list_missing"] = missing
-            counts = result.setdefault("mm_counts", [])
+                why = (f"torch {torch.__version__} has no selective activation checkpointing "
+                       f"(create_selective_checkpoint_contexts): {e}")
+                if torch.cuda.is_available():
+                    raise Skip(why)
+                # The dry run: the blocks wrapped without the policy (full AC), so that the
+                # wrapping, and compile's check below, still run here.
+                result.setdefault("skipped_parts", []).append(
+                    f"dry run: {why}; blocks checkpointed whole instead")
+            else:
+                save_list, missing = ms.op_sac_save_list(torch)
+                result["op_sac_save_list_missing"] = missing
+                counts = result.setdefault("mm_counts", [])
 
-            def context_fn():
-                meta = defaultdict(int)
-                counts.append(meta)
-                return create_selective_checkpoint_contexts(
-                    ms.op_sac_policy(torch, CheckpointPolicy, save_list, meta))
+                def context_fn():
+                    meta = defaultdict(int)
+                    counts.append(meta)
+                    return create_selective_checkpoint_contexts(
+                        ms.op_sac_policy(torch, CheckpointPolicy, save_list, meta))
         elif sp["policy"] != "full":
             raise ValueError(f"{sp['name']}: ac wrapper with policy {sp['policy']}")
         for key, block in block_items(blocks):
