@@ -169,9 +169,11 @@ stats = gpu_common.memory_stats  # the common keys (gpu_common.STEP_STATS_KEYS)
 
 
 def trim_frames(snapshot):
-    """Keeps each entry's frames from model, loop, FSDP and optimizer code (at most 6)."""
+    """Keeps each entry's frames from model, loop, FSDP and optimizer code (at most 6); for
+    RUNS_S10 also torchtitan's stand-in, the compositions' loop and Inductor's code."""
     return gpu_common.trim_frames(
-        snapshot, ("torch_models", "measure_fsdp2", "_fully_shard", "optim", "checkpoint"), 6)
+        snapshot, ("torch_models", "measure_fsdp2", "_fully_shard", "optim", "checkpoint",
+                   "impl_models", "fsdp2_compose", "torchinductor", "_inductor/"), 6)
 
 
 def dtype_of(torch, name):
