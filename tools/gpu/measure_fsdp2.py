@@ -4,6 +4,12 @@ job of N ranks, for memsim's FSDP2 model (sim/parallel/fsdp2.h, docs/fsdp2.md).
 
     python3 tools/gpu/measure_fsdp2.py OUT_DIR [--budget SECONDS] [--only NAME|GLOB...]
                                        [--per-run SECONDS] [--list] [--save-torch-sources]
+                                       [--s10] [--self-test]
+
+RUNS (measured, tests/data/gpu/fsdp2/fsdp2_runs.json) then RUNS_S10 (the compositions over
+FSDP2 prepared in session 10, not yet measured: tools/gpu/fsdp2_compose.py; --s10 selects
+them alone). --per-run, when given, is every run's timeout; else 45 s for RUNS and each
+RUNS_S10 run's own (the compiled ones 120 s).
 
 Each configuration (RUNS below) runs in its own Python process (a fresh caching allocator
 and CUDA context) with a per-run timeout; a failing run is recorded with its stderr and
@@ -58,6 +64,7 @@ import time
 import traceback
 
 import gpu_common
+import fsdp2_compose as fc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -122,22 +129,13 @@ RUNS = [
          "reduce-scatter output twice as large"),
 ]
 
-# torchtitan's composition (issue #16: compile + FSDP2 + AC; docs/compile.md "With FSDP2 and
-# activation checkpointing"): each block checkpoint_wrapper'd (the second run), then
-# torch.compile(block) (apply_compile), then fully_shard. NOT YET RUN ON A GPU: no
-# measurement and no blind prediction is committed for them, so they are kept out of RUNS
-# (and of predict_fsdp2.py / tests/test_gpu_fsdp2_runs.cpp); --with-compile adds them.
-# memsim's scenarios: the "fsdp2_w8_bf16_reduce_fp32" run's with step.compile: true,
-# step.compile_scope: block (and checkpoint.policy: full for the second).
-COMPILE_RUNS = [
-    dict(spec("fsdp2_w8_bf16_reduce_fp32_compile", param_dtype="bf16", reduce_dtype="fp32",
-              why="NOT YET RUN: per-block torch.compile under FSDP2 (the hooks run "
-              "outside each block's graph)"), compile="block"),
-    dict(spec("fsdp2_w8_bf16_reduce_fp32_compile_fullac", param_dtype="bf16",
-              reduce_dtype="fp32", why="NOT YET RUN: checkpoint_wrapper, then torch.compile "
-              "per block, then fully_shard (torchtitan): the compiled block saves its input, "
-              "its backward graph recomputes it"), compile="block", compile_ac="full"),
-]
+# The session-10 compositions (issue #16), NOT YET MEASURED: autocast over FSDP2, the
+# output_dtype policy, per-block torch.compile (with full AC), torchtitan's code and layout
+# (eager and compiled, op-level SAC). tools/gpu/fsdp2_compose.py says what each runs; their
+# scenarios are tests/data/gpu/fsdp2/NAME.yaml and their blind predictions
+# tests/data/gpu/fsdp2_s10_predictions.json (tools/gpu/predict_fsdp2_s10.py). --s10 selects
+# them alone; by default they run after RUNS.
+RUNS_S10 = fc.runs_s10(spec)
 
 # Rough seconds per run on an H100 (a fresh Python + torch import, CUDA context, fake
 # process group and mesh, build, fully_shard, two steps, snapshot).
@@ -145,6 +143,8 @@ EST_SECONDS = 9.0
 
 
 def estimate(sp):
+    if sp.get("s10"):
+        return sp["est"]
     return EST_SECONDS + (2.0 if sp["policy"] == "full" else 0.0)
 
 
@@ -169,9 +169,11 @@ stats = gpu_common.memory_stats  # the common keys (gpu_common.STEP_STATS_KEYS)
 
 
 def trim_frames(snapshot):
-    """Keeps each entry's frames from model, loop, FSDP and optimizer code (at most 6)."""
+    """Keeps each entry's frames from model, loop, FSDP and optimizer code (at most 6); for
+    RUNS_S10 also torchtitan's stand-in, the compositions' loop and Inductor's code."""
     return gpu_common.trim_frames(
-        snapshot, ("torch_models", "measure_fsdp2", "_fully_shard", "optim", "checkpoint"), 6)
+        snapshot, ("torch_models", "measure_fsdp2", "_fully_shard", "optim", "checkpoint",
+                   "impl_models", "fsdp2_compose", "torchinductor", "_inductor/"), 6)
 
 
 def dtype_of(torch, name):
@@ -216,12 +218,15 @@ def fsdp_kwargs(torch, api, sp, mesh):
     r = sp["reshard"]
     kw["reshard_after_forward"] = True if r == "true" else False if r == "false" else int(r)
     if sp["param_dtype"] or sp["reduce_dtype"]:
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype_of(torch, sp["param_dtype"]),
-                                               reduce_dtype=dtype_of(torch, sp["reduce_dtype"]))
+        mp = dict(param_dtype=dtype_of(torch, sp["param_dtype"]),
+                  reduce_dtype=dtype_of(torch, sp["reduce_dtype"]))
+        if sp.get("output_dtype"):  # RUNS_S10: Accelerate >= 1.8's policy
+            mp["output_dtype"] = dtype_of(torch, sp["output_dtype"])
+        kw["mp_policy"] = MixedPrecisionPolicy(**mp)
     return kw
 
 
-def apply_fsdp(torch, api, sp, model, mesh):
+def apply_fsdp(torch, api, sp, model, mesh, blocks=None):
     """torchtitan's apply_fsdp: fully_shard(block, reshard_after_forward=...) for every
     block, then fully_shard(model) with reshard_after_forward left at its default. The
     default (None in recent torch: "auto") keeps the root gathered after forward; an
@@ -229,29 +234,10 @@ def apply_fsdp(torch, api, sp, model, mesh):
     (`if self._auto_reshard_after_forward`), which memsim does not model."""
     fully_shard = api[0]
     kw = fsdp_kwargs(torch, api, sp, mesh)
-    for layer in model.layers:
+    for layer in (model.layers if blocks is None else blocks):
         fully_shard(layer, **kw)
     root_kw = {k: v for k, v in kw.items() if k != "reshard_after_forward"}
     fully_shard(model, **root_kw)
-
-
-def compile_blocks(torch, model, sp):
-    """torchtitan's apply_ac (full: checkpoint_wrapper(block, preserve_rng_state=False),
-    its ActivationCheckpointConfig default) then apply_compile: each block replaced by
-    torch.compile(block) before fully_shard sees it (fullgraph=False, so that a graph
-    break is counted, not fatal). COMPILE_RUNS only; not yet run on a GPU."""
-    if not hasattr(torch, "compile"):  # the CPU dry run on torch 1.13
-        print(f"dry run: torch {torch.__version__} has no torch.compile: blocks left eager",
-              file=sys.stderr, flush=True)
-        return
-    if sp.get("compile_ac") == "full":
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            checkpoint_wrapper)
-    for i in range(len(model.layers)):
-        block = model.layers[i]
-        if sp.get("compile_ac") == "full":
-            block = checkpoint_wrapper(block, preserve_rng_state=False)
-        model.layers[i] = torch.compile(block)
 
 
 def shard_shapes(model):
@@ -271,11 +257,15 @@ def run_one(sp, out_dir):
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     result = dict(spec=sp, torch_version=torch.__version__, device=str(device), dry_run=not cuda)
-    cfg = standin_cfg(sp)
+    s10 = sp.get("s10", False)  # RUNS_S10 (tools/gpu/fsdp2_compose.py)
+    # The llama row's cfg for the stand-in; the plain shape for torch_models.LlamaForCausalLM
+    # and impl_models.TitanTransformer.
+    row = not s10 or sp["model"] == "standin"
+    cfg = standin_cfg(sp) if row else dict(sp["cfg"], tied=False)
     if not cuda:  # dry run: the same code on a model small enough for a CPU
         tiny = dict(sp["cfg"], layers=2, d_model=64, heads=4, kv_heads=2, d_ff=172, vocab=512,
                     context=64, seq=32, batch=2)
-        cfg = standin_cfg(dict(sp, cfg=tiny))
+        cfg = standin_cfg(dict(sp, cfg=tiny)) if row else dict(tiny, tied=False)
     result["cfg"] = {k: v for k, v in cfg.items() if k != "transformers"}
     api, missing = fsdp2_api(torch)
     if api is None and cuda:
@@ -311,29 +301,50 @@ def run_one(sp, out_dir):
         build_ctx = contextlib.nullcontext()
     else:
         build_ctx = device if can_ctx else contextlib.nullcontext()
-    with build_ctx:
-        model = tm.DecoderForCausalLM(cfg)
+    blocks = loss_fn = None
+    if s10:
+        model, blocks, loss_fn = fc.build(torch, sp, cfg, device, build_ctx, result)
+    else:
+        with build_ctx:
+            model = tm.DecoderForCausalLM(cfg)
     torch.set_default_dtype(default_dtype)
-    tm.set_policy(model, sp["policy"])
-    if sp.get("compile") == "block":  # COMPILE_RUNS: torchtitan's apply_ac + apply_compile
-        compile_blocks(torch, model, sp)
+    if not s10 or sp["ac"] == "model":
+        tm.set_policy(model, sp["policy"])
+    if s10:  # torchtitan's apply_ac and apply_compile, before fully_shard
+        try:
+            fc.apply_ac_compile(torch, sp, blocks, result)
+        except fc.Skip as e:
+            if cuda:
+                raise
+            result.setdefault("skipped_parts", []).append(f"dry run: {e}")
+            print(f"dry run: {e}", file=sys.stderr, flush=True)
+        if sp["loop"] == "hf-trainer":  # the root computes the loss in its forward
+            model = fc.make_loss_in_forward(torch, model, loss_fn)
     result["built_on"] = sorted({str(p.device) for p in model.parameters()})
     if sp["init"] != "meta" or not can_ctx:
         model = model.to(device)  # no-op when built on the device
     result["parameters"] = sum(p.numel() for p in model.parameters())
     marks["after_model"] = stats(torch, cuda)
+    titan = s10 and sp["model"] == "torchtitan"
     if api is not None:
-        apply_fsdp(torch, api, sp, model, mesh)
+        if titan:
+            fc.apply_titan_fsdp(api, fsdp_kwargs(torch, api, sp, mesh), model)
+        else:
+            apply_fsdp(torch, api, sp, model, mesh, blocks=blocks)
         if sp["init"] == "meta":
             model.to_empty(device=device)
         result["shards"] = shard_shapes(model)
+    if titan:  # init_weights: freqs_cis recomputed on the device
+        import impl_models as im
+        fc.init_titan_buffers(torch, im, model, cfg, device)
     model.train()
     marks["after_fully_shard"] = stats(torch, cuda)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     c = cfg
     ids = torch.randint(0, c["vocab"], (c["batch"], c["seq"]), device=device)
     labels = torch.randint(0, c["vocab"], (c["batch"], c["seq"]), device=device)
-    loss_fn = tm.decoder_loss(cfg)
+    if loss_fn is None:
+        loss_fn = tm.decoder_loss(cfg)
     logits = loss = None
     t0 = time.time()
     for step in range(sp["warmup"] + 1):
@@ -343,10 +354,14 @@ def run_one(sp, out_dir):
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
         opt.zero_grad(set_to_none=True)
-        logits = model(ids)
-        if measured:
-            marks["forward_end"] = stats(torch, cuda)
-        loss = loss_fn(logits, labels)
+        if s10:  # the run's loop: autocast region, loss in forward, del pred
+            loss, logits = fc.step_forward_loss(torch, sp, model, loss_fn, ids, labels, device,
+                                                marks, measured, stats, cuda)
+        else:
+            logits = model(ids)
+            if measured:
+                marks["forward_end"] = stats(torch, cuda)
+            loss = loss_fn(logits, labels)
         loss.backward()
         if measured:
             marks["backward_end"] = stats(torch, cuda)
@@ -355,6 +370,8 @@ def run_one(sp, out_dir):
             marks["optimizer_end"] = stats(torch, cuda)
     result["loss"] = float(loss)
     result["seconds"] = time.time() - t0
+    if s10 and sp["compile"]:
+        result["dynamo_counters"] = fc.dynamo_counters(torch)
     if cuda:
         gpu_common.measured_step_peaks(torch, result)
         gpu_common.whole_run_peaks(result, marks["measured_step_begin"])
@@ -374,8 +391,9 @@ def self_test():
     calls = []
 
     class Policy:
-        def __init__(self, param_dtype=None, reduce_dtype=None):
+        def __init__(self, param_dtype=None, reduce_dtype=None, output_dtype=None):
             self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+            self.output_dtype = output_dtype
 
     class FakeDist:
         def init_process_group(self, backend, store, rank, world_size):
@@ -397,7 +415,8 @@ def self_test():
         layers = ["block0", "block1", "block2", "block3"]
 
     bad = []
-    for sp in RUNS:
+    # torchtitan's layout is fsdp2_compose.self_test's (below).
+    for sp in RUNS + [s for s in RUNS_S10 if s["model"] != "torchtitan"]:
         calls.clear()
         mesh = make_mesh(torch, FakeDist(), api, sp, "cuda")
         apply_fsdp(torch, api, sp, Model(), mesh)
@@ -421,7 +440,8 @@ def self_test():
             mp = kw.get("mp_policy")
             if sp["param_dtype"]:
                 ok &= mp is not None and mp.param_dtype == dtype_of(torch, sp["param_dtype"]) \
-                    and mp.reduce_dtype == dtype_of(torch, sp["reduce_dtype"])
+                    and mp.reduce_dtype == dtype_of(torch, sp["reduce_dtype"]) \
+                    and mp.output_dtype == dtype_of(torch, sp.get("output_dtype"))
             else:
                 ok &= mp is None
         if not os.path.exists(os.path.join(REPO, sp["scenario"])):
@@ -431,6 +451,7 @@ def self_test():
               f"reshard_after_forward={want_reshard!r}")
         if not ok:
             bad.append(sp["name"])
+    bad += fc.self_test(torch, sys.modules[__name__], RUNS_S10)
     cfg = standin_cfg(RUNS[0])
     a = cfg["arch"]
     if a["qkv_bias"] or a["o_bias"] or a["mlp_bias"] or a["head_dim"] != 128:
@@ -463,18 +484,21 @@ def save_torch_sources(out_dir):
 
 def main():
     ap = argparse.ArgumentParser()
-    gpu_common.add_run_args(ap, budget=100.0, per_run=45.0)
+    # --per-run: every run's timeout when given; else 45 s for RUNS, each RUNS_S10 run's own.
+    gpu_common.add_run_args(ap, budget=100.0, per_run=None)
     ap.add_argument("--save-torch-sources", action="store_true")
     ap.add_argument("--self-test", action="store_true",
                     help="check the FSDP2 calls of every run against stand-ins of the API")
-    ap.add_argument("--with-compile", action="store_true",
-                    help="also the COMPILE_RUNS (compile + FSDP2 [+ AC]; not yet run on a GPU)")
+    ap.add_argument("--s10", action="store_true",
+                    help="only the RUNS_S10 (not yet measured; --only picks among them)")
     a = ap.parse_args()
     if a.self_test:
         sys.exit(self_test())
-    if gpu_common.run_one_if_child(a, RUNS + COMPILE_RUNS, run_one):
+    if gpu_common.run_one_if_child(a, RUNS + RUNS_S10, run_one):
         return
-    chosen = gpu_common.select_by_name(RUNS + (COMPILE_RUNS if a.with_compile else []), a.only)
+    chosen = gpu_common.select_by_name(RUNS_S10 if a.s10 else RUNS + RUNS_S10, a.only)
+    # The parent's copies only: a child reads its spec from RUNS / RUNS_S10 by name.
+    chosen = [dict(sp, timeout=sp.get("timeout", 45.0)) for sp in chosen]
     total = sum(estimate(sp) for sp in chosen) + 2.0
     if a.list:
         for sp in chosen:
@@ -482,11 +506,16 @@ def main():
                   f"{' (replicate %d)' % sp['replicate'] if sp['replicate'] > 1 else ''}"
                   f", reshard {sp['reshard']}, params {sp['dtype']}"
                   f"{', mp %s/%s' % (sp['param_dtype'], sp['reduce_dtype']) if sp['param_dtype'] else ''}"
-                  f", AC {sp['policy']}, init {sp['init']}")
+                  f", AC {sp['policy']}, init {sp['init']}"
+                  + (f"; {sp['model']}, loop {sp['loop']}, autocast {sp['autocast']}, compile "
+                     f"{sp['compile']}, output_dtype {sp['output_dtype']}" if sp.get("s10") else ""))
         print(f"{len(chosen)} configurations: about {total:.0f} s of runs on an H100 "
               f"(estimate; the machine's start-up comes on top)", flush=True)
         return
     t_start = gpu_common.start_parent(a.out_dir, chosen, total, a.budget)
+    if any(sp.get("compile") for sp in chosen):  # one Inductor cache for every child
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", fc.INDUCTOR_CACHE)
+        print(f"TORCHINDUCTOR_CACHE_DIR={os.environ['TORCHINDUCTOR_CACHE_DIR']}", flush=True)
     if a.save_torch_sources:
         save_torch_sources(a.out_dir)
 
@@ -498,7 +527,8 @@ def main():
               flush=True)
 
     loop = gpu_common.ChildLoop(os.path.abspath(__file__), a.out_dir, a.budget, t_start,
-                                per_run=a.per_run, min_left=lambda sp: 8.0, not_run="plain",
+                                per_run=a.per_run, not_run="plain",
+                                min_left=lambda sp: max(8.0, 0.6 * estimate(sp)),
                                 timeout_note="plain")
     results, failures = gpu_common.run_children(chosen, loop, report)
     try:
