@@ -26,18 +26,25 @@ note() { echo "[lease +$(( $(date +%s) - start ))s] $*" | tee -a "$log"; }
 # name | time limit (s) | command run in the repository root, $W its output folder
 groups=(
   "env|20|$py tools/gpu/lease_env.py; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true"
+  # --- the 2026-11-28 lease (docs/gpu-next-session.md), in order of value ---
+  # issue #16: FSDP2 + autocast over fp32, output_dtype (Accelerate >= 1.8), compile per block with AC,
+  # torchtitan's code under FSDP2 (docs/fsdp2.md "Prepared, awaiting measurement")
+  "fsdp2s10|175|$py tools/gpu/measure_fsdp2.py \$W --s10 --budget 150"
+  # issue #15: transformers' own DeepSeek-V3 / V2 (autocast, bf16), PEFT LoRA on MLA, target_parameters LoRA
+  # + HF checkpointing (docs/deepseek.md "GPU runs of the real code")
+  "moe_s10|120|$py tools/gpu/measure_moe_s10.py \$W --budget 105"
+  # docs/gpu-next-session.md item 5 (docs/sdpa-gqa.md "Other shapes"): cuDNN attention at S = 1000,
+  # MQA, 32 heads; blind predictions in tests/data/gpu/cudnn_shapes_predictions.json. ~15 s a run.
+  "cudnn-shapes|75|$py tools/gpu/measure_cuda.py \$W --budget 50 --group cudnn-shapes"
+  # docs/segment-placement.md "What a model would need": the driver's cudaMalloc placement
+  "segments|50|$py tools/gpu/probe_segments.py \$W --budget 38"
+  # --- the 2026-11-27 leases' groups (measured; kept to re-run) ---
   "moe|95|$py tools/gpu/measure_moe_autocast.py \$W --budget 80"
   "cp|85|$py tools/gpu/measure_cp.py \$W --budget 70"
   "hft|105|$py tools/gpu/measure_hft.py \$W --budget 85"
   "impl|100|$py tools/gpu/measure_impl.py \$W --budget 80"
   # docs/gpu-next-session.md items 1 and 3 (C++ frames name the backward transients) and 2 (SDPA, blind)
   "arch|100|MEMSIM_CPP_STACKS=1 $py tools/gpu/measure_cuda.py \$W/stacks --budget 70 --only arch_llama_l4_d1024_s1024_b4_fp32 arch_qwen3_l4_d1024_s1024_b4_fp32 tf_arch_qwen2_l4_d1024_s1024_b4_fp32; $py tools/gpu/measure_cuda.py \$W/sdpa --budget 25 --only tf_arch_qwen2_l4_d1024_s1024_b4_bf16_sdpa tf_arch_qwen3_l4_d1024_s1024_b4_bf16_sdpa"
-  # docs/gpu-next-session.md item 5 (docs/sdpa-gqa.md "Other shapes"): cuDNN attention at S = 1000,
-  # MQA, 32 heads; blind predictions in tests/data/gpu/cudnn_shapes_predictions.json. ~15 s a run:
-  # --budget 33 runs the first two only.
-  "cudnn-shapes|75|$py tools/gpu/measure_cuda.py \$W --budget 50 --group cudnn-shapes"
-  # issue #15, wt/gpumoe: transformers' own DeepSeek-V3 / V2 (autocast, bf16), PEFT LoRA on MLA, target_parameters LoRA + HF checkpointing
-  "moe_s10|120|$py tools/gpu/measure_moe_s10.py \$W --budget 105"
 )
 
 selected=("$@")
