@@ -378,6 +378,37 @@ def accelerate_facts():
     return out
 
 
+def fsdp_groups(model):
+    """Every FSDPModule of the model: its module path and class, its parameter group's
+    parameters (FSDPParam._param_fqn once the root's lazy init has run, else the owning
+    module's class and parameter name), whether it reshards after forward
+    (FSDPParamGroup.post_forward_mesh_info is None when it does not) and its policy; an
+    error is recorded per module, never raised."""
+    groups = []
+    for name, mod in model.named_modules():
+        st = getattr(mod, "_get_fsdp_state", None)
+        if st is None:
+            continue
+        try:
+            pg = st()._fsdp_param_group
+            params = []
+            for fp in (pg.fsdp_params if pg is not None else []):
+                fqn = getattr(fp, "_param_fqn", None)
+                if fqn is None:
+                    mi = getattr(fp, "_module_info", None)
+                    fqn = (f"{type(mi.module).__name__}.{mi.param_name}" if mi is not None
+                           else "?")
+                params.append(fqn)
+            groups.append(dict(
+                module=name or "<root>", cls=type(mod).__name__, params=params,
+                reshard_after_forward=(getattr(pg, "post_forward_mesh_info", None) is not None)
+                if pg is not None else None,
+                mp_policy=repr(getattr(pg, "mp_policy", None))))
+        except Exception as e:
+            groups.append(dict(module=name or "<root>", error=f"{type(e).__name__}: {e}"[:200]))
+    return groups
+
+
 def accelerate_prepare(torch, sp, model, opt, result):
     """HF Trainer's FSDP2 preparation through the installed Accelerate: the fake process
     group is already initialised, so PartialState does not make one (huggingface/accelerate
@@ -400,22 +431,7 @@ def accelerate_prepare(torch, sp, model, opt, result):
     built["num_processes"] = accel.num_processes
     built["mixed_precision"] = accel.mixed_precision
     built["mixed_precision_policy"] = repr(accel.state.fsdp_plugin.mixed_precision_policy)
-    groups = []
-    for name, mod in model.named_modules():
-        st = getattr(mod, "_get_fsdp_state", None)
-        if st is None:
-            continue
-        try:
-            pg = st()._fsdp_param_group
-            groups.append(dict(
-                module=name or "<root>", cls=type(mod).__name__,
-                params=[fp._param_fqn for fp in pg.fsdp_params] if pg is not None else [],
-                reshard_after_forward=repr(getattr(pg, "post_forward_mesh_info", "?"))[:120]
-                if pg is not None else None,
-                mp_policy=repr(getattr(pg, "mp_policy", None))))
-        except Exception as e:
-            groups.append(dict(module=name, error=f"{type(e).__name__}: {e}"[:200]))
-    built["fsdp_modules"] = groups
+    built["fsdp_modules"] = fsdp_groups(model)  # again after the run (the FQNs set then)
     built["forward_is_wrapped"] = getattr(model.forward, "__wrapped__", None) is not None
     result["shards"] = {n: list((p.to_local() if hasattr(p, "to_local") else p).shape)
                         for n, p in model.named_parameters() if p.requires_grad}
@@ -608,6 +624,10 @@ def run_one(sp, out_dir):
         result["peft_version"] = peft.__version__
     if sp.get("fsdp_mp"):  # after everything is measured (imports only, no CUDA)
         result["accelerate"] = accelerate_facts()
+        try:
+            result["fsdp_modules_after_run"] = fsdp_groups(model)
+        except Exception as e:
+            result["fsdp_modules_after_run"] = f"{type(e).__name__}: {e}"[:300]
     if api is not None:
         import torch.distributed as dist
         if dist.is_initialized():
