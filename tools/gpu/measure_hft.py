@@ -115,6 +115,63 @@ RUNS = [
 ]
 
 
+# Session 10 (docs/gpu-next-session.md item 3, docs/fsdp2.md "Accelerate's FSDP2 bf16
+# path"): FSDP2 with the loss inside the model confirmed blind on another shape, and HF
+# Trainer's full fine-tuning under FSDP2 with Accelerate >= 1.8's bf16 policy. Not in the
+# default selection (the measured runs above keep their group): --s10 selects these, written
+# to OUT_DIR/hft_s10_runs.json; blind predictions tests/data/gpu/hft_s10_predictions.json
+# (tools/gpu/predict_hft_s10.py).
+S10_CONFIG = f"{DATA}/configs/qwen2_l6_d1536_mha.json"
+# Accelerate's MixedPrecisionPolicy for mixed_precision "bf16" with fsdp_version 2
+# (huggingface/accelerate 16cb6eb8, src/accelerate/utils/dataclasses.py
+# FullyShardedDataParallelPlugin.set_mixed_precision: param_dtype = reduce_dtype =
+# output_dtype = the mixed-precision dtype, when the plugin has no policy yet).
+ACCELERATE_BF16 = dict(param_dtype="bf16", reduce_dtype="bf16", output_dtype="bf16")
+
+
+def spec_s10(name, mp=None, **kw):
+    """A session-10 run: spec() plus its own batch / sequence (kw batch, seq) and
+    Accelerate's MixedPrecisionPolicy (mp: dtype names, None: no policy)."""
+    batch, seq = kw.pop("batch", BATCH), kw.pop("seq", SEQ)
+    return dict(spec(name, **kw), batch=batch, seq=seq, fsdp_mp=mp, s10=True)
+
+
+# In the order of their value to memsim (a budget cut drops the last).
+RUNS_S10 = [
+    spec_s10("hft_lora_fsdp2_l6_d1536_w4", config=S10_CONFIG, autocast="none", lora=True,
+             fsdp2_world=4, opt_impl="foreach", batch=2, seq=2048, est=15.0,
+             why="(d) at another shape, blind: PEFT LoRA under FSDP2 (each decoder layer, then "
+             "the root) on a fake world of 4, 6 layers, hidden 1536, 12 heads (head dim 128), "
+             "batch 2 x 2048, fp32, the loss in the model's forward (the root's pre-backward at "
+             "the loss's backward: docs/fsdp2.md \"The root's hooks and where the loss is "
+             "computed\")"),
+    spec_s10("hft_full_fsdp2_bf16_w8", autocast="none", fsdp2_world=8, opt_impl="foreach",
+             mp=ACCELERATE_BF16, est=14.0,
+             why="full fine-tuning as HF Trainer(bf16=True) with fsdp_version 2 runs it on "
+             "Accelerate >= 1.8: fp32 parameters sharded by fully_shard (each decoder layer, "
+             "then the root, Accelerate <= 1.13's grouping) with MixedPrecisionPolicy("
+             "param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16), no autocast "
+             "(_prepare_fsdp2 never calls prepare_model), foreach AdamW on the fp32 shards"),
+    spec_s10("hft_full_fsdp2_bf16_gc_w8", autocast="none", fsdp2_world=8, opt_impl="foreach",
+             mp=ACCELERATE_BF16, gc=True, est=14.0,
+             why="the previous run with gradient_checkpointing=True (model."
+             "gradient_checkpointing_enable(), 5.17's default kwargs): the shipped "
+             "qwen2.5-7b-hf-trainer-fsdp2-bf16-accelerate1.8 scenario's configuration"),
+    spec_s10("hft_full_fsdp2_bf16_w8_accelerate", autocast="none", fsdp2_world=8,
+             opt_impl="foreach", mp=ACCELERATE_BF16, est=16.0, timeout=45.0,
+             why="hft_full_fsdp2_bf16_w8 through the installed Accelerate itself: "
+             "Accelerator(mixed_precision='bf16', fsdp_plugin=FullyShardedDataParallelPlugin("
+             "fsdp_version=2, transformer_based_wrap)).prepare(model, optimizer) on the fake "
+             "process group (initialised first, so accelerate reuses it), accelerator.backward; "
+             "records the policy and the FSDP2 modules it built (1.14+ also shards the "
+             "embedding and [final norm, lm_head] as groups: PR #4015, not modelled by memsim)"),
+]
+for _sp in RUNS_S10:
+    _sp["accelerate_real"] = _sp["name"].endswith("_accelerate")
+    if _sp["accelerate_real"]:  # memsim has no scenario of Accelerate 1.14+'s grouping
+        _sp["scenario"] = None
+
+
 def estimate(sp):
     return sp["est"]
 
@@ -267,11 +324,118 @@ def fsdp2_api(torch):
         except Exception as e:
             return None, f"torch {torch.__version__} has no fully_shard (FSDP2): {e!r}"[:300]
     try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy  # noqa: F401 (the s10 runs)
+    except Exception:
+        try:
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy  # noqa: F401
+        except Exception as e:
+            return None, f"torch {torch.__version__} has no MixedPrecisionPolicy: {e!r}"[:300]
+    try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.testing._internal.distributed.fake_pg import FakeStore
     except Exception as e:
         return None, f"torch {torch.__version__} has no fake process group / device mesh ({e})"
     return (fully_shard, init_device_mesh, FakeStore), None
+
+
+def mp_policy(torch, mp):
+    """fully_shard's keywords for the run's policy (mp: dtype names, or None: none)."""
+    if not mp:
+        return {}
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except Exception:
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    return {"mp_policy": MixedPrecisionPolicy(**{k: dt[v] for k, v in mp.items()})}
+
+
+def accelerate_facts():
+    """What the installed Accelerate would build for HF Trainer's bf16=True with
+    fsdp_version 2, read from its source (no Accelerator is made: it would set up its own
+    state and process group): the policy set_mixed_precision makes, whether prepare sends
+    an FSDP2 model to _prepare_fsdp2 (no autocast wrapper), and whether fsdp2_prepare_model
+    also shards the embedding and [final norm, lm_head] as groups of their own
+    (huggingface/accelerate PR #4015, 60b5c258: a grouping memsim does not model; this run
+    uses each decoder layer, then the root)."""
+    import inspect
+    out = {}
+    try:
+        import accelerate
+        out["version"] = accelerate.__version__
+        from accelerate.utils import dataclasses as adc
+        from accelerate.utils import fsdp_utils
+        from accelerate import accelerator as acc
+        src = inspect.getsource(adc.FullyShardedDataParallelPlugin.set_mixed_precision)
+        out["set_mixed_precision_output_dtype"] = "output_dtype" in src
+        src = inspect.getsource(fsdp_utils.fsdp2_prepare_model)
+        out["fsdp2_shards_embedding_and_tail"] = ("get_input_embeddings" in src
+                                                  and "_find_final_norm" in src)
+        out["fsdp2_upcasts_params_to_fp32"] = "torch.float32" in src
+        out["prepare_has__prepare_fsdp2"] = hasattr(acc.Accelerator, "_prepare_fsdp2")
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+    return out
+
+
+def fsdp_groups(model):
+    """Every FSDPModule of the model: its module path and class, its parameter group's
+    parameters (FSDPParam._param_fqn once the root's lazy init has run, else the owning
+    module's class and parameter name), whether it reshards after forward
+    (FSDPParamGroup.post_forward_mesh_info is None when it does not) and its policy; an
+    error is recorded per module, never raised."""
+    groups = []
+    for name, mod in model.named_modules():
+        st = getattr(mod, "_get_fsdp_state", None)
+        if st is None:
+            continue
+        try:
+            pg = st()._fsdp_param_group
+            params = []
+            for fp in (pg.fsdp_params if pg is not None else []):
+                fqn = getattr(fp, "_param_fqn", None)
+                if fqn is None:
+                    mi = getattr(fp, "_module_info", None)
+                    fqn = (f"{type(mi.module).__name__}.{mi.param_name}" if mi is not None
+                           else "?")
+                params.append(fqn)
+            groups.append(dict(
+                module=name or "<root>", cls=type(mod).__name__, params=params,
+                reshard_after_forward=(getattr(pg, "post_forward_mesh_info", None) is not None)
+                if pg is not None else None,
+                mp_policy=repr(getattr(pg, "mp_policy", None))))
+        except Exception as e:
+            groups.append(dict(module=name or "<root>", error=f"{type(e).__name__}: {e}"[:200]))
+    return groups
+
+
+def accelerate_prepare(torch, sp, model, opt, result):
+    """HF Trainer's FSDP2 preparation through the installed Accelerate: the fake process
+    group is already initialised, so PartialState does not make one (huggingface/accelerate
+    16cb6eb8 src/accelerate/state.py: init_process_group only `if not
+    torch.distributed.is_initialized()`) and takes the world size from it; no
+    parallelism_config, so fully_shard gets mesh=None (its default mesh over the default
+    group). Records the policy and which modules became FSDPModules, with their
+    reshard_after_forward."""
+    world = str(sp["fsdp2_world"])
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=world, LOCAL_WORLD_SIZE=world,
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+    from accelerate import Accelerator
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
+                                            auto_wrap_policy="transformer_based_wrap")
+    accel = Accelerator(mixed_precision="bf16", fsdp_plugin=plugin)
+    model, opt = accel.prepare(model, opt)
+    built = result["accelerate_built"] = {}
+    built["distributed_type"] = str(accel.distributed_type)
+    built["num_processes"] = accel.num_processes
+    built["mixed_precision"] = accel.mixed_precision
+    built["mixed_precision_policy"] = repr(accel.state.fsdp_plugin.mixed_precision_policy)
+    built["fsdp_modules"] = fsdp_groups(model)  # again after the run (the FQNs set then)
+    built["forward_is_wrapped"] = getattr(model.forward, "__wrapped__", None) is not None
+    result["shards"] = {n: list((p.to_local() if hasattr(p, "to_local") else p).shape)
+                        for n, p in model.named_parameters() if p.requires_grad}
+    return accel, model, opt
 
 
 def decoder_layers(model):
@@ -377,19 +541,29 @@ def run_one(sp, out_dir):
                                            if "lora_" in n})
     result["checkpointing"] = dict(layers=count_checkpointed(model), kwargs=checkpoint_facts(model))
     result["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if api is not None:
+    accel = None
+    if api is not None and sp.get("accelerate_real"):
+        model.train()
+        opt, counts = make_optimizer(torch, sp, model)  # Trainer: create_optimizer, then prepare
+        result["param_groups"] = dict(decay=counts[0], no_decay=counts[1])
+        accel, model, opt = accelerate_prepare(torch, sp, model, opt, result)
+    elif api is not None:
         # torchtitan's apply_fsdp order: each decoder layer, then the root. The root is the
         # transformers model under PEFT's wrappers (embeddings, final norm, LM head), so
         # that fully_shard never swaps the class of PeftModel (its __getattr__ forwarding).
+        mp = mp_policy(torch, sp.get("fsdp_mp"))  # {} for the runs before session 10
         for layer in decoder_layers(model):
-            fully_shard(layer, mesh=mesh)
+            fully_shard(layer, mesh=mesh, **mp)
         fully_shard(model.get_base_model() if hasattr(model, "get_base_model") else model,
-                    mesh=mesh)
+                    mesh=mesh, **mp)
+        if mp:
+            result["mp_policy"] = repr(mp["mp_policy"])
         result["shards"] = {n: list((p.to_local() if hasattr(p, "to_local") else p).shape)
                             for n, p in model.named_parameters() if p.requires_grad}
-    model.train()
-    opt, counts = make_optimizer(torch, sp, model)
-    result["param_groups"] = dict(decay=counts[0], no_decay=counts[1])
+    if accel is None:
+        model.train()
+        opt, counts = make_optimizer(torch, sp, model)
+        result["param_groups"] = dict(decay=counts[0], no_decay=counts[1])
     marks["after_setup"] = stats(torch, cuda)
     ids = torch.randint(0, cfg["vocab_size"], (sp["batch"], sp["seq"]), device=device)
     labels = torch.randint(0, cfg["vocab_size"], (sp["batch"], sp["seq"]), device=device)
@@ -411,7 +585,10 @@ def run_one(sp, out_dir):
             marks["after_compute_loss"] = stats(torch, cuda)
         else:  # the warm-up: which checkpoint ran (reentrant: CheckpointFunctionBackward)
             result["autograd_nodes"] = autograd_node_counts(loss)
-        loss.backward()
+        if accel is not None:
+            accel.backward(loss)  # Trainer: self.accelerator.backward(loss)
+        else:
+            loss.backward()
         return loss.detach()
 
     step_seconds = []
@@ -445,6 +622,12 @@ def run_one(sp, out_dir):
     result["transformers_version"] = transformers.__version__
     if peft is not None:
         result["peft_version"] = peft.__version__
+    if sp.get("fsdp_mp"):  # after everything is measured (imports only, no CUDA)
+        result["accelerate"] = accelerate_facts()
+        try:
+            result["fsdp_modules_after_run"] = fsdp_groups(model)
+        except Exception as e:
+            result["fsdp_modules_after_run"] = f"{type(e).__name__}: {e}"[:300]
     if api is not None:
         import torch.distributed as dist
         if dist.is_initialized():
@@ -463,13 +646,13 @@ def self_test(out_dir):
     hft_fakes.install()
     os.makedirs(out_dir, exist_ok=True)
     bad = []
-    for sp in RUNS:
+    for sp in RUNS + RUNS_S10:
         try:
             r = run_one(sp, out_dir)
         except Exception:
             bad.append(f"{sp['name']}: {traceback.format_exc()[-600:]}")
             continue
-        if not os.path.exists(os.path.join(REPO, sp["scenario"])):
+        if sp["scenario"] and not os.path.exists(os.path.join(REPO, sp["scenario"])):
             bad.append(f"{sp['name']}: no scenario {sp['scenario']} (tools/gpu/predict_hft.py)")
         if sp["fsdp2_world"] and "skipped" in r:
             print(f"{sp['name']:28s} {r['skipped']}")
@@ -513,12 +696,14 @@ def main():
     gpu_common.add_run_args(ap, budget=90.0)
     ap.add_argument("--self-test", action="store_true",
                     help="run every configuration on the CPU with stand-ins of transformers / peft")
+    ap.add_argument("--s10", action="store_true",
+                    help="the session-10 runs (RUNS_S10) only, into OUT_DIR/hft_s10_runs.json")
     a = ap.parse_args()
     if a.self_test:
         sys.exit(self_test(a.out_dir))
-    if gpu_common.run_one_if_child(a, RUNS, run_one):
+    if gpu_common.run_one_if_child(a, RUNS + RUNS_S10, run_one):
         return
-    chosen = gpu_common.select_by_name(RUNS, a.only)
+    chosen = gpu_common.select_by_name(RUNS_S10 if a.s10 else RUNS, a.only)
     total = sum(estimate(sp) for sp in chosen)
     if a.list:
         for sp in chosen:
@@ -545,6 +730,13 @@ def main():
         vers = versions()
     except Exception:
         vers = {}
+    if a.s10:
+        gpu_common.finish_parent(
+            a.out_dir, "hft_s10", "tools/gpu/measure_hft.py --s10: FSDP2 with the loss in the "
+            "model at another shape (LoRA), HF Trainer's full fine-tuning under FSDP2 with "
+            "Accelerate >= 1.8's bf16 MixedPrecisionPolicy, on transformers' Qwen2",
+            vers, t_start, results, failures)
+        return
     gpu_common.finish_parent(
         a.out_dir, "hft", "tools/gpu/measure_hft.py: HF Trainer / PEFT defaults on "
         "transformers' Qwen2 (issue #16 item 5)", vers, t_start, results, failures)
