@@ -33,6 +33,9 @@ groups=(
   # issue #15: transformers' own DeepSeek-V3 / V2 (autocast, bf16), PEFT LoRA on MLA, target_parameters LoRA
   # + HF checkpointing (docs/deepseek.md "GPU runs of the real code")
   "moe_s10|120|$py tools/gpu/measure_moe_s10.py \$W --budget 105"
+  # issue #16: HF Trainer's FSDP2 paths on transformers' Qwen2: LoRA at another shape (the root hooks, blind),
+  # Accelerate >= 1.8's bf16 policy with and without checkpointing, the real Accelerator (docs/hf-trainer.md)
+  "hftfsdp2|80|$py tools/gpu/measure_hft.py \$W --s10 --budget 62"
   # docs/gpu-next-session.md item 5 (docs/sdpa-gqa.md "Other shapes"): cuDNN attention at S = 1000,
   # MQA, 32 heads; blind predictions in tests/data/gpu/cudnn_shapes_predictions.json. ~15 s a run.
   "cudnn-shapes|75|$py tools/gpu/measure_cuda.py \$W --budget 50 --group cudnn-shapes"
