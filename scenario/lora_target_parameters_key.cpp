@@ -44,9 +44,11 @@ void read_lora_target_parameters(const Doc& d, Scenario& s) {
          "PEFT's target_parameters adapts nn.Parameters such as the 3-D routed experts of a "
          "mixture-of-experts model; this model has none (model.moe): use lora.targets "
          "(nn.Linear modules)");
-  if (m.code == graph::MoeRouterCode::deepseek_v3 || m.code == graph::MoeRouterCode::deepseek_v2)
-    fail(at, "lora.target_parameters",
-         "LoRA on DeepSeek's routed experts is not modelled (docs/deepseek.md)");
+  // DeepSeek-V3 / V2 rows take it too: transformers 5.17's DeepseekV3MoE / DeepseekV2Moe
+  // register the same fused 3-D experts module (DeepseekV3Experts, @use_experts_implementation:
+  // gate_up_proj (E, 2F, D), down_proj (E, D, F)) under mlp.experts, which memsim runs with the
+  // same eager loop (decoder_moe_deepseek.cpp); checked against the *_tp_* rows of
+  // tests/data/torch_cpu_deepseek (docs/deepseek.md).
   // A YAML list, or one string with commas (--set).
   const std::vector<std::string> names = read_name_list(*f, "lora.target_parameters");
   if (names.empty())
