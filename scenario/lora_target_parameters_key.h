@@ -32,6 +32,11 @@ namespace memsim {
 // stop (argued from the source, docs/moe.md; its structure checked by tests/test_moe_lora.cpp).
 // Also asked by the step (sim/step/schedule.cpp) after a plan search rebuilt the section.
 bool lora_target_parameters_checkpoint_modelled(const CheckpointConfig& c);
+// Whether memsim models this parallelism with lora.target_parameters: one GPU, torch DDP
+// (parallel.data > 1, no sharding, no ZeRO) or FSDP2 (parallel.sharding fsdp2) without
+// context, tensor or pipeline parallelism (docs/moe.md "With DDP and FSDP2"). Also asked by
+// the step after a plan search rebuilt the section.
+bool lora_target_parameters_parallel_modelled(const ParallelConfig& p);
 
 }  // namespace memsim
 
