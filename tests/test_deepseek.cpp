@@ -416,6 +416,16 @@ TEST_CASE("PEFT LoRA on DeepSeek's latent attention: targets, trainable paramete
   const std::string v3 = "model:\n  hf_config: " + kConfigs + "deepseek-v3-bf16.json\nbatch:\n  seq_len: 16\n";
   const Scenario all = load_scenario_text(v3 + "lora:\n  rank: 16\n  targets: all-linear\n", "ds.yaml");
   CHECK(trainable_parameter_count(all) == 61LL * 1590272 + 58LL * 442368 + 3LL * 1228800);
+  // lora.target_parameters (PEFT's ParamWrapper on the routed experts): r*E*((D + 2F) + (F + D))
+  // more per MoE layer. V2-Lite, r 16 on all-linear and both expert weights: 26 MoE layers of
+  // 64 experts of 1408 (D 2048); V3: 58 MoE layers of 256 experts of 2048 (D 7168), down_proj.
+  const Scenario lite_tp = load_scenario_text(
+      lite + "lora:\n  rank: 16\n  targets: all-linear\n  target_parameters: [gate_up_proj, down_proj]\n", "ds.yaml");
+  CHECK(trainable_parameter_count(lite_tp) == 13799424LL + 26LL * 16 * 64 * ((2048 + 2 * 1408) + (1408 + 2048)));
+  CHECK(trainable_parameter_count(lite_tp) == 235311104LL);
+  const Scenario v3_tp =
+      load_scenario_text(v3 + "lora:\n  rank: 8\n  target_parameters: [mlp.experts.down_proj]\n", "ds.yaml");
+  CHECK(trainable_parameter_count(v3_tp) == 58LL * 8 * 256 * (2048 + 7168));
   // Names the latent attention does not have, and what is not modelled.
   CHECK(load_error(lite + "lora:\n  rank: 8\n  targets: [q_proj, k_proj]\n")
             .find("lora.targets: 'k_proj': multi-head latent attention has no k_proj") != std::string::npos);

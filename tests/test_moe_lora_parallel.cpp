@@ -218,7 +218,7 @@ TEST_CASE("lora.target_parameters under FSDP2: shards, all-gathers and reduce-sc
   CHECK(selects(p) > 0);
 }
 
-TEST_CASE("lora.target_parameters composes with FSDP2's options and checkpointing", "[moe-lora][fsdp2]") {
+TEST_CASE("lora.target_parameters composes with FSDP2's options, checkpointing, DDP under autocast", "[moe-lora][fsdp2]") {
   for (const std::string& extra :
        {std::string("parallel:\n  data: 8\n  sharding: fsdp2\n  reshard_after_forward: false\n"),
         std::string("parallel:\n  data: 8\n  sharding: fsdp2\n  replicate: 2\n"),
@@ -229,6 +229,25 @@ TEST_CASE("lora.target_parameters composes with FSDP2's options and checkpointin
     const Scenario s = load_scenario_text(fsdp2_yaml(extra), "moe.yaml");
     CHECK_NOTHROW(build_program(s));
   }
+  // HF Trainer's autocast (fp32 parameters and adapters) under DDP: the einsum's bf16 operand
+  // casts and the fp32 merged weights, as on one GPU. (LoRA under autocast with FSDP2 is
+  // refused for every model.)
+  CHECK_THROWS_WITH(build_program(load_scenario_text(fsdp2_yaml("parallel:\n  data: 4\n  sharding: fsdp2\n"),
+                                                    "moe.yaml", {{"precision.autocast", "bf16"}})),
+                    Catch::Contains("not with sharded data parallelism"));
+  const Scenario ac = load_scenario_text(fsdp2_yaml("parallel:\n  data: 4\n"), "moe.yaml",
+                                         {{"precision.autocast", "bf16"}});
+  const Scenario ac1 = load_scenario_text(fsdp2_yaml(""), "moe.yaml", {{"precision.autocast", "bf16"}});
+  auto merged = [](const Program& prog) {
+    uint64_t n = 0;
+    memsim_test::measured_sum(prog, [&](const MemoryEvent& e) {
+      return e.phase == Phase::forward && prog.str(e.op) == "add" && (e.bytes == 4u * 96 * 64 * 4 || e.bytes == 4u * 64 * 48 * 4);
+    }, &n);
+    return n;
+  };
+  const Program pa = build_program(ac);
+  CHECK(merged(pa) == 2 * 2 * 2);
+  CHECK(merged(pa) == merged(build_program(ac1)));
 }
 
 TEST_CASE("lora.target_parameters: FSDP1, ZeRO, tensor / pipeline / context parallelism stay refused",
