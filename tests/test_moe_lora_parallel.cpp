@@ -181,8 +181,12 @@ TEST_CASE("lora.target_parameters under FSDP2: shards, all-gathers and reduce-sc
   CHECK(shard(pre + "lora_B.default.weight") == (D / ws) * r * E * 4);
   // Each layer's unsharded parameters each forward: the frozen experts and the adapters
   // (all_gather_outputs, full padded sizes), in the layer's pre-forward, before the
-  // ParamWrapper reads them; again for backward.
-  CHECK(named_allocs(p, "FSDP2 unsharded " + pre + "gate_up_proj (all_gather_outputs)").size() >= 2);
+  // ParamWrapper reads them; again for backward (reshard_after_forward): twice a step, in the
+  // warm-up and the measured step.
+  CHECK(named_allocs(p, "FSDP2 unsharded " + pre + "gate_up_proj (all_gather_outputs)") ==
+        std::vector<uint64_t>(4, E * 2 * F * D * 4));
+  CHECK(named_allocs(p, "FSDP2 unsharded " + pre + "base_layer.lora_A.default.weight (all_gather_outputs)") ==
+        std::vector<uint64_t>(4, r * E * D * 4));
   CHECK(named_allocs(p, "FSDP2 unsharded " + pre + "lora_B.default.weight (all_gather_outputs)").front() == D * r * E * 4);
   // The reduce-scatter input of a layer's group: the unsharded gradients of its trainable
   // parameters only (the adapters: per_layer elements, every row count divides by 4, no
