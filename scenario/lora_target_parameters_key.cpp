@@ -114,7 +114,8 @@ void check_lora_target_parameters(const Doc& d, const Scenario& s) {
   // so the layer's pre-forward all-gathers lora_A / lora_B and the frozen experts before
   // ParamWrapper reads them, and the parametrization wraps the unsharded nn.Parameter that
   // FSDP2's post-forward swaps back for its shard (pytorch 010ae4a8 _fsdp_param.py
-  // unsafe_setattr_param writes module._parameters only).
+  // unsafe_setattr_param writes module._parameters only, since pytorch#120340: an instance
+  // attribute would trip parametrize's _inject_property assertion).
   const ParallelConfig& p = s.parallel;
   if (p.sharding == Sharding::fsdp)
     fail(where_or(d, "parallel.sharding", at), "parallel.sharding",
