@@ -271,3 +271,30 @@ TEST_CASE("lora.target_parameters: FSDP1, ZeRO, tensor / pipeline / context para
   CHECK_FALSE(err("parallel:\n  data: 4\n  sharding: deepspeed\n  zero: 3\n").empty());
   CHECK_FALSE(err("parallel:\n  data: 2\n  tensor: 2\n").empty());
 }
+
+TEST_CASE("lora.target_parameters on DeepSeek-V2-Lite under FSDP2: the experts' adapters shard on dim 0",
+          "[moe-lora][fsdp2][deepseek]") {
+  // 64 experts of 1408 (D 2048), r 4, both expert weights, 8 ranks: lora_A (r*E = 256, in)
+  // keeps 32 rows a rank, lora_B (out, 256) out / 8 rows; the frozen experts 8 whole experts.
+  const Scenario s = load_scenario_text(
+      "model:\n  preset: deepseek-v2-lite\nbatch:\n  seq_len: 16\nprecision: {params: bf16}\n"
+      "lora:\n  rank: 4\n  target_parameters: [gate_up_proj, down_proj]\n"
+      "parallel: {sharding: fsdp2, data: 8}\ndevice: {capacity: 1TiB}\n",
+      "ds.yaml");
+  const Program p = build_program(s);
+  constexpr uint64_t E = 64, F = 1408, D = 2048, r = 4, ws = 8;
+  std::map<std::string, uint64_t> shard;
+  for (const MemoryEvent& e : p.events)
+    if (e.type == EventType::alloc && e.kind == TensorKind::parameter) shard[p.str(p.tensors[e.tensor].name)] = e.bytes;
+  const std::string pre = "FSDP2 shard of model.layers.1.mlp.experts.";
+  const std::string post = " (padded chunk 0)";
+  CHECK(shard.at(pre + "gate_up_proj" + post) == (E / ws) * 2 * F * D * 2);
+  CHECK(shard.at(pre + "base_layer.lora_A.default.weight" + post) == (r * E / ws) * D * 4);
+  CHECK(shard.at(pre + "base_layer.lora_B.default.weight" + post) == (2 * F / ws) * r * E * 4);
+  CHECK(shard.at(pre + "lora_A.default.weight" + post) == (r * E / ws) * F * 4);
+  CHECK(shard.at(pre + "lora_B.default.weight" + post) == (D / ws) * r * E * 4);
+  // The dense first layer has no experts, so no adapters.
+  CHECK(shard.count("FSDP2 shard of model.layers.0.mlp.experts.lora_A.default.weight" + post) == 0);
+  // 26 MoE layers' adapters are the trainable parameters.
+  CHECK(trainable_parameter_count(s) == 26LL * r * E * ((D + 2 * F) + (F + D)));
+}
