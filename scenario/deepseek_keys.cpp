@@ -38,9 +38,8 @@ void check_deepseek_lora(const Doc& d, const Scenario& s, const std::string& at)
     fail(where_of(d, "lora.base_dtype", targets_at), "lora.base_dtype",
          "QLoRA on DeepSeek is not modelled (whether bitsandbytes quantizes the 3-D expert "
          "weights under transformers 5.x is not checked)");
-  if (d.find("lora.target_parameters") != nullptr)
-    fail(where_of(d, "lora.target_parameters", targets_at), "lora.target_parameters",
-         "PEFT's target_parameters on DeepSeek's experts is not modelled");
+  // lora.target_parameters (PEFT's ParamWrapper on the routed experts) is read and checked
+  // by scenario/lora_target_parameters_key.h, as for the other MoE rows.
 }
 
 }  // namespace

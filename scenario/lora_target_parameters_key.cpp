@@ -16,6 +16,12 @@ bool lora_target_parameters_checkpoint_modelled(const CheckpointConfig& c) {
   return c.policy == CheckpointPolicy::custom && c.custom.size() == 1 && c.custom[0] == "mlp";
 }
 
+bool lora_target_parameters_parallel_modelled(const ParallelConfig& p) {
+  if (p.tensor > 1 || p.pipeline > 1 || p.context > 1) return false;
+  if (p.sharding == Sharding::fsdp2) return true;
+  return p.sharding == Sharding::none && p.zero == 0;
+}
+
 }  // namespace memsim
 
 namespace memsim::scenario_detail {
@@ -44,9 +50,11 @@ void read_lora_target_parameters(const Doc& d, Scenario& s) {
          "PEFT's target_parameters adapts nn.Parameters such as the 3-D routed experts of a "
          "mixture-of-experts model; this model has none (model.moe): use lora.targets "
          "(nn.Linear modules)");
-  if (m.code == graph::MoeRouterCode::deepseek_v3 || m.code == graph::MoeRouterCode::deepseek_v2)
-    fail(at, "lora.target_parameters",
-         "LoRA on DeepSeek's routed experts is not modelled (docs/deepseek.md)");
+  // DeepSeek-V3 / V2 rows take it too: transformers 5.17's DeepseekV3MoE / DeepseekV2Moe
+  // register the same fused 3-D experts module (DeepseekV3Experts, @use_experts_implementation:
+  // gate_up_proj (E, 2F, D), down_proj (E, D, F)) under mlp.experts, which memsim runs with the
+  // same eager loop (decoder_moe_deepseek.cpp); checked against the *_tp_* rows of
+  // tests/data/torch_cpu_deepseek (docs/deepseek.md).
   // A YAML list, or one string with commas (--set).
   const std::vector<std::string> names = read_name_list(*f, "lora.target_parameters");
   if (names.empty())
@@ -99,11 +107,39 @@ void check_lora_target_parameters(const Doc& d, const Scenario& s) {
   const Field* f = d.find("lora.target_parameters");
   if (f == nullptr) return;
   const std::string at = f->where;
-  if (s.parallel.data > 1 || s.parallel.tensor > 1 || s.parallel.pipeline > 1 ||
-      s.parallel.sharding != Sharding::none || s.parallel.zero > 0)
-    fail(where_or(d, "parallel.data", at), "parallel.data",
-         "lora.target_parameters is modelled on one GPU only (DDP, FSDP, ZeRO, tensor and "
-         "pipeline parallelism with PEFT's ParamWrapper are not checked)");
+  // Data parallelism (docs/moe.md "With DDP and FSDP2"). torch DDP buckets the parameters
+  // that require grad (the adapters; the frozen 3-D experts have none): sim/parallel/
+  // data_parallel.h, checked against tests/data/ddp_combos/tp_*.json. FSDP2 (fully_shard per
+  // decoder layer, then the root: sim/parallel/fsdp2.h) puts a layer's adapters in its group,
+  // so the layer's pre-forward all-gathers lora_A / lora_B and the frozen experts before
+  // ParamWrapper reads them, and the parametrization wraps the unsharded nn.Parameter that
+  // FSDP2's post-forward swaps back for its shard (pytorch 010ae4a8 _fsdp_param.py
+  // unsafe_setattr_param writes module._parameters only, since pytorch#120340: an instance
+  // attribute would trip parametrize's _inject_property assertion).
+  const ParallelConfig& p = s.parallel;
+  if (p.sharding == Sharding::fsdp)
+    fail(where_or(d, "parallel.sharding", at), "parallel.sharding",
+         "FSDP1 with lora.target_parameters is not modelled: with PEFT's fsdp_auto_wrap_policy "
+         "(parallel.fsdp_wrap: peft) every lora_A / lora_B is its own unit, which ParamWrapper "
+         "reads without calling it, so it sees the flat shard (huggingface/peft#3080: "
+         "get_delta_weight's reshape fails); with one unit per layer FSDP1 sets the original "
+         "parameters as plain tensor views in forward, which the parametrization would "
+         "register as a buffer (not checked). Use parallel.sharding: fsdp2 or DDP");
+  if (p.sharding == Sharding::deepspeed || (p.sharding == Sharding::none && p.zero > 0))
+    fail(where_or(d, "parallel.zero", where_or(d, "parallel.sharding", at)), p.zero > 0 ? "parallel.zero" : "parallel.sharding",
+         "ZeRO with lora.target_parameters is not modelled (ZeRO-3 gathers a module's own "
+         "parameters in its forward hooks; ParamWrapper reads lora_A / lora_B without calling "
+         "them; huggingface/peft#3576 fixed only the adapters' creation); use DDP or FSDP2");
+  if (p.tensor > 1 || p.pipeline > 1)
+    fail(where_or(d, p.tensor > 1 ? "parallel.tensor" : "parallel.pipeline", at),
+         p.tensor > 1 ? "parallel.tensor" : "parallel.pipeline",
+         "tensor or pipeline parallelism with lora.target_parameters is not modelled");
+  if (p.context > 1)
+    fail(where_or(d, "parallel.context", at), "parallel.context",
+         "context parallelism with lora.target_parameters is not checked");
+  if (!lora_target_parameters_parallel_modelled(p))  // what the cases above do not name
+    fail(where_or(d, "parallel.sharding", at), "parallel.sharding",
+         "this parallelism with lora.target_parameters is not modelled (one GPU, DDP or FSDP2)");
   if (s.step.compile)
     fail(where_or(d, "step.compile", at), "step.compile",
          "torch.compile with lora.target_parameters is not modelled (the parametrization under "

@@ -11,13 +11,17 @@
 // LoraConfig::targets as mlp.experts.gate_up_proj / mlp.experts.down_proj (lora_target_mask's
 // bits 7 and 8). lora.targets may then be absent (PEFT's target_modules None).
 //
+// Modelled on one GPU, under torch DDP and under FSDP2 (docs/moe.md "With DDP and FSDP2"), on
+// every hf-llama MoE row, DeepSeek-V3 / V2 included (their 5.17 experts are the same module).
+//
 // Refused, exit 1 naming FILE:LINE and the key: any other name; a model without routed
-// experts (model.moe) or not of the hf-llama family (Megatron's MoE); DeepSeek-V3/V2 rows; lora.dropout != 0 (ParamWrapper raises);
-// model.moe.experts_implementation batched_mm / grouped_mm, precision.autocast,
-// checkpoint.policy other than none / full / custom [mlp] (those three in every mode:
-// reentrant or not, early stop or not), checkpoint.offload,
-// parallel.data / sharding / tensor / pipeline > 1 and
-// torch.compile with it (not checked against a run: docs/moe.md).
+// experts (model.moe) or not of the hf-llama family (Megatron's MoE); lora.dropout != 0
+// (ParamWrapper raises); model.moe.experts_implementation batched_mm / grouped_mm,
+// precision.autocast with 16-bit parameters or adapters, checkpoint.policy other than none /
+// full / custom [mlp] (those three in every mode: reentrant or not, early stop or not),
+// checkpoint.offload, parallel.sharding fsdp (FSDP1: huggingface/peft#3080), ZeRO / DeepSpeed,
+// parallel.tensor / pipeline / context > 1 and torch.compile with it (not checked against a
+// run: docs/moe.md).
 #pragma once
 
 #include "scenario/scenario.h"
@@ -32,6 +36,11 @@ namespace memsim {
 // stop (argued from the source, docs/moe.md; its structure checked by tests/test_moe_lora.cpp).
 // Also asked by the step (sim/step/schedule.cpp) after a plan search rebuilt the section.
 bool lora_target_parameters_checkpoint_modelled(const CheckpointConfig& c);
+// Whether memsim models this parallelism with lora.target_parameters: one GPU, torch DDP
+// (parallel.data > 1, no sharding, no ZeRO) or FSDP2 (parallel.sharding fsdp2) without
+// context, tensor or pipeline parallelism (docs/moe.md "With DDP and FSDP2"). Also asked by
+// the step after a plan search rebuilt the section.
+bool lora_target_parameters_parallel_modelled(const ParallelConfig& p);
 
 }  // namespace memsim
 

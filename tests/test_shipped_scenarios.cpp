@@ -148,6 +148,9 @@ const std::map<std::string, Claim>& claims() {
       // PEFT target_parameters on the routed experts: 47 layers' merged W + delta alive in
       // layer 47's forward (docs/moe.md "LoRA on the routed experts").
       {"qwen3-30b-a3b-lora-experts-h200.yaml", {true, std::nullopt, 131.65}},
+      // ... over FSDP2 on 8 H100s with full checkpointing: every rank still builds each layer's
+      // merged weights on the all-gathered experts; the peak is the loss's backward.
+      {"qwen3-30b-a3b-lora-experts-fsdp2-8xh100.yaml", {true, std::nullopt, 18.18}},
       // OLMoE-1B-7B under HF Trainer's bf16 autocast on one H200 (issue #15, docs/moe.md):
       // layer 0's backward (SelectBackward0 of the 1 GiB fp32 gate_up_proj).
       {"olmoe-1b-7b-hf-trainer-bf16-h200.yaml", {true, std::nullopt, 105.09}},

@@ -48,7 +48,7 @@ namespace memsim::graph {
 // ParamWrapper.update_layer per targeted 3-D parameter (graph/models/moe_param_lora.h): the
 // inner wrapper (gate_up_proj when both are targeted) is mlp.experts.base_layer.
 void DecoderModel::add_experts_adapters(LayerParams& p, const std::string& pre) {
-  if (p.experts_gate_up < 0) return;  // DeepSeek's experts are refused by the scenario reader
+  if (p.experts_gate_up < 0) return;  // not a MoE layer's block (every MoE row sets both)
   const MoeSpec& m = arch().moe;
   const uint64_t E = static_cast<uint64_t>(m.experts), D = static_cast<uint64_t>(s_.d_model);
   const uint64_t F = static_cast<uint64_t>(m.expert_d_ff), r = static_cast<uint64_t>(s_.lora.rank);

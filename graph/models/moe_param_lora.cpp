@@ -24,10 +24,14 @@ Tensor ExpertsParamLora::delta(const Target& t) {
   const uint64_t a = adapter_elem_, E = experts_, r = rank_;
   Tensor d;
   {
-    // A.reshape(E, r, in) and its permute: views whose grad is viewable (no node); B.reshape(
-    // out, r, E) permuted to (E, out, r): the grad reaching it is not viewable as (out, r*E),
-    // so its backward reshape copies.
-    Tensor A = rt_.param(t.ad.a);
+    // A.reshape(E, r, in): a view of the leaf with its own ViewBackward0, which hands the
+    // grad on as it came (no copy); B.reshape(out, r, E), permuted to (E, out, r) by the
+    // einsum: the grad reaching it is not viewable as (out, r*E), so its backward reshape
+    // copies. A's node is made first (get_delta_weight reshapes A, then B), so the engine,
+    // which pops the latest node first, runs B's AccumulateGrad before A's: the order torch
+    // 1.13's DDP reducer saw the adapters' grads become ready
+    // (tests/data/ddp_moe_lora/*.json, rebuilt_per_bucket_param_indices).
+    Tensor A = view_with_node(rt_, rt_.param(t.ad.a));
     Tensor B = view(rt_, rt_.param(t.ad.b), /*copy_in_backward=*/true);
     // Autocast: the einsum's wrapper casts its operands in argument order (B, then A).
     const uint64_t e = ac_ != nullptr ? ac_->low_elem() : a;

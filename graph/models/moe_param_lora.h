@@ -10,8 +10,10 @@
 //    _inject_parameters walks the experts' parameters in registration order, so gate_up_proj's
 //    wrapper is the inner one (module mlp.experts.base_layer) and down_proj's the outer
 //    (mlp.experts): the outer's delta is computed first, its exit runs last.
-//  - enter() (ParamWrapper.forward -> _activate_lora, outermost first): get_delta_weight =
-//    einsum("o r e, e r i -> e o i", B.reshape(out, r, E), A.reshape(E, r, in)) * scaling,
+//  - enter() (ParamWrapper.forward -> _activate_lora, outermost first): get_delta_weight
+//    reshapes A (a view of the leaf with its own ViewBackward0, made first: the engine then
+//    runs B's AccumulateGrad before A's, the order torch DDP's reducer sees) and B, then
+//    computes einsum("o r e, e r i -> e o i", B.reshape(out, r, E), A.reshape(E, r, in)) * scaling,
 //    which aten's sumproduct_pair lowers to permutes/reshapes (views) and one bmm of
 //    (E, out, r) x (E, r, in) -> (E, out, in) (aten/src/ATen/native/Linear.cpp); the left
 //    operand is B permuted, strides (1, r*E, E): on CUDA bmm copies it contiguous

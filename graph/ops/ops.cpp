@@ -322,7 +322,14 @@ struct Bw {
   // parameter gradient from birth; one added into an existing .grad is a temporary.
   TensorKind kind_for(int i) const {
     if (!needs(i)) return TensorKind::temporary;
-    const Node& target = rt.node(n.next[i].node);
+    const Node* to = &rt.node(n.next[i].node);
+    // Through a pass-through view of a parameter (ops_moe.h view_with_node: PEFT's
+    // lora_A.reshape, graph/models/moe_param_lora.cpp): its ViewBackward0 hands the grad on
+    // as it came, so AccumulateGrad steals this one.
+    if (to->kind == OpKind::view && (to->flags & kCopyInBackward) == 0 && to->n_next == 1 && to->next[0].node >= 0 &&
+        rt.node(to->next[0].node).kind == OpKind::accumulate_grad)
+      to = &rt.node(to->next[0].node);
+    const Node& target = *to;
     if (target.kind != OpKind::accumulate_grad || target.param < 0) return TensorKind::temporary;
     return rt.parameters()[target.param].grad == kNoStorage ? TensorKind::gradient
                                                              : TensorKind::temporary;

@@ -132,7 +132,8 @@ class Loop {
     // checkpoint.offload: save_on_cpu around the listed layers (sim/step/activation_offload.h).
     offload_ = make_offload_engine(rt_, s_, checkpoint_.get());
     // lora.target_parameters (scenario/lora_target_parameters_key.h) is refused with
-    // checkpointing other than full / custom [mlp], offload and parallelism by its reader; a
+    // checkpointing other than full / custom [mlp], offload and parallelism other than DDP /
+    // FSDP2 by its reader; a
     // plan search (compare --policies, optimize, --advise) may have rebuilt those sections
     // since. (The checkpoint section as the engine resolved it: reentrant and early_stop
     // included.)
@@ -143,10 +144,11 @@ class Loop {
     }
     if ((lora_target_mask(s_.lora, s_.model.family) & 0x180u) != 0 &&
         ((checkpoint_ && !lora_target_parameters_checkpoint_modelled(resolved)) || offload_ ||
-         s_.parallel.data > 1 || s_.parallel.sharding != Sharding::none || s_.parallel.zero > 0))
+         !lora_target_parameters_parallel_modelled(s_.parallel)))
       throw ScenarioError(s_.key_prefix("lora.target_parameters") +
                           ": PEFT's target_parameters with activation checkpointing other than "
-                          "full or custom [mlp], offload or data parallelism is not modelled");
+                          "full or custom [mlp], offload, or parallelism other than DDP / FSDP2 "
+                          "is not modelled");
     // checkpoint.offload_activations: torchtune's OffloadActivations (graph/offload_streams.h;
     // its refusals: scenario/offload_activations_key.h).
     if (offloads_activations(s_)) {
