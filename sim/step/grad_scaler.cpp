@@ -45,6 +45,34 @@ void GradScalerSim::unscale(Runtime& rt) {
   found_inf.reset();
 }
 
+void GradScalerSim::check_inf_per_device(Runtime& rt) {
+  // dummy_inv_scale = full((), 1.0), found_inf = full((), 0.0); _unscale_grads_(...,
+  // allow_fp16=True) takes the same per-device copies as unscale_ (found_inf's, then the
+  // inv scale's) and the kernel multiplies by 1.0 in place.
+  Tensor dummy_inv_scale = rt.alloc(kF32, TensorKind::temporary, OpKind::full);
+  Tensor found_inf = rt.alloc(kF32, TensorKind::temporary, OpKind::full);
+  found_inf_ = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  Tensor inv_copy = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  inv_copy.reset();         // _unscale_grads_ returns
+  dummy_inv_scale.reset();  // _check_inf_per_device returns: its locals in order
+  found_inf.reset();
+}
+
+void GradScalerSim::before_step(Runtime& rt) {
+  if (!fused_) return unscale(rt);
+  check_inf_per_device(rt);
+  // found_inf = sum(t.to(device) for t in found_inf_per_device.values()): 0 + copy, new;
+  // optimizer.grad_scale = scaler * getattr(optimizer, "grad_scale", 1): new.
+  fused_found_inf_ = rt.alloc(kF32, TensorKind::temporary, OpKind::add);
+  fused_grad_scale_ = rt.alloc(kF32, TensorKind::temporary, OpKind::mul);
+}
+
+void GradScalerSim::after_step(Runtime&) {
+  // del optimizer.grad_scale; del optimizer.found_inf (step()'s local keeps it until return).
+  fused_grad_scale_.reset();
+  fused_found_inf_.reset();
+}
+
 void GradScalerSim::update(Runtime&) {
   // _amp_update_scale_ in place; _per_optimizer_states is reset, the found_inf copy dies
   // (at the latest when update()'s locals go).
@@ -79,10 +107,10 @@ void require_grad_scaler_modelled(const Scenario& s) {
            "unscale for; use optimizer.in_backward: false");
   if (s.optimizer.type == OptimizerType::none)
     refuse("scaler.step needs an optimizer; optimizer.type is none");
-  if (s.optimizer.impl == OptimizerImpl::fused)
-    refuse("a fused optimizer has _step_supports_amp_scaling: scaler.step hands it grad_scale "
-           "and found_inf tensors instead of unscaling (not modelled); use optimizer.impl "
-           "foreach or for-loop");
+  if (s.optimizer.impl == OptimizerImpl::fused && s.optimizer.type != OptimizerType::adam &&
+      s.optimizer.type != OptimizerType::adamw && s.optimizer.type != OptimizerType::sgd)
+    refuse("a fused optimizer other than torch.optim Adam / AdamW / SGD is not modelled with "
+           "the scaler; use optimizer.impl foreach or for-loop");
   if (s.precision.params != DType::fp32 || s.precision.master_weights)
     refuse("modelled with fp32 parameters (fp32 grads) only: fp16 grads make unscale_ raise "
            "\"Attempting to unscale FP16 gradients.\" and master copies are not modelled with "

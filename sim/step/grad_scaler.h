@@ -23,12 +23,17 @@
 //   _unscale_grads_ returns, inv_scale and found_inf when unscale_ returns; the found_inf
 //   copy stays in the optimizer's state. One copy per device, however many dtype groups.
 //   _maybe_opt_step's .item() allocates nothing; then the caller's optimizer.step().
+// * A fused optimizer (optimizer.impl fused: torch.optim Adam/AdamW/SGD set
+//   _step_supports_amp_scaling) is not unscaled: step() runs _check_inf_per_device
+//   (dummy_inv_scale = full 1.0, found_inf = full 0.0, _unscale_grads_'s two copies; the
+//   inv copy dies at its return, dummy_inv_scale and found_inf at _check_inf_per_device's),
+//   then found_inf = sum(copies) (0 + copy: a new tensor) and optimizer.grad_scale =
+//   _scale * 1 (a new tensor), which the fused kernel reads; after optimizer.step()
+//   `del optimizer.grad_scale` frees it and the summed found_inf dies when step() returns.
 // * update(rt): `found_inf.to(device)` is the same tensor, _amp_update_scale_ works in
 //   place; the state with the found_inf copy is dropped, so the copy dies.
 //
-// Not modelled (refused by require_grad_scaler_modelled): optimizers with
-// _step_supports_amp_scaling (fused Adam/AdamW/SGD take grad_scale / found_inf tensors
-// instead), FSDP's ShardedGradScaler, DeepSpeed's own loss scaler, fp16 gradients (the
+// Not modelled (refused by require_grad_scaler_modelled): FSDP's ShardedGradScaler, DeepSpeed's own loss scaler, fp16 gradients (the
 // source raises "Attempting to unscale FP16 gradients."), Megatron, pipelines, clipping.
 #pragma once
 
@@ -39,16 +44,26 @@ namespace memsim {
 
 class GradScalerSim {
  public:
+  // fused: the optimizer has _step_supports_amp_scaling (optimizer.impl fused).
+  explicit GradScalerSim(bool fused) : fused_(fused) {}
   // scaler.scale(loss): the scaled loss (its graph on top of loss's).
   graph::Tensor scale(graph::Runtime& rt, const graph::Tensor& loss);
-  // scaler.step(opt) up to optimizer.step(): unscale_ (the found_inf copy stays).
-  void unscale(graph::Runtime& rt);
+  // scaler.step(opt) up to optimizer.step(): unscale_ (the found_inf copy stays), or for
+  // a fused optimizer _check_inf_per_device and the grad_scale / found_inf it is handed.
+  void before_step(graph::Runtime& rt);
+  // scaler.step(opt) after optimizer.step() (fused: grad_scale, then the summed found_inf).
+  void after_step(graph::Runtime& rt);
   // scaler.update(): the step's found_inf copy dies.
   void update(graph::Runtime& rt);
 
  private:
+  void unscale(graph::Runtime& rt);
+  void check_inf_per_device(graph::Runtime& rt);
+
+  bool fused_;
   graph::Tensor scale_, growth_tracker_;  // created by the first scale(), kept
   graph::Tensor found_inf_;               // per-device found_inf, from unscale_ to update
+  graph::Tensor fused_found_inf_, fused_grad_scale_;  // fused: optimizer.found_inf / .grad_scale
 };
 
 // Throws ScenarioError naming precision.grad_scaler (or the clashing key) where the scaler

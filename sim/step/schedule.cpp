@@ -184,7 +184,7 @@ class Loop {
     if (s_.precision.grad_scaler) {  // torch.amp.GradScaler (sim/step/grad_scaler.h)
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": precision.grad_scaler: numeric mode does not model the scaler");
-      scaler_ = std::make_unique<GradScalerSim>();
+      scaler_ = std::make_unique<GradScalerSim>(s_.optimizer.impl == OptimizerImpl::fused);
     }
     if (s_.precision.autocast && !accelerate_amp_) {  // cs336, hf-llama, hf-gpt2 (sim/step/modelled_features.cpp)
       autocast_ = std::make_unique<graph::Autocast>(
@@ -466,9 +466,10 @@ class Loop {
       rt_.ctx.layer = -1;
       rt_.ctx.module = graph::Module::optimizer;
       add_optimizer_cost(rt_, s_);  // the time model (sim/step/time_model_setup.h)
-      if (scaler_) scaler_->unscale(rt_);  // scaler.step(opt): unscale_, then opt.step()
+      if (scaler_) scaler_->before_step(rt_);  // scaler.step(opt): unscale_, then opt.step()
       optimizer_->step(rt_);
-      if (scaler_) scaler_->update(rt_);   // scaler.update()
+      if (scaler_) scaler_->after_step(rt_);
+      if (scaler_) scaler_->update(rt_);  // scaler.update()
       // torchtitan's float8 converter: precompute_float8_dynamic_scale_for_fsdp.
       if (fsdp2_) fsdp2_->post_optimizer_step(rt_);
       if (rt_.numeric != nullptr) rt_.numeric->on_optimizer_step(rt_);
