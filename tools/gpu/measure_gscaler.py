@@ -29,6 +29,8 @@ scale and optimizer-state count are recorded), then the measured step. The runs 
 order of value; a budget cut drops the last):
 
   gs_llama_..._fp16_scaler        fp16 autocast + GradScaler
+  gs_llama_..._fp16_scaler_fused  the same with AdamW(fused=True) (HF Trainer's adamw_torch_fused:
+                                  the scaler's _step_supports_amp_scaling path)
   gs_llama_..._fp16_scaler_full   the same, every layer checkpointed (non-reentrant)
   gs_llama_..._fp16               fp16 autocast without a scaler (control: the step unscaled)
   gs_llama_..._fp16_scaler_clip   + unscale_ and clip_grad_norm_(1.0) (HF Trainer's order;
@@ -81,15 +83,16 @@ TINY = dict(layers=2, d_model=64, heads=4, kv_heads=2, d_ff=172, vocab=512, cont
 BASE = "gs_llama_l4_d1024_s1024_b4"
 
 
-def spec(suffix, scaler=True, policy="none", clip=None, estimate=8.0):
+def spec(suffix, scaler=True, policy="none", clip=None, opt_impl="foreach", estimate=8.0):
     return dict(name=f"{BASE}_{suffix}", family="hf-llama", impl="standin", cfg=dict(LLAMA),
-                optimizer="adamw", opt_impl="foreach", dtype="fp32", autocast="fp16",
+                optimizer="adamw", opt_impl=opt_impl, dtype="fp32", autocast="fp16",
                 grad_scaler=scaler, policy=policy, clip_grad_norm=clip, attention="eager",
                 warmup=1, max_warmup=3, estimate=estimate)
 
 
 SPECS = [
     spec("fp16_scaler"),
+    spec("fp16_scaler_fused", opt_impl="fused"),
     spec("fp16_scaler_full", policy="full", estimate=9.0),
     spec("fp16", scaler=False),
     spec("fp16_scaler_clip", clip=1.0),
@@ -153,7 +156,15 @@ def run_one(sp, out_dir):
     model.train()
     result["parameters"] = sum(p.numel() for p in model.parameters())
     result["marks"] = {"after_model": stats(torch, cuda)}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    # fused=True (HF Trainer's adamw_torch_fused) sets _step_supports_amp_scaling: the scaler
+    # hands it grad_scale / found_inf instead of unscaling. torch 1.13 has no CPU fused AdamW:
+    # the dry run steps foreach.
+    if sp["opt_impl"] == "fused" and cuda:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        if sp["opt_impl"] == "fused":
+            result["skipped_fused"] = "fused AdamW is CUDA-only in torch " + torch.__version__
     result["optimizer_step_supports_amp_scaling"] = bool(getattr(opt, "_step_supports_amp_scaling", False))
     scaler, kind = (make_scaler(torch, cuda) if sp["grad_scaler"] else (None, None))
     result["scaler"] = kind
@@ -258,15 +269,15 @@ def sources(torch):
 
 def main():
     ap = argparse.ArgumentParser()
-    gpu_common.add_run_args(ap, budget=45.0, per_run=25.0)
+    gpu_common.add_run_args(ap, budget=50.0, per_run=25.0)
     a = ap.parse_args()
     if gpu_common.run_one_if_child(a, SPECS, run_one):
         return
     chosen = gpu_common.select_by_name(SPECS, a.only)
     if a.list:
         for s in chosen:
-            print(f"{s['name']:40s} scaler {str(s['grad_scaler']):5s} {s['policy']:5s} "
-                  f"clip {s['clip_grad_norm']}  {s['estimate']:4.1f} s")
+            print(f"{s['name']:40s} scaler {str(s['grad_scaler']):5s} {s['opt_impl']:7s} "
+                  f"{s['policy']:5s} clip {s['clip_grad_norm']}  {s['estimate']:4.1f} s")
         print(f"{len(chosen)} runs, about {sum(s['estimate'] for s in chosen):.0f} s (estimate)")
         return
     t_start = gpu_common.start_parent(a.out_dir, chosen, sum(s["estimate"] for s in chosen), a.budget)
