@@ -130,6 +130,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                  "moe", "moe.routing"}},
       {"batch", {"micro_batch", "seq_len", "grad_accum"}},
       {"precision", {"params", "autocast", "autocast_region", "master_weights", "autocast_cache",
+                     "grad_scaler" /* sim/step/grad_scaler.h */,
                      "float8", "float8_all_gather", "float8_precompute_scale"}},
       {"optimizer", {"type", "impl", "momentum", "in_backward"}},
       {"step", {"kind", "warmup_steps", "zero_grad", "measure", "keep_output", "compile",

@@ -103,6 +103,9 @@ struct PrecisionConfig {
   AutocastRegion autocast_region = AutocastRegion::forward_and_loss;
   bool autocast_cache = true;         // torch.autocast(cache_enabled=...)
   bool master_weights = false;
+  // precision.grad_scaler: torch.amp.GradScaler around the step (scale(loss).backward(),
+  // step, update): its 0-d tensors (sim/step/grad_scaler.h, docs/autocast.md "GradScaler").
+  bool grad_scaler = false;
 };
 
 enum class OptimizerType { adamw, adam, sgd, none, adam8bit, adamw8bit, adafactor };  // 8bit: bitsandbytes; adafactor: transformers

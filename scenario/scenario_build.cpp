@@ -216,6 +216,8 @@ PrecisionConfig build_precision(const Doc& d, std::optional<DType> params_defaul
       fail(f->where, "precision.autocast_cache",
            "torch.autocast's cache_enabled only applies with precision.autocast bf16 or fp16");
   }
+  if (const Field* f = d.find("precision.grad_scaler"))  // sim/step/grad_scaler.h
+    p.grad_scaler = read_bool(*f, "precision.grad_scaler");
   if (const Field* f = d.find("precision.master_weights")) {
     p.master_weights = read_bool(*f, "precision.master_weights");
     if (p.master_weights && p.params == DType::fp32) {

@@ -131,5 +131,6 @@
   X(offload_unpack, core, "_to_copy", "_to_copy") /* save_on_cpu's unpack hook: tensor.to(device) of a host copy, in backward (graph/offload.h) */ \
   X(rope_litgpt, nn, "cat", "CatBackward0") /* LitGPT: cat((apply_rope(q[..., :n], cos, sin), q[..., n:])), one composite node; saves cos, sin (graph/ops/ops_litgpt.h) */ \
   X(chunked_ce_litgpt, nn, "_log_softmax", "LogSoftmaxBackward0") /* LitGPT chunked_cross_entropy(logits[..., :-1, :], ...), 128-row chunks, one composite node (graph/ops/ops_litgpt.h) */ \
-  X(sdpa_cudnn, nn, "_scaled_dot_product_cudnn_attention", "ScaledDotProductCudnnAttentionBackward0") /* SDPA's cuDNN backend: philox seed/offset on the device, grouped KV heads natively (graph/ops/ops_sdpa_cudnn.h) */
+  X(sdpa_cudnn, nn, "_scaled_dot_product_cudnn_attention", "ScaledDotProductCudnnAttentionBackward0") /* SDPA's cuDNN backend: philox seed/offset on the device, grouped KV heads natively (graph/ops/ops_sdpa_cudnn.h) */ \
+  X(reciprocal, core, "reciprocal", "reciprocal") /* GradScaler.unscale_: _scale.double().reciprocal() (sim/step/grad_scaler.h); no grad */
 // clang-format on

@@ -10,6 +10,7 @@
 #include "scenario/script_keys.h"
 #include "sim/parallel/data_parallel.h"
 #include "sim/parallel/fsdp_lora_checks.h"
+#include "sim/step/grad_scaler.h"
 #include "sim/step/torchtitan_checkpoint.h"
 
 namespace memsim {
@@ -113,6 +114,7 @@ void require_modelled(const Scenario& s) {
   require_generate_modelled(s);       // scenario/generate_keys.h: step.kind generate's (issue #17)
   require_torchtitan_modelled(s);     // sim/step/torchtitan_checkpoint.h: sac-op, sac-layer:N
   require_fsdp_lora_modelled(s);      // sim/parallel/fsdp_lora_checks.h: FSDP1 + LoRA, use_orig_params
+  require_grad_scaler_modelled(s);    // sim/step/grad_scaler.h: precision.grad_scaler's
   // Data parallelism, LoRA and master weights were each checked alone; their
   // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
   // parameters together, DDP buckets only parameters that need a gradient, master copies

@@ -32,6 +32,7 @@
 #include "scenario/scenario_lora.h"
 #include "scenario/lora_target_parameters_key.h"
 #include "sim/step/optimizer_in_backward.h"
+#include "sim/step/grad_scaler.h"
 #include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
 #include "sim/step/script_loss.h"
@@ -182,6 +183,11 @@ class Loop {
     // Accelerate's FSDP2 bf16 path: autocast over bf16 unsharded parameters casts nothing
     // in the model (sim/parallel/accelerate_amp.h); only the root's output casts remain.
     accelerate_amp_ = accelerate_fsdp2_amp(s_);
+    if (s_.precision.grad_scaler) {  // torch.amp.GradScaler (sim/step/grad_scaler.h)
+      if (rt_.numeric != nullptr)
+        throw ScenarioError(s_.source + ": precision.grad_scaler: numeric mode does not model the scaler");
+      scaler_ = std::make_unique<GradScalerSim>(s_.optimizer.impl == OptimizerImpl::fused);
+    }
     if (s_.precision.autocast && !accelerate_amp_) {  // cs336, hf-llama, hf-gpt2 (sim/step/modelled_features.cpp)
       autocast_ = std::make_unique<graph::Autocast>(
           rt_, static_cast<uint64_t>(dtype_bytes(*s_.precision.autocast)),
@@ -439,8 +445,13 @@ class Loop {
                      static_cast<uint64_t>(dtype_bytes(*s_.parallel.fsdp_output_dtype)));
       if (script_.del_output_after_loss) logits_.reset();  // `del pred` (the graph lives on)
       if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
+      // `scaler.scale(loss).backward()`: the scaled loss is the statement's temporary, dead
+      // once backward returns (sim/step/grad_scaler.h).
+      Tensor scaled;
+      if (scaler_) scaled = scaler_->scale(rt_, loss_);
       rt_.ctx.phase = Phase::backward;
-      rt_.backward(loss_);
+      rt_.backward(scaler_ ? scaled : loss_);
+      scaled.reset();
       if (ddp_) add_ddp_all_reduce(rt_, ddp_->bucket_bytes(), s_.parallel.data);  // time model
       if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
       if (fsdp2_) fsdp2_->post_backward(rt_);
@@ -457,7 +468,10 @@ class Loop {
       rt_.ctx.layer = -1;
       rt_.ctx.module = graph::Module::optimizer;
       add_optimizer_cost(rt_, s_);  // the time model (sim/step/time_model_setup.h)
+      if (scaler_) scaler_->before_step(rt_);  // scaler.step(opt): unscale_, then opt.step()
       optimizer_->step(rt_);
+      if (scaler_) scaler_->after_step(rt_);
+      if (scaler_) scaler_->update(rt_);  // scaler.update()
       // torchtitan's float8 converter: precompute_float8_dynamic_scale_for_fsdp.
       if (fsdp2_) fsdp2_->post_optimizer_step(rt_);
       if (rt_.numeric != nullptr) rt_.numeric->on_optimizer_step(rt_);
@@ -489,6 +503,7 @@ class Loop {
   std::unique_ptr<graph::StreamOffload> stream_offload_;  // checkpoint.offload_activations
   std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
   bool accelerate_amp_ = false;  // Accelerate's FSDP2 bf16 path (sim/parallel/accelerate_amp.h)
+  std::unique_ptr<GradScalerSim> scaler_;  // precision.grad_scaler (sim/step/grad_scaler.h)
   std::unique_ptr<TorchDdp> ddp_;
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<Fsdp2> fsdp2_;

@@ -68,6 +68,8 @@ CASES = [
     ("generate_dry", [G + "measure_generate.py", "OUT", *BIG]),
     ("trainer_list", [G + "measure_trainer.py", "OUT", "--list"]),
     ("trainer_dry", [G + "measure_trainer.py", "OUT", "--budget", "100000"]),
+    ("gscaler_list", [G + "measure_gscaler.py", "OUT", "--list"]),
+    ("gscaler_dry", [G + "measure_gscaler.py", "OUT", *BIG]),
 ]
 TIME_KEYS = {"seconds", "process_seconds", "step_seconds", "generate_seconds", "train_seconds"}
 # "(12.3 s)", "(  4.0 s)", ", 12 s -> ": a wall-clock reading in a printed line, with the

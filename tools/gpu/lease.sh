@@ -48,6 +48,8 @@ groups=(
   "impl|100|$py tools/gpu/measure_impl.py \$W --budget 80"
   # docs/gpu-next-session.md items 1 and 3 (C++ frames name the backward transients) and 2 (SDPA, blind)
   "arch|100|MEMSIM_CPP_STACKS=1 $py tools/gpu/measure_cuda.py \$W/stacks --budget 70 --only arch_llama_l4_d1024_s1024_b4_fp32 arch_qwen3_l4_d1024_s1024_b4_fp32 tf_arch_qwen2_l4_d1024_s1024_b4_fp32; $py tools/gpu/measure_cuda.py \$W/sdpa --budget 25 --only tf_arch_qwen2_l4_d1024_s1024_b4_bf16_sdpa tf_arch_qwen3_l4_d1024_s1024_b4_bf16_sdpa"
+  # fp16 autocast + torch.amp.GradScaler (precision.grad_scaler, docs/autocast.md "GradScaler"; blind)
+  "gscaler|65|$py tools/gpu/measure_gscaler.py \$W --budget 50"
 )
 
 selected=("$@")

@@ -1,0 +1,126 @@
+#include "sim/step/grad_scaler.h"
+
+#include <string>
+
+#include "graph/ops/ops.h"
+
+namespace memsim {
+
+using graph::OpKind;
+using graph::Runtime;
+using graph::Tensor;
+
+namespace {
+constexpr uint64_t kF32 = 4, kF64 = 8, kI32 = 4;  // the 0-d tensors' bytes
+}  // namespace
+
+Tensor GradScalerSim::scale(Runtime& rt, const Tensor& loss) {
+  if (!scale_.defined()) {  // _lazy_init_scale_growth_tracker: _scale, then _growth_tracker
+    scale_ = rt.alloc(kF32, TensorKind::other, OpKind::full);
+    growth_tracker_ = rt.alloc(kI32, TensorKind::other, OpKind::full);
+  }
+  // outputs * _scale: a new 0-d tensor; MulBackward0 saves _scale (loss needs a grad).
+  return graph::mul(rt, loss, scale_);
+}
+
+void GradScalerSim::unscale(Runtime& rt) {
+  // unscale_: inv_scale = _scale.double().reciprocal().float(); each temporary of the
+  // chain dies once the next op's result exists (CPython drops it after the call).
+  Tensor inv_scale;
+  {
+    Tensor as_double = rt.alloc(kF64, TensorKind::temporary, OpKind::to_copy);
+    Tensor reciprocal = rt.alloc(kF64, TensorKind::temporary, OpKind::reciprocal);
+    as_double.reset();
+    inv_scale = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  }  // reciprocal dies here
+  Tensor found_inf = rt.alloc(kF32, TensorKind::temporary, OpKind::full);
+  // _unscale_grads_: per_device_found_inf.get(device), then per_device_inv_scale.get(device)
+  // (.to(copy=True) each); _amp_foreach_non_finite_check_and_unscale_ runs in place.
+  found_inf_ = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  Tensor inv_copy = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  // _unscale_grads_ returns: its replicator of inv_scale (holding the copy) dies; then
+  // unscale_'s locals in order: inv_scale, found_inf.
+  inv_copy.reset();
+  inv_scale.reset();
+  found_inf.reset();
+}
+
+void GradScalerSim::check_inf_per_device(Runtime& rt) {
+  // dummy_inv_scale = full((), 1.0), found_inf = full((), 0.0); _unscale_grads_(...,
+  // allow_fp16=True) takes the same per-device copies as unscale_ (found_inf's, then the
+  // inv scale's) and the kernel multiplies by 1.0 in place.
+  Tensor dummy_inv_scale = rt.alloc(kF32, TensorKind::temporary, OpKind::full);
+  Tensor found_inf = rt.alloc(kF32, TensorKind::temporary, OpKind::full);
+  found_inf_ = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  Tensor inv_copy = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  inv_copy.reset();         // _unscale_grads_ returns
+  dummy_inv_scale.reset();  // _check_inf_per_device returns: its locals in order
+  found_inf.reset();
+}
+
+void GradScalerSim::before_step(Runtime& rt) {
+  if (!fused_) return unscale(rt);
+  check_inf_per_device(rt);
+  // found_inf = sum(t.to(device) for t in found_inf_per_device.values()): 0 + copy, new;
+  // optimizer.grad_scale = scaler * getattr(optimizer, "grad_scale", 1): new.
+  fused_found_inf_ = rt.alloc(kF32, TensorKind::temporary, OpKind::add);
+  fused_grad_scale_ = rt.alloc(kF32, TensorKind::temporary, OpKind::mul);
+}
+
+void GradScalerSim::after_step(Runtime&) {
+  // del optimizer.grad_scale; del optimizer.found_inf (step()'s local keeps it until return).
+  fused_grad_scale_.reset();
+  fused_found_inf_.reset();
+}
+
+void GradScalerSim::update(Runtime&) {
+  // _amp_update_scale_ in place; _per_optimizer_states is reset, the found_inf copy dies
+  // (at the latest when update()'s locals go).
+  found_inf_.reset();
+}
+
+void require_grad_scaler_modelled(const Scenario& s) {
+  if (!s.precision.grad_scaler) return;
+  auto refuse = [&](const std::string& why) {
+    throw ScenarioError(s.source + ": precision.grad_scaler: " + why);
+  };
+  const ParallelConfig& p = s.parallel;
+  if (s.model.family == ModelFamily::megatron)
+    refuse("Megatron-LM scales the loss with its own grad scaler, not torch.amp.GradScaler; "
+           "use precision.grad_scaler: false");
+  if (p.sharding == Sharding::deepspeed)
+    refuse("DeepSpeed scales fp16 losses with its own loss scaler (its fp16 config), not "
+           "torch.amp.GradScaler; use precision.grad_scaler: false");
+  if (p.sharding == Sharding::fsdp || p.sharding == Sharding::fsdp2)
+    refuse("FSDP's ShardedGradScaler (and GradScaler over FSDP2's DTensor grads) is not "
+           "modelled; modelled on one GPU and with torch DDP (parallel.sharding: none)");
+  if (p.zero != 0)
+    refuse("GradScaler with ZeroRedundancyOptimizer (parallel.zero) is not modelled; "
+           "use parallel.zero: 0");
+  if (p.pipeline != 1 || p.tensor != 1 || p.context != 1)
+    refuse("GradScaler is modelled on one GPU and with torch DDP only (parallel.tensor, "
+           "parallel.pipeline and parallel.context 1)");
+  if (s.step.kind != StepKind::train)
+    refuse("GradScaler scales the loss of a training step; step.kind is not train");
+  if (s.recipe.optimizer_in_backward)
+    refuse("optimizer.in_backward steps from backward hooks, which scaler.step does not "
+           "unscale for; use optimizer.in_backward: false");
+  if (s.optimizer.type == OptimizerType::none)
+    refuse("scaler.step needs an optimizer; optimizer.type is none");
+  if (s.optimizer.impl == OptimizerImpl::fused && s.optimizer.type != OptimizerType::adam &&
+      s.optimizer.type != OptimizerType::adamw && s.optimizer.type != OptimizerType::sgd)
+    refuse("a fused optimizer other than torch.optim Adam / AdamW / SGD is not modelled with "
+           "the scaler; use optimizer.impl foreach or for-loop");
+  if (s.precision.params != DType::fp32 || s.precision.master_weights)
+    refuse("modelled with fp32 parameters (fp32 grads) only: fp16 grads make unscale_ raise "
+           "\"Attempting to unscale FP16 gradients.\" and master copies are not modelled with "
+           "it; use precision.params: fp32");
+  if (s.lora.rank > 0 && s.lora.adapter_dtype == DType::fp16)
+    refuse("fp16 LoRA adapters have fp16 grads, which unscale_ refuses (\"Attempting to "
+           "unscale FP16 gradients.\"); use lora.adapter_dtype: fp32");
+  if (s.precision.autocast && s.precision.autocast_region == AutocastRegion::forward)
+    refuse("with autocast_region forward the loss is low precision and its scaled grad is "
+           "cast back (not checked); use autocast_region forward-and-loss");
+}
+
+}  // namespace memsim
