@@ -246,11 +246,11 @@ TEST_CASE("DeepSeek-V3: what is not modelled is refused by key", "[deepseek]") {
   CHECK(load_error(cfg + "  moe: {output_router_logits: true}\n" + batch)
             .find("model.moe.output_router_logits: DeepseekV3ForCausalLM computes no auxiliary") != std::string::npos);
   // Autocast is modelled with the eager experts (the CPU fixtures *_autocast_*); the fused
-  // experts under autocast are refused for DeepSeek as for every MoE row.
+  // experts under autocast are refused for DeepSeek (modelled for the Qwen/Mixtral-style rows).
   CHECK(load_error(cfg + batch + "precision:\n  params: fp32\n  autocast: bf16\n").empty());
   CHECK(load_error(cfg + "  moe: {experts_implementation: batched_mm}\n" + batch +
                    "precision:\n  params: fp32\n  autocast: bf16\n")
-            .find("model.moe.experts_implementation: batched_mm / grouped_mm under precision.autocast") !=
+            .find("model.moe.experts_implementation: batched_mm / grouped_mm under precision.autocast are not modelled for DeepSeek") !=
         std::string::npos);
   CHECK(load_error("model:\n  architecture: deepseek_v3\n  layers: 2\n  d_model: 64\n  heads: 4\n  d_ff: 128\n"
                    "  vocab: 256\n  context_length: 64\n  moe: {experts: 4, top_k: 2}\n" + batch)

@@ -7,7 +7,11 @@
 // tools/gpu/predict_moe_autocast.py (memsim c5656bf) and committed before anything ran.
 //
 // 1. Every blind prediction is what memsim predicts now (both use_reentrant variants of the
-//    checkpointed run). Always runs.
+//    checkpointed run). Always runs. The six eager runs were predicted at c5656bf and measured
+//    on 2026-11-27; the four grouped_mm / batched_mm runs (entries with
+//    `experts_implementation`, each with its own memsim_commit) were added on 2026-11-28 and
+//    await their measurement: part 2 compares the eager six only, until the new runs'
+//    measurement is committed and their comparison written.
 // 2. Against the measurement (tests/data/gpu/moe_autocast/moe_autocast_runs.json, the
 //    script's output, committed by whoever ran it): SKIPPED (ctest: not run) while the file
 //    is absent. Once it is there: every run measured or its failure on record; each run is
@@ -160,9 +164,15 @@ TEST_CASE("MoE under autocast on a GPU: the blind predictions are memsim's curre
           "[moe][gpu][autocast]") {
   const nlohmann::json fx = memsim_test::load_json(kPredictions);
   const nlohmann::json& preds = fx["runs"];
-  CHECK(preds.size() == 6);  // tools/gpu/measure_moe_autocast.py SPECS
-  size_t checked = 0;
+  CHECK(preds.size() == 10);  // tools/gpu/measure_moe_autocast.py SPECS
+  size_t checked = 0, fused = 0;
   for (const auto& [name, entry] : preds.items()) {
+    if (entry.contains("experts_implementation")) {
+      // grouped_mm / batched_mm (2026-11-28): blind, from a commit of their own.
+      CHECK(entry["memsim_commit"].get<std::string>().size() == 40);
+      CHECK_FALSE(entry["memsim_tree_dirty"].get<bool>());
+      ++fused;
+    }
     std::vector<const nlohmann::json*> variants{&entry};
     if (entry.contains("if_use_reentrant_true")) variants.push_back(&entry["if_use_reentrant_true"]);
     for (const nlohmann::json* p : variants) {
@@ -184,7 +194,8 @@ TEST_CASE("MoE under autocast on a GPU: the blind predictions are memsim's curre
       ++checked;
     }
   }
-  CHECK(checked == 7);
+  CHECK(checked == 11);
+  CHECK(fused == 4);
   // The two checkpoint variants predict differently (so the recorded use_reentrant decides
   // which is compared), and checkpointing is below the same run without it.
   const nlohmann::json& ck = preds.at("moe_ac_tf_olmoe_mha_balanced_sdpa_hfckpt");
@@ -220,6 +231,13 @@ TEST_CASE("MoE under autocast on a GPU: transformers 5.17 measured against memsi
   memsim_test::print_comparison_header();
   for (const auto& [name, entry] : preds.items()) {
     INFO(name);
+    if (entry.contains("experts_implementation")) {
+      // Not in the 2026-11-27 measurement: awaiting the run of 2026-11-28 (see the header).
+      WARN(name << ": grouped_mm / batched_mm under autocast awaits its measurement (blind "
+                << entry["peak_allocated_bytes"].get<uint64_t>() << " / "
+                << entry["peak_reserved_bytes"].get<uint64_t>() << " B)");
+      continue;
+    }
     const auto it = measured.find(name);
     if (it == measured.end()) {
       REQUIRE(runs["failures"].contains(name));  // not measured: the reason is on record

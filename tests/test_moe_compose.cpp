@@ -82,7 +82,7 @@ TEST_CASE("MoE with LoRA and autocast matches real PyTorch training steps (CPU f
   for (const auto& entry : std::filesystem::directory_iterator(kComposeDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() == 15);
+  REQUIRE(files.size() == 17);
   memsim_test::print_fixture_table_header();
   for (const auto& path : files) {
     const nlohmann::json fx = memsim_test::load_json(path);
@@ -163,6 +163,49 @@ TEST_CASE("MoE under autocast: each hit expert casts its weight slices, not cach
   // Saved until backward: autocast keeps more than the bf16-parameter run, whose saves hold
   // views of the parameters; the step runs end to end.
   CHECK(peak_of(balanced) > 0);
+}
+
+TEST_CASE("MoE under autocast: batched_mm casts every gathered weight copy, grouped_mm stays fp32",
+          "[moe-compose]") {
+  // docs/moe.md "batched_mm and grouped_mm under autocast" (the batched_mm rules are also
+  // checked against the CPU fixtures autocast_*_batched_mm_*). S = T * K samples.
+  // expert_d_ff 48: sizes no other op of the step shares.
+  std::string base = kBase.substr(0, kBase.find("params: bf16")) + "params: fp32\n  autocast: bf16\n" +
+                     kBase.substr(kBase.find("params: bf16") + 13);
+  base.replace(base.find("expert_d_ff: 64"), 15, "expert_d_ff: 48");
+  constexpr uint64_t kS = kT * kK, kF = 48;
+  auto count = [](const Program& p, const char* op, uint64_t bytes) {
+    uint64_t n = 0;
+    measured_sum(p, [&](const MemoryEvent& e) {
+      return e.phase == Phase::forward && p.str(e.op) == op && e.bytes == bytes;
+    }, &n);
+    return n;
+  };
+  const Program batched = build_program(
+      load_scenario_text(base, "moe.yaml", {{"model.moe.experts_implementation", "batched_mm"}}));
+  // Per layer: the fp32 gathers of the two 3-D weights, each one's own bf16 copy (a gather
+  // is no leaf: never cached), the fp32 repeated states' bf16 copy; bf16 bmm outputs; the
+  // fp32 sum (CUDA's fp32_set_opt_dtype) and no `.to(hidden_states.dtype)` copy after it.
+  CHECK(count(batched, "index", kS * 2 * kF * kD * 4) == kL);
+  CHECK(count(batched, "index", kS * kD * kF * 4) == kL);
+  CHECK(count(batched, "_to_copy", kS * 2 * kF * kD * 2) == kL);
+  CHECK(count(batched, "_to_copy", kS * kD * kF * 2) == kL);
+  CHECK(count(batched, "bmm", kS * 2 * kF * 2) == kL);
+  // (S, D) bf16 is also the attention scores' size here: counted beside the eager experts'.
+  const Program eager = build_program(load_scenario_text(base, "moe.yaml"));
+  CHECK(count(batched, "_to_copy", kS * kD * 2) == count(eager, "_to_copy", kS * kD * 2) + kL);
+  CHECK(count(batched, "bmm", kS * kD * 2) == count(eager, "bmm", kS * kD * 2) + kL);
+  CHECK(count(batched, "sum.dim_IntList", kT * kD * 4) == kL);
+  const Program grouped = build_program(
+      load_scenario_text(base, "moe.yaml", {{"model.moe.experts_implementation", "grouped_mm"}}));
+  // _grouped_mm is on no autocast list and gets input.to(weight.dtype): fp32 in, fp32 out,
+  // no cast of the 3-D weights (no (E, 2F, D) or (E, D, F) bf16 copy anywhere).
+  CHECK(count(grouped, "_grouped_mm", kS * 2 * kF * 4) == kL);
+  CHECK(count(grouped, "_grouped_mm", kS * kD * 4) == kL);
+  CHECK(count(grouped, "_grouped_mm", kS * 2 * kF * 2) == 0);
+  CHECK(count(grouped, "_to_copy", kE * 2 * kF * kD * 2) == 0);
+  CHECK(count(grouped, "_to_copy", kE * kD * kF * 2) == 0);
+  CHECK(peak_of(load_scenario_text(base, "moe.yaml", {{"model.moe.experts_implementation", "grouped_mm"}})) > 0);
 }
 
 TEST_CASE("MoE composes with checkpointing: the routed block is re-run with its counts", "[moe-compose]") {
@@ -304,10 +347,9 @@ TEST_CASE("MoE in memsim compare, optimize and sweep", "[moe-compose][cli]") {
 TEST_CASE("MoE composition: what stays refused names its key", "[moe-compose]") {
   const std::string fp32_autocast = kBase.substr(0, kBase.find("params: bf16")) + "params: fp32\n  autocast: bf16\n" +
                                     kBase.substr(kBase.find("params: bf16") + 13);
-  CHECK(load_error(fp32_autocast, {{"model.moe.experts_implementation", "grouped_mm"}})
-            .find("model.moe.experts_implementation: batched_mm / grouped_mm under precision.autocast") != std::string::npos);
-  CHECK(load_error(fp32_autocast, {{"model.moe.experts_implementation", "batched_mm"}})
-            .find("model.moe.experts_implementation") != std::string::npos);
+  // batched_mm / grouped_mm under autocast: modelled since 2026-11-28 (docs/moe.md).
+  CHECK(load_error(fp32_autocast, {{"model.moe.experts_implementation", "grouped_mm"}}).empty());
+  CHECK(load_error(fp32_autocast, {{"model.moe.experts_implementation", "batched_mm"}}).empty());
   CHECK(load_error(fp32_autocast, {{"model.moe.output_router_logits", "true"}}).empty());  // modelled (fixtures)
   CHECK(load_error(fp32_autocast, {}).empty());
   CHECK(load_error(kBase, {{"lora.rank", "8"}, {"lora.targets", "gate_proj,down_proj"}})

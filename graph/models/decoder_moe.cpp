@@ -27,13 +27,12 @@
 // And batched_mm_experts_forward / grouped_mm_experts_forward (experts_implementation, below).
 // The auxiliary load-balancing loss (output_router_logits): moe_aux_loss below. LoRA
 // (get_peft_model freezes the router and the 3-D experts; adapters only on nn.Linear
-// modules: attention and the shared expert) and autocast (the eager experts only:
-// expert_linear_autocast) compose with the block: docs/moe.md "Composing". LoRA on the
+// modules: attention and the shared expert) and autocast (the eager experts:
+// expert_linear_autocast; batched_mm and grouped_mm: their own comments) compose with the block: docs/moe.md "Composing". LoRA on the
 // experts themselves (PEFT's target_parameters, lora.target_parameters): the eager loop runs
 // under the ParamWrappers of graph/models/moe_param_lora.h (their deltas first, the merged
 // weights read through them, the wrappers' exits after the loop's locals die).
 #include <algorithm>
-#include <stdexcept>
 #include <string>
 
 #include "graph/autocast.h"
@@ -244,6 +243,17 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
 // view of the router's top-k weights, which the product saves; fp32 weights promote it);
 // .view(T, K, D).sum(dim=1) (no index_add_: the sum's grad is an expand the view's backward
 // reshapes with a copy); .to(dtype). The frame's locals die at return, in order.
+// Under autocast (docs/moe.md "batched_mm and grouped_mm under autocast"): bmm is on CUDA's
+// lower-precision list (aten/src/ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP), so each
+// bmm casts its fp32 operands, right to left as the wrapper evaluates them: the fp32 repeated
+// states (S, D) to bf16, then the fp32 gathered weight copy (a non-leaf: never cached) to its
+// own bf16 copy, both saved by the bmm; the fp32 gathers live on as the frame's locals (the
+// gate_up one until `selected_weights` is rebound). The down bmm's input is already bf16.
+// The product is bf16 (Qwen-style bf16 top-k weights) or fp32 (Mixtral's), and sum is CUDA's
+// fp32_set_opt_dtype: an fp32 (T, D) straight from a bf16 input (no input copy on CUDA:
+// make_reduction_from_out_ty), so `.to(hidden_states.dtype)` (fp32) copies nothing. Backward:
+// each bmm's bf16 grads go up to fp32 in their ToCopyBackward0 (the (S, 2F, D) and (S, D, F)
+// weight grads before IndexBackward0's fp32 zeros of the 3-D weight).
 Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, const Tensor& indices,
                                          const Tensor& weights) {
   (void)indices;  // read by clamp, which needs no grad: only its size matters
@@ -251,16 +261,23 @@ Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, 
   const uint64_t e = act_elem(), T = s_.rows(), D = static_cast<uint64_t>(s_.d_model);
   const uint64_t K = static_cast<uint64_t>(m.top_k), F = static_cast<uint64_t>(m.expert_d_ff);
   const uint64_t S = T * K, we = weights.bytes / S, pe = std::max(e, we);
-  // Refused under autocast by the scenario reader (scenario/moe_keys.cpp): bmm's casts of the
-  // gathered weight copies are not checked.
-  if (autocast_on()) throw std::runtime_error("batched_mm experts under precision.autocast are not modelled");
+  const bool ac = autocast_on();
+  const uint64_t xe = x.bytes / (T * D);                     // hidden_states' element size
+  const uint64_t low = ac ? ac_->low_elem() : e;              // what the bmm's produce
   Tensor current = expand_clone(rt_, x, K);                        // selected_hidden_states
   Tensor expert_ids = moe_scratch(rt_, S * 8, OpKind::moe_index);  // clamp (out of place)
   Tensor sel_gate_up = index_rows(rt_, rt_.param(p.experts_gate_up), expert_ids, S * 8, S * 2 * F * D * s_.elem);
   const double f_up = 2.0 * static_cast<double>(S) * static_cast<double>(D) * 2.0 * static_cast<double>(F);
   Tensor proj;
   {
-    Tensor gate_up = bmm(rt_, sel_gate_up, current, S * 2 * F * e, f_up);
+    Tensor gate_up;
+    if (ac) {  // bmm(selected_weights, current.unsqueeze(-1)): current's cast, then the weights'
+      Tensor b = current.bytes == S * D * low ? current : ac_->cast(current, S * D * low);
+      Tensor a = ac_->cast(sel_gate_up, S * 2 * F * D * low);
+      gate_up = bmm(rt_, a, b, S * 2 * F * low, f_up);
+    } else {
+      gate_up = bmm(rt_, sel_gate_up, current, S * 2 * F * e, f_up);
+    }
     Chunk2 halves(rt_, gate_up);
     gate_up.reset();
     Tensor gate = halves.piece(rt_, 0), up = halves.piece(rt_, 1);
@@ -269,10 +286,22 @@ Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, 
   // selected_weights is rebound (the gate_up copy lives on in its bmm's saved tensors)
   Tensor sel_down = index_rows(rt_, rt_.param(p.experts_down), expert_ids, S * 8, S * D * F * s_.elem);
   sel_gate_up.reset();
-  proj = bmm(rt_, sel_down, proj, S * D * e, f_up / 2.0);
-  Tensor weighted = pe == e ? mul(rt_, proj, weights) : mul_column(rt_, proj, weights, S * D * pe);
-  Tensor final_hidden = sum_dim(rt_, view(rt_, weighted, true), T * D * pe);  // view(T,K,D).sum(1)
-  Tensor out = pe == e ? final_hidden : to_copy(rt_, final_hidden, T * D * e);  // .to(dtype)
+  if (ac) {  // proj is already low: only the gathered weights are cast
+    Tensor a = ac_->cast(sel_down, S * D * F * low);
+    proj = bmm(rt_, a, proj, S * D * low, f_up / 2.0);
+  } else {
+    proj = bmm(rt_, sel_down, proj, S * D * e, f_up / 2.0);
+  }
+  const uint64_t we_prod = std::max(low, we);  // the product's element size
+  Tensor weighted = we_prod == low ? mul(rt_, proj, weights) : mul_column(rt_, proj, weights, S * D * we_prod);
+  // view(T,K,D).sum(1): under autocast CUDA's sum gives fp32 for a bf16 input.
+  const uint64_t se = ac ? 4 : pe;
+  Tensor final_hidden = sum_dim(rt_, view(rt_, weighted, true), T * D * se);
+  Tensor out;
+  if (ac)
+    out = se == xe ? final_hidden : to_copy(rt_, final_hidden, T * D * xe);  // .to(hidden_states.dtype)
+  else
+    out = pe == e ? final_hidden : to_copy(rt_, final_hidden, T * D * e);  // .to(dtype)
   // The frame's locals die in order: selected_hidden_states, expert_ids, selected_weights,
   // proj_out, weighted_out, final_hidden_states.
   current.reset();
@@ -299,16 +328,27 @@ Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, 
 // weighted_out[inv_perm] (the product freed, rebound); .view(T, K, D).sum(dim=1) (no
 // index_add_); .to(dtype). The frame's locals die at return in order. Not modelled: the
 // sub-MiB CUB scratch of the sort, cumsum and the grouped GEMM (small pool).
+// Under autocast (docs/moe.md "batched_mm and grouped_mm under autocast"): torch._grouped_mm
+// is on no autocast list of torch 2.11 (pytorch/pytorch#174763: not registered for
+// autocast), and transformers hands it `input.to(weight.dtype)` (huggingface/transformers
+// #43839, the fix of #43828), so over fp32 weights the whole function runs in fp32: the
+// gathered states (the norm's fp32 output), both _grouped_mm (torch's fallback, a loop of
+// mm_out into the output's row slices: no extra allocation), the gate, the masked copies;
+// no cast, no weight-cast cache entry. The Qwen-style bf16 top-k weights promote the
+// product to fp32 (their grad is cast back); the sum is fp32 and `.to(dtype)` copies nothing.
+// Blind: the measured run (tools/gpu/measure_moe_autocast.py *_grouped_mm) records the
+// installed moe.py and whether autocast has a kernel for aten::_grouped_mm.
 Tensor DecoderModel::moe_experts_grouped(const LayerParams& p, const Tensor& x, const Tensor& indices,
                                          const Tensor& weights) {
   (void)indices;  // read by sort, which needs no grad: only its size matters
   const MoeSpec& m = arch().moe;
-  const uint64_t e = act_elem(), T = s_.rows(), D = static_cast<uint64_t>(s_.d_model);
+  const uint64_t T = s_.rows(), D = static_cast<uint64_t>(s_.d_model);
+  // e: the element size the experts compute in: the model's, or under autocast hidden_states'
+  // (fp32 over fp32 weights: nothing here is autocast's).
+  const uint64_t e = autocast_on() ? x.bytes / (T * D) : act_elem();
   const uint64_t E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
   const uint64_t F = static_cast<uint64_t>(m.expert_d_ff);
   const uint64_t S = T * K, we = weights.bytes / S, pe = std::max(e, we);
-  // Refused under autocast by the scenario reader (scenario/moe_keys.cpp).
-  if (autocast_on()) throw std::runtime_error("grouped_mm experts under precision.autocast are not modelled");
   Tensor expert_ids_g, perm;
   {  // int64 indices: no grad
     expert_ids_g = moe_scratch(rt_, S * 8, OpKind::sort);
@@ -338,7 +378,8 @@ Tensor DecoderModel::moe_experts_grouped(const LayerParams& p, const Tensor& x, 
   }
   proj = grouped_mm(rt_, proj, rt_.param(p.experts_down), offsets, S * D * e, f_up / 2.0);
   proj = masked_fill(rt_, proj, mask, false);
-  Tensor weighted = pe == e ? mul(rt_, proj, weights_g) : mul_column(rt_, proj, weights_g, S * D * pe);
+  // (under autocast the fp32 product of Qwen-style bf16 weights: a mixed-dtype column product)
+  Tensor weighted = pe == e && we == e ? mul(rt_, proj, weights_g) : mul_column(rt_, proj, weights_g, S * D * pe);
   Tensor inv_perm = rt_.alloc(S * 8, TensorKind::activation, OpKind::sort);  // empty_like(perm)
   moe_scratch(rt_, S * 8, OpKind::arange).reset();  // inv_perm[perm] = arange(S): index_put_
   weighted = index_rows(rt_, weighted, inv_perm, S * 8, S * D * pe);

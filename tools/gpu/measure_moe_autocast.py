@@ -24,7 +24,13 @@ attn_implementation=eager|sdpa, experts_implementation=eager)), AdamW (foreach),
 with `out` and `loss` bound at loop level (memsim's `step.keep_output: true`). The runs
 (SPECS): Qwen3-MoE balanced and worst-case, OLMoE skewed, Mixtral balanced (eager attention,
 the configs of the bf16 runs), and OLMoE with 16 KV heads (configs/olmoe_mha.json, see
-SPECS) under SDPA, without and with HF gradient checkpointing.
+SPECS) under SDPA, without and with HF gradient checkpointing; and (added 2026-11-28, run
+them alone with --only 'moe_ac_tf_*_mm') Qwen3-MoE and Mixtral with
+`experts_implementation` grouped_mm and batched_mm (batched_mm at micro batch 2). Those four
+also record, after the measured step, transformers' integrations/moe.py as installed, whether
+autocast has a kernel for aten::_grouped_mm / bmm (and what _grouped_mm does with fp32
+operands in a bf16 region), and what autograd saved in one more forward
+(`autocast_facts`, `moe_module_source`, `saved_after_step`).
 
 Where HF Trainer (transformers 5.x, accelerate) puts autocast: Trainer's
 `autocast_smart_context_manager` is a null context on CUDA; `accelerator.prepare(model)`
@@ -87,14 +93,24 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 MHA_CONFIGS = os.path.join(ROOT, "tests", "data", "gpu", "moe_autocast", "configs")
 
 
-def spec(name, model_type, routing, attention="eager", hf_ckpt=False, config=None, seconds=12.0):
-    """config: the config.json (default measure_moe's tests/data/gpu/moe/configs/MODEL.json)."""
+def spec(name, model_type, routing, attention="eager", hf_ckpt=False, config=None, seconds=12.0,
+         experts_impl="eager", batch=None):
+    """config: the config.json (default measure_moe's tests/data/gpu/moe/configs/MODEL.json);
+    batch: a micro batch other than measure_moe.SHAPE's (the routing's counts follow it)."""
     path = config or os.path.join(mm.CONFIGS, model_type + ".json")
-    return dict(name=name, impl="transformers", model_type=model_type, routing=routing,
-                counts=mm.ROUTINGS[routing], dtype="fp32", autocast="bf16", attention=attention,
-                hf_gradient_checkpointing=hf_ckpt, experts_impl="eager", cfg=dict(mm.SHAPE),
-                config=os.path.relpath(path, ROOT), experts=mm.E, top_k=mm.K, expert_d_ff=mm.FE,
-                warmup=1, estimate=seconds)
+    cfg = dict(mm.SHAPE)
+    counts = mm.ROUTINGS[routing]
+    if batch is not None:
+        cfg["batch"] = batch
+        counts = mm.forced_counts_for(routing, batch * cfg["seq"])
+    d = dict(name=name, impl="transformers", model_type=model_type, routing=routing,
+             counts=counts, dtype="fp32", autocast="bf16", attention=attention,
+             hf_gradient_checkpointing=hf_ckpt, experts_impl=experts_impl, cfg=cfg,
+             config=os.path.relpath(path, ROOT), experts=mm.E, top_k=mm.K, expert_d_ff=mm.FE,
+             warmup=1, estimate=seconds)
+    if experts_impl != "eager":
+        d["probe_saved"] = True  # after the measured step: what autograd saved (see run_one)
+    return d
 
 
 # In priority order (a budget cut drops the last). Shapes: measure_moe.SHAPE (2 layers,
@@ -107,6 +123,21 @@ def spec(name, model_type, routing, attention="eager", hf_ckpt=False, config=Non
 # gap of its own that these runs are not meant to measure.
 OLMOE_MHA = os.path.join(MHA_CONFIGS, "olmoe_mha.json")
 SPECS = [
+    # experts_implementation grouped_mm / batched_mm under autocast (issue #15; docs/moe.md
+    # "batched_mm and grouped_mm under autocast"), added 2026-11-28 after the six eager runs
+    # below were measured: first, so that a budget cut drops those six (already measured);
+    # --only 'moe_ac_tf_*_mm' runs these alone. grouped_mm at the shape of the bf16 grouped_mm
+    # run (measure_moe.py) and of the eager runs below; batched_mm gathers every sample's own
+    # copy of its expert's weights ((S, 2F, D) in fp32, then autocast's bf16 copy for bmm:
+    # 72 GiB at S = 8192 for the gate_up alone), so its runs take a micro batch of 2
+    # (S = 1024). Qwen3-MoE (bf16 top-k weights after .to(router_logits.dtype)) and Mixtral
+    # (fp32 top-k weights, no cast).
+    spec("moe_ac_tf_qwen3_moe_balanced_grouped_mm", "qwen3_moe", "balanced", experts_impl="grouped_mm"),
+    spec("moe_ac_tf_qwen3_moe_balanced_batched_mm", "qwen3_moe", "balanced", experts_impl="batched_mm",
+         batch=2, seconds=10.0),
+    spec("moe_ac_tf_mixtral_balanced_grouped_mm", "mixtral", "balanced", experts_impl="grouped_mm"),
+    spec("moe_ac_tf_mixtral_balanced_batched_mm", "mixtral", "balanced", experts_impl="batched_mm",
+         batch=2, seconds=10.0),
     spec("moe_ac_tf_qwen3_moe_balanced", "qwen3_moe", "balanced"),
     spec("moe_ac_tf_olmoe_skew", "olmoe", "skew"),
     spec("moe_ac_tf_olmoe_mha_balanced_sdpa", "olmoe", "balanced", attention="sdpa", config=OLMOE_MHA),
@@ -298,8 +329,75 @@ def run_one(sp, out_dir):
         gpu_common.whole_run_peaks(result, begin)
         gpu_common.device_memory_at_end(torch, result, keep_info=False)
         gpu_common.dump_snapshot(torch, out_dir, sp["name"], mm.strip_frames)
+    if sp.get("probe_saved"):
+        # After every figure above is taken: the facts the grouped_mm / batched_mm autocast
+        # model is written from (recorded, never part of the measured step).
+        out = loss = None
+        result["autocast_facts"] = autocast_facts(torch, device)
+        result["moe_module_source"] = moe_module_source(standin)
+        torch.topk = forced_topk if not standin else orig_topk
+        try:
+            result["saved_after_step"] = saved_probe(torch, model, forward, opt, device)
+        except Exception as e:  # noqa: BLE001 (a probe never costs the run its figures)
+            result["saved_after_step"] = {"error": repr(e)[:600]}
+        finally:
+            torch.topk = orig_topk
     gpu_common.write_json(os.path.join(out_dir, sp["name"] + ".json"), result)
     return result
+
+
+# --------------------------------------------------------------------------- probes
+def autocast_facts(torch, device):
+    """Whether autocast has a kernel for the experts' matmuls (bmm is on CUDA's
+    AT_FORALL_LOWER_PRECISION_FP list; _grouped_mm's registration is pytorch/pytorch#174763),
+    and, on CUDA, what torch._grouped_mm does with fp32 operands inside a bf16 autocast region
+    (the output dtype, or the error)."""
+    out = {"has_F_grouped_mm": hasattr(torch.nn.functional, "grouped_mm"),
+           "has__grouped_mm": hasattr(torch, "_grouped_mm")}
+    for op in ("aten::bmm", "aten::_grouped_mm", "aten::mm", "aten::linear"):
+        for key in ("AutocastCUDA", "AutocastCPU"):
+            try:
+                out[op + "|" + key] = bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, key))
+            except Exception as e:  # noqa: BLE001 (an op or key this torch lacks)
+                out[op + "|" + key] = "error: " + repr(e)[:200]
+    if device.type == "cuda" and hasattr(torch, "_grouped_mm"):
+        a = torch.randn(32, 64, device=device)
+        b = torch.randn(2, 64, 32, device=device)
+        offs = torch.tensor([16, 32], dtype=torch.int32, device=device)
+        for name, fn in (("_grouped_mm", torch._grouped_mm),
+                         ("F.grouped_mm", getattr(torch.nn.functional, "grouped_mm", None))):
+            if fn is None:
+                continue
+            try:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out["probe_fp32_" + name] = str(fn(a, b, offs=offs).dtype)
+            except Exception as e:  # noqa: BLE001
+                out["probe_fp32_" + name] = "error: " + repr(e)[:300]
+    return out
+
+
+def moe_module_source(standin):
+    """transformers' integrations/moe.py as installed (the experts functions and the
+    _grouped_mm / _batched_linear helpers that ran)."""
+    if standin:
+        return "skipped: transformers is not importable (dry run)"
+    try:
+        import transformers.integrations.moe as moe
+        return inspect.getsource(moe)
+    except Exception as e:  # noqa: BLE001
+        return "error: " + repr(e)[:300]
+
+
+def saved_probe(torch, model, forward, opt, device):
+    """One more forward under the same autocast region, then every tensor its autograd graph
+    saved (tools/gpu/probe_saved.py's walk: node, attribute, shape, dtype, storage)."""
+    import probe_saved
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        out, loss = forward(model)
+    rows, saved = probe_saved.walk(loss.grad_fn, torch)
+    del out, loss
+    return {"saved_bytes": saved, "saved": rows}
 
 
 # --------------------------------------------------------------------------- driver
@@ -313,7 +411,8 @@ def main():
     if a.list:
         for s in chosen:
             print(f"{s['name']:44s} {s['model_type']:10s} {s['routing']:9s} {s['attention']:6s} "
-                  f"{'hf-ckpt' if s['hf_gradient_checkpointing'] else '-':8s} {s['estimate']:5.1f} s")
+                  f"{'hf-ckpt' if s['hf_gradient_checkpointing'] else '-':8s} {s['experts_impl']:10s} "
+                  f"b{s['cfg']['batch']:<3d} {s['estimate']:5.1f} s")
         print(f"{len(chosen)} runs, about {sum(s['estimate'] for s in chosen):.0f} s (estimate)")
         return
     os.makedirs(a.out_dir, exist_ok=True)

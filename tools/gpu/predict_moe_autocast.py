@@ -13,6 +13,12 @@ third-party reading of 5.18's modeling_utils.py gives it) and NAME_reentrant.yam
 `true` (transformers v4.46's default, the one memsim's shipped Trainer scenarios assume);
 both predictions are blind, and tests/test_gpu_moe_autocast_runs.cpp compares the one whose
 `use_reentrant` the run recorded.
+
+Runs already in the predictions file keep their entry byte for byte (a blind prediction is
+never rewritten after its run was measured); only runs without one are predicted, each new
+entry with the memsim commit it came from (`memsim_commit`, `memsim_tree_dirty`): the six
+eager runs carry the file's top-level commit, the grouped_mm / batched_mm runs of 2026-11-28
+their own. `--all` predicts every run again (a new file).
 """
 import json
 import os
@@ -51,6 +57,7 @@ def yaml_for(sp, reentrant=None):
     c = sp["cfg"]
     counts = ", ".join(str(x) for x in sp["counts"])
     attention = "flash" if sp["attention"] == "sdpa" else sp["attention"]
+    impl = "" if sp["experts_impl"] == "eager" else f", experts_implementation: {sp['experts_impl']}"
     lines = [f"# {sp['name']}: tools/gpu/measure_moe_autocast.py's run as memsim simulates it",
              "# (written by tools/gpu/predict_moe_autocast.py; predictions in "
              "tests/data/gpu/moe_autocast_predictions.json).",
@@ -58,7 +65,7 @@ def yaml_for(sp, reentrant=None):
              "(HF Trainer's bf16=True).",
              f"name: {sp['name']}" + ("_reentrant" if reentrant else ""), "model:",
              f"  hf_config: {os.path.relpath(os.path.join(ROOT, sp['config']), OUT)}",
-             f"  moe: {{routing: {{counts: [{counts}]}}}}",
+             f"  moe: {{routing: {{counts: [{counts}]}}{impl}}}",
              f"  attention: {attention}", "  dropout: 0.0",
              f"batch: {{micro_batch: {c['batch']}, seq_len: {c['seq']}}}",
              "precision: {params: fp32, autocast: bf16}",
@@ -89,8 +96,19 @@ def predict(memsim, path):
     return e
 
 
+GROUPED_BATCHED = (
+    "grouped_mm / batched_mm under autocast (docs/moe.md \"batched_mm and grouped_mm under "
+    "autocast\"), modelled from the sources, no CPU fixture of the real kernels: batched_mm's bmm "
+    "is on CUDA's lower-precision list (bf16 casts of the repeated states and of every sample's "
+    "fp32 gathered weight copy, saved), its sum is CUDA's fp32_set_opt_dtype; grouped_mm assumed "
+    "wholly fp32 (torch._grouped_mm on no autocast list, pytorch/pytorch#174763, and transformers' "
+    "input.to(weight.dtype)): if the installed moe.py or torch differ (the run records both), "
+    "grouped_mm's prediction is the one expected to miss")
+
+
 def main():
     memsim = os.path.abspath(sys.argv[1])
+    everything = "--all" in sys.argv[2:]
     os.makedirs(OUT, exist_ok=True)
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -102,16 +120,25 @@ def main():
     preds = {"memsim_commit": commit, "memsim_tree_dirty": bool(dirty),
              "generator": "tools/gpu/predict_moe_autocast.py",
              "measure": "tools/gpu/measure_moe_autocast.py", "runs": {}}
+    if not everything and os.path.exists(PRED):
+        with open(PRED) as f:
+            preds = json.load(f)  # kept as it is: entries already predicted are not rewritten
     for sp in mac.SPECS:
+        if sp["name"] in preds["runs"]:
+            continue
         path = os.path.join(OUT, sp["name"] + ".yaml")
         with open(path, "w") as f:
             f.write(yaml_for(sp))
         entry = predict(memsim, path)
         why = [DIFFERENCES] + ([SDPA] if sp["attention"] == "sdpa" else []) + \
-              ([CKPT] if sp["hf_gradient_checkpointing"] else [])
+              ([CKPT] if sp["hf_gradient_checkpointing"] else []) + \
+              ([GROUPED_BATCHED] if sp["experts_impl"] != "eager" else [])
         entry.update({"model_type": sp["model_type"], "routing": sp["routing"],
                       "tokens_per_expert": sp["counts"], "attention": sp["attention"],
                       "expected_differences": "; ".join(why)})
+        if sp["experts_impl"] != "eager":
+            entry.update({"experts_implementation": sp["experts_impl"], "micro_batch": sp["cfg"]["batch"],
+                          "memsim_commit": commit, "memsim_tree_dirty": bool(dirty)})
         if sp["hf_gradient_checkpointing"]:
             entry["use_reentrant"] = False
             alt = os.path.join(OUT, sp["name"] + "_reentrant.yaml")
