@@ -36,11 +36,15 @@ groups=(
   # issue #16: HF Trainer's FSDP2 paths on transformers' Qwen2: LoRA at another shape (the root hooks, blind),
   # Accelerate >= 1.8's bf16 policy with and without checkpointing, the real Accelerator (docs/hf-trainer.md)
   "hftfsdp2|80|$py tools/gpu/measure_hft.py \$W --s10 --budget 62"
+  # issue #15: transformers' grouped_mm / batched_mm experts under bf16 autocast (docs/moe.md)
+  "moe_mm|75|$py tools/gpu/measure_moe_autocast.py \$W --budget 60 --only 'moe_ac_tf_*_mm'"
+  # issue #16: fp16 autocast with torch.amp.GradScaler (docs/autocast.md "GradScaler")
+  "gscaler|65|$py tools/gpu/measure_gscaler.py \$W --budget 50"
   # docs/gpu-next-session.md item 5 (docs/sdpa-gqa.md "Other shapes"): cuDNN attention at S = 1000,
   # MQA, 32 heads; blind predictions in tests/data/gpu/cudnn_shapes_predictions.json. ~15 s a run.
-  "cudnn-shapes|75|$py tools/gpu/measure_cuda.py \$W --budget 50 --group cudnn-shapes"
+  "cudnn-shapes|55|$py tools/gpu/measure_cuda.py \$W --budget 33 --group cudnn-shapes"
   # docs/segment-placement.md "What a model would need": the driver's cudaMalloc placement
-  "segments|50|$py tools/gpu/probe_segments.py \$W --budget 38"
+  "segments|35|$py tools/gpu/probe_segments.py \$W --budget 22"
   # --- the 2026-11-27 leases' groups (measured; kept to re-run) ---
   "moe|95|$py tools/gpu/measure_moe_autocast.py \$W --budget 80"
   "cp|85|$py tools/gpu/measure_cp.py \$W --budget 70"
@@ -48,8 +52,6 @@ groups=(
   "impl|100|$py tools/gpu/measure_impl.py \$W --budget 80"
   # docs/gpu-next-session.md items 1 and 3 (C++ frames name the backward transients) and 2 (SDPA, blind)
   "arch|100|MEMSIM_CPP_STACKS=1 $py tools/gpu/measure_cuda.py \$W/stacks --budget 70 --only arch_llama_l4_d1024_s1024_b4_fp32 arch_qwen3_l4_d1024_s1024_b4_fp32 tf_arch_qwen2_l4_d1024_s1024_b4_fp32; $py tools/gpu/measure_cuda.py \$W/sdpa --budget 25 --only tf_arch_qwen2_l4_d1024_s1024_b4_bf16_sdpa tf_arch_qwen3_l4_d1024_s1024_b4_bf16_sdpa"
-  # fp16 autocast + torch.amp.GradScaler (precision.grad_scaler, docs/autocast.md "GradScaler"; blind)
-  "gscaler|65|$py tools/gpu/measure_gscaler.py \$W --budget 50"
 )
 
 selected=("$@")
