@@ -290,6 +290,12 @@ class Fsdp2 : public graph::RuntimeHooks {
   int32_t out_param_ = -1;        // output.weight (Runtime id of the module's parameter)
   bool root_reshards_ = false;    // reshard_after_forward given explicitly to the root
   bool tune_load_ = false;        // load_from_full_model_state_dict, cleanup_before_training
+  bool lora_to_empty_ = false;    // lora_finetune_distributed: adapters to_empty before the load
+  // A block's post-backward at its input's gradient (RegisterPostBackwardFunction), not at
+  // its last AccumulateGrad; block 0's only when tok_embeddings is trainable.
+  bool post_backward_at_input_ = false;
+  bool embedding_trainable_ = false;
+  size_t backward_block_ = 0;     // the block whose backward runs (post_backward_at_input_)
   // torchtitan's layout: the final norm in the output's group, kept gathered after forward.
   bool norm_with_output_ = false;
   bool output_keeps_ = false;

@@ -45,6 +45,14 @@ struct Fsdp2Layout {
   // torchtitan: the [norm, output] group keeps its parameters after forward unless the
   // policy is "always" (memsim: the blocks' parallel.reshard_after_forward never gives it).
   bool output_keeps_after_forward = false;
+  // lora_finetune_distributed (lora.rank > 0): each LoRALinear's to_empty gives the adapters
+  // their shards after shard_model, before the base state dict (which has no adapter) loads.
+  bool lora_to_empty = false;
+  // torchtune: a block's post-backward runs from RegisterPostBackwardFunction, once the
+  // gradient of its input is complete (after the input norm's backward), rather than at its
+  // last AccumulateGrad; block 0's input needs no grad when tok_embeddings is frozen (LoRA),
+  // so its post-backward is the final callback's.
+  bool post_backward_at_input = false;
 };
 
 inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
@@ -62,6 +70,8 @@ inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
   l.separate_output = s.recipe.shard_output;
   l.root_reshards = s.parallel.reshard_after_forward;
   l.torchtune_load = true;
+  l.lora_to_empty = s.lora.rank > 0;
+  l.post_backward_at_input = true;
   return l;
 }
 
