@@ -129,14 +129,6 @@ void read_torchtune_sharding(const Doc& d, Scenario& s) {
                                  "sharded state dict (fsdp_init: cpu, the default here)");
   if (p.context > 1)
     refuse("parallel.context", "torchtune v0.6.1's recipes have no context parallelism");
-  // lora_finetune_distributed: the output is frozen (no LoRA target is the output), so its
-  // per-chunk backward has no AccumulateGrad for memsim to see each call's pre- and
-  // post-backward by: a separately sharded output is refused there.
-  if (lora && s.recipe.shard_output)
-    refuse("parallel.custom_sharded_layers",
-           "'output' with LoRA: the frozen output's per-chunk backward hooks (a pre- and a "
-           "post-backward per logits chunk with no gradient) are not modelled; the LoRA "
-           "configs leave custom_sharded_layers out (none) or name tok_embeddings only");
   if (s.recipe.offload_activations)
     refuse("checkpoint.offload_activations",
            "torchtune's activation offloading under FSDP2 is not modelled yet");

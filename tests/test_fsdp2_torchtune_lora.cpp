@@ -290,12 +290,50 @@ TEST_CASE("torchtune LoRA + FSDP2: the activations are the single-device LoRA ru
   CHECK(allocs(p, "FSDP2 all-gather output (flat) of the root")[0]->bytes == (kVocab + kNorm) * 4);
 }
 
+TEST_CASE("torchtune LoRA + FSDP2: custom_sharded_layers output gathers the frozen output per "
+          "logits chunk in forward and in backward, with no reduce-scatter",
+          "[fsdp2][torchtune][lora]") {
+  const Program p = build_program(lora_scenario({{"parallel.custom_sharded_layers", "[tok_embeddings, output]"}}));
+  // Eight calls: each a pre-forward (all-gather, copy-out) and a post-forward reshard; in
+  // backward each chunk's pre-backward hook gathers it again and its
+  // RegisterPostBackwardFunction (the chunk of h requires grad) reshards it: 8 + 8 per step.
+  const auto ag = allocs(p, "FSDP2 all-gather output (flat) of output");
+  REQUIRE(ag.size() == 2 * 16);
+  int backward = 0;
+  for (const MemoryEvent* e : ag) {
+    CHECK(e->bytes == kVocab * 4);
+    backward += e->phase == Phase::backward;
+  }
+  CHECK(backward == 2 * 8);
+  CHECK(allocs(p, "FSDP2 reduce-scatter input (chunk_cat) of output").empty());  // frozen
+  CHECK(allocs(p, "FSDP2 all-gather output (flat) of the root")[0]->bytes == kNorm * 4);
+  // One unsharded copy at a time, in backward too: each call's post-backward frees it
+  // before the next call's pre-backward gathers it, and the last call's before the
+  // chunks' SplitBackward0 cat.
+  const std::string unsharded = "FSDP2 unsharded output.weight (all_gather_outputs)";
+  std::vector<uint8_t> is(p.tensors.size(), 0);
+  for (size_t t = 0; t < p.tensors.size(); ++t) is[t] = p.str(p.tensors[t].name) == unsharded;
+  int live = 0, most = 0;
+  bool seen_split_with_live = false;
+  int splits = 0;
+  for (const MemoryEvent& e : p.events) {
+    if (e.type == EventType::alloc && is[e.tensor]) ++live;
+    if (e.type == EventType::free && is[e.tensor]) --live;
+    most = std::max(most, live);
+    if (e.type == EventType::alloc && e.phase == Phase::backward && p.str(e.op) == "SplitBackward0") {
+      seen_split_with_live = seen_split_with_live || live > 0;
+      ++splits;
+    }
+  }
+  CHECK(splits == 2 * 7);  // three levels of two-way cats: 4 + 2 + 1 per step
+  CHECK(most == 1);
+  CHECK_FALSE(seen_split_with_live);
+}
+
 TEST_CASE("torchtune LoRA + FSDP2: what lora_finetune_distributed does not do, and what is "
           "not modelled, is refused by key", "[fsdp2][torchtune][lora][scenario]") {
   CHECK(load_error({}).empty());
   const std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, std::string>> refused = {
-      {{{"parallel.custom_sharded_layers", "[tok_embeddings, output]"}},
-       "parallel.custom_sharded_layers: 'output' with LoRA: the frozen output's per-chunk backward hooks"},
       {{{"parallel.replicate", "2"}}, "parallel.replicate: lora_finetune_distributed shards over one flat mesh"},
       {{{"lora.adapter_dtype", "fp32"}}, "lora.adapter_dtype: torchtune builds the adapters in the model's dtype"},
       {{{"lora.base_dtype", "nf4"}}, "lora.base_dtype"},

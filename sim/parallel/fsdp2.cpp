@@ -576,6 +576,17 @@ void Fsdp2::param_used(Runtime& rt, int32_t param, bool backward) {
   pre_backward(rt, out_group_);
   if (!backward_started_) root_pre_backward(rt);
   out_post_backward_pending_ = true;
+  // A frozen output (LoRA): no AccumulateGrad follows, and the last call's
+  // RegisterPostBackwardFunction runs right after its matmul's backward, before the
+  // chunks' SplitBackward cat: once the node's one allocation (its grad_input) is made, the
+  // next allocation first runs the pending post-backward (countdown_done).
+  if (groups_[out_group_].trainable == 0) rt.hook_countdown = 2;
+}
+
+void Fsdp2::countdown_done(Runtime& rt) {
+  if (!out_post_backward_pending_) return;  // the next call's hook ran it already
+  out_post_backward_pending_ = false;
+  group_post_backward(rt, out_group_);
 }
 
 void Fsdp2::grad_ready(Runtime& rt, int32_t param) {

@@ -164,6 +164,8 @@ class Fsdp2 : public graph::RuntimeHooks {
   void layer_entered(graph::Runtime& rt, int32_t layer) override;
   // torchtune's output group: each call's pre-forward / pre-backward (Runtime::param_hooks).
   void param_used(graph::Runtime& rt, int32_t param, bool backward) override;
+  // A frozen output's last call: its post-backward before the next allocation.
+  void countdown_done(graph::Runtime& rt) override;
 
   // torchtune's recipe empties the cache after its setup (cleanup_before_training).
   bool empties_cache_before_training() const { return tune_load_; }
