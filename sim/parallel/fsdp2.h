@@ -117,6 +117,15 @@
 //    built on the meta device; load_from_full_model_state_dict then copies each full
 //    parameter to the GPU, takes rank 0's chunk (distribute_tensor's scatter output) and
 //    drops the full copy, in state-dict order; cleanup_before_training empties the cache.
+//    A block's post-backward runs when its input's gradient is complete
+//    (RegisterPostBackwardFunction): at the first allocation in another group (the block
+//    below, its recompute, the embedding) after the block's backward, not at its last
+//    AccumulateGrad; block 0's only in the final callback when tok_embeddings is frozen.
+//    LoRA (lora_finetune_distributed): the adapters' shards are allocated (to_empty) before
+//    the base load, which skips them (none with cpu offload: lora_device cpu). A frozen
+//    output's calls are seen at its matmul nodes (graph Node::param names the frozen weight:
+//    param_used in backward); each call's post-backward follows at the next call's hook or,
+//    for the last call, at the next allocation (countdown_done): it only reshards.
 //  - torchtitan's layout (model.implementation torchtitan; sim/parallel/fsdp2_layout.h):
 //    tok_embeddings is a group of its own (1 + L, resharded after forward like the blocks,
 //    post-backward in the final callback), the final norm and the output one group (2 + L,
