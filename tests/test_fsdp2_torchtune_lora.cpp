@@ -226,6 +226,12 @@ TEST_CASE("torchtune LoRA + FSDP2: shard_model's groups without custom_sharded_l
   CHECK(rs["block 1"][kBlockAdapters * 4] == 2);
   CHECK(rs["the root"].empty());
   CHECK(allocs(p, "FSDP2 all-gather output (flat) of output").empty());
+  // gradient_accumulation_steps 2 (the recipe has no no_sync): every micro-batch gathers
+  // and reduce-scatters again, and the second adds into the first's sharded gradients.
+  const Program ga = build_program(lora_scenario({{"batch.grad_accum", "2"}}));
+  CHECK(allocs(ga, "FSDP2 all-gather output (flat) of block 0").size() == 2 * 2 * 2);
+  CHECK(allocs(ga, "FSDP2 reduce-scatter input (chunk_cat) of block 0").size() == 2 * 2);
+  CHECK(kind(live_at(ga, "optimizer_end"), TensorKind::gradient) == adapters);
 }
 
 TEST_CASE("torchtune LoRA + FSDP2: the adapters get their shards from to_empty before the base "
