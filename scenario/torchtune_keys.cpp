@@ -129,9 +129,6 @@ void read_torchtune_sharding(const Doc& d, Scenario& s) {
                                  "sharded state dict (fsdp_init: cpu, the default here)");
   if (p.context > 1)
     refuse("parallel.context", "torchtune v0.6.1's recipes have no context parallelism");
-  if (s.recipe.offload_activations)
-    refuse("checkpoint.offload_activations",
-           "torchtune's activation offloading under FSDP2 is not modelled yet");
   if (s.precision.float8_all_gather)
     refuse("precision.float8_all_gather", "torchtune's recipe has no float8 all-gather");
   // load_from_full_model_state_dict keeps distribute_tensor's unpadded chunk and FSDP2
