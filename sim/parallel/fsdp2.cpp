@@ -163,7 +163,7 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     const uint32_t full_name = program.intern(
         "torchtune full state-dict tensor (load_from_full_model_state_dict)");
     // lora_finetune_distributed _setup_model (recipes/lora_finetune_distributed.py @a6290a5b
-    // lines 499-531): after shard_model, every LoRALinear's to_empty(lora_device) and
+    // lines 495-516): after shard_model, every LoRALinear's to_empty(lora_device) and
     // initialize_parameters() (in place) give the adapters their shards (on the CPU with
     // fsdp_cpu_offload); the base state dict is loaded afterwards and holds no adapter.
     if (lora_to_empty_) {
