@@ -102,7 +102,7 @@ uint32_t StreamOffload::bring_back(uint32_t id, uint64_t bytes) {
   }
   // with torch.cuda.stream(s1): cpu_tensor.to("cuda", non_blocking=True)
   const uint32_t copy = rt_.alloc_raw(bytes, TensorKind::activation, OpKind::offload_unpack);
-  rt_.program().events.back().stream = kOffloadStream;  // alloc_raw's event is the last one
+  rt_.program().events.back().stream = cfg_.stream;  // alloc_raw's event is the last one
   rt_.program().cost.host_bytes += static_cast<double>(bytes);  // host -> device
   rt_.retain(copy);  // bwd_tensor_stash[id]
   bwd_stash_.push_back({id, copy});

@@ -57,6 +57,9 @@ inline constexpr uint8_t kOffloadStream = 1;  // OffloadActivations' s1 (comms s
 struct StreamOffloadConfig {
   uint64_t min_bytes = 1024;   // min_offload_size
   uint32_t max_fwd_stash = 5;  // max_fwd_stash_size
+  // The allocator's stream id for s1's copies: kOffloadStream, or another when FSDP2's
+  // streams (1-3, sim/parallel/fsdp2.h) exist too: s1 is a stream of its own, its own pool.
+  uint8_t stream = kOffloadStream;
 };
 
 class StreamOffload {

@@ -631,6 +631,10 @@ void Runtime::run_node(int32_t id, std::vector<int32_t>& ready) {
     in[s].is_view = n.grad_is_view[s];
   }
   if (param_hooks && hooks != nullptr) {
+    // A node that reads a frozen parameter and was told so (Node::param on a node that is
+    // not an AccumulateGrad: torchtune's frozen output, graph/models/decoder_impl.cpp): the
+    // module's pre-backward hook on its output runs here as well.
+    if (n.param >= 0 && params_[n.param].frozen) hooks->param_used(*this, n.param, true);
     for (int i = 0; i < n.n_next; ++i) {  // a parameter's gradient is computed here
       const int32_t t = n.next[i].node;
       if (t >= 0 && nodes_[t].kind == OpKind::accumulate_grad && nodes_[t].param >= 0)

@@ -104,7 +104,7 @@ struct Node {
   double flops = 0;                 // backward FLOPs
   uint32_t saved_first = 0, saved_count = 0;
   uint32_t deps = 0;
-  int32_t param = -1;               // accumulate_grad: parameter index
+  int32_t param = -1;               // accumulate_grad: parameter index (else: one it names, -1 none)
   uint32_t grad[2] = {kNoStorage, kNoStorage};  // input buffer per output slot
   bool grad_is_view[2] = {false, false};
   // Backward GEMM bytes (operands read + results written, program/step_cost.h): set with

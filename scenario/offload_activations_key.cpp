@@ -48,10 +48,14 @@ bool read_offload_activations(const Doc& d, const Scenario& s) {
     refuse("step.kind", "the hooks pack in a training forward and unpack in its backward");
   if (s.step.compile)
     refuse("step.compile", "torch.compile decides what is saved; not modelled with offloading");
-  if (s.parallel.data > 1 || s.parallel.sharding != Sharding::none)
+  // One GPU (the single-device recipes) or torchtune's FSDP2 (full_finetune_distributed /
+  // lora_finetune_distributed: the same `with self.activations_handling_ctx:` around the
+  // sharded model's forward; scenario/torchtune_keys.h refuses the rest of their settings).
+  if ((s.parallel.data > 1 || s.parallel.sharding != Sharding::none) &&
+      s.parallel.sharding != Sharding::fsdp2)
     refuse(s.parallel.sharding != Sharding::none ? "parallel.sharding" : "parallel.data",
-           "one GPU only (full_finetune_single_device / lora_finetune_single_device); the "
-           "distributed recipes' FSDP2 is not modelled with torchtune's model code");
+           "one GPU (full_finetune_single_device / lora_finetune_single_device) or "
+           "torchtune's FSDP2 (parallel.sharding: fsdp2) only");
   return true;
 }
 

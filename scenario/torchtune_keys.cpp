@@ -81,9 +81,12 @@ void read_torchtune_sharding(const Doc& d, Scenario& s) {
            "parallel.sharding fsdp2");
     return;
   }
-  // recipes/configs/llama3*/..._full.yaml: custom_sharded_layers: ['tok_embeddings', 'output'].
-  s.recipe.shard_tok_embeddings = true;
-  s.recipe.shard_output = true;
+  // recipes/configs/llama3*/..._full.yaml: custom_sharded_layers: ['tok_embeddings', 'output'];
+  // the LoRA configs (lora_finetune_distributed) leave it commented out: None, the root
+  // keeps both (llama3/70B_lora.yaml line 81).
+  const bool lora = s.lora.rank > 0;
+  s.recipe.shard_tok_embeddings = !lora;
+  s.recipe.shard_output = !lora;
   if (layers != nullptr) {
     s.recipe.shard_tok_embeddings = false;
     s.recipe.shard_output = false;
@@ -115,7 +118,9 @@ void read_torchtune_sharding(const Doc& d, Scenario& s) {
     refuse("parallel.reduce_dtype", "torchtune's shard_model passes no MixedPrecisionPolicy: "
                                     "gradients are reduced in the parameters' dtype");
   if (p.replicate > 1)
-    refuse("parallel.replicate", "full_finetune_distributed builds a (dp, tp) mesh: no HSDP");
+    refuse("parallel.replicate", lora ? "lora_finetune_distributed shards over one flat mesh "
+                                        "(shard_model's dp_mesh None): no HSDP"
+                                      : "full_finetune_distributed builds a (dp, tp) mesh: no HSDP");
   if (p.reshard_after_forward_ranks > 0)
     refuse("parallel.reshard_after_forward",
            "torchtune's fsdp_reshard_after_forward is a bool (true or false)");
@@ -124,12 +129,6 @@ void read_torchtune_sharding(const Doc& d, Scenario& s) {
                                  "sharded state dict (fsdp_init: cpu, the default here)");
   if (p.context > 1)
     refuse("parallel.context", "torchtune v0.6.1's recipes have no context parallelism");
-  if (s.lora.rank > 0)
-    refuse("lora.rank", "lora_finetune_distributed (LoRA under torchtune's FSDP2) is not "
-                        "modelled yet; full_finetune_distributed is");
-  if (s.recipe.offload_activations)
-    refuse("checkpoint.offload_activations",
-           "torchtune's activation offloading under FSDP2 is not modelled yet");
   if (s.precision.float8_all_gather)
     refuse("precision.float8_all_gather", "torchtune's recipe has no float8 all-gather");
   // load_from_full_model_state_dict keeps distribute_tensor's unpadded chunk and FSDP2

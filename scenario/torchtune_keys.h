@@ -23,12 +23,13 @@ namespace memsim::scenario_detail {
 void read_recipe_features(const Doc& d, Scenario& s);
 
 // parallel.custom_sharded_layers (a list of tok_embeddings / output, or none; default
-// both, the llama3 configs' value) and what torchtune's full_finetune_distributed can
-// express with parallel.sharding fsdp2 (sim/parallel/fsdp2_layout.h): refuses by key what
-// its shard_model does not do (MixedPrecisionPolicy, HSDP, an integer
-// reshard_after_forward, a GPU build) and what is not modelled with it yet
-// (LoRA, activation offloading, context parallelism, uneven shards); parallel.cpu_offload is
-// fsdp_cpu_offload (CPUOffloadPolicy).
+// both, the llama3 full configs' value, and none with lora.*, the LoRA configs' value) and
+// what torchtune's full_finetune_distributed and lora_finetune_distributed (lora.rank > 0)
+// can express with parallel.sharding fsdp2 (sim/parallel/fsdp2_layout.h): refuses by key
+// what their shard_model does not do (MixedPrecisionPolicy, HSDP, an integer
+// reshard_after_forward, a GPU build) and what is not modelled with it yet (context
+// parallelism, uneven shards); parallel.cpu_offload is fsdp_cpu_offload (CPUOffloadPolicy),
+// checkpoint.offload_activations enable_activation_offloading (both recipes).
 // Sets parallel.fsdp_init to the meta-device build. After read_recipe_features.
 void read_torchtune_sharding(const Doc& d, Scenario& s);
 

@@ -231,7 +231,6 @@ TEST_CASE("torchtune + FSDP2: what shard_model does not do, and what is not mode
       {{{"parallel.replicate", "2"}}, "parallel.replicate: full_finetune_distributed builds a (dp, tp) mesh"},
       {{{"parallel.reshard_after_forward", "2"}}, "parallel.reshard_after_forward: torchtune's fsdp_reshard_after_forward is a bool"},
       {{{"parallel.fsdp_init", "gpu"}}, "parallel.fsdp_init: the recipe builds the model on the meta device"},
-      {{{"lora.rank", "8"}, {"lora.targets", "[q_proj, v_proj]"}}, "lora.rank: lora_finetune_distributed"},
       {{{"parallel.data", "3"}}, "parallel.data: a parameter of 256 rows over 3 ranks"},
       {{{"parallel.custom_sharded_layers", "[tok_embeddings, norm]"}}, "parallel.custom_sharded_layers: 'norm'"},
       {{{"parallel.sharding", "fsdp"}}, "parallel.sharding: torchtune's distributed recipes shard with FSDP2"},

@@ -73,6 +73,11 @@ const std::map<std::string, Claim>& claims() {
       {"llama3-8b-torchtune-fsdp2-8xh100.yaml", {true, std::nullopt, 11.45}},
       // The same recipe at 70B_full.yaml's defaults (fsdp_cpu_offload): the output's backward.
       {"llama3.1-70b-torchtune-fsdp2-offload-8xa100.yaml", {true, std::nullopt, 13.89}},
+      // torchtune's lora_finetune_distributed (8B_lora defaults, no checkpointing): the
+      // root's copy-out in backward (tok_embeddings + output) over every layer's activations.
+      {"llama3-8b-torchtune-lora-fsdp2-8xh100.yaml", {true, std::nullopt, 31.86}},
+      // 70B_lora defaults (checkpointing, rank 16): the last layer's backward.
+      {"llama3.1-70b-torchtune-lora-fsdp2-8xa100.yaml", {true, std::nullopt, 30.76}},
       {"llama2-13b-seq4096-rtx4070.yaml", {false, Phase::setup, 11.19}},
       {"llama2-7b-finetune-a100.yaml", {true, std::nullopt, 63.02}},
       {"llama2-7b-full-finetune-a100.yaml", {true, std::nullopt, 63.02}},

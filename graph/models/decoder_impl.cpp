@@ -352,6 +352,12 @@ Tensor DecoderModel::forward_tune(const Tensor& ids) {
     Tensor in = fold_copies ? clone(rt_, c) : c;
     c.reset();
     outs.push_back(mm_linear(rt_, in, w, rows * V * e, flops));
+    // A frozen output (LoRA) has no AccumulateGrad to say where each call's backward runs:
+    // the node names the parameter it reads, for the module's pre/post-backward hooks
+    // (Runtime::run_node calls RuntimeHooks::param_used for it; torchtune's FSDP2 output
+    // group, sim/parallel/fsdp2.h).
+    if (rt_.parameters()[lm_head_].frozen && outs.back().grad_fn >= 0)
+      rt_.node(outs.back().grad_fn).param = lm_head_;
   }
   pieces.clear();
   // `logits = model(...)` rebinds the loop's name: the previous output dies now.

@@ -36,6 +36,8 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   const Fsdp2Layout layout = fsdp2_layout(s);
   root_reshards_ = layout.root_reshards;
   tune_load_ = layout.torchtune_load;
+  lora_to_empty_ = layout.lora_to_empty;
+  post_backward_at_input_ = layout.post_backward_at_input;
   norm_with_output_ = layout.norm_with_output;
   output_keeps_ = layout.output_keeps_after_forward;
   if (tune_load_) meta_init_ = true;  // torchtune builds on the meta device
@@ -115,6 +117,10 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     param_of_orig_[i] = static_cast<int32_t>(params_.size());
     params_.push_back(p);
   }
+  // Block 0's input is tok_embeddings' output: it requires grad only when the embedding
+  // is trainable (not under LoRA), else block 0 registers no RegisterPostBackwardFunction.
+  for (const Param& p : params_)
+    if (p.trainable && rt.param_name(p.orig).rfind("tok_embeddings.", 0) == 0) embedding_trainable_ = true;
   if (s.precision.float8_all_gather && n_float8_ == 0)
     throw std::logic_error("FSDP2 float8 all-gather: the blocks have no matrices to convert");
   precompute_scale_ = s.precision.float8_precompute_scale;
@@ -156,7 +162,20 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     // dim 0, scenario/torchtune_keys.cpp), the full copy dropped.
     const uint32_t full_name = program.intern(
         "torchtune full state-dict tensor (load_from_full_model_state_dict)");
+    // lora_finetune_distributed _setup_model (recipes/lora_finetune_distributed.py @a6290a5b
+    // lines 495-516): after shard_model, every LoRALinear's to_empty(lora_device) and
+    // initialize_parameters() (in place) give the adapters their shards (on the CPU with
+    // fsdp_cpu_offload); the base state dict is loaded afterwards and holds no adapter.
+    if (lora_to_empty_) {
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (!params_[i].trainable) continue;
+        rt.ctx.layer = -1;
+        shard_storage[i] = alloc(rt, offload_ ? 0 : params_[i].shard_numel * params_[i].elem,
+                                 TensorKind::parameter, 0, params_[i].shard_name);
+      }
+    }
     for (size_t i = 0; i < params_.size(); ++i) {
+      if (shard_storage[i] != kNoStorage) continue;  // an adapter (above)
       rt.ctx.layer = -1;
       uint32_t full = kNoStorage;
       if (tune_load_) {
@@ -413,6 +432,7 @@ void Fsdp2::pre_forward(Runtime& rt) {
     group.backward_done = false;
   }
   forward_group_ = 0;
+  backward_block_ = 0;
   backward_started_ = false;
   out_post_forward_pending_ = false;
   out_post_backward_pending_ = false;
@@ -506,6 +526,14 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
       if (out_group_ != 0 && g == out_group_) pre_backward(rt, out_group_);
       root_pre_backward(rt);
     }
+    // RegisterPostBackwardFunction (post_backward_at_input_): the block whose backward ran
+    // has its post-backward once its input's gradient is complete, i.e. before the first
+    // allocation of the next module (the block below, its recompute, the embedding).
+    if (post_backward_at_input_ && backward_block_ != 0 && g != backward_block_) {
+      const size_t done = backward_block_;
+      backward_block_ = 0;
+      if (done > 1 || embedding_trainable_) group_post_backward(rt, done);
+    }
     if (g == 0 || (g == out_group_ && out_per_call) || groups_[g].backward_done) return;
     if (!backward_started_) root_pre_backward(rt);
     // The block above without trainable parameters had its post-backward when the
@@ -514,6 +542,7 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
         groups_[g + 1].pre_backward_done)
       group_post_backward(rt, g + 1);
     pre_backward(rt, g);
+    if (post_backward_at_input_ && g >= 1 && g <= blocks_) backward_block_ = g;
   }
 }
 
@@ -547,6 +576,17 @@ void Fsdp2::param_used(Runtime& rt, int32_t param, bool backward) {
   pre_backward(rt, out_group_);
   if (!backward_started_) root_pre_backward(rt);
   out_post_backward_pending_ = true;
+  // A frozen output (LoRA): no AccumulateGrad follows, and the last call's
+  // RegisterPostBackwardFunction runs right after its matmul's backward, before the
+  // chunks' SplitBackward cat: once the node's one allocation (its grad_input) is made, the
+  // next allocation first runs the pending post-backward (countdown_done).
+  if (groups_[out_group_].trainable == 0) rt.hook_countdown = 2;
+}
+
+void Fsdp2::countdown_done(Runtime& rt) {
+  if (!out_post_backward_pending_) return;  // the next call's hook ran it already
+  out_post_backward_pending_ = false;
+  group_post_backward(rt, out_group_);
 }
 
 void Fsdp2::grad_ready(Runtime& rt, int32_t param) {
@@ -560,7 +600,9 @@ void Fsdp2::grad_ready(Runtime& rt, int32_t param) {
   }
   Group& gr = groups_[group];
   if (group == out_group_) out_post_backward_pending_ = false;  // this call's, with the grad
-  if (!gr.post_backward_in_callback && !gr.backward_done && gr.ready == gr.trainable)
+  // (post_backward_at_input_: a block's post-backward waits for its input's gradient.)
+  const bool at_input = post_backward_at_input_ && group >= 1 && group <= blocks_;
+  if (!at_input && !gr.post_backward_in_callback && !gr.backward_done && gr.ready == gr.trainable)
     group_post_backward(rt, group);
 }
 

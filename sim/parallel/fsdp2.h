@@ -117,6 +117,15 @@
 //    built on the meta device; load_from_full_model_state_dict then copies each full
 //    parameter to the GPU, takes rank 0's chunk (distribute_tensor's scatter output) and
 //    drops the full copy, in state-dict order; cleanup_before_training empties the cache.
+//    A block's post-backward runs when its input's gradient is complete
+//    (RegisterPostBackwardFunction): at the first allocation in another group (the block
+//    below, its recompute, the embedding) after the block's backward, not at its last
+//    AccumulateGrad; block 0's only in the final callback when tok_embeddings is frozen.
+//    LoRA (lora_finetune_distributed): the adapters' shards are allocated (to_empty) before
+//    the base load, which skips them (none with cpu offload: lora_device cpu). A frozen
+//    output's calls are seen at its matmul nodes (graph Node::param names the frozen weight:
+//    param_used in backward); each call's post-backward follows at the next call's hook or,
+//    for the last call, at the next allocation (countdown_done): it only reshards.
 //  - torchtitan's layout (model.implementation torchtitan; sim/parallel/fsdp2_layout.h):
 //    tok_embeddings is a group of its own (1 + L, resharded after forward like the blocks,
 //    post-backward in the final callback), the final norm and the output one group (2 + L,
@@ -164,6 +173,8 @@ class Fsdp2 : public graph::RuntimeHooks {
   void layer_entered(graph::Runtime& rt, int32_t layer) override;
   // torchtune's output group: each call's pre-forward / pre-backward (Runtime::param_hooks).
   void param_used(graph::Runtime& rt, int32_t param, bool backward) override;
+  // A frozen output's last call: its post-backward before the next allocation.
+  void countdown_done(graph::Runtime& rt) override;
 
   // torchtune's recipe empties the cache after its setup (cleanup_before_training).
   bool empties_cache_before_training() const { return tune_load_; }
@@ -290,6 +301,12 @@ class Fsdp2 : public graph::RuntimeHooks {
   int32_t out_param_ = -1;        // output.weight (Runtime id of the module's parameter)
   bool root_reshards_ = false;    // reshard_after_forward given explicitly to the root
   bool tune_load_ = false;        // load_from_full_model_state_dict, cleanup_before_training
+  bool lora_to_empty_ = false;    // lora_finetune_distributed: adapters to_empty before the load
+  // A block's post-backward at its input's gradient (RegisterPostBackwardFunction), not at
+  // its last AccumulateGrad; block 0's only when tok_embeddings is trainable.
+  bool post_backward_at_input_ = false;
+  bool embedding_trainable_ = false;
+  size_t backward_block_ = 0;     // the block whose backward runs (post_backward_at_input_)
   // torchtitan's layout: the final norm in the output's group, kept gathered after forward.
   bool norm_with_output_ = false;
   bool output_keeps_ = false;

@@ -161,7 +161,10 @@ class Loop {
         throw ScenarioError(s_.key_prefix(kOffloadActivationsKey) +
                             ": torchtune's OffloadActivations is modelled with checkpoint.policy "
                             "full only, without checkpoint.offload");
-      stream_offload_ = std::make_unique<graph::StreamOffload>(rt_, graph::StreamOffloadConfig{});
+      graph::StreamOffloadConfig oc;
+      // Under FSDP2 (torchtune's distributed recipes) streams 1-3 are FSDP2's: s1 is a 4th.
+      if (s_.parallel.sharding == Sharding::fsdp2) oc.stream = kAllReduceStream + 1;
+      stream_offload_ = std::make_unique<graph::StreamOffload>(rt_, oc);
       offload_ = std::make_unique<graph::OffloadEngine>(rt_, *stream_offload_);
     }
     if (s_.parallel.context > 1) {  // scenario/context_parallel_keys.h; rank 0 is modelled
