@@ -39,7 +39,8 @@ RUNS (value order; a budget cut drops the last):
     policy for fp32 parameters only and refuses it over bf16 ones). The bf16 frozen weights
     and the fp32 adapters share a layer's group: torch >= 2.8 accepts that (pytorch/pytorch
     PR #154103 "[FSDP2] allow different dtypes for no grad model params": _init_mp_dtypes
-    checks the trainable parameters' dtype only); an older torch fails the run with
+    checks the trainable parameters' dtype only, as in pytorch/pytorch c40048472cc4
+    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py); an older torch fails the run with
     "FSDP expects uniform original parameter dtype" and the next runs;
  3. moefsdp2_qwen3_moe_fp32_mp_bf16_grouped_mm: run 1 with experts_implementation
     "grouped_mm" (transformers 5.x's default on CUDA, get_correct_experts_implementation).
