@@ -58,6 +58,9 @@ the experts implementation that ran and the default, PEFT's version / adapters /
 count, the checkpoint keywords; failures with their stderr) and
 OUTDIR/moe_fsdp2_snapshots.tar.xz (torch.cuda.memory._snapshot() per run, frames trimmed).
 
+--self-test runs every run through its GPU path on the CPU (install_fakes: transformers and
+peft as tools/gpu/moe_s10_fakes.py, fully_shard recording its calls) and checks the calls.
+
 Without CUDA (the dry run here: Debian's torch 1.13, no transformers, no peft) each run
 refuses by name what this machine lacks (fully_shard / fake process group, transformers,
 peft, HF checkpointing) and runs the rest: the loop on moe_models' stand-in at a tiny size
@@ -82,6 +85,8 @@ import measure_moe_s10 as ms  # build_transformers, apply_peft, hf_checkpointing
 import measure_fsdp2 as mf  # fsdp2_api, make_mesh, apply_fsdp, shard_shapes
 
 TOPIC = "moe_fsdp2"
+FAKES_ENV = "MEMSIM_MOE_FSDP2_FAKES"  # set by --self-test for its children
+FAKE_CALLS = None  # the stand-in fully_shard's record (--self-test's children only)
 DATA = "tests/data/gpu/moe_fsdp2"
 EXPERT_PARAMS = ms.EXPERT_PARAMS
 
@@ -156,6 +161,8 @@ def decoder_layers(tf_model):
 
 # --------------------------------------------------------------------------- one run
 def run_one(sp, out_dir):
+    if os.environ.get(FAKES_ENV) == "1":  # --self-test: transformers, peft and FSDP2 stand-ins
+        install_fakes()
     import torch
     import torch.distributed as dist
     import moe_models
@@ -181,7 +188,7 @@ def run_one(sp, out_dir):
     if api is not None:
         mesh = mf.make_mesh(torch, dist, api, sp, device.type)
         result["mesh"] = dict(shape=list(mesh.shape), dim_names=list(mesh.mesh_dim_names or ()),
-                              backend=dist.get_backend())
+                              backend=dist.get_backend() if dist.is_initialized() else None)
     else:
         skipped.append(f"{missing}: trained unsharded on the CPU (no process group, no fully_shard)")
     if cuda:
@@ -303,15 +310,99 @@ def run_one(sp, out_dir):
         gpu_common.save_snapshot(torch, result, out_dir, sp["name"], trim_frames)
     if api is not None and dist.is_initialized():
         dist.destroy_process_group()
+    if FAKE_CALLS is not None:
+        result["self_test_fully_shard"] = FAKE_CALLS
     gpu_common.write_json(os.path.join(out_dir, sp["name"] + ".json"), result, default=str)
     return result
+
+
+# --------------------------------------------------------------------------- self-test
+def install_fakes():
+    """The --self-test child's stand-ins: transformers and peft as tools/gpu/moe_s10_fakes.py
+    (its model's decoder layers reachable as `.model.layers`, as Qwen3MoeForCausalLM's), and
+    FSDP2's API (fully_shard recording each call's module and keywords, a mesh object, no
+    process group), so that the GPU path of run_one (PEFT, HF checkpointing, fully_shard per
+    layer then the root, the policy) runs on this CPU."""
+    global FAKE_CALLS
+    import moe_s10_fakes
+    moe_s10_fakes.install()
+    moe_s10_fakes._CausalLM.model = property(lambda self: self.inner)
+    FAKE_CALLS = []
+
+    class Policy:
+        def __init__(self, param_dtype=None, reduce_dtype=None, output_dtype=None):
+            self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+
+    class Mesh:
+        shape, mesh_dim_names = (8,), ("dp_shard",)
+
+    def fully_shard(module, **kw):
+        mp = kw.get("mp_policy")
+        FAKE_CALLS.append(dict(module=type(module).__name__,
+                               reshard=kw.get("reshard_after_forward", "default"),
+                               param_dtype=None if mp is None else str(mp.param_dtype),
+                               reduce_dtype=None if mp is None else str(mp.reduce_dtype)))
+
+    api = (fully_shard, Policy, None, None)
+    mf.fsdp2_api = lambda torch: (api, None)
+    mf.make_mesh = lambda torch, dist, api, sp, device_type: Mesh()
+
+
+def self_test(out_dir):
+    """Every run on the CPU through its GPU path with the stand-ins of install_fakes, then
+    checks what each recorded: fully_shard on each decoder layer (reshard True, the run's
+    policy) then once on the root (default reshard), the forced routing reached the router's
+    torch.topk, PEFT's fp32 adapters are the optimizer's parameters, HF checkpointing's
+    use_reentrant False. Returns the exit status."""
+    import json
+    import subprocess
+    os.makedirs(out_dir, exist_ok=True)
+    env = dict(os.environ, **{FAKES_ENV: "1"})
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), out_dir, "--budget", "100000",
+                        "--per-run", "3000"], env=env, capture_output=True, text=True)
+    print(p.stdout, end="")
+    with open(os.path.join(out_dir, TOPIC + "_runs.json")) as f:
+        doc = json.load(f)
+    runs = {r["spec"]["name"]: r for r in doc.get("dry_runs", [])}
+    bad = []
+    for sp in SPECS:
+        r = runs.get(sp["name"])
+        if r is None:
+            bad.append(f"{sp['name']}: no run ({doc['failures'].get(sp['name'], '?')[-300:]})")
+            continue
+        calls = r.get("self_test_fully_shard") or []
+        pd = None if sp["param_dtype"] is None else "torch.bfloat16"
+        rd = None if sp["reduce_dtype"] is None else "torch.float32"
+        layers_ok = len(calls) == 3 and all(c["reshard"] is True and c["param_dtype"] == pd and
+                                            c["reduce_dtype"] == rd for c in calls[:2])
+        root = calls[-1] if calls else {}
+        want = {"fully_shard layers": layers_ok,
+                "fully_shard root": root.get("reshard") == "default" and
+                root.get("module") == ("_PeftModel" if sp["lora"] else "_CausalLM"),
+                "router_calls_forced>0": r.get("router_calls_forced", 0) > 0,
+                "experts_implementation": r.get("experts_implementation") == sp["experts_impl"]}
+        if sp["lora"]:
+            want.update({"trainable": r.get("trainable_parameters", 0) > 0 and
+                         r.get("trainable_parameters") == r.get("optimizer_parameters"),
+                         "adapter_dtypes": r.get("adapter_dtypes") == ["torch.float32"]})
+        if sp["hf_gradient_checkpointing"]:
+            kw = r.get("gradient_checkpointing_kwargs") or {}
+            want.update({"use_reentrant": kw.get("use_reentrant") is False,
+                         "checkpointed_modules": r.get("checkpointed_modules") == 2})
+        bad += [f"{sp['name']}: {k}" for k, ok in want.items() if not ok]
+    print("self-test:", "FAILED " + "; ".join(bad) if bad else f"every run as intended ({len(runs)} runs)")
+    return 1 if bad or p.returncode != 0 else 0
 
 
 # --------------------------------------------------------------------------- driver
 def main():
     ap = argparse.ArgumentParser()
     gpu_common.add_run_args(ap, budget=45.0, per_run=None)
+    ap.add_argument("--self-test", action="store_true",
+                    help="every run's GPU path on the CPU with transformers / peft / FSDP2 stand-ins")
     a = ap.parse_args()
+    if a.self_test:
+        sys.exit(self_test(a.out_dir))
     if gpu_common.run_one_if_child(a, SPECS, run_one):
         return
     chosen = gpu_common.select_by_name(SPECS, a.only)
