@@ -40,6 +40,8 @@ groups=(
   "moe_mm|75|$py tools/gpu/measure_moe_autocast.py \$W --budget 60 --only 'moe_ac_tf_*_mm'"
   # issue #16: fp16 autocast with torch.amp.GradScaler (docs/autocast.md "GradScaler")
   "gscaler|65|$py tools/gpu/measure_gscaler.py \$W --budget 50"
+  # issue #15: transformers' Qwen3-MoE under FSDP2 (full; target_parameters LoRA + HF checkpointing; grouped_mm)
+  "moefsdp2|60|$py tools/gpu/measure_moe_fsdp2.py \$W --budget 45"
   # docs/gpu-next-session.md item 5 (docs/sdpa-gqa.md "Other shapes"): cuDNN attention at S = 1000,
   # MQA, 32 heads; blind predictions in tests/data/gpu/cudnn_shapes_predictions.json. ~15 s a run.
   "cudnn-shapes|55|$py tools/gpu/measure_cuda.py \$W --budget 33 --group cudnn-shapes"
