@@ -425,3 +425,35 @@ TEST_CASE("memsim run on llama3.1-70b-torchtune-lora-fsdp2-8xa100 (70B_lora.yaml
   CHECK(kind(end, TensorKind::gradient) == adapters / 8 * 2);
   CHECK(kind(end, TensorKind::optimizer_state) == adapters / 8 * 4 + 80 * 12 * 4);
 }
+
+TEST_CASE("torchtune LoRA: the measured step's embedding and loss run outside every layer "
+          "(the backward's last node is a block's when the embedding is frozen)",
+          "[fsdp2][torchtune][lora]") {
+  // One GPU and FSDP2: a forward that inherited ctx.layer from the backward's last node
+  // (layer 0's, as tok_embeddings has no AccumulateGrad) ran FSDP2's hooks of block 0 at
+  // the embedding and at the loss.
+  for (const std::string& parallel : {std::string(), kFsdp2}) {
+    INFO(parallel);
+    const Program p = build_program(lora_scenario({}, parallel));
+    size_t begin = 0;
+    for (size_t i = 0; i < p.events.size(); ++i)
+      if (p.events[i].type == EventType::mark && p.str(p.events[i].bytes) == "measured_step_begin")
+        begin = i;
+    REQUIRE(begin > 0);
+    size_t outside = 0;
+    for (size_t i = begin; i < p.events.size(); ++i) {
+      const MemoryEvent& e = p.events[i];
+      if (e.type != EventType::alloc) continue;  // (a free happens where the tensor dies)
+      const auto m = static_cast<graph::Module>(p.tensors[e.tensor].module);
+      if (e.phase != Phase::forward && e.phase != Phase::loss) continue;
+      // (The residual adds inside the layers carry module embedding in torchtune's code
+      // path: only the embedding op itself and the loss are checked.)
+      const bool embedding_op = m == graph::Module::embedding && p.str(e.op) == "embedding";
+      if (!embedding_op && m != graph::Module::loss) continue;
+      ++outside;
+      INFO("event " << i << ": " << p.str(e.op));
+      CHECK(e.layer == -1);
+    }
+    CHECK(outside > 0);
+  }
+}

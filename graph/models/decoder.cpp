@@ -499,6 +499,9 @@ void DecoderModel::rope_tables(bool scaled, Tensor& cos, Tensor& sin) {
 }
 
 Tensor DecoderModel::forward(const Tensor& ids) {
+  // Outside every decoder layer until run_layers enters one: the backward leaves ctx.layer
+  // at its last node's layer, which is a block's when the embedding is frozen (LoRA).
+  rt_.ctx.layer = -1;
   // torch.compile(model) (graph/compile.h): the whole forward is one compiled region.
   if (rt_.compile != nullptr && rt_.compile->wants(CompileScope::model))
     return rt_.compile->run([this, &ids] { return forward(ids); });
