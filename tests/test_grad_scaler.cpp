@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli_test_support.h"
 #include "program/program.h"
 #include "real_run_test_support.h"
 #include "sim/analysis/analysis.h"
@@ -249,4 +250,26 @@ TEST_CASE("grad_scaler: refused by key where not modelled", "[grad_scaler]") {
   }
   const std::string bad = memsim_test::scenario_error(kLlama, "gs.yaml", {{"precision.grad_scaler", "maybe"}});
   CHECK(bad.find("precision.grad_scaler") != std::string::npos);
+}
+
+TEST_CASE("grad_scaler: end to end through the CLI (the GPU run's scenario)", "[grad_scaler][cli]") {
+  using memsim_test::memsim_command;
+  using memsim_test::run_shell;
+  const std::string file = MEMSIM_SOURCE_DIR + "/tests/data/gpu/gscaler/gs_llama_l4_d1024_s1024_b4_fp16_scaler.yaml";
+  const nlohmann::json on = memsim_test::run_json(file);
+  const nlohmann::json off = memsim_test::run_json(file, "--set precision.grad_scaler=false");
+  CHECK(on["peak_allocated_bytes"].get<uint64_t>() == off["peak_allocated_bytes"].get<uint64_t>() + 3 * 512);
+  const memsim_test::CommandResult text = run_shell(memsim_command() + "run '" + file + "' 2>&1");
+  CHECK(text.status == 0);
+  CHECK(text.out.find("autocast fp16, GradScaler") != std::string::npos);
+  // A bad value and a refused combination: exit 1, the key named.
+  const memsim_test::CommandResult bad =
+      run_shell(memsim_command() + "run '" + file + "' --set precision.grad_scaler=maybe 2>&1");
+  CHECK(bad.status == 1);
+  CHECK(bad.out.find("precision.grad_scaler") != std::string::npos);
+  const memsim_test::CommandResult refused = run_shell(
+      memsim_command() + "run '" + file + "' --set parallel.data=2 --set parallel.sharding=fsdp 2>&1");
+  CHECK(refused.status == 1);
+  CHECK(refused.out.find("gs_llama_l4_d1024_s1024_b4_fp16_scaler.yaml: precision.grad_scaler: FSDP") !=
+        std::string::npos);
 }

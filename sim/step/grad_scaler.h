@@ -4,8 +4,9 @@
 //   scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
 //
 // allocates and frees, each a 512-B small-pool block on CUDA. Read from
-// torch/amp/grad_scaler.py (pytorch/pytorch @ 0202916b051677fea50852f1c3b856476f66b423; the
-// GPU run of tools/gpu/measure_gscaler.py records the text of the 2.11 file it ran):
+// torch/amp/grad_scaler.py (pytorch/pytorch @ 0202916b051677fea50852f1c3b856476f66b423, the
+// same in cyyever/pytorch @ 0011014f6f68f6fbcab776ee96d38e79d4086fae; the GPU run of
+// tools/gpu/measure_gscaler.py records the text of the 2.11 file it ran):
 //
 // * scale(loss) (scale()): the first call creates _scale = torch.full((), 2**16, float32)
 //   and _growth_tracker = torch.full((), 0, int32) (_lazy_init_scale_growth_tracker), kept
