@@ -3,7 +3,7 @@
 // torch/amp/grad_scaler.py (torch 1.13's GradScaler is CUDA-only, so there is no CPU
 // fixture): the events it adds to a step and their order, what it adds to the step's peak
 // and marks (block-rounded: 512 B per tensor), its composition with checkpointing, gradient
-// accumulation and DDP, and the refusals by key.
+// accumulation, DDP and FSDP1, the fused-optimizer path, the CLI, and the refusals by key.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -216,9 +216,17 @@ TEST_CASE("grad_scaler: the step's peak and marks, block-rounded", "[grad_scaler
   }
 }
 
-TEST_CASE("grad_scaler: composes with torch DDP and every autocast dtype", "[grad_scaler]") {
+TEST_CASE("grad_scaler: composes with torch DDP, FSDP1 and every autocast dtype", "[grad_scaler]") {
   const Sets ddp = {{"parallel.data", "2"}};
   CHECK(allocations(build_program(scenario(true, ddp))) == allocations(build_program(scenario(false, ddp))) + 18);
+  // FSDP1 (ShardedGradScaler): the same tensors; the scaled loss dies when the backward
+  // statement ends, after FSDP's final callback has resharded and reduced the root.
+  const Sets fsdp = {{"parallel.data", "2"}, {"parallel.sharding", "fsdp"}};
+  const Program on = build_program(scenario(true, fsdp));
+  CHECK(allocations(on) == allocations(build_program(scenario(false, fsdp))) + 18);
+  const std::vector<std::string> ev = between(on, "forward_end", "backward_end");
+  REQUIRE(!ev.empty());
+  CHECK(ev.back() == alloc_and_free(ev, "+4 mul").second);
   const Sets bf16 = {{"precision.autocast", "bf16"}};
   CHECK(allocations(build_program(scenario(true, bf16))) == allocations(build_program(scenario(false, bf16))) + 18);
   const Sets fp32 = {{"precision.autocast", "none"}};
@@ -237,7 +245,6 @@ TEST_CASE("grad_scaler: refused by key where not modelled", "[grad_scaler]") {
   for (const Sets& set : std::vector<Sets>{
            {{"precision.params", "fp16"}, {"precision.autocast", "none"}},
            {{"precision.params", "bf16"}, {"precision.autocast", "none"}},
-           {{"parallel.data", "2"}, {"parallel.sharding", "fsdp"}},
            {{"parallel.data", "2"}, {"parallel.sharding", "fsdp2"}, {"precision.autocast", "bf16"}},
            {{"parallel.data", "2"}, {"parallel.zero", "1"}},
            {{"precision.autocast_region", "forward"}},
@@ -248,6 +255,15 @@ TEST_CASE("grad_scaler: refused by key where not modelled", "[grad_scaler]") {
     CHECK(why.find("gs.yaml") != std::string::npos);
     CHECK(why.find("precision.grad_scaler") != std::string::npos);
   }
+  // FSDP1 with CPU-offloaded or MixedPrecision shards: refused naming the FSDP key.
+  const std::string offload =
+      refusal({{"parallel.data", "2"}, {"parallel.sharding", "fsdp"}, {"parallel.cpu_offload", "true"}});
+  CHECK(offload.find("gs.yaml: parallel.cpu_offload:") != std::string::npos);
+  const std::string mixed = refusal({{"parallel.data", "2"},
+                                     {"parallel.sharding", "fsdp"},
+                                     {"precision.autocast", "none"},
+                                     {"parallel.fsdp_mixed_precision", "fp16"}});
+  CHECK(mixed.find("gs.yaml: parallel.fsdp_mixed_precision:") != std::string::npos);
   const std::string bad = memsim_test::scenario_error(kLlama, "gs.yaml", {{"precision.grad_scaler", "maybe"}});
   CHECK(bad.find("precision.grad_scaler") != std::string::npos);
 }
@@ -262,14 +278,14 @@ TEST_CASE("grad_scaler: end to end through the CLI (the GPU run's scenario)", "[
   const memsim_test::CommandResult text = run_shell(memsim_command() + "run '" + file + "' 2>&1");
   CHECK(text.status == 0);
   CHECK(text.out.find("autocast fp16, GradScaler") != std::string::npos);
-  // A bad value and a refused combination: exit 1, the key named.
+  // A bad value and a refused combination (ZeRO-1): exit 1, the key named.
   const memsim_test::CommandResult bad =
       run_shell(memsim_command() + "run '" + file + "' --set precision.grad_scaler=maybe 2>&1");
   CHECK(bad.status == 1);
   CHECK(bad.out.find("precision.grad_scaler") != std::string::npos);
   const memsim_test::CommandResult refused = run_shell(
-      memsim_command() + "run '" + file + "' --set parallel.data=2 --set parallel.sharding=fsdp 2>&1");
+      memsim_command() + "run '" + file + "' --set parallel.data=2 --set parallel.zero=1 2>&1");
   CHECK(refused.status == 1);
-  CHECK(refused.out.find("gs_llama_l4_d1024_s1024_b4_fp16_scaler.yaml: precision.grad_scaler: FSDP") !=
-        std::string::npos);
+  CHECK(refused.out.find("gs_llama_l4_d1024_s1024_b4_fp16_scaler.yaml: precision.grad_scaler: GradScaler "
+                         "with ZeroRedundancyOptimizer") != std::string::npos);
 }

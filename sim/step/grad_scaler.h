@@ -34,8 +34,14 @@
 // * update(rt): `found_inf.to(device)` is the same tensor, _amp_update_scale_ works in
 //   place; the state with the found_inf copy is dropped, so the copy dies.
 //
-// Not modelled (refused by require_grad_scaler_modelled): FSDP's ShardedGradScaler, DeepSpeed's own loss scaler, fp16 gradients (the
-// source raises "Attempting to unscale FP16 gradients."), Megatron, pipelines, clipping.
+// FSDP1's ShardedGradScaler (torch/distributed/fsdp/sharded_grad_scaler.py) makes the same
+// tensors for GPU shard gradients and an fp32 loss: scale's `.type(outputs.dtype)` is a no-op,
+// found_inf is (1,)-shaped (4 B as well) and all-reduced in place, update is GradScaler's.
+//
+// Not modelled (refused by require_grad_scaler_modelled): ShardedGradScaler with
+// CPU-offloaded or MixedPrecision shards, GradScaler over FSDP2's DTensor grads, DeepSpeed's
+// own loss scaler, fp16 gradients (the source raises "Attempting to unscale FP16
+// gradients."), Megatron, tensor / pipeline / context parallelism, clipping.
 #pragma once
 
 #include "graph/runtime.h"
