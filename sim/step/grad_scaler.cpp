@@ -91,15 +91,27 @@ void require_grad_scaler_modelled(const Scenario& s) {
   if (p.sharding == Sharding::deepspeed)
     refuse("DeepSpeed scales fp16 losses with its own loss scaler (its fp16 config), not "
            "torch.amp.GradScaler; use precision.grad_scaler: false");
-  if (p.sharding == Sharding::fsdp || p.sharding == Sharding::fsdp2)
-    refuse("FSDP's ShardedGradScaler (and GradScaler over FSDP2's DTensor grads) is not "
-           "modelled; modelled on one GPU and with torch DDP (parallel.sharding: none)");
-  if (p.zero != 0)
+  // FSDP1 (torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, or GradScaler on
+  // the flat parameters): the same tensors for GPU shards and an fp32 loss (its
+  // `.type(outputs.dtype)` is then a no-op, found_inf's all_reduce is in place).
+  if (p.sharding == Sharding::fsdp && p.cpu_offload)
+    throw ScenarioError(s.source + ": parallel.cpu_offload: ShardedGradScaler with CPU shard "
+                        "gradients (found_inf copies to the CPU and back for the all_reduce) is not "
+                        "modelled with precision.grad_scaler; use parallel.cpu_offload: false");
+  if (p.sharding == Sharding::fsdp && p.fsdp_mixed_precision)
+    throw ScenarioError(s.source + ": parallel.fsdp_mixed_precision: ShardedGradScaler's scaled "
+                        "loss is cast back to the low-precision loss dtype (a copy, and its grad cast) "
+                        "which is not modelled with precision.grad_scaler; use precision.autocast "
+                        "under FSDP instead, or fsdp_mixed_precision: none");
+  if (p.sharding == Sharding::fsdp2)
+    refuse("GradScaler over FSDP2's DTensor gradients is not modelled; modelled on one GPU, "
+           "with torch DDP and with FSDP1 (parallel.sharding none or fsdp)");
+  if (p.zero != 0 && p.sharding == Sharding::none)  // FSDP sets zero 3 itself
     refuse("GradScaler with ZeroRedundancyOptimizer (parallel.zero) is not modelled; "
            "use parallel.zero: 0");
   if (p.pipeline != 1 || p.tensor != 1 || p.context != 1)
-    refuse("GradScaler is modelled on one GPU and with torch DDP only (parallel.tensor, "
-           "parallel.pipeline and parallel.context 1)");
+    refuse("GradScaler is modelled on one GPU, with torch DDP and with FSDP1 only "
+           "(parallel.tensor, parallel.pipeline and parallel.context 1)");
   if (s.step.kind != StepKind::train)
     refuse("GradScaler scales the loss of a training step; step.kind is not train");
   if (s.recipe.optimizer_in_backward)

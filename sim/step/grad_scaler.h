@@ -4,8 +4,9 @@
 //   scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
 //
 // allocates and frees, each a 512-B small-pool block on CUDA. Read from
-// torch/amp/grad_scaler.py (pytorch/pytorch @ 0202916b051677fea50852f1c3b856476f66b423; the
-// GPU run of tools/gpu/measure_gscaler.py records the text of the 2.11 file it ran):
+// torch/amp/grad_scaler.py (pytorch/pytorch @ 0202916b051677fea50852f1c3b856476f66b423, the
+// same in cyyever/pytorch @ 0011014f6f68f6fbcab776ee96d38e79d4086fae; the GPU run of
+// tools/gpu/measure_gscaler.py records the text of the 2.11 file it ran):
 //
 // * scale(loss) (scale()): the first call creates _scale = torch.full((), 2**16, float32)
 //   and _growth_tracker = torch.full((), 0, int32) (_lazy_init_scale_growth_tracker), kept
@@ -33,8 +34,14 @@
 // * update(rt): `found_inf.to(device)` is the same tensor, _amp_update_scale_ works in
 //   place; the state with the found_inf copy is dropped, so the copy dies.
 //
-// Not modelled (refused by require_grad_scaler_modelled): FSDP's ShardedGradScaler, DeepSpeed's own loss scaler, fp16 gradients (the
-// source raises "Attempting to unscale FP16 gradients."), Megatron, pipelines, clipping.
+// FSDP1's ShardedGradScaler (torch/distributed/fsdp/sharded_grad_scaler.py) makes the same
+// tensors for GPU shard gradients and an fp32 loss: scale's `.type(outputs.dtype)` is a no-op,
+// found_inf is (1,)-shaped (4 B as well) and all-reduced in place, update is GradScaler's.
+//
+// Not modelled (refused by require_grad_scaler_modelled): ShardedGradScaler with
+// CPU-offloaded or MixedPrecision shards, GradScaler over FSDP2's DTensor grads, DeepSpeed's
+// own loss scaler, fp16 gradients (the source raises "Attempting to unscale FP16
+// gradients."), Megatron, tensor / pipeline / context parallelism, clipping.
 #pragma once
 
 #include "graph/runtime.h"

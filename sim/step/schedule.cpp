@@ -454,11 +454,11 @@ class Loop {
       if (scaler_) scaled = scaler_->scale(rt_, loss_);
       rt_.ctx.phase = Phase::backward;
       rt_.backward(scaler_ ? scaled : loss_);
-      scaled.reset();
       if (ddp_) add_ddp_all_reduce(rt_, ddp_->bucket_bytes(), s_.parallel.data);  // time model
       if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
       if (fsdp2_) fsdp2_->post_backward(rt_);
       if (ds_) ds_->post_backward(rt_);      // DeepSpeed's gradient epilogue
+      scaled.reset();  // the statement ends: after FSDP's final callback (inside the engine)
       if (cp_) cp_->exit();                  // the context_parallel block ends
       if (script_.drop_outputs_each_iteration) {  // the micro-batch's function returned
         rt_.ctx.phase = Phase::other;

@@ -74,6 +74,7 @@ std::string batch_line(const Scenario& s) {
   line += s.precision.autocast ? ", autocast " + std::string(to_string(*s.precision.autocast))
                                : std::string(", no autocast");
   if (s.precision.master_weights) line += ", master weights";
+  if (s.precision.grad_scaler) line += ", GradScaler";
   return line;
 }
 
