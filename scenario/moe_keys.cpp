@@ -234,16 +234,11 @@ void check_moe(const Doc& d, const Scenario& s) {
   // Settings whose MoE behaviour is not modelled yet: refused by key.
   const std::string moe_at = moe_where(d, "experts");
   // Issue #15 item 5 (MoE composing): autocast and LoRA are modelled for the Qwen/Mixtral-
-  // style blocks (docs/moe.md "Composing"; batched_mm / grouped_mm under autocast: "batched_mm
-  // and grouped_mm under autocast"); what is not is refused here. output_router_logits under
+  // style blocks (docs/moe.md "Composing"; every experts_implementation under autocast, on
+  // DeepSeek's block too: "batched_mm and grouped_mm under autocast"); what is not is refused
+  // here. output_router_logits under
   // autocast: the aux loss's softmax of the low logits is CUDA's fp32_set_opt_dtype
   // (DecoderModel::moe_aux_loss; CPU fixtures autocast_*_aux_*).
-  const bool deepseek = m.code == graph::MoeRouterCode::deepseek_v3 || m.code == graph::MoeRouterCode::deepseek_v2;
-  if (s.precision.autocast.has_value() && m.impl != graph::ExpertsImpl::eager && deepseek)
-    fail(moe_where(d, "experts_implementation"), "model.moe.experts_implementation",
-         "batched_mm / grouped_mm under precision.autocast are not modelled for DeepSeek's block "
-         "(its fp32 top-k weights and the shared experts' dtypes around them are not checked); "
-         "use experts_implementation: eager or bf16 parameters");
   // DeepSeek's LoRA (its latent attention's names, no shared_expert_gate) is checked by
   // scenario/deepseek_keys.cpp.
   if (s.lora.rank > 0 && m.code != graph::MoeRouterCode::deepseek_v3 && m.code != graph::MoeRouterCode::deepseek_v2) {

@@ -53,6 +53,8 @@ Scenario scenario_for(const nlohmann::json& c, const std::string& name) {
   for (const auto& n : c["deepseek"]["counts"]) counts += (counts.empty() ? "" : ", ") + std::to_string(n.get<int>());
   std::string y = "model:\n  hf_config: " + path + "\n  attention: eager\n  dropout: 0\n";
   y += "  moe:\n    routing: counts:[" + counts + "]\n";
+  if (c["deepseek"].contains("experts_implementation"))
+    y += "    experts_implementation: " + c["deepseek"]["experts_implementation"].get<std::string>() + "\n";
   y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
        "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
   y += "precision:\n  params: " + c.value("dtype", std::string("fp32")) + "\n";
@@ -245,13 +247,13 @@ TEST_CASE("DeepSeek-V3: what is not modelled is refused by key", "[deepseek]") {
         std::string::npos);
   CHECK(load_error(cfg + "  moe: {output_router_logits: true}\n" + batch)
             .find("model.moe.output_router_logits: DeepseekV3ForCausalLM computes no auxiliary") != std::string::npos);
-  // Autocast is modelled with the eager experts (the CPU fixtures *_autocast_*); the fused
-  // experts under autocast are refused for DeepSeek (modelled for the Qwen/Mixtral-style rows).
+  // Autocast is modelled with the eager experts (the CPU fixtures *_autocast_*) and, since
+  // 2026-11-28, with batched_mm (fixtures *_batched_mm_autocast_*) and grouped_mm.
   CHECK(load_error(cfg + batch + "precision:\n  params: fp32\n  autocast: bf16\n").empty());
   CHECK(load_error(cfg + "  moe: {experts_implementation: batched_mm}\n" + batch +
-                   "precision:\n  params: fp32\n  autocast: bf16\n")
-            .find("model.moe.experts_implementation: batched_mm / grouped_mm under precision.autocast are not modelled for DeepSeek") !=
-        std::string::npos);
+                   "precision:\n  params: fp32\n  autocast: bf16\n").empty());
+  CHECK(load_error(cfg + "  moe: {experts_implementation: grouped_mm}\n" + batch +
+                   "precision:\n  params: fp32\n  autocast: bf16\n").empty());
   CHECK(load_error("model:\n  architecture: deepseek_v3\n  layers: 2\n  d_model: 64\n  heads: 4\n  d_ff: 128\n"
                    "  vocab: 256\n  context_length: 64\n  moe: {experts: 4, top_k: 2}\n" + batch)
             .find("model.architecture: deepseek_v3 needs its config.json") != std::string::npos);

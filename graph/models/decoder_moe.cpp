@@ -329,11 +329,13 @@ Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, 
 // index_add_); .to(dtype). The frame's locals die at return in order. Not modelled: the
 // sub-MiB CUB scratch of the sort, cumsum and the grouped GEMM (small pool).
 // Under autocast (docs/moe.md "batched_mm and grouped_mm under autocast"): torch._grouped_mm
-// is on no autocast list of torch 2.11 (pytorch/pytorch#174763: not registered for
-// autocast), and transformers hands it `input.to(weight.dtype)` (huggingface/transformers
-// #43839, the fix of #43828), so over fp32 weights the whole function runs in fp32: the
-// gathered states (the norm's fp32 output), both _grouped_mm (torch's fallback, a loop of
-// mm_out into the output's row slices: no extra allocation), the gate, the masked copies;
+// is on no autocast list (aten/src/ATen/autocast_mode.h; pytorch/pytorch#174763: not
+// registered for autocast), and transformers hands it `input.to(weight.dtype)`
+// (huggingface/transformers#43839, the fix of #43828), so over fp32 weights the whole
+// function runs in fp32: the gathered states (the norm's fp32 output), both _grouped_mm
+// (aten/src/ATen/native/GroupedMMUtils.h _grouped_mm_fallback for non-bf16 operands: the
+// offsets copied to the host, one mm_out per group into row slices of the output: no further
+// device allocation), the gate, the masked copies;
 // no cast, no weight-cast cache entry. The Qwen-style bf16 top-k weights promote the
 // product to fp32 (their grad is cast back); the sum is fp32 and `.to(dtype)` copies nothing.
 // Blind: the measured run (tools/gpu/measure_moe_autocast.py *_grouped_mm) records the
