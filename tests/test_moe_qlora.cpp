@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -35,18 +36,47 @@ std::string yaml_list(const nlohmann::json& names) {
   return y + "]";
 }
 
-// The fixture's run: its MoE block, the 4-bit linears and PEFT's adapters (fp32, the
-// fixture's to_bf16 keeps them so).
-Scenario scenario_for(const nlohmann::json& c) {
-  std::string y = memsim_test::fixture_shape_yaml(c);
-  const nlohmann::json& l = c["lora"];
+// The lora section of a fixture: the 4-bit base, PEFT's adapters (fp32: the fixture's to_bf16
+// keeps them so), its targets and target_parameters.
+std::string lora_yaml(const nlohmann::json& l) {
+  std::string y;
   y += "lora:\n  rank: " + std::to_string(l["rank"].get<int>()) + "\n  alpha: " +
        std::to_string(l["alpha"].get<int>()) + "\n  base_dtype: nf4\n  adapter_dtype: fp32\n";
   if (l.contains("targets")) y += "  targets: " + yaml_list(l["targets"]) + "\n";
   if (l.contains("target_parameters")) y += "  target_parameters: " + yaml_list(l["target_parameters"]) + "\n";
-  y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
+  return y;
+}
+
+std::string run_yaml(const nlohmann::json& c) {
+  std::string y = "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
+  return y + "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
+}
+
+// A DeepSeek fixture's run (as tests/test_deepseek.cpp builds it): its config.json as
+// model.hf_config, the forced routing as model.moe.routing counts.
+Scenario deepseek_scenario_for(const nlohmann::json& c, const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / "memsim_test_moe_qlora";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / (name + ".config.json")).string();
+  {
+    std::ofstream out(path);
+    out << c["hf_config"].dump(1);
+  }
+  std::string counts;
+  for (const auto& n : c["deepseek"]["counts"]) counts += (counts.empty() ? "" : ", ") + std::to_string(n.get<int>());
+  std::string y = "model:\n  hf_config: " + path + "\n  attention: eager\n  dropout: 0\n";
+  y += "  moe:\n    routing: counts:[" + counts + "]\n";
+  y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
+       "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
+  y += "precision:\n  params: " + c.value("dtype", std::string("fp32")) + "\n";
+  return load_scenario_text(y + lora_yaml(c["lora"]) + run_yaml(c), "deepseek-qlora-fixture.yaml");
+}
+
+// A MoE fixture's run: its MoE block, the 4-bit linears and PEFT's adapters.
+Scenario scenario_for(const nlohmann::json& c, const std::string& name) {
+  if (c.contains("hf_config")) return deepseek_scenario_for(c, name);
+  const std::string y = memsim_test::fixture_shape_yaml(c) + lora_yaml(c["lora"]) + run_yaml(c);
   // The MoE block is set after loading (the fixture's forced counts); the overrides give the
   // reader a MoE model to check the LoRA keys against.
   Scenario s = load_scenario_text(y, "moe-qlora-fixture.yaml",
@@ -74,12 +104,12 @@ TEST_CASE("QLoRA on MoE models matches real PyTorch training steps (CPU fixtures
   for (const auto& entry : std::filesystem::directory_iterator(kDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() == 4);
+  REQUIRE(files.size() == 6);
   memsim_test::print_fixture_table_header();
   for (const auto& path : files) {
     const nlohmann::json fx = memsim_test::load_json(path);
     INFO(fx["name"].get<std::string>());
-    const Scenario scenario = scenario_for(fx["config"]);
+    const Scenario scenario = scenario_for(fx["config"], fx["name"].get<std::string>());
     const Program program = build_program(scenario);
     memsim_test::compare_with_fixture(fx, scenario, program);
     memsim_test::check_forward_allocs_by_layer(fx, program);
