@@ -150,7 +150,7 @@ TEST_CASE("QLoRA on DeepSeek-V2-Lite: nn.Linear weights in NF4, router and exper
   const memsim_test::Walk w = memsim_test::walk(p);
   CHECK(w.forward_end_by_kind.at(TensorKind::parameter) ==
         27 * (attn + norms) + dense + 26 * moe + root + adapters);
-  // The routed experts are the bulk: 26 x 64 x 3 x 1408 x 2048 bf16 = 27.5 GiB of 29.6 GiB.
+  // The routed experts are the bulk: 26 x 64 x 3 x 1408 x 2048 bf16 = 26.81 GiB of 28.06 GiB.
   uint64_t experts = 0;
   for (const TensorInfo& t : p.tensors)
     if (t.kind == TensorKind::parameter && p.str(t.name).find("mlp.experts.") != std::string::npos) experts += t.bytes;
