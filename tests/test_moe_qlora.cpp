@@ -48,7 +48,10 @@ std::string lora_yaml(const nlohmann::json& l) {
 }
 
 std::string run_yaml(const nlohmann::json& c) {
-  std::string y = "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
+  std::string y;
+  // Every layer checkpointed, non-reentrant; torch 1.13 re-runs the whole layer.
+  if (c.value("checkpoint", std::string("none")) == "full") y += "checkpoint:\n  policy: full\n  early_stop: false\n";
+  y += "optimizer:\n  type: " + c["optimizer"].get<std::string>() + "\n  impl: for-loop\n";
   y += "step:\n  kind: train\n  warmup_steps: 1\n";
   return y + "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
 }
@@ -104,7 +107,7 @@ TEST_CASE("QLoRA on MoE models matches real PyTorch training steps (CPU fixtures
   for (const auto& entry : std::filesystem::directory_iterator(kDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() == 6);
+  REQUIRE(files.size() == 8);
   memsim_test::print_fixture_table_header();
   for (const auto& path : files) {
     const nlohmann::json fx = memsim_test::load_json(path);
@@ -125,6 +128,18 @@ TEST_CASE("QLoRA on MoE models matches real PyTorch training steps (CPU fixtures
     // records all three under matmul_4bit.
     CHECK(real_fw > 0);
     CHECK(sim_fw == real_fw / 2 * 3);
+    // In backward: MatMul4Bit's backward dequantises again for every 4-bit linear whose input
+    // needs a grad, and a checkpointed layer's recompute once more before that.
+    uint64_t real_bw = 0, sim_bw = 0;
+    for (const auto& ev : fx["events"])
+      if (ev[0] == "alloc" && ev[3] == "backward" && ev[1] == "empty") ++real_bw;
+    measured_sum(program, [&](const MemoryEvent& e) {
+      return e.phase == Phase::backward &&
+             (program.str(e.op) == "matmul_4bit" || program.str(e.op) == "MatMul4BitBackward");
+    }, &sim_bw);
+    CHECK(real_bw > 0);
+    CHECK(sim_bw == real_bw / 2 * 3);
+    if (fx["config"].value("checkpoint", std::string("none")) == "full") CHECK(real_bw > real_fw);
   }
 }
 
