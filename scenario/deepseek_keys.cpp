@@ -34,10 +34,10 @@ void check_deepseek_lora(const Doc& d, const Scenario& s, const std::string& at)
       why = "this config's q_lora_rank is null: the query is q_proj";
     if (!why.empty()) fail(targets_at, "lora.targets", "'" + t + "': " + why);
   }
-  if (s.lora.base_nf4)
-    fail(where_of(d, "lora.base_dtype", targets_at), "lora.base_dtype",
-         "QLoRA on DeepSeek is not modelled (whether bitsandbytes quantizes the 3-D expert "
-         "weights under transformers 5.x is not checked)");
+  // QLoRA (lora.base_dtype nf4): the latent attention's projections, the dense layers' MLP
+  // and the shared experts are nn.Linear, so bitsandbytes makes them Linear4bit; the router
+  // (a bare weight) and the 3-D routed experts stay in precision.params (docs/deepseek.md
+  // "QLoRA").
   // lora.target_parameters (PEFT's ParamWrapper on the routed experts) is read and checked
   // by scenario/lora_target_parameters_key.h, as for the other MoE rows.
 }

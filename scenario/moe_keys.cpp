@@ -270,10 +270,10 @@ void check_moe(const Doc& d, const Scenario& s) {
            "exist only in dense layers and shared experts; the routed experts are 3-D parameters "
            "that PEFT's target_modules cannot wrap: use lora.target_parameters, PEFT >= 0.17's "
            "target_parameters)");
-    if (s.lora.base_nf4)
-      fail(d.find("lora.base_dtype") ? d.find("lora.base_dtype")->where : at, "lora.base_dtype",
-           "QLoRA on a mixture-of-experts model is not modelled (whether bitsandbytes quantizes "
-           "the 3-D expert weights under transformers 5.x is not checked)");
+    // QLoRA (lora.base_dtype nf4) is modelled: transformers 5.x's replace_with_bnb_linear
+    // swaps nn.Linear modules only, so attention, dense MLPs, the shared expert and its gate
+    // are Linear4bit while the router and the 3-D routed experts stay in precision.params
+    // (docs/moe.md "QLoRA on a mixture-of-experts model").
   }
   if (s.model.arch.impl != graph::ModelImpl::hf)
     fail(d.find("model.implementation") ? d.find("model.implementation")->where : moe_at,

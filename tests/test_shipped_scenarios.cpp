@@ -96,7 +96,7 @@ const std::map<std::string, Claim>& claims() {
       // ... wrapped in torch DDP on 8 GPUs: + the adapters' 32 MiB of buckets.
       {"llama2-7b-lora-ddp-8xa100.yaml", {true, std::nullopt, 58.73}},
       // QLoRA NF4 r64 all-linear, full (non-reentrant) checkpointing, 1 x 512 tokens.
-      {"llama2-7b-qlora-rtx4090.yaml", {true, std::nullopt, 6.71}},
+      {"llama2-7b-qlora-rtx4090.yaml", {true, std::nullopt, 6.70}},
       // step.kind generate (issue #17): 8 x (3968 + 128) tokens, DynamicCache; the peak is
       // the prefill's eager attention scores in the last layer.
       {"llama2-7b-generate-a100.yaml", {true, std::nullopt, 66.82}},
@@ -153,6 +153,9 @@ const std::map<std::string, Claim>& claims() {
       // PEFT target_parameters on the routed experts: 47 layers' merged W + delta alive in
       // layer 47's forward (docs/moe.md "LoRA on the routed experts").
       {"qwen3-30b-a3b-lora-experts-h200.yaml", {true, std::nullopt, 131.65}},
+      // QLoRA (NF4) on attention: the 3-D experts stay bf16 (transformers 5.x quantizes
+      // nn.Linear modules only); the peak is the loss's backward (docs/moe.md "QLoRA").
+      {"qwen3-30b-a3b-qlora-h200.yaml", {true, std::nullopt, 60.28}},
       // ... over FSDP2 on 8 H100s with full checkpointing: every rank still builds each layer's
       // merged weights on the all-gathered experts; the peak is the loss's backward.
       {"qwen3-30b-a3b-lora-experts-fsdp2-8xh100.yaml", {true, std::nullopt, 18.18}},
@@ -161,6 +164,8 @@ const std::map<std::string, Claim>& claims() {
       {"olmoe-1b-7b-hf-trainer-bf16-h200.yaml", {true, std::nullopt, 105.09}},
       // DeepSeek-V2-Lite (docs/deepseek.md) over FSDP on 8 GPUs: the recomputed eager attention.
       {"deepseek-v2-lite-fsdp-8xh100.yaml", {true, std::nullopt, 23.75}},
+      // QLoRA on the latent attention, one H100: the bf16 routed experts are 26.81 GiB of it.
+      {"deepseek-v2-lite-qlora-h100.yaml", {true, std::nullopt, 34.13}},
       // ... with fp32 parameters under HF Trainer's bf16 autocast: the eager experts'
       // SelectBackward0 zeros of the fp32 gate_up_proj in layer 2's backward.
       {"deepseek-v2-lite-fsdp-autocast-8xh100.yaml", {true, std::nullopt, 43.26}},

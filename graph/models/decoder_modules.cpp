@@ -62,6 +62,10 @@ Tensor DecoderModel::project(const Tensor& x, const LayerParams& p, const Proj& 
   // torchtune's LoRALinear and LitGPT's (litgpt/lora.py: `(x @ A.T @ B.T) * scaling`,
   // then `pretrained + lora`) allocate and save the same, in the same order.
   if (tune() || litgpt()) return lora_.tune_adapter_path(x, std::move(base), p.ad[pr.lora], pr.in, pr.out);
+  // QLoRA: PEFT wraps a bitsandbytes Linear4bit in lora.bnb.Linear4bit, whose forward clones
+  // the base output and casts the adapter output back before the add (graph/models/lora.h).
+  if (lora_.quantized())
+    return lora_.add_adapter_path_4bit(x, std::move(base), p.ad[pr.lora], pr.in, pr.out, linear_input_);
   return lora_.add_adapter_path(x, std::move(base), p.ad[pr.lora], pr.in, pr.out, linear_input_);
 }
 

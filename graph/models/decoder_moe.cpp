@@ -32,6 +32,10 @@
 // experts themselves (PEFT's target_parameters, lora.target_parameters): the eager loop runs
 // under the ParamWrappers of graph/models/moe_param_lora.h (their deltas first, the merged
 // weights read through them, the wrappers' exits after the loop's locals die).
+// QLoRA (lora.base_dtype nf4): the shared expert and its gate go through add_proj, so they are
+// bitsandbytes Linear4bit; the router and the 3-D experts are plain parameters in the model
+// dtype, as transformers 5.x's replace_with_bnb_linear (nn.Linear modules only) leaves them
+// (docs/moe.md "QLoRA on a mixture-of-experts model").
 #include <algorithm>
 #include <string>
 

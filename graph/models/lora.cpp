@@ -98,4 +98,40 @@ Tensor LoraModules::add_adapter_path(const Tensor& x, Tensor result, const LoraA
   return sum;
 }
 
+// PEFT 5d602fdb src/peft/tuners/lora/bnb.py, Linear4bit.forward (outside autocast, vanilla
+// LoRA, one adapter):
+//   result = self.base_layer(x); result = result.clone()
+//   x = self._cast_input_dtype(x, lora_A.weight.dtype)      # a copy when the dtypes differ
+//   output = lora_B(lora_A(dropout(x))) * scaling
+//   output = output.to(expected_dtype)                      # a copy when the dtypes differ
+//   result = result + output
+// CloneBackward0 and the add's backward save nothing; the casts' backward is a cast of the
+// grad (ToCopyBackward0, as in add_adapter_path).
+Tensor LoraModules::add_adapter_path_4bit(const Tensor& x, Tensor result, const LoraAdapter& ad,
+                                          uint64_t in, uint64_t out, LinearInput input) {
+  if (!ad.defined()) return result;
+  const uint64_t rows = s_.rows(), r = static_cast<uint64_t>(s_.lora.rank);
+  const uint64_t a = s_.lora.adapter_elem, e = s_.elem;
+  {
+    Tensor c = clone(rt_, result);
+    result = std::move(c);  // the base output dies here (MatMul4Bit saved nothing of it)
+  }
+  Tensor xa = a == e ? x : to_copy(rt_, x, x.bytes / e * a);
+  Tensor sum;
+  {
+    Tensor xd = s_.lora.dropout > 0.0 ? native_dropout(rt_, xa, a) : xa;
+    const LinearInput a_input = a == e && s_.lora.dropout <= 0.0 ? input : LinearInput::folded;
+    Tensor h = mm_linear(rt_, xd, rt_.param(ad.a), rows * r * a, 2.0 * rows * in * r, a_input);
+    xd.reset();
+    Tensor y = mm_linear(rt_, h, rt_.param(ad.b), rows * out * a, 2.0 * rows * r * out);
+    h.reset();
+    Tensor ys = mul_scalar(rt_, y);  // * scaling, in the adapters' dtype
+    y.reset();
+    if (a != e) ys = to_copy(rt_, ys, rows * out * e);  // output.to(expected_dtype)
+    sum = add(rt_, result, ys);
+  }
+  result.reset();
+  return sum;
+}
+
 }  // namespace memsim::graph

@@ -19,7 +19,17 @@
 //    an fp32 absmax per 256 of those blocks, an fp32 offset (0-d) and the 16-entry fp32
 //    NF4 code per weight, and the 256-entry fp32 dynamic map shared by all weights.
 //    Embeddings, norms and lm_head stay in precision.params (transformers keeps lm_head
-//    unquantised). Forward and backward dequantise per call (graph/ops/ops_lora.h).
+//    unquantised), and so do parameters that are not nn.Linear weights: transformers 5.x's
+//    replace_with_bnb_linear swaps nn.Linear / Conv1D modules only, so a mixture-of-experts
+//    model's routers and 3-D routed experts stay in precision.params (docs/moe.md "QLoRA").
+//    Forward and backward dequantise per call (graph/ops/ops_lora.h); the compute dtype
+//    (bnb_4bit_compute_dtype) is precision.params.
+//  - PEFT's adapter on a Linear4bit is lora.bnb.Linear4bit (PEFT 5d602fdb, 0.20.1.dev0,
+//    src/peft/tuners/lora/bnb.py), whose forward differs from Linear's: the base output is
+//    cloned first ("defensively", the base output then dies), x goes to the adapters'
+//    dtype, the adapter path's scaled output is cast back to the base result's dtype
+//    before the add (a copy when they differ), and the add is in the base dtype
+//    (add_adapter_path_4bit).
 // Not modelled: the transients of quantising at load time (an fp16 copy per weight on
 // the GPU before training starts), prepare_model_for_kbit_training's fp32 upcast of the
 // non-quantised parameters, the engine's dtype cast of the add's grad when the adapter
@@ -106,6 +116,10 @@ class LoraModules {
   // x itself (no dropout, no dtype copy).
   Tensor add_adapter_path(const Tensor& x, Tensor result, const LoraAdapter& ad, uint64_t in,
                           uint64_t out, LinearInput input = LinearInput::folded);
+  // lora.bnb.Linear4bit.forward's adapter path (QLoRA): `result = result.clone()`, then
+  // lora_B(lora_A(dropout(x.to(A dtype)))) * scaling, .to(result dtype), result + that.
+  Tensor add_adapter_path_4bit(const Tensor& x, Tensor result, const LoraAdapter& ad, uint64_t in,
+                               uint64_t out, LinearInput input = LinearInput::folded);
   // The same inside a torch.autocast region over fp32 adapters (graph/models/lora_autocast.cpp):
   // `result` is the base layer's low-precision output, x the layer's input (fp32 or low).
   Tensor add_adapter_path_autocast(Autocast& ac, const Tensor& x, Tensor result,
