@@ -196,7 +196,7 @@ TEST_CASE("no setup_cache warning where the GPU-built cache is reused", "[reserv
   CHECK(warning_of(j, "setup_cache") == nullptr);
 }
 
-TEST_CASE("--advise tries building the model on the meta device / CPU for FSDP built on the GPU",
+TEST_CASE("run --advise tries building the model on the meta device / CPU for FSDP built on the GPU",
           "[reserved][advise]") {
   auto has_cpu_init = [](const Scenario& s) {
     for (const AdviceCandidate& c : advice_candidates(s))
