@@ -77,6 +77,14 @@ std::vector<AdviceCandidate> advice_candidates(const Scenario& s) {
     out.push_back({"expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)",
                    {{"allocator.expandable_segments", "true"}}});
 
+  // FSDP / FSDP2 over a model built whole on the GPU: its freed segments stay reserved
+  // (docs/moe.md "Reserved much larger than allocated"); built on the meta device or the
+  // CPU only the shards are allocated.
+  if ((s.parallel.sharding == Sharding::fsdp || s.parallel.sharding == Sharding::fsdp2) &&
+      !s.parallel.fsdp_init_on_cpu)
+    out.push_back({"build the model on the meta device or the CPU before sharding",
+                   {{"parallel.fsdp_init", "cpu"}}});
+
   // Offload.
   if (has_backward(s))
     out.push_back({"offload saved activations to the host", {{"checkpoint.offload_activations", "true"}}});

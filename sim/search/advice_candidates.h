@@ -13,6 +13,8 @@
 //   - loss (hf-* families, a step with a loss): torchtune's `chunked:8` (the N its
 //     recipes use) and Liger's fused linear cross-entropy;
 //   - `allocator.expandable_segments: true`;
+//   - FSDP / FSDP2 built on the GPU: `parallel.fsdp_init: cpu` (the setup's cached
+//     segments, tools/cli/setup_cache_report.h);
 //   - offload: saved activations to the host (`checkpoint.offload_activations`), FSDP's
 //     CPUOffload with FSDP / FSDP2, DeepSpeed's `offload_optimizer: cpu` with ZeRO 2/3;
 //   - more GPUs with sharding: `parallel.data` x2, x4, x8 with the scenario's sharding

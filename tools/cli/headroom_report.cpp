@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "allocator/units.h"
+#include "tools/cli/setup_cache_report.h"
 
 namespace memsim::cli {
 
@@ -14,8 +15,13 @@ RunHeadroom run_headroom_known(const Scenario& scenario, const MemoryStats& fina
   h.usable = allocator_limit(scenario.device, scenario.allocator);
   h.cuda_context = scenario.device.cuda_context;
   h.fraction_limited = scenario.allocator.memory_fraction.has_value();
-  if (analysis.fits()) h.warnings = fits_warnings(analysis, final_stats, h.usable);
-  else h.needed = needed;
+  if (analysis.fits()) {
+    h.warnings = fits_warnings(analysis, final_stats, h.usable);
+    // FSDP built on the GPU: the setup's cached segments (one or two more simulations).
+    if (std::optional<FitsWarning> w = setup_cache_warning(scenario, analysis)) h.warnings.push_back(*w);
+  } else {
+    h.needed = needed;
+  }
   return h;
 }
 

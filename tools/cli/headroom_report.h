@@ -9,7 +9,8 @@
 //   oom.needed_capacity_bytes  needed + cuda_context: a device.capacity with which the
 //                       run fits (null with allocator.memory_fraction)
 //   warnings            [{kind, message}]: always present, empty for an OOM or a run with
-//                       room to spare; kind "cache_flush" or "near_capacity"
+//                       room to spare; kind "cache_flush", "near_capacity" or
+//                       "setup_cache" (tools/cli/setup_cache_report.h)
 // The exit status does not change: 0 for FITS with or without warnings, 3 for an OOM.
 #pragma once
 
