@@ -541,7 +541,7 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
     if (backward_block_ != 0 && g != backward_block_) {
       const size_t done = backward_block_;
       backward_block_ = 0;
-      if (done > 1 || first_input_grad_) group_post_backward(rt, done);
+      if (done > 1 || first_input_grad_) deferred_post_backward(rt, done);
     }
     if (g == 0 || (g == out_group_ && out_per_call) || groups_[g].backward_done) return;
     if (!backward_started_) root_pre_backward(rt);
@@ -608,6 +608,18 @@ void Fsdp2::grad_ready(Runtime& rt, int32_t param) {
   const bool at_input = group >= 1 && group <= blocks_;
   if (!at_input && !gr.post_backward_in_callback && !gr.backward_done && gr.ready == gr.trainable)
     group_post_backward(rt, group);
+}
+
+void Fsdp2::deferred_post_backward(Runtime& rt, size_t g) {
+  // Emitted from the next group's first allocation (or the final callback): the events are
+  // block g's (its layer in the reports), as at its AccumulateGrad before.
+  Program& program = rt.program();
+  program.hold();  // the tail stays editable
+  const size_t first = program.events.size();
+  group_post_backward(rt, g);
+  for (size_t e = first; e < program.events.size(); ++e)
+    program.events[e].layer = static_cast<int32_t>(g) - 1;
+  program.unhold();
 }
 
 void Fsdp2::group_post_backward(Runtime& rt, size_t g) {
@@ -729,7 +741,7 @@ void Fsdp2::post_backward(Runtime& rt) {
   if (backward_block_ != 0) {
     const size_t done = backward_block_;
     backward_block_ = 0;
-    if (done > 1 || first_input_grad_) group_post_backward(rt, done);
+    if (done > 1 || first_input_grad_) deferred_post_backward(rt, done);
   }
   // _root_post_backward_final_callback: all states, the root first.
   for (size_t g : state_order_) {

@@ -276,6 +276,8 @@ class Fsdp2 : public graph::RuntimeHooks {
   void pre_backward(graph::Runtime& rt, size_t g);
   void root_pre_backward(graph::Runtime& rt);
   void group_post_backward(graph::Runtime& rt, size_t g);
+  // Block g's post-backward at its input's gradient, its events labelled with its layer.
+  void deferred_post_backward(graph::Runtime& rt, size_t g);
   uint32_t alloc(graph::Runtime& rt, uint64_t bytes, TensorKind kind, uint8_t stream,
                  uint32_t name);
 
