@@ -735,13 +735,15 @@ void Fsdp2::post_optimizer_step(Runtime& rt) {
 }
 
 void Fsdp2::post_backward(Runtime& rt) {
-  // The last block's RegisterPostBackwardFunction ran when its input's gradient was
-  // complete, with nothing allocated since (a frozen embedding whose output PEFT's hook made
-  // require grad): before the final callback. Without a grad at the input, block 0 has none.
+  // The last block whose backward ran, with nothing allocated in another group since: its
+  // input's gradient stopped there. Only block 0's input can then require grad (a frozen
+  // embedding whose output PEFT's hook made a leaf that requires grad): its
+  // RegisterPostBackwardFunction ran before the final callback. Any other block's input
+  // needed no grad (nothing below it is trainable): no post-backward before the callback.
   if (backward_block_ != 0) {
     const size_t done = backward_block_;
     backward_block_ = 0;
-    if (done > 1 || first_input_grad_) deferred_post_backward(rt, done);
+    if (done == 1 && first_input_grad_) deferred_post_backward(rt, done);
   }
   // _root_post_backward_final_callback: all states, the root first.
   for (size_t g : state_order_) {
