@@ -7,6 +7,7 @@
 
 #include "graph/ops/float8_cast.h"
 #include "scenario/fsdp_precision.h"
+#include "scenario/peft_input_grads_key.h"
 #include "sim/parallel/fsdp2_layout.h"
 #include "sim/parallel/wrap_units.h"
 #include "sim/step/loss_placement.h"
@@ -37,7 +38,6 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   root_reshards_ = layout.root_reshards;
   tune_load_ = layout.torchtune_load;
   lora_to_empty_ = layout.lora_to_empty;
-  post_backward_at_input_ = layout.post_backward_at_input;
   norm_with_output_ = layout.norm_with_output;
   output_keeps_ = layout.output_keeps_after_forward;
   if (tune_load_) meta_init_ = true;  // torchtune builds on the meta device
@@ -117,10 +117,19 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     param_of_orig_[i] = static_cast<int32_t>(params_.size());
     params_.push_back(p);
   }
-  // Block 0's input is tok_embeddings' output: it requires grad only when the embedding
-  // is trainable (not under LoRA), else block 0 registers no RegisterPostBackwardFunction.
-  for (const Param& p : params_)
-    if (p.trainable && rt.param_name(p.orig).rfind("tok_embeddings.", 0) == 0) embedding_trainable_ = true;
+  // Block 0's input is the embedding's output: it requires grad only when an embedding
+  // parameter is trainable (full fine-tuning; not under LoRA) or PEFT's
+  // enable_input_require_grads hook makes it (graph/models/decoder.cpp requires_grad_),
+  // else block 0 registers no RegisterPostBackwardFunction. An embedding parameter was
+  // created in Module::embedding (torchtune's tok_embeddings also by name).
+  first_input_grad_ = lora_input_require_grads(s);
+  for (const Param& p : params_) {
+    if (!p.trainable) continue;
+    const uint32_t storage = rt.parameters()[p.orig].storage;
+    if (static_cast<graph::Module>(program.tensors[storage].module) == graph::Module::embedding ||
+        rt.param_name(p.orig).rfind("tok_embeddings.", 0) == 0)
+      first_input_grad_ = true;
+  }
   if (s.precision.float8_all_gather && n_float8_ == 0)
     throw std::logic_error("FSDP2 float8 all-gather: the blocks have no matrices to convert");
   precompute_scale_ = s.precision.float8_precompute_scale;
@@ -526,23 +535,18 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
       if (out_group_ != 0 && g == out_group_) pre_backward(rt, out_group_);
       root_pre_backward(rt);
     }
-    // RegisterPostBackwardFunction (post_backward_at_input_): the block whose backward ran
-    // has its post-backward once its input's gradient is complete, i.e. before the first
-    // allocation of the next module (the block below, its recompute, the embedding).
-    if (post_backward_at_input_ && backward_block_ != 0 && g != backward_block_) {
+    // RegisterPostBackwardFunction: the block whose backward ran has its post-backward once
+    // its input's gradient is complete, i.e. before the first allocation of another group
+    // (the block below, its recompute, the embedding).
+    if (backward_block_ != 0 && g != backward_block_) {
       const size_t done = backward_block_;
       backward_block_ = 0;
-      if (done > 1 || embedding_trainable_) group_post_backward(rt, done);
+      if (done > 1 || first_input_grad_) deferred_post_backward(rt, done);
     }
     if (g == 0 || (g == out_group_ && out_per_call) || groups_[g].backward_done) return;
     if (!backward_started_) root_pre_backward(rt);
-    // The block above without trainable parameters had its post-backward when the
-    // gradient reached its input, i.e. before this block's first backward op.
-    if (g < blocks_ && groups_[g + 1].trainable == 0 && !groups_[g + 1].backward_done &&
-        groups_[g + 1].pre_backward_done)
-      group_post_backward(rt, g + 1);
     pre_backward(rt, g);
-    if (post_backward_at_input_ && g >= 1 && g <= blocks_) backward_block_ = g;
+    if (g >= 1 && g <= blocks_) backward_block_ = g;
   }
 }
 
@@ -600,10 +604,22 @@ void Fsdp2::grad_ready(Runtime& rt, int32_t param) {
   }
   Group& gr = groups_[group];
   if (group == out_group_) out_post_backward_pending_ = false;  // this call's, with the grad
-  // (post_backward_at_input_: a block's post-backward waits for its input's gradient.)
-  const bool at_input = post_backward_at_input_ && group >= 1 && group <= blocks_;
+  // (A block's post-backward waits for its input's gradient: layer_entered.)
+  const bool at_input = group >= 1 && group <= blocks_;
   if (!at_input && !gr.post_backward_in_callback && !gr.backward_done && gr.ready == gr.trainable)
     group_post_backward(rt, group);
+}
+
+void Fsdp2::deferred_post_backward(Runtime& rt, size_t g) {
+  // Emitted from the next group's first allocation (or the final callback): the events are
+  // block g's (its layer in the reports), as at its AccumulateGrad before.
+  Program& program = rt.program();
+  program.hold();  // the tail stays editable
+  const size_t first = program.events.size();
+  group_post_backward(rt, g);
+  for (size_t e = first; e < program.events.size(); ++e)
+    program.events[e].layer = static_cast<int32_t>(g) - 1;
+  program.unhold();
 }
 
 void Fsdp2::group_post_backward(Runtime& rt, size_t g) {
@@ -719,6 +735,16 @@ void Fsdp2::post_optimizer_step(Runtime& rt) {
 }
 
 void Fsdp2::post_backward(Runtime& rt) {
+  // The last block whose backward ran, with nothing allocated in another group since: its
+  // input's gradient stopped there. Only block 0's input can then require grad (a frozen
+  // embedding whose output PEFT's hook made a leaf that requires grad): its
+  // RegisterPostBackwardFunction ran before the final callback. Any other block's input
+  // needed no grad (nothing below it is trainable): no post-backward before the callback.
+  if (backward_block_ != 0) {
+    const size_t done = backward_block_;
+    backward_block_ = 0;
+    if (done == 1 && first_input_grad_) deferred_post_backward(rt, done);
+  }
   // _root_post_backward_final_callback: all states, the root first.
   for (size_t g : state_order_) {
     group_post_backward(rt, g);  // a no-op for the groups whose post-backward ran

@@ -49,8 +49,7 @@
 //    (sim/step/loss_placement.h: HF Trainer's compute_loss, Liger's forward), whose
 //    post-forward (all_gather_state freed) then also comes after the loss. Each block's
 //    pre-backward (its first backward allocation) copies out and prefetches the previous
-//    block. Post-backward (every
-//    trainable parameter of the block has its gradient): reshard, free the previous
+//    block. Post-backward: reshard, free the previous
 //    group's reduce-scatter input (reduce_scatter_states), then foreach_reduce: the
 //    reduce-scatter input (sum of padded full x r, default stream; a narrowing cast
 //    first copies into a grad-dtype buffer of the same numel), the unsharded gradients
@@ -60,6 +59,21 @@
 //    shard's .grad views that one output (accumulated into under grad_accum); offload:
 //    the gradient is copied to the CPU and nothing stays on the GPU. The input stays
 //    until the next group's post-backward or the final callback.
+//  - When a block's post-backward runs (every layout): FSDP2 has no AccumulateGrad hook;
+//    FSDPParamGroup.pre_forward wraps the block's inputs that require grad in
+//    RegisterPostBackwardFunction, whose backward calls post_backward once the gradient of
+//    the block's input is complete (torch 010ae4a8 _fully_shard/_fsdp_param_group.py
+//    _register_post_backward_hook, RegisterPostBackwardFunction.backward; the same in
+//    2.11). That is after the block's whole backward (for an HF or torchtune block, its
+//    input norm's backward and the residual sum), so memsim emits it before the first
+//    allocation of another group (the block below, its checkpoint re-run, the embedding),
+//    not at the block's last AccumulateGrad: under LoRA the frozen projections' and norms'
+//    backward lies between the two. Block 0's input is the embedding's output: it requires
+//    grad only when an embedding parameter is trainable or PEFT's
+//    enable_input_require_grads hook is on (lora.input_require_grads); else block 0 has no
+//    post-backward before the final callback, which runs the root's first. When it does and
+//    nothing allocates after it (a frozen embedding under the hook), it runs before the
+//    final callback's.
 //  - The final callback (loss.backward() returns): post-backward of the groups that
 //    had none (the root first), HSDP buffers freed, the last reduce-scatter input freed.
 //  - Autocast (precision.autocast, fp32 parameters, no mixed precision): nothing here
@@ -117,10 +131,8 @@
 //    built on the meta device; load_from_full_model_state_dict then copies each full
 //    parameter to the GPU, takes rank 0's chunk (distribute_tensor's scatter output) and
 //    drops the full copy, in state-dict order; cleanup_before_training empties the cache.
-//    A block's post-backward runs when its input's gradient is complete
-//    (RegisterPostBackwardFunction): at the first allocation in another group (the block
-//    below, its recompute, the embedding) after the block's backward, not at its last
-//    AccumulateGrad; block 0's only in the final callback when tok_embeddings is frozen.
+//    Block 0's post-backward is only the final callback's when tok_embeddings is frozen
+//    (the rule for every layout, above).
 //    LoRA (lora_finetune_distributed): the adapters' shards are allocated (to_empty) before
 //    the base load, which skips them (none with cpu offload: lora_device cpu). A frozen
 //    output's calls are seen at its matmul nodes (graph Node::param names the frozen weight:
@@ -264,6 +276,8 @@ class Fsdp2 : public graph::RuntimeHooks {
   void pre_backward(graph::Runtime& rt, size_t g);
   void root_pre_backward(graph::Runtime& rt);
   void group_post_backward(graph::Runtime& rt, size_t g);
+  // Block g's post-backward at its input's gradient, its events labelled with its layer.
+  void deferred_post_backward(graph::Runtime& rt, size_t g);
   uint32_t alloc(graph::Runtime& rt, uint64_t bytes, TensorKind kind, uint8_t stream,
                  uint32_t name);
 
@@ -303,10 +317,10 @@ class Fsdp2 : public graph::RuntimeHooks {
   bool tune_load_ = false;        // load_from_full_model_state_dict, cleanup_before_training
   bool lora_to_empty_ = false;    // lora_finetune_distributed: adapters to_empty before the load
   // A block's post-backward at its input's gradient (RegisterPostBackwardFunction), not at
-  // its last AccumulateGrad; block 0's only when tok_embeddings is trainable.
-  bool post_backward_at_input_ = false;
-  bool embedding_trainable_ = false;
-  size_t backward_block_ = 0;     // the block whose backward runs (post_backward_at_input_)
+  // its last AccumulateGrad. Block 0's input (the embedding's output) requires grad: an
+  // embedding parameter is trainable, or PEFT's enable_input_require_grads hook.
+  bool first_input_grad_ = false;
+  size_t backward_block_ = 0;     // the block whose backward runs, its post-backward pending
   // torchtitan's layout: the final norm in the output's group, kept gathered after forward.
   bool norm_with_output_ = false;
   bool output_keeps_ = false;

@@ -26,10 +26,8 @@
 // lora_finetune_distributed (lora.rank > 0) shards the same way; its configs give no
 // custom_sharded_layers (the root keeps tok_embeddings and output), the adapters come from
 // LoRALinear.to_empty before the base load, and every base weight is frozen.
-// FSDP2's post-backward (torch 010ae4a8 _fsdp_param_group.py RegisterPostBackwardFunction,
-// applied in pre_forward to the inputs that require grad) runs once a block's input
-// gradient is complete; under torchtune's frozen norms that is after the input norm's
-// backward, and block 0 (tok_embeddings frozen) has none before the final callback.
+// When a block's post-backward runs is not a layout question: sim/parallel/fsdp2.h (every
+// layout: once the block's input gradient is complete, RegisterPostBackwardFunction).
 #pragma once
 
 #include "scenario/scenario.h"
@@ -56,11 +54,6 @@ struct Fsdp2Layout {
   // lines 479-511): each LoRALinear's to_empty gives the adapters their shards after
   // shard_model, before the base state dict (which has no adapter) loads.
   bool lora_to_empty = false;
-  // torchtune: a block's post-backward runs from RegisterPostBackwardFunction, once the
-  // gradient of its input is complete (after the input norm's backward), rather than at its
-  // last AccumulateGrad; block 0's input needs no grad when tok_embeddings is frozen (LoRA),
-  // so its post-backward is the final callback's.
-  bool post_backward_at_input = false;
 };
 
 inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
@@ -79,7 +72,6 @@ inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
   l.root_reshards = s.parallel.reshard_after_forward;
   l.torchtune_load = true;
   l.lora_to_empty = s.lora.rank > 0;
-  l.post_backward_at_input = true;
   return l;
 }
 
