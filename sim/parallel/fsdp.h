@@ -14,6 +14,11 @@
 //    unit's parameters padded to a multiple of d (a full-size allocation), the original
 //    parameter storages freed, this rank's shard cloned (padded / d elements: a new
 //    parameter the optimizer sees), the full flat parameter freed.
+//  - parallel.fsdp_sync_module_states (FSDP(sync_module_states=True), HF Trainer's default):
+//    per unit, after its move to the GPU and before flattening, the unit's buffers (the
+//    model's live non-parameter construction allocations, by layer; the root takes the
+//    rest) and parameters are broadcast in torch's buckets: the flat tensors of
+//    sim/parallel/fsdp_sync_states.h allocated and freed there (setup events only).
 //  - Lazy init (the first forward, before anything is gathered): per unit, root first,
 //    the padded unsharded buffer is made with torch.zeros and its storage freed at once
 //    (init_flat_param_attributes; MixedPrecision: also _mp_shard and the full-precision
