@@ -46,8 +46,9 @@ std::string text(const std::string& precision, const std::string& parallel, cons
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
   return y;
 }
-Scenario worked(const std::string& precision, const std::string& parallel, const std::string& extra = "") {
-  return load_scenario_text(text(precision, parallel, extra), "fsdp1acc.yaml");
+Scenario worked(const std::string& precision, const std::string& parallel, const std::string& extra = "",
+                const std::string& version = "  transformers: 5\n") {
+  return load_scenario_text(text(precision, parallel, extra, version), "fsdp1acc.yaml");
 }
 
 const std::string kAutocast = "  autocast: bf16\n";
@@ -257,6 +258,14 @@ TEST_CASE("FSDP1 sync_module_states: each unit's buffers and parameters broadcas
   CHECK(buckets == std::vector<std::pair<EventType, uint64_t>>{{EventType::alloc, blk}, {EventType::free, blk},
                                                               {EventType::alloc, blk}, {EventType::free, blk},
                                                               {EventType::alloc, root}, {EventType::free, root}});
+  // Mistral v4.45 has a rotary module (and its inv_freq buffer) in every attention: each
+  // block's bucket starts with its own buffer, the root has none.
+  const std::vector<Ev> mev = events(
+      build_program(worked("", kMp + "  fsdp_sync_module_states: true\n", "", "  architecture: mistral\n")), "");
+  std::vector<uint64_t> mbuckets;
+  for (const Ev& e : mev)
+    if (e.type == EventType::alloc && has(e.name, "sync_module_states broadcast bucket")) mbuckets.push_back(e.bytes);
+  CHECK(mbuckets == std::vector<uint64_t>{blk + 128, blk + 128, root - 128});
   // Without the key: no broadcast.
   for (const Ev& e : events(build_program(worked("", kMp)), "")) CHECK_FALSE(has(e.name, "sync_module_states"));
 }
