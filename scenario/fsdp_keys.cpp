@@ -18,6 +18,39 @@ const std::vector<std::pair<std::string, Sharding>> kSharding = {
 const std::vector<std::pair<std::string, bool>> kInit = {{"gpu", false}, {"cpu", true}};
 const std::vector<std::pair<std::string, std::optional<DType>>> kMixedPrecision = {
     {"none", std::nullopt}, {"bf16", DType::bf16}, {"fp16", DType::fp16}};
+// Accelerate's fsdp_backward_prefetch spellings (FSDP_BACKWARD_PREFETCH + NO_PREFETCH),
+// lower-cased; true = BACKWARD_PRE. BACKWARD_POST (prefetch from the post-backward hook,
+// after the reshard and before the reduce-scatter) is not modelled: refused below.
+const std::vector<std::pair<std::string, int>> kPrefetch = {
+    {"backward_pre", 1}, {"no_prefetch", 0}, {"backward_post", 2}};
+
+// parallel.fsdp_backward_prefetch: FSDP1 only (FSDP2 prefetches one group ahead itself).
+void read_backward_prefetch(const Doc& d, ParallelConfig& p) {
+  const Field* f = d.find("parallel.fsdp_backward_prefetch");
+  if (f == nullptr) return;
+  if (p.sharding != Sharding::fsdp)
+    fail(f->where, "parallel.fsdp_backward_prefetch",
+         "only applies with parallel.sharding: fsdp (FSDP1's backward_prefetch; FSDP2 "
+         "always prefetches one group ahead)");
+  const int v = read_enum(*f, "parallel.fsdp_backward_prefetch", kPrefetch);
+  if (v == 2)
+    fail(f->where, "parallel.fsdp_backward_prefetch",
+         "backward_post (BackwardPrefetch.BACKWARD_POST: the next unit gathered from the "
+         "post-backward hook) is not modelled; modelled: backward_pre (torch's default) and "
+         "no_prefetch (HF Trainer's default)");
+  p.fsdp_backward_prefetch = v == 1;
+}
+
+// parallel.fsdp_sync_module_states: FSDP1's sync_module_states (FSDP2 has none).
+void read_sync_module_states(const Doc& d, ParallelConfig& p) {
+  const Field* f = d.find("parallel.fsdp_sync_module_states");
+  if (f == nullptr) return;
+  if (p.sharding != Sharding::fsdp)
+    fail(f->where, "parallel.fsdp_sync_module_states",
+         "only applies with parallel.sharding: fsdp (FSDP1's sync_module_states; FSDP2 has "
+         "none)");
+  p.fsdp_sync_module_states = read_bool(*f, "parallel.fsdp_sync_module_states");
+}
 }  // namespace
 
 void read_sharding(const Doc& d, ParallelConfig& p) {
@@ -27,6 +60,8 @@ void read_sharding(const Doc& d, ParallelConfig& p) {
     p.sharding = read_enum(*f, "parallel.sharding", kSharding);
   // fully_shard reads its own keys; theirs are refused elsewhere (scenario/fsdp2_keys.h).
   read_fsdp_lora_keys(d, p);  // parallel.fsdp_wrap, parallel.use_orig_params (FSDP1 only)
+  read_backward_prefetch(d, p);  // parallel.fsdp_backward_prefetch (FSDP1 only)
+  read_sync_module_states(d, p);  // parallel.fsdp_sync_module_states (FSDP1 only)
   if (p.sharding == Sharding::fsdp2) return read_fsdp2(d, p);
   reject_fsdp2_keys(d, p);
   const Field* reshard = d.find("parallel.reshard_after_forward");

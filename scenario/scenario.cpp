@@ -149,6 +149,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                     "context", "context_rotate" /* scenario/context_parallel_keys.cpp */,
                     "expert", "expert_tensor" /* Megatron MoE: scenario/megatron_moe_keys.cpp */,
                     "fsdp_wrap", "use_orig_params" /* FSDP1 + LoRA: scenario/fsdp_lora_keys.cpp */,
+                    "fsdp_backward_prefetch", "fsdp_sync_module_states" /* FSDP1: scenario/fsdp_keys.cpp */,
                     "custom_sharded_layers" /* torchtune + FSDP2: scenario/torchtune_keys.cpp */}},
       {"deepspeed", {"config", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients",
                      "overlap_comm", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",

@@ -283,6 +283,14 @@ struct ParallelConfig {
   // trainable leaf Linear its own unit). parallel.use_orig_params: FSDP(use_orig_params=).
   FsdpWrap fsdp_wrap = FsdpWrap::block;
   bool use_orig_params = false;
+  // parallel.fsdp_backward_prefetch (FSDP1's backward_prefetch; scenario/fsdp_keys.cpp):
+  // true = BACKWARD_PRE (torch's default), false = None (NO_PREFETCH: HF Trainer's default,
+  // transformers' _process_fsdp_args). sim/parallel/fsdp.h.
+  bool fsdp_backward_prefetch = true;
+  // parallel.fsdp_sync_module_states: FSDP(sync_module_states=True): each unit's buffers and
+  // parameters are broadcast from rank 0 (in 250 MiB buckets) before it is flattened
+  // (HF Trainer's default; sim/parallel/fsdp.h).
+  bool fsdp_sync_module_states = false;
   // --- megatron, pipeline > 1: uneven splits (issue #15; scenario/pipeline_keys.h,
   // scenario/pipeline_split.h) ---------------------------------------------------------
   // parallel.pipeline_first_layers / pipeline_last_layers: Megatron's

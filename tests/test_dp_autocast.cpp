@@ -80,11 +80,14 @@ TEST_CASE("autocast + ZeRO-1: the DDP program with the partition's optimizer sta
   CHECK(state_z1 >= state_all / 4);
 }
 
-TEST_CASE("autocast with FSDP's MixedPrecision as well is refused by key", "[dp][autocast][fsdp]") {
-  // Autocast under plain FSDP is modelled (tests/test_fsdp_autocast.cpp).
+TEST_CASE("autocast with FSDP's MixedPrecision outside Accelerate's step is refused by key",
+          "[dp][autocast][fsdp]") {
+  // Autocast under plain FSDP is modelled (tests/test_fsdp_autocast.cpp); with FSDP's
+  // MixedPrecision as well only as Accelerate's FSDP1 bf16 path, in HF Trainer's step
+  // (tests/test_fsdp1_accelerate.cpp).
   CHECK_NOTHROW(build_program(tiny("hf-llama", 4, "  sharding: fsdp\n")));
   CHECK_THROWS_WITH(
       build_program(tiny("hf-llama", 4, "  sharding: fsdp\n  fsdp_mixed_precision: bf16\n")),
-      Catch::StartsWith("dp-autocast.yaml: precision.autocast: autocast together with "
-                        "parallel.fsdp_mixed_precision is not modelled"));
+      Catch::StartsWith("dp-autocast.yaml: step.keep_output: Accelerate's FSDP1 bf16 path is "
+                        "modelled for HF Trainer's step"));
 }

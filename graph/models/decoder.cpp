@@ -72,6 +72,20 @@ Tensor DecoderModel::add_inv_freq() {
   return inv_freq;
 }
 
+void DecoderModel::cast_rotary_buffers(uint64_t elem) {
+  const uint64_t n = s_.rotary_dim() / 2;
+  auto cast = [&](Tensor& buffer) {
+    if (!buffer.defined()) return;
+    Tensor low = rt_.alloc(n * elem, TensorKind::other, OpKind::to_copy);
+    rt_.program().tensors[low.storage].name = rt_.program().intern("rotary inv_freq in FSDP buffer_dtype");
+    buffer = std::move(low);  // `.data =`: the fp32 storage is freed
+  };
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) cast(it->inv_freq);
+  cast(inv_freq_);
+  cast(inv_freq_local_);
+  inv_freq_elem_ = elem;
+}
+
 void DecoderModel::construct() {
   const DecoderArch& a = arch();
   if (a.impl != ModelImpl::hf && rt_.numeric != nullptr)
@@ -457,6 +471,13 @@ void DecoderModel::rope_tables(bool scaled, Tensor& cos, Tensor& sin) {
   const uint64_t S = s_.seq * static_cast<uint64_t>(s_.pos_batch), rd = s_.rotary_dim();
   const bool was = rt_.grad_enabled;
   rt_.grad_enabled = false;
+  // `self.inv_freq[None, :, None].float()`: a view of an fp32 buffer, a new fp32 copy of
+  // a buffer FSDP's buffer_dtype made low-precision (cast_rotary_buffers).
+  Tensor inv_freq32;
+  if (inv_freq_elem_ != 4) {
+    inv_freq32 = new_tensor(rt_, rd / 2 * 4, OpKind::to_copy, TensorKind::temporary);
+    rt_.program().tensors[inv_freq32.storage].name = rt_.program().intern("rotary inv_freq.float()");
+  }
   Tensor pos = new_tensor(rt_, S * 4, OpKind::to_copy, TensorKind::temporary);
   Tensor freqs = new_tensor(rt_, rd / 2 * S * 4, OpKind::bmm, TensorKind::temporary);
   // inv_freq @ position_ids is a cuBLAS matmul: the step's first one, so it is where
@@ -490,6 +511,7 @@ void DecoderModel::rope_tables(bool scaled, Tensor& cos, Tensor& sin) {
     sin = std::move(sin32);
   }
   // The frame's locals die in declaration order (H100 trace).
+  inv_freq32.reset();
   pos.reset();
   freqs.reset();
   emb.reset();

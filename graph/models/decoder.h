@@ -93,6 +93,14 @@ class DecoderModel {
   const HfShape& shape() const { return s_; }
   // torch.autocast region owner (graph/autocast.h); nullptr = never.
   void set_autocast(Autocast* ac) { ac_ = ac; }
+  // FSDP1 MixedPrecision(buffer_dtype=...) at the root's lazy init (the caller's timing:
+  // pytorch/pytorch @00ae0bc9 torch/distributed/fsdp/_runtime_utils.py
+  // _cast_buffers_to_dtype_and_device, `buffer.data = buffer.to(dtype)`): every rotary
+  // inv_freq buffer gets a new `elem`-byte copy and its fp32 storage is freed, in
+  // _get_buffers_and_dtypes_for_computation's order (FSDP states bottom-up: the last
+  // layer's first, the root's last). From then on each rotary forward's
+  // `self.inv_freq[None, :, None].float()` is a new fp32 copy (rope_tables).
+  void cast_rotary_buffers(uint64_t elem);
 
   // --- generation (decoder_generate.cpp; issue #17, sim/step/generate.h) -----------------
   // What HF generate passes one forward of a ForCausalLM (LlamaForCausalLM.forward v4.45
@@ -297,6 +305,7 @@ class DecoderModel {
   Norm final_norm_;
   std::vector<LayerParams> layers_;
   Tensor inv_freq_, inv_freq_local_;
+  uint64_t inv_freq_elem_ = 4;  // the inv_freq buffers' dtype (cast_rotary_buffers)
   Tensor freqs_cis_;  // torchtitan's complex64 RoPE table (decoder_impl.cpp)
   Tensor rope_theta_, rope_cache_;  // torchtune's RotaryPositionalEmbeddings buffers
   std::vector<Tensor> chunks_;      // torchtune's chunked output (forward returns chunks_[0])

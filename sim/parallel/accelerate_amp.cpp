@@ -14,6 +14,11 @@ bool accelerate_fsdp2_amp(const Scenario& s) {
          s.parallel.fsdp_mixed_precision.has_value();
 }
 
+bool accelerate_fsdp1_amp(const Scenario& s) {
+  return s.parallel.sharding == Sharding::fsdp && s.precision.autocast.has_value() &&
+         s.parallel.fsdp_mixed_precision.has_value();
+}
+
 namespace {
 // x.to(dtype) of a forward output at the root's boundary (module none, outside the layers).
 Tensor boundary_copy(Runtime& rt, const Tensor& x, uint64_t bytes, const char* name) {

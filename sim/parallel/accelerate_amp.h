@@ -36,7 +36,7 @@
 //    Accelerate's policy and the HF Trainer loop: the loss computed in the model's
 //    forward).
 //  - convert_outputs_to_fp32(rt, loss, logits, numel): after the loss, before the root's
-//    post-forward. The loss (fp32) is kept as is; low-precision logits get an fp32 copy
+//    post-forward (FSDP2 and FSDP1 alike). The loss (fp32) is kept as is; low-precision logits get an fp32 copy
 //    (_to_copy, ToCopyBackward0: saves nothing), then the low-precision original dies
 //    (the ModelOutput holding it is dropped when ConvertOutputsToFp32 returns).
 //    fp32 logits (transformers v4.45's forward upcast) are kept as is.
@@ -60,6 +60,21 @@
 namespace memsim {
 
 bool accelerate_fsdp2_amp(const Scenario& s);
+
+// Accelerate's FSDP1 bf16 path (HF Trainer bf16=True, fsdp_version 1): parallel.sharding
+// fsdp with precision.autocast and parallel.fsdp_mixed_precision both set
+// (sim/parallel/accelerate_fsdp1_checks.h admits only Accelerate's MixedPrecision and
+// Trainer's loop). Accelerator.prepare_model (accelerate @16cb6eb8 accelerator.py, the
+// native_amp block, then the `DistributedType.FSDP` branch) replaces model.forward by
+// convert_outputs_to_fp32(autocast(forward)) and then wraps the model in FSDP with
+// MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16): the wrapper's
+// forward runs FSDP's root pre-forward, the inner module's _call_impl (the replaced
+// forward: HF's forward and loss under autocast, then the fp32 copy of the logits), then
+// FSDP's _post_forward, which casts no output (pytorch/pytorch @00ae0bc9
+// torch/distributed/fsdp/_runtime_utils.py _post_forward: reshard, pre-backward hooks).
+// So the fp32 logits copy lives until Trainer's compute_loss drops the outputs. As under
+// FSDP2, autocast over the bf16 views casts nothing (the comment above): no graph::Autocast.
+bool accelerate_fsdp1_amp(const Scenario& s);
 
 void convert_outputs_to_fp32(graph::Runtime& rt, graph::Tensor& loss, graph::Tensor& logits,
                              uint64_t logits_numel);

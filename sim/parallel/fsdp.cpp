@@ -1,11 +1,13 @@
 #include "sim/parallel/fsdp.h"
 
 #include <algorithm>
+#include <deque>
 #include <string>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "scenario/fsdp_precision.h"
+#include "sim/parallel/fsdp_sync_states.h"
 #include "sim/parallel/wrap_units.h"
 #include "sim/step/loss_placement.h"
 #include "sim/parallel/zero_sharding.h"
@@ -25,6 +27,7 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
       offload_(s.parallel.cpu_offload),
       orig_params_(s.parallel.use_orig_params),
       peft_wrap_(s.parallel.fsdp_wrap == FsdpWrap::peft),
+      prefetch_(s.parallel.fsdp_backward_prefetch),
       loss_in_forward_(loss_in_model_forward(s)) {
   Program& program = rt.program();
   // _get_aligned_numel(unsharded_dtype=_fwd_bwd_param_dtype): 16 bytes of the compute dtype.
@@ -63,6 +66,23 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     }
     program.events.swap(kept);
   }
+  // sync_module_states: each unit's buffers (the model's live non-parameter allocations of
+  // its construction: the rotary inv_freq buffers), by the layer they were built in; the
+  // root takes the rest (module.buffers() minus those already synced).
+  std::vector<std::vector<uint64_t>> buffer_bytes(units_.size());
+  if (s.parallel.fsdp_sync_module_states) {
+    std::vector<std::pair<uint32_t, int32_t>> allocs;  // (tensor, layer) in allocation order
+    std::unordered_map<uint32_t, bool> freed;
+    for (const MemoryEvent& e : program.events) {
+      if (e.type == EventType::alloc && e.kind == TensorKind::other) allocs.emplace_back(e.tensor, e.layer);
+      if (e.type == EventType::free) freed[e.tensor] = true;
+    }
+    for (const auto& [tensor, layer] : allocs) {
+      if (freed.count(tensor) != 0) continue;
+      const size_t u = layer >= 0 && static_cast<size_t>(layer) < blocks_ ? unit_of_layer(layer) : 0;
+      buffer_bytes[u].push_back(program.tensors[tensor].bytes);
+    }
+  }
   // Wrap: inner units first (auto_wrap_policy wraps children before the root).
   const graph::OpContext saved = rt.ctx;
   rt.ctx.phase = Phase::setup;
@@ -73,6 +93,20 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     Unit& unit = units_[u];
     rt.ctx.layer = unit.layer;
     for (const MemoryEvent& e : moved[u]) program.events.push_back(e);  // unit.to(device)
+    if (s.parallel.fsdp_sync_module_states) {  // broadcast from rank 0 (fsdp_sync_states.h)
+      std::vector<uint64_t> states = buffer_bytes[u];  // buffers first, then parameters
+      for (int32_t p : unit.params) states.push_back(rt.parameters()[p].bytes / compute_elem_ * elem_);
+      std::deque<Tensor> flats;
+      for (const int64_t ev : sync_broadcast_events(states, kFsdpSyncBucketBytes)) {
+        if (ev > 0) {
+          flats.push_back(named(rt, rt.alloc(static_cast<uint64_t>(ev), TensorKind::temporary, OpKind::other),
+                                u, "sync_module_states broadcast bucket"));
+        } else {
+          flats.front().reset();
+          flats.pop_front();
+        }
+      }
+    }
     std::vector<uint64_t> numel;
     numel.reserve(unit.params.size());
     for (int32_t p : unit.params) numel.push_back(rt.parameters()[p].bytes / compute_elem_);
@@ -391,8 +425,8 @@ void Fsdp::layer_entered(Runtime& rt, int32_t layer) {
       return;
     }
     if (u == 0 || units_[u].backward_done) return;
-    gather(rt, u);                                              // pre-backward
-    if (u > 1 && !units_[u - 1].backward_done) gather(rt, u - 1);  // BACKWARD_PRE prefetch
+    gather(rt, u);  // pre-backward
+    if (prefetch_ && u > 1 && !units_[u - 1].backward_done) gather(rt, u - 1);  // BACKWARD_PRE
   }
 }
 
@@ -404,7 +438,7 @@ void Fsdp::pre_backward_peft(Runtime& rt, size_t u) {
   unit.pre_backward_ran = true;
   gather(rt, u);
   const size_t k = order_pos_[u];
-  if (k == 0) return;
+  if (k == 0 || !prefetch_) return;
   const size_t prev = post_forward_order_[k - 1];
   if (prev != 0 && !units_[prev].backward_done) gather(rt, prev);
 }
@@ -437,9 +471,11 @@ void Fsdp::reshard_forward_adapter(Runtime& rt) {
 }
 
 void Fsdp::root_pre_backward(Runtime& rt) {
-  // The root's pre-backward hook (on its output, the logits): prefetch the last layer.
+  // The root's pre-backward hook (on its output, the logits): prefetch the last layer
+  // (BACKWARD_PRE; with no_prefetch the root's unshard is a no-op, nothing is gathered).
   backward_started_ = true;
   reshard_forward_adapter(rt);
+  if (!prefetch_) return;
   if (peft_wrap_) {  // the unit before the root in post-forward order: the last block
     if (post_forward_order_.size() > 1) gather(rt, post_forward_order_[post_forward_order_.size() - 2]);
     return;

@@ -2,8 +2,9 @@
 // parallel.sharding: fsdp). Models torch 2.x FSDP with use_orig_params=False (or True:
 // parallel.use_orig_params, below), an auto-wrap policy that makes each transformer layer
 // a unit (and with parallel.fsdp_wrap: peft each LoRA adapter Linear too, below), and the
-// root unit holding the rest (embeddings, final norm, LM head), default BACKWARD_PRE
-// prefetch, no forward prefetch. Parameters are in precision.params; parallel.fsdp_mixed_precision adds
+// root unit holding the rest (embeddings, final norm, LM head), BACKWARD_PRE prefetch
+// (torch's default) or none (parallel.fsdp_backward_prefetch: no_prefetch, HF Trainer's
+// default: each unit is gathered by its own pre-backward only), no forward prefetch. Parameters are in precision.params; parallel.fsdp_mixed_precision adds
 // MixedPrecision(param_dtype=reduce_dtype=bf16|fp16), described below.
 //
 // Events (d = parallel.data, elem = parameter bytes):
@@ -13,6 +14,11 @@
 //    unit's parameters padded to a multiple of d (a full-size allocation), the original
 //    parameter storages freed, this rank's shard cloned (padded / d elements: a new
 //    parameter the optimizer sees), the full flat parameter freed.
+//  - parallel.fsdp_sync_module_states (FSDP(sync_module_states=True), HF Trainer's default):
+//    per unit, after its move to the GPU and before flattening, the unit's buffers (the
+//    model's live non-parameter construction allocations, by layer; the root takes the
+//    rest) and parameters are broadcast in torch's buckets: the flat tensors of
+//    sim/parallel/fsdp_sync_states.h allocated and freed there (setup events only).
 //  - Lazy init (the first forward, before anything is gathered): per unit, root first,
 //    the padded unsharded buffer is made with torch.zeros and its storage freed at once
 //    (init_flat_param_attributes; MixedPrecision: also _mp_shard and the full-precision
@@ -23,8 +29,10 @@
 //    moves on; SHARD_GRAD_OP (zero 2) keeps it until after its backward. The root is never
 //    resharded after forward (FSDP keeps the root's parameters for the backward).
 //  - Backward: entering layer l all-gathers unit l if it is not gathered and prefetches
-//    unit l-1 (BACKWARD_PRE), so two units' full parameters are live; the root's
-//    pre-backward hook (on the logits) prefetches the last layer when the backward first
+//    unit l-1 (BACKWARD_PRE; not with no_prefetch: pytorch/pytorch @00ae0bc9
+//    torch/distributed/fsdp/_runtime_utils.py _get_handles_to_prefetch returns nothing when
+//    backward_prefetch is None), so two units' full parameters are live; the root's
+//    pre-backward hook (on the logits) prefetches the last layer (BACKWARD_PRE) when the backward first
 //    allocates in the LM head (module head), i.e. once the logits' gradient exists, or at
 //    the loss's first backward op when the model computed the loss in its forward (the
 //    loss is an output too: sim/step/loss_placement.h). Once
@@ -184,6 +192,7 @@ class Fsdp : public graph::RuntimeHooks {
   // --- use_orig_params / LoRA ---
   bool orig_params_ = false;      // parallel.use_orig_params
   bool peft_wrap_ = false;        // parallel.fsdp_wrap: peft
+  bool prefetch_ = true;          // parallel.fsdp_backward_prefetch: BACKWARD_PRE (else None)
   const bool loss_in_forward_;  // the root's pre-backward fires at the loss (loss_placement.h)
   uint64_t aligned_numel_ = 0;    // use_orig_params: 16 bytes in elements of the compute dtype
   std::vector<size_t> wrap_order_;          // units in wrapping order (inner first)

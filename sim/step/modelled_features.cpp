@@ -8,6 +8,7 @@
 #include "scenario/generate_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/script_keys.h"
+#include "sim/parallel/accelerate_fsdp1_checks.h"
 #include "sim/parallel/data_parallel.h"
 #include "sim/parallel/fsdp_lora_checks.h"
 #include "sim/step/grad_scaler.h"
@@ -123,16 +124,14 @@ void require_modelled(const Scenario& s) {
   // Autocast composes with torch DDP / ZeroRedundancyOptimizer (fp32 leaf parameters,
   // as on one GPU; tests/test_dp_autocast.cpp) and with FSDP, whose parameters are views
   // of the gathered flat parameter, which autocast's weight-cast cache skips
-  // (graph/autocast.h set_params_are_views). Not with FSDP's own MixedPrecision as well: autocast would see
-  // low-precision views, which memsim does not model.
+  // (graph/autocast.h set_params_are_views). With FSDP's own MixedPrecision as well it is
+  // Accelerate's FSDP1 bf16 path (HF Trainer bf16=True, fsdp_version 1), and only that
+  // (sim/parallel/accelerate_fsdp1_checks.h).
   if (p.sharding == Sharding::fsdp && s.precision.autocast.has_value() &&
       p.fsdp_mixed_precision.has_value() && family.torch_data_parallel &&
       s.lora.rank == 0 && !s.precision.master_weights)
-    refuse(s, "precision.autocast",
-           "autocast together with parallel.fsdp_mixed_precision is not modelled (autocast "
-           "would run on FSDP's low-precision parameter views); use one of them: "
-           "parallel.fsdp_mixed_precision: none (autocast casts FSDP's fp32 views at every "
-           "use) or precision.autocast: none");
+    require_accelerate_fsdp1_modelled(s);
+  require_sync_module_states_modelled(s);  // parallel.fsdp_sync_module_states
   // torch DDP composes with both (sim/parallel/data_parallel.h: the reducer buckets only the
   // parameters that require grad, in their dtype; tests/test_ddp_combos.cpp). FSDP and
   // ZeRO-1 do not yet.

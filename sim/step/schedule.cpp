@@ -183,9 +183,10 @@ class Loop {
       o.memory_budget = s_.step.compile_memory_budget;
       compile_ = std::make_unique<graph::CompileEngine>(rt_, o);
     }
-    // Accelerate's FSDP2 bf16 path: autocast over bf16 unsharded parameters casts nothing
-    // in the model (sim/parallel/accelerate_amp.h); only the root's output casts remain.
-    accelerate_amp_ = accelerate_fsdp2_amp(s_);
+    // Accelerate's FSDP2 and FSDP1 bf16 paths: autocast over bf16 unsharded parameters
+    // casts nothing in the model (sim/parallel/accelerate_amp.h); only the root's boundary
+    // copies remain (convert_outputs_to_fp32; FSDP2 also its output_dtype casts).
+    accelerate_amp_ = accelerate_fsdp2_amp(s_) || accelerate_fsdp1_amp(s_);
     if (s_.precision.grad_scaler) {  // torch.amp.GradScaler (sim/step/grad_scaler.h)
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": precision.grad_scaler: numeric mode does not model the scaler");
@@ -353,6 +354,13 @@ class Loop {
       // backward (sim/step/context_parallel_buffers.h).
       if (cp_) cp_->enter(rt_, targets.defined() ? 2 : 1);
       if (ddp_) ddp_->pre_forward(rt_, with_grad);
+      // Accelerate's FSDP1 bf16 path: MixedPrecision(buffer_dtype=bf16); the root's lazy init
+      // (its first pre-forward) casts the rotary buffers before anything else.
+      if constexpr (is_decoder) {
+        if (fsdp_ && accelerate_amp_ && !buffers_cast_)
+          model_.cast_rotary_buffers(static_cast<uint64_t>(dtype_bytes(*s_.parallel.fsdp_mixed_precision)));
+      }
+      buffers_cast_ = true;
       if (fsdp_) fsdp_->pre_forward(rt_);
       if (fsdp2_) fsdp2_->pre_forward(rt_);
       if (ds_) ds_->pre_forward(rt_);
@@ -437,8 +445,9 @@ class Loop {
         if (loss_graph_ != 0 && loss_graph_ != logits_graph_) rt_.discard_graph(loss_graph_);
         loss_graph_ = script_.bind_output ? graph : 0;
       }
-      // Accelerate v1.6 / v1.7: model.forward is convert_outputs_to_fp32(autocast(forward)),
-      // inside fully_shard's hooks. The root's post-forward then casts to the policy's
+      // Accelerate v1.6 / v1.7 under FSDP2, every release under FSDP1: model.forward is
+      // convert_outputs_to_fp32(autocast(forward)), inside FSDP's hooks (FSDP1's root
+      // post-forward casts nothing, so its fp32 logits live until Trainer drops them). The root's post-forward then casts to the policy's
       // output_dtype (parallel.fsdp_output_dtype; Accelerate >= 1.8: the policy alone).
       const uint64_t logits_numel = shape().batch * shape().seq * shape().vocab;
       if (accelerate_amp_) convert_outputs_to_fp32(rt_, loss_, logits_, logits_numel);
@@ -505,6 +514,7 @@ class Loop {
   std::unique_ptr<graph::OffloadEngine> offload_;  // checkpoint.offload (graph/offload.h)
   std::unique_ptr<graph::StreamOffload> stream_offload_;  // checkpoint.offload_activations
   std::unique_ptr<graph::Autocast> autocast_;  // precision.autocast (graph/autocast.h)
+  bool buffers_cast_ = false;    // FSDP1 buffer_dtype's lazy-init cast done (Accelerate's path)
   bool accelerate_amp_ = false;  // Accelerate's FSDP2 bf16 path (sim/parallel/accelerate_amp.h)
   std::unique_ptr<GradScalerSim> scaler_;  // precision.grad_scaler (sim/step/grad_scaler.h)
   std::unique_ptr<TorchDdp> ddp_;

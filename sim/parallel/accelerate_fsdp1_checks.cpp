@@ -1,0 +1,88 @@
+#include "sim/parallel/accelerate_fsdp1_checks.h"
+
+#include <string>
+
+#include "scenario/transformers_version.h"
+#include "sim/step/loss_placement.h"
+
+namespace memsim {
+
+namespace {
+[[noreturn]] void refuse(const Scenario& s, const char* key, const std::string& why) {
+  throw ScenarioError(s.source + ": " + key + ": " + why);
+}
+}  // namespace
+
+void require_accelerate_fsdp1_modelled(const Scenario& s) {
+  const ParallelConfig& p = s.parallel;
+  // FullyShardedDataParallelPlugin.set_mixed_precision (huggingface/accelerate @16cb6eb8
+  // utils/dataclasses.py; the same since v0.34.0): for fsdp_version 1,
+  // MixedPrecision(param_dtype=d, reduce_dtype=d, buffer_dtype=d), d the autocast dtype.
+  if (*p.fsdp_mixed_precision != *s.precision.autocast)
+    refuse(s, "parallel.fsdp_mixed_precision",
+           "with precision.autocast under FSDP1, modelled as Accelerate sets it (HF Trainer "
+           "bf16=True): param_dtype equal to the autocast dtype (bf16)");
+  if (*s.precision.autocast != DType::bf16)
+    refuse(s, "precision.autocast",
+           "Accelerate's FSDP1 fp16 path trains with ShardedGradScaler (a scaled loss, "
+           "unscale_ and found_inf tensors), which is not modelled; modelled: bf16");
+  if (s.model.family != ModelFamily::hf_llama || s.model.arch.impl != graph::ModelImpl::hf)
+    refuse(s, "model.family",
+           "Accelerate's FSDP1 bf16 path is modelled for transformers' own Llama, Mistral and "
+           "Qwen2 code (model.family hf-llama, model.implementation hf); GPT-2's LayerNorm "
+           "runs in fp32 under autocast, which is not modelled with bf16 parameters");
+  const std::string arch = s.model.arch.architecture;
+  if ((arch != "llama" && arch != "mistral" && arch != "qwen2") || s.model.arch.moe.experts > 0)
+    refuse(s, "model.architecture",
+           "Accelerate's FSDP1 bf16 path (autocast over bf16 parameter views) is modelled for "
+           "the llama, mistral and qwen2 architectures, whose ops autocast leaves alone "
+           "(docs/fsdp2.md \"Accelerate's FSDP2 bf16 path\"); '" + arch + "'" +
+               (s.model.arch.moe.experts > 0 ? " with experts" : "") + " is not checked");
+  if (s.loss.impl != LossFunction::automatic)
+    refuse(s, "loss.impl",
+           "Accelerate's FSDP1 bf16 path is modelled with the model's own loss (HF Trainer); "
+           "leave loss.impl out");
+  if (!loss_in_model_forward(s))
+    refuse(s, "step.keep_output",
+           "Accelerate's FSDP1 bf16 path is modelled for HF Trainer's step (labels passed to "
+           "the model, which computes the loss in its forward, inside autocast): set "
+           "step.keep_output: loss and step.kind train");
+  if (s.precision.autocast_region != AutocastRegion::forward_and_loss)
+    refuse(s, "precision.autocast_region",
+           "Accelerate's autocast wraps model.forward, which computes the loss: "
+           "forward-and-loss");
+  if (!s.precision.autocast_cache)
+    refuse(s, "precision.autocast_cache",
+           "Accelerate's autocast keeps the default cache_enabled=True");
+  if (p.cpu_offload)
+    refuse(s, "parallel.cpu_offload",
+           "Accelerate's FSDP1 bf16 path with CPUOffload is not modelled");
+  // transformers 4.x (v4.45's LlamaModel.forward) calls
+  // self._gradient_checkpointing_func(decoder_layer.__call__, ...) on the FSDP-wrapped
+  // layer, so the recompute re-enters FSDP's forward; 5.x's GradientCheckpointingLayer
+  // checkpoints inside the wrapped module, as memsim's FSDP1 checkpointing does.
+  if (s.checkpoint.policy != CheckpointPolicy::none &&
+      !scenario_detail::has_v5_layout(s.model.arch))
+    refuse(s, "checkpoint.policy",
+           "Accelerate's FSDP1 bf16 path with activation checkpointing is modelled for "
+           "transformers 5.x (model.transformers: 5: the checkpoint inside the FSDP unit); "
+           "4.x checkpoints around the FSDP-wrapped layer, whose recompute runs FSDP's "
+           "forward hooks in backward: not modelled");
+}
+
+void require_sync_module_states_modelled(const Scenario& s) {
+  if (!s.parallel.fsdp_sync_module_states) return;
+  if (s.model.family != ModelFamily::hf_llama || s.model.arch.impl != graph::ModelImpl::hf)
+    refuse(s, "parallel.fsdp_sync_module_states",
+           "the broadcast buckets are modelled for transformers' decoder rows (model.family "
+           "hf-llama, model.implementation hf), whose only buffers are fp32 rotary tables; "
+           "other models' buffers (GPT-2's bool masks, other stacks' caches) would make "
+           "buckets of several dtypes, which is not modelled");
+  if (s.precision.params != DType::fp32 ||
+      (s.lora.rank > 0 && s.lora.adapter_dtype != DType::fp32))
+    refuse(s, "parallel.fsdp_sync_module_states",
+           "the broadcast buckets are modelled when the parameters and the fp32 buffers "
+           "share one dtype: precision.params fp32 (and fp32 adapters)");
+}
+
+}  // namespace memsim

@@ -1,0 +1,30 @@
+// What memsim models of Accelerate's FSDP1 bf16 path (HF Trainer bf16=True with
+// fsdp_version 1: precision.autocast together with parallel.fsdp_mixed_precision under
+// parallel.sharding: fsdp; sim/parallel/accelerate_amp.h, docs/fsdp-accelerate.md).
+//
+// Contract: require_accelerate_fsdp1_modelled(s), for a scenario with sharding fsdp,
+// precision.autocast and parallel.fsdp_mixed_precision all set, returns when the scenario
+// is Accelerate's policy in HF Trainer's step and throws ScenarioError naming the key
+// otherwise (FILE: KEY: why). Refused: a param_dtype other than the autocast dtype, fp16
+// (Accelerate's ShardedGradScaler is not modelled), a loop computing the loss after the
+// model returns (step.keep_output), loss.impl, families and architectures other than
+// transformers' Llama / Mistral / Qwen2, autocast_region other than forward-and-loss,
+// autocast_cache false, CPU offload, and activation checkpointing with transformers 4.x
+// (its checkpoint wraps the FSDP-wrapped layer from the outside, whose recompute passes
+// through FSDP's forward hooks: not modelled).
+//
+// require_sync_module_states_modelled(s): parallel.fsdp_sync_module_states (the plugin's
+// sync_module_states, HF Trainer's default) is modelled where every buffer and parameter
+// broadcast has one dtype (sim/parallel/fsdp_sync_states.h buckets one dtype): transformers'
+// decoder rows (model.family hf-llama, model.implementation hf: fp32 rotary buffers only)
+// with fp32 parameters and adapters; refused by key otherwise.
+#pragma once
+
+#include "scenario/scenario.h"
+
+namespace memsim {
+
+void require_accelerate_fsdp1_modelled(const Scenario& s);
+void require_sync_module_states_modelled(const Scenario& s);
+
+}  // namespace memsim

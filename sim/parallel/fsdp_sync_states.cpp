@@ -1,0 +1,30 @@
+#include "sim/parallel/fsdp_sync_states.h"
+
+#include <deque>
+
+#include "sim/parallel/data_parallel.h"
+
+namespace memsim {
+
+std::vector<int64_t> sync_broadcast_events(const std::vector<uint64_t>& bytes, uint64_t limit) {
+  std::vector<int32_t> order(bytes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::vector<int64_t> out;
+  std::deque<int64_t> in_flight;  // each in-flight bucket's flat bytes (0: a view)
+  auto finish_front = [&] {
+    if (in_flight.front() != 0) out.push_back(-in_flight.front());
+    in_flight.pop_front();
+  };
+  for (const std::vector<int32_t>& bucket : ddp_bucket_assignment(bytes, order, {limit})) {
+    if (in_flight.size() >= 2) finish_front();
+    uint64_t flat = 0;
+    if (bucket.size() > 1)
+      for (int32_t i : bucket) flat += bytes[static_cast<size_t>(i)];
+    if (flat != 0) out.push_back(static_cast<int64_t>(flat));
+    in_flight.push_back(static_cast<int64_t>(flat));
+  }
+  while (!in_flight.empty()) finish_front();
+  return out;
+}
+
+}  // namespace memsim
