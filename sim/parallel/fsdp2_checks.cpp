@@ -117,6 +117,49 @@ void require_output_dtype_modelled(const Scenario& s) {
     refuse(s, "step.compile",
            "parallel.fsdp_output_dtype with torch.compile is not modelled");
 }
+
+// parallel.accelerate_version: which releases do what (sim/parallel/fsdp2_layout.h has the
+// grouping, docs/fsdp2.md "Accelerate's FSDP2 grouping" the source).
+void require_accelerate_version_modelled(const Scenario& s) {
+  const ParallelConfig& p = s.parallel;
+  const int32_t v = p.accelerate_version;
+  const std::string release = "Accelerate " + std::to_string(v / 100) + "." + std::to_string(v % 100);
+  if (s.model.arch.impl != graph::ModelImpl::hf || (s.model.family != ModelFamily::hf_llama &&
+                                                    s.model.family != ModelFamily::hf_gpt2))
+    refuse(s, "parallel.accelerate_version",
+           "Accelerate's fsdp2_prepare_model is modelled for transformers' models "
+           "(model.family hf-llama / hf-gpt2, model.implementation hf); use none for this "
+           "loop's own fully_shard calls");
+  // memsim's GPT-2 names (transformer.wte, transformer.ln_f) are grouped apart only tied,
+  // where the tail is [ln_f, wte] kept gathered: the default layout.
+  if (v >= 114 && s.model.family == ModelFamily::hf_gpt2 && !s.model.tied_embeddings)
+    refuse(s, "parallel.accelerate_version",
+           release + "'s grouping of an untied GPT-2 (wte alone, [ln_f, lm_head]) is not "
+           "modelled");
+  // v1.6.0 / v1.7.0: Accelerator.prepare_model wraps forward in autocast, then
+  // fsdp2_prepare_model; from v1.8.0 (PR #3585, d2e6b031) _prepare_fsdp2 never calls
+  // prepare_model: MixedPrecisionPolicy alone (docs/fsdp2.md "Accelerate's FSDP2 bf16 path").
+  if (v >= 108 && s.precision.autocast.has_value())
+    refuse(s, "precision.autocast",
+           release + " never autocasts an FSDP2 model (_prepare_fsdp2 skips prepare_model, "
+           "from v1.8.0): mixed_precision bf16 is MixedPrecisionPolicy(param_dtype, "
+           "reduce_dtype, output_dtype bf16) alone; use precision.autocast: none with "
+           "parallel.fsdp_mixed_precision / reduce_dtype / fsdp_output_dtype: bf16, or "
+           "parallel.accelerate_version 1.6 / 1.7 for the autocast wrapper");
+  if (v < 108 && p.fsdp_mixed_precision.has_value() && !s.precision.autocast.has_value())
+    refuse(s, "precision.autocast",
+           release + " wraps the model's forward in autocast whenever mixed precision is on "
+           "(Accelerator.prepare_model's native_amp block, before fsdp2_prepare_model): set "
+           "precision.autocast: bf16 (or a release from 1.8 for the policy alone)");
+  if (v >= 114 && s.lora.rank > 0)
+    refuse(s, "lora.rank",
+           "LoRA under " + release + "'s FSDP2 grouping is not modelled: on a PeftModel "
+           "_find_final_norm looks at the children of the CausalLM (base_model_prefix "
+           "resolves through PEFT's __getattr__ to the inner model's \"model\", i.e. "
+           "Qwen2ForCausalLM), finds no norm, so the tail is the frozen lm_head alone, whose "
+           "post-backward (at its input's gradient) and the frozen embedding's group are not "
+           "modelled; parallel.accelerate_version up to 1.13 groups as memsim models");
+}
 }  // namespace
 
 void require_fsdp2_modelled(const Scenario& s) {
@@ -160,6 +203,7 @@ void require_fsdp2_modelled(const Scenario& s) {
              "precision.autocast: none");
   }
   if (p.fsdp_output_dtype.has_value()) require_output_dtype_modelled(s);
+  if (p.accelerate_version != 0) require_accelerate_version_modelled(s);
   if (s.precision.master_weights)
     refuse(s, "precision.master_weights",
            "fp32 master copies of FSDP2 shards are not modelled; FSDP2 keeps fp32 shards "
