@@ -137,8 +137,8 @@
 //    before v1.14 the default groups with the root resharded after forward when
 //    parallel.reshard_after_forward is true (the plugin's value passed to the root); from
 //    v1.14 torchtitan's groups over transformers' names (model.embed_tokens alone,
-//    [model.norm, lm_head] kept gathered after forward, an empty root), or the default
-//    groups when the embeddings are tied.
+//    [model.norm, lm_head] kept gathered after forward, an empty root; tied embeddings
+//    refused).
 // Left out: NCCL's own buffers; unshard_async_op / explicit prefetch lists
 // (set_modules_to_forward_prefetch); rank 0 stands for all ranks (it always holds the
 // padded chunk 0); pinned CPU memory.

@@ -130,12 +130,20 @@ void require_accelerate_version_modelled(const Scenario& s) {
            "Accelerate's fsdp2_prepare_model is modelled for transformers' models "
            "(model.family hf-llama / hf-gpt2, model.implementation hf); use none for this "
            "loop's own fully_shard calls");
-  // memsim's GPT-2 names (transformer.wte, transformer.ln_f) are grouped apart only tied,
-  // where the tail is [ln_f, wte] kept gathered: the default layout.
-  if (v >= 114 && s.model.family == ModelFamily::hf_gpt2 && !s.model.tied_embeddings)
+  // >= 1.14: transformers' Llama-family names (model.embed_tokens, model.norm, lm_head).
+  if (v >= 114 && s.model.family != ModelFamily::hf_llama)
     refuse(s, "parallel.accelerate_version",
-           release + "'s grouping of an untied GPT-2 (wte alone, [ln_f, lm_head]) is not "
-           "modelled");
+           release + "'s grouping is modelled for transformers' Llama-family models "
+           "(model.family hf-llama: model.embed_tokens, model.norm, lm_head)");
+  // Tied: the tail is [final norm, embed_tokens], whose group post-forward (after the norm,
+  // its last module) registers the pre-backward hook on the norm's output: the last
+  // block's prefetch waits for the LM head's backward, where the default layout's root
+  // prefetches it at the loss's. Not modelled.
+  if (v >= 114 && s.model.tied_embeddings)
+    refuse(s, "model.tied_embeddings",
+           release + " with tied embeddings groups [final norm, embed_tokens] (kept gathered, "
+           "its pre-backward hook on the final norm's output, so the last block is "
+           "prefetched only after the LM head's backward): not modelled");
   // v1.6.0 / v1.7.0: Accelerator.prepare_model wraps forward in autocast, then
   // fsdp2_prepare_model; from v1.8.0 (PR #3585, d2e6b031) _prepare_fsdp2 never calls
   // prepare_model: MixedPrecisionPolicy alone (docs/fsdp2.md "Accelerate's FSDP2 bf16 path").

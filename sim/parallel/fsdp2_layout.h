@@ -46,8 +46,10 @@
 //    fully_shard(model) without reshard_after_forward (the root, holding no parameter, keeps
 //    the default). That is torchtitan's grouping with the embedding resharding as the
 //    blocks do. With tied embeddings the tail is [final norm, embed_tokens] (the embedding
-//    not sharded alone) kept gathered from the embedding's forward to the final callback:
-//    the root's old parameters, never resharded, i.e. the default layout.
+//    not sharded alone), kept gathered from the embedding's forward to the final callback,
+//    its pre-backward hook on the final norm's output (the group's post-forward runs after
+//    its last module): refused (sim/parallel/fsdp2_checks.cpp), not the default layout,
+//    whose root prefetches the last block at the loss's backward.
 // FSDP2's post-backward (torch 010ae4a8 _fsdp_param_group.py RegisterPostBackwardFunction,
 // applied in pre_forward to the inputs that require grad) runs once a block's input
 // gradient is complete; under torchtune's frozen norms that is after the input norm's
@@ -92,7 +94,7 @@ inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
   if (const int32_t v = s.parallel.accelerate_version; v != 0) {  // hf rows (fsdp2_checks.cpp)
     if (v < 114) {
       l.root_reshards = s.parallel.reshard_after_forward;
-    } else if (!s.model.tied_embeddings) {
+    } else {  // untied transformers' Llama family (tied is refused: fsdp2_checks.cpp)
       l.separate_embedding = true;
       l.separate_output = true;
       l.norm_with_output = true;
