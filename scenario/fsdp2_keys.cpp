@@ -1,5 +1,6 @@
 #include "scenario/fsdp2_keys.h"
 
+#include <cctype>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -26,10 +27,11 @@ int32_t read_accelerate_version(const Field& f) {
   const char* key = "parallel.accelerate_version";
   const std::string text = read_string(f, key);
   if (text == "none") return 0;
-  int major = -1, minor = -1, patch = 0;
-  char tail = 0;
-  const int n = std::sscanf(text.c_str(), "%d.%d.%d%c", &major, &minor, &patch, &tail);
-  if (n < 2 || n > 3 || major < 0 || minor < 0 || patch < 0)
+  int major = -1, minor = -1, patch = 0, used = 0, used3 = 0;
+  const int n = std::sscanf(text.c_str(), "%d.%d%n.%d%n", &major, &minor, &used, &patch, &used3);
+  const size_t consumed = static_cast<size_t>(n == 3 ? used3 : used);
+  const bool digits = !text.empty() && std::isdigit(static_cast<unsigned char>(text[0]));
+  if (n < 2 || !digits || consumed != text.size() || major < 0 || minor < 0 || patch < 0)
     fail(f.where, key,
          "'" + text + "' is not a version: write none (the loop's own fully_shard calls) or "
          "Accelerate's release as MAJOR.MINOR, e.g. \"1.14\"");

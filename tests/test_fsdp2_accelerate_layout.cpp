@@ -153,17 +153,19 @@ TEST_CASE("Accelerate 1.14: the tail stays gathered after forward, the embedding
   CHECK(gathers(none) == std::vector<std::string>{"fwd the root", "fwd block 0", "fwd block 1",
                                                   "bwd block 1", "bwd block 0"});
   // Parameter bytes live at forward end (memsim's mark, after the LM head, before the loss
-  // and the root's post-forward, which HF's model runs after its loss): the loop's own
-  // layout and <= 1.13 hold the whole root gathered (514,304 x 2 B above the shards), 1.14
-  // the tail's unsharded bf16 parameters only (257,280 x 2 B): the embedding was resharded
-  // at block 0's pre-forward.
+  // and the root's post-forward, which HF's model runs after its loss). The loop's own
+  // layout and <= 1.13 hold the whole root gathered (514,304 x 2 B) and the last flat
+  // all-gather output, block 1's (1,030,656 x 2 B: FSDP2 frees a forward all-gather output
+  // at the next copy-out or in the root's post-forward); 1.14 holds the tail's unsharded
+  // parameters (257,280 x 2 B) and its flat output, the last one (the same bytes): the
+  // embedding was resharded after its forward, block 1's output freed at the tail's copy-out.
   const uint64_t shards = (2 * kBlock + kRoot) / kWs * 4;
   const uint64_t p14 = kind(live_at(v14, "forward_end"), TensorKind::parameter);
   const uint64_t p13 = kind(live_at(v13, "forward_end"), TensorKind::parameter);
   const uint64_t p0 = kind(live_at(none, "forward_end"), TensorKind::parameter);
   CHECK(p0 == p13);
-  CHECK(p0 - p14 == kEmb * 2);
-  CHECK(p14 >= shards + kTail * 2);
+  CHECK(p0 + 2 * kTail * 2 == p14 + kRoot * 2 + kBlock * 2);  // 2,060,800 B more in p0
+  CHECK(p14 >= shards + 2 * kTail * 2);
   // Activations are the same layout-independent model's.
   CHECK(kind(live_at(v14, "forward_end"), TensorKind::activation) ==
         kind(live_at(none, "forward_end"), TensorKind::activation));
@@ -207,7 +209,8 @@ TEST_CASE("parallel.accelerate_version: bad values and settings Accelerate does 
   CHECK(acc("1.15").parallel.accelerate_version == 115);
   CHECK(acc("none").parallel.accelerate_version == 0);
   CHECK(load_scenario_text(text("1.10"), "a.yaml").parallel.accelerate_version == 110);  // not 1.1
-  for (const char* bad : {"\"1.5\"", "\"1.16\"", "latest", "\"2\"", "\"1.14x\""})
+  for (const char* bad : {"\"1.5\"", "\"1.16\"", "latest", "\"2\"", "\"1.14x\"", "\"1.14.\"",
+                          "\"+1.14\"", "\" 1.14\""})
     CHECK(load_error(text(bad)).find("parallel.accelerate_version") != std::string::npos);
   CHECK(load_error(text("\"1.5\"")).find("no FSDP2") != std::string::npos);
   // Another sharding.
@@ -227,7 +230,8 @@ TEST_CASE("parallel.accelerate_version: bad values and settings Accelerate does 
   CHECK(load_error(text("\"1.13\"", "", "", lora)).empty());
   // Not transformers' model code.
   std::string titan = text("\"1.14\"");
-  titan.replace(titan.find("family: hf-llama"), 16, "family: hf-llama\n  implementation: torchtitan");
+  titan.replace(titan.find("family: hf-llama"), 16,
+                "family: hf-llama\n  implementation: torchtitan\n  attention: flash");
   CHECK(load_error(titan).find("parallel.accelerate_version") != std::string::npos);
 }
 
@@ -241,14 +245,20 @@ TEST_CASE("memsim run: Qwen2.5-7B through HF Trainer + Accelerate 1.14 FSDP2 bf1
   CHECK(load_scenario(old).parallel.accelerate_version == 108);
   const nlohmann::json cur = memsim_test::run_json(file, "");
   CHECK(cur["fits"] == true);
-  // The same job as the 1.8 file but for the key: the embedding (152,064 x 3,584 bf16 =
-  // 1,089,994,752 B gathered) is freed after its forward.
+  // The same job as the 1.8 file but for the key.
   const Program p = build_program(s);
   const Program p8 = build_program(load_scenario(old));
-  const uint64_t emb = 152064ull * 3584ull * 2ull;
+  // At forward end (before the loss) 1.8 holds the root gathered (embedding, norm, LM head:
+  // 2,179,996,672 B) and the last block's flat all-gather output (233,057,792 x 2 =
+  // 466,115,584 B); 1.14 the tail's unsharded parameters and flat output (1,090,001,920 B
+  // each): 466,108,416 B less.
+  const uint64_t root = (2 * 152064ull * 3584ull + 3584ull) * 2ull;
+  const uint64_t tail = (152064ull * 3584ull + 3584ull) * 2ull;
+  const uint64_t block = 233057792ull * 2ull;
   const uint64_t f14 = kind(live_at(p, "forward_end"), TensorKind::parameter);
   const uint64_t f8 = kind(live_at(p8, "forward_end"), TensorKind::parameter);
-  CHECK(f8 - f14 == emb);  // at forward end (before the loss) 1.8's root is still gathered
+  CHECK(f8 + 2 * tail == f14 + root + block);
+  CHECK(f8 - f14 == 466108416ull);
   // The peak (block 0's backward, the embedding gathered again) is below the 1.8 file's
   // (block 1's backward with the whole root gathered and lm_head's unsharded gradient
   // held until the final callback, where 1.14 reduce-scatters it after the final norm's
@@ -256,10 +266,14 @@ TEST_CASE("memsim run: Qwen2.5-7B through HF Trainer + Accelerate 1.14 FSDP2 bf1
   const nlohmann::json old_run = memsim_test::run_json(old, "");
   CHECK(cur["peak_allocated_bytes"].get<uint64_t>() < old_run["peak_allocated_bytes"].get<uint64_t>());
   CHECK(cur["peak_event"]["layer"] == 0);
-  // Refused by key, exit 1 with the file named.
-  const memsim_test::CommandResult refused = memsim_test::run_shell(
+  // Refused by key, exit 1: a bad version (named where it was set), tied embeddings (the file).
+  const memsim_test::CommandResult bad = memsim_test::run_shell(
       memsim_test::memsim_command() + "run '" + file + "' --set parallel.accelerate_version=1.4 2>&1");
-  CHECK(refused.status == 1);
-  CHECK(refused.out.find("parallel.accelerate_version") != std::string::npos);
-  CHECK(refused.out.find("accelerate1.14-8xh100.yaml") != std::string::npos);
+  CHECK(bad.status == 1);
+  CHECK(bad.out.find("--set parallel.accelerate_version") != std::string::npos);
+  const memsim_test::CommandResult tied = memsim_test::run_shell(
+      memsim_test::memsim_command() + "run '" + file + "' --set model.tied_embeddings=true 2>&1");
+  CHECK(tied.status == 1);
+  CHECK(tied.out.find("model.tied_embeddings") != std::string::npos);
+  CHECK(tied.out.find("accelerate1.14-8xh100.yaml") != std::string::npos);
 }

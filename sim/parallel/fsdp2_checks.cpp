@@ -187,6 +187,8 @@ void require_fsdp2_modelled(const Scenario& s) {
     refuse(s, "parallel.fsdp_mixed_precision",
            std::string("modelled for fp32 parameters cast to param_dtype; with precision.params ") +
                to_string(s.precision.params) + " use parallel.fsdp_mixed_precision: none");
+  // Which Accelerate release prepared the model comes before what its policy implies.
+  if (p.accelerate_version != 0) require_accelerate_version_modelled(s);
   // torch.autocast over fp32 unsharded parameters is modelled (docs/fsdp2.md "Autocast over
   // FSDP2"): each unsharded nn.Parameter is a leaf, so autocast's cache keeps its bf16 cast
   // until the region exits, as on one GPU. Autocast over MixedPrecisionPolicy's bf16
@@ -211,7 +213,6 @@ void require_fsdp2_modelled(const Scenario& s) {
              "precision.autocast: none");
   }
   if (p.fsdp_output_dtype.has_value()) require_output_dtype_modelled(s);
-  if (p.accelerate_version != 0) require_accelerate_version_modelled(s);
   if (s.precision.master_weights)
     refuse(s, "precision.master_weights",
            "fp32 master copies of FSDP2 shards are not modelled; FSDP2 keeps fp32 shards "
