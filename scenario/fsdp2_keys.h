@@ -12,9 +12,14 @@
 //    parallel.fsdp_output_dtype: its output_dtype (none | bf16 | fp16 | fp32; absent = None).
 //  - parallel.cpu_offload: CPUOffloadPolicy(); parallel.fsdp_init: gpu | cpu (cpu: the
 //    model is built on the meta device or the CPU and only the shards reach the GPU).
+//  - parallel.accelerate_version: none (default: the loop's own fully_shard calls) or the
+//    Accelerate release that prepared the model, "1.6" to "1.15" (MAJOR.MINOR[.PATCH]),
+//    stored as 100 * major + minor; older or newer releases and an int
+//    reshard_after_forward with it are errors (sim/parallel/fsdp2_layout.h has the grouping).
 //  - parallel.zero is refused (FSDP2 has no ZeRO-stage switch: reshard_after_forward
 //    is the knob); parallel.zero is set to 3 internally (parameters sharded at rest).
-// reject_fsdp2_keys: parallel.replicate / parallel.reduce_dtype / parallel.fsdp_output_dtype
+// reject_fsdp2_keys: parallel.replicate / parallel.reduce_dtype / parallel.fsdp_output_dtype /
+// parallel.accelerate_version
 // with another sharding are errors. Errors name the key and where it was set.
 #pragma once
 

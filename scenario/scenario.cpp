@@ -145,7 +145,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                     "virtual_stages", "pipeline_first_layers", "pipeline_last_layers",
                     "pipeline_account_for_embedding", "pipeline_account_for_loss" /* scenario/pipeline_keys.cpp */,
                     "cpu_offload", "fsdp_mixed_precision",
-                    "replicate", "reduce_dtype", "fsdp_output_dtype" /* fsdp2: scenario/fsdp2_keys.cpp */,
+                    "replicate", "reduce_dtype", "fsdp_output_dtype", "accelerate_version" /* fsdp2: scenario/fsdp2_keys.cpp */,
                     "context", "context_rotate" /* scenario/context_parallel_keys.cpp */,
                     "expert", "expert_tensor" /* Megatron MoE: scenario/megatron_moe_keys.cpp */,
                     "fsdp_wrap", "use_orig_params" /* FSDP1 + LoRA: scenario/fsdp_lora_keys.cpp */,

@@ -301,6 +301,11 @@ struct ParallelConfig {
   int64_t pipeline_last_layers = 0;
   bool pipeline_account_for_embedding = false;
   bool pipeline_account_for_loss = false;
+  // parallel.accelerate_version (sharding fsdp2 only; scenario/fsdp2_keys.cpp): the
+  // Accelerate release whose fsdp2_prepare_model sharded the model, as 100 * major + minor
+  // (1.14 -> 114); 0 = not Accelerate (the loop's own fully_shard calls, each block then
+  // the root). It selects the grouping (sim/parallel/fsdp2_layout.h).
+  int32_t accelerate_version = 0;
 };
 
 // --- DeepSpeed ZeRO (issue #16 item 2; scenario/deepspeed_keys.h reads it, sim/parallel/

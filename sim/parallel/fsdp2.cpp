@@ -19,6 +19,15 @@ using graph::OpKind;
 using graph::Runtime;
 
 namespace {
+// The modules a layout can shard apart from the blocks, by parameter name: torchtitan's /
+// torchtune's (graph/models/decoder_impl.cpp) and transformers' (graph/models/decoder.cpp).
+bool starts_with(const std::string& name, const char* prefix) { return name.rfind(prefix, 0) == 0; }
+bool is_embedding(const std::string& n) {
+  return starts_with(n, "tok_embeddings.") || starts_with(n, "model.embed_tokens.");
+}
+bool is_output(const std::string& n) { return starts_with(n, "output.") || starts_with(n, "lm_head."); }
+bool is_final_norm(const std::string& n) { return starts_with(n, "norm.") || starts_with(n, "model.norm."); }
+
 // torch.promote_types over the floating dtypes memsim knows: equal stays, fp32 wins, and
 // bf16 with fp16 promotes to fp32.
 DType promote(DType a, DType b) { return a == b ? a : DType::fp32; }
@@ -41,6 +50,7 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   norm_with_output_ = layout.norm_with_output;
   output_keeps_ = layout.output_keeps_after_forward;
   if (tune_load_) meta_init_ = true;  // torchtune builds on the meta device
+  hf_names_ = s.model.arch.impl == graph::ModelImpl::hf;
   const DType orig_dtype = s.precision.params;
   const uint64_t elem = static_cast<uint64_t>(dtype_bytes(orig_dtype));
   const uint64_t compute_elem = model_compute_elem(s);  // param_dtype (or precision.params)
@@ -100,12 +110,12 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     size_t g = group_at(wrap.layer_of_storage.at(orig.storage), graph::Module::none);
     if (g == 0) {  // get_shard_conditions: the module's name in custom_sharded_layers
       const std::string& name = rt.param_name(p.orig);
-      if (emb_group_ != 0 && name.rfind("tok_embeddings.", 0) == 0) g = emb_group_;
-      if (out_group_ != 0 && name.rfind("output.", 0) == 0) {
+      if (emb_group_ != 0 && is_embedding(name)) g = emb_group_;
+      if (out_group_ != 0 && is_output(name)) {
         g = out_group_;
         out_param_ = static_cast<int32_t>(i);
       }
-      if (norm_with_output_ && name.rfind("norm.", 0) == 0) g = out_group_;  // [norm, output]
+      if (norm_with_output_ && is_final_norm(name)) g = out_group_;  // [norm, output]
     }
     p.group = g;
     groups_[g].params.push_back(params_.size());
@@ -117,6 +127,10 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     param_of_orig_[i] = static_cast<int32_t>(params_.size());
     params_.push_back(p);
   }
+  // A layout's separate groups must have found their modules (the names above).
+  for (size_t g : {emb_group_, out_group_})
+    if (g != 0 && groups_[g].params.empty())
+      throw std::logic_error("FSDP2 layout: no parameter named for " + group_label(g));
   // Block 0's input is the embedding's output: it requires grad only when an embedding
   // parameter is trainable (full fine-tuning; not under LoRA) or PEFT's
   // enable_input_require_grads hook makes it (graph/models/decoder.cpp requires_grad_),
@@ -247,8 +261,8 @@ Fsdp2::~Fsdp2() {
 
 std::string Fsdp2::group_label(size_t g) const {
   if (g == 0) return "the root";
-  if (g == emb_group_) return "tok_embeddings";
-  if (g == out_group_) return "output";
+  if (g == emb_group_) return hf_names_ ? "model.embed_tokens" : "tok_embeddings";
+  if (g == out_group_) return hf_names_ ? "[model.norm, lm_head]" : "output";
   return "block " + std::to_string(g - 1);
 }
 

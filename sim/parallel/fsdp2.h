@@ -145,6 +145,12 @@
 //    pre-backward at the head's first backward op, before the root's hook on the same
 //    logits, its post-backward once both gradients are in). The root owns no parameter:
 //    no all-gather, no reduce-scatter. Built on the meta device (to_empty: the shards).
+//  - Accelerate's layouts (parallel.accelerate_version; sim/parallel/fsdp2_layout.h):
+//    before v1.14 the default groups with the root resharded after forward when
+//    parallel.reshard_after_forward is true (the plugin's value passed to the root); from
+//    v1.14 torchtitan's groups over transformers' names (model.embed_tokens alone,
+//    [model.norm, lm_head] kept gathered after forward, an empty root; tied embeddings
+//    refused).
 // Left out: NCCL's own buffers; unshard_async_op / explicit prefetch lists
 // (set_modules_to_forward_prefetch); rank 0 stands for all ranks (it always holds the
 // padded chunk 0); pinned CPU memory.
@@ -313,6 +319,7 @@ class Fsdp2 : public graph::RuntimeHooks {
   size_t blocks_ = 0;             // L: groups 1..L are the blocks
   size_t emb_group_ = 0, out_group_ = 0;
   int32_t out_param_ = -1;        // output.weight (Runtime id of the module's parameter)
+  bool hf_names_ = false;         // transformers' module names in the group labels
   bool root_reshards_ = false;    // reshard_after_forward given explicitly to the root
   bool tune_load_ = false;        // load_from_full_model_state_dict, cleanup_before_training
   bool lora_to_empty_ = false;    // lora_finetune_distributed: adapters to_empty before the load

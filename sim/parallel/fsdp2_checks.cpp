@@ -117,6 +117,57 @@ void require_output_dtype_modelled(const Scenario& s) {
     refuse(s, "step.compile",
            "parallel.fsdp_output_dtype with torch.compile is not modelled");
 }
+
+// parallel.accelerate_version: which releases do what (sim/parallel/fsdp2_layout.h has the
+// grouping, docs/fsdp2.md "Accelerate's FSDP2 grouping" the source).
+void require_accelerate_version_modelled(const Scenario& s) {
+  const ParallelConfig& p = s.parallel;
+  const int32_t v = p.accelerate_version;
+  const std::string release = "Accelerate " + std::to_string(v / 100) + "." + std::to_string(v % 100);
+  if (s.model.arch.impl != graph::ModelImpl::hf || (s.model.family != ModelFamily::hf_llama &&
+                                                    s.model.family != ModelFamily::hf_gpt2))
+    refuse(s, "parallel.accelerate_version",
+           "Accelerate's fsdp2_prepare_model is modelled for transformers' models "
+           "(model.family hf-llama / hf-gpt2, model.implementation hf); use none for this "
+           "loop's own fully_shard calls");
+  // >= 1.14: transformers' Llama-family names (model.embed_tokens, model.norm, lm_head).
+  if (v >= 114 && s.model.family != ModelFamily::hf_llama)
+    refuse(s, "parallel.accelerate_version",
+           release + "'s grouping is modelled for transformers' Llama-family models "
+           "(model.family hf-llama: model.embed_tokens, model.norm, lm_head)");
+  // Tied: the tail is [final norm, embed_tokens], whose group post-forward (after the norm,
+  // its last module) registers the pre-backward hook on the norm's output: the last
+  // block's prefetch waits for the LM head's backward, where the default layout's root
+  // prefetches it at the loss's. Not modelled.
+  if (v >= 114 && s.model.tied_embeddings)
+    refuse(s, "model.tied_embeddings",
+           release + " with tied embeddings groups [final norm, embed_tokens] (kept gathered, "
+           "its pre-backward hook on the final norm's output, so the last block is "
+           "prefetched only after the LM head's backward): not modelled");
+  // v1.6.0 / v1.7.0: Accelerator.prepare_model wraps forward in autocast, then
+  // fsdp2_prepare_model; from v1.8.0 (PR #3585, d2e6b031) _prepare_fsdp2 never calls
+  // prepare_model: MixedPrecisionPolicy alone (docs/fsdp2.md "Accelerate's FSDP2 bf16 path").
+  if (v >= 108 && s.precision.autocast.has_value())
+    refuse(s, "precision.autocast",
+           release + " never autocasts an FSDP2 model (_prepare_fsdp2 skips prepare_model, "
+           "from v1.8.0): mixed_precision bf16 is MixedPrecisionPolicy(param_dtype, "
+           "reduce_dtype, output_dtype bf16) alone; use precision.autocast: none with "
+           "parallel.fsdp_mixed_precision / reduce_dtype / fsdp_output_dtype: bf16, or "
+           "parallel.accelerate_version 1.6 / 1.7 for the autocast wrapper");
+  if (v < 108 && p.fsdp_mixed_precision.has_value() && !s.precision.autocast.has_value())
+    refuse(s, "precision.autocast",
+           release + " wraps the model's forward in autocast whenever mixed precision is on "
+           "(Accelerator.prepare_model's native_amp block, before fsdp2_prepare_model): set "
+           "precision.autocast: bf16 (or a release from 1.8 for the policy alone)");
+  if (v >= 114 && s.lora.rank > 0)
+    refuse(s, "lora.rank",
+           "LoRA under " + release + "'s FSDP2 grouping is not modelled: on a PeftModel "
+           "_find_final_norm looks at the children of the CausalLM (base_model_prefix "
+           "resolves through PEFT's __getattr__ to the inner model's \"model\", i.e. "
+           "Qwen2ForCausalLM), finds no norm, so the tail is the frozen lm_head alone, whose "
+           "post-backward (at its input's gradient) and the frozen embedding's group are not "
+           "modelled; parallel.accelerate_version up to 1.13 groups as memsim models");
+}
 }  // namespace
 
 void require_fsdp2_modelled(const Scenario& s) {
@@ -136,6 +187,8 @@ void require_fsdp2_modelled(const Scenario& s) {
     refuse(s, "parallel.fsdp_mixed_precision",
            std::string("modelled for fp32 parameters cast to param_dtype; with precision.params ") +
                to_string(s.precision.params) + " use parallel.fsdp_mixed_precision: none");
+  // Which Accelerate release prepared the model comes before what its policy implies.
+  if (p.accelerate_version != 0) require_accelerate_version_modelled(s);
   // torch.autocast over fp32 unsharded parameters is modelled (docs/fsdp2.md "Autocast over
   // FSDP2"): each unsharded nn.Parameter is a leaf, so autocast's cache keeps its bf16 cast
   // until the region exits, as on one GPU. Autocast over MixedPrecisionPolicy's bf16

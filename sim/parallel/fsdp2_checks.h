@@ -20,6 +20,12 @@
 // only equal to the layers' compute dtype (fsdp_mixed_precision, else precision.params: each
 // layer's own output cast is then a no-op), in HF Trainer's loop, without autocast over fp32
 // parameters, context parallelism or step.compile.
+// parallel.accelerate_version (not none): transformers' models only (model.implementation
+// hf, family hf-llama / hf-gpt2); from 1.8 no precision.autocast (Accelerate never autocasts
+// an FSDP2 model there), before 1.8 precision.autocast required with
+// parallel.fsdp_mixed_precision (1.6 / 1.7 always wrap forward in it); from 1.14 hf-llama
+// only, no tied embeddings (the [norm, embed_tokens] tail's hooks) and no LoRA (PEFT
+// changes what _find_final_norm finds): not modelled.
 // With precision.float8_all_gather: reshard_after_forward N (torch raises
 // NotImplementedError), cpu_offload, model.moe, optimizer.in_backward with
 // float8_precompute_scale, and a Float8Linear out-features the shard group does not divide

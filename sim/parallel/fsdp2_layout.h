@@ -1,6 +1,7 @@
 // Which fully_shard calls a stack makes over the Llama model, for sim/parallel/fsdp2.h.
 //
-// Default (the hf rows; FSDP2's basic recipe, close to torchtitan's apply_fsdp before
+// Default (the hf rows without parallel.accelerate_version; FSDP2's basic recipe, close to
+// torchtitan's apply_fsdp before
 // 83e69410, which also kept the last block gathered and resharded the root):
 // fully_shard(block) for every block, then fully_shard(model) with reshard_after_forward
 // left at its default, so the root (the embeddings, the final norm, the LM head) stays
@@ -26,6 +27,29 @@
 // lora_finetune_distributed (lora.rank > 0) shards the same way; its configs give no
 // custom_sharded_layers (the root keeps tok_embeddings and output), the adapters come from
 // LoRALinear.to_empty before the base load, and every base weight is frozen.
+// Accelerate (parallel.accelerate_version; huggingface/accelerate utils/fsdp_utils.py
+// fsdp2_prepare_model, HF Trainer's FSDP2 path): fully_shard(layer, **fsdp2_kwargs) on every
+// module the auto-wrap policy picks (transformer_based_wrap: the decoder layers,
+// _no_split_modules), with fsdp2_kwargs["reshard_after_forward"] = the plugin's
+// (parallel.reshard_after_forward, default True), then:
+//  - v1.6.0 to v1.13.0 (v1.7.0 line 654, v1.13.0 line 697): fully_shard(model, **fsdp2_kwargs),
+//    the plugin's reshard_after_forward passed to the root explicitly. torch 2.11's
+//    _lazy_init keeps the root gathered only for the default None
+//    (_auto_reshard_after_forward; docs/fsdp2.md "torch 2.11 against the version
+//    modelled"), so with True the root (embeddings, final norm, lm_head) reshards after
+//    forward and is gathered again by its pre-backward: root_reshards.
+//  - v1.14.0 on (PR #4015, 60b5c258; the same at 16cb6eb8, 1.15.0.dev0): before the root,
+//    fully_shard(get_input_embeddings(), **fsdp2_kwargs) unless the input and output
+//    embeddings share their weight, then fully_shard([final norm, lm_head],
+//    reshard_after_forward=False) (_find_final_norm: the last child of
+//    getattr(model, base_model_prefix) whose class name has "Norm": model.norm), then
+//    fully_shard(model) without reshard_after_forward (the root, holding no parameter, keeps
+//    the default). That is torchtitan's grouping with the embedding resharding as the
+//    blocks do. With tied embeddings the tail is [final norm, embed_tokens] (the embedding
+//    not sharded alone), kept gathered from the embedding's forward to the final callback,
+//    its pre-backward hook on the final norm's output (the group's post-forward runs after
+//    its last module): refused (sim/parallel/fsdp2_checks.cpp), not the default layout,
+//    whose root prefetches the last block at the loss's backward.
 // When a block's post-backward runs is not a layout question: sim/parallel/fsdp2.h (every
 // layout: once the block's input gradient is complete, RegisterPostBackwardFunction).
 #pragma once
@@ -35,8 +59,8 @@
 namespace memsim {
 
 struct Fsdp2Layout {
-  bool separate_embedding = false;  // fully_shard(model.tok_embeddings)
-  bool separate_output = false;     // fully_shard(model.output)
+  bool separate_embedding = false;  // fully_shard(model.tok_embeddings / model.model.embed_tokens)
+  bool separate_output = false;     // fully_shard(model.output / model.lm_head)
   // fully_shard(model, reshard_after_forward=True) given explicitly: torch 2.11's
   // _lazy_init honours it for the root (only the default None keeps the root gathered).
   bool root_reshards = false;
@@ -45,10 +69,12 @@ struct Fsdp2Layout {
   bool torchtune_load = false;
   // torchtune's output runs once per logits chunk (eight calls, per-call hooks); torchtitan's once.
   bool output_per_call = false;
-  // torchtitan: the final norm is in the output's group (fully_shard([norm, output])).
+  // torchtitan, Accelerate >= 1.14: the final norm is in the output's group
+  // (fully_shard([norm, output])).
   bool norm_with_output = false;
   // torchtitan: the [norm, output] group keeps its parameters after forward unless the
-  // policy is "always" (memsim: the blocks' parallel.reshard_after_forward never gives it).
+  // policy is "always" (memsim: the blocks' parallel.reshard_after_forward never gives it);
+  // Accelerate >= 1.14 always passes reshard_after_forward=False to it.
   bool output_keeps_after_forward = false;
   // lora_finetune_distributed (lora.rank > 0; recipes/lora_finetune_distributed.py @a6290a5b
   // lines 479-511): each LoRALinear's to_empty gives the adapters their shards after
@@ -58,6 +84,17 @@ struct Fsdp2Layout {
 
 inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
   Fsdp2Layout l;
+  if (const int32_t v = s.parallel.accelerate_version; v != 0) {  // hf rows (fsdp2_checks.cpp)
+    if (v < 114) {
+      l.root_reshards = s.parallel.reshard_after_forward;
+    } else {  // untied transformers' Llama family (tied is refused: fsdp2_checks.cpp)
+      l.separate_embedding = true;
+      l.separate_output = true;
+      l.norm_with_output = true;
+      l.output_keeps_after_forward = true;  // reshard_after_forward=False
+    }
+    return l;
+  }
   if (s.model.arch.impl == graph::ModelImpl::torchtitan) {
     l.separate_embedding = true;
     l.separate_output = true;

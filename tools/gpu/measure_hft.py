@@ -164,12 +164,13 @@ RUNS_S10 = [
              "fsdp_version=2, transformer_based_wrap)).prepare(model, optimizer) on the fake "
              "process group (initialised first, so accelerate reuses it), accelerator.backward; "
              "records the policy and the FSDP2 modules it built (1.14+ also shards the "
-             "embedding and [final norm, lm_head] as groups: PR #4015, not modelled by memsim)"),
+             "embedding and [final norm, lm_head] as groups: PR #4015, memsim's "
+             "parallel.accelerate_version since wt/accel114)"),
 ]
 for _sp in RUNS_S10:
     _sp["accelerate_real"] = _sp["name"].endswith("_accelerate")
-    if _sp["accelerate_real"]:  # memsim has no scenario of Accelerate 1.14+'s grouping
-        _sp["scenario"] = None
+    # Accelerate 1.14+'s grouping: parallel.accelerate_version (its scenario and prediction
+    # come from tools/gpu/predict_hft_s10_accelerate.py, made after the run was prepared).
 
 
 def estimate(sp):

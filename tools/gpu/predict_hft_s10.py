@@ -20,6 +20,7 @@ the development machine (no GPU needed):
    the memsim commit. tests/data/gpu/hft_predictions.json (the first runs', measured) is
    not touched.
 """
+import json
 import os
 import sys
 
@@ -36,7 +37,9 @@ MP_KEYS = {"param_dtype": "fsdp_mixed_precision", "reduce_dtype": "reduce_dtype"
            "output_dtype": "fsdp_output_dtype"}
 
 
-# The real-Accelerate run: memsim has no key for the grouping Accelerate 1.14+ builds.
+# The real-Accelerate run as first recorded, when memsim had no key for the grouping
+# Accelerate 1.14+ builds (kept as history; the later prediction with
+# parallel.accelerate_version is tools/gpu/predict_hft_s10_accelerate.py's "RUN@accelerate_version").
 NOT_MODELLED = (
     "not modelled: Accelerate >= 1.14's fsdp2_prepare_model (huggingface/accelerate PR #4015, "
     "60b5c258; 16cb6eb8 src/accelerate/utils/fsdp_utils.py) also calls fully_shard on the "
@@ -103,6 +106,11 @@ def main():
         out[sp["name"]] = entry
     if a.scenarios_only:
         return
+    # Later entries ("RUN@what", tools/gpu/predict_hft_s10_accelerate.py) are kept.
+    if os.path.exists(OUT):
+        with open(OUT) as f:
+            later = {k: v for k, v in json.load(f)["predictions"].items() if "@" in k}
+        out.update(later)
     pc.write_predictions(
         OUT,
         "memsim's blind predictions for tools/gpu/measure_hft.py --s10's runs, committed "
