@@ -82,6 +82,16 @@ PartClass op_class(OpKind k, PartitionerVersion v) {
     // torch/_decomp/decompositions.py _fused_rms_norm into to / pow / mean / add / rsqrt /
     // mul, so recomputable and fused like layer_norm.
     case OpKind::fused_rms_norm:
+    // torchtune's RotaryPositionalEmbeddings (OpKind::rope_pairs): x.float().reshape(..., -1,
+    // 2), the cache's view, mul / sub / add, torch.stack (Inductor: unsqueeze + cat),
+    // flatten, type_as: every op in get_default_op_list's recomputable and view lists
+    // (pytorch c28ba8e5 torch/_functorch/partitioners.py), all pointwise for Inductor.
+    case OpKind::rope_pairs:
+    // nll_loss_forward / nll_loss_backward: decomposed for Inductor (torch/_decomp/
+    // decompositions.py: gather, where, sum; the backward's zeros + scatter read only the
+    // input's shape), so the log-probabilities it reads are recomputable and fusible.
+    // Only the compiled loss (CompileScope::loss) records it in a region.
+    case OpKind::nll_loss:
       return PartClass::recomputable;
     // torchtitan's apply_rotary_emb (OpKind::rope_complex: view_as_complex, complex mul,
     // view_as_real, flatten): view_as_complex / view_as_real are in none of the
@@ -116,7 +126,8 @@ CompileEngine::~CompileEngine() {
 bool CompileEngine::wants(CompileScope scope) const {
   // A forward under no_grad records no autograd graph, so there is nothing to partition
   // and no reader information for fusion: it runs eagerly (docs/compile.md, limits).
-  return !recording_ && options_.scope == scope && rt_.grad_enabled;
+  const bool on = options_.scope == scope || (scope == CompileScope::loss && options_.compile_loss);
+  return !recording_ && on && rt_.grad_enabled;
 }
 
 Tensor CompileEngine::run(const std::function<Tensor()>& fn) {
@@ -169,8 +180,13 @@ void CompileEngine::on_node(int32_t node, OpKind kind, std::initializer_list<con
     if (t != nullptr && t->defined() && t->storage != kNoStorage) n.inputs.push_back(t->storage);
   // The op's outputs were allocated just before its node (memsim's ops allocate first);
   // an allocation of another op since the last node had no node (grad off: a constant).
+  // A composite pointwise op whose temporaries carry their own aten op (torchtune's RoPE:
+  // x.float(), the mul / sub / add halves, the stack, type_as) has one node for all of
+  // them: they are its products, computed from its inputs.
+  const bool composite = kind == OpKind::rope_pairs;
   for (size_t i = pending_; i < vertices_.size(); ++i)
-    if (vertices_[i].op == kind) vertices_[i].producer = static_cast<int32_t>(nodes_.size());
+    if (composite || vertices_[i].op == kind)
+      vertices_[i].producer = static_cast<int32_t>(nodes_.size());
   pending_ = vertices_.size();
   nodes_.push_back(std::move(n));
 }

@@ -57,12 +57,17 @@ namespace memsim::graph {
 // Where the compiled regions are: `model` = torch.compile(model) with the loss computed
 // outside (a graph break at the model's return); `block` = torchtitan's per-block
 // compile (each transformer block its own graph; embeddings, final norm, head eager).
-enum class CompileScope : uint8_t { model, block };
+// `loss`: a loss function compiled alone (torchtune's compile_loss: each output chunk's
+// compute_cross_entropy is its own graph), on when CompileOptions::compile_loss is.
+enum class CompileScope : uint8_t { model, block, loss };
 
 struct CompileOptions {
   CompileScope scope = CompileScope::model;
   double memory_budget = 1.0;  // torch._functorch.config.activation_memory_budget
   PartitionerVersion partitioner = PartitionerVersion::torch25;
+  // torchtune's training.compile_loss (recipes call it with `compile: True`): the chunked
+  // loss's compute_cross_entropy is compiled as well, whatever `scope` is.
+  bool compile_loss = false;
 };
 
 // What one compiled region kept, for tests and reports.

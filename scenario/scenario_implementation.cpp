@@ -166,11 +166,30 @@ void check_implementation(const Doc& d, const Scenario& s) {
     refuse("step.compile_scope",
            "torchtitan compiles each TransformerBlock (apply_compile); torch.compile of its "
            "whole model is not modelled: use step.compile_scope: block");
-  if (s.step.compile && !titan)
-    refuse("step.compile", "torch.compile is not modelled with " + stack + "'s model code yet" +
-                               (lit ? std::string(" (litgpt pretrain.py compiles the whole model; "
-                                                  "finetune/full.py does not)")
-                                    : std::string()));
+  // torchtune's `compile: True` (torchtune a6290a5b recipes/full_finetune_*.py):
+  // training.compile_model compiles each TransformerSelfAttentionLayer in place (block
+  // scope) and training.compile_loss the chunked loss's compute_cross_entropy
+  // (docs/compile.md "torchtune's code"). Its recipes apply activation checkpointing
+  // *after* compiling, so torch.utils.checkpoint runs eagerly around each compiled layer
+  // (the compiled forward's saved set becomes the checkpoint's placeholders and is
+  // recomputed by re-running the compiled forward): not torchtitan's tagged region, and
+  // not modelled.
+  if (s.step.compile && !titan && !lit) {
+    if (s.step.compile_scope != CompileRegions::block)
+      refuse("step.compile_scope",
+             "torchtune's compile_model compiles each TransformerSelfAttentionLayer "
+             "(m.compile()); torch.compile of its whole model is not what its recipes do: "
+             "use step.compile_scope: block");
+    if (s.checkpoint.policy != CheckpointPolicy::none)
+      refuse("checkpoint.policy",
+             "torchtune checkpoints the layers after compiling them (eager "
+             "torch.utils.checkpoint around each compiled layer), which is not modelled "
+             "with step.compile; use checkpoint.policy: none or step.compile: false");
+  }
+  if (s.step.compile && lit)
+    refuse("step.compile", "torch.compile is not modelled with " + stack +
+                               "'s model code yet (litgpt pretrain.py compiles the whole "
+                               "model; finetune/full.py does not)");
   if (!titan && !lit && s.batch.seq_len % 8 != 0)  // torchtune only (litgpt's chunks are 128 rows)
     refuse("batch.seq_len",
            "torchtune's output is h.chunk(8, dim=1): uneven chunks (seq_len not a multiple of 8) "

@@ -59,6 +59,9 @@ const std::map<std::string, Claim>& claims() {
       // model.implementation torchtitan / torchtune, full checkpointing: the AdamW step.
       {"llama3-8b-torchtitan-seq8192-h200.yaml", {true, std::nullopt, 74.85}},
       {"llama3-8b-torchtune-seq8192-h200.yaml", {true, std::nullopt, 74.85}},
+      // torchtune's compile: True (per-layer compile_model + compile_loss), no checkpointing:
+      // the peak is in the backward (docs/compile.md "torchtune's code").
+      {"llama3-8b-torchtune-compile-h200.yaml", {true, std::nullopt, 86.64}},
       {"llama3-8b-litgpt-b4-seq512-h200.yaml", {true, std::nullopt, 75.83}},
       // LitGPT's LoRA (finetune/lora.py) on attn.proj and the MLP: the head's fp32 chunk
       // copies of the next micro-batch while the loop still holds the previous list.

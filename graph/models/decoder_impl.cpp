@@ -310,8 +310,8 @@ Tensor DecoderModel::forward_tune(const Tensor& ids) {
   Inputs extra = {Tensor(), Tensor(), Tensor(), Tensor()};  // the RoPE module holds its cache
   h = run_layers(rt_, static_cast<int32_t>(s_.layers), std::move(h), extra,
                  [this](int32_t l, const Tensor& in, const Inputs& ex) {
-                   // step.compile_scope: block: torchtitan's apply_compile compiles each
-                   // TransformerBlock (graph/compile.h; fully_shard wraps the compiled block).
+                   // step.compile_scope: block: torchtune's compile_model compiles each
+                   // TransformerSelfAttentionLayer in place (m.compile(); graph/compile.h).
                    return compile_region(
                        rt_, CompileScope::block, [&] { return layer(l, in, ex); }, l);
                  });
@@ -392,11 +392,18 @@ Tensor DecoderModel::loss_tune(const Tensor& labels) {
     const Tensor& logits = chunks_[i];
     const uint64_t le = logits.bytes / (rows * V);
     // compute_cross_entropy: F.cross_entropy(logits.float(), labels, reduction="sum").
-    Tensor x = le == 4 ? logits : to_copy(rt_, logits, logits.bytes / le * 4);
-    Tensor logp = log_softmax(rt_, x);
-    Tensor ce = nll_loss(rt_, logp, targets[i], 4);
-    logp.reset();
-    x.reset();
+    // With `compile: True` the recipe's training.compile_loss compiles this method alone
+    // (torchtune a6290a5b torchtune/training/_compile.py): each chunk is its own graph
+    // (CompileScope::loss; docs/compile.md "torchtune's code").
+    const Tensor& target = targets[i];
+    Tensor ce = compile_region(rt_, CompileScope::loss, [&] {
+      Tensor x = le == 4 ? logits : to_copy(rt_, logits, logits.bytes / le * 4);
+      Tensor logp = log_softmax(rt_, x);
+      Tensor c = nll_loss(rt_, logp, target, 4);
+      logp.reset();
+      x.reset();
+      return c;
+    });
     // `total_loss += ...`: 0.0 + ce the first time (a new scalar), in place after; the
     // chunk's loss is a temporary of the statement.
     total = i == 0 ? add_scalar(rt_, ce) : add_(rt_, total, ce);

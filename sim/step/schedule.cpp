@@ -181,6 +181,8 @@ class Loop {
       o.scope = s_.step.compile_scope == CompileRegions::block ? graph::CompileScope::block
                                                                : graph::CompileScope::model;
       o.memory_budget = s_.step.compile_memory_budget;
+      // torchtune's recipes call training.compile_loss with `compile: True` as well.
+      o.compile_loss = s_.model.arch.impl == graph::ModelImpl::torchtune;
       compile_ = std::make_unique<graph::CompileEngine>(rt_, o);
     }
     // Accelerate's FSDP2 and FSDP1 bf16 paths: autocast over bf16 unsharded parameters
