@@ -19,6 +19,7 @@
 #include "decoder_arch_test_support.h"
 #include "json_test_support.h"
 #include "moe_fixture_test_support.h"
+#include "scenario/peft_input_grads_key.h"
 #include "scenario/scenario.h"
 #include "sim/analysis/parameter_count.h"
 #include "torch_fixture_test_support.h"
@@ -47,6 +48,13 @@ std::string lora_yaml(const nlohmann::json& l) {
   return y;
 }
 
+// PEFT's prepare_model_for_kbit_training (lora.prepare_kbit, scenario/peft_kbit_key.h): the
+// fixture's stand-in freezes, casts nothing (fp32), hooks the embedding output and
+// checkpoints every layer reentrantly; the key alone must give memsim all of that.
+std::string prepare_yaml(const nlohmann::json& c) {
+  return c.value("prepare_kbit", false) ? "  prepare_kbit: true\n" : "";
+}
+
 std::string run_yaml(const nlohmann::json& c) {
   std::string y;
   // Every layer checkpointed, non-reentrant; torch 1.13 re-runs the whole layer.
@@ -73,13 +81,14 @@ Scenario deepseek_scenario_for(const nlohmann::json& c, const std::string& name)
   y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
        "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
   y += "precision:\n  params: " + c.value("dtype", std::string("fp32")) + "\n";
-  return load_scenario_text(y + lora_yaml(c["lora"]) + run_yaml(c), "deepseek-qlora-fixture.yaml");
+  return load_scenario_text(y + lora_yaml(c["lora"]) + prepare_yaml(c) + run_yaml(c),
+                            "deepseek-qlora-fixture.yaml");
 }
 
 // A MoE fixture's run: its MoE block, the 4-bit linears and PEFT's adapters.
 Scenario scenario_for(const nlohmann::json& c, const std::string& name) {
   if (c.contains("hf_config")) return deepseek_scenario_for(c, name);
-  const std::string y = memsim_test::fixture_shape_yaml(c) + lora_yaml(c["lora"]) + run_yaml(c);
+  const std::string y = memsim_test::fixture_shape_yaml(c) + lora_yaml(c["lora"]) + prepare_yaml(c) + run_yaml(c);
   // The MoE block is set after loading (the fixture's forced counts); the overrides give the
   // reader a MoE model to check the LoRA keys against.
   Scenario s = load_scenario_text(y, "moe-qlora-fixture.yaml",
@@ -107,7 +116,7 @@ TEST_CASE("QLoRA on MoE models matches real PyTorch training steps (CPU fixtures
   for (const auto& entry : std::filesystem::directory_iterator(kDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() == 8);
+  REQUIRE(files.size() == 9);
   memsim_test::print_fixture_table_header();
   for (const auto& path : files) {
     const nlohmann::json fx = memsim_test::load_json(path);
@@ -140,6 +149,27 @@ TEST_CASE("QLoRA on MoE models matches real PyTorch training steps (CPU fixtures
     CHECK(real_bw > 0);
     CHECK(sim_bw == real_bw / 2 * 3);
     if (fx["config"].value("checkpoint", std::string("none")) == "full") CHECK(real_bw > real_fw);
+    if (fx["config"].value("prepare_kbit", false)) {
+      // What the key set: every layer, reentrant, the embedding-output hook.
+      CHECK(scenario.checkpoint.policy == CheckpointPolicy::full);
+      CHECK(scenario.checkpoint.reentrant == std::optional<bool>(true));
+      CHECK(lora_input_require_grads(scenario));
+      CHECK(real_bw > real_fw);  // the reentrant re-run dequantises again
+      // Exact up to layer 0's experts backward: the real peak comes there, where torch 1.13
+      // CPU's IndexBackward0 (zeros + index_put_(accumulate=True)) allocates a second
+      // (tokens, d_model) buffer next to its zeros (the trace's `new_zeros` then `index_put`,
+      // 16 KiB each), which the CUDA path memsim models does not. Before it, the highest
+      // point is the end of layer 0's reentrant re-run, with the whole re-run graph alive.
+      const uint64_t base = fx["marks"]["measured_step_begin"]["total"];
+      int64_t live = 0, high = 0;
+      for (const auto& ev : fx["events"]) {
+        const bool alloc = ev[0] == "alloc";
+        if (alloc && ev[3] == "backward" && ev[4] == 0 && ev[1] == "index_put" && ev[2] == 16384) break;
+        live += alloc ? ev[2].get<int64_t>() : -ev[2].get<int64_t>();
+        high = std::max(high, live);
+      }
+      CHECK(base + static_cast<uint64_t>(high) == memsim_test::walk(program).step_peak);
+    }
   }
 }
 

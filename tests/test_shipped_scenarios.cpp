@@ -100,6 +100,8 @@ const std::map<std::string, Claim>& claims() {
       {"llama2-7b-lora-ddp-8xa100.yaml", {true, std::nullopt, 58.73}},
       // QLoRA NF4 r64 all-linear, full (non-reentrant) checkpointing, 1 x 512 tokens.
       {"llama2-7b-qlora-rtx4090.yaml", {true, std::nullopt, 6.70}},
+      // lora.prepare_kbit on an fp32 load: reentrant checkpointing, the input hook.
+      {"llama2-7b-qlora-prepare-kbit-rtx4090.yaml", {true, std::nullopt, 7.21}},
       // step.kind generate (issue #17): 8 x (3968 + 128) tokens, DynamicCache; the peak is
       // the prefill's eager attention scores in the last layer.
       {"llama2-7b-generate-a100.yaml", {true, std::nullopt, 66.82}},
