@@ -156,7 +156,8 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
 
 void Fsdp::upcast_shards(Runtime& rt) {
   // accelerate @16cb6eb8 accelerator.py prepare_model: for module in FSDP.fsdp_modules(model)
-  // (module pre-order: the root first), `param.data = param.data.to(torch.float32)` on its
+  // (torch/distributed/fsdp/_traversal_utils.py _get_fsdp_states_with_modules: the
+  // module.modules() order, the root first), `param.data = param.data.to(torch.float32)` on its
   // _flat_param (the bf16 shard): an fp32 copy allocated, the FlatParameter's data swapped
   // to it. The bf16 storage goes at once unless something else views it: with
   // use_orig_params=True the original parameters are 1-D views of it (pytorch/pytorch
