@@ -19,6 +19,14 @@ bool accelerate_fsdp1_amp(const Scenario& s) {
          s.parallel.fsdp_mixed_precision.has_value();
 }
 
+bool accelerate_fsdp1_upcast(const Scenario& s) {
+  return accelerate_fsdp1_amp(s) && s.precision.params != DType::fp32;
+}
+
+uint64_t trained_param_elem(const Scenario& s) {
+  return accelerate_fsdp1_upcast(s) ? 4 : static_cast<uint64_t>(dtype_bytes(s.precision.params));
+}
+
 namespace {
 // x.to(dtype) of a forward output at the root's boundary (module none, outside the layers).
 Tensor boundary_copy(Runtime& rt, const Tensor& x, uint64_t bytes, const char* name) {

@@ -76,6 +76,20 @@ bool accelerate_fsdp2_amp(const Scenario& s);
 // FSDP2, autocast over the bf16 views casts nothing (the comment above): no graph::Autocast.
 bool accelerate_fsdp1_amp(const Scenario& s);
 
+// Accelerate's FSDP1 path over a model loaded in 16 bits (precision.params bf16:
+// transformers 5.x's from_pretrained dtype="auto" on a bf16 checkpoint). accelerate
+// @16cb6eb8 accelerator.py prepare_model, after FSDP(model, ...) and with mixed precision
+// on: every FSDP module whose _flat_param requires grad and is not fp32 gets
+// `param.data = param.data.to(torch.float32)` and `_handle._orig_param_dtype = float32`
+// (warning "Upcasted low precision parameters in ... because mixed precision turned on in
+// FSDP"). So the module is built, synced, flattened and sharded in bf16 and the optimizer
+// steps fp32 shards (sim/parallel/fsdp.h "Accelerate's upcast"). precision.params is then
+// the dtype the model is loaded in; the trained shards are fp32 (trained_param_elem).
+bool accelerate_fsdp1_upcast(const Scenario& s);
+// Bytes per element of the parameters the optimizer steps: 4 under the upcast above,
+// else precision.params'.
+uint64_t trained_param_elem(const Scenario& s);
+
 void convert_outputs_to_fp32(graph::Runtime& rt, graph::Tensor& loss, graph::Tensor& logits,
                              uint64_t logits_numel);
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "scenario/transformers_version.h"
+#include "sim/parallel/accelerate_amp.h"
 #include "sim/step/loss_placement.h"
 
 namespace memsim {
@@ -54,6 +55,20 @@ void require_accelerate_fsdp1_modelled(const Scenario& s) {
   if (!s.precision.autocast_cache)
     refuse(s, "precision.autocast_cache",
            "Accelerate's autocast keeps the default cache_enabled=True");
+  // A model loaded in 16 bits: Accelerate upcasts its shards after wrapping
+  // (accelerate_amp.h accelerate_fsdp1_upcast). Modelled for bf16 (transformers 5.x's
+  // dtype="auto" on a bf16 checkpoint); with use_orig_params the bf16 shard lives until
+  // each unit's first post-forward reshard, which SHARD_GRAD_OP skips (it keeps the
+  // unsharded views: _use_sharded_flat_param's skip_use_sharded_views): not modelled.
+  if (s.precision.params != DType::fp32 && s.precision.params != DType::bf16)
+    refuse(s, "precision.params",
+           "Accelerate's FSDP1 upcast of a 16-bit model is modelled for a model loaded in "
+           "bf16 (precision.params bf16) or fp32");
+  if (s.precision.params != DType::fp32 && p.use_orig_params && !p.reshard_after_forward)
+    refuse(s, "parallel.reshard_after_forward",
+           "a bf16-loaded model under Accelerate's FSDP1 upcast with use_orig_params and "
+           "SHARD_GRAD_OP (the original parameters keep viewing the bf16 shards past the "
+           "forward) is not modelled; modelled with reshard_after_forward true (full_shard)");
   if (p.cpu_offload)
     refuse(s, "parallel.cpu_offload",
            "Accelerate's FSDP1 bf16 path with CPUOffload is not modelled");
@@ -78,11 +93,14 @@ void require_sync_module_states_modelled(const Scenario& s) {
            "hf-llama, model.implementation hf), whose only buffers are fp32 rotary tables; "
            "other models' buffers (GPT-2's bool masks, other stacks' caches) would make "
            "buckets of several dtypes, which is not modelled");
-  if (s.precision.params != DType::fp32 ||
+  // Buckets per dtype (sim/parallel/fsdp_sync_states.h) are checked for fp32 buffers with
+  // bf16 parameters on Accelerate's FSDP1 upcast path (no adapters there).
+  if ((s.precision.params != DType::fp32 && !accelerate_fsdp1_upcast(s)) ||
       (s.lora.rank > 0 && s.lora.adapter_dtype != DType::fp32))
     refuse(s, "parallel.fsdp_sync_module_states",
-           "the broadcast buckets are modelled when the parameters and the fp32 buffers "
-           "share one dtype: precision.params fp32 (and fp32 adapters)");
+           "the broadcast buckets are modelled for fp32 parameters (and fp32 adapters), and "
+           "for a bf16-loaded model on Accelerate's FSDP1 path (precision.autocast and "
+           "parallel.fsdp_mixed_precision bf16)");
 }
 
 }  // namespace memsim

@@ -11,13 +11,17 @@
 // transformers' Llama / Mistral / Qwen2, autocast_region other than forward-and-loss,
 // autocast_cache false, CPU offload, and activation checkpointing with transformers 4.x
 // (its checkpoint wraps the FSDP-wrapped layer from the outside, whose recompute passes
-// through FSDP's forward hooks: not modelled).
+// through FSDP's forward hooks: not modelled). A model loaded in 16 bits (Accelerate's
+// upcast, sim/parallel/accelerate_amp.h accelerate_fsdp1_upcast): bf16 is modelled; fp16
+// is refused (precision.params), and so is use_orig_params with reshard_after_forward false
+// (parallel.reshard_after_forward: its bf16 shards would outlive the forward).
 //
 // require_sync_module_states_modelled(s): parallel.fsdp_sync_module_states (the plugin's
 // sync_module_states, HF Trainer's default) is modelled where every buffer and parameter
 // broadcast has one dtype (sim/parallel/fsdp_sync_states.h buckets one dtype): transformers'
 // decoder rows (model.family hf-llama, model.implementation hf: fp32 rotary buffers only)
-// with fp32 parameters and adapters; refused by key otherwise.
+// with fp32 parameters and adapters, or bf16-loaded parameters on Accelerate's upcast path
+// (fp32 buffers and bf16 parameters: per-dtype buckets); refused by key otherwise.
 #pragma once
 
 #include "scenario/scenario.h"

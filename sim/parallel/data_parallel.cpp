@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "sim/parallel/accelerate_amp.h"
 #include "sim/parallel/fsdp2_checks.h"
 #include "sim/parallel/deepspeed_checks.h"
 #include "sim/parallel/zero_sharding.h"
@@ -39,7 +40,9 @@ void require_data_parallel_modelled(const Scenario& s) {
     require_deepspeed_modelled(s);
     return;
   }
-  if (p.fsdp_mixed_precision && s.precision.params != DType::fp32)
+  // Accelerate's FSDP1 path upcasts a 16-bit model's shards itself (accelerate_amp.h
+  // accelerate_fsdp1_upcast; sim/parallel/accelerate_fsdp1_checks.h admits bf16).
+  if (p.fsdp_mixed_precision && s.precision.params != DType::fp32 && !accelerate_fsdp1_amp(s))
     throw ScenarioError(s.source + ": parallel.fsdp_mixed_precision: FSDP MixedPrecision casts "
                         "fp32 parameters for compute; with precision.params " +
                         std::string(to_string(s.precision.params)) +

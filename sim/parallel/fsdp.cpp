@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "scenario/fsdp_precision.h"
+#include "sim/parallel/accelerate_amp.h"
 #include "sim/parallel/fsdp_sync_states.h"
 #include "sim/parallel/wrap_units.h"
 #include "sim/step/loss_placement.h"
@@ -21,7 +22,8 @@ using graph::Tensor;
 Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     : rt_(&rt),
       d_(static_cast<uint64_t>(s.parallel.data)),
-      elem_(static_cast<uint64_t>(dtype_bytes(s.precision.params))),
+      elem_(trained_param_elem(s)),
+      load_elem_(static_cast<uint64_t>(dtype_bytes(s.precision.params))),
       compute_elem_(model_compute_elem(s)),
       reshard_after_forward_(s.parallel.reshard_after_forward),
       offload_(s.parallel.cpu_offload),
@@ -37,14 +39,16 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
   // it computes with), but the module is created, wrapped and sharded in
   // precision.params: its construction allocations are that size. The original
   // parameters keep their param_dtype size (what their views and gradients are).
-  if (compute_elem_ != elem_) {
+  // (Accelerate's upcast: the model is built in bf16 = param_dtype, nothing to resize.)
+  if (compute_elem_ != load_elem_) {
     for (MemoryEvent& e : program.events) {
       if (e.type != EventType::alloc || e.kind != TensorKind::parameter) continue;
-      e.bytes = e.bytes / compute_elem_ * elem_;
+      e.bytes = e.bytes / compute_elem_ * load_elem_;
       program.tensors[e.tensor].bytes = e.bytes;
     }
-    for (graph::Parameter& p : rt.parameters()) p.elem = static_cast<uint8_t>(compute_elem_);
   }
+  if (compute_elem_ != elem_)
+    for (graph::Parameter& p : rt.parameters()) p.elem = static_cast<uint8_t>(compute_elem_);
   // fsdp_init cpu: the model was built off the GPU; FSDP(device_id=...) moves each unit
   // to the GPU just before flattening it. The parameters' GPU allocations, emitted by
   // the model's construction, move from there to their unit's wrap (setup events only:
@@ -95,9 +99,15 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     for (const MemoryEvent& e : moved[u]) program.events.push_back(e);  // unit.to(device)
     if (s.parallel.fsdp_sync_module_states) {  // broadcast from rank 0 (fsdp_sync_states.h)
       std::vector<uint64_t> states = buffer_bytes[u];  // buffers first, then parameters
-      for (int32_t p : unit.params) states.push_back(rt.parameters()[p].bytes / compute_elem_ * elem_);
+      // Dtype keys (bytes per element): the buffers are fp32 rotary tables
+      // (require_sync_module_states_modelled), the parameters as loaded.
+      std::vector<int> dtypes(states.size(), 4);
+      for (int32_t p : unit.params) {
+        states.push_back(rt.parameters()[p].bytes / compute_elem_ * load_elem_);
+        dtypes.push_back(static_cast<int>(load_elem_));
+      }
       std::deque<Tensor> flats;
-      for (const int64_t ev : sync_broadcast_events(states, kFsdpSyncBucketBytes)) {
+      for (const int64_t ev : sync_broadcast_events(states, kFsdpSyncBucketBytes, dtypes)) {
         if (ev > 0) {
           flats.push_back(named(rt, rt.alloc(static_cast<uint64_t>(ev), TensorKind::temporary, OpKind::other),
                                 u, "sync_module_states broadcast bucket"));
@@ -114,7 +124,7 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     unit.padded_numel = layout.padded_numel;
     unit.padded_bytes = unit.padded_numel * elem_;
     unit.padding = layout.padding;
-    Tensor flat = named(rt, rt.alloc(unit.padded_bytes, TensorKind::parameter, OpKind::other), u,
+    Tensor flat = named(rt, rt.alloc(unit.padded_numel * load_elem_, TensorKind::parameter, OpKind::other), u,
                         "FlatParameter (wrap)");
     // The original parameters become views of the flat parameter: their storages go.
     // (The Runtime's module reference stays, so they are never freed a second time.)
@@ -122,7 +132,7 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
       program.free(rt.parameters()[p].storage, Phase::setup, wrap_op, rt.ctx.layer);
     // What the optimizer steps: its Adam state is named after it ("exp_avg of FSDP
     // flat_param shard of block 7").
-    unit.shard = rt.add_parameter(unit.padded_bytes / d_,
+    unit.shard = rt.add_parameter(unit.padded_numel / d_ * load_elem_,
                                   rt.program().str(unit_name(rt, u, "FSDP flat_param shard")));
     // use_orig_params: where each original parameter lies in the flat parameter, for the
     // views the optimizer steps (add_views).
@@ -134,14 +144,60 @@ Fsdp::Fsdp(Runtime& rt, const Scenario& s)
     if (offload_)
       program.free(rt.parameters()[unit.shard].storage, Phase::setup, offload_op, rt.ctx.layer);
   }
+  if (elem_ != load_elem_) upcast_shards(rt);  // Accelerate's prepare_model, after FSDP(...)
   rt.ctx = saved;
   unit_of_param_.resize(rt.parameters().size(), 0);  // shards: never get autograd grads
-  if (orig_params_) add_views(rt);
+  if (orig_params_) add_views(rt);  // of the (upcast) shards the optimizer steps
   unit_of_param_.resize(rt.parameters().size(), 0);  // views: never used by the graph
   stamp_.resize(rt.parameters().size(), 0);
   rt.hooks = this;
   rt.param_hooks = peft_wrap_;
 }
+
+void Fsdp::upcast_shards(Runtime& rt) {
+  // accelerate @16cb6eb8 accelerator.py prepare_model: for module in FSDP.fsdp_modules(model)
+  // (torch/distributed/fsdp/_traversal_utils.py _get_fsdp_states_with_modules: the
+  // module.modules() order, the root first), `param.data = param.data.to(torch.float32)` on its
+  // _flat_param (the bf16 shard): an fp32 copy allocated, the FlatParameter's data swapped
+  // to it. The bf16 storage goes at once unless something else views it: with
+  // use_orig_params=True the original parameters are 1-D views of it (pytorch/pytorch
+  // @01caf79e torch/distributed/fsdp/_flat_param.py _use_sharded_views: `param.data =
+  // flat_param[offset : offset + numel_in_shard]`), and they keep it until the unit's first
+  // post-forward reshard re-points them at the fp32 shard (_use_sharded_flat_param ->
+  // _use_sharded_views; the pre-unshard's _writeback_orig_params copies their values into
+  // the fp32 shard in place first: no allocation). That includes the root, whose post-forward
+  // reshard switches views without freeing the gathered parameters.
+  Program& program = rt.program();
+  const uint32_t op = program.intern("Accelerate upcast (param.data.to(float32))");
+  for (const size_t u : module_order_) {
+    Unit& unit = units_[u];
+    if (!unit.requires_grad) continue;  // Accelerate upcasts only flat params requiring grad
+    rt.ctx.layer = unit.layer;
+    graph::Parameter& shard = rt.parameters()[unit.shard];
+    const uint32_t loaded = shard.storage;
+    const uint32_t fp32 = rt.alloc_raw(unit.padded_bytes / d_, TensorKind::parameter, OpKind::other);
+    program.tensors[fp32].name = program.tensors[loaded].name;  // the parameter's name
+    program.tensors[fp32].module = program.tensors[loaded].module;
+    shard.storage = fp32;
+    shard.bytes = unit.padded_bytes / d_;
+    if (orig_params_) {
+      unit.loaded_shard = loaded;  // freed by drop_loaded_shard at the unit's post-forward
+      program.tensors[loaded].name = unit_name(rt, u, "FSDP bf16 shard viewed by the original parameters");
+    } else {
+      program.free(loaded, Phase::setup, op, rt.ctx.layer);
+    }
+  }
+}
+
+void Fsdp::drop_loaded_shard(Runtime& rt, size_t u) {
+  Unit& unit = units_[u];
+  if (unit.loaded_shard == graph::kNoStorage) return;
+  rt.program().free(unit.loaded_shard, rt.ctx.phase,
+                    rt.program().intern("FSDP _use_sharded_views (post-forward)"), rt.ctx.layer);
+  unit.loaded_shard = graph::kNoStorage;
+}
+
+void Fsdp::post_forward(Runtime& rt) { drop_loaded_shard(rt, 0); }
 
 void Fsdp::assign_units(Runtime& rt, const Scenario& s) {
   // Which layer each parameter was created in: the auto-wrap units (sim/parallel/wrap_units.h).
@@ -398,6 +454,7 @@ void Fsdp::layer_entered(Runtime& rt, int32_t layer) {
     if (units_[u].forward_done) return;  // an op of a finished layer: no hook fires
     if (forward_unit_ != 0 && forward_unit_ != u) {
       reshard_forward_adapter(rt);  // peft: an adapter's post-forward comes first
+      drop_loaded_shard(rt, forward_unit_);  // _use_sharded_views, before the free
       if (reshard_after_forward_) reshard(rt, forward_unit_);  // post-forward
       units_[forward_unit_].forward_done = true;
     }

@@ -100,6 +100,14 @@
 //    block l prefetches its last adapter, the block's first adapter prefetches block
 //    l - 1); its post-backward reduce-scatters its gradient. In a checkpoint's re-run an
 //    adapter unit is gathered and kept until its post-backward, as the blocks are.
+//  - Accelerate's upcast (precision.params bf16 on Accelerate's FSDP1 path:
+//    sim/parallel/accelerate_amp.h accelerate_fsdp1_upcast): the model is built, moved,
+//    synced (fp32 rotary buffers and bf16 parameters: buckets per dtype) and flattened in
+//    bf16, each shard cloned in bf16; after every unit is wrapped, each unit (root first)
+//    gets an fp32 copy of its shard, which the optimizer steps, and the bf16 shard is freed
+//    (use_orig_params: at the unit's first post-forward, when the original parameters stop
+//    viewing it; upcast_shards). Lazy init, gathers, gradients and the step are then those
+//    of the fp32-loaded model with MixedPrecision.
 // Left out: the all-gather / reduce-scatter staging of NCCL, the rate limiter
 // (limit_all_gathers), which only bounds what prefetching already bounds here; pinned
 // CPU memory; under MixedPrecision, buffers built in param_dtype rather than fp32 (GPT-2's
@@ -128,6 +136,9 @@ class Fsdp : public graph::RuntimeHooks {
 
   // FSDP root's forward: gathers the root unit, starts a new iteration's hook state.
   void pre_forward(graph::Runtime& rt);
+  // The root's post-forward (after the model call, Accelerate's output conversion
+  // included): under Accelerate's upcast with use_orig_params, the root's bf16 shard goes.
+  void post_forward(graph::Runtime& rt);
   // loss.backward() returned: the root's post-backward (its grads, reshard).
   void post_backward(graph::Runtime& rt);
 
@@ -163,6 +174,7 @@ class Fsdp : public graph::RuntimeHooks {
     std::vector<FlatSegment> padding;  // use_orig_params: padding segments of the flat param
     std::vector<int32_t> views;        // use_orig_params: Runtime ids of the optimizer's views
     uint32_t flat_grad = graph::kNoStorage;  // use_orig_params: flat_param.grad (the shard's)
+    uint32_t loaded_shard = graph::kNoStorage;  // upcast + use_orig_params: the bf16 shard
   };
   size_t unit_of_layer(int32_t layer) const { return layer < 0 ? 0 : 1 + static_cast<size_t>(layer); }
   void gather(graph::Runtime& rt, size_t u);
@@ -170,6 +182,8 @@ class Fsdp : public graph::RuntimeHooks {
   void reduce_scatter(graph::Runtime& rt, size_t u);
   void root_pre_backward(graph::Runtime& rt);
   void lazy_init(graph::Runtime& rt);
+  void upcast_shards(graph::Runtime& rt);
+  void drop_loaded_shard(graph::Runtime& rt, size_t u);
   graph::Tensor named(graph::Runtime& rt, graph::Tensor t, size_t u, const char* what);
   uint32_t unit_name(graph::Runtime& rt, size_t u, const char* what) const;
   void assign_units(graph::Runtime& rt, const Scenario& s);
@@ -179,7 +193,8 @@ class Fsdp : public graph::RuntimeHooks {
 
   graph::Runtime* rt_;
   uint64_t d_ = 1;
-  uint64_t elem_ = 4;          // precision.params: the shards, flat parameter, sharded grads
+  uint64_t elem_ = 4;          // the trained shards and sharded grads (trained_param_elem)
+  uint64_t load_elem_ = 4;     // precision.params: as built, synced, flattened, first sharded
   uint64_t compute_elem_ = 4;  // MixedPrecision param_dtype (= elem_ without it)
   bool reshard_after_forward_ = true;
   bool offload_ = false;

@@ -8,6 +8,7 @@
 #include "scenario/generate_keys.h"
 #include "scenario/scenario_family.h"
 #include "scenario/script_keys.h"
+#include "sim/parallel/accelerate_amp.h"
 #include "sim/parallel/accelerate_fsdp1_checks.h"
 #include "sim/parallel/data_parallel.h"
 #include "sim/parallel/fsdp_lora_checks.h"
@@ -67,7 +68,9 @@ void require_autocast_modelled(const Scenario& s) {
            "autocast with a tied embedding/lm_head weight is not modelled yet; use "
            "model.tied_embeddings: false or precision.autocast: none");
   }
-  if (s.precision.params != DType::fp32) {
+  // (Accelerate's FSDP1 path over a bf16-loaded model: its shards are upcast to fp32 and
+  // autocast sees bf16 views, as with an fp32 model: sim/parallel/accelerate_amp.h.)
+  if (s.precision.params != DType::fp32 && !accelerate_fsdp1_upcast(s)) {
     refuse(s, "precision.autocast",
            "autocast casts fp32 parameters; with precision.params bf16/fp16 use "
            "precision.autocast: none");

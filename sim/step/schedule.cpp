@@ -231,7 +231,7 @@ class Loop {
     {
       OptimizerSetup setup;
       setup.cs336_decay_after_update = script_.cs336_revision == graph::Cs336Revision::v2025;
-      setup.param_elem = static_cast<uint64_t>(dtype_bytes(s_.precision.params));
+      setup.param_elem = trained_param_elem(s_);  // Accelerate's FSDP1 upcast: fp32 shards
       setup.master_weights = s_.precision.master_weights;
       optimizer_ = make_optimizer(s_.optimizer, setup);
       if (ds_) {  // DeepSpeed steps its fp32 partitions (FusedAdam, or the torch optimizer)
@@ -453,6 +453,7 @@ class Loop {
       // output_dtype (parallel.fsdp_output_dtype; Accelerate >= 1.8: the policy alone).
       const uint64_t logits_numel = shape().batch * shape().seq * shape().vocab;
       if (accelerate_amp_) convert_outputs_to_fp32(rt_, loss_, logits_, logits_numel);
+      if (fsdp_) fsdp_->post_forward(rt_);  // FSDP1's root post-forward (its bf16 shard views)
       if (fsdp2_ && root_post_forward_after_loss) fsdp2_->post_forward(rt_);
       if (fsdp2_ && root_post_forward_after_loss && s_.parallel.fsdp_output_dtype)
         cast_outputs(rt_, loss_, logits_, logits_numel,

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "sim/optim/optimizer_step.h"
+#include "sim/parallel/accelerate_amp.h"
 
 namespace memsim {
 
@@ -83,7 +84,7 @@ void configure_time_model(graph::Runtime& rt, const Scenario& s) {
 
 void add_optimizer_cost(graph::Runtime& rt, const Scenario& s) {
   const PerElement pe = per_element(s.optimizer);
-  const uint64_t model_elem = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+  const uint64_t model_elem = trained_param_elem(s);  // Accelerate's FSDP1 upcast: fp32
   const bool master = s.precision.master_weights;
   double bytes = 0;
   for (const graph::Parameter& p : rt.parameters()) {

@@ -10,6 +10,7 @@
 #include "scenario/offload_activations_key.h"
 #include "scenario/scenario_family.h"
 #include "sim/analysis/parameter_count.h"
+#include "sim/parallel/accelerate_amp.h"
 
 namespace memsim::cli {
 
@@ -130,6 +131,9 @@ std::string training_line(const Scenario& s) {
               (p.fsdp_mixed_precision
                    ? std::string(", ") + to_string(*p.fsdp_mixed_precision) + " MixedPrecision"
                    : std::string()) +
+              (accelerate_fsdp1_upcast(s) ? ", loaded in " + std::string(to_string(s.precision.params)) +
+                                                " and upcast to fp32 shards by Accelerate"
+                                          : std::string()) +
               (p.cpu_offload ? ", CPU offload)" : ")");
     else if (p.sharding == Sharding::fsdp2)  // sim/parallel/fsdp2.h
       line += std::string(" (FSDP2 fully_shard, reshard_after_forward ") +
