@@ -116,6 +116,14 @@ struct OptimizerConfig {
   OptimizerType type = OptimizerType::adamw;
   OptimizerImpl impl = OptimizerImpl::foreach;
   double momentum = 0.0;              // sgd
+  // optimizer.max_grad_norm: torch.nn.utils.clip_grad_norm_(params, max_norm) between backward
+  // and optimizer.step (after the scaler's unscale_); nullopt = no clipping. The clip_* keys:
+  // its foreach argument (None on CUDA: true), error_if_nonfinite, and whether the script keeps
+  // the returned total norm until the next step's clip (HF Trainer, torchtitan). sim/step/clip_grad.h
+  std::optional<double> max_grad_norm;
+  bool clip_foreach = true;
+  bool clip_error_if_nonfinite = false;
+  bool clip_keep_norm = false;
 };
 const char* to_string(OptimizerType type);
 const char* to_string(OptimizerImpl impl);

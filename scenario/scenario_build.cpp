@@ -258,6 +258,28 @@ OptimizerConfig build_optimizer(const Doc& d) {
       fail(f->where, "optimizer.momentum", std::string("applies to sgd only, but optimizer.type is ") + to_string(o.type));
     }
   }
+  // Gradient clipping (sim/step/clip_grad.h). null, none or 0 = off (HF Trainer clips only
+  // when max_grad_norm > 0).
+  if (const Field* f = d.find("optimizer.max_grad_norm")) {
+    const bool off = is_null(f->node) || f->node.Scalar() == "none";
+    if (!off) {
+      const double v = read_number(*f, "optimizer.max_grad_norm");
+      if (!(v >= 0.0))
+        fail(f->where, "optimizer.max_grad_norm", "expected a number >= 0 (0 or null: no clipping), got '" + f->node.Scalar() + "'");
+      if (v > 0.0) o.max_grad_norm = v;
+    }
+  }
+  const bool clipping = o.max_grad_norm.has_value();
+  for (const char* key : {"optimizer.clip_foreach", "optimizer.clip_error_if_nonfinite", "optimizer.clip_keep_norm"}) {
+    const Field* f = d.find(key);
+    if (f == nullptr) continue;
+    const bool v = read_bool(*f, key);
+    if (v && !clipping && std::string_view(key) != "optimizer.clip_foreach")
+      fail(f->where, key, "applies to gradient clipping, but optimizer.max_grad_norm is not set");
+    if (std::string_view(key) == "optimizer.clip_foreach") o.clip_foreach = v;
+    else if (std::string_view(key) == "optimizer.clip_error_if_nonfinite") o.clip_error_if_nonfinite = v;
+    else o.clip_keep_norm = v;
+  }
   return o;
 }
 

@@ -41,7 +41,8 @@
 // Not modelled (refused by require_grad_scaler_modelled): ShardedGradScaler with
 // CPU-offloaded or MixedPrecision shards, GradScaler over FSDP2's DTensor grads, DeepSpeed's
 // own loss scaler, fp16 gradients (the source raises "Attempting to unscale FP16
-// gradients."), Megatron, tensor / pipeline / context parallelism, clipping.
+// gradients."), Megatron, tensor / pipeline / context parallelism. Clipping
+// (optimizer.max_grad_norm, sim/step/clip_grad.h) runs after before_step's unscale_.
 #pragma once
 
 #include "graph/runtime.h"

@@ -12,6 +12,7 @@
 #include "sim/parallel/accelerate_fsdp1_checks.h"
 #include "sim/parallel/data_parallel.h"
 #include "sim/parallel/fsdp_lora_checks.h"
+#include "sim/step/clip_grad.h"
 #include "sim/step/grad_scaler.h"
 #include "sim/step/torchtitan_checkpoint.h"
 
@@ -119,6 +120,7 @@ void require_modelled(const Scenario& s) {
   require_torchtitan_modelled(s);     // sim/step/torchtitan_checkpoint.h: sac-op, sac-layer:N
   require_fsdp_lora_modelled(s);      // sim/parallel/fsdp_lora_checks.h: FSDP1 + LoRA, use_orig_params
   require_grad_scaler_modelled(s);    // sim/step/grad_scaler.h: precision.grad_scaler's
+  require_clip_grad_modelled(s);      // sim/step/clip_grad.h: optimizer.max_grad_norm's
   // Data parallelism, LoRA and master weights were each checked alone; their
   // combinations change what is sharded or bucketed (FSDP flattens frozen and trainable
   // parameters together, DDP buckets only parameters that need a gradient, master copies

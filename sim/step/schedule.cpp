@@ -32,6 +32,7 @@
 #include "scenario/scenario_lora.h"
 #include "scenario/lora_target_parameters_key.h"
 #include "sim/step/optimizer_in_backward.h"
+#include "sim/step/clip_grad.h"
 #include "sim/step/grad_scaler.h"
 #include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
@@ -193,6 +194,12 @@ class Loop {
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": precision.grad_scaler: numeric mode does not model the scaler");
       scaler_ = std::make_unique<GradScalerSim>(s_.optimizer.impl == OptimizerImpl::fused);
+    }
+    if (s_.optimizer.max_grad_norm) {  // clip_grad_norm_ (sim/step/clip_grad.h)
+      if (rt_.numeric != nullptr)
+        throw ScenarioError(s_.source + ": optimizer.max_grad_norm: numeric mode does not model clipping");
+      clip_ = std::make_unique<ClipGradNormSim>(s_.optimizer,
+                                                static_cast<uint64_t>(dtype_bytes(s_.precision.params)));
     }
     if (s_.precision.autocast && !accelerate_amp_) {  // cs336, hf-llama, hf-gpt2 (sim/step/modelled_features.cpp)
       autocast_ = std::make_unique<graph::Autocast>(
@@ -484,6 +491,9 @@ class Loop {
       rt_.ctx.module = graph::Module::optimizer;
       add_optimizer_cost(rt_, s_);  // the time model (sim/step/time_model_setup.h)
       if (scaler_) scaler_->before_step(rt_);  // scaler.step(opt): unscale_, then opt.step()
+      // clip_grad_norm_ after backward (and the scaler's unscale_: HF Trainer / Accelerate's
+      // order, explicit scaler.unscale_ then the clip; scaler.step then skips its own).
+      if (clip_) clip_->clip(rt_);
       optimizer_->step(rt_);
       if (scaler_) scaler_->after_step(rt_);
       if (scaler_) scaler_->update(rt_);  // scaler.update()
@@ -520,6 +530,7 @@ class Loop {
   bool buffers_cast_ = false;    // FSDP1 buffer_dtype's lazy-init cast done (Accelerate's path)
   bool accelerate_amp_ = false;  // Accelerate's FSDP2 bf16 path (sim/parallel/accelerate_amp.h)
   std::unique_ptr<GradScalerSim> scaler_;  // precision.grad_scaler (sim/step/grad_scaler.h)
+  std::unique_ptr<ClipGradNormSim> clip_;  // optimizer.max_grad_norm (sim/step/clip_grad.h)
   std::unique_ptr<TorchDdp> ddp_;
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<Fsdp2> fsdp2_;

@@ -88,6 +88,11 @@ std::string training_line(const Scenario& s) {
     line += bnb  ? std::string(" (bitsandbytes)")
             : hf ? std::string(" (transformers)")
                  : " (" + std::string(to_string(s.optimizer.impl)) + ")";
+    if (s.optimizer.max_grad_norm) {  // sim/step/clip_grad.h
+      char norm[32];
+      std::snprintf(norm, sizeof norm, "%g", *s.optimizer.max_grad_norm);
+      line += std::string(", clip_grad_norm_ ") + norm;
+    }
   }
   if (s.lora.rank > 0) {
     line += ", lora r" + std::to_string(s.lora.rank) + " (";

@@ -34,7 +34,7 @@ order of value; a budget cut drops the last):
   gs_llama_..._fp16_scaler_full   the same, every layer checkpointed (non-reentrant)
   gs_llama_..._fp16               fp16 autocast without a scaler (control: the step unscaled)
   gs_llama_..._fp16_scaler_clip   + unscale_ and clip_grad_norm_(1.0) (HF Trainer's order;
-                                  memsim does not model clipping: measured first)
+                                  optimizer.max_grad_norm; predicted before measurement)
 
 Marks (torch.cuda.memory_stats at each): measured_step_begin, forward_end (after the model,
 before the loss, inside the region: memsim's forward_end), loss_end, backward_end (after
