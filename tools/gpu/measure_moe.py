@@ -146,6 +146,53 @@ def forced_counts_for(routing, tokens):
     return out
 
 
+def forced_table(torch, sp, dry, device, model, standin):
+    """The run's forced (T, K) expert table (moe_models.forced_indices for the run's tokens
+    per expert; the dry run's tiny batch of 2 x 16 tokens routed by forced_counts_for) on the
+    device; a stand-in model is handed it, for it forces its own routing. The per-run loops of
+    measure_moe_autocast, _s10 and _fsdp2 (this script's own loop builds it with its model)."""
+    import moe_models
+    c = sp["cfg"]
+    tokens = (2 * 16) if dry else c["batch"] * c["seq"]
+    counts = forced_counts_for(sp["routing"], tokens) if dry else sp["counts"]
+    forced = moe_models.forced_indices(tokens, sp["top_k"], counts).to(device)
+    if standin:
+        for m in model.modules():
+            if hasattr(m, "forced") and hasattr(m, "topk"):
+                m.forced = forced
+        model.forced = forced
+    return forced
+
+
+def batch_forward(torch, sp, cfg, dry, device, standin):
+    """The run's batch (ids and labels, int64, drawn in that order from the seeded generator;
+    2 x 16 over a vocabulary of 512 in a dry run) and forward(model) -> (output, loss): the
+    transformers model called as users call it (labels in, out.loss), the stand-in with
+    torch_models.decoder_loss(cfg) over its logits."""
+    c = sp["cfg"]
+    vocab = 512 if dry else c["vocab"]
+    batch, seq = (2, 16) if dry else (c["batch"], c["seq"])
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    labels = torch.randint(0, vocab, (batch, seq), device=device)
+    if standin:
+        import torch_models
+        loss_of = torch_models.decoder_loss(cfg)
+
+        def forward(m):
+            logits = m(ids)
+            return logits, loss_of(logits, labels)
+    else:
+        def forward(m):
+            o = m(input_ids=ids, labels=labels, use_cache=False)
+            return o, o.loss
+    return forward
+
+
+def tokens_per_expert(torch, forced, experts):
+    """How many tokens the forced table sends to each expert (the record's tokens_per_expert)."""
+    return torch.bincount(forced.reshape(-1).cpu(), minlength=experts).tolist()
+
+
 def build_standin(torch, sp, device, dry):
     import moe_models as mm
     import torch_models as tm
