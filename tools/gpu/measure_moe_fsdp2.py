@@ -194,24 +194,7 @@ def run_one(sp, out_dir):
     out = loss = begin = None
     t0 = time.time()
     try:
-        for step in range(sp["warmup"] + 1):
-            measured = step == sp["warmup"]
-            if measured:
-                begin = mm.stats(torch, cuda)
-                marks["measured_step_begin"] = begin
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-            opt.zero_grad(set_to_none=True)
-            out, loss = forward(model)
-            if measured:
-                marks["forward_end"] = mm.stats(torch, cuda)
-                result["loss_dtype"] = str(loss.dtype)
-            loss.backward()
-            if measured:
-                marks["backward_end"] = mm.stats(torch, cuda)
-            opt.step()
-            if measured:
-                marks["optimizer_end"] = mm.stats(torch, cuda)
+        out, loss, begin = mm.step_loop(torch, cuda, sp, model, opt, forward, result, marks)
     finally:
         if restore is not None:
             restore()

@@ -164,29 +164,11 @@ SPECS = [
 def build_transformers(torch, sp):
     import json
     import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     with open(os.path.join(ROOT, sp["config"])) as f:
         d = json.load(f)
-    for k in ("torch_dtype", "dtype"):
-        d.pop(k, None)
-    d["use_cache"] = False
-    config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
     dtype = torch.bfloat16 if sp["dtype"] == "bf16" else torch.float32
-    try:
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, dtype=dtype, attn_implementation=sp["attention"],
-            experts_implementation=sp["experts_impl"])
-    except (TypeError, ValueError):  # a release without the keyword: the attribute below
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, dtype=dtype, attn_implementation=sp["attention"])
-    for m in model.modules():  # the switch use_experts_implementation reads at every call
-        c = getattr(m, "config", None)
-        if c is not None and hasattr(c, "_experts_implementation"):
-            try:
-                c._experts_implementation = sp["experts_impl"]
-            except Exception:  # noqa: BLE001
-                pass
-    return model
+    return mm.from_config(transformers, mm.config_from_dict(d), sp["attention"], sp["experts_impl"],
+                          dtype=dtype)
 
 
 def default_experts_implementation(model):
@@ -399,30 +381,11 @@ def run_one(sp, out_dir):
             return torch.autocast(device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    out = loss = None
     t0 = time.time()
     try:
-        for step in range(sp["warmup"] + 1):
-            measured = step == sp["warmup"]
-            if measured:
-                begin = mm.stats(torch, cuda)
-                result["marks"]["measured_step_begin"] = begin
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-            opt.zero_grad(set_to_none=True)
-            with region():
-                out, loss = forward(model)
-            if measured:
-                result["marks"]["forward_end"] = mm.stats(torch, cuda)
-                result["loss_dtype"] = str(loss.dtype)
-                lg = out if standin else getattr(out, "logits", None)
-                result["logits_dtype"] = None if lg is None else str(lg.dtype)
-            loss.backward()
-            if measured:
-                result["marks"]["backward_end"] = mm.stats(torch, cuda)
-            opt.step()
-            if measured:
-                result["marks"]["optimizer_end"] = mm.stats(torch, cuda)
+        out, loss, begin = mm.step_loop(torch, cuda, sp, model, opt, forward, result, result["marks"],
+                                        region=region,
+                                        logits_of=lambda o: o if standin else getattr(o, "logits", None))
     finally:
         if restore is not None:
             restore()
