@@ -1,6 +1,7 @@
 // Test support for the MoE CPU fixtures (tests/data/torch_cpu_moe*/, written by
 // tools/fixtures/gen_moe_fixtures.py and gen_moe_compose_fixtures.py): the fixture's "moe"
-// block as memsim's MoeSpec, and the per-layer forward allocation check both suites run.
+// block as memsim's MoeSpec, a fixture's YAML loaded as a scenario with that block, the
+// target_parameters LoRA keys, and the per-layer forward allocation check both suites run.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -11,8 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "decoder_arch_test_support.h"
 #include "graph/models/decoder_spec.h"
 #include "program/program.h"
+#include "scenario/scenario.h"
 
 namespace memsim_test {
 
@@ -33,6 +36,38 @@ inline void apply_moe_fixture_spec(const nlohmann::json& m, memsim::graph::MoeSp
   moe.counts = m["counts"].get<std::vector<int64_t>>();
   if (m.value("experts_implementation", std::string("eager")) == "batched_mm")
     moe.impl = memsim::graph::ExpertsImpl::batched_mm;
+}
+
+// A fixture's YAML (`source` names it in errors) as a scenario with the fixture's
+// architecture (arch_for) and MoE block (apply_moe_fixture_spec: the forced counts), both set
+// after loading; the reader is given a MoE model (model.moe.experts / top_k / expert_d_ff
+// overrides) so that it checks the MoE-only keys (lora.target_parameters) against one.
+inline memsim::Scenario moe_fixture_scenario(const std::string& yaml, const std::string& source,
+                                             const nlohmann::json& c) {
+  const nlohmann::json& m = c["moe"];
+  memsim::Scenario s = memsim::load_scenario_text(yaml, source,
+                                                  {{"model.moe.experts", std::to_string(m["experts"].get<int>())},
+                                                   {"model.moe.top_k", std::to_string(m["top_k"].get<int>())},
+                                                   {"model.moe.expert_d_ff", std::to_string(m["expert_d_ff"].get<int>())}});
+  s.model.arch = arch_for(c);
+  apply_moe_fixture_spec(m, s.model.arch.moe);
+  return s;
+}
+
+// The lora section of a fixture's PEFT target_parameters LoRA (its "lora" block): rank,
+// alpha, target_parameters, and targets where it names attention adapters too.
+inline std::string target_parameters_lora_yaml(const nlohmann::json& l) {
+  std::string y = "lora:\n  rank: " + std::to_string(l["rank"].get<int>()) + "\n  alpha: " +
+                  std::to_string(l["alpha"].get<int>()) + "\n  target_parameters: [";
+  for (size_t i = 0; i < l["target_parameters"].size(); ++i)
+    y += (i ? ", " : "") + l["target_parameters"][i].get<std::string>();
+  y += "]\n";
+  if (l.contains("targets")) {
+    y += "  targets: [";
+    for (size_t i = 0; i < l["targets"].size(); ++i) y += (i ? ", " : "") + l["targets"][i].get<std::string>();
+    y += "]\n";
+  }
+  return y;
 }
 
 // Every layer's forward of the measured step (after the "measured_step_begin" mark)

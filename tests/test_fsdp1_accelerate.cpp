@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_support.h"
+#include "fsdp2_accelerate_test_support.h"
 #include "program/tensor_names.h"
 #include "sim/parallel/fsdp_sync_states.h"
 #include "sim/step/schedule.h"
@@ -34,17 +35,7 @@ namespace {
 // in HF Trainer's loop under FSDP1, transformers 5.x, fp32 parameters.
 std::string text(const std::string& precision, const std::string& parallel, const std::string& extra = "",
                  const std::string& version = "  transformers: 5\n") {
-  std::string y =
-      "model:\n  family: hf-llama\n  layers: 2\n  d_model: 256\n  heads: 4\n  kv_heads: 4\n"
-      "  d_ff: 1000\n  vocab: 1001\n  context_length: 64\n" + version;
-  y += "batch:\n  micro_batch: 2\n  seq_len: 64\n";
-  y += "precision:\n  params: fp32\n" + precision;
-  y += "optimizer:\n  type: adamw\n  impl: foreach\n";
-  y += "step:\n  kind: train\n  warmup_steps: 1\n  keep_output: loss\n";
-  y += "parallel:\n  data: 4\n  sharding: fsdp\n" + parallel;
-  y += extra;
-  y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
-  return y;
+  return memsim_test::accelerate::worked_text(precision, parallel, version, extra, "fsdp");
 }
 Scenario worked(const std::string& precision, const std::string& parallel, const std::string& extra = "",
                 const std::string& version = "  transformers: 5\n") {
@@ -54,24 +45,10 @@ Scenario worked(const std::string& precision, const std::string& parallel, const
 const std::string kAutocast = "  autocast: bf16\n";
 const std::string kMp = "  fsdp_mixed_precision: bf16\n";
 
-struct Ev {
-  EventType type;
-  uint64_t bytes;
-  Phase phase;
-  std::string name;
-};
-
+using memsim_test::accelerate::Ev;
 // The alloc / free events from the mark `from` on (empty: from the start).
 std::vector<Ev> events(const Program& p, const std::string& from = "measured_step_begin") {
-  const TensorNames names(p);
-  std::vector<Ev> out;
-  bool on = from.empty();
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == from) on = true;
-    if (!on || (e.type != EventType::alloc && e.type != EventType::free)) continue;
-    out.push_back({e.type, p.tensors[e.tensor].bytes, e.phase, names.name(e.tensor)});
-  }
-  return out;
+  return memsim_test::accelerate::measured(p, from);
 }
 
 bool has(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
@@ -158,19 +135,9 @@ TEST_CASE("Accelerate FSDP1 bf16: lifetimes equal the torch 1.13 CPU stand-ins'"
   const nlohmann::json& pt = acc["points"];
   auto d = [&](const char* to, const char* from) { return pt[to].get<int64_t>() - pt[from].get<int64_t>(); };
   const Program p = build_program(worked(kAutocast, kMp));
-  const TensorNames names(p);
-  std::vector<int64_t> live;
-  std::vector<std::string> what;
-  int64_t cur = 0;
-  bool on = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") on = true;
-    if (!on || (e.type != EventType::alloc && e.type != EventType::free)) continue;
-    if (p.tensors[e.tensor].kind == TensorKind::parameter) continue;
-    cur += (e.type == EventType::alloc ? 1 : -1) * static_cast<int64_t>(p.tensors[e.tensor].bytes);
-    live.push_back(cur);
-    what.push_back((e.type == EventType::alloc ? "+" : "-") + names.name(e.tensor));
-  }
+  const memsim_test::accelerate::Live l = memsim_test::accelerate::live_activations(p);
+  const std::vector<int64_t>& live = l.bytes;
+  const std::vector<std::string>& what = l.what;
   size_t i = 0;
   while (i < what.size() && !has(what[i], "convert_outputs_to_fp32")) ++i;
   REQUIRE(i >= 1);

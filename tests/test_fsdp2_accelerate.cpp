@@ -213,19 +213,9 @@ TEST_CASE("Accelerate FSDP2 bf16: the boundary's lifetimes equal a torch 1.13 CP
   REQUIRE(fx["config"]["vocab"] == 1001);
   // memsim's worked example, live non-parameter requested bytes along the measured step.
   const Program p = build_program(worked(kAutocast, kAccPolicy, kV5));
-  const TensorNames names(p);
-  std::vector<int64_t> live;
-  std::vector<std::string> what;
-  int64_t cur = 0;
-  bool on = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") on = true;
-    if (!on || (e.type != EventType::alloc && e.type != EventType::free)) continue;
-    if (p.tensors[e.tensor].kind == TensorKind::parameter) continue;
-    cur += (e.type == EventType::alloc ? 1 : -1) * static_cast<int64_t>(p.tensors[e.tensor].bytes);
-    live.push_back(cur);
-    what.push_back((e.type == EventType::alloc ? "+" : "-") + names.name(e.tensor));
-  }
+  const memsim_test::accelerate::Live l = memsim_test::accelerate::live_activations(p);
+  const std::vector<int64_t>& live = l.bytes;
+  const std::vector<std::string>& what = l.what;
   size_t i = 0;
   while (i < what.size() && what[i].find("convert_outputs_to_fp32") == std::string::npos) ++i;
   REQUIRE(i >= 1);

@@ -54,27 +54,8 @@ size_t first_cast(const std::vector<Ev>& v) {
 
 // Live requested bytes of the measured step, parameters and FSDP2's own buffers left out
 // (what the torch stand-in's tracker sees), after each event.
-struct Live {
-  std::vector<int64_t> bytes;
-  std::vector<std::string> what;
-};
-Live live_activations(const Program& p) {
-  const TensorNames names(p);
-  Live l;
-  int64_t cur = 0;
-  bool on = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") on = true;
-    if (!on || (e.type != EventType::alloc && e.type != EventType::free)) continue;
-    if (p.tensors[e.tensor].kind == TensorKind::parameter) continue;
-    const std::string name = names.name(e.tensor);
-    if (name.rfind("FSDP2", 0) == 0) continue;
-    cur += (e.type == EventType::alloc ? 1 : -1) * static_cast<int64_t>(p.tensors[e.tensor].bytes);
-    l.bytes.push_back(cur);
-    l.what.push_back((e.type == EventType::alloc ? "+" : "-") + name);
-  }
-  return l;
-}
+using memsim_test::accelerate::Live;
+Live live_activations(const Program& p) { return memsim_test::accelerate::live_activations(p, true); }
 
 }  // namespace
 

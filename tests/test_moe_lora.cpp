@@ -40,16 +40,7 @@ Scenario scenario_for(const nlohmann::json& c) {
   if (c.value("autocast", std::string("none")) == "bf16") y += "  autocast: bf16\n";
   const std::string dtype = c.value("dtype", std::string("fp32"));
   const nlohmann::json& l = c["lora"];
-  y += "lora:\n  rank: " + std::to_string(l["rank"].get<int>()) + "\n  alpha: " +
-       std::to_string(l["alpha"].get<int>()) + "\n  target_parameters: [";
-  for (size_t i = 0; i < l["target_parameters"].size(); ++i)
-    y += (i ? ", " : "") + l["target_parameters"][i].get<std::string>();
-  y += "]\n";
-  if (l.contains("targets")) {
-    y += "  targets: [";
-    for (size_t i = 0; i < l["targets"].size(); ++i) y += (i ? ", " : "") + l["targets"][i].get<std::string>();
-    y += "]\n";
-  }
+  y += memsim_test::target_parameters_lora_yaml(l);
   // gen.run casts the adapters with the model (bf16), or PEFT's cast_adapter_dtype upcasts
   // them again (the fixture's adapter_dtype fp32).
   if (dtype == "bf16") y += "  adapter_dtype: " + l.value("adapter_dtype", std::string("bf16")) + "\n";
@@ -67,13 +58,7 @@ Scenario scenario_for(const nlohmann::json& c) {
   if (ck == "mlp") y += "checkpoint:\n  policy: custom\n  custom: [mlp]\n" + mode;
   // The MoE block is set after loading (the fixture's forced counts); the reader checks the
   // target_parameters key against a MoE model, so the overrides give it one to read.
-  Scenario s = load_scenario_text(y, "moe-lora-fixture.yaml",
-                                  {{"model.moe.experts", std::to_string(c["moe"]["experts"].get<int>())},
-                                   {"model.moe.top_k", std::to_string(c["moe"]["top_k"].get<int>())},
-                                   {"model.moe.expert_d_ff", std::to_string(c["moe"]["expert_d_ff"].get<int>())}});
-  s.model.arch = memsim_test::arch_for(c);
-  memsim_test::apply_moe_fixture_spec(c["moe"], s.model.arch.moe);
-  return s;
+  return memsim_test::moe_fixture_scenario(y, "moe-lora-fixture.yaml", c);
 }
 
 std::string load_error(const std::string& yaml, const std::vector<std::pair<std::string, std::string>>& sets) {

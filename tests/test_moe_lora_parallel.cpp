@@ -43,28 +43,13 @@ Scenario ddp_scenario(const nlohmann::json& f) {
   const nlohmann::json& c = f["config"];
   std::string y = memsim_test::fixture_shape_yaml(c);
   const nlohmann::json& l = c["lora"];
-  y += "lora:\n  rank: " + std::to_string(l["rank"].get<int>()) + "\n  alpha: " +
-       std::to_string(l["alpha"].get<int>()) + "\n  target_parameters: [";
-  for (size_t i = 0; i < l["target_parameters"].size(); ++i)
-    y += (i ? ", " : "") + l["target_parameters"][i].get<std::string>();
-  y += "]\n";
-  if (l.contains("targets")) {
-    y += "  targets: [";
-    for (size_t i = 0; i < l["targets"].size(); ++i) y += (i ? ", " : "") + l["targets"][i].get<std::string>();
-    y += "]\n";
-  }
+  y += memsim_test::target_parameters_lora_yaml(l);
   y += "optimizer:\n  type: sgd\n  impl: for-loop\n";
   y += "step:\n  kind: train\n  warmup_steps: 2\n";
   y += "parallel:\n  data: " + std::to_string(f["world_size"].get<int>() + 1) + "\n";
   if (f["gradient_as_bucket_view"].get<int>() != 0) y += "  gradient_as_bucket_view: true\n";
   y += "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
-  Scenario s = load_scenario_text(y, "ddp-moe-lora-fixture.yaml",
-                                  {{"model.moe.experts", std::to_string(c["moe"]["experts"].get<int>())},
-                                   {"model.moe.top_k", std::to_string(c["moe"]["top_k"].get<int>())},
-                                   {"model.moe.expert_d_ff", std::to_string(c["moe"]["expert_d_ff"].get<int>())}});
-  s.model.arch = memsim_test::arch_for(c);
-  memsim_test::apply_moe_fixture_spec(c["moe"], s.model.arch.moe);
-  return s;
+  return memsim_test::moe_fixture_scenario(y, "ddp-moe-lora-fixture.yaml", c);
 }
 
 std::vector<uint64_t> named_allocs(const Program& p, const std::string& name) {

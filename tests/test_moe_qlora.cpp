@@ -91,13 +91,7 @@ Scenario scenario_for(const nlohmann::json& c, const std::string& name) {
   const std::string y = memsim_test::fixture_shape_yaml(c) + lora_yaml(c["lora"]) + prepare_yaml(c) + run_yaml(c);
   // The MoE block is set after loading (the fixture's forced counts); the overrides give the
   // reader a MoE model to check the LoRA keys against.
-  Scenario s = load_scenario_text(y, "moe-qlora-fixture.yaml",
-                                  {{"model.moe.experts", std::to_string(c["moe"]["experts"].get<int>())},
-                                   {"model.moe.top_k", std::to_string(c["moe"]["top_k"].get<int>())},
-                                   {"model.moe.expert_d_ff", std::to_string(c["moe"]["expert_d_ff"].get<int>())}});
-  s.model.arch = memsim_test::arch_for(c);
-  memsim_test::apply_moe_fixture_spec(c["moe"], s.model.arch.moe);
-  return s;
+  return memsim_test::moe_fixture_scenario(y, "moe-qlora-fixture.yaml", c);
 }
 
 // Params4bit storage of an n-element weight (graph/models/lora.h): packed codes, uint8 absmax

@@ -207,6 +207,41 @@ def run_one_if_child(a, specs, run_one):
     return True
 
 
+def imported_versions(mods=("torch", "transformers", "accelerate", "peft")):
+    """Python's version and each module's __version__ as importing it in the parent says
+    (None: not installed; MOD_error: importing it raised, the message cut to 300
+    characters). measure_hft.versions reads the packages' metadata instead, importing nothing."""
+    import importlib.util
+    versions = {"python": sys.version.split()[0]}
+    for mod in mods:
+        if importlib.util.find_spec(mod) is None:
+            versions[mod] = None
+            continue
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception as e:  # noqa: BLE001
+            versions[mod + "_error"] = repr(e)[:300]
+    return versions
+
+
+def dry_run_accept(out_dir, dry_runs, t_start, width):
+    """run_children's `accept` for a script whose child, without CUDA, still returns a result
+    marked dry_run: each run's OUT_DIR/NAME.json is removed as soon as it is read; a dry
+    run's result goes to dry_runs and its run to failures as skipped (the child's
+    "skipped" text), printed with its loss and the name padded to `width`; a real run is
+    accepted."""
+    def accept(sp, r, t_run, failures):
+        os.remove(os.path.join(out_dir, sp["name"] + ".json"))
+        if not r.get("dry_run"):
+            return True
+        dry_runs.append(r)
+        failures[sp["name"]] = "skipped: " + r.get("skipped", "no CUDA (dry run)")
+        print(f"DRY {sp['name']:{width}s} loss {r.get('loss'):.4f} ({time.time() - t_start:5.1f} s): "
+              f"{failures[sp['name']]}", flush=True)
+        return False
+    return accept
+
+
 def start_parent(out_dir, chosen, total, budget):
     """Makes OUT_DIR, prints how many runs and their estimated seconds against the budget;
     returns the start time the budget is counted from."""

@@ -146,6 +146,90 @@ def forced_counts_for(routing, tokens):
     return out
 
 
+def forced_table(torch, sp, dry, device, model, standin):
+    """The run's forced (T, K) expert table (moe_models.forced_indices for the run's tokens
+    per expert; the dry run's tiny batch of 2 x 16 tokens routed by forced_counts_for) on the
+    device; a stand-in model is handed it, for it forces its own routing. The per-run loops of
+    measure_moe_autocast, _s10 and _fsdp2 (this script's own loop builds it with its model)."""
+    import moe_models
+    c = sp["cfg"]
+    tokens = (2 * 16) if dry else c["batch"] * c["seq"]
+    counts = forced_counts_for(sp["routing"], tokens) if dry else sp["counts"]
+    forced = moe_models.forced_indices(tokens, sp["top_k"], counts).to(device)
+    if standin:
+        for m in model.modules():
+            if hasattr(m, "forced") and hasattr(m, "topk"):
+                m.forced = forced
+        model.forced = forced
+    return forced
+
+
+def batch_forward(torch, sp, cfg, dry, device, standin):
+    """The run's batch (ids and labels, int64, drawn in that order from the seeded generator;
+    2 x 16 over a vocabulary of 512 in a dry run) and forward(model) -> (output, loss): the
+    transformers model called as users call it (labels in, out.loss), the stand-in with
+    torch_models.decoder_loss(cfg) over its logits."""
+    c = sp["cfg"]
+    vocab = 512 if dry else c["vocab"]
+    batch, seq = (2, 16) if dry else (c["batch"], c["seq"])
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    labels = torch.randint(0, vocab, (batch, seq), device=device)
+    if standin:
+        import torch_models
+        loss_of = torch_models.decoder_loss(cfg)
+
+        def forward(m):
+            logits = m(ids)
+            return logits, loss_of(logits, labels)
+    else:
+        def forward(m):
+            o = m(input_ids=ids, labels=labels, use_cache=False)
+            return o, o.loss
+    return forward
+
+
+def step_loop(torch, cuda, sp, model, opt, forward, result, marks, region=None, logits_of=None):
+    """memsim's default loop with the output kept (`step.keep_output: true`): sp["warmup"]
+    warm-up steps then the measured one, each zero_grad(set_to_none), forward (under
+    region(), a context manager, where given), backward, optimizer step. The measured step's
+    marks go to `marks` (measured_step_begin with the peaks reset, forward_end, backward_end,
+    optimizer_end), the loss's dtype and, with logits_of(output), the logits' dtype to
+    `result`. Returns (output, loss, the begin mark) of the measured step, the output and loss
+    still alive. The loop of measure_moe_autocast, _s10 and _fsdp2."""
+    out = loss = begin = None
+    for step in range(sp["warmup"] + 1):
+        measured = step == sp["warmup"]
+        if measured:
+            begin = stats(torch, cuda)
+            marks["measured_step_begin"] = begin
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+        opt.zero_grad(set_to_none=True)
+        if region is not None:
+            with region():
+                out, loss = forward(model)
+        else:
+            out, loss = forward(model)
+        if measured:
+            marks["forward_end"] = stats(torch, cuda)
+            result["loss_dtype"] = str(loss.dtype)
+            if logits_of is not None:
+                lg = logits_of(out)
+                result["logits_dtype"] = None if lg is None else str(lg.dtype)
+        loss.backward()
+        if measured:
+            marks["backward_end"] = stats(torch, cuda)
+        opt.step()
+        if measured:
+            marks["optimizer_end"] = stats(torch, cuda)
+    return out, loss, begin
+
+
+def tokens_per_expert(torch, forced, experts):
+    """How many tokens the forced table sends to each expert (the record's tokens_per_expert)."""
+    return torch.bincount(forced.reshape(-1).cpu(), minlength=experts).tolist()
+
+
 def build_standin(torch, sp, device, dry):
     import moe_models as mm
     import torch_models as tm
@@ -156,9 +240,38 @@ def build_standin(torch, sp, device, dry):
     return model, (lambda m, ids, labels: m(ids)), loss, forced, cfg
 
 
+def config_from_dict(d):
+    """A transformers config from a config.json's dict: its dtype keys dropped (the run
+    chooses), no KV cache; the model type's own config class."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    for k in ("torch_dtype", "dtype"):
+        d.pop(k, None)
+    d["use_cache"] = False
+    return CONFIG_MAPPING[d["model_type"]].from_dict(d)
+
+
+def from_config(transformers, config, attention, experts_impl, **kw):
+    """AutoModelForCausalLM.from_config with the attention and experts implementations (a
+    release without the experts keyword gets it through the attribute alone), then every
+    module's config._experts_implementation set: the switch use_experts_implementation reads
+    at every call. measure_moe_autocast and measure_moe_s10 build theirs with it too."""
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, attn_implementation=attention, experts_implementation=experts_impl, **kw)
+    except (TypeError, ValueError):  # a release without the keyword: the attribute below
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention, **kw)
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if c is not None and hasattr(c, "_experts_implementation"):
+            try:
+                c._experts_implementation = experts_impl
+            except Exception:  # noqa: BLE001
+                pass
+    return model
+
+
 def build_transformers(torch, sp, device, dry):
     import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     with open(os.path.join(CONFIGS, sp["model_type"] + ".json")) as f:
         d = json.load(f)
     if dry:
@@ -170,25 +283,11 @@ def build_transformers(torch, sp, device, dry):
         for k in ("moe_intermediate_size", "shared_expert_intermediate_size", "head_dim"):
             if k in d:
                 d[k] = 16 if k == "head_dim" else 24
-    for k in ("torch_dtype", "dtype"):
-        d.pop(k, None)
-    d["use_cache"] = False
-    config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
+    config = config_from_dict(d)
     dtype = torch.bfloat16 if sp["dtype"] == "bf16" else torch.float32
     major = int(transformers.__version__.split(".")[0])
     kw = {"dtype" if major >= 5 else "torch_dtype": dtype}
-    try:
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, attn_implementation="eager", experts_implementation=sp["experts_impl"], **kw)
-    except (TypeError, ValueError):  # a release without the keyword: the attribute below
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", **kw)
-    for m in model.modules():  # the switch use_experts_implementation reads at every call
-        c = getattr(m, "config", None)
-        if c is not None and hasattr(c, "_experts_implementation"):
-            try:
-                c._experts_implementation = sp["experts_impl"]
-            except Exception:  # noqa: BLE001
-                pass
+    model = from_config(transformers, config, "eager", sp["experts_impl"], **kw)
     import moe_models as mm
     c = sp["cfg"]
     tokens = (2 * 16) if dry else c["batch"] * c["seq"]

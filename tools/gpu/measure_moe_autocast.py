@@ -151,7 +151,6 @@ SPECS = [
 # --------------------------------------------------------------------------- models
 def build_transformers(torch, sp, dry):
     import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     with open(os.path.join(ROOT, sp["config"])) as f:
         d = json.load(f)
     if dry:  # never reached without CUDA unless transformers is installed on the CPU machine
@@ -160,25 +159,10 @@ def build_transformers(torch, sp, dry):
         for k in ("moe_intermediate_size", "head_dim"):
             if k in d:
                 d[k] = 16 if k == "head_dim" else 24
-    for k in ("torch_dtype", "dtype"):
-        d.pop(k, None)
-    d["use_cache"] = False
-    config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
+    config = mm.config_from_dict(d)
     major = int(transformers.__version__.split(".")[0])
     kw = {"dtype" if major >= 5 else "torch_dtype": torch.float32}
-    try:
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, attn_implementation=sp["attention"], experts_implementation=sp["experts_impl"], **kw)
-    except (TypeError, ValueError):  # a release without the keyword: the attribute below
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=sp["attention"], **kw)
-    for m in model.modules():  # the switch use_experts_implementation reads at every call
-        c = getattr(m, "config", None)
-        if c is not None and hasattr(c, "_experts_implementation"):
-            try:
-                c._experts_implementation = sp["experts_impl"]
-            except Exception:  # noqa: BLE001
-                pass
-    return model
+    return mm.from_config(transformers, config, sp["attention"], sp["experts_impl"], **kw)
 
 
 def build_standin(torch, sp):
@@ -255,17 +239,8 @@ def run_one(sp, out_dir):
             emb = model.get_input_embeddings()
             result["input_embedding_forward_hooks"] = len(getattr(emb, "_forward_hooks", {}))
     # The forced routing, on the device before the measured step.
-    c = sp["cfg"]
-    tokens = (2 * 16) if dry else c["batch"] * c["seq"]
-    import moe_models
-    counts = mm.forced_counts_for(sp["routing"], tokens) if dry else sp["counts"]
-    forced = moe_models.forced_indices(tokens, sp["top_k"], counts).to(device)
+    forced = mm.forced_table(torch, sp, dry, device, model, standin)
     routed = []
-    if standin:
-        for m in model.modules():
-            if hasattr(m, "forced") and hasattr(m, "topk"):
-                m.forced = forced
-        model.forced = forced
     orig_topk = torch.topk
 
     def forced_topk(*args, **kwargs):
@@ -279,49 +254,18 @@ def run_one(sp, out_dir):
         torch.topk = forced_topk
     result["marks"] = {"after_model": mm.stats(torch, cuda)}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True if cuda else False)
-    vocab = 512 if dry else c["vocab"]
-    batch, seq = (2, 16) if dry else (c["batch"], c["seq"])
-    ids = torch.randint(0, vocab, (batch, seq), device=device)
-    labels = torch.randint(0, vocab, (batch, seq), device=device)
-    if standin:
-        import torch_models
-        loss_of = torch_models.decoder_loss(cfg)
-
-        def forward(m):
-            logits = m(ids)
-            return logits, loss_of(logits, labels)
-    else:
-        def forward(m):
-            o = m(input_ids=ids, labels=labels, use_cache=False)
-            return o, o.loss
+    forward = mm.batch_forward(torch, sp, cfg, dry, device, standin)
     out = loss = None
     t0 = time.time()
     try:
-        for step in range(sp["warmup"] + 1):
-            measured = step == sp["warmup"]
-            if measured:
-                begin = mm.stats(torch, cuda)
-                result["marks"]["measured_step_begin"] = begin
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                out, loss = forward(model)
-            if measured:
-                result["marks"]["forward_end"] = mm.stats(torch, cuda)
-                result["loss_dtype"] = str(loss.dtype)
-                lg = out if standin else getattr(out, "logits", None)
-                result["logits_dtype"] = None if lg is None else str(lg.dtype)
-            loss.backward()
-            if measured:
-                result["marks"]["backward_end"] = mm.stats(torch, cuda)
-            opt.step()
-            if measured:
-                result["marks"]["optimizer_end"] = mm.stats(torch, cuda)
+        out, loss, begin = mm.step_loop(
+            torch, cuda, sp, model, opt, forward, result, result["marks"],
+            region=lambda: torch.autocast(device.type, dtype=torch.bfloat16),
+            logits_of=lambda o: o if standin else getattr(o, "logits", None))
     finally:
         torch.topk = orig_topk
     result["router_calls_forced"] = len(routed)
-    result["tokens_per_expert"] = torch.bincount(forced.reshape(-1).cpu(), minlength=sp["experts"]).tolist()
+    result["tokens_per_expert"] = mm.tokens_per_expert(torch, forced, sp["experts"])
     result["loss"] = float(loss)
     result["seconds"] = time.time() - t0
     if cuda:
@@ -417,28 +361,10 @@ def main():
         return
     os.makedirs(a.out_dir, exist_ok=True)
     t_start = time.time()
-    versions = {"python": sys.version.split()[0]}
-    for mod in ("torch", "transformers", "accelerate", "peft"):
-        if importlib.util.find_spec(mod) is None:
-            versions[mod] = None
-            continue
-        try:
-            versions[mod] = __import__(mod).__version__
-        except Exception as e:  # noqa: BLE001
-            versions[mod + "_error"] = repr(e)[:300]
+    versions = gpu_common.imported_versions()
     dry_runs = []
 
-    def accept(sp, r, t_run, failures):
-        """A dry run's result goes to dry_runs (its run to failures as skipped); each run's
-        JSON is removed as soon as it is read."""
-        os.remove(os.path.join(a.out_dir, sp["name"] + ".json"))
-        if not r.get("dry_run"):
-            return True
-        dry_runs.append(r)
-        failures[sp["name"]] = "skipped: " + r.get("skipped", "no CUDA (dry run)")
-        print(f"DRY {sp['name']:40s} loss {r.get('loss'):.4f} ({time.time() - t_start:5.1f} s): "
-              f"{failures[sp['name']]}", flush=True)
-        return False
+    accept = gpu_common.dry_run_accept(a.out_dir, dry_runs, t_start, 40)
 
     def report(sp, r):
         print(f"{sp['name']:44s} peak allocated {r.get('measured_step_peak_allocated')} reserved "

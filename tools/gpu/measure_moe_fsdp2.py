@@ -48,8 +48,9 @@ RUNS (value order; a budget cut drops the last):
 Routing is forced as in measure_moe_s10.py: torch.topk (and torch.Tensor.topk) wrapped so
 that a (T, K) top-k over the E experts has its indices overwritten in place with
 moe_models.forced_indices (Qwen3-MoE's router calls torch.topk(router_probs, top_k) on
-(T, E); a checkpointed layer's re-run routes the same way). The wrapper is a few lines
-here because measure_moe_s10's lives inside its run_one.
+(T, E); a checkpointed layer's re-run routes the same way): measure_moe_s10.install_forced_topk
+itself, with the forced table and the batch of measure_moe (forced_table, batch_forward) and
+the model building, LoRA and HF checkpointing of measure_moe_s10 (build_model, adapt).
 
 Writes OUTDIR/moe_fsdp2_runs.json (each run's spec, versions, rank 0's shard shapes,
 memory_stats at the marks after_mesh, after_model, after_fully_shard, measured_step_begin,
@@ -72,7 +73,6 @@ tests/data/gpu/moe_fsdp2_predictions.json (tools/gpu/predict_moe_fsdp2.py), comm
 before any measurement.
 """
 import argparse
-import contextlib
 import importlib.util
 import os
 import sys
@@ -80,8 +80,7 @@ import time
 
 import gpu_common
 import measure_moe as mm  # shape, routings, stats, code_of, strip_frames
-import measure_moe_autocast as mac  # build_standin
-import measure_moe_s10 as ms  # build_transformers, apply_peft, hf_checkpointing
+import measure_moe_s10 as ms  # spec, lora, build_model, adapt, install_forced_topk, routing_facts
 import measure_fsdp2 as mf  # fsdp2_api, make_mesh, apply_fsdp, shard_shapes
 
 TOPIC = "moe_fsdp2"
@@ -123,37 +122,6 @@ def trim_frames(snapshot):
                    "_fully_shard", "optim", "checkpoint", "modeling_utils"), 6)
 
 
-def install_forced_topk(torch, forced, experts, routed, routed_method, passed):
-    """Wraps torch.topk / torch.Tensor.topk so that a (T, K) top-k over the experts gets
-    `forced` as its indices; returns the function restoring both."""
-    orig_topk, orig_tensor_topk = torch.topk, torch.Tensor.topk
-
-    def force(x, i, calls):
-        if tuple(i.shape) == tuple(forced.shape) and x is not None and x.shape[-1] == experts:
-            i.data.copy_(forced)
-            calls.append(1)
-        else:
-            passed.append(tuple(i.shape))
-
-    def forced_topk(*args, **kwargs):
-        v, i = orig_topk(*args, **kwargs)
-        force(args[0] if args else kwargs.get("input"), i, routed)
-        return v, i
-
-    def forced_tensor_topk(self, *args, **kwargs):
-        v, i = orig_tensor_topk(self, *args, **kwargs)
-        force(self, i, routed_method)
-        return v, i
-
-    torch.topk = forced_topk
-    torch.Tensor.topk = forced_tensor_topk
-
-    def restore():
-        torch.topk = orig_topk
-        torch.Tensor.topk = orig_tensor_topk
-    return restore
-
-
 def decoder_layers(tf_model):
     """The transformers model's decoder layers (Qwen3MoeForCausalLM.model.layers)."""
     return list(tf_model.model.layers)
@@ -165,7 +133,6 @@ def run_one(sp, out_dir):
         install_fakes()
     import torch
     import torch.distributed as dist
-    import moe_models
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dry = not cuda
@@ -195,22 +162,7 @@ def run_one(sp, out_dir):
         gpu_common.fresh_history(torch, marks)
     torch.manual_seed(0)
     standin = not have_tf
-    dev_ctx = device if hasattr(torch.device, "__enter__") else contextlib.nullcontext()
-    default_dtype = torch.get_default_dtype()
-    if standin and sp["dtype"] == "bf16":
-        torch.set_default_dtype(torch.bfloat16)
-    cfg = None
-    try:
-        with dev_ctx:
-            if standin:
-                model, cfg = mac.build_standin(torch, sp)
-                skipped.append("transformers is not importable by " + sys.executable +
-                               ": the loop ran on moe_models' stand-in (dry run)")
-            else:
-                model = ms.build_transformers(torch, sp)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    model = model.to(device)
+    model, cfg = ms.build_model(torch, sp, device, standin, skipped)
     tf_model = model
     if not standin:
         import transformers
@@ -222,17 +174,7 @@ def run_one(sp, out_dir):
     result["parameters"] = sum(p.numel() for p in model.parameters())
     result["parameter_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
     marks["after_model"] = mm.stats(torch, cuda)
-    if sp["lora"]:
-        if have_peft and not standin:
-            model = ms.apply_peft(model, sp, result)
-        else:
-            skipped.append("peft is not importable by " + sys.executable +
-                           ": no adapters (dry run); every parameter trains")
-    if sp["hf_gradient_checkpointing"]:
-        if standin:
-            skipped.append("gradient_checkpointing_enable is transformers' (dry run)")
-        else:
-            ms.hf_checkpointing(tf_model, sp, result)
+    model = ms.adapt(model, tf_model, sp, result, skipped, have_peft, standin)
     if api is not None:
         layers = decoder_layers(tf_model) if not standin else list(tf_model.layers)
         mf.apply_fsdp(torch, api, sp, model, mesh, blocks=layers)
@@ -243,65 +185,22 @@ def run_one(sp, out_dir):
     trainable = [p for p in model.parameters() if p.requires_grad]
     result["optimizer_parameters"] = sum(
         (p.to_local() if hasattr(p, "to_local") else p).numel() for p in trainable)
-    c = sp["cfg"]
-    tokens = (2 * 16) if dry else c["batch"] * c["seq"]
-    counts = mm.forced_counts_for(sp["routing"], tokens) if dry else sp["counts"]
-    forced = moe_models.forced_indices(tokens, sp["top_k"], counts).to(device)
+    forced = mm.forced_table(torch, sp, dry, device, model, standin)
     routed, routed_method, passed = [], [], []
-    if standin:  # the stand-in forces its own routing
-        for m in model.modules():
-            if hasattr(m, "forced") and hasattr(m, "topk"):
-                m.forced = forced
-        model.forced = forced
     opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True if cuda else False)
-    vocab = 512 if dry else c["vocab"]
-    batch, seq = (2, 16) if dry else (c["batch"], c["seq"])
-    ids = torch.randint(0, vocab, (batch, seq), device=device)
-    labels = torch.randint(0, vocab, (batch, seq), device=device)
-    if standin:
-        import torch_models
-        loss_of = torch_models.decoder_loss(cfg)
-
-        def forward(m):
-            logits = m(ids)
-            return logits, loss_of(logits, labels)
-    else:
-        def forward(m):
-            o = m(input_ids=ids, labels=labels, use_cache=False)
-            return o, o.loss
-    restore = None if standin else install_forced_topk(torch, forced, sp["experts"], routed,
+    forward = mm.batch_forward(torch, sp, cfg, dry, device, standin)
+    restore = None if standin else ms.install_forced_topk(torch, forced, sp["experts"], routed,
                                                          routed_method, passed)
     out = loss = begin = None
     t0 = time.time()
     try:
-        for step in range(sp["warmup"] + 1):
-            measured = step == sp["warmup"]
-            if measured:
-                begin = mm.stats(torch, cuda)
-                marks["measured_step_begin"] = begin
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-            opt.zero_grad(set_to_none=True)
-            out, loss = forward(model)
-            if measured:
-                marks["forward_end"] = mm.stats(torch, cuda)
-                result["loss_dtype"] = str(loss.dtype)
-            loss.backward()
-            if measured:
-                marks["backward_end"] = mm.stats(torch, cuda)
-            opt.step()
-            if measured:
-                marks["optimizer_end"] = mm.stats(torch, cuda)
+        out, loss, begin = mm.step_loop(torch, cuda, sp, model, opt, forward, result, marks)
     finally:
         if restore is not None:
             restore()
     if skipped:
         result["skipped"] = "; ".join(skipped)
-    result["router_calls_forced"] = len(routed)
-    result["router_method_calls_forced"] = len(routed_method)
-    result["topk_calls_not_forced"] = sorted({str(s) for s in passed})
-    result["tokens_per_expert"] = torch.bincount(forced.reshape(-1).cpu(),
-                                                 minlength=sp["experts"]).tolist()
+    ms.routing_facts(torch, result, forced, sp["experts"], routed, routed_method, passed)
     result["loss"] = float(loss)
     result["seconds"] = time.time() - t0
     if cuda:
@@ -416,27 +315,11 @@ def main():
         print(f"{len(chosen)} runs, about {total:.0f} s on an H200 (estimate)")
         return
     t_start = gpu_common.start_parent(a.out_dir, chosen, total, a.budget)
-    versions = {"python": sys.version.split()[0]}
-    for mod in ("torch", "transformers", "accelerate", "peft"):
-        if importlib.util.find_spec(mod) is None:
-            versions[mod] = None
-            continue
-        try:
-            versions[mod] = __import__(mod).__version__
-        except Exception as e:  # noqa: BLE001
-            versions[mod + "_error"] = repr(e)[:300]
+    versions = gpu_common.imported_versions()
     print(f"versions {versions}", flush=True)
     dry_runs = []
 
-    def accept(sp, r, t_run, failures):
-        os.remove(os.path.join(a.out_dir, sp["name"] + ".json"))
-        if not r.get("dry_run"):
-            return True
-        dry_runs.append(r)
-        failures[sp["name"]] = "skipped: " + r.get("skipped", "no CUDA (dry run)")
-        print(f"DRY {sp['name']:46s} loss {r.get('loss'):.4f} ({time.time() - t_start:5.1f} s): "
-              f"{failures[sp['name']]}", flush=True)
-        return False
+    accept = gpu_common.dry_run_accept(a.out_dir, dry_runs, t_start, 46)
 
     def report(sp, r):
         print(f"{sp['name']:46s} peak allocated {r.get('measured_step_peak_allocated')} reserved "

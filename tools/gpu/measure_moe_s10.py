@@ -164,29 +164,11 @@ SPECS = [
 def build_transformers(torch, sp):
     import json
     import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     with open(os.path.join(ROOT, sp["config"])) as f:
         d = json.load(f)
-    for k in ("torch_dtype", "dtype"):
-        d.pop(k, None)
-    d["use_cache"] = False
-    config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
     dtype = torch.bfloat16 if sp["dtype"] == "bf16" else torch.float32
-    try:
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, dtype=dtype, attn_implementation=sp["attention"],
-            experts_implementation=sp["experts_impl"])
-    except (TypeError, ValueError):  # a release without the keyword: the attribute below
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, dtype=dtype, attn_implementation=sp["attention"])
-    for m in model.modules():  # the switch use_experts_implementation reads at every call
-        c = getattr(m, "config", None)
-        if c is not None and hasattr(c, "_experts_implementation"):
-            try:
-                c._experts_implementation = sp["experts_impl"]
-            except Exception:  # noqa: BLE001
-                pass
-    return model
+    return mm.from_config(transformers, mm.config_from_dict(d), sp["attention"], sp["experts_impl"],
+                          dtype=dtype)
 
 
 def default_experts_implementation(model):
@@ -255,6 +237,91 @@ def hf_checkpointing(tf_model, sp, result):
     result["input_embedding_forward_hooks"] = len(getattr(emb, "_forward_hooks", {}))
 
 
+# --------------------------------------------------------------------------- shared by measure_moe_fsdp2
+def build_model(torch, sp, device, standin, skipped):
+    """(model on the device, the stand-in's cfg or None): build_transformers, or without
+    transformers (the dry run) measure_moe_autocast's stand-in as Qwen3-MoE, built under the
+    run's parameter dtype as the default dtype (restored after) and on the device where this
+    torch has the device context manager."""
+    cfg = None
+    dev_ctx = device if hasattr(torch.device, "__enter__") else contextlib.nullcontext()
+    default_dtype = torch.get_default_dtype()
+    if standin and sp["dtype"] == "bf16":
+        torch.set_default_dtype(torch.bfloat16)
+    try:
+        with dev_ctx:
+            if standin:
+                model, cfg = mac.build_standin(torch, dict(sp, model_type="qwen3_moe"))
+                skipped.append("transformers is not importable by " + sys.executable +
+                               ": the loop ran on moe_models' stand-in (dry run)")
+            else:
+                model = build_transformers(torch, sp)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    return model.to(device), cfg
+
+
+def adapt(model, tf_model, sp, result, skipped, have_peft, standin):
+    """The run's PEFT LoRA (apply_peft) then HF gradient checkpointing (hf_checkpointing on
+    the transformers model, after get_peft_model as HF Trainer calls it); what the dry run
+    cannot do is added to `skipped` by name. Returns the model to train."""
+    if sp["lora"]:
+        if have_peft and not standin:
+            model = apply_peft(model, sp, result)
+        else:
+            skipped.append("peft is not importable by " + sys.executable +
+                           ": no adapters (dry run); every parameter trains")
+    if sp["hf_gradient_checkpointing"]:
+        if standin:
+            skipped.append("gradient_checkpointing_enable is transformers' (dry run)")
+        else:
+            hf_checkpointing(tf_model, sp, result)
+    return model
+
+
+def install_forced_topk(torch, forced, experts, routed, routed_method, passed):
+    """Wraps torch.topk / torch.Tensor.topk so that a (T, K) top-k over the experts (input's
+    last dimension `experts`) gets `forced` as its indices, overwritten in place; each forced
+    call is counted in `routed` (the function) or `routed_method` (the method), each other
+    call's index shape goes to `passed`. Returns the function restoring both."""
+    orig_topk, orig_tensor_topk = torch.topk, torch.Tensor.topk
+
+    def force(x, i, calls):
+        if tuple(i.shape) == tuple(forced.shape) and x is not None and x.shape[-1] == experts:
+            i.data.copy_(forced)
+            calls.append(1)
+        else:
+            passed.append(tuple(i.shape))
+
+    def forced_topk(*args, **kwargs):
+        v, i = orig_topk(*args, **kwargs)
+        force(args[0] if args else kwargs.get("input"), i, routed)
+        return v, i
+
+    def forced_tensor_topk(self, *args, **kwargs):
+        # A router that calls the method (none of the 5.17 routers read: see the docstring)
+        # is forced the same way; DeepSeek-V3's per-group top-2 is not over the experts.
+        v, i = orig_tensor_topk(self, *args, **kwargs)
+        force(self, i, routed_method)
+        return v, i
+
+    torch.topk = forced_topk
+    torch.Tensor.topk = forced_tensor_topk
+
+    def restore():
+        torch.topk = orig_topk
+        torch.Tensor.topk = orig_tensor_topk
+    return restore
+
+
+def routing_facts(torch, result, forced, experts, routed, routed_method, passed):
+    """What the forced routing did, into the run's record."""
+    result["router_calls_forced"] = len(routed)
+    result["router_method_calls_forced"] = len(routed_method)
+    result["topk_calls_not_forced"] = sorted({str(s) for s in passed})
+    result["tokens_per_expert"] = mm.tokens_per_expert(torch, forced, experts)
+
+
 # --------------------------------------------------------------------------- one run
 def run_one(sp, out_dir):
     if os.environ.get(FAKES_ENV) == "1":  # --self-test: transformers and peft stand-ins
@@ -277,22 +344,7 @@ def run_one(sp, out_dir):
     if sp["lora"] and cuda and not have_peft:
         raise RuntimeError("peft is not importable by " + sys.executable + ": run refused")
     skipped = []
-    cfg = None
-    dev_ctx = device if hasattr(torch.device, "__enter__") else contextlib.nullcontext()
-    default_dtype = torch.get_default_dtype()
-    if standin and sp["dtype"] == "bf16":
-        torch.set_default_dtype(torch.bfloat16)
-    try:
-        with dev_ctx:
-            if standin:
-                model, cfg = mac.build_standin(torch, dict(sp, model_type="qwen3_moe"))
-                skipped.append("transformers is not importable by " + sys.executable +
-                               ": the loop ran on moe_models' stand-in (dry run)")
-            else:
-                model = build_transformers(torch, sp)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    model = model.to(device)
+    model, cfg = build_model(torch, sp, device, standin, skipped)
     tf_model = model
     if not standin:
         import transformers
@@ -308,17 +360,7 @@ def run_one(sp, out_dir):
                 result["code"]["block"] = inspect.getsource(type(m).forward)
             except (OSError, TypeError):
                 result["code"]["block"] = "?"
-    if sp["lora"]:
-        if have_peft and not standin:
-            model = apply_peft(model, sp, result)
-        else:
-            skipped.append("peft is not importable by " + sys.executable +
-                           ": no adapters (dry run); every parameter trains")
-    if sp["hf_gradient_checkpointing"]:
-        if standin:
-            skipped.append("gradient_checkpointing_enable is transformers' (dry run)")
-        else:
-            hf_checkpointing(tf_model, sp, result)
+    model = adapt(model, tf_model, sp, result, skipped, have_peft, standin)
     if not standin:
         emb = tf_model.get_input_embeddings()
         result["input_embedding_forward_hooks"] = len(getattr(emb, "_forward_hooks", {}))
@@ -326,98 +368,30 @@ def run_one(sp, out_dir):
     trainable = [p for p in model.parameters() if p.requires_grad]
     result["optimizer_parameters"] = sum(p.numel() for p in trainable)
     # The forced routing, on the device before the measured step.
-    c = sp["cfg"]
-    tokens = (2 * 16) if dry else c["batch"] * c["seq"]
-    import moe_models
-    counts = mm.forced_counts_for(sp["routing"], tokens) if dry else sp["counts"]
-    forced = moe_models.forced_indices(tokens, sp["top_k"], counts).to(device)
-    routed, passed = [], []
-    if standin:
-        for m in model.modules():
-            if hasattr(m, "forced") and hasattr(m, "topk"):
-                m.forced = forced
-        model.forced = forced
-    orig_topk, orig_tensor_topk = torch.topk, torch.Tensor.topk
-    routed_method = []
-
-    def force(x, i, calls):
-        if tuple(i.shape) == tuple(forced.shape) and x is not None and x.shape[-1] == sp["experts"]:
-            i.data.copy_(forced)
-            calls.append(1)
-        else:
-            passed.append(tuple(i.shape))
-
-    def forced_topk(*args, **kwargs):
-        v, i = orig_topk(*args, **kwargs)
-        force(args[0] if args else kwargs.get("input"), i, routed)
-        return v, i
-
-    def forced_tensor_topk(self, *args, **kwargs):
-        # A router that calls the method (none of the 5.17 routers read: see the docstring)
-        # is forced the same way; DeepSeek-V3's per-group top-2 is not over the experts.
-        v, i = orig_tensor_topk(self, *args, **kwargs)
-        force(self, i, routed_method)
-        return v, i
-
-    if not standin:
-        torch.topk = forced_topk
-        torch.Tensor.topk = forced_tensor_topk
+    forced = mm.forced_table(torch, sp, dry, device, model, standin)
+    routed, routed_method, passed = [], [], []
+    restore = None if standin else install_forced_topk(torch, forced, sp["experts"], routed,
+                                                         routed_method, passed)
     result["marks"] = {"after_model": mm.stats(torch, cuda)}
     opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True if cuda else False)
-    vocab = 512 if dry else c["vocab"]
-    batch, seq = (2, 16) if dry else (c["batch"], c["seq"])
-    ids = torch.randint(0, vocab, (batch, seq), device=device)
-    labels = torch.randint(0, vocab, (batch, seq), device=device)
-    if standin:
-        import torch_models
-        loss_of = torch_models.decoder_loss(cfg)
-
-        def forward(m):
-            logits = m(ids)
-            return logits, loss_of(logits, labels)
-    else:
-        def forward(m):
-            o = m(input_ids=ids, labels=labels, use_cache=False)
-            return o, o.loss
+    forward = mm.batch_forward(torch, sp, cfg, dry, device, standin)
 
     def region():
         if sp["autocast"]:
             return torch.autocast(device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    out = loss = None
     t0 = time.time()
     try:
-        for step in range(sp["warmup"] + 1):
-            measured = step == sp["warmup"]
-            if measured:
-                begin = mm.stats(torch, cuda)
-                result["marks"]["measured_step_begin"] = begin
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-            opt.zero_grad(set_to_none=True)
-            with region():
-                out, loss = forward(model)
-            if measured:
-                result["marks"]["forward_end"] = mm.stats(torch, cuda)
-                result["loss_dtype"] = str(loss.dtype)
-                lg = out if standin else getattr(out, "logits", None)
-                result["logits_dtype"] = None if lg is None else str(lg.dtype)
-            loss.backward()
-            if measured:
-                result["marks"]["backward_end"] = mm.stats(torch, cuda)
-            opt.step()
-            if measured:
-                result["marks"]["optimizer_end"] = mm.stats(torch, cuda)
+        out, loss, begin = mm.step_loop(torch, cuda, sp, model, opt, forward, result, result["marks"],
+                                        region=region,
+                                        logits_of=lambda o: o if standin else getattr(o, "logits", None))
     finally:
-        torch.topk = orig_topk
-        torch.Tensor.topk = orig_tensor_topk
+        if restore is not None:
+            restore()
     if skipped:
         result["skipped"] = "; ".join(skipped)
-    result["router_calls_forced"] = len(routed)
-    result["router_method_calls_forced"] = len(routed_method)
-    result["topk_calls_not_forced"] = sorted({str(s) for s in passed})
-    result["tokens_per_expert"] = torch.bincount(forced.reshape(-1).cpu(), minlength=sp["experts"]).tolist()
+    routing_facts(torch, result, forced, sp["experts"], routed, routed_method, passed)
     result["loss"] = float(loss)
     result["seconds"] = time.time() - t0
     if cuda:
@@ -495,28 +469,11 @@ def main():
         return
     os.makedirs(a.out_dir, exist_ok=True)
     t_start = time.time()
-    versions = {"python": sys.version.split()[0]}
-    for mod in ("torch", "transformers", "accelerate", "peft"):
-        if importlib.util.find_spec(mod) is None:
-            versions[mod] = None
-            continue
-        try:
-            versions[mod] = __import__(mod).__version__
-        except Exception as e:  # noqa: BLE001
-            versions[mod + "_error"] = repr(e)[:300]
+    versions = gpu_common.imported_versions()
     print(f"versions {versions}", flush=True)
     dry_runs = []
 
-    def accept(sp, r, t_run, failures):
-        """A dry run's result goes to dry_runs (its run to failures as skipped)."""
-        os.remove(os.path.join(a.out_dir, sp["name"] + ".json"))
-        if not r.get("dry_run"):
-            return True
-        dry_runs.append(r)
-        failures[sp["name"]] = "skipped: " + r.get("skipped", "no CUDA (dry run)")
-        print(f"DRY {sp['name']:44s} loss {r.get('loss'):.4f} ({time.time() - t_start:5.1f} s): "
-              f"{failures[sp['name']]}", flush=True)
-        return False
+    accept = gpu_common.dry_run_accept(a.out_dir, dry_runs, t_start, 44)
 
     def report(sp, r):
         print(f"{sp['name']:44s} peak allocated {r.get('measured_step_peak_allocated')} reserved "

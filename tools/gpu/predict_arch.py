@@ -32,7 +32,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import measure_cuda as mc  # noqa: E402
-from predict_common import git  # noqa: E402,F401  (predict_moe*.py call pa.git)
+from predict_common import git, write_if_changed  # noqa: E402,F401  (other predict scripts call pa.*)
 
 REPO = mc.REPO
 ARCH_DIR = os.path.join(REPO, mc.ARCH_DATA)
@@ -93,14 +93,6 @@ def small_config(row, cfg):
                            "gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM",
                            "mistral": "MistralForCausalLM"}[row]]
     return d
-
-
-def write_if_changed(path, text):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.exists(path) and open(path).read() == text:
-        return
-    with open(path, "w") as f:
-        f.write(text)
 
 
 def write_configs():

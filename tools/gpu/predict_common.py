@@ -1,6 +1,7 @@
 """What the predict_*.py scripts share: simulating one run's scenario with memsim, the
 prediction fields the GPU-run tests compare (tests/real_run_test_support.h reads them), the
-one-line summary per run, and the predictions file with the memsim commit.
+one-line summary per run, the loop over the runs of the scripts whose runs name their
+scenario (predict_runs), and the predictions file with the memsim commit.
 
 A predictions file is the blind record: it is written before the runs are measured and then
 left alone; the tests re-simulate its scenarios and say when memsim moved since.
@@ -77,6 +78,36 @@ def show(name, width, pred, middle=None):
         f"{pred['whole_run_peak_reserved_bytes'] / 2**20:9.2f} MiB")
     print(f"{name:{width}s} step {pred['peak_allocated_bytes'] / 2**20:9.2f} MiB alloc "
           f"{pred['peak_reserved_bytes'] / 2**20:9.2f} MiB reserved; {mid}  {pred['peak_at']}")
+
+
+def write_if_changed(path, text):
+    """Writes text at path (its folder made) unless the file already holds it, so that an
+    unchanged scenario keeps its timestamp."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.exists(path) and open(path).read() == text:
+        return
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def predict_runs(args, runs, scenario_yaml, predict, entry_of, width, middle=None):
+    """The loop of the scripts whose runs name their scenario (run["scenario"], relative to
+    the repository root): each run's scenario written (write_if_changed), and unless
+    --scenarios-only simulated, predict(memsim, scenario) -> the prediction; its entry is
+    entry_of(run) then the prediction's fields, and its line is show()'s (middle(prediction)
+    its middle figure where given). Returns the entries by run name; None with
+    --scenarios-only (nothing was simulated)."""
+    out = {}
+    for sp in runs:
+        write_if_changed(os.path.join(REPO, sp["scenario"]), scenario_yaml(sp))
+        if args.scenarios_only:
+            continue
+        pred = predict(os.path.abspath(args.memsim), sp["scenario"])
+        entry = entry_of(sp)
+        entry.update(pred)
+        out[sp["name"]] = entry
+        show(sp["name"], width, pred, None if middle is None else middle(pred))
+    return None if args.scenarios_only else out
 
 
 def arguments():

@@ -110,22 +110,13 @@ def run_memsim(memsim, yaml_path):
 
 def main():
     a = pc.arguments()
-    out = {}
-    for sp in mc.RUNS:
-        pa.write_if_changed(os.path.join(REPO, sp["scenario"]), scenario_yaml(sp))
-        if a.scenarios_only:
-            continue
-        pred = run_memsim(os.path.abspath(a.memsim), sp["scenario"])
-        entry = {"scenario": sp["scenario"], "kind": sp["kind"], "world": sp["world"],
-                 "data": sp["data"], "context": sp["context"], "rotate": sp["rotate"],
-                 "checkpoint": sp["policy"], "what": sp["why"]}
-        entry.update(pred)
-        out[sp["name"]] = entry
-        mid = None if "refused" in pred else (
+    out = pc.predict_runs(a, mc.RUNS, scenario_yaml, run_memsim, lambda sp: {
+        "scenario": sp["scenario"], "kind": sp["kind"], "world": sp["world"],
+        "data": sp["data"], "context": sp["context"], "rotate": sp["rotate"],
+        "checkpoint": sp["policy"], "what": sp["why"]}, 20, middle=lambda pred: None if "refused" in pred else (
             f"forward peak {pred['forward_peak_allocated_bytes'] / 2**20:9.2f} MiB; whole run "
-            f"{pred['whole_run_peak_allocated_bytes'] / 2**20:9.2f} MiB")
-        pc.show(sp["name"], 20, pred, mid)
-    if a.scenarios_only:
+            f"{pred['whole_run_peak_allocated_bytes'] / 2**20:9.2f} MiB"))
+    if out is None:
         return
     pc.write_predictions(
         OUT,

@@ -85,20 +85,12 @@ def run_memsim(memsim, yaml_path):
 
 def main():
     a = pc.arguments()
-    out = {}
-    for sp in mf.RUNS:
-        pa.write_if_changed(os.path.join(REPO, sp["scenario"]), scenario_yaml(sp))
-        if a.scenarios_only:
-            continue
-        pred = run_memsim(os.path.abspath(a.memsim), sp["scenario"])
-        entry = {"scenario": sp["scenario"], "world": sp["world"], "replicate": sp["replicate"],
-                 "reshard_after_forward": sp["reshard"], "param_dtype": sp["param_dtype"],
-                 "reduce_dtype": sp["reduce_dtype"], "checkpoint": sp["policy"],
-                 "init": sp["init"], "what": sp["why"]}
-        entry.update(pred)
-        out[sp["name"]] = entry
-        pc.show(sp["name"], 36, pred)
-    if a.scenarios_only:
+    out = pc.predict_runs(a, mf.RUNS, scenario_yaml, run_memsim, lambda sp: {
+        "scenario": sp["scenario"], "world": sp["world"], "replicate": sp["replicate"],
+        "reshard_after_forward": sp["reshard"], "param_dtype": sp["param_dtype"],
+        "reduce_dtype": sp["reduce_dtype"], "checkpoint": sp["policy"],
+        "init": sp["init"], "what": sp["why"]}, 36)
+    if out is None:
         return
     pc.write_predictions(
         OUT,

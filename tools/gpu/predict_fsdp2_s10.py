@@ -104,22 +104,15 @@ def scenario_yaml(sp):
 
 def main():
     a = pc.arguments()
-    out = {}
-    for sp in mf.RUNS_S10:
-        pa.write_if_changed(os.path.join(REPO, sp["scenario"]), scenario_yaml(sp))
-        if a.scenarios_only:
-            continue
-        pred = pc.prediction(pc.simulate(os.path.abspath(a.memsim), sp["scenario"]))
-        entry = {"scenario": sp["scenario"], "model": sp["model"], "loop": sp["loop"],
-                 "world": sp["world"], "reshard_after_forward": sp["reshard"],
-                 "param_dtype": sp["param_dtype"], "reduce_dtype": sp["reduce_dtype"],
-                 "output_dtype": sp["output_dtype"], "autocast": sp["autocast"],
-                 "compile": sp["compile"], "checkpoint": sp["policy"], "ac": sp["ac"],
-                 "init": sp["init"], "what": sp["why"]}
-        entry.update(pred)
-        out[sp["name"]] = entry
-        pc.show(sp["name"], 46, pred)
-    if a.scenarios_only:
+    out = pc.predict_runs(a, mf.RUNS_S10, scenario_yaml,
+                          lambda memsim, path: pc.prediction(pc.simulate(memsim, path)), lambda sp: {
+        "scenario": sp["scenario"], "model": sp["model"], "loop": sp["loop"],
+        "world": sp["world"], "reshard_after_forward": sp["reshard"],
+        "param_dtype": sp["param_dtype"], "reduce_dtype": sp["reduce_dtype"],
+        "output_dtype": sp["output_dtype"], "autocast": sp["autocast"],
+        "compile": sp["compile"], "checkpoint": sp["policy"], "ac": sp["ac"],
+        "init": sp["init"], "what": sp["why"]}, 46)
+    if out is None:
         return
     pc.write_predictions(
         OUT,

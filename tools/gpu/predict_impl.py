@@ -72,20 +72,12 @@ def scenario_yaml(sp):
 
 def main():
     a = pc.arguments()
-    out = {}
-    for sp in mi.RUNS:
-        pa.write_if_changed(os.path.join(REPO, sp["scenario"]), scenario_yaml(sp))
-        if a.scenarios_only:
-            continue
-        pred = run_memsim(os.path.abspath(a.memsim), sp["scenario"])
-        entry = {"scenario": sp["scenario"], "implementation": sp["impl"],
-                 "params": sp["dtype"], "attention": sp["attention"],
-                 "context_length": sp["cfg"]["context"], "in_backward": sp["in_backward"],
-                 "lora": sp["lora"], "sdpa_call": sp["sdpa"], "what": sp["why"]}
-        entry.update(pred)
-        out[sp["name"]] = entry
-        pc.show(sp["name"], 28, pred)
-    if a.scenarios_only:
+    out = pc.predict_runs(a, mi.RUNS, scenario_yaml, run_memsim, lambda sp: {
+        "scenario": sp["scenario"], "implementation": sp["impl"],
+        "params": sp["dtype"], "attention": sp["attention"],
+        "context_length": sp["cfg"]["context"], "in_backward": sp["in_backward"],
+        "lora": sp["lora"], "sdpa_call": sp["sdpa"], "what": sp["why"]}, 28)
+    if out is None:
         return
     pc.write_predictions(
         OUT,

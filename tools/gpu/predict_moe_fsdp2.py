@@ -71,27 +71,14 @@ def yaml_for(sp):
     return "\n".join(lines) + "\n"
 
 
+def why_of(sp):
+    return [WHY["fsdp2"]] + ([WHY["tp_lora"]] if sp["lora"] else []) + \
+           ([WHY["ckpt"]] if sp["hf_gradient_checkpointing"] else []) + \
+           ([WHY["grouped_mm"]] if sp["experts_impl"] == "grouped_mm" else [])
+
+
 def main():
-    args = pc.arguments()
-    os.makedirs(OUT, exist_ok=True)
-    preds = {}
-    for sp in mf.SPECS:
-        path = os.path.join(OUT, sp["name"] + ".yaml")
-        with open(path, "w") as f:
-            f.write(yaml_for(sp))
-        if args.scenarios_only:
-            continue
-        p = pc.prediction(pc.simulate(os.path.abspath(args.memsim), path), trainable=bool(sp["lora"]))
-        why = [WHY["fsdp2"]] + ([WHY["tp_lora"]] if sp["lora"] else []) + \
-              ([WHY["ckpt"]] if sp["hf_gradient_checkpointing"] else []) + \
-              ([WHY["grouped_mm"]] if sp["experts_impl"] == "grouped_mm" else [])
-        p = dict(p, scenario=os.path.relpath(path, pc.REPO), model_type=sp["model_type"],
-                 routing=sp["routing"], tokens_per_expert=sp["counts"], world=sp["world"],
-                 expected_differences="; ".join(why))
-        preds[sp["name"]] = p
-        pc.show(sp["name"], 46, p)
-    if not args.scenarios_only:
-        pc.write_predictions(PRED, NOTE, args, preds)
+    ps.predict_specs(mf.SPECS, OUT, PRED, NOTE, yaml_for, why_of, 46, fields=("world",))
 
 
 if __name__ == "__main__":

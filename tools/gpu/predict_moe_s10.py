@@ -96,27 +96,40 @@ def yaml_for(sp):
     return "\n".join(lines)
 
 
-def main():
+def why_of(sp):
+    return ([WHY["autocast"]] if sp["autocast"] else []) + \
+           ([WHY["tp_lora"] if sp["lora"]["target_parameters"] else WHY["mla_lora"]] if sp["lora"] else []) + \
+           ([WHY["ckpt"]] if sp["hf_gradient_checkpointing"] else [])
+
+
+def predict_specs(specs, out_dir, pred_path, note, yaml_for, why_of, width, fields=()):
+    """The loop this script and predict_moe_fsdp2.py share: each spec's scenario written to
+    OUT_DIR/NAME.yaml (yaml_for), and unless --scenarios-only simulated, its prediction
+    (with the trainable count where the run has LoRA) followed by the scenario, the model,
+    the routing, the spec's `fields` and the expected differences (why_of(spec), joined);
+    then the predictions file."""
     args = pc.arguments()
-    os.makedirs(OUT, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
     preds = {}
-    for sp in ms.SPECS:
-        path = os.path.join(OUT, sp["name"] + ".yaml")
+    for sp in specs:
+        path = os.path.join(out_dir, sp["name"] + ".yaml")
         with open(path, "w") as f:
             f.write(yaml_for(sp))
         if args.scenarios_only:
             continue
         p = pc.prediction(pc.simulate(os.path.abspath(args.memsim), path), trainable=bool(sp["lora"]))
-        why = ([WHY["autocast"]] if sp["autocast"] else []) + \
-              ([WHY["tp_lora"] if sp["lora"]["target_parameters"] else WHY["mla_lora"]] if sp["lora"] else []) + \
-              ([WHY["ckpt"]] if sp["hf_gradient_checkpointing"] else [])
         p = dict(p, scenario=os.path.relpath(path, pc.REPO), model_type=sp["model_type"],
-                 routing=sp["routing"], tokens_per_expert=sp["counts"],
-                 expected_differences="; ".join(why))
+                 routing=sp["routing"], tokens_per_expert=sp["counts"])
+        p.update((k, sp[k]) for k in fields)
+        p["expected_differences"] = "; ".join(why_of(sp))
         preds[sp["name"]] = p
-        pc.show(sp["name"], 44, p)
+        pc.show(sp["name"], width, p)
     if not args.scenarios_only:
-        pc.write_predictions(PRED, NOTE, args, preds)
+        pc.write_predictions(pred_path, note, args, preds)
+
+
+def main():
+    predict_specs(ms.SPECS, OUT, PRED, NOTE, yaml_for, why_of, 44)
 
 
 if __name__ == "__main__":

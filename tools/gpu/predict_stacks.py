@@ -68,20 +68,12 @@ def scenario_yaml(sp):
 
 def main():
     a = pc.arguments()
-    out = {}
-    for sp in ms.RUNS:
-        pa.write_if_changed(os.path.join(REPO, sp["scenario"]), scenario_yaml(sp))
-        if a.scenarios_only:
-            continue
-        pred = pf.run_memsim(os.path.abspath(a.memsim), sp["scenario"])
-        entry = {"scenario": sp["scenario"], "feature": sp["feature"],
-                 "checkpoint": sp["policy"], "compile_scope": sp["compile_scope"],
-                 "compile_memory_budget": sp["memory_budget"], "loss": sp["loss"],
-                 "what": sp["why"]}
-        entry.update(pred)
-        out[sp["name"]] = entry
-        pc.show(sp["name"], 26, pred)
-    if a.scenarios_only:
+    out = pc.predict_runs(a, ms.RUNS, scenario_yaml, pf.run_memsim, lambda sp: {
+        "scenario": sp["scenario"], "feature": sp["feature"],
+        "checkpoint": sp["policy"], "compile_scope": sp["compile_scope"],
+        "compile_memory_budget": sp["memory_budget"], "loss": sp["loss"],
+        "what": sp["why"]}, 26)
+    if out is None:
         return
     pc.write_predictions(
         OUT,
