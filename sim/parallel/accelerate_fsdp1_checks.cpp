@@ -4,7 +4,7 @@
 
 #include "scenario/transformers_version.h"
 #include "sim/parallel/accelerate_amp.h"
-#include "sim/step/loss_placement.h"
+#include "sim/parallel/accelerate_step_checks.h"
 
 namespace memsim {
 
@@ -27,34 +27,9 @@ void require_accelerate_fsdp1_modelled(const Scenario& s) {
     refuse(s, "precision.autocast",
            "Accelerate's FSDP1 fp16 path trains with ShardedGradScaler (a scaled loss, "
            "unscale_ and found_inf tensors), which is not modelled; modelled: bf16");
-  if (s.model.family != ModelFamily::hf_llama || s.model.arch.impl != graph::ModelImpl::hf)
-    refuse(s, "model.family",
-           "Accelerate's FSDP1 bf16 path is modelled for transformers' own Llama, Mistral and "
-           "Qwen2 code (model.family hf-llama, model.implementation hf); GPT-2's LayerNorm "
-           "runs in fp32 under autocast, which is not modelled with bf16 parameters");
-  const std::string arch = s.model.arch.architecture;
-  if ((arch != "llama" && arch != "mistral" && arch != "qwen2") || s.model.arch.moe.experts > 0)
-    refuse(s, "model.architecture",
-           "Accelerate's FSDP1 bf16 path (autocast over bf16 parameter views) is modelled for "
-           "the llama, mistral and qwen2 architectures, whose ops autocast leaves alone "
-           "(docs/fsdp2.md \"Accelerate's FSDP2 bf16 path\"); '" + arch + "'" +
-               (s.model.arch.moe.experts > 0 ? " with experts" : "") + " is not checked");
-  if (s.loss.impl != LossFunction::automatic)
-    refuse(s, "loss.impl",
-           "Accelerate's FSDP1 bf16 path is modelled with the model's own loss (HF Trainer); "
-           "leave loss.impl out");
-  if (!loss_in_model_forward(s))
-    refuse(s, "step.keep_output",
-           "Accelerate's FSDP1 bf16 path is modelled for HF Trainer's step (labels passed to "
-           "the model, which computes the loss in its forward, inside autocast): set "
-           "step.keep_output: loss and step.kind train");
-  if (s.precision.autocast_region != AutocastRegion::forward_and_loss)
-    refuse(s, "precision.autocast_region",
-           "Accelerate's autocast wraps model.forward, which computes the loss: "
-           "forward-and-loss");
-  if (!s.precision.autocast_cache)
-    refuse(s, "precision.autocast_cache",
-           "Accelerate's autocast keeps the default cache_enabled=True");
+  require_accelerate_trainer_step(
+      s, {"Accelerate's FSDP1 bf16 path", "autocast over bf16 parameter views",
+          "docs/fsdp2.md \"Accelerate's FSDP2 bf16 path\"", ""});
   // A model loaded in 16 bits: Accelerate upcasts its shards after wrapping
   // (accelerate_amp.h accelerate_fsdp1_upcast). Modelled for bf16 (transformers 5.x's
   // dtype="auto" on a bf16 checkpoint); with use_orig_params the bf16 shard lives until

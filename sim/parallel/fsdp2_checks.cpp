@@ -1,5 +1,6 @@
 #include "sim/parallel/fsdp2_checks.h"
 
+#include "sim/parallel/accelerate_step_checks.h"
 #include "sim/step/loss_placement.h"
 
 #include <algorithm>
@@ -34,35 +35,9 @@ void require_accelerate_amp_modelled(const Scenario& s) {
            "policies under autocast are not modelled");
   // The loop: HF Trainer's compute_loss, the loss computed inside model.forward (so inside
   // the autocast region and before the root's output casts).
-  if (s.model.family != ModelFamily::hf_llama || s.model.arch.impl != graph::ModelImpl::hf)
-    refuse(s, "model.family",
-           "Accelerate's FSDP2 bf16 path is modelled for transformers' own Llama, Mistral "
-           "and Qwen2 code (model.family hf-llama, model.implementation hf); GPT-2's "
-           "LayerNorm runs in fp32 under autocast, which is not modelled with bf16 "
-           "parameters");
-  const std::string arch = s.model.arch.architecture;
-  if ((arch != "llama" && arch != "mistral" && arch != "qwen2") || s.model.arch.moe.experts > 0)
-    refuse(s, "model.architecture",
-           "Accelerate's FSDP2 bf16 path (autocast over bf16 parameters) is modelled for the "
-           "llama, mistral and qwen2 architectures, whose ops autocast leaves alone (checked "
-           "op by op: docs/fsdp2.md); '" + arch + "'" +
-               (s.model.arch.moe.experts > 0 ? " with experts" : "") + " is not checked");
-  if (s.loss.impl != LossFunction::automatic)
-    refuse(s, "loss.impl",
-           "Accelerate's FSDP2 bf16 path is modelled with the model's own loss (HF Trainer); "
-           "leave loss.impl out");
-  if (!loss_in_model_forward(s))
-    refuse(s, "step.keep_output",
-           "Accelerate's FSDP2 bf16 path is modelled for HF Trainer's step (labels passed to "
-           "the model, which computes the loss in its forward, inside autocast and before "
-           "FSDP2's output cast): set step.keep_output: loss and step.kind train");
-  if (s.precision.autocast_region != AutocastRegion::forward_and_loss)
-    refuse(s, "precision.autocast_region",
-           "Accelerate's autocast wraps model.forward, which computes the loss: "
-           "forward-and-loss");
-  if (!s.precision.autocast_cache)
-    refuse(s, "precision.autocast_cache",
-           "Accelerate's autocast keeps the default cache_enabled=True");
+  require_accelerate_trainer_step(
+      s, {"Accelerate's FSDP2 bf16 path", "autocast over bf16 parameters",
+          "checked op by op: docs/fsdp2.md", " and before FSDP2's output cast"});
   if (p.context > 1)
     refuse(s, "parallel.context",
            "Accelerate's FSDP2 bf16 path with context parallelism is not modelled");
