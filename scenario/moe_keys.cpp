@@ -155,13 +155,14 @@ void read_moe(const Doc& d, ModelConfig& m) {
                                           {"softmax", graph::MoeScore::softmax},
                                           {"sigmoid", graph::MoeScore::sigmoid}});
       } else if (sub == "capacity_factor") {
-        // Megatron-Core's token dropping (issue #15's Megatron part, not modelled here):
-        // transformers' experts are dropless. A value <= 0 is bad input either way.
+        // Megatron-Core's token dropping (scenario/megatron_moe_keys.cpp reads it for
+        // model.family megatron): transformers' experts are dropless. A value <= 0 is bad
+        // input either way.
         const double cf = read_number(v, key);
         if (!(cf > 0.0)) fail(v.where, key, "expected a number > 0, got '" + v.node.Scalar() + "'");
-        fail(v.where, key, "a capacity factor (token dropping and padding) is Megatron-Core's; "
-                           "transformers' MoE experts are dropless and memsim does not model "
-                           "Megatron-Core's MoE yet: remove it");
+        fail(v.where, key, "a capacity factor (token dropping and padding) is Megatron-Core's "
+                           "(model.family megatron); transformers' MoE experts are dropless: "
+                           "remove it");
       } else if (sub == "routing") {
         read_routing(v, key, moe);
       } else if (sub == "experts_implementation") {

@@ -21,9 +21,19 @@ std::string at(const Doc& d, const char* key) {
   fail(at(d, key), key, why + " (docs/sdpa-gqa.md)");
 }
 
+// Whether attention's q/k/v arrive in fp32: fp32 parameters, no autocast, and no FSDP
+// mixed-precision policy that gathers the parameters in a 16-bit dtype (FSDP1's
+// MixedPrecision / FSDP2's MixedPrecisionPolicy param_dtype: the blocks then compute in it).
+bool fp32_compute(const Scenario& s) {
+  if (s.precision.params != DType::fp32 || s.precision.autocast) return false;
+  const ParallelConfig& p = s.parallel;
+  const bool fsdp = p.sharding == Sharding::fsdp || p.sharding == Sharding::fsdp2;
+  return !(fsdp && p.fsdp_mixed_precision && *p.fsdp_mixed_precision != DType::fp32);
+}
+
 void check_cudnn(const Doc& d, const Scenario& s) {
   const ModelConfig& m = s.model;
-  if (s.precision.params == DType::fp32 && !s.precision.autocast)
+  if (fp32_compute(s))
     fail(at(d, "model.attention"), "model.attention",
          "cudnn with fp32 compute (precision.params fp32, no precision.autocast): cuDNN "
          "attention takes fp16/bf16 only, PyTorch runs mem-efficient or math for fp32");

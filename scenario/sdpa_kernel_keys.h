@@ -6,8 +6,10 @@
 //
 // Contract: a scenario without model.attention cudnn and without grouped KV heads under
 // model.transformers 5 passes unchanged. Otherwise exit 1 naming the key:
-//  - cudnn with fp32 compute (precision.params fp32 and no precision.autocast): cuDNN
-//    attention takes fp16/bf16 only (torch's check_dtypes_low_precision), no stack runs it;
+//  - cudnn with fp32 compute (precision.params fp32, no precision.autocast, no 16-bit FSDP
+//    parallel.fsdp_mixed_precision): cuDNN attention takes fp16/bf16 only (torch's
+//    check_dtypes_low_precision), no stack runs it. (`flash` with fp32 is accepted: the
+//    CPU fixtures run torch's CPU flash path, which takes fp32; on CUDA it does not.)
 //  - cudnn where it is not modelled: a family other than hf-llama, model.implementation
 //    other than hf, model.dropout > 0, a head size over 256 or not a multiple of 8 (cuDNN
 //    rejects it), parallel.context > 1, step.compile, step.kind generate, checkpoint

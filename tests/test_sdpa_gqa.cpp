@@ -149,6 +149,7 @@ TEST_CASE("SDPA kernels: refused where not modelled, exit 1 naming the key", "[g
   // torch 2.11's mem-efficient kernel rejects enable_gqa: SDPA runs math.
   fails(kSmall, {{"model.attention", "mem-efficient"}}, "model.attention: mem-efficient with grouped KV heads");
   fails(kSmall, {{"model.attention", "cudnn"}, {"precision.params", "fp32"}}, "model.attention: cudnn with fp32");
+  fails(kSmall, {{"model.attention", "cudnn"}, {"precision.params", "fp32"}, {"parallel.sharding", "fsdp2"}, {"parallel.data", "2"}}, "model.attention: cudnn with fp32");
   fails(kSmall, {{"model.attention", "cudnn"}, {"checkpoint.policy", "selective"}}, "checkpoint.policy:");
   fails(kSmall, {{"model.attention", "cudnn"}, {"model.dropout", "0.1"}}, "model.dropout:");
   fails("model: {family: cs336, layers: 2, d_model: 64, heads: 4, d_ff: 128, vocab: 100, attention: cudnn}\n"
@@ -162,4 +163,6 @@ TEST_CASE("SDPA kernels: refused where not modelled, exit 1 naming the key", "[g
   (void)build_program(load_scenario_text(kSmall, "t.yaml", {{"model.attention", "eager"}}));
   (void)build_program(load_scenario_text(kSmall, "t.yaml", {{"model.attention", "cudnn"}, {"checkpoint.policy", "full"}}));
   (void)build_program(load_scenario_text(kSmall, "t.yaml", {{"model.attention", "mem-efficient"}, {"model.transformers", "4"}}));
+  // cudnn over fp32 parameters with 16-bit compute: FSDP2's MixedPrecisionPolicy(param_dtype bf16).
+  (void)build_program(load_scenario_text(kSmall, "t.yaml", {{"model.attention", "cudnn"}, {"precision.params", "fp32"}, {"parallel.sharding", "fsdp2"}, {"parallel.data", "2"}, {"parallel.fsdp_mixed_precision", "bf16"}}));
 }
