@@ -5,9 +5,11 @@
 // workspace counts the largest *shard's* chunks), the [N] stack, the stack's _NormPartial
 // -> Replicate redistribution (x ** 2, the all_reduce's clone, ** 0.5) before the 0-d
 // total norm, then the local coefficient; HSDP; torchtitan's model code; a kept norm; the
-// refusals by key; the shipped scenario through the CLI.
+// refusals by key; the shipped scenario through the CLI; and the CPU path against torch 1.13
+// runs of the local ops written out (tools/fixtures/gen_clip_grad_fsdp2_fixtures.py).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -232,4 +234,68 @@ TEST_CASE("clip_grad fsdp2: the shipped torchtitan scenario through the CLI", "[
       memsim_test::memsim_command() + "run '" + file + "' --set parallel.cpu_offload=true 2>&1");
   CHECK(bad.status == 1);
   CHECK(bad.out.find("parallel.cpu_offload") != std::string::npos);
+}
+
+namespace {
+
+// Allocations "+BYTES" and each run of frees between two allocations "-[sorted bytes]": the
+// resolution at which the CPU tracker's order is real (it sees a free at the next op;
+// tests/test_clip_grad.cpp).
+std::vector<std::string> coarse(const std::vector<std::pair<bool, uint64_t>>& events) {
+  std::vector<std::string> out;
+  std::vector<uint64_t> frees;
+  auto flush = [&] {
+    if (frees.empty()) return;
+    std::sort(frees.begin(), frees.end());
+    std::string s = "-[";
+    for (size_t i = 0; i < frees.size(); ++i) s += (i ? "," : "") + std::to_string(frees[i]);
+    out.push_back(s + "]");
+    frees.clear();
+  };
+  for (const auto& [alloc, bytes] : events) {
+    if (alloc) {
+      flush();
+      out.push_back("+" + std::to_string(bytes));
+    } else {
+      frees.push_back(bytes);
+    }
+  }
+  flush();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("clip_grad fsdp2: the CPU path matches torch 1.13 runs of the local ops", "[clip_grad][fsdp2][fixture]") {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    for (const bool nonfinite : {false, true}) {
+      const std::string name = std::string("clip_fsdp2_local_stand_in_") + dtype + (nonfinite ? "_nonfinite" : "");
+      INFO(name);
+      const nlohmann::json fx = memsim_test::load_json(MEMSIM_SOURCE_DIR + "/tests/data/clip_grad/" + name + ".json");
+      REQUIRE(fx.contains("events"));
+      REQUIRE(fx["grads"].get<size_t>() == kGrads);
+      std::vector<std::pair<bool, uint64_t>> expected_ev;
+      for (const auto& e : fx["events"]) expected_ev.emplace_back(e[0] == "alloc", e[2].get<uint64_t>());
+      REQUIRE(expected_ev.size() >= 60);
+      Sets set = {{"precision.params", dtype}};
+      if (nonfinite) set.emplace_back("optimizer.clip_error_if_nonfinite", "true");
+      Scenario s = scenario("1.0", set);
+      s.device.kernel_scratch = false;  // ATen's CPU _foreach_norm: one norm per tensor
+      const Program p = build_program(s);
+      std::vector<std::pair<bool, uint64_t>> got;
+      bool measured = false, in = false;
+      for (const MemoryEvent& e : p.events) {
+        if (e.type == EventType::mark) {
+          const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
+          if (m == "measured_step_begin") measured = true;
+          if (measured && m == "backward_end") in = true;
+          continue;
+        }
+        if (!in || got.size() == expected_ev.size()) continue;
+        if (e.type == EventType::alloc) got.emplace_back(true, e.bytes);
+        if (e.type == EventType::free) got.emplace_back(false, p.tensors[e.tensor].bytes);
+      }
+      CHECK(coarse(got) == coarse(expected_ev));
+    }
+  }
 }
