@@ -252,7 +252,6 @@ TEST_CASE("clip_grad: refused by key where not modelled", "[clip_grad]") {
   };
   for (const Sets& set : std::vector<Sets>{
            {{"parallel.data", "2"}, {"parallel.sharding", "fsdp"}},
-           {{"parallel.data", "2"}, {"parallel.sharding", "fsdp2"}},
            {{"parallel.data", "2"}, {"parallel.zero", "1"}},
            {{"step.kind", "forward-backward"}},
            {{"optimizer.type", "none"}},

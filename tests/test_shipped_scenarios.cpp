@@ -159,6 +159,7 @@ const std::map<std::string, Claim>& claims() {
       // the peak is the loss's backward; sac-op's per-layer cache is 13.53 GiB of it.
       {"llama3-8b-torchtitan-sac.yaml", {true, std::nullopt, 44.68}},
       {"llama3-8b-torchtitan-fsdp2-8xh100.yaml", {true, std::nullopt, 39.66}},
+      {"llama3-8b-torchtitan-fsdp2-clip-8xh100.yaml", {true, std::nullopt, 39.66}},
       // ... with per-block torch.compile and full AC instead (torchtitan's apply_ac,
       // apply_compile, apply_fsdp; docs/compile.md): the loss's backward, as eager full AC.
       {"llama3-8b-torchtitan-compile.yaml", {true, std::nullopt, 31.15}},

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "sim/optim/optimizer_step.h"
+#include "sim/step/clip_grad_dtensor.h"
 
 namespace memsim {
 
@@ -71,7 +72,9 @@ void ClipGradNormSim::clip(Runtime& rt) {
   Tensor total_norm;
   {
     Tensor stacked = temp(total * stack_elem, OpKind::cat_n);
-    total_norm = temp(stack_elem, OpKind::reduce_sum);
+    // FSDP2: the stack is a _NormPartial DTensor, made Replicate before the local norm.
+    total_norm = dtensor_grads_ ? dtensor_stack_norm(rt, total * stack_elem, stack_elem)
+                                : temp(stack_elem, OpKind::reduce_sum);
   }  // the stack dies with the statement
   if (error_if_nonfinite_) {
     Tensor isnan = temp(1, OpKind::compare);
@@ -127,10 +130,8 @@ void require_clip_grad_modelled(const Scenario& s) {
     refuse("FSDP1 clips with FullyShardedDataParallel.clip_grad_norm_ (per-shard "
            "vector_norm and an all-reduce), which is not modelled; modelled on one GPU and "
            "with torch DDP (parallel.sharding none)");
-  if (p.sharding == Sharding::fsdp2)
-    refuse("FSDP2's DTensor gradients (foreach falls back to per-gradient norms, then "
-           "full_tensor) are not modelled; modelled on one GPU and with torch DDP");
-  if (p.zero != 0)
+  if (p.sharding == Sharding::fsdp2) require_fsdp2_clip_modelled(s);  // sim/step/clip_grad_dtensor.h
+  if (p.zero != 0 && p.sharding == Sharding::none)  // FSDP sets zero 3 itself
     refuse("clipping with ZeroRedundancyOptimizer (parallel.zero) is not modelled; use "
            "parallel.zero: 0");
   if (p.pipeline != 1 || p.tensor != 1 || p.context != 1)

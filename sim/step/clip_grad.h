@@ -35,8 +35,12 @@
 // workspaces), which is also what torch 1.13's clip_grad_norm_ computes (a list of
 // torch.norm(g) per grad, then the same stack / norm / clamp).
 //
+// Over FSDP2 (dtensor_grads) the grads are the shards' DTensor .grads: the same calls on
+// each rank's local shards, and linalg.vector_norm of the stacked _NormPartial norms first
+// redistributes the stack to Replicate (sim/step/clip_grad_dtensor.h).
+//
 // Not modelled (refused by require_clip_grad_modelled, naming the key): foreach false (the
-// per-grad vector_norm's Reduce.cuh staging), FSDP1/FSDP2/DeepSpeed/Megatron clipping,
+// per-grad vector_norm's Reduce.cuh staging), FSDP1/DeepSpeed/Megatron clipping,
 // tensor/pipeline/context parallelism, ZeroRedundancyOptimizer, optimizer.in_backward,
 // master weights, a fused optimizer under the GradScaler, numeric mode.
 #pragma once
@@ -48,14 +52,15 @@ namespace memsim {
 
 class ClipGradNormSim {
  public:
-  ClipGradNormSim(const OptimizerConfig& o, uint64_t model_elem)
+  // dtensor_grads: FSDP2's sharded DTensor gradients (parallel.sharding fsdp2).
+  ClipGradNormSim(const OptimizerConfig& o, uint64_t model_elem, bool dtensor_grads = false)
       : keep_norm_(o.clip_keep_norm), error_if_nonfinite_(o.clip_error_if_nonfinite),
-        model_elem_(model_elem) {}
+        dtensor_grads_(dtensor_grads), model_elem_(model_elem) {}
   // clip_grad_norm_(model.parameters(), max_norm) on the Runtime's parameter grads.
   void clip(graph::Runtime& rt);
 
  private:
-  bool keep_norm_, error_if_nonfinite_;
+  bool keep_norm_, error_if_nonfinite_, dtensor_grads_;
   uint64_t model_elem_;
   graph::Tensor kept_norm_;  // clip_keep_norm: the previous step's total_norm
 };

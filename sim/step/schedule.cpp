@@ -199,7 +199,8 @@ class Loop {
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": optimizer.max_grad_norm: numeric mode does not model clipping");
       clip_ = std::make_unique<ClipGradNormSim>(s_.optimizer,
-                                                static_cast<uint64_t>(dtype_bytes(s_.precision.params)));
+                                                static_cast<uint64_t>(dtype_bytes(s_.precision.params)),
+                                                s_.parallel.sharding == Sharding::fsdp2);
     }
     if (s_.precision.autocast && !accelerate_amp_) {  // cs336, hf-llama, hf-gpt2 (sim/step/modelled_features.cpp)
       autocast_ = std::make_unique<graph::Autocast>(
