@@ -12,7 +12,8 @@
 //    inputs), none of it alive once the checkpointed call returned, and the backward graph
 //    receives the re-run's. memsim runs the same block (the 1.13 rules) and matches.
 //  - On torchtune's code (the scenario path): the forward's end is eager full AC's; a
-//    well-formed stream; FSDP2's buffers untouched by compile; what stays refused.
+//    well-formed stream; FSDP2's buffers untouched by compile; what stays refused. (LoRA
+//    inside the compiled layers: tests/test_compile_lora.cpp.)
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -232,13 +233,14 @@ TEST_CASE("checkpoint around torchtune's compiled layers under FSDP2", "[compile
 
 TEST_CASE("checkpoint around torchtune's compiled layers: refusals", "[compile][checkpoint][torchtune]") {
   // torchtune checkpoints whole layers only; its OffloadActivations with compile is not
-  // modelled; LoRA with compile stays refused.
+  // modelled; LoRA dropout inside the compiled layers neither.
   std::string err = error_of(tune_yaml(true, "bf16", "checkpoint:\n  policy: selective\n"));
   CHECK(err.find("checkpoint.policy") != std::string::npos);
   err = error_of(tune_yaml(true, "bf16",
                            "checkpoint:\n  policy: full\n  offload_activations: true\n"));
   CHECK(err.find("step.compile") != std::string::npos);
   err = error_of(tune_yaml(true, "bf16",
-                           "checkpoint:\n  policy: full\nlora:\n  rank: 8\n  targets: [q_proj, v_proj]\n"));
-  CHECK(err.find("lora.rank") != std::string::npos);
+                           "checkpoint:\n  policy: full\nlora:\n  rank: 8\n  dropout: 0.1\n"
+                           "  targets: [q_proj, v_proj]\n"));
+  CHECK(err.find("lora.dropout") != std::string::npos);
 }
