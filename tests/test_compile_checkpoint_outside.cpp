@@ -197,6 +197,31 @@ TEST_CASE("checkpoint around a compiled block: torch 1.13's CPU run (fixture)",
     if (e.type == EventType::free) freed_after += p.tensors[e.tensor].bytes;
   }
   CHECK(freed_after == want + 8192);
+  // The re-run in backward (the compiled forward again): when the backward's own kernels
+  // start (its first allocation that is not the re-run's), what the re-run left alive is
+  // exactly its saved set, which the fixture's backward graph receives; its output and
+  // every other buffer are gone.
+  {
+    std::vector<uint8_t> live(p.tensors.size(), 0);
+    uint64_t recomputed = 0;
+    bool started = false, found = false;
+    for (size_t i = both.forward_end; i < p.events.size() && !found; ++i) {
+      const MemoryEvent& e = p.events[i];
+      if (e.type != EventType::alloc && e.type != EventType::free) continue;
+      const bool rec = (p.tensors[e.tensor].flags & kTensorRecomputed) != 0;
+      if (e.type == EventType::alloc && !rec && started) {
+        found = true;
+        break;
+      }
+      if (!rec) continue;
+      started = true;
+      const bool a = e.type == EventType::alloc;
+      live[e.tensor] = a;
+      recomputed = a ? recomputed + p.tensors[e.tensor].bytes : recomputed - p.tensors[e.tensor].bytes;
+    }
+    CHECK(found);
+    CHECK(recomputed == fx["backward_graph_rerun_saved_bytes"].get<uint64_t>());
+  }
   // The whole step is well formed and leaves nothing behind but what eager AC leaves.
   live_at(p, p.events.size(), &ok);
   CHECK(ok);
