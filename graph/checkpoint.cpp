@@ -199,6 +199,9 @@ bool CheckpointEngine::pack(int32_t node, uint32_t storage) {
     reg.saved_storages.push_back(storage);
     reg.last_save_node = node;
   }
+  // A block compiled inside the checkpoint (torchtune's order, graph/compile.h 4c): what
+  // the placeholder stands for is what the compiled forward saves.
+  if (rt_.compile != nullptr) rt_.compile->on_pack(node, rt_.node(node).saved_count, storage);
   reg.placeholders.push_back({node, rt_.node(node).saved_count});
   ++reg.live;
   if (node_holds_.size() <= static_cast<size_t>(node)) node_holds_.resize(node + 1, 0);

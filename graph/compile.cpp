@@ -136,6 +136,7 @@ Tensor CompileEngine::run(const std::function<Tensor()>& fn) {
   saves_.clear();
   pending_ = 0;
   rerun_ = rt_.recomputing;
+  packed_ = false;
   // The region's events are rewritten when it ends (finish_region): a streaming Program
   // (program/event_sink.h) must not hand them on before; `begin` indexes its tail.
   Program& program = rt_.program();
@@ -210,8 +211,17 @@ void CompileEngine::on_fill(int32_t node, uint32_t slot, uint32_t storage) {
   saves_.push_back({node, slot, storage});
 }
 
+void CompileEngine::on_pack(int32_t node, uint32_t slot, uint32_t storage) {
+  if (!recording_ || rerun_ || !options_.checkpoint_outside) return;
+  saves_.push_back({node, slot, storage});
+  packed_ = true;
+}
+
 void CompileEngine::finish_region(size_t begin, int32_t layer) {
   Program& program = rt_.program();
+  // A checkpoint re-run of a block compiled inside an eager checkpoint (4c) is the
+  // compiled forward again: partitioned as a forward, not as 4b's recompute graph.
+  const bool tagged_rerun = rerun_ && !options_.checkpoint_outside;
   // --- the partitioner's graph: primals (storages from outside the region) first ---
   std::vector<uint32_t> part_of;  // storage -> part index + 1
   auto index_of = [&](uint32_t s) -> uint32_t {
@@ -269,7 +279,7 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
     const uint32_t k = index_of(sv.storage) - 1;
     g[k].needed_by_backward = true;
     if (!part_fusible(op_class(rt_.node(sv.node).kind, options_.partitioner))) g[k].backward_fusible = false;
-    ++save_refs[k];
+    if (!packed_) ++save_refs[k];  // a placeholder holds no reference
   }
   for (uint32_t k = first_region; k < g.size(); ++k)
     g[k].output = rt_.refs(storage_of[k]) > static_cast<int32_t>(save_refs[k]);
@@ -290,7 +300,7 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
     }
 
   PartitionResult part;
-  if (!rerun_) {
+  if (!tagged_rerun) {
     part = partition(g, options_.memory_budget, options_.partitioner);
   } else {
     // The recompute part of a compiled checkpointed block's backward graph (file comment,
@@ -310,7 +320,7 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
   std::vector<uint8_t> virt(g.size(), 0);
   CompiledRegionStats st;
   st.layer = layer;
-  st.recompute = rerun_;
+  st.recompute = rerun_;  // 4c's re-run: the forward's partition, made again in backward
   st.vertices = static_cast<uint32_t>(g.size() - first_region);
   for (uint32_t k = first_region; k < g.size(); ++k) {
     const Vertex& v = vertices_[k - first_region];
@@ -335,7 +345,8 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
   std::vector<uint8_t> revived(g.size(), 0);
   std::vector<uint32_t> stack, seen_stamp(g.size(), 0);
   uint32_t stamp = 0;
-  for (uint32_t k = 0; k < g.size(); ++k) {
+  // 4c's forward: the placeholders hold nothing; the re-run refills them and holds then.
+  for (uint32_t k = 0; k < g.size() && !packed_; ++k) {
     if (!g[k].needed_by_backward || part.saved[k]) continue;
     // The nodes that read k in the backward.
     std::vector<int32_t> readers;
@@ -354,7 +365,7 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
         seen_stamp[a] = stamp;
         // Recomputed from the nearest values that exist: the saved ones in a forward, any
         // materialised one (not fused away) in a re-run.
-        if (rerun_ ? virt[a] == 1 : !part.saved[a]) {
+        if (tagged_rerun ? virt[a] == 1 : !part.saved[a]) {
           stack.push_back(a);
           continue;
         }
@@ -383,7 +394,7 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
   const OpContext ctx = rt_.ctx;
   for (const Save& sv : saves_) {
     const uint32_t k = index_of(sv.storage) - 1;
-    if (part.saved[k]) continue;
+    if (part.saved[k] || packed_) continue;
     if (recompute_index[k] < 0) {
       Recompute r;
       r.storage = sv.storage;
@@ -413,11 +424,19 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
     const uint32_t k = index_of(tensor);
     return k > first_region ? static_cast<int64_t>(k - 1) : -1;
   };
+  // 4c's forward: the saved set is the compiled graph's output, alive until
+  // CompiledFunction has packed it (then ctx.to_save's tuple dies, last element first).
+  std::vector<MemoryEvent> at_end;
   for (size_t i = begin; i < end; ++i) {
     const MemoryEvent& e = events[i];
     if (e.type != EventType::alloc && e.type != EventType::free) continue;
     const int64_t k = vertex_at(e.tensor);
     if (k < 0 || e.type != EventType::free || virt[k] || revived[k]) continue;
+    if (packed_ && part.saved[k]) {
+      at_end.push_back(e);
+      virt[k] = 2;  // its original free is skipped below
+      continue;
+    }
     // Inductor frees a buffer after its last reader: move the free up to there.
     if (has_reader[k] && last_read[k] < i && last_read[k] >= begin) {
       anchored[last_read[k] - begin].push_back(e);
@@ -438,6 +457,10 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
     }
     tail.push_back(e);
   }
+  std::sort(at_end.begin(), at_end.end(), [&](const MemoryEvent& a, const MemoryEvent& b) {
+    return vertex_at(a.tensor) > vertex_at(b.tensor);
+  });
+  tail.insert(tail.end(), at_end.begin(), at_end.end());
   events.resize(begin);
   events.insert(events.end(), tail.begin(), tail.end());
 

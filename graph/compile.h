@@ -35,6 +35,21 @@
 //     MUST_SAVE outputs are saved when the backward or its recompute reads them (the
 //     CheckpointEngine drops the other cache entries, graph/checkpoint.cpp
 //     drop_unread_cache); the re-run takes the cached ones as inputs.
+//  4c. Activation checkpointing around a compiled block (torchtune: compile_model, then
+//     set_activation_checkpointing, so checkpoint_wrapper's eager non-reentrant checkpoint
+//     calls the compiled layer; CompileOptions::checkpoint_outside). The compiled forward
+//     is partitioned as without checkpointing, and its CompiledFunction saves the min-cut
+//     set with ctx.save_for_backward, whose tensors the checkpoint's pack hook replaces by
+//     holders (the hooks are plain Python, not inlineable into the graph). So in the
+//     forward the saved set is materialised and stays alive to the region's end (the
+//     compiled graph returns it), then dies (freed in reverse order: ctx.to_save's tuple);
+//     nothing is held but the frame's inputs (on_pack records what the placeholders
+//     stand for). At the block's first backward unpack the checkpoint re-runs the layer,
+//     i.e. the whole compiled forward again: the same partition, in Phase::backward, whose
+//     saves fill the placeholders (on_fill) and are then handled as in 4 and 5 (eager saves
+//     the partition does not keep are released and recomputed in the backward's kernels).
+//     torch's early stop raises only when the last saved tensor is packed, which happens
+//     after the compiled forward returned: it cannot cut the compiled region short.
 //  5. Backward: when the engine runs a node that reads a recomputed value, a fusible
 //     reader recomputes it inside its own kernel (no buffer); a non-fusible reader (the
 //     matmul that needs its input) gets it materialised (a new buffer with the forward op's
@@ -68,6 +83,10 @@ struct CompileOptions {
   // torchtune's training.compile_loss (recipes call it with `compile: True`): the chunked
   // loss's compute_cross_entropy is compiled as well, whatever `scope` is.
   bool compile_loss = false;
+  // torchtune's order (compile_model, then set_activation_checkpointing): an eager
+  // torch.utils.checkpoint runs around each compiled block (4c in the file comment), not
+  // torchtitan's tagged region inside the graph (4b).
+  bool checkpoint_outside = false;
 };
 
 // What one compiled region kept, for tests and reports.
@@ -116,6 +135,10 @@ class CompileEngine {
   // A checkpoint re-run filled forward node `node`'s placeholder `slot` with `storage`
   // (graph/checkpoint.cpp): in a recorded re-run, what the backward reads.
   void on_fill(int32_t node, uint32_t slot, uint32_t storage);
+  // The checkpoint's forward replaced node `node`'s save `slot` of `storage` by a
+  // placeholder (graph/checkpoint.cpp): with checkpoint_outside (4c), what the partition's
+  // backward reads; ignored otherwise (4b: the tagged block saves nothing).
+  void on_pack(int32_t node, uint32_t slot, uint32_t storage);
   void released(int32_t node);  // `node`'s saved tensors were released
 
  private:
@@ -152,6 +175,7 @@ class CompileEngine {
   CompileOptions options_;
   bool recording_ = false;
   bool rerun_ = false;  // the region being recorded is a checkpoint re-run (in backward)
+  bool packed_ = false;  // 4c: the region's saves went to checkpoint placeholders
   // The region being recorded.
   std::vector<Vertex> vertices_;
   std::vector<uint32_t> vertex_of_;  // storage -> vertex index + 1 (0: not of the region)

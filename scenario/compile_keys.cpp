@@ -50,10 +50,20 @@ void require_compile_modelled(const Scenario& s) {
            std::string("step.compile is modelled for the hf-llama and hf-gpt2 families (and "
                        "their architecture rows) only, not '") +
                to_string(s.model.family) + "'; use step.compile: false");
-  if (s.lora.rank > 0)
+  // LoRA adapters inside the compiled layers: torchtune's lora_finetune recipes
+  // (set_trainable_params, then compile_model, then set_activation_checkpointing, then
+  // shard_model). With frozen base weights the partition needs no rule of its own (the
+  // recorded graph has eager's saves, which follow requires_grad; docs/compile.md "LoRA
+  // inside the compiled layers", torch 1.13 fixture partition_hf_llama_lora.json).
+  if (s.lora.rank > 0 && s.model.arch.impl != graph::ModelImpl::torchtune)
     refuse(s, "lora.rank",
-           "step.compile with LoRA adapters is not modelled (frozen base weights change what "
-           "the partitioner's backward reads); use lora.rank: 0 or step.compile: false");
+           "step.compile with LoRA is modelled on torchtune's code only (model.implementation: "
+           "torchtune, its lora_finetune recipes); PEFT's adapters on transformers' code under "
+           "torch.compile are not checked end to end: use step.compile: false");
+  if (s.lora.rank > 0 && s.lora.dropout > 0.0)
+    refuse(s, "lora.dropout",
+           "step.compile with LoRA dropout is not modelled (the adapters' random masks inside "
+           "the compiled layer); torchtune's LoRA configs use lora_dropout: 0.0");
   const ParallelConfig& p = s.parallel;
   // FSDP2 composes with per-block compile as torchtitan applies it (apply_compile, then
   // fully_shard on each compiled block): its hooks run eagerly around each block's graph

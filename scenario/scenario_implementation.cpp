@@ -170,22 +170,15 @@ void check_implementation(const Doc& d, const Scenario& s) {
   // training.compile_model compiles each TransformerSelfAttentionLayer in place (block
   // scope) and training.compile_loss the chunked loss's compute_cross_entropy
   // (docs/compile.md "torchtune's code"). Its recipes apply activation checkpointing
-  // *after* compiling, so torch.utils.checkpoint runs eagerly around each compiled layer
-  // (the compiled forward's saved set becomes the checkpoint's placeholders and is
-  // recomputed by re-running the compiled forward): not torchtitan's tagged region, and
-  // not modelled.
-  if (s.step.compile && !titan && !lit) {
-    if (s.step.compile_scope != CompileRegions::block)
-      refuse("step.compile_scope",
-             "torchtune's compile_model compiles each TransformerSelfAttentionLayer "
-             "(m.compile()); torch.compile of its whole model is not what its recipes do: "
-             "use step.compile_scope: block");
-    if (s.checkpoint.policy != CheckpointPolicy::none)
-      refuse("checkpoint.policy",
-             "torchtune checkpoints the layers after compiling them (eager "
-             "torch.utils.checkpoint around each compiled layer), which is not modelled "
-             "with step.compile; use checkpoint.policy: none or step.compile: false");
-  }
+  // (full: every layer) *after* compiling, so torch.utils.checkpoint runs eagerly around
+  // each compiled layer: the compiled forward's saved set becomes the checkpoint's
+  // placeholders and is recomputed by re-running the compiled forward (graph/compile.h
+  // 4c; docs/compile.md "torchtune: checkpointing around the compiled layers").
+  if (s.step.compile && !titan && !lit && s.step.compile_scope != CompileRegions::block)
+    refuse("step.compile_scope",
+           "torchtune's compile_model compiles each TransformerSelfAttentionLayer "
+           "(m.compile()); torch.compile of its whole model is not what its recipes do: "
+           "use step.compile_scope: block");
   if (s.step.compile && lit)
     refuse("step.compile", "torch.compile is not modelled with " + stack +
                                "'s model code yet (litgpt pretrain.py compiles the whole "

@@ -62,12 +62,16 @@ const std::map<std::string, Claim>& claims() {
       // torchtune's compile: True (per-layer compile_model + compile_loss), no checkpointing:
       // the peak is in the backward (docs/compile.md "torchtune's code").
       {"llama3-8b-torchtune-compile-h200.yaml", {true, std::nullopt, 86.64}},
+      // compile_model, then set_activation_checkpointing (full): the AdamW step, as eager AC.
+      {"llama3-8b-torchtune-compile-ac-h200.yaml", {true, std::nullopt, 74.85}},
       {"llama3-8b-litgpt-b4-seq512-h200.yaml", {true, std::nullopt, 75.83}},
       // LitGPT's LoRA (finetune/lora.py) on attn.proj and the MLP: the head's fp32 chunk
       // copies of the next micro-batch while the loop still holds the previous list.
       {"llama3-8b-litgpt-lora-seq512-h100.yaml", {true, std::nullopt, 19.66}},
       // torchtune's LoRA recipe (8B_lora_single_device): frozen bf16 base, the loss's peak.
       {"llama3-8b-torchtune-lora-h100.yaml", {true, std::nullopt, 19.42}},
+      // ... with compile: True (LoRA inside the compiled layers, compile_loss): the loss's backward.
+      {"llama3-8b-torchtune-lora-compile-h100.yaml", {true, std::nullopt, 17.71}},
       // torchtune's OffloadActivations (checkpoint.offload_activations), b 2, s 8192, with
       // optimizer_in_bwd: the chunked loss (docs/offload.md).
       {"llama3-8b-torchtune-offload-h100.yaml", {true, std::nullopt, 58.16}},

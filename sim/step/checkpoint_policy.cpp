@@ -165,7 +165,12 @@ std::unique_ptr<graph::CheckpointEngine> make_checkpoint_engine(graph::Runtime& 
   // the backward reads (dead code eliminated), whatever early_stop says (an option of the
   // eager re-run, which dynamo's traced checkpoint does not use): the re-run stops after
   // its last saved value.
-  if (scenario.step.compile) plan.early_stop = true;
+  // torchtune's order is the other way round (compile_model, then
+  // set_activation_checkpointing: graph/compile.h 4c): the eager checkpoint re-runs the
+  // whole compiled forward, whose saved tensors are packed only after it returned, so
+  // torch's early stop (raised at the last pack) cannot shorten it: no early stop.
+  if (scenario.step.compile)
+    plan.early_stop = scenario.model.arch.impl != graph::ModelImpl::torchtune;
   plan.reentrant = family_row(scenario.model.family).reentrant_checkpoint_only ||
                    scenario.checkpoint.reentrant.value_or(false);
   // torch.utils.checkpoint takes a context_fn only with use_reentrant=False.

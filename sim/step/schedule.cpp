@@ -184,6 +184,9 @@ class Loop {
       o.memory_budget = s_.step.compile_memory_budget;
       // torchtune's recipes call training.compile_loss with `compile: True` as well.
       o.compile_loss = s_.model.arch.impl == graph::ModelImpl::torchtune;
+      // ... and apply activation checkpointing after compile_model: an eager checkpoint
+      // around each compiled layer (graph/compile.h 4c).
+      o.checkpoint_outside = s_.model.arch.impl == graph::ModelImpl::torchtune;
       compile_ = std::make_unique<graph::CompileEngine>(rt_, o);
     }
     // Accelerate's FSDP2 and FSDP1 bf16 paths: autocast over bf16 unsharded parameters
