@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "sim/optim/optimizer_step.h"
+#include "sim/step/fsdp1_clip_grad.h"
 
 namespace memsim {
 
@@ -123,14 +124,12 @@ void require_clip_grad_modelled(const Scenario& s) {
   if (p.sharding == Sharding::deepspeed)
     refuse("DeepSpeed clips inside its engine (ds.json gradient_clipping), not with "
            "torch.nn.utils.clip_grad_norm_; not modelled");
-  if (p.sharding == Sharding::fsdp)
-    refuse("FSDP1 clips with FullyShardedDataParallel.clip_grad_norm_ (per-shard "
-           "vector_norm and an all-reduce), which is not modelled; modelled on one GPU and "
-           "with torch DDP (parallel.sharding none)");
+  // FSDP1: FullyShardedDataParallel.clip_grad_norm_ (sim/step/fsdp1_clip_grad.h).
+  if (p.sharding == Sharding::fsdp) require_fsdp1_clip_modelled(s);
   if (p.sharding == Sharding::fsdp2)
     refuse("FSDP2's DTensor gradients (foreach falls back to per-gradient norms, then "
            "full_tensor) are not modelled; modelled on one GPU and with torch DDP");
-  if (p.zero != 0)
+  if (p.zero != 0 && p.sharding != Sharding::fsdp)  // FSDP1 sets zero itself
     refuse("clipping with ZeroRedundancyOptimizer (parallel.zero) is not modelled; use "
            "parallel.zero: 0");
   if (p.pipeline != 1 || p.tensor != 1 || p.context != 1)

@@ -35,8 +35,9 @@
 // workspaces), which is also what torch 1.13's clip_grad_norm_ computes (a list of
 // torch.norm(g) per grad, then the same stack / norm / clamp).
 //
+// FSDP1's FullyShardedDataParallel.clip_grad_norm_ is sim/step/fsdp1_clip_grad.h.
 // Not modelled (refused by require_clip_grad_modelled, naming the key): foreach false (the
-// per-grad vector_norm's Reduce.cuh staging), FSDP1/FSDP2/DeepSpeed/Megatron clipping,
+// per-grad vector_norm's Reduce.cuh staging), FSDP2/DeepSpeed/Megatron clipping,
 // tensor/pipeline/context parallelism, ZeroRedundancyOptimizer, optimizer.in_backward,
 // master weights, a fused optimizer under the GradScaler, numeric mode.
 #pragma once
