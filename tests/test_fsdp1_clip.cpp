@@ -281,6 +281,12 @@ TEST_CASE("fsdp1 clip: refused by key where not modelled", "[clip_grad][fsdp]") 
     const std::string why = refusal(kModel, set);
     CHECK(why.find("fsdp1clip.yaml: " + key + ": ") != std::string::npos);
   }
+  // A shard of 2^31 elements or more (the reduction's 64-bit split): vocab 40,000,000 x 64
+  // is 2.56e9 elements each for the embedding and head, rank 0's root shard 2.56e9.
+  const std::string big = refusal(kModel, {{"model.vocab", "40000000"}, {"batch.seq_len", "1"},
+                                           {"batch.micro_batch", "1"}});
+  CHECK(big.find("fsdp1clip.yaml: optimizer.max_grad_norm: a sharded gradient of 2560000032 elements") !=
+        std::string::npos);
 }
 
 namespace {

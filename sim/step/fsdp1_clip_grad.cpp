@@ -26,7 +26,7 @@ void Fsdp1ClipGradNormSim::clip(Runtime& rt, const std::vector<int32_t>& order) 
     if (p.grad == graph::kNoStorage) continue;
     numels.push_back(p.bytes / kF32);  // fp32 grads (require_fsdp1_clip_modelled)
     if (numels.back() > kMaxInt32Numel)
-      throw ScenarioError("optimizer.max_grad_norm: a sharded gradient of " +
+      throw ScenarioError(source_ + ": optimizer.max_grad_norm: a sharded gradient of " +
                           std::to_string(numels.back()) +
                           " elements (2^31 or more: the CUDA reduction splits into 32-bit "
                           "sub-iterators with an accumulation buffer) is not modelled");

@@ -4,7 +4,7 @@
 // model.clip_grad_norm_(max_norm, norm_type); huggingface/accelerate @16cb6eb8
 // accelerator.py) after backward, before optimizer.step(). Read from pytorch/pytorch
 // torch/distributed/fsdp/fully_sharded_data_parallel.py (the stored copy @005df1d6 for the
-// structure; the 2.3+ text with `_zero_scalar`, `_get_grad_norm(params, norm_type, zero,
+// structure; the later 2.x text with `_zero_scalar`, `_get_grad_norm(params, norm_type, zero,
 // device)` and `local_nonsharded_norm = ... if nonsharded_params else None`, as quoted in
 // docs/clip-grad.md "FSDP1"), on one simulated rank:
 //
@@ -44,6 +44,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/runtime.h"
@@ -53,13 +55,16 @@ namespace memsim {
 
 class Fsdp1ClipGradNormSim {
  public:
-  explicit Fsdp1ClipGradNormSim(const OptimizerConfig& o) : keep_norm_(o.clip_keep_norm) {}
+  // `source`: the scenario's file, for the refusal of a gradient too large to model.
+  Fsdp1ClipGradNormSim(const OptimizerConfig& o, std::string source)
+      : keep_norm_(o.clip_keep_norm), source_(std::move(source)) {}
   // model.clip_grad_norm_(max_norm) over the parameters `order` (Fsdp::clip_order) that
   // hold a .grad.
   void clip(graph::Runtime& rt, const std::vector<int32_t>& order);
 
  private:
   bool keep_norm_;
+  std::string source_;
   graph::Tensor zero_scalar_;  // FSDP's _zero_scalar, made by the first call
   graph::Tensor kept_norm_;    // clip_keep_norm: the previous step's total norm
 };

@@ -200,7 +200,7 @@ class Loop {
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": optimizer.max_grad_norm: numeric mode does not model clipping");
       if (s_.parallel.sharding == Sharding::fsdp)  // FSDP.clip_grad_norm_ (sim/step/fsdp1_clip_grad.h)
-        fsdp1_clip_ = std::make_unique<Fsdp1ClipGradNormSim>(s_.optimizer);
+        fsdp1_clip_ = std::make_unique<Fsdp1ClipGradNormSim>(s_.optimizer, s_.source);
       else
         clip_ = std::make_unique<ClipGradNormSim>(s_.optimizer,
                                                   static_cast<uint64_t>(dtype_bytes(s_.precision.params)));
