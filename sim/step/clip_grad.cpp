@@ -129,7 +129,7 @@ void require_clip_grad_modelled(const Scenario& s) {
   if (p.sharding == Sharding::fsdp2)
     refuse("FSDP2's DTensor gradients (foreach falls back to per-gradient norms, then "
            "full_tensor) are not modelled; modelled on one GPU and with torch DDP");
-  if (p.zero != 0 && p.sharding != Sharding::fsdp)  // FSDP1 sets zero itself
+  if (p.zero != 0 && p.sharding == Sharding::none)  // FSDP sets zero 3 itself
     refuse("clipping with ZeroRedundancyOptimizer (parallel.zero) is not modelled; use "
            "parallel.zero: 0");
   if (p.pipeline != 1 || p.tensor != 1 || p.context != 1)
