@@ -250,8 +250,8 @@ TEST_CASE("clip_grad: refused by key where not modelled", "[clip_grad]") {
     }
     return std::string();
   };
+  // FSDP1 is modelled (FullyShardedDataParallel.clip_grad_norm_: tests/test_fsdp1_clip.cpp).
   for (const Sets& set : std::vector<Sets>{
-           {{"parallel.data", "2"}, {"parallel.sharding", "fsdp"}},
            {{"parallel.data", "2"}, {"parallel.zero", "1"}},
            {{"step.kind", "forward-backward"}},
            {{"optimizer.type", "none"}},

@@ -141,6 +141,7 @@ const std::map<std::string, Claim>& claims() {
       // ... with the model loaded in bf16 (5.x's dtype="auto"): Accelerate upcasts the shards
       // after wrapping; the measured step is the fp32-loaded one's (docs/fsdp-accelerate.md).
       {"qwen2.5-7b-hf-trainer-fsdp1-bf16-load-bf16-8xh100.yaml", {true, std::nullopt, 19.84}},
+      {"qwen2.5-7b-hf-trainer-fsdp1-fp16-8xh100.yaml", {true, std::nullopt, 19.84}},
       // LoRA r16 q/v with FSDP1 as the HF Trainer wraps a PEFT model (PEFT's
       // fsdp_auto_wrap_policy, use_orig_params): the loss's backward (docs/fsdp-lora.md).
       {"llama3-8b-lora-fsdp-8xh100.yaml", {true, std::nullopt, 33.22}},

@@ -23,13 +23,28 @@ void require_accelerate_fsdp1_modelled(const Scenario& s) {
     refuse(s, "parallel.fsdp_mixed_precision",
            "with precision.autocast under FSDP1, modelled as Accelerate sets it (HF Trainer "
            "bf16=True): param_dtype equal to the autocast dtype (bf16)");
-  if (*s.precision.autocast != DType::bf16)
-    refuse(s, "precision.autocast",
-           "Accelerate's FSDP1 fp16 path trains with ShardedGradScaler (a scaled loss, "
-           "unscale_ and found_inf tensors), which is not modelled; modelled: bf16");
-  require_accelerate_trainer_step(
-      s, {"Accelerate's FSDP1 bf16 path", "autocast over bf16 parameter views",
-          "docs/fsdp2.md \"Accelerate's FSDP2 bf16 path\"", ""});
+  // Accelerator(mixed_precision="fp16") (HF Trainer fp16=True) on CUDA: native_amp and
+  // self.scaler = get_grad_scaler(DistributedType.FSDP), torch's ShardedGradScaler
+  // (accelerate @16cb6eb8 accelerator.py; utils/modeling.py get_grad_scaler); bf16 makes no
+  // scaler. backward is scaler.scale(loss).backward(), clip_grad_norm_ unscales first,
+  // AcceleratedOptimizer.step is scaler.step + scaler.update (sim/step/grad_scaler.h).
+  const bool fp16 = *s.precision.autocast == DType::fp16;
+  if (fp16 != s.precision.grad_scaler)
+    refuse(s, "precision.grad_scaler",
+           fp16 ? "Accelerate's FSDP1 fp16 path scales the loss with ShardedGradScaler: set "
+                  "precision.grad_scaler: true"
+                : "Accelerate's FSDP1 bf16 path makes no GradScaler: set "
+                  "precision.grad_scaler: false");
+  // fp16 over a 16-bit-loaded model: refused by require_grad_scaler_modelled
+  // (precision.grad_scaler: fp32 parameters only), which runs first.
+  if (fp16)
+    require_accelerate_trainer_step(
+        s, {"Accelerate's FSDP1 fp16 path", "autocast over fp16 parameter views",
+            "docs/fsdp-accelerate.md \"fp16\"", ""});
+  else
+    require_accelerate_trainer_step(
+        s, {"Accelerate's FSDP1 bf16 path", "autocast over bf16 parameter views",
+            "docs/fsdp2.md \"Accelerate's FSDP2 bf16 path\"", ""});
   // A model loaded in 16 bits: Accelerate upcasts its shards after wrapping
   // (accelerate_amp.h accelerate_fsdp1_upcast). Modelled for bf16 (transformers 5.x's
   // dtype="auto" on a bf16 checkpoint); with use_orig_params the bf16 shard lives until

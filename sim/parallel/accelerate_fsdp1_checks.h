@@ -5,8 +5,11 @@
 // Contract: require_accelerate_fsdp1_modelled(s), for a scenario with sharding fsdp,
 // precision.autocast and parallel.fsdp_mixed_precision all set, returns when the scenario
 // is Accelerate's policy in HF Trainer's step and throws ScenarioError naming the key
-// otherwise (FILE: KEY: why). Refused: a param_dtype other than the autocast dtype, fp16
-// (Accelerate's ShardedGradScaler is not modelled), a loop computing the loss after the
+// otherwise (FILE: KEY: why). bf16 (HF Trainer bf16=True) runs without a scaler; fp16
+// (fp16=True) with Accelerate's ShardedGradScaler (precision.grad_scaler: true,
+// sim/step/grad_scaler.h), on a model loaded in fp32. Refused: a param_dtype other than the
+// autocast dtype, the scaler's presence other than as Accelerate makes it
+// (precision.grad_scaler), a loop computing the loss after the
 // model returns (step.keep_output), loss.impl, families and architectures other than
 // transformers' Llama / Mistral / Qwen2, autocast_region other than forward-and-loss,
 // autocast_cache false, CPU offload, and activation checkpointing with transformers 4.x

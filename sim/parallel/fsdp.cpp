@@ -295,6 +295,18 @@ void Fsdp::add_views(Runtime& rt) {
   }
 }
 
+std::vector<int32_t> Fsdp::clip_order() const {
+  std::vector<int32_t> ids;
+  for (const size_t u : module_order_) {
+    const Unit& unit = units_[u];
+    if (orig_params_)
+      ids.insert(ids.end(), unit.views.begin(), unit.views.end());
+    else if (unit.shard >= 0)
+      ids.push_back(unit.shard);
+  }
+  return ids;
+}
+
 Fsdp::~Fsdp() {
   if (rt_->hooks == this) rt_->hooks = nullptr;
 }

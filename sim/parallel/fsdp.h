@@ -154,6 +154,12 @@ class Fsdp : public graph::RuntimeHooks {
   uint64_t unit_bytes(size_t u) const { return units_[u].padded_bytes; }
   uint64_t shard_bytes(size_t u) const { return units_[u].padded_bytes / d_; }
   size_t units() const { return units_.size(); }
+  // FullyShardedDataParallel.clip_grad_norm_'s parameters in its order (sim/step/
+  // fsdp1_clip_grad.h): the FSDP states' handles in module pre-order (root first), each
+  // unit's original parameters that view this rank's shard (use_orig_params: the
+  // optimizer's views) or else its sharded FlatParameter. Runtime ids; the caller keeps
+  // those with a .grad.
+  std::vector<int32_t> clip_order() const;
 
  private:
   struct Unit {

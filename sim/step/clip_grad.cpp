@@ -6,6 +6,7 @@
 
 #include "sim/optim/optimizer_step.h"
 #include "sim/step/clip_grad_dtensor.h"
+#include "sim/step/fsdp1_clip_grad.h"
 
 namespace memsim {
 
@@ -126,10 +127,8 @@ void require_clip_grad_modelled(const Scenario& s) {
   if (p.sharding == Sharding::deepspeed)
     refuse("DeepSpeed clips inside its engine (ds.json gradient_clipping), not with "
            "torch.nn.utils.clip_grad_norm_; not modelled");
-  if (p.sharding == Sharding::fsdp)
-    refuse("FSDP1 clips with FullyShardedDataParallel.clip_grad_norm_ (per-shard "
-           "vector_norm and an all-reduce), which is not modelled; modelled on one GPU and "
-           "with torch DDP (parallel.sharding none)");
+  // FSDP1: FullyShardedDataParallel.clip_grad_norm_ (sim/step/fsdp1_clip_grad.h).
+  if (p.sharding == Sharding::fsdp) require_fsdp1_clip_modelled(s);
   if (p.sharding == Sharding::fsdp2) require_fsdp2_clip_modelled(s);  // sim/step/clip_grad_dtensor.h
   if (p.zero != 0 && p.sharding == Sharding::none)  // FSDP sets zero 3 itself
     refuse("clipping with ZeroRedundancyOptimizer (parallel.zero) is not modelled; use "

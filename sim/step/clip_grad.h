@@ -37,10 +37,11 @@
 //
 // Over FSDP2 (dtensor_grads) the grads are the shards' DTensor .grads: the same calls on
 // each rank's local shards, and linalg.vector_norm of the stacked _NormPartial norms first
-// redistributes the stack to Replicate (sim/step/clip_grad_dtensor.h).
+// redistributes the stack to Replicate (sim/step/clip_grad_dtensor.h). FSDP1's
+// FullyShardedDataParallel.clip_grad_norm_ is sim/step/fsdp1_clip_grad.h.
 //
 // Not modelled (refused by require_clip_grad_modelled, naming the key): foreach false (the
-// per-grad vector_norm's Reduce.cuh staging), FSDP1/DeepSpeed/Megatron clipping,
+// per-grad vector_norm's Reduce.cuh staging), DeepSpeed/Megatron clipping,
 // tensor/pipeline/context parallelism, ZeroRedundancyOptimizer, optimizer.in_backward,
 // master weights, a fused optimizer under the GradScaler, numeric mode.
 #pragma once

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "graph/ops/ops.h"
+#include "sim/parallel/accelerate_amp.h"
 
 namespace memsim {
 
@@ -98,7 +99,10 @@ void require_grad_scaler_modelled(const Scenario& s) {
     throw ScenarioError(s.source + ": parallel.cpu_offload: ShardedGradScaler with CPU shard "
                         "gradients (found_inf copies to the CPU and back for the all_reduce) is not "
                         "modelled with precision.grad_scaler; use parallel.cpu_offload: false");
-  if (p.sharding == Sharding::fsdp && p.fsdp_mixed_precision)
+  // Accelerate's FSDP1 fp16 path (sim/parallel/accelerate_fsdp1_checks.h) computes the
+  // loss in fp32 (transformers' logits.float(), FSDP1 casts no output): ShardedGradScaler's
+  // `.type(outputs.dtype)` is a no-op there, as without MixedPrecision.
+  if (p.sharding == Sharding::fsdp && p.fsdp_mixed_precision && !accelerate_fsdp1_amp(s))
     throw ScenarioError(s.source + ": parallel.fsdp_mixed_precision: ShardedGradScaler's scaled "
                         "loss is cast back to the low-precision loss dtype (a copy, and its grad cast) "
                         "which is not modelled with precision.grad_scaler; use precision.autocast "

@@ -38,8 +38,12 @@
 // tensors for GPU shard gradients and an fp32 loss: scale's `.type(outputs.dtype)` is a no-op,
 // found_inf is (1,)-shaped (4 B as well) and all-reduced in place, update is GradScaler's.
 //
+// On Accelerate's FSDP1 fp16 path (MixedPrecision fp16 and autocast fp16, HF Trainer
+// fp16=True: sim/parallel/accelerate_fsdp1_checks.h) the loss is fp32 as well, so the
+// same tensors; Accelerate's clip_grad_norm_ runs unscale_ first (unscale_gradients).
+//
 // Not modelled (refused by require_grad_scaler_modelled): ShardedGradScaler with
-// CPU-offloaded or MixedPrecision shards, GradScaler over FSDP2's DTensor grads, DeepSpeed's
+// CPU-offloaded shards, or MixedPrecision shards outside Accelerate's path, GradScaler over FSDP2's DTensor grads, DeepSpeed's
 // own loss scaler, fp16 gradients (the source raises "Attempting to unscale FP16
 // gradients."), Megatron, tensor / pipeline / context parallelism. Clipping
 // (optimizer.max_grad_norm, sim/step/clip_grad.h) runs after before_step's unscale_.

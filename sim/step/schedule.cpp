@@ -33,6 +33,7 @@
 #include "scenario/lora_target_parameters_key.h"
 #include "sim/step/optimizer_in_backward.h"
 #include "sim/step/clip_grad.h"
+#include "sim/step/fsdp1_clip_grad.h"
 #include "sim/step/grad_scaler.h"
 #include "sim/step/generate.h"
 #include "sim/optim/optimizer_step.h"
@@ -201,9 +202,12 @@ class Loop {
     if (s_.optimizer.max_grad_norm) {  // clip_grad_norm_ (sim/step/clip_grad.h)
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": optimizer.max_grad_norm: numeric mode does not model clipping");
-      clip_ = std::make_unique<ClipGradNormSim>(s_.optimizer,
-                                                static_cast<uint64_t>(dtype_bytes(s_.precision.params)),
-                                                s_.parallel.sharding == Sharding::fsdp2);
+      if (s_.parallel.sharding == Sharding::fsdp)  // FSDP.clip_grad_norm_ (sim/step/fsdp1_clip_grad.h)
+        fsdp1_clip_ = std::make_unique<Fsdp1ClipGradNormSim>(s_.optimizer, s_.source);
+      else
+        clip_ = std::make_unique<ClipGradNormSim>(s_.optimizer,
+                                                  static_cast<uint64_t>(dtype_bytes(s_.precision.params)),
+                                                  s_.parallel.sharding == Sharding::fsdp2);
     }
     if (s_.precision.autocast && !accelerate_amp_) {  // cs336, hf-llama, hf-gpt2 (sim/step/modelled_features.cpp)
       autocast_ = std::make_unique<graph::Autocast>(
@@ -498,6 +502,7 @@ class Loop {
       // clip_grad_norm_ after backward (and the scaler's unscale_: HF Trainer / Accelerate's
       // order, explicit scaler.unscale_ then the clip; scaler.step then skips its own).
       if (clip_) clip_->clip(rt_);
+      if (fsdp1_clip_) fsdp1_clip_->clip(rt_, fsdp_->clip_order());
       optimizer_->step(rt_);
       if (scaler_) scaler_->after_step(rt_);
       if (scaler_) scaler_->update(rt_);  // scaler.update()
@@ -535,6 +540,7 @@ class Loop {
   bool accelerate_amp_ = false;  // Accelerate's FSDP2 bf16 path (sim/parallel/accelerate_amp.h)
   std::unique_ptr<GradScalerSim> scaler_;  // precision.grad_scaler (sim/step/grad_scaler.h)
   std::unique_ptr<ClipGradNormSim> clip_;  // optimizer.max_grad_norm (sim/step/clip_grad.h)
+  std::unique_ptr<Fsdp1ClipGradNormSim> fsdp1_clip_;  // the same under FSDP1
   std::unique_ptr<TorchDdp> ddp_;
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<Fsdp2> fsdp2_;
