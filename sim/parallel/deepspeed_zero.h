@@ -125,6 +125,7 @@
 #include "graph/runtime.h"
 #include "scenario/scenario.h"
 #include "sim/optim/optimizer_step.h"
+#include "sim/parallel/deepspeed_norm.h"
 
 namespace memsim {
 
@@ -140,6 +141,10 @@ class DeepSpeedZero : public graph::RuntimeHooks {
 
   // engine.forward: a new micro-step (stage 3: the coordinator's reset_step).
   void pre_forward(graph::Runtime& rt);
+  // engine.backward(loss) before loss.backward(): optimizer.scale_if_loss's loss * loss_scale
+  // (sim/parallel/deepspeed_norm.h), the root of the backward; the caller drops it after
+  // post_backward (engine.backward's local).
+  graph::Tensor scale_loss(graph::Runtime& rt, const graph::Tensor& loss);
   // engine.backward's end: the gradient epilogue.
   void post_backward(graph::Runtime& rt);
   // The optimizer the engine steps (wraps `inner`, the optimizer of the fp32 partitions;
@@ -248,6 +253,14 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   std::vector<std::pair<size_t, int32_t>> queue_;  // (trace step, parameter) in use order
   uint64_t available_ = 0;              // gathered non-persistent elements
   HostMemory host_;
+  // The step's overflow check, gradient norm and clipping, the loss scaling
+  // (sim/parallel/deepspeed_norm.h), and what it needs: stage 1/2 each partition
+  // gradient's elements inside rank 0's partition (by parameter id; in group order),
+  // stage 3 each sub group's partition elements per parameter.
+  std::unique_ptr<DeepSpeedNorm> norm_;
+  std::vector<uint64_t> in_partition_numel_;
+  std::vector<uint64_t> partition_grads_;
+  std::vector<std::vector<uint64_t>> sub_group_parts_;
   bool busy_ = false;                   // DeepSpeed's own allocations: no module hooks
 };
 
