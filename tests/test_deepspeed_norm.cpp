@@ -13,6 +13,7 @@
 
 #include "cli_test_support.h"
 #include "deepspeed_test_support.h"
+#include "json_test_support.h"
 #include "program/tensor_names.h"
 #include "sim/step/schedule.h"
 #include "test_paths.h"
@@ -60,7 +61,70 @@ void add_mask(Allocs& a, const std::string& scalar) {
   a.insert(a.end(), {{scalar, 1}, {scalar, 1}, {scalar, 1}, {scalar, 4}});
 }
 
+// A coarse signature both sides can give (as tests/test_clip_grad.cpp): each allocation
+// "+BYTES", each run of frees between two allocations "-[B1,B2,...]" sorted. The CPU
+// tracker of the fixtures sees a free only at the next aten op, so this is the resolution
+// at which their order is real.
+std::vector<std::string> coarse(const std::vector<std::pair<bool, uint64_t>>& events) {
+  std::vector<std::string> out;
+  std::vector<uint64_t> frees;
+  auto flush = [&] {
+    if (frees.empty()) return;
+    std::sort(frees.begin(), frees.end());
+    std::string s = "-[";
+    for (size_t i = 0; i < frees.size(); ++i) s += (i ? "," : "") + std::to_string(frees[i]);
+    out.push_back(s + "]");
+    frees.clear();
+  };
+  for (const auto& [alloc, bytes] : events) {
+    if (alloc) {
+      flush();
+      out.push_back("+" + std::to_string(bytes));
+    } else {
+      frees.push_back(bytes);
+    }
+  }
+  flush();
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("DeepSpeed step: memsim matches the torch 1.13 CPU run of DeepSpeed's step stand-ins",
+          "[deepspeed][clip][fixture]") {
+  // tools/fixtures/gen_deepspeed_norm_fixtures.py: DeepSpeed 0.19.6's step statements
+  // (stage_1_and_2.py / stage3.py) on the same partition gradients, measured per aten op.
+  struct Case {
+    const char* name;
+    const char* zero;
+    const char* params;
+    const char* clip;
+  };
+  for (const Case& c : {Case{"zero2_bf16_clip", "2", "bf16", "1.0"}, Case{"zero2_bf16_noclip", "2", "bf16", ""},
+                        Case{"zero2_fp16_clip", "2", "fp16", "1.0"}, Case{"zero3_bf16_clip", "3", "bf16", "0.5"},
+                        Case{"zero3_fp16_clip", "3", "fp16", "0.5"}}) {
+    INFO(c.name);
+    const nlohmann::json fx =
+        memsim_test::load_json(std::string(MEMSIM_SOURCE_DIR) + "/tests/data/deepspeed_norm/ds_norm_" + c.name + ".json");
+    REQUIRE(fx.contains("events"));
+    std::vector<std::pair<bool, uint64_t>> expected;
+    for (const auto& e : fx["events"]) expected.emplace_back(e[0] == "alloc", e[2].get<uint64_t>());
+    REQUIRE(expected.size() > 40);
+    std::string extra = "deepspeed:\n  reduce_bucket_size: 20000\n";
+    if (std::string(c.clip).size() > 0) extra += "optimizer:\n  max_grad_norm: " + std::string(c.clip) + "\n";
+    std::string y = small_llama(4, std::string("  zero: ") + c.zero + "\n", extra);
+    y.replace(y.find("params: bf16"), 12, std::string("params: ") + c.params);
+    const Program p = build_program(load(y));
+    const auto [be, oe] = step_window(p);
+    std::vector<std::pair<bool, uint64_t>> got;
+    for (size_t i = be; i < oe; ++i) {
+      const MemoryEvent& e = p.events[i];
+      if (e.type == EventType::alloc) got.emplace_back(true, e.bytes);
+      if (e.type == EventType::free) got.emplace_back(false, p.tensors[e.tensor].bytes);
+    }
+    CHECK(coarse(got) == coarse(expected));
+  }
+}
 
 TEST_CASE("DeepSpeed ZeRO-2 step: grad norm in fp64, clip factor, _global_grad_norm by hand",
           "[deepspeed][clip]") {
