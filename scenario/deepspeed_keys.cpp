@@ -239,7 +239,12 @@ void read_json_file(const Doc& d, const Field& f, Scenario& s, DeepSpeedConfig& 
       const std::string p = std::string(section) + "." + key;
       if (key == "enabled") {
         out = r.is_auto(value) ? s.precision.params == want : r.boolean(value, p);
-      } else if (key == "immediate_grad_update" || key == "check_grad_overflow" ||
+      } else if (key == "check_grad_overflow") {
+        // bf16.check_grad_overflow: the ZeRO 1/2 overflow check memsim models for fp16
+        // (engine._configure_zero_optimizer checks fp16 always), in bf16; not wired here.
+        if (want == DType::bf16 && value.is_boolean() && value.get<bool>())
+          r.refuse(p, "the overflow check in bf16 is not modelled (fp16's is); use false");
+      } else if (key == "immediate_grad_update" ||
                  key == "bf16_master_weights_and_grads" || key == "bf16_optimizer_states" ||
                  key == "fp16_master_weights_and_grads") {
         if (value.is_boolean() && value.get<bool>())

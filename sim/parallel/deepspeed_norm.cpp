@@ -123,8 +123,7 @@ void DeepSpeedNorm::norm12(Runtime& rt, const std::vector<uint64_t>& grads) {
   // norm exists; the norms stay in all_norms.
   Tensor total_norm;
   {
-    std::vector<Tensor> all_norms;
-    all_norms.reserve(grads.size());
+    std::vector<Tensor>& all_norms = scratch_;  // reused: no allocation per step
     for (uint64_t n : grads) {
       Tensor as_double = alloc(rt, n * kF64, OpKind::to_copy, n_f64_copy_);
       all_norms.push_back(alloc(rt, kF64, OpKind::reduce_sum, n_scalar_));
@@ -204,8 +203,7 @@ void DeepSpeedNorm::norm3(Runtime& rt, uint64_t buffer, const std::vector<std::v
   norm_groups_.reserve(sub_groups.size());
   for (const std::vector<uint64_t>& grads : sub_groups) {
     Tensor total_norm_cuda, total_norm;
-    std::vector<Tensor> grad_norms;
-    grad_norms.reserve(grads.size());
+    std::vector<Tensor>& grad_norms = scratch_;  // reused: no allocation per step
     for (uint64_t n : grads) {  // g.to(device).double().norm(2): the copy dies after norm
       Tensor as_double = alloc(rt, n * kF64, OpKind::to_copy, n_f64_copy_);
       grad_norms.push_back(alloc(rt, kF64, OpKind::reduce_sum, n_scalar_));

@@ -119,6 +119,7 @@ class DeepSpeedNorm {
   graph::Tensor new_global_norm_;    // optimizer._global_grad_norm of this step
   graph::Tensor engine_global_norm_; // engine._global_grad_norm (the previous step's until rebound)
   std::vector<graph::Tensor> kept_norms_;   // offload: norm_for_param_grads, insertion order
+  std::vector<graph::Tensor> scratch_;      // get_grad_norm_direct's list of norms (empty between calls)
   // Interned names (program/tensor_names.h), one per kind of tensor.
   uint32_t n_scaled_loss_, n_tracker_, n_f64_copy_, n_f32_copy_, n_mask_, n_scalar_, n_stack_, n_global_;
 };

@@ -332,6 +332,7 @@ void DeepSpeedZero::setup_stage3(Runtime& rt, const Scenario& s) {
     sub_groups_.push_back(sub);
     sub_group_parts_.push_back(std::move(parts));
   }
+  for (const std::vector<uint64_t>& g : sub_group_parts_) sub_group_counts_.push_back(g.size());
   partition_numel_ = total;
   if (!offload_param_) {
     alloc(rt, total * elem_, TensorKind::parameter,
@@ -827,9 +828,7 @@ void DeepSpeedZero::step(Runtime& rt, OptimizerSim* inner) {
     release_all(rt);
     if (offload_opt_) {  // CPUAdam on the host; the bit16 copy-back is in place
       // The norms were taken at the boundary; each sub group's are summed on the GPU.
-      std::vector<uint64_t> counts;
-      for (const std::vector<uint64_t>& parts : sub_group_parts_) counts.push_back(parts.size());
-      norm_->offload_step3(rt, counts);
+      norm_->offload_step3(rt, sub_group_counts_);
       norm_->step_done(rt);
       return;
     }

@@ -261,6 +261,7 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   std::vector<uint64_t> in_partition_numel_;
   std::vector<uint64_t> partition_grads_;
   std::vector<std::vector<uint64_t>> sub_group_parts_;
+  std::vector<uint64_t> sub_group_counts_;  // parameters per sub group
   bool busy_ = false;                   // DeepSpeed's own allocations: no module hooks
 };
 
