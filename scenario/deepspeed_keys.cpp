@@ -293,6 +293,14 @@ void read_json_file(const Doc& d, const Field& f, Scenario& s, DeepSpeedConfig& 
       r.refuse("gradient_clipping", v.dump() + " disagrees with optimizer.max_grad_norm " + std::to_string(mine) +
                                         " (HF Trainer refuses the mismatch); make them agree or write \"auto\"");
     if (clip > 0.0) s.optimizer.max_grad_norm = clip;
+  } else if (!j.contains("gradient_clipping") && s.optimizer.max_grad_norm) {
+    // HF Trainer fills the key only where it says "auto": without it DeepSpeed clips
+    // nothing (its default 0.0) and Accelerate's clip_grad_norm_ returns None for DeepSpeed.
+    const std::string why = path + " has no gradient_clipping, so DeepSpeed does not clip (HF Trainer "
+                                   "fills the key only where it is \"auto\"); add \"gradient_clipping\": "
+                                   "\"auto\" to the file or remove optimizer.max_grad_norm";
+    if (const Field* g = d.find("optimizer.max_grad_norm")) fail(g->where, "optimizer.max_grad_norm", why);
+    r.refuse("gradient_clipping", why);
   }
   // Batch sizes: "auto" is the Trainer's; a number must match the scenario.
   auto batch = [&](const char* key, int64_t want, const char* scenario_key) {

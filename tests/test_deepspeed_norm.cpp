@@ -307,6 +307,12 @@ TEST_CASE("DeepSpeed gradient_clipping and optimizer.max_grad_norm are one setti
   CHECK_THROWS_WITH(load(with(json("diff.json", "1.0"), "optimizer:\n  max_grad_norm: 0.3\n")),
                     Contains("diff.json: gradient_clipping: 1.0 disagrees with optimizer.max_grad_norm"));
   CHECK_THROWS_WITH(load(with(json("bad.json", "\"x\""))), Contains("bad.json: gradient_clipping: expected a number"));
+  // Without the key DeepSpeed does not clip whatever the Trainer's max_grad_norm: refused.
+  const std::string none = (dir.path / "none.json").string();
+  std::ofstream(none) << "{\"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 2}}";
+  CHECK_FALSE(load(with(none)).optimizer.max_grad_norm.has_value());
+  CHECK_THROWS_WITH(load(with(none, "optimizer:\n  max_grad_norm: 1.0\n")),
+                    Contains("optimizer.max_grad_norm: " + none + " has no gradient_clipping"));
   // torch clip_grad_norm_'s knobs do not apply to DeepSpeed's engine.
   CHECK_THROWS_WITH(build_program(load(small_llama(4, "  zero: 2\n", "optimizer:\n  max_grad_norm: 1.0\n  clip_keep_norm: true\n"))),
                     Contains("optimizer.clip_keep_norm: DeepSpeed keeps its norm itself"));

@@ -47,8 +47,8 @@ DeepSpeedNorm::DeepSpeedNorm(Runtime& rt, const Scenario& s)
   n_global_ = p.intern("_global_grad_norm (" + zero + ")");
 }
 
-Tensor DeepSpeedNorm::alloc(Runtime& rt, uint64_t bytes, OpKind op, uint32_t name, uint8_t stream) {
-  Tensor t = rt.alloc(bytes, TensorKind::temporary, op);
+Tensor DeepSpeedNorm::alloc(Runtime& rt, uint64_t bytes, OpKind op, uint32_t name, uint8_t stream, TensorKind kind) {
+  Tensor t = rt.alloc(bytes, kind, op);
   if (stream != 0) rt.program().events.back().stream = stream;  // the alloc just appended
   rt.name(t.storage, name);
   return t;
@@ -156,7 +156,7 @@ void DeepSpeedNorm::norm12(Runtime& rt, const std::vector<uint64_t>& grads) {
     total_norm.reset();
   }
   // step: self._global_grad_norm = scaled_global_grad_norm / prev_scale.
-  new_global_norm_ = alloc(rt, kF32, OpKind::div_scalar, n_global_);
+  new_global_norm_ = alloc(rt, kF32, OpKind::div_scalar, n_global_, 0, TensorKind::other);  // kept across steps
 }
 
 void DeepSpeedNorm::offload_grad12(Runtime& rt, uint64_t in_partition, uint64_t whole) {
@@ -239,7 +239,7 @@ void DeepSpeedNorm::norm3(Runtime& rt, uint64_t buffer, const std::vector<std::v
     scaled_norm_ = alloc(rt, kF64, OpKind::reduce_sum, n_scalar_);
   }
   // self._global_grad_norm = scaled_global_grad_norm / self.loss_scale.
-  new_global_norm_ = alloc(rt, kF64, OpKind::div_scalar, n_global_);
+  new_global_norm_ = alloc(rt, kF64, OpKind::div_scalar, n_global_, 0, TensorKind::other);  // kept across steps
 }
 
 void DeepSpeedNorm::offload_grad3(Runtime& rt, uint64_t partition) {

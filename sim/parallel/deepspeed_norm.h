@@ -101,7 +101,8 @@ class DeepSpeedNorm {
   void step_done(graph::Runtime& rt);
 
  private:
-  graph::Tensor alloc(graph::Runtime& rt, uint64_t bytes, graph::OpKind op, uint32_t name, uint8_t stream = 0);
+  graph::Tensor alloc(graph::Runtime& rt, uint64_t bytes, graph::OpKind op, uint32_t name, uint8_t stream = 0,
+                      TensorKind kind = TensorKind::temporary);
   // _has_inf_or_nan (stage_1_and_2.py): x.float() ... .max(); returns the 0-d max.
   graph::Tensor has_inf_or_nan(graph::Runtime& rt, uint64_t numel);
   // mask_nan_or_inf_with_val_inplace (runtime/utils.py) on a 0-d norm.
