@@ -17,9 +17,10 @@
 //   bf16 and fp32, CreateLossScaler): the scaler owns no tensor. engine.backward(loss)
 //   calls optimizer.scale_if_loss(loss) = `loss * loss_scale` for every dtype (a 0-d
 //   tensor, MulBackward1: its backward's grad * scale is a new 0-d tensor), dropped when
-//   engine.backward returns. HF Trainer passes scale_wrt_gas=False (transformers PR
-//   #35808), so `gas_scaled_loss` is the loss itself and the output hooks' grad / gas is
-//   not taken: neither allocates (the scale_wrt_gas=True path is not modelled).
+//   engine.backward returns. HF Trainer passes scale_wrt_gas=False (transformers
+//   src/transformers/trainer.py Trainer.training_step @ 000945a9, PR #35808), so
+//   `gas_scaled_loss` is the loss itself and the output hooks' grad / gas is not taken:
+//   neither allocates (the scale_wrt_gas=True path is not modelled).
 // * ZeRO 1/2 step (no offload): check_overflow when check_grad_overflow (fp16; bf16's
 //   check_grad_overflow true is refused by the reader): per partition gradient
 //   _has_inf_or_nan = x.float(), isnan, isinf, logical_or, .float(), .max(); then
