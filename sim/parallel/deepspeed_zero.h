@@ -110,6 +110,8 @@
 // the node total for deepspeed.ranks_per_node (default min(d, 8)); NVMe offload counts the
 // swap buffers (offload_optimizer.buffer_count fp32 sub groups, offload_param.buffer_count x
 // buffer_size bit16) as pinned host memory and the swapped bytes under `nvme`.
+// The step's overflow check, gradient norm and clipping and engine.backward's scaled loss
+// are sim/parallel/deepspeed_norm.h's (called from step, the hooks and scale_loss).
 // Left out (docs/deepspeed.md): NCCL's own buffers; the all-gather after the step (in place);
 // the Trainer's two param groups (decay / no decay: a second flat buffer and pad); stage 1's
 // gradient reduction path when overlap_comm is on; MiCS, ZeRO++, pipeline parallelism.
