@@ -322,3 +322,24 @@ TEST_CASE("DeepSpeed gradient_clipping and optimizer.max_grad_norm are one setti
   CHECK_THROWS_WITH(build_program(load(small_llama(4, "  zero: 2\n"), {{"precision.grad_scaler", "true"}})),
                     Contains("precision.grad_scaler"));
 }
+
+TEST_CASE("memsim run: the shipped ZeRO-3 scenario clips at 1.0 inside DeepSpeed", "[deepspeed][clip][cli]") {
+  // scenarios/llama2-7b-zero3-8xa100.yaml: optimizer.max_grad_norm 1.0 (HF Trainer's default,
+  // ds.json "gradient_clipping": "auto"). The peak (in backward) holds the scaled loss (4 B),
+  // the previous step's _global_grad_norm (8 B) and the tracker (1 B): 13 B above the run
+  // without the norm (29,085,519,624 B before this change, docs/deepspeed.md).
+  memsim_test::TempDir dir("ds_clip_cli");
+  const std::string scenario = std::string(MEMSIM_SOURCE_DIR) + "/scenarios/llama2-7b-zero3-8xa100.yaml";
+  const memsim_test::CliResult text = memsim_test::run_memsim("run '" + scenario + "'", dir);
+  REQUIRE(text.status == 0);
+  CHECK(text.out.find("gradient_clipping 1") != std::string::npos);
+  const memsim_test::CliResult json = memsim_test::run_memsim("run '" + scenario + "' --json -", dir);
+  REQUIRE(json.status == 0);
+  CHECK(json.out.find("\"peak_requested_bytes\": 29085519637") != std::string::npos);
+  // A ds.json that disagrees is refused by its key, exit 1.
+  const std::string bad = (dir.path / "clip.json").string();
+  std::ofstream(bad) << "{\"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 3}, \"gradient_clipping\": 0.5}";
+  const memsim_test::CliResult refused = memsim_test::run_memsim("run '" + scenario + "' --set deepspeed.config=" + bad, dir);
+  CHECK(refused.status == 1);
+  CHECK(refused.err.find("gradient_clipping: 0.5 disagrees with optimizer.max_grad_norm") != std::string::npos);
+}
