@@ -67,7 +67,7 @@ struct JsonReader {
 // Keys of a JSON object that change nothing memsim measures (logging, schedules,
 // checkpoint files): accepted and ignored.
 const std::set<std::string> kIgnoredTop = {
-    "scheduler", "steps_per_print", "wall_clock_breakdown", "gradient_clipping",
+    "scheduler", "steps_per_print", "wall_clock_breakdown", "gradient_clipping" /* read below */,
     "prescale_gradients", "gradient_predivide_factor", "zero_allow_untested_optimizer",
     "zero_force_ds_cpu_optimizer", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
     "comms_logger", "aio", "checkpoint", "dump_state", "memory_breakdown", "seed",
@@ -239,7 +239,12 @@ void read_json_file(const Doc& d, const Field& f, Scenario& s, DeepSpeedConfig& 
       const std::string p = std::string(section) + "." + key;
       if (key == "enabled") {
         out = r.is_auto(value) ? s.precision.params == want : r.boolean(value, p);
-      } else if (key == "immediate_grad_update" || key == "check_grad_overflow" ||
+      } else if (key == "check_grad_overflow") {
+        // bf16.check_grad_overflow: the ZeRO 1/2 overflow check memsim models for fp16
+        // (engine._configure_zero_optimizer checks fp16 always), in bf16; not wired here.
+        if (want == DType::bf16 && value.is_boolean() && value.get<bool>())
+          r.refuse(p, "the overflow check in bf16 is not modelled (fp16's is); use false");
+      } else if (key == "immediate_grad_update" ||
                  key == "bf16_master_weights_and_grads" || key == "bf16_optimizer_states" ||
                  key == "fp16_master_weights_and_grads") {
         if (value.is_boolean() && value.get<bool>())
@@ -274,6 +279,29 @@ void read_json_file(const Doc& d, const Field& f, Scenario& s, DeepSpeedConfig& 
                                          "use the scenario's checkpoint section (torch.utils.checkpoint)");
   if (j.contains("sparse_gradients") && j["sparse_gradients"] == true)
     r.refuse("sparse_gradients", "not modelled; use false");
+  // gradient_clipping: the engine's clip_grad (sim/parallel/deepspeed_norm.h), the same
+  // setting as optimizer.max_grad_norm. HF Trainer fills "auto" with
+  // TrainingArguments.max_grad_norm (here optimizer.max_grad_norm; unset: no clipping) and
+  // refuses a number that disagrees with it (HfTrainerDeepSpeedConfig.fill_match).
+  if (j.contains("gradient_clipping") && !r.is_auto(j["gradient_clipping"])) {
+    const Json& v = j["gradient_clipping"];
+    if (!v.is_number() || v.get<double>() < 0)
+      r.refuse("gradient_clipping", "expected a number >= 0 or \"auto\", got " + v.dump());
+    const double clip = v.get<double>();
+    const double mine = s.optimizer.max_grad_norm.value_or(0.0);
+    if (s.optimizer.max_grad_norm && clip != mine)
+      r.refuse("gradient_clipping", v.dump() + " disagrees with optimizer.max_grad_norm " + std::to_string(mine) +
+                                        " (HF Trainer refuses the mismatch); make them agree or write \"auto\"");
+    if (clip > 0.0) s.optimizer.max_grad_norm = clip;
+  } else if (!j.contains("gradient_clipping") && s.optimizer.max_grad_norm) {
+    // HF Trainer fills the key only where it says "auto": without it DeepSpeed clips
+    // nothing (its default 0.0) and Accelerate's clip_grad_norm_ returns None for DeepSpeed.
+    const std::string why = path + " has no gradient_clipping, so DeepSpeed does not clip (HF Trainer "
+                                   "fills the key only where it is \"auto\"); add \"gradient_clipping\": "
+                                   "\"auto\" to the file or remove optimizer.max_grad_norm";
+    if (const Field* g = d.find("optimizer.max_grad_norm")) fail(g->where, "optimizer.max_grad_norm", why);
+    r.refuse("gradient_clipping", why);
+  }
   // Batch sizes: "auto" is the Trainer's; a number must match the scenario.
   auto batch = [&](const char* key, int64_t want, const char* scenario_key) {
     if (!j.contains(key) || r.is_auto(j[key])) return;

@@ -180,9 +180,13 @@ TEST_CASE("DeepSpeed ZeRO-3 gradient accumulation: a later micro-batch and the s
   // made by the warm-up's step.
   const size_t opt_end = mark_index(p, "optimizer_end");
   REQUIRE(opt_end != SIZE_MAX);
-  CHECK(ds_allocs(p, mbs[3].end, opt_end) ==
-        Allocs{{"bf16 flat grad of sub group 0 (ZeRO-3)", 28752 * 2},
-               {"grad of fp32 partition of sub group 0 (ZeRO-3)", 28752 * 4}});
+  // (The step's gradient-norm scalars and fp64 copies between them are
+  // test_deepspeed_norm.cpp's; left out here.)
+  Allocs step_buffers;
+  for (const auto& a : ds_allocs(p, mbs[3].end, opt_end))
+    if (a.first.find("norm") == std::string::npos) step_buffers.push_back(a);
+  CHECK(step_buffers == Allocs{{"bf16 flat grad of sub group 0 (ZeRO-3)", 28752 * 2},
+                               {"grad of fp32 partition of sub group 0 (ZeRO-3)", 28752 * 4}});
   CHECK(allocs(p, "* flat grad of sub group 0 (ZeRO-3)").size() == 2);  // one per step, not per micro-batch
   CHECK(allocs(p, "exp_avg of fp32 partition of *").size() == 1);
   // One gradient partition buffer for the run: the micro-batches accumulate into it.
@@ -312,10 +316,10 @@ TEST_CASE("memsim run: Llama 2 7B ZeRO-3 with grad_accum 4 (docs/deepspeed.md)",
   const memsim_test::CliResult one = memsim_test::run_memsim("run '" + scenario + "' --json -", dir);
   REQUIRE(four.status == 0);
   REQUIRE(one.status == 0);
-  CHECK(number(four.out, "peak_requested_bytes") == 29085519624ull);
-  CHECK(number(one.out, "peak_requested_bytes") == 29085519624ull);
-  CHECK(optimizer_end(four.out) == 14759327232ull);
-  CHECK(optimizer_end(one.out) == 14759327232ull);
+  CHECK(number(four.out, "peak_requested_bytes") == 29085519637ull);
+  CHECK(number(one.out, "peak_requested_bytes") == 29085519637ull);
+  CHECK(optimizer_end(four.out) == 14759328256ull);
+  CHECK(optimizer_end(one.out) == 14759328256ull);
   // The other rows of docs/deepspeed.md's tables: ZeRO-3 with full checkpointing (equal for
   // grad_accum 1 and 2), ZeRO-2 and ZeRO-1 (higher with accumulation, as their source says).
   auto peak_of = [&](const std::string& sets) {
@@ -323,12 +327,12 @@ TEST_CASE("memsim run: Llama 2 7B ZeRO-3 with grad_accum 4 (docs/deepspeed.md)",
     REQUIRE(r.status == 0);
     return number(r.out, "peak_requested_bytes");
   };
-  CHECK(peak_of("--set checkpoint.policy=full") == 19810391812ull);
-  CHECK(peak_of("--set checkpoint.policy=full --set batch.grad_accum=2") == 19810391812ull);
-  CHECK(peak_of("--set parallel.zero=2") == 37416706824ull);
-  CHECK(peak_of("--set parallel.zero=2 --set batch.grad_accum=2") == 39117546248ull);
-  CHECK(peak_of("--set parallel.zero=1") == 39059858180ull);
-  CHECK(peak_of("--set parallel.zero=1 --set batch.grad_accum=2") == 51417442056ull);
+  CHECK(peak_of("--set checkpoint.policy=full") == 19810391845ull);
+  CHECK(peak_of("--set checkpoint.policy=full --set batch.grad_accum=2") == 19810391845ull);
+  CHECK(peak_of("--set parallel.zero=2") == 37416706832ull);
+  CHECK(peak_of("--set parallel.zero=2 --set batch.grad_accum=2") == 39117546256ull);
+  CHECK(peak_of("--set parallel.zero=1") == 39059858188ull);
+  CHECK(peak_of("--set parallel.zero=1 --set batch.grad_accum=2") == 51417442064ull);
 }
 
 TEST_CASE("DeepSpeed ZeRO-3 gradient accumulation on hf-gpt2 (tied head) and cs336",

@@ -133,6 +133,7 @@ DeepSpeedZero::DeepSpeedZero(Runtime& rt, const Scenario& s)
     }
   }
   if (trainable_.empty()) throw std::logic_error("DeepSpeedZero: no parameter requires a gradient");
+  norm_ = std::make_unique<DeepSpeedNorm>(rt, s);
   const graph::OpContext saved = rt.ctx;
   rt.ctx.phase = Phase::setup;
   rt.ctx.layer = -1;
@@ -176,11 +177,17 @@ void DeepSpeedZero::setup_stage12(Runtime& rt) {
     program.free(rt.parameters()[static_cast<size_t>(p)].storage, Phase::setup, op, -1);
   // Which parameters overlap rank 0's partition [0, P) (get_partition_info).
   in_partition_.assign(rt.parameters().size(), false);
+  in_partition_numel_.assign(rt.parameters().size(), 0);
   uint64_t offset = 0;
   for (int32_t p : trainable_) {
     if (offset < partition_numel_) {
       in_partition_[static_cast<size_t>(p)] = true;
       grads_in_partition_numel_ += numel_[static_cast<size_t>(p)];
+      // get_flat_partition: the gradient's slice inside [0, P) (a view; rank 0's first
+      // offset is 0, the last parameter may be cut by the partition's end).
+      const uint64_t n = std::min(numel_[static_cast<size_t>(p)], partition_numel_ - offset);
+      in_partition_numel_[static_cast<size_t>(p)] = n;
+      partition_grads_.push_back(n);
     }
     offset += numel_[static_cast<size_t>(p)];
   }
@@ -288,6 +295,10 @@ void DeepSpeedZero::setup_stage3(Runtime& rt, const Scenario& s) {
     }
   }
   rt.ctx.layer = -1;
+  // DeepSpeedZeroOptimizer_Stage3.__init__ (after DeepSpeedZeRoOffload partitioned the
+  // adapters, before the defragmentation): inf_or_nan_tracker, kept (self.device: the GPU
+  // unless offload_optimizer).
+  if (!offload_opt_) norm_->make_tracker(rt);
   if (c_.zero_init) {
     // Splice each parameter's partitioning right after its creation (setup events only).
     std::vector<size_t> param_of_alloc(program.events.size(), SIZE_MAX);
@@ -304,16 +315,24 @@ void DeepSpeedZero::setup_stage3(Runtime& rt, const Scenario& s) {
   // _create_fp16_partitions_with_defragmentation: the trainable partitions move into one
   // flat buffer (defragment), the old ones freed. Sub groups split it by sub_group_size.
   uint64_t total = 0, sub = 0;
+  std::vector<uint64_t> parts;  // this sub group's partitions (averaged_gradients[i])
   for (int32_t p : trainable_) {
     const uint64_t part = ceil_div(numel_[static_cast<size_t>(p)], d_);
     total += part;
     sub += part;
+    parts.push_back(part);
     if (sub >= static_cast<uint64_t>(c_.sub_group_size)) {
       sub_groups_.push_back(sub);
+      sub_group_parts_.push_back(std::move(parts));
+      parts.clear();
       sub = 0;
     }
   }
-  if (sub > 0) sub_groups_.push_back(sub);
+  if (sub > 0) {
+    sub_groups_.push_back(sub);
+    sub_group_parts_.push_back(std::move(parts));
+  }
+  for (const std::vector<uint64_t>& g : sub_group_parts_) sub_group_counts_.push_back(g.size());
   partition_numel_ = total;
   if (!offload_param_) {
     alloc(rt, total * elem_, TensorKind::parameter,
@@ -642,7 +661,10 @@ void DeepSpeedZero::take_grad_into_partition(Runtime& rt, int32_t param) {
     // boundary async_inplace_copy_grad_to_fp32_buffer_from_gpu: the partition's slice
     // .float() on the GPU, copied to the pinned fp32 gradient; .grad stays a view of the bucket.
     if (!boundary()) return;
-    rt.release(alloc(rt, numel_[static_cast<size_t>(param)] * 4, TensorKind::temporary,
+    // set_norm_for_param_grad_in_gpu and update_offload_overflow_tracker_for_param_grad
+    // first (sim/parallel/deepspeed_norm.h); the copy is of the partition's slice.
+    norm_->offload_grad12(rt, in_partition_numel_[static_cast<size_t>(param)], numel_[static_cast<size_t>(param)]);
+    rt.release(alloc(rt, in_partition_numel_[static_cast<size_t>(param)] * 4, TensorKind::temporary,
                      cached_name(rt, kGradHostCast, static_cast<size_t>(param), [&] {
                        return "fp32 cast of grad of " + rt.param_name(param) + " for the host (" + zero_ +
                               " offload_optimizer)";
@@ -706,10 +728,14 @@ void DeepSpeedZero::reduce_bucket3(Runtime& rt) {
       const uint32_t a = alloc(rt, part * elem_, TensorKind::temporary, cached_name(rt, kGradToGpu, qi, [&] {
                                  return "ZeRO-3 grad partition of " + rt.param_name(q) + " on the GPU (offload_optimizer)";
                                }), 1);
-      if (boundary())
+      if (boundary()) {
+        // _offload_grad_partition_at_boundary: the partition's norm first
+        // (_constant_buffered_norm2, kept until the step), then the fp32 cast.
+        norm_->offload_grad3(rt, part);
         rt.release(alloc(rt, part * 4, TensorKind::temporary, cached_name(rt, kGradFp32, qi, [&] {
                            return "fp32 cast of ZeRO-3 grad partition of " + rt.param_name(q) + " (offload_optimizer)";
                          }), 1));
+      }
       rt.release(a);
     }
     if (p.grad != graph::kNoStorage) {
@@ -721,6 +747,11 @@ void DeepSpeedZero::reduce_bucket3(Runtime& rt) {
   if (flat != graph::kNoStorage) rt.release(flat);
   bucket_params_.clear();
   bucket_elements_ = 0;
+}
+
+Tensor DeepSpeedZero::scale_loss(Runtime& rt, const Tensor& loss) {
+  Busy busy(busy_);
+  return norm_->scale_loss(rt, loss);
 }
 
 void DeepSpeedZero::post_backward(Runtime& rt) {
@@ -795,7 +826,14 @@ void DeepSpeedZero::step(Runtime& rt, OptimizerSim* inner) {
   if (stage_ == 3) {
     // _partition_all_parameters: every gathered parameter is released.
     release_all(rt);
-    if (offload_opt_) return;  // CPUAdam on the host; the bit16 copy-back is in place
+    if (offload_opt_) {  // CPUAdam on the host; the bit16 copy-back is in place
+      // The norms were taken at the boundary; each sub group's are summed on the GPU.
+      norm_->offload_step3(rt, sub_group_counts_);
+      norm_->step_done(rt);
+      return;
+    }
+    // _overflow_check_and_loss_scale_update, _get_norm_groups, the global norm.
+    norm_->norm3(rt, partition_numel_, sub_group_parts_);
     for (size_t g = 0; g < sub_groups_.size(); ++g) {
       // _prepare_fp32_grad_for_sub_group: flatten(averaged_gradients).to(fp32).
       const uint32_t flat = alloc(rt, sub_groups_[g] * elem_, TensorKind::gradient, cached_name(rt, kStepFlat, g, [&] {
@@ -806,16 +844,22 @@ void DeepSpeedZero::step(Runtime& rt, OptimizerSim* inner) {
       rt.release(flat);
       graph::Parameter& m = rt.parameters()[static_cast<size_t>(masters3_[g])];
       m.grad = fp32;
+      norm_->unscale_and_clip(rt);  // unscale_and_clip_grads(sub_group_id, ...)
       if (inner) inner->step(rt);
       m.grad = graph::kNoStorage;
       rt.release(fp32);  // _release_sub_group
     }
+    norm_->step_done(rt);
     return;
   }
   if (offload_opt_) {
     held_.clear();
+    norm_->offload_step12(rt);
+    norm_->step_done(rt);  // reset_cpu_buffers drops the norms taken in backward
     return;
   }
+  // check_overflow (fp16), scaled_global_norm over averaged_gradients, _global_grad_norm.
+  norm_->norm12(rt, partition_grads_);
   // stage_1_and_2 step: flatten(averaged_gradients).to(fp32), the bit16 flat dropped, the
   // kept gradients freed (free_grad_in_param_list, averaged_gradients = None).
   const uint64_t P = partition_numel_;
@@ -832,9 +876,11 @@ void DeepSpeedZero::step(Runtime& rt, OptimizerSim* inner) {
   held_.clear();
   graph::Parameter& m = rt.parameters()[static_cast<size_t>(master_)];
   m.grad = fp32;
+  norm_->unscale_and_clip(rt);  // unscale_and_clip_grads([single_grad_partition], ...)
   if (inner) inner->step(rt);
   m.grad = graph::kNoStorage;
   rt.release(fp32);
+  norm_->step_done(rt);
 }
 
 }  // namespace memsim

@@ -110,6 +110,8 @@
 // the node total for deepspeed.ranks_per_node (default min(d, 8)); NVMe offload counts the
 // swap buffers (offload_optimizer.buffer_count fp32 sub groups, offload_param.buffer_count x
 // buffer_size bit16) as pinned host memory and the swapped bytes under `nvme`.
+// The step's overflow check, gradient norm and clipping and engine.backward's scaled loss
+// are sim/parallel/deepspeed_norm.h's (called from step, the hooks and scale_loss).
 // Left out (docs/deepspeed.md): NCCL's own buffers; the all-gather after the step (in place);
 // the Trainer's two param groups (decay / no decay: a second flat buffer and pad); stage 1's
 // gradient reduction path when overlap_comm is on; MiCS, ZeRO++, pipeline parallelism.
@@ -125,6 +127,7 @@
 #include "graph/runtime.h"
 #include "scenario/scenario.h"
 #include "sim/optim/optimizer_step.h"
+#include "sim/parallel/deepspeed_norm.h"
 
 namespace memsim {
 
@@ -140,6 +143,10 @@ class DeepSpeedZero : public graph::RuntimeHooks {
 
   // engine.forward: a new micro-step (stage 3: the coordinator's reset_step).
   void pre_forward(graph::Runtime& rt);
+  // engine.backward(loss) before loss.backward(): optimizer.scale_if_loss's loss * loss_scale
+  // (sim/parallel/deepspeed_norm.h), the root of the backward; the caller drops it after
+  // post_backward (engine.backward's local).
+  graph::Tensor scale_loss(graph::Runtime& rt, const graph::Tensor& loss);
   // engine.backward's end: the gradient epilogue.
   void post_backward(graph::Runtime& rt);
   // The optimizer the engine steps (wraps `inner`, the optimizer of the fp32 partitions;
@@ -248,6 +255,15 @@ class DeepSpeedZero : public graph::RuntimeHooks {
   std::vector<std::pair<size_t, int32_t>> queue_;  // (trace step, parameter) in use order
   uint64_t available_ = 0;              // gathered non-persistent elements
   HostMemory host_;
+  // The step's overflow check, gradient norm and clipping, the loss scaling
+  // (sim/parallel/deepspeed_norm.h), and what it needs: stage 1/2 each partition
+  // gradient's elements inside rank 0's partition (by parameter id; in group order),
+  // stage 3 each sub group's partition elements per parameter.
+  std::unique_ptr<DeepSpeedNorm> norm_;
+  std::vector<uint64_t> in_partition_numel_;
+  std::vector<uint64_t> partition_grads_;
+  std::vector<std::vector<uint64_t>> sub_group_parts_;
+  std::vector<uint64_t> sub_group_counts_;  // parameters per sub group
   bool busy_ = false;                   // DeepSpeed's own allocations: no module hooks
 };
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "sim/optim/optimizer_step.h"
+#include "sim/parallel/deepspeed_norm.h"
 #include "sim/step/clip_grad_dtensor.h"
 #include "sim/step/fsdp1_clip_grad.h"
 
@@ -116,6 +117,9 @@ void require_clip_grad_modelled(const Scenario& s) {
     throw ScenarioError(s.source + ": optimizer.max_grad_norm: " + why);
   };
   const ParallelConfig& p = s.parallel;
+  // DeepSpeed clips inside its ZeRO optimizer's step (ds.json gradient_clipping, which
+  // optimizer.max_grad_norm sets): its own checks (sim/parallel/deepspeed_norm.h).
+  if (p.sharding == Sharding::deepspeed) return require_deepspeed_clip_modelled(s);
   if (!o.clip_foreach)
     throw ScenarioError(s.source + ": optimizer.clip_foreach: the per-gradient "
                         "torch.linalg.vector_norm path (its CUDA reduction's global-memory "
@@ -123,9 +127,6 @@ void require_clip_grad_modelled(const Scenario& s) {
                         "(torch's default on CUDA)");
   if (s.model.family == ModelFamily::megatron)
     refuse("Megatron-LM clips with its own clip_grad_norm_fp32 (--clip-grad), not "
-           "torch.nn.utils.clip_grad_norm_; not modelled");
-  if (p.sharding == Sharding::deepspeed)
-    refuse("DeepSpeed clips inside its engine (ds.json gradient_clipping), not with "
            "torch.nn.utils.clip_grad_norm_; not modelled");
   // FSDP1: FullyShardedDataParallel.clip_grad_norm_ (sim/step/fsdp1_clip_grad.h).
   if (p.sharding == Sharding::fsdp) require_fsdp1_clip_modelled(s);

@@ -67,7 +67,9 @@ class ClipGradNormSim {
 };
 
 // Throws ScenarioError naming optimizer.max_grad_norm (or the clashing key) where clipping
-// is not modelled. No-op without optimizer.max_grad_norm.
+// is not modelled. No-op without optimizer.max_grad_norm. DeepSpeed runs clip in the engine
+// instead (ClipGradNormSim is not used): require_deepspeed_clip_modelled
+// (sim/parallel/deepspeed_norm.h) checks them.
 void require_clip_grad_modelled(const Scenario& s);
 
 }  // namespace memsim

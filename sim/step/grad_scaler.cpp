@@ -90,8 +90,8 @@ void require_grad_scaler_modelled(const Scenario& s) {
     refuse("Megatron-LM scales the loss with its own grad scaler, not torch.amp.GradScaler; "
            "use precision.grad_scaler: false");
   if (p.sharding == Sharding::deepspeed)
-    refuse("DeepSpeed scales fp16 losses with its own loss scaler (its fp16 config), not "
-           "torch.amp.GradScaler; use precision.grad_scaler: false");
+    refuse("DeepSpeed scales fp16 losses with its own loss scaler (ds.json fp16, modelled "
+           "without this key), not torch.amp.GradScaler; use precision.grad_scaler: false");
   // FSDP1 (torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, or GradScaler on
   // the flat parameters): the same tensors for GPU shards and an fp32 loss (its
   // `.type(outputs.dtype)` is then a no-op, found_inf's all_reduce is in place).

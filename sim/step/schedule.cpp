@@ -199,7 +199,9 @@ class Loop {
         throw ScenarioError(s_.source + ": precision.grad_scaler: numeric mode does not model the scaler");
       scaler_ = std::make_unique<GradScalerSim>(s_.optimizer.impl == OptimizerImpl::fused);
     }
-    if (s_.optimizer.max_grad_norm) {  // clip_grad_norm_ (sim/step/clip_grad.h)
+    // clip_grad_norm_ (sim/step/clip_grad.h); DeepSpeed clips in its ZeRO optimizer's step
+    // (ds.json gradient_clipping = optimizer.max_grad_norm, sim/parallel/deepspeed_norm.h).
+    if (s_.optimizer.max_grad_norm && s_.parallel.sharding != Sharding::deepspeed) {
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": optimizer.max_grad_norm: numeric mode does not model clipping");
       if (s_.parallel.sharding == Sharding::fsdp)  // FSDP.clip_grad_norm_ (sim/step/fsdp1_clip_grad.h)
@@ -479,8 +481,11 @@ class Loop {
       // once backward returns (sim/step/grad_scaler.h).
       Tensor scaled;
       if (scaler_) scaled = scaler_->scale(rt_, loss_);
+      // engine.backward(loss): the ZeRO optimizer's loss * loss_scale, engine.backward's
+      // local until it returns (sim/parallel/deepspeed_norm.h).
+      if (ds_) scaled = ds_->scale_loss(rt_, loss_);
       rt_.ctx.phase = Phase::backward;
-      rt_.backward(scaler_ ? scaled : loss_);
+      rt_.backward(scaled.defined() ? scaled : loss_);
       if (ddp_) add_ddp_all_reduce(rt_, ddp_->bucket_bytes(), s_.parallel.data);  // time model
       if (fsdp_) fsdp_->post_backward(rt_);  // FSDP's final backward callback
       if (fsdp2_) fsdp2_->post_backward(rt_);

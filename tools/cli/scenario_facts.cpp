@@ -91,7 +91,8 @@ std::string training_line(const Scenario& s) {
     if (s.optimizer.max_grad_norm) {  // sim/step/clip_grad.h
       char norm[32];
       std::snprintf(norm, sizeof norm, "%g", *s.optimizer.max_grad_norm);
-      line += std::string(", clip_grad_norm_ ") + norm;
+      // DeepSpeed clips in its ZeRO optimizer (ds.json gradient_clipping, sim/parallel/deepspeed_norm.h).
+      line += std::string(s.parallel.sharding == Sharding::deepspeed ? ", gradient_clipping " : ", clip_grad_norm_ ") + norm;
     }
   }
   if (s.lora.rank > 0) {
