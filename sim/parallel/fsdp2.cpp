@@ -262,7 +262,8 @@ Fsdp2::~Fsdp2() {
 std::string Fsdp2::group_label(size_t g) const {
   if (g == 0) return "the root";
   if (g == emb_group_) return hf_names_ ? "model.embed_tokens" : "tok_embeddings";
-  if (g == out_group_) return hf_names_ ? "[model.norm, lm_head]" : "output";
+  // (Accelerate >= 1.14 on a PeftModel: the tail is lm_head alone, fsdp2_layout.h.)
+  if (g == out_group_) return hf_names_ ? (norm_with_output_ ? "[model.norm, lm_head]" : "[lm_head]") : "output";
   return "block " + std::to_string(g - 1);
 }
 
@@ -560,7 +561,12 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
     if (g == 0 || (g == out_group_ && out_per_call) || groups_[g].backward_done) return;
     if (!backward_started_) root_pre_backward(rt);
     pre_backward(rt, g);
-    if (g >= 1 && g <= blocks_) backward_block_ = g;
+    // A frozen output called once (Accelerate >= 1.14's [lm_head] under LoRA) has no
+    // gradient to wait for: its RegisterPostBackwardFunction runs once the gradient of
+    // its input (the final hidden states) is complete, like a block's.
+    if ((g >= 1 && g <= blocks_) ||
+        (g == out_group_ && !groups_[g].per_call && groups_[g].trainable == 0))
+      backward_block_ = g;
   }
 }
 
@@ -631,8 +637,9 @@ void Fsdp2::deferred_post_backward(Runtime& rt, size_t g) {
   program.hold();  // the tail stays editable
   const size_t first = program.events.size();
   group_post_backward(rt, g);
-  for (size_t e = first; e < program.events.size(); ++e)
-    program.events[e].layer = static_cast<int32_t>(g) - 1;
+  if (g <= blocks_)  // (a frozen output's events stay outside the blocks)
+    for (size_t e = first; e < program.events.size(); ++e)
+      program.events[e].layer = static_cast<int32_t>(g) - 1;
   program.unhold();
 }
 
@@ -759,6 +766,15 @@ void Fsdp2::post_backward(Runtime& rt) {
     backward_block_ = 0;
     if (done == 1 && first_input_grad_) deferred_post_backward(rt, done);
   }
+  // A separately sharded frozen embedding whose output PEFT's make_inputs_require_grad
+  // hook made require grad: its post-forward registered the pre-backward hook on that
+  // output (_fsdp_state.py _register_pre_backward_hook), which runs when block 0's
+  // RegisterPostBackwardFunction hands the gradient on: the copy-out of the all-gather
+  // block 0's pre-backward prefetched. (A trainable embedding's runs at its backward's
+  // first allocation: layer_entered.)
+  if (emb_group_ != 0 && first_input_grad_ && groups_[emb_group_].trainable == 0 &&
+      groups_[emb_group_].forward_done)
+    pre_backward(rt, emb_group_);
   // _root_post_backward_final_callback: all states, the root first.
   for (size_t g : state_order_) {
     group_post_backward(rt, g);  // a no-op for the groups whose post-backward ran

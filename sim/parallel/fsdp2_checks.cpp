@@ -134,14 +134,6 @@ void require_accelerate_version_modelled(const Scenario& s) {
            release + " wraps the model's forward in autocast whenever mixed precision is on "
            "(Accelerator.prepare_model's native_amp block, before fsdp2_prepare_model): set "
            "precision.autocast: bf16 (or a release from 1.8 for the policy alone)");
-  if (v >= 114 && s.lora.rank > 0)
-    refuse(s, "lora.rank",
-           "LoRA under " + release + "'s FSDP2 grouping is not modelled: on a PeftModel "
-           "_find_final_norm looks at the children of the CausalLM (base_model_prefix "
-           "resolves through PEFT's __getattr__ to the inner model's \"model\", i.e. "
-           "Qwen2ForCausalLM), finds no norm, so the tail is the frozen lm_head alone, whose "
-           "post-backward (at its input's gradient) and the frozen embedding's group are not "
-           "modelled; parallel.accelerate_version up to 1.13 groups as memsim models");
 }
 }  // namespace
 

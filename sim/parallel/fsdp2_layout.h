@@ -90,7 +90,9 @@ inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
     } else {  // untied transformers' Llama family (tied is refused: fsdp2_checks.cpp)
       l.separate_embedding = true;
       l.separate_output = true;
-      l.norm_with_output = true;
+      // A PeftModel (lora.rank > 0): _find_final_norm finds no norm, so the tail is
+      // [lm_head] alone and the final norm stays in the root.
+      l.norm_with_output = s.lora.rank == 0;
       l.output_keeps_after_forward = true;  // reshard_after_forward=False
     }
     return l;
