@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_test_support.h"
 #include "fsdp2_accelerate_test_support.h"
 #include "live_at_mark_test_support.h"
@@ -210,4 +212,27 @@ TEST_CASE("Accelerate 1.14 on a PeftModel with PEFT's enable_input_require_grads
   // Non-reentrant: the hook is off (lora.input_require_grads defaults false), no copy-out.
   CHECK(order(lora_program("1.14", "checkpoint:\n  policy: full\n  reentrant: false\n")) ==
         order(lora_program("1.14")));
+}
+
+TEST_CASE("memsim run: Qwen2.5-7B LoRA through HF Trainer + Accelerate 1.14 FSDP2 on 8 H100",
+          "[fsdp2][accelerate][accelerate_lora][cli][scenarios]") {
+  const std::string file =
+      MEMSIM_SOURCE_DIR + "/scenarios/qwen2.5-7b-hf-trainer-fsdp2-lora-accelerate1.14-8xh100.yaml";
+  const Scenario s = load_scenario(file);
+  CHECK(s.parallel.accelerate_version == 114);
+  CHECK(s.lora.rank == 16);
+  const nlohmann::json cur = memsim_test::run_json(file, "");
+  CHECK(cur["fits"] == true);
+  const nlohmann::json old = memsim_test::run_json(file, "--set parallel.accelerate_version=1.13");
+  CHECK(cur["peak_allocated_bytes"].get<uint64_t>() < old["peak_allocated_bytes"].get<uint64_t>());
+  // At forward end, 1.13 holds the root (embedding, final norm, lm_head) and the last block's
+  // flat output, 1.14 the final norm, lm_head and lm_head's flat output: the difference is
+  // the block's flat fp32 output, (233,057,792 base + 180,224 adapter elements) x 4 B
+  // (adapters: q lora_A 16 x 3,584, lora_B 3,584 x 16; v lora_A 16 x 3,584, lora_B 512 x 16;
+  // 8 ranks divide every dim 0).
+  Scenario s13 = s;
+  s13.parallel.accelerate_version = 113;
+  const uint64_t f14 = kind(live_at(build_program(s), "forward_end"), TensorKind::parameter);
+  const uint64_t f13 = kind(live_at(build_program(s13), "forward_end"), TensorKind::parameter);
+  CHECK(f13 - f14 == (233057792ull + 180224ull) * 4ull);
 }

@@ -261,6 +261,7 @@ class Fsdp2 : public graph::RuntimeHooks {
     if (module == graph::Module::embedding && emb_group_ != 0) return emb_group_;
     if (module == graph::Module::head && out_group_ != 0) return out_group_;
     if (module == graph::Module::norm && norm_with_output_) return out_group_;  // the final norm
+    if (module == graph::Module::norm && norm_with_emb_) return emb_group_;
     return 0;
   }
   // FSDPParamGroup.post_forward's bookkeeping: resharding (blocks, and the root when it
@@ -331,6 +332,14 @@ class Fsdp2 : public graph::RuntimeHooks {
   // torchtitan's layout: the final norm in the output's group, kept gathered after forward.
   bool norm_with_output_ = false;
   bool output_keeps_ = false;
+  // Accelerate >= 1.14, tied embeddings (sim/parallel/fsdp2_layout.h): [model.norm,
+  // model.embed_tokens] one group kept gathered, its post-forward after the final norm; the
+  // root's lm_head.weight (params_ index head_param_) shares the embedding's shard
+  // (params_ index emb_param_) and hands its reduce-scattered gradient to it.
+  bool norm_with_emb_ = false;
+  bool emb_keeps_ = false;
+  int32_t head_param_ = -1, emb_param_ = -1;
+  bool final_norm_ran_ = false;  // this forward reached the final norm (the group's last module)
   bool out_post_forward_pending_ = false;   // an output call returned; its post-forward follows
   bool out_post_backward_pending_ = false;  // an output call's backward ran; its post-backward follows
   std::vector<size_t> post_forward_order_;  // comm_ctx.post_forward_order (with multiplicity)

@@ -54,6 +54,7 @@
 // layout: once the block's input gradient is complete, RegisterPostBackwardFunction).
 #pragma once
 
+#include "scenario/accelerate_tied_head.h"
 #include "scenario/scenario.h"
 
 namespace memsim {
@@ -80,6 +81,13 @@ struct Fsdp2Layout {
   // lines 479-511): each LoRALinear's to_empty gives the adapters their shards after
   // shard_model, before the base state dict (which has no adapter) loads.
   bool lora_to_empty = false;
+  // Accelerate >= 1.14 with tied embeddings (scenario/accelerate_tied_head.h): the
+  // embedding's group is [model.norm, model.embed_tokens] (the final norm first, as listed),
+  // gathered at the embedding, its post-forward after the norm (its last module) and kept
+  // gathered; the root's parameter is lm_head.weight, whose shard is the embedding's.
+  bool norm_with_embedding = false;
+  bool embedding_keeps_after_forward = false;
+  bool head_shares_embedding_shard = false;
 };
 
 inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
@@ -87,7 +95,12 @@ inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
   if (const int32_t v = s.parallel.accelerate_version; v != 0) {  // hf rows (fsdp2_checks.cpp)
     if (v < 114) {
       l.root_reshards = s.parallel.reshard_after_forward;
-    } else {  // untied transformers' Llama family (tied is refused: fsdp2_checks.cpp)
+    } else if (s.model.tied_embeddings) {  // scenario/accelerate_tied_head.h
+      l.separate_embedding = true;
+      l.norm_with_embedding = true;
+      l.embedding_keeps_after_forward = true;  // reshard_after_forward=False
+      l.head_shares_embedding_shard = true;
+    } else {  // transformers' Llama family
       l.separate_embedding = true;
       l.separate_output = true;
       // A PeftModel (lora.rank > 0): _find_final_norm finds no norm, so the tail is
