@@ -149,8 +149,14 @@
 //    before v1.14 the default groups with the root resharded after forward when
 //    parallel.reshard_after_forward is true (the plugin's value passed to the root); from
 //    v1.14 torchtitan's groups over transformers' names (model.embed_tokens alone,
-//    [model.norm, lm_head] kept gathered after forward, an empty root; tied embeddings
-//    refused).
+//    [model.norm, lm_head] kept gathered after forward, an empty root). On a PeftModel the
+//    tail is [lm_head] alone (the final norm in the root): frozen and called once, its
+//    post-backward runs at its input's gradient (before the next group's first allocation,
+//    as a block's); a frozen embedding whose output PEFT's input-grads hook made require
+//    grad copies out its prefetched all-gather after block 0's post-backward. Tied: the
+//    embedding's group is [model.norm, model.embed_tokens] (post-forward after the norm,
+//    kept), the root's parameter lm_head.weight (the graph untied), sharing the embedding's
+//    shard and reducing its gradient into the embedding shard's .grad.
 // Left out: NCCL's own buffers; unshard_async_op / explicit prefetch lists
 // (set_modules_to_forward_prefetch); rank 0 stands for all ranks (it always holds the
 // padded chunk 0); pinned CPU memory.

@@ -45,11 +45,16 @@
 //    getattr(model, base_model_prefix) whose class name has "Norm": model.norm), then
 //    fully_shard(model) without reshard_after_forward (the root, holding no parameter, keeps
 //    the default). That is torchtitan's grouping with the embedding resharding as the
-//    blocks do. With tied embeddings the tail is [final norm, embed_tokens] (the embedding
-//    not sharded alone), kept gathered from the embedding's forward to the final callback,
-//    its pre-backward hook on the final norm's output (the group's post-forward runs after
-//    its last module): refused (sim/parallel/fsdp2_checks.cpp), not the default layout,
-//    whose root prefetches the last block at the loss's backward.
+//    blocks do. On a PeftModel (lora.rank > 0) _find_final_norm finds no norm
+//    (base_model_prefix and getattr(peft_model, "model") resolve through PEFT's __getattr__
+//    to the CausalLM, whose children are model and lm_head): the tail is [lm_head] alone,
+//    frozen, its post-backward once its input's gradient is complete; the root keeps
+//    model.norm (docs/fsdp2.md "LoRA under 1.14"). With tied embeddings the tail is
+//    [final norm, embed_tokens] (norm first, gathered at the embedding, post-forwarded after
+//    the norm, kept), and lm_head.weight, which that call left the original parameter,
+//    becomes the root's: a second gathered copy and gradient of the tied matrix, its shard
+//    the embedding's after Accelerate's re-tie (scenario/accelerate_tied_head.h;
+//    docs/fsdp2.md "Tied embeddings under 1.14").
 // When a block's post-backward runs is not a layout question: sim/parallel/fsdp2.h (every
 // layout: once the block's input gradient is complete, RegisterPostBackwardFunction).
 #pragma once
