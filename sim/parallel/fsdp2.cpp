@@ -595,6 +595,7 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
       const size_t done = backward_block_;
       backward_block_ = 0;
       if (done > 1 || first_input_grad_) deferred_post_backward(rt, done);
+      if (done == 1) frozen_embedding_output_hook(rt);
     }
     if (g == 0 || (g == out_group_ && out_per_call) || groups_[g].backward_done) return;
     if (!backward_started_) root_pre_backward(rt);
@@ -666,6 +667,18 @@ void Fsdp2::grad_ready(Runtime& rt, int32_t param) {
   const bool at_input = group >= 1 && group <= blocks_;
   if (!at_input && !gr.post_backward_in_callback && !gr.backward_done && gr.ready == gr.trainable)
     group_post_backward(rt, group);
+}
+
+void Fsdp2::frozen_embedding_output_hook(Runtime& rt) {
+  // A separately sharded frozen embedding whose output PEFT's make_inputs_require_grad
+  // hook made require grad: its post-forward registered the pre-backward hook on that
+  // output (_fsdp_state.py _register_pre_backward_hook), which runs when block 0's
+  // RegisterPostBackwardFunction hands the gradient on: the copy-out of the all-gather
+  // block 0's pre-backward prefetched. (A trainable embedding's runs at its backward's
+  // first allocation: layer_entered.) pre_backward runs once per backward.
+  if (emb_group_ != 0 && first_input_grad_ && groups_[emb_group_].trainable == 0 &&
+      groups_[emb_group_].forward_done)
+    pre_backward(rt, emb_group_);
 }
 
 void Fsdp2::deferred_post_backward(Runtime& rt, size_t g) {
@@ -806,15 +819,7 @@ void Fsdp2::post_backward(Runtime& rt) {
     backward_block_ = 0;
     if (done == 1 && first_input_grad_) deferred_post_backward(rt, done);
   }
-  // A separately sharded frozen embedding whose output PEFT's make_inputs_require_grad
-  // hook made require grad: its post-forward registered the pre-backward hook on that
-  // output (_fsdp_state.py _register_pre_backward_hook), which runs when block 0's
-  // RegisterPostBackwardFunction hands the gradient on: the copy-out of the all-gather
-  // block 0's pre-backward prefetched. (A trainable embedding's runs at its backward's
-  // first allocation: layer_entered.)
-  if (emb_group_ != 0 && first_input_grad_ && groups_[emb_group_].trainable == 0 &&
-      groups_[emb_group_].forward_done)
-    pre_backward(rt, emb_group_);
+  frozen_embedding_output_hook(rt);  // (when nothing allocated after block 0's backward)
   // _root_post_backward_final_callback: all states, the root first.
   for (size_t g : state_order_) {
     group_post_backward(rt, g);  // a no-op for the groups whose post-backward ran

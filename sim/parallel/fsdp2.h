@@ -291,6 +291,9 @@ class Fsdp2 : public graph::RuntimeHooks {
   void group_post_backward(graph::Runtime& rt, size_t g);
   // Block g's post-backward at its input's gradient, its events labelled with its layer.
   void deferred_post_backward(graph::Runtime& rt, size_t g);
+  // After block 0's post-backward: a frozen separate embedding's pre-backward hook on its
+  // output, when PEFT's input-grads hook made that output require grad.
+  void frozen_embedding_output_hook(graph::Runtime& rt);
   uint32_t alloc(graph::Runtime& rt, uint64_t bytes, TensorKind kind, uint8_t stream,
                  uint32_t name);
 
