@@ -38,7 +38,8 @@
 //    (_auto_reshard_after_forward; docs/fsdp2.md "torch 2.11 against the version
 //    modelled"), so with True the root (embeddings, final norm, lm_head) reshards after
 //    forward and is gathered again by its pre-backward: root_reshards.
-//  - v1.14.0 on (PR #4015, 60b5c258; the same at 16cb6eb8, 1.15.0.dev0): before the root,
+//  - v1.14.0 on (PR #4015, 60b5c258; v1.14.0 beb0672a lines 751-774; the same at 16cb6eb8,
+//    1.15.0.dev0): before the root,
 //    fully_shard(get_input_embeddings(), **fsdp2_kwargs) unless the input and output
 //    embeddings share their weight, then fully_shard([final norm, lm_head],
 //    reshard_after_forward=False) (_find_final_norm: the last child of
