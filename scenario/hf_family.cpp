@@ -1,5 +1,6 @@
 #include "scenario/hf_family.h"
 
+#include "scenario/accelerate_tied_head.h"
 #include "scenario/fsdp_precision.h"
 #include "scenario/scenario_lora.h"
 #include "scenario/peft_input_grads_key.h"
@@ -24,7 +25,9 @@ graph::HfShape hf_shape(const Scenario& s) {
   }
   shape.elem = model_compute_elem(s);  // precision.params or FSDP MixedPrecision
   shape.dropout = s.model.dropout;
-  shape.tied = s.model.tied_embeddings;
+  // Accelerate >= 1.14's FSDP2 unties the uses of a tied weight (two unsharded leaves, two
+  // AccumulateGrads: scenario/accelerate_tied_head.h); the shard stays one.
+  shape.tied = s.model.tied_embeddings && !accelerate_fsdp2_tied_head(s);
   if (s.lora.rank > 0) {  // graph/models/lora.h
     shape.lora.rank = s.lora.rank;
     shape.lora.targets = lora_target_mask(s.lora, s.model.family);

@@ -172,7 +172,7 @@ TEST_CASE("Accelerate 1.14: the tail stays gathered after forward, the embedding
 }
 
 TEST_CASE("Accelerate's grouping composes with checkpointing, reshard_after_forward false "
-          "and the 1.6 / 1.7 autocast path; tied embeddings under 1.14 are refused", "[fsdp2][accelerate][accelerate_layout]") {
+          "and the 1.6 / 1.7 autocast path; tied embeddings under 1.14 need fsdp_init cpu", "[fsdp2][accelerate][accelerate_layout]") {
   // Full checkpointing: the recompute runs inside PRE_BACKWARD (FSDP2's pre-forward skips
   // it): the same all-gathers as without.
   const Program ck = build_program(acc("1.14", "", "", "checkpoint:\n  policy: full\n  reentrant: false\n"));
@@ -185,10 +185,10 @@ TEST_CASE("Accelerate's grouping composes with checkpointing, reshard_after_forw
   // <= 1.13 with false passes False to the root too: the loop's own layout's gathers.
   CHECK(gathers(build_program(acc("1.8", "  reshard_after_forward: false\n"))) ==
         gathers(build_program(acc("", "  reshard_after_forward: false\n"))));
-  // Tied embeddings: the tail would be [model.norm, embed_tokens], its pre-backward hook on
-  // the final norm's output (the group's post-forward follows its last module): refused.
+  // Tied embeddings are modelled with cpu_ram_efficient_loading only (Accelerate re-ties
+  // lm_head after loading: tests/test_fsdp2_accelerate_tied.cpp); without it, refused.
   CHECK(load_error(worked_text("", kAcc + "  accelerate_version: \"1.14\"\n", "  tied_embeddings: true\n"))
-            .find("model.tied_embeddings") != std::string::npos);
+            .find("parallel.fsdp_init") != std::string::npos);
   CHECK(load_error(worked_text("", kAcc + "  accelerate_version: \"1.13\"\n", "  tied_embeddings: true\n")).empty());
   // Accelerate 1.7 (autocast + the policy): the root is given reshard_after_forward too.
   const std::string autocast = "  autocast: bf16\n";
@@ -223,11 +223,13 @@ TEST_CASE("parallel.accelerate_version: bad values and settings Accelerate does 
   // >= 1.8 never autocasts an FSDP2 model; 1.6 / 1.7 always do with mixed precision.
   CHECK(load_error(text("\"1.8\"", "  autocast: bf16\n")).find("precision.autocast") != std::string::npos);
   CHECK(load_error(text("\"1.7\"")).find("precision.autocast") != std::string::npos);
-  // LoRA under 1.14's grouping (PEFT changes what _find_final_norm finds).
+  // LoRA under 1.14's grouping is modelled (tests/test_fsdp2_accelerate_lora.cpp); under
+  // MixedPrecisionPolicy it is refused as for every FSDP2 loop.
   const std::string lora = "lora:\n  rank: 8\n  targets: [q_proj, v_proj]\n";
-  // (fp32 parameters without a policy: LoRA under MixedPrecisionPolicy is refused anyway.)
-  CHECK(load_error(text("\"1.14\"", "", "", lora)).find("lora.rank") != std::string::npos);
+  CHECK(load_error(text("\"1.14\"", "", "", lora)).empty());
   CHECK(load_error(text("\"1.13\"", "", "", lora)).empty());
+  CHECK(load_error(text("\"1.14\"", "", kAcc, lora)).find("parallel.fsdp_mixed_precision") !=
+        std::string::npos);
   // Not transformers' model code.
   std::string titan = text("\"1.14\"");
   titan.replace(titan.find("family: hf-llama"), 16,
@@ -266,14 +268,16 @@ TEST_CASE("memsim run: Qwen2.5-7B through HF Trainer + Accelerate 1.14 FSDP2 bf1
   const nlohmann::json old_run = memsim_test::run_json(old, "");
   CHECK(cur["peak_allocated_bytes"].get<uint64_t>() < old_run["peak_allocated_bytes"].get<uint64_t>());
   CHECK(cur["peak_event"]["layer"] == 0);
-  // Refused by key, exit 1: a bad version (named where it was set), tied embeddings (the file).
+  // Refused by key, exit 1: a bad version (named where it was set), tied embeddings without
+  // cpu_ram_efficient_loading (the file).
   const memsim_test::CommandResult bad = memsim_test::run_shell(
       memsim_test::memsim_command() + "run '" + file + "' --set parallel.accelerate_version=1.4 2>&1");
   CHECK(bad.status == 1);
   CHECK(bad.out.find("--set parallel.accelerate_version") != std::string::npos);
   const memsim_test::CommandResult tied = memsim_test::run_shell(
-      memsim_test::memsim_command() + "run '" + file + "' --set model.tied_embeddings=true 2>&1");
+      memsim_test::memsim_command() + "run '" + file +
+      "' --set model.tied_embeddings=true --set parallel.fsdp_init=gpu 2>&1");
   CHECK(tied.status == 1);
-  CHECK(tied.out.find("model.tied_embeddings") != std::string::npos);
+  CHECK(tied.out.find("parallel.fsdp_init") != std::string::npos);
   CHECK(tied.out.find("accelerate1.14-8xh100.yaml") != std::string::npos);
 }

@@ -138,6 +138,10 @@ const std::map<std::string, Claim>& claims() {
       // ... as Accelerate >= 1.14 groups it (model.embed_tokens and [model.norm, lm_head]
       // apart): block 0's backward, lm_head's gradient reduce-scattered early.
       {"qwen2.5-7b-hf-trainer-fsdp2-bf16-accelerate1.14-8xh100.yaml", {true, std::nullopt, 16.52}},
+      // ... on a PeftModel (LoRA r16 q/v, fp32): [lm_head] alone, freed after its backward.
+      {"qwen2.5-7b-hf-trainer-fsdp2-lora-accelerate1.14-8xh100.yaml", {true, std::nullopt, 10.80}},
+      // ... a tied model (Llama-3.2-3B): [norm, embed_tokens], lm_head the root's second copy.
+      {"llama3.2-3b-hf-trainer-fsdp2-bf16-accelerate1.14-8xh100.yaml", {true, std::nullopt, 9.35}},
       // ... with the model loaded in bf16 (5.x's dtype="auto"): Accelerate upcasts the shards
       // after wrapping; the measured step is the fp32-loaded one's (docs/fsdp-accelerate.md).
       {"qwen2.5-7b-hf-trainer-fsdp1-bf16-load-bf16-8xh100.yaml", {true, std::nullopt, 19.84}},

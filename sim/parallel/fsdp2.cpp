@@ -49,6 +49,8 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
   lora_to_empty_ = layout.lora_to_empty;
   norm_with_output_ = layout.norm_with_output;
   output_keeps_ = layout.output_keeps_after_forward;
+  norm_with_emb_ = layout.norm_with_embedding;
+  emb_keeps_ = layout.embedding_keeps_after_forward;
   if (tune_load_) meta_init_ = true;  // torchtune builds on the meta device
   hf_names_ = s.model.arch.impl == graph::ModelImpl::hf;
   const DType orig_dtype = s.precision.params;
@@ -116,6 +118,9 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
         out_param_ = static_cast<int32_t>(i);
       }
       if (norm_with_output_ && is_final_norm(name)) g = out_group_;  // [norm, output]
+      if (norm_with_emb_ && is_final_norm(name)) g = emb_group_;     // [norm, embed_tokens]
+      if (layout.head_shares_embedding_shard && is_output(name)) head_param_ = static_cast<int32_t>(params_.size());
+      if (layout.head_shares_embedding_shard && is_embedding(name)) emb_param_ = static_cast<int32_t>(params_.size());
     }
     p.group = g;
     groups_[g].params.push_back(params_.size());
@@ -127,6 +132,14 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
     param_of_orig_[i] = static_cast<int32_t>(params_.size());
     params_.push_back(p);
   }
+  // fully_shard([final_norm, input_embed]): the group's parameters in the order of its
+  // modules (_get_managed_modules), the norm's first.
+  if (norm_with_emb_)
+    std::stable_partition(groups_[emb_group_].params.begin(), groups_[emb_group_].params.end(),
+                          [&](size_t i) { return is_final_norm(rt.param_name(params_[i].orig)); });
+  if (layout.head_shares_embedding_shard && (head_param_ < 0 || emb_param_ < 0 || !meta_init_))
+    throw std::logic_error("FSDP2 layout: a shared lm_head shard needs lm_head, the embedding "
+                           "and the meta-device build (fsdp2_checks.cpp)");
   // A layout's separate groups must have found their modules (the names above).
   for (size_t g : {emb_group_, out_group_})
     if (g != 0 && groups_[g].params.empty())
@@ -197,9 +210,20 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
                                  TensorKind::parameter, 0, params_[i].shard_name);
       }
     }
+    // Accelerate's tied lm_head: fsdp2_load_full_state_dict distributes the state dict's
+    // "lm_head.weight" entry too (a shard of its own, which load_state_dict(assign=True)
+    // makes lm_head's parameter) until model.tie_weights() makes lm_head's parameter the
+    // embedding's again when the load returns; FSDPParam.reset_sharded_param (lazy_init)
+    // then takes the embedding's shard for the root's parameter.
+    uint32_t loaded_head = kNoStorage;
     for (size_t i = 0; i < params_.size(); ++i) {
       if (shard_storage[i] != kNoStorage) continue;  // an adapter (above)
       rt.ctx.layer = -1;
+      if (static_cast<int32_t>(i) == head_param_) {
+        loaded_head = alloc(rt, params_[i].shard_numel * params_[i].elem, TensorKind::parameter, 0,
+                            params_[i].shard_name);
+        continue;
+      }
       uint32_t full = kNoStorage;
       if (tune_load_) {
         full = alloc(rt, params_[i].full_numel * params_[i].elem, TensorKind::parameter, 0, full_name);
@@ -211,6 +235,10 @@ Fsdp2::Fsdp2(Runtime& rt, const Scenario& s) : rt_(&rt) {
       shard_storage[i] = alloc(rt, offload_ ? 0 : params_[i].shard_numel * params_[i].elem,
                                TensorKind::parameter, 0, params_[i].shard_name);
       if (full != kNoStorage) rt.release(full);
+    }
+    if (head_param_ >= 0) {
+      shard_storage[static_cast<size_t>(head_param_)] = shard_storage[static_cast<size_t>(emb_param_)];
+      rt.release(loaded_head);
     }
   } else {
     // fully_shard(block) for each block, then fully_shard(model).
@@ -261,8 +289,11 @@ Fsdp2::~Fsdp2() {
 
 std::string Fsdp2::group_label(size_t g) const {
   if (g == 0) return "the root";
-  if (g == emb_group_) return hf_names_ ? "model.embed_tokens" : "tok_embeddings";
-  if (g == out_group_) return hf_names_ ? "[model.norm, lm_head]" : "output";
+  if (g == emb_group_)
+    return hf_names_ ? (norm_with_emb_ ? "[model.norm, model.embed_tokens]" : "model.embed_tokens")
+                     : "tok_embeddings";
+  // (Accelerate >= 1.14 on a PeftModel: the tail is lm_head alone, fsdp2_layout.h.)
+  if (g == out_group_) return hf_names_ ? (norm_with_output_ ? "[model.norm, lm_head]" : "[lm_head]") : "output";
   return "block " + std::to_string(g - 1);
 }
 
@@ -434,6 +465,7 @@ void Fsdp2::reshard_after_forward(Runtime& rt, size_t g) {
   Group& group = groups_[g];
   if (!reshard_after_forward_ || group.state != State::unsharded) return;
   if (g == out_group_ && output_keeps_) return;  // torchtitan's [norm, output]
+  if (g == emb_group_ && emb_keeps_) return;      // Accelerate's tied [norm, embed_tokens]
   if (post_ws_ == 0) return reshard(rt, g);
   // to_sharded_post_forward, per parameter: clone this rank's 1/N, then free the rest.
   for (size_t i : group.params) {
@@ -457,6 +489,7 @@ void Fsdp2::pre_forward(Runtime& rt) {
   forward_group_ = 0;
   backward_block_ = 0;
   backward_started_ = false;
+  final_norm_ran_ = false;
   out_post_forward_pending_ = false;
   out_post_backward_pending_ = false;
   post_forward_order_.clear();
@@ -524,10 +557,16 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
   if (rt.ctx.phase == Phase::forward && !rt.recomputing) {
     if (g != 0 && groups_[g].forward_done) return;  // an op of a finished block
     if (forward_group_ != 0 && forward_group_ != g) {  // the block's post-forward
-      group_post_forward(rt, forward_group_);
-      groups_[forward_group_].forward_done = true;
+      // A group of several modules post-forwards after the last of them
+      // (_register_group_forward_hooks): Accelerate's tied [norm, embed_tokens] after the
+      // final norm, not after the embedding.
+      if (!(norm_with_emb_ && forward_group_ == emb_group_ && !final_norm_ran_)) {
+        group_post_forward(rt, forward_group_);
+        groups_[forward_group_].forward_done = true;
+      }
       forward_group_ = 0;
     }
+    if (norm_with_emb_ && g == emb_group_ && rt.ctx.module == graph::Module::norm) final_norm_ran_ = true;
     // The root is unsharded from its pre-forward on; the output's calls are param_used's.
     if (g == 0 || (g == out_group_ && groups_[g].per_call)) return;
     unshard(rt, g);      // pre-forward (torchtitan's [norm, output]: at the norm)
@@ -556,11 +595,17 @@ void Fsdp2::layer_entered(Runtime& rt, int32_t layer) {
       const size_t done = backward_block_;
       backward_block_ = 0;
       if (done > 1 || first_input_grad_) deferred_post_backward(rt, done);
+      if (done == 1) frozen_embedding_output_hook(rt);
     }
     if (g == 0 || (g == out_group_ && out_per_call) || groups_[g].backward_done) return;
     if (!backward_started_) root_pre_backward(rt);
     pre_backward(rt, g);
-    if (g >= 1 && g <= blocks_) backward_block_ = g;
+    // A frozen output called once (Accelerate >= 1.14's [lm_head] under LoRA) has no
+    // gradient to wait for: its RegisterPostBackwardFunction runs once the gradient of
+    // its input (the final hidden states) is complete, like a block's.
+    if ((g >= 1 && g <= blocks_) ||
+        (g == out_group_ && !groups_[g].per_call && groups_[g].trainable == 0))
+      backward_block_ = g;
   }
 }
 
@@ -624,6 +669,18 @@ void Fsdp2::grad_ready(Runtime& rt, int32_t param) {
     group_post_backward(rt, group);
 }
 
+void Fsdp2::frozen_embedding_output_hook(Runtime& rt) {
+  // A separately sharded frozen embedding whose output PEFT's make_inputs_require_grad
+  // hook made require grad: its post-forward registered the pre-backward hook on that
+  // output (_fsdp_state.py _register_pre_backward_hook), which runs when block 0's
+  // RegisterPostBackwardFunction hands the gradient on: the copy-out of the all-gather
+  // block 0's pre-backward prefetched. (A trainable embedding's runs at its backward's
+  // first allocation: layer_entered.) pre_backward runs once per backward.
+  if (emb_group_ != 0 && first_input_grad_ && groups_[emb_group_].trainable == 0 &&
+      groups_[emb_group_].forward_done)
+    pre_backward(rt, emb_group_);
+}
+
 void Fsdp2::deferred_post_backward(Runtime& rt, size_t g) {
   // Emitted from the next group's first allocation (or the final callback): the events are
   // block g's (its layer in the reports), as at its AccumulateGrad before.
@@ -631,8 +688,9 @@ void Fsdp2::deferred_post_backward(Runtime& rt, size_t g) {
   program.hold();  // the tail stays editable
   const size_t first = program.events.size();
   group_post_backward(rt, g);
-  for (size_t e = first; e < program.events.size(); ++e)
-    program.events[e].layer = static_cast<int32_t>(g) - 1;
+  if (g <= blocks_)  // (a frozen output's events stay outside the blocks)
+    for (size_t e = first; e < program.events.size(); ++e)
+      program.events[e].layer = static_cast<int32_t>(g) - 1;
   program.unhold();
 }
 
@@ -685,7 +743,9 @@ void Fsdp2::group_post_backward(Runtime& rt, size_t g) {
   }
   if (!offload_) {
     for (size_t i : with_grad) {  // .grad = a view of grad_out, or += into the old one
-      graph::Parameter& sp = rt.parameters()[params_[i].shard];
+      // (Accelerate's tied lm_head: the root's parameter is the embedding's shard.)
+      const size_t owner = static_cast<int32_t>(i) == head_param_ ? static_cast<size_t>(emb_param_) : i;
+      graph::Parameter& sp = rt.parameters()[params_[owner].shard];
       if (sp.grad == kNoStorage) {
         sp.grad = grad_out;
         rt.retain(grad_out);
@@ -759,6 +819,7 @@ void Fsdp2::post_backward(Runtime& rt) {
     backward_block_ = 0;
     if (done == 1 && first_input_grad_) deferred_post_backward(rt, done);
   }
+  frozen_embedding_output_hook(rt);  // (when nothing allocated after block 0's backward)
   // _root_post_backward_final_callback: all states, the root first.
   for (size_t g : state_order_) {
     group_post_backward(rt, g);  // a no-op for the groups whose post-backward ran

@@ -149,8 +149,14 @@
 //    before v1.14 the default groups with the root resharded after forward when
 //    parallel.reshard_after_forward is true (the plugin's value passed to the root); from
 //    v1.14 torchtitan's groups over transformers' names (model.embed_tokens alone,
-//    [model.norm, lm_head] kept gathered after forward, an empty root; tied embeddings
-//    refused).
+//    [model.norm, lm_head] kept gathered after forward, an empty root). On a PeftModel the
+//    tail is [lm_head] alone (the final norm in the root): frozen and called once, its
+//    post-backward runs at its input's gradient (before the next group's first allocation,
+//    as a block's); a frozen embedding whose output PEFT's input-grads hook made require
+//    grad copies out its prefetched all-gather after block 0's post-backward. Tied: the
+//    embedding's group is [model.norm, model.embed_tokens] (post-forward after the norm,
+//    kept), the root's parameter lm_head.weight (the graph untied), sharing the embedding's
+//    shard and reducing its gradient into the embedding shard's .grad.
 // Left out: NCCL's own buffers; unshard_async_op / explicit prefetch lists
 // (set_modules_to_forward_prefetch); rank 0 stands for all ranks (it always holds the
 // padded chunk 0); pinned CPU memory.
@@ -261,6 +267,7 @@ class Fsdp2 : public graph::RuntimeHooks {
     if (module == graph::Module::embedding && emb_group_ != 0) return emb_group_;
     if (module == graph::Module::head && out_group_ != 0) return out_group_;
     if (module == graph::Module::norm && norm_with_output_) return out_group_;  // the final norm
+    if (module == graph::Module::norm && norm_with_emb_) return emb_group_;
     return 0;
   }
   // FSDPParamGroup.post_forward's bookkeeping: resharding (blocks, and the root when it
@@ -284,6 +291,9 @@ class Fsdp2 : public graph::RuntimeHooks {
   void group_post_backward(graph::Runtime& rt, size_t g);
   // Block g's post-backward at its input's gradient, its events labelled with its layer.
   void deferred_post_backward(graph::Runtime& rt, size_t g);
+  // After block 0's post-backward: a frozen separate embedding's pre-backward hook on its
+  // output, when PEFT's input-grads hook made that output require grad.
+  void frozen_embedding_output_hook(graph::Runtime& rt);
   uint32_t alloc(graph::Runtime& rt, uint64_t bytes, TensorKind kind, uint8_t stream,
                  uint32_t name);
 
@@ -331,6 +341,14 @@ class Fsdp2 : public graph::RuntimeHooks {
   // torchtitan's layout: the final norm in the output's group, kept gathered after forward.
   bool norm_with_output_ = false;
   bool output_keeps_ = false;
+  // Accelerate >= 1.14, tied embeddings (sim/parallel/fsdp2_layout.h): [model.norm,
+  // model.embed_tokens] one group kept gathered, its post-forward after the final norm; the
+  // root's lm_head.weight (params_ index head_param_) shares the embedding's shard
+  // (params_ index emb_param_) and hands its reduce-scattered gradient to it.
+  bool norm_with_emb_ = false;
+  bool emb_keeps_ = false;
+  int32_t head_param_ = -1, emb_param_ = -1;
+  bool final_norm_ran_ = false;  // this forward reached the final norm (the group's last module)
   bool out_post_forward_pending_ = false;   // an output call returned; its post-forward follows
   bool out_post_backward_pending_ = false;  // an output call's backward ran; its post-backward follows
   std::vector<size_t> post_forward_order_;  // comm_ctx.post_forward_order (with multiplicity)

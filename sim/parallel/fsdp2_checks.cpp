@@ -110,15 +110,26 @@ void require_accelerate_version_modelled(const Scenario& s) {
     refuse(s, "parallel.accelerate_version",
            release + "'s grouping is modelled for transformers' Llama-family models "
            "(model.family hf-llama: model.embed_tokens, model.norm, lm_head)");
-  // Tied: the tail is [final norm, embed_tokens], whose group post-forward (after the norm,
-  // its last module) registers the pre-backward hook on the norm's output: the last
-  // block's prefetch waits for the LM head's backward, where the default layout's root
-  // prefetches it at the loss's. Not modelled.
-  if (v >= 114 && s.model.tied_embeddings)
-    refuse(s, "model.tied_embeddings",
-           release + " with tied embeddings groups [final norm, embed_tokens] (kept gathered, "
-           "its pre-backward hook on the final norm's output, so the last block is "
-           "prefetched only after the LM head's backward): not modelled");
+  // Tied embeddings (scenario/accelerate_tied_head.h): [final norm, embed_tokens] one group,
+  // lm_head.weight the root's parameter, its shard the embedding's once Accelerate re-ties
+  // the model after loading the state dict, which it does only with
+  // cpu_ram_efficient_loading (fsdp_utils.py v1.14.0 lines 786-805).
+  if (v >= 114 && s.model.tied_embeddings) {
+    if (!p.fsdp_init_on_cpu)
+      refuse(s, "parallel.fsdp_init",
+             release + " with tied embeddings is modelled with cpu_ram_efficient_loading "
+             "(parallel.fsdp_init: cpu), after which Accelerate re-ties lm_head to the "
+             "embedding's shard; without it the root keeps a shard of its own of the tied "
+             "weight (and its gradient) that the optimizer never steps: not modelled");
+    if (p.cpu_offload)
+      refuse(s, "parallel.cpu_offload",
+             release + " with tied embeddings under CPUOffloadPolicy (the root and the "
+             "[norm, embed_tokens] group gathering one CPU shard) is not modelled");
+    if (s.lora.rank > 0)
+      refuse(s, "lora.rank",
+             "LoRA on a tied model under " + release + "'s grouping ([embed_tokens] alone "
+             "kept gathered, the root holding the final norm and lm_head) is not modelled");
+  }
   // v1.6.0 / v1.7.0: Accelerator.prepare_model wraps forward in autocast, then
   // fsdp2_prepare_model; from v1.8.0 (PR #3585, d2e6b031) _prepare_fsdp2 never calls
   // prepare_model: MixedPrecisionPolicy alone (docs/fsdp2.md "Accelerate's FSDP2 bf16 path").
@@ -134,14 +145,6 @@ void require_accelerate_version_modelled(const Scenario& s) {
            release + " wraps the model's forward in autocast whenever mixed precision is on "
            "(Accelerator.prepare_model's native_amp block, before fsdp2_prepare_model): set "
            "precision.autocast: bf16 (or a release from 1.8 for the policy alone)");
-  if (v >= 114 && s.lora.rank > 0)
-    refuse(s, "lora.rank",
-           "LoRA under " + release + "'s FSDP2 grouping is not modelled: on a PeftModel "
-           "_find_final_norm looks at the children of the CausalLM (base_model_prefix "
-           "resolves through PEFT's __getattr__ to the inner model's \"model\", i.e. "
-           "Qwen2ForCausalLM), finds no norm, so the tail is the frozen lm_head alone, whose "
-           "post-backward (at its input's gradient) and the frozen embedding's group are not "
-           "modelled; parallel.accelerate_version up to 1.13 groups as memsim models");
 }
 }  // namespace
 

@@ -38,22 +38,29 @@
 //    (_auto_reshard_after_forward; docs/fsdp2.md "torch 2.11 against the version
 //    modelled"), so with True the root (embeddings, final norm, lm_head) reshards after
 //    forward and is gathered again by its pre-backward: root_reshards.
-//  - v1.14.0 on (PR #4015, 60b5c258; the same at 16cb6eb8, 1.15.0.dev0): before the root,
+//  - v1.14.0 on (PR #4015, 60b5c258; v1.14.0 beb0672a lines 751-774; the same at 16cb6eb8,
+//    1.15.0.dev0): before the root,
 //    fully_shard(get_input_embeddings(), **fsdp2_kwargs) unless the input and output
 //    embeddings share their weight, then fully_shard([final norm, lm_head],
 //    reshard_after_forward=False) (_find_final_norm: the last child of
 //    getattr(model, base_model_prefix) whose class name has "Norm": model.norm), then
 //    fully_shard(model) without reshard_after_forward (the root, holding no parameter, keeps
 //    the default). That is torchtitan's grouping with the embedding resharding as the
-//    blocks do. With tied embeddings the tail is [final norm, embed_tokens] (the embedding
-//    not sharded alone), kept gathered from the embedding's forward to the final callback,
-//    its pre-backward hook on the final norm's output (the group's post-forward runs after
-//    its last module): refused (sim/parallel/fsdp2_checks.cpp), not the default layout,
-//    whose root prefetches the last block at the loss's backward.
+//    blocks do. On a PeftModel (lora.rank > 0) _find_final_norm finds no norm
+//    (base_model_prefix and getattr(peft_model, "model") resolve through PEFT's __getattr__
+//    to the CausalLM, whose children are model and lm_head): the tail is [lm_head] alone,
+//    frozen, its post-backward once its input's gradient is complete; the root keeps
+//    model.norm (docs/fsdp2.md "LoRA under 1.14"). With tied embeddings the tail is
+//    [final norm, embed_tokens] (norm first, gathered at the embedding, post-forwarded after
+//    the norm, kept), and lm_head.weight, which that call left the original parameter,
+//    becomes the root's: a second gathered copy and gradient of the tied matrix, its shard
+//    the embedding's after Accelerate's re-tie (scenario/accelerate_tied_head.h;
+//    docs/fsdp2.md "Tied embeddings under 1.14").
 // When a block's post-backward runs is not a layout question: sim/parallel/fsdp2.h (every
 // layout: once the block's input gradient is complete, RegisterPostBackwardFunction).
 #pragma once
 
+#include "scenario/accelerate_tied_head.h"
 #include "scenario/scenario.h"
 
 namespace memsim {
@@ -80,6 +87,13 @@ struct Fsdp2Layout {
   // lines 479-511): each LoRALinear's to_empty gives the adapters their shards after
   // shard_model, before the base state dict (which has no adapter) loads.
   bool lora_to_empty = false;
+  // Accelerate >= 1.14 with tied embeddings (scenario/accelerate_tied_head.h): the
+  // embedding's group is [model.norm, model.embed_tokens] (the final norm first, as listed),
+  // gathered at the embedding, its post-forward after the norm (its last module) and kept
+  // gathered; the root's parameter is lm_head.weight, whose shard is the embedding's.
+  bool norm_with_embedding = false;
+  bool embedding_keeps_after_forward = false;
+  bool head_shares_embedding_shard = false;
 };
 
 inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
@@ -87,10 +101,17 @@ inline Fsdp2Layout fsdp2_layout(const Scenario& s) {
   if (const int32_t v = s.parallel.accelerate_version; v != 0) {  // hf rows (fsdp2_checks.cpp)
     if (v < 114) {
       l.root_reshards = s.parallel.reshard_after_forward;
-    } else {  // untied transformers' Llama family (tied is refused: fsdp2_checks.cpp)
+    } else if (s.model.tied_embeddings) {  // scenario/accelerate_tied_head.h
+      l.separate_embedding = true;
+      l.norm_with_embedding = true;
+      l.embedding_keeps_after_forward = true;  // reshard_after_forward=False
+      l.head_shares_embedding_shard = true;
+    } else {  // transformers' Llama family
       l.separate_embedding = true;
       l.separate_output = true;
-      l.norm_with_output = true;
+      // A PeftModel (lora.rank > 0): _find_final_norm finds no norm, so the tail is
+      // [lm_head] alone and the final norm stays in the root.
+      l.norm_with_output = s.lora.rank == 0;
       l.output_keeps_after_forward = true;  // reshard_after_forward=False
     }
     return l;
