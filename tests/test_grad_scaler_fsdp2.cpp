@@ -201,6 +201,13 @@ TEST_CASE("grad_scaler fsdp2: refused by key where not modelled", "[grad_scaler]
   } catch (const ScenarioError& e) {
     CHECK(std::string(e.what()).find("fsdp2gs.yaml: precision.autocast: ") != std::string::npos);
   }
+  // A 2-byte loss (cs336's cross entropy over fp16 logits under the fp16 policy): scale()'s
+  // fp32 product and the grad's cast back are not modelled; refused when scale() sees it.
+  CHECK(refusal({{"model.family", "cs336"},
+                 {"precision.autocast", "none"},
+                 {"parallel.fsdp_mixed_precision", "fp16"},
+                 {"parallel.reduce_dtype", "fp32"}})
+            .find("fsdp2gs.yaml: precision.grad_scaler: the loss is not fp32 (2-byte)") != std::string::npos);
   // torchao's float8 all-gather (bf16 compute: the policy) with the scaler: not checked.
   CHECK(refusal({{"precision.autocast", "none"},
                  {"precision.float8", "tensorwise"},
