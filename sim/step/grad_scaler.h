@@ -43,7 +43,8 @@
 // test_fully_shard_grad_scaler.py) over DTensor grads. A DTensor's .device is its local
 // tensor's, so _unscale_grads_ groups them as one device and takes the same copies; the
 // kernel's DTensor dispatch is a custom handler (found_inf_reduce_handler,
-// torch/distributed/tensor/_dispatch.py @ 00223c21f5b5): the local kernel on the local
+// torch/distributed/tensor/_dispatch.py @ 00223c21f5b5, the same @ cf06dd72762d; the C++
+// fast path of newer torch looks _custom_op_handlers up first): the local kernel on the local
 // shards with the plain 0-d found_inf / inv_scale (no allocation), then found_inf wrapped as
 // a Partial("max") DTensor and full_tensor()'d: Partial._reduce_value's funcol.all_reduce
 // clones it (Functional.cpp) and reduces the clone, copy_ writes it back into the
