@@ -245,7 +245,6 @@ TEST_CASE("grad_scaler: refused by key where not modelled", "[grad_scaler]") {
   for (const Sets& set : std::vector<Sets>{
            {{"precision.params", "fp16"}, {"precision.autocast", "none"}},
            {{"precision.params", "bf16"}, {"precision.autocast", "none"}},
-           {{"parallel.data", "2"}, {"parallel.sharding", "fsdp2"}, {"precision.autocast", "bf16"}},
            {{"parallel.data", "2"}, {"parallel.zero", "1"}},
            {{"precision.autocast_region", "forward"}},
            {{"step.kind", "forward-backward"}},
@@ -255,6 +254,7 @@ TEST_CASE("grad_scaler: refused by key where not modelled", "[grad_scaler]") {
     CHECK(why.find("gs.yaml") != std::string::npos);
     CHECK(why.find("precision.grad_scaler") != std::string::npos);
   }
+  // FSDP2 is modelled (tests/test_grad_scaler_fsdp2.cpp has its events and refusals).
   // FSDP1 with CPU-offloaded or MixedPrecision shards: refused naming the FSDP key.
   const std::string offload =
       refusal({{"parallel.data", "2"}, {"parallel.sharding", "fsdp"}, {"parallel.cpu_offload", "true"}});

@@ -129,6 +129,9 @@ const std::map<std::string, Claim>& claims() {
       // ... with fp32 unsharded parameters under bf16 autocast instead of MixedPrecisionPolicy:
       // the cache keeps every layer's bf16 weights (13.0 GiB) through the loss, the peak.
       {"llama3-8b-fsdp2-autocast-8xh100.yaml", {true, std::nullopt, 45.24}},
+      // ... in fp16 with torch.amp.GradScaler (fused AdamW): the scaler's two state blocks at
+      // the loss; its found_inf all-reduce clone is in the optimizer step (docs/autocast.md).
+      {"llama3-8b-fsdp2-fp16-scaler-8xh100.yaml", {true, std::nullopt, 45.24}},
       {"qwen2.5-7b-hf-trainer-fsdp2-bf16-8xh100.yaml", {true, std::nullopt, 18.64}},
       // ... as Accelerate >= 1.8 prepares it: the policy with output_dtype, no autocast.
       {"qwen2.5-7b-hf-trainer-fsdp2-bf16-accelerate1.8-8xh100.yaml", {true, std::nullopt, 18.64}},

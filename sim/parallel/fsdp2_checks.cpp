@@ -23,6 +23,14 @@ void require_accelerate_amp_modelled(const Scenario& s) {
   // FullyShardedDataParallelPlugin.set_mixed_precision("bf16") (accelerate @16cb6eb8
   // utils/dataclasses.py): MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16,
   // output_dtype=bf16); autocast (accelerator.py native_amp) in the same dtype.
+  // Accelerate's fp16 path (the fp16 policy, autocast, GradScaler, a loss cast to fp16 by
+  // output_dtype) was not checked; the bf16 one was.
+  if (*s.precision.autocast != DType::bf16)
+    refuse(s, "precision.autocast",
+           "autocast over MixedPrecisionPolicy's parameters is modelled as Accelerate's "
+           "mixed_precision: bf16 path only; its fp16 path (fp16 policy and output loss, "
+           "GradScaler) is not modelled: use autocast fp16 over fp32 FSDP2 parameters "
+           "(parallel.fsdp_mixed_precision none) or bf16");
   if (*p.fsdp_mixed_precision != *s.precision.autocast)
     refuse(s, "parallel.fsdp_mixed_precision",
            "with precision.autocast, modelled as Accelerate sets it: param_dtype equal to "
@@ -174,12 +182,10 @@ void require_fsdp2_modelled(const Scenario& s) {
   // code whose ops it was checked on; the regions that span backward are not checked.
   if (s.precision.autocast.has_value()) {
     if (p.fsdp_mixed_precision) require_accelerate_amp_modelled(s);
-    // fp16 autocast trains with a GradScaler (Accelerate: get_fsdp2_grad_scaler), whose
-    // scale, unscale_ and found_inf tensors memsim does not model.
-    if (*s.precision.autocast == DType::fp16)
-      refuse(s, "precision.autocast",
-             "fp16 autocast over FSDP2 needs torch.amp.GradScaler (its scaled loss, unscale_ "
-             "and found_inf tensors over DTensor gradients), which is not modelled; use bf16");
+    // fp16 autocast over fp32 FSDP2 parameters trains with torch.amp.GradScaler
+    // (precision.grad_scaler, modelled over DTensor grads: sim/step/grad_scaler.h); without
+    // it the step is unscaled, as on one GPU. Accelerate's fp16 path (autocast over its fp16
+    // policy, an fp16 output loss) is refused by require_accelerate_amp_modelled.
     if (s.precision.autocast_region == AutocastRegion::whole_step ||
         s.precision.autocast_region == AutocastRegion::whole_run)
       refuse(s, "precision.autocast_region",

@@ -16,6 +16,13 @@ constexpr uint64_t kF32 = 4, kF64 = 8, kI32 = 4;  // the 0-d tensors' bytes
 }  // namespace
 
 Tensor GradScalerSim::scale(Runtime& rt, const Tensor& loss) {
+  // A 2-byte loss (an fp16 output_dtype cast, a forward-only autocast region) times the fp32
+  // _scale is an fp32 0-d tensor whose grad the engine casts back to the loss's dtype: not
+  // modelled. The scenario checks refuse the known cases by key; this catches the rest.
+  if (loss.bytes != kF32)
+    throw ScenarioError(source_ + ": precision.grad_scaler: the loss is not fp32 (" +
+                        std::to_string(loss.bytes) + "-byte), so scale()'s product and its "
+                        "grad's cast back are not modelled; compute the loss in fp32");
   if (!scale_.defined()) {  // _lazy_init_scale_growth_tracker: _scale, then _growth_tracker
     scale_ = rt.alloc(kF32, TensorKind::other, OpKind::full);
     growth_tracker_ = rt.alloc(kI32, TensorKind::other, OpKind::full);
@@ -35,15 +42,27 @@ void GradScalerSim::unscale(Runtime& rt) {
     inv_scale = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
   }  // reciprocal dies here
   Tensor found_inf = rt.alloc(kF32, TensorKind::temporary, OpKind::full);
-  // _unscale_grads_: per_device_found_inf.get(device), then per_device_inv_scale.get(device)
-  // (.to(copy=True) each); _amp_foreach_non_finite_check_and_unscale_ runs in place.
-  found_inf_ = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
-  Tensor inv_copy = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  Tensor inv_copy = unscale_grads(rt);
   // _unscale_grads_ returns: its replicator of inv_scale (holding the copy) dies; then
   // unscale_'s locals in order: inv_scale, found_inf.
   inv_copy.reset();
   inv_scale.reset();
   found_inf.reset();
+}
+
+Tensor GradScalerSim::unscale_grads(Runtime& rt) {
+  // per_device_found_inf.get(device), then per_device_inv_scale.get(device) (.to(copy=True)
+  // each, the argument order); _amp_foreach_non_finite_check_and_unscale_ runs in place.
+  found_inf_ = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  Tensor inv_copy = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  if (dtensor_grads_) {
+    // DTensor grads: found_inf_reduce_handler after the local kernel: the Partial("max")
+    // found_inf's full_tensor() all-reduces a clone (funcol.all_reduce), copy_ writes it
+    // into the found_inf copy, and the clone dies at the handler's return. One dtype group:
+    // FSDP2's sharded grads are fp32 (precision.params fp32, fp32 adapters).
+    Tensor reduced = rt.alloc(kF32, TensorKind::temporary, OpKind::clone);
+  }
+  return inv_copy;
 }
 
 void GradScalerSim::check_inf_per_device(Runtime& rt) {
@@ -52,8 +71,7 @@ void GradScalerSim::check_inf_per_device(Runtime& rt) {
   // inv scale's) and the kernel multiplies by 1.0 in place.
   Tensor dummy_inv_scale = rt.alloc(kF32, TensorKind::temporary, OpKind::full);
   Tensor found_inf = rt.alloc(kF32, TensorKind::temporary, OpKind::full);
-  found_inf_ = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
-  Tensor inv_copy = rt.alloc(kF32, TensorKind::temporary, OpKind::to_copy);
+  Tensor inv_copy = unscale_grads(rt);
   inv_copy.reset();         // _unscale_grads_ returns
   dummy_inv_scale.reset();  // _check_inf_per_device returns: its locals in order
   found_inf.reset();
@@ -107,14 +125,32 @@ void require_grad_scaler_modelled(const Scenario& s) {
                         "loss is cast back to the low-precision loss dtype (a copy, and its grad cast) "
                         "which is not modelled with precision.grad_scaler; use precision.autocast "
                         "under FSDP instead, or fsdp_mixed_precision: none");
-  if (p.sharding == Sharding::fsdp2)
-    refuse("GradScaler over FSDP2's DTensor gradients is not modelled; modelled on one GPU, "
-           "with torch DDP and with FSDP1 (parallel.sharding none or fsdp)");
+  // FSDP2: the plain GradScaler over DTensor grads (the header; docs/autocast.md "Over FSDP2").
+  if (p.sharding == Sharding::fsdp2) {
+    if (p.cpu_offload)
+      throw ScenarioError(s.source + ": parallel.cpu_offload: GradScaler over FSDP2's "
+                          "CPUOffloadPolicy (CPU DTensor grads: a second device group, found_inf "
+                          "copies on the CPU) is not modelled with precision.grad_scaler; use "
+                          "parallel.cpu_offload: false");
+    if (p.fsdp_output_dtype.has_value() && dtype_bytes(*p.fsdp_output_dtype) == 2)
+      throw ScenarioError(s.source + ": parallel.fsdp_output_dtype: with precision.grad_scaler "
+                          "the root's output cast makes the loss 2-byte (Accelerate's fp16 "
+                          "policy): scale()'s fp32 product and its grad's cast back to the "
+                          "loss dtype are not modelled; leave fsdp_output_dtype out (an fp32 loss)");
+    if (p.fsdp_mixed_precision.has_value() && s.precision.autocast.has_value())
+      throw ScenarioError(s.source + ": precision.autocast: Accelerate's FSDP2 autocast path "
+                          "(autocast over MixedPrecisionPolicy's parameters) is not modelled with "
+                          "precision.grad_scaler; use the policy alone or autocast over fp32 "
+                          "parameters");
+    if (s.precision.float8_all_gather)
+      refuse("torchao's float8 all-gather with the scaler over FSDP2 is not modelled; use "
+             "precision.float8_all_gather: false");
+  }
   if (p.zero != 0 && p.sharding == Sharding::none)  // FSDP sets zero 3 itself
     refuse("GradScaler with ZeroRedundancyOptimizer (parallel.zero) is not modelled; "
            "use parallel.zero: 0");
   if (p.pipeline != 1 || p.tensor != 1 || p.context != 1)
-    refuse("GradScaler is modelled on one GPU, with torch DDP and with FSDP1 only "
+    refuse("GradScaler is modelled on one GPU, with torch DDP, FSDP1 and FSDP2 only "
            "(parallel.tensor, parallel.pipeline and parallel.context 1)");
   if (s.step.kind != StepKind::train)
     refuse("GradScaler scales the loss of a training step; step.kind is not train");

@@ -42,12 +42,30 @@
 // fp16=True: sim/parallel/accelerate_fsdp1_checks.h) the loss is fp32 as well, so the
 // same tensors; Accelerate's clip_grad_norm_ runs unscale_ first (unscale_gradients).
 //
+// FSDP2 (parallel.sharding fsdp2; docs/autocast.md "Over FSDP2"): the plain GradScaler
+// (Accelerate's get_fsdp2_grad_scaler, accelerate @ 16cb6eb8 utils/fsdp_utils.py; torch's
+// test_fully_shard_grad_scaler.py) over DTensor grads. A DTensor's .device is its local
+// tensor's, so _unscale_grads_ groups them as one device and takes the same copies; the
+// kernel's DTensor dispatch is a custom handler (found_inf_reduce_handler,
+// torch/distributed/tensor/_dispatch.py @ 00223c21f5b5, the same @ cf06dd72762d; the C++
+// fast path of newer torch looks _custom_op_handlers up first): the local kernel on the local
+// shards with the plain 0-d found_inf / inv_scale (no allocation), then found_inf wrapped as
+// a Partial("max") DTensor and full_tensor()'d: Partial._reduce_value's funcol.all_reduce
+// clones it (Functional.cpp) and reduces the clone, copy_ writes it back into the
+// found_inf copy, and the clone dies when the handler returns. One such clone per dtype
+// group (FSDP2's sharded grads are all fp32: one group), in unscale_ and in the fused
+// path's _check_inf_per_device alike.
+//
 // Not modelled (refused by require_grad_scaler_modelled): ShardedGradScaler with
-// CPU-offloaded shards, or MixedPrecision shards outside Accelerate's path, GradScaler over FSDP2's DTensor grads, DeepSpeed's
+// CPU-offloaded shards, or MixedPrecision shards outside Accelerate's path, FSDP2 with
+// CPUOffloadPolicy or a 2-byte output_dtype (a low-precision loss), DeepSpeed's
 // own loss scaler, fp16 gradients (the source raises "Attempting to unscale FP16
 // gradients."), Megatron, tensor / pipeline / context parallelism. Clipping
 // (optimizer.max_grad_norm, sim/step/clip_grad.h) runs after before_step's unscale_.
 #pragma once
+
+#include <string>
+#include <utility>
 
 #include "graph/runtime.h"
 #include "scenario/scenario.h"
@@ -57,7 +75,10 @@ namespace memsim {
 class GradScalerSim {
  public:
   // fused: the optimizer has _step_supports_amp_scaling (optimizer.impl fused).
-  explicit GradScalerSim(bool fused) : fused_(fused) {}
+  // dtensor_grads: FSDP2's DTensor grads (found_inf_reduce_handler's clone per dtype group).
+  // source: the scenario file, for scale()'s refusal of a loss that is not 4-byte.
+  GradScalerSim(bool fused, bool dtensor_grads, std::string source)
+      : fused_(fused), dtensor_grads_(dtensor_grads), source_(std::move(source)) {}
   // scaler.scale(loss): the scaled loss (its graph on top of loss's).
   graph::Tensor scale(graph::Runtime& rt, const graph::Tensor& loss);
   // scaler.step(opt) up to optimizer.step(): unscale_ (the found_inf copy stays), or for
@@ -71,8 +92,13 @@ class GradScalerSim {
  private:
   void unscale(graph::Runtime& rt);
   void check_inf_per_device(graph::Runtime& rt);
+  // _unscale_grads_: the per-device copies (found_inf's, then the inv scale's, which the
+  // caller frees at its return) and, over DTensor grads, the handler's found_inf clone.
+  graph::Tensor unscale_grads(graph::Runtime& rt);
 
   bool fused_;
+  bool dtensor_grads_;
+  std::string source_;
   graph::Tensor scale_, growth_tracker_;  // created by the first scale(), kept
   graph::Tensor found_inf_;               // per-device found_inf, from unscale_ to update
   graph::Tensor fused_found_inf_, fused_grad_scale_;  // fused: optimizer.found_inf / .grad_scale

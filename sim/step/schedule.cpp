@@ -197,7 +197,8 @@ class Loop {
     if (s_.precision.grad_scaler) {  // torch.amp.GradScaler (sim/step/grad_scaler.h)
       if (rt_.numeric != nullptr)
         throw ScenarioError(s_.source + ": precision.grad_scaler: numeric mode does not model the scaler");
-      scaler_ = std::make_unique<GradScalerSim>(s_.optimizer.impl == OptimizerImpl::fused);
+      scaler_ = std::make_unique<GradScalerSim>(s_.optimizer.impl == OptimizerImpl::fused,
+                                                s_.parallel.sharding == Sharding::fsdp2, s_.source);
     }
     // clip_grad_norm_ (sim/step/clip_grad.h); DeepSpeed clips in its ZeRO optimizer's step
     // (ds.json gradient_clipping = optimizer.max_grad_norm, sim/parallel/deepspeed_norm.h).
