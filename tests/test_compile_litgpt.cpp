@@ -227,6 +227,31 @@ TEST_CASE("compile + litgpt: pretrain's setup and unshifted loss, the step again
   CHECK(count(eager, Phase::backward, full) == 2);
 }
 
+TEST_CASE("compile + litgpt: a shorter max_seq_length is rebuilt before fabric.setup's cast",
+          "[compile][litgpt]") {
+  // pretrain.py sets model.max_seq_length = train.max_seq_length before torch.compile and
+  // fabric.setup: the cache is rebuilt (fp32) at that length, then cast with the model, so
+  // RoPE runs in the model's dtype; full.py sets it after setup and keeps fp32 buffers.
+  const Program comp = build(yaml(true, "bf16", "", 16));
+  const Program eager = build(yaml(false, "bf16", "", 16));
+  auto live_buffers = [](const Program& p) {
+    std::vector<uint64_t> live;
+    std::vector<uint8_t> on(p.tensors.size(), 0);
+    for (const MemoryEvent& ev : p.events) {
+      if (ev.phase != Phase::setup || p.tensors[ev.tensor].kind != TensorKind::other) continue;
+      if (ev.type == EventType::alloc) on[ev.tensor] = 1;
+      if (ev.type == EventType::free) on[ev.tensor] = 0;
+    }
+    for (size_t t = 0; t < on.size(); ++t)
+      if (on[t]) live.push_back(p.tensors[t].bytes);
+    return live;
+  };
+  // cos and sin: (16, 16) bf16 compiled (pretrain), (16, 16) fp32 eager (full.py).
+  CHECK(live_buffers(comp) == std::vector<uint64_t>{16 * 16 * 2, 16 * 16 * 2});
+  CHECK(live_buffers(eager) == std::vector<uint64_t>{16 * 16 * 4, 16 * 16 * 4});
+  CHECK(memsim_test::trace(comp).ok);
+}
+
 TEST_CASE("compile + litgpt: what is not modelled is refused by key", "[compile][litgpt]") {
   // finetune/full.py's loop with compile: not a LitGPT run, but pretrain's is what runs;
   // its fixed settings are refused when they differ.
