@@ -38,6 +38,11 @@
 //    lora.Block.__init__ as transients, lm_head_chunk_size=128's list of logits and
 //    chunked_cross_entropy's list branch (lit_chunked_head, lit_lora_loss). LoRAQKVLinear
 //    (q/k/v targets) is refused (scenario/litgpt_lora_keys.h).
+//  - With step.compile the run is pretrain.py's, the only LitGPT script that compiles
+//    (docs/compile.md "LitGPT's code"): the rope cache rebuilt by initialize_weights (and
+//    at train.max_seq_length) before `torch.compile(model)` and fabric.setup's cast;
+//    GPT.forward one compiled region (graph/compile.h, CompileScope::model), Fabric's fp32
+//    cast after it; chunked_cross_entropy(logits, targets) unshifted, eager.
 // The 2-way splits of qkv: torch.split's one SplitWithSizesBackward0 (a cat of the three
 // grads into a qkv-sized tensor) is emitted as two graph::Chunk2 (q | kv, then k | v): the
 // same views forward; backward cats k and v first (one kv-sized tensor more, briefly).
@@ -70,9 +75,8 @@ void lit_rope_cache_cast(Runtime& rt, Tensor& cos, Tensor& sin, uint64_t elems, 
 bool DecoderModel::litgpt() const { return arch().impl == ModelImpl::litgpt; }
 
 // fp32 when the model is, or when full.py rebuilt the buffers (seq != block size);
-// otherwise Fabric's bf16-true cast of them.
-// pretrain.py sets max_seq_length before fabric.setup, whose cast then covers any rebuilt
-// buffers: always the model's dtype there.
+// otherwise Fabric's bf16-true cast of them. pretrain.py sets max_seq_length before
+// fabric.setup, whose cast then covers any rebuilt buffers: always the model's dtype there.
 uint64_t DecoderModel::lit_cache_elem() const {
   if (pretrain_run(rt_)) return s_.elem;
   return s_.seq != s_.context_length ? 4 : s_.elem;
