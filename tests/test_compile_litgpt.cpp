@@ -240,6 +240,12 @@ TEST_CASE("compile + litgpt: pretrain's setup and unshifted loss, the step again
   CHECK(count(comp, Phase::backward, full) == 6);
   CHECK(count(eager, Phase::backward, sliced) == 6);
   CHECK(count(eager, Phase::backward, full) == 2);
+  // Fabric 32-true (fp32, mem-efficient attention): the same, 708,352 - 544,512 B.
+  const memsim_test::Trace c32 = memsim_test::trace(build(yaml(true, "fp32")));
+  const memsim_test::Trace e32 = memsim_test::trace(build(yaml(false, "fp32")));
+  CHECK(c32.ok);
+  CHECK(c32.end == e32.end);
+  CHECK(e32.forward_end - c32.forward_end == 708352u - 544512u);
 }
 
 TEST_CASE("compile + litgpt: a shorter max_seq_length is rebuilt before fabric.setup's cast",
