@@ -16,6 +16,10 @@ PartClass op_class(OpKind k, PartitionerVersion v) {
   // functorch 1.13's aot_module applies no decomposition table: native_layer_norm stays
   // one op, which its allowlist lacks.
   if (v == PartitionerVersion::torch113_inductor && k == OpKind::layer_norm) return PartClass::other;
+  // LitGPT's `torch.cat((q_roped, q[..., rope_n_elem:]), dim=-1)` (OpKind::rope_litgpt): 1.13
+  // traces aten.cat, which its recomputable list lacks (functorch/_src/partitioners.py):
+  // banned, like every op of that list's complement.
+  if (v == PartitionerVersion::torch113_inductor && k == OpKind::rope_litgpt) return PartClass::other;
   switch (k) {
     case OpKind::bmm:
     case OpKind::linear:
@@ -87,6 +91,14 @@ PartClass op_class(OpKind k, PartitionerVersion v) {
     // flatten, type_as: every op in get_default_op_list's recomputable and view lists
     // (pytorch c28ba8e5 torch/_functorch/partitioners.py), all pointwise for Inductor.
     case OpKind::rope_pairs:
+    // LitGPT's apply_rope + `torch.cat((q_roped, q[..., rope_n_elem:]), dim=-1)` (Llama:
+    // rope_n_elem = head size, the second piece empty; OpKind::rope_litgpt is the cat, its
+    // temporaries -x2, cat((-x2, x1)), x * cos, rotated * sin, the sum and .to(dtype) carry
+    // their own ops). Inductor's decomposition of aten.cat (torch/_inductor/decomposition.py
+    // `cat`: "Eliminate cat when there is only one tensor input" after dropping empty ones)
+    // makes it a clone of q_roped, which get_default_op_list lists; the rotate's cat of two
+    // pointwise inputs is lowered as a pointwise cat (fused). Recomputable and fusible.
+    case OpKind::rope_litgpt:
     // nll_loss_forward / nll_loss_backward: decomposed for Inductor (torch/_decomp/
     // decompositions.py: gather, where, sum; the backward's zeros + scatter read only the
     // input's shape), so the log-probabilities it reads are recomputable and fusible.
@@ -284,9 +296,16 @@ void CompileEngine::finish_region(size_t begin, int32_t layer) {
   for (uint32_t k = first_region; k < g.size(); ++k)
     g[k].output = rt_.refs(storage_of[k]) > static_cast<int32_t>(save_refs[k]);
   for (const RecNode& n : nodes_)
-    if (reads_through_unlisted_view_113(n.kind))
-      for (uint32_t s : n.inputs)
-        if (index_of(s) != 0) g[index_of(s) - 1].read_through_unlisted_view_113 = true;
+    for (uint32_t s : n.inputs) {
+      const uint32_t k = index_of(s);
+      if (k == 0) continue;
+      // So is a GQA copy, whoever reads it: LitGPT's repeat_interleave ends in flatten,
+      // which 1.13 traces as _reshape_alias of the clone (its CPU fixture,
+      // tests/data/compile/partition_litgpt_*.json, saves the repeated k and v, not k
+      // before the copy); HF's attention matmuls reach theirs through transpose / reshape.
+      const bool gqa_copy = k - 1 >= first_region && vertices_[k - 1 - first_region].op == OpKind::expand_clone;
+      if (reads_through_unlisted_view_113(n.kind) || gqa_copy) g[k - 1].read_through_unlisted_view_113 = true;
+    }
 
   std::vector<uint8_t> reader_not_fusible(g.size(), 0), has_reader(g.size(), 0);
   std::vector<size_t> last_read(g.size(), 0);

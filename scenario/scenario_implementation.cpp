@@ -179,10 +179,37 @@ void check_implementation(const Doc& d, const Scenario& s) {
            "torchtune's compile_model compiles each TransformerSelfAttentionLayer "
            "(m.compile()); torch.compile of its whole model is not what its recipes do: "
            "use step.compile_scope: block");
-  if (s.step.compile && lit)
-    refuse("step.compile", "torch.compile is not modelled with " + stack +
-                               "'s model code yet (litgpt pretrain.py compiles the whole "
-                               "model; finetune/full.py does not)");
+  // LitGPT compiles in pretrain.py only (`model = torch.compile(model)` before
+  // fabric.setup; finetune/*.py never call torch.compile): with step.compile the run is
+  // pretrain.py's, whose whole GPT.forward is one graph with the loss outside it
+  // (graph/models/decoder_litgpt.cpp, docs/compile.md "LitGPT").
+  if (s.step.compile && lit) {
+    if (s.step.compile_scope != CompileRegions::model)
+      refuse("step.compile_scope",
+             "litgpt pretrain.py compiles the whole GPT (torch.compile(model)); per-block "
+             "compile is not what it does: use step.compile_scope: model");
+    if (s.lora.rank > 0)
+      refuse("lora.rank", "litgpt compiles in pretrain.py only, which trains every parameter "
+                          "(finetune/lora.py does not call torch.compile)");
+    if (s.optimizer.type != OptimizerType::none && s.optimizer.impl != OptimizerImpl::fused)
+      refuse("optimizer.impl", "litgpt pretrain.py (the script that compiles) builds its optimizer "
+                               "with fused=True on CUDA; give optimizer.impl: fused");
+    if (!s.optimizer.max_grad_norm)
+      refuse("optimizer.max_grad_norm",
+             "litgpt pretrain.py (the script that compiles) clips every step "
+             "(fabric.clip_gradients(model, optimizer, max_norm=train.max_norm), default 1.0); "
+             "give optimizer.max_grad_norm");
+    // Lightning Fabric 2.6.5 (be98784a) Fabric.clip_gradients(..., error_if_nonfinite=True)
+    // -> Strategy.clip_gradients_norm -> torch.nn.utils.clip_grad_norm_(...,
+    // error_if_nonfinite); pretrain.py drops the returned norm.
+    if (!s.optimizer.clip_error_if_nonfinite)
+      refuse("optimizer.clip_error_if_nonfinite",
+             "Fabric's clip_gradients passes error_if_nonfinite=True; give "
+             "optimizer.clip_error_if_nonfinite: true");
+    if (s.optimizer.clip_keep_norm)
+      refuse("optimizer.clip_keep_norm", "litgpt pretrain.py does not keep the norm "
+                                         "fabric.clip_gradients returns");
+  }
   if (!titan && !lit && s.batch.seq_len % 8 != 0)  // torchtune only (litgpt's chunks are 128 rows)
     refuse("batch.seq_len",
            "torchtune's output is h.chunk(8, dim=1): uneven chunks (seq_len not a multiple of 8) "

@@ -157,7 +157,8 @@ TEST_CASE("model.implementation: spellings, defaults and the refused combination
       {"litgpt", "parallel.sharding", "fsdp", "parallel.sharding: litgpt shards through Fabric's FSDPStrategy"},
       {"litgpt", "parallel.data", "2", "parallel.data: litgpt's multi-device recipes"},
       {"litgpt", "checkpoint.policy", "full", "checkpoint.policy: litgpt checkpoints Blocks only through Fabric's FSDPStrategy"},
-      {"litgpt", "step.compile", "true", "step.compile: torch.compile is not modelled with litgpt's model code yet"},
+      // step.compile runs pretrain.py, which builds fused AdamW (docs/compile.md "LitGPT's code").
+      {"litgpt", "step.compile", "true", "optimizer.impl: litgpt pretrain.py (the script that compiles) builds its optimizer with fused=True"},
       {"litgpt", "model.attention", "eager", "model.attention: litgpt calls F.scaled_dot_product_attention"},
       {"litgpt", "model.tied_embeddings", "true", "model.tied_embeddings:"},
   };

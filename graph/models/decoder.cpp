@@ -524,12 +524,14 @@ Tensor DecoderModel::forward(const Tensor& ids) {
   // Outside every decoder layer until run_layers enters one: the backward leaves ctx.layer
   // at its last node's layer, which is a block's when the embedding is frozen (LoRA).
   rt_.ctx.layer = -1;
+  // LitGPT's GPT under Fabric: the compiled module's output is cast outside the graph
+  // (decoder_litgpt.cpp opens its own region).
+  if (litgpt()) return forward_litgpt(ids);
   // torch.compile(model) (graph/compile.h): the whole forward is one compiled region.
   if (rt_.compile != nullptr && rt_.compile->wants(CompileScope::model))
     return rt_.compile->run([this, &ids] { return forward(ids); });
   if (titan()) return forward_titan(ids);  // decoder_impl.cpp
   if (tune()) return forward_tune(ids);
-  if (litgpt()) return forward_litgpt(ids);
   router_logits_.clear();  // a new forward records its own router outputs (MoE aux loss)
   Tensor head_w;
   Tensor hidden = forward_hidden(ids, head_w);

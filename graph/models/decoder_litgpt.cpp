@@ -38,6 +38,11 @@
 //    lora.Block.__init__ as transients, lm_head_chunk_size=128's list of logits and
 //    chunked_cross_entropy's list branch (lit_chunked_head, lit_lora_loss). LoRAQKVLinear
 //    (q/k/v targets) is refused (scenario/litgpt_lora_keys.h).
+//  - With step.compile the run is pretrain.py's, the only LitGPT script that compiles
+//    (docs/compile.md "LitGPT's code"): the rope cache rebuilt by initialize_weights (and
+//    at train.max_seq_length) before `torch.compile(model)` and fabric.setup's cast;
+//    GPT.forward one compiled region (graph/compile.h, CompileScope::model), Fabric's fp32
+//    cast after it; chunked_cross_entropy(logits, targets) unshifted, eager.
 // The 2-way splits of qkv: torch.split's one SplitWithSizesBackward0 (a cat of the three
 // grads into a qkv-sized tensor) is emitted as two graph::Chunk2 (q | kv, then k | v): the
 // same views forward; backward cats k and v first (one kv-sized tensor more, briefly).
@@ -45,17 +50,35 @@
 #include <vector>
 
 #include "graph/checkpoint.h"
+#include "graph/compile.h"
 #include "graph/models/decoder.h"
 #include "graph/ops/ops_litgpt.h"
 #include "graph/ops/ops_nn.h"
 
 namespace memsim::graph {
 
+namespace {
+// LitGPT calls torch.compile in pretrain.py only (finetune/*.py never do;
+// scenario/scenario_implementation.cpp refuses the rest): with a compile engine installed
+// the run is pretrain.py's setup and loop, otherwise finetune/full.py's (or lora.py's).
+bool pretrain_run(const Runtime& rt) { return rt.compile != nullptr; }
+
+// Fabric's convert_module (module.to(dtype)) on the two (len, n_elem) fp32 buffers of
+// `elems` elements: each replaced by its cast, cos first.
+void lit_rope_cache_cast(Runtime& rt, Tensor& cos, Tensor& sin, uint64_t elems, uint64_t cast_elem) {
+  if (cast_elem == 4) return;
+  cos = rt.alloc(elems * cast_elem, TensorKind::other, OpKind::to_copy);
+  sin = rt.alloc(elems * cast_elem, TensorKind::other, OpKind::to_copy);
+}
+}  // namespace
+
 bool DecoderModel::litgpt() const { return arch().impl == ModelImpl::litgpt; }
 
 // fp32 when the model is, or when full.py rebuilt the buffers (seq != block size);
-// otherwise Fabric's bf16-true cast of them.
+// otherwise Fabric's bf16-true cast of them. pretrain.py sets max_seq_length before
+// fabric.setup, whose cast then covers any rebuilt buffers: always the model's dtype there.
 uint64_t DecoderModel::lit_cache_elem() const {
+  if (pretrain_run(rt_)) return s_.elem;
   return s_.seq != s_.context_length ? 4 : s_.elem;
 }
 
@@ -89,9 +112,7 @@ void DecoderModel::lit_rope_cache(uint64_t len, uint64_t cast_elem) {
   // `self.cos, self.sin = ...` (or register_buffer): the old buffers die as they are replaced.
   lit_cos_ = std::move(cos);
   lit_sin_ = std::move(sin);
-  if (cast_elem == 4) return;
-  lit_cos_ = rt_.alloc(len * n * cast_elem, TensorKind::other, OpKind::to_copy);
-  lit_sin_ = rt_.alloc(len * n * cast_elem, TensorKind::other, OpKind::to_copy);
+  lit_rope_cache_cast(rt_, lit_cos_, lit_sin_, len * n, cast_elem);
 }
 
 void DecoderModel::construct_litgpt() {
@@ -177,10 +198,23 @@ void DecoderModel::construct_litgpt() {
   rt_.ctx.layer = -1;
   rt_.ctx.module = Module::norm;
   final_norm_ = add_norm(D, "transformer.", "ln_f");
-  // The buffers at block_size, Fabric's cast, then full.py's max_seq_length.
   rt_.ctx.module = Module::attention;
-  lit_rope_cache(static_cast<uint64_t>(s_.context_length), e);
-  if (s_.seq != s_.context_length) lit_rope_cache(static_cast<uint64_t>(s_.seq), 4);
+  const uint64_t ctx_len = static_cast<uint64_t>(s_.context_length), seq = static_cast<uint64_t>(s_.seq);
+  if (pretrain_run(rt_)) {
+    // pretrain.py main(): GPT(config) builds fp32 buffers at block_size;
+    // initialize_weights -> utils.reset_parameters(model) -> GPT.reset_parameters rebuilds
+    // them (`self.cos, self.sin = self.rope_cache(...)`); `model.max_seq_length =
+    // train.max_seq_length` rebuilds at that length when it differs; then
+    // torch.compile(model) and fabric.setup, whose convert_module casts them (bf16-true).
+    lit_rope_cache(ctx_len, 4);
+    lit_rope_cache(ctx_len, 4);
+    if (seq != ctx_len) lit_rope_cache(seq, 4);
+    lit_rope_cache_cast(rt_, lit_cos_, lit_sin_, seq * s_.head_dim(), e);
+  } else {
+    // The buffers at block_size, Fabric's cast, then full.py's max_seq_length.
+    lit_rope_cache(ctx_len, e);
+    if (seq != ctx_len) lit_rope_cache(seq, 4);
+  }
   rt_.ctx.module = Module::none;
   // finetune/lora.py: mark_only_lora_as_trainable (every parameter without "lora_" in
   // its name frozen), before fabric.setup_module; its setup order is otherwise full.py's.
@@ -292,17 +326,34 @@ Tensor DecoderModel::forward_litgpt(const Tensor& ids) {
   // Outside the blocks: with gradient accumulation the previous micro-batch's backward
   // left its last node's layer in the context (labels only).
   rt_.ctx.layer = -1;
-  rt_.ctx.module = Module::embedding;
-  Tensor h = embedding_nn(rt_, rt_.param(embed_), ids, s_.rows() * D * e, D);
-  Inputs extra = {Tensor(), Tensor(), lit_cos_, lit_sin_};  // views of the buffers
-  h = run_layers(rt_, static_cast<int32_t>(s_.layers), std::move(h), extra,
-                 [this](int32_t l, const Tensor& in, const Inputs& ex) { return layer(l, in, ex); });
-  extra.clear();
-  h = norm(h, final_norm_, s_.rows(), D);
-  rt_.ctx.module = Module::head;
-  if (lora_.enabled()) return lit_chunked_head(std::move(h));
-  Tensor logits = lm_linear(h, lm_head_, D, s_.vocab);
-  h.reset();
+  // GPT.forward from the embedding to ln_f's output.
+  auto hidden = [this, &ids, e, D] {
+    rt_.ctx.module = Module::embedding;
+    Tensor h = embedding_nn(rt_, rt_.param(embed_), ids, s_.rows() * D * e, D);
+    Inputs extra = {Tensor(), Tensor(), lit_cos_, lit_sin_};  // views of the buffers
+    h = run_layers(rt_, static_cast<int32_t>(s_.layers), std::move(h), extra,
+                   [this](int32_t l, const Tensor& in, const Inputs& ex) { return layer(l, in, ex); });
+    extra.clear();
+    return norm(h, final_norm_, s_.rows(), D);
+  };
+  if (lora_.enabled()) {
+    Tensor h = hidden();
+    rt_.ctx.module = Module::head;
+    return lit_chunked_head(std::move(h));
+  }
+  // pretrain.py: `model = torch.compile(model)` and fabric.setup, which unwraps the
+  // OptimizedModule, converts and re-compiles the GPT, and wraps the result in
+  // _FabricModule (lightning 2.6.5 be98784a fabric.py setup: _unwrap_compiled,
+  // convert_module, _to_compiled): GPT.forward is the compiled graph (dynamo traces it
+  // whole in training: the Python loop over blocks is unrolled, `self.cos[:T]` is a slice
+  // of a buffer input, mask_cache is never built, SDPA is_causal; nothing breaks the graph)
+  // and _FabricModule.forward's convert_output (below) runs after it, eagerly. Without
+  // step.compile, compile_region is the plain call.
+  Tensor logits = compile_region(rt_, CompileScope::model, [this, &hidden, D] {
+    Tensor h = hidden();
+    rt_.ctx.module = Module::head;
+    return lm_linear(h, lm_head_, D, s_.vocab);
+  });
   rt_.name(logits.storage, rt_.program().intern("logits"));
   if (e != 4) {  // _FabricModule: precision.convert_output -> .to(torch.float32)
     logits = to_copy(rt_, logits, logits.bytes / e * 4);
@@ -386,8 +437,12 @@ Tensor DecoderModel::lit_lora_loss() {
 
 Tensor DecoderModel::loss_litgpt(const Tensor& logits) {
   ModuleScope module_scope(rt_, Module::loss);
+  // finetune/full.py: chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:]);
+  // pretrain.py: chunked_cross_entropy(logits, targets) (its data loader's rows are
+  // seq + 1 tokens long, input_ids and targets the two shifted slices).
   Tensor loss = lora_.enabled() ? lit_lora_loss()
-                                : chunked_ce_litgpt(rt_, logits, s_.batch, s_.seq, s_.vocab);
+                                : chunked_ce_litgpt(rt_, logits, s_.batch, s_.seq, s_.vocab,
+                                                    /*shifted=*/!pretrain_run(rt_));
   return div_scalar(rt_, loss);  // loss / train.gradient_accumulation_iters(...)
 }
 

@@ -13,6 +13,9 @@ using detail::wants_grad;
 namespace {
 
 constexpr uint64_t kChunkRows = 128;  // chunked_cross_entropy's chunk_size default
+// chunked_ce_litgpt's Node::size[3] bits: the label copy is saved; the logits were not
+// sliced (pretrain.py: no SliceBackward0).
+constexpr uint64_t kCeCopies = 1, kCeUnshifted = 2;
 
 // The promoted (fp32) size of x's products with the cache, or 0 when they keep x's dtype.
 uint64_t promoted_bytes(const Tensor& x, uint64_t elem, uint64_t cache_elem) {
@@ -84,9 +87,10 @@ Tensor rope_litgpt_cat(Runtime& rt, const Tensor& roped, const Tensor& x, const 
 }
 
 Tensor chunked_ce_litgpt(Runtime& rt, const Tensor& logits, uint64_t batch, uint64_t seq,
-                         uint64_t vocab) {
-  const uint64_t rows = batch * (seq - 1), row_bytes = vocab * 4;
-  const bool copies = batch > 1;  // the (B, S-1) slices are not contiguous: reshape copies
+                         uint64_t vocab, bool shifted) {
+  const uint64_t rows = batch * (shifted ? seq - 1 : seq), row_bytes = vocab * 4;
+  // the (B, S-1) slices are not contiguous when B > 1: reshape copies
+  const bool copies = shifted && batch > 1;
   Tensor flat = copies ? rt.alloc(rows * row_bytes, TensorKind::temporary, OpKind::clone) : Tensor();
   Tensor targets = copies ? rt.alloc(rows * 8, TensorKind::temporary, OpKind::clone) : Tensor();
   std::vector<Tensor> logp, total_weight, losses;
@@ -105,7 +109,7 @@ Tensor chunked_ce_litgpt(Runtime& rt, const Tensor& logits, uint64_t batch, uint
     node.size[0] = logits.bytes;
     node.size[1] = row_bytes;
     node.size[2] = rows;
-    node.size[3] = copies ? 1 : 0;
+    node.size[3] = (copies ? kCeCopies : 0) | (shifted ? 0 : kCeUnshifted);
     rt.save(n, denom);  // slot 0
     for (size_t i = 0; i < logp.size(); ++i) {  // slots 1 + 2i, 2 + 2i
       rt.save(n, logp[i]);
@@ -251,7 +255,8 @@ bool run_litgpt_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
     // target (the label copy: with the first chunk's node, the last to run).
     const uint32_t z = A(c * row_bytes);
     rt.release_saved_slot(n, static_cast<uint32_t>(2 + 2 * i));
-    if (i == 0 && n.size[3] != 0) rt.release_saved_slot(n, static_cast<uint32_t>(1 + 2 * chunks));
+    if (i == 0 && (n.size[3] & kCeCopies) != 0)
+      rt.release_saved_slot(n, static_cast<uint32_t>(1 + 2 * chunks));
     grads[i] = A(c * row_bytes);  // LogSoftmaxBackward0, which then drops the log-probs
     F(z);
     rt.release_saved_slot(n, static_cast<uint32_t>(1 + 2 * i));
@@ -259,6 +264,10 @@ bool run_litgpt_backward(Runtime& rt, Node& n, const Grad in[2], Grad out[3]) {
   F(d);
   const uint32_t cat = A(rows * row_bytes);  // SplitBackward0
   for (uint32_t g : grads) F(g);
+  if ((n.size[3] & kCeUnshifted) != 0) {  // the grad of logits.reshape(-1, V): a view
+    out[0] = Grad{cat, false, false};
+    return true;
+  }
   const uint32_t full = rt.alloc_raw(n.size[0], TensorKind::temporary, n.kind);  // SliceBackward0
   F(cat);
   out[0] = Grad{full, false, false};

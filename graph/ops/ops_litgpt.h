@@ -49,8 +49,11 @@ Tensor rope_litgpt_cat(Runtime& rt, const Tensor& roped, const Tensor& x, const 
 // are released; SplitBackward0 cats every chunk's grad ((B*(S-1), V) fp32), they die;
 // [CloneBackward0 passes]; SliceBackward0: zeros (B, S, V) + copy, the cat dies.
 // Returns the 0-d loss.
+// shifted false: pretrain.py's chunked_cross_entropy(logits, targets) on the whole
+// (contiguous) logits: B*S rows, both reshapes are views (no copies whatever B), and the
+// backward ends at SplitBackward0's cat (no SliceBackward0).
 Tensor chunked_ce_litgpt(Runtime& rt, const Tensor& logits, uint64_t batch, uint64_t seq,
-                         uint64_t vocab);
+                         uint64_t vocab, bool shifted = true);
 
 // finetune/lora.py's loss: chunked_cross_entropy on the list that GPT.forward returns with
 // lm_head_chunk_size=128 (litgpt/utils.py, the list branch). The list's chunks come from
