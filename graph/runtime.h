@@ -272,6 +272,13 @@ class Runtime {
   // Drops node n's k-th saved variable now (the inner node that used it has run); the
   // engine's release later skips the emptied slot.
   void release_saved_slot(Node& n, uint32_t k);
+  // An empty saved slot of node `id` (no reference; saves are contiguous, so right after
+  // its other saves) that fill_saved fills later: Megatron's CheckpointWithoutOutput keeps
+  // its recomputed output in ctx.outputs (graph/ops/ops_megatron_arch.h).
+  void save_placeholder(int32_t id) {
+    saved_.push_back(kNoStorage);
+    ++nodes_[id].saved_count;
+  }
   // Fills node `id`'s k-th saved slot (a checkpoint placeholder) with `storage`, retained.
   void fill_saved(int32_t id, uint32_t k, uint32_t storage);
   // Same, taking over one reference the caller owns (an offloaded slot's device copy).

@@ -9,7 +9,8 @@
 //   model.moe.capacity_factor  > 0 (--moe-expert-capacity-factor; absent = dropless)
 //   model.moe.pad_to_capacity  bool (--moe-pad-expert-input-to-capacity; needs a factor)
 //   model.moe.grouped_gemm     bool (--moe-grouped-gemm: TEGroupedMLP, SwiGLU experts only)
-//   model.moe.recompute        [moe, shared_experts] (--recompute-modules; moe_act refused)
+//   model.moe.recompute        [moe, shared_experts, moe_act] (--recompute-modules; moe_act
+//                              needs grouped_gemm, not with moe)
 //   model.moe.aux_loss_coeff   >= 0 (--moe-aux-loss-coeff; > 0: the aux_loss load-balancing loss)
 //   model.moe.z_loss_coeff     >= 0 (--moe-z-loss-coeff; given: the z-loss runs)
 //

@@ -452,6 +452,7 @@ struct MegatronMoeConfig {
   bool grouped_gemm = false;
   bool recompute_moe = false;             // --recompute-modules moe
   bool recompute_shared_experts = false;  // --recompute-modules shared_experts
+  bool recompute_moe_act = false;         // --recompute-modules moe_act (TEGroupedMLP's activation)
   // Issue #15 Megatron part 2 (scenario/megatron_moe_keys.cpp): model.moe.aux_loss_coeff
   // (--moe-aux-loss-coeff, > 0 turns the load-balancing loss on) and model.moe.z_loss_coeff
   // (--moe-z-loss-coeff: the z-loss runs whenever it is given, as Megatron tests `is not None`).

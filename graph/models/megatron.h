@@ -86,6 +86,9 @@ struct MegatronMoeShape {
   bool pad_to_capacity = false;    // --moe-pad-expert-input-to-capacity
   bool recompute_moe = false;      // --recompute-modules moe
   bool recompute_shared = false;   // --recompute-modules shared_experts
+  // --recompute-modules moe_act: TEGroupedMLP's CheckpointWithoutOutput around the weighted
+  // SwiGLU (grouped_gemm only; graph/models/megatron_moe.cpp, docs/moe-megatron.md).
+  bool recompute_moe_act = false;
   // The router's losses (graph/models/megatron_moe_loss.h): --moe-aux-loss-coeff > 0 (the
   // aux_loss load-balancing type) and --moe-z-loss-coeff given.
   bool aux_loss = false;

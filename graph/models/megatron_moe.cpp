@@ -63,6 +63,7 @@
 #include "graph/checkpoint.h"
 #include "graph/models/megatron.h"
 #include "graph/models/megatron_moe.h"
+#include "graph/models/megatron_swiglu_experts.h"
 #include "graph/models/moe_routing.h"
 #include "graph/ops/ops.h"
 #include "graph/ops/ops_megatron_arch.h"
@@ -282,11 +283,9 @@ Tensor MegatronModel::moe_experts(const Tensor& permuted, const Tensor& probs, u
     const bool grouped = s_.moe.grouped_gemm;
     if (grouped) use_te_grouped_buffers();
     const uint64_t w1 = (grouped ? 1 : El) * 2 * F * h * e, w2 = (grouped ? 1 : El) * h * F * e;
-    Tensor gated = megatron_linear(rt_, permuted, {rows * 2 * F * e, w1, 0, 2 * flops, 0, 0, -1});
-    Tensor scaled = weighted_swiglu(rt_, gated, probs);
-    gated.reset();
-    Tensor out = megatron_linear(rt_, scaled, {rows * h * e, w2, 0, flops, 0, 0, -1});
-    scaled.reset();
+    // --recompute-modules moe_act (TEGroupedMLP only): CheckpointWithoutOutput around the
+    // weighted SwiGLU (graph/models/megatron_swiglu_experts.h).
+    Tensor out = swiglu_experts(rt_, permuted, probs, {rows, h, F, e, w1, w2, grouped && s_.moe.recompute_moe_act});
     if (El > 1 && !grouped) out = clone(rt_, out);  // SequentialMLP: torch.cat(output_local_list)
     return out;
   }

@@ -94,6 +94,7 @@
   X(logsumexp_rows, fused, "logsumexp", "LogsumexpBackward0") /* the z-loss's logsumexp(logits, -1): saves self and result */ \
   X(switch_aux_loss, fused, "switch_load_balancing_loss", "MulBackward0") /* sum(probs.sum(0) * tokens_per_expert) * c: saves tokens_per_expert */ \
   X(aux_loss_scaler, fused, "MoEAuxLossAutoScaler", "MoEAuxLossAutoScalerBackward") /* returns its input (a view); saves the loss; backward: the grad, ones_like(loss) * scale */ \
+  X(moe_act_recompute, fused, "CheckpointWithoutOutput", "CheckpointWithoutOutput._recompute") /* --recompute-modules moe_act: the grad hook on TEGroupedMLP's fc2 output (a view); backward re-runs the weighted SwiGLU into fc2's emptied saved input (graph/ops/ops_megatron_arch.h) */ \
   X(select_dim, nn, "select", "SelectBackward0") /* x.select(dim, i), a view; SelectBackward0 = zeros(input) + copy */ \
   X(gelu, nn, "gelu", "GeluBackward0") /* F.gelu (exact or approximate='tanh'): saves self */ \
   X(cat2, nn, "cat", "CatBackward0") /* torch.cat((a, b), -1): new; CatBackward0 hands back views of the grad */ \

@@ -43,6 +43,32 @@ Tensor weighted_swiglu(Runtime& rt, const Tensor& x, const Tensor& probs) {
   return out;
 }
 
+Tensor checkpointed_weighted_swiglu(Runtime& rt, const Tensor& x, const Tensor& probs) {
+  Tensor out = weighted_swiglu(rt, x, probs);
+  if (out.grad_fn >= 0) rt.save_placeholder(out.grad_fn);  // ctx.outputs, set by the recompute
+  return out;
+}
+
+Tensor discard_moe_act(Runtime& rt, Tensor& act, const Tensor& fc2_out) {
+  const int32_t fc2 = fc2_out.grad_fn, ckpt = act.grad_fn;
+  if (fc2 < 0 || ckpt < 0) {  // no grad: nothing saved act, no hook is registered
+    act.reset();
+    return fc2_out;
+  }
+  const uint64_t act_bytes = act.bytes;
+  const uint64_t io = rt.node(ckpt).size[0] + rt.node(ckpt).size[1];  // the re-run reads x, probs
+  rt.release_saved_slot(rt.node(fc2), 0);  // output.untyped_storage().resize_(0)
+  act.reset();
+  Tensor out = rt.view_of(fc2_out, fc2_out.bytes);
+  const int32_t n = rt.make_node(OpKind::moe_act_recompute, {&fc2_out});
+  rt.node(n).size[0] = act_bytes;
+  rt.node(n).size[1] = static_cast<uint64_t>(ckpt);
+  rt.node(n).size[2] = io;
+  out.grad_fn = n;
+  out.out_slot = 0;
+  return out;
+}
+
 Tensor gqa_query_copy(Runtime& rt, const Tensor& mixed, uint64_t q_bytes) {
   (void)mixed;  // read only: the copy has no autograd node of its own (see the header)
   rt.add_flops_forward(0, 2.0 * static_cast<double>(q_bytes));
@@ -102,6 +128,27 @@ bool run_megatron_arch_backward(Runtime& rt, Node& n, const Grad in[2], Grad out
       else rt.release(gx);
       if (needs(1)) out[1] = Grad{gw, false, false};
       else rt.release(gw);
+      return true;
+    }
+    case OpKind::moe_act_recompute: {
+      // CheckpointWithoutOutput._recompute as the hook on fc2's output grad (see the header):
+      // the weighted SwiGLU re-run with grad on, its output shared into the emptied storage.
+      if (g.storage == kNoStorage) return true;
+      const int32_t fc2 = n.next[0].node;
+      const int32_t ckpt = static_cast<int32_t>(n.size[1]);
+      if (fc2 >= 0 && rt.node(ckpt).saved_count == 3 && rt.saved_storage(rt.node(ckpt), 2) == kNoStorage) {
+        rt.recomputing = true;  // a forward op inside backward: its forward name, recompute cost
+        const uint32_t r = rt.alloc_raw(n.size[0], TensorKind::activation, OpKind::weighted_swiglu);
+        rt.add_flops_forward(0, static_cast<double>(n.size[2] + n.size[0]));
+        rt.recomputing = false;
+        rt.fill_saved(fc2, 0, r);   // fc2's saved input (the views TE saved) sees the data
+        rt.fill_saved(ckpt, 2, r);  // ctx.outputs: alive until the checkpoint's backward ran
+        rt.release(r);
+      }
+      if (needs(0)) {
+        rt.retain(g.storage);
+        out[0] = Grad{g.storage, g.is_view, g.transposed};
+      }
       return true;
     }
     case OpKind::fused_attention_gqa: {

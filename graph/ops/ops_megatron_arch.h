@@ -42,6 +42,28 @@ Tensor fused_swiglu(Runtime& rt, const Tensor& x, uint64_t bias_bytes);
 // x and probs. Backward: an x-sized grad for x and a probs-sized one for the probs.
 Tensor weighted_swiglu(Runtime& rt, const Tensor& x, const Tensor& probs);
 
+// --recompute-modules moe_act (TEGroupedMLP only; NVIDIA/Megatron-LM d98e8a64
+// megatron/core/transformer/moe/experts.py TEGroupedMLP.forward and
+// megatron/core/tensor_parallel/random.py CheckpointWithoutOutput / ...Function):
+//  - checkpointed_weighted_swiglu: CheckpointWithoutOutputFunction.apply(bias_act_func, x,
+//    None, probs) runs the weighted SwiGLU under no_grad (the same new x.bytes / 2 output)
+//    and save_for_backward()s its tensor inputs, x and probs (what WeightedSwiGLUFunction
+//    saves, so the node is a weighted_swiglu node: its backward is the re-run's inner
+//    backward, the same two grads). A third saved slot starts empty and holds the
+//    recomputed output (ctx.outputs) from the recompute until this node has run.
+//  - discard_moe_act(act, fc2_out), right after fc2 (a megatron_linear that saved `act` as
+//    its only saved tensor): discard_output_and_register_recompute(fc2_out) resizes act's
+//    storage to 0, so its bytes are freed now although fc2 saved it (act is reset), and
+//    registers the recompute as a grad hook on fc2's output: a pass-through node
+//    (moe_act_recompute) in front of fc2's node, so it runs right before fc2's backward,
+//    as the tensor hook does. Its backward allocates the recomputed output (forward op
+//    name, a recompute) and puts it in fc2's saved slot and the checkpoint's ctx.outputs
+//    slot (share_storage: no copy), then hands the grad on unchanged. It dies when both
+//    have run: after the weighted SwiGLU's backward. Without grad (no node) act is only
+//    freed. Returns fc2's output (a view on the hook node).
+Tensor checkpointed_weighted_swiglu(Runtime& rt, const Tensor& x, const Tensor& probs);
+Tensor discard_moe_act(Runtime& rt, Tensor& act, const Tensor& fc2_out);
+
 // query.reshape(...) of the split view of `mixed` (q_bytes), a new contiguous copy. Its
 // grad is a view of the incoming one (no node: fused_attention_gqa's backward hands the
 // whole QKV grad to `mixed`).

@@ -17,6 +17,7 @@ graph::MegatronMoeShape megatron_moe_shape(const Scenario& s) {
   m.pad_to_capacity = c.pad_to_capacity;
   m.recompute_moe = c.recompute_moe;
   m.recompute_shared = c.recompute_shared_experts;
+  m.recompute_moe_act = c.recompute_moe_act;
   m.aux_loss = c.aux_loss_coeff > 0;        // router.py is_aux_loss_enabled: coeff > 0
   m.z_loss = c.z_loss_coeff.has_value();    // apply_z_loss: moe_z_loss_coeff is not None
   // TEGroupedMLP: TE's grouped-GEMM workspace per stream, 32 MiB + 1024 on sm_90+ (whose
