@@ -31,6 +31,20 @@ void read_lora_compute_dtype(const Doc& d, Scenario& s) {
            "lora.rank and lora.base_dtype: nf4");
   }
   if (!s.lora.base_nf4) return;
+  // After prepare_model_for_kbit_training's upcast the attention's q/k/v are fp32 (each
+  // projection casts back to its input's dtype): SDPA's flash and cuDNN kernels take 16-bit
+  // inputs only, and transformers' flash_attention_2 casts fp32 q/k/v down first (a copy
+  // memsim does not model).
+  if (kbit_model_dtype(s) != s.precision.params &&
+      (s.model.attention == AttentionImpl::flash || s.model.attention == AttentionImpl::cudnn)) {
+    const Field* at = d.find("model.attention");
+    fail(at != nullptr ? at->where : d.find("lora.prepare_kbit")->where, "model.attention",
+         std::string("with lora.prepare_kbit over a ") + to_string(s.precision.params) +
+             " load the hidden states and q/k/v are fp32, which the " +
+             to_string(s.model.attention) +
+             " kernel does not take (transformers' flash_attention_2 would cast them down: "
+             "not modelled); use mem-efficient or eager");
+  }
   // Linear4bit.forward: `if bias.dtype != x.dtype: bias.data = bias.data.to(x.dtype)`.
   const graph::DecoderArch& a = s.model.arch;
   if (!(a.qkv_bias || a.o_bias || a.mlp_bias)) return;

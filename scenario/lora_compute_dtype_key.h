@@ -17,7 +17,10 @@
 // Refused by key: a model whose 4-bit linears have biases (q/k/v, o or MLP biases) when the
 // bias's dtype differs from the compute dtype, where Linear4bit.forward rebinds
 // `bias.data = bias.data.to(x.dtype)` on its first call (a parameter cast memsim does not
-// model); named lora.compute_dtype, or lora.prepare_kbit when the upcast causes it.
+// model); named lora.compute_dtype, or lora.prepare_kbit when the upcast causes it. And
+// model.attention flash / cudnn when lora.prepare_kbit upcast a 16-bit load (fp32 q/k/v:
+// those kernels take 16-bit inputs; transformers' flash_attention_2 casts them down first,
+// not modelled).
 #pragma once
 
 #include "scenario/scenario.h"

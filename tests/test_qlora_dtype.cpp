@@ -201,6 +201,12 @@ TEST_CASE("lora.compute_dtype refuses what it does not model, by key", "[qlora-d
   const std::string prepared = scenario_error(
       qwen2 + "lora: {rank: 4, targets: all-linear, base_dtype: nf4, prepare_kbit: true}\n", "q.yaml");
   CHECK_THAT(prepared, Catch::Contains("lora.prepare_kbit"));
+  // fp32 q/k/v after the upcast: no flash / cuDNN kernel.
+  const std::string flash = scenario_error(
+      yaml("bf16", ", prepare_kbit: true").replace(kModel.find("eager"), 5, "flash"), "k.yaml");
+  CHECK_THAT(flash, Catch::Contains("model.attention"));
+  CHECK_THAT(flash, Catch::Contains("fp32"));
+  CHECK_NOTHROW(load_scenario_text(yaml("fp32", ", prepare_kbit: true").replace(kModel.find("eager"), 5, "flash"), "k.yaml"));
   // Same dtypes: nothing to cast, modelled.
   CHECK_NOTHROW(load_scenario_text(qwen2 + "lora: {rank: 4, targets: all-linear, base_dtype: nf4, compute_dtype: bf16}\n", "q.yaml"));
 }
