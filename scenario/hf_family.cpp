@@ -2,6 +2,7 @@
 
 #include "scenario/accelerate_tied_head.h"
 #include "scenario/fsdp_precision.h"
+#include "scenario/lora_compute_dtype_key.h"
 #include "scenario/scenario_lora.h"
 #include "scenario/peft_input_grads_key.h"
 
@@ -34,6 +35,16 @@ graph::HfShape hf_shape(const Scenario& s) {
     shape.lora.adapter_elem = static_cast<uint64_t>(dtype_bytes(s.lora.adapter_dtype));
     shape.lora.dropout = s.lora.dropout;
     shape.lora.nf4 = s.lora.base_nf4;
+    if (s.lora.base_nf4) {  // bitsandbytes' dtypes (scenario/lora_compute_dtype_key.h)
+      const auto load = static_cast<uint64_t>(dtype_bytes(s.precision.params));
+      shape.lora.quant_elem = load;  // QuantState.dtype: the weights were loaded in it
+      shape.lora.compute_elem = static_cast<uint64_t>(dtype_bytes(kbit_compute_dtype(s)));
+      const auto model = static_cast<uint64_t>(dtype_bytes(kbit_model_dtype(s)));
+      if (model != load) {  // prepare_model_for_kbit_training's fp32 upcast
+        shape.elem = model;
+        shape.lora.upcast_from_elem = load;
+      }
+    }
     shape.lora.input_require_grads = lora_input_require_grads(s);  // scenario/peft_input_grads_key.h
   }
   switch (s.precision.float8) {  // scenario/torchtitan_keys.h

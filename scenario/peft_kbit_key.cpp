@@ -23,14 +23,10 @@ void read_lora_prepare_kbit(const Doc& d, Scenario& s) {
          "needs lora.base_dtype: nf4 (without a k-bit model the function only casts the "
          "16-bit parameters to fp32 and turns no checkpointing on; that full-precision LoRA "
          "with fp32 weights is precision.params: fp32)");
-  if (s.precision.params != DType::fp32)
-    fail(f->where, "lora.prepare_kbit",
-         std::string("with precision.params ") + to_string(s.precision.params) +
-             " the function casts the embeddings, every norm and lm_head to fp32 (and on "
-             "MoE rows the 3-D experts and routers), which makes the hidden states fp32 "
-             "between Linear4bit's compute-dtype casts and the logits fp32: not modelled "
-             "(docs/qlora-prepare.md gives the sizes); use precision.params: fp32, where the "
-             "cast is a no-op");
+  // Step 2 over a bf16 / fp16 load (the fp32 upcast of every parameter that is not a
+  // Params4bit, the model fp32 from there) is the graph's (graph/models/lora.h
+  // prepare_kbit_upcast); an fp32 load casts nothing.
+  s.lora.prepare_kbit = true;
   // gradient_checkpointing_enable(): every decoder layer, HF's GradientCheckpointingLayer.
   if (const Field* p = d.find("checkpoint.policy")) {
     if (s.checkpoint.policy != CheckpointPolicy::none &&

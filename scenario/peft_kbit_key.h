@@ -19,11 +19,13 @@
 // checkpoints whole decoder layers), checkpoint.reentrant defaults to true (given false:
 // gradient_checkpointing_kwargs={"use_reentrant": False}); lora.input_require_grads then
 // follows from the reentrant flag (scenario/peft_input_grads_key.h), as PEFT's hook does.
-// Step 2 is a no-op when precision.params is fp32 (the default torch_dtype of
-// from_pretrained and BitsAndBytesConfig's default compute dtype): modelled exactly.
-// With bf16/fp16 params the upcast makes embeddings, norms and lm_head fp32 and with them
-// the residual stream, Linear4bit's outputs (`.to(inp_dtype)`) and the logits: not
-// modelled, refused naming lora.prepare_kbit (the costs are written in docs/qlora-prepare.md).
+// Step 2 sets LoraConfig::prepare_kbit: over a bf16/fp16 load the graph builds the model in
+// that dtype, then casts every parameter that is not a Params4bit to fp32 (alloc fp32, free
+// the 16-bit storage, in registration order) and empties the cache; the hidden states and
+// logits are fp32 from then on, each Linear4bit casting to its compute dtype and back
+// (lora.compute_dtype, scenario/lora_compute_dtype_key.h; graph/models/lora.h). With
+// precision.params fp32 the loop casts nothing and the program is the spelled-out
+// reentrant QLoRA one, event for event.
 #pragma once
 
 #include "scenario/scenario.h"

@@ -141,7 +141,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& scenario_sc
                       "offload_activations"}},
       {"lora", {"rank", "alpha", "targets", "dropout", "base_dtype", "adapter_dtype",
                 "input_require_grads", "target_parameters" /* lora_target_parameters_key.h */,
-                "prepare_kbit" /* peft_kbit_key.h */}},
+                "prepare_kbit" /* peft_kbit_key.h */, "compute_dtype" /* lora_compute_dtype_key.h */}},
       {"parallel", {"data", "tensor", "pipeline", "zero", "sharding", "reshard_after_forward",
                     "gradient_as_bucket_view", "fsdp_init", "sequence", "pipeline_schedule",
                     "virtual_stages", "pipeline_first_layers", "pipeline_last_layers",

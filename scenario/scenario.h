@@ -226,6 +226,13 @@ struct LoraConfig {
   // enable_input_require_grads hook (scenario/peft_input_grads_key.h); unset = on with
   // reentrant checkpointing, off otherwise.
   std::optional<bool> input_require_grads;
+  // Issue #15 item 5: lora.compute_dtype, bitsandbytes' Linear4bit compute_dtype
+  // (BitsAndBytesConfig bnb_4bit_compute_dtype; nf4 only; scenario/lora_compute_dtype_key.h).
+  // Unset: precision.params.
+  std::optional<DType> compute_dtype;
+  // lora.prepare_kbit true (scenario/peft_kbit_key.h): PEFT's prepare_model_for_kbit_training
+  // ran between the load and get_peft_model (over a 16-bit load: the fp32 upcast).
+  bool prepare_kbit = false;
 };
 
 enum class Sharding { none, fsdp, deepspeed, fsdp2 };

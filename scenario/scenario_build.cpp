@@ -36,6 +36,7 @@
 #include "scenario/lora_target_parameters_key.h"
 #include "scenario/peft_input_grads_key.h"
 #include "scenario/peft_kbit_key.h"
+#include "scenario/lora_compute_dtype_key.h"
 #include "scenario/device_rate_keys.h"
 #include "scenario/generate_keys.h"
 #include "scenario/loop_limits.h"
@@ -603,6 +604,7 @@ Scenario build_scenario(const Doc& d) {
   s.checkpoint = build_checkpoint(d, s.model);
   s.lora = build_lora(d, s.model, s.precision);  // scenario/scenario_lora.h
   read_lora_prepare_kbit(d, s);  // scenario/peft_kbit_key.h: may default checkpoint.*
+  read_lora_compute_dtype(d, s);  // scenario/lora_compute_dtype_key.h (issue #15 item 5)
   read_lora_target_parameters(d, s);  // scenario/lora_target_parameters_key.h (issue #15)
   read_lora_input_require_grads(d, s);            // scenario/peft_input_grads_key.h
   check_torchtitan_keys(d, s);             // scenario/torchtitan_keys.h: float8

@@ -109,6 +109,9 @@ const std::map<std::string, Claim>& claims() {
       {"llama2-7b-qlora-rtx4090.yaml", {true, std::nullopt, 6.70}},
       // lora.prepare_kbit on an fp32 load: reentrant checkpointing, the input hook.
       {"llama2-7b-qlora-prepare-kbit-rtx4090.yaml", {true, std::nullopt, 7.21}},
+      // lora.prepare_kbit over a bf16 load (issue #15 item 5): fp32 embedding, norms, lm_head
+      // and hidden states, bf16 Linear4bit compute; the peak is the fp32 logits' loss backward.
+      {"llama3-8b-qlora-bf16-prepare-kbit-rtx4090.yaml", {true, std::nullopt, 12.70}},
       // step.kind generate (issue #17): 8 x (3968 + 128) tokens, DynamicCache; the peak is
       // the prefill's eager attention scores in the last layer.
       {"llama2-7b-generate-a100.yaml", {true, std::nullopt, 66.82}},

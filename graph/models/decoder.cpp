@@ -95,6 +95,14 @@ void DecoderModel::construct() {
   if (litgpt()) return construct_litgpt();  // decoder_litgpt.cpp
   if (a.eager_core == EagerCore::where_buffer && s_.attention != HfAttention::eager)
     throw std::runtime_error("hf-gpt2: only model.attention eager is modelled (GPT2Attention._attn)");
+  // prepare_model_for_kbit_training over a 16-bit load (graph/models/lora.h): from_pretrained
+  // builds the model in the load dtype; the upcast before get_peft_model makes it elem (fp32).
+  const uint64_t model_elem = s_.elem;
+  if (s_.lora.upcast_from_elem > 0) {
+    if (rt_.numeric != nullptr)
+      throw std::runtime_error("lora.prepare_kbit: numeric mode does not model the fp32 upcast");
+    s_.elem = s_.lora.upcast_from_elem;
+  }
   const uint64_t e = s_.elem, D = s_.d_model, F = s_.d_ff, V = s_.vocab, P = s_.context_length;
   const uint64_t qD = s_.q_dim(), kvD = s_.kv_dim(), hd = s_.head_dim();
   const bool gpt2 = a.code == ModelCode::gpt2;
@@ -201,6 +209,8 @@ void DecoderModel::construct() {
     lm_head_ = rt_.add_parameter(V * D * e, "lm_head.weight");
     rt_.parameters()[lm_head_].rows = V;
   }
+  s_.elem = model_elem;
+  lora_.prepare_kbit_upcast();  // no-op without lora.prepare_kbit over a 16-bit load
   if (lora_.enabled()) add_adapters();
   rt_.ctx.module = Module::none;
 }

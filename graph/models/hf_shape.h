@@ -18,6 +18,13 @@ struct HfLora {
   uint64_t adapter_elem = 4;   // lora_A / lora_B dtype
   double dropout = 0.0;        // lora_dropout (0: nn.Identity)
   bool nf4 = false;            // base linears are bitsandbytes Linear4bit (QLoRA)
+  // nf4 only (graph/models/lora.h; 0: elem). quant_elem: QuantState.dtype, the dtype the
+  // weights were loaded in and dequantize_4bit writes; compute_elem: Linear4bit's
+  // compute_dtype (its input is cast to it, its output back to the input's dtype).
+  uint64_t quant_elem = 0, compute_elem = 0;
+  // prepare_model_for_kbit_training over a 16-bit load: every parameter that is not a
+  // Params4bit was built in this dtype, then cast to elem (fp32) before get_peft_model. 0: none.
+  uint64_t upcast_from_elem = 0;
   // PEFT's enable_input_require_grads hook: the frozen embedding's output is made a leaf
   // that requires grad (Runtime::requires_grad_), so reentrant checkpoints get grads.
   bool input_require_grads = false;

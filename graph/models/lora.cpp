@@ -38,11 +38,42 @@ int32_t LoraModules::add_base_weight(uint64_t out, uint64_t in, const std::strin
   q.code = named(rt_, rt_.alloc(16 * 4, TensorKind::parameter, OpKind::other),
                  name + ".quant_state.code");
   nf4_.push_back(std::move(q));
+  nf4_ids_.push_back(id);
   return id;
 }
 
 void LoraModules::freeze_all() {
   for (Parameter& p : rt_.parameters()) p.frozen = true;
+}
+
+// PEFT 5d602fdb src/peft/utils/other.py prepare_model_for_kbit_training: `for param in
+// model.parameters(): if param.dtype in (float16, bfloat16) and param.__class__.__name__ !=
+// "Params4bit": param.data = param.data.to(torch.float32)`, then torch.cuda.empty_cache()
+// (auto_clear_cache=True). Every parameter so far is the loaded model's (the adapters come
+// after, from get_peft_model) and in the load dtype but for the Params4bit codes.
+void LoraModules::prepare_kbit_upcast() {
+  const uint64_t from = s_.lora.upcast_from_elem;
+  if (from == 0) return;
+  Program& program = rt_.program();
+  const uint32_t op = program.intern("prepare_model_for_kbit_training (param.data.to(float32))");
+  size_t next_nf4 = 0;
+  std::vector<Parameter>& params = rt_.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (next_nf4 < nf4_ids_.size() && nf4_ids_[next_nf4] == static_cast<int32_t>(i)) {
+      ++next_nf4;
+      continue;
+    }
+    Parameter& p = params[i];
+    const uint64_t bytes = p.bytes / from * s_.elem;
+    const uint32_t loaded = p.storage;
+    const uint32_t fp32 = rt_.alloc_raw(bytes, TensorKind::parameter, OpKind::other);
+    program.tensors[fp32].name = program.tensors[loaded].name;  // the parameter's name
+    program.tensors[fp32].module = program.tensors[loaded].module;
+    p.storage = fp32;  // `param.data =`: the module's reference moves to the copy
+    p.bytes = bytes;
+    program.free(loaded, Phase::setup, op, rt_.ctx.layer);
+  }
+  program.empty_cache(Phase::setup);
 }
 
 LoraAdapter add_lora_parameters(Runtime& rt, uint64_t rank, uint64_t out, uint64_t in, uint64_t elem,
@@ -66,10 +97,21 @@ Tensor LoraModules::base_linear(const Tensor& x, int32_t w, uint64_t in, uint64_
                                 LinearInput input) {
   const double flops = 2.0 * static_cast<double>(s_.rows()) * in * out;
   if (!quantized()) return mm_linear(rt_, x, rt_.param(w), s_.rows() * out * s_.elem, flops, input);
+  // Linear4bit.forward: x.to(compute_dtype), the 4-bit matmul in it, .to(inp_dtype).
+  const uint64_t e = s_.elem;
+  const uint64_t c = s_.lora.compute_elem > 0 ? s_.lora.compute_elem : e;
+  const uint64_t q = s_.lora.quant_elem > 0 ? s_.lora.quant_elem : e;
   Nf4Sizes deq;
   deq.absmax_fp32 = nf4_blocks(in * out) * 4;
-  deq.weight = in * out * s_.elem;
-  return matmul_4bit(rt_, x, rt_.param(w), deq, s_.rows() * out * s_.elem, flops);
+  deq.weight = in * out * q;
+  deq.weight_cast = q == c ? 0 : in * out * c;
+  if (c == e) return matmul_4bit(rt_, x, rt_.param(w), deq, s_.rows() * out * e, flops);
+  Tensor xc = to_copy(rt_, x, x.bytes / e * c);  // `x = x.to(self.compute_dtype)`
+  Tensor y = matmul_4bit(rt_, xc, rt_.param(w), deq, s_.rows() * out * c, flops);
+  Tensor result = to_copy(rt_, y, s_.rows() * out * e);  // `.to(inp_dtype)`
+  y.reset();   // the expression's compute-dtype output
+  xc.reset();  // forward's local x, at return (MatMul4Bit saved nothing of it)
+  return result;
 }
 
 Tensor LoraModules::add_adapter_path(const Tensor& x, Tensor result, const LoraAdapter& ad,

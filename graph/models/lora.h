@@ -22,8 +22,18 @@
 //    unquantised), and so do parameters that are not nn.Linear weights: transformers 5.x's
 //    replace_with_bnb_linear swaps nn.Linear / Conv1D modules only, so a mixture-of-experts
 //    model's routers and 3-D routed experts stay in precision.params (docs/moe.md "QLoRA").
-//    Forward and backward dequantise per call (graph/ops/ops_lora.h); the compute dtype
-//    (bnb_4bit_compute_dtype) is precision.params.
+//    Forward and backward dequantise per call (graph/ops/ops_lora.h).
+//  - bitsandbytes' dtypes (bitsandbytes 0.49.2 f0e6ca31 nn/modules.py Linear4bit.forward):
+//    `inp_dtype = x.dtype; x = x.to(compute_dtype)` (a copy when they differ, a local until
+//    forward returns), bnb.matmul_4bit dequantises the weight in quant_state.dtype (the load
+//    dtype, HfLora::quant_elem) and copies it to the compute dtype (HfLora::compute_elem)
+//    when they differ, and the output is cast back: `.to(inp_dtype)` (the compute-dtype
+//    output a temporary of the expression). The casts' backward is a cast of the grad.
+//  - prepare_model_for_kbit_training over a 16-bit load (HfLora::upcast_from_elem): the
+//    model is built in the load dtype, then every parameter that is not a Params4bit is
+//    cast to fp32 in registration order (`param.data = param.data.to(torch.float32)`: the
+//    fp32 copy allocated, the 16-bit storage freed), then empty_cache(); the model's dtype
+//    (elem: activations, logits) is fp32 from there (prepare_kbit_upcast).
 //  - PEFT's adapter on a Linear4bit is lora.bnb.Linear4bit (PEFT 5d602fdb, 0.20.1.dev0,
 //    src/peft/tuners/lora/bnb.py), whose forward differs from Linear's: the base output is
 //    cloned first ("defensively", the base output then dies), x goes to the adapters'
@@ -31,9 +41,9 @@
 //    before the add (a copy when they differ), and the add is in the base dtype
 //    (add_adapter_path_4bit).
 // Not modelled: the transients of quantising at load time (an fp16 copy per weight on
-// the GPU before training starts), prepare_model_for_kbit_training's fp32 upcast of the
-// non-quantised parameters, the engine's dtype cast of the add's grad when the adapter
-// and base dtypes differ.
+// the GPU before training starts), the engine's dtype cast of the add's grad when the
+// adapter and base dtypes differ, Linear4bit's bias cast (`bias.data =
+// bias.data.to(x.dtype)`: refused by scenario/lora_compute_dtype_key.h).
 #pragma once
 
 #include <cstdint>
@@ -90,6 +100,11 @@ class LoraModules {
                           bool conv1d_layout = false);
   // get_peft_model: freezes every parameter added so far.
   void freeze_all();
+  // prepare_model_for_kbit_training's cast loop over a model built in the load dtype
+  // (s_.lora.upcast_from_elem; no-op when 0): each parameter added so far that is not a
+  // Params4bit takes a new fp32 storage (s_.elem) and its 16-bit one is freed, in
+  // registration order; then torch.cuda.empty_cache(). Setup phase.
+  void prepare_kbit_upcast();
   LoraAdapter add_adapter(uint64_t out, uint64_t in, const std::string& module_name);
 
   // torchtune's LoRALinear (graph/models/lora_tune.cpp): `module_name`.lora_a.weight and
@@ -129,6 +144,7 @@ class LoraModules {
   Runtime& rt_;
   const HfShape& s_;
   std::vector<Nf4State> nf4_;
+  std::vector<int32_t> nf4_ids_;  // parameter ids of the Params4bit weights (ascending)
   Tensor dynamic_map_;  // bitsandbytes' shared 256-entry map (double quantisation code)
   std::vector<int32_t> tune_adapters_;  // parameter ids of add_tune_adapter's lora_a/lora_b
 };

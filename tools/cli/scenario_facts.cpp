@@ -5,6 +5,7 @@
 #include "allocator/units.h"
 #include "scenario/device_defaults.h"
 #include "scenario/loss_impl.h"
+#include "scenario/lora_compute_dtype_key.h"
 #include "scenario/model_architecture.h"
 #include "scenario/offload_keys.h"
 #include "scenario/offload_activations_key.h"
@@ -99,6 +100,11 @@ std::string training_line(const Scenario& s) {
     line += ", lora r" + std::to_string(s.lora.rank) + " (";
     for (size_t i = 0; i < s.lora.targets.size(); ++i) line += (i ? "," : "") + s.lora.targets[i];
     line += std::string(")") + (s.lora.base_nf4 ? " nf4 base" : "");
+    // bitsandbytes' dtypes where they differ from precision.params (lora_compute_dtype_key.h).
+    if (s.lora.base_nf4 && kbit_compute_dtype(s) != s.precision.params)
+      line += std::string(", compute ") + to_string(kbit_compute_dtype(s));
+    if (s.lora.base_nf4 && kbit_model_dtype(s) != s.precision.params)
+      line += std::string(", prepare_kbit: ") + to_string(kbit_model_dtype(s)) + " after setup";
   }
   // The loss of a hand-written loop (scenario keys loss.impl / loss.positions), when set.
   const bool one_hot = s.loss.impl == LossFunction::one_hot;
