@@ -14,6 +14,18 @@
 
 namespace memsim::graph {
 
+namespace {
+
+// Phi-3's apply_rotary_pos_emb as transformers 5.17 writes it (models/phi3/modeling_phi3.py,
+// also huggingface/transformers 00d4b3d2 :177-206; the v4.45 row memsim's default models
+// has the plain form): `q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]`, k
+// likewise, then `q_embed = torch.cat([(q_rot * cos) + (rotate_half(q_rot) * sin), q_pass],
+// dim=-1)` and k_embed the same, with the cat even when the rotary covers the whole head
+// (q_pass empty). The fused qkv module (Phi-3's) on 5.x's attention function is that code.
+bool rope_pass_cat(const DecoderArch& a) { return a.fused_qkv && a.attn_function; }
+
+}  // namespace
+
 // The q, k, v projections and their (B,h,S,hd) views, with the q/k norms where the
 // model puts them. `keep`: a tensor the attention's frame holds until it returns (Phi-3's
 // fused qkv output).
@@ -130,7 +142,29 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
     // `query_states, key_states = apply_rotary_pos_emb(query_states, key_states, ...)`:
     // the un-rotated q and k stay alive until both rotations have returned.
     Tensor q_rot, k_rot, q_pass, k_pass;  // partial rotary's locals
-    if (rd < hd) {
+    if (rope_pass_cat(a)) {
+      // Phi-3 on 5.x (rope_pass_cat above; H200 trace tf_arch_phi3_*: per projection
+      // q*cos, -x2, cat, *sin, +, then the 16 MiB cat whose input dies at once, and no
+      // copies of q or k in the scores' matmul). q[..., :hd] is no slice (an alias of q,
+      // whose backward passes the grad through: no memory); q[..., hd:] is an empty slice
+      // whose SliceBackward0 still allocates zeros(q) (cat_tensors_backward narrows a 4-D
+      // empty input instead of skipping it) and meets the rotary's grad in q's input
+      // buffer. The two pass slices are made before either rotation (their nodes are older,
+      // so backward runs them after both rotations). The cats are contiguous (B,h,S,hd).
+      // tools/fixtures/probe_phi3_rope_cat.py checks these on torch 1.13 CPU.
+      q_rot = rd < hd ? slice_seq(rt_, query, query.bytes / hd * rd) : query;
+      q_pass = slice_seq(rt_, query, query.bytes / hd * (hd - rd));
+      k_rot = rd < hd ? slice_seq(rt_, key, key.bytes / hd * rd) : key;
+      k_pass = slice_seq(rt_, key, key.bytes / hd * (hd - rd));
+      {
+        Tensor q_embed = rope_hf(rt_, q_rot, cos, sin);
+        query = cat2(rt_, q_embed, q_pass);
+      }  // the sum dies as soon as the cat has copied it
+      {
+        Tensor k_embed = rope_hf(rt_, k_rot, cos, sin);
+        key = cat2(rt_, k_embed, k_pass);
+      }
+    } else if (rd < hd) {
       // StableLM: rotary on q[..., :rd] and k[..., :rd] (slices), then cat with the rest:
       // contiguous (B,h,S,hd) q and k, which matmul uses without copies.
       q_rot = slice_seq(rt_, query, query.bytes / hd * rd);
@@ -162,7 +196,8 @@ Tensor DecoderModel::attention(const LayerParams& p, const Tensor& x, const Tens
       // token's are; partial rotary's cat makes k dense; a single KV head's transposed view of
       // its own projection is dense; Phi-3's slices of the fused qkv never are.
       const bool one = S == 1, own_proj = s_.kv_heads == 1 && !qkv.defined();
-      cache_->states_layout(one || rd < hd || own_proj, one || own_proj);
+      const bool k_dense = rd < hd || rope_pass_cat(a);
+      cache_->states_layout(one || k_dense || own_proj, one || own_proj);
       cache_->update(static_cast<int32_t>(&p - layers_.data()), key, value);
       kv_dense_ = cache_->contiguous();
       // v5 layers: a sliding layer's keys are its window, the others' every token so far.
@@ -310,9 +345,9 @@ Tensor DecoderModel::core(const Tensor& query, const Tensor& key, const Tensor& 
   const bool kv_view = kv_dense_ && cache_ != nullptr && n_rep == 1;
   const double bmm_flops = 2.0 * B * H * S * S * hd;
   // matmul reshapes: q (transposed layout) copies; k^T and v are views when
-  // repeat_kv made contiguous copies, copies otherwise. Partial rotary's cat makes q and
-  // k contiguous: no copies.
-  const bool qk_contiguous = mla || s_.rotary_dim() < hd;
+  // repeat_kv made contiguous copies, copies otherwise. Partial rotary's cat (and 5.x
+  // Phi-3's, rope_pass_cat) makes q and k contiguous: no copies.
+  const bool qk_contiguous = mla || s_.rotary_dim() < hd || rope_pass_cat(a);
   const bool ac = autocast_on();
   Tensor w;
   const uint64_t low_qk = ac ? B * H * S * hd * ac_->low_elem() : 0;
