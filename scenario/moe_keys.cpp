@@ -218,11 +218,26 @@ namespace {
 // experts run transformers' own custom op transformers::grouped_mm_fallback (a zeros
 // output, saves input and weight, zeros_like grads in its backward), which memsim does not
 // model. The V100 presets (sm70) are the presets below 8.0; a device described by hand is
-// taken as one of the others (docs/moe.md "Which experts implementation runs").
-void check_grouped_mm_device(const Doc& d, const Scenario& s) {
+// taken as one of the others (docs/moe.md "Which experts implementation runs"). The same op
+// runs under torch.compile when the weights are not bf16 (_can_use_grouped_mm's first test,
+// in every version read).
+void check_grouped_mm_kernel(const Doc& d, const Scenario& s) {
   const graph::MoeSpec& m = s.model.arch.moe;
-  if (m.impl != graph::ExpertsImpl::grouped_mm || s.device.preset.rfind("v100", 0) != 0) return;
+  if (m.impl != graph::ExpertsImpl::grouped_mm) return;
   const bool given = experts_impl_given(d);
+  if (s.step.compile && s.precision.params != DType::bf16) {
+    const std::string where = given ? moe_where(d, "experts_implementation")
+                                    : s.step.compile_where;
+    fail(where, "model.moe.experts_implementation",
+         std::string(given ? "grouped_mm" : "not given, so transformers 5.x's default grouped_mm "
+                                            "(get_correct_experts_implementation(None))") +
+             ": under torch.compile (step.compile) with " + to_string(s.precision.params) +
+             " weights transformers runs its own grouped_mm_fallback op (_can_use_grouped_mm: "
+             "torch's grouped GEMM compiles for bf16 weights only), which is not modelled; set "
+             "model.moe.experts_implementation: eager or batched_mm (and pass the same "
+             "experts_implementation= to from_pretrained / from_config)");
+  }
+  if (s.device.preset.rfind("v100", 0) != 0) return;
   const std::string where = given ? moe_where(d, "experts_implementation")
                                   : (d.find("device.preset") ? d.find("device.preset")->where
                                                              : moe_where(d, "experts"));
@@ -286,7 +301,7 @@ void check_moe(const Doc& d, const Scenario& s) {
     }
   }
   if (s.model.family == ModelFamily::megatron) return;  // checked by check_megatron_moe
-  check_grouped_mm_device(d, s);
+  check_grouped_mm_kernel(d, s);
   // Settings whose MoE behaviour is not modelled yet: refused by key.
   const std::string moe_at = moe_where(d, "experts");
   // Issue #15 item 5 (MoE composing): autocast and LoRA are modelled for the Qwen/Mixtral-
