@@ -12,7 +12,8 @@
 //  - the key, in the file or by --set, wins; Megatron-Core's layers take no default;
 //  - a defaulted run builds the same program as one that writes grouped_mm;
 //  - the V100 refusal (defaulted and written), grouped_mm under torch.compile with non-bf16
-//    weights refused (transformers' fallback op too), target_parameters' refusal naming the
+//    weights refused (transformers' fallback op too), and under generate() (the newer
+//    releases' decode-stage switch to batched_mm), target_parameters' refusal naming the
 //    default;
 //  - `memsim run` reports it: the `moe experts` fact and --json moe.experts_implementation.
 // The eager-run comparisons (CPU fixtures, the H100/H200 runs, which passed
@@ -178,6 +179,22 @@ TEST_CASE("MoE experts implementation: grouped_mm under torch.compile needs bf16
     CHECK(error_of(compiled, written).empty());
   }
   CHECK(error_of(compiled, {{"precision.params", "bf16"}}).empty());
+}
+
+TEST_CASE("MoE experts implementation: grouped_mm under generate() is refused by key", "[moe][moe-default]") {
+  // Newer transformers switch grouped_mm to batched_mm for the decode stage; not modelled.
+  const std::string gen =
+      "model:\n  preset: qwen3-30b-a3b\nbatch:\n  micro_batch: 1\nprecision:\n  params: bf16\n"
+      "step:\n  kind: generate\ngenerate:\n  prompt_len: 32\n  new_tokens: 4\ndevice:\n  preset: h200\n";
+  const std::string e = error_of(gen);
+  INFO(e);
+  CHECK(e.find("moe.yaml:8: model.moe.experts_implementation: not given, so transformers 5.x's default "
+               "grouped_mm") == 0);  // blamed on step.kind's line
+  CHECK(e.find("with step.kind generate") != std::string::npos);
+  CHECK(error_of(gen, {{"model.moe.experts_implementation", "grouped_mm"}})
+            .find("--set model.moe.experts_implementation: grouped_mm with step.kind generate") == 0);
+  CHECK(error_of(gen, {{"model.moe.experts_implementation", "eager"}}).empty());
+  CHECK(error_of(gen, {{"model.moe.experts_implementation", "batched_mm"}}).empty());
 }
 
 TEST_CASE("MoE experts implementation: target_parameters without the key names the default", "[moe][moe-default]") {
