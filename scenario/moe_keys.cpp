@@ -213,8 +213,8 @@ namespace {
 // torch's grouped GEMM (F.grouped_mm / torch._grouped_mm: CUTLASS for bf16 on sm90/sm100,
 // else torch's own per-group mm_out loop, which allocates nothing more; memsim's model,
 // checked against the H200 trace) only when _can_use_grouped_mm passes. On CUDA that asks
-// torch >= 2.9 and, in the newer releases, compute capability >= 8.0
-// (huggingface/transformers main, integrations/moe.py _can_use_grouped_mm); below it the
+// torch >= 2.9 (huggingface/transformers 8b584a67 integrations/moe.py) and, in a later
+// moe.py (the one with deepgemm / sonicmoe), compute capability >= 8.0; below it the
 // experts run transformers' own custom op transformers::grouped_mm_fallback (a zeros
 // output, saves input and weight, zeros_like grads in its backward), which memsim does not
 // model. The V100 presets (sm70) are the presets below 8.0; a device described by hand is
