@@ -101,6 +101,16 @@ std::string moe_where(const Doc& d, const std::string& sub) {
   return d.where_missing("model");
 }
 
+// Whether model.moe.experts_implementation was written (in the file or by --set, which
+// merge_moe_override merges into model.moe's mapping).
+bool experts_impl_given(const Doc& d) {
+  const Field* f = d.find("model.moe");
+  if (!f || !f->node.IsMap()) return false;
+  for (auto it = f->node.begin(); it != f->node.end(); ++it)
+    if (it->first.IsScalar() && it->first.Scalar() == "experts_implementation") return true;
+  return false;
+}
+
 }  // namespace
 
 bool merge_moe_override(Doc& d, const std::string& key, const YAML::Node& value) {
@@ -124,6 +134,7 @@ bool merge_moe_override(Doc& d, const std::string& key, const YAML::Node& value)
 void read_moe(const Doc& d, ModelConfig& m) {
   graph::MoeSpec& moe = m.arch.moe;
   const Field* f = d.find("model.moe");
+  bool impl_given = false;  // model.moe.experts_implementation in the file or --set
   if (f && !is_null(f->node)) {
     const bool megatron = m.family == ModelFamily::megatron;  // Megatron-Core MoE
     if (!megatron && (!family_row(m.family).hf || m.family == ModelFamily::hf_gpt2))
@@ -133,6 +144,7 @@ void read_moe(const Doc& d, ModelConfig& m) {
     if (!f->node.IsMap()) fail(f->where, "model.moe", "expected a mapping {experts, top_k, ...}, got " + describe(f->node));
     bool shared_given = false;
     for (auto it = f->node.begin(); it != f->node.end(); ++it) {
+      if (it->first.IsScalar() && it->first.Scalar() == "experts_implementation") impl_given = true;
       const std::string sub = it->first.IsScalar() ? it->first.Scalar() : "";
       const std::string key = "model.moe." + sub;
       const Field v = sub_field(*f, it->first, it->second);
@@ -178,11 +190,83 @@ void read_moe(const Doc& d, ModelConfig& m) {
     if (moe.experts > 0 && moe.expert_d_ff == 0) moe.expert_d_ff = m.d_ff;
   }
   if (const Field* r = d.find("model.moe.routing")) read_routing(*r, "model.moe.routing", moe);
+  // No experts_implementation: transformers 5.x's own default (the MoE rows are 5.x's code).
+  // PreTrainedModel.__init__ resolves config._experts_implementation through
+  // _check_and_adjust_experts_implementation -> get_correct_experts_implementation(None),
+  // which picks "grouped_mm" whenever _grouped_mm_can_dispatch() passes; that check asks
+  // only whether the model's modeling file applies @use_experts_implementation (true for
+  // every MoE row here), with no device, dtype or torch-version condition
+  // (huggingface/transformers 040ba146 src/transformers/modeling_utils.py; docs/moe.md
+  // "Which experts implementation runs"). The device condition of the kernel underneath
+  // is check_moe's. Megatron-Core's layers have no such switch.
+  if (moe.experts > 0 && !impl_given && m.family != ModelFamily::megatron)
+    moe.impl = graph::ExpertsImpl::grouped_mm;
   if (moe.experts == 0 && moe_row(m.arch))
     fail(moe_where(d, "experts"), "model.moe",
          std::string("architecture ") + m.arch.architecture +
              " is a mixture of experts: give model.moe {experts, top_k, expert_d_ff} or its config.json");
 }
+
+namespace {
+
+// grouped_mm's kernel by device. transformers' _grouped_mm (integrations/moe.py) calls
+// torch's grouped GEMM (F.grouped_mm / torch._grouped_mm: CUTLASS for bf16 on sm90/sm100,
+// else torch's own per-group mm_out loop, which allocates nothing more; memsim's model,
+// checked against the H200 trace) only when _can_use_grouped_mm passes. On CUDA that asks
+// torch >= 2.9 (huggingface/transformers 8b584a67 integrations/moe.py) and, in a later
+// moe.py (the one with deepgemm / sonicmoe), compute capability >= 8.0; below it the
+// experts run transformers' own custom op transformers::grouped_mm_fallback (a zeros
+// output, saves input and weight, zeros_like grads in its backward), which memsim does not
+// model. The V100 presets (sm70) are the presets below 8.0; a device described by hand is
+// taken as one of the others (docs/moe.md "Which experts implementation runs"). The same op
+// runs under torch.compile when the weights are not bf16 (_can_use_grouped_mm's first test,
+// in every version read).
+void check_grouped_mm_kernel(const Doc& d, const Scenario& s) {
+  const graph::MoeSpec& m = s.model.arch.moe;
+  if (m.impl != graph::ExpertsImpl::grouped_mm) return;
+  const bool given = experts_impl_given(d);
+  if (s.step.compile && s.precision.params != DType::bf16) {
+    const std::string where = given ? moe_where(d, "experts_implementation")
+                                    : s.step.compile_where;
+    fail(where, "model.moe.experts_implementation",
+         std::string(given ? "grouped_mm" : "not given, so transformers 5.x's default grouped_mm "
+                                            "(get_correct_experts_implementation(None))") +
+             ": under torch.compile (step.compile) with " + to_string(s.precision.params) +
+             " weights transformers runs its own grouped_mm_fallback op (_can_use_grouped_mm: "
+             "torch's grouped GEMM compiles for bf16 weights only), which is not modelled; set "
+             "model.moe.experts_implementation: eager or batched_mm (and pass the same "
+             "experts_implementation= to from_pretrained / from_config)");
+  }
+  // generate(): the newer transformers switch grouped_mm to batched_mm for the decode stage
+  // (huggingface/transformers 0409b2f0 docs/source/en/experts_interface.md "Decode-stage
+  // switching"); whether 5.17 does is not established here, and memsim's generate loop is
+  // v4.45's. The prefill-only and decode-only sizes differ, so the key is required.
+  if (s.step.kind == StepKind::generate) {
+    const Field* k = d.find("step.kind");
+    fail(given ? moe_where(d, "experts_implementation") : (k ? k->where : moe_where(d, "experts")),
+         "model.moe.experts_implementation",
+         std::string(given ? "grouped_mm" : "not given, so transformers 5.x's default grouped_mm "
+                                            "(get_correct_experts_implementation(None))") +
+             " with step.kind generate: newer transformers switch grouped_mm to batched_mm for "
+             "the decode stage, which is not modelled (nor established for 5.17); set "
+             "model.moe.experts_implementation: eager or batched_mm (and pass the same "
+             "experts_implementation= to from_pretrained)");
+  }
+  if (s.device.preset.rfind("v100", 0) != 0) return;
+  const std::string where = given ? moe_where(d, "experts_implementation")
+                                  : (d.find("device.preset") ? d.find("device.preset")->where
+                                                             : moe_where(d, "experts"));
+  fail(where, "model.moe.experts_implementation",
+       std::string(given ? "grouped_mm" : "not given, so transformers 5.x's default grouped_mm "
+                                          "(get_correct_experts_implementation(None))") +
+           ": on device.preset " + s.device.preset +
+           " (compute capability 7.0) transformers sends the grouped GEMM to its own "
+           "grouped_mm_fallback op (_can_use_grouped_mm needs 8.0), which is not modelled; set "
+           "model.moe.experts_implementation: eager or batched_mm (and pass the same "
+           "experts_implementation= to from_pretrained / from_config)");
+}
+
+}  // namespace
 
 void check_moe(const Doc& d, const Scenario& s) {
   check_megatron_moe(d, s);  // Megatron-Core's keys and refusals (scenario/megatron_moe_keys.h)
@@ -232,6 +316,7 @@ void check_moe(const Doc& d, const Scenario& s) {
     }
   }
   if (s.model.family == ModelFamily::megatron) return;  // checked by check_megatron_moe
+  check_grouped_mm_kernel(d, s);
   // Settings whose MoE behaviour is not modelled yet: refused by key.
   const std::string moe_at = moe_where(d, "experts");
   // Issue #15 item 5 (MoE composing): autocast and LoRA are modelled for the Qwen/Mixtral-

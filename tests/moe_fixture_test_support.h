@@ -21,7 +21,7 @@ namespace memsim_test {
 
 // The fixture config's "moe" block: experts, top_k, expert_d_ff, shared_d_ff,
 // first_dense_layers, norm_topk, router_style (mixtral | qwen), the forced counts per
-// expert, output_router_logits and experts_implementation (eager | batched_mm).
+// expert, output_router_logits and experts_implementation (eager | batched_mm; set either way).
 inline void apply_moe_fixture_spec(const nlohmann::json& m, memsim::graph::MoeSpec& moe) {
   moe.experts = m["experts"];
   moe.top_k = m["top_k"];
@@ -34,8 +34,11 @@ inline void apply_moe_fixture_spec(const nlohmann::json& m, memsim::graph::MoeSp
                                             : memsim::graph::MoeRouterCode::qwen;
   moe.routing = memsim::graph::MoeRouting::counts;
   moe.counts = m["counts"].get<std::vector<int64_t>>();
-  if (m.value("experts_implementation", std::string("eager")) == "batched_mm")
-    moe.impl = memsim::graph::ExpertsImpl::batched_mm;
+  // The fixtures ran the implementation they name (eager when none): set it whatever the
+  // reader defaulted to (transformers 5.x's grouped_mm when the key is absent).
+  moe.impl = m.value("experts_implementation", std::string("eager")) == "batched_mm"
+                 ? memsim::graph::ExpertsImpl::batched_mm
+                 : memsim::graph::ExpertsImpl::eager;
 }
 
 // A fixture's YAML (`source` names it in errors) as a scenario with the fixture's
@@ -48,7 +51,11 @@ inline memsim::Scenario moe_fixture_scenario(const std::string& yaml, const std:
   memsim::Scenario s = memsim::load_scenario_text(yaml, source,
                                                   {{"model.moe.experts", std::to_string(m["experts"].get<int>())},
                                                    {"model.moe.top_k", std::to_string(m["top_k"].get<int>())},
-                                                   {"model.moe.expert_d_ff", std::to_string(m["expert_d_ff"].get<int>())}});
+                                                   {"model.moe.expert_d_ff", std::to_string(m["expert_d_ff"].get<int>())},
+                                                   // the implementation the fixture ran, so the reader's
+                                                   // checks (target_parameters: eager only) see it
+                                                   {"model.moe.experts_implementation",
+                                                    m.value("experts_implementation", std::string("eager"))}});
   s.model.arch = arch_for(c);
   apply_moe_fixture_spec(m, s.model.arch.moe);
   return s;

@@ -53,8 +53,9 @@ Scenario scenario_for(const nlohmann::json& c, const std::string& name) {
   for (const auto& n : c["deepseek"]["counts"]) counts += (counts.empty() ? "" : ", ") + std::to_string(n.get<int>());
   std::string y = "model:\n  hf_config: " + path + "\n  attention: eager\n  dropout: 0\n";
   y += "  moe:\n    routing: counts:[" + counts + "]\n";
-  if (c["deepseek"].contains("experts_implementation"))
-    y += "    experts_implementation: " + c["deepseek"]["experts_implementation"].get<std::string>() + "\n";
+  // The implementation the fixture ran (eager when it names none): memsim's default is
+  // transformers 5.x's grouped_mm.
+  y += "    experts_implementation: " + c["deepseek"].value("experts_implementation", std::string("eager")) + "\n";
   y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
        "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
   y += "precision:\n  params: " + c.value("dtype", std::string("fp32")) + "\n";
@@ -291,8 +292,9 @@ TEST_CASE("DeepSeek-V3 runs end to end: routing and the group-limited router's t
   "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 16, "num_experts_per_tok": 4,
   "n_group": 4, "topk_group": 2, "moe_intermediate_size": 128, "n_shared_experts": 1,
   "first_k_dense_replace": 1, "torch_dtype": "bfloat16"})";
-  const std::string base = "model:\n  hf_config: " + path + "\nbatch:\n  micro_batch: 2\n  seq_len: 256\n"
-                           "device:\n  capacity: 80GiB\n";
+  // The eager loop (memsim's default is transformers 5.x's grouped_mm, checked below).
+  const std::string base = "model:\n  hf_config: " + path + "\n  moe: {experts_implementation: eager}\nbatch:\n"
+                           "  micro_batch: 2\n  seq_len: 256\ndevice:\n  capacity: 80GiB\n";
   // Layer 1's measured forward allocations as (op, bytes).
   auto layer1 = [](const Scenario& s) {
     const Program p = build_program(s);
@@ -348,7 +350,7 @@ TEST_CASE("DeepSeek-V3 runs end to end: routing and the group-limited router's t
     text.insert(text.rfind('}'), R"(, "rope_interleave": false)");
     const std::string plain_path = dir + "/small_plain_rope.json";
     std::ofstream(plain_path) << text;
-    const auto pl = layer1(load_scenario_text("model:\n  hf_config: " + plain_path + base.substr(base.find("\nbatch")),
+    const auto pl = layer1(load_scenario_text("model:\n  hf_config: " + plain_path + base.substr(base.find("\n  moe:")),
                                               "ds.yaml"));
     CHECK(std::count(pl.begin(), pl.end(), std::pair<std::string, uint64_t>{"sub", qh}) == 0);
     CHECK(std::count(b.begin(), b.end(), std::pair<std::string, uint64_t>{"sub", qh}) == 1);
@@ -409,13 +411,16 @@ TEST_CASE("DeepSeek-V2 and V2-Lite parameter counts from their config.json files
 TEST_CASE("PEFT LoRA on DeepSeek's latent attention: targets, trainable parameters, refusals", "[deepseek]") {
   // V2-Lite (q_proj): q_proj 2048 -> 3072, kv_a_proj_with_mqa 2048 -> 576, kv_b_proj 512 ->
   // 4096, o_proj 2048 -> 2048; r (in + out) each, 27 layers.
-  const std::string lite = "model:\n  hf_config: " + kConfigs + "deepseek-v2-lite.json\nbatch:\n  seq_len: 16\n";
+  // experts_implementation eager: target_parameters is modelled on the loop only.
+  const std::string lite = "model:\n  hf_config: " + kConfigs + "deepseek-v2-lite.json\n"
+                           "  moe: {experts_implementation: eager}\nbatch:\n  seq_len: 16\n";
   const Scenario s = load_scenario_text(
       lite + "lora:\n  rank: 8\n  targets: [q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj]\n", "ds.yaml");
   CHECK(trainable_parameter_count(s) == 27LL * 8 * ((2048 + 3072) + (2048 + 576) + (512 + 4096) + (2048 + 2048)));
   // V3, all-linear: q_a / q_b / kv_a / kv_b / o in 61 layers, the shared experts (2048 wide) in
   // the 58 MoE layers, the dense MLP (18432) in the first 3; not the routers, not the 3-D experts.
-  const std::string v3 = "model:\n  hf_config: " + kConfigs + "deepseek-v3-bf16.json\nbatch:\n  seq_len: 16\n";
+  const std::string v3 = "model:\n  hf_config: " + kConfigs + "deepseek-v3-bf16.json\n"
+                         "  moe: {experts_implementation: eager}\nbatch:\n  seq_len: 16\n";
   const Scenario all = load_scenario_text(v3 + "lora:\n  rank: 16\n  targets: all-linear\n", "ds.yaml");
   CHECK(trainable_parameter_count(all) == 61LL * 1590272 + 58LL * 442368 + 3LL * 1228800);
   // lora.target_parameters (PEFT's ParamWrapper on the routed experts): r*E*((D + 2F) + (F + D))
@@ -504,8 +509,9 @@ TEST_CASE("DeepSeek-V2 runs end to end: the complex RoPE table, the softmax rout
   "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 16, "num_experts_per_tok": 4,
   "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2, "routed_scaling_factor": 16.0,
   "moe_intermediate_size": 128, "n_shared_experts": 2, "first_k_dense_replace": 1, "torch_dtype": "float32"})";
-  const std::string base = "model:\n  hf_config: " + path + "\nbatch:\n  micro_batch: 2\n  seq_len: 256\n"
-                           "device:\n  capacity: 80GiB\n";
+  // The eager loop (memsim's default is transformers 5.x's grouped_mm, checked below).
+  const std::string base = "model:\n  hf_config: " + path + "\n  moe: {experts_implementation: eager}\nbatch:\n"
+                           "  micro_batch: 2\n  seq_len: 256\ndevice:\n  capacity: 80GiB\n";
   auto forward = [](const Scenario& s, int layer) {
     const Program p = build_program(s);
     std::vector<std::pair<std::string, uint64_t>> out;

@@ -95,7 +95,7 @@ TEST_CASE("MoE parameter counts from config.json match the model cards", "[moe]"
   }
   // A dense first layer (model.moe.first_dense_layers) keeps the dense MLP's count.
   const Scenario s = load(std::string(kSmall) +
-                          "  moe: {experts: 4, top_k: 2, expert_d_ff: 32, first_dense_layers: 1}\n"
+                          "  moe: {experts_implementation: eager, experts: 4, top_k: 2, expert_d_ff: 32, first_dense_layers: 1}\n"
                           "batch:\n  seq_len: 16\n");
   const ModelConfig& m = s.model;
   CHECK(layer_parameter_count(m, 0) == layer_parameter_count(m));
@@ -137,7 +137,7 @@ TEST_CASE("MoE routing assumptions give tokens per expert", "[moe]") {
 TEST_CASE("MoE keys: bad input names the key", "[moe]") {
   const std::string base = std::string(kSmall);
   const std::string batch = "batch:\n  micro_batch: 1\n  seq_len: 8\n";
-  CHECK(load_error(base + "  moe: {experts: 4, top_k: 6, expert_d_ff: 32}\n" + batch) ==
+  CHECK(load_error(base + "  moe: {experts_implementation: eager, experts: 4, top_k: 6, expert_d_ff: 32}\n" + batch) ==
         "moe.yaml:10: model.moe.top_k: 6 exceeds model.moe.experts 4");
   CHECK(load_error(base + "  moe:\n    experts: 4\n    top_k: 2\n    routing: counts:[8, 4, 2, 1]\n" + batch) ==
         "moe.yaml:13: model.moe.routing: counts sum to 15, but tokens x top_k = 8 x 2 = 16 "
@@ -161,14 +161,14 @@ TEST_CASE("MoE keys: bad input names the key", "[moe]") {
             .rfind("moe.yaml:13: model.moe.experts_implementation: ", 0) == 0);
   // LoRA on attention composes (tests/test_moe_compose.cpp); targets only the routed experts
   // would have are refused.
-  CHECK(load_error(base + "  moe: {experts: 4, top_k: 2}\n" + batch + "lora:\n  rank: 8\n  targets: [q_proj, v_proj]\n")
+  CHECK(load_error(base + "  moe: {experts_implementation: eager, experts: 4, top_k: 2}\n" + batch + "lora:\n  rank: 8\n  targets: [q_proj, v_proj]\n")
             .empty());
-  CHECK(load_error(base + "  moe: {experts: 4, top_k: 2}\n" + batch + "lora:\n  rank: 8\n  targets: [up_proj]\n")
+  CHECK(load_error(base + "  moe: {experts_implementation: eager, experts: 4, top_k: 2}\n" + batch + "lora:\n  rank: 8\n  targets: [up_proj]\n")
             .find("lora.targets: no module of this mixture-of-experts model matches") != std::string::npos);
   CHECK(load_error(base + "  architecture: mixtral\n" + batch)
             .find("model.moe: architecture mixtral is a mixture of experts") != std::string::npos);
   // --set model.moe.routing
-  const Scenario ok = load_scenario_text(base + "  moe: {experts: 4, top_k: 2}\n" + batch, "moe.yaml",
+  const Scenario ok = load_scenario_text(base + "  moe: {experts_implementation: eager, experts: 4, top_k: 2}\n" + batch, "moe.yaml",
                                          {{"model.moe.routing", "worst-case"}});
   CHECK(ok.model.arch.moe.routing == graph::MoeRouting::worst_case);
   CHECK(ok.model.arch.moe.expert_d_ff == 128);  // expert_d_ff defaults to d_ff
@@ -178,7 +178,7 @@ TEST_CASE("MoE runs end to end: the routing sets each expert's sizes, checkpoint
   const std::string base =
       "model:\n  family: hf-llama\n  layers: 2\n  d_model: 128\n  heads: 4\n  kv_heads: 2\n  d_ff: 128\n"
       "  vocab: 64\n  context_length: 512\n  attention: flash\n"
-      "  moe: {experts: 8, top_k: 2, expert_d_ff: 512}\n"
+      "  moe: {experts_implementation: eager, experts: 8, top_k: 2, expert_d_ff: 512}\n"
       "batch:\n  micro_batch: 8\n  seq_len: 256\nprecision:\n  params: bf16\ndevice:\n  capacity: 80GiB\n";
   auto peak = [](const Scenario& s) {
     const Program p = build_program(s);
@@ -240,7 +240,7 @@ TEST_CASE("MoE runs end to end: the routing sets each expert's sizes, checkpoint
 
 TEST_CASE("memsim run reports the routing assumption and, for balanced, the worst-case peaks", "[moe][cli]") {
   memsim_test::TempDir dir("memsim_moe");
-  const auto path = dir.write("moe.yaml", std::string(kSmall) + "  moe: {experts: 8, top_k: 2, expert_d_ff: 64}\n" +
+  const auto path = dir.write("moe.yaml", std::string(kSmall) + "  moe: {experts_implementation: eager, experts: 8, top_k: 2, expert_d_ff: 64}\n" +
                                               "batch:\n  micro_batch: 2\n  seq_len: 32\ndevice:\n  capacity: 80GiB\n");
   const auto text = memsim_test::run_shell(memsim_test::memsim_command() + "run '" + path.string() + "' 2>&1");
   CHECK(text.status == 0);
@@ -266,7 +266,7 @@ TEST_CASE("memsim run reports the routing assumption and, for balanced, the wors
 }
 
 TEST_CASE("MoE composes with DDP, FSDP and FSDP2", "[moe]") {
-  const std::string base = std::string(kSmall) + "  moe: {experts: 4, top_k: 2, expert_d_ff: 64}\n" +
+  const std::string base = std::string(kSmall) + "  moe: {experts_implementation: eager, experts: 4, top_k: 2, expert_d_ff: 64}\n" +
                            "batch:\n  micro_batch: 2\n  seq_len: 32\nprecision:\n  params: bf16\n"
                            "device:\n  capacity: 80GiB\n";
   for (const auto& sets : std::vector<std::vector<std::pair<std::string, std::string>>>{
@@ -281,7 +281,7 @@ TEST_CASE("MoE composes with DDP, FSDP and FSDP2", "[moe]") {
 }
 
 TEST_CASE("MoE aux loss: model.moe.output_router_logits from the key and config.json", "[moe]") {
-  const std::string base = std::string(kSmall) + "  moe: {experts: 4, top_k: 2, expert_d_ff: 32}\n" +
+  const std::string base = std::string(kSmall) + "  moe: {experts_implementation: eager, experts: 4, top_k: 2, expert_d_ff: 32}\n" +
                            "batch:\n  micro_batch: 2\n  seq_len: 16\ndevice:\n  capacity: 1GiB\n";
   const Scenario off = load(base);
   const Scenario on = load_scenario_text(base, "moe.yaml", {{"model.moe.output_router_logits", "true"}});
@@ -313,7 +313,7 @@ TEST_CASE("MoE aux loss: model.moe.output_router_logits from the key and config.
   CHECK(backward_end(on) > 0);
   CHECK(backward_end(on) == backward_end(off));
   CHECK(load_error(base + "") == "");
-  CHECK(load_error(std::string(kSmall) + "  moe: {experts: 4, top_k: 2, output_router_logits: maybe}\n" +
+  CHECK(load_error(std::string(kSmall) + "  moe: {experts_implementation: eager, experts: 4, top_k: 2, output_router_logits: maybe}\n" +
                    "batch:\n  micro_batch: 2\n  seq_len: 16\n")
             .find("model.moe.output_router_logits") != std::string::npos);
 }

@@ -72,7 +72,7 @@ std::string load_error(const std::string& yaml, const std::vector<std::pair<std:
 const std::string kBase =
     "model:\n  family: hf-llama\n  layers: 2\n  d_model: 64\n  heads: 4\n  kv_heads: 2\n  d_ff: 128\n"
     "  vocab: 256\n  context_length: 64\n  attention: eager\n"
-    "  moe: {experts: 4, top_k: 2, expert_d_ff: 64}\n"
+    "  moe: {experts_implementation: eager, experts: 4, top_k: 2, expert_d_ff: 64}\n"
     "batch:\n  micro_batch: 2\n  seq_len: 32\nprecision:\n  params: bf16\ndevice:\n  capacity: 80GiB\n";
 
 }  // namespace

@@ -69,7 +69,7 @@ std::string load_error(const std::string& yaml, const std::vector<std::pair<std:
 const std::string kBase =
     "model:\n  family: hf-llama\n  layers: 2\n  d_model: 64\n  heads: 4\n  kv_heads: 2\n  d_ff: 128\n"
     "  vocab: 256\n  context_length: 64\n  attention: eager\n"
-    "  moe: {experts: 4, top_k: 2, expert_d_ff: 48}\n"
+    "  moe: {experts_implementation: eager, experts: 4, top_k: 2, expert_d_ff: 48}\n"
     "batch:\n  micro_batch: 2\n  seq_len: 32\nprecision:\n  params: bf16\ndevice:\n  capacity: 80GiB\n"
     "lora:\n  rank: 4\n";
 
@@ -276,7 +276,8 @@ TEST_CASE("lora.target_parameters end to end: memsim run on Qwen3-30B-A3B", "[mo
   // 48 x 16 x 128 x ((2048 + 1536) + (768 + 2048)).
   memsim_test::TempDir dir("memsim_moe_lora");
   const auto path = dir.write("q.yaml",
-                              "model:\n  preset: qwen3-30b-a3b\n  attention: flash\nbatch:\n  micro_batch: 1\n"
+                              "model:\n  preset: qwen3-30b-a3b\n  attention: flash\n"
+                              "  moe: {experts_implementation: eager}\nbatch:\n  micro_batch: 1\n"
                               "  seq_len: 1024\nprecision:\n  params: bf16\nlora:\n  rank: 16\n  alpha: 32\n"
                               "  targets: [q_proj, k_proj, v_proj, o_proj]\n"
                               "  target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj]\n"

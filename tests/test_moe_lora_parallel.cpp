@@ -64,7 +64,7 @@ std::vector<uint64_t> named_allocs(const Program& p, const std::string& name) {
 std::string fsdp2_yaml(const std::string& parallel) {
   return "model:\n  family: hf-llama\n  layers: 2\n  d_model: 64\n  heads: 4\n  kv_heads: 2\n  d_ff: 128\n"
          "  vocab: 256\n  context_length: 64\n  attention: eager\n"
-         "  moe: {experts: 4, top_k: 2, expert_d_ff: 48}\n"
+         "  moe: {experts_implementation: eager, experts: 4, top_k: 2, expert_d_ff: 48}\n"
          "batch:\n  micro_batch: 2\n  seq_len: 32\nprecision:\n  params: fp32\n"
          "lora:\n  rank: 4\n  target_parameters: [gate_up_proj, down_proj]\n"
          "optimizer:\n  type: adamw\n  impl: foreach\n"
@@ -262,8 +262,8 @@ TEST_CASE("lora.target_parameters on DeepSeek-V2-Lite under FSDP2: the experts' 
   // 64 experts of 1408 (D 2048), r 4, both expert weights, 8 ranks: lora_A (r*E = 256, in)
   // keeps 32 rows a rank, lora_B (out, 256) out / 8 rows; the frozen experts 8 whole experts.
   const Scenario s = load_scenario_text(
-      "model:\n  preset: deepseek-v2-lite\nbatch:\n  seq_len: 16\nprecision: {params: bf16}\n"
-      "lora:\n  rank: 4\n  target_parameters: [gate_up_proj, down_proj]\n"
+      "model:\n  preset: deepseek-v2-lite\n  moe: {experts_implementation: eager}\nbatch:\n  seq_len: 16\n"
+      "precision: {params: bf16}\nlora:\n  rank: 4\n  target_parameters: [gate_up_proj, down_proj]\n"
       "parallel: {sharding: fsdp2, data: 8}\ndevice: {capacity: 1TiB}\n",
       "ds.yaml");
   const Program p = build_program(s);

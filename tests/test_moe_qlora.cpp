@@ -78,6 +78,7 @@ Scenario deepseek_scenario_for(const nlohmann::json& c, const std::string& name)
   for (const auto& n : c["deepseek"]["counts"]) counts += (counts.empty() ? "" : ", ") + std::to_string(n.get<int>());
   std::string y = "model:\n  hf_config: " + path + "\n  attention: eager\n  dropout: 0\n";
   y += "  moe:\n    routing: counts:[" + counts + "]\n";
+  y += "    experts_implementation: eager\n";  // the fixtures' loop (memsim's default: grouped_mm)
   y += "batch:\n  micro_batch: " + std::to_string(c["batch"].get<int>()) +
        "\n  seq_len: " + std::to_string(c["seq"].get<int>()) + "\n";
   y += "precision:\n  params: " + c.value("dtype", std::string("fp32")) + "\n";

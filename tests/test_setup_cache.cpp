@@ -161,17 +161,17 @@ TEST_CASE("a GPU-built FSDP2 Qwen3-30B-A3B run warns that the setup's cache hold
   const json cpu = run_json(q + " --set parallel.fsdp_init=cpu", dir);
   const json both = run_json(q + " --set parallel.fsdp_init=cpu --set allocator.expandable_segments=true", dir);
 
-  // The figures docs/moe.md gives.
+  // The figures docs/moe.md gives (transformers 5.x's default grouped_mm experts).
   CHECK(gpu["peak_allocated_bytes"].get<uint64_t>() == cpu["peak_allocated_bytes"].get<uint64_t>());
   CHECK(gpu["peak_reserved_bytes"].get<uint64_t>() > 4 * cpu["peak_reserved_bytes"].get<uint64_t>() - 1);
-  CHECK(human_bytes(gpu["peak_reserved_bytes"].get<uint64_t>()) == "60.66 GiB");
-  CHECK(human_bytes(cpu["peak_reserved_bytes"].get<uint64_t>()) == "15.07 GiB");
+  CHECK(human_bytes(gpu["peak_reserved_bytes"].get<uint64_t>()) == "60.58 GiB");
+  CHECK(human_bytes(cpu["peak_reserved_bytes"].get<uint64_t>()) == "15.06 GiB");
 
   const json* w = warning_of(gpu, "setup_cache");
   REQUIRE(w != nullptr);
   const std::string m = (*w)["message"];
   INFO(m);
-  CHECK(m.find("is 5.3x the peak allocated 11.36 GiB") != std::string::npos);
+  CHECK(m.find("is 5.3x the peak allocated 11.42 GiB") != std::string::npos);
   CHECK(m.find("parallel.fsdp_init: cpu) the run reserves " +
                human_bytes(cpu["peak_reserved_bytes"].get<uint64_t>())) != std::string::npos);
   CHECK(m.find("with allocator.expandable_segments: true as well " +

@@ -193,15 +193,16 @@ const std::map<std::string, Claim>& claims() {
       // merged weights on the all-gathered experts; the peak is the loss's backward.
       {"qwen3-30b-a3b-lora-experts-fsdp2-8xh100.yaml", {true, std::nullopt, 18.18}},
       // OLMoE-1B-7B under HF Trainer's bf16 autocast on one H200 (issue #15, docs/moe.md):
-      // layer 0's backward (SelectBackward0 of the 1 GiB fp32 gate_up_proj).
-      {"olmoe-1b-7b-hf-trainer-bf16-h200.yaml", {true, std::nullopt, 105.09}},
+      // layer 0's backward (GroupedMmBackward0's 1 GiB fp32 gate_up_proj grad: transformers
+      // 5.x's default grouped_mm experts; 105.09 with the eager loop).
+      {"olmoe-1b-7b-hf-trainer-bf16-h200.yaml", {true, std::nullopt, 103.34}},
       // DeepSeek-V2-Lite (docs/deepseek.md) over FSDP on 8 GPUs: the recomputed eager attention.
       {"deepseek-v2-lite-fsdp-8xh100.yaml", {true, std::nullopt, 23.75}},
       // QLoRA on the latent attention, one H100: the bf16 routed experts are 26.81 GiB of it.
       {"deepseek-v2-lite-qlora-h100.yaml", {true, std::nullopt, 34.13}},
-      // ... with fp32 parameters under HF Trainer's bf16 autocast: the eager experts'
-      // SelectBackward0 zeros of the fp32 gate_up_proj in layer 2's backward.
-      {"deepseek-v2-lite-fsdp-autocast-8xh100.yaml", {true, std::nullopt, 43.26}},
+      // ... with fp32 parameters under HF Trainer's bf16 autocast, the default grouped_mm
+      // experts: layer 2's backward (43.26 with the eager loop's whole-weight zeros).
+      {"deepseek-v2-lite-fsdp-autocast-8xh100.yaml", {true, std::nullopt, 42.52}},
       // Megatron-Core MoE (docs/moe-megatron.md): TP 2 + SP, EP 8, distributed optimizer.
       {"mixtral-8x7b-megatron-moe-ep8.yaml", {true, std::nullopt, 66.57}},
       {"mixtral-8x7b-megatron-swiglu-gqa-ep8.yaml", {true, std::nullopt, 68.18}},

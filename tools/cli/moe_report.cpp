@@ -13,6 +13,10 @@ std::optional<MoeRoutingReport> moe_routing_report(const Scenario& scenario) {
   if (moe.experts <= 0) return std::nullopt;
   MoeRoutingReport r;
   r.routing = graph::describe_routing(moe);
+  if (scenario.model.family != ModelFamily::megatron)
+    r.experts_implementation = moe.impl == graph::ExpertsImpl::grouped_mm   ? "grouped_mm"
+                               : moe.impl == graph::ExpertsImpl::batched_mm ? "batched_mm"
+                                                                            : "eager";
   if (moe.routing != graph::MoeRouting::balanced) return r;
   Scenario worst = scenario;
   worst.model.arch.moe.routing = graph::MoeRouting::worst_case;

@@ -128,6 +128,7 @@ Json run_json(const Scenario& scenario, const Program& program, const MemoryStat
   add_headroom_json(j, headroom ? *headroom : run_headroom(scenario, program, final_stats, analysis));
   if (moe) {
     Json m = {{"routing", moe->routing}};
+    if (!moe->experts_implementation.empty()) m["experts_implementation"] = moe->experts_implementation;
     if (moe->worst_case_run)
       m["worst_case"] = {{"peak_allocated_bytes", moe->worst_peak_allocated},
                          {"peak_reserved_bytes", moe->worst_peak_reserved},
@@ -341,6 +342,10 @@ int run_run(const RunArgs& args) {
                                     " pinned at peak: checkpointed layers' inputs and the "
                                     "saves outside them copied to host (torchtune's "
                                     "OffloadActivations)");
+    if (moe && !moe->experts_implementation.empty())
+      header.facts.emplace_back("moe experts", moe->experts_implementation +
+                                                   " (model.moe.experts_implementation; transformers "
+                                                   "5.x's default when a run passes none: grouped_mm)");
     if (moe) {
       header.facts.emplace_back(
           "moe routing",

@@ -69,11 +69,14 @@ def yaml_for(sp):
                   f"  tied_embeddings: {'true' if arch == 'qwen3' else 'false'}"]
         if arch == "qwen3":
             lines.append("  head_dim: 32")  # gen_arch_fixtures' qwen3 row
-        lines.append(f"  moe: {{experts: {sp['experts']}, top_k: {sp['top_k']}, expert_d_ff: "
+        # experts_implementation written out: memsim's default is transformers 5.x's (grouped_mm)
+        lines.append(f"  moe: {{experts_implementation: eager, experts: {sp['experts']}, top_k: {sp['top_k']}, expert_d_ff: "
                      f"{sp['expert_d_ff']}, norm_topk: true, routing: {{counts: [{counts}]}}}}")
     else:
         lines += [f"  hf_config: configs/{sp['model_type']}.json",
-                  f"  moe: {{routing: {{counts: [{counts}]}}" +
+                  # eager written out: memsim's default is transformers 5.x's (grouped_mm)
+                  ("  moe: {experts_implementation: eager, " if sp["experts_impl"] == "eager" else "  moe: {") +
+                  f"routing: {{counts: [{counts}]}}" +
                   (f", experts_implementation: {sp['experts_impl']}" if sp["experts_impl"] != "eager" else "") + "}"]
     lines += ["  attention: eager", "  dropout: 0.0",
               f"batch: {{micro_batch: {c['batch']}, seq_len: {c['seq']}}}",

@@ -65,7 +65,9 @@ def yaml_for(sp, reentrant=None):
              "(HF Trainer's bf16=True).",
              f"name: {sp['name']}" + ("_reentrant" if reentrant else ""), "model:",
              f"  hf_config: {os.path.relpath(os.path.join(ROOT, sp['config']), OUT)}",
-             f"  moe: {{routing: {{counts: [{counts}]}}{impl}}}",
+             # eager written out: memsim's default is transformers 5.x's (grouped_mm)
+             ("  moe: {experts_implementation: eager, " if sp["experts_impl"] == "eager" else "  moe: {") +
+             f"routing: {{counts: [{counts}]}}{impl}}}",
              f"  attention: {attention}", "  dropout: 0.0",
              f"batch: {{micro_batch: {c['batch']}, seq_len: {c['seq']}}}",
              "precision: {params: fp32, autocast: bf16}",

@@ -59,7 +59,7 @@ def yaml_for(sp):
     lines[1] = ("# (written by tools/gpu/predict_moe_fsdp2.py; predictions in "
                 "tests/data/gpu/moe_fsdp2_predictions.json). " + sp["why"] + ".")
     if sp["experts_impl"] != "eager":
-        lines = [l.replace("moe: {routing:", f"moe: {{experts_implementation: {sp['experts_impl']}, routing:")
+        lines = [l.replace("moe: {experts_implementation: eager,", f"moe: {{experts_implementation: {sp['experts_impl']},")
                  for l in lines]
     par = ["parallel:", f"  data: {sp['world']}", "  sharding: fsdp2",
            f"  reshard_after_forward: {sp['reshard']}"]

@@ -71,7 +71,8 @@ def yaml_for(sp):
              "tests/data/gpu/moe_s10_predictions.json).",
              f"name: {sp['name']}", "model:",
              f"  hf_config: {cfg}",
-             f"  moe: {{routing: {{counts: [{counts}]}}}}",
+             # the runs request eager; memsim's default is transformers 5.x's (grouped_mm)
+             f"  moe: {{experts_implementation: eager, routing: {{counts: [{counts}]}}}}",
              f"  attention: {sp['attention']}", "  dropout: 0.0",
              f"batch: {{micro_batch: {c['batch']}, seq_len: {c['seq']}}}",
              f"precision: {{params: {sp['dtype']}, autocast: {sp['autocast'] or 'none'}}}",
