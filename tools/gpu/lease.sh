@@ -47,6 +47,9 @@ groups=(
   "cudnn-shapes|55|$py tools/gpu/measure_cuda.py \$W --budget 33 --group cudnn-shapes"
   # docs/segment-placement.md "What a model would need": the driver's cudaMalloc placement
   "segments|35|$py tools/gpu/probe_segments.py \$W --budget 22"
+  # issue #16 item 7: LitGPT's LoRAQKVLinear lora_B conv1d (cuDNN's workspace and copies: the one piece
+  # memsim cannot size from the source; exploration, no prediction). A few seconds.
+  "litqkv|25|$py tools/gpu/probe_litgpt_qkv_conv.py \$W --budget 15"
   # --- the 2026-11-27 leases' groups (measured; kept to re-run) ---
   "moe|95|$py tools/gpu/measure_moe_autocast.py \$W --budget 80"
   "cp|85|$py tools/gpu/measure_cp.py \$W --budget 70"
