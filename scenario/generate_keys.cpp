@@ -143,6 +143,13 @@ void read_generate(const Doc& d, Scenario& s) {
          "step.kind generate models transformers v4.45's generate() loop and model code; 5.x's "
          "(fp32 copy of the last logits in _sample, masking_utils masks) is not modelled: use 4 "
          "(5.x's cache classes, sliding-window layers bounded: generate.cache_classes: v5)");
+  // The MoE rows are transformers 5.x's code (docs/moe.md: no 4.x MoE row), so pairing them
+  // with v4.45's generate() loop would be the same non-release as model.transformers 5 above.
+  if (s.model.arch.moe.experts > 0)
+    fail(where("step.kind", "step"), "step.kind",
+         "step.kind generate models transformers v4.45's generate() loop; memsim's MoE rows are "
+         "transformers 5.x's code (its generate() and decode-stage experts dispatch are not "
+         "modelled): use step.kind forward for a prefill, or memsim serve");
   if (s.model.arch.sliding_window > 0 && s.model.arch.sliding_at == graph::SlidingAt::layer &&
       !(g.cache_classes_v5 && g.cache != GenerateCache::static_cache))
     fail(where("model.architecture", "model"), "model.architecture",

@@ -17,7 +17,8 @@
 //    weights' dtype), precision.float8, parallel.* other than the defaults, deepspeed.*
 //    (their defaults are not used: no optimizer is built, nothing is checkpointed);
 //  - model.family other than hf-llama (GPT-2's v4.44 attention keeps a legacy tuple cache;
-//    cs336 and megatron have no generate()), model.implementation other than hf,
+//    cs336 and megatron have no generate()), model.implementation other than hf, the MoE
+//    rows (model.moe: transformers 5.x's code, which v4.45's generate() loop never ran),
 //    architectures whose sliding layers build their own masks (gemma2, gemma3_text: their
 //    v4.45 cache is HybridCache) unless generate.cache_classes is v5 with a dynamic or
 //    offloaded cache;

@@ -237,21 +237,9 @@ void check_grouped_mm_kernel(const Doc& d, const Scenario& s) {
              "model.moe.experts_implementation: eager or batched_mm (and pass the same "
              "experts_implementation= to from_pretrained / from_config)");
   }
-  // generate(): the newer transformers switch grouped_mm to batched_mm for the decode stage
-  // (huggingface/transformers 0409b2f0 docs/source/en/experts_interface.md "Decode-stage
-  // switching"); whether 5.17 does is not established here, and memsim's generate loop is
-  // v4.45's. The prefill-only and decode-only sizes differ, so the key is required.
-  if (s.step.kind == StepKind::generate) {
-    const Field* k = d.find("step.kind");
-    fail(given ? moe_where(d, "experts_implementation") : (k ? k->where : moe_where(d, "experts")),
-         "model.moe.experts_implementation",
-         std::string(given ? "grouped_mm" : "not given, so transformers 5.x's default grouped_mm "
-                                            "(get_correct_experts_implementation(None))") +
-             " with step.kind generate: newer transformers switch grouped_mm to batched_mm for "
-             "the decode stage, which is not modelled (nor established for 5.17); set "
-             "model.moe.experts_implementation: eager or batched_mm (and pass the same "
-             "experts_implementation= to from_pretrained)");
-  }
+  // step.kind generate never reaches here on a MoE row: scenario/generate_keys.cpp refuses it
+  // (v4.45's generate() loop never ran 5.x's MoE code; newer releases also switch grouped_mm
+  // to batched_mm for the decode stage, docs/moe.md).
   if (s.device.preset.rfind("v100", 0) != 0) return;
   const std::string where = given ? moe_where(d, "experts_implementation")
                                   : (d.find("device.preset") ? d.find("device.preset")->where
