@@ -50,6 +50,16 @@ void require_compile_modelled(const Scenario& s) {
            std::string("step.compile is modelled for the hf-llama and hf-gpt2 families (and "
                        "their architecture rows) only, not '") +
                to_string(s.model.family) + "'; use step.compile: false");
+  // Mixture of experts: transformers' eager experts loop picks the hit experts with
+  // nonzero() (a data-dependent shape, where dynamo breaks the graph), and what the
+  // partitioner saves around the router, the token gathers and _grouped_mm / the batched
+  // gathers is checked against nothing (torch 1.13's functorch has no _grouped_mm; no GPU run
+  // compiled a MoE model). Not approximated with the dense rules.
+  if (s.model.arch.moe.experts > 0)
+    refuse(s, "step.compile",
+           "step.compile on a mixture-of-experts row is not modelled (the eager experts loop "
+           "graph-breaks at its nonzero() expert selection; the partition around the routing, "
+           "the token gathers and _grouped_mm is not checked); use step.compile: false");
   // LoRA adapters inside the compiled layers: torchtune's lora_finetune recipes
   // (set_trainable_params, then compile_model, then set_activation_checkpointing, then
   // shard_model). With frozen base weights the partition needs no rule of its own (the

@@ -7,8 +7,9 @@
 // a scenario without the key). step.compile_scope (model | block) and
 // step.compile_memory_budget (a number in [0, 1]) need step.compile: true. With compile,
 // require_compile_modelled refuses by key what is not modelled: families other than
-// hf-llama / hf-gpt2 (and their architecture rows), LoRA, data parallelism and sharding,
-// activation checkpointing, autocast. Errors name the key and where step.compile was set.
+// hf-llama / hf-gpt2 (and their architecture rows), the mixture-of-experts rows, LoRA
+// outside torchtune's code, data parallelism and sharding other than FSDP2 per block,
+// checkpoint policies other than full / sac-layer / sac-op, autocast. Errors name the key and where step.compile was set.
 #pragma once
 
 #include "scenario/scenario.h"

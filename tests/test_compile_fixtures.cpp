@@ -241,6 +241,10 @@ TEST_CASE("step.compile: unmodelled combinations are refused by key", "[compile]
   refused(compile_yaml("hf-llama", on + "  compile_memory_budget: 1.5\n"),
           "step.compile_memory_budget");
   refused(compile_yaml("hf-llama", on + "  compile_scope: layer\n"), "step.compile_scope");
+  // A mixture-of-experts row: its experts loop and routing are not modelled compiled.
+  refused("model:\n  preset: qwen3-30b-a3b\n  layers: 2\n  attention: flash\n  moe:\n    experts_implementation: eager\n"
+          "precision:\n  params: bf16\nbatch:\n  micro_batch: 1\n  seq_len: 64\n"
+          "step:\n" + on + "device:\n  capacity: 1TiB\n", "step.compile: step.compile on a mixture-of-experts row");
 }
 
 TEST_CASE("Inductor fusion: RMSNorm and SwiGLU leave no intermediate buffers", "[compile]") {
