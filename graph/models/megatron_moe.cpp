@@ -48,7 +48,10 @@
 //  dispatched tokens and probs, routing_map, the shared experts' output) live until the
 //  layer returns; the dispatcher's attributes (allgather: local_map, local_probs, the
 //  reversed mapping; alltoall: probs, routing_map, the reversed mapping) live until the
-//  same layer's next forward replaces them.
+//  same layer's next forward replaces them. Without grad (recompute [moe]'s first pass,
+//  forward-no-grad) routed_experts_compute's `dispatched_input` lives through the
+//  unpermute, a GeLU expert's `intermediate_parallel` through its bias product, and
+//  TEGroupedMLP's `fc1_output` through fc2 (docs/moe-megatron.md "Lifetimes without grad").
 //
 // Simplifications (docs/moe-megatron.md "Limits"): SequentialMLP's per-expert chains are
 // emitted as one chain over the M local rows (the same bytes per tensor, summed over the
