@@ -48,7 +48,10 @@
 //  dispatched tokens and probs, routing_map, the shared experts' output) live until the
 //  layer returns; the dispatcher's attributes (allgather: local_map, local_probs, the
 //  reversed mapping; alltoall: probs, routing_map, the reversed mapping) live until the
-//  same layer's next forward replaces them.
+//  same layer's next forward replaces them. Without grad (recompute [moe]'s first pass,
+//  forward-no-grad) routed_experts_compute's `dispatched_input` lives through the
+//  unpermute, a GeLU expert's `intermediate_parallel` through its bias product, and
+//  TEGroupedMLP's `fc1_output` through fc2 (docs/moe-megatron.md "Lifetimes without grad").
 //
 // Simplifications (docs/moe-megatron.md "Limits"): SequentialMLP's per-expert chains are
 // emitted as one chain over the M local rows (the same bytes per tensor, summed over the
@@ -285,7 +288,8 @@ Tensor MegatronModel::moe_experts(const Tensor& permuted, const Tensor& probs, u
     const uint64_t w1 = (grouped ? 1 : El) * 2 * F * h * e, w2 = (grouped ? 1 : El) * h * F * e;
     // --recompute-modules moe_act (TEGroupedMLP only): CheckpointWithoutOutput around the
     // weighted SwiGLU (graph/models/megatron_swiglu_experts.h).
-    Tensor out = swiglu_experts(rt_, permuted, probs, {rows, h, F, e, w1, w2, grouped && s_.moe.recompute_moe_act});
+    Tensor out = swiglu_experts(rt_, permuted, probs,
+                                {rows, h, F, e, w1, w2, grouped && s_.moe.recompute_moe_act, grouped});
     if (El > 1 && !grouped) out = clone(rt_, out);  // SequentialMLP: torch.cat(output_local_list)
     return out;
   }
@@ -297,12 +301,14 @@ Tensor MegatronModel::moe_experts(const Tensor& permuted, const Tensor& probs, u
   Tensor scaled = mul(rt_, a, probs, Broadcast::trailing_ones, e);
   a.reset();
   Tensor out = megatron_linear(rt_, scaled, {rows * h * e, El * h * F * e, 0, flops, 0, 0, -1});
-  scaled.reset();
   if (s_.bias) {
     // output += output_bias.unsqueeze(0) * per_token_scale.unsqueeze(-1)
     Tensor bs = expert_bias_scale(rt_, probs, rows * h * e, El * h * e);
     out = add_(rt_, out, bs);
   }
+  // MLP.forward's `intermediate_parallel` (fc2's input, which fc2 saves with grad) is a local
+  // until forward returns, i.e. through the bias product above (matters without grad).
+  scaled.reset();
   if (El > 1) out = clone(rt_, out);  // torch.cat(output_local_list, dim=0)
   return out;
 }
@@ -397,11 +403,14 @@ Tensor MegatronModel::moe_body(const Tensor& x) {
     local_probs.reset();
     state = MoeState{local_map, probs_m, sorted};  // the dispatcher's attributes
     Tensor expert_out = moe_experts(permuted, probs_m, M);
-    permuted.reset();
-    probs_m.reset();
     // combine_preprocess: unpermute (no probs) into zeros [N, h].
     Tensor tokens = rt_.alloc(N * h * e, TensorKind::activation, OpKind::fill);
     scatter_add_rows(rt_, tokens, sorted, expert_out);
+    // routed_experts_compute's locals `dispatched_input` (the permuted rows, which fc1 saves
+    // with grad) and `expert_output` live until it returns after combine_preprocess: without
+    // grad the permuted [M, h] is still allocated through the unpermute's zeros [N, h].
+    permuted.reset();
+    probs_m.reset();
     expert_out.reset();
     sorted.reset();
     local_map.reset();
