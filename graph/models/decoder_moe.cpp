@@ -29,9 +29,9 @@
 // (get_peft_model freezes the router and the 3-D experts; adapters only on nn.Linear
 // modules: attention and the shared expert) and autocast (the eager experts:
 // expert_linear_autocast; batched_mm and grouped_mm: their own comments) compose with the block: docs/moe.md "Composing". LoRA on the
-// experts themselves (PEFT's target_parameters, lora.target_parameters): the eager loop runs
-// under the ParamWrappers of graph/models/moe_param_lora.h (their deltas first, the merged
-// weights read through them, the wrappers' exits after the loop's locals die).
+// experts themselves (PEFT's target_parameters, lora.target_parameters): each of the three
+// experts forwards runs under the ParamWrappers of graph/models/moe_param_lora.h (their deltas
+// first, the merged weights read through them, the wrappers' exits after the frame's locals die).
 // QLoRA (lora.base_dtype nf4): the shared expert and its gate go through add_proj, so they are
 // bitsandbytes Linear4bit; the router and the 3-D experts are plain parameters in the model
 // dtype, as transformers 5.x's replace_with_bnb_linear (nn.Linear modules only) leaves them
