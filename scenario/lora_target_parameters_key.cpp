@@ -77,19 +77,11 @@ void read_lora_target_parameters(const Doc& d, Scenario& s) {
     fail(where_or(d, "lora.dropout", at), "lora.dropout",
          "PEFT's ParamWrapper (lora.target_parameters) raises for lora_dropout != 0 (dropout "
          "cannot be factored out of the merged weight)");
-  if (m.impl != graph::ExpertsImpl::eager) {
-    // Without the key memsim takes transformers 5.x's default, grouped_mm (moe_keys.cpp).
-    bool given = false;
-    if (const Field* moe = d.find("model.moe"); moe && moe->node.IsMap())
-      given = static_cast<bool>(moe->node["experts_implementation"]);
-    fail(where_or(d, "model.moe.experts_implementation", at), "model.moe.experts_implementation",
-         std::string("lora.target_parameters is modelled for the eager experts loop only (batched_mm "
-                     "and grouped_mm read the merged weight through an index / _grouped_mm, not "
-                     "checked)") +
-             (given ? "" : "; without model.moe.experts_implementation memsim takes transformers "
-                           "5.x's default, grouped_mm: set it to eager for a run that passes "
-                           "experts_implementation=\"eager\""));
-  }
+  // Every experts implementation memsim runs (model.moe.experts_implementation; without it
+  // transformers 5.x's default, grouped_mm): the ParamWrappers wrap the experts' forward
+  // whichever function it dispatches to (graph/models/moe_param_lora.h). eager and batched_mm
+  // are checked byte-exact against tests/data/torch_cpu_moe_lora (the *_batched_mm_* rows);
+  // grouped_mm (torch 1.13 has no _grouped_mm) by hand in tests/test_moe_lora.cpp, docs/moe.md.
   // Autocast over fp32 parameters and fp32 adapters (HF Trainer's bf16=True): the einsum's
   // casts (CUDA's list), the fp32 delta and merged weight, the experts' slice casts, checked
   // against tests/data/torch_cpu_moe_lora/*_autocast.json. 16-bit parameters or adapters

@@ -53,7 +53,7 @@ inline memsim::Scenario moe_fixture_scenario(const std::string& yaml, const std:
                                                    {"model.moe.top_k", std::to_string(m["top_k"].get<int>())},
                                                    {"model.moe.expert_d_ff", std::to_string(m["expert_d_ff"].get<int>())},
                                                    // the implementation the fixture ran, so the reader's
-                                                   // checks (target_parameters: eager only) see it
+                                                   // checks (grouped_mm's refusals) see it
                                                    {"model.moe.experts_implementation",
                                                     m.value("experts_implementation", std::string("eager"))}});
   s.model.arch = arch_for(c);

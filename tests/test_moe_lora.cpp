@@ -82,7 +82,7 @@ TEST_CASE("LoRA on the routed experts matches real PyTorch training steps (CPU f
   for (const auto& entry : std::filesystem::directory_iterator(kDir))
     if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  REQUIRE(files.size() == 13);
+  REQUIRE(files.size() == 17);
   memsim_test::print_fixture_table_header();
   for (const auto& path : files) {
     nlohmann::json fx = memsim_test::load_json(path);
@@ -109,16 +109,20 @@ TEST_CASE("LoRA on the routed experts matches real PyTorch training steps (CPU f
     memsim_test::compare_with_fixture(fx, scenario, program, torch113_add);
     memsim_test::check_forward_allocs_by_layer(fx, program);
     // The measured step's backward: memsim allocates nothing torch 1.13 did not (as a
-    // multiset), and each hit expert's SelectBackward0 makes a zeros of the whole merged
-    // weight in both (torch's select_backward). What 1.13 allocates besides are its known
-    // differences from 2.x (out-of-place grad sums, `add`: of those zeros too;
+    // multiset), and each hit expert's SelectBackward0 (eager) or each layer's IndexBackward0
+    // of `merged[expert_ids]` (batched_mm: torch's index_backward, new_zeros + index_put_)
+    // makes a zeros of the whole merged weight in both. What 1.13 allocates besides are its
+    // known differences from 2.x (out-of-place grad sums, `add`: of those zeros too;
     // TopkBackward0's out-of-place scatter; docs/moe.md).
     {
+      const bool batched = fx["config"]["moe"].value("experts_implementation", std::string("eager")) == "batched_mm";
+      const char* real_op = batched ? "new_zeros" : "select_backward";
+      const char* sim_op = batched ? "IndexBackward0" : "SelectBackward0";
       std::vector<uint64_t> real_all, real_sel, sim_all, sim_sel;
       for (const auto& ev : fx["events"]) {
         if (ev[0] != "alloc" || ev[3] != "backward") continue;
         real_all.push_back(ev[2].get<uint64_t>());
-        if (ev[1] == "select_backward") real_sel.push_back(ev[2].get<uint64_t>());
+        if (ev[1] == real_op) real_sel.push_back(ev[2].get<uint64_t>());
       }
       bool measuring = false;
       for (const MemoryEvent& e : program.events) {
@@ -126,7 +130,7 @@ TEST_CASE("LoRA on the routed experts matches real PyTorch training steps (CPU f
           measuring = true;
         if (!measuring || e.type != EventType::alloc || e.phase != Phase::backward) continue;
         sim_all.push_back(e.bytes);
-        if (program.str(e.op) == "SelectBackward0") sim_sel.push_back(e.bytes);
+        if (program.str(e.op) == sim_op) sim_sel.push_back(e.bytes);
       }
       for (auto* v : {&real_all, &real_sel, &sim_all, &sim_sel}) std::sort(v->begin(), v->end());
       std::vector<uint64_t> only_sim;
@@ -153,7 +157,10 @@ TEST_CASE("LoRA on the routed experts matches real PyTorch training steps (CPU f
       }, &sim_deltas);
       if (c.value("checkpoint", std::string("none")) != "none") {  // (S 96's attention bmm has a like size)
         CHECK(sim_deltas == real_deltas);
-        CHECK(real_deltas == c["layers"].get<uint64_t>() * c["lora"]["target_parameters"].size());
+        // (the batched_mm row's re-run gate_up bmm output, (S, 2F) = 128 x 96 fp32, has the
+        // size of down_proj's (E, D, F) delta: one more per layer)
+        const bool batched = c["moe"].value("experts_implementation", std::string("eager")) == "batched_mm";
+        CHECK(real_deltas == c["layers"].get<uint64_t>() * (c["lora"]["target_parameters"].size() + (batched ? 1 : 0)));
       }
     }
   }
@@ -213,8 +220,16 @@ TEST_CASE("lora.target_parameters: accepted forms and refusals by key", "[moe-lo
             .find("lora.target_parameters: 'up_proj' is not a parameter") != std::string::npos);
   CHECK(load_error(kBase, {{"lora.target_parameters", "down_proj"}, {"lora.dropout", "0.1"}})
             .find("lora.dropout: PEFT's ParamWrapper") != std::string::npos);
-  CHECK(load_error(kBase, {{"lora.target_parameters", "down_proj"}, {"model.moe.experts_implementation", "grouped_mm"}})
-            .find("model.moe.experts_implementation: lora.target_parameters") != std::string::npos);
+  // Every experts implementation (the *_batched_mm_* fixtures; grouped_mm by hand below),
+  // and without the key transformers 5.x's default, grouped_mm.
+  for (const char* impl : {"eager", "batched_mm", "grouped_mm"})
+    CHECK(load_error(kBase, {{"lora.target_parameters", "down_proj"}, {"model.moe.experts_implementation", impl}})
+              .empty());
+  {
+    std::string dflt = kBase;
+    dflt.replace(dflt.find("experts_implementation: eager, "), 31, "");
+    CHECK(load_error(dflt, {{"lora.target_parameters", "gate_up_proj,down_proj"}}).empty());
+  }
   // Checkpointing: full and custom [mlp] in every mode (the fixtures' *_ckpt_* rows, and the
   // early stop's structure below); the other policies by key.
   CHECK(load_error(kBase, {{"lora.target_parameters", "down_proj"}, {"checkpoint.policy", "full"}}).empty());
@@ -444,4 +459,71 @@ TEST_CASE("lora.target_parameters with early stop: the re-run ends at the last s
     CHECK(only_run == (whole_layer ? residual_adds : std::vector<std::pair<std::string, uint64_t>>{}));
     CHECK(stop.peak <= run.peak);
   }
+}
+
+TEST_CASE("lora.target_parameters under grouped_mm and batched_mm: where the merged weights live (by hand)",
+          "[moe-lora]") {
+  // transformers' grouped_mm_experts_forward passes `self.gate_up_proj` / `self.down_proj`
+  // (under PEFT's ParamWrappers: the parametrization's cached W + delta) to
+  // _grouped_linear -> torch._grouped_mm(input, weight.transpose(-2, -1), offs), whose node
+  // saves mat2 when its input requires grad (derivatives.yaml: grad_self needs mat2). Without
+  // attention adapters layer 0's hidden states need no grad, so its gate_up merged weight is
+  // not saved and dies at the wrappers' exit, while its down_proj input (act * up, through
+  // gate_up's adapter) needs grad: forward-end merged weights are layer 0's down and layer
+  // 1's both, 3 of 4 (as in the eager loop, whose F.linear saves the select view).
+  // batched_mm gathers merged[expert_ids] (IndexBackward0 saves only the indices): the bmm's
+  // keep the gathered copies and no merged weight survives the wrappers' exit.
+  constexpr uint64_t L = 2, E = 4, D = 64, F = 48, T = 64, K = 2;
+  const uint64_t gu = E * 2 * F * D * 2, dn = E * D * F * 2;  // bf16 merged weights
+  auto run = [&](const char* impl) {
+    const Scenario s = load_scenario_text(kBase + "  target_parameters: [gate_up_proj, down_proj]\n"
+                                          "optimizer:\n  type: sgd\n",
+                                          "moe.yaml", {{"model.moe.experts_implementation", impl}});
+    return build_program(s);
+  };
+  struct Count {
+    int merged_alive = 0;     // whole-size `add` outputs alive when backward begins
+    int grad_w = 0;           // GroupedMmBackward0's whole-size grads of the merged weights
+    int index_zeros = 0;      // IndexBackward0's whole-size zeros
+    uint64_t gathered = 0;    // forward `index` outputs of the gathered weight copies
+  };
+  auto count = [&](const Program& p) {
+    Count c;
+    std::vector<uint8_t> merged(p.tensors.size(), 0);
+    bool measuring = false, backward = false;
+    for (const MemoryEvent& e : p.events) {
+      if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") measuring = true;
+      if (!measuring) continue;
+      const bool whole = e.bytes == gu || e.bytes == dn;
+      if (e.type == EventType::alloc && e.phase == Phase::backward && !backward) {
+        backward = true;
+        for (uint8_t m : merged) c.merged_alive += m;
+      }
+      if (e.type == EventType::alloc && e.phase == Phase::forward && p.str(e.op) == "add" && whole)
+        merged[e.tensor] = 1;
+      if (e.type == EventType::free) merged[e.tensor] = 0;
+      if (e.type == EventType::alloc && e.phase == Phase::backward && whole) {
+        c.grad_w += p.str(e.op) == "GroupedMmBackward0";
+        c.index_zeros += p.str(e.op) == "IndexBackward0";
+      }
+      if (e.type == EventType::alloc && e.phase == Phase::forward && p.str(e.op) == "index" &&
+          (e.bytes == T * K * 2 * F * D * 2 || e.bytes == T * K * D * F * 2))
+        c.gathered += e.bytes;
+    }
+    return c;
+  };
+  const Count g = count(run("grouped_mm")), b = count(run("batched_mm")), eager = count(run("eager"));
+  CHECK(g.merged_alive == 3);
+  CHECK(eager.merged_alive == 3);
+  CHECK(b.merged_alive == 0);
+  // grouped_mm's backward: one grad_mat2 per layer and target (in mat2's layout: the merged
+  // weight's grad after TransposeBackward0, no copy), no zeros + index_put_.
+  CHECK(g.grad_w == static_cast<int>(L * 2));
+  CHECK(g.index_zeros == 0);
+  CHECK(g.gathered == 0);
+  // batched_mm's: each layer's two IndexBackward0 zeros of the merged weights; forward, the
+  // per-sample copies (S = T*K samples) of both targets, per layer.
+  CHECK(b.index_zeros == static_cast<int>(L * 2));
+  CHECK(b.grad_w == 0);
+  CHECK(b.gathered == L * (T * K * 2 * F * D * 2 + T * K * D * F * 2));
 }

@@ -186,6 +186,9 @@ const std::map<std::string, Claim>& claims() {
       // PEFT target_parameters on the routed experts: 47 layers' merged W + delta alive in
       // layer 47's forward (docs/moe.md "LoRA on the routed experts").
       {"qwen3-30b-a3b-lora-experts-h200.yaml", {true, std::nullopt, 131.65}},
+      // ... with transformers 5.x's default grouped_mm experts: _grouped_mm saves the merged
+      // weights as mat2, so the same 47 layers' are alive at layer 47's forward.
+      {"qwen3-30b-a3b-lora-experts-grouped-mm-h200.yaml", {true, std::nullopt, 130.18}},
       // QLoRA (NF4) on attention: the 3-D experts stay bf16 (transformers 5.x quantizes
       // nn.Linear modules only); the peak is the loss's backward (docs/moe.md "QLoRA").
       {"qwen3-30b-a3b-qlora-h200.yaml", {true, std::nullopt, 60.28}},

@@ -29,9 +29,9 @@
 // (get_peft_model freezes the router and the 3-D experts; adapters only on nn.Linear
 // modules: attention and the shared expert) and autocast (the eager experts:
 // expert_linear_autocast; batched_mm and grouped_mm: their own comments) compose with the block: docs/moe.md "Composing". LoRA on the
-// experts themselves (PEFT's target_parameters, lora.target_parameters): the eager loop runs
-// under the ParamWrappers of graph/models/moe_param_lora.h (their deltas first, the merged
-// weights read through them, the wrappers' exits after the loop's locals die).
+// experts themselves (PEFT's target_parameters, lora.target_parameters): each of the three
+// experts forwards runs under the ParamWrappers of graph/models/moe_param_lora.h (their deltas
+// first, the merged weights read through them, the wrappers' exits after the frame's locals die).
 // QLoRA (lora.base_dtype nf4): the shared expert and its gate go through add_proj, so they are
 // bitsandbytes Linear4bit; the router and the 3-D experts are plain parameters in the model
 // dtype, as transformers 5.x's replace_with_bnb_linear (nn.Linear modules only) leaves them
@@ -68,6 +68,18 @@ int64_t DecoderModel::moe_layer_index(int32_t l) const {
   for (int32_t i = 0; i < l; ++i) k += arch().moe.layer_is_moe(i) ? 1 : 0;
   return k;
 }
+
+namespace {
+
+// The ParamWrapper target of slot 0 (gate_up_proj (E, 2F, D)) or 1 (down_proj (E, D, F)) of a
+// layer's experts (an undefined adapter: not targeted), for the three experts forwards.
+ExpertsParamLora::Target experts_target(const LoraAdapter (&ad)[2], int32_t gate_up, int32_t down, uint64_t D,
+                                        uint64_t F, int slot) {
+  if (slot == 0) return {ad[0], gate_up, 2 * F, D};
+  return {ad[1], down, D, F};
+}
+
+}  // namespace
 
 // Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock registration (v5): gate, experts, then the
 // shared expert and its gate.
@@ -164,7 +176,8 @@ Tensor DecoderModel::moe_experts_eager(const LayerParams& p, const Tensor& x, co
   const uint64_t xe = x.bytes / (T * D);
   // lora.target_parameters: the ParamWrappers around this forward (moe_param_lora.h).
   ExpertsParamLora wrap(rt_, E, static_cast<uint64_t>(s_.lora.rank), s_.lora.adapter_elem, s_.elem,
-                        {p.experts_ad[0], p.experts_gate_up, 2 * F, D}, {p.experts_ad[1], p.experts_down, D, F},
+                        experts_target(p.experts_ad, p.experts_gate_up, p.experts_down, D, F, 0),
+                        experts_target(p.experts_ad, p.experts_gate_up, p.experts_down, D, F, 1),
                         autocast_on() ? ac_ : nullptr);
   wrap.enter();
   Tensor final_hidden = rt_.alloc(T * D * xe, TensorKind::activation, OpKind::fill);  // zeros_like
@@ -268,9 +281,18 @@ Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, 
   const bool ac = autocast_on();
   const uint64_t xe = x.bytes / (T * D);                     // hidden_states' element size
   const uint64_t low = ac ? ac_->low_elem() : e;              // what the bmm's produce
+  // lora.target_parameters: the ParamWrappers around this forward (moe_param_lora.h); the
+  // gathers read the merged weights, which the cache keeps until the wrappers' exits
+  // (IndexBackward0 saves only the indices), while the bmm's save the gathered copies.
+  ExpertsParamLora wrap(rt_, static_cast<uint64_t>(m.experts), static_cast<uint64_t>(s_.lora.rank),
+                        s_.lora.adapter_elem, s_.elem,
+                        experts_target(p.experts_ad, p.experts_gate_up, p.experts_down, D, F, 0),
+                        experts_target(p.experts_ad, p.experts_gate_up, p.experts_down, D, F, 1),
+                        ac ? ac_ : nullptr);
+  wrap.enter();
   Tensor current = expand_clone(rt_, x, K);                        // selected_hidden_states
   Tensor expert_ids = moe_scratch(rt_, S * 8, OpKind::moe_index);  // clamp (out of place)
-  Tensor sel_gate_up = index_rows(rt_, rt_.param(p.experts_gate_up), expert_ids, S * 8, S * 2 * F * D * s_.elem);
+  Tensor sel_gate_up = index_rows(rt_, wrap.weight(0), expert_ids, S * 8, S * 2 * F * D * s_.elem);
   const double f_up = 2.0 * static_cast<double>(S) * static_cast<double>(D) * 2.0 * static_cast<double>(F);
   Tensor proj;
   {
@@ -288,7 +310,7 @@ Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, 
     proj = mul(rt_, activation(gate), up);  // _apply_gate's locals die with it
   }
   // selected_weights is rebound (the gate_up copy lives on in its bmm's saved tensors)
-  Tensor sel_down = index_rows(rt_, rt_.param(p.experts_down), expert_ids, S * 8, S * D * F * s_.elem);
+  Tensor sel_down = index_rows(rt_, wrap.weight(1), expert_ids, S * 8, S * D * F * s_.elem);
   sel_gate_up.reset();
   if (ac) {  // proj is already low: only the gathered weights are cast
     Tensor a = ac_->cast(sel_down, S * D * F * low);
@@ -314,6 +336,7 @@ Tensor DecoderModel::moe_experts_batched(const LayerParams& p, const Tensor& x, 
   proj.reset();
   weighted.reset();
   final_hidden.reset();
+  wrap.exit();
   return out;
 }
 
@@ -355,6 +378,16 @@ Tensor DecoderModel::moe_experts_grouped(const LayerParams& p, const Tensor& x, 
   const uint64_t E = static_cast<uint64_t>(m.experts), K = static_cast<uint64_t>(m.top_k);
   const uint64_t F = static_cast<uint64_t>(m.expert_d_ff);
   const uint64_t S = T * K, we = weights.bytes / S, pe = std::max(e, we);
+  // lora.target_parameters: the ParamWrappers around this forward (moe_param_lora.h). Each
+  // _grouped_mm takes the merged weight (through a transpose view) and saves it as mat2 when
+  // its input requires grad, so the merged weights then live until that layer's backward;
+  // grad_mat2 comes back in mat2's layout (derivatives.yaml _grouped_mm_mat2_backward gets
+  // mat2's strides), a contiguous (E, out, in) grad of the merged weight after the view.
+  ExpertsParamLora wrap(rt_, E, static_cast<uint64_t>(s_.lora.rank), s_.lora.adapter_elem, s_.elem,
+                        experts_target(p.experts_ad, p.experts_gate_up, p.experts_down, D, F, 0),
+                        experts_target(p.experts_ad, p.experts_gate_up, p.experts_down, D, F, 1),
+                        autocast_on() ? ac_ : nullptr);
+  wrap.enter();
   Tensor expert_ids_g, perm;
   {  // int64 indices: no grad
     expert_ids_g = moe_scratch(rt_, S * 8, OpKind::sort);
@@ -375,14 +408,15 @@ Tensor DecoderModel::moe_experts_grouped(const LayerParams& p, const Tensor& x, 
   const double f_up = 2.0 * static_cast<double>(S) * static_cast<double>(D) * 2.0 * static_cast<double>(F);
   Tensor proj;
   {
-    Tensor gate_up = grouped_mm(rt_, current_g, rt_.param(p.experts_gate_up), offsets, S * 2 * F * e, f_up);
+    // `selected_weights = self.gate_up_proj` (the first read makes the merged weight)
+    Tensor gate_up = grouped_mm(rt_, current_g, wrap.weight(0), offsets, S * 2 * F * e, f_up);
     gate_up = masked_fill(rt_, gate_up, mask, false);
     Chunk2 halves(rt_, gate_up);
     gate_up.reset();
     Tensor gate = halves.piece(rt_, 0), up = halves.piece(rt_, 1);
     proj = mul(rt_, activation(gate), up);  // _apply_gate's locals die with it
   }
-  proj = grouped_mm(rt_, proj, rt_.param(p.experts_down), offsets, S * D * e, f_up / 2.0);
+  proj = grouped_mm(rt_, proj, wrap.weight(1), offsets, S * D * e, f_up / 2.0);
   proj = masked_fill(rt_, proj, mask, false);
   // (under autocast the fp32 product of Qwen-style bf16 weights: a mixed-dtype column product)
   Tensor weighted = pe == e && we == e ? mul(rt_, proj, weights_g) : mul_column(rt_, proj, weights_g, S * D * pe);
@@ -406,6 +440,7 @@ Tensor DecoderModel::moe_experts_grouped(const LayerParams& p, const Tensor& x, 
   weighted.reset();
   inv_perm.reset();
   final_hidden.reset();
+  wrap.exit();
   return out;
 }
 

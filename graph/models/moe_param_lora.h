@@ -47,7 +47,11 @@
 // local of the experts' forward): its merged weights and deltas die then, before backward
 // allocates again, as PEFT's generators' `finally` and the outermost cached() exit free them
 // while _StopRecomputationError unwinds (torch/utils/checkpoint.py, pytorch 0008d771).
-// Backward: each hit expert's SelectBackward0 gives a zeros of the whole merged weight,
+// The same wrappers run around transformers' batched_mm and grouped_mm experts forwards
+// (graph/models/decoder_moe.cpp; docs/moe.md "Under batched_mm and grouped_mm"): weight() is
+// then gathered per sample (IndexBackward0 keeps only the indices: the merged weight lives
+// until exit()) or handed to _grouped_mm (saved as mat2 when its input requires grad).
+// Backward (eager): each hit expert's SelectBackward0 gives a zeros of the whole merged weight,
 // accumulated (in place, torch 2.x) in AddBackward0's input buffer; MulBackward0 makes one
 // more whole-size tensor (and ToCopyBackward0 its cast for other adapter dtypes); bmm's
 // backward gives A's grad (a view, stolen) and B's (its reshape copies: the grad is not
