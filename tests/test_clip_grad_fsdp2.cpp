@@ -9,9 +9,7 @@
 // runs of the local ops written out (tools/fixtures/gen_clip_grad_fsdp2_fixtures.py).
 #include <catch2/catch.hpp>
 
-#include <algorithm>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,12 +19,17 @@
 #include "program/program.h"
 #include "scenario/scenario.h"
 #include "sim/step/schedule.h"
+#include "step_events_support.h"
 
 using namespace memsim;
 
 namespace {
 
 using Sets = std::vector<std::pair<std::string, std::string>>;
+using memsim_test::allocations;
+using memsim_test::coarse;
+using memsim_test::head;
+using memsim_test::step_events;
 
 // 2-layer hf-llama, D 256, F 1000, vocab 1001, fp32, FSDP2 over 4 ranks (tests/test_fsdp2.cpp's
 // model), CUDA kernels (workspaces) on.
@@ -46,40 +49,6 @@ constexpr size_t kGrads = 1 + 2 * 9 + 2;
 Scenario scenario(const std::string& norm, Sets set = {}) {
   if (!norm.empty()) set.insert(set.begin(), {"optimizer.max_grad_norm", norm});
   return load_scenario_text(kFsdp2, "fsdp2clip.yaml", set);
-}
-
-size_t allocations(const Program& p) {
-  size_t n = 0;
-  for (const MemoryEvent& e : p.events) n += e.type == EventType::alloc;
-  return n;
-}
-
-// The measured step's alloc/free events between two marks: "+BYTES op #K" and "-#K" for a
-// tensor allocated in the span, "-BYTES" for an older one (tests/test_clip_grad.cpp's form).
-std::vector<std::string> between(const Program& p, const std::string& from, const std::string& to) {
-  std::vector<std::string> out;
-  std::map<uint32_t, size_t> index;
-  bool measured = false, in = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark) {
-      const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-      if (m == "measured_step_begin") measured = true;
-      if (measured && m == from) in = true;
-      if (measured && in && m == to) return out;
-      continue;
-    }
-    if (!in) continue;
-    if (e.type == EventType::alloc) {
-      const size_t k = index.size();
-      index[e.tensor] = k;
-      out.push_back("+" + std::to_string(e.bytes) + " " + p.str(e.op) + " #" + std::to_string(k));
-    } else if (e.type == EventType::free) {
-      const auto it = index.find(e.tensor);
-      out.push_back(it != index.end() ? "-#" + std::to_string(it->second)
-                                      : "-" + std::to_string(p.tensors[e.tensor].bytes));
-    }
-  }
-  return out;
 }
 
 // clip_grad_norm_ over n DTensor grads of e bytes per element, workspace ws bytes:
@@ -137,17 +106,8 @@ std::vector<std::string> expected(size_t n, uint64_t e, uint64_t ws, bool nonfin
   return v;
 }
 
-std::vector<std::string> head(const std::vector<std::string>& v, size_t n) {
-  return std::vector<std::string>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min(n, v.size())));
-}
-
 std::string refusal(const Sets& set) {
-  try {
-    build_program(scenario("1.0", set));
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return std::string();
+  return memsim_test::refusal_of([&] { build_program(scenario("1.0", set)); });
 }
 
 }  // namespace
@@ -160,10 +120,10 @@ TEST_CASE("clip_grad fsdp2: foreach norms of the local shards, the stack's all-r
   // 64,256 elements < 65,536: one chunk, so output_per_tensor = zeros(21 x 1) fp32 = 84 B
   // (unsharded, 256,256 elements would be 4 chunks: 336 B).
   const std::vector<std::string> clip = expected(kGrads, 4, kGrads * 1 * 4);
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   CHECK(head(ev, clip.size()) == clip);
   // The optimizer's step after it is the unclipped run's.
-  const std::vector<std::string> plain = between(off, "backward_end", "optimizer_end");
+  const std::vector<std::string> plain = step_events(off, "backward_end", "optimizer_end");
   CHECK(ev.size() == clip.size() + plain.size());
   // N + 12 allocations a step (one GPU: N + 9), two steps.
   CHECK(allocations(on) == allocations(off) + 2 * (kGrads + 12));
@@ -173,7 +133,7 @@ TEST_CASE("clip_grad fsdp2: the workspace counts the largest shard's chunks", "[
   // vocab 2100: ceil(2100 / 4) = 525 rows x 256 = 134,400 elements: 3 chunks (the full
   // 537,600-element embedding would be 9): 21 x 3 x 4 = 252 B.
   const Program on = build_program(scenario("1.0", {{"model.vocab", "2100"}}));
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   REQUIRE(!ev.empty());
   CHECK(ev.front() == "+252 zeros #0");
   CHECK(head(ev, expected(kGrads, 4, 252).size()) == expected(kGrads, 4, 252));
@@ -182,16 +142,16 @@ TEST_CASE("clip_grad fsdp2: the workspace counts the largest shard's chunks", "[
 TEST_CASE("clip_grad fsdp2: bf16 shards, HSDP, error_if_nonfinite", "[clip_grad][fsdp2]") {
   // bf16 parameters: 2-byte norms and [N] tensors, fp32 (opmath) workspaces.
   const Program bf16 = build_program(scenario("1.0", {{"precision.params", "bf16"}}));
-  CHECK(head(between(bf16, "backward_end", "optimizer_end"), expected(kGrads, 2, 84).size()) ==
+  CHECK(head(step_events(bf16, "backward_end", "optimizer_end"), expected(kGrads, 2, 84).size()) ==
         expected(kGrads, 2, 84));
   // HSDP (2 replicas of 4-rank shard groups): the grads are (Replicate, Shard(0)), the
   // norms (Replicate, _NormPartial): one partial mesh dimension, the same events.
   const Program hsdp = build_program(scenario("1.0", {{"parallel.data", "8"}, {"parallel.replicate", "2"}}));
-  CHECK(head(between(hsdp, "backward_end", "optimizer_end"), expected(kGrads, 4, 84).size()) ==
+  CHECK(head(step_events(hsdp, "backward_end", "optimizer_end"), expected(kGrads, 4, 84).size()) ==
         expected(kGrads, 4, 84));
   // isnan / isinf / logical_or of the Replicate total norm are local.
   const Program nf = build_program(scenario("1.0", {{"optimizer.clip_error_if_nonfinite", "true"}}));
-  CHECK(head(between(nf, "backward_end", "optimizer_end"), expected(kGrads, 4, 84, true).size()) ==
+  CHECK(head(step_events(nf, "backward_end", "optimizer_end"), expected(kGrads, 4, 84, true).size()) ==
         expected(kGrads, 4, 84, true));
 }
 
@@ -202,7 +162,7 @@ TEST_CASE("clip_grad fsdp2: torchtitan's model code and its kept grad_norm", "[c
                       {"optimizer.clip_keep_norm", "true"}};
   const Program on = build_program(scenario("1.0", titan));
   const std::vector<std::string> clip = expected(kGrads, 4, 84, false, true);
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   REQUIRE(ev.size() > clip.size());
   CHECK(head(ev, clip.size()) == clip);
   CHECK(ev[clip.size()] == "-4");  // the warm-up step's kept norm dies after the new clip
@@ -237,36 +197,6 @@ TEST_CASE("clip_grad fsdp2: the shipped torchtitan scenario through the CLI", "[
   CHECK(bad.out.find("parallel.cpu_offload") != std::string::npos);
 }
 
-namespace {
-
-// Allocations "+BYTES" and each run of frees between two allocations "-[sorted bytes]": the
-// resolution at which the CPU tracker's order is real (it sees a free at the next op;
-// tests/test_clip_grad.cpp).
-std::vector<std::string> coarse(const std::vector<std::pair<bool, uint64_t>>& events) {
-  std::vector<std::string> out;
-  std::vector<uint64_t> frees;
-  auto flush = [&] {
-    if (frees.empty()) return;
-    std::sort(frees.begin(), frees.end());
-    std::string s = "-[";
-    for (size_t i = 0; i < frees.size(); ++i) s += (i ? "," : "") + std::to_string(frees[i]);
-    out.push_back(s + "]");
-    frees.clear();
-  };
-  for (const auto& [alloc, bytes] : events) {
-    if (alloc) {
-      flush();
-      out.push_back("+" + std::to_string(bytes));
-    } else {
-      frees.push_back(bytes);
-    }
-  }
-  flush();
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("clip_grad fsdp2: the CPU path matches torch 1.13 runs of the local ops", "[clip_grad][fsdp2][fixture]") {
   for (const char* dtype : {"fp32", "bf16"}) {
     for (const bool nonfinite : {false, true}) {
@@ -275,27 +205,14 @@ TEST_CASE("clip_grad fsdp2: the CPU path matches torch 1.13 runs of the local op
       const nlohmann::json fx = memsim_test::load_json(MEMSIM_SOURCE_DIR + "/tests/data/clip_grad/" + name + ".json");
       REQUIRE(fx.contains("events"));
       REQUIRE(fx["grads"].get<size_t>() == kGrads);
-      std::vector<std::pair<bool, uint64_t>> expected_ev;
-      for (const auto& e : fx["events"]) expected_ev.emplace_back(e[0] == "alloc", e[2].get<uint64_t>());
+      const memsim_test::AllocFrees expected_ev = memsim_test::fixture_alloc_frees(fx);
       REQUIRE(expected_ev.size() >= 60);
       Sets set = {{"precision.params", dtype}};
       if (nonfinite) set.emplace_back("optimizer.clip_error_if_nonfinite", "true");
       Scenario s = scenario("1.0", set);
       s.device.kernel_scratch = false;  // ATen's CPU _foreach_norm: one norm per tensor
       const Program p = build_program(s);
-      std::vector<std::pair<bool, uint64_t>> got;
-      bool measured = false, in = false;
-      for (const MemoryEvent& e : p.events) {
-        if (e.type == EventType::mark) {
-          const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-          if (m == "measured_step_begin") measured = true;
-          if (measured && m == "backward_end") in = true;
-          continue;
-        }
-        if (!in || got.size() == expected_ev.size()) continue;
-        if (e.type == EventType::alloc) got.emplace_back(true, e.bytes);
-        if (e.type == EventType::free) got.emplace_back(false, p.tensors[e.tensor].bytes);
-      }
+      const memsim_test::AllocFrees got = memsim_test::measured_alloc_frees(p, "backward_end", expected_ev.size());
       CHECK(coarse(got) == coarse(expected_ev));
     }
   }
