@@ -5,7 +5,7 @@
 // Contract: everything reads the Program only (no allocator, no scenario); the walkers look
 // at the measured step (from its "measured_step_begin" mark on), so a warm-up step's events
 // never count; a fixture's events are [kind, op, bytes] rows as tools/fixtures/*.py write
-// them. A refusal helper runs a build and returns the ScenarioError's text ("" when it built).
+// them.
 #pragma once
 
 #include <algorithm>
@@ -19,7 +19,6 @@
 #include <nlohmann/json.hpp>
 
 #include "program/program.h"
-#include "scenario/scenario.h"
 
 namespace memsim_test {
 
@@ -121,18 +120,6 @@ inline std::vector<std::string> coarse(const AllocFrees& events) {
   }
   flush();
   return out;
-}
-
-// What `build()` (loading and building a scenario) throws as a ScenarioError; empty when it
-// builds.
-template <typename Build>
-std::string refusal_of(Build&& build) {
-  try {
-    build();
-  } catch (const memsim::ScenarioError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace memsim_test

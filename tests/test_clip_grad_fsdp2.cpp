@@ -18,6 +18,7 @@
 #include "json_test_support.h"
 #include "program/program.h"
 #include "scenario/scenario.h"
+#include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
 #include "step_events_support.h"
 

@@ -20,6 +20,7 @@
 #include "program/program.h"
 #include "real_run_test_support.h"
 #include "scenario/scenario.h"
+#include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
 #include "step_events_support.h"
 

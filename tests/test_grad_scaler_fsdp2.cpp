@@ -17,6 +17,7 @@
 #include "cli_test_support.h"
 #include "program/program.h"
 #include "scenario/scenario.h"
+#include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
 #include "step_events_support.h"
 
