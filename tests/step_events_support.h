@@ -29,36 +29,58 @@ inline size_t allocations(const memsim::Program& p) {
   return n;
 }
 
-// The measured step's alloc/free events from mark `from` to mark `to` (to the end when `to`
-// is empty or never comes): each allocation "+BYTES op #K" (K counts the span's allocations
-// from 0), each free "-#K" for a tensor allocated in the span, "-BYTES" for an older one, so
-// lifetimes are part of the text.
-inline std::vector<std::string> step_events(const memsim::Program& p, const std::string& from,
-                                            const std::string& to = "") {
-  std::vector<std::string> out;
-  std::map<uint32_t, size_t> index;  // tensor id -> K
+// Calls visit(e) for each alloc/free event of the measured step (from its
+// "measured_step_begin" mark on) after mark `from`, up to mark `to` (to the end when `to` is
+// empty or never comes), while visit returns true.
+template <typename Visit>
+void walk_step(const memsim::Program& p, const std::string& from, const std::string& to, Visit&& visit) {
   bool measured = false, in = false;
   for (const memsim::MemoryEvent& e : p.events) {
     if (e.type == memsim::EventType::mark) {
       const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
       if (m == "measured_step_begin") measured = true;
       if (measured && m == from) in = true;
-      if (measured && in && !to.empty() && m == to) return out;
+      if (measured && in && !to.empty() && m == to) return;
       continue;
     }
-    if (!in) continue;
+    if (!in || (e.type != memsim::EventType::alloc && e.type != memsim::EventType::free)) continue;
+    if (!visit(e)) return;
+  }
+}
+
+// The measured step's alloc/free events from mark `from` to mark `to` (as walk_step): each
+// allocation "+BYTES op #K" (K counts the span's allocations from 0), each free "-#K" for a
+// tensor allocated in the span, "-BYTES" for an older one, so lifetimes are part of the text.
+inline std::vector<std::string> step_events(const memsim::Program& p, const std::string& from,
+                                            const std::string& to = "") {
+  std::vector<std::string> out;
+  std::map<uint32_t, size_t> index;  // tensor id -> K
+  walk_step(p, from, to, [&](const memsim::MemoryEvent& e) {
     if (e.type == memsim::EventType::alloc) {
       const size_t k = index.size();
       index[e.tensor] = k;
       out.push_back("+" + std::to_string(e.bytes) + " " + p.str(e.op) + " #" + std::to_string(k));
-    } else if (e.type == memsim::EventType::free) {
+    } else {
       const auto it = index.find(e.tensor);
       out.push_back(it != index.end() ? "-#" + std::to_string(it->second)
                                       : "-" + std::to_string(p.tensors[e.tensor].bytes));
     }
-  }
+    return true;
+  });
   return out;
 }
+
+// step_events' text written by hand: add(bytes, op) appends "+BYTES op #K" and returns K
+// (counting from the `k` it starts with), drop(K) appends "-#K".
+struct ExpectedEvents {
+  std::vector<std::string> v;
+  size_t k = 0;
+  size_t add(uint64_t bytes, const std::string& op) {
+    v.push_back("+" + std::to_string(bytes) + " " + op + " #" + std::to_string(k));
+    return k++;
+  }
+  void drop(size_t i) { v.push_back("-#" + std::to_string(i)); }
+};
 
 // The first n entries of v (all of v when it is shorter).
 inline std::vector<std::string> head(const std::vector<std::string>& v, size_t n) {
@@ -80,18 +102,12 @@ inline AllocFrees fixture_alloc_frees(const nlohmann::json& fx) {
 // its tensor's bytes).
 inline AllocFrees measured_alloc_frees(const memsim::Program& p, const std::string& from, size_t count) {
   AllocFrees got;
-  bool measured = false, in = false;
-  for (const memsim::MemoryEvent& e : p.events) {
-    if (e.type == memsim::EventType::mark) {
-      const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-      if (m == "measured_step_begin") measured = true;
-      if (measured && m == from) in = true;
-      continue;
-    }
-    if (!in || got.size() == count) continue;
-    if (e.type == memsim::EventType::alloc) got.emplace_back(true, e.bytes);
-    if (e.type == memsim::EventType::free) got.emplace_back(false, p.tensors[e.tensor].bytes);
-  }
+  if (count == 0) return got;
+  walk_step(p, from, "", [&](const memsim::MemoryEvent& e) {
+    got.emplace_back(e.type == memsim::EventType::alloc,
+                     e.type == memsim::EventType::alloc ? e.bytes : p.tensors[e.tensor].bytes);
+    return got.size() < count;
+  });
   return got;
 }
 

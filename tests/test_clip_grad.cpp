@@ -20,6 +20,7 @@
 #include "scenario/scenario.h"
 #include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
+#include "clip_grad_test_support.h"
 #include "step_events_support.h"
 
 using namespace memsim;
@@ -57,46 +58,25 @@ size_t parameters(const Program& p) {
 // workspace `ws` bytes (0: the CPU path, no workspaces), numbered from #k0.
 std::vector<std::string> expected_clip(size_t n, uint64_t e, uint64_t ws, size_t k0 = 0,
                                        bool nonfinite = false, bool keep = false) {
-  std::vector<std::string> v;
-  size_t k = k0;
-  auto add = [&](uint64_t bytes, const std::string& op) {
-    v.push_back("+" + std::to_string(bytes) + " " + op + " #" + std::to_string(k));
-    return k++;
-  };
-  auto drop = [&](size_t i) { v.push_back("-#" + std::to_string(i)); };
+  memsim_test::ExpectedEvents x{{}, k0};
   size_t per_tensor = 0, global_output = 0, global_norm = 0;
   if (ws != 0) {
-    per_tensor = add(ws, "zeros");
-    global_output = add(1280, "zeros");
+    per_tensor = x.add(ws, "zeros");
+    global_output = x.add(1280, "zeros");
   }
   std::vector<size_t> norms;
-  for (size_t i = 0; i < n; ++i) norms.push_back(add(e, "sum"));
+  for (size_t i = 0; i < n; ++i) norms.push_back(x.add(e, "sum"));
   if (ws != 0) {
-    global_norm = add(e, "sum");
-    drop(global_output);
-    drop(per_tensor);
-    drop(global_norm);
+    global_norm = x.add(e, "sum");
+    x.drop(global_output);
+    x.drop(per_tensor);
+    x.drop(global_norm);
   }
-  const size_t stacked = add(n * e, "cat");
-  const size_t total = add(e, "sum");
-  drop(stacked);
-  if (nonfinite) {
-    const size_t a = add(1, "ge"), b = add(1, "ge"), c = add(1, "bitwise_or");
-    drop(a);
-    drop(b);
-    drop(c);
-  }
-  for (auto it = norms.rbegin(); it != norms.rend(); ++it) drop(*it);
-  const size_t shifted = add(e, "add.Scalar");
-  const size_t recip = add(e, "reciprocal");
-  const size_t coef = add(e, "mul");
-  drop(recip);
-  drop(shifted);
-  const size_t clamped = add(e, "other");
-  drop(coef);
-  drop(clamped);
-  if (!keep) drop(total);
-  return v;
+  const size_t stacked = x.add(n * e, "cat");
+  const size_t total = x.add(e, "sum");
+  x.drop(stacked);
+  memsim_test::expect_clip_after_total(x, norms, total, e, nonfinite, keep);
+  return x.v;
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "scenario/scenario.h"
 #include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
+#include "clip_grad_test_support.h"
 #include "step_events_support.h"
 
 using namespace memsim;
@@ -57,54 +58,33 @@ Scenario scenario(const std::string& norm, Sets set = {}) {
 // comments cite the rule).
 std::vector<std::string> expected(size_t n, uint64_t e, uint64_t ws, bool nonfinite = false,
                                   bool keep = false) {
-  std::vector<std::string> v;
-  size_t k = 0;
-  auto add = [&](uint64_t bytes, const std::string& op) {
-    v.push_back("+" + std::to_string(bytes) + " " + op + " #" + std::to_string(k));
-    return k++;
-  };
-  auto drop = [&](size_t i) { v.push_back("-#" + std::to_string(i)); };
+  memsim_test::ExpectedEvents x{{}, 0};
   // torch._foreach_norm(device_grads): foreach_norm_strategy, Shard(0) -> _NormPartial(2),
   // no redistribution; the local op is ForeachReduceOp.cu's on the local shards.
-  const size_t per_tensor = add(ws, "zeros");
-  const size_t global_output = add(320 * 4, "zeros");
+  const size_t per_tensor = x.add(ws, "zeros");
+  const size_t global_output = x.add(320 * 4, "zeros");
   std::vector<size_t> norms;
-  for (size_t i = 0; i < n; ++i) norms.push_back(add(e, "sum"));
-  const size_t global_norm = add(e, "sum");
-  drop(global_output);
-  drop(per_tensor);
-  drop(global_norm);
+  for (size_t i = 0; i < n; ++i) norms.push_back(x.add(e, "sum"));
+  const size_t global_norm = x.add(e, "sum");
+  x.drop(global_output);
+  x.drop(per_tensor);
+  x.drop(global_norm);
   // torch.stack(norms): stack_strategy follows _NormPartial: a local [N].
-  const size_t stacked = add(n * e, "cat");
+  const size_t stacked = x.add(n * e, "cat");
   // linalg.vector_norm(stack): the Partial stack made Replicate first (_NormPartial.
   // _reduce_value: ** 2, _c10d_functional.all_reduce's clone, ** 0.5; the square, then the
   // clone die at its return), the 0-d total, the redistributed argument dies, the stack.
-  const size_t squared = add(n * e, "pow");
-  const size_t reduced = add(n * e, "clone");
-  const size_t replicated = add(n * e, "pow");
-  drop(squared);
-  drop(reduced);
-  const size_t total = add(e, "sum");
-  drop(replicated);
-  drop(stacked);
+  const size_t squared = x.add(n * e, "pow");
+  const size_t reduced = x.add(n * e, "clone");
+  const size_t replicated = x.add(n * e, "pow");
+  x.drop(squared);
+  x.drop(reduced);
+  const size_t total = x.add(e, "sum");
+  x.drop(replicated);
+  x.drop(stacked);
   // A Replicate total norm: the rest is local, as on one GPU.
-  if (nonfinite) {
-    const size_t a = add(1, "ge"), b = add(1, "ge"), c = add(1, "bitwise_or");
-    drop(a);
-    drop(b);
-    drop(c);
-  }
-  for (auto it = norms.rbegin(); it != norms.rend(); ++it) drop(*it);
-  const size_t shifted = add(e, "add.Scalar");
-  const size_t recip = add(e, "reciprocal");
-  const size_t coef = add(e, "mul");
-  drop(recip);
-  drop(shifted);
-  const size_t clamped = add(e, "other");
-  drop(coef);
-  drop(clamped);
-  if (!keep) drop(total);
-  return v;
+  memsim_test::expect_clip_after_total(x, norms, total, e, nonfinite, keep);
+  return x.v;
 }
 
 std::string refusal(const Sets& set) {

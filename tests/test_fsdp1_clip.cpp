@@ -54,41 +54,35 @@ Program program(Sets set = {}, bool scratch = true) {
 // first call (the zero scalar exists). `scratch`: CUDA's per-norm staging.
 std::vector<std::string> expected(const std::vector<uint64_t>& numels, bool scratch, size_t k0 = 0,
                                   bool keep = false) {
-  std::vector<std::string> v;
-  size_t k = k0;
-  auto add = [&](uint64_t bytes, const std::string& op) {
-    v.push_back("+" + std::to_string(bytes) + " " + op + " #" + std::to_string(k));
-    return k++;
-  };
-  auto drop = [&](size_t i) { v.push_back("-#" + std::to_string(i)); };
+  memsim_test::ExpectedEvents x{{}, k0};
   std::vector<size_t> norms;
   for (const uint64_t n : numels) {
-    norms.push_back(add(4, "sum"));
+    norms.push_back(x.add(4, "sum"));
     const graph::ReduceScratch s = graph::full_reduce_scratch(n);
     if (scratch && s.global_bytes != 0) {
-      const size_t buffer = add(s.global_bytes, "sum");
-      drop(add(s.semaphore_bytes, "sum"));
-      drop(buffer);
+      const size_t buffer = x.add(s.global_bytes, "sum");
+      x.drop(x.add(s.semaphore_bytes, "sum"));
+      x.drop(buffer);
     }
   }
-  const size_t stacked = add(4 * numels.size(), "cat");
-  for (auto it = norms.rbegin(); it != norms.rend(); ++it) drop(*it);
-  const size_t local = add(4, "sum");
-  drop(stacked);
-  const size_t squared = add(4, "pow");
-  const size_t total = add(4, "pow");
-  drop(squared);
-  const size_t shifted = add(4, "add.Scalar");
-  const size_t recip = add(4, "reciprocal");
-  const size_t coef = add(4, "mul");
-  drop(recip);
-  drop(shifted);
-  const size_t clamped = add(4, "other");
-  drop(local);
-  drop(coef);
-  drop(clamped);
-  if (!keep) drop(total);
-  return v;
+  const size_t stacked = x.add(4 * numels.size(), "cat");
+  for (auto it = norms.rbegin(); it != norms.rend(); ++it) x.drop(*it);
+  const size_t local = x.add(4, "sum");
+  x.drop(stacked);
+  const size_t squared = x.add(4, "pow");
+  const size_t total = x.add(4, "pow");
+  x.drop(squared);
+  const size_t shifted = x.add(4, "add.Scalar");
+  const size_t recip = x.add(4, "reciprocal");
+  const size_t coef = x.add(4, "mul");
+  x.drop(recip);
+  x.drop(shifted);
+  const size_t clamped = x.add(4, "other");
+  x.drop(local);
+  x.drop(coef);
+  x.drop(clamped);
+  if (!keep) x.drop(total);
+  return x.v;
 }
 
 // Rank 0's gradients of kModel: one flat shard per unit, or (use_orig_params) the original
