@@ -134,9 +134,10 @@ inline std::vector<memsim::graph::CompiledRegionStats> compiled_block_forward(
 }
 
 // A region's saved set is `want` (op, bytes), in order: the first is an input (the
-// region's primal) and the saved bytes are want's sum.
+// region's primal) or not as `first_input` says, and the saved bytes are want's sum.
 inline void check_saved_values(const memsim::graph::CompiledRegionStats& r,
-                               const std::vector<std::pair<memsim::graph::OpKind, uint64_t>>& want) {
+                               const std::vector<std::pair<memsim::graph::OpKind, uint64_t>>& want,
+                               bool first_input = true) {
   for (size_t i = 0; i < r.saved_values.size(); ++i)
     UNSCOPED_INFO(i << ": " << memsim::graph::forward_name(r.saved_values[i].op) << " " << r.saved_values[i].bytes);
   REQUIRE(r.saved_values.size() == want.size());
@@ -147,7 +148,7 @@ inline void check_saved_values(const memsim::graph::CompiledRegionStats& r,
     CHECK(r.saved_values[i].bytes == want[i].second);
     total += want[i].second;
   }
-  CHECK(r.saved_values[0].input);
+  CHECK(r.saved_values[0].input == first_input);
   CHECK(r.saved_bytes == total);
 }
 

@@ -24,21 +24,11 @@ using namespace memsim_test::deepspeed;
 
 namespace {
 
-using Allocs = std::vector<std::pair<std::string, uint64_t>>;
 using memsim_test::coarse;
 
 // DeepSpeed's allocations (names with "ZeRO-" or the scaled loss) in [from, to).
 Allocs ds_allocs(const Program& p, size_t from, size_t to) {
-  const TensorNames names(p);
-  Allocs out;
-  for (size_t i = from; i < to; ++i) {
-    const MemoryEvent& e = p.events[i];
-    if (e.type != EventType::alloc) continue;
-    const std::string n = names.name(e.tensor);
-    if (n.find("ZeRO-") != std::string::npos || n.find("scaled loss") != std::string::npos)
-      out.emplace_back(n, e.bytes);
-  }
-  return out;
+  return memsim_test::deepspeed::ds_allocs(p, from, to, true);
 }
 
 // The measured step's optimizer window: backward_end .. optimizer_end.
