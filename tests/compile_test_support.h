@@ -5,6 +5,8 @@
 // tests/data/torch_cpu/compile_* are of this shape.
 #pragma once
 
+#include <catch2/catch.hpp>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -97,17 +99,18 @@ inline Trace trace(const memsim::Program& p) {
 }
 
 
-// One forward of `s`'s decoder with every block compiled as its own region (the compile
-// engine alone, no step schedule, `partitioner`'s rules), `hooks` (if any) on the Runtime
-// during it: the regions' statistics.
-inline std::vector<memsim::graph::CompiledRegionStats> compiled_block_forward(
-    const memsim::Scenario& s, memsim::graph::RuntimeHooks* hooks = nullptr,
-    memsim::graph::PartitionerVersion partitioner = memsim::graph::CompileOptions{}.partitioner) {
+// One forward of `s`'s decoder under the compile engine alone (no step schedule) with
+// `scope` (every block its own region, or the whole model one) and `partitioner`'s rules,
+// `hooks` (if any) on the Runtime during it: the regions' statistics.
+inline std::vector<memsim::graph::CompiledRegionStats> compiled_forward_regions(
+    const memsim::Scenario& s, memsim::graph::CompileScope scope,
+    memsim::graph::PartitionerVersion partitioner = memsim::graph::CompileOptions{}.partitioner,
+    memsim::graph::RuntimeHooks* hooks = nullptr) {
   using namespace memsim;
   Program program;
   graph::Runtime rt(program);
   graph::CompileOptions o;
-  o.scope = graph::CompileScope::block;
+  o.scope = scope;
   o.partitioner = partitioner;
   graph::CompileEngine engine(rt, o);
   rt.hooks = hooks;
@@ -121,6 +124,32 @@ inline std::vector<memsim::graph::CompiledRegionStats> compiled_block_forward(
   rt.hooks = nullptr;
   rt.freeze();
   return engine.regions();
+}
+
+// The block-scope case of compiled_forward_regions.
+inline std::vector<memsim::graph::CompiledRegionStats> compiled_block_forward(
+    const memsim::Scenario& s, memsim::graph::RuntimeHooks* hooks = nullptr,
+    memsim::graph::PartitionerVersion partitioner = memsim::graph::CompileOptions{}.partitioner) {
+  return compiled_forward_regions(s, memsim::graph::CompileScope::block, partitioner, hooks);
+}
+
+// A region's saved set is `want` (op, bytes), in order: the first is an input (the
+// region's primal) or not as `first_input` says, and the saved bytes are want's sum.
+inline void check_saved_values(const memsim::graph::CompiledRegionStats& r,
+                               const std::vector<std::pair<memsim::graph::OpKind, uint64_t>>& want,
+                               bool first_input = true) {
+  for (size_t i = 0; i < r.saved_values.size(); ++i)
+    UNSCOPED_INFO(i << ": " << memsim::graph::forward_name(r.saved_values[i].op) << " " << r.saved_values[i].bytes);
+  REQUIRE(r.saved_values.size() == want.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO(i);
+    CHECK(r.saved_values[i].op == want[i].first);
+    CHECK(r.saved_values[i].bytes == want[i].second);
+    total += want[i].second;
+  }
+  CHECK(r.saved_values[0].input == first_input);
+  CHECK(r.saved_bytes == total);
 }
 
 }  // namespace memsim_test

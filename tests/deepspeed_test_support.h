@@ -100,6 +100,22 @@ inline uint64_t live_at_end(const Program& p, const std::string& name) {
   return live_named_before(p, name, p.events.size());
 }
 
+// DeepSpeed's own allocations in [from, to) (names with "ZeRO-", and the scaled loss's
+// where with_scaled_loss): name and requested bytes, in order.
+using Allocs = std::vector<std::pair<std::string, uint64_t>>;
+inline Allocs ds_allocs(const Program& p, size_t from, size_t to, bool with_scaled_loss) {
+  const TensorNames names(p);
+  Allocs out;
+  for (size_t i = from; i < to; ++i) {
+    const MemoryEvent& e = p.events[i];
+    if (e.type != EventType::alloc) continue;
+    const std::string n = names.name(e.tensor);
+    if (n.find("ZeRO-") != std::string::npos || (with_scaled_loss && n.find("scaled loss") != std::string::npos))
+      out.emplace_back(n, e.bytes);
+  }
+  return out;
+}
+
 inline std::string data(const std::string& f) { return std::string(MEMSIM_SOURCE_DIR) + "/tests/data/deepspeed/" + f; }
 
 

@@ -57,6 +57,33 @@ inline std::vector<Ev> measured(const memsim::Program& p, const std::string& fro
   return out;
 }
 
+// The measured step's FSDP2 events of interest, in order (the Accelerate LoRA and tied-
+// embedding suites): "ag <phase> <group>" for each flat all-gather output, "rs <group>" for
+// each reduce-scatter input, "+<phase> <head_label>" / "-<phase> ..." for the root's
+// unsharded lm_head weight and "+<phase> embed" / "-<phase> embed" for the unsharded
+// embedding; <phase> is "fwd ", "bwd " or `other_phase` (each suite's spelling).
+inline std::vector<std::string> fsdp2_order(const memsim::Program& p, const std::string& other_phase,
+                                            const std::string& head_label) {
+  using memsim::EventType;
+  using memsim::Phase;
+  std::vector<std::string> out;
+  bool on = false;
+  for (const memsim::MemoryEvent& e : p.events) {
+    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") on = true;
+    if (!on || (e.type != EventType::alloc && e.type != EventType::free)) continue;
+    const std::string n = p.str(p.tensors[e.tensor].name);
+    const std::string ph = e.phase == Phase::backward ? "bwd " : e.phase == Phase::forward ? "fwd " : other_phase;
+    const std::string sign = e.type == EventType::alloc ? "+" : "-";
+    if (e.type == EventType::alloc && n.rfind("FSDP2 all-gather output (flat) of ", 0) == 0)
+      out.push_back("ag " + ph + n.substr(34));
+    if (e.type == EventType::alloc && n.rfind("FSDP2 reduce-scatter input (chunk_cat) of ", 0) == 0)
+      out.push_back("rs " + n.substr(42));
+    if (n == "FSDP2 unsharded lm_head.weight (all_gather_outputs)") out.push_back(sign + ph + head_label);
+    if (n == "FSDP2 unsharded model.embed_tokens.weight (all_gather_outputs)") out.push_back(sign + ph + "embed");
+  }
+  return out;
+}
+
 // Live requested bytes of the measured step after each alloc / free ("+name" / "-name" in
 // `what`), parameters left out, and FSDP2's own buffers (names "FSDP2...") where
 // without_fsdp2_buffers: what the torch stand-ins' trackers see.

@@ -8,9 +8,7 @@
 // refusals by key.
 #include <catch2/catch.hpp>
 
-#include <algorithm>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,12 +20,18 @@
 #include "scenario/scenario.h"
 #include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
+#include "clip_grad_test_support.h"
+#include "step_events_support.h"
 
 using namespace memsim;
 
 namespace {
 
 using Sets = std::vector<std::pair<std::string, std::string>>;
+using memsim_test::allocations;
+using memsim_test::coarse;
+using memsim_test::head;
+using memsim_test::step_events;
 
 // fp32 weights, foreach AdamW, one warm-up step; vocab 1000 x d_model 64 = 64,000 elements
 // in the largest grad (one 65,536-element chunk).
@@ -44,95 +48,35 @@ Scenario scenario(const std::string& norm, Sets set = {}) {
   return load_scenario_text(kLlama, "clip.yaml", set);
 }
 
-size_t allocations(const Program& p) {
-  size_t n = 0;
-  for (const MemoryEvent& e : p.events) n += e.type == EventType::alloc;
-  return n;
-}
-
 size_t parameters(const Program& p) {
   size_t n = 0;
   for (const TensorInfo& t : p.tensors) n += t.kind == TensorKind::parameter;
   return n;
 }
 
-// The measured step's events between two marks (alloc/free only): "+BYTES op #K" (K counts
-// the span's allocations) and "-#K" for a tensor allocated in the span, "-BYTES" for an
-// older one.
-std::vector<std::string> between(const Program& p, const std::string& from, const std::string& to) {
-  std::vector<std::string> out;
-  std::map<uint32_t, size_t> index;
-  bool measured = false, in = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark) {
-      const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-      if (m == "measured_step_begin") measured = true;
-      if (measured && m == from) in = true;
-      if (measured && in && m == to) return out;
-      continue;
-    }
-    if (!in) continue;
-    if (e.type == EventType::alloc) {
-      const size_t k = index.size();
-      index[e.tensor] = k;
-      out.push_back("+" + std::to_string(e.bytes) + " " + p.str(e.op) + " #" + std::to_string(k));
-    } else if (e.type == EventType::free) {
-      const auto it = index.find(e.tensor);
-      out.push_back(it != index.end() ? "-#" + std::to_string(it->second)
-                                      : "-" + std::to_string(p.tensors[e.tensor].bytes));
-    }
-  }
-  return out;
-}
-
 // clip_grad_norm_'s events for one dtype group of n grads (norms of `e` bytes), its
 // workspace `ws` bytes (0: the CPU path, no workspaces), numbered from #k0.
 std::vector<std::string> expected_clip(size_t n, uint64_t e, uint64_t ws, size_t k0 = 0,
                                        bool nonfinite = false, bool keep = false) {
-  std::vector<std::string> v;
-  size_t k = k0;
-  auto add = [&](uint64_t bytes, const std::string& op) {
-    v.push_back("+" + std::to_string(bytes) + " " + op + " #" + std::to_string(k));
-    return k++;
-  };
-  auto drop = [&](size_t i) { v.push_back("-#" + std::to_string(i)); };
+  memsim_test::ExpectedEvents x{{}, k0};
   size_t per_tensor = 0, global_output = 0, global_norm = 0;
   if (ws != 0) {
-    per_tensor = add(ws, "zeros");
-    global_output = add(1280, "zeros");
+    per_tensor = x.add(ws, "zeros");
+    global_output = x.add(1280, "zeros");
   }
   std::vector<size_t> norms;
-  for (size_t i = 0; i < n; ++i) norms.push_back(add(e, "sum"));
+  for (size_t i = 0; i < n; ++i) norms.push_back(x.add(e, "sum"));
   if (ws != 0) {
-    global_norm = add(e, "sum");
-    drop(global_output);
-    drop(per_tensor);
-    drop(global_norm);
+    global_norm = x.add(e, "sum");
+    x.drop(global_output);
+    x.drop(per_tensor);
+    x.drop(global_norm);
   }
-  const size_t stacked = add(n * e, "cat");
-  const size_t total = add(e, "sum");
-  drop(stacked);
-  if (nonfinite) {
-    const size_t a = add(1, "ge"), b = add(1, "ge"), c = add(1, "bitwise_or");
-    drop(a);
-    drop(b);
-    drop(c);
-  }
-  for (auto it = norms.rbegin(); it != norms.rend(); ++it) drop(*it);
-  const size_t shifted = add(e, "add.Scalar");
-  const size_t recip = add(e, "reciprocal");
-  const size_t coef = add(e, "mul");
-  drop(recip);
-  drop(shifted);
-  const size_t clamped = add(e, "other");
-  drop(coef);
-  drop(clamped);
-  if (!keep) drop(total);
-  return v;
-}
-
-std::vector<std::string> head(const std::vector<std::string>& v, size_t n) {
-  return std::vector<std::string>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min(n, v.size())));
+  const size_t stacked = x.add(n * e, "cat");
+  const size_t total = x.add(e, "sum");
+  x.drop(stacked);
+  memsim_test::expect_clip_after_total(x, norms, total, e, nonfinite, keep);
+  return x.v;
 }
 
 }  // namespace
@@ -154,11 +98,11 @@ TEST_CASE("clip_grad: _foreach_norm, stack, norm, clamp, in order before the opt
   REQUIRE(n == 1 + 2 * 9 + 2);  // embedding, 2 x (q k v o gate up down + 2 norms), norm, head
   // output_per_tensor = zeros(N x 1 chunk) fp32: 84 B.
   const std::vector<std::string> clip = expected_clip(n, 4, n * 1 * 4);
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   CHECK(head(ev, clip.size()) == clip);
   // After it, foreach AdamW's step as without clipping (the same events, numbered on).
   const std::vector<std::string> rest(ev.begin() + static_cast<std::ptrdiff_t>(clip.size()), ev.end());
-  const std::vector<std::string> plain = between(off, "backward_end", "optimizer_end");
+  const std::vector<std::string> plain = step_events(off, "backward_end", "optimizer_end");
   REQUIRE(rest.size() == plain.size());
   // One clip per step: warm-up and measured.
   CHECK(allocations(on) == allocations(off) + 2 * (n + 9));
@@ -168,7 +112,7 @@ TEST_CASE("clip_grad: the workspace counts 65,536-element chunks of the largest 
   // vocab 5000 x 64 = 320,000 elements: 5 chunks; the workspace is N x 5 x 4 B.
   const Program on = build_program(scenario("1.0", {{"model.vocab", "5000"}}));
   const size_t n = parameters(on);
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   REQUIRE(!ev.empty());
   CHECK(ev.front() == "+" + std::to_string(n * 5 * 4) + " zeros #0");
   CHECK(head(ev, expected_clip(n, 4, n * 20).size()) == expected_clip(n, 4, n * 20));
@@ -178,14 +122,14 @@ TEST_CASE("clip_grad: bf16 grads: 2-byte norms, fp32 (opmath) workspaces", "[cli
   const Program on = build_program(scenario("1.0", {{"precision.params", "bf16"}}));
   const size_t n = parameters(on);
   const std::vector<std::string> clip = expected_clip(n, 2, n * 4);
-  CHECK(head(between(on, "backward_end", "optimizer_end"), clip.size()) == clip);
+  CHECK(head(step_events(on, "backward_end", "optimizer_end"), clip.size()) == clip);
 }
 
 TEST_CASE("clip_grad: error_if_nonfinite's isnan / isinf / logical_or", "[clip_grad]") {
   const Program on = build_program(scenario("1.0", {{"optimizer.clip_error_if_nonfinite", "true"}}));
   const size_t n = parameters(on);
   const std::vector<std::string> clip = expected_clip(n, 4, n * 4, 0, true);
-  CHECK(head(between(on, "backward_end", "optimizer_end"), clip.size()) == clip);
+  CHECK(head(step_events(on, "backward_end", "optimizer_end"), clip.size()) == clip);
 }
 
 TEST_CASE("clip_grad: without kernel scratch (CPU) the norms are per tensor, no workspaces", "[clip_grad]") {
@@ -194,7 +138,7 @@ TEST_CASE("clip_grad: without kernel scratch (CPU) the norms are per tensor, no 
   const Program on = build_program(s);
   const size_t n = parameters(on);
   const std::vector<std::string> clip = expected_clip(n, 4, 0);
-  CHECK(head(between(on, "backward_end", "optimizer_end"), clip.size()) == clip);
+  CHECK(head(step_events(on, "backward_end", "optimizer_end"), clip.size()) == clip);
 }
 
 TEST_CASE("clip_grad: a kept total norm lives until the next step's clip returns", "[clip_grad]") {
@@ -202,7 +146,7 @@ TEST_CASE("clip_grad: a kept total norm lives until the next step's clip returns
   const Scenario sdrop = scenario("1.0");
   const Program keep = build_program(skeep), drop = build_program(sdrop);
   const size_t n = parameters(keep);
-  const std::vector<std::string> ev = between(keep, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(keep, "backward_end", "optimizer_end");
   const std::vector<std::string> clip = expected_clip(n, 4, n * 4, 0, false, true);
   REQUIRE(ev.size() > clip.size());
   CHECK(head(ev, clip.size()) == clip);
@@ -223,14 +167,14 @@ TEST_CASE("clip_grad: once per optimizer step under gradient accumulation, with 
   const Program d = build_program(scenario("1.0", ddp));
   CHECK(allocations(d) == allocations(build_program(scenario("", ddp))) + 2 * (n + 9));
   const std::vector<std::string> clip = expected_clip(n, 4, n * 4);
-  CHECK(head(between(d, "backward_end", "optimizer_end"), clip.size()) == clip);
+  CHECK(head(step_events(d, "backward_end", "optimizer_end"), clip.size()) == clip);
 }
 
 TEST_CASE("clip_grad: after the GradScaler's unscale_", "[clip_grad][grad_scaler]") {
   const Sets amp = {{"precision.autocast", "fp16"}, {"precision.grad_scaler", "true"}};
   const Program on = build_program(scenario("1.0", amp));
   const size_t n = parameters(on);
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   // unscale_'s 11 events (tests/test_grad_scaler.cpp: 6 allocations, #0-#5), then the clip.
   REQUIRE(ev.size() > 11);
   CHECK(ev[10] == "-#3");
@@ -243,12 +187,7 @@ TEST_CASE("clip_grad: after the GradScaler's unscale_", "[clip_grad][grad_scaler
 
 TEST_CASE("clip_grad: refused by key where not modelled", "[clip_grad]") {
   auto refusal = [](const Sets& set) {
-    try {
-      build_program(scenario("1.0", set));
-    } catch (const ScenarioError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return memsim_test::refusal_of([&] { build_program(scenario("1.0", set)); });
   };
   // FSDP1 is modelled (FullyShardedDataParallel.clip_grad_norm_: tests/test_fsdp1_clip.cpp).
   for (const Sets& set : std::vector<Sets>{
@@ -302,37 +241,6 @@ TEST_CASE("clip_grad: end to end through the CLI (the GradScaler GPU run's clip 
   CHECK(refused.out.find("optimizer.clip_foreach") != std::string::npos);
 }
 
-namespace {
-
-// A coarse signature both sides can give: each allocation "+BYTES", and each run of frees
-// between two allocations as "-[B1,B2,...]" (sorted). The CPU tracker sees a free only at
-// the next aten op (tools/fixtures/gen_clip_grad_fixtures.py), so this is the resolution
-// at which its order is real.
-std::vector<std::string> coarse(const std::vector<std::pair<bool, uint64_t>>& events) {
-  std::vector<std::string> out;
-  std::vector<uint64_t> frees;
-  auto flush = [&] {
-    if (frees.empty()) return;
-    std::sort(frees.begin(), frees.end());
-    std::string s = "-[";
-    for (size_t i = 0; i < frees.size(); ++i) s += (i ? "," : "") + std::to_string(frees[i]);
-    out.push_back(s + "]");
-    frees.clear();
-  };
-  for (const auto& [alloc, bytes] : events) {
-    if (alloc) {
-      flush();
-      out.push_back("+" + std::to_string(bytes));
-    } else {
-      frees.push_back(bytes);
-    }
-  }
-  flush();
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("clip_grad: memsim's CPU path matches the torch 1.13 run of the 2.x stand-in", "[clip_grad][fixture]") {
   for (const char* dtype : {"fp32", "bf16"}) {
     for (const bool nonfinite : {false, true}) {
@@ -340,8 +248,7 @@ TEST_CASE("clip_grad: memsim's CPU path matches the torch 1.13 run of the 2.x st
       INFO(name);
       const nlohmann::json fx = memsim_test::load_json(MEMSIM_SOURCE_DIR + "/tests/data/clip_grad/" + name + ".json");
       REQUIRE(fx.contains("events"));
-      std::vector<std::pair<bool, uint64_t>> expected;
-      for (const auto& e : fx["events"]) expected.emplace_back(e[0] == "alloc", e[2].get<uint64_t>());
+      const memsim_test::AllocFrees expected = memsim_test::fixture_alloc_frees(fx);
       REQUIRE(expected.size() > 40);
       Sets set = {{"precision.params", dtype}};
       if (nonfinite) set.emplace_back("optimizer.clip_error_if_nonfinite", "true");
@@ -350,28 +257,14 @@ TEST_CASE("clip_grad: memsim's CPU path matches the torch 1.13 run of the 2.x st
       const Program p = build_program(s);
       REQUIRE(parameters(p) == fx["grads"].get<size_t>());
       // memsim's optimizer phase from backward_end: the clip's events come first.
-      std::vector<std::pair<bool, uint64_t>> got;
-      bool measured = false, in = false;
-      for (const MemoryEvent& e : p.events) {
-        if (e.type == EventType::mark) {
-          const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-          if (m == "measured_step_begin") measured = true;
-          if (measured && m == "backward_end") in = true;
-          continue;
-        }
-        if (!in || got.size() == expected.size()) continue;
-        if (e.type == EventType::alloc) got.emplace_back(true, e.bytes);
-        if (e.type == EventType::free) got.emplace_back(false, p.tensors[e.tensor].bytes);
-      }
+      const memsim_test::AllocFrees got = memsim_test::measured_alloc_frees(p, "backward_end", expected.size());
       CHECK(coarse(got) == coarse(expected));
     }
   }
   // torch 1.13's own clip_grad_norm_ differs in one place: its per-grad norms are a
   // temporary list inside the stack expression, so they die before the total norm exists.
   const nlohmann::json old = memsim_test::load_json(MEMSIM_SOURCE_DIR + "/tests/data/clip_grad/clip_torch113_fp32.json");
-  std::vector<std::pair<bool, uint64_t>> ev;
-  for (const auto& e : old["events"]) ev.emplace_back(e[0] == "alloc", e[2].get<uint64_t>());
-  const std::vector<std::string> c = coarse(ev);
+  const std::vector<std::string> c = coarse(memsim_test::fixture_alloc_frees(old));
   REQUIRE(c.size() > 25);
   CHECK(c[21] == "+84");  // the stack of 21 norms
   CHECK(c[22].rfind("-[4,4,", 0) == 0);  // then the 21 norms die

@@ -9,9 +9,7 @@
 // runs of the local ops written out (tools/fixtures/gen_clip_grad_fsdp2_fixtures.py).
 #include <catch2/catch.hpp>
 
-#include <algorithm>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,13 +18,20 @@
 #include "json_test_support.h"
 #include "program/program.h"
 #include "scenario/scenario.h"
+#include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
+#include "clip_grad_test_support.h"
+#include "step_events_support.h"
 
 using namespace memsim;
 
 namespace {
 
 using Sets = std::vector<std::pair<std::string, std::string>>;
+using memsim_test::allocations;
+using memsim_test::coarse;
+using memsim_test::head;
+using memsim_test::step_events;
 
 // 2-layer hf-llama, D 256, F 1000, vocab 1001, fp32, FSDP2 over 4 ranks (tests/test_fsdp2.cpp's
 // model), CUDA kernels (workspaces) on.
@@ -48,106 +53,42 @@ Scenario scenario(const std::string& norm, Sets set = {}) {
   return load_scenario_text(kFsdp2, "fsdp2clip.yaml", set);
 }
 
-size_t allocations(const Program& p) {
-  size_t n = 0;
-  for (const MemoryEvent& e : p.events) n += e.type == EventType::alloc;
-  return n;
-}
-
-// The measured step's alloc/free events between two marks: "+BYTES op #K" and "-#K" for a
-// tensor allocated in the span, "-BYTES" for an older one (tests/test_clip_grad.cpp's form).
-std::vector<std::string> between(const Program& p, const std::string& from, const std::string& to) {
-  std::vector<std::string> out;
-  std::map<uint32_t, size_t> index;
-  bool measured = false, in = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark) {
-      const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-      if (m == "measured_step_begin") measured = true;
-      if (measured && m == from) in = true;
-      if (measured && in && m == to) return out;
-      continue;
-    }
-    if (!in) continue;
-    if (e.type == EventType::alloc) {
-      const size_t k = index.size();
-      index[e.tensor] = k;
-      out.push_back("+" + std::to_string(e.bytes) + " " + p.str(e.op) + " #" + std::to_string(k));
-    } else if (e.type == EventType::free) {
-      const auto it = index.find(e.tensor);
-      out.push_back(it != index.end() ? "-#" + std::to_string(it->second)
-                                      : "-" + std::to_string(p.tensors[e.tensor].bytes));
-    }
-  }
-  return out;
-}
-
 // clip_grad_norm_ over n DTensor grads of e bytes per element, workspace ws bytes:
 // torch/nn/utils/clip_grad.py's statements with the DTensor dispatch of each (the
 // comments cite the rule).
 std::vector<std::string> expected(size_t n, uint64_t e, uint64_t ws, bool nonfinite = false,
                                   bool keep = false) {
-  std::vector<std::string> v;
-  size_t k = 0;
-  auto add = [&](uint64_t bytes, const std::string& op) {
-    v.push_back("+" + std::to_string(bytes) + " " + op + " #" + std::to_string(k));
-    return k++;
-  };
-  auto drop = [&](size_t i) { v.push_back("-#" + std::to_string(i)); };
+  memsim_test::ExpectedEvents x{{}, 0};
   // torch._foreach_norm(device_grads): foreach_norm_strategy, Shard(0) -> _NormPartial(2),
   // no redistribution; the local op is ForeachReduceOp.cu's on the local shards.
-  const size_t per_tensor = add(ws, "zeros");
-  const size_t global_output = add(320 * 4, "zeros");
+  const size_t per_tensor = x.add(ws, "zeros");
+  const size_t global_output = x.add(320 * 4, "zeros");
   std::vector<size_t> norms;
-  for (size_t i = 0; i < n; ++i) norms.push_back(add(e, "sum"));
-  const size_t global_norm = add(e, "sum");
-  drop(global_output);
-  drop(per_tensor);
-  drop(global_norm);
+  for (size_t i = 0; i < n; ++i) norms.push_back(x.add(e, "sum"));
+  const size_t global_norm = x.add(e, "sum");
+  x.drop(global_output);
+  x.drop(per_tensor);
+  x.drop(global_norm);
   // torch.stack(norms): stack_strategy follows _NormPartial: a local [N].
-  const size_t stacked = add(n * e, "cat");
+  const size_t stacked = x.add(n * e, "cat");
   // linalg.vector_norm(stack): the Partial stack made Replicate first (_NormPartial.
   // _reduce_value: ** 2, _c10d_functional.all_reduce's clone, ** 0.5; the square, then the
   // clone die at its return), the 0-d total, the redistributed argument dies, the stack.
-  const size_t squared = add(n * e, "pow");
-  const size_t reduced = add(n * e, "clone");
-  const size_t replicated = add(n * e, "pow");
-  drop(squared);
-  drop(reduced);
-  const size_t total = add(e, "sum");
-  drop(replicated);
-  drop(stacked);
+  const size_t squared = x.add(n * e, "pow");
+  const size_t reduced = x.add(n * e, "clone");
+  const size_t replicated = x.add(n * e, "pow");
+  x.drop(squared);
+  x.drop(reduced);
+  const size_t total = x.add(e, "sum");
+  x.drop(replicated);
+  x.drop(stacked);
   // A Replicate total norm: the rest is local, as on one GPU.
-  if (nonfinite) {
-    const size_t a = add(1, "ge"), b = add(1, "ge"), c = add(1, "bitwise_or");
-    drop(a);
-    drop(b);
-    drop(c);
-  }
-  for (auto it = norms.rbegin(); it != norms.rend(); ++it) drop(*it);
-  const size_t shifted = add(e, "add.Scalar");
-  const size_t recip = add(e, "reciprocal");
-  const size_t coef = add(e, "mul");
-  drop(recip);
-  drop(shifted);
-  const size_t clamped = add(e, "other");
-  drop(coef);
-  drop(clamped);
-  if (!keep) drop(total);
-  return v;
-}
-
-std::vector<std::string> head(const std::vector<std::string>& v, size_t n) {
-  return std::vector<std::string>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min(n, v.size())));
+  memsim_test::expect_clip_after_total(x, norms, total, e, nonfinite, keep);
+  return x.v;
 }
 
 std::string refusal(const Sets& set) {
-  try {
-    build_program(scenario("1.0", set));
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return std::string();
+  return memsim_test::refusal_of([&] { build_program(scenario("1.0", set)); });
 }
 
 }  // namespace
@@ -160,10 +101,10 @@ TEST_CASE("clip_grad fsdp2: foreach norms of the local shards, the stack's all-r
   // 64,256 elements < 65,536: one chunk, so output_per_tensor = zeros(21 x 1) fp32 = 84 B
   // (unsharded, 256,256 elements would be 4 chunks: 336 B).
   const std::vector<std::string> clip = expected(kGrads, 4, kGrads * 1 * 4);
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   CHECK(head(ev, clip.size()) == clip);
   // The optimizer's step after it is the unclipped run's.
-  const std::vector<std::string> plain = between(off, "backward_end", "optimizer_end");
+  const std::vector<std::string> plain = step_events(off, "backward_end", "optimizer_end");
   CHECK(ev.size() == clip.size() + plain.size());
   // N + 12 allocations a step (one GPU: N + 9), two steps.
   CHECK(allocations(on) == allocations(off) + 2 * (kGrads + 12));
@@ -173,7 +114,7 @@ TEST_CASE("clip_grad fsdp2: the workspace counts the largest shard's chunks", "[
   // vocab 2100: ceil(2100 / 4) = 525 rows x 256 = 134,400 elements: 3 chunks (the full
   // 537,600-element embedding would be 9): 21 x 3 x 4 = 252 B.
   const Program on = build_program(scenario("1.0", {{"model.vocab", "2100"}}));
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   REQUIRE(!ev.empty());
   CHECK(ev.front() == "+252 zeros #0");
   CHECK(head(ev, expected(kGrads, 4, 252).size()) == expected(kGrads, 4, 252));
@@ -182,16 +123,16 @@ TEST_CASE("clip_grad fsdp2: the workspace counts the largest shard's chunks", "[
 TEST_CASE("clip_grad fsdp2: bf16 shards, HSDP, error_if_nonfinite", "[clip_grad][fsdp2]") {
   // bf16 parameters: 2-byte norms and [N] tensors, fp32 (opmath) workspaces.
   const Program bf16 = build_program(scenario("1.0", {{"precision.params", "bf16"}}));
-  CHECK(head(between(bf16, "backward_end", "optimizer_end"), expected(kGrads, 2, 84).size()) ==
+  CHECK(head(step_events(bf16, "backward_end", "optimizer_end"), expected(kGrads, 2, 84).size()) ==
         expected(kGrads, 2, 84));
   // HSDP (2 replicas of 4-rank shard groups): the grads are (Replicate, Shard(0)), the
   // norms (Replicate, _NormPartial): one partial mesh dimension, the same events.
   const Program hsdp = build_program(scenario("1.0", {{"parallel.data", "8"}, {"parallel.replicate", "2"}}));
-  CHECK(head(between(hsdp, "backward_end", "optimizer_end"), expected(kGrads, 4, 84).size()) ==
+  CHECK(head(step_events(hsdp, "backward_end", "optimizer_end"), expected(kGrads, 4, 84).size()) ==
         expected(kGrads, 4, 84));
   // isnan / isinf / logical_or of the Replicate total norm are local.
   const Program nf = build_program(scenario("1.0", {{"optimizer.clip_error_if_nonfinite", "true"}}));
-  CHECK(head(between(nf, "backward_end", "optimizer_end"), expected(kGrads, 4, 84, true).size()) ==
+  CHECK(head(step_events(nf, "backward_end", "optimizer_end"), expected(kGrads, 4, 84, true).size()) ==
         expected(kGrads, 4, 84, true));
 }
 
@@ -202,7 +143,7 @@ TEST_CASE("clip_grad fsdp2: torchtitan's model code and its kept grad_norm", "[c
                       {"optimizer.clip_keep_norm", "true"}};
   const Program on = build_program(scenario("1.0", titan));
   const std::vector<std::string> clip = expected(kGrads, 4, 84, false, true);
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   REQUIRE(ev.size() > clip.size());
   CHECK(head(ev, clip.size()) == clip);
   CHECK(ev[clip.size()] == "-4");  // the warm-up step's kept norm dies after the new clip
@@ -237,36 +178,6 @@ TEST_CASE("clip_grad fsdp2: the shipped torchtitan scenario through the CLI", "[
   CHECK(bad.out.find("parallel.cpu_offload") != std::string::npos);
 }
 
-namespace {
-
-// Allocations "+BYTES" and each run of frees between two allocations "-[sorted bytes]": the
-// resolution at which the CPU tracker's order is real (it sees a free at the next op;
-// tests/test_clip_grad.cpp).
-std::vector<std::string> coarse(const std::vector<std::pair<bool, uint64_t>>& events) {
-  std::vector<std::string> out;
-  std::vector<uint64_t> frees;
-  auto flush = [&] {
-    if (frees.empty()) return;
-    std::sort(frees.begin(), frees.end());
-    std::string s = "-[";
-    for (size_t i = 0; i < frees.size(); ++i) s += (i ? "," : "") + std::to_string(frees[i]);
-    out.push_back(s + "]");
-    frees.clear();
-  };
-  for (const auto& [alloc, bytes] : events) {
-    if (alloc) {
-      flush();
-      out.push_back("+" + std::to_string(bytes));
-    } else {
-      frees.push_back(bytes);
-    }
-  }
-  flush();
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("clip_grad fsdp2: the CPU path matches torch 1.13 runs of the local ops", "[clip_grad][fsdp2][fixture]") {
   for (const char* dtype : {"fp32", "bf16"}) {
     for (const bool nonfinite : {false, true}) {
@@ -275,27 +186,14 @@ TEST_CASE("clip_grad fsdp2: the CPU path matches torch 1.13 runs of the local op
       const nlohmann::json fx = memsim_test::load_json(MEMSIM_SOURCE_DIR + "/tests/data/clip_grad/" + name + ".json");
       REQUIRE(fx.contains("events"));
       REQUIRE(fx["grads"].get<size_t>() == kGrads);
-      std::vector<std::pair<bool, uint64_t>> expected_ev;
-      for (const auto& e : fx["events"]) expected_ev.emplace_back(e[0] == "alloc", e[2].get<uint64_t>());
+      const memsim_test::AllocFrees expected_ev = memsim_test::fixture_alloc_frees(fx);
       REQUIRE(expected_ev.size() >= 60);
       Sets set = {{"precision.params", dtype}};
       if (nonfinite) set.emplace_back("optimizer.clip_error_if_nonfinite", "true");
       Scenario s = scenario("1.0", set);
       s.device.kernel_scratch = false;  // ATen's CPU _foreach_norm: one norm per tensor
       const Program p = build_program(s);
-      std::vector<std::pair<bool, uint64_t>> got;
-      bool measured = false, in = false;
-      for (const MemoryEvent& e : p.events) {
-        if (e.type == EventType::mark) {
-          const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-          if (m == "measured_step_begin") measured = true;
-          if (measured && m == "backward_end") in = true;
-          continue;
-        }
-        if (!in || got.size() == expected_ev.size()) continue;
-        if (e.type == EventType::alloc) got.emplace_back(true, e.bytes);
-        if (e.type == EventType::free) got.emplace_back(false, p.tensors[e.tensor].bytes);
-      }
+      const memsim_test::AllocFrees got = memsim_test::measured_alloc_frees(p, "backward_end", expected_ev.size());
       CHECK(coarse(got) == coarse(expected_ev));
     }
   }

@@ -29,6 +29,7 @@
 #include "json_test_support.h"
 #include "scenario/hf_family.h"
 #include "scenario/scenario.h"
+#include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
 #include "test_paths.h"
 
@@ -135,14 +136,7 @@ std::string tune_yaml(bool compile, const std::string& params, const std::string
 
 Program build(const std::string& y) { return build_program(load_scenario_text(y, "tc.yaml")); }
 
-std::string error_of(const std::string& y) {
-  try {
-    build(y);
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const std::string& y) { return memsim_test::refusal_of([&] { build(y); }); }
 
 }  // namespace
 

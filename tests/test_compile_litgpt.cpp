@@ -22,6 +22,7 @@
 #include "json_test_support.h"
 #include "scenario/hf_family.h"
 #include "scenario/scenario.h"
+#include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
 #include "test_paths.h"
 
@@ -51,35 +52,15 @@ std::string yaml(bool compile, const std::string& params = "bf16", const std::st
 
 Program build(const std::string& y) { return build_program(load_scenario_text(y, "t.yaml")); }
 
-std::string error_of(const std::string& y) {
-  try {
-    build(y);
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const std::string& y) { return memsim_test::refusal_of([&] { build(y); }); }
 
 // One forward of the scenario's model with `v`'s rules, GPT.forward compiled as one region
 // (no step schedule): the region's statistics.
 graph::CompiledRegionStats compiled_model(const std::string& params, graph::PartitionerVersion v) {
-  const Scenario s = load_scenario_text(yaml(false, params), "t.yaml");
-  Program program;
-  graph::Runtime rt(program);
-  graph::CompileOptions o;
-  o.scope = graph::CompileScope::model;
-  o.partitioner = v;
-  graph::CompileEngine engine(rt, o);
-  graph::DecoderModel model(rt, hf_shape(s));
-  model.construct();
-  const uint64_t tokens = s.batch.micro_batch * s.batch.seq_len;
-  graph::Tensor ids = rt.alloc(tokens * 8, TensorKind::input, graph::OpKind::other);
-  rt.ctx.phase = Phase::forward;
-  rt.begin_graph();
-  graph::Tensor logits = model.forward(ids);
-  rt.freeze();
-  REQUIRE(engine.regions().size() == 1);
-  return engine.regions()[0];
+  const std::vector<graph::CompiledRegionStats> regions = memsim_test::compiled_forward_regions(
+      load_scenario_text(yaml(false, params), "t.yaml"), graph::CompileScope::model, v);
+  REQUIRE(regions.size() == 1);
+  return regions[0];
 }
 
 }  // namespace
@@ -169,17 +150,7 @@ TEST_CASE("compile + litgpt: what the compiled GPT saves under the torch 2.x rul
     uint64_t total = 0;
     for (const auto& w : want) total += w.second;
     const auto r = compiled_model(e == 2 ? "bf16" : "fp32", graph::PartitionerVersion::torch25);
-    for (size_t i = 0; i < r.saved_values.size(); ++i)
-      UNSCOPED_INFO(i << ": " << graph::forward_name(r.saved_values[i].op) << " "
-                      << r.saved_values[i].bytes);
-    REQUIRE(r.saved_values.size() == want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      INFO(i);
-      CHECK(r.saved_values[i].op == want[i].first);
-      CHECK(r.saved_values[i].bytes == want[i].second);
-    }
-    CHECK(r.saved_values[0].input);
-    CHECK(r.saved_bytes == total);
+    memsim_test::check_saved_values(r, want);
     // The 2.x rules reach the 1.13 fixture's bytes (the materialised-backward ban where
     // 1.13 had its unlisted views and unlisted cat).
     CHECK(r.saved_bytes == (e == 2 ? 290560u : 544512u));

@@ -21,6 +21,7 @@
 #include "json_test_support.h"
 #include "scenario/hf_family.h"
 #include "scenario/scenario.h"
+#include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
 #include "test_paths.h"
 
@@ -70,14 +71,7 @@ std::vector<graph::CompiledRegionStats> compiled_forward_loss(const std::string&
   return engine.regions();
 }
 
-std::string error_of(const std::string& y) {
-  try {
-    build(y);
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const std::string& y) { return memsim_test::refusal_of([&] { build(y); }); }
 
 using memsim_test::Trace;
 using memsim_test::trace;
@@ -117,17 +111,7 @@ TEST_CASE("compile + torchtune: what one compiled layer saves, by hand", "[compi
     for (int l = 0; l < 2; ++l) {
       const auto& r = regions[l];
       INFO(l);
-      for (size_t i = 0; i < r.saved_values.size(); ++i)
-        UNSCOPED_INFO(i << ": op " << static_cast<int>(r.saved_values[i].op) << " bytes "
-                        << r.saved_values[i].bytes);
-      REQUIRE(r.saved_values.size() == want.size());
-      for (size_t i = 0; i < want.size(); ++i) {
-        INFO(i);
-        CHECK(r.saved_values[i].op == want[i].first);
-        CHECK(r.saved_values[i].bytes == want[i].second);
-      }
-      CHECK(r.saved_values[0].input);
-      CHECK(r.saved_bytes == total);
+      memsim_test::check_saved_values(r, want);
       // Eager saves silu(w1) for the product's backward and, per RMSNorm: 16-bit,
       // x.float() (fp32: pow's and the product's input) and x_normed (the scale's mul
       // reads it), but not the layer input nor output_proj's output (their readers, the

@@ -63,18 +63,9 @@ int64_t peak(const std::vector<int64_t>& curve, Window w) {
                            curve.begin() + static_cast<std::ptrdiff_t>(w.end));
 }
 
-// DeepSpeed's own allocations in [from, to): name and requested bytes, in order.
-using Allocs = std::vector<std::pair<std::string, uint64_t>>;
+// DeepSpeed's own allocations in [from, to) (deepspeed_test_support.h; no scaled loss here).
 Allocs ds_allocs(const Program& p, size_t from, size_t to) {
-  const TensorNames names(p);
-  Allocs out;
-  for (size_t i = from; i < to; ++i) {
-    const MemoryEvent& e = p.events[i];
-    if (e.type != EventType::alloc) continue;
-    const std::string n = names.name(e.tensor);
-    if (n.find("ZeRO-") != std::string::npos) out.emplace_back(n, e.bytes);
-  }
-  return out;
+  return memsim_test::deepspeed::ds_allocs(p, from, to, false);
 }
 
 // Allocations named `glob` in the window.

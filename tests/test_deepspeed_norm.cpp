@@ -16,6 +16,7 @@
 #include "json_test_support.h"
 #include "program/tensor_names.h"
 #include "sim/step/schedule.h"
+#include "step_events_support.h"
 #include "test_paths.h"
 
 using namespace memsim;
@@ -23,20 +24,11 @@ using namespace memsim_test::deepspeed;
 
 namespace {
 
-using Allocs = std::vector<std::pair<std::string, uint64_t>>;
+using memsim_test::coarse;
 
 // DeepSpeed's allocations (names with "ZeRO-" or the scaled loss) in [from, to).
 Allocs ds_allocs(const Program& p, size_t from, size_t to) {
-  const TensorNames names(p);
-  Allocs out;
-  for (size_t i = from; i < to; ++i) {
-    const MemoryEvent& e = p.events[i];
-    if (e.type != EventType::alloc) continue;
-    const std::string n = names.name(e.tensor);
-    if (n.find("ZeRO-") != std::string::npos || n.find("scaled loss") != std::string::npos)
-      out.emplace_back(n, e.bytes);
-  }
-  return out;
+  return memsim_test::deepspeed::ds_allocs(p, from, to, true);
 }
 
 // The measured step's optimizer window: backward_end .. optimizer_end.
@@ -61,33 +53,6 @@ void add_mask(Allocs& a, const std::string& scalar) {
   a.insert(a.end(), {{scalar, 1}, {scalar, 1}, {scalar, 1}, {scalar, 4}});
 }
 
-// A coarse signature both sides can give (as tests/test_clip_grad.cpp): each allocation
-// "+BYTES", each run of frees between two allocations "-[B1,B2,...]" sorted. The CPU
-// tracker of the fixtures sees a free only at the next aten op, so this is the resolution
-// at which their order is real.
-std::vector<std::string> coarse(const std::vector<std::pair<bool, uint64_t>>& events) {
-  std::vector<std::string> out;
-  std::vector<uint64_t> frees;
-  auto flush = [&] {
-    if (frees.empty()) return;
-    std::sort(frees.begin(), frees.end());
-    std::string s = "-[";
-    for (size_t i = 0; i < frees.size(); ++i) s += (i ? "," : "") + std::to_string(frees[i]);
-    out.push_back(s + "]");
-    frees.clear();
-  };
-  for (const auto& [alloc, bytes] : events) {
-    if (alloc) {
-      flush();
-      out.push_back("+" + std::to_string(bytes));
-    } else {
-      frees.push_back(bytes);
-    }
-  }
-  flush();
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("DeepSpeed step: memsim matches the torch 1.13 CPU run of DeepSpeed's step stand-ins",
@@ -107,8 +72,7 @@ TEST_CASE("DeepSpeed step: memsim matches the torch 1.13 CPU run of DeepSpeed's 
     const nlohmann::json fx =
         memsim_test::load_json(std::string(MEMSIM_SOURCE_DIR) + "/tests/data/deepspeed_norm/ds_norm_" + c.name + ".json");
     REQUIRE(fx.contains("events"));
-    std::vector<std::pair<bool, uint64_t>> expected;
-    for (const auto& e : fx["events"]) expected.emplace_back(e[0] == "alloc", e[2].get<uint64_t>());
+    const memsim_test::AllocFrees expected = memsim_test::fixture_alloc_frees(fx);
     REQUIRE(expected.size() > 40);
     std::string extra = "deepspeed:\n  reduce_bucket_size: 20000\n";
     if (std::string(c.clip).size() > 0) extra += "optimizer:\n  max_grad_norm: " + std::string(c.clip) + "\n";
@@ -116,7 +80,7 @@ TEST_CASE("DeepSpeed step: memsim matches the torch 1.13 CPU run of DeepSpeed's 
     y.replace(y.find("params: bf16"), 12, std::string("params: ") + c.params);
     const Program p = build_program(load(y));
     const auto [be, oe] = step_window(p);
-    std::vector<std::pair<bool, uint64_t>> got;
+    memsim_test::AllocFrees got;
     for (size_t i = be; i < oe; ++i) {
       const MemoryEvent& e = p.events[i];
       if (e.type == EventType::alloc) got.emplace_back(true, e.bytes);

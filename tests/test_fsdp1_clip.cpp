@@ -8,9 +8,7 @@
 // clip, the refusals by key and the shipped scenarios through the CLI.
 #include <catch2/catch.hpp>
 
-#include <algorithm>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,13 +20,19 @@
 #include "program/program.h"
 #include "real_run_test_support.h"
 #include "scenario/scenario.h"
+#include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
+#include "step_events_support.h"
 
 using namespace memsim;
 
 namespace {
 
 using Sets = std::vector<std::pair<std::string, std::string>>;
+using memsim_test::allocations;
+using memsim_test::coarse;
+using memsim_test::head;
+using memsim_test::step_events;
 
 // The fixture's model: 2-layer hf-llama, vocab 1000 x d_model 64, untied head, two ranks.
 const std::string kModel =
@@ -46,82 +50,39 @@ Program program(Sets set = {}, bool scratch = true) {
   return build_program(s);
 }
 
-// The measured step's alloc/free events from `from` (alloc: "+BYTES op #K"; free of a tensor
-// allocated in the span: "-#K", of an older one: "-BYTES").
-std::vector<std::string> span(const Program& p, const std::string& from) {
-  std::vector<std::string> out;
-  std::map<uint32_t, size_t> index;
-  bool measured = false, in = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark) {
-      const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-      if (m == "measured_step_begin") measured = true;
-      if (measured && m == from) in = true;
-      continue;
-    }
-    if (!in) continue;
-    if (e.type == EventType::alloc) {
-      const size_t k = index.size();
-      index[e.tensor] = k;
-      out.push_back("+" + std::to_string(e.bytes) + " " + p.str(e.op) + " #" + std::to_string(k));
-    } else if (e.type == EventType::free) {
-      const auto it = index.find(e.tensor);
-      out.push_back(it != index.end() ? "-#" + std::to_string(it->second)
-                                      : "-" + std::to_string(p.tensors[e.tensor].bytes));
-    }
-  }
-  return out;
-}
-
 // The clip's events for gradients of `numels` elements (fp32), numbered from k0, after the
 // first call (the zero scalar exists). `scratch`: CUDA's per-norm staging.
 std::vector<std::string> expected(const std::vector<uint64_t>& numels, bool scratch, size_t k0 = 0,
                                   bool keep = false) {
-  std::vector<std::string> v;
-  size_t k = k0;
-  auto add = [&](uint64_t bytes, const std::string& op) {
-    v.push_back("+" + std::to_string(bytes) + " " + op + " #" + std::to_string(k));
-    return k++;
-  };
-  auto drop = [&](size_t i) { v.push_back("-#" + std::to_string(i)); };
+  memsim_test::ExpectedEvents x{{}, k0};
   std::vector<size_t> norms;
   for (const uint64_t n : numels) {
-    norms.push_back(add(4, "sum"));
+    norms.push_back(x.add(4, "sum"));
     const graph::ReduceScratch s = graph::full_reduce_scratch(n);
     if (scratch && s.global_bytes != 0) {
-      const size_t buffer = add(s.global_bytes, "sum");
-      drop(add(s.semaphore_bytes, "sum"));
-      drop(buffer);
+      const size_t buffer = x.add(s.global_bytes, "sum");
+      x.drop(x.add(s.semaphore_bytes, "sum"));
+      x.drop(buffer);
     }
   }
-  const size_t stacked = add(4 * numels.size(), "cat");
-  for (auto it = norms.rbegin(); it != norms.rend(); ++it) drop(*it);
-  const size_t local = add(4, "sum");
-  drop(stacked);
-  const size_t squared = add(4, "pow");
-  const size_t total = add(4, "pow");
-  drop(squared);
-  const size_t shifted = add(4, "add.Scalar");
-  const size_t recip = add(4, "reciprocal");
-  const size_t coef = add(4, "mul");
-  drop(recip);
-  drop(shifted);
-  const size_t clamped = add(4, "other");
-  drop(local);
-  drop(coef);
-  drop(clamped);
-  if (!keep) drop(total);
-  return v;
-}
-
-std::vector<std::string> head(const std::vector<std::string>& v, size_t n) {
-  return std::vector<std::string>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min(n, v.size())));
-}
-
-size_t allocations(const Program& p) {
-  size_t n = 0;
-  for (const MemoryEvent& e : p.events) n += e.type == EventType::alloc;
-  return n;
+  const size_t stacked = x.add(4 * numels.size(), "cat");
+  for (auto it = norms.rbegin(); it != norms.rend(); ++it) x.drop(*it);
+  const size_t local = x.add(4, "sum");
+  x.drop(stacked);
+  const size_t squared = x.add(4, "pow");
+  const size_t total = x.add(4, "pow");
+  x.drop(squared);
+  const size_t shifted = x.add(4, "add.Scalar");
+  const size_t recip = x.add(4, "reciprocal");
+  const size_t coef = x.add(4, "mul");
+  x.drop(recip);
+  x.drop(shifted);
+  const size_t clamped = x.add(4, "other");
+  x.drop(local);
+  x.drop(coef);
+  x.drop(clamped);
+  if (!keep) x.drop(total);
+  return x.v;
 }
 
 // Rank 0's gradients of kModel: one flat shard per unit, or (use_orig_params) the original
@@ -129,38 +90,8 @@ size_t allocations(const Program& p) {
 const std::vector<uint64_t> kFlat = {64032, 20544, 20544};
 const std::vector<uint64_t> kOrig = {64000, 32, 4096, 4096, 4096, 4096, 4160, 4096, 4096, 4096, 4096, 4160};
 
-// Coarse signature (the CPU tracker sees frees at the next aten op): each allocation
-// "+BYTES", each run of frees between allocations as a sorted "-[...]".
-std::vector<std::string> coarse(const std::vector<std::pair<bool, uint64_t>>& events) {
-  std::vector<std::string> out;
-  std::vector<uint64_t> frees;
-  auto flush = [&] {
-    if (frees.empty()) return;
-    std::sort(frees.begin(), frees.end());
-    std::string s = "-[";
-    for (size_t i = 0; i < frees.size(); ++i) s += (i ? "," : "") + std::to_string(frees[i]);
-    out.push_back(s + "]");
-    frees.clear();
-  };
-  for (const auto& [alloc, bytes] : events) {
-    if (alloc) {
-      flush();
-      out.push_back("+" + std::to_string(bytes));
-    } else {
-      frees.push_back(bytes);
-    }
-  }
-  flush();
-  return out;
-}
-
 std::string refusal(const std::string& text, const Sets& set) {
-  try {
-    build_program(load_scenario_text(text, "fsdp1clip.yaml", set));
-  } catch (const ScenarioError& e) {
-    return e.what();
-  }
-  return "";
+  return memsim_test::refusal_of([&] { build_program(load_scenario_text(text, "fsdp1clip.yaml", set)); });
 }
 
 }  // namespace
@@ -189,12 +120,12 @@ TEST_CASE("fsdp1 clip: per-shard norms, stack, all-reduced norm, clamp, before t
     const std::vector<uint64_t>& numels = orig ? kOrig : kFlat;
     const Program on = program(set);
     const std::vector<std::string> clip = expected(numels, true);
-    CHECK(head(span(on, "backward_end"), clip.size()) == clip);
+    CHECK(head(step_events(on, "backward_end"), clip.size()) == clip);
     // The rest of the optimizer phase is the unclipped one.
     Sets off_set = set;
     off_set.emplace_back("optimizer.max_grad_norm", "0");
     const Program off = program(off_set);
-    const std::vector<std::string> ev = span(on, "backward_end"), plain = span(off, "backward_end");
+    const std::vector<std::string> ev = step_events(on, "backward_end"), plain = step_events(off, "backward_end");
     CHECK(ev.size() == plain.size() + clip.size());
     // One clip per step (N + 8 allocations, no staging at these sizes) and the zero scalar.
     CHECK(allocations(on) == allocations(off) + 2 * (numels.size() + 8) + 1);
@@ -208,10 +139,10 @@ TEST_CASE("fsdp1 clip: large shards stage their norms in global memory (CUDA onl
   const std::vector<uint64_t> numels = {3200032, 20544, 20544};
   const std::vector<std::string> clip = expected(numels, true);
   REQUIRE(graph::full_reduce_scratch(3200032).global_bytes == 4 * 391);  // vpt 6251: 391 CTAs
-  CHECK(head(span(program(set), "backward_end"), clip.size()) == clip);
+  CHECK(head(step_events(program(set), "backward_end"), clip.size()) == clip);
   // Without kernel scratch (a CPU run) the same without staging.
   const std::vector<std::string> cpu = expected(numels, false);
-  CHECK(head(span(program(set, false), "backward_end"), cpu.size()) == cpu);
+  CHECK(head(step_events(program(set, false), "backward_end"), cpu.size()) == cpu);
 }
 
 TEST_CASE("fsdp1 clip: matches the torch 1.13 CPU run of the 2.x stand-in", "[clip_grad][fsdp][fixture]") {
@@ -223,27 +154,14 @@ TEST_CASE("fsdp1 clip: matches the torch 1.13 CPU run of the 2.x stand-in", "[cl
     REQUIRE(fx.contains("events"));
     const std::vector<uint64_t> numels = fx["grad_numels"].get<std::vector<uint64_t>>();
     CHECK(numels == (orig ? kOrig : kFlat));
-    std::vector<std::pair<bool, uint64_t>> expected_events;
-    for (const auto& e : fx["events"]) expected_events.emplace_back(e[0] == "alloc", e[2].get<uint64_t>());
+    const memsim_test::AllocFrees expected_events = memsim_test::fixture_alloc_frees(fx);
     REQUIRE(expected_events.size() == 2 * (numels.size() + 8) + 1);  // + the zero scalar
     // The fixture is a first call: its first event is the zero scalar (lift_fresh, 4 B,
     // kept); memsim's warm-up step made it, so the measured step starts after it.
     REQUIRE(fx["events"][0][1] == "lift_fresh");
     const std::vector<std::pair<bool, uint64_t>> tail(expected_events.begin() + 1, expected_events.end());
     const Program p = program({{"parallel.use_orig_params", orig ? "true" : "false"}}, false);
-    std::vector<std::pair<bool, uint64_t>> got;
-    bool measured = false, in = false;
-    for (const MemoryEvent& e : p.events) {
-      if (e.type == EventType::mark) {
-        const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-        if (m == "measured_step_begin") measured = true;
-        if (measured && m == "backward_end") in = true;
-        continue;
-      }
-      if (!in || got.size() == tail.size()) continue;
-      if (e.type == EventType::alloc) got.emplace_back(true, e.bytes);
-      if (e.type == EventType::free) got.emplace_back(false, p.tensors[e.tensor].bytes);
-    }
+    const memsim_test::AllocFrees got = memsim_test::measured_alloc_frees(p, "backward_end", tail.size());
     CHECK(coarse(got) == coarse(tail));
   }
 }
@@ -253,7 +171,7 @@ TEST_CASE("fsdp1 clip: the zero scalar is made by the first call and kept, a kep
   const Program keep = program({{"optimizer.clip_keep_norm", "true"}});
   const Program drop = program();
   const std::vector<std::string> clip = expected(kFlat, true, 0, true);
-  const std::vector<std::string> ev = span(keep, "backward_end");
+  const std::vector<std::string> ev = step_events(keep, "backward_end");
   REQUIRE(ev.size() > clip.size());
   CHECK(head(ev, clip.size()) == clip);
   CHECK(ev[clip.size()] == "-4");  // the warm-up step's total norm, once the new clip returned
@@ -322,7 +240,7 @@ TEST_CASE("Accelerate FSDP1 fp16 with Trainer's clip: unscale_, then FSDP's clip
   const std::string fp16 = accelerate("fp16", "  grad_scaler: true\n", "");
   Scenario s = load_scenario_text(fp16, "fsdp1fp16.yaml", {{"optimizer.max_grad_norm", "1.0"}});
   const Program p = build_program(s);
-  const std::vector<std::string> ev = span(p, "backward_end");
+  const std::vector<std::string> ev = step_events(p, "backward_end");
   // unscale_'s 11 events (6 allocations, #0-#5; the found_inf copy #4 kept to update()).
   REQUIRE(ev.size() > 11);
   CHECK(ev[10] == "-#3");
@@ -336,12 +254,7 @@ TEST_CASE("Accelerate FSDP1 fp16 with Trainer's clip: unscale_, then FSDP's clip
 
 TEST_CASE("Accelerate FSDP1 fp16: refused by key where not Accelerate's", "[fsdp][accelerate][grad_scaler]") {
   auto why = [](const std::string& text) {
-    try {
-      build_program(load_scenario_text(text, "fsdp1fp16.yaml"));
-    } catch (const ScenarioError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return memsim_test::refusal_of([&] { build_program(load_scenario_text(text, "fsdp1fp16.yaml")); });
   };
   // fp16 without the scaler, bf16 with one: Accelerate makes it for fp16 only.
   CHECK(why(accelerate("fp16", "")).find("fsdp1fp16.yaml: precision.grad_scaler: ") != std::string::npos);

@@ -51,28 +51,8 @@ constexpr uint64_t kEmb = 1004 * 256;                         // 257,024
 constexpr uint64_t kHead = 1004 * 256;                        // 257,024
 constexpr uint64_t kNorm = 256;
 
-// The measured step's FSDP2 events of interest, in order: "ag <phase> <group>" for each
-// flat all-gather output, "rs <group>" for each reduce-scatter input, "free lm_head" when
-// lm_head's unsharded weight is freed, "+emb" / "-emb" for the unsharded embedding.
-std::vector<std::string> order(const Program& p) {
-  std::vector<std::string> out;
-  bool on = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") on = true;
-    if (!on || (e.type != EventType::alloc && e.type != EventType::free)) continue;
-    const std::string n = p.str(p.tensors[e.tensor].name);
-    const char* ph = e.phase == Phase::backward ? "bwd " : e.phase == Phase::forward ? "fwd " : "opt ";
-    if (e.type == EventType::alloc && n.rfind("FSDP2 all-gather output (flat) of ", 0) == 0)
-      out.push_back(std::string("ag ") + ph + n.substr(34));
-    if (e.type == EventType::alloc && n.rfind("FSDP2 reduce-scatter input (chunk_cat) of ", 0) == 0)
-      out.push_back("rs " + n.substr(42));
-    if (n == "FSDP2 unsharded lm_head.weight (all_gather_outputs)")
-      out.push_back(std::string(e.type == EventType::alloc ? "+" : "-") + ph + "lm_head");
-    if (n == "FSDP2 unsharded model.embed_tokens.weight (all_gather_outputs)")
-      out.push_back(std::string(e.type == EventType::alloc ? "+" : "-") + ph + "embed");
-  }
-  return out;
-}
+// The measured step's FSDP2 events of interest (fsdp2_accelerate_test_support.h).
+std::vector<std::string> order(const Program& p) { return memsim_test::accelerate::fsdp2_order(p, "opt ", "lm_head"); }
 
 }  // namespace
 

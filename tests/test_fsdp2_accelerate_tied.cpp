@@ -66,29 +66,8 @@ constexpr uint64_t kTail = 256 + kMatrix;                      // 257,280
 
 const char* const kTailLabel = "[model.norm, model.embed_tokens]";
 
-// The measured step's FSDP2 events of interest, in order: "ag <phase> <group>" for each flat
-// all-gather output, "rs <group>" for each reduce-scatter input, "+/-<phase> head" and
-// "+/-<phase> embed" for the two unsharded copies of the tied matrix (the root's lm_head
-// weight, the group's embedding weight).
-std::vector<std::string> order(const Program& p) {
-  std::vector<std::string> out;
-  bool on = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark && p.str(static_cast<uint32_t>(e.bytes)) == "measured_step_begin") on = true;
-    if (!on || (e.type != EventType::alloc && e.type != EventType::free)) continue;
-    const std::string n = p.str(p.tensors[e.tensor].name);
-    const std::string ph = e.phase == Phase::backward ? "bwd " : e.phase == Phase::forward ? "fwd " : "other ";
-    const std::string sign = e.type == EventType::alloc ? "+" : "-";
-    if (e.type == EventType::alloc && n.rfind("FSDP2 all-gather output (flat) of ", 0) == 0)
-      out.push_back("ag " + ph + n.substr(34));
-    if (e.type == EventType::alloc && n.rfind("FSDP2 reduce-scatter input (chunk_cat) of ", 0) == 0)
-      out.push_back("rs " + n.substr(42));
-    if (n == "FSDP2 unsharded lm_head.weight (all_gather_outputs)") out.push_back(sign + ph + "head");
-    if (n == "FSDP2 unsharded model.embed_tokens.weight (all_gather_outputs)")
-      out.push_back(sign + ph + "embed");
-  }
-  return out;
-}
+// The measured step's FSDP2 events of interest (fsdp2_accelerate_test_support.h).
+std::vector<std::string> order(const Program& p) { return memsim_test::accelerate::fsdp2_order(p, "other ", "head"); }
 
 }  // namespace
 

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,12 +20,15 @@
 #include "scenario/scenario.h"
 #include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
+#include "step_events_support.h"
 
 using namespace memsim;
 
 namespace {
 
 using Sets = std::vector<std::pair<std::string, std::string>>;
+using memsim_test::allocations;
+using memsim_test::step_events;
 
 // fp32 weights under fp16 autocast, foreach AdamW, one warm-up step: the scaler's 4-8 B
 // requests are sizes nothing else in this step has.
@@ -42,41 +44,6 @@ Scenario scenario(bool scaler, Sets set = {}) {
   return load_scenario_text(kLlama, "gs.yaml", set);
 }
 
-size_t allocations(const Program& p) {
-  size_t n = 0;
-  for (const MemoryEvent& e : p.events) n += e.type == EventType::alloc;
-  return n;
-}
-
-// The events of the measured step between two marks (alloc/free only), each allocation as
-// "+BYTES op #K" (K counts the span's allocations from 0) and each free as "-#K" for a
-// tensor allocated in the span, "-BYTES" for an older one: lifetimes are part of the text.
-std::vector<std::string> between(const Program& p, const std::string& from, const std::string& to) {
-  std::vector<std::string> out;
-  std::map<uint32_t, size_t> index;  // tensor id -> K
-  bool measured = false, in = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark) {
-      const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-      if (m == "measured_step_begin") measured = true;
-      if (measured && m == from) in = true;
-      if (measured && in && m == to) return out;
-      continue;
-    }
-    if (!in) continue;
-    if (e.type == EventType::alloc) {
-      const size_t k = index.size();
-      index[e.tensor] = k;
-      out.push_back("+" + std::to_string(e.bytes) + " " + p.str(e.op) + " #" + std::to_string(k));
-    } else if (e.type == EventType::free) {
-      const auto it = index.find(e.tensor);
-      out.push_back(it != index.end() ? "-#" + std::to_string(it->second)
-                                      : "-" + std::to_string(p.tensors[e.tensor].bytes));
-    }
-  }
-  return out;
-}
-
 // The allocation "+BYTES op #K" whose text starts with `head` ("+4 mul"), and its free "-#K".
 std::pair<std::string, std::string> alloc_and_free(const std::vector<std::string>& ev, const std::string& head) {
   for (const std::string& s : ev)
@@ -85,10 +52,10 @@ std::pair<std::string, std::string> alloc_and_free(const std::vector<std::string
 }
 
 // The allocations under 16 bytes (the scaler's and the loss's 0-d tensors) in the measured
-// step from `from` to `to`, as between() writes them.
+// step from `from` to `to`, as step_events() writes them.
 std::vector<std::string> small_allocs_between(const Program& p, const std::string& from, const std::string& to) {
   std::vector<std::string> out;
-  for (const std::string& s : between(p, from, to))
+  for (const std::string& s : step_events(p, from, to))
     if (s[0] == '+' && std::stoull(s.substr(1)) < 16) out.push_back(s.substr(0, s.find(" #")));
   return out;
 }
@@ -146,7 +113,7 @@ TEST_CASE("grad_scaler: scale(loss) and its backward, in order", "[grad_scaler]"
   small_on.erase(std::find(small_on.begin(), small_on.end(), "+4 mul"));
   small_on.erase(std::find(small_on.begin(), small_on.end(), "+4 MulBackward0"));
   CHECK(small_on == small_off);
-  const std::vector<std::string> ev = between(on, "forward_end", "backward_end");
+  const std::vector<std::string> ev = step_events(on, "forward_end", "backward_end");
   const auto [scaled, scaled_free] = alloc_and_free(ev, "+4 mul");
   const auto [root, root_free] = alloc_and_free(ev, "+4 ones_like");
   const auto [grad, grad_free] = alloc_and_free(ev, "+4 MulBackward0");
@@ -166,7 +133,7 @@ TEST_CASE("grad_scaler: scale(loss) and its backward, in order", "[grad_scaler]"
 
 TEST_CASE("grad_scaler: unscale_ before the optimizer, the found_inf copy until update", "[grad_scaler]") {
   const Program on = build_program(scenario(true));
-  const std::vector<std::string> opt = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> opt = step_events(on, "backward_end", "optimizer_end");
   // _scale.double() (8), .reciprocal() (8), the fp64 copy dies, .float() (inv_scale, 4),
   // the reciprocal dies, found_inf = full (4), _unscale_grads_'s copies: found_inf, then
   // inv_scale (4 each, .to(copy=True)); then the inv_scale copy, inv_scale and found_inf die.
@@ -193,7 +160,7 @@ TEST_CASE("grad_scaler: a fused optimizer gets grad_scale and found_inf, not uns
   const std::vector<std::string> expected = {
       "+4 full #0", "+4 full #1", "+4 _to_copy #2", "+4 _to_copy #3", "-#3", "-#0", "-#1",
       "+4 add #4",  "+4 mul #5",  "-#5",            "-#4",            "-#2"};
-  CHECK(between(on, "backward_end", "optimizer_end") == expected);
+  CHECK(step_events(on, "backward_end", "optimizer_end") == expected);
   CHECK(allocations(on) == allocations(build_program(scenario(false, {{"optimizer.impl", "fused"}}))) + 2 + 2 * 8);
 }
 
@@ -224,7 +191,7 @@ TEST_CASE("grad_scaler: composes with torch DDP, FSDP1 and every autocast dtype"
   const Sets fsdp = {{"parallel.data", "2"}, {"parallel.sharding", "fsdp"}};
   const Program on = build_program(scenario(true, fsdp));
   CHECK(allocations(on) == allocations(build_program(scenario(false, fsdp))) + 18);
-  const std::vector<std::string> ev = between(on, "forward_end", "backward_end");
+  const std::vector<std::string> ev = step_events(on, "forward_end", "backward_end");
   REQUIRE(!ev.empty());
   CHECK(ev.back() == alloc_and_free(ev, "+4 mul").second);
   const Sets bf16 = {{"precision.autocast", "bf16"}};
@@ -235,12 +202,7 @@ TEST_CASE("grad_scaler: composes with torch DDP, FSDP1 and every autocast dtype"
 
 TEST_CASE("grad_scaler: refused by key where not modelled", "[grad_scaler]") {
   auto refusal = [](const Sets& set) {
-    try {
-      build_program(scenario(true, set));
-    } catch (const ScenarioError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return memsim_test::refusal_of([&] { build_program(scenario(true, set)); });
   };
   for (const Sets& set : std::vector<Sets>{
            {{"precision.params", "fp16"}, {"precision.autocast", "none"}},

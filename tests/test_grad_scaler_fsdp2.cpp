@@ -10,7 +10,6 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,13 +17,18 @@
 #include "cli_test_support.h"
 #include "program/program.h"
 #include "scenario/scenario.h"
+#include "scenario_error_test_support.h"
 #include "sim/step/schedule.h"
+#include "step_events_support.h"
 
 using namespace memsim;
 
 namespace {
 
 using Sets = std::vector<std::pair<std::string, std::string>>;
+using memsim_test::allocations;
+using memsim_test::head;
+using memsim_test::step_events;
 
 // 2-layer hf-llama, D 256, fp32 shards under fp16 autocast over FSDP2 (4 ranks), foreach
 // AdamW (tests/test_clip_grad_fsdp2.cpp's model).
@@ -41,44 +45,6 @@ const std::string kFsdp2 =
 Scenario scenario(bool scaler, Sets set = {}) {
   set.emplace_back("precision.grad_scaler", scaler ? "true" : "false");
   return load_scenario_text(kFsdp2, "fsdp2gs.yaml", set);
-}
-
-size_t allocations(const Program& p) {
-  size_t n = 0;
-  for (const MemoryEvent& e : p.events) n += e.type == EventType::alloc;
-  return n;
-}
-
-// The measured step's alloc/free events between two marks: "+BYTES op #K" and "-#K" for a
-// tensor allocated in the span, "-BYTES" for an older one (tests/test_grad_scaler.cpp's form).
-std::vector<std::string> between(const Program& p, const std::string& from, const std::string& to) {
-  std::vector<std::string> out;
-  std::map<uint32_t, size_t> index;
-  bool measured = false, in = false;
-  for (const MemoryEvent& e : p.events) {
-    if (e.type == EventType::mark) {
-      const std::string& m = p.str(static_cast<uint32_t>(e.bytes));
-      if (m == "measured_step_begin") measured = true;
-      if (measured && m == from) in = true;
-      if (measured && in && m == to) return out;
-      continue;
-    }
-    if (!in) continue;
-    if (e.type == EventType::alloc) {
-      const size_t k = index.size();
-      index[e.tensor] = k;
-      out.push_back("+" + std::to_string(e.bytes) + " " + p.str(e.op) + " #" + std::to_string(k));
-    } else if (e.type == EventType::free) {
-      const auto it = index.find(e.tensor);
-      out.push_back(it != index.end() ? "-#" + std::to_string(it->second)
-                                      : "-" + std::to_string(p.tensors[e.tensor].bytes));
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> head(const std::vector<std::string>& v, size_t n) {
-  return std::vector<std::string>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min(n, v.size())));
 }
 
 // unscale_ over DTensor grads (torch/amp/grad_scaler.py @ 0202916b unscale_ and
@@ -101,7 +67,7 @@ const std::vector<std::string> kUnscale = {
 TEST_CASE("grad_scaler fsdp2: unscale_ over DTensor grads, the found_inf all-reduce's clone",
           "[grad_scaler][fsdp2]") {
   const Program on = build_program(scenario(true));
-  const std::vector<std::string> opt = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> opt = step_events(on, "backward_end", "optimizer_end");
   REQUIRE(opt.size() > kUnscale.size() + 1);
   CHECK(head(opt, kUnscale.size()) == kUnscale);
   CHECK(opt.back() == "-#4");  // update(): the found_inf copy, the step's last event
@@ -109,7 +75,7 @@ TEST_CASE("grad_scaler fsdp2: unscale_ over DTensor grads, the found_inf all-red
   // the first step also _scale and _growth_tracker.
   const Program off = build_program(scenario(false));
   CHECK(allocations(on) == allocations(off) + 2 + 2 * 9);
-  const std::vector<std::string> plain = between(off, "backward_end", "optimizer_end");
+  const std::vector<std::string> plain = step_events(off, "backward_end", "optimizer_end");
   CHECK(opt.size() == plain.size() + kUnscale.size() + 1);
 }
 
@@ -125,7 +91,7 @@ TEST_CASE("grad_scaler fsdp2: a fused optimizer's _check_inf_per_device takes th
   const std::vector<std::string> expected = {
       "+4 full #0", "+4 full #1", "+4 _to_copy #2", "+4 _to_copy #3", "+4 clone #4", "-#4", "-#3",
       "-#0",        "-#1",        "+4 add #5",      "+4 mul #6"};
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   REQUIRE(ev.size() >= expected.size() + 3);
   CHECK(head(ev, expected.size()) == expected);
   CHECK(std::vector<std::string>(ev.end() - 3, ev.end()) == std::vector<std::string>{"-#6", "-#5", "-#2"});
@@ -137,7 +103,7 @@ TEST_CASE("grad_scaler fsdp2: HSDP, the policy alone, the scaled loss after FSDP
   // HSDP's (Replicate, Shard(0)) grads: found_inf (Replicate, Partial("max")), one all-reduce
   // over the shard dimension, the same clone.
   const Sets hsdp = {{"parallel.replicate", "2"}};
-  CHECK(head(between(build_program(scenario(true, hsdp)), "backward_end", "optimizer_end"), kUnscale.size()) ==
+  CHECK(head(step_events(build_program(scenario(true, hsdp)), "backward_end", "optimizer_end"), kUnscale.size()) ==
         kUnscale);
   // MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype=fp32) over the fp32 shards without
   // autocast: the sharded grads are fp32 DTensors all the same; transformers 5's loss upcasts
@@ -146,11 +112,11 @@ TEST_CASE("grad_scaler fsdp2: HSDP, the policy alone, the scaled loss after FSDP
                        {"parallel.fsdp_mixed_precision", "fp16"},
                        {"parallel.reduce_dtype", "fp32"}};
   const Program mp = build_program(scenario(true, policy));
-  CHECK(head(between(mp, "backward_end", "optimizer_end"), kUnscale.size()) == kUnscale);
+  CHECK(head(step_events(mp, "backward_end", "optimizer_end"), kUnscale.size()) == kUnscale);
   CHECK(allocations(mp) == allocations(build_program(scenario(false, policy))) + 2 + 2 * 9);
   // scale(loss): `loss * _scale` (+4 mul); the statement's temporary dies after FSDP2's
   // post-backward, the backward span's last event.
-  const std::vector<std::string> bwd = between(build_program(scenario(true)), "forward_end", "backward_end");
+  const std::vector<std::string> bwd = step_events(build_program(scenario(true)), "forward_end", "backward_end");
   std::string scaled;
   for (const std::string& s : bwd)
     if (s.rfind("+4 mul #", 0) == 0) scaled = "-" + s.substr(s.find('#'));
@@ -161,7 +127,7 @@ TEST_CASE("grad_scaler fsdp2: HSDP, the policy alone, the scaled loss after FSDP
 TEST_CASE("grad_scaler fsdp2: unscale_, then clip_grad_norm_ over the unscaled DTensor grads",
           "[grad_scaler][fsdp2][clip_grad]") {
   const Program on = build_program(scenario(true, {{"optimizer.max_grad_norm", "1.0"}}));
-  const std::vector<std::string> ev = between(on, "backward_end", "optimizer_end");
+  const std::vector<std::string> ev = step_events(on, "backward_end", "optimizer_end");
   REQUIRE(ev.size() > kUnscale.size() + 3);
   CHECK(head(ev, kUnscale.size()) == kUnscale);
   // The clip follows (sim/step/clip_grad_dtensor.h): _foreach_norm's workspaces first.
@@ -173,12 +139,7 @@ TEST_CASE("grad_scaler fsdp2: unscale_, then clip_grad_norm_ over the unscaled D
 
 TEST_CASE("grad_scaler fsdp2: refused by key where not modelled", "[grad_scaler][fsdp2]") {
   auto refusal = [](const Sets& set) {
-    try {
-      build_program(scenario(true, set));
-    } catch (const ScenarioError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return memsim_test::refusal_of([&] { build_program(scenario(true, set)); });
   };
   CHECK(refusal({{"parallel.cpu_offload", "true"}}).find("fsdp2gs.yaml: parallel.cpu_offload: ") !=
         std::string::npos);
