@@ -168,3 +168,50 @@ TEST_CASE("step.keep_output model-loss: the previous output dies after the in-fo
     CHECK(allocs_before(out) < allocs_before(real));
   }
 }
+
+TEST_CASE("step.keep_output model-loss under FSDP2: the root's post-forward after the loss, "
+          "then the previous logits die", "[keep_output][fsdp2-loss][fsdp2]") {
+  // 2-layer hf-llama, fp32, FSDP2 over 4 ranks (tests/test_fsdp2_loss_in_forward.cpp's
+  // model): the root's hooks placed as for keep_output: loss (the loss is one of the root's
+  // outputs), the previous outputs dropped when model(...) has returned.
+  const std::string y =
+      "model:\n  family: hf-llama\n  layers: 2\n  d_model: 256\n  heads: 4\n  kv_heads: 4\n"
+      "  d_ff: 1000\n  vocab: 1001\n  context_length: 64\n"
+      "batch:\n  micro_batch: 2\n  seq_len: 64\n"
+      "optimizer:\n  type: adamw\n  impl: foreach\n"
+      "step:\n  kind: train\n  warmup_steps: 1\n  keep_output: model-loss\n"
+      "parallel:\n  data: 4\n  sharding: fsdp2\n"
+      "device:\n  capacity: 1TiB\n  cublas_workspace: 0\n  kernel_scratch: false\n";
+  const Scenario s = load_scenario_text(y, "fsdp2_model_loss.yaml");
+  REQUIRE(loss_in_model_forward(s));
+  const Program p = build_program(s);
+  size_t begin = 0;
+  for (size_t i = 0; i < p.events.size(); ++i)
+    if (p.events[i].type == EventType::mark && p.str(p.events[i].bytes) == "measured_step_begin") begin = i;
+  REQUIRE(begin > 0);
+  // The warm-up step's logits: the first alloc of B x S x V fp32 bytes.
+  const uint64_t logits = 2ull * 64 * 1001 * 4;
+  uint32_t previous = UINT32_MAX;
+  for (size_t i = 0; i < begin && previous == UINT32_MAX; ++i)
+    if (p.events[i].type == EventType::alloc && p.events[i].bytes == logits) previous = p.events[i].tensor;
+  REQUIRE(previous != UINT32_MAX);
+  const size_t npos = static_cast<size_t>(-1);
+  size_t last_loss = npos, last_ag_free = npos, previous_free = npos, first_backward = npos;
+  uint32_t forward_ag = UINT32_MAX;
+  for (size_t i = begin; i < p.events.size(); ++i) {
+    const MemoryEvent& e = p.events[i];
+    if (e.type == EventType::mark) continue;
+    const bool ag = p.str(p.tensors[e.tensor].name).rfind("FSDP2 all-gather output (flat)", 0) == 0;
+    if (e.type == EventType::alloc && ag && e.phase == Phase::forward) forward_ag = e.tensor;
+    if (e.type == EventType::free && e.tensor == forward_ag && previous_free == npos) last_ag_free = i;
+    if (e.type == EventType::free && e.tensor == previous) previous_free = i;
+    if (e.type == EventType::alloc && e.phase == Phase::loss) last_loss = i;
+    if (e.type == EventType::alloc && e.phase == Phase::backward && first_backward == npos) first_backward = i;
+  }
+  REQUIRE(previous_free != npos);
+  REQUIRE(last_ag_free != npos);
+  REQUIRE(first_backward != npos);
+  CHECK(last_loss < last_ag_free);       // the root's post-forward after the loss
+  CHECK(last_ag_free < previous_free);   // then `outputs = ` drops the previous outputs
+  CHECK(previous_free < first_backward);
+}
