@@ -148,6 +148,11 @@ struct StepConfig {
   // `outputs` local dies there); the loss dies after the iteration's backward. Implies
   // keep_output false.
   bool output_dies_after_loss = false;
+  // step.keep_output `model-loss` (scenario/step_output_key.h): `outputs = model(ids,
+  // labels=labels); loss = outputs.loss` bound at loop level: the model's forward computes
+  // the loss, and the previous outputs die when the call returns, after that loss.
+  // keep_output stays true.
+  bool model_computes_loss = false;
   // --- issue #16 part 4: torch.compile (scenario/compile_keys.h, graph/compile.h,
   // docs/compile.md). step.compile: the model runs compiled; step.compile_scope: model
   // (torch.compile(model), the loss outside) or block (each transformer block compiled,

@@ -22,12 +22,26 @@ void read_step_keep_output(const Doc& d, const ModelConfig& m, StepConfig& s) {
            "forward-no-grad computes no loss: use true or false");
     s.keep_output = false;
     s.output_dies_after_loss = true;
+  } else if (low == "model-loss") {
+    // `outputs = model(ids, labels=labels); loss = outputs.loss` at loop level: transformers'
+    // XForCausalLM.forward computes the loss before it returns (sim/step/loss_placement.h).
+    if (s.kind != StepKind::train && s.kind != StepKind::forward_backward)
+      fail(f->where, "step.keep_output",
+           "'model-loss' passes the labels to the model, which computes the loss; step.kind "
+           "forward / forward-no-grad computes no loss: use true or false");
+    if ((m.family != ModelFamily::hf_llama && m.family != ModelFamily::hf_gpt2) ||
+        m.arch.impl != graph::ModelImpl::hf)
+      fail(f->where, "step.keep_output",
+           "'model-loss' (the loss computed inside the model's forward) is transformers' "
+           "XForCausalLM.forward: model.family hf-llama / hf-gpt2 with model.implementation hf");
+    s.keep_output = true;
+    s.model_computes_loss = true;
   } else if (low == "true" || low == "yes" || low == "on" || low == "false" || low == "no" ||
              low == "off") {
     s.keep_output = read_bool(*f, "step.keep_output");
   } else {
     fail(f->where, "step.keep_output",
-         "expected true, false or loss, got " + describe(f->node));
+         "expected true, false, loss or model-loss, got " + describe(f->node));
   }
   // Megatron-LM's schedule (sim/megatron/megatron_step.h) is its own loop: its output
   // and loss live as forward_backward_func keeps them, which no user name changes.

@@ -10,7 +10,13 @@
 // its end, graph first. `loss` (HF Trainer's compute_loss, which returns the loss
 // only): the output dies as soon as the loss is computed, before backward (the graph
 // lives on through the loss), and the loss at the iteration's end as with false; only
-// for step.kind train / forward-backward (the other kinds compute no loss: refused). The megatron family builds its own schedule (no user loop):
+// for step.kind train / forward-backward (the other kinds compute no loss: refused).
+// `model-loss`: `outputs = model(ids, labels=labels); loss = outputs.loss` bound at loop
+// level (tools/gpu/measure_cuda.py's transformers runs): as true, but the model's forward
+// computes the loss (sim/step/loss_placement.h), so the previous outputs die when the
+// call returns, after the new loss; hf-* families with model.implementation hf and
+// step.kind train / forward-backward only (else refused; loss.impl other than the
+// model's own is refused when the program is built). The megatron family builds its own schedule (no user loop):
 // keep_output false is refused there by key. Errors name FILE:LINE and the key.
 #pragma once
 

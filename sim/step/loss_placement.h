@@ -18,6 +18,9 @@
 //    XForCausalLM.forward computes `self.loss_function(logits, labels, ...)` before it
 //    returns (transformers 5.17.0 trainer.py compute_loss, models/qwen2/modeling_qwen2.py
 //    Qwen2ForCausalLM.forward; the H200 trace of hft_lora_fsdp2_w8 shows it), or
+//  - step.keep_output: model-loss with the family's own loss: the same call with its
+//    output bound at loop level (`outputs = model(ids, labels=labels)`, the tf_arch_* runs
+//    of tools/gpu/measure_cuda.py), or
 //  - loss.impl: liger: Liger-Kernel's patched causal-LM forward takes the labels and
 //    returns the loss (graph/models/decoder_losses.cpp forward_liger).
 // Everything else computes its loss after the model returns: step.keep_output true /

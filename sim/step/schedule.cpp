@@ -69,6 +69,7 @@ TrainingScript default_script(const Scenario& scenario) {
   s.del_output_after_loss = scenario.model.arch.impl == graph::ModelImpl::torchtitan ||
                             scenario.model.arch.impl == graph::ModelImpl::torchtune ||
                             scenario.step.output_dies_after_loss;
+  s.rebind_output_after_loss = scenario.step.model_computes_loss;
   return s;
 }
 
@@ -128,6 +129,17 @@ class Loop {
   }
 
   void run() {
+    // step.keep_output model-loss is the model's own loss computed in its forward
+    // (sim/step/loss_placement.h); another loss, or that forward compiled with its loss, is
+    // not what the key describes.
+    if (s_.step.model_computes_loss && s_.loss.impl != LossFunction::automatic)
+      throw ScenarioError(s_.key_prefix("step.keep_output") +
+                          ": 'model-loss' is the model's own loss (labels passed to "
+                          "XForCausalLM.forward); leave loss.impl out or use true");
+    if (s_.step.model_computes_loss && s_.step.compile)
+      throw ScenarioError(s_.key_prefix("step.keep_output") +
+                          ": 'model-loss' with step.compile (the loss inside the compiled "
+                          "forward) is not modelled");
     configure_device(rt_, s_.device);
     configure_time_model(rt_, s_);  // the time model's dtype and refusals (sim/step/time_model_setup.h)
     // Activation checkpointing (sim/step/checkpoint_policy.h): installs itself on rt_.
@@ -409,24 +421,35 @@ class Loop {
           (region_ends(AutocastRegion::forward) || !with_loss))
         autocast_->exit();
       rt_.grad_enabled = true;
+      // step.keep_output model-loss: `outputs = model(ids, labels=labels)` rebinds once the
+      // call has returned, after the loss computed inside it (and the root's post-forward
+      // hooks): the previous outputs are held here until then.
+      const bool rebind_after_loss = script_.rebind_output_after_loss && with_loss;
+      Tensor previous;
+      std::vector<Tensor> previous_chunks;
+      uint32_t previous_graph = 0;
+      // The graph dies with the last name that holds it: the previous loss, bound until
+      // `loss = ...` below, keeps it past the old logits (what it holds after backward:
+      // a requires_grad_ leaf and its .grad, Runtime::requires_grad_).
+      auto drop_previous = [&] {
+        if (previous_graph != 0 && previous_graph != loss_graph_) rt_.discard_graph(previous_graph);
+        previous_graph = 0;
+        previous.reset();
+        previous_chunks.clear();
+      };
       if (!script_.bind_output) {
         out.reset();
         out_chunks.clear();
         if (graph != 0) rt_.discard_graph(graph);
       } else {
-        // `logits = model(x)`: the previous value dies only now.
-        const uint32_t old_graph = logits_graph_;
-        Tensor old = std::move(logits_);
-        std::vector<Tensor> old_chunks = std::move(logit_chunks_);
+        // `logits = model(x)`: the previous value dies only now (model-loss: below).
+        previous_graph = logits_graph_;
+        previous = std::move(logits_);
+        previous_chunks = std::move(logit_chunks_);
         logits_ = std::move(out);
         logit_chunks_ = std::move(out_chunks);
         logits_graph_ = graph;
-        // The graph dies with the last name that holds it: the previous loss, bound until
-        // `loss = ...` below, keeps it past the old logits (what it holds after backward:
-        // a requires_grad_ leaf and its .grad, Runtime::requires_grad_).
-        if (old_graph != 0 && old_graph != loss_graph_) rt_.discard_graph(old_graph);
-        old.reset();
-        old_chunks.clear();
+        if (!rebind_after_loss) drop_previous();
       }
       if (measured && last) rt_.mark("forward_end");
       if (!with_loss) {
@@ -457,25 +480,37 @@ class Loop {
       } else {
         l = model_.loss(logits_, targets);  // the family's loss (HF: shift + CE)
       }
-      {
-        // `loss = ...`: the previous loss dies at the rebind, its graph first (a TensorImpl
-        // drops its grad_fn before its storage) unless the logits still hold it.
+      // `loss = ...`: the previous loss dies at the rebind, its graph first (a TensorImpl
+      // drops its grad_fn before its storage) unless the logits still hold it.
+      auto rebind_loss = [&] {
         Tensor old_loss = std::move(loss_);
         loss_ = std::move(l);
         if (loss_graph_ != 0 && loss_graph_ != logits_graph_) rt_.discard_graph(loss_graph_);
         loss_graph_ = script_.bind_output ? graph : 0;
-      }
+      };
+      if (!rebind_after_loss) rebind_loss();
+      // The model's outputs as its root hooks see them (model-loss: the new loss is not
+      // bound to the loop's name yet).
+      Tensor& out_loss = rebind_after_loss ? l : loss_;
       // Accelerate v1.6 / v1.7 under FSDP2, every release under FSDP1: model.forward is
       // convert_outputs_to_fp32(autocast(forward)), inside FSDP's hooks (FSDP1's root
       // post-forward casts nothing, so its fp32 logits live until Trainer drops them). The root's post-forward then casts to the policy's
       // output_dtype (parallel.fsdp_output_dtype; Accelerate >= 1.8: the policy alone).
       const uint64_t logits_numel = shape().batch * shape().seq * shape().vocab;
-      if (accelerate_amp_) convert_outputs_to_fp32(rt_, loss_, logits_, logits_numel);
+      if (accelerate_amp_) convert_outputs_to_fp32(rt_, out_loss, logits_, logits_numel);
       if (fsdp_) fsdp_->post_forward(rt_);  // FSDP1's root post-forward (its bf16 shard views)
       if (fsdp2_ && root_post_forward_after_loss) fsdp2_->post_forward(rt_);
       if (fsdp2_ && root_post_forward_after_loss && s_.parallel.fsdp_output_dtype)
-        cast_outputs(rt_, loss_, logits_, logits_numel,
+        cast_outputs(rt_, out_loss, logits_, logits_numel,
                      static_cast<uint64_t>(dtype_bytes(*s_.parallel.fsdp_output_dtype)));
+      if (rebind_after_loss) {
+        // model(...) has returned: `outputs = ` drops the previous outputs (the H200 traces
+        // of tools/gpu/measure_cuda.py's tf_arch_* runs free the previous 501 MiB logits at
+        // run_one's `logits = forward(...)` line, after fixed_cross_entropy's allocations),
+        // then `loss = outputs.loss` the previous loss.
+        drop_previous();
+        rebind_loss();
+      }
       if (script_.del_output_after_loss) logits_.reset();  // `del pred` (the graph lives on)
       if (autocast_ && region_ends(AutocastRegion::forward_and_loss)) autocast_->exit();
       // `scaler.scale(loss).backward()`: the scaled loss is the statement's temporary, dead

@@ -49,6 +49,10 @@ struct TrainingScript {
   // `pred = model(x); loss = loss_fn(pred, y); del pred; loss.backward()`: the output dies
   // right after the loss (torchtitan's train.py; set by model.implementation).
   bool del_output_after_loss = false;
+  // `outputs = model(ids, labels=labels)` at loop level (step.keep_output: model-loss): the
+  // previous outputs die when the call returns, i.e. after the loss the model computed
+  // (and the root's FSDP post-forward), not when the new logits exist.
+  bool rebind_output_after_loss = false;
   // Between warm-up and the measured step: `del output, loss` / `zero_grad()`.
   bool del_outputs_before_measured = false;
   bool zero_grad_before_measured = false;
