@@ -27,35 +27,10 @@
 
 using namespace memsim;
 using memsim_test::activations_at_forward_end;
+using memsim_test::normalise;
 using memsim_test::runs;
 
 namespace {
-
-// Events after `from` as allocations in order, each followed by the sorted byte sizes of
-// the frees before the next allocation (the fixture sees frees at its next op, in no
-// particular order; frees with no allocation between them leave an allocator the same).
-std::vector<std::string> normalise(const std::vector<std::pair<bool, uint64_t>>& ev) {
-  std::vector<std::string> out;
-  std::vector<uint64_t> frees;
-  auto flush = [&] {
-    if (frees.empty()) return;
-    std::sort(frees.begin(), frees.end());
-    std::string f = "free";
-    for (uint64_t b : frees) f += " " + std::to_string(b);
-    out.push_back(f);
-    frees.clear();
-  };
-  for (const auto& [alloc, bytes] : ev) {
-    if (alloc) {
-      flush();
-      out.push_back("alloc " + std::to_string(bytes));
-    } else {
-      frees.push_back(bytes);
-    }
-  }
-  flush();
-  return out;
-}
 
 struct ChainRun {
   std::vector<std::pair<bool, uint64_t>> events;

@@ -25,10 +25,12 @@
 #include "graph/models/megatron_swiglu_experts.h"
 #include "graph/runtime.h"
 #include "json_test_support.h"
+#include "megatron_moe_test_support.h"
 #include "sim/megatron/megatron_step.h"
 #include "test_paths.h"
 
 using namespace memsim;
+using memsim_test::normalise;
 
 namespace {
 
@@ -55,32 +57,6 @@ std::vector<std::pair<bool, uint64_t>> run_chain(uint64_t M, uint64_t h, uint64_
     rt.freeze();
   }
   return ev;
-}
-
-// Allocations in order, each followed by the sorted sizes of the frees before the next one
-// (the fixture sees frees at its next op; frees with no allocation between them leave an
-// allocator the same).
-std::vector<std::string> normalise(const std::vector<std::pair<bool, uint64_t>>& ev) {
-  std::vector<std::string> out;
-  std::vector<uint64_t> frees;
-  auto flush = [&] {
-    if (frees.empty()) return;
-    std::sort(frees.begin(), frees.end());
-    std::string f = "free";
-    for (uint64_t b : frees) f += " " + std::to_string(b);
-    out.push_back(f);
-    frees.clear();
-  };
-  for (const auto& [alloc, bytes] : ev) {
-    if (alloc) {
-      flush();
-      out.push_back("alloc " + std::to_string(bytes));
-    } else {
-      frees.push_back(bytes);
-    }
-  }
-  flush();
-  return out;
 }
 
 const char* kTiny = R"(
