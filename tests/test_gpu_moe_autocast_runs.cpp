@@ -160,6 +160,19 @@ uint64_t current_allocated(const nlohmann::json& run, const char* mark) {
   return run["marks"][mark]["allocated_bytes.all.current"].get<uint64_t>();
 }
 
+// One comparison row per mark memsim and the measured run both have: memsim's (allocated,
+// reserved) against the run's current bytes there.
+template <class Marks>
+void print_mark_rows(const std::string& name, const Marks& marks, const nlohmann::json& run) {
+  for (const auto& [mark, v] : marks) {
+    if (!run["marks"].contains(mark)) continue;
+    const nlohmann::json& m = run["marks"][mark];
+    memsim_test::print_comparison_row(name + " @" + mark, v.first,
+                                      m["allocated_bytes.all.current"].get<uint64_t>(), v.second,
+                                      m["reserved_bytes.all.current"].get<uint64_t>());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("MoE under autocast on a GPU: the blind predictions are memsim's current ones",
@@ -268,13 +281,7 @@ TEST_CASE("MoE under autocast on a GPU: transformers 5.17 measured against memsi
     const std::string blind = "blind " + std::to_string(p["peak_allocated_bytes"].get<uint64_t>()) + " / " +
                               std::to_string(p["peak_reserved_bytes"].get<uint64_t>());
     memsim_test::print_comparison_row(name, now.allocated, ra, now.reserved, rr, blind);
-    for (const auto& [mark, v] : now.marks) {
-      if (!r["marks"].contains(mark)) continue;
-      const nlohmann::json& m = r["marks"][mark];
-      memsim_test::print_comparison_row(name + " @" + mark, v.first,
-                                        m["allocated_bytes.all.current"].get<uint64_t>(), v.second,
-                                        m["reserved_bytes.all.current"].get<uint64_t>());
-    }
+    print_mark_rows(name, now.marks, r);
     const double ea = memsim_test::rel(now.allocated, ra), er = memsim_test::rel(now.reserved, rr);
     INFO("allocated " << 100 * ea << "%, reserved " << 100 * er << "%");
     CHECK(std::fabs(ea) <= kAllocatedTolerance);
@@ -369,13 +376,7 @@ TEST_CASE("MoE under autocast on a GPU: grouped_mm and batched_mm measured again
     const uint64_t br = entry["peak_reserved_bytes"].get<uint64_t>();
     memsim_test::print_comparison_row(name, now.allocated, ra, now.reserved, rr,
                                       " blind " + std::to_string(ba) + " / " + std::to_string(br));
-    for (const auto& [mark, v] : now.marks) {
-      if (!r["marks"].contains(mark)) continue;
-      const nlohmann::json& m = r["marks"][mark];
-      memsim_test::print_comparison_row(name + " @" + mark, v.first,
-                                        m["allocated_bytes.all.current"].get<uint64_t>(), v.second,
-                                        m["reserved_bytes.all.current"].get<uint64_t>());
-    }
+    print_mark_rows(name, now.marks, r);
     const double ea = memsim_test::rel(now.allocated, ra), er = memsim_test::rel(now.reserved, rr);
     const double eb = memsim_test::rel(now.marks.at("backward_end").first, current_allocated(r, "backward_end"));
     INFO("allocated " << 100 * ea << "%, reserved " << 100 * er << "%, after backward " << 100 * eb << "%");
