@@ -135,7 +135,8 @@ void require_clip_grad_modelled(const Scenario& s) {
     refuse("clipping with ZeroRedundancyOptimizer (parallel.zero) is not modelled; use "
            "parallel.zero: 0");
   if (p.pipeline != 1 || p.tensor != 1 || p.context != 1)
-    refuse("clipping is modelled on one GPU and with torch DDP only (parallel.tensor, "
+    refuse("clipping is modelled on one GPU, with torch DDP, FSDP1, FSDP2 and DeepSpeed, "
+           "without tensor, pipeline or context parallelism (parallel.tensor, "
            "parallel.pipeline and parallel.context 1)");
   if (s.step.kind != StepKind::train)
     refuse("clip_grad_norm_ runs between backward and optimizer.step; step.kind is not train");
